@@ -1,0 +1,204 @@
+// Package persist stores idem's intents on the device, so that an intent's
+// Idempotency-Key and exact request bytes outlive crashes and restarts.
+//
+// The client saves a Record before the first attempt is sent and again when
+// the outcome is known; a Store makes each Save durable before it returns.
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// FormatVersion is the version of the Record encoding written by this
+// release. Stores write it into every record and refuse records from a newer
+// release instead of misreading them.
+const FormatVersion = 1
+
+// State is where an intent stands. The zero State is invalid.
+type State string
+
+const (
+	// StateNew: saved, no attempt is known to have been sent. After a crash
+	// a new intent may still have reached the server (the first attempt is
+	// not recorded, to keep one durable write per send); resuming it is safe
+	// because it reuses its key.
+	StateNew State = "new"
+	// StatePending: at least one attempt may have reached the server and the
+	// outcome is unknown.
+	StatePending State = "pending"
+	// StateSucceeded: the server answered 2xx.
+	StateSucceeded State = "succeeded"
+	// StateFailed: the server gave a final business answer (for example 402).
+	StateFailed State = "failed"
+	// StateRejected: the server refused the key (422 reused, 400 key error).
+	StateRejected State = "rejected"
+	// StateExpired: the outcome is unknown and the intent is too old to be
+	// sent again; only reconciling can settle it.
+	StateExpired State = "expired"
+	// StateVoid: reconciling showed that the server has no effect for the
+	// key: nothing happened.
+	StateVoid State = "void"
+)
+
+// Resolved reports whether the outcome of an intent in state s is known.
+// Resolved intents are never sent again.
+func (s State) Resolved() bool {
+	switch s {
+	case StateSucceeded, StateFailed, StateRejected, StateVoid:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether s is one of the defined states.
+func (s State) Valid() bool {
+	switch s {
+	case StateNew, StatePending, StateSucceeded, StateFailed, StateRejected, StateExpired, StateVoid:
+		return true
+	}
+	return false
+}
+
+// Response is the final answer stored with a resolved intent, so that an app
+// can show it after a restart without sending again.
+type Response struct {
+	StatusCode int         `json:"status_code"`
+	Header     http.Header `json:"header,omitempty"`
+	// Body is nil when the store was told not to keep response bodies.
+	Body []byte `json:"body,omitempty"`
+	// Replayed is true when the server answered from its idempotency record
+	// (Idempotent-Replayed: true) rather than doing the work on this attempt.
+	Replayed bool `json:"replayed,omitempty"`
+}
+
+// Record is one intent as stored. Key is its identity in a Store.
+type Record struct {
+	// Version is the encoding version; stores set it on Save.
+	Version int `json:"version"`
+	// Key is the Idempotency-Key, sent unchanged on every attempt.
+	Key string `json:"key"`
+	// Name groups the intents of one user action ("checkout:cart-42"), so an
+	// app can find the previous intent for it. It may be empty.
+	Name string `json:"name,omitempty"`
+
+	Method string      `json:"method"`
+	URL    string      `json:"url"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+	// Fingerprint is the hex SHA-256 of the request, to tell a changed body.
+	Fingerprint string `json:"fingerprint"`
+
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	State     State     `json:"state"`
+	// Attempts counts the attempts put on the wire so far, as last saved.
+	Attempts int       `json:"attempts,omitempty"`
+	Response *Response `json:"response,omitempty"`
+}
+
+// Clone returns a deep copy of r, so a store's copy and a caller's never
+// share memory.
+func (r *Record) Clone() *Record {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = cloneBytes(r.Body)
+	if r.Response != nil {
+		resp := *r.Response
+		resp.Header = r.Response.Header.Clone()
+		resp.Body = cloneBytes(r.Response.Body)
+		c.Response = &resp
+	}
+	return &c
+}
+
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
+// Validate reports what is wrong with r, or nil. Stores call it on Save and
+// after decoding, so a record that makes no sense is never sent.
+func (r *Record) Validate() error {
+	switch {
+	case r.Key == "":
+		return errors.New("persist: record has no key")
+	case r.Method == "":
+		return fmt.Errorf("persist: record %s has no method", r.Key)
+	case r.URL == "":
+		return fmt.Errorf("persist: record %s has no URL", r.Key)
+	case !r.State.Valid():
+		return fmt.Errorf("persist: record %s has unknown state %q", r.Key, r.State)
+	case r.CreatedAt.IsZero():
+		return fmt.Errorf("persist: record %s has no creation time", r.Key)
+	}
+	return nil
+}
+
+// Filter selects records in List. The zero Filter selects every record.
+type Filter struct {
+	// Name, if not empty, selects the records with this Name.
+	Name string
+	// Unresolved selects only records whose State is not Resolved.
+	Unresolved bool
+}
+
+// Match reports whether r is selected by f.
+func (f Filter) Match(r *Record) bool {
+	if f.Name != "" && r.Name != f.Name {
+		return false
+	}
+	if f.Unresolved && r.State.Resolved() {
+		return false
+	}
+	return true
+}
+
+// Store keeps records durably.
+//
+// Implementations must be safe for concurrent use by multiple goroutines.
+// Records passed in and handed out are copies: a caller may change them
+// freely. Every method honours ctx where it may block.
+type Store interface {
+	// Save writes rec, replacing any record with the same Key. When Save
+	// returns nil the record survives a crash of the process and, for
+	// durable stores, power loss. When it returns an error, the previous
+	// version of the record (if any) is intact.
+	Save(ctx context.Context, rec *Record) error
+	// Get returns the record for key, or an error matching ErrNotFound, or a
+	// *CorruptError if it cannot be read.
+	Get(ctx context.Context, key string) (*Record, error)
+	// List returns the records selected by f, oldest CreatedAt first. If
+	// some records cannot be read, List still returns all readable ones,
+	// together with an error that wraps a *CorruptError for each unreadable
+	// one (errors.As finds the first; errors.Join is used for several).
+	List(ctx context.Context, f Filter) ([]*Record, error)
+	// Delete removes the record for key. Deleting an absent key is not an
+	// error.
+	Delete(ctx context.Context, key string) error
+}
+
+// ErrNotFound is returned by Get for a key that has no record.
+var ErrNotFound = errors.New("persist: intent not found")
+
+// CorruptError reports a stored record that cannot be decoded. Nothing is
+// deleted or overwritten because of it: the file stays for inspection.
+type CorruptError struct {
+	Path string // the file, if the store keeps files
+	Key  string // the intent's key, as far as it is known
+	Err  error
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("persist: intent %q in %s is unreadable (left in place; inspect or remove it): %v", e.Key, e.Path, e.Err)
+}
+
+func (e *CorruptError) Unwrap() error { return e.Err }
