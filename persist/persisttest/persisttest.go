@@ -1,0 +1,442 @@
+// Package persisttest is the conformance suite for implementations of
+// persist.Store, in the manner of testing/slogtest: every store, the ones in
+// package persist and any an app writes, should pass Run.
+//
+// The suite compares records modulo encoding: times by instant (not by
+// location or monotonic reading), and nil and empty headers and bodies as
+// equal. Everything else must round-trip exactly.
+package persisttest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Run runs the conformance suite against the stores newStore returns. It
+// calls newStore once per subtest, which must return an empty store and
+// release it with t.Cleanup. Subtests run in parallel with each other, so
+// the stores they get must not share state.
+func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
+	t.Helper()
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s persist.Store)
+	}{
+		{"RoundTrip", testRoundTrip},
+		{"Replace", testReplace},
+		{"CopiesNotShared", testCopiesNotShared},
+		{"ListOrder", testListOrder},
+		{"ListFilters", testListFilters},
+		{"NotFound", testNotFound},
+		{"Delete", testDelete},
+		{"Keys", testKeys},
+		{"RejectsInvalid", testRejectsInvalid},
+		{"Concurrent", testConcurrent},
+		{"Prune", func(t *testing.T, s persist.Store) { testPrune(t, s) }},
+		{"PruneGeneric", func(t *testing.T, s persist.Store) { testPrune(t, hidePruner{s}) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.fn(t, newStore(t))
+		})
+	}
+}
+
+// hidePruner hides a store's Prune method, so that persist.Prune takes its
+// generic path.
+type hidePruner struct{ persist.Store }
+
+// base is the instant most of the suite's records are created at, in a zone
+// other than UTC, so that a store that keeps the zone is not mistaken for one
+// that returns a different instant.
+var base = time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.FixedZone("CET", 3600))
+
+// NewRecord returns a valid, fully populated record for key, created at
+// created, as the suite saves it. Tests of stores may use it too.
+func NewRecord(key string, created time.Time) *persist.Record {
+	return &persist.Record{
+		Key:    key,
+		Name:   "checkout:cart-42",
+		Method: http.MethodPost,
+		URL:    "https://api.example.com/v1/payments",
+		Header: http.Header{
+			"Content-Type":    {"application/json"},
+			"Idempotency-Key": {key},
+			"X-Multi":         {"a", "b"},
+		},
+		Body:        []byte(`{"amount":1999,"currency":"EUR","key":"` + key + `"}`),
+		Fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		CreatedAt:   created,
+		UpdatedAt:   created,
+		State:       persist.StateNew,
+	}
+}
+
+// resolve returns r moved to StateSucceeded with a response, updated at
+// updated.
+func resolve(r *persist.Record, updated time.Time) *persist.Record {
+	r = r.Clone()
+	r.State = persist.StateSucceeded
+	r.Attempts = 2
+	r.UpdatedAt = updated
+	r.Response = &persist.Response{
+		StatusCode: http.StatusCreated,
+		Header:     http.Header{"Content-Type": {"application/json"}, "Idempotent-Replayed": {"true"}},
+		Body:       []byte(`{"id":"pay_1","status":"succeeded"}`),
+		Replayed:   true,
+	}
+	return r
+}
+
+// AssertRecord checks that got is want as a store returns it: with
+// persist.FormatVersion, and equal modulo encoding (see the package docs).
+func AssertRecord(t testing.TB, want, got *persist.Record) bool {
+	t.Helper()
+	if !assert.NotNil(t, got, "record %s", want.Key) {
+		return false
+	}
+	w := canonical(want)
+	w.Version = persist.FormatVersion
+	return assert.Equal(t, w, canonical(got), "record %s", want.Key)
+}
+
+// canonical returns a copy of r in the form the suite compares.
+func canonical(r *persist.Record) *persist.Record {
+	c := r.Clone()
+	c.CreatedAt = c.CreatedAt.UTC()
+	c.UpdatedAt = c.UpdatedAt.UTC()
+	if len(c.Header) == 0 {
+		c.Header = nil
+	}
+	if len(c.Body) == 0 {
+		c.Body = nil
+	}
+	if c.Response != nil {
+		if len(c.Response.Header) == 0 {
+			c.Response.Header = nil
+		}
+		if len(c.Response.Body) == 0 {
+			c.Response.Body = nil
+		}
+	}
+	return c
+}
+
+func keys(recs []*persist.Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.Key
+	}
+	return out
+}
+
+func testRoundTrip(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	now := time.Now().In(base.Location()) // with a monotonic reading
+	recs := []*persist.Record{
+		NewRecord("k-new", now),
+		resolve(NewRecord("k-resolved", base), base.Add(time.Minute)),
+		{Key: "k-minimal", Method: http.MethodPut, URL: "/x", State: persist.StatePending, CreatedAt: base},
+		{Key: "k-empty", Method: http.MethodPost, URL: "/x", State: persist.StateFailed, CreatedAt: base,
+			Header: http.Header{}, Body: []byte{}, Response: &persist.Response{StatusCode: 402, Header: http.Header{}, Body: []byte{}}},
+	}
+	for _, r := range recs {
+		require.NoError(t, s.Save(ctx, r), "save %s", r.Key)
+	}
+	for _, r := range recs {
+		got, err := s.Get(ctx, r.Key)
+		require.NoError(t, err, "get %s", r.Key)
+		AssertRecord(t, r, got)
+		assert.True(t, got.CreatedAt.Equal(r.CreatedAt), "CreatedAt of %s", r.Key)
+	}
+}
+
+func testReplace(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	v1 := NewRecord("k1", base)
+	v2 := resolve(v1, base.Add(time.Second))
+	require.NoError(t, s.Save(ctx, v1))
+	require.NoError(t, s.Save(ctx, v2))
+	got, err := s.Get(ctx, "k1")
+	require.NoError(t, err)
+	AssertRecord(t, v2, got)
+	all, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"k1"}, keys(all), "one record per key")
+}
+
+func testCopiesNotShared(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	in := resolve(NewRecord("k1", base), base)
+	want := in.Clone()
+	require.NoError(t, s.Save(ctx, in))
+
+	// Change everything the caller still holds.
+	in.Header.Set("Content-Type", "changed")
+	in.Body[0] = 'X'
+	in.Response.Header.Set("Content-Type", "changed")
+	in.Response.Body[0] = 'X'
+	in.State = persist.StateFailed
+
+	got, err := s.Get(ctx, "k1")
+	require.NoError(t, err)
+	AssertRecord(t, want, got)
+
+	// Change what Get and List returned.
+	got.Header.Set("Content-Type", "changed")
+	got.Body[0] = 'X'
+	got.Response.Body[0] = 'X'
+	got.Response.Header["X-New"] = []string{"1"}
+	listed, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	require.Len(t, listed, 1)
+	AssertRecord(t, want, listed[0])
+	listed[0].Header.Set("Content-Type", "changed")
+	listed[0].Body[0] = 'X'
+
+	again, err := s.Get(ctx, "k1")
+	require.NoError(t, err)
+	AssertRecord(t, want, again)
+}
+
+func testListOrder(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	empty, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Empty(t, empty, "a new store lists nothing")
+
+	// Saved out of order; b and c share a creation time and sort by key.
+	saves := []struct {
+		key string
+		at  time.Duration
+	}{{"d", 3 * time.Second}, {"c", time.Second}, {"a", 0}, {"e", -time.Hour}, {"b", time.Second}}
+	for _, sv := range saves {
+		require.NoError(t, s.Save(ctx, NewRecord(sv.key, base.Add(sv.at))))
+	}
+	got, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"e", "a", "b", "c", "d"}, keys(got))
+}
+
+func testListFilters(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	states := []persist.State{
+		persist.StateNew, persist.StatePending, persist.StateSucceeded, persist.StateFailed,
+		persist.StateRejected, persist.StateExpired, persist.StateVoid,
+	}
+	for i, st := range states {
+		for _, name := range []string{"one", "two", ""} {
+			r := NewRecord(fmt.Sprintf("%s-%s", name, st), base.Add(time.Duration(i)*time.Second))
+			r.Name = name
+			r.State = st
+			require.NoError(t, s.Save(ctx, r))
+		}
+	}
+	tests := []struct {
+		name   string
+		filter persist.Filter
+		want   []string
+	}{
+		{"all", persist.Filter{}, nil},
+		{"name", persist.Filter{Name: "one"}, []string{
+			"one-new", "one-pending", "one-succeeded", "one-failed", "one-rejected", "one-expired", "one-void"}},
+		{"unresolved", persist.Filter{Unresolved: true}, []string{
+			"-new", "one-new", "two-new", "-pending", "one-pending", "two-pending", "-expired", "one-expired", "two-expired"}},
+		{"name and unresolved", persist.Filter{Name: "two", Unresolved: true}, []string{"two-new", "two-pending", "two-expired"}},
+		{"no match", persist.Filter{Name: "three"}, []string{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := s.List(ctx, tt.filter)
+			require.NoError(t, err)
+			if tt.want == nil {
+				assert.Len(t, got, 3*len(states))
+				return
+			}
+			assert.Equal(t, tt.want, keys(got))
+			for _, r := range got {
+				assert.True(t, tt.filter.Match(r), "%s matches", r.Key)
+			}
+		})
+	}
+}
+
+func testNotFound(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	got, err := s.Get(ctx, "absent")
+	assert.ErrorIs(t, err, persist.ErrNotFound)
+	assert.Nil(t, got)
+}
+
+func testDelete(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	require.NoError(t, s.Save(ctx, NewRecord("k1", base)))
+	require.NoError(t, s.Save(ctx, NewRecord("k2", base)))
+	require.NoError(t, s.Delete(ctx, "k1"))
+	_, err := s.Get(ctx, "k1")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "deleted")
+	assert.NoError(t, s.Delete(ctx, "k1"), "deleting again")
+	assert.NoError(t, s.Delete(ctx, "never-saved"), "deleting an absent key")
+	all, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"k2"}, keys(all), "the other record stays")
+
+	require.NoError(t, s.Save(ctx, NewRecord("k1", base)), "a deleted key can be saved again")
+	_, err = s.Get(ctx, "k1")
+	assert.NoError(t, err)
+}
+
+// testKeys saves keys that a naive file store would turn into paths
+// outside its directory, or into one file for two keys.
+func testKeys(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	long := strings.Repeat("x", 254)
+	ks := []string{
+		"../../../../tmp/idem-escape", "/etc/passwd", "a/b", `a\b`, ".", "..", ".tmp-1", "LOCK",
+		"abc", "ABC", "Abc", "key with spaces", "ünïcødé-🔑", "a\x00b", "nul\x00",
+		"550e8400-e29b-41d4-a716-446655440000", long + "1", long + "2", strings.Repeat("k", 1000),
+	}
+	for i, k := range ks {
+		r := NewRecord(k, base.Add(time.Duration(i)*time.Second))
+		require.NoError(t, s.Save(ctx, r), "save %q", k)
+	}
+	for i, k := range ks {
+		got, err := s.Get(ctx, k)
+		if assert.NoError(t, err, "get %q", k) {
+			AssertRecord(t, NewRecord(k, base.Add(time.Duration(i)*time.Second)), got)
+		}
+	}
+	all, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, ks, keys(all), "every key is its own record")
+	for _, k := range ks {
+		require.NoError(t, s.Delete(ctx, k), "delete %q", k)
+	}
+	all, err = s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Empty(t, all)
+}
+
+func testRejectsInvalid(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	good := NewRecord("k1", base)
+	require.NoError(t, s.Save(ctx, good))
+	tests := []struct {
+		name   string
+		change func(r *persist.Record)
+	}{
+		{"no key", func(r *persist.Record) { r.Key = "" }},
+		{"no method", func(r *persist.Record) { r.Method = "" }},
+		{"no URL", func(r *persist.Record) { r.URL = "" }},
+		{"zero state", func(r *persist.Record) { r.State = "" }},
+		{"unknown state", func(r *persist.Record) { r.State = "done" }},
+		{"no creation time", func(r *persist.Record) { r.CreatedAt = time.Time{} }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := good.Clone()
+			tt.change(r)
+			require.Error(t, r.Validate(), "precondition: the record is invalid")
+			assert.Error(t, s.Save(ctx, r))
+		})
+	}
+	assert.Error(t, s.Save(ctx, nil), "nil record")
+	got, err := s.Get(ctx, "k1")
+	require.NoError(t, err)
+	AssertRecord(t, good, got)
+	all, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"k1"}, keys(all), "no invalid record was stored")
+}
+
+// testConcurrent saves, reads and lists from many goroutines at once; run
+// it under -race. Each goroutine owns its keys, so the end state is known.
+func testConcurrent(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	const workers, perWorker = 8, 6
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*perWorker*4)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				r := NewRecord(fmt.Sprintf("w%d-%d", w, i), base.Add(time.Duration(w*perWorker+i)*time.Millisecond))
+				if err := s.Save(ctx, r); err != nil {
+					errs <- err
+					continue
+				}
+				if _, err := s.List(ctx, persist.Filter{Unresolved: true}); err != nil {
+					errs <- err
+				}
+				if i%2 == 0 {
+					if err := s.Save(ctx, resolve(r, r.CreatedAt.Add(time.Second))); err != nil {
+						errs <- err
+					}
+				}
+				if _, err := s.Get(ctx, r.Key); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	all, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	require.Len(t, all, workers*perWorker)
+	for _, r := range all {
+		var w, i int
+		_, err := fmt.Sscanf(r.Key, "w%d-%d", &w, &i)
+		require.NoError(t, err)
+		assert.Equal(t, i%2 == 0, r.State.Resolved(), "state of %s", r.Key)
+	}
+}
+
+func testPrune(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	cutoff := base.Add(24 * time.Hour)
+	old, recent := base, cutoff.Add(time.Second)
+	var wantLeft []string
+	add := func(key string, st persist.State, created, updated time.Time, pruned bool) {
+		r := NewRecord(key, created)
+		r.State, r.UpdatedAt = st, updated
+		require.NoError(t, s.Save(ctx, r))
+		if !pruned {
+			wantLeft = append(wantLeft, key)
+		}
+	}
+	for _, st := range []persist.State{persist.StateSucceeded, persist.StateFailed, persist.StateRejected, persist.StateVoid} {
+		add("old-"+string(st), st, old, old, true)
+		add("recent-"+string(st), st, old, recent, false)
+	}
+	for _, st := range []persist.State{persist.StateNew, persist.StatePending, persist.StateExpired} {
+		add("ancient-"+string(st), st, old.Add(-1000*time.Hour), old.Add(-1000*time.Hour), false)
+	}
+	add("old-no-update", persist.StateSucceeded, old, time.Time{}, true)
+	add("recent-no-update", persist.StateSucceeded, recent, time.Time{}, false)
+	add("at-cutoff", persist.StateSucceeded, old, cutoff, false)
+
+	n, err := persist.Prune(ctx, s, cutoff)
+	require.NoError(t, err)
+	assert.Equal(t, 5, n, "pruned")
+	left, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, wantLeft, keys(left))
+
+	n, err = persist.Prune(ctx, s, cutoff)
+	require.NoError(t, err)
+	assert.Zero(t, n, "pruning again")
+}

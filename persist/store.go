@@ -1,0 +1,140 @@
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Options configures a store. A nil *Options and the zero Options both mean
+// the defaults, which keep everything a Record holds.
+type Options struct {
+	// DiscardResponseBodies makes the store drop Response.Body on Save: the
+	// stored Response keeps its status code, headers and Replayed flag. Set
+	// it in apps that must not keep response bodies at rest. The zero value
+	// keeps bodies.
+	DiscardResponseBodies bool
+}
+
+// Pruner is an optional interface for a Store that can delete resolved
+// records in one step, so that a record saved again while pruning runs is
+// never deleted by mistake. Prune uses it when a Store implements it.
+type Pruner interface {
+	// Prune deletes the resolved records last updated before before and
+	// returns how many it deleted. It follows the rules of the function
+	// Prune.
+	Prune(ctx context.Context, before time.Time) (int, error)
+}
+
+// Prune deletes from s the resolved records whose UpdatedAt (or CreatedAt,
+// if UpdatedAt is zero) is before before, and returns how many it deleted.
+// Unresolved records are never deleted, whatever their age: their outcome is
+// unknown and only the app can settle them.
+//
+// Records that cannot be read are left alone; Prune deletes the readable
+// ones and returns the *CorruptError for each unreadable one, as List does.
+//
+// If s implements Pruner, Prune calls it. Otherwise Prune lists and deletes
+// one record at a time, and a record that another goroutine saves again in
+// between may be deleted: stores used concurrently with Prune should
+// implement Pruner, as Memory and FileStore do.
+func Prune(ctx context.Context, s Store, before time.Time) (int, error) {
+	if p, ok := s.(Pruner); ok {
+		return p.Prune(ctx, before)
+	}
+	recs, listErr := s.List(ctx, Filter{})
+	var corrupt *CorruptError
+	if listErr != nil && !errors.As(listErr, &corrupt) {
+		return 0, listErr
+	}
+	n := 0
+	for _, r := range recs {
+		if !prunable(r, before) {
+			continue
+		}
+		if err := s.Delete(ctx, r.Key); err != nil {
+			return n, errors.Join(err, listErr)
+		}
+		n++
+	}
+	return n, listErr
+}
+
+// prunable reports whether Prune may delete r.
+func prunable(r *Record, before time.Time) bool {
+	t := r.UpdatedAt
+	if t.IsZero() {
+		t = r.CreatedAt
+	}
+	return r.State.Resolved() && t.Before(before)
+}
+
+// prepare validates rec and returns the copy a store keeps: the format
+// version set, times in UTC, empty headers and bodies as nil, and the
+// response body dropped if opts say so. Both stores keep exactly this, so a
+// record reads back the same from either.
+func prepare(rec *Record, opts Options) (*Record, error) {
+	if rec == nil {
+		return nil, errors.New("persist: cannot save a nil record")
+	}
+	if err := rec.Validate(); err != nil {
+		return nil, err
+	}
+	for _, t := range []time.Time{rec.CreatedAt, rec.UpdatedAt} {
+		// Outside these years a time has no RFC 3339 form, so a file store
+		// could not write it; every store refuses it alike.
+		if y := t.Year(); !t.IsZero() && (y < 0 || y > 9999) {
+			return nil, fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
+		}
+	}
+	r := rec.Clone()
+	r.Version = FormatVersion
+	normalize(r)
+	if opts.DiscardResponseBodies && r.Response != nil {
+		r.Response.Body = nil
+	}
+	return r, nil
+}
+
+// normalize puts r in the one form that survives encoding unchanged.
+func normalize(r *Record) {
+	r.CreatedAt = utc(r.CreatedAt)
+	r.UpdatedAt = utc(r.UpdatedAt)
+	if len(r.Header) == 0 {
+		r.Header = nil
+	}
+	if len(r.Body) == 0 {
+		r.Body = nil
+	}
+	if r.Response != nil {
+		if len(r.Response.Header) == 0 {
+			r.Response.Header = nil
+		}
+		if len(r.Response.Body) == 0 {
+			r.Response.Body = nil
+		}
+	}
+}
+
+// utc returns t in UTC without its monotonic reading; the zero time stays
+// the zero time.
+func utc(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+// sortRecords orders recs as List returns them: oldest CreatedAt first, and
+// by Key among records created at the same instant.
+func sortRecords(recs []*Record) {
+	slices.SortFunc(recs, func(a, b *Record) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+}
