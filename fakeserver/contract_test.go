@@ -1,0 +1,421 @@
+package fakeserver_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
+)
+
+// One test per row of the contract's section 4 table, in its order.
+
+func TestRowKeyMissing(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	a := send(t, s.Client(), s.URL, req{NoKey: true, Body: payBody})
+	assert.Equal(t, http.StatusBadRequest, a.Status)
+	assert.Equal(t, fakeserver.ProblemKeyMissing, a.problem(t).Type)
+	assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
+}
+
+func TestRowKeyMalformed(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, key string
+		format    fakeserver.KeyFormat
+	}{
+		{"empty", "", ""},
+		{"empty sf-string", `""`, ""},
+		{"too long", strings.Repeat("k", 256), ""},
+		{"too long quoted", `"` + strings.Repeat("k", 256) + `"`, ""},
+		{"space inside", "a b", ""},
+		{"non-ASCII", "ключ", ""},
+		{"control char", "a\x01b", ""},
+		{"unterminated sf-string", `"abc`, ""},
+		{"sf-string with space", `"a b"`, ""},
+		{"not a UUID in UUID mode", "order-1", fakeserver.KeyFormatUUID},
+		{"UUID without hyphens in UUID mode", "8e03978e40d543e8bc936894a57f9324", fakeserver.KeyFormatUUID},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newServer(t, &fakeserver.Options{KeyFormat: tt.format})
+			a, err := trySend(s.Client(), s.URL, req{Key: tt.key, Body: payBody})
+			if err != nil { // net/http refuses to send some header values at all
+				assert.ErrorContains(t, err, "invalid header field value")
+				return
+			}
+			assert.Equal(t, http.StatusBadRequest, a.Status)
+			p := a.problem(t)
+			assert.Equal(t, fakeserver.ProblemKeyInvalid, p.Type)
+			assert.NotEmpty(t, p.Detail)
+			assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
+		})
+	}
+}
+
+func TestKeyHeaderTwiceIsInvalid(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	hr, err := http.NewRequest(http.MethodPost, s.URL+"/payments", strings.NewReader(payBody))
+	require.NoError(t, err)
+	hr.Header.Add("Idempotency-Key", "a")
+	hr.Header.Add("Idempotency-Key", "b")
+	resp, err := s.Client().Do(hr)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Zero(t, s.Stats().Records)
+}
+
+func TestKeyFormats(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, first, second string
+		format              fakeserver.KeyFormat
+	}{
+		{"bare then quoted", "order-1", `"order-1"`, ""},
+		{"quoted then bare", `"order-1"`, "order-1", ""},
+		{"sf-string with escaped quote", `"a\"b"`, `a"b`, ""},
+		{"sf-string with parameters", `"k";v=1`, "k", ""},
+		{"UUID mode", "8e03978e-40d5-43e8-bc93-6894a57f9324", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, fakeserver.KeyFormatUUID},
+		{"255 characters", strings.Repeat("k", 255), strings.Repeat("k", 255), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newServer(t, &fakeserver.Options{KeyFormat: tt.format})
+			first := pay(t, s, tt.first, payBody)
+			require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+			second := pay(t, s, tt.second, payBody)
+			assert.Equal(t, http.StatusCreated, second.Status)
+			assert.Equal(t, "true", second.Header.Get("Idempotent-Replayed"), "the two forms must be one key")
+			assert.Equal(t, 1, s.Stats().Executions)
+		})
+	}
+}
+
+// validationCases are bodies that fail validation; FuzzHandler is seeded
+// with them too.
+var validationCases = []struct{ name, body, detail string }{
+	{"empty", ``, "empty"},
+	{"not JSON", `amount=1500`, "malformed JSON"},
+	{"cut short", `{"amount":1500`, "cut short"},
+	{"array", `[1,2]`, "JSON object"},
+	{"amount zero", `{"amount":0,"currency":"AZN","customer":"cus_1"}`, `"amount" must be greater than 0`},
+	{"amount negative", `{"amount":-5,"currency":"AZN","customer":"cus_1"}`, `"amount" must be greater than 0`},
+	{"amount missing", `{"currency":"AZN","customer":"cus_1"}`, `"amount" is required`},
+	{"amount a string", `{"amount":"1500","currency":"AZN","customer":"cus_1"}`, `"amount" must be an integer`},
+	{"amount a fraction", `{"amount":15.5,"currency":"AZN","customer":"cus_1"}`, `"amount" must be an integer`},
+	{"amount too big", `{"amount":1e40,"currency":"AZN","customer":"cus_1"}`, `"amount" must be an integer`},
+	{"currency four letters", `{"amount":1,"currency":"AZNX","customer":"cus_1"}`, `"currency" must be three letters`},
+	{"currency a number", `{"amount":1,"currency":944,"customer":"cus_1"}`, `"currency" must be a string`},
+	{"customer missing", `{"amount":1,"currency":"AZN"}`, `"customer" is required`},
+	{"unknown field", `{"amount":1,"currency":"AZN","customer":"c","tip":5}`, `unknown field "tip"`},
+	{"trailing data", `{"amount":1,"currency":"AZN","customer":"c"} {}`, "data after"},
+}
+
+func TestRowValidationFailsStoresNothing(t *testing.T) {
+	t.Parallel()
+	for _, tt := range validationCases {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newServer(t, nil)
+			a := pay(t, s, "k1", tt.body)
+			assert.Equal(t, http.StatusBadRequest, a.Status)
+			p := a.problem(t)
+			assert.Equal(t, fakeserver.ProblemValidationFailed, p.Type)
+			assert.Contains(t, p.Detail, tt.detail)
+			assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
+			// The key stays free.
+			assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+		})
+	}
+}
+
+func TestValidationRunsBeforeRecordCheck(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	a := pay(t, s, "k1", `{"amount":0,"currency":"AZN","customer":"cus_1"}`)
+	assert.Equal(t, http.StatusBadRequest, a.Status, "an invalid body is a 400 even when its key has a record")
+	assert.Equal(t, fakeserver.ProblemValidationFailed, a.problem(t).Type)
+	assert.Equal(t, 1, s.Stats().Records)
+}
+
+func TestRowKeyReused(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	first := pay(t, s, "k1", payBody)
+	require.Equal(t, http.StatusCreated, first.Status)
+	a := pay(t, s, "k1", otherBody)
+	assert.Equal(t, http.StatusUnprocessableEntity, a.Status)
+	assert.Equal(t, fakeserver.ProblemKeyReused, a.problem(t).Type)
+	// Another path with the same key and body is reuse too.
+	b := send(t, s.Client(), s.URL, req{Path: "/payments?x=1", Key: "k1", Body: payBody})
+	assert.Equal(t, http.StatusCreated, b.Status, "the query is not part of the fingerprint")
+	st := s.Stats()
+	assert.Equal(t, 1, st.Executions)
+	assert.Equal(t, 1, st.Payments)
+	assert.Equal(t, 1, st.Records)
+	// The record is unchanged: the original body still replays.
+	again := pay(t, s, "k1", payBody)
+	assert.Equal(t, first.Body, again.Body)
+}
+
+func TestRowCompletedReplaysByteForByte(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	first := pay(t, s, "k1", payBody)
+	require.Equal(t, http.StatusCreated, first.Status)
+	assert.Empty(t, first.Header.Values("Idempotent-Replayed"), "a fresh answer never carries the replay header")
+
+	// The same object serialised differently is the same request.
+	reordered := `{ "description" : "coffee", "customer":"cus_1",
+		"currency":"AZN", "amount":1500 }`
+	for _, body := range []string{payBody, reordered} {
+		again := pay(t, s, "k1", body)
+		assert.Equal(t, first.Status, again.Status)
+		assert.Equal(t, first.Body, again.Body)
+		assert.Equal(t, first.Header.Get("Content-Type"), again.Header.Get("Content-Type"))
+		assert.Equal(t, first.Header.Get("Location"), again.Header.Get("Location"))
+		assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	}
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 3}, s.Stats())
+}
+
+func TestRowInProgressConflict(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		delay      time.Duration
+		advance    time.Duration
+		retryAfter string
+	}{
+		{"no processing time", 0, 0, "1"},
+		{"processing time left", 10 * time.Second, 0, "10"},
+		{"rounded up", 10 * time.Second, 3500 * time.Millisecond, "7"},
+		{"capped at the lease", 60 * time.Second, 25 * time.Second, "5"},
+		{"at least 1", 10 * time.Second, 9900 * time.Millisecond, "1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, clk := newServer(t, &fakeserver.Options{ProcessingDelay: tt.delay, Lease: 30 * time.Second})
+			// A worker that died after the insert leaves the record in
+			// progress with a live lease, and never waits.
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert}))
+			_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+			require.Error(t, err)
+			clk.Advance(tt.advance)
+
+			a := pay(t, s, "k1", payBody)
+			assert.Equal(t, http.StatusConflict, a.Status)
+			assert.Equal(t, fakeserver.ProblemRequestInProgress, a.problem(t).Type)
+			assert.Equal(t, tt.retryAfter, a.Header.Get("Retry-After"))
+			assert.Equal(t, fakeserver.Stats{Records: 1, InProgress: 1, Requests: 2}, s.Stats())
+		})
+	}
+}
+
+func TestRowLeaseExpiredTakeover(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, &fakeserver.Options{Lease: 10 * time.Second})
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err)
+
+	clk.Advance(10*time.Second - time.Millisecond)
+	require.Equal(t, http.StatusConflict, pay(t, s, "k1", payBody).Status, "the lease is still alive")
+	clk.Advance(time.Millisecond)
+	a := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusCreated, a.Status)
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 3}, s.Stats())
+	again := pay(t, s, "k1", payBody)
+	assert.Equal(t, a.Body, again.Body)
+}
+
+func TestRowRetention(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, &fakeserver.Options{Retention: time.Hour})
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+
+	clk.Advance(time.Hour - time.Second)
+	assert.Equal(t, http.StatusUnprocessableEntity, pay(t, s, "k1", otherBody).Status, "the record is still retained")
+	assert.Zero(t, s.Sweep())
+
+	clk.Advance(time.Second)
+	a := pay(t, s, "k1", otherBody)
+	assert.Equal(t, http.StatusCreated, a.Status, "after retention the key is new again")
+	assert.Empty(t, a.Header.Get("Idempotent-Replayed"))
+	st := s.Stats()
+	assert.Equal(t, 2, st.Payments)
+	assert.Equal(t, 2, st.ProviderCharges)
+	assert.Equal(t, 1, st.Records, "the expired record was replaced")
+}
+
+func TestSweepDeletesExpiredRecords(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, &fakeserver.Options{Retention: time.Hour})
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	clk.Advance(30 * time.Minute)
+	require.Equal(t, http.StatusCreated, pay(t, s, "k2", payBody).Status)
+	require.Equal(t, 2, s.Stats().Records)
+
+	clk.Advance(30 * time.Minute)
+	assert.Equal(t, 1, s.Sweep())
+	assert.Equal(t, 1, s.Stats().Records)
+	clk.Advance(30 * time.Minute)
+	assert.Equal(t, 1, s.Sweep())
+	assert.Zero(t, s.Stats().Records)
+	assert.Equal(t, 2, s.Stats().Payments, "sweeping records keeps payments")
+}
+
+func TestRowNoRecordCreates(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	a := pay(t, s, "k1", payBody)
+	require.Equal(t, http.StatusCreated, a.Status)
+	assert.Equal(t, "application/json", a.Header.Get("Content-Type"))
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(a.Body, &p))
+	assert.Equal(t, "/payments/"+p["id"].(string), a.Header.Get("Location"))
+	assert.Equal(t, map[string]any{"id": p["id"], "amount": 1500.0, "currency": "AZN", "customer": "cus_1",
+		"description": "coffee", "status": "succeeded", "created_at": "2026-03-01T12:00:00Z"}, p)
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 1}, s.Stats())
+}
+
+func TestDeclineIsStoredAndReplayed(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	first := pay(t, s, "k1", declineBody)
+	require.Equal(t, http.StatusPaymentRequired, first.Status)
+	assert.Equal(t, fakeserver.ProblemCardDeclined, first.problem(t).Type)
+	again := pay(t, s, "k1", declineBody)
+	assert.Equal(t, http.StatusPaymentRequired, again.Status)
+	assert.Equal(t, first.Body, again.Body)
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, fakeserver.Stats{Executions: 1, Records: 1, Requests: 2}, s.Stats())
+}
+
+func TestServerErrorIsNeverStored(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
+	a := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusInternalServerError, a.Status)
+	assert.Equal(t, fakeserver.ProblemInjectedFault, a.problem(t).Type)
+	assert.Equal(t, fakeserver.Stats{Executions: 1, Requests: 1}, s.Stats(), "rolled back, key released")
+
+	b := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusCreated, b.Status, "a retry does the work")
+	assert.Empty(t, b.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 2, Records: 1, Requests: 2}, s.Stats())
+}
+
+func TestCallersAreScoped(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	alice := send(t, c, s.URL, req{Key: "k1", Auth: "Bearer alice", Body: payBody})
+	bob := send(t, c, s.URL, req{Key: "k1", Auth: "Bearer bob", Body: otherBody})
+	anon := send(t, c, s.URL, req{Key: "k1", Body: otherBody})
+	for _, a := range []answer{alice, bob, anon} {
+		assert.Equal(t, http.StatusCreated, a.Status)
+		assert.Empty(t, a.Header.Get("Idempotent-Replayed"))
+	}
+	assert.Equal(t, 3, s.Stats().Payments)
+
+	loc := alice.Header.Get("Location")
+	assert.Equal(t, http.StatusOK, send(t, c, s.URL, req{Method: http.MethodGet, Path: loc, Auth: "Bearer alice", NoKey: true}).Status)
+	assert.Equal(t, http.StatusNotFound, send(t, c, s.URL, req{Method: http.MethodGet, Path: loc, Auth: "Bearer bob", NoKey: true}).Status)
+}
+
+func TestReadEndpoints(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	created := send(t, c, s.URL, req{Key: "k1", Auth: "a", Body: payBody})
+	require.Equal(t, http.StatusCreated, created.Status)
+	require.Equal(t, http.StatusCreated, send(t, c, s.URL, req{Key: "k2", Auth: "a", Body: otherBody}).Status)
+
+	tests := []struct {
+		name, path, key string
+		status          int
+		body            string
+	}{
+		{"by id", created.Header.Get("Location"), "", http.StatusOK, string(created.Body)},
+		{"by key", "/payments?idempotency_key=k1", "", http.StatusOK, string(created.Body)},
+		{"by quoted key", `/payments?idempotency_key="k1"`, "", http.StatusOK, string(created.Body)},
+		{"unknown key", "/payments?idempotency_key=k9", "", http.StatusNotFound, ""},
+		{"invalid key", "/payments?idempotency_key=", "", http.StatusBadRequest, ""},
+		{"unknown id", "/payments/pay_nope", "", http.StatusNotFound, ""},
+		{"a key on GET is ignored", created.Header.Get("Location"), "ignored", http.StatusOK, string(created.Body)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := send(t, c, s.URL, req{Method: http.MethodGet, Path: tt.path, Auth: "a", Key: tt.key, NoKey: tt.key == ""})
+			assert.Equal(t, tt.status, a.Status)
+			if tt.body != "" {
+				assert.Equal(t, tt.body, string(a.Body))
+			}
+		})
+	}
+
+	list := send(t, c, s.URL, req{Method: http.MethodGet, Auth: "a", NoKey: true})
+	require.Equal(t, http.StatusOK, list.Status)
+	var l struct{ Data []map[string]any }
+	require.NoError(t, json.Unmarshal(list.Body, &l))
+	assert.Len(t, l.Data, 2)
+	assert.Equal(t, 2, s.Stats().Executions, "reads do no work")
+}
+
+func TestOrderStatusIgnoresKey(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	for _, key := range []string{"", "k1", "k1", "bad key"} {
+		a := send(t, c, s.URL, req{Method: http.MethodPut, Path: "/orders/15/status", Key: key, NoKey: key == "", Body: `{"status":"SHIPPED"}`})
+		assert.Equal(t, http.StatusOK, a.Status)
+		assert.JSONEq(t, `{"id":"15","status":"SHIPPED"}`, string(a.Body))
+		assert.Empty(t, a.Header.Get("Idempotent-Replayed"))
+	}
+	bad := send(t, c, s.URL, req{Method: http.MethodPut, Path: "/orders/15/status", NoKey: true, Body: `{"status":7}`})
+	assert.Equal(t, http.StatusBadRequest, bad.Status)
+	assert.Zero(t, s.Stats().Records)
+}
+
+func TestBadRequests(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	big := `{"amount":1,"currency":"AZN","customer":"c","description":"` + strings.Repeat("x", 1<<20) + `"}`
+	tests := []struct {
+		name   string
+		r      req
+		status int
+		typ    string
+	}{
+		{"body over 1 MiB", req{Key: "k1", Body: big}, http.StatusRequestEntityTooLarge, fakeserver.ProblemPayloadTooLarge},
+		{"order body over 1 MiB", req{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: big}, http.StatusRequestEntityTooLarge, fakeserver.ProblemPayloadTooLarge},
+		{"unknown path", req{Path: "/nope", NoKey: true}, http.StatusNotFound, fakeserver.ProblemNotFound},
+		{"wrong method", req{Method: http.MethodDelete, NoKey: true}, http.StatusMethodNotAllowed, fakeserver.ProblemMethodNotAllowed},
+		{"POST on a payment", req{Path: "/payments/x", Key: "k"}, http.StatusMethodNotAllowed, fakeserver.ProblemMethodNotAllowed},
+		{"nested path", req{Method: http.MethodGet, Path: "/payments/x/y", NoKey: true}, http.StatusNotFound, fakeserver.ProblemNotFound},
+		{"unknown admin path", req{Method: http.MethodGet, Path: "/_fake/nope", NoKey: true}, http.StatusNotFound, fakeserver.ProblemNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := send(t, c, s.URL, tt.r)
+			assert.Equal(t, tt.status, a.Status)
+			assert.Equal(t, tt.typ, a.problem(t).Type)
+		})
+	}
+	assert.Zero(t, s.Stats().Records)
+}

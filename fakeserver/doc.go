@@ -1,0 +1,77 @@
+// Package fakeserver is a payment API that implements the server side of the
+// Idempotency-Key contract exactly, faults included, for testing clients
+// against. It runs in process, shaped like net/http/httptest ([NewServer],
+// [Start], [NewHandler]), or as a program (go run ./cmd/fakeserver) for
+// clients in any language.
+//
+// The idempotency layer itself is the separate package
+// [github.com/idemkit/idem/fakeserver/idempotency]; this package adds the
+// business API, a fake payment provider, faults and counters.
+//
+// # The API
+//
+//   - POST /payments, key required. Body {"amount": 1500, "currency": "AZN",
+//     "customer": "cus_1", "description": "..."}: amount an integer in minor
+//     units, > 0; currency three letters; customer a non-empty string;
+//     description optional; other fields are rejected. Answers 201 with
+//     Location: /payments/{id} and the payment. Customer "cus_declined" is
+//     declined: 402, type [ProblemCardDeclined], stored and replayed like a
+//     success, and nothing is charged.
+//   - GET /payments/{id}: the caller's payment, or 404.
+//   - GET /payments: {"data": [...]}, the caller's payments in order.
+//   - GET /payments?idempotency_key=K: the payment the caller made under K,
+//     or 404; the lookup a client reconciles an unknown outcome with.
+//   - PUT /orders/{id}/status with {"status": "SHIPPED"}: naturally
+//     idempotent; a key is ignored.
+//
+// The caller is the value of the Authorization header (none is the
+// anonymous caller). Keys, records and payments are scoped to it. Errors are
+// RFC 9457 problems whose type is one of the Problem constants.
+//
+// # The provider
+//
+// A payment is charged by an in-process fake provider that has its own
+// idempotency on the server's stable id for the intent (the payment id): a
+// repeated charge for one id is a duplicate there. A request that takes over
+// a dead worker's record asks the provider for that id first and charges
+// only if it has no charge, so a crash at any point leaves at most one
+// charge.
+//
+// # Faults
+//
+// [Handler.InjectFault] and POST /_fake/faults inject the faults of
+// [FaultKind], matched by key and/or path and counted down per matching
+// request. A matching request uses up one count of each matching fault
+// kind, even if it ends before the fault's point (for example as a replay).
+// Admin endpoints are never faulted.
+//
+// Beware when checking that a Go client sees a dropped or reset connection:
+// net/http's Transport itself retries a POST that carries an Idempotency-Key
+// when a reused keep-alive connection closes without an answer, so the first
+// error may be hidden. Use a fresh connection to observe it.
+//
+// # Admin endpoints
+//
+// No key, no scoping, not counted:
+//
+//   - GET /_fake/stats: the [Stats] counters as JSON.
+//   - POST /_fake/faults: {"fault", "key", "path", "count", "delay_ms",
+//     "status", "retry_after"}; retry_after is a string or a number of
+//     seconds. Answers 201 with the fault, or 400 naming what is wrong
+//     (for an unknown fault, the valid names).
+//   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
+//     POST /_fake/reset.
+//
+// # Time
+//
+// Retention, leases, created_at, payment ids and Retry-After use
+// [Options.Clock], so tests drive them without sleeping. ProcessingDelay and
+// the delay fault are real time: they exist to make requests overlap.
+// Retry-After on a 409 is the processing delay still to go, capped at the
+// lease, in whole seconds, at least 1.
+//
+// # Limits
+//
+// Bodies over 1 MiB get 413. The lease is not extended while a payment is
+// processed: keep [Options.Lease] longer than [Options.ProcessingDelay].
+package fakeserver

@@ -1,0 +1,233 @@
+package fakeserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/fakeserver/idempotency"
+)
+
+// FaultKind names a fault. The names are those of the admin endpoint.
+type FaultKind string
+
+// The faults of the contract (section 9).
+const (
+	// FaultDropResponse does the work and commits, then closes the
+	// connection without answering: the lost response.
+	FaultDropResponse FaultKind = "drop_response"
+	// FaultDelay holds the work for Fault.Delay before committing.
+	FaultDelay FaultKind = "delay"
+	// FaultCrashAfterInsert inserts the IN_PROGRESS record, then closes the
+	// connection and leaves the record behind, as a dead worker would.
+	FaultCrashAfterInsert FaultKind = "crash_after_insert"
+	// FaultCrashAfterProvider charges the provider, then dies before
+	// recording anything.
+	FaultCrashAfterProvider FaultKind = "crash_after_provider"
+	// FaultError fails inside the work, after the record is inserted and
+	// before the effect commits: 500, rolled back, the key free again.
+	FaultError FaultKind = "error"
+	// FaultStatus answers Fault.Status (with Retry-After: Fault.RetryAfter
+	// if set) and touches nothing, as a proxy in front of the server would.
+	FaultStatus FaultKind = "status"
+	// FaultReset closes the connection before reading the request.
+	FaultReset FaultKind = "reset"
+)
+
+// FaultKinds lists every fault, in the order of the contract.
+var faultKinds = []FaultKind{FaultDropResponse, FaultDelay, FaultCrashAfterInsert, FaultCrashAfterProvider,
+	FaultError, FaultStatus, FaultReset}
+
+// FaultKinds returns the names of every fault.
+func FaultKinds() []FaultKind { return append([]FaultKind(nil), faultKinds...) }
+
+func validFaultNames() string {
+	names := make([]string, len(faultKinds))
+	for i, k := range faultKinds {
+		names[i] = string(k)
+	}
+	return strings.Join(names, ", ")
+}
+
+var (
+	// ErrUnknownFault is wrapped by [Handler.InjectFault] errors for a
+	// FaultKind that does not exist; the message lists the valid ones.
+	ErrUnknownFault = errors.New("fakeserver: unknown fault")
+	// ErrInvalidFault is wrapped by [Handler.InjectFault] errors for a fault
+	// whose fields are wrong; the message says which.
+	ErrInvalidFault = errors.New("fakeserver: invalid fault")
+)
+
+// Fault is a fault to inject. It applies to the next Count requests that
+// match Key and Path; a zero Key or Path matches any. Admin endpoints
+// (/_fake/...) are never faulted. A Fault is a value.
+type Fault struct {
+	Kind FaultKind
+	// Key matches requests with this Idempotency-Key, bare or quoted alike.
+	Key string
+	// Path matches requests with exactly this URL path, such as "/payments".
+	Path string
+	// Count is how many matching requests the fault applies to. Zero means 1.
+	Count int
+	// Delay is the delay of FaultDelay; it must be positive for it.
+	Delay time.Duration
+	// Status is the status of FaultStatus, 200-599; required for it.
+	Status int
+	// RetryAfter is the Retry-After value FaultStatus sends, if not empty:
+	// delta-seconds or an HTTP-date.
+	RetryAfter string
+}
+
+// validate checks f and returns it normalised.
+func (f Fault) validate() (Fault, error) {
+	known := false
+	for _, k := range faultKinds {
+		known = known || f.Kind == k
+	}
+	if !known {
+		return f, fmt.Errorf("%w %q (valid faults: %s)", ErrUnknownFault, f.Kind, validFaultNames())
+	}
+	if f.Key != "" {
+		key, err := idempotency.ParseKey(f.Key)
+		if err != nil {
+			return f, fmt.Errorf("%w: key: %v", ErrInvalidFault, err)
+		}
+		f.Key = key
+	}
+	switch {
+	case f.Path != "" && f.Path[0] != '/':
+		return f, fmt.Errorf("%w: path %q must start with /", ErrInvalidFault, f.Path)
+	case f.Count < 0:
+		return f, fmt.Errorf("%w: count %d is negative", ErrInvalidFault, f.Count)
+	case f.Delay < 0:
+		return f, fmt.Errorf("%w: delay %v is negative", ErrInvalidFault, f.Delay)
+	case f.Kind == FaultDelay && f.Delay == 0:
+		return f, fmt.Errorf("%w: the delay fault needs a positive delay (delay_ms)", ErrInvalidFault)
+	case f.Kind == FaultStatus && (f.Status < 200 || f.Status > 599):
+		return f, fmt.Errorf("%w: the status fault needs a status from 200 to 599, not %d", ErrInvalidFault, f.Status)
+	case f.Kind != FaultStatus && f.Status != 0:
+		return f, fmt.Errorf("%w: status is only for the status fault", ErrInvalidFault)
+	case len(f.RetryAfter) > 64:
+		return f, fmt.Errorf("%w: retry_after is longer than 64 characters", ErrInvalidFault)
+	}
+	for i := 0; i < len(f.RetryAfter); i++ {
+		if c := f.RetryAfter[i]; c < 0x20 || c > 0x7e {
+			return f, fmt.Errorf("%w: retry_after may hold only printable ASCII", ErrInvalidFault)
+		}
+	}
+	if f.Count == 0 {
+		f.Count = 1
+	}
+	return f, nil
+}
+
+// faultSet holds the injected faults. It is safe for concurrent use.
+type faultSet struct {
+	mu     sync.Mutex
+	faults []*Fault // Count is what is left
+}
+
+func (s *faultSet) add(f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &f)
+}
+
+func (s *faultSet) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
+// matched is what the faults matching one request ask for.
+type matched struct {
+	kinds      uint
+	delay      time.Duration
+	status     int
+	retryAfter string
+}
+
+func (m *matched) has(k FaultKind) bool {
+	if m == nil {
+		return false
+	}
+	for i, kk := range faultKinds {
+		if kk == k {
+			return m.kinds&(1<<i) != 0
+		}
+	}
+	return false
+}
+
+// match counts down every fault matching the request, at most one of each
+// kind (the earliest injected), and returns what they ask for, or nil.
+func (s *faultSet) match(key, path string) *matched {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.faults) == 0 {
+		return nil
+	}
+	var m *matched
+	kept := s.faults[:0]
+	for _, f := range s.faults {
+		if (f.Key == "" || f.Key == key) && (f.Path == "" || f.Path == path) {
+			if m == nil {
+				m = &matched{}
+			}
+			if !m.has(f.Kind) {
+				for i, k := range faultKinds {
+					if k == f.Kind {
+						m.kinds |= 1 << i
+					}
+				}
+				switch f.Kind {
+				case FaultDelay:
+					m.delay = f.Delay
+				case FaultStatus:
+					m.status, m.retryAfter = f.Status, f.RetryAfter
+				}
+				f.Count--
+			}
+		}
+		if f.Count > 0 {
+			kept = append(kept, f)
+		}
+	}
+	clear(s.faults[len(kept):])
+	s.faults = kept
+	return m
+}
+
+type faultCtxKey struct{}
+
+func faultsFrom(ctx context.Context) *matched {
+	m, _ := ctx.Value(faultCtxKey{}).(*matched)
+	if m == nil {
+		return &matched{}
+	}
+	return m
+}
+
+// discard is the ResponseWriter of a request whose response will be dropped:
+// the work runs and commits, and nothing reaches the client.
+type discard struct{ h http.Header }
+
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) WriteHeader(int)             {}
+func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// resetConn closes the connection without reading the request. Where the
+// connection cannot be hijacked, aborting the handler closes it too.
+func resetConn(w http.ResponseWriter) {
+	if hj, ok := w.(http.Hijacker); ok {
+		if conn, _, err := hj.Hijack(); err == nil {
+			_ = conn.Close()
+			return
+		}
+	}
+	panic(http.ErrAbortHandler)
+}

@@ -1,0 +1,298 @@
+package fakeserver
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem/fakeserver/idempotency"
+)
+
+// Handler is the fake server as a bare http.Handler, for users who mount it
+// themselves. It holds all state: records, payments, provider charges,
+// faults and counters. A Handler is safe for concurrent use by multiple
+// goroutines.
+type Handler struct {
+	cfg      config
+	store    *idempotency.MemoryStore
+	ledger   *ledger
+	provider *provider
+	orders   orders
+	faults   faultSet
+	payments http.Handler // POST /payments: the business handler behind the idempotency layer
+
+	requests, executions, seq atomic.Int64
+}
+
+// NewHandler returns a fake server handler. nil opts means defaults.
+func NewHandler(opts *Options) *Handler {
+	return newHandler(opts, false)
+}
+
+// newHandler builds a Handler; bare mounts the payment handler without the
+// idempotency layer, for the benchmark's baseline.
+func newHandler(opts *Options, bare bool) *Handler {
+	h := &Handler{
+		cfg:      opts.config(),
+		store:    idempotency.NewMemoryStore(),
+		ledger:   newLedger(),
+		provider: newProvider(),
+		orders:   orders{status: make(map[idempotency.ID]string)},
+	}
+	h.payments = http.HandlerFunc(h.createPayment)
+	if !bare {
+		h.payments = idempotency.New(h.payments, idempotency.Config{
+			Store:       h.store,
+			Clock:       h.cfg.clock,
+			Retention:   h.cfg.retention,
+			Lease:       h.cfg.lease,
+			Expected:    h.cfg.delay,
+			RequireUUID: h.cfg.uuid,
+			Validate:    validatePayment,
+			Principal:   principalOf,
+			NewStableID: h.newPaymentID,
+			OnOutcome:   setOutcome,
+		})
+	}
+	return h
+}
+
+// InjectFault adds a fault. It fails, changing nothing, when f.Kind is not a
+// fault (the error lists the valid ones) or a field is out of range.
+func (h *Handler) InjectFault(f Fault) error {
+	f, err := f.validate()
+	if err != nil {
+		return err
+	}
+	h.faults.add(f)
+	return nil
+}
+
+// ClearFaults removes every injected fault.
+func (h *Handler) ClearFaults() { h.faults.clear() }
+
+// Sweep deletes the records expired by the Clock and returns how many.
+func (h *Handler) Sweep() int {
+	n, _ := h.store.Sweep(context.Background(), h.cfg.clock.Now())
+	return n
+}
+
+// Reset forgets everything: records, payments, provider charges, orders,
+// faults and counters. Requests in flight may still commit afterwards.
+func (h *Handler) Reset() {
+	h.faults.clear()
+	h.store.Clear()
+	h.ledger.reset()
+	h.provider.reset()
+	h.orders.mu.Lock()
+	clear(h.orders.status)
+	h.orders.mu.Unlock()
+	h.requests.Store(0)
+	h.executions.Store(0)
+}
+
+// RunSweeper calls Sweep every interval (real time) until ctx is done.
+func (h *Handler) RunSweeper(ctx context.Context, every time.Duration) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.Sweep()
+		}
+	}
+}
+
+// ServeHTTP implements http.Handler: admin endpoints, faults, then the
+// business API.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, AdminPrefix) {
+		h.serveAdmin(w, r)
+		return
+	}
+	h.requests.Add(1)
+
+	var entry *logEntry
+	if h.cfg.logger != nil {
+		entry = &logEntry{start: time.Now()}
+		r = r.WithContext(context.WithValue(r.Context(), logCtxKey{}, entry))
+		lw := &statusWriter{ResponseWriter: w}
+		w = lw
+		defer func() {
+			if v := recover(); v != nil {
+				if entry.outcome == "" {
+					entry.outcome = "aborted"
+				}
+				h.log(r, entry, 0)
+				panic(v)
+			}
+			h.log(r, entry, lw.status)
+		}()
+	}
+
+	f := h.faults.match(requestKey(r), r.URL.Path)
+	if f != nil {
+		switch {
+		case f.has(FaultReset):
+			entry.set("fault_reset")
+			resetConn(unwrap(w))
+			return
+		case f.has(FaultStatus):
+			entry.set("fault_status")
+			if f.retryAfter != "" {
+				w.Header().Set("Retry-After", f.retryAfter)
+			}
+			(&Problem{Type: ProblemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
+				Detail: "the status fault answered this request; nothing was done"}).Write(w)
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), faultCtxKey{}, f))
+		if f.has(FaultDropResponse) {
+			h.route(&discard{h: make(http.Header)}, r)
+			entry.set("dropped")
+			panic(http.ErrAbortHandler) // close the connection without answering
+		}
+	}
+	h.route(w, r)
+}
+
+// route dispatches the business API.
+func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	switch {
+	case path == "/payments":
+		switch r.Method {
+		case http.MethodPost:
+			h.payments.ServeHTTP(w, r)
+		case http.MethodGet, http.MethodHead:
+			h.simpleFaults(w, r, h.listPayments)
+		default:
+			methodNotAllowed(w, "GET, HEAD, POST")
+		}
+	case strings.HasPrefix(path, "/payments/"):
+		id := strings.TrimPrefix(path, "/payments/")
+		if id == "" || strings.Contains(id, "/") {
+			notFound("no such resource: " + path).Write(w)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, "GET, HEAD")
+			return
+		}
+		h.simpleFaults(w, r, func(w http.ResponseWriter, r *http.Request) { h.getPayment(w, r, id) })
+	case strings.HasPrefix(path, "/orders/") && strings.HasSuffix(path, "/status"):
+		id := strings.TrimSuffix(strings.TrimPrefix(path, "/orders/"), "/status")
+		if id == "" || strings.Contains(id, "/") {
+			notFound("no such resource: " + path).Write(w)
+			return
+		}
+		if r.Method != http.MethodPut {
+			methodNotAllowed(w, "PUT")
+			return
+		}
+		h.putOrderStatus(w, r, id)
+	default:
+		notFound("no such resource: " + path + "; the API has /payments, /payments/{id} and /orders/{id}/status").Write(w)
+	}
+}
+
+// simpleFaults applies the in-work faults to a read-only endpoint, which has
+// no record and no provider: delay waits, error answers 500, the crashes
+// close the connection.
+func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
+	f := faultsFrom(r.Context())
+	if err := sleep(r.Context(), f.delay); err != nil {
+		return
+	}
+	switch {
+	case f.has(FaultCrashAfterInsert), f.has(FaultCrashAfterProvider):
+		panic(http.ErrAbortHandler)
+	case f.has(FaultError):
+		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+			Detail: "the error fault failed this request"}).Write(w)
+		return
+	}
+	next(w, r)
+}
+
+// requestKey is the request's key as faults match it: parsed when valid,
+// raw otherwise.
+func requestKey(r *http.Request) string {
+	v := r.Header.Get(idempotency.HeaderKey)
+	if k, err := idempotency.ParseKey(v); err == nil {
+		return k
+	}
+	return v
+}
+
+// logEntry collects what the request's log line reports.
+type logEntry struct {
+	start   time.Time
+	outcome string
+}
+
+type logCtxKey struct{}
+
+func (e *logEntry) set(outcome string) {
+	if e != nil {
+		e.outcome = outcome
+	}
+}
+
+// setOutcome is the middleware's OnOutcome hook.
+func setOutcome(r *http.Request, o idempotency.Outcome) {
+	if e, ok := r.Context().Value(logCtxKey{}).(*logEntry); ok {
+		e.set(string(o))
+	}
+}
+
+func (h *Handler) log(r *http.Request, e *logEntry, status int) {
+	outcome := e.outcome
+	if outcome == "" {
+		outcome = "served"
+	}
+	h.cfg.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.String("key", r.Header.Get(idempotency.HeaderKey)),
+		slog.Int("status", status),
+		slog.String("outcome", outcome),
+		slog.Duration("duration", time.Since(e.start)))
+}
+
+// statusWriter remembers the status for the log line.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func unwrap(w http.ResponseWriter) http.ResponseWriter {
+	if sw, ok := w.(*statusWriter); ok {
+		return sw.ResponseWriter
+	}
+	return w
+}

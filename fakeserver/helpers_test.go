@@ -1,0 +1,105 @@
+package fakeserver_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/clocktest"
+)
+
+const (
+	payBody     = `{"amount":1500,"currency":"AZN","customer":"cus_1","description":"coffee"}`
+	otherBody   = `{"amount":2500,"currency":"AZN","customer":"cus_1","description":"tea"}`
+	declineBody = `{"amount":1500,"currency":"AZN","customer":"cus_declined"}`
+)
+
+var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// answer is a response read in full.
+type answer struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// problem decodes an RFC 9457 body.
+func (a answer) problem(tb testing.TB) fakeserver.Problem {
+	tb.Helper()
+	require.Equal(tb, "application/problem+json", a.Header.Get("Content-Type"), "body: %s", a.Body)
+	var p fakeserver.Problem
+	require.NoError(tb, json.Unmarshal(a.Body, &p))
+	require.Equal(tb, a.Status, p.Status)
+	return p
+}
+
+// req describes one request.
+type req struct {
+	Method, Path, Key, Auth, Body string
+	NoKey                         bool
+}
+
+// send sends r with c and reads the answer; a transport error fails tb.
+func send(tb testing.TB, c *http.Client, base string, r req) answer {
+	tb.Helper()
+	a, err := trySend(c, base, r)
+	require.NoError(tb, err)
+	return a
+}
+
+func trySend(c *http.Client, base string, r req) (answer, error) {
+	if r.Method == "" {
+		r.Method = http.MethodPost
+	}
+	if r.Path == "" {
+		r.Path = "/payments"
+	}
+	hr, err := http.NewRequest(r.Method, base+r.Path, strings.NewReader(r.Body))
+	if err != nil {
+		return answer{}, err
+	}
+	if !r.NoKey {
+		hr.Header.Set("Idempotency-Key", r.Key)
+	}
+	if r.Auth != "" {
+		hr.Header.Set("Authorization", r.Auth)
+	}
+	resp, err := c.Do(hr)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return answer{Status: resp.StatusCode, Header: resp.Header, Body: body}, err
+}
+
+// pay posts payBody under key.
+func pay(tb testing.TB, s *fakeserver.Server, key, body string) answer {
+	tb.Helper()
+	return send(tb, s.Client(), s.URL, req{Key: key, Body: body})
+}
+
+// freshClient opens a new connection per request, so that a connection the
+// server closes is seen as an error rather than retried by the Transport.
+func freshClient(tb testing.TB) *http.Client {
+	tr := &http.Transport{DisableKeepAlives: true}
+	tb.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+// newServer starts a server with a manual clock.
+func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *clocktest.Clock) {
+	tb.Helper()
+	clk := clocktest.New(epoch)
+	if opts == nil {
+		opts = &fakeserver.Options{}
+	}
+	opts.Clock = clk
+	return fakeserver.Start(tb, opts), clk
+}

@@ -1,0 +1,96 @@
+// Package idempotency is the server side of the Idempotency-Key contract as
+// net/http middleware over a small record store. The fake server of
+// [github.com/idemkit/idem/fakeserver] is built on it; a production server
+// can use it with its own [Store] (for example one over PostgreSQL).
+//
+// # The checks
+//
+// [New] wraps a handler for an endpoint that requires a key. For each
+// request it answers, in this order:
+//
+//   - no Idempotency-Key: 400, type [TypeKeyMissing]; nothing stored.
+//   - a key it cannot accept: 400, type [TypeKeyInvalid]; nothing stored.
+//   - a body over [Config.MaxBodyBytes]: 413; a body that [Config.Validate]
+//     rejects: its 400 problem. Nothing is stored, so the key stays free,
+//     even when the key already has a record.
+//   - a record with another fingerprint: 422, type [TypeKeyReused].
+//   - a COMPLETED record: its stored status, headers and body, byte for byte,
+//     plus Idempotent-Replayed: true.
+//   - an IN_PROGRESS record whose lease is alive: 409, type
+//     [TypeRequestInProgress], with Retry-After.
+//   - an IN_PROGRESS record whose lease has ended: the record is taken over
+//     atomically and the handler runs with [Info.Takeover] set.
+//   - no live record: the handler runs as the record's owner.
+//
+// # The key
+//
+// [ParseKey] accepts the RFC 8941 sf-string form of the IETF draft ("K") and
+// the bare form deployed APIs send (K), as the same key. A key is 1 to 255
+// characters of visible ASCII; with [Config.RequireUUID] it must also be a
+// canonical UUID. Keys are scoped to the caller ([Config.Principal], by
+// default the Authorization header): two callers that pick the same key
+// never see each other's records.
+//
+// # The race
+//
+// No request looks a key up and then inserts it. [Store.Insert] is one
+// atomic insert-or-conflict, as a PRIMARY KEY decides it; the loser gets the
+// existing record and answers from it. A takeover is a compare-and-swap on
+// the lease owner ([Store.TakeOver]): of many requests that find one dead
+// worker's record, exactly one wins.
+//
+// # Commit hook
+//
+// The effect of a request and its COMPLETED record commit together or not
+// at all. The handler does not change business state directly: it registers
+// its effect with [OnCommit], and the middleware hands the effects to
+// [Store.Complete], which runs them and marks the record COMPLETED in one
+// atomic step (under the store's lock; a SQL store would run them in the
+// transaction that updates the record). If the handler answers a server
+// error (>= 500), the effects are dropped and the record is released
+// ([Store.Release]): nothing is stored and a retry does the work. If the
+// worker lost its record meanwhile (its lease was taken over, or the record
+// expired), the effects are dropped and the answer is 409; a retry gets the
+// new owner's answer.
+//
+// The handler's answer is buffered until the commit, so a client never sees
+// an answer whose effect was not recorded. Only Content-Type and Location are
+// stored with the status and body: a stored response may hold sensitive data,
+// and a replay needs nothing more.
+//
+// # External side effects
+//
+// Work outside the store (a payment provider) cannot share its transaction.
+// Each record gets a stable id of the server's own ([Record.StableID]), kept
+// across takeovers and exposed as [Info.StableID]: the handler passes it to
+// the provider as the provider's idempotency key, so a repeated call is a
+// duplicate there too. A handler running a takeover ([Info.Takeover]) must
+// ask the provider what it did for StableID before doing it again.
+//
+// # Crashes and leases
+//
+// A panic in the handler (a crashed worker) is not recovered: the record
+// stays IN_PROGRESS, as a dead process would leave it, and requests get 409
+// until its lease ([Config.Lease]) ends and one of them takes it over. The
+// lease must be longer than the work takes; it is not extended while the
+// work runs.
+//
+// # Retry-After
+//
+// A 409 carries Retry-After in whole seconds: the time left until the work
+// is expected to be done ([Config.Expected] after the lease began), capped at
+// the end of the lease, rounded up, and at least 1.
+//
+// # Retention
+//
+// A record lives for [Config.Retention] (default 24 hours) from its
+// CreatedAt. From then on it counts as absent: [Store.Insert] replaces it,
+// and the key is new again. [Store.Sweep] deletes expired records; run it on
+// a schedule.
+//
+// # Fingerprint
+//
+// [NewFingerprint] is SHA-256 over the method, the path (without the query)
+// and the body; a JSON body is canonicalised first (keys sorted, whitespace
+// dropped), other bodies are hashed raw.
+package idempotency

@@ -1,0 +1,112 @@
+package idempotency
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// MemoryStore is a [Store] in memory, for tests and the fake server. One
+// mutex makes every method one atomic step; commit hooks run under it.
+// A MemoryStore is safe for concurrent use by multiple goroutines. The zero
+// MemoryStore is not usable; call [NewMemoryStore].
+type MemoryStore struct {
+	mu   sync.Mutex
+	recs map[ID]*Record
+}
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{recs: make(map[ID]*Record)}
+}
+
+// Insert implements [Store].
+func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.recs[rec.ID]; ok && !old.Expired(rec.CreatedAt) {
+		cp := *old
+		return &cp, false, nil
+	}
+	cp := *rec
+	s.recs[rec.ID] = &cp
+	return nil, true, nil
+}
+
+// TakeOver implements [Store].
+func (s *MemoryStore) TakeOver(_ context.Context, id ID, from, to string, now, until time.Time) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.recs[id]
+	if !ok || r.Status != StatusInProgress || r.Owner != from || r.LockedUntil.After(now) || r.Expired(now) {
+		return false, nil
+	}
+	r.Owner = to
+	r.LockedUntil = until
+	return true, nil
+}
+
+// Complete implements [Store].
+func (s *MemoryStore) Complete(ctx context.Context, id ID, owner string, resp *Response, commit func(context.Context) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.recs[id]
+	if !ok || r.Status != StatusInProgress || r.Owner != owner {
+		return ErrNotOwner
+	}
+	if commit != nil {
+		if err := commit(ctx); err != nil {
+			return err
+		}
+	}
+	r.Status = StatusCompleted
+	r.Owner = ""
+	r.LockedUntil = time.Time{}
+	r.Response = resp
+	return nil
+}
+
+// Release implements [Store].
+func (s *MemoryStore) Release(_ context.Context, id ID, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.recs[id]
+	if !ok || r.Status != StatusInProgress || r.Owner != owner {
+		return ErrNotOwner
+	}
+	delete(s.recs, id)
+	return nil
+}
+
+// Sweep implements [Store].
+func (s *MemoryStore) Sweep(_ context.Context, now time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for id, r := range s.recs {
+		if r.Expired(now) {
+			delete(s.recs, id)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Count implements [Counter].
+func (s *MemoryStore) Count(context.Context) (records, inProgress int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.recs {
+		if r.Status == StatusInProgress {
+			inProgress++
+		}
+	}
+	return len(s.recs), inProgress, nil
+}
+
+// Clear deletes every record.
+func (s *MemoryStore) Clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.recs)
+}

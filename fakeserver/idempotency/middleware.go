@@ -1,0 +1,354 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Outcome names how the middleware answered a request, for logs and
+// metrics.
+type Outcome string
+
+// Outcomes reported to [Config.OnOutcome].
+const (
+	OutcomeCreated    Outcome = "created"     // the work ran and its answer was stored
+	OutcomeTakeover   Outcome = "takeover"    // as created, after taking over a dead worker's record
+	OutcomeReplayed   Outcome = "replayed"    // the stored answer was replayed
+	OutcomeConflict   Outcome = "conflict"    // 409: another request holds the key
+	OutcomeReused     Outcome = "reused"      // 422: the key was used for other content
+	OutcomeMissing    Outcome = "missing"     // 400: no key
+	OutcomeInvalid    Outcome = "invalid"     // 400: malformed key
+	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation
+	OutcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
+	OutcomeFailed     Outcome = "failed"      // >= 500: nothing stored, the key is free
+	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
+	OutcomeStoreError Outcome = "store_error" // the store failed
+)
+
+// Clock tells the time. Retention, leases, created_at and Retry-After read
+// it, so tests can drive them without sleeping.
+type Clock interface{ Now() time.Time }
+
+// Defaults for a zero [Config].
+const (
+	DefaultRetention    = 24 * time.Hour
+	DefaultLease        = 30 * time.Second
+	DefaultMaxBodyBytes = 1 << 20
+)
+
+// Config configures [New]. Only Store is required; every other zero field
+// means its default.
+type Config struct {
+	// Store holds the records. Required.
+	Store Store
+	// Clock is time.Now when nil.
+	Clock Clock
+	// Retention is how long a record lives, from its CreatedAt. Zero or
+	// negative means [DefaultRetention] (24h).
+	Retention time.Duration
+	// Lease is how long a worker holds an IN_PROGRESS record before another
+	// request may take it over. Zero or negative means [DefaultLease] (30s).
+	// It must exceed the longest time the work takes.
+	Lease time.Duration
+	// Expected is how long the work is expected to take; it sets the
+	// Retry-After of a 409. Zero means "any moment now" (Retry-After: 1).
+	Expected time.Duration
+	// RequireUUID makes keys that are not UUIDs invalid.
+	RequireUUID bool
+	// MaxBodyBytes limits request bodies; larger ones get 413. Zero means
+	// [DefaultMaxBodyBytes] (1 MiB).
+	MaxBodyBytes int64
+	// Validate checks the request before its key is looked at in the store,
+	// so that an invalid body is a 400 even when the key has a record, and
+	// stores nothing. It returns nil to accept. Nil accepts every body.
+	Validate func(r *http.Request, body []byte) *Problem
+	// Principal names the caller that owns a key. Nil means the value of the
+	// Authorization header ("" is the anonymous caller).
+	Principal func(r *http.Request) string
+	// NewStableID returns a new id for an intent (see [Record.StableID]).
+	// Nil means 26 random base32 characters.
+	NewStableID func() string
+	// OnOutcome, if not nil, is told how every request was answered.
+	OnOutcome func(r *http.Request, o Outcome)
+}
+
+// Middleware makes a handler idempotent under the Idempotency-Key contract.
+// It is safe for concurrent use by multiple goroutines.
+type Middleware struct {
+	cfg  Config
+	next http.Handler
+}
+
+// New returns next wrapped in the idempotency layer. It panics if
+// cfg.Store is nil.
+func New(next http.Handler, cfg Config) *Middleware {
+	if cfg.Store == nil {
+		panic("idempotency: Config.Store is nil")
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Principal == nil {
+		cfg.Principal = func(r *http.Request) string { return r.Header.Get("Authorization") }
+	}
+	if cfg.NewStableID == nil {
+		cfg.NewStableID = rand.Text
+	}
+	return &Middleware{cfg: cfg, next: next}
+}
+
+func (m *Middleware) now() time.Time {
+	if m.cfg.Clock == nil {
+		return time.Now()
+	}
+	return m.cfg.Clock.Now()
+}
+
+func (m *Middleware) report(r *http.Request, o Outcome) {
+	if m.cfg.OnOutcome != nil {
+		m.cfg.OnOutcome(r, o)
+	}
+}
+
+// ServeHTTP implements http.Handler: the checks of the contract's table, in
+// its order.
+func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, err := ParseHeader(r.Header, m.cfg.RequireUUID)
+	if errors.Is(err, ErrKeyMissing) {
+		m.report(r, OutcomeMissing)
+		(&Problem{Type: TypeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
+			Detail: "this endpoint requires an Idempotency-Key header; create one key per intent and reuse it on every retry"}).Write(w)
+		return
+	}
+	if err != nil {
+		m.report(r, OutcomeInvalid)
+		(&Problem{Type: TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+		return
+	}
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			m.report(r, OutcomeTooLarge)
+			(&Problem{Type: TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+				Detail: fmt.Sprintf("the request body is over the limit of %d bytes", m.cfg.MaxBodyBytes)}).Write(w)
+			return
+		}
+		m.report(r, OutcomeRejected)
+		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if m.cfg.Validate != nil {
+		if p := m.cfg.Validate(r, body); p != nil {
+			m.report(r, OutcomeRejected)
+			p.Write(w)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+
+	ctx := r.Context()
+	now := m.now()
+	rec := &Record{
+		ID:          ID{Principal: m.cfg.Principal(r), Key: key},
+		Fingerprint: NewFingerprint(r.Method, r.URL.Path, body),
+		Status:      StatusInProgress,
+		StableID:    m.cfg.NewStableID(),
+		Owner:       rand.Text(),
+		LockedUntil: now.Add(m.cfg.Lease),
+		CreatedAt:   now,
+		ExpiresAt:   now.Add(m.cfg.Retention),
+	}
+	// A lost takeover race means another request now holds the record; a
+	// few rounds settle it, after which the answer is a plain 409.
+	for range 3 {
+		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
+		if err != nil {
+			m.storeError(w, r, err)
+			return
+		}
+		if inserted {
+			m.run(w, r, rec, false)
+			return
+		}
+		if existing.Fingerprint != rec.Fingerprint {
+			m.report(r, OutcomeReused)
+			(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+				Detail: "this key was already used for a request with a different method, path or body; use a new key for a new intent"}).Write(w)
+			return
+		}
+		if existing.Status == StatusCompleted {
+			m.report(r, OutcomeReplayed)
+			replay(w, existing.Response)
+			return
+		}
+		if existing.LockedUntil.After(now) {
+			m.inProgress(w, r, existing, now)
+			return
+		}
+		ok, err := m.cfg.Store.TakeOver(ctx, rec.ID, existing.Owner, rec.Owner, now, now.Add(m.cfg.Lease))
+		if err != nil {
+			m.storeError(w, r, err)
+			return
+		}
+		if ok {
+			rec.StableID = existing.StableID
+			rec.CreatedAt = existing.CreatedAt
+			m.run(w, r, rec, true)
+			return
+		}
+		now = m.now()
+		rec.CreatedAt, rec.LockedUntil, rec.ExpiresAt = now, now.Add(m.cfg.Lease), now.Add(m.cfg.Retention)
+	}
+	m.report(r, OutcomeConflict)
+	writeInProgress(w, 1)
+}
+
+// run does the work as the record's owner and commits or releases.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, takeover bool) {
+	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Takeover: takeover}}
+	cw := &capture{header: make(http.Header)}
+	// A panic (a crashed worker) leaves the record IN_PROGRESS, exactly as a
+	// dead process would; the lease ends it.
+	m.next.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), ctxKey{}, wk)))
+
+	// The client may be gone, but finished work is still recorded.
+	ctx := context.WithoutCancel(r.Context())
+	code := cw.code()
+	if code >= 500 {
+		if err := m.cfg.Store.Release(ctx, rec.ID, rec.Owner); err != nil && !errors.Is(err, ErrNotOwner) {
+			m.storeError(w, r, err)
+			return
+		}
+		m.report(r, OutcomeFailed)
+		cw.writeTo(w)
+		return
+	}
+	resp := &Response{StatusCode: code, Header: make(http.Header, 2), Body: cw.body.Bytes()}
+	for _, f := range storedHeaders {
+		if v := cw.header.Values(f); len(v) > 0 {
+			resp.Header[f] = v
+		}
+	}
+	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, resp, wk.commit); {
+	case errors.Is(err, ErrNotOwner):
+		m.report(r, OutcomeLost)
+		(&Problem{Type: TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+			Detail: "this request's work was taken over by a later attempt with the same key; retry to get its answer"}).Write(withRetryAfter(w, 1))
+		return
+	case err != nil:
+		_ = m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
+		m.storeError(w, r, err)
+		return
+	}
+	if takeover {
+		m.report(r, OutcomeTakeover)
+	} else {
+		m.report(r, OutcomeCreated)
+	}
+	cw.writeTo(w)
+}
+
+// inProgress answers 409. Retry-After is the time left until the work is
+// expected to be done (the lease start plus Config.Expected), never past the
+// end of the lease, in whole seconds rounded up, at least 1.
+func (m *Middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Record, now time.Time) {
+	started := rec.LockedUntil.Add(-m.cfg.Lease)
+	done := started.Add(m.cfg.Expected)
+	if done.After(rec.LockedUntil) {
+		done = rec.LockedUntil
+	}
+	secs := int64(1)
+	if left := done.Sub(now); left > time.Second {
+		secs = int64((left + time.Second - 1) / time.Second)
+	}
+	m.report(r, OutcomeConflict)
+	writeInProgress(w, secs)
+}
+
+func withRetryAfter(w http.ResponseWriter, secs int64) http.ResponseWriter {
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	return w
+}
+
+func writeInProgress(w http.ResponseWriter, secs int64) {
+	(&Problem{Type: TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+		Detail: "a request with this key is still being processed; retry after the Retry-After delay"}).Write(withRetryAfter(w, secs))
+}
+
+func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	m.report(r, OutcomeStoreError)
+	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
+		Detail: "the idempotency store failed: " + err.Error()}).Write(w)
+}
+
+// storedHeaders are the response fields a replay needs; nothing else is kept.
+var storedHeaders = []string{"Content-Type", "Location"}
+
+// replay writes a stored response byte for byte, marked as a replay.
+func replay(w http.ResponseWriter, resp *Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	h.Set(HeaderReplayed, "true")
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(resp.Body)
+}
+
+// capture buffers a handler's answer until the middleware has committed it.
+type capture struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (c *capture) Header() http.Header { return c.header }
+
+func (c *capture) WriteHeader(code int) {
+	if c.status == 0 && code >= 200 {
+		c.status = code
+	}
+}
+
+func (c *capture) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return c.body.Write(p)
+}
+
+func (c *capture) code() int {
+	if c.status == 0 {
+		return http.StatusOK
+	}
+	return c.status
+}
+
+// writeTo sends the captured answer as a fresh one.
+func (c *capture) writeTo(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range c.header {
+		h[k] = v
+	}
+	h.Del(HeaderReplayed)
+	h.Set("Content-Length", strconv.Itoa(c.body.Len()))
+	w.WriteHeader(c.code())
+	_, _ = w.Write(c.body.Bytes())
+}

@@ -1,0 +1,116 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// ErrNotOwner is returned by [Store.Complete] and [Store.Release] when the
+// caller no longer holds the record: its lease was taken over, or the record
+// expired and was replaced or swept.
+var ErrNotOwner = errors.New("idempotency: record is no longer held by this worker")
+
+// Status is the state of a [Record].
+type Status string
+
+const (
+	// StatusInProgress: a worker holds the record and is doing the work.
+	StatusInProgress Status = "IN_PROGRESS"
+	// StatusCompleted: the work is done and the response is stored.
+	StatusCompleted Status = "COMPLETED"
+)
+
+// ID is a record's primary key: the key, scoped to the caller that sent it.
+// Two callers that pick the same key have different IDs.
+type ID struct {
+	Principal string
+	Key       string
+}
+
+// Record is one row of the idempotency table.
+type Record struct {
+	ID          ID
+	Fingerprint Fingerprint
+	Status      Status
+	// StableID is the server's own id for the intent, created with the
+	// record and kept across takeovers. It is the idempotency key the
+	// server gives an external provider (see "External side effects" in the
+	// package docs).
+	StableID string
+	// Owner is the lease token of the worker holding an IN_PROGRESS record.
+	Owner string
+	// LockedUntil is the end of the owner's lease. After it, another request
+	// may take the record over.
+	LockedUntil time.Time
+	// CreatedAt is when the key was first used; retention counts from here.
+	CreatedAt time.Time
+	// ExpiresAt is CreatedAt plus the retention period. From ExpiresAt on the
+	// record counts as absent.
+	ExpiresAt time.Time
+	// Response is the stored answer of a COMPLETED record.
+	Response *Response
+}
+
+// Expired reports whether r counts as absent at now.
+func (r *Record) Expired(now time.Time) bool { return !r.ExpiresAt.After(now) }
+
+// Response is a stored answer: what a replay needs and nothing more. Stores
+// and their callers treat a Response as immutable once stored.
+type Response struct {
+	StatusCode int
+	// Header holds only the fields a replay needs (Content-Type, Location).
+	Header http.Header
+	Body   []byte
+}
+
+// Store holds idempotency records. Every method is one atomic step: a
+// PostgreSQL Store runs each as one statement or one transaction. Stores are
+// safe for concurrent use by multiple goroutines; the middleware relies on
+// that, and on nothing else, to decide races between requests.
+//
+// Methods are given the time (rec.CreatedAt, now) instead of reading a
+// clock, so that an injected clock governs retention and leases.
+type Store interface {
+	// Insert stores rec as a new record unless a live record with rec.ID
+	// exists, in one atomic step, as INSERT ... ON CONFLICT does with a
+	// primary key. A record that is expired at rec.CreatedAt counts as
+	// absent and is replaced. It returns (nil, true, nil) when rec was
+	// inserted and (existing, false, nil) when it was not; existing is a
+	// copy that the caller may keep.
+	Insert(ctx context.Context, rec *Record) (existing *Record, inserted bool, err error)
+
+	// TakeOver hands the IN_PROGRESS record id to a new worker, as a
+	// compare-and-swap on the lease: only if its Owner is still from and its
+	// lease has ended at now, it sets Owner to to and LockedUntil to until
+	// and reports true. Of many requests racing for one dead worker's record,
+	// exactly one wins.
+	TakeOver(ctx context.Context, id ID, from, to string, now, until time.Time) (bool, error)
+
+	// Complete ends owner's work on id in one atomic step: it runs commit,
+	// the request's effect (nil for none), and if commit succeeds, marks the
+	// record COMPLETED with resp. If commit fails, nothing changes and its
+	// error is returned. If owner does not hold an IN_PROGRESS record id,
+	// commit is not run and the error is [ErrNotOwner].
+	//
+	// commit runs inside the store's atomic step (under its lock, or inside
+	// its transaction, which a SQL store passes in ctx); it must not call
+	// the Store.
+	Complete(ctx context.Context, id ID, owner string, resp *Response, commit func(context.Context) error) error
+
+	// Release deletes the IN_PROGRESS record id if owner holds it, so that
+	// the key is free again. It returns [ErrNotOwner] otherwise.
+	Release(ctx context.Context, id ID, owner string) error
+
+	// Sweep deletes every record expired at now and returns how many.
+	Sweep(ctx context.Context, now time.Time) (int, error)
+}
+
+// Counter is implemented by stores that can count their records, for
+// statistics. It is optional.
+type Counter interface {
+	// Count returns the number of stored records (expired ones included until
+	// swept) and how many of them are IN_PROGRESS.
+	Count(ctx context.Context) (records, inProgress int, err error)
+}

@@ -1,0 +1,91 @@
+package fakeserver
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkit/idem/fakeserver/idempotency"
+)
+
+// Clock tells the time. Retention, leases, created_at, payment ids and
+// Retry-After read it. Nil means time.Now.
+type Clock interface{ Now() time.Time }
+
+// KeyFormat is the format of Idempotency-Key values the server accepts.
+type KeyFormat string
+
+const (
+	// KeyFormatAny accepts any key of 1-255 visible ASCII characters.
+	KeyFormatAny KeyFormat = "any"
+	// KeyFormatUUID accepts only canonical UUIDs.
+	KeyFormatUUID KeyFormat = "uuid"
+)
+
+// Options configures a fake server. A nil *Options, or a zero Options,
+// consists entirely of default values.
+type Options struct {
+	// Retention is how long a record lives, from its created_at. Zero (or
+	// negative) means 24h.
+	Retention time.Duration
+	// Lease is how long a worker holds an IN_PROGRESS record before another
+	// request may take it over. Zero (or negative) means 30s. Keep it longer
+	// than ProcessingDelay.
+	Lease time.Duration
+	// ProcessingDelay is the time each payment takes, in real time (not the
+	// Clock); the wait ends early if the client goes away. Zero means none.
+	ProcessingDelay time.Duration
+	// KeyFormat is the accepted key format. Empty means [KeyFormatAny];
+	// an unknown value makes the constructors panic.
+	KeyFormat KeyFormat
+	// Clock is injectable so retention and lease tests need no sleeps. Nil
+	// means time.Now.
+	Clock Clock
+	// SweepEvery is how often a started [Server] deletes expired records in
+	// the background (real time). Zero means never; [Handler.Sweep] and
+	// POST /_fake/sweep still work.
+	SweepEvery time.Duration
+	// Logger gets one line per request (method, path, key, status,
+	// outcome). Nil means silent.
+	Logger *slog.Logger
+}
+
+// config is Options with the defaults filled in.
+type config struct {
+	retention, lease, delay, sweepEvery time.Duration
+	uuid                                bool
+	clock                               Clock
+	logger                              *slog.Logger
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (o *Options) config() config {
+	var c config
+	if o != nil {
+		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
+			clock: o.Clock, logger: o.Logger}
+		switch o.KeyFormat {
+		case "", KeyFormatAny:
+		case KeyFormatUUID:
+			c.uuid = true
+		default:
+			panic(fmt.Sprintf("fakeserver: unknown KeyFormat %q (valid: %q, %q)", o.KeyFormat, KeyFormatAny, KeyFormatUUID))
+		}
+	}
+	if c.retention <= 0 {
+		c.retention = idempotency.DefaultRetention
+	}
+	if c.lease <= 0 {
+		c.lease = idempotency.DefaultLease
+	}
+	if c.delay < 0 {
+		c.delay = 0
+	}
+	if c.clock == nil {
+		c.clock = realClock{}
+	}
+	return c
+}

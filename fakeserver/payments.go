@@ -1,0 +1,366 @@
+package fakeserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/fakeserver/idempotency"
+)
+
+// payment is a successful payment, as stored and as answered.
+type payment struct {
+	ID          string    `json:"id"`
+	Amount      int64     `json:"amount"`
+	Currency    string    `json:"currency"`
+	Customer    string    `json:"customer"`
+	Description string    `json:"description"`
+	Status      string    `json:"status"`
+	CreatedAt   time.Time `json:"created_at"`
+
+	principal string
+	key       string // Idempotency-Key it was made under; "" when bare
+}
+
+// paymentRequest is the body of POST /payments.
+type paymentRequest struct {
+	Amount      *int64  `json:"amount"`
+	Currency    *string `json:"currency"`
+	Customer    *string `json:"customer"`
+	Description string  `json:"description"`
+}
+
+// parsePayment decodes and validates a POST /payments body. The problem says
+// what is wrong.
+func parsePayment(body []byte) (paymentRequest, *Problem) {
+	var req paymentRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, validationProblem("body is not a valid payment: " + jsonError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return req, validationProblem("body has data after the JSON object")
+	}
+	switch {
+	case req.Amount == nil:
+		return req, validationProblem(`"amount" is required: an integer in minor units, greater than 0`)
+	case *req.Amount <= 0:
+		return req, validationProblem(`"amount" must be greater than 0`)
+	case req.Currency == nil:
+		return req, validationProblem(`"currency" is required: three letters, such as "AZN"`)
+	case !isCurrency(*req.Currency):
+		return req, validationProblem(`"currency" must be three letters, such as "AZN"`)
+	case req.Customer == nil || *req.Customer == "":
+		return req, validationProblem(`"customer" is required: a non-empty string, such as "cus_1"`)
+	}
+	return req, nil
+}
+
+func isCurrency(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for i := 0; i < 3; i++ {
+		c := s[i] | 0x20
+		if c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonError turns a decoding error into a sentence for a problem detail.
+func jsonError(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		if typeErr.Field != "" {
+			return fmt.Sprintf("%q must be %s, not %s", typeErr.Field, jsonType(typeErr.Type.String()), typeErr.Value)
+		}
+		return "the body must be a JSON object, not " + typeErr.Value
+	case errors.As(err, &syntaxErr):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case errors.Is(err, io.EOF):
+		return "the body is empty; send a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON is cut short"
+	}
+	return err.Error()
+}
+
+func jsonType(goType string) string {
+	switch strings.TrimPrefix(goType, "*") {
+	case "int64", "int":
+		return "an integer"
+	case "string":
+		return "a string"
+	}
+	return goType
+}
+
+// ledger is the fake server's business database: the payments made. It is
+// safe for concurrent use.
+type ledger struct {
+	mu    sync.Mutex
+	byID  map[string]*payment
+	byKey map[idempotency.ID]*payment
+	order []*payment
+}
+
+func newLedger() *ledger {
+	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment)}
+}
+
+func (l *ledger) add(p *payment) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, dup := l.byID[p.ID]; dup {
+		return
+	}
+	l.byID[p.ID] = p
+	if p.key != "" {
+		l.byKey[idempotency.ID{Principal: p.principal, Key: p.key}] = p
+	}
+	l.order = append(l.order, p)
+}
+
+func (l *ledger) get(principal, id string) (*payment, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.byID[id]
+	if !ok || p.principal != principal {
+		return nil, false
+	}
+	return p, true
+}
+
+func (l *ledger) byIdempotencyKey(principal, key string) (*payment, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.byKey[idempotency.ID{Principal: principal, Key: key}]
+	return p, ok
+}
+
+func (l *ledger) list(principal string) []*payment {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := []*payment{}
+	for _, p := range l.order {
+		if p.principal == principal {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.order)
+}
+
+func (l *ledger) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.byID)
+	clear(l.byKey)
+	l.order = nil
+}
+
+func principalOf(r *http.Request) string { return r.Header.Get("Authorization") }
+
+// validatePayment is the middleware's validation hook: a bad body is a 400
+// before the key is looked at, and stores nothing.
+func validatePayment(_ *http.Request, body []byte) *Problem {
+	_, p := parsePayment(body)
+	return p
+}
+
+// createPayment is the business handler of POST /payments. Behind the
+// idempotency middleware it runs once per intent; mounted bare (for the
+// benchmark) it validates and commits on its own.
+func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
+	if err != nil {
+		(&Problem{Type: ProblemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
+		return
+	}
+	req, prob := parsePayment(body)
+	if prob != nil {
+		prob.Write(w)
+		return
+	}
+	ctx := r.Context()
+	f := faultsFrom(ctx)
+	if f.has(FaultCrashAfterInsert) {
+		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
+	}
+	h.executions.Add(1)
+
+	info, idem := idempotency.FromContext(ctx)
+	id := info.StableID
+	principal := info.ID.Principal
+	if !idem {
+		id = h.newPaymentID()
+		principal = principalOf(r)
+	}
+
+	if err := sleep(ctx, h.cfg.delay+f.delay); err != nil {
+		(&Problem{Type: ProblemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
+			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
+		return
+	}
+	if f.has(FaultError) {
+		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
+		return
+	}
+
+	// After a dead worker, ask the provider before charging again.
+	ch, charged := charge{}, false
+	if info.Takeover {
+		ch, charged = h.provider.Lookup(id)
+	}
+	if !charged {
+		ch, err = h.provider.Charge(charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
+			CreatedAt: h.cfg.clock.Now().UTC()})
+		if errors.Is(err, errDeclined) {
+			(&Problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
+				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
+			return
+		}
+	}
+	if f.has(FaultCrashAfterProvider) {
+		panic(http.ErrAbortHandler) // charged, but nothing recorded
+	}
+
+	p := &payment{ID: id, Amount: ch.Amount, Currency: ch.Currency, Customer: ch.Customer, Description: req.Description,
+		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: principal, key: info.ID.Key}
+	out, _ := json.Marshal(p)
+	if err := idempotency.OnCommit(ctx, func(context.Context) error { h.ledger.add(p); return nil }); err != nil {
+		(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/payments/"+id)
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(append(out, '\n'))
+}
+
+// newPaymentID returns an id that sorts by the injected clock's time.
+func (h *Handler) newPaymentID() string {
+	return fmt.Sprintf("pay_%d_%d", h.cfg.clock.Now().Unix(), h.seq.Add(1))
+}
+
+func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) {
+	p, ok := h.ledger.get(principalOf(r), id)
+	if !ok {
+		notFound("no payment " + strconv.Quote(id) + " for this caller").Write(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// listPayments serves GET /payments and, with ?idempotency_key=K, the
+// reconcile lookup.
+func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Has("idempotency_key") {
+		key, err := idempotency.ParseKey(q.Get("idempotency_key"))
+		if err != nil {
+			(&Problem{Type: ProblemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+			return
+		}
+		p, ok := h.ledger.byIdempotencyKey(principalOf(r), key)
+		if !ok {
+			notFound("no payment was made under this key for this caller").Write(w)
+			return
+		}
+		writeJSON(w, http.StatusOK, p)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Data []*payment `json:"data"`
+	}{h.ledger.list(principalOf(r))})
+}
+
+// orders holds the statuses set with PUT /orders/{id}/status. It is safe for
+// concurrent use.
+type orders struct {
+	mu     sync.Mutex
+	status map[idempotency.ID]string
+}
+
+// putOrderStatus serves PUT /orders/{id}/status: naturally idempotent, so
+// an Idempotency-Key is ignored.
+func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id string) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
+	if err != nil {
+		(&Problem{Type: ProblemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
+		return
+	}
+	var req struct {
+		Status *string `json:"status"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		validationProblem("body is not a valid status change: " + jsonError(err)).Write(w)
+		return
+	}
+	if req.Status == nil || *req.Status == "" {
+		validationProblem(`"status" is required, such as "SHIPPED"`).Write(w)
+		return
+	}
+	f := faultsFrom(r.Context())
+	if err := sleep(r.Context(), f.delay); err != nil {
+		return
+	}
+	if f.has(FaultError) {
+		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+			Detail: "the error fault failed this request; nothing changed"}).Write(w)
+		return
+	}
+	h.orders.mu.Lock()
+	h.orders.status[idempotency.ID{Principal: principalOf(r), Key: id}] = *req.Status
+	h.orders.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"id": id, "status": *req.Status})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	out, err := json.Marshal(v)
+	if err != nil {
+		(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(out, '\n'))
+}
+
+// sleep waits d in real time, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

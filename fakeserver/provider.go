@@ -1,0 +1,67 @@
+package fakeserver
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// errDeclined is the provider's answer for the declined test customer.
+var errDeclined = errors.New("fakeserver: card declined")
+
+// declinedCustomer is the customer whose card the provider always declines.
+const declinedCustomer = "cus_declined"
+
+// charge is one charge the fake provider made.
+type charge struct {
+	ID        string // the server's stable id, the provider's idempotency key
+	Amount    int64
+	Currency  string
+	Customer  string
+	CreatedAt time.Time
+}
+
+// provider is the fake payment provider outside the server's store. It has
+// its own idempotency on the server's stable id: charging one id twice makes
+// one charge. It is safe for concurrent use.
+type provider struct {
+	mu      sync.Mutex
+	charges map[string]charge
+}
+
+func newProvider() *provider { return &provider{charges: make(map[string]charge)} }
+
+// Charge charges once per id; a repeated id returns the first charge.
+func (p *provider) Charge(c charge) (charge, error) {
+	if c.Customer == declinedCustomer {
+		return charge{}, errDeclined
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.charges[c.ID]; ok {
+		return old, nil
+	}
+	p.charges[c.ID] = c
+	return c, nil
+}
+
+// Lookup returns the charge made for id, the status query a server makes
+// when it recovers an intent whose worker died.
+func (p *provider) Lookup(id string) (charge, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.charges[id]
+	return c, ok
+}
+
+func (p *provider) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.charges)
+}
+
+func (p *provider) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.charges)
+}

@@ -1,0 +1,74 @@
+package fakeserver
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// Server is a fake server listening on a loopback port, shaped like
+// httptest.Server. Its methods (Stats, InjectFault, ...) are those of the
+// embedded [Handler]. A Server is safe for concurrent use by multiple
+// goroutines; Start and Close are called once each.
+type Server struct {
+	// URL is the base URL, http://127.0.0.1:port, set by Start.
+	URL string
+	*Handler
+
+	ts        *httptest.Server
+	stopSweep context.CancelFunc
+	sweepDone chan struct{}
+}
+
+// NewServer starts and returns a fake server on 127.0.0.1 and a free port.
+// The caller calls Close when done. nil opts means defaults.
+func NewServer(opts *Options) *Server {
+	s := NewUnstartedServer(opts)
+	s.Start()
+	return s
+}
+
+// NewUnstartedServer returns a fake server that is not started yet, so that
+// faults can be injected before the first request. Call Start, then Close.
+func NewUnstartedServer(opts *Options) *Server {
+	h := NewHandler(opts)
+	return &Server{Handler: h, ts: httptest.NewUnstartedServer(h)}
+}
+
+// Start starts the server, and its background sweep if Options.SweepEvery is
+// set. It panics if the server is already started.
+func (s *Server) Start() {
+	s.ts.Start()
+	s.URL = s.ts.URL
+	if s.cfg.sweepEvery > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopSweep, s.sweepDone = cancel, make(chan struct{})
+		go func() {
+			defer close(s.sweepDone)
+			s.RunSweeper(ctx, s.cfg.sweepEvery)
+		}()
+	}
+}
+
+// Client returns an HTTP client for the server. Every call returns the same
+// client; its idle connections are closed by Close.
+func (s *Server) Client() *http.Client { return s.ts.Client() }
+
+// Close stops the server, waiting for requests in flight to complete.
+func (s *Server) Close() {
+	if s.stopSweep != nil {
+		s.stopSweep()
+		<-s.sweepDone
+	}
+	s.ts.Close()
+}
+
+// Start starts a fake server for a test and closes it when the test and its
+// subtests are done. nil opts means defaults.
+func Start(tb testing.TB, opts *Options) *Server {
+	tb.Helper()
+	s := NewServer(opts)
+	tb.Cleanup(s.Close)
+	return s
+}
