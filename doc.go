@@ -1,0 +1,102 @@
+/*
+Package idem makes retrying non-idempotent HTTP requests safe.
+
+A phone sends POST /payments, the server charges the card, the response is
+lost. The app cannot know whether the charge happened, so it retries, and
+without protection the customer pays twice. idem is the client side of the
+Idempotency-Key contract (the IETF httpapi draft "The Idempotency-Key HTTP
+Header Field", as deployed by Stripe and others): every attempt of one user
+action carries the same key and the same bytes, so the server does the work
+once and replays its answer to the repeats.
+
+# Intents
+
+An [Intent] is one thing the user means to do: pay for this cart. It gets
+one Idempotency-Key (a random UUID) when it is created, and it is saved in a
+[persist.Store] before anything is sent; if saving fails, nothing is sent.
+Every attempt, including those after a crash and restart, sends the same
+method, URL, key and body bytes. A changed cart is a new intent with a new
+key.
+
+[Client.Intent] is the one call to make when the Pay button is shown: it
+returns the pending intent for that action when the request is the same,
+makes a new one when it changed, and returns an [*UnresolvedError] instead
+of starting a second payment while the previous one's outcome is unknown.
+
+	in, err := client.Intent(ctx, "checkout:cart-42", req)
+	...
+	resp, err := client.Do(ctx, in)
+
+After a restart, [Client.Unresolved] lists the intents to resume; Do resumes
+each with its own key. Do on a resolved intent returns the stored answer and
+sends nothing.
+
+# States
+
+An intent is new (saved, not known to be sent), pending (may have reached
+the server, outcome unknown), succeeded (2xx), failed (a final business
+answer such as 402), rejected (422, or a 400 about the key), expired (outcome
+unknown and too old to send again) or void (reconciled: the server never did
+it). The final answer (status, headers, body) is stored with a resolved
+intent.
+
+To keep to two durable writes per successful intent (created, resolved), the
+first attempt is not recorded: after a crash a new intent may have been sent.
+Resuming it is safe because it reuses its key; only an intent that this
+Client created and never handed to Do is treated as certainly unsent.
+
+# Retries
+
+Do retries network errors (including those after the request was written,
+and a response body cut off mid-way), 408, 409 (request in progress), 429,
+500, 502, 503 and 504, with capped exponential backoff and jitter
+([RetryPolicy]). A Retry-After on any of them, in delta-seconds or any
+HTTP-date form, is honoured: the next attempt is never sooner than the
+server asked. A Retry-After above the cap, or a wait that would pass the
+context's deadline or the call's time budget, ends the call at once with a
+[*RetryError] that carries the refused wait.
+
+It never retries 422 (the key was reused for another body: a bug, surfaced
+as an [*APIError] matching [ErrKeyReused]), 400s about the key
+([ErrKeyRejected]) or other 4xx answers: those are final.
+
+One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
+and the context's deadline; the first to run out ends it, and the
+*RetryError says which ([RetryError.Reason]), with the attempt count and the
+last answer. The outcome is then unknown ([ErrOutcomeUnknown]) and the intent
+stays pending: Do it again later.
+
+Retries are built on github.com/hashicorp/go-retryablehttp with per-call
+hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
+
+# Retention
+
+A server keeps idempotency records for a retention period (24 hours by
+default); after it, the key counts as new and a resend would do the work
+again. The Client therefore stops sending a key once its intent is older than
+the retention less a safety margin ([WithRetention]): Do returns a
+*RetryError matching [ErrIntentExpired], and [Client.Reconcile] settles the
+intent with the server's lookup by key.
+
+# Sending through any http.Client
+
+[Client.RoundTripper] wraps a transport so that any *http.Client, such as a
+generated API client, sends POST and PATCH with a key and retries them
+safely. The key comes from an intent carried in the request's context
+([ContextWithIntent]); without one, a key is made for that request in memory
+and does not survive a restart. GET and the other idempotent methods never
+carry a key.
+
+# Concurrency
+
+A [Client] is safe for concurrent use. Two goroutines calling Do on the same
+intent (a double tap) never put two requests on the wire at once: the second
+waits for the first and both get the same outcome.
+
+# Testing
+
+The fakeserver package implements the server side of the contract with
+faults on demand (lost responses, crashed workers, 503s); test against it
+rather than against a hand-made mock.
+*/
+package idem

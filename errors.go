@@ -1,0 +1,246 @@
+package idem
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Sentinel errors. Match them with errors.Is; the typed errors below wrap
+// them where they apply.
+var (
+	// ErrKeyReused: the server answered 422 because the key was used with a
+	// different request. This is a bug in the caller (a changed request must
+	// be a new intent); it is never retried.
+	ErrKeyReused = errors.New("idem: the server saw this Idempotency-Key with a different request (422); a changed request needs a new intent")
+
+	// ErrKeyRejected: the server refused the key itself (400, key missing or
+	// malformed, for example not a UUID where the server wants one).
+	ErrKeyRejected = errors.New("idem: the server rejected the Idempotency-Key (400)")
+
+	// ErrOutcomeUnknown: the request may or may not have taken effect. The
+	// intent stays unresolved: resume it with Client.Do (same key, safe) or,
+	// once it is expired, settle it with Client.Reconcile.
+	ErrOutcomeUnknown = errors.New("idem: outcome unknown: the request may or may not have taken effect")
+
+	// ErrIntentExpired: the intent is older than the server's retention less
+	// the safety margin, so its key may be forgotten by the server and
+	// sending it again could do the work twice. It is not sent; reconcile it.
+	ErrIntentExpired = errors.New("idem: intent too old to send again; reconcile it")
+
+	// ErrIntentMismatch: a request was offered for an intent that holds a
+	// different one. A changed request is a new intent.
+	ErrIntentMismatch = errors.New("idem: request differs from the intent's; a changed request is a new intent")
+
+	// ErrRetriesExhausted: the retry budget (attempts, elapsed time, the
+	// context's deadline or the Retry-After cap) ran out first.
+	ErrRetriesExhausted = errors.New("idem: retry budget exhausted")
+
+	// ErrUnresolved: an earlier intent for the same action still has an
+	// unknown outcome, so a new one could pay twice. See UnresolvedError.
+	ErrUnresolved = errors.New("idem: an earlier intent for this action has an unknown outcome")
+
+	// ErrNotIntentMethod: intents are for POST and PATCH. GET, HEAD,
+	// OPTIONS, PUT and DELETE are idempotent and carry no key.
+	ErrNotIntentMethod = errors.New("idem: only POST and PATCH requests carry an Idempotency-Key")
+
+	// ErrInFlight: the operation needs the intent to be idle, and a Do for
+	// it is running in this process.
+	ErrInFlight = errors.New("idem: a request for this intent is in flight")
+)
+
+// Problem is an RFC 9457 problem details object, as the server sent it.
+type Problem struct {
+	Type     string `json:"type,omitempty"`
+	Title    string `json:"title,omitempty"`
+	Status   int    `json:"status,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+}
+
+// APIError is a final answer from the server that is not a success: a
+// business outcome such as 402 (card declined), a validation 400, a key
+// error (400, 422). It is returned together with the Response.
+type APIError struct {
+	Method     string
+	URL        string
+	Key        string
+	StatusCode int
+	// Problem holds the RFC 9457 fields when the body was a problem
+	// document (application/problem+json or JSON with those fields).
+	Problem Problem
+	// Response is the whole answer, body included.
+	Response *Response
+}
+
+func (e *APIError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	if t := problemName(e.Problem.Type); t != "" {
+		fmt.Fprintf(&b, " (%s)", t)
+	}
+	if e.Problem.Detail != "" {
+		fmt.Fprintf(&b, ": %s", e.Problem.Detail)
+	} else if e.Problem.Title != "" {
+		fmt.Fprintf(&b, ": %s", e.Problem.Title)
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, " [key %s]", e.Key)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrKeyReused) and errors.Is(err, ErrKeyRejected)
+// true for the answers that mean them.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrKeyReused:
+		return e.StatusCode == http.StatusUnprocessableEntity
+	case ErrKeyRejected:
+		return isKeyProblem(e.StatusCode, e.Problem.Type)
+	}
+	return false
+}
+
+// problemName is the last path segment of a problem type URI, the part that
+// names the problem ("idempotency-key-reused").
+func problemName(typ string) string {
+	typ = strings.TrimRight(typ, "/")
+	if i := strings.LastIndexByte(typ, '/'); i >= 0 {
+		return typ[i+1:]
+	}
+	return typ
+}
+
+// isKeyProblem reports a 400 about the Idempotency-Key itself. The contract
+// names these problem types; a server that sends no problem type gives no
+// way to tell, and its 400 is treated as an ordinary final answer.
+func isKeyProblem(status int, typ string) bool {
+	if status != http.StatusBadRequest {
+		return false
+	}
+	switch problemName(typ) {
+	case "idempotency-key-missing", "idempotency-key-invalid":
+		return true
+	}
+	return false
+}
+
+// parseProblem decodes an RFC 9457 body; anything else yields the zero
+// Problem. It never fails: a server that answers nonsense still gets its
+// status reported.
+func parseProblem(header http.Header, body []byte) Problem {
+	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
+	if ct != "application/problem+json" && ct != "application/json" {
+		return Problem{}
+	}
+	var p Problem
+	if json.Unmarshal(body, &p) != nil {
+		return Problem{}
+	}
+	return p
+}
+
+// StopReason says which part of the retry budget ended a call.
+type StopReason string
+
+const (
+	StopAttempts      StopReason = "max attempts reached"
+	StopElapsed       StopReason = "max elapsed time reached"
+	StopDeadline      StopReason = "context deadline"
+	StopRetryAfterCap StopReason = "Retry-After above the cap"
+	StopCanceled      StopReason = "context canceled"
+	StopExpired       StopReason = "intent expired"
+	StopFatal         StopReason = "error that retrying cannot fix"
+)
+
+// RetryError reports a call that ended without a final answer from the
+// server. The outcome is unknown (errors.Is(err, ErrOutcomeUnknown)): the
+// intent stays unresolved and keeps its key for the next Do.
+type RetryError struct {
+	Key      string
+	Reason   StopReason
+	Attempts int           // attempts this call put on the wire
+	Elapsed  time.Duration // time this call took
+	// Wait is the wait that was needed for the next attempt and refused
+	// (the server's Retry-After, or the backoff), or zero.
+	Wait time.Duration
+	// LastResponse is the last retryable answer (503, 409, ...), or nil if
+	// the last attempt got none.
+	LastResponse *Response
+	// Err is the last attempt's error (network error, the context's error),
+	// or nil when the last attempt got a response.
+	Err error
+}
+
+func (e *RetryError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "idem: outcome unknown for key %s: gave up after %d attempt(s) in %s: %s", e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond), e.Reason)
+	if e.Wait > 0 {
+		fmt.Fprintf(&b, " (next attempt needed a wait of %s)", e.Wait)
+	}
+	switch {
+	case e.LastResponse != nil:
+		fmt.Fprintf(&b, "; last answer %d %s", e.LastResponse.StatusCode, http.StatusText(e.LastResponse.StatusCode))
+	case e.Err != nil:
+		fmt.Fprintf(&b, "; last error: %v", e.Err)
+	}
+	if e.Reason == StopExpired {
+		b.WriteString("; reconcile the intent")
+	} else {
+		b.WriteString("; call Do again later to resume with the same key")
+	}
+	return b.String()
+}
+
+// Unwrap makes the error match ErrOutcomeUnknown, ErrRetriesExhausted (when
+// the budget ran out), ErrIntentExpired (when the intent expired) and the
+// last attempt's error, such as context.Canceled.
+func (e *RetryError) Unwrap() []error {
+	errs := []error{ErrOutcomeUnknown}
+	switch e.Reason {
+	case StopAttempts, StopElapsed, StopDeadline, StopRetryAfterCap:
+		errs = append(errs, ErrRetriesExhausted)
+	case StopExpired:
+		errs = append(errs, ErrIntentExpired)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}
+
+// UnresolvedError is returned when a new intent is asked for an action
+// whose previous intent has an unknown outcome. Starting a second payment
+// then could pay twice. The app decides: resume Previous with Client.Do
+// (it may still complete, for the old request), settle it with
+// Client.Reconcile, or, knowingly, drop it with Client.Forget.
+type UnresolvedError struct {
+	Name     string
+	Previous *Intent
+}
+
+func (e *UnresolvedError) Error() string {
+	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
+}
+
+func (e *UnresolvedError) Unwrap() error { return ErrUnresolved }
+
+// SaveError reports that the device store refused a write. When it comes
+// from creating an intent, nothing was sent. When it comes after an answer,
+// Do returns the answer too: the server keeps it, and the next Do replays it.
+type SaveError struct {
+	Key string
+	Op  string // "create", "record outcome", "record attempts"
+	Err error
+}
+
+func (e *SaveError) Error() string {
+	return fmt.Sprintf("idem: could not save intent %s (%s): %v", e.Key, e.Op, e.Err)
+}
+
+func (e *SaveError) Unwrap() error { return e.Err }

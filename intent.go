@@ -1,0 +1,317 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Request is what an intent sends, byte for byte, on every attempt.
+type Request struct {
+	// Method is POST or PATCH: the methods that carry an Idempotency-Key.
+	Method string
+	// URL is absolute.
+	URL string
+	// Header is resent on every attempt and stored with the intent. Keep
+	// credentials out of it (set them in the http.Client's transport):
+	// whatever is here is written to the device.
+	Header http.Header
+	// Body is sent unchanged on every attempt.
+	Body []byte
+}
+
+// JSONRequest returns a Request whose body is v encoded as JSON, with
+// Content-Type application/json. The bytes are fixed here, once: every
+// attempt sends exactly them.
+func JSONRequest(method, url string, v any) (Request, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return Request{}, fmt.Errorf("idem: encoding request body: %w", err)
+	}
+	return Request{
+		Method: method,
+		URL:    url,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   body,
+	}, nil
+}
+
+func (r Request) validate() error {
+	switch r.Method {
+	case http.MethodPost, http.MethodPatch:
+	case "":
+		return errors.New("idem: request has no method")
+	default:
+		return fmt.Errorf("%w (got %s)", ErrNotIntentMethod, r.Method)
+	}
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return fmt.Errorf("idem: bad request URL: %w", err)
+	}
+	if !u.IsAbs() || u.Host == "" {
+		return fmt.Errorf("idem: request URL %q is not absolute", r.URL)
+	}
+	return nil
+}
+
+// fingerprint identifies a request's method, URL and body: two requests with
+// the same fingerprint are the same intent.
+func (r Request) fingerprint() string {
+	h := sha256.New()
+	h.Write([]byte(r.Method))
+	h.Write([]byte{0})
+	h.Write([]byte(r.URL))
+	h.Write([]byte{0})
+	h.Write(r.Body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Intent is one thing the user means to do, such as paying for this cart.
+// It holds one Idempotency-Key for its whole life and the exact request to
+// send with it. Get one from Client.Intent, Client.NewIntent, Client.Load or
+// Client.Unresolved, and send it with Client.Do.
+//
+// An Intent is safe for concurrent use. Its accessors report the state as
+// of the last change made through this process.
+type Intent struct {
+	mu  sync.Mutex
+	rec *persist.Record // guarded by mu; never shared with a store
+	// ephemeral intents live only in memory (the RoundTripper's per-request
+	// keys); they are never saved.
+	ephemeral bool
+}
+
+func newIntentFromRecord(rec *persist.Record) *Intent { return &Intent{rec: rec} }
+
+// Key returns the Idempotency-Key, the same on every attempt.
+func (in *Intent) Key() string { return in.current().Key }
+
+// Name returns the action the intent belongs to, as given to Client.Intent.
+func (in *Intent) Name() string { return in.current().Name }
+
+// State returns where the intent stands.
+func (in *Intent) State() persist.State { return in.current().State }
+
+// CreatedAt returns when the intent was created: its age decides when it
+// may no longer be sent.
+func (in *Intent) CreatedAt() time.Time { return in.current().CreatedAt }
+
+// Request returns a copy of the request the intent sends.
+func (in *Intent) Request() Request {
+	rec := in.current()
+	return Request{Method: rec.Method, URL: rec.URL, Header: rec.Header.Clone(), Body: bytes.Clone(rec.Body)}
+}
+
+// Response returns the stored final answer, or nil while the outcome is
+// unknown.
+func (in *Intent) Response() *Response {
+	rec := in.current()
+	if rec.Response == nil {
+		return nil
+	}
+	return responseFromStored(rec.Response, 0, true)
+}
+
+// Matches reports whether req is the request this intent sends.
+func (in *Intent) Matches(req Request) bool {
+	return req.fingerprint() == in.current().Fingerprint
+}
+
+// current returns the intent's record. Records held by an Intent are
+// immutable: a change makes a new version (a shallow copy; headers and
+// bodies are never written in place) and set swaps it in. So the pointer
+// may be read without the lock, and must not be written through.
+func (in *Intent) current() *persist.Record {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.rec
+}
+
+func (in *Intent) set(rec *persist.Record) {
+	in.mu.Lock()
+	in.rec = rec
+	in.mu.Unlock()
+}
+
+// newRecord makes the record of a new intent, with a fresh UUIDv4 key.
+func newRecord(name string, req Request, now time.Time) (*persist.Record, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	key, err := uuid.NewRandom()
+	if err != nil {
+		return nil, fmt.Errorf("idem: generating idempotency key: %w", err)
+	}
+	return &persist.Record{
+		Version:     persist.FormatVersion,
+		Key:         key.String(),
+		Name:        name,
+		Method:      req.Method,
+		URL:         req.URL,
+		Header:      req.Header.Clone(),
+		Body:        bytes.Clone(req.Body),
+		Fingerprint: req.fingerprint(),
+		CreatedAt:   now,
+		UpdatedAt:   now,
+		State:       persist.StateNew,
+	}, nil
+}
+
+// Intent returns the intent for the action name with request req: the one
+// obvious call when the Pay button is shown.
+//
+//   - No intent for name yet: a new one is created and saved.
+//   - The latest intent for name holds the same request: it is returned, in
+//     whatever state it is; Do on it resumes it, or returns its stored
+//     outcome without sending.
+//   - The request changed (the cart changed) and the latest intent's
+//     outcome is known: a new intent is created.
+//   - The request changed and the latest intent was created by this Client
+//     and never sent: it is dropped and replaced by a new one.
+//   - The request changed and the latest intent may have reached the
+//     server with an unknown outcome: *UnresolvedError (ErrUnresolved), and
+//     nothing is created. Starting a second payment silently is the one
+//     thing this call never does.
+//
+// The new intent is durable when Intent returns; if saving fails, the error
+// is a *SaveError and nothing can be sent.
+func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
+	if name == "" {
+		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
+	}
+	return c.intent(ctx, name, req, false)
+}
+
+// NewIntent creates and saves a new intent with a new key, even when the
+// latest intent for name holds the same request, as when the user pays
+// again after a declined card. It still refuses, with *UnresolvedError,
+// while the latest intent for name may have reached the server with an
+// unknown outcome. An empty name makes a one-off intent that belongs to no
+// action and is never refused.
+func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Intent, error) {
+	return c.intent(ctx, name, req, true)
+}
+
+func (c *Client) intent(ctx context.Context, name string, req Request, forceNew bool) (*Intent, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	// One action's intents are decided one at a time, so two goroutines
+	// cannot both find "no intent" and create two.
+	c.intentMu.Lock()
+	defer c.intentMu.Unlock()
+
+	if name != "" {
+		recs, err := c.store.List(ctx, persist.Filter{Name: name})
+		if err != nil {
+			// An unreadable record may be this action's unresolved intent:
+			// refuse rather than guess.
+			return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+		}
+		if len(recs) > 0 {
+			latest := recs[len(recs)-1]
+			same := latest.Fingerprint == req.fingerprint()
+			switch {
+			case same && !forceNew:
+				return newIntentFromRecord(latest), nil
+			case latest.State.Resolved():
+				// Known outcome: a new intent cannot pay twice.
+			case c.neverSent(latest):
+				if err := c.store.Delete(ctx, latest.Key); err != nil {
+					return nil, fmt.Errorf("idem: dropping unsent intent %s: %w", latest.Key, err)
+				}
+			default:
+				return nil, &UnresolvedError{Name: name, Previous: newIntentFromRecord(latest)}
+			}
+		}
+	}
+	rec, err := newRecord(name, req, c.clock.Now())
+	if err != nil {
+		return nil, err
+	}
+	if err := c.store.Save(ctx, rec); err != nil {
+		return nil, &SaveError{Key: rec.Key, Op: "create", Err: err}
+	}
+	c.markCreated(rec.Key)
+	return newIntentFromRecord(rec), nil
+}
+
+// Load returns the intent stored under key, or an error matching
+// persist.ErrNotFound.
+func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
+	rec, err := c.store.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return newIntentFromRecord(rec), nil
+}
+
+// Unresolved returns the intents whose outcome is not known yet, oldest
+// first: after a restart, Do each of them to resume it with its own key.
+// Expired intents are included; Do reports them and Reconcile settles them.
+// If some stored intents cannot be read, the readable ones are returned
+// with an error that names each unreadable one.
+func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
+	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
+	out := make([]*Intent, len(recs))
+	for i, rec := range recs {
+		out[i] = newIntentFromRecord(rec)
+	}
+	return out, err
+}
+
+// Forget deletes an intent from the device. It is the deliberate unsafe
+// path: if the intent reached the server, its effect stays (a payment stays
+// made) and nothing on the device remembers it. Prefer Do or Reconcile.
+func (c *Client) Forget(ctx context.Context, in *Intent) error {
+	key := in.Key()
+	if c.flights.busy(key) {
+		return fmt.Errorf("%w: %s", ErrInFlight, key)
+	}
+	c.intentMu.Lock()
+	defer c.intentMu.Unlock()
+	return c.store.Delete(ctx, key)
+}
+
+// neverSent reports an intent that this Client created and has not handed
+// to Do: only then is "not sent" a fact rather than a guess. After a restart
+// a new intent may have been sent (the first attempt is not recorded, to
+// keep to two durable writes per intent).
+func (c *Client) neverSent(rec *persist.Record) bool {
+	if rec.State != persist.StateNew {
+		return false
+	}
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	_, unsent := c.unsent[rec.Key]
+	return unsent
+}
+
+func (c *Client) markCreated(key string) {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	if c.unsent == nil {
+		c.unsent = make(map[string]struct{})
+	}
+	c.unsent[key] = struct{}{}
+}
+
+func (c *Client) markSent(key string) {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	// Once sent, the key is no longer provably unsent: forgetting it gives
+	// the same answer from neverSent and keeps the map small.
+	delete(c.unsent, key)
+}

@@ -1,0 +1,84 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Reconcile asks the server what became of an intent whose outcome is
+// unknown, without sending it again: a GET of lookupURL, the server's
+// lookup by key (for the fake server and APIs like it,
+// GET /payments?idempotency_key=K). It is the way to settle an expired
+// intent, or one the app no longer wants to resume.
+//
+//   - 2xx: the work was done; the intent becomes succeeded, with the
+//     lookup's answer stored as its response.
+//   - 404, and the intent's last attempt is older than the reconcile delay
+//     (or the intent is expired): the work was never done; the intent
+//     becomes void and a new intent for the action may be created.
+//   - 404 sooner than that: an attempt may still be running on the server,
+//     so Reconcile returns an error matching ErrOutcomeUnknown and changes
+//     nothing. Try again later.
+//   - Anything else: an *APIError, and nothing changes.
+//
+// The lookup's answer is returned; in.State() tells what was concluded.
+// A resolved intent is returned as it is, and nothing is sent.
+func (c *Client) Reconcile(ctx context.Context, in *Intent, lookupURL string) (*Response, error) {
+	key := in.Key()
+	if c.flights.busy(key) {
+		return nil, fmt.Errorf("%w: %s; reconcile it when the Do returns", ErrInFlight, key)
+	}
+	cur, err := c.store.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("idem: loading intent %s: %w", key, err)
+	}
+	in.set(cur)
+	if cur.State.Resolved() {
+		return c.storedOutcome(cur)
+	}
+	next := *cur
+	rec := &next
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
+	}
+	// Never a key on GET: the lookup is naturally idempotent.
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, err)
+	}
+	body, err := readBody(resp.Body, c.maxBody)
+	if err != nil {
+		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, err)
+	}
+	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}
+	now := c.clock.Now()
+
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		rec.State = persist.StateSucceeded
+		rec.Response = &persist.Response{StatusCode: out.StatusCode, Header: out.Header, Body: out.Body}
+	case resp.StatusCode == http.StatusNotFound:
+		expired := !now.Before(rec.CreatedAt.Add(c.retention - c.margin))
+		if !expired && now.Sub(rec.UpdatedAt) < c.reconcile {
+			return nil, fmt.Errorf("idem: the server has no effect for intent %s yet, but its last attempt was %s ago and may still be running; reconcile again after %s: %w",
+				key, now.Sub(rec.UpdatedAt).Round(1e6), c.reconcile, ErrOutcomeUnknown)
+		}
+		rec.State = persist.StateVoid
+		rec.Response = nil
+	default:
+		return out, &APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode,
+			Problem: parseProblem(resp.Header, body), Response: out}
+	}
+	rec.UpdatedAt = now
+	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
+	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
+		return out, err
+	}
+	return out, nil
+}

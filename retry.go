@@ -1,0 +1,257 @@
+package idem
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// RetryPolicy says when to retry and how long to wait. A zero RetryPolicy
+// consists entirely of defaults: 10 attempts, 2 minutes per call, backoff
+// from 500ms doubling up to 30s with ±50% jitter, and a Retry-After cap of
+// 60s.
+//
+// One budget governs a call: MaxAttempts, MaxElapsed and the context's
+// deadline. The first to run out ends the call with a *RetryError that
+// says which.
+type RetryPolicy struct {
+	// MaxAttempts is the most attempts one call puts on the wire. Zero
+	// means 10.
+	MaxAttempts int
+	// MaxElapsed bounds the time of one call, waits included. Zero means
+	// 2 minutes.
+	MaxElapsed time.Duration
+	// InitialInterval is the first backoff wait. Zero means 500ms.
+	InitialInterval time.Duration
+	// MaxInterval caps a backoff wait. Zero means 30s.
+	MaxInterval time.Duration
+	// Multiplier grows the backoff each attempt. Zero means 2.
+	Multiplier float64
+	// Jitter spreads each backoff wait by ±Jitter of itself, so clients
+	// that failed together do not retry together. Zero means 0.5;
+	// NoJitter turns it off.
+	Jitter   float64
+	NoJitter bool
+	// MaxRetryAfter is the longest Retry-After the client will honour. A
+	// server asking for more ends the call at once with StopRetryAfterCap
+	// rather than blocking the app. Zero means 60s.
+	MaxRetryAfter time.Duration
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 10
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = 2 * time.Minute
+	}
+	if p.InitialInterval <= 0 {
+		p.InitialInterval = 500 * time.Millisecond
+	}
+	if p.MaxInterval <= 0 {
+		p.MaxInterval = 30 * time.Second
+	}
+	if p.MaxInterval < p.InitialInterval {
+		p.MaxInterval = p.InitialInterval
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = 2
+	}
+	switch {
+	case p.NoJitter:
+		p.Jitter = 0
+	case p.Jitter <= 0 || p.Jitter > 1:
+		p.Jitter = 0.5
+	}
+	if p.MaxRetryAfter <= 0 {
+		p.MaxRetryAfter = 60 * time.Second
+	}
+	return p
+}
+
+// Clock tells the time and waits. The zero Client uses the system clock;
+// tests inject a clock whose Sleep advances time at once.
+type Clock interface {
+	Now() time.Time
+	// Sleep waits for d, or until ctx is done and then returns ctx.Err().
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Attempt describes one attempt, for the hook set with WithAttemptHook.
+type Attempt struct {
+	Key    string
+	Number int // 1 for the first attempt of a call
+	// StatusCode is the answer's status, or 0 when the attempt got none.
+	StatusCode int
+	Err        error // the network error, if any
+	// Retry says whether another attempt follows, after Wait.
+	Retry bool
+	Wait  time.Duration
+}
+
+// retryableStatus is the set of contract section 8: answers that say the
+// work was not done (or not yet) and may be asked again with the same key.
+func retryableStatus(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
+		http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// retryableError reports whether a transport error may be retried. Every
+// network failure is, including those after the request was written: the
+// key makes the repeat harmless. Certificate failures are not: no retry
+// will fix them. Errors are classified by type, never by message text.
+func retryableError(err error) bool {
+	if errors.Is(err, errBodyTooLarge) {
+		return false
+	}
+	var (
+		unknownAuthority x509.UnknownAuthorityError
+		hostname         x509.HostnameError
+		invalid          x509.CertificateInvalidError
+		verify           *tls.CertificateVerificationError
+	)
+	switch {
+	case errors.As(err, &unknownAuthority), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &verify):
+		return false
+	}
+	return true
+}
+
+// maxRetryAfterSeconds bounds delta-seconds before conversion, so that a
+// Retry-After of ten years or of 2^80 is a long wait, not an overflow.
+const maxRetryAfterSeconds = math.MaxInt64 / int64(time.Second)
+
+// ParseRetryAfter reads a Retry-After value relative to now: delta-seconds
+// ("120") or an HTTP-date in any of the three forms http.ParseTime accepts.
+// A date in the past means no wait. ok is false for an empty or malformed
+// value, which callers treat as absent. Very large values saturate rather
+// than overflow.
+func ParseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) {
+	v := strings.TrimSpace(value)
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		for i := 0; i < len(v); i++ {
+			if v[i] < '0' || v[i] > '9' {
+				return 0, false
+			}
+		}
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || secs > maxRetryAfterSeconds {
+			// Only digits, so the error is a range error: saturate.
+			return time.Duration(math.MaxInt64), true
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	d := t.Sub(now)
+	if d < 0 {
+		d = 0
+	}
+	return d, true
+}
+
+// stop says why a call gives up before its next attempt.
+type stop struct {
+	reason StopReason
+	wait   time.Duration
+}
+
+// budget is the retry state of one call. It is confined to the goroutine
+// of that call, as backoff.ExponentialBackOff requires.
+type budget struct {
+	policy   RetryPolicy
+	clock    Clock
+	backoff  *backoff.ExponentialBackOff
+	start    time.Time
+	deadline time.Time // the context's, or zero
+	expiry   time.Time // when the intent may no longer be sent, or zero
+	attempts int
+}
+
+func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) *budget {
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(p.InitialInterval),
+		backoff.WithMaxInterval(p.MaxInterval),
+		backoff.WithMultiplier(p.Multiplier),
+		backoff.WithRandomizationFactor(p.Jitter),
+		backoff.WithMaxElapsedTime(0), // the budget below decides when to stop
+		backoff.WithClockProvider(clock),
+	)
+	b := &budget{policy: p, clock: clock, backoff: bo, start: clock.Now(), expiry: expiry}
+	if d, ok := ctx.Deadline(); ok {
+		b.deadline = d
+	}
+	return b
+}
+
+// next decides, after attempt b.attempts failed in a retryable way, how long
+// to wait before the next one, or why not to make one. The wait is the
+// jittered backoff, raised to the server's Retry-After when that is longer:
+// never sooner than the server asked.
+func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
+	if b.attempts >= b.policy.MaxAttempts {
+		return 0, &stop{reason: StopAttempts}
+	}
+	now := b.clock.Now()
+	wait := b.backoff.NextBackOff()
+	if wait > b.policy.MaxInterval || wait < 0 {
+		wait = b.policy.MaxInterval
+	}
+	if resp != nil {
+		if ra, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
+			if ra > b.policy.MaxRetryAfter {
+				return 0, &stop{reason: StopRetryAfterCap, wait: ra}
+			}
+			wait = max(wait, ra)
+		}
+	}
+	at := now.Add(wait)
+	switch {
+	case !b.expiry.IsZero() && !at.Before(b.expiry):
+		return 0, &stop{reason: StopExpired, wait: wait}
+	case !b.deadline.IsZero() && at.After(b.deadline):
+		return 0, &stop{reason: StopDeadline, wait: wait}
+	case at.Sub(b.start) > b.policy.MaxElapsed:
+		return 0, &stop{reason: StopElapsed, wait: wait}
+	}
+	return wait, nil
+}
+
+func (b *budget) elapsed() time.Duration { return b.clock.Now().Sub(b.start) }

@@ -1,0 +1,119 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+type intentKey struct{}
+
+// ContextWithIntent returns a context that carries in. A request sent with
+// it through the Client's RoundTripper uses in's key and stored record, so
+// its retries survive restarts like those of Client.Do.
+func ContextWithIntent(ctx context.Context, in *Intent) context.Context {
+	return context.WithValue(ctx, intentKey{}, in)
+}
+
+// IntentFromContext returns the intent carried by ctx, if any.
+func IntentFromContext(ctx context.Context) (*Intent, bool) {
+	in, ok := ctx.Value(intentKey{}).(*Intent)
+	return in, ok && in != nil
+}
+
+// RoundTripper returns an http.RoundTripper that gives POST and PATCH
+// requests an Idempotency-Key and retries them under the Client's policy,
+// so any *http.Client (a generated API client, say) gets safe retries:
+//
+//	hc := &http.Client{Transport: client.RoundTripper(http.DefaultTransport)}
+//
+// The key comes from the intent in the request's context (see
+// ContextWithIntent); the request must then be the intent's request, else
+// the round trip fails with ErrIntentMismatch before anything is sent.
+// Without one, the RoundTripper makes a key for that one request and keeps
+// it in memory only: its retries are safe, but a restart forgets it. Use
+// intents for anything that must survive a restart.
+//
+// Other methods pass through to base untouched and never carry a key. A
+// final answer, 4xx included, is returned as the response; an unknown
+// outcome is returned as an error wrapping *RetryError. base nil means
+// http.DefaultTransport. The RoundTripper is safe for concurrent use.
+func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &roundTripper{c: c, base: base, hc: &http.Client{Transport: base}}
+}
+
+type roundTripper struct {
+	c    *Client
+	base http.RoundTripper
+	hc   *http.Client // sends each attempt through base
+}
+
+func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method != http.MethodPost && req.Method != http.MethodPatch {
+		return t.base.RoundTrip(req)
+	}
+	body, err := readRequestBody(req)
+	if err != nil {
+		return nil, err
+	}
+	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
+
+	ctx := req.Context()
+	in, ok := IntentFromContext(ctx)
+	if ok {
+		if !in.Matches(live) {
+			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
+		}
+	} else {
+		rec, err := newRecord("", live, t.c.clock.Now())
+		if err != nil {
+			return nil, err
+		}
+		in = &Intent{rec: rec, ephemeral: true}
+	}
+
+	// The live request's headers go on the wire (credentials set by the
+	// caller's client included), minus the key, which is the intent's.
+	header := req.Header.Clone()
+	if header == nil {
+		header = http.Header{}
+	}
+	header.Del("Idempotency-Key")
+	resp, err := t.c.flights.do(ctx, in.Key(), func() (*Response, error) { return t.c.do(ctx, in, t.hc, header) })
+	if resp == nil {
+		return nil, err
+	}
+	// A response is a final answer: an *APIError only interprets it, and a
+	// *SaveError leaves the intent unresolved on the device, where the next
+	// Do replays the server's stored answer. Either way the answer is
+	// returned, as a RoundTripper must.
+	return &http.Response{
+		Status:        strconv.Itoa(resp.StatusCode) + " " + http.StatusText(resp.StatusCode),
+		StatusCode:    resp.StatusCode,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        resp.Header,
+		Body:          io.NopCloser(bytes.NewReader(resp.Body)),
+		ContentLength: int64(len(resp.Body)),
+		Request:       req,
+	}, nil
+}
+
+func readRequestBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	defer req.Body.Close()
+	b, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, fmt.Errorf("idem: reading request body: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,118 @@
+package idem_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/clocktest"
+)
+
+// keyRecorder is the real fake server's handler with the Idempotency-Key of
+// every request written down on the way in.
+type keyRecorder struct {
+	next http.Handler
+	mu   sync.Mutex
+	keys map[string][]string // "METHOD path" -> keys seen
+}
+
+func (k *keyRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	k.mu.Lock()
+	k.keys[r.Method+" "+r.URL.Path] = append(k.keys[r.Method+" "+r.URL.Path], r.Header.Get("Idempotency-Key"))
+	k.mu.Unlock()
+	k.next.ServeHTTP(w, r)
+}
+
+func (k *keyRecorder) seen(route string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.keys[route]...)
+}
+
+func TestRoundTripper(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	rec := &keyRecorder{next: h, keys: map[string][]string{}}
+	srv := httptest.NewServer(rec)
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clk))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
+
+	t.Run("POST gets one key for all its retries", func(t *testing.T) {
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+		assert.Contains(t, string(got), `"amount":300`)
+		keys := rec.seen("POST /payments")
+		require.Len(t, keys, 2)
+		assert.NotEmpty(t, keys[0])
+		assert.Equal(t, keys[0], keys[1])
+		assert.Equal(t, 1, h.Stats().ProviderCharges)
+	})
+
+	t.Run("GET never carries a key", func(t *testing.T) {
+		resp, err := hc.Get(srv.URL + "/payments")
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, []string{""}, rec.seen("GET /payments"))
+	})
+
+	t.Run("PUT passes through without a key", func(t *testing.T) {
+		req, err := http.NewRequest(http.MethodPut, srv.URL+"/orders/o1/status", strings.NewReader(`{"status":"SHIPPED"}`))
+		require.NoError(t, err)
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, []string{""}, rec.seen("PUT /orders/o1/status"))
+	})
+
+	t.Run("a final 4xx is a response, not an error", func(t *testing.T) {
+		resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1,"currency":"AZN","customer":"cus_declined"}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusPaymentRequired, resp.StatusCode)
+	})
+
+	t.Run("the intent in the context gives the key", func(t *testing.T) {
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 42, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+
+		httpReq, err := http.NewRequestWithContext(idem.ContextWithIntent(context.Background(), in), http.MethodPost, req.URL, strings.NewReader(string(req.Body)))
+		require.NoError(t, err)
+		resp, err := hc.Do(httpReq)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		keys := rec.seen("POST /payments")
+		assert.Equal(t, in.Key(), keys[len(keys)-1])
+		assert.Equal(t, "succeeded", string(in.State()))
+
+		// Another body under the same intent is refused before sending.
+		n := len(keys)
+		httpReq, err = http.NewRequestWithContext(idem.ContextWithIntent(context.Background(), in), http.MethodPost, req.URL, strings.NewReader(`{"amount":43}`))
+		require.NoError(t, err)
+		_, err = hc.Do(httpReq)
+		require.ErrorIs(t, err, idem.ErrIntentMismatch)
+		assert.Len(t, rec.seen("POST /payments"), n)
+	})
+}
