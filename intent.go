@@ -146,10 +146,8 @@ func (in *Intent) set(rec *persist.Record) {
 }
 
 // newRecord makes the record of a new intent, with a fresh UUIDv4 key.
-func newRecord(name string, req Request, now time.Time) (*persist.Record, error) {
-	if err := req.validate(); err != nil {
-		return nil, err
-	}
+// req has been validated; fp is its fingerprint.
+func newRecord(name string, req Request, fp string, now time.Time) (*persist.Record, error) {
 	key, err := uuid.NewRandom()
 	if err != nil {
 		return nil, fmt.Errorf("idem: generating idempotency key: %w", err)
@@ -162,7 +160,7 @@ func newRecord(name string, req Request, now time.Time) (*persist.Record, error)
 		URL:         req.URL,
 		Header:      req.Header.Clone(),
 		Body:        bytes.Clone(req.Body),
-		Fingerprint: req.fingerprint(),
+		Fingerprint: fp,
 		CreatedAt:   now,
 		UpdatedAt:   now,
 		State:       persist.StateNew,
@@ -213,6 +211,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	c.intentMu.Lock()
 	defer c.intentMu.Unlock()
 
+	fp := req.fingerprint()
 	if name != "" {
 		recs, err := c.store.List(ctx, persist.Filter{Name: name})
 		if err != nil {
@@ -222,7 +221,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 		}
 		if len(recs) > 0 {
 			latest := recs[len(recs)-1]
-			same := latest.Fingerprint == req.fingerprint()
+			same := latest.Fingerprint == fp
 			switch {
 			case same && !forceNew:
 				return newIntentFromRecord(latest), nil
@@ -237,7 +236,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 		}
 	}
-	rec, err := newRecord(name, req, c.clock.Now())
+	rec, err := newRecord(name, req, fp, c.clock.Now())
 	if err != nil {
 		return nil, err
 	}

@@ -198,7 +198,7 @@ type stop struct {
 type budget struct {
 	policy   RetryPolicy
 	clock    Clock
-	backoff  *backoff.ExponentialBackOff
+	backoff  *backoff.ExponentialBackOff // nil until the first retry
 	start    time.Time
 	deadline time.Time // the context's, or zero
 	expiry   time.Time // when the intent may no longer be sent, or zero
@@ -206,15 +206,7 @@ type budget struct {
 }
 
 func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) *budget {
-	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(p.InitialInterval),
-		backoff.WithMaxInterval(p.MaxInterval),
-		backoff.WithMultiplier(p.Multiplier),
-		backoff.WithRandomizationFactor(p.Jitter),
-		backoff.WithMaxElapsedTime(0), // the budget below decides when to stop
-		backoff.WithClockProvider(clock),
-	)
-	b := &budget{policy: p, clock: clock, backoff: bo, start: clock.Now(), expiry: expiry}
+	b := &budget{policy: p, clock: clock, start: clock.Now(), expiry: expiry}
 	if d, ok := ctx.Deadline(); ok {
 		b.deadline = d
 	}
@@ -228,6 +220,17 @@ func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time
 func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	if b.attempts >= b.policy.MaxAttempts {
 		return 0, &stop{reason: StopAttempts}
+	}
+	if b.backoff == nil {
+		// Made on the first retry: most calls succeed at once.
+		b.backoff = backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(b.policy.InitialInterval),
+			backoff.WithMaxInterval(b.policy.MaxInterval),
+			backoff.WithMultiplier(b.policy.Multiplier),
+			backoff.WithRandomizationFactor(b.policy.Jitter),
+			backoff.WithMaxElapsedTime(0), // the budget decides when to stop
+			backoff.WithClockProvider(b.clock),
+		)
 	}
 	now := b.clock.Now()
 	wait := b.backoff.NextBackOff()

@@ -71,7 +71,10 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
 		}
 	} else {
-		rec, err := newRecord("", live, t.c.clock.Now())
+		if err := live.validate(); err != nil {
+			return nil, err
+		}
+		rec, err := newRecord("", live, live.fingerprint(), t.c.clock.Now())
 		if err != nil {
 			return nil, err
 		}
