@@ -198,6 +198,10 @@ type CorruptError struct {
 }
 
 func (e *CorruptError) Error() string {
+	if errors.Is(e.Err, ErrNewerVersion) {
+		// Removing it would lose an intent a newer release still tracks.
+		return fmt.Sprintf("persist: intent %q in %s is from a newer release (left in place; upgrade the app to read it): %v", e.Key, e.Path, e.Err)
+	}
 	return fmt.Sprintf("persist: intent %q in %s is unreadable (left in place; inspect or remove it): %v", e.Key, e.Path, e.Err)
 }
 

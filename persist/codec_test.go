@@ -1,0 +1,169 @@
+package persist
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func validRecord() *Record {
+	return &Record{
+		Version: FormatVersion, Key: "k1", Method: "POST", URL: "https://x/pay",
+		Header:    map[string][]string{"Content-Type": {"application/json"}},
+		Body:      []byte(`{"amount":1}`),
+		CreatedAt: time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC), State: StateSucceeded,
+		Response: &Response{StatusCode: 201, Body: []byte("ok"), Replayed: true},
+	}
+}
+
+// decodeTests are the unit cases of decodeRecord and the seeds of
+// FuzzDecodeRecord.
+var decodeTests = []struct {
+	name    string
+	data    string
+	wantErr error // nil: any error; ignored when ok
+	ok      bool
+}{
+	{"valid", mustEncode(validRecord()), nil, true},
+	{"valid, offset time", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T13:00:00+01:00"}`, nil, true},
+	{"unknown field", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z","later":true}`, nil, true},
+	{"empty", ``, nil, false},
+	{"null", `null`, nil, false},
+	{"array", `[]`, nil, false},
+	{"empty object", `{}`, nil, false},
+	{"truncated", mustEncode(validRecord())[:40], nil, false},
+	{"trailing garbage", mustEncode(validRecord()) + "x", nil, false},
+	{"no version", `{"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"negative version", `{"version":-1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"newer version", `{"version":2,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, ErrNewerVersion, false},
+	{"newer version, other types", `{"version":9,"key":[1],"state":{}}`, ErrNewerVersion, false},
+	{"bad state", `{"version":1,"key":"k","method":"POST","url":"/p","state":"done","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"no key", `{"version":1,"method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"no time", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new"}`, nil, false},
+	{"bad time", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"yesterday"}`, nil, false},
+	{"bad body", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z","body":"!!"}`, nil, false},
+	{"version as string", `{"version":"1","key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+}
+
+func mustEncode(r *Record) string {
+	b, err := encodeRecord(r)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+func TestDecodeRecord(t *testing.T) {
+	t.Parallel()
+	for _, tt := range decodeTests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := decodeRecord([]byte(tt.data))
+			if tt.ok {
+				require.NoError(t, err)
+				assert.NoError(t, r.Validate())
+				return
+			}
+			assert.Nil(t, r)
+			require.Error(t, err)
+			if tt.wantErr != nil {
+				assert.ErrorIs(t, err, tt.wantErr)
+			} else {
+				assert.NotErrorIs(t, err, ErrNewerVersion)
+			}
+		})
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	t.Parallel()
+	want, err := prepare(validRecord(), Options{})
+	require.NoError(t, err)
+	data, err := encodeRecord(want)
+	require.NoError(t, err)
+	got, err := decodeRecord(data)
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "what prepare gives survives encoding exactly")
+}
+
+// FuzzDecodeRecord checks that decoding never panics and either fails or
+// gives a valid record of a version this release reads, which encodes and
+// decodes again to itself.
+func FuzzDecodeRecord(f *testing.F) {
+	for _, tt := range decodeTests {
+		f.Add([]byte(tt.data))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := decodeRecord(data)
+		if err != nil {
+			if r != nil {
+				t.Fatalf("record %+v with error %v", r, err)
+			}
+			return
+		}
+		if err := r.Validate(); err != nil {
+			t.Fatalf("decoded an invalid record: %v", err)
+		}
+		if r.Version < 1 || r.Version > FormatVersion {
+			t.Fatalf("decoded version %d", r.Version)
+		}
+		again, err := encodeRecord(r)
+		if err != nil {
+			// Valid JSON times may lie outside what JSON can encode.
+			return
+		}
+		r2, err := decodeRecord(again)
+		if err != nil {
+			t.Fatalf("re-encoded record does not decode: %v", err)
+		}
+		assert.Equal(t, r, r2)
+	})
+}
+
+var nameTests = []string{
+	"k", "K", "../../etc/passwd", "/", `a\b`, ".", "..", "\x00", "ünï", " ",
+	strings.Repeat("x", maxEncodedKey), strings.Repeat("x", maxEncodedKey+1), strings.Repeat("é", 200),
+}
+
+// FuzzFileName checks that every key gives one plain file name in the
+// store's directory, under 255 bytes, that no other key gives, and from
+// which a short key can be read back.
+func FuzzFileName(f *testing.F) {
+	for _, k := range nameTests {
+		f.Add(k, strings.ToUpper(k))
+	}
+	f.Fuzz(func(t *testing.T, key, other string) {
+		if key == "" {
+			return
+		}
+		name := fileName(key)
+		if len(name) > 255 || filepath.Base(name) != name || strings.ContainsAny(name, `/\:`) ||
+			!isRecordName(name) || strings.HasPrefix(name, tempPrefix) || name == lockName {
+			t.Fatalf("key %q gives name %q", key, name)
+		}
+		if name != strings.ToLower(name) {
+			t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", name)
+		}
+		if len(key) <= maxEncodedKey && keyFromName(name) != key {
+			t.Fatalf("key %q from name %q: got %q", key, name, keyFromName(name))
+		}
+		if other != key && fileName(other) == name {
+			t.Fatalf("keys %q and %q share name %q", key, other, name)
+		}
+	})
+}
+
+func TestCorruptErrorMessage(t *testing.T) {
+	t.Parallel()
+	e := &CorruptError{Path: "/d/k-x.json", Key: "K1", Err: errors.New("invalid JSON")}
+	assert.Contains(t, e.Error(), "/d/k-x.json")
+	assert.Contains(t, e.Error(), `"K1"`)
+	assert.Contains(t, e.Error(), "remove")
+	newer := &CorruptError{Path: "/d/k-x.json", Key: "K1", Err: newerVersion(2)}
+	assert.Contains(t, newer.Error(), "upgrade")
+	assert.NotContains(t, newer.Error(), "remove", "a newer record must not be removed")
+}
