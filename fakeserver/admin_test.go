@@ -1,0 +1,101 @@
+package fakeserver_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
+)
+
+func TestAdminStats(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	a := send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/_fake/stats", NoKey: true})
+	require.Equal(t, http.StatusOK, a.Status)
+	assert.JSONEq(t, `{"payments":1,"provider_charges":1,"executions":1,"records":1,"in_progress":0,"requests":1}`, string(a.Body))
+}
+
+func TestAdminFaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		body   string
+		status int
+		echo   string // the fault as echoed, or a fragment of the problem detail
+	}{
+		{"minimal", `{"fault":"error"}`, 201, `{"fault":"error","count":1}`},
+		{"all fields", `{"fault":"status","key":"\"k1\"","path":"/payments","count":2,"status":503,"retry_after":"Wed, 21 Oct 2026 07:28:00 GMT"}`, 201,
+			`{"fault":"status","key":"k1","path":"/payments","count":2,"status":503,"retry_after":"Wed, 21 Oct 2026 07:28:00 GMT"}`},
+		{"retry_after a number", `{"fault":"status","status":429,"retry_after":3}`, 201, `{"fault":"status","count":1,"status":429,"retry_after":"3"}`},
+		{"delay", `{"fault":"delay","delay_ms":250}`, 201, `{"fault":"delay","count":1,"delay_ms":250}`},
+		{"unknown fault", `{"fault":"explode"}`, 400, "valid faults: drop_response, delay, crash_after_insert, crash_after_provider, error, status, reset"},
+		{"fault missing", `{}`, 400, `"fault" is required`},
+		{"wrong type", `{"fault":"error","count":"two"}`, 400, `"count" must be an integer`},
+		{"malformed JSON", `{"fault":`, 400, "cut short"},
+		{"unknown field", `{"fault":"error","when":"now"}`, 400, `unknown field "when"`},
+		{"negative delay", `{"fault":"delay","delay_ms":-1}`, 400, "delay_ms"},
+		{"huge delay", `{"fault":"delay","delay_ms":9223372036854775807}`, 400, "delay_ms"},
+		{"retry_after a fraction", `{"fault":"status","status":503,"retry_after":1.5}`, 400, "retry_after"},
+		{"retry_after an object", `{"fault":"status","status":503,"retry_after":{}}`, 400, "retry_after"},
+		{"status missing", `{"fault":"status"}`, 400, "200 to 599"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newServer(t, nil)
+			a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true, Body: tt.body})
+			require.Equal(t, tt.status, a.Status, "%s", a.Body)
+			if tt.status == 201 {
+				assert.JSONEq(t, tt.echo, string(a.Body))
+				return
+			}
+			p := a.problem(t)
+			assert.Equal(t, fakeserver.ProblemValidationFailed, p.Type)
+			assert.Contains(t, p.Detail, tt.echo)
+		})
+	}
+}
+
+func TestAdminFaultApplies(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	a := send(t, c, s.URL, req{Path: "/_fake/faults", NoKey: true, Body: `{"fault":"status","status":503,"retry_after":2,"count":2}`})
+	require.Equal(t, http.StatusCreated, a.Status)
+	b := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusServiceUnavailable, b.Status)
+	assert.Equal(t, "2", b.Header.Get("Retry-After"))
+
+	// Admin endpoints are never faulted.
+	assert.Equal(t, http.StatusOK, send(t, c, s.URL, req{Method: http.MethodGet, Path: "/_fake/stats", NoKey: true}).Status)
+
+	d := send(t, c, s.URL, req{Method: http.MethodDelete, Path: "/_fake/faults", NoKey: true})
+	assert.Equal(t, http.StatusNoContent, d.Status)
+	assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+}
+
+func TestAdminSweepAndReset(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, nil)
+	c := s.Client()
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	clk.Advance(24 * 60 * 60 * 1e9)
+	a := send(t, c, s.URL, req{Path: "/_fake/sweep", NoKey: true})
+	require.Equal(t, http.StatusOK, a.Status)
+	var swept struct{ Deleted int }
+	require.NoError(t, json.Unmarshal(a.Body, &swept))
+	assert.Equal(t, 1, swept.Deleted)
+	assert.Zero(t, s.Stats().Records)
+
+	r := send(t, c, s.URL, req{Path: "/_fake/reset", NoKey: true})
+	assert.Equal(t, http.StatusNoContent, r.Status)
+	assert.Equal(t, fakeserver.Stats{}, s.Stats())
+
+	wrong := send(t, c, s.URL, req{Method: http.MethodGet, Path: "/_fake/reset", NoKey: true})
+	assert.Equal(t, http.StatusMethodNotAllowed, wrong.Status)
+}

@@ -1,0 +1,228 @@
+package fakeserver_test
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
+)
+
+// One test per fault of section 9.
+
+func TestFaultDropResponse(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: "k1"}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err, "the client must see the lost response as an error")
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 1}, s.Stats(),
+		"the work was done and committed")
+
+	a := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusCreated, a.Status)
+	assert.Equal(t, "true", a.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, s.Stats().ProviderCharges)
+}
+
+func TestFaultDelay(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Delay: 300 * time.Millisecond}))
+	var wg sync.WaitGroup
+	var first answer
+	wg.Go(func() { first = pay(t, s, "k1", payBody) })
+	require.Eventually(t, func() bool { return s.Stats().InProgress == 1 }, 10*time.Second, time.Millisecond)
+	// The delay holds the work before it commits.
+	assert.Zero(t, s.Stats().Payments)
+	conflict := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusConflict, conflict.Status)
+	assert.NotEmpty(t, conflict.Header.Get("Retry-After"))
+	wg.Wait()
+	assert.Equal(t, http.StatusCreated, first.Status)
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 2}, s.Stats())
+}
+
+func TestFaultCrashAfterInsert(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Path: "/payments"}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err)
+	assert.Equal(t, fakeserver.Stats{Records: 1, InProgress: 1, Requests: 1}, s.Stats(), "the record is left behind")
+
+	assert.Equal(t, http.StatusConflict, pay(t, s, "k1", payBody).Status)
+	clk.Advance(fakeserverLease)
+	assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 3}, s.Stats())
+}
+
+// fakeserverLease is the default lease.
+const fakeserverLease = 30 * time.Second
+
+func TestFaultCrashAfterProvider(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: `"k1"`}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err)
+	assert.Equal(t, fakeserver.Stats{ProviderCharges: 1, Executions: 1, Records: 1, InProgress: 1, Requests: 1}, s.Stats(),
+		"charged, nothing recorded")
+
+	assert.Equal(t, http.StatusConflict, pay(t, s, "k1", payBody).Status)
+	clk.Advance(fakeserverLease)
+	a := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusCreated, a.Status)
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 2, Records: 1, Requests: 3}, s.Stats(),
+		"the takeover asked the provider and did not charge again")
+	b := pay(t, s, "k1", payBody)
+	assert.Equal(t, a.Body, b.Body)
+}
+
+func TestFaultError(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		r    req
+	}{
+		{"payment", req{Key: "k1", Body: payBody}},
+		{"order", req{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: `{"status":"SHIPPED"}`}},
+		{"read", req{Method: http.MethodGet, NoKey: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newServer(t, nil)
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
+			a := send(t, s.Client(), s.URL, tt.r)
+			assert.Equal(t, http.StatusInternalServerError, a.Status)
+			assert.Equal(t, fakeserver.ProblemInjectedFault, a.problem(t).Type)
+			st := s.Stats()
+			assert.Zero(t, st.Records)
+			assert.Zero(t, st.ProviderCharges)
+			assert.Zero(t, st.Payments)
+			assert.Less(t, send(t, s.Client(), s.URL, tt.r).Status, 300, "the fault was used up")
+		})
+	}
+}
+
+func TestFaultStatus(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 503, RetryAfter: "7", Count: 2}))
+	for range 2 {
+		a := pay(t, s, "k1", payBody)
+		assert.Equal(t, http.StatusServiceUnavailable, a.Status)
+		assert.Equal(t, "7", a.Header.Get("Retry-After"))
+	}
+	assert.Equal(t, fakeserver.Stats{Requests: 2}, s.Stats(), "touches nothing")
+	assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+}
+
+func TestFaultReset(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err)
+	assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
+	assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+}
+
+func TestFaultMatching(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		fault fakeserver.Fault
+		hit   []req
+		miss  []req
+	}{
+		{
+			name:  "by key, bare or quoted",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 502, Key: "k1", Count: 2},
+			hit:   []req{{Key: `"k1"`, Body: payBody}, {Key: "k1", Body: payBody}},
+			miss:  []req{{Key: "k2", Body: payBody}},
+		},
+		{
+			name:  "by path",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 502, Path: "/orders/1/status"},
+			hit:   []req{{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: `{"status":"X"}`}},
+			miss:  []req{{Key: "k2", Body: payBody}},
+		},
+		{
+			name:  "by key and path",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 502, Path: "/payments", Key: "k1"},
+			hit:   []req{{Key: "k1", Body: payBody}},
+			miss:  []req{{Key: "k1", Path: "/orders/1/status", Method: http.MethodPut, Body: `{"status":"X"}`}, {Key: "k2", Body: payBody}},
+		},
+		{
+			name:  "counted down",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 502, Count: 3},
+			hit:   []req{{Key: "a", Body: payBody}, {Key: "b", Body: payBody}, {Key: "c", Body: payBody}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newServer(t, nil)
+			require.NoError(t, s.InjectFault(tt.fault))
+			for _, r := range tt.miss {
+				assert.Less(t, send(t, s.Client(), s.URL, r).Status, 300, "%+v must not match", r)
+			}
+			for _, r := range tt.hit {
+				assert.Equal(t, http.StatusBadGateway, send(t, s.Client(), s.URL, r).Status, "%+v must match", r)
+			}
+			// Used up.
+			assert.Equal(t, http.StatusCreated, pay(t, s, "fresh", payBody).Status)
+		})
+	}
+}
+
+func TestClearFaults(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 500, Count: 5}))
+	s.ClearFaults()
+	assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+}
+
+func TestInjectFaultRejectsBadFaults(t *testing.T) {
+	t.Parallel()
+	h := fakeserver.NewHandler(nil)
+	tests := []struct {
+		name  string
+		fault fakeserver.Fault
+		err   error
+		msg   string
+	}{
+		{"unknown kind", fakeserver.Fault{Kind: "explode"}, fakeserver.ErrUnknownFault, "drop_response, delay, crash_after_insert, crash_after_provider, error, status, reset"},
+		{"delay without delay", fakeserver.Fault{Kind: fakeserver.FaultDelay}, fakeserver.ErrInvalidFault, "positive delay"},
+		{"status out of range", fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 99}, fakeserver.ErrInvalidFault, "200 to 599"},
+		{"negative count", fakeserver.Fault{Kind: fakeserver.FaultError, Count: -1}, fakeserver.ErrInvalidFault, "negative"},
+		{"invalid key", fakeserver.Fault{Kind: fakeserver.FaultError, Key: "a b"}, fakeserver.ErrInvalidFault, "key"},
+		{"relative path", fakeserver.Fault{Kind: fakeserver.FaultError, Path: "payments"}, fakeserver.ErrInvalidFault, "must start with /"},
+		{"retry_after with newline", fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 503, RetryAfter: "1\r\nX: y"}, fakeserver.ErrInvalidFault, "printable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := h.InjectFault(tt.fault)
+			require.ErrorIs(t, err, tt.err)
+			assert.Contains(t, err.Error(), tt.msg)
+		})
+	}
+}
+
+func TestReset(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
+	s.Reset()
+	assert.Equal(t, fakeserver.Stats{}, s.Stats())
+	a := pay(t, s, "k1", otherBody)
+	assert.Equal(t, http.StatusCreated, a.Status, "records and faults are gone")
+}
