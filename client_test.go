@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -670,4 +671,48 @@ func TestQuotedKeyIsTheSameKey(t *testing.T) {
 	assert.True(t, resp.Replayed, "the quoted key found the bare key's record")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	assert.NotEmpty(t, e.lookup(t, in.Key()).ID, "the server filed the payment under the bare key")
+}
+
+func TestRestartOnTheFileStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	dir := filepath.Join(t.TempDir(), "state") // OpenDir makes it 0700
+	open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {
+		store, err := persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		c, err := idem.New(append([]idem.Option{idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk)}, opts...)...)
+		require.NoError(t, err)
+		return c, store
+	}
+
+	first, store := open(idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := first.Intent(ctx, "checkout:file", req)
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+	_, err = first.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.NoError(t, store.Close())
+
+	// The app starts again: the intent, its key and its bytes are on disk.
+	next, store := open()
+	defer store.Close()
+	pending, err := next.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	assert.Equal(t, in.Key(), pending[0].Key())
+	assert.Equal(t, req.Body, pending[0].Request().Body)
+
+	resp, err := next.Do(ctx, pending[0])
+	require.NoError(t, err)
+	assert.True(t, resp.Replayed)
+	assert.Equal(t, 1, srv.Stats().ProviderCharges)
+
+	// The same action after the restart finds the resolved intent.
+	same, err := next.Intent(ctx, "checkout:file", req)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, same.State())
 }
