@@ -1,0 +1,130 @@
+// Command fakeserver runs the idem fake payment server, which implements the
+// server side of the Idempotency-Key contract, for testing clients in any
+// language. Run it with -h for the flags and admin endpoints.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem/fakeserver"
+)
+
+const usage = `Usage: fakeserver [flags]
+
+Runs a fake payment API that implements the Idempotency-Key contract
+exactly, faults included, for testing clients in any language.
+
+The first log line on stderr is "listening addr=HOST:PORT"; with
+-addr 127.0.0.1:0 the port is chosen by the system and read from there.
+Then one line per request (method, path, key, status, outcome).
+
+API:
+  POST /payments                      Idempotency-Key required
+  GET  /payments, /payments/{id}      caller-scoped (Authorization header)
+  GET  /payments?idempotency_key=K    the payment made under K, or 404
+  PUT  /orders/{id}/status            naturally idempotent, key ignored
+
+Admin endpoints (no key, no scoping):
+  GET    /_fake/stats    {"payments","provider_charges","executions","records","in_progress","requests"}
+  POST   /_fake/faults   {"fault","key","path","count","delay_ms","status","retry_after"}
+                         faults: drop_response, delay, crash_after_insert,
+                         crash_after_provider, error, status, reset
+  DELETE /_fake/faults   clear all faults
+  POST   /_fake/sweep    delete expired records
+  POST   /_fake/reset    forget everything
+
+Flags:
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// run is the program; it returns the exit code.
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fakeserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on; port 0 picks a free one")
+	retention := fs.Duration("retention", 24*time.Hour, "how long idempotency records live, from their creation")
+	lease := fs.Duration("lease", 30*time.Second, "IN_PROGRESS lease; after it another request may take a record over")
+	delay := fs.Duration("processing-delay", 0, "time each payment takes")
+	keyFormat := fs.String("key-format", "any", `accepted Idempotency-Key format: "any" or "uuid"`)
+	sweepEvery := fs.Duration("sweep-every", time.Minute, "how often expired records are deleted; 0 disables")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "fakeserver: "+format+"\n", a...)
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return bad("unexpected argument %q; see -h", fs.Arg(0))
+	case *retention <= 0:
+		return bad("-retention must be positive, not %v", *retention)
+	case *lease <= 0:
+		return bad("-lease must be positive, not %v", *lease)
+	case *delay < 0:
+		return bad("-processing-delay must not be negative, not %v", *delay)
+	case *sweepEvery < 0:
+		return bad("-sweep-every must not be negative, not %v", *sweepEvery)
+	case *keyFormat != string(fakeserver.KeyFormatAny) && *keyFormat != string(fakeserver.KeyFormatUUID):
+		return bad(`-key-format must be "any" or "uuid", not %q`, *keyFormat)
+	}
+
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	h := fakeserver.NewHandler(&fakeserver.Options{
+		Retention:       *retention,
+		Lease:           *lease,
+		ProcessingDelay: *delay,
+		KeyFormat:       fakeserver.KeyFormat(*keyFormat),
+		Logger:          logger,
+	})
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		logger.Error("cannot listen", "addr", *addr, "err", err)
+		return 1
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("listening", "addr", ln.Addr().String())
+
+	go h.RunSweeper(ctx, *sweepEvery)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		logger.Error("server failed", "err", err)
+		return 1
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Error("shutdown", "err", err)
+		return 1
+	}
+	logger.Info("stopped")
+	return 0
+}
