@@ -1,0 +1,116 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver/idempotency"
+)
+
+var t0 = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+
+func newRecord(owner string, now time.Time) *idempotency.Record {
+	return &idempotency.Record{
+		ID:     idempotency.ID{Principal: "p", Key: "k"},
+		Status: idempotency.StatusInProgress, StableID: "s-" + owner, Owner: owner,
+		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+	}
+}
+
+func TestMemoryStoreInsertRace(t *testing.T) {
+	t.Parallel()
+	s := idempotency.NewMemoryStore()
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			_, inserted, err := s.Insert(context.Background(), newRecord(strconv.Itoa(i), t0))
+			assert.NoError(t, err)
+			if inserted {
+				wins.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(1), wins.Load(), "exactly one insert wins")
+}
+
+func TestMemoryStoreTakeOverRace(t *testing.T) {
+	t.Parallel()
+	s := idempotency.NewMemoryStore()
+	ctx := context.Background()
+	rec := newRecord("dead", t0)
+	_, ok, err := s.Insert(ctx, rec)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	ok, err = s.TakeOver(ctx, rec.ID, "dead", "early", t0.Add(time.Second), t0.Add(time.Hour))
+	require.NoError(t, err)
+	assert.False(t, ok, "the lease is alive")
+
+	later := t0.Add(time.Minute)
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			ok, err := s.TakeOver(ctx, rec.ID, "dead", strconv.Itoa(i), later, later.Add(time.Minute))
+			assert.NoError(t, err)
+			if ok {
+				wins.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(1), wins.Load(), "exactly one takeover wins")
+	assert.ErrorIs(t, s.Complete(ctx, rec.ID, "dead", &idempotency.Response{}, nil), idempotency.ErrNotOwner,
+		"the dead worker cannot commit")
+}
+
+func TestMemoryStoreCompleteRunsCommitAtomically(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := idempotency.NewMemoryStore()
+	rec := newRecord("w", t0)
+	_, _, err := s.Insert(ctx, rec)
+	require.NoError(t, err)
+
+	boom := errors.New("boom")
+	err = s.Complete(ctx, rec.ID, "w", &idempotency.Response{StatusCode: 201}, func(context.Context) error { return boom })
+	require.ErrorIs(t, err, boom)
+	existing, _, _ := s.Insert(ctx, newRecord("x", t0))
+	assert.Equal(t, idempotency.StatusInProgress, existing.Status, "a failed commit changes nothing")
+
+	ran := false
+	require.NoError(t, s.Complete(ctx, rec.ID, "w", &idempotency.Response{StatusCode: 201}, func(context.Context) error { ran = true; return nil }))
+	assert.True(t, ran)
+	existing, _, _ = s.Insert(ctx, newRecord("x", t0))
+	assert.Equal(t, idempotency.StatusCompleted, existing.Status)
+	assert.Equal(t, 201, existing.Response.StatusCode)
+	assert.ErrorIs(t, s.Release(ctx, rec.ID, "w"), idempotency.ErrNotOwner, "a completed record is not released")
+}
+
+func TestMemoryStoreRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := idempotency.NewMemoryStore()
+	_, _, err := s.Insert(ctx, newRecord("a", t0))
+	require.NoError(t, err)
+	_, inserted, _ := s.Insert(ctx, newRecord("b", t0.Add(time.Hour-time.Nanosecond)))
+	assert.False(t, inserted)
+	n, _ := s.Sweep(ctx, t0.Add(time.Hour-time.Nanosecond))
+	assert.Zero(t, n)
+	_, inserted, _ = s.Insert(ctx, newRecord("c", t0.Add(time.Hour)))
+	assert.True(t, inserted, "an expired record counts as absent")
+	n, _ = s.Sweep(ctx, t0.Add(2*time.Hour))
+	assert.Equal(t, 1, n)
+	records, _, _ := s.Count(ctx)
+	assert.Zero(t, records)
+}

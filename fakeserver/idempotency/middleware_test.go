@@ -1,0 +1,151 @@
+package idempotency_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/internal/clocktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// counter is a handler whose effect adds to a counter through OnCommit.
+type counter struct {
+	status  int
+	effects atomic.Int32
+	runs    atomic.Int32
+	block   chan struct{} // if not nil, the handler waits on it
+}
+
+func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.runs.Add(1)
+	if c.block != nil {
+		<-c.block
+	}
+	_ = idempotency.OnCommit(r.Context(), func(context.Context) error { c.effects.Add(1); return nil })
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("X-Not-Stored", "1")
+	w.WriteHeader(c.status)
+	_, _ = w.Write([]byte("done"))
+}
+
+func serve(h http.Handler, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(body))
+	if key != "" {
+		r.Header.Set(idempotency.HeaderKey, key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func TestCommitHook(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		status  int
+		effects int32
+		stored  bool
+	}{
+		{"success commits the effect with the record", 201, 1, true},
+		{"business outcome is stored", 402, 1, true},
+		{"server error discards both", 500, 0, false},
+		{"503 discards both", 503, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			store := idempotency.NewMemoryStore()
+			c := &counter{status: tt.status}
+			m := idempotency.New(c, idempotency.Config{Store: store})
+			first := serve(m, "k", "x")
+			assert.Equal(t, tt.status, first.Code)
+			assert.Equal(t, tt.effects, c.effects.Load())
+			records, inProgress, _ := store.Count(context.Background())
+			assert.Zero(t, inProgress)
+			if !tt.stored {
+				assert.Zero(t, records)
+				return
+			}
+			assert.Equal(t, 1, records)
+			again := serve(m, "k", "x")
+			assert.Equal(t, tt.status, again.Code)
+			assert.Equal(t, "done", again.Body.String())
+			assert.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+			assert.Empty(t, again.Header().Get("X-Not-Stored"), "only what a replay needs is stored")
+			assert.Equal(t, int32(1), c.runs.Load())
+		})
+	}
+}
+
+func TestOnCommitWithoutMiddlewareRunsAtOnce(t *testing.T) {
+	t.Parallel()
+	c := &counter{status: 201}
+	serve(c, "", "")
+	assert.Equal(t, int32(1), c.effects.Load())
+}
+
+func TestLostLeaseDiscardsEffect(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(t0)
+	store := idempotency.NewMemoryStore()
+	slow := &counter{status: 201, block: make(chan struct{})}
+	slowM := idempotency.New(slow, idempotency.Config{Store: store, Clock: clk, Lease: time.Second})
+	var wg sync.WaitGroup
+	var first *httptest.ResponseRecorder
+	wg.Go(func() { first = serve(slowM, "k", "x") })
+	require.Eventually(t, func() bool { return slow.runs.Load() == 1 }, 10*time.Second, time.Millisecond)
+
+	clk.Advance(time.Second)
+	fast := &counter{status: 201}
+	second := serve(idempotency.New(fast, idempotency.Config{Store: store, Clock: clk, Lease: time.Second}), "k", "x")
+	assert.Equal(t, 201, second.Code, "the expired lease was taken over")
+
+	close(slow.block)
+	wg.Wait()
+	assert.Equal(t, http.StatusConflict, first.Code, "the first worker lost its record")
+	assert.Equal(t, "1", first.Header().Get("Retry-After"))
+	assert.Zero(t, slow.effects.Load(), "its effect was discarded")
+	assert.Equal(t, int32(1), fast.effects.Load())
+}
+
+func TestTakeoverSeesStableID(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(t0)
+	store := idempotency.NewMemoryStore()
+	var infos []idempotency.Info
+	var mu sync.Mutex
+	crash := true
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, ok := idempotency.FromContext(r.Context())
+		require.True(t, ok)
+		mu.Lock()
+		infos = append(infos, info)
+		c := crash
+		crash = false
+		mu.Unlock()
+		if c {
+			panic(http.ErrAbortHandler)
+		}
+		w.WriteHeader(201)
+	})
+	m := idempotency.New(h, idempotency.Config{Store: store, Clock: clk})
+	assert.PanicsWithValue(t, http.ErrAbortHandler, func() { serve(m, "k", "x") })
+	clk.Advance(idempotency.DefaultLease)
+	assert.Equal(t, 201, serve(m, "k", "x").Code)
+	require.Len(t, infos, 2)
+	assert.False(t, infos[0].Takeover)
+	assert.True(t, infos[1].Takeover)
+	assert.Equal(t, infos[0].StableID, infos[1].StableID)
+}
