@@ -1,0 +1,90 @@
+package billing_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/billing"
+	"github.com/idemkit/idem/fakeserver"
+)
+
+// newClient returns the code under test, pointed at a fake server of its
+// own. Short backoffs keep the test fast; nothing in it waits on time.
+func newClient(t *testing.T) (*billing.Client, *fakeserver.Server) {
+	t.Helper()
+	srv := fakeserver.Start(t, nil) // closed when the test ends
+	c, err := billing.New(srv.URL,
+		idem.WithHTTPClient(srv.Client()),
+		idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}))
+	require.NoError(t, err)
+	return c, srv
+}
+
+// Whatever goes wrong on the way, the customer is charged exactly once.
+func TestPayChargesOnce(t *testing.T) {
+	t.Parallel()
+	faults := map[string]fakeserver.Fault{
+		"the answer is lost":              {Kind: fakeserver.FaultDropResponse},
+		"the connection resets":           {Kind: fakeserver.FaultReset},
+		"the server fails and rolls back": {Kind: fakeserver.FaultError},
+		"a proxy answers 503":             {Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "0"},
+		"two answers are lost":            {Kind: fakeserver.FaultDropResponse, Count: 2},
+	}
+	for name, f := range faults {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c, srv := newClient(t)
+			f.Path = "/payments"
+			require.NoError(t, srv.InjectFault(f))
+
+			p, err := c.Pay(context.Background(), "cart-1", "cus_1", 1500, "AZN")
+			require.NoError(t, err)
+			assert.Equal(t, "succeeded", p.Status)
+			assert.Equal(t, int64(1500), p.Amount)
+
+			st := srv.Stats()
+			assert.Equal(t, 1, st.ProviderCharges, "charged once")
+			assert.Equal(t, 1, st.Payments)
+		})
+	}
+}
+
+// A declined card is a final answer: not retried, not charged, and paying
+// the same cart again returns it from the device without sending.
+func TestPayDeclined(t *testing.T) {
+	t.Parallel()
+	c, srv := newClient(t)
+	ctx := context.Background()
+
+	_, err := c.Pay(ctx, "cart-1", "cus_declined", 1500, "AZN")
+	require.ErrorIs(t, err, billing.ErrDeclined)
+	assert.Equal(t, 1, srv.Stats().Requests, "not retried")
+
+	_, err = c.Pay(ctx, "cart-1", "cus_declined", 1500, "AZN")
+	require.ErrorIs(t, err, billing.ErrDeclined)
+	st := srv.Stats()
+	assert.Equal(t, 1, st.Requests, "the second Pay sent nothing")
+	assert.Zero(t, st.ProviderCharges)
+}
+
+// Paying the same cart twice (a double tap after a lost answer) is one
+// payment.
+func TestPayTwiceIsOnePayment(t *testing.T) {
+	t.Parallel()
+	c, srv := newClient(t)
+	ctx := context.Background()
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+
+	first, err := c.Pay(ctx, "cart-1", "cus_1", 1500, "AZN")
+	require.NoError(t, err)
+	again, err := c.Pay(ctx, "cart-1", "cus_1", 1500, "AZN")
+	require.NoError(t, err)
+	assert.Equal(t, first.ID, again.ID)
+	assert.Equal(t, 1, srv.Stats().ProviderCharges)
+}
