@@ -1,0 +1,230 @@
+// Package bench measures what idem costs, side by side with what it
+// replaces, in one process on loopback: the logic of cmd/idembench.
+//
+// Every figure comes from one run. Variants that are compared are measured
+// in interleaved batches, so drift of the machine hits them alike, and are
+// reported as ratios to the baseline.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
+)
+
+// Config sizes a run. The zero Config is not useful; start from Defaults.
+type Config struct {
+	// Requests is the number of requests per client variant.
+	Requests int
+	// Concurrency is the number of goroutines sending at once in a batch
+	// of client requests.
+	Concurrency int
+	// Batch is the number of requests per variant before the next variant
+	// takes its turn.
+	Batch int
+	// LayerRequests is the number of calls per fake-server variant.
+	LayerRequests int
+	// StormRequests concurrent requests share one key; StormDelay is the
+	// payment's processing time, so that they overlap.
+	StormRequests int
+	StormDelay    time.Duration
+	// Saves is the number of durable saves timed on their own.
+	Saves int
+	// Intents are the store sizes of the open+list measurement.
+	Intents []int
+	// Dir is where the file stores are made; "" means os.TempDir. Each run
+	// uses a new directory under it and removes it.
+	Dir string
+}
+
+// Defaults is a full run: under two minutes on two cores.
+func Defaults() Config {
+	return Config{
+		Requests: 2000, Concurrency: 1, Batch: 50, LayerRequests: 20000,
+		StormRequests: 1000, StormDelay: 250 * time.Millisecond,
+		Saves: 500, Intents: []int{10000, 100000},
+	}
+}
+
+// Quick is a run of under 20 seconds, for a first look.
+func Quick() Config {
+	return Config{
+		Requests: 300, Concurrency: 1, Batch: 25, LayerRequests: 3000,
+		StormRequests: 1000, StormDelay: 250 * time.Millisecond,
+		Saves: 100, Intents: []int{10000},
+	}
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	Clients ClientReport
+	// Layer compares the fake server's bare payment handler, its
+	// idempotency layer with fresh keys and with replays.
+	Layer []Result
+	Storm *StormReport
+	Saves SaveReport
+	Open  []OpenReport
+}
+
+// IdemRatio is idem(memory)'s p50 latency over plain net/http's.
+func (r *Report) IdemRatio() float64 {
+	for _, res := range r.Clients.Results {
+		if res.Name == "idem(memory)" {
+			return res.Ratio
+		}
+	}
+	return 0
+}
+
+// Run measures everything cfg asks for. progress, if not nil, gets a line
+// as each part starts.
+func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
+	dir, err := os.MkdirTemp(cfg.Dir, "idembench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	rep := &Report{}
+
+	fmt.Fprintf(progress, "clients: %d requests per variant, concurrency %d\n", cfg.Requests, cfg.Concurrency)
+	if err := runClients(ctx, cfg, filepath.Join(dir, "client"), &rep.Clients); err != nil {
+		return nil, fmt.Errorf("clients: %w", err)
+	}
+
+	fmt.Fprintf(progress, "fake server: %d calls per variant\n", cfg.LayerRequests)
+	vs, err := layerVariants()
+	if err != nil {
+		return nil, fmt.Errorf("fake server: %w", err)
+	}
+	warm(ctx, vs, 100)
+	if rep.Layer, err = interleave(ctx, vs, cfg.LayerRequests, cfg.Batch*4, cfg.Concurrency, 5); err != nil {
+		return nil, fmt.Errorf("fake server: %w", err)
+	}
+
+	fmt.Fprintf(progress, "storm: %d requests, one key\n", cfg.StormRequests)
+	if rep.Storm, err = storm(ctx, cfg.StormRequests, cfg.StormDelay); err != nil {
+		return nil, fmt.Errorf("storm: %w", err)
+	}
+
+	fmt.Fprintf(progress, "file store: %d durable saves\n", cfg.Saves)
+	if rep.Saves, err = durableSaves(ctx, filepath.Join(dir, "saves"), cfg.Saves); err != nil {
+		return nil, fmt.Errorf("durable saves: %w", err)
+	}
+	for _, n := range cfg.Intents {
+		fmt.Fprintf(progress, "file store: open+list of %d intents\n", n)
+		o, err := openList(ctx, filepath.Join(dir, fmt.Sprintf("open-%d", n)), n)
+		if err != nil {
+			return nil, fmt.Errorf("open+list %d: %w", n, err)
+		}
+		rep.Open = append(rep.Open, o)
+	}
+	return rep, nil
+}
+
+// runClients measures the four client variants against one fake server
+// with its idempotency layer.
+func runClients(ctx context.Context, cfg Config, dir string, out *ClientReport) error {
+	srv := fakeserver.NewServer(nil)
+	defer srv.Close()
+	hc := srv.Client()
+	if t, ok := hc.Transport.(*http.Transport); ok {
+		// Keep one warm connection per sender, as a long-lived app does.
+		t.MaxIdleConnsPerHost = max(cfg.Concurrency, http.DefaultMaxIdleConnsPerHost)
+	}
+	fs, err := persist.OpenDir(dir, nil)
+	if err != nil {
+		return err
+	}
+	defer fs.Close()
+	file := &countingStore{Store: fs}
+	vs, err := clientVariants(hc, srv.URL+"/payments", file)
+	if err != nil {
+		return err
+	}
+	warm(ctx, vs, 20)
+	file.saves.Store(0)
+	file.intents.Store(0)
+	out.Concurrency = cfg.Concurrency
+	if out.Results, err = interleave(ctx, vs, cfg.Requests, cfg.Batch, cfg.Concurrency, 10); err != nil {
+		return err
+	}
+	out.FileSaves, out.FileIntents = file.saves.Load(), file.intents.Load()
+	return nil
+}
+
+// warm runs each variant n times unmeasured: connections, caches, the
+// store's directory.
+func warm(ctx context.Context, vs []variant, n int) {
+	for _, v := range vs {
+		for range n {
+			_ = v.do(ctx)
+		}
+	}
+}
+
+// Print writes the report as tables, then, as the last line, the idem
+// (memory) over net/http p50 ratio.
+func (r *Report) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "Go %s, %s/%s, GOMAXPROCS %d\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
+
+	fmt.Fprintf(w, "POST /payments on loopback, fresh key per request, %d requests per variant, concurrency %d\n",
+		r.Clients.Results[0].Requests, r.Clients.Concurrency)
+	results(tw, r.Clients.Results, "x net/http")
+	tw.Flush()
+	fmt.Fprintf(w, "idem(file): %d durable writes for %d intents = %.2f per intent (target <= 2), %d fsync syscalls each = %.2f fsyncs per intent\n\n",
+		r.Clients.FileSaves, r.Clients.FileIntents, r.Clients.WritesPerIntent(), FsyncsPerSave, r.Clients.WritesPerIntent()*FsyncsPerSave)
+
+	fmt.Fprintf(w, "fake server, POST /payments called in process (no network), %d calls per variant\n", r.Layer[0].Requests)
+	results(tw, r.Layer, "x bare")
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	s := r.Storm
+	fmt.Fprintf(w, "same-key storm: %d concurrent requests, one key, processing %v\n", s.Requests, s.ProcessingDelay)
+	fmt.Fprintf(w, "  executions %d (must be 1), 201 fresh: %d, 201 replayed: %d, 409 in progress: %d, other: %d, all answered in %s\n\n",
+		s.Executions, s.Created, s.Replayed, s.InProgress, s.Other, dur(s.AllAnswered))
+
+	fmt.Fprintf(w, "file store\n")
+	fmt.Fprintf(tw, "durable saves\tper s\tp50\tp99\tfsyncs per save\t\n")
+	fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%d\t\n", r.Saves.Saves, r.Saves.PerSecond(), dur(r.Saves.P50), dur(r.Saves.P99), FsyncsPerSave)
+	tw.Flush()
+	fmt.Fprintf(tw, "intents\topen\tlist\t\n")
+	for _, o := range r.Open {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t\n", o.Intents, dur(o.Open), dur(o.List))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "ratio idem(memory)/net-http: %.2f\n", r.IdemRatio())
+}
+
+func results(tw *tabwriter.Writer, rs []Result, ratio string) {
+	fmt.Fprintf(tw, "variant\treq/s\tp50\tp99\tallocs/req\tp50 %s\t\n", ratio)
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.1f\t%.2f\t\n", r.Name, r.RPS, dur(r.P50), dur(r.P99), r.Allocs, r.Ratio)
+	}
+}
+
+// dur prints d with three significant digits.
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond))
+	}
+}

@@ -1,0 +1,60 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRunTiny runs every measurement at a tiny size and checks the counts
+// and the report's shape, never a timing.
+func TestRunTiny(t *testing.T) {
+	cfg := Config{
+		Requests: 6, Concurrency: 2, Batch: 2, LayerRequests: 6,
+		StormRequests: 20, StormDelay: 20 * time.Millisecond,
+		Saves: 3, Intents: []int{5}, Dir: t.TempDir(),
+	}
+	rep, err := Run(context.Background(), cfg, nil)
+	require.NoError(t, err)
+
+	require.Len(t, rep.Clients.Results, 4)
+	for _, r := range rep.Clients.Results {
+		assert.Equal(t, 6, r.Requests, r.Name)
+		assert.Positive(t, r.P50, r.Name)
+		assert.GreaterOrEqual(t, r.P99, r.P50, r.Name)
+	}
+	assert.GreaterOrEqual(t, rep.Clients.FileIntents, int64(6), "warm-up intents are counted too")
+	assert.Equal(t, 2.0, rep.Clients.WritesPerIntent(), "a successful intent is saved when created and when resolved")
+
+	require.Len(t, rep.Layer, 3)
+	assert.Equal(t, 1, rep.Storm.Executions)
+	assert.Equal(t, 1, rep.Storm.Created)
+	assert.Zero(t, rep.Storm.Other)
+	assert.Equal(t, 19, rep.Storm.Replayed+rep.Storm.InProgress)
+	assert.Equal(t, 3, rep.Saves.Saves)
+	require.Len(t, rep.Open, 1)
+	assert.Equal(t, 5, rep.Open[0].Intents)
+
+	var out bytes.Buffer
+	rep.Print(&out)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	assert.Regexp(t, `^ratio idem\(memory\)/net-http: \d+\.\d\d$`, lines[len(lines)-1])
+}
+
+func TestPercentiles(t *testing.T) {
+	lat := make([]time.Duration, 100)
+	for i := range lat {
+		lat[i] = time.Duration(100-i) * time.Millisecond
+	}
+	p50, p99 := percentiles(lat)
+	assert.Equal(t, 50*time.Millisecond, p50)
+	assert.Equal(t, 99*time.Millisecond, p99)
+	p50, p99 = percentiles([]time.Duration{7})
+	assert.Equal(t, time.Duration(7), p50)
+	assert.Equal(t, time.Duration(7), p99)
+}

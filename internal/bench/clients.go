@@ -1,0 +1,137 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/persist"
+)
+
+// paymentBody is the request every variant sends.
+var paymentBody = []byte(`{"amount":1500,"currency":"AZN","customer":"cus_1","description":"bench"}`)
+
+// ClientReport compares the client variants and counts the durable writes
+// of the file store.
+type ClientReport struct {
+	Results []Result
+	// Concurrency is the number of goroutines per batch.
+	Concurrency int
+	// FileSaves is how many Saves the idem(file) variant made, and
+	// FileIntents how many intents it brought to success.
+	FileSaves, FileIntents int64
+}
+
+// WritesPerIntent is the file store's durable writes (Saves) per successful
+// intent.
+func (r *ClientReport) WritesPerIntent() float64 {
+	if r.FileIntents == 0 {
+		return 0
+	}
+	return float64(r.FileSaves) / float64(r.FileIntents)
+}
+
+// clientVariants returns the four ways of making one payment against url,
+// all through hc: plain net/http, go-retryablehttp, idem with the memory
+// store and idem with the file store in dir. The plain variants send a
+// fresh Idempotency-Key themselves, so the server does the same work for
+// all four.
+func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant, error) {
+	plain := func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(paymentBody))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", uuid.NewString())
+		return finish(hc.Do(req))
+	}
+
+	rc := retryablehttp.NewClient()
+	rc.HTTPClient = hc
+	rc.Logger = nil
+	retrying := func(ctx context.Context) error {
+		req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, url, paymentBody)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", uuid.NewString())
+		return finish(rc.Do(req))
+	}
+
+	mem, err := idem.New(idem.WithHTTPClient(hc), idem.WithStore(persist.NewMemory(nil)))
+	if err != nil {
+		return nil, err
+	}
+	durable, err := idem.New(idem.WithHTTPClient(hc), idem.WithStore(file))
+	if err != nil {
+		return nil, err
+	}
+	req := idem.Request{
+		Method: http.MethodPost, URL: url,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody,
+	}
+	withIdem := func(c *idem.Client, ok *atomic.Int64) func(context.Context) error {
+		return func(ctx context.Context) error {
+			in, err := c.NewIntent(ctx, "", req)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Do(ctx, in)
+			if err != nil {
+				return err
+			}
+			if resp.StatusCode != http.StatusCreated {
+				return fmt.Errorf("status %d", resp.StatusCode)
+			}
+			if ok != nil {
+				ok.Add(1)
+			}
+			return nil
+		}
+	}
+	return []variant{
+		{name: "net/http", do: plain},
+		{name: "retryablehttp", do: retrying},
+		{name: "idem(memory)", do: withIdem(mem, nil)},
+		{name: "idem(file)", do: withIdem(durable, &file.intents)},
+	}, nil
+}
+
+// finish reads the answer into memory and closes it, as a real client (and
+// idem) does, and checks that the payment was made.
+func finish(resp *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// countingStore counts the Saves made through it: each is one durable
+// write of the underlying store.
+type countingStore struct {
+	persist.Store
+	saves   atomic.Int64
+	intents atomic.Int64 // successful intents, counted by the variant
+}
+
+func (s *countingStore) Save(ctx context.Context, rec *persist.Record) error {
+	s.saves.Add(1)
+	return s.Store.Save(ctx, rec)
+}

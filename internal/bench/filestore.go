@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"context"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// FsyncsPerSave is how many fsync system calls one FileStore.Save makes:
+// persist/file.go's writeTemp syncs the temporary file (f.Sync) and, after
+// the rename, syncDir syncs the directory (d.Sync). Both are fsync(2) on
+// Linux.
+const FsyncsPerSave = 2
+
+// SaveReport is the file store's durable save rate.
+type SaveReport struct {
+	Saves int
+	Wall  time.Duration
+	P50   time.Duration
+	P99   time.Duration
+}
+
+// PerSecond returns durable saves per second.
+func (r SaveReport) PerSecond() float64 { return float64(r.Saves) / r.Wall.Seconds() }
+
+// OpenReport is the time to open a store of Intents records and list them.
+type OpenReport struct {
+	Intents int
+	Open    time.Duration // OpenDir: lock, read and decode every file
+	List    time.Duration // List of all records, from memory
+}
+
+// record returns a new intent's record, as the client saves it first.
+func record(now time.Time) *persist.Record {
+	return &persist.Record{
+		Key: uuid.NewString(), Method: http.MethodPost, URL: "http://127.0.0.1/payments",
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody,
+		Fingerprint: strings.Repeat("ab", 32), CreatedAt: now, UpdatedAt: now, State: persist.StateNew,
+	}
+}
+
+// durableSaves saves n new records one after another into a new store in
+// dir, and times them.
+func durableSaves(ctx context.Context, dir string, n int) (SaveReport, error) {
+	s, err := persist.OpenDir(dir, nil)
+	if err != nil {
+		return SaveReport{}, err
+	}
+	defer s.Close()
+	lat := make([]time.Duration, n)
+	start := time.Now()
+	for i := range n {
+		t0 := time.Now()
+		if err := s.Save(ctx, record(t0)); err != nil {
+			return SaveReport{}, err
+		}
+		lat[i] = time.Since(t0)
+	}
+	r := SaveReport{Saves: n, Wall: time.Since(start)}
+	r.P50, r.P99 = percentiles(lat)
+	return r, nil
+}
+
+// openList seeds dir with n records and times OpenDir and a List of all.
+func openList(ctx context.Context, dir string, n int) (OpenReport, error) {
+	if err := seed(ctx, dir, n); err != nil {
+		return OpenReport{}, err
+	}
+	start := time.Now()
+	s, err := persist.OpenDir(dir, nil)
+	if err != nil {
+		return OpenReport{}, err
+	}
+	defer s.Close()
+	opened := time.Now()
+	recs, err := s.List(ctx, persist.Filter{})
+	listed := time.Now()
+	if err != nil {
+		return OpenReport{}, err
+	}
+	if len(recs) != n {
+		return OpenReport{}, fmt.Errorf("listed %d records of %d seeded", len(recs), n)
+	}
+	return OpenReport{Intents: n, Open: opened.Sub(start), List: listed.Sub(opened)}, nil
+}
+
+// seed fills dir with n record files without syncing them (a durable save
+// each would take minutes for 100,000). It saves the first record through a
+// FileStore and checks that the file name it computes for it is the one
+// the store chose, so that a change of the store's layout fails here
+// instead of measuring nothing; openList then checks that all n are read.
+func seed(ctx context.Context, dir string, n int) error {
+	s, err := persist.OpenDir(dir, nil)
+	if err != nil {
+		return err
+	}
+	first := record(time.Now())
+	err = s.Save(ctx, first)
+	if cerr := s.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key))); err != nil {
+		return fmt.Errorf("persist's file naming changed, cannot seed the store: %w", err)
+	}
+	now := time.Now()
+	for i := 1; i < n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r := record(now.Add(time.Duration(i)))
+		r.Version = persist.FormatVersion
+		data, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key)), append(data, '\n'), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fileName is persist's name for the file of key: "k-", the key in
+// lower-case base32hex without padding, ".json". seed checks it against
+// the store.
+func fileName(key string) string {
+	return "k-" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key))) + ".json"
+}

@@ -1,0 +1,155 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// variant is one way of doing the same request, measured beside the others.
+type variant struct {
+	name string
+	// do makes one request and reports an error when it did not succeed.
+	do func(ctx context.Context) error
+}
+
+// Result is what was measured for one variant.
+type Result struct {
+	Name     string
+	Requests int
+	// Wall is the time the variant's batches took, end to end; RPS is
+	// Requests/Wall.
+	Wall     time.Duration
+	RPS      float64
+	P50, P99 time.Duration
+	// Allocs is the mean number of heap allocations per request in the
+	// whole process: the in-process server's are included, and are the
+	// same for every variant that asks it the same thing.
+	Allocs float64
+	// Ratio is P50 over the baseline's P50 (the first variant's).
+	Ratio float64
+}
+
+// sample accumulates the measurements of one variant across batches.
+type sample struct {
+	lat     []time.Duration
+	wall    time.Duration
+	mallocs uint64
+}
+
+// interleave runs n requests of each variant in round-robin batches of
+// batch requests, with conc goroutines per batch, so that drift of the
+// machine (other processes, thermal, GC debt) hits every variant alike.
+// The order of the variants is shuffled every round, so that no variant
+// always follows the same one (a batch of fsyncs leaves the next batch
+// a colder CPU), and each batch starts with warmup unmeasured requests.
+// Memory statistics are read between batches, outside the timed region.
+// The first variant is the baseline of the ratios.
+func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) ([]Result, error) {
+	if batch < 1 {
+		batch = 1
+	}
+	samples := make([]sample, len(vs))
+	for i := range samples {
+		samples[i].lat = make([]time.Duration, 0, n)
+	}
+	var ms runtime.MemStats
+	rng := rand.New(rand.NewPCG(1, 2)) // the same order on every run
+	order := make([]int, len(vs))
+	for i := range order {
+		order[i] = i
+	}
+	for {
+		left := n - len(samples[0].lat)
+		if left <= 0 {
+			break
+		}
+		size := min(batch, left)
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, k := range order {
+			s := &samples[k]
+			for range warmup {
+				if err := vs[k].do(ctx); err != nil {
+					return nil, fmt.Errorf("%s: %w", vs[k].name, err)
+				}
+			}
+			runtime.ReadMemStats(&ms)
+			before := ms.Mallocs
+			lat, wall, err := runBatch(ctx, vs[k].do, size, conc)
+			runtime.ReadMemStats(&ms)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", vs[k].name, err)
+			}
+			s.mallocs += ms.Mallocs - before
+			s.wall += wall
+			s.lat = append(s.lat, lat...)
+		}
+	}
+	out := make([]Result, len(vs))
+	for i, s := range samples {
+		r := Result{Name: vs[i].name, Requests: len(s.lat), Wall: s.wall}
+		r.P50, r.P99 = percentiles(s.lat)
+		if s.wall > 0 {
+			r.RPS = float64(len(s.lat)) / s.wall.Seconds()
+		}
+		r.Allocs = float64(s.mallocs) / float64(len(s.lat))
+		out[i] = r
+	}
+	for i := range out {
+		if out[0].P50 > 0 {
+			out[i].Ratio = float64(out[i].P50) / float64(out[0].P50)
+		}
+	}
+	return out, nil
+}
+
+// runBatch makes size requests with conc goroutines and returns each one's
+// latency and the batch's wall time.
+func runBatch(ctx context.Context, do func(context.Context) error, size, conc int) ([]time.Duration, time.Duration, error) {
+	conc = max(1, min(conc, size))
+	lat := make([]time.Duration, size)
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range conc {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= size {
+					return
+				}
+				t0 := time.Now()
+				err := do(ctx)
+				lat[i] = time.Since(t0)
+				if err != nil {
+					once.Do(func() { firstErr = err })
+					next.Store(int64(size)) // stop the others
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return lat, time.Since(start), firstErr
+}
+
+// percentiles returns the 50th and 99th percentiles of lat (nearest rank).
+func percentiles(lat []time.Duration) (p50, p99 time.Duration) {
+	if len(lat) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	rank := func(p int) time.Duration {
+		i := (len(s)*p + 99) / 100 // ceil(len*p/100), 1-based
+		return s[max(i, 1)-1]
+	}
+	return rank(50), rank(99)
+}
