@@ -18,6 +18,9 @@ type Info struct {
 	// whose lease ended. The handler must then find out what the dead worker
 	// did (ask the provider about StableID) before doing anything again.
 	Takeover bool
+	// Validated is what Config.Validate returned for the request's body,
+	// or nil.
+	Validated any
 }
 
 type ctxKey struct{}

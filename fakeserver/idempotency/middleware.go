@@ -67,8 +67,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// Validate checks the request before its key is looked at in the store,
 	// so that an invalid body is a 400 even when the key has a record, and
-	// stores nothing. It returns nil to accept. Nil accepts every body.
-	Validate func(r *http.Request, body []byte) *Problem
+	// stores nothing. It returns a nil Problem to accept, and may return the
+	// parsed body, which the handler gets as [Info.Validated] instead of
+	// parsing it again. Nil accepts every body.
+	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
 	// Principal names the caller that owns a key. Nil means the value of the
 	// Authorization header ("" is the anonymous caller).
 	Principal func(r *http.Request) string
@@ -153,8 +155,10 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	var parsed any
 	if m.cfg.Validate != nil {
-		if p := m.cfg.Validate(r, body); p != nil {
+		var p *Problem
+		if parsed, p = m.cfg.Validate(r, body); p != nil {
 			m.report(r, OutcomeRejected)
 			p.Write(w)
 			return
@@ -183,7 +187,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if inserted {
-			m.run(w, r, rec, false)
+			m.run(w, r, rec, false, parsed)
 			return
 		}
 		if existing.Fingerprint != rec.Fingerprint {
@@ -209,7 +213,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ok {
 			rec.StableID = existing.StableID
 			rec.CreatedAt = existing.CreatedAt
-			m.run(w, r, rec, true)
+			m.run(w, r, rec, true, parsed)
 			return
 		}
 		now = m.now()
@@ -220,8 +224,8 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // run does the work as the record's owner and commits or releases.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, takeover bool) {
-	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Takeover: takeover}}
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, takeover bool, parsed any) {
+	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Takeover: takeover, Validated: parsed}}
 	cw := &capture{header: make(http.Header)}
 	// A panic (a crashed worker) leaves the record IN_PROGRESS, exactly as a
 	// dead process would; the lease ends it.
