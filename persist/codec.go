@@ -5,56 +5,73 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 )
 
-// File names. A record's file name is derived from its key alone, so that a
-// key can never name a path outside the store's directory and two keys never
-// share a file, also on case-insensitive file systems (macOS, Windows):
+// File names. A record's file name is derived from its key, so that a key
+// can never name a path outside the store's directory and two keys never
+// share a file, also on case-insensitive file systems (macOS, Windows). The
+// stem of the name is:
 //
-//   - a key of up to maxEncodedKey bytes is stored as "k-" + its bytes in
-//     lower-case base32hex without padding + ".json"; the name gives the key
-//     back even when the file's content is unreadable;
-//   - a longer key is stored as "h-" + the hex SHA-256 of the key + ".json",
-//     so that the name stays under the usual 255-byte limit.
+//   - for a key of up to maxEncodedKey bytes, "k-" + its bytes in lower-case
+//     base32hex without padding; the name gives the key back even when the
+//     file's content is unreadable;
+//   - for a longer key, "h-" + the hex SHA-256 of the key, so that the name
+//     stays under the usual 255-byte limit.
+//
+// The suffix tells whether the record is resolved: ".json" for an
+// unresolved record, ".done.json" for a resolved one. OpenDir reads only the
+// unresolved files, and the resolved ones when they are asked for.
 //
 // Temporary files start with tempPrefix and are never records.
 const (
-	maxEncodedKey = 150 // 240 bytes of base32: with prefix and suffix, under 255
-	encodedPrefix = "k-"
-	hashedPrefix  = "h-"
-	recordSuffix  = ".json"
-	tempPrefix    = ".tmp-"
-	lockName      = "LOCK"
+	maxEncodedKey  = 150 // 240 bytes of base32: with prefix and suffix, under 255
+	encodedPrefix  = "k-"
+	hashedPrefix   = "h-"
+	openSuffix     = ".json"
+	resolvedSuffix = ".done.json"
+	tempPrefix     = ".tmp-"
+	lockName       = "LOCK"
 )
 
 var keyEncoding = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
 
-// fileName returns the name of the file that holds the record for key.
-func fileName(key string) string {
+// stem returns the part of a record's file name that depends on its key.
+func stem(key string) string {
 	if len(key) <= maxEncodedKey {
-		return encodedPrefix + keyEncoding.EncodeToString([]byte(key)) + recordSuffix
+		return encodedPrefix + keyEncoding.EncodeToString([]byte(key))
 	}
 	sum := sha256.Sum256([]byte(key))
-	return hashedPrefix + hex.EncodeToString(sum[:]) + recordSuffix
+	return hashedPrefix + hex.EncodeToString(sum[:])
 }
 
-// isRecordName reports whether name is the name of a record file.
-func isRecordName(name string) bool {
-	return strings.HasSuffix(name, recordSuffix) &&
-		(strings.HasPrefix(name, encodedPrefix) || strings.HasPrefix(name, hashedPrefix))
-}
-
-// keyFromName returns the key a record file name encodes, or "" if the name
-// holds only a hash of it (or is not a valid name).
-func keyFromName(name string) string {
-	enc, ok := strings.CutPrefix(name, encodedPrefix)
-	if !ok {
-		return ""
+// fileName returns the name of the file that holds the record for key in
+// the given resolution.
+func fileName(key string, resolved bool) string {
+	if resolved {
+		return stem(key) + resolvedSuffix
 	}
-	enc, ok = strings.CutSuffix(enc, recordSuffix)
+	return stem(key) + openSuffix
+}
+
+// parseName splits a record file name into its stem and resolution; ok is
+// false if name is not a record file name.
+func parseName(name string) (st string, resolved, ok bool) {
+	if !strings.HasPrefix(name, encodedPrefix) && !strings.HasPrefix(name, hashedPrefix) {
+		return "", false, false
+	}
+	if st, ok := strings.CutSuffix(name, resolvedSuffix); ok {
+		return st, true, true
+	}
+	st, ok = strings.CutSuffix(name, openSuffix)
+	return st, false, ok
+}
+
+// keyFromStem returns the key a stem encodes, or "" if the stem holds only
+// a hash of it (or is not valid).
+func keyFromStem(st string) string {
+	enc, ok := strings.CutPrefix(st, encodedPrefix)
 	if !ok {
 		return ""
 	}
@@ -115,8 +132,8 @@ func decodeFile(name string, data []byte) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fileName(r.Key) != name {
-		return nil, errors.New("the key inside does not belong to this file name")
+	if fileName(r.Key, r.State.Resolved()) != name {
+		return nil, fmt.Errorf("the key and state inside (%q, %s) do not belong to this file name", r.Key, r.State)
 	}
 	return r, nil
 }

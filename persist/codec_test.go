@@ -130,8 +130,8 @@ var nameTests = []string{
 }
 
 // FuzzFileName checks that every key gives one plain file name in the
-// store's directory, under 255 bytes, that no other key gives, and from
-// which a short key can be read back.
+// store's directory per resolution, under 255 bytes, that no other key
+// gives, and from which a short key can be read back.
 func FuzzFileName(f *testing.F) {
 	for _, k := range nameTests {
 		f.Add(k, strings.ToUpper(k))
@@ -140,19 +140,25 @@ func FuzzFileName(f *testing.F) {
 		if key == "" {
 			return
 		}
-		name := fileName(key)
-		if len(name) > 255 || filepath.Base(name) != name || strings.ContainsAny(name, `/\:`) ||
-			!isRecordName(name) || strings.HasPrefix(name, tempPrefix) || name == lockName {
-			t.Fatalf("key %q gives name %q", key, name)
+		for _, resolved := range []bool{false, true} {
+			name := fileName(key, resolved)
+			st, res, ok := parseName(name)
+			if len(name) > 255 || filepath.Base(name) != name || strings.ContainsAny(name, `/\:`) ||
+				!ok || res != resolved || st != stem(key) || strings.HasPrefix(name, tempPrefix) || name == lockName {
+				t.Fatalf("key %q gives name %q", key, name)
+			}
+			if name != strings.ToLower(name) {
+				t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", name)
+			}
+			if len(key) <= maxEncodedKey && keyFromStem(st) != key {
+				t.Fatalf("key %q from name %q: got %q", key, name, keyFromStem(st))
+			}
+			if other != key && fileName(other, resolved) == name {
+				t.Fatalf("keys %q and %q share name %q", key, other, name)
+			}
 		}
-		if name != strings.ToLower(name) {
-			t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", name)
-		}
-		if len(key) <= maxEncodedKey && keyFromName(name) != key {
-			t.Fatalf("key %q from name %q: got %q", key, name, keyFromName(name))
-		}
-		if other != key && fileName(other) == name {
-			t.Fatalf("keys %q and %q share name %q", key, other, name)
+		if fileName(key, false) == fileName(key, true) {
+			t.Fatalf("key %q has one name for both resolutions", key)
 		}
 	})
 }

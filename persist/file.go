@@ -39,11 +39,31 @@ type FileStore struct {
 	inflight sync.WaitGroup    // methods that write, waited for by Close
 }
 
-// entry is what the store knows of one record file: the record, or why it
-// cannot be read.
+// entry is what the store knows of one intent's files: the record, or why it
+// cannot be read, or (for a resolved record not asked for yet) neither.
 type entry struct {
-	rec     *Record
+	stem     string
+	resolved bool // the record is in stem+resolvedSuffix, else stem+openSuffix
+	// twin: the file with the other suffix exists too, left by a save that
+	// moved the record between them and was cut short. The resolved file
+	// is the record; the unresolved twin is removed on the next write.
+	twin    bool
+	rec     *Record // nil until read, or if unreadable
 	corrupt *CorruptError
+}
+
+func (e *entry) name() string {
+	if e.resolved {
+		return e.stem + resolvedSuffix
+	}
+	return e.stem + openSuffix
+}
+
+func (e *entry) twinName() string {
+	if e.resolved {
+		return e.stem + openSuffix
+	}
+	return e.stem + resolvedSuffix
 }
 
 // OpenDir opens the store in dir, creating dir with mode 0700 if it does not
@@ -96,9 +116,11 @@ func OpenDir(dir string, opts *Options) (*FileStore, error) {
 	return s, nil
 }
 
-// load reads every record file in the directory, and removes the temporary
-// files a crash left: they were never renamed, so they were never a saved
-// record, and no other store can be writing them while we hold the lock.
+// load reads the directory, and the file of every unresolved record; the
+// files of resolved records are read when asked for. It removes the
+// temporary files a crash left: they were never renamed, so they were never
+// a saved record, and no other store can be writing them while we hold the
+// lock.
 func (s *FileStore) load() error {
 	des, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -107,33 +129,51 @@ func (s *FileStore) load() error {
 	s.files = make(map[string]*entry, len(des))
 	for _, de := range des {
 		name := de.Name()
-		switch {
-		case strings.HasPrefix(name, tempPrefix):
+		if strings.HasPrefix(name, tempPrefix) {
 			_ = os.Remove(filepath.Join(s.dir, name))
-		case isRecordName(name):
-			s.files[name] = s.readEntry(name, de.Type())
+			continue
+		}
+		st, resolved, ok := parseName(name)
+		if !ok {
+			continue
+		}
+		e := s.files[st]
+		if e == nil {
+			e = &entry{stem: st, resolved: resolved}
+			s.files[st] = e
+		} else {
+			e.twin = true
+			e.resolved = true
+		}
+		if !de.Type().IsRegular() {
+			e.corrupt = s.corruptError(e, name, fmt.Errorf("not a regular file (%v)", de.Type()))
+		}
+	}
+	for _, e := range s.files {
+		if !e.resolved {
+			s.read(e)
 		}
 	}
 	return nil
 }
 
-// readEntry reads the record file name.
-func (s *FileStore) readEntry(name string, typ fs.FileMode) *entry {
-	path := filepath.Join(s.dir, name)
-	var rec *Record
-	var err error
-	if !typ.IsRegular() {
-		err = fmt.Errorf("not a regular file (%v)", typ)
-	} else {
-		var data []byte
-		if data, err = os.ReadFile(path); err == nil {
-			rec, err = decodeFile(name, data)
-		}
+// read reads e's record from its file, once.
+func (s *FileStore) read(e *entry) {
+	if e.rec != nil || e.corrupt != nil {
+		return
+	}
+	name := e.name()
+	data, err := os.ReadFile(filepath.Join(s.dir, name))
+	if err == nil {
+		e.rec, err = decodeFile(name, data)
 	}
 	if err != nil {
-		return &entry{corrupt: &CorruptError{Path: path, Key: keyFromName(name), Err: err}}
+		e.corrupt = s.corruptError(e, name, err)
 	}
-	return &entry{rec: rec}
+}
+
+func (s *FileStore) corruptError(e *entry, name string, err error) *CorruptError {
+	return &CorruptError{Path: filepath.Join(s.dir, name), Key: keyFromStem(e.stem), Err: err}
 }
 
 // Dir returns the store's directory, as an absolute path.
@@ -161,6 +201,11 @@ func (s *FileStore) begin(ctx context.Context) error {
 // directory failed: then it is the new version, complete, but perhaps not
 // yet safe from power loss, and the error says so.
 //
+// When a record becomes resolved its file is renamed to the resolved
+// suffix: the new file is synced in, then the old one removed, at no extra
+// sync. A record that goes back from resolved to unresolved (which idem's
+// client never does) costs a third sync.
+//
 // Save refuses to replace a record that cannot be read (see CorruptError):
 // Delete it first.
 func (s *FileStore) Save(ctx context.Context, rec *Record) error {
@@ -177,9 +222,11 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	}
 	defer s.inflight.Done()
 
-	name := fileName(r.Key)
-	path := filepath.Join(s.dir, name)
-	if err := s.checkReplaceable(name); err != nil {
+	st := stem(r.Key)
+	s.mu.Lock()
+	err = s.checkReplaceable(st)
+	s.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	tmp, err := s.writeTemp(data)
@@ -188,37 +235,73 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	}
 
 	s.mu.Lock()
-	if err := s.checkReplaceableLocked(name); err != nil {
-		s.mu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.mu.Unlock()
+		}
+	}()
+	if err := s.checkReplaceable(st); err != nil {
 		_ = os.Remove(tmp)
 		return err
 	}
+	ne := &entry{stem: st, resolved: r.State.Resolved(), rec: r}
+	path := filepath.Join(s.dir, ne.name())
 	// The rename and the cache update happen under one lock, so that of two
 	// concurrent saves of one key the one renamed last is the one cached.
 	if err := os.Rename(tmp, path); err != nil {
-		s.mu.Unlock()
 		_ = os.Remove(tmp)
 		return fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
-	s.files[name] = &entry{rec: r}
-	s.mu.Unlock()
+	old := s.files[st]
+	s.files[st] = ne
+	if old == nil || (old.resolved == ne.resolved && !old.twin) {
+		// The common case. Any sync of the directory after the rename
+		// makes it durable, so concurrent saves sync in parallel.
+		s.mu.Unlock()
+		locked = false
+		if err := s.syncDir(); err != nil {
+			return syncFailed(r.Key, path, err)
+		}
+		return nil
+	}
 
-	// Any sync of the directory after the rename makes it durable, so
-	// concurrent saves may sync in parallel.
+	// The record moves between suffixes: sync the new file in before the
+	// old one goes, so that a crash leaves one or both, never neither. All
+	// under the lock, so no other save of the key runs in between.
 	if err := s.syncDir(); err != nil {
-		return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", r.Key, path, err)
+		return syncFailed(r.Key, path, err)
+	}
+	twin := filepath.Join(s.dir, ne.twinName())
+	if err := os.Remove(twin); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		ne.twin = true
+		if ne.resolved {
+			return nil // the resolved file wins over its twin at OpenDir
+		}
+		return fmt.Errorf("persist: intent %q was saved to %s, but its old resolved version %s cannot be removed and would take its place after a restart; remove that file: %w", r.Key, path, twin, err)
+	}
+	if !ne.resolved {
+		// A resolved twin that came back after a power loss would win.
+		if err := s.syncDir(); err != nil {
+			return syncFailed(r.Key, path, err)
+		}
 	}
 	return nil
 }
 
-func (s *FileStore) checkReplaceable(name string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.checkReplaceableLocked(name)
+func syncFailed(key, path string, err error) error {
+	return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", key, path, err)
 }
 
-func (s *FileStore) checkReplaceableLocked(name string) error {
-	if e := s.files[name]; e != nil && e.corrupt != nil {
+// checkReplaceable returns an error if the record stored under st cannot
+// be read. s.mu must be held.
+func (s *FileStore) checkReplaceable(st string) error {
+	e := s.files[st]
+	if e == nil {
+		return nil
+	}
+	s.read(e)
+	if e.corrupt != nil {
 		return fmt.Errorf("persist: not replacing intent %q: its stored version is unreadable; Delete it first to replace it: %w", e.corrupt.Key, e.corrupt)
 	}
 	return nil
@@ -263,11 +346,12 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 	if s.closed {
 		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
 	}
-	e := s.files[fileName(key)]
-	switch {
-	case e == nil:
+	e := s.files[stem(key)]
+	if e == nil {
 		return nil, fmt.Errorf("%w: key %q in %s", ErrNotFound, key, s.dir)
-	case e.corrupt != nil:
+	}
+	s.read(e)
+	if e.corrupt != nil {
 		return nil, e.corrupt
 	}
 	return e.rec.Clone(), nil
@@ -275,7 +359,9 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 
 // List returns copies of the records selected by f, oldest CreatedAt first
 // and by Key among equals, and the *CorruptError of every unreadable record
-// (whatever f), joined.
+// it knows of, whatever f, joined. With f.Unresolved, List does not read the
+// files of resolved records, so it reports only the unreadable files of
+// unresolved records and of those read before.
 func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -288,6 +374,10 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	var out []*Record
 	var corrupt []*CorruptError
 	for _, e := range s.files {
+		if f.Unresolved && e.resolved && e.corrupt == nil {
+			continue
+		}
+		s.read(e)
 		switch {
 		case e.corrupt != nil:
 			corrupt = append(corrupt, e.corrupt)
@@ -323,27 +413,38 @@ func (s *FileStore) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	defer s.inflight.Done()
-	name := fileName(key)
-	path := filepath.Join(s.dir, name)
 	s.mu.Lock()
-	err := os.Remove(path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	e := s.files[stem(key)]
+	if e == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("persist: cannot delete intent %q at %s (it is still stored): %w", key, path, err)
-	}
-	delete(s.files, name)
-	s.mu.Unlock()
-	if err != nil { // it was not there
 		return nil
 	}
+	err := s.remove(e)
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", key, err)
+	}
 	if err := s.syncDir(); err != nil {
-		return fmt.Errorf("persist: deleted intent %q at %s, but it may come back after a power loss (directory sync failed): %w", key, path, err)
+		return fmt.Errorf("persist: deleted intent %q in %s, but it may come back after a power loss (directory sync failed): %w", key, s.dir, err)
 	}
 	return nil
 }
 
-// Prune implements Pruner: see the function Prune. It removes the files
-// under the store's lock and syncs the directory once.
+// remove removes e's files, its twin first, and forgets e. s.mu must be
+// held.
+func (s *FileStore) remove(e *entry) error {
+	for _, name := range []string{e.twinName(), e.name()} {
+		if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	delete(s.files, e.stem)
+	return nil
+}
+
+// Prune implements Pruner: see the function Prune. It reads the files of
+// resolved records it has not read yet, removes the files under the store's
+// lock and syncs the directory once.
 func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
@@ -353,7 +454,11 @@ func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 	var corrupt []*CorruptError
 	n := 0
 	s.mu.Lock()
-	for name, e := range s.files {
+	for _, e := range s.files {
+		if !e.resolved && e.corrupt == nil {
+			continue // unresolved: never pruned
+		}
+		s.read(e)
 		if e.corrupt != nil {
 			corrupt = append(corrupt, e.corrupt)
 			continue
@@ -361,12 +466,10 @@ func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 		if !prunable(e.rec, before) {
 			continue
 		}
-		path := filepath.Join(s.dir, name)
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("persist: cannot prune intent %q at %s: %w", e.rec.Key, path, err))
+		if err := s.remove(e); err != nil {
+			errs = append(errs, fmt.Errorf("persist: cannot prune intent %q: %w", e.rec.Key, err))
 			continue
 		}
-		delete(s.files, name)
 		n++
 	}
 	s.mu.Unlock()

@@ -175,7 +175,7 @@ func TestDiscardResponseBodies(t *testing.T) {
 		persisttest.AssertRecord(t, want, got)
 		assert.Equal(t, []byte("secret-card-token"), r.Response.Body, "%s: the caller's record is not changed", name)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k")))
+	data, err := os.ReadFile(filepath.Join(dir, persist.ResolvedFileName("k")))
 	require.NoError(t, err)
 	assert.NotContains(t, string(data), "secret", "the body is not on disk")
 	assert.NotContains(t, string(data), "c2VjcmV0", "the body is not on disk in base64")
@@ -351,15 +351,122 @@ func TestFileRenameFails(t *testing.T) {
 }
 
 // TestFileSyncs checks the durability scheme's cost: two fsyncs per save
-// (the file, the directory), one per delete.
+// (the file, the directory), also when the record becomes resolved and its
+// file changes name; three when it goes back; one per delete.
 func TestFileSyncs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := openFile(t, newDir(t), nil)
-	require.NoError(t, s.Save(ctx, persisttest.NewRecord("k", t0)))
+	dir := newDir(t)
+	s := openFile(t, dir, nil)
+	r := persisttest.NewRecord("k", t0)
+	require.NoError(t, s.Save(ctx, r))
 	assert.Equal(t, int64(2), s.Syncs(), "after a save")
+	r.Attempts = 1
+	require.NoError(t, s.Save(ctx, r))
+	assert.Equal(t, int64(4), s.Syncs(), "after saving it again")
+	r.State = persist.StateSucceeded
+	require.NoError(t, s.Save(ctx, r))
+	assert.Equal(t, int64(6), s.Syncs(), "after saving it resolved")
+	assert.Equal(t, []string{"LOCK", persist.ResolvedFileName("k")}, dirNames(t, dir), "the unresolved file is gone")
+	r.State = persist.StatePending
+	require.NoError(t, s.Save(ctx, r))
+	assert.Equal(t, int64(9), s.Syncs(), "after saving it unresolved again")
+	assert.Equal(t, []string{"LOCK", persist.FileName("k")}, dirNames(t, dir), "the resolved file is gone")
 	require.NoError(t, s.Delete(ctx, "k"))
-	assert.Equal(t, int64(3), s.Syncs(), "after a delete")
+	assert.Equal(t, int64(10), s.Syncs(), "after a delete")
 	require.NoError(t, s.Delete(ctx, "k"))
-	assert.Equal(t, int64(3), s.Syncs(), "deleting an absent key")
+	assert.Equal(t, int64(10), s.Syncs(), "deleting an absent key")
+	assert.Equal(t, []string{"LOCK"}, dirNames(t, dir))
+}
+
+// TestFileTwin recreates what a crash leaves between the two steps of
+// resolving a record, both files, and checks that the resolved one is the
+// record and that the next write of the key removes the other.
+func TestFileTwin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, next := range []string{"save resolved", "save unresolved", "delete", "prune"} {
+		t.Run(next, func(t *testing.T) {
+			t.Parallel()
+			dir := newDir(t)
+			s, err := persist.OpenDir(dir, nil)
+			require.NoError(t, err)
+			r := persisttest.NewRecord("k", t0)
+			require.NoError(t, s.Save(ctx, r))
+			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k")))
+			require.NoError(t, err)
+			resolved := r.Clone()
+			resolved.State = persist.StateSucceeded
+			require.NoError(t, s.Save(ctx, resolved))
+			require.NoError(t, s.Close())
+			write(t, filepath.Join(dir, persist.FileName("k")), old)
+
+			s = openFile(t, dir, nil)
+			got, err := s.Get(ctx, "k")
+			require.NoError(t, err)
+			persisttest.AssertRecord(t, resolved, got)
+			all, err := s.List(ctx, persist.Filter{})
+			require.NoError(t, err)
+			assert.Len(t, all, 1)
+			unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
+			require.NoError(t, err)
+			assert.Empty(t, unresolved)
+
+			switch next {
+			case "save resolved":
+				require.NoError(t, s.Save(ctx, resolved))
+				assert.Equal(t, []string{"LOCK", persist.ResolvedFileName("k")}, dirNames(t, dir))
+			case "save unresolved":
+				require.NoError(t, s.Save(ctx, r))
+				assert.Equal(t, []string{"LOCK", persist.FileName("k")}, dirNames(t, dir))
+			case "delete":
+				require.NoError(t, s.Delete(ctx, "k"))
+				assert.Equal(t, []string{"LOCK"}, dirNames(t, dir))
+			case "prune":
+				n, err := persist.Prune(ctx, s, t0.Add(time.Hour))
+				require.NoError(t, err)
+				assert.Equal(t, 1, n)
+				assert.Equal(t, []string{"LOCK"}, dirNames(t, dir))
+			}
+		})
+	}
+}
+
+// TestFileLazyResolved checks that the files of resolved records are read
+// when first asked for, and that damage found then is reported as at open.
+func TestFileLazyResolved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for i, k := range []string{"a", "b", "c"} {
+		r := persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))
+		if k != "a" {
+			r.State = persist.StateSucceeded
+		}
+		require.NoError(t, s.Save(ctx, r))
+	}
+	require.NoError(t, s.Close())
+	path := filepath.Join(dir, persist.ResolvedFileName("b"))
+	write(t, path, []byte(`{"version":1,"key":"b"`))
+
+	s = openFile(t, dir, nil)
+	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err, "the damaged resolved file is not read for this")
+	assert.Len(t, unresolved, 1)
+	_, err = s.Get(ctx, "c")
+	require.NoError(t, err)
+	all, err := s.List(ctx, persist.Filter{})
+	var ce *persist.CorruptError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, path, ce.Path)
+	assert.Equal(t, "b", ce.Key)
+	assert.Len(t, all, 2)
+	_, err = s.Get(ctx, "b")
+	assert.ErrorAs(t, err, &ce)
+	assert.ErrorAs(t, s.Save(ctx, persisttest.NewRecord("b", t0)), &ce, "not replaced")
+	unresolved, err = s.List(ctx, persist.Filter{Unresolved: true})
+	assert.ErrorAs(t, err, &ce, "known damage is reported whatever the filter")
+	assert.Len(t, unresolved, 1)
 }
