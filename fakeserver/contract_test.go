@@ -419,3 +419,11 @@ func TestBadRequests(t *testing.T) {
 	}
 	assert.Zero(t, s.Stats().Records)
 }
+
+func TestBackgroundSweep(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, &fakeserver.Options{Retention: time.Hour, SweepEvery: time.Millisecond})
+	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	clk.Advance(time.Hour)
+	assert.Eventually(t, func() bool { return s.Stats().Records == 0 }, 10*time.Second, time.Millisecond)
+}

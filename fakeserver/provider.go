@@ -27,6 +27,7 @@ type charge struct {
 type provider struct {
 	mu      sync.Mutex
 	charges map[string]charge
+	made    int // charges made; counted apart from the map so a duplicate would show
 }
 
 func newProvider() *provider { return &provider{charges: make(map[string]charge)} }
@@ -42,6 +43,7 @@ func (p *provider) Charge(c charge) (charge, error) {
 		return old, nil
 	}
 	p.charges[c.ID] = c
+	p.made++
 	return c, nil
 }
 
@@ -57,11 +59,12 @@ func (p *provider) Lookup(id string) (charge, bool) {
 func (p *provider) count() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.charges)
+	return p.made
 }
 
 func (p *provider) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	clear(p.charges)
+	p.made = 0
 }
