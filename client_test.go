@@ -716,3 +716,23 @@ func TestRestartOnTheFileStore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, same.State())
 }
+
+func TestReconcileInProgressIsUnknown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:busy", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(idem.DefaultReconcileDelay)
+
+	// The server says the key is still being worked on: not settled.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusConflict, RetryAfter: "1"})
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, http.StatusConflict, apiErr.StatusCode)
+	assert.Equal(t, persist.StatePending, in.State())
+}

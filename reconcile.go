@@ -23,6 +23,9 @@ import (
 //   - 404 sooner than that: an attempt may still be running on the server,
 //     so Reconcile returns an error matching ErrOutcomeUnknown and changes
 //     nothing. Try again later.
+//   - 409 (the server holds the key in progress), 503 and the other
+//     retryable answers: an error matching ErrOutcomeUnknown, and nothing
+//     changes: resume the intent with Do or reconcile later.
 //   - Anything else: an *APIError, and nothing changes.
 //
 // The lookup's answer is returned; in.State() tells what was concluded.
@@ -71,6 +74,14 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent, lookupURL string) (*
 		}
 		rec.State = persist.StateVoid
 		rec.Response = nil
+	case retryableStatus(resp.StatusCode):
+		// 409: the server holds the key in progress (perhaps a dead
+		// worker's, with a provider charge it has yet to record); 503 and
+		// the like: it cannot tell now. Either way, not settled: resume
+		// with Do, which lets the server finish the work, or try later.
+		return out, fmt.Errorf("idem: the server cannot settle intent %s now (%d %s); resume it with Do or reconcile later: %w: %w",
+			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
+			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	default:
 		return out, &APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode,
 			Problem: parseProblem(resp.Header, body), Response: out}
