@@ -141,6 +141,8 @@ type randomRun struct {
 	attempts, retries, restarts, doubleTaps, calls atomic.Int64
 	faultsMu                                       sync.Mutex
 	faults                                         map[string]int
+	// statuses counts attempts by answer status, 0 for no answer.
+	statuses map[int]int
 }
 
 // rIntent is one intent of the run and what the app was told about it.
@@ -206,7 +208,7 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	require.Positive(t, nIntents)
 	require.Positive(t, workers)
 
-	run := &randomRun{t: t, seed: seed, clock: clocktest.New(relEpoch), faults: make(map[string]int)}
+	run := &randomRun{t: t, seed: seed, clock: clocktest.New(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
 	switch os.Getenv("IDEM_RANDOM_STORE") {
 	case "file":
 		run.useFile = true
@@ -352,6 +354,9 @@ func (run *randomRun) restart(r *rand.Rand) {
 		idem.WithRetention(90*24*time.Hour, time.Hour),
 		idem.WithAttemptHook(func(a idem.Attempt) {
 			run.attempts.Add(1)
+			run.faultsMu.Lock()
+			run.statuses[a.StatusCode]++
+			run.faultsMu.Unlock()
 			if a.Retry {
 				run.retries.Add(1)
 			}
@@ -685,8 +690,18 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	for _, k := range names {
 		fmt.Fprintf(&sb, " %s=%d", k, run.faults[k])
 	}
+	codes := make([]int, 0, len(run.statuses))
+	for c := range run.statuses {
+		codes = append(codes, c)
+	}
+	sort.Ints(codes)
+	var sc strings.Builder
+	for _, c := range codes {
+		fmt.Fprintf(&sc, " %d=%d", c, run.statuses[c])
+	}
 	run.faultsMu.Unlock()
 	t.Logf("faults injected (counts):%s", sb.String())
+	t.Logf("attempts by status (0: no answer):%s", sc.String())
 }
 
 // paymentID returns the id of a payment body.
