@@ -273,12 +273,19 @@ func TestRandomizedEndToEnd(t *testing.T) {
 		r := rand.New(rand.NewPCG(seed, 0x5eed))
 		maxRestarts := 5 + nIntents/40
 		for range maxRestarts {
-			timer := time.NewTimer(time.Duration(2+r.IntN(40)) * time.Millisecond)
-			select {
-			case <-stopRestarts:
-				timer.Stop()
-				return
-			case <-timer.C:
+			// A random moment, once the workers have made some progress
+			// since the last restart: a slow generation (a big FileStore to
+			// open, a loaded machine) must still get work done.
+			since := run.calls.Load()
+			for ready := false; !ready; {
+				timer := time.NewTimer(time.Duration(2+r.IntN(40)) * time.Millisecond)
+				select {
+				case <-stopRestarts:
+					timer.Stop()
+					return
+				case <-timer.C:
+				}
+				ready = run.calls.Load()-since >= int64(workers)
 			}
 			run.restart(r)
 		}
