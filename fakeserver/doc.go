@@ -19,8 +19,11 @@
 //     success, and nothing is charged.
 //   - GET /payments/{id}: the caller's payment, or 404.
 //   - GET /payments: {"data": [...]}, the caller's payments in order.
-//   - GET /payments?idempotency_key=K: the payment the caller made under K,
-//     or 404; the lookup a client reconciles an unknown outcome with.
+//   - GET /payments?idempotency_key=K: the payment the caller made under K;
+//     409 [ProblemRequestInProgress] with Retry-After while a record for K
+//     is IN_PROGRESS (running, or a dead worker's that may hold a provider
+//     charge: a resend with K settles it); or 404. It is the lookup a
+//     client reconciles an unknown outcome with, so 404 means "never done".
 //   - PUT /orders/{id}/status with {"status": "SHIPPED"}: naturally
 //     idempotent; a key is ignored.
 //

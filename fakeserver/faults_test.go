@@ -226,3 +226,31 @@ func TestReset(t *testing.T) {
 	a := pay(t, s, "k1", otherBody)
 	assert.Equal(t, http.StatusCreated, a.Status, "records and faults are gone")
 }
+
+// TestLookupAfterCrashAfterProviderIsNotNotFound: the provider holds a
+// charge the server has not recorded. The lookup by key must not answer 404,
+// which a reconciling client takes as "never done" and pays again under a
+// new key; it answers 409 until a resend with the key settles it.
+func TestLookupAfterCrashAfterProviderIsNotNotFound(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: "k1"}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err)
+
+	lookup := req{Method: http.MethodGet, Path: "/payments?idempotency_key=k1", NoKey: true}
+	for _, wait := range []time.Duration{0, fakeserverLease + time.Hour} {
+		clk.Advance(wait)
+		a := send(t, s.Client(), s.URL, lookup)
+		assert.Equal(t, http.StatusConflict, a.Status, "after %s", wait)
+		assert.Equal(t, fakeserver.ProblemRequestInProgress, a.problem(t).Type)
+		assert.NotEmpty(t, a.Header.Get("Retry-After"))
+	}
+
+	created := pay(t, s, "k1", payBody)
+	require.Equal(t, http.StatusCreated, created.Status)
+	a := send(t, s.Client(), s.URL, lookup)
+	assert.Equal(t, http.StatusOK, a.Status)
+	assert.Equal(t, created.Body, a.Body)
+	assert.Equal(t, 1, s.Stats().ProviderCharges)
+}

@@ -288,6 +288,21 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 		}
 		p, ok := h.ledger.byIdempotencyKey(principalOf(r), key)
 		if !ok {
+			// No payment yet is not "never": a request under the key may be
+			// running, or its worker may have died after the provider
+			// charged. Until a resend with the key settles it, say so
+			// rather than 404, which a client would take as "never done".
+			id := idempotency.ID{Principal: principalOf(r), Key: key}
+			if rec, ok := h.store.Get(r.Context(), id, h.cfg.clock.Now()); ok && rec.Status == idempotency.StatusInProgress {
+				secs := int64(1)
+				if left := rec.LockedUntil.Sub(h.cfg.clock.Now()); left > time.Second {
+					secs = int64((left + time.Second - 1) / time.Second)
+				}
+				w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+				(&Problem{Type: ProblemRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+					Detail: "a request under this key is in progress or its worker died before finishing; resend it with the same key to settle it"}).Write(w)
+				return
+			}
 			notFound("no payment was made under this key for this caller").Write(w)
 			return
 		}

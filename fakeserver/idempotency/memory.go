@@ -78,6 +78,19 @@ func (s *MemoryStore) Release(_ context.Context, id ID, owner string) error {
 	return nil
 }
 
+// Get returns a copy of the live record id at now, if there is one. The
+// reconcile lookup uses it to tell "never done" from "not settled yet".
+func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.recs[id]
+	if !ok || r.Expired(now) {
+		return nil, false
+	}
+	cp := *r
+	return &cp, true
+}
+
 // Sweep implements [Store].
 func (s *MemoryStore) Sweep(_ context.Context, now time.Time) (int, error) {
 	s.mu.Lock()
