@@ -68,11 +68,12 @@ func Quick() Config {
 type Report struct {
 	Clients ClientReport
 	// Layer compares the fake server's bare payment handler, its
-	// idempotency layer with fresh keys and with replays.
-	Layer []Result
-	Storm *StormReport
-	Saves SaveReport
-	Open  []OpenReport
+	// idempotency layer with fresh keys and with replays, called in
+	// process; LoopbackLayer the same through a client on loopback.
+	Layer, LoopbackLayer []Result
+	Storm                *StormReport
+	Saves                SaveReport
+	Open                 []OpenReport
 }
 
 // IdemRatio is idem(memory)'s p50 latency over plain net/http's.
@@ -91,6 +92,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
+	progress = &stamped{w: progress, start: time.Now()}
 	dir, err := os.MkdirTemp(cfg.Dir, "idembench-")
 	if err != nil {
 		return nil, err
@@ -113,6 +115,17 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		return nil, fmt.Errorf("fake server: %w", err)
 	}
 
+	lvs, closeLoop, err := loopbackLayerVariants()
+	if err != nil {
+		return nil, fmt.Errorf("fake server on loopback: %w", err)
+	}
+	warm(ctx, lvs, 20)
+	rep.LoopbackLayer, err = interleave(ctx, lvs, cfg.Requests, cfg.Batch, cfg.Concurrency, 10)
+	closeLoop()
+	if err != nil {
+		return nil, fmt.Errorf("fake server on loopback: %w", err)
+	}
+
 	fmt.Fprintf(progress, "storm: %d requests, one key\n", cfg.StormRequests)
 	if rep.Storm, err = storm(ctx, cfg.StormRequests, cfg.StormDelay); err != nil {
 		return nil, fmt.Errorf("storm: %w", err)
@@ -130,6 +143,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 		rep.Open = append(rep.Open, o)
 	}
+	fmt.Fprintf(progress, "removing the stores\n")
 	return rep, nil
 }
 
@@ -164,6 +178,19 @@ func runClients(ctx context.Context, cfg Config, dir string, out *ClientReport) 
 	return nil
 }
 
+// stamped prefixes each progress line with the time since the start.
+type stamped struct {
+	w     io.Writer
+	start time.Time
+}
+
+func (s *stamped) Write(p []byte) (int, error) {
+	if _, err := fmt.Fprintf(s.w, "[%5.1fs] %s", time.Since(s.start).Seconds(), p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
 // warm runs each variant n times unmeasured: connections, caches, the
 // store's directory.
 func warm(ctx context.Context, vs []variant, n int) {
@@ -180,15 +207,17 @@ func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "Go %s, %s/%s, GOMAXPROCS %d\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
 
-	fmt.Fprintf(w, "POST /payments on loopback, fresh key per request, %d requests per variant, concurrency %d\n",
-		r.Clients.Results[0].Requests, r.Clients.Concurrency)
+	fmt.Fprintf(w, "POST /payments on loopback, fresh key per request, concurrency %d\n", r.Clients.Concurrency)
 	results(tw, r.Clients.Results, "x net/http")
 	tw.Flush()
 	fmt.Fprintf(w, "idem(file): %d durable writes for %d intents = %.2f per intent (target <= 2), %d fsync syscalls each = %.2f fsyncs per intent\n\n",
 		r.Clients.FileSaves, r.Clients.FileIntents, r.Clients.WritesPerIntent(), FsyncsPerSave, r.Clients.WritesPerIntent()*FsyncsPerSave)
 
-	fmt.Fprintf(w, "fake server, POST /payments called in process (no network), %d calls per variant\n", r.Layer[0].Requests)
+	fmt.Fprintf(w, "fake server, POST /payments called in process (no network)\n")
 	results(tw, r.Layer, "x bare")
+	tw.Flush()
+	fmt.Fprintf(w, "the same on loopback, net/http client\n")
+	results(tw, r.LoopbackLayer, "x bare")
 	tw.Flush()
 	fmt.Fprintln(w)
 
@@ -211,9 +240,9 @@ func (r *Report) Print(w io.Writer) {
 }
 
 func results(tw *tabwriter.Writer, rs []Result, ratio string) {
-	fmt.Fprintf(tw, "variant\treq/s\tp50\tp99\tallocs/req\tp50 %s\t\n", ratio)
+	fmt.Fprintf(tw, "variant\trequests\treq/s\tp50\tp99\tallocs/req\tp50 %s\t\n", ratio)
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.1f\t%.2f\t\n", r.Name, r.RPS, dur(r.P50), dur(r.P99), r.Allocs, r.Ratio)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.1f\t%.2f\t\n", r.Name, r.Requests, r.RPS, dur(r.P50), dur(r.P99), r.Allocs, r.Ratio)
 	}
 }
 

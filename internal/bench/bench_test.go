@@ -24,14 +24,16 @@ func TestRunTiny(t *testing.T) {
 
 	require.Len(t, rep.Clients.Results, 4)
 	for _, r := range rep.Clients.Results {
-		assert.Equal(t, 6, r.Requests, r.Name)
+		assert.Positive(t, r.Requests, r.Name)
 		assert.Positive(t, r.P50, r.Name)
 		assert.GreaterOrEqual(t, r.P99, r.P50, r.Name)
 	}
-	assert.GreaterOrEqual(t, rep.Clients.FileIntents, int64(6), "warm-up intents are counted too")
+	assert.Equal(t, 6, rep.Clients.Results[0].Requests)
+	assert.GreaterOrEqual(t, rep.Clients.FileIntents, int64(rep.Clients.Results[3].Requests), "warm-up intents are counted too")
 	assert.Equal(t, 2.0, rep.Clients.WritesPerIntent(), "a successful intent is saved when created and when resolved")
 
 	require.Len(t, rep.Layer, 3)
+	require.Len(t, rep.LoopbackLayer, 3)
 	assert.Equal(t, 1, rep.Storm.Executions)
 	assert.Equal(t, 1, rep.Storm.Created)
 	assert.Zero(t, rep.Storm.Other)

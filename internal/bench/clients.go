@@ -102,7 +102,7 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 		{name: "net/http", do: plain},
 		{name: "retryablehttp", do: retrying},
 		{name: "idem(memory)", do: withIdem(mem, nil)},
-		{name: "idem(file)", do: withIdem(durable, &file.intents)},
+		{name: "idem(file)", do: withIdem(durable, &file.intents), slow: 4},
 	}, nil
 }
 

@@ -16,6 +16,10 @@ type variant struct {
 	name string
 	// do makes one request and reports an error when it did not succeed.
 	do func(ctx context.Context) error
+	// slow, if above 1, makes the variant's batches that many times
+	// smaller, for variants (durable writes) whose every request takes
+	// milliseconds.
+	slow int
 }
 
 // Result is what was measured for one variant.
@@ -49,7 +53,8 @@ type sample struct {
 // always follows the same one (a batch of fsyncs leaves the next batch
 // a colder CPU), and each batch starts with warmup unmeasured requests.
 // Memory statistics are read between batches, outside the timed region.
-// The first variant is the baseline of the ratios.
+// The first variant is the baseline of the ratios and sets the number of
+// rounds; it must not be slow.
 func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) ([]Result, error) {
 	if batch < 1 {
 		batch = 1
@@ -73,14 +78,14 @@ func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) (
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		for _, k := range order {
 			s := &samples[k]
-			for range warmup {
+			for range max(1, warmup/max(1, vs[k].slow)) {
 				if err := vs[k].do(ctx); err != nil {
 					return nil, fmt.Errorf("%s: %w", vs[k].name, err)
 				}
 			}
 			runtime.ReadMemStats(&ms)
 			before := ms.Mallocs
-			lat, wall, err := runBatch(ctx, vs[k].do, size, conc)
+			lat, wall, err := runBatch(ctx, vs[k].do, max(1, size/max(1, vs[k].slow)), conc)
 			runtime.ReadMemStats(&ms)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", vs[k].name, err)

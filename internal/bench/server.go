@@ -47,6 +47,42 @@ func layerVariants() ([]variant, error) {
 	}, nil
 }
 
+// loopbackLayerVariants returns the same three over loopback, through a
+// plain net/http client: what a client of the server sees. The caller
+// calls the returned close function.
+func loopbackLayerVariants() ([]variant, func(), error) {
+	bare := httptest.NewServer(fakeserver.NewBareHandler(nil))
+	layered := httptest.NewServer(fakeserver.NewHandler(nil))
+	closeAll := func() { bare.Close(); layered.Close() }
+	post := func(srv *httptest.Server, key string) func(context.Context) error {
+		hc := srv.Client()
+		url := srv.URL + "/payments"
+		return func(ctx context.Context) error {
+			k := key
+			if k == "" {
+				k = uuid.NewString()
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(paymentBody))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", k)
+			return finish(hc.Do(req))
+		}
+	}
+	replay := post(layered, uuid.NewString())
+	if err := replay(context.Background()); err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return []variant{
+		{name: "loopback: bare handler", do: post(bare, "")},
+		{name: "loopback: layer, fresh key", do: post(layered, "")},
+		{name: "loopback: layer, replay", do: replay},
+	}, closeAll, nil
+}
+
 // StormReport is the outcome of many concurrent requests for one key.
 type StormReport struct {
 	Requests        int
