@@ -166,6 +166,11 @@ func fillBolt(b *testing.B, path string, n int) {
 			if err := bk.Put([]byte(r.Key), data); err != nil {
 				return err
 			}
+			if !r.State.Resolved() {
+				if err := tx.Bucket(boltOpen).Put([]byte(r.Key), nil); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
@@ -174,15 +179,20 @@ func fillBolt(b *testing.B, path string, n int) {
 	}
 }
 
-// boltStore is the smallest Store on bbolt that is as safe as the file
-// store (one durable transaction per Save; bbolt syncs the data and then the
-// meta page), for the comparison only. It is not a Store of this package.
+// boltStore is the smallest Store on bbolt that is as safe and as quick to
+// list unresolved intents as the file store: one durable transaction per
+// Save (bbolt syncs the data, then the meta page), with an index bucket of
+// the unresolved keys kept in the same transaction. It is for the
+// comparison only, not a Store of this package.
 type boltStore struct {
 	db   *bolt.DB
 	opts Options
 }
 
-var boltBucket = []byte("intents")
+var (
+	boltBucket = []byte("intents")
+	boltOpen   = []byte("unresolved")
+)
 
 func openBolt(b *testing.B, path string) *boltStore {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
@@ -190,7 +200,10 @@ func openBolt(b *testing.B, path string) *boltStore {
 		b.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(boltBucket)
+		if _, err := tx.CreateBucketIfNotExists(boltBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(boltOpen)
 		return err
 	})
 	if err != nil {
@@ -209,7 +222,15 @@ func (s *boltStore) Save(ctx context.Context, rec *Record) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(boltBucket).Put([]byte(r.Key), data) })
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(boltBucket).Put([]byte(r.Key), data); err != nil {
+			return err
+		}
+		if r.State.Resolved() {
+			return tx.Bucket(boltOpen).Delete([]byte(r.Key))
+		}
+		return tx.Bucket(boltOpen).Put([]byte(r.Key), nil)
+	})
 }
 
 func (s *boltStore) Get(ctx context.Context, key string) (*Record, error) {
@@ -229,7 +250,8 @@ func (s *boltStore) Get(ctx context.Context, key string) (*Record, error) {
 func (s *boltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	var out []*Record
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(boltBucket).ForEach(func(k, v []byte) error {
+		all := tx.Bucket(boltBucket)
+		add := func(v []byte) error {
 			r, err := decodeRecord(bytes.Clone(v))
 			if err != nil {
 				return err
@@ -238,12 +260,21 @@ func (s *boltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 				out = append(out, r)
 			}
 			return nil
-		})
+		}
+		if f.Unresolved {
+			return tx.Bucket(boltOpen).ForEach(func(k, _ []byte) error { return add(all.Get(k)) })
+		}
+		return all.ForEach(func(_, v []byte) error { return add(v) })
 	})
 	sortRecords(out)
 	return out, err
 }
 
 func (s *boltStore) Delete(ctx context.Context, key string) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(boltBucket).Delete([]byte(key)) })
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(boltOpen).Delete([]byte(key)); err != nil {
+			return err
+		}
+		return tx.Bucket(boltBucket).Delete([]byte(key))
+	})
 }

@@ -1,8 +1,3 @@
-// Package persist stores idem's intents on the device, so that an intent's
-// Idempotency-Key and exact request bytes outlive crashes and restarts.
-//
-// The client saves a Record before the first attempt is sent and again when
-// the outcome is known; a Store makes each Save durable before it returns.
 package persist
 
 import (
@@ -167,11 +162,19 @@ func (f Filter) Match(r *Record) bool {
 // Implementations must be safe for concurrent use by multiple goroutines.
 // Records passed in and handed out are copies: a caller may change them
 // freely. Every method honours ctx where it may block.
+//
+// A record reads back as saved, with Version set, except that a store may
+// return times in another location (UTC) without their monotonic reading,
+// and empty headers and bodies as nil. Memory and FileStore do both; the
+// suite in persisttest checks every store against this contract.
 type Store interface {
-	// Save writes rec, replacing any record with the same Key. When Save
-	// returns nil the record survives a crash of the process and, for
-	// durable stores, power loss. When it returns an error, the previous
-	// version of the record (if any) is intact.
+	// Save writes rec, replacing any record with the same Key. It rejects
+	// a record that fails Validate. When Save returns nil the record
+	// survives a crash of the process and, for durable stores, power loss.
+	// When it returns an error, the caller must not send the intent: the
+	// previous version of the record (if any) is intact, or, if the store
+	// says so in the error, the new version is complete but not yet known
+	// to be durable. A half-written record is never visible.
 	Save(ctx context.Context, rec *Record) error
 	// Get returns the record for key, or an error matching ErrNotFound, or a
 	// *CorruptError if it cannot be read.
