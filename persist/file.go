@@ -222,6 +222,8 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	}
 	defer s.inflight.Done()
 
+	// Checked before writing; only Delete and Save change an entry, and
+	// neither makes it unreadable.
 	st := stem(r.Key)
 	s.mu.Lock()
 	err = s.checkReplaceable(st)
@@ -241,10 +243,6 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 			s.mu.Unlock()
 		}
 	}()
-	if err := s.checkReplaceable(st); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
 	ne := &entry{stem: st, resolved: r.State.Resolved(), rec: r}
 	path := filepath.Join(s.dir, ne.name())
 	// The rename and the cache update happen under one lock, so that of two
@@ -491,9 +489,11 @@ func (s *FileStore) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.files = nil
 	s.mu.Unlock()
 	s.inflight.Wait()
+	s.mu.Lock()
+	s.files = nil
+	s.mu.Unlock()
 	if err := s.lock.Unlock(); err != nil {
 		return fmt.Errorf("persist: cannot release the lock on %s: %w", s.dir, err)
 	}

@@ -3,11 +3,13 @@ package persist_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,6 +138,35 @@ func TestFileClosed(t *testing.T) {
 	assert.ErrorIs(t, s.Delete(ctx, "k"), persist.ErrClosed)
 	_, err = persist.Prune(ctx, s, t0)
 	assert.ErrorIs(t, err, persist.ErrClosed)
+}
+
+// TestFileCloseWaits closes a store while saves run: each save either
+// completes before the lock is released, and is there after reopening, or
+// fails with ErrClosed.
+func TestFileCloseWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	const n = 16
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = s.Save(ctx, persisttest.NewRecord(fmt.Sprint(i), t0)) })
+	}
+	require.NoError(t, s.Close())
+	wg.Wait()
+
+	s = openFile(t, dir, nil)
+	for i, err := range errs {
+		if err != nil {
+			assert.ErrorIs(t, err, persist.ErrClosed)
+			continue
+		}
+		_, err := s.Get(ctx, fmt.Sprint(i))
+		assert.NoError(t, err, "a save that returned nil before Close")
+	}
 }
 
 func TestCanceledContext(t *testing.T) {
