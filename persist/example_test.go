@@ -1,0 +1,59 @@
+package persist_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// An app opens its store at start, resumes the intents whose outcome is
+// unknown, and prunes the old resolved ones.
+func ExampleOpenDir() {
+	tmp, err := os.MkdirTemp("", "idem-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+
+	ctx := context.Background()
+	s, err := persist.OpenDir(filepath.Join(tmp, "intents"), &persist.Options{DiscardResponseBodies: true})
+	if err != nil {
+		log.Fatal(err) // for example persist.ErrLocked: another instance runs
+	}
+	defer s.Close()
+
+	created := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	rec := &persist.Record{
+		Key: "550e8400-e29b-41d4-a716-446655440000", Name: "checkout:cart-42",
+		Method: "POST", URL: "https://api.example.com/v1/payments", Body: []byte(`{"amount":1999}`),
+		CreatedAt: created, UpdatedAt: created, State: persist.StateNew,
+	}
+	// Saved before the first attempt is sent: if this fails, send nothing.
+	if err := s.Save(ctx, rec); err != nil {
+		log.Fatal(err)
+	}
+
+	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
+	if err != nil {
+		log.Print(err) // unreadable records; the readable ones are listed
+	}
+	for _, r := range unresolved {
+		fmt.Println("resume", r.Name, r.Key)
+	}
+
+	rec.State, rec.UpdatedAt = persist.StateSucceeded, created.Add(time.Second)
+	rec.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
+	if err := s.Save(ctx, rec); err != nil {
+		log.Fatal(err)
+	}
+	n, err := persist.Prune(ctx, s, created.Add(30*24*time.Hour))
+	fmt.Println("pruned", n, err)
+	// Output:
+	// resume checkout:cart-42 550e8400-e29b-41d4-a716-446655440000
+	// pruned 1 <nil>
+}
