@@ -34,7 +34,6 @@ import (
 
 const (
 	crashChildEnv  = "IDEM_CRASH_CHILD"
-	crashIntents   = 24
 	crashMarker    = "crash: "
 	crashDeclineAt = 7 // every 7th intent's card is declined
 )
@@ -45,13 +44,18 @@ func TestCrashHelperProcess(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "1" {
 		t.Skip("helper process of TestProcessCrashes")
 	}
-	os.Exit(crashChild(os.Getenv("IDEM_CRASH_STATE"), os.Getenv("IDEM_CRASH_URL")))
+	n, err := strconv.Atoi(os.Getenv("IDEM_CRASH_INTENTS"))
+	if err != nil {
+		fmt.Fprintf(os.Stdout, crashMarker+"error IDEM_CRASH_INTENTS: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(crashChild(os.Getenv("IDEM_CRASH_STATE"), os.Getenv("IDEM_CRASH_URL"), n))
 }
 
 // crashChild pays the intents and prints a marker at each point a kill is
 // aimed at. Each marker is followed by a short pause, so that a kill sent
 // on seeing it lands in the window it names.
-func crashChild(stateDir, baseURL string) int {
+func crashChild(stateDir, baseURL string, intents int) int {
 	mark := func(format string, a ...any) {
 		fmt.Fprintf(os.Stdout, crashMarker+format+"\n", a...)
 		time.Sleep(2 * time.Millisecond) // the crash window
@@ -81,7 +85,7 @@ func crashChild(stateDir, baseURL string) int {
 		return fail(err)
 	}
 	ctx := context.Background()
-	for i := range crashIntents {
+	for i := range intents {
 		in, err := c.Intent(ctx, fmt.Sprintf("crash:%d", i), crashRequest(baseURL, i))
 		if err != nil {
 			return fail(err)
@@ -165,10 +169,10 @@ type child struct {
 	done  chan struct{}
 }
 
-func startChild(t *testing.T, stateDir, baseURL string) *child {
+func startChild(t *testing.T, stateDir, baseURL string, intents int) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashHelperProcess$", "-test.count", "1")
-	cmd.Env = append(os.Environ(), crashChildEnv+"=1", "IDEM_CRASH_STATE="+stateDir, "IDEM_CRASH_URL="+baseURL)
+	cmd.Env = append(os.Environ(), crashChildEnv+"=1", "IDEM_CRASH_STATE="+stateDir, "IDEM_CRASH_URL="+baseURL, "IDEM_CRASH_INTENTS="+strconv.Itoa(intents))
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
@@ -205,7 +209,10 @@ func TestProcessCrashes(t *testing.T) {
 	t.Parallel()
 	seed := pickSeed(t)
 	rounds := envInt(t, "IDEM_CRASH_ROUNDS", 10)
-	t.Logf("seed %d, %d rounds (IDEM_SEED, IDEM_CRASH_ROUNDS)", seed, rounds)
+	// Enough intents that the kills, each a few intents apart, do not run
+	// out of work before the rounds do.
+	intents := 4 + 2*rounds
+	t.Logf("seed %d, %d rounds, %d intents (IDEM_SEED, IDEM_CRASH_ROUNDS)", seed, rounds, intents)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("FAILED with seed %d", seed)
@@ -219,9 +226,11 @@ func TestProcessCrashes(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "state")
 
 	kills := map[string]int{}
+	started := 0
 	finished := false
 	for round := 0; round < rounds && !finished; round++ {
-		c := startChild(t, stateDir, baseURL)
+		c := startChild(t, stateDir, baseURL, intents)
+		started++
 		// The kill point: the n-th marker of a kind, or a random moment.
 		kinds := []string{"saved", "sent", "answer", "resolved", "time"}
 		kind := kinds[rng.IntN(len(kinds))]
@@ -268,7 +277,8 @@ func TestProcessCrashes(t *testing.T) {
 	}
 	// A last run, not killed, finishes what is left.
 	if !finished {
-		c := startChild(t, stateDir, baseURL)
+		c := startChild(t, stateDir, baseURL, intents)
+		started++
 		deadline := time.After(60 * time.Second)
 	last:
 		for {
@@ -286,7 +296,7 @@ func TestProcessCrashes(t *testing.T) {
 		}
 		c.kill()
 	}
-	t.Logf("kills after each marker: %v", kills)
+	t.Logf("%d client processes started; SIGKILLs by point: %v", started, kills)
 
 	// The device: one intent per action, each resolved.
 	store, err := persist.OpenDir(stateDir, nil)
@@ -294,7 +304,7 @@ func TestProcessCrashes(t *testing.T) {
 	defer store.Close()
 	recs, err := store.List(context.Background(), persist.Filter{})
 	require.NoError(t, err)
-	require.Len(t, recs, crashIntents, "one intent per action: a second key would be a second payment")
+	require.Len(t, recs, intents, "one intent per action: a second key would be a second payment")
 
 	// The server: exactly one charge per intent whose card was not declined.
 	paid, declined := 0, 0
@@ -319,7 +329,7 @@ func TestProcessCrashes(t *testing.T) {
 			t.Errorf("intent %s ended %s", r.Key, r.State)
 		}
 	}
-	assert.Equal(t, crashIntents/crashDeclineAt, declined)
+	assert.Equal(t, intents/crashDeclineAt, declined)
 	var stats struct {
 		Payments        int `json:"payments"`
 		ProviderCharges int `json:"provider_charges"`
