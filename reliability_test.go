@@ -199,6 +199,7 @@ func pickSeed(t testing.TB) uint64 {
 // exactly one payment or one decline, that what the app was told is what
 // the server stored, and that the server's totals add up.
 func TestRandomizedEndToEnd(t *testing.T) {
+	t.Parallel()
 	seed := pickSeed(t)
 	t.Logf("seed %d (rerun with -args -idem.seed=%d or IDEM_SEED=%d)", seed, seed, seed)
 	t.Cleanup(func() {
@@ -236,7 +237,7 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	} else {
 		run.mem = persist.NewMemory(nil)
 	}
-	run.restart(nil)
+	require.NoError(t, run.restart(nil))
 	t.Cleanup(func() {
 		run.mu.Lock()
 		defer run.mu.Unlock()
@@ -291,7 +292,12 @@ func TestRandomizedEndToEnd(t *testing.T) {
 				}
 				ready = run.calls.Load()-since >= int64(workers)
 			}
-			run.restart(r)
+			if err := run.restart(r); err != nil {
+				// The workers see a killed generation and stop in a bounded
+				// number of tries.
+				t.Errorf("restart: %v", err)
+				return
+			}
 		}
 	}()
 
@@ -325,9 +331,9 @@ func (run *randomRun) current() *generation {
 }
 
 // restart kills the live generation, if any, and starts a new Client on
-// the same device store, as an app killed and launched again.
-func (run *randomRun) restart(r *rand.Rand) {
-	t := run.t
+// the same device store, as an app killed and launched again. It may run
+// on any goroutine, so it returns its error rather than failing the test.
+func (run *randomRun) restart(r *rand.Rand) error {
 	run.mu.Lock()
 	defer run.mu.Unlock()
 	n := 0
@@ -341,10 +347,14 @@ func (run *randomRun) restart(r *rand.Rand) {
 	var base persist.Store = run.mem
 	if run.useFile {
 		if run.disk != nil {
-			require.NoError(t, run.disk.Close())
+			if err := run.disk.Close(); err != nil {
+				return fmt.Errorf("closing the device store: %w", err)
+			}
 		}
 		fs, err := persist.OpenDir(run.dir, nil)
-		require.NoError(t, err)
+		if err != nil {
+			return fmt.Errorf("reopening the device store: %w", err)
+		}
 		run.disk = fs
 		base = fs
 	}
@@ -378,9 +388,12 @@ func (run *randomRun) restart(r *rand.Rand) {
 			}
 		}),
 	)...)
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	run.gen = &generation{n: n, client: c, store: store, hc: hc, ctx: ctx, cancel: cancel}
+	return nil
 }
 
 // killed reports whether err is a consequence of g having been killed.
@@ -428,7 +441,7 @@ func (run *randomRun) injectFaults(it *rIntent, r *rand.Rand) {
 			f.Kind, f.Status, f.RetryAfter = fakeserver.FaultStatus, http.StatusServiceUnavailable, "3600"
 			label = "+retry-after-over-cap"
 		}
-		require.NoError(run.t, run.srv.InjectFault(f))
+		assert.NoError(run.t, run.srv.InjectFault(f))
 		name := string(f.Kind)
 		if f.Kind == fakeserver.FaultStatus {
 			name += "-" + strconv.Itoa(f.Status)
@@ -530,7 +543,8 @@ func (run *randomRun) doMaybeTwice(g *generation, in *idem.Intent, r *rand.Rand)
 		wg.Go(func() {
 			if i == 1 && !doubleEarly {
 				// The second tap a moment later, while the first may be
-				// waiting or on the wire.
+				// waiting or on the wire: a real overlap window, not a
+				// synchronisation.
 				time.Sleep(100 * time.Microsecond)
 			}
 			resps[i], errs[i] = g.client.Do(g.ctx, in)
