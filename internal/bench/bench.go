@@ -49,7 +49,7 @@ type Config struct {
 // Defaults is a full run: under two minutes on two cores.
 func Defaults() Config {
 	return Config{
-		Requests: 2000, Concurrency: 1, Batch: 50, LayerRequests: 20000,
+		Requests: 3000, Concurrency: 1, Batch: 10, LayerRequests: 20000,
 		StormRequests: 1000, StormDelay: 250 * time.Millisecond,
 		Saves: 500, Intents: []int{10000, 100000},
 	}
@@ -58,7 +58,7 @@ func Defaults() Config {
 // Quick is a run of under 20 seconds, for a first look.
 func Quick() Config {
 	return Config{
-		Requests: 300, Concurrency: 1, Batch: 25, LayerRequests: 3000,
+		Requests: 500, Concurrency: 1, Batch: 10, LayerRequests: 3000,
 		StormRequests: 1000, StormDelay: 250 * time.Millisecond,
 		Saves: 100, Intents: []int{10000},
 	}
@@ -120,7 +120,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		return nil, fmt.Errorf("fake server on loopback: %w", err)
 	}
 	warm(ctx, lvs, 20)
-	rep.LoopbackLayer, err = interleave(ctx, lvs, cfg.Requests, cfg.Batch, cfg.Concurrency, 10)
+	rep.LoopbackLayer, err = interleave(ctx, lvs, cfg.Requests, cfg.Batch, cfg.Concurrency, 3)
 	closeLoop()
 	if err != nil {
 		return nil, fmt.Errorf("fake server on loopback: %w", err)
@@ -171,7 +171,7 @@ func runClients(ctx context.Context, cfg Config, dir string, out *ClientReport) 
 	file.saves.Store(0)
 	file.intents.Store(0)
 	out.Concurrency = cfg.Concurrency
-	if out.Results, err = interleave(ctx, vs, cfg.Requests, cfg.Batch, cfg.Concurrency, 10); err != nil {
+	if out.Results, err = interleave(ctx, vs, cfg.Requests, cfg.Batch, cfg.Concurrency, 3); err != nil {
 		return err
 	}
 	out.FileSaves, out.FileIntents = file.saves.Load(), file.intents.Load()

@@ -93,6 +93,11 @@ func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) (
 			s.mallocs += ms.Mallocs - before
 			s.wall += wall
 			s.lat = append(s.lat, lat...)
+			if vs[k].slow > 1 {
+				// Let the writeback its fsyncs started settle, so that it
+				// does not slow the next variant's batch.
+				time.Sleep(cooldown)
+			}
 		}
 	}
 	out := make([]Result, len(vs))
@@ -112,6 +117,9 @@ func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) (
 	}
 	return out, nil
 }
+
+// cooldown is the pause after a batch of a slow variant.
+const cooldown = 20 * time.Millisecond
 
 // runBatch makes size requests with conc goroutines and returns each one's
 // latency and the batch's wall time.
