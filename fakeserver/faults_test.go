@@ -254,3 +254,26 @@ func TestLookupAfterCrashAfterProviderIsNotNotFound(t *testing.T) {
 	assert.Equal(t, created.Body, a.Body)
 	assert.Equal(t, 1, s.Stats().ProviderCharges)
 }
+
+// TestFailedTakeoverKeepsTheStableID: a worker charged the provider and
+// died; the request that takes its record over fails with a 500. The record
+// must survive with its stable id, so the next request asks the provider
+// and records the dead worker's charge instead of charging again.
+func TestFailedTakeoverKeepsTheStableID(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, nil)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: "k1"}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+	require.Error(t, err)
+	clk.Advance(fakeserverLease)
+
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError, Key: "k1"}))
+	assert.Equal(t, http.StatusInternalServerError, pay(t, s, "k1", payBody).Status)
+	assert.Equal(t, 1, s.Stats().InProgress, "the record stays, lease ended")
+
+	a := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusCreated, a.Status, "taken over again at once")
+	st := s.Stats()
+	assert.Equal(t, 1, st.Payments)
+	assert.Equal(t, 1, st.ProviderCharges, "the dead worker's charge, not a second one")
+}

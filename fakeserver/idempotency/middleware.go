@@ -235,7 +235,20 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 	ctx := context.WithoutCancel(r.Context())
 	code := cw.code()
 	if code >= 500 {
-		if err := m.cfg.Store.Release(ctx, rec.ID, rec.Owner); err != nil && !errors.Is(err, ErrNotOwner) {
+		var err error
+		if takeover {
+			// A dead worker may have charged the provider under this
+			// record's stable id. Deleting the record would hand the key a
+			// new stable id and the next request would charge again; so
+			// the record stays, with its lease ended, and the next request
+			// takes it over and asks the provider first. (This is TakeOver
+			// as a compare-and-swap from this owner to none, with "now" set
+			// to the lease's end so that the lease counts as over.)
+			_, err = m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", rec.LockedUntil, m.now())
+		} else {
+			err = m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
+		}
+		if err != nil && !errors.Is(err, ErrNotOwner) {
 			m.storeError(w, r, err)
 			return
 		}
