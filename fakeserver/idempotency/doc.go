@@ -48,7 +48,11 @@
 // atomic step (under the store's lock; a SQL store would run them in the
 // transaction that updates the record). If the handler answers a server
 // error (>= 500), the effects are dropped and the record is released
-// ([Store.Release]): nothing is stored and a retry does the work. If the
+// ([Store.Release]): nothing is stored and a retry does the work. A
+// takeover's server error is the exception: the dead worker before it may
+// have called an external provider under the record's stable id, so the
+// record stays IN_PROGRESS with its lease ended, and the next request takes
+// it over with the same stable id (and asks the provider first). If the
 // worker lost its record meanwhile (its lease was taken over, or the record
 // expired), the effects are dropped and the answer is 409; a retry gets the
 // new owner's answer.
