@@ -534,21 +534,46 @@ func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	in := e.newIntent(t, "checkout:early", 1500)
-	// The worker died before committing: the server has no payment, but
-	// the record's lease is alive, and a retry could still pay.
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: in.Key()})
+	// The connection breaks before the server reads the request: the
+	// server has no record, yet from the client's side the attempt may
+	// still be on its way.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
 	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
 	assert.Equal(t, persist.StatePending, in.State())
 
 	e.clock.Advance(idem.DefaultReconcileDelay)
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+}
+
+func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:dead", 1500)
+	// The worker dies after the provider charged: no payment row yet.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(idem.DefaultReconcileDelay)
+
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
+	assert.Equal(t, persist.StatePending, in.State())
+
+	// Resuming settles it: the server asks the provider and records the
+	// charge that was made.
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
 
 func TestIntentForAnAction(t *testing.T) {
@@ -717,22 +742,22 @@ func TestRestartOnTheFileStore(t *testing.T) {
 	assert.Equal(t, persist.StateSucceeded, same.State())
 }
 
-func TestReconcileInProgressIsUnknown(t *testing.T) {
+func TestReconcileUnavailableIsUnknown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	in := e.newIntent(t, "checkout:busy", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: in.Key()})
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	e.clock.Advance(idem.DefaultReconcileDelay)
 
-	// The server says the key is still being worked on: not settled.
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusConflict, RetryAfter: "1"})
+	// A proxy in front of the server cannot answer now: not settled.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "1"})
 	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	var apiErr *idem.APIError
 	require.ErrorAs(t, err, &apiErr)
-	assert.Equal(t, http.StatusConflict, apiErr.StatusCode)
+	assert.Equal(t, http.StatusServiceUnavailable, apiErr.StatusCode)
 	assert.Equal(t, persist.StatePending, in.State())
 }

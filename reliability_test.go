@@ -153,13 +153,6 @@ type rIntent struct {
 	declined bool
 	key      string
 
-	// crashAfterProvider is set when a crash_after_provider fault was
-	// injected for the key.
-	crashAfterProvider bool
-	// failedTakeoverRisk is set when an error or delay fault was injected
-	// too: a takeover of the crashed worker's record may then fail and
-	// release it (see TestTakeoverThatFailsKeepsTheProviderCharge).
-	failedTakeoverRisk bool
 	// final is the last final answer Do reported, nil if none.
 	final *idem.Response
 	// lastErr is the last call's error.
@@ -412,15 +405,12 @@ func (run *randomRun) injectFaults(it *rIntent, r *rand.Rand) {
 			f.Kind = fakeserver.FaultDropResponse
 		case 1:
 			f.Kind, f.Delay = fakeserver.FaultDelay, time.Duration(1+r.IntN(5))*time.Millisecond
-			it.failedTakeoverRisk = true
 		case 2:
 			f.Kind = fakeserver.FaultCrashAfterInsert
 		case 3:
 			f.Kind = fakeserver.FaultCrashAfterProvider
-			it.crashAfterProvider = true
 		case 4:
 			f.Kind = fakeserver.FaultError
-			it.failedTakeoverRisk = true
 		case 5:
 			f.Kind = fakeserver.FaultReset
 		case 6:
@@ -619,10 +609,6 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	run.clock.Advance(idem.DefaultReconcileDelay + time.Minute)
 	var (
 		succeeded, declined, unresolved, reconciledPaid, reconciledVoid, reconciledResumed int
-		// orphanSuspects bounds the provider charges that a known server
-		// bug may leave without a payment; IDEM_KNOWN_BUGS=1 allows none.
-		orphanSuspects int
-		knownBugs      = os.Getenv("IDEM_KNOWN_BUGS") != ""
 	)
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	defer hc.CloseIdleConnections()
@@ -662,9 +648,6 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			default:
 				t.Errorf("intent %d: reconciled to %s", it.i, state)
 			}
-		}
-		if it.crashAfterProvider && it.failedTakeoverRisk && !it.declined && !knownBugs {
-			orphanSuspects++
 		}
 		a := run.askServer(hc, it, state == persist.StateSucceeded || state == persist.StateFailed)
 		switch state {
@@ -707,7 +690,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	after := run.srv.Stats()
 	assert.Equal(t, succeeded, after.Payments, "payments at the server")
 	assert.GreaterOrEqual(t, after.ProviderCharges, succeeded, "provider charges")
-	assert.LessOrEqual(t, after.ProviderCharges, succeeded+orphanSuspects, "provider charges beyond the payments, other than the known bugs (%d suspects)", orphanSuspects)
+	assert.Equal(t, succeeded, after.ProviderCharges, "provider charges: one per payment, none orphaned")
 	var list struct {
 		Data []struct {
 			ID string `json:"id"`
@@ -725,8 +708,8 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	if run.useFile {
 		store = "file"
 	}
-	t.Logf("seed %d, store %s: %d intents in %s: %d succeeded, %d declined, %d unresolved after their calls (%d reconciled paid, %d reconciled void, %d of them resumed after an unsettled lookup); %d orphan charges, %d intents at risk of the known bug",
-		run.seed, store, len(intents), wall.Round(time.Millisecond), succeeded, declined, unresolved, reconciledPaid, reconciledVoid, reconciledResumed, after.ProviderCharges-succeeded, orphanSuspects)
+	t.Logf("seed %d, store %s: %d intents in %s: %d succeeded, %d declined, %d unresolved after their calls (%d reconciled paid, %d reconciled void, %d of them resumed after an unsettled lookup); %d orphan charges",
+		run.seed, store, len(intents), wall.Round(time.Millisecond), succeeded, declined, unresolved, reconciledPaid, reconciledVoid, reconciledResumed, after.ProviderCharges-succeeded)
 	t.Logf("server, before the checks: %d requests, %d executions, %d payments, %d provider charges, %d records, %d in progress",
 		stats.Requests, stats.Executions, stats.Payments, stats.ProviderCharges, stats.Records, stats.InProgress)
 	t.Logf("client: %d Do calls, %d attempts, %d retries, %d double taps, %d restarts, %.1fh of manual clock",
@@ -813,9 +796,6 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 // its stable id, so that the next request asks the provider again instead
 // of charging under a new id.
 func TestTakeoverThatFailsKeepsTheProviderCharge(t *testing.T) {
-	if os.Getenv("IDEM_KNOWN_BUGS") == "" {
-		t.Skip("known bug (reported, issue 6): a failed takeover releases the record, and the next request charges the provider again under a new stable id; set IDEM_KNOWN_BUGS=1 to run")
-	}
 	t.Parallel()
 	clk := clocktest.New(relEpoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Lease: 5 * time.Second})
