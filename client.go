@@ -53,8 +53,10 @@ type Client struct {
 	maxBody   int64
 	quoted    bool
 	onAttempt func(Attempt)
+	retry     *retryablehttp.Client // sends through http
 
 	flights flights
+	latest  latest
 	// intentMu serialises the decision "reuse or create" per Client.
 	intentMu sync.Mutex
 	// unsent holds the keys this Client created and has not yet handed to
@@ -143,6 +145,7 @@ func New(opts ...Option) (*Client, error) {
 	if c.maxBody <= 0 {
 		c.maxBody = DefaultMaxResponseBytes
 	}
+	c.retry = c.newRetryClient(c.http)
 	return c, nil
 }
 
@@ -197,16 +200,18 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Do with a nil intent")
 	}
-	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.do(ctx, in, c.http, nil) })
+	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.do(ctx, in, c.retry, nil) })
 }
 
-// do runs one call for in through hc. header, if not nil, replaces the
+// do runs one call for in through rc. header, if not nil, replaces the
 // stored headers (the RoundTripper sends the live request's).
-func (c *Client) do(ctx context.Context, in *Intent, hc *http.Client, header http.Header) (*Response, error) {
+func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, header http.Header) (*Response, error) {
 	cur := in.current()
-	if !in.ephemeral {
-		// The store is the truth: another Intent value for this key, or an
-		// earlier process, may have moved it on.
+	// The store is the truth: another Intent value for this key, or an
+	// earlier process, may have moved an unresolved intent on. A resolved
+	// one never changes, and one that holds the version this Client saved
+	// last is current: neither needs the read.
+	if !in.ephemeral && !cur.State.Resolved() && !c.latest.is(cur) {
 		stored, err := c.store.Get(ctx, cur.Key)
 		if err != nil {
 			return nil, fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
@@ -237,7 +242,7 @@ func (c *Client) do(ctx context.Context, in *Intent, hc *http.Client, header htt
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.send(ctx, hc, rec, header, expiry)
+	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
 	now := c.clock.Now()
 	if retryErr != nil {
 		rec.Attempts += retryErr.Attempts
@@ -263,7 +268,9 @@ func (c *Client) do(ctx context.Context, in *Intent, hc *http.Client, header htt
 	rec.State = stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
 	rec.Response = &persist.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body), Replayed: resp.Replayed}
-	c.log(ctx, slog.LevelInfo, "idem: resolved", "key", rec.Key, "status", resp.StatusCode, "attempts", resp.Attempts, "replayed", resp.Replayed)
+	if c.logger != nil { // skip building the arguments when silent
+		c.log(ctx, slog.LevelInfo, "idem: resolved", "key", rec.Key, "status", resp.StatusCode, "attempts", resp.Attempts, "replayed", resp.Replayed)
+	}
 	// The answer is final whatever happens to the save: the server keeps
 	// it and replays it to the next Do. Save even if ctx is done now, so a
 	// cancel right after the answer does not cost the record.
@@ -301,10 +308,46 @@ func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op s
 		return nil
 	}
 	if err := c.store.Save(ctx, rec); err != nil {
+		c.latest.forget(rec.Key)
 		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
 		return &SaveError{Key: rec.Key, Op: op, Err: err}
 	}
+	c.latest.saved(rec)
 	return nil
+}
+
+// latest remembers the version of each unresolved intent that this Client
+// saved last, so that Do can tell an Intent that holds it from a stale one
+// without reading the store. Resolved intents are dropped: they never
+// change, so it holds only unresolved ones.
+type latest struct {
+	mu sync.Mutex
+	m  map[string]*persist.Record
+}
+
+func (l *latest) saved(rec *persist.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rec.State.Resolved() {
+		delete(l.m, rec.Key)
+		return
+	}
+	if l.m == nil {
+		l.m = make(map[string]*persist.Record)
+	}
+	l.m[rec.Key] = rec
+}
+
+func (l *latest) forget(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, key)
+}
+
+func (l *latest) is(rec *persist.Record) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.m[rec.Key] == rec
 }
 
 // stateFor classifies a final answer.
@@ -358,28 +401,136 @@ var (
 	errStopped = errors.New("idem: retry budget exhausted")
 )
 
+// newRetryClient returns the go-retryablehttp client that sends through hc.
+// It is made once per http.Client and shared by all calls: go-retryablehttp
+// clients are safe for concurrent use, and its hooks find the state of
+// their call in the request's context.
+//
+// go-retryablehttp's hooks see neither the request nor the context in
+// places, and its defaults lose the last answer; so decisions are made in
+// CheckRetry by the call's budget, waits happen there too (on the
+// injectable clock, selecting on the context), Backoff returns zero, and
+// ErrorHandler keeps the last answer.
+func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
+	rc := &retryablehttp.Client{
+		HTTPClient:     hc,
+		RetryMax:       math.MaxInt32, // the budget decides
+		RequestLogHook: countAttempt,
+		CheckRetry:     checkRetry,
+		Backoff:        func(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 },
+		ErrorHandler:   keepLastAnswer,
+	}
+	if c.logger != nil {
+		rc.Logger = c.logger
+	}
+	return rc
+}
+
+// call is the state of one call of send, reached by the hooks through the
+// request's context. It is confined to that call's goroutine.
+type call struct {
+	c         *Client
+	key       string
+	b         *budget
+	finalBody []byte    // the body of the last answer read in full
+	stopped   *stop     // why the budget ended the call, once it did
+	last      *Response // the last retryable answer
+	lastErr   error
+}
+
+type callKey struct{}
+
+func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
+
+func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
+	// After a cancel, retryablehttp may still start an attempt, which fails
+	// at once without reaching the wire.
+	if req.Context().Err() == nil {
+		callOf(req.Context()).b.attempts++
+	}
+}
+
+// checkRetry decides after each attempt. retryablehttp may call it twice for
+// one attempt (again after the response handler); once the call is stopped
+// it keeps saying so.
+func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return false, ctxErr
+	}
+	st := callOf(ctx)
+	if st.stopped != nil {
+		return false, errStopped
+	}
+	status := 0
+	if err == nil {
+		if !retryableStatus(resp.StatusCode) {
+			return false, nil
+		}
+		status = resp.StatusCode
+		st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Attempts: st.b.attempts}
+	} else {
+		st.last = nil
+		if !retryableError(err) {
+			st.stopped = &stop{reason: StopFatal}
+			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+			return false, err
+		}
+	}
+	st.lastErr = err
+	var retryResp *http.Response
+	if err == nil {
+		retryResp = resp
+	}
+	wait, stopped := st.b.next(retryResp)
+	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: err, Retry: stopped == nil, Wait: wait})
+	if stopped != nil {
+		st.stopped = stopped
+		return false, errStopped
+	}
+	if err := st.c.clock.Sleep(ctx, wait); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// readFinal reads a final answer's body. A body cut off mid-way is an
+// error, so the attempt counts as unanswered and is retried with the same
+// key: an incomplete answer is never taken for a success.
+func readFinal(resp *http.Response) error {
+	st := callOf(resp.Request.Context())
+	body, err := readBody(resp.Body, st.c.maxBody)
+	if err != nil {
+		return err
+	}
+	st.finalBody = body
+	return nil
+}
+
+func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, error) {
+	if resp == nil {
+		return nil, err
+	}
+	st := callOf(resp.Request.Context())
+	if st.last != nil && resp.StatusCode == st.last.StatusCode {
+		if st.finalBody != nil {
+			st.last.Body = st.finalBody // read by the response handler
+		} else {
+			st.last.Body, _ = readBody(resp.Body, st.c.maxBody)
+		}
+	}
+	resp.Body.Close()
+	return nil, err
+}
+
 // send makes the attempts of one call through go-retryablehttp. It returns
 // a final answer, or a *RetryError when none came.
-//
-// go-retryablehttp's hooks see neither the request nor the context, and its
-// defaults lose the last answer; so every hook here is a closure over this
-// call's own state, decisions are made in CheckRetry by the budget, waits
-// happen in Backoff on the injectable clock, and ErrorHandler keeps the
-// last answer.
-func (c *Client) send(ctx context.Context, hc *http.Client, rec *persist.Record, header http.Header, expiry time.Time) (*Response, *RetryError) {
-	b := newBudget(ctx, c.policy, c.clock, expiry)
-	var (
-		finalBody []byte
-		stopped   *stop
-		wait      time.Duration
-		last      *Response // last retryable answer
-		lastErr   error
-	)
+func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persist.Record, header http.Header, expiry time.Time) (*Response, *RetryError) {
+	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policy, c.clock, expiry)}
 	fail := func(reason StopReason, err error) *RetryError {
-		return &RetryError{Key: rec.Key, Reason: reason, Attempts: b.attempts, Elapsed: b.elapsed(), Err: err}
+		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err}
 	}
 
-	req, err := retryablehttp.NewRequestWithContext(ctx, rec.Method, rec.URL, rec.Body)
+	req, err := retryablehttp.NewRequestWithContext(context.WithValue(ctx, callKey{}, st), rec.Method, rec.URL, rec.Body)
 	if err != nil {
 		return nil, fail(StopFatal, err)
 	}
@@ -387,79 +538,7 @@ func (c *Client) send(ctx context.Context, hc *http.Client, rec *persist.Record,
 		req.Header = header.Clone()
 	}
 	req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
-	req.SetResponseHandler(func(resp *http.Response) error {
-		// A final answer counts only when its whole body arrived: a body cut
-		// off mid-way is an unknown outcome, retried with the same key.
-		body, err := readBody(resp.Body, c.maxBody)
-		if err != nil {
-			return err
-		}
-		finalBody = body
-		return nil
-	})
-
-	rc := &retryablehttp.Client{
-		HTTPClient: hc,
-		RetryMax:   math.MaxInt32, // the budget decides
-		RequestLogHook: func(retryablehttp.Logger, *http.Request, int) {
-			// After a cancel during a wait, retryablehttp may still start
-			// an attempt, which fails at once without reaching the wire.
-			if ctx.Err() == nil {
-				b.attempts++
-			}
-		},
-		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
-			if ctxErr := ctx.Err(); ctxErr != nil {
-				return false, ctxErr
-			}
-			status := 0
-			if err == nil {
-				if !retryableStatus(resp.StatusCode) {
-					return false, nil
-				}
-				status = resp.StatusCode
-				last = &Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Attempts: b.attempts}
-			} else {
-				last = nil
-				if !retryableError(err) {
-					stopped = &stop{reason: StopFatal}
-					c.attemptDone(Attempt{Key: rec.Key, Number: b.attempts, Err: err})
-					return false, err
-				}
-			}
-			lastErr = err
-			var retryResp *http.Response
-			if err == nil {
-				retryResp = resp
-			}
-			w, st := b.next(retryResp)
-			c.attemptDone(Attempt{Key: rec.Key, Number: b.attempts, StatusCode: status, Err: err, Retry: st == nil, Wait: w})
-			if st != nil {
-				stopped = st
-				return false, errStopped
-			}
-			wait = w
-			return true, nil
-		},
-		Backoff: func(_, _ time.Duration, _ int, _ *http.Response) time.Duration {
-			// Wait here, on the injectable clock and selecting on ctx; a
-			// cancel is seen by retryablehttp right after.
-			_ = c.clock.Sleep(ctx, wait)
-			return 0
-		},
-		ErrorHandler: func(resp *http.Response, err error, _ int) (*http.Response, error) {
-			if resp != nil {
-				if last != nil && resp.StatusCode == last.StatusCode {
-					last.Body, _ = readBody(resp.Body, c.maxBody)
-				}
-				resp.Body.Close()
-			}
-			return nil, err
-		},
-	}
-	if c.logger != nil {
-		rc.Logger = c.logger
-	}
+	req.SetResponseHandler(readFinal)
 
 	resp, err := rc.Do(req)
 	if err == nil {
@@ -467,19 +546,19 @@ func (c *Client) send(ctx context.Context, hc *http.Client, rec *persist.Record,
 		out := &Response{
 			StatusCode: resp.StatusCode,
 			Header:     resp.Header,
-			Body:       finalBody,
+			Body:       st.finalBody,
 			Replayed:   resp.Header.Get("Idempotent-Replayed") == "true",
-			Attempts:   b.attempts,
+			Attempts:   st.b.attempts,
 		}
-		c.attemptDone(Attempt{Key: rec.Key, Number: b.attempts, StatusCode: resp.StatusCode})
+		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})
 		return out, nil
 	}
 
 	switch {
-	case stopped != nil && stopped.reason != StopFatal:
-		e := fail(stopped.reason, lastErr)
-		e.Wait = stopped.wait
-		e.LastResponse = last
+	case st.stopped != nil && st.stopped.reason != StopFatal:
+		e := fail(st.stopped.reason, st.lastErr)
+		e.Wait = st.stopped.wait
+		e.LastResponse = st.last
 		return nil, e
 	case ctx.Err() != nil:
 		reason := StopCanceled
@@ -487,7 +566,7 @@ func (c *Client) send(ctx context.Context, hc *http.Client, rec *persist.Record,
 			reason = StopDeadline
 		}
 		e := fail(reason, ctx.Err())
-		e.LastResponse = last
+		e.LastResponse = st.last
 		return nil, e
 	}
 	return nil, fail(StopFatal, err)

@@ -360,6 +360,9 @@ func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
 	rec.Response = nil
 	require.NoError(t, e.store.Save(context.Background(), rec))
 	before := e.srv.Stats().Requests
+	// The next run of the app finds it in the store.
+	in, err = e.newClient(t).Load(context.Background(), in.Key())
+	require.NoError(t, err)
 
 	resp, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrKeyReused)
@@ -760,4 +763,22 @@ func TestReconcileUnavailableIsUnknown(t *testing.T) {
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, http.StatusServiceUnavailable, apiErr.StatusCode)
 	assert.Equal(t, persist.StatePending, in.State())
+}
+
+func TestAStaleIntentValueReadsTheStore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:stale", 1500)
+	stale, err := e.client.Load(context.Background(), in.Key())
+	require.NoError(t, err)
+	_, err = e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+
+	// stale still says "new"; the store says succeeded, and wins.
+	assert.Equal(t, persist.StateNew, stale.State())
+	resp, err := e.client.Do(context.Background(), stale)
+	require.NoError(t, err)
+	assert.True(t, resp.FromStore)
+	assert.Equal(t, persist.StateSucceeded, stale.State())
+	assert.Equal(t, 1, e.srv.Stats().Requests)
 }

@@ -228,6 +228,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
 			case c.neverSent(latest):
+				c.latest.forget(latest.Key)
 				if err := c.store.Delete(ctx, latest.Key); err != nil {
 					return nil, fmt.Errorf("idem: dropping unsent intent %s: %w", latest.Key, err)
 				}
@@ -243,6 +244,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if err := c.store.Save(ctx, rec); err != nil {
 		return nil, &SaveError{Key: rec.Key, Op: "create", Err: err}
 	}
+	c.latest.saved(rec)
 	c.markCreated(rec.Key)
 	return newIntentFromRecord(rec), nil
 }
@@ -281,6 +283,7 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	}
 	c.intentMu.Lock()
 	defer c.intentMu.Unlock()
+	c.latest.forget(key)
 	return c.store.Delete(ctx, key)
 }
 

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/hashicorp/go-retryablehttp"
 )
 
 type intentKey struct{}
@@ -45,13 +47,13 @@ func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &roundTripper{c: c, base: base, hc: &http.Client{Transport: base}}
+	return &roundTripper{c: c, base: base, retry: c.newRetryClient(&http.Client{Transport: base})}
 }
 
 type roundTripper struct {
-	c    *Client
-	base http.RoundTripper
-	hc   *http.Client // sends each attempt through base
+	c     *Client
+	base  http.RoundTripper
+	retry *retryablehttp.Client // sends each attempt through base
 }
 
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -88,7 +90,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		header = http.Header{}
 	}
 	header.Del("Idempotency-Key")
-	resp, err := t.c.flights.do(ctx, in.Key(), func() (*Response, error) { return t.c.do(ctx, in, t.hc, header) })
+	resp, err := t.c.flights.do(ctx, in.Key(), func() (*Response, error) { return t.c.do(ctx, in, t.retry, header) })
 	if resp == nil {
 		return nil, err
 	}
