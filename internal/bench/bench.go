@@ -230,9 +230,9 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(tw, "durable saves\tper s\tp50\tp99\tfsyncs per save\t\n")
 	fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%d\t\n", r.Saves.Saves, r.Saves.PerSecond(), dur(r.Saves.P50), dur(r.Saves.P99), FsyncsPerSave)
 	tw.Flush()
-	fmt.Fprintf(tw, "intents\topen\tlist\t\n")
+	fmt.Fprintf(tw, "intents\tunresolved\topen\tlist unresolved\t\n")
 	for _, o := range r.Open {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t\n", o.Intents, dur(o.Open), dur(o.List))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t\n", o.Intents, o.Unresolved, dur(o.Open), dur(o.List))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

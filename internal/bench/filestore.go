@@ -33,11 +33,13 @@ type SaveReport struct {
 // PerSecond returns durable saves per second.
 func (r SaveReport) PerSecond() float64 { return float64(r.Saves) / r.Wall.Seconds() }
 
-// OpenReport is the time to open a store of Intents records and list them.
+// OpenReport is the time to open a store of Intents records, one in ten of
+// them unresolved, and list the unresolved ones: what an app does at start.
 type OpenReport struct {
-	Intents int
-	Open    time.Duration // OpenDir: lock, read and decode every file
-	List    time.Duration // List of all records, from memory
+	Intents    int
+	Unresolved int
+	Open       time.Duration // OpenDir: lock, list the directory, read the unresolved files
+	List       time.Duration // List of the unresolved records
 }
 
 // record returns a new intent's record, as the client saves it first.
@@ -71,7 +73,8 @@ func durableSaves(ctx context.Context, dir string, n int) (SaveReport, error) {
 	return r, nil
 }
 
-// openList seeds dir with n records and times OpenDir and a List of all.
+// openList seeds dir with n records, one in ten unresolved, and times
+// OpenDir and a List of the unresolved ones.
 func openList(ctx context.Context, dir string, n int) (OpenReport, error) {
 	if err := seed(ctx, dir, n); err != nil {
 		return OpenReport{}, err
@@ -83,15 +86,15 @@ func openList(ctx context.Context, dir string, n int) (OpenReport, error) {
 	}
 	defer s.Close()
 	opened := time.Now()
-	recs, err := s.List(ctx, persist.Filter{})
+	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
 	listed := time.Now()
 	if err != nil {
 		return OpenReport{}, err
 	}
-	if len(recs) != n {
-		return OpenReport{}, fmt.Errorf("listed %d records of %d seeded", len(recs), n)
+	if want := unresolvedOf(n); len(recs) != want {
+		return OpenReport{}, fmt.Errorf("listed %d unresolved records, seeded %d", len(recs), want)
 	}
-	return OpenReport{Intents: n, Open: opened.Sub(start), List: listed.Sub(opened)}, nil
+	return OpenReport{Intents: n, Unresolved: len(recs), Open: opened.Sub(start), List: listed.Sub(opened)}, nil
 }
 
 // seed fills dir with n record files without syncing them (a durable save
@@ -112,7 +115,7 @@ func seed(ctx context.Context, dir string, n int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key))); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key, false))); err != nil {
 		return fmt.Errorf("persist's file naming changed, cannot seed the store: %w", err)
 	}
 	now := time.Now()
@@ -122,11 +125,15 @@ func seed(ctx context.Context, dir string, n int) error {
 		}
 		r := record(now.Add(time.Duration(i)))
 		r.Version = persist.FormatVersion
+		if i%10 != 0 {
+			r.State = persist.StateSucceeded
+			r.Response = &persist.Response{StatusCode: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody}
+		}
 		data, err := json.Marshal(r)
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key)), append(data, '\n'), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.State.Resolved())), append(data, '\n'), 0o600); err != nil {
 			return err
 		}
 	}
@@ -134,8 +141,17 @@ func seed(ctx context.Context, dir string, n int) error {
 }
 
 // fileName is persist's name for the file of key: "k-", the key in
-// lower-case base32hex without padding, ".json". seed checks it against
-// the store.
-func fileName(key string) string {
-	return "k-" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key))) + ".json"
+// lower-case base32hex without padding, then ".json", or ".done.json" for a
+// resolved record. seed checks the unresolved form against the store, and
+// openList checks that the count of unresolved records read is right.
+func fileName(key string, resolved bool) string {
+	suffix := ".json"
+	if resolved {
+		suffix = ".done.json"
+	}
+	return "k-" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key))) + suffix
 }
+
+// unresolvedOf is how many of n seeded records are unresolved: the first,
+// and every tenth after it.
+func unresolvedOf(n int) int { return (n-1)/10 + 1 }
