@@ -184,7 +184,10 @@ func newRecord(name string, req Request, fp string, now time.Time) (*persist.Rec
 //     thing this call never does.
 //
 // The new intent is durable when Intent returns; if saving fails, the error
-// is a *SaveError and nothing can be sent.
+// is a *SaveError and nothing can be sent. If the store holds a record it
+// cannot read (a *persist.CorruptError), that record could be this
+// action's unresolved intent, so Intent refuses with that error rather than
+// guess; inspect or delete the file it names.
 func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
 	if name == "" {
 		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
