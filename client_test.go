@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -781,4 +783,57 @@ func TestAStaleIntentValueReadsTheStore(t *testing.T) {
 	assert.True(t, resp.FromStore)
 	assert.Equal(t, persist.StateSucceeded, stale.State())
 	assert.Equal(t, 1, e.srv.Stats().Requests)
+}
+
+func TestUnreadableRecordStopsNewIntentsNotOthers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	store, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	c := e.newClient(t, idem.WithStore(store))
+	good, err := c.Intent(ctx, "checkout:good", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	bad, err := c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 200, "cus_1"))
+	require.NoError(t, err)
+
+	// Damage the second intent's file on disk.
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	damaged := 0
+	for _, de := range entries {
+		if de.IsDir() || !strings.HasSuffix(de.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(dir, de.Name())
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		if strings.Contains(string(data), bad.Key()) {
+			require.NoError(t, os.WriteFile(path, data[:len(data)/2], 0o600))
+			damaged++
+		}
+	}
+	require.Equal(t, 1, damaged)
+	require.NoError(t, store.Close())
+	store, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	c = e.newClient(t, idem.WithStore(store))
+
+	// The readable intent still resumes; a new intent is refused, naming
+	// the damaged record, because it could be that action's.
+	pending, err := c.Unresolved(ctx)
+	var corrupt *persist.CorruptError
+	require.ErrorAs(t, err, &corrupt)
+	require.Len(t, pending, 1)
+	assert.Equal(t, good.Key(), pending[0].Key())
+	_, err = c.Do(ctx, pending[0])
+	require.NoError(t, err)
+
+	_, err = c.Intent(ctx, "checkout:other", e.paymentRequest(t, 300, "cus_1"))
+	require.ErrorAs(t, err, &corrupt)
+	assert.Equal(t, bad.Key(), corrupt.Key)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
