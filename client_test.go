@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -836,4 +837,35 @@ func TestUnreadableRecordStopsNewIntentsNotOthers(t *testing.T) {
 	require.ErrorAs(t, err, &corrupt)
 	assert.Equal(t, bad.Key(), corrupt.Key)
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// countingHandler counts slog records.
+type countingHandler struct {
+	mu *sync.Mutex
+	n  *int
+}
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(context.Context, slog.Record) error {
+	h.mu.Lock()
+	*h.n++
+	h.mu.Unlock()
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+func TestLoggerGetsTheRecords(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	n := 0
+	e := newEnv(t, idem.WithLogger(slog.New(countingHandler{&mu, &n})))
+	in := e.newIntent(t, "checkout:log", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+	_, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	// go-retryablehttp's records and idem's own go to the same logger.
+	assert.GreaterOrEqual(t, n, 3)
 }
