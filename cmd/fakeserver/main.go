@@ -32,7 +32,8 @@ Then one line per request (method, path, key, status, outcome).
 API:
   POST /payments                      Idempotency-Key required
   GET  /payments, /payments/{id}      caller-scoped (Authorization header)
-  GET  /payments?idempotency_key=K    the payment made under K, or 404
+  GET  /payments?idempotency_key=K    the payment made under K; 409 while K is
+                                      unsettled (resend with K); 404 if never done
   PUT  /orders/{id}/status            naturally idempotent, key ignored
 
 Admin endpoints (no key, no scoping):
