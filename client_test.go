@@ -487,7 +487,9 @@ func TestCancelDuringAWaitReturnsTheContextError(t *testing.T) {
 		_, err := c.Do(ctx, in)
 		done <- err
 	}()
-	assert.Equal(t, 30*time.Second, <-clk.waiting)
+	waited := <-clk.waiting
+	assert.GreaterOrEqual(t, waited, 30*time.Second, "never sooner than Retry-After")
+	assert.LessOrEqual(t, waited, 33*time.Second, "spread by at most 10% past it")
 	cancel()
 	err := <-done
 	require.ErrorIs(t, err, context.Canceled)

@@ -52,7 +52,10 @@ and a response body cut off mid-way), 408, 409 (request in progress), 429,
 500, 502, 503 and 504, with capped exponential backoff and jitter
 ([RetryPolicy]). A Retry-After on any of them, in delta-seconds or any
 HTTP-date form, is honoured: the next attempt is never sooner than the
-server asked. A Retry-After above the cap, or a wait that would pass the
+server asked, and up to a fifth of the jitter later (10% by default), so
+that clients told the same Retry-After do not return in the same instant;
+that spread is dropped rather than let it exceed the budget. A Retry-After
+above the cap, or a wait that would pass the
 context's deadline or the call's time budget, ends the call at once with a
 [*RetryError] that carries the refused wait.
 

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,9 +36,10 @@ type RetryPolicy struct {
 	MaxInterval time.Duration
 	// Multiplier grows the backoff each attempt. Zero means 2.
 	Multiplier float64
-	// Jitter spreads each backoff wait by ±Jitter of itself, so clients
-	// that failed together do not retry together. Zero means 0.5;
-	// NoJitter turns it off.
+	// Jitter spreads each backoff wait by ±Jitter of itself, and a
+	// Retry-After wait by up to Jitter/5 past it, so clients that failed
+	// together do not retry together. Zero means 0.5; NoJitter turns it
+	// off.
 	Jitter   float64
 	NoJitter bool
 	// MaxRetryAfter is the longest Retry-After the client will honour. A
@@ -237,24 +239,45 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	if wait > b.policy.MaxInterval || wait < 0 {
 		wait = b.policy.MaxInterval
 	}
+	var spread time.Duration
 	if resp != nil {
 		if ra, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 			if ra > b.policy.MaxRetryAfter {
 				return 0, &stop{reason: StopRetryAfterCap, wait: ra}
 			}
-			wait = max(wait, ra)
+			if ra >= wait {
+				wait = ra
+				// Clients told the same Retry-After would all come back in
+				// the same instant; spread them over up to a fifth of
+				// Jitter past it (10% by default), never sooner.
+				if b.policy.Jitter > 0 {
+					spread = time.Duration(rand.Float64() * b.policy.Jitter / 5 * float64(ra))
+				}
+			}
 		}
 	}
-	at := now.Add(wait)
+	if st := b.fits(now.Add(wait + spread)); st != nil {
+		if spread == 0 || b.fits(now.Add(wait)) != nil {
+			st.wait = wait
+			return 0, st
+		}
+		spread = 0 // the spread is a nicety; the budget is not spent on it
+	}
+	return wait + spread, nil
+}
+
+// fits says why an attempt at the time at would be past the budget, or
+// nil.
+func (b *budget) fits(at time.Time) *stop {
 	switch {
 	case !b.expiry.IsZero() && !at.Before(b.expiry):
-		return 0, &stop{reason: StopExpired, wait: wait}
+		return &stop{reason: StopExpired}
 	case !b.deadline.IsZero() && at.After(b.deadline):
-		return 0, &stop{reason: StopDeadline, wait: wait}
+		return &stop{reason: StopDeadline}
 	case at.Sub(b.start) > b.policy.MaxElapsed:
-		return 0, &stop{reason: StopElapsed, wait: wait}
+		return &stop{reason: StopElapsed}
 	}
-	return wait, nil
+	return nil
 }
 
 func (b *budget) elapsed() time.Duration { return b.clock.Now().Sub(b.start) }

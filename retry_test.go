@@ -157,3 +157,32 @@ func TestBudgetStops(t *testing.T) {
 		})
 	}
 }
+
+func TestBudgetSpreadsClientsPastRetryAfter(t *testing.T) {
+	t.Parallel()
+	distinct := map[time.Duration]bool{}
+	for range 100 {
+		b, _ := newTestBudget(t, RetryPolicy{InitialInterval: 100 * time.Millisecond}, context.Background(), time.Time{})
+		b.attempts = 1
+		w, st := b.next(respWithRetryAfter("10"))
+		require.Nil(t, st)
+		assert.GreaterOrEqual(t, w, 10*time.Second, "never sooner than asked")
+		assert.LessOrEqual(t, w, 11*time.Second, "at most 10% later with the default jitter")
+		distinct[w] = true
+	}
+	assert.Greater(t, len(distinct), 50, "clients told the same Retry-After come back at different times")
+}
+
+func TestBudgetDropsTheSpreadRatherThanGiveUp(t *testing.T) {
+	t.Parallel()
+	// The deadline leaves room for the Retry-After itself and no more.
+	ctx, cancel := context.WithDeadline(context.Background(), retryAfterNow.Add(10*time.Second))
+	t.Cleanup(cancel)
+	for range 50 {
+		b, _ := newTestBudget(t, RetryPolicy{InitialInterval: 100 * time.Millisecond}, ctx, time.Time{})
+		b.attempts = 1
+		w, st := b.next(respWithRetryAfter("10"))
+		require.Nil(t, st)
+		assert.Equal(t, 10*time.Second, w)
+	}
+}
