@@ -63,6 +63,9 @@ type Client struct {
 	// Do: the only intents known for certain never to have been sent.
 	sentMu sync.Mutex
 	unsent map[string]struct{}
+	// dropped holds the keys of unsent intents that Intent replaced; Do
+	// refuses to send them.
+	dropped map[string]struct{}
 }
 
 // Option configures a Client.
@@ -237,7 +240,9 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		}
 		return nil, err
 	}
-	c.markSent(rec.Key)
+	if err := c.markSent(rec.Key); err != nil {
+		return nil, err
+	}
 
 	if header == nil {
 		header = rec.Header
@@ -413,7 +418,7 @@ var (
 // ErrorHandler keeps the last answer.
 func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
 	rc := &retryablehttp.Client{
-		HTTPClient:     hc,
+		HTTPClient:     noKeyOnRedirect(hc),
 		RetryMax:       math.MaxInt32, // the budget decides
 		RequestLogHook: countAttempt,
 		CheckRetry:     checkRetry,
@@ -424,6 +429,28 @@ func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
 		rc.Logger = c.logger
 	}
 	return rc
+}
+
+// noKeyOnRedirect returns a copy of hc that drops the Idempotency-Key from
+// a redirect that is not a POST or PATCH: net/http follows a 301, 302 or
+// 303 after a POST with a GET and copies the headers, and a GET never
+// carries a key. hc's own CheckRedirect, if any, still decides.
+func noKeyOnRedirect(hc *http.Client) *http.Client {
+	cp := *hc
+	check := hc.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.Method != http.MethodPost && req.Method != http.MethodPatch {
+			req.Header.Del("Idempotency-Key")
+		}
+		if check != nil {
+			return check(req, via)
+		}
+		if len(via) >= 10 { // net/http's default
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &cp
 }
 
 // call is the state of one call of send, reached by the hooks through the

@@ -230,9 +230,10 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				return newIntentFromRecord(latest), nil
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
-			case c.neverSent(latest):
+			case c.dropUnsent(latest):
 				c.latest.forget(latest.Key)
 				if err := c.store.Delete(ctx, latest.Key); err != nil {
+					c.undrop(latest.Key)
 					return nil, fmt.Errorf("idem: dropping unsent intent %s: %w", latest.Key, err)
 				}
 			default:
@@ -290,18 +291,36 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	return c.store.Delete(ctx, key)
 }
 
-// neverSent reports an intent that this Client created and has not handed
-// to Do: only then is "not sent" a fact rather than a guess. After a restart
-// a new intent may have been sent (the first attempt is not recorded, to
-// keep to two durable writes per intent).
-func (c *Client) neverSent(rec *persist.Record) bool {
+// dropUnsent reports an intent that this Client created and has not handed
+// to Do, and marks it dropped in the same step, so that a Do that starts
+// meanwhile cannot send it: only then is "not sent" a fact rather than a
+// guess. After a restart a new intent may have been sent (the first attempt
+// is not recorded, to keep to two durable writes per intent).
+func (c *Client) dropUnsent(rec *persist.Record) bool {
 	if rec.State != persist.StateNew {
 		return false
 	}
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	_, unsent := c.unsent[rec.Key]
-	return unsent
+	if _, unsent := c.unsent[rec.Key]; !unsent {
+		return false
+	}
+	delete(c.unsent, rec.Key)
+	if c.dropped == nil {
+		c.dropped = make(map[string]struct{})
+	}
+	// Kept for the Client's life: an Intent value may still hold the
+	// record, and a Do on it must not send it.
+	c.dropped[rec.Key] = struct{}{}
+	return true
+}
+
+// undrop reverts dropUnsent when the record could not be deleted.
+func (c *Client) undrop(key string) {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	delete(c.dropped, key)
+	c.unsent[key] = struct{}{}
 }
 
 func (c *Client) markCreated(key string) {
@@ -313,10 +332,16 @@ func (c *Client) markCreated(key string) {
 	c.unsent[key] = struct{}{}
 }
 
-func (c *Client) markSent(key string) {
+// markSent records that key is about to be sent, or refuses if Intent has
+// dropped it for a changed request.
+func (c *Client) markSent(key string) error {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
+	if _, dropped := c.dropped[key]; dropped {
+		return fmt.Errorf("idem: intent %s was replaced by a new intent for a changed request before it was sent; nothing was sent", key)
+	}
 	// Once sent, the key is no longer provably unsent: forgetting it gives
-	// the same answer from neverSent and keeps the map small.
+	// the same answer from dropUnsent and keeps the map small.
 	delete(c.unsent, key)
+	return nil
 }

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -65,7 +66,8 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent, lookupURL string) (*
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		rec.State = persist.StateSucceeded
-		rec.Response = &persist.Response{StatusCode: out.StatusCode, Header: out.Header, Body: out.Body}
+		// The caller owns out; the record keeps its own copy.
+		rec.Response = &persist.Response{StatusCode: out.StatusCode, Header: out.Header.Clone(), Body: bytes.Clone(out.Body)}
 	case resp.StatusCode == http.StatusNotFound:
 		expired := !now.Before(rec.CreatedAt.Add(c.retention - c.margin))
 		if !expired && now.Sub(rec.UpdatedAt) < c.reconcile {
