@@ -626,29 +626,39 @@ type flights struct {
 }
 
 type flight struct {
-	done    chan struct{}
-	waiters int // guarded by flights.mu
-	resp    *Response
-	err     error
+	done chan struct{}
+	// exclusive flights (Reconcile, Forget) share no result: a Do waits for
+	// them and then makes its own call.
+	exclusive bool
+	waiters   int // guarded by flights.mu
+	resp      *Response
+	err       error
 }
 
 func (f *flights) do(ctx context.Context, key string, fn func() (*Response, error)) (*Response, error) {
 	f.mu.Lock()
-	if cur, ok := f.m[key]; ok {
-		cur.waiters++
+	for {
+		cur, ok := f.m[key]
+		if !ok {
+			break
+		}
+		if !cur.exclusive {
+			cur.waiters++
+		}
 		f.mu.Unlock()
 		select {
 		case <-cur.done:
-			return cur.resp.clone(), cur.err
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+		if !cur.exclusive {
+			return cur.resp.clone(), cur.err
+		}
+		// A Reconcile or Forget held the key: now make this call's own,
+		// which reads what it left in the store.
+		f.mu.Lock()
 	}
-	if f.m == nil {
-		f.m = make(map[string]*flight)
-	}
-	cur := &flight{done: make(chan struct{})}
-	f.m[key] = cur
+	cur := f.start(key, false)
 	f.mu.Unlock()
 
 	var resp *Response
@@ -668,9 +678,33 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 	return resp, err
 }
 
-func (f *flights) busy(key string) bool {
+// exclusive runs fn holding key, so that no Do for key runs meanwhile (a
+// Do that arrives waits, then runs on its own), and reports true; or, if a
+// call for key is under way, runs nothing and reports false.
+func (f *flights) exclusive(key string, fn func()) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, ok := f.m[key]
-	return ok
+	if _, ok := f.m[key]; ok {
+		f.mu.Unlock()
+		return false
+	}
+	cur := f.start(key, true)
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.m, key)
+		f.mu.Unlock()
+		close(cur.done)
+	}()
+	fn()
+	return true
+}
+
+// start registers a flight for key; f.mu is held.
+func (f *flights) start(key string, exclusive bool) *flight {
+	if f.m == nil {
+		f.m = make(map[string]*flight)
+	}
+	cur := &flight{done: make(chan struct{}), exclusive: exclusive}
+	f.m[key] = cur
+	return cur
 }

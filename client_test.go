@@ -871,3 +871,68 @@ func TestLoggerGetsTheRecords(t *testing.T) {
 	// go-retryablehttp's records and idem's own go to the same logger.
 	assert.GreaterOrEqual(t, n, 3)
 }
+
+// gateStore holds the first Get after arm until release, so a test can
+// start a second call while the first is inside the store.
+type gateStore struct {
+	persist.Store
+	armed   chan struct{} // closed by the held Get once it is waiting
+	release chan struct{}
+	once    sync.Once
+	on      bool
+	mu      sync.Mutex
+}
+
+func (g *gateStore) Get(ctx context.Context, key string) (*persist.Record, error) {
+	g.mu.Lock()
+	hold := g.on
+	g.on = false
+	g.mu.Unlock()
+	if hold {
+		g.once.Do(func() { close(g.armed) })
+		<-g.release
+	}
+	return g.Store.Get(ctx, key)
+}
+
+func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	gate := &gateStore{Store: e.store, armed: make(chan struct{}), release: make(chan struct{})}
+	c := e.newClient(t, idem.WithStore(gate), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in, err := c.NewIntent(ctx, "checkout:hold", e.paymentRequest(t, 1500, "cus_1"))
+	require.NoError(t, err)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(idem.DefaultReconcileDelay)
+
+	gate.mu.Lock()
+	gate.on = true
+	gate.mu.Unlock()
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	reconciled := make(chan error, 1)
+	go func() {
+		_, err := c.Reconcile(ctx, in, lookup)
+		reconciled <- err
+	}()
+	<-gate.armed // Reconcile is inside the store, holding the intent
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, in)
+		done <- err
+	}()
+	// The Do cannot finish while Reconcile holds the key; Forget is refused.
+	require.ErrorIs(t, c.Forget(ctx, in), idem.ErrInFlight)
+	close(gate.release)
+	require.NoError(t, <-reconciled)
+	assert.Equal(t, persist.StateVoid, in.State())
+
+	// Then the Do runs on its own and finds the intent settled: it sends
+	// nothing, so the void stays true.
+	require.Error(t, <-done)
+	assert.Equal(t, persist.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+	assert.Equal(t, 0, e.srv.Stats().Executions)
+}

@@ -280,15 +280,19 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 // Forget deletes an intent from the device. It is the deliberate unsafe
 // path: if the intent reached the server, its effect stays (a payment stays
 // made) and nothing on the device remembers it. Prefer Do or Reconcile.
+// It returns ErrInFlight while a Do or Reconcile for the intent runs.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	key := in.Key()
-	if c.flights.busy(key) {
+	var err error
+	if !c.flights.exclusive(key, func() {
+		c.intentMu.Lock()
+		defer c.intentMu.Unlock()
+		c.latest.forget(key)
+		err = c.store.Delete(ctx, key)
+	}) {
 		return fmt.Errorf("%w: %s", ErrInFlight, key)
 	}
-	c.intentMu.Lock()
-	defer c.intentMu.Unlock()
-	c.latest.forget(key)
-	return c.store.Delete(ctx, key)
+	return err
 }
 
 // dropUnsent reports an intent that this Client created and has not handed

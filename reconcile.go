@@ -30,12 +30,25 @@ import (
 //   - Anything else: an *APIError, and nothing changes.
 //
 // The lookup's answer is returned; in.State() tells what was concluded.
+// While Reconcile runs, a Do of the same intent waits and then reads what
+// Reconcile concluded; Reconcile itself returns ErrInFlight if a Do for the
+// intent is running.
 // A resolved intent is returned as it is, and nothing is sent.
 func (c *Client) Reconcile(ctx context.Context, in *Intent, lookupURL string) (*Response, error) {
 	key := in.Key()
-	if c.flights.busy(key) {
+	var (
+		resp *Response
+		err  error
+	)
+	// Holding the key keeps a Do from sending while the lookup decides,
+	// and its save from racing this one's.
+	if !c.flights.exclusive(key, func() { resp, err = c.settle(ctx, in, key, lookupURL) }) {
 		return nil, fmt.Errorf("%w: %s; reconcile it when the Do returns", ErrInFlight, key)
 	}
+	return resp, err
+}
+
+func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) (*Response, error) {
 	cur, err := c.store.Get(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("idem: loading intent %s: %w", key, err)
