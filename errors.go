@@ -48,6 +48,10 @@ var (
 	// OPTIONS, PUT and DELETE are idempotent and carry no key.
 	ErrNotIntentMethod = errors.New("idem: only POST and PATCH requests carry an Idempotency-Key")
 
+	// ErrIntentReplaced: Client.Intent replaced this never-sent intent with
+	// a new one for a changed request; it is never sent.
+	ErrIntentReplaced = errors.New("idem: intent was replaced by a new intent for a changed request before it was sent")
+
 	// ErrInFlight: the operation needs the intent to be idle, and a Do for
 	// it is running in this process.
 	ErrInFlight = errors.New("idem: a request for this intent is in flight")

@@ -342,7 +342,7 @@ func (c *Client) markSent(key string) error {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
 	if _, dropped := c.dropped[key]; dropped {
-		return fmt.Errorf("idem: intent %s was replaced by a new intent for a changed request before it was sent; nothing was sent", key)
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
 	}
 	// Once sent, the key is no longer provably unsent: forgetting it gives
 	// the same answer from dropUnsent and keeps the map small.

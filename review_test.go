@@ -464,7 +464,7 @@ func TestReviewDroppedIntentIsNeverSent(t *testing.T) {
 	}()
 	<-store.entered // the old intent is being dropped
 	_, err = c.Do(ctx, old)
-	assert.Error(t, err, "the dropped intent was sent")
+	assert.ErrorIs(t, err, idem.ErrIntentReplaced, "the dropped intent must not be sent")
 	close(store.release)
 	r := <-replaced
 	require.NoError(t, r.err)
