@@ -481,18 +481,20 @@ func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
 // one attempt (again after the response handler); once the call is stopped
 // it keeps saying so.
 func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return false, ctxErr
-	}
 	st := callOf(ctx)
 	if st.stopped != nil {
 		return false, errStopped
 	}
+	if err == nil && !retryableStatus(resp.StatusCode) {
+		// A final answer is taken even if ctx ended as it arrived: its
+		// body may be read yet, and it saves a resend.
+		return false, nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return false, ctxErr
+	}
 	status := 0
 	if err == nil {
-		if !retryableStatus(resp.StatusCode) {
-			return false, nil
-		}
 		status = resp.StatusCode
 		st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Attempts: st.b.attempts}
 	} else {
