@@ -1,12 +1,10 @@
 package idem_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -939,35 +937,12 @@ func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
 	assert.Equal(t, 0, e.srv.Stats().Executions)
 }
 
-// cancelOnAnswer reads each answer in full, then cancels the call's
-// context before handing the answer on: the answer arrived just as the
-// user gave up.
-type cancelOnAnswer struct {
-	base   http.RoundTripper
-	cancel context.CancelFunc
-}
-
-func (c cancelOnAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := c.base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	c.cancel()
-	return resp, nil
-}
-
 func TestAFinalAnswerThatArrivesAsTheCallIsCancelledIsKept(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelOnAnswer{e.srv.Client().Transport, cancel}}))
+	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
 	in, err := c.NewIntent(context.Background(), "checkout:late", e.paymentRequest(t, 1500, "cus_1"))
 	require.NoError(t, err)
 

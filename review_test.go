@@ -332,8 +332,9 @@ func TestReviewAttemptsAreSavedAfterACancel(t *testing.T) {
 	assert.Equal(t, 1, rec.Attempts)
 }
 
-// cancelAfterAnswer reads the whole answer, then cancels: the lookup's
-// conclusion must still be saved.
+// cancelAfterAnswer reads each answer in full, then cancels the call's
+// context before handing the answer on: the answer arrived just as the
+// user gave up, and what it says must still be kept.
 type cancelAfterAnswer struct {
 	base   http.RoundTripper
 	cancel context.CancelFunc
