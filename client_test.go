@@ -37,7 +37,13 @@ type env struct {
 
 func newEnv(t testing.TB, opts ...idem.Option) *env {
 	t.Helper()
-	clk := clocktest.New(epoch)
+	return newEnvAt(t, epoch, opts...)
+}
+
+// newEnvAt is newEnv with the manual clock set to start.
+func newEnvAt(t testing.TB, start time.Time, opts ...idem.Option) *env {
+	t.Helper()
+	clk := clocktest.New(start)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	e := &env{srv: srv, clock: clk, store: persist.NewMemory(nil)}
 	e.client = e.newClient(t, opts...)
@@ -403,26 +409,54 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	assert.Equal(t, 1, srv.Stats().Requests)
 }
 
-func TestRetryAfterPastTheDeadlineFailsFast(t *testing.T) {
+// The budget compares the injected clock's times with the context's
+// deadline, which is on the real clock. Whatever the manual clock reads,
+// years before or after today, a context with 10 s left refuses a 50 s
+// Retry-After at once and honours a 3 s one.
+func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:deadline", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "50"})
-	ctx, cancel := context.WithDeadline(context.Background(), epoch.Add(10*time.Second))
-	defer cancel()
+	starts := map[string]time.Time{
+		"clock 20 years back":   time.Now().AddDate(-20, 0, 0),
+		"clock at the epoch":    epoch,
+		"clock 30 years ahead":  time.Now().AddDate(30, 0, 0),
+		"clock at the zero day": time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Hour),
+	}
+	for name, start := range starts {
+		t.Run(name+"/Retry-After past the deadline fails fast", func(t *testing.T) {
+			t.Parallel()
+			e := newEnvAt(t, start)
+			in := e.newIntent(t, "checkout:deadline", 1500)
+			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "50"})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
 
-	_, err := e.client.Do(ctx, in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopDeadline, retryErr.Reason)
-	assert.Equal(t, 50*time.Second, retryErr.Wait, "the error carries the wait the server asked for")
-	assert.Equal(t, 1, retryErr.Attempts)
-	require.NotNil(t, retryErr.LastResponse)
-	assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
-	assert.ErrorIs(t, err, idem.ErrRetriesExhausted)
-	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
-	assert.Equal(t, persist.StatePending, in.State())
+			_, err := e.client.Do(ctx, in)
+			var retryErr *idem.RetryError
+			require.ErrorAs(t, err, &retryErr)
+			assert.Equal(t, idem.StopDeadline, retryErr.Reason)
+			assert.Equal(t, 50*time.Second, retryErr.Wait, "the error carries the wait the server asked for")
+			assert.Equal(t, 1, retryErr.Attempts)
+			require.NotNil(t, retryErr.LastResponse)
+			assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
+			assert.ErrorIs(t, err, idem.ErrRetriesExhausted)
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
+			assert.Equal(t, persist.StatePending, in.State())
+		})
+		t.Run(name+"/Retry-After within the deadline is honoured", func(t *testing.T) {
+			t.Parallel()
+			e := newEnvAt(t, start, idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+			in := e.newIntent(t, "checkout:deadline", 1500)
+			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "3", Count: 1})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+
+			resp, err := e.client.Do(ctx, in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, []time.Duration{3 * time.Second}, e.clock.Sleeps())
+		})
+	}
 }
 
 func TestRetryAfterAboveTheCapFailsFast(t *testing.T) {

@@ -210,7 +210,11 @@ type budget struct {
 func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) *budget {
 	b := &budget{policy: p, clock: clock, start: clock.Now(), expiry: expiry}
 	if d, ok := ctx.Deadline(); ok {
-		b.deadline = d
+		// A context deadline is an instant on the real clock, while every
+		// other time of the budget is on the injected one. Put it on the
+		// budget's timeline as the time it leaves, counted from the
+		// injected clock's now, so that the two never mix.
+		b.deadline = b.start.Add(time.Until(d))
 	}
 	return b
 }

@@ -72,10 +72,28 @@ func TestRetryableStatus(t *testing.T) {
 	}
 }
 
-func newTestBudget(t *testing.T, p RetryPolicy, ctx context.Context, expiry time.Time) (*budget, *clocktest.Clock) {
+// newTestBudget is a budget on a manual clock at retryAfterNow whose
+// context leaves deadlineIn (none when zero).
+func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clocktest.Clock) {
 	t.Helper()
 	clk := clocktest.New(retryAfterNow)
-	return newBudget(ctx, p.withDefaults(), clk, expiry), clk
+	b := newBudget(context.Background(), p.withDefaults(), clk, expiry)
+	if deadlineIn > 0 {
+		b.deadline = b.start.Add(deadlineIn)
+	}
+	return b, clk
+}
+
+func TestBudgetPutsTheContextDeadlineOnTheClocksTimeline(t *testing.T) {
+	t.Parallel()
+	for _, start := range []time.Time{time.Now().AddDate(-20, 0, 0), time.Now().AddDate(30, 0, 0)} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		b := newBudget(ctx, RetryPolicy{}.withDefaults(), clocktest.New(start), time.Time{})
+		cancel()
+		left := b.deadline.Sub(b.start)
+		assert.LessOrEqual(t, left, time.Hour, "clock at %v", start)
+		assert.Greater(t, left, 59*time.Minute, "clock at %v: the hour the context leaves, from the clock's now", start)
+	}
 }
 
 func respWithRetryAfter(v string) *http.Response {
@@ -85,7 +103,7 @@ func respWithRetryAfter(v string) *http.Response {
 func TestBudgetBackoffGrowsAndIsCapped(t *testing.T) {
 	t.Parallel()
 	p := RetryPolicy{InitialInterval: time.Second, MaxInterval: 8 * time.Second, Multiplier: 2, NoJitter: true, MaxAttempts: 100, MaxElapsed: time.Hour}
-	b, _ := newTestBudget(t, p, context.Background(), time.Time{})
+	b, _ := newTestBudget(t, p, 0, time.Time{})
 	var waits []time.Duration
 	for i := 0; i < 6; i++ {
 		b.attempts++
@@ -99,7 +117,7 @@ func TestBudgetBackoffGrowsAndIsCapped(t *testing.T) {
 func TestBudgetJitterStaysWithinBounds(t *testing.T) {
 	t.Parallel()
 	p := RetryPolicy{InitialInterval: time.Second, MaxInterval: time.Second, Jitter: 0.5, MaxAttempts: 1000, MaxElapsed: 1000 * time.Hour}
-	b, _ := newTestBudget(t, p, context.Background(), time.Time{})
+	b, _ := newTestBudget(t, p, 0, time.Time{})
 	distinct := map[time.Duration]bool{}
 	for i := 0; i < 200; i++ {
 		b.attempts = 1
@@ -115,7 +133,7 @@ func TestBudgetJitterStaysWithinBounds(t *testing.T) {
 func TestBudgetHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
 	p := RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true}
-	b, _ := newTestBudget(t, p, context.Background(), time.Time{})
+	b, _ := newTestBudget(t, p, 0, time.Time{})
 	b.attempts = 1
 	w, st := b.next(respWithRetryAfter("3"))
 	require.Nil(t, st)
@@ -128,27 +146,25 @@ func TestBudgetHonoursRetryAfter(t *testing.T) {
 
 func TestBudgetStops(t *testing.T) {
 	t.Parallel()
-	deadlineCtx, cancel := context.WithDeadline(context.Background(), retryAfterNow.Add(5*time.Second))
-	t.Cleanup(cancel)
 	cases := []struct {
 		name     string
 		policy   RetryPolicy
-		ctx      context.Context
+		deadline time.Duration
 		expiry   time.Time
 		attempts int
 		resp     *http.Response
 		reason   StopReason
 		wait     time.Duration
 	}{
-		{"attempts", RetryPolicy{MaxAttempts: 3}, context.Background(), time.Time{}, 3, nil, StopAttempts, 0},
-		{"retry-after above cap", RetryPolicy{MaxRetryAfter: time.Minute}, context.Background(), time.Time{}, 1, respWithRetryAfter("315360000"), StopRetryAfterCap, 315360000 * time.Second},
-		{"retry-after past the deadline", RetryPolicy{}, deadlineCtx, time.Time{}, 1, respWithRetryAfter("10"), StopDeadline, 10 * time.Second},
-		{"retry-after past max elapsed", RetryPolicy{MaxElapsed: 20 * time.Second}, context.Background(), time.Time{}, 1, respWithRetryAfter("30"), StopElapsed, 30 * time.Second},
-		{"wait reaches expiry", RetryPolicy{}, context.Background(), retryAfterNow.Add(2 * time.Second), 1, respWithRetryAfter("2"), StopExpired, 2 * time.Second},
+		{"attempts", RetryPolicy{MaxAttempts: 3}, 0, time.Time{}, 3, nil, StopAttempts, 0},
+		{"retry-after above cap", RetryPolicy{MaxRetryAfter: time.Minute}, 0, time.Time{}, 1, respWithRetryAfter("315360000"), StopRetryAfterCap, 315360000 * time.Second},
+		{"retry-after past the deadline", RetryPolicy{}, 5 * time.Second, time.Time{}, 1, respWithRetryAfter("10"), StopDeadline, 10 * time.Second},
+		{"retry-after past max elapsed", RetryPolicy{MaxElapsed: 20 * time.Second}, 0, time.Time{}, 1, respWithRetryAfter("30"), StopElapsed, 30 * time.Second},
+		{"wait reaches expiry", RetryPolicy{}, 0, retryAfterNow.Add(2 * time.Second), 1, respWithRetryAfter("2"), StopExpired, 2 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			b, _ := newTestBudget(t, tc.policy, tc.ctx, tc.expiry)
+			b, _ := newTestBudget(t, tc.policy, tc.deadline, tc.expiry)
 			b.attempts = tc.attempts
 			_, st := b.next(tc.resp)
 			require.NotNil(t, st)
@@ -162,7 +178,7 @@ func TestBudgetSpreadsClientsPastRetryAfter(t *testing.T) {
 	t.Parallel()
 	distinct := map[time.Duration]bool{}
 	for range 100 {
-		b, _ := newTestBudget(t, RetryPolicy{InitialInterval: 100 * time.Millisecond}, context.Background(), time.Time{})
+		b, _ := newTestBudget(t, RetryPolicy{InitialInterval: 100 * time.Millisecond}, 0, time.Time{})
 		b.attempts = 1
 		w, st := b.next(respWithRetryAfter("10"))
 		require.Nil(t, st)
@@ -176,10 +192,8 @@ func TestBudgetSpreadsClientsPastRetryAfter(t *testing.T) {
 func TestBudgetDropsTheSpreadRatherThanGiveUp(t *testing.T) {
 	t.Parallel()
 	// The deadline leaves room for the Retry-After itself and no more.
-	ctx, cancel := context.WithDeadline(context.Background(), retryAfterNow.Add(10*time.Second))
-	t.Cleanup(cancel)
 	for range 50 {
-		b, _ := newTestBudget(t, RetryPolicy{InitialInterval: 100 * time.Millisecond}, ctx, time.Time{})
+		b, _ := newTestBudget(t, RetryPolicy{InitialInterval: 100 * time.Millisecond}, 10*time.Second, time.Time{})
 		b.attempts = 1
 		w, st := b.next(respWithRetryAfter("10"))
 		require.Nil(t, st)
