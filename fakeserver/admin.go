@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // AdminPrefix is the path prefix of the admin endpoints. Requests under it

@@ -5,7 +5,7 @@
 // clients in any language.
 //
 // The idempotency layer itself is the separate package
-// [github.com/idemkit/idem/fakeserver/idempotency]; this package adds the
+// [github.com/idemkit/idem/idempotency]; this package adds the
 // business API, a fake payment provider, faults and counters.
 //
 // # The API

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // FaultKind names a fault. The names are those of the admin endpoint.

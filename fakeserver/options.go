@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // Clock tells the time. Retention, leases, created_at, payment ids and

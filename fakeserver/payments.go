@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // payment is a successful payment, as stored and as answered.

@@ -3,7 +3,7 @@ package fakeserver
 import (
 	"net/http"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // Problem type URIs of the fake server's RFC 9457 answers. Clients match on

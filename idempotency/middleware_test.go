@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/clocktest"
 )
 

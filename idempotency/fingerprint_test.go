@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/idemkit/idem/fakeserver/idempotency"
+	"github.com/idemkit/idem/idempotency"
 )
 
 func TestFingerprint(t *testing.T) {
