@@ -1,0 +1,236 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemkit/idem/persist"
+)
+
+var (
+	errBodyTooLarge = errors.New("idem: response body too large")
+	// errStopped tells retryablehttp to stop; the reason is in the call's
+	// state.
+	errStopped = errors.New("idem: retry budget exhausted")
+)
+
+// newRetryClient returns the go-retryablehttp client that sends through hc.
+// It is made once per http.Client and shared by all calls: go-retryablehttp
+// clients are safe for concurrent use, and its hooks find the state of
+// their call in the request's context.
+//
+// go-retryablehttp's hooks see neither the request nor the context in
+// places, and its defaults lose the last answer; so decisions are made in
+// CheckRetry by the call's budget, waits happen there too (on the
+// injectable clock, selecting on the context), Backoff returns zero, and
+// ErrorHandler keeps the last answer.
+func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
+	rc := &retryablehttp.Client{
+		HTTPClient:     noKeyOnRedirect(hc),
+		RetryMax:       math.MaxInt32, // the budget decides
+		RequestLogHook: countAttempt,
+		CheckRetry:     checkRetry,
+		Backoff:        func(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 },
+		ErrorHandler:   keepLastAnswer,
+	}
+	if c.logger != nil {
+		rc.Logger = c.logger
+	}
+	return rc
+}
+
+// noKeyOnRedirect returns a copy of hc that drops the Idempotency-Key from
+// a redirect that is not a POST or PATCH: net/http follows a 301, 302 or
+// 303 after a POST with a GET and copies the headers, and a GET never
+// carries a key. hc's own CheckRedirect, if any, still decides.
+func noKeyOnRedirect(hc *http.Client) *http.Client {
+	cp := *hc
+	check := hc.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.Method != http.MethodPost && req.Method != http.MethodPatch {
+			req.Header.Del("Idempotency-Key")
+		}
+		if check != nil {
+			return check(req, via)
+		}
+		if len(via) >= 10 { // net/http's default
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &cp
+}
+
+// call is the state of one call of send, reached by the hooks through the
+// request's context. It is confined to that call's goroutine.
+type call struct {
+	c         *Client
+	key       string
+	b         *budget
+	finalBody []byte    // the body of the last answer read in full
+	stopped   *stop     // why the budget ended the call, once it did
+	last      *Response // the last retryable answer
+	lastErr   error
+}
+
+type callKey struct{}
+
+func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
+
+func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
+	// After a cancel, retryablehttp may still start an attempt, which fails
+	// at once without reaching the wire.
+	if req.Context().Err() == nil {
+		callOf(req.Context()).b.attempts++
+	}
+}
+
+// checkRetry decides after each attempt. retryablehttp may call it twice for
+// one attempt (again after the response handler); once the call is stopped
+// it keeps saying so.
+func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	st := callOf(ctx)
+	if st.stopped != nil {
+		return false, errStopped
+	}
+	if err == nil && !retryableStatus(resp.StatusCode) {
+		// A final answer is taken even if ctx ended as it arrived: its
+		// body may be read yet, and it saves a resend.
+		return false, nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return false, ctxErr
+	}
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+		st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Attempts: st.b.attempts}
+	} else {
+		st.last = nil
+		if !retryableError(err) {
+			st.stopped = &stop{reason: StopFatal}
+			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+			return false, err
+		}
+	}
+	st.lastErr = err
+	var retryResp *http.Response
+	if err == nil {
+		retryResp = resp
+	}
+	wait, stopped := st.b.next(retryResp)
+	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: err, Retry: stopped == nil, Wait: wait})
+	if stopped != nil {
+		st.stopped = stopped
+		return false, errStopped
+	}
+	if err := st.c.clock.Sleep(ctx, wait); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// readFinal reads a final answer's body. A body cut off mid-way is an
+// error, so the attempt counts as unanswered and is retried with the same
+// key: an incomplete answer is never taken for a success.
+func readFinal(resp *http.Response) error {
+	st := callOf(resp.Request.Context())
+	body, err := readBody(resp.Body, st.c.maxBody)
+	if err != nil {
+		return err
+	}
+	st.finalBody = body
+	return nil
+}
+
+func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, error) {
+	if resp == nil {
+		return nil, err
+	}
+	st := callOf(resp.Request.Context())
+	if st.last != nil && resp.StatusCode == st.last.StatusCode {
+		if st.finalBody != nil {
+			st.last.Body = st.finalBody // read by the response handler
+		} else {
+			st.last.Body, _ = readBody(resp.Body, st.c.maxBody)
+		}
+	}
+	resp.Body.Close()
+	return nil, err
+}
+
+// send makes the attempts of one call through go-retryablehttp. It returns
+// a final answer, or a *RetryError when none came.
+func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persist.Record, header http.Header, expiry time.Time) (*Response, *RetryError) {
+	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policy, c.clock, expiry)}
+	fail := func(reason StopReason, err error) *RetryError {
+		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err}
+	}
+
+	req, err := retryablehttp.NewRequestWithContext(context.WithValue(ctx, callKey{}, st), rec.Method, rec.URL, rec.Body)
+	if err != nil {
+		return nil, fail(StopFatal, err)
+	}
+	if header != nil {
+		req.Header = header.Clone()
+	}
+	req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
+	req.SetResponseHandler(readFinal)
+
+	resp, err := rc.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		out := &Response{
+			StatusCode: resp.StatusCode,
+			Header:     resp.Header,
+			Body:       st.finalBody,
+			Replayed:   resp.Header.Get("Idempotent-Replayed") == "true",
+			Attempts:   st.b.attempts,
+		}
+		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+		return out, nil
+	}
+
+	switch {
+	case st.stopped != nil && st.stopped.reason != StopFatal:
+		e := fail(st.stopped.reason, st.lastErr)
+		e.Wait = st.stopped.wait
+		e.LastResponse = st.last
+		return nil, e
+	case ctx.Err() != nil:
+		reason := StopCanceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			reason = StopDeadline
+		}
+		e := fail(reason, ctx.Err())
+		e.LastResponse = st.last
+		return nil, e
+	}
+	return nil, fail(StopFatal, err)
+}
+
+func (c *Client) attemptDone(a Attempt) {
+	if c.onAttempt != nil {
+		c.onAttempt(a)
+	}
+}
+
+// readBody reads a whole body, at most limit bytes, and closes it.
+func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
+	defer body.Close()
+	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: more than %d bytes", errBodyTooLarge, limit)
+	}
+	return b, nil
+}

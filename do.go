@@ -1,0 +1,209 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Response is the final answer to an intent.
+type Response struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+	// Replayed is true when the server answered from its idempotency
+	// record (Idempotent-Replayed: true): the work was done by an earlier
+	// attempt, whose answer had been lost.
+	Replayed bool
+	// Attempts is how many attempts this call put on the wire; 0 when the
+	// answer came from the device's store.
+	Attempts int
+	// FromStore is true when the intent was already resolved and nothing
+	// was sent.
+	FromStore bool
+}
+
+func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Response {
+	return &Response{
+		StatusCode: r.StatusCode,
+		Header:     r.Header.Clone(),
+		Body:       bytes.Clone(r.Body),
+		Replayed:   r.Replayed,
+		Attempts:   attempts,
+		FromStore:  fromStore,
+	}
+}
+
+func (r *Response) clone() *Response {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = bytes.Clone(r.Body)
+	return &c
+}
+
+// Do sends the intent and returns its final answer.
+//
+// A resolved intent is not sent: Do returns the stored answer with
+// FromStore set. An unresolved one is sent with its key and exact bytes,
+// and retried under the Client's RetryPolicy. A 2xx answer returns the
+// Response and a nil error. Any other final answer (a declined card, a
+// 422) returns the Response and an *APIError; it is stored and never
+// retried. When no final answer arrives, Do returns a *RetryError matching
+// ErrOutcomeUnknown and the intent stays unresolved: Do it again later.
+func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
+	if in == nil {
+		return nil, errors.New("idem: Do with a nil intent")
+	}
+	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.do(ctx, in, c.retry, nil) })
+}
+
+// do runs one call for in through rc. header, if not nil, replaces the
+// stored headers (the RoundTripper sends the live request's).
+func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, header http.Header) (*Response, error) {
+	cur := in.current()
+	// The store is the truth: another Intent value for this key, or an
+	// earlier process, may have moved an unresolved intent on. A resolved
+	// one never changes, and one that holds the version this Client saved
+	// last is current: neither needs the read.
+	if !in.ephemeral && !cur.State.Resolved() && !c.latest.is(cur) {
+		stored, err := c.store.Get(ctx, cur.Key)
+		if err != nil {
+			return nil, fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
+		}
+		in.set(stored)
+		cur = stored
+	}
+	if cur.State.Resolved() {
+		return c.storedOutcome(cur)
+	}
+	// rec is this call's next version of the record.
+	next := *cur
+	rec := &next
+	expiry := rec.CreatedAt.Add(c.retention - c.margin)
+	if !c.clock.Now().Before(expiry) {
+		err := &RetryError{Key: rec.Key, Reason: StopExpired}
+		if rec.State != persist.StateExpired {
+			rec.State = persist.StateExpired
+			rec.UpdatedAt = c.clock.Now()
+			if saveErr := c.save(ctx, in, rec, "record expiry"); saveErr != nil {
+				return nil, errors.Join(err, saveErr)
+			}
+		}
+		return nil, err
+	}
+	if err := c.markSent(rec.Key); err != nil {
+		return nil, err
+	}
+
+	if header == nil {
+		header = rec.Header
+	}
+	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
+	now := c.clock.Now()
+	if retryErr != nil {
+		rec.Attempts += retryErr.Attempts
+		rec.UpdatedAt = now
+		if retryErr.Reason == StopExpired {
+			rec.State = persist.StateExpired
+		} else if retryErr.Attempts > 0 {
+			rec.State = persist.StatePending
+		}
+		c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", string(retryErr.Reason))
+		// The save records what is known; if it fails, the intent stays
+		// unresolved in the store anyway, which is the safe side.
+		if retryErr.Attempts > 0 || retryErr.Reason == StopExpired {
+			if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record attempts"); saveErr != nil {
+				return nil, errors.Join(retryErr, saveErr)
+			}
+		}
+		return nil, retryErr
+	}
+
+	rec.Attempts += resp.Attempts
+	rec.UpdatedAt = now
+	rec.State = stateFor(resp.StatusCode, resp.Header, resp.Body)
+	// The caller owns resp; the record keeps its own copy.
+	rec.Response = &persist.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body), Replayed: resp.Replayed}
+	if c.logger != nil { // skip building the arguments when silent
+		c.log(ctx, slog.LevelInfo, "idem: resolved", "key", rec.Key, "status", resp.StatusCode, "attempts", resp.Attempts, "replayed", resp.Replayed)
+	}
+	// The answer is final whatever happens to the save: the server keeps
+	// it and replays it to the next Do. Save even if ctx is done now, so a
+	// cancel right after the answer does not cost the record.
+	saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record outcome")
+	apiErr := apiErrorFor(rec, resp)
+	switch {
+	case apiErr != nil && saveErr != nil:
+		return resp, errors.Join(apiErr, saveErr)
+	case apiErr != nil:
+		return resp, apiErr
+	case saveErr != nil:
+		return resp, saveErr
+	}
+	return resp, nil
+}
+
+// storedOutcome answers Do for a resolved intent without sending.
+func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
+	if rec.Response == nil {
+		// Resolved without an answer: reconciled as never done.
+		return nil, fmt.Errorf("idem: intent %s is %s: the server has no effect for its key; create a new intent to try again", rec.Key, rec.State)
+	}
+	resp := responseFromStored(rec.Response, 0, true)
+	if err := apiErrorFor(rec, resp); err != nil {
+		return resp, err
+	}
+	return resp, nil
+}
+
+// save makes rec the intent's current version and stores it. rec must not
+// be changed afterwards.
+func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
+	in.set(rec)
+	if in.ephemeral {
+		return nil
+	}
+	if err := c.store.Save(ctx, rec); err != nil {
+		c.latest.forget(rec.Key)
+		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
+		return &SaveError{Key: rec.Key, Op: op, Err: err}
+	}
+	c.latest.saved(rec)
+	return nil
+}
+
+// stateFor classifies a final answer.
+func stateFor(status int, header http.Header, body []byte) persist.State {
+	switch {
+	case status >= 200 && status < 300:
+		return persist.StateSucceeded
+	case status == http.StatusUnprocessableEntity,
+		isKeyProblem(status, parseProblem(header, body).Type):
+		return persist.StateRejected
+	}
+	return persist.StateFailed
+}
+
+func apiErrorFor(rec *persist.Record, resp *Response) error {
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	return &APIError{
+		Method:     rec.Method,
+		URL:        rec.URL,
+		Key:        rec.Key,
+		StatusCode: resp.StatusCode,
+		Problem:    parseProblem(resp.Header, resp.Body),
+		Response:   resp,
+	}
+}

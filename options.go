@@ -1,0 +1,57 @@
+package idem
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient sends through hc, so the app keeps its transport, proxies,
+// TLS settings, tracing and per-attempt Timeout. The default is an
+// http.Client on http.DefaultTransport with a 30s timeout per attempt.
+func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
+
+// WithStore keeps intents in s. The default is persist.NewMemory(nil),
+// which does not survive a restart; use persist.OpenDir on a device.
+func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } }
+
+// WithLogger logs retries and outcomes to l. The default is silence.
+func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
+
+// WithClock replaces the system clock, for tests of waiting.
+func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
+
+// WithRetryPolicy sets when to retry and how long to wait.
+func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy = p } }
+
+// WithRetention tells the client how long the server keeps idempotency
+// records, and how long before that it must stop sending a key. An intent
+// older than retention-margin is not sent again: its outcome is reported
+// unknown (ErrIntentExpired) and Reconcile settles it. Zero values mean
+// DefaultRetention and DefaultSafetyMargin.
+func WithRetention(retention, margin time.Duration) Option {
+	return func(c *Client) { c.retention, c.margin = retention, margin }
+}
+
+// WithReconcileDelay sets how long after an intent's last attempt a "not
+// found" from the lookup in Reconcile is trusted. Zero means
+// DefaultReconcileDelay.
+func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
+
+// WithMaxResponseBytes bounds the body read from one answer; a larger body
+// ends the call with an error. Zero means DefaultMaxResponseBytes.
+func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
+
+// WithQuotedKey sends the key as an RFC 8941 sf-string ("..."), as the IETF
+// draft writes it. The default is the bare value deployed APIs expect.
+func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
+
+// WithAttemptHook calls f after every attempt with its outcome and the wait
+// chosen before the next one. f runs on the goroutine of Do and must not
+// block.
+func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAttempt = f } }
