@@ -100,7 +100,7 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	if st.stopped != nil {
 		return false, errStopped
 	}
-	if err == nil && !retryableStatus(resp.StatusCode) {
+	if err == nil && settles(resp.StatusCode, resp.Header) {
 		// A final answer is taken even if ctx ended as it arrived: its
 		// body may be read yet, and it saves a resend.
 		return false, nil
@@ -191,7 +191,7 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 			StatusCode: resp.StatusCode,
 			Header:     resp.Header,
 			Body:       st.finalBody,
-			Replayed:   resp.Header.Get("Idempotent-Replayed") == "true",
+			Replayed:   replayed(resp.Header),
 			Attempts:   st.b.attempts,
 		}
 		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})

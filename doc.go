@@ -49,8 +49,12 @@ Client created and never handed to Do is treated as certainly unsent.
 
 Do retries network errors (including those after the request was written,
 and a response body cut off mid-way), 408, 409 (request in progress), 429,
-500, 502, 503 and 504, with capped exponential backoff and jitter
-([RetryPolicy]). A Retry-After on any of them, in delta-seconds or any
+every 5xx (a CDN's 520-524 as much as the origin's 500: a 5xx says nothing
+about whether the work was done) and every status outside 100-599, with
+capped exponential backoff and jitter ([RetryPolicy]); when retrying stops
+without a final answer, the outcome is unknown. An answer marked
+Idempotent-Replayed: true is the server's stored record for the key and is
+final whatever its status: it is stored and never retried. A Retry-After on any of them, in delta-seconds or any
 HTTP-date form, is honoured: the next attempt is never sooner than the
 server asked, and up to a fifth of the jitter later (10% by default), so
 that clients told the same Retry-After do not return in the same instant;

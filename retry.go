@@ -117,16 +117,36 @@ type Attempt struct {
 	Wait  time.Duration
 }
 
-// retryableStatus is the set of contract section 8: answers that say the
-// work was not done (or not yet) and may be asked again with the same key.
+// retryableStatus reports an answer that does not settle the intent: the
+// server may or may not have done the work, or has not done it yet, and the
+// same key may be sent again. These are 408, 409 (in progress), 429, every
+// 5xx (a proxy's 520-524 as much as the origin's 500: a 5xx says nothing
+// about whether the work was done) and every status outside 100-599, which
+// no server states a meaning for. An answer the server marked as its stored
+// record is final whatever its status: see replayed.
 func retryableStatus(code int) bool {
+	switch {
+	case code < 100 || code > 599, code >= 500:
+		return true
+	}
 	switch code {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
-		http.StatusInternalServerError, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
 		return true
 	}
 	return false
+}
+
+// replayed reports an answer marked Idempotent-Replayed: true, the
+// server's stored record for the key: final, whatever its status, because
+// sending the key again only replays it.
+func replayed(h http.Header) bool {
+	return strings.EqualFold(strings.TrimSpace(h.Get("Idempotent-Replayed")), "true")
+}
+
+// settles reports whether an answer with this status and headers is the
+// intent's final answer.
+func settles(code int, h http.Header) bool {
+	return !retryableStatus(code) || replayed(h)
 }
 
 // retryableError reports whether a transport error may be retried. Every
