@@ -76,6 +76,17 @@ stays pending: Do it again later.
 Retries are built on github.com/hashicorp/go-retryablehttp with per-call
 hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
+# Redirects
+
+A redirect's answer is never taken for the intent's outcome. 307 and 308
+are followed with the same method, headers (the key spelled as stored) and
+body, up to 10 in a row. 301, 302 and 303 would turn the POST into a GET
+whose answer (a login page, a CDN's notice) says nothing about the payment,
+so they are not followed: the 3xx itself is the final answer, stored with
+its Location and returned as an [*APIError]. A 303 after a POST
+conventionally points at the result of work that was done: look at its
+Location (GET it) before offering the user to pay again.
+
 # Retention
 
 A server keeps idempotency records for a retention period (24 hours by
