@@ -73,7 +73,7 @@ func redirectPolicy(hc *http.Client) *http.Client {
 			return http.ErrUseLastResponse
 		}
 		if s := req.URL.Scheme; s != "http" && s != "https" {
-			return fmt.Errorf("idem: redirected to %s, whose scheme is not http or https", req.URL.Redacted())
+			return &redirectSchemeError{location: req.URL.Redacted()}
 		}
 		if check != nil {
 			return check(req, via)

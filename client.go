@@ -49,7 +49,9 @@ type Client struct {
 	maxBody   int64
 	quoted    bool
 	onAttempt func(Attempt)
-	retry     *retryablehttp.Client // sends through http
+	// isKeyReused recognises the app's own server's key reuse answers.
+	isKeyReused func(*Response) bool
+	retry       *retryablehttp.Client // sends through http
 
 	flights flights
 	latest  latest

@@ -63,9 +63,23 @@ above the cap, or a wait that would pass the
 context's deadline or the call's time budget, ends the call at once with a
 [*RetryError] that carries the refused wait.
 
-It never retries 422 (the key was reused for another body: a bug, surfaced
-as an [*APIError] matching [ErrKeyReused]), 400s about the key
-([ErrKeyRejected]) or other 4xx answers: those are final.
+It never retries 4xx answers: they are final. Among them, an answer that
+says the key was used with another request (a bug, surfaced as an
+[*APIError] matching [ErrKeyReused]) is recognised by what it says, not by
+its status: the contract's problem type on a 422, Stripe's error of type
+idempotency_error, or what [WithKeyReusedAnswer] recognises for the app's
+own server. Any other 422 is an ordinary final answer. A 400 about the key
+itself matches [ErrKeyRejected].
+
+An error that proves the request never reached the server (its TLS
+certificate refused or naming another host, a plain HTTP answer to HTTPS, a
+redirect loop or a redirect to a scheme that is not http or https) is not
+retried either: no retry can fix it. When no attempt of the intent can have
+reached the server, Do returns a [*NotSentError] matching [ErrNotSent] (not
+[ErrOutcomeUnknown]) and the intent stays provably unsent, so
+[Client.Intent] replaces it for a changed request. What can be known when
+the intent is created (a scheme other than http or https, no host name, a
+bad port) is refused then.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
 and the context's deadline; the first to run out ends it, and the

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -62,6 +63,19 @@ func (r Request) validate() error {
 	}
 	if !u.IsAbs() || u.Host == "" {
 		return fmt.Errorf("idem: request URL %q is not absolute", r.URL)
+	}
+	// What would make every attempt fail before it reaches a server is
+	// refused here, before the intent exists.
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", u.Redacted())
+	}
+	if u.Hostname() == "" {
+		return fmt.Errorf("idem: request URL %q has no host name", u.Redacted())
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", u.Redacted(), p)
+		}
 	}
 	return nil
 }
@@ -337,15 +351,17 @@ func (c *Client) markCreated(key string) {
 }
 
 // markSent records that key is about to be sent, or refuses if Intent has
-// dropped it for a changed request.
-func (c *Client) markSent(key string) error {
+// dropped it for a changed request. unsent reports whether the key was
+// provably unsent until now.
+func (c *Client) markSent(key string) (unsent bool, err error) {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
 	if _, dropped := c.dropped[key]; dropped {
-		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+		return false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
 	}
 	// Once sent, the key is no longer provably unsent: forgetting it gives
 	// the same answer from dropUnsent and keeps the map small.
+	_, unsent = c.unsent[key]
 	delete(c.unsent, key)
-	return nil
+	return unsent, nil
 }

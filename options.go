@@ -55,3 +55,13 @@ func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
 // chosen before the next one. f runs on the goroutine of Do and must not
 // block.
 func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAttempt = f } }
+
+// WithKeyReusedAnswer tells idem how the app's own server says that a key
+// was used with a different request, when it says it otherwise than the
+// contract (a 422 problem of type .../idempotency-key-reused) or Stripe (an
+// error of type idempotency_error). f sees each final answer that is not a
+// 2xx and reports whether it is such a refusal; the intent is then rejected
+// and the error matches ErrKeyReused. f must not keep resp.
+func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
+	return func(c *Client) { c.isKeyReused = f }
+}

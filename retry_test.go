@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"io"
+	"log"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -303,5 +304,80 @@ func TestBudgetDropsTheSpreadRatherThanGiveUp(t *testing.T) {
 		w, st := b.next(respWithRetryAfter("10"))
 		require.Nil(t, st)
 		assert.Equal(t, 10*time.Second, w)
+	}
+}
+
+func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing.T) {
+	t.Parallel()
+	quiet := func(s *httptest.Server) *httptest.Server {
+		s.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are the point
+		return s
+	}
+	tlsServer := func(t *testing.T) *httptest.Server {
+		s := quiet(httptest.NewUnstartedServer(http.NotFoundHandler()))
+		s.StartTLS()
+		t.Cleanup(s.Close)
+		return s
+	}
+	cases := map[string]func(t *testing.T) (url string, hc *http.Client){
+		"untrusted certificate": func(t *testing.T) (string, *http.Client) {
+			s := tlsServer(t)
+			return s.URL, &http.Client{Transport: &http.Transport{}}
+		},
+		"wrong hostname": func(t *testing.T) (string, *http.Client) {
+			s := tlsServer(t)
+			// The test certificate names 127.0.0.1 and example.com, not localhost.
+			return strings.Replace(s.URL, "127.0.0.1", "localhost", 1), s.Client()
+		},
+		"HTTP response to HTTPS client": func(t *testing.T) (string, *http.Client) {
+			s := quiet(httptest.NewServer(http.NotFoundHandler()))
+			t.Cleanup(s.Close)
+			return strings.Replace(s.URL, "http://", "https://", 1), &http.Client{}
+		},
+		"redirect loop": func(t *testing.T) (string, *http.Client) {
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, r.URL.Path, http.StatusTemporaryRedirect)
+			}))
+			t.Cleanup(s.Close)
+			return s.URL, s.Client()
+		},
+		"redirect to another scheme": func(t *testing.T) (string, *http.Client) {
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "ftp://example.com/payments", http.StatusPermanentRedirect)
+			}))
+			t.Cleanup(s.Close)
+			return s.URL, s.Client()
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			base, hc := setup(t)
+			clk := clocktest.New(retryAfterNow)
+			var attempts atomic.Int32
+			c, err := New(WithHTTPClient(hc), WithClock(clk), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
+			require.NoError(t, err)
+			ctx := context.Background()
+			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})
+			require.NoError(t, err)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+
+			_, err = c.Do(ctx, in)
+			var notSent *NotSentError
+			require.ErrorAs(t, err, &notSent)
+			require.ErrorIs(t, err, ErrNotSent)
+			assert.NotErrorIs(t, err, ErrOutcomeUnknown, "nothing was done")
+			assert.EqualValues(t, 1, attempts.Load(), "retrying cannot fix it")
+			assert.Empty(t, clk.Sleeps())
+			assert.Equal(t, in.Key(), notSent.Key)
+
+			// The intent does not block the changed cart.
+			changed, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 2500})
+			require.NoError(t, err)
+			next, err := c.Intent(ctx, "checkout", changed)
+			require.NoError(t, err, "an intent that never reached the server is replaced")
+			assert.NotEqual(t, in.Key(), next.Key())
+		})
 	}
 }

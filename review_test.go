@@ -185,10 +185,8 @@ func TestReviewCertificateErrorIsNotRetried(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = c.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopFatal, retryErr.Reason)
-	assert.Equal(t, 1, retryErr.Attempts)
+	var notSent *idem.NotSentError
+	require.ErrorAs(t, err, &notSent)
 	assert.Len(t, attempts.all(), 1)
 	assert.Empty(t, clk.Sleeps())
 }
