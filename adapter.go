@@ -199,7 +199,7 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 	if header != nil {
 		req.Header = header.Clone()
 	}
-	req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
+	req.Header.Set("Idempotency-Key", rec.KeyHeader) // spelled as stored
 	req.SetResponseHandler(readFinal)
 
 	resp, err := rc.Do(req)

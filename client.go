@@ -108,10 +108,16 @@ func (c *Client) log(ctx context.Context, level slog.Level, msg string, args ...
 	}
 }
 
+// keyHeader spells key as this Client sends the keys of new intents.
 func (c *Client) keyHeader(key string) string {
 	if !c.quoted {
 		return key
 	}
+	return quoteKey(key)
+}
+
+// quoteKey spells key as an RFC 8941 sf-string.
+func quoteKey(key string) string {
 	v, err := httpsfv.Marshal(httpsfv.NewItem(key))
 	if err != nil {
 		// Keys are made of visible ASCII, which every sf-string can hold.
@@ -119,3 +125,7 @@ func (c *Client) keyHeader(key string) string {
 	}
 	return v
 }
+
+// spells reports whether v is one of the two spellings of key, bare or
+// quoted: a stored value that names another key is never sent.
+func (c *Client) spells(v, key string) bool { return v == key || v == quoteKey(key) }

@@ -106,6 +106,16 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
 		return nil, &NotSentError{Key: rec.Key, Err: err}
 	}
+	if rec.KeyHeader == "" {
+		// Written before the spelling was stored: such a record was sent
+		// with the spelling of the Client of its time, which is taken to be
+		// this Client's. It is stored with the record's next version, so it
+		// stays fixed from now on.
+		rec.KeyHeader = c.keyHeader(rec.Key)
+	}
+	if !c.spells(rec.KeyHeader, rec.Key) {
+		return nil, &NotSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
+	}
 	unsent, err := c.markSent(rec.Key)
 	if err != nil {
 		return nil, err

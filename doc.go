@@ -15,11 +15,20 @@ An [Intent] is one thing the user means to do: pay for this cart. It gets
 one Idempotency-Key (a random UUID) when it is created, and it is saved in a
 [persist.Store] before anything is sent; if saving fails, nothing is sent.
 Every attempt, including those after a crash and restart, sends the same
-method, URL, key and body bytes. A changed cart is a new intent with a new
-key.
+method, URL, headers, key and body bytes: they are fixed when the intent is
+created and stored with it, the key's spelling (bare, or quoted with
+[WithQuotedKey]) included, so a later change of the Client's options never
+changes what an existing intent sends. Records written by releases before
+the spelling was stored are sent with the spelling of the Client that loads
+them, taken to be the one they were first sent with, and keep it from then
+on: an app that changes WithQuotedKey in the same update that brings this
+release resends its older unresolved intents in the new spelling, so change
+it in a later update. A changed cart is a new intent with a new key.
 
 [Client.Intent] is the one call to make when the Pay button is shown: it
-returns the pending intent for that action when the request is the same,
+looks at the action's latest intent (the one created last, by a sequence
+number stored with each intent, not by the device's clock, which the user
+may set back) and returns it when the request is the same,
 makes a new one when it changed, and returns an [*UnresolvedError] instead
 of starting a second payment while the previous one's outcome is unknown.
 
