@@ -24,7 +24,12 @@ const (
 	DefaultSafetyMargin = time.Hour
 	// DefaultReconcileDelay is how long after an intent's last attempt a
 	// "not found" from the server's lookup is trusted to mean "never done".
-	// It must exceed the server's lease plus the longest processing time.
+	// It is the longest time the client assumes a request may take from
+	// the device to the server's record: held in the network or a proxy's
+	// queue, then the server's lease and processing time. A request held
+	// longer than that (a proxy that queues it for an hour) can arrive
+	// after a "not found" was trusted; only a server that refuses stale
+	// requests could close that, and the contract has no such rule.
 	DefaultReconcileDelay = 2 * time.Minute
 	// DefaultMaxResponseBytes bounds the body read from one answer.
 	DefaultMaxResponseBytes = 10 << 20
@@ -64,6 +69,16 @@ type Client struct {
 	// dropped holds the keys of unsent intents that Intent replaced; Do
 	// refuses to send them.
 	dropped map[string]struct{}
+	// lastSent holds, for the keys this Client sent and whose outcome is
+	// unknown, when its last call of them ended; created, when it created
+	// them; both on the in-process timeline (sinceBirth).
+	lastSent map[string]time.Duration
+	created  map[string]time.Duration
+
+	// born is when the Client was made: on the clock's timeline, and on
+	// its Monotonic one when it has one.
+	born     time.Time
+	bornMono time.Duration
 }
 
 // New returns a Client. With no options it keeps intents in memory only,
@@ -99,6 +114,13 @@ func New(opts ...Option) (*Client, error) {
 		c.maxBody = DefaultMaxResponseBytes
 	}
 	c.retry = c.newRetryClient(c.http)
+	c.unsent = make(map[string]struct{})
+	c.lastSent = make(map[string]time.Duration)
+	c.created = make(map[string]time.Duration)
+	c.born = c.clock.Now()
+	if m, ok := c.clock.(Monotonic); ok {
+		c.bornMono = m.Monotonic()
+	}
 	return c, nil
 }
 

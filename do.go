@@ -89,7 +89,11 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	// rec is this call's next version of the record.
 	next := *cur
 	rec := &next
-	expiry := rec.CreatedAt.Add(c.retention - c.margin)
+	if in.ephemeral {
+		// Used for this one call: nothing to remember about it.
+		defer c.settled(rec.Key)
+	}
+	expiry := c.expiry(rec, c.clock.Now())
 	if !c.clock.Now().Before(expiry) {
 		err := &RetryError{Key: rec.Key, Reason: StopExpired}
 		if rec.State != persist.StateExpired {
@@ -126,6 +130,7 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		header = rec.Header
 	}
 	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
+	c.sent(rec.Key)
 	now := c.clock.Now()
 	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && neverReached(retryErr.Err) {
 		// The one attempt never reached the server: nothing to record.
@@ -168,6 +173,9 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	// it and replays it to the next Do. Save even if ctx is done now, so a
 	// cancel right after the answer does not cost the record.
 	saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record outcome")
+	if saveErr == nil {
+		c.settled(rec.Key)
+	}
 	apiErr := c.apiErrorFor(rec, resp)
 	switch {
 	case apiErr != nil && saveErr != nil:

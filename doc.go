@@ -119,6 +119,40 @@ the retention less a safety margin ([WithRetention]): Do returns a
 *RetryError matching [ErrIntentExpired], and [Client.Reconcile] settles the
 intent with the server's lookup by key.
 
+# Reconciling
+
+[Client.Reconcile] asks the server's lookup by key what became of an intent.
+A "not found" is trusted only once no attempt of the intent can still
+arrive: a request can be held in a slow uplink or a proxy's queue, or sent
+by a process that died before it recorded the attempt. The client assumes
+that a request reaches the server's record within the reconcile delay
+([WithReconcileDelay]) after it was last written, and it knows, without a
+durable write, the latest moment an attempt can have been written: never,
+for an intent it created and never sent; the end of its own last call of
+the intent; otherwise its own creation, since only an earlier process, now
+gone, can have sent it. An intent that is expired waits like any other. A
+request held longer than the reconcile delay is the one case the client
+cannot guard against alone.
+
+# The device's clock
+
+The user can set the device's clock, and networks set it wrong. What the
+clock decides, and what protects each decision:
+
+  - Which intent of an action is the latest: a sequence number stored with
+    each intent, never the clock.
+  - The reconcile delay: elapsed time on the in-process monotonic clock, which
+    no setting of the wall clock moves.
+  - Expiry: an intent's age is the wall clock's reading, but never less than
+    the time elapsed on the monotonic clock since this process first saw the
+    intent, nor than at the intent's last write. A clock jumping forward
+    makes intents expire early, which is safe: they are reconciled.
+
+What cannot be protected: a clock set back while the app was not running,
+by more than the safety margin, makes an intent created before look
+younger than it is, and it may then be sent after the server forgot its key.
+A Retry-After given as a date is read against the wall clock.
+
 # Sending through any http.Client
 
 [Client.RoundTripper] wraps a transport so that any *http.Client, such as a

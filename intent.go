@@ -361,12 +361,13 @@ func (c *Client) undrop(key string) {
 }
 
 func (c *Client) markCreated(key string) {
+	now := c.sinceBirth()
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	if c.unsent == nil {
-		c.unsent = make(map[string]struct{})
-	}
 	c.unsent[key] = struct{}{}
+	if _, ok := c.created[key]; !ok {
+		c.created[key] = now
+	}
 }
 
 // markSent records that key is about to be sent, or refuses if Intent has

@@ -23,7 +23,10 @@ func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } 
 // WithLogger logs retries and outcomes to l. The default is silence.
 func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
 
-// WithClock replaces the system clock, for tests of waiting.
+// WithClock replaces the system clock, for tests of waiting. A clock that
+// also implements Monotonic lets tests set its wall time anywhere while
+// idem measures elapsed time on its monotonic reading, as it does with the
+// system clock.
 func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // WithRetryPolicy sets when to retry and how long to wait.
@@ -39,8 +42,9 @@ func WithRetention(retention, margin time.Duration) Option {
 }
 
 // WithReconcileDelay sets how long after an intent's last attempt a "not
-// found" from the lookup in Reconcile is trusted. Zero means
-// DefaultReconcileDelay.
+// found" from the lookup in Reconcile is trusted: the longest a request may
+// take from the device to the server's record (see DefaultReconcileDelay).
+// Zero means DefaultReconcileDelay.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
 // WithMaxResponseBytes bounds the body read from one answer; a larger body
