@@ -73,6 +73,10 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
 	}
+	// Whether an attempt may still arrive is decided as the lookup leaves:
+	// its answer tells the server's state from then on, and an attempt
+	// that arrives while the lookup is on its way is not in it.
+	wait := c.mayStillArrive(key)
 	// Never a key on GET: the lookup is naturally idempotent.
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -93,7 +97,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	case resp.StatusCode == http.StatusNotFound:
 		// Expired or not: an attempt sent just before expiry may arrive
 		// as late as any other.
-		if wait := c.mayStillArrive(key); wait > 0 {
+		if wait > 0 {
 			return nil, fmt.Errorf("idem: the server has no effect for intent %s yet, but an attempt of it may still be on its way; reconcile again in %s: %w",
 				key, wait.Round(time.Millisecond), ErrOutcomeUnknown)
 		}

@@ -101,6 +101,30 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
+	t.Run("an attempt that arrives while the lookup is on its way", func(t *testing.T) {
+		t.Parallel()
+		clk := clocktest.New(epoch)
+		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		net := &heldNetwork{base: srv.Client().Transport}
+		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
+		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		net.holdNext(1)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		// The lookup leaves a second before the delay is over; the server
+		// answers 404; then, while the answer travels back, the held
+		// attempt arrives, and the delay ends.
+		clk.Advance(idem.DefaultReconcileDelay - time.Second)
+		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
+		assert.NotEqual(t, persist.StateVoid, in.State())
+		assert.Equal(t, 1, srv.Stats().Payments)
+	})
+
 	t.Run("never sent", func(t *testing.T) {
 		t.Parallel()
 		clk := clocktest.New(epoch)
@@ -113,4 +137,22 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
 		assert.Equal(t, persist.StateVoid, in.State())
 	})
+}
+
+// slowLookup answers a lookup, then lets two seconds pass and the held
+// requests arrive before the answer reaches the client.
+type slowLookup struct {
+	base  http.RoundTripper
+	clock *clocktest.Clock
+	net   *heldNetwork
+	t     testing.TB
+}
+
+func (s *slowLookup) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.base.RoundTrip(req)
+	if req.Method == http.MethodGet {
+		s.clock.Advance(2 * time.Second)
+		s.net.deliver(s.t)
+	}
+	return resp, err
 }
