@@ -33,7 +33,7 @@ var (
 // ErrorHandler keeps the last answer.
 func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
 	rc := &retryablehttp.Client{
-		HTTPClient:     noKeyOnRedirect(hc),
+		HTTPClient:     redirectPolicy(hc),
 		RetryMax:       math.MaxInt32, // the budget decides
 		RequestLogHook: countAttempt,
 		CheckRetry:     checkRetry,
@@ -46,22 +46,40 @@ func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
 	return rc
 }
 
-// noKeyOnRedirect returns a copy of hc that drops the Idempotency-Key from
-// a redirect that is not a POST or PATCH: net/http follows a 301, 302 or
-// 303 after a POST with a GET and copies the headers, and a GET never
-// carries a key. hc's own CheckRedirect, if any, still decides.
-func noKeyOnRedirect(hc *http.Client) *http.Client {
+// errRedirectLoop ends a chain of redirects that does not end: no server
+// that does the work answered, so the request never reached it.
+var errRedirectLoop = errors.New("idem: stopped after 10 redirects")
+
+// redirectPolicy returns a copy of hc that follows only the redirects that
+// keep the request as it is, so that the answer to a redirect is never
+// taken for the intent's outcome:
+//
+//   - 307 and 308 are followed with the same method, headers (the key
+//     spelled as stored) and body, as net/http does, up to 10 in a row;
+//     a longer chain ends with errRedirectLoop, and a Location whose
+//     scheme is not http or https with an error: neither reached a server
+//     that does the work.
+//   - 301, 302 and 303 would turn a POST or PATCH into a GET, whose answer
+//     (a login page, say) says nothing about the intent. They are not
+//     followed: the 3xx itself, with its Location, is the final answer.
+//
+// hc's own CheckRedirect, if any, still decides on the redirects that are
+// followed.
+func redirectPolicy(hc *http.Client) *http.Client {
 	cp := *hc
 	check := hc.CheckRedirect
 	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if req.Method != http.MethodPost && req.Method != http.MethodPatch {
-			req.Header.Del("Idempotency-Key")
+		if req.Method != via[0].Method {
+			return http.ErrUseLastResponse
+		}
+		if s := req.URL.Scheme; s != "http" && s != "https" {
+			return &redirectSchemeError{location: req.URL.Redacted()}
 		}
 		if check != nil {
 			return check(req, via)
 		}
 		if len(via) >= 10 { // net/http's default
-			return errors.New("stopped after 10 redirects")
+			return errRedirectLoop
 		}
 		return nil
 	}
@@ -100,7 +118,7 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	if st.stopped != nil {
 		return false, errStopped
 	}
-	if err == nil && !retryableStatus(resp.StatusCode) {
+	if err == nil && settles(resp.StatusCode, resp.Header) {
 		// A final answer is taken even if ctx ended as it arrived: its
 		// body may be read yet, and it saves a resend.
 		return false, nil
@@ -181,7 +199,7 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 	if header != nil {
 		req.Header = header.Clone()
 	}
-	req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
+	req.Header.Set("Idempotency-Key", rec.KeyHeader) // spelled as stored
 	req.SetResponseHandler(readFinal)
 
 	resp, err := rc.Do(req)
@@ -191,7 +209,7 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 			StatusCode: resp.StatusCode,
 			Header:     resp.Header,
 			Body:       st.finalBody,
-			Replayed:   resp.Header.Get("Idempotent-Replayed") == "true",
+			Replayed:   replayed(resp.Header),
 			Attempts:   st.b.attempts,
 		}
 		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})

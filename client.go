@@ -24,7 +24,12 @@ const (
 	DefaultSafetyMargin = time.Hour
 	// DefaultReconcileDelay is how long after an intent's last attempt a
 	// "not found" from the server's lookup is trusted to mean "never done".
-	// It must exceed the server's lease plus the longest processing time.
+	// It is the longest time the client assumes a request may take from
+	// the device to the server's record: held in the network or a proxy's
+	// queue, then the server's lease and processing time. A request held
+	// longer than that (a proxy that queues it for an hour) can arrive
+	// after a "not found" was trusted; only a server that refuses stale
+	// requests could close that, and the contract has no such rule.
 	DefaultReconcileDelay = 2 * time.Minute
 	// DefaultMaxResponseBytes bounds the body read from one answer.
 	DefaultMaxResponseBytes = 10 << 20
@@ -49,7 +54,9 @@ type Client struct {
 	maxBody   int64
 	quoted    bool
 	onAttempt func(Attempt)
-	retry     *retryablehttp.Client // sends through http
+	// isKeyReused recognises the app's own server's key reuse answers.
+	isKeyReused func(*Response) bool
+	retry       *retryablehttp.Client // sends through http
 
 	flights flights
 	latest  latest
@@ -62,6 +69,16 @@ type Client struct {
 	// dropped holds the keys of unsent intents that Intent replaced; Do
 	// refuses to send them.
 	dropped map[string]struct{}
+	// lastSent holds, for the keys this Client sent and whose outcome is
+	// unknown, when its last call of them ended; created, when it created
+	// them; both on the in-process timeline (sinceBirth).
+	lastSent map[string]time.Duration
+	created  map[string]time.Duration
+
+	// born is when the Client was made: on the clock's timeline, and on
+	// its Monotonic one when it has one.
+	born     time.Time
+	bornMono time.Duration
 }
 
 // New returns a Client. With no options it keeps intents in memory only,
@@ -97,6 +114,13 @@ func New(opts ...Option) (*Client, error) {
 		c.maxBody = DefaultMaxResponseBytes
 	}
 	c.retry = c.newRetryClient(c.http)
+	c.unsent = make(map[string]struct{})
+	c.lastSent = make(map[string]time.Duration)
+	c.created = make(map[string]time.Duration)
+	c.born = c.clock.Now()
+	if m, ok := c.clock.(Monotonic); ok {
+		c.bornMono = m.Monotonic()
+	}
 	return c, nil
 }
 
@@ -106,10 +130,16 @@ func (c *Client) log(ctx context.Context, level slog.Level, msg string, args ...
 	}
 }
 
+// keyHeader spells key as this Client sends the keys of new intents.
 func (c *Client) keyHeader(key string) string {
 	if !c.quoted {
 		return key
 	}
+	return quoteKey(key)
+}
+
+// quoteKey spells key as an RFC 8941 sf-string.
+func quoteKey(key string) string {
 	v, err := httpsfv.Marshal(httpsfv.NewItem(key))
 	if err != nil {
 		// Keys are made of visible ASCII, which every sf-string can hold.
@@ -117,3 +147,7 @@ func (c *Client) keyHeader(key string) string {
 	}
 	return v
 }
+
+// spells reports whether v is one of the two spellings of key, bare or
+// quoted: a stored value that names another key is never sent.
+func (c *Client) spells(v, key string) bool { return v == key || v == quoteKey(key) }

@@ -397,7 +397,7 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	// An older release wrote a key this server does not accept.
 	rec, err := store.Get(context.Background(), in.Key())
 	require.NoError(t, err)
-	rec.Key = "not-a-uuid"
+	rec.Key, rec.KeyHeader = "not-a-uuid", ""
 	require.NoError(t, store.Save(context.Background(), rec))
 	old, err := c.Load(context.Background(), "not-a-uuid")
 	require.NoError(t, err)

@@ -89,7 +89,11 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	// rec is this call's next version of the record.
 	next := *cur
 	rec := &next
-	expiry := rec.CreatedAt.Add(c.retention - c.margin)
+	if in.ephemeral {
+		// Used for this one call: nothing to remember about it.
+		defer c.settled(rec.Key)
+	}
+	expiry := c.expiry(rec, c.clock.Now())
 	if !c.clock.Now().Before(expiry) {
 		err := &RetryError{Key: rec.Key, Reason: StopExpired}
 		if rec.State != persist.StateExpired {
@@ -101,15 +105,43 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		}
 		return nil, err
 	}
-	if err := c.markSent(rec.Key); err != nil {
+	// A record that no attempt could send (an older release's, say) is
+	// refused before it is marked sent.
+	if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
+		return nil, &NotSentError{Key: rec.Key, Err: err}
+	}
+	if rec.KeyHeader == "" {
+		// Written before the spelling was stored: such a record was sent
+		// with the spelling of the Client of its time, which is taken to be
+		// this Client's. It is stored with the record's next version, so it
+		// stays fixed from now on.
+		rec.KeyHeader = c.keyHeader(rec.Key)
+	}
+	if !c.spells(rec.KeyHeader, rec.Key) {
+		return nil, &NotSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
+	}
+	unsent, err := c.markSent(rec.Key)
+	if err != nil {
 		return nil, err
 	}
+	unsent = unsent || in.ephemeral && rec.Attempts == 0
 
 	if header == nil {
 		header = rec.Header
 	}
 	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
+	c.sent(rec.Key)
 	now := c.clock.Now()
+	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && neverReached(retryErr.Err) {
+		// The one attempt never reached the server: nothing to record.
+		if unsent {
+			// And no attempt before it did: the intent stays provably
+			// unsent, so Intent may replace it.
+			c.markCreated(rec.Key)
+			return nil, &NotSentError{Key: rec.Key, Err: retryErr.Err}
+		}
+		return nil, retryErr
+	}
 	if retryErr != nil {
 		rec.Attempts += retryErr.Attempts
 		rec.UpdatedAt = now
@@ -131,7 +163,7 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 
 	rec.Attempts += resp.Attempts
 	rec.UpdatedAt = now
-	rec.State = stateFor(resp.StatusCode, resp.Header, resp.Body)
+	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
 	rec.Response = &persist.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body), Replayed: resp.Replayed}
 	if c.logger != nil { // skip building the arguments when silent
@@ -141,7 +173,10 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	// it and replays it to the next Do. Save even if ctx is done now, so a
 	// cancel right after the answer does not cost the record.
 	saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record outcome")
-	apiErr := apiErrorFor(rec, resp)
+	if saveErr == nil {
+		c.settled(rec.Key)
+	}
+	apiErr := c.apiErrorFor(rec, resp)
 	switch {
 	case apiErr != nil && saveErr != nil:
 		return resp, errors.Join(apiErr, saveErr)
@@ -160,7 +195,7 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 		return nil, fmt.Errorf("idem: intent %s is %s: the server has no effect for its key; create a new intent to try again", rec.Key, rec.State)
 	}
 	resp := responseFromStored(rec.Response, 0, true)
-	if err := apiErrorFor(rec, resp); err != nil {
+	if err := c.apiErrorFor(rec, resp); err != nil {
 		return resp, err
 	}
 	return resp, nil
@@ -183,18 +218,30 @@ func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op s
 }
 
 // stateFor classifies a final answer.
-func stateFor(status int, header http.Header, body []byte) persist.State {
+func (c *Client) stateFor(status int, header http.Header, body []byte) persist.State {
 	switch {
 	case status >= 200 && status < 300:
 		return persist.StateSucceeded
-	case status == http.StatusUnprocessableEntity,
+	case c.keyReused(status, header, body),
 		isKeyProblem(status, parseProblem(header, body).Type):
 		return persist.StateRejected
 	}
 	return persist.StateFailed
 }
 
-func apiErrorFor(rec *persist.Record, resp *Response) error {
+// keyReused reports a final answer that says the key was used with another
+// request: see ErrKeyReused.
+func (c *Client) keyReused(status int, header http.Header, body []byte) bool {
+	if status >= 200 && status < 300 {
+		return false
+	}
+	if isKeyReused(status, header, body) {
+		return true
+	}
+	return c.isKeyReused != nil && c.isKeyReused(&Response{StatusCode: status, Header: header.Clone(), Body: bytes.Clone(body)})
+}
+
+func (c *Client) apiErrorFor(rec *persist.Record, resp *Response) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
@@ -205,5 +252,6 @@ func apiErrorFor(rec *persist.Record, resp *Response) error {
 		StatusCode: resp.StatusCode,
 		Problem:    parseProblem(resp.Header, resp.Body),
 		Response:   resp,
+		keyReused:  c.keyReused(resp.StatusCode, resp.Header, resp.Body),
 	}
 }

@@ -15,11 +15,20 @@ An [Intent] is one thing the user means to do: pay for this cart. It gets
 one Idempotency-Key (a random UUID) when it is created, and it is saved in a
 [persist.Store] before anything is sent; if saving fails, nothing is sent.
 Every attempt, including those after a crash and restart, sends the same
-method, URL, key and body bytes. A changed cart is a new intent with a new
-key.
+method, URL, headers, key and body bytes: they are fixed when the intent is
+created and stored with it, the key's spelling (bare, or quoted with
+[WithQuotedKey]) included, so a later change of the Client's options never
+changes what an existing intent sends. Records written by releases before
+the spelling was stored are sent with the spelling of the Client that loads
+them, taken to be the one they were first sent with, and keep it from then
+on: an app that changes WithQuotedKey in the same update that brings this
+release resends its older unresolved intents in the new spelling, so change
+it in a later update. A changed cart is a new intent with a new key.
 
 [Client.Intent] is the one call to make when the Pay button is shown: it
-returns the pending intent for that action when the request is the same,
+looks at the action's latest intent (the one created last, by a sequence
+number stored with each intent, not by the device's clock, which the user
+may set back) and returns it when the request is the same,
 makes a new one when it changed, and returns an [*UnresolvedError] instead
 of starting a second payment while the previous one's outcome is unknown.
 
@@ -49,8 +58,12 @@ Client created and never handed to Do is treated as certainly unsent.
 
 Do retries network errors (including those after the request was written,
 and a response body cut off mid-way), 408, 409 (request in progress), 429,
-500, 502, 503 and 504, with capped exponential backoff and jitter
-([RetryPolicy]). A Retry-After on any of them, in delta-seconds or any
+every 5xx (a CDN's 520-524 as much as the origin's 500: a 5xx says nothing
+about whether the work was done) and every status outside 100-599, with
+capped exponential backoff and jitter ([RetryPolicy]); when retrying stops
+without a final answer, the outcome is unknown. An answer marked
+Idempotent-Replayed: true is the server's stored record for the key and is
+final whatever its status: it is stored and never retried. A Retry-After on any of them, in delta-seconds or any
 HTTP-date form, is honoured: the next attempt is never sooner than the
 server asked, and up to a fifth of the jitter later (10% by default), so
 that clients told the same Retry-After do not return in the same instant;
@@ -59,9 +72,23 @@ above the cap, or a wait that would pass the
 context's deadline or the call's time budget, ends the call at once with a
 [*RetryError] that carries the refused wait.
 
-It never retries 422 (the key was reused for another body: a bug, surfaced
-as an [*APIError] matching [ErrKeyReused]), 400s about the key
-([ErrKeyRejected]) or other 4xx answers: those are final.
+It never retries 4xx answers: they are final. Among them, an answer that
+says the key was used with another request (a bug, surfaced as an
+[*APIError] matching [ErrKeyReused]) is recognised by what it says, not by
+its status: the contract's problem type on a 422, Stripe's error of type
+idempotency_error, or what [WithKeyReusedAnswer] recognises for the app's
+own server. Any other 422 is an ordinary final answer. A 400 about the key
+itself matches [ErrKeyRejected].
+
+An error that proves the request never reached the server (its TLS
+certificate refused or naming another host, a plain HTTP answer to HTTPS, a
+redirect loop or a redirect to a scheme that is not http or https) is not
+retried either: no retry can fix it. When no attempt of the intent can have
+reached the server, Do returns a [*NotSentError] matching [ErrNotSent] (not
+[ErrOutcomeUnknown]) and the intent stays provably unsent, so
+[Client.Intent] replaces it for a changed request. What can be known when
+the intent is created (a scheme other than http or https, no host name, a
+bad port) is refused then.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
 and the context's deadline; the first to run out ends it, and the
@@ -72,6 +99,17 @@ stays pending: Do it again later.
 Retries are built on github.com/hashicorp/go-retryablehttp with per-call
 hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
+# Redirects
+
+A redirect's answer is never taken for the intent's outcome. 307 and 308
+are followed with the same method, headers (the key spelled as stored) and
+body, up to 10 in a row. 301, 302 and 303 would turn the POST into a GET
+whose answer (a login page, a CDN's notice) says nothing about the payment,
+so they are not followed: the 3xx itself is the final answer, stored with
+its Location and returned as an [*APIError]. A 303 after a POST
+conventionally points at the result of work that was done: look at its
+Location (GET it) before offering the user to pay again.
+
 # Retention
 
 A server keeps idempotency records for a retention period (24 hours by
@@ -80,6 +118,40 @@ again. The Client therefore stops sending a key once its intent is older than
 the retention less a safety margin ([WithRetention]): Do returns a
 *RetryError matching [ErrIntentExpired], and [Client.Reconcile] settles the
 intent with the server's lookup by key.
+
+# Reconciling
+
+[Client.Reconcile] asks the server's lookup by key what became of an intent.
+A "not found" is trusted only once no attempt of the intent can still
+arrive: a request can be held in a slow uplink or a proxy's queue, or sent
+by a process that died before it recorded the attempt. The client assumes
+that a request reaches the server's record within the reconcile delay
+([WithReconcileDelay]) after it was last written, and it knows, without a
+durable write, the latest moment an attempt can have been written: never,
+for an intent it created and never sent; the end of its own last call of
+the intent; otherwise its own creation, since only an earlier process, now
+gone, can have sent it. An intent that is expired waits like any other. A
+request held longer than the reconcile delay is the one case the client
+cannot guard against alone.
+
+# The device's clock
+
+The user can set the device's clock, and networks set it wrong. What the
+clock decides, and what protects each decision:
+
+  - Which intent of an action is the latest: a sequence number stored with
+    each intent, never the clock.
+  - The reconcile delay: elapsed time on the in-process monotonic clock, which
+    no setting of the wall clock moves.
+  - Expiry: an intent's age is the wall clock's reading, but never less than
+    the time elapsed on the monotonic clock since this process first saw the
+    intent, nor than at the intent's last write. A clock jumping forward
+    makes intents expire early, which is safe: they are reconciled.
+
+What cannot be protected: a clock set back while the app was not running,
+by more than the safety margin, makes an intent created before look
+younger than it is, and it may then be sent after the server forgot its key.
+A Retry-After given as a date is read against the wall clock.
 
 # Sending through any http.Client
 

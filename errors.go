@@ -13,10 +13,21 @@ import (
 // Sentinel errors. Match them with errors.Is; the typed errors below wrap
 // them where they apply.
 var (
-	// ErrKeyReused: the server answered 422 because the key was used with a
-	// different request. This is a bug in the caller (a changed request must
-	// be a new intent); it is never retried.
-	ErrKeyReused = errors.New("idem: the server saw this Idempotency-Key with a different request (422); a changed request needs a new intent")
+	// ErrKeyReused: the server said that the key was used with a different
+	// request. This is a bug in the caller (a changed request must be a new
+	// intent); it is never retried. The answer is recognised by what it
+	// says, not by its status alone: a 422 problem of the contract's type
+	// (.../idempotency-key-reused), a Stripe error of type
+	// idempotency_error, or what WithKeyReusedAnswer recognises. Any other
+	// 422 is an ordinary final answer.
+	ErrKeyReused = errors.New("idem: the server saw this Idempotency-Key with a different request; a changed request needs a new intent")
+
+	// ErrNotSent: the request provably never reached the server (its TLS
+	// certificate was refused, the server answered plain HTTP to HTTPS, a
+	// redirect pointed to a scheme that is not http or https, redirects
+	// went round in a loop), so nothing was done, and retrying cannot fix
+	// it. See NotSentError.
+	ErrNotSent = errors.New("idem: the request never reached the server")
 
 	// ErrKeyRejected: the server refused the key itself (400, key missing or
 	// malformed, for example not a UUID where the server wants one).
@@ -79,6 +90,8 @@ type APIError struct {
 	Problem Problem
 	// Response is the whole answer, body included.
 	Response *Response
+
+	keyReused bool // the answer says the key was used with another request
 }
 
 func (e *APIError) Error() string {
@@ -103,7 +116,7 @@ func (e *APIError) Error() string {
 func (e *APIError) Is(target error) bool {
 	switch target {
 	case ErrKeyReused:
-		return e.StatusCode == http.StatusUnprocessableEntity
+		return e.keyReused
 	case ErrKeyRejected:
 		return isKeyProblem(e.StatusCode, e.Problem.Type)
 	}
@@ -132,6 +145,39 @@ func isKeyProblem(status int, typ string) bool {
 		return true
 	}
 	return false
+}
+
+// isKeyReused reports an answer that says the key was used with another
+// request, by what it says: the contract's problem type on a 422, or
+// Stripe's JSON error of type idempotency_error (which Stripe sends with
+// 400). A 422 without either is an ordinary final answer: many APIs use it
+// for plain validation.
+func isKeyReused(status int, header http.Header, body []byte) bool {
+	switch status {
+	case http.StatusUnprocessableEntity:
+		if problemName(parseProblem(header, body).Type) == "idempotency-key-reused" {
+			return true
+		}
+		fallthrough
+	case http.StatusBadRequest:
+		return isStripeIdempotencyError(header, body)
+	}
+	return false
+}
+
+// isStripeIdempotencyError reports Stripe's error body
+// {"error": {"type": "idempotency_error", ...}}.
+func isStripeIdempotencyError(header http.Header, body []byte) bool {
+	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
+	if ct != "application/json" {
+		return false
+	}
+	var e struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(body, &e) == nil && e.Error.Type == "idempotency_error"
 }
 
 // parseProblem decodes an RFC 9457 body; anything else yields the zero
@@ -217,6 +263,29 @@ func (e *RetryError) Unwrap() []error {
 	}
 	return errs
 }
+
+// NotSentError reports a call whose request provably never reached the
+// server: nothing was done, and no retry can change that (fix the cause: the
+// server's certificate, the URL, the redirects). It matches ErrNotSent and
+// not ErrOutcomeUnknown.
+//
+// It is returned only when no attempt of the intent can have reached the
+// server: the intent was created by this Client and this call's only
+// attempt failed so. The intent keeps its state and stays provably unsent,
+// so Client.Intent replaces it for a changed request, and Do sends it once
+// the cause is fixed. When an earlier attempt (or an earlier process) may
+// have reached the server, the same failure ends the call with a
+// *RetryError (StopFatal): the outcome is still unknown.
+type NotSentError struct {
+	Key string
+	Err error
+}
+
+func (e *NotSentError) Error() string {
+	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server, and retrying cannot fix it: %v", e.Key, e.Err)
+}
+
+func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
 // UnresolvedError is returned when a new intent is asked for an action
 // whose previous intent has an unknown outcome. Starting a second payment

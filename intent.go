@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -62,6 +63,19 @@ func (r Request) validate() error {
 	}
 	if !u.IsAbs() || u.Host == "" {
 		return fmt.Errorf("idem: request URL %q is not absolute", r.URL)
+	}
+	// What would make every attempt fail before it reaches a server is
+	// refused here, before the intent exists.
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", u.Redacted())
+	}
+	if u.Hostname() == "" {
+		return fmt.Errorf("idem: request URL %q has no host name", u.Redacted())
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", u.Redacted(), p)
+		}
 	}
 	return nil
 }
@@ -145,9 +159,10 @@ func (in *Intent) set(rec *persist.Record) {
 	in.mu.Unlock()
 }
 
-// newRecord makes the record of a new intent, with a fresh UUIDv4 key.
-// req has been validated; fp is its fingerprint.
-func newRecord(name string, req Request, fp string, now time.Time) (*persist.Record, error) {
+// newRecord makes the record of a new intent, with a fresh UUIDv4 key
+// spelled on the wire as this Client spells keys. req has been validated;
+// fp is its fingerprint, seq its place among its name's intents.
+func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now time.Time) (*persist.Record, error) {
 	key, err := uuid.NewRandom()
 	if err != nil {
 		return nil, fmt.Errorf("idem: generating idempotency key: %w", err)
@@ -155,6 +170,8 @@ func newRecord(name string, req Request, fp string, now time.Time) (*persist.Rec
 	return &persist.Record{
 		Version:     persist.FormatVersion,
 		Key:         key.String(),
+		KeyHeader:   c.keyHeader(key.String()),
+		Seq:         seq,
 		Name:        name,
 		Method:      req.Method,
 		URL:         req.URL,
@@ -165,6 +182,20 @@ func newRecord(name string, req Request, fp string, now time.Time) (*persist.Rec
 		UpdatedAt:   now,
 		State:       persist.StateNew,
 	}, nil
+}
+
+// latestOf returns the intent created last among recs, the intents of one
+// name: the highest Seq, which no setting of the device's clock moves.
+// Records written before Seq existed have none and come first, ordered by
+// creation time.
+func latestOf(recs []*persist.Record) *persist.Record {
+	latest := recs[0]
+	for _, r := range recs[1:] {
+		if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {
+			latest = r
+		}
+	}
+	return latest
 }
 
 // Intent returns the intent for the action name with request req: the one
@@ -215,6 +246,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	defer c.intentMu.Unlock()
 
 	fp := req.fingerprint()
+	seq := uint64(1)
 	if name != "" {
 		recs, err := c.store.List(ctx, persist.Filter{Name: name})
 		if err != nil {
@@ -223,7 +255,8 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
 		}
 		if len(recs) > 0 {
-			latest := recs[len(recs)-1]
+			latest := latestOf(recs)
+			seq = latest.Seq + 1
 			same := latest.Fingerprint == fp
 			switch {
 			case same && !forceNew:
@@ -241,7 +274,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 		}
 	}
-	rec, err := newRecord(name, req, fp, c.clock.Now())
+	rec, err := c.newRecord(name, req, fp, seq, c.clock.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -328,24 +361,27 @@ func (c *Client) undrop(key string) {
 }
 
 func (c *Client) markCreated(key string) {
+	now := c.sinceBirth()
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	if c.unsent == nil {
-		c.unsent = make(map[string]struct{})
-	}
 	c.unsent[key] = struct{}{}
+	if _, ok := c.created[key]; !ok {
+		c.created[key] = now
+	}
 }
 
 // markSent records that key is about to be sent, or refuses if Intent has
-// dropped it for a changed request.
-func (c *Client) markSent(key string) error {
+// dropped it for a changed request. unsent reports whether the key was
+// provably unsent until now.
+func (c *Client) markSent(key string) (unsent bool, err error) {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
 	if _, dropped := c.dropped[key]; dropped {
-		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+		return false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
 	}
 	// Once sent, the key is no longer provably unsent: forgetting it gives
 	// the same answer from dropUnsent and keeps the map small.
+	_, unsent = c.unsent[key]
 	delete(c.unsent, key)
-	return nil
+	return unsent, nil
 }

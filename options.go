@@ -23,7 +23,10 @@ func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } 
 // WithLogger logs retries and outcomes to l. The default is silence.
 func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
 
-// WithClock replaces the system clock, for tests of waiting.
+// WithClock replaces the system clock, for tests of waiting. A clock that
+// also implements Monotonic lets tests set its wall time anywhere while
+// idem measures elapsed time on its monotonic reading, as it does with the
+// system clock.
 func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // WithRetryPolicy sets when to retry and how long to wait.
@@ -39,8 +42,9 @@ func WithRetention(retention, margin time.Duration) Option {
 }
 
 // WithReconcileDelay sets how long after an intent's last attempt a "not
-// found" from the lookup in Reconcile is trusted. Zero means
-// DefaultReconcileDelay.
+// found" from the lookup in Reconcile is trusted: the longest a request may
+// take from the device to the server's record (see DefaultReconcileDelay).
+// Zero means DefaultReconcileDelay.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
 // WithMaxResponseBytes bounds the body read from one answer; a larger body
@@ -55,3 +59,13 @@ func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
 // chosen before the next one. f runs on the goroutine of Do and must not
 // block.
 func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAttempt = f } }
+
+// WithKeyReusedAnswer tells idem how the app's own server says that a key
+// was used with a different request, when it says it otherwise than the
+// contract (a 422 problem of type .../idempotency-key-reused) or Stripe (an
+// error of type idempotency_error). f sees each final answer that is not a
+// 2xx and reports whether it is such a refusal; the intent is then rejected
+// and the error matches ErrKeyReused. f must not keep resp.
+func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
+	return func(c *Client) { c.isKeyReused = f }
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -18,12 +19,20 @@ import (
 //
 //   - 2xx: the work was done; the intent becomes succeeded, with the
 //     lookup's answer stored as its response.
-//   - 404, and the intent's last attempt is older than the reconcile delay
-//     (or the intent is expired): the work was never done; the intent
-//     becomes void and a new intent for the action may be created.
-//   - 404 sooner than that: an attempt may still be running on the server,
-//     so Reconcile returns an error matching ErrOutcomeUnknown and changes
-//     nothing. Try again later.
+//   - 404, once no attempt of the intent can still arrive: the work was
+//     never done; the intent becomes void and a new intent for the action
+//     may be created. An attempt may arrive up to the reconcile delay
+//     (WithReconcileDelay) after it was last written, and the device knows
+//     when that was, at the latest, without storing it: never, for an
+//     intent this Client created and never sent; the end of this Client's
+//     last call of it, if it sent it; otherwise this Client's creation,
+//     since only an earlier process can have sent it. An expired intent
+//     waits like any other: its last attempt may have left just before
+//     expiry. The wait is measured on the in-process timeline, which no
+//     setting of the wall clock moves (see Monotonic).
+//   - 404 sooner than that: an attempt may still be on its way, so
+//     Reconcile returns an error matching ErrOutcomeUnknown that says how
+//     long to wait, and changes nothing. Try again later.
 //   - 409 (the server holds the key in progress), 503 and the other
 //     retryable answers: an error matching ErrOutcomeUnknown, and nothing
 //     changes: resume the intent with Do or reconcile later.
@@ -64,6 +73,10 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
 	}
+	// Whether an attempt may still arrive is decided as the lookup leaves:
+	// its answer tells the server's state from then on, and an attempt
+	// that arrives while the lookup is on its way is not in it.
+	wait := c.mayStillArrive(key)
 	// Never a key on GET: the lookup is naturally idempotent.
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -82,10 +95,11 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 		// The caller owns out; the record keeps its own copy.
 		rec.Response = &persist.Response{StatusCode: out.StatusCode, Header: out.Header.Clone(), Body: bytes.Clone(out.Body)}
 	case resp.StatusCode == http.StatusNotFound:
-		expired := !now.Before(rec.CreatedAt.Add(c.retention - c.margin))
-		if !expired && now.Sub(rec.UpdatedAt) < c.reconcile {
-			return nil, fmt.Errorf("idem: the server has no effect for intent %s yet, but its last attempt was %s ago and may still be running; reconcile again after %s: %w",
-				key, now.Sub(rec.UpdatedAt).Round(1e6), c.reconcile, ErrOutcomeUnknown)
+		// Expired or not: an attempt sent just before expiry may arrive
+		// as late as any other.
+		if wait > 0 {
+			return nil, fmt.Errorf("idem: the server has no effect for intent %s yet, but an attempt of it may still be on its way; reconcile again in %s: %w",
+				key, wait.Round(time.Millisecond), ErrOutcomeUnknown)
 		}
 		rec.State = persist.StateVoid
 		rec.Response = nil
@@ -106,5 +120,6 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
 		return out, err
 	}
+	c.settled(key)
 	return out, nil
 }

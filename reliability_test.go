@@ -125,9 +125,13 @@ type generation struct {
 
 // randomRun is the shared state of one randomized run.
 type randomRun struct {
-	t       *testing.T
-	seed    uint64
+	t    *testing.T
+	seed uint64
+	// clock is the true time, the server's; device is the device's wall
+	// clock over it, which jumps both ways.
 	clock   *clocktest.Clock
+	device  *deviceClock
+	net     *network
 	srv     *fakeserver.Server
 	useFile bool
 	dir     string
@@ -138,20 +142,54 @@ type randomRun struct {
 	disk *persist.FileStore // the open FileStore, when useFile
 	mem  *persist.Memory    // the device, when !useFile
 
-	attempts, retries, restarts, doubleTaps, calls atomic.Int64
-	faultsMu                                       sync.Mutex
-	faults                                         map[string]int
+	intentsMu sync.Mutex
+	intents   []*rIntent // every intent of every action, in creation order
+
+	attempts, retries, restarts, doubleTaps, calls            atomic.Int64
+	jumps, reconciles, paidAgain, cartChanges, refusedChanges atomic.Int64
+	faultsMu                                                  sync.Mutex
+	faults                                                    map[string]int
 	// statuses counts attempts by answer status, 0 for no answer.
 	statuses map[int]int
 }
 
+// rAction is one user action of the run (a checkout): one or more
+// purchases in turn, each a cart, all under the action's name.
+type rAction struct {
+	i        int
+	name     string
+	declined bool // the action's customer's card is declined
+	amount   int
+}
+
+// cart returns the request of the action's purchase p: a changed cart is
+// a changed request.
+func (a *rAction) cart(t testing.TB, base string, p int) idem.Request {
+	t.Helper()
+	customer := "cus_" + strconv.Itoa(a.i%17)
+	if a.declined {
+		customer = "cus_declined"
+	}
+	req, err := idem.JSONRequest(http.MethodPost, base+"/payments", map[string]any{
+		"amount": a.amount + p, "currency": "AZN", "customer": customer, "description": "random " + strconv.Itoa(a.i) + "/" + strconv.Itoa(p),
+	})
+	require.NoError(t, err)
+	return req
+}
+
 // rIntent is one intent of the run and what the app was told about it.
 type rIntent struct {
-	i        int
+	i        int // the action's
 	name     string
 	req      idem.Request
 	declined bool
 	key      string
+	// redirected is set when the intent's first attempt was drawn to be
+	// sent to a login page.
+	redirected bool
+	// leftUnknown is set when the app tried to settle the intent and the
+	// outcome stayed unknown.
+	leftUnknown bool
 
 	// final is the last final answer Do reported, nil if none.
 	final *idem.Response
@@ -186,11 +224,21 @@ func pickSeed(t testing.TB) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// TestRandomizedEndToEnd runs many intents from many goroutines against the
-// fake server with faults drawn at random for each, double taps and client
-// restarts at random points, and checks at the end that every intent made
-// exactly one payment or one decline, that what the app was told is what
-// the server stored, and that the server's totals add up.
+// TestRandomizedEndToEnd runs many actions from many goroutines against
+// the fake server with faults drawn at random for each intent, double taps
+// and client restarts at random points, and checks at the end that every
+// intent made exactly one payment or one decline, or provably none, that
+// what the app was told is what the server stored, and that the server's
+// totals add up.
+//
+// Between the app and the server is a network (see network) that holds
+// requests in transit, across restarts and up to the reconcile delay, and a
+// proxy that answers its own 5xx after the server did the work, redirects
+// to a login page, and redirects with 307. The device's clock jumps both
+// ways. An action may change its cart (a new purchase, with a new intent),
+// reconcile an intent the app gave up on and pay again when the server
+// never did it, as an app does: every new intent is checked to be created
+// only while every earlier intent of its action is settled.
 func TestRandomizedEndToEnd(t *testing.T) {
 	t.Parallel()
 	seed := pickSeed(t)
@@ -207,6 +255,7 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	require.Positive(t, workers)
 
 	run := &randomRun{t: t, seed: seed, clock: clocktest.New(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
+	run.device = newDeviceClock(run.clock)
 	switch os.Getenv("IDEM_RANDOM_STORE") {
 	case "file":
 		run.useFile = true
@@ -230,6 +279,8 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	} else {
 		run.mem = persist.NewMemory(nil)
 	}
+	run.net = newNetwork(run)
+	t.Cleanup(run.net.close)
 	require.NoError(t, run.restart(nil))
 	t.Cleanup(func() {
 		run.mu.Lock()
@@ -241,22 +292,13 @@ func TestRandomizedEndToEnd(t *testing.T) {
 		}
 	})
 
-	intents := make([]*rIntent, nIntents)
-	for i := range intents {
-		customer := "cus_" + strconv.Itoa(i%17)
-		declined := rng.IntN(10) == 0
-		if declined {
-			customer = "cus_declined"
-		}
-		req, err := idem.JSONRequest(http.MethodPost, run.srv.URL+"/payments", map[string]any{
-			"amount": 100 + rng.IntN(100000), "currency": "AZN", "customer": customer, "description": "random " + strconv.Itoa(i),
-		})
-		require.NoError(t, err)
-		intents[i] = &rIntent{i: i, name: fmt.Sprintf("random:%d", i), req: req, declined: declined}
+	actions := make([]*rAction, nIntents)
+	for i := range actions {
+		actions[i] = &rAction{i: i, name: fmt.Sprintf("random:%d", i), declined: rng.IntN(10) == 0, amount: 100 + rng.IntN(100000)}
 	}
 	// Each intent's draws come from its own stream, so they do not depend
 	// on which worker picks it up when.
-	seeds := make([]uint64, nIntents)
+	seeds := make([]uint64, len(actions))
 	for i := range seeds {
 		seeds[i] = rng.Uint64()
 	}
@@ -294,17 +336,17 @@ func TestRandomizedEndToEnd(t *testing.T) {
 		}
 	}()
 
-	jobs := make(chan *rIntent)
+	jobs := make(chan *rAction)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for it := range jobs {
-				run.intent(it, rand.New(rand.NewPCG(seeds[it.i], uint64(it.i))))
+			for a := range jobs {
+				run.action(a, rand.New(rand.NewPCG(seeds[a.i], uint64(a.i))))
 			}
 		})
 	}
-	for _, it := range intents {
-		jobs <- it
+	for _, a := range actions {
+		jobs <- a
 	}
 	close(jobs)
 	wg.Wait()
@@ -313,7 +355,7 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	run.check(intents, time.Since(start))
+	run.check(run.intents, time.Since(start))
 }
 
 // current returns the live generation.
@@ -358,8 +400,13 @@ func (run *randomRun) restart(r *rand.Rand) error {
 		// a reused connection.
 		tr.DisableKeepAlives = true
 	}
-	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	store := &fencedStore{Store: base}
+	hc := &http.Client{Transport: &genTransport{n: run.net, store: store, base: tr}, Timeout: 30 * time.Second}
+	if r != nil && r.IntN(2) == 0 {
+		// The device's clock jumps as the app starts: set by the user, or
+		// by a network's wrong time.
+		run.jumpClock(r)
+	}
 	var extra []idem.Option
 	if r != nil && r.IntN(4) == 0 {
 		// The key as an sf-string: the server must take "K" and K as one.
@@ -368,7 +415,7 @@ func (run *randomRun) restart(r *rand.Rand) error {
 	c, err := idem.New(append(extra,
 		idem.WithHTTPClient(hc),
 		idem.WithStore(store),
-		idem.WithClock(run.clock),
+		idem.WithClock(run.device),
 		idem.WithRetryPolicy(run.policy),
 		idem.WithRetention(90*24*time.Hour, time.Hour),
 		idem.WithAttemptHook(func(a idem.Attempt) {
@@ -389,15 +436,43 @@ func (run *randomRun) restart(r *rand.Rand) error {
 	return nil
 }
 
+// jumpClock sets the device's clock forward or back by up to three hours,
+// keeping it within six hours of the true time.
+func (run *randomRun) jumpClock(r *rand.Rand) {
+	by := time.Duration(1+r.IntN(180)) * time.Minute
+	if r.IntN(2) == 0 {
+		by = -by
+	}
+	if skew := run.device.skewed(); skew+by > 6*time.Hour || skew+by < -6*time.Hour {
+		by = -by
+	}
+	run.device.Jump(by)
+	run.jumps.Add(1)
+}
+
 // killed reports whether err is a consequence of g having been killed.
 func (g *generation) killed(err error) bool {
 	return g.ctx.Err() != nil || errors.Is(err, errKilled)
 }
 
-// injectFaults draws the faults for one intent's key.
+// injectFaults draws the faults for one intent's key: the server's, and
+// the network's and proxy's in front of it.
 func (run *randomRun) injectFaults(it *rIntent, r *rand.Rand) {
+	if r.IntN(25) == 0 {
+		// A login page in front of the server answers the first attempt
+		// with a redirect; nothing reaches the server, and nothing was
+		// sent before it that could still arrive.
+		it.redirected = true
+		run.net.add(it.key, proxyFault{kind: proxyLogin})
+		run.count("proxy-login-redirect", 1)
+		return
+	}
 	n := r.IntN(4) // 0-3 faults; a quarter of the intents see none
 	for range n {
+		if r.IntN(3) == 0 {
+			run.injectProxyFault(it, r)
+			continue
+		}
 		f := fakeserver.Fault{Key: it.key, Count: 1 + r.IntN(2)}
 		label := ""
 		switch r.IntN(9) {
@@ -442,31 +517,147 @@ func (run *randomRun) injectFaults(it *rIntent, r *rand.Rand) {
 	}
 }
 
-// intent runs one intent: create it, draw its faults, and make up to three
-// calls of Do, some of them double taps, across whatever restarts happen.
-func (run *randomRun) intent(it *rIntent, r *rand.Rand) {
-	t := run.t
-	var in *idem.Intent
-	var g *generation
-	for try := 0; in == nil; try++ {
-		if try == 20 {
-			t.Errorf("intent %d: could not be created in 20 generations", it.i)
-			return
+func (run *randomRun) count(fault string, n int) {
+	run.faultsMu.Lock()
+	run.faults[fault] += n
+	run.faultsMu.Unlock()
+}
+
+// injectProxyFault draws one fault of the network or the proxy.
+func (run *randomRun) injectProxyFault(it *rIntent, r *rand.Rand) {
+	var f proxyFault
+	switch r.IntN(4) {
+	case 0, 1:
+		// Held in transit for up to (nearly) the reconcile delay, the
+		// longest the client assumes; one time in two the app is killed
+		// while the request is on its way, before it records anything.
+		f = proxyFault{kind: proxyHold, hold: time.Duration(1+r.IntN(int(idem.DefaultReconcileDelay/time.Second)-1)) * time.Second, die: r.IntN(2) == 0}
+		name := "net-hold"
+		if f.die {
+			name += "+app-killed"
 		}
-		g = run.current()
-		var err error
-		in, err = g.client.Intent(g.ctx, it.name, it.req)
-		if err != nil {
-			if g.killed(err) {
-				in = nil
-				continue
+		run.count(name, 1)
+	case 2:
+		// A CDN answers its own 5xx after the server did the work.
+		f = proxyFault{kind: proxyStatusAfterWork, status: []int{501, 507, 520, 522, 524}[r.IntN(5)]}
+		run.count("proxy-after-work-"+strconv.Itoa(f.status), 1)
+	case 3:
+		f = proxyFault{kind: proxyRedirect307}
+		run.count("proxy-307", 1)
+	}
+	run.net.add(it.key, f)
+}
+
+// action runs one user action: one purchase, or, one time in three, two or
+// three in turn, each with a changed cart.
+func (run *randomRun) action(a *rAction, r *rand.Rand) {
+	purchases := 1
+	if r.IntN(3) == 0 {
+		purchases += 1 + r.IntN(2)
+	}
+	for p := range purchases {
+		if p > 0 {
+			run.cartChanges.Add(1)
+			if r.IntN(3) == 0 {
+				run.jumpClock(r)
 			}
-			t.Errorf("intent %d: %v", it.i, err)
+		}
+		it := run.newIntent(a, a.cart(run.t, run.srv.URL, p), false, r)
+		if it == nil {
+			return // the previous purchase is unresolved: the app waits
+		}
+		if !run.drive(it, a, r, 0) {
 			return
 		}
 	}
-	it.key = in.Key()
-	run.injectFaults(it, r)
+}
+
+// newIntent creates the intent for req with Client.Intent (or NewIntent
+// when again is set, to pay again after a void intent), and checks the
+// promise of the unresolved guard: a new intent exists only while every
+// earlier intent of its action is settled. It returns nil when the guard
+// refused.
+func (run *randomRun) newIntent(a *rAction, req idem.Request, again bool, r *rand.Rand) *rIntent {
+	t := run.t
+	for try := 0; ; try++ {
+		if try == 20 {
+			t.Errorf("action %d: no intent could be created in 20 generations", a.i)
+			return nil
+		}
+		g := run.current()
+		var (
+			in  *idem.Intent
+			err error
+		)
+		if again {
+			in, err = g.client.NewIntent(g.ctx, a.name, req)
+		} else {
+			in, err = g.client.Intent(g.ctx, a.name, req)
+		}
+		switch {
+		case g.killed(err):
+			continue
+		case errors.Is(err, idem.ErrUnresolved):
+			run.refusedChanges.Add(1)
+			return nil
+		case err != nil:
+			t.Errorf("action %d: %v", a.i, err)
+			return nil
+		}
+		recs, err := g.store.List(g.ctx, persist.Filter{Name: a.name})
+		if g.killed(err) {
+			continue
+		}
+		require.NoError(t, err)
+		for _, rec := range recs {
+			if rec.Key != in.Key() && !rec.State.Resolved() {
+				t.Errorf("action %d: intent %s was created while intent %s (%s, created %s) was unresolved", a.i, in.Key(), rec.Key, rec.State, rec.CreatedAt)
+			}
+		}
+		it := &rIntent{i: a.i, name: a.name, req: req, declined: a.declined, key: in.Key()}
+		run.intentsMu.Lock()
+		known := false
+		for _, other := range run.intents {
+			known = known || other.key == it.key
+		}
+		if !known {
+			run.intents = append(run.intents, it)
+		}
+		run.intentsMu.Unlock()
+		if known {
+			// The same cart's intent, returned again: a resumption.
+			for _, other := range run.intents {
+				if other.key == it.key {
+					return other
+				}
+			}
+		}
+		run.injectFaults(it, r)
+		if r.IntN(4) == 0 {
+			// The user leaves the Pay screen open: the first attempt
+			// goes out minutes after the intent was made.
+			_ = run.clock.Sleep(context.Background(), time.Duration(r.IntN(600))*time.Second)
+		}
+		return it
+	}
+}
+
+// drive makes up to three calls of Do for it, some of them double taps,
+// across whatever restarts happen. An intent left unresolved may then be
+// reconciled, as the app does after a restart or when the user gives up
+// waiting, and paid again under a new intent when the server never did
+// it. The result says whether the action may go on to its next purchase.
+func (run *randomRun) drive(it *rIntent, a *rAction, r *rand.Rand, depth int) bool {
+	t := run.t
+	g := run.current()
+	in, err := g.client.Load(g.ctx, it.key)
+	if err != nil {
+		if !g.killed(err) {
+			t.Errorf("intent %d: load: %v", it.i, err)
+			return false
+		}
+		g = nil
+	}
 
 	const maxCalls = 3
 	killedCalls := 0
@@ -480,9 +671,21 @@ func (run *randomRun) intent(it *rIntent, r *rand.Rand) {
 					continue
 				}
 				t.Errorf("intent %d: load after restart: %v", it.i, err)
-				return
+				return false
 			}
 			in = loaded
+			if !in.State().Resolved() && r.IntN(2) == 0 {
+				// The app looks the intent up before it resumes it.
+				if done, ok := run.settle(g, it, in, r); ok {
+					return done
+				}
+				// A kill may have cut the reconciliation short: the
+				// device is the truth, so start over from it.
+				continue
+			}
+		}
+		if in.State().Resolved() {
+			return true
 		}
 		run.calls.Add(1)
 		resp, err := run.doMaybeTwice(g, in, r)
@@ -492,14 +695,14 @@ func (run *randomRun) intent(it *rIntent, r *rand.Rand) {
 			it.final = resp
 			var saveErr *idem.SaveError
 			if !errors.As(err, &saveErr) {
-				return
+				return true
 			}
 			// The answer arrived but could not be saved (the generation was
 			// killed): the next Do replays it.
 		}
 		if err != nil && !final && !errors.Is(err, idem.ErrOutcomeUnknown) && !g.killed(err) {
 			t.Errorf("intent %d: unexpected error: %v", it.i, err)
-			return
+			return false
 		}
 		if g.killed(err) {
 			// A killed call does not use up the intent's calls, but a run of
@@ -507,12 +710,239 @@ func (run *randomRun) intent(it *rIntent, r *rand.Rand) {
 			killedCalls++
 			if killedCalls > 20 {
 				t.Errorf("intent %d: killed 20 times", it.i)
-				return
+				return false
 			}
 			continue
 		}
 		it.budgetOut = errors.Is(err, idem.ErrRetriesExhausted)
 		call++
+	}
+	if r.IntN(2) == 0 {
+		return false // left for later: the check settles it
+	}
+	void, ok := run.settle(g, it, in, r)
+	if !ok {
+		return false
+	}
+	if void && depth < 2 {
+		// The server never did it: the app pays again, under a new key.
+		again := run.newIntent(a, it.req, true, r)
+		if again == nil {
+			return false
+		}
+		run.paidAgain.Add(1)
+		return run.drive(again, a, r, depth+1)
+	}
+	return !void
+}
+
+// settle reconciles an unresolved intent as an app does: after a while,
+// and again after the reconcile delay when the server cannot tell yet. ok
+// says whether it concluded; void, that the server never did the work.
+func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *rand.Rand) (void, ok bool) {
+	if run.net.uncertain(it.key) {
+		// A kill cut one of its round trips short: the request may sit
+		// in a socket for a moment of real time, which the manual clock
+		// does not measure. The check settles it at the end.
+		return false, false
+	}
+	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*idem.DefaultReconcileDelay))))
+	for range 2 {
+		resp, err := g.client.Reconcile(g.ctx, in, run.srv.URL+"/payments?idempotency_key="+url.QueryEscape(it.key))
+		switch {
+		case g.killed(err):
+			return false, false
+		case errors.Is(err, idem.ErrOutcomeUnknown):
+			_ = run.clock.Sleep(g.ctx, idem.DefaultReconcileDelay)
+			continue
+		case err != nil:
+			run.t.Errorf("intent %d: reconcile: %v", it.i, err)
+			return false, false
+		}
+		run.reconciles.Add(1)
+		switch in.State() {
+		case persist.StateSucceeded:
+			it.final = resp
+			return false, true
+		case persist.StateVoid:
+			return true, true
+		}
+		run.t.Errorf("intent %d: reconciled to %s", it.i, in.State())
+		return false, false
+	}
+	it.leftUnknown = true
+	return false, false
+}
+
+// The faults of the network and the proxy in front of the server.
+const (
+	proxyHold            = "hold"
+	proxyStatusAfterWork = "status-after-work"
+	proxyLogin           = "login"
+	proxyRedirect307     = "redirect-307"
+)
+
+type proxyFault struct {
+	kind   string
+	hold   time.Duration // proxyHold: how long the request stays in transit
+	die    bool          // proxyHold: the app is killed meanwhile
+	status int           // proxyStatusAfterWork
+}
+
+// network is what lies between the devices and the fake server: it keeps
+// requests in transit for a while on the true clock, across restarts, and
+// answers for the proxy.
+type network struct {
+	run  *randomRun
+	base *http.Transport // delivers the held requests
+	// delivering is held while held requests are delivered, so that no
+	// request passes one that is due and on its way.
+	delivering sync.Mutex
+	mu         sync.Mutex
+	// faults holds each key's next faults, in order.
+	faults map[string][]proxyFault
+	held   []heldRequest
+	// cut holds the keys of which a round trip was cut short by a kill.
+	cut map[string]bool
+}
+
+type heldRequest struct {
+	req *http.Request
+	due time.Time
+}
+
+func newNetwork(run *randomRun) *network {
+	return &network{run: run, base: &http.Transport{DisableKeepAlives: true}, faults: make(map[string][]proxyFault), cut: make(map[string]bool)}
+}
+
+func (n *network) close() { n.base.CloseIdleConnections() }
+
+func (n *network) add(key string, f proxyFault) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.faults[key] = append(n.faults[key], f)
+}
+
+func (n *network) next(key string) (proxyFault, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	fs := n.faults[key]
+	if len(fs) == 0 {
+		return proxyFault{}, false
+	}
+	n.faults[key] = fs[1:]
+	return fs[0], true
+}
+
+func (n *network) uncertain(key string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cut[key]
+}
+
+// deliver lets the held requests whose time has come reach the server,
+// all of them when all is set, and drops their answers.
+func (n *network) deliver(all bool) {
+	n.delivering.Lock()
+	defer n.delivering.Unlock()
+	now := n.run.clock.Now()
+	n.mu.Lock()
+	var due []heldRequest
+	kept := n.held[:0]
+	for _, h := range n.held {
+		if all || !now.Before(h.due) {
+			due = append(due, h)
+		} else {
+			kept = append(kept, h)
+		}
+	}
+	n.held = kept
+	n.mu.Unlock()
+	for _, h := range due {
+		resp, err := n.base.RoundTrip(h.req)
+		if err != nil {
+			continue // the server's own faults apply to it too
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// genTransport is one app generation's way onto the network.
+type genTransport struct {
+	n     *network
+	store *fencedStore // the generation's: killed with it
+	base  http.RoundTripper
+}
+
+func (tr *genTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	// What was held until now arrives first.
+	tr.n.deliver(false)
+	if err := req.Context().Err(); err != nil {
+		return nil, err
+	}
+	if req.Method == http.MethodGet && req.URL.Path == "/login" {
+		return proxyAnswer(req, http.StatusOK, "text/html", "<html>Sign in</html>", nil), nil
+	}
+	key := strings.Trim(req.Header.Get("Idempotency-Key"), `"`)
+	f, ok := proxyFault{}, false
+	if key != "" {
+		f, ok = tr.n.next(key)
+	}
+	switch {
+	case !ok:
+	case f.kind == proxyHold:
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			return nil, err
+		}
+		later := req.Clone(context.Background())
+		later.Body = io.NopCloser(bytes.NewReader(body))
+		unlock, err := tr.store.guard()
+		if err != nil {
+			return nil, err // the app is dead: nothing leaves it
+		}
+		tr.n.mu.Lock()
+		tr.n.held = append(tr.n.held, heldRequest{req: later, due: tr.n.run.clock.Now().Add(f.hold)})
+		tr.n.mu.Unlock()
+		unlock()
+		if f.die {
+			if err := tr.n.run.restart(nil); err != nil {
+				tr.n.run.t.Errorf("restart: %v", err)
+			}
+		}
+		return nil, errors.New("reliability test: the connection broke while the request was in transit")
+	case f.kind == proxyLogin:
+		return proxyAnswer(req, http.StatusFound, "text/html", "", http.Header{"Location": {"/login"}}), nil
+	case f.kind == proxyRedirect307:
+		return proxyAnswer(req, http.StatusTemporaryRedirect, "text/plain", "", http.Header{"Location": {req.URL.String()}}), nil
+	case f.kind == proxyStatusAfterWork:
+		resp, err := tr.base.RoundTrip(req)
+		if err != nil {
+			return nil, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return proxyAnswer(req, f.status, "text/html", "<html>origin error</html>", nil), nil
+	}
+	resp, err := tr.base.RoundTrip(req)
+	if req.Context().Err() != nil && key != "" {
+		tr.n.mu.Lock()
+		tr.n.cut[key] = true
+		tr.n.mu.Unlock()
+	}
+	return resp, err
+}
+
+func proxyAnswer(req *http.Request, status int, contentType, body string, h http.Header) *http.Response {
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set("Content-Type", contentType)
+	return &http.Response{
+		StatusCode: status, Status: strconv.Itoa(status) + " " + http.StatusText(status),
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req,
 	}
 }
 
@@ -606,9 +1036,13 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	// The unresolved intents, settled by reconciling once every attempt's
 	// lease and the reconcile delay are over, and without faults.
 	run.srv.ClearFaults()
+	run.net.mu.Lock()
+	clear(run.net.faults)
+	run.net.mu.Unlock()
 	run.clock.Advance(idem.DefaultReconcileDelay + time.Minute)
+	run.net.deliver(true) // everything held in transit has arrived by now
 	var (
-		succeeded, declined, unresolved, reconciledPaid, reconciledVoid, reconciledResumed int
+		succeeded, declined, redirected, void, unresolved, reconciledPaid, reconciledVoid, reconciledResumed int
 	)
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	defer hc.CloseIdleConnections()
@@ -618,7 +1052,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 		state := in.State()
 		if !state.Resolved() {
 			unresolved++
-			assert.True(t, it.budgetOut, "intent %d (%s) is unresolved but its budget did not run out; last error: %v", it.i, it.key, it.lastErr)
+			assert.True(t, it.budgetOut || it.leftUnknown, "intent %d (%s) is unresolved but its budget did not run out; last error: %v", it.i, it.key, it.lastErr)
 			if it.final != nil {
 				t.Errorf("intent %d: the app was given a final answer (%d) but the device did not keep it", it.i, it.final.StatusCode)
 			}
@@ -649,7 +1083,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 				t.Errorf("intent %d: reconciled to %s", it.i, state)
 			}
 		}
-		a := run.askServer(hc, it, state == persist.StateSucceeded || state == persist.StateFailed)
+		a := run.askServer(hc, it, state == persist.StateSucceeded || state == persist.StateFailed && !it.redirected)
 		switch state {
 		case persist.StateSucceeded:
 			succeeded++
@@ -668,8 +1102,16 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 				assert.Equal(t, paymentID(t, a.lookupBody), paymentID(t, it.final.Body), "intent %d", it.i)
 			}
 		case persist.StateFailed:
+			if it.redirected && in.Response().StatusCode == http.StatusFound {
+				// The login page's redirect is the answer; the server
+				// never saw the key.
+				redirected++
+				assert.Equal(t, "/login", in.Response().Header.Get("Location"), "intent %d", it.i)
+				assert.Equal(t, http.StatusNotFound, a.lookupStatus, "intent %d: redirected, yet the server has payment %s", it.i, a.lookupBody)
+				break
+			}
 			declined++
-			assert.True(t, it.declined, "intent %d failed: %s", it.i, in.Response().Body)
+			assert.True(t, it.declined, "intent %d failed: %d %s", it.i, in.Response().StatusCode, in.Response().Body)
 			assert.Equal(t, http.StatusPaymentRequired, in.Response().StatusCode, "intent %d", it.i)
 			assert.Equal(t, http.StatusNotFound, a.lookupStatus, "intent %d: declined but a payment exists", it.i)
 			assert.Equal(t, http.StatusPaymentRequired, a.replayStatus, "intent %d", it.i)
@@ -678,6 +1120,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 				assert.Equal(t, string(a.replayBody), string(it.final.Body), "intent %d", it.i)
 			}
 		case persist.StateVoid:
+			void++
 			assert.Equal(t, http.StatusNotFound, a.lookupStatus, "intent %d: void but the server has payment %s", it.i, a.lookupBody)
 		default:
 			t.Errorf("intent %d ended %s", it.i, state)
@@ -708,8 +1151,10 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	if run.useFile {
 		store = "file"
 	}
-	t.Logf("seed %d, store %s: %d intents in %s: %d succeeded, %d declined, %d unresolved after their calls (%d reconciled paid, %d reconciled void, %d of them resumed after an unsettled lookup); %d orphan charges",
-		run.seed, store, len(intents), wall.Round(time.Millisecond), succeeded, declined, unresolved, reconciledPaid, reconciledVoid, reconciledResumed, after.ProviderCharges-succeeded)
+	t.Logf("seed %d, store %s: %d intents in %s: %d succeeded, %d declined, %d redirected to a login page, %d void, %d unresolved after the app's calls (%d reconciled paid, %d reconciled void, %d of them resumed after an unsettled lookup); %d orphan charges",
+		run.seed, store, len(intents), wall.Round(time.Millisecond), succeeded, declined, redirected, void, unresolved, reconciledPaid, reconciledVoid, reconciledResumed, after.ProviderCharges-succeeded)
+	t.Logf("app: %d reconciles that concluded during the run, %d payments made again after a void intent, %d changed carts, %d refused while an intent was unresolved, %d clock jumps (device clock now %s off)",
+		run.reconciles.Load(), run.paidAgain.Load(), run.cartChanges.Load(), run.refusedChanges.Load(), run.jumps.Load(), run.device.skewed())
 	t.Logf("server, before the checks: %d requests, %d executions, %d payments, %d provider charges, %d records, %d in progress",
 		stats.Requests, stats.Executions, stats.Payments, stats.ProviderCharges, stats.Records, stats.InProgress)
 	t.Logf("client: %d Do calls, %d attempts, %d retries, %d double taps, %d restarts, %.1fh of manual clock",

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -117,38 +118,80 @@ type Attempt struct {
 	Wait  time.Duration
 }
 
-// retryableStatus is the set of contract section 8: answers that say the
-// work was not done (or not yet) and may be asked again with the same key.
+// retryableStatus reports an answer that does not settle the intent: the
+// server may or may not have done the work, or has not done it yet, and the
+// same key may be sent again. These are 408, 409 (in progress), 429, every
+// 5xx (a proxy's 520-524 as much as the origin's 500: a 5xx says nothing
+// about whether the work was done) and every status outside 100-599, which
+// no server states a meaning for. An answer the server marked as its stored
+// record is final whatever its status: see replayed.
 func retryableStatus(code int) bool {
+	switch {
+	case code < 100 || code > 599, code >= 500:
+		return true
+	}
 	switch code {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
-		http.StatusInternalServerError, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
 		return true
 	}
 	return false
 }
 
+// replayed reports an answer marked Idempotent-Replayed: true, the
+// server's stored record for the key: final, whatever its status, because
+// sending the key again only replays it.
+func replayed(h http.Header) bool {
+	return strings.EqualFold(strings.TrimSpace(h.Get("Idempotent-Replayed")), "true")
+}
+
+// settles reports whether an answer with this status and headers is the
+// intent's final answer.
+func settles(code int, h http.Header) bool {
+	return !retryableStatus(code) || replayed(h)
+}
+
 // retryableError reports whether a transport error may be retried. Every
 // network failure is, including those after the request was written: the
-// key makes the repeat harmless. Certificate failures are not: no retry
-// will fix them. Errors are classified by type, never by message text.
+// key makes the repeat harmless. An oversized answer is not, nor is an
+// error that proves the request never reached the server (neverReached):
+// no retry will fix those. Errors are classified by type, never by message
+// text.
 func retryableError(err error) bool {
-	if errors.Is(err, errBodyTooLarge) {
-		return false
-	}
+	return !errors.Is(err, errBodyTooLarge) && !neverReached(err)
+}
+
+// redirectSchemeError ends a redirect to a Location whose scheme net/http
+// cannot send to.
+type redirectSchemeError struct{ location string }
+
+func (e *redirectSchemeError) Error() string {
+	return fmt.Sprintf("idem: redirected to %s, whose scheme is not http or https", e.location)
+}
+
+// neverReached reports an error that proves the request was never written
+// to a server that does the work:
+//
+//   - a certificate refused (unknown authority, wrong hostname, invalid):
+//     the TLS handshake failed, and the request is written only after it;
+//   - a plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch);
+//   - a redirect to a scheme net/http cannot send to, or a redirect loop:
+//     only servers that answered 307 or 308 saw the request.
+func neverReached(err error) bool {
 	var (
 		unknownAuthority x509.UnknownAuthorityError
 		hostname         x509.HostnameError
 		invalid          x509.CertificateInvalidError
 		verify           *tls.CertificateVerificationError
+		scheme           *redirectSchemeError
 	)
 	switch {
 	case errors.As(err, &unknownAuthority), errors.As(err, &hostname),
-		errors.As(err, &invalid), errors.As(err, &verify):
-		return false
+		errors.As(err, &invalid), errors.As(err, &verify),
+		errors.Is(err, http.ErrSchemeMismatch),
+		errors.As(err, &scheme), errors.Is(err, errRedirectLoop):
+		return true
 	}
-	return true
+	return false
 }
 
 // maxRetryAfterSeconds bounds delta-seconds before conversion, so that a

@@ -2,14 +2,22 @@ package idem
 
 import (
 	"context"
+	"io"
+	"log"
 	"math"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/internal/clocktest"
 )
 
@@ -64,12 +72,110 @@ func FuzzParseRetryAfter(f *testing.F) {
 	})
 }
 
-func TestRetryableStatus(t *testing.T) {
+func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
 	t.Parallel()
-	retry := map[int]bool{408: true, 409: true, 429: true, 500: true, 502: true, 503: true, 504: true}
-	for code := 100; code < 600; code++ {
-		assert.Equal(t, retry[code], retryableStatus(code), "status %d", code)
+	retry := map[int]bool{408: true, 409: true, 429: true}
+	for code := 0; code < 1000; code++ {
+		want := retry[code] || code >= 500 || code < 100
+		assert.Equal(t, want, retryableStatus(code), "status %d", code)
+		assert.Equal(t, !want, settles(code, http.Header{}), "status %d", code)
+		assert.True(t, settles(code, http.Header{"Idempotent-Replayed": {"true"}}), "status %d replayed", code)
 	}
+
+	// A CDN in front of the server answers its own 5xx (or a status no
+	// server defines) after the server charged: the intent is not failed,
+	// and the retry gets the server's stored answer.
+	for _, code := range []int{501, 507, 520, 522, 524, 599, 600, 999, 42} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			t.Parallel()
+			clk := clocktest.New(retryAfterNow)
+			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+			cdn := &statusAfterWork{base: srv.Client().Transport, status: code, times: 1}
+			c, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
+			require.NoError(t, err)
+			in := newPayment(t, c, srv.URL)
+
+			resp, err := c.Do(context.Background(), in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.True(t, resp.Replayed, "the second attempt got the stored answer")
+			assert.Equal(t, 2, resp.Attempts)
+			assert.Equal(t, 1, srv.Stats().ProviderCharges)
+
+			// With no attempt left, the outcome is unknown, not failed.
+			cdn.times = 1
+			c1, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+			require.NoError(t, err)
+			in = newPayment(t, c1, srv.URL)
+			_, err = c1.Do(context.Background(), in)
+			require.ErrorIs(t, err, ErrOutcomeUnknown)
+			assert.False(t, in.State().Resolved(), "a %d says nothing about the work", code)
+		})
+	}
+}
+
+func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
+	t.Parallel()
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := New(WithHTTPClient(srv.Client()), WithClock(clocktest.New(retryAfterNow)))
+	require.NoError(t, err)
+	in := newPayment(t, c, srv.URL)
+
+	resp, err := c.Do(context.Background(), in)
+	var apiErr *APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.NotErrorIs(t, err, ErrOutcomeUnknown)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	assert.True(t, resp.Replayed)
+	assert.EqualValues(t, 1, requests.Load(), "the server's stored record is not asked for again")
+	assert.True(t, in.State().Resolved())
+
+	_, err = c.Do(context.Background(), in)
+	require.ErrorAs(t, err, &apiErr)
+	assert.EqualValues(t, 1, requests.Load(), "a later Do answers from the device")
+}
+
+// statusAfterWork lets the server do the work and then replaces its answer
+// with status, times times, as a proxy in front of the server does.
+type statusAfterWork struct {
+	base   http.RoundTripper
+	status int
+	mu     sync.Mutex
+	times  int
+}
+
+func (p *statusAfterWork) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := p.base.RoundTrip(req)
+	if err != nil || req.Method != http.MethodPost {
+		return resp, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.times == 0 {
+		return resp, nil
+	}
+	p.times--
+	resp.Body.Close()
+	return &http.Response{
+		StatusCode: p.status, Status: strconv.Itoa(p.status) + " proxy", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"text/html"}}, Body: io.NopCloser(strings.NewReader("<html>origin error</html>")), Request: req,
+	}, nil
+}
+
+// newPayment is a new one-off payment intent for the server at base.
+func newPayment(t *testing.T, c *Client, base string) *Intent {
+	t.Helper()
+	req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	return in
 }
 
 // newTestBudget is a budget on a manual clock at retryAfterNow whose
@@ -198,5 +304,80 @@ func TestBudgetDropsTheSpreadRatherThanGiveUp(t *testing.T) {
 		w, st := b.next(respWithRetryAfter("10"))
 		require.Nil(t, st)
 		assert.Equal(t, 10*time.Second, w)
+	}
+}
+
+func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing.T) {
+	t.Parallel()
+	quiet := func(s *httptest.Server) *httptest.Server {
+		s.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are the point
+		return s
+	}
+	tlsServer := func(t *testing.T) *httptest.Server {
+		s := quiet(httptest.NewUnstartedServer(http.NotFoundHandler()))
+		s.StartTLS()
+		t.Cleanup(s.Close)
+		return s
+	}
+	cases := map[string]func(t *testing.T) (url string, hc *http.Client){
+		"untrusted certificate": func(t *testing.T) (string, *http.Client) {
+			s := tlsServer(t)
+			return s.URL, &http.Client{Transport: &http.Transport{}}
+		},
+		"wrong hostname": func(t *testing.T) (string, *http.Client) {
+			s := tlsServer(t)
+			// The test certificate names 127.0.0.1 and example.com, not localhost.
+			return strings.Replace(s.URL, "127.0.0.1", "localhost", 1), s.Client()
+		},
+		"HTTP response to HTTPS client": func(t *testing.T) (string, *http.Client) {
+			s := quiet(httptest.NewServer(http.NotFoundHandler()))
+			t.Cleanup(s.Close)
+			return strings.Replace(s.URL, "http://", "https://", 1), &http.Client{}
+		},
+		"redirect loop": func(t *testing.T) (string, *http.Client) {
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, r.URL.Path, http.StatusTemporaryRedirect)
+			}))
+			t.Cleanup(s.Close)
+			return s.URL, s.Client()
+		},
+		"redirect to another scheme": func(t *testing.T) (string, *http.Client) {
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "ftp://example.com/payments", http.StatusPermanentRedirect)
+			}))
+			t.Cleanup(s.Close)
+			return s.URL, s.Client()
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			base, hc := setup(t)
+			clk := clocktest.New(retryAfterNow)
+			var attempts atomic.Int32
+			c, err := New(WithHTTPClient(hc), WithClock(clk), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
+			require.NoError(t, err)
+			ctx := context.Background()
+			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})
+			require.NoError(t, err)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+
+			_, err = c.Do(ctx, in)
+			var notSent *NotSentError
+			require.ErrorAs(t, err, &notSent)
+			require.ErrorIs(t, err, ErrNotSent)
+			assert.NotErrorIs(t, err, ErrOutcomeUnknown, "nothing was done")
+			assert.EqualValues(t, 1, attempts.Load(), "retrying cannot fix it")
+			assert.Empty(t, clk.Sleeps())
+			assert.Equal(t, in.Key(), notSent.Key)
+
+			// The intent does not block the changed cart.
+			changed, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 2500})
+			require.NoError(t, err)
+			next, err := c.Intent(ctx, "checkout", changed)
+			require.NoError(t, err, "an intent that never reached the server is replaced")
+			assert.NotEqual(t, in.Key(), next.Key())
+		})
 	}
 }

@@ -76,7 +76,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := live.validate(); err != nil {
 			return nil, err
 		}
-		rec, err := newRecord("", live, live.fingerprint(), t.c.clock.Now())
+		rec, err := t.c.newRecord("", live, live.fingerprint(), 1, t.c.clock.Now())
 		if err != nil {
 			return nil, err
 		}

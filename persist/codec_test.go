@@ -13,7 +13,7 @@ import (
 
 func validRecord() *Record {
 	return &Record{
-		Version: FormatVersion, Key: "k1", Method: "POST", URL: "https://x/pay",
+		Version: FormatVersion, Key: "k1", KeyHeader: `"k1"`, Seq: 7, Method: "POST", URL: "https://x/pay",
 		Header:    map[string][]string{"Content-Type": {"application/json"}},
 		Body:      []byte(`{"amount":1}`),
 		CreatedAt: time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC), State: StateSucceeded,
@@ -40,7 +40,9 @@ var decodeTests = []struct {
 	{"trailing garbage", mustEncode(validRecord()) + "x", nil, false},
 	{"no version", `{"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
 	{"negative version", `{"version":-1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
-	{"newer version", `{"version":2,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, ErrNewerVersion, false},
+	{"version 1, without key header and sequence", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, true},
+	{"key header with a line break", `{"version":2,"key":"k","key_header":"k\r\nX: y","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"newer version", `{"version":3,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, ErrNewerVersion, false},
 	{"newer version, other types", `{"version":9,"key":[1],"state":{}}`, ErrNewerVersion, false},
 	{"bad state", `{"version":1,"key":"k","method":"POST","url":"/p","state":"done","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
 	{"no key", `{"version":1,"method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},

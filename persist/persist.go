@@ -5,13 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
 // FormatVersion is the version of the Record encoding written by this
 // release. Stores write it into every record and refuse records from a newer
 // release instead of misreading them.
-const FormatVersion = 1
+//
+// Version 2 added KeyHeader and Seq. A release that reads only version 1
+// would ignore them, and resend an intent with its own spelling of the key,
+// so it refuses version 2 records instead. Version 1 records are read with
+// both empty.
+const FormatVersion = 2
 
 // State is where an intent stands. The zero State is invalid.
 type State string
@@ -86,6 +92,15 @@ type Record struct {
 	Body   []byte      `json:"body,omitempty"`
 	// Fingerprint is the hex SHA-256 of the request, to tell a changed body.
 	Fingerprint string `json:"fingerprint"`
+	// KeyHeader is the Idempotency-Key header's value exactly as every
+	// attempt sends it (the key bare, or quoted), fixed when the intent is
+	// created. Empty in records written before it existed.
+	KeyHeader string `json:"key_header,omitempty"`
+	// Seq orders the intents of one Name: a new intent gets one more than
+	// the latest intent for its name, so that the order does not depend on
+	// the device's clock. 0 in records written before it existed, which
+	// come before every record that has one.
+	Seq uint64 `json:"seq,omitempty"`
 
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
@@ -134,6 +149,8 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("persist: record %s has unknown state %q", r.Key, r.State)
 	case r.CreatedAt.IsZero():
 		return fmt.Errorf("persist: record %s has no creation time", r.Key)
+	case strings.IndexFunc(r.KeyHeader, func(c rune) bool { return c < 0x20 || c > 0x7e }) >= 0:
+		return fmt.Errorf("persist: record %s has a key header value that is not printable ASCII", r.Key)
 	}
 	return nil
 }

@@ -1,0 +1,196 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/persist"
+)
+
+func TestAnIntentThatCouldNeverBeSentIsRefusedAtCreation(t *testing.T) {
+	t.Parallel()
+	store := persist.NewMemory(nil)
+	c, err := idem.New(idem.WithStore(store))
+	require.NoError(t, err)
+	for _, u := range []string{
+		"ftp://pay.example.com/payments",
+		"file:///payments",
+		"https://:443/payments",
+		"https://pay.example.com:99999/payments",
+		"https://pay.example.com:0/payments",
+	} {
+		_, err := c.Intent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: u})
+		assert.Error(t, err, "%s", u)
+	}
+	recs, err := store.List(context.Background(), persist.Filter{})
+	require.NoError(t, err)
+	assert.Empty(t, recs, "nothing was created")
+}
+
+// rawKeyServer is the fake server behind a front that records the raw
+// Idempotency-Key value of every POST, as servers that compare raw values
+// see it.
+type rawKeyServer struct {
+	*httptest.Server
+	mu   sync.Mutex
+	keys []string
+}
+
+func newRawKeyServer(t *testing.T, clk *clocktest.Clock) *rawKeyServer {
+	t.Helper()
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	k := &rawKeyServer{}
+	k.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			k.mu.Lock()
+			k.keys = append(k.keys, r.Header.Get("Idempotency-Key"))
+			k.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(k.Close)
+	return k
+}
+
+func (k *rawKeyServer) sent() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.keys...)
+}
+
+// dropFirstAnswer lets the first POST reach the server and loses its
+// answer, as a network that breaks after the server committed.
+type dropFirstAnswer struct {
+	base    http.RoundTripper
+	dropped atomic.Bool
+}
+
+func (d *dropFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := d.base.RoundTrip(req)
+	if err == nil && req.Method == http.MethodPost && d.dropped.CompareAndSwap(false, true) {
+		resp.Body.Close()
+		return nil, errors.New("connection reset after the server answered")
+	}
+	return resp, err
+}
+
+func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
+	t.Parallel()
+	for _, quotedFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("quoted first %v", quotedFirst), func(t *testing.T) {
+			t.Parallel()
+			clk := clocktest.New(epoch)
+			srv := newRawKeyServer(t, clk)
+			store := persist.NewMemory(nil)
+			client := func(quoted bool, hc *http.Client) *idem.Client {
+				opts := []idem.Option{idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(hc), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})}
+				if quoted {
+					opts = append(opts, idem.WithQuotedKey())
+				}
+				c, err := idem.New(opts...)
+				require.NoError(t, err)
+				return c
+			}
+			ctx := context.Background()
+			before := client(quotedFirst, &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}})
+			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			in, err := before.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+			_, err = before.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+			// The app's update turns the option the other way; the intent
+			// resumes with the spelling it was created with.
+			after := client(!quotedFirst, srv.Client())
+			loaded, err := after.Load(ctx, in.Key())
+			require.NoError(t, err)
+			resp, err := after.Do(ctx, loaded)
+			require.NoError(t, err)
+			assert.True(t, resp.Replayed)
+
+			want := in.Key()
+			if quotedFirst {
+				want = `"` + in.Key() + `"`
+			}
+			assert.Equal(t, []string{want, want}, srv.sent(), "every attempt sends the same bytes")
+		})
+	}
+}
+
+func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(epoch)
+	srv := newRawKeyServer(t, clk)
+	store := persist.NewMemory(nil)
+	ctx := context.Background()
+	// As an earlier release wrote it: no key header, no sequence number.
+	old := &persist.Record{
+		Version: 1, Key: "4c0f3b8e-7d0a-4a57-9d55-1d3c7a0e6b21", Name: "checkout", Method: http.MethodPost, URL: srv.URL + "/payments",
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`),
+		CreatedAt: epoch, UpdatedAt: epoch, State: persist.StatePending, Attempts: 1,
+	}
+	require.NoError(t, store.Save(ctx, old))
+	quoted, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}),
+		idem.WithQuotedKey(), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	in, err := quoted.Load(ctx, old.Key)
+	require.NoError(t, err)
+	_, err = quoted.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	bare, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
+	require.NoError(t, err)
+	in, err = bare.Load(ctx, old.Key)
+	require.NoError(t, err)
+	_, err = bare.Do(ctx, in)
+	require.NoError(t, err)
+	want := `"` + old.Key + `"`
+	assert.Equal(t, []string{want, want}, srv.sent(), "sent with the loading Client's spelling, then kept")
+}
+
+func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
+	t.Parallel()
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clocktest.New(epoch)})
+	device := clocktest.New(epoch)
+	hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
+	hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives
+	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	cart := func(amount int) idem.Request {
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		return req
+	}
+
+	a, err := c.Intent(ctx, "checkout", cart(1000))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, a)
+	require.NoError(t, err, "A is paid")
+
+	device.Advance(-time.Hour) // the user sets the clock back
+	b, err := c.Intent(ctx, "checkout", cart(2000))
+	require.NoError(t, err)
+	hc.Transport.(*dropFirstAnswer).dropped.Store(false) // B's answer is lost
+	_, err = c.Do(ctx, b)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, 2, srv.Stats().Payments, "B was charged")
+
+	_, err = c.Intent(ctx, "checkout", cart(3000))
+	require.ErrorIs(t, err, idem.ErrUnresolved, "B, created last, is unresolved, though its clock reading is older than A's")
+	assert.Equal(t, 2, srv.Stats().Payments)
+}

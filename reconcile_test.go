@@ -1,0 +1,158 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/persist"
+)
+
+// dyingStore is a device store whose process dies: after die, no write
+// reaches the disk.
+type dyingStore struct {
+	persist.Store
+	dead atomic.Bool
+}
+
+func (s *dyingStore) Save(ctx context.Context, r *persist.Record) error {
+	if s.dead.Load() {
+		return errors.New("the process died")
+	}
+	return s.Store.Save(ctx, r)
+}
+
+func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("first attempt never recorded, then a restart", func(t *testing.T) {
+		t.Parallel()
+		clk := clocktest.New(epoch)
+		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		net := &heldNetwork{base: srv.Client().Transport}
+		disk := persist.NewMemory(nil)
+		store := &dyingStore{Store: disk}
+		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
+		before, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		require.NoError(t, err)
+		in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+
+		clk.Advance(10 * time.Minute) // sent ten minutes after it was created, through a slow uplink
+		net.holdNext(1)
+		store.dead.Store(true) // and the process dies before it records anything
+		_, err = before.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		after, err := idem.New(idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
+		require.NoError(t, err)
+		loaded, err := after.Load(ctx, in.Key())
+		require.NoError(t, err)
+		require.Equal(t, persist.StateNew, loaded.State(), "the attempt was never recorded")
+		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the dead process's attempt may still be on its way")
+		assert.False(t, loaded.State().Resolved())
+
+		net.deliver(t) // the held request arrives: the server charges
+		clk.Advance(idem.DefaultReconcileDelay)
+		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
+		assert.Equal(t, 1, srv.Stats().Payments)
+	})
+
+	t.Run("attempt just before expiry", func(t *testing.T) {
+		t.Parallel()
+		clk := clocktest.New(epoch)
+		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		net := &heldNetwork{base: srv.Client().Transport}
+		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+
+		clk.Advance(idem.DefaultRetention - idem.DefaultSafetyMargin - time.Second)
+		net.holdNext(1)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		clk.Advance(2 * time.Second) // now expired
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrIntentExpired)
+
+		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "expired, but its last attempt may still be on its way")
+		assert.False(t, in.State().Resolved())
+
+		net.deliver(t)
+		clk.Advance(idem.DefaultReconcileDelay)
+		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, srv.Stats().Payments)
+	})
+
+	t.Run("an attempt that arrives while the lookup is on its way", func(t *testing.T) {
+		t.Parallel()
+		clk := clocktest.New(epoch)
+		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		net := &heldNetwork{base: srv.Client().Transport}
+		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
+		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		net.holdNext(1)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		// The lookup leaves a second before the delay is over; the server
+		// answers 404; then, while the answer travels back, the held
+		// attempt arrives, and the delay ends.
+		clk.Advance(idem.DefaultReconcileDelay - time.Second)
+		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
+		assert.NotEqual(t, persist.StateVoid, in.State())
+		assert.Equal(t, 1, srv.Stats().Payments)
+	})
+
+	t.Run("never sent", func(t *testing.T) {
+		t.Parallel()
+		clk := clocktest.New(epoch)
+		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
+		assert.Equal(t, persist.StateVoid, in.State())
+	})
+}
+
+// slowLookup answers a lookup, then lets two seconds pass and the held
+// requests arrive before the answer reaches the client.
+type slowLookup struct {
+	base  http.RoundTripper
+	clock *clocktest.Clock
+	net   *heldNetwork
+	t     testing.TB
+}
+
+func (s *slowLookup) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.base.RoundTrip(req)
+	if req.Method == http.MethodGet {
+		s.clock.Advance(2 * time.Second)
+		s.net.deliver(s.t)
+	}
+	return resp, err
+}

@@ -1,0 +1,177 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/persist"
+)
+
+// deviceClock is a device's wall clock over the true time of a manual
+// clock: the user (or a bad network time) can set it anywhere with Jump,
+// while its Monotonic reading, like a real device's, keeps counting the
+// true time.
+type deviceClock struct {
+	true  *clocktest.Clock
+	start time.Time
+	mu    sync.Mutex
+	skew  time.Duration
+}
+
+func newDeviceClock(true *clocktest.Clock) *deviceClock {
+	return &deviceClock{true: true, start: true.Now()}
+}
+
+func (d *deviceClock) Now() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.true.Now().Add(d.skew)
+}
+
+func (d *deviceClock) Sleep(ctx context.Context, dur time.Duration) error {
+	return d.true.Sleep(ctx, dur)
+}
+
+func (d *deviceClock) Monotonic() time.Duration { return d.true.Now().Sub(d.start) }
+
+func (d *deviceClock) skewed() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.skew
+}
+
+// Jump sets the wall clock by by, forward or back.
+func (d *deviceClock) Jump(by time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.skew += by
+}
+
+// heldNetwork holds POSTs in transit: the sender sees the connection fail,
+// and the request reaches the server only when deliver is called, as a
+// request queued in a slow uplink or a proxy does.
+type heldNetwork struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	hold int
+	held []*http.Request
+}
+
+var errHeld = errors.New("connection lost while the request was held in the network")
+
+func (n *heldNetwork) holdNext(count int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.hold += count
+}
+
+func (n *heldNetwork) RoundTrip(req *http.Request) (*http.Response, error) {
+	n.mu.Lock()
+	if req.Method != http.MethodPost || n.hold == 0 {
+		n.mu.Unlock()
+		return n.base.RoundTrip(req)
+	}
+	n.hold--
+	n.mu.Unlock()
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	req.Body.Close()
+	later := req.Clone(context.Background())
+	later.Body = io.NopCloser(bytes.NewReader(body))
+	later.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	n.mu.Lock()
+	n.held = append(n.held, later)
+	n.mu.Unlock()
+	return nil, errHeld
+}
+
+// deliver lets every held request reach the server, and drops the answers.
+func (n *heldNetwork) deliver(t testing.TB) {
+	t.Helper()
+	n.mu.Lock()
+	held := n.held
+	n.held = nil
+	n.mu.Unlock()
+	for _, req := range held {
+		resp, err := n.base.RoundTrip(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+func lookupURL(srv *fakeserver.Server, key string) string {
+	return srv.URL + "/payments?idempotency_key=" + url.QueryEscape(key)
+}
+
+func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
+	t.Parallel()
+	truth := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
+	net := &heldNetwork{base: srv.Client().Transport}
+	device := newDeviceClock(truth)
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	net.holdNext(1)
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
+	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
+	assert.NotEqual(t, persist.StateVoid, in.State())
+
+	net.deliver(t) // it arrives: the server charges
+	truth.Advance(idem.DefaultReconcileDelay)
+	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, 1, srv.Stats().Payments)
+}
+
+func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
+	t.Parallel()
+	truth := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
+	device := newDeviceClock(truth)
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	truth.Advance(idem.DefaultRetention - idem.DefaultSafetyMargin)
+	device.Jump(-5 * time.Hour) // by the wall clock the intent is 18 hours old
+	requests := srv.Stats().Requests
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrIntentExpired, "the intent is as old as the time that passed")
+	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
+}
+
+func payment1500(t testing.TB, srv *fakeserver.Server) idem.Request {
+	t.Helper()
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	return req
+}
