@@ -75,6 +75,10 @@
 //
 // # Limits
 //
-// Bodies over 1 MiB get 413. The lease is not extended while a payment is
+// Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an
+// object whose member names are equal after encoding/json's case folding
+// ("amount" and "AMOUNT"), gets 400 [ProblemBadRequest]: the handler would
+// read only the last of such names, so two orders of one body would be two
+// payments under one fingerprint. The lease is not extended while a payment is
 // processed: keep [Options.Lease] longer than [Options.ProcessingDelay].
 package fakeserver

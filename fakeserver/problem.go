@@ -15,6 +15,9 @@ const (
 	ProblemKeyReused         = idempotency.TypeKeyReused
 	ProblemRequestInProgress = idempotency.TypeRequestInProgress
 	ProblemPayloadTooLarge   = idempotency.TypePayloadTooLarge
+	// ProblemBadRequest: the body could not be read, or is JSON without one
+	// reading (nested too deep, or member names equal after case folding).
+	ProblemBadRequest = idempotency.TypeBadRequest
 	ProblemInternal          = idempotency.TypeInternal
 	ProblemCardDeclined      = ProblemBase + "card-declined"
 	ProblemValidationFailed  = ProblemBase + "validation-failed"

@@ -10,9 +10,10 @@
 //
 //   - no Idempotency-Key: 400, type [TypeKeyMissing]; nothing stored.
 //   - a key it cannot accept: 400, type [TypeKeyInvalid]; nothing stored.
-//   - a body over [Config.MaxBodyBytes]: 413; a body that [Config.Validate]
-//     rejects: its 400 problem. Nothing is stored, so the key stays free,
-//     even when the key already has a record.
+//   - a body over [Config.MaxBodyBytes]: 413; a JSON body without one
+//     reading (see "Fingerprint"): 400, type [TypeBadRequest]; a body that
+//     [Config.Validate] rejects: its 400 problem. Nothing is stored, so the
+//     key stays free, even when the key already has a record.
 //   - a record with another fingerprint: 422, type [TypeKeyReused].
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
 //     plus Idempotent-Replayed: true.
@@ -95,6 +96,27 @@
 // # Fingerprint
 //
 // [NewFingerprint] is SHA-256 over the method, the path (without the query)
-// and the body; a JSON body is canonicalised first (keys sorted, whitespace
-// dropped), other bodies are hashed raw.
+// and the body. A JSON body is canonicalised first: members sorted by name,
+// whitespace dropped, strings as encoding/json decodes them; numbers are
+// kept as written. Other bodies are hashed raw. The work and memory are
+// linear in the body's size, whatever its nesting.
+//
+// Two bodies that a handler reads differently must never share a
+// fingerprint, or a key reused for a changed body would replay the first
+// answer instead of a 422. Sorting members is safe only while every object
+// has one reading, and encoding/json (like many decoders) matches member
+// names to struct fields case-insensitively, keeping the last match:
+// {"amount":1500,"AMOUNT":2000} is a payment of 2000, and the same members
+// in the other order one of 1500. Its folding goes beyond ASCII: "cuſtomer"
+// (long s) and "Key" (Kelvin sign) match "customer" and "key". So the
+// middleware refuses, with 400 and type [TypeBadRequest], a JSON body with
+// an object, at any depth, whose member names are equal after that folding
+// (exact duplicates included); with that, member order changes no reading.
+// Names that differ only in case are otherwise kept apart (a handler that
+// decodes into a map sees two names), so {"A":1} and {"a":1} are different
+// bodies, and a client must resend the bytes it sent.
+//
+// A JSON body whose objects and arrays nest deeper than [Config.MaxDepth]
+// ([DefaultMaxDepth], 100, unless set) is refused the same way, before
+// [Config.Validate] reads it.
 package idempotency

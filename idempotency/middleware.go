@@ -25,7 +25,7 @@ const (
 	OutcomeReused     Outcome = "reused"      // 422: the key was used for other content
 	OutcomeMissing    Outcome = "missing"     // 400: no key
 	OutcomeInvalid    Outcome = "invalid"     // 400: malformed key
-	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation
+	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
 	OutcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
 	OutcomeFailed     Outcome = "failed"      // >= 500: nothing stored, the key is free
 	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
@@ -65,6 +65,12 @@ type Config struct {
 	// MaxBodyBytes limits request bodies; larger ones get 413. Zero means
 	// [DefaultMaxBodyBytes] (1 MiB).
 	MaxBodyBytes int64
+	// MaxDepth limits how deep the objects and arrays of a JSON body nest
+	// ({} is one level); deeper bodies get 400 before [Config.Validate]
+	// sees them. Zero or negative means [DefaultMaxDepth] (100). Bodies
+	// nested deeper than 10000 levels are not JSON to encoding/json: they are
+	// fingerprinted raw and left to Validate.
+	MaxDepth int
 	// Validate checks the request before its key is looked at in the store,
 	// so that an invalid body is a 400 even when the key has a record, and
 	// stores nothing. It returns a nil Problem to accept, and may return the
@@ -155,6 +161,14 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	fp, err := NewFingerprint(r.Method, r.URL.Path, body, m.cfg.MaxDepth)
+	if err != nil {
+		// Too deep, or an object whose member names collide after case
+		// folding: no single reading to fingerprint. Nothing is stored.
+		m.report(r, OutcomeRejected)
+		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+		return
+	}
 	var parsed any
 	if m.cfg.Validate != nil {
 		var p *Problem
@@ -170,7 +184,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := m.now()
 	rec := &Record{
 		ID:          ID{Principal: m.cfg.Principal(r), Key: key},
-		Fingerprint: NewFingerprint(r.Method, r.URL.Path, body),
+		Fingerprint: fp,
 		Status:      StatusInProgress,
 		StableID:    m.cfg.NewStableID(),
 		Owner:       rand.Text(),
