@@ -14,6 +14,9 @@
 //     reading (see "Fingerprint"): 400, type [TypeBadRequest]; a body that
 //     [Config.Validate] rejects: its 400 problem. Nothing is stored, so the
 //     key stays free, even when the key already has a record.
+//   - a new key the store has no room for ([ErrStoreFull]): 503, type
+//     [TypeStorageFull], with Retry-After when the store says when room is
+//     expected ([FullError]); nothing is stored and the handler does not run.
 //   - a record with another fingerprint: 422, type [TypeKeyReused].
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
 //     plus Idempotent-Replayed: true.

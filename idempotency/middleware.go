@@ -30,6 +30,7 @@ const (
 	OutcomeFailed     Outcome = "failed"      // >= 500: nothing stored, the key is free
 	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
 	OutcomeStoreError Outcome = "store_error" // the store failed
+	OutcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
 )
 
 // Clock tells the time. Retention, leases, created_at and Retry-After read
@@ -304,12 +305,18 @@ func (m *Middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Rec
 	if done.After(rec.LockedUntil) {
 		done = rec.LockedUntil
 	}
+	m.report(r, OutcomeConflict)
+	writeInProgress(w, secondsUntil(done, now))
+}
+
+// secondsUntil returns the time from now to t in whole seconds, rounded up,
+// at least 1: a Retry-After value.
+func secondsUntil(t, now time.Time) int64 {
 	secs := int64(1)
-	if left := done.Sub(now); left > time.Second {
+	if left := t.Sub(now); left > time.Second {
 		secs = int64((left + time.Second - 1) / time.Second)
 	}
-	m.report(r, OutcomeConflict)
-	writeInProgress(w, secs)
+	return secs
 }
 
 func withRetryAfter(w http.ResponseWriter, secs int64) http.ResponseWriter {
@@ -323,6 +330,15 @@ func writeInProgress(w http.ResponseWriter, secs int64) {
 }
 
 func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, ErrStoreFull) {
+		m.report(r, OutcomeFull)
+		if fe := (*FullError)(nil); errors.As(err, &fe) {
+			withRetryAfter(w, secondsUntil(fe.Until, m.now()))
+		}
+		(&Problem{Type: TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)
+		return
+	}
 	m.report(r, OutcomeStoreError)
 	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
 		Detail: "the idempotency store failed: " + err.Error()}).Write(w)

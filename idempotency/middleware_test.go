@@ -173,3 +173,30 @@ func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
 	assert.Equal(t, 1, records)
 	assert.Equal(t, 201, serve(m, "fresh", `{"a":[[1]]}`).Code, "the key stays free; three levels are allowed")
 }
+
+// TestStoreFullIsRetryableAndStoresNothing: a store with no room answers a
+// new key 503 (an unknown outcome a client retries) with the time until a
+// record expires as Retry-After; the handler does not run and the key stays
+// unused, so the retry after that time does the work once.
+func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(t0)
+	store := idempotency.NewMemoryStore()
+	store.SetMaxRecords(1)
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Store: store, Clock: clk, Retention: time.Hour})
+	require.Equal(t, 201, serve(m, "a", "x").Code)
+
+	clk.Advance(time.Minute)
+	w := serve(m, "b", "x")
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, w.Body.String(), idempotency.TypeStorageFull)
+	assert.Equal(t, "3540", w.Header().Get("Retry-After"), "59 minutes until the record of a expires")
+	assert.Equal(t, int32(1), c.runs.Load(), "the handler did not run")
+	assert.Equal(t, "true", serve(m, "a", "x").Header().Get(idempotency.HeaderReplayed), "held keys still replay")
+
+	clk.Advance(59 * time.Minute)
+	assert.Equal(t, 201, serve(m, "b", "x").Code)
+	assert.Equal(t, int32(2), c.runs.Load())
+	assert.Equal(t, int32(2), c.effects.Load())
+}
