@@ -117,6 +117,8 @@ var validationCases = []struct{ name, body, detail string }{
 	{"currency four letters", `{"amount":1,"currency":"AZNX","customer":"cus_1"}`, `"currency" must be three letters`},
 	{"currency a number", `{"amount":1,"currency":944,"customer":"cus_1"}`, `"currency" must be a string`},
 	{"customer missing", `{"amount":1,"currency":"AZN"}`, `"customer" is required`},
+	{"customer too long", `{"amount":1,"currency":"AZN","customer":"` + strings.Repeat("c", 256) + `"}`, `"customer" must be at most 255 characters`},
+	{"description too long", `{"amount":1,"currency":"AZN","customer":"c","description":"` + strings.Repeat("ş", 1001) + `"}`, `"description" must be at most 1000 characters`},
 	{"unknown field", `{"amount":1,"currency":"AZN","customer":"c","tip":5}`, `unknown field "tip"`},
 	{"trailing data", `{"amount":1,"currency":"AZN","customer":"c"} {}`, "data after"},
 }

@@ -12,8 +12,9 @@
 //
 //   - POST /payments, key required. Body {"amount": 1500, "currency": "AZN",
 //     "customer": "cus_1", "description": "..."}: amount an integer in minor
-//     units, > 0; currency three letters; customer a non-empty string;
-//     description optional; other fields are rejected. Answers 201 with
+//     units, > 0; currency three letters; customer a non-empty string of
+//     at most 255 characters; description optional, at most 1000
+//     characters; other fields are rejected. Answers 201 with
 //     Location: /payments/{id} and the payment. Customer "cus_declined" is
 //     declined: 402, type [ProblemCardDeclined], stored and replayed like a
 //     success, and nothing is charged.
@@ -74,6 +75,12 @@
 // lease, in whole seconds, at least 1.
 //
 // # Limits
+//
+// [Options.MaxRecords] and [Options.MaxPayments] bound the memory held:
+// at either cap, POST /payments with a new key answers 503, type
+// [ProblemStorageFull], before anything is stored or charged, so a client
+// that retries it as an unknown outcome finds the key unused. Records free
+// up as they expire (Retry-After says when); payments only with Reset.
 //
 // Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an
 // object whose member names are equal after encoding/json's case folding

@@ -45,12 +45,28 @@ Admin endpoints (no key, no scoping):
   POST   /_fake/sweep    delete expired records
   POST   /_fake/reset    forget everything
 
+Memory is bounded by -max-records and -max-payments. A payment with its
+record takes about 2 KB, plus twice its description (at most 1000
+characters) and its Authorization header (request headers are limited to
+16 KiB). When either cap is reached, POST /payments answers 503 with type
+https://idem.dev/problems/storage-full and stores and charges nothing: an
+Idempotency-Key client retries it as an unknown outcome, and its lookup
+(GET /payments?idempotency_key=K) answers 404, never done. Full records
+free up as they expire (Retry-After says when); payments only with
+POST /_fake/reset.
+
+Slow clients are disconnected after the timeouts below.
+
 Flags:
 `
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
+
+// maxHeaderBytes bounds a request's headers; the Authorization header is
+// kept with every record and payment.
+const maxHeaderBytes = 16 << 10
 
 // run is the program; it returns the exit code.
 func run(args []string, stderr io.Writer) int {
@@ -66,6 +82,8 @@ func run(args []string, stderr io.Writer) int {
 	readTimeout := fs.Duration("read-timeout", 30*time.Second, "longest time to read a request, body included; a slower client is disconnected")
 	writeTimeout := fs.Duration("write-timeout", time.Minute, "longest time from the end of a request's headers to the end of its answer; keep it over\n-processing-delay (an answer later than this, such as one held by a delay fault, is lost)")
 	idleTimeout := fs.Duration("idle-timeout", time.Minute, "how long an idle keep-alive connection is kept open")
+	maxRecords := fs.Int("max-records", 100000, "idempotency records held at most; then a new key gets 503 storage-full with\nRetry-After until the earliest record expires (nothing stored or charged)")
+	maxPayments := fs.Int("max-payments", 100000, "payments held at most (they do not expire); then a new payment gets 503\nstorage-full before anything is charged, until POST /_fake/reset")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may finish before their\nconnections are closed; the program then exits 0")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -94,6 +112,8 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-sweep-every must not be negative, not %v", *sweepEvery)
 	case *readHeaderTimeout <= 0, *readTimeout <= 0, *writeTimeout <= 0, *idleTimeout <= 0, *shutdownTimeout <= 0:
 		return bad("-read-header-timeout, -read-timeout, -write-timeout, -idle-timeout and -shutdown-timeout must be positive")
+	case *maxRecords <= 0, *maxPayments <= 0:
+		return bad("-max-records and -max-payments must be positive")
 	case *writeTimeout <= *delay:
 		return bad("-write-timeout (%v) must be longer than -processing-delay (%v), or every answer is lost", *writeTimeout, *delay)
 	case *keyFormat != string(fakeserver.KeyFormatAny) && *keyFormat != string(fakeserver.KeyFormatUUID):
@@ -107,6 +127,8 @@ func run(args []string, stderr io.Writer) int {
 		ProcessingDelay: *delay,
 		KeyFormat:       fakeserver.KeyFormat(*keyFormat),
 		Logger:          logger,
+		MaxRecords:      *maxRecords,
+		MaxPayments:     *maxPayments,
 	})
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -124,6 +146,7 @@ func run(args []string, stderr io.Writer) int {
 		ReadTimeout:       *readTimeout,
 		WriteTimeout:      *writeTimeout,
 		IdleTimeout:       *idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	logger.Info("listening", "addr", ln.Addr().String())

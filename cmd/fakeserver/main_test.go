@@ -105,11 +105,14 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-read-timeout", "0s"}, 2, "must be positive"},
 		{[]string{"-idle-timeout", "-1s"}, 2, "must be positive"},
 		{[]string{"-shutdown-timeout", "0s"}, 2, "must be positive"},
+		{[]string{"-max-records", "0"}, 2, "-max-records and -max-payments must be positive"},
+		{[]string{"-max-payments", "-1"}, 2, "-max-records and -max-payments must be positive"},
 		{[]string{"-write-timeout", "1s", "-processing-delay", "1s"}, 2, "must be longer than -processing-delay"},
 		{[]string{"-nope"}, 2, "flag provided but not defined"},
 		{[]string{"extra"}, 2, "unexpected argument"},
 		{[]string{"-h"}, 0, "/_fake/faults"},
 		{[]string{"-h"}, 0, "-shutdown-timeout"},
+		{[]string{"-h"}, 0, "-max-payments"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -235,4 +238,36 @@ func TestProgramExitsZeroOnSIGTERM(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no exit 30 s after SIGTERM")
 	}
+}
+
+// TestProgramCapsPayments: -max-payments reaches the server: past it, a new
+// payment is refused with 503 storage-full and nothing is charged.
+func TestProgramCapsPayments(t *testing.T) {
+	addr, _, lines := startProgram(t, buildProgram(t), "-max-payments", "1")
+	go func() {
+		for lines.Scan() {
+		}
+	}()
+	post := func(key string) (int, string) {
+		r, err := http.NewRequest(http.MethodPost, "http://"+addr+"/payments",
+			strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		r.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(r)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	code, _ := post("k1")
+	assert.Equal(t, http.StatusCreated, code)
+	code, body := post("k2")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "https://idem.dev/problems/storage-full")
+	resp, err := http.Get("http://" + addr + "/_fake/stats")
+	require.NoError(t, err)
+	stats, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	http.DefaultClient.CloseIdleConnections()
+	assert.JSONEq(t, `{"payments":1,"provider_charges":1,"executions":2,"records":1,"in_progress":0,"requests":2}`, string(stats))
 }
