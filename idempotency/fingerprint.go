@@ -180,8 +180,7 @@ func (c *canon) value(depth int) error {
 	switch c.in[c.pos] {
 	case '{', '[':
 		if depth >= c.maxDepth {
-			return fmt.Errorf("%w: more than %d levels of objects and arrays (at byte %d); the limit is %d",
-				ErrJSONTooDeep, c.maxDepth, c.pos, c.maxDepth)
+			return fmt.Errorf("%w: objects and arrays nest more than %d levels (at byte %d)", ErrJSONTooDeep, c.maxDepth, c.pos)
 		}
 		if c.in[c.pos] == '{' {
 			return c.object(depth + 1)
