@@ -94,7 +94,8 @@
 // A record lives for [Config.Retention] (default 24 hours) from its
 // CreatedAt. From then on it counts as absent: [Store.Insert] replaces it,
 // and the key is new again. [Store.Sweep] deletes expired records; run it on
-// a schedule.
+// a schedule. A store may also bound its records ([ErrStoreFull];
+// [MemoryStore.SetMaxRecords]).
 //
 // # Fingerprint
 //
@@ -115,9 +116,9 @@
 // middleware refuses, with 400 and type [TypeBadRequest], a JSON body with
 // an object, at any depth, whose member names are equal after that folding
 // (exact duplicates included); with that, member order changes no reading.
-// Names that differ only in case are otherwise kept apart (a handler that
-// decodes into a map sees two names), so {"A":1} and {"a":1} are different
-// bodies, and a client must resend the bytes it sent.
+// Across bodies, names keep their case: {"A":1} and {"a":1} have different
+// fingerprints (a handler that decodes into a map reads them differently),
+// so a retry must resend the body it sent, not a re-cased copy.
 //
 // A JSON body whose objects and arrays nest deeper than [Config.MaxDepth]
 // ([DefaultMaxDepth], 100, unless set) is refused the same way, before
