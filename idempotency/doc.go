@@ -100,9 +100,9 @@
 // # Fingerprint
 //
 // [NewFingerprint] is SHA-256 over the method, the path (without the query)
-// and the body. A JSON body is canonicalised first: members sorted by name,
-// whitespace dropped, strings as encoding/json decodes them; numbers are
-// kept as written. Other bodies are hashed raw. The work and memory are
+// and the body. A JSON body is canonicalised first: members sorted by their
+// case-folded names, whitespace dropped, strings as encoding/json decodes
+// them; numbers are kept as written. Other bodies are hashed raw. The work and memory are
 // linear in the body's size, whatever its nesting.
 //
 // Two bodies that a handler reads differently must never share a

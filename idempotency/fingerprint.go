@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"slices"
 	"unicode"
 	"unicode/utf8"
@@ -41,12 +42,12 @@ var (
 )
 
 // NewFingerprint fingerprints a request. A body that is one JSON value is
-// hashed in canonical form (object members sorted by name, insignificant
-// whitespace dropped, strings as encoding/json decodes them, re-escaped;
-// numbers kept as written), so a client that re-serialises the same object
-// gets the same fingerprint. Any other body is hashed as raw bytes. The
-// query string is not part of the fingerprint: the contract fingerprints
-// method, path and body.
+// hashed in canonical form (object members sorted by their case-folded
+// names, insignificant whitespace dropped, strings as encoding/json decodes
+// them, re-escaped; numbers kept as written), so a client that re-serialises
+// the same object gets the same fingerprint. Any other body (or one over
+// 2 GiB) is hashed as raw bytes. The query string is not part of the
+// fingerprint: the contract fingerprints method, path and body.
 //
 // A JSON body must have one reading for the fingerprint to mean anything.
 // NewFingerprint returns an error wrapping [ErrJSONDuplicateName] for a body
@@ -104,11 +105,18 @@ type bytesWriter []byte
 func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
 
 // canon canonicalises valid JSON in two linear passes. The first (parse)
-// checks the depth and the member names and records, for every object, its
-// members sorted by name. The second (writeTo) writes the canonical form,
+// checks the depth and the member names and records, for every object, the
+// order of its members. The second (writeTo) writes the canonical form,
 // visiting each object's members in that order: every byte of the body is
 // read once by each pass, whatever the nesting, where building each object's
 // form from its members' forms would copy a subtree once per level above it.
+//
+// Members are ordered by their folded names (see appendFoldedName), which
+// are unique in an accepted object: one sort both orders the members and
+// finds colliding names, which end up side by side.
+//
+// Offsets are 32 bits, to keep the records small; longer bodies are hashed
+// raw.
 type canon struct {
 	in       []byte
 	pos      int
@@ -116,13 +124,13 @@ type canon struct {
 
 	// objects are the body's objects in document order (by start offset).
 	objects []object
-	// members holds each closed object's members sorted by name, one object
-	// after another; open objects' members wait in pending.
+	// members holds each closed object's members in canonical order, one
+	// object after another; open objects' members wait in pending.
 	members, pending []member
 	// names holds member names that had to be decoded (escaped, or not
 	// valid UTF-8); a member refers to its name here or in the body.
 	names []byte
-	// fold and order are scratch space for the collision check.
+	// fold and order are scratch space for ordering one object's members.
 	fold  []byte
 	order []foldedName
 
@@ -130,27 +138,36 @@ type canon struct {
 }
 
 type object struct {
-	start, end int // offsets of '{' and just past '}'
-	lo, hi     int // members[lo:hi] are its members, sorted
+	start, end int32 // offsets of '{' and just past '}'
+	lo, hi     int32 // members[lo:hi] are its members, in canonical order
 }
 
 type member struct {
-	nameLo, nameHi int  // the name's bytes, in names if decoded, else in the body
-	decoded        bool // the name is in names
-	keyOff         int  // offset of the name's opening quote, for messages
-	val            int  // offset of the value
+	nameLo, nameHi int32 // the name's bytes, in names if decoded, else in the body
+	keyOff         int32 // offset of the name's opening quote, for messages
+	val            int32 // offset of the value
+	decoded        bool  // the name is in names
 }
 
 type foldedName struct {
-	lo, hi int // in fold
-	m      int // index into the object's members
+	lo, hi int32 // in fold
+	m      int32 // index into the object's members
+}
+
+// grow returns s with room for one more element, doubling its capacity when
+// full, so that a large body leaves little garbage behind.
+func grow[E any](s []E) []E {
+	if len(s) < cap(s) {
+		return s
+	}
+	return slices.Grow(s, max(cap(s), 16))
 }
 
 // parseJSON returns a canon ready to write body's canonical form, nil if
 // body is not one JSON value, or an error if it is one that has no single
 // reading or is too deep.
 func parseJSON(body []byte, maxDepth int) (*canon, error) {
-	if len(body) == 0 || !json.Valid(body) {
+	if len(body) == 0 || len(body) > math.MaxInt32 || !json.Valid(body) {
 		return nil, nil
 	}
 	if maxDepth <= 0 {
@@ -215,7 +232,7 @@ func (c *canon) array(depth int) error {
 
 func (c *canon) object(depth int) error {
 	ord := len(c.objects)
-	c.objects = append(c.objects, object{start: c.pos})
+	c.objects = append(grow(c.objects), object{start: int32(c.pos)})
 	c.pos++ // {
 	base := len(c.pending)
 	c.ws()
@@ -228,8 +245,8 @@ func (c *canon) object(depth int) error {
 			c.ws()
 			c.pos++ // :
 			c.ws()
-			m.val = c.pos
-			c.pending = append(c.pending, m)
+			m.val = int32(c.pos)
+			c.pending = append(grow(c.pending), m)
 			if err := c.value(depth); err != nil {
 				return err
 			}
@@ -240,16 +257,13 @@ func (c *canon) object(depth int) error {
 			}
 		}
 	}
-	ms := c.pending[base:]
-	if err := c.checkNames(ms, c.objects[ord].start); err != nil {
+	o := &c.objects[ord]
+	o.end = int32(c.pos)
+	o.lo = int32(len(c.members))
+	if err := c.closeObject(c.pending[base:], o.start); err != nil {
 		return err
 	}
-	slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(c.nameOf(a), c.nameOf(b)) })
-	o := &c.objects[ord]
-	o.end = c.pos
-	o.lo = len(c.members)
-	c.members = append(c.members, ms...)
-	o.hi = len(c.members)
+	o.hi = int32(len(c.members))
 	c.pending = c.pending[:base]
 	return nil
 }
@@ -258,11 +272,11 @@ func (c *canon) object(depth int) error {
 func (c *canon) name() member {
 	start := c.pos
 	c.pos = stringEnd(c.in, start)
-	m := member{keyOff: start, nameLo: start + 1, nameHi: c.pos - 1}
-	if raw := c.in[m.nameLo:m.nameHi]; !plainString(raw) {
-		m.decoded, m.nameLo = true, len(c.names)
+	m := member{keyOff: int32(start), nameLo: int32(start + 1), nameHi: int32(c.pos - 1)}
+	if raw := c.in[start+1 : c.pos-1]; !plainString(raw) {
+		m.decoded, m.nameLo = true, int32(len(c.names))
 		c.names = append(c.names, decodeString(c.in[start:c.pos])...)
-		m.nameHi = len(c.names)
+		m.nameHi = int32(len(c.names))
 	}
 	return m
 }
@@ -274,24 +288,28 @@ func (c *canon) nameOf(m member) []byte {
 	return c.in[m.nameLo:m.nameHi]
 }
 
-// checkNames returns an error wrapping ErrJSONDuplicateName if two of ms,
-// the members of the object at start, have names equal after
-// encoding/json's case folding.
-func (c *canon) checkNames(ms []member, start int) error {
+// closeObject appends ms, the members of the object at start, to c.members
+// in canonical order: by folded name. It returns an error wrapping
+// ErrJSONDuplicateName if two names are equal after folding.
+func (c *canon) closeObject(ms []member, start int32) error {
+	if cap(c.members)-len(c.members) < len(ms) {
+		c.members = slices.Grow(c.members, max(len(ms), cap(c.members)))
+	}
 	if len(ms) < 2 {
+		c.members = append(c.members, ms...)
 		return nil
 	}
-	c.fold, c.order = c.fold[:0], c.order[:0]
+	c.fold, c.order = c.fold[:0], slices.Grow(c.order[:0], len(ms))
 	for i, m := range ms {
-		lo := len(c.fold)
+		lo := int32(len(c.fold))
 		c.fold = appendFoldedName(c.fold, c.nameOf(m))
-		c.order = append(c.order, foldedName{lo: lo, hi: len(c.fold), m: i})
+		c.order = append(c.order, foldedName{lo: lo, hi: int32(len(c.fold)), m: int32(i)})
 	}
-	folded := func(f foldedName) []byte { return c.fold[f.lo:f.hi] }
-	slices.SortFunc(c.order, func(a, b foldedName) int { return bytes.Compare(folded(a), folded(b)) })
+	fold := c.fold
+	slices.SortFunc(c.order, func(a, b foldedName) int { return bytes.Compare(fold[a.lo:a.hi], fold[b.lo:b.hi]) })
 	for i := 1; i < len(c.order); i++ {
 		a, b := c.order[i-1], c.order[i]
-		if string(folded(a)) != string(folded(b)) {
+		if !bytes.Equal(fold[a.lo:a.hi], fold[b.lo:b.hi]) {
 			continue
 		}
 		first, second := ms[a.m], ms[b.m]
@@ -300,6 +318,9 @@ func (c *canon) checkNames(ms []member, start int) error {
 		}
 		return fmt.Errorf("%w: %q and %q in the object at byte %d; a decoder that matches names case-insensitively, as Go's encoding/json does, reads only the last; send each name once",
 			ErrJSONDuplicateName, c.nameOf(first), c.nameOf(second), start)
+	}
+	for _, f := range c.order {
+		c.members = append(c.members, ms[f.m])
 	}
 	return nil
 }
@@ -333,10 +354,10 @@ func (c *canon) write(w io.Writer, pos int) int {
 			}
 			c.out = appendString(c.out, c.nameOf(m))
 			c.out = append(c.out, ':')
-			c.write(w, m.val)
+			c.write(w, int(m.val))
 		}
 		c.out = append(c.out, '}')
-		return o.end
+		return int(o.end)
 	case '[':
 		c.out = append(c.out, '[')
 		pos++
@@ -391,7 +412,7 @@ func (c *canon) objectIndex(pos int) int {
 	lo, hi := 0, len(c.objects)
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if c.objects[mid].start < pos {
+		if int(c.objects[mid].start) < pos {
 			lo = mid + 1
 		} else {
 			hi = mid

@@ -149,3 +149,25 @@ func BenchmarkFingerprintDepth(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFingerprintWide fingerprints a 1 MiB object of about 95,000
+// members, whose canonical form sorts them all.
+func BenchmarkFingerprintWide(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("{")
+	for i := 0; sb.Len() < 1<<20; i++ {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `"k%d":0`, i*7919%1000003)
+	}
+	sb.WriteString("}")
+	body := []byte(sb.String())
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := idempotency.NewFingerprint("POST", "/p", body, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
