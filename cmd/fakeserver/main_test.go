@@ -49,7 +49,17 @@ func startProgram(t *testing.T, bin string, args ...string) (string, *exec.Cmd, 
 	return m[1], cmd, lines
 }
 
+// newClient returns an HTTP client of the test's own, whose connections are
+// closed when the test ends.
+func newClient(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
 func TestProgram(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
 	addr, cmd, lines := startProgram(t, buildProgram(t))
 	base := "http://" + addr
 	stderr := lines
@@ -59,7 +69,7 @@ func TestProgram(t *testing.T) {
 		r, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(body))
 		require.NoError(t, err)
 		r.Header.Set("Idempotency-Key", "k1")
-		resp, err := http.DefaultClient.Do(r)
+		resp, err := client.Do(r)
 		require.NoError(t, err)
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
@@ -68,12 +78,12 @@ func TestProgram(t *testing.T) {
 		assert.Contains(t, lines.Text(), want)
 		assert.Contains(t, lines.Text(), "key=k1")
 	}
-	resp, err := http.Get(base + "/_fake/stats")
+	resp, err := client.Get(base + "/_fake/stats")
 	require.NoError(t, err)
 	stats, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.JSONEq(t, `{"payments":1,"provider_charges":1,"executions":1,"records":1,"in_progress":0,"requests":2}`, string(stats))
-	http.DefaultClient.CloseIdleConnections()
+	client.CloseIdleConnections()
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
@@ -167,6 +177,7 @@ func closedWithin(c net.Conn, opened time.Time, limit time.Duration) (bool, time
 // assertion is generous (30 s); the log reports how long each kind was
 // held.
 func TestProgramDropsSlowClients(t *testing.T) {
+	t.Parallel()
 	addr, _, lines := startProgram(t, buildProgram(t),
 		"-read-header-timeout", "1s", "-read-timeout", "1s", "-write-timeout", "2s", "-idle-timeout", "1s")
 	go func() {
@@ -212,6 +223,8 @@ func TestProgramDropsSlowClients(t *testing.T) {
 // ends the program with status 0 once the drain time is over, rather than
 // waiting on them.
 func TestProgramExitsZeroOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
 	addr, cmd, lines := startProgram(t, buildProgram(t), "-read-timeout", "1m", "-shutdown-timeout", "1s")
 	var logged strings.Builder
 	done := make(chan error, 1)
@@ -223,10 +236,10 @@ func TestProgramExitsZeroOnSIGTERM(t *testing.T) {
 	}()
 	holdSlowClients(t, addr, 5)
 	// Let the server read the slow clients' requests before the signal.
-	resp, err := http.Get("http://" + addr + "/_fake/stats")
+	resp, err := client.Get("http://" + addr + "/_fake/stats")
 	require.NoError(t, err)
 	resp.Body.Close()
-	http.DefaultClient.CloseIdleConnections()
+	client.CloseIdleConnections()
 
 	start := time.Now()
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
@@ -243,6 +256,8 @@ func TestProgramExitsZeroOnSIGTERM(t *testing.T) {
 // TestProgramCapsPayments: -max-payments reaches the server: past it, a new
 // payment is refused with 503 storage-full and nothing is charged.
 func TestProgramCapsPayments(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
 	addr, _, lines := startProgram(t, buildProgram(t), "-max-payments", "1")
 	go func() {
 		for lines.Scan() {
@@ -253,7 +268,7 @@ func TestProgramCapsPayments(t *testing.T) {
 			strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
 		require.NoError(t, err)
 		r.Header.Set("Idempotency-Key", key)
-		resp, err := http.DefaultClient.Do(r)
+		resp, err := client.Do(r)
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
@@ -264,10 +279,9 @@ func TestProgramCapsPayments(t *testing.T) {
 	code, body := post("k2")
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "https://idem.dev/problems/storage-full")
-	resp, err := http.Get("http://" + addr + "/_fake/stats")
+	resp, err := client.Get("http://" + addr + "/_fake/stats")
 	require.NoError(t, err)
 	stats, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	http.DefaultClient.CloseIdleConnections()
 	assert.JSONEq(t, `{"payments":1,"provider_charges":1,"executions":2,"records":1,"in_progress":0,"requests":2}`, string(stats))
 }
