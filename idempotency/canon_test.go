@@ -10,6 +10,22 @@ import (
 	"testing"
 )
 
+// canonicalJSON returns body in canonical form; ok is false if body is not
+// exactly one JSON value.
+func canonicalJSON(body []byte, maxDepth int) (out []byte, ok bool, err error) {
+	c, err := parseJSON(body, maxDepth)
+	if c == nil || err != nil {
+		return nil, false, err
+	}
+	var buf bytesWriter
+	c.writeTo(&buf)
+	return buf, true, nil
+}
+
+type bytesWriter []byte
+
+func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
+
 // jsonNode is a JSON value as a test oracle sees it: decoded by
 // encoding/json's own tokenizer, members in document order.
 type jsonNode struct {

@@ -88,22 +88,6 @@ func writeField(h hash.Hash, b []byte) {
 	h.Write(b)
 }
 
-// canonicalJSON returns body in canonical form; ok is false if body is not
-// exactly one JSON value.
-func canonicalJSON(body []byte, maxDepth int) (out []byte, ok bool, err error) {
-	c, err := parseJSON(body, maxDepth)
-	if c == nil || err != nil {
-		return nil, false, err
-	}
-	var buf bytesWriter
-	c.writeTo(&buf)
-	return buf, true, nil
-}
-
-type bytesWriter []byte
-
-func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
-
 // canon canonicalises valid JSON in two linear passes. The first (parse)
 // checks the depth and the member names and records, for every object, the
 // order of its members. The second (writeTo) writes the canonical form,
