@@ -25,7 +25,8 @@
 //     is IN_PROGRESS (running, or a dead worker's that may hold a provider
 //     charge: a resend with K settles it); or 404. It is the lookup a
 //     client reconciles an unknown outcome with, so 404 means "never done".
-//   - PUT /orders/{id}/status with {"status": "SHIPPED"}: naturally
+//   - PUT /orders/{id}/status with {"status": "SHIPPED"} (at most 100
+//     characters): naturally
 //     idempotent; a key is ignored.
 //
 // The caller is the value of the Authorization header (none is the
@@ -76,7 +77,9 @@
 //
 // # Limits
 //
-// [Options.MaxRecords] and [Options.MaxPayments] bound the memory held:
+// [Options.MaxRecords], [Options.MaxPayments] and [Options.MaxOrders]
+// bound the memory held (an order's status for a new order at its cap is a
+// 503 too):
 // at either cap, POST /payments with a new key answers 503, type
 // [ProblemStorageFull], before anything is stored or charged, so a client
 // that retries it as an unknown outcome finds the key unused. Records free

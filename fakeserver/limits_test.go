@@ -2,6 +2,7 @@ package fakeserver_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,4 +101,27 @@ func TestMaxPaymentsKeepsRoomForADeadWorker(t *testing.T) {
 		assert.Equal(t, 1, s.Sweep())
 		assert.Equal(t, http.StatusCreated, pay(t, s, "k2", payBody).Status, "the sweep freed the room")
 	})
+}
+
+// TestMaxOrdersRefusesNewOrders: at the order cap a status for a new order
+// is answered 503 and changes nothing, while known orders can still be
+// updated; a status is at most MaxStatusLen characters.
+func TestMaxOrdersRefusesNewOrders(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, &fakeserver.Options{MaxOrders: 1})
+	put := func(id, status string) answer {
+		return send(t, s.Client(), s.URL, req{Method: http.MethodPut, Path: "/orders/" + id + "/status", NoKey: true,
+			Body: `{"status":"` + status + `"}`})
+	}
+	require.Equal(t, http.StatusOK, put("1", "PAID").Status)
+	a := put("2", "PAID")
+	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
+	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
+	assert.Equal(t, http.StatusOK, put("1", "SHIPPED").Status, "a known order is updated")
+
+	long := put("1", strings.Repeat("S", fakeserver.MaxStatusLen+1))
+	assert.Equal(t, http.StatusBadRequest, long.Status)
+	assert.Equal(t, fakeserver.ProblemValidationFailed, long.problem(t).Type)
+	s.Reset()
+	assert.Equal(t, http.StatusOK, put("2", "PAID").Status)
 }

@@ -60,13 +60,18 @@ type Options struct {
 	// key stays unused. [Handler.Reset] makes room. Zero (or negative)
 	// means no bound.
 	MaxPayments int
+	// MaxOrders bounds the order statuses held (PUT /orders/{id}/status).
+	// When it is reached, a status for a new order is answered 503, type
+	// [ProblemStorageFull], and nothing changes; known orders can still be
+	// updated. Zero (or negative) means no bound.
+	MaxOrders int
 }
 
 // config is Options with the defaults filled in.
 type config struct {
 	retention, lease, delay, sweepEvery time.Duration
 	uuid                                bool
-	maxRecords, maxPayments             int
+	maxRecords, maxPayments, maxOrders  int
 	clock                               Clock
 	logger                              *slog.Logger
 }
@@ -79,7 +84,8 @@ func (o *Options) config() config {
 	var c config
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
-			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0)}
+			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
+			maxOrders: max(o.MaxOrders, 0)}
 		switch o.KeyFormat {
 		case "", KeyFormatAny:
 		case KeyFormatUUID:

@@ -44,6 +44,8 @@ type paymentRequest struct {
 const (
 	MaxCustomerLen    = 255
 	MaxDescriptionLen = 1000
+	// MaxStatusLen bounds the status of PUT /orders/{id}/status.
+	MaxStatusLen = 100
 )
 
 // parsePayment decodes and validates a POST /payments body. The problem says
@@ -396,6 +398,18 @@ type orders struct {
 	status map[idempotency.ID]string
 }
 
+// set sets the status of order id and reports true, unless id is a new
+// order and limit (if positive) orders are held.
+func (o *orders) set(id idempotency.ID, status string, limit int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.status[id]; !ok && limit > 0 && len(o.status) >= limit {
+		return false
+	}
+	o.status[id] = status
+	return true
+}
+
 // putOrderStatus serves PUT /orders/{id}/status: naturally idempotent, so
 // an Idempotency-Key is ignored.
 func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id string) {
@@ -418,6 +432,10 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		validationProblem(`"status" is required, such as "SHIPPED"`).Write(w)
 		return
 	}
+	if utf8.RuneCountInString(*req.Status) > MaxStatusLen {
+		validationProblem(fmt.Sprintf(`"status" must be at most %d characters`, MaxStatusLen)).Write(w)
+		return
+	}
 	f := faultsFrom(r.Context())
 	if err := sleep(r.Context(), f.delay); err != nil {
 		return
@@ -427,9 +445,11 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 			Detail: "the error fault failed this request; nothing changed"}).Write(w)
 		return
 	}
-	h.orders.mu.Lock()
-	h.orders.status[idempotency.ID{Principal: principalOf(r), Key: id}] = *req.Status
-	h.orders.mu.Unlock()
+	if !h.orders.set(idempotency.ID{Principal: principalOf(r), Key: id}, *req.Status, h.cfg.maxOrders) {
+		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+			Detail: "the server holds as many orders as it may; nothing was changed"}).Write(w)
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "status": *req.Status})
 }
 

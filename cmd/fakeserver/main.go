@@ -45,15 +45,15 @@ Admin endpoints (no key, no scoping):
   POST   /_fake/sweep    delete expired records
   POST   /_fake/reset    forget everything
 
-Memory is bounded by -max-records and -max-payments. A payment with its
-record takes about 2 KB, plus twice its description (at most 1000
-characters) and its Authorization header (request headers are limited to
-16 KiB). When either cap is reached, POST /payments answers 503 with type
-https://idem.dev/problems/storage-full and stores and charges nothing: an
-Idempotency-Key client retries it as an unknown outcome, and its lookup
-(GET /payments?idempotency_key=K) answers 404, never done. Full records
-free up as they expire (Retry-After says when); payments only with
-POST /_fake/reset.
+Memory is bounded by -max-records, -max-payments and -max-orders. A
+payment with its record takes about 2 KB, plus twice its description (at
+most 1000 characters) and its Authorization header (request headers are
+limited to 16 KiB). When the record or payment cap is reached, POST
+/payments answers 503 with type https://idem.dev/problems/storage-full and
+stores and charges nothing: an Idempotency-Key client retries it as an
+unknown outcome, and its lookup (GET /payments?idempotency_key=K) answers
+404, never done. Records free up as they expire (Retry-After says when);
+payments and orders only with POST /_fake/reset.
 
 Slow clients are disconnected after the timeouts below.
 
@@ -84,6 +84,7 @@ func run(args []string, stderr io.Writer) int {
 	idleTimeout := fs.Duration("idle-timeout", time.Minute, "how long an idle keep-alive connection is kept open")
 	maxRecords := fs.Int("max-records", 100000, "idempotency records held at most; then a new key gets 503 storage-full with\nRetry-After until the earliest record expires (nothing stored or charged)")
 	maxPayments := fs.Int("max-payments", 100000, "payments held at most (they do not expire); then a new payment gets 503\nstorage-full before anything is charged, until POST /_fake/reset")
+	maxOrders := fs.Int("max-orders", 100000, "order statuses held at most; then a status for a new order gets 503 storage-full")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may finish before their\nconnections are closed; the program then exits 0")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -112,8 +113,8 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-sweep-every must not be negative, not %v", *sweepEvery)
 	case *readHeaderTimeout <= 0, *readTimeout <= 0, *writeTimeout <= 0, *idleTimeout <= 0, *shutdownTimeout <= 0:
 		return bad("-read-header-timeout, -read-timeout, -write-timeout, -idle-timeout and -shutdown-timeout must be positive")
-	case *maxRecords <= 0, *maxPayments <= 0:
-		return bad("-max-records and -max-payments must be positive")
+	case *maxRecords <= 0, *maxPayments <= 0, *maxOrders <= 0:
+		return bad("-max-records, -max-payments and -max-orders must be positive")
 	case *writeTimeout <= *delay:
 		return bad("-write-timeout (%v) must be longer than -processing-delay (%v), or every answer is lost", *writeTimeout, *delay)
 	case *keyFormat != string(fakeserver.KeyFormatAny) && *keyFormat != string(fakeserver.KeyFormatUUID):
@@ -129,6 +130,7 @@ func run(args []string, stderr io.Writer) int {
 		Logger:          logger,
 		MaxRecords:      *maxRecords,
 		MaxPayments:     *maxPayments,
+		MaxOrders:       *maxOrders,
 	})
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
