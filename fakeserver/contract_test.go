@@ -117,6 +117,8 @@ var validationCases = []struct{ name, body, detail string }{
 	{"currency four letters", `{"amount":1,"currency":"AZNX","customer":"cus_1"}`, `"currency" must be three letters`},
 	{"currency a number", `{"amount":1,"currency":944,"customer":"cus_1"}`, `"currency" must be a string`},
 	{"customer missing", `{"amount":1,"currency":"AZN"}`, `"customer" is required`},
+	{"customer too long", `{"amount":1,"currency":"AZN","customer":"` + strings.Repeat("c", 256) + `"}`, `"customer" must be at most 255 characters`},
+	{"description too long", `{"amount":1,"currency":"AZN","customer":"c","description":"` + strings.Repeat("ş", 1001) + `"}`, `"description" must be at most 1000 characters`},
 	{"unknown field", `{"amount":1,"currency":"AZN","customer":"c","tip":5}`, `unknown field "tip"`},
 	{"trailing data", `{"amount":1,"currency":"AZN","customer":"c"} {}`, "data after"},
 }
@@ -137,6 +139,30 @@ func TestRowValidationFailsStoresNothing(t *testing.T) {
 			assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
 		})
 	}
+}
+
+// TestRowBodyWithoutOneReadingStoresNothing: encoding/json matches member
+// names case-insensitively and keeps the last, so these two bodies are
+// payments of 2000 and 1500. Under one key they must not be one payment
+// replayed for the other: each is refused, and nothing is stored.
+func TestRowBodyWithoutOneReadingStoresNothing(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	for _, body := range []string{
+		`{"amount":1500,"AMOUNT":2000,"currency":"AZN","customer":"cus_1"}`,
+		`{"AMOUNT":2000,"amount":1500,"currency":"AZN","customer":"cus_1"}`,
+		`{"amount":1500,"currency":"AZN","customer":"cus_1","cuſtomer":"cus_2"}`,
+		`{"amount":1500,"currency":"AZN","customer":"cus_1","description":` + strings.Repeat(`[`, 101) + strings.Repeat(`]`, 101) + `}`,
+	} {
+		a := pay(t, s, "k1", body)
+		assert.Equal(t, http.StatusBadRequest, a.Status, body)
+		assert.Equal(t, fakeserver.ProblemBadRequest, a.problem(t).Type, body)
+	}
+	st := s.Stats()
+	assert.Zero(t, st.Records)
+	assert.Zero(t, st.Payments)
+	assert.Zero(t, st.Executions)
+	assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status, "the key stays free")
 }
 
 func TestValidationRunsBeforeRecordCheck(t *testing.T) {

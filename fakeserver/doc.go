@@ -12,8 +12,9 @@
 //
 //   - POST /payments, key required. Body {"amount": 1500, "currency": "AZN",
 //     "customer": "cus_1", "description": "..."}: amount an integer in minor
-//     units, > 0; currency three letters; customer a non-empty string;
-//     description optional; other fields are rejected. Answers 201 with
+//     units, > 0; currency three letters; customer a non-empty string of
+//     at most 255 characters; description optional, at most 1000
+//     characters; other fields are rejected. Answers 201 with
 //     Location: /payments/{id} and the payment. Customer "cus_declined" is
 //     declined: 402, type [ProblemCardDeclined], stored and replayed like a
 //     success, and nothing is charged.
@@ -24,7 +25,8 @@
 //     is IN_PROGRESS (running, or a dead worker's that may hold a provider
 //     charge: a resend with K settles it); or 404. It is the lookup a
 //     client reconciles an unknown outcome with, so 404 means "never done".
-//   - PUT /orders/{id}/status with {"status": "SHIPPED"}: naturally
+//   - PUT /orders/{id}/status with {"status": "SHIPPED"} (at most 100
+//     characters): naturally
 //     idempotent; a key is ignored.
 //
 // The caller is the value of the Authorization header (none is the
@@ -75,6 +77,18 @@
 //
 // # Limits
 //
-// Bodies over 1 MiB get 413. The lease is not extended while a payment is
+// [Options.MaxRecords], [Options.MaxPayments] and [Options.MaxOrders]
+// bound the memory held (an order's status for a new order at its cap is a
+// 503 too):
+// at either cap, POST /payments with a new key answers 503, type
+// [ProblemStorageFull], before anything is stored or charged, so a client
+// that retries it as an unknown outcome finds the key unused. Records free
+// up as they expire (Retry-After says when); payments only with Reset.
+//
+// Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an
+// object whose member names are equal after encoding/json's case folding
+// ("amount" and "AMOUNT"), gets 400 [ProblemBadRequest]: the handler would
+// read only the last of such names, so two orders of one body would be two
+// payments under one fingerprint. The lease is not extended while a payment is
 // processed: keep [Options.Lease] longer than [Options.ProcessingDelay].
 package fakeserver

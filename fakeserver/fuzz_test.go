@@ -32,6 +32,9 @@ func FuzzHandler(f *testing.F) {
 		f.Add(uint8(0), key, "Bearer a", payBody)
 	}
 	f.Add(uint8(0), "k1", "", declineBody)
+	f.Add(uint8(0), "k1", "", `{"amount":1500,"AMOUNT":2000,"currency":"AZN","customer":"cus_1"}`)
+	f.Add(uint8(0), "k1", "", `{"amount":1500,"currency":"AZN","customer":"cus_1","cuſtomer":"cus_2"}`)
+	f.Add(uint8(0), "k1", "", `{"amount":1500,"currency":"AZN","customer":"cus_1","description":[[[[[[[[[[[[1]]]]]]]]]]]]}`)
 	f.Add(uint8(4), "", "", `{"status":"SHIPPED"}`)
 	f.Add(uint8(5), "", "", `{"fault":"status","status":503,"retry_after":1}`)
 	f.Add(uint8(5), "", "", `{"fault":"explode"}`)

@@ -42,6 +42,8 @@ func newHandler(opts *Options, bare bool) *Handler {
 		provider: newProvider(),
 		orders:   orders{status: make(map[idempotency.ID]string)},
 	}
+	h.store.SetMaxRecords(h.cfg.maxRecords)
+	h.ledger.max = h.cfg.maxPayments
 	h.payments = http.HandlerFunc(h.createPayment)
 	if !bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
@@ -75,8 +77,15 @@ func (h *Handler) InjectFault(f Fault) error {
 func (h *Handler) ClearFaults() { h.faults.clear() }
 
 // Sweep deletes the records expired by the Clock and returns how many.
+// It also frees the room held for payments whose record is gone (a worker
+// that died and was never taken over).
 func (h *Handler) Sweep() int {
-	n, _ := h.store.Sweep(context.Background(), h.cfg.clock.Now())
+	now := h.cfg.clock.Now()
+	n, _ := h.store.Sweep(context.Background(), now)
+	h.ledger.dropReservations(func(id idempotency.ID, stableID string) bool {
+		rec, ok := h.store.Get(context.Background(), id, now)
+		return ok && rec.StableID == stableID
+	})
 	return n
 }
 

@@ -48,12 +48,30 @@ type Options struct {
 	// Logger gets one line per request (method, path, key, status,
 	// outcome). Nil means silent.
 	Logger *slog.Logger
+	// MaxRecords bounds the idempotency records held. When it is reached
+	// and none has expired, POST /payments with a new key is answered 503,
+	// type [ProblemStorageFull], with Retry-After until the earliest record
+	// expires; nothing is stored or charged. Keys already held still
+	// replay. Zero (or negative) means no bound.
+	MaxRecords int
+	// MaxPayments bounds the payments held (they do not expire). When it is
+	// reached, a new payment is answered 503, type [ProblemStorageFull],
+	// before the provider is called; nothing is stored or charged, and the
+	// key stays unused. [Handler.Reset] makes room. Zero (or negative)
+	// means no bound.
+	MaxPayments int
+	// MaxOrders bounds the order statuses held (PUT /orders/{id}/status).
+	// When it is reached, a status for a new order is answered 503, type
+	// [ProblemStorageFull], and nothing changes; known orders can still be
+	// updated. Zero (or negative) means no bound.
+	MaxOrders int
 }
 
 // config is Options with the defaults filled in.
 type config struct {
 	retention, lease, delay, sweepEvery time.Duration
 	uuid                                bool
+	maxRecords, maxPayments, maxOrders  int
 	clock                               Clock
 	logger                              *slog.Logger
 }
@@ -66,7 +84,8 @@ func (o *Options) config() config {
 	var c config
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
-			clock: o.Clock, logger: o.Logger}
+			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
+			maxOrders: max(o.MaxOrders, 0)}
 		switch o.KeyFormat {
 		case "", KeyFormatAny:
 		case KeyFormatUUID:

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/idempotency"
 )
@@ -38,6 +39,15 @@ type paymentRequest struct {
 	Description string  `json:"description"`
 }
 
+// Limits on the strings of a payment, so that what one payment holds in
+// memory is bounded (see [Options.MaxPayments]).
+const (
+	MaxCustomerLen    = 255
+	MaxDescriptionLen = 1000
+	// MaxStatusLen bounds the status of PUT /orders/{id}/status.
+	MaxStatusLen = 100
+)
+
 // parsePayment decodes and validates a POST /payments body. The problem says
 // what is wrong.
 func parsePayment(body []byte) (paymentRequest, *Problem) {
@@ -61,6 +71,10 @@ func parsePayment(body []byte) (paymentRequest, *Problem) {
 		return req, validationProblem(`"currency" must be three letters, such as "AZN"`)
 	case req.Customer == nil || *req.Customer == "":
 		return req, validationProblem(`"customer" is required: a non-empty string, such as "cus_1"`)
+	case utf8.RuneCountInString(*req.Customer) > MaxCustomerLen:
+		return req, validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, MaxCustomerLen))
+	case utf8.RuneCountInString(req.Description) > MaxDescriptionLen:
+		return req, validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, MaxDescriptionLen))
 	}
 	return req, nil
 }
@@ -115,15 +129,67 @@ type ledger struct {
 	byID  map[string]*payment
 	byKey map[idempotency.ID]*payment
 	order []*payment
+	// max bounds payments made plus reserved; 0 means no bound. Room is
+	// reserved for a payment id before the provider charges it, so that a
+	// charge is never made for a payment the ledger cannot hold.
+	max      int
+	reserved map[string]idempotency.ID // payment id -> the record it is for
 }
 
 func newLedger() *ledger {
-	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment)}
+	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment),
+		reserved: make(map[string]idempotency.ID)}
+}
+
+// reserve holds room for payment id, made under the record rec, and reports
+// false if there is none. A payment already made or reserved under id has
+// its room (a takeover reuses its dead worker's id).
+func (l *ledger) reserve(id string, rec idempotency.ID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.max <= 0 {
+		return true
+	}
+	if _, ok := l.byID[id]; ok {
+		return true
+	}
+	if _, ok := l.reserved[id]; ok {
+		return true
+	}
+	if len(l.order)+len(l.reserved) >= l.max {
+		return false
+	}
+	l.reserved[id] = rec
+	return true
+}
+
+// unreserve frees the room held for id when no payment is made.
+func (l *ledger) unreserve(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.reserved, id)
+}
+
+// dropReservations frees the room held for ids whose record is no longer
+// live, as reported by live.
+func (l *ledger) dropReservations(live func(rec idempotency.ID, id string) bool) {
+	l.mu.Lock()
+	held := make(map[string]idempotency.ID, len(l.reserved))
+	for id, rec := range l.reserved {
+		held[id] = rec
+	}
+	l.mu.Unlock()
+	for id, rec := range held {
+		if !live(rec, id) {
+			l.unreserve(id)
+		}
+	}
 }
 
 func (l *ledger) add(p *payment) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	delete(l.reserved, p.ID)
 	if _, dup := l.byID[p.ID]; dup {
 		return
 	}
@@ -174,6 +240,7 @@ func (l *ledger) reset() {
 	defer l.mu.Unlock()
 	clear(l.byID)
 	clear(l.byKey)
+	clear(l.reserved)
 	l.order = nil
 }
 
@@ -230,6 +297,15 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// Room for the payment is held before the provider is asked, so that
+	// no charge is made that the ledger cannot record. A 5xx stores
+	// nothing: the record is released and the key stays unused.
+	if !h.ledger.reserve(id, info.ID) {
+		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
+		return
+	}
+
 	// After a dead worker, ask the provider before charging again.
 	ch, charged := charge{}, false
 	if info.Takeover {
@@ -240,6 +316,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		ch, err = h.provider.Charge(charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
 			CreatedAt: h.cfg.clock.Now().UTC()})
 		if errors.Is(err, errDeclined) {
+			h.ledger.unreserve(id)
 			(&Problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
 				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
 			return
@@ -321,6 +398,18 @@ type orders struct {
 	status map[idempotency.ID]string
 }
 
+// set sets the status of order id and reports true, unless id is a new
+// order and limit (if positive) orders are held.
+func (o *orders) set(id idempotency.ID, status string, limit int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.status[id]; !ok && limit > 0 && len(o.status) >= limit {
+		return false
+	}
+	o.status[id] = status
+	return true
+}
+
 // putOrderStatus serves PUT /orders/{id}/status: naturally idempotent, so
 // an Idempotency-Key is ignored.
 func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id string) {
@@ -343,6 +432,10 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		validationProblem(`"status" is required, such as "SHIPPED"`).Write(w)
 		return
 	}
+	if utf8.RuneCountInString(*req.Status) > MaxStatusLen {
+		validationProblem(fmt.Sprintf(`"status" must be at most %d characters`, MaxStatusLen)).Write(w)
+		return
+	}
 	f := faultsFrom(r.Context())
 	if err := sleep(r.Context(), f.delay); err != nil {
 		return
@@ -352,9 +445,11 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 			Detail: "the error fault failed this request; nothing changed"}).Write(w)
 		return
 	}
-	h.orders.mu.Lock()
-	h.orders.status[idempotency.ID{Principal: principalOf(r), Key: id}] = *req.Status
-	h.orders.mu.Unlock()
+	if !h.orders.set(idempotency.ID{Principal: principalOf(r), Key: id}, *req.Status, h.cfg.maxOrders) {
+		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+			Detail: "the server holds as many orders as it may; nothing was changed"}).Write(w)
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "status": *req.Status})
 }
 

@@ -15,11 +15,17 @@ const (
 	ProblemKeyReused         = idempotency.TypeKeyReused
 	ProblemRequestInProgress = idempotency.TypeRequestInProgress
 	ProblemPayloadTooLarge   = idempotency.TypePayloadTooLarge
-	ProblemInternal          = idempotency.TypeInternal
-	ProblemCardDeclined      = ProblemBase + "card-declined"
-	ProblemValidationFailed  = ProblemBase + "validation-failed"
-	ProblemNotFound          = ProblemBase + "not-found"
-	ProblemMethodNotAllowed  = ProblemBase + "method-not-allowed"
+	// ProblemBadRequest: the body could not be read, or is JSON without one
+	// reading (nested too deep, or member names equal after case folding).
+	ProblemBadRequest = idempotency.TypeBadRequest
+	// ProblemStorageFull: the server holds as many records or payments as
+	// it may (503); nothing was stored or charged.
+	ProblemStorageFull      = idempotency.TypeStorageFull
+	ProblemInternal         = idempotency.TypeInternal
+	ProblemCardDeclined     = ProblemBase + "card-declined"
+	ProblemValidationFailed = ProblemBase + "validation-failed"
+	ProblemNotFound         = ProblemBase + "not-found"
+	ProblemMethodNotAllowed = ProblemBase + "method-not-allowed"
 	// ProblemInjectedFault is the type of answers made by the error and
 	// status faults.
 	ProblemInjectedFault = ProblemBase + "injected-fault"

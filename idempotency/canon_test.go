@@ -3,43 +3,241 @@ package idempotency
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"reflect"
+	"strings"
 	"testing"
 )
 
-func decodeAny(t *testing.T, b []byte) any {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		t.Fatalf("%q: %v", b, err)
+// canonicalJSON returns body in canonical form; ok is false if body is not
+// exactly one JSON value.
+func canonicalJSON(body []byte, maxDepth int) (out []byte, ok bool, err error) {
+	c, err := parseJSON(body, maxDepth)
+	if c == nil || err != nil {
+		return nil, false, err
 	}
-	return v
+	var buf bytesWriter
+	c.writeTo(&buf)
+	return buf, true, nil
 }
 
-// FuzzCanonicalJSON checks that the canonical form is valid JSON with the
-// same value, and canonical itself.
-func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range []string{`{"b":1,"a":[true,null,"x\u0041"]}`, ` [ 1 , 2.50 , -0 ] `, `"\n\"\\"`, `{"a":1,"a":2}`, `{}`, `[]`, `nope`, `{"<":"&"}`} {
+type bytesWriter []byte
+
+func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
+
+// jsonNode is a JSON value as a test oracle sees it: decoded by
+// encoding/json's own tokenizer, members in document order.
+type jsonNode struct {
+	kind    byte // '{', '[' or 0 for a scalar
+	names   []string
+	members []*jsonNode // object members, parallel to names
+	elems   []*jsonNode
+	scalar  json.Token
+}
+
+// parseNode decodes one JSON value; ok is false unless data is exactly one.
+func parseNode(data []byte) (n *jsonNode, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	n, err := readNode(dec)
+	if err != nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	return n, true
+}
+
+func readNode(dec *json.Decoder) (*jsonNode, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		n := &jsonNode{kind: '{'}
+		for dec.More() {
+			name, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			v, err := readNode(dec)
+			if err != nil {
+				return nil, err
+			}
+			n.names = append(n.names, name.(string))
+			n.members = append(n.members, v)
+		}
+		_, err := dec.Token()
+		return n, err
+	case json.Delim('['):
+		n := &jsonNode{kind: '['}
+		for dec.More() {
+			v, err := readNode(dec)
+			if err != nil {
+				return nil, err
+			}
+			n.elems = append(n.elems, v)
+		}
+		_, err := dec.Token()
+		return n, err
+	}
+	return &jsonNode{scalar: tok}, nil
+}
+
+// depth is the nesting of objects and arrays: 0 for a scalar.
+func (n *jsonNode) depth() int {
+	d := 0
+	for _, c := range append(n.members, n.elems...) {
+		d = max(d, c.depth())
+	}
+	if n.kind != 0 {
+		d++
+	}
+	return d
+}
+
+// collides reports whether some object has two names that bytes.EqualFold
+// (encoding/json's documented rule for matching a name to a field) finds
+// equal.
+func (n *jsonNode) collides() bool {
+	for i := range n.names {
+		for j := i + 1; j < len(n.names); j++ {
+			if bytes.EqualFold([]byte(n.names[i]), []byte(n.names[j])) {
+				return true
+			}
+		}
+	}
+	for _, c := range append(n.members, n.elems...) {
+		if c.collides() {
+			return true
+		}
+	}
+	return false
+}
+
+// reserialise writes n another way that encoding/json reads the same:
+// members in reverse order, whitespace added, strings escaped as
+// json.Marshal escapes them.
+func (n *jsonNode) reserialise(b *strings.Builder) {
+	switch n.kind {
+	case '{':
+		b.WriteString("{ ")
+		for i := len(n.names) - 1; i >= 0; i-- {
+			name, _ := json.Marshal(n.names[i])
+			b.Write(name)
+			b.WriteString(" :\t")
+			n.members[i].reserialise(b)
+			if i > 0 {
+				b.WriteString(" ,\n")
+			}
+		}
+		b.WriteString(" }")
+	case '[':
+		b.WriteString("[ ")
+		for i, e := range n.elems {
+			if i > 0 {
+				b.WriteString(" , ")
+			}
+			e.reserialise(b)
+		}
+		b.WriteString(" ]")
+	default:
+		switch v := n.scalar.(type) {
+		case json.Number:
+			b.WriteString(v.String())
+		default:
+			out, _ := json.Marshal(v)
+			b.Write(out)
+		}
+	}
+}
+
+// reading is a struct whose fields encoding/json matches to member names
+// case-insensitively, as a handler's request type does.
+type reading struct {
+	A, B, K, S, Amount, Customer any
+	N                            *reading
+	L                            []reading
+}
+
+// readings decodes body as handlers do: into a struct (names matched
+// case-insensitively, the last one winning) and into any (names as sent).
+func readings(body []byte) (st reading, stErr bool, generic any) {
+	stErr = json.Unmarshal(body, &st) != nil
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	_ = dec.Decode(&generic)
+	return st, stErr, generic
+}
+
+// FuzzFingerprintOneReading checks the promise of the fingerprint: two
+// bodies that a handler reads differently never share a fingerprint, and
+// two that it reads the same do. Two JSON bodies share a fingerprint
+// exactly when they share a canonical form, so it checks, for one body:
+//   - a body is refused exactly when it nests deeper than the limit or an
+//     object has two names that bytes.EqualFold finds equal;
+//   - the canonical form of an accepted body is read exactly as the body is,
+//     into a struct and into any (so no two bodies read differently share a
+//     canonical form), and is canonical itself;
+//   - the body written another way (members reversed, other whitespace and
+//     escapes) has the same fingerprint, or is refused the same way.
+func FuzzFingerprintOneReading(f *testing.F) {
+	for _, s := range []string{
+		`{"b":1,"a":[true,null,"x\u0041"]}`, ` [ 1 , 2.50 , -0 ] `, `"\n\"\\"`, `{"a":1,"a":2}`, `{}`, `[]`, `nope`,
+		`{"<":"&"}`, `{"amount":1500,"AMOUNT":2000}`, `{"AMOUNT":2000,"amount":1500}`, `{"customer":"a","cuſtomer":"b"}`,
+		`{"k":1,"K":2}`, `{"s":1,"ſ":2}`, `{"n":{"a":1,"\u0041":2}}`, `{"l":[{"b":1,"B":2}]}`, "{\"\xff\":1,\"\xfe\":2}",
+		`{"a":"\ud800","b":"\udc00"}`, "[\"\xff\",\"\xfe\"]", `[[[[[[1]]]]]]`, `{"n":{"n":{"n":{}}}}`,
+	} {
 		f.Add([]byte(s))
 	}
+	const maxDepth = 5
 	f.Fuzz(func(t *testing.T, body []byte) {
-		out, ok := canonicalJSON(body)
-		if ok != json.Valid(body) {
-			t.Fatalf("%q: ok %v", body, ok)
+		fp, err := NewFingerprint("POST", "/p", body, maxDepth)
+		node, isJSON := parseNode(body)
+		if isJSON != json.Valid(body) {
+			t.Skip("oracle disagrees with json.Valid") // cannot happen: one tokenizer
 		}
-		if !ok {
+		deep, dup := isJSON && node.depth() > maxDepth, isJSON && node.collides()
+		switch {
+		case !isJSON:
+			if err != nil {
+				t.Fatalf("%q: not JSON, yet refused: %v", body, err)
+			}
 			return
+		case deep || dup:
+			// A body both too deep and ambiguous may be refused for either.
+			if !(deep && errors.Is(err, ErrJSONTooDeep) || dup && errors.Is(err, ErrJSONDuplicateName)) {
+				t.Fatalf("%q: too deep %v, names colliding after case folding %v; got %v", body, deep, dup, err)
+			}
+			return
+		case err != nil:
+			t.Fatalf("%q: refused: %v", body, err)
 		}
-		if !json.Valid(out) {
-			t.Fatalf("%q: canonical form %q is not JSON", body, out)
+
+		canon, ok, err := canonicalJSON(body, maxDepth)
+		if !ok || err != nil || !json.Valid(canon) {
+			t.Fatalf("%q: canonical form %q (%v, %v) is not JSON", body, canon, ok, err)
 		}
-		if !reflect.DeepEqual(decodeAny(t, body), decodeAny(t, out)) {
-			t.Fatalf("%q: canonical form %q has another value", body, out)
+		bodySt, bodyErr, bodyAny := readings(body)
+		canonSt, canonErr, canonAny := readings(canon)
+		if bodyErr != canonErr || !reflect.DeepEqual(bodySt, canonSt) {
+			t.Fatalf("%q: as a struct %+v (error %v), canonical form %q reads %+v (error %v)", body, bodySt, bodyErr, canon, canonSt, canonErr)
 		}
-		again, _ := canonicalJSON(out)
-		if !bytes.Equal(out, again) {
-			t.Fatalf("%q: %q is not canonical: %q", body, out, again)
+		if !reflect.DeepEqual(bodyAny, canonAny) {
+			t.Fatalf("%q: reads %v, canonical form %q reads %v", body, bodyAny, canon, canonAny)
+		}
+		if again, _, _ := canonicalJSON(canon, maxDepth); !bytes.Equal(canon, again) {
+			t.Fatalf("%q: %q is not canonical: %q", body, canon, again)
+		}
+
+		var b strings.Builder
+		node.reserialise(&b)
+		other, err := NewFingerprint("POST", "/p", []byte(b.String()), maxDepth)
+		if err != nil || other != fp {
+			t.Fatalf("%q: written as %q, another fingerprint (%v)", body, b.String(), err)
 		}
 	})
 }

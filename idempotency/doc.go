@@ -10,9 +10,13 @@
 //
 //   - no Idempotency-Key: 400, type [TypeKeyMissing]; nothing stored.
 //   - a key it cannot accept: 400, type [TypeKeyInvalid]; nothing stored.
-//   - a body over [Config.MaxBodyBytes]: 413; a body that [Config.Validate]
-//     rejects: its 400 problem. Nothing is stored, so the key stays free,
-//     even when the key already has a record.
+//   - a body over [Config.MaxBodyBytes]: 413; a JSON body without one
+//     reading (see "Fingerprint"): 400, type [TypeBadRequest]; a body that
+//     [Config.Validate] rejects: its 400 problem. Nothing is stored, so the
+//     key stays free, even when the key already has a record.
+//   - a new key the store has no room for ([ErrStoreFull]): 503, type
+//     [TypeStorageFull], with Retry-After when the store says when room is
+//     expected ([FullError]); nothing is stored and the handler does not run.
 //   - a record with another fingerprint: 422, type [TypeKeyReused].
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
 //     plus Idempotent-Replayed: true.
@@ -90,11 +94,33 @@
 // A record lives for [Config.Retention] (default 24 hours) from its
 // CreatedAt. From then on it counts as absent: [Store.Insert] replaces it,
 // and the key is new again. [Store.Sweep] deletes expired records; run it on
-// a schedule.
+// a schedule. A store may also bound its records ([ErrStoreFull];
+// [MemoryStore.SetMaxRecords]).
 //
 // # Fingerprint
 //
 // [NewFingerprint] is SHA-256 over the method, the path (without the query)
-// and the body; a JSON body is canonicalised first (keys sorted, whitespace
-// dropped), other bodies are hashed raw.
+// and the body. A JSON body is canonicalised first: members sorted by their
+// case-folded names, whitespace dropped, strings as encoding/json decodes
+// them; numbers are kept as written. Other bodies are hashed raw. The work and memory are
+// linear in the body's size, whatever its nesting.
+//
+// Two bodies that a handler reads differently must never share a
+// fingerprint, or a key reused for a changed body would replay the first
+// answer instead of a 422. Sorting members is safe only while every object
+// has one reading, and encoding/json (like many decoders) matches member
+// names to struct fields case-insensitively, keeping the last match:
+// {"amount":1500,"AMOUNT":2000} is a payment of 2000, and the same members
+// in the other order one of 1500. Its folding goes beyond ASCII: "cuſtomer"
+// (long s) and "Key" (Kelvin sign) match "customer" and "key". So the
+// middleware refuses, with 400 and type [TypeBadRequest], a JSON body with
+// an object, at any depth, whose member names are equal after that folding
+// (exact duplicates included); with that, member order changes no reading.
+// Across bodies, names keep their case: {"A":1} and {"a":1} have different
+// fingerprints (a handler that decodes into a map reads them differently),
+// so a retry must resend the body it sent, not a re-cased copy.
+//
+// A JSON body whose objects and arrays nest deeper than [Config.MaxDepth]
+// ([DefaultMaxDepth], 100, unless set) is refused the same way, before
+// [Config.Validate] reads it.
 package idempotency

@@ -1,13 +1,19 @@
 package idempotency
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"hash"
+	"io"
+	"math"
 	"slices"
-	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // A Fingerprint identifies a request's content: SHA-256 over the method, the
@@ -18,26 +24,59 @@ type Fingerprint [sha256.Size]byte
 // String returns the fingerprint in hex.
 func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
+// DefaultMaxDepth is the deepest nesting of objects and arrays a JSON body
+// may have when [Config.MaxDepth] is zero: {} is one level, {"a":[]} two.
+const DefaultMaxDepth = 100
+
+var (
+	// ErrJSONTooDeep is wrapped by the error of [NewFingerprint] for a JSON
+	// body nested deeper than the limit.
+	ErrJSONTooDeep = errors.New("idempotency: JSON body nested too deep")
+	// ErrJSONDuplicateName is wrapped by the error of [NewFingerprint] for a
+	// JSON body with an object whose member names are equal after the case
+	// folding of encoding/json ("amount" and "AMOUNT", "customer" and
+	// "cuſtomer" with a long s). A decoder that matches names
+	// case-insensitively keeps the last of them and one that does not keeps
+	// both, so such a body has no single reading to fingerprint.
+	ErrJSONDuplicateName = errors.New("idempotency: JSON object has member names that are equal after case folding")
+)
+
 // NewFingerprint fingerprints a request. A body that is one JSON value is
-// hashed in canonical form (object keys sorted, insignificant whitespace
-// dropped, strings re-escaped, numbers kept as written), so a client that
-// re-serialises the same object gets the same fingerprint. Any other body is
-// hashed as raw bytes. The query string is not part of the fingerprint: the
-// contract fingerprints method, path and body.
-func NewFingerprint(method, path string, body []byte) Fingerprint {
+// hashed in canonical form (object members sorted by their case-folded
+// names, insignificant whitespace dropped, strings as encoding/json decodes
+// them, re-escaped; numbers kept as written), so a client that re-serialises
+// the same object gets the same fingerprint. Any other body (or one over
+// 2 GiB) is hashed as raw bytes. The query string is not part of the
+// fingerprint: the contract fingerprints method, path and body.
+//
+// A JSON body must have one reading for the fingerprint to mean anything.
+// NewFingerprint returns an error wrapping [ErrJSONDuplicateName] for a body
+// with an object whose member names are equal after case folding, at any
+// depth, and one wrapping [ErrJSONTooDeep] for a body whose objects and
+// arrays nest deeper than maxDepth (zero or negative means
+// [DefaultMaxDepth]). Bodies nested deeper than 10000 levels are not JSON to
+// encoding/json and are hashed raw.
+//
+// The work and memory are linear in the size of the body.
+func NewFingerprint(method, path string, body []byte, maxDepth int) (Fingerprint, error) {
+	var f Fingerprint
+	c, err := parseJSON(body, maxDepth)
+	if err != nil {
+		return f, err
+	}
 	h := sha256.New()
 	writeField(h, []byte(method))
 	writeField(h, []byte(path))
-	if canon, ok := canonicalJSON(body); ok {
+	if c != nil {
+		// The body is the last field, so its end needs no length.
 		h.Write([]byte{'j'})
-		writeField(h, canon)
+		c.writeTo(h)
 	} else {
 		h.Write([]byte{'r'})
 		writeField(h, body)
 	}
-	var f Fingerprint
 	h.Sum(f[:0])
-	return f
+	return f, nil
 }
 
 // writeField writes b length-prefixed, so that no two different
@@ -49,24 +88,80 @@ func writeField(h hash.Hash, b []byte) {
 	h.Write(b)
 }
 
-// canonicalJSON returns body in canonical form, or false if body is not
-// exactly one JSON value. It is a single pass over the bytes rather than a
-// decode into maps and a re-encode, which cost five times more.
-func canonicalJSON(body []byte) ([]byte, bool) {
-	if len(body) == 0 || !json.Valid(body) {
-		return nil, false
-	}
-	c := canon{in: body}
-	return c.value(make([]byte, 0, len(body))), true
+// canon canonicalises valid JSON in two linear passes. The first (parse)
+// checks the depth and the member names and records, for every object, the
+// order of its members. The second (writeTo) writes the canonical form,
+// visiting each object's members in that order: every byte of the body is
+// read once by each pass, whatever the nesting, where building each object's
+// form from its members' forms would copy a subtree once per level above it.
+//
+// Members are ordered by their folded names (see appendFoldedName), which
+// are unique in an accepted object: one sort both orders the members and
+// finds colliding names, which end up side by side.
+//
+// Offsets are 32 bits, to keep the records small; longer bodies are hashed
+// raw.
+type canon struct {
+	in       []byte
+	pos      int
+	maxDepth int
+
+	// objects are the body's objects in document order (by start offset).
+	objects []object
+	// members holds each closed object's members in canonical order, one
+	// object after another; open objects' members wait in pending.
+	members, pending []member
+	// names holds member names that had to be decoded (escaped, or not
+	// valid UTF-8); a member refers to its name here or in the body.
+	names []byte
+	// fold and order are scratch space for ordering one object's members.
+	fold  []byte
+	order []foldedName
+
+	out []byte // write buffer of the second pass
 }
 
-// canon writes the canonical form of valid JSON: no insignificant
-// whitespace, object members sorted by key (stable for duplicate keys),
-// strings with only '"', '\\' and control characters escaped, numbers and
-// literals as written.
-type canon struct {
-	in  []byte
-	pos int
+type object struct {
+	start, end int32 // offsets of '{' and just past '}'
+	lo, hi     int32 // members[lo:hi] are its members, in canonical order
+}
+
+type member struct {
+	nameLo, nameHi int32 // the name's bytes, in names if decoded, else in the body
+	keyOff         int32 // offset of the name's opening quote, for messages
+	val            int32 // offset of the value
+	decoded        bool  // the name is in names
+}
+
+type foldedName struct {
+	lo, hi int32 // in fold
+	m      int32 // index into the object's members
+}
+
+// grow returns s with room for one more element, doubling its capacity when
+// full, so that a large body leaves little garbage behind.
+func grow[E any](s []E) []E {
+	if len(s) < cap(s) {
+		return s
+	}
+	return slices.Grow(s, max(cap(s), 16))
+}
+
+// parseJSON returns a canon ready to write body's canonical form, nil if
+// body is not one JSON value, or an error if it is one that has no single
+// reading or is too deep.
+func parseJSON(body []byte, maxDepth int) (*canon, error) {
+	if len(body) == 0 || len(body) > math.MaxInt32 || !json.Valid(body) {
+		return nil, nil
+	}
+	if maxDepth <= 0 {
+		maxDepth = DefaultMaxDepth
+	}
+	c := &canon{in: body, maxDepth: maxDepth}
+	if err := c.value(0); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 func (c *canon) ws() {
@@ -80,116 +175,289 @@ func (c *canon) ws() {
 	}
 }
 
-func (c *canon) value(out []byte) []byte {
+// value parses the value at c.pos, inside depth containers.
+func (c *canon) value(depth int) error {
 	c.ws()
 	switch c.in[c.pos] {
-	case '{':
-		return c.object(out)
-	case '[':
-		return c.array(out)
-	case '"':
-		return appendString(out, c.str())
-	}
-	start := c.pos
-	for c.pos < len(c.in) {
-		switch c.in[c.pos] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return append(out, c.in[start:c.pos]...)
+	case '{', '[':
+		if depth >= c.maxDepth {
+			return fmt.Errorf("%w: objects and arrays nest more than %d levels (at byte %d)", ErrJSONTooDeep, c.maxDepth, c.pos)
 		}
-		c.pos++
+		if c.in[c.pos] == '{' {
+			return c.object(depth + 1)
+		}
+		return c.array(depth + 1)
+	case '"':
+		c.pos = stringEnd(c.in, c.pos)
+		return nil
 	}
-	return append(out, c.in[start:c.pos]...)
+	c.pos = literalEnd(c.in, c.pos)
+	return nil
 }
 
-func (c *canon) array(out []byte) []byte {
+func (c *canon) array(depth int) error {
 	c.pos++ // [
-	out = append(out, '[')
 	c.ws()
 	if c.in[c.pos] == ']' {
 		c.pos++
-		return append(out, ']')
+		return nil
 	}
 	for {
-		out = c.value(out)
-		c.ws()
-		if c.in[c.pos] == ']' {
-			c.pos++
-			return append(out, ']')
+		if err := c.value(depth); err != nil {
+			return err
 		}
-		c.pos++ // ,
-		out = append(out, ',')
+		c.ws()
+		c.pos++ // ',' or ']'
+		if c.in[c.pos-1] == ']' {
+			return nil
+		}
 	}
 }
 
-func (c *canon) object(out []byte) []byte {
+func (c *canon) object(depth int) error {
+	ord := len(c.objects)
+	c.objects = append(grow(c.objects), object{start: int32(c.pos)})
 	c.pos++ // {
+	base := len(c.pending)
 	c.ws()
 	if c.in[c.pos] == '}' {
 		c.pos++
-		return append(out, '{', '}')
-	}
-	type member struct {
-		key        string
-		start, end int
-	}
-	var members []member
-	var scratch []byte
-	for {
-		c.ws()
-		key := c.str()
-		c.ws()
-		c.pos++ // :
-		start := len(scratch)
-		scratch = appendString(scratch, key)
-		scratch = append(scratch, ':')
-		scratch = c.value(scratch)
-		members = append(members, member{key, start, len(scratch)})
-		c.ws()
-		if c.in[c.pos] == '}' {
-			c.pos++
-			break
+	} else {
+		for {
+			c.ws()
+			m := c.name()
+			c.ws()
+			c.pos++ // :
+			c.ws()
+			m.val = int32(c.pos)
+			c.pending = append(grow(c.pending), m)
+			if err := c.value(depth); err != nil {
+				return err
+			}
+			c.ws()
+			c.pos++ // ',' or '}'
+			if c.in[c.pos-1] == '}' {
+				break
+			}
 		}
-		c.pos++ // ,
 	}
-	slices.SortStableFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
-	out = append(out, '{')
-	for i, m := range members {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, scratch[m.start:m.end]...)
+	o := &c.objects[ord]
+	o.end = int32(c.pos)
+	o.lo = int32(len(c.members))
+	if err := c.closeObject(c.pending[base:], o.start); err != nil {
+		return err
 	}
-	return append(out, '}')
+	o.hi = int32(len(c.members))
+	c.pending = c.pending[:base]
+	return nil
 }
 
-// str reads a string token and returns its value.
-func (c *canon) str() string {
+// name reads a member name at c.pos as encoding/json decodes it.
+func (c *canon) name() member {
 	start := c.pos
-	c.pos++ // opening quote
-	escaped := false
-	for c.in[c.pos] != '"' {
-		if c.in[c.pos] == '\\' {
-			escaped = true
-			c.pos++
+	c.pos = stringEnd(c.in, start)
+	m := member{keyOff: int32(start), nameLo: int32(start + 1), nameHi: int32(c.pos - 1)}
+	if raw := c.in[start+1 : c.pos-1]; !plainString(raw) {
+		m.decoded, m.nameLo = true, int32(len(c.names))
+		c.names = append(c.names, decodeString(c.in[start:c.pos])...)
+		m.nameHi = int32(len(c.names))
+	}
+	return m
+}
+
+func (c *canon) nameOf(m member) []byte {
+	if m.decoded {
+		return c.names[m.nameLo:m.nameHi]
+	}
+	return c.in[m.nameLo:m.nameHi]
+}
+
+// closeObject appends ms, the members of the object at start, to c.members
+// in canonical order: by folded name. It returns an error wrapping
+// ErrJSONDuplicateName if two names are equal after folding.
+func (c *canon) closeObject(ms []member, start int32) error {
+	if cap(c.members)-len(c.members) < len(ms) {
+		c.members = slices.Grow(c.members, max(len(ms), cap(c.members)))
+	}
+	if len(ms) < 2 {
+		c.members = append(c.members, ms...)
+		return nil
+	}
+	c.fold, c.order = c.fold[:0], slices.Grow(c.order[:0], len(ms))
+	for i, m := range ms {
+		lo := int32(len(c.fold))
+		c.fold = appendFoldedName(c.fold, c.nameOf(m))
+		c.order = append(c.order, foldedName{lo: lo, hi: int32(len(c.fold)), m: int32(i)})
+	}
+	fold := c.fold
+	slices.SortFunc(c.order, func(a, b foldedName) int { return bytes.Compare(fold[a.lo:a.hi], fold[b.lo:b.hi]) })
+	for i := 1; i < len(c.order); i++ {
+		a, b := c.order[i-1], c.order[i]
+		if !bytes.Equal(fold[a.lo:a.hi], fold[b.lo:b.hi]) {
+			continue
 		}
-		c.pos++
+		first, second := ms[a.m], ms[b.m]
+		if first.keyOff > second.keyOff {
+			first, second = second, first
+		}
+		return fmt.Errorf("%w: %q and %q in the object at byte %d; a decoder that matches names case-insensitively, as Go's encoding/json does, reads only the last; send each name once",
+			ErrJSONDuplicateName, c.nameOf(first), c.nameOf(second), start)
 	}
-	c.pos++ // closing quote
-	if !escaped {
-		return string(c.in[start+1 : c.pos-1])
+	for _, f := range c.order {
+		c.members = append(c.members, ms[f.m])
 	}
+	return nil
+}
+
+// writeTo writes the canonical form to w.
+func (c *canon) writeTo(w io.Writer) {
+	c.out = c.out[:0]
+	c.write(w, 0)
+	_, _ = w.Write(c.out)
+	c.out = c.out[:0]
+}
+
+const flushAt = 32 << 10
+
+// write writes the value at pos and returns the offset just past it.
+func (c *canon) write(w io.Writer, pos int) int {
+	for c.isSpace(pos) {
+		pos++
+	}
+	if len(c.out) >= flushAt {
+		_, _ = w.Write(c.out)
+		c.out = c.out[:0]
+	}
+	switch c.in[pos] {
+	case '{':
+		o := c.objects[c.objectIndex(pos)]
+		c.out = append(c.out, '{')
+		for i, m := range c.members[o.lo:o.hi] {
+			if i > 0 {
+				c.out = append(c.out, ',')
+			}
+			c.out = appendString(c.out, c.nameOf(m))
+			c.out = append(c.out, ':')
+			c.write(w, int(m.val))
+		}
+		c.out = append(c.out, '}')
+		return int(o.end)
+	case '[':
+		c.out = append(c.out, '[')
+		pos++
+		for c.isSpace(pos) {
+			pos++
+		}
+		if c.in[pos] == ']' {
+			c.out = append(c.out, ']')
+			return pos + 1
+		}
+		for {
+			pos = c.write(w, pos)
+			for c.isSpace(pos) {
+				pos++
+			}
+			pos++
+			if c.in[pos-1] == ']' {
+				c.out = append(c.out, ']')
+				return pos
+			}
+			c.out = append(c.out, ',')
+		}
+	case '"':
+		end := stringEnd(c.in, pos)
+		if raw := c.in[pos:end]; plainString(raw[1 : len(raw)-1]) {
+			// Nothing escaped, valid UTF-8: already canonical.
+			c.out = append(c.out, raw...)
+		} else {
+			c.out = appendString(c.out, decodeString(raw))
+		}
+		return end
+	}
+	end := literalEnd(c.in, pos)
+	c.out = append(c.out, c.in[pos:end]...)
+	return end
+}
+
+func (c *canon) isSpace(pos int) bool {
+	if pos >= len(c.in) {
+		return false
+	}
+	switch c.in[pos] {
+	case ' ', '\t', '\n', '\r':
+		return true
+	}
+	return false
+}
+
+// objectIndex returns the index in c.objects of the object that starts at
+// pos (c.objects is in document order).
+func (c *canon) objectIndex(pos int) int {
+	lo, hi := 0, len(c.objects)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if int(c.objects[mid].start) < pos {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// stringEnd returns the offset just past the string token at start.
+func stringEnd(in []byte, start int) int {
+	i := start + 1
+	for in[i] != '"' {
+		if in[i] == '\\' {
+			i++
+		}
+		i++
+	}
+	return i + 1
+}
+
+// literalEnd returns the offset just past the number, true, false or null
+// at start.
+func literalEnd(in []byte, start int) int {
+	i := start
+	for i < len(in) {
+		switch in[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// plainString reports whether the contents of a string token need no
+// decoding: no escapes, valid UTF-8. (Valid JSON has no raw control
+// characters or quotes in a string.)
+func plainString(raw []byte) bool {
+	for _, b := range raw {
+		if b == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(raw)
+}
+
+// decodeString decodes a string token as encoding/json does: escapes
+// resolved, invalid UTF-8 and lone surrogates replaced by U+FFFD.
+func decodeString(token []byte) []byte {
 	var s string
-	_ = json.Unmarshal(c.in[start:c.pos], &s) // valid: checked by json.Valid
-	return s
+	_ = json.Unmarshal(token, &s) // valid: checked by json.Valid
+	return []byte(s)
 }
 
 // appendString appends s quoted, escaping only what JSON requires, so that a
 // string written without escapes is kept as it is.
-func appendString(out []byte, s string) []byte {
+func appendString(out, s []byte) []byte {
 	const hex = "0123456789abcdef"
 	out = append(out, '"')
-	for i := 0; i < len(s); i++ {
-		switch b := s[i]; {
+	for _, b := range s {
+		switch {
 		case b == '"' || b == '\\':
 			out = append(out, '\\', b)
 		case b < 0x20:
@@ -199,4 +467,37 @@ func appendString(out []byte, s string) []byte {
 		}
 	}
 	return append(out, '"')
+}
+
+// appendFoldedName appends name folded as encoding/json folds member names
+// to match struct fields (encoding/json/fold.go, whose foldName(x) ==
+// foldName(y) exactly when bytes.EqualFold(x, y)): ASCII letters to upper
+// case, every other rune to the smallest rune of its Unicode fold set, so
+// that 'ſ' (long s) folds with 's' and 'K' (Kelvin sign) with 'k'.
+func appendFoldedName(out, name []byte) []byte {
+	for i := 0; i < len(name); {
+		if c := name[i]; c < utf8.RuneSelf {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			out = append(out, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(name[i:])
+		out = utf8.AppendRune(out, foldRune(r))
+		i += n
+	}
+	return out
+}
+
+// foldRune returns the smallest rune of r's fold set.
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }

@@ -1,44 +1,173 @@
 package idempotency_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idempotency"
 )
 
+func fingerprint(t *testing.T, method, path, body string) idempotency.Fingerprint {
+	t.Helper()
+	f, err := idempotency.NewFingerprint(method, path, []byte(body), 0)
+	require.NoError(t, err, "%s", body)
+	return f
+}
+
 func TestFingerprint(t *testing.T) {
 	t.Parallel()
-	base := idempotency.NewFingerprint("POST", "/payments", []byte(`{"a":1,"b":[1,2],"c":{"x":"y"}}`))
+	base := fingerprint(t, "POST", "/payments", `{"a":1,"b":[1,2],"c":{"x":"y"}}`)
 	same := []struct{ name, body string }{
 		{"keys reordered", `{"c":{"x":"y"},"b":[1,2],"a":1}`},
 		{"whitespace", " {\n\t\"a\" : 1 , \"b\" : [ 1 , 2 ] , \"c\" : { \"x\" : \"y\" } }\n"},
 		{"escaped string", `{"a":1,"b":[1,2],"c":{"x":"\u0079"}}`},
+		{"escaped name", `{"\u0061":1,"b":[1,2],"c":{"x":"y"}}`},
 	}
 	for _, tt := range same {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, base, idempotency.NewFingerprint("POST", "/payments", []byte(tt.body)))
+			assert.Equal(t, base, fingerprint(t, "POST", "/payments", tt.body))
 		})
 	}
 	differ := []struct{ name, method, path, body string }{
 		{"value", "POST", "/payments", `{"a":2,"b":[1,2],"c":{"x":"y"}}`},
 		{"array order", "POST", "/payments", `{"a":1,"b":[2,1],"c":{"x":"y"}}`},
 		{"number written differently", "POST", "/payments", `{"a":1.0,"b":[1,2],"c":{"x":"y"}}`},
+		{"name in another case", "POST", "/payments", `{"A":1,"b":[1,2],"c":{"x":"y"}}`},
 		{"method", "PATCH", "/payments", `{"a":1,"b":[1,2],"c":{"x":"y"}}`},
 		{"path", "POST", "/payments/1", `{"a":1,"b":[1,2],"c":{"x":"y"}}`},
 	}
 	for _, tt := range differ {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.NotEqual(t, base, idempotency.NewFingerprint(tt.method, tt.path, []byte(tt.body)))
+			assert.NotEqual(t, base, fingerprint(t, tt.method, tt.path, tt.body))
 		})
 	}
 	t.Run("raw bodies", func(t *testing.T) {
-		a := idempotency.NewFingerprint("POST", "/x", []byte("a=1&b=2"))
-		assert.Equal(t, a, idempotency.NewFingerprint("POST", "/x", []byte("a=1&b=2")))
-		assert.NotEqual(t, a, idempotency.NewFingerprint("POST", "/x", []byte("b=2&a=1")))
+		a := fingerprint(t, "POST", "/x", "a=1&b=2")
+		assert.Equal(t, a, fingerprint(t, "POST", "/x", "a=1&b=2"))
+		assert.NotEqual(t, a, fingerprint(t, "POST", "/x", "b=2&a=1"))
 	})
 	t.Run("no ambiguity between fields", func(t *testing.T) {
-		assert.NotEqual(t, idempotency.NewFingerprint("POST", "/ab", nil), idempotency.NewFingerprint("POST/", "ab", nil))
+		assert.NotEqual(t, fingerprint(t, "POST", "/ab", ""), fingerprint(t, "POST/", "ab", ""))
+		assert.NotEqual(t, fingerprint(t, "POST", "/x", `{"a":1}`), fingerprint(t, "POST", "/x", `"{\"a\":1}"`))
 	})
+}
+
+// TestFingerprintNeverSharedByBodiesReadDifferently: a body whose member
+// names collide after encoding/json's case folding reads as its last
+// colliding member to a struct decoder, so two orders of it would be two
+// payments under one fingerprint. Such bodies are refused, at any depth.
+func TestFingerprintNeverSharedByBodiesReadDifferently(t *testing.T) {
+	t.Parallel()
+	ambiguous := []string{
+		`{"amount":1500,"AMOUNT":2000}`,
+		`{"AMOUNT":2000,"amount":1500}`,
+		`{"amount":1500,"amount":2000}`,
+		`{"amount":1500,"\u0061mount":2000}`,
+		`{"customer":"cus_1","cuſtomer":"cus_2"}`, // long s
+		`{"customer":"cus_1","cu\u017ftomer":"cus_2"}`,
+		"{\"kind\":\"a\",\"\u212aind\":\"b\"}",          // Kelvin sign
+		"{\"\xff\":1,\"\xfe\":2}",                       // both decode to U+FFFD
+		`{"meta":{"Note":"a","note":"b"}}`,              // nested
+		`{"items":[{"sku":"a"},{"sku":"a","SKU":"b"}]}`, // in an array
+	}
+	for _, body := range ambiguous {
+		t.Run(body, func(t *testing.T) {
+			_, err := idempotency.NewFingerprint("POST", "/payments", []byte(body), 0)
+			assert.ErrorIs(t, err, idempotency.ErrJSONDuplicateName)
+		})
+	}
+	t.Run("names that differ after folding are kept apart", func(t *testing.T) {
+		for _, body := range []string{`{"a_b":1,"ab":2}`, `{"a-b":1,"ab":2}`, `{"s":1,"ß":2}`, `{"i":1,"ı":2}`} {
+			_, err := idempotency.NewFingerprint("POST", "/payments", []byte(body), 0)
+			assert.NoError(t, err, body)
+		}
+	})
+}
+
+// TestFingerprintSharedByBodiesReadTheSame: bodies that encoding/json reads
+// the same share a fingerprint, however they are written.
+func TestFingerprintSharedByBodiesReadTheSame(t *testing.T) {
+	t.Parallel()
+	groups := [][]string{
+		{`{"amount":1500,"customer":"cus_1"}`, `{"customer":"cus_1","amount":1500}`, `{ "customer" : "cus_\u0031", "amount" : 1500 }`},
+		{"[\"\xff\"]", "[\"\xfe\"]", `["\ufffd"]`, `["\ud800"]`},
+		{`{"a":{"y":1,"x":[{"q":1,"p":2}]}}`, `{"a":{"x":[{"p":2,"q":1}],"y":1}}`},
+	}
+	for _, g := range groups {
+		want := fingerprint(t, "POST", "/payments", g[0])
+		for _, body := range g[1:] {
+			assert.Equal(t, want, fingerprint(t, "POST", "/payments", body), "%s and %s", g[0], body)
+		}
+	}
+}
+
+// nested returns a JSON body of depth objects, each with a padding member
+// sorted after the nested one, about size bytes in all.
+func nested(depth, size int) []byte {
+	pad := max(0, (size-depth*len(`{"p":"","n":}`))/depth)
+	p := strings.Repeat("x", pad)
+	var b strings.Builder
+	for range depth {
+		b.WriteString(`{"p":"` + p + `","n":`)
+	}
+	b.WriteString("0")
+	b.WriteString(strings.Repeat("}", depth))
+	return []byte(b.String())
+}
+
+func TestFingerprintDepthLimit(t *testing.T) {
+	t.Parallel()
+	_, err := idempotency.NewFingerprint("POST", "/p", nested(idempotency.DefaultMaxDepth, 0), 0)
+	assert.NoError(t, err, "at the default limit")
+	_, err = idempotency.NewFingerprint("POST", "/p", nested(idempotency.DefaultMaxDepth+1, 0), 0)
+	assert.ErrorIs(t, err, idempotency.ErrJSONTooDeep, "past the default limit")
+	_, err = idempotency.NewFingerprint("POST", "/p", []byte(`[[[1]]]`), 2)
+	assert.ErrorIs(t, err, idempotency.ErrJSONTooDeep, "past a configured limit")
+	_, err = idempotency.NewFingerprint("POST", "/p", []byte(`[[1],[2]]`), 2)
+	assert.NoError(t, err, "at a configured limit")
+	_, err = idempotency.NewFingerprint("POST", "/p", []byte(strings.Repeat("[", 20000)), 0)
+	assert.NoError(t, err, "not JSON: hashed raw")
+}
+
+// BenchmarkFingerprintDepth fingerprints 1 MiB bodies of nested objects:
+// the time per byte stays flat as the depth grows.
+func BenchmarkFingerprintDepth(b *testing.B) {
+	for _, depth := range []int{10, 100, 1000, 9999} {
+		body := nested(depth, 1<<20)
+		b.Run(fmt.Sprintf("depth=%d", depth), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := idempotency.NewFingerprint("POST", "/p", body, 10000); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFingerprintWide fingerprints a 1 MiB object of about 95,000
+// members, whose canonical form sorts them all.
+func BenchmarkFingerprintWide(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("{")
+	for i := 0; sb.Len() < 1<<20; i++ {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `"k%d":0`, i*7919%1000003)
+	}
+	sb.WriteString("}")
+	body := []byte(sb.String())
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := idempotency.NewFingerprint("POST", "/p", body, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -13,6 +13,10 @@ import (
 type MemoryStore struct {
 	mu   sync.Mutex
 	recs map[ID]*Record
+	max  int // 0: no bound
+	// minExpiry is at or before the earliest ExpiresAt of the records: a
+	// full store sweeps only once something may have expired.
+	minExpiry time.Time
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -20,16 +24,38 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{recs: make(map[ID]*Record)}
 }
 
+// SetMaxRecords bounds the number of records: once it holds n, Insert
+// deletes the expired records if there are any, and otherwise refuses a new
+// record with a [*FullError] saying when the earliest record expires. Zero
+// or negative means no bound (the default).
+func (s *MemoryStore) SetMaxRecords(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.max = max(n, 0)
+}
+
 // Insert implements [Store].
 func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.recs[rec.ID]; ok && !old.Expired(rec.CreatedAt) {
+	old, ok := s.recs[rec.ID]
+	if ok && !old.Expired(rec.CreatedAt) {
 		cp := *old
 		return &cp, false, nil
 	}
+	if !ok && s.max > 0 && len(s.recs) >= s.max {
+		if !s.minExpiry.After(rec.CreatedAt) {
+			s.sweep(rec.CreatedAt)
+		}
+		if len(s.recs) >= s.max {
+			return nil, false, &FullError{Until: s.minExpiry}
+		}
+	}
 	cp := *rec
 	s.recs[rec.ID] = &cp
+	if s.minExpiry.IsZero() || rec.ExpiresAt.Before(s.minExpiry) {
+		s.minExpiry = rec.ExpiresAt
+	}
 	return nil, true, nil
 }
 
@@ -95,14 +121,22 @@ func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, boo
 func (s *MemoryStore) Sweep(_ context.Context, now time.Time) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.sweep(now), nil
+}
+
+// sweep deletes the records expired at now and makes minExpiry exact.
+func (s *MemoryStore) sweep(now time.Time) int {
 	n := 0
+	s.minExpiry = time.Time{}
 	for id, r := range s.recs {
 		if r.Expired(now) {
 			delete(s.recs, id)
 			n++
+		} else if s.minExpiry.IsZero() || r.ExpiresAt.Before(s.minExpiry) {
+			s.minExpiry = r.ExpiresAt
 		}
 	}
-	return n, nil
+	return n
 }
 
 // Count implements [Counter].
@@ -122,4 +156,5 @@ func (s *MemoryStore) Clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.recs)
+	s.minExpiry = time.Time{}
 }

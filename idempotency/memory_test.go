@@ -114,3 +114,42 @@ func TestMemoryStoreRetention(t *testing.T) {
 	records, _, _ := s.Count(ctx)
 	assert.Zero(t, records)
 }
+
+// TestMemoryStoreMaxRecordsRefusesWithoutStoring: a full store refuses a
+// new key, saying when the earliest record expires, keeps answering the
+// keys it holds, and makes room from expired records when it needs it.
+func TestMemoryStoreMaxRecordsRefusesWithoutStoring(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := idempotency.NewMemoryStore()
+	s.SetMaxRecords(2)
+	rec := func(key string, now time.Time) *idempotency.Record {
+		r := newRecord("o-"+key, now)
+		r.ID.Key = key
+		return r
+	}
+	for _, k := range []string{"a", "b"} {
+		_, inserted, err := s.Insert(ctx, rec(k, t0))
+		require.NoError(t, err)
+		require.True(t, inserted)
+	}
+	_, inserted, err := s.Insert(ctx, rec("c", t0.Add(time.Minute)))
+	assert.False(t, inserted)
+	require.ErrorIs(t, err, idempotency.ErrStoreFull)
+	var full *idempotency.FullError
+	require.ErrorAs(t, err, &full)
+	assert.Equal(t, t0.Add(time.Hour), full.Until, "room when the earliest record expires")
+	n, _, _ := s.Count(ctx)
+	assert.Equal(t, 2, n, "nothing stored")
+
+	existing, inserted, err := s.Insert(ctx, rec("a", t0.Add(time.Minute)))
+	require.NoError(t, err, "a held key is still answered")
+	assert.False(t, inserted)
+	assert.Equal(t, "s-o-a", existing.StableID)
+
+	_, inserted, err = s.Insert(ctx, rec("c", t0.Add(time.Hour)))
+	require.NoError(t, err, "expired records make room")
+	assert.True(t, inserted)
+	n, _, _ = s.Count(ctx)
+	assert.Equal(t, 1, n)
+}

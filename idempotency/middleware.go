@@ -25,11 +25,12 @@ const (
 	OutcomeReused     Outcome = "reused"      // 422: the key was used for other content
 	OutcomeMissing    Outcome = "missing"     // 400: no key
 	OutcomeInvalid    Outcome = "invalid"     // 400: malformed key
-	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation
+	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
 	OutcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
 	OutcomeFailed     Outcome = "failed"      // >= 500: nothing stored, the key is free
 	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
 	OutcomeStoreError Outcome = "store_error" // the store failed
+	OutcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
 )
 
 // Clock tells the time. Retention, leases, created_at and Retry-After read
@@ -65,6 +66,12 @@ type Config struct {
 	// MaxBodyBytes limits request bodies; larger ones get 413. Zero means
 	// [DefaultMaxBodyBytes] (1 MiB).
 	MaxBodyBytes int64
+	// MaxDepth limits how deep the objects and arrays of a JSON body nest
+	// ({} is one level); deeper bodies get 400 before [Config.Validate]
+	// sees them. Zero or negative means [DefaultMaxDepth] (100). Bodies
+	// nested deeper than 10000 levels are not JSON to encoding/json: they are
+	// fingerprinted raw and left to Validate.
+	MaxDepth int
 	// Validate checks the request before its key is looked at in the store,
 	// so that an invalid body is a 400 even when the key has a record, and
 	// stores nothing. It returns a nil Problem to accept, and may return the
@@ -155,6 +162,14 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	fp, err := NewFingerprint(r.Method, r.URL.Path, body, m.cfg.MaxDepth)
+	if err != nil {
+		// Too deep, or an object whose member names collide after case
+		// folding: no single reading to fingerprint. Nothing is stored.
+		m.report(r, OutcomeRejected)
+		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+		return
+	}
 	var parsed any
 	if m.cfg.Validate != nil {
 		var p *Problem
@@ -170,7 +185,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := m.now()
 	rec := &Record{
 		ID:          ID{Principal: m.cfg.Principal(r), Key: key},
-		Fingerprint: NewFingerprint(r.Method, r.URL.Path, body),
+		Fingerprint: fp,
 		Status:      StatusInProgress,
 		StableID:    m.cfg.NewStableID(),
 		Owner:       rand.Text(),
@@ -290,12 +305,18 @@ func (m *Middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Rec
 	if done.After(rec.LockedUntil) {
 		done = rec.LockedUntil
 	}
+	m.report(r, OutcomeConflict)
+	writeInProgress(w, secondsUntil(done, now))
+}
+
+// secondsUntil returns the time from now to t in whole seconds, rounded up,
+// at least 1: a Retry-After value.
+func secondsUntil(t, now time.Time) int64 {
 	secs := int64(1)
-	if left := done.Sub(now); left > time.Second {
+	if left := t.Sub(now); left > time.Second {
 		secs = int64((left + time.Second - 1) / time.Second)
 	}
-	m.report(r, OutcomeConflict)
-	writeInProgress(w, secs)
+	return secs
 }
 
 func withRetryAfter(w http.ResponseWriter, secs int64) http.ResponseWriter {
@@ -309,6 +330,15 @@ func writeInProgress(w http.ResponseWriter, secs int64) {
 }
 
 func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, ErrStoreFull) {
+		m.report(r, OutcomeFull)
+		if fe := (*FullError)(nil); errors.As(err, &fe) {
+			withRetryAfter(w, secondsUntil(fe.Until, m.now()))
+		}
+		(&Problem{Type: TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)
+		return
+	}
 	m.report(r, OutcomeStoreError)
 	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
 		Detail: "the idempotency store failed: " + err.Error()}).Write(w)

@@ -149,3 +149,54 @@ func TestTakeoverSeesStableID(t *testing.T) {
 	assert.True(t, infos[1].Takeover)
 	assert.Equal(t, infos[0].StableID, infos[1].StableID)
 }
+
+// TestJSONWithoutOneReadingIsRefusedBeforeTheStore: a body whose member
+// names collide after case folding, or that nests past Config.MaxDepth, is
+// a 400 before the key is looked at: the handler does not run, nothing is
+// stored, and a record the key already has is left alone.
+func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
+	t.Parallel()
+	store := idempotency.NewMemoryStore()
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Store: store, MaxDepth: 3})
+	for _, body := range []string{`{"amount":1500,"AMOUNT":2000}`, `{"a":[[[1]]]}`} {
+		w := serve(m, "fresh", body)
+		assert.Equal(t, http.StatusBadRequest, w.Code, body)
+		assert.Equal(t, "application/problem+json", w.Header().Get("Content-Type"))
+		assert.Contains(t, w.Body.String(), idempotency.TypeBadRequest)
+	}
+	require.Equal(t, 201, serve(m, "used", `{"amount":1500}`).Code)
+	w := serve(m, "used", `{"amount":1500,"Amount":1500}`)
+	assert.Equal(t, http.StatusBadRequest, w.Code, "refused even when the key has a record")
+	assert.Equal(t, int32(1), c.runs.Load())
+	records, _, _ := store.Count(context.Background())
+	assert.Equal(t, 1, records)
+	assert.Equal(t, 201, serve(m, "fresh", `{"a":[[1]]}`).Code, "the key stays free; three levels are allowed")
+}
+
+// TestStoreFullIsRetryableAndStoresNothing: a store with no room answers a
+// new key 503 (an unknown outcome a client retries) with the time until a
+// record expires as Retry-After; the handler does not run and the key stays
+// unused, so the retry after that time does the work once.
+func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(t0)
+	store := idempotency.NewMemoryStore()
+	store.SetMaxRecords(1)
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Store: store, Clock: clk, Retention: time.Hour})
+	require.Equal(t, 201, serve(m, "a", "x").Code)
+
+	clk.Advance(time.Minute)
+	w := serve(m, "b", "x")
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, w.Body.String(), idempotency.TypeStorageFull)
+	assert.Equal(t, "3540", w.Header().Get("Retry-After"), "59 minutes until the record of a expires")
+	assert.Equal(t, int32(1), c.runs.Load(), "the handler did not run")
+	assert.Equal(t, "true", serve(m, "a", "x").Header().Get(idempotency.HeaderReplayed), "held keys still replay")
+
+	clk.Advance(59 * time.Minute)
+	assert.Equal(t, 201, serve(m, "b", "x").Code)
+	assert.Equal(t, int32(2), c.runs.Load())
+	assert.Equal(t, int32(2), c.effects.Load())
+}

@@ -18,6 +18,7 @@ const (
 	TypePayloadTooLarge   = ProblemBase + "payload-too-large"
 	TypeBadRequest        = ProblemBase + "bad-request"
 	TypeInternal          = ProblemBase + "internal-error"
+	TypeStorageFull       = ProblemBase + "storage-full"
 )
 
 // Problem is an RFC 9457 problem details object. A Problem is a value; it is

@@ -12,6 +12,26 @@ import (
 // expired and was replaced or swept.
 var ErrNotOwner = errors.New("idempotency: record is no longer held by this worker")
 
+// ErrStoreFull is matched by the error of [Store.Insert] when the store
+// refuses a new record because it holds as many as it may. Nothing was
+// stored. The middleware answers 503, type [TypeStorageFull]: a client
+// retries it (every 5xx is an unknown outcome to a client) and finds the
+// key unused.
+var ErrStoreFull = errors.New("idempotency: store is full")
+
+// FullError is an [ErrStoreFull] that says when room is expected: when the
+// oldest record expires. The middleware sends the time left as Retry-After.
+type FullError struct {
+	Until time.Time
+}
+
+func (e *FullError) Error() string {
+	return "idempotency: store is full until " + e.Until.UTC().Format(time.RFC3339)
+}
+
+// Is makes a FullError match [ErrStoreFull].
+func (e *FullError) Is(target error) bool { return target == ErrStoreFull }
+
 // Status is the state of a [Record].
 type Status string
 
@@ -78,7 +98,9 @@ type Store interface {
 	// primary key. A record that is expired at rec.CreatedAt counts as
 	// absent and is replaced. It returns (nil, true, nil) when rec was
 	// inserted and (existing, false, nil) when it was not; existing is a
-	// copy that the caller may keep.
+	// copy that the caller may keep. A store with a bound on its records
+	// returns an error matching [ErrStoreFull] for a new record it has no
+	// room for (a live record with rec.ID is still returned as existing).
 	Insert(ctx context.Context, rec *Record) (existing *Record, inserted bool, err error)
 
 	// TakeOver hands the IN_PROGRESS record id to a new worker, as a

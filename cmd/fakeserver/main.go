@@ -45,12 +45,28 @@ Admin endpoints (no key, no scoping):
   POST   /_fake/sweep    delete expired records
   POST   /_fake/reset    forget everything
 
+Memory is bounded by -max-records, -max-payments and -max-orders. A
+payment with its record takes about 2 KB, plus twice its description (at
+most 1000 characters) and its Authorization header (request headers are
+limited to 16 KiB). When the record or payment cap is reached, POST
+/payments answers 503 with type https://idem.dev/problems/storage-full and
+stores and charges nothing: an Idempotency-Key client retries it as an
+unknown outcome, and its lookup (GET /payments?idempotency_key=K) answers
+404, never done. Records free up as they expire (Retry-After says when);
+payments and orders only with POST /_fake/reset.
+
+Slow clients are disconnected after the timeouts below.
+
 Flags:
 `
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
+
+// maxHeaderBytes bounds a request's headers; the Authorization header is
+// kept with every record and payment.
+const maxHeaderBytes = 16 << 10
 
 // run is the program; it returns the exit code.
 func run(args []string, stderr io.Writer) int {
@@ -62,6 +78,14 @@ func run(args []string, stderr io.Writer) int {
 	delay := fs.Duration("processing-delay", 0, "time each payment takes")
 	keyFormat := fs.String("key-format", "any", `accepted Idempotency-Key format: "any" or "uuid"`)
 	sweepEvery := fs.Duration("sweep-every", time.Minute, "how often expired records are deleted; 0 disables")
+	readHeaderTimeout := fs.Duration("read-header-timeout", 10*time.Second, "longest time to read a request's headers")
+	readTimeout := fs.Duration("read-timeout", 30*time.Second, "longest time to read a request, body included; a slower client is disconnected")
+	writeTimeout := fs.Duration("write-timeout", time.Minute, "longest time from the end of a request's headers to the end of its answer; keep it over\n-processing-delay (an answer later than this, such as one held by a delay fault, is lost)")
+	idleTimeout := fs.Duration("idle-timeout", time.Minute, "how long an idle keep-alive connection is kept open")
+	maxRecords := fs.Int("max-records", 100000, "idempotency records held at most; then a new key gets 503 storage-full with\nRetry-After until the earliest record expires (nothing stored or charged)")
+	maxPayments := fs.Int("max-payments", 100000, "payments held at most (they do not expire); then a new payment gets 503\nstorage-full before anything is charged, until POST /_fake/reset")
+	maxOrders := fs.Int("max-orders", 100000, "order statuses held at most; then a status for a new order gets 503 storage-full")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may finish before their\nconnections are closed; the program then exits 0")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -87,6 +111,12 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-processing-delay must not be negative, not %v", *delay)
 	case *sweepEvery < 0:
 		return bad("-sweep-every must not be negative, not %v", *sweepEvery)
+	case *readHeaderTimeout <= 0, *readTimeout <= 0, *writeTimeout <= 0, *idleTimeout <= 0, *shutdownTimeout <= 0:
+		return bad("-read-header-timeout, -read-timeout, -write-timeout, -idle-timeout and -shutdown-timeout must be positive")
+	case *maxRecords <= 0, *maxPayments <= 0, *maxOrders <= 0:
+		return bad("-max-records, -max-payments and -max-orders must be positive")
+	case *writeTimeout <= *delay:
+		return bad("-write-timeout (%v) must be longer than -processing-delay (%v), or every answer is lost", *writeTimeout, *delay)
 	case *keyFormat != string(fakeserver.KeyFormatAny) && *keyFormat != string(fakeserver.KeyFormatUUID):
 		return bad(`-key-format must be "any" or "uuid", not %q`, *keyFormat)
 	}
@@ -98,6 +128,9 @@ func run(args []string, stderr io.Writer) int {
 		ProcessingDelay: *delay,
 		KeyFormat:       fakeserver.KeyFormat(*keyFormat),
 		Logger:          logger,
+		MaxRecords:      *maxRecords,
+		MaxPayments:     *maxPayments,
+		MaxOrders:       *maxOrders,
 	})
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -107,7 +140,17 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("cannot listen", "addr", *addr, "err", err)
 		return 1
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Every timeout is set, so a client that sends slowly, or not at all,
+	// holds a connection for a bounded time.
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: *readHeaderTimeout,
+		ReadTimeout:       *readTimeout,
+		WriteTimeout:      *writeTimeout,
+		IdleTimeout:       *idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
 	logger.Info("listening", "addr", ln.Addr().String())
 
 	go h.RunSweeper(ctx, *sweepEvery)
@@ -119,12 +162,15 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	stop() // a second signal ends the program at once
+	logger.Info("shutting down", "drain", *shutdownTimeout)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		logger.Error("shutdown", "err", err)
-		return 1
+		// Requests still in flight (a slow client, a delay fault) are cut
+		// off: the program was asked to stop, and stops.
+		logger.Warn("drain time over; closing the remaining connections", "err", err)
+		_ = srv.Close()
 	}
 	logger.Info("stopped")
 	return 0
