@@ -37,6 +37,7 @@ type request struct {
 // exchange is a request and its answer.
 type exchange struct {
 	req    request
+	auth1  bool  // the request carried Config.Auth
 	err    error // no answer
 	status int
 	header http.Header
@@ -70,6 +71,7 @@ func (c *checker) send(ctx context.Context, req request) *exchange {
 	case 1:
 		if c.cfg.Auth != "" {
 			hr.Header.Set("Authorization", c.cfg.Auth)
+			ex.auth1 = true
 		}
 	case 2:
 		hr.Header.Set("Authorization", c.cfg.Auth2)
@@ -200,10 +202,10 @@ func (ex *exchange) describeRequest() string {
 	for _, k := range ex.req.keys {
 		fmt.Fprintf(&b, " Idempotency-Key: %s", strconv.Quote(k))
 	}
-	switch ex.req.caller {
-	case 1:
+	switch {
+	case ex.req.caller == 1 && ex.auth1:
 		b.WriteString(" Authorization: (-auth)")
-	case 2:
+	case ex.req.caller == 2:
 		b.WriteString(" Authorization: (-auth2)")
 	}
 	if ex.req.body != nil {

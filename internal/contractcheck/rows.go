@@ -251,7 +251,7 @@ func (c *checker) rowQuotedBare(ctx context.Context) Row {
 	}
 	quoted := c.post(ctx, c.cfg.Body, `"`+k+`"`)
 	if !sameAnswer(first, quoted) {
-		what := "not the stored answer"
+		what := "an answer other than the stored one"
 		if quoted.ok() && quoted.resource() != first.resource() {
 			what = "a second resource: the quoted form was taken as another key"
 		}
@@ -272,7 +272,7 @@ func (c *checker) rowReserialised(ctx context.Context) Row {
 	}
 	again := c.post(ctx, other, k)
 	if !sameAnswer(first, again) {
-		what := "not the stored answer"
+		what := "an answer other than the stored one"
 		if again.answered() && again.status == http.StatusUnprocessableEntity {
 			what = "422: the server fingerprints the bytes, not the JSON"
 		}
@@ -363,7 +363,7 @@ func (c *checker) rowConcurrent(ctx context.Context) Row {
 	if len(wrong) > 0 {
 		return fail(fmt.Sprintf("%d requests with one key %s: %s", n, how, strings.Join(dedupe(wrong), "; ")), exs...)
 	}
-	return pass("%d at once: one did the work, %d got 409 with Retry-After, %d the same resource", n, conflicts, n-conflicts-1)
+	return pass("%d at once: one did the work, %d got 409 with Retry-After, %d its stored answer", n, conflicts, n-conflicts-1)
 }
 
 func dedupe(ss []string) []string {
