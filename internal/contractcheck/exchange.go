@@ -200,6 +200,10 @@ func (ex *exchange) describeRequest() string {
 		b.WriteString(" (no Idempotency-Key)")
 	}
 	for _, k := range ex.req.keys {
+		if len(k) > 60 {
+			fmt.Fprintf(&b, " Idempotency-Key: %s... (%d characters)", strconv.Quote(k[:60]), len(k))
+			continue
+		}
 		fmt.Fprintf(&b, " Idempotency-Key: %s", strconv.Quote(k))
 	}
 	switch {

@@ -253,7 +253,7 @@ func (c *checker) rowQuotedBare(ctx context.Context) Row {
 	if !sameAnswer(first, quoted) {
 		what := "an answer other than the stored one"
 		if quoted.ok() && quoted.resource() != first.resource() {
-			what = "a second resource: the quoted form was taken as another key"
+			what = "a second resource: the quoted form was not taken as the same key"
 		}
 		return fail(fmt.Sprintf("%s then %s got %s", k, `"`+k+`"`, what), first, quoted)
 	}
