@@ -108,6 +108,7 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"-url", "ftp://x/payments"}, `-url "ftp://x/payments" is not an http or https URL`},
 		{[]string{"-url", srv.URL, "extra"}, `unexpected argument "extra"`},
 		{[]string{"-url", srv.URL, "-concurrency", "1"}, "concurrency 1: give 2 to 50"},
+		{[]string{"-url", srv.URL, "-lease-wait", "2h"}, "lease wait 2h0m0s: give up to 1h0m0s"},
 		{[]string{"-url", srv.URL, "-method", "GET"}, "method GET: the contract covers POST and PATCH"},
 		{[]string{"-url", srv.URL, "-lookup", srv.URL + "/payments"}, "must be an http or https URL with {key}"},
 		{[]string{"-url", srv.URL, "-auth", "a", "-auth2", "a"}, "the two credentials are the same"},
@@ -119,4 +120,17 @@ func TestRunUsage(t *testing.T) {
 		assert.Contains(t, errOut, tt.want, "%v", tt.args)
 	}
 	assert.Equal(t, 0, srv.Stats().Payments, "a refused body creates nothing")
+}
+
+// TestRunInterrupted: a check interrupted (Ctrl-C) stops with status 2 and
+// says so, instead of reporting the failed requests as FAIL rows.
+func TestRunInterrupted(t *testing.T) {
+	srv := fakeserver.Start(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, []string{"-url", srv.URL + "/payments"}, &out, &errOut)
+	assert.Equal(t, 2, code)
+	assert.NotContains(t, out.String(), "FAIL")
+	assert.Contains(t, errOut.String(), "context canceled")
 }

@@ -43,7 +43,9 @@ const (
 	DefaultProblemBase = "https://idem.dev/problems/"
 	DefaultConcurrency = 5
 	DefaultLeaseWait   = 2 * time.Minute
-	DefaultTimeout     = 30 * time.Second
+	// MaxLeaseWait bounds Config.LeaseWait.
+	MaxLeaseWait   = time.Hour
+	DefaultTimeout = 30 * time.Second
 	// DefaultBody is a payment the fake server accepts.
 	DefaultBody = `{"amount":1500,"currency":"AZN","customer":"cus_1","description":"idemcheck"}`
 	// MaxConcurrency bounds Config.Concurrency.
@@ -98,7 +100,7 @@ type Config struct {
 	// 2 to [MaxConcurrency]; zero means [DefaultConcurrency].
 	Concurrency int
 	// LeaseWait bounds how long the dead-worker row waits for a lease to
-	// end; zero means [DefaultLeaseWait].
+	// end, up to [MaxLeaseWait]; zero means [DefaultLeaseWait].
 	LeaseWait time.Duration
 	// Timeout bounds each request; zero means [DefaultTimeout].
 	Timeout time.Duration
@@ -188,8 +190,11 @@ func (c Config) normalise() (*config, error) {
 	case c.Concurrency < 2 || c.Concurrency > MaxConcurrency:
 		return bad("concurrency %d: give 2 to %d", c.Concurrency, MaxConcurrency)
 	}
-	if c.LeaseWait <= 0 {
+	switch {
+	case c.LeaseWait == 0:
 		c.LeaseWait = DefaultLeaseWait
+	case c.LeaseWait < 0 || c.LeaseWait > MaxLeaseWait:
+		return bad("lease wait %v: give up to %v", c.LeaseWait, MaxLeaseWait)
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
@@ -242,8 +247,8 @@ func Plan(cfg Config) (requests, records int, err error) {
 // Run checks the server and returns the report; each row is also passed to
 // progress (if not nil) as soon as it is judged. It fails, wrapping
 // [ErrSetup], when cfg is wrong or the server does not accept cfg.Body with
-// a fresh key; a server that breaks the contract is a report with FAIL
-// rows, not an error.
+// a fresh key, and with ctx's error when ctx ends first; a server that
+// breaks the contract is a report with FAIL rows, not an error.
 func Run(ctx context.Context, cfg Config, progress func(Row)) (*Report, error) {
 	c, err := cfg.normalise()
 	if err != nil {
@@ -264,6 +269,10 @@ func Run(ctx context.Context, cfg Config, progress func(Row)) (*Report, error) {
 	rep := &Report{URL: c.URL, Planned: planned}
 	for _, r := range rows {
 		row := r.run(ck, ctx)
+		if err := ctx.Err(); err != nil {
+			// An interrupted request says nothing about the server.
+			return nil, fmt.Errorf("contractcheck: interrupted after %d rows: %w", len(rep.Rows), err)
+		}
 		if row.Status == "" { // the baseline failed: nothing else can be judged
 			return nil, fmt.Errorf("%w: %s", ErrSetup, row.Detail)
 		}
