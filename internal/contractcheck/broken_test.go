@@ -24,6 +24,9 @@ func TestRunBrokenServers(t *testing.T) {
 		fails []string
 	}{
 		{name: "keeps the contract"},
+		{name: "key optional", fails: []string{"key-missing"}, knobs: labKnobs{wrap: keyOptional}},
+		{name: "accepts malformed keys", fails: []string{"key-empty", "key-too-long", "key-control-char", "key-twice"},
+			knobs: labKnobs{wrap: acceptsMalformedKeys}},
 		{name: "look-up-then-insert race", knobs: labKnobs{store: newRacyStore}, fails: []string{"concurrent"}},
 		{name: "no fingerprint check", fails: []string{"changed-body"},
 			knobs: labKnobs{store: func(_ *labServer, s *idempotency.MemoryStore) idempotency.Store { return blindStore{s} }}},
@@ -41,6 +44,7 @@ func TestRunBrokenServers(t *testing.T) {
 		{name: "replay without the marker", fails: []string{"replay"},
 			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderReplayed) })}},
 		{name: "stores a validation failure", fails: []string{"validation-key-free"}, knobs: labKnobs{validateInHandler: true}},
+		{name: "charges again on takeover", fails: []string{"dead-worker"}, knobs: labKnobs{chargeOnTakeover: true}},
 		{name: "marks a fresh answer replayed", fails: []string{"fresh-not-replayed"},
 			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
 				if status == http.StatusCreated {

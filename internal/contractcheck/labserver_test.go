@@ -2,6 +2,9 @@ package contractcheck_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -56,6 +59,9 @@ type labKnobs struct {
 	// validateInHandler moves validation behind the middleware, so that a
 	// refused body is stored under its key.
 	validateInHandler bool
+	// chargeOnTakeover charges again after taking over a dead worker's
+	// record, without asking the provider first.
+	chargeOnTakeover bool
 	// wrap rewrites requests or answers in front of everything.
 	wrap func(http.Handler) http.Handler
 }
@@ -75,7 +81,7 @@ func startLab(t testing.TB, clk *clocktest.Clock, k labKnobs) string {
 		cfg.Validate = func(_ *http.Request, body []byte) (any, *idempotency.Problem) { return nil, validate(body) }
 	}
 	payments := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lab.pay(w, r, k.validateInHandler)
+		lab.pay(w, r, k)
 	}), cfg)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /_fake/stats", func(w http.ResponseWriter, r *http.Request) {
@@ -142,9 +148,9 @@ func (lab *labServer) waitFor(cond func() bool) {
 
 // pay is the business handler: charge the provider under the record's
 // stable id (asking it first after a takeover), commit the payment.
-func (lab *labServer) pay(w http.ResponseWriter, r *http.Request, validateHere bool) {
+func (lab *labServer) pay(w http.ResponseWriter, r *http.Request, k labKnobs) {
 	info, _ := idempotency.FromContext(r.Context())
-	if validateHere {
+	if k.validateInHandler {
 		body, _ := io.ReadAll(r.Body)
 		if p := validate(body); p != nil {
 			p.Write(w)
@@ -165,7 +171,7 @@ func (lab *labServer) pay(w http.ResponseWriter, r *http.Request, validateHere b
 		return
 	}
 	lab.mu.Lock()
-	if !(info.Takeover && lab.charged[info.StableID]) {
+	if !(info.Takeover && lab.charged[info.StableID]) || k.chargeOnTakeover {
 		lab.charged[info.StableID] = true
 		lab.charges++
 	}
@@ -318,6 +324,30 @@ func quotesInKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
 			r.Header.Set(idempotency.HeaderKey, strings.ReplaceAll(v, `"`, `'`))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// acceptsMalformedKeys serves a key it cannot parse under a key made from
+// its bytes, as a server that stores whatever it is sent does.
+func acceptsMalformedKeys(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		vals := r.Header.Values(idempotency.HeaderKey)
+		if _, err := idempotency.ParseHeader(r.Header, false); len(vals) > 0 && err != nil {
+			sum := sha256.Sum256([]byte(strings.Join(vals, "\n")))
+			r.Header.Set(idempotency.HeaderKey, hex.EncodeToString(sum[:]))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// keyOptional serves a request without a key under a new random key: no
+// protection, and no error either.
+func keyOptional(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/payments" && len(r.Header.Values(idempotency.HeaderKey)) == 0 {
+			r.Header.Set(idempotency.HeaderKey, rand.Text())
 		}
 		next.ServeHTTP(w, r)
 	})
