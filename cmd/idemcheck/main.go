@@ -29,8 +29,8 @@ one real record. Before sending, it says how many requests it will send at
 most. It never loops without bound: the only wait, for a dead worker's
 lease, ends at -lease-wait.
 
-Output: one line per row, PASS, FAIL or SKIP; under a FAIL, the requests
-sent (->) and what came back (<-); then a summary. -json prints the report
+Output: one line per row, PASS, FAIL or SKIP; under a FAIL, what it costs
+a client, the requests sent (->) and what came back (<-); then a summary. -json prints the report
 as one JSON object instead. Exit status: 0 when no row failed, 1 when one
 did, 2 when the check could not run (bad flags, the body refused).
 
@@ -154,6 +154,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // printRow prints one row, and the evidence under a FAIL.
 func printRow(w io.Writer, r contractcheck.Row) {
 	fmt.Fprintf(w, "%s %-20s %s\n", r.Status, r.ID, r.Detail)
+	if r.Cost != "" {
+		fmt.Fprintf(w, "     costs a client: %s\n", r.Cost)
+	}
 	for _, e := range r.Evidence {
 		fmt.Fprintf(w, "     -> %s\n     <- %s\n", e.Request, e.Response)
 	}

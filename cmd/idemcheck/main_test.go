@@ -80,6 +80,7 @@ func TestRunKeyIgnored(t *testing.T) {
 	code, out, _ := runArgs(t, "-url", srv.URL+"/payments", "-concurrency", "3")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, "FAIL key-missing          wanted 400 https://idem.dev/problems/idempotency-key-missing, got 201\n"+
+		"     costs a client: a client that forgot the key is served without protection and never learns it; its retries charge twice\n"+
 		"     -> POST "+srv.URL+"/payments (no Idempotency-Key) body: ")
 	assert.Contains(t, out, "     <- 201 Created Location: /payments/2 body: \"{\\\"id\\\":\\\"2\\\"}\"\n")
 	assert.Contains(t, out, "FAIL concurrent")

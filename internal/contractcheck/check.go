@@ -129,6 +129,8 @@ type Row struct {
 	// Detail says what was seen: the reason for a SKIP, what was wrong for
 	// a FAIL, what was checked for a PASS.
 	Detail string `json:"detail"`
+	// Cost says, for a FAIL, what breaking the rule costs a client.
+	Cost string `json:"cost,omitempty"`
 	// Evidence lists the exchanges behind a FAIL.
 	Evidence []Exchange `json:"evidence,omitempty"`
 }
@@ -277,6 +279,9 @@ func Run(ctx context.Context, cfg Config, progress func(Row)) (*Report, error) {
 			return nil, fmt.Errorf("%w: %s", ErrSetup, row.Detail)
 		}
 		row.ID, row.Title = r.id, r.title
+		if row.Status == Fail {
+			row.Cost = r.cost
+		}
 		rep.Rows = append(rep.Rows, row)
 		switch row.Status {
 		case Pass:
