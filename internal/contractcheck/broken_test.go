@@ -16,7 +16,6 @@ import (
 
 // TestRunBrokenServers: each server breaks one rule of the contract, and
 // the check fails exactly the rows that rule decides, passing every other.
-// The lab server has no lookup endpoint, so that row is SKIP throughout.
 func TestRunBrokenServers(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -44,6 +43,9 @@ func TestRunBrokenServers(t *testing.T) {
 		{name: "replay without the marker", fails: []string{"replay"},
 			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderReplayed) })}},
 		{name: "stores a validation failure", fails: []string{"validation-key-free"}, knobs: labKnobs{validateInHandler: true}},
+		{name: "fingerprints the bytes", fails: []string{"reserialised-json"},
+			knobs: labKnobs{store: func(_ *labServer, s *idempotency.MemoryStore) idempotency.Store { return byteStore{s} }}},
+		{name: "lookup ignores the key", fails: []string{"lookup"}, knobs: labKnobs{lookupIgnoresKey: true}},
 		{name: "charges again on takeover", fails: []string{"dead-worker"}, knobs: labKnobs{chargeOnTakeover: true}},
 		{name: "marks a fresh answer replayed", fails: []string{"fresh-not-replayed"},
 			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
@@ -59,6 +61,7 @@ func TestRunBrokenServers(t *testing.T) {
 			url := startLab(t, clk, tt.knobs)
 			rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
 				URL: url + "/payments", Auth: "Bearer caller-1", Auth2: "Bearer caller-2",
+				Lookup:      url + "/payments?idempotency_key={key}",
 				Concurrency: labConcurrency, Sleep: clk.Sleep,
 			}, nil)
 			require.NoError(t, err)
@@ -67,7 +70,6 @@ func TestRunBrokenServers(t *testing.T) {
 			for _, r := range contractcheck.Rows() {
 				want[r.ID] = contractcheck.Pass
 			}
-			want["lookup"] = contractcheck.Skip
 			for _, id := range tt.fails {
 				want[id] = contractcheck.Fail
 			}

@@ -1,6 +1,7 @@
 package contractcheck_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -48,6 +49,12 @@ type labServer struct {
 	charged  map[string]bool   // provider: stable id -> charged
 	charges  int
 	payments atomic.Int64 // committed by the store, under its own lock
+
+	// The payments made, for the lookup by key; written by commits, which
+	// run under the store's lock, so guarded by a lock of their own.
+	ledgerMu sync.Mutex
+	byKey    map[idempotency.ID]string // (caller, key) -> payment id
+	last     string                    // the latest payment id
 }
 
 // labKnobs break the lab server.
@@ -62,6 +69,9 @@ type labKnobs struct {
 	// chargeOnTakeover charges again after taking over a dead worker's
 	// record, without asking the provider first.
 	chargeOnTakeover bool
+	// lookupIgnoresKey answers the lookup by key with the latest payment,
+	// whatever the key.
+	lookupIgnoresKey bool
 	// wrap rewrites requests or answers in front of everything.
 	wrap func(http.Handler) http.Handler
 }
@@ -69,14 +79,18 @@ type labKnobs struct {
 func startLab(t testing.TB, clk *clocktest.Clock, k labKnobs) string {
 	t.Helper()
 	lab := &labServer{clk: clk, faults: map[string]string{}, held: map[string]bool{}, answered: map[string]int{},
-		lookups: map[string]int{}, charged: map[string]bool{}}
+		lookups: map[string]int{}, charged: map[string]bool{}, byKey: map[idempotency.ID]string{}}
 	lab.cond = sync.NewCond(&lab.mu)
 	mem := idempotency.NewMemoryStore()
 	var store idempotency.Store = mem
 	if k.store != nil {
 		store = k.store(lab, mem)
 	}
-	cfg := idempotency.Config{Store: store, Clock: clk, Principal: k.principal}
+	principal := k.principal
+	if principal == nil {
+		principal = func(r *http.Request) string { return r.Header.Get("Authorization") }
+	}
+	cfg := idempotency.Config{Store: store, Clock: clk, Principal: principal}
 	if !k.validateInHandler {
 		cfg.Validate = func(_ *http.Request, body []byte) (any, *idempotency.Problem) { return nil, validate(body) }
 	}
@@ -103,8 +117,25 @@ func startLab(t testing.TB, clk *clocktest.Clock, k labKnobs) string {
 		lab.mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 	})
+	mux.HandleFunc("GET /payments", func(w http.ResponseWriter, r *http.Request) {
+		lab.ledgerMu.Lock()
+		id, ok := lab.byKey[idempotency.ID{Principal: principal(r), Key: r.URL.Query().Get("idempotency_key")}]
+		if k.lookupIgnoresKey {
+			id, ok = lab.last, lab.last != ""
+		}
+		lab.ledgerMu.Unlock()
+		if !ok {
+			http.Error(w, "no payment under this key", http.StatusNotFound)
+			return
+		}
+		fmt.Fprintf(w, `{"id":%q}`+"\n", id)
+	})
 	mux.HandleFunc("POST /payments", func(w http.ResponseWriter, r *http.Request) {
 		key, _ := idempotency.ParseKey(r.Header.Get(idempotency.HeaderKey))
+		// The raw body, for a store that fingerprints bytes.
+		raw, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		r = r.WithContext(context.WithValue(r.Context(), rawBodyKey{}, raw))
 		defer func() {
 			lab.mu.Lock()
 			lab.answered[key]++
@@ -181,6 +212,9 @@ func (lab *labServer) pay(w http.ResponseWriter, r *http.Request, k labKnobs) {
 	}
 	_ = idempotency.OnCommit(r.Context(), func(context.Context) error {
 		lab.payments.Add(1)
+		lab.ledgerMu.Lock()
+		defer lab.ledgerMu.Unlock()
+		lab.byKey[info.ID], lab.last = info.StableID, info.StableID
 		return nil
 	})
 	w.Header().Set("Content-Type", "application/json")
@@ -275,6 +309,18 @@ func (s blindStore) Insert(ctx context.Context, rec *idempotency.Record) (*idemp
 		old.Fingerprint = rec.Fingerprint
 	}
 	return old, ok, err
+}
+
+type rawBodyKey struct{}
+
+// byteStore fingerprints the body's bytes, not its JSON: a re-serialised
+// body counts as another request.
+type byteStore struct{ idempotency.Store }
+
+func (s byteStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	raw, _ := ctx.Value(rawBodyKey{}).([]byte)
+	rec.Fingerprint = sha256.Sum256(raw)
+	return s.Store.Insert(ctx, rec)
 }
 
 // errorStoringStore keeps a 5xx under its key instead of freeing it.
