@@ -251,6 +251,10 @@ func Plan(cfg Config) (requests, records int, err error) {
 // [ErrSetup], when cfg is wrong or the server does not accept cfg.Body with
 // a fresh key, and with ctx's error when ctx ends first; a server that
 // breaks the contract is a report with FAIL rows, not an error.
+//
+// Run never sends more requests than [Plan] returns: a request past the
+// plan is not sent and fails its row. Calls of Run share nothing and may
+// run at the same time.
 func Run(ctx context.Context, cfg Config, progress func(Row)) (*Report, error) {
 	c, err := cfg.normalise()
 	if err != nil {
