@@ -42,6 +42,12 @@ func TestRunBrokenServers(t *testing.T) {
 		{name: "quoted and bare as two keys", fails: []string{"quoted-bare"}, knobs: labKnobs{wrap: quotesInKey}},
 		{name: "replay without the marker", fails: []string{"replay"},
 			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderReplayed) })}},
+		{name: "replay without its Content-Type", fails: []string{"replay"},
+			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) {
+				if h.Get(idempotency.HeaderReplayed) != "" {
+					h.Del("Content-Type")
+				}
+			})}},
 		{name: "stores a validation failure", fails: []string{"validation-key-free"}, knobs: labKnobs{validateInHandler: true}},
 		{name: "fingerprints the bytes", fails: []string{"reserialised-json"},
 			knobs: labKnobs{store: func(_ *labServer, s *idempotency.MemoryStore) idempotency.Store { return byteStore{s} }}},

@@ -88,7 +88,7 @@ var rows = []rowDef{
 		plan: fixed(1, 0), run: func(c *checker, ctx context.Context) Row {
 			return c.refused(c.post(ctx, c.cfg.Body, c.cfg.NewKey(), c.cfg.NewKey()), "idempotency-key-invalid")
 		}},
-	{id: "replay", title: "the same request again: the stored answer byte for byte, Idempotent-Replayed: true, same Location",
+	{id: "replay", title: "the same request again: the stored status, Location, Content-Type and body, Idempotent-Replayed: true",
 		cost: "a retry after a lost response does not get the original answer, or cannot tell it is one",
 		plan: fixed(1, 0), run: (*checker).rowReplay},
 	{id: "quoted-bare", title: `"K" and K are one key`,
@@ -230,6 +230,9 @@ func (c *checker) rowReplay(ctx context.Context) Row {
 	if again.header.Get("Location") != first.header.Get("Location") {
 		wrong = append(wrong, fmt.Sprintf("Location %q, not %q", again.header.Get("Location"), first.header.Get("Location")))
 	}
+	if again.header.Get("Content-Type") != first.header.Get("Content-Type") {
+		wrong = append(wrong, fmt.Sprintf("Content-Type %q, not %q", again.header.Get("Content-Type"), first.header.Get("Content-Type")))
+	}
 	if string(again.body) != string(first.body) {
 		wrong = append(wrong, "another body")
 	}
@@ -239,7 +242,7 @@ func (c *checker) rowReplay(ctx context.Context) Row {
 	if len(wrong) > 0 {
 		return fail("the repeat is not the stored answer: "+strings.Join(wrong, "; "), first, again)
 	}
-	return pass("%d, same Location and body, Idempotent-Replayed: true", again.status)
+	return pass("%d, same Location, Content-Type and body, Idempotent-Replayed: true", again.status)
 }
 
 func (c *checker) rowQuotedBare(ctx context.Context) Row {
