@@ -1,0 +1,97 @@
+package contractcheck_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/internal/contractcheck"
+)
+
+// TestRunBrokenServers: each server breaks one rule of the contract, and
+// the check fails exactly the rows that rule decides, passing every other.
+func TestRunBrokenServers(t *testing.T) {
+	tests := []struct {
+		name  string
+		knobs labKnobs
+		fails []string
+	}{
+		{name: "keeps the contract"},
+		{name: "key optional", fails: []string{"key-missing"}, knobs: labKnobs{wrap: keyOptional}},
+		{name: "accepts malformed keys", fails: []string{"key-empty", "key-too-long", "key-control-char", "key-twice"},
+			knobs: labKnobs{wrap: acceptsMalformedKeys}},
+		{name: "look-up-then-insert race", knobs: labKnobs{store: newRacyStore}, fails: []string{"concurrent"}},
+		{name: "no fingerprint check", fails: []string{"changed-body"},
+			knobs: labKnobs{store: func(_ *labServer, s *idempotency.MemoryStore) idempotency.Store { return blindStore{s} }}},
+		{name: "stores a 5xx", fails: []string{"5xx-not-stored"},
+			knobs: labKnobs{store: func(_ *labServer, s *idempotency.MemoryStore) idempotency.Store { return errorStoringStore{s} }}},
+		{name: "no scoping", fails: []string{"scoping"},
+			knobs: labKnobs{principal: func(*http.Request) string { return "" }}},
+		{name: "409 without Retry-After", fails: []string{"concurrent"},
+			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
+				if status == http.StatusConflict {
+					h.Del("Retry-After")
+				}
+			})}},
+		{name: "quoted and bare as two keys", fails: []string{"quoted-bare"}, knobs: labKnobs{wrap: quotesInKey}},
+		{name: "replay without the marker", fails: []string{"replay"},
+			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderReplayed) })}},
+		{name: "replay without its Content-Type", fails: []string{"replay"},
+			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) {
+				if h.Get(idempotency.HeaderReplayed) != "" {
+					h.Del("Content-Type")
+				}
+			})}},
+		{name: "stores a validation failure", fails: []string{"validation-key-free"}, knobs: labKnobs{validateInHandler: true}},
+		{name: "fingerprints the bytes", fails: []string{"reserialised-json"},
+			knobs: labKnobs{store: func(_ *labServer, s *idempotency.MemoryStore) idempotency.Store { return byteStore{s} }}},
+		{name: "lookup ignores the key", fails: []string{"lookup"}, knobs: labKnobs{lookupIgnoresKey: true}},
+		{name: "charges again on takeover", fails: []string{"dead-worker"}, knobs: labKnobs{chargeOnTakeover: true}},
+		{name: "marks a fresh answer replayed", fails: []string{"fresh-not-replayed"},
+			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
+				if status == http.StatusCreated {
+					h.Set(idempotency.HeaderReplayed, "true")
+				}
+			})}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clk := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			url := startLab(t, clk, tt.knobs)
+			rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
+				URL: url + "/payments", Auth: "Bearer caller-1", Auth2: "Bearer caller-2",
+				Lookup:      url + "/payments?idempotency_key={key}",
+				Concurrency: labConcurrency, Sleep: clk.Sleep,
+			}, nil)
+			require.NoError(t, err)
+
+			want := map[string]contractcheck.Status{}
+			for _, r := range contractcheck.Rows() {
+				want[r.ID] = contractcheck.Pass
+			}
+			for _, id := range tt.fails {
+				want[id] = contractcheck.Fail
+			}
+			got := map[string]contractcheck.Status{}
+			for _, r := range rep.Rows {
+				got[r.ID] = r.Status
+				if r.Status != want[r.ID] {
+					t.Logf("%s %s: %s", r.Status, r.ID, r.Detail)
+					for _, e := range r.Evidence {
+						t.Logf("  -> %s\n  <- %s", e.Request, e.Response)
+					}
+				}
+			}
+			assert.Equal(t, want, got)
+			assert.Equal(t, len(tt.fails), rep.Fail)
+			assert.LessOrEqual(t, rep.Sent, rep.Planned)
+		})
+	}
+}
