@@ -42,19 +42,18 @@ of the old file must be durable before Save returns. When OpenDir creates
 the directory it syncs its parent, so the directory outlives a power cut
 too.
 
-# What the crash test proves
+# What the tests prove
 
-TestCrash runs the test binary again as a child that saves intents in a tight
-loop and reports each save after Save returned, kills it with SIGKILL at a
-random moment, reopens the store and checks that every reported save is
-there, intact, and that no half-written record is visible; it runs 20 rounds
-(IDEM_CRASH_ROUNDS sets more). Breaking the scheme (writing the record file
-in place) makes it fail.
-
-A killed process does not lose the kernel's page cache, so this proves
-atomicity against process death, not durability against power loss: a
-missing fsync would pass it. The fsyncs above are what cover power loss;
-testing them needs pulling the plug or a fault-injecting block device.
+TestCrash kills a child process that saves in a loop with SIGKILL at random
+moments and checks that every save it reported is there, intact: atomicity
+against process death. TestPowerCut runs the store on an in-memory file
+system that forgets, at a power cut, every write and directory change not
+yet synced (and may keep part of them, in order), cuts the power 10,000
+times at random points, OpenDir included, and checks that every record
+whose Save returned is there, intact, and that no half-written or older
+version is ever read. Its mutants (the directory not synced after a
+rename, a record file not synced before it, a new directory's parent not
+synced) must make it fail, and do.
 
 # File layout
 
