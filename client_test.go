@@ -822,7 +822,7 @@ func TestAStaleIntentValueReadsTheStore(t *testing.T) {
 	assert.Equal(t, 1, e.srv.Stats().Requests)
 }
 
-func TestUnreadableRecordStopsNewIntentsNotOthers(t *testing.T) {
+func TestUnreadableRecordStopsOnlyItsOwnAction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
@@ -859,8 +859,9 @@ func TestUnreadableRecordStopsNewIntentsNotOthers(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	c = e.newClient(t, idem.WithStore(store))
 
-	// The readable intent still resumes; a new intent is refused, naming
-	// the damaged record, because it could be that action's.
+	// The readable intent still resumes; a new intent for the damaged
+	// record's action is refused, naming the record, because it could be
+	// that action's unresolved intent; other actions go on.
 	pending, err := c.Unresolved(ctx)
 	var corrupt *persist.CorruptError
 	require.ErrorAs(t, err, &corrupt)
@@ -869,9 +870,11 @@ func TestUnreadableRecordStopsNewIntentsNotOthers(t *testing.T) {
 	_, err = c.Do(ctx, pending[0])
 	require.NoError(t, err)
 
-	_, err = c.Intent(ctx, "checkout:other", e.paymentRequest(t, 300, "cus_1"))
+	_, err = c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 300, "cus_1"))
 	require.ErrorAs(t, err, &corrupt)
 	assert.Equal(t, bad.Key(), corrupt.Key)
+	_, err = c.Intent(ctx, "checkout:other", e.paymentRequest(t, 300, "cus_1"))
+	require.NoError(t, err, "a damaged file blocks only the action it may belong to")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
 

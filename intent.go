@@ -216,9 +216,11 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //
 // The new intent is durable when Intent returns; if saving fails, the error
 // is a *SaveError and nothing can be sent. If the store holds a record it
-// cannot read (a *persist.CorruptError), that record could be this
-// action's unresolved intent, so Intent refuses with that error rather than
-// guess; inspect or delete the file it names.
+// cannot read (a *persist.CorruptError) that may be this action's (the file
+// store tells a record's action from its file's name), Intent refuses with
+// that error rather than guess, for it could be the action's unresolved
+// intent: inspect the file it names, then quarantine or delete it. Damaged
+// records of other actions do not stop it.
 func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
 	if name == "" {
 		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
@@ -300,7 +302,8 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 // first: after a restart, Do each of them to resume it with its own key.
 // Expired intents are included; Do reports them and Reconcile settles them.
 // If some stored intents cannot be read, the readable ones are returned
-// with an error that names each unreadable one.
+// with an error that names each unreadable one: persist.CorruptErrors lists
+// them all, where errors.As finds only the first.
 func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
 	out := make([]*Intent, len(recs))

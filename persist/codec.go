@@ -9,35 +9,43 @@ import (
 	"strings"
 )
 
-// File names. A record's file name is derived from its key, so that a key
-// can never name a path outside the store's directory and two keys never
-// share a file, also on case-insensitive file systems (macOS, Windows). The
-// stem of the name is:
+// File names. A record's file name is derived from its key and its name,
+// so that a key can never name a path outside the store's directory and two
+// keys never share a file, also on case-insensitive file systems (macOS,
+// Windows). It is stem + "." + tag + suffix, where the stem is:
 //
 //   - for a key of up to maxEncodedKey bytes, "k-" + its bytes in lower-case
 //     base32hex without padding; the name gives the key back even when the
 //     file's content is unreadable;
 //   - for a longer key, "h-" + the hex SHA-256 of the key, so that the name
-//     stays under the usual 255-byte limit.
+//     stays under the usual 255-byte limit;
 //
-// The suffix tells whether the record is resolved: ".json" for an
-// unresolved record, ".done.json" for a resolved one. OpenDir reads only the
-// unresolved files, and the resolved ones when they are asked for.
+// the tag is the first 8 bytes of the SHA-256 of the record's Name, in
+// lower-case base32hex (13 characters), so that a damaged file still tells
+// which action it may belong to; and the suffix tells whether the record is
+// resolved: ".json" for an unresolved record, ".done.json" for a resolved
+// one. OpenDir reads only the unresolved files, and the resolved ones when
+// they are asked for.
+//
+// Files written before names were tagged have no tag ("k-<key>.json"); they
+// are read as before, and a damaged one may belong to any action.
 //
 // Temporary files start with tempPrefix and are never records.
 const (
-	maxEncodedKey  = 150 // 240 bytes of base32: with prefix and suffix, under 255
+	maxEncodedKey  = 143 // 229 bytes of base32: with prefix, tag and suffix, 250
 	encodedPrefix  = "k-"
 	hashedPrefix   = "h-"
+	tagLen         = 13
 	openSuffix     = ".json"
 	resolvedSuffix = ".done.json"
 	tempPrefix     = ".tmp-"
-	lockName       = "LOCK"
+	quarantineDir  = "quarantine"
 )
 
 var keyEncoding = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
 
-// stem returns the part of a record's file name that depends on its key.
+// stem returns the part of a record's file name that depends on its key. It
+// is also the key's identity among the store's entries.
 func stem(key string) string {
 	if len(key) <= maxEncodedKey {
 		return encodedPrefix + keyEncoding.EncodeToString([]byte(key))
@@ -46,40 +54,88 @@ func stem(key string) string {
 	return hashedPrefix + hex.EncodeToString(sum[:])
 }
 
-// fileName returns the name of the file that holds the record for key in
-// the given resolution.
-func fileName(key string, resolved bool) string {
+// nameTag returns the tag of the action name in a record's file name.
+func nameTag(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return keyEncoding.EncodeToString(sum[:8])
+}
+
+// fileName returns the name of the file that holds the record for key and
+// name in the given resolution.
+func fileName(key, name string, resolved bool) string {
+	suffix := openSuffix
 	if resolved {
-		return stem(key) + resolvedSuffix
+		suffix = resolvedSuffix
 	}
-	return stem(key) + openSuffix
+	return stem(key) + "." + nameTag(name) + suffix
 }
 
-// parseName splits a record file name into its stem and resolution; ok is
-// false if name is not a record file name.
-func parseName(name string) (st string, resolved, ok bool) {
+// parsedName is what a record file's name says about the record.
+type parsedName struct {
+	// id is stem(key) of the record's key, or "" for a stray file: one
+	// whose name looks like a record's but spells no key or no tag, which
+	// no store wrote.
+	id string
+	// key is the record's key when the name spells it (a "k-" name).
+	key string
+	// tag is the tag of the record's Name, or "" if the name carries none.
+	tag      string
+	resolved bool
+}
+
+// parseName parses a file name of the store's directory; ok is false if
+// the name is not a record file's. Stray files (see parsedName.id) are
+// record file names.
+func parseName(name string) (p parsedName, ok bool) {
 	if !strings.HasPrefix(name, encodedPrefix) && !strings.HasPrefix(name, hashedPrefix) {
-		return "", false, false
+		return p, false
 	}
-	if st, ok := strings.CutSuffix(name, resolvedSuffix); ok {
-		return st, true, true
+	rest, resolved := strings.CutSuffix(name, resolvedSuffix)
+	if !resolved {
+		if rest, ok = strings.CutSuffix(name, openSuffix); !ok {
+			return p, false
+		}
 	}
-	st, ok = strings.CutSuffix(name, openSuffix)
-	return st, false, ok
+	p.resolved = resolved
+	keyPart, tag, tagged := strings.Cut(rest, ".")
+	if tagged {
+		if b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {
+			return p, true // stray
+		}
+		p.tag = tag
+	}
+	if enc, ok := strings.CutPrefix(keyPart, encodedPrefix); ok {
+		b, err := keyEncoding.DecodeString(enc)
+		if err != nil || len(b) == 0 || keyEncoding.EncodeToString(b) != enc {
+			return parsedName{resolved: resolved}, true // stray
+		}
+		p.key = string(b)
+		p.id = stem(p.key)
+		return p, true
+	}
+	h := strings.TrimPrefix(keyPart, hashedPrefix)
+	if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size || hex.EncodeToString(b) != h {
+		return parsedName{resolved: resolved}, true // stray
+	}
+	p.id = keyPart
+	return p, true
 }
 
-// keyFromStem returns the key a stem encodes, or "" if the stem holds only
-// a hash of it (or is not valid).
-func keyFromStem(st string) string {
-	enc, ok := strings.CutPrefix(st, encodedPrefix)
-	if !ok {
-		return ""
+// mayHold reports whether a file named p may hold a record f selects,
+// without reading it.
+func (p parsedName) mayHold(f Filter) bool {
+	if f.Unresolved && p.resolved {
+		return false
 	}
-	b, err := keyEncoding.DecodeString(enc)
-	if err != nil {
-		return ""
+	if f.Name != "" {
+		if p.id == "" {
+			return false // a stray file belongs to no key, hence to no action
+		}
+		if p.tag != "" && p.tag != nameTag(f.Name) {
+			return false
+		}
 	}
-	return string(b)
+	return true
 }
 
 // encodeRecord returns the file content for r, which prepare returned.
@@ -125,15 +181,20 @@ func newerVersion(v int) error {
 	return fmt.Errorf("%w (format version %d; this release reads up to %d)", ErrNewerVersion, v, FormatVersion)
 }
 
-// decodeFile decodes the content of the record file name, and checks that
-// the key inside is the one the name stands for.
-func decodeFile(name string, data []byte) (*Record, error) {
+// decodeFile decodes the content of a record file whose name parsed as p,
+// and checks that the key, state and name inside belong to that name.
+func decodeFile(p parsedName, data []byte) (*Record, error) {
 	r, err := decodeRecord(data)
 	if err != nil {
 		return nil, err
 	}
-	if fileName(r.Key, r.State.Resolved()) != name {
-		return nil, fmt.Errorf("the key and state inside (%q, %s) do not belong to this file name", r.Key, r.State)
+	switch {
+	case p.key != "" && r.Key != p.key, p.key == "" && stem(r.Key) != p.id:
+		return nil, fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
+	case r.State.Resolved() != p.resolved:
+		return nil, fmt.Errorf("the state inside (%s) does not belong to this file name", r.State)
+	case p.tag != "" && nameTag(r.Name) != p.tag:
+		return nil, fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)
 	}
 	return r, nil
 }

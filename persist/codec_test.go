@@ -131,38 +131,81 @@ var nameTests = []string{
 	strings.Repeat("x", maxEncodedKey), strings.Repeat("x", maxEncodedKey+1), strings.Repeat("é", 200),
 }
 
-// FuzzFileName checks that every key gives one plain file name in the
-// store's directory per resolution, under 255 bytes, that no other key
-// gives, and from which a short key can be read back.
+// FuzzFileName checks that every key and name give one plain file name in
+// the store's directory per resolution, under 255 bytes, that no other key
+// gives, from which a short key can be read back, and whose tag tells the
+// name apart from another.
 func FuzzFileName(f *testing.F) {
 	for _, k := range nameTests {
-		f.Add(k, strings.ToUpper(k))
+		f.Add(k, strings.ToUpper(k), "checkout:"+k, k)
 	}
-	f.Fuzz(func(t *testing.T, key, other string) {
+	f.Fuzz(func(t *testing.T, key, other, name, otherName string) {
 		if key == "" {
 			return
 		}
 		for _, resolved := range []bool{false, true} {
-			name := fileName(key, resolved)
-			st, res, ok := parseName(name)
-			if len(name) > 255 || filepath.Base(name) != name || strings.ContainsAny(name, `/\:`) ||
-				!ok || res != resolved || st != stem(key) || strings.HasPrefix(name, tempPrefix) || name == lockName {
-				t.Fatalf("key %q gives name %q", key, name)
+			fn := fileName(key, name, resolved)
+			p, ok := parseName(fn)
+			if len(fn) > 255 || filepath.Base(fn) != fn || strings.ContainsAny(fn, `/\:`) ||
+				!ok || p.resolved != resolved || p.id != stem(key) || p.tag != nameTag(name) ||
+				strings.HasPrefix(fn, tempPrefix) || strings.HasPrefix(fn, quarantineDir) {
+				t.Fatalf("key %q, name %q give file name %q, parsed as %+v", key, name, fn, p)
 			}
-			if name != strings.ToLower(name) {
-				t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", name)
+			if fn != strings.ToLower(fn) {
+				t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", fn)
 			}
-			if len(key) <= maxEncodedKey && keyFromStem(st) != key {
-				t.Fatalf("key %q from name %q: got %q", key, name, keyFromStem(st))
+			if len(key) <= maxEncodedKey && p.key != key {
+				t.Fatalf("key %q from name %q: got %q", key, fn, p.key)
 			}
-			if other != key && fileName(other, resolved) == name {
-				t.Fatalf("keys %q and %q share name %q", key, other, name)
+			if other != key && fileName(other, name, resolved) == fn {
+				t.Fatalf("keys %q and %q share name %q", key, other, fn)
+			}
+			if !p.mayHold(Filter{Name: name}) || (otherName != name && p.mayHold(Filter{Name: otherName})) {
+				t.Fatalf("file %q of name %q: may hold records of %q: %v", fn, name, otherName, p.mayHold(Filter{Name: otherName}))
+			}
+			if p.mayHold(Filter{Unresolved: true}) == resolved {
+				t.Fatalf("file %q: may hold unresolved records: %v", fn, !resolved)
 			}
 		}
-		if fileName(key, false) == fileName(key, true) {
+		if fileName(key, name, false) == fileName(key, name, true) {
 			t.Fatalf("key %q has one name for both resolutions", key)
 		}
 	})
+}
+
+func TestParseName(t *testing.T) {
+	t.Parallel()
+	k := stem("k")
+	tag := nameTag("checkout")
+	tests := []struct {
+		name string
+		ok   bool
+		want parsedName
+	}{
+		{k + "." + tag + ".json", true, parsedName{id: k, key: "k", tag: tag}},
+		{k + "." + tag + ".done.json", true, parsedName{id: k, key: "k", tag: tag, resolved: true}},
+		{k + ".json", true, parsedName{id: k, key: "k"}},                                                 // written before names were tagged
+		{stem(strings.Repeat("x", 150)) + ".json", true, parsedName{id: stem(strings.Repeat("x", 150))}}, // hashed
+		{"k-" + keyEncoding.EncodeToString([]byte(strings.Repeat("x", 150))) + ".json", true, // an older, longer encoded key
+			parsedName{id: stem(strings.Repeat("x", 150)), key: strings.Repeat("x", 150)}},
+		{"k-!!.json", true, parsedName{}},                             // stray: no key
+		{"k-.json", true, parsedName{}},                               // stray: empty key
+		{strings.ToUpper(k) + ".json", false, parsedName{}},           // not a record file name
+		{"k-" + strings.ToUpper(k[2:]) + ".json", true, parsedName{}}, // stray: not the store's spelling
+		{"h-abc.done.json", true, parsedName{resolved: true}},         // stray: no hash
+		{k + ".zz.json", true, parsedName{}},                          // stray: no tag
+		{k + "." + tag + ".x.json", true, parsedName{}},               // stray
+		{k + ".txt", false, parsedName{}},
+		{"LOCK", false, parsedName{}},
+		{".tmp-123", false, parsedName{}},
+		{"quarantine", false, parsedName{}},
+	}
+	for _, tt := range tests {
+		got, ok := parseName(tt.name)
+		if ok != tt.ok || (ok && got != tt.want) {
+			t.Errorf("parseName(%q) = %+v, %v; want %+v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
 }
 
 func TestCorruptErrorMessage(t *testing.T) {

@@ -36,52 +36,59 @@ When a record becomes resolved its file gets another name (see File layout):
 the new file is renamed in and the directory synced before the old file is
 removed, so a crash leaves one or both files, never neither, and when both
 are left the resolved one is the record. A Save costs two fsyncs in every
-case but one: a record going back from resolved to unresolved, which idem's
-client never does, costs three.
+case but two, which idem's client never takes: a record going back from
+resolved to unresolved, or changing its Name, costs three, as the removal
+of the old file must be durable before Save returns. When OpenDir creates
+the directory it syncs its parent, so the directory outlives a power cut
+too.
 
-# What the crash test proves
+# What the tests prove
 
-TestCrash runs the test binary again as a child that saves intents in a tight
-loop and reports each save after Save returned, kills it with SIGKILL at a
-random moment, reopens the store and checks that every reported save is
-there, intact, and that no half-written record is visible; it runs 20 rounds
-(IDEM_CRASH_ROUNDS sets more). Breaking the scheme (writing the record file
-in place) makes it fail.
-
-A killed process does not lose the kernel's page cache, so this proves
-atomicity against process death, not durability against power loss: a
-missing fsync would pass it. The fsyncs above are what cover power loss;
-testing them needs pulling the plug or a fault-injecting block device.
+TestCrash kills a child process that saves in a loop with SIGKILL at random
+moments and checks that every save it reported is there, intact: atomicity
+against process death. TestPowerCut runs the store on an in-memory file
+system that forgets, at a power cut, every write and directory change not
+yet synced (and may keep part of them, in order), cuts the power 10,000
+times at random points, OpenDir included, and checks that every record
+whose Save returned is there, intact, and that no half-written or older
+version is ever read. Its mutants (the directory not synced after a
+rename, a record file not synced before it, a new directory's parent not
+synced) must make it fail, and do.
 
 # File layout
 
 A store's directory holds:
 
-	LOCK                   the lock file (see Locking)
-	k-<base32hex>.json     an unresolved intent whose key is up to 150 bytes
-	k-<base32hex>.done.json  the same, resolved
-	h-<sha256 hex>.json    an unresolved intent with a longer key
-	h-<sha256 hex>.done.json the same, resolved
-	.tmp-*                 a save in progress, or left by a crash
+	k-<key>.<tag>.json       an unresolved intent whose key is up to 143 bytes
+	k-<key>.<tag>.done.json  the same, resolved
+	h-<hash>.<tag>.json      an unresolved intent with a longer key
+	h-<hash>.<tag>.done.json the same, resolved
+	.tmp-*                   a save in progress, or left by a crash
+	quarantine/              damaged files moved aside (see Damage)
+	LOCK                     the lock file, where the directory itself cannot be locked (see Locking)
 
-A file name is derived from the key alone: lower-case base32hex of the key's
-bytes, or the hex SHA-256 of a key over 150 bytes (keys may have 255), so no
+<key> is the lower-case base32hex of the key's bytes, <hash> the hex
+SHA-256 of a key over 143 bytes (keys may have 255), and <tag> the first 8
+bytes of the SHA-256 of the intent's Name, in lower-case base32hex. So no
 key can name a path outside the directory, names stay under 255 bytes, and
-two keys never share a file, even on case-insensitive file systems. A
-base32 name gives the key back even when the file is unreadable, so the
-error can name the intent. Other files in the directory are ignored.
+two keys never share a file, even on case-insensitive file systems. The
+name tells, even when the file is unreadable, the intent's key (when
+spelled out), whether it is resolved, and which action it may belong to.
+Files written before names carried a tag ("k-<key>.json") are read as
+before, and get a tag on their next save. Other files in the directory are
+ignored.
 
 Each file is one JSON object: a Record with its format version. Decoding
-validates the record ([Record.Validate]) and checks that the key and state
-inside belong to the file's name; a file that fails gives a [*CorruptError]
-naming the file and, as far as it is known, the key.
+validates the record ([Record.Validate]) and checks that the key, state
+and name inside belong to the file's name; a file that fails gives a
+[*CorruptError] naming the file and, as far as it is known, the key.
 
 Splitting resolved from unresolved intents by name lets [OpenDir] read only
-the files of unresolved intents: it lists the directory and reads the
-resolved files when Get, List or Prune first ask for them. An app opening
+the files of unresolved intents: it lists the directory and reads a
+resolved file the first time Get, List or Prune needs it. An app opening
 the store at start and listing its unresolved intents thus pays for those
-alone. The records read are kept in memory, so later calls do not touch the
-disk.
+alone, and a List for one action's Name reads only the files tagged with
+it. Every record read is kept in memory and never read again.
 
 # Permissions
 
@@ -95,25 +102,55 @@ set [Options].DiscardResponseBodies.
 
 # Locking
 
-A FileStore holds an exclusive lock (flock(2), LockFileEx on Windows,
-through github.com/gofrs/flock) on the LOCK file from OpenDir to Close. A
-second OpenDir of the directory, from this process or another, fails at once
-with an error matching [ErrLocked] that names the directory: two writers
-could interleave versions of an intent, and a store that caches what it read
-must be the only writer. The lock goes with the process, so a crash leaves
-no stale lock. Locks on network file systems are unreliable; keep the store
-on a local disk. Within a process a FileStore is safe for concurrent use.
+A FileStore holds an exclusive lock on its directory from OpenDir to
+Close. A second OpenDir of the directory, from this process or another,
+fails at once with an error matching [ErrLocked] that names the directory:
+two writers could interleave versions of an intent, and a store that keeps
+what it read in memory must be the only writer.
+
+On Linux, Android, Darwin (macOS, iOS) and the BSDs the lock is flock(2) on
+the directory itself, which no one can remove from under the holder. On
+Windows it is LockFileEx on the file LOCK, which the holder keeps open
+without sharing deletion, so it cannot be removed either; on other systems
+it is a lock on LOCK through github.com/gofrs/flock, and removing that file
+while the store is open would let a second store in. The lock goes with the
+process, so a crash leaves no stale lock. Locks on network file systems are
+unreliable; keep the store on a local disk. Within a process a FileStore is
+safe for concurrent use.
 
 # Damage
 
-A record that cannot be read is reported, never repaired: [FileStore.List]
-returns every readable record together with a *CorruptError for each
-unreadable one (joined), [FileStore.Get] returns its *CorruptError, and
-[FileStore.Save] refuses to overwrite it. Nothing is deleted or overwritten
-until the app calls Delete for the key. A failed write (a full disk, a
-read-only directory) fails the Save with an error naming the intent and the
-directory, leaves the previous version intact and removes its temporary
-file; the client then sends nothing.
+A record that cannot be read is reported, never repaired, and nothing is
+deleted because of it. [FileStore.Get] returns its *CorruptError and
+[FileStore.Save] refuses to overwrite it. [FileStore.List] returns the
+readable records it selects together with a *CorruptError for each damaged
+file that may hold a record it selects, judging by the file's name: with
+[Filter].Name set, the damaged files of other actions are neither read nor
+reported, so one bad file stops only the action it may belong to (in
+idem's client, Client.Intent for that name). A file whose name carries no
+tag may belong to any action; a stray file, whose name looks like a
+record's but spells no key, is reported only when Filter.Name is empty.
+[CorruptErrors] returns every *CorruptError of the joined error, where
+errors.As finds only the first.
+
+To find every damaged file, List with the zero Filter. [FileStore.Quarantine]
+moves one aside, into the directory's quarantine subdirectory, durably; the
+store then no longer sees it, and the intent it held, if any, is gone from
+the store until the app saves it again. Delete removes a damaged record by
+key. Before either, the app or its engineer should look at the file: it
+may hold a payment whose outcome is unknown.
+
+When a save that moved a record between file names was cut short, both
+files may be left; the one that holds the record is chosen by a fixed rule
+(the resolved one, see Durability), and the other, an older version, is
+removed on the next write of the key. If the chosen file is damaged, the
+record is reported as damaged, also by List for unresolved records when
+the other file is unresolved, rather than silently taking the older
+version; quarantining the damaged file makes the older version the record.
+
+A failed write (a full disk, a read-only directory) fails the Save with an
+error naming the intent and the directory, leaves the previous version
+intact and removes its temporary file; the client then sends nothing.
 
 # Format version and migration
 

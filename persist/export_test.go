@@ -1,12 +1,21 @@
 package persist
 
+import "github.com/idemkit/idem/persist/internal/fsys"
+
 // Exported for the tests in package persist_test.
 
-// FileName is the name of the file of an unresolved record for key.
-func FileName(key string) string { return fileName(key, false) }
+// FileName is the name of the file of an unresolved record for key and
+// name.
+func FileName(key, name string) string { return fileName(key, name, false) }
 
-// ResolvedFileName is the name of the file of a resolved record for key.
-func ResolvedFileName(key string) string { return fileName(key, true) }
+// ResolvedFileName is the name of the file of a resolved record for key and
+// name.
+func ResolvedFileName(key, name string) string { return fileName(key, name, true) }
 
 // Syncs returns how many fsync calls s has made.
 func (s *FileStore) Syncs() int64 { return s.syncs.Load() }
+
+// OpenDirFS opens the store in dir, an absolute path, on the file system f.
+func OpenDirFS(f fsys.FS, dir string, opts *Options) (*FileStore, error) {
+	return openDir(f, dir, opts)
+}

@@ -112,7 +112,7 @@ func TestFileReadOnlyDir(t *testing.T) {
 	persisttest.AssertRecord(t, want, got)
 	_, err = s.Get(ctx, "other")
 	assert.ErrorIs(t, err, persist.ErrNotFound)
-	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k")))
+	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", recName)))
 	require.NoError(t, err)
 	assert.Contains(t, string(data), `"state":"new"`, "the file on disk is the previous version")
 }

@@ -4,70 +4,105 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"os"
+	"maps"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/gofrs/flock"
+	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
 // FileStore is the default Store: one file per intent in a directory of its
 // own, each Save made durable before it returns. See the package docs for the
-// layout, the durability scheme and the locking.
+// layout, the durability scheme, the locking and what happens to damaged
+// files.
 //
 // A FileStore holds an exclusive lock on its directory from OpenDir to
-// Close, and keeps the records it read at OpenDir in memory, so Get and List
-// do not touch the disk. A FileStore is safe for concurrent use by multiple
-// goroutines.
+// Close. It keeps every record it has read in memory: the files of
+// unresolved records are read at OpenDir, those of resolved records the
+// first time Get, List or Prune needs them, and none is read twice. A
+// FileStore is safe for concurrent use by multiple goroutines.
 type FileStore struct {
+	fs   fsys.FS
 	dir  string
 	opts Options
-	lock *flock.Flock
+	lock io.Closer
 
 	// syncs counts fsync calls, for the benchmarks.
 	syncs atomic.Int64
 
 	mu       sync.Mutex
 	closed   bool
-	files    map[string]*entry // by file name
+	entries  map[string]*entry // by stem of the key; stray files by "?" + name
 	inflight sync.WaitGroup    // methods that write, waited for by Close
 }
 
 // entry is what the store knows of one intent's files: the record, or why it
 // cannot be read, or (for a resolved record not asked for yet) neither.
 type entry struct {
-	stem     string
-	resolved bool // the record is in stem+resolvedSuffix, else stem+openSuffix
-	// twin: the file with the other suffix exists too, left by a save that
-	// moved the record between them and was cut short. The resolved file
-	// is the record; the unresolved twin is removed on the next write.
-	twin    bool
+	// files are the intent's files; files[0] holds the record. More than
+	// one is left only by a save, delete or prune cut short, or by a save
+	// that could not remove an older version; the others are older
+	// versions, removed on the next write of the key. See winsOver.
+	files   []file
 	rec     *Record // nil until read, or if unreadable
 	corrupt *CorruptError
 }
 
-func (e *entry) name() string {
-	if e.resolved {
-		return e.stem + resolvedSuffix
-	}
-	return e.stem + openSuffix
+// file is one file of an entry.
+type file struct {
+	name string
+	p    parsedName
+	mode fs.FileMode // the type bits from the directory listing
 }
 
-func (e *entry) twinName() string {
-	if e.resolved {
-		return e.stem + openSuffix
+// winsOver reports whether a, found next to b for the same key at OpenDir,
+// holds the record rather than b. A resolved file wins over an unresolved
+// one: Save removes an unresolved file after syncing its resolved version
+// in, without syncing the removal. Between files of the same resolution,
+// left only by a save that did not return, either is a valid outcome; the
+// greater name wins so that the choice is the same on every open.
+func winsOver(a, b file) bool {
+	if a.p.resolved != b.p.resolved {
+		return a.p.resolved
 	}
-	return e.stem + resolvedSuffix
+	return a.name > b.name
+}
+
+// mayHold reports whether e may hold a record that f selects, judging by
+// its files' names alone.
+func (e *entry) mayHold(f Filter) bool {
+	for _, fl := range e.files {
+		if fl.p.mayHold(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// stale returns e's files other than name, the older versions first and
+// the file that holds the record last: removed in this order, a crash in
+// between leaves the record or nothing, never an older version.
+func (e *entry) stale(name string) []file {
+	var out []file
+	for _, fl := range append(slices.Clone(e.files[1:]), e.files[0]) {
+		if fl.name != name {
+			out = append(out, fl)
+		}
+	}
+	return out
 }
 
 // OpenDir opens the store in dir, creating dir with mode 0700 if it does not
-// exist, and reads every record in it. opts may be nil.
+// exist. It reads the files of the unresolved records; those of resolved
+// records are read when first asked for. opts may be nil.
 //
 // OpenDir returns an error matching ErrLocked if another store, in this or
 // another process, has dir open; one matching ErrInsecureDir if dir exists
@@ -81,10 +116,15 @@ func OpenDir(dir string, opts *Options) (*FileStore, error) {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	return openDir(fsys.OS{}, dir, opts)
+}
+
+// openDir opens the store in dir, an absolute path, on the file system fsy.
+func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
+	if err := mkdirAll(fsy, dir); err != nil {
 		return nil, fmt.Errorf("persist: cannot create store directory %s: %w", dir, err)
 	}
-	fi, err := os.Stat(dir)
+	fi, err := fsy.Stat(dir)
 	if err != nil {
 		return nil, fmt.Errorf("persist: cannot open store directory %s: %w", dir, err)
 	}
@@ -95,62 +135,94 @@ func OpenDir(dir string, opts *Options) (*FileStore, error) {
 		return nil, fmt.Errorf("%w: %s has mode %04o; run chmod 0700 on it or use a new directory", ErrInsecureDir, dir, perm)
 	}
 
-	lockPath := filepath.Join(dir, lockName)
-	lk := flock.New(lockPath, flock.SetPermissions(0o600))
-	ok, err := lk.TryLock()
-	if err != nil {
-		return nil, fmt.Errorf("persist: cannot lock store directory %s through %s: %w", dir, lockPath, err)
+	lk, err := fsy.Lock(dir)
+	if errors.Is(err, fsys.ErrLocked) {
+		return nil, fmt.Errorf("%w: %s is open elsewhere; close the other store first or use another directory", ErrLocked, dir)
 	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %s is open elsewhere (lock file %s); close the other store first or use another directory", ErrLocked, dir, lockPath)
+	if err != nil {
+		return nil, fmt.Errorf("persist: cannot lock store directory %s: %w", dir, err)
 	}
 
-	s := &FileStore{dir: dir, lock: lk}
+	s := &FileStore{fs: fsy, dir: dir, lock: lk}
 	if opts != nil {
 		s.opts = *opts
 	}
 	if err := s.load(); err != nil {
-		_ = lk.Unlock()
+		_ = lk.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-// load reads the directory, and the file of every unresolved record; the
-// files of resolved records are read when asked for. It removes the
-// temporary files a crash left: they were never renamed, so they were never
-// a saved record, and no other store can be writing them while we hold the
-// lock.
+// mkdirAll creates dir and any missing parent with mode 0700, and syncs the
+// parent of each directory it creates, so that a store directory created
+// here does not vanish in a power cut with the records saved in it.
+func mkdirAll(fsy fsys.FS, dir string) error {
+	fi, err := fsy.Stat(dir)
+	if err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := mkdirAll(fsy, parent); err != nil {
+			return err
+		}
+	}
+	if err := fsy.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return fsy.SyncDir(parent)
+}
+
+// load reads the directory, and the file of every record that may be
+// unresolved; the files of resolved records are read when asked for. It
+// removes the temporary files a crash left: they were never renamed, so they
+// were never a saved record, and no other store can be writing them while
+// we hold the lock.
 func (s *FileStore) load() error {
-	des, err := os.ReadDir(s.dir)
+	des, err := s.fs.ReadDir(s.dir)
 	if err != nil {
 		return fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
 	}
-	s.files = make(map[string]*entry, len(des))
+	s.entries = make(map[string]*entry, len(des))
+	var ids []string
 	for _, de := range des {
 		name := de.Name()
 		if strings.HasPrefix(name, tempPrefix) {
-			_ = os.Remove(filepath.Join(s.dir, name))
+			_ = s.fs.Remove(filepath.Join(s.dir, name))
 			continue
 		}
-		st, resolved, ok := parseName(name)
+		p, ok := parseName(name)
 		if !ok {
 			continue
 		}
-		e := s.files[st]
+		id := p.id
+		if id == "" {
+			id = "?" + name
+		}
+		e := s.entries[id]
 		if e == nil {
-			e = &entry{stem: st, resolved: resolved}
-			s.files[st] = e
-		} else {
-			e.twin = true
-			e.resolved = true
+			e = &entry{}
+			s.entries[id] = e
+			ids = append(ids, id)
 		}
-		if !de.Type().IsRegular() {
-			e.corrupt = s.corruptError(e, name, fmt.Errorf("not a regular file (%v)", de.Type()))
-		}
+		e.files = append(e.files, file{name: name, p: p, mode: de.Type()})
 	}
-	for _, e := range s.files {
-		if !e.resolved {
+	for _, id := range ids {
+		e := s.entries[id]
+		slices.SortFunc(e.files, func(a, b file) int {
+			if winsOver(a, b) {
+				return -1
+			}
+			return 1
+		})
+		if e.mayHold(Filter{Unresolved: true}) {
 			s.read(e)
 		}
 	}
@@ -162,18 +234,23 @@ func (s *FileStore) read(e *entry) {
 	if e.rec != nil || e.corrupt != nil {
 		return
 	}
-	name := e.name()
-	data, err := os.ReadFile(filepath.Join(s.dir, name))
+	fl := e.files[0]
+	var data []byte
+	var err error
+	switch {
+	case fl.p.id == "":
+		err = errors.New("the file name spells no key: it is not a name this store writes")
+	case !fl.mode.IsRegular():
+		err = fmt.Errorf("not a regular file (%v)", fl.mode)
+	default:
+		data, err = s.fs.ReadFile(filepath.Join(s.dir, fl.name))
+	}
 	if err == nil {
-		e.rec, err = decodeFile(name, data)
+		e.rec, err = decodeFile(fl.p, data)
 	}
 	if err != nil {
-		e.corrupt = s.corruptError(e, name, err)
+		e.corrupt = &CorruptError{Path: filepath.Join(s.dir, fl.name), Key: fl.p.key, Err: err}
 	}
-}
-
-func (s *FileStore) corruptError(e *entry, name string, err error) *CorruptError {
-	return &CorruptError{Path: filepath.Join(s.dir, name), Key: keyFromStem(e.stem), Err: err}
 }
 
 // Dir returns the store's directory, as an absolute path.
@@ -203,11 +280,11 @@ func (s *FileStore) begin(ctx context.Context) error {
 //
 // When a record becomes resolved its file is renamed to the resolved
 // suffix: the new file is synced in, then the old one removed, at no extra
-// sync. A record that goes back from resolved to unresolved (which idem's
-// client never does) costs a third sync.
+// sync. A record that goes back from resolved to unresolved, or whose Name
+// changes (which idem's client never does), costs a third sync.
 //
 // Save refuses to replace a record that cannot be read (see CorruptError):
-// Delete it first.
+// Delete or Quarantine it first.
 func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	r, err := prepare(rec, s.opts)
 	if err != nil {
@@ -222,11 +299,11 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	}
 	defer s.inflight.Done()
 
-	// Checked before writing; only Delete and Save change an entry, and
-	// neither makes it unreadable.
-	st := stem(r.Key)
+	// Checked before writing; only Delete, Quarantine and Save change an
+	// entry, and none makes it unreadable.
+	id := stem(r.Key)
 	s.mu.Lock()
-	err = s.checkReplaceable(st)
+	err = s.checkReplaceable(id)
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -243,17 +320,25 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 			s.mu.Unlock()
 		}
 	}()
-	ne := &entry{stem: st, resolved: r.State.Resolved(), rec: r}
-	path := filepath.Join(s.dir, ne.name())
-	// The rename and the cache update happen under one lock, so that of two
-	// concurrent saves of one key the one renamed last is the one cached.
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+	name := fileName(r.Key, r.Name, r.State.Resolved())
+	p, _ := parseName(name)
+	nf := file{name: name, p: p}
+	path := filepath.Join(s.dir, name)
+	// The rename and the update of the entries happen under one lock, so
+	// that of two concurrent saves of one key the one renamed last is the
+	// one kept.
+	if err := s.fs.Rename(tmp, path); err != nil {
+		_ = s.fs.Remove(tmp)
 		return fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
-	old := s.files[st]
-	s.files[st] = ne
-	if old == nil || (old.resolved == ne.resolved && !old.twin) {
+	old := s.entries[id]
+	ne := &entry{files: []file{nf}, rec: r}
+	s.entries[id] = ne
+	var stale []file
+	if old != nil {
+		stale = old.stale(name)
+	}
+	if len(stale) == 0 {
 		// The common case. Any sync of the directory after the rename
 		// makes it durable, so concurrent saves sync in parallel.
 		s.mu.Unlock()
@@ -264,22 +349,28 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 		return nil
 	}
 
-	// The record moves between suffixes: sync the new file in before the
-	// old one goes, so that a crash leaves one or both, never neither. All
-	// under the lock, so no other save of the key runs in between.
+	// The record's file has another name than before: sync the new file
+	// in before the old ones go, so that a crash leaves one or both,
+	// never neither. All under the lock, so no other save of the key runs
+	// in between.
 	if err := s.syncDir(); err != nil {
 		return syncFailed(r.Key, path, err)
 	}
-	twin := filepath.Join(s.dir, ne.twinName())
-	if err := os.Remove(twin); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		ne.twin = true
-		if ne.resolved {
-			return nil // the resolved file wins over its twin at OpenDir
+	mustGo := false // an old file would win over the new one at OpenDir
+	for _, fl := range stale {
+		wins := winsOver(fl, nf)
+		mustGo = mustGo || wins
+		err := s.fs.Remove(filepath.Join(s.dir, fl.name))
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			continue
 		}
-		return fmt.Errorf("persist: intent %q was saved to %s, but its old resolved version %s cannot be removed and would take its place after a restart; remove that file: %w", r.Key, path, twin, err)
+		ne.files = append(ne.files, fl)
+		if wins {
+			return fmt.Errorf("persist: intent %q was saved to %s, but its old version %s cannot be removed and would take its place after a restart; remove that file: %w", r.Key, path, fl.name, err)
+		}
 	}
-	if !ne.resolved {
-		// A resolved twin that came back after a power loss would win.
+	if mustGo {
+		// An old file that came back after a power loss would win.
 		if err := s.syncDir(); err != nil {
 			return syncFailed(r.Key, path, err)
 		}
@@ -291,16 +382,16 @@ func syncFailed(key, path string, err error) error {
 	return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", key, path, err)
 }
 
-// checkReplaceable returns an error if the record stored under st cannot
+// checkReplaceable returns an error if the record stored under id cannot
 // be read. s.mu must be held.
-func (s *FileStore) checkReplaceable(st string) error {
-	e := s.files[st]
+func (s *FileStore) checkReplaceable(id string) error {
+	e := s.entries[id]
 	if e == nil {
 		return nil
 	}
 	s.read(e)
 	if e.corrupt != nil {
-		return fmt.Errorf("persist: not replacing intent %q: its stored version is unreadable; Delete it first to replace it: %w", e.corrupt.Key, e.corrupt)
+		return fmt.Errorf("persist: not replacing intent %q: its stored version is unreadable; Delete or Quarantine it first to replace it: %w", e.corrupt.Key, e.corrupt)
 	}
 	return nil
 }
@@ -308,7 +399,7 @@ func (s *FileStore) checkReplaceable(st string) error {
 // writeTemp writes data to a new temporary file in the directory and syncs
 // it; it returns the file's path. The file is created with mode 0600.
 func (s *FileStore) writeTemp(data []byte) (string, error) {
-	f, err := os.CreateTemp(s.dir, tempPrefix+"*")
+	f, err := s.fs.CreateTemp(s.dir, tempPrefix+"*")
 	if err != nil {
 		return "", err
 	}
@@ -321,7 +412,7 @@ func (s *FileStore) writeTemp(data []byte) (string, error) {
 		err = cerr
 	}
 	if err != nil {
-		_ = os.Remove(f.Name())
+		_ = s.fs.Remove(f.Name())
 		return "", err
 	}
 	return f.Name(), nil
@@ -330,7 +421,7 @@ func (s *FileStore) writeTemp(data []byte) (string, error) {
 // syncDir makes the directory's entries (renames and removals) durable.
 func (s *FileStore) syncDir() error {
 	s.syncs.Add(1)
-	return syncDir(s.dir)
+	return s.fs.SyncDir(s.dir)
 }
 
 // Get returns a copy of the record for key, an error matching ErrNotFound,
@@ -344,7 +435,7 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 	if s.closed {
 		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
 	}
-	e := s.files[stem(key)]
+	e := s.entries[stem(key)]
 	if e == nil {
 		return nil, fmt.Errorf("%w: key %q in %s", ErrNotFound, key, s.dir)
 	}
@@ -356,10 +447,16 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 }
 
 // List returns copies of the records selected by f, oldest CreatedAt first
-// and by Key among equals, and the *CorruptError of every unreadable record
-// it knows of, whatever f, joined. With f.Unresolved, List does not read the
-// files of resolved records, so it reports only the unreadable files of
-// unresolved records and of those read before.
+// and by Key among equals. It reads only the files that may hold a
+// selected record: their names tell the key, whether the record is
+// resolved and a hash of its Name.
+//
+// A file that cannot be read is reported if it may hold a selected record:
+// the error joins a *CorruptError for each, in path order (CorruptErrors
+// returns them all). So with f.Name set, a damaged file of another action
+// is not reported and does not fail the call, while one whose name does not
+// tell its action (written before names were tagged) is; a stray file,
+// whose name spells no key, is reported only when f.Name is empty.
 func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -371,8 +468,8 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	}
 	var out []*Record
 	var corrupt []*CorruptError
-	for _, e := range s.files {
-		if f.Unresolved && e.resolved && e.corrupt == nil {
+	for _, e := range s.entries {
+		if !e.mayHold(f) {
 			continue
 		}
 		s.read(e)
@@ -412,12 +509,13 @@ func (s *FileStore) Delete(ctx context.Context, key string) error {
 	}
 	defer s.inflight.Done()
 	s.mu.Lock()
-	e := s.files[stem(key)]
+	id := stem(key)
+	e := s.entries[id]
 	if e == nil {
 		s.mu.Unlock()
 		return nil
 	}
-	err := s.remove(e)
+	err := s.remove(id, e)
 	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", key, err)
@@ -428,15 +526,15 @@ func (s *FileStore) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// remove removes e's files, its twin first, and forgets e. s.mu must be
-// held.
-func (s *FileStore) remove(e *entry) error {
-	for _, name := range []string{e.twinName(), e.name()} {
-		if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+// remove removes e's files, the older versions first, and forgets e. s.mu
+// must be held.
+func (s *FileStore) remove(id string, e *entry) error {
+	for _, fl := range e.stale("") {
+		if err := s.fs.Remove(filepath.Join(s.dir, fl.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
-	delete(s.files, e.stem)
+	delete(s.entries, id)
 	return nil
 }
 
@@ -452,8 +550,10 @@ func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 	var corrupt []*CorruptError
 	n := 0
 	s.mu.Lock()
-	for _, e := range s.files {
-		if !e.resolved && e.corrupt == nil {
+	// In a fixed order, so that a run is the same every time.
+	for _, id := range slices.Sorted(maps.Keys(s.entries)) {
+		e := s.entries[id]
+		if !e.files[0].p.resolved && e.corrupt == nil {
 			continue // unresolved: never pruned
 		}
 		s.read(e)
@@ -464,7 +564,7 @@ func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 		if !prunable(e.rec, before) {
 			continue
 		}
-		if err := s.remove(e); err != nil {
+		if err := s.remove(id, e); err != nil {
 			errs = append(errs, fmt.Errorf("persist: cannot prune intent %q: %w", e.rec.Key, err))
 			continue
 		}
@@ -477,6 +577,95 @@ func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 		}
 	}
 	return n, errors.Join(append(errs, joinCorrupt(corrupt))...)
+}
+
+// Quarantine moves the damaged file at path, the Path of a *CorruptError
+// this store reported, into the subdirectory "quarantine" of the store's
+// directory, and returns its new path there. The store no longer reads it:
+// the intent it held, if any, is gone from the store, or, if the damaged
+// file was a newer version next to an older one, the older version is the
+// record again. Nothing is deleted: inspect the quarantined file, reconcile
+// the payment it may hold by hand, then remove it.
+//
+// Quarantine refuses a path that is not a damaged file the store knows of:
+// a readable record is never moved aside. The move is durable when
+// Quarantine returns. To quarantine every damaged file:
+//
+//	_, err := s.List(ctx, persist.Filter{})
+//	for _, ce := range persist.CorruptErrors(err) {
+//		if _, err := s.Quarantine(ctx, ce.Path); err != nil { ... }
+//	}
+func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error) {
+	if err := s.begin(ctx); err != nil {
+		return "", err
+	}
+	defer s.inflight.Done()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var id string
+	var e *entry
+	for i, c := range s.entries {
+		if c.corrupt != nil && c.corrupt.Path == path {
+			id, e = i, c
+			break
+		}
+	}
+	if e == nil {
+		return "", fmt.Errorf("persist: %s is not a damaged record file of the store in %s (List reports those); nothing was moved", path, s.dir)
+	}
+	name := e.files[0].name
+	qdir := filepath.Join(s.dir, quarantineDir)
+	if err := s.fs.Mkdir(qdir, 0o700); err == nil {
+		if err := s.syncDir(); err != nil {
+			return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
+		}
+	} else if !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
+	}
+	dst, err := s.freeName(qdir, name)
+	if err != nil {
+		return "", err
+	}
+	if err := s.fs.Rename(path, dst); err != nil {
+		return "", fmt.Errorf("persist: cannot move %s to %s (it is still in place): %w", path, dst, err)
+	}
+	// The new entry first: a power cut in between leaves the file in both
+	// places, never in neither.
+	s.syncs.Add(1)
+	err = s.fs.SyncDir(qdir)
+	if err == nil {
+		err = s.syncDir()
+	}
+	e.files = e.files[1:]
+	e.rec, e.corrupt = nil, nil
+	if len(e.files) == 0 {
+		delete(s.entries, id)
+	} else if e.mayHold(Filter{Unresolved: true}) {
+		s.read(e)
+	}
+	if err != nil {
+		return dst, fmt.Errorf("persist: moved %s to %s, but the move may be undone by a power loss (directory sync failed): %w", path, dst, err)
+	}
+	return dst, nil
+}
+
+// freeName returns a path in dir for name that no file has: name, or name
+// with a number appended.
+func (s *FileStore) freeName(dir, name string) (string, error) {
+	for i := 0; i < 1000; i++ {
+		p := filepath.Join(dir, name)
+		if i > 0 {
+			p += "." + strconv.Itoa(i)
+		}
+		_, err := s.fs.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return p, nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("persist: cannot use %s: %w", dir, err)
+		}
+	}
+	return "", fmt.Errorf("persist: %s holds 1,000 quarantined copies of %s; clear it", dir, name)
 }
 
 // Close waits for the saves and deletes in progress, then releases the
@@ -492,9 +681,9 @@ func (s *FileStore) Close() error {
 	s.mu.Unlock()
 	s.inflight.Wait()
 	s.mu.Lock()
-	s.files = nil
+	s.entries = nil
 	s.mu.Unlock()
-	if err := s.lock.Unlock(); err != nil {
+	if err := s.lock.Close(); err != nil {
 		return fmt.Errorf("persist: cannot release the lock on %s: %w", s.dir, err)
 	}
 	return nil

@@ -22,6 +22,9 @@ import (
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// recName is the Name of the records persisttest.NewRecord makes.
+var recName = persisttest.NewRecord("k", t0).Name
+
 // newDir returns a directory for a store that does not exist yet:
 // t.TempDir itself may have mode 0755, which OpenDir refuses.
 func newDir(t testing.TB) string {
@@ -76,8 +79,11 @@ func TestFilePermissions(t *testing.T) {
 	fi, err := os.Stat(dir)
 	require.NoError(t, err)
 	assert.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "directory")
-	for _, name := range []string{persist.FileName("k"), "LOCK"} {
+	for _, name := range []string{persist.FileName("k", recName), "LOCK"} {
 		fi, err := os.Stat(filepath.Join(dir, name))
+		if name == "LOCK" && errors.Is(err, fs.ErrNotExist) {
+			continue // the directory itself is locked
+		}
 		require.NoError(t, err)
 		assert.Equal(t, fs.FileMode(0o600), fi.Mode().Perm(), name)
 	}
@@ -206,7 +212,7 @@ func TestDiscardResponseBodies(t *testing.T) {
 		persisttest.AssertRecord(t, want, got)
 		assert.Equal(t, []byte("secret-card-token"), r.Response.Body, "%s: the caller's record is not changed", name)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, persist.ResolvedFileName("k")))
+	data, err := os.ReadFile(filepath.Join(dir, persist.ResolvedFileName("k", recName)))
 	require.NoError(t, err)
 	assert.NotContains(t, string(data), "secret", "the body is not on disk")
 	assert.NotContains(t, string(data), "c2VjcmV0", "the body is not on disk in base64")
@@ -242,7 +248,7 @@ func TestFileCorrupt(t *testing.T) {
 			write(t, path, []byte(`{"version":7,"key":{"id":1},"state":3}`))
 		}, true},
 		{"key of another file", func(t *testing.T, path string, _ []byte) {
-			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1")))
+			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1", recName)))
 			require.NoError(t, err)
 			write(t, path, other)
 		}, false},
@@ -275,7 +281,7 @@ func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []
 		require.NoError(t, s.Save(ctx, persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))))
 	}
 	require.NoError(t, s.Close())
-	path := filepath.Join(dir, persist.FileName(victim))
+	path := filepath.Join(dir, persist.FileName(victim, recName))
 	good, err := os.ReadFile(path)
 	require.NoError(t, err)
 	damage(t, path, good)
@@ -348,13 +354,17 @@ func TestFileIgnoresOtherFiles(t *testing.T) {
 	assert.Contains(t, names, ".DS_Store")
 }
 
+// dirNames returns the names in dir but the lock file, which only some
+// systems have.
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()
 	des, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var names []string
 	for _, de := range des {
-		names = append(names, de.Name())
+		if de.Name() != "LOCK" {
+			names = append(names, de.Name())
+		}
 	}
 	return names
 }
@@ -367,7 +377,7 @@ func TestFileRenameFails(t *testing.T) {
 	ctx := context.Background()
 	dir := newDir(t)
 	s := openFile(t, dir, nil)
-	path := filepath.Join(dir, persist.FileName("k"))
+	path := filepath.Join(dir, persist.FileName("k", recName))
 	require.NoError(t, os.MkdirAll(filepath.Join(path, "x"), 0o700))
 
 	err := s.Save(ctx, persisttest.NewRecord("k", t0))
@@ -398,16 +408,16 @@ func TestFileSyncs(t *testing.T) {
 	r.State = persist.StateSucceeded
 	require.NoError(t, s.Save(ctx, r))
 	assert.Equal(t, int64(6), s.Syncs(), "after saving it resolved")
-	assert.Equal(t, []string{"LOCK", persist.ResolvedFileName("k")}, dirNames(t, dir), "the unresolved file is gone")
+	assert.Equal(t, []string{persist.ResolvedFileName("k", recName)}, dirNames(t, dir), "the unresolved file is gone")
 	r.State = persist.StatePending
 	require.NoError(t, s.Save(ctx, r))
 	assert.Equal(t, int64(9), s.Syncs(), "after saving it unresolved again")
-	assert.Equal(t, []string{"LOCK", persist.FileName("k")}, dirNames(t, dir), "the resolved file is gone")
+	assert.Equal(t, []string{persist.FileName("k", recName)}, dirNames(t, dir), "the resolved file is gone")
 	require.NoError(t, s.Delete(ctx, "k"))
 	assert.Equal(t, int64(10), s.Syncs(), "after a delete")
 	require.NoError(t, s.Delete(ctx, "k"))
 	assert.Equal(t, int64(10), s.Syncs(), "deleting an absent key")
-	assert.Equal(t, []string{"LOCK"}, dirNames(t, dir))
+	assert.Equal(t, []string(nil), dirNames(t, dir))
 }
 
 // TestFileTwin recreates what a crash leaves between the two steps of
@@ -424,13 +434,13 @@ func TestFileTwin(t *testing.T) {
 			require.NoError(t, err)
 			r := persisttest.NewRecord("k", t0)
 			require.NoError(t, s.Save(ctx, r))
-			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k")))
+			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", recName)))
 			require.NoError(t, err)
 			resolved := r.Clone()
 			resolved.State = persist.StateSucceeded
 			require.NoError(t, s.Save(ctx, resolved))
 			require.NoError(t, s.Close())
-			write(t, filepath.Join(dir, persist.FileName("k")), old)
+			write(t, filepath.Join(dir, persist.FileName("k", recName)), old)
 
 			s = openFile(t, dir, nil)
 			got, err := s.Get(ctx, "k")
@@ -446,18 +456,18 @@ func TestFileTwin(t *testing.T) {
 			switch next {
 			case "save resolved":
 				require.NoError(t, s.Save(ctx, resolved))
-				assert.Equal(t, []string{"LOCK", persist.ResolvedFileName("k")}, dirNames(t, dir))
+				assert.Equal(t, []string{persist.ResolvedFileName("k", recName)}, dirNames(t, dir))
 			case "save unresolved":
 				require.NoError(t, s.Save(ctx, r))
-				assert.Equal(t, []string{"LOCK", persist.FileName("k")}, dirNames(t, dir))
+				assert.Equal(t, []string{persist.FileName("k", recName)}, dirNames(t, dir))
 			case "delete":
 				require.NoError(t, s.Delete(ctx, "k"))
-				assert.Equal(t, []string{"LOCK"}, dirNames(t, dir))
+				assert.Equal(t, []string(nil), dirNames(t, dir))
 			case "prune":
 				n, err := persist.Prune(ctx, s, t0.Add(time.Hour))
 				require.NoError(t, err)
 				assert.Equal(t, 1, n)
-				assert.Equal(t, []string{"LOCK"}, dirNames(t, dir))
+				assert.Equal(t, []string(nil), dirNames(t, dir))
 			}
 		})
 	}
@@ -479,7 +489,7 @@ func TestFileLazyResolved(t *testing.T) {
 		require.NoError(t, s.Save(ctx, r))
 	}
 	require.NoError(t, s.Close())
-	path := filepath.Join(dir, persist.ResolvedFileName("b"))
+	path := filepath.Join(dir, persist.ResolvedFileName("b", recName))
 	write(t, path, []byte(`{"version":1,"key":"b"`))
 
 	s = openFile(t, dir, nil)
@@ -498,6 +508,6 @@ func TestFileLazyResolved(t *testing.T) {
 	assert.ErrorAs(t, err, &ce)
 	assert.ErrorAs(t, s.Save(ctx, persisttest.NewRecord("b", t0)), &ce, "not replaced")
 	unresolved, err = s.List(ctx, persist.Filter{Unresolved: true})
-	assert.ErrorAs(t, err, &ce, "known damage is reported whatever the filter")
+	assert.NoError(t, err, "the damaged file's name says it holds a resolved record, which this filter does not select")
 	assert.Len(t, unresolved, 1)
 }

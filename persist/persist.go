@@ -197,9 +197,12 @@ type Store interface {
 	// *CorruptError if it cannot be read.
 	Get(ctx context.Context, key string) (*Record, error)
 	// List returns the records selected by f, oldest CreatedAt first. If
-	// some records cannot be read, List still returns all readable ones,
-	// together with an error that wraps a *CorruptError for each unreadable
-	// one (errors.As finds the first; errors.Join is used for several).
+	// some records that f may select cannot be read, List still returns
+	// all readable ones, together with an error that wraps a *CorruptError
+	// for each unreadable one: errors.As finds the first, CorruptErrors
+	// returns them all. A store may leave out an unreadable record it can
+	// tell f does not select (FileStore can tell a record's resolution and
+	// a hash of its Name from the file's name).
 	List(ctx context.Context, f Filter) ([]*Record, error)
 	// Delete removes the record for key. Deleting an absent key is not an
 	// error.
@@ -210,11 +213,15 @@ type Store interface {
 var ErrNotFound = errors.New("persist: intent not found")
 
 // CorruptError reports a stored record that cannot be decoded. Nothing is
-// deleted or overwritten because of it: the file stays for inspection.
+// deleted or overwritten because of it: the file stays for inspection, and
+// FileStore.Quarantine moves it aside.
 type CorruptError struct {
 	Path string // the file, if the store keeps files
-	Key  string // the intent's key, as far as it is known
-	Err  error
+	// Key is the intent's key, as far as it is known: empty when the file
+	// name holds only a hash of the key, or spells no key at all (a stray
+	// file: quarantine it, Delete cannot name it).
+	Key string
+	Err error
 }
 
 func (e *CorruptError) Error() string {
@@ -222,7 +229,30 @@ func (e *CorruptError) Error() string {
 		// Removing it would lose an intent a newer release still tracks.
 		return fmt.Sprintf("persist: intent %q in %s is from a newer release (left in place; upgrade the app to read it): %v", e.Key, e.Path, e.Err)
 	}
-	return fmt.Sprintf("persist: intent %q in %s is unreadable (left in place; inspect or remove it): %v", e.Key, e.Path, e.Err)
+	return fmt.Sprintf("persist: intent %q in %s is unreadable (left in place; inspect it, then quarantine or remove it): %v", e.Key, e.Path, e.Err)
 }
 
 func (e *CorruptError) Unwrap() error { return e.Err }
+
+// CorruptErrors returns every *CorruptError in err's tree, in the order
+// errors.Is would visit them: all those List or Prune joined, where
+// errors.As finds only the first.
+func CorruptErrors(err error) []*CorruptError {
+	var out []*CorruptError
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *CorruptError:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, err := range e.Unwrap() {
+				walk(err)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
 	"fmt"
@@ -115,7 +116,7 @@ func seed(ctx context.Context, dir string, n int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key, false))); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key, first.Name, false))); err != nil {
 		return fmt.Errorf("persist's file naming changed, cannot seed the store: %w", err)
 	}
 	now := time.Now()
@@ -133,23 +134,26 @@ func seed(ctx context.Context, dir string, n int) error {
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.State.Resolved())), append(data, '\n'), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.Name, r.State.Resolved())), append(data, '\n'), 0o600); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// fileName is persist's name for the file of key: "k-", the key in
-// lower-case base32hex without padding, then ".json", or ".done.json" for a
+// fileName is persist's name for the file of key and name: "k-", the key
+// in lower-case base32hex without padding, ".", the first 8 bytes of the
+// SHA-256 of name in the same encoding, then ".json", or ".done.json" for a
 // resolved record. seed checks the unresolved form against the store, and
 // openList checks that the count of unresolved records read is right.
-func fileName(key string, resolved bool) string {
+func fileName(key, name string, resolved bool) string {
 	suffix := ".json"
 	if resolved {
 		suffix = ".done.json"
 	}
-	return "k-" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key))) + suffix
+	enc := base32.HexEncoding.WithPadding(base32.NoPadding)
+	tag := sha256.Sum256([]byte(name))
+	return "k-" + strings.ToLower(enc.EncodeToString([]byte(key))) + "." + strings.ToLower(enc.EncodeToString(tag[:8])) + suffix
 }
 
 // unresolvedOf is how many of n seeded records are unresolved: the first,

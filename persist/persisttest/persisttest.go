@@ -9,15 +9,16 @@ package persisttest
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -101,14 +102,87 @@ func resolve(r *persist.Record, updated time.Time) *persist.Record {
 
 // AssertRecord checks that got is want as a store returns it: with
 // persist.FormatVersion, and equal modulo encoding (see the package docs).
+//
+// It reports a mismatch with t.Errorf and returns false.
 func AssertRecord(t testing.TB, want, got *persist.Record) bool {
 	t.Helper()
-	if !assert.NotNil(t, got, "record %s", want.Key) {
+	if got == nil {
+		t.Errorf("record %s: got nil", want.Key)
 		return false
 	}
 	w := canonical(want)
 	w.Version = persist.FormatVersion
-	return assert.Equal(t, w, canonical(got), "record %s", want.Key)
+	if g := canonical(got); !reflect.DeepEqual(w, g) {
+		t.Errorf("record %s:\n got  %s\n want %s", want.Key, show(g), show(w))
+		return false
+	}
+	return true
+}
+
+// show returns r as JSON, for failure messages.
+func show(r *persist.Record) string {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Sprintf("%+v", *r)
+	}
+	return string(b)
+}
+
+// msg formats the optional message of a check: a format and its
+// arguments.
+func msg(m []any) string {
+	if len(m) == 0 {
+		return "unexpected result"
+	}
+	if f, ok := m[0].(string); ok {
+		return fmt.Sprintf(f, m[1:]...)
+	}
+	return fmt.Sprint(m...)
+}
+
+// must stops the test if err is not nil.
+func must(t testing.TB, err error, m ...any) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", msg(m), err)
+	}
+}
+
+// check reports an error if err is not nil.
+func check(t testing.TB, err error, m ...any) bool {
+	t.Helper()
+	if err != nil {
+		t.Errorf("%s: %v", msg(m), err)
+		return false
+	}
+	return true
+}
+
+// wantErr reports an error if err does not match target (or, with a nil
+// target, if err is nil).
+func wantErr(t testing.TB, err, target error, m ...any) {
+	t.Helper()
+	if target == nil && err == nil {
+		t.Errorf("%s: no error", msg(m))
+	} else if target != nil && !errors.Is(err, target) {
+		t.Errorf("%s: error %v, want one matching %v", msg(m), err, target)
+	}
+}
+
+// wantKeys reports an error if got does not hold the keys want, in order.
+func wantKeys(t testing.TB, got []*persist.Record, want []string, m ...any) {
+	t.Helper()
+	if k := keys(got); !slices.Equal(k, want) && (len(k) > 0 || len(want) > 0) {
+		t.Errorf("%s: keys %q, want %q", msg(m), k, want)
+	}
+}
+
+// wantLen stops the test if got does not hold n records.
+func wantLen(t testing.TB, got []*persist.Record, n int, m ...any) {
+	t.Helper()
+	if len(got) != n {
+		t.Fatalf("%s: %d records %q, want %d", msg(m), len(got), keys(got), n)
+	}
 }
 
 // canonical returns a copy of r in the form the suite compares.
@@ -152,13 +226,15 @@ func testRoundTrip(t *testing.T, s persist.Store) {
 			Header: http.Header{}, Body: []byte{}, Response: &persist.Response{StatusCode: 402, Header: http.Header{}, Body: []byte{}}},
 	}
 	for _, r := range recs {
-		require.NoError(t, s.Save(ctx, r), "save %s", r.Key)
+		must(t, s.Save(ctx, r), "save %s", r.Key)
 	}
 	for _, r := range recs {
 		got, err := s.Get(ctx, r.Key)
-		require.NoError(t, err, "get %s", r.Key)
+		must(t, err, "get %s", r.Key)
 		AssertRecord(t, r, got)
-		assert.True(t, got.CreatedAt.Equal(r.CreatedAt), "CreatedAt of %s", r.Key)
+		if !got.CreatedAt.Equal(r.CreatedAt) {
+			t.Errorf("CreatedAt of %s: %v, want %v", r.Key, got.CreatedAt, r.CreatedAt)
+		}
 	}
 }
 
@@ -166,21 +242,21 @@ func testReplace(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	v1 := NewRecord("k1", base)
 	v2 := resolve(v1, base.Add(time.Second))
-	require.NoError(t, s.Save(ctx, v1))
-	require.NoError(t, s.Save(ctx, v2))
+	must(t, s.Save(ctx, v1))
+	must(t, s.Save(ctx, v2))
 	got, err := s.Get(ctx, "k1")
-	require.NoError(t, err)
+	must(t, err)
 	AssertRecord(t, v2, got)
 	all, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"k1"}, keys(all), "one record per key")
+	must(t, err)
+	wantKeys(t, all, []string{"k1"}, "one record per key")
 }
 
 func testCopiesNotShared(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	in := resolve(NewRecord("k1", base), base)
 	want := in.Clone()
-	require.NoError(t, s.Save(ctx, in))
+	must(t, s.Save(ctx, in))
 
 	// Change everything the caller still holds.
 	in.Header.Set("Content-Type", "changed")
@@ -190,7 +266,7 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 	in.State = persist.StateFailed
 
 	got, err := s.Get(ctx, "k1")
-	require.NoError(t, err)
+	must(t, err)
 	AssertRecord(t, want, got)
 
 	// Change what Get and List returned.
@@ -199,22 +275,22 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 	got.Response.Body[0] = 'X'
 	got.Response.Header["X-New"] = []string{"1"}
 	listed, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	require.Len(t, listed, 1)
+	must(t, err)
+	wantLen(t, listed, 1)
 	AssertRecord(t, want, listed[0])
 	listed[0].Header.Set("Content-Type", "changed")
 	listed[0].Body[0] = 'X'
 
 	again, err := s.Get(ctx, "k1")
-	require.NoError(t, err)
+	must(t, err)
 	AssertRecord(t, want, again)
 }
 
 func testListOrder(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	empty, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Empty(t, empty, "a new store lists nothing")
+	must(t, err)
+	wantLen(t, empty, 0, "a new store lists nothing")
 
 	// Saved out of order; b and c share a creation time and sort by key.
 	saves := []struct {
@@ -222,11 +298,11 @@ func testListOrder(t *testing.T, s persist.Store) {
 		at  time.Duration
 	}{{"d", 3 * time.Second}, {"c", time.Second}, {"a", 0}, {"e", -time.Hour}, {"b", time.Second}}
 	for _, sv := range saves {
-		require.NoError(t, s.Save(ctx, NewRecord(sv.key, base.Add(sv.at))))
+		must(t, s.Save(ctx, NewRecord(sv.key, base.Add(sv.at))))
 	}
 	got, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"e", "a", "b", "c", "d"}, keys(got))
+	must(t, err)
+	wantKeys(t, got, []string{"e", "a", "b", "c", "d"})
 }
 
 func testListFilters(t *testing.T, s persist.Store) {
@@ -240,7 +316,7 @@ func testListFilters(t *testing.T, s persist.Store) {
 			r := NewRecord(fmt.Sprintf("%s-%s", name, st), base.Add(time.Duration(i)*time.Second))
 			r.Name = name
 			r.State = st
-			require.NoError(t, s.Save(ctx, r))
+			must(t, s.Save(ctx, r))
 		}
 	}
 	tests := []struct {
@@ -259,14 +335,16 @@ func testListFilters(t *testing.T, s persist.Store) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := s.List(ctx, tt.filter)
-			require.NoError(t, err)
+			must(t, err)
 			if tt.want == nil {
-				assert.Len(t, got, 3*len(states))
+				wantLen(t, got, 3*len(states))
 				return
 			}
-			assert.Equal(t, tt.want, keys(got))
+			wantKeys(t, got, tt.want)
 			for _, r := range got {
-				assert.True(t, tt.filter.Match(r), "%s matches", r.Key)
+				if !tt.filter.Match(r) {
+					t.Errorf("%s does not match %+v", r.Key, tt.filter)
+				}
 			}
 		})
 	}
@@ -275,26 +353,28 @@ func testListFilters(t *testing.T, s persist.Store) {
 func testNotFound(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	got, err := s.Get(ctx, "absent")
-	assert.ErrorIs(t, err, persist.ErrNotFound)
-	assert.Nil(t, got)
+	wantErr(t, err, persist.ErrNotFound)
+	if got != nil {
+		t.Errorf("Get of an absent key returned a record: %s", show(got))
+	}
 }
 
 func testDelete(t *testing.T, s persist.Store) {
 	ctx := context.Background()
-	require.NoError(t, s.Save(ctx, NewRecord("k1", base)))
-	require.NoError(t, s.Save(ctx, NewRecord("k2", base)))
-	require.NoError(t, s.Delete(ctx, "k1"))
+	must(t, s.Save(ctx, NewRecord("k1", base)))
+	must(t, s.Save(ctx, NewRecord("k2", base)))
+	must(t, s.Delete(ctx, "k1"))
 	_, err := s.Get(ctx, "k1")
-	assert.ErrorIs(t, err, persist.ErrNotFound, "deleted")
-	assert.NoError(t, s.Delete(ctx, "k1"), "deleting again")
-	assert.NoError(t, s.Delete(ctx, "never-saved"), "deleting an absent key")
+	wantErr(t, err, persist.ErrNotFound, "deleted")
+	check(t, s.Delete(ctx, "k1"), "deleting again")
+	check(t, s.Delete(ctx, "never-saved"), "deleting an absent key")
 	all, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"k2"}, keys(all), "the other record stays")
+	must(t, err)
+	wantKeys(t, all, []string{"k2"}, "the other record stays")
 
-	require.NoError(t, s.Save(ctx, NewRecord("k1", base)), "a deleted key can be saved again")
+	must(t, s.Save(ctx, NewRecord("k1", base)), "a deleted key can be saved again")
 	_, err = s.Get(ctx, "k1")
-	assert.NoError(t, err)
+	check(t, err)
 }
 
 // testKeys saves keys that a naive file store would turn into paths
@@ -309,29 +389,29 @@ func testKeys(t *testing.T, s persist.Store) {
 	}
 	for i, k := range ks {
 		r := NewRecord(k, base.Add(time.Duration(i)*time.Second))
-		require.NoError(t, s.Save(ctx, r), "save %q", k)
+		must(t, s.Save(ctx, r), "save %q", k)
 	}
 	for i, k := range ks {
 		got, err := s.Get(ctx, k)
-		if assert.NoError(t, err, "get %q", k) {
+		if check(t, err, "get %q", k) {
 			AssertRecord(t, NewRecord(k, base.Add(time.Duration(i)*time.Second)), got)
 		}
 	}
 	all, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Equal(t, ks, keys(all), "every key is its own record")
+	must(t, err)
+	wantKeys(t, all, ks, "every key is its own record")
 	for _, k := range ks {
-		require.NoError(t, s.Delete(ctx, k), "delete %q", k)
+		must(t, s.Delete(ctx, k), "delete %q", k)
 	}
 	all, err = s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Empty(t, all)
+	must(t, err)
+	wantLen(t, all, 0)
 }
 
 func testRejectsInvalid(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	good := NewRecord("k1", base)
-	require.NoError(t, s.Save(ctx, good))
+	must(t, s.Save(ctx, good))
 	tests := []struct {
 		name   string
 		change func(r *persist.Record)
@@ -347,17 +427,17 @@ func testRejectsInvalid(t *testing.T, s persist.Store) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := good.Clone()
 			tt.change(r)
-			require.Error(t, r.Validate(), "precondition: the record is invalid")
-			assert.Error(t, s.Save(ctx, r))
+			wantErr(t, r.Validate(), nil, "precondition: the record is invalid")
+			wantErr(t, s.Save(ctx, r), nil)
 		})
 	}
-	assert.Error(t, s.Save(ctx, nil), "nil record")
+	wantErr(t, s.Save(ctx, nil), nil, "nil record")
 	got, err := s.Get(ctx, "k1")
-	require.NoError(t, err)
+	must(t, err)
 	AssertRecord(t, good, got)
 	all, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"k1"}, keys(all), "no invalid record was stored")
+	must(t, err)
+	wantKeys(t, all, []string{"k1"}, "no invalid record was stored")
 }
 
 // testConcurrent saves, reads and lists from many goroutines at once; run
@@ -392,16 +472,18 @@ func testConcurrent(t *testing.T, s persist.Store) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		assert.NoError(t, err)
+		check(t, err)
 	}
 	all, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	require.Len(t, all, workers*perWorker)
+	must(t, err)
+	wantLen(t, all, workers*perWorker)
 	for _, r := range all {
 		var w, i int
 		_, err := fmt.Sscanf(r.Key, "w%d-%d", &w, &i)
-		require.NoError(t, err)
-		assert.Equal(t, i%2 == 0, r.State.Resolved(), "state of %s", r.Key)
+		must(t, err)
+		if r.State.Resolved() != (i%2 == 0) {
+			t.Errorf("state of %s: %s", r.Key, r.State)
+		}
 	}
 }
 
@@ -413,7 +495,7 @@ func testPrune(t *testing.T, s persist.Store) {
 	add := func(key string, st persist.State, created, updated time.Time, pruned bool) {
 		r := NewRecord(key, created)
 		r.State, r.UpdatedAt = st, updated
-		require.NoError(t, s.Save(ctx, r))
+		must(t, s.Save(ctx, r))
 		if !pruned {
 			wantLeft = append(wantLeft, key)
 		}
@@ -430,13 +512,20 @@ func testPrune(t *testing.T, s persist.Store) {
 	add("at-cutoff", persist.StateSucceeded, old, cutoff, false)
 
 	n, err := persist.Prune(ctx, s, cutoff)
-	require.NoError(t, err)
-	assert.Equal(t, 5, n, "pruned")
+	must(t, err)
+	if n != 5 {
+		t.Errorf("pruned %d, want 5", n)
+	}
 	left, err := s.List(ctx, persist.Filter{})
-	require.NoError(t, err)
-	assert.ElementsMatch(t, wantLeft, keys(left))
+	must(t, err)
+	slices.Sort(wantLeft)
+	if got := slices.Sorted(slices.Values(keys(left))); !slices.Equal(got, wantLeft) {
+		t.Errorf("left after pruning: %q, want %q", got, wantLeft)
+	}
 
 	n, err = persist.Prune(ctx, s, cutoff)
-	require.NoError(t, err)
-	assert.Zero(t, n, "pruning again")
+	must(t, err)
+	if n != 0 {
+		t.Errorf("pruning again pruned %d", n)
+	}
 }

@@ -1,6 +1,6 @@
 //go:build unix
 
-package persist
+package fsys
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 // syncDir syncs the directory dir, so that the renames and removals in it
 // survive a power loss. Some file systems cannot sync a directory and say so
 // with EINVAL or ENOTSUP; there a rename is as durable as the file system
-// makes it, and Save does not fail for it. (On Darwin, os.File.Sync issues
-// F_FULLFSYNC, which also flushes the drive's cache.)
+// makes it, and the sync does not fail for it. (On Darwin, os.File.Sync
+// issues F_FULLFSYNC, which also flushes the drive's cache.)
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

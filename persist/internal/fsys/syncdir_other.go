@@ -1,6 +1,6 @@
 //go:build !unix
 
-package persist
+package fsys
 
 // syncDir does nothing where the os package cannot sync a directory
 // (Windows). There a rename's durability is left to the file system's

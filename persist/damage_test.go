@@ -1,0 +1,334 @@
+package persist_test
+
+import (
+	"context"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/persisttest"
+)
+
+// saveNamed saves a record for key and name, resolved or not, created at
+// t0 plus i seconds, and returns it.
+func saveNamed(t *testing.T, s persist.Store, key, name string, i int, resolved bool) *persist.Record {
+	t.Helper()
+	r := persisttest.NewRecord(key, t0.Add(time.Duration(i)*time.Second))
+	r.Name = name
+	if resolved {
+		r.State = persist.StateSucceeded
+		r.Response = &persist.Response{StatusCode: 201}
+	}
+	require.NoError(t, s.Save(context.Background(), r))
+	return r
+}
+
+// TestFileDamageBlocksOnlyItsAction damages one action's files and checks
+// that List for another action neither fails nor reads them, while List for
+// that action, and the zero Filter, report each with its path.
+func TestFileDamageBlocksOnlyItsAction(t *testing.T) {
+	t.Parallel()
+	for _, resolved := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resolved=%v", resolved), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir := newDir(t)
+			s, err := persist.OpenDir(dir, nil)
+			require.NoError(t, err)
+			saveNamed(t, s, "a-1", "checkout:a", 0, resolved)
+			saveNamed(t, s, "b-1", "checkout:b", 1, true)
+			b2 := saveNamed(t, s, "b-2", "checkout:b", 2, false)
+			require.NoError(t, s.Close())
+			fileOf := persist.FileName
+			if resolved {
+				fileOf = persist.ResolvedFileName
+			}
+			path := filepath.Join(dir, fileOf("a-1", "checkout:a"))
+			write(t, path, []byte(`{"version":1,"key":"a-1"`))
+
+			s = openFile(t, dir, nil)
+			recs, err := s.List(ctx, persist.Filter{Name: "checkout:b"})
+			require.NoError(t, err, "another action's damaged file does not stop this one")
+			assert.Equal(t, []string{"b-1", "b-2"}, keysOf(recs))
+			recs, err = s.List(ctx, persist.Filter{Name: "checkout:b", Unresolved: true})
+			require.NoError(t, err)
+			persisttest.AssertRecord(t, b2, recs[0])
+
+			_, err = s.List(ctx, persist.Filter{Name: "checkout:a"})
+			var ce *persist.CorruptError
+			require.ErrorAs(t, err, &ce, "the damaged file may hold this action's latest intent")
+			assert.Equal(t, path, ce.Path)
+			assert.Equal(t, "a-1", ce.Key)
+			_, err = s.List(ctx, persist.Filter{})
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, path, ce.Path)
+			_, err = s.List(ctx, persist.Filter{Unresolved: true})
+			if resolved {
+				assert.NoError(t, err, "a damaged resolved file holds no unresolved intent")
+			} else {
+				assert.ErrorAs(t, err, &ce)
+			}
+		})
+	}
+}
+
+func keysOf(recs []*persist.Record) []string {
+	var keys []string
+	for _, r := range recs {
+		keys = append(keys, r.Key)
+	}
+	return keys
+}
+
+// oldFileName is the name a record file had before file names carried a
+// hash of the record's Name: "k-" and the key in lower-case base32hex.
+func oldFileName(key string) string {
+	return "k-" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key))) + ".json"
+}
+
+// TestFileUntaggedFiles checks the files written before file names carried
+// the action: a readable one is read as before, and is replaced by a tagged
+// one on the next save; a damaged one may belong to any action, so it is
+// reported whatever the filter.
+func TestFileUntaggedFiles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	old := saveNamed(t, s, "old", "checkout:a", 0, false)
+	saveNamed(t, s, "bad", "checkout:b", 1, false)
+	long := saveNamed(t, s, strings.Repeat("x", 150), "checkout:a", 2, false) // hashed now, spelled out then
+	require.NoError(t, s.Close())
+	for _, r := range []*persist.Record{old, long} {
+		require.NoError(t, os.Rename(filepath.Join(dir, persist.FileName(r.Key, r.Name)), filepath.Join(dir, oldFileName(r.Key))))
+	}
+	badPath := filepath.Join(dir, oldFileName("bad"))
+	require.NoError(t, os.Remove(filepath.Join(dir, persist.FileName("bad", "checkout:b"))))
+	write(t, badPath, []byte("{"))
+
+	s = openFile(t, dir, nil)
+	got, err := s.Get(ctx, old.Key)
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, old, got)
+	got, err = s.Get(ctx, long.Key)
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, long, got)
+	for _, name := range []string{"checkout:a", "checkout:c"} {
+		_, err = s.List(ctx, persist.Filter{Name: name})
+		var ce *persist.CorruptError
+		require.ErrorAs(t, err, &ce, "an untagged damaged file may be %s's", name)
+		assert.Equal(t, badPath, ce.Path)
+		assert.Equal(t, "bad", ce.Key)
+	}
+
+	old.Attempts = 1
+	require.NoError(t, s.Save(ctx, old))
+	assert.NotContains(t, dirNames(t, dir), oldFileName(old.Key), "the untagged file is replaced")
+	assert.Contains(t, dirNames(t, dir), persist.FileName(old.Key, old.Name))
+	require.NoError(t, s.Delete(ctx, long.Key))
+	assert.NotContains(t, dirNames(t, dir), oldFileName(long.Key), "Delete finds the untagged file of a long key")
+}
+
+// TestFileStrayFile puts files in the store's directory whose names look
+// like records' but spell no key: each is reported with its path and an
+// empty key by List without a Name, blocks no action, and is moved aside
+// by Quarantine.
+func TestFileStrayFile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+	require.NoError(t, s.Close())
+	strays := []string{"k-!!.json", "h-1234.done.json", "k-00.zz.json"}
+	for _, name := range strays {
+		write(t, filepath.Join(dir, name), []byte("mine"))
+	}
+
+	s = openFile(t, dir, nil)
+	recs, err := s.List(ctx, persist.Filter{})
+	assert.Equal(t, []string{"k"}, keysOf(recs))
+	cs := persist.CorruptErrors(err)
+	require.Len(t, cs, len(strays))
+	for _, ce := range cs {
+		assert.Empty(t, ce.Key)
+		assert.Contains(t, ce.Error(), ce.Path)
+	}
+	recs, err = s.List(ctx, persist.Filter{Name: "checkout:a"})
+	require.NoError(t, err, "a stray file belongs to no action")
+	assert.Len(t, recs, 1)
+	_, err = s.List(ctx, persist.Filter{Unresolved: true})
+	assert.Len(t, persist.CorruptErrors(err), 2, "the strays whose names say unresolved")
+
+	for _, ce := range cs {
+		moved, err := s.Quarantine(ctx, ce.Path)
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(dir, "quarantine", filepath.Base(ce.Path)), moved)
+		data, err := os.ReadFile(moved)
+		require.NoError(t, err)
+		assert.Equal(t, "mine", string(data), "moved as it was")
+	}
+	recs, err = s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, r, recs[0])
+	require.NoError(t, s.Close())
+	s = openFile(t, dir, nil)
+	_, err = s.List(ctx, persist.Filter{})
+	require.NoError(t, err, "quarantined files are not read again")
+}
+
+// TestFileDamagedResolvedTwin damages the resolved file of a record whose
+// unresolved file a crash left beside it: the record may be either, so
+// Get and List of unresolved records report the damage instead of hiding
+// the unresolved one; once the damaged file is quarantined, the unresolved
+// version is the record.
+func TestFileDamagedResolvedTwin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+	open, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", r.Name)))
+	require.NoError(t, err)
+	saveNamed(t, s, "k", "checkout:a", 0, true)
+	require.NoError(t, s.Close())
+	donePath := filepath.Join(dir, persist.ResolvedFileName("k", r.Name))
+	write(t, donePath, []byte(`{"version":1,"key":"k","sta`))
+	write(t, filepath.Join(dir, persist.FileName("k", r.Name)), open)
+
+	s = openFile(t, dir, nil)
+	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
+	var ce *persist.CorruptError
+	require.ErrorAs(t, err, &ce, "the damage is reported, not hidden")
+	assert.Equal(t, donePath, ce.Path)
+	assert.Empty(t, recs)
+	_, err = s.Get(ctx, "k")
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorAs(t, s.Save(ctx, r), &ce, "not replaced")
+
+	moved, err := s.Quarantine(ctx, donePath)
+	require.NoError(t, err)
+	assert.FileExists(t, moved)
+	recs, err = s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	persisttest.AssertRecord(t, r, recs[0])
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, r, got)
+}
+
+// TestFileQuarantine checks what Quarantine refuses, and that it never
+// overwrites an earlier quarantined file.
+func TestFileQuarantine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s := openFile(t, dir, nil)
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+	good := filepath.Join(dir, persist.FileName("k", r.Name))
+	for _, path := range []string{good, filepath.Join(dir, "nothing.json"), filepath.Join(dir, "quarantine")} {
+		_, err := s.Quarantine(ctx, path)
+		assert.ErrorContains(t, err, path)
+		assert.ErrorContains(t, err, "nothing was moved")
+	}
+	assert.FileExists(t, good, "a readable record is never moved aside")
+
+	var moved []string
+	for i := range 3 {
+		require.NoError(t, s.Delete(ctx, "k"))
+		write(t, good, []byte(fmt.Sprint("damage ", i)))
+		require.NoError(t, s.Close())
+		s = openFile(t, dir, nil)
+		_, err := s.Get(ctx, "k")
+		var ce *persist.CorruptError
+		require.ErrorAs(t, err, &ce)
+		m, err := s.Quarantine(ctx, ce.Path)
+		require.NoError(t, err)
+		moved = append(moved, m)
+		_, err = s.Get(ctx, "k")
+		require.ErrorIs(t, err, persist.ErrNotFound, "the intent is gone from the store")
+		require.NoError(t, s.Save(ctx, r), "and can be saved again")
+	}
+	for i, m := range moved {
+		data, err := os.ReadFile(m)
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprint("damage ", i), string(data), "quarantined copy %d kept", i)
+	}
+	_, err := s.Quarantine(context.Background(), moved[0])
+	assert.Error(t, err)
+	fi, err := os.Stat(filepath.Join(dir, "quarantine"))
+	require.NoError(t, err)
+	if runtime.GOOS != "windows" {
+		assert.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "the quarantine directory")
+	}
+}
+
+// TestCorruptErrors checks that CorruptErrors finds every damaged record
+// List joined, where errors.As finds only the first, also when the error
+// is wrapped again.
+func TestCorruptErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	var paths []string
+	for i, k := range []string{"a", "b", "c", "d"} {
+		saveNamed(t, s, k, "checkout", i, false)
+		if k != "c" {
+			paths = append(paths, filepath.Join(dir, persist.FileName(k, "checkout")))
+		}
+	}
+	require.NoError(t, s.Close())
+	for _, p := range paths {
+		write(t, p, nil)
+	}
+	s = openFile(t, dir, nil)
+	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
+	assert.Equal(t, []string{"c"}, keysOf(recs))
+	wrapped := fmt.Errorf("starting: %w", err)
+	var got []string
+	for _, ce := range persist.CorruptErrors(wrapped) {
+		got = append(got, ce.Path)
+	}
+	assert.ElementsMatch(t, paths, got)
+	var first *persist.CorruptError
+	require.ErrorAs(t, wrapped, &first)
+	assert.Nil(t, persist.CorruptErrors(nil))
+	assert.Nil(t, persist.CorruptErrors(errors.New("other")))
+	one := &persist.CorruptError{Path: "p"}
+	assert.Equal(t, []*persist.CorruptError{one}, persist.CorruptErrors(one))
+}
+
+// TestFileLockSurvivesRemovedLockFile removes every lock file the store may
+// have made while it is open: a second OpenDir is still refused.
+func TestFileLockSurvivesRemovedLockFile(t *testing.T) {
+	t.Parallel()
+	dir := newDir(t)
+	s := openFile(t, dir, nil)
+	err := os.Remove(filepath.Join(dir, "LOCK"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("the lock file cannot be removed while held here: %v", err)
+	}
+	_, err = persist.OpenDir(dir, nil)
+	assert.ErrorIs(t, err, persist.ErrLocked)
+	require.NoError(t, s.Close())
+	s2, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err, "Close releases the lock")
+	require.NoError(t, s2.Close())
+}

@@ -1,0 +1,72 @@
+// Package fsys is the file system a persist.FileStore works through: the
+// operating system's in production, and in tests a file system that
+// forgets, at a power cut, every write that was not synced (package
+// strictfs), so that the store's ordering of fsync, rename and directory
+// sync is tested rather than assumed.
+package fsys
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+)
+
+// ErrLocked is returned by FS.Lock when another holder has the directory
+// locked.
+var ErrLocked = errors.New("directory is locked by another holder")
+
+// FS is the part of a file system a FileStore uses. Paths are absolute.
+type FS interface {
+	// Mkdir creates the directory path; its entry in the parent is durable
+	// only once the parent is synced.
+	Mkdir(path string, perm fs.FileMode) error
+	Stat(path string) (fs.FileInfo, error)
+	// ReadDir returns the entries of dir sorted by name.
+	ReadDir(dir string) ([]fs.DirEntry, error)
+	ReadFile(path string) ([]byte, error)
+	// CreateTemp creates a new file in dir, with mode 0600, whose name is
+	// pattern with its last "*" replaced by a random string.
+	CreateTemp(dir, pattern string) (File, error)
+	// Rename replaces newpath by oldpath atomically; the change is durable
+	// once the directories involved are synced.
+	Rename(oldpath, newpath string) error
+	// Remove removes a file or an empty directory; durable once the parent
+	// is synced.
+	Remove(path string) error
+	// SyncDir makes the entries of dir (creations, renames, removals)
+	// durable.
+	SyncDir(dir string) error
+	// Lock takes an exclusive lock on dir, held until the returned Closer
+	// is closed or the process ends; it returns an error matching ErrLocked
+	// at once if another holder, in this process or another, has it. The
+	// lock cannot be lost while held: removing a file of the directory does
+	// not release it.
+	Lock(dir string) (io.Closer, error)
+}
+
+// File is a file being written.
+type File interface {
+	Name() string
+	Write(p []byte) (int, error)
+	// Sync makes the data written so far durable.
+	Sync() error
+	Close() error
+}
+
+// OS is the operating system's file system.
+type OS struct{}
+
+func (OS) Mkdir(path string, perm fs.FileMode) error { return os.Mkdir(path, perm) }
+func (OS) Stat(path string) (fs.FileInfo, error)     { return os.Stat(path) }
+func (OS) ReadDir(dir string) ([]fs.DirEntry, error) { return os.ReadDir(dir) }
+func (OS) ReadFile(path string) ([]byte, error)      { return os.ReadFile(path) }
+func (OS) Rename(oldpath, newpath string) error      { return os.Rename(oldpath, newpath) }
+func (OS) Remove(path string) error                  { return os.Remove(path) }
+func (OS) SyncDir(dir string) error                  { return syncDir(dir) }
+func (OS) Lock(dir string) (io.Closer, error)        { return lockDir(dir) }
+
+func (OS) CreateTemp(dir, pattern string) (File, error) {
+	// os.CreateTemp creates the file with mode 0600.
+	return os.CreateTemp(dir, pattern)
+}

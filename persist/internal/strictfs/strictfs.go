@@ -1,0 +1,519 @@
+// Package strictfs is an in-memory file system that loses, at a simulated
+// power cut, everything that was not synced, as Pebble's strict MemFS
+// does: the data written to a file since its last Sync, and the entries
+// created, renamed or removed in a directory since the directory's last
+// sync. It is stricter still in two ways a real disk may be: the
+// unsynced tail of a file may survive in part (a torn write), and a
+// prefix of a directory's unsynced changes may survive, in the order they
+// were made.
+//
+// A test sets a cut with CutAfter: the file system then applies that many
+// more changes (creates, writes, syncs, renames, removals, locks) and
+// fails the next one and every call after it with ErrPowerCut, as if the
+// power had gone. Restart then brings back what survived and clears the
+// locks, as a reboot does. Everything is deterministic given the seed of
+// the random source Restart is handed.
+package strictfs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"math/rand/v2"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/persist/internal/fsys"
+)
+
+// ErrPowerCut is returned by every call after a power cut, until Restart.
+var ErrPowerCut = errors.New("strictfs: the power is off")
+
+// FS is a strict in-memory file system; the zero value is not usable,
+// call New.
+type FS struct {
+	mu      sync.Mutex
+	root    *inode
+	cutIn   int  // changes left before the cut; <0: no cut set
+	off     bool // the power is off
+	changes int  // changes made since New
+	seq     int  // for temporary names
+	locks   map[*inode]*lock
+}
+
+// New returns an empty file system with a root directory "/".
+func New() *FS {
+	return &FS{root: newDir(), cutIn: -1, locks: map[*inode]*lock{}}
+}
+
+// inode is a file or a directory.
+type inode struct {
+	dir bool
+	// a file's data, and the prefix of it that is durable
+	data   []byte
+	synced int
+	// a directory's entries, those that are durable, and the changes
+	// since its last sync
+	entries map[string]*inode
+	durable map[string]*inode
+	log     []change
+}
+
+// change is one atomic change of a directory's entries: set names to
+// inodes, nil to remove.
+type change map[string]*inode
+
+func newDir() *inode {
+	return &inode{dir: true, entries: map[string]*inode{}, durable: map[string]*inode{}}
+}
+
+// CutAfter sets a power cut after n more changes: the n+1st fails, and
+// every call after it, until Restart.
+func (f *FS) CutAfter(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cutIn = n
+}
+
+// Off reports whether the power is off.
+func (f *FS) Off() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.off
+}
+
+// Changes returns how many changes the file system has applied since New.
+func (f *FS) Changes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.changes
+}
+
+// Restart ends a power cut (cutting the power first if it is on): every
+// directory keeps its durable entries and, drawn from rng, a prefix of its
+// later changes; every file keeps its durable data and, drawn from rng,
+// maybe part of the rest. Locks are released.
+func (f *FS) Restart(rng *rand.Rand) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	seen := map[*inode]bool{}
+	var crash func(n *inode)
+	crash = func(n *inode) {
+		if seen[n] {
+			return
+		}
+		seen[n] = true
+		if !n.dir {
+			if tail := len(n.data) - n.synced; tail > 0 && rng.IntN(2) == 0 {
+				n.synced += rng.IntN(tail + 1)
+			}
+			n.data = n.data[:n.synced:n.synced]
+			return
+		}
+		keep := 0
+		if len(n.log) > 0 && rng.IntN(2) == 0 {
+			keep = rng.IntN(len(n.log) + 1)
+		}
+		for _, c := range n.log[:keep] {
+			apply(n.durable, c)
+		}
+		n.log = nil
+		n.entries = maps.Clone(n.durable)
+		for _, name := range slices.Sorted(maps.Keys(n.entries)) {
+			crash(n.entries[name])
+		}
+	}
+	crash(f.root)
+	f.off = false
+	f.cutIn = -1
+	f.locks = map[*inode]*lock{}
+}
+
+func apply(m map[string]*inode, c change) {
+	for _, name := range slices.Sorted(maps.Keys(c)) {
+		if n := c[name]; n != nil {
+			m[name] = n
+		} else {
+			delete(m, name)
+		}
+	}
+}
+
+// change counts one change and reports ErrPowerCut if the power is off or
+// goes now. f.mu must be held.
+func (f *FS) change() error {
+	if f.off {
+		return ErrPowerCut
+	}
+	if f.cutIn == 0 {
+		f.off = true
+		return ErrPowerCut
+	}
+	if f.cutIn > 0 {
+		f.cutIn--
+	}
+	f.changes++
+	return nil
+}
+
+// read reports ErrPowerCut if the power is off. f.mu must be held.
+func (f *FS) read() error {
+	if f.off {
+		return ErrPowerCut
+	}
+	return nil
+}
+
+// lookup returns the inode at p, an absolute path.
+func (f *FS) lookup(op, p string) (*inode, error) {
+	if !path.IsAbs(p) {
+		return nil, &fs.PathError{Op: op, Path: p, Err: errors.New("strictfs: path is not absolute")}
+	}
+	n := f.root
+	for _, name := range strings.Split(path.Clean(p), "/") {
+		if name == "" {
+			continue
+		}
+		if !n.dir {
+			return nil, &fs.PathError{Op: op, Path: p, Err: errors.New("not a directory")}
+		}
+		next := n.entries[name]
+		if next == nil {
+			return nil, &fs.PathError{Op: op, Path: p, Err: fs.ErrNotExist}
+		}
+		n = next
+	}
+	return n, nil
+}
+
+// parent returns the directory that holds p, and p's name in it.
+func (f *FS) parent(op, p string) (*inode, string, error) {
+	p = path.Clean(p)
+	d, err := f.lookup(op, path.Dir(p))
+	if err != nil {
+		return nil, "", err
+	}
+	if !d.dir {
+		return nil, "", &fs.PathError{Op: op, Path: p, Err: errors.New("not a directory")}
+	}
+	return d, path.Base(p), nil
+}
+
+// set changes entries of directory d, and logs the change for a crash.
+func set(d *inode, c change) {
+	apply(d.entries, c)
+	d.log = append(d.log, c)
+}
+
+var _ fsys.FS = (*FS)(nil)
+
+func (f *FS) Mkdir(p string, perm fs.FileMode) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return err
+	}
+	d, name, err := f.parent("mkdir", p)
+	if err != nil {
+		return err
+	}
+	if d.entries[name] != nil {
+		return &fs.PathError{Op: "mkdir", Path: p, Err: fs.ErrExist}
+	}
+	if err := f.change(); err != nil {
+		return err
+	}
+	set(d, change{name: newDir()})
+	return nil
+}
+
+func (f *FS) Stat(p string) (fs.FileInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return nil, err
+	}
+	n, err := f.lookup("stat", p)
+	if err != nil {
+		return nil, err
+	}
+	return info{path.Base(p), n.dir, int64(len(n.data))}, nil
+}
+
+func (f *FS) ReadDir(p string) ([]fs.DirEntry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return nil, err
+	}
+	d, err := f.lookup("readdir", p)
+	if err != nil {
+		return nil, err
+	}
+	if !d.dir {
+		return nil, &fs.PathError{Op: "readdir", Path: p, Err: errors.New("not a directory")}
+	}
+	var out []fs.DirEntry
+	for _, name := range slices.Sorted(maps.Keys(d.entries)) {
+		n := d.entries[name]
+		out = append(out, fs.FileInfoToDirEntry(info{name, n.dir, int64(len(n.data))}))
+	}
+	return out, nil
+}
+
+func (f *FS) ReadFile(p string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return nil, err
+	}
+	n, err := f.lookup("open", p)
+	if err != nil {
+		return nil, err
+	}
+	if n.dir {
+		return nil, &fs.PathError{Op: "read", Path: p, Err: errors.New("is a directory")}
+	}
+	return slices.Clone(n.data), nil
+}
+
+func (f *FS) CreateTemp(dir, pattern string) (fsys.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return nil, err
+	}
+	d, err := f.lookup("createtemp", dir)
+	if err != nil {
+		return nil, err
+	}
+	f.seq++
+	name := pattern + strconv.Itoa(f.seq)
+	if i := strings.LastIndex(pattern, "*"); i >= 0 {
+		name = pattern[:i] + strconv.Itoa(f.seq) + pattern[i+1:]
+	}
+	if d.entries[name] != nil {
+		return nil, &fs.PathError{Op: "createtemp", Path: path.Join(dir, name), Err: fs.ErrExist}
+	}
+	if err := f.change(); err != nil {
+		return nil, err
+	}
+	n := &inode{}
+	set(d, change{name: n})
+	return &file{fs: f, n: n, name: path.Join(dir, name)}, nil
+}
+
+func (f *FS) Rename(oldpath, newpath string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return err
+	}
+	od, oname, err := f.parent("rename", oldpath)
+	if err != nil {
+		return err
+	}
+	n := od.entries[oname]
+	if n == nil {
+		return &fs.PathError{Op: "rename", Path: oldpath, Err: fs.ErrNotExist}
+	}
+	nd, nname, err := f.parent("rename", newpath)
+	if err != nil {
+		return err
+	}
+	if old := nd.entries[nname]; old != nil && (old.dir != n.dir || old.dir && len(old.entries) > 0) {
+		return &fs.PathError{Op: "rename", Path: newpath, Err: errors.New("destination exists and cannot be replaced")}
+	}
+	if err := f.change(); err != nil {
+		return err
+	}
+	if od == nd {
+		if oname != nname {
+			set(od, change{oname: nil, nname: n})
+		}
+		return nil
+	}
+	// Across directories the two entries change separately: a crash may
+	// keep either, both or neither.
+	set(nd, change{nname: n})
+	set(od, change{oname: nil})
+	return nil
+}
+
+func (f *FS) Remove(p string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return err
+	}
+	d, name, err := f.parent("remove", p)
+	if err != nil {
+		return err
+	}
+	n := d.entries[name]
+	if n == nil {
+		return &fs.PathError{Op: "remove", Path: p, Err: fs.ErrNotExist}
+	}
+	if n.dir && len(n.entries) > 0 {
+		return &fs.PathError{Op: "remove", Path: p, Err: errors.New("directory not empty")}
+	}
+	if err := f.change(); err != nil {
+		return err
+	}
+	set(d, change{name: nil})
+	return nil
+}
+
+func (f *FS) SyncDir(p string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return err
+	}
+	d, err := f.lookup("sync", p)
+	if err != nil {
+		return err
+	}
+	if !d.dir {
+		return &fs.PathError{Op: "sync", Path: p, Err: errors.New("not a directory")}
+	}
+	if err := f.change(); err != nil {
+		return err
+	}
+	d.durable = maps.Clone(d.entries)
+	d.log = nil
+	return nil
+}
+
+func (f *FS) Lock(p string) (io.Closer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return nil, err
+	}
+	d, err := f.lookup("lock", p)
+	if err != nil {
+		return nil, err
+	}
+	if f.locks[d] != nil {
+		return nil, fsys.ErrLocked
+	}
+	if err := f.change(); err != nil {
+		return nil, err
+	}
+	l := &lock{fs: f, n: d}
+	f.locks[d] = l
+	return l, nil
+}
+
+type lock struct {
+	fs *FS
+	n  *inode
+}
+
+// Close releases the lock, unless a restart released it already.
+func (l *lock) Close() error {
+	l.fs.mu.Lock()
+	defer l.fs.mu.Unlock()
+	if l.fs.locks[l.n] == l {
+		delete(l.fs.locks, l.n)
+	}
+	return nil
+}
+
+// file is a file created by CreateTemp.
+type file struct {
+	fs     *FS
+	n      *inode
+	name   string
+	closed bool
+}
+
+func (fl *file) Name() string { return fl.name }
+
+func (fl *file) Write(p []byte) (int, error) {
+	f := fl.fs
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.closed {
+		return 0, fs.ErrClosed
+	}
+	if err := f.change(); err != nil {
+		return 0, err
+	}
+	fl.n.data = append(fl.n.data, p...)
+	return len(p), nil
+}
+
+func (fl *file) Sync() error {
+	f := fl.fs
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.closed {
+		return fs.ErrClosed
+	}
+	if err := f.change(); err != nil {
+		return err
+	}
+	fl.n.synced = len(fl.n.data)
+	return nil
+}
+
+// Close closes the file; it is not a change, and it does not fail after a
+// power cut (there is nothing left to lose).
+func (fl *file) Close() error {
+	f := fl.fs
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.closed {
+		return fs.ErrClosed
+	}
+	fl.closed = true
+	return nil
+}
+
+// info describes an inode for Stat and ReadDir.
+type info struct {
+	name string
+	dir  bool
+	size int64
+}
+
+func (i info) Name() string { return i.name }
+func (i info) Size() int64  { return i.size }
+func (i info) Mode() fs.FileMode {
+	if i.dir {
+		return fs.ModeDir | 0o700
+	}
+	return 0o600
+}
+func (i info) ModTime() time.Time { return time.Time{} }
+func (i info) IsDir() bool        { return i.dir }
+func (i info) Sys() any           { return nil }
+
+// String describes the file system's current tree, for failure messages.
+func (f *FS) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	var walk func(p string, n *inode)
+	walk = func(p string, n *inode) {
+		for _, name := range slices.Sorted(maps.Keys(n.entries)) {
+			c := n.entries[name]
+			if c.dir {
+				fmt.Fprintf(&b, "%s/\n", path.Join(p, name))
+				walk(path.Join(p, name), c)
+			} else {
+				fmt.Fprintf(&b, "%s (%d bytes, %d synced)\n", path.Join(p, name), len(c.data), c.synced)
+			}
+		}
+	}
+	walk("/", f.root)
+	return b.String()
+}
