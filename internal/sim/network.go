@@ -143,14 +143,28 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	w.tracef("d%d sends %s %s key=%s transit=%s lost=%v loseAnswer=%v cut=%v replace=%d", d.id, method, url,
 		req.Header.Get("Idempotency-Key"), transit, lost, fl.loseAns, fl.cut, fl.replace)
 	if !lost {
-		w.send(fl, transit, answerDelay, method, url, header, body, true)
+		w.send(fl, transit, answerDelay, method, url, header, body)
 		if isPost && r.chance(rate(FaultDuplicate)) {
 			// The intermediary sends the POST again on its own; the copy's
 			// answer goes nowhere.
 			w.stats.fault(FaultDuplicate.Name())
 			dup := &flight{d: d, gen: d.gen}
-			w.send(dup, r.between(transit, w.cfg.MaxTransit), 0, method, url, header, body, false)
+			var at time.Duration
+			switch r.IntN(3) {
+			case 0: // at once, racing the first copy
+				at = transit
+			case 1:
+				at = transit + r.between(0, time.Second)
+			default:
+				at = r.between(transit, w.cfg.MaxTransit)
+			}
+			w.send(dup, at, 0, method, url, header, body)
 		}
+	}
+	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.3) {
+		// The device dies while its request is in transit.
+		w.stats.fault(FaultCrash.Name())
+		panic(crash{"while its request is in transit"})
 	}
 	d.maybeCrash("after a request was sent")
 
@@ -182,7 +196,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // send delivers a copy of a request to the server after transit, and its
 // answer back after answerDelay. Copies of a device generation that died
 // are lost unless FaultHoldAcrossCrash is on.
-func (w *World) send(fl *flight, transit, answerDelay time.Duration, method, url string, header http.Header, body []byte, first bool) {
+func (w *World) send(fl *flight, transit, answerDelay time.Duration, method, url string, header http.Header, body []byte) {
 	f := w.drawServerFaults(method)
 	w.clk.after(transit, func() {
 		if fl.d.gen != fl.gen && !(w.faulty && w.cfg.Faults[FaultHoldAcrossCrash]) {
