@@ -1,0 +1,192 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/persist"
+)
+
+// An app is a checkout screen. The user fills a cart and presses Pay; the
+// app makes an intent for the cart and sends it. A session is one
+// checkout: the carts the user tried until one was paid. The user may
+// change the cart (a new intent, which idem refuses while the previous one
+// may have been charged), press Pay again after an unknown outcome, or
+// come back after a restart, when the app resumes what is unresolved.
+
+// cart is one version of a checkout's cart.
+type cart struct {
+	sess     *session
+	desc     string // unique in the world: "d3/shop/s5/c2"
+	amount   int64
+	customer string
+}
+
+// session is one checkout: at most one of its carts may be charged. The
+// app keeps it in its own storage, which survives a crash: the carts and
+// the keys of the intents it learnt of.
+type session struct {
+	id    string
+	carts []*cart
+	keys  []string
+	paid  bool // as the app knows it
+}
+
+type app struct {
+	d     *device
+	name  string
+	sess  *session
+	nSess int
+}
+
+func (a *app) newSession() {
+	a.nSess++
+	a.sess = &session{id: fmt.Sprintf("d%d/%s/s%d", a.d.id, a.name, a.nSess)}
+	a.d.w.sessions = append(a.d.w.sessions, a.sess)
+	a.newCart()
+}
+
+func (a *app) newCart() {
+	r := a.d.w.appRNG
+	c := &cart{sess: a.sess, desc: fmt.Sprintf("%s/c%d", a.sess.id, len(a.sess.carts)+1), amount: 100 + r.Int64N(10000), customer: "cus_ok"}
+	if r.chance(0.1) {
+		c.customer = declinedCustomer
+	}
+	a.sess.carts = append(a.sess.carts, c)
+	a.d.w.carts[c.desc] = c
+}
+
+func (c *cart) request() idem.Request {
+	req, err := idem.JSONRequest(http.MethodPost, BaseURL+"/payments", map[string]any{
+		"amount": c.amount, "currency": "AZN", "customer": c.customer, "description": c.desc,
+	})
+	if err != nil {
+		panic(err)
+	}
+	return req
+}
+
+// step is one user action in the app. The checkout screen first shows the
+// outcome of the session's intents (one may have gone through while the app
+// was not looking: the app died after Do saved it). Intents are made only
+// when Pay is pressed: one made when the screen is shown would be resumed
+// after a restart even if the user had changed the cart.
+func (a *app) step() {
+	w := a.d.w
+	r := w.appRNG
+	if a.sess == nil || a.sess.paid {
+		a.newSession()
+	}
+	for _, key := range a.sess.keys {
+		if in, err := a.d.client.Load(context.Background(), key); err == nil {
+			w.observe(a, in)
+		}
+	}
+	if a.sess.paid {
+		return
+	}
+	cur := a.sess.carts[len(a.sess.carts)-1]
+	if r.chance(0.15) {
+		// The user changes the cart (or the card, after a decline).
+		a.newCart()
+		w.tracef("d%d/%s: the user changes the cart of %s", a.d.id, a.name, a.sess.id)
+		return
+	}
+	a.pay(cur)
+}
+
+// pay is the Pay button for c.
+func (a *app) pay(c *cart) {
+	w := a.d.w
+	cl := a.d.client
+	ctx := context.Background()
+	in, err := cl.Intent(ctx, a.name, c.request())
+	var ue *idem.UnresolvedError
+	w.tracef("d%d/%s: Pay for %s: Intent err %v", a.d.id, a.name, c.desc, err)
+	if errors.As(err, &ue) {
+		// An earlier cart may have been charged: settle it first, by
+		// resuming it or by asking the server.
+		prev := ue.Previous
+		if w.appRNG.chance(0.5) {
+			a.settle(prev)
+		} else {
+			a.reconcile(prev)
+		}
+		return
+	}
+	if err != nil {
+		return
+	}
+	w.bind(in.Key(), c)
+	switch in.State() {
+	case persist.StateSucceeded:
+		w.observe(a, in)
+		return
+	case persist.StateVoid, persist.StateRejected:
+		// Nothing was charged for it: pay again under a new key.
+		in, err = cl.NewIntent(ctx, a.name, c.request())
+		if err != nil {
+			return
+		}
+		w.bind(in.Key(), c)
+	case persist.StateFailed:
+		// Declined: the user must change the card.
+		w.observe(a, in)
+		a.newCart()
+		return
+	}
+	a.settle(in)
+}
+
+// settle sends in (resuming it) and, once it is too old to send,
+// reconciles it.
+func (a *app) settle(in *idem.Intent) {
+	_, err := a.d.client.Do(context.Background(), in)
+	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
+	a.d.w.observe(a, in)
+	if errors.Is(err, idem.ErrIntentExpired) || in.State() == persist.StateExpired {
+		a.reconcile(in)
+	}
+}
+
+func (a *app) reconcile(in *idem.Intent) {
+	_, err := a.d.client.Reconcile(context.Background(), in, lookupURL(in.Key()))
+	a.d.w.tracef("d%d/%s Reconcile %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
+	if in.State() == persist.StateVoid && err != nil {
+		// "Never done" holds only once it is saved: the store still
+		// says unresolved and the next Do sends the intent again. An app
+		// that checks the error does not tell the user "not paid".
+		return
+	}
+	a.d.w.observe(a, in)
+}
+
+// resume is what the app does when it starts: settle every unresolved
+// intent, by resuming it or, at times, by asking the server first (an app
+// that would rather not send an old payment again unasked).
+func (d *device) resume() {
+	ins, _ := d.client.Unresolved(context.Background())
+	for _, in := range ins {
+		a := d.appNamed(in.Name())
+		d.w.bindIntent(in)
+		if d.w.faulty && d.w.appRNG.chance(0.5) {
+			a.reconcile(in)
+			if in.State().Resolved() {
+				continue
+			}
+		}
+		a.settle(in)
+	}
+}
+
+func (d *device) appNamed(name string) *app {
+	for _, a := range d.apps {
+		if a.name == name {
+			return a
+		}
+	}
+	panic("sim: intent for an unknown app " + name)
+}

@@ -1,0 +1,212 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/persist"
+)
+
+// A device runs an app that pays through idem. It can crash at any point
+// (the Client and everything in memory are gone, the store stays), lose
+// power in the middle of a store write (the write is lost), run out of
+// disk, and have its clock jump.
+
+// crash unwinds a device's call stack when the device dies.
+type crash struct{ where string }
+
+type device struct {
+	w         *World
+	id        int
+	principal string
+	offset    time.Duration // the device clock minus the world's
+	mem       *persist.Memory
+	store     *deviceStore
+	client    *idem.Client
+	gen       int       // bumped at every crash
+	upAt      time.Time // when a dead device starts again
+	up        bool
+	quoted    bool
+	diskFull  time.Time // the disk is full until then
+	policy    idem.RetryPolicy
+	apps      []*app
+	restarted bool // the app has not resumed its intents since starting
+
+	attemptTimeout time.Duration
+}
+
+// deviceClock is the device's clock: the world's time plus the device's
+// offset. Sleeping lets the world run.
+type deviceClock struct{ d *device }
+
+func (c deviceClock) Now() time.Time { return c.d.w.clk.now.Add(c.d.offset) }
+
+func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.d.maybeCrash("while waiting to retry")
+	c.d.w.clk.advanceTo(c.d.w.clk.now.Add(d))
+	return nil
+}
+
+func newDevice(w *World, id int) *device {
+	r := w.devRNG
+	d := &device{
+		w:         w,
+		id:        id,
+		principal: fmt.Sprintf("Bearer user-%d", id),
+		mem:       persist.NewMemory(nil),
+		policy: idem.RetryPolicy{
+			MaxAttempts:     pick(r, 3, 5, 10),
+			MaxElapsed:      pick(r, 30*time.Second, 2*time.Minute, 5*time.Minute),
+			InitialInterval: pick(r, 200*time.Millisecond, 500*time.Millisecond, 2*time.Second),
+			MaxInterval:     pick(r, 5*time.Second, 30*time.Second),
+			// The jitter draws from math/rand's global source, which no
+			// seed reaches; the world varies the policies instead.
+			NoJitter: true,
+		},
+		attemptTimeout: pick(r, 5*time.Second, 10*time.Second, 30*time.Second),
+	}
+	d.store = &deviceStore{d: d, Store: d.mem}
+	for _, name := range []string{"shop", "tips"}[:1+r.IntN(2)] {
+		d.apps = append(d.apps, &app{d: d, name: name})
+	}
+	d.start()
+	return d
+}
+
+// start launches the app: a new Client on the store that survived.
+func (d *device) start() {
+	if d.w.faulty && d.w.cfg.Faults[FaultKeySpelling] && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultKeySpelling)) {
+		d.w.stats.fault(FaultKeySpelling.Name())
+		d.quoted = !d.quoted
+	}
+	opts := []idem.Option{
+		idem.WithHTTPClient(&http.Client{Transport: transport{d}}),
+		idem.WithStore(d.store),
+		idem.WithClock(deviceClock{d}),
+		idem.WithRetryPolicy(d.policy),
+		idem.WithRetention(d.w.cfg.Retention, d.w.cfg.Margin),
+		idem.WithReconcileDelay(d.w.cfg.ReconcileDelay),
+	}
+	if d.quoted {
+		opts = append(opts, idem.WithQuotedKey())
+	}
+	c, err := idem.New(opts...)
+	if err != nil {
+		panic(err)
+	}
+	d.client = c
+	d.w.tracef("d%d starts (quoted keys: %v, clock offset %s)", d.id, d.quoted, d.offset)
+	d.up = true
+	d.restarted = true
+}
+
+// maybeCrash kills the device here, by chance, while the world is faulty.
+func (d *device) maybeCrash(where string) {
+	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultCrash)) {
+		d.w.stats.fault(FaultCrash.Name())
+		panic(crash{where})
+	}
+}
+
+// die ends the device's process: nothing in memory survives.
+func (d *device) die() {
+	d.gen++
+	d.client = nil
+	d.up = false
+	d.upAt = d.w.clk.now.Add(pick(d.w.devRNG, time.Second, 10*time.Second, time.Minute, 10*time.Minute, 2*time.Hour))
+}
+
+// act runs one user action on the device, catching a crash.
+func (d *device) act(fn func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			c, ok := v.(crash)
+			if !ok {
+				panic(v)
+			}
+			d.w.tracef("d%d dies %s", d.id, c.where)
+			d.die()
+		}
+	}()
+	fn()
+}
+
+// jumpClock moves the device clock, by chance.
+func (d *device) jumpClock() {
+	w := d.w
+	if !w.faulty {
+		return
+	}
+	r := w.devRNG
+	switch {
+	case r.chance(w.cfg.Faults.rate(FaultClockForward)):
+		w.stats.fault(FaultClockForward.Name())
+		d.offset += pick(r, time.Minute, time.Hour, w.cfg.Retention)
+	case r.chance(w.cfg.Faults.rate(FaultClockBack)):
+		w.stats.fault(FaultClockBack.Name())
+		// Less than the client's safety margin: a device clock set back
+		// further can make it send a key the server has forgotten, which
+		// no client can detect (docs/RELIABILITY.md).
+		d.offset -= r.between(time.Second, w.cfg.Margin/2)
+	}
+}
+
+var errDiskFull = errors.New("sim: no space left on device")
+
+// deviceStore is the device's store: persist.Memory, behind a disk that can
+// fill up and a power supply that can fail in the middle of a write.
+type deviceStore struct {
+	persist.Store
+	d *device
+}
+
+func (s *deviceStore) write(op string, do func() error) error {
+	d := s.d
+	w := d.w
+	if w.faulty && d.w.clk.now.Before(d.diskFull) {
+		w.stats.fault(FaultDiskFull.Name())
+		return errDiskFull
+	}
+	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(FaultDiskFull)) {
+		d.diskFull = w.clk.now.Add(pick(w.devRNG, time.Second, time.Minute, 10*time.Minute))
+		w.stats.fault(FaultDiskFull.Name())
+		return errDiskFull
+	}
+	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(FaultPowerCut)) {
+		// The power goes in the middle of the write: it never reaches
+		// the disk.
+		w.stats.fault(FaultPowerCut.Name())
+		panic(crash{"power cut during " + op})
+	}
+	d.maybeCrash("before " + op)
+	if err := do(); err != nil {
+		return err
+	}
+	d.maybeCrash("after " + op)
+	return nil
+}
+
+func (s *deviceStore) Save(ctx context.Context, rec *persist.Record) error {
+	return s.write("save", func() error { return s.Store.Save(ctx, rec) })
+}
+
+func (s *deviceStore) Delete(ctx context.Context, key string) error {
+	return s.write("delete", func() error { return s.Store.Delete(ctx, key) })
+}
+
+func (s *deviceStore) Get(ctx context.Context, key string) (*persist.Record, error) {
+	s.d.maybeCrash("before a store read")
+	return s.Store.Get(ctx, key)
+}
+
+func (s *deviceStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
+	s.d.maybeCrash("before a store read")
+	return s.Store.List(ctx, f)
+}

@@ -1,0 +1,166 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Fault is a class of fault the world can inject.
+type Fault int
+
+// The fault classes. Each has a name (used in IDEM_SIM_FAULTS and in the
+// run's figures), a rate (the chance per opportunity while the world is
+// faulty) and whether it is on by default.
+const (
+	FaultLoseRequest Fault = iota
+	FaultHold
+	FaultLoseAnswer
+	FaultCutBody
+	FaultReset
+	FaultSlowAnswer
+	FaultProxyStatus
+	FaultProxyOther5xx
+	FaultRedirect307
+	FaultRedirectLogin
+	FaultDuplicate
+	FaultHoldAcrossCrash
+
+	FaultCrash
+	FaultPowerCut
+	FaultDiskFull
+	FaultClockForward
+	FaultClockBack
+	FaultKeySpelling
+
+	FaultServerCrash
+	FaultCrashAfterInsert
+	FaultCrashAfterCharge
+	FaultError500
+	FaultSlowWork
+	FaultStorePause
+	FaultStoreErrorInsert
+	FaultStoreErrorComplete
+	FaultSweep
+	FaultStored5xx
+
+	numFaults
+)
+
+type faultInfo struct {
+	name string
+	rate float64
+	on   bool
+	// off says why a class is off by default: the fix it waits for, or
+	// the defect it finds.
+	off string
+}
+
+var faultTable = [numFaults]faultInfo{
+	FaultLoseRequest:   {"net.lose-request", 0.04, true, ""},
+	FaultHold:          {"net.hold", 0.06, true, ""},
+	FaultLoseAnswer:    {"net.lose-answer", 0.05, true, ""},
+	FaultCutBody:       {"net.cut-body", 0.03, true, ""},
+	FaultReset:         {"net.reset", 0.03, true, ""},
+	FaultSlowAnswer:    {"net.slow-answer", 0.04, true, ""},
+	FaultProxyStatus:   {"proxy.status", 0.06, true, ""},
+	FaultProxyOther5xx: {"proxy.other-5xx", 0.04, false, "a 5xx other than 500/502/503/504 (520-524, 501, 507) is stored as a final failure until every 5xx is an unknown outcome"},
+	FaultRedirect307:   {"proxy.redirect-307", 0.02, true, ""},
+	FaultRedirectLogin: {"proxy.redirect-login", 0.02, false, "a 302 to a login page is recorded as the payment's answer until a redirected GET is never an outcome"},
+	FaultDuplicate:     {"proxy.duplicate-post", 0.03, true, ""},
+	FaultHoldAcrossCrash: {"net.hold-across-crash", 0.5, false,
+		"a request in transit when the device dies may arrive after Reconcile trusted a 404, until Reconcile knows when the last attempt left"},
+
+	FaultCrash:        {"device.crash", 0.02, true, ""},
+	FaultPowerCut:     {"device.power-cut", 0.01, true, ""},
+	FaultDiskFull:     {"device.disk-full", 0.01, true, ""},
+	FaultClockForward: {"device.clock-forward", 0.01, false, "a device clock ahead makes an intent expire while its last attempt is in transit, and Reconcile of an expired intent trusts a 404 at once, until Reconcile knows when the last attempt left"},
+	FaultClockBack:    {"device.clock-back", 0.01, false, "the latest intent of an action is chosen by wall clock until intents are ordered by a sequence"},
+	FaultKeySpelling:  {"device.key-spelling", 0.3, false, "an app update that quotes keys resends old intents in the new spelling until the spelling is stored with the intent"},
+
+	FaultServerCrash:        {"server.crash", 0.003, true, ""},
+	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},
+	FaultCrashAfterCharge:   {"server.crash-after-charge", 0.03, true, ""},
+	FaultError500:           {"server.error-500", 0.03, true, ""},
+	FaultSlowWork:           {"server.slow", 0.04, true, ""},
+	FaultStorePause:         {"server.store-pause", 0.1, true, ""},
+	FaultStoreErrorInsert:   {"server.store-error-insert", 0.02, true, ""},
+	FaultStoreErrorComplete: {"server.store-error-complete", 0.02, false, "the middleware releases the record when the store fails after the provider charged, and the next attempt charges again under a new stable id"},
+	FaultSweep:              {"server.sweep", 1, true, ""},
+	FaultStored5xx:          {"server.stored-5xx", 0.5, false, "a replayed 5xx (Idempotent-Replayed: true) is retried until the budget ends until a replay is final"},
+}
+
+// Name returns the fault's name.
+func (f Fault) Name() string { return faultTable[f].name }
+
+// Faults says which fault classes are on.
+type Faults [numFaults]bool
+
+// DefaultFaults is the set of classes on by default.
+func DefaultFaults() Faults {
+	var fs Faults
+	for i, fi := range faultTable {
+		fs[i] = fi.on
+	}
+	return fs
+}
+
+// rate is the chance of f per opportunity, or 0 when f is off.
+func (fs *Faults) rate(f Fault) float64 {
+	if !fs[f] {
+		return 0
+	}
+	return faultTable[f].rate
+}
+
+// ParseFaults applies a spec to fs: a comma-separated list of class names,
+// each turned on, or off when prefixed with '-'; "all" and "-all" name
+// every class.
+func ParseFaults(fs Faults, spec string) (Faults, error) {
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		on := true
+		if strings.HasPrefix(item, "-") {
+			on, item = false, item[1:]
+		} else {
+			item = strings.TrimPrefix(item, "+")
+		}
+		if item == "all" {
+			for i := range fs {
+				fs[i] = on
+			}
+			continue
+		}
+		found := false
+		for i, fi := range faultTable {
+			if fi.name == item {
+				fs[i], found = on, true
+			}
+		}
+		if !found {
+			return fs, fmt.Errorf("sim: unknown fault class %q (known: %s)", item, strings.Join(faultNames(), ", "))
+		}
+	}
+	return fs, nil
+}
+
+func faultNames() []string {
+	out := make([]string, numFaults)
+	for i, fi := range faultTable {
+		out[i] = fi.name
+	}
+	return out
+}
+
+// String lists the classes that are on.
+func (fs Faults) String() string {
+	var on []string
+	for i, fi := range faultTable {
+		if fs[i] {
+			on = append(on, fi.name)
+		}
+	}
+	return strings.Join(on, ",")
+}

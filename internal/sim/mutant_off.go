@@ -1,0 +1,6 @@
+//go:build !idem_mutant
+
+package sim
+
+// mutantBuild is true in a build with the idem_mutant tag.
+const mutantBuild = false

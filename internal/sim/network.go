@@ -1,0 +1,303 @@
+package sim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The network between a device and the server, with the boxes in between:
+// it loses requests and answers, holds requests in transit, cuts bodies,
+// resets connections, and puts an intermediary in front of the server that
+// answers on its own (408, 429, 5xx, with or without Retry-After),
+// redirects, or sends a POST twice.
+
+// Host is the server's address in the world.
+const Host = "api.sim.invalid"
+
+// BaseURL is the server's URL.
+const BaseURL = "http://" + Host
+
+var (
+	errReset   = errors.New("sim: connection reset by peer")
+	errTimeout = errors.New("sim: timeout awaiting response headers")
+)
+
+// transport is a device's http.RoundTripper: the network as the device
+// sees it.
+type transport struct{ d *device }
+
+// flight is one copy of a request on its way to the server, and its
+// answer on its way back.
+type flight struct {
+	d         *device
+	gen       int // the device generation that sent it
+	ready     bool
+	timedOut  bool
+	ans       answer
+	cut       bool // the answer's body is cut short
+	loseAns   bool
+	replace   int // the intermediary replaces the answer with this status
+	retryAftr string
+}
+
+func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	d := t.d
+	w := d.w
+	var body []byte
+	if req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		body = b
+	}
+	d.maybeCrash("before a request is sent")
+	w.stats.Attempts++
+	header := req.Header.Clone()
+	header.Set("Authorization", d.principal)
+	r := w.netRNG
+	faulty := w.faulty
+	rate := func(f Fault) float64 {
+		if !faulty {
+			return 0
+		}
+		return w.cfg.Faults.rate(f)
+	}
+	isPost := req.Method == http.MethodPost
+
+	// The login page of the intermediary, reached by following its 302.
+	if req.URL.Path == "/login" {
+		return d.respond(req, answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}},
+			body: []byte("<html><body>Please sign in</body></html>")}, false), nil
+	}
+
+	switch {
+	case r.chance(rate(FaultReset)):
+		w.stats.fault(FaultReset.Name())
+		w.tracef("d%d: connection reset before sending %s %s", d.id, req.Method, req.URL)
+		return nil, errReset
+	case r.chance(rate(FaultProxyStatus)):
+		w.stats.fault(FaultProxyStatus.Name())
+		a := proxyAnswer(w, pick(r, 408, 429, 500, 502, 503, 504))
+		w.tracef("d%d: the intermediary answers %d to %s %s", d.id, a.status, req.Method, req.URL)
+		return d.respond(req, a, false), nil
+	case r.chance(rate(FaultProxyOther5xx)):
+		w.stats.fault(FaultProxyOther5xx.Name())
+		a := proxyAnswer(w, pick(r, 501, 507, 520, 521, 522, 523, 524))
+		w.tracef("d%d: the intermediary answers %d to %s %s", d.id, a.status, req.Method, req.URL)
+		return d.respond(req, a, false), nil
+	case isPost && req.URL.RawQuery == "" && r.chance(rate(FaultRedirect307)):
+		w.stats.fault(FaultRedirect307.Name())
+		return d.respond(req, answer{status: http.StatusTemporaryRedirect,
+			header: http.Header{"Location": {req.URL.Path + "?via=edge"}}}, false), nil
+	case isPost && r.chance(rate(FaultRedirectLogin)):
+		w.stats.fault(FaultRedirectLogin.Name())
+		return d.respond(req, answer{status: http.StatusFound, header: http.Header{"Location": {"/login"}}}, false), nil
+	}
+
+	fl := &flight{d: d, gen: d.gen}
+	transit := time.Duration(0)
+	lost := false
+	switch {
+	case r.chance(rate(FaultLoseRequest)):
+		w.stats.fault(FaultLoseRequest.Name())
+		lost = true
+	case r.chance(rate(FaultHold)):
+		w.stats.fault(FaultHold.Name())
+		transit = r.between(time.Second, w.cfg.MaxTransit)
+	}
+	switch {
+	case r.chance(rate(FaultLoseAnswer)):
+		w.stats.fault(FaultLoseAnswer.Name())
+		fl.loseAns = true
+	case r.chance(rate(FaultCutBody)):
+		w.stats.fault(FaultCutBody.Name())
+		fl.cut = true
+	case r.chance(rate(FaultProxyStatus)):
+		// The intermediary passed the request on, and answers on its own
+		// anyway: the work may be done.
+		w.stats.fault(FaultProxyStatus.Name() + " after forwarding")
+		fl.replace = pick(r, 408, 429, 500, 502, 503, 504)
+	case r.chance(rate(FaultProxyOther5xx)):
+		w.stats.fault(FaultProxyOther5xx.Name() + " after forwarding")
+		fl.replace = pick(r, 501, 507, 520, 521, 522, 523, 524)
+	}
+	if fl.replace != 0 {
+		fl.retryAftr = retryAfter(w)
+	}
+	answerDelay := time.Duration(0)
+	if r.chance(rate(FaultSlowAnswer)) {
+		w.stats.fault(FaultSlowAnswer.Name())
+		answerDelay = r.between(time.Second, 3*d.attemptTimeout/2)
+	}
+
+	url := req.URL.String()
+	method := req.Method
+	w.tracef("d%d sends %s %s key=%s transit=%s lost=%v loseAnswer=%v cut=%v replace=%d", d.id, method, url,
+		req.Header.Get("Idempotency-Key"), transit, lost, fl.loseAns, fl.cut, fl.replace)
+	if !lost {
+		w.send(fl, transit, answerDelay, method, url, header, body)
+		if isPost && r.chance(rate(FaultDuplicate)) {
+			// The intermediary sends the POST again on its own; the copy's
+			// answer goes nowhere.
+			w.stats.fault(FaultDuplicate.Name())
+			dup := &flight{d: d, gen: d.gen}
+			var at time.Duration
+			switch r.IntN(3) {
+			case 0: // at once, racing the first copy
+				at = transit
+			case 1:
+				at = transit + r.between(0, time.Second)
+			default:
+				at = r.between(transit, w.cfg.MaxTransit)
+			}
+			w.send(dup, at, 0, method, url, header, body)
+		}
+	}
+	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.3) {
+		// The device dies while its request is in transit.
+		w.stats.fault(FaultCrash.Name())
+		panic(crash{"while its request is in transit"})
+	}
+	d.maybeCrash("after a request was sent")
+
+	timeout := w.clk.now.Add(d.attemptTimeout)
+	w.clk.at(timeout, func() { fl.timedOut = true })
+	for !fl.ready && !fl.timedOut {
+		if !w.clk.step() {
+			panic("sim: a device waits for an answer and nothing is scheduled")
+		}
+	}
+	if !fl.ready {
+		w.tracef("d%d times out", d.id)
+		return nil, errTimeout
+	}
+	d.maybeCrash("after an answer arrived")
+	if fl.ans.aborted || fl.loseAns {
+		return nil, errReset
+	}
+	if fl.replace != 0 {
+		a := answer{status: fl.replace, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>edge error</html>")}
+		if fl.retryAftr != "" {
+			a.header.Set("Retry-After", fl.retryAftr)
+		}
+		return d.respond(req, a, false), nil
+	}
+	return d.respond(req, fl.ans, fl.cut), nil
+}
+
+// send delivers a copy of a request to the server after transit, and its
+// answer back after answerDelay. Copies of a device generation that died
+// are lost unless FaultHoldAcrossCrash is on.
+func (w *World) send(fl *flight, transit, answerDelay time.Duration, method, url string, header http.Header, body []byte) {
+	f := w.drawServerFaults(method)
+	w.clk.after(transit, func() {
+		if fl.d.gen != fl.gen && !(w.faulty && w.cfg.Faults[FaultHoldAcrossCrash]) {
+			return
+		}
+		if fl.d.gen != fl.gen {
+			w.stats.fault(FaultHoldAcrossCrash.Name())
+		}
+		w.tracef("server receives %s %s key=%s from d%d faults=%+v", method, url, header.Get("Idempotency-Key"), fl.d.id, f)
+		w.spawn(func(p *proc) {
+			a := w.server.serve(p, method, url, header, body, f)
+			w.tracef("server answers %d (aborted=%v) to %s %s key=%s", a.status, a.aborted, method, url, header.Get("Idempotency-Key"))
+			w.clk.after(answerDelay, func() {
+				fl.ans, fl.ready = a, true
+			})
+		})
+	})
+}
+
+// drawServerFaults draws what the server does to one request.
+func (w *World) drawServerFaults(method string) serverFaults {
+	var f serverFaults
+	if !w.faulty || method != http.MethodPost {
+		return f
+	}
+	r := w.serverRNG
+	rate := w.cfg.Faults.rate
+	switch {
+	case r.chance(rate(FaultCrashAfterInsert)):
+		f.crashAfterInsert = true
+	case r.chance(rate(FaultCrashAfterCharge)):
+		f.crashAfterProvider = true
+	case r.chance(rate(FaultError500)):
+		f.errorBeforeCharge = true
+	}
+	if r.chance(rate(FaultSlowWork)) {
+		w.stats.fault(FaultSlowWork.Name())
+		f.slow = r.between(time.Second, 2*w.cfg.Lease)
+	}
+	switch {
+	case r.chance(rate(FaultStoreErrorInsert)):
+		f.storeError = "insert"
+	case r.chance(rate(FaultStoreErrorComplete)):
+		f.storeError = "complete"
+	}
+	return f
+}
+
+// proxyAnswer is an intermediary's own answer.
+func proxyAnswer(w *World, status int) answer {
+	a := answer{status: status, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>edge: " + strconv.Itoa(status) + "</html>")}
+	if ra := retryAfter(w); ra != "" {
+		a.header.Set("Retry-After", ra)
+	}
+	return a
+}
+
+// retryAfter draws a Retry-After value: none, delta-seconds (some above the
+// client's cap), or an HTTP-date on the world's true clock.
+func retryAfter(w *World) string {
+	r := w.netRNG
+	switch r.IntN(4) {
+	case 0:
+		return ""
+	case 1:
+		return strconv.Itoa(pick(r, 1, 2, 5, 30))
+	case 2:
+		return strconv.Itoa(pick(r, 61, 120, 3600))
+	default:
+		return w.clk.now.Add(r.between(0, 40*time.Second)).UTC().Format(http.TimeFormat)
+	}
+}
+
+// respond makes the *http.Response a device reads.
+func (d *device) respond(req *http.Request, a answer, cut bool) *http.Response {
+	h := a.header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	var body io.ReadCloser = io.NopCloser(bytes.NewReader(a.body))
+	if cut && len(a.body) > 0 {
+		body = io.NopCloser(io.MultiReader(bytes.NewReader(a.body[:len(a.body)/2]), errReader{io.ErrUnexpectedEOF}))
+	}
+	return &http.Response{
+		Status:        fmt.Sprintf("%d %s", a.status, http.StatusText(a.status)),
+		StatusCode:    a.status,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          body,
+		ContentLength: int64(len(a.body)),
+		Request:       req,
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// lookupURL is the reconcile lookup for key.
+func lookupURL(key string) string {
+	return BaseURL + "/payments?idempotency_key=" + strings.ReplaceAll(key, "\"", "")
+}

@@ -1,0 +1,407 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/persist"
+)
+
+// Config is one run of the world. Zero durations are drawn from the seed.
+type Config struct {
+	Seed uint64
+	// Actions is how many user actions the run makes before the world turns
+	// calm. Zero means 300.
+	Actions int
+	// Devices is how many devices take part. Zero means 2 to 6.
+	Devices int
+	Faults  Faults
+
+	Retention      time.Duration // the server's, known to the clients
+	Margin         time.Duration // how long before retention a client stops sending
+	Lease          time.Duration
+	ReconcileDelay time.Duration
+	// MaxTransit is the longest a request spends in the network. The
+	// reconcile delay must exceed it (and the lease): a lookup's 404 is
+	// trusted only once no attempt can still arrive.
+	MaxTransit time.Duration
+	// Stored5xx makes the server store its 500s and replay them.
+	Stored5xx bool
+	// Trace, if not nil, receives a line for each thing that happens.
+	Trace func(string)
+}
+
+// Stats are a run's figures.
+type Stats struct {
+	Actions  int
+	Sessions int
+	Intents  int
+	Attempts int
+	Charges  int
+	Faults   map[string]int
+	// Settle is how long after the world turned calm every intent was
+	// settled.
+	Settle time.Duration
+}
+
+func (s *Stats) fault(kind string) {
+	if s.Faults == nil {
+		s.Faults = make(map[string]int)
+	}
+	s.Faults[kind]++
+}
+
+// Add adds o's figures to s.
+func (s *Stats) Add(o Stats) {
+	s.Actions += o.Actions
+	s.Sessions += o.Sessions
+	s.Intents += o.Intents
+	s.Attempts += o.Attempts
+	s.Charges += o.Charges
+	for k, v := range o.Faults {
+		s.fault(k)
+		s.Faults[k] += v - 1
+	}
+	s.Settle = max(s.Settle, o.Settle)
+}
+
+// FaultLines lists the faults by kind, one "kind: n" per line, sorted.
+func (s *Stats) FaultLines() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(s.Faults)) {
+		out = append(out, fmt.Sprintf("%s: %d", k, s.Faults[k]))
+	}
+	return out
+}
+
+// World is one run.
+type World struct {
+	cfg   Config
+	clk   clock
+	procs []*proc
+
+	netRNG, devRNG, serverRNG, appRNG, keyRNG rng
+
+	server   *server
+	devices  []*device
+	faulty   bool
+	sessions []*session
+	intents  map[string]*intentInfo // by key
+	carts    map[string]*cart       // by description
+	stats    Stats
+}
+
+// intentInfo is what the world knows of an intent: its cart and what the
+// app was told.
+type intentInfo struct {
+	key      string
+	cart     *cart
+	reported persist.State // the resolved state the app saw first, or ""
+}
+
+// Result is the outcome of a run.
+type Result struct {
+	Stats      Stats
+	Violations []string
+}
+
+func (c Config) withDefaults() Config {
+	r := newRNG(c.Seed, 99)
+	if c.Actions == 0 {
+		c.Actions = 300
+	}
+	if c.Devices == 0 {
+		c.Devices = 2 + r.IntN(5)
+	}
+	if c.Retention == 0 {
+		c.Retention = pick(r, 30*time.Minute, 2*time.Hour, 24*time.Hour)
+	}
+	if c.Margin == 0 {
+		c.Margin = c.Retention / 6
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.MaxTransit == 0 {
+		c.MaxTransit = 100 * time.Second
+	}
+	if c.ReconcileDelay == 0 {
+		c.ReconcileDelay = 2 * time.Minute
+	}
+	c.Stored5xx = c.Stored5xx || (c.Faults[FaultStored5xx] && r.chance(faultTable[FaultStored5xx].rate))
+	return c
+}
+
+// keyReader feeds the seed's randomness to the UUID generator, so that
+// intents get the same keys on every replay.
+type keyReader struct{ r rng }
+
+func (k keyReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(k.r.Uint32())
+	}
+	return len(p), nil
+}
+
+// Run runs the world of cfg and checks its invariants. It sets the UUID
+// generator's source for its duration, so runs must not overlap.
+func Run(cfg Config) Result {
+	cfg = cfg.withDefaults()
+	w := &World{
+		cfg:       cfg,
+		clk:       clock{now: Epoch},
+		netRNG:    newRNG(cfg.Seed, 1),
+		devRNG:    newRNG(cfg.Seed, 2),
+		serverRNG: newRNG(cfg.Seed, 3),
+		appRNG:    newRNG(cfg.Seed, 4),
+		keyRNG:    newRNG(cfg.Seed, 5),
+		intents:   make(map[string]*intentInfo),
+		carts:     make(map[string]*cart),
+		faulty:    true,
+	}
+	uuid.SetRand(keyReader{w.keyRNG})
+	defer uuid.SetRand(nil)
+
+	w.server = newServer(w)
+	for i := range cfg.Devices {
+		w.devices = append(w.devices, newDevice(w, i+1))
+	}
+	if cfg.Faults[FaultSweep] {
+		w.scheduleSweep()
+	}
+	w.play()
+	violations := w.calm()
+	w.killAll()
+	w.stats.Charges = len(w.server.charges)
+	w.stats.Sessions = len(w.sessions)
+	w.stats.Intents = len(w.intents)
+	return Result{Stats: w.stats, Violations: violations}
+}
+
+func (w *World) scheduleSweep() {
+	w.clk.after(w.serverRNG.between(time.Minute, w.cfg.Retention/2), func() {
+		n, _ := w.server.store.Sweep(context.Background(), w.clk.now)
+		for range n {
+			w.stats.fault(FaultSweep.Name() + " (records)")
+		}
+		w.scheduleSweep()
+	})
+}
+
+// play makes the user actions of the faulty part of the run.
+func (w *World) play() {
+	r := w.appRNG
+	for w.stats.Actions < w.cfg.Actions {
+		gap := r.between(0, 20*time.Second)
+		if r.chance(0.04) {
+			gap = r.between(10*time.Minute, w.cfg.Retention/2)
+		}
+		w.clk.advanceTo(w.clk.now.Add(gap))
+		if w.serverRNG.chance(w.cfg.Faults.rate(FaultServerCrash)) {
+			w.stats.fault(FaultServerCrash.Name())
+			w.tracef("the server process dies")
+			w.killAll()
+		}
+		d := pick(r, w.devices...)
+		if !d.up {
+			if w.clk.now.Before(d.upAt) {
+				continue
+			}
+			d.start()
+		}
+		d.jumpClock()
+		w.stats.Actions++
+		d.act(func() {
+			if d.restarted {
+				d.restarted = false
+				d.resume()
+				return
+			}
+			pick(r, d.apps...).step()
+		})
+	}
+}
+
+// calm stops every fault, lets the devices come back and settle their
+// intents, waits for the stragglers in the network, and checks the
+// invariants.
+func (w *World) calm() []string {
+	w.faulty = false
+	// The devices that are down come back when they were due to.
+	for _, d := range w.devices {
+		if !d.up {
+			w.clk.advanceTo(maxTime(w.clk.now, d.upAt))
+			d.start()
+		}
+	}
+	start := w.clk.now
+	bound := w.cfg.Retention + 4*w.cfg.ReconcileDelay + time.Hour
+	var vs []string
+	for {
+		open := 0
+		for _, d := range w.devices {
+			d.restarted = false
+			d.act(d.resume)
+			recs, _ := d.mem.List(context.Background(), persist.Filter{Unresolved: true})
+			open += len(recs)
+		}
+		if open == 0 {
+			break
+		}
+		if w.clk.now.Sub(start) > bound {
+			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.clk.now.Sub(start)))
+			break
+		}
+		w.clk.advanceTo(w.clk.now.Add(w.cfg.ReconcileDelay))
+	}
+	w.stats.Settle = w.clk.now.Sub(start)
+	// Requests still in the network, and workers still running, arrive.
+	w.clk.advanceTo(w.clk.now.Add(w.cfg.MaxTransit + 4*w.cfg.Lease + time.Hour))
+	return append(vs, w.check()...)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// tracef writes a line to the trace, if there is one.
+func (w *World) tracef(format string, args ...any) {
+	if w.cfg.Trace != nil {
+		w.cfg.Trace(fmt.Sprintf("%-14s ", w.clk.now.Sub(Epoch).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
+	}
+}
+
+// bind records that key is an intent for c.
+func (w *World) bind(key string, c *cart) {
+	if info, ok := w.intents[key]; ok {
+		if info.cart != c {
+			panic(fmt.Sprintf("sim: key %s bound to carts %s and %s", key, info.cart.desc, c.desc))
+		}
+		return
+	}
+	w.intents[key] = &intentInfo{key: key, cart: c}
+	c.sess.keys = append(c.sess.keys, key)
+	w.tracef("intent %s is for cart %s", key, c.desc)
+}
+
+// bindIntent records the cart of an intent found in a device's store: an
+// intent whose creation the app never saw return (it crashed right after
+// the save) is still the app's.
+func (w *World) bindIntent(in *idem.Intent) {
+	var body struct{ Description string }
+	if err := json.Unmarshal(in.Request().Body, &body); err != nil || w.carts[body.Description] == nil {
+		panic(fmt.Sprintf("sim: intent %s holds no cart of the world: %s", in.Key(), in.Request().Body))
+	}
+	w.bind(in.Key(), w.carts[body.Description])
+}
+
+// intentView is what observe needs of an intent.
+type intentView interface {
+	Key() string
+	State() persist.State
+}
+
+// observe records what the app now knows about in.
+func (w *World) observe(a *app, in intentView) {
+	info := w.intents[in.Key()]
+	if info == nil {
+		return
+	}
+	st := in.State()
+	if !st.Resolved() {
+		return
+	}
+	if info.reported == "" {
+		info.reported = st
+		w.tracef("d%d/%s is told intent %s for %s is %s", a.d.id, a.name, in.Key(), info.cart.desc, st)
+	}
+	if st == persist.StateSucceeded {
+		info.cart.sess.paid = true
+	}
+}
+
+// check verifies the invariants once the world is calm.
+func (w *World) check() []string {
+	var vs []string
+	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
+
+	byKey := make(map[string][]*charge)
+	bySession := make(map[*session][]*charge)
+	for _, ch := range w.server.charges {
+		key := strings.TrimSuffix(ch.key, rawQuotedSuffix)
+		byKey[key] = append(byKey[key], ch)
+		info := w.intents[key]
+		if info == nil {
+			bad("charge %s under key %s belongs to no intent the apps made", ch.stableID, ch.key)
+			continue
+		}
+		if ch.desc != info.cart.desc {
+			bad("charge %s under key %s is for cart %s, but the key's intent is for cart %s", ch.stableID, key, ch.desc, info.cart.desc)
+		}
+		bySession[info.cart.sess] = append(bySession[info.cart.sess], ch)
+	}
+	for _, s := range w.sessions {
+		if chs := bySession[s]; len(chs) > 1 {
+			var descs []string
+			for _, ch := range chs {
+				descs = append(descs, fmt.Sprintf("%s (key %s, %s at %s)", ch.desc, ch.key, ch.stableID, ch.at.Sub(Epoch)))
+			}
+			bad("checkout %s was charged %d times: %s", s.id, len(chs), strings.Join(descs, "; "))
+		}
+	}
+	// What each device stores, and what each app was told, against the
+	// provider's charges.
+	stored := make(map[string]persist.State)
+	for _, d := range w.devices {
+		recs, err := d.mem.List(context.Background(), persist.Filter{})
+		if err != nil {
+			bad("device %d: listing intents: %v", d.id, err)
+		}
+		for _, rec := range recs {
+			stored[rec.Key] = rec.State
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(w.intents)) {
+		info := w.intents[key]
+		for _, st := range []struct {
+			how   string
+			state persist.State
+		}{{"reported to the app", info.reported}, {"stored on the device", stored[key]}} {
+			switch st.state {
+			case persist.StateSucceeded:
+				ok := false
+				for _, ch := range byKey[key] {
+					ok = ok || ch.desc == info.cart.desc
+				}
+				if !ok {
+					bad("intent %s for cart %s was %s as succeeded, but no charge was made for it", key, info.cart.desc, st.how)
+				}
+			case persist.StateFailed, persist.StateVoid, persist.StateRejected:
+				if n := len(byKey[key]); n > 0 {
+					bad("intent %s for cart %s was %s as %s, but the provider charged it (%s)", key, info.cart.desc, st.how, st.state, byKey[key][0].stableID)
+				}
+			}
+		}
+		// Failed, void and rejected all say "not charged": a declined
+		// intent whose outcome could not be saved is reconciled as void.
+		if info.reported != "" && stored[key].Resolved() && (stored[key] == persist.StateSucceeded) != (info.reported == persist.StateSucceeded) {
+			bad("intent %s: the app was told %s, the device stores %s", key, info.reported, stored[key])
+		}
+	}
+	return vs
+}
+
+// rawQuotedSuffix marks, in a server that compares raw key values, a key
+// that arrived quoted: such a server takes "K" and K for two keys.
+const rawQuotedSuffix = "~quoted"

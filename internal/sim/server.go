@@ -1,0 +1,373 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// The server of the world: idem's idempotency middleware in front of a
+// payments handler shaped like the fake server's, a payment provider with
+// its own idempotency on the server's stable id, and a record store that
+// can pause (so that requests interleave), fail, and lose its workers.
+
+// charge is one charge the provider made.
+type charge struct {
+	stableID  string
+	principal string
+	key       string // the Idempotency-Key of the request that made it
+	amount    int64
+	customer  string
+	desc      string // names the cart: "d3/shop/s5/c2"
+	at        time.Time
+}
+
+// serverFaults are what the world does to one request inside the server.
+type serverFaults struct {
+	crashAfterInsert   bool
+	crashAfterProvider bool
+	errorBeforeCharge  bool          // a 500 before the provider is called; nothing charged
+	slow               time.Duration // the work pauses this long before the provider call
+	storeError         string        // the store op that fails: "insert", "complete", or ""
+}
+
+type faultsKey struct{}
+type procKey struct{}
+
+func procOf(ctx context.Context) *proc {
+	p, _ := ctx.Value(procKey{}).(*proc)
+	return p
+}
+
+func faultsOf(ctx context.Context) serverFaults {
+	f, _ := ctx.Value(faultsKey{}).(serverFaults)
+	return f
+}
+
+// server is the world's payments server.
+type server struct {
+	w        *World
+	store    *yieldStore
+	handler  http.Handler
+	charges  []*charge
+	byStable map[string]*charge
+	ledger   map[idempotency.ID][]byte // the payment's JSON, by key
+	stable   int
+	// stored5xx holds the answers of a server that stores its 500s and
+	// replays them, as some servers do (Options.Stored5xx).
+	stored5xx map[idempotency.ID]bool
+}
+
+var errStoreDown = errors.New("sim: the record store is unavailable")
+
+func newServer(w *World) *server {
+	s := &server{
+		w:         w,
+		store:     &yieldStore{w: w, mem: idempotency.NewMemoryStore()},
+		byStable:  make(map[string]*charge),
+		ledger:    make(map[idempotency.ID][]byte),
+		stored5xx: make(map[idempotency.ID]bool),
+	}
+	s.handler = idempotency.New(http.HandlerFunc(s.createPayment), idempotency.Config{
+		Store:     s.store,
+		Clock:     worldClock{w},
+		Retention: w.cfg.Retention,
+		Lease:     w.cfg.Lease,
+		Validate:  validatePayment,
+		NewStableID: func() string {
+			s.stable++
+			return "st_" + strconv.Itoa(s.stable)
+		},
+	})
+	return s
+}
+
+// worldClock is the server's clock: the world's true time.
+type worldClock struct{ w *World }
+
+func (c worldClock) Now() time.Time { return c.w.clk.now }
+
+// paymentRequest is the body of POST /payments. encoding/json matches
+// member names without regard to case, as the fake server's handler does.
+type paymentRequest struct {
+	Amount      *int64  `json:"amount"`
+	Currency    *string `json:"currency"`
+	Customer    *string `json:"customer"`
+	Description string  `json:"description"`
+}
+
+func validatePayment(_ *http.Request, body []byte) (any, *idempotency.Problem) {
+	var req paymentRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || req.Amount == nil || *req.Amount <= 0 || req.Currency == nil || req.Customer == nil {
+		return nil, &idempotency.Problem{Type: "https://sim.invalid/problems/validation", Title: "Invalid payment", Status: http.StatusBadRequest}
+	}
+	return req, nil
+}
+
+const declinedCustomer = "cus_declined"
+
+// createPayment is the business handler behind the middleware.
+func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	p := procOf(ctx)
+	info, _ := idempotency.FromContext(ctx)
+	req := info.Validated.(paymentRequest)
+	f := faultsOf(ctx)
+	if f.crashAfterInsert {
+		s.w.stats.fault(FaultCrashAfterInsert.Name())
+		panic(http.ErrAbortHandler)
+	}
+	if f.slow > 0 {
+		p.sleep(f.slow)
+	}
+	if f.errorBeforeCharge {
+		s.w.stats.fault(FaultError500.Name())
+		writeProblem(w, http.StatusInternalServerError, "error", "")
+		return
+	}
+	// The provider is idempotent on the stable id: a second charge call
+	// with it returns the first charge. After a takeover the handler asks
+	// first, as the fake server does.
+	ch, charged := s.byStable[info.StableID]
+	if !charged {
+		if *req.Customer == declinedCustomer {
+			writeProblem(w, http.StatusPaymentRequired, "card-declined", "")
+			return
+		}
+		ch = &charge{stableID: info.StableID, principal: info.ID.Principal, key: info.ID.Key, amount: *req.Amount,
+			customer: *req.Customer, desc: req.Description, at: s.w.clk.now}
+		s.byStable[info.StableID] = ch
+		s.charges = append(s.charges, ch)
+		s.w.tracef("server charges %s key %s for %s", ch.stableID, ch.key, ch.desc)
+	}
+	if f.crashAfterProvider {
+		s.w.stats.fault(FaultCrashAfterCharge.Name())
+		panic(http.ErrAbortHandler)
+	}
+	out := paymentJSON(ch)
+	id := info.ID
+	_ = idempotency.OnCommit(ctx, func(context.Context) error {
+		s.ledger[id] = out
+		return nil
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/payments/"+ch.stableID)
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(out)
+}
+
+func paymentJSON(ch *charge) []byte {
+	out, _ := json.Marshal(map[string]any{"id": ch.stableID, "amount": ch.amount, "customer": ch.customer,
+		"description": ch.desc, "status": "succeeded"})
+	return out
+}
+
+// lookup serves GET /payments?idempotency_key=K: the payment, or 409 while
+// a record for the key is in progress, or 404.
+func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
+	key, err := idempotency.ParseKey(r.URL.Query().Get("idempotency_key"))
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "")
+		return
+	}
+	id := idempotency.ID{Principal: r.Header.Get("Authorization"), Key: key}
+	out, ok := s.ledger[id]
+	if !ok {
+		// A worker that died after the provider call left a charge that
+		// no record holds as completed: the provider knows it, and so
+		// does this lookup, even after the record expired. (The fake
+		// server's lookup asks only its ledger and its live records.)
+		for _, ch := range s.charges {
+			if ch.principal == id.Principal && ch.key == id.Key {
+				out, ok = paymentJSON(ch), true
+				break
+			}
+		}
+	}
+	if ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(out)
+		return
+	}
+	if rec, ok := s.store.mem.Get(r.Context(), id, s.w.clk.now); ok && rec.Status == idempotency.StatusInProgress {
+		writeProblem(w, http.StatusConflict, "request-in-progress", "1")
+		return
+	}
+	writeProblem(w, http.StatusNotFound, "not-found", "")
+}
+
+func writeProblem(w http.ResponseWriter, status int, typ, retryAfter string) {
+	if retryAfter != "" {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"type":"https://sim.invalid/problems/%s","title":%q,"status":%d}`, typ, http.StatusText(status), status)
+}
+
+// answer is what the server (or a box in front of it) sends back.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	// aborted: the connection closed without an answer.
+	aborted bool
+}
+
+// recorder is the ResponseWriter of an in-process request.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(p)
+}
+
+// serve handles one request on worker p and returns its answer.
+func (s *server) serve(p *proc, method, url string, header http.Header, body []byte, f serverFaults) (a answer) {
+	ctx := context.WithValue(context.WithValue(context.Background(), procKey{}, p), faultsKey{}, f)
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return answer{status: http.StatusBadRequest, header: http.Header{}}
+	}
+	req.Header = header.Clone()
+	if s.w.cfg.Faults[FaultKeySpelling] {
+		// This server compares raw key values, as some libraries do: "K"
+		// and K are two keys to it.
+		if v := req.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
+			if k, err := idempotency.ParseKey(v); err == nil {
+				req.Header.Set(idempotency.HeaderKey, k+rawQuotedSuffix)
+			}
+		}
+	}
+	rec := &recorder{header: make(http.Header)}
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value
+				a = answer{aborted: true}
+				return
+			}
+			panic(v)
+		}
+	}()
+	switch {
+	case req.URL.Path == "/payments" && method == http.MethodPost:
+		if s.w.cfg.Stored5xx {
+			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
+				rec.header.Set(idempotency.HeaderReplayed, "true")
+				writeProblem(rec, http.StatusInternalServerError, "error", "")
+				break
+			}
+		}
+		s.handler.ServeHTTP(rec, req)
+		if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && f.errorBeforeCharge {
+			if k, err := idempotency.ParseHeader(req.Header, false); err == nil {
+				s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] = true
+			}
+		}
+	case req.URL.Path == "/payments" && method == http.MethodGet:
+		s.lookup(rec, req)
+	case strings.HasPrefix(req.URL.Path, "/payments"):
+		writeProblem(rec, http.StatusMethodNotAllowed, "method", "")
+	default:
+		writeProblem(rec, http.StatusNotFound, "not-found", "")
+	}
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return answer{status: status, header: rec.header, body: rec.body.Bytes()}
+}
+
+// yieldStore is the server's record store: idempotency.MemoryStore, with a
+// pause before each step (so that the world may run other requests
+// between two steps of one) and the failures the request's faults ask for.
+type yieldStore struct {
+	w   *World
+	mem *idempotency.MemoryStore
+}
+
+func (s *yieldStore) pause(ctx context.Context) {
+	p := procOf(ctx)
+	if p == nil {
+		return
+	}
+	if s.w.serverRNG.chance(s.w.cfg.Faults.rate(FaultStorePause)) {
+		s.w.stats.fault(FaultStorePause.Name())
+		p.sleep(s.w.serverRNG.between(0, 2*time.Second))
+	} else {
+		// Requests due at this same instant get their turn.
+		p.sleep(0)
+	}
+}
+
+func (s *yieldStore) fail(ctx context.Context, op string) bool {
+	if faultsOf(ctx).storeError == op {
+		if op == "insert" {
+			s.w.stats.fault(FaultStoreErrorInsert.Name())
+		} else {
+			s.w.stats.fault(FaultStoreErrorComplete.Name())
+		}
+		return true
+	}
+	return false
+}
+
+func (s *yieldStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	s.pause(ctx)
+	if s.fail(ctx, "insert") {
+		return nil, false, errStoreDown
+	}
+	return s.mem.Insert(ctx, rec)
+}
+
+func (s *yieldStore) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
+	s.pause(ctx)
+	return s.mem.TakeOver(ctx, id, from, to, now, until)
+}
+
+func (s *yieldStore) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
+	s.pause(ctx)
+	if s.fail(ctx, "complete") {
+		return errStoreDown
+	}
+	return s.mem.Complete(ctx, id, owner, resp, commit)
+}
+
+func (s *yieldStore) Release(ctx context.Context, id idempotency.ID, owner string) error {
+	s.pause(ctx)
+	return s.mem.Release(ctx, id, owner)
+}
+
+func (s *yieldStore) Sweep(ctx context.Context, now time.Time) (int, error) {
+	return s.mem.Sweep(ctx, now)
+}
+
+// Get is the lookup a middleware that looks a key up before inserting it
+// would make; it pauses like every other step.
+func (s *yieldStore) Get(ctx context.Context, id idempotency.ID, now time.Time) (*idempotency.Record, bool) {
+	s.pause(ctx)
+	return s.mem.Get(ctx, id, now)
+}

@@ -1,0 +1,125 @@
+package sim
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The simulation's budgets and replay, all from the environment:
+//
+//	IDEM_SIM_SEED=n     run only seed n (the replay of a failure)
+//	IDEM_SIM_SEEDS=n    run n seeds (default 40), from IDEM_SIM_FIRST_SEED (default 1)
+//	IDEM_SIM_ACTIONS=n  user actions per seed (default 300)
+//	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
+//	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
+//	IDEM_SIM_VERBOSE=1  log every seed's figures
+//	IDEM_SIM_TRACE=1    log everything that happens (use with IDEM_SIM_SEED)
+func envUint(t *testing.T, name string, def uint64) uint64 {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return n
+}
+
+// simFaults is the default fault set with IDEM_SIM_FAULTS applied.
+func simFaults(t *testing.T) Faults {
+	t.Helper()
+	fs, err := ParseFaults(DefaultFaults(), os.Getenv("IDEM_SIM_FAULTS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// replayCommand is the one line that reruns seed.
+func replayCommand(seed uint64, actions int) string {
+	var env []string
+	env = append(env, fmt.Sprintf("IDEM_SIM_SEED=%d", seed), fmt.Sprintf("IDEM_SIM_ACTIONS=%d", actions))
+	if f := os.Getenv("IDEM_SIM_FAULTS"); f != "" {
+		env = append(env, fmt.Sprintf("IDEM_SIM_FAULTS=%q", f))
+	}
+	if m := os.Getenv("IDEM_MUTANT"); m != "" {
+		env = append(env, "IDEM_MUTANT="+m)
+	}
+	tags := ""
+	if mutantBuild {
+		tags = " -tags idem_mutant"
+	}
+	return strings.Join(env, " ") + " go test" + tags + " ./internal/sim -run 'TestSimulation$' -count=1 -v"
+}
+
+// TestSimulation runs the world for a bounded number of seeds and fails
+// with the seed and the command that replays it at the first seed whose
+// run breaks an invariant.
+func TestSimulation(t *testing.T) {
+	faults := simFaults(t)
+	actions := int(envUint(t, "IDEM_SIM_ACTIONS", 300))
+	var seeds []uint64
+	if v := os.Getenv("IDEM_SIM_SEED"); v != "" {
+		seeds = []uint64{envUint(t, "IDEM_SIM_SEED", 0)}
+	} else {
+		first := envUint(t, "IDEM_SIM_FIRST_SEED", 1)
+		for i := range envUint(t, "IDEM_SIM_SEEDS", 40) {
+			seeds = append(seeds, first+i)
+		}
+	}
+	var until time.Time
+	if v := os.Getenv("IDEM_SIM_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("IDEM_SIM_DURATION=%q: %v", v, err)
+		}
+		until = time.Now().Add(d)
+	}
+	verbose := os.Getenv("IDEM_SIM_VERBOSE") != ""
+	trace := os.Getenv("IDEM_SIM_TRACE") != ""
+	t.Logf("fault classes on: %s", faults)
+
+	var total Stats
+	n := 0
+	start := time.Now()
+	run := func(seed uint64) bool {
+		cfg := Config{Seed: seed, Actions: actions, Faults: faults}
+		if trace {
+			cfg.Trace = func(line string) { t.Log(line) }
+		}
+		res := Run(cfg)
+		total.Add(res.Stats)
+		n++
+		if verbose {
+			t.Logf("seed %d: %d actions, %d intents, %d charges, settled in %s", seed, res.Stats.Actions, res.Stats.Intents, res.Stats.Charges, res.Stats.Settle)
+		}
+		if len(res.Violations) > 0 {
+			for _, v := range res.Violations {
+				t.Errorf("seed %d: %s", seed, v)
+			}
+			t.Errorf("seed %d broke the invariants; replay it with:\n\t%s", seed, replayCommand(seed, actions))
+			return false
+		}
+		return true
+	}
+	ok := true
+	for _, seed := range seeds {
+		if ok = run(seed); !ok {
+			break
+		}
+	}
+	for seed := seeds[len(seeds)-1] + 1; ok && time.Now().Before(until); seed++ {
+		ok = run(seed)
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d seed(s), %d user actions, %d sessions, %d intents, %d attempts, %d charges in %s (%.0f actions/s); longest settle after calm: %s",
+		n, total.Actions, total.Sessions, total.Intents, total.Attempts, total.Charges, elapsed.Round(time.Millisecond),
+		float64(total.Actions)/elapsed.Seconds(), total.Settle)
+	t.Logf("faults injected:\n\t%s", strings.Join(total.FaultLines(), "\n\t"))
+}
