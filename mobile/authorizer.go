@@ -1,0 +1,66 @@
+package mobile
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+)
+
+// Authorizer puts credentials on each attempt. Authorize returns the value
+// of the Authorization header for the attempt of the intent with the given
+// key, such as "Bearer " + a fresh token; "" sends none. Credentials are
+// asked for on every attempt and never stored with the intent, so a token
+// that expires between a crash and the resume is refreshed. An error (an
+// exception thrown in Java or Swift) stops the call with an error of kind
+// authorizer; the attempt is not sent.
+type Authorizer interface {
+	Authorize(key string) (string, error)
+}
+
+// authTransport asks the Authorizer for each attempt's credentials.
+type authTransport struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	auth Authorizer
+}
+
+func (t *authTransport) set(a Authorizer) {
+	t.mu.Lock()
+	t.auth = a
+	t.mu.Unlock()
+}
+
+// authError is the Authorizer's failure, kept so the call can report it.
+type authError struct{ err error }
+
+func (e *authError) Error() string { return fmt.Sprintf("authorizer: %v", e.err) }
+func (e *authError) Unwrap() error { return e.err }
+
+func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.mu.Lock()
+	a := t.auth
+	t.mu.Unlock()
+	if a == nil {
+		return t.base.RoundTrip(req)
+	}
+	v, err := a.Authorize(req.Header.Get("Idempotency-Key"))
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		err = &authError{err: err}
+		if f, ok := req.Context().Value(authFailureKey{}).(func(error)); ok {
+			f(err)
+		}
+		return nil, err
+	}
+	if v != "" {
+		req = req.Clone(req.Context())
+		req.Header.Set("Authorization", v)
+	}
+	return t.base.RoundTrip(req)
+}
+
+// authFailureKey carries the call's function that records an Authorizer
+// failure and stops the call: no retry can fix it.
+type authFailureKey struct{}

@@ -1,0 +1,63 @@
+package mobile
+
+import (
+	"context"
+	"sync"
+)
+
+// Cancel stops a call from another thread. Make one with NewCancel, pass it
+// to the call, and call Cancel from anywhere: the call returns promptly
+// with an error of kind canceled. A Cancel serves one call at a time;
+// cancelling before the call starts makes it return at once.
+type Cancel struct {
+	mu       sync.Mutex
+	canceled bool
+	stop     context.CancelFunc
+}
+
+// NewCancel returns a Cancel handle.
+func NewCancel() *Cancel { return &Cancel{} }
+
+// Cancel stops the call this handle was passed to. It is safe to call from
+// any thread, more than once.
+func (c *Cancel) Cancel() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.canceled = true
+	if c.stop != nil {
+		c.stop()
+	}
+}
+
+// IsCanceled reports whether Cancel was called.
+func (c *Cancel) IsCanceled() bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.canceled
+}
+
+// bind ties ctx to the handle; the returned function releases it.
+func (c *Cancel) bind(ctx context.Context) (context.Context, func()) {
+	ctx, stop := context.WithCancel(ctx)
+	if c == nil {
+		return ctx, stop
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.canceled {
+		stop()
+	}
+	c.stop = stop
+	return ctx, func() {
+		c.mu.Lock()
+		c.stop = nil
+		c.mu.Unlock()
+		stop()
+	}
+}

@@ -1,0 +1,306 @@
+package mobile
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/persist"
+)
+
+// Client pays and settles intents kept in a state directory. Open one per
+// directory for the life of the app; it is safe for use from several
+// threads at once.
+type Client struct {
+	cfg    Config
+	base   *url.URL
+	store  *persist.FileStore
+	idem   *idem.Client
+	auth   *authTransport
+	events *eventQueue
+
+	mu     sync.Mutex
+	closed bool
+	calls  sync.WaitGroup
+}
+
+// Open opens the state directory (creating it, private to the app) and
+// returns a Client. It fails with an error of kind locked while another
+// Client has the directory open, and of kind config for a wrong Config.
+func Open(cfg *Config) (*Client, error) { return open(cfg) }
+
+// open is Open with extra idem options, which tests use to share a manual
+// clock and the fake server's http.Client.
+func open(cfg *Config, opts ...idem.Option) (*Client, error) {
+	c, base, err := cfg.check()
+	if err != nil {
+		return nil, err
+	}
+	store, err := persist.OpenDir(c.StateDir, nil)
+	if err != nil {
+		if errors.Is(err, persist.ErrLocked) {
+			return nil, newError(KindLocked, err.Error())
+		}
+		return nil, newError(KindStorage, err.Error())
+	}
+	m := &Client{cfg: c, base: base, store: store, events: newEventQueue()}
+	m.auth = &authTransport{base: http.DefaultTransport}
+	retention := time.Duration(c.RetentionMillis) * time.Millisecond
+	ic, err := idem.New(append([]idem.Option{
+		idem.WithStore(store),
+		idem.WithHTTPClient(&http.Client{Transport: m.auth}),
+		idem.WithRetention(retention, min(time.Hour, retention/2)),
+		idem.WithRetryPolicy(idem.RetryPolicy{
+			MaxAttempts: int(c.MaxAttempts),
+			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
+		}),
+		idem.WithAttemptHook(m.events.hook),
+	}, opts...)...)
+	if err != nil {
+		store.Close()
+		m.events.close()
+		return nil, newError(KindConfig, err.Error())
+	}
+	m.idem = ic
+	return m, nil
+}
+
+// SetListener sets the listener of attempt events; nil removes it.
+func (c *Client) SetListener(l Listener) { c.events.set(l) }
+
+// SetAuthorizer sets the authorizer asked for each attempt's credentials;
+// nil removes it.
+func (c *Client) SetAuthorizer(a Authorizer) { c.auth.set(a) }
+
+// DroppedEvents is how many attempt events were dropped because the
+// Listener did not keep up.
+func (c *Client) DroppedEvents() int64 { return c.events.dropped.Load() }
+
+// call runs f with a context bounded by budget and cancel, and maps what it
+// returns.
+func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) (*idem.Intent, *idem.Response, error)) (*Result, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, newError(KindClosed, "the client is closed")
+	}
+	c.calls.Add(1)
+	c.mu.Unlock()
+	defer c.calls.Done()
+
+	ctx, release := cancel.bind(context.Background())
+	defer release()
+	ctx, stop := context.WithTimeout(ctx, time.Duration(budget)*time.Millisecond)
+	defer stop()
+	var (
+		authMu  sync.Mutex
+		authErr error
+	)
+	ctx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
+	ctx = context.WithValue(ctx, authFailureKey{}, func(err error) {
+		authMu.Lock()
+		authErr = err
+		authMu.Unlock()
+		stopAll() // no retry can fix it
+	})
+
+	in, resp, err := f(ctx)
+	authMu.Lock()
+	aerr := authErr
+	authMu.Unlock()
+	switch {
+	case aerr != nil:
+		return nil, deviceError(aerr)
+	case cancel.IsCanceled() && err != nil:
+		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
+	}
+	return resultOf(in, resp, err)
+}
+
+// request builds the intent's request: a POST of body to path.
+func (c *Client) request(path string, body []byte) (idem.Request, error) {
+	u, err := resolve(c.base, path)
+	if err != nil {
+		return idem.Request{}, err
+	}
+	return idem.Request{
+		Method: http.MethodPost,
+		URL:    u,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		// gobind's []byte points into memory the JVM frees on return,
+		// and the intent keeps these bytes for every attempt.
+		Body: bytes.Clone(body),
+	}, nil
+}
+
+// Pay sends the payment for the action name (such as "checkout:cart-42"):
+// a POST of body to path, under the foreground budget. The first Pay for a
+// name creates its intent and saves it before sending; a Pay with the same
+// body reuses it and its key, so a retry after a crash or a lost answer
+// never pays twice. A resolved intent is answered from the device
+// (FromStore) without sending. A changed body while the previous intent is
+// unresolved returns OutcomeBlocked; settle that one first.
+func (c *Client) Pay(name, path string, body []byte, cancel *Cancel) (*Result, error) {
+	return c.pay(name, path, body, cancel, false)
+}
+
+// PayAnew starts a new payment for the action name, as after a declined
+// card: a new intent with a new key, even if the body is the same. It
+// returns OutcomeBlocked while the previous intent for the name is
+// unresolved.
+func (c *Client) PayAnew(name, path string, body []byte, cancel *Cancel) (*Result, error) {
+	return c.pay(name, path, body, cancel, true)
+}
+
+func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) (*Result, error) {
+	if name == "" {
+		return nil, newError(KindConfig, "the action name is empty")
+	}
+	req, err := c.request(path, body)
+	if err != nil {
+		return nil, err
+	}
+	return c.call(cancel, c.cfg.ForegroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
+		create := c.idem.Intent
+		if anew {
+			create = c.idem.NewIntent
+		}
+		in, err := create(ctx, name, req)
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := c.idem.Do(ctx, in)
+		return in, resp, err
+	})
+}
+
+// Resume sends again the unresolved intent with this key, with its own key
+// and bytes, under the background budget: the way to settle an intent
+// left by an earlier run while the server still keeps its key. A resolved
+// intent is answered from the device.
+func (c *Client) Resume(key string, cancel *Cancel) (*Result, error) {
+	return c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
+		in, err := c.idem.Load(ctx, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := c.idem.Do(ctx, in)
+		return in, resp, err
+	})
+}
+
+// Reconcile asks the server's lookup what became of the intent with this
+// key, without sending it again: the way to settle an expired intent.
+// OutcomeVoid means the server never did it; OutcomeUnknown means it
+// cannot tell yet.
+func (c *Client) Reconcile(key string, cancel *Cancel) (*Result, error) {
+	return c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
+		in, err := c.idem.Load(ctx, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		lookup, err := resolve(c.base, strings.ReplaceAll(c.cfg.LookupPath, "{key}", url.QueryEscape(key)))
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := c.idem.Reconcile(ctx, in, lookup)
+		return in, resp, err
+	})
+}
+
+// Settle brings the intent with this key to a final state by the safest
+// means: Resume while the server keeps its key, Reconcile once it is too
+// old to send.
+func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
+	r, err := c.Resume(key, cancel)
+	if err != nil || r.Outcome != OutcomeExpired {
+		return r, err
+	}
+	return c.Reconcile(key, cancel)
+}
+
+// Unresolved lists the intents whose outcome is unknown: settle each at app
+// start.
+func (c *Client) Unresolved() (*IntentList, error) {
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	ins, err := c.idem.Unresolved(context.Background())
+	if err != nil {
+		return nil, deviceError(err)
+	}
+	l := &IntentList{}
+	for _, in := range ins {
+		l.items = append(l.items, infoOf(in))
+	}
+	return l, nil
+}
+
+// Forget deletes the intent with this key from the device. It is the
+// unsafe way out: a forgotten unresolved intent may have been paid, and a
+// new payment for the same action could pay twice.
+func (c *Client) Forget(key string) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	in, err := c.idem.Load(ctx, key)
+	if err != nil {
+		return deviceError(err)
+	}
+	if err := c.idem.Forget(ctx, in); err != nil {
+		return deviceError(err)
+	}
+	return nil
+}
+
+// Prune deletes resolved intents last changed more than olderThanMillis
+// ago and returns how many it deleted. Unresolved intents are kept.
+func (c *Client) Prune(olderThanMillis int64) (int64, error) {
+	if err := c.checkOpen(); err != nil {
+		return 0, err
+	}
+	if olderThanMillis < 0 {
+		return 0, newError(KindConfig, "olderThanMillis is negative")
+	}
+	n, err := persist.Prune(context.Background(), c.store, time.Now().Add(-time.Duration(olderThanMillis)*time.Millisecond))
+	if err != nil {
+		return int64(n), deviceError(err)
+	}
+	return int64(n), nil
+}
+
+// Close waits for the calls under way, closes the state directory and
+// stops the listener. Calls made after Close fail with kind closed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.calls.Wait()
+	err := c.store.Close()
+	c.events.close()
+	if err != nil {
+		return deviceError(err)
+	}
+	return nil
+}
+
+func (c *Client) checkOpen() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return newError(KindClosed, "the client is closed")
+	}
+	return nil
+}

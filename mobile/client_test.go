@@ -1,0 +1,358 @@
+package mobile
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/clocktest"
+)
+
+var epoch = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+
+const cart = `{"amount":1500,"currency":"AZN","customer":"cus_1"}`
+
+// world is a fake server and a state directory shared by the Clients a
+// test opens, on one manual clock.
+type world struct {
+	srv   *fakeserver.Server
+	clock *clocktest.Clock
+	dir   string
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	clk := clocktest.New(epoch)
+	return &world{srv: fakeserver.Start(t, &fakeserver.Options{Clock: clk}), clock: clk, dir: stateDir(t)}
+}
+
+// stateDir is a state directory that does not exist yet, as on a first
+// start: Open creates it, private to the app.
+func stateDir(t *testing.T) string { return filepath.Join(t.TempDir(), "idem") }
+
+func (w *world) open(t *testing.T, edit ...func(*Config)) *Client {
+	t.Helper()
+	cfg := NewConfig(w.dir, w.srv.URL)
+	for _, f := range edit {
+		f(cfg)
+	}
+	c, err := open(cfg, idem.WithClock(w.clock))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (w *world) fault(t *testing.T, f fakeserver.Fault) {
+	t.Helper()
+	require.NoError(t, w.srv.InjectFault(f))
+}
+
+func TestPayLostResponseIsReplayed(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+
+	res, err := c.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.Equal(t, int64(http.StatusCreated), res.Status)
+	assert.True(t, res.Replayed, "the second attempt got the first one's stored answer")
+	assert.Equal(t, int64(2), res.Attempts)
+	assert.NotEmpty(t, res.Key)
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+
+	again, err := c.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.True(t, again.FromStore, "a second tap is answered from the device")
+	assert.Equal(t, res.Key, again.Key)
+	assert.Equal(t, 1, w.srv.Stats().Requests-1, "nothing more was sent")
+}
+
+func TestPayDeclineIsAResultAndPayAnewMakesANewIntent(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	declined := []byte(`{"amount":1500,"currency":"AZN","customer":"cus_declined"}`)
+
+	res, err := c.Pay("checkout:cart-2", "/payments", declined, nil)
+	require.NoError(t, err, "a decline is an outcome, not a device error")
+	assert.Equal(t, OutcomeFailed, res.Outcome)
+	assert.Equal(t, int64(http.StatusPaymentRequired), res.Status)
+	assert.Equal(t, fakeserver.ProblemCardDeclined, res.ProblemType)
+
+	same, err := c.Pay("checkout:cart-2", "/payments", declined, nil)
+	require.NoError(t, err)
+	assert.True(t, same.FromStore, "Pay with the same body returns the stored decline")
+	assert.Equal(t, res.Key, same.Key)
+
+	anew, err := c.PayAnew("checkout:cart-2", "/payments", declined, nil)
+	require.NoError(t, err)
+	assert.NotEqual(t, res.Key, anew.Key, "a new payment is a new intent")
+	assert.False(t, anew.FromStore)
+	assert.Equal(t, OutcomeFailed, anew.Outcome)
+}
+
+func TestPayChangedCartIsBlockedWhileUnresolved(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t, func(cfg *Config) { cfg.MaxAttempts = 2 })
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, Count: 2})
+
+	first, err := c.Pay("checkout:cart-3", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeUnknown, first.Outcome)
+
+	changed, err := c.Pay("checkout:cart-3", "/payments", []byte(`{"amount":2000,"currency":"AZN","customer":"cus_1"}`), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeBlocked, changed.Outcome)
+	assert.Equal(t, first.Key, changed.Key, "the result names the intent that blocks")
+	anew, err := c.PayAnew("checkout:cart-3", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeBlocked, anew.Outcome)
+	assert.Equal(t, 0, w.srv.Stats().ProviderCharges)
+}
+
+func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
+	t.Parallel()
+	arrived := make(chan struct{}, 1)
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read the body, so the server watches the connection and ends
+		// the request's context when the client goes away.
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	c, err := Open(NewConfig(stateDir(t), hang.URL))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+
+	cancel := NewCancel()
+	go func() {
+		<-arrived
+		cancel.Cancel()
+	}()
+	res, err := c.Pay("checkout:cart-4", "/payments", []byte(cart), cancel)
+	assert.Nil(t, res)
+	require.Error(t, err)
+	assert.Equal(t, KindCanceled, ErrorKind(err.Error()))
+
+	unresolved, err := c.Unresolved()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), unresolved.Len(), "the cancelled intent stays to be settled")
+
+	done := NewCancel()
+	done.Cancel()
+	_, err = c.Resume(unresolved.Get(0).Key, done)
+	assert.Equal(t, KindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
+}
+
+func TestOpenTwiceIsLocked(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.open(t)
+	_, err := Open(NewConfig(w.dir, w.srv.URL))
+	require.Error(t, err)
+	assert.Equal(t, KindLocked, ErrorKind(err.Error()))
+}
+
+func TestRestartResumesWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t, func(cfg *Config) { cfg.MaxAttempts = 1 })
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	body := []byte(cart)
+	first, err := c.Pay("checkout:cart-5", "/payments", body, nil)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeUnknown, first.Outcome)
+	for i := range body {
+		body[i] = 'x' // the JVM reuses the array once the call returned
+	}
+	require.NoError(t, c.Close())
+
+	c2 := w.open(t)
+	list, err := c2.Unresolved()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), list.Len())
+	assert.Equal(t, first.Key, list.Get(0).Key)
+	assert.Equal(t, "checkout:cart-5", list.Get(0).Name)
+	assert.Nil(t, list.Get(1))
+
+	res, err := c2.Settle(first.Key, nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.True(t, res.Replayed, "the server did the work once, under the same key and bytes")
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+}
+
+type authorizerFunc func(key string) (string, error)
+
+func (f authorizerFunc) Authorize(key string) (string, error) { return f(key) }
+
+func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
+	t.Parallel()
+	var seen []string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		n := len(seen)
+		mu.Unlock()
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clocktest.New(epoch)))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	var calls atomic.Int64
+	c.SetAuthorizer(authorizerFunc(func(key string) (string, error) {
+		return "Bearer token-" + string(rune('0'+calls.Add(1))), nil
+	}))
+
+	res, err := c.Pay("checkout:cart-6", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.Equal(t, []string{"Bearer token-1", "Bearer token-2"}, seen, "asked afresh for every attempt")
+}
+
+func TestAuthorizerFailureIsADeviceErrorAndNothingIsSent(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	c.SetAuthorizer(authorizerFunc(func(string) (string, error) { return "", errors.New("no session") }))
+
+	res, err := c.Pay("checkout:cart-7", "/payments", []byte(cart), nil)
+	assert.Nil(t, res)
+	require.Error(t, err)
+	assert.Equal(t, KindAuthorizer, ErrorKind(err.Error()))
+	assert.Contains(t, err.Error(), "no session")
+	assert.Equal(t, 0, w.srv.Stats().Requests, "no attempt was sent, and none was retried")
+}
+
+type blockingListener struct {
+	release chan struct{}
+	got     atomic.Int64
+}
+
+func (l *blockingListener) OnAttempt(*AttemptEvent) {
+	l.got.Add(1)
+	<-l.release
+}
+
+func TestListenerNeverBlocksTheCall(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	l := &blockingListener{release: make(chan struct{})}
+	c.SetListener(l)
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, Count: 3})
+
+	res, err := c.Pay("checkout:cart-8", "/payments", []byte(cart), nil)
+	require.NoError(t, err, "the call returns while the listener is stuck in its first event")
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	close(l.release)
+	require.NoError(t, c.Close())
+	assert.Equal(t, int64(4), l.got.Load(), "every attempt was delivered once the listener moved on")
+}
+
+func TestListenerEventsDescribeTheAttempts(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	var (
+		mu     sync.Mutex
+		events []AttemptEvent
+	)
+	c.SetListener(listenerFunc(func(e *AttemptEvent) {
+		mu.Lock()
+		events = append(events, *e)
+		mu.Unlock()
+	}))
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "2"})
+	res, err := c.Pay("checkout:cart-9", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.Len(t, events, 2)
+	assert.Equal(t, AttemptEvent{Key: res.Key, Number: 1, Status: 503, Retry: true, WaitMillis: events[0].WaitMillis}, events[0])
+	assert.GreaterOrEqual(t, events[0].WaitMillis, int64(2000), "never sooner than the server asked")
+	assert.Equal(t, AttemptEvent{Key: res.Key, Number: 2, Status: 201}, events[1])
+}
+
+type listenerFunc func(*AttemptEvent)
+
+func (f listenerFunc) OnAttempt(e *AttemptEvent) { f(e) }
+
+func TestClosedClientRefusesCalls(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "Close twice is harmless")
+	_, err := c.Pay("checkout:cart-10", "/payments", []byte(cart), nil)
+	assert.Equal(t, KindClosed, ErrorKind(err.Error()))
+	_, err = c.Unresolved()
+	assert.Equal(t, KindClosed, ErrorKind(err.Error()))
+	c2, err := Open(NewConfig(w.dir, w.srv.URL))
+	require.NoError(t, err, "Close releases the directory")
+	require.NoError(t, c2.Close())
+}
+
+func TestOpenRefusesABadConfig(t *testing.T) {
+	t.Parallel()
+	dir := stateDir(t)
+	for name, cfg := range map[string]*Config{
+		"nil":                nil,
+		"no state directory": NewConfig("", "https://api.example.com"),
+		"no scheme":          NewConfig(dir, "api.example.com"),
+		"ftp":                NewConfig(dir, "ftp://api.example.com"),
+		"negative budget":    {StateDir: dir, BaseURL: "https://api.example.com", ForegroundBudgetMillis: -1},
+		"lookup without key": {StateDir: dir, BaseURL: "https://api.example.com", LookupPath: "/payments"},
+	} {
+		_, err := Open(cfg)
+		require.Error(t, err, name)
+		assert.Equal(t, KindConfig, ErrorKind(err.Error()), name)
+	}
+}
+
+func TestErrorKindReadsTheMessage(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, KindLocked, ErrorKind(newError(KindLocked, "x").Error()))
+	assert.Equal(t, KindInternal, ErrorKind("idem[bogus]: x"))
+	assert.Equal(t, KindInternal, ErrorKind("java.io.IOException"))
+	assert.Equal(t, KindInternal, ErrorKind(""))
+}
+
+func TestPayKeepsItsOwnCopyOfTheBody(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t, func(cfg *Config) { cfg.MaxAttempts = 1 })
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	body := []byte(cart)
+	first, err := c.Pay("checkout:cart-11", "/payments", body, nil)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeUnknown, first.Outcome)
+	for i := range body {
+		body[i] = 'x' // gobind's array is the JVM's again once the call returned
+	}
+
+	res, err := c.Resume(first.Key, nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome, "the resend carried the bytes of the first attempt")
+	assert.True(t, res.Replayed)
+}

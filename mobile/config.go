@@ -1,0 +1,109 @@
+package mobile
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// Config says where a Client keeps its state and whom it talks to. Make
+// one with NewConfig and change its fields before Open. Durations are in
+// milliseconds.
+type Config struct {
+	// StateDir is the directory the intents are kept in: the app's private
+	// files directory (Android: Context.getFilesDir() + "/idem"; iOS:
+	// Application Support + "/idem"), never a cache directory, which the
+	// system may clear while a payment is unresolved.
+	StateDir string
+	// BaseURL is the API's root, such as "https://api.example.com". Paths
+	// given to Pay are resolved against it.
+	BaseURL string
+	// LookupPath is the server's lookup of a payment by key, with {key}
+	// where the key goes. The default is the contract's
+	// "/payments?idempotency_key={key}".
+	LookupPath string
+	// ForegroundBudgetMillis bounds Pay and PayAnew: a tap wants an answer
+	// in seconds. Default 15,000.
+	ForegroundBudgetMillis int64
+	// BackgroundBudgetMillis bounds Resume and Settle: a background settle
+	// may wait longer for a server that asks to. Default 120,000.
+	BackgroundBudgetMillis int64
+	// RetentionMillis is how long the server keeps its idempotency records
+	// (what it publishes); the client stops sending a key an hour before.
+	// Default 24 hours.
+	RetentionMillis int64
+	// MaxAttempts bounds the attempts of one call. Default 10.
+	MaxAttempts int64
+}
+
+// Defaults of a Config.
+const (
+	DefaultLookupPath             = "/payments?idempotency_key={key}"
+	DefaultForegroundBudgetMillis = 15_000
+	DefaultBackgroundBudgetMillis = 120_000
+	DefaultRetentionMillis        = 24 * 60 * 60 * 1000
+	DefaultMaxAttempts            = 10
+)
+
+// NewConfig returns a Config with the defaults, keeping intents in
+// stateDir and talking to baseURL.
+func NewConfig(stateDir, baseURL string) *Config {
+	return &Config{
+		StateDir:               stateDir,
+		BaseURL:                baseURL,
+		LookupPath:             DefaultLookupPath,
+		ForegroundBudgetMillis: DefaultForegroundBudgetMillis,
+		BackgroundBudgetMillis: DefaultBackgroundBudgetMillis,
+		RetentionMillis:        DefaultRetentionMillis,
+		MaxAttempts:            DefaultMaxAttempts,
+	}
+}
+
+// check returns the config with defaults filled in and the base URL
+// parsed, or an error of kind config.
+func (c *Config) check() (Config, *url.URL, error) {
+	if c == nil {
+		return Config{}, nil, newError(KindConfig, "no config")
+	}
+	cfg := *c
+	if cfg.StateDir == "" {
+		return cfg, nil, newError(KindConfig, "StateDir is empty")
+	}
+	base, err := url.Parse(cfg.BaseURL)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return cfg, nil, newError(KindConfig, fmt.Sprintf("BaseURL %q is not an http or https URL", cfg.BaseURL))
+	}
+	if cfg.LookupPath == "" {
+		cfg.LookupPath = DefaultLookupPath
+	}
+	if !strings.Contains(cfg.LookupPath, "{key}") {
+		return cfg, nil, newError(KindConfig, fmt.Sprintf("LookupPath %q has no {key}", cfg.LookupPath))
+	}
+	for _, f := range []struct {
+		v   *int64
+		def int64
+		nm  string
+	}{
+		{&cfg.ForegroundBudgetMillis, DefaultForegroundBudgetMillis, "ForegroundBudgetMillis"},
+		{&cfg.BackgroundBudgetMillis, DefaultBackgroundBudgetMillis, "BackgroundBudgetMillis"},
+		{&cfg.RetentionMillis, DefaultRetentionMillis, "RetentionMillis"},
+		{&cfg.MaxAttempts, DefaultMaxAttempts, "MaxAttempts"},
+	} {
+		switch {
+		case *f.v == 0:
+			*f.v = f.def
+		case *f.v < 0:
+			return cfg, nil, newError(KindConfig, fmt.Sprintf("%s is negative (%d)", f.nm, *f.v))
+		}
+	}
+	return cfg, base, nil
+}
+
+// resolve returns the absolute URL of path, relative to the base.
+func resolve(base *url.URL, path string) (string, error) {
+	ref, err := url.Parse(path)
+	if err != nil {
+		return "", newError(KindConfig, fmt.Sprintf("path %q: %v", path, err))
+	}
+	return base.ResolveReference(ref).String(), nil
+}

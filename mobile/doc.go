@@ -1,0 +1,45 @@
+// Package mobile is idem for Android and iOS apps, through gomobile.
+//
+// gobind binds only signed integers, float64, bool, string, []byte, error,
+// pointers to exported structs and interfaces of those; idem's own API uses
+// contexts, functional options, time types and http.Header, which it skips.
+// This package is a facade whose every exported member binds, so that a
+// Kotlin or Swift app can pay, settle at start and cancel from any thread:
+//
+//	cfg := mobile.NewConfig(stateDir, "https://api.example.com")
+//	client, err := mobile.Open(cfg)
+//	res, err := client.Pay("checkout:cart-42", "/payments", body, nil)
+//	switch res.Outcome { case mobile.OutcomeSucceeded: ... }
+//
+// # Results and errors
+//
+// Every call that talks to the server returns a [Result] whose Outcome says
+// what became of the intent: succeeded, failed (a final business answer
+// such as a declined card), rejected (the server refused the request or
+// its key), unknown (no final answer yet: settle it later, never pay
+// anew), expired (too old to send again: reconcile it), void (the server
+// never did it: a new payment is safe) or blocked (an earlier intent for
+// the same action is unresolved; the Result names its key).
+//
+// An error is returned only for problems on the device: the state
+// directory is in use, storage failed, the configuration is wrong, the
+// client is closed, the call was cancelled, the authorizer failed. Its
+// message starts with "idem[kind]: ", and [ErrorKind] reads the kind back
+// from the message (gobind turns a Go error into an exception that carries
+// only the message).
+//
+// # Threads
+//
+// Every call blocks until it is done: call it off the UI thread. A
+// [Cancel] handle passed to a call stops it from any other thread. The
+// [Listener] is called on a goroutine of its own, never on the caller's
+// thread, and a slow listener never slows a call: events it cannot keep up
+// with are dropped and counted.
+//
+// # Memory
+//
+// gobind passes a []byte argument without copying: it points into memory
+// the JVM releases when the call returns. The facade copies every byte
+// slice it keeps, and an empty body, which arrives as nil, is sent as an
+// empty body.
+package mobile

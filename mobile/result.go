@@ -1,0 +1,156 @@
+package mobile
+
+import (
+	"bytes"
+	"errors"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/persist"
+)
+
+// Outcomes of a Result.
+const (
+	// OutcomeSucceeded: the server did the work (2xx). Show the receipt.
+	OutcomeSucceeded = "succeeded"
+	// OutcomeFailed: a final business answer, such as a declined card.
+	// The intent is resolved; PayAnew starts a new payment.
+	OutcomeFailed = "failed"
+	// OutcomeRejected: the server refused the request or its key (422,
+	// or a 400 about the key). A bug to report, not a payment to retry.
+	OutcomeRejected = "rejected"
+	// OutcomeUnknown: no final answer yet; the payment may have been
+	// made. Never pay anew: Resume or Settle it later.
+	OutcomeUnknown = "unknown"
+	// OutcomeExpired: outcome unknown and the intent is too old to send
+	// again. Reconcile it.
+	OutcomeExpired = "expired"
+	// OutcomeVoid: the server never did it. A new payment is safe.
+	OutcomeVoid = "void"
+	// OutcomeBlocked: an earlier intent for the same action is
+	// unresolved, so a new one could pay twice. Result.Key names it:
+	// settle it first.
+	OutcomeBlocked = "blocked"
+)
+
+// Result is what became of an intent after a call.
+type Result struct {
+	Outcome string
+	// Key is the intent's Idempotency-Key; for OutcomeBlocked, the key of
+	// the unresolved intent that blocks.
+	Key string
+	// Status is the final answer's HTTP status, or the last answer's for
+	// OutcomeUnknown, or 0 when none came.
+	Status int64
+	// Body is the final answer's body.
+	Body []byte
+	// Replayed: the server answered from its idempotency record: an
+	// earlier attempt, whose answer was lost, did the work.
+	Replayed bool
+	// FromStore: the intent was already resolved on the device and
+	// nothing was sent.
+	FromStore bool
+	// Attempts is how many attempts this call sent.
+	Attempts int64
+	// ProblemType is the RFC 9457 problem type of a non-2xx answer, or "".
+	ProblemType string
+	// Detail says more, for logs: the reason a call stopped without a
+	// final answer, or the problem's detail.
+	Detail string
+}
+
+// resultOf maps a call's outcome to a Result, or to a device error.
+func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) {
+	r := &Result{}
+	if in != nil {
+		r.Key = in.Key()
+	}
+	if resp != nil {
+		r.Status = int64(resp.StatusCode)
+		r.Body = bytes.Clone(resp.Body)
+		r.Replayed = resp.Replayed
+		r.FromStore = resp.FromStore
+		r.Attempts = int64(resp.Attempts)
+	}
+	var (
+		apiErr   *idem.APIError
+		retryErr *idem.RetryError
+		unres    *idem.UnresolvedError
+	)
+	switch {
+	case errors.As(err, &unres):
+		r.Outcome = OutcomeBlocked
+		if unres.Previous != nil {
+			r.Key = unres.Previous.Key()
+		}
+		r.Detail = unres.Error()
+		return r, nil
+	case errors.As(err, &retryErr):
+		r.Attempts = int64(retryErr.Attempts)
+		if retryErr.LastResponse != nil {
+			r.Status = int64(retryErr.LastResponse.StatusCode)
+		}
+		r.Outcome = OutcomeUnknown
+		if errors.Is(err, idem.ErrIntentExpired) {
+			r.Outcome = OutcomeExpired
+		}
+		r.Detail = retryErr.Error()
+		return r, nil
+	case errors.As(err, &apiErr):
+		r.ProblemType = apiErr.Problem.Type
+		r.Detail = apiErr.Problem.Detail
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		r.Outcome = OutcomeUnknown
+		r.Detail = err.Error()
+		return r, nil
+	case err != nil && in != nil && !in.State().Resolved():
+		return nil, deviceError(err)
+	}
+	if in != nil {
+		r.Outcome = outcomeOf(in.State())
+	}
+	if r.Outcome == "" {
+		if err != nil {
+			return nil, deviceError(err)
+		}
+		r.Outcome = OutcomeSucceeded
+	}
+	return r, nil
+}
+
+func outcomeOf(s persist.State) string {
+	switch s {
+	case persist.StateSucceeded:
+		return OutcomeSucceeded
+	case persist.StateFailed:
+		return OutcomeFailed
+	case persist.StateRejected:
+		return OutcomeRejected
+	case persist.StateExpired:
+		return OutcomeExpired
+	case persist.StateVoid:
+		return OutcomeVoid
+	}
+	return OutcomeUnknown
+}
+
+// deviceError gives a Go error its kind.
+func deviceError(err error) error {
+	var e *deviceErr
+	var auth *authError
+	var save *idem.SaveError
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.As(err, &auth):
+		return newError(KindAuthorizer, auth.err.Error())
+	case errors.Is(err, persist.ErrLocked):
+		return newError(KindLocked, err.Error())
+	case errors.Is(err, persist.ErrClosed):
+		return newError(KindClosed, err.Error())
+	case errors.Is(err, persist.ErrNotFound):
+		return newError(KindNotFound, err.Error())
+	case errors.As(err, &save):
+		return newError(KindStorage, err.Error())
+	}
+	return newError(KindInternal, err.Error())
+}
