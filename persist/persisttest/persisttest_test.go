@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/persisttest"
 )
 
@@ -23,7 +24,7 @@ func TestAssertRecord(t *testing.T) {
 	same := want.Clone()
 	same.CreatedAt = at.UTC() // another location, same instant
 	same.UpdatedAt = at.UTC()
-	same.Version = 1
+	same.Version = persist.FormatVersion
 	r := &recorder{TB: t}
 	if !persisttest.AssertRecord(r, want, same) || r.failed {
 		t.Error("a record equal modulo encoding is reported as different")
@@ -35,7 +36,7 @@ func TestAssertRecord(t *testing.T) {
 		"time":  func() { same.CreatedAt = at.Add(time.Nanosecond) },
 	} {
 		same = want.Clone()
-		same.Version = 1
+		same.Version = persist.FormatVersion
 		change()
 		r := &recorder{TB: t}
 		if persisttest.AssertRecord(r, want, same) || !r.failed {
