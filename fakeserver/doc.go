@@ -63,7 +63,8 @@
 //   - POST /_fake/faults: {"fault", "key", "path", "count", "delay_ms",
 //     "status", "retry_after"}; retry_after is a string or a number of
 //     seconds. Answers 201 with the fault, or 400 naming what is wrong
-//     (for an unknown fault, the valid names).
+//     (for an unknown fault, the valid names), or 503 [ProblemStorageFull]
+//     while [MaxFaults] faults are pending.
 //   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
 //     POST /_fake/reset.
 //
