@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -94,7 +95,11 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		validationProblem(strings.TrimPrefix(err.Error(), "fakeserver: ")).Write(w)
 		return
 	}
-	h.faults.add(f)
+	if err := h.faults.add(f); err != nil {
+		(&Problem{Type: ProblemStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
+			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", MaxFaults)}).Write(w)
+		return
+	}
 	writeJSON(w, http.StatusCreated, faultJSON{Fault: f.Kind, Key: f.Key, Path: f.Path, Count: f.Count,
 		DelayMS: f.Delay.Milliseconds(), Status: f.Status, RetryAfter: f.RetryAfter})
 }

@@ -63,7 +63,8 @@
 //   - POST /_fake/faults: {"fault", "key", "path", "count", "delay_ms",
 //     "status", "retry_after"}; retry_after is a string or a number of
 //     seconds. Answers 201 with the fault, or 400 naming what is wrong
-//     (for an unknown fault, the valid names).
+//     (for an unknown fault, the valid names), or 503 [ProblemStorageFull]
+//     while [MaxFaults] faults are pending.
 //   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
 //     POST /_fake/reset.
 //
@@ -77,18 +78,22 @@
 //
 // # Limits
 //
-// [Options.MaxRecords], [Options.MaxPayments] and [Options.MaxOrders]
-// bound the memory held (an order's status for a new order at its cap is a
-// 503 too):
-// at either cap, POST /payments with a new key answers 503, type
+// Every resource a caller can make the server hold is bounded.
+// [Options.MaxRecords] and [Options.MaxPayments] bound records and
+// payments: at either cap, POST /payments with a new key answers 503, type
 // [ProblemStorageFull], before anything is stored or charged, so a client
 // that retries it as an unknown outcome finds the key unused. Records free
 // up as they expire (Retry-After says when); payments only with Reset.
+// [Options.MaxOrders] bounds order statuses the same way, and at most
+// [MaxFaults] faults wait at once. A customer is at most 255 characters, a
+// description 1000, an order status 100.
 //
 // Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an
 // object whose member names are equal after encoding/json's case folding
 // ("amount" and "AMOUNT"), gets 400 [ProblemBadRequest]: the handler would
 // read only the last of such names, so two orders of one body would be two
-// payments under one fingerprint. The lease is not extended while a payment is
-// processed: keep [Options.Lease] longer than [Options.ProcessingDelay].
+// payments under one fingerprint.
+//
+// The lease is not extended while a payment is processed: keep
+// [Options.Lease] longer than [Options.ProcessingDelay].
 package fakeserver

@@ -60,7 +60,16 @@ var (
 	// ErrInvalidFault is wrapped by [Handler.InjectFault] errors for a fault
 	// whose fields are wrong; the message says which.
 	ErrInvalidFault = errors.New("fakeserver: invalid fault")
+	// ErrTooManyFaults is returned by [Handler.InjectFault] when
+	// [MaxFaults] faults are pending.
+	ErrTooManyFaults = errors.New("fakeserver: too many faults pending; clear them first")
 )
+
+// MaxFaults is how many injected faults may be pending at once.
+const MaxFaults = 100
+
+// maxFaultPath bounds Fault.Path.
+const maxFaultPath = 2048
 
 // Fault is a fault to inject. It applies to the next Count requests that
 // match Key and Path; a zero Key or Path matches any. Admin endpoints
@@ -101,6 +110,8 @@ func (f Fault) validate() (Fault, error) {
 	switch {
 	case f.Path != "" && f.Path[0] != '/':
 		return f, fmt.Errorf("%w: path %q must start with /", ErrInvalidFault, f.Path)
+	case len(f.Path) > maxFaultPath:
+		return f, fmt.Errorf("%w: path is longer than %d bytes", ErrInvalidFault, maxFaultPath)
 	case f.Count < 0:
 		return f, fmt.Errorf("%w: count %d is negative", ErrInvalidFault, f.Count)
 	case f.Delay < 0:
@@ -131,10 +142,15 @@ type faultSet struct {
 	faults []*Fault // Count is what is left
 }
 
-func (s *faultSet) add(f Fault) {
+// add adds f, or returns ErrTooManyFaults.
+func (s *faultSet) add(f Fault) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.faults) >= MaxFaults {
+		return ErrTooManyFaults
+	}
 	s.faults = append(s.faults, &f)
+	return nil
 }
 
 func (s *faultSet) clear() {

@@ -2,6 +2,7 @@ package fakeserver_test
 
 import (
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -276,4 +277,22 @@ func TestFailedTakeoverKeepsTheStableID(t *testing.T) {
 	st := s.Stats()
 	assert.Equal(t, 1, st.Payments)
 	assert.Equal(t, 1, st.ProviderCharges, "the dead worker's charge, not a second one")
+}
+
+// TestInjectFaultBoundsPendingFaults: at most MaxFaults faults wait at
+// once, through the API and the admin endpoint; clearing makes room.
+func TestInjectFaultBoundsPendingFaults(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	for range fakeserver.MaxFaults {
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError, Key: "k1"}))
+	}
+	assert.ErrorIs(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}), fakeserver.ErrTooManyFaults)
+	a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true, Body: `{"fault":"error"}`})
+	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
+	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
+	s.ClearFaults()
+	assert.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
+	err := s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError, Path: "/" + strings.Repeat("p", 2048)})
+	assert.ErrorIs(t, err, fakeserver.ErrInvalidFault, "a path over 2048 bytes")
 }

@@ -63,14 +63,14 @@ func newHandler(opts *Options, bare bool) *Handler {
 }
 
 // InjectFault adds a fault. It fails, changing nothing, when f.Kind is not a
-// fault (the error lists the valid ones) or a field is out of range.
+// fault (the error lists the valid ones), a field is out of range, or
+// [MaxFaults] faults are pending ([ErrTooManyFaults]).
 func (h *Handler) InjectFault(f Fault) error {
 	f, err := f.validate()
 	if err != nil {
 		return err
 	}
-	h.faults.add(f)
-	return nil
+	return h.faults.add(f)
 }
 
 // ClearFaults removes every injected fault.
