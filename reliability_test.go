@@ -746,6 +746,10 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 		// does not measure. The check settles it at the end.
 		return false, false
 	}
+	if r.IntN(3) == 0 {
+		// The device's clock is set while the app waits for an answer.
+		run.jumpClock(r)
+	}
 	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*idem.DefaultReconcileDelay))))
 	for range 2 {
 		resp, err := g.client.Reconcile(g.ctx, in, run.srv.URL+"/payments?idempotency_key="+url.QueryEscape(it.key))
