@@ -121,5 +121,6 @@ func TestSimulation(t *testing.T) {
 	t.Logf("%d seed(s), %d user actions, %d sessions, %d intents, %d attempts, %d charges in %s (%.0f actions/s); longest settle after calm: %s",
 		n, total.Actions, total.Sessions, total.Intents, total.Attempts, total.Charges, elapsed.Round(time.Millisecond),
 		float64(total.Actions)/elapsed.Seconds(), total.Settle)
-	t.Logf("faults injected:\n\t%s", strings.Join(total.FaultLines(), "\n\t"))
+	t.Logf("faults injected:\n\t%s", strings.Join(Lines(total.Faults), "\n\t"))
+	t.Logf("server outcomes:\n\t%s", strings.Join(Lines(total.Outcomes), "\n\t"))
 }
