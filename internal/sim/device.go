@@ -29,6 +29,7 @@ type device struct {
 	client    *idem.Client
 	gen       int       // bumped at every crash
 	upAt      time.Time // when a dead device starts again
+	bootAt    time.Time // when the running process started
 	up        bool
 	quoted    bool
 	diskFull  time.Time // the disk is full until then
@@ -44,6 +45,11 @@ type device struct {
 type deviceClock struct{ d *device }
 
 func (c deviceClock) Now() time.Time { return c.d.w.clk.now.Add(c.d.offset) }
+
+// Monotonic is the device's monotonic clock: the time since its process
+// started, which no setting of the wall clock moves. (A Clock may offer it
+// to idem; see idem.Monotonic where it exists.)
+func (c deviceClock) Monotonic() time.Duration { return c.d.w.clk.now.Sub(c.d.bootAt) }
 
 func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
@@ -86,6 +92,7 @@ func (d *device) start() {
 		d.w.stats.fault(FaultKeySpelling.Name())
 		d.quoted = !d.quoted
 	}
+	d.bootAt = d.w.clk.now
 	opts := []idem.Option{
 		idem.WithHTTPClient(&http.Client{Transport: transport{d}}),
 		idem.WithStore(d.store),

@@ -25,13 +25,15 @@ type mutant struct {
 
 var mutants = []mutant{
 	{"server-lookup-before-insert", "idempotency/middleware.go: a lookup's \"absent\" is trusted over Insert's conflict", "./internal/sim", "^TestSimulation$"},
+	// The file store's power-cut test catches this one: the simulation's
+	// devices keep their intents in persist.Memory.
+	{"dir-not-synced-after-rename", "persist/file.go: Save returns before the directory sync that makes its rename durable", "./persist", "^TestPowerCut$"},
 	// Waiting for the fix each reverts to reach main, the mutants below
 	// have no hook yet:
 	//   reconcile-delay-from-creation (issue "never twice", item 1)
 	//   5xx-final (item 2), latest-by-wall-clock (item 3),
 	//   redirect-answer-is-outcome (item 4), key-spelling-from-option
-	//   (item 5), fingerprint-ignores-member-case (item 6), and
-	//   dir-not-synced-after-rename (the file store's power-cut test).
+	//   (item 5), fingerprint-ignores-member-case (item 6).
 }
 
 // TestMutantsAreKilled builds the tests with the idem_mutant tag and runs

@@ -47,16 +47,21 @@ type Stats struct {
 	Attempts int
 	Charges  int
 	Faults   map[string]int
+	// Outcomes counts the server middleware's answers by outcome
+	// (created, replayed, conflict, takeover, lost, ...).
+	Outcomes map[string]int
 	// Settle is how long after the world turned calm every intent was
 	// settled.
 	Settle time.Duration
 }
 
-func (s *Stats) fault(kind string) {
-	if s.Faults == nil {
-		s.Faults = make(map[string]int)
+func (s *Stats) fault(kind string) { s.count(&s.Faults, kind) }
+
+func (s *Stats) count(m *map[string]int, k string) {
+	if *m == nil {
+		*m = make(map[string]int)
 	}
-	s.Faults[kind]++
+	(*m)[k]++
 }
 
 // Add adds o's figures to s.
@@ -67,17 +72,21 @@ func (s *Stats) Add(o Stats) {
 	s.Attempts += o.Attempts
 	s.Charges += o.Charges
 	for k, v := range o.Faults {
-		s.fault(k)
+		s.count(&s.Faults, k)
 		s.Faults[k] += v - 1
+	}
+	for k, v := range o.Outcomes {
+		s.count(&s.Outcomes, k)
+		s.Outcomes[k] += v - 1
 	}
 	s.Settle = max(s.Settle, o.Settle)
 }
 
-// FaultLines lists the faults by kind, one "kind: n" per line, sorted.
-func (s *Stats) FaultLines() []string {
+// Lines lists m's counts, one "kind: n" per line, sorted by kind.
+func Lines(m map[string]int) []string {
 	var out []string
-	for _, k := range slices.Sorted(maps.Keys(s.Faults)) {
-		out = append(out, fmt.Sprintf("%s: %d", k, s.Faults[k]))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, fmt.Sprintf("%s: %d", k, m[k]))
 	}
 	return out
 }

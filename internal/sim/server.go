@@ -40,6 +40,16 @@ type serverFaults struct {
 }
 
 type faultsKey struct{}
+type takeoverKey struct{}
+
+// takeoverOf is where the handler notes that it took over a record.
+func takeoverOf(ctx context.Context) *bool {
+	if b, ok := ctx.Value(takeoverKey{}).(*bool); ok {
+		return b
+	}
+	return new(bool)
+}
+
 type procKey struct{}
 
 func procOf(ctx context.Context) *proc {
@@ -82,6 +92,7 @@ func newServer(w *World) *server {
 		Retention: w.cfg.Retention,
 		Lease:     w.cfg.Lease,
 		Validate:  validatePayment,
+		OnOutcome: func(_ *http.Request, o idempotency.Outcome) { w.stats.count(&w.stats.Outcomes, string(o)) },
 		NewStableID: func() string {
 			s.stable++
 			return "st_" + strconv.Itoa(s.stable)
@@ -131,7 +142,18 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 		p.sleep(f.slow)
 	}
 	if f.errorBeforeCharge {
+		if info.Takeover {
+			// Another worker of this key may still charge: a server that
+			// stores its 500s must not store this one.
+			*takeoverOf(ctx) = true
+		}
 		s.w.stats.fault(FaultError500.Name())
+		writeProblem(w, http.StatusInternalServerError, "error", "")
+		return
+	}
+	if s.w.cfg.Stored5xx && s.stored5xx[info.ID] {
+		// A 500 stored for the key while this request waited is its
+		// answer too.
 		writeProblem(w, http.StatusInternalServerError, "error", "")
 		return
 	}
@@ -166,6 +188,16 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
+// charged reports a charge under key for principal.
+func (s *server) charged(principal, key string) bool {
+	for _, ch := range s.charges {
+		if ch.principal == principal && ch.key == key {
+			return true
+		}
+	}
+	return false
+}
+
 func paymentJSON(ch *charge) []byte {
 	out, _ := json.Marshal(map[string]any{"id": ch.stableID, "amount": ch.amount, "customer": ch.customer,
 		"description": ch.desc, "status": "succeeded"})
@@ -182,13 +214,18 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 	}
 	id := idempotency.ID{Principal: r.Header.Get("Authorization"), Key: key}
 	out, ok := s.ledger[id]
+	if !ok && s.w.cfg.Faults[FaultKeySpelling] {
+		// The lookup finds a payment made under the key in either
+		// spelling: the app asks with the key as Intent.Key returns it.
+		out, ok = s.ledger[idempotency.ID{Principal: id.Principal, Key: key + rawQuotedSuffix}]
+	}
 	if !ok {
 		// A worker that died after the provider call left a charge that
 		// no record holds as completed: the provider knows it, and so
 		// does this lookup, even after the record expired. (The fake
 		// server's lookup asks only its ledger and its live records.)
 		for _, ch := range s.charges {
-			if ch.principal == id.Principal && ch.key == id.Key {
+			if ch.principal == id.Principal && strings.TrimSuffix(ch.key, rawQuotedSuffix) == id.Key {
 				out, ok = paymentJSON(ch), true
 				break
 			}
@@ -200,9 +237,11 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(out)
 		return
 	}
-	if rec, ok := s.store.mem.Get(r.Context(), id, s.w.clk.now); ok && rec.Status == idempotency.StatusInProgress {
-		writeProblem(w, http.StatusConflict, "request-in-progress", "1")
-		return
+	for _, k := range []string{key, key + rawQuotedSuffix} {
+		if rec, ok := s.store.mem.Get(r.Context(), idempotency.ID{Principal: id.Principal, Key: k}, s.w.clk.now); ok && rec.Status == idempotency.StatusInProgress {
+			writeProblem(w, http.StatusConflict, "request-in-progress", "1")
+			return
+		}
 	}
 	writeProblem(w, http.StatusNotFound, "not-found", "")
 }
@@ -247,7 +286,8 @@ func (r *recorder) Write(p []byte) (int, error) {
 
 // serve handles one request on worker p and returns its answer.
 func (s *server) serve(p *proc, method, url string, header http.Header, body []byte, f serverFaults) (a answer) {
-	ctx := context.WithValue(context.WithValue(context.Background(), procKey{}, p), faultsKey{}, f)
+	tookOver := new(bool)
+	ctx := context.WithValue(context.WithValue(context.WithValue(context.Background(), procKey{}, p), faultsKey{}, f), takeoverKey{}, tookOver)
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
 		return answer{status: http.StatusBadRequest, header: http.Header{}}
@@ -283,7 +323,9 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		}
 		s.handler.ServeHTTP(rec, req)
 		if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && f.errorBeforeCharge {
-			if k, err := idempotency.ParseHeader(req.Header, false); err == nil {
+			// It stores the 500 only when nothing was charged under the
+			// key: a stored answer must be true.
+			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && !*tookOver && !s.charged(req.Header.Get("Authorization"), k) {
 				s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] = true
 			}
 		}

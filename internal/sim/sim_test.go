@@ -17,6 +17,7 @@ import (
 //	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
 //	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
 //	IDEM_SIM_VERBOSE=1  log every seed's figures
+//	IDEM_SIM_KEEP_GOING=1 run every seed even after one broke the invariants, and count them
 //	IDEM_SIM_TRACE=1    log everything that happens (use with IDEM_SIM_SEED)
 func envUint(t *testing.T, name string, def uint64) uint64 {
 	t.Helper()
@@ -82,6 +83,9 @@ func TestSimulation(t *testing.T) {
 		until = time.Now().Add(d)
 	}
 	verbose := os.Getenv("IDEM_SIM_VERBOSE") != ""
+	keepGoing := os.Getenv("IDEM_SIM_KEEP_GOING") != ""
+	var failed []uint64
+	violations := 0
 	trace := os.Getenv("IDEM_SIM_TRACE") != ""
 	t.Logf("fault classes on: %s", faults)
 
@@ -104,7 +108,9 @@ func TestSimulation(t *testing.T) {
 				t.Errorf("seed %d: %s", seed, v)
 			}
 			t.Errorf("seed %d broke the invariants; replay it with:\n\t%s", seed, replayCommand(seed, actions))
-			return false
+			failed = append(failed, seed)
+			violations += len(res.Violations)
+			return keepGoing
 		}
 		return true
 	}
@@ -121,5 +127,7 @@ func TestSimulation(t *testing.T) {
 	t.Logf("%d seed(s), %d user actions, %d sessions, %d intents, %d attempts, %d charges in %s (%.0f actions/s); longest settle after calm: %s",
 		n, total.Actions, total.Sessions, total.Intents, total.Attempts, total.Charges, elapsed.Round(time.Millisecond),
 		float64(total.Actions)/elapsed.Seconds(), total.Settle)
-	t.Logf("faults injected:\n\t%s", strings.Join(total.FaultLines(), "\n\t"))
+	t.Logf("violations: %d, in %d seed(s) %v", violations, len(failed), failed)
+	t.Logf("faults injected:\n\t%s", strings.Join(Lines(total.Faults), "\n\t"))
+	t.Logf("server outcomes:\n\t%s", strings.Join(Lines(total.Outcomes), "\n\t"))
 }
