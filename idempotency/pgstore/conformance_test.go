@@ -9,13 +9,18 @@ import (
 )
 
 func TestStoreConformance(t *testing.T) {
+	t.Run("default", func(t *testing.T) { conformance(t, nil) })
+	t.Run("AsyncInsert", func(t *testing.T) { conformance(t, &Options{AsyncInsert: true}) })
+}
+
+func conformance(t *testing.T, opts *Options) {
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		pool := newPool(t)
 		if _, err := pool.Exec(context.Background(), "CREATE TABLE business_rows (name text PRIMARY KEY)"); err != nil {
 			t.Fatal(err)
 		}
 		return storetest.Subject{
-			Store: New(pool, nil),
+			Store: New(pool, opts),
 			WriteRow: func(ctx context.Context, name string) error {
 				tx, ok := Tx(ctx)
 				if !ok {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,8 +26,9 @@ const DefaultSweepBatch = 1000
 // Error messages name the key and what was being done, never the caller
 // (the caller is often a credential).
 type Store struct {
-	pool  *pgxpool.Pool
-	batch int
+	pool   *pgxpool.Pool
+	batch  int
+	insert string // insertSQL, or asyncInsertSQL
 
 	onSweepBatch func(deleted int) // for tests
 }
@@ -36,13 +38,27 @@ type Options struct {
 	// SweepBatch is how many expired records one statement of Sweep
 	// deletes at most. Zero or negative means [DefaultSweepBatch].
 	SweepBatch int
+	// AsyncInsert makes Insert's commit not wait for the disk
+	// (synchronous_commit off for that one statement), which saves a
+	// flush per fresh key. It is safe only when every effect of the
+	// handler is written through Complete's transaction: Complete's
+	// commit waits for the disk as usual, and flushes the record's insert
+	// with it, so a record is lost only if the database crashes before
+	// its work committed, and then the retry finds the key new and nothing
+	// done. It is not safe for handlers that call an external provider:
+	// such a lost record takes its stable id with it, and the retry would
+	// call the provider again under a new one.
+	AsyncInsert bool
 }
 
 // New returns a Store on pool. nil opts means defaults.
 func New(pool *pgxpool.Pool, opts *Options) *Store {
-	s := &Store{pool: pool, batch: DefaultSweepBatch}
+	s := &Store{pool: pool, batch: DefaultSweepBatch, insert: insertSQL}
 	if opts != nil && opts.SweepBatch > 0 {
 		s.batch = opts.SweepBatch
+	}
+	if opts != nil && opts.AsyncInsert {
+		s.insert = asyncInsertSQL
 	}
 	return s
 }
@@ -68,39 +84,55 @@ const columns = `fingerprint, status, stable_id, owner, locked_until, created_at
 	response_status, response_header, response_body`
 
 // insertSQL inserts the record, or replaces one that has expired, in one
-// statement; when it does neither, the live record comes back. The main
-// query reads from the statement's snapshot, which may not yet show a
-// conflicting row that committed after the statement began; the row is then
-// all NULLs and Insert runs the statement again.
+// statement; when it does neither, the live record comes back. The insert
+// is ON CONFLICT DO NOTHING, which takes no lock on a live record, so that
+// replays of one key do not queue behind each other; the replacement of an
+// expired record is an UPDATE conditional on the expiry, which locks the
+// row and checks the expiry again on its latest version, so two requests
+// cannot both replace it. The main query reads from the statement's
+// snapshot, which may not yet show a row that another transaction committed
+// after the statement began; the row is then all NULLs (or the old,
+// expired version) and Insert runs the statement again.
 const insertSQL = `WITH ins AS (
-	INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
+	INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-	ON CONFLICT (caller, key) DO UPDATE SET
-		fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status, stable_id = EXCLUDED.stable_id,
-		owner = EXCLUDED.owner, locked_until = EXCLUDED.locked_until,
-		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at,
+	ON CONFLICT (caller, key) DO NOTHING
+	RETURNING 1
+), repl AS (
+	UPDATE idempotency_records r SET
+		fingerprint = $3, status = $4, stable_id = $5, owner = $6, locked_until = $7, created_at = $8, expires_at = $9,
 		response_status = NULL, response_header = NULL, response_body = NULL
-	WHERE r.expires_at <= EXCLUDED.created_at
+	WHERE r.caller = $1 AND r.key = $2 AND r.expires_at <= $8 AND NOT EXISTS (SELECT 1 FROM ins)
 	RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM ins), r.fingerprint, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
+SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl),
+	r.fingerprint, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
 	r.response_status, r.response_header, r.response_body
 FROM (SELECT 1) AS one
-LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
+LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
+	AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM repl)`
+
+// asyncInsertSQL is insertSQL with synchronous_commit off for its own
+// (implicit) transaction: set_config(..., true) is SET LOCAL, and the
+// setting in effect at commit decides.
+var asyncInsertSQL = strings.Replace(insertSQL, "WITH ins AS (",
+	"WITH async AS (SELECT set_config('synchronous_commit', 'off', true)), ins AS (", 1) +
+	"\n\tCROSS JOIN async"
 
 // insertAttempts bounds the re-runs of insertSQL when the conflicting row
 // is not yet visible; each re-run takes a new snapshot, so one is almost
 // always enough.
 const insertAttempts = 10
 
-// Insert implements [idempotency.Store] with one INSERT ... ON CONFLICT.
+// Insert implements [idempotency.Store] with one statement: INSERT ... ON
+// CONFLICT DO NOTHING, and an UPDATE that replaces an expired record.
 func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
 	for range insertAttempts {
 		var (
 			inserted bool
 			row      nullableRecord
 		)
-		err := s.pool.QueryRow(ctx, insertSQL, rec.ID.Principal, rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
+		err := s.pool.QueryRow(ctx, s.insert, rec.ID.Principal, rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
 			rec.StableID, rec.Owner, nullTime(rec.LockedUntil), rec.CreatedAt, rec.ExpiresAt,
 		).Scan(append([]any{&inserted}, row.dest()...)...)
 		if err != nil {

@@ -10,7 +10,8 @@
 //
 // Run checks: of 100 goroutines inserting one key, one wins and the others
 // get its record; of many takeovers of one dead worker's record, one wins;
-// an effect that fails leaves the record IN_PROGRESS and its owner's, with no
+// a record from its expiry on is replaced by exactly one of many concurrent
+// inserts; an effect that fails leaves the record IN_PROGRESS and its owner's, with no
 // answer stored (and, for a store with transactions, none of the effect's
 // writes); a record from its expiry on is replaced by an insert; a sweep
 // deletes the expired records and only those; keys are scoped by caller.
@@ -67,6 +68,7 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"FailedEffectRollsBack", testFailedEffectRollsBack},
 		{"Release", testRelease},
 		{"ExpiryReplaces", testExpiryReplaces},
+		{"ExpiredReplaceRace", testExpiredReplaceRace},
 		{"SweepDeletesOnlyExpired", testSweepDeletesOnlyExpired},
 		{"ScopedByCaller", testScopedByCaller},
 	}
@@ -420,6 +422,48 @@ func testExpiryReplaces(t *testing.T, sub Subject) {
 	sameRecord(t, got, fresh)
 	if got.Response != nil {
 		t.Errorf("the replacing record kept the expired one's answer %+v", got.Response)
+	}
+}
+
+func testExpiredReplaceRace(t *testing.T, sub Subject) {
+	old := record(key, "old", t0)
+	mustInsert(t, sub.Store, old)
+	const n = 50
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []string
+		seen    = map[string]int{}
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			owner := fmt.Sprintf("w%d", i)
+			ex, inserted, err := sub.Store.Insert(context.Background(), record(key, owner, old.ExpiresAt))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Errorf("Insert by %s: %v", owner, err)
+			case inserted:
+				winners = append(winners, owner)
+			case ex == nil:
+				t.Errorf("Insert by %s: not inserted and no existing record", owner)
+			default:
+				seen[ex.Owner]++
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d inserts replaced the expired record (%v), want exactly 1", len(winners), winners)
+	}
+	if seen[winners[0]] != n-1 || len(seen) != 1 {
+		t.Errorf("losers saw owners %v, want all %d to see the winner %s", seen, n-1, winners[0])
 	}
 }
 
