@@ -105,8 +105,11 @@ func DSN(tb testing.TB) string {
 	tb.Helper()
 	admin, err := serverDSN()
 	if err != nil {
-		if errors.Is(err, ErrNoBinaries) && os.Getenv(EnvRequire) != "1" {
-			tb.Skip(enableHint)
+		if errors.Is(err, ErrNoBinaries) {
+			if os.Getenv(EnvRequire) != "1" {
+				tb.Skip(enableHint)
+			}
+			tb.Fatalf("pgtest: %s=1 and no PostgreSQL: %v; set %s=postgres://... or install the PostgreSQL server", EnvRequire, err, EnvDSN)
 		}
 		tb.Fatalf("pgtest: %v", err)
 	}
@@ -291,7 +294,7 @@ func findBinaries() (string, error) {
 			return dir, nil
 		}
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	dirs, _ := filepath.Glob(binGlob)
 	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
 	for _, dir := range dirs {
 		_, err1 := os.Stat(filepath.Join(dir, "initdb"))
@@ -302,6 +305,10 @@ func findBinaries() (string, error) {
 	}
 	return "", ErrNoBinaries
 }
+
+// binGlob is where the Debian and Ubuntu packages put the binaries of each
+// major version.
+var binGlob = "/usr/lib/postgresql/*/bin"
 
 // version is the major version in /usr/lib/postgresql/N/bin.
 func version(dir string) int {

@@ -3,12 +3,49 @@ package pgtest
 import (
 	"context"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 )
 
-func TestMain(m *testing.M) { os.Exit(Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) == "1" {
+		binGlob = "/nonexistent/postgresql/*/bin" // a machine without PostgreSQL
+	}
+	os.Exit(Main(m))
+}
+
+// envChild marks a run of this test binary by TestWithoutPostgres.
+const envChild = "PGTEST_CHILD_WITHOUT_POSTGRES"
+
+// TestWithoutPostgres runs TestDSNGivesEachTestAnEmptyDatabase in a child
+// process that has no DSN and finds no binaries: it skips, saying how to
+// enable it, or fails under IDEM_REQUIRE_POSTGRES=1.
+func TestWithoutPostgres(t *testing.T) {
+	if os.Getenv(envChild) == "1" {
+		t.Skip("the child runs only the database test")
+	}
+	for _, c := range []struct {
+		require string
+		wantErr bool
+		want    string
+	}{
+		{"", false, "--- SKIP: TestDSNGivesEachTestAnEmptyDatabase"},
+		{"1", true, "--- FAIL: TestDSNGivesEachTestAnEmptyDatabase"},
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestDSNGivesEachTestAnEmptyDatabase$", "-test.v")
+		cmd.Env = append(os.Environ(), envChild+"=1", EnvDSN+"=", EnvRequire+"="+c.require, "PATH="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if (err != nil) != c.wantErr || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s=%q: err %v, output:\n%s", EnvRequire, c.require, err, out)
+		}
+		if !strings.Contains(string(out), "set "+EnvDSN) {
+			t.Errorf("%s=%q: the output does not say how to enable the tests:\n%s", EnvRequire, c.require, out)
+		}
+	}
+}
 
 func TestDSNGivesEachTestAnEmptyDatabase(t *testing.T) {
 	var names [2]string
