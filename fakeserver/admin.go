@@ -50,7 +50,12 @@ func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			methodNotAllowed(w, "GET, HEAD")
 			return
 		}
-		writeJSON(w, http.StatusOK, h.Stats())
+		st, err := h.stats(r.Context())
+		if err != nil {
+			internalError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
 	case "faults":
 		switch r.Method {
 		case http.MethodPost:
@@ -72,7 +77,10 @@ func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			methodNotAllowed(w, "POST")
 			return
 		}
-		h.Reset()
+		if err := h.reset(r.Context()); err != nil {
+			internalError(w, err)
+			return
+		}
 		w.WriteHeader(http.StatusNoContent)
 	default:
 		notFound("admin endpoints: GET /_fake/stats, POST and DELETE /_fake/faults, POST /_fake/sweep, POST /_fake/reset").Write(w)

@@ -68,6 +68,19 @@
 //   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
 //     POST /_fake/reset.
 //
+// # Several processes on PostgreSQL
+//
+// With [Options.Postgres] (cmd/fakeserver -postgres DSN) the records go to
+// a [github.com/idemkit/idem/idempotency/pgstore.Store], and payments, the
+// fake provider's charges, order statuses and the counters to tables beside
+// them ([Migrate] creates them). A payment commits in the transaction that
+// marks its record COMPLETED. Several fake server processes on one database
+// then act as one server: a key's record, payment and charge are the same
+// whichever process a request reaches, a dead worker's record in one process
+// is taken over by a request to another once its lease ends, and
+// /_fake/stats on any of them reports the database's totals. Faults stay per
+// process; /_fake/reset empties the shared tables.
+//
 // # Time
 //
 // Retention, leases, created_at, payment ids and Retry-After use

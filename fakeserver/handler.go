@@ -2,6 +2,7 @@ package fakeserver
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -23,6 +24,8 @@ type Handler struct {
 	orders   orders
 	faults   faultSet
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
+	pg       *pgState     // the state in PostgreSQL; nil when in memory
+	instance string       // tells this process's payment ids from others' on one database
 
 	requests, executions, seq atomic.Int64
 }
@@ -42,12 +45,20 @@ func newHandler(opts *Options, bare bool) *Handler {
 		provider: newProvider(),
 		orders:   orders{status: make(map[idempotency.ID]string)},
 	}
-	h.store.SetMaxRecords(h.cfg.maxRecords)
-	h.ledger.max = h.cfg.maxPayments
+	var store idempotency.Store = h.store
+	if h.cfg.pg != nil {
+		// The bounds on memory do not apply: the database holds the state.
+		h.pg = newPGState(h.cfg.pg)
+		h.instance = strings.ToLower(rand.Text()[:8])
+		store = h.pg.store
+	} else {
+		h.store.SetMaxRecords(h.cfg.maxRecords)
+		h.ledger.max = h.cfg.maxPayments
+	}
 	h.payments = http.HandlerFunc(h.createPayment)
 	if !bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
-			Store:       h.store,
+			Store:       store,
 			Clock:       h.cfg.clock,
 			Retention:   h.cfg.retention,
 			Lease:       h.cfg.lease,
@@ -81,6 +92,10 @@ func (h *Handler) ClearFaults() { h.faults.clear() }
 // that died and was never taken over).
 func (h *Handler) Sweep() int {
 	now := h.cfg.clock.Now()
+	if h.pg != nil {
+		n, _ := h.pg.store.Sweep(context.Background(), now)
+		return n
+	}
 	n, _ := h.store.Sweep(context.Background(), now)
 	h.ledger.dropReservations(func(id idempotency.ID, stableID string) bool {
 		rec, ok := h.store.Get(context.Background(), id, now)
@@ -91,8 +106,16 @@ func (h *Handler) Sweep() int {
 
 // Reset forgets everything: records, payments, provider charges, orders,
 // faults and counters. Requests in flight may still commit afterwards.
-func (h *Handler) Reset() {
+// On PostgreSQL it empties the shared tables, for every process on the
+// database; faults are forgotten in this process only.
+func (h *Handler) Reset() { _ = h.reset(context.Background()) }
+
+func (h *Handler) reset(ctx context.Context) error {
 	h.faults.clear()
+	var err error
+	if h.pg != nil {
+		err = h.pg.reset(ctx)
+	}
 	h.store.Clear()
 	h.ledger.reset()
 	h.provider.reset()
@@ -101,6 +124,7 @@ func (h *Handler) Reset() {
 	h.orders.mu.Unlock()
 	h.requests.Store(0)
 	h.executions.Store(0)
+	return err
 }
 
 // RunSweeper calls Sweep every interval (real time) until ctx is done.
@@ -127,7 +151,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveAdmin(w, r)
 		return
 	}
-	h.requests.Add(1)
+	h.countRequest(r.Context())
 
 	var entry *logEntry
 	if h.cfg.logger != nil {

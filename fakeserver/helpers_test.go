@@ -1,17 +1,21 @@
 package fakeserver_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 const (
@@ -101,5 +105,23 @@ func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *cl
 		opts = &fakeserver.Options{}
 	}
 	opts.Clock = clk
+	if os.Getenv(envPostgres) == "1" {
+		opts.Postgres = newPool(tb)
+	}
 	return fakeserver.Start(tb, opts), clk
+}
+
+// envPostgres, set to 1, runs every test that starts its server with
+// newServer on PostgreSQL, each on a database of its own, so that the
+// contract is checked for both ways of keeping state.
+const envPostgres = "IDEM_FAKESERVER_POSTGRES"
+
+// newPool returns a pool on a new database with the fake server's schema.
+func newPool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.DSN(tb))
+	require.NoError(tb, err)
+	tb.Cleanup(pool.Close)
+	require.NoError(tb, fakeserver.Migrate(context.Background(), pool))
+	return pool
 }

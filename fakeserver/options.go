@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -65,6 +67,13 @@ type Options struct {
 	// [ProblemStorageFull], and nothing changes; known orders can still be
 	// updated. Zero (or negative) means no bound.
 	MaxOrders int
+	// Postgres, if not nil, keeps the records, payments, the fake
+	// provider's charges, order statuses and the counters in this database
+	// instead of in memory, so that several fake server processes on one
+	// database act as one server and report the same [Stats]. Faults stay
+	// per process, and MaxRecords, MaxPayments and MaxOrders, which bound
+	// memory, do not apply. Call [Migrate] on the database first.
+	Postgres *pgxpool.Pool
 }
 
 // config is Options with the defaults filled in.
@@ -74,6 +83,7 @@ type config struct {
 	maxRecords, maxPayments, maxOrders  int
 	clock                               Clock
 	logger                              *slog.Logger
+	pg                                  *pgxpool.Pool
 }
 
 type realClock struct{}
@@ -85,7 +95,7 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0)}
+			maxOrders: max(o.MaxOrders, 0), pg: o.Postgres}
 		switch o.KeyFormat {
 		case "", KeyFormatAny:
 		case KeyFormatUUID:

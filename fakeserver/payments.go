@@ -277,7 +277,10 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if f.has(FaultCrashAfterInsert) {
 		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 	}
-	h.executions.Add(1)
+	if err := h.countExecution(ctx); err != nil {
+		internalError(w, err)
+		return
+	}
 
 	id := info.StableID
 	principal := info.ID.Principal
@@ -309,16 +312,24 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// After a dead worker, ask the provider before charging again.
 	ch, charged := charge{}, false
 	if info.Takeover {
-		ch, charged = h.provider.Lookup(id)
+		var err error
+		if ch, charged, err = h.lookupCharge(ctx, id); err != nil {
+			internalError(w, err)
+			return
+		}
 	}
 	if !charged {
 		var err error
-		ch, err = h.provider.Charge(charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
+		ch, err = h.charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
 			CreatedAt: h.cfg.clock.Now().UTC()})
 		if errors.Is(err, errDeclined) {
 			h.ledger.unreserve(id)
 			(&Problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
 				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
+			return
+		}
+		if err != nil {
+			internalError(w, err)
 			return
 		}
 	}
@@ -329,7 +340,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	p := &payment{ID: id, Amount: ch.Amount, Currency: ch.Currency, Customer: ch.Customer, Description: req.Description,
 		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: principal, key: info.ID.Key}
 	out, _ := json.Marshal(p)
-	if err := idempotency.OnCommit(ctx, func(context.Context) error { h.ledger.add(p); return nil }); err != nil {
+	if err := idempotency.OnCommit(ctx, func(ctx context.Context) error { return h.addPayment(ctx, p) }); err != nil {
 		(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
 		return
 	}
@@ -341,11 +352,18 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 
 // newPaymentID returns an id that sorts by the injected clock's time.
 func (h *Handler) newPaymentID() string {
+	if h.instance != "" {
+		return fmt.Sprintf("pay_%d_%d_%s", h.cfg.clock.Now().Unix(), h.seq.Add(1), h.instance)
+	}
 	return fmt.Sprintf("pay_%d_%d", h.cfg.clock.Now().Unix(), h.seq.Add(1))
 }
 
 func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) {
-	p, ok := h.ledger.get(principalOf(r), id)
+	p, ok, err := h.findPayment(r.Context(), principalOf(r), id)
+	if err != nil {
+		internalError(w, err)
+		return
+	}
 	if !ok {
 		notFound("no payment " + strconv.Quote(id) + " for this caller").Write(w)
 		return
@@ -363,14 +381,23 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 			(&Problem{Type: ProblemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
-		p, ok := h.ledger.byIdempotencyKey(principalOf(r), key)
+		p, ok, err := h.findPaymentByKey(r.Context(), principalOf(r), key)
+		if err != nil {
+			internalError(w, err)
+			return
+		}
 		if !ok {
 			// No payment yet is not "never": a request under the key may be
 			// running, or its worker may have died after the provider
 			// charged. Until a resend with the key settles it, say so
 			// rather than 404, which a client would take as "never done".
 			id := idempotency.ID{Principal: principalOf(r), Key: key}
-			if rec, ok := h.store.Get(r.Context(), id, h.cfg.clock.Now()); ok && rec.Status == idempotency.StatusInProgress {
+			rec, ok, err := h.liveRecord(r.Context(), id, h.cfg.clock.Now())
+			if err != nil {
+				internalError(w, err)
+				return
+			}
+			if ok && rec.Status == idempotency.StatusInProgress {
 				secs := int64(1)
 				if left := rec.LockedUntil.Sub(h.cfg.clock.Now()); left > time.Second {
 					secs = int64((left + time.Second - 1) / time.Second)
@@ -386,9 +413,14 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, p)
 		return
 	}
+	list, err := h.paymentsOf(r.Context(), principalOf(r))
+	if err != nil {
+		internalError(w, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, struct {
 		Data []*payment `json:"data"`
-	}{h.ledger.list(principalOf(r))})
+	}{list})
 }
 
 // orders holds the statuses set with PUT /orders/{id}/status. It is safe for
@@ -445,12 +477,22 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 			Detail: "the error fault failed this request; nothing changed"}).Write(w)
 		return
 	}
-	if !h.orders.set(idempotency.ID{Principal: principalOf(r), Key: id}, *req.Status, h.cfg.maxOrders) {
+	stored, err := h.setOrderStatus(r.Context(), principalOf(r), id, *req.Status)
+	if err != nil {
+		internalError(w, err)
+		return
+	}
+	if !stored {
 		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many orders as it may; nothing was changed"}).Write(w)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "status": *req.Status})
+}
+
+// internalError answers 500 for a failure of the server's own state.
+func internalError(w http.ResponseWriter, err error) {
+	(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

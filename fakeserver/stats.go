@@ -22,15 +22,9 @@ type Stats struct {
 	Requests int `json:"requests"`
 }
 
-// Stats returns the counters now.
+// Stats returns the counters now. On PostgreSQL they are the database's
+// totals, for every process on it (zero if the database cannot be read).
 func (h *Handler) Stats() Stats {
-	records, inProgress, _ := h.store.Count(context.Background())
-	return Stats{
-		Payments:        h.ledger.count(),
-		ProviderCharges: h.provider.count(),
-		Executions:      int(h.executions.Load()),
-		Records:         records,
-		InProgress:      inProgress,
-		Requests:        int(h.requests.Load()),
-	}
+	st, _ := h.stats(context.Background())
+	return st
 }

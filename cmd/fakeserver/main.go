@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/idem/fakeserver"
 )
 
@@ -57,6 +59,13 @@ payments and orders only with POST /_fake/reset.
 
 Slow clients are disconnected after the timeouts below.
 
+With -postgres DSN the records, payments, the fake provider's charges,
+order statuses and the counters are kept in that PostgreSQL database (its
+tables are created at start), so that several fakeserver processes on one
+database act as one server: /_fake/stats on any of them reports the
+database's totals. Faults stay per process, and the -max-* bounds, which
+bound memory, do not apply.
+
 Flags:
 `
 
@@ -86,6 +95,7 @@ func run(args []string, stderr io.Writer) int {
 	maxPayments := fs.Int("max-payments", 100000, "payments held at most (they do not expire); then a new payment gets 503\nstorage-full before anything is charged, until POST /_fake/reset")
 	maxOrders := fs.Int("max-orders", 100000, "order statuses held at most; then a status for a new order gets 503 storage-full")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may finish before their\nconnections are closed; the program then exits 0")
+	postgres := fs.String("postgres", "", "PostgreSQL DSN (postgres://user:pass@host/db or keyword=value); empty keeps the state in memory")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -122,7 +132,9 @@ func run(args []string, stderr io.Writer) int {
 	}
 
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	h := fakeserver.NewHandler(&fakeserver.Options{
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	opts := &fakeserver.Options{
 		Retention:       *retention,
 		Lease:           *lease,
 		ProcessingDelay: *delay,
@@ -131,10 +143,17 @@ func run(args []string, stderr io.Writer) int {
 		MaxRecords:      *maxRecords,
 		MaxPayments:     *maxPayments,
 		MaxOrders:       *maxOrders,
-	})
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	}
+	if *postgres != "" {
+		pool, err := openPostgres(ctx, *postgres)
+		if err != nil {
+			logger.Error("cannot use the database", "err", err)
+			return 1
+		}
+		defer pool.Close()
+		opts.Postgres = pool
+	}
+	h := fakeserver.NewHandler(opts)
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		logger.Error("cannot listen", "addr", *addr, "err", err)
@@ -174,4 +193,24 @@ func run(args []string, stderr io.Writer) int {
 	}
 	logger.Info("stopped")
 	return 0
+}
+
+// openPostgres connects to dsn and creates the fake server's tables. The
+// first connection must succeed within 10 seconds.
+func openPostgres(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("-postgres: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("-postgres: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := fakeserver.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }

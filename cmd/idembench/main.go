@@ -12,6 +12,17 @@
 // Usage:
 //
 //	go run ./cmd/idembench [-quick] [-n 2000] [-concurrency 1] [-intents 10000,100000]
+//
+// With -postgres it measures the server side on PostgreSQL instead: the
+// idempotency middleware over pgstore beside the same handler mounted bare,
+// writing the same payment row in its own transaction, at concurrency 1 and
+// 16, with fresh keys and replays, then a same-key storm. -postgres takes a
+// DSN, or "start" to start a throwaway server (fsync on) from the
+// PostgreSQL binaries on the machine, or "start-nofsync" for one whose
+// commits do not wait for the disk, which shows the cost of round trips
+// apart from the cost of flushes:
+//
+//	go run ./cmd/idembench -postgres start [-quick] [-n 3000]
 package main
 
 import (
@@ -24,6 +35,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem/internal/bench"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func main() {
@@ -32,7 +44,12 @@ func main() {
 	conc := flag.Int("concurrency", 1, "goroutines sending at once")
 	intents := flag.String("intents", "", "comma-separated store sizes for open+list (default 10000,100000; 10000 with -quick)")
 	dir := flag.String("dir", "", "directory for the file stores (default the system's temporary directory)")
+	postgres := flag.String("postgres", "", `measure the server side on this PostgreSQL DSN; "start" starts a throwaway server, "start-nofsync" one that does not flush commits`)
 	flag.Parse()
+
+	if *postgres != "" {
+		os.Exit(runPostgres(*postgres, *quick, *n))
+	}
 
 	cfg := bench.Defaults()
 	if *quick {
@@ -63,4 +80,33 @@ func main() {
 		os.Exit(1)
 	}
 	rep.Print(os.Stdout)
+}
+
+// runPostgres is the -postgres run; it returns the exit code.
+func runPostgres(dsn string, quick bool, n int) int {
+	cfg := bench.PGDefaults()
+	if quick {
+		cfg = bench.PGQuick()
+	}
+	if n > 0 {
+		cfg.Requests = n
+	}
+	if dsn == "start" || dsn == "start-nofsync" {
+		srv, err := pgtest.Start(pgtest.Options{Durable: dsn == "start"})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "idembench:", err)
+			return 1
+		}
+		defer srv.Stop()
+		dsn = srv.DSN("postgres")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := bench.RunPostgres(ctx, dsn, cfg, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		return 1
+	}
+	rep.Print(os.Stdout)
+	return 0
 }

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+// startProcesses builds the program and starts n processes of it on the
+// database dsn, and returns their base URLs. They are killed when t ends.
+func startProcesses(t *testing.T, n int, dsn string, args ...string) []string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fakeserver")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var urls []string
+	for i := range n {
+		cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-sweep-every", "0", "-postgres", dsn}, args...)...)
+		stderr, err := cmd.StderrPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		lines := bufio.NewScanner(stderr)
+		require.True(t, lines.Scan(), "process %d wrote no log line", i)
+		m := regexp.MustCompile(`msg=listening addr=(\S+)`).FindStringSubmatch(lines.Text())
+		require.NotNil(t, m, "process %d's first line: %s", i, lines.Text())
+		urls = append(urls, "http://"+m[1])
+		drained := make(chan struct{})
+		go func() { // keep reading so the process never blocks on its log
+			defer close(drained)
+			_, _ = io.Copy(io.Discard, stderr)
+		}()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-drained
+			_ = cmd.Wait()
+		})
+	}
+	return urls
+}
+
+func pay(t *testing.T, c *http.Client, base, key string) (int, []byte) {
+	t.Helper()
+	r, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+	require.NoError(t, err)
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("Authorization", "Bearer storm")
+	resp, err := c.Do(r)
+	if err != nil {
+		return 0, nil // a crash fault closes the connection
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, body
+}
+
+func stats(t *testing.T, base string) fakeserver.Stats {
+	t.Helper()
+	resp, err := http.Get(base + "/_fake/stats")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var s fakeserver.Stats
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&s))
+	return s
+}
+
+// Three processes on one database: 300 concurrent requests on one key,
+// spread over them, make one execution and one charge; the rest are
+// replays of its answer or 409s.
+func TestThreeProcessesStormOneKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program and starts three processes")
+	}
+	dsn := pgtest.DSN(t)
+	urls := startProcesses(t, 3, dsn, "-processing-delay", "200ms")
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 100}}
+	defer c.CloseIdleConnections()
+
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		codes  = map[int]int{}
+		bodies = map[string]bool{}
+	)
+	start := make(chan struct{})
+	for i := range 300 {
+		wg.Go(func() {
+			<-start
+			code, body := pay(t, c, urls[i%3], "storm-key")
+			mu.Lock()
+			defer mu.Unlock()
+			codes[code]++
+			if code == http.StatusCreated {
+				bodies[string(body)] = true
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("storm over 3 processes: %d created or replayed (201), %d conflicts (409), other %v",
+		codes[http.StatusCreated], codes[http.StatusConflict], codes)
+	assert.Equal(t, 300, codes[http.StatusCreated]+codes[http.StatusConflict], "every answer is 201 or 409: %v", codes)
+	assert.Positive(t, codes[http.StatusCreated])
+	assert.Len(t, bodies, 1, "every 201 carries the one payment")
+
+	// The key settles: every process replays the one payment.
+	for _, u := range urls {
+		code, body := pay(t, c, u, "storm-key")
+		assert.Equal(t, http.StatusCreated, code)
+		assert.True(t, bodies[string(body)], "process %s answers another payment: %s", u, body)
+	}
+	want := fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, InProgress: 0, Requests: 303}
+	for _, u := range urls {
+		assert.Equal(t, want, stats(t, u), "stats of %s", u)
+	}
+}
+
+// A worker dies in one process after the provider charged; once its lease
+// has ended, a request to another process takes the record over, finds the
+// charge at the provider, and makes no second one.
+func TestThreeProcessesTakeOverADeadWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program and starts three processes")
+	}
+	dsn := pgtest.DSN(t)
+	urls := startProcesses(t, 3, dsn, "-lease", "1m")
+	c := &http.Client{}
+	defer c.CloseIdleConnections()
+
+	fault, err := http.Post(urls[0]+"/_fake/faults", "application/json",
+		strings.NewReader(`{"fault":"crash_after_provider","key":"dead-key"}`))
+	require.NoError(t, err)
+	fault.Body.Close()
+	require.Equal(t, http.StatusCreated, fault.StatusCode)
+
+	code, _ := pay(t, c, urls[0], "dead-key")
+	require.Zero(t, code, "the worker in process 0 should have died without answering")
+	assert.Equal(t, fakeserver.Stats{ProviderCharges: 1, Executions: 1, Records: 1, InProgress: 1, Requests: 1}, stats(t, urls[1]))
+
+	// The lease is alive: the other processes answer 409.
+	code, _ = pay(t, c, urls[1], "dead-key")
+	assert.Equal(t, http.StatusConflict, code)
+
+	// The lease ends (the test moves its end into the past rather than
+	// waiting a minute).
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	tag, err := conn.Exec(context.Background(),
+		"UPDATE idempotency_records SET locked_until = now() - interval '1 second' WHERE key = 'dead-key'")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	code, body := pay(t, c, urls[2], "dead-key")
+	assert.Equal(t, http.StatusCreated, code, "%s", body)
+	code, replay := pay(t, c, urls[1], "dead-key")
+	assert.Equal(t, http.StatusCreated, code)
+	assert.Equal(t, string(body), string(replay))
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 2, Records: 1, InProgress: 0, Requests: 4},
+		stats(t, urls[0]), fmt.Sprintf("after the takeover; the payment: %s", body))
+}

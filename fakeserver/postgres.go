@@ -1,0 +1,201 @@
+package fakeserver
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idempotency/pgstore"
+)
+
+//go:embed postgres.sql
+var schemaSQL string
+
+// schemaLock is the advisory lock that serialises Migrate across processes
+// ("fake" in ASCII).
+const schemaLock = 0x66616b65
+
+// Migrate creates in pool's database what a fake server on PostgreSQL
+// (see [Options.Postgres]) keeps: the idempotency records (with
+// [pgstore.Migrate]), payments, the fake provider's charges, order
+// statuses and the counters. It is safe to call on every start, from
+// several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", schemaLock); err != nil {
+			return fmt.Errorf("fakeserver: migrate: take the schema lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, schemaSQL); err != nil {
+			return fmt.Errorf("fakeserver: migrate: create the tables: %w", err)
+		}
+		return nil
+	})
+}
+
+// pgState is the fake server's state in PostgreSQL: every process on the
+// database sees the same records, payments, charges and counters.
+type pgState struct {
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+}
+
+func newPGState(pool *pgxpool.Pool) *pgState {
+	return &pgState{pool: pool, store: pgstore.New(pool, nil)}
+}
+
+const paymentColumns = `id, principal, idem_key, amount, currency, customer, description, status, created_at`
+
+func scanPayment(row pgx.Row) (*payment, error) {
+	var p payment
+	err := row.Scan(&p.ID, &p.principal, &p.key, &p.Amount, &p.Currency, &p.Customer, &p.Description, &p.Status, &p.CreatedAt)
+	if err != nil {
+		return nil, err
+	}
+	p.CreatedAt = p.CreatedAt.UTC()
+	return &p, nil
+}
+
+// addPayment stores p. Inside [pgstore.Store.Complete] (the effect of a
+// request behind the middleware) it writes through Complete's transaction,
+// so the payment commits with the record or not at all.
+func (s *pgState) addPayment(ctx context.Context, p *payment) error {
+	const q = `INSERT INTO fake_payments (` + paymentColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (id) DO NOTHING`
+	args := []any{p.ID, p.principal, p.key, p.Amount, p.Currency, p.Customer, p.Description, p.Status, p.CreatedAt}
+	var err error
+	if tx, ok := pgstore.Tx(ctx); ok {
+		_, err = tx.Exec(ctx, q, args...)
+	} else {
+		_, err = s.pool.Exec(ctx, q, args...)
+	}
+	if err != nil {
+		return fmt.Errorf("fakeserver: store payment %s: %w", p.ID, err)
+	}
+	return nil
+}
+
+func (s *pgState) payment(ctx context.Context, principal, id string) (*payment, bool, error) {
+	return s.onePayment(ctx, "read payment "+id,
+		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND id = $2`, principal, id)
+}
+
+func (s *pgState) paymentByKey(ctx context.Context, principal, key string) (*payment, bool, error) {
+	return s.onePayment(ctx, "read the payment under a key",
+		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND idem_key = $2 AND idem_key <> ''`, principal, key)
+}
+
+func (s *pgState) onePayment(ctx context.Context, what, q string, args ...any) (*payment, bool, error) {
+	p, err := scanPayment(s.pool.QueryRow(ctx, q, args...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("fakeserver: %s: %w", what, err)
+	}
+	return p, true, nil
+}
+
+func (s *pgState) payments(ctx context.Context, principal string) ([]*payment, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 ORDER BY seq`, principal)
+	if err != nil {
+		return nil, fmt.Errorf("fakeserver: list payments: %w", err)
+	}
+	out := []*payment{}
+	for rows.Next() {
+		p, err := scanPayment(rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("fakeserver: list payments: %w", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("fakeserver: list payments: %w", err)
+	}
+	return out, nil
+}
+
+// charge is the provider's Charge: one charge per id, in one statement; a
+// repeated id returns the first charge.
+func (s *pgState) charge(ctx context.Context, c charge) (charge, error) {
+	if c.Customer == declinedCustomer {
+		return charge{}, errDeclined
+	}
+	out := charge{ID: c.ID}
+	err := s.pool.QueryRow(ctx, `INSERT INTO fake_charges (id, amount, currency, customer, created_at)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (id) DO UPDATE SET id = fake_charges.id
+		RETURNING amount, currency, customer, created_at`, c.ID, c.Amount, c.Currency, c.Customer, c.CreatedAt,
+	).Scan(&out.Amount, &out.Currency, &out.Customer, &out.CreatedAt)
+	if err != nil {
+		return charge{}, fmt.Errorf("fakeserver: provider: charge %s: %w", c.ID, err)
+	}
+	out.CreatedAt = out.CreatedAt.UTC()
+	return out, nil
+}
+
+func (s *pgState) lookupCharge(ctx context.Context, id string) (charge, bool, error) {
+	out := charge{ID: id}
+	err := s.pool.QueryRow(ctx, `SELECT amount, currency, customer, created_at FROM fake_charges WHERE id = $1`, id).
+		Scan(&out.Amount, &out.Currency, &out.Customer, &out.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return charge{}, false, nil
+	}
+	if err != nil {
+		return charge{}, false, fmt.Errorf("fakeserver: provider: look up charge %s: %w", id, err)
+	}
+	out.CreatedAt = out.CreatedAt.UTC()
+	return out, true, nil
+}
+
+// count adds one to the shared counter name.
+func (s *pgState) count(ctx context.Context, name string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO fake_counters (name, n) VALUES ($1, 1)
+		ON CONFLICT (name) DO UPDATE SET n = fake_counters.n + 1`, name)
+	if err != nil {
+		return fmt.Errorf("fakeserver: count %s: %w", name, err)
+	}
+	return nil
+}
+
+func (s *pgState) setOrderStatus(ctx context.Context, principal, id, status string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO fake_orders (principal, id, status) VALUES ($1, $2, $3)
+		ON CONFLICT (principal, id) DO UPDATE SET status = EXCLUDED.status`, principal, id, status)
+	if err != nil {
+		return fmt.Errorf("fakeserver: set the status of order %s: %w", id, err)
+	}
+	return nil
+}
+
+// stats reads every counter in one statement, so the totals are of one
+// moment.
+func (s *pgState) stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	err := s.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM fake_payments),
+		(SELECT count(*) FROM fake_charges),
+		coalesce((SELECT n FROM fake_counters WHERE name = 'executions'), 0),
+		(SELECT count(*) FROM idempotency_records),
+		(SELECT count(*) FROM idempotency_records WHERE status = 'IN_PROGRESS'),
+		coalesce((SELECT n FROM fake_counters WHERE name = 'requests'), 0)`).
+		Scan(&st.Payments, &st.ProviderCharges, &st.Executions, &st.Records, &st.InProgress, &st.Requests)
+	if err != nil {
+		return Stats{}, fmt.Errorf("fakeserver: read the statistics: %w", err)
+	}
+	return st, nil
+}
+
+func (s *pgState) reset(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, `TRUNCATE idempotency_records, fake_payments, fake_charges, fake_orders, fake_counters`)
+	if err != nil {
+		return fmt.Errorf("fakeserver: reset: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,36 @@
+-- The fake server's business tables, beside pgstore's idempotency_records.
+CREATE TABLE IF NOT EXISTS fake_payments (
+    seq         bigserial   NOT NULL UNIQUE, -- creation order, for listing
+    id          text        PRIMARY KEY,
+    principal   text        NOT NULL,
+    idem_key    text        NOT NULL, -- '' when made without a key
+    amount      bigint      NOT NULL,
+    currency    text        NOT NULL,
+    customer    text        NOT NULL,
+    description text        NOT NULL,
+    status      text        NOT NULL,
+    created_at  timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fake_payments_by_key ON fake_payments (principal, idem_key);
+
+-- The fake provider's charges, idempotent on the server's stable id.
+CREATE TABLE IF NOT EXISTS fake_charges (
+    id         text        PRIMARY KEY,
+    amount     bigint      NOT NULL,
+    currency   text        NOT NULL,
+    customer   text        NOT NULL,
+    created_at timestamptz NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS fake_orders (
+    principal text NOT NULL,
+    id        text NOT NULL,
+    status    text NOT NULL,
+    PRIMARY KEY (principal, id)
+);
+
+-- Counters shared by every process: executions, requests.
+CREATE TABLE IF NOT EXISTS fake_counters (
+    name text   PRIMARY KEY,
+    n    bigint NOT NULL
+);

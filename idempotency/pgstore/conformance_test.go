@@ -1,0 +1,39 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/idemkit/idem/idempotency/storetest"
+)
+
+func TestStoreConformance(t *testing.T) {
+	t.Run("default", func(t *testing.T) { conformance(t, nil) })
+	t.Run("AsyncInsert", func(t *testing.T) { conformance(t, &Options{AsyncInsert: true}) })
+}
+
+func conformance(t *testing.T, opts *Options) {
+	storetest.Run(t, func(t *testing.T) storetest.Subject {
+		pool := newPool(t)
+		if _, err := pool.Exec(context.Background(), "CREATE TABLE business_rows (name text PRIMARY KEY)"); err != nil {
+			t.Fatal(err)
+		}
+		return storetest.Subject{
+			Store: New(pool, opts),
+			WriteRow: func(ctx context.Context, name string) error {
+				tx, ok := Tx(ctx)
+				if !ok {
+					return errors.New("the effect's context carries no transaction")
+				}
+				_, err := tx.Exec(ctx, "INSERT INTO business_rows (name) VALUES ($1)", name)
+				return err
+			},
+			HasRow: func(ctx context.Context, name string) (bool, error) {
+				var ok bool
+				err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM business_rows WHERE name = $1)", name).Scan(&ok)
+				return ok, err
+			},
+		}
+	})
+}

@@ -1,0 +1,84 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Inbox makes the consumer of an at-least-once message stream do each
+// message's work once: [Inbox.Process] runs the effect and records the
+// message id in one transaction, so a message delivered again (after a
+// consumer crashed before acknowledging it, or to two consumers at once)
+// does nothing. Its table, idempotency_inbox, is created by [Migrate].
+// An Inbox is safe for concurrent use by multiple goroutines and processes.
+type Inbox struct {
+	pool  *pgxpool.Pool
+	batch int
+}
+
+// NewInbox returns an Inbox on pool.
+func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool, batch: DefaultSweepBatch} }
+
+// Process runs effect for the message id of consumer unless it was
+// processed before. In one transaction it records (consumer, id) and runs
+// effect with that transaction; the effect writes its changes through tx,
+// so they commit with the record or not at all.
+//
+// It returns true when effect ran and committed, false (and a nil error)
+// when the message had been processed already; either way the message may be
+// acknowledged. An error means nothing was recorded (the effect failed, or
+// the database did) and the message must not be acknowledged: it will be
+// delivered again and processed then. A second delivery that arrives while
+// the first is being processed waits for it, then does nothing if it
+// committed.
+func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(ctx context.Context, tx pgx.Tx) error) (bool, error) {
+	tx, err := in.pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: process message %q: begin: %w", id, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
+	tag, err := tx.Exec(ctx, `INSERT INTO idempotency_inbox (consumer, message_id) VALUES ($1, $2)
+		ON CONFLICT (consumer, message_id) DO NOTHING`, consumer, id)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: process message %q: record its id: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil
+	}
+	if err := effect(ctx, tx); err != nil {
+		return false, fmt.Errorf("pgstore: process message %q: the effect failed, nothing was recorded: %w", id, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("pgstore: process message %q: commit: %w", id, err)
+	}
+	return true, nil
+}
+
+// Sweep forgets the messages processed more than olderThan ago (by the
+// database's clock), in batches, and returns how many. Keep olderThan
+// longer than the longest time the broker may redeliver a message.
+func (in *Inbox) Sweep(ctx context.Context, olderThan time.Duration) (int, error) {
+	total := 0
+	for {
+		tag, err := in.pool.Exec(ctx, `WITH doomed AS (
+				SELECT consumer, message_id FROM idempotency_inbox
+				WHERE processed_at < now() - $1::interval
+				LIMIT $2
+				FOR UPDATE SKIP LOCKED
+			)
+			DELETE FROM idempotency_inbox i USING doomed d
+			WHERE i.consumer = d.consumer AND i.message_id = d.message_id`, olderThan, in.batch)
+		if err != nil {
+			return total, fmt.Errorf("pgstore: sweep the inbox (%d deleted so far): %w", total, err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < in.batch {
+			return total, nil
+		}
+	}
+}

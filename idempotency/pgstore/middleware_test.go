@@ -1,0 +1,88 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// payHandler writes a payment row through the store's transaction, and
+// answers 500 instead when the body asks it to fail.
+func payHandler(w http.ResponseWriter, r *http.Request) {
+	info, _ := idempotency.FromContext(r.Context())
+	err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
+		tx, ok := Tx(ctx)
+		if !ok {
+			return errors.New("no transaction")
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ($1)", info.StableID)
+		return err
+	})
+	if err != nil || r.URL.Query().Has("fail") {
+		http.Error(w, "failed", http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write([]byte("paid " + info.StableID))
+}
+
+func TestMiddlewareOverPostgres(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	h := idempotency.New(http.HandlerFunc(payHandler), idempotency.Config{Store: New(pool, nil)})
+	post := func(target, key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(`{"amount":1}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	payments := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM payments").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// A server error drops the effect and frees the key.
+	if w := post("/pay?fail", "k1"); w.Code != http.StatusInternalServerError || payments() != 0 {
+		t.Fatalf("failing request: %d, %d payments; want 500, 0", w.Code, payments())
+	}
+
+	// 50 concurrent requests on one key: one payment, every answer the
+	// same 201 or a 409.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[int]int{}
+	bodies := map[string]bool{}
+	for range 50 {
+		wg.Go(func() {
+			w := post("/pay", "k1")
+			mu.Lock()
+			defer mu.Unlock()
+			codes[w.Code]++
+			if w.Code == http.StatusCreated {
+				bodies[w.Body.String()] = true
+			}
+		})
+	}
+	wg.Wait()
+	if payments() != 1 || codes[http.StatusCreated] == 0 || codes[http.StatusCreated]+codes[http.StatusConflict] != 50 || len(bodies) != 1 {
+		t.Errorf("50 requests on one key: %d payments, codes %v, %d distinct bodies; want 1 payment, 201s and 409s, 1 body",
+			payments(), codes, len(bodies))
+	}
+	w := post("/pay", "k1")
+	if w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "true" || !bodies[w.Body.String()] {
+		t.Errorf("replay: %d %q %q", w.Code, w.Header().Get(idempotency.HeaderReplayed), w.Body.String())
+	}
+}

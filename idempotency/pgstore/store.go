@@ -1,0 +1,347 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// DefaultSweepBatch is how many records one sweep statement deletes at most.
+const DefaultSweepBatch = 1000
+
+// Store is an [idempotency.Store] over PostgreSQL. Create its table with
+// [Migrate] first. A Store is safe for concurrent use by multiple
+// goroutines, and several processes may share one database: every decision
+// is made by one statement or one transaction.
+//
+// Error messages name the key and what was being done, never the caller
+// (the caller is often a credential).
+type Store struct {
+	pool   *pgxpool.Pool
+	batch  int
+	insert string // insertSQL, or asyncInsertSQL
+
+	onSweepBatch func(deleted int) // for tests
+}
+
+// Options configures [New]. A nil *Options means defaults.
+type Options struct {
+	// SweepBatch is how many expired records one statement of Sweep
+	// deletes at most. Zero or negative means [DefaultSweepBatch].
+	SweepBatch int
+	// AsyncInsert makes Insert's commit not wait for the disk
+	// (synchronous_commit off for that one statement), which saves a
+	// flush per fresh key. It is safe only when every effect of the
+	// handler is written through Complete's transaction: Complete's
+	// commit waits for the disk as usual, and flushes the record's insert
+	// with it, so a record is lost only if the database crashes before
+	// its work committed, and then the retry finds the key new and nothing
+	// done. It is not safe for handlers that call an external provider:
+	// such a lost record takes its stable id with it, and the retry would
+	// call the provider again under a new one.
+	AsyncInsert bool
+}
+
+// New returns a Store on pool. nil opts means defaults.
+func New(pool *pgxpool.Pool, opts *Options) *Store {
+	s := &Store{pool: pool, batch: DefaultSweepBatch, insert: insertSQL}
+	if opts != nil && opts.SweepBatch > 0 {
+		s.batch = opts.SweepBatch
+	}
+	if opts != nil && opts.AsyncInsert {
+		s.insert = asyncInsertSQL
+	}
+	return s
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Counter = (*Store)(nil)
+)
+
+type txKey struct{}
+
+// Tx returns the transaction of the [Store.Complete] running the effect
+// that was given ctx, and false when ctx does not come from Complete. An
+// effect registered with [idempotency.OnCommit] writes its business rows
+// through it, so that they commit with the COMPLETED record or not at all.
+// The effect must not commit or roll back the transaction.
+func Tx(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+const columns = `fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
+	response_status, response_header, response_body`
+
+// insertSQL inserts the record, or replaces one that has expired, in one
+// statement; when it does neither, the live record comes back. The insert
+// is ON CONFLICT DO NOTHING, which takes no lock on a live record, so that
+// replays of one key do not queue behind each other; the replacement of an
+// expired record is an UPDATE conditional on the expiry, which locks the
+// row and checks the expiry again on its latest version, so two requests
+// cannot both replace it. The main query reads from the statement's
+// snapshot, which may not yet show a row that another transaction committed
+// after the statement began; the row is then all NULLs (or the old,
+// expired version) and Insert runs the statement again.
+const insertSQL = `WITH ins AS (
+	INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+	ON CONFLICT (caller, key) DO NOTHING
+	RETURNING 1
+), repl AS (
+	UPDATE idempotency_records r SET
+		fingerprint = $3, status = $4, stable_id = $5, owner = $6, locked_until = $7, created_at = $8, expires_at = $9,
+		response_status = NULL, response_header = NULL, response_body = NULL
+	WHERE r.caller = $1 AND r.key = $2 AND r.expires_at <= $8 AND NOT EXISTS (SELECT 1 FROM ins)
+	RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl),
+	r.fingerprint, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
+	r.response_status, r.response_header, r.response_body
+FROM (SELECT 1) AS one
+LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
+	AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM repl)`
+
+// asyncInsertSQL is insertSQL with synchronous_commit off for its own
+// (implicit) transaction: set_config(..., true) is SET LOCAL, and the
+// setting in effect at commit decides.
+var asyncInsertSQL = strings.Replace(insertSQL, "WITH ins AS (",
+	"WITH async AS (SELECT set_config('synchronous_commit', 'off', true)), ins AS (", 1) +
+	"\n\tCROSS JOIN async"
+
+// insertAttempts bounds the re-runs of insertSQL when the conflicting row
+// is not yet visible; each re-run takes a new snapshot, so one is almost
+// always enough.
+const insertAttempts = 10
+
+// Insert implements [idempotency.Store] with one statement: INSERT ... ON
+// CONFLICT DO NOTHING, and an UPDATE that replaces an expired record.
+func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	for range insertAttempts {
+		var (
+			inserted bool
+			row      nullableRecord
+		)
+		err := s.pool.QueryRow(ctx, s.insert, rec.ID.Principal, rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
+			rec.StableID, rec.Owner, nullTime(rec.LockedUntil), rec.CreatedAt, rec.ExpiresAt,
+		).Scan(append([]any{&inserted}, row.dest()...)...)
+		if err != nil {
+			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
+		}
+		if inserted {
+			return nil, true, nil
+		}
+		if row.status == nil {
+			continue // the conflicting row committed after the snapshot
+		}
+		existing, err := row.record(rec.ID)
+		if err != nil {
+			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
+		}
+		if existing.Expired(rec.CreatedAt) {
+			continue // an old version, replaced after the snapshot
+		}
+		return existing, false, nil
+	}
+	return nil, false, fmt.Errorf("pgstore: insert key %q: the record changed under %d attempts", rec.ID.Key, insertAttempts)
+}
+
+// TakeOver implements [idempotency.Store] with one conditional UPDATE.
+func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE idempotency_records SET owner = $4, locked_until = $6
+		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3
+		AND locked_until <= $5 AND expires_at > $5`,
+		id.Principal, id.Key, from, to, now, nullTime(until))
+	if err != nil {
+		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Complete implements [idempotency.Store]: in one transaction it marks the
+// record COMPLETED (only if owner holds it IN_PROGRESS), runs commit with
+// the transaction in its context (see [Tx]), and commits. If commit fails,
+// or the connection is lost before the commit, the transaction rolls back
+// and the record stays IN_PROGRESS, owner's, until its lease ends.
+func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
+	var (
+		code   *int32
+		header []byte
+		body   []byte
+	)
+	if resp != nil {
+		c := int32(resp.StatusCode)
+		code, body = &c, resp.Body
+		if body == nil {
+			body = []byte{}
+		}
+		var err error
+		if header, err = json.Marshal(resp.Header); err != nil {
+			return fmt.Errorf("pgstore: complete key %q: encode the answer's header: %w", id.Key, err)
+		}
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: complete key %q: begin: %w", id.Key, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
+	tag, err := tx.Exec(ctx, `UPDATE idempotency_records
+		SET status = 'COMPLETED', owner = '', locked_until = NULL,
+			response_status = $4, response_header = $5, response_body = $6
+		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`,
+		id.Principal, id.Key, owner, code, header, body)
+	if err != nil {
+		return fmt.Errorf("pgstore: complete key %q: mark completed: %w", id.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idempotency.ErrNotOwner
+	}
+	if commit != nil {
+		if err := commit(context.WithValue(ctx, txKey{}, tx)); err != nil {
+			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
+	}
+	return nil
+}
+
+// Release implements [idempotency.Store] with one DELETE.
+func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_records
+		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`, id.Principal, id.Key, owner)
+	if err != nil {
+		return fmt.Errorf("pgstore: release key %q: %w", id.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idempotency.ErrNotOwner
+	}
+	return nil
+}
+
+// Sweep implements [idempotency.Store]. It deletes in batches of
+// [Options.SweepBatch] records, each its own statement, so that no
+// transaction stays open for long however many records have expired.
+// Records that another transaction holds locked are left for the next
+// sweep. If ctx ends between batches, Sweep returns what it deleted so far
+// and ctx's error.
+func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
+	total := 0
+	for {
+		tag, err := s.pool.Exec(ctx, `WITH doomed AS (
+				SELECT caller, key FROM idempotency_records
+				WHERE expires_at <= $1
+				LIMIT $2
+				FOR UPDATE SKIP LOCKED
+			)
+			DELETE FROM idempotency_records r USING doomed d
+			WHERE r.caller = d.caller AND r.key = d.key AND r.expires_at <= $1`, now, s.batch)
+		if err != nil {
+			return total, fmt.Errorf("pgstore: sweep records expired at %s (%d deleted so far): %w",
+				now.UTC().Format(time.RFC3339), total, err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if s.onSweepBatch != nil {
+			s.onSweepBatch(n)
+		}
+		if n < s.batch {
+			return total, nil
+		}
+	}
+}
+
+// Count implements [idempotency.Counter].
+func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'IN_PROGRESS') FROM idempotency_records`).
+		Scan(&records, &inProgress)
+	if err != nil {
+		return 0, 0, fmt.Errorf("pgstore: count records: %w", err)
+	}
+	return records, inProgress, nil
+}
+
+// Get returns the record id if it is live at now. found is false when there
+// is none.
+func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
+	var row nullableRecord
+	err = s.pool.QueryRow(ctx, `SELECT `+columns+` FROM idempotency_records
+		WHERE caller = $1 AND key = $2 AND expires_at > $3`, id.Principal, id.Key, now).Scan(row.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err == nil {
+		rec, err = row.record(id)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, err)
+	}
+	return rec, true, nil
+}
+
+// nullableRecord is a record's columns as scanned, NULLs and all.
+type nullableRecord struct {
+	fingerprint  []byte
+	status       *string
+	stableID     *string
+	owner        *string
+	lockedUntil  *time.Time
+	createdAt    *time.Time
+	expiresAt    *time.Time
+	responseCode *int32
+	header       []byte
+	body         []byte
+}
+
+func (n *nullableRecord) dest() []any {
+	return []any{&n.fingerprint, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
+		&n.responseCode, &n.header, &n.body}
+}
+
+func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) {
+	if n.status == nil || n.stableID == nil || n.owner == nil || n.createdAt == nil || n.expiresAt == nil {
+		return nil, errors.New("a record's column is NULL")
+	}
+	rec := &idempotency.Record{ID: id, Status: idempotency.Status(*n.status), StableID: *n.stableID, Owner: *n.owner,
+		CreatedAt: *n.createdAt, ExpiresAt: *n.expiresAt}
+	if copy(rec.Fingerprint[:], n.fingerprint) != len(rec.Fingerprint) || len(n.fingerprint) != len(rec.Fingerprint) {
+		return nil, fmt.Errorf("the fingerprint is %d bytes, not %d", len(n.fingerprint), len(rec.Fingerprint))
+	}
+	if n.lockedUntil != nil {
+		rec.LockedUntil = *n.lockedUntil
+	}
+	if n.responseCode != nil {
+		rec.Response = &idempotency.Response{StatusCode: int(*n.responseCode), Body: n.body}
+		if rec.Response.Body == nil {
+			rec.Response.Body = []byte{}
+		}
+		if len(n.header) > 0 && string(n.header) != "null" {
+			if err := json.Unmarshal(n.header, &rec.Response.Header); err != nil {
+				return nil, fmt.Errorf("the stored answer's header: %w", err)
+			}
+		}
+		if rec.Response.Header == nil {
+			rec.Response.Header = http.Header{}
+		}
+	}
+	return rec, nil
+}
+
+// nullTime stores the zero time as NULL.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}

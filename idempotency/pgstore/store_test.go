@@ -1,0 +1,150 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func inProgress(key, owner string, now time.Time) *idempotency.Record {
+	return &idempotency.Record{
+		ID: idempotency.ID{Principal: "secret-token", Key: key}, Status: idempotency.StatusInProgress,
+		StableID: "stable", Owner: owner, LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+	}
+}
+
+func TestMigrateConcurrentlyAndTwice(t *testing.T) {
+	pool := newPool(t) // migrated once
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := Migrate(ctx, pool); err != nil {
+				t.Errorf("Migrate: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	var versions int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_schema_migrations").Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := loadMigrations()
+	if versions != len(ms) {
+		t.Errorf("%d migrations recorded, want %d", versions, len(ms))
+	}
+}
+
+// A connection lost in the middle of Complete, after the record was marked
+// COMPLETED in the transaction and the effect ran, leaves the record
+// IN_PROGRESS and its owner's; the owner can complete it later.
+func TestCompleteLostConnectionLeavesRecordInProgress(t *testing.T) {
+	pool := newPool(t)
+	s := New(pool, nil)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE TABLE business_rows (name text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	rec := inProgress("k", "w1", t0)
+	if _, ok, err := s.Insert(ctx, rec); err != nil || !ok {
+		t.Fatalf("Insert = %v, %v", ok, err)
+	}
+	err := s.Complete(ctx, rec.ID, "w1", &idempotency.Response{StatusCode: 201}, func(ctx context.Context) error {
+		tx, _ := Tx(ctx)
+		if _, err := tx.Exec(ctx, "INSERT INTO business_rows VALUES ('charged')"); err != nil {
+			return err
+		}
+		// The server ends this session, as a network failure or a
+		// restarted database would.
+		var pid int
+		if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		_, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+		return err
+	})
+	if err == nil {
+		t.Fatal("Complete on a lost connection succeeded")
+	}
+	if !strings.Contains(err.Error(), `pgstore: complete key "k": commit`) {
+		t.Errorf("error %q does not say what was being done", err)
+	}
+	if strings.Contains(err.Error(), "secret-token") {
+		t.Errorf("error %q names the caller", err)
+	}
+	got, found, err := s.Get(ctx, rec.ID, t0)
+	if err != nil || !found || got.Status != idempotency.StatusInProgress || got.Owner != "w1" {
+		t.Fatalf("after the lost connection: record %+v, %v, %v; want IN_PROGRESS owned by w1", got, found, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM business_rows").Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("business rows = %d, %v; want 0", rows, err)
+	}
+	if err := s.Complete(ctx, rec.ID, "w1", &idempotency.Response{StatusCode: 201}, nil); err != nil {
+		t.Errorf("Complete on a new connection: %v", err)
+	}
+}
+
+func TestSweepDeletesInBatches(t *testing.T) {
+	pool := newPool(t)
+	s := New(pool, &Options{SweepBatch: 7})
+	var batches []int
+	s.onSweepBatch = func(n int) { batches = append(batches, n) }
+	ctx := context.Background()
+	// 20 expired at t0+1h, 5 live until t0+3h.
+	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records
+		(caller, key, fingerprint, status, stable_id, created_at, expires_at)
+		SELECT 'c', 'k' || i, decode(repeat('00', 32), 'hex'), 'COMPLETED', 's' || i,
+			$1::timestamptz, $1::timestamptz + CASE WHEN i <= 20 THEN interval '1 hour' ELSE interval '3 hours' END
+		FROM generate_series(1, 25) AS i`, t0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Sweep(ctx, t0.Add(2*time.Hour))
+	if err != nil || n != 20 {
+		t.Fatalf("Sweep = %d, %v; want 20, nil", n, err)
+	}
+	if fmt.Sprint(batches) != "[7 7 6]" {
+		t.Errorf("batches %v, want [7 7 6]", batches)
+	}
+	if records, _, err := s.Count(ctx); err != nil || records != 5 {
+		t.Errorf("Count = %d, %v; want the 5 live records", records, err)
+	}
+}
+
+func TestErrorsSayWhatWasBeingDone(t *testing.T) {
+	pool := newPool(t)
+	s := New(pool, nil)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "DROP TABLE idempotency_records"); err != nil {
+		t.Fatal(err)
+	}
+	rec := inProgress("k", "w", t0)
+	_, _, insertErr := s.Insert(ctx, rec)
+	_, takeOverErr := s.TakeOver(ctx, rec.ID, "a", "b", t0, t0)
+	_, sweepErr := s.Sweep(ctx, t0)
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{insertErr, `pgstore: insert key "k": `},
+		{takeOverErr, `pgstore: take over key "k": `},
+		{s.Complete(ctx, rec.ID, "w", nil, nil), `pgstore: complete key "k": mark completed: `},
+		{s.Release(ctx, rec.ID, "w"), `pgstore: release key "k": `},
+		{sweepErr, `pgstore: sweep records expired at 2030-01-02T03:04:05Z (0 deleted so far): `},
+	} {
+		var pgErr *pgconn.PgError
+		if c.err == nil || !strings.HasPrefix(c.err.Error(), c.want) || !errors.As(c.err, &pgErr) || pgErr.Code != "42P01" {
+			t.Errorf("error %v; want it to start %q and wrap the undefined_table error", c.err, c.want)
+		}
+	}
+}

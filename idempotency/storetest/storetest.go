@@ -1,0 +1,528 @@
+// Package storetest checks that an [idempotency.Store] keeps the contract
+// the middleware relies on, as testing/slogtest does for slog handlers. A
+// store's own tests call [Run]:
+//
+//	func TestStoreConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Subject {
+//			return storetest.Subject{Store: newEmptyStore(t)}
+//		})
+//	}
+//
+// Run checks: of 100 goroutines inserting one key, one wins and the others
+// get its record; of many takeovers of one dead worker's record, one wins;
+// a record from its expiry on is replaced by exactly one of many concurrent
+// inserts; an effect that fails leaves the record IN_PROGRESS and its owner's, with no
+// answer stored (and, for a store with transactions, none of the effect's
+// writes); a record from its expiry on is replaced by an insert; a sweep
+// deletes the expired records and only those; keys are scoped by caller.
+//
+// The checks read records back through Insert, which returns the live record
+// it conflicts with. Times are whole microseconds, which a SQL timestamp
+// keeps exactly.
+package storetest
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// Subject is the store under test, with optional access to business rows
+// written in the store's transaction.
+type Subject struct {
+	// Store is empty when given to a check.
+	Store idempotency.Store
+	// WriteRow, if not nil, writes a business row named name through the
+	// transaction that ctx carries: ctx is the one Store.Complete gives its
+	// commit hook. HasRow reports whether a row named name is stored. A
+	// store without transactions (one whose commit hook's writes cannot be
+	// undone) leaves both nil, and the rollback check then covers the
+	// record only.
+	WriteRow func(ctx context.Context, name string) error
+	HasRow   func(ctx context.Context, name string) (bool, error)
+}
+
+// t0 is the checks' time; no check reads a clock.
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
+
+// Run runs every check as a subtest of t; newSubject returns a subject with
+// an empty store for each.
+func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
+	checks := []struct {
+		name string
+		fn   func(*testing.T, Subject)
+	}{
+		{"InsertRoundTrip", testInsertRoundTrip},
+		{"InsertRace", testInsertRace},
+		{"TakeOver", testTakeOver},
+		{"TakeOverRace", testTakeOverRace},
+		{"CompleteStoresAnswer", testCompleteStoresAnswer},
+		{"CompleteRefusesNonOwner", testCompleteRefusesNonOwner},
+		{"FailedEffectRollsBack", testFailedEffectRollsBack},
+		{"Release", testRelease},
+		{"ExpiryReplaces", testExpiryReplaces},
+		{"ExpiredReplaceRace", testExpiredReplaceRace},
+		{"SweepDeletesOnlyExpired", testSweepDeletesOnlyExpired},
+		{"ScopedByCaller", testScopedByCaller},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, newSubject(t)) })
+	}
+}
+
+// fingerprint stands for the fingerprint of a request with body s.
+func fingerprint(s string) idempotency.Fingerprint {
+	return idempotency.Fingerprint(sha256.Sum256([]byte(s)))
+}
+
+// record is an IN_PROGRESS record created at now with a one-minute lease
+// and a one-hour retention.
+func record(id idempotency.ID, owner string, now time.Time) *idempotency.Record {
+	return &idempotency.Record{
+		ID: id, Fingerprint: fingerprint("body"), Status: idempotency.StatusInProgress,
+		StableID: "stable-" + owner, Owner: owner,
+		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+	}
+}
+
+var key = idempotency.ID{Principal: "caller-a", Key: "key-1"}
+
+func mustInsert(t *testing.T, s idempotency.Store, rec *idempotency.Record) {
+	t.Helper()
+	existing, inserted, err := s.Insert(context.Background(), rec)
+	if err != nil {
+		t.Fatalf("Insert: %v", err)
+	}
+	if !inserted {
+		t.Fatalf("Insert of %v: not inserted, found %+v", rec.ID, existing)
+	}
+}
+
+// lookup returns the live record id at now, read through Insert, or nil
+// when there is none. A nil answer leaves a probe record behind.
+func lookup(t *testing.T, s idempotency.Store, id idempotency.ID, now time.Time) *idempotency.Record {
+	t.Helper()
+	probe := record(id, "probe", now)
+	probe.Fingerprint = fingerprint("probe")
+	existing, inserted, err := s.Insert(context.Background(), probe)
+	if err != nil {
+		t.Fatalf("Insert (reading %v back): %v", id, err)
+	}
+	if inserted {
+		return nil
+	}
+	return existing
+}
+
+func sameRecord(t *testing.T, got, want *idempotency.Record) {
+	t.Helper()
+	if got == nil {
+		t.Fatalf("record %v is absent, want %+v", want.ID, want)
+	}
+	if got.ID != want.ID || got.Fingerprint != want.Fingerprint || got.Status != want.Status ||
+		got.StableID != want.StableID || got.Owner != want.Owner ||
+		!got.CreatedAt.Equal(want.CreatedAt) || !got.ExpiresAt.Equal(want.ExpiresAt) ||
+		(got.Status == idempotency.StatusInProgress && !got.LockedUntil.Equal(want.LockedUntil)) {
+		t.Errorf("record =\n\t%+v\nwant\n\t%+v", got, want)
+	}
+}
+
+func testInsertRoundTrip(t *testing.T, sub Subject) {
+	rec := record(key, "w1", t0)
+	mustInsert(t, sub.Store, rec)
+	got := lookup(t, sub.Store, key, t0.Add(time.Second))
+	sameRecord(t, got, rec)
+	if got.Response != nil {
+		t.Errorf("IN_PROGRESS record has a response: %+v", got.Response)
+	}
+}
+
+func testInsertRace(t *testing.T, sub Subject) {
+	const n = 100
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		winners  []string
+		existing = map[string]int{}
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			owner := fmt.Sprintf("w%d", i)
+			ex, inserted, err := sub.Store.Insert(context.Background(), record(key, owner, t0))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Errorf("Insert by %s: %v", owner, err)
+			case inserted:
+				winners = append(winners, owner)
+			case ex == nil:
+				t.Errorf("Insert by %s: not inserted and no existing record", owner)
+			default:
+				existing[ex.Owner]++
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d inserts won (%v), want exactly 1", len(winners), winners)
+	}
+	if existing[winners[0]] != n-1 || len(existing) != 1 {
+		t.Errorf("losers saw owners %v, want all %d to see the winner %s", existing, n-1, winners[0])
+	}
+}
+
+// deadRecord inserts a record whose worker "dead" has a lease ending at
+// t0+1m, and returns the time just after it.
+func deadRecord(t *testing.T, s idempotency.Store) (*idempotency.Record, time.Time) {
+	rec := record(key, "dead", t0)
+	mustInsert(t, s, rec)
+	return rec, rec.LockedUntil
+}
+
+func testTakeOver(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	rec, ended := deadRecord(t, sub.Store)
+	later := ended.Add(time.Hour)
+
+	for _, c := range []struct {
+		name string
+		from string
+		now  time.Time
+	}{
+		{"while the lease is alive", "dead", ended.Add(-time.Microsecond)},
+		{"from an owner that does not hold it", "someone-else", ended},
+		{"of an expired record", "dead", rec.ExpiresAt},
+	} {
+		ok, err := sub.Store.TakeOver(ctx, key, c.from, "new", c.now, later)
+		if err != nil || ok {
+			t.Errorf("TakeOver %s = %v, %v; want false, nil", c.name, ok, err)
+		}
+	}
+	if ok, err := sub.Store.TakeOver(ctx, idempotency.ID{Principal: "nobody", Key: "none"}, "dead", "new", ended, later); err != nil || ok {
+		t.Errorf("TakeOver of an absent record = %v, %v; want false, nil", ok, err)
+	}
+
+	ok, err := sub.Store.TakeOver(ctx, key, "dead", "new", ended, later)
+	if err != nil || !ok {
+		t.Fatalf("TakeOver when the lease has ended = %v, %v; want true, nil", ok, err)
+	}
+	want := *rec
+	want.Owner, want.LockedUntil = "new", later
+	sameRecord(t, lookup(t, sub.Store, key, ended), &want)
+
+	// A COMPLETED record is never taken over.
+	if err := sub.Store.Complete(ctx, key, "new", &idempotency.Response{StatusCode: 201}, nil); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if ok, err := sub.Store.TakeOver(ctx, key, "", "thief", later.Add(time.Minute), later.Add(time.Hour)); err != nil || ok {
+		t.Errorf("TakeOver of a COMPLETED record = %v, %v; want false, nil", ok, err)
+	}
+}
+
+func testTakeOverRace(t *testing.T, sub Subject) {
+	_, ended := deadRecord(t, sub.Store)
+	const n = 50
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []string
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			to := fmt.Sprintf("w%d", i)
+			ok, err := sub.Store.TakeOver(context.Background(), key, "dead", to, ended, ended.Add(time.Minute))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("TakeOver by %s: %v", to, err)
+			}
+			if ok {
+				winners = append(winners, to)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d takeovers won (%v), want exactly 1", len(winners), winners)
+	}
+	if got := lookup(t, sub.Store, key, ended); got == nil || got.Owner != winners[0] {
+		t.Errorf("after the race the record is %+v, want owner %s", got, winners[0])
+	}
+}
+
+func testCompleteStoresAnswer(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	rec := record(key, "w1", t0)
+	mustInsert(t, sub.Store, rec)
+	resp := &idempotency.Response{
+		StatusCode: 201,
+		Header:     http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/p1"}},
+		Body:       []byte("{\"id\":\"p1\"}\n\x00\xff"),
+	}
+	ran := 0
+	err := sub.Store.Complete(ctx, key, "w1", resp, func(ctx context.Context) error {
+		ran++
+		if sub.WriteRow != nil {
+			return sub.WriteRow(ctx, "row-1")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if ran != 1 {
+		t.Errorf("the effect ran %d times, want 1", ran)
+	}
+	got := lookup(t, sub.Store, key, t0.Add(2*time.Minute))
+	want := *rec
+	want.Status, want.Owner = idempotency.StatusCompleted, ""
+	sameRecord(t, got, &want)
+	if got.Response == nil || got.Response.StatusCode != 201 || string(got.Response.Body) != string(resp.Body) ||
+		fmt.Sprint(got.Response.Header) != fmt.Sprint(resp.Header) {
+		t.Errorf("stored answer = %+v, want %+v", got.Response, resp)
+	}
+	hasRow(t, sub, "row-1", true)
+
+	// A COMPLETED record is not completed again.
+	if err := sub.Store.Complete(ctx, key, "w1", resp, nil); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("second Complete = %v, want ErrNotOwner", err)
+	}
+}
+
+func hasRow(t *testing.T, sub Subject, name string, want bool) {
+	t.Helper()
+	if sub.HasRow == nil {
+		return
+	}
+	got, err := sub.HasRow(context.Background(), name)
+	if err != nil {
+		t.Fatalf("HasRow(%s): %v", name, err)
+	}
+	if got != want {
+		t.Errorf("business row %s stored = %v, want %v", name, got, want)
+	}
+}
+
+func testCompleteRefusesNonOwner(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	_, ended := deadRecord(t, sub.Store)
+	if ok, err := sub.Store.TakeOver(ctx, key, "dead", "new", ended, ended.Add(time.Minute)); err != nil || !ok {
+		t.Fatalf("TakeOver = %v, %v", ok, err)
+	}
+	ran := false
+	effect := func(ctx context.Context) error {
+		ran = true
+		if sub.WriteRow != nil {
+			return sub.WriteRow(ctx, "late")
+		}
+		return nil
+	}
+	err := sub.Store.Complete(ctx, key, "dead", &idempotency.Response{StatusCode: 201}, effect)
+	if !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete by the worker that lost the lease = %v, want ErrNotOwner", err)
+	}
+	err = sub.Store.Complete(ctx, idempotency.ID{Principal: "nobody", Key: "none"}, "dead", &idempotency.Response{StatusCode: 201}, effect)
+	if !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete of an absent record = %v, want ErrNotOwner", err)
+	}
+	if ran {
+		t.Error("the effect ran for a worker that does not own the record")
+	}
+	hasRow(t, sub, "late", false)
+	if got := lookup(t, sub.Store, key, ended); got == nil || got.Status != idempotency.StatusInProgress || got.Owner != "new" {
+		t.Errorf("record = %+v, want IN_PROGRESS owned by new", got)
+	}
+}
+
+var errEffect = errors.New("storetest: the effect failed")
+
+func testFailedEffectRollsBack(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	rec := record(key, "w1", t0)
+	mustInsert(t, sub.Store, rec)
+	err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("lost")}, func(ctx context.Context) error {
+		if sub.WriteRow != nil {
+			if err := sub.WriteRow(ctx, "half-done"); err != nil {
+				return err
+			}
+		}
+		return errEffect
+	})
+	if !errors.Is(err, errEffect) {
+		t.Fatalf("Complete with a failing effect = %v, want its error", err)
+	}
+	hasRow(t, sub, "half-done", false)
+	sameRecord(t, lookup(t, sub.Store, key, t0.Add(time.Second)), rec)
+
+	// The owner still holds it and can finish.
+	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201}, nil); err != nil {
+		t.Errorf("Complete after the failed one: %v", err)
+	}
+}
+
+func testRelease(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	mustInsert(t, sub.Store, record(key, "w1", t0))
+	if err := sub.Store.Release(ctx, key, "other"); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Release by a non-owner = %v, want ErrNotOwner", err)
+	}
+	if err := sub.Store.Release(ctx, key, "w1"); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := lookup(t, sub.Store, key, t0.Add(time.Second)); got != nil {
+		t.Errorf("after Release the record is %+v, want absent", got)
+	}
+	if err := sub.Store.Release(ctx, key, "w1"); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Release of a released record = %v, want ErrNotOwner", err)
+	}
+}
+
+func testExpiryReplaces(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	old := record(key, "w1", t0)
+	mustInsert(t, sub.Store, old)
+	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// Still live a microsecond before its expiry.
+	early := record(key, "w2", old.ExpiresAt.Add(-time.Microsecond))
+	early.Fingerprint = fingerprint("other body")
+	ex, inserted, err := sub.Store.Insert(ctx, early)
+	if err != nil || inserted || ex == nil || ex.Owner != "" || ex.Status != idempotency.StatusCompleted {
+		t.Fatalf("Insert before expiry = %+v, %v, %v; want the COMPLETED record", ex, inserted, err)
+	}
+
+	fresh := record(key, "w3", old.ExpiresAt)
+	fresh.Fingerprint = fingerprint("other body")
+	fresh.StableID = "stable-new"
+	ex, inserted, err = sub.Store.Insert(ctx, fresh)
+	if err != nil || !inserted {
+		t.Fatalf("Insert at expiry = %+v, %v, %v; want inserted", ex, inserted, err)
+	}
+	got := lookup(t, sub.Store, key, old.ExpiresAt.Add(time.Second))
+	sameRecord(t, got, fresh)
+	if got.Response != nil {
+		t.Errorf("the replacing record kept the expired one's answer %+v", got.Response)
+	}
+}
+
+func testExpiredReplaceRace(t *testing.T, sub Subject) {
+	old := record(key, "old", t0)
+	mustInsert(t, sub.Store, old)
+	const n = 50
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []string
+		seen    = map[string]int{}
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			owner := fmt.Sprintf("w%d", i)
+			ex, inserted, err := sub.Store.Insert(context.Background(), record(key, owner, old.ExpiresAt))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Errorf("Insert by %s: %v", owner, err)
+			case inserted:
+				winners = append(winners, owner)
+			case ex == nil:
+				t.Errorf("Insert by %s: not inserted and no existing record", owner)
+			default:
+				seen[ex.Owner]++
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d inserts replaced the expired record (%v), want exactly 1", len(winners), winners)
+	}
+	if seen[winners[0]] != n-1 || len(seen) != 1 {
+		t.Errorf("losers saw owners %v, want all %d to see the winner %s", seen, n-1, winners[0])
+	}
+}
+
+func testSweepDeletesOnlyExpired(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	ids := make([]idempotency.ID, 4)
+	for i := range ids {
+		ids[i] = idempotency.ID{Principal: "caller-a", Key: fmt.Sprintf("key-%d", i)}
+		// Record i expires at t0 + i hours + 1h.
+		rec := record(ids[i], "w", t0.Add(time.Duration(i)*time.Hour))
+		mustInsert(t, sub.Store, rec)
+		if i%2 == 0 {
+			if err := sub.Store.Complete(ctx, ids[i], "w", &idempotency.Response{StatusCode: 200}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// At t0+2h, records 0 (COMPLETED) and 1 (IN_PROGRESS) have expired.
+	n, err := sub.Store.Sweep(ctx, t0.Add(2*time.Hour))
+	if err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if n != 2 {
+		t.Errorf("Sweep deleted %d records, want 2", n)
+	}
+	if n, err := sub.Store.Sweep(ctx, t0.Add(2*time.Hour)); err != nil || n != 0 {
+		t.Errorf("second Sweep = %d, %v; want 0, nil", n, err)
+	}
+	// Reading at t0 tells a deleted record (absent) from a kept one.
+	for i, id := range ids {
+		got := lookup(t, sub.Store, id, t0)
+		if swept := i < 2; swept != (got == nil) {
+			t.Errorf("record %d expiring at t0+%dh: present = %v after a sweep at t0+2h", i, i+1, got != nil)
+		}
+	}
+}
+
+func testScopedByCaller(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	a := idempotency.ID{Principal: "caller-a", Key: "shared"}
+	b := idempotency.ID{Principal: "caller-b", Key: "shared"}
+	mustInsert(t, sub.Store, record(a, "wa", t0))
+	recB := record(b, "wb", t0)
+	recB.Fingerprint = fingerprint("b's body")
+	mustInsert(t, sub.Store, recB)
+
+	if err := sub.Store.Complete(ctx, b, "wa", &idempotency.Response{StatusCode: 201}, nil); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete of b's record by a's worker = %v, want ErrNotOwner", err)
+	}
+	if err := sub.Store.Complete(ctx, a, "wa", &idempotency.Response{StatusCode: 201, Body: []byte("a")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Store.Release(ctx, b, "wb"); err != nil {
+		t.Fatal(err)
+	}
+	if got := lookup(t, sub.Store, a, t0); got == nil || got.Status != idempotency.StatusCompleted || string(got.Response.Body) != "a" {
+		t.Errorf("a's record = %+v, want COMPLETED with a's answer", got)
+	}
+	if got := lookup(t, sub.Store, b, t0); got != nil {
+		t.Errorf("b's record = %+v, want released", got)
+	}
+}

@@ -1,0 +1,13 @@
+//go:build !unix
+
+package pgtest
+
+import (
+	"os"
+	"os/exec"
+)
+
+var interrupt = os.Kill
+
+// apply does nothing: outside unix the server runs as the current user.
+func (a *account) apply(*exec.Cmd) {}

@@ -1,0 +1,18 @@
+//go:build unix
+
+package pgtest
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+var interrupt = syscall.SIGINT // PostgreSQL's fast shutdown
+
+// apply makes cmd run as a.
+func (a *account) apply(cmd *exec.Cmd) {
+	if a == nil {
+		return
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid)}}
+}
