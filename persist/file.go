@@ -37,6 +37,8 @@ type FileStore struct {
 
 	// syncs counts fsync calls, for the benchmarks.
 	syncs atomic.Int64
+	// dirSync shares syncs of the directory between concurrent saves.
+	dirSync *groupSync
 
 	mu       sync.Mutex
 	closed   bool
@@ -143,7 +145,7 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 		return nil, fmt.Errorf("persist: cannot lock store directory %s: %w", dir, err)
 	}
 
-	s := &FileStore{fs: fsy, dir: dir, lock: lk}
+	s := &FileStore{fs: fsy, dir: dir, lock: lk, dirSync: newGroupSync()}
 	if opts != nil {
 		s.opts = *opts
 	}
@@ -339,14 +341,14 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 		stale = old.stale(name)
 	}
 	if len(stale) == 0 {
-		// The common case. Any sync of the directory after the rename
-		// makes it durable, so concurrent saves sync in parallel.
+		// The common case. Any sync of the directory that starts after
+		// the rename makes it durable, so concurrent saves share one.
 		s.mu.Unlock()
 		locked = false
 		if mutantNoDirSyncAfterRename { // false outside the idem_mutant build (mutant.go)
 			return nil
 		}
-		if err := s.syncDir(); err != nil {
+		if err := s.dirSync.sync(s.syncDir); err != nil {
 			return syncFailed(r.Key, path, err)
 		}
 		return nil
