@@ -79,10 +79,10 @@ func winsOver(a, b file) bool {
 }
 
 // mayHold reports whether e may hold a record that f selects, judging by
-// its files' names alone.
-func (e *entry) mayHold(f Filter) bool {
+// its files' names alone; tag is filterTag(f).
+func (e *entry) mayHold(f Filter, tag string) bool {
 	for _, fl := range e.files {
-		if fl.p.mayHold(f) {
+		if fl.p.mayHold(f, tag) {
 			return true
 		}
 	}
@@ -224,7 +224,7 @@ func (s *FileStore) load() error {
 			}
 			return 1
 		})
-		if e.mayHold(Filter{Unresolved: true}) {
+		if e.mayHold(Filter{Unresolved: true}, "") {
 			s.read(e)
 		}
 	}
@@ -473,8 +473,9 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	}
 	var out []*Record
 	var corrupt []*CorruptError
+	tag := filterTag(f)
 	for _, e := range s.entries {
-		if !e.mayHold(f) {
+		if !e.mayHold(f, tag) {
 			continue
 		}
 		s.read(e)
@@ -645,7 +646,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	e.rec, e.corrupt = nil, nil
 	if len(e.files) == 0 {
 		delete(s.entries, id)
-	} else if e.mayHold(Filter{Unresolved: true}) {
+	} else if e.mayHold(Filter{Unresolved: true}, "") {
 		s.read(e)
 	}
 	if err != nil {
