@@ -377,3 +377,83 @@ func describeAll(rs []*persist.Record) string {
 	}
 	return "[" + strings.Join(out, ", ") + "]"
 }
+
+// TestPowerCutQuarantine cuts the power at every point of a Quarantine: the
+// damaged file is afterwards in the store's directory or in quarantine (or
+// in both), never lost; once Quarantine has returned nil it is in
+// quarantine alone.
+func TestPowerCutQuarantine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	damaged := []byte(`{"version":1,"key":"bad"`)
+	for cutAfter := range 12 {
+		for seed := range uint64(20) {
+			mem := strictfs.New()
+			s, err := persist.OpenDirFS(mem, powerDir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			good, _ := (&powerRun{rng: rand.New(rand.NewPCG(seed, 0)), norm: persist.NewMemory(nil)}).version("good")
+			if err := s.Save(ctx, good); err != nil {
+				t.Fatal(err)
+			}
+			name := persist.FileName("bad", "checkout:a")
+			path, moved := powerDir+"/"+name, powerDir+"/quarantine/"+name
+			f, err := mem.CreateTemp(powerDir, ".tmp-*")
+			if err == nil {
+				_, err = f.Write(damaged)
+			}
+			if err == nil {
+				err = f.Sync()
+			}
+			if err == nil {
+				err = f.Close()
+			}
+			if err == nil {
+				err = mem.Rename(f.Name(), path)
+			}
+			if err == nil {
+				err = mem.SyncDir(powerDir)
+			}
+			if err == nil {
+				err = s.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err = persist.OpenDirFS(mem, powerDir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mem.CutAfter(cutAfter)
+			_, qerr := s.Quarantine(ctx, path)
+			if qerr != nil && !mem.Off() {
+				t.Fatalf("cut after %d, seed %d: Quarantine with the power on: %v", cutAfter, seed, qerr)
+			}
+			mem.Restart(rand.New(rand.NewPCG(seed, 1)))
+
+			inStore, inQuarantine := readIs(mem, path, damaged), readIs(mem, moved, damaged)
+			switch {
+			case !inStore && !inQuarantine:
+				t.Fatalf("cut after %d, seed %d: the damaged file is lost\n%s", cutAfter, seed, mem)
+			case qerr == nil && (inStore || !inQuarantine):
+				t.Fatalf("cut after %d, seed %d: Quarantine returned, yet the file is in the store %v, in quarantine %v\n%s",
+					cutAfter, seed, inStore, inQuarantine, mem)
+			}
+			s, err = persist.OpenDirFS(mem, powerDir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Get(ctx, "good")
+			if err != nil || got.Attempts != good.Attempts {
+				t.Fatalf("cut after %d, seed %d: the good record: %v", cutAfter, seed, err)
+			}
+			_ = s.Close()
+		}
+	}
+}
+
+func readIs(f *strictfs.FS, path string, want []byte) bool {
+	got, err := f.ReadFile(path)
+	return err == nil && bytes.Equal(got, want)
+}
