@@ -170,6 +170,13 @@ type powerRun struct {
 }
 
 func runPowerCuts(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) error {
+	_, err := runPowerCutsState(seed, cuts, wrap)
+	return err
+}
+
+// runPowerCutsState runs the seed and returns the log of its last
+// operations and the file system it left, for TestPowerCutIsDeterministic.
+func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (string, error) {
 	r := &powerRun{
 		rng:     rand.New(rand.NewPCG(seed, 0x1de3)),
 		mem:     strictfs.New(),
@@ -184,15 +191,39 @@ func runPowerCuts(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) error {
 	for cut := range cuts {
 		r.mem.CutAfter(r.rng.IntN(80))
 		if err := r.epoch(); err != nil {
-			return r.fail(cut, err)
+			return "", r.fail(cut, err)
 		}
 		r.logf("-- power cut %d after %d file system changes in all", cut, r.mem.Changes())
 		r.mem.Restart(r.rng)
 		if err := r.verify(); err != nil {
-			return r.fail(cut, err)
+			return "", r.fail(cut, err)
 		}
 	}
-	return nil
+	return strings.Join(r.log, "\n") + "\n" + r.mem.String(), nil
+}
+
+// TestPowerCutIsDeterministic runs seeds twice: the operations, the cuts
+// and what the file system kept must be the same, so that a seed printed
+// by a failure replays it.
+func TestPowerCutIsDeterministic(t *testing.T) {
+	t.Parallel()
+	seeds := uint64(50)
+	if testing.Short() || raceEnabled {
+		seeds = 5
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		a, err := runPowerCutsState(seed, powerCutsPerSeed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := runPowerCutsState(seed, powerCutsPerSeed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a != b {
+			t.Fatalf("seed %d ran two ways:\n%s\n--- and ---\n%s", seed, a, b)
+		}
+	}
 }
 
 func (r *powerRun) fail(cut int, err error) error {
