@@ -25,6 +25,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -233,8 +234,10 @@ func (f *FS) read() error {
 	return nil
 }
 
-// lookup returns the inode at p, an absolute path.
+// lookup returns the inode at p, an absolute path (with either separator,
+// so that paths made with package filepath work on Windows too).
 func (f *FS) lookup(op, p string) (*inode, error) {
+	p = filepath.ToSlash(p)
 	if !path.IsAbs(p) {
 		return nil, &fs.PathError{Op: op, Path: p, Err: errors.New("strictfs: path is not absolute")}
 	}
@@ -257,7 +260,7 @@ func (f *FS) lookup(op, p string) (*inode, error) {
 
 // parent returns the directory that holds p, and p's name in it.
 func (f *FS) parent(op, p string) (*inode, string, error) {
-	p = path.Clean(p)
+	p = path.Clean(filepath.ToSlash(p))
 	d, err := f.lookup(op, path.Dir(p))
 	if err != nil {
 		return nil, "", err
@@ -358,6 +361,7 @@ func (f *FS) CreateTemp(dir, pattern string) (fsys.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	dir = filepath.ToSlash(dir)
 	f.seq++
 	name := pattern + strconv.Itoa(f.seq)
 	if i := strings.LastIndex(pattern, "*"); i >= 0 {
