@@ -122,8 +122,8 @@ func parseName(name string) (p parsedName, ok bool) {
 }
 
 // mayHold reports whether a file named p may hold a record f selects,
-// without reading it.
-func (p parsedName) mayHold(f Filter) bool {
+// without reading it; tag is filterTag(f), computed once by the caller.
+func (p parsedName) mayHold(f Filter, tag string) bool {
 	if f.Unresolved && p.resolved {
 		return false
 	}
@@ -131,11 +131,19 @@ func (p parsedName) mayHold(f Filter) bool {
 		if p.id == "" {
 			return false // a stray file belongs to no key, hence to no action
 		}
-		if p.tag != "" && p.tag != nameTag(f.Name) {
+		if p.tag != "" && p.tag != tag {
 			return false
 		}
 	}
 	return true
+}
+
+// filterTag returns the tag mayHold compares with for f.
+func filterTag(f Filter) string {
+	if f.Name == "" {
+		return ""
+	}
+	return nameTag(f.Name)
 }
 
 // encodeRecord returns the file content for r, which prepare returned.

@@ -160,10 +160,11 @@ func FuzzFileName(f *testing.F) {
 			if other != key && fileName(other, name, resolved) == fn {
 				t.Fatalf("keys %q and %q share name %q", key, other, fn)
 			}
-			if !p.mayHold(Filter{Name: name}) || (otherName != name && p.mayHold(Filter{Name: otherName})) {
-				t.Fatalf("file %q of name %q: may hold records of %q: %v", fn, name, otherName, p.mayHold(Filter{Name: otherName}))
+			if other := (Filter{Name: otherName}); !p.mayHold(Filter{Name: name}, nameTag(name)) ||
+				(otherName != name && otherName != "" && p.mayHold(other, filterTag(other))) {
+				t.Fatalf("file %q of name %q: may hold records of %q", fn, name, otherName)
 			}
-			if p.mayHold(Filter{Unresolved: true}) == resolved {
+			if p.mayHold(Filter{Unresolved: true}, "") == resolved {
 				t.Fatalf("file %q: may hold unresolved records: %v", fn, !resolved)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,20 +22,20 @@ import (
 )
 
 // The crash test runs the test binary again as a child (TestCrashChild) that
-// saves intents in a tight loop and reports each save on stdout after Save
-// returned; the parent kills it with SIGKILL at a random moment, reopens the
-// store and checks every reported save.
+// saves intents from several goroutines in tight loops and reports each save
+// on stdout after Save returned; the parent kills it with SIGKILL at a
+// random moment, reopens the store and checks every reported save.
 //
 // This proves that a save that returned survives the death of the process
 // at any instant, and that a save cut short is never visible half-written.
 // It does not prove survival of a power loss: the kernel's page cache
-// outlives a killed process. The fsync of the file and of the directory
-// (see the package docs) is what covers power loss, and only pulling the
-// plug (or a fault-injecting block device) could test that.
+// outlives a killed process. TestPowerCut covers power loss, on a file
+// system that forgets what was not synced.
 const (
 	crashDirEnv    = "IDEM_CRASH_CHILD_DIR"
 	crashRoundEnv  = "IDEM_CRASH_CHILD_ROUND"
 	crashRoundsEnv = "IDEM_CRASH_ROUNDS" // rounds to run; default 20, 5 with -short
+	crashWorkers   = 8                   // goroutines saving at once in the child
 )
 
 // crashBody is the request body saved for key: a deterministic function of
@@ -56,8 +57,9 @@ func crashRecord(key string, created time.Time) *persist.Record {
 }
 
 // TestCrashChild is the child of TestCrash; it does nothing unless run by
-// it. It saves a new intent, reports "new KEY", saves it again resolved
-// (replacing the file) and reports "done KEY", in a loop until killed.
+// it. Each of crashWorkers goroutines saves a new intent, reports "new
+// KEY", saves it again resolved (replacing the file) and reports "done
+// KEY", in a loop until killed; concurrent saves share their syncs.
 func TestCrashChild(t *testing.T) {
 	dir := os.Getenv(crashDirEnv)
 	if dir == "" {
@@ -68,22 +70,44 @@ func TestCrashChild(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	out := bufio.NewWriter(os.Stdout)
-	report := func(what, key string) {
+	var mu sync.Mutex
+	report := func(what, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
 		fmt.Fprintf(out, "%s %s\n", what, key)
-		require.NoError(t, out.Flush()) // one write(2) per line, after the save returned
+		return out.Flush() // one write(2) per line, after the save returned
 	}
-	// A child whose parent died stops by itself.
-	for i := range 100_000 {
-		key := fmt.Sprintf("r%s-%06d", round, i)
-		now := time.Now()
-		r := crashRecord(key, now)
-		require.NoError(t, s.Save(ctx, r))
-		report("new", key)
-		r.State = persist.StateSucceeded
-		r.UpdatedAt = now.Add(time.Millisecond)
-		r.Response = &persist.Response{StatusCode: 201, Body: crashBody("response " + key)}
-		require.NoError(t, s.Save(ctx, r))
-		report("done", key)
+	errs := make(chan error, crashWorkers)
+	for w := range crashWorkers {
+		go func() {
+			// A child whose parent died stops by itself.
+			for i := range 20_000 {
+				key := fmt.Sprintf("r%s-%d%05d", round, w, i)
+				now := time.Now()
+				r := crashRecord(key, now)
+				err := s.Save(ctx, r)
+				if err == nil {
+					err = report("new", key)
+				}
+				r.State = persist.StateSucceeded
+				r.UpdatedAt = now.Add(time.Millisecond)
+				r.Response = &persist.Response{StatusCode: 201, Body: crashBody("response " + key)}
+				if err == nil {
+					err = s.Save(ctx, r)
+				}
+				if err == nil {
+					err = report("done", key)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range crashWorkers {
+		require.NoError(t, <-errs)
 	}
 }
 

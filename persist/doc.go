@@ -22,21 +22,24 @@ loss. Save
  2. renames it over the record's file, which atomically replaces the old
     version: a reader sees the old file or the new one, never a mix;
  3. fsyncs the directory, so the rename itself is on stable storage.
+    Saves running at once share this step: a Save waits for a sync of the
+    directory that started after its rename, and one sync serves all the
+    renames made before it started.
 
 A crash before step 2 leaves the previous version and a stray temporary
 file, which OpenDir removes; a crash after it leaves the new version. This is
 the usual scheme (git updates its refs this way): one record per file keeps
 a damaged record from taking others with it, and rename is the one atomic
-replacement every POSIX file system offers. On Darwin Go's File.Sync issues F_FULLFSYNC, which also flushes the
-drive's cache. On Windows the directory cannot be synced through package os,
+replacement every POSIX file system offers. On Darwin Go's File.Sync issues
+F_FULLFSYNC, which also flushes the drive's cache. On Windows the directory cannot be synced through package os,
 so the rename's durability rests on NTFS's metadata journal; this was
 neither tested nor proven here.
 
 When a record becomes resolved its file gets another name (see File layout):
 the new file is renamed in and the directory synced before the old file is
 removed, so a crash leaves one or both files, never neither, and when both
-are left the resolved one is the record. A Save costs two fsyncs in every
-case but two, which idem's client never takes: a record going back from
+are left the resolved one is the record. A Save alone costs two fsyncs in
+every case but two, which idem's client never takes: a record going back from
 resolved to unresolved, or changing its Name, costs three, as the removal
 of the old file must be durable before Save returns. When OpenDir creates
 the directory it syncs its parent, so the directory outlives a power cut

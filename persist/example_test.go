@@ -57,3 +57,57 @@ func ExampleOpenDir() {
 	// resume checkout:cart-42 550e8400-e29b-41d4-a716-446655440000
 	// pruned 1 <nil>
 }
+
+// An app that finds damaged intent files at start lists them all, has them
+// looked at, and moves them aside; the readable intents go on meanwhile.
+func ExampleFileStore_Quarantine() {
+	tmp, err := os.MkdirTemp("", "idem-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "intents")
+	ctx := context.Background()
+
+	// A store with two intents, one of whose files is then damaged.
+	s, err := persist.OpenDir(dir, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, key := range []string{"key-1", "key-2"} {
+		r := &persist.Record{Key: key, Name: "checkout:" + key, Method: "POST", URL: "https://api.example.com/v1/payments",
+			State: persist.StatePending, CreatedAt: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+		if err := s.Save(ctx, r); err != nil {
+			log.Fatal(err)
+		}
+	}
+	s.Close()
+	damaged, _ := filepath.Glob(filepath.Join(dir, "k-*.json"))
+	if err := os.WriteFile(damaged[0], []byte("{"), 0o600); err != nil {
+		log.Fatal(err)
+	}
+
+	s, err = persist.OpenDir(dir, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
+	for _, r := range recs {
+		fmt.Println("resume", r.Key)
+	}
+	for _, ce := range persist.CorruptErrors(err) {
+		// Log ce (it names the file and the key), have the payment it may
+		// hold checked, then move the file aside.
+		fmt.Println("damaged", ce.Key)
+		if _, err := s.Quarantine(ctx, ce.Path); err != nil {
+			log.Fatal(err)
+		}
+	}
+	_, err = s.List(ctx, persist.Filter{})
+	fmt.Println("damaged files left:", len(persist.CorruptErrors(err)))
+	// Output:
+	// resume key-2
+	// damaged key-1
+	// damaged files left: 0
+}

@@ -37,6 +37,8 @@ type FileStore struct {
 
 	// syncs counts fsync calls, for the benchmarks.
 	syncs atomic.Int64
+	// dirSync shares syncs of the directory between concurrent saves.
+	dirSync *groupSync
 
 	mu       sync.Mutex
 	closed   bool
@@ -77,10 +79,10 @@ func winsOver(a, b file) bool {
 }
 
 // mayHold reports whether e may hold a record that f selects, judging by
-// its files' names alone.
-func (e *entry) mayHold(f Filter) bool {
+// its files' names alone; tag is filterTag(f).
+func (e *entry) mayHold(f Filter, tag string) bool {
 	for _, fl := range e.files {
-		if fl.p.mayHold(f) {
+		if fl.p.mayHold(f, tag) {
 			return true
 		}
 	}
@@ -143,7 +145,7 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 		return nil, fmt.Errorf("persist: cannot lock store directory %s: %w", dir, err)
 	}
 
-	s := &FileStore{fs: fsy, dir: dir, lock: lk}
+	s := &FileStore{fs: fsy, dir: dir, lock: lk, dirSync: newGroupSync()}
 	if opts != nil {
 		s.opts = *opts
 	}
@@ -222,7 +224,7 @@ func (s *FileStore) load() error {
 			}
 			return 1
 		})
-		if e.mayHold(Filter{Unresolved: true}) {
+		if e.mayHold(Filter{Unresolved: true}, "") {
 			s.read(e)
 		}
 	}
@@ -339,14 +341,14 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 		stale = old.stale(name)
 	}
 	if len(stale) == 0 {
-		// The common case. Any sync of the directory after the rename
-		// makes it durable, so concurrent saves sync in parallel.
+		// The common case. Any sync of the directory that starts after
+		// the rename makes it durable, so concurrent saves share one.
 		s.mu.Unlock()
 		locked = false
 		if mutantNoDirSyncAfterRename { // false outside the idem_mutant build (mutant.go)
 			return nil
 		}
-		if err := s.syncDir(); err != nil {
+		if err := s.dirSync.sync(s.syncDir); err != nil {
 			return syncFailed(r.Key, path, err)
 		}
 		return nil
@@ -471,8 +473,9 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	}
 	var out []*Record
 	var corrupt []*CorruptError
+	tag := filterTag(f)
 	for _, e := range s.entries {
-		if !e.mayHold(f) {
+		if !e.mayHold(f, tag) {
 			continue
 		}
 		s.read(e)
@@ -643,7 +646,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	e.rec, e.corrupt = nil, nil
 	if len(e.files) == 0 {
 		delete(s.entries, id)
-	} else if e.mayHold(Filter{Unresolved: true}) {
+	} else if e.mayHold(Filter{Unresolved: true}, "") {
 		s.read(e)
 	}
 	if err != nil {

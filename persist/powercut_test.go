@@ -3,11 +3,11 @@ package persist_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -170,6 +170,13 @@ type powerRun struct {
 }
 
 func runPowerCuts(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) error {
+	_, err := runPowerCutsState(seed, cuts, wrap)
+	return err
+}
+
+// runPowerCutsState runs the seed and returns the log of its last
+// operations and the file system it left, for TestPowerCutIsDeterministic.
+func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (string, error) {
 	r := &powerRun{
 		rng:     rand.New(rand.NewPCG(seed, 0x1de3)),
 		mem:     strictfs.New(),
@@ -184,15 +191,39 @@ func runPowerCuts(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) error {
 	for cut := range cuts {
 		r.mem.CutAfter(r.rng.IntN(80))
 		if err := r.epoch(); err != nil {
-			return r.fail(cut, err)
+			return "", r.fail(cut, err)
 		}
 		r.logf("-- power cut %d after %d file system changes in all", cut, r.mem.Changes())
 		r.mem.Restart(r.rng)
 		if err := r.verify(); err != nil {
-			return r.fail(cut, err)
+			return "", r.fail(cut, err)
 		}
 	}
-	return nil
+	return strings.Join(r.log, "\n") + "\n" + r.mem.String(), nil
+}
+
+// TestPowerCutIsDeterministic runs seeds twice: the operations, the cuts
+// and what the file system kept must be the same, so that a seed printed
+// by a failure replays it.
+func TestPowerCutIsDeterministic(t *testing.T) {
+	t.Parallel()
+	seeds := uint64(50)
+	if testing.Short() || raceEnabled {
+		seeds = 5
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		a, err := runPowerCutsState(seed, powerCutsPerSeed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := runPowerCutsState(seed, powerCutsPerSeed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a != b {
+			t.Fatalf("seed %d ran two ways:\n%s\n--- and ---\n%s", seed, a, b)
+		}
+	}
 }
 
 func (r *powerRun) fail(cut int, err error) error {
@@ -354,13 +385,14 @@ func (r *powerRun) verify() error {
 	return nil
 }
 
+// same reports whether a and b are the same version. Both are in the form
+// a store keeps (times in UTC without monotonic readings, empty headers and
+// bodies as nil), so they compare field by field.
 func same(a, b *persist.Record) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	ja, err1 := json.Marshal(a)
-	jb, err2 := json.Marshal(b)
-	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
+	return reflect.DeepEqual(a, b)
 }
 
 func describe(r *persist.Record) string {
@@ -376,4 +408,84 @@ func describeAll(rs []*persist.Record) string {
 		out = append(out, describe(r))
 	}
 	return "[" + strings.Join(out, ", ") + "]"
+}
+
+// TestPowerCutQuarantine cuts the power at every point of a Quarantine: the
+// damaged file is afterwards in the store's directory or in quarantine (or
+// in both), never lost; once Quarantine has returned nil it is in
+// quarantine alone.
+func TestPowerCutQuarantine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	damaged := []byte(`{"version":1,"key":"bad"`)
+	for cutAfter := range 12 {
+		for seed := range uint64(20) {
+			mem := strictfs.New()
+			s, err := persist.OpenDirFS(mem, powerDir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			good, _ := (&powerRun{rng: rand.New(rand.NewPCG(seed, 0)), norm: persist.NewMemory(nil)}).version("good")
+			if err := s.Save(ctx, good); err != nil {
+				t.Fatal(err)
+			}
+			name := persist.FileName("bad", "checkout:a")
+			path, moved := powerDir+"/"+name, powerDir+"/quarantine/"+name
+			f, err := mem.CreateTemp(powerDir, ".tmp-*")
+			if err == nil {
+				_, err = f.Write(damaged)
+			}
+			if err == nil {
+				err = f.Sync()
+			}
+			if err == nil {
+				err = f.Close()
+			}
+			if err == nil {
+				err = mem.Rename(f.Name(), path)
+			}
+			if err == nil {
+				err = mem.SyncDir(powerDir)
+			}
+			if err == nil {
+				err = s.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err = persist.OpenDirFS(mem, powerDir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mem.CutAfter(cutAfter)
+			_, qerr := s.Quarantine(ctx, path)
+			if qerr != nil && !mem.Off() {
+				t.Fatalf("cut after %d, seed %d: Quarantine with the power on: %v", cutAfter, seed, qerr)
+			}
+			mem.Restart(rand.New(rand.NewPCG(seed, 1)))
+
+			inStore, inQuarantine := readIs(mem, path, damaged), readIs(mem, moved, damaged)
+			switch {
+			case !inStore && !inQuarantine:
+				t.Fatalf("cut after %d, seed %d: the damaged file is lost\n%s", cutAfter, seed, mem)
+			case qerr == nil && (inStore || !inQuarantine):
+				t.Fatalf("cut after %d, seed %d: Quarantine returned, yet the file is in the store %v, in quarantine %v\n%s",
+					cutAfter, seed, inStore, inQuarantine, mem)
+			}
+			s, err = persist.OpenDirFS(mem, powerDir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Get(ctx, "good")
+			if err != nil || got.Attempts != good.Attempts {
+				t.Fatalf("cut after %d, seed %d: the good record: %v", cutAfter, seed, err)
+			}
+			_ = s.Close()
+		}
+	}
+}
+
+func readIs(f *strictfs.FS, path string, want []byte) bool {
+	got, err := f.ReadFile(path)
+	return err == nil && bytes.Equal(got, want)
 }

@@ -5,7 +5,9 @@
 // sync. It is stricter still in two ways a real disk may be: the
 // unsynced tail of a file may survive in part (a torn write), and a
 // prefix of a directory's unsynced changes may survive, in the order they
-// were made.
+// were made. A rename across directories survives in both or neither, as
+// on a journaling file system, until one of them is synced; then the other
+// half stands alone (the file may be found in both).
 //
 // A test sets a cut with CutAfter: the file system then applies that many
 // more changes (creates, writes, syncs, renames, removals, locks) and
@@ -23,6 +25,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,12 +65,21 @@ type inode struct {
 	// since its last sync
 	entries map[string]*inode
 	durable map[string]*inode
-	log     []change
+	log     []*logged
 }
 
 // change is one atomic change of a directory's entries: set names to
 // inodes, nil to remove.
 type change map[string]*inode
+
+// logged is a change in a directory's log. A rename across directories is
+// one change in each directory's log, paired: a power cut keeps both or
+// neither, until one directory is synced and the other's half stands
+// alone.
+type logged struct {
+	c    change
+	pair *logged
+}
 
 func newDir() *inode {
 	return &inode{dir: true, entries: map[string]*inode{}, durable: map[string]*inode{}}
@@ -102,13 +114,74 @@ func (f *FS) Changes() int {
 func (f *FS) Restart(rng *rand.Rand) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// Every directory that is or may come back, in a fixed order.
+	var dirs []*inode
 	seen := map[*inode]bool{}
-	var crash func(n *inode)
-	crash = func(n *inode) {
-		if seen[n] {
+	var collect func(n *inode)
+	collect = func(n *inode) {
+		if seen[n] || !n.dir {
 			return
 		}
 		seen[n] = true
+		dirs = append(dirs, n)
+		for _, m := range []map[string]*inode{n.entries, n.durable} {
+			for _, name := range slices.Sorted(maps.Keys(m)) {
+				collect(m[name])
+			}
+		}
+		for _, l := range n.log {
+			for _, name := range slices.Sorted(maps.Keys(l.c)) {
+				if c := l.c[name]; c != nil {
+					collect(c)
+				}
+			}
+		}
+	}
+	collect(f.root)
+	// How many of its unsynced changes each directory keeps: none, or a
+	// random prefix; a rename across directories is kept in both or
+	// neither.
+	keep := map[*inode]int{}
+	where := map[*logged]*inode{}
+	index := map[*logged]int{}
+	for _, d := range dirs {
+		if len(d.log) > 0 && rng.IntN(2) == 0 {
+			keep[d] = rng.IntN(len(d.log) + 1)
+		}
+		for i, l := range d.log {
+			where[l], index[l] = d, i
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, d := range dirs {
+			for i, l := range d.log[:keep[d]] {
+				if l.pair == nil {
+					continue
+				}
+				if pd := where[l.pair]; pd == nil || index[l.pair] >= keep[pd] {
+					keep[d] = i
+					changed = true
+					break
+				}
+			}
+		}
+	}
+	for _, d := range dirs {
+		for _, l := range d.log[:keep[d]] {
+			apply(d.durable, l.c)
+		}
+		d.log = nil
+		d.entries = maps.Clone(d.durable)
+	}
+	// Every file keeps its durable data, and maybe part of the rest.
+	done := map[*inode]bool{}
+	var crash func(n *inode)
+	crash = func(n *inode) {
+		if done[n] {
+			return
+		}
+		done[n] = true
 		if !n.dir {
 			if tail := len(n.data) - n.synced; tail > 0 && rng.IntN(2) == 0 {
 				n.synced += rng.IntN(tail + 1)
@@ -116,15 +189,6 @@ func (f *FS) Restart(rng *rand.Rand) {
 			n.data = n.data[:n.synced:n.synced]
 			return
 		}
-		keep := 0
-		if len(n.log) > 0 && rng.IntN(2) == 0 {
-			keep = rng.IntN(len(n.log) + 1)
-		}
-		for _, c := range n.log[:keep] {
-			apply(n.durable, c)
-		}
-		n.log = nil
-		n.entries = maps.Clone(n.durable)
 		for _, name := range slices.Sorted(maps.Keys(n.entries)) {
 			crash(n.entries[name])
 		}
@@ -170,8 +234,10 @@ func (f *FS) read() error {
 	return nil
 }
 
-// lookup returns the inode at p, an absolute path.
+// lookup returns the inode at p, an absolute path (with either separator,
+// so that paths made with package filepath work on Windows too).
 func (f *FS) lookup(op, p string) (*inode, error) {
+	p = filepath.ToSlash(p)
 	if !path.IsAbs(p) {
 		return nil, &fs.PathError{Op: op, Path: p, Err: errors.New("strictfs: path is not absolute")}
 	}
@@ -194,7 +260,7 @@ func (f *FS) lookup(op, p string) (*inode, error) {
 
 // parent returns the directory that holds p, and p's name in it.
 func (f *FS) parent(op, p string) (*inode, string, error) {
-	p = path.Clean(p)
+	p = path.Clean(filepath.ToSlash(p))
 	d, err := f.lookup(op, path.Dir(p))
 	if err != nil {
 		return nil, "", err
@@ -206,9 +272,11 @@ func (f *FS) parent(op, p string) (*inode, string, error) {
 }
 
 // set changes entries of directory d, and logs the change for a crash.
-func set(d *inode, c change) {
+func set(d *inode, c change) *logged {
 	apply(d.entries, c)
-	d.log = append(d.log, c)
+	l := &logged{c: c}
+	d.log = append(d.log, l)
+	return l
 }
 
 var _ fsys.FS = (*FS)(nil)
@@ -293,6 +361,7 @@ func (f *FS) CreateTemp(dir, pattern string) (fsys.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	dir = filepath.ToSlash(dir)
 	f.seq++
 	name := pattern + strconv.Itoa(f.seq)
 	if i := strings.LastIndex(pattern, "*"); i >= 0 {
@@ -339,10 +408,12 @@ func (f *FS) Rename(oldpath, newpath string) error {
 		}
 		return nil
 	}
-	// Across directories the two entries change separately: a crash may
-	// keep either, both or neither.
-	set(nd, change{nname: n})
-	set(od, change{oname: nil})
+	// Across directories, one change in each, paired: a power cut keeps
+	// both or neither, as a journaling file system does, until one of the
+	// directories is synced.
+	a := set(nd, change{nname: n})
+	b := set(od, change{oname: nil})
+	a.pair, b.pair = b, a
 	return nil
 }
 
@@ -387,6 +458,11 @@ func (f *FS) SyncDir(p string) error {
 		return err
 	}
 	d.durable = maps.Clone(d.entries)
+	for _, l := range d.log {
+		if l.pair != nil {
+			l.pair.pair = nil // the other half now stands alone
+		}
+	}
 	d.log = nil
 	return nil
 }

@@ -153,3 +153,58 @@ func TestCutAfter(t *testing.T) {
 		t.Fatal("a second lock was granted")
 	}
 }
+
+// TestRenameAcrossDirectories checks that a power cut keeps a rename across
+// directories whole or not at all, and that once the target directory is
+// synced the file is never lost, though it may be found in both.
+func TestRenameAcrossDirectories(t *testing.T) {
+	for _, syncTarget := range []bool{false, true} {
+		seen := map[string]bool{}
+		for seed := range uint64(100) {
+			f := New()
+			for _, d := range []string{"/a", "/b"} {
+				if err := f.Mkdir(d, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := f.SyncDir("/"); err != nil {
+				t.Fatal(err)
+			}
+			tmp := mustWrite(t, f, "/a", "x", true)
+			if err := f.Rename(tmp, "/a/x"); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.SyncDir("/a"); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Rename("/a/x", "/b/x"); err != nil {
+				t.Fatal(err)
+			}
+			if syncTarget {
+				if err := f.SyncDir("/b"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.Restart(rand.New(rand.NewPCG(seed, 0)))
+			where := ""
+			for _, p := range []string{"/a/x", "/b/x"} {
+				if read(f, p) == "x" {
+					where += p
+				}
+			}
+			seen[where] = true
+		}
+		want := map[string]bool{"/a/x": true, "/b/x": true}
+		if syncTarget {
+			want = map[string]bool{"/a/x/b/x": true, "/b/x": true}
+		}
+		for w := range seen {
+			if !want[w] {
+				t.Errorf("target synced %v: a restart left the file at %q", syncTarget, w)
+			}
+		}
+		if len(seen) != len(want) {
+			t.Errorf("target synced %v: restarts left %v, want each of %v", syncTarget, seen, want)
+		}
+	}
+}

@@ -1,0 +1,50 @@
+package persist
+
+import "sync"
+
+// groupSync lets concurrent callers share one run of a sync: a caller
+// returns once a run that started after it called has finished, and gets
+// that run's error. While a run is in progress, the callers that arrive
+// wait for it to end and then share the next run, so a burst of N callers
+// costs two runs, not N.
+type groupSync struct {
+	mu        sync.Mutex
+	cond      *sync.Cond
+	running   bool
+	started   uint64 // runs started
+	completed uint64 // runs finished
+	err       error  // of the last run finished
+	waiting   int    // callers waiting for a run to end, for the tests
+}
+
+func newGroupSync() *groupSync {
+	g := &groupSync{}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+// sync returns once a run of do that started after sync was called has
+// finished, with the error of the last run finished.
+func (g *groupSync) sync(do func() error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	target := g.started + 1
+	for g.completed < target {
+		if g.running {
+			g.waiting++
+			g.cond.Wait()
+			g.waiting--
+			continue
+		}
+		g.running = true
+		g.started++
+		gen := g.started
+		g.mu.Unlock()
+		err := do()
+		g.mu.Lock()
+		g.running = false
+		g.completed, g.err = gen, err
+		g.cond.Broadcast()
+	}
+	return g.err
+}
