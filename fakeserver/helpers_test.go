@@ -111,6 +111,16 @@ func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *cl
 	return fakeserver.Start(tb, opts), clk
 }
 
+// skipOnPostgres skips a test of the in-memory caps when the state is in
+// PostgreSQL, where MaxRecords, MaxPayments and MaxOrders do not apply:
+// they bound the process's memory, and a database is bounded by its disk.
+func skipOnPostgres(t *testing.T) {
+	t.Helper()
+	if os.Getenv(envPostgres) == "1" {
+		t.Skip("the memory caps do not apply to state kept in PostgreSQL (see Options.Postgres)")
+	}
+}
+
 // envPostgres, set to 1, runs every test that starts its server with
 // newServer on PostgreSQL, each on a database of its own, so that the
 // contract is checked for both ways of keeping state.

@@ -24,6 +24,7 @@ func lookup(t *testing.T, s *fakeserver.Server, key string) answer {
 // stored, so the lookup says "never done", and the key works once a record
 // has expired.
 func TestMaxRecordsRefusesNewKeysAndStoresNothing(t *testing.T) {
+	skipOnPostgres(t)
 	t.Parallel()
 	s, clk := newServer(t, &fakeserver.Options{MaxRecords: 2, Retention: time.Hour})
 	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
@@ -52,6 +53,7 @@ func TestMaxRecordsRefusesNewKeysAndStoresNothing(t *testing.T) {
 // retry finds the key unused and the lookup says "never done". A declined
 // card takes no room, and Reset makes room.
 func TestMaxPaymentsRefusesBeforeCharging(t *testing.T) {
+	skipOnPostgres(t)
 	t.Parallel()
 	s, _ := newServer(t, &fakeserver.Options{MaxPayments: 2})
 	require.Equal(t, http.StatusPaymentRequired, pay(t, s, "k0", declineBody).Status)
@@ -79,6 +81,7 @@ func TestMaxPaymentsRefusesBeforeCharging(t *testing.T) {
 // the charge even when the cap is reached meanwhile; once its record is
 // gone unfinished, a sweep frees the room.
 func TestMaxPaymentsKeepsRoomForADeadWorker(t *testing.T) {
+	skipOnPostgres(t)
 	t.Parallel()
 	s, clk := newServer(t, &fakeserver.Options{MaxPayments: 1, Retention: time.Hour})
 	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: "k1"}))
@@ -107,6 +110,7 @@ func TestMaxPaymentsKeepsRoomForADeadWorker(t *testing.T) {
 // is answered 503 and changes nothing, while known orders can still be
 // updated; a status is at most MaxStatusLen characters.
 func TestMaxOrdersRefusesNewOrders(t *testing.T) {
+	skipOnPostgres(t)
 	t.Parallel()
 	s, _ := newServer(t, &fakeserver.Options{MaxOrders: 1})
 	put := func(id, status string) answer {
