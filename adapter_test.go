@@ -3,19 +3,19 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // redirectingServer puts routes in front of the fake server's handler and
@@ -121,5 +121,47 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 				assert.Equal(t, string(req.Body), r.body)
 			}
 		})
+	}
+}
+
+// answering is a test server that answers every request with h, and a
+// Client that sends to it on a manual clock.
+func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Client, idem.Request) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch))}
+	c, err := idem.New(append(base, opts...)...)
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	return c, req
+}
+
+// The last answer in a RetryError is never a replay: an answer the server
+// marks as replayed from its record is final, whatever its status, so the
+// call ends with it instead.
+func TestRetryErrorLastResponseIsNeverAReplay(t *testing.T) {
+	t.Parallel()
+	for _, replayed := range []bool{false, true} {
+		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			if replayed {
+				w.Header().Set("Idempotent-Replayed", "true")
+			}
+			w.WriteHeader(http.StatusTooManyRequests)
+		}, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+		resp, err := c.Do(context.Background(), in)
+		var retryErr *idem.RetryError
+		if !replayed {
+			require.ErrorAs(t, err, &retryErr)
+			require.NotNil(t, retryErr.LastResponse)
+			assert.False(t, retryErr.LastResponse.Replayed)
+			continue
+		}
+		assert.False(t, errors.As(err, &retryErr), "a replay is final")
+		require.NotNil(t, resp)
+		assert.True(t, resp.Replayed)
 	}
 }

@@ -220,7 +220,9 @@ type RetryError struct {
 	// (the server's Retry-After, or the backoff), or zero.
 	Wait time.Duration
 	// LastResponse is the last retryable answer (503, 409, ...), or nil if
-	// the last attempt got none.
+	// the last attempt got none. It is never a replay (its Replayed is
+	// false): an answer the server marks Idempotent-Replayed is final,
+	// whatever its status, and ends the call as such.
 	LastResponse *Response
 	// Err is the last attempt's error (network error, the context's error),
 	// or nil when the last attempt got a response.
