@@ -71,6 +71,11 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 // stored headers (the RoundTripper sends the live request's).
 func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, header http.Header) (*Response, error) {
 	cur := in.current()
+	// Intent deleted a replaced intent from the store: say so, rather
+	// than that the store has no such intent.
+	if err := c.notReplaced(cur.Key); err != nil {
+		return nil, err
+	}
 	// The store is the truth: another Intent value for this key, or an
 	// earlier process, may have moved an unresolved intent on. A resolved
 	// one never changes, and one that holds the version this Client saved

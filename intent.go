@@ -373,14 +373,29 @@ func (c *Client) markCreated(key string) {
 	}
 }
 
+// notReplaced returns an error matching ErrIntentReplaced if Intent has
+// dropped key for a changed request.
+func (c *Client) notReplaced(key string) error {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	return c.notReplacedLocked(key)
+}
+
+func (c *Client) notReplacedLocked(key string) error {
+	if _, dropped := c.dropped[key]; dropped {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+	}
+	return nil
+}
+
 // markSent records that key is about to be sent, or refuses if Intent has
 // dropped it for a changed request. unsent reports whether the key was
 // provably unsent until now.
 func (c *Client) markSent(key string) (unsent bool, err error) {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	if _, dropped := c.dropped[key]; dropped {
-		return false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+	if err := c.notReplacedLocked(key); err != nil {
+		return false, err
 	}
 	// Once sent, the key is no longer provably unsent: forgetting it gives
 	// the same answer from dropUnsent and keeps the map small.
