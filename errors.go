@@ -305,16 +305,23 @@ func (e *UnresolvedError) Error() string {
 
 func (e *UnresolvedError) Unwrap() error { return ErrUnresolved }
 
-// SaveError reports that the device store refused a write. When it comes
-// from creating an intent, nothing was sent. When it comes after an answer,
-// Do returns the answer too: the server keeps it, and the next Do replays it.
+// SaveError reports that the device store failed a write, or a read that
+// Client.Intent needs before it writes. When it comes from Client.Intent or
+// Client.NewIntent, nothing was created or sent. When it comes after an
+// answer, Do returns the answer too: the server keeps it, and the next Do
+// replays it.
 type SaveError struct {
-	Key string
-	Op  string // "create", "record outcome", "record attempts"
+	Key string // empty when no intent was concerned yet
+	// Op is the step that failed: "create", "read the action's intents",
+	// "drop unsent", "record outcome", "record attempts", ...
+	Op  string
 	Err error
 }
 
 func (e *SaveError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("idem: the intent store failed (%s): %v", e.Op, e.Err)
+	}
 	return fmt.Sprintf("idem: could not save intent %s (%s): %v", e.Key, e.Op, e.Err)
 }
 

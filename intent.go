@@ -214,13 +214,14 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //     nothing is created. Starting a second payment silently is the one
 //     thing this call never does.
 //
-// The new intent is durable when Intent returns; if saving fails, the error
-// is a *SaveError and nothing can be sent. If the store holds a record it
-// cannot read (a *persist.CorruptError) that may be this action's (the file
-// store tells a record's action from its file's name), Intent refuses with
-// that error rather than guess, for it could be the action's unresolved
-// intent: inspect the file it names, then quarantine or delete it. Damaged
-// records of other actions do not stop it.
+// The new intent is durable when Intent returns. If the store fails (a
+// read, the drop of a replaced intent, the save of the new one), the error
+// is a *SaveError, nothing is created and nothing can be sent. If the store
+// holds a record it cannot read (a *persist.CorruptError) that may be this
+// action's (the file store tells a record's action from its file's name),
+// Intent refuses with that error rather than guess, for it could be the
+// action's unresolved intent: inspect the file it names, then quarantine or
+// delete it. Damaged records of other actions do not stop it.
 func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
 	if name == "" {
 		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
@@ -252,9 +253,13 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if name != "" {
 		recs, err := c.store.List(ctx, persist.Filter{Name: name})
 		if err != nil {
-			// An unreadable record may be this action's unresolved intent:
-			// refuse rather than guess.
-			return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+			var corrupt *persist.CorruptError
+			if errors.As(err, &corrupt) {
+				// An unreadable record may be this action's unresolved
+				// intent: refuse rather than guess.
+				return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+			}
+			return nil, &SaveError{Op: "read the action's intents", Err: err}
 		}
 		if len(recs) > 0 {
 			latest := latestOf(recs)
@@ -269,7 +274,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				c.latest.forget(latest.Key)
 				if err := c.store.Delete(ctx, latest.Key); err != nil {
 					c.undrop(latest.Key)
-					return nil, fmt.Errorf("idem: dropping unsent intent %s: %w", latest.Key, err)
+					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 				}
 			default:
 				return nil, &UnresolvedError{Name: name, Previous: newIntentFromRecord(latest)}
