@@ -28,7 +28,8 @@ it in a later update. A changed cart is a new intent with a new key.
 [Client.Intent] is the one call to make when the Pay button is shown: it
 looks at the action's latest intent (the one created last, by a sequence
 number stored with each intent, not by the device's clock, which the user
-may set back) and returns it when the request is the same,
+may set back) and returns it when the request is the same, whatever its
+state (Do on a resolved one returns the stored answer and sends nothing),
 makes a new one when it changed, and returns an [*UnresolvedError] instead
 of starting a second payment while the previous one's outcome is unknown.
 
