@@ -32,8 +32,10 @@ var (
 // injectable clock, selecting on the context), Backoff returns zero, and
 // ErrorHandler keeps the last answer.
 func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
+	hc = redirectPolicy(hc)
+	hc.Transport = budgetTransport{base: hc.Transport}
 	rc := &retryablehttp.Client{
-		HTTPClient:     redirectPolicy(hc),
+		HTTPClient:     hc,
 		RetryMax:       math.MaxInt32, // the budget decides
 		RequestLogHook: countAttempt,
 		CheckRetry:     checkRetry,
@@ -86,6 +88,77 @@ func redirectPolicy(hc *http.Client) *http.Client {
 	return &cp
 }
 
+// budgetTransport bounds each attempt of a call by what is left of the
+// call's budget, so that a server that never answers, or trickles its
+// answer, cannot hold Do past RetryPolicy.MaxElapsed whatever the
+// http.Client's Timeout (none, for http.DefaultClient).
+//
+// The budget is counted on the Client's Clock, and an attempt's I/O runs in
+// real time: the attempt is given the budget left at its start, as read on
+// the Clock, as a real-time limit on its context, which covers the body
+// too. With the system clock the two agree. With a manual clock that only
+// moves when waited on, the time spent on the wire does not move it, and
+// each attempt gets at most what the clock says is left.
+type budgetTransport struct{ base http.RoundTripper }
+
+func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	st, ok := req.Context().Value(callKey{}).(*call)
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if !ok {
+		return base.RoundTrip(req)
+	}
+	limit, reason := st.b.attemptLimit()
+	if limit <= 0 {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		st.cut = &stop{reason: reason}
+		if !st.onWire {
+			// Counted as it started, but nothing reached the wire.
+			st.b.attempts--
+			st.cutBeforeWire = true
+		}
+		return nil, fmt.Errorf("%w: nothing left for another attempt", errStopped)
+	}
+	st.onWire = true
+	ctx, cancel := context.WithTimeout(req.Context(), limit)
+	resp, err := base.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		st.noteCut(ctx, req.Context(), reason)
+		cancel()
+		return nil, err
+	}
+	resp.Body = &budgetBody{ReadCloser: resp.Body, st: st, ctx: ctx, parent: req.Context(), cancel: cancel, reason: reason}
+	return resp, nil
+}
+
+// budgetBody is an attempt's answer body; closing it ends the attempt's
+// time limit.
+type budgetBody struct {
+	io.ReadCloser
+	st          *call
+	ctx, parent context.Context
+	cancel      context.CancelFunc
+	reason      StopReason
+}
+
+func (b *budgetBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.st.noteCut(b.ctx, b.parent, b.reason)
+	}
+	return n, err
+}
+
+func (b *budgetBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
 // call is the state of one call of send, reached by the hooks through the
 // request's context. It is confined to that call's goroutine.
 type call struct {
@@ -96,6 +169,20 @@ type call struct {
 	stopped   *stop     // why the budget ended the call, once it did
 	last      *Response // the last retryable answer
 	lastErr   error
+	// onWire: the current attempt has reached the transport.
+	onWire bool
+	// cut: the budget ran out during an attempt (or before it could
+	// start, then cutBeforeWire).
+	cut           *stop
+	cutBeforeWire bool
+}
+
+// noteCut records that the budget cut the attempt whose context is ctx, if
+// it did: its time limit passed while the call's context is alive.
+func (st *call) noteCut(ctx, parent context.Context, reason StopReason) {
+	if st.cut == nil && ctx.Err() != nil && parent.Err() == nil {
+		st.cut = &stop{reason: reason}
+	}
 }
 
 type callKey struct{}
@@ -106,7 +193,9 @@ func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
 	// After a cancel, retryablehttp may still start an attempt, which fails
 	// at once without reaching the wire.
 	if req.Context().Err() == nil {
-		callOf(req.Context()).b.attempts++
+		st := callOf(req.Context())
+		st.b.attempts++
+		st.onWire = false
 	}
 }
 
@@ -125,6 +214,15 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return false, ctxErr
+	}
+	if err != nil && st.cut != nil {
+		// The budget ended inside the attempt: it may have reached the
+		// server, so the outcome is unknown.
+		st.last, st.lastErr, st.stopped = nil, err, st.cut
+		if !st.cutBeforeWire {
+			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+		}
+		return false, errStopped
 	}
 	status := 0
 	if err == nil {

@@ -8,14 +8,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // redirectingServer puts routes in front of the fake server's handler and
@@ -164,4 +167,125 @@ func TestRetryErrorLastResponseIsNeverAReplay(t *testing.T) {
 		require.NotNil(t, resp)
 		assert.True(t, resp.Replayed)
 	}
+}
+
+// stalling is a test server whose answer to a POST is stall (which must
+// return when the request's context ends or when stop is closed), and a
+// Client that sends to it through an http.Client with no Timeout, on the
+// system clock, with a short MaxElapsed.
+func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, stop <-chan struct{})) (*idem.Client, *idem.Intent) {
+	t.Helper()
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stall(w, r, stop) }))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })                     // runs first: no handler stays blocked
+	hc := &http.Client{Transport: srv.Client().Transport} // no Timeout, like http.DefaultClient
+	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	return c, in
+}
+
+// doWithin runs Do with a generous real deadline, far above the budget
+// under test, so that a call the budget does not bound fails the test
+// instead of hanging it.
+func doWithin(t *testing.T, c *idem.Client, in *idem.Intent) (*idem.RetryError, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Do(ctx, in)
+	took := time.Since(start)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	return retryErr, took
+}
+
+// MaxElapsed bounds an attempt that gets no answer at all, though the
+// http.Client has no Timeout. The attempt may have reached the server: the
+// outcome is unknown and the intent pending.
+func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
+	t.Parallel()
+	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	})
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, persist.StatePending, in.State())
+}
+
+// MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
+// each in time to keep a read timeout from firing.
+func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
+	t.Parallel()
+	c, in := stalling(t, func(w http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		w.Header().Set("Content-Length", "1000000")
+		w.WriteHeader(http.StatusCreated)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := w.Write([]byte(" ")); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+			}
+		}
+	})
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, persist.StatePending, in.State())
+}
+
+// An attempt gets what is left of the budget on the Client's clock: after a
+// Retry-After wait of 2s on a manual clock, a second attempt under a
+// MaxElapsed of 2.3s gets 300ms of real time.
+func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
+	t.Parallel()
+	stop := make(chan struct{})
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if posts.Add(1) == 1 {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		select { // the second attempt gets no answer
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })
+	clk := clocktest.New(epoch)
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithClock(clk),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, NoJitter: true}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.Equal(t, 2, retryErr.Attempts)
+	assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
+	assert.Less(t, took, 10*time.Second, "300ms were left")
 }
