@@ -166,6 +166,7 @@ type call struct {
 	key       string
 	b         *budget
 	finalBody []byte    // the body of the last answer read in full
+	oversized bool      // the final answer was over the limit; no body kept
 	stopped   *stop     // why the budget ended the call, once it did
 	last      *Response // the last retryable answer
 	lastErr   error
@@ -255,10 +256,22 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 
 // readFinal reads a final answer's body. A body cut off mid-way is an
 // error, so the attempt counts as unanswered and is retried with the same
-// key: an incomplete answer is never taken for a success.
+// key: an incomplete answer is never taken for a success. An answer larger
+// than the limit, header fields included, is final all the same (asking
+// again would get it again): its body is not kept.
 func readFinal(resp *http.Response) error {
 	st := callOf(resp.Request.Context())
-	body, err := readBody(resp.Body, st.c.maxBody)
+	limit := st.c.maxBody - headerBytes(resp.Header)
+	if limit < 0 {
+		resp.Body.Close()
+		st.oversized = true
+		return nil
+	}
+	body, err := readBody(resp.Body, limit)
+	if errors.Is(err, errBodyTooLarge) {
+		st.oversized = true
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -272,10 +285,17 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 	}
 	st := callOf(resp.Request.Context())
 	if st.last != nil && resp.StatusCode == st.last.StatusCode {
-		if st.finalBody != nil {
+		limit := st.c.maxBody - headerBytes(resp.Header)
+		switch {
+		case st.finalBody != nil:
 			st.last.Body = st.finalBody // read by the response handler
-		} else {
-			st.last.Body, _ = readBody(resp.Body, st.c.maxBody)
+		case limit < 0:
+			st.last.Header, st.last.Oversized = st.c.storedHeader(resp.Header), true
+		default:
+			var err error
+			if st.last.Body, err = readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {
+				st.last.Oversized = true
+			}
 		}
 	}
 	resp.Body.Close()
@@ -309,6 +329,11 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 			Body:       st.finalBody,
 			Replayed:   replayed(resp.Header),
 			Attempts:   st.b.attempts,
+			Oversized:  st.oversized,
+		}
+		if st.oversized {
+			// Keep no more of an oversized answer than the store does.
+			out.Header, out.Body = c.storedHeader(resp.Header), nil
 		}
 		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})
 		return out, nil

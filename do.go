@@ -28,6 +28,12 @@ type Response struct {
 	// FromStore is true when the intent was already resolved and nothing
 	// was sent.
 	FromStore bool
+	// Oversized is true when the answer was larger than
+	// WithMaxResponseBytes (header fields and body together). Its status is
+	// known and the intent is resolved from it, but its body was not kept
+	// (Body is nil), and its header fields only those stored, so far as
+	// they fit the limit.
+	Oversized bool
 }
 
 func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Response {
@@ -36,6 +42,7 @@ func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Resp
 		Header:     r.Header.Clone(),
 		Body:       bytes.Clone(r.Body),
 		Replayed:   r.Replayed,
+		Oversized:  r.Oversized,
 		Attempts:   attempts,
 		FromStore:  fromStore,
 	}
@@ -170,7 +177,7 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	rec.UpdatedAt = now
 	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
-	rec.Response = &persist.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body), Replayed: resp.Replayed}
+	rec.Response = c.stored(resp)
 	if c.logger != nil { // skip building the arguments when silent
 		c.log(ctx, slog.LevelInfo, "idem: resolved", "key", rec.Key, "status", resp.StatusCode, "attempts", resp.Attempts, "replayed", resp.Replayed)
 	}
@@ -191,6 +198,68 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		return resp, saveErr
 	}
 	return resp, nil
+}
+
+// stored returns what the device keeps of a final answer: its status, the
+// header fields that a replay and the app need, and its body.
+func (c *Client) stored(resp *Response) *persist.Response {
+	return &persist.Response{
+		StatusCode: resp.StatusCode,
+		Header:     c.storedHeader(resp.Header),
+		Body:       bytes.Clone(resp.Body),
+		Replayed:   resp.Replayed,
+		Oversized:  resp.Oversized,
+	}
+}
+
+// storedHeader returns the header fields of h that are kept on the device:
+// those of storedHeaders and those the app named (WithStoredHeaders), in
+// that order, while they fit the Client's limit on an answer. Nothing else
+// (cookies, tokens, tracing) is written to the device.
+func (c *Client) storedHeader(h http.Header) http.Header {
+	var (
+		out  http.Header
+		size int64
+	)
+	for _, name := range c.keptHeaders {
+		vs := h[name]
+		if len(vs) == 0 {
+			continue
+		}
+		n := fieldBytes(name, vs)
+		if size+n > c.maxBody {
+			continue
+		}
+		size += n
+		if out == nil {
+			out = make(http.Header, len(c.keptHeaders))
+		}
+		out[name] = append([]string(nil), vs...)
+	}
+	return out
+}
+
+// storedHeaders are the header fields of a final answer that are kept on
+// the device by default: what an app shows (the media type, where the new
+// resource is), the replay marker, and the server's Retry-After.
+var storedHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
+
+// headerBytes is the size of h as header fields on the wire: the size
+// counted against the limit on an answer.
+func headerBytes(h http.Header) int64 {
+	var n int64
+	for name, vs := range h {
+		n += fieldBytes(name, vs)
+	}
+	return n
+}
+
+func fieldBytes(name string, vs []string) int64 {
+	var n int64
+	for _, v := range vs {
+		n += int64(len(name) + len(v) + 4) // ": " and CRLF
+	}
+	return n
 }
 
 // storedOutcome answers Do for a resolved intent without sending.

@@ -47,8 +47,10 @@ An intent is new (saved, not known to be sent), pending (may have reached
 the server, outcome unknown), succeeded (2xx), failed (a final business
 answer such as 402), rejected (422, or a 400 about the key), expired (outcome
 unknown and too old to send again) or void (reconciled: the server never did
-it). The final answer (status, headers, body) is stored with a resolved
-intent.
+it). The final answer is stored with a resolved intent: its status, its body
+(unless larger than [WithMaxResponseBytes]: [Response.Oversized]), and of its
+header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
+and those named with [WithStoredHeaders].
 
 To keep to two durable writes per successful intent (created, resolved), the
 first attempt is not recorded: after a crash a new intent may have been sent.

@@ -3,6 +3,7 @@ package idem
 import (
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/persist"
@@ -53,9 +54,36 @@ func WithRetention(retention, margin time.Duration) Option {
 // Zero means DefaultReconcileDelay.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
-// WithMaxResponseBytes bounds the body read from one answer; a larger body
-// ends the call with an error. Zero means DefaultMaxResponseBytes.
+// WithMaxResponseBytes bounds what is read and kept of one answer: its
+// header fields (as received; the transport's MaxResponseHeaderBytes
+// bounds what it reads of them, 10 MiB by default) and its body together.
+// A larger final answer still resolves the intent from its status, but
+// its body is not kept: the Response says Oversized. Zero means
+// DefaultMaxResponseBytes.
 func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
+
+// WithStoredHeaders names header fields of final answers to keep on the
+// device besides those kept by default: Content-Type, Location,
+// Idempotent-Replayed and Retry-After. No other field is stored (cookies,
+// tokens and the like stay off the disk); the Response of the call that got
+// the answer carries all its fields, a Response read from the store only
+// the kept ones.
+func WithStoredHeaders(names ...string) Option {
+	return func(c *Client) { c.keptHeaders = append(c.keptHeaders, names...) }
+}
+
+// keptHeaders returns the defaults and the app's names, canonical and
+// without repeats.
+func keptHeaders(names []string) []string {
+	out := append([]string(nil), storedHeaders...)
+	for _, n := range names {
+		n = http.CanonicalHeaderKey(n)
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
 // WithQuotedKey sends the key as an RFC 8941 sf-string ("..."), as the IETF
 // draft writes it. The default is the bare value deployed APIs expect.

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -93,7 +92,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		rec.State = persist.StateSucceeded
 		// The caller owns out; the record keeps its own copy.
-		rec.Response = &persist.Response{StatusCode: out.StatusCode, Header: out.Header.Clone(), Body: bytes.Clone(out.Body)}
+		rec.Response = c.stored(out)
 	case resp.StatusCode == http.StatusNotFound:
 		// Expired or not: an attempt sent just before expiry may arrive
 		// as late as any other.
