@@ -41,7 +41,10 @@ const (
 //
 // A Client is safe for concurrent use by multiple goroutines. Two calls of
 // Do for the same intent never put two requests on the wire at once: the
-// second waits for the first and gets the same outcome. One store should be
+// second waits for the first and gets the same outcome, unless its own
+// context ends first (a *RetryError matching ErrOutcomeUnknown) or the first
+// ends for its own caller's context alone (the second then resumes the
+// intent itself, with the same key). One store should be
 // used by one Client at a time.
 type Client struct {
 	http      *http.Client

@@ -169,7 +169,11 @@ carry a key.
 
 A [Client] is safe for concurrent use. Two goroutines calling Do on the same
 intent (a double tap) never put two requests on the wire at once: the second
-waits for the first and both get the same outcome.
+waits for the first and both get the same outcome. Each caller's result
+follows its own context: a waiter whose context ends gets an unknown outcome
+([ErrOutcomeUnknown]) at once, and when the first call ends only because its
+caller cancelled, a waiter with time left takes the call over with the same
+key.
 
 # Testing
 
