@@ -143,6 +143,10 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	}
 	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
 	c.sent(rec.Key)
+	if retryErr != nil && retryErr.Attempts == 0 && unsent {
+		// Nothing reached the wire: the intent is still provably unsent.
+		c.markCreated(rec.Key)
+	}
 	now := c.clock.Now()
 	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && neverReached(retryErr.Err) {
 		// The one attempt never reached the server: nothing to record.

@@ -43,8 +43,8 @@ sends nothing.
 
 # States
 
-An intent is new (saved, not known to be sent), pending (may have reached
-the server, outcome unknown), succeeded (2xx), failed (a final business
+An intent is new (saved, and this process knows it was never sent), pending
+(may have reached the server, outcome unknown), succeeded (2xx), failed (a final business
 answer such as 402), rejected (422, or a 400 about the key), expired (outcome
 unknown and too old to send again) or void (reconciled: the server never did
 it). The final answer is stored with a resolved intent: its status, its body
@@ -55,7 +55,9 @@ and those named with [WithStoredHeaders].
 To keep to two durable writes per successful intent (created, resolved), the
 first attempt is not recorded: after a crash a new intent may have been sent.
 Resuming it is safe because it reuses its key; only an intent that this
-Client created and never handed to Do is treated as certainly unsent.
+Client created and never sent is treated as certainly unsent, and only such
+an intent reads new ([Intent.State]): after a restart, one stored as new
+reads pending.
 
 # Retries
 

@@ -105,9 +105,12 @@ type Intent struct {
 	// ephemeral intents live only in memory (the RoundTripper's per-request
 	// keys); they are never saved.
 	ephemeral bool
+	// c is the Client that handed the intent out: it knows which intents
+	// are provably unsent.
+	c *Client
 }
 
-func newIntentFromRecord(rec *persist.Record) *Intent { return &Intent{rec: rec} }
+func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, c: c} }
 
 // Key returns the Idempotency-Key, the same on every attempt.
 func (in *Intent) Key() string { return in.current().Key }
@@ -115,8 +118,18 @@ func (in *Intent) Key() string { return in.current().Key }
 // Name returns the action the intent belongs to, as given to Client.Intent.
 func (in *Intent) Name() string { return in.current().Name }
 
-// State returns where the intent stands.
-func (in *Intent) State() persist.State { return in.current().State }
+// State returns where the intent stands. An intent stored as new reads
+// new only while this process knows it was never sent: the Client that
+// created it has not sent it. Otherwise, after a restart for instance, it
+// reads pending: the first attempt is not recorded, so it may have reached
+// the server before a crash.
+func (in *Intent) State() persist.State {
+	rec := in.current()
+	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
+		return persist.StatePending
+	}
+	return rec.State
+}
 
 // CreatedAt returns when the intent was created: its age decides when it
 // may no longer be sent.
@@ -267,7 +280,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			same := latest.Fingerprint == fp
 			switch {
 			case same && !forceNew:
-				return newIntentFromRecord(latest), nil
+				return c.intentOf(latest), nil
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
 			case c.dropUnsent(latest):
@@ -277,7 +290,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 				}
 			default:
-				return nil, &UnresolvedError{Name: name, Previous: newIntentFromRecord(latest)}
+				return nil, &UnresolvedError{Name: name, Previous: c.intentOf(latest)}
 			}
 		}
 	}
@@ -290,7 +303,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	}
 	c.latest.saved(rec)
 	c.markCreated(rec.Key)
-	return newIntentFromRecord(rec), nil
+	return c.intentOf(rec), nil
 }
 
 // Load returns the intent stored under key, or an error matching
@@ -300,7 +313,7 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newIntentFromRecord(rec), nil
+	return c.intentOf(rec), nil
 }
 
 // Unresolved returns the intents whose outcome is not known yet, oldest
@@ -313,7 +326,7 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
 	out := make([]*Intent, len(recs))
 	for i, rec := range recs {
-		out[i] = newIntentFromRecord(rec)
+		out[i] = c.intentOf(rec)
 	}
 	return out, err
 }
@@ -407,4 +420,12 @@ func (c *Client) markSent(key string) (unsent bool, err error) {
 	_, unsent = c.unsent[key]
 	delete(c.unsent, key)
 	return unsent, nil
+}
+
+// isUnsent reports whether this Client created key and has not sent it.
+func (c *Client) isUnsent(key string) bool {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	_, ok := c.unsent[key]
+	return ok
 }

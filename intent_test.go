@@ -229,3 +229,31 @@ func TestIntentOnAFailingStoreReturnsSaveError(t *testing.T) {
 	}
 	assert.Equal(t, 0, e.srv.Stats().Requests)
 }
+
+// After a restart, an intent stored as new reads pending: its first attempt
+// is not recorded, so it may have reached the server before the crash. Only
+// the Client that created it, and has not sent it, reports it new.
+func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	req := e.paymentRequest(t, 100, "cus_1")
+	in, err := e.client.Intent(ctx, "checkout:restart", req)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateNew, in.State(), "created here and never sent")
+	// The process dies here, perhaps with the first attempt on the wire.
+
+	next := e.newClient(t)
+	loaded, err := next.Load(ctx, in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StatePending, loaded.State())
+	unresolved, err := next.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, unresolved, 1)
+	assert.Equal(t, persist.StatePending, unresolved[0].State())
+	again, err := next.Intent(ctx, "checkout:restart", req)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StatePending, again.State())
+	_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
+	assert.ErrorIs(t, err, idem.ErrUnresolved, "and it is not replaced as if unsent")
+}

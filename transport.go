@@ -80,7 +80,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		in = &Intent{rec: rec, ephemeral: true}
+		in = &Intent{rec: rec, ephemeral: true, c: t.c}
 	}
 
 	// The live request's headers go on the wire (credentials set by the
