@@ -159,3 +159,23 @@ func (s *slowLookup) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, err
 }
+
+// A lookup that gets no answer takes at most MaxElapsed, though the
+// http.Client has no Timeout; the intent stays as it was.
+func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
+	t.Parallel()
+	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Reconcile(ctx, in, in.Request().URL+"?idempotency_key="+in.Key())
+	took := time.Since(start)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, persist.StateNew, in.State())
+}
