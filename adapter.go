@@ -135,6 +135,18 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// CloseIdleConnections closes the base transport's idle connections, as
+// http.Client.CloseIdleConnections would without the wrapper.
+func (t budgetTransport) CloseIdleConnections() {
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if c, ok := base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // budgetBody is an attempt's answer body; closing it ends the attempt's
 // time limit.
 type budgetBody struct {

@@ -289,3 +289,30 @@ func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
 	assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
 	assert.Less(t, took, 10*time.Second, "300ms were left")
 }
+
+// idleRecorder is a transport that fails every request and counts the
+// calls of CloseIdleConnections.
+type idleRecorder struct{ closed atomic.Int32 }
+
+func (r *idleRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	return nil, errors.New("connection refused")
+}
+
+func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
+
+// A call that ends without an answer closes the app's transport's idle
+// connections, as go-retryablehttp does, through the budget's wrapper.
+func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
+	t.Parallel()
+	tr := &idleRecorder{}
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clocktest.New(epoch)),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	_, err = c.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Positive(t, tr.closed.Load())
+}
