@@ -96,9 +96,10 @@ the intent is created (a scheme other than http or https, no host name, a
 bad port) is refused then.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
-and the context's deadline; the first to run out ends it, and the
-*RetryError says which ([RetryError.Reason]), with the attempt count and the
-last answer. The outcome is then unknown ([ErrOutcomeUnknown]) and the intent
+and the context's deadline; the first to run out ends it, inside an attempt
+too (a server that never answers, or trickles its answer, cannot hold Do
+past it whatever the http.Client's Timeout), and the *RetryError says which
+([RetryError.Reason]), with the attempt count and the last answer. The outcome is then unknown ([ErrOutcomeUnknown]) and the intent
 stays pending: Do it again later.
 
 Retries are built on github.com/hashicorp/go-retryablehttp with per-call
