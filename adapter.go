@@ -107,7 +107,9 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	if !ok {
+	if !ok || req.Context().Err() != nil {
+		// Without a call's budget, or with its context done (the base
+		// transport then fails at once), there is nothing to bound.
 		return base.RoundTrip(req)
 	}
 	limit, reason := st.b.attemptLimit()

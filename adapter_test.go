@@ -316,3 +316,23 @@ func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.Positive(t, tr.closed.Load())
 }
+
+// A wait that uses up the budget to the last instant leaves no time for the
+// attempt after it: nothing more is sent, and the attempt is not counted.
+func TestNoAttemptStartsWithNoBudgetLeft(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+		posts.Add(1)
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2 * time.Second, NoJitter: true}))
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	_, err = c.Do(context.Background(), in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Equal(t, int32(1), posts.Load())
+}
