@@ -179,3 +179,25 @@ func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
 	assert.Equal(t, persist.StateNew, in.State())
 }
+
+// A lookup's answer is stored like a final answer: only the header fields
+// a replay and the app need, no cookies or tokens.
+func TestReconcileStoresOnlyTheNeededHeaderFields(t *testing.T) {
+	t.Parallel()
+	store := persist.NewMemory(nil)
+	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Set-Cookie", "session=secret-cookie")
+		w.Write([]byte(`{"id":"pay_1"}`))
+	}, idem.WithStore(store))
+	ctx := context.Background()
+	in, err := c.NewIntent(ctx, "", req)
+	require.NoError(t, err)
+	resp, err := c.Reconcile(ctx, in, req.URL+"?idempotency_key="+in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, "session=secret-cookie", resp.Header.Get("Set-Cookie"), "the call's own Response has every field")
+	rec, err := store.Get(ctx, in.Key())
+	require.NoError(t, err)
+	require.NotNil(t, rec.Response)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, rec.Response.Header)
+}
