@@ -32,6 +32,7 @@ func TestDoOfAReplacedIntentReturnsErrIntentReplaced(t *testing.T) {
 	_, err = e.client.Do(ctx, old)
 	require.ErrorIs(t, err, idem.ErrIntentReplaced)
 	assert.Equal(t, 0, e.srv.Stats().Requests)
+	assert.Equal(t, persist.StateNew, old.State(), "provably never sent")
 }
 
 // storeDir is a file store in a fresh directory, and the directory.

@@ -120,9 +120,9 @@ func (in *Intent) Name() string { return in.current().Name }
 
 // State returns where the intent stands. An intent stored as new reads
 // new only while this process knows it was never sent: the Client that
-// created it has not sent it. Otherwise, after a restart for instance, it
-// reads pending: the first attempt is not recorded, so it may have reached
-// the server before a crash.
+// created it has not sent it (or Intent replaced it unsent). Otherwise,
+// after a restart for instance, it reads pending: the first attempt is not
+// recorded, so it may have reached the server before a crash.
 func (in *Intent) State() persist.State {
 	rec := in.current()
 	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
@@ -422,10 +422,12 @@ func (c *Client) markSent(key string) (unsent bool, err error) {
 	return unsent, nil
 }
 
-// isUnsent reports whether this Client created key and has not sent it.
+// isUnsent reports whether this Client created key and has not sent it,
+// or dropped it unsent.
 func (c *Client) isUnsent(key string) bool {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	_, ok := c.unsent[key]
-	return ok
+	_, unsent := c.unsent[key]
+	_, dropped := c.dropped[key]
+	return unsent || dropped
 }
