@@ -32,8 +32,10 @@ var (
 // injectable clock, selecting on the context), Backoff returns zero, and
 // ErrorHandler keeps the last answer.
 func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
+	hc = redirectPolicy(hc)
+	hc.Transport = budgetTransport{base: hc.Transport}
 	rc := &retryablehttp.Client{
-		HTTPClient:     redirectPolicy(hc),
+		HTTPClient:     hc,
 		RetryMax:       math.MaxInt32, // the budget decides
 		RequestLogHook: countAttempt,
 		CheckRetry:     checkRetry,
@@ -86,6 +88,91 @@ func redirectPolicy(hc *http.Client) *http.Client {
 	return &cp
 }
 
+// budgetTransport bounds each attempt of a call by what is left of the
+// call's budget, so that a server that never answers, or trickles its
+// answer, cannot hold Do past RetryPolicy.MaxElapsed whatever the
+// http.Client's Timeout (none, for http.DefaultClient).
+//
+// The budget is counted on the Client's Clock, and an attempt's I/O runs in
+// real time: the attempt is given the budget left at its start, as read on
+// the Clock, as a real-time limit on its context, which covers the body
+// too. With the system clock the two agree. With a manual clock that only
+// moves when waited on, the time spent on the wire does not move it, and
+// each attempt gets at most what the clock says is left.
+type budgetTransport struct{ base http.RoundTripper }
+
+func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	st, ok := req.Context().Value(callKey{}).(*call)
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if !ok || req.Context().Err() != nil {
+		// Without a call's budget, or with its context done (the base
+		// transport then fails at once), there is nothing to bound.
+		return base.RoundTrip(req)
+	}
+	limit, reason := st.b.attemptLimit()
+	if limit <= 0 {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		st.cut = &stop{reason: reason}
+		if !st.onWire {
+			// Counted as it started, but nothing reached the wire.
+			st.b.attempts--
+			st.cutBeforeWire = true
+		}
+		return nil, fmt.Errorf("%w: nothing left for another attempt", errStopped)
+	}
+	st.onWire = true
+	ctx, cancel := context.WithTimeout(req.Context(), limit)
+	resp, err := base.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		st.noteCut(ctx, req.Context(), reason)
+		cancel()
+		return nil, err
+	}
+	resp.Body = &budgetBody{ReadCloser: resp.Body, st: st, ctx: ctx, parent: req.Context(), cancel: cancel, reason: reason}
+	return resp, nil
+}
+
+// CloseIdleConnections closes the base transport's idle connections, as
+// http.Client.CloseIdleConnections would without the wrapper.
+func (t budgetTransport) CloseIdleConnections() {
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if c, ok := base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// budgetBody is an attempt's answer body; closing it ends the attempt's
+// time limit.
+type budgetBody struct {
+	io.ReadCloser
+	st          *call
+	ctx, parent context.Context
+	cancel      context.CancelFunc
+	reason      StopReason
+}
+
+func (b *budgetBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.st.noteCut(b.ctx, b.parent, b.reason)
+	}
+	return n, err
+}
+
+func (b *budgetBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
 // call is the state of one call of send, reached by the hooks through the
 // request's context. It is confined to that call's goroutine.
 type call struct {
@@ -93,9 +180,24 @@ type call struct {
 	key       string
 	b         *budget
 	finalBody []byte    // the body of the last answer read in full
+	oversized bool      // the final answer was over the limit; no body kept
 	stopped   *stop     // why the budget ended the call, once it did
 	last      *Response // the last retryable answer
 	lastErr   error
+	// onWire: the current attempt has reached the transport.
+	onWire bool
+	// cut: the budget ran out during an attempt (or before it could
+	// start, then cutBeforeWire).
+	cut           *stop
+	cutBeforeWire bool
+}
+
+// noteCut records that the budget cut the attempt whose context is ctx, if
+// it did: its time limit passed while the call's context is alive.
+func (st *call) noteCut(ctx, parent context.Context, reason StopReason) {
+	if st.cut == nil && ctx.Err() != nil && parent.Err() == nil {
+		st.cut = &stop{reason: reason}
+	}
 }
 
 type callKey struct{}
@@ -106,7 +208,9 @@ func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
 	// After a cancel, retryablehttp may still start an attempt, which fails
 	// at once without reaching the wire.
 	if req.Context().Err() == nil {
-		callOf(req.Context()).b.attempts++
+		st := callOf(req.Context())
+		st.b.attempts++
+		st.onWire = false
 	}
 }
 
@@ -125,6 +229,15 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return false, ctxErr
+	}
+	if err != nil && st.cut != nil {
+		// The budget ended inside the attempt: it may have reached the
+		// server, so the outcome is unknown.
+		st.last, st.lastErr, st.stopped = nil, err, st.cut
+		if !st.cutBeforeWire {
+			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+		}
+		return false, errStopped
 	}
 	status := 0
 	if err == nil {
@@ -157,10 +270,22 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 
 // readFinal reads a final answer's body. A body cut off mid-way is an
 // error, so the attempt counts as unanswered and is retried with the same
-// key: an incomplete answer is never taken for a success.
+// key: an incomplete answer is never taken for a success. An answer larger
+// than the limit, header fields included, is final all the same (asking
+// again would get it again): its body is not kept.
 func readFinal(resp *http.Response) error {
 	st := callOf(resp.Request.Context())
-	body, err := readBody(resp.Body, st.c.maxBody)
+	limit := st.c.maxBody - headerBytes(resp.Header)
+	if limit < 0 {
+		resp.Body.Close()
+		st.oversized = true
+		return nil
+	}
+	body, err := readBody(resp.Body, limit)
+	if errors.Is(err, errBodyTooLarge) {
+		st.oversized = true
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -174,10 +299,17 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 	}
 	st := callOf(resp.Request.Context())
 	if st.last != nil && resp.StatusCode == st.last.StatusCode {
-		if st.finalBody != nil {
+		limit := st.c.maxBody - headerBytes(resp.Header)
+		switch {
+		case st.finalBody != nil:
 			st.last.Body = st.finalBody // read by the response handler
-		} else {
-			st.last.Body, _ = readBody(resp.Body, st.c.maxBody)
+		case limit < 0:
+			st.last.Header, st.last.Oversized = st.c.storedHeader(resp.Header), true
+		default:
+			var err error
+			if st.last.Body, err = readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {
+				st.last.Oversized = true
+			}
 		}
 	}
 	resp.Body.Close()
@@ -211,6 +343,11 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 			Body:       st.finalBody,
 			Replayed:   replayed(resp.Header),
 			Attempts:   st.b.attempts,
+			Oversized:  st.oversized,
+		}
+		if st.oversized {
+			// Keep no more of an oversized answer than the store does.
+			out.Header, out.Body = c.storedHeader(resp.Header), nil
 		}
 		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})
 		return out, nil

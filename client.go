@@ -31,7 +31,8 @@ const (
 	// after a "not found" was trusted; only a server that refuses stale
 	// requests could close that, and the contract has no such rule.
 	DefaultReconcileDelay = 2 * time.Minute
-	// DefaultMaxResponseBytes bounds the body read from one answer.
+	// DefaultMaxResponseBytes bounds what is read of one answer: its
+	// header fields and body together.
 	DefaultMaxResponseBytes = 10 << 20
 )
 
@@ -40,7 +41,10 @@ const (
 //
 // A Client is safe for concurrent use by multiple goroutines. Two calls of
 // Do for the same intent never put two requests on the wire at once: the
-// second waits for the first and gets the same outcome. One store should be
+// second waits for the first and gets the same outcome, unless its own
+// context ends first (a *RetryError matching ErrOutcomeUnknown) or the first
+// ends for its own caller's context alone (the second then resumes the
+// intent itself, with the same key). One store should be
 // used by one Client at a time.
 type Client struct {
 	http      *http.Client
@@ -51,12 +55,16 @@ type Client struct {
 	retention time.Duration
 	margin    time.Duration
 	reconcile time.Duration
-	maxBody   int64
+	maxBody   int64 // bytes read of one answer, header fields included
 	quoted    bool
 	onAttempt func(Attempt)
 	// isKeyReused recognises the app's own server's key reuse answers.
 	isKeyReused func(*Response) bool
 	retry       *retryablehttp.Client // sends through http
+
+	// keptHeaders are the canonical names of the answer's header fields
+	// kept on the device.
+	keptHeaders []string
 
 	flights flights
 	latest  latest
@@ -113,6 +121,7 @@ func New(opts ...Option) (*Client, error) {
 	if c.maxBody <= 0 {
 		c.maxBody = DefaultMaxResponseBytes
 	}
+	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.retry = c.newRetryClient(c.http)
 	c.unsent = make(map[string]struct{})
 	c.lastSent = make(map[string]time.Duration)

@@ -813,8 +813,9 @@ func TestAStaleIntentValueReadsTheStore(t *testing.T) {
 	_, err = e.client.Do(context.Background(), in)
 	require.NoError(t, err)
 
-	// stale still says "new"; the store says succeeded, and wins.
-	assert.Equal(t, persist.StateNew, stale.State())
+	// stale's copy of the record still says "new", but it was sent: it
+	// reads pending; the store says succeeded, and wins.
+	assert.Equal(t, persist.StatePending, stale.State())
 	resp, err := e.client.Do(context.Background(), stale)
 	require.NoError(t, err)
 	assert.True(t, resp.FromStore)

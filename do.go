@@ -28,6 +28,12 @@ type Response struct {
 	// FromStore is true when the intent was already resolved and nothing
 	// was sent.
 	FromStore bool
+	// Oversized is true when the answer was larger than
+	// WithMaxResponseBytes (header fields and body together). Its status is
+	// known and the intent is resolved from it, but its body was not kept
+	// (Body is nil), and its header fields only those stored, so far as
+	// they fit the limit.
+	Oversized bool
 }
 
 func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Response {
@@ -36,6 +42,7 @@ func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Resp
 		Header:     r.Header.Clone(),
 		Body:       bytes.Clone(r.Body),
 		Replayed:   r.Replayed,
+		Oversized:  r.Oversized,
 		Attempts:   attempts,
 		FromStore:  fromStore,
 	}
@@ -71,6 +78,11 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 // stored headers (the RoundTripper sends the live request's).
 func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, header http.Header) (*Response, error) {
 	cur := in.current()
+	// Intent deleted a replaced intent from the store: say so, rather
+	// than that the store has no such intent.
+	if err := c.notReplaced(cur.Key); err != nil {
+		return nil, err
+	}
 	// The store is the truth: another Intent value for this key, or an
 	// earlier process, may have moved an unresolved intent on. A resolved
 	// one never changes, and one that holds the version this Client saved
@@ -131,6 +143,10 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	}
 	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
 	c.sent(rec.Key)
+	if retryErr != nil && retryErr.Attempts == 0 && unsent {
+		// Nothing reached the wire: the intent is still provably unsent.
+		c.markCreated(rec.Key)
+	}
 	now := c.clock.Now()
 	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && neverReached(retryErr.Err) {
 		// The one attempt never reached the server: nothing to record.
@@ -165,7 +181,7 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	rec.UpdatedAt = now
 	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
-	rec.Response = &persist.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body), Replayed: resp.Replayed}
+	rec.Response = c.stored(resp)
 	if c.logger != nil { // skip building the arguments when silent
 		c.log(ctx, slog.LevelInfo, "idem: resolved", "key", rec.Key, "status", resp.StatusCode, "attempts", resp.Attempts, "replayed", resp.Replayed)
 	}
@@ -186,6 +202,68 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		return resp, saveErr
 	}
 	return resp, nil
+}
+
+// stored returns what the device keeps of a final answer: its status, the
+// header fields that a replay and the app need, and its body.
+func (c *Client) stored(resp *Response) *persist.Response {
+	return &persist.Response{
+		StatusCode: resp.StatusCode,
+		Header:     c.storedHeader(resp.Header),
+		Body:       bytes.Clone(resp.Body),
+		Replayed:   resp.Replayed,
+		Oversized:  resp.Oversized,
+	}
+}
+
+// storedHeader returns the header fields of h that are kept on the device:
+// those of storedHeaders and those the app named (WithStoredHeaders), in
+// that order, while they fit the Client's limit on an answer. Nothing else
+// (cookies, tokens, tracing) is written to the device.
+func (c *Client) storedHeader(h http.Header) http.Header {
+	var (
+		out  http.Header
+		size int64
+	)
+	for _, name := range c.keptHeaders {
+		vs := h[name]
+		if len(vs) == 0 {
+			continue
+		}
+		n := fieldBytes(name, vs)
+		if size+n > c.maxBody {
+			continue
+		}
+		size += n
+		if out == nil {
+			out = make(http.Header, len(c.keptHeaders))
+		}
+		out[name] = append([]string(nil), vs...)
+	}
+	return out
+}
+
+// storedHeaders are the header fields of a final answer that are kept on
+// the device by default: what an app shows (the media type, where the new
+// resource is), the replay marker, and the server's Retry-After.
+var storedHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
+
+// headerBytes is the size of h as header fields on the wire: the size
+// counted against the limit on an answer.
+func headerBytes(h http.Header) int64 {
+	var n int64
+	for name, vs := range h {
+		n += fieldBytes(name, vs)
+	}
+	return n
+}
+
+func fieldBytes(name string, vs []string) int64 {
+	var n int64
+	for _, v := range vs {
+		n += int64(len(name) + len(v) + 4) // ": " and CRLF
+	}
+	return n
 }
 
 // storedOutcome answers Do for a resolved intent without sending.

@@ -28,7 +28,8 @@ it in a later update. A changed cart is a new intent with a new key.
 [Client.Intent] is the one call to make when the Pay button is shown: it
 looks at the action's latest intent (the one created last, by a sequence
 number stored with each intent, not by the device's clock, which the user
-may set back) and returns it when the request is the same,
+may set back) and returns it when the request is the same, whatever its
+state (Do on a resolved one returns the stored answer and sends nothing),
 makes a new one when it changed, and returns an [*UnresolvedError] instead
 of starting a second payment while the previous one's outcome is unknown.
 
@@ -42,17 +43,21 @@ sends nothing.
 
 # States
 
-An intent is new (saved, not known to be sent), pending (may have reached
-the server, outcome unknown), succeeded (2xx), failed (a final business
+An intent is new (saved, and this process knows it was never sent), pending
+(may have reached the server, outcome unknown), succeeded (2xx), failed (a final business
 answer such as 402), rejected (422, or a 400 about the key), expired (outcome
 unknown and too old to send again) or void (reconciled: the server never did
-it). The final answer (status, headers, body) is stored with a resolved
-intent.
+it). The final answer is stored with a resolved intent: its status, its body
+(unless larger than [WithMaxResponseBytes]: [Response.Oversized]), and of its
+header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
+and those named with [WithStoredHeaders].
 
 To keep to two durable writes per successful intent (created, resolved), the
 first attempt is not recorded: after a crash a new intent may have been sent.
 Resuming it is safe because it reuses its key; only an intent that this
-Client created and never handed to Do is treated as certainly unsent.
+Client created and never sent is treated as certainly unsent, and only such
+an intent reads new ([Intent.State]): after a restart, one stored as new
+reads pending.
 
 # Retries
 
@@ -91,9 +96,10 @@ the intent is created (a scheme other than http or https, no host name, a
 bad port) is refused then.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
-and the context's deadline; the first to run out ends it, and the
-*RetryError says which ([RetryError.Reason]), with the attempt count and the
-last answer. The outcome is then unknown ([ErrOutcomeUnknown]) and the intent
+and the context's deadline; the first to run out ends it, inside an attempt
+too (a server that never answers, or trickles its answer, cannot hold Do
+past it whatever the http.Client's Timeout), and the *RetryError says which
+([RetryError.Reason]), with the attempt count and the last answer. The outcome is then unknown ([ErrOutcomeUnknown]) and the intent
 stays pending: Do it again later.
 
 Retries are built on github.com/hashicorp/go-retryablehttp with per-call
@@ -166,7 +172,11 @@ carry a key.
 
 A [Client] is safe for concurrent use. Two goroutines calling Do on the same
 intent (a double tap) never put two requests on the wire at once: the second
-waits for the first and both get the same outcome.
+waits for the first and both get the same outcome. Each caller's result
+follows its own context: a waiter whose context ends gets an unknown outcome
+([ErrOutcomeUnknown]) at once, and when the first call ends only because its
+caller cancelled, a waiter with time left takes the call over with the same
+key.
 
 # Testing
 

@@ -220,7 +220,9 @@ type RetryError struct {
 	// (the server's Retry-After, or the backoff), or zero.
 	Wait time.Duration
 	// LastResponse is the last retryable answer (503, 409, ...), or nil if
-	// the last attempt got none.
+	// the last attempt got none. It is never a replay (its Replayed is
+	// false): an answer the server marks Idempotent-Replayed is final,
+	// whatever its status, and ends the call as such.
 	LastResponse *Response
 	// Err is the last attempt's error (network error, the context's error),
 	// or nil when the last attempt got a response.
@@ -303,16 +305,23 @@ func (e *UnresolvedError) Error() string {
 
 func (e *UnresolvedError) Unwrap() error { return ErrUnresolved }
 
-// SaveError reports that the device store refused a write. When it comes
-// from creating an intent, nothing was sent. When it comes after an answer,
-// Do returns the answer too: the server keeps it, and the next Do replays it.
+// SaveError reports that the device store failed a write, or a read that
+// Client.Intent needs before it writes. When it comes from Client.Intent or
+// Client.NewIntent, nothing was created or sent. When it comes after an
+// answer, Do returns the answer too: the server keeps it, and the next Do
+// replays it.
 type SaveError struct {
-	Key string
-	Op  string // "create", "record outcome", "record attempts"
+	Key string // empty when no intent was concerned yet
+	// Op is the step that failed: "create", "read the action's intents",
+	// "drop unsent", "record outcome", "record attempts", ...
+	Op  string
 	Err error
 }
 
 func (e *SaveError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("idem: the intent store failed (%s): %v", e.Op, e.Err)
+	}
 	return fmt.Sprintf("idem: could not save intent %s (%s): %v", e.Key, e.Op, e.Err)
 }
 

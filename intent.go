@@ -105,9 +105,12 @@ type Intent struct {
 	// ephemeral intents live only in memory (the RoundTripper's per-request
 	// keys); they are never saved.
 	ephemeral bool
+	// c is the Client that handed the intent out: it knows which intents
+	// are provably unsent.
+	c *Client
 }
 
-func newIntentFromRecord(rec *persist.Record) *Intent { return &Intent{rec: rec} }
+func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, c: c} }
 
 // Key returns the Idempotency-Key, the same on every attempt.
 func (in *Intent) Key() string { return in.current().Key }
@@ -115,8 +118,18 @@ func (in *Intent) Key() string { return in.current().Key }
 // Name returns the action the intent belongs to, as given to Client.Intent.
 func (in *Intent) Name() string { return in.current().Name }
 
-// State returns where the intent stands.
-func (in *Intent) State() persist.State { return in.current().State }
+// State returns where the intent stands. An intent stored as new reads
+// new only while this process knows it was never sent: the Client that
+// created it has not sent it (or Intent replaced it unsent). Otherwise,
+// after a restart for instance, it reads pending: the first attempt is not
+// recorded, so it may have reached the server before a crash.
+func (in *Intent) State() persist.State {
+	rec := in.current()
+	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
+		return persist.StatePending
+	}
+	return rec.State
+}
 
 // CreatedAt returns when the intent was created: its age decides when it
 // may no longer be sent.
@@ -214,13 +227,14 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //     nothing is created. Starting a second payment silently is the one
 //     thing this call never does.
 //
-// The new intent is durable when Intent returns; if saving fails, the error
-// is a *SaveError and nothing can be sent. If the store holds a record it
-// cannot read (a *persist.CorruptError) that may be this action's (the file
-// store tells a record's action from its file's name), Intent refuses with
-// that error rather than guess, for it could be the action's unresolved
-// intent: inspect the file it names, then quarantine or delete it. Damaged
-// records of other actions do not stop it.
+// The new intent is durable when Intent returns. If the store fails (a
+// read, the drop of a replaced intent, the save of the new one), the error
+// is a *SaveError, nothing is created and nothing can be sent. If the store
+// holds a record it cannot read (a *persist.CorruptError) that may be this
+// action's (the file store tells a record's action from its file's name),
+// Intent refuses with that error rather than guess, for it could be the
+// action's unresolved intent: inspect the file it names, then quarantine or
+// delete it. Damaged records of other actions do not stop it.
 func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
 	if name == "" {
 		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
@@ -252,9 +266,13 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if name != "" {
 		recs, err := c.store.List(ctx, persist.Filter{Name: name})
 		if err != nil {
-			// An unreadable record may be this action's unresolved intent:
-			// refuse rather than guess.
-			return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+			var corrupt *persist.CorruptError
+			if errors.As(err, &corrupt) {
+				// An unreadable record may be this action's unresolved
+				// intent: refuse rather than guess.
+				return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+			}
+			return nil, &SaveError{Op: "read the action's intents", Err: err}
 		}
 		if len(recs) > 0 {
 			latest := latestOf(recs)
@@ -262,17 +280,17 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			same := latest.Fingerprint == fp
 			switch {
 			case same && !forceNew:
-				return newIntentFromRecord(latest), nil
+				return c.intentOf(latest), nil
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
 			case c.dropUnsent(latest):
 				c.latest.forget(latest.Key)
 				if err := c.store.Delete(ctx, latest.Key); err != nil {
 					c.undrop(latest.Key)
-					return nil, fmt.Errorf("idem: dropping unsent intent %s: %w", latest.Key, err)
+					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 				}
 			default:
-				return nil, &UnresolvedError{Name: name, Previous: newIntentFromRecord(latest)}
+				return nil, &UnresolvedError{Name: name, Previous: c.intentOf(latest)}
 			}
 		}
 	}
@@ -285,7 +303,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	}
 	c.latest.saved(rec)
 	c.markCreated(rec.Key)
-	return newIntentFromRecord(rec), nil
+	return c.intentOf(rec), nil
 }
 
 // Load returns the intent stored under key, or an error matching
@@ -295,7 +313,7 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newIntentFromRecord(rec), nil
+	return c.intentOf(rec), nil
 }
 
 // Unresolved returns the intents whose outcome is not known yet, oldest
@@ -308,7 +326,7 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
 	out := make([]*Intent, len(recs))
 	for i, rec := range recs {
-		out[i] = newIntentFromRecord(rec)
+		out[i] = c.intentOf(rec)
 	}
 	return out, err
 }
@@ -373,18 +391,43 @@ func (c *Client) markCreated(key string) {
 	}
 }
 
+// notReplaced returns an error matching ErrIntentReplaced if Intent has
+// dropped key for a changed request.
+func (c *Client) notReplaced(key string) error {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	return c.notReplacedLocked(key)
+}
+
+func (c *Client) notReplacedLocked(key string) error {
+	if _, dropped := c.dropped[key]; dropped {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+	}
+	return nil
+}
+
 // markSent records that key is about to be sent, or refuses if Intent has
 // dropped it for a changed request. unsent reports whether the key was
 // provably unsent until now.
 func (c *Client) markSent(key string) (unsent bool, err error) {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	if _, dropped := c.dropped[key]; dropped {
-		return false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+	if err := c.notReplacedLocked(key); err != nil {
+		return false, err
 	}
 	// Once sent, the key is no longer provably unsent: forgetting it gives
 	// the same answer from dropUnsent and keeps the map small.
 	_, unsent = c.unsent[key]
 	delete(c.unsent, key)
 	return unsent, nil
+}
+
+// isUnsent reports whether this Client created key and has not sent it,
+// or dropped it unsent.
+func (c *Client) isUnsent(key string) bool {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	_, unsent := c.unsent[key]
+	_, dropped := c.dropped[key]
+	return unsent || dropped
 }

@@ -194,3 +194,66 @@ func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrUnresolved, "B, created last, is unresolved, though its clock reading is older than A's")
 	assert.Equal(t, 2, srv.Stats().Payments)
 }
+
+var errStoreDown = errors.New("store down")
+
+// brokenStore fails every operation, as a store whose disk is gone does.
+type brokenStore struct{}
+
+func (brokenStore) Save(context.Context, *persist.Record) error { return errStoreDown }
+func (brokenStore) Get(context.Context, string) (*persist.Record, error) {
+	return nil, errStoreDown
+}
+func (brokenStore) List(context.Context, persist.Filter) ([]*persist.Record, error) {
+	return nil, errStoreDown
+}
+func (brokenStore) Delete(context.Context, string) error { return errStoreDown }
+
+// Whatever step of Client.Intent the store fails, the error is a
+// *SaveError that wraps the store's, and nothing is created.
+func TestIntentOnAFailingStoreReturnsSaveError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.newClient(t, idem.WithStore(brokenStore{}))
+	ctx := context.Background()
+	req := e.paymentRequest(t, 100, "cus_1")
+	for _, create := range []func() (*idem.Intent, error){
+		func() (*idem.Intent, error) { return c.Intent(ctx, "checkout:broken", req) }, // reads the action's intents first
+		func() (*idem.Intent, error) { return c.NewIntent(ctx, "", req) },             // only saves
+	} {
+		in, err := create()
+		assert.Nil(t, in)
+		var saveErr *idem.SaveError
+		require.ErrorAs(t, err, &saveErr)
+		assert.ErrorIs(t, err, errStoreDown)
+	}
+	assert.Equal(t, 0, e.srv.Stats().Requests)
+}
+
+// After a restart, an intent stored as new reads pending: its first attempt
+// is not recorded, so it may have reached the server before the crash. Only
+// the Client that created it, and has not sent it, reports it new.
+func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	req := e.paymentRequest(t, 100, "cus_1")
+	in, err := e.client.Intent(ctx, "checkout:restart", req)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateNew, in.State(), "created here and never sent")
+	// The process dies here, perhaps with the first attempt on the wire.
+
+	next := e.newClient(t)
+	loaded, err := next.Load(ctx, in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StatePending, loaded.State())
+	unresolved, err := next.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, unresolved, 1)
+	assert.Equal(t, persist.StatePending, unresolved[0].State())
+	again, err := next.Intent(ctx, "checkout:restart", req)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StatePending, again.State())
+	_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
+	assert.ErrorIs(t, err, idem.ErrUnresolved, "and it is not replaced as if unsent")
+}

@@ -3,6 +3,7 @@ package idem
 import (
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/persist"
@@ -23,10 +24,16 @@ func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } 
 // WithLogger logs retries and outcomes to l. The default is silence.
 func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
 
-// WithClock replaces the system clock, for tests of waiting. A clock that
-// also implements Monotonic lets tests set its wall time anywhere while
-// idem measures elapsed time on its monotonic reading, as it does with the
-// system clock.
+// WithClock replaces the system clock, for tests of waiting. The clock
+// drives every wait and time limit of a call: the backoff between attempts,
+// Retry-After waits, RetryPolicy.MaxElapsed, the context's deadline (taken
+// as the time it leaves, from the clock's now) and the intent's age against
+// WithRetention; it also stamps records (CreatedAt, UpdatedAt), from which
+// Reconcile counts its delay. Network I/O runs in real time: an attempt is
+// given what is left of the budget on the clock as a real-time limit (see
+// RetryPolicy.MaxElapsed). A clock that also implements Monotonic lets
+// tests set its wall time anywhere while idem measures elapsed time on its
+// monotonic reading, as it does with the system clock.
 func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // WithRetryPolicy sets when to retry and how long to wait.
@@ -47,9 +54,36 @@ func WithRetention(retention, margin time.Duration) Option {
 // Zero means DefaultReconcileDelay.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
-// WithMaxResponseBytes bounds the body read from one answer; a larger body
-// ends the call with an error. Zero means DefaultMaxResponseBytes.
+// WithMaxResponseBytes bounds what is read and kept of one answer: its
+// header fields (as received; the transport's MaxResponseHeaderBytes
+// bounds what it reads of them, 10 MiB by default) and its body together.
+// A larger final answer still resolves the intent from its status, but
+// its body is not kept: the Response says Oversized. Zero means
+// DefaultMaxResponseBytes.
 func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
+
+// WithStoredHeaders names header fields of final answers to keep on the
+// device besides those kept by default: Content-Type, Location,
+// Idempotent-Replayed and Retry-After. No other field is stored (cookies,
+// tokens and the like stay off the disk); the Response of the call that got
+// the answer carries all its fields, a Response read from the store only
+// the kept ones.
+func WithStoredHeaders(names ...string) Option {
+	return func(c *Client) { c.keptHeaders = append(c.keptHeaders, names...) }
+}
+
+// keptHeaders returns the defaults and the app's names, canonical and
+// without repeats.
+func keptHeaders(names []string) []string {
+	out := append([]string(nil), storedHeaders...)
+	for _, n := range names {
+		n = http.CanonicalHeaderKey(n)
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
 // WithQuotedKey sends the key as an RFC 8941 sf-string ("..."), as the IETF
 // draft writes it. The default is the bare value deployed APIs expect.

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -42,7 +41,9 @@ import (
 // While Reconcile runs, a Do of the same intent waits and then reads what
 // Reconcile concluded; Reconcile itself returns ErrInFlight if a Do for the
 // intent is running.
-// A resolved intent is returned as it is, and nothing is sent.
+// A resolved intent is returned as it is, and nothing is sent. The lookup
+// takes at most RetryPolicy.MaxElapsed; one that gets no answer in time
+// is an error matching ErrOutcomeUnknown, and nothing changes.
 func (c *Client) Reconcile(ctx context.Context, in *Intent, lookupURL string) (*Response, error) {
 	key := in.Key()
 	var (
@@ -69,6 +70,10 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	next := *cur
 	rec := &next
 
+	// The lookup is one request: RetryPolicy.MaxElapsed bounds it, in real
+	// time, whatever the http.Client's Timeout.
+	ctx, cancel := context.WithTimeout(ctx, c.policy.MaxElapsed)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
@@ -93,7 +98,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		rec.State = persist.StateSucceeded
 		// The caller owns out; the record keeps its own copy.
-		rec.Response = &persist.Response{StatusCode: out.StatusCode, Header: out.Header.Clone(), Body: bytes.Clone(out.Body)}
+		rec.Response = c.stored(out)
 	case resp.StatusCode == http.StatusNotFound:
 		// Expired or not: an attempt sent just before expiry may arrive
 		// as late as any other.

@@ -58,7 +58,10 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err)
 		loaded, err := after.Load(ctx, in.Key())
 		require.NoError(t, err)
-		require.Equal(t, persist.StateNew, loaded.State(), "the attempt was never recorded")
+		stored, err := disk.Get(ctx, in.Key())
+		require.NoError(t, err)
+		require.Equal(t, persist.StateNew, stored.State, "the attempt was never recorded")
+		require.Equal(t, persist.StatePending, loaded.State(), "yet it may have been sent")
 		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the dead process's attempt may still be on its way")
 		assert.False(t, loaded.State().Resolved())
@@ -155,4 +158,46 @@ func (s *slowLookup) RoundTrip(req *http.Request) (*http.Response, error) {
 		s.net.deliver(s.t)
 	}
 	return resp, err
+}
+
+// A lookup that gets no answer takes at most MaxElapsed, though the
+// http.Client has no Timeout; the intent stays as it was.
+func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
+	t.Parallel()
+	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Reconcile(ctx, in, in.Request().URL+"?idempotency_key="+in.Key())
+	took := time.Since(start)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, persist.StateNew, in.State())
+}
+
+// A lookup's answer is stored like a final answer: only the header fields
+// a replay and the app need, no cookies or tokens.
+func TestReconcileStoresOnlyTheNeededHeaderFields(t *testing.T) {
+	t.Parallel()
+	store := persist.NewMemory(nil)
+	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Set-Cookie", "session=secret-cookie")
+		w.Write([]byte(`{"id":"pay_1"}`))
+	}, idem.WithStore(store))
+	ctx := context.Background()
+	in, err := c.NewIntent(ctx, "", req)
+	require.NoError(t, err)
+	resp, err := c.Reconcile(ctx, in, req.URL+"?idempotency_key="+in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, "session=secret-cookie", resp.Header.Get("Set-Cookie"), "the call's own Response has every field")
+	rec, err := store.Get(ctx, in.Key())
+	require.NoError(t, err)
+	require.NotNil(t, rec.Response)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, rec.Response.Header)
 }

@@ -28,8 +28,13 @@ type RetryPolicy struct {
 	// MaxAttempts is the most attempts one call puts on the wire. Zero
 	// means 10.
 	MaxAttempts int
-	// MaxElapsed bounds the time of one call, waits included. Zero means
-	// 2 minutes.
+	// MaxElapsed bounds the time of one call, waits and attempts included:
+	// each attempt is given what is left of it (an attempt that runs out
+	// ends the call with StopElapsed and an unknown outcome, since it may
+	// have reached the server), whatever the http.Client's Timeout. It is
+	// counted on the Client's Clock (WithClock), while an attempt's I/O
+	// runs in real time: an attempt gets the budget left at its start, as
+	// read on the Clock, as a real-time limit. Zero means 2 minutes.
 	MaxElapsed time.Duration
 	// InitialInterval is the first backoff wait. Zero means 500ms.
 	InitialInterval time.Duration
@@ -325,6 +330,20 @@ func (b *budget) fits(at time.Time) *stop {
 		return &stop{reason: StopElapsed}
 	}
 	return nil
+}
+
+// attemptLimit returns how long an attempt that starts now may take: what
+// is left of the budget on the clock, and the part of the budget that ends
+// it first.
+func (b *budget) attemptLimit() (time.Duration, StopReason) {
+	end, reason := b.start.Add(b.policy.MaxElapsed), StopElapsed
+	if !b.expiry.IsZero() && b.expiry.Before(end) {
+		end, reason = b.expiry, StopExpired
+	}
+	if !b.deadline.IsZero() && b.deadline.Before(end) {
+		end, reason = b.deadline, StopDeadline
+	}
+	return end.Sub(b.clock.Now()), reason
 }
 
 func (b *budget) elapsed() time.Duration { return b.clock.Now().Sub(b.start) }

@@ -191,20 +191,6 @@ func TestReviewCertificateErrorIsNotRetried(t *testing.T) {
 	assert.Empty(t, clk.Sleeps())
 }
 
-// An answer larger than the limit ends the call: asking again would get
-// the same answer.
-func TestReviewOversizedAnswerIsNotRetried(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithMaxResponseBytes(16))
-	in := e.newIntent(t, "checkout:big", 100)
-	_, err := e.client.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopFatal, retryErr.Reason)
-	assert.Equal(t, 1, e.srv.Stats().Requests)
-	assert.Equal(t, persist.StatePending, in.State(), "the server may have done the work")
-}
-
 // The error of a call that gave up carries the last answer's body.
 func TestReviewRetryErrorKeepsTheLastBody(t *testing.T) {
 	t.Parallel()

@@ -7,7 +7,10 @@ import (
 )
 
 // flights lets one Do per key run at a time; later callers for the same key
-// wait and share its outcome.
+// wait and share its outcome. A waiter's result follows its own context:
+// if that ends first, the waiter returns an unknown outcome at once; if the
+// call ends for its own caller's context alone (cancelled, or a deadline too
+// short for the next attempt), a waiter with time left takes it over.
 type flights struct {
 	mu sync.Mutex
 	m  map[string]*flight
@@ -21,6 +24,10 @@ type flight struct {
 	waiters   int // guarded by flights.mu
 	resp      *Response
 	err       error
+	// callerOnly: the call ended for its caller's context alone (cancelled,
+	// or its deadline too short), with no answer. Its result is not the
+	// waiters': one with time left takes the call over.
+	callerOnly bool
 }
 
 func (f *flights) do(ctx context.Context, key string, fn func() (*Response, error)) (*Response, error) {
@@ -37,13 +44,19 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 		select {
 		case <-cur.done:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			// This caller's own context ended while another call had the
+			// key on the wire: its outcome is unknown to this caller.
+			return nil, waitEnded(key, ctx.Err())
 		}
-		if !cur.exclusive {
+		if !cur.exclusive && !cur.callerOnly {
 			return cur.resp.clone(), cur.err
 		}
-		// A Reconcile or Forget held the key: now make this call's own,
-		// which reads what it left in the store.
+		if err := ctx.Err(); err != nil {
+			return nil, waitEnded(key, err)
+		}
+		// A Reconcile or Forget held the key, or the call ended for its own
+		// caller's context: now make this call's own, which reads what the
+		// other left in the store.
 		f.mu.Lock()
 	}
 	cur := f.start(key, false)
@@ -55,7 +68,8 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 	defer func() {
 		f.mu.Lock()
 		delete(f.m, key)
-		if cur.waiters > 0 {
+		cur.callerOnly = resp == nil && endedForCaller(ctx, err)
+		if cur.waiters > 0 && !cur.callerOnly {
 			// Waiters get their own copy, so no two callers share a body.
 			cur.resp, cur.err = resp.clone(), err
 		}
@@ -95,4 +109,25 @@ func (f *flights) start(key string, exclusive bool) *flight {
 	cur := &flight{done: make(chan struct{}), exclusive: exclusive}
 	f.m[key] = cur
 	return cur
+}
+
+// endedForCaller reports a call that ended because of its caller's context:
+// the context is done, or its deadline left no time for the next attempt.
+func endedForCaller(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	var retryErr *RetryError
+	return errors.As(err, &retryErr) && (retryErr.Reason == StopDeadline || retryErr.Reason == StopCanceled)
+}
+
+// waitEnded is the outcome of a call whose context ended while it waited
+// for another call of the same intent: unknown, like that of any call that
+// gets no answer.
+func waitEnded(key string, err error) error {
+	reason := StopCanceled
+	if errors.Is(err, context.DeadlineExceeded) {
+		reason = StopDeadline
+	}
+	return &RetryError{Key: key, Reason: reason, Err: err}
 }

@@ -40,7 +40,9 @@ func IntentFromContext(ctx context.Context) (*Intent, bool) {
 // intents for anything that must survive a restart.
 //
 // Other methods pass through to base untouched and never carry a key. A
-// final answer, 4xx included, is returned as the response; an unknown
+// final answer, 4xx included, is returned as the response (one larger than
+// WithMaxResponseBytes with an empty body and only its stored header
+// fields, as Response.Oversized describes); an unknown
 // outcome is returned as an error wrapping *RetryError. base nil means
 // http.DefaultTransport. The RoundTripper is safe for concurrent use.
 func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
@@ -80,7 +82,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		in = &Intent{rec: rec, ephemeral: true}
+		in = &Intent{rec: rec, ephemeral: true, c: t.c}
 	}
 
 	// The live request's headers go on the wire (credentials set by the

@@ -116,3 +116,26 @@ func TestRoundTripper(t *testing.T) {
 		assert.Len(t, rec.seen("POST /payments"), n)
 	})
 }
+
+// Through the RoundTripper, a final answer larger than the limit is still
+// the answer: its status, with an empty body, and the intent is resolved.
+func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(strings.Repeat("x", 4096)))
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clocktest.New(epoch)), idem.WithMaxResponseBytes(1024))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1}`))
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Empty(t, body)
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+}

@@ -74,6 +74,10 @@ type Response struct {
 	// Replayed is true when the server answered from its idempotency record
 	// (Idempotent-Replayed: true) rather than doing the work on this attempt.
 	Replayed bool `json:"replayed,omitempty"`
+	// Oversized is true when the answer was larger than the client's limit:
+	// its status is known, its body was not kept and its header fields only
+	// so far as they fitted.
+	Oversized bool `json:"oversized,omitempty"`
 }
 
 // Record is one intent as stored. Key is its identity in a Store.
