@@ -63,7 +63,8 @@ var errRedirectLoop = errors.New("idem: stopped after 10 redirects")
 //     that does the work.
 //   - 301, 302 and 303 would turn a POST or PATCH into a GET, whose answer
 //     (a login page, say) says nothing about the intent. They are not
-//     followed: the 3xx itself, with its Location, is the final answer.
+//     followed, and end the call with the outcome unknown (see
+//     unfollowedRedirect).
 //
 // hc's own CheckRedirect, if any, still decides on the redirects that are
 // followed.
@@ -243,6 +244,12 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	if err == nil {
 		status = resp.StatusCode
 		st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Attempts: st.b.attempts}
+		if unfollowedRedirect(resp.StatusCode) {
+			// Asking again gets the same redirect.
+			st.stopped = &stop{reason: StopRedirect}
+			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status})
+			return false, errStopped
+		}
 	} else {
 		st.last = nil
 		if !retryableError(err) {

@@ -82,19 +82,88 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 			in, err := c.NewIntent(context.Background(), "", req)
 			require.NoError(t, err)
 
-			resp, err := c.Do(context.Background(), in)
-			var apiErr *idem.APIError
-			require.ErrorAs(t, err, &apiErr, "a %d is not a success", code)
-			assert.Equal(t, code, resp.StatusCode, "the 3xx itself is the answer")
-			assert.Equal(t, "/login", resp.Header.Get("Location"))
-			assert.NotEqual(t, persist.StateSucceeded, in.State())
-			require.NotNil(t, in.Response())
-			assert.Equal(t, code, in.Response().StatusCode, "the login page is not stored as the payment's answer")
+			_, err = c.Do(context.Background(), in)
+			var retryErr *idem.RetryError
+			require.ErrorAs(t, err, &retryErr, "a %d says nothing about the work", code)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.Equal(t, idem.StopRedirect, retryErr.Reason)
+			require.NotNil(t, retryErr.LastResponse)
+			assert.Equal(t, code, retryErr.LastResponse.StatusCode, "the 3xx is reported, with its Location")
+			assert.Equal(t, "/login", retryErr.LastResponse.Header.Get("Location"))
+			assert.False(t, in.State().Resolved(), "the login page is not stored as the payment's answer")
 			seen := srv.requests()
-			require.Len(t, seen, 1, "the GET is not made")
+			require.Len(t, seen, 1, "neither the GET nor a retry is made")
 			assert.Equal(t, http.MethodPost, seen[0].method)
 		})
 	}
+}
+
+func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	// The first attempt charges and its answer is lost; a login page in
+	// front of the server answers the second with a redirect.
+	hc := &http.Client{Transport: &loginAfterFirst{base: srv.Client().Transport}}
+	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithClock(clk))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.Intent(context.Background(), "checkout", req)
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+
+	_, err = c.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "not a failure: the first attempt charged")
+	assert.False(t, in.State().Resolved())
+	assert.Equal(t, 1, srv.Stats().Payments)
+	changed, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	_, err = c.Intent(context.Background(), "checkout", changed)
+	require.ErrorIs(t, err, idem.ErrUnresolved, "the user cannot pay again while the first payment may be made")
+}
+
+func TestAReplayedRedirectIsFinal(t *testing.T) {
+	t.Parallel()
+	srv := newRedirectingServer(t, map[string]func(http.ResponseWriter, *http.Request){
+		"POST /payments": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Idempotent-Replayed", "true")
+			http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
+		},
+	})
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	resp, err := c.Do(context.Background(), in)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr, "the server's stored record for the key")
+	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	assert.Equal(t, "/payments/pay_1", resp.Header.Get("Location"))
+	assert.True(t, in.State().Resolved())
+	assert.Len(t, srv.requests(), 1)
+}
+
+// loginAfterFirst lets the first POST through and answers every later one
+// with a redirect to a login page, as a proxy whose session expired.
+type loginAfterFirst struct {
+	base  http.RoundTripper
+	mu    sync.Mutex
+	posts int
+}
+
+func (l *loginAfterFirst) RoundTrip(req *http.Request) (*http.Response, error) {
+	l.mu.Lock()
+	l.posts++
+	first := l.posts == 1 || req.Method != http.MethodPost
+	l.mu.Unlock()
+	if first {
+		return l.base.RoundTrip(req)
+	}
+	return &http.Response{StatusCode: http.StatusFound, Status: "302 Found", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Location": {"/login"}}, Body: http.NoBody, Request: req}, nil
 }
 
 func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {

@@ -111,10 +111,14 @@ A redirect's answer is never taken for the intent's outcome. 307 and 308
 are followed with the same method, headers (the key spelled as stored) and
 body, up to 10 in a row. 301, 302 and 303 would turn the POST into a GET
 whose answer (a login page, a CDN's notice) says nothing about the payment,
-so they are not followed: the 3xx itself is the final answer, stored with
-its Location and returned as an [*APIError]. A 303 after a POST
-conventionally points at the result of work that was done: look at its
-Location (GET it) before offering the user to pay again.
+so they are not followed; nor is the 3xx itself an outcome: it comes from
+whoever stands in front of the server, or from a server that did the work
+and points at its result (303), and it says nothing about an earlier attempt
+that may have charged. The call ends at once with a [*RetryError] matching
+[ErrOutcomeUnknown] ([StopRedirect]), whose LastResponse holds the 3xx and
+its Location; fix what redirects, then resume the intent with Do or settle
+it with Reconcile. A 3xx marked Idempotent-Replayed: true is the server's
+stored record for the key, and final.
 
 # Retention
 

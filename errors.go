@@ -206,6 +206,10 @@ const (
 	StopCanceled      StopReason = "context canceled"
 	StopExpired       StopReason = "intent expired"
 	StopFatal         StopReason = "error that retrying cannot fix"
+	// StopRedirect: the answer was a 3xx that is not followed (301, 302 or
+	// 303 to a GET, a login page say): it says nothing about the work.
+	// RetryError.LastResponse holds it, with its Location.
+	StopRedirect StopReason = "redirect not followed"
 )
 
 // RetryError reports a call that ended without a final answer from the
@@ -241,9 +245,15 @@ func (e *RetryError) Error() string {
 	case e.Err != nil:
 		fmt.Fprintf(&b, "; last error: %v", e.Err)
 	}
-	if e.Reason == StopExpired {
+	switch e.Reason {
+	case StopExpired:
 		b.WriteString("; reconcile the intent")
-	} else {
+	case StopRedirect:
+		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
+			fmt.Fprintf(&b, " to %s", e.LastResponse.Header.Get("Location"))
+		}
+		b.WriteString("; fix what redirects (a login, a moved endpoint), then Do again or reconcile the intent")
+	default:
 		b.WriteString("; call Do again later to resume with the same key")
 	}
 	return b.String()

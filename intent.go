@@ -343,6 +343,9 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 		defer c.intentMu.Unlock()
 		c.latest.forget(key)
 		err = c.store.Delete(ctx, key)
+		if err == nil {
+			c.settled(key)
+		}
 	}) {
 		return fmt.Errorf("%w: %s", ErrInFlight, key)
 	}

@@ -150,10 +150,21 @@ func replayed(h http.Header) bool {
 }
 
 // settles reports whether an answer with this status and headers is the
-// intent's final answer.
+// intent's final answer. A redirect that is not followed is not: see
+// unfollowedRedirect.
 func settles(code int, h http.Header) bool {
-	return !retryableStatus(code) || replayed(h)
+	return replayed(h) || !retryableStatus(code) && !unfollowedRedirect(code)
 }
+
+// unfollowedRedirect reports a 3xx that reached the client: one that
+// redirectPolicy did not follow (301, 302, 303 after a POST) or that
+// net/http could not (no Location, 300, 304). It comes from whoever stands
+// in front of the server (a login page, a CDN) or from a server that did
+// the work and points at its result (303): it says nothing about the work,
+// nor about an earlier attempt that may have reached the server. So it
+// ends the call at once, its outcome unknown, unless the server marked it
+// as its stored record.
+func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
 
 // retryableError reports whether a transport error may be retried. Every
 // network failure is, including those after the request was written: the
