@@ -316,6 +316,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	case req.URL.Path == "/payments" && method == http.MethodPost:
 		if s.w.cfg.Stored5xx {
 			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
+				s.w.stats.fault(FaultStored5xx.Name())
 				rec.header.Set(idempotency.HeaderReplayed, "true")
 				writeProblem(rec, http.StatusInternalServerError, "error", "")
 				break
