@@ -109,9 +109,20 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	case r.chance(rate(FaultLoseRequest)):
 		w.stats.fault(FaultLoseRequest.Name())
 		lost = true
-	case r.chance(rate(FaultHold)):
+	case isPost && faulty && w.clk.now.Before(d.stuckUntil):
+		// The POST goes out on the stuck connection too.
 		w.stats.fault(FaultHold.Name())
 		transit = r.between(time.Second, w.cfg.MaxTransit)
+	case r.chance(rate(FaultHold)):
+		// The request is held in transit; a POST sticks the device's
+		// connection for a while, so that its retries are held too (a
+		// phone whose mobile data stalls), while other requests, such as
+		// the reconcile lookup, may take another path.
+		w.stats.fault(FaultHold.Name())
+		transit = r.between(time.Second, w.cfg.MaxTransit)
+		if isPost {
+			d.stuckUntil = w.clk.now.Add(r.between(10*time.Second, w.cfg.MaxTransit))
+		}
 	}
 	switch {
 	case r.chance(rate(FaultLoseAnswer)):
@@ -161,10 +172,12 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			w.send(dup, at, 0, method, url, header, body)
 		}
 	}
-	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.3) {
-		// The device dies while its request is in transit.
+	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.5) {
+		// The device dies while its request is in transit, and comes
+		// back before the request arrives, as a killed app restarted at
+		// once does.
 		w.stats.fault(FaultCrash.Name())
-		panic(crash{"while its request is in transit"})
+		panic(crash{where: "while its request is in transit", quick: true})
 	}
 	d.maybeCrash("after a request was sent")
 
