@@ -35,15 +35,15 @@ type transport struct{ d *device }
 // flight is one copy of a request on its way to the server, and its
 // answer on its way back.
 type flight struct {
-	d         *device
-	gen       int // the device generation that sent it
-	ready     bool
-	timedOut  bool
-	ans       answer
-	cut       bool // the answer's body is cut short
-	loseAns   bool
-	replace   int // the intermediary replaces the answer with this status
-	retryAftr string
+	d        *device
+	gen      int // the device generation that sent it
+	ready    bool
+	timedOut bool
+	ans      answer
+	cut      bool // the answer's body is cut short
+	loseAns  bool
+	replace  int    // the intermediary replaces the answer with this status
+	raValue  string // its Retry-After, if any
 }
 
 func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -141,7 +141,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		fl.replace = pick(r, 501, 507, 520, 521, 522, 523, 524)
 	}
 	if fl.replace != 0 {
-		fl.retryAftr = retryAfter(w)
+		fl.raValue = retryAfter(w)
 	}
 	answerDelay := time.Duration(0)
 	if r.chance(rate(FaultSlowAnswer)) {
@@ -198,8 +198,8 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if fl.replace != 0 {
 		a := answer{status: fl.replace, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>edge error</html>")}
-		if fl.retryAftr != "" {
-			a.header.Set("Retry-After", fl.retryAftr)
+		if fl.raValue != "" {
+			a.header.Set("Retry-After", fl.raValue)
 		}
 		return d.respond(req, a, false), nil
 	}
