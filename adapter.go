@@ -72,7 +72,7 @@ func redirectPolicy(hc *http.Client) *http.Client {
 	cp := *hc
 	check := hc.CheckRedirect
 	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if req.Method != via[0].Method {
+		if req.Method != via[0].Method && !mutantRedirectAnswerIsOutcome { // mutant.go
 			return http.ErrUseLastResponse
 		}
 		if s := req.URL.Scheme; s != "http" && s != "https" {
@@ -339,6 +339,10 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 		req.Header = header.Clone()
 	}
 	req.Header.Set("Idempotency-Key", rec.KeyHeader) // spelled as stored
+	// mutant.go: false outside the idem_mutant build.
+	if mutantKeySpellingFromOption {
+		req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
+	}
 	req.SetResponseHandler(readFinal)
 
 	resp, err := rc.Do(req)

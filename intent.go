@@ -204,7 +204,8 @@ func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now 
 func latestOf(recs []*persist.Record) *persist.Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {
-		if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {
+		if !mutantLatestByWallClock && (r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt)) ||
+			mutantLatestByWallClock && !r.CreatedAt.Before(latest.CreatedAt) { // mutant.go
 			latest = r
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/persist"
@@ -168,6 +169,7 @@ func (a *app) reconcile(in *idem.Intent) {
 // intent, by resuming it or, at times, by asking the server first (an app
 // that would rather not send an old payment again unasked).
 func (d *device) resume() {
+	d.prune()
 	ins, _ := d.client.Unresolved(context.Background())
 	for _, in := range ins {
 		a := d.appNamed(in.Name())
@@ -179,6 +181,24 @@ func (d *device) resume() {
 			}
 		}
 		a.settle(in)
+	}
+}
+
+// prune deletes the resolved intents older than a day whose outcome the
+// app has shown, as an app keeps its store small. (persist.Prune by age
+// alone would also delete an outcome that Do saved just before the app
+// died, before the app could show it: the user would then pay again.)
+func (d *device) prune() {
+	ctx := context.Background()
+	recs, _ := d.store.List(ctx, persist.Filter{})
+	before := deviceClock{d}.Now().Add(-24 * time.Hour)
+	for _, rec := range recs {
+		info := d.w.intents[rec.Key]
+		if rec.State.Resolved() && rec.UpdatedAt.Before(before) && info != nil && info.reported != "" {
+			if d.store.Delete(ctx, rec.Key) != nil {
+				return
+			}
+		}
 	}
 }
 

@@ -17,25 +17,29 @@ import (
 // disk, and have its clock jump.
 
 // crash unwinds a device's call stack when the device dies.
-type crash struct{ where string }
+type crash struct {
+	where string
+	quick bool // the device comes back within seconds
+}
 
 type device struct {
-	w         *World
-	id        int
-	principal string
-	offset    time.Duration // the device clock minus the world's
-	mem       *persist.Memory
-	store     *deviceStore
-	client    *idem.Client
-	gen       int       // bumped at every crash
-	upAt      time.Time // when a dead device starts again
-	bootAt    time.Time // when the running process started
-	up        bool
-	quoted    bool
-	diskFull  time.Time // the disk is full until then
-	policy    idem.RetryPolicy
-	apps      []*app
-	restarted bool // the app has not resumed its intents since starting
+	w          *World
+	id         int
+	principal  string
+	offset     time.Duration // the device clock minus the world's
+	mem        *persist.Memory
+	store      *deviceStore
+	client     *idem.Client
+	gen        int       // bumped at every crash
+	upAt       time.Time // when a dead device starts again
+	bootAt     time.Time // when the running process started
+	up         bool
+	quoted     bool
+	diskFull   time.Time // the disk is full until then
+	stuckUntil time.Time // POSTs are held in transit until then
+	policy     idem.RetryPolicy
+	apps       []*app
+	restarted  bool // the app has not resumed its intents since starting
 
 	attemptTimeout time.Duration
 }
@@ -118,16 +122,20 @@ func (d *device) start() {
 func (d *device) maybeCrash(where string) {
 	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultCrash)) {
 		d.w.stats.fault(FaultCrash.Name())
-		panic(crash{where})
+		panic(crash{where: where})
 	}
 }
 
 // die ends the device's process: nothing in memory survives.
-func (d *device) die() {
+func (d *device) die(quick bool) {
 	d.gen++
 	d.client = nil
 	d.up = false
-	d.upAt = d.w.clk.now.Add(pick(d.w.devRNG, time.Second, 10*time.Second, time.Minute, 10*time.Minute, 2*time.Hour))
+	down := pick(d.w.devRNG, time.Second, 10*time.Second, time.Minute, 10*time.Minute, 2*time.Hour)
+	if quick {
+		down = pick(d.w.devRNG, time.Second, 5*time.Second, 20*time.Second)
+	}
+	d.upAt = d.w.clk.now.Add(down)
 }
 
 // act runs one user action on the device, catching a crash.
@@ -139,7 +147,7 @@ func (d *device) act(fn func()) {
 				panic(v)
 			}
 			d.w.tracef("d%d dies %s", d.id, c.where)
-			d.die()
+			d.die(c.quick)
 		}
 	}()
 	fn()
@@ -190,7 +198,7 @@ func (s *deviceStore) write(op string, do func() error) error {
 		// The power goes in the middle of the write: it never reaches
 		// the disk.
 		w.stats.fault(FaultPowerCut.Name())
-		panic(crash{"power cut during " + op})
+		panic(crash{where: "power cut during " + op})
 	}
 	d.maybeCrash("before " + op)
 	if err := do(); err != nil {

@@ -56,26 +56,25 @@ type faultInfo struct {
 }
 
 var faultTable = [numFaults]faultInfo{
-	FaultLoseRequest:   {"net.lose-request", 0.04, true, ""},
-	FaultHold:          {"net.hold", 0.06, true, ""},
-	FaultLoseAnswer:    {"net.lose-answer", 0.05, true, ""},
-	FaultCutBody:       {"net.cut-body", 0.03, true, ""},
-	FaultReset:         {"net.reset", 0.03, true, ""},
-	FaultSlowAnswer:    {"net.slow-answer", 0.04, true, ""},
-	FaultProxyStatus:   {"proxy.status", 0.06, true, ""},
-	FaultProxyOther5xx: {"proxy.other-5xx", 0.04, false, "a 5xx other than 500/502/503/504 (520-524, 501, 507) is stored as a final failure until every 5xx is an unknown outcome"},
-	FaultRedirect307:   {"proxy.redirect-307", 0.02, true, ""},
-	FaultRedirectLogin: {"proxy.redirect-login", 0.02, false, "a 302 to a login page is recorded as the payment's answer until a redirected GET is never an outcome"},
-	FaultDuplicate:     {"proxy.duplicate-post", 0.03, true, ""},
-	FaultHoldAcrossCrash: {"net.hold-across-crash", 0.5, false,
-		"a request in transit when the device dies may arrive after Reconcile trusted a 404, until Reconcile knows when the last attempt left"},
+	FaultLoseRequest:     {"net.lose-request", 0.04, true, ""},
+	FaultHold:            {"net.hold", 0.06, true, ""},
+	FaultLoseAnswer:      {"net.lose-answer", 0.05, true, ""},
+	FaultCutBody:         {"net.cut-body", 0.03, true, ""},
+	FaultReset:           {"net.reset", 0.03, true, ""},
+	FaultSlowAnswer:      {"net.slow-answer", 0.04, true, ""},
+	FaultProxyStatus:     {"proxy.status", 0.06, true, ""},
+	FaultProxyOther5xx:   {"proxy.other-5xx", 0.04, true, ""},
+	FaultRedirect307:     {"proxy.redirect-307", 0.02, true, ""},
+	FaultRedirectLogin:   {"proxy.redirect-login", 0.02, false, "a 301/302/303 is stored as a final failure even when an earlier attempt of the intent may have charged"},
+	FaultDuplicate:       {"proxy.duplicate-post", 0.03, true, ""},
+	FaultHoldAcrossCrash: {"net.hold-across-crash", 0.5, true, ""},
 
 	FaultCrash:        {"device.crash", 0.02, true, ""},
 	FaultPowerCut:     {"device.power-cut", 0.01, true, ""},
 	FaultDiskFull:     {"device.disk-full", 0.01, true, ""},
-	FaultClockForward: {"device.clock-forward", 0.01, false, "a device clock ahead makes an intent expire while its last attempt is in transit, and Reconcile of an expired intent trusts a 404 at once, until Reconcile knows when the last attempt left"},
-	FaultClockBack:    {"device.clock-back", 0.01, false, "the latest intent of an action is chosen by wall clock until intents are ordered by a sequence"},
-	FaultKeySpelling:  {"device.key-spelling", 0.3, false, "an app update that quotes keys resends old intents in the new spelling until the spelling is stored with the intent"},
+	FaultClockForward: {"device.clock-forward", 0.01, true, ""},
+	FaultClockBack:    {"device.clock-back", 0.01, true, ""},
+	FaultKeySpelling:  {"device.key-spelling", 0.3, true, ""},
 
 	FaultServerCrash:        {"server.crash", 0.003, true, ""},
 	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},
@@ -86,7 +85,7 @@ var faultTable = [numFaults]faultInfo{
 	FaultStoreErrorInsert:   {"server.store-error-insert", 0.02, true, ""},
 	FaultStoreErrorComplete: {"server.store-error-complete", 0.02, false, "the middleware releases the record when the store fails after the provider charged, and the next attempt charges again under a new stable id"},
 	FaultSweep:              {"server.sweep", 1, true, ""},
-	FaultStored5xx:          {"server.stored-5xx", 0.5, false, "a replayed 5xx (Idempotent-Replayed: true) is retried until the budget ends until a replay is final"},
+	FaultStored5xx:          {"server.stored-5xx", 0.5, true, ""},
 }
 
 // Name returns the fault's name.

@@ -28,12 +28,18 @@ var mutants = []mutant{
 	// The file store's power-cut test catches this one: the simulation's
 	// devices keep their intents in persist.Memory.
 	{"dir-not-synced-after-rename", "persist/file.go: Save returns before the directory sync that makes its rename durable", "./persist", "^TestPowerCut$"},
-	// Waiting for the fix each reverts to reach main, the mutants below
-	// have no hook yet:
-	//   reconcile-delay-from-creation (issue "never twice", item 1)
-	//   5xx-final (item 2), latest-by-wall-clock (item 3),
-	//   redirect-answer-is-outcome (item 4), key-spelling-from-option
-	//   (item 5), fingerprint-ignores-member-case (item 6).
+	{"reconcile-delay-from-creation", "reconcile.go: a 404 is trusted once the intent is older than the reconcile delay, whenever its last attempt left", "./internal/sim", "^TestSimulation$"},
+	{"5xx-final", "retry.go: a 5xx above 504 (a proxy's 520-524) is a final answer", "./internal/sim", "^TestSimulation$"},
+	{"latest-by-wall-clock", "intent.go: an action's latest intent is the one created last by the device's clock", "./internal/sim", "^TestSimulation$"},
+	{"key-spelling-from-option", "adapter.go: the key is spelled as the current Client's option says, not as stored", "./internal/sim", "^TestSimulation$"},
+	// Not run, with the reason:
+	//   redirect-answer-is-outcome (adapter.go, hook in place): the class
+	//   that catches it, proxy.redirect-login, is off because a 302 after
+	//   an earlier attempt that charged is stored as a final failure, so
+	//   the run with no mutant would fail too.
+	//   fingerprint-ignores-member-case: idem never sends two bodies under
+	//   one key, so the world cannot reach the fingerprint's rules on
+	//   member names; idempotency's fuzz tests cover them.
 }
 
 // TestMutantsAreKilled builds the tests with the idem_mutant tag and runs
@@ -45,6 +51,11 @@ func TestMutantsAreKilled(t *testing.T) {
 	}
 	if mutantBuild {
 		t.Skip("already a mutant build")
+	}
+	if raceEnabled {
+		// The mutants run in builds without the detector; CI runs this
+		// test in its plain go test ./... step.
+		t.Skip("the race detector adds nothing to the mutants' runs")
 	}
 	gobin, err := exec.LookPath("go")
 	if err != nil {

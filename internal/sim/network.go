@@ -35,15 +35,15 @@ type transport struct{ d *device }
 // flight is one copy of a request on its way to the server, and its
 // answer on its way back.
 type flight struct {
-	d         *device
-	gen       int // the device generation that sent it
-	ready     bool
-	timedOut  bool
-	ans       answer
-	cut       bool // the answer's body is cut short
-	loseAns   bool
-	replace   int // the intermediary replaces the answer with this status
-	retryAftr string
+	d        *device
+	gen      int // the device generation that sent it
+	ready    bool
+	timedOut bool
+	ans      answer
+	cut      bool // the answer's body is cut short
+	loseAns  bool
+	replace  int    // the intermediary replaces the answer with this status
+	raValue  string // its Retry-After, if any
 }
 
 func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -109,9 +109,20 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	case r.chance(rate(FaultLoseRequest)):
 		w.stats.fault(FaultLoseRequest.Name())
 		lost = true
-	case r.chance(rate(FaultHold)):
+	case isPost && faulty && w.clk.now.Before(d.stuckUntil):
+		// The POST goes out on the stuck connection too.
 		w.stats.fault(FaultHold.Name())
 		transit = r.between(time.Second, w.cfg.MaxTransit)
+	case r.chance(rate(FaultHold)):
+		// The request is held in transit; a POST sticks the device's
+		// connection for a while, so that its retries are held too (a
+		// phone whose mobile data stalls), while other requests, such as
+		// the reconcile lookup, may take another path.
+		w.stats.fault(FaultHold.Name())
+		transit = r.between(time.Second, w.cfg.MaxTransit)
+		if isPost {
+			d.stuckUntil = w.clk.now.Add(r.between(10*time.Second, w.cfg.MaxTransit))
+		}
 	}
 	switch {
 	case r.chance(rate(FaultLoseAnswer)):
@@ -130,7 +141,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		fl.replace = pick(r, 501, 507, 520, 521, 522, 523, 524)
 	}
 	if fl.replace != 0 {
-		fl.retryAftr = retryAfter(w)
+		fl.raValue = retryAfter(w)
 	}
 	answerDelay := time.Duration(0)
 	if r.chance(rate(FaultSlowAnswer)) {
@@ -161,10 +172,12 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			w.send(dup, at, 0, method, url, header, body)
 		}
 	}
-	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.3) {
-		// The device dies while its request is in transit.
+	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.5) {
+		// The device dies while its request is in transit, and comes
+		// back before the request arrives, as a killed app restarted at
+		// once does.
 		w.stats.fault(FaultCrash.Name())
-		panic(crash{"while its request is in transit"})
+		panic(crash{where: "while its request is in transit", quick: true})
 	}
 	d.maybeCrash("after a request was sent")
 
@@ -185,8 +198,8 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if fl.replace != 0 {
 		a := answer{status: fl.replace, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>edge error</html>")}
-		if fl.retryAftr != "" {
-			a.header.Set("Retry-After", fl.retryAftr)
+		if fl.raValue != "" {
+			a.header.Set("Retry-After", fl.raValue)
 		}
 		return d.respond(req, a, false), nil
 	}

@@ -208,6 +208,7 @@ func (w *World) scheduleSweep() {
 // play makes the user actions of the faulty part of the run.
 func (w *World) play() {
 	r := w.appRNG
+	var last *device
 	for w.stats.Actions < w.cfg.Actions {
 		gap := r.between(0, 20*time.Second)
 		if r.chance(0.04) {
@@ -219,7 +220,13 @@ func (w *World) play() {
 			w.tracef("the server process dies")
 			w.killAll()
 		}
-		d := pick(r, w.devices...)
+		// Users act in bursts: half of the actions are on the device that
+		// acted last.
+		d := last
+		if d == nil || r.chance(0.5) {
+			d = pick(r, w.devices...)
+		}
+		last = d
 		if !d.up {
 			if w.clk.now.Before(d.upAt) {
 				continue

@@ -69,8 +69,10 @@ type server struct {
 	handler  http.Handler
 	charges  []*charge
 	byStable map[string]*charge
-	ledger   map[idempotency.ID][]byte // the payment's JSON, by key
-	stable   int
+	// byKey holds the charges by principal and key in either spelling.
+	byKey  map[idempotency.ID][]*charge
+	ledger map[idempotency.ID][]byte // the payment's JSON, by key
+	stable int
 	// stored5xx holds the answers of a server that stores its 500s and
 	// replays them, as some servers do (Options.Stored5xx).
 	stored5xx map[idempotency.ID]bool
@@ -83,6 +85,7 @@ func newServer(w *World) *server {
 		w:         w,
 		store:     &yieldStore{w: w, mem: idempotency.NewMemoryStore()},
 		byStable:  make(map[string]*charge),
+		byKey:     make(map[idempotency.ID][]*charge),
 		ledger:    make(map[idempotency.ID][]byte),
 		stored5xx: make(map[idempotency.ID]bool),
 	}
@@ -170,6 +173,8 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 			customer: *req.Customer, desc: req.Description, at: s.w.clk.now}
 		s.byStable[info.StableID] = ch
 		s.charges = append(s.charges, ch)
+		bare := idempotency.ID{Principal: ch.principal, Key: strings.TrimSuffix(ch.key, rawQuotedSuffix)}
+		s.byKey[bare] = append(s.byKey[bare], ch)
 		s.w.tracef("server charges %s key %s for %s", ch.stableID, ch.key, ch.desc)
 	}
 	if f.crashAfterProvider {
@@ -188,10 +193,11 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
-// charged reports a charge under key for principal.
+// charged reports a charge under key, as the request spelled it, for
+// principal.
 func (s *server) charged(principal, key string) bool {
-	for _, ch := range s.charges {
-		if ch.principal == principal && ch.key == key {
+	for _, ch := range s.byKey[idempotency.ID{Principal: principal, Key: strings.TrimSuffix(key, rawQuotedSuffix)}] {
+		if ch.key == key {
 			return true
 		}
 	}
@@ -224,11 +230,8 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 		// no record holds as completed: the provider knows it, and so
 		// does this lookup, even after the record expired. (The fake
 		// server's lookup asks only its ledger and its live records.)
-		for _, ch := range s.charges {
-			if ch.principal == id.Principal && strings.TrimSuffix(ch.key, rawQuotedSuffix) == id.Key {
-				out, ok = paymentJSON(ch), true
-				break
-			}
+		if chs := s.byKey[id]; len(chs) > 0 {
+			out, ok = paymentJSON(chs[0]), true
 		}
 	}
 	if ok {
@@ -316,6 +319,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	case req.URL.Path == "/payments" && method == http.MethodPost:
 		if s.w.cfg.Stored5xx {
 			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
+				s.w.stats.fault(FaultStored5xx.Name())
 				rec.header.Set(idempotency.HeaderReplayed, "true")
 				writeProblem(rec, http.StatusInternalServerError, "error", "")
 				break

@@ -123,6 +123,24 @@ func TestSimulation(t *testing.T) {
 	for seed := seeds[len(seeds)-1] + 1; ok && time.Now().Before(until); seed++ {
 		ok = run(seed)
 	}
+	if (len(seeds) > 1 || !until.IsZero()) && len(failed) == 0 {
+		// Every class that is on was injected: a world that silently lost
+		// one would pass for the wrong reason.
+		for f := range numFaults {
+			if !faults[f] {
+				continue
+			}
+			injected := 0
+			for kind, c := range total.Faults {
+				if kind == f.Name() || strings.HasPrefix(kind, f.Name()+" ") {
+					injected += c
+				}
+			}
+			if injected == 0 {
+				t.Errorf("fault class %s is on but was never injected in %d seed(s)", f.Name(), n)
+			}
+		}
+	}
 	elapsed := time.Since(start)
 	t.Logf("%d seed(s), %d user actions, %d sessions, %d intents, %d attempts, %d charges in %s (%.0f actions/s); longest settle after calm: %s",
 		n, total.Actions, total.Sessions, total.Intents, total.Attempts, total.Charges, elapsed.Round(time.Millisecond),
