@@ -300,11 +300,13 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if err := sleep(ctx, h.cfg.delay+f.delay); err != nil {
+		idempotency.NothingDone(ctx)
 		(&Problem{Type: ProblemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
 		return
 	}
 	if f.has(FaultError) {
+		idempotency.NothingDone(ctx)
 		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
 		return
@@ -314,6 +316,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// no charge is made that the ledger cannot record. A 5xx stores
 	// nothing: the record is released and the key stays unused.
 	if !h.ledger.reserve(id, reservation{rec: info.ID, description: req.Description}) {
+		idempotency.NothingDone(ctx)
 		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
 		return

@@ -27,7 +27,7 @@ const (
 	OutcomeInvalid    Outcome = "invalid"     // 400: malformed key
 	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
 	OutcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
-	OutcomeFailed     Outcome = "failed"      // >= 500: nothing stored, the key is free
+	OutcomeFailed     Outcome = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
 	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
 	OutcomeStoreError Outcome = "store_error" // the store failed
 	OutcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
@@ -252,20 +252,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 	ctx := context.WithoutCancel(r.Context())
 	code := cw.code()
 	if code >= 500 {
-		var err error
-		if takeover {
-			// A dead worker may have charged the provider under this
-			// record's stable id. Deleting the record would hand the key a
-			// new stable id and the next request would charge again; so
-			// the record stays, with its lease ended, and the next request
-			// takes it over and asks the provider first. (This is TakeOver
-			// as a compare-and-swap from this owner to none, with "now" set
-			// to the lease's end so that the lease counts as over.)
-			_, err = m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", rec.LockedUntil, m.now())
-		} else {
-			err = m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
-		}
-		if err != nil && !errors.Is(err, ErrNotOwner) {
+		if err := m.giveUp(ctx, rec, wk); err != nil && !errors.Is(err, ErrNotOwner) {
 			m.storeError(w, r, err)
 			return
 		}
@@ -286,7 +273,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 			Detail: "this request's work was taken over by a later attempt with the same key; retry to get its answer"}).Write(withRetryAfter(w, 1))
 		return
 	case err != nil:
-		_ = m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
+		_ = m.giveUp(ctx, rec, wk)
 		m.storeError(w, r, err)
 		return
 	}
@@ -296,6 +283,24 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 		m.report(r, OutcomeCreated)
 	}
 	cw.writeTo(w)
+}
+
+// giveUp gives up the record after work that stored no answer (a server
+// error, or a commit that failed). Unless the handler said it did nothing
+// outside the store ([NothingDone]), the record is kept: the worker may
+// have called an external provider under its stable id, and deleting the
+// record would hand the key a new stable id, under which the next request
+// would charge again. The record stays, with its lease ended, and the next
+// request takes it over ([Info.Takeover]) with the same stable id and asks
+// the provider first. (This is TakeOver as a compare-and-swap from this
+// owner to none, with "now" set to the lease's end so that the lease counts
+// as over.)
+func (m *Middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
+	if wk.released() {
+		return m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
+	}
+	_, err := m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", rec.LockedUntil, m.now())
+	return err
 }
 
 // inProgress answers 409. Retry-After is the time left until the work is
