@@ -96,7 +96,8 @@ type Middleware struct {
 }
 
 // New returns next wrapped in the idempotency layer. It panics if
-// cfg.Store is nil.
+// cfg.Store is nil, or if cfg.Retention is not longer than cfg.Lease (a
+// record must not expire under its live worker).
 func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.Store == nil {
 		panic("idempotency: Config.Store is nil")
@@ -106,6 +107,11 @@ func New(next http.Handler, cfg Config) *Middleware {
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
+	}
+	if cfg.Retention <= cfg.Lease {
+		// A record would expire under its live worker, and the next request
+		// would replace it with a new stable id and do the work again.
+		panic(fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)", cfg.Retention, cfg.Lease))
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes

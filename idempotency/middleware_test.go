@@ -1,8 +1,10 @@
 package idempotency_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -271,4 +273,24 @@ func TestAServerErrorKeepsTheStableIDForTheRetry(t *testing.T) {
 			assert.Equal(t, 1, p.charges(), "one charge at the provider")
 		})
 	}
+}
+
+// A record that expires while its worker still holds the lease would be
+// replaced by the next request with its key, under a new stable id: the
+// work would run twice. A retention no longer than the lease is refused.
+func TestNewRefusesARetentionNoLongerThanTheLease(t *testing.T) {
+	t.Parallel()
+	store := idempotency.NewMemoryStore()
+	for _, cfg := range []idempotency.Config{
+		{Store: store, Retention: 10 * time.Second},
+		{Store: store, Retention: time.Minute, Lease: time.Minute},
+		{Store: store, Lease: 25 * time.Hour},
+	} {
+		assert.PanicsWithValue(t, fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)",
+			cmp.Or(cfg.Retention, idempotency.DefaultRetention), cmp.Or(cfg.Lease, idempotency.DefaultLease)),
+			func() { idempotency.New(&counter{status: 201}, cfg) })
+	}
+	assert.NotPanics(t, func() {
+		idempotency.New(&counter{status: 201}, idempotency.Config{Store: store, Retention: time.Minute})
+	})
 }
