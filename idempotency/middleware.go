@@ -79,7 +79,12 @@ type Config struct {
 	// parsing it again. Nil accepts every body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
 	// Principal names the caller that owns a key. Nil means the value of the
-	// Authorization header ("" is the anonymous caller).
+	// Authorization header ("" is the anonymous caller), which is right only
+	// while a caller's credential never changes. A credential that rotates
+	// (an OAuth access token, refreshed while an intent is unresolved, or
+	// before it is resumed after a restart) makes the retry another
+	// caller's, with no record for its key, and the work runs twice: return
+	// the authenticated account instead.
 	Principal func(r *http.Request) string
 	// NewStableID returns a new id for an intent (see [Record.StableID]).
 	// Nil means 26 random base32 characters.
