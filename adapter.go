@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
@@ -191,6 +193,13 @@ type call struct {
 	// start, then cutBeforeWire).
 	cut           *stop
 	cutBeforeWire bool
+	// conns counts the connections given to a request of this call, and
+	// answers the answers that began to arrive. net/http sends a request
+	// that carries an Idempotency-Key again on a new connection when a
+	// reused one fails before any answer, and the server may have read the
+	// first copy; so while conns exceeds answers, a request may have
+	// reached the server, whatever error the last try of it ended with.
+	conns, answers atomic.Int32
 }
 
 // noteCut records that the budget cut the attempt whose context is ctx, if
@@ -200,6 +209,10 @@ func (st *call) noteCut(ctx, parent context.Context, reason StopReason) {
 		st.cut = &stop{reason: reason}
 	}
 }
+
+// mayHaveReached reports whether a request of this call was handed to a
+// connection and got no answer.
+func (st *call) mayHaveReached() bool { return st.conns.Load() > st.answers.Load() }
 
 type callKey struct{}
 
@@ -331,7 +344,11 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err}
 	}
 
-	req, err := retryablehttp.NewRequestWithContext(context.WithValue(ctx, callKey{}, st), rec.Method, rec.URL, rec.Body)
+	traced := httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &httptrace.ClientTrace{
+		GotConn:              func(httptrace.GotConnInfo) { st.conns.Add(1) },
+		GotFirstResponseByte: func() { st.answers.Add(1) },
+	})
+	req, err := retryablehttp.NewRequestWithContext(traced, rec.Method, rec.URL, rec.Body)
 	if err != nil {
 		return nil, fail(StopFatal, err)
 	}
@@ -379,7 +396,9 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 		e.LastResponse = st.last
 		return nil, e
 	}
-	return nil, fail(StopFatal, err)
+	e := fail(StopFatal, err)
+	e.neverReached = neverReached(err) && !st.mayHaveReached()
+	return nil, e
 }
 
 func (c *Client) attemptDone(a Attempt) {

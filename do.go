@@ -148,7 +148,7 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		c.markCreated(rec.Key)
 	}
 	now := c.clock.Now()
-	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && neverReached(retryErr.Err) {
+	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
 		// The one attempt never reached the server: nothing to record.
 		if unsent {
 			// And no attempt before it did: the intent stays provably

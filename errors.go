@@ -231,6 +231,10 @@ type RetryError struct {
 	// Err is the last attempt's error (network error, the context's error),
 	// or nil when the last attempt got a response.
 	Err error
+
+	// neverReached: Err proves that no request of the call reached the
+	// server (see neverReached), and none was read without an answer.
+	neverReached bool
 }
 
 func (e *RetryError) Error() string {

@@ -35,7 +35,9 @@ import (
 //   - 409 (the server holds the key in progress), 503 and the other
 //     retryable answers: an error matching ErrOutcomeUnknown, and nothing
 //     changes: resume the intent with Do or reconcile later.
-//   - Anything else: an *APIError, and nothing changes.
+//   - Anything else: an *APIError, and nothing changes. That includes a
+//     redirect, which is not followed: a lookup sent to a login page would
+//     get the page's 200. Give the lookup's final URL.
 //
 // The lookup's answer is returned; in.State() tells what was concluded.
 // While Reconcile runs, a Do of the same intent waits and then reads what
@@ -85,8 +87,12 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if mutantReconcileFromCreation { // false outside the idem_mutant build (mutant.go)
 		wait = max(c.reconcile-c.clock.Now().Sub(cur.CreatedAt), 0)
 	}
-	// Never a key on GET: the lookup is naturally idempotent.
-	resp, err := c.http.Do(req)
+	// Never a key on GET: the lookup is naturally idempotent. A redirect
+	// is not followed: the page it leads to (a login page, say) is not the
+	// lookup's answer, and a 3xx settles nothing.
+	lookup := *c.http
+	lookup.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := lookup.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, err)
 	}

@@ -3,7 +3,9 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -200,4 +202,42 @@ func TestReconcileStoresOnlyTheNeededHeaderFields(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, rec.Response)
 	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, rec.Response.Header)
+}
+
+// A lookup redirected to a login page (the app's session ended) says
+// nothing about the payment: the page's 200 must not make the intent
+// succeeded, nor be stored as its answer.
+func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.URL.Path == "/login":
+			w.Header().Set("Content-Type", "text/html")
+			io.WriteString(w, "<html>Sign in</html>")
+		default:
+			http.Redirect(w, r, "/login", http.StatusFound)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	clk := clocktest.New(epoch)
+	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	clk.Advance(idem.DefaultReconcileDelay)
+
+	resp, err := c.Reconcile(ctx, in, srv.URL+"/payments?idempotency_key="+in.Key())
+	require.Error(t, err)
+	assert.False(t, in.State().Resolved(), "a login page settles nothing")
+	assert.Nil(t, in.Response())
+	if resp != nil {
+		assert.Equal(t, http.StatusFound, resp.StatusCode, "the redirect itself is the answer")
+	}
 }

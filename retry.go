@@ -192,6 +192,9 @@ func (e *redirectSchemeError) Error() string {
 //   - a plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch);
 //   - a redirect to a scheme net/http cannot send to, or a redirect loop:
 //     only servers that answered 307 or 308 saw the request.
+//
+// It speaks of the last try only: net/http may have written the same
+// request on a reused connection first (see call.mayHaveReached).
 func neverReached(err error) bool {
 	var (
 		unknownAuthority x509.UnknownAuthorityError

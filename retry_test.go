@@ -5,6 +5,7 @@ import (
 	"io"
 	"log"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -381,4 +382,68 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 			assert.NotEqual(t, in.Key(), next.Key())
 		})
 	}
+}
+
+// net/http sends a request that carries an Idempotency-Key again, on a new
+// connection, when a reused connection fails before any answer, as when the
+// server dies right after reading it. The first copy may have been done: a
+// refused handshake on the new connection does not make the request unsent.
+func TestNotSentIsNeverSaidOfARequestTheServerMayHaveRead(t *testing.T) {
+	t.Parallel()
+	var charges atomic.Int32
+	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			io.WriteString(w, "ok")
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		charges.Add(1)
+		// The server dies before it answers.
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	origin.StartTLS()
+	t.Cleanup(origin.Close)
+	// The next connection reaches a node that answers plain HTTP.
+	plain := httptest.NewUnstartedServer(http.NotFoundHandler())
+	plain.Config.ErrorLog = log.New(io.Discard, "", 0)
+	plain.Start()
+	t.Cleanup(plain.Close)
+
+	tr := origin.Client().Transport.(*http.Transport).Clone()
+	var dials atomic.Int32
+	tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		addr := plain.Listener.Addr().String()
+		if dials.Add(1) == 1 {
+			addr = origin.Listener.Addr().String()
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr}
+	// The app's other calls share the connection pool.
+	warm, err := hc.Get(origin.URL + "/status")
+	require.NoError(t, err)
+	io.Copy(io.Discard, warm.Body)
+	warm.Body.Close()
+
+	c, err := New(WithHTTPClient(hc), WithClock(clocktest.New(retryAfterNow)))
+	require.NoError(t, err)
+	ctx := context.Background()
+	req, err := JSONRequest(http.MethodPost, origin.URL+"/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+
+	_, err = c.Do(ctx, in)
+	require.EqualValues(t, 1, charges.Load(), "the server read the request")
+	assert.NotErrorIs(t, err, ErrNotSent)
+	assert.ErrorIs(t, err, ErrOutcomeUnknown)
+
+	changed, err := JSONRequest(http.MethodPost, origin.URL+"/payments", map[string]any{"amount": 2500})
+	require.NoError(t, err)
+	_, err = c.Intent(ctx, "checkout", changed)
+	assert.ErrorIs(t, err, ErrUnresolved, "a changed cart must wait for the first payment's outcome")
 }

@@ -3,12 +3,15 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 
 	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemkit/idem/persist"
 )
 
 type intentKey struct{}
@@ -37,7 +40,10 @@ func IntentFromContext(ctx context.Context) (*Intent, bool) {
 // the round trip fails with ErrIntentMismatch before anything is sent.
 // Without one, the RoundTripper makes a key for that one request and keeps
 // it in memory only: its retries are safe, but a restart forgets it. Use
-// intents for anything that must survive a restart.
+// intents for anything that must survive a restart. A request that carries
+// its own Idempotency-Key keeps it: if the key is a stored intent's, the
+// request is that intent (and must be its request); otherwise (an API
+// client that retries with its own key) the caller's retries are safe too.
 //
 // Other methods pass through to base untouched and never carry a key. A
 // final answer, 4xx included, is returned as the response (one larger than
@@ -70,6 +76,15 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	ctx := req.Context()
 	in, ok := IntentFromContext(ctx)
+	if k := req.Header.Get("Idempotency-Key"); !ok && k != "" {
+		// A request that carries a stored intent's key is that intent.
+		switch stored, err := t.c.Load(ctx, k); {
+		case err == nil:
+			in, ok = stored, true
+		case !errors.Is(err, persist.ErrNotFound):
+			return nil, err
+		}
+	}
 	if ok {
 		if !in.Matches(live) {
 			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
@@ -82,6 +97,12 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
+		if k := req.Header.Get("Idempotency-Key"); k != "" {
+			// The caller's own key, which names no stored intent (an API
+			// client that retries with it after an error): a fresh one per
+			// call would make each of its retries a new payment.
+			rec.Key, rec.KeyHeader = k, k
+		}
 		in = &Intent{rec: rec, ephemeral: true, c: t.c}
 	}
 
@@ -92,7 +113,12 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		header = http.Header{}
 	}
 	header.Del("Idempotency-Key")
-	resp, err := t.c.flights.do(ctx, in.Key(), func() (*Response, error) { return t.c.do(ctx, in, t.retry, header) })
+	flight := in.Key()
+	if in.ephemeral {
+		// Calls that share a caller's key but not a request are not one.
+		flight += " " + in.current().Fingerprint
+	}
+	resp, err := t.c.flights.do(ctx, flight, func() (*Response, error) { return t.c.do(ctx, in, t.retry, header) })
 	if resp == nil {
 		return nil, err
 	}

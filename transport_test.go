@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,6 +17,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/persist"
 )
 
 // keyRecorder is the real fake server's handler with the Idempotency-Key of
@@ -138,4 +141,73 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Empty(t, body)
 	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+}
+
+// An API client that sets its own Idempotency-Key (as Stripe's SDKs do)
+// and retries with it after an error keeps its promise through the
+// RoundTripper: every attempt carries the caller's key, so the server
+// charges once.
+func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	rec := &keyRecorder{next: h, keys: map[string][]string{}}
+	srv := httptest.NewServer(rec)
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
+	post := func() (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "sdk-key-1")
+		return hc.Do(req)
+	}
+
+	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+	_, err = post()
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+	resp, err := post() // the SDK's own retry
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, []string{"sdk-key-1", "sdk-key-1"}, rec.seen("POST /payments"))
+	assert.Equal(t, 1, h.Stats().ProviderCharges)
+}
+
+// A request that carries a stored intent's key is that intent, whether it
+// came through Client.Do or through the RoundTripper: an attempt sent
+// either way keeps a "not found" from being trusted until it can no longer
+// arrive.
+func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	net := &heldNetwork{base: srv.Client().Transport}
+	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	req := payment1500(t, srv)
+	in, err := c.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+	clk.Advance(10 * time.Minute)
+
+	// The app sends the intent's request itself, with the intent's key.
+	hc := &http.Client{Transport: c.RoundTripper(net)}
+	httpReq, err := http.NewRequest(http.MethodPost, req.URL, bytes.NewReader(req.Body))
+	require.NoError(t, err)
+	httpReq.Header = req.Header.Clone()
+	httpReq.Header.Set("Idempotency-Key", in.Key())
+	net.holdNext(1) // held in the network
+	_, err = hc.Do(httpReq)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt may still arrive")
+	net.deliver(t)
+	assert.Equal(t, 1, srv.Stats().Payments)
+	assert.NotEqual(t, persist.StateVoid, in.State())
 }

@@ -1,6 +1,7 @@
 package fakeserver_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
@@ -295,4 +296,36 @@ func TestInjectFaultBoundsPendingFaults(t *testing.T) {
 	assert.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
 	err := s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError, Path: "/" + strings.Repeat("p", 2048)})
 	assert.ErrorIs(t, err, fakeserver.ErrInvalidFault, "a path over 2048 bytes")
+}
+
+// TestLookupNeverSaysNotFoundForAChargeAfterItsRecordExpired: a worker
+// charged the provider and died, and no resend settled it before the
+// record's retention ended (the client stops resending before that, and
+// reconciles instead). The lookup must still find the charge, before and
+// after a sweep: a 404 makes the client void an intent that was paid.
+func TestLookupNeverSaysNotFoundForAChargeAfterItsRecordExpired(t *testing.T) {
+	t.Parallel()
+	for _, sweep := range []bool{false, true} {
+		s, clk := newServer(t, &fakeserver.Options{Retention: time.Hour})
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: "k1"}))
+		_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+		require.Error(t, err)
+		clk.Advance(time.Hour)
+		if sweep {
+			s.Sweep()
+		}
+
+		a := send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k1", NoKey: true})
+		require.Equal(t, http.StatusOK, a.Status, "swept: %v: %s", sweep, a.Body)
+		var p struct {
+			Amount      int64
+			Description string
+		}
+		require.NoError(t, json.Unmarshal(a.Body, &p))
+		assert.Equal(t, int64(1500), p.Amount)
+		assert.Equal(t, "coffee", p.Description)
+		st := s.Stats()
+		assert.Equal(t, 1, st.Payments, "the charge is a payment")
+		assert.Equal(t, 1, st.ProviderCharges)
+	}
 }

@@ -88,20 +88,59 @@ func (h *Handler) InjectFault(f Fault) error {
 func (h *Handler) ClearFaults() { h.faults.clear() }
 
 // Sweep deletes the records expired by the Clock and returns how many.
-// It also frees the room held for payments whose record is gone (a worker
-// that died and was never taken over).
+// A payment whose worker died and was never taken over is settled as its
+// record goes: recorded if the provider charged it, its room freed if not.
 func (h *Handler) Sweep() int {
+	ctx := context.Background()
 	now := h.cfg.clock.Now()
+	var n int
 	if h.pg != nil {
-		n, _ := h.pg.store.Sweep(context.Background(), now)
-		return n
+		n, _ = h.pg.store.Sweep(ctx, now)
+	} else {
+		n, _ = h.store.Sweep(ctx, now)
 	}
-	n, _ := h.store.Sweep(context.Background(), now)
-	h.ledger.dropReservations(func(id idempotency.ID, stableID string) bool {
-		rec, ok := h.store.Get(context.Background(), id, now)
-		return ok && rec.StableID == stableID
-	})
+	_ = h.settleReservations(ctx, func(id idempotency.ID, stableID string) bool {
+		rec, ok, err := h.liveRecord(ctx, id, now)
+		return err == nil && (!ok || rec.StableID != stableID)
+	}, true)
 	return n
+}
+
+// settleReservations records as payments the reservations that pick
+// selects whose charge the provider made, and frees the others if free is
+// true. It is for reservations no worker can settle any more.
+func (h *Handler) settleReservations(ctx context.Context, pick func(rec idempotency.ID, id string) bool, free bool) error {
+	for pid, r := range h.ledger.reservations(pick) {
+		ch, charged, err := h.lookupCharge(ctx, pid)
+		if err != nil {
+			return err
+		}
+		if charged {
+			if err := h.addPayment(ctx, r.payment(pid, ch)); err != nil {
+				return err
+			}
+		}
+		if charged || free {
+			h.ledger.unreserve(pid)
+		}
+	}
+	return nil
+}
+
+// recoverCharged returns the payment made under record id once no request
+// can settle the record any more (it is done, expired or gone), recording
+// first what the provider charged for it under a worker that died. It
+// reports false when there is none. The payments are read after the
+// record: a worker records its payment before its record is done.
+func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payment, bool, error) {
+	rec, ok, err := h.liveRecord(ctx, id, h.cfg.clock.Now())
+	if err != nil || ok && rec.Status == idempotency.StatusInProgress {
+		return nil, false, err // a resend with the key takes it over and settles it
+	}
+	if err := h.settleReservations(ctx, func(rec idempotency.ID, _ string) bool { return rec == id }, false); err != nil {
+		return nil, false, err
+	}
+	return h.findPaymentByKey(ctx, id.Principal, id.Key)
 }
 
 // Reset forgets everything: records, payments, provider charges, orders,

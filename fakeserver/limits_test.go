@@ -79,7 +79,8 @@ func TestMaxPaymentsRefusesBeforeCharging(t *testing.T) {
 // TestMaxPaymentsKeepsRoomForADeadWorker: a worker that charged the
 // provider and died holds its payment's room, so that the takeover records
 // the charge even when the cap is reached meanwhile; once its record is
-// gone unfinished, a sweep frees the room.
+// gone unfinished, the sweep records the charge in that room: it is a
+// payment, which the lookup must find.
 func TestMaxPaymentsKeepsRoomForADeadWorker(t *testing.T) {
 	skipOnPostgres(t)
 	t.Parallel()
@@ -102,7 +103,8 @@ func TestMaxPaymentsKeepsRoomForADeadWorker(t *testing.T) {
 		require.Error(t, err)
 		clk.Advance(time.Hour)
 		assert.Equal(t, 1, s.Sweep())
-		assert.Equal(t, http.StatusCreated, pay(t, s, "k2", payBody).Status, "the sweep freed the room")
+		assert.Equal(t, http.StatusOK, lookup(t, s, "k1").Status, "the sweep recorded the charge")
+		assert.Equal(t, http.StatusServiceUnavailable, pay(t, s, "k2", payBody).Status, "the charge holds the room")
 	})
 }
 

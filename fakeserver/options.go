@@ -28,7 +28,8 @@ const (
 // consists entirely of default values.
 type Options struct {
 	// Retention is how long a record lives, from its created_at. Zero (or
-	// negative) means 24h.
+	// negative) means 24h. It must be longer than Lease: NewHandler panics
+	// otherwise.
 	Retention time.Duration
 	// Lease is how long a worker holds an IN_PROGRESS record before another
 	// request may take it over. Zero (or negative) means 30s. Keep it longer

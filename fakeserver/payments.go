@@ -132,58 +132,68 @@ type ledger struct {
 	// max bounds payments made plus reserved; 0 means no bound. Room is
 	// reserved for a payment id before the provider charges it, so that a
 	// charge is never made for a payment the ledger cannot hold.
-	max      int
-	reserved map[string]idempotency.ID // payment id -> the record it is for
+	max int
+	// reserved holds, by payment id, the payments the provider may be
+	// charging: room, and what the payment will be, are held before the
+	// provider is asked, so that a charge whose worker died before it was
+	// recorded can still be found and recorded (see recoverCharged).
+	reserved map[string]reservation
+}
+
+// reservation is a payment the provider may have charged and the ledger
+// has not recorded: what the request asked, under which record.
+type reservation struct {
+	rec         idempotency.ID
+	description string
 }
 
 func newLedger() *ledger {
 	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment),
-		reserved: make(map[string]idempotency.ID)}
+		reserved: make(map[string]reservation)}
 }
 
 // reserve holds room for payment id, made under the record rec, and reports
 // false if there is none. A payment already made or reserved under id has
 // its room (a takeover reuses its dead worker's id).
-func (l *ledger) reserve(id string, rec idempotency.ID) bool {
+func (l *ledger) reserve(id string, r reservation) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.max <= 0 {
-		return true
-	}
 	if _, ok := l.byID[id]; ok {
 		return true
 	}
 	if _, ok := l.reserved[id]; ok {
 		return true
 	}
-	if len(l.order)+len(l.reserved) >= l.max {
+	if l.max > 0 && len(l.order)+len(l.reserved) >= l.max {
 		return false
 	}
-	l.reserved[id] = rec
+	l.reserved[id] = r
 	return true
 }
 
-// unreserve frees the room held for id when no payment is made.
+// reservations returns the reservations that pick selects, by payment id.
+func (l *ledger) reservations(pick func(rec idempotency.ID, id string) bool) map[string]reservation {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]reservation)
+	for pid, r := range l.reserved {
+		if pick(r.rec, pid) {
+			out[pid] = r
+		}
+	}
+	return out
+}
+
+// payment is the payment a reservation became: the provider's charge id.
+func (r reservation) payment(id string, ch charge) *payment {
+	return &payment{ID: id, Amount: ch.Amount, Currency: ch.Currency, Customer: ch.Customer, Description: r.description,
+		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: r.rec.Principal, key: r.rec.Key}
+}
+
 func (l *ledger) unreserve(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.reserved, id)
-}
-
-// dropReservations frees the room held for ids whose record is no longer
-// live, as reported by live.
-func (l *ledger) dropReservations(live func(rec idempotency.ID, id string) bool) {
-	l.mu.Lock()
-	held := make(map[string]idempotency.ID, len(l.reserved))
-	for id, rec := range l.reserved {
-		held[id] = rec
-	}
-	l.mu.Unlock()
-	for id, rec := range held {
-		if !live(rec, id) {
-			l.unreserve(id)
-		}
-	}
 }
 
 func (l *ledger) add(p *payment) {
@@ -290,11 +300,13 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if err := sleep(ctx, h.cfg.delay+f.delay); err != nil {
+		idempotency.NothingDone(ctx)
 		(&Problem{Type: ProblemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
 		return
 	}
 	if f.has(FaultError) {
+		idempotency.NothingDone(ctx)
 		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
 		return
@@ -303,7 +315,8 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// Room for the payment is held before the provider is asked, so that
 	// no charge is made that the ledger cannot record. A 5xx stores
 	// nothing: the record is released and the key stays unused.
-	if !h.ledger.reserve(id, info.ID) {
+	if !h.ledger.reserve(id, reservation{rec: info.ID, description: req.Description}) {
+		idempotency.NothingDone(ctx)
 		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
 		return
@@ -405,6 +418,17 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 				(&Problem{Type: ProblemRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
 					Detail: "a request under this key is in progress or its worker died before finishing; resend it with the same key to settle it"}).Write(w)
+				return
+			}
+			// A worker that charged the provider and died, whose record
+			// then expired unsettled, left a charge that is the payment.
+			p, ok, err := h.recoverCharged(r.Context(), id)
+			if err != nil {
+				internalError(w, err)
+				return
+			}
+			if ok {
+				writeJSON(w, http.StatusOK, p)
 				return
 			}
 			notFound("no payment was made under this key for this caller").Write(w)

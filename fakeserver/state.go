@@ -40,7 +40,12 @@ func (h *Handler) liveRecord(ctx context.Context, id idempotency.ID, now time.Ti
 // PostgreSQL it joins the record's transaction.
 func (h *Handler) addPayment(ctx context.Context, p *payment) error {
 	if h.pg != nil {
-		return h.pg.addPayment(ctx, p)
+		if err := h.pg.addPayment(ctx, p); err != nil {
+			return err
+		}
+		// The reservation is in memory; the payment is in the database.
+		h.ledger.unreserve(p.ID)
+		return nil
 	}
 	h.ledger.add(p)
 	return nil

@@ -30,6 +30,8 @@ type work struct {
 	info    Info
 	mu      sync.Mutex
 	effects []func(context.Context) error
+	// nothingDone: the handler said it did nothing outside the store.
+	nothingDone bool
 }
 
 // FromContext returns the Info of the idempotent request being served, and
@@ -72,4 +74,29 @@ func (w *work) commit(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// NothingDone tells the middleware that the request being served has done
+// nothing outside the store (no provider was called under its stable id),
+// so that if the answer is a server error (>= 500), or the commit fails, the
+// record is released and the key is free again. Without it the record is
+// kept, IN_PROGRESS with its lease ended, and the next request with the key
+// takes it over with the same [Info.StableID] ([Info.Takeover] is true) and
+// asks the provider first: a provider call that timed out may have charged.
+// A takeover always keeps the record: the dead worker before it may have
+// called the provider. When ctx does not come from the middleware,
+// NothingDone does nothing.
+func NothingDone(ctx context.Context) {
+	if w, ok := ctx.Value(ctxKey{}).(*work); ok {
+		w.mu.Lock()
+		w.nothingDone = true
+		w.mu.Unlock()
+	}
+}
+
+// released reports whether a server error may release the record.
+func (w *work) released() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.nothingDone && !w.info.Takeover
 }

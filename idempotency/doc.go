@@ -51,12 +51,14 @@
 // [Store.Complete], which runs them and marks the record COMPLETED in one
 // atomic step (under the store's lock; a SQL store would run them in the
 // transaction that updates the record). If the handler answers a server
-// error (>= 500), the effects are dropped and the record is released
-// ([Store.Release]): nothing is stored and a retry does the work. A
-// takeover's server error is the exception: the dead worker before it may
-// have called an external provider under the record's stable id, so the
-// record stays IN_PROGRESS with its lease ended, and the next request takes
-// it over with the same stable id (and asks the provider first). If the
+// error (>= 500), or the commit fails, the effects are dropped and no answer
+// is stored; a retry does the work. The handler may have called an external
+// provider under the record's stable id first (a call that timed out may
+// have charged), so the record stays IN_PROGRESS with its lease ended, and
+// the next request takes it over with the same stable id (and asks the
+// provider first). A handler that did nothing outside the store says so
+// with [NothingDone]; then the record is released ([Store.Release]) and the
+// key is free again, except in a takeover, whose dead worker may have. If the
 // worker lost its record meanwhile (its lease was taken over, or the record
 // expired), the effects are dropped and the answer is 409; a retry gets the
 // new owner's answer.

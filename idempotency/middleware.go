@@ -27,7 +27,7 @@ const (
 	OutcomeInvalid    Outcome = "invalid"     // 400: malformed key
 	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
 	OutcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
-	OutcomeFailed     Outcome = "failed"      // >= 500: nothing stored, the key is free
+	OutcomeFailed     Outcome = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
 	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
 	OutcomeStoreError Outcome = "store_error" // the store failed
 	OutcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
@@ -79,7 +79,12 @@ type Config struct {
 	// parsing it again. Nil accepts every body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
 	// Principal names the caller that owns a key. Nil means the value of the
-	// Authorization header ("" is the anonymous caller).
+	// Authorization header ("" is the anonymous caller), which is right only
+	// while a caller's credential never changes. A credential that rotates
+	// (an OAuth access token, refreshed while an intent is unresolved, or
+	// before it is resumed after a restart) makes the retry another
+	// caller's, with no record for its key, and the work runs twice: return
+	// the authenticated account instead.
 	Principal func(r *http.Request) string
 	// NewStableID returns a new id for an intent (see [Record.StableID]).
 	// Nil means 26 random base32 characters.
@@ -96,7 +101,8 @@ type Middleware struct {
 }
 
 // New returns next wrapped in the idempotency layer. It panics if
-// cfg.Store is nil.
+// cfg.Store is nil, or if cfg.Retention is not longer than cfg.Lease (a
+// record must not expire under its live worker).
 func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.Store == nil {
 		panic("idempotency: Config.Store is nil")
@@ -106,6 +112,11 @@ func New(next http.Handler, cfg Config) *Middleware {
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
+	}
+	if cfg.Retention <= cfg.Lease {
+		// A record would expire under its live worker, and the next request
+		// would replace it with a new stable id and do the work again.
+		panic(fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)", cfg.Retention, cfg.Lease))
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -252,20 +263,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 	ctx := context.WithoutCancel(r.Context())
 	code := cw.code()
 	if code >= 500 {
-		var err error
-		if takeover {
-			// A dead worker may have charged the provider under this
-			// record's stable id. Deleting the record would hand the key a
-			// new stable id and the next request would charge again; so
-			// the record stays, with its lease ended, and the next request
-			// takes it over and asks the provider first. (This is TakeOver
-			// as a compare-and-swap from this owner to none, with "now" set
-			// to the lease's end so that the lease counts as over.)
-			_, err = m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", rec.LockedUntil, m.now())
-		} else {
-			err = m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
-		}
-		if err != nil && !errors.Is(err, ErrNotOwner) {
+		if err := m.giveUp(ctx, rec, wk); err != nil && !errors.Is(err, ErrNotOwner) {
 			m.storeError(w, r, err)
 			return
 		}
@@ -286,7 +284,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 			Detail: "this request's work was taken over by a later attempt with the same key; retry to get its answer"}).Write(withRetryAfter(w, 1))
 		return
 	case err != nil:
-		_ = m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
+		_ = m.giveUp(ctx, rec, wk)
 		m.storeError(w, r, err)
 		return
 	}
@@ -296,6 +294,24 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 		m.report(r, OutcomeCreated)
 	}
 	cw.writeTo(w)
+}
+
+// giveUp gives up the record after work that stored no answer (a server
+// error, or a commit that failed). Unless the handler said it did nothing
+// outside the store ([NothingDone]), the record is kept: the worker may
+// have called an external provider under its stable id, and deleting the
+// record would hand the key a new stable id, under which the next request
+// would charge again. The record stays, with its lease ended, and the next
+// request takes it over ([Info.Takeover]) with the same stable id and asks
+// the provider first. (This is TakeOver as a compare-and-swap from this
+// owner to none, with "now" set to the lease's end so that the lease counts
+// as over.)
+func (m *Middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
+	if wk.released() {
+		return m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
+	}
+	_, err := m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", rec.LockedUntil, m.now())
+	return err
 }
 
 // inProgress answers 409. Retry-After is the time left until the work is

@@ -1,7 +1,10 @@
 package idempotency_test
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -22,16 +25,20 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // counter is a handler whose effect adds to a counter through OnCommit.
 type counter struct {
-	status  int
-	effects atomic.Int32
-	runs    atomic.Int32
-	block   chan struct{} // if not nil, the handler waits on it
+	status      int
+	nothingDone bool // the handler calls NothingDone
+	effects     atomic.Int32
+	runs        atomic.Int32
+	block       chan struct{} // if not nil, the handler waits on it
 }
 
 func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.runs.Add(1)
 	if c.block != nil {
 		<-c.block
+	}
+	if c.nothingDone {
+		idempotency.NothingDone(r.Context())
 	}
 	_ = idempotency.OnCommit(r.Context(), func(context.Context) error { c.effects.Add(1); return nil })
 	w.Header().Set("Content-Type", "text/plain")
@@ -53,26 +60,36 @@ func serve(h http.Handler, key, body string) *httptest.ResponseRecorder {
 func TestCommitHook(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name    string
-		status  int
-		effects int32
-		stored  bool
+		name        string
+		status      int
+		nothingDone bool
+		effects     int32
+		stored      bool
 	}{
-		{"success commits the effect with the record", 201, 1, true},
-		{"business outcome is stored", 402, 1, true},
-		{"server error discards both", 500, 0, false},
-		{"503 discards both", 503, 0, false},
+		{"success commits the effect with the record", 201, false, 1, true},
+		{"business outcome is stored", 402, false, 1, true},
+		{"server error discards both", 500, true, 0, false},
+		{"503 discards both", 503, true, 0, false},
+		{"server error keeps the record for a takeover", 500, false, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			store := idempotency.NewMemoryStore()
-			c := &counter{status: tt.status}
+			c := &counter{status: tt.status, nothingDone: tt.nothingDone}
 			m := idempotency.New(c, idempotency.Config{Store: store})
 			first := serve(m, "k", "x")
 			assert.Equal(t, tt.status, first.Code)
 			assert.Equal(t, tt.effects, c.effects.Load())
 			records, inProgress, _ := store.Count(context.Background())
+			if !tt.stored && !tt.nothingDone {
+				// The handler may have called a provider: the record
+				// stays, its lease ended, and the retry takes it over.
+				assert.Equal(t, 1, inProgress)
+				assert.Equal(t, tt.status, serve(m, "k", "x").Code, "taken over at once")
+				assert.Equal(t, int32(2), c.runs.Load())
+				return
+			}
 			assert.Zero(t, inProgress)
 			if !tt.stored {
 				assert.Zero(t, records)
@@ -199,4 +216,81 @@ func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
 	assert.Equal(t, 201, serve(m, "b", "x").Code)
 	assert.Equal(t, int32(2), c.runs.Load())
 	assert.Equal(t, int32(2), c.effects.Load())
+}
+
+// provider is an external payment provider with its own idempotency on the
+// server's stable id, as the package docs ask handlers to use it.
+type provider struct {
+	mu      sync.Mutex
+	charged map[string]bool
+}
+
+func (p *provider) charge(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.charged == nil {
+		p.charged = make(map[string]bool)
+	}
+	p.charged[id] = true
+}
+
+func (p *provider) charges() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.charged)
+}
+
+// A handler passes the stable id to its provider, whose call times out
+// after the charge was made (or whose record cannot be written after it),
+// and answers 5xx. The stable id is the same on every attempt: the retry
+// must reach the provider under it, or the card is charged twice.
+func TestAServerErrorKeepsTheStableIDForTheRetry(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]func(w http.ResponseWriter, r *http.Request){
+		"provider timed out": func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusGatewayTimeout) },
+		"record not written": func(w http.ResponseWriter, r *http.Request) {
+			_ = idempotency.OnCommit(r.Context(), func(context.Context) error { return errors.New("the database went away") })
+			w.WriteHeader(http.StatusCreated)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var p provider
+			var runs atomic.Int32
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				info, _ := idempotency.FromContext(r.Context())
+				p.charge(info.StableID)
+				if runs.Add(1) == 1 {
+					fail(w, r)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			m := idempotency.New(h, idempotency.Config{Store: idempotency.NewMemoryStore()})
+			first := serve(m, "k", `{"amount":1500}`)
+			require.GreaterOrEqual(t, first.Code, 500)
+			require.Equal(t, http.StatusCreated, serve(m, "k", `{"amount":1500}`).Code)
+			assert.Equal(t, 1, p.charges(), "one charge at the provider")
+		})
+	}
+}
+
+// A record that expires while its worker still holds the lease would be
+// replaced by the next request with its key, under a new stable id: the
+// work would run twice. A retention no longer than the lease is refused.
+func TestNewRefusesARetentionNoLongerThanTheLease(t *testing.T) {
+	t.Parallel()
+	store := idempotency.NewMemoryStore()
+	for _, cfg := range []idempotency.Config{
+		{Store: store, Retention: 10 * time.Second},
+		{Store: store, Retention: time.Minute, Lease: time.Minute},
+		{Store: store, Lease: 25 * time.Hour},
+	} {
+		assert.PanicsWithValue(t, fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)",
+			cmp.Or(cfg.Retention, idempotency.DefaultRetention), cmp.Or(cfg.Lease, idempotency.DefaultLease)),
+			func() { idempotency.New(&counter{status: 201}, cfg) })
+	}
+	assert.NotPanics(t, func() {
+		idempotency.New(&counter{status: 201}, idempotency.Config{Store: store, Retention: time.Minute})
+	})
 }

@@ -117,6 +117,8 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-retention must be positive, not %v", *retention)
 	case *lease <= 0:
 		return bad("-lease must be positive, not %v", *lease)
+	case *retention <= *lease:
+		return bad("-retention (%v) must be longer than -lease (%v): a record must not expire under its live worker", *retention, *lease)
 	case *delay < 0:
 		return bad("-processing-delay must not be negative, not %v", *delay)
 	case *sweepEvery < 0:

@@ -109,6 +109,7 @@ func TestBadFlags(t *testing.T) {
 	}{
 		{[]string{"-key-format", "ulid"}, 2, `-key-format must be "any" or "uuid"`},
 		{[]string{"-lease", "0s"}, 2, "-lease must be positive"},
+		{[]string{"-retention", "10s"}, 2, "-retention (10s) must be longer than -lease (30s)"},
 		{[]string{"-retention", "-1h"}, 2, "-retention must be positive"},
 		{[]string{"-processing-delay", "-1s"}, 2, "must not be negative"},
 		{[]string{"-sweep-every", "soon"}, 2, "invalid value"},

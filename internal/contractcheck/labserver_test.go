@@ -198,6 +198,7 @@ func (lab *labServer) pay(w http.ResponseWriter, r *http.Request, k labKnobs) {
 	}
 	lab.mu.Unlock()
 	if f == "error" {
+		idempotency.NothingDone(r.Context()) // before the provider: the key is free again
 		(&idempotency.Problem{Type: idempotency.TypeInternal, Title: "Injected error", Status: http.StatusInternalServerError}).Write(w)
 		return
 	}

@@ -83,7 +83,7 @@ var faultTable = [numFaults]faultInfo{
 	FaultSlowWork:           {"server.slow", 0.04, true, ""},
 	FaultStorePause:         {"server.store-pause", 0.1, true, ""},
 	FaultStoreErrorInsert:   {"server.store-error-insert", 0.02, true, ""},
-	FaultStoreErrorComplete: {"server.store-error-complete", 0.02, false, "the middleware releases the record when the store fails after the provider charged, and the next attempt charges again under a new stable id"},
+	FaultStoreErrorComplete: {"server.store-error-complete", 0.02, true, ""},
 	FaultSweep:              {"server.sweep", 1, true, ""},
 	FaultStored5xx:          {"server.stored-5xx", 0.5, true, ""},
 }
