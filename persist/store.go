@@ -72,31 +72,76 @@ func prunable(r *Record, before time.Time) bool {
 	return r.State.Resolved() && t.Before(before)
 }
 
+// SaveShared saves rec in s as s.Save does, for a caller that never changes
+// rec, its headers, bodies or response after the call: a store that can
+// keep such a record without copying it (Memory) shares its headers and
+// bodies instead of copying them; any other store is given rec through
+// Save. Records handed out by Get and List are copies all the same.
+func SaveShared(ctx context.Context, s Store, rec *Record) error {
+	if ss, ok := s.(sharedSaver); ok {
+		return ss.saveShared(ctx, rec)
+	}
+	return s.Save(ctx, rec)
+}
+
+// sharedSaver is a Store that can keep a record it is given.
+type sharedSaver interface {
+	saveShared(ctx context.Context, rec *Record) error
+}
+
 // prepare validates rec and returns the copy a store keeps: the format
 // version set, times in UTC, empty headers and bodies as nil, and the
 // response body dropped if opts say so. Both stores keep exactly this, so a
 // record reads back the same from either.
 func prepare(rec *Record, opts Options) (*Record, error) {
-	if rec == nil {
-		return nil, errors.New("persist: cannot save a nil record")
-	}
-	if err := rec.Validate(); err != nil {
+	if err := checkSave(rec); err != nil {
 		return nil, err
 	}
-	for _, t := range []time.Time{rec.CreatedAt, rec.UpdatedAt} {
+	return normalized(rec.Clone(), opts), nil
+}
+
+// checkSave reports why rec cannot be saved, or nil.
+func checkSave(rec *Record) error {
+	if rec == nil {
+		return errors.New("persist: cannot save a nil record")
+	}
+	if err := rec.Validate(); err != nil {
+		return err
+	}
+	for _, t := range [2]time.Time{rec.CreatedAt, rec.UpdatedAt} {
 		// Outside these years a time has no RFC 3339 form, so a file store
 		// could not write it; every store refuses it alike.
 		if y := t.Year(); !t.IsZero() && (y < 0 || y > 9999) {
-			return nil, fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
+			return fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
 		}
 	}
-	r := rec.Clone()
+	return nil
+}
+
+// prepareShared is prepare for a record whose headers and bodies the
+// caller never changes (SaveShared): the copy it returns shares them with
+// rec. normalize and opts only replace fields of the copy, never write
+// through them.
+func prepareShared(rec *Record, opts Options) (*Record, error) {
+	if err := checkSave(rec); err != nil {
+		return nil, err
+	}
+	r := *rec
+	if rec.Response != nil {
+		resp := *rec.Response
+		r.Response = &resp
+	}
+	return normalized(&r, opts), nil
+}
+
+// normalized sets r's format version, normalizes it and applies opts.
+func normalized(r *Record, opts Options) *Record {
 	r.Version = FormatVersion
 	normalize(r)
 	if opts.DiscardResponseBodies && r.Response != nil {
 		r.Response.Body = nil
 	}
-	return r, nil
+	return r
 }
 
 // normalize puts r in the one form that survives encoding unchanged.
