@@ -78,15 +78,36 @@ func prunable(r *Record, before time.Time) bool {
 // bodies instead of copying them; any other store is given rec through
 // Save. Records handed out by Get and List are copies all the same.
 func SaveShared(ctx context.Context, s Store, rec *Record) error {
-	if ss, ok := s.(sharedSaver); ok {
-		return ss.saveShared(ctx, rec)
+	// Only a Memory itself: a type that embeds one and has its own Save
+	// gets rec through that Save.
+	if m, ok := s.(*Memory); ok {
+		return m.saveShared(ctx, rec)
 	}
 	return s.Save(ctx, rec)
 }
 
-// sharedSaver is a Store that can keep a record it is given.
-type sharedSaver interface {
-	saveShared(ctx context.Context, rec *Record) error
+// DeferredSaver is an optional interface of a Store that can save a
+// record so that it survives a crash of the process at once, and a power
+// loss only moments later, off the caller's path.
+type DeferredSaver interface {
+	// SaveDeferred saves rec as Save does, except that when it returns
+	// nil the record may not yet be safe from a power loss: it is read
+	// back, and survives the process being killed, at once; it becomes
+	// durable in the background, and Close waits for that. A power loss
+	// before then leaves the key holding its previous version, whole,
+	// never a damaged one. A store does this only where it can keep that
+	// promise, and saves durably otherwise.
+	SaveDeferred(ctx context.Context, rec *Record) error
+}
+
+// SaveDeferred saves rec in s through DeferredSaver if s implements it,
+// and as SaveShared does otherwise: rec must not be changed after the
+// call.
+func SaveDeferred(ctx context.Context, s Store, rec *Record) error {
+	if ds, ok := s.(DeferredSaver); ok {
+		return ds.SaveDeferred(ctx, rec)
+	}
+	return SaveShared(ctx, s, rec)
 }
 
 // prepare validates rec and returns the copy a store keeps: the format
