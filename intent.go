@@ -362,7 +362,8 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 // to Do, and marks it dropped in the same step, so that a Do that starts
 // meanwhile cannot send it: only then is "not sent" a fact rather than a
 // guess. After a restart a new intent may have been sent (the first attempt
-// is not recorded, to keep to two durable writes per intent).
+// is not recorded, to keep to one durable write per intent before Do
+// returns).
 func (c *Client) dropUnsent(rec *persist.Record) bool {
 	if rec.State != persist.StateNew {
 		return false

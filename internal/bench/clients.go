@@ -24,18 +24,25 @@ type ClientReport struct {
 	Results []Result
 	// Concurrency is the number of goroutines per batch.
 	Concurrency int
-	// FileSaves is how many Saves the idem(file) variant made, and
+	// FileSaves is how many Saves (durable before returning) the
+	// idem(file) variant made, FileDeferred how many SaveDeferreds, and
 	// FileIntents how many intents it brought to success.
-	FileSaves, FileIntents int64
+	FileSaves, FileDeferred, FileIntents int64
 }
 
 // WritesPerIntent is the file store's durable writes (Saves) per successful
 // intent.
-func (r *ClientReport) WritesPerIntent() float64 {
-	if r.FileIntents == 0 {
+func (r *ClientReport) WritesPerIntent() float64 { return perIntent(r.FileSaves, r.FileIntents) }
+
+// DeferredPerIntent is the file store's SaveDeferreds per successful
+// intent.
+func (r *ClientReport) DeferredPerIntent() float64 { return perIntent(r.FileDeferred, r.FileIntents) }
+
+func perIntent(n, intents int64) float64 {
+	if intents == 0 {
 		return 0
 	}
-	return float64(r.FileSaves) / float64(r.FileIntents)
+	return float64(n) / float64(intents)
 }
 
 // clientVariants returns the four ways of making one payment against url,
@@ -123,15 +130,22 @@ func finish(resp *http.Response, err error) error {
 	return nil
 }
 
-// countingStore counts the Saves made through it: each is one durable
-// write of the underlying store.
+// countingStore counts the Saves made through it, each one durable write
+// of the underlying store before it returns, and the SaveDeferreds, whose
+// directory sync runs in the background.
 type countingStore struct {
 	persist.Store
-	saves   atomic.Int64
-	intents atomic.Int64 // successful intents, counted by the variant
+	saves    atomic.Int64
+	deferred atomic.Int64
+	intents  atomic.Int64 // successful intents, counted by the variant
 }
 
 func (s *countingStore) Save(ctx context.Context, rec *persist.Record) error {
 	s.saves.Add(1)
 	return s.Store.Save(ctx, rec)
+}
+
+func (s *countingStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
+	s.deferred.Add(1)
+	return persist.SaveDeferred(ctx, s.Store, rec)
 }
