@@ -443,7 +443,8 @@ func (s *FileStore) flush() {
 			return
 		}
 		s.mu.Unlock()
-		err := s.syncDir()
+		// Shared with the saves syncing the directory at the same time.
+		err := s.dirSync.sync(s.syncDir)
 		s.mu.Lock()
 		if err != nil {
 			s.deferred = append(batch, s.deferred...)

@@ -22,7 +22,7 @@ func TestRunTiny(t *testing.T) {
 	rep, err := Run(context.Background(), cfg, nil)
 	require.NoError(t, err)
 
-	require.Len(t, rep.Clients.Results, 4)
+	require.Len(t, rep.Clients.Results, 5)
 	for _, r := range rep.Clients.Results {
 		assert.Positive(t, r.Requests, r.Name)
 		assert.Positive(t, r.P50, r.Name)

@@ -45,9 +45,10 @@ func perIntent(n, intents int64) float64 {
 	return float64(n) / float64(intents)
 }
 
-// clientVariants returns the four ways of making one payment against url,
-// all through hc: plain net/http, go-retryablehttp, idem with the memory
-// store and idem with the file store in dir. The plain variants send a
+// clientVariants returns the ways of making one payment against url, all
+// through hc: plain net/http, go-retryablehttp, idem with the memory store,
+// idem with the file store in dir, and the same with the outcome's save
+// durable before Do returns. The plain variants send a
 // fresh Idempotency-Key themselves, so the server does the same work for
 // all four.
 func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant, error) {
@@ -82,6 +83,12 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 	if err != nil {
 		return nil, err
 	}
+	// The same store, without SaveDeferred: both saves durable before Do
+	// returns, as before the outcome's sync was deferred.
+	outcomeDurable, err := idem.New(idem.WithHTTPClient(hc), idem.WithStore(saveOnly{file.Store}))
+	if err != nil {
+		return nil, err
+	}
 	req := idem.Request{
 		Method: http.MethodPost, URL: url,
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody,
@@ -110,6 +117,7 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 		{name: "retryablehttp", do: retrying},
 		{name: "idem(memory)", do: withIdem(mem, nil)},
 		{name: "idem(file)", do: withIdem(durable, &file.intents), slow: 4},
+		{name: "idem(file), outcome durable", do: withIdem(outcomeDurable, nil), slow: 4},
 	}, nil
 }
 
@@ -129,6 +137,9 @@ func finish(resp *http.Response, err error) error {
 	}
 	return nil
 }
+
+// saveOnly hides a store's SaveDeferred: every save goes through Save.
+type saveOnly struct{ persist.Store }
 
 // countingStore counts the Saves made through it, each one durable write
 // of the underlying store before it returns, and the SaveDeferreds, whose
