@@ -181,7 +181,7 @@ func (b *budgetBody) Close() error {
 type call struct {
 	c         *Client
 	key       string
-	b         *budget
+	b         budget
 	finalBody []byte    // the body of the last answer read in full
 	oversized bool      // the final answer was over the limit; no body kept
 	stopped   *stop     // why the budget ended the call, once it did
@@ -352,10 +352,7 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 	if err != nil {
 		return nil, fail(StopFatal, err)
 	}
-	if header != nil {
-		req.Header = header.Clone()
-	}
-	req.Header.Set("Idempotency-Key", rec.KeyHeader) // spelled as stored
+	req.Header = attemptHeader(header, rec.KeyHeader)
 	// mutant.go: false outside the idem_mutant build.
 	if mutantKeySpellingFromOption {
 		req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
@@ -399,6 +396,19 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 	e := fail(StopFatal, err)
 	e.neverReached = neverReached(err) && !st.mayHaveReached()
 	return nil, e
+}
+
+// attemptHeader returns the headers of an attempt: header's, and the key
+// spelled as stored. The values' slices are shared with header, which is
+// never changed (a record's, or the RoundTripper's own copy), and capped at
+// their length, so that an append to one of them copies it.
+func attemptHeader(header http.Header, keyHeader string) http.Header {
+	h := make(http.Header, len(header)+1)
+	for k, v := range header {
+		h[k] = v[:len(v):len(v)]
+	}
+	h["Idempotency-Key"] = []string{keyHeader}
+	return h
 }
 
 func (c *Client) attemptDone(a Attempt) {

@@ -226,6 +226,11 @@ func TestProcessCrashes(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "state")
 
 	kills := map[string]int{}
+	// What the client said before each kill: the intents whose Intent
+	// returned (saved durably), and those whose Do returned, with the
+	// status (their outcome saved, its directory sync perhaps not done).
+	saved := map[string]bool{}
+	resolved := map[string]string{}
 	started := 0
 	finished := false
 	for round := 0; round < rounds && !finished; round++ {
@@ -256,6 +261,12 @@ func TestProcessCrashes(t *testing.T) {
 					finished = true
 					break watch
 				}
+				switch f := strings.Fields(line); f[0] {
+				case "saved":
+					saved[f[1]] = true
+				case "resolved":
+					resolved[f[1]] = f[2]
+				}
 				if strings.HasPrefix(line, kind+" ") {
 					if seen == nth {
 						c.kill()
@@ -274,6 +285,7 @@ func TestProcessCrashes(t *testing.T) {
 			}
 		}
 		c.kill()
+		checkAfterKill(t, stateDir, saved, resolved)
 	}
 	// A last run, not killed, finishes what is left.
 	if !finished {
@@ -344,6 +356,28 @@ func TestProcessCrashes(t *testing.T) {
 	assert.Equal(t, paid, stats.ProviderCharges, "charges at the provider")
 	assert.Zero(t, stats.InProgress)
 	t.Logf("%d intents: %d paid, %d declined; server: %d requests, %d executions", len(recs), paid, declined, stats.Requests, stats.Executions)
+}
+
+// checkAfterKill checks, after a SIGKILL, that every intent whose Intent
+// returned is stored, and every one whose Do returned is stored resolved
+// with the answer Do returned: a kill, even before the directory sync of
+// the outcome, loses neither.
+func checkAfterKill(t *testing.T, stateDir string, saved map[string]bool, resolved map[string]string) {
+	t.Helper()
+	store, err := persist.OpenDir(stateDir, nil)
+	require.NoError(t, err)
+	defer store.Close()
+	ctx := context.Background()
+	for key := range saved {
+		_, err := store.Get(ctx, key)
+		require.NoError(t, err, "intent %s was saved before the kill", key)
+	}
+	for key, status := range resolved {
+		rec, err := store.Get(ctx, key)
+		require.NoError(t, err)
+		require.True(t, rec.State.Resolved(), "intent %s: Do returned %s before the kill, but it is stored %s", key, status, rec.State)
+		require.Equal(t, status, strconv.Itoa(rec.Response.StatusCode), "intent %s", key)
+	}
 }
 
 func getURL(t *testing.T, u string) (int, []byte) {

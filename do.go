@@ -87,13 +87,15 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	// earlier process, may have moved an unresolved intent on. A resolved
 	// one never changes, and one that holds the version this Client saved
 	// last is current: neither needs the read.
-	if !in.ephemeral && !cur.State.Resolved() && !c.latest.is(cur) {
+	known := c.latest.is(cur)
+	if !in.ephemeral && !cur.State.Resolved() && !known {
 		stored, err := c.store.Get(ctx, cur.Key)
 		if err != nil {
 			return nil, fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
 		}
 		in.set(stored)
 		cur = stored
+		known = false
 	}
 	if cur.State.Resolved() {
 		return c.storedOutcome(cur)
@@ -118,9 +120,13 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 		return nil, err
 	}
 	// A record that no attempt could send (an older release's, say) is
-	// refused before it is marked sent.
-	if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
-		return nil, &NotSentError{Key: rec.Key, Err: err}
+	// refused before it is marked sent. The version this Client saved last
+	// was checked before it was saved, unless it was saved as expired
+	// (which a clock set back can make sendable again).
+	if !known || cur.State == persist.StateExpired {
+		if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
+			return nil, &NotSentError{Key: rec.Key, Err: err}
+		}
 	}
 	if rec.KeyHeader == "" {
 		// Written before the spelling was stored: such a record was sent
@@ -188,7 +194,14 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	// The answer is final whatever happens to the save: the server keeps
 	// it and replays it to the next Do. Save even if ctx is done now, so a
 	// cancel right after the answer does not cost the record.
-	saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record outcome")
+	//
+	// The save need not be durable before Do returns, only before the
+	// server forgets the key: until it is, a crash of the process leaves
+	// it written, and a power loss the intent unresolved, which Do
+	// resumes with the same key to the server's replay of this answer.
+	// So a store that can defers its sync (persist.DeferredSaver), off
+	// the path the user waits on.
+	saveErr := c.saveWith(context.WithoutCancel(ctx), in, rec, "record outcome", persist.SaveDeferred)
 	if saveErr == nil {
 		c.settled(rec.Key)
 	}
@@ -282,11 +295,19 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 // save makes rec the intent's current version and stores it. rec must not
 // be changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
+	return c.saveWith(ctx, in, rec, op, persist.SaveShared)
+}
+
+// saveWith is save through store, persist.SaveShared or
+// persist.SaveDeferred.
+func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(context.Context, persist.Store, *persist.Record) error) error {
 	in.set(rec)
 	if in.ephemeral {
 		return nil
 	}
-	if err := c.store.Save(ctx, rec); err != nil {
+	// The record is immutable from here on (see Intent.current): the
+	// store may keep it rather than copy it.
+	if err := store(ctx, c.store, rec); err != nil {
 		c.latest.forget(rec.Key)
 		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
 		return &SaveError{Key: rec.Key, Op: op, Err: err}

@@ -52,8 +52,9 @@ it). The final answer is stored with a resolved intent: its status, its body
 header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
 and those named with [WithStoredHeaders].
 
-To keep to two durable writes per successful intent (created, resolved), the
-first attempt is not recorded: after a crash a new intent may have been sent.
+To keep to one durable write per successful intent on the path the user
+waits on (the intent's creation; the outcome's save is made durable in the
+background, see package persist), the first attempt is not recorded: after a crash a new intent may have been sent.
 Resuming it is safe because it reuses its key; only an intent that this
 Client created and never sent is treated as certainly unsent, and only such
 an intent reads new ([Intent.State]): after a restart, one stored as new

@@ -89,7 +89,10 @@ func (r Request) fingerprint() string {
 	h.Write([]byte(r.URL))
 	h.Write([]byte{0})
 	h.Write(r.Body)
-	return hex.EncodeToString(h.Sum(nil))
+	var sum [sha256.Size]byte
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], h.Sum(sum[:0]))
+	return string(out[:])
 }
 
 // Intent is one thing the user means to do, such as paying for this cart.
@@ -176,14 +179,15 @@ func (in *Intent) set(rec *persist.Record) {
 // spelled on the wire as this Client spells keys. req has been validated;
 // fp is its fingerprint, seq its place among its name's intents.
 func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now time.Time) (*persist.Record, error) {
-	key, err := uuid.NewRandom()
+	id, err := uuid.NewRandom()
 	if err != nil {
 		return nil, fmt.Errorf("idem: generating idempotency key: %w", err)
 	}
+	key := id.String()
 	return &persist.Record{
 		Version:     persist.FormatVersion,
-		Key:         key.String(),
-		KeyHeader:   c.keyHeader(key.String()),
+		Key:         key,
+		KeyHeader:   c.keyHeader(key),
 		Seq:         seq,
 		Name:        name,
 		Method:      req.Method,
@@ -299,7 +303,8 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if err != nil {
 		return nil, err
 	}
-	if err := c.store.Save(ctx, rec); err != nil {
+	// rec is never changed: the store may keep it rather than copy it.
+	if err := persist.SaveShared(ctx, c.store, rec); err != nil {
 		return nil, &SaveError{Key: rec.Key, Op: "create", Err: err}
 	}
 	c.latest.saved(rec)
@@ -357,7 +362,8 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 // to Do, and marks it dropped in the same step, so that a Do that starts
 // meanwhile cannot send it: only then is "not sent" a fact rather than a
 // guess. After a restart a new intent may have been sent (the first attempt
-// is not recorded, to keep to two durable writes per intent).
+// is not recorded, to keep to one durable write per intent before Do
+// returns).
 func (c *Client) dropUnsent(rec *persist.Record) bool {
 	if rec.State != persist.StateNew {
 		return false

@@ -269,8 +269,8 @@ type budget struct {
 	attempts int
 }
 
-func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) *budget {
-	b := &budget{policy: p, clock: clock, start: clock.Now(), expiry: expiry}
+func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) budget {
+	b := budget{policy: p, clock: clock, start: clock.Now(), expiry: expiry}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock, while every
 		// other time of the budget is on the injected one. Put it on the

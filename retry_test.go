@@ -189,7 +189,7 @@ func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry
 	if deadlineIn > 0 {
 		b.deadline = b.start.Add(deadlineIn)
 	}
-	return b, clk
+	return &b, clk
 }
 
 func TestBudgetPutsTheContextDeadlineOnTheClocksTimeline(t *testing.T) {

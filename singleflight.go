@@ -16,7 +16,12 @@ type flights struct {
 	m  map[string]*flight
 }
 
+// errUnfinished is what the waiters of a Do that panicked get.
+var errUnfinished = errors.New("idem: the concurrent Do for this intent did not finish")
+
 type flight struct {
+	// done is closed when the flight ends; it is made, under flights.mu,
+	// by the first caller that waits for it: most flights have none.
 	done chan struct{}
 	// exclusive flights (Reconcile, Forget) share no result: a Do waits for
 	// them and then makes its own call.
@@ -40,9 +45,10 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 		if !cur.exclusive {
 			cur.waiters++
 		}
+		done := cur.wait()
 		f.mu.Unlock()
 		select {
-		case <-cur.done:
+		case <-done:
 		case <-ctx.Done():
 			// This caller's own context ended while another call had the
 			// key on the wire: its outcome is unknown to this caller.
@@ -64,7 +70,7 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 
 	var resp *Response
 	// Should fn panic, the waiters get this error rather than nothing.
-	err := errors.New("idem: the concurrent Do for this intent did not finish")
+	err := errUnfinished
 	defer func() {
 		f.mu.Lock()
 		delete(f.m, key)
@@ -73,8 +79,8 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 			// Waiters get their own copy, so no two callers share a body.
 			cur.resp, cur.err = resp.clone(), err
 		}
+		cur.end()
 		f.mu.Unlock()
-		close(cur.done)
 	}()
 	resp, err = fn()
 	return resp, err
@@ -94,8 +100,8 @@ func (f *flights) exclusive(key string, fn func()) bool {
 	defer func() {
 		f.mu.Lock()
 		delete(f.m, key)
+		cur.end()
 		f.mu.Unlock()
-		close(cur.done)
 	}()
 	fn()
 	return true
@@ -106,7 +112,7 @@ func (f *flights) start(key string, exclusive bool) *flight {
 	if f.m == nil {
 		f.m = make(map[string]*flight)
 	}
-	cur := &flight{done: make(chan struct{}), exclusive: exclusive}
+	cur := &flight{exclusive: exclusive}
 	f.m[key] = cur
 	return cur
 }
@@ -130,4 +136,20 @@ func waitEnded(key string, err error) error {
 		reason = StopDeadline
 	}
 	return &RetryError{Key: key, Reason: reason, Err: err}
+}
+
+// wait returns the channel closed when the flight ends; flights.mu is held.
+func (cur *flight) wait() <-chan struct{} {
+	if cur.done == nil {
+		cur.done = make(chan struct{})
+	}
+	return cur.done
+}
+
+// end wakes the flight's waiters, if any; flights.mu is held, and the
+// flight has left flights.m, so no waiter comes after.
+func (cur *flight) end() {
+	if cur.done != nil {
+		close(cur.done)
+	}
 }

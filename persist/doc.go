@@ -2,9 +2,14 @@
 Package persist stores idem's intents on the device, so that an intent's
 Idempotency-Key and exact request bytes outlive crashes and restarts.
 
-The client saves a [Record] before the first attempt is sent and again when
-the outcome is known; a [Store] makes each Save durable before it returns.
-An intent thus costs two durable writes end to end: created, resolved.
+The client saves a [Record] before the first attempt is sent, durably: a
+[Store] makes each Save durable before it returns. It saves it again when
+the outcome is known, through [SaveDeferred]: a store that implements
+[DeferredSaver], as [FileStore] does, writes it at once and makes it durable
+in the background, so that a successful intent costs one durable write on
+the path the user waits on. A power loss in the moments before that sync
+leaves the intent unresolved, and resuming it with its key gets the
+server's replay of the same answer (see "The outcome's save" below).
 
 Two stores are provided. [FileStore], opened with [OpenDir], is the default
 for mobile and command-line clients. [Memory] is for tests, and for apps that
@@ -41,7 +46,16 @@ removed, so a crash leaves one or both files, never neither, and when both
 are left the resolved one is the record. A Save alone costs two fsyncs in
 every case but two, which idem's client never takes: a record going back from
 resolved to unresolved, or changing its Name, costs three, as the removal
-of the old file must be durable before Save returns. When OpenDir creates
+of the old file must be durable before Save returns.
+
+[FileStore.SaveDeferred] takes the first two steps, and the sync of the new
+file in step 1, before it returns; the directory sync, and the removal of
+the old file after it, run in the background, and Close waits for them. It
+does so only when the new file has a new name and wins over the old one
+(a record becoming resolved): until the sync, a power loss leaves the new
+file, whole, or the old one, never neither and never a damaged file. A
+record saved for the first time, or whose file keeps its name, is saved as
+by Save. When OpenDir creates
 the directory it syncs its parent, so the directory outlives a power cut
 too.
 
@@ -56,7 +70,37 @@ times at random points, OpenDir included, and checks that every record
 whose Save returned is there, intact, and that no half-written or older
 version is ever read. Its mutants (the directory not synced after a
 rename, a record file not synced before it, a new directory's parent not
-synced) must make it fail, and do.
+synced) must make it fail, and do. Its runs mix in SaveDeferred: a key
+may then hold, after a cut, the version a deferred save replaced, until the
+background sync is known done, and never anything else.
+
+# The outcome's save
+
+Why may the save of an intent's outcome wait for its sync, when the save
+before the first attempt may not? Because what a lost outcome costs is a
+resend with the same key, which the server answers with its stored record:
+the same status, headers and body (Idempotent-Replayed: true), no second
+charge. A lost creation costs the key itself, and with it the only way to
+ask the server what became of the payment. And the outcome is lost only to
+a power loss (or a kernel crash) in the moments between Do returning and
+the background sync: the kill of the process, the common crash on a phone,
+leaves it written, as TestProcessCrashes in the root package checks after
+every SIGKILL.
+
+After such a power loss the app finds the intent unresolved, and what it
+showed the user stays true: Unresolved lists it, and Do gets the same
+answer again, the payment's id included. Only the stored Attempts and the
+Replayed flag differ. The resend must reach the server while it still
+holds the key: the client sends a key until its retention less a safety
+margin (23 of 24 hours by default), after which the server's sweep may
+delete it. An intent not resumed by then is expired, and only Reconcile,
+a lookup by key, settles it. That is the one case where the deferred sync
+matters: a device that loses power within moments of a payment and is not
+opened again for a day, against a server whose lookup forgets payments
+with their keys (the fake server's does not). Then Reconcile finds
+nothing and marks the intent void, though it was paid. An app that cannot
+accept that even so rare a case should save outcomes through Save, not
+SaveDeferred, at one more durable write per payment.
 
 # File layout
 

@@ -1,6 +1,10 @@
 package persist
 
-import "github.com/idemkit/idem/persist/internal/fsys"
+import (
+	"time"
+
+	"github.com/idemkit/idem/persist/internal/fsys"
+)
 
 // Exported for the tests in package persist_test.
 
@@ -18,4 +22,18 @@ func (s *FileStore) Syncs() int64 { return s.syncs.Load() }
 // OpenDirFS opens the store in dir, an absolute path, on the file system f.
 func OpenDirFS(f fsys.FS, dir string, opts *Options) (*FileStore, error) {
 	return openDir(f, dir, opts)
+}
+
+// WaitDeferred waits until no directory sync of SaveDeferred runs, and
+// reports whether none is left to do.
+func (s *FileStore) WaitDeferred() bool {
+	for {
+		s.mu.Lock()
+		flushing, left := s.flushing, len(s.deferred)
+		s.mu.Unlock()
+		if !flushing {
+			return left == 0
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }

@@ -44,6 +44,12 @@ type FileStore struct {
 	closed   bool
 	entries  map[string]*entry // by stem of the key; stray files by "?" + name
 	inflight sync.WaitGroup    // methods that write, waited for by Close
+	// deferred are the saves of SaveDeferred whose directory sync is to
+	// come; flushing is set while a flush runs; flushErr is why the last
+	// one failed.
+	deferred []deferredSave
+	flushing bool
+	flushErr error
 }
 
 // entry is what the store knows of one intent's files: the record, or why it
@@ -288,6 +294,22 @@ func (s *FileStore) begin(ctx context.Context) error {
 // Save refuses to replace a record that cannot be read (see CorruptError):
 // Delete or Quarantine it first.
 func (s *FileStore) Save(ctx context.Context, rec *Record) error {
+	return s.save(ctx, rec, false)
+}
+
+// SaveDeferred implements DeferredSaver. When rec's file gets a new name
+// (the record becomes resolved, say) and the new file would win over the
+// old ones at OpenDir, it writes and syncs the new file and renames it in,
+// as Save does, but returns before the directory is synced: the sync, and
+// the removal of the old file after it, happen in the background, and
+// Close waits for them. Until then a power loss may undo the rename, and
+// the key holds its previous version, whole; the new file is never seen
+// damaged, as it is synced before the rename. Otherwise it is Save.
+func (s *FileStore) SaveDeferred(ctx context.Context, rec *Record) error {
+	return s.save(ctx, rec, true)
+}
+
+func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error {
 	r, err := prepare(rec, s.opts)
 	if err != nil {
 		return err
@@ -354,6 +376,20 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 		return nil
 	}
 
+	if deferred && !slices.ContainsFunc(stale, func(fl file) bool { return winsOver(fl, nf) }) {
+		// The old files stay, listed after the new one, until the
+		// directory is synced: a power loss before leaves the new file or
+		// the old ones, and the new one wins whenever it is there.
+		ne.files = append(ne.files, stale...)
+		s.deferred = append(s.deferred, deferredSave{id: id, e: ne})
+		if !s.flushing {
+			s.flushing = true
+			s.inflight.Add(1) // this save's own count keeps Close waiting
+			go s.flush()
+		}
+		return nil
+	}
+
 	// The record's file has another name than before: sync the new file
 	// in before the old ones go, so that a crash leaves one or both,
 	// never neither. All under the lock, so no other save of the key runs
@@ -381,6 +417,57 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 		}
 	}
 	return nil
+}
+
+// deferredSave is a save made by SaveDeferred whose directory sync is to
+// come: e is the entry it made for id.
+type deferredSave struct {
+	id string
+	e  *entry
+}
+
+// flush syncs the directory for the deferred saves, then removes the old
+// files of those whose entry is still the one they made (a later save or
+// delete of the key removed them itself), until none is left. It runs in
+// its own goroutine, counted in s.inflight. If the sync fails, the saves
+// stay deferred: the next SaveDeferred or Close tries again.
+func (s *FileStore) flush() {
+	defer s.inflight.Done()
+	for {
+		s.mu.Lock()
+		batch := s.deferred
+		s.deferred = nil
+		if len(batch) == 0 {
+			s.flushing = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		// Shared with the saves syncing the directory at the same time.
+		err := s.dirSync.sync(s.syncDir)
+		s.mu.Lock()
+		if err != nil {
+			s.deferred = append(batch, s.deferred...)
+			s.flushErr = err
+			s.flushing = false
+			s.mu.Unlock()
+			return
+		}
+		s.flushErr = nil
+		for _, d := range batch {
+			if s.entries[d.id] != d.e {
+				continue
+			}
+			kept := d.e.files[:1]
+			for _, fl := range d.e.files[1:] {
+				if err := s.fs.Remove(filepath.Join(s.dir, fl.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					kept = append(kept, fl) // removed at the key's next write
+				}
+			}
+			d.e.files = kept
+		}
+		s.mu.Unlock()
+	}
 }
 
 func syncFailed(key, path string, err error) error {
@@ -687,10 +774,22 @@ func (s *FileStore) Close() error {
 	s.mu.Unlock()
 	s.inflight.Wait()
 	s.mu.Lock()
+	var flushErr error
+	if len(s.deferred) > 0 {
+		// The last flush failed: one more try, and say so if it fails.
+		s.flushing = true
+		s.inflight.Add(1)
+		s.mu.Unlock()
+		s.flush()
+		s.mu.Lock()
+		if len(s.deferred) > 0 {
+			flushErr = fmt.Errorf("persist: %d intents saved in %s may not survive a power loss (directory sync failed): %w", len(s.deferred), s.dir, s.flushErr)
+		}
+	}
 	s.entries = nil
 	s.mu.Unlock()
 	if err := s.lock.Close(); err != nil {
-		return fmt.Errorf("persist: cannot release the lock on %s: %w", s.dir, err)
+		return errors.Join(flushErr, fmt.Errorf("persist: cannot release the lock on %s: %w", s.dir, err))
 	}
-	return nil
+	return flushErr
 }

@@ -40,10 +40,28 @@ func (m *Memory) Save(ctx context.Context, rec *Record) error {
 	if err != nil {
 		return err
 	}
+	m.put(r)
+	return nil
+}
+
+// saveShared is Save for SaveShared: it keeps rec's headers and bodies
+// rather than copying them.
+func (m *Memory) saveShared(ctx context.Context, rec *Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r, err := prepareShared(rec, m.opts)
+	if err != nil {
+		return err
+	}
+	m.put(r)
+	return nil
+}
+
+func (m *Memory) put(r *Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recs[r.Key] = r
-	return nil
 }
 
 // Get returns a copy of the record for key, or an error matching

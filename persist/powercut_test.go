@@ -165,8 +165,11 @@ type powerRun struct {
 	// may have left instead (nil: absent).
 	acked   map[string]*persist.Record
 	pending map[string][]*persist.Record
-	op      int
-	log     []string
+	// undone are the versions a SaveDeferred that returned replaced, which
+	// a power loss before its directory sync may bring back.
+	undone map[string][]*persist.Record
+	op     int
+	log    []string
 }
 
 func runPowerCuts(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) error {
@@ -183,6 +186,7 @@ func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (strin
 		norm:    persist.NewMemory(nil),
 		acked:   map[string]*persist.Record{},
 		pending: map[string][]*persist.Record{},
+		undone:  map[string][]*persist.Record{},
 	}
 	r.fsy = r.mem
 	if wrap != nil {
@@ -248,6 +252,10 @@ func (r *powerRun) epoch() error {
 		}
 		return fmt.Errorf("OpenDir with the power on: %w", err)
 	}
+	// The store's background work (the directory syncs of SaveDeferred)
+	// ends with the power, as a process does: Close, with the power off,
+	// waits for it.
+	defer s.Close()
 	for i := 0; !r.mem.Off(); i++ {
 		if i == 1000 {
 			return fmt.Errorf("the power cut never came")
@@ -264,12 +272,35 @@ func (r *powerRun) step(s *persist.FileStore) error {
 	ctx := context.Background()
 	key := powerKeys[r.rng.IntN(len(powerKeys))]
 	switch x := r.rng.IntN(20); {
-	case x < 16:
+	case x < 12:
 		rec, want := r.version(key)
 		r.pending[key] = append(r.pending[key], want)
 		err := s.Save(ctx, rec)
 		r.logf("save %.8s #%d %s %s: %v", key, rec.Attempts, rec.Name, rec.State, err)
 		return r.done(err, key)
+	case x < 16:
+		rec, want := r.version(key)
+		r.pending[key] = append(r.pending[key], want)
+		prev, undone := r.acked[key], r.undone[key]
+		err := s.SaveDeferred(ctx, rec)
+		r.logf("save deferred %.8s #%d %s %s: %v", key, rec.Attempts, rec.Name, rec.State, err)
+		if err := r.done(err, key); err != nil {
+			return err
+		}
+		if err == nil && prev != nil {
+			// Until the directory sync, a power loss may leave the
+			// version before, whole, or one that an earlier deferred
+			// save replaced.
+			r.undone[key] = append(undone, prev)
+		}
+		// The background sync runs alone, so that a seed replays the
+		// same run; the power may go during it, which is the window
+		// where the deferred save is not yet durable.
+		if err == nil && s.WaitDeferred() && !r.mem.Off() {
+			r.logf("deferred saves synced")
+			clear(r.undone)
+		}
+		return nil
 	case x < 19:
 		r.pending[key] = append(r.pending[key], nil)
 		err := s.Delete(ctx, key)
@@ -302,6 +333,7 @@ func (r *powerRun) done(err error, keys ...string) error {
 		return fmt.Errorf("an operation failed with the power on: %w", err)
 	}
 	for _, k := range keys {
+		delete(r.undone, k) // a durable write of the key; SaveDeferred adds back
 		p := r.pending[k]
 		if v := p[len(p)-1]; v != nil {
 			r.acked[k] = v
@@ -368,6 +400,9 @@ func (r *powerRun) verify() error {
 		for _, p := range r.pending[k] {
 			ok = ok || same(got, p)
 		}
+		for _, u := range r.undone[k] {
+			ok = ok || same(got, u)
+		}
 		if !ok {
 			return fmt.Errorf("key %.8s holds %s; the store said %s (or, cut short: %s)",
 				k, describe(got), describe(r.acked[k]), describeAll(r.pending[k]))
@@ -382,6 +417,7 @@ func (r *powerRun) verify() error {
 		return fmt.Errorf("records of unknown keys: %v", found)
 	}
 	clear(r.pending)
+	clear(r.undone)
 	return nil
 }
 

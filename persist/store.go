@@ -72,31 +72,97 @@ func prunable(r *Record, before time.Time) bool {
 	return r.State.Resolved() && t.Before(before)
 }
 
+// SaveShared saves rec in s as s.Save does, for a caller that never changes
+// rec, its headers, bodies or response after the call: a store that can
+// keep such a record without copying it (Memory) shares its headers and
+// bodies instead of copying them; any other store is given rec through
+// Save. Records handed out by Get and List are copies all the same.
+func SaveShared(ctx context.Context, s Store, rec *Record) error {
+	// Only a Memory itself: a type that embeds one and has its own Save
+	// gets rec through that Save.
+	if m, ok := s.(*Memory); ok {
+		return m.saveShared(ctx, rec)
+	}
+	return s.Save(ctx, rec)
+}
+
+// DeferredSaver is an optional interface of a Store that can save a
+// record so that it survives a crash of the process at once, and a power
+// loss only moments later, off the caller's path.
+type DeferredSaver interface {
+	// SaveDeferred saves rec as Save does, except that when it returns
+	// nil the record may not yet be safe from a power loss: it is read
+	// back, and survives the process being killed, at once; it becomes
+	// durable in the background, and Close waits for that. A power loss
+	// before then leaves the key holding its previous version, whole,
+	// never a damaged one. A store does this only where it can keep that
+	// promise, and saves durably otherwise.
+	SaveDeferred(ctx context.Context, rec *Record) error
+}
+
+// SaveDeferred saves rec in s through DeferredSaver if s implements it,
+// and as SaveShared does otherwise: rec must not be changed after the
+// call.
+func SaveDeferred(ctx context.Context, s Store, rec *Record) error {
+	if ds, ok := s.(DeferredSaver); ok {
+		return ds.SaveDeferred(ctx, rec)
+	}
+	return SaveShared(ctx, s, rec)
+}
+
 // prepare validates rec and returns the copy a store keeps: the format
 // version set, times in UTC, empty headers and bodies as nil, and the
 // response body dropped if opts say so. Both stores keep exactly this, so a
 // record reads back the same from either.
 func prepare(rec *Record, opts Options) (*Record, error) {
-	if rec == nil {
-		return nil, errors.New("persist: cannot save a nil record")
-	}
-	if err := rec.Validate(); err != nil {
+	if err := checkSave(rec); err != nil {
 		return nil, err
 	}
-	for _, t := range []time.Time{rec.CreatedAt, rec.UpdatedAt} {
+	return normalized(rec.Clone(), opts), nil
+}
+
+// checkSave reports why rec cannot be saved, or nil.
+func checkSave(rec *Record) error {
+	if rec == nil {
+		return errors.New("persist: cannot save a nil record")
+	}
+	if err := rec.Validate(); err != nil {
+		return err
+	}
+	for _, t := range [2]time.Time{rec.CreatedAt, rec.UpdatedAt} {
 		// Outside these years a time has no RFC 3339 form, so a file store
 		// could not write it; every store refuses it alike.
 		if y := t.Year(); !t.IsZero() && (y < 0 || y > 9999) {
-			return nil, fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
+			return fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
 		}
 	}
-	r := rec.Clone()
+	return nil
+}
+
+// prepareShared is prepare for a record whose headers and bodies the
+// caller never changes (SaveShared): the copy it returns shares them with
+// rec. normalize and opts only replace fields of the copy, never write
+// through them.
+func prepareShared(rec *Record, opts Options) (*Record, error) {
+	if err := checkSave(rec); err != nil {
+		return nil, err
+	}
+	r := *rec
+	if rec.Response != nil {
+		resp := *rec.Response
+		r.Response = &resp
+	}
+	return normalized(&r, opts), nil
+}
+
+// normalized sets r's format version, normalizes it and applies opts.
+func normalized(r *Record, opts Options) *Record {
 	r.Version = FormatVersion
 	normalize(r)
 	if opts.DiscardResponseBodies && r.Response != nil {
 		r.Response.Body = nil
 	}
-	return r, nil
+	return r
 }
 
 // normalize puts r in the one form that survives encoding unchanged.

@@ -22,7 +22,7 @@ func TestRunTiny(t *testing.T) {
 	rep, err := Run(context.Background(), cfg, nil)
 	require.NoError(t, err)
 
-	require.Len(t, rep.Clients.Results, 4)
+	require.Len(t, rep.Clients.Results, 5)
 	for _, r := range rep.Clients.Results {
 		assert.Positive(t, r.Requests, r.Name)
 		assert.Positive(t, r.P50, r.Name)
@@ -30,7 +30,8 @@ func TestRunTiny(t *testing.T) {
 	}
 	assert.Equal(t, 6, rep.Clients.Results[0].Requests)
 	assert.GreaterOrEqual(t, rep.Clients.FileIntents, int64(rep.Clients.Results[3].Requests), "warm-up intents are counted too")
-	assert.Equal(t, 2.0, rep.Clients.WritesPerIntent(), "a successful intent is saved when created and when resolved")
+	assert.Equal(t, 1.0, rep.Clients.WritesPerIntent(), "a successful intent is saved durably when created")
+	assert.Equal(t, 1.0, rep.Clients.DeferredPerIntent(), "and deferred when resolved")
 
 	require.Len(t, rep.Layer, 3)
 	require.Len(t, rep.LoopbackLayer, 3)

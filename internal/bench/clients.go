@@ -24,23 +24,31 @@ type ClientReport struct {
 	Results []Result
 	// Concurrency is the number of goroutines per batch.
 	Concurrency int
-	// FileSaves is how many Saves the idem(file) variant made, and
+	// FileSaves is how many Saves (durable before returning) the
+	// idem(file) variant made, FileDeferred how many SaveDeferreds, and
 	// FileIntents how many intents it brought to success.
-	FileSaves, FileIntents int64
+	FileSaves, FileDeferred, FileIntents int64
 }
 
 // WritesPerIntent is the file store's durable writes (Saves) per successful
 // intent.
-func (r *ClientReport) WritesPerIntent() float64 {
-	if r.FileIntents == 0 {
+func (r *ClientReport) WritesPerIntent() float64 { return perIntent(r.FileSaves, r.FileIntents) }
+
+// DeferredPerIntent is the file store's SaveDeferreds per successful
+// intent.
+func (r *ClientReport) DeferredPerIntent() float64 { return perIntent(r.FileDeferred, r.FileIntents) }
+
+func perIntent(n, intents int64) float64 {
+	if intents == 0 {
 		return 0
 	}
-	return float64(r.FileSaves) / float64(r.FileIntents)
+	return float64(n) / float64(intents)
 }
 
-// clientVariants returns the four ways of making one payment against url,
-// all through hc: plain net/http, go-retryablehttp, idem with the memory
-// store and idem with the file store in dir. The plain variants send a
+// clientVariants returns the ways of making one payment against url, all
+// through hc: plain net/http, go-retryablehttp, idem with the memory store,
+// idem with the file store in dir, and the same with the outcome's save
+// durable before Do returns. The plain variants send a
 // fresh Idempotency-Key themselves, so the server does the same work for
 // all four.
 func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant, error) {
@@ -75,6 +83,12 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 	if err != nil {
 		return nil, err
 	}
+	// The same store, without SaveDeferred: both saves durable before Do
+	// returns, as before the outcome's sync was deferred.
+	outcomeDurable, err := idem.New(idem.WithHTTPClient(hc), idem.WithStore(saveOnly{file.Store}))
+	if err != nil {
+		return nil, err
+	}
 	req := idem.Request{
 		Method: http.MethodPost, URL: url,
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody,
@@ -103,6 +117,7 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 		{name: "retryablehttp", do: retrying},
 		{name: "idem(memory)", do: withIdem(mem, nil)},
 		{name: "idem(file)", do: withIdem(durable, &file.intents), slow: 4},
+		{name: "idem(file), outcome durable", do: withIdem(outcomeDurable, nil), slow: 4},
 	}, nil
 }
 
@@ -123,15 +138,25 @@ func finish(resp *http.Response, err error) error {
 	return nil
 }
 
-// countingStore counts the Saves made through it: each is one durable
-// write of the underlying store.
+// saveOnly hides a store's SaveDeferred: every save goes through Save.
+type saveOnly struct{ persist.Store }
+
+// countingStore counts the Saves made through it, each one durable write
+// of the underlying store before it returns, and the SaveDeferreds, whose
+// directory sync runs in the background.
 type countingStore struct {
 	persist.Store
-	saves   atomic.Int64
-	intents atomic.Int64 // successful intents, counted by the variant
+	saves    atomic.Int64
+	deferred atomic.Int64
+	intents  atomic.Int64 // successful intents, counted by the variant
 }
 
 func (s *countingStore) Save(ctx context.Context, rec *persist.Record) error {
 	s.saves.Add(1)
 	return s.Store.Save(ctx, rec)
+}
+
+func (s *countingStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
+	s.deferred.Add(1)
+	return persist.SaveDeferred(ctx, s.Store, rec)
 }

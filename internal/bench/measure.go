@@ -41,29 +41,35 @@ type Result struct {
 
 // sample accumulates the measurements of one variant across batches.
 type sample struct {
-	lat     []time.Duration
-	wall    time.Duration
-	mallocs uint64
+	lat  []time.Duration
+	wall time.Duration
 }
 
-// interleave runs n requests of each variant in round-robin batches of
-// batch requests, with conc goroutines per batch, so that drift of the
-// machine (other processes, thermal, GC debt) hits every variant alike.
-// The order of the variants is shuffled every round, so that no variant
-// always follows the same one (a batch of fsyncs leaves the next batch
-// a colder CPU), and each batch starts with warmup unmeasured requests.
-// Memory statistics are read between batches, outside the timed region.
-// The first variant is the baseline of the ratios and sets the number of
-// rounds; it must not be slow.
+// interleave runs n requests of each variant in rounds: in each round,
+// every variant runs a batch of batch requests, with conc goroutines, in
+// an order shuffled every round, so that drift of the machine (other
+// processes, GC debt, the server's growing tables) hits every variant
+// alike and no variant always follows the same one. Each batch starts
+// with warmup unmeasured requests (for variants measured after a pause).
+// Nothing else runs in the timed region: allocations are counted in a
+// separate pass (allocsPer), since reading memory statistics stops the
+// world and slows the request after it. The first variant is the
+// baseline of the ratios and sets the number of rounds; it must not be
+// slow.
 func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) ([]Result, error) {
-	if batch < 1 {
-		batch = 1
+	batch = max(batch, 1)
+	out := make([]Result, len(vs))
+	for i, v := range vs {
+		a, err := allocsPer(ctx, v, allocRuns(v))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v.name, err)
+		}
+		out[i].Allocs = a
 	}
 	samples := make([]sample, len(vs))
 	for i := range samples {
 		samples[i].lat = make([]time.Duration, 0, n)
 	}
-	var ms runtime.MemStats
 	rng := rand.New(rand.NewPCG(1, 2)) // the same order on every run
 	order := make([]int, len(vs))
 	for i := range order {
@@ -78,19 +84,17 @@ func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) (
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		for _, k := range order {
 			s := &samples[k]
-			for range max(1, warmup/max(1, vs[k].slow)) {
-				if err := vs[k].do(ctx); err != nil {
-					return nil, fmt.Errorf("%s: %w", vs[k].name, err)
+			if warmup > 0 {
+				for range max(1, warmup/max(1, vs[k].slow)) {
+					if err := vs[k].do(ctx); err != nil {
+						return nil, fmt.Errorf("%s: %w", vs[k].name, err)
+					}
 				}
 			}
-			runtime.ReadMemStats(&ms)
-			before := ms.Mallocs
 			lat, wall, err := runBatch(ctx, vs[k].do, max(1, size/max(1, vs[k].slow)), conc)
-			runtime.ReadMemStats(&ms)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", vs[k].name, err)
 			}
-			s.mallocs += ms.Mallocs - before
 			s.wall += wall
 			s.lat = append(s.lat, lat...)
 			if vs[k].slow > 1 {
@@ -100,15 +104,13 @@ func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) (
 			}
 		}
 	}
-	out := make([]Result, len(vs))
 	for i, s := range samples {
-		r := Result{Name: vs[i].name, Requests: len(s.lat), Wall: s.wall}
+		r := &out[i]
+		r.Name, r.Requests, r.Wall = vs[i].name, len(s.lat), s.wall
 		r.P50, r.P99 = percentiles(s.lat)
 		if s.wall > 0 {
 			r.RPS = float64(len(s.lat)) / s.wall.Seconds()
 		}
-		r.Allocs = float64(s.mallocs) / float64(len(s.lat))
-		out[i] = r
 	}
 	for i := range out {
 		if out[0].P50 > 0 {
@@ -116,6 +118,26 @@ func interleave(ctx context.Context, vs []variant, n, batch, conc, warmup int) (
 		}
 	}
 	return out, nil
+}
+
+// allocRuns is how many requests allocsPer makes for v.
+func allocRuns(v variant) int { return max(10, 200/max(1, v.slow)) }
+
+// allocsPer returns the mean number of heap allocations of the whole
+// process per request of v, over runs sequential requests: the in-process
+// server's are included, and are the same for every variant that asks it
+// the same thing.
+func allocsPer(ctx context.Context, v variant, runs int) (float64, error) {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	before := ms.Mallocs
+	for range runs {
+		if err := v.do(ctx); err != nil {
+			return 0, err
+		}
+	}
+	runtime.ReadMemStats(&ms)
+	return float64(ms.Mallocs-before) / float64(runs), nil
 }
 
 // cooldown is the pause after a batch of a slow variant.
@@ -126,6 +148,20 @@ const cooldown = 20 * time.Millisecond
 func runBatch(ctx context.Context, do func(context.Context) error, size, conc int) ([]time.Duration, time.Duration, error) {
 	conc = max(1, min(conc, size))
 	lat := make([]time.Duration, size)
+	if conc == 1 {
+		// No goroutine to start and wait for: nothing but the requests
+		// between the clock readings.
+		start := time.Now()
+		for i := range lat {
+			t0 := time.Now()
+			err := do(ctx)
+			lat[i] = time.Since(t0)
+			if err != nil {
+				return lat[:i+1], time.Since(start), err
+			}
+		}
+		return lat, time.Since(start), nil
+	}
 	var next atomic.Int64
 	var firstErr error
 	var once sync.Once

@@ -1,0 +1,72 @@
+package idem_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
+)
+
+// deferringStore records which saves of which state went through Save
+// (durable before returning) and which through SaveDeferred.
+type deferringStore struct {
+	*persist.Memory
+	mu       sync.Mutex
+	durable  []persist.State
+	deferred []persist.State
+}
+
+func (s *deferringStore) Save(ctx context.Context, rec *persist.Record) error {
+	s.mu.Lock()
+	s.durable = append(s.durable, rec.State)
+	s.mu.Unlock()
+	return s.Memory.Save(ctx, rec)
+}
+
+func (s *deferringStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
+	s.mu.Lock()
+	s.deferred = append(s.deferred, rec.State)
+	s.mu.Unlock()
+	return s.Memory.Save(ctx, rec)
+}
+
+// TestDurableWritesPerIntent: the intent is saved durably before its first
+// attempt, and so is an unknown outcome; a final answer, which the server
+// replays to a resumed intent, goes through SaveDeferred, off the path the
+// user waits on.
+func TestDurableWritesPerIntent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	store := &deferringStore{Memory: persist.NewMemory(nil)}
+	e.store = store
+	c := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+
+	paid, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, paid)
+	require.NoError(t, err)
+	assert.Equal(t, []persist.State{persist.StateNew}, store.durable, "one durable write for a successful intent")
+	assert.Equal(t, []persist.State{persist.StateSucceeded}, store.deferred)
+
+	declined, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_declined"))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, declined)
+	require.Error(t, err)
+	assert.Equal(t, []persist.State{persist.StateSucceeded, persist.StateFailed}, store.deferred)
+
+	lost, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: lost.Key(), Count: 2})
+	_, err = c.Do(ctx, lost)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, []persist.State{persist.StateNew, persist.StateNew, persist.StateNew, persist.StatePending}, store.durable,
+		"an unknown outcome is saved durably")
+	assert.Len(t, store.deferred, 2)
+}

@@ -1,0 +1,135 @@
+package persist_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/internal/fsys"
+	"github.com/idemkit/idem/persist/persisttest"
+)
+
+// gatedFS holds every directory sync until release is closed, and counts
+// them.
+type gatedFS struct {
+	fsys.FS
+	release  chan struct{}
+	dirSyncs atomic.Int64
+	fail     atomic.Bool
+}
+
+func (g *gatedFS) SyncDir(dir string) error {
+	<-g.release
+	g.dirSyncs.Add(1)
+	if g.fail.Load() {
+		return errors.New("sync refused")
+	}
+	return g.FS.SyncDir(dir)
+}
+
+func names(t *testing.T, dir string) []string {
+	t.Helper()
+	des, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var out []string
+	for _, de := range des {
+		out = append(out, de.Name())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestSaveDeferredResolves: the save that resolves a record returns while
+// the directory sync is held, reads back at once, and leaves only the
+// resolved file once the sync is done (Close waits for it).
+func TestSaveDeferredResolves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, err := filepath.Abs(newDir(t))
+	require.NoError(t, err)
+	g := &gatedFS{FS: fsys.OS{}, release: make(chan struct{})}
+	close(g.release)
+	s, err := persist.OpenDirFS(g, dir, nil)
+	require.NoError(t, err)
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+	g.release = make(chan struct{}) // hold the syncs from now on
+
+	done := *r
+	done.State = persist.StateSucceeded
+	done.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
+	require.NoError(t, s.SaveDeferred(ctx, &done), "returns with the directory sync held")
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, got.State)
+	assert.Equal(t, []string{persist.ResolvedFileName("k", r.Name), persist.FileName("k", r.Name)}, names(t, dir),
+		"the unresolved file stays until the directory is synced")
+
+	close(g.release)
+	require.NoError(t, s.Close())
+	assert.Equal(t, []string{persist.ResolvedFileName("k", r.Name)}, names(t, dir))
+	s2 := openFile(t, dir, nil)
+	got, err = s2.Get(ctx, "k")
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, &done, got)
+}
+
+// TestSaveDeferredIsDurableOtherwise: a new record, or one whose file
+// keeps its name, is saved durably: SaveDeferred waits for its sync.
+func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, err := filepath.Abs(newDir(t))
+	require.NoError(t, err)
+	g := &gatedFS{FS: fsys.OS{}, release: make(chan struct{})}
+	close(g.release)
+	s, err := persist.OpenDirFS(g, dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+
+	before := g.dirSyncs.Load()
+	r := saveNamed(t, s, "k", "checkout:a", 0, true) // resolved from the start
+	again := *r
+	again.Attempts++
+	require.NoError(t, s.SaveDeferred(ctx, &again), "same file name")
+	fresh := *r
+	fresh.Key = "k2"
+	require.NoError(t, s.SaveDeferred(ctx, &fresh), "a new record")
+	assert.Equal(t, before+3, g.dirSyncs.Load(), "one directory sync each, before returning")
+}
+
+// TestSaveDeferredSyncFails: when the background sync fails, both files
+// stay (the resolved one wins at the next open), and Close tries again and
+// reports the failure.
+func TestSaveDeferredSyncFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, err := filepath.Abs(newDir(t))
+	require.NoError(t, err)
+	g := &gatedFS{FS: fsys.OS{}, release: make(chan struct{})}
+	close(g.release)
+	s, err := persist.OpenDirFS(g, dir, nil)
+	require.NoError(t, err)
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+
+	g.fail.Store(true)
+	done := *r
+	done.State = persist.StateFailed
+	done.Response = &persist.Response{StatusCode: 402}
+	require.NoError(t, s.SaveDeferred(ctx, &done))
+	require.True(t, s.WaitDeferred() == false, "the sync failed; the save is still to be synced")
+	assert.Len(t, names(t, dir), 2)
+	require.Error(t, s.Close(), "Close says the save may not survive a power loss")
+
+	s2 := openFile(t, dir, nil)
+	got, err := s2.Get(ctx, "k")
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, &done, got)
+}
