@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -36,7 +36,7 @@ type seenRequest struct {
 
 func newRedirectingServer(t *testing.T, routes map[string]func(w http.ResponseWriter, r *http.Request)) *redirectingServer {
 	t.Helper()
-	s := &redirectingServer{h: fakeserver.NewHandler(&fakeserver.Options{Clock: clocktest.New(epoch)})}
+	s := &redirectingServer{h: fakeserver.NewHandler(&fakeserver.Options{Clock: clock.NewManual(epoch)})}
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		s.mu.Lock()
@@ -75,7 +75,7 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 					_, _ = io.WriteString(w, "<html>Sign in</html>")
 				},
 			})
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)))
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -100,7 +100,7 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 
 func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	// The first attempt charges and its answer is lost; a login page in
 	// front of the server answers the second with a redirect.
@@ -131,7 +131,7 @@ func TestAReplayedRedirectIsFinal(t *testing.T) {
 			http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
 		},
 	})
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)))
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -174,7 +174,7 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 			srv := newRedirectingServer(t, map[string]func(http.ResponseWriter, *http.Request){
 				"POST /v1/payments": redirectTo(code, "/payments"),
 			})
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)), idem.WithQuotedKey())
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithQuotedKey())
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/v1/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -202,7 +202,7 @@ func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Cli
 	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch))}
+	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch))}
 	c, err := idem.New(append(base, opts...)...)
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
@@ -343,7 +343,7 @@ func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stop) })
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithClock(clk),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, NoJitter: true}))
 	require.NoError(t, err)
@@ -374,7 +374,7 @@ func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
 func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
 	t.Parallel()
 	tr := &idleRecorder{}
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clocktest.New(epoch)),
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})

@@ -11,6 +11,7 @@ import (
 	"github.com/dunglas/httpsfv"
 	"github.com/hashicorp/go-retryablehttp"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -50,7 +51,7 @@ type Client struct {
 	http      *http.Client
 	store     persist.Store
 	logger    *slog.Logger // nil: silent
-	clock     Clock
+	clock     clock.Clock
 	policy    RetryPolicy
 	retention time.Duration
 	margin    time.Duration
@@ -84,7 +85,7 @@ type Client struct {
 	created  map[string]time.Duration
 
 	// born is when the Client was made: on the clock's timeline, and on
-	// its Monotonic one when it has one.
+	// its clock.Monotonic one when it has one.
 	born     time.Time
 	bornMono time.Duration
 }
@@ -127,7 +128,7 @@ func New(opts ...Option) (*Client, error) {
 	c.lastSent = make(map[string]time.Duration)
 	c.created = make(map[string]time.Duration)
 	c.born = c.clock.Now()
-	if m, ok := c.clock.(Monotonic); ok {
+	if m, ok := c.clock.(clock.Monotonic); ok {
 		c.bornMono = m.Monotonic()
 	}
 	return c, nil

@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -30,7 +30,7 @@ var epoch = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 // that waits two seconds makes two seconds pass for the server's leases too.
 type env struct {
 	srv    *fakeserver.Server
-	clock  *clocktest.Clock
+	clock  *clock.Manual
 	store  persist.Store
 	client *idem.Client
 }
@@ -43,7 +43,7 @@ func newEnv(t testing.TB, opts ...idem.Option) *env {
 // newEnvAt is newEnv with the manual clock set to start.
 func newEnvAt(t testing.TB, start time.Time, opts ...idem.Option) *env {
 	t.Helper()
-	clk := clocktest.New(start)
+	clk := clock.NewManual(start)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	e := &env{srv: srv, clock: clk, store: persist.NewMemory(nil)}
 	e.client = e.newClient(t, opts...)
@@ -172,7 +172,7 @@ func TestDoubleTapSendsOneRequestAtATime(t *testing.T) {
 	for _, n := range []int{2, 50} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			t.Parallel()
-			clk := clocktest.New(epoch)
+			clk := clock.NewManual(epoch)
 			// The payment takes a while, so that every tap lands while the
 			// first is on the wire.
 			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
@@ -385,7 +385,7 @@ func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
 
 func TestKeyRejectedIsNotRetried(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, KeyFormat: fakeserver.KeyFormatUUID})
 	store := persist.NewMemory(nil)
 	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
@@ -497,7 +497,7 @@ func TestMaxAttemptsEndsTheCall(t *testing.T) {
 // blockingClock waits in Sleep until the context is done, and says when it
 // starts waiting: a wait that only a cancel can end.
 type blockingClock struct {
-	*clocktest.Clock
+	*clock.Manual
 	waiting chan time.Duration
 }
 
@@ -510,7 +510,7 @@ func (c blockingClock) Sleep(ctx context.Context, d time.Duration) error {
 func TestCancelDuringAWaitReturnsTheContextError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	clk := blockingClock{Clock: e.clock, waiting: make(chan time.Duration, 1)}
+	clk := blockingClock{Manual: e.clock, waiting: make(chan time.Duration, 1)}
 	c := e.newClient(t, idem.WithClock(clk))
 	in := e.newIntent(t, "checkout:cancel", 1500)
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "30"})
@@ -743,7 +743,7 @@ func TestQuotedKeyIsTheSameKey(t *testing.T) {
 func TestRestartOnTheFileStore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	dir := filepath.Join(t.TempDir(), "state") // OpenDir makes it 0700
 	open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -43,7 +43,7 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 				_, _ = io.WriteString(w, tc.body)
 			}))
 			t.Cleanup(srv.Close)
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)),
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
 				idem.WithKeyReusedAnswer(func(resp *idem.Response) bool {
 					return strings.Contains(string(resp.Body), "DUPLICATE_KEY")
 				}))

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -49,7 +49,7 @@ type rawKeyServer struct {
 	keys []string
 }
 
-func newRawKeyServer(t *testing.T, clk *clocktest.Clock) *rawKeyServer {
+func newRawKeyServer(t *testing.T, clk *clock.Manual) *rawKeyServer {
 	t.Helper()
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	k := &rawKeyServer{}
@@ -92,7 +92,7 @@ func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
 	for _, quotedFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("quoted first %v", quotedFirst), func(t *testing.T) {
 			t.Parallel()
-			clk := clocktest.New(epoch)
+			clk := clock.NewManual(epoch)
 			srv := newRawKeyServer(t, clk)
 			store := persist.NewMemory(nil)
 			client := func(quoted bool, hc *http.Client) *idem.Client {
@@ -133,7 +133,7 @@ func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
 
 func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := newRawKeyServer(t, clk)
 	store := persist.NewMemory(nil)
 	ctx := context.Background()
@@ -164,8 +164,8 @@ func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 
 func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	t.Parallel()
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clocktest.New(epoch)})
-	device := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
+	device := clock.NewManual(epoch)
 	hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
 	hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives
 	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))

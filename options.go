@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -24,17 +25,18 @@ func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } 
 // WithLogger logs retries and outcomes to l. The default is silence.
 func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
 
-// WithClock replaces the system clock, for tests of waiting. The clock
-// drives every wait and time limit of a call: the backoff between attempts,
-// Retry-After waits, RetryPolicy.MaxElapsed, the context's deadline (taken
-// as the time it leaves, from the clock's now) and the intent's age against
+// WithClock replaces the system clock, for tests of waiting: pass a
+// clock.Manual, and the same one to the fake server. The clock drives every
+// wait and time limit of a call: the backoff between attempts, Retry-After
+// waits, RetryPolicy.MaxElapsed, the context's deadline (taken as the time
+// it leaves, from the clock's now) and the intent's age against
 // WithRetention; it also stamps records (CreatedAt, UpdatedAt), from which
 // Reconcile counts its delay. Network I/O runs in real time: an attempt is
 // given what is left of the budget on the clock as a real-time limit (see
-// RetryPolicy.MaxElapsed). A clock that also implements Monotonic lets
-// tests set its wall time anywhere while idem measures elapsed time on its
-// monotonic reading, as it does with the system clock.
-func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
+// RetryPolicy.MaxElapsed). A clock that also implements clock.Monotonic
+// lets tests set its wall time anywhere while idem measures elapsed time on
+// its monotonic reading, as it does with the system clock.
+func WithClock(clk clock.Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // WithRetryPolicy sets when to retry and how long to wait.
 func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy = p } }

@@ -28,7 +28,7 @@ import (
 //     since only an earlier process can have sent it. An expired intent
 //     waits like any other: its last attempt may have left just before
 //     expiry. The wait is measured on the in-process timeline, which no
-//     setting of the wall clock moves (see Monotonic).
+//     setting of the wall clock moves (see clock.Monotonic).
 //   - 404 sooner than that: an attempt may still be on its way, so
 //     Reconcile returns an error matching ErrOutcomeUnknown that says how
 //     long to wait, and changes nothing. Try again later.

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -39,7 +39,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 
 	t.Run("first attempt never recorded, then a restart", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
 		disk := persist.NewMemory(nil)
@@ -78,7 +78,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 
 	t.Run("attempt just before expiry", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
 		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
@@ -108,7 +108,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 
 	t.Run("an attempt that arrives while the lookup is on its way", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
 		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
@@ -132,7 +132,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 
 	t.Run("never sent", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
 		require.NoError(t, err)
@@ -148,7 +148,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 // requests arrive before the answer reaches the client.
 type slowLookup struct {
 	base  http.RoundTripper
-	clock *clocktest.Clock
+	clock *clock.Manual
 	net   *heldNetwork
 	t     testing.TB
 }
@@ -222,7 +222,7 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})

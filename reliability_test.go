@@ -25,8 +25,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -129,7 +129,7 @@ type randomRun struct {
 	seed uint64
 	// clock is the true time, the server's; device is the device's wall
 	// clock over it, which jumps both ways.
-	clock   *clocktest.Clock
+	clock   *clock.Manual
 	device  *deviceClock
 	net     *network
 	srv     *fakeserver.Server
@@ -255,7 +255,7 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	require.Positive(t, nIntents)
 	require.Positive(t, workers)
 
-	run := &randomRun{t: t, seed: seed, clock: clocktest.New(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
+	run := &randomRun{t: t, seed: seed, clock: clock.NewManual(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
 	run.device = newDeviceClock(run.clock)
 	switch os.Getenv("IDEM_RANDOM_STORE") {
 	case "file":
@@ -1217,7 +1217,7 @@ func paymentID(t testing.TB, body []byte) string {
 // again under a new key; resuming it settles it with that one charge.
 func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(relEpoch)
+	clk := clock.NewManual(relEpoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
@@ -1258,7 +1258,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 // of charging under a new id.
 func TestTakeoverThatFailsKeepsTheProviderCharge(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(relEpoch)
+	clk := clock.NewManual(relEpoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Lease: 5 * time.Second})
 	tr := &http.Transport{DisableKeepAlives: true} // no transport-level retry
 	t.Cleanup(tr.CloseIdleConnections)

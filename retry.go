@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/idemkit/idem/clock"
 )
 
 // RetryPolicy says when to retry and how long to wait. A zero RetryPolicy
@@ -85,14 +87,7 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	return p
 }
 
-// Clock tells the time and waits. The zero Client uses the system clock;
-// tests inject a clock whose Sleep advances time at once.
-type Clock interface {
-	Now() time.Time
-	// Sleep waits for d, or until ctx is done and then returns ctx.Err().
-	Sleep(ctx context.Context, d time.Duration) error
-}
-
+// systemClock is the clock of a Client without WithClock.
 type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
@@ -261,7 +256,7 @@ type stop struct {
 // of that call, as backoff.ExponentialBackOff requires.
 type budget struct {
 	policy   RetryPolicy
-	clock    Clock
+	clock    clock.Clock
 	backoff  *backoff.ExponentialBackOff // nil until the first retry
 	start    time.Time
 	deadline time.Time // the context's, or zero
@@ -269,8 +264,8 @@ type budget struct {
 	attempts int
 }
 
-func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) budget {
-	b := budget{policy: p, clock: clock, start: clock.Now(), expiry: expiry}
+func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, expiry time.Time) budget {
+	b := budget{policy: p, clock: clk, start: clk.Now(), expiry: expiry}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock, while every
 		// other time of the budget is on the injected one. Put it on the

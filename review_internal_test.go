@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 )
 
 // waitForWaiters yields until n callers wait on the flight for key.
@@ -81,7 +81,7 @@ func TestReviewFlightWaitersGetTheirOwnCopy(t *testing.T) {
 // Two round trips for one intent share one flight, as two Do calls do.
 func TestReviewRoundTripperSharesTheFlight(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clk := clock.NewManual(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	arrived := make(chan struct{}, 4)
 	release := make(chan struct{})

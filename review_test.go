@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -28,7 +28,7 @@ type gatedServer struct {
 	h       *fakeserver.Handler
 	url     string
 	client  *http.Client
-	clock   *clocktest.Clock
+	clock   *clock.Manual
 	arrived chan string // the Idempotency-Key of each POST /payments
 	release chan struct{}
 	once    sync.Once
@@ -36,7 +36,7 @@ type gatedServer struct {
 
 func newGatedServer(t *testing.T) *gatedServer {
 	t.Helper()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	g := &gatedServer{
 		h:       fakeserver.NewHandler(&fakeserver.Options{Clock: clk}),
 		clock:   clk,
@@ -168,7 +168,7 @@ func TestReviewQuotedKeyIsQuotedOnTheWire(t *testing.T) {
 // A certificate the client does not trust is not retried: no retry fixes it.
 func TestReviewCertificateErrorIsNotRetried(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is the point
@@ -383,7 +383,7 @@ func TestReviewNoAttemptLeavesTheIntentNew(t *testing.T) {
 // key (contract section 8).
 func TestReviewRedirectToGETCarriesNoKey(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	var mu sync.Mutex
 	var getKeys []string

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -25,13 +25,13 @@ import (
 // while its Monotonic reading, like a real device's, keeps counting the
 // true time.
 type deviceClock struct {
-	true  *clocktest.Clock
+	true  *clock.Manual
 	start time.Time
 	mu    sync.Mutex
 	skew  time.Duration
 }
 
-func newDeviceClock(true *clocktest.Clock) *deviceClock {
+func newDeviceClock(true *clock.Manual) *deviceClock {
 	return &deviceClock{true: true, start: true.Now()}
 }
 
@@ -121,7 +121,7 @@ func lookupURL(srv *fakeserver.Server, key string) string {
 
 func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	t.Parallel()
-	truth := clocktest.New(epoch)
+	truth := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
 	net := &heldNetwork{base: srv.Client().Transport}
 	device := newDeviceClock(truth)
@@ -149,7 +149,7 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 
 func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	t.Parallel()
-	truth := clocktest.New(epoch)
+	truth := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
 	device := newDeviceClock(truth)
 	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -43,7 +43,7 @@ func (k *keyRecorder) seen(route string) []string {
 
 func TestRoundTripper(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	rec := &keyRecorder{next: h, keys: map[string][]string{}}
 	srv := httptest.NewServer(rec)
@@ -130,7 +130,7 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 		w.Write([]byte(strings.Repeat("x", 4096)))
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clocktest.New(epoch)), idem.WithMaxResponseBytes(1024))
+	c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1}`))
@@ -149,7 +149,7 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 // charges once.
 func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	rec := &keyRecorder{next: h, keys: map[string][]string{}}
 	srv := httptest.NewServer(rec)
@@ -185,7 +185,7 @@ func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
 func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	net := &heldNetwork{base: srv.Client().Transport}
 	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))

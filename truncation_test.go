@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/persist"
 )
@@ -94,7 +94,7 @@ func TestBrokenConnectionsBelowHTTP(t *testing.T) {
 }
 
 func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
-	clk := clocktest.New(relEpoch)
+	clk := clock.NewManual(relEpoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	var handler http.Handler = h
 	if chunk {

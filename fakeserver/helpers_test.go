@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -98,9 +98,9 @@ func freshClient(tb testing.TB) *http.Client {
 }
 
 // newServer starts a server with a manual clock.
-func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *clocktest.Clock) {
+func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *clock.Manual) {
 	tb.Helper()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	if opts == nil {
 		opts = &fakeserver.Options{}
 	}

@@ -334,7 +334,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if !charged {
 		var err error
 		ch, err = h.charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
-			CreatedAt: h.cfg.clock.Now().UTC()})
+			CreatedAt: h.cfg.now().UTC()})
 		if errors.Is(err, errDeclined) {
 			h.ledger.unreserve(id)
 			(&Problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
@@ -366,9 +366,9 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 // newPaymentID returns an id that sorts by the injected clock's time.
 func (h *Handler) newPaymentID() string {
 	if h.instance != "" {
-		return fmt.Sprintf("pay_%d_%d_%s", h.cfg.clock.Now().Unix(), h.seq.Add(1), h.instance)
+		return fmt.Sprintf("pay_%d_%d_%s", h.cfg.now().Unix(), h.seq.Add(1), h.instance)
 	}
-	return fmt.Sprintf("pay_%d_%d", h.cfg.clock.Now().Unix(), h.seq.Add(1))
+	return fmt.Sprintf("pay_%d_%d", h.cfg.now().Unix(), h.seq.Add(1))
 }
 
 func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) {
@@ -405,14 +405,14 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 			// charged. Until a resend with the key settles it, say so
 			// rather than 404, which a client would take as "never done".
 			id := idempotency.ID{Principal: principalOf(r), Key: key}
-			rec, ok, err := h.liveRecord(r.Context(), id, h.cfg.clock.Now())
+			rec, ok, err := h.liveRecord(r.Context(), id, h.cfg.now())
 			if err != nil {
 				internalError(w, err)
 				return
 			}
 			if ok && rec.Status == idempotency.StatusInProgress {
 				secs := int64(1)
-				if left := rec.LockedUntil.Sub(h.cfg.clock.Now()); left > time.Second {
+				if left := rec.LockedUntil.Sub(h.cfg.now()); left > time.Second {
 					secs = int64((left + time.Second - 1) / time.Second)
 				}
 				w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
