@@ -18,7 +18,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/persist"
 )
 
 // redirectingServer puts routes in front of the fake server's handler and
@@ -184,7 +183,7 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 			resp, err := c.Do(context.Background(), in)
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusCreated, resp.StatusCode)
-			assert.Equal(t, persist.StateSucceeded, in.State())
+			assert.Equal(t, idem.StateSucceeded, in.State())
 			seen := srv.requests()
 			require.Len(t, seen, 2)
 			for _, r := range seen {
@@ -289,7 +288,7 @@ func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
 	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
 	assert.Equal(t, 1, retryErr.Attempts)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 }
 
 // MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
@@ -320,7 +319,7 @@ func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
 	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
 	assert.Equal(t, 1, retryErr.Attempts)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 }
 
 // An attempt gets what is left of the budget on the Client's clock: after a

@@ -104,7 +104,7 @@ func TestDoPaysOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	in := e.newIntent(t, "checkout:1", 1500)
-	assert.Equal(t, persist.StateNew, in.State())
+	assert.Equal(t, idem.StateNew, in.State())
 
 	resp, err := e.client.Do(context.Background(), in)
 	require.NoError(t, err)
@@ -113,7 +113,7 @@ func TestDoPaysOnce(t *testing.T) {
 	assert.Equal(t, 1, resp.Attempts)
 	p := decodePayment(t, resp.Body)
 	assert.Equal(t, 1500, p.Amount)
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 
 	stats := e.srv.Stats()
 	assert.Equal(t, 1, stats.Payments)
@@ -220,9 +220,14 @@ func TestRestartResumesWithTheSameKey(t *testing.T) {
 	// The first process sends, the server charges, the answer is lost, and
 	// the process gives up (one attempt allowed): the outcome is unknown.
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key})
+	e.clock.Advance(3 * time.Minute)
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, "pending", in.State().String())
+	assert.Equal(t, 1, in.Attempts())
+	assert.Equal(t, epoch, in.CreatedAt())
+	assert.Equal(t, epoch.Add(3*time.Minute), in.UpdatedAt(), "the attempt moved the intent on")
 
 	// A new process: a new Client on the same store.
 	restarted := e.newClient(t)
@@ -330,7 +335,7 @@ func TestDeclineIsFinalAndStored(t *testing.T) {
 	require.NotNil(t, resp)
 	assert.Equal(t, http.StatusPaymentRequired, resp.StatusCode)
 	assert.Equal(t, 1, resp.Attempts, "a business outcome is never retried")
-	assert.Equal(t, persist.StateFailed, in.State())
+	assert.Equal(t, idem.StateFailed, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 
 	again, err := e.client.Do(context.Background(), in)
@@ -378,7 +383,7 @@ func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
 	var apiErr *idem.APIError
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	assert.Equal(t, persist.StateRejected, in.State())
+	assert.Equal(t, idem.StateRejected, in.State())
 	assert.Equal(t, before+1, e.srv.Stats().Requests, "one request on the wire")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
@@ -405,7 +410,7 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	_, err = c.Do(context.Background(), old)
 	require.ErrorIs(t, err, idem.ErrKeyRejected)
 	assert.NotErrorIs(t, err, idem.ErrKeyReused)
-	assert.Equal(t, persist.StateRejected, old.State())
+	assert.Equal(t, idem.StateRejected, old.State())
 	assert.Equal(t, 1, srv.Stats().Requests)
 }
 
@@ -441,7 +446,7 @@ func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
 			assert.ErrorIs(t, err, idem.ErrRetriesExhausted)
 			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 			assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
-			assert.Equal(t, persist.StatePending, in.State())
+			assert.Equal(t, idem.StatePending, in.State())
 		})
 		t.Run(name+"/Retry-After within the deadline is honoured", func(t *testing.T) {
 			t.Parallel()
@@ -544,7 +549,7 @@ func TestExpiredIntentSendsNothing(t *testing.T) {
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrIntentExpired)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Equal(t, persist.StateExpired, in.State())
+	assert.Equal(t, idem.StateExpired, in.State())
 	assert.Equal(t, 0, e.srv.Stats().Requests)
 
 	// Reconcile settles it: the server never saw the key, and the intent
@@ -552,7 +557,7 @@ func TestExpiredIntentSendsNothing(t *testing.T) {
 	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
 	require.NoError(t, err)
-	assert.Equal(t, persist.StateVoid, in.State())
+	assert.Equal(t, idem.StateVoid, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 }
 
@@ -568,7 +573,7 @@ func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
 	resp, err := e.client.Reconcile(context.Background(), in, lookup)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount)
 }
 
@@ -586,12 +591,12 @@ func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
 	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 
 	e.clock.Advance(idem.DefaultReconcileDelay)
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
 	require.NoError(t, err)
-	assert.Equal(t, persist.StateVoid, in.State())
+	assert.Equal(t, idem.StateVoid, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 }
 
@@ -608,7 +613,7 @@ func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
 	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
 	_, err = e.client.Reconcile(context.Background(), in, lookup)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 
 	// Resuming settles it: the server asks the provider and records the
 	// charge that was made.
@@ -781,7 +786,7 @@ func TestRestartOnTheFileStore(t *testing.T) {
 	// The same action after the restart finds the resolved intent.
 	same, err := next.Intent(ctx, "checkout:file", req)
 	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, same.State())
+	assert.Equal(t, idem.StateSucceeded, same.State())
 }
 
 func TestReconcileUnavailableIsUnknown(t *testing.T) {
@@ -801,7 +806,7 @@ func TestReconcileUnavailableIsUnknown(t *testing.T) {
 	var apiErr *idem.APIError
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, http.StatusServiceUnavailable, apiErr.StatusCode)
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 }
 
 func TestAStaleIntentValueReadsTheStore(t *testing.T) {
@@ -815,11 +820,11 @@ func TestAStaleIntentValueReadsTheStore(t *testing.T) {
 
 	// stale's copy of the record still says "new", but it was sent: it
 	// reads pending; the store says succeeded, and wins.
-	assert.Equal(t, persist.StatePending, stale.State())
+	assert.Equal(t, idem.StatePending, stale.State())
 	resp, err := e.client.Do(context.Background(), stale)
 	require.NoError(t, err)
 	assert.True(t, resp.FromStore)
-	assert.Equal(t, persist.StateSucceeded, stale.State())
+	assert.Equal(t, idem.StateSucceeded, stale.State())
 	assert.Equal(t, 1, e.srv.Stats().Requests)
 }
 
@@ -965,12 +970,12 @@ func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
 	require.ErrorIs(t, c.Forget(ctx, in), idem.ErrInFlight)
 	close(gate.release)
 	require.NoError(t, <-reconciled)
-	assert.Equal(t, persist.StateVoid, in.State())
+	assert.Equal(t, idem.StateVoid, in.State())
 
 	// Then the Do runs on its own and finds the intent settled: it sends
 	// nothing, so the void stays true.
 	require.Error(t, <-done)
-	assert.Equal(t, persist.StateVoid, in.State())
+	assert.Equal(t, idem.StateVoid, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 	assert.Equal(t, 0, e.srv.Stats().Executions)
 }
@@ -987,7 +992,7 @@ func TestAFinalAnswerThatArrivesAsTheCallIsCancelledIsKept(t *testing.T) {
 	resp, err := c.Do(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, persist.StateSucceeded, in.State(), "the answer in hand is recorded, not thrown away")
+	assert.Equal(t, idem.StateSucceeded, in.State(), "the answer in hand is recorded, not thrown away")
 	rec, err := e.store.Get(context.Background(), in.Key())
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, rec.State)

@@ -32,7 +32,7 @@ func TestDoOfAReplacedIntentReturnsErrIntentReplaced(t *testing.T) {
 	_, err = e.client.Do(ctx, old)
 	require.ErrorIs(t, err, idem.ErrIntentReplaced)
 	assert.Equal(t, 0, e.srv.Stats().Requests)
-	assert.Equal(t, persist.StateNew, old.State(), "provably never sent")
+	assert.Equal(t, idem.StateNew, old.State(), "provably never sent")
 }
 
 // storeDir is a file store in a fresh directory, and the directory.
@@ -82,7 +82,7 @@ func TestAnAnswerOverTheLimitResolvesTheIntentWithoutItsBody(t *testing.T) {
 	assert.True(t, resp.Oversized)
 	assert.Nil(t, resp.Body)
 	assert.Equal(t, "/payments/pay_1", resp.Header.Get("Location"))
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 
 	again, err := c.Do(ctx, in)
 	require.NoError(t, err)
@@ -116,7 +116,7 @@ func TestAnswerHeaderFieldsCountAgainstTheLimit(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.True(t, resp.Oversized)
 	assert.Equal(t, []string{"Content-Type"}, slices.Sorted(maps.Keys(resp.Header)), "only the stored fields")
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	n := storedBytes(t, dir)
 	t.Logf("stored for an answer of 10,000 header fields of 900 bytes: %d bytes", n)
 	assert.Less(t, n, int64(4096))

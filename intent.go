@@ -126,13 +126,22 @@ func (in *Intent) Name() string { return in.current().Name }
 // created it has not sent it (or Intent replaced it unsent). Otherwise,
 // after a restart for instance, it reads pending: the first attempt is not
 // recorded, so it may have reached the server before a crash.
-func (in *Intent) State() persist.State {
+func (in *Intent) State() State {
 	rec := in.current()
 	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
-		return persist.StatePending
+		return StatePending
 	}
-	return rec.State
+	return stateOf(rec.State)
 }
+
+// Attempts returns how many attempts have been put on the wire for the
+// intent, over all calls and restarts; the first attempt of a call that
+// got no answer before a crash may be missing.
+func (in *Intent) Attempts() int { return in.current().Attempts }
+
+// UpdatedAt returns when the intent last changed: created, attempted or
+// resolved. An app shows "pending for 3 minutes" from it.
+func (in *Intent) UpdatedAt() time.Time { return in.current().UpdatedAt }
 
 // CreatedAt returns when the intent was created: its age decides when it
 // may no longer be sent.

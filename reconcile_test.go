@@ -63,7 +63,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		stored, err := disk.Get(ctx, in.Key())
 		require.NoError(t, err)
 		require.Equal(t, persist.StateNew, stored.State, "the attempt was never recorded")
-		require.Equal(t, persist.StatePending, loaded.State(), "yet it may have been sent")
+		require.Equal(t, idem.StatePending, loaded.State(), "yet it may have been sent")
 		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the dead process's attempt may still be on its way")
 		assert.False(t, loaded.State().Resolved())
@@ -72,7 +72,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk.Advance(idem.DefaultReconcileDelay)
 		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
 		require.NoError(t, err)
-		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
+		assert.Equal(t, idem.StateSucceeded, loaded.State(), "found, not void")
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
@@ -102,7 +102,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk.Advance(idem.DefaultReconcileDelay)
 		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
 		require.NoError(t, err)
-		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, idem.StateSucceeded, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
@@ -126,7 +126,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk.Advance(idem.DefaultReconcileDelay - time.Second)
 		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
-		assert.NotEqual(t, persist.StateVoid, in.State())
+		assert.NotEqual(t, idem.StateVoid, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
@@ -140,7 +140,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err)
 		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
 		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
-		assert.Equal(t, persist.StateVoid, in.State())
+		assert.Equal(t, idem.StateVoid, in.State())
 	})
 }
 
@@ -179,7 +179,7 @@ func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
 	took := time.Since(start)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StateNew, in.State())
+	assert.Equal(t, idem.StateNew, in.State())
 }
 
 // A lookup's answer is stored like a final answer: only the header fields

@@ -778,10 +778,10 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 		}
 		run.reconciles.Add(1)
 		switch in.State() {
-		case persist.StateSucceeded:
+		case idem.StateSucceeded:
 			it.final = resp
 			return false, true
-		case persist.StateVoid:
+		case idem.StateVoid:
 			return true, true
 		}
 		run.t.Errorf("intent %d: reconciled to %s", it.i, in.State())
@@ -1094,22 +1094,22 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			require.NoError(t, err, "reconcile intent %d", it.i)
 			state = in.State()
 			switch state {
-			case persist.StateSucceeded:
+			case idem.StateSucceeded:
 				reconciledPaid++
 				assert.False(t, it.declined, "intent %d: a declined card reconciled as paid", it.i)
 				it.final = resp
-			case persist.StateVoid:
+			case idem.StateVoid:
 				reconciledVoid++
-			case persist.StateFailed:
+			case idem.StateFailed:
 				assert.True(t, it.declined, "intent %d: resumed to a failure", it.i)
 				it.final = resp
 			default:
 				t.Errorf("intent %d: reconciled to %s", it.i, state)
 			}
 		}
-		a := run.askServer(hc, it, state == persist.StateSucceeded || state == persist.StateFailed)
+		a := run.askServer(hc, it, state == idem.StateSucceeded || state == idem.StateFailed)
 		switch state {
-		case persist.StateSucceeded:
+		case idem.StateSucceeded:
 			succeeded++
 			require.NotNil(t, in.Response(), "intent %d", it.i)
 			assert.False(t, it.declined, "intent %d: a declined card succeeded", it.i)
@@ -1125,7 +1125,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 				}
 				assert.Equal(t, paymentID(t, a.lookupBody), paymentID(t, it.final.Body), "intent %d", it.i)
 			}
-		case persist.StateFailed:
+		case idem.StateFailed:
 			declined++
 			assert.True(t, it.declined, "intent %d failed: %d %s", it.i, in.Response().StatusCode, in.Response().Body)
 			assert.Equal(t, http.StatusPaymentRequired, in.Response().StatusCode, "intent %d", it.i)
@@ -1135,7 +1135,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			if it.final != nil {
 				assert.Equal(t, string(a.replayBody), string(it.final.Body), "intent %d", it.i)
 			}
-		case persist.StateVoid:
+		case idem.StateVoid:
 			void++
 			assert.Equal(t, http.StatusNotFound, a.lookupStatus, "intent %d: void but the server has payment %s", it.i, a.lookupBody)
 		default:
@@ -1235,7 +1235,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	clk.Advance(idem.DefaultReconcileDelay + time.Minute) // past the lease and the reconcile delay
 	_, err = c.Reconcile(ctx, in, srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
 	if err == nil {
-		require.NotEqual(t, persist.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
+		require.NotEqual(t, idem.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
 	} else {
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "unsettled, not void")
 		assert.False(t, in.State().Resolved())
@@ -1245,7 +1245,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	}
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	stats := srv.Stats()
 	assert.Equal(t, 1, stats.Payments)
 	assert.Equal(t, 1, stats.ProviderCharges, "one user action, one charge")

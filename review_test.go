@@ -139,7 +139,7 @@ func TestReviewAnIntentOnTheWireIsNotReplaced(t *testing.T) {
 	g.open()
 	require.NoError(t, <-done)
 	assert.Equal(t, 1, g.h.Stats().ProviderCharges)
-	assert.Equal(t, persist.StateSucceeded, a.State())
+	assert.Equal(t, idem.StateSucceeded, a.State())
 }
 
 // WithQuotedKey puts the key on the wire as an sf-string.
@@ -220,7 +220,7 @@ func TestReviewNoAttemptAfterExpiry(t *testing.T) {
 	assert.ErrorIs(t, err, idem.ErrIntentExpired)
 	assert.Equal(t, 1, e.srv.Stats().Requests)
 	assert.Empty(t, e.clock.Sleeps())
-	assert.Equal(t, persist.StateExpired, in.State())
+	assert.Equal(t, idem.StateExpired, in.State())
 	rec, err := e.store.Get(context.Background(), in.Key())
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateExpired, rec.State)
@@ -375,7 +375,7 @@ func TestReviewNoAttemptLeavesTheIntentNew(t *testing.T) {
 	cancel()
 	_, err := e.client.Do(ctx, in)
 	require.ErrorIs(t, err, context.Canceled)
-	assert.Equal(t, persist.StateNew, in.State())
+	assert.Equal(t, idem.StateNew, in.State())
 	assert.Equal(t, 0, e.srv.Stats().Requests)
 }
 

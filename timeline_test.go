@@ -17,7 +17,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/persist"
 )
 
 // deviceClock is a device's wall clock over the true time of a manual
@@ -137,13 +136,13 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
 	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
-	assert.NotEqual(t, persist.StateVoid, in.State())
+	assert.NotEqual(t, idem.StateVoid, in.State())
 
 	net.deliver(t) // it arrives: the server charges
 	truth.Advance(idem.DefaultReconcileDelay)
 	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
 	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	assert.Equal(t, 1, srv.Stats().Payments)
 }
 

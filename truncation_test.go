@@ -132,7 +132,7 @@ func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
 	resp, err := c.Do(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	require.Equal(t, faultproxy.Stats{Conns: 2, Cut: 1}, proxy.Stats(), "one cut connection, one whole")
 
 	attempts := log.all()

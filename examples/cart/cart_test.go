@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/persist"
 )
 
 func TestRun(t *testing.T) {
@@ -35,7 +34,7 @@ func pendingIntent(t *testing.T, srv *fakeserver.Server, kind fakeserver.FaultKi
 	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: kind, Key: in.Key()}))
 	_, err = client.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.Equal(t, persist.StatePending, in.State())
+	require.Equal(t, idem.StatePending, in.State())
 	return client, in
 }
 
@@ -48,7 +47,7 @@ func TestSettleFindsThePayment(t *testing.T) {
 	resp, err := settle(context.Background(), client, in, srv.URL)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the lookup's answer")
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	st := srv.Stats()
 	assert.Equal(t, 1, st.Executions, "no POST was sent again")
 	assert.Equal(t, 1, st.ProviderCharges)
@@ -65,6 +64,6 @@ func TestSettleResumes(t *testing.T) {
 	resp, err := settle(context.Background(), client, in, srv.URL)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode, "the resumed payment's answer")
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	assert.Equal(t, 1, srv.Stats().ProviderCharges)
 }
