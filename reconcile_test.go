@@ -1,11 +1,14 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,4 +243,195 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	if resp != nil {
 		assert.Equal(t, http.StatusFound, resp.StatusCode, "the redirect itself is the answer")
 	}
+}
+
+func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:reconcile", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	resp, err := e.client.Reconcile(context.Background(), in, lookup)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount)
+}
+
+func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:early", 1500)
+	// The connection breaks before the server reads the request: the
+	// server has no record, yet from the client's side the attempt may
+	// still be on its way.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
+	assert.Equal(t, idem.StatePending, in.State())
+
+	e.clock.Advance(idem.DefaultReconcileDelay)
+	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+}
+
+func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:dead", 1500)
+	// The worker dies after the provider charged: no payment row yet.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(idem.DefaultReconcileDelay)
+
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
+	assert.Equal(t, idem.StatePending, in.State())
+
+	// Resuming settles it: the server asks the provider and records the
+	// charge that was made.
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+func TestReconcileUnavailableIsUnknown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:busy", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(idem.DefaultReconcileDelay)
+
+	// A proxy in front of the server cannot answer now: not settled.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "1"})
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, http.StatusServiceUnavailable, apiErr.StatusCode)
+	assert.Equal(t, idem.StatePending, in.State())
+}
+
+// gateStore holds the first Get after arm until release, so a test can
+// start a second call while the first is inside the store.
+type gateStore struct {
+	persist.Store
+	armed   chan struct{} // closed by the held Get once it is waiting
+	release chan struct{}
+	once    sync.Once
+	on      bool
+	mu      sync.Mutex
+}
+
+func (g *gateStore) Get(ctx context.Context, key string) (*persist.Record, error) {
+	g.mu.Lock()
+	hold := g.on
+	g.on = false
+	g.mu.Unlock()
+	if hold {
+		g.once.Do(func() { close(g.armed) })
+		<-g.release
+	}
+	return g.Store.Get(ctx, key)
+}
+
+func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	gate := &gateStore{Store: e.store, armed: make(chan struct{}), release: make(chan struct{})}
+	c := e.newClient(t, idem.WithStore(gate), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in, err := c.NewIntent(ctx, "checkout:hold", e.paymentRequest(t, 1500, "cus_1"))
+	require.NoError(t, err)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(idem.DefaultReconcileDelay)
+
+	gate.mu.Lock()
+	gate.on = true
+	gate.mu.Unlock()
+	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
+	reconciled := make(chan error, 1)
+	go func() {
+		_, err := c.Reconcile(ctx, in, lookup)
+		reconciled <- err
+	}()
+	<-gate.armed // Reconcile is inside the store, holding the intent
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, in)
+		done <- err
+	}()
+	// The Do cannot finish while Reconcile holds the key; Forget is refused.
+	require.ErrorIs(t, c.Forget(ctx, in), idem.ErrInFlight)
+	close(gate.release)
+	require.NoError(t, <-reconciled)
+	assert.Equal(t, idem.StateVoid, in.State())
+
+	// Then the Do runs on its own and finds the intent settled: it sends
+	// nothing, so the void stays true.
+	require.Error(t, <-done)
+	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+	assert.Equal(t, 0, e.srv.Stats().Executions)
+}
+
+// A payment found by Reconcile is the intent's stored answer from then on,
+// and the caller's copy is its own.
+func TestReconciledAnswerIsStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:found", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	resp, err := e.client.Reconcile(ctx, in, e.srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
+	require.NoError(t, err)
+	want := bytes.Clone(resp.Body)
+	resp.Body[0] = 'X'
+	resp.Header.Set("Content-Type", "text/plain")
+
+	require.NotNil(t, in.Response())
+	assert.Equal(t, want, in.Response().Body)
+	again, err := e.client.Do(ctx, in)
+	require.NoError(t, err)
+	assert.True(t, again.FromStore)
+	assert.Equal(t, want, again.Body)
+	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
+}
+
+func TestReconcileSavesAfterACancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:reconcile-cancel", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
+	_, err = c.Reconcile(ctx, in, e.srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
+	require.NoError(t, err)
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, rec.State)
 }
