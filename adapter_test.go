@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -206,7 +205,7 @@ func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Cli
 	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch))}
+	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithLookup(contractLookup)}
 	c, err := idem.New(append(base, opts...)...)
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
@@ -253,7 +252,7 @@ func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, s
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stop) })                     // runs first: no handler stays blocked
 	hc := &http.Client{Transport: srv.Client().Transport} // no Timeout, like http.DefaultClient
-	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
+	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
@@ -541,7 +540,7 @@ func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
 	assert.Equal(t, cut.Point != faultproxy.InRequest, resp.Replayed)
 
 	// What the client reports is the payment the server stored for the key.
-	lookup, err := srv.Client().Get(srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key()))
+	lookup, err := srv.Client().Get(lookupOf(srv.URL+"/payments", in.Key()))
 	require.NoError(t, err)
 	defer lookup.Body.Close()
 	body, err := io.ReadAll(lookup.Body)

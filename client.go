@@ -59,6 +59,7 @@ type Client struct {
 	maxBody   int64 // bytes read of one answer, header fields included
 	quoted    bool
 	onAttempt func(Attempt)
+	lookup    func(Request, string) string // nil: none configured
 	// isKeyReused recognises the app's own server's key reuse answers.
 	isKeyReused func(*Response) bool
 	retry       *retryablehttp.Client // sends through http

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +20,16 @@ import (
 )
 
 var epoch = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+
+// contractLookup is the contract's lookup by key,
+// GET /payments?idempotency_key=K, the one way the tests ask the server
+// about a key, given to their clients with idem.WithLookup.
+var contractLookup = idem.LookupQuery("idempotency_key")
+
+// lookupOf is the lookup of key for an intent that POSTs to rawURL.
+func lookupOf(rawURL, key string) string {
+	return contractLookup(idem.Request{URL: rawURL}, key)
+}
 
 // env is one fake server and one client that share a manual clock: a client
 // that waits two seconds makes two seconds pass for the server's leases too.
@@ -54,6 +63,7 @@ func (e *env) newClient(t testing.TB, opts ...idem.Option) *idem.Client {
 		idem.WithHTTPClient(e.srv.Client()),
 		idem.WithStore(e.store),
 		idem.WithClock(e.clock),
+		idem.WithLookup(contractLookup),
 	}
 	c, err := idem.New(append(base, opts...)...)
 	require.NoError(t, err)
@@ -98,7 +108,7 @@ func decodePayment(t testing.TB, body []byte) payment {
 
 func (e *env) lookup(t testing.TB, key string) payment {
 	t.Helper()
-	resp, err := e.srv.Client().Get(e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(key))
+	resp, err := e.srv.Client().Get(lookupOf(e.srv.URL+"/payments", key))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -192,7 +202,7 @@ func (g *gatedServer) open() { g.once.Do(func() { close(g.release) }) }
 
 func (g *gatedServer) newClient(t *testing.T, opts ...idem.Option) *idem.Client {
 	t.Helper()
-	c, err := idem.New(append([]idem.Option{idem.WithHTTPClient(g.client), idem.WithClock(g.clock)}, opts...)...)
+	c, err := idem.New(append([]idem.Option{idem.WithHTTPClient(g.client), idem.WithClock(g.clock), idem.WithLookup(contractLookup)}, opts...)...)
 	require.NoError(t, err)
 	return c
 }

@@ -97,8 +97,9 @@ func (r Request) fingerprint() string {
 
 // Intent is one thing the user means to do, such as paying for this cart.
 // It holds one Idempotency-Key for its whole life and the exact request to
-// send with it. Get one from Client.Intent, Client.NewIntent, Client.Load or
-// Client.Unresolved, and send it with Client.Do.
+// send with it. Client.Send makes and sends one in one call; get one from
+// Client.Intent, Client.NewIntent, Client.Load or Client.Unresolved, and
+// send it with Client.Settle or Client.Do.
 //
 // An Intent is safe for concurrent use. Its accessors report the state as
 // of the last change made through this process.
@@ -225,8 +226,9 @@ func latestOf(recs []*persist.Record) *persist.Record {
 	return latest
 }
 
-// Intent returns the intent for the action name with request req: the one
-// obvious call when the Pay button is shown.
+// Intent returns the intent for the action name with request req, the first
+// half of Send: call it directly to show the key, or to hold the intent
+// between showing the Pay button and sending it with Do.
 //
 //   - No intent for name yet: a new one is created and saved.
 //   - The latest intent for name holds the same request: it is returned, in
@@ -332,8 +334,8 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 }
 
 // Unresolved returns the intents whose outcome is not known yet, oldest
-// first: after a restart, Do each of them to resume it with its own key.
-// Expired intents are included; Do reports them and Reconcile settles them.
+// first, for a "pending" screen; SettleAll settles them all. Expired intents
+// are included.
 // If some stored intents cannot be read, the readable ones are returned
 // with an error that names each unreadable one: persist.CorruptErrors lists
 // them all, where errors.As finds only the first.
@@ -348,7 +350,7 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 
 // Forget deletes an intent from the device. It is the deliberate unsafe
 // path: if the intent reached the server, its effect stays (a payment stays
-// made) and nothing on the device remembers it. Prefer Do or Reconcile.
+// made) and nothing on the device remembers it. Prefer Settle.
 // It returns ErrInFlight while a Do or Reconcile for the intent runs.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	key := in.Key()

@@ -3,6 +3,7 @@ package idem
 import (
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"time"
 
@@ -50,6 +51,38 @@ func WithRetention(retention, margin time.Duration) Option {
 	return func(c *Client) { c.retention, c.margin = retention, margin }
 }
 
+// WithLookup tells the Client how to ask the server what became of a key
+// without sending the intent again: lookup returns the URL of a GET that
+// answers 2xx with the effect made under key, or 404 when there is none.
+// Reconcile and Settle use it; it is the one place an app builds that URL.
+// For servers that find an effect by a query parameter of the intent's own
+// URL, as the contract's GET /payments?idempotency_key=K does, pass
+// LookupQuery("idempotency_key"). Without a lookup, an intent too old to
+// send again cannot be settled.
+func WithLookup(lookup func(req Request, key string) string) Option {
+	return func(c *Client) { c.lookup = lookup }
+}
+
+// LookupQuery is the lookup of a server that finds the effect of a key at
+// the intent's own URL, with the key in the query parameter param. For an
+// intent that POSTs to https://api.example/payments,
+// LookupQuery("idempotency_key") asks
+// GET https://api.example/payments?idempotency_key=K.
+func LookupQuery(param string) func(req Request, key string) string {
+	return func(req Request, key string) string {
+		u, err := url.Parse(req.URL)
+		if err != nil {
+			// Intents hold validated absolute URLs.
+			return ""
+		}
+		q := u.Query()
+		q.Set(param, key)
+		u.RawQuery = q.Encode()
+		u.Fragment = ""
+		return u.String()
+	}
+}
+
 // WithReconcileDelay sets how long after an intent's last attempt a "not
 // found" from the lookup in Reconcile is trusted: the longest a request may
 // take from the device to the server's record (see DefaultReconcileDelay).
@@ -92,8 +125,9 @@ func keptHeaders(names []string) []string {
 func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
 
 // WithAttemptHook calls f after every attempt with its outcome and the wait
-// chosen before the next one. f runs on the goroutine of Do and must not
-// block.
+// chosen before the next one. f runs on the goroutine of the call and must
+// not block; calls made at once (SettleAll settles a few intents at a time)
+// call it from several goroutines at once.
 func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAttempt = f } }
 
 // WithKeyReusedAnswer tells idem how the app's own server says that a key

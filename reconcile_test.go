@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,7 +47,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		disk := persist.NewMemory(nil)
 		store := &dyingStore{Store: disk}
 		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
-		before, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		before, err := idem.New(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
 		require.NoError(t, err)
 		in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -59,7 +58,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		_, err = before.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-		after, err := idem.New(idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
+		after, err := idem.New(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
 		require.NoError(t, err)
 		loaded, err := after.Load(ctx, in.Key())
 		require.NoError(t, err)
@@ -67,13 +66,13 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, persist.StateNew, stored.State, "the attempt was never recorded")
 		require.Equal(t, idem.StatePending, loaded.State(), "yet it may have been sent")
-		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
+		_, err = after.Reconcile(ctx, loaded)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the dead process's attempt may still be on its way")
 		assert.False(t, loaded.State().Resolved())
 
 		net.deliver(t) // the held request arrives: the server charges
 		clk.Advance(idem.DefaultReconcileDelay)
-		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
+		_, err = after.Reconcile(ctx, loaded)
 		require.NoError(t, err)
 		assert.Equal(t, idem.StateSucceeded, loaded.State(), "found, not void")
 		assert.Equal(t, 1, srv.Stats().Payments)
@@ -84,7 +83,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
-		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -97,13 +96,13 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		_, err = c.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrIntentExpired)
 
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "expired, but its last attempt may still be on its way")
 		assert.False(t, in.State().Resolved())
 
 		net.deliver(t)
 		clk.Advance(idem.DefaultReconcileDelay)
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err)
 		assert.Equal(t, idem.StateSucceeded, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
@@ -115,7 +114,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
 		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
-		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -127,7 +126,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		// answers 404; then, while the answer travels back, the held
 		// attempt arrives, and the delay ends.
 		clk.Advance(idem.DefaultReconcileDelay - time.Second)
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
 		assert.NotEqual(t, idem.StateVoid, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
@@ -137,11 +136,11 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
-		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
+		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
 		assert.Equal(t, idem.StateVoid, in.State())
 	})
@@ -178,7 +177,7 @@ func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := c.Reconcile(ctx, in, in.Request().URL+"?idempotency_key="+in.Key())
+	_, err := c.Reconcile(ctx, in)
 	took := time.Since(start)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
@@ -198,7 +197,7 @@ func TestReconcileStoresOnlyTheNeededHeaderFields(t *testing.T) {
 	ctx := context.Background()
 	in, err := c.NewIntent(ctx, "", req)
 	require.NoError(t, err)
-	resp, err := c.Reconcile(ctx, in, req.URL+"?idempotency_key="+in.Key())
+	resp, err := c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, "session=secret-cookie", resp.Header.Get("Set-Cookie"), "the call's own Response has every field")
 	rec, err := store.Get(ctx, in.Key())
@@ -226,7 +225,7 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	clk := clock.NewManual(epoch)
-	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -236,7 +235,7 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	clk.Advance(idem.DefaultReconcileDelay)
 
-	resp, err := c.Reconcile(ctx, in, srv.URL+"/payments?idempotency_key="+in.Key())
+	resp, err := c.Reconcile(ctx, in)
 	require.Error(t, err)
 	assert.False(t, in.State().Resolved(), "a login page settles nothing")
 	assert.Nil(t, in.Response())
@@ -253,8 +252,7 @@ func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
-	resp, err := e.client.Reconcile(context.Background(), in, lookup)
+	resp, err := e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, idem.StateSucceeded, in.State())
@@ -272,13 +270,12 @@ func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
-	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
 	assert.Equal(t, idem.StatePending, in.State())
 
 	e.clock.Advance(idem.DefaultReconcileDelay)
-	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	_, err = e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateVoid, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
@@ -294,8 +291,7 @@ func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	e.clock.Advance(idem.DefaultReconcileDelay)
 
-	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
-	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
 	assert.Equal(t, idem.StatePending, in.State())
 
@@ -318,8 +314,7 @@ func TestReconcileUnavailableIsUnknown(t *testing.T) {
 
 	// A proxy in front of the server cannot answer now: not settled.
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "1"})
-	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
-	_, err = e.client.Reconcile(context.Background(), in, lookup)
+	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	var apiErr *idem.APIError
 	require.ErrorAs(t, err, &apiErr)
@@ -366,10 +361,9 @@ func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
 	gate.mu.Lock()
 	gate.on = true
 	gate.mu.Unlock()
-	lookup := e.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
 	reconciled := make(chan error, 1)
 	go func() {
-		_, err := c.Reconcile(ctx, in, lookup)
+		_, err := c.Reconcile(ctx, in)
 		reconciled <- err
 	}()
 	<-gate.armed // Reconcile is inside the store, holding the intent
@@ -403,7 +397,7 @@ func TestReconciledAnswerIsStored(t *testing.T) {
 	_, err := e.client.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	resp, err := e.client.Reconcile(ctx, in, e.srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
+	resp, err := e.client.Reconcile(ctx, in)
 	require.NoError(t, err)
 	want := bytes.Clone(resp.Body)
 	resp.Body[0] = 'X'
@@ -429,7 +423,7 @@ func TestReconcileSavesAfterACancel(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
 	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
-	_, err = c.Reconcile(ctx, in, e.srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	rec, err := e.store.Get(context.Background(), in.Key())
 	require.NoError(t, err)

@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -414,6 +413,7 @@ func (run *randomRun) restart(r *rand.Rand) error {
 		extra = append(extra, idem.WithQuotedKey())
 	}
 	c, err := idem.New(append(extra,
+		idem.WithLookup(contractLookup),
 		idem.WithHTTPClient(hc),
 		idem.WithStore(store),
 		idem.WithClock(run.device),
@@ -765,7 +765,7 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 	}
 	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*idem.DefaultReconcileDelay))))
 	for range 2 {
-		resp, err := g.client.Reconcile(g.ctx, in, run.srv.URL+"/payments?idempotency_key="+url.QueryEscape(it.key))
+		resp, err := g.client.Reconcile(g.ctx, in)
 		switch {
 		case g.killed(err):
 			return false, false
@@ -1026,7 +1026,7 @@ type serverAnswer struct {
 func (run *randomRun) askServer(hc *http.Client, it *rIntent, replay bool) serverAnswer {
 	t := run.t
 	var a serverAnswer
-	resp, err := hc.Get(run.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(it.key))
+	resp, err := hc.Get(lookupOf(run.srv.URL+"/payments", it.key))
 	require.NoError(t, err)
 	a.lookupBody, err = io.ReadAll(resp.Body)
 	require.NoError(t, err)
@@ -1080,7 +1080,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			if it.final != nil {
 				t.Errorf("intent %d: the app was given a final answer (%d) but the device did not keep it", it.i, it.final.StatusCode)
 			}
-			resp, err := g.client.Reconcile(ctx, in, run.srv.URL+"/payments?idempotency_key="+url.QueryEscape(it.key))
+			resp, err := g.client.Reconcile(ctx, in)
 			if errors.Is(err, idem.ErrOutcomeUnknown) {
 				// The server cannot settle it by lookup (its record is still
 				// IN_PROGRESS, a dead worker's): resuming with the same key
@@ -1219,7 +1219,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(relEpoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
@@ -1233,7 +1233,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	require.Equal(t, 1, srv.Stats().ProviderCharges, "the provider charged")
 
 	clk.Advance(idem.DefaultReconcileDelay + time.Minute) // past the lease and the reconcile delay
-	_, err = c.Reconcile(ctx, in, srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	if err == nil {
 		require.NotEqual(t, idem.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
 	} else {

@@ -87,6 +87,48 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	return p
 }
 
+type policyKey struct{}
+
+// ContextWithRetryPolicy returns a context under which calls of the Client
+// (Do, Send, Settle, SettleAll and requests through its RoundTripper) retry
+// under p rather than the Client's policy: a short budget for a tap in the
+// foreground and a long one for a settle in the background, from one
+// Client. Fields of p left zero keep the Client's values.
+func ContextWithRetryPolicy(ctx context.Context, p RetryPolicy) context.Context {
+	return context.WithValue(ctx, policyKey{}, p)
+}
+
+// policyFor returns the policy of a call made with ctx.
+func (c *Client) policyFor(ctx context.Context) RetryPolicy {
+	p, ok := ctx.Value(policyKey{}).(RetryPolicy)
+	if !ok {
+		return c.policy
+	}
+	base := c.policy // defaults filled in
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = base.MaxAttempts
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = base.MaxElapsed
+	}
+	if p.InitialInterval <= 0 {
+		p.InitialInterval = base.InitialInterval
+	}
+	if p.MaxInterval <= 0 {
+		p.MaxInterval = base.MaxInterval
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = base.Multiplier
+	}
+	if !p.NoJitter && (p.Jitter <= 0 || p.Jitter > 1) {
+		p.Jitter, p.NoJitter = base.Jitter, base.Jitter == 0
+	}
+	if p.MaxRetryAfter <= 0 {
+		p.MaxRetryAfter = base.MaxRetryAfter
+	}
+	return p.withDefaults()
+}
+
 // systemClock is the clock of a Client without WithClock.
 type systemClock struct{}
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -114,17 +113,13 @@ func (n *heldNetwork) deliver(t testing.TB) {
 	}
 }
 
-func lookupURL(srv *fakeserver.Server, key string) string {
-	return srv.URL + "/payments?idempotency_key=" + url.QueryEscape(key)
-}
-
 func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	t.Parallel()
 	truth := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
 	net := &heldNetwork{base: srv.Client().Transport}
 	device := newDeviceClock(truth)
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
@@ -134,13 +129,13 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
 	device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
-	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
 	assert.NotEqual(t, idem.StateVoid, in.State())
 
 	net.deliver(t) // it arrives: the server charges
 	truth.Advance(idem.DefaultReconcileDelay)
-	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, in.State())
 	assert.Equal(t, 1, srv.Stats().Payments)
@@ -151,7 +146,7 @@ func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	truth := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
 	device := newDeviceClock(truth)
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))

@@ -29,6 +29,36 @@ func IntentFromContext(ctx context.Context) (*Intent, bool) {
 	return in, ok && in != nil
 }
 
+// HTTPRequest returns the exact request of an intent, as Do puts it on the
+// wire: its method, URL, stored headers and body bytes, and its
+// Idempotency-Key spelled as every attempt of it spells it, with GetBody
+// set so that it may be sent more than once. It is for sending an intent
+// through an http.Client that idem does not manage. The answer it gets is
+// not recorded: the intent stays as it is until a Do, Settle or Reconcile
+// through the Client, which the server answers from its record of the key.
+// To have such a client's answers recorded, give it the Client's
+// RoundTripper and a context from ContextWithIntent instead.
+func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
+	if in == nil {
+		return nil, errors.New("idem: HTTPRequest with a nil intent")
+	}
+	rec := in.current()
+	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.URL, bytes.NewReader(rec.Body))
+	if err != nil {
+		return nil, fmt.Errorf("idem: building the request of intent %s: %w", rec.Key, err)
+	}
+	for k, v := range rec.Header {
+		req.Header[k] = append([]string(nil), v...)
+	}
+	spelling := rec.KeyHeader
+	if spelling == "" {
+		// Stored before spellings were: Do sends it as this Client spells.
+		spelling = c.keyHeader(rec.Key)
+	}
+	req.Header.Set("Idempotency-Key", spelling)
+	return req, nil
+}
+
 // RoundTripper returns an http.RoundTripper that gives POST and PATCH
 // requests an Idempotency-Key and retries them under the Client's policy,
 // so any *http.Client (a generated API client, say) gets safe retries:

@@ -188,7 +188,7 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	net := &heldNetwork{base: srv.Client().Transport}
-	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req := payment1500(t, srv)
 	in, err := c.Intent(ctx, "checkout", req)
@@ -205,7 +205,7 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	_, err = hc.Do(httpReq)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt may still arrive")
 	net.deliver(t)
 	assert.Equal(t, 1, srv.Stats().Payments)

@@ -154,7 +154,7 @@ func (a *app) settle(in *idem.Intent) {
 }
 
 func (a *app) reconcile(in *idem.Intent) {
-	_, err := a.d.client.Reconcile(context.Background(), in, lookupURL(in.Key()))
+	_, err := a.d.client.Reconcile(context.Background(), in)
 	a.d.w.tracef("d%d/%s Reconcile %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	if in.State() == idem.StateVoid && err != nil {
 		// "Never done" holds only once it is saved: the store still
