@@ -17,13 +17,13 @@ import (
 
 // Defaults of a Client; each can be changed with an Option.
 const (
-	// DefaultRetention is the server's retention of idempotency records
+	// defaultRetention is the server's retention of idempotency records
 	// that the client assumes (the contract's default).
-	DefaultRetention = 24 * time.Hour
-	// DefaultSafetyMargin is how long before the server's retention ends
+	defaultRetention = 24 * time.Hour
+	// defaultSafetyMargin is how long before the server's retention ends
 	// the client stops sending a key.
-	DefaultSafetyMargin = time.Hour
-	// DefaultReconcileDelay is how long after an intent's last attempt a
+	defaultSafetyMargin = time.Hour
+	// defaultReconcileDelay is how long after an intent's last attempt a
 	// "not found" from the server's lookup is trusted to mean "never done".
 	// It is the longest time the client assumes a request may take from
 	// the device to the server's record: held in the network or a proxy's
@@ -31,10 +31,10 @@ const (
 	// longer than that (a proxy that queues it for an hour) can arrive
 	// after a "not found" was trusted; only a server that refuses stale
 	// requests could close that, and the contract has no such rule.
-	DefaultReconcileDelay = 2 * time.Minute
-	// DefaultMaxResponseBytes bounds what is read of one answer: its
+	defaultReconcileDelay = 2 * time.Minute
+	// defaultMaxResponseBytes bounds what is read of one answer: its
 	// header fields and body together.
-	DefaultMaxResponseBytes = 10 << 20
+	defaultMaxResponseBytes = 10 << 20
 )
 
 // Client sends intents. It stores each intent before its first attempt,
@@ -109,19 +109,19 @@ func New(opts ...Option) (*Client, error) {
 	}
 	c.policy = c.policy.withDefaults()
 	if c.retention == 0 {
-		c.retention = DefaultRetention
+		c.retention = defaultRetention
 	}
 	if c.margin == 0 {
-		c.margin = DefaultSafetyMargin
+		c.margin = defaultSafetyMargin
 	}
 	if c.retention < 0 || c.margin < 0 || c.margin >= c.retention {
 		return nil, fmt.Errorf("idem: retention %s with margin %s leaves no time to send", c.retention, c.margin)
 	}
 	if c.reconcile <= 0 {
-		c.reconcile = DefaultReconcileDelay
+		c.reconcile = defaultReconcileDelay
 	}
 	if c.maxBody <= 0 {
-		c.maxBody = DefaultMaxResponseBytes
+		c.maxBody = defaultMaxResponseBytes
 	}
 	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.retry = c.newRetryClient(c.http)

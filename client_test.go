@@ -21,6 +21,22 @@ import (
 
 var epoch = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 
+// The Client's defaults: the server's retention less the safety margin is
+// how long an intent may be sent, and a lookup's "not found" is trusted
+// once no attempt can still arrive, reconcileDelay after the last.
+const (
+	sendWindow     = 24*time.Hour - time.Hour
+	reconcileDelay = 2 * time.Minute
+)
+
+// requireStop asserts that err is a *RetryError that reason ended.
+func requireStop(t testing.TB, err error, reason idem.StopReason, msgAndArgs ...any) {
+	t.Helper()
+	var re *idem.RetryError
+	require.ErrorAs(t, err, &re, msgAndArgs...)
+	require.Equal(t, reason, re.Reason, msgAndArgs...)
+}
+
 // contractLookup is the contract's lookup by key,
 // GET /payments?idempotency_key=K, the one way the tests ask the server
 // about a key, given to their clients with idem.WithLookup.

@@ -135,7 +135,7 @@ A server keeps idempotency records for a retention period (24 hours by
 default); after it, the key counts as new and a resend would do the work
 again. The Client therefore stops sending a key once its intent is older than
 the retention less a safety margin ([WithRetention]): Do returns a
-*RetryError matching [ErrIntentExpired], and [Client.Settle] settles the
+*RetryError whose Reason is [StopExpired], and [Client.Settle] settles the
 intent with the server's lookup by key ([Client.Reconcile]).
 
 # Reconciling

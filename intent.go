@@ -55,7 +55,7 @@ func (r Request) validate() error {
 	case "":
 		return errors.New("idem: request has no method")
 	default:
-		return fmt.Errorf("%w (got %s)", ErrNotIntentMethod, r.Method)
+		return fmt.Errorf("idem: intents are for POST and PATCH, which carry an Idempotency-Key; %s is idempotent without one", r.Method)
 	}
 	u, err := url.Parse(r.URL)
 	if err != nil {
@@ -164,8 +164,8 @@ func (in *Intent) Response() *Response {
 	return responseFromStored(rec.Response, 0, true)
 }
 
-// Matches reports whether req is the request this intent sends.
-func (in *Intent) Matches(req Request) bool {
+// matches reports whether req is the request this intent sends.
+func (in *Intent) matches(req Request) bool {
 	return req.fingerprint() == in.current().Fingerprint
 }
 

@@ -45,8 +45,9 @@ func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy =
 // WithRetention tells the client how long the server keeps idempotency
 // records, and how long before that it must stop sending a key. An intent
 // older than retention-margin is not sent again: its outcome is reported
-// unknown (ErrIntentExpired) and Reconcile settles it. Zero values mean
-// DefaultRetention and DefaultSafetyMargin.
+// unknown (a *RetryError with Reason StopExpired) and Settle settles it
+// through the lookup. Zero values mean 24 hours (the contract's retention)
+// and one hour.
 func WithRetention(retention, margin time.Duration) Option {
 	return func(c *Client) { c.retention, c.margin = retention, margin }
 }
@@ -85,16 +86,20 @@ func LookupQuery(param string) func(req Request, key string) string {
 
 // WithReconcileDelay sets how long after an intent's last attempt a "not
 // found" from the lookup in Reconcile is trusted: the longest a request may
-// take from the device to the server's record (see DefaultReconcileDelay).
-// Zero means DefaultReconcileDelay.
+// take from the device to the server's record, held in the network or a
+// proxy's queue, then the server's lease and processing time. A request
+// held longer than that (a proxy that queues it for an hour) can arrive
+// after a "not found" was trusted; only a server that refuses stale
+// requests could close that, and the contract has no such rule. Zero means
+// 2 minutes.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
 // WithMaxResponseBytes bounds what is read and kept of one answer: its
 // header fields (as received; the transport's MaxResponseHeaderBytes
 // bounds what it reads of them, 10 MiB by default) and its body together.
 // A larger final answer still resolves the intent from its status, but
-// its body is not kept: the Response says Oversized. Zero means
-// DefaultMaxResponseBytes.
+// its body is not kept: the Response says Oversized. Zero means 10
+// MiB.
 func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
 
 // WithStoredHeaders names header fields of final answers to keep on the

@@ -71,7 +71,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		assert.False(t, loaded.State().Resolved())
 
 		net.deliver(t) // the held request arrives: the server charges
-		clk.Advance(idem.DefaultReconcileDelay)
+		clk.Advance(reconcileDelay)
 		_, err = after.Reconcile(ctx, loaded)
 		require.NoError(t, err)
 		assert.Equal(t, idem.StateSucceeded, loaded.State(), "found, not void")
@@ -88,20 +88,20 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 
-		clk.Advance(idem.DefaultRetention - idem.DefaultSafetyMargin - time.Second)
+		clk.Advance(sendWindow - time.Second)
 		net.holdNext(1)
 		_, err = c.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		clk.Advance(2 * time.Second) // now expired
 		_, err = c.Do(ctx, in)
-		require.ErrorIs(t, err, idem.ErrIntentExpired)
+		requireStop(t, err, idem.StopExpired)
 
 		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "expired, but its last attempt may still be on its way")
 		assert.False(t, in.State().Resolved())
 
 		net.deliver(t)
-		clk.Advance(idem.DefaultReconcileDelay)
+		clk.Advance(reconcileDelay)
 		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err)
 		assert.Equal(t, idem.StateSucceeded, in.State())
@@ -125,7 +125,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		// The lookup leaves a second before the delay is over; the server
 		// answers 404; then, while the answer travels back, the held
 		// attempt arrives, and the delay ends.
-		clk.Advance(idem.DefaultReconcileDelay - time.Second)
+		clk.Advance(reconcileDelay - time.Second)
 		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
 		assert.NotEqual(t, idem.StateVoid, in.State())
@@ -233,7 +233,7 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	clk.Advance(idem.DefaultReconcileDelay)
+	clk.Advance(reconcileDelay)
 
 	resp, err := c.Reconcile(ctx, in)
 	require.Error(t, err)
@@ -274,7 +274,7 @@ func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
 	assert.Equal(t, idem.StatePending, in.State())
 
-	e.clock.Advance(idem.DefaultReconcileDelay)
+	e.clock.Advance(reconcileDelay)
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateVoid, in.State())
@@ -289,7 +289,7 @@ func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()})
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	e.clock.Advance(idem.DefaultReconcileDelay)
+	e.clock.Advance(reconcileDelay)
 
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
@@ -310,7 +310,7 @@ func TestReconcileUnavailableIsUnknown(t *testing.T) {
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	e.clock.Advance(idem.DefaultReconcileDelay)
+	e.clock.Advance(reconcileDelay)
 
 	// A proxy in front of the server cannot answer now: not settled.
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "1"})
@@ -356,7 +356,7 @@ func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
 	_, err = c.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	e.clock.Advance(idem.DefaultReconcileDelay)
+	e.clock.Advance(reconcileDelay)
 
 	gate.mu.Lock()
 	gate.on = true

@@ -531,7 +531,7 @@ func (run *randomRun) injectProxyFault(it *rIntent, r *rand.Rand) {
 		// Held in transit for up to (nearly) the reconcile delay, the
 		// longest the client assumes; one time in two the app is killed
 		// while the request is on its way, before it records anything.
-		f = proxyFault{kind: proxyHold, hold: time.Duration(1+r.IntN(int(idem.DefaultReconcileDelay/time.Second)-1)) * time.Second, die: r.IntN(2) == 0}
+		f = proxyFault{kind: proxyHold, hold: time.Duration(1+r.IntN(int(reconcileDelay/time.Second)-1)) * time.Second, die: r.IntN(2) == 0}
 		name := "net-hold"
 		if f.die {
 			name += "+app-killed"
@@ -723,7 +723,7 @@ func (run *randomRun) drive(it *rIntent, a *rAction, r *rand.Rand, depth int) bo
 			}
 			continue
 		}
-		it.budgetOut = errors.Is(err, idem.ErrRetriesExhausted)
+		it.budgetOut = budgetRanOut(err)
 		var retryErr *idem.RetryError
 		if errors.As(err, &retryErr) && retryErr.Reason == idem.StopRedirect {
 			run.redirects.Add(1)
@@ -763,14 +763,14 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 		// The device's clock is set while the app waits for an answer.
 		run.jumpClock(r)
 	}
-	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*idem.DefaultReconcileDelay))))
+	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*reconcileDelay))))
 	for range 2 {
 		resp, err := g.client.Reconcile(g.ctx, in)
 		switch {
 		case g.killed(err):
 			return false, false
 		case errors.Is(err, idem.ErrOutcomeUnknown):
-			_ = run.clock.Sleep(g.ctx, idem.DefaultReconcileDelay)
+			_ = run.clock.Sleep(g.ctx, reconcileDelay)
 			continue
 		case err != nil:
 			run.t.Errorf("intent %d: reconcile: %v", it.i, err)
@@ -1005,6 +1005,20 @@ func (run *randomRun) doMaybeTwice(g *generation, in *idem.Intent, r *rand.Rand)
 	return resps[1], errs[1]
 }
 
+// budgetRanOut reports a call ended by its retry budget: attempts, time,
+// the context's deadline or the Retry-After cap.
+func budgetRanOut(err error) bool {
+	var re *idem.RetryError
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch re.Reason {
+	case idem.StopAttempts, idem.StopElapsed, idem.StopDeadline, idem.StopRetryAfterCap:
+		return true
+	}
+	return false
+}
+
 func isAPIError(err error) bool {
 	var apiErr *idem.APIError
 	return errors.As(err, &apiErr)
@@ -1063,7 +1077,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	run.net.mu.Lock()
 	clear(run.net.faults)
 	run.net.mu.Unlock()
-	run.clock.Advance(idem.DefaultReconcileDelay + time.Minute)
+	run.clock.Advance(reconcileDelay + time.Minute)
 	run.net.deliver(true) // everything held in transit has arrived by now
 	var (
 		succeeded, declined, void, unresolved, reconciledPaid, reconciledVoid, reconciledResumed int
@@ -1232,7 +1246,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	require.Equal(t, 1, srv.Stats().ProviderCharges, "the provider charged")
 
-	clk.Advance(idem.DefaultReconcileDelay + time.Minute) // past the lease and the reconcile delay
+	clk.Advance(reconcileDelay + time.Minute) // past the lease and the reconcile delay
 	_, err = c.Reconcile(ctx, in)
 	if err == nil {
 		require.NotEqual(t, idem.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")

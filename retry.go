@@ -254,12 +254,12 @@ func neverReached(err error) bool {
 // Retry-After of ten years or of 2^80 is a long wait, not an overflow.
 const maxRetryAfterSeconds = math.MaxInt64 / int64(time.Second)
 
-// ParseRetryAfter reads a Retry-After value relative to now: delta-seconds
+// parseRetryAfter reads a Retry-After value relative to now: delta-seconds
 // ("120") or an HTTP-date in any of the three forms http.ParseTime accepts.
 // A date in the past means no wait. ok is false for an empty or malformed
 // value, which callers treat as absent. Very large values saturate rather
 // than overflow.
-func ParseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) {
+func parseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) {
 	v := strings.TrimSpace(value)
 	if v == "" {
 		return 0, false
@@ -344,7 +344,7 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	}
 	var spread time.Duration
 	if resp != nil {
-		if ra, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
+		if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 			if ra > b.policy.MaxRetryAfter {
 				return 0, &stop{reason: StopRetryAfterCap, wait: ra}
 			}

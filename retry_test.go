@@ -51,7 +51,7 @@ func TestParseRetryAfter(t *testing.T) {
 	t.Parallel()
 	for _, tc := range retryAfterCases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := ParseRetryAfter(tc.value, retryAfterNow)
+			got, ok := parseRetryAfter(tc.value, retryAfterNow)
 			assert.Equal(t, tc.ok, ok)
 			assert.Equal(t, tc.want, got)
 		})
@@ -63,7 +63,7 @@ func FuzzParseRetryAfter(f *testing.F) {
 		f.Add(tc.value)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		d, ok := ParseRetryAfter(v, retryAfterNow)
+		d, ok := parseRetryAfter(v, retryAfterNow)
 		if d < 0 {
 			t.Fatalf("negative wait %s for %q", d, v)
 		}

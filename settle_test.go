@@ -17,7 +17,7 @@ import (
 
 // pastSendWindow moves the clock past the time an intent created now may be
 // sent: the server may have forgotten its key.
-const pastSendWindow = idem.DefaultRetention - idem.DefaultSafetyMargin + time.Minute
+const pastSendWindow = sendWindow + time.Minute
 
 // oneAttempt is the context of a call that gives up after one attempt.
 func oneAttempt() context.Context {

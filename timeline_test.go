@@ -134,7 +134,7 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	assert.NotEqual(t, idem.StateVoid, in.State())
 
 	net.deliver(t) // it arrives: the server charges
-	truth.Advance(idem.DefaultReconcileDelay)
+	truth.Advance(reconcileDelay)
 	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, in.State())
@@ -155,11 +155,11 @@ func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	_, err = c.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	truth.Advance(idem.DefaultRetention - idem.DefaultSafetyMargin)
+	truth.Advance(sendWindow)
 	device.Jump(-5 * time.Hour) // by the wall clock the intent is 18 hours old
 	requests := srv.Stats().Requests
 	_, err = c.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrIntentExpired, "the intent is as old as the time that passed")
+	requireStop(t, err, idem.StopExpired, "the intent is as old as the time that passed")
 	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
 }
 

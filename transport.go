@@ -23,8 +23,8 @@ func ContextWithIntent(ctx context.Context, in *Intent) context.Context {
 	return context.WithValue(ctx, intentKey{}, in)
 }
 
-// IntentFromContext returns the intent carried by ctx, if any.
-func IntentFromContext(ctx context.Context) (*Intent, bool) {
+// intentFromContext returns the intent carried by ctx, if any.
+func intentFromContext(ctx context.Context) (*Intent, bool) {
 	in, ok := ctx.Value(intentKey{}).(*Intent)
 	return in, ok && in != nil
 }
@@ -105,7 +105,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
 
 	ctx := req.Context()
-	in, ok := IntentFromContext(ctx)
+	in, ok := intentFromContext(ctx)
 	if k := req.Header.Get("Idempotency-Key"); !ok && k != "" {
 		// A request that carries a stored intent's key is that intent.
 		switch stored, err := t.c.Load(ctx, k); {
@@ -116,7 +116,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	if ok {
-		if !in.Matches(live) {
+		if !in.matches(live) {
 			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
 		}
 	} else {

@@ -90,7 +90,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 			r.Status = int64(retryErr.LastResponse.StatusCode)
 		}
 		r.Outcome = OutcomeUnknown
-		if errors.Is(err, idem.ErrIntentExpired) {
+		if retryErr.Reason == idem.StopExpired {
 			r.Outcome = OutcomeExpired
 		}
 		r.Detail = retryErr.Error()

@@ -148,7 +148,8 @@ func (a *app) settle(in *idem.Intent) {
 	_, err := a.d.client.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.observe(a, in)
-	if errors.Is(err, idem.ErrIntentExpired) || in.State() == idem.StateExpired {
+	var re *idem.RetryError
+	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == idem.StateExpired {
 		a.reconcile(in)
 	}
 }
