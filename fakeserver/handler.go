@@ -222,7 +222,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if f.retryAfter != "" {
 				w.Header().Set("Retry-After", f.retryAfter)
 			}
-			(&Problem{Type: ProblemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
+			(&problem{Type: ProblemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
 				Detail: "the status fault answered this request; nothing was done"}).Write(w)
 			return
 		}
@@ -288,7 +288,7 @@ func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http
 	case f.has(FaultCrashAfterInsert), f.has(FaultCrashAfterProvider):
 		panic(http.ErrAbortHandler)
 	case f.has(FaultError):
-		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request"}).Write(w)
 		return
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -34,10 +35,10 @@ type answer struct {
 }
 
 // problem decodes an RFC 9457 body.
-func (a answer) problem(tb testing.TB) fakeserver.Problem {
+func (a answer) problem(tb testing.TB) idempotency.Problem {
 	tb.Helper()
 	require.Equal(tb, "application/problem+json", a.Header.Get("Content-Type"), "body: %s", a.Body)
-	var p fakeserver.Problem
+	var p idempotency.Problem
 	require.NoError(tb, json.Unmarshal(a.Body, &p))
 	require.Equal(tb, a.Status, p.Status)
 	return p

@@ -51,19 +51,19 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxRecords bounds the idempotency records held. When it is reached
 	// and none has expired, POST /payments with a new key is answered 503,
-	// type [ProblemStorageFull], with Retry-After until the earliest record
+	// type [idempotency.TypeStorageFull], with Retry-After until the earliest record
 	// expires; nothing is stored or charged. Keys already held still
 	// replay. Zero (or negative) means no bound.
 	MaxRecords int
 	// MaxPayments bounds the payments held (they do not expire). When it is
-	// reached, a new payment is answered 503, type [ProblemStorageFull],
+	// reached, a new payment is answered 503, type [idempotency.TypeStorageFull],
 	// before the provider is called; nothing is stored or charged, and the
 	// key stays unused. [Handler.Reset] makes room. Zero (or negative)
 	// means no bound.
 	MaxPayments int
 	// MaxOrders bounds the order statuses held (PUT /orders/{id}/status).
 	// When it is reached, a status for a new order is answered 503, type
-	// [ProblemStorageFull], and nothing changes; known orders can still be
+	// [idempotency.TypeStorageFull], and nothing changes; known orders can still be
 	// updated. Zero (or negative) means no bound.
 	MaxOrders int
 	// Postgres, if not nil, keeps the records, payments, the fake
