@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/dunglas/httpsfv"
-	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
@@ -62,7 +61,7 @@ type Client struct {
 	lookup    func(Request, string) string // nil: none configured
 	// isKeyReused recognises the app's own server's key reuse answers.
 	isKeyReused func(*Response) bool
-	retry       *retryablehttp.Client // sends through http
+	retry       *retrier // sends through http
 
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.

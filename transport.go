@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/hashicorp/go-retryablehttp"
-
 	"github.com/idemkit/idem/persist"
 )
 
@@ -91,7 +89,7 @@ func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
 type roundTripper struct {
 	c     *Client
 	base  http.RoundTripper
-	retry *retryablehttp.Client // sends each attempt through base
+	retry *retrier // sends each attempt through base
 }
 
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
