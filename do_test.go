@@ -191,26 +191,95 @@ func TestDoPaysOnce(t *testing.T) {
 	assert.Equal(t, 1, stats.Requests)
 }
 
-func TestLostResponseIsRetriedAndPaysOnce(t *testing.T) {
+// Each fault of the contract, met on the first attempt, is retried with the
+// same key, and the card is charged once.
+func TestDoRecoversFromEachFault(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:lost", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	tests := []struct {
+		name  string
+		fault fakeserver.Fault // Key is set to the intent's
+		opts  []idem.Option
+		// wantAttempts is the call's attempts; 0 leaves them unchecked.
+		wantAttempts int
+		wantReplayed bool
+		wantSleeps   []time.Duration // nil leaves them unchecked
+		minWaited    time.Duration
+		// seen is a status some attempt must have met; 0 for none.
+		seen int
+	}{
+		{
+			name:  "lost response: the retry is answered from the server's record",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultDropResponse}, wantAttempts: 2, wantReplayed: true,
+		},
+		{
+			name:  "crash after the provider charged: recovered, not charged again",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider},
+		},
+		{
+			name:  "500: never stored, so the retry does the work",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultError}, wantAttempts: 2,
+		},
+		{
+			name:  "connection reset before the request was read",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultReset}, wantAttempts: 2,
+		},
+		{
+			name:         "409 with Retry-After: never sooner than the server asked",
+			fault:        fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusConflict, RetryAfter: "3", Count: 2},
+			opts:         []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true})},
+			wantAttempts: 3, wantSleeps: []time.Duration{3 * time.Second, 3 * time.Second},
+		},
+		{
+			// The worker dies after inserting IN_PROGRESS: the next attempts
+			// see 409 until the lease runs out, then take over and pay.
+			name:  "worker crashed in progress: taken over after the lease",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert},
+			seen:  http.StatusConflict, minWaited: 30 * time.Second,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			var (
+				mu   sync.Mutex
+				seen []int
+			)
+			c := e.newClient(t, append(tc.opts, idem.WithAttemptHook(func(a idem.Attempt) {
+				mu.Lock()
+				seen = append(seen, a.StatusCode)
+				mu.Unlock()
+			}))...)
+			in := e.newIntent(t, "checkout:fault", 1500)
+			f := tc.fault
+			f.Key = in.Key()
+			e.fault(t, f)
 
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.True(t, resp.Replayed, "the second attempt is answered from the server's record")
-	assert.Equal(t, 2, resp.Attempts)
-
-	stats := e.srv.Stats()
-	assert.Equal(t, 1, stats.Payments)
-	assert.Equal(t, 1, stats.ProviderCharges)
-	assert.Equal(t, 1, stats.Executions)
-
-	// The body is the original payment's, as the lookup by key shows it.
-	lookup := e.lookup(t, in.Key())
-	assert.Equal(t, lookup.ID, decodePayment(t, resp.Body).ID)
+			resp, err := c.Do(context.Background(), in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, tc.wantReplayed, resp.Replayed)
+			if tc.wantAttempts != 0 {
+				assert.Equal(t, tc.wantAttempts, resp.Attempts)
+			}
+			if tc.wantSleeps != nil {
+				assert.Equal(t, tc.wantSleeps, e.clock.Sleeps())
+			}
+			var waited time.Duration
+			for _, s := range e.clock.Sleeps() {
+				waited += s
+			}
+			assert.GreaterOrEqual(t, waited, tc.minWaited)
+			if tc.seen != 0 {
+				assert.Contains(t, seen, tc.seen)
+			}
+			stats := e.srv.Stats()
+			assert.Equal(t, 1, stats.ProviderCharges)
+			assert.Equal(t, 1, stats.Payments)
+			// The answer is the payment the server holds for the key.
+			assert.Equal(t, e.lookup(t, in.Key()).ID, decodePayment(t, resp.Body).ID)
+		})
+	}
 }
 
 func TestEveryAttemptSendsTheSameBytes(t *testing.T) {
@@ -307,77 +376,6 @@ func TestRestartResumesWithTheSameKey(t *testing.T) {
 	assert.True(t, again.FromStore)
 	assert.Equal(t, resp.Body, again.Body)
 	assert.Equal(t, before, e.srv.Stats().Requests)
-}
-
-func TestRetryAfterIsHonoured(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true}))
-	in := e.newIntent(t, "checkout:409", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusConflict, RetryAfter: "3", Count: 2})
-
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, 3, resp.Attempts)
-	assert.Equal(t, []time.Duration{3 * time.Second, 3 * time.Second}, e.clock.Sleeps(), "never sooner than the server asked")
-}
-
-func TestInProgressThenTakeoverAfterCrashedWorker(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:crash", 1500)
-	// The worker dies after inserting IN_PROGRESS: the next attempts see 409
-	// with Retry-After until the lease runs out, then take over and pay.
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: in.Key()})
-	var seen []int
-	c := e.newClient(t, idem.WithAttemptHook(func(a idem.Attempt) { seen = append(seen, a.StatusCode) }))
-
-	resp, err := c.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Contains(t, seen, http.StatusConflict)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-	var waited time.Duration
-	for _, s := range e.clock.Sleeps() {
-		waited += s
-	}
-	assert.GreaterOrEqual(t, waited, 30*time.Second, "the default lease had to run out")
-}
-
-func TestCrashAfterProviderStillChargesOnce(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:provider", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()})
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	stats := e.srv.Stats()
-	assert.Equal(t, 1, stats.ProviderCharges)
-	assert.Equal(t, 1, stats.Payments)
-}
-
-func TestServerErrorIsRetried(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:500", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultError, Key: in.Key()})
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, 2, resp.Attempts)
-	assert.False(t, resp.Replayed, "a 500 is never stored: the retry does the work")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-func TestConnectionResetIsRetried(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:reset", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, 2, resp.Attempts)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
 
 func TestDeclineIsFinalAndStored(t *testing.T) {
