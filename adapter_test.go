@@ -123,7 +123,7 @@ func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T)
 	changed, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
 	_, err = c.Intent(context.Background(), "checkout", changed)
-	require.ErrorIs(t, err, idem.ErrUnresolved, "the user cannot pay again while the first payment may be made")
+	require.ErrorAs(t, err, new(*idem.UnresolvedError), "the user cannot pay again while the first payment may be made")
 }
 
 func TestAReplayedRedirectIsFinal(t *testing.T) {

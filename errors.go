@@ -43,10 +43,6 @@ var (
 	// different one. A changed request is a new intent.
 	ErrIntentMismatch = errors.New("idem: request differs from the intent's; a changed request is a new intent")
 
-	// ErrUnresolved: an earlier intent for the same action still has an
-	// unknown outcome, so a new one could pay twice. See UnresolvedError.
-	ErrUnresolved = errors.New("idem: an earlier intent for this action has an unknown outcome")
-
 	// ErrIntentReplaced: Client.Intent replaced this never-sent intent with
 	// a new one for a changed request; it is never sent.
 	ErrIntentReplaced = errors.New("idem: intent was replaced by a new intent for a changed request before it was sent")
@@ -292,10 +288,10 @@ func (e *NotSentError) Error() string {
 func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
 // UnresolvedError is returned when a new intent is asked for an action
-// whose previous intent has an unknown outcome. Starting a second payment
-// then could pay twice. The app decides: resume Previous with Client.Do
-// (it may still complete, for the old request), settle it with
-// Client.Reconcile, or, knowingly, drop it with Client.Forget.
+// whose previous intent has an unknown outcome (match it with errors.As).
+// Starting a second payment then could pay twice. The app decides: settle
+// Previous with Client.Settle (it may still complete, for the old request),
+// or, knowingly, drop it with Client.Forget.
 type UnresolvedError struct {
 	Name     string
 	Previous *Intent
@@ -304,8 +300,6 @@ type UnresolvedError struct {
 func (e *UnresolvedError) Error() string {
 	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
 }
-
-func (e *UnresolvedError) Unwrap() error { return ErrUnresolved }
 
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or

@@ -239,7 +239,7 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //   - The request changed and the latest intent was created by this Client
 //     and never sent: it is dropped and replaced by a new one.
 //   - The request changed and the latest intent may have reached the
-//     server with an unknown outcome: *UnresolvedError (ErrUnresolved), and
+//     server with an unknown outcome: *UnresolvedError, and
 //     nothing is created. Starting a second payment silently is the one
 //     thing this call never does.
 //

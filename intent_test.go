@@ -194,7 +194,7 @@ func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	require.Equal(t, 2, srv.Stats().Payments, "B was charged")
 
 	_, err = c.Intent(ctx, "checkout", cart(3000))
-	require.ErrorIs(t, err, idem.ErrUnresolved, "B, created last, is unresolved, though its clock reading is older than A's")
+	require.ErrorAs(t, err, new(*idem.UnresolvedError), "B, created last, is unresolved, though its clock reading is older than A's")
 	assert.Equal(t, 2, srv.Stats().Payments)
 }
 
@@ -258,7 +258,7 @@ func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idem.StatePending, again.State())
 	_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
-	assert.ErrorIs(t, err, idem.ErrUnresolved, "and it is not replaced as if unsent")
+	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "and it is not replaced as if unsent")
 }
 
 func TestIntentForAnAction(t *testing.T) {
@@ -309,12 +309,12 @@ func TestIntentForAnAction(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
 		_, err = e.client.Intent(ctx, "checkout:d", e.paymentRequest(t, 200, "cus_1"))
-		require.ErrorIs(t, err, idem.ErrUnresolved)
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
 		var unresolved *idem.UnresolvedError
 		require.ErrorAs(t, err, &unresolved)
 		assert.Equal(t, a.Key(), unresolved.Previous.Key())
 		_, err = e.client.NewIntent(ctx, "checkout:d", e.paymentRequest(t, 200, "cus_1"))
-		require.ErrorIs(t, err, idem.ErrUnresolved, "NewIntent refuses too")
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "NewIntent refuses too")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 
@@ -325,7 +325,7 @@ func TestIntentForAnAction(t *testing.T) {
 		require.NoError(t, err)
 		restarted := e.newClient(t)
 		_, err = restarted.Intent(ctx, "checkout:e", e.paymentRequest(t, 200, "cus_1"))
-		require.ErrorIs(t, err, idem.ErrUnresolved)
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
 	})
 
 	t.Run("paying again after a decline takes NewIntent", func(t *testing.T) {
@@ -462,7 +462,7 @@ func TestAnIntentOnTheWireIsNotReplaced(t *testing.T) {
 	require.Equal(t, a.Key(), <-g.arrived)
 
 	_, err = c.Intent(ctx, "checkout:wire", g.payment(t, 200))
-	require.ErrorIs(t, err, idem.ErrUnresolved)
+	require.ErrorAs(t, err, new(*idem.UnresolvedError))
 	// Neither the Reconcile nor the Forget of a busy intent may run.
 	_, err = c.Reconcile(ctx, a)
 	require.ErrorIs(t, err, idem.ErrInFlight)

@@ -604,7 +604,7 @@ func (run *randomRun) newIntent(a *rAction, req idem.Request, again bool, r *ran
 		switch {
 		case g.killed(err):
 			continue
-		case errors.Is(err, idem.ErrUnresolved):
+		case errors.As(err, new(*idem.UnresolvedError)):
 			run.refusedChanges.Add(1)
 			return nil
 		case err != nil:
