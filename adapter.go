@@ -23,6 +23,10 @@ var (
 	errStopped = errors.New("idem: retry budget exhausted")
 )
 
+// retrier sends the attempts of calls through one http.Client. It is the
+// only type outside this file that knows of go-retryablehttp.
+type retrier struct{ rc *retryablehttp.Client }
+
 // newRetryClient returns the go-retryablehttp client that sends through hc.
 // It is made once per http.Client and shared by all calls: go-retryablehttp
 // clients are safe for concurrent use, and its hooks find the state of
@@ -33,7 +37,7 @@ var (
 // CheckRetry by the call's budget, waits happen there too (on the
 // injectable clock, selecting on the context), Backoff returns zero, and
 // ErrorHandler keeps the last answer.
-func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
+func (c *Client) newRetryClient(hc *http.Client) *retrier {
 	hc = redirectPolicy(hc)
 	hc.Transport = budgetTransport{base: hc.Transport}
 	rc := &retryablehttp.Client{
@@ -47,7 +51,7 @@ func (c *Client) newRetryClient(hc *http.Client) *retryablehttp.Client {
 	if c.logger != nil {
 		rc.Logger = c.logger
 	}
-	return rc
+	return &retrier{rc: rc}
 }
 
 // errRedirectLoop ends a chain of redirects that does not end: no server
@@ -338,8 +342,8 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 
 // send makes the attempts of one call through go-retryablehttp. It returns
 // a final answer, or a *RetryError when none came.
-func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persist.Record, header http.Header, expiry time.Time) (*Response, *RetryError) {
-	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policy, c.clock, expiry)}
+func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, expiry time.Time) (*Response, *RetryError) {
+	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, expiry)}
 	fail := func(reason StopReason, err error) *RetryError {
 		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err}
 	}
@@ -359,7 +363,7 @@ func (c *Client) send(ctx context.Context, rc *retryablehttp.Client, rec *persis
 	}
 	req.SetResponseHandler(readFinal)
 
-	resp, err := rc.Do(req)
+	resp, err := r.rc.Do(req)
 	if err == nil {
 		resp.Body.Close()
 		out := &Response{

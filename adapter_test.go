@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,8 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -36,7 +39,7 @@ type seenRequest struct {
 
 func newRedirectingServer(t *testing.T, routes map[string]func(w http.ResponseWriter, r *http.Request)) *redirectingServer {
 	t.Helper()
-	s := &redirectingServer{h: fakeserver.NewHandler(&fakeserver.Options{Clock: clocktest.New(epoch)})}
+	s := &redirectingServer{h: fakeserver.NewHandler(&fakeserver.Options{Clock: clock.NewManual(epoch)})}
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		s.mu.Lock()
@@ -75,7 +78,7 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 					_, _ = io.WriteString(w, "<html>Sign in</html>")
 				},
 			})
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)))
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -100,7 +103,7 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 
 func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	// The first attempt charges and its answer is lost; a login page in
 	// front of the server answers the second with a redirect.
@@ -120,7 +123,7 @@ func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T)
 	changed, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
 	_, err = c.Intent(context.Background(), "checkout", changed)
-	require.ErrorIs(t, err, idem.ErrUnresolved, "the user cannot pay again while the first payment may be made")
+	require.ErrorAs(t, err, new(*idem.UnresolvedError), "the user cannot pay again while the first payment may be made")
 }
 
 func TestAReplayedRedirectIsFinal(t *testing.T) {
@@ -131,7 +134,7 @@ func TestAReplayedRedirectIsFinal(t *testing.T) {
 			http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
 		},
 	})
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)))
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -174,7 +177,7 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 			srv := newRedirectingServer(t, map[string]func(http.ResponseWriter, *http.Request){
 				"POST /v1/payments": redirectTo(code, "/payments"),
 			})
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)), idem.WithQuotedKey())
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithQuotedKey())
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/v1/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -184,7 +187,7 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 			resp, err := c.Do(context.Background(), in)
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusCreated, resp.StatusCode)
-			assert.Equal(t, persist.StateSucceeded, in.State())
+			assert.Equal(t, idem.StateSucceeded, in.State())
 			seen := srv.requests()
 			require.Len(t, seen, 2)
 			for _, r := range seen {
@@ -202,7 +205,7 @@ func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Cli
 	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch))}
+	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithLookup(contractLookup)}
 	c, err := idem.New(append(base, opts...)...)
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
@@ -249,7 +252,7 @@ func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, s
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stop) })                     // runs first: no handler stays blocked
 	hc := &http.Client{Transport: srv.Client().Transport} // no Timeout, like http.DefaultClient
-	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
+	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
@@ -289,7 +292,7 @@ func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
 	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
 	assert.Equal(t, 1, retryErr.Attempts)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 }
 
 // MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
@@ -320,7 +323,7 @@ func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
 	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
 	assert.Equal(t, 1, retryErr.Attempts)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StatePending, in.State())
+	assert.Equal(t, idem.StatePending, in.State())
 }
 
 // An attempt gets what is left of the budget on the Client's clock: after a
@@ -343,7 +346,7 @@ func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stop) })
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithClock(clk),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, NoJitter: true}))
 	require.NoError(t, err)
@@ -374,7 +377,7 @@ func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
 func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
 	t.Parallel()
 	tr := &idleRecorder{}
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clocktest.New(epoch)),
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})
@@ -404,4 +407,144 @@ func TestNoAttemptStartsWithNoBudgetLeft(t *testing.T) {
 	assert.Equal(t, idem.StopElapsed, retryErr.Reason)
 	assert.Equal(t, 1, retryErr.Attempts)
 	assert.Equal(t, int32(1), posts.Load())
+}
+
+// chunked makes every answer of h chunked: it drops Content-Length and
+// flushes after each write, so a cut in the body is a missing chunk rather
+// than a short Content-Length.
+type chunked struct{ h http.Handler }
+
+type chunkedWriter struct{ http.ResponseWriter }
+
+func (w chunkedWriter) WriteHeader(code int) {
+	w.Header().Del("Content-Length")
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w chunkedWriter) Write(p []byte) (int, error) {
+	// Two chunks, so a cut can fall between them.
+	half := len(p) / 2
+	n, err := w.ResponseWriter.Write(p[:half])
+	if err != nil {
+		return n, err
+	}
+	w.ResponseWriter.(http.Flusher).Flush()
+	m, err := w.ResponseWriter.Write(p[half:])
+	w.ResponseWriter.(http.Flusher).Flush()
+	return n + m, err
+}
+
+func (c chunked) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.h.ServeHTTP(chunkedWriter{w}, r)
+}
+
+// attemptLog collects the attempts of a client.
+type attemptLog struct {
+	mu sync.Mutex
+	a  []idem.Attempt
+}
+
+func (l *attemptLog) hook(a idem.Attempt) {
+	l.mu.Lock()
+	l.a = append(l.a, a)
+	l.mu.Unlock()
+}
+
+func (l *attemptLog) all() []idem.Attempt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]idem.Attempt(nil), l.a...)
+}
+
+// TestBrokenConnectionsBelowHTTP cuts the first connection of a payment at
+// each point below HTTP, through a TCP proxy: the cut attempt is an error,
+// never a success, and the retry with the same key ends with one charge and
+// the answer the server stored.
+func TestBrokenConnectionsBelowHTTP(t *testing.T) {
+	t.Parallel()
+	cuts := []faultproxy.Cut{
+		{Point: faultproxy.InRequest, N: 0},
+		{Point: faultproxy.InRequest, N: 40},  // in the request line or headers
+		{Point: faultproxy.InRequest, N: 300}, // in the body, for a request longer than that
+		{Point: faultproxy.AfterHeaders},
+		{Point: faultproxy.InBody, N: 1},
+		{Point: faultproxy.InBody, N: 60},
+	}
+	for _, encoding := range []string{"content-length", "chunked"} {
+		for _, cut := range cuts {
+			t.Run(encoding+"/"+cut.Point.String()+"-"+strconv.Itoa(cut.N), func(t *testing.T) {
+				t.Parallel()
+				testCut(t, cut, encoding == "chunked")
+			})
+		}
+	}
+}
+
+func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
+	clk := clock.NewManual(relEpoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var handler http.Handler = h
+	if chunk {
+		handler = chunked{h}
+	}
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	proxy, err := faultproxy.New(strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, proxy.Close()) })
+	proxy.Script(cut)
+
+	// A fresh connection per attempt: the cut meets exactly the first
+	// attempt, and net/http cannot hide it by retrying a reused connection.
+	tr := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	var log attemptLog
+	c, err := idem.New(
+		idem.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}),
+		idem.WithStore(persist.NewMemory(nil)),
+		idem.WithClock(clk),
+		idem.WithAttemptHook(log.hook),
+	)
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, proxy.URL()+"/payments", map[string]any{
+		"amount": 1500, "currency": "AZN", "customer": "cus_1",
+		// Long enough that a cut at 300 bytes falls in the body.
+		"description": strings.Repeat("a long description ", 20),
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	in, err := c.Intent(ctx, "checkout:cut", req)
+	require.NoError(t, err)
+
+	resp, err := c.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, idem.StateSucceeded, in.State())
+	require.Equal(t, faultproxy.Stats{Conns: 2, Cut: 1}, proxy.Stats(), "one cut connection, one whole")
+
+	attempts := log.all()
+	require.Len(t, attempts, 2)
+	first := attempts[0]
+	assert.Error(t, first.Err, "the cut attempt is an error")
+	assert.Zero(t, first.StatusCode, "the cut attempt has no status, whatever headers arrived")
+	assert.True(t, first.Retry, "and it is retried")
+	assert.Equal(t, http.StatusCreated, attempts[1].StatusCode)
+	assert.Equal(t, in.Key(), attempts[1].Key, "with the same key")
+
+	stats := h.Stats()
+	assert.Equal(t, 1, stats.Payments)
+	assert.Equal(t, 1, stats.ProviderCharges)
+	assert.Equal(t, 1, stats.Executions)
+	// A cut before the whole request was read did no work: the retry did it
+	// fresh. A cut in the answer came after the work: the retry is a replay.
+	assert.Equal(t, cut.Point != faultproxy.InRequest, resp.Replayed)
+
+	// What the client reports is the payment the server stored for the key.
+	lookup, err := srv.Client().Get(lookupOf(srv.URL+"/payments", in.Key()))
+	require.NoError(t, err)
+	defer lookup.Body.Close()
+	body, err := io.ReadAll(lookup.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, lookup.StatusCode)
+	assert.JSONEq(t, string(body), string(resp.Body))
 }

@@ -9,20 +9,20 @@ import (
 	"time"
 
 	"github.com/dunglas/httpsfv"
-	"github.com/hashicorp/go-retryablehttp"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
 // Defaults of a Client; each can be changed with an Option.
 const (
-	// DefaultRetention is the server's retention of idempotency records
+	// defaultRetention is the server's retention of idempotency records
 	// that the client assumes (the contract's default).
-	DefaultRetention = 24 * time.Hour
-	// DefaultSafetyMargin is how long before the server's retention ends
+	defaultRetention = 24 * time.Hour
+	// defaultSafetyMargin is how long before the server's retention ends
 	// the client stops sending a key.
-	DefaultSafetyMargin = time.Hour
-	// DefaultReconcileDelay is how long after an intent's last attempt a
+	defaultSafetyMargin = time.Hour
+	// defaultReconcileDelay is how long after an intent's last attempt a
 	// "not found" from the server's lookup is trusted to mean "never done".
 	// It is the longest time the client assumes a request may take from
 	// the device to the server's record: held in the network or a proxy's
@@ -30,10 +30,10 @@ const (
 	// longer than that (a proxy that queues it for an hour) can arrive
 	// after a "not found" was trusted; only a server that refuses stale
 	// requests could close that, and the contract has no such rule.
-	DefaultReconcileDelay = 2 * time.Minute
-	// DefaultMaxResponseBytes bounds what is read of one answer: its
+	defaultReconcileDelay = 2 * time.Minute
+	// defaultMaxResponseBytes bounds what is read of one answer: its
 	// header fields and body together.
-	DefaultMaxResponseBytes = 10 << 20
+	defaultMaxResponseBytes = 10 << 20
 )
 
 // Client sends intents. It stores each intent before its first attempt,
@@ -50,7 +50,7 @@ type Client struct {
 	http      *http.Client
 	store     persist.Store
 	logger    *slog.Logger // nil: silent
-	clock     Clock
+	clock     clock.Clock
 	policy    RetryPolicy
 	retention time.Duration
 	margin    time.Duration
@@ -58,9 +58,10 @@ type Client struct {
 	maxBody   int64 // bytes read of one answer, header fields included
 	quoted    bool
 	onAttempt func(Attempt)
+	lookup    func(Request, string) string // nil: none configured
 	// isKeyReused recognises the app's own server's key reuse answers.
 	isKeyReused func(*Response) bool
-	retry       *retryablehttp.Client // sends through http
+	retry       *retrier // sends through http
 
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.
@@ -84,7 +85,7 @@ type Client struct {
 	created  map[string]time.Duration
 
 	// born is when the Client was made: on the clock's timeline, and on
-	// its Monotonic one when it has one.
+	// its clock.Monotonic one when it has one.
 	born     time.Time
 	bornMono time.Duration
 }
@@ -107,19 +108,19 @@ func New(opts ...Option) (*Client, error) {
 	}
 	c.policy = c.policy.withDefaults()
 	if c.retention == 0 {
-		c.retention = DefaultRetention
+		c.retention = defaultRetention
 	}
 	if c.margin == 0 {
-		c.margin = DefaultSafetyMargin
+		c.margin = defaultSafetyMargin
 	}
 	if c.retention < 0 || c.margin < 0 || c.margin >= c.retention {
 		return nil, fmt.Errorf("idem: retention %s with margin %s leaves no time to send", c.retention, c.margin)
 	}
 	if c.reconcile <= 0 {
-		c.reconcile = DefaultReconcileDelay
+		c.reconcile = defaultReconcileDelay
 	}
 	if c.maxBody <= 0 {
-		c.maxBody = DefaultMaxResponseBytes
+		c.maxBody = defaultMaxResponseBytes
 	}
 	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.retry = c.newRetryClient(c.http)
@@ -127,7 +128,7 @@ func New(opts ...Option) (*Client, error) {
 	c.lastSent = make(map[string]time.Duration)
 	c.created = make(map[string]time.Duration)
 	c.born = c.clock.Now()
-	if m, ok := c.clock.(Monotonic); ok {
+	if m, ok := c.clock.(clock.Monotonic); ok {
 		c.bornMono = m.Monotonic()
 	}
 	return c, nil

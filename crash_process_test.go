@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -324,7 +323,7 @@ func TestProcessCrashes(t *testing.T) {
 	for _, r := range recs {
 		require.True(t, r.State.Resolved(), "intent %s is %s", r.Key, r.State)
 		require.NotNil(t, r.Response)
-		status, body := getURL(t, baseURL+"/payments?idempotency_key="+url.QueryEscape(r.Key))
+		status, body := getURL(t, lookupOf(r.URL, r.Key))
 		switch r.State {
 		case persist.StateSucceeded:
 			paid++

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/hashicorp/go-retryablehttp"
-
 	"github.com/idemkit/idem/persist"
 )
 
@@ -74,9 +72,9 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.do(ctx, in, c.retry, nil) })
 }
 
-// do runs one call for in through rc. header, if not nil, replaces the
+// do runs one call for in through r. header, if not nil, replaces the
 // stored headers (the RoundTripper sends the live request's).
-func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, header http.Header) (*Response, error) {
+func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Header) (*Response, error) {
 	cur := in.current()
 	// Intent deleted a replaced intent from the store: say so, rather
 	// than that the store has no such intent.
@@ -147,7 +145,7 @@ func (c *Client) do(ctx context.Context, in *Intent, rc *retryablehttp.Client, h
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.send(ctx, rc, rec, header, expiry)
+	resp, retryErr := c.send(ctx, r, rec, header, expiry)
 	c.sent(rec.Key)
 	if retryErr != nil && retryErr.Attempts == 0 && unsent {
 		// Nothing reached the wire: the intent is still provably unsent.

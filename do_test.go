@@ -1,20 +1,29 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log"
 	"maps"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -32,7 +41,7 @@ func TestDoOfAReplacedIntentReturnsErrIntentReplaced(t *testing.T) {
 	_, err = e.client.Do(ctx, old)
 	require.ErrorIs(t, err, idem.ErrIntentReplaced)
 	assert.Equal(t, 0, e.srv.Stats().Requests)
-	assert.Equal(t, persist.StateNew, old.State(), "provably never sent")
+	assert.Equal(t, idem.StateNew, old.State(), "provably never sent")
 }
 
 // storeDir is a file store in a fresh directory, and the directory.
@@ -82,7 +91,7 @@ func TestAnAnswerOverTheLimitResolvesTheIntentWithoutItsBody(t *testing.T) {
 	assert.True(t, resp.Oversized)
 	assert.Nil(t, resp.Body)
 	assert.Equal(t, "/payments/pay_1", resp.Header.Get("Location"))
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 
 	again, err := c.Do(ctx, in)
 	require.NoError(t, err)
@@ -116,7 +125,7 @@ func TestAnswerHeaderFieldsCountAgainstTheLimit(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.True(t, resp.Oversized)
 	assert.Equal(t, []string{"Content-Type"}, slices.Sorted(maps.Keys(resp.Header)), "only the stored fields")
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	n := storedBytes(t, dir)
 	t.Logf("stored for an answer of 10,000 header fields of 900 bytes: %d bytes", n)
 	assert.Less(t, n, int64(4096))
@@ -159,4 +168,734 @@ func TestOnlyTheNeededAndNamedHeaderFieldsAreStored(t *testing.T) {
 		require.NoError(t, err)
 		assert.NotContains(t, string(b), "secret", e.Name())
 	}
+}
+
+func TestDoPaysOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:1", 1500)
+	assert.Equal(t, idem.StateNew, in.State())
+
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.False(t, resp.Replayed)
+	assert.Equal(t, 1, resp.Attempts)
+	p := decodePayment(t, resp.Body)
+	assert.Equal(t, 1500, p.Amount)
+	assert.Equal(t, idem.StateSucceeded, in.State())
+
+	stats := e.srv.Stats()
+	assert.Equal(t, 1, stats.Payments)
+	assert.Equal(t, 1, stats.ProviderCharges)
+	assert.Equal(t, 1, stats.Requests)
+}
+
+// Each fault of the contract, met on the first attempt, is retried with the
+// same key, and the card is charged once.
+func TestDoRecoversFromEachFault(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		fault fakeserver.Fault // Key is set to the intent's
+		opts  []idem.Option
+		// wantAttempts is the call's attempts; 0 leaves them unchecked.
+		wantAttempts int
+		wantReplayed bool
+		wantSleeps   []time.Duration // nil leaves them unchecked
+		minWaited    time.Duration
+		// seen is a status some attempt must have met; 0 for none.
+		seen int
+	}{
+		{
+			name:  "lost response: the retry is answered from the server's record",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultDropResponse}, wantAttempts: 2, wantReplayed: true,
+		},
+		{
+			name:  "crash after the provider charged: recovered, not charged again",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider},
+		},
+		{
+			name:  "500: never stored, so the retry does the work",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultError}, wantAttempts: 2,
+		},
+		{
+			name:  "connection reset before the request was read",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultReset}, wantAttempts: 2,
+		},
+		{
+			name:         "409 with Retry-After: never sooner than the server asked",
+			fault:        fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusConflict, RetryAfter: "3", Count: 2},
+			opts:         []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true})},
+			wantAttempts: 3, wantSleeps: []time.Duration{3 * time.Second, 3 * time.Second},
+		},
+		{
+			// The worker dies after inserting IN_PROGRESS: the next attempts
+			// see 409 until the lease runs out, then take over and pay.
+			name:  "worker crashed in progress: taken over after the lease",
+			fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert},
+			seen:  http.StatusConflict, minWaited: 30 * time.Second,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			var (
+				mu   sync.Mutex
+				seen []int
+			)
+			c := e.newClient(t, append(tc.opts, idem.WithAttemptHook(func(a idem.Attempt) {
+				mu.Lock()
+				seen = append(seen, a.StatusCode)
+				mu.Unlock()
+			}))...)
+			in := e.newIntent(t, "checkout:fault", 1500)
+			f := tc.fault
+			f.Key = in.Key()
+			e.fault(t, f)
+
+			resp, err := c.Do(context.Background(), in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, tc.wantReplayed, resp.Replayed)
+			if tc.wantAttempts != 0 {
+				assert.Equal(t, tc.wantAttempts, resp.Attempts)
+			}
+			if tc.wantSleeps != nil {
+				assert.Equal(t, tc.wantSleeps, e.clock.Sleeps())
+			}
+			var waited time.Duration
+			for _, s := range e.clock.Sleeps() {
+				waited += s
+			}
+			assert.GreaterOrEqual(t, waited, tc.minWaited)
+			if tc.seen != 0 {
+				assert.Contains(t, seen, tc.seen)
+			}
+			stats := e.srv.Stats()
+			assert.Equal(t, 1, stats.ProviderCharges)
+			assert.Equal(t, 1, stats.Payments)
+			// The answer is the payment the server holds for the key.
+			assert.Equal(t, e.lookup(t, in.Key()).ID, decodePayment(t, resp.Body).ID)
+		})
+	}
+}
+
+func TestEveryAttemptSendsTheSameBytes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:bytes", 990)
+	// Two lost responses and a 503: four attempts, one key, one body; the
+	// server would answer 422 to any attempt whose body differed.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 2})
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, 3, resp.Attempts)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+func TestDoubleTapSendsOneRequestAtATime(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{2, 50} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			t.Parallel()
+			clk := clock.NewManual(epoch)
+			// The payment takes a while, so that every tap lands while the
+			// first is on the wire.
+			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
+			require.NoError(t, err)
+			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			in, err := c.Intent(context.Background(), "checkout:tap", req)
+			require.NoError(t, err)
+
+			bodies := make([][]byte, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					resp, err := c.Do(context.Background(), in)
+					errs[i] = err
+					if resp != nil {
+						bodies[i] = resp.Body
+					}
+				}()
+			}
+			wg.Wait()
+			for i := range n {
+				require.NoError(t, errs[i])
+				assert.Equal(t, bodies[0], bodies[i], "every tap gets the same outcome")
+			}
+			stats := srv.Stats()
+			assert.Equal(t, 1, stats.ProviderCharges)
+			assert.Equal(t, 1, stats.Executions)
+			// Taps that arrived during the first Do shared it; taps after it
+			// were answered from the device. None went on the wire twice.
+			assert.Equal(t, 1, stats.Requests)
+		})
+	}
+}
+
+func TestRestartResumesWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:restart", 1500)
+	key := in.Key()
+	// The first process sends, the server charges, the answer is lost, and
+	// the process gives up (one attempt allowed): the outcome is unknown.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key})
+	e.clock.Advance(3 * time.Minute)
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, "pending", in.State().String())
+	assert.Equal(t, 1, in.Attempts())
+	assert.Equal(t, epoch, in.CreatedAt())
+	assert.Equal(t, epoch.Add(3*time.Minute), in.UpdatedAt(), "the attempt moved the intent on")
+
+	// A new process: a new Client on the same store.
+	restarted := e.newClient(t)
+	pending, err := restarted.Unresolved(context.Background())
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	assert.Equal(t, key, pending[0].Key())
+
+	resp, err := restarted.Do(context.Background(), pending[0])
+	require.NoError(t, err)
+	assert.True(t, resp.Replayed)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+	// Resolved: Do answers from the device and sends nothing.
+	before := e.srv.Stats().Requests
+	again, err := restarted.Do(context.Background(), pending[0])
+	require.NoError(t, err)
+	assert.True(t, again.FromStore)
+	assert.Equal(t, resp.Body, again.Body)
+	assert.Equal(t, before, e.srv.Stats().Requests)
+}
+
+func TestDeclineIsFinalAndStored(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in, err := e.client.Intent(context.Background(), "checkout:declined", e.paymentRequest(t, 1500, "cus_declined"))
+	require.NoError(t, err)
+
+	resp, err := e.client.Do(context.Background(), in)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
+	assert.Equal(t, "card-declined", lastSegment(apiErr.Problem.Type))
+	require.NotNil(t, resp)
+	assert.Equal(t, http.StatusPaymentRequired, resp.StatusCode)
+	assert.Equal(t, 1, resp.Attempts, "a business outcome is never retried")
+	assert.Equal(t, idem.StateFailed, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+
+	again, err := e.client.Do(context.Background(), in)
+	require.ErrorAs(t, err, &apiErr)
+	assert.True(t, again.FromStore)
+	assert.Equal(t, 1, e.srv.Stats().Requests)
+}
+
+func lastSegment(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Path == "" {
+		return s
+	}
+	p := u.Path
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			return p[i+1:]
+		}
+	}
+	return p
+}
+
+func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:422", 1500)
+	_, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+
+	// A bug elsewhere stores the same key with another body: the server
+	// must refuse it, and the client must not retry the refusal.
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	rec.Body = []byte(`{"amount":9999,"currency":"AZN","customer":"cus_1"}`)
+	rec.State = persist.StateNew
+	rec.Response = nil
+	require.NoError(t, e.store.Save(context.Background(), rec))
+	before := e.srv.Stats().Requests
+	// The next run of the app finds it in the store.
+	in, err = e.newClient(t).Load(context.Background(), in.Key())
+	require.NoError(t, err)
+
+	resp, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	assert.Equal(t, idem.StateRejected, in.State())
+	assert.Equal(t, before+1, e.srv.Stats().Requests, "one request on the wire")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+func TestKeyRejectedIsNotRetried(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, KeyFormat: fakeserver.KeyFormatUUID})
+	store := persist.NewMemory(nil)
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	// An older release wrote a key this server does not accept.
+	rec, err := store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	rec.Key, rec.KeyHeader = "not-a-uuid", ""
+	require.NoError(t, store.Save(context.Background(), rec))
+	old, err := c.Load(context.Background(), "not-a-uuid")
+	require.NoError(t, err)
+
+	_, err = c.Do(context.Background(), old)
+	require.ErrorIs(t, err, idem.ErrKeyRejected)
+	assert.NotErrorIs(t, err, idem.ErrKeyReused)
+	assert.Equal(t, idem.StateRejected, old.State())
+	assert.Equal(t, 1, srv.Stats().Requests)
+}
+
+// The budget compares the injected clock's times with the context's
+// deadline, which is on the real clock. Whatever the manual clock reads,
+// years before or after today, a context with 10 s left refuses a 50 s
+// Retry-After at once and honours a 3 s one.
+func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
+	t.Parallel()
+	starts := map[string]time.Time{
+		"clock 20 years back":   time.Now().AddDate(-20, 0, 0),
+		"clock at the epoch":    epoch,
+		"clock 30 years ahead":  time.Now().AddDate(30, 0, 0),
+		"clock at the zero day": time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Hour),
+	}
+	for name, start := range starts {
+		t.Run(name+"/Retry-After past the deadline fails fast", func(t *testing.T) {
+			t.Parallel()
+			e := newEnvAt(t, start)
+			in := e.newIntent(t, "checkout:deadline", 1500)
+			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "50"})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+
+			_, err := e.client.Do(ctx, in)
+			var retryErr *idem.RetryError
+			require.ErrorAs(t, err, &retryErr)
+			assert.Equal(t, idem.StopDeadline, retryErr.Reason)
+			assert.Equal(t, 50*time.Second, retryErr.Wait, "the error carries the wait the server asked for")
+			assert.Equal(t, 1, retryErr.Attempts)
+			require.NotNil(t, retryErr.LastResponse)
+			assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
+			assert.Equal(t, idem.StatePending, in.State())
+		})
+		t.Run(name+"/Retry-After within the deadline is honoured", func(t *testing.T) {
+			t.Parallel()
+			e := newEnvAt(t, start, idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+			in := e.newIntent(t, "checkout:deadline", 1500)
+			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "3", Count: 1})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+
+			resp, err := e.client.Do(ctx, in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, []time.Duration{3 * time.Second}, e.clock.Sleeps())
+		})
+	}
+}
+
+func TestRetryAfterAboveTheCapFailsFast(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:cap", 1500)
+	// Ten years.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusTooManyRequests, RetryAfter: "315360000"})
+	_, err := e.client.Do(context.Background(), in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopRetryAfterCap, retryErr.Reason)
+	assert.Equal(t, 315360000*time.Second, retryErr.Wait)
+	assert.Empty(t, e.clock.Sleeps())
+}
+
+func TestMaxAttemptsEndsTheCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 3}))
+	in := e.newIntent(t, "checkout:attempts", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusBadGateway, Count: 10})
+	_, err := e.client.Do(context.Background(), in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopAttempts, retryErr.Reason)
+	assert.Equal(t, 3, retryErr.Attempts)
+	assert.Equal(t, 3, e.srv.Stats().Requests)
+	assert.Len(t, e.clock.Sleeps(), 2)
+	require.NotNil(t, retryErr.LastResponse)
+	assert.Equal(t, http.StatusBadGateway, retryErr.LastResponse.StatusCode)
+
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, 3, rec.Attempts)
+	assert.Equal(t, persist.StatePending, rec.State)
+}
+
+// blockingClock waits in Sleep until the context is done, and says when it
+// starts waiting: a wait that only a cancel can end.
+type blockingClock struct {
+	*clock.Manual
+	waiting chan time.Duration
+}
+
+func (c blockingClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.waiting <- d
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func TestCancelDuringAWaitReturnsTheContextError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	clk := blockingClock{Manual: e.clock, waiting: make(chan time.Duration, 1)}
+	c := e.newClient(t, idem.WithClock(clk))
+	in := e.newIntent(t, "checkout:cancel", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "30"})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, in)
+		done <- err
+	}()
+	waited := <-clk.waiting
+	assert.GreaterOrEqual(t, waited, 30*time.Second, "never sooner than Retry-After")
+	assert.LessOrEqual(t, waited, 33*time.Second, "spread by at most 10% past it")
+	cancel()
+	err := <-done
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopCanceled, retryErr.Reason)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Equal(t, 1, e.srv.Stats().Requests)
+}
+
+func TestExpiredIntentSendsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:old", 1500)
+	e.clock.Advance(sendWindow)
+
+	_, err := e.client.Do(context.Background(), in)
+	requireStop(t, err, idem.StopExpired)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, idem.StateExpired, in.State())
+	assert.Equal(t, 0, e.srv.Stats().Requests)
+
+	// Reconcile settles it: the server never saw the key, and the intent
+	// is old, so nothing happened.
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+}
+
+func TestRestartOnTheFileStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := clock.NewManual(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	dir := filepath.Join(t.TempDir(), "state") // OpenDir makes it 0700
+	open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {
+		store, err := persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		c, err := idem.New(append([]idem.Option{idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk)}, opts...)...)
+		require.NoError(t, err)
+		return c, store
+	}
+
+	first, store := open(idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := first.Intent(ctx, "checkout:file", req)
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+	_, err = first.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.NoError(t, store.Close())
+
+	// The app starts again: the intent, its key and its bytes are on disk.
+	next, store := open()
+	defer store.Close()
+	pending, err := next.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	assert.Equal(t, in.Key(), pending[0].Key())
+	assert.Equal(t, req.Body, pending[0].Request().Body)
+
+	resp, err := next.Do(ctx, pending[0])
+	require.NoError(t, err)
+	assert.True(t, resp.Replayed)
+	assert.Equal(t, 1, srv.Stats().ProviderCharges)
+
+	// The same action after the restart finds the resolved intent.
+	same, err := next.Intent(ctx, "checkout:file", req)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, same.State())
+}
+
+func TestAStaleIntentValueReadsTheStore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:stale", 1500)
+	stale, err := e.client.Load(context.Background(), in.Key())
+	require.NoError(t, err)
+	_, err = e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+
+	// stale's copy of the record still says "new", but it was sent: it
+	// reads pending; the store says succeeded, and wins.
+	assert.Equal(t, idem.StatePending, stale.State())
+	resp, err := e.client.Do(context.Background(), stale)
+	require.NoError(t, err)
+	assert.True(t, resp.FromStore)
+	assert.Equal(t, idem.StateSucceeded, stale.State())
+	assert.Equal(t, 1, e.srv.Stats().Requests)
+}
+
+func TestAFinalAnswerThatArrivesAsTheCallIsCancelledIsKept(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
+	in, err := c.NewIntent(context.Background(), "checkout:late", e.paymentRequest(t, 1500, "cus_1"))
+	require.NoError(t, err)
+
+	resp, err := c.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, idem.StateSucceeded, in.State(), "the answer in hand is recorded, not thrown away")
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, rec.State)
+}
+
+// The record counts the attempts of every call, not only the last one's.
+func TestAttemptsAccumulateAcrossCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:count", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 2})
+	for range 2 {
+		_, err := e.client.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	}
+	rec, err := e.store.Get(ctx, in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, 2, rec.Attempts, "two failed calls, one attempt each")
+
+	resp, err := e.client.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, 1, resp.Attempts, "this call's attempts")
+	rec, err = e.store.Get(ctx, in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, 3, rec.Attempts, "the intent's attempts")
+}
+
+// A certificate the client does not trust is not retried: no retry fixes it.
+func TestCertificateErrorIsNotRetried(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is the point
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{} // does not trust the test server's certificate
+	t.Cleanup(tr.CloseIdleConnections)
+	var attempts attemptLog
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clk), idem.WithAttemptHook(attempts.hook))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+
+	_, err = c.Do(context.Background(), in)
+	var notSent *idem.NotSentError
+	require.ErrorAs(t, err, &notSent)
+	assert.Len(t, attempts.all(), 1)
+	assert.Empty(t, clk.Sleeps())
+}
+
+// The error of a call that gave up carries the last answer's body.
+func TestRetryErrorKeepsTheLastBody(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+	in := e.newIntent(t, "checkout:body", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 2})
+	_, err := e.client.Do(context.Background(), in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	require.NotNil(t, retryErr.LastResponse)
+	assert.Contains(t, string(retryErr.LastResponse.Body), "the status fault answered this request")
+}
+
+// A Retry-After that would land the next attempt past the intent's expiry
+// ends the call there: the key is never sent after it.
+func TestNoAttemptAfterExpiry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:late", 100)
+	e.clock.Advance(sendWindow - 5*time.Second)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "10"})
+
+	_, err := e.client.Do(context.Background(), in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopExpired, retryErr.Reason)
+	assert.Equal(t, 1, e.srv.Stats().Requests)
+	assert.Empty(t, e.clock.Sleeps())
+	assert.Equal(t, idem.StateExpired, in.State())
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateExpired, rec.State)
+}
+
+// cancelOnFinal cancels the call's context once the server's final answer
+// is in hand: the outcome must still be saved.
+func TestOutcomeIsSavedAfterACancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := newEnv(t)
+	c := e.newClient(t, idem.WithAttemptHook(func(a idem.Attempt) {
+		if a.StatusCode == http.StatusCreated {
+			cancel()
+		}
+	}))
+	in := e.newIntent(t, "checkout:cancel-late", 100)
+	resp, err := c.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, rec.State)
+}
+
+func TestAttemptsAreSavedAfterACancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := newEnv(t)
+	c := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}), idem.WithAttemptHook(func(a idem.Attempt) {
+		if !a.Retry {
+			cancel()
+		}
+	}))
+	in := e.newIntent(t, "checkout:cancel-gave-up", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+	_, err := c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.NotErrorAs(t, err, new(*idem.SaveError))
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StatePending, rec.State)
+	assert.Equal(t, 1, rec.Attempts)
+}
+
+// cancelAfterAnswer reads each answer in full, then cancels the call's
+// context before handing the answer on: the answer arrived just as the
+// user gave up, and what it says must still be kept.
+type cancelAfterAnswer struct {
+	base   http.RoundTripper
+	cancel context.CancelFunc
+}
+
+func (c cancelAfterAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	c.cancel()
+	return resp, nil
+}
+
+func TestDoWithANilIntent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	assert.NotPanics(t, func() {
+		_, err := e.client.Do(context.Background(), nil)
+		assert.Error(t, err)
+	})
+}
+
+// A call that put nothing on the wire leaves the intent new.
+func TestNoAttemptLeavesTheIntentNew(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:never", 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := e.client.Do(ctx, in)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, idem.StateNew, in.State())
+	assert.Equal(t, 0, e.srv.Stats().Requests)
+}
+
+// A 303 after a POST is followed with a GET, and a GET never carries the
+// key (contract section 8).
+func TestRedirectToGETCarriesNoKey(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var mu sync.Mutex
+	var getKeys []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/old/payments" {
+			http.Redirect(w, r, "/payments", http.StatusSeeOther)
+			return
+		}
+		if r.Method == http.MethodGet {
+			mu.Lock()
+			getKeys = append(getKeys, r.Header.Get("Idempotency-Key"))
+			mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/old/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	_, _ = c.Do(context.Background(), in)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, getKeys, "a redirect that turns the POST into a GET is not followed, so no GET carries the key")
 }

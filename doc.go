@@ -25,21 +25,26 @@ on: an app that changes WithQuotedKey in the same update that brings this
 release resends its older unresolved intents in the new spelling, so change
 it in a later update. A changed cart is a new intent with a new key.
 
-[Client.Intent] is the one call to make when the Pay button is shown: it
-looks at the action's latest intent (the one created last, by a sequence
-number stored with each intent, not by the device's clock, which the user
-may set back) and returns it when the request is the same, whatever its
-state (Do on a resolved one returns the stored answer and sends nothing),
-makes a new one when it changed, and returns an [*UnresolvedError] instead
-of starting a second payment while the previous one's outcome is unknown.
+[Client.Send] is the one call for a Pay button: it creates the intent for
+an action name (or takes the one already there for the same request),
+sends it, and returns the final answer; the stored one, without sending,
+once the outcome is known. It returns an [*UnresolvedError] instead of
+starting a second payment while the previous one's outcome is unknown.
 
-	in, err := client.Intent(ctx, "checkout:cart-42", req)
+	client, err := idem.New(idem.WithStore(store),
+		idem.WithLookup(idem.LookupQuery("idempotency_key")))
 	...
-	resp, err := client.Do(ctx, in)
+	resp, err := client.Send(ctx, "checkout:cart-42", req)
 
-After a restart, [Client.Unresolved] lists the intents to resume; Do resumes
-each with its own key. Do on a resolved intent returns the stored answer and
-sends nothing.
+At app start, [Client.SettleAll] settles what an earlier run left
+unresolved, each intent with its own key, and reports what became of each.
+[Client.Settle] does it for one intent: it resends the intent while the
+server still keeps its key, and asks the server's lookup ([WithLookup])
+after that. [Client.Intent] and [Client.Do] are the two halves of Send, for
+apps that show the key or hold the intent between the tap and the send.
+Intent looks at the action's latest intent (the one created last, by a
+sequence number stored with each intent, not by the device's clock, which
+the user may set back).
 
 # States
 
@@ -100,8 +105,11 @@ One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
 and the context's deadline; the first to run out ends it, inside an attempt
 too (a server that never answers, or trickles its answer, cannot hold Do
 past it whatever the http.Client's Timeout), and the *RetryError says which
-([RetryError.Reason]), with the attempt count and the last answer. The outcome is then unknown ([ErrOutcomeUnknown]) and the intent
-stays pending: Do it again later.
+([RetryError.Reason]), with the attempt count and the last answer. The
+outcome is then unknown ([ErrOutcomeUnknown]) and the intent stays pending:
+Settle or Do it again later. [ContextWithRetryPolicy] gives the calls made
+with a context a budget of their own, a short one for a tap and a long one
+for a background settle, from one Client.
 
 Retries are built on github.com/hashicorp/go-retryablehttp with per-call
 hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
@@ -127,8 +135,8 @@ A server keeps idempotency records for a retention period (24 hours by
 default); after it, the key counts as new and a resend would do the work
 again. The Client therefore stops sending a key once its intent is older than
 the retention less a safety margin ([WithRetention]): Do returns a
-*RetryError matching [ErrIntentExpired], and [Client.Reconcile] settles the
-intent with the server's lookup by key.
+*RetryError whose Reason is [StopExpired], and [Client.Settle] settles the
+intent with the server's lookup by key ([Client.Reconcile]).
 
 # Reconciling
 
@@ -187,6 +195,9 @@ key.
 
 The fakeserver package implements the server side of the contract with
 faults on demand (lost responses, crashed workers, 503s); test against it
-rather than against a hand-made mock.
+rather than against a hand-made mock. Give the client ([WithClock]) and the
+fake server the same clock.Manual, and backoff, Retry-After, leases and
+retention pass without sleeping. [Client.HTTPRequest] builds the exact
+request of an intent for an http.Client that idem does not manage.
 */
 package idem

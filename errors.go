@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/idempotency"
 )
 
 // Sentinel errors. Match them with errors.Is; the typed errors below wrap
@@ -34,30 +36,12 @@ var (
 	ErrKeyRejected = errors.New("idem: the server rejected the Idempotency-Key (400)")
 
 	// ErrOutcomeUnknown: the request may or may not have taken effect. The
-	// intent stays unresolved: resume it with Client.Do (same key, safe) or,
-	// once it is expired, settle it with Client.Reconcile.
+	// intent stays unresolved: Settle it (or Do it) again later.
 	ErrOutcomeUnknown = errors.New("idem: outcome unknown: the request may or may not have taken effect")
-
-	// ErrIntentExpired: the intent is older than the server's retention less
-	// the safety margin, so its key may be forgotten by the server and
-	// sending it again could do the work twice. It is not sent; reconcile it.
-	ErrIntentExpired = errors.New("idem: intent too old to send again; reconcile it")
 
 	// ErrIntentMismatch: a request was offered for an intent that holds a
 	// different one. A changed request is a new intent.
 	ErrIntentMismatch = errors.New("idem: request differs from the intent's; a changed request is a new intent")
-
-	// ErrRetriesExhausted: the retry budget (attempts, elapsed time, the
-	// context's deadline or the Retry-After cap) ran out first.
-	ErrRetriesExhausted = errors.New("idem: retry budget exhausted")
-
-	// ErrUnresolved: an earlier intent for the same action still has an
-	// unknown outcome, so a new one could pay twice. See UnresolvedError.
-	ErrUnresolved = errors.New("idem: an earlier intent for this action has an unknown outcome")
-
-	// ErrNotIntentMethod: intents are for POST and PATCH. GET, HEAD,
-	// OPTIONS, PUT and DELETE are idempotent and carry no key.
-	ErrNotIntentMethod = errors.New("idem: only POST and PATCH requests carry an Idempotency-Key")
 
 	// ErrIntentReplaced: Client.Intent replaced this never-sent intent with
 	// a new one for a changed request; it is never sent.
@@ -67,15 +51,6 @@ var (
 	// it is running in this process.
 	ErrInFlight = errors.New("idem: a request for this intent is in flight")
 )
-
-// Problem is an RFC 9457 problem details object, as the server sent it.
-type Problem struct {
-	Type     string `json:"type,omitempty"`
-	Title    string `json:"title,omitempty"`
-	Status   int    `json:"status,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-	Instance string `json:"instance,omitempty"`
-}
 
 // APIError is a final answer from the server that is not a success: a
 // business outcome such as 402 (card declined), a validation 400, a key
@@ -87,7 +62,7 @@ type APIError struct {
 	StatusCode int
 	// Problem holds the RFC 9457 fields when the body was a problem
 	// document (application/problem+json or JSON with those fields).
-	Problem Problem
+	Problem idempotency.Problem
 	// Response is the whole answer, body included.
 	Response *Response
 
@@ -181,31 +156,47 @@ func isStripeIdempotencyError(header http.Header, body []byte) bool {
 }
 
 // parseProblem decodes an RFC 9457 body; anything else yields the zero
-// Problem. It never fails: a server that answers nonsense still gets its
+// problem. It never fails: a server that answers nonsense still gets its
 // status reported.
-func parseProblem(header http.Header, body []byte) Problem {
+func parseProblem(header http.Header, body []byte) idempotency.Problem {
 	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
 	if ct != "application/problem+json" && ct != "application/json" {
-		return Problem{}
+		return idempotency.Problem{}
 	}
-	var p Problem
+	var p idempotency.Problem
 	if json.Unmarshal(body, &p) != nil {
-		return Problem{}
+		return idempotency.Problem{}
 	}
 	return p
 }
 
-// StopReason says which part of the retry budget ended a call.
+// StopReason says what ended a call without a final answer.
 type StopReason string
 
+// The reasons a call ends with a *RetryError. With each, the outcome is
+// unknown and the intent stays unresolved with its key.
 const (
-	StopAttempts      StopReason = "max attempts reached"
-	StopElapsed       StopReason = "max elapsed time reached"
-	StopDeadline      StopReason = "context deadline"
+	// StopAttempts: the call made RetryPolicy.MaxAttempts attempts.
+	StopAttempts StopReason = "max attempts reached"
+	// StopElapsed: the next attempt would start after RetryPolicy.MaxElapsed.
+	StopElapsed StopReason = "max elapsed time reached"
+	// StopDeadline: the next attempt would start after the context's
+	// deadline, or the deadline passed during an attempt.
+	StopDeadline StopReason = "context deadline"
+	// StopRetryAfterCap: the server asked for a Retry-After longer than
+	// RetryPolicy.MaxRetryAfter; RetryError.Wait holds what it asked.
 	StopRetryAfterCap StopReason = "Retry-After above the cap"
-	StopCanceled      StopReason = "context canceled"
-	StopExpired       StopReason = "intent expired"
-	StopFatal         StopReason = "error that retrying cannot fix"
+	// StopCanceled: the context was canceled.
+	StopCanceled StopReason = "context canceled"
+	// StopExpired: the intent is older than the server's retention less the
+	// safety margin (WithRetention), or would be by the next attempt: the
+	// server may have forgotten its key, and a resend could do the work
+	// twice. It is not sent again; Settle asks the server's lookup instead.
+	StopExpired StopReason = "intent expired"
+	// StopFatal: an error that retrying cannot fix, such as an answer over
+	// the size limit (WithMaxResponseBytes), after an attempt that may have
+	// reached the server; RetryError.Err holds it.
+	StopFatal StopReason = "error that retrying cannot fix"
 	// StopRedirect: the answer was a 3xx that is not followed (301, 302 or
 	// 303 to a GET, a login page say): it says nothing about the work.
 	// RetryError.LastResponse holds it, with its Location.
@@ -263,17 +254,10 @@ func (e *RetryError) Error() string {
 	return b.String()
 }
 
-// Unwrap makes the error match ErrOutcomeUnknown, ErrRetriesExhausted (when
-// the budget ran out), ErrIntentExpired (when the intent expired) and the
-// last attempt's error, such as context.Canceled.
+// Unwrap makes the error match ErrOutcomeUnknown and the last attempt's
+// error, such as context.Canceled; Reason says what ended the call.
 func (e *RetryError) Unwrap() []error {
 	errs := []error{ErrOutcomeUnknown}
-	switch e.Reason {
-	case StopAttempts, StopElapsed, StopDeadline, StopRetryAfterCap:
-		errs = append(errs, ErrRetriesExhausted)
-	case StopExpired:
-		errs = append(errs, ErrIntentExpired)
-	}
 	if e.Err != nil {
 		errs = append(errs, e.Err)
 	}
@@ -304,10 +288,10 @@ func (e *NotSentError) Error() string {
 func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
 // UnresolvedError is returned when a new intent is asked for an action
-// whose previous intent has an unknown outcome. Starting a second payment
-// then could pay twice. The app decides: resume Previous with Client.Do
-// (it may still complete, for the old request), settle it with
-// Client.Reconcile, or, knowingly, drop it with Client.Forget.
+// whose previous intent has an unknown outcome (match it with errors.As).
+// Starting a second payment then could pay twice. The app decides: settle
+// Previous with Client.Settle (it may still complete, for the old request),
+// or, knowingly, drop it with Client.Forget.
 type UnresolvedError struct {
 	Name     string
 	Previous *Intent
@@ -316,8 +300,6 @@ type UnresolvedError struct {
 func (e *UnresolvedError) Error() string {
 	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
 }
-
-func (e *UnresolvedError) Unwrap() error { return ErrUnresolved }
 
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or

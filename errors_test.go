@@ -13,8 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/clocktest"
-	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/clock"
 )
 
 func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
@@ -43,7 +42,7 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 				_, _ = io.WriteString(w, tc.body)
 			}))
 			t.Cleanup(srv.Close)
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clocktest.New(epoch)),
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
 				idem.WithKeyReusedAnswer(func(resp *idem.Response) bool {
 					return strings.Contains(string(resp.Body), "DUPLICATE_KEY")
 				}))
@@ -59,9 +58,9 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 			assert.Equal(t, tc.status, resp.StatusCode)
 			assert.Equal(t, tc.reused, errors.Is(err, idem.ErrKeyReused))
 			if tc.reused {
-				assert.Equal(t, persist.StateRejected, in.State())
+				assert.Equal(t, idem.StateRejected, in.State())
 			} else {
-				assert.Equal(t, persist.StateFailed, in.State())
+				assert.Equal(t, idem.StateFailed, in.State())
 			}
 			// The stored answer says the same.
 			_, err = c.Do(context.Background(), in)

@@ -7,18 +7,20 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
-// A payment whose first response is lost: the retry carries the same key,
-// the server replays its answer, and the card is charged once.
+// Paying from a button is one call. Here the network loses the first
+// answer: the retry carries the same key, the server replays its answer, and
+// the card is charged once.
 func Example() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-
 	dir, _ := os.MkdirTemp("", "idem-example")
 	defer os.RemoveAll(dir)
 	store, err := persist.OpenDir(dir, nil)
@@ -27,108 +29,147 @@ func Example() {
 		return
 	}
 	defer store.Close()
+	client, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
+		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 
-	client, err := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()))
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-
-	ctx := context.Background()
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 		map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-	// The intent is saved before anything is sent.
-	in, err := client.Intent(ctx, "checkout:cart-42", req)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-
-	// The network loses the first answer.
-	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-
-	resp, err := client.Do(ctx, in)
+	resp, err := client.Send(context.Background(), "checkout:cart-42", req)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Println("status:", resp.StatusCode, "attempts:", resp.Attempts, "replayed:", resp.Replayed)
-	fmt.Println("state:", in.State())
 	fmt.Println("charges:", srv.Stats().ProviderCharges)
 	// Output:
 	// status: 201 attempts: 2 replayed: true
-	// state: succeeded
 	// charges: 1
 }
 
-// After a restart, the unresolved intents are resumed, each with its own key.
-func ExampleClient_Unresolved() {
+// At app start, one call settles what an earlier run left unresolved: here
+// a payment whose answer was lost just before the app died.
+func ExampleClient_SettleAll() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
 	store := persist.NewMemory(nil) // a device would use persist.OpenDir
 	ctx := context.Background()
 
-	// The first run gives up after one attempt whose answer was lost.
-	first, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	// The first run gives up after one attempt, whose answer was lost, and
+	// dies.
+	first, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()))
+	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 		map[string]any{"amount": 700, "currency": "AZN", "customer": "cus_1"})
-	in, _ := first.Intent(ctx, "checkout:cart-7", req)
-	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-	_, err := first.Do(ctx, in)
+	_, err := first.Send(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), "checkout:cart-7", req)
 	fmt.Println("first run, outcome unknown:", errors.Is(err, idem.ErrOutcomeUnknown))
 
-	// The next run resumes it.
-	next, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()))
-	pending, _ := next.Unresolved(ctx)
-	for _, in := range pending {
-		resp, err := next.Do(ctx, in)
-		if err != nil {
-			fmt.Println(err)
-			continue
-		}
-		fmt.Println("resumed:", resp.StatusCode, "replayed:", resp.Replayed)
+	// The next run settles it, with its own key.
+	next, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
+		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+	settled, _ := next.SettleAll(ctx)
+	for _, s := range settled {
+		fmt.Println(s.Intent.Name(), s.Intent.State(), s.Response.StatusCode, "replayed:", s.Response.Replayed)
 	}
 	fmt.Println("charges:", srv.Stats().ProviderCharges)
 	// Output:
 	// first run, outcome unknown: true
-	// resumed: 201 replayed: true
+	// checkout:cart-7 succeeded 201 replayed: true
 	// charges: 1
 }
 
+// An intent too old to send again (the server may have forgotten its key)
+// is settled through the server's lookup, which sends nothing. One manual
+// clock drives the client and the fake server, so a day passes at once.
+func ExampleClient_Settle() {
+	clk := clock.NewManual(time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC))
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	defer srv.Close()
+	client, _ := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk),
+		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+	ctx := context.Background()
+
+	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
+		map[string]any{"amount": 900, "currency": "AZN", "customer": "cus_1"})
+	in, _ := client.Intent(ctx, "checkout:cart-5", req)
+	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := client.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+	fmt.Println("outcome unknown:", errors.Is(err, idem.ErrOutcomeUnknown), "state:", in.State())
+
+	clk.Advance(23 * time.Hour) // past the retention less the safety margin
+	resp, err := client.Settle(ctx, in)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("lookup:", resp.StatusCode, "state:", in.State(), "requests:", srv.Stats().Requests, "charges:", srv.Stats().ProviderCharges)
+	// Output:
+	// outcome unknown: true state: pending
+	// lookup: 200 state: succeeded requests: 2 charges: 1
+}
+
 // A changed cart while the previous payment's outcome is unknown is refused,
-// so the app can settle the old one first instead of paying twice.
-func ExampleClient_Intent() {
+// so the app settles the old one first instead of paying twice.
+func ExampleClient_Send() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
 	ctx := context.Background()
 	client, _ := idem.New(idem.WithHTTPClient(srv.Client()),
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-
+		idem.WithLookup(idem.LookupQuery("idempotency_key")))
 	cart := func(amount int) idem.Request {
 		req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 			map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
 		return req
 	}
-	in, _ := client.Intent(ctx, "checkout:cart-9", cart(1000))
-	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-	_, _ = client.Do(ctx, in) // the answer is lost
+	// A tap in the foreground gets a short budget; the answer is lost.
+	tap := idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1})
+	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err := client.Send(tap, "checkout:cart-9", cart(1000))
+	fmt.Println("outcome unknown:", errors.Is(err, idem.ErrOutcomeUnknown))
 
-	_, err := client.Intent(ctx, "checkout:cart-9", cart(1200))
+	_, err = client.Send(tap, "checkout:cart-9", cart(1200))
 	var unresolved *idem.UnresolvedError
 	if errors.As(err, &unresolved) {
-		fmt.Println("previous intent unresolved:", unresolved.Previous.Key() == in.Key())
-		// Resuming it is safe: same key, same bytes.
-		resp, _ := client.Do(ctx, unresolved.Previous)
-		fmt.Println("previous intent:", resp.StatusCode, "replayed:", resp.Replayed)
+		resp, _ := client.Settle(ctx, unresolved.Previous)
+		fmt.Println("changed cart refused; the previous payment:", resp.StatusCode, "replayed:", resp.Replayed)
 	}
-	next, _ := client.Intent(ctx, "checkout:cart-9", cart(1200))
-	resp, _ := client.Do(ctx, next)
-	fmt.Println("new intent:", resp.StatusCode, "new key:", next.Key() != in.Key())
+	resp, _ := client.Send(tap, "checkout:cart-9", cart(1200))
+	fmt.Println("changed cart:", resp.StatusCode, "charges:", srv.Stats().ProviderCharges)
 	// Output:
-	// previous intent unresolved: true
-	// previous intent: 201 replayed: true
-	// new intent: 201 new key: true
+	// outcome unknown: true
+	// changed cart refused; the previous payment: 201 replayed: true
+	// changed cart: 201 charges: 2
+}
+
+// The exact request of an intent, for an http.Client that idem does not
+// manage: the same bytes and key as every attempt of Do.
+func ExampleClient_HTTPRequest() {
+	srv := fakeserver.NewServer(nil)
+	defer srv.Close()
+	client, _ := idem.New()
+	ctx := context.Background()
+	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
+		map[string]any{"amount": 300, "currency": "AZN", "customer": "cus_1"})
+	in, _ := client.Intent(ctx, "checkout:cart-11", req)
+
+	hreq, _ := client.HTTPRequest(ctx, in)
+	fmt.Println(hreq.Method, hreq.URL.Path, "key:", hreq.Header.Get("Idempotency-Key") == in.Key())
+	for range 2 {
+		hreq, _ := client.HTTPRequest(ctx, in)
+		resp, err := srv.Client().Do(hreq)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+	}
+	fmt.Println("charges:", srv.Stats().ProviderCharges)
+	// Output:
+	// POST /payments key: true
+	// 201 replayed: false
+	// 201 replayed: true
+	// charges: 1
 }
 
 // Any *http.Client gets keys on POST and safe retries through the
@@ -150,4 +191,37 @@ func ExampleClient_RoundTripper() {
 	fmt.Println("status:", resp.StatusCode, "charges:", srv.Stats().ProviderCharges)
 	// Output:
 	// status: 201 charges: 1
+}
+
+// Do ends in one of three ways: a success, a final answer that is not one
+// (a declined card: stored, never retried), or an unknown outcome (the
+// intent is kept; Do it again later).
+func ExampleClient_Do() {
+	srv := fakeserver.NewServer(nil)
+	defer srv.Close()
+	client, _ := idem.New(idem.WithHTTPClient(srv.Client()))
+	ctx := context.Background()
+
+	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
+		map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_declined"})
+	in, _ := client.Intent(ctx, "checkout:cart-3", req)
+
+	resp, err := client.Do(ctx, in)
+	var apiErr *idem.APIError
+	switch {
+	case err == nil:
+		fmt.Println("paid:", resp.StatusCode)
+	case errors.As(err, &apiErr):
+		// A final answer from the server: show it to the user.
+		fmt.Println("final answer:", apiErr.StatusCode, apiErr.Problem.Type)
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		// No final answer: the intent stays unresolved with its key.
+		fmt.Println("outcome unknown, try again later:", err)
+	default:
+		fmt.Println(err)
+	}
+	fmt.Println("state:", in.State(), "charges:", srv.Stats().ProviderCharges)
+	// Output:
+	// final answer: 402 https://idem.dev/problems/card-declined
+	// state: failed charges: 0
 }

@@ -55,7 +55,7 @@ func (r Request) validate() error {
 	case "":
 		return errors.New("idem: request has no method")
 	default:
-		return fmt.Errorf("%w (got %s)", ErrNotIntentMethod, r.Method)
+		return fmt.Errorf("idem: intents are for POST and PATCH, which carry an Idempotency-Key; %s is idempotent without one", r.Method)
 	}
 	u, err := url.Parse(r.URL)
 	if err != nil {
@@ -97,8 +97,9 @@ func (r Request) fingerprint() string {
 
 // Intent is one thing the user means to do, such as paying for this cart.
 // It holds one Idempotency-Key for its whole life and the exact request to
-// send with it. Get one from Client.Intent, Client.NewIntent, Client.Load or
-// Client.Unresolved, and send it with Client.Do.
+// send with it. Client.Send makes and sends one in one call; get one from
+// Client.Intent, Client.NewIntent, Client.Load or Client.Unresolved, and
+// send it with Client.Settle or Client.Do.
 //
 // An Intent is safe for concurrent use. Its accessors report the state as
 // of the last change made through this process.
@@ -126,13 +127,22 @@ func (in *Intent) Name() string { return in.current().Name }
 // created it has not sent it (or Intent replaced it unsent). Otherwise,
 // after a restart for instance, it reads pending: the first attempt is not
 // recorded, so it may have reached the server before a crash.
-func (in *Intent) State() persist.State {
+func (in *Intent) State() State {
 	rec := in.current()
 	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
-		return persist.StatePending
+		return StatePending
 	}
-	return rec.State
+	return stateOf(rec.State)
 }
+
+// Attempts returns how many attempts have been put on the wire for the
+// intent, over all calls and restarts; the first attempt of a call that
+// got no answer before a crash may be missing.
+func (in *Intent) Attempts() int { return in.current().Attempts }
+
+// UpdatedAt returns when the intent last changed: created, attempted or
+// resolved. An app shows "pending for 3 minutes" from it.
+func (in *Intent) UpdatedAt() time.Time { return in.current().UpdatedAt }
 
 // CreatedAt returns when the intent was created: its age decides when it
 // may no longer be sent.
@@ -154,8 +164,8 @@ func (in *Intent) Response() *Response {
 	return responseFromStored(rec.Response, 0, true)
 }
 
-// Matches reports whether req is the request this intent sends.
-func (in *Intent) Matches(req Request) bool {
+// matches reports whether req is the request this intent sends.
+func (in *Intent) matches(req Request) bool {
 	return req.fingerprint() == in.current().Fingerprint
 }
 
@@ -216,8 +226,9 @@ func latestOf(recs []*persist.Record) *persist.Record {
 	return latest
 }
 
-// Intent returns the intent for the action name with request req: the one
-// obvious call when the Pay button is shown.
+// Intent returns the intent for the action name with request req, the first
+// half of Send: call it directly to show the key, or to hold the intent
+// between showing the Pay button and sending it with Do.
 //
 //   - No intent for name yet: a new one is created and saved.
 //   - The latest intent for name holds the same request: it is returned, in
@@ -228,7 +239,7 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //   - The request changed and the latest intent was created by this Client
 //     and never sent: it is dropped and replaced by a new one.
 //   - The request changed and the latest intent may have reached the
-//     server with an unknown outcome: *UnresolvedError (ErrUnresolved), and
+//     server with an unknown outcome: *UnresolvedError, and
 //     nothing is created. Starting a second payment silently is the one
 //     thing this call never does.
 //
@@ -323,8 +334,8 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 }
 
 // Unresolved returns the intents whose outcome is not known yet, oldest
-// first: after a restart, Do each of them to resume it with its own key.
-// Expired intents are included; Do reports them and Reconcile settles them.
+// first, for a "pending" screen; SettleAll settles them all. Expired intents
+// are included.
 // If some stored intents cannot be read, the readable ones are returned
 // with an error that names each unreadable one: persist.CorruptErrors lists
 // them all, where errors.As finds only the first.
@@ -339,7 +350,7 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 
 // Forget deletes an intent from the device. It is the deliberate unsafe
 // path: if the intent reached the server, its effect stays (a payment stays
-// made) and nothing on the device remembers it. Prefer Do or Reconcile.
+// made) and nothing on the device remembers it. Prefer Settle.
 // It returns ErrInFlight while a Do or Reconcile for the intent runs.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	key := in.Key()

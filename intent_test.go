@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -49,7 +52,7 @@ type rawKeyServer struct {
 	keys []string
 }
 
-func newRawKeyServer(t *testing.T, clk *clocktest.Clock) *rawKeyServer {
+func newRawKeyServer(t *testing.T, clk *clock.Manual) *rawKeyServer {
 	t.Helper()
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	k := &rawKeyServer{}
@@ -92,7 +95,7 @@ func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
 	for _, quotedFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("quoted first %v", quotedFirst), func(t *testing.T) {
 			t.Parallel()
-			clk := clocktest.New(epoch)
+			clk := clock.NewManual(epoch)
 			srv := newRawKeyServer(t, clk)
 			store := persist.NewMemory(nil)
 			client := func(quoted bool, hc *http.Client) *idem.Client {
@@ -133,7 +136,7 @@ func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
 
 func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := newRawKeyServer(t, clk)
 	store := persist.NewMemory(nil)
 	ctx := context.Background()
@@ -164,8 +167,8 @@ func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 
 func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	t.Parallel()
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clocktest.New(epoch)})
-	device := clocktest.New(epoch)
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
+	device := clock.NewManual(epoch)
 	hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
 	hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives
 	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
@@ -191,7 +194,7 @@ func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	require.Equal(t, 2, srv.Stats().Payments, "B was charged")
 
 	_, err = c.Intent(ctx, "checkout", cart(3000))
-	require.ErrorIs(t, err, idem.ErrUnresolved, "B, created last, is unresolved, though its clock reading is older than A's")
+	require.ErrorAs(t, err, new(*idem.UnresolvedError), "B, created last, is unresolved, though its clock reading is older than A's")
 	assert.Equal(t, 2, srv.Stats().Payments)
 }
 
@@ -240,20 +243,295 @@ func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
 	req := e.paymentRequest(t, 100, "cus_1")
 	in, err := e.client.Intent(ctx, "checkout:restart", req)
 	require.NoError(t, err)
-	assert.Equal(t, persist.StateNew, in.State(), "created here and never sent")
+	assert.Equal(t, idem.StateNew, in.State(), "created here and never sent")
 	// The process dies here, perhaps with the first attempt on the wire.
 
 	next := e.newClient(t)
 	loaded, err := next.Load(ctx, in.Key())
 	require.NoError(t, err)
-	assert.Equal(t, persist.StatePending, loaded.State())
+	assert.Equal(t, idem.StatePending, loaded.State())
 	unresolved, err := next.Unresolved(ctx)
 	require.NoError(t, err)
 	require.Len(t, unresolved, 1)
-	assert.Equal(t, persist.StatePending, unresolved[0].State())
+	assert.Equal(t, idem.StatePending, unresolved[0].State())
 	again, err := next.Intent(ctx, "checkout:restart", req)
 	require.NoError(t, err)
-	assert.Equal(t, persist.StatePending, again.State())
+	assert.Equal(t, idem.StatePending, again.State())
 	_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
-	assert.ErrorIs(t, err, idem.ErrUnresolved, "and it is not replaced as if unsent")
+	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "and it is not replaced as if unsent")
+}
+
+func TestIntentForAnAction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("same request reuses the intent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		a, err := e.client.Intent(ctx, "checkout:a", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		b, err := e.client.Intent(ctx, "checkout:a", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		assert.Equal(t, a.Key(), b.Key())
+	})
+
+	t.Run("changed cart before sending replaces the unsent intent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		a, err := e.client.Intent(ctx, "checkout:b", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		b, err := e.client.Intent(ctx, "checkout:b", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err)
+		assert.NotEqual(t, a.Key(), b.Key())
+		_, err = e.store.Get(ctx, a.Key())
+		assert.ErrorIs(t, err, persist.ErrNotFound, "the unsent intent is dropped")
+	})
+
+	t.Run("changed cart after a success is a new intent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		a, err := e.client.Intent(ctx, "checkout:c", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, a)
+		require.NoError(t, err)
+		b, err := e.client.Intent(ctx, "checkout:c", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err)
+		assert.NotEqual(t, a.Key(), b.Key())
+	})
+
+	t.Run("changed cart with an unknown outcome is refused", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		a, err := e.client.Intent(ctx, "checkout:d", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: a.Key()})
+		_, err = e.client.Do(ctx, a)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		_, err = e.client.Intent(ctx, "checkout:d", e.paymentRequest(t, 200, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
+		var unresolved *idem.UnresolvedError
+		require.ErrorAs(t, err, &unresolved)
+		assert.Equal(t, a.Key(), unresolved.Previous.Key())
+		_, err = e.client.NewIntent(ctx, "checkout:d", e.paymentRequest(t, 200, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "NewIntent refuses too")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+
+	t.Run("after a restart a new intent may have been sent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		_, err := e.client.Intent(ctx, "checkout:e", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		restarted := e.newClient(t)
+		_, err = restarted.Intent(ctx, "checkout:e", e.paymentRequest(t, 200, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
+	})
+
+	t.Run("paying again after a decline takes NewIntent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		a, err := e.client.Intent(ctx, "checkout:f", e.paymentRequest(t, 100, "cus_declined"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, a)
+		require.Error(t, err)
+		same, err := e.client.Intent(ctx, "checkout:f", e.paymentRequest(t, 100, "cus_declined"))
+		require.NoError(t, err)
+		assert.Equal(t, a.Key(), same.Key(), "Intent shows the decline again")
+		b, err := e.client.NewIntent(ctx, "checkout:f", e.paymentRequest(t, 100, "cus_declined"))
+		require.NoError(t, err)
+		assert.NotEqual(t, a.Key(), b.Key())
+	})
+
+	t.Run("intents are only for POST and PATCH", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodDelete, http.MethodHead} {
+			_, err := e.client.NewIntent(ctx, "", idem.Request{Method: m, URL: e.srv.URL + "/payments"})
+			assert.ErrorContains(t, err, "intents are for POST and PATCH", m)
+		}
+	})
+}
+
+// failingStore refuses every Save, as a full disk would.
+type failingStore struct{ persist.Store }
+
+var errDiskFull = errors.New("no space left on device")
+
+func (failingStore) Save(context.Context, *persist.Record) error { return errDiskFull }
+
+func TestNothingIsSentWhenTheIntentCannotBeSaved(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.newClient(t, idem.WithStore(failingStore{persist.NewMemory(nil)}))
+	_, err := c.Intent(context.Background(), "checkout:full", e.paymentRequest(t, 100, "cus_1"))
+	var saveErr *idem.SaveError
+	require.ErrorAs(t, err, &saveErr)
+	assert.ErrorIs(t, err, errDiskFull)
+	assert.Equal(t, 0, e.srv.Stats().Requests)
+}
+
+func TestUnreadableRecordStopsOnlyItsOwnAction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	store, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	c := e.newClient(t, idem.WithStore(store))
+	good, err := c.Intent(ctx, "checkout:good", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	bad, err := c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 200, "cus_1"))
+	require.NoError(t, err)
+
+	// Damage the second intent's file on disk.
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	damaged := 0
+	for _, de := range entries {
+		if de.IsDir() || !strings.HasSuffix(de.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(dir, de.Name())
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		if strings.Contains(string(data), bad.Key()) {
+			require.NoError(t, os.WriteFile(path, data[:len(data)/2], 0o600))
+			damaged++
+		}
+	}
+	require.Equal(t, 1, damaged)
+	require.NoError(t, store.Close())
+	store, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	c = e.newClient(t, idem.WithStore(store))
+
+	// The readable intent still resumes; a new intent for the damaged
+	// record's action is refused, naming the record, because it could be
+	// that action's unresolved intent; other actions go on.
+	pending, err := c.Unresolved(ctx)
+	var corrupt *persist.CorruptError
+	require.ErrorAs(t, err, &corrupt)
+	require.Len(t, pending, 1)
+	assert.Equal(t, good.Key(), pending[0].Key())
+	_, err = c.Do(ctx, pending[0])
+	require.NoError(t, err)
+
+	_, err = c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 300, "cus_1"))
+	require.ErrorAs(t, err, &corrupt)
+	assert.Equal(t, bad.Key(), corrupt.Key)
+	_, err = c.Intent(ctx, "checkout:other", e.paymentRequest(t, 300, "cus_1"))
+	require.NoError(t, err, "a damaged file blocks only the action it may belong to")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// Request returns a copy: changing it cannot change what the intent sends.
+func TestRequestIsACopy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:copy", 100)
+	want := e.paymentRequest(t, 100, "cus_1")
+
+	got := in.Request()
+	got.Body[0] = 'X'
+	got.Header.Set("Content-Type", "text/plain")
+	assert.Equal(t, want.Body, in.Request().Body)
+	assert.Equal(t, "application/json", in.Request().Header.Get("Content-Type"))
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+}
+
+// While the first attempt is on the wire the intent counts as sent: a
+// changed cart is refused, not allowed to replace it and pay twice.
+func TestAnIntentOnTheWireIsNotReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGatedServer(t)
+	c := g.newClient(t)
+	a, err := c.Intent(ctx, "checkout:wire", g.payment(t, 100))
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, a)
+		done <- err
+	}()
+	require.Equal(t, a.Key(), <-g.arrived)
+
+	_, err = c.Intent(ctx, "checkout:wire", g.payment(t, 200))
+	require.ErrorAs(t, err, new(*idem.UnresolvedError))
+	// Neither the Reconcile nor the Forget of a busy intent may run.
+	_, err = c.Reconcile(ctx, a)
+	require.ErrorIs(t, err, idem.ErrInFlight)
+	require.ErrorIs(t, c.Forget(ctx, a), idem.ErrInFlight)
+
+	g.open()
+	require.NoError(t, <-done)
+	assert.Equal(t, 1, g.h.Stats().ProviderCharges)
+	assert.Equal(t, idem.StateSucceeded, a.State())
+}
+
+func TestUnresolvedLeavesOutResolvedIntents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	done := e.newIntent(t, "checkout:done", 100)
+	_, err := e.client.Do(ctx, done)
+	require.NoError(t, err)
+	open := e.newIntent(t, "checkout:open", 200)
+	pending, err := e.client.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	assert.Equal(t, open.Key(), pending[0].Key())
+}
+
+// deleteGate holds Delete until released, and says when one starts.
+type deleteGate struct {
+	persist.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s deleteGate) Delete(ctx context.Context, key string) error {
+	s.entered <- struct{}{}
+	<-s.release
+	return s.Store.Delete(ctx, key)
+}
+
+// Intent drops an unsent intent for a changed cart; a Do of the old intent
+// that starts while the drop is under way must not send it, or the old cart
+// and the new one are both paid.
+func TestDroppedIntentIsNeverSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	store := deleteGate{Store: persist.NewMemory(nil), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	c := e.newClient(t, idem.WithStore(store))
+	old, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+
+	type result struct {
+		in  *idem.Intent
+		err error
+	}
+	replaced := make(chan result, 1)
+	go func() {
+		in, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 200, "cus_1"))
+		replaced <- result{in, err}
+	}()
+	<-store.entered // the old intent is being dropped
+	_, err = c.Do(ctx, old)
+	assert.ErrorIs(t, err, idem.ErrIntentReplaced, "the dropped intent must not be sent")
+	close(store.release)
+	r := <-replaced
+	require.NoError(t, r.err)
+	_, err = c.Do(ctx, r.in)
+	require.NoError(t, err)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	_, err = c.Do(ctx, old)
+	assert.Error(t, err, "nor later")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }

@@ -3,9 +3,11 @@ package idem
 import (
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -24,17 +26,18 @@ func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } 
 // WithLogger logs retries and outcomes to l. The default is silence.
 func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
 
-// WithClock replaces the system clock, for tests of waiting. The clock
-// drives every wait and time limit of a call: the backoff between attempts,
-// Retry-After waits, RetryPolicy.MaxElapsed, the context's deadline (taken
-// as the time it leaves, from the clock's now) and the intent's age against
+// WithClock replaces the system clock, for tests of waiting: pass a
+// clock.Manual, and the same one to the fake server. The clock drives every
+// wait and time limit of a call: the backoff between attempts, Retry-After
+// waits, RetryPolicy.MaxElapsed, the context's deadline (taken as the time
+// it leaves, from the clock's now) and the intent's age against
 // WithRetention; it also stamps records (CreatedAt, UpdatedAt), from which
 // Reconcile counts its delay. Network I/O runs in real time: an attempt is
 // given what is left of the budget on the clock as a real-time limit (see
-// RetryPolicy.MaxElapsed). A clock that also implements Monotonic lets
-// tests set its wall time anywhere while idem measures elapsed time on its
-// monotonic reading, as it does with the system clock.
-func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
+// RetryPolicy.MaxElapsed). A clock that also implements clock.Monotonic
+// lets tests set its wall time anywhere while idem measures elapsed time on
+// its monotonic reading, as it does with the system clock.
+func WithClock(clk clock.Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // WithRetryPolicy sets when to retry and how long to wait.
 func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy = p } }
@@ -42,24 +45,61 @@ func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy =
 // WithRetention tells the client how long the server keeps idempotency
 // records, and how long before that it must stop sending a key. An intent
 // older than retention-margin is not sent again: its outcome is reported
-// unknown (ErrIntentExpired) and Reconcile settles it. Zero values mean
-// DefaultRetention and DefaultSafetyMargin.
+// unknown (a *RetryError with Reason StopExpired) and Settle settles it
+// through the lookup. Zero values mean 24 hours (the contract's retention)
+// and one hour.
 func WithRetention(retention, margin time.Duration) Option {
 	return func(c *Client) { c.retention, c.margin = retention, margin }
 }
 
+// WithLookup tells the Client how to ask the server what became of a key
+// without sending the intent again: lookup returns the URL of a GET that
+// answers 2xx with the effect made under key, or 404 when there is none.
+// Reconcile and Settle use it; it is the one place an app builds that URL.
+// For servers that find an effect by a query parameter of the intent's own
+// URL, as the contract's GET /payments?idempotency_key=K does, pass
+// LookupQuery("idempotency_key"). Without a lookup, an intent too old to
+// send again cannot be settled.
+func WithLookup(lookup func(req Request, key string) string) Option {
+	return func(c *Client) { c.lookup = lookup }
+}
+
+// LookupQuery is the lookup of a server that finds the effect of a key at
+// the intent's own URL, with the key in the query parameter param. For an
+// intent that POSTs to https://api.example/payments,
+// LookupQuery("idempotency_key") asks
+// GET https://api.example/payments?idempotency_key=K.
+func LookupQuery(param string) func(req Request, key string) string {
+	return func(req Request, key string) string {
+		u, err := url.Parse(req.URL)
+		if err != nil {
+			// Intents hold validated absolute URLs.
+			return ""
+		}
+		q := u.Query()
+		q.Set(param, key)
+		u.RawQuery = q.Encode()
+		u.Fragment = ""
+		return u.String()
+	}
+}
+
 // WithReconcileDelay sets how long after an intent's last attempt a "not
 // found" from the lookup in Reconcile is trusted: the longest a request may
-// take from the device to the server's record (see DefaultReconcileDelay).
-// Zero means DefaultReconcileDelay.
+// take from the device to the server's record, held in the network or a
+// proxy's queue, then the server's lease and processing time. A request
+// held longer than that (a proxy that queues it for an hour) can arrive
+// after a "not found" was trusted; only a server that refuses stale
+// requests could close that, and the contract has no such rule. Zero means
+// 2 minutes.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
 // WithMaxResponseBytes bounds what is read and kept of one answer: its
 // header fields (as received; the transport's MaxResponseHeaderBytes
 // bounds what it reads of them, 10 MiB by default) and its body together.
 // A larger final answer still resolves the intent from its status, but
-// its body is not kept: the Response says Oversized. Zero means
-// DefaultMaxResponseBytes.
+// its body is not kept: the Response says Oversized. Zero means 10
+// MiB.
 func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
 
 // WithStoredHeaders names header fields of final answers to keep on the
@@ -90,8 +130,9 @@ func keptHeaders(names []string) []string {
 func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
 
 // WithAttemptHook calls f after every attempt with its outcome and the wait
-// chosen before the next one. f runs on the goroutine of Do and must not
-// block.
+// chosen before the next one. f runs on the goroutine of the call and must
+// not block; calls made at once (SettleAll settles a few intents at a time)
+// call it from several goroutines at once.
 func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAttempt = f } }
 
 // WithKeyReusedAnswer tells idem how the app's own server says that a key

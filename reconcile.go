@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -11,10 +12,12 @@ import (
 )
 
 // Reconcile asks the server what became of an intent whose outcome is
-// unknown, without sending it again: a GET of lookupURL, the server's
-// lookup by key (for the fake server and APIs like it,
+// unknown, without sending it again: a GET of the URL the lookup set with
+// WithLookup returns for the intent (for the fake server and APIs like it,
 // GET /payments?idempotency_key=K). It is the way to settle an expired
-// intent, or one the app no longer wants to resume.
+// intent, or one the app no longer wants to resume; Settle calls it when
+// sending again is no longer safe. Without a lookup it returns an error
+// and changes nothing.
 //
 //   - 2xx: the work was done; the intent becomes succeeded, with the
 //     lookup's answer stored as its response.
@@ -28,7 +31,7 @@ import (
 //     since only an earlier process can have sent it. An expired intent
 //     waits like any other: its last attempt may have left just before
 //     expiry. The wait is measured on the in-process timeline, which no
-//     setting of the wall clock moves (see Monotonic).
+//     setting of the wall clock moves (see clock.Monotonic).
 //   - 404 sooner than that: an attempt may still be on its way, so
 //     Reconcile returns an error matching ErrOutcomeUnknown that says how
 //     long to wait, and changes nothing. Try again later.
@@ -46,8 +49,15 @@ import (
 // A resolved intent is returned as it is, and nothing is sent. The lookup
 // takes at most RetryPolicy.MaxElapsed; one that gets no answer in time
 // is an error matching ErrOutcomeUnknown, and nothing changes.
-func (c *Client) Reconcile(ctx context.Context, in *Intent, lookupURL string) (*Response, error) {
+func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
+	if in == nil {
+		return nil, errors.New("idem: Reconcile with a nil intent")
+	}
+	if c.lookup == nil {
+		return nil, fmt.Errorf("idem: cannot reconcile intent %s: the Client has no lookup (WithLookup)", in.Key())
+	}
 	key := in.Key()
+	lookupURL := c.lookup(in.Request(), key)
 	var (
 		resp *Response
 		err  error

@@ -1,11 +1,13 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -39,13 +41,13 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 
 	t.Run("first attempt never recorded, then a restart", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
 		disk := persist.NewMemory(nil)
 		store := &dyingStore{Store: disk}
 		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
-		before, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		before, err := idem.New(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
 		require.NoError(t, err)
 		in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -56,63 +58,63 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		_, err = before.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-		after, err := idem.New(idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
+		after, err := idem.New(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
 		require.NoError(t, err)
 		loaded, err := after.Load(ctx, in.Key())
 		require.NoError(t, err)
 		stored, err := disk.Get(ctx, in.Key())
 		require.NoError(t, err)
 		require.Equal(t, persist.StateNew, stored.State, "the attempt was never recorded")
-		require.Equal(t, persist.StatePending, loaded.State(), "yet it may have been sent")
-		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
+		require.Equal(t, idem.StatePending, loaded.State(), "yet it may have been sent")
+		_, err = after.Reconcile(ctx, loaded)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the dead process's attempt may still be on its way")
 		assert.False(t, loaded.State().Resolved())
 
 		net.deliver(t) // the held request arrives: the server charges
-		clk.Advance(idem.DefaultReconcileDelay)
-		_, err = after.Reconcile(ctx, loaded, lookupURL(srv, in.Key()))
+		clk.Advance(reconcileDelay)
+		_, err = after.Reconcile(ctx, loaded)
 		require.NoError(t, err)
-		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
+		assert.Equal(t, idem.StateSucceeded, loaded.State(), "found, not void")
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
 	t.Run("attempt just before expiry", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
-		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 
-		clk.Advance(idem.DefaultRetention - idem.DefaultSafetyMargin - time.Second)
+		clk.Advance(sendWindow - time.Second)
 		net.holdNext(1)
 		_, err = c.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		clk.Advance(2 * time.Second) // now expired
 		_, err = c.Do(ctx, in)
-		require.ErrorIs(t, err, idem.ErrIntentExpired)
+		requireStop(t, err, idem.StopExpired)
 
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "expired, but its last attempt may still be on its way")
 		assert.False(t, in.State().Resolved())
 
 		net.deliver(t)
-		clk.Advance(idem.DefaultReconcileDelay)
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		clk.Advance(reconcileDelay)
+		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err)
-		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, idem.StateSucceeded, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
 	t.Run("an attempt that arrives while the lookup is on its way", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 		net := &heldNetwork{base: srv.Client().Transport}
 		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
-		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -123,24 +125,24 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		// The lookup leaves a second before the delay is over; the server
 		// answers 404; then, while the answer travels back, the held
 		// attempt arrives, and the delay ends.
-		clk.Advance(idem.DefaultReconcileDelay - time.Second)
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		clk.Advance(reconcileDelay - time.Second)
+		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
-		assert.NotEqual(t, persist.StateVoid, in.State())
+		assert.NotEqual(t, idem.StateVoid, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
 	t.Run("never sent", func(t *testing.T) {
 		t.Parallel()
-		clk := clocktest.New(epoch)
+		clk := clock.NewManual(epoch)
 		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
-		c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
+		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
-		_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
-		assert.Equal(t, persist.StateVoid, in.State())
+		assert.Equal(t, idem.StateVoid, in.State())
 	})
 }
 
@@ -148,7 +150,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 // requests arrive before the answer reaches the client.
 type slowLookup struct {
 	base  http.RoundTripper
-	clock *clocktest.Clock
+	clock *clock.Manual
 	net   *heldNetwork
 	t     testing.TB
 }
@@ -175,11 +177,11 @@ func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := c.Reconcile(ctx, in, in.Request().URL+"?idempotency_key="+in.Key())
+	_, err := c.Reconcile(ctx, in)
 	took := time.Since(start)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StateNew, in.State())
+	assert.Equal(t, idem.StateNew, in.State())
 }
 
 // A lookup's answer is stored like a final answer: only the header fields
@@ -195,7 +197,7 @@ func TestReconcileStoresOnlyTheNeededHeaderFields(t *testing.T) {
 	ctx := context.Background()
 	in, err := c.NewIntent(ctx, "", req)
 	require.NoError(t, err)
-	resp, err := c.Reconcile(ctx, in, req.URL+"?idempotency_key="+in.Key())
+	resp, err := c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, "session=secret-cookie", resp.Header.Get("Set-Cookie"), "the call's own Response has every field")
 	rec, err := store.Get(ctx, in.Key())
@@ -222,8 +224,8 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	clk := clocktest.New(epoch)
-	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	clk := clock.NewManual(epoch)
+	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -231,13 +233,199 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	clk.Advance(idem.DefaultReconcileDelay)
+	clk.Advance(reconcileDelay)
 
-	resp, err := c.Reconcile(ctx, in, srv.URL+"/payments?idempotency_key="+in.Key())
+	resp, err := c.Reconcile(ctx, in)
 	require.Error(t, err)
 	assert.False(t, in.State().Resolved(), "a login page settles nothing")
 	assert.Nil(t, in.Response())
 	if resp != nil {
 		assert.Equal(t, http.StatusFound, resp.StatusCode, "the redirect itself is the answer")
 	}
+}
+
+func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:reconcile", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	resp, err := e.client.Reconcile(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount)
+}
+
+func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:early", 1500)
+	// The connection breaks before the server reads the request: the
+	// server has no record, yet from the client's side the attempt may
+	// still be on its way.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
+	assert.Equal(t, idem.StatePending, in.State())
+
+	e.clock.Advance(reconcileDelay)
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+}
+
+func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:dead", 1500)
+	// The worker dies after the provider charged: no payment row yet.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(reconcileDelay)
+
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
+	assert.Equal(t, idem.StatePending, in.State())
+
+	// Resuming settles it: the server asks the provider and records the
+	// charge that was made.
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+func TestReconcileUnavailableIsUnknown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:busy", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(reconcileDelay)
+
+	// A proxy in front of the server cannot answer now: not settled.
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "1"})
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, http.StatusServiceUnavailable, apiErr.StatusCode)
+	assert.Equal(t, idem.StatePending, in.State())
+}
+
+// gateStore holds the first Get after arm until release, so a test can
+// start a second call while the first is inside the store.
+type gateStore struct {
+	persist.Store
+	armed   chan struct{} // closed by the held Get once it is waiting
+	release chan struct{}
+	once    sync.Once
+	on      bool
+	mu      sync.Mutex
+}
+
+func (g *gateStore) Get(ctx context.Context, key string) (*persist.Record, error) {
+	g.mu.Lock()
+	hold := g.on
+	g.on = false
+	g.mu.Unlock()
+	if hold {
+		g.once.Do(func() { close(g.armed) })
+		<-g.release
+	}
+	return g.Store.Get(ctx, key)
+}
+
+func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	gate := &gateStore{Store: e.store, armed: make(chan struct{}), release: make(chan struct{})}
+	c := e.newClient(t, idem.WithStore(gate), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in, err := c.NewIntent(ctx, "checkout:hold", e.paymentRequest(t, 1500, "cus_1"))
+	require.NoError(t, err)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	e.clock.Advance(reconcileDelay)
+
+	gate.mu.Lock()
+	gate.on = true
+	gate.mu.Unlock()
+	reconciled := make(chan error, 1)
+	go func() {
+		_, err := c.Reconcile(ctx, in)
+		reconciled <- err
+	}()
+	<-gate.armed // Reconcile is inside the store, holding the intent
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, in)
+		done <- err
+	}()
+	// The Do cannot finish while Reconcile holds the key; Forget is refused.
+	require.ErrorIs(t, c.Forget(ctx, in), idem.ErrInFlight)
+	close(gate.release)
+	require.NoError(t, <-reconciled)
+	assert.Equal(t, idem.StateVoid, in.State())
+
+	// Then the Do runs on its own and finds the intent settled: it sends
+	// nothing, so the void stays true.
+	require.Error(t, <-done)
+	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+	assert.Equal(t, 0, e.srv.Stats().Executions)
+}
+
+// A payment found by Reconcile is the intent's stored answer from then on,
+// and the caller's copy is its own.
+func TestReconciledAnswerIsStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:found", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	resp, err := e.client.Reconcile(ctx, in)
+	require.NoError(t, err)
+	want := bytes.Clone(resp.Body)
+	resp.Body[0] = 'X'
+	resp.Header.Set("Content-Type", "text/plain")
+
+	require.NotNil(t, in.Response())
+	assert.Equal(t, want, in.Response().Body)
+	again, err := e.client.Do(ctx, in)
+	require.NoError(t, err)
+	assert.True(t, again.FromStore)
+	assert.Equal(t, want, again.Body)
+	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
+}
+
+func TestReconcileSavesAfterACancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	in := e.newIntent(t, "checkout:reconcile-cancel", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
+	_, err = c.Reconcile(ctx, in)
+	require.NoError(t, err)
+	rec, err := e.store.Get(context.Background(), in.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, rec.State)
 }

@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -25,8 +24,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -129,7 +128,7 @@ type randomRun struct {
 	seed uint64
 	// clock is the true time, the server's; device is the device's wall
 	// clock over it, which jumps both ways.
-	clock   *clocktest.Clock
+	clock   *clock.Manual
 	device  *deviceClock
 	net     *network
 	srv     *fakeserver.Server
@@ -255,7 +254,7 @@ func TestRandomizedEndToEnd(t *testing.T) {
 	require.Positive(t, nIntents)
 	require.Positive(t, workers)
 
-	run := &randomRun{t: t, seed: seed, clock: clocktest.New(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
+	run := &randomRun{t: t, seed: seed, clock: clock.NewManual(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
 	run.device = newDeviceClock(run.clock)
 	switch os.Getenv("IDEM_RANDOM_STORE") {
 	case "file":
@@ -414,6 +413,7 @@ func (run *randomRun) restart(r *rand.Rand) error {
 		extra = append(extra, idem.WithQuotedKey())
 	}
 	c, err := idem.New(append(extra,
+		idem.WithLookup(contractLookup),
 		idem.WithHTTPClient(hc),
 		idem.WithStore(store),
 		idem.WithClock(run.device),
@@ -531,7 +531,7 @@ func (run *randomRun) injectProxyFault(it *rIntent, r *rand.Rand) {
 		// Held in transit for up to (nearly) the reconcile delay, the
 		// longest the client assumes; one time in two the app is killed
 		// while the request is on its way, before it records anything.
-		f = proxyFault{kind: proxyHold, hold: time.Duration(1+r.IntN(int(idem.DefaultReconcileDelay/time.Second)-1)) * time.Second, die: r.IntN(2) == 0}
+		f = proxyFault{kind: proxyHold, hold: time.Duration(1+r.IntN(int(reconcileDelay/time.Second)-1)) * time.Second, die: r.IntN(2) == 0}
 		name := "net-hold"
 		if f.die {
 			name += "+app-killed"
@@ -604,7 +604,7 @@ func (run *randomRun) newIntent(a *rAction, req idem.Request, again bool, r *ran
 		switch {
 		case g.killed(err):
 			continue
-		case errors.Is(err, idem.ErrUnresolved):
+		case errors.As(err, new(*idem.UnresolvedError)):
 			run.refusedChanges.Add(1)
 			return nil
 		case err != nil:
@@ -723,7 +723,7 @@ func (run *randomRun) drive(it *rIntent, a *rAction, r *rand.Rand, depth int) bo
 			}
 			continue
 		}
-		it.budgetOut = errors.Is(err, idem.ErrRetriesExhausted)
+		it.budgetOut = budgetRanOut(err)
 		var retryErr *idem.RetryError
 		if errors.As(err, &retryErr) && retryErr.Reason == idem.StopRedirect {
 			run.redirects.Add(1)
@@ -763,14 +763,14 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 		// The device's clock is set while the app waits for an answer.
 		run.jumpClock(r)
 	}
-	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*idem.DefaultReconcileDelay))))
+	_ = run.clock.Sleep(g.ctx, time.Duration(r.Int64N(int64(2*reconcileDelay))))
 	for range 2 {
-		resp, err := g.client.Reconcile(g.ctx, in, run.srv.URL+"/payments?idempotency_key="+url.QueryEscape(it.key))
+		resp, err := g.client.Reconcile(g.ctx, in)
 		switch {
 		case g.killed(err):
 			return false, false
 		case errors.Is(err, idem.ErrOutcomeUnknown):
-			_ = run.clock.Sleep(g.ctx, idem.DefaultReconcileDelay)
+			_ = run.clock.Sleep(g.ctx, reconcileDelay)
 			continue
 		case err != nil:
 			run.t.Errorf("intent %d: reconcile: %v", it.i, err)
@@ -778,10 +778,10 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 		}
 		run.reconciles.Add(1)
 		switch in.State() {
-		case persist.StateSucceeded:
+		case idem.StateSucceeded:
 			it.final = resp
 			return false, true
-		case persist.StateVoid:
+		case idem.StateVoid:
 			return true, true
 		}
 		run.t.Errorf("intent %d: reconciled to %s", it.i, in.State())
@@ -1005,6 +1005,20 @@ func (run *randomRun) doMaybeTwice(g *generation, in *idem.Intent, r *rand.Rand)
 	return resps[1], errs[1]
 }
 
+// budgetRanOut reports a call ended by its retry budget: attempts, time,
+// the context's deadline or the Retry-After cap.
+func budgetRanOut(err error) bool {
+	var re *idem.RetryError
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch re.Reason {
+	case idem.StopAttempts, idem.StopElapsed, idem.StopDeadline, idem.StopRetryAfterCap:
+		return true
+	}
+	return false
+}
+
 func isAPIError(err error) bool {
 	var apiErr *idem.APIError
 	return errors.As(err, &apiErr)
@@ -1026,7 +1040,7 @@ type serverAnswer struct {
 func (run *randomRun) askServer(hc *http.Client, it *rIntent, replay bool) serverAnswer {
 	t := run.t
 	var a serverAnswer
-	resp, err := hc.Get(run.srv.URL + "/payments?idempotency_key=" + url.QueryEscape(it.key))
+	resp, err := hc.Get(lookupOf(run.srv.URL+"/payments", it.key))
 	require.NoError(t, err)
 	a.lookupBody, err = io.ReadAll(resp.Body)
 	require.NoError(t, err)
@@ -1063,7 +1077,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 	run.net.mu.Lock()
 	clear(run.net.faults)
 	run.net.mu.Unlock()
-	run.clock.Advance(idem.DefaultReconcileDelay + time.Minute)
+	run.clock.Advance(reconcileDelay + time.Minute)
 	run.net.deliver(true) // everything held in transit has arrived by now
 	var (
 		succeeded, declined, void, unresolved, reconciledPaid, reconciledVoid, reconciledResumed int
@@ -1080,7 +1094,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			if it.final != nil {
 				t.Errorf("intent %d: the app was given a final answer (%d) but the device did not keep it", it.i, it.final.StatusCode)
 			}
-			resp, err := g.client.Reconcile(ctx, in, run.srv.URL+"/payments?idempotency_key="+url.QueryEscape(it.key))
+			resp, err := g.client.Reconcile(ctx, in)
 			if errors.Is(err, idem.ErrOutcomeUnknown) {
 				// The server cannot settle it by lookup (its record is still
 				// IN_PROGRESS, a dead worker's): resuming with the same key
@@ -1094,22 +1108,22 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			require.NoError(t, err, "reconcile intent %d", it.i)
 			state = in.State()
 			switch state {
-			case persist.StateSucceeded:
+			case idem.StateSucceeded:
 				reconciledPaid++
 				assert.False(t, it.declined, "intent %d: a declined card reconciled as paid", it.i)
 				it.final = resp
-			case persist.StateVoid:
+			case idem.StateVoid:
 				reconciledVoid++
-			case persist.StateFailed:
+			case idem.StateFailed:
 				assert.True(t, it.declined, "intent %d: resumed to a failure", it.i)
 				it.final = resp
 			default:
 				t.Errorf("intent %d: reconciled to %s", it.i, state)
 			}
 		}
-		a := run.askServer(hc, it, state == persist.StateSucceeded || state == persist.StateFailed)
+		a := run.askServer(hc, it, state == idem.StateSucceeded || state == idem.StateFailed)
 		switch state {
-		case persist.StateSucceeded:
+		case idem.StateSucceeded:
 			succeeded++
 			require.NotNil(t, in.Response(), "intent %d", it.i)
 			assert.False(t, it.declined, "intent %d: a declined card succeeded", it.i)
@@ -1125,7 +1139,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 				}
 				assert.Equal(t, paymentID(t, a.lookupBody), paymentID(t, it.final.Body), "intent %d", it.i)
 			}
-		case persist.StateFailed:
+		case idem.StateFailed:
 			declined++
 			assert.True(t, it.declined, "intent %d failed: %d %s", it.i, in.Response().StatusCode, in.Response().Body)
 			assert.Equal(t, http.StatusPaymentRequired, in.Response().StatusCode, "intent %d", it.i)
@@ -1135,7 +1149,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			if it.final != nil {
 				assert.Equal(t, string(a.replayBody), string(it.final.Body), "intent %d", it.i)
 			}
-		case persist.StateVoid:
+		case idem.StateVoid:
 			void++
 			assert.Equal(t, http.StatusNotFound, a.lookupStatus, "intent %d: void but the server has payment %s", it.i, a.lookupBody)
 		default:
@@ -1217,9 +1231,9 @@ func paymentID(t testing.TB, body []byte) string {
 // again under a new key; resuming it settles it with that one charge.
 func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(relEpoch)
+	clk := clock.NewManual(relEpoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
@@ -1232,10 +1246,10 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	require.Equal(t, 1, srv.Stats().ProviderCharges, "the provider charged")
 
-	clk.Advance(idem.DefaultReconcileDelay + time.Minute) // past the lease and the reconcile delay
-	_, err = c.Reconcile(ctx, in, srv.URL+"/payments?idempotency_key="+url.QueryEscape(in.Key()))
+	clk.Advance(reconcileDelay + time.Minute) // past the lease and the reconcile delay
+	_, err = c.Reconcile(ctx, in)
 	if err == nil {
-		require.NotEqual(t, persist.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
+		require.NotEqual(t, idem.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
 	} else {
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "unsettled, not void")
 		assert.False(t, in.State().Resolved())
@@ -1245,7 +1259,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	}
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	stats := srv.Stats()
 	assert.Equal(t, 1, stats.Payments)
 	assert.Equal(t, 1, stats.ProviderCharges, "one user action, one charge")
@@ -1258,7 +1272,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 // of charging under a new id.
 func TestTakeoverThatFailsKeepsTheProviderCharge(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(relEpoch)
+	clk := clock.NewManual(relEpoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Lease: 5 * time.Second})
 	tr := &http.Transport{DisableKeepAlives: true} // no transport-level retry
 	t.Cleanup(tr.CloseIdleConnections)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/idemkit/idem/clock"
 )
 
 // RetryPolicy says when to retry and how long to wait. A zero RetryPolicy
@@ -85,14 +87,49 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	return p
 }
 
-// Clock tells the time and waits. The zero Client uses the system clock;
-// tests inject a clock whose Sleep advances time at once.
-type Clock interface {
-	Now() time.Time
-	// Sleep waits for d, or until ctx is done and then returns ctx.Err().
-	Sleep(ctx context.Context, d time.Duration) error
+type policyKey struct{}
+
+// ContextWithRetryPolicy returns a context under which calls of the Client
+// (Do, Send, Settle, SettleAll and requests through its RoundTripper) retry
+// under p rather than the Client's policy: a short budget for a tap in the
+// foreground and a long one for a settle in the background, from one
+// Client. Fields of p left zero keep the Client's values.
+func ContextWithRetryPolicy(ctx context.Context, p RetryPolicy) context.Context {
+	return context.WithValue(ctx, policyKey{}, p)
 }
 
+// policyFor returns the policy of a call made with ctx.
+func (c *Client) policyFor(ctx context.Context) RetryPolicy {
+	p, ok := ctx.Value(policyKey{}).(RetryPolicy)
+	if !ok {
+		return c.policy
+	}
+	base := c.policy // defaults filled in
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = base.MaxAttempts
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = base.MaxElapsed
+	}
+	if p.InitialInterval <= 0 {
+		p.InitialInterval = base.InitialInterval
+	}
+	if p.MaxInterval <= 0 {
+		p.MaxInterval = base.MaxInterval
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = base.Multiplier
+	}
+	if !p.NoJitter && (p.Jitter <= 0 || p.Jitter > 1) {
+		p.Jitter, p.NoJitter = base.Jitter, base.Jitter == 0
+	}
+	if p.MaxRetryAfter <= 0 {
+		p.MaxRetryAfter = base.MaxRetryAfter
+	}
+	return p.withDefaults()
+}
+
+// systemClock is the clock of a Client without WithClock.
 type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
@@ -217,12 +254,12 @@ func neverReached(err error) bool {
 // Retry-After of ten years or of 2^80 is a long wait, not an overflow.
 const maxRetryAfterSeconds = math.MaxInt64 / int64(time.Second)
 
-// ParseRetryAfter reads a Retry-After value relative to now: delta-seconds
+// parseRetryAfter reads a Retry-After value relative to now: delta-seconds
 // ("120") or an HTTP-date in any of the three forms http.ParseTime accepts.
 // A date in the past means no wait. ok is false for an empty or malformed
 // value, which callers treat as absent. Very large values saturate rather
 // than overflow.
-func ParseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) {
+func parseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) {
 	v := strings.TrimSpace(value)
 	if v == "" {
 		return 0, false
@@ -261,7 +298,7 @@ type stop struct {
 // of that call, as backoff.ExponentialBackOff requires.
 type budget struct {
 	policy   RetryPolicy
-	clock    Clock
+	clock    clock.Clock
 	backoff  *backoff.ExponentialBackOff // nil until the first retry
 	start    time.Time
 	deadline time.Time // the context's, or zero
@@ -269,8 +306,8 @@ type budget struct {
 	attempts int
 }
 
-func newBudget(ctx context.Context, p RetryPolicy, clock Clock, expiry time.Time) budget {
-	b := budget{policy: p, clock: clock, start: clock.Now(), expiry: expiry}
+func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, expiry time.Time) budget {
+	b := budget{policy: p, clock: clk, start: clk.Now(), expiry: expiry}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock, while every
 		// other time of the budget is on the injected one. Put it on the
@@ -307,7 +344,7 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	}
 	var spread time.Duration
 	if resp != nil {
-		if ra, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
+		if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 			if ra > b.policy.MaxRetryAfter {
 				return 0, &stop{reason: StopRetryAfterCap, wait: ra}
 			}

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 )
 
 var retryAfterNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -51,7 +51,7 @@ func TestParseRetryAfter(t *testing.T) {
 	t.Parallel()
 	for _, tc := range retryAfterCases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := ParseRetryAfter(tc.value, retryAfterNow)
+			got, ok := parseRetryAfter(tc.value, retryAfterNow)
 			assert.Equal(t, tc.ok, ok)
 			assert.Equal(t, tc.want, got)
 		})
@@ -63,7 +63,7 @@ func FuzzParseRetryAfter(f *testing.F) {
 		f.Add(tc.value)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		d, ok := ParseRetryAfter(v, retryAfterNow)
+		d, ok := parseRetryAfter(v, retryAfterNow)
 		if d < 0 {
 			t.Fatalf("negative wait %s for %q", d, v)
 		}
@@ -90,7 +90,7 @@ func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
 	for _, code := range []int{501, 507, 520, 522, 524, 599, 600, 999, 42} {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
 			t.Parallel()
-			clk := clocktest.New(retryAfterNow)
+			clk := clock.NewManual(retryAfterNow)
 			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 			cdn := &statusAfterWork{base: srv.Client().Transport, status: code, times: 1}
 			c, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
@@ -125,7 +125,7 @@ func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
 		w.WriteHeader(http.StatusInternalServerError)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := New(WithHTTPClient(srv.Client()), WithClock(clocktest.New(retryAfterNow)))
+	c, err := New(WithHTTPClient(srv.Client()), WithClock(clock.NewManual(retryAfterNow)))
 	require.NoError(t, err)
 	in := newPayment(t, c, srv.URL)
 
@@ -182,9 +182,9 @@ func newPayment(t *testing.T, c *Client, base string) *Intent {
 
 // newTestBudget is a budget on a manual clock at retryAfterNow whose
 // context leaves deadlineIn (none when zero).
-func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clocktest.Clock) {
+func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clock.Manual) {
 	t.Helper()
-	clk := clocktest.New(retryAfterNow)
+	clk := clock.NewManual(retryAfterNow)
 	b := newBudget(context.Background(), p.withDefaults(), clk, expiry)
 	if deadlineIn > 0 {
 		b.deadline = b.start.Add(deadlineIn)
@@ -196,7 +196,7 @@ func TestBudgetPutsTheContextDeadlineOnTheClocksTimeline(t *testing.T) {
 	t.Parallel()
 	for _, start := range []time.Time{time.Now().AddDate(-20, 0, 0), time.Now().AddDate(30, 0, 0)} {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-		b := newBudget(ctx, RetryPolicy{}.withDefaults(), clocktest.New(start), time.Time{})
+		b := newBudget(ctx, RetryPolicy{}.withDefaults(), clock.NewManual(start), time.Time{})
 		cancel()
 		left := b.deadline.Sub(b.start)
 		assert.LessOrEqual(t, left, time.Hour, "clock at %v", start)
@@ -355,7 +355,7 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			base, hc := setup(t)
-			clk := clocktest.New(retryAfterNow)
+			clk := clock.NewManual(retryAfterNow)
 			var attempts atomic.Int32
 			c, err := New(WithHTTPClient(hc), WithClock(clk), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
 			require.NoError(t, err)
@@ -429,7 +429,7 @@ func TestNotSentIsNeverSaidOfARequestTheServerMayHaveRead(t *testing.T) {
 	io.Copy(io.Discard, warm.Body)
 	warm.Body.Close()
 
-	c, err := New(WithHTTPClient(hc), WithClock(clocktest.New(retryAfterNow)))
+	c, err := New(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
 	require.NoError(t, err)
 	ctx := context.Background()
 	req, err := JSONRequest(http.MethodPost, origin.URL+"/payments", map[string]any{"amount": 1500})

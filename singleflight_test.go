@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -11,6 +14,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 )
 
 type outcome struct {
@@ -128,4 +134,119 @@ func TestFlightWaiterOutlivesALeaderWithAShortDeadline(t *testing.T) {
 		require.NoError(t, got.err)
 		assert.Equal(t, http.StatusCreated, got.resp.StatusCode)
 	})
+}
+
+// waitForWaiters yields until n callers wait on the flight for key.
+func waitForWaiters(t *testing.T, f *flights, key string, n int, stray <-chan struct{}) bool {
+	t.Helper()
+	for {
+		select {
+		case <-stray:
+			t.Errorf("a second request for key %s went on the wire", key)
+			return false
+		default:
+		}
+		f.mu.Lock()
+		cur := f.m[key]
+		ok := cur != nil && cur.waiters == n
+		f.mu.Unlock()
+		if ok {
+			return true
+		}
+		runtime.Gosched()
+	}
+}
+
+// Waiters on one flight get copies of their own: no two callers share a
+// body or a header map.
+func TestFlightWaitersGetTheirOwnCopy(t *testing.T) {
+	t.Parallel()
+	var f flights
+	release := make(chan struct{})
+	started := make(chan struct{})
+	resps := make([]*Response, 3)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resps[0], _ = f.do(context.Background(), "k", func() (*Response, error) {
+			close(started)
+			<-release
+			return &Response{StatusCode: 201, Header: http.Header{"A": {"1"}}, Body: []byte("{}")}, nil
+		})
+	}()
+	<-started
+	for i := 1; i < 3; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resps[i], _ = f.do(context.Background(), "k", func() (*Response, error) { panic("a waiter ran the call") })
+		}()
+	}
+	waitForWaiters(t, &f, "k", 2, nil)
+	close(release)
+	wg.Wait()
+	for i, r := range resps {
+		require.NotNil(t, r)
+		r.Body[0] = byte('a' + i)
+		r.Header.Set("A", string(rune('a'+i)))
+	}
+	for i, r := range resps {
+		assert.Equal(t, byte('a'+i), r.Body[0], "caller %d", i)
+		assert.Equal(t, string(rune('a'+i)), r.Header.Get("A"), "caller %d", i)
+	}
+}
+
+// Two round trips for one intent share one flight, as two Do calls do.
+func TestRoundTripperSharesTheFlight(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	arrived := make(chan struct{}, 4)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			arrived <- struct{}{}
+			<-release
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+
+	c, err := New(WithClock(clk), WithHTTPClient(srv.Client()))
+	require.NoError(t, err)
+	req, err := JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 5, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	ctx := ContextWithIntent(context.Background(), in)
+
+	codes := make([]int, 2)
+	var wg sync.WaitGroup
+	send := func(i int) {
+		defer wg.Done()
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, req.URL, strings.NewReader(string(req.Body)))
+		if !assert.NoError(t, err) {
+			return
+		}
+		resp, err := hc.Do(r)
+		if assert.NoError(t, err) {
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}
+	}
+	wg.Add(1)
+	go send(0)
+	<-arrived
+	wg.Add(1)
+	go send(1)
+	waitForWaiters(t, &c.flights, in.Key(), 1, arrived)
+	open()
+	wg.Wait()
+	assert.Equal(t, []int{201, 201}, codes)
+	assert.Equal(t, 1, h.Stats().Requests)
 }

@@ -3,24 +3,14 @@ package idem
 import (
 	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
-// Monotonic is what a Clock may also implement to tell elapsed time that no
-// setting of the wall clock moves: the time since an arbitrary fixed
-// instant, such as the start of the process. idem measures with it how long
-// ago this process last sent an intent (see Client.Reconcile) and how old
-// the intents it created are. Without it, the differences of Now are used:
-// the system clock's readings carry a monotonic reading within a process,
-// so they are safe; a Clock whose Now can jump gives no such protection.
-type Monotonic interface {
-	Monotonic() time.Duration
-}
-
 // sinceBirth returns the time elapsed since the Client was made, on a
-// timeline the wall clock cannot move (see Monotonic).
+// timeline the wall clock cannot move (see clock.Monotonic).
 func (c *Client) sinceBirth() time.Duration {
-	if m, ok := c.clock.(Monotonic); ok {
+	if m, ok := c.clock.(clock.Monotonic); ok {
 		return m.Monotonic() - c.bornMono
 	}
 	return c.clock.Now().Sub(c.born)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -15,9 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
-	"github.com/idemkit/idem/persist"
 )
 
 // deviceClock is a device's wall clock over the true time of a manual
@@ -25,13 +23,13 @@ import (
 // while its Monotonic reading, like a real device's, keeps counting the
 // true time.
 type deviceClock struct {
-	true  *clocktest.Clock
+	true  *clock.Manual
 	start time.Time
 	mu    sync.Mutex
 	skew  time.Duration
 }
 
-func newDeviceClock(true *clocktest.Clock) *deviceClock {
+func newDeviceClock(true *clock.Manual) *deviceClock {
 	return &deviceClock{true: true, start: true.Now()}
 }
 
@@ -115,17 +113,13 @@ func (n *heldNetwork) deliver(t testing.TB) {
 	}
 }
 
-func lookupURL(srv *fakeserver.Server, key string) string {
-	return srv.URL + "/payments?idempotency_key=" + url.QueryEscape(key)
-}
-
 func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	t.Parallel()
-	truth := clocktest.New(epoch)
+	truth := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
 	net := &heldNetwork{base: srv.Client().Transport}
 	device := newDeviceClock(truth)
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
@@ -135,24 +129,24 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
 	device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
-	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
-	assert.NotEqual(t, persist.StateVoid, in.State())
+	assert.NotEqual(t, idem.StateVoid, in.State())
 
 	net.deliver(t) // it arrives: the server charges
-	truth.Advance(idem.DefaultReconcileDelay)
-	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	truth.Advance(reconcileDelay)
+	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	assert.Equal(t, idem.StateSucceeded, in.State())
 	assert.Equal(t, 1, srv.Stats().Payments)
 }
 
 func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	t.Parallel()
-	truth := clocktest.New(epoch)
+	truth := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
 	device := newDeviceClock(truth)
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
@@ -161,11 +155,11 @@ func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	_, err = c.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	truth.Advance(idem.DefaultRetention - idem.DefaultSafetyMargin)
+	truth.Advance(sendWindow)
 	device.Jump(-5 * time.Hour) // by the wall clock the intent is 18 hours old
 	requests := srv.Stats().Requests
 	_, err = c.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrIntentExpired, "the intent is as old as the time that passed")
+	requireStop(t, err, idem.StopExpired, "the intent is as old as the time that passed")
 	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
 }
 

@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/hashicorp/go-retryablehttp"
-
 	"github.com/idemkit/idem/persist"
 )
 
@@ -23,10 +21,40 @@ func ContextWithIntent(ctx context.Context, in *Intent) context.Context {
 	return context.WithValue(ctx, intentKey{}, in)
 }
 
-// IntentFromContext returns the intent carried by ctx, if any.
-func IntentFromContext(ctx context.Context) (*Intent, bool) {
+// intentFromContext returns the intent carried by ctx, if any.
+func intentFromContext(ctx context.Context) (*Intent, bool) {
 	in, ok := ctx.Value(intentKey{}).(*Intent)
 	return in, ok && in != nil
+}
+
+// HTTPRequest returns the exact request of an intent, as Do puts it on the
+// wire: its method, URL, stored headers and body bytes, and its
+// Idempotency-Key spelled as every attempt of it spells it, with GetBody
+// set so that it may be sent more than once. It is for sending an intent
+// through an http.Client that idem does not manage. The answer it gets is
+// not recorded: the intent stays as it is until a Do, Settle or Reconcile
+// through the Client, which the server answers from its record of the key.
+// To have such a client's answers recorded, give it the Client's
+// RoundTripper and a context from ContextWithIntent instead.
+func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
+	if in == nil {
+		return nil, errors.New("idem: HTTPRequest with a nil intent")
+	}
+	rec := in.current()
+	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.URL, bytes.NewReader(rec.Body))
+	if err != nil {
+		return nil, fmt.Errorf("idem: building the request of intent %s: %w", rec.Key, err)
+	}
+	for k, v := range rec.Header {
+		req.Header[k] = append([]string(nil), v...)
+	}
+	spelling := rec.KeyHeader
+	if spelling == "" {
+		// Stored before spellings were: Do sends it as this Client spells.
+		spelling = c.keyHeader(rec.Key)
+	}
+	req.Header.Set("Idempotency-Key", spelling)
+	return req, nil
 }
 
 // RoundTripper returns an http.RoundTripper that gives POST and PATCH
@@ -61,7 +89,7 @@ func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
 type roundTripper struct {
 	c     *Client
 	base  http.RoundTripper
-	retry *retryablehttp.Client // sends each attempt through base
+	retry *retrier // sends each attempt through base
 }
 
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -75,7 +103,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
 
 	ctx := req.Context()
-	in, ok := IntentFromContext(ctx)
+	in, ok := intentFromContext(ctx)
 	if k := req.Header.Get("Idempotency-Key"); !ok && k != "" {
 		// A request that carries a stored intent's key is that intent.
 		switch stored, err := t.c.Load(ctx, k); {
@@ -86,7 +114,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	if ok {
-		if !in.Matches(live) {
+		if !in.matches(live) {
 			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
 		}
 	} else {

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -43,7 +43,7 @@ func (k *keyRecorder) seen(route string) []string {
 
 func TestRoundTripper(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	rec := &keyRecorder{next: h, keys: map[string][]string{}}
 	srv := httptest.NewServer(rec)
@@ -108,7 +108,7 @@ func TestRoundTripper(t *testing.T) {
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 		keys := rec.seen("POST /payments")
 		assert.Equal(t, in.Key(), keys[len(keys)-1])
-		assert.Equal(t, "succeeded", string(in.State()))
+		assert.Equal(t, idem.StateSucceeded, in.State())
 
 		// Another body under the same intent is refused before sending.
 		n := len(keys)
@@ -130,7 +130,7 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 		w.Write([]byte(strings.Repeat("x", 4096)))
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clocktest.New(epoch)), idem.WithMaxResponseBytes(1024))
+	c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1}`))
@@ -149,7 +149,7 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 // charges once.
 func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	rec := &keyRecorder{next: h, keys: map[string][]string{}}
 	srv := httptest.NewServer(rec)
@@ -185,10 +185,10 @@ func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
 func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
 	net := &heldNetwork{base: srv.Client().Transport}
-	c, err := idem.New(idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req := payment1500(t, srv)
 	in, err := c.Intent(ctx, "checkout", req)
@@ -205,7 +205,7 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	_, err = hc.Do(httpReq)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	_, err = c.Reconcile(ctx, in, lookupURL(srv, in.Key()))
+	_, err = c.Reconcile(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt may still arrive")
 	net.deliver(t)
 	assert.Equal(t, 1, srv.Stats().Payments)

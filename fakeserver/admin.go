@@ -90,7 +90,7 @@ func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
 	if err != nil {
-		(&Problem{Type: ProblemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+		(&problem{Type: idempotency.TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
 		return
 	}
@@ -104,7 +104,7 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := h.faults.add(f); err != nil {
-		(&Problem{Type: ProblemStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
+		(&problem{Type: idempotency.TypeStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
 			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", MaxFaults)}).Write(w)
 		return
 	}

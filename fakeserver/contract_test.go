@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // One test per row of the contract's section 4 table, in its order.
@@ -20,7 +21,7 @@ func TestRowKeyMissing(t *testing.T) {
 	s, _ := newServer(t, nil)
 	a := send(t, s.Client(), s.URL, req{NoKey: true, Body: payBody})
 	assert.Equal(t, http.StatusBadRequest, a.Status)
-	assert.Equal(t, fakeserver.ProblemKeyMissing, a.problem(t).Type)
+	assert.Equal(t, idempotency.TypeKeyMissing, a.problem(t).Type)
 	assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
 }
 
@@ -53,7 +54,7 @@ func TestRowKeyMalformed(t *testing.T) {
 			}
 			assert.Equal(t, http.StatusBadRequest, a.Status)
 			p := a.problem(t)
-			assert.Equal(t, fakeserver.ProblemKeyInvalid, p.Type)
+			assert.Equal(t, idempotency.TypeKeyInvalid, p.Type)
 			assert.NotEmpty(t, p.Detail)
 			assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
 		})
@@ -156,7 +157,7 @@ func TestRowBodyWithoutOneReadingStoresNothing(t *testing.T) {
 	} {
 		a := pay(t, s, "k1", body)
 		assert.Equal(t, http.StatusBadRequest, a.Status, body)
-		assert.Equal(t, fakeserver.ProblemBadRequest, a.problem(t).Type, body)
+		assert.Equal(t, idempotency.TypeBadRequest, a.problem(t).Type, body)
 	}
 	st := s.Stats()
 	assert.Zero(t, st.Records)
@@ -182,7 +183,7 @@ func TestRowKeyReused(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.Status)
 	a := pay(t, s, "k1", otherBody)
 	assert.Equal(t, http.StatusUnprocessableEntity, a.Status)
-	assert.Equal(t, fakeserver.ProblemKeyReused, a.problem(t).Type)
+	assert.Equal(t, idempotency.TypeKeyReused, a.problem(t).Type)
 	// Another path with the same key and body is reuse too.
 	b := send(t, s.Client(), s.URL, req{Path: "/payments?x=1", Key: "k1", Body: payBody})
 	assert.Equal(t, http.StatusCreated, b.Status, "the query is not part of the fingerprint")
@@ -243,7 +244,7 @@ func TestRowInProgressConflict(t *testing.T) {
 
 			a := pay(t, s, "k1", payBody)
 			assert.Equal(t, http.StatusConflict, a.Status)
-			assert.Equal(t, fakeserver.ProblemRequestInProgress, a.problem(t).Type)
+			assert.Equal(t, idempotency.TypeRequestInProgress, a.problem(t).Type)
 			assert.Equal(t, tt.retryAfter, a.Header.Get("Retry-After"))
 			assert.Equal(t, fakeserver.Stats{Records: 1, InProgress: 1, Requests: 2}, s.Stats())
 		})
@@ -428,13 +429,13 @@ func TestBadRequests(t *testing.T) {
 		status int
 		typ    string
 	}{
-		{"body over 1 MiB", req{Key: "k1", Body: big}, http.StatusRequestEntityTooLarge, fakeserver.ProblemPayloadTooLarge},
-		{"order body over 1 MiB", req{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: big}, http.StatusRequestEntityTooLarge, fakeserver.ProblemPayloadTooLarge},
-		{"unknown path", req{Path: "/nope", NoKey: true}, http.StatusNotFound, fakeserver.ProblemNotFound},
-		{"wrong method", req{Method: http.MethodDelete, NoKey: true}, http.StatusMethodNotAllowed, fakeserver.ProblemMethodNotAllowed},
-		{"POST on a payment", req{Path: "/payments/x", Key: "k"}, http.StatusMethodNotAllowed, fakeserver.ProblemMethodNotAllowed},
-		{"nested path", req{Method: http.MethodGet, Path: "/payments/x/y", NoKey: true}, http.StatusNotFound, fakeserver.ProblemNotFound},
-		{"unknown admin path", req{Method: http.MethodGet, Path: "/_fake/nope", NoKey: true}, http.StatusNotFound, fakeserver.ProblemNotFound},
+		{"body over 1 MiB", req{Key: "k1", Body: big}, http.StatusRequestEntityTooLarge, idempotency.TypePayloadTooLarge},
+		{"order body over 1 MiB", req{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: big}, http.StatusRequestEntityTooLarge, idempotency.TypePayloadTooLarge},
+		{"unknown path", req{Path: "/nope", NoKey: true}, http.StatusNotFound, idempotency.ProblemBase + "not-found"},
+		{"wrong method", req{Method: http.MethodDelete, NoKey: true}, http.StatusMethodNotAllowed, idempotency.ProblemBase + "method-not-allowed"},
+		{"POST on a payment", req{Path: "/payments/x", Key: "k"}, http.StatusMethodNotAllowed, idempotency.ProblemBase + "method-not-allowed"},
+		{"nested path", req{Method: http.MethodGet, Path: "/payments/x/y", NoKey: true}, http.StatusNotFound, idempotency.ProblemBase + "not-found"},
+		{"unknown admin path", req{Method: http.MethodGet, Path: "/_fake/nope", NoKey: true}, http.StatusNotFound, idempotency.ProblemBase + "not-found"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,7 +21,7 @@
 //   - GET /payments/{id}: the caller's payment, or 404.
 //   - GET /payments: {"data": [...]}, the caller's payments in order.
 //   - GET /payments?idempotency_key=K: the payment the caller made under K;
-//     409 [ProblemRequestInProgress] with Retry-After while a record for K
+//     409 [idempotency.TypeRequestInProgress] with Retry-After while a record for K
 //     is IN_PROGRESS (running, or a dead worker's that may hold a provider
 //     charge: a resend with K settles it); or 404. It is the lookup a
 //     client reconciles an unknown outcome with, so 404 means "never done".
@@ -63,7 +63,7 @@
 //   - POST /_fake/faults: {"fault", "key", "path", "count", "delay_ms",
 //     "status", "retry_after"}; retry_after is a string or a number of
 //     seconds. Answers 201 with the fault, or 400 naming what is wrong
-//     (for an unknown fault, the valid names), or 503 [ProblemStorageFull]
+//     (for an unknown fault, the valid names), or 503 [idempotency.TypeStorageFull]
 //     while [MaxFaults] faults are pending.
 //   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
 //     POST /_fake/reset.
@@ -84,7 +84,8 @@
 // # Time
 //
 // Retention, leases, created_at, payment ids and Retry-After use
-// [Options.Clock], so tests drive them without sleeping. ProcessingDelay and
+// [Options.Clock]; give it the clock.Manual given to the client
+// (idem.WithClock), so tests drive both without sleeping. ProcessingDelay and
 // the delay fault are real time: they exist to make requests overlap.
 // Retry-After on a 409 is the processing delay still to go, capped at the
 // lease, in whole seconds, at least 1.
@@ -94,7 +95,7 @@
 // Every resource a caller can make the server hold is bounded.
 // [Options.MaxRecords] and [Options.MaxPayments] bound records and
 // payments: at either cap, POST /payments with a new key answers 503, type
-// [ProblemStorageFull], before anything is stored or charged, so a client
+// [idempotency.TypeStorageFull], before anything is stored or charged, so a client
 // that retries it as an unknown outcome finds the key unused. Records free
 // up as they expire (Retry-After says when); payments only with Reset.
 // [Options.MaxOrders] bounds order statuses the same way, and at most
@@ -103,7 +104,7 @@
 //
 // Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an
 // object whose member names are equal after encoding/json's case folding
-// ("amount" and "AMOUNT"), gets 400 [ProblemBadRequest]: the handler would
+// ("amount" and "AMOUNT"), gets 400 [idempotency.TypeBadRequest]: the handler would
 // read only the last of such names, so two orders of one body would be two
 // payments under one fingerprint.
 //

@@ -38,12 +38,9 @@ const (
 	FaultReset FaultKind = "reset"
 )
 
-// FaultKinds lists every fault, in the order of the contract.
+// faultKinds lists every fault, in the order of the contract.
 var faultKinds = []FaultKind{FaultDropResponse, FaultDelay, FaultCrashAfterInsert, FaultCrashAfterProvider,
 	FaultError, FaultStatus, FaultReset}
-
-// FaultKinds returns the names of every fault.
-func FaultKinds() []FaultKind { return append([]FaultKind(nil), faultKinds...) }
 
 func validFaultNames() string {
 	names := make([]string, len(faultKinds))

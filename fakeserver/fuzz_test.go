@@ -6,8 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 )
 
 // fuzzTargets are the endpoints a fuzzed request goes to, picked by index.
@@ -39,7 +39,7 @@ func FuzzHandler(f *testing.F) {
 	f.Add(uint8(5), "", "", `{"fault":"status","status":503,"retry_after":1}`)
 	f.Add(uint8(5), "", "", `{"fault":"explode"}`)
 	f.Fuzz(func(t *testing.T, target uint8, key, auth, body string) {
-		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clocktest.New(epoch)})
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clock.NewManual(epoch)})
 		tgt := fuzzTargets[int(target)%len(fuzzTargets)]
 		for range 2 {
 			r := httptest.NewRequest(tgt.method, tgt.path, bytes.NewReader([]byte(body)))

@@ -92,7 +92,7 @@ func (h *Handler) ClearFaults() { h.faults.clear() }
 // record goes: recorded if the provider charged it, its room freed if not.
 func (h *Handler) Sweep() int {
 	ctx := context.Background()
-	now := h.cfg.clock.Now()
+	now := h.cfg.now()
 	var n int
 	if h.pg != nil {
 		n, _ = h.pg.store.Sweep(ctx, now)
@@ -133,7 +133,7 @@ func (h *Handler) settleReservations(ctx context.Context, pick func(rec idempote
 // reports false when there is none. The payments are read after the
 // record: a worker records its payment before its record is done.
 func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payment, bool, error) {
-	rec, ok, err := h.liveRecord(ctx, id, h.cfg.clock.Now())
+	rec, ok, err := h.liveRecord(ctx, id, h.cfg.now())
 	if err != nil || ok && rec.Status == idempotency.StatusInProgress {
 		return nil, false, err // a resend with the key takes it over and settles it
 	}
@@ -222,7 +222,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if f.retryAfter != "" {
 				w.Header().Set("Retry-After", f.retryAfter)
 			}
-			(&Problem{Type: ProblemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
+			(&problem{Type: ProblemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
 				Detail: "the status fault answered this request; nothing was done"}).Write(w)
 			return
 		}
@@ -288,7 +288,7 @@ func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http
 	case f.has(FaultCrashAfterInsert), f.has(FaultCrashAfterProvider):
 		panic(http.ErrAbortHandler)
 	case f.has(FaultError):
-		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request"}).Write(w)
 		return
 	}

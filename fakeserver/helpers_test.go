@@ -13,8 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -34,10 +35,10 @@ type answer struct {
 }
 
 // problem decodes an RFC 9457 body.
-func (a answer) problem(tb testing.TB) fakeserver.Problem {
+func (a answer) problem(tb testing.TB) idempotency.Problem {
 	tb.Helper()
 	require.Equal(tb, "application/problem+json", a.Header.Get("Content-Type"), "body: %s", a.Body)
-	var p fakeserver.Problem
+	var p idempotency.Problem
 	require.NoError(tb, json.Unmarshal(a.Body, &p))
 	require.Equal(tb, a.Status, p.Status)
 	return p
@@ -98,9 +99,9 @@ func freshClient(tb testing.TB) *http.Client {
 }
 
 // newServer starts a server with a manual clock.
-func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *clocktest.Clock) {
+func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *clock.Manual) {
 	tb.Helper()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	if opts == nil {
 		opts = &fakeserver.Options{}
 	}

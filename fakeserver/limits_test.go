@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // lookup is the reconcile lookup a client makes for key.
@@ -33,7 +34,7 @@ func TestMaxRecordsRefusesNewKeysAndStoresNothing(t *testing.T) {
 	clk.Advance(10 * time.Minute)
 	a := pay(t, s, "k3", payBody)
 	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
+	assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
 	assert.Equal(t, "3000", a.Header.Get("Retry-After"), "50 minutes until k1's record expires")
 	st := s.Stats()
 	assert.Equal(t, 2, st.Records)
@@ -63,7 +64,7 @@ func TestMaxPaymentsRefusesBeforeCharging(t *testing.T) {
 	for range 2 {
 		a := pay(t, s, "k3", payBody)
 		assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-		assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
+		assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
 	}
 	st := s.Stats()
 	assert.Equal(t, 2, st.Payments)
@@ -122,7 +123,7 @@ func TestMaxOrdersRefusesNewOrders(t *testing.T) {
 	require.Equal(t, http.StatusOK, put("1", "PAID").Status)
 	a := put("2", "PAID")
 	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
+	assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
 	assert.Equal(t, http.StatusOK, put("1", "SHIPPED").Status, "a known order is updated")
 
 	long := put("1", strings.Repeat("S", fakeserver.MaxStatusLen+1))

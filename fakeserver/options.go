@@ -7,12 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 )
-
-// Clock tells the time. Retention, leases, created_at, payment ids and
-// Retry-After read it. Nil means time.Now.
-type Clock interface{ Now() time.Time }
 
 // KeyFormat is the format of Idempotency-Key values the server accepts.
 type KeyFormat string
@@ -41,9 +38,10 @@ type Options struct {
 	// KeyFormat is the accepted key format. Empty means [KeyFormatAny];
 	// an unknown value makes the constructors panic.
 	KeyFormat KeyFormat
-	// Clock is injectable so retention and lease tests need no sleeps. Nil
-	// means time.Now.
-	Clock Clock
+	// Clock tells the time to retention, leases, created_at, payment ids
+	// and Retry-After, so that tests drive them without sleeping: pass the
+	// clock.Manual given to the client. Nil means the system clock.
+	Clock clock.Clock
 	// SweepEvery is how often a started [Server] deletes expired records in
 	// the background (real time). Zero means never; [Handler.Sweep] and
 	// POST /_fake/sweep still work.
@@ -53,19 +51,19 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxRecords bounds the idempotency records held. When it is reached
 	// and none has expired, POST /payments with a new key is answered 503,
-	// type [ProblemStorageFull], with Retry-After until the earliest record
+	// type [idempotency.TypeStorageFull], with Retry-After until the earliest record
 	// expires; nothing is stored or charged. Keys already held still
 	// replay. Zero (or negative) means no bound.
 	MaxRecords int
 	// MaxPayments bounds the payments held (they do not expire). When it is
-	// reached, a new payment is answered 503, type [ProblemStorageFull],
+	// reached, a new payment is answered 503, type [idempotency.TypeStorageFull],
 	// before the provider is called; nothing is stored or charged, and the
 	// key stays unused. [Handler.Reset] makes room. Zero (or negative)
 	// means no bound.
 	MaxPayments int
 	// MaxOrders bounds the order statuses held (PUT /orders/{id}/status).
 	// When it is reached, a status for a new order is answered 503, type
-	// [ProblemStorageFull], and nothing changes; known orders can still be
+	// [idempotency.TypeStorageFull], and nothing changes; known orders can still be
 	// updated. Zero (or negative) means no bound.
 	MaxOrders int
 	// Postgres, if not nil, keeps the records, payments, the fake
@@ -82,14 +80,11 @@ type config struct {
 	retention, lease, delay, sweepEvery time.Duration
 	uuid                                bool
 	maxRecords, maxPayments, maxOrders  int
-	clock                               Clock
+	clock                               clock.Clock // nil: the system clock
+	now                                 func() time.Time
 	logger                              *slog.Logger
 	pg                                  *pgxpool.Pool
 }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 func (o *Options) config() config {
 	var c config
@@ -114,8 +109,9 @@ func (o *Options) config() config {
 	if c.delay < 0 {
 		c.delay = 0
 	}
-	if c.clock == nil {
-		c.clock = realClock{}
+	c.now = time.Now
+	if c.clock != nil {
+		c.now = c.clock.Now
 	}
 	return c
 }

@@ -50,7 +50,7 @@ const (
 
 // parsePayment decodes and validates a POST /payments body. The problem says
 // what is wrong.
-func parsePayment(body []byte) (paymentRequest, *Problem) {
+func parsePayment(body []byte) (paymentRequest, *problem) {
 	var req paymentRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -258,7 +258,7 @@ func principalOf(r *http.Request) string { return r.Header.Get("Authorization") 
 
 // validatePayment is the middleware's validation hook: a bad body is a 400
 // before the key is looked at, and stores nothing.
-func validatePayment(_ *http.Request, body []byte) (any, *Problem) {
+func validatePayment(_ *http.Request, body []byte) (any, *problem) {
 	req, p := parsePayment(body)
 	return req, p
 }
@@ -273,11 +273,11 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
 		if err != nil {
-			(&Problem{Type: ProblemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			(&problem{Type: idempotency.TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 				Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
 			return
 		}
-		var prob *Problem
+		var prob *problem
 		if req, prob = parsePayment(body); prob != nil {
 			prob.Write(w)
 			return
@@ -301,13 +301,13 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 
 	if err := sleep(ctx, h.cfg.delay+f.delay); err != nil {
 		idempotency.NothingDone(ctx)
-		(&Problem{Type: ProblemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
+		(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
 		return
 	}
 	if f.has(FaultError) {
 		idempotency.NothingDone(ctx)
-		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
 		return
 	}
@@ -317,7 +317,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// nothing: the record is released and the key stays unused.
 	if !h.ledger.reserve(id, reservation{rec: info.ID, description: req.Description}) {
 		idempotency.NothingDone(ctx)
-		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+		(&problem{Type: idempotency.TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
 		return
 	}
@@ -334,10 +334,10 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if !charged {
 		var err error
 		ch, err = h.charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
-			CreatedAt: h.cfg.clock.Now().UTC()})
+			CreatedAt: h.cfg.now().UTC()})
 		if errors.Is(err, errDeclined) {
 			h.ledger.unreserve(id)
-			(&Problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
+			(&problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
 				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
 			return
 		}
@@ -354,7 +354,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: principal, key: info.ID.Key}
 	out, _ := json.Marshal(p)
 	if err := idempotency.OnCommit(ctx, func(ctx context.Context) error { return h.addPayment(ctx, p) }); err != nil {
-		(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+		(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -366,9 +366,9 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 // newPaymentID returns an id that sorts by the injected clock's time.
 func (h *Handler) newPaymentID() string {
 	if h.instance != "" {
-		return fmt.Sprintf("pay_%d_%d_%s", h.cfg.clock.Now().Unix(), h.seq.Add(1), h.instance)
+		return fmt.Sprintf("pay_%d_%d_%s", h.cfg.now().Unix(), h.seq.Add(1), h.instance)
 	}
-	return fmt.Sprintf("pay_%d_%d", h.cfg.clock.Now().Unix(), h.seq.Add(1))
+	return fmt.Sprintf("pay_%d_%d", h.cfg.now().Unix(), h.seq.Add(1))
 }
 
 func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) {
@@ -391,7 +391,7 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	if q.Has("idempotency_key") {
 		key, err := idempotency.ParseKey(q.Get("idempotency_key"))
 		if err != nil {
-			(&Problem{Type: ProblemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+			(&problem{Type: idempotency.TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
 		p, ok, err := h.findPaymentByKey(r.Context(), principalOf(r), key)
@@ -405,18 +405,18 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 			// charged. Until a resend with the key settles it, say so
 			// rather than 404, which a client would take as "never done".
 			id := idempotency.ID{Principal: principalOf(r), Key: key}
-			rec, ok, err := h.liveRecord(r.Context(), id, h.cfg.clock.Now())
+			rec, ok, err := h.liveRecord(r.Context(), id, h.cfg.now())
 			if err != nil {
 				internalError(w, err)
 				return
 			}
 			if ok && rec.Status == idempotency.StatusInProgress {
 				secs := int64(1)
-				if left := rec.LockedUntil.Sub(h.cfg.clock.Now()); left > time.Second {
+				if left := rec.LockedUntil.Sub(h.cfg.now()); left > time.Second {
 					secs = int64((left + time.Second - 1) / time.Second)
 				}
 				w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-				(&Problem{Type: ProblemRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+				(&problem{Type: idempotency.TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
 					Detail: "a request under this key is in progress or its worker died before finishing; resend it with the same key to settle it"}).Write(w)
 				return
 			}
@@ -471,7 +471,7 @@ func (o *orders) set(id idempotency.ID, status string, limit int) bool {
 func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id string) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
 	if err != nil {
-		(&Problem{Type: ProblemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+		(&problem{Type: idempotency.TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
 		return
 	}
@@ -497,7 +497,7 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	if f.has(FaultError) {
-		(&Problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request; nothing changed"}).Write(w)
 		return
 	}
@@ -507,7 +507,7 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	if !stored {
-		(&Problem{Type: ProblemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+		(&problem{Type: idempotency.TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many orders as it may; nothing was changed"}).Write(w)
 		return
 	}
@@ -516,13 +516,13 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 
 // internalError answers 500 for a failure of the server's own state.
 func internalError(w http.ResponseWriter, err error) {
-	(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+	(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	out, err := json.Marshal(v)
 	if err != nil {
-		(&Problem{Type: ProblemInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+		(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

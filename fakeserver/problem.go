@@ -6,47 +6,40 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// Problem type URIs of the fake server's RFC 9457 answers. Clients match on
-// these, never on titles or details.
+// Problem type URIs of the fake server's own RFC 9457 answers; those of the
+// idempotency layer are the idempotency package's (idempotency.TypeKeyReused,
+// idempotency.TypeStorageFull, ...). Clients match on these, never on titles
+// or details.
 const (
-	ProblemBase              = idempotency.ProblemBase
-	ProblemKeyMissing        = idempotency.TypeKeyMissing
-	ProblemKeyInvalid        = idempotency.TypeKeyInvalid
-	ProblemKeyReused         = idempotency.TypeKeyReused
-	ProblemRequestInProgress = idempotency.TypeRequestInProgress
-	ProblemPayloadTooLarge   = idempotency.TypePayloadTooLarge
-	// ProblemBadRequest: the body could not be read, or is JSON without one
-	// reading (nested too deep, or member names equal after case folding).
-	ProblemBadRequest = idempotency.TypeBadRequest
-	// ProblemStorageFull: the server holds as many records or payments as
-	// it may (503); nothing was stored or charged.
-	ProblemStorageFull      = idempotency.TypeStorageFull
-	ProblemInternal         = idempotency.TypeInternal
-	ProblemCardDeclined     = ProblemBase + "card-declined"
-	ProblemValidationFailed = ProblemBase + "validation-failed"
-	ProblemNotFound         = ProblemBase + "not-found"
-	ProblemMethodNotAllowed = ProblemBase + "method-not-allowed"
+	// ProblemCardDeclined: 402, the provider declined the card (customer
+	// cus_declined).
+	ProblemCardDeclined = idempotency.ProblemBase + "card-declined"
+	// ProblemValidationFailed: 400, the body is not a valid payment; the key
+	// stays free.
+	ProblemValidationFailed = idempotency.ProblemBase + "validation-failed"
 	// ProblemInjectedFault is the type of answers made by the error and
 	// status faults.
-	ProblemInjectedFault = ProblemBase + "injected-fault"
-	// ProblemUnavailable: the client went away while its payment was being
+	ProblemInjectedFault = idempotency.ProblemBase + "injected-fault"
+
+	problemNotFound         = idempotency.ProblemBase + "not-found"
+	problemMethodNotAllowed = idempotency.ProblemBase + "method-not-allowed"
+	// problemUnavailable: the client went away while its payment was being
 	// processed; nothing was stored.
-	ProblemUnavailable = ProblemBase + "unavailable"
+	problemUnavailable = idempotency.ProblemBase + "unavailable"
 )
 
-// Problem is an RFC 9457 problem details body, as the fake server sends it.
-type Problem = idempotency.Problem
+type problem = idempotency.Problem
 
-func validationProblem(detail string) *Problem {
-	return &Problem{Type: ProblemValidationFailed, Title: "Validation failed", Status: http.StatusBadRequest, Detail: detail}
+func validationProblem(detail string) *problem {
+	return &problem{Type: ProblemValidationFailed, Title: "Validation failed", Status: http.StatusBadRequest, Detail: detail}
 }
 
-func notFound(detail string) *Problem {
-	return &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: detail}
+func notFound(detail string) *problem {
+	return &problem{Type: problemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: detail}
 }
 
 func methodNotAllowed(w http.ResponseWriter, allow string) {
 	w.Header().Set("Allow", allow)
-	(&Problem{Type: ProblemMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
+	(&problem{Type: problemMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
 		Detail: "allowed methods: " + allow}).Write(w)
 }

@@ -10,9 +10,9 @@ import (
 // Server is a fake server listening on a loopback port, shaped like
 // httptest.Server. Its methods (Stats, InjectFault, ...) are those of the
 // embedded [Handler]. A Server is safe for concurrent use by multiple
-// goroutines; Start and Close are called once each.
+// goroutines; Close is called once.
 type Server struct {
-	// URL is the base URL, http://127.0.0.1:port, set by Start.
+	// URL is the base URL, http://127.0.0.1:port, set when it starts.
 	URL string
 	*Handler
 
@@ -24,21 +24,15 @@ type Server struct {
 // NewServer starts and returns a fake server on 127.0.0.1 and a free port.
 // The caller calls Close when done. nil opts means defaults.
 func NewServer(opts *Options) *Server {
-	s := NewUnstartedServer(opts)
-	s.Start()
+	h := NewHandler(opts)
+	s := &Server{Handler: h, ts: httptest.NewUnstartedServer(h)}
+	s.start()
 	return s
 }
 
-// NewUnstartedServer returns a fake server that is not started yet, so that
-// faults can be injected before the first request. Call Start, then Close.
-func NewUnstartedServer(opts *Options) *Server {
-	h := NewHandler(opts)
-	return &Server{Handler: h, ts: httptest.NewUnstartedServer(h)}
-}
-
-// Start starts the server, and its background sweep if Options.SweepEvery is
-// set. It panics if the server is already started.
-func (s *Server) Start() {
+// start starts the server, and its background sweep if Options.SweepEvery
+// is set.
+func (s *Server) start() {
 	s.ts.Start()
 	s.URL = s.ts.URL
 	if s.cfg.sweepEvery > 0 {

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idem/clock"
 )
 
 // Outcome names how the middleware answered a request, for logs and
@@ -33,10 +35,6 @@ const (
 	OutcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
 )
 
-// Clock tells the time. Retention, leases, created_at and Retry-After read
-// it, so tests can drive them without sleeping.
-type Clock interface{ Now() time.Time }
-
 // Defaults for a zero [Config].
 const (
 	DefaultRetention    = 24 * time.Hour
@@ -49,8 +47,10 @@ const (
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
-	// Clock is time.Now when nil.
-	Clock Clock
+	// Clock tells the time to retention, leases, created_at and
+	// Retry-After, so tests can drive them without sleeping (a
+	// clock.Manual). Nil means the system clock.
+	Clock clock.Clock
 	// Retention is how long a record lives, from its CreatedAt. Zero or
 	// negative means [DefaultRetention] (24h).
 	Retention time.Duration

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/clocktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -115,7 +115,7 @@ func TestOnCommitWithoutMiddlewareRunsAtOnce(t *testing.T) {
 
 func TestLostLeaseDiscardsEffect(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(t0)
+	clk := clock.NewManual(t0)
 	store := idempotency.NewMemoryStore()
 	slow := &counter{status: 201, block: make(chan struct{})}
 	slowM := idempotency.New(slow, idempotency.Config{Store: store, Clock: clk, Lease: time.Second})
@@ -139,7 +139,7 @@ func TestLostLeaseDiscardsEffect(t *testing.T) {
 
 func TestTakeoverSeesStableID(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(t0)
+	clk := clock.NewManual(t0)
 	store := idempotency.NewMemoryStore()
 	var infos []idempotency.Info
 	var mu sync.Mutex
@@ -197,7 +197,7 @@ func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
 // unused, so the retry after that time does the work once.
 func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
 	t.Parallel()
-	clk := clocktest.New(t0)
+	clk := clock.NewManual(t0)
 	store := idempotency.NewMemoryStore()
 	store.SetMaxRecords(1)
 	c := &counter{status: 201}

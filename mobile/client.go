@@ -61,6 +61,11 @@ func open(cfg *Config, opts ...idem.Option) (*Client, error) {
 			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
 		}),
 		idem.WithAttemptHook(m.events.hook),
+		// The one place the lookup URL is made: LookupPath with the key.
+		idem.WithLookup(func(_ idem.Request, key string) string {
+			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
+			return u // checked by cfg.check; "" fails the lookup
+		}),
 	}, opts...)...)
 	if err != nil {
 		store.Close()
@@ -206,11 +211,7 @@ func (c *Client) Reconcile(key string, cancel *Cancel) (*Result, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		lookup, err := resolve(c.base, strings.ReplaceAll(c.cfg.LookupPath, "{key}", url.QueryEscape(key)))
-		if err != nil {
-			return nil, nil, err
-		}
-		resp, err := c.idem.Reconcile(ctx, in, lookup)
+		resp, err := c.idem.Reconcile(ctx, in)
 		return in, resp, err
 	})
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 )
 
 var epoch = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
@@ -27,13 +27,13 @@ const cart = `{"amount":1500,"currency":"AZN","customer":"cus_1"}`
 // test opens, on one manual clock.
 type world struct {
 	srv   *fakeserver.Server
-	clock *clocktest.Clock
+	clock *clock.Manual
 	dir   string
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	clk := clocktest.New(epoch)
+	clk := clock.NewManual(epoch)
 	return &world{srv: fakeserver.Start(t, &fakeserver.Options{Clock: clk}), clock: clk, dir: stateDir(t)}
 }
 
@@ -217,7 +217,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clocktest.New(epoch)))
+	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	var calls atomic.Int64

@@ -17,7 +17,7 @@ func infoOf(in *idem.Intent) *IntentInfo {
 	return &IntentInfo{
 		Key:             in.Key(),
 		Name:            in.Name(),
-		State:           string(in.State()),
+		State:           in.State().String(),
 		CreatedAtMillis: in.CreatedAt().UnixMilli(),
 	}
 }

@@ -90,7 +90,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 			r.Status = int64(retryErr.LastResponse.StatusCode)
 		}
 		r.Outcome = OutcomeUnknown
-		if errors.Is(err, idem.ErrIntentExpired) {
+		if retryErr.Reason == idem.StopExpired {
 			r.Outcome = OutcomeExpired
 		}
 		r.Detail = retryErr.Error()
@@ -117,17 +117,17 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 	return r, nil
 }
 
-func outcomeOf(s persist.State) string {
+func outcomeOf(s idem.State) string {
 	switch s {
-	case persist.StateSucceeded:
+	case idem.StateSucceeded:
 		return OutcomeSucceeded
-	case persist.StateFailed:
+	case idem.StateFailed:
 		return OutcomeFailed
-	case persist.StateRejected:
+	case idem.StateRejected:
 		return OutcomeRejected
-	case persist.StateExpired:
+	case idem.StateExpired:
 		return OutcomeExpired
-	case persist.StateVoid:
+	case idem.StateVoid:
 		return OutcomeVoid
 	}
 	return OutcomeUnknown

@@ -57,22 +57,8 @@ file, whole, or the old one, never neither and never a damaged file. A
 record saved for the first time, or whose file keeps its name, is saved as
 by Save. When OpenDir creates
 the directory it syncs its parent, so the directory outlives a power cut
-too.
-
-# What the tests prove
-
-TestCrash kills a child process that saves in a loop with SIGKILL at random
-moments and checks that every save it reported is there, intact: atomicity
-against process death. TestPowerCut runs the store on an in-memory file
-system that forgets, at a power cut, every write and directory change not
-yet synced (and may keep part of them, in order), cuts the power 10,000
-times at random points, OpenDir included, and checks that every record
-whose Save returned is there, intact, and that no half-written or older
-version is ever read. Its mutants (the directory not synced after a
-rename, a record file not synced before it, a new directory's parent not
-synced) must make it fail, and do. Its runs mix in SaveDeferred: a key
-may then hold, after a cut, the version a deferred save replaced, until the
-background sync is known done, and never anything else.
+too. TestCrash (process death) and TestPowerCut (a file system that forgets
+what was not synced) check all of this; their comments say how.
 
 # The outcome's save
 
@@ -212,29 +198,10 @@ upgrade.
 
 # Choice of engine
 
-The benchmarks compare the file store with a minimal store on
-go.etcd.io/bbolt that keeps an index bucket of unresolved keys in the same
-transaction (bench_test.go); one intent in ten is unresolved. On this machine
-(2 vCPUs of an AMD EPYC in a Firecracker VM, ext4, shared with other builds
-at a load average of 8-14, which moved the figures more than anything else),
-go test -bench . -benchtime 100x gave, over several runs:
-
-	                                      file           bbolt
-	durable save                          0.6-12 ms      0.6-5.7 ms
-	fsyncs per save (strace)              2 fsync        2 fdatasync
-	open + list unresolved, 10,000        40-150 ms      20-60 ms
-	open + list unresolved, 100,000       1,060 ms       310 ms
-
-Both engines pay two syncs per save, and bbolt's fdatasync of a file that
-does not grow is the cheaper. bbolt opens and lists about two to three times
-faster, as one mmapped file against a directory of names and a file per
-unresolved intent. The file store stays the default: a damaged record costs
-one intent, not a database that bbolt may refuse to open; it needs no mmap
-(address space is scarce on 32-bit phones) and no compaction; a record is a
-JSON file an engineer can read when reconciling a payment by hand; and the
-cost that matters at start grows with the number of unresolved intents,
-which stays small on a device, while resolved ones are pruned. A batch client
-that keeps tens of thousands of unresolved intents would be better served by
-bbolt behind the same Store interface; it is not provided yet.
+The file store is the default over an embedded database such as bbolt: a
+damaged record costs one intent, not a database that may refuse to open; it
+needs no mmap and no compaction; a record is a JSON file an engineer can
+read when reconciling a payment by hand; and the cost at start grows with
+the unresolved intents alone. docs/BENCHMARKS.md has the measurements.
 */
 package persist

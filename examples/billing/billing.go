@@ -51,11 +51,7 @@ func (c *Client) Pay(ctx context.Context, cartID, customer string, amount int64,
 	if err != nil {
 		return nil, err
 	}
-	in, err := c.idem.Intent(ctx, "cart:"+cartID, req)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.idem.Do(ctx, in)
+	resp, err := c.idem.Send(ctx, "cart:"+cartID, req)
 	var apiErr *idem.APIError
 	if errors.As(err, &apiErr) && apiErr.Problem.Type == fakeserver.ProblemCardDeclined {
 		return nil, fmt.Errorf("%w: %s", ErrDeclined, apiErr.Problem.Detail)

@@ -10,18 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/fakeserver"
 )
 
 // newClient returns the code under test, pointed at a fake server of its
-// own. Short backoffs keep the test fast; nothing in it waits on time.
+// own. The client and the server share a manual clock: the client's backoff
+// passes at once, for the server too, so nothing waits on time.
 func newClient(t *testing.T) (*billing.Client, *fakeserver.Server) {
 	t.Helper()
-	srv := fakeserver.Start(t, nil) // closed when the test ends
-	c, err := billing.New(srv.URL,
-		idem.WithHTTPClient(srv.Client()),
-		idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}))
+	clk := clock.NewManual(time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC))
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk}) // closed when the test ends
+	c, err := billing.New(srv.URL, idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
 	require.NoError(t, err)
 	return c, srv
 }
@@ -33,7 +34,7 @@ func TestPayChargesOnce(t *testing.T) {
 		"the answer is lost":              {Kind: fakeserver.FaultDropResponse},
 		"the connection resets":           {Kind: fakeserver.FaultReset},
 		"the server fails and rolls back": {Kind: fakeserver.FaultError},
-		"a proxy answers 503":             {Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "0"},
+		"a proxy answers 503":             {Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "2"},
 		"two answers are lost":            {Kind: fakeserver.FaultDropResponse, Count: 2},
 	}
 	for name, f := range faults {

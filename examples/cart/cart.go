@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fakeserver"
@@ -24,59 +23,56 @@ type cart struct {
 	amount int
 }
 
-func (c cart) request(baseURL string) (idem.Request, error) {
-	return idem.JSONRequest(http.MethodPost, baseURL+"/payments", map[string]any{
+func (c cart) request(baseURL string) idem.Request {
+	req, _ := idem.JSONRequest(http.MethodPost, baseURL+"/payments", map[string]any{
 		"amount": c.amount, "currency": "AZN", "customer": "cus_1", "description": fmt.Sprint(c.items)})
+	return req
 }
 
 func run(ctx context.Context, out io.Writer) error {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	// The app gives up after one attempt and shows "payment status
-	// unknown"; a device would also pass idem.WithStore(persist.OpenDir(...)).
-	client, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	// A device would also pass idem.WithStore(persist.OpenDir(...)).
+	client, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithLookup(idem.LookupQuery("idempotency_key")))
 	if err != nil {
 		return err
 	}
+	// A tap gives up after one attempt and shows "payment status unknown".
+	tap := idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1})
 
 	// The Pay button is shown: an intent for the cart, saved, not sent.
 	v1 := cart{items: []string{"book"}, amount: 1500}
-	a, err := intentFor(ctx, client, srv.URL, v1)
+	a, err := client.Intent(ctx, checkout, v1.request(srv.URL))
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "cart %v, %d: intent A, key %s, state %s\n", v1.items, v1.amount, a.Key(), a.State())
 
-	// The user adds a pen before paying. A was never sent, so it is
-	// replaced silently: no request can be in flight under its key.
+	// The user adds a pen and pays; the server charges, and the answer is
+	// lost. A was never sent, so it is replaced silently: no request can be
+	// in flight under its key.
 	v2 := cart{items: []string{"book", "pen"}, amount: 1800}
-	b, err := intentFor(ctx, client, srv.URL, v2)
-	if err != nil {
+	if err := srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}); err != nil {
 		return err
 	}
-	_, err = client.Load(ctx, a.Key())
-	fmt.Fprintf(out, "cart %v, %d: intent B, key %s; A was never sent, so it was replaced (A deleted: %t)\n",
-		v2.items, v2.amount, b.Key(), errors.Is(err, persist.ErrNotFound))
-
-	// The user pays; the server charges, and the answer is lost.
-	if err := srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: b.Key()}); err != nil {
-		return err
-	}
-	_, err = client.Do(ctx, b)
-	fmt.Fprintf(out, "pay B: the answer is lost; outcome unknown: %t, B is %s\n", errors.Is(err, idem.ErrOutcomeUnknown), b.State())
+	_, err = client.Send(tap, checkout, v2.request(srv.URL))
+	_, loadErr := client.Load(ctx, a.Key())
+	fmt.Fprintf(out, "cart %v, %d: pay B; A was never sent, so it was replaced (A deleted: %t); the answer is lost, outcome unknown: %t\n",
+		v2.items, v2.amount, errors.Is(loadErr, persist.ErrNotFound), errors.Is(err, idem.ErrOutcomeUnknown))
 
 	// The user removes the pen and taps Pay again. A new payment now could
-	// charge twice, so Intent refuses and hands the previous one back.
+	// charge twice, so Send refuses and hands the previous intent back.
 	v3 := cart{items: []string{"book"}, amount: 1500}
-	_, err = intentFor(ctx, client, srv.URL, v3)
+	_, err = client.Send(tap, checkout, v3.request(srv.URL))
 	var unresolved *idem.UnresolvedError
 	if !errors.As(err, &unresolved) {
 		return fmt.Errorf("want an *idem.UnresolvedError, got %v", err)
 	}
-	fmt.Fprintf(out, "cart %v, %d: refused, intent B (key %s) has an unknown outcome\n", v3.items, v3.amount, unresolved.Previous.Key())
-	fmt.Fprintln(out, "  choices: resume B (Client.Do, same key: pays at most once), reconcile B (Client.Reconcile: ask without sending), forget B (Client.Forget: unsafe)")
+	b := unresolved.Previous
+	fmt.Fprintf(out, "cart %v, %d: refused, intent B (key %s) has an unknown outcome\n", v3.items, v3.amount, b.Key())
 
-	resp, err := settle(ctx, client, unresolved.Previous, srv.URL)
+	// Settling B is safe: the same key and bytes are charged at most once.
+	resp, err := client.Settle(ctx, b)
 	if err != nil {
 		return err
 	}
@@ -85,44 +81,15 @@ func run(ctx context.Context, out io.Writer) error {
 		Amount int    `json:"amount"`
 	}
 	_ = json.Unmarshal(resp.Body, &paid)
-	fmt.Fprintf(out, "settled B: %s, payment %s of %d; the app tells the user the earlier cart was paid\n",
-		unresolved.Previous.State(), paid.ID, paid.Amount)
+	fmt.Fprintf(out, "settled B: %s, payment %s of %d; the app tells the user the earlier cart was paid\n", b.State(), paid.ID, paid.Amount)
 
-	// B's outcome is known now, so the changed cart gets a new intent.
-	c, err := intentFor(ctx, client, srv.URL, v3)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "cart %v, %d: intent C, key %s (new key: %t)\n", v3.items, v3.amount, c.Key(), c.Key() != b.Key())
-	// The user, told that B was paid, still wants this cart.
-	if resp, err = client.Do(ctx, c); err != nil {
+	// B's outcome is known now; the user, told that B was paid, still
+	// wants this cart: a new intent with a new key.
+	if resp, err = client.Send(ctx, checkout, v3.request(srv.URL)); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "pay C: %d\n", resp.StatusCode)
 	st := srv.Stats()
 	fmt.Fprintf(out, "server: %d payments, %d provider charges (B and C, each once)\n", st.Payments, st.ProviderCharges)
 	return nil
-}
-
-// intentFor is what the app calls whenever the Pay button is shown.
-func intentFor(ctx context.Context, client *idem.Client, baseURL string, c cart) (*idem.Intent, error) {
-	req, err := c.request(baseURL)
-	if err != nil {
-		return nil, err
-	}
-	return client.Intent(ctx, checkout, req)
-}
-
-// settle finds out what became of an intent with an unknown outcome. It asks
-// the server first, which sends nothing; when the server cannot tell yet (no
-// payment under the key, but the last attempt was too recent to rule one
-// out) it resumes the intent, which is safe: the same key and bytes are
-// charged at most once.
-func settle(ctx context.Context, client *idem.Client, in *idem.Intent, baseURL string) (*idem.Response, error) {
-	lookup := baseURL + "/payments?idempotency_key=" + url.QueryEscape(in.Key())
-	resp, err := client.Reconcile(ctx, in, lookup)
-	if errors.Is(err, idem.ErrOutcomeUnknown) {
-		return client.Do(ctx, in)
-	}
-	return resp, err
 }

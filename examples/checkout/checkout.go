@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -107,7 +108,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		state = defaultStateDir()
 	}
 	s := newSession(ctx, stdout, cfg.server, state)
-	fmt.Fprintf(stdout, "server: %s (%s)\nstate:  %s\n\n", cfg.server, s.kind(), state)
+	kind := "no /_fake/stats: no faults are injected, no counts printed"
+	if s.admin != nil {
+		kind = "a fake server: faults are injected and its counts printed"
+	}
+	fmt.Fprintf(stdout, "server: %s (%s)\nstate:  %s\n\n", cfg.server, kind, state)
 	var crash func()
 	if cfg.crash {
 		crash = func() {
@@ -116,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			os.Exit(crashExitCode)
 		}
 	}
-	if err := s.pay(ctx, orderFrom(cfg, cfg.order), crash); err != nil {
+	if err := s.pay(ctx, cfg, cfg.order, crash); err != nil {
 		return err
 	}
 	s.printStats(ctx)
@@ -146,7 +151,7 @@ func runEmbedded(ctx context.Context, cfg config, stdout io.Writer) error {
 	s := newSession(ctx, stdout, srv.URL, state)
 
 	fmt.Fprintf(stdout, "\n1. A lost response: the retry carries the same key\n")
-	if err := s.pay(ctx, orderFrom(cfg, cfg.order), nil); err != nil {
+	if err := s.pay(ctx, cfg, cfg.order, nil); err != nil {
 		return err
 	}
 	s.printStats(ctx)
@@ -154,7 +159,7 @@ func runEmbedded(ctx context.Context, cfg config, stdout io.Writer) error {
 	second := cfg.order + "-b"
 	fmt.Fprintf(stdout, "\n2. A crash between send and answer, then a restart\n")
 	crashCtx, crash := context.WithCancel(ctx)
-	err := s.pay(crashCtx, orderFrom(cfg, second), crash)
+	err := s.pay(crashCtx, cfg, second, crash)
 	crash()
 	if err != nil && ctx.Err() == nil && errors.Is(err, idem.ErrOutcomeUnknown) {
 		fmt.Fprintf(stdout, "  crash: the app stops here (simulated); the intent stays in the state directory\n")
@@ -162,7 +167,7 @@ func runEmbedded(ctx context.Context, cfg config, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "  restart: a new client opens the same state directory\n")
-	if err := s.pay(ctx, orderFrom(cfg, second), nil); err != nil {
+	if err := s.pay(ctx, cfg, second, nil); err != nil {
 		return err
 	}
 	st := s.printStats(ctx)
@@ -170,18 +175,6 @@ func runEmbedded(ctx context.Context, cfg config, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "\n2 orders, %d provider charges: each order was paid once.\n", st.ProviderCharges)
 	}
 	return nil
-}
-
-// order is what one checkout pays for.
-type order struct {
-	id       string
-	amount   int
-	currency string
-	customer string
-}
-
-func orderFrom(cfg config, id string) order {
-	return order{id: id, amount: cfg.amount, currency: cfg.currency, customer: cfg.customer}
 }
 
 // session is what the runs of the command share: the server and the state
@@ -206,16 +199,10 @@ func newSession(ctx context.Context, out io.Writer, baseURL, state string) *sess
 	return s
 }
 
-func (s *session) kind() string {
-	if s.admin != nil {
-		return "a fake server: faults are injected and its counts printed"
-	}
-	return "no /_fake/stats: no faults are injected, no counts printed"
-}
-
-// pay is one run of the app. crash, if not nil, is called right after the
-// first attempt of the new payment, before its answer is handled.
-func (s *session) pay(ctx context.Context, o order, crash func()) error {
+// pay is one run of the app, paying for the order id. crash, if not nil, is
+// called right after the first attempt of the new payment, before its
+// answer is handled.
+func (s *session) pay(ctx context.Context, cfg config, id string, crash func()) error {
 	store, err := persist.OpenDir(s.state, nil)
 	if errors.Is(err, persist.ErrLocked) {
 		return fmt.Errorf("another checkout is using %s: %w", s.state, err)
@@ -231,9 +218,15 @@ func (s *session) pay(ctx context.Context, o order, crash func()) error {
 		Timeout: 30 * time.Second}
 	defer hc.CloseIdleConnections()
 
-	var armed func()
+	var (
+		armed func()
+		mu    sync.Mutex // SettleAll makes attempts from several goroutines
+	)
 	client, err := idem.New(idem.WithStore(store), idem.WithHTTPClient(hc),
+		idem.WithLookup(idem.LookupQuery("idempotency_key")),
 		idem.WithAttemptHook(func(a idem.Attempt) {
+			mu.Lock()
+			defer mu.Unlock()
 			s.printAttempt(a, armed != nil)
 			if f := armed; f != nil {
 				armed = nil
@@ -244,62 +237,46 @@ func (s *session) pay(ctx context.Context, o order, crash func()) error {
 		return err
 	}
 
-	if err := s.resume(ctx, client); err != nil {
-		return err
-	}
-
-	req, err := idem.JSONRequest(http.MethodPost, s.baseURL+"/payments", map[string]any{
-		"amount": o.amount, "currency": o.currency, "customer": o.customer, "description": "order " + o.id})
-	if err != nil {
-		return err
-	}
-	in, err := client.Intent(ctx, "checkout:"+o.id, req)
-	var unresolved *idem.UnresolvedError
-	if errors.As(err, &unresolved) {
-		return fmt.Errorf("order %s changed while its earlier payment (key %s) has an unknown outcome; see examples/cart: %w",
-			o.id, unresolved.Previous.Key(), err)
-	}
-	if err != nil {
-		return err
-	}
-	if in.State().Resolved() {
-		fmt.Fprintf(s.out, "  intent %s: already %s (key %s); nothing is sent\n", in.Name(), in.State(), in.Key())
-		resp, err := client.Do(ctx, in) // the stored answer
-		return s.printOutcome(resp, err)
-	}
-	fmt.Fprintf(s.out, "  intent %s: key %s, saved before sending\n", in.Name(), in.Key())
-	fmt.Fprintf(s.out, "  POST /payments {amount %d, currency %s, customer %s}\n", o.amount, o.currency, o.customer)
-	if s.admin != nil {
-		if err := s.injectDrop(ctx, in.Key()); err != nil {
+	// First, what an earlier run left unresolved, each with its own key.
+	settled, err := client.SettleAll(ctx)
+	for _, st := range settled {
+		fmt.Fprintf(s.out, "  unresolved intent %s from an earlier run: key %s, now %s\n", st.Intent.Name(), st.Intent.Key(), st.Intent.State())
+		if err := s.printOutcome(st.Response, st.Err); err != nil {
 			return err
 		}
-		fmt.Fprintf(s.out, "  fault: the server will do the work and commit, then drop its answer\n")
 	}
-	armed = crash
-	resp, err := client.Do(ctx, in)
-	armed = nil
-	return s.printOutcome(resp, err)
-}
-
-// resume sends again, each with its own key, the intents for this server
-// that an earlier run left unresolved.
-func (s *session) resume(ctx context.Context, client *idem.Client) error {
-	pending, err := client.Unresolved(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the unresolved intents in %s: %w", s.state, err)
 	}
-	for _, in := range pending {
-		if !strings.HasPrefix(in.Request().URL, s.baseURL+"/") {
-			fmt.Fprintf(s.out, "  skipped: intent %s (key %s) is for another server, %s\n", in.Name(), in.Key(), in.Request().URL)
-			continue
-		}
-		fmt.Fprintf(s.out, "  unresolved intent %s from an earlier run: key %s, state %s; resuming it\n", in.Name(), in.Key(), in.State())
-		resp, err := client.Do(ctx, in)
-		if err := s.printOutcome(resp, err); err != nil {
-			return err
+
+	req, err := idem.JSONRequest(http.MethodPost, s.baseURL+"/payments", map[string]any{
+		"amount": cfg.amount, "currency": cfg.currency, "customer": cfg.customer, "description": "order " + id})
+	if err != nil {
+		return err
+	}
+	// Intent is only here to show the key and aim the fault at it; Send
+	// alone does the payment.
+	name := "checkout:" + id
+	in, err := client.Intent(ctx, name, req)
+	if err != nil {
+		return s.printOutcome(nil, err)
+	}
+	if in.State().Resolved() {
+		fmt.Fprintf(s.out, "  intent %s: already %s (key %s); nothing is sent\n", name, in.State(), in.Key())
+	} else {
+		fmt.Fprintf(s.out, "  intent %s: key %s, saved before sending\n", name, in.Key())
+		fmt.Fprintf(s.out, "  POST /payments {amount %d, currency %s, customer %s}\n", cfg.amount, cfg.currency, cfg.customer)
+		if s.admin != nil {
+			if err := s.injectDrop(ctx, in.Key()); err != nil {
+				return err
+			}
+			fmt.Fprintf(s.out, "  fault: the server will do the work and commit, then drop its answer\n")
 		}
 	}
-	return nil
+	armed = crash
+	resp, err := client.Send(ctx, name, req)
+	armed = nil
+	return s.printOutcome(resp, err)
 }
 
 func (s *session) printAttempt(a idem.Attempt, crashing bool) {
@@ -316,11 +293,15 @@ func (s *session) printAttempt(a idem.Attempt, crashing bool) {
 	fmt.Fprintf(s.out, "  attempt %d: %s\n", a.Number, what)
 }
 
-// printOutcome says how a Do ended. A final answer, a declined card
+// printOutcome says how a payment ended. A final answer, a declined card
 // included, is not an error of the program; an unknown outcome is.
 func (s *session) printOutcome(resp *idem.Response, err error) error {
 	var apiErr *idem.APIError
+	var unresolved *idem.UnresolvedError
 	switch {
+	case errors.As(err, &unresolved):
+		return fmt.Errorf("the order changed while its earlier payment (key %s) has an unknown outcome; see examples/cart: %w",
+			unresolved.Previous.Key(), err)
 	case err == nil:
 		var p struct{ ID, Status string }
 		_ = json.Unmarshal(resp.Body, &p)
@@ -345,26 +326,8 @@ func (s *session) printOutcome(resp *idem.Response, err error) error {
 
 // stats reads the fake server's counters.
 func (s *session) stats(ctx context.Context) (*fakeserver.Stats, error) {
-	if s.admin == nil {
-		return nil, errors.New("no admin endpoints")
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.baseURL+fakeserver.AdminPrefix+"stats", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := s.admin.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /_fake/stats: %s", resp.Status)
-	}
 	var st fakeserver.Stats
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return nil, fmt.Errorf("GET /_fake/stats: %w", err)
-	}
-	return &st, nil
+	return &st, s.callAdmin(ctx, http.MethodGet, "stats", nil, &st)
 }
 
 // printStats prints the fake server's counts, if it is one.
@@ -379,8 +342,21 @@ func (s *session) printStats(ctx context.Context) *fakeserver.Stats {
 
 // injectDrop asks the fake server to lose its next answer for key.
 func (s *session) injectDrop(ctx context.Context, key string) error {
-	body, _ := json.Marshal(map[string]any{"fault": fakeserver.FaultDropResponse, "key": key})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.baseURL+fakeserver.AdminPrefix+"faults", bytes.NewReader(body))
+	return s.callAdmin(ctx, http.MethodPost, "faults", map[string]any{"fault": fakeserver.FaultDropResponse, "key": key}, nil)
+}
+
+// callAdmin calls one of the fake server's /_fake/ endpoints with in as its
+// JSON body, if not nil, and decodes its JSON answer into out, if not nil.
+func (s *session) callAdmin(ctx context.Context, method, path string, in, out any) error {
+	if s.admin == nil {
+		return errors.New("no admin endpoints")
+	}
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.baseURL+fakeserver.AdminPrefix+path, body)
 	if err != nil {
 		return err
 	}
@@ -390,11 +366,14 @@ func (s *session) injectDrop(ctx context.Context, key string) error {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
+	if resp.StatusCode/100 != 2 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return fmt.Errorf("POST /_fake/faults: %s: %s", resp.Status, bytes.TrimSpace(msg))
+		return fmt.Errorf("%s %s: %s: %s", method, req.URL.Path, resp.Status, bytes.TrimSpace(msg))
 	}
-	return nil
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // rootCause is the innermost error, without the URL the client wraps it in.

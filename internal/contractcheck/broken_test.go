@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/internal/contractcheck"
 )
 
@@ -63,7 +63,7 @@ func TestRunBrokenServers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			clk := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			url := startLab(t, clk, tt.knobs)
 			rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
 				URL: url + "/payments", Auth: "Bearer caller-1", Auth2: "Bearer caller-2",

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/internal/contractcheck"
 )
 
@@ -21,7 +21,7 @@ func TestRunFakeServer(t *testing.T) {
 	for _, format := range []fakeserver.KeyFormat{fakeserver.KeyFormatAny, fakeserver.KeyFormatUUID} {
 		t.Run(string(format), func(t *testing.T) {
 			t.Parallel()
-			clk := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, KeyFormat: format})
 			cfg := contractcheck.Config{
 				URL:    srv.URL + "/payments",
@@ -54,7 +54,7 @@ func TestRunFakeServer(t *testing.T) {
 // waited out: the dead-worker row is SKIP, not FAIL, and the waits stop at
 // LeaseWait.
 func TestRunFakeServerLongLease(t *testing.T) {
-	clk := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Lease: time.Hour})
 	rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
 		URL: srv.URL + "/payments", LeaseWait: time.Minute, Sleep: clk.Sleep}, nil)

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/clocktest"
 )
 
 // labConcurrency is the Concurrency the tests give the check; the lab
@@ -38,7 +38,7 @@ const labHoldLimit = 10 * time.Second
 // duplicates of the key have been answered (or a store's race window until
 // they all arrived), at most labHoldLimit.
 type labServer struct {
-	clk *clocktest.Clock
+	clk *clock.Manual
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -76,7 +76,7 @@ type labKnobs struct {
 	wrap func(http.Handler) http.Handler
 }
 
-func startLab(t testing.TB, clk *clocktest.Clock, k labKnobs) string {
+func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 	t.Helper()
 	lab := &labServer{clk: clk, faults: map[string]string{}, held: map[string]bool{}, answered: map[string]int{},
 		lookups: map[string]int{}, charged: map[string]bool{}, byKey: map[idempotency.ID]string{}}

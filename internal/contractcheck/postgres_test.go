@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/clocktest"
 	"github.com/idemkit/idem/internal/contractcheck"
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -24,7 +24,7 @@ func TestRunFakeServerOnPostgres(t *testing.T) {
 	t.Cleanup(pool.Close)
 	require.NoError(t, fakeserver.Migrate(context.Background(), pool))
 
-	clk := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Postgres: pool})
 	rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
 		URL:    srv.URL + "/payments",

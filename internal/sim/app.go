@@ -123,17 +123,17 @@ func (a *app) pay(c *cart) {
 	}
 	w.bind(in.Key(), c)
 	switch in.State() {
-	case persist.StateSucceeded:
+	case idem.StateSucceeded:
 		w.observe(a, in)
 		return
-	case persist.StateVoid, persist.StateRejected:
+	case idem.StateVoid, idem.StateRejected:
 		// Nothing was charged for it: pay again under a new key.
 		in, err = cl.NewIntent(ctx, a.name, c.request())
 		if err != nil {
 			return
 		}
 		w.bind(in.Key(), c)
-	case persist.StateFailed:
+	case idem.StateFailed:
 		// Declined: the user must change the card.
 		w.observe(a, in)
 		a.newCart()
@@ -148,15 +148,16 @@ func (a *app) settle(in *idem.Intent) {
 	_, err := a.d.client.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.observe(a, in)
-	if errors.Is(err, idem.ErrIntentExpired) || in.State() == persist.StateExpired {
+	var re *idem.RetryError
+	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == idem.StateExpired {
 		a.reconcile(in)
 	}
 }
 
 func (a *app) reconcile(in *idem.Intent) {
-	_, err := a.d.client.Reconcile(context.Background(), in, lookupURL(in.Key()))
+	_, err := a.d.client.Reconcile(context.Background(), in)
 	a.d.w.tracef("d%d/%s Reconcile %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
-	if in.State() == persist.StateVoid && err != nil {
+	if in.State() == idem.StateVoid && err != nil {
 		// "Never done" holds only once it is saved: the store still
 		// says unresolved and the next Do sends the intent again. An app
 		// that checks the error does not tell the user "not paid".

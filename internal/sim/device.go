@@ -104,6 +104,7 @@ func (d *device) start() {
 		idem.WithRetryPolicy(d.policy),
 		idem.WithRetention(d.w.cfg.Retention, d.w.cfg.Margin),
 		idem.WithReconcileDelay(d.w.cfg.ReconcileDelay),
+		idem.WithLookup(func(_ idem.Request, key string) string { return lookupURL(key) }),
 	}
 	if d.quoted {
 		opts = append(opts, idem.WithQuotedKey())

@@ -325,7 +325,7 @@ func (w *World) bindIntent(in *idem.Intent) {
 // intentView is what observe needs of an intent.
 type intentView interface {
 	Key() string
-	State() persist.State
+	State() idem.State
 }
 
 // observe records what the app now knows about in.
@@ -334,7 +334,8 @@ func (w *World) observe(a *app, in intentView) {
 	if info == nil {
 		return
 	}
-	st := in.State()
+	// The client's states are named as the store's.
+	st := persist.State(in.State().String())
 	if !st.Resolved() {
 		return
 	}

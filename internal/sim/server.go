@@ -109,6 +109,15 @@ type worldClock struct{ w *World }
 
 func (c worldClock) Now() time.Time { return c.w.clk.now }
 
+// Sleep lets the world run for d; the server's middleware never calls it.
+func (c worldClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.w.clk.advanceTo(c.w.clk.now.Add(d))
+	return nil
+}
+
 // paymentRequest is the body of POST /payments. encoding/json matches
 // member names without regard to case, as the fake server's handler does.
 type paymentRequest struct {

@@ -1,0 +1,149 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Send is the one call for a Pay button: it sends req once for the action
+// name and returns the final answer, however many attempts, crashes and
+// restarts that takes.
+//
+// It takes the intent Client.Intent gives for name and req, and settles it:
+//
+//   - The first time, a new intent is saved and sent.
+//   - The same request again (a second tap, the next run of the app) is the
+//     same intent: while its outcome is unknown it is resumed with its key,
+//     and once resolved its stored answer is returned with FromStore set and
+//     nothing is sent. An intent the server's lookup shows was never done
+//     (void, or found so now because it was too old to send again) is
+//     replaced by a new one, which is sent.
+//   - A changed request while the previous one's outcome is unknown is
+//     refused with *UnresolvedError, and nothing is sent: Settle the
+//     previous intent first.
+//
+// The errors are those of Do and Settle: *APIError with the Response for a
+// final answer that is not a success, and an error matching
+// ErrOutcomeUnknown when no final answer could be had yet; calling Send
+// again later with the same name and request picks the intent up where it
+// stopped. A foreground tap usually wants a short budget: pass a context
+// from ContextWithRetryPolicy.
+func (c *Client) Send(ctx context.Context, name string, req Request) (*Response, error) {
+	in, err := c.Intent(ctx, name, req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Settle(ctx, in)
+	if err != nil || in.State() != StateVoid {
+		return resp, err
+	}
+	// The server never did it (it was void, or the lookup just found so):
+	// a new intent cannot do it twice.
+	if in, err = c.NewIntent(ctx, name, req); err != nil {
+		return nil, err
+	}
+	return c.Settle(ctx, in)
+}
+
+// Settle brings an intent to a final state by the safest means available,
+// and returns its answer:
+//
+//   - A resolved intent returns its stored answer (FromStore) and sends
+//     nothing.
+//   - While the server still keeps the key (the intent is younger than the
+//     retention less the safety margin, see WithRetention), it is sent again
+//     with its key and bytes, as Do does: the server does the work at most
+//     once and replays its answer.
+//   - After that, a resend could do the work twice, so the server's lookup
+//     (WithLookup) is asked, as Reconcile does.
+//
+// When neither can decide yet, the error matches ErrOutcomeUnknown and says
+// why: the retry budget ran out (Settle again later), the lookup cannot tell
+// yet (an attempt may still be running on the server), or the intent is too
+// old to send and the Client has no lookup. The intent then stays
+// unresolved.
+//
+// An intent the lookup showed was never done ends void: Settle returns a
+// nil Response and a nil error, and in.State() is StateVoid.
+func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
+	if in == nil {
+		return nil, errors.New("idem: Settle with a nil intent")
+	}
+	resp, err := c.Do(ctx, in)
+	switch {
+	case err == nil:
+		return resp, nil
+	case in.State() == StateVoid:
+		return nil, nil
+	case !expired(err):
+		return resp, err
+	case c.lookup == nil:
+		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (WithLookup): %w", in.Key(), err)
+	}
+	resp, err = c.Reconcile(ctx, in)
+	if err == nil && in.State() == StateVoid {
+		return nil, nil
+	}
+	return resp, err
+}
+
+// expired reports an error of a call that ended because the intent may no
+// longer be sent.
+func expired(err error) bool {
+	var re *RetryError
+	return errors.As(err, &re) && re.Reason == StopExpired
+}
+
+// settleConcurrency bounds the intents SettleAll settles at once.
+const settleConcurrency = 4
+
+// Settled is what SettleAll made of one intent: Response and Err are those
+// of Settle, and Intent.State() tells where it stands now.
+type Settled struct {
+	Intent   *Intent
+	Response *Response
+	Err      error
+}
+
+// SettleAll settles every unresolved intent in the store, oldest first, a
+// few at a time, and reports what became of each: the call for app start,
+// after a crash or a restart. Intents whose outcome is still unknown stay
+// unresolved for the next SettleAll.
+//
+// New intents are sent too: the first attempt is not recorded, so after a
+// crash a new intent may have reached the server. With Send, an intent is
+// created when the user taps; an app that creates intents earlier (with
+// Client.Intent when the Pay button is shown) must Forget those the user
+// did not confirm before it calls SettleAll. The error is that of Unresolved: the
+// stored intents that could not be read; the readable ones are settled
+// anyway. A background settle usually wants a long budget: pass a context
+// from ContextWithRetryPolicy.
+func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
+	ins, listErr := c.Unresolved(ctx)
+	out := make([]Settled, len(ins))
+	sem := make(chan struct{}, settleConcurrency)
+	var wg sync.WaitGroup
+	for i, in := range ins {
+		out[i].Intent = in
+		if err := ctx.Err(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			out[i].Err = ctx.Err()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i].Response, out[i].Err = c.Settle(ctx, in)
+		}()
+	}
+	wg.Wait()
+	return out, listErr
+}

@@ -1,0 +1,428 @@
+package idem_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fakeserver"
+)
+
+// pastSendWindow moves the clock past the time an intent created now may be
+// sent: the server may have forgotten its key.
+const pastSendWindow = sendWindow + time.Minute
+
+// oneAttempt is the context of a call that gives up after one attempt.
+func oneAttempt() context.Context {
+	return idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+}
+
+// unknownOutcome leaves in pending: its one attempt meets fault.
+func (e *env) unknownOutcome(t *testing.T, in *idem.Intent, kind fakeserver.FaultKind) {
+	t.Helper()
+	e.fault(t, fakeserver.Fault{Kind: kind, Key: in.Key()})
+	_, err := e.client.Do(oneAttempt(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, idem.StatePending, in.State())
+}
+
+func TestSendPaysOnceThenReturnsTheStoredAnswer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	req := e.paymentRequest(t, 1500, "cus_1")
+
+	first, err := e.client.Send(ctx, "checkout:send", req)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.True(t, first.Replayed, "the lost answer was replayed to the retry")
+	assert.Equal(t, 2, first.Attempts)
+
+	again, err := e.client.Send(ctx, "checkout:send", req)
+	require.NoError(t, err)
+	assert.True(t, again.FromStore)
+	assert.Equal(t, first.Body, again.Body)
+	st := e.srv.Stats()
+	assert.Equal(t, 2, st.Requests, "the second tap sent nothing")
+	assert.Equal(t, 1, st.ProviderCharges)
+}
+
+func TestSendResumesTheUnresolvedIntentOfTheSameRequest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	req := e.paymentRequest(t, 1500, "cus_1")
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err := e.client.Send(oneAttempt(), "checkout:resume", req)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	resp, err := e.newClient(t).Send(context.Background(), "checkout:resume", req)
+	require.NoError(t, err)
+	assert.True(t, resp.Replayed, "the same key, so the server's stored answer")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+func TestSendRefusesAChangedRequestWhileTheLastIsUnresolved(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err := e.client.Send(oneAttempt(), "checkout:changed", e.paymentRequest(t, 1500, "cus_1"))
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	_, err = e.client.Send(context.Background(), "checkout:changed", e.paymentRequest(t, 1800, "cus_1"))
+	var unresolved *idem.UnresolvedError
+	require.ErrorAs(t, err, &unresolved)
+	assert.Equal(t, 1, e.srv.Stats().Requests, "nothing was sent for the changed cart")
+}
+
+// An intent the lookup shows was never done cannot be paid by resending it,
+// and a new intent cannot pay twice: Send makes one and pays, whether the
+// intent was void already or the lookup finds it so during the Send.
+func TestSendReplacesAVoidIntent(t *testing.T) {
+	t.Parallel()
+	for _, settledFirst := range []bool{true, false} {
+		ctx := context.Background()
+		e := newEnv(t)
+		req := e.paymentRequest(t, 1500, "cus_1")
+		in, err := e.client.Intent(ctx, "checkout:void", req)
+		require.NoError(t, err)
+		e.unknownOutcome(t, in, fakeserver.FaultReset) // nothing reached the server
+		e.clock.Advance(pastSendWindow)
+		if settledFirst {
+			resp, err := e.client.Settle(ctx, in)
+			require.NoError(t, err)
+			require.Nil(t, resp)
+			require.Equal(t, idem.StateVoid, in.State())
+		}
+
+		resp, err := e.client.Send(ctx, "checkout:void", req)
+		require.NoError(t, err, "settled first: %t", settledFirst)
+		require.NotNil(t, resp, "settled first: %t", settledFirst)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.False(t, resp.FromStore)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		reloaded, err := e.client.Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, idem.StateVoid, reloaded.State(), "the void intent stays void")
+	}
+}
+
+func TestSettle(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// prepare leaves the intent in the state to settle.
+		prepare   func(t *testing.T, e *env, in *idem.Intent)
+		noLookup  bool
+		policy    idem.RetryPolicy // of the Settle call
+		wantState idem.State
+		wantErr   error // nil: no error
+		wantCode  int   // 0: no Response
+		// wantPosts and wantGets count what Settle sends: resends and
+		// lookups.
+		wantPosts, wantGets int
+	}{
+		{
+			name: "resolved: the stored answer, nothing sent",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				_, err := e.client.Do(context.Background(), in)
+				require.NoError(t, err)
+			},
+			wantState: idem.StateSucceeded, wantCode: http.StatusCreated,
+		},
+		{
+			name: "pending, key kept: resent with its key",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+			},
+			wantState: idem.StateSucceeded, wantCode: http.StatusCreated, wantPosts: 1,
+		},
+		{
+			name: "past the send window, done: found by the lookup",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+				e.clock.Advance(pastSendWindow)
+			},
+			wantState: idem.StateSucceeded, wantCode: http.StatusOK, wantGets: 1,
+		},
+		{
+			name: "past the send window, never done: void",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				e.unknownOutcome(t, in, fakeserver.FaultReset)
+				e.clock.Advance(pastSendWindow)
+			},
+			wantState: idem.StateVoid, wantGets: 1,
+		},
+		{
+			name: "past the send window, no lookup: undecided",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+				e.clock.Advance(pastSendWindow)
+			},
+			noLookup:  true,
+			wantState: idem.StateExpired, wantErr: idem.ErrOutcomeUnknown,
+		},
+		{
+			name: "past the send window, the server holds the key in progress: undecided",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				e.unknownOutcome(t, in, fakeserver.FaultCrashAfterInsert)
+				e.clock.Advance(pastSendWindow)
+			},
+			wantState: idem.StateExpired, wantErr: idem.ErrOutcomeUnknown, wantCode: http.StatusConflict, wantGets: 1,
+		},
+		{
+			name: "pending, the budget runs out: undecided, still pending",
+			prepare: func(t *testing.T, e *env, in *idem.Intent) {
+				e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+				e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 100})
+			},
+			policy:    idem.RetryPolicy{MaxAttempts: 3},
+			wantState: idem.StatePending, wantErr: idem.ErrOutcomeUnknown, wantPosts: 3,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			// The settling Client counts what it sends. It is made first,
+			// as the app's own Client would be: one made after the attempt
+			// could not tell when an earlier process last sent it, and
+			// would not trust a 404 until the reconcile delay had passed.
+			sent := &methodCounter{base: e.srv.Client().Transport}
+			opts := []idem.Option{idem.WithHTTPClient(&http.Client{Transport: sent})}
+			if tc.noLookup {
+				opts = append(opts, idem.WithLookup(nil))
+			}
+			c := e.newClient(t, opts...)
+			in := e.newIntent(t, "checkout:settle", 1500)
+			tc.prepare(t, e, in)
+
+			resp, err := c.Settle(idem.ContextWithRetryPolicy(context.Background(), tc.policy), in)
+			if tc.wantErr == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, tc.wantErr)
+			}
+			if tc.noLookup {
+				assert.ErrorContains(t, err, "WithLookup", "the error says what would decide it")
+			}
+			if tc.wantCode == 0 {
+				assert.Nil(t, resp)
+			} else {
+				require.NotNil(t, resp)
+				assert.Equal(t, tc.wantCode, resp.StatusCode)
+			}
+			assert.Equal(t, tc.wantState, in.State())
+			assert.Equal(t, tc.wantPosts, sent.count(http.MethodPost), "resends")
+			assert.Equal(t, tc.wantGets, sent.count(http.MethodGet), "lookups")
+			assert.LessOrEqual(t, e.srv.Stats().ProviderCharges, 1)
+		})
+	}
+}
+
+// methodCounter counts the requests sent through it by method.
+type methodCounter struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	n    map[string]int
+}
+
+func (m *methodCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	m.mu.Lock()
+	if m.n == nil {
+		m.n = make(map[string]int)
+	}
+	m.n[req.Method]++
+	m.mu.Unlock()
+	return m.base.RoundTrip(req)
+}
+
+func (m *methodCounter) count(method string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.n[method]
+}
+
+// countingTransport counts the requests in flight through it, and keeps
+// the highest count seen.
+type countingTransport struct {
+	base          http.RoundTripper
+	inFlight, max atomic.Int32
+	gate          chan struct{} // each request waits here, if not nil
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	n := c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
+	for {
+		m := c.max.Load()
+		if n <= m || c.max.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	if c.gate != nil {
+		<-c.gate
+	}
+	return c.base.RoundTrip(req)
+}
+
+func TestSettleAllReportsEachAndBoundsConcurrency(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	const n = 9
+	var ins []*idem.Intent
+	for i := range n {
+		in := e.newIntent(t, "checkout:all-"+string(rune('a'+i)), 100+i)
+		e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+		ins = append(ins, in)
+		e.clock.Advance(time.Second)
+	}
+	declined, err := e.client.NewIntent(ctx, "checkout:declined", e.paymentRequest(t, 100, "cus_declined"))
+	require.NoError(t, err)
+	paid := e.newIntent(t, "checkout:paid", 100)
+	_, err = e.client.Do(ctx, paid)
+	require.NoError(t, err)
+
+	tr := &countingTransport{base: e.srv.Client().Transport, gate: make(chan struct{})}
+	restarted := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: tr}))
+	go func() {
+		for range n + 1 {
+			tr.gate <- struct{}{}
+		}
+	}()
+	settled, err := restarted.SettleAll(ctx)
+	require.NoError(t, err)
+	require.Len(t, settled, n+1, "every unresolved intent, and only those")
+	for i, s := range settled[:n] {
+		require.NoError(t, s.Err)
+		assert.Equal(t, ins[i].Key(), s.Intent.Key(), "oldest first")
+		assert.Equal(t, idem.StateSucceeded, s.Intent.State())
+		assert.True(t, s.Response.Replayed)
+	}
+	last := settled[n]
+	assert.Equal(t, declined.Key(), last.Intent.Key())
+	var apiErr *idem.APIError
+	require.ErrorAs(t, last.Err, &apiErr)
+	assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
+	assert.Equal(t, idem.StateFailed, last.Intent.State())
+	assert.LessOrEqual(t, tr.max.Load(), int32(4), "at most four settles at once")
+	assert.Greater(t, tr.max.Load(), int32(1), "settles overlap")
+	assert.Equal(t, n+1, e.srv.Stats().ProviderCharges, "each paid intent charged once")
+}
+
+func TestSettleAllStopsStartingWhenTheContextEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const n = 12
+	for i := range n {
+		e.unknownOutcome(t, e.newIntent(t, "checkout:cancel-"+string(rune('a'+i)), 100), fakeserver.FaultDropResponse)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The app goes to the background as the first resend goes out.
+	sent := &methodCounter{base: cancelOnRequest{cancel}}
+	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: sent}))
+
+	settled, err := c.SettleAll(ctx)
+	require.NoError(t, err)
+	require.Len(t, settled, n)
+	for _, s := range settled {
+		assert.ErrorIs(t, s.Err, context.Canceled)
+		assert.Equal(t, idem.StatePending, s.Intent.State())
+	}
+	assert.LessOrEqual(t, sent.count(http.MethodPost), 4, "no more than the settles under way when it ended")
+}
+
+// cancelOnRequest cancels a context on every request and fails it, as a
+// request does that is cut short by its context.
+type cancelOnRequest struct{ cancel context.CancelFunc }
+
+func (c cancelOnRequest) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.cancel()
+	<-req.Context().Done()
+	return nil, req.Context().Err()
+}
+
+// One Client, two budgets: the context's policy replaces the fields it sets
+// and keeps the Client's others.
+func TestContextWithRetryPolicy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: time.Second, NoJitter: true}))
+	short := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 3})
+	in := e.newIntent(t, "checkout:budget", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 5})
+
+	_, err := e.client.Do(short, in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopAttempts, retryErr.Reason)
+	assert.Equal(t, 3, retryErr.Attempts, "the foreground budget")
+	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second}, e.clock.Sleeps(), "the Client's backoff, without jitter")
+
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err, "the Client's own budget of 10 attempts outlasts the fault")
+	assert.Equal(t, 3, resp.Attempts)
+}
+
+func TestHTTPRequestIsTheIntentsRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	for _, quoted := range []bool{false, true} {
+		var opts []idem.Option
+		wantKey := func(k string) string { return k }
+		if quoted {
+			opts = append(opts, idem.WithQuotedKey())
+			wantKey = func(k string) string { return `"` + k + `"` }
+		}
+		c := e.newClient(t, opts...)
+		in, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		want := in.Request()
+
+		req, err := c.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, want.Method, req.Method)
+		assert.Equal(t, want.URL, req.URL.String())
+		assert.Equal(t, "application/json", req.Header.Get("Content-Type"))
+		assert.Equal(t, wantKey(in.Key()), req.Header.Get("Idempotency-Key"))
+		assert.Equal(t, int64(len(want.Body)), req.ContentLength)
+		for range 2 { // GetBody gives the same bytes every time
+			body, err := req.GetBody()
+			require.NoError(t, err)
+			var b [4096]byte
+			n, _ := body.Read(b[:])
+			assert.Equal(t, want.Body, b[:n])
+		}
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		// The answer went past the Client: the intent is as it was, and a
+		// Do is answered from the server's record of the key.
+		assert.Equal(t, idem.StateNew, in.State())
+		got, err := c.Do(ctx, in)
+		require.NoError(t, err)
+		assert.True(t, got.Replayed)
+	}
+	assert.Equal(t, 2, e.srv.Stats().ProviderCharges)
+}
+
+func TestLookupQuery(t *testing.T) {
+	t.Parallel()
+	lookup := idem.LookupQuery("idempotency_key")
+	for _, tc := range []struct{ url, key, want string }{
+		{"https://api.example/payments", "k1", "https://api.example/payments?idempotency_key=k1"},
+		{"https://api.example/payments?idempotency_key=old&v=2#frag", "a b&c", "https://api.example/payments?idempotency_key=a+b%26c&v=2"},
+	} {
+		assert.Equal(t, tc.want, lookup(idem.Request{Method: http.MethodPost, URL: tc.url}, tc.key))
+	}
+}
