@@ -65,7 +65,7 @@ var faultTable = [numFaults]faultInfo{
 	FaultProxyStatus:     {"proxy.status", 0.06, true, ""},
 	FaultProxyOther5xx:   {"proxy.other-5xx", 0.04, true, ""},
 	FaultRedirect307:     {"proxy.redirect-307", 0.02, true, ""},
-	FaultRedirectLogin:   {"proxy.redirect-login", 0.02, false, "a 301/302/303 is stored as a final failure even when an earlier attempt of the intent may have charged"},
+	FaultRedirectLogin:   {"proxy.redirect-login", 0.02, true, ""},
 	FaultDuplicate:       {"proxy.duplicate-post", 0.03, true, ""},
 	FaultHoldAcrossCrash: {"net.hold-across-crash", 0.5, true, ""},
 

@@ -32,11 +32,8 @@ var mutants = []mutant{
 	{"5xx-final", "retry.go: a 5xx above 504 (a proxy's 520-524) is a final answer", "./internal/sim", "^TestSimulation$"},
 	{"latest-by-wall-clock", "intent.go: an action's latest intent is the one created last by the device's clock", "./internal/sim", "^TestSimulation$"},
 	{"key-spelling-from-option", "adapter.go: the key is spelled as the current Client's option says, not as stored", "./internal/sim", "^TestSimulation$"},
+	{"redirect-answer-is-outcome", "adapter.go: a 301/302/303 after a POST is followed and the GET's answer taken for the outcome", "./internal/sim", "^TestSimulation$"},
 	// Not run, with the reason:
-	//   redirect-answer-is-outcome (adapter.go, hook in place): the class
-	//   that catches it, proxy.redirect-login, is off because a 302 after
-	//   an earlier attempt that charged is stored as a final failure, so
-	//   the run with no mutant would fail too.
 	//   fingerprint-ignores-member-case: idem never sends two bodies under
 	//   one key, so the world cannot reach the fingerprint's rules on
 	//   member names; idempotency's fuzz tests cover them.

@@ -12,7 +12,7 @@ import (
 // The simulation's budgets and replay, all from the environment:
 //
 //	IDEM_SIM_SEED=n     run only seed n (the replay of a failure)
-//	IDEM_SIM_SEEDS=n    run n seeds (default 40), from IDEM_SIM_FIRST_SEED (default 1)
+//	IDEM_SIM_SEEDS=n    run n seeds (default 80), from IDEM_SIM_FIRST_SEED (default 1)
 //	IDEM_SIM_ACTIONS=n  user actions per seed (default 300)
 //	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
 //	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
@@ -70,7 +70,7 @@ func TestSimulation(t *testing.T) {
 		seeds = []uint64{envUint(t, "IDEM_SIM_SEED", 0)}
 	} else {
 		first := envUint(t, "IDEM_SIM_FIRST_SEED", 1)
-		for i := range envUint(t, "IDEM_SIM_SEEDS", 40) {
+		for i := range envUint(t, "IDEM_SIM_SEEDS", 80) {
 			seeds = append(seeds, first+i)
 		}
 	}
