@@ -445,5 +445,6 @@ func TestNotSentIsNeverSaidOfARequestTheServerMayHaveRead(t *testing.T) {
 	changed, err := JSONRequest(http.MethodPost, origin.URL+"/payments", map[string]any{"amount": 2500})
 	require.NoError(t, err)
 	_, err = c.Intent(ctx, "checkout", changed)
-	assert.ErrorIs(t, err, ErrUnresolved, "a changed cart must wait for the first payment's outcome")
+	var unresolved *UnresolvedError
+	assert.ErrorAs(t, err, &unresolved, "a changed cart must wait for the first payment's outcome")
 }
