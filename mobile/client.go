@@ -101,8 +101,9 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 
 	ctx, release := cancel.bind(context.Background())
 	defer release()
-	ctx, stop := context.WithTimeout(ctx, time.Duration(budget)*time.Millisecond)
-	defer stop()
+	// The budget bounds the whole call, waits and attempts included, as the
+	// call's retry policy: a short one for a tap, a long one for a settle.
+	ctx = idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxElapsed: time.Duration(budget) * time.Millisecond})
 	var (
 		authMu  sync.Mutex
 		authErr error
@@ -220,11 +221,14 @@ func (c *Client) Reconcile(key string, cancel *Cancel) (*Result, error) {
 // means: Resume while the server keeps its key, Reconcile once it is too
 // old to send.
 func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
-	r, err := c.Resume(key, cancel)
-	if err != nil || r.Outcome != OutcomeExpired {
-		return r, err
-	}
-	return c.Reconcile(key, cancel)
+	return c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
+		in, err := c.idem.Load(ctx, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := c.idem.Settle(ctx, in)
+		return in, resp, err
+	})
 }
 
 // Unresolved lists the intents whose outcome is unknown: settle each at app

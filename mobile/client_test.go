@@ -356,3 +356,23 @@ func TestPayKeepsItsOwnCopyOfTheBody(t *testing.T) {
 	assert.Equal(t, OutcomeSucceeded, res.Outcome, "the resend carried the bytes of the first attempt")
 	assert.True(t, res.Replayed)
 }
+
+func TestForegroundAndBackgroundBudgetsFromOneClient(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t, func(cfg *Config) {
+		cfg.ForegroundBudgetMillis = 5_000
+		cfg.BackgroundBudgetMillis = 60_000
+	})
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "10", Count: 2})
+
+	tap, err := c.Pay("checkout:cart-12", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeUnknown, tap.Outcome, "a 10 s wait does not fit the tap's 5 s")
+	assert.Equal(t, int64(1), tap.Attempts)
+
+	settled, err := c.Settle(tap.Key, nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, settled.Outcome, "the background settle waits the server out")
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+}
