@@ -27,6 +27,7 @@ type device struct {
 	id         int
 	principal  string
 	offset     time.Duration // the device clock minus the world's
+	maxOffset  time.Duration // the largest offset the clock has had
 	mem        *persist.Memory
 	store      *deviceStore
 	client     *idem.Client
@@ -165,12 +166,15 @@ func (d *device) jumpClock() {
 	case r.chance(w.cfg.Faults.rate(FaultClockForward)):
 		w.stats.fault(FaultClockForward.Name())
 		d.offset += pick(r, time.Minute, time.Hour, w.cfg.Retention)
+		d.maxOffset = max(d.maxOffset, d.offset)
 	case r.chance(w.cfg.Faults.rate(FaultClockBack)):
 		w.stats.fault(FaultClockBack.Name())
-		// Less than the client's safety margin: a device clock set back
-		// further can make it send a key the server has forgotten, which
-		// no client can detect (docs/RELIABILITY.md).
-		d.offset -= r.between(time.Second, w.cfg.Margin/2)
+		// Never more than half the client's safety margin behind the
+		// furthest the clock has read, however many jumps: a device clock
+		// set back further can make an app restarted since send a key the
+		// server has forgotten, which no client can detect
+		// (docs/RELIABILITY.md).
+		d.offset = max(d.offset-r.between(time.Second, w.cfg.Margin/2), d.maxOffset-w.cfg.Margin/2)
 	}
 }
 
