@@ -192,14 +192,7 @@ func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) 
 // left by an earlier run while the server still keeps its key. A resolved
 // intent is answered from the device.
 func (c *Client) Resume(key string, cancel *Cancel) (*Result, error) {
-	return c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
-		in, err := c.idem.Load(ctx, key)
-		if err != nil {
-			return nil, nil, err
-		}
-		resp, err := c.idem.Do(ctx, in)
-		return in, resp, err
-	})
+	return c.withIntent(key, cancel, c.idem.Do)
 }
 
 // Reconcile asks the server's lookup what became of the intent with this
@@ -207,26 +200,25 @@ func (c *Client) Resume(key string, cancel *Cancel) (*Result, error) {
 // OutcomeVoid means the server never did it; OutcomeUnknown means it
 // cannot tell yet.
 func (c *Client) Reconcile(key string, cancel *Cancel) (*Result, error) {
-	return c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
-		in, err := c.idem.Load(ctx, key)
-		if err != nil {
-			return nil, nil, err
-		}
-		resp, err := c.idem.Reconcile(ctx, in)
-		return in, resp, err
-	})
+	return c.withIntent(key, cancel, c.idem.Reconcile)
 }
 
 // Settle brings the intent with this key to a final state by the safest
 // means: Resume while the server keeps its key, Reconcile once it is too
 // old to send.
 func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
+	return c.withIntent(key, cancel, c.idem.Settle)
+}
+
+// withIntent runs op on the stored intent with this key, under the
+// background budget.
+func (c *Client) withIntent(key string, cancel *Cancel, op func(context.Context, *idem.Intent) (*idem.Response, error)) (*Result, error) {
 	return c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
 		in, err := c.idem.Load(ctx, key)
 		if err != nil {
 			return nil, nil, err
 		}
-		resp, err := c.idem.Settle(ctx, in)
+		resp, err := op(ctx, in)
 		return in, resp, err
 	})
 }
