@@ -299,6 +299,7 @@ func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op s
 // saveWith is save through store, persist.SaveShared or
 // persist.SaveDeferred.
 func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(context.Context, persist.Store, *persist.Record) error) error {
+	prev := in.current()
 	in.set(rec)
 	if in.ephemeral {
 		return nil
@@ -306,6 +307,11 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 	// The record is immutable from here on (see Intent.current): the
 	// store may keep it rather than copy it.
 	if err := store(ctx, c.store, rec); err != nil {
+		// The intent is what the store holds: an outcome that was not
+		// saved (a void that Reconcile concluded, say) is not reported
+		// by State, or the app could act on it while the store would
+		// send the intent again.
+		in.set(prev)
 		c.latest.forget(rec.Key)
 		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
 		return &SaveError{Key: rec.Key, Op: op, Err: err}

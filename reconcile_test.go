@@ -244,6 +244,39 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	}
 }
 
+func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	t.Cleanup(srv.Close)
+	clk := clock.NewManual(epoch)
+	store := &dyingStore{Store: persist.NewMemory(nil)}
+	c, err := idem.New(idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
+		idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	clk.Advance(reconcileDelay)
+
+	store.dead.Store(true)
+	_, err = c.Reconcile(ctx, in)
+	var saveErr *idem.SaveError
+	require.ErrorAs(t, err, &saveErr)
+	assert.NotEqual(t, idem.StateVoid, in.State(),
+		"the store still holds the intent unresolved and would send it again: an app told void could pay twice")
+	assert.False(t, in.State().Resolved())
+}
+
 func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
