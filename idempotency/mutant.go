@@ -14,4 +14,8 @@ import (
 // "absent" it saw, the race the unique constraint exists to decide.
 const mutantLookupFirst = false
 
+// mutantNamesKeepCase compares JSON member names as they are spelled, not
+// folded as encoding/json matches them to struct fields.
+const mutantNamesKeepCase = false
+
 func (m *Middleware) lookedUpAbsent(context.Context, ID, time.Time) bool { return false }

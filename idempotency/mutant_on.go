@@ -15,6 +15,10 @@ import (
 // "absent" it saw, the race the unique constraint exists to decide.
 var mutantLookupFirst = os.Getenv("IDEM_MUTANT") == "server-lookup-before-insert"
 
+// mutantNamesKeepCase compares JSON member names as they are spelled, not
+// folded as encoding/json matches them to struct fields.
+var mutantNamesKeepCase = os.Getenv("IDEM_MUTANT") == "fingerprint-ignores-member-case"
+
 // lookedUpAbsent reports that the store has no live record for id, through
 // the Get of stores that have one (MemoryStore).
 func (m *Middleware) lookedUpAbsent(ctx context.Context, id ID, now time.Time) bool {
