@@ -376,3 +376,17 @@ func TestForegroundAndBackgroundBudgetsFromOneClient(t *testing.T) {
 	assert.Equal(t, OutcomeSucceeded, settled.Outcome, "the background settle waits the server out")
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
+
+func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithMaxResponseBytes(16))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+
+	res, err := c.Pay("checkout:cart-13", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.True(t, res.Oversized, "the payment's answer is over 16 bytes")
+	assert.Empty(t, res.Body)
+}

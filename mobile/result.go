@@ -49,6 +49,9 @@ type Result struct {
 	// FromStore: the intent was already resolved on the device and
 	// nothing was sent.
 	FromStore bool
+	// Oversized: the final answer was larger than the client keeps; its
+	// status settled the intent, and Body is empty.
+	Oversized bool
 	// Attempts is how many attempts this call sent.
 	Attempts int64
 	// ProblemType is the RFC 9457 problem type of a non-2xx answer, or "".
@@ -69,6 +72,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		r.Body = bytes.Clone(resp.Body)
 		r.Replayed = resp.Replayed
 		r.FromStore = resp.FromStore
+		r.Oversized = resp.Oversized
 		r.Attempts = int64(resp.Attempts)
 	}
 	var (
