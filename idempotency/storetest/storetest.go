@@ -145,13 +145,24 @@ func testInsertRoundTrip(t *testing.T, sub Subject) {
 }
 
 func testInsertRace(t *testing.T, sub Subject) {
-	const n = 100
+	winners, seen := raceInsert(t, sub, 100, t0)
+	if len(winners) != 1 {
+		t.Fatalf("%d inserts won (%v), want exactly 1", len(winners), winners)
+	}
+	if seen[winners[0]] != 99 || len(seen) != 1 {
+		t.Errorf("losers saw owners %v, want all 99 to see the winner %s", seen, winners[0])
+	}
+}
+
+// raceInsert has n goroutines insert a record for key at the same moment,
+// each with its own owner, and returns the owners whose Insert won and how
+// many losers saw each owner as the existing record's.
+func raceInsert(t *testing.T, sub Subject, n int, at time.Time) (winners []string, seen map[string]int) {
 	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		winners  []string
-		existing = map[string]int{}
+		wg sync.WaitGroup
+		mu sync.Mutex
 	)
+	seen = map[string]int{}
 	start := make(chan struct{})
 	for i := range n {
 		wg.Add(1)
@@ -159,7 +170,7 @@ func testInsertRace(t *testing.T, sub Subject) {
 			defer wg.Done()
 			<-start
 			owner := fmt.Sprintf("w%d", i)
-			ex, inserted, err := sub.Store.Insert(context.Background(), record(key, owner, t0))
+			ex, inserted, err := sub.Store.Insert(context.Background(), record(key, owner, at))
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -170,18 +181,13 @@ func testInsertRace(t *testing.T, sub Subject) {
 			case ex == nil:
 				t.Errorf("Insert by %s: not inserted and no existing record", owner)
 			default:
-				existing[ex.Owner]++
+				seen[ex.Owner]++
 			}
 		}()
 	}
 	close(start)
 	wg.Wait()
-	if len(winners) != 1 {
-		t.Fatalf("%d inserts won (%v), want exactly 1", len(winners), winners)
-	}
-	if existing[winners[0]] != n-1 || len(existing) != 1 {
-		t.Errorf("losers saw owners %v, want all %d to see the winner %s", existing, n-1, winners[0])
-	}
+	return winners, seen
 }
 
 // deadRecord inserts a record whose worker "dead" has a lease ending at
@@ -428,42 +434,12 @@ func testExpiryReplaces(t *testing.T, sub Subject) {
 func testExpiredReplaceRace(t *testing.T, sub Subject) {
 	old := record(key, "old", t0)
 	mustInsert(t, sub.Store, old)
-	const n = 50
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		winners []string
-		seen    = map[string]int{}
-	)
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			owner := fmt.Sprintf("w%d", i)
-			ex, inserted, err := sub.Store.Insert(context.Background(), record(key, owner, old.ExpiresAt))
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil:
-				t.Errorf("Insert by %s: %v", owner, err)
-			case inserted:
-				winners = append(winners, owner)
-			case ex == nil:
-				t.Errorf("Insert by %s: not inserted and no existing record", owner)
-			default:
-				seen[ex.Owner]++
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
+	winners, seen := raceInsert(t, sub, 50, old.ExpiresAt)
 	if len(winners) != 1 {
 		t.Fatalf("%d inserts replaced the expired record (%v), want exactly 1", len(winners), winners)
 	}
-	if seen[winners[0]] != n-1 || len(seen) != 1 {
-		t.Errorf("losers saw owners %v, want all %d to see the winner %s", seen, n-1, winners[0])
+	if seen[winners[0]] != 49 || len(seen) != 1 {
+		t.Errorf("losers saw owners %v, want all 49 to see the winner %s", seen, winners[0])
 	}
 }
 
