@@ -780,7 +780,7 @@ func TestNoAttemptAfterExpiry(t *testing.T) {
 	assert.Equal(t, persist.StateExpired, rec.State)
 }
 
-// cancelOnFinal cancels the call's context once the server's final answer
+// The call's context is cancelled once the server's final answer
 // is in hand: the outcome must still be saved.
 func TestOutcomeIsSavedAfterACancel(t *testing.T) {
 	t.Parallel()
