@@ -78,7 +78,7 @@ func redirectPolicy(hc *http.Client) *http.Client {
 	cp := *hc
 	check := hc.CheckRedirect
 	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if req.Method != via[0].Method && !mutantRedirectAnswerIsOutcome { // mutant.go
+		if req.Method != via[0].Method {
 			return http.ErrUseLastResponse
 		}
 		if s := req.URL.Scheme; s != "http" && s != "https" {
@@ -357,10 +357,6 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 		return nil, fail(StopFatal, err)
 	}
 	req.Header = attemptHeader(header, rec.KeyHeader)
-	// mutant.go: false outside the idem_mutant build.
-	if mutantKeySpellingFromOption {
-		req.Header.Set("Idempotency-Key", c.keyHeader(rec.Key))
-	}
 	req.SetResponseHandler(readFinal)
 
 	resp, err := r.rc.Do(req)

@@ -218,8 +218,7 @@ func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now 
 func latestOf(recs []*persist.Record) *persist.Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {
-		if !mutantLatestByWallClock && (r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt)) ||
-			mutantLatestByWallClock && !r.CreatedAt.Before(latest.CreatedAt) { // mutant.go
+		if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {
 			latest = r
 		}
 	}

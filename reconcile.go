@@ -94,9 +94,6 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.
 	wait := c.mayStillArrive(key)
-	if mutantReconcileFromCreation { // false outside the idem_mutant build (mutant.go)
-		wait = max(c.reconcile-c.clock.Now().Sub(cur.CreatedAt), 0)
-	}
 	// Never a key on GET: the lookup is naturally idempotent. A redirect
 	// is not followed: the page it leads to (a login page, say) is not the
 	// lookup's answer, and a 3xx settles nothing.

@@ -169,7 +169,7 @@ type Attempt struct {
 // record is final whatever its status: see replayed.
 func retryableStatus(code int) bool {
 	switch {
-	case code < 100 || code > 599, code >= 500 && !(mutant5xxFinal && code > 504): // mutant.go
+	case code < 100 || code > 599, code >= 500:
 		return true
 	}
 	switch code {

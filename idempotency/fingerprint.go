@@ -286,11 +286,7 @@ func (c *canon) closeObject(ms []member, start int32) error {
 	c.fold, c.order = c.fold[:0], slices.Grow(c.order[:0], len(ms))
 	for i, m := range ms {
 		lo := int32(len(c.fold))
-		if mutantNamesKeepCase {
-			c.fold = append(c.fold, c.nameOf(m)...)
-		} else {
-			c.fold = appendFoldedName(c.fold, c.nameOf(m))
-		}
+		c.fold = appendFoldedName(c.fold, c.nameOf(m))
 		c.order = append(c.order, foldedName{lo: lo, hi: int32(len(c.fold)), m: int32(i)})
 	}
 	fold := c.fold

@@ -204,8 +204,6 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		CreatedAt:   now,
 		ExpiresAt:   now.Add(m.cfg.Retention),
 	}
-	// mutantLookupFirst is false outside the idem_mutant build (mutant.go).
-	absent := mutantLookupFirst && m.lookedUpAbsent(ctx, rec.ID, now)
 	// A lost takeover race means another request now holds the record; a
 	// few rounds settle it, after which the answer is a plain 409.
 	for range 3 {
@@ -214,7 +212,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.storeError(w, r, err)
 			return
 		}
-		if inserted || absent {
+		if inserted {
 			m.run(w, r, rec, false, parsed)
 			return
 		}

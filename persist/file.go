@@ -367,9 +367,6 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 		// the rename makes it durable, so concurrent saves share one.
 		s.mu.Unlock()
 		locked = false
-		if mutantNoDirSyncAfterRename { // false outside the idem_mutant build (mutant.go)
-			return nil
-		}
 		if err := s.dirSync.sync(s.syncDir); err != nil {
 			return syncFailed(r.Key, path, err)
 		}

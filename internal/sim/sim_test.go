@@ -49,14 +49,7 @@ func replayCommand(seed uint64, actions int) string {
 	if f := os.Getenv("IDEM_SIM_FAULTS"); f != "" {
 		env = append(env, fmt.Sprintf("IDEM_SIM_FAULTS=%q", f))
 	}
-	if m := os.Getenv("IDEM_MUTANT"); m != "" {
-		env = append(env, "IDEM_MUTANT="+m)
-	}
-	tags := ""
-	if mutantBuild {
-		tags = " -tags idem_mutant"
-	}
-	return strings.Join(env, " ") + " go test" + tags + " ./internal/sim -run 'TestSimulation$' -count=1 -v"
+	return strings.Join(env, " ") + " go test ./internal/sim -run 'TestSimulation$' -count=1 -v"
 }
 
 // TestSimulation runs the world for a bounded number of seeds and fails

@@ -1,0 +1,23 @@
+package persist_test
+
+import (
+	"testing"
+
+	"github.com/idemkit/idem/internal/mutant"
+)
+
+// TestMutants requires the power-cut test to kill the mutants of the file
+// store's durability rules. TestPowerCutCatchesMutants drops the steps of
+// the scheme below the store, in the file system it writes through; these
+// rows change the store's own code.
+func TestMutants(t *testing.T) {
+	mutant.Test(t, []mutant.Mutant{
+		{
+			Name: "dir-not-synced-after-rename", File: "persist/file.go",
+			Note:    "Save returns before the directory sync that makes its rename durable",
+			Anchor:  "\t\tlocked = false\n\t\tif err := s.dirSync.sync(s.syncDir); err != nil {\n",
+			Replace: "\t\tlocked = false\n\t\tif err := error(nil); err != nil {\n",
+			Pkg:     "./persist", Run: "^TestPowerCut$",
+		},
+	})
+}
