@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -29,20 +28,26 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// The randomized end-to-end test. Its draws (faults, double taps, restart
-// points, declines) come from one seed, printed on every run and on failure;
-// pass it back to redraw the same run:
+// The randomized end-to-end test runs idem through the real plumbing that
+// internal/sim models: the real fake server and its faults, over net/http
+// and loopback TCP, a FileStore on disk, and goroutines racing under the Go
+// scheduler. internal/sim finds the schedules that break the promise, each
+// replayable from its seed; this test checks that the promise still holds
+// through the real parts.
 //
-//	go test -run TestRandomizedEndToEnd -args -idem.seed=1234
-//	IDEM_SEED=1234 go test -run TestRandomizedEndToEnd
+// Its draws (faults, double taps, restart points, declines) come from one
+// seed, set as internal/sim's are, from the environment:
+//
+//	IDEM_SIM_SEED=n     run seed n alone (a failure prints the command that reruns it)
+//	IDEM_SIM_SEEDS=n    run n seeds (default 1), from IDEM_SIM_FIRST_SEED (default 1)
+//	IDEM_SIM_ACTIONS=n  user actions per seed (default 200)
+//	IDEM_SIM_WORKERS=n  goroutines making them (default 8)
+//	IDEM_SIM_STORE=file|memory the device store (default file)
 //
 // The interleaving of goroutines is the scheduler's, so a seed redraws the
 // same faults for the same intents, not the same schedule. The long run:
 //
-//	IDEM_RANDOM_INTENTS=10000 go test -race -run TestRandomizedEndToEnd -timeout 30m
-//
-// IDEM_RANDOM_STORE=file|memory picks the device store (default: drawn).
-var randomSeed = flag.Uint64("idem.seed", 0, "seed of TestRandomizedEndToEnd; 0 means $IDEM_SEED or the time")
+//	IDEM_SIM_ACTIONS=10000 go test -race -run 'TestRandomizedEndToEnd$' -timeout 30m
 
 // relEpoch is where the randomized run's manual clock starts.
 var relEpoch = time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
@@ -211,17 +216,32 @@ func envInt(t testing.TB, name string, def int) int {
 	return n
 }
 
-func pickSeed(t testing.TB) uint64 {
+func envSeed(t testing.TB, name string, def uint64) uint64 {
 	t.Helper()
-	if *randomSeed != 0 {
-		return *randomSeed
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
-	if v := os.Getenv("IDEM_SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err, "IDEM_SEED=%q", v)
-		return s
+	n, err := strconv.ParseUint(v, 10, 64)
+	require.NoError(t, err, "%s=%q", name, v)
+	return n
+}
+
+// pickSeeds returns the seeds of a randomized test: IDEM_SIM_SEED alone,
+// or IDEM_SIM_SEEDS of them (def by default) from IDEM_SIM_FIRST_SEED, as
+// internal/sim takes them.
+func pickSeeds(t testing.TB, def uint64) []uint64 {
+	t.Helper()
+	if os.Getenv("IDEM_SIM_SEED") != "" {
+		return []uint64{envSeed(t, "IDEM_SIM_SEED", 0)}
 	}
-	return uint64(time.Now().UnixNano())
+	first := envSeed(t, "IDEM_SIM_FIRST_SEED", 1)
+	var seeds []uint64
+	for i := range envSeed(t, "IDEM_SIM_SEEDS", def) {
+		seeds = append(seeds, first+i)
+	}
+	require.NotEmpty(t, seeds, "IDEM_SIM_SEEDS")
+	return seeds
 }
 
 // TestRandomizedEndToEnd runs many actions from many goroutines against
@@ -241,27 +261,33 @@ func pickSeed(t testing.TB) uint64 {
 // only while every earlier intent of its action is settled.
 func TestRandomizedEndToEnd(t *testing.T) {
 	t.Parallel()
-	seed := pickSeed(t)
-	t.Logf("seed %d (rerun with -args -idem.seed=%d or IDEM_SEED=%d)", seed, seed, seed)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("FAILED with seed %d: rerun with IDEM_SEED=%d", seed, seed)
-		}
-	})
-	rng := rand.New(rand.NewPCG(seed, 0x1de3))
-	nIntents := envInt(t, "IDEM_RANDOM_INTENTS", 200)
-	workers := envInt(t, "IDEM_RANDOM_WORKERS", 8)
+	nIntents := envInt(t, "IDEM_SIM_ACTIONS", 200)
+	workers := envInt(t, "IDEM_SIM_WORKERS", 8)
 	require.Positive(t, nIntents)
 	require.Positive(t, workers)
+	for _, seed := range pickSeeds(t, 1) {
+		if !t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { randomizedEndToEnd(t, seed, nIntents, workers) }) {
+			t.Errorf("seed %d broke the invariants; replay it with:\n\tIDEM_SIM_SEED=%d IDEM_SIM_ACTIONS=%d IDEM_SIM_WORKERS=%d go test . -run 'TestRandomizedEndToEnd$' -count=1 -v",
+				seed, seed, nIntents, workers)
+			return
+		}
+	}
+}
+
+// randomizedEndToEnd is one run of TestRandomizedEndToEnd.
+func randomizedEndToEnd(t *testing.T, seed uint64, nIntents, workers int) {
+	rng := rand.New(rand.NewPCG(seed, 0x1de3))
 
 	run := &randomRun{t: t, seed: seed, clock: clock.NewManual(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
 	run.device = newDeviceClock(run.clock)
-	switch os.Getenv("IDEM_RANDOM_STORE") {
-	case "file":
+	// A FileStore on disk unless asked otherwise: the simulation's devices
+	// keep their intents in persist.Memory.
+	switch v := os.Getenv("IDEM_SIM_STORE"); v {
+	case "", "file":
 		run.useFile = true
 	case "memory":
 	default:
-		run.useFile = rng.IntN(3) == 0
+		t.Fatalf("IDEM_SIM_STORE=%q: want file or memory", v)
 	}
 	// A long retention on both sides: the run's manual clock moves by every
 	// goroutine's waits, and expiry is not what this test is about.

@@ -11,6 +11,14 @@
 // goroutine of its own, but only one goroutine ever runs at a time: the
 // others wait on channels until the world hands them the turn. So a seed
 // replays the same run, whatever the Go scheduler does.
+//
+// Its job is to find the schedules that break the promise, each replayable
+// from its seed. The root package's TestRandomizedEndToEnd has the other
+// job: to check that the promise holds through the real parts this world
+// models (the fake server over net/http, a FileStore on disk, goroutines
+// under the Go scheduler). Both take their seeds from IDEM_SIM_SEED,
+// IDEM_SIM_SEEDS and IDEM_SIM_FIRST_SEED; docs/RELIABILITY.md describes
+// them.
 package sim
 
 import (
