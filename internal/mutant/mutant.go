@@ -28,6 +28,9 @@
 // one that survives (its run passes), one whose run does not finish within
 // its bound, and a row whose test fails or runs nothing without the mutant.
 //
+// The runs see the test's environment without the seeds and budgets of the
+// randomized tests (IDEM_SIM_*), and with the row's Env.
+//
 // Test is skipped under -short and under the race detector (the mutants'
 // builds have no detector, and the verdicts would not change); the plain
 // `go test ./...` runs it.
@@ -341,7 +344,7 @@ func (r *runner) run(ctx context.Context, bin string, m Mutant, name string) (ou
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-test.run", m.Run, "-test.count=1", "-test.v", "-test.timeout", RunTimeout.String())
 	cmd.Dir = filepath.Join(r.root, filepath.FromSlash(m.Pkg))
-	cmd.Env = append(slices.Clone(os.Environ()), childEnv+"="+name)
+	cmd.Env = append(environ(), childEnv+"="+name)
 	cmd.Env = append(cmd.Env, m.Env...)
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
@@ -355,6 +358,14 @@ func (r *runner) run(ctx context.Context, bin string, m Mutant, name string) (ou
 		return buf.String(), false, runErr
 	}
 	return buf.String(), runErr == nil, nil
+}
+
+// environ is the environment of the runs: the test's, without the seeds
+// and budgets of the randomized tests (IDEM_SIM_*), so that a verdict is
+// the same whatever they are set to for the test itself. A row's Env sets
+// them for its runs.
+func environ() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "IDEM_SIM_") })
 }
 
 func (r *runner) acquire(ctx context.Context) error {

@@ -124,3 +124,13 @@ func TestVerdicts(t *testing.T) {
 
 	assert.EqualValues(t, 1+5, r.builds.Load(), "one unmutated build, one per mutant")
 }
+
+// The runs do not inherit the randomized tests' seeds and budgets: a
+// mutant's verdict is the same whatever IDEM_SIM_SEED is set to.
+func TestRunsDropTheRandomizedTestsSettings(t *testing.T) {
+	t.Setenv("IDEM_SIM_SEED", "5")
+	t.Setenv("IDEM_REQUIRE_POSTGRES", "1")
+	env := environ()
+	assert.NotContains(t, env, "IDEM_SIM_SEED=5")
+	assert.Contains(t, env, "IDEM_REQUIRE_POSTGRES=1")
+}
