@@ -28,7 +28,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the database's default, as pgstore.Migrate.
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", schemaLock); err != nil {
 			return fmt.Errorf("fakeserver: migrate: take the schema lock: %w", err)
 		}

@@ -55,13 +55,16 @@ const migrateLock = 0x6964656d
 // in one transaction, so that a failed migration leaves the schema as it
 // was. It is safe to call on every start, from several processes at once:
 // an advisory lock makes them take turns, and a migration already applied
-// is skipped.
+// is skipped. The transaction is READ COMMITTED whatever the database's
+// default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE its
+// snapshot would be taken before the lock is held, and it would not see the
+// migrations that the process holding the lock before it applied.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	ms, err := loadMigrations()
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLock); err != nil {
 			return fmt.Errorf("pgstore: migrate: take the migration lock: %w", err)
 		}

@@ -9,9 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -42,6 +47,38 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 	ms, _ := loadMigrations()
 	if versions != len(ms) {
 		t.Errorf("%d migrations recorded, want %d", versions, len(ms))
+	}
+}
+
+// Migrate succeeds when several processes start together on a database
+// whose default isolation is REPEATABLE READ or SERIALIZABLE: the check of
+// the applied migrations must see what the process that held the lock
+// before committed.
+func TestMigrateConcurrentlyUnderEveryDefaultIsolation(t *testing.T) {
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			dsn := pgtest.DSN(t)
+			ctx := context.Background()
+			admin, err := pgx.Connect(ctx, dsn)
+			require.NoError(t, err)
+			defer admin.Close(ctx)
+			_, err = admin.Exec(ctx, "ALTER DATABASE "+admin.Config().Database+" SET default_transaction_isolation = '"+level+"'")
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			for range 3 {
+				// One pool per process, each with its own connections,
+				// which take the database's default isolation.
+				pool, err := pgxpool.New(ctx, dsn)
+				require.NoError(t, err)
+				defer pool.Close()
+				wg.Go(func() { assert.NoError(t, Migrate(ctx, pool)) })
+			}
+			wg.Wait()
+			var versions int
+			require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM idempotency_schema_migrations").Scan(&versions))
+			ms, _ := loadMigrations()
+			assert.Equal(t, len(ms), versions)
+		})
 	}
 }
 
