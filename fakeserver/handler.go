@@ -95,6 +95,11 @@ func (h *Handler) Sweep() int {
 	now := h.cfg.now()
 	var n int
 	if h.pg != nil {
+		// The records go, but not before the charges of their dead
+		// workers are payments.
+		if err := h.pg.recoverExpired(ctx, now); err != nil {
+			return 0
+		}
 		n, _ = h.pg.store.Sweep(ctx, now)
 	} else {
 		n, _ = h.store.Sweep(ctx, now)
@@ -131,11 +136,16 @@ func (h *Handler) settleReservations(ctx context.Context, pick func(rec idempote
 // can settle the record any more (it is done, expired or gone), recording
 // first what the provider charged for it under a worker that died. It
 // reports false when there is none. The payments are read after the
-// record: a worker records its payment before its record is done.
+// record: a worker records its payment before its record is done. On
+// PostgreSQL the intent is the key's latest row of fake_intents, whichever
+// process wrote it.
 func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payment, bool, error) {
 	rec, ok, err := h.liveRecord(ctx, id, h.cfg.now())
 	if err != nil || ok && rec.Status == idempotency.StatusInProgress {
 		return nil, false, err // a resend with the key takes it over and settles it
+	}
+	if h.pg != nil {
+		return h.pg.recoverLatest(ctx, id)
 	}
 	if err := h.settleReservations(ctx, func(rec idempotency.ID, _ string) bool { return rec == id }, false); err != nil {
 		return nil, false, err

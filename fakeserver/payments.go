@@ -315,7 +315,12 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// Room for the payment is held before the provider is asked, so that
 	// no charge is made that the ledger cannot record. A 5xx stores
 	// nothing: the record is released and the key stays unused.
-	if !h.ledger.reserve(id, reservation{rec: info.ID, description: req.Description}) {
+	reserved, err := h.reserve(ctx, id, reservation{rec: info.ID, description: req.Description})
+	if err != nil {
+		internalError(w, err)
+		return
+	}
+	if !reserved {
 		idempotency.NothingDone(ctx)
 		(&problem{Type: idempotency.TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
@@ -336,7 +341,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		ch, err = h.charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
 			CreatedAt: h.cfg.now().UTC()})
 		if errors.Is(err, errDeclined) {
-			h.ledger.unreserve(id)
+			h.ledger.unreserve(id) // on PostgreSQL the intent stays: the latest under its key, not charged
 			(&problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
 				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
 			return
@@ -394,47 +399,7 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 			(&problem{Type: idempotency.TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
-		p, ok, err := h.findPaymentByKey(r.Context(), principalOf(r), key)
-		if err != nil {
-			internalError(w, err)
-			return
-		}
-		if !ok {
-			// No payment yet is not "never": a request under the key may be
-			// running, or its worker may have died after the provider
-			// charged. Until a resend with the key settles it, say so
-			// rather than 404, which a client would take as "never done".
-			id := idempotency.ID{Principal: principalOf(r), Key: key}
-			rec, ok, err := h.liveRecord(r.Context(), id, h.cfg.now())
-			if err != nil {
-				internalError(w, err)
-				return
-			}
-			if ok && rec.Status == idempotency.StatusInProgress {
-				secs := int64(1)
-				if left := rec.LockedUntil.Sub(h.cfg.now()); left > time.Second {
-					secs = int64((left + time.Second - 1) / time.Second)
-				}
-				w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-				(&problem{Type: idempotency.TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
-					Detail: "a request under this key is in progress or its worker died before finishing; resend it with the same key to settle it"}).Write(w)
-				return
-			}
-			// A worker that charged the provider and died, whose record
-			// then expired unsettled, left a charge that is the payment.
-			p, ok, err := h.recoverCharged(r.Context(), id)
-			if err != nil {
-				internalError(w, err)
-				return
-			}
-			if ok {
-				writeJSON(w, http.StatusOK, p)
-				return
-			}
-			notFound("no payment was made under this key for this caller").Write(w)
-			return
-		}
-		writeJSON(w, http.StatusOK, p)
+		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: key})
 		return
 	}
 	list, err := h.paymentsOf(r.Context(), principalOf(r))

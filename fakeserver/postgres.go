@@ -5,10 +5,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/idempotency/pgstore"
 )
 
@@ -87,9 +89,108 @@ func (s *pgState) payment(ctx context.Context, principal, id string) (*payment, 
 		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND id = $2`, principal, id)
 }
 
+// paymentByKey returns the latest payment made under key.
 func (s *pgState) paymentByKey(ctx context.Context, principal, key string) (*payment, bool, error) {
 	return s.onePayment(ctx, "read the payment under a key",
-		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND idem_key = $2 AND idem_key <> ''`, principal, key)
+		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND idem_key = $2 AND idem_key <> ''
+		ORDER BY seq DESC LIMIT 1`, principal, key)
+}
+
+// addIntent records, before the provider is asked to charge payment id,
+// what the request asked and under which key. A takeover, which reuses its
+// dead worker's id, finds the row there already.
+func (s *pgState) addIntent(ctx context.Context, id string, r reservation, now time.Time) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO fake_intents (id, principal, idem_key, description, created_at)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, id, r.rec.Principal, r.rec.Key, r.description, now)
+	if err != nil {
+		return fmt.Errorf("fakeserver: record the intent to charge %s: %w", id, err)
+	}
+	return nil
+}
+
+func (s *pgState) intent(ctx context.Context, id string) (reservation, bool, error) {
+	var r reservation
+	err := s.pool.QueryRow(ctx, `SELECT principal, idem_key, description FROM fake_intents WHERE id = $1`, id).
+		Scan(&r.rec.Principal, &r.rec.Key, &r.description)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return reservation{}, false, nil
+	}
+	if err != nil {
+		return reservation{}, false, fmt.Errorf("fakeserver: read the intent to charge %s: %w", id, err)
+	}
+	return r, true, nil
+}
+
+// recoverLatest returns the payment of the latest intent under the key id,
+// once no record of it is live: the payment if it was recorded, or, if the
+// provider charged it under a worker that died, that charge, recorded now.
+// Without an intent under the key (payments made before intents were
+// recorded) it is the latest payment under the key.
+func (s *pgState) recoverLatest(ctx context.Context, id idempotency.ID) (*payment, bool, error) {
+	var (
+		pid string
+		r   = reservation{rec: id}
+	)
+	err := s.pool.QueryRow(ctx, `SELECT id, description FROM fake_intents WHERE principal = $1 AND idem_key = $2
+		ORDER BY seq DESC LIMIT 1`, id.Principal, id.Key).Scan(&pid, &r.description)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.paymentByKey(ctx, id.Principal, id.Key)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("fakeserver: read the latest intent under a key: %w", err)
+	}
+	return s.settle(ctx, pid, r)
+}
+
+// settle returns the payment of intent r under payment id, recording it
+// first if the provider charged it and no worker recorded it.
+func (s *pgState) settle(ctx context.Context, id string, r reservation) (*payment, bool, error) {
+	if p, ok, err := s.payment(ctx, r.rec.Principal, id); err != nil || ok {
+		return p, ok, err
+	}
+	ch, charged, err := s.lookupCharge(ctx, id)
+	if err != nil || !charged {
+		return nil, false, err
+	}
+	if err := s.addPayment(ctx, r.payment(id, ch)); err != nil {
+		return nil, false, err
+	}
+	return s.payment(ctx, r.rec.Principal, id)
+}
+
+// recoverExpired records as payments the charges of the IN_PROGRESS
+// records expired at now, whose workers died, before the sweep deletes the
+// records.
+func (s *pgState) recoverExpired(ctx context.Context, now time.Time) error {
+	rows, err := s.pool.Query(ctx, `SELECT i.id, i.principal, i.idem_key, i.description
+		FROM idempotency_records r JOIN fake_intents i ON i.id = r.stable_id
+		WHERE r.status = 'IN_PROGRESS' AND r.expires_at <= $1
+		AND NOT EXISTS (SELECT 1 FROM fake_payments p WHERE p.id = i.id)`, now)
+	if err != nil {
+		return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
+	}
+	type pending struct {
+		id string
+		r  reservation
+	}
+	var todo []pending
+	for rows.Next() {
+		var p pending
+		if err := rows.Scan(&p.id, &p.r.rec.Principal, &p.r.rec.Key, &p.r.description); err != nil {
+			rows.Close()
+			return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
+		}
+		todo = append(todo, p)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
+	}
+	for _, p := range todo {
+		if _, _, err := s.settle(ctx, p.id, p.r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *pgState) onePayment(ctx context.Context, what, q string, args ...any) (*payment, bool, error) {
@@ -194,7 +295,7 @@ func (s *pgState) stats(ctx context.Context) (Stats, error) {
 }
 
 func (s *pgState) reset(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `TRUNCATE idempotency_records, fake_payments, fake_charges, fake_orders, fake_counters`)
+	_, err := s.pool.Exec(ctx, `TRUNCATE idempotency_records, fake_payments, fake_intents, fake_charges, fake_orders, fake_counters`)
 	if err != nil {
 		return fmt.Errorf("fakeserver: reset: %w", err)
 	}

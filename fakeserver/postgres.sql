@@ -13,6 +13,20 @@ CREATE TABLE IF NOT EXISTS fake_payments (
 );
 CREATE INDEX IF NOT EXISTS fake_payments_by_key ON fake_payments (principal, idem_key);
 
+-- Intents to charge: one row per payment id (the server's stable id, the
+-- provider's idempotency key), written before the provider is asked and
+-- kept, so that any process can tell what a dead worker may have charged,
+-- under which key, long after its record is gone.
+CREATE TABLE IF NOT EXISTS fake_intents (
+    seq         bigserial   NOT NULL UNIQUE, -- creation order: a key's latest intent
+    id          text        PRIMARY KEY,
+    principal   text        NOT NULL,
+    idem_key    text        NOT NULL,
+    description text        NOT NULL,
+    created_at  timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fake_intents_by_key ON fake_intents (principal, idem_key, seq);
+
 -- The fake provider's charges, idempotent on the server's stable id.
 CREATE TABLE IF NOT EXISTS fake_charges (
     id         text        PRIMARY KEY,

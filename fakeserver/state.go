@@ -36,6 +36,27 @@ func (h *Handler) liveRecord(ctx context.Context, id idempotency.ID, now time.Ti
 	return rec, ok, nil
 }
 
+// reserve holds room for payment id before the provider is asked to charge
+// it, and records the intent to charge: what the request asked, under which
+// record. In memory it is the ledger's reservation; on PostgreSQL a row of
+// fake_intents, which every process on the database finds, so that a
+// charge whose process died is never lost (see recoverCharged).
+func (h *Handler) reserve(ctx context.Context, id string, r reservation) (bool, error) {
+	if h.pg != nil {
+		return true, h.pg.addIntent(ctx, id, r, h.cfg.now())
+	}
+	return h.ledger.reserve(id, r), nil
+}
+
+// intent returns the intent to charge under payment id, if one is held.
+func (h *Handler) intent(ctx context.Context, id string) (reservation, bool, error) {
+	if h.pg != nil {
+		return h.pg.intent(ctx, id)
+	}
+	r, ok := h.ledger.reservations(func(_ idempotency.ID, pid string) bool { return pid == id })[id]
+	return r, ok, nil
+}
+
 // addPayment stores p; called from the request's commit hook, so on
 // PostgreSQL it joins the record's transaction.
 func (h *Handler) addPayment(ctx context.Context, p *payment) error {

@@ -1,0 +1,136 @@
+package fakeserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// lookup answers GET /payments?idempotency_key=K for the record id: the
+// payment made under the key's latest intent, 409 while that intent is
+// unsettled, or 404 when nothing was charged for it.
+//
+// The key's live record decides first, because a key used again after its
+// retention is a new intent whatever the key paid before: a COMPLETED
+// record answers its own payment (none, after a decline); an IN_PROGRESS
+// one answers 409 while its lease is alive, and once it has ended is
+// recovered as a takeover would: the provider is asked for the record's
+// stable id, and what it charged is recorded and answered. Without a live
+// record, the key's latest intent to charge is asked about (see
+// recoverCharged).
+func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.ID) {
+	ctx := r.Context()
+	now := h.cfg.now()
+	rec, live, err := h.liveRecord(ctx, id, now)
+	if err != nil {
+		internalError(w, err)
+		return
+	}
+	var (
+		p    *payment
+		paid bool
+	)
+	switch {
+	case live && rec.Status == idempotency.StatusCompleted:
+		p, paid, err = h.findPayment(ctx, id.Principal, rec.StableID)
+	case live && rec.LockedUntil.After(now):
+		inProgress(w, secondsUntil(rec.LockedUntil, now))
+		return
+	case live:
+		var settled bool
+		p, settled, err = h.recoverRecord(ctx, rec, now)
+		if err == nil && !settled {
+			// Another request holds the record, or the provider has no
+			// charge for it yet: a resend with the key settles it.
+			inProgress(w, 1)
+			return
+		}
+		paid = p != nil
+	default:
+		p, paid, err = h.recoverCharged(ctx, id)
+	}
+	switch {
+	case err != nil:
+		internalError(w, err)
+	case paid:
+		writeJSON(w, http.StatusOK, p)
+	default:
+		notFound("no payment was made under this key for this caller").Write(w)
+	}
+}
+
+func inProgress(w http.ResponseWriter, secs int64) {
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	(&problem{Type: idempotency.TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+		Detail: "a request under this key is in progress or its worker died before finishing; resend it with the same key to settle it"}).Write(w)
+}
+
+// secondsUntil is t - now in whole seconds, rounded up, at least 1.
+func secondsUntil(t, now time.Time) int64 {
+	secs := int64(1)
+	if left := t.Sub(now); left > time.Second {
+		secs = int64((left + time.Second - 1) / time.Second)
+	}
+	return secs
+}
+
+// recoverRecord settles the IN_PROGRESS record rec, whose worker's lease
+// has ended at now, as a takeover does: it takes the record over, asks the
+// provider for its stable id, and if the provider charged it, records the
+// payment and completes the record with the answer the worker would have
+// stored, so that a resend replays it. settled is false, and the record is
+// left as it was found (lease ended), when another request took the record
+// over first or when the provider has no charge for it: only a resend,
+// which may charge, settles that.
+func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, now time.Time) (p *payment, settled bool, err error) {
+	store := h.records()
+	owner := rand.Text()
+	until := now.Add(h.cfg.lease)
+	won, err := store.TakeOver(ctx, rec.ID, rec.Owner, owner, now, until)
+	if err != nil || !won {
+		return nil, false, err
+	}
+	giveUp := func() { _, _ = store.TakeOver(context.WithoutCancel(ctx), rec.ID, owner, "", until, now) }
+	ch, charged, err := h.lookupCharge(ctx, rec.StableID)
+	if err != nil || !charged {
+		giveUp()
+		return nil, false, err
+	}
+	intent, _, err := h.intent(ctx, rec.StableID)
+	if err != nil {
+		giveUp()
+		return nil, false, err
+	}
+	intent.rec = rec.ID
+	p = intent.payment(rec.StableID, ch)
+	body, err := json.Marshal(p)
+	if err != nil {
+		giveUp()
+		return nil, false, err
+	}
+	resp := &idempotency.Response{StatusCode: http.StatusCreated, Body: append(body, '\n'), Header: http.Header{
+		"Content-Type": {"application/json"}, "Location": {"/payments/" + p.ID}}}
+	err = store.Complete(ctx, rec.ID, owner, resp, func(ctx context.Context) error { return h.addPayment(ctx, p) })
+	if errors.Is(err, idempotency.ErrNotOwner) {
+		return nil, false, nil
+	}
+	if err != nil {
+		giveUp()
+		return nil, false, err
+	}
+	return p, true, nil
+}
+
+// records is the idempotency store, in memory or in PostgreSQL.
+func (h *Handler) records() idempotency.Store {
+	if h.pg != nil {
+		return h.pg.store
+	}
+	return h.store
+}

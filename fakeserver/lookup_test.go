@@ -1,0 +1,185 @@
+package fakeserver_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
+)
+
+// paidBody decodes a payment from a lookup's answer.
+func paidBody(tb testing.TB, a answer) (id string, amount int64, description string) {
+	tb.Helper()
+	var p struct {
+		ID          string
+		Amount      int64
+		Description string
+	}
+	require.NoError(tb, json.Unmarshal(a.Body, &p), "%s", a.Body)
+	return p.ID, p.Amount, p.Description
+}
+
+// crashAfterCharge makes the provider charge under key and the worker die
+// before anything is recorded.
+func crashAfterCharge(t *testing.T, s *fakeserver.Server, key string) {
+	t.Helper()
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: key}))
+	_, err := trySend(freshClient(t), s.URL, req{Key: key, Body: payBody})
+	require.Error(t, err, "the worker should have died without answering")
+}
+
+// processes starts n fake servers on one database and one clock, as n
+// processes of cmd/fakeserver -postgres would be; each is closed when t ends
+// unless the test closes it first.
+func processes(t *testing.T, n int, retention time.Duration) ([]*fakeserver.Server, *clock.Manual) {
+	t.Helper()
+	pool := newPool(t)
+	clk := clock.NewManual(epoch)
+	out := make([]*fakeserver.Server, n)
+	for i := range out {
+		s := fakeserver.NewServer(&fakeserver.Options{Postgres: pool, Clock: clk, Retention: retention})
+		t.Cleanup(s.Close)
+		out[i] = s
+	}
+	return out, clk
+}
+
+// TestLookupNeverLosesADeadProcessesCharge: on PostgreSQL, a worker in one
+// process charges the provider and the process dies. Past the lease and the
+// retention, the lookup in another process, and in a process started
+// afterwards, finds the charge: the intent to charge is in the database, not
+// in the memory of the process that made it. A 404 here makes a client pay
+// again.
+func TestLookupNeverLosesADeadProcessesCharge(t *testing.T) {
+	t.Parallel()
+	ps, clk := processes(t, 3, time.Hour)
+	crashAfterCharge(t, ps[0], "k1")
+	ps[0].Close() // the process dies, and what it kept in memory with it
+	clk.Advance(time.Hour)
+
+	for i, s := range ps[1:] {
+		a := lookup(t, s, "k1")
+		require.Equal(t, http.StatusOK, a.Status, "process %d: %s", i+1, a.Body)
+		_, amount, description := paidBody(t, a)
+		assert.Equal(t, int64(1500), amount)
+		assert.Equal(t, "coffee", description)
+	}
+	st := ps[1].Stats()
+	assert.Equal(t, 1, st.Payments, "the charge is a payment")
+	assert.Equal(t, 1, st.ProviderCharges)
+}
+
+// TestSweepRecordsADeadWorkersChargeBeforeDeletingItsRecord: the sweep, in
+// any process, asks the provider about an expired IN_PROGRESS record's
+// stable id before deleting the record, and records what was charged: it
+// never deletes a charge's only trace.
+func TestSweepRecordsADeadWorkersChargeBeforeDeletingItsRecord(t *testing.T) {
+	t.Parallel()
+	t.Run("in memory", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		s := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Retention: time.Hour})
+		sweepAfterCrash(t, s, s, clk)
+	})
+	t.Run("another process on PostgreSQL", func(t *testing.T) {
+		t.Parallel()
+		ps, clk := processes(t, 2, time.Hour)
+		sweepAfterCrash(t, ps[0], ps[1], clk)
+	})
+}
+
+func sweepAfterCrash(t *testing.T, dying, sweeper *fakeserver.Server, clk *clock.Manual) {
+	crashAfterCharge(t, dying, "k1")
+	if dying != sweeper {
+		dying.Close()
+	}
+	clk.Advance(time.Hour)
+	assert.Equal(t, 1, sweeper.Sweep())
+	st := sweeper.Stats()
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Requests: 1}, st,
+		"the sweep recorded the charge and deleted the record")
+	a := lookup(t, sweeper, "k1")
+	require.Equal(t, http.StatusOK, a.Status, "%s", a.Body)
+}
+
+// TestLookupRecoversADeadWorkersChargeWithinTheLease: once the lease of a
+// dead worker's record ends, the lookup asks the provider by the record's
+// stable id, as a takeover does, and answers the payment, which a resend
+// then replays; it does not answer 409 until the record expires.
+func TestLookupRecoversADeadWorkersChargeWithinTheLease(t *testing.T) {
+	t.Parallel()
+	s, clk := newServer(t, nil)
+	crashAfterCharge(t, s, "k1")
+	a := lookup(t, s, "k1")
+	require.Equal(t, http.StatusConflict, a.Status, "the lease is alive: the worker may still finish")
+
+	clk.Advance(fakeserverLease)
+	a = lookup(t, s, "k1")
+	require.Equal(t, http.StatusOK, a.Status, "%s", a.Body)
+	_, amount, description := paidBody(t, a)
+	assert.Equal(t, int64(1500), amount)
+	assert.Equal(t, "coffee", description)
+	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 1, Records: 1, Requests: 3}, s.Stats(),
+		"recorded once, charged once, the record settled")
+
+	resent := pay(t, s, "k1", payBody)
+	assert.Equal(t, http.StatusCreated, resent.Status)
+	assert.Equal(t, "true", resent.Header.Get(idempotency.HeaderReplayed))
+	assert.Equal(t, string(a.Body), string(resent.Body), "the resend replays the payment the lookup found")
+	assert.Equal(t, string(a.Body), string(lookup(t, s, "k1").Body))
+	assert.Equal(t, 1, s.Stats().ProviderCharges)
+}
+
+// TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequest: a key used
+// again after its record expired is a new intent; the lookup answers for
+// it (409 while it runs, its payment after, 404 when it was declined),
+// never with the payment the key made before.
+func TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequest(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(t *testing.T, s *fakeserver.Server, clk *clock.Manual) (status int, id string)
+	}{
+		{"while the new request runs", func(t *testing.T, s *fakeserver.Server, _ *clock.Manual) (int, string) {
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: "k1"}))
+			_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: otherBody})
+			require.Error(t, err)
+			return http.StatusConflict, ""
+		}},
+		{"after it completes", func(t *testing.T, s *fakeserver.Server, _ *clock.Manual) (int, string) {
+			a := pay(t, s, "k1", otherBody)
+			require.Equal(t, http.StatusCreated, a.Status)
+			id, _, _ := paidBody(t, a)
+			return http.StatusOK, id
+		}},
+		{"after it was declined", func(t *testing.T, s *fakeserver.Server, _ *clock.Manual) (int, string) {
+			require.Equal(t, http.StatusPaymentRequired, pay(t, s, "k1", declineBody).Status)
+			return http.StatusNotFound, ""
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s, clk := newServer(t, &fakeserver.Options{Retention: time.Hour})
+			first := pay(t, s, "k1", payBody)
+			require.Equal(t, http.StatusCreated, first.Status)
+			oldID, _, _ := paidBody(t, first)
+			clk.Advance(time.Hour)
+
+			status, newID := c.run(t, s, clk)
+			a := lookup(t, s, "k1")
+			require.Equal(t, status, a.Status, "%s", a.Body)
+			assert.NotContains(t, string(a.Body), oldID, "the lookup answered the key's old payment")
+			if newID != "" {
+				id, _, _ := paidBody(t, a)
+				assert.Equal(t, newID, id)
+			}
+		})
+	}
+}
