@@ -28,6 +28,11 @@ type Handler struct {
 	instance string       // tells this process's payment ids from others' on one database
 
 	requests, executions, seq atomic.Int64
+
+	// life bounds the work of every request and sweep: Abort cancels it.
+	// It is the handler's lifetime, not a request's.
+	life  context.Context
+	abort context.CancelFunc
 }
 
 // NewHandler returns a fake server handler. nil opts means defaults.
@@ -45,12 +50,15 @@ func newHandler(opts *Options, bare bool) *Handler {
 		provider: newProvider(),
 		orders:   orders{status: make(map[idempotency.ID]string)},
 	}
+	h.life, h.abort = context.WithCancel(context.Background())
 	var store idempotency.Store = h.store
 	if h.cfg.pg != nil {
 		// The bounds on memory do not apply: the database holds the state.
 		h.pg = newPGState(h.cfg.pg)
 		h.instance = strings.ToLower(rand.Text()[:8])
-		store = h.pg.store
+		// The middleware saves a finished request's outcome even when its
+		// client has gone; Abort still ends that work.
+		store = abortable{Store: h.pg.store, h: h}
 	} else {
 		h.store.SetMaxRecords(h.cfg.maxRecords)
 		h.ledger.max = h.cfg.maxPayments
@@ -84,6 +92,59 @@ func (h *Handler) InjectFault(f Fault) error {
 	return h.faults.add(f)
 }
 
+// Abort ends the database work of every request in flight, and of every
+// later request and sweep: each statement is cancelled, and a request that
+// had not committed its payment commits nothing (its record stays, for a
+// resend to take over). A program calls it when its drain time is over and
+// it closes its connections anyway, so that a commit waiting on a lock
+// neither keeps it running nor lands after it stopped; then it closes the
+// pool, which waits only for the cancelled statements. In memory it only
+// makes later sweeps do nothing. Abort cannot be undone.
+func (h *Handler) Abort() { h.abort() }
+
+// bound returns ctx, cancelled also by Abort.
+func (h *Handler) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(h.life, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// abortable is a Store whose every call ends when the handler is aborted.
+type abortable struct {
+	idempotency.Store
+	h *Handler
+}
+
+func (a abortable) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	ctx, cancel := a.h.bound(ctx)
+	defer cancel()
+	return a.Store.Insert(ctx, rec)
+}
+
+func (a abortable) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
+	ctx, cancel := a.h.bound(ctx)
+	defer cancel()
+	return a.Store.TakeOver(ctx, id, from, to, now, until)
+}
+
+func (a abortable) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
+	ctx, cancel := a.h.bound(ctx)
+	defer cancel()
+	return a.Store.Complete(ctx, id, owner, resp, commit)
+}
+
+func (a abortable) Release(ctx context.Context, id idempotency.ID, owner string) error {
+	ctx, cancel := a.h.bound(ctx)
+	defer cancel()
+	return a.Store.Release(ctx, id, owner)
+}
+
+func (a abortable) Sweep(ctx context.Context, now time.Time) (int, error) {
+	ctx, cancel := a.h.bound(ctx)
+	defer cancel()
+	return a.Store.Sweep(ctx, now)
+}
+
 // ClearFaults removes every injected fault.
 func (h *Handler) ClearFaults() { h.faults.clear() }
 
@@ -91,7 +152,7 @@ func (h *Handler) ClearFaults() { h.faults.clear() }
 // A payment whose worker died and was never taken over is settled as its
 // record goes: recorded if the provider charged it, its room freed if not.
 func (h *Handler) Sweep() int {
-	ctx := context.Background()
+	ctx := h.life
 	now := h.cfg.now()
 	var n int
 	if h.pg != nil {
@@ -200,7 +261,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveAdmin(w, r)
 		return
 	}
-	h.countRequest(r.Context())
+	ctx, cancel := h.bound(r.Context())
+	defer cancel()
+	r = r.WithContext(ctx)
+	h.countRequest(ctx)
 
 	var entry *logEntry
 	if h.cfg.logger != nil {

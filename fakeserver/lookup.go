@@ -96,7 +96,11 @@ func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, no
 	if err != nil || !won {
 		return nil, false, err
 	}
-	giveUp := func() { _, _ = store.TakeOver(context.WithoutCancel(ctx), rec.ID, owner, "", until, now) }
+	giveUp := func() {
+		ctx, cancel := h.bound(context.WithoutCancel(ctx))
+		defer cancel()
+		_, _ = store.TakeOver(ctx, rec.ID, owner, "", until, now)
+	}
 	ch, charged, err := h.lookupCharge(ctx, rec.StableID)
 	if err != nil || !charged {
 		giveUp()

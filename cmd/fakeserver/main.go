@@ -152,7 +152,7 @@ func run(args []string, stderr io.Writer) int {
 			logger.Error("cannot use the database", "err", err)
 			return 1
 		}
-		defer pool.Close()
+		defer pool.Close() // after an early return; once shut down, closed already
 		opts.Postgres = pool
 	}
 	h := fakeserver.NewHandler(opts)
@@ -188,10 +188,19 @@ func run(args []string, stderr io.Writer) int {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		// Requests still in flight (a slow client, a delay fault) are cut
-		// off: the program was asked to stop, and stops.
+		// Requests still in flight (a slow client, a delay fault, a commit
+		// waiting on a lock) are cut off: the program was asked to stop,
+		// and stops. Their database work is cancelled, and nothing they
+		// did commits from here on.
 		logger.Warn("drain time over; closing the remaining connections", "err", err)
+		h.Abort()
 		_ = srv.Close()
+	}
+	h.Abort() // the sweeper's work too
+	if opts.Postgres != nil {
+		// Waits for the cancelled statements: nothing commits after
+		// "stopped".
+		opts.Postgres.Close()
 	}
 	logger.Info("stopped")
 	return 0

@@ -12,7 +12,9 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -175,4 +177,82 @@ func TestThreeProcessesTakeOverADeadWorker(t *testing.T) {
 	assert.Equal(t, string(body), string(replay))
 	assert.Equal(t, fakeserver.Stats{Payments: 1, ProviderCharges: 1, Executions: 2, Records: 1, InProgress: 0, Requests: 4},
 		stats(t, urls[0]), fmt.Sprintf("after the takeover; the payment: %s", body))
+}
+
+// TestProgramOnPostgresStopsWithinTheShutdownTimeoutWhileACommitWaits: a
+// payment's commit waits on a lock that another session holds; SIGTERM
+// still ends the program within its shutdown timeout, and the payment does
+// not commit after the program said it stopped (its record stays
+// IN_PROGRESS for a resend to take over).
+func TestProgramOnPostgresStopsWithinTheShutdownTimeoutWhileACommitWaits(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	addr, cmd, lines := startProgram(t, buildProgram(t), "-postgres", dsn, "-shutdown-timeout", "500ms")
+	var (
+		logMu  sync.Mutex
+		logged strings.Builder
+	)
+	done := make(chan error, 1)
+	go func() {
+		for lines.Scan() {
+			logMu.Lock()
+			logged.WriteString(lines.Text() + "\n")
+			logMu.Unlock()
+		}
+		done <- cmd.Wait()
+	}()
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE fake_payments IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	go func() {
+		c := &http.Client{}
+		defer c.CloseIdleConnections()
+		pay(t, c, "http://"+addr, "locked-key")
+	}()
+	// Wait until the payment's commit waits on the lock.
+	watcher, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer watcher.Close(ctx)
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO fake_payments%'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, time.Minute, 10*time.Millisecond, "the commit never waited on the lock")
+
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-done:
+		logMu.Lock()
+		defer logMu.Unlock()
+		assert.NoError(t, err, "exit status 0; log:\n%s", logged.String())
+		assert.Contains(t, logged.String(), "msg=stopped")
+		t.Logf("exited %v after SIGTERM (shutdown timeout 500ms), the lock still held", time.Since(start).Round(10*time.Millisecond))
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit 20 s after SIGTERM while the lock is held")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+
+	// Once the lock is gone, nothing commits: every session of the
+	// program has ended without committing.
+	var payments, inProgress int
+	require.Eventually(t, func() bool {
+		var sessions int
+		err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend'
+			AND pid NOT IN (pg_backend_pid(), $1)`, locker.PgConn().PID()).Scan(&sessions)
+		return err == nil && sessions == 0
+	}, time.Minute, 10*time.Millisecond, "the program's sessions outlived it")
+	require.NoError(t, watcher.QueryRow(ctx, `SELECT (SELECT count(*) FROM fake_payments),
+		(SELECT count(*) FROM idempotency_records WHERE status = 'IN_PROGRESS')`).Scan(&payments, &inProgress))
+	assert.Zero(t, payments, "a payment committed after the program stopped")
+	assert.Equal(t, 1, inProgress, "the record waits for a resend to take it over")
 }
