@@ -20,11 +20,11 @@
 //     success, and nothing is charged.
 //   - GET /payments/{id}: the caller's payment, or 404.
 //   - GET /payments: {"data": [...]}, the caller's payments in order.
-//   - GET /payments?idempotency_key=K: the payment the caller made under K;
-//     409 [idempotency.TypeRequestInProgress] with Retry-After while a record for K
-//     is IN_PROGRESS (running, or a dead worker's that may hold a provider
-//     charge: a resend with K settles it); or 404. It is the lookup a
-//     client reconciles an unknown outcome with, so 404 means "never done".
+//   - GET /payments?idempotency_key=K: the payment made under the caller's
+//     latest intent with K; 409 [idempotency.TypeRequestInProgress] with
+//     Retry-After while that intent is unsettled; or 404 when nothing was
+//     charged for it. It is the lookup a client reconciles an unknown
+//     outcome with, so 404 means "never done"; see "The lookup".
 //   - PUT /orders/{id}/status with {"status": "SHIPPED"} (at most 100
 //     characters): naturally
 //     idempotent; a key is ignored.
@@ -41,6 +41,24 @@
 // a dead worker's record asks the provider for that id first and charges
 // only if it has no charge, so a crash at any point leaves at most one
 // charge.
+//
+// # The lookup
+//
+// The lookup answers for the key's latest intent: a key used again after
+// its record expired is a new intent, and the payment it made before is not
+// its answer. While the key's record is live: a COMPLETED record answers its
+// payment (404 after a decline); an IN_PROGRESS one answers 409 while its
+// worker's lease is alive, and once the lease has ended (the worker died)
+// the lookup recovers it as a takeover would: it takes the record over, asks
+// the provider for its stable id, and if the provider charged it, records
+// the payment, settles the record with the answer a resend then replays,
+// and answers the payment. If the provider has no charge, the answer stays
+// 409 until a resend with the key settles it. Once the record is gone, the
+// key's latest intent to charge is asked about at the provider in the same
+// way. The intent to charge (the payment id, the key, the description) is
+// recorded before the provider is called; a sweep records the charges of
+// dead workers' expired records before deleting them. So a charge is never
+// left without a payment a lookup can find.
 //
 // # Faults
 //
@@ -72,9 +90,18 @@
 //
 // With [Options.Postgres] (cmd/fakeserver -postgres DSN) the records go to
 // a [github.com/idemkit/idem/idempotency/pgstore.Store], and payments, the
-// fake provider's charges, order statuses and the counters to tables beside
-// them ([Migrate] creates them). A payment commits in the transaction that
-// marks its record COMPLETED. Several fake server processes on one database
+// intents to charge, the fake provider's charges, order statuses and the
+// counters to tables beside them ([Migrate] creates them). A payment commits
+// in the transaction that marks its record COMPLETED. An intent to charge is
+// a row (fake_intents) written before the provider is called, so that a
+// process that dies after the provider charged leaves its charge to every
+// other process, and to one started later. Leases and retention are judged
+// on the database's clock, unless [Options.Clock] is set (tests), which every
+// server on the database must then share. [Handler.Abort] ends the
+// database work in flight, for a program whose drain time is over:
+// cmd/fakeserver calls it, so that SIGTERM ends it within -shutdown-timeout
+// even while a commit waits on a lock, and nothing commits after it
+// stopped. Several fake server processes on one database
 // then act as one server: a key's record, payment and charge are the same
 // whichever process a request reaches, a dead worker's record in one process
 // is taken over by a request to another once its lease ends, and

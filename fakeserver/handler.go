@@ -54,13 +54,14 @@ func newHandler(opts *Options, bare bool) *Handler {
 	var store idempotency.Store = h.store
 	if h.cfg.pg != nil {
 		// The bounds on memory do not apply: the database holds the state.
-		h.pg = newPGState(h.cfg.pg)
+		h.pg = newPGState(h.cfg.pg, h.cfg.clock)
 		h.instance = strings.ToLower(rand.Text()[:8])
 		// The middleware saves a finished request's outcome even when its
 		// client has gone; Abort still ends that work.
 		store = abortable{Store: h.pg.store, h: h}
 	} else {
 		h.store.SetMaxRecords(h.cfg.maxRecords)
+		h.store.SetClock(h.cfg.clock) // nil: the system clock, as h.cfg.now
 		h.ledger.max = h.cfg.maxPayments
 	}
 	h.payments = http.HandlerFunc(h.createPayment)
@@ -158,7 +159,7 @@ func (h *Handler) Sweep() int {
 	if h.pg != nil {
 		// The records go, but not before the charges of their dead
 		// workers are payments.
-		if err := h.pg.recoverExpired(ctx, now); err != nil {
+		if err := h.pg.recoverExpired(ctx); err != nil {
 			return 0
 		}
 		n, _ = h.pg.store.Sweep(ctx, now)

@@ -99,7 +99,7 @@ func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, no
 	giveUp := func() {
 		ctx, cancel := h.bound(context.WithoutCancel(ctx))
 		defer cancel()
-		_, _ = store.TakeOver(ctx, rec.ID, owner, "", until, now)
+		_, _ = store.TakeOver(ctx, rec.ID, owner, "", now, now)
 	}
 	ch, charged, err := h.lookupCharge(ctx, rec.StableID)
 	if err != nil || !charged {

@@ -40,7 +40,9 @@ type Options struct {
 	KeyFormat KeyFormat
 	// Clock tells the time to retention, leases, created_at, payment ids
 	// and Retry-After, so that tests drive them without sleeping: pass the
-	// clock.Manual given to the client. Nil means the system clock.
+	// clock.Manual given to the client. Nil means the system clock, and on
+	// PostgreSQL the database's clock for leases and retention. Servers that
+	// share a database with a Clock must share the Clock too.
 	Clock clock.Clock
 	// SweepEvery is how often a started [Server] deletes expired records in
 	// the background (real time). Zero means never; [Handler.Sweep] and

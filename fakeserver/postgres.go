@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/idempotency/pgstore"
 )
@@ -47,10 +48,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 type pgState struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
+	clock clock.Clock // nil: the database's clock judges expiry, as the store's
 }
 
-func newPGState(pool *pgxpool.Pool) *pgState {
-	return &pgState{pool: pool, store: pgstore.New(pool, nil)}
+// newPGState keeps the state in pool's database. Leases and retention are
+// judged on clk if it is not nil (tests), else on the database's clock.
+func newPGState(pool *pgxpool.Pool, clk clock.Clock) *pgState {
+	return &pgState{pool: pool, store: pgstore.New(pool, &pgstore.Options{Clock: clk}), clock: clk}
+}
+
+// now is the time to judge expiry by in a statement, as
+// coalesce($n::timestamptz, clock_timestamp()): nil for the database's.
+func (s *pgState) now() *time.Time {
+	if s.clock == nil {
+		return nil
+	}
+	t := s.clock.Now()
+	return &t
 }
 
 const paymentColumns = `id, principal, idem_key, amount, currency, customer, description, status, created_at`
@@ -159,13 +173,13 @@ func (s *pgState) settle(ctx context.Context, id string, r reservation) (*paymen
 }
 
 // recoverExpired records as payments the charges of the IN_PROGRESS
-// records expired at now, whose workers died, before the sweep deletes the
-// records.
-func (s *pgState) recoverExpired(ctx context.Context, now time.Time) error {
+// records expired on the store's clock, whose workers died, before the
+// sweep deletes the records.
+func (s *pgState) recoverExpired(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, `SELECT i.id, i.principal, i.idem_key, i.description
 		FROM idempotency_records r JOIN fake_intents i ON i.id = r.stable_id
-		WHERE r.status = 'IN_PROGRESS' AND r.expires_at <= $1
-		AND NOT EXISTS (SELECT 1 FROM fake_payments p WHERE p.id = i.id)`, now)
+		WHERE r.status = 'IN_PROGRESS' AND r.expires_at <= coalesce($1::timestamptz, clock_timestamp())
+		AND NOT EXISTS (SELECT 1 FROM fake_payments p WHERE p.id = i.id)`, s.now())
 	if err != nil {
 		return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
 	}

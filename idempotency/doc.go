@@ -85,6 +85,15 @@
 // lease must be longer than the work takes; it is not extended while the
 // work runs.
 //
+// Leases and retention are judged on the store's clock, one for every
+// process that shares the store (PostgreSQL's clock_timestamp() for
+// [github.com/idemkit/idem/idempotency/pgstore]), never on the clock of the
+// host a request reaches: a host whose clock is 30 seconds ahead does not
+// see a live lease as ended, and does not run the work a second time.
+// [Config.Clock] gives the durations (the lease, the retention) and
+// Retry-After; a test that moves time gives its store the same clock
+// ([MemoryStore.SetClock], pgstore's Options.Clock).
+//
 // # Retry-After
 //
 // A 409 carries Retry-After in whole seconds: the time left until the work

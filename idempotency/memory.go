@@ -4,16 +4,25 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/clock"
 )
 
 // MemoryStore is a [Store] in memory, for tests and the fake server. One
 // mutex makes every method one atomic step; commit hooks run under it.
 // A MemoryStore is safe for concurrent use by multiple goroutines. The zero
 // MemoryStore is not usable; call [NewMemoryStore].
+//
+// A MemoryStore judges leases and retention on its clock ([SetClock]) when
+// it has one, whatever time its callers' clocks tell. Without one it takes
+// its callers' times as they come, which is right only while they all read
+// one clock: give it the clock.Manual of the test, or the system clock,
+// when callers' clocks may differ.
 type MemoryStore struct {
-	mu   sync.Mutex
-	recs map[ID]*Record
-	max  int // 0: no bound
+	mu    sync.Mutex
+	recs  map[ID]*Record
+	clock clock.Clock // nil: the callers' times
+	max   int         // 0: no bound
 	// minExpiry is at or before the earliest ExpiresAt of the records: a
 	// full store sweeps only once something may have expired.
 	minExpiry time.Time
@@ -34,27 +43,49 @@ func (s *MemoryStore) SetMaxRecords(n int) {
 	s.max = max(n, 0)
 }
 
+// SetClock makes the store judge leases and retention on c, whatever the
+// times its callers give (see [Store]). nil means the callers' times (the
+// default).
+func (s *MemoryStore) SetClock(c clock.Clock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clock = c
+}
+
+// now returns the store's time: its clock's, or else the caller's.
+func (s *MemoryStore) now(caller time.Time) time.Time {
+	if s.clock == nil {
+		return caller
+	}
+	return s.clock.Now()
+}
+
 // Insert implements [Store].
 func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now(rec.CreatedAt)
 	old, ok := s.recs[rec.ID]
-	if ok && !old.Expired(rec.CreatedAt) {
+	if ok && !old.Expired(now) {
 		cp := *old
 		return &cp, false, nil
 	}
 	if !ok && s.max > 0 && len(s.recs) >= s.max {
-		if !s.minExpiry.After(rec.CreatedAt) {
-			s.sweep(rec.CreatedAt)
+		if !s.minExpiry.After(now) {
+			s.sweep(now)
 		}
 		if len(s.recs) >= s.max {
 			return nil, false, &FullError{Until: s.minExpiry}
 		}
 	}
 	cp := *rec
+	cp.CreatedAt, cp.ExpiresAt = now, now.Add(rec.ExpiresAt.Sub(rec.CreatedAt))
+	if !rec.LockedUntil.IsZero() {
+		cp.LockedUntil = now.Add(rec.LockedUntil.Sub(rec.CreatedAt))
+	}
 	s.recs[rec.ID] = &cp
-	if s.minExpiry.IsZero() || rec.ExpiresAt.Before(s.minExpiry) {
-		s.minExpiry = rec.ExpiresAt
+	if s.minExpiry.IsZero() || cp.ExpiresAt.Before(s.minExpiry) {
+		s.minExpiry = cp.ExpiresAt
 	}
 	return nil, true, nil
 }
@@ -63,12 +94,14 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 func (s *MemoryStore) TakeOver(_ context.Context, id ID, from, to string, now, until time.Time) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	lease := until.Sub(now)
+	now = s.now(now)
 	r, ok := s.recs[id]
-	if !ok || r.Status != StatusInProgress || r.Owner != from || r.LockedUntil.After(now) || r.Expired(now) {
+	if !ok || r.Status != StatusInProgress || r.Owner != from || (to != "" && r.LockedUntil.After(now)) || r.Expired(now) {
 		return false, nil
 	}
 	r.Owner = to
-	r.LockedUntil = until
+	r.LockedUntil = now.Add(lease)
 	return true, nil
 }
 
@@ -104,11 +137,13 @@ func (s *MemoryStore) Release(_ context.Context, id ID, owner string) error {
 	return nil
 }
 
-// Get returns a copy of the live record id at now, if there is one. The
-// reconcile lookup uses it to tell "never done" from "not settled yet".
+// Get returns a copy of the live record id, if there is one, judged at the
+// store's clock (now without one). The reconcile lookup uses it to tell
+// "never done" from "not settled yet".
 func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now = s.now(now)
 	r, ok := s.recs[id]
 	if !ok || r.Expired(now) {
 		return nil, false
@@ -121,7 +156,7 @@ func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, boo
 func (s *MemoryStore) Sweep(_ context.Context, now time.Time) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sweep(now), nil
+	return s.sweep(s.now(now)), nil
 }
 
 // sweep deletes the records expired at now and makes minExpiry exact.

@@ -47,9 +47,10 @@ const (
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
-	// Clock tells the time to retention, leases, created_at and
-	// Retry-After, so tests can drive them without sleeping (a
-	// clock.Manual). Nil means the system clock.
+	// Clock tells the time to Retry-After and the durations the store is
+	// given, so tests can drive them without sleeping (a clock.Manual).
+	// Leases and retention are judged on the store's clock (see [Store]):
+	// give a test's store the same clock. Nil means the system clock.
 	Clock clock.Clock
 	// Retention is how long a record lives, from its CreatedAt. Zero or
 	// negative means [DefaultRetention] (24h).
@@ -301,14 +302,14 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 // record would hand the key a new stable id, under which the next request
 // would charge again. The record stays, with its lease ended, and the next
 // request takes it over ([Info.Takeover]) with the same stable id and asks
-// the provider first. (This is TakeOver as a compare-and-swap from this
-// owner to none, with "now" set to the lease's end so that the lease counts
-// as over.)
+// the provider first. (This is TakeOver from this owner to none, which ends
+// the lease at once.)
 func (m *Middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 	if wk.released() {
 		return m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
 	}
-	_, err := m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", rec.LockedUntil, m.now())
+	now := m.now()
+	_, err := m.cfg.Store.TakeOver(ctx, rec.ID, rec.Owner, "", now, now)
 	return err
 }
 

@@ -90,24 +90,36 @@ type Response struct {
 // safe for concurrent use by multiple goroutines; the middleware relies on
 // that, and on nothing else, to decide races between requests.
 //
-// Methods are given the time (rec.CreatedAt, now) instead of reading a
-// clock, so that an injected clock governs retention and leases.
+// A store judges leases and retention on its own clock, one for every
+// process that shares it (a SQL store's is the database's), so that hosts
+// whose clocks disagree cannot both hold one record: a host 30 seconds
+// ahead does not see a live lease as ended. The times its callers give
+// (rec.CreatedAt, now) are their clocks' readings, and say durations: a
+// record inserted with CreatedAt c and ExpiresAt c+24h lives 24 hours from
+// the moment the store inserts it, by the store's clock. A store for tests
+// takes an injected clock (a clock.Manual) as its own.
 type Store interface {
 	// Insert stores rec as a new record unless a live record with rec.ID
 	// exists, in one atomic step, as INSERT ... ON CONFLICT does with a
-	// primary key. A record that is expired at rec.CreatedAt counts as
-	// absent and is replaced. It returns (nil, true, nil) when rec was
-	// inserted and (existing, false, nil) when it was not; existing is a
-	// copy that the caller may keep. A store with a bound on its records
-	// returns an error matching [ErrStoreFull] for a new record it has no
-	// room for (a live record with rec.ID is still returned as existing).
+	// primary key. The record is created at the store's now: its
+	// CreatedAt is that, and its LockedUntil and ExpiresAt are as far from
+	// it as rec's are from rec.CreatedAt. A record that is expired at the
+	// store's now counts as absent and is replaced. It returns (nil, true,
+	// nil) when rec was inserted and (existing, false, nil) when it was not;
+	// existing is a copy that the caller may keep, its times the store's. A
+	// store with a bound on its records returns an error matching
+	// [ErrStoreFull] for a new record it has no room for (a live record with
+	// rec.ID is still returned as existing).
 	Insert(ctx context.Context, rec *Record) (existing *Record, inserted bool, err error)
 
 	// TakeOver hands the IN_PROGRESS record id to a new worker, as a
 	// compare-and-swap on the lease: only if its Owner is still from and its
-	// lease has ended at now, it sets Owner to to and LockedUntil to until
-	// and reports true. Of many requests racing for one dead worker's record,
-	// exactly one wins.
+	// lease has ended at the store's now, it sets Owner to to and the lease
+	// to last until-now from the store's now, and reports true. Of many
+	// requests racing for one dead worker's record, exactly one wins. An
+	// empty to is the owner from giving the record up: its lease ends at
+	// once, however much of it was left, and the record stays IN_PROGRESS
+	// for the next request to take over.
 	TakeOver(ctx context.Context, id ID, from, to string, now, until time.Time) (bool, error)
 
 	// Complete ends owner's work on id in one atomic step: it runs commit,
@@ -125,7 +137,8 @@ type Store interface {
 	// the key is free again. It returns [ErrNotOwner] otherwise.
 	Release(ctx context.Context, id ID, owner string) error
 
-	// Sweep deletes every record expired at now and returns how many.
+	// Sweep deletes every record expired at the store's now (now is the
+	// caller's) and returns how many.
 	Sweep(ctx context.Context, now time.Time) (int, error)
 }
 

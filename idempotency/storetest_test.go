@@ -2,13 +2,18 @@ package idempotency_test
 
 import (
 	"testing"
+	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/idempotency/storetest"
 )
 
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(*testing.T) storetest.Subject {
-		return storetest.Subject{Store: idempotency.NewMemoryStore()}
+		s := idempotency.NewMemoryStore()
+		clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		s.SetClock(clk)
+		return storetest.Subject{Store: s, SetNow: func(t time.Time) { clk.Advance(t.Sub(clk.Now())) }}
 	})
 }

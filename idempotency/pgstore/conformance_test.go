@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency/storetest"
 )
 
@@ -25,8 +27,15 @@ func conformance(t *testing.T, opts *Options) {
 		if _, err := pool.Exec(context.Background(), "TRUNCATE idempotency_records, business_rows"); err != nil {
 			t.Fatal(err)
 		}
+		clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		o := Options{}
+		if opts != nil {
+			o = *opts
+		}
+		o.Clock = clk
 		return storetest.Subject{
-			Store: New(pool, opts),
+			Store:  New(pool, &o),
+			SetNow: func(t time.Time) { clk.Advance(t.Sub(clk.Now())) },
 			WriteRow: func(ctx context.Context, name string) error {
 				tx, ok := Tx(ctx)
 				if !ok {

@@ -45,5 +45,24 @@
 // message's effect and its id commit together, so a redelivered message does
 // nothing.
 //
+// # One clock
+//
+// Leases and retention are judged on the database's clock_timestamp(), read
+// once per statement (not now(), which stands still inside a transaction),
+// so every process on the database judges them alike whatever its host's
+// clock says: a record is created at the database's now, its lease and
+// expiry are as long as the middleware asks, and a takeover or a sweep
+// happens when the database's clock says so. [Options.Clock] replaces that
+// clock for tests, which move time without waiting; every store on the
+// database must then share it.
+//
+// # AsyncInsert
+//
+// With [Options.AsyncInsert], every record whose Complete has returned nil
+// survives a crash of the database, with the effect that Complete
+// committed, exactly as without it; only a record not yet completed may be
+// lost, and then its key is new again and nothing written through Complete
+// for it is kept.
+//
 // Times are stored as timestamptz, to the microsecond.
 package pgstore

@@ -7,8 +7,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
+
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -84,5 +89,55 @@ func TestMiddlewareOverPostgres(t *testing.T) {
 	w := post("/pay", "k1")
 	if w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "true" || !bodies[w.Body.String()] {
 		t.Errorf("replay: %d %q %q", w.Code, w.Header().Get(idempotency.HeaderReplayed), w.Body.String())
+	}
+}
+
+// TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree: two middleware
+// instances on one database, one host's clock 30 s ahead of the other's,
+// a lease of 10 s. Whichever host takes the key first, the other finds the
+// lease alive on the database's clock and answers 409: the handler runs
+// once.
+func TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		first, other time.Duration // each host's clock, from the real time
+	}{
+		{"the host behind first", 0, 30 * time.Second},
+		{"the host ahead first", 30 * time.Second, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pool := newPool(t)
+			var runs atomic.Int32
+			started, release := make(chan struct{}), make(chan struct{})
+			slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Add(1) == 1 { // a second run answers at once
+					close(started)
+					<-release
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			host := func(skew time.Duration) http.Handler {
+				// Each host has a Store of its own, as a process does, on
+				// the database's clock.
+				return idempotency.New(slow, idempotency.Config{Store: New(pool, nil),
+					Clock: clock.NewManual(time.Now().Add(skew)), Lease: 10 * time.Second})
+			}
+			first, other := host(c.first), host(c.other)
+			serve := func(h http.Handler) int {
+				r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":1}`))
+				r.Header.Set("Idempotency-Key", "skewed")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				return w.Code
+			}
+			done := make(chan int)
+			go func() { done <- serve(first) }()
+			<-started
+			assert.Equal(t, http.StatusConflict, serve(other), "the lease is alive on the database's clock")
+			close(release)
+			assert.Equal(t, http.StatusCreated, <-done)
+			assert.Equal(t, http.StatusCreated, serve(other), "the replay")
+			assert.EqualValues(t, 1, runs.Load(), "the handler ran more than once")
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -23,12 +24,17 @@ const DefaultSweepBatch = 1000
 // goroutines, and several processes may share one database: every decision
 // is made by one statement or one transaction.
 //
+// Leases and retention are judged on the database's clock,
+// clock_timestamp(), for every process alike (see [idempotency.Store]),
+// unless [Options.Clock] replaces it.
+//
 // Error messages name the key and what was being done, never the caller
 // (the caller is often a credential).
 type Store struct {
 	pool   *pgxpool.Pool
 	batch  int
-	insert string // insertSQL, or asyncInsertSQL
+	insert string      // insertSQL, or asyncInsertSQL
+	clock  clock.Clock // nil: the database's clock
 
 	onSweepBatch func(deleted int) // for tests
 }
@@ -49,6 +55,13 @@ type Options struct {
 	// such a lost record takes its stable id with it, and the retry would
 	// call the provider again under a new one.
 	AsyncInsert bool
+	// Clock, if not nil, replaces the database's clock for judging leases
+	// and retention: the store sends its time with every statement. It is
+	// for tests, to move time without waiting (a clock.Manual); every store
+	// on the database must then be given the same clock, or hosts whose
+	// clocks disagree will both hold one record. Nil means the database's
+	// clock_timestamp().
+	Clock clock.Clock
 }
 
 // New returns a Store on pool. nil opts means defaults.
@@ -60,7 +73,40 @@ func New(pool *pgxpool.Pool, opts *Options) *Store {
 	if opts != nil && opts.AsyncInsert {
 		s.insert = asyncInsertSQL
 	}
+	if opts != nil {
+		s.clock = opts.Clock
+	}
 	return s
+}
+
+// now is the time statements judge by: NULL for the database's
+// clock_timestamp(), else the Clock's (see nowSQL).
+func (s *Store) now() *time.Time {
+	if s.clock == nil {
+		return nil
+	}
+	t := s.clock.Now()
+	return &t
+}
+
+// nowSQL is the store's now in a statement whose parameter n is [Store.now].
+// A WITH query that calls clock_timestamp() runs once per statement.
+func nowSQL(n int) string {
+	return fmt.Sprintf("WITH t AS (SELECT coalesce($%d::timestamptz, clock_timestamp()) AS now)", n)
+}
+
+// micros is d as whole microseconds, the unit of a timestamptz; statements
+// add it to the store's now as $n * interval '1 microsecond'.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// leaseMicros is rec's lease as microseconds from its creation, or nil when
+// it has none.
+func leaseMicros(rec *idempotency.Record) *int64 {
+	if rec.LockedUntil.IsZero() {
+		return nil
+	}
+	m := micros(rec.LockedUntil.Sub(rec.CreatedAt))
+	return &m
 }
 
 var (
@@ -84,7 +130,9 @@ const columns = `fingerprint, status, stable_id, owner, locked_until, created_at
 	response_status, response_header, response_body`
 
 // insertSQL inserts the record, or replaces one that has expired, in one
-// statement; when it does neither, the live record comes back. The insert
+// statement; when it does neither, the live record comes back. Its times
+// are the store's now ($8), plus the lease ($7) and the retention ($9) in
+// microseconds; the now comes back too. The insert
 // is ON CONFLICT DO NOTHING, which takes no lock on a live record, so that
 // replays of one key do not queue behind each other; the replacement of an
 // expired record is an UPDATE conditional on the expiry, which locks the
@@ -93,30 +141,35 @@ const columns = `fingerprint, status, stable_id, owner, locked_until, created_at
 // snapshot, which may not yet show a row that another transaction committed
 // after the statement began; the row is then all NULLs (or the old,
 // expired version) and Insert runs the statement again.
-const insertSQL = `WITH ins AS (
+var insertSQL = nowSQL(8) + `, ins AS (
 	INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+	SELECT $1, $2, $3, $4, $5, $6, t.now + $7::bigint * interval '1 microsecond', t.now,
+		t.now + $9::bigint * interval '1 microsecond'
+	FROM t
 	ON CONFLICT (caller, key) DO NOTHING
 	RETURNING 1
 ), repl AS (
 	UPDATE idempotency_records r SET
-		fingerprint = $3, status = $4, stable_id = $5, owner = $6, locked_until = $7, created_at = $8, expires_at = $9,
+		fingerprint = $3, status = $4, stable_id = $5, owner = $6,
+		locked_until = t.now + $7::bigint * interval '1 microsecond', created_at = t.now,
+		expires_at = t.now + $9::bigint * interval '1 microsecond',
 		response_status = NULL, response_header = NULL, response_body = NULL
-	WHERE r.caller = $1 AND r.key = $2 AND r.expires_at <= $8 AND NOT EXISTS (SELECT 1 FROM ins)
+	FROM t
+	WHERE r.caller = $1 AND r.key = $2 AND r.expires_at <= t.now AND NOT EXISTS (SELECT 1 FROM ins)
 	RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl),
+SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl), t.now,
 	r.fingerprint, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
 	r.response_status, r.response_header, r.response_body
-FROM (SELECT 1) AS one
+FROM t
 LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
 	AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM repl)`
 
 // asyncInsertSQL is insertSQL with synchronous_commit off for its own
 // (implicit) transaction: set_config(..., true) is SET LOCAL, and the
 // setting in effect at commit decides.
-var asyncInsertSQL = strings.Replace(insertSQL, "WITH ins AS (",
-	"WITH async AS (SELECT set_config('synchronous_commit', 'off', true)), ins AS (", 1) +
+var asyncInsertSQL = strings.Replace(insertSQL, ", ins AS (",
+	", async AS (SELECT set_config('synchronous_commit', 'off', true)), ins AS (", 1) +
 	"\n\tCROSS JOIN async"
 
 // insertAttempts bounds the re-runs of insertSQL when the conflicting row
@@ -130,11 +183,12 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 	for range insertAttempts {
 		var (
 			inserted bool
+			now      time.Time
 			row      nullableRecord
 		)
 		err := s.pool.QueryRow(ctx, s.insert, rec.ID.Principal, rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
-			rec.StableID, rec.Owner, nullTime(rec.LockedUntil), rec.CreatedAt, rec.ExpiresAt,
-		).Scan(append([]any{&inserted}, row.dest()...)...)
+			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)),
+		).Scan(append([]any{&inserted, &now}, row.dest()...)...)
 		if err != nil {
 			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
 		}
@@ -148,7 +202,7 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		if err != nil {
 			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
 		}
-		if existing.Expired(rec.CreatedAt) {
+		if existing.Expired(now) {
 			continue // an old version, replaced after the snapshot
 		}
 		return existing, false, nil
@@ -158,10 +212,12 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 
 // TakeOver implements [idempotency.Store] with one conditional UPDATE.
 func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE idempotency_records SET owner = $4, locked_until = $6
-		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3
-		AND locked_until <= $5 AND expires_at > $5`,
-		id.Principal, id.Key, from, to, now, nullTime(until))
+	tag, err := s.pool.Exec(ctx, nowSQL(5)+` UPDATE idempotency_records r
+		SET owner = $4, locked_until = t.now + $6::bigint * interval '1 microsecond'
+		FROM t
+		WHERE r.caller = $1 AND r.key = $2 AND r.status = 'IN_PROGRESS' AND r.owner = $3
+		AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,
+		id.Principal, id.Key, from, to, s.now(), micros(until.Sub(now)))
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, err)
 	}
@@ -230,7 +286,7 @@ func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) er
 	return nil
 }
 
-// Sweep implements [idempotency.Store]. It deletes in batches of
+// Sweep implements [idempotency.Store], on the store's clock. It deletes in batches of
 // [Options.SweepBatch] records, each its own statement, so that no
 // transaction stays open for long however many records have expired.
 // Records that another transaction holds locked are left for the next
@@ -239,17 +295,16 @@ func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) er
 func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, `WITH doomed AS (
-				SELECT caller, key FROM idempotency_records
-				WHERE expires_at <= $1
+		tag, err := s.pool.Exec(ctx, nowSQL(1)+`, doomed AS (
+				SELECT caller, key FROM idempotency_records, t
+				WHERE expires_at <= t.now
 				LIMIT $2
 				FOR UPDATE SKIP LOCKED
 			)
-			DELETE FROM idempotency_records r USING doomed d
-			WHERE r.caller = d.caller AND r.key = d.key AND r.expires_at <= $1`, now, s.batch)
+			DELETE FROM idempotency_records r USING doomed d, t
+			WHERE r.caller = d.caller AND r.key = d.key AND r.expires_at <= t.now`, s.now(), s.batch)
 		if err != nil {
-			return total, fmt.Errorf("pgstore: sweep records expired at %s (%d deleted so far): %w",
-				now.UTC().Format(time.RFC3339), total, err)
+			return total, fmt.Errorf("pgstore: sweep expired records (%d deleted so far): %w", total, err)
 		}
 		n := int(tag.RowsAffected())
 		total += n
@@ -272,12 +327,12 @@ func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) 
 	return records, inProgress, nil
 }
 
-// Get returns the record id if it is live at now. found is false when there
-// is none.
+// Get returns the record id if it is live on the store's clock (now, the
+// caller's, is not used). found is false when there is none.
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
 	var row nullableRecord
-	err = s.pool.QueryRow(ctx, `SELECT `+columns+` FROM idempotency_records
-		WHERE caller = $1 AND key = $2 AND expires_at > $3`, id.Principal, id.Key, now).Scan(row.dest()...)
+	err = s.pool.QueryRow(ctx, nowSQL(3)+` SELECT `+columns+` FROM idempotency_records, t
+		WHERE caller = $1 AND key = $2 AND expires_at > t.now`, id.Principal, id.Key, s.now()).Scan(row.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -336,12 +391,4 @@ func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) 
 		}
 	}
 	return rec, nil
-}
-
-// nullTime stores the zero time as NULL.
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -134,7 +135,7 @@ func TestCompleteLostConnectionLeavesRecordInProgress(t *testing.T) {
 
 func TestSweepDeletesInBatches(t *testing.T) {
 	pool := newPool(t)
-	s := New(pool, &Options{SweepBatch: 7})
+	s := New(pool, &Options{SweepBatch: 7, Clock: clock.NewManual(t0.Add(2 * time.Hour))})
 	var batches []int
 	s.onSweepBatch = func(n int) { batches = append(batches, n) }
 	ctx := context.Background()
@@ -177,7 +178,7 @@ func TestErrorsSayWhatWasBeingDone(t *testing.T) {
 		{takeOverErr, `pgstore: take over key "k": `},
 		{s.Complete(ctx, rec.ID, "w", nil, nil), `pgstore: complete key "k": mark completed: `},
 		{s.Release(ctx, rec.ID, "w"), `pgstore: release key "k": `},
-		{sweepErr, `pgstore: sweep records expired at 2030-01-02T03:04:05Z (0 deleted so far): `},
+		{sweepErr, `pgstore: sweep expired records (0 deleted so far): `},
 	} {
 		var pgErr *pgconn.PgError
 		if c.err == nil || !strings.HasPrefix(c.err.Error(), c.want) || !errors.As(c.err, &pgErr) || pgErr.Code != "42P01" {

@@ -14,10 +14,14 @@
 // inserts; an effect that fails leaves the record IN_PROGRESS and its owner's, with no
 // answer stored (and, for a store with transactions, none of the effect's
 // writes); a record from its expiry on is replaced by an insert; a sweep
-// deletes the expired records and only those; keys are scoped by caller.
+// deletes the expired records and only those; keys are scoped by caller;
+// leases and retention are judged on the store's own clock, whatever its
+// callers' clocks say.
 //
 // The checks read records back through Insert, which returns the live record
-// it conflicts with. Times are whole microseconds, which a SQL timestamp
+// it conflicts with. They move the store's clock ([Subject.SetNow]) along
+// with the times they give it, except where they check that the store
+// keeps to its own. Times are whole microseconds, which a SQL timestamp
 // keeps exactly.
 package storetest
 
@@ -47,6 +51,9 @@ type Subject struct {
 	// record only.
 	WriteRow func(ctx context.Context, name string) error
 	HasRow   func(ctx context.Context, name string) (bool, error)
+	// SetNow sets the clock the store judges leases and retention on to t
+	// (a clock.Manual the store was given). Required.
+	SetNow func(t time.Time)
 }
 
 // t0 is the checks' time; no check reads a clock.
@@ -71,9 +78,16 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"ExpiredReplaceRace", testExpiredReplaceRace},
 		{"SweepDeletesOnlyExpired", testSweepDeletesOnlyExpired},
 		{"ScopedByCaller", testScopedByCaller},
+		{"JudgesTimeOnItsOwnClock", testOwnClock},
 	}
 	for _, c := range checks {
-		t.Run(c.name, func(t *testing.T) { c.fn(t, newSubject(t)) })
+		t.Run(c.name, func(t *testing.T) {
+			sub := newSubject(t)
+			if sub.SetNow == nil {
+				t.Fatal("storetest: Subject.SetNow is nil; give the store a clock the test can set")
+			}
+			c.fn(t, sub)
+		})
 	}
 }
 
@@ -94,9 +108,11 @@ func record(id idempotency.ID, owner string, now time.Time) *idempotency.Record 
 
 var key = idempotency.ID{Principal: "caller-a", Key: "key-1"}
 
-func mustInsert(t *testing.T, s idempotency.Store, rec *idempotency.Record) {
+// mustInsert inserts rec at rec.CreatedAt on the store's clock.
+func mustInsert(t *testing.T, sub Subject, rec *idempotency.Record) {
 	t.Helper()
-	existing, inserted, err := s.Insert(context.Background(), rec)
+	sub.SetNow(rec.CreatedAt)
+	existing, inserted, err := sub.Store.Insert(context.Background(), rec)
 	if err != nil {
 		t.Fatalf("Insert: %v", err)
 	}
@@ -107,11 +123,12 @@ func mustInsert(t *testing.T, s idempotency.Store, rec *idempotency.Record) {
 
 // lookup returns the live record id at now, read through Insert, or nil
 // when there is none. A nil answer leaves a probe record behind.
-func lookup(t *testing.T, s idempotency.Store, id idempotency.ID, now time.Time) *idempotency.Record {
+func lookup(t *testing.T, sub Subject, id idempotency.ID, now time.Time) *idempotency.Record {
 	t.Helper()
 	probe := record(id, "probe", now)
 	probe.Fingerprint = fingerprint("probe")
-	existing, inserted, err := s.Insert(context.Background(), probe)
+	sub.SetNow(now)
+	existing, inserted, err := sub.Store.Insert(context.Background(), probe)
 	if err != nil {
 		t.Fatalf("Insert (reading %v back): %v", id, err)
 	}
@@ -136,8 +153,8 @@ func sameRecord(t *testing.T, got, want *idempotency.Record) {
 
 func testInsertRoundTrip(t *testing.T, sub Subject) {
 	rec := record(key, "w1", t0)
-	mustInsert(t, sub.Store, rec)
-	got := lookup(t, sub.Store, key, t0.Add(time.Second))
+	mustInsert(t, sub, rec)
+	got := lookup(t, sub, key, t0.Add(time.Second))
 	sameRecord(t, got, rec)
 	if got.Response != nil {
 		t.Errorf("IN_PROGRESS record has a response: %+v", got.Response)
@@ -164,6 +181,7 @@ func raceInsert(t *testing.T, sub Subject, n int, at time.Time) (winners []strin
 	)
 	seen = map[string]int{}
 	start := make(chan struct{})
+	sub.SetNow(at)
 	for i := range n {
 		wg.Add(1)
 		go func() {
@@ -192,15 +210,15 @@ func raceInsert(t *testing.T, sub Subject, n int, at time.Time) (winners []strin
 
 // deadRecord inserts a record whose worker "dead" has a lease ending at
 // t0+1m, and returns the time just after it.
-func deadRecord(t *testing.T, s idempotency.Store) (*idempotency.Record, time.Time) {
+func deadRecord(t *testing.T, sub Subject) (*idempotency.Record, time.Time) {
 	rec := record(key, "dead", t0)
-	mustInsert(t, s, rec)
+	mustInsert(t, sub, rec)
 	return rec, rec.LockedUntil
 }
 
 func testTakeOver(t *testing.T, sub Subject) {
 	ctx := context.Background()
-	rec, ended := deadRecord(t, sub.Store)
+	rec, ended := deadRecord(t, sub)
 	later := ended.Add(time.Hour)
 
 	for _, c := range []struct {
@@ -212,6 +230,7 @@ func testTakeOver(t *testing.T, sub Subject) {
 		{"from an owner that does not hold it", "someone-else", ended},
 		{"of an expired record", "dead", rec.ExpiresAt},
 	} {
+		sub.SetNow(c.now)
 		ok, err := sub.Store.TakeOver(ctx, key, c.from, "new", c.now, later)
 		if err != nil || ok {
 			t.Errorf("TakeOver %s = %v, %v; want false, nil", c.name, ok, err)
@@ -221,25 +240,27 @@ func testTakeOver(t *testing.T, sub Subject) {
 		t.Errorf("TakeOver of an absent record = %v, %v; want false, nil", ok, err)
 	}
 
+	sub.SetNow(ended)
 	ok, err := sub.Store.TakeOver(ctx, key, "dead", "new", ended, later)
 	if err != nil || !ok {
 		t.Fatalf("TakeOver when the lease has ended = %v, %v; want true, nil", ok, err)
 	}
 	want := *rec
 	want.Owner, want.LockedUntil = "new", later
-	sameRecord(t, lookup(t, sub.Store, key, ended), &want)
+	sameRecord(t, lookup(t, sub, key, ended), &want)
 
 	// A COMPLETED record is never taken over.
 	if err := sub.Store.Complete(ctx, key, "new", &idempotency.Response{StatusCode: 201}, nil); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
+	sub.SetNow(later.Add(time.Minute))
 	if ok, err := sub.Store.TakeOver(ctx, key, "", "thief", later.Add(time.Minute), later.Add(time.Hour)); err != nil || ok {
 		t.Errorf("TakeOver of a COMPLETED record = %v, %v; want false, nil", ok, err)
 	}
 }
 
 func testTakeOverRace(t *testing.T, sub Subject) {
-	_, ended := deadRecord(t, sub.Store)
+	_, ended := deadRecord(t, sub)
 	const n = 50
 	var (
 		wg      sync.WaitGroup
@@ -247,6 +268,7 @@ func testTakeOverRace(t *testing.T, sub Subject) {
 		winners []string
 	)
 	start := make(chan struct{})
+	sub.SetNow(ended)
 	for i := range n {
 		wg.Add(1)
 		go func() {
@@ -269,7 +291,7 @@ func testTakeOverRace(t *testing.T, sub Subject) {
 	if len(winners) != 1 {
 		t.Fatalf("%d takeovers won (%v), want exactly 1", len(winners), winners)
 	}
-	if got := lookup(t, sub.Store, key, ended); got == nil || got.Owner != winners[0] {
+	if got := lookup(t, sub, key, ended); got == nil || got.Owner != winners[0] {
 		t.Errorf("after the race the record is %+v, want owner %s", got, winners[0])
 	}
 }
@@ -277,7 +299,7 @@ func testTakeOverRace(t *testing.T, sub Subject) {
 func testCompleteStoresAnswer(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	rec := record(key, "w1", t0)
-	mustInsert(t, sub.Store, rec)
+	mustInsert(t, sub, rec)
 	resp := &idempotency.Response{
 		StatusCode: 201,
 		Header:     http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/p1"}},
@@ -297,7 +319,7 @@ func testCompleteStoresAnswer(t *testing.T, sub Subject) {
 	if ran != 1 {
 		t.Errorf("the effect ran %d times, want 1", ran)
 	}
-	got := lookup(t, sub.Store, key, t0.Add(2*time.Minute))
+	got := lookup(t, sub, key, t0.Add(2*time.Minute))
 	want := *rec
 	want.Status, want.Owner = idempotency.StatusCompleted, ""
 	sameRecord(t, got, &want)
@@ -329,7 +351,8 @@ func hasRow(t *testing.T, sub Subject, name string, want bool) {
 
 func testCompleteRefusesNonOwner(t *testing.T, sub Subject) {
 	ctx := context.Background()
-	_, ended := deadRecord(t, sub.Store)
+	_, ended := deadRecord(t, sub)
+	sub.SetNow(ended)
 	if ok, err := sub.Store.TakeOver(ctx, key, "dead", "new", ended, ended.Add(time.Minute)); err != nil || !ok {
 		t.Fatalf("TakeOver = %v, %v", ok, err)
 	}
@@ -353,7 +376,7 @@ func testCompleteRefusesNonOwner(t *testing.T, sub Subject) {
 		t.Error("the effect ran for a worker that does not own the record")
 	}
 	hasRow(t, sub, "late", false)
-	if got := lookup(t, sub.Store, key, ended); got == nil || got.Status != idempotency.StatusInProgress || got.Owner != "new" {
+	if got := lookup(t, sub, key, ended); got == nil || got.Status != idempotency.StatusInProgress || got.Owner != "new" {
 		t.Errorf("record = %+v, want IN_PROGRESS owned by new", got)
 	}
 }
@@ -363,7 +386,7 @@ var errEffect = errors.New("storetest: the effect failed")
 func testFailedEffectRollsBack(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	rec := record(key, "w1", t0)
-	mustInsert(t, sub.Store, rec)
+	mustInsert(t, sub, rec)
 	err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("lost")}, func(ctx context.Context) error {
 		if sub.WriteRow != nil {
 			if err := sub.WriteRow(ctx, "half-done"); err != nil {
@@ -376,7 +399,7 @@ func testFailedEffectRollsBack(t *testing.T, sub Subject) {
 		t.Fatalf("Complete with a failing effect = %v, want its error", err)
 	}
 	hasRow(t, sub, "half-done", false)
-	sameRecord(t, lookup(t, sub.Store, key, t0.Add(time.Second)), rec)
+	sameRecord(t, lookup(t, sub, key, t0.Add(time.Second)), rec)
 
 	// The owner still holds it and can finish.
 	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201}, nil); err != nil {
@@ -386,14 +409,14 @@ func testFailedEffectRollsBack(t *testing.T, sub Subject) {
 
 func testRelease(t *testing.T, sub Subject) {
 	ctx := context.Background()
-	mustInsert(t, sub.Store, record(key, "w1", t0))
+	mustInsert(t, sub, record(key, "w1", t0))
 	if err := sub.Store.Release(ctx, key, "other"); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Release by a non-owner = %v, want ErrNotOwner", err)
 	}
 	if err := sub.Store.Release(ctx, key, "w1"); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if got := lookup(t, sub.Store, key, t0.Add(time.Second)); got != nil {
+	if got := lookup(t, sub, key, t0.Add(time.Second)); got != nil {
 		t.Errorf("after Release the record is %+v, want absent", got)
 	}
 	if err := sub.Store.Release(ctx, key, "w1"); !errors.Is(err, idempotency.ErrNotOwner) {
@@ -404,7 +427,7 @@ func testRelease(t *testing.T, sub Subject) {
 func testExpiryReplaces(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	old := record(key, "w1", t0)
-	mustInsert(t, sub.Store, old)
+	mustInsert(t, sub, old)
 	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -412,6 +435,7 @@ func testExpiryReplaces(t *testing.T, sub Subject) {
 	// Still live a microsecond before its expiry.
 	early := record(key, "w2", old.ExpiresAt.Add(-time.Microsecond))
 	early.Fingerprint = fingerprint("other body")
+	sub.SetNow(early.CreatedAt)
 	ex, inserted, err := sub.Store.Insert(ctx, early)
 	if err != nil || inserted || ex == nil || ex.Owner != "" || ex.Status != idempotency.StatusCompleted {
 		t.Fatalf("Insert before expiry = %+v, %v, %v; want the COMPLETED record", ex, inserted, err)
@@ -420,11 +444,12 @@ func testExpiryReplaces(t *testing.T, sub Subject) {
 	fresh := record(key, "w3", old.ExpiresAt)
 	fresh.Fingerprint = fingerprint("other body")
 	fresh.StableID = "stable-new"
+	sub.SetNow(fresh.CreatedAt)
 	ex, inserted, err = sub.Store.Insert(ctx, fresh)
 	if err != nil || !inserted {
 		t.Fatalf("Insert at expiry = %+v, %v, %v; want inserted", ex, inserted, err)
 	}
-	got := lookup(t, sub.Store, key, old.ExpiresAt.Add(time.Second))
+	got := lookup(t, sub, key, old.ExpiresAt.Add(time.Second))
 	sameRecord(t, got, fresh)
 	if got.Response != nil {
 		t.Errorf("the replacing record kept the expired one's answer %+v", got.Response)
@@ -433,7 +458,7 @@ func testExpiryReplaces(t *testing.T, sub Subject) {
 
 func testExpiredReplaceRace(t *testing.T, sub Subject) {
 	old := record(key, "old", t0)
-	mustInsert(t, sub.Store, old)
+	mustInsert(t, sub, old)
 	winners, seen := raceInsert(t, sub, 50, old.ExpiresAt)
 	if len(winners) != 1 {
 		t.Fatalf("%d inserts replaced the expired record (%v), want exactly 1", len(winners), winners)
@@ -450,7 +475,7 @@ func testSweepDeletesOnlyExpired(t *testing.T, sub Subject) {
 		ids[i] = idempotency.ID{Principal: "caller-a", Key: fmt.Sprintf("key-%d", i)}
 		// Record i expires at t0 + i hours + 1h.
 		rec := record(ids[i], "w", t0.Add(time.Duration(i)*time.Hour))
-		mustInsert(t, sub.Store, rec)
+		mustInsert(t, sub, rec)
 		if i%2 == 0 {
 			if err := sub.Store.Complete(ctx, ids[i], "w", &idempotency.Response{StatusCode: 200}, nil); err != nil {
 				t.Fatal(err)
@@ -458,6 +483,7 @@ func testSweepDeletesOnlyExpired(t *testing.T, sub Subject) {
 		}
 	}
 	// At t0+2h, records 0 (COMPLETED) and 1 (IN_PROGRESS) have expired.
+	sub.SetNow(t0.Add(2 * time.Hour))
 	n, err := sub.Store.Sweep(ctx, t0.Add(2*time.Hour))
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)
@@ -470,7 +496,7 @@ func testSweepDeletesOnlyExpired(t *testing.T, sub Subject) {
 	}
 	// Reading at t0 tells a deleted record (absent) from a kept one.
 	for i, id := range ids {
-		got := lookup(t, sub.Store, id, t0)
+		got := lookup(t, sub, id, t0)
 		if swept := i < 2; swept != (got == nil) {
 			t.Errorf("record %d expiring at t0+%dh: present = %v after a sweep at t0+2h", i, i+1, got != nil)
 		}
@@ -481,10 +507,10 @@ func testScopedByCaller(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	a := idempotency.ID{Principal: "caller-a", Key: "shared"}
 	b := idempotency.ID{Principal: "caller-b", Key: "shared"}
-	mustInsert(t, sub.Store, record(a, "wa", t0))
+	mustInsert(t, sub, record(a, "wa", t0))
 	recB := record(b, "wb", t0)
 	recB.Fingerprint = fingerprint("b's body")
-	mustInsert(t, sub.Store, recB)
+	mustInsert(t, sub, recB)
 
 	if err := sub.Store.Complete(ctx, b, "wa", &idempotency.Response{StatusCode: 201}, nil); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Complete of b's record by a's worker = %v, want ErrNotOwner", err)
@@ -495,10 +521,66 @@ func testScopedByCaller(t *testing.T, sub Subject) {
 	if err := sub.Store.Release(ctx, b, "wb"); err != nil {
 		t.Fatal(err)
 	}
-	if got := lookup(t, sub.Store, a, t0); got == nil || got.Status != idempotency.StatusCompleted || string(got.Response.Body) != "a" {
+	if got := lookup(t, sub, a, t0); got == nil || got.Status != idempotency.StatusCompleted || string(got.Response.Body) != "a" {
 		t.Errorf("a's record = %+v, want COMPLETED with a's answer", got)
 	}
-	if got := lookup(t, sub.Store, b, t0); got != nil {
+	if got := lookup(t, sub, b, t0); got != nil {
 		t.Errorf("b's record = %+v, want released", got)
+	}
+}
+
+// testOwnClock: the store judges leases and retention on its own clock.
+// Callers whose clocks are ahead of it or behind it (hosts whose clocks
+// disagree) change when a record was created, when its lease ends and when
+// it expires not at all: only how long each lasts is theirs.
+func testOwnClock(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	sub.SetNow(t0)
+	ahead := t0.Add(30 * time.Second) // a host whose clock is 30 s ahead
+	rec := record(key, "a", ahead)    // its lease one minute, its retention one hour
+	if _, inserted, err := sub.Store.Insert(ctx, rec); err != nil || !inserted {
+		t.Fatalf("Insert = %v, %v; want inserted", inserted, err)
+	}
+	want := *rec
+	want.CreatedAt, want.LockedUntil, want.ExpiresAt = t0, t0.Add(time.Minute), t0.Add(time.Hour)
+
+	// A host two hours ahead sees the record as expired; the store does not.
+	later := record(key, "c", t0.Add(2*time.Hour))
+	later.Fingerprint = fingerprint("other body")
+	ex, inserted, err := sub.Store.Insert(ctx, later)
+	if err != nil || inserted {
+		t.Fatalf("Insert by a host 2h ahead = %v, %v; want the live record", inserted, err)
+	}
+	sameRecord(t, ex, &want)
+	// A host two minutes ahead sees the lease as ended; the store does not.
+	if ok, err := sub.Store.TakeOver(ctx, key, "a", "b", t0.Add(2*time.Minute), t0.Add(3*time.Minute)); err != nil || ok {
+		t.Errorf("TakeOver by a host 2m ahead while the lease is alive = %v, %v; want false, nil", ok, err)
+	}
+	if n, err := sub.Store.Sweep(ctx, t0.Add(2*time.Hour)); err != nil || n != 0 {
+		t.Errorf("Sweep by a host 2h ahead = %d, %v; want 0, nil", n, err)
+	}
+
+	// On the store's clock the lease ends; a host an hour behind takes the
+	// record over, for a lease of one minute from the store's now.
+	sub.SetNow(t0.Add(time.Minute))
+	behind := t0.Add(-time.Hour)
+	if ok, err := sub.Store.TakeOver(ctx, key, "a", "b", behind, behind.Add(time.Minute)); err != nil || !ok {
+		t.Fatalf("TakeOver by a host 1h behind once the lease has ended = %v, %v; want true, nil", ok, err)
+	}
+	want.Owner, want.LockedUntil = "b", t0.Add(2*time.Minute)
+	sameRecord(t, lookup(t, sub, key, t0.Add(time.Minute)), &want)
+
+	// The owner gives the record up: its lease ends at once, on any clock.
+	if ok, err := sub.Store.TakeOver(ctx, key, "b", "", behind, behind); err != nil || !ok {
+		t.Fatalf("TakeOver giving the record up = %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := sub.Store.TakeOver(ctx, key, "", "d", behind, behind.Add(time.Minute)); err != nil || !ok {
+		t.Errorf("TakeOver of a record given up = %v, %v; want true, nil", ok, err)
+	}
+
+	// The record expires on the store's clock, for every host.
+	sub.SetNow(t0.Add(time.Hour))
+	if n, err := sub.Store.Sweep(ctx, behind); err != nil || n != 1 {
+		t.Errorf("Sweep by a host 1h behind once the record expired = %d, %v; want 1, nil", n, err)
 	}
 }
