@@ -46,14 +46,16 @@ type Options struct {
 	SweepBatch int
 	// AsyncInsert makes Insert's commit not wait for the disk
 	// (synchronous_commit off for that one statement), which saves a
-	// flush per fresh key. It is safe only when every effect of the
-	// handler is written through Complete's transaction: Complete's
-	// commit waits for the disk as usual, and flushes the record's insert
-	// with it, so a record is lost only if the database crashes before
-	// its work committed, and then the retry finds the key new and nothing
-	// done. It is not safe for handlers that call an external provider:
-	// such a lost record takes its stable id with it, and the retry would
-	// call the provider again under a new one.
+	// flush per fresh key. Its promise: every record whose Complete has
+	// returned nil survives a crash of the database with the effect that
+	// Complete committed, exactly as without AsyncInsert, and only a
+	// record not yet completed may be lost (Complete's commit waits for
+	// the disk as usual, and flushes the record's insert with it). A lost
+	// record's retry finds the key new; so AsyncInsert is safe only when
+	// every effect of the handler is written through Complete's
+	// transaction, and not for handlers that call an external provider:
+	// a lost record takes its stable id with it, and the retry would call
+	// the provider again under a new one.
 	AsyncInsert bool
 	// Clock, if not nil, replaces the database's clock for judging leases
 	// and retention: the store sends its time with every statement. It is

@@ -165,14 +165,21 @@ var ErrNoBinaries = errors.New("no PostgreSQL server binaries (initdb, postgres)
 // Options configures [Start].
 type Options struct {
 	// Durable keeps fsync and synchronous commit on, as a production server
-	// has them; benchmarks want it. Tests run faster without.
+	// has them; benchmarks and crash tests want it. Tests run faster
+	// without.
 	Durable bool
+	// Settings are more server settings, "name=value" each, as
+	// postgres -c takes them.
+	Settings []string
 }
 
 // Server is a throwaway PostgreSQL server.
 type Server struct {
 	dir  string
 	port int
+	bin  string
+	run  *account
+	opts Options
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error // the server process's exit, once done is closed
@@ -195,23 +202,23 @@ func Start(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start PostgreSQL: %w", err)
 	}
-	s := &Server{dir: dir, done: make(chan struct{})}
-	if err := s.start(bin, run, opts); err != nil {
+	s := &Server{dir: dir, bin: bin, run: run, opts: opts}
+	if err := s.start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Server) start(bin string, run *account, opts Options) error {
+func (s *Server) start() error {
 	data := filepath.Join(s.dir, "data")
-	if err := run.own(s.dir); err != nil {
+	if err := s.run.own(s.dir); err != nil {
 		return fmt.Errorf("start PostgreSQL: give %s to the server's user: %w", s.dir, err)
 	}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
+	initdb := exec.Command(filepath.Join(s.bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
 		"--locale=C", "--no-sync")
 	initdb.Dir = s.dir
-	run.apply(initdb)
+	s.run.apply(initdb)
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("start PostgreSQL: initdb: %w\n%s", err, out)
 	}
@@ -220,20 +227,31 @@ func (s *Server) start(bin string, run *account, opts Options) error {
 		return fmt.Errorf("start PostgreSQL: find a free port: %w", err)
 	}
 	s.port = port
-	args := []string{"-D", data, "-k", s.dir, "-h", "127.0.0.1", "-p", strconv.Itoa(port),
+	return s.launch()
+}
+
+// launch starts the server process on the data directory and waits until
+// it accepts connections.
+func (s *Server) launch() error {
+	data := filepath.Join(s.dir, "data")
+	args := []string{"-D", data, "-k", s.dir, "-h", "127.0.0.1", "-p", strconv.Itoa(s.port),
 		"-c", "max_connections=300", "-c", "shared_buffers=128MB"}
-	if !opts.Durable {
+	if !s.opts.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
-	s.cmd = exec.Command(filepath.Join(bin, "postgres"), args...)
+	for _, kv := range s.opts.Settings {
+		args = append(args, "-c", kv)
+	}
+	s.done = make(chan struct{})
+	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	s.cmd.Dir = s.dir
-	logf, err := os.Create(filepath.Join(s.dir, "postgres.log"))
+	logf, err := os.OpenFile(filepath.Join(s.dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("start PostgreSQL: %w", err)
 	}
 	defer logf.Close()
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	run.apply(s.cmd)
+	s.run.apply(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("start PostgreSQL: %w", err)
 	}
@@ -266,6 +284,21 @@ func (s *Server) start(bin string, run *account, opts Options) error {
 func (s *Server) DSN(db string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
 }
+
+// Crash stops the server as a crash would (an immediate shutdown: the
+// processes exit at once, nothing is flushed or checkpointed, and the next
+// start recovers from the write-ahead log). Restart starts it again.
+func (s *Server) Crash() error {
+	if err := s.cmd.Process.Signal(crash); err != nil {
+		return fmt.Errorf("crash PostgreSQL: %w", err)
+	}
+	<-s.done
+	return nil
+}
+
+// Restart starts the server again, on the same files and port, after
+// Crash, and waits until it accepts connections.
+func (s *Server) Restart() error { return s.launch() }
 
 // Stop stops the server (a fast shutdown: sessions are ended) and deletes
 // its files.

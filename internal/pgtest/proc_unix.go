@@ -9,6 +9,8 @@ import (
 
 var interrupt = syscall.SIGINT // PostgreSQL's fast shutdown
 
+var crash = syscall.SIGQUIT // PostgreSQL's immediate shutdown, as a crash
+
 // apply makes cmd run as a.
 func (a *account) apply(cmd *exec.Cmd) {
 	if a == nil {
