@@ -26,43 +26,54 @@ import (
 // recoverCharged).
 func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.ID) {
 	ctx := r.Context()
-	now := h.cfg.now()
-	rec, live, err := h.liveRecord(ctx, id, now)
-	if err != nil {
-		internalError(w, err)
-		return
-	}
-	var (
-		p    *payment
-		paid bool
-	)
-	switch {
-	case live && rec.Status == idempotency.StatusCompleted:
-		p, paid, err = h.findPayment(ctx, id.Principal, rec.StableID)
-	case live && rec.LockedUntil.After(now):
-		inProgress(w, secondsUntil(rec.LockedUntil, now))
-		return
-	case live:
-		var settled bool
-		p, settled, err = h.recoverRecord(ctx, rec, now)
-		if err == nil && !settled {
-			// Another request holds the record, or the provider has no
-			// charge for it yet: a resend with the key settles it.
-			inProgress(w, 1)
+	// A second round only if a record appeared while the first found
+	// none: a request under the key began meanwhile.
+	for range 2 {
+		now := h.cfg.now()
+		rec, live, err := h.liveRecord(ctx, id, now)
+		if err != nil {
+			internalError(w, err)
 			return
 		}
-		paid = p != nil
-	default:
-		p, paid, err = h.recoverCharged(ctx, id)
+		var (
+			p    *payment
+			paid bool
+		)
+		switch {
+		case live && rec.Status == idempotency.StatusCompleted:
+			p, paid, err = h.findPayment(ctx, id.Principal, rec.StableID)
+		case live:
+			// The store's clock decides whether the lease has ended: the
+			// takeover in recoverRecord is refused while it is alive.
+			var settled bool
+			p, settled, err = h.recoverRecord(ctx, rec, now)
+			if err == nil && !settled {
+				// The worker's lease is alive, another request holds the
+				// record, or the provider has no charge for it yet: a
+				// resend with the key settles it.
+				inProgress(w, secondsUntil(rec.LockedUntil, now))
+				return
+			}
+			paid = p != nil
+		default:
+			p, paid, err = h.recoverCharged(ctx, id)
+			if err == nil && !paid {
+				if _, began, err := h.liveRecord(ctx, id, h.cfg.now()); err == nil && began {
+					continue
+				}
+			}
+		}
+		switch {
+		case err != nil:
+			internalError(w, err)
+		case paid:
+			writeJSON(w, http.StatusOK, p)
+		default:
+			notFound("no payment was made under this key for this caller").Write(w)
+		}
+		return
 	}
-	switch {
-	case err != nil:
-		internalError(w, err)
-	case paid:
-		writeJSON(w, http.StatusOK, p)
-	default:
-		notFound("no payment was made under this key for this caller").Write(w)
-	}
+	inProgress(w, 1)
 }
 
 func inProgress(w http.ResponseWriter, secs int64) {
