@@ -256,3 +256,65 @@ func TestProgramOnPostgresStopsWithinTheShutdownTimeoutWhileACommitWaits(t *test
 	assert.Zero(t, payments, "a payment committed after the program stopped")
 	assert.Equal(t, 1, inProgress, "the record waits for a resend to take it over")
 }
+
+// TestProcessesLookupFindsTheChargeOfAKilledProcess: a worker in one
+// process charges the provider and the process is killed (SIGKILL). Past
+// the lease and the retention, another process, and one started afterwards,
+// answer the lookup with the payment, before and after a sweep; the charge
+// is never lost and never made twice.
+func TestProcessesLookupFindsTheChargeOfAKilledProcess(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	bin := buildProgram(t)
+	addr0, p0, _ := startProgram(t, bin, "-postgres", dsn, "-lease", "1m", "-retention", "2m")
+	base0 := "http://" + addr0
+	c := &http.Client{}
+	defer c.CloseIdleConnections()
+	fault, err := http.Post(base0+"/_fake/faults", "application/json",
+		strings.NewReader(`{"fault":"crash_after_provider","key":"killed-key"}`))
+	require.NoError(t, err)
+	fault.Body.Close()
+	require.Equal(t, http.StatusCreated, fault.StatusCode)
+	code, _ := pay(t, c, base0, "killed-key")
+	require.Zero(t, code, "the worker should have died without answering")
+	require.NoError(t, p0.Process.Kill())
+	_, _ = p0.Process.Wait()
+
+	addr1, _, _ := startProgram(t, bin, "-postgres", dsn, "-lease", "1m", "-retention", "2m")
+	base1 := "http://" + addr1
+	// Past the lease and the retention, on the database's clock (the test
+	// moves the record's times rather than waiting two minutes).
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	tag, err := conn.Exec(context.Background(), `UPDATE idempotency_records
+		SET locked_until = clock_timestamp() - interval '1 minute', expires_at = clock_timestamp() - interval '1 second'
+		WHERE key = 'killed-key'`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	lookup := func(base string) (int, string) {
+		r, err := http.NewRequest(http.MethodGet, base+"/payments?idempotency_key=killed-key", nil)
+		require.NoError(t, err)
+		r.Header.Set("Authorization", "Bearer storm") // the caller pay uses
+		resp, err := c.Do(r)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	code, found := lookup(base1)
+	require.Equal(t, http.StatusOK, code, "the lookup in another process: %s", found)
+	assert.Contains(t, found, `"amount":1500`)
+	sweep, err := http.Post(base1+"/_fake/sweep", "application/json", nil)
+	require.NoError(t, err)
+	sweep.Body.Close()
+	addr2, _, _ := startProgram(t, bin, "-postgres", dsn)
+	code, again := lookup("http://" + addr2)
+	assert.Equal(t, http.StatusOK, code, "the lookup in a process started afterwards, after a sweep: %s", again)
+	assert.Equal(t, found, again)
+	st := stats(t, base1)
+	assert.Equal(t, 1, st.Payments, "the charge is a payment")
+	assert.Equal(t, 1, st.ProviderCharges)
+}
