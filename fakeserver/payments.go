@@ -317,6 +317,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// nothing: the record is released and the key stays unused.
 	reserved, err := h.reserve(ctx, id, reservation{rec: info.ID, description: req.Description})
 	if err != nil {
+		idempotency.NothingDone(ctx) // the provider was not asked
 		internalError(w, err)
 		return
 	}
