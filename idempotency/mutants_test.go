@@ -19,5 +19,19 @@ func TestMutants(t *testing.T) {
 			Replace: "c.fold = append(c.fold, c.nameOf(m)...)",
 			Pkg:     "./idempotency", Run: "^TestFingerprintNeverSharedByBodiesReadDifferently$",
 		},
+		{
+			Name: "memory-lease-on-callers-clock", File: "idempotency/memory.go",
+			Note:    "the memory store judges a takeover on its caller's clock, not its own",
+			Anchor:  "lease := until.Sub(now)\n\tnow = s.now(now)\n",
+			Replace: "lease := until.Sub(now)\n",
+			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
+		},
+		{
+			Name: "give-up-keeps-lease", File: "idempotency/memory.go",
+			Note:    "an owner giving its record up leaves its lease running",
+			Anchor:  `(to != "" && r.LockedUntil.After(now))`,
+			Replace: "r.LockedUntil.After(now)",
+			Pkg:     "./idempotency", Run: "^(TestMemoryStoreConformance|TestAServerErrorKeepsTheStableIDForTheRetry)$",
+		},
 	})
 }
