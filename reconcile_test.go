@@ -314,7 +314,7 @@ func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 }
 
-func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
+func TestReconcileNeverVoidsADeadWorkersCharge(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	in := e.newIntent(t, "checkout:dead", 1500)
@@ -322,18 +322,22 @@ func TestReconcileKeepsADeadWorkersKeyUnsettled(t *testing.T) {
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()})
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	e.clock.Advance(reconcileDelay)
 
+	// While the dead worker's lease is alive the server cannot tell it
+	// from a slow one: not settled.
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
 	assert.Equal(t, idem.StatePending, in.State())
 
-	// Resuming settles it: the server asks the provider and records the
-	// charge that was made.
-	resp, err := e.client.Do(context.Background(), in)
+	// Once the lease has ended, the server's lookup asks the provider and
+	// records the charge that was made: paid, charged once.
+	e.clock.Advance(reconcileDelay)
+	_, err = e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	assert.Equal(t, idem.StateSucceeded, in.State())
+	st := e.srv.Stats()
+	assert.Equal(t, 1, st.ProviderCharges)
+	assert.Equal(t, 1, st.Payments)
 }
 
 func TestReconcileUnavailableIsUnknown(t *testing.T) {
