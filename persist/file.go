@@ -40,6 +40,8 @@ type FileStore struct {
 	// dirSync shares syncs of the directory between concurrent saves.
 	dirSync *groupSync
 
+	// claimMu makes a Claim's check and save one step among Claims.
+	claimMu  sync.Mutex
 	mu       sync.Mutex
 	closed   bool
 	entries  map[string]*entry // by stem of the key; stray files by "?" + name
@@ -294,6 +296,31 @@ func (s *FileStore) begin(ctx context.Context) error {
 // Save refuses to replace a record that cannot be read (see CorruptError):
 // Delete or Quarantine it first.
 func (s *FileStore) Save(ctx context.Context, rec *Record) error {
+	return s.save(ctx, rec, false)
+}
+
+// Claim implements Claimer. Claims are serialised by the store: the
+// records of rec's Name are read and rec saved, as Save does, while no
+// other Claim runs. Only Claim makes a record an action's latest, so no
+// Save in between can change the outcome of the check.
+func (s *FileStore) Claim(ctx context.Context, rec *Record) error {
+	if err := checkSave(rec); err != nil {
+		return err
+	}
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock()
+	recs, err := s.List(ctx, Filter{Name: rec.Name})
+	if err != nil {
+		return err
+	}
+	if r, err := s.Get(ctx, rec.Key); err == nil {
+		recs = append(recs, r)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	if err := claimable(recs, rec); err != nil {
+		return err
+	}
 	return s.save(ctx, rec, false)
 }
 

@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -62,6 +63,35 @@ func (m *Memory) put(r *Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recs[r.Key] = r
+}
+
+// Claim implements Claimer: the check and the save happen under the
+// store's lock.
+func (m *Memory) Claim(ctx context.Context, rec *Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r, err := prepare(rec, m.opts)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var same []*Record
+	for _, o := range m.recs {
+		if o.Key == r.Key || r.Name != "" && o.Name == r.Name {
+			same = append(same, o)
+		}
+	}
+	if err := claimable(same, r); err != nil {
+		var ce *ClaimError
+		if errors.As(err, &ce) {
+			ce.Latest = ce.Latest.Clone()
+		}
+		return err
+	}
+	m.recs[r.Key] = r
+	return nil
 }
 
 // Get returns a copy of the record for key, or an error matching

@@ -45,6 +45,8 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"Concurrent", testConcurrent},
 		{"Prune", func(t *testing.T, s persist.Store) { testPrune(t, s) }},
 		{"PruneGeneric", func(t *testing.T, s persist.Store) { testPrune(t, hidePruner{s}) }},
+		{"Claim", testClaim},
+		{"ClaimOneWinner", testClaimOneWinner},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -528,4 +530,69 @@ func testPrune(t *testing.T, s persist.Store) {
 	if n != 0 {
 		t.Errorf("pruning again pruned %d", n)
 	}
+}
+
+// claimRecord returns a record of action name with seq, unique by key.
+func claimRecord(key, name string, seq uint64) *persist.Record {
+	r := NewRecord(key, base)
+	r.Name, r.Seq = name, seq
+	return r
+}
+
+// testClaim: a claim wins only over records of its Name with lower Seq,
+// and a lost one says which record is the latest and saves nothing.
+func testClaim(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	must(t, persist.Claim(ctx, s, claimRecord("a1", "act", 1)), "first claim")
+	must(t, persist.Claim(ctx, s, claimRecord("b1", "other", 1)), "another action's claim")
+
+	err := persist.Claim(ctx, s, claimRecord("a1-rival", "act", 1))
+	wantErr(t, err, persist.ErrClaimed, "a second claim of the same seq")
+	var ce *persist.ClaimError
+	if errors.As(err, &ce) && ce.Latest.Key != "a1" {
+		t.Errorf("lost claim names %q as latest, want a1", ce.Latest.Key)
+	}
+	_, err = s.Get(ctx, "a1-rival")
+	wantErr(t, err, persist.ErrNotFound, "a lost claim saves nothing")
+
+	wantErr(t, persist.Claim(ctx, s, claimRecord("a1", "act", 5)), persist.ErrClaimed, "a claim of a stored key")
+	must(t, persist.Claim(ctx, s, claimRecord("a2", "act", 2)), "the next seq")
+	got, err := s.Get(ctx, "a2")
+	must(t, err)
+	if got.Seq != 2 {
+		t.Errorf("claimed record has seq %d, want 2", got.Seq)
+	}
+}
+
+// testClaimOneWinner: of claims racing for one seq, exactly one wins, if
+// the store arbitrates claims (persist.Claimer).
+func testClaimOneWinner(t *testing.T, s persist.Store) {
+	if _, ok := s.(persist.Claimer); !ok {
+		t.Skip("the store does not implement persist.Claimer")
+	}
+	ctx := context.Background()
+	const racers = 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	won := 0
+	for i := range racers {
+		wg.Go(func() {
+			err := persist.Claim(ctx, s, claimRecord(fmt.Sprintf("r%d", i), "act", 1))
+			if err != nil && !errors.Is(err, persist.ErrClaimed) {
+				t.Errorf("claim: %v", err)
+			}
+			if err == nil {
+				mu.Lock()
+				won++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if won != 1 {
+		t.Errorf("%d claims won, want 1", won)
+	}
+	recs, err := s.List(ctx, persist.Filter{Name: "act"})
+	must(t, err)
+	wantLen(t, recs, 1)
 }
