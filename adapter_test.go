@@ -258,6 +258,7 @@ func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, s
 	require.NoError(t, err)
 	in, err := c.NewIntent(context.Background(), "", req)
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, context.Background(), in))
 	return c, in
 }
 

@@ -44,8 +44,8 @@ const (
 // second waits for the first and gets the same outcome, unless its own
 // context ends first (a *RetryError matching ErrOutcomeUnknown) or the first
 // ends for its own caller's context alone (the second then resumes the
-// intent itself, with the same key). One store should be
-// used by one Client at a time.
+// intent itself, with the same key). Several Clients may share one store:
+// the store decides which intent is an action's latest (see Intent).
 type Client struct {
 	http      *http.Client
 	store     persist.Store
@@ -71,6 +71,9 @@ type Client struct {
 	latest  latest
 	// intentMu serialises the decision "reuse or create" per Client.
 	intentMu sync.Mutex
+	// unarmed holds, by action, the intent this Client made for it and has
+	// not armed: it lives in memory only (see Intent). Guarded by intentMu.
+	unarmed map[string]*Intent
 	// unsent holds the keys this Client created and has not yet handed to
 	// Do: the only intents known for certain never to have been sent.
 	sentMu sync.Mutex

@@ -103,10 +103,14 @@ func (e *env) paymentRequest(t testing.TB, amount int, customer string) idem.Req
 	return req
 }
 
+// newIntent returns an intent for name that the user has tapped: armed
+// (saved) and not sent yet.
 func (e *env) newIntent(t testing.TB, name string, amount int) *idem.Intent {
 	t.Helper()
 	in, err := e.client.NewIntent(context.Background(), name, e.paymentRequest(t, amount, "cus_1"))
 	require.NoError(t, err)
+	// Tapped: armed, as its first Do would, and not sent yet.
+	require.NoError(t, idem.Arm(e.client, context.Background(), in))
 	return in
 }
 

@@ -89,6 +89,9 @@ func crashChild(stateDir, baseURL string, intents int) int {
 		if err != nil {
 			return fail(err)
 		}
+		if err := idem.Arm(c, ctx, in); err != nil {
+			return fail(err)
+		}
 		mark("saved %s", in.Key())
 		if in.State().Resolved() {
 			continue

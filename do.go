@@ -58,6 +58,10 @@ func (r *Response) clone() *Response {
 
 // Do sends the intent and returns its final answer.
 //
+// An intent made by Intent or NewIntent is armed by its first Do: saved
+// durably, in the one write before its first byte is sent. If that write
+// fails (a *SaveError) nothing is sent.
+//
 // A resolved intent is not sent: Do returns the stored answer with
 // FromStore set. An unresolved one is sent with its key and exact bytes,
 // and retried under the Client's RetryPolicy. A 2xx answer returns the
@@ -68,6 +72,10 @@ func (r *Response) clone() *Response {
 func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Do with a nil intent")
+	}
+	// The tap: an unarmed intent is made durable before its first byte.
+	if err := c.arm(ctx, in); err != nil {
+		return nil, err
 	}
 	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.do(ctx, in, c.retry, nil) })
 }

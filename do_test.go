@@ -456,6 +456,7 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	require.NoError(t, err)
 	in, err := c.NewIntent(context.Background(), "", req)
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, context.Background(), in))
 	// An older release wrote a key this server does not accept.
 	rec, err := store.Get(context.Background(), in.Key())
 	require.NoError(t, err)

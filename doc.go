@@ -12,8 +12,15 @@ once and replays its answer to the repeats.
 # Intents
 
 An [Intent] is one thing the user means to do: pay for this cart. It gets
-one Idempotency-Key (a random UUID) when it is created, and it is saved in a
-[persist.Store] before anything is sent; if saving fails, nothing is sent.
+one Idempotency-Key (a random UUID) when it is created, for example when
+the Pay button is shown ([Client.Intent]). Until the user taps it lives in
+memory only; the tap arms it: its first [Client.Do] saves it in a
+[persist.Store] before anything is sent, and if saving fails, nothing is
+sent. An intent never armed is never sent by anything but a call the app
+makes for it in that process: after a restart only intents whose sending
+had begun are resumed or settled, and a crash before the tap loses only a
+key that was never used. Records in state new written by earlier releases,
+which saved intents when they were made, count as armed.
 Every attempt, including those after a crash and restart, sends the same
 method, URL, headers, key and body bytes: they are fixed when the intent is
 created and stored with it, the key's spelling (bare, or quoted with
@@ -44,11 +51,20 @@ after that. [Client.Intent] and [Client.Do] are the two halves of Send, for
 apps that show the key or hold the intent between the tap and the send.
 Intent looks at the action's latest intent (the one created last, by a
 sequence number stored with each intent, not by the device's clock, which
-the user may set back).
+the user may set back). Once an action has succeeded, a changed request for
+it is refused with a [*ResolvedError] carrying the earlier answer (the same
+order, with the server's URL spelled another way, is not paid twice);
+a deliberate second payment is [Client.NewIntent].
+
+Several Clients may share one store (two parts of an app, each with its
+own): the store decides which intent is an action's latest when one is
+armed ([persist.Claimer], which Memory and FileStore implement), so two
+Clients never arm two intents for one action, and one never replaces an
+intent the other has armed.
 
 # States
 
-An intent is new (saved, and this process knows it was never sent), pending
+An intent is new (unarmed, or armed and this process knows it was never sent), pending
 (may have reached the server, outcome unknown), succeeded (2xx), failed (a final business
 answer such as 402), rejected (422, or a 400 about the key), expired (outcome
 unknown and too old to send again) or void (reconciled: the server never did
@@ -58,7 +74,7 @@ header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
 and those named with [WithStoredHeaders].
 
 To keep to one durable write per successful intent on the path the user
-waits on (the intent's creation; the outcome's save is made durable in the
+waits on (the arming at the tap; the outcome's save is made durable in the
 background, see package persist), the first attempt is not recorded: after a crash a new intent may have been sent.
 Resuming it is safe because it reuses its key; only an intent that this
 Client created and never sent is treated as certainly unsent, and only such

@@ -29,6 +29,14 @@ func (s *deferringStore) Save(ctx context.Context, rec *persist.Record) error {
 	return s.Memory.Save(ctx, rec)
 }
 
+// Claim is the arming write of a named intent: durable before it returns.
+func (s *deferringStore) Claim(ctx context.Context, rec *persist.Record) error {
+	s.mu.Lock()
+	s.durable = append(s.durable, rec.State)
+	s.mu.Unlock()
+	return s.Memory.Claim(ctx, rec)
+}
+
 func (s *deferringStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
 	s.mu.Lock()
 	s.deferred = append(s.deferred, rec.State)
@@ -48,12 +56,23 @@ func TestDurableWritesPerIntent(t *testing.T) {
 	e.store = store
 	c := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 
-	paid, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
+	// The Pay screen shows the intent: nothing is written yet.
+	paid, err := c.Intent(ctx, "checkout:shown", e.paymentRequest(t, 100, "cus_1"))
 	require.NoError(t, err)
-	_, err = c.Do(ctx, paid)
+	assert.Empty(t, store.durable, "an intent the user has not tapped is not written")
+	_, err = c.Do(ctx, paid) // the tap
 	require.NoError(t, err)
-	assert.Equal(t, []persist.State{persist.StateNew}, store.durable, "one durable write for a successful intent")
+	assert.Equal(t, []persist.State{persist.StateNew}, store.durable, "one durable write for a successful intent: the arming")
 	assert.Equal(t, []persist.State{persist.StateSucceeded}, store.deferred)
+	store.durable = nil
+
+	oneOff, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, oneOff)
+	require.NoError(t, err)
+	assert.Equal(t, []persist.State{persist.StateNew}, store.durable, "one for a one-off intent too")
+	assert.Equal(t, []persist.State{persist.StateSucceeded, persist.StateSucceeded}, store.deferred)
+	store.deferred = store.deferred[:1]
 
 	declined, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_declined"))
 	require.NoError(t, err)

@@ -301,14 +301,33 @@ func (e *UnresolvedError) Error() string {
 	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
 }
 
+// ResolvedError is returned when an intent is asked for an action whose
+// latest intent succeeded, with a request other than that intent's (a
+// changed amount, or the same server spelled another way): the action is
+// paid, and a new intent could pay it twice. Previous holds the earlier
+// intent and Response its stored answer. A deliberate second payment for
+// the action is Client.NewIntent.
+type ResolvedError struct {
+	Name     string
+	Previous *Intent
+}
+
+// Response returns the earlier intent's stored answer.
+func (e *ResolvedError) Response() *Response { return e.Previous.Response() }
+
+func (e *ResolvedError) Error() string {
+	return fmt.Sprintf("idem: %q was already paid by intent %s with another request; nothing was sent (use NewIntent for a deliberate second payment)", e.Name, e.Previous.Key())
+}
+
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or
-// Client.NewIntent, nothing was created or sent. When it comes after an
+// Client.NewIntent, or from the arming write of Do (Op "arm"), nothing was
+// created or sent. When it comes after an
 // answer, Do returns the answer too: the server keeps it, and the next Do
 // replays it.
 type SaveError struct {
 	Key string // empty when no intent was concerned yet
-	// Op is the step that failed: "create", "read the action's intents",
+	// Op is the step that failed: "arm", "read the action's intents",
 	// "drop unsent", "record outcome", "record attempts", ...
 	Op  string
 	Err error

@@ -133,12 +133,21 @@ func ExampleClient_Send() {
 		resp, _ := client.Settle(ctx, unresolved.Previous)
 		fmt.Println("changed cart refused; the previous payment:", resp.StatusCode, "replayed:", resp.Replayed)
 	}
-	resp, _ := client.Send(tap, "checkout:cart-9", cart(1200))
-	fmt.Println("changed cart:", resp.StatusCode, "charges:", srv.Stats().ProviderCharges)
+	// The action is paid: a changed cart does not pay it again.
+	_, err = client.Send(tap, "checkout:cart-9", cart(1200))
+	var paid *idem.ResolvedError
+	if errors.As(err, &paid) {
+		fmt.Println("already paid:", paid.Response().StatusCode, "charges:", srv.Stats().ProviderCharges)
+	}
+	// A deliberate second payment is a new intent.
+	again, _ := client.NewIntent(ctx, "checkout:cart-9", cart(1200))
+	resp, _ := client.Settle(tap, again)
+	fmt.Println("paid again:", resp.StatusCode, "charges:", srv.Stats().ProviderCharges)
 	// Output:
 	// outcome unknown: true
 	// changed cart refused; the previous payment: 201 replayed: true
-	// changed cart: 201 charges: 2
+	// already paid: 201 charges: 1
+	// paid again: 201 charges: 2
 }
 
 // The exact request of an intent, for an http.Client that idem does not

@@ -112,6 +112,18 @@ type Intent struct {
 	// c is the Client that handed the intent out: it knows which intents
 	// are provably unsent.
 	c *Client
+
+	// unarmed is set while the intent lives in this process's memory
+	// only: made by Intent or NewIntent and not yet handed to Do (the
+	// tap). Guarded by mu; armMu serialises the arming.
+	unarmed bool
+	armMu   sync.Mutex
+	// force is set for an intent of NewIntent: arming it never adopts
+	// another intent of the action with the same request.
+	force bool
+	// replaced is set when Intent replaced this unarmed intent with one
+	// for a changed request: it is never sent.
+	replaced bool
 }
 
 func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, c: c} }
@@ -128,7 +140,12 @@ func (in *Intent) Name() string { return in.current().Name }
 // after a restart for instance, it reads pending: the first attempt is not
 // recorded, so it may have reached the server before a crash.
 func (in *Intent) State() State {
-	rec := in.current()
+	in.mu.Lock()
+	rec, unarmed := in.rec, in.unarmed
+	in.mu.Unlock()
+	if unarmed {
+		return StateNew
+	}
 	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
 		return StatePending
 	}
@@ -229,27 +246,44 @@ func latestOf(recs []*persist.Record) *persist.Record {
 // half of Send: call it directly to show the key, or to hold the intent
 // between showing the Pay button and sending it with Do.
 //
-//   - No intent for name yet: a new one is created and saved.
+//   - No intent for name yet: a new one is made. It lives in this process's
+//     memory only until the tap: the first Do (or Settle, HTTPRequest, or
+//     a round trip through the RoundTripper) arms it, with the one durable
+//     write before its first byte is sent. An intent never armed is never
+//     sent by anything but a call the app makes for it in this process:
+//     after a restart it is gone, with a key that was never used, and
+//     Unresolved and SettleAll never see it. Intent for the same name and
+//     request returns the same unarmed intent until then.
 //   - The latest intent for name holds the same request: it is returned, in
 //     whatever state it is; Do on it resumes it, or returns its stored
 //     outcome without sending.
-//   - The request changed (the cart changed) and the latest intent's
-//     outcome is known: a new intent is created.
-//   - The request changed and the latest intent was created by this Client
-//     and never sent: it is dropped and replaced by a new one.
+//   - The request changed (the cart changed) and the latest intent failed,
+//     was rejected or is void: a new intent is made.
+//   - The request changed and the latest intent succeeded: *ResolvedError
+//     with the earlier answer, and nothing is made: the action is paid. A
+//     deliberate second payment is NewIntent.
+//   - The request changed and the latest intent was never sent (unarmed,
+//     or armed and provably never on the wire): it is dropped and replaced
+//     by a new one; Do on the dropped one returns ErrIntentReplaced.
 //   - The request changed and the latest intent may have reached the
 //     server with an unknown outcome: *UnresolvedError, and
-//     nothing is created. Starting a second payment silently is the one
+//     nothing is made. Starting a second payment silently is the one
 //     thing this call never does.
 //
-// The new intent is durable when Intent returns. If the store fails (a
-// read, the drop of a replaced intent, the save of the new one), the error
-// is a *SaveError, nothing is created and nothing can be sent. If the store
-// holds a record it cannot read (a *persist.CorruptError) that may be this
-// action's (the file store tells a record's action from its file's name),
-// Intent refuses with that error rather than guess, for it could be the
-// action's unresolved intent: inspect the file it names, then quarantine or
-// delete it. Damaged records of other actions do not stop it.
+// The store decides which intent is the action's latest when one is armed
+// (see persist.Claimer): of two Clients on one store whose unarmed intents
+// for one action are armed at once, one wins, and the other's Do sends the
+// winner instead if it holds the same request (its Key changes to the
+// winner's), or refuses as Intent would.
+//
+// If the store fails to read the action's intents, or the drop of a
+// replaced armed intent fails, the error is a *SaveError and nothing can be
+// sent. If the store holds a record it cannot read (a *persist.CorruptError)
+// that may be this action's (the file store tells a record's action from
+// its file's name), Intent refuses with that error rather than guess, for
+// it could be the action's unresolved intent: inspect the file it names,
+// then quarantine or delete it. Damaged records of other actions do not
+// stop it.
 func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
 	if name == "" {
 		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
@@ -257,12 +291,13 @@ func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent,
 	return c.intent(ctx, name, req, false)
 }
 
-// NewIntent creates and saves a new intent with a new key, even when the
-// latest intent for name holds the same request, as when the user pays
-// again after a declined card. It still refuses, with *UnresolvedError,
-// while the latest intent for name may have reached the server with an
-// unknown outcome. An empty name makes a one-off intent that belongs to no
-// action and is never refused.
+// NewIntent makes a new intent with a new key, even when the latest intent
+// for name holds the same request, as when the user pays again after a
+// declined card, or when the action succeeded and the user means to pay
+// for it a second time. Like Intent's, it is armed, and saved, by its first
+// Do. It still refuses, with *UnresolvedError, while the latest intent for
+// name may have reached the server with an unknown outcome. An empty name
+// makes a one-off intent that belongs to no action and is never refused.
 func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Intent, error) {
 	return c.intent(ctx, name, req, true)
 }
@@ -272,7 +307,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 		return nil, err
 	}
 	// One action's intents are decided one at a time, so two goroutines
-	// cannot both find "no intent" and create two.
+	// cannot both find "no intent" and make two.
 	c.intentMu.Lock()
 	defer c.intentMu.Unlock()
 
@@ -289,13 +324,30 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 			return nil, &SaveError{Op: "read the action's intents", Err: err}
 		}
+		var latest *persist.Record
 		if len(recs) > 0 {
-			latest := latestOf(recs)
+			latest = latestOf(recs)
 			seq = latest.Seq + 1
+		}
+		// This Client's unarmed intent for name, if the store has not
+		// moved on since it was made: the action's latest, never sent.
+		if u := c.unarmed[name]; u != nil {
+			delete(c.unarmed, name)
+			if u.current().Seq == seq {
+				if u.matches(req) && !forceNew {
+					c.unarmed[name] = u
+					return u, nil
+				}
+				u.replace()
+			}
+		}
+		if latest != nil {
 			same := latest.Fingerprint == fp
 			switch {
 			case same && !forceNew:
 				return c.intentOf(latest), nil
+			case latest.State == persist.StateSucceeded && !forceNew:
+				return nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
 			case c.dropUnsent(latest):
@@ -313,13 +365,110 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if err != nil {
 		return nil, err
 	}
-	// rec is never changed: the store may keep it rather than copy it.
-	if err := persist.SaveShared(ctx, c.store, rec); err != nil {
-		return nil, &SaveError{Key: rec.Key, Op: "create", Err: err}
+	in := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}
+	if name != "" {
+		if c.unarmed == nil {
+			c.unarmed = make(map[string]*Intent)
+		}
+		c.unarmed[name] = in
 	}
+	return in, nil
+}
+
+func (in *Intent) isUnarmed() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.unarmed
+}
+
+// replace marks an unarmed intent replaced by one for a changed request.
+func (in *Intent) replace() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.replaced = true
+}
+
+// arm makes an unarmed intent durable before its first byte is sent: the
+// tap. The arming write is the one durable write before sending, and it
+// claims the action's latest intent in the store (persist.Claim), so that
+// two Clients on one store cannot both arm an intent for one action. When
+// the claim loses to an intent another Client armed, in becomes that
+// intent if it holds the same request (and was not made by NewIntent);
+// otherwise arm refuses as Intent would, and nothing is sent.
+func (c *Client) arm(ctx context.Context, in *Intent) error {
+	in.armMu.Lock()
+	defer in.armMu.Unlock()
+	in.mu.Lock()
+	cur, unarmed, replaced := in.rec, in.unarmed, in.replaced
+	in.mu.Unlock()
+	if replaced {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
+	}
+	if !unarmed {
+		return nil
+	}
+	c.intentMu.Lock()
+	defer c.intentMu.Unlock()
+	// Intent may have replaced it while this call waited for the lock.
+	in.mu.Lock()
+	replaced = in.replaced
+	in.mu.Unlock()
+	if replaced {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
+	}
+	next := *cur
+	rec := &next
+	// The server's retention of the key starts no sooner than its first
+	// attempt: the intent's age counts from the tap.
+	now := c.clock.Now()
+	rec.CreatedAt, rec.UpdatedAt = now, now
+	for {
+		err := persist.Claim(ctx, c.store, rec)
+		if err == nil {
+			break
+		}
+		var lost *persist.ClaimError
+		if !errors.As(err, &lost) {
+			var corrupt *persist.CorruptError
+			if errors.As(err, &corrupt) {
+				return fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)
+			}
+			return &SaveError{Key: rec.Key, Op: "arm", Err: err}
+		}
+		latest := lost.Latest
+		switch {
+		case latest.Key == rec.Key || latest.Fingerprint == rec.Fingerprint && !in.force:
+			// Another Client armed this action's intent for the same
+			// request first: this tap is that intent.
+			c.dropUnarmed(in)
+			in.mu.Lock()
+			in.rec, in.unarmed = latest, false
+			in.mu.Unlock()
+			return nil
+		case latest.State == persist.StateSucceeded && !in.force:
+			return &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
+		case !latest.State.Resolved():
+			return &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
+		}
+		next := *rec
+		next.Seq = latest.Seq + 1
+		rec = &next
+	}
+	c.dropUnarmed(in)
+	in.mu.Lock()
+	in.rec, in.unarmed = rec, false
+	in.mu.Unlock()
 	c.latest.saved(rec)
 	c.markCreated(rec.Key)
-	return c.intentOf(rec), nil
+	return nil
+}
+
+// dropUnarmed forgets in as its action's unarmed intent. c.intentMu must
+// be held.
+func (c *Client) dropUnarmed(in *Intent) {
+	if name := in.current().Name; c.unarmed[name] == in {
+		delete(c.unarmed, name)
+	}
 }
 
 // Load returns the intent stored under key, or an error matching
@@ -347,11 +496,25 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	return out, err
 }
 
-// Forget deletes an intent from the device. It is the deliberate unsafe
-// path: if the intent reached the server, its effect stays (a payment stays
+// Forget deletes an intent from the device; an unarmed one (see Intent) is
+// dropped from memory, and Do on it returns ErrIntentReplaced. It is the
+// deliberate unsafe path: if the intent reached the server, its effect stays (a payment stays
 // made) and nothing on the device remembers it. Prefer Settle.
 // It returns ErrInFlight while a Do or Reconcile for the intent runs.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
+	in.mu.Lock()
+	unarmed := in.unarmed
+	if unarmed {
+		// Never sent and never saved: dropping it is all there is.
+		in.replaced = true
+	}
+	in.mu.Unlock()
+	if unarmed {
+		c.intentMu.Lock()
+		c.dropUnarmed(in)
+		c.intentMu.Unlock()
+		return nil
+	}
 	key := in.Key()
 	var err error
 	if !c.flights.exclusive(key, func() {

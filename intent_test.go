@@ -185,8 +185,8 @@ func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	_, err = c.Do(ctx, a)
 	require.NoError(t, err, "A is paid")
 
-	device.Advance(-time.Hour) // the user sets the clock back
-	b, err := c.Intent(ctx, "checkout", cart(2000))
+	device.Advance(-time.Hour)                         // the user sets the clock back
+	b, err := c.NewIntent(ctx, "checkout", cart(2000)) // paying for it again, deliberately
 	require.NoError(t, err)
 	hc.Transport.(*dropFirstAnswer).dropped.Store(false) // B's answer is lost
 	_, err = c.Do(ctx, b)
@@ -222,7 +222,12 @@ func TestIntentOnAFailingStoreReturnsSaveError(t *testing.T) {
 	req := e.paymentRequest(t, 100, "cus_1")
 	for _, create := range []func() (*idem.Intent, error){
 		func() (*idem.Intent, error) { return c.Intent(ctx, "checkout:broken", req) }, // reads the action's intents first
-		func() (*idem.Intent, error) { return c.NewIntent(ctx, "", req) },             // only saves
+		func() (*idem.Intent, error) { // only arms
+			in, err := c.NewIntent(ctx, "", req)
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			return nil, err
+		},
 	} {
 		in, err := create()
 		assert.Nil(t, in)
@@ -243,7 +248,8 @@ func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
 	req := e.paymentRequest(t, 100, "cus_1")
 	in, err := e.client.Intent(ctx, "checkout:restart", req)
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateNew, in.State(), "created here and never sent")
+	require.NoError(t, idem.Arm(e.client, ctx, in))
+	assert.Equal(t, idem.StateNew, in.State(), "armed here and never sent")
 	// The process dies here, perhaps with the first attempt on the wire.
 
 	next := e.newClient(t)
@@ -287,15 +293,21 @@ func TestIntentForAnAction(t *testing.T) {
 		assert.ErrorIs(t, err, persist.ErrNotFound, "the unsent intent is dropped")
 	})
 
-	t.Run("changed cart after a success is a new intent", func(t *testing.T) {
+	t.Run("changed cart after a success is refused, NewIntent pays again", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
 		a, err := e.client.Intent(ctx, "checkout:c", e.paymentRequest(t, 100, "cus_1"))
 		require.NoError(t, err)
 		_, err = e.client.Do(ctx, a)
 		require.NoError(t, err)
-		b, err := e.client.Intent(ctx, "checkout:c", e.paymentRequest(t, 200, "cus_1"))
-		require.NoError(t, err)
+		_, err = e.client.Intent(ctx, "checkout:c", e.paymentRequest(t, 200, "cus_1"))
+		var paid *idem.ResolvedError
+		require.ErrorAs(t, err, &paid, "the action is paid")
+		assert.Equal(t, a.Key(), paid.Previous.Key())
+		require.NotNil(t, paid.Response())
+		assert.Equal(t, http.StatusCreated, paid.Response().StatusCode)
+		b, err := e.client.NewIntent(ctx, "checkout:c", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err, "a deliberate second payment")
 		assert.NotEqual(t, a.Key(), b.Key())
 	})
 
@@ -321,8 +333,9 @@ func TestIntentForAnAction(t *testing.T) {
 	t.Run("after a restart a new intent may have been sent", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
-		_, err := e.client.Intent(ctx, "checkout:e", e.paymentRequest(t, 100, "cus_1"))
+		in, err := e.client.Intent(ctx, "checkout:e", e.paymentRequest(t, 100, "cus_1"))
 		require.NoError(t, err)
+		require.NoError(t, idem.Arm(e.client, ctx, in)) // tapped, then the process died
 		restarted := e.newClient(t)
 		_, err = restarted.Intent(ctx, "checkout:e", e.paymentRequest(t, 200, "cus_1"))
 		require.ErrorAs(t, err, new(*idem.UnresolvedError))
@@ -364,7 +377,9 @@ func TestNothingIsSentWhenTheIntentCannotBeSaved(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := e.newClient(t, idem.WithStore(failingStore{persist.NewMemory(nil)}))
-	_, err := c.Intent(context.Background(), "checkout:full", e.paymentRequest(t, 100, "cus_1"))
+	in, err := c.Intent(context.Background(), "checkout:full", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err, "made in memory: nothing is written before the tap")
+	_, err = c.Do(context.Background(), in)
 	var saveErr *idem.SaveError
 	require.ErrorAs(t, err, &saveErr)
 	assert.ErrorIs(t, err, errDiskFull)
@@ -382,8 +397,10 @@ func TestUnreadableRecordStopsOnlyItsOwnAction(t *testing.T) {
 	c := e.newClient(t, idem.WithStore(store))
 	good, err := c.Intent(ctx, "checkout:good", e.paymentRequest(t, 100, "cus_1"))
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, good))
 	bad, err := c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 200, "cus_1"))
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, bad))
 
 	// Damage the second intent's file on disk.
 	entries, err := os.ReadDir(dir)
@@ -512,6 +529,7 @@ func TestDroppedIntentIsNeverSent(t *testing.T) {
 	c := e.newClient(t, idem.WithStore(store))
 	old, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 100, "cus_1"))
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, old)) // tapped; its first byte not sent yet
 
 	type result struct {
 		in  *idem.Intent
@@ -533,5 +551,67 @@ func TestDroppedIntentIsNeverSent(t *testing.T) {
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	_, err = c.Do(ctx, old)
 	assert.Error(t, err, "nor later")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// Two parts of an app hold a Client each on one store; a double tap reaches
+// both. The store decides which intent is the action's: one key, one
+// charge, the same answer for both, on either kind of store.
+func TestTwoClientsOnOneStoreMakeOneKeyPerAction(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"memory", "file"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t)
+			if kind == "file" {
+				e.store, _ = storeDir(t, nil)
+			}
+			a, b := e.newClient(t), e.newClient(t)
+			req := e.paymentRequest(t, 100, "cus_1")
+			ina, err := a.Intent(ctx, "checkout:shared", req)
+			require.NoError(t, err)
+			inb, err := b.Intent(ctx, "checkout:shared", req)
+			require.NoError(t, err)
+
+			var wg sync.WaitGroup
+			var ra, rb *idem.Response
+			var erra, errb error
+			wg.Go(func() { ra, erra = a.Do(ctx, ina) })
+			wg.Go(func() { rb, errb = b.Do(ctx, inb) })
+			wg.Wait()
+			require.NoError(t, erra)
+			require.NoError(t, errb)
+			assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
+			assert.Equal(t, decodePayment(t, ra.Body).ID, decodePayment(t, rb.Body).ID)
+			assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+			recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:shared"})
+			require.NoError(t, err)
+			assert.Len(t, recs, 1)
+		})
+	}
+}
+
+// One Client's changed cart never replaces an intent the other Client has
+// armed: it may be on the wire.
+func TestAClientNeverReplacesAnotherClientsArmedIntent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	a, b := e.newClient(t), e.newClient(t)
+	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte is leaving
+
+	_, err = b.Do(ctx, inb)
+	require.ErrorAs(t, err, new(*idem.UnresolvedError), "b's cart would be a second payment")
+	_, err = b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 300, "cus_1"))
+	require.ErrorAs(t, err, new(*idem.UnresolvedError))
+	_, err = e.store.Get(ctx, ina.Key())
+	require.NoError(t, err, "a's intent is still stored")
+	_, err = a.Do(ctx, ina)
+	require.NoError(t, err)
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }

@@ -56,6 +56,9 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 	if c.lookup == nil {
 		return nil, fmt.Errorf("idem: cannot reconcile intent %s: the Client has no lookup (WithLookup)", in.Key())
 	}
+	if in.State() == StateNew && in.isUnarmed() {
+		return nil, fmt.Errorf("idem: intent %s was never armed, so never sent: there is nothing to reconcile", in.Key())
+	}
 	key := in.Key()
 	lookupURL := c.lookup(in.Request(), key)
 	var (

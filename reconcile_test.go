@@ -51,6 +51,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err)
 		in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
+		require.NoError(t, idem.Arm(before, ctx, in))
 
 		clk.Advance(10 * time.Minute) // sent ten minutes after it was created, through a slow uplink
 		net.holdNext(1)
@@ -87,6 +88,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, in))
 
 		clk.Advance(sendWindow - time.Second)
 		net.holdNext(1)
@@ -140,6 +142,9 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
+		_, err = c.Reconcile(ctx, in)
+		require.Error(t, err, "never armed: nothing to ask about")
+		require.NoError(t, idem.Arm(c, ctx, in))
 		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
 		assert.Equal(t, idem.StateVoid, in.State())
@@ -197,6 +202,7 @@ func TestReconcileStoresOnlyTheNeededHeaderFields(t *testing.T) {
 	ctx := context.Background()
 	in, err := c.NewIntent(ctx, "", req)
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, in))
 	resp, err := c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, "session=secret-cookie", resp.Header.Get("Set-Cookie"), "the call's own Response has every field")

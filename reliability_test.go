@@ -626,6 +626,15 @@ func (run *randomRun) newIntent(a *rAction, req idem.Request, again bool, r *ran
 			in, err = g.client.NewIntent(g.ctx, a.name, req)
 		} else {
 			in, err = g.client.Intent(g.ctx, a.name, req)
+			if errors.As(err, new(*idem.ResolvedError)) {
+				// The action's last purchase succeeded: the next one is
+				// a deliberate new payment.
+				in, err = g.client.NewIntent(g.ctx, a.name, req)
+			}
+		}
+		if err == nil {
+			// The user taps: the intent is armed before anything is sent.
+			err = idem.Arm(g.client, g.ctx, in)
 		}
 		switch {
 		case g.killed(err):

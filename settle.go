@@ -11,7 +11,8 @@ import (
 // name and returns the final answer, however many attempts, crashes and
 // restarts that takes.
 //
-// It takes the intent Client.Intent gives for name and req, and settles it:
+// It takes the intent Client.Intent gives for name and req, and settles it
+// (arming it: its one durable write before the first byte):
 //
 //   - The first time, a new intent is saved and sent.
 //   - The same request again (a second tap, the next run of the app) is the
@@ -23,6 +24,11 @@ import (
 //   - A changed request while the previous one's outcome is unknown is
 //     refused with *UnresolvedError, and nothing is sent: Settle the
 //     previous intent first.
+//   - A changed request once the previous one succeeded (another amount,
+//     or the same server spelled localhost instead of 127.0.0.1) is
+//     refused with *ResolvedError, which carries the earlier answer, and
+//     nothing is sent: the action is paid. A deliberate second payment for
+//     the action is NewIntent, then Settle.
 //
 // The errors are those of Do and Settle: *APIError with the Response for a
 // final answer that is not a success, and an error matching
@@ -112,11 +118,10 @@ type Settled struct {
 // after a crash or a restart. Intents whose outcome is still unknown stay
 // unresolved for the next SettleAll.
 //
-// New intents are sent too: the first attempt is not recorded, so after a
-// crash a new intent may have reached the server. With Send, an intent is
-// created when the user taps; an app that creates intents earlier (with
-// Client.Intent when the Pay button is shown) must Forget those the user
-// did not confirm before it calls SettleAll. The error is that of Unresolved: the
+// Armed intents stored as new are sent too: the first attempt is not
+// recorded, so after a crash one may have reached the server. Intents the
+// user never tapped were never armed and are not in the store: SettleAll
+// never sends them. The error is that of Unresolved: the
 // stored intents that could not be read; the readable ones are settled
 // anyway. A background settle usually wants a long budget: pass a context
 // from ContextWithRetryPolicy.

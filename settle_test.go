@@ -287,6 +287,7 @@ func TestSettleAllReportsEachAndBoundsConcurrency(t *testing.T) {
 	}
 	declined, err := e.client.NewIntent(ctx, "checkout:declined", e.paymentRequest(t, 100, "cus_declined"))
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(e.client, ctx, declined)) // tapped, and the app died before its first byte
 	paid := e.newIntent(t, "checkout:paid", 100)
 	_, err = e.client.Do(ctx, paid)
 	require.NoError(t, err)
@@ -425,4 +426,39 @@ func TestLookupQuery(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, lookup(idem.Request{Method: http.MethodPost, URL: tc.url}, tc.key))
 	}
+}
+
+// The Pay screen made an intent that the user never tapped: after a
+// restart, with another payment in flight when the app died, only the
+// tapped one is unresolved, and SettleAll charges it alone.
+func TestSettleAllNeverSendsAnIntentNobodyTapped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	shown, err := e.client.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateNew, shown.State())
+	// The user leaves the Pay screen; another payment is tapped, and its
+	// answer is lost as the app dies.
+	tapped, err := e.client.Intent(ctx, "checkout:cart-tapped", e.paymentRequest(t, 300, "cus_1"))
+	require.NoError(t, err)
+	e.unknownOutcome(t, tapped, fakeserver.FaultDropResponse)
+
+	restarted := e.newClient(t)
+	unresolved, err := restarted.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, unresolved, 1, "only the intent whose sending began")
+	assert.Equal(t, tapped.Key(), unresolved[0].Key())
+	settled, err := restarted.SettleAll(ctx)
+	require.NoError(t, err)
+	require.Len(t, settled, 1)
+	require.NoError(t, settled[0].Err)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "the untapped cart is never charged")
+	assert.Equal(t, 1, e.srv.Stats().Payments, "the untapped cart's key never reached the server")
+
+	// Showing the Pay screen again after the restart makes a new key: the
+	// old one was never used.
+	again, err := restarted.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
+	require.NoError(t, err)
+	assert.NotEqual(t, shown.Key(), again.Key())
 }

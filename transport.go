@@ -32,13 +32,17 @@ func intentFromContext(ctx context.Context) (*Intent, bool) {
 // Idempotency-Key spelled as every attempt of it spells it, with GetBody
 // set so that it may be sent more than once. It is for sending an intent
 // through an http.Client that idem does not manage. The answer it gets is
-// not recorded: the intent stays as it is until a Do, Settle or Reconcile
+// not recorded: the intent (armed first, as by Do) stays as it is until a Do, Settle or Reconcile
 // through the Client, which the server answers from its record of the key.
 // To have such a client's answers recorded, give it the Client's
 // RoundTripper and a context from ContextWithIntent instead.
 func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
 	if in == nil {
 		return nil, errors.New("idem: HTTPRequest with a nil intent")
+	}
+	// The request leaves the Client's hands: the intent is armed first.
+	if err := c.arm(ctx, in); err != nil {
+		return nil, err
 	}
 	rec := in.current()
 	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.URL, bytes.NewReader(rec.Body))
@@ -116,6 +120,9 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ok {
 		if !in.matches(live) {
 			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
+		}
+		if err := t.c.arm(ctx, in); err != nil {
+			return nil, err
 		}
 	} else {
 		if err := live.validate(); err != nil {

@@ -193,6 +193,7 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	req := payment1500(t, srv)
 	in, err := c.Intent(ctx, "checkout", req)
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, in))
 	clk.Advance(10 * time.Minute)
 
 	// The app sends the intent's request itself, with the intent's key.

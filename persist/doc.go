@@ -185,6 +185,16 @@ A failed write (a full disk, a read-only directory) fails the Save with an
 error naming the intent and the directory, leaves the previous version
 intact and removes its temporary file; the client then sends nothing.
 
+# One writer per action
+
+The client saves a new intent through [Claim], which makes it its action's
+latest only if no record of its Name has its Seq or a higher one: a
+[Claimer] store (Memory, FileStore) checks and saves in one step, so two
+clients sharing the store cannot both make an intent for one action; the
+loser gets a [*ClaimError] naming the winner. A store without Claim gets a
+List and a Save, which one client serialises but two do not. persisttest
+checks both the rule and, for a Claimer, that of racing claims one wins.
+
 # Format version and migration
 
 Every record carries the [FormatVersion] that wrote it. A release reads

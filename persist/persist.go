@@ -23,10 +23,12 @@ const FormatVersion = 2
 type State string
 
 const (
-	// StateNew: saved, no attempt is known to have been sent. After a crash
-	// a new intent may still have reached the server (the first attempt is
-	// not recorded, to keep one durable write per send); resuming it is safe
-	// because it reuses its key.
+	// StateNew: armed (saved at the user's tap, before the first byte), no
+	// attempt is known to have been sent. After a crash a new intent may
+	// still have reached the server (the first attempt is not recorded, to
+	// keep one durable write per send); resuming it is safe because it
+	// reuses its key. Records of earlier releases, which saved intents when
+	// they were made, are read the same way.
 	StateNew State = "new"
 	// StatePending: at least one attempt may have reached the server and the
 	// outcome is unknown.

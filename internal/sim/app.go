@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -117,6 +118,17 @@ func (a *app) pay(c *cart) {
 			a.reconcile(prev)
 		}
 		return
+	}
+	var paid *idem.ResolvedError
+	if errors.As(err, &paid) {
+		if slices.Contains(a.sess.keys, paid.Previous.Key()) {
+			// This purchase is paid, under another cart of it.
+			w.observe(a, paid.Previous)
+			return
+		}
+		// The action's earlier purchase is paid: this one is a
+		// deliberate new payment.
+		in, err = cl.NewIntent(ctx, a.name, c.request())
 	}
 	if err != nil {
 		return
