@@ -342,8 +342,8 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 
 // send makes the attempts of one call through go-retryablehttp. It returns
 // a final answer, or a *RetryError when none came.
-func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, expiry time.Time) (*Response, *RetryError) {
-	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, expiry)}
+func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration) (*Response, *RetryError) {
+	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left)}
 	fail := func(reason StopReason, err error) *RetryError {
 		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err}
 	}

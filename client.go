@@ -84,8 +84,15 @@ type Client struct {
 	// lastSent holds, for the keys this Client sent and whose outcome is
 	// unknown, when its last call of them ended; created, when it created
 	// them; both on the in-process timeline (sinceBirth).
-	lastSent map[string]time.Duration
+	lastSent map[string]reading
 	created  map[string]time.Duration
+
+	// markMu guards wallMark, the wall clock's high-water mark.
+	markMu   sync.Mutex
+	wallMark time.Time
+	seedMark sync.Once
+	// birth is every clock's reading when the Client was made.
+	birth reading
 
 	// born is when the Client was made: on the clock's timeline, and on
 	// its clock.Monotonic one when it has one.
@@ -107,7 +114,7 @@ func New(opts ...Option) (*Client, error) {
 		c.store = persist.NewMemory(nil)
 	}
 	if c.clock == nil {
-		c.clock = systemClock{}
+		c.clock = clock.System()
 	}
 	c.policy = c.policy.withDefaults()
 	if c.retention == 0 {
@@ -128,12 +135,13 @@ func New(opts ...Option) (*Client, error) {
 	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.retry = c.newRetryClient(c.http)
 	c.unsent = make(map[string]struct{})
-	c.lastSent = make(map[string]time.Duration)
+	c.lastSent = make(map[string]reading)
 	c.created = make(map[string]time.Duration)
 	c.born = c.clock.Now()
 	if m, ok := c.clock.(clock.Monotonic); ok {
 		c.bornMono = m.Monotonic()
 	}
+	c.birth = c.read()
 	return c, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -113,8 +114,10 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 		// Used for this one call: nothing to remember about it.
 		defer c.settled(rec.Key)
 	}
-	expiry := c.expiry(rec, c.clock.Now())
-	if !c.clock.Now().Before(expiry) {
+	// How long the intent may still be sent, by the largest age any clock
+	// reports, read again before every attempt and wait.
+	left := func() time.Duration { return c.retention - c.margin - c.age(rec, c.clock.Now()) }
+	if left() <= 0 {
 		err := &RetryError{Key: rec.Key, Reason: StopExpired}
 		if rec.State != persist.StateExpired {
 			rec.State = persist.StateExpired
@@ -153,7 +156,7 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.send(ctx, r, rec, header, expiry)
+	resp, retryErr := c.send(ctx, r, rec, header, left)
 	c.sent(rec.Key)
 	if retryErr != nil && retryErr.Attempts == 0 && unsent {
 		// Nothing reached the wire: the intent is still provably unsent.
@@ -307,6 +310,9 @@ func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op s
 // saveWith is save through store, persist.SaveShared or
 // persist.SaveDeferred.
 func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(context.Context, persist.Store, *persist.Record) error) error {
+	if !in.ephemeral {
+		c.stamp(rec, false)
+	}
 	prev := in.current()
 	in.set(rec)
 	if in.ephemeral {

@@ -422,6 +422,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// attempt: the intent's age counts from the tap.
 	now := c.clock.Now()
 	rec.CreatedAt, rec.UpdatedAt = now, now
+	// The arming write carries the clock readings the intent's age is
+	// judged by.
+	c.stamp(rec, true)
 	for {
 		err := persist.Claim(ctx, c.store, rec)
 		if err == nil {

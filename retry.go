@@ -129,25 +129,6 @@ func (c *Client) policyFor(ctx context.Context) RetryPolicy {
 	return p.withDefaults()
 }
 
-// systemClock is the clock of a Client without WithClock.
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-func (systemClock) Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // Attempt describes one attempt, for the hook set with WithAttemptHook.
 type Attempt struct {
 	Key    string
@@ -302,12 +283,15 @@ type budget struct {
 	backoff  *backoff.ExponentialBackOff // nil until the first retry
 	start    time.Time
 	deadline time.Time // the context's, or zero
-	expiry   time.Time // when the intent may no longer be sent, or zero
+	// left returns how long the intent may still be sent, read anew from
+	// every clock each time (an instant on the clock's timeline would
+	// not move while the device sleeps); nil: no limit.
+	left     func() time.Duration
 	attempts int
 }
 
-func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, expiry time.Time) budget {
-	b := budget{policy: p, clock: clk, start: clk.Now(), expiry: expiry}
+func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left func() time.Duration) budget {
+	b := budget{policy: p, clock: clk, start: clk.Now(), left: left}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock, while every
 		// other time of the budget is on the injected one. Put it on the
@@ -373,7 +357,7 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 // nil.
 func (b *budget) fits(at time.Time) *stop {
 	switch {
-	case !b.expiry.IsZero() && !at.Before(b.expiry):
+	case b.left != nil && at.Sub(b.clock.Now()) >= b.left():
 		return &stop{reason: StopExpired}
 	case !b.deadline.IsZero() && at.After(b.deadline):
 		return &stop{reason: StopDeadline}
@@ -387,14 +371,17 @@ func (b *budget) fits(at time.Time) *stop {
 // is left of the budget on the clock, and the part of the budget that ends
 // it first.
 func (b *budget) attemptLimit() (time.Duration, StopReason) {
-	end, reason := b.start.Add(b.policy.MaxElapsed), StopElapsed
-	if !b.expiry.IsZero() && b.expiry.Before(end) {
-		end, reason = b.expiry, StopExpired
+	now := b.clock.Now()
+	limit, reason := b.start.Add(b.policy.MaxElapsed).Sub(now), StopElapsed
+	if b.left != nil {
+		if l := b.left(); l < limit {
+			limit, reason = l, StopExpired
+		}
 	}
-	if !b.deadline.IsZero() && b.deadline.Before(end) {
-		end, reason = b.deadline, StopDeadline
+	if !b.deadline.IsZero() && b.deadline.Sub(now) < limit {
+		limit, reason = b.deadline.Sub(now), StopDeadline
 	}
-	return end.Sub(b.clock.Now()), reason
+	return limit, reason
 }
 
 func (b *budget) elapsed() time.Duration { return b.clock.Now().Sub(b.start) }

@@ -185,7 +185,11 @@ func newPayment(t *testing.T, c *Client, base string) *Intent {
 func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clock.Manual) {
 	t.Helper()
 	clk := clock.NewManual(retryAfterNow)
-	b := newBudget(context.Background(), p.withDefaults(), clk, expiry)
+	var left func() time.Duration
+	if !expiry.IsZero() {
+		left = func() time.Duration { return expiry.Sub(clk.Now()) }
+	}
+	b := newBudget(context.Background(), p.withDefaults(), clk, left)
 	if deadlineIn > 0 {
 		b.deadline = b.start.Add(deadlineIn)
 	}
@@ -196,7 +200,7 @@ func TestBudgetPutsTheContextDeadlineOnTheClocksTimeline(t *testing.T) {
 	t.Parallel()
 	for _, start := range []time.Time{time.Now().AddDate(-20, 0, 0), time.Now().AddDate(30, 0, 0)} {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-		b := newBudget(ctx, RetryPolicy{}.withDefaults(), clock.NewManual(start), time.Time{})
+		b := newBudget(ctx, RetryPolicy{}.withDefaults(), clock.NewManual(start), nil)
 		cancel()
 		left := b.deadline.Sub(b.start)
 		assert.LessOrEqual(t, left, time.Hour, "clock at %v", start)

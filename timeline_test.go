@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
 )
 
 // deviceClock is a device's wall clock over the true time of a manual
@@ -168,4 +169,100 @@ func payment1500(t testing.TB, srv *fakeserver.Server) idem.Request {
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
 	return req
+}
+
+// goClock is a device's clocks as Go's time package shows them: Now, and
+// every difference of two of its readings, stops while the device sleeps,
+// as the monotonic reading of time.Now does on Linux, Android and Darwin;
+// SinceBoot counts the sleep. sleepFor is how long the device sleeps
+// during the next wait.
+type goClock struct {
+	m        *clock.Manual
+	start    time.Time
+	mu       sync.Mutex
+	slept    time.Duration
+	sleepFor time.Duration
+}
+
+func (g *goClock) Now() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.m.Now().Add(-g.slept)
+}
+
+func (g *goClock) Monotonic() time.Duration { return g.m.Monotonic() }
+
+func (g *goClock) SinceBoot() (time.Duration, string, bool) { return g.m.SinceBoot() }
+
+func (g *goClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := g.m.Sleep(ctx, d); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.sleepFor > 0 {
+		g.m.DeviceSleep(g.sleepFor)
+		g.slept += g.sleepFor
+		g.sleepFor = 0
+	}
+	return nil
+}
+
+// An intent 22h58m old is resumed, its attempt fails, and the phone sleeps
+// two hours during the backoff: by Go's monotonic reading no time passed,
+// but the server's retention did. Nothing is sent after it.
+func TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	in := e.newIntent(t, "checkout:sleepy", 1500)
+	e.clock.Advance(22*time.Hour + 58*time.Minute)
+
+	device := &goClock{m: e.clock, sleepFor: 2 * time.Hour}
+	resumed := e.newClient(t, idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Second}))
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, Key: in.Key(), Count: 1})
+	loaded, err := resumed.Load(ctx, in.Key())
+	require.NoError(t, err)
+	requests := e.srv.Stats().Requests
+	_, err = resumed.Do(ctx, loaded)
+	requireStop(t, err, idem.StopExpired, "the intent is 24h58m old by the clock that counts sleep")
+	assert.Equal(t, requests+1, e.srv.Stats().Requests, "one attempt, before the sleep")
+	assert.Zero(t, e.srv.Stats().ProviderCharges)
+}
+
+// The wall clock is set back five hours while the app is not running:
+// the high-water mark stored with the records, which a clock set back
+// cannot lower, still tells the intent's age after the restart, on a
+// device with no clock that counts sleep.
+func TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	truth := clock.NewManual(epoch).WithoutBootClock()
+	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
+	store := persist.NewMemory(nil)
+	device := newDeviceClock(truth)
+	open := func() *idem.Client {
+		c, err := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		return c
+	}
+	c := open()
+	old, err := c.Intent(ctx, "checkout:old", payment1500(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, old)) // tapped; the app dies before its first byte
+
+	truth.Advance(sendWindow + time.Minute)
+	c = open()
+	later, err := c.NewIntent(ctx, "checkout:later", payment1500(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, later)) // the app saw this wall time
+
+	device.Jump(-5 * time.Hour)
+	c = open()
+	loaded, err := c.Load(ctx, old.Key())
+	require.NoError(t, err)
+	requests := srv.Stats().Requests
+	_, err = c.Do(ctx, loaded)
+	requireStop(t, err, idem.StopExpired, "by the wall clock the intent is 18 hours old; by the mark, past the send window")
+	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
 }

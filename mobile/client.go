@@ -259,7 +259,9 @@ func (c *Client) Forget(key string) error {
 }
 
 // Prune deletes resolved intents last changed more than olderThanMillis
-// ago and returns how many it deleted. Unresolved intents are kept.
+// ago and returns how many it deleted. Unresolved intents are kept, and so
+// is a tombstone of each action's latest payment that succeeded (see
+// idem.Client.Prune): paying for the same action again stays a no-op.
 func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 	if err := c.checkOpen(); err != nil {
 		return 0, err
@@ -267,7 +269,7 @@ func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 	if olderThanMillis < 0 {
 		return 0, newError(KindConfig, "olderThanMillis is negative")
 	}
-	n, err := persist.Prune(context.Background(), c.store, time.Now().Add(-time.Duration(olderThanMillis)*time.Millisecond))
+	n, err := c.idem.Prune(context.Background(), time.Duration(olderThanMillis)*time.Millisecond)
 	if err != nil {
 		return int64(n), deviceError(err)
 	}

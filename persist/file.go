@@ -659,6 +659,12 @@ func (s *FileStore) remove(id string, e *entry) error {
 // resolved records it has not read yet, removes the files under the store's
 // lock and syncs the directory once.
 func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
+	return s.PruneFunc(ctx, func(r *Record) bool { return prunable(r, before) })
+}
+
+// PruneFunc implements FuncPruner: see the function PruneFunc. It works
+// as Prune does.
+func (s *FileStore) PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -678,7 +684,7 @@ func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 			corrupt = append(corrupt, e.corrupt)
 			continue
 		}
-		if !prunable(e.rec, before) {
+		if !e.rec.State.Resolved() || !drop(e.rec) {
 			continue
 		}
 		if err := s.remove(id, e); err != nil {

@@ -141,6 +141,11 @@ func (m *Memory) Delete(ctx context.Context, key string) error {
 
 // Prune implements Pruner: see the function Prune.
 func (m *Memory) Prune(ctx context.Context, before time.Time) (int, error) {
+	return m.PruneFunc(ctx, func(r *Record) bool { return prunable(r, before) })
+}
+
+// PruneFunc implements FuncPruner: see the function PruneFunc.
+func (m *Memory) PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -148,7 +153,7 @@ func (m *Memory) Prune(ctx context.Context, before time.Time) (int, error) {
 	defer m.mu.Unlock()
 	n := 0
 	for k, r := range m.recs {
-		if prunable(r, before) {
+		if r.State.Resolved() && drop(r) {
 			delete(m.recs, k)
 			n++
 		}

@@ -114,6 +114,34 @@ type Record struct {
 	// Attempts counts the attempts put on the wire so far, as last saved.
 	Attempts int       `json:"attempts,omitempty"`
 	Response *Response `json:"response,omitempty"`
+	// Clocks are the device's clock readings stored with the record, so
+	// that its age is judged by every clock the device has. Nil in records
+	// written before they existed (and by a client without such clocks),
+	// which an older release reads as before, ignoring them.
+	Clocks *Clocks `json:"clocks,omitempty"`
+	// Tombstone is set on what pruning keeps of an action's latest
+	// succeeded intent: its request and response bodies and headers are
+	// gone, its key, name, fingerprint, outcome status and times are kept,
+	// so that the next tap of the paid action sends nothing. An older
+	// release reads it as a succeeded intent without a body.
+	Tombstone bool `json:"tombstone,omitempty"`
+}
+
+// Clocks are a record's clock readings. A reading of the clock that counts
+// device sleep is comparable only with one of the same boot.
+type Clocks struct {
+	// ArmBoot and Armed: the boot, and the time since it (device sleep
+	// included), when the intent was armed.
+	ArmBoot string        `json:"arm_boot,omitempty"`
+	Armed   time.Duration `json:"armed,omitempty"`
+	// WriteBoot and Written: the same at the record's last write.
+	WriteBoot string        `json:"write_boot,omitempty"`
+	Written   time.Duration `json:"written,omitempty"`
+	// ArmMark and Mark: the wall clock's high-water mark (the latest wall
+	// time the client had seen) when the intent was armed, and at the
+	// record's last write. A clock set back cannot lower them.
+	ArmMark time.Time `json:"arm_mark,omitzero"`
+	Mark    time.Time `json:"mark,omitzero"`
 }
 
 // Clone returns a deep copy of r, so a store's copy and a caller's never
@@ -125,6 +153,10 @@ func (r *Record) Clone() *Record {
 	c := *r
 	c.Header = r.Header.Clone()
 	c.Body = cloneBytes(r.Body)
+	if r.Clocks != nil {
+		cl := *r.Clocks
+		c.Clocks = &cl
+	}
 	if r.Response != nil {
 		resp := *r.Response
 		resp.Header = r.Response.Header.Clone()

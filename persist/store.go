@@ -72,6 +72,44 @@ func prunable(r *Record, before time.Time) bool {
 	return r.State.Resolved() && t.Before(before)
 }
 
+// FuncPruner is an optional interface of a Store that deletes, in one
+// step, the resolved records a function selects. PruneFunc uses it when a
+// Store implements it, as Memory and FileStore do.
+type FuncPruner interface {
+	// PruneFunc deletes the resolved records for which drop returns true
+	// and returns how many it deleted. drop is called with the store's
+	// lock held: it must not call the store. It follows the rules of the
+	// function PruneFunc.
+	PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error)
+}
+
+// PruneFunc deletes from s the resolved records for which drop returns
+// true, as Prune does for those last updated before a time: unresolved
+// records are never deleted, nor passed to drop, and unreadable ones are
+// left alone and reported. drop gets a copy it may keep. idem's
+// Client.Prune judges the ages through it by every clock the device has.
+func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, error) {
+	if p, ok := s.(FuncPruner); ok {
+		return p.PruneFunc(ctx, func(r *Record) bool { return r.State.Resolved() && drop(r.Clone()) })
+	}
+	recs, listErr := s.List(ctx, Filter{})
+	var corrupt *CorruptError
+	if listErr != nil && !errors.As(listErr, &corrupt) {
+		return 0, listErr
+	}
+	n := 0
+	for _, r := range recs {
+		if !r.State.Resolved() || !drop(r) {
+			continue
+		}
+		if err := s.Delete(ctx, r.Key); err != nil {
+			return n, errors.Join(err, listErr)
+		}
+		n++
+	}
+	return n, listErr
+}
+
 // SaveShared saves rec in s as s.Save does, for a caller that never changes
 // rec, its headers, bodies or response after the call: a store that can
 // keep such a record without copying it (Memory) shares its headers and
@@ -169,6 +207,11 @@ func normalized(r *Record, opts Options) *Record {
 func normalize(r *Record) {
 	r.CreatedAt = utc(r.CreatedAt)
 	r.UpdatedAt = utc(r.UpdatedAt)
+	if r.Clocks != nil {
+		cl := *r.Clocks
+		cl.ArmMark, cl.Mark = utc(cl.ArmMark), utc(cl.Mark)
+		r.Clocks = &cl
+	}
 	if len(r.Header) == 0 {
 		r.Header = nil
 	}

@@ -83,6 +83,10 @@ func NewRecord(key string, created time.Time) *persist.Record {
 		CreatedAt:   created,
 		UpdatedAt:   created,
 		State:       persist.StateNew,
+		Clocks: &persist.Clocks{
+			ArmBoot: "boot-1", Armed: 90 * time.Minute, WriteBoot: "boot-1", Written: 91 * time.Minute,
+			ArmMark: created, Mark: created.Add(time.Minute),
+		},
 	}
 }
 
@@ -192,6 +196,9 @@ func canonical(r *persist.Record) *persist.Record {
 	c := r.Clone()
 	c.CreatedAt = c.CreatedAt.UTC()
 	c.UpdatedAt = c.UpdatedAt.UTC()
+	if c.Clocks != nil {
+		c.Clocks.ArmMark, c.Clocks.Mark = c.Clocks.ArmMark.UTC(), c.Clocks.Mark.UTC()
+	}
 	if len(c.Header) == 0 {
 		c.Header = nil
 	}

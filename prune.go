@@ -1,0 +1,139 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem/persist"
+)
+
+const (
+	// TombstoneLifetime is how long Prune keeps the tombstone of an
+	// action's latest succeeded intent, counted from its outcome by the
+	// smallest age any clock reports.
+	TombstoneLifetime = 90 * 24 * time.Hour
+	// MaxTombstones bounds the tombstones a store keeps; beyond it Prune
+	// removes the oldest first. A tombstone holds no bodies and no request
+	// headers: a few hundred bytes.
+	MaxTombstones = 4096
+)
+
+// Prune deletes from the store the resolved intents whose outcome is older
+// than olderThan, and returns how many it deleted. Unresolved intents are
+// never deleted, whatever their age.
+//
+// The age is the smallest any clock reports: the wall clock since the
+// outcome was saved and, within the same boot, the clock that counts
+// device sleep since then (see clock.Boot). A payment saved while the
+// device's clock was days behind, and pruned after the clock was put
+// right, is judged by how long ago it really was, so far as the device can
+// tell.
+//
+// Resolved stays resolved: what makes the next tap of a paid action a
+// no-op is not deleted. Of each action's latest intent, if it succeeded,
+// Prune keeps a tombstone (persist.Record.Tombstone: key, action, request
+// fingerprint, outcome status and the stored Location and Content-Type,
+// times; no bodies), so that Send or Intent for the action still returns
+// its answer (without a body) or a *ResolvedError and pays nothing. A
+// tombstone is deleted once older than TombstoneLifetime, or, beyond
+// MaxTombstones, oldest first.
+//
+// Unreadable records are left alone and reported as List reports them.
+func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error) {
+	if olderThan < 0 {
+		return 0, errors.New("idem: Prune with a negative age")
+	}
+	recs, listErr := c.store.List(ctx, persist.Filter{})
+	var corrupt *persist.CorruptError
+	if listErr != nil && !errors.As(listErr, &corrupt) {
+		return 0, listErr
+	}
+	now := c.read()
+	byName := make(map[string][]*persist.Record)
+	for _, r := range recs {
+		if r.Name != "" {
+			byName[r.Name] = append(byName[r.Name], r)
+		}
+	}
+	keep := make(map[string]bool) // keys of the actions' latest intents
+	for _, rs := range byName {
+		keep[latestOf(rs).Key] = true
+	}
+
+	drop := make(map[string]time.Time) // key: UpdatedAt when decided
+	var tombs []*persist.Record
+	var errs []error
+	for _, r := range recs {
+		if !r.State.Resolved() {
+			continue
+		}
+		age := c.resolvedAge(r, now)
+		switch {
+		case keep[r.Key] && r.State == persist.StateSucceeded:
+			if r.Tombstone && age >= TombstoneLifetime {
+				drop[r.Key] = r.UpdatedAt
+				continue
+			}
+			if !r.Tombstone && age >= olderThan {
+				t := tombstone(r)
+				if err := c.store.Save(ctx, t); err != nil {
+					errs = append(errs, &SaveError{Key: r.Key, Op: "keep tombstone", Err: err})
+					continue
+				}
+				r = t
+			}
+			if r.Tombstone {
+				tombs = append(tombs, r)
+			}
+		case age >= olderThan:
+			drop[r.Key] = r.UpdatedAt
+		}
+	}
+	if over := len(tombs) - MaxTombstones; over > 0 {
+		// The oldest go first: sorted by smallest age, largest first.
+		ages := make(map[string]time.Duration, len(tombs))
+		for _, t := range tombs {
+			ages[t.Key] = c.resolvedAge(t, now)
+		}
+		for range over {
+			oldest := 0
+			for i, t := range tombs {
+				if ages[t.Key] > ages[tombs[oldest].Key] {
+					oldest = i
+				}
+			}
+			drop[tombs[oldest].Key] = tombs[oldest].UpdatedAt
+			tombs = append(tombs[:oldest], tombs[oldest+1:]...)
+		}
+	}
+	n, err := persist.PruneFunc(ctx, c.store, func(r *persist.Record) bool {
+		at, ok := drop[r.Key]
+		return ok && at.Equal(r.UpdatedAt)
+	})
+	// PruneFunc reports the unreadable records List reported.
+	return n, errors.Join(append(errs, err)...)
+}
+
+// tombstone returns what Prune keeps of a succeeded intent.
+func tombstone(r *persist.Record) *persist.Record {
+	t := *r
+	t.Header, t.Body = nil, nil
+	t.Tombstone = true
+	if r.Response != nil {
+		resp := *r.Response
+		resp.Body = nil
+		resp.Header = nil
+		for _, name := range []string{"Location", "Content-Type"} {
+			if v := r.Response.Header.Values(name); len(v) > 0 {
+				if resp.Header == nil {
+					resp.Header = http.Header{}
+				}
+				resp.Header[name] = append([]string(nil), v...)
+			}
+		}
+		t.Response = &resp
+	}
+	return &t
+}
