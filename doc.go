@@ -169,24 +169,43 @@ gone, can have sent it. An intent that is expired waits like any other. A
 request held longer than the reconcile delay is the one case the client
 cannot guard against alone.
 
-# The device's clock
+# The device's clocks
 
-The user can set the device's clock, and networks set it wrong. What the
-clock decides, and what protects each decision:
+The user can set the device's clock, networks set it wrong, and a phone
+sleeps: Go's monotonic reading (and so every t.Sub(u) between two
+time.Now readings) stops while it does, on Linux, Android, Darwin and iOS.
+Every decision on an intent's age reads every clock the device has and
+takes the safe answer:
 
-  - Which intent of an action is the latest: a sequence number stored with
-    each intent, never the clock.
-  - The reconcile delay: elapsed time on the in-process monotonic clock, which
-    no setting of the wall clock moves.
-  - Expiry: an intent's age is the wall clock's reading, but never less than
-    the time elapsed on the monotonic clock since this process first saw the
-    intent, nor than at the intent's last write. A clock jumping forward
-    makes intents expire early, which is safe: they are reconciled.
+  - the wall clock, read without Go's monotonic reading (t.Round(0));
+  - a clock that counts device sleep (clock.Boot; CLOCK_BOOTTIME on Linux
+    and Android, CLOCK_MONOTONIC_RAW on Darwin and iOS, read without cgo),
+    stored with the record at the arming and at every write with the
+    boot's identity, and compared only within one boot;
+  - the wall clock's high-water mark, the latest wall time the Client has
+    seen, stored with every record, which a clock set back cannot lower;
+  - the in-process monotonic clock, since this Client first saw the intent.
 
-What cannot be protected: a clock set back while the app was not running,
-by more than the safety margin, makes an intent created before look
-younger than it is, and it may then be sent after the server forgot its key.
-A Retry-After given as a date is read against the wall clock.
+Stopping before the server's retention takes the largest age any of them
+reports, read again before every attempt and every wait, so a device that
+sleeps through a backoff does not wake up to resend a key the server has
+forgotten. Trusting a lookup's "not found" after the reconcile delay, and
+[Client.Prune], take the smallest (wait longer, keep longer). Which intent
+of an action is the latest is a sequence number stored with each intent,
+never a clock. A clock jumping forward makes intents expire early, which is
+safe: they are reconciled; a wall clock set back delays trusting a "not
+found" by as much.
+
+What cannot be protected: on a system with no clock that counts sleep
+(Windows, the BSDs, or a sandbox that hides the boot's identity, where
+clock.System's SinceBoot reports none), or across a reboot, an intent's
+age rests on the wall clock and its high-water mark, so a clock set back
+while the app was not running, by more than the safety margin and past
+every wall time the app had stored, makes an older intent look younger,
+and it may be sent after the server forgot its key. Darwin's kern.boottime,
+the boot's identity there, moves when the wall clock is set, which makes
+the sleep-counting readings of earlier writes unusable (the other clocks
+remain). A Retry-After given as a date is read against the wall clock.
 
 # Sending through any http.Client
 

@@ -138,9 +138,9 @@ func (c *Manual) Sleep(ctx context.Context, d time.Duration) error {
 // setting of the wall clock moves: the time since an arbitrary fixed
 // instant, such as the start of the process. idem measures with it how long
 // ago this process last sent an intent and how old the intents it created
-// are. Without it, the differences of Now are used: the system clock's
-// readings carry a monotonic reading within a process, so they are safe; a
-// Clock whose Now can jump gives no such protection.
+// are. Like Go's monotonic reading, it may stop while the device sleeps;
+// idem reads Boot as well, where the clock has it. Without Monotonic, the
+// differences of Now are used.
 type Monotonic interface {
 	Monotonic() time.Duration
 }
