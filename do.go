@@ -27,6 +27,11 @@ type Response struct {
 	// FromStore is true when the intent was already resolved and nothing
 	// was sent.
 	FromStore bool
+	// NotRecorded is true when this answer arrived but the device could
+	// not save it (Do returns it with a *SaveError): the answer is the
+	// server's and final all the same, but the intent stays unresolved on
+	// the device, and the next Do gets the server's replay of it.
+	NotRecorded bool
 	// Oversized is true when the answer was larger than
 	// WithMaxResponseBytes (header fields and body together). Its status is
 	// known and the intent is resolved from it, but its body was not kept
@@ -57,7 +62,9 @@ func (r *Response) clone() *Response {
 	return &c
 }
 
-// Do sends the intent and returns its final answer.
+// Do sends the intent and returns its final answer. An answer whose save
+// on the device failed is returned all the same, with NotRecorded set and
+// a *SaveError (Op "record outcome"): the payment it reports happened.
 //
 // An intent made by Intent or NewIntent is armed by its first Do: saved
 // durably, in the one write before its first byte is sent. If that write
@@ -213,6 +220,10 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	saveErr := c.saveWith(context.WithoutCancel(ctx), in, rec, "record outcome", persist.SaveDeferred)
 	if saveErr == nil {
 		c.settled(rec.Key)
+	} else {
+		// The answer is never reported as "not sent": it is returned,
+		// marked as not recorded.
+		resp.NotRecorded = true
 	}
 	apiErr := c.apiErrorFor(rec, resp)
 	switch {

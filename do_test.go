@@ -900,3 +900,33 @@ func TestRedirectToGETCarriesNoKey(t *testing.T) {
 	defer mu.Unlock()
 	assert.Empty(t, getKeys, "a redirect that turns the POST into a GET is not followed, so no GET carries the key")
 }
+
+// outcomeUnsaved is a store that saves the tap's write and fails every
+// later one, as a disk that fills up right after a payment.
+type outcomeUnsaved struct{ *persist.Memory }
+
+func (s outcomeUnsaved) Save(ctx context.Context, rec *persist.Record) error {
+	if rec.State != persist.StateNew {
+		return errDiskFull
+	}
+	return s.Memory.Save(ctx, rec)
+}
+
+// The answer arrived and its save failed: Do and Send return the answer,
+// marked as not recorded, with the *SaveError; never "not sent".
+func TestAnAnswerWhoseSaveFailedIsReturnedAsNotRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.store = outcomeUnsaved{persist.NewMemory(nil)}
+	c := e.newClient(t)
+	resp, err := c.Send(ctx, "checkout:full", e.paymentRequest(t, 100, "cus_1"))
+	require.NotNil(t, resp, "the answer is returned")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.True(t, resp.NotRecorded)
+	var saveErr *idem.SaveError
+	require.ErrorAs(t, err, &saveErr)
+	assert.Equal(t, "record outcome", saveErr.Op)
+	assert.NotErrorIs(t, err, idem.ErrNotSent)
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}

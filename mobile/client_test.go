@@ -1,6 +1,7 @@
 package mobile
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
 )
 
 var epoch = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
@@ -389,4 +391,33 @@ func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 	assert.Equal(t, OutcomeSucceeded, res.Outcome)
 	assert.True(t, res.Oversized, "the payment's answer is over 16 bytes")
 	assert.Empty(t, res.Body)
+}
+
+// fullAfterAnswer is a store whose disk fills up as the answer arrives:
+// the tap's write succeeds, the outcome's save fails.
+type fullAfterAnswer struct{ *persist.Memory }
+
+func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
+	if rec.State.Resolved() {
+		return errors.New("no space left on device")
+	}
+	return s.Memory.Save(ctx, rec)
+}
+
+// The server charges and answers 201, then the outcome cannot be saved:
+// Pay returns the Result, which says so, and no error, for a storage error
+// means that nothing was sent.
+func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	res, err := c.Pay("checkout:full", "/payments", []byte(cart), nil)
+	require.NoError(t, err, "the payment was sent and answered")
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.Equal(t, int64(http.StatusCreated), res.Status)
+	assert.True(t, res.NotRecorded)
+	assert.NotEmpty(t, res.Body)
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }

@@ -52,6 +52,12 @@ type Result struct {
 	// Oversized: the final answer was larger than the client keeps; its
 	// status settled the intent, and Body is empty.
 	Oversized bool
+	// NotRecorded: the final answer arrived but the device could not save
+	// it (its storage is full, say). Outcome and Status are the server's
+	// and true; the intent stays unresolved on the device, and Resume or
+	// Settle later gets the server's replay of the same answer. The call
+	// returns no error: the payment was sent and answered.
+	NotRecorded bool
 	// Attempts is how many attempts this call sent.
 	Attempts int64
 	// ProblemType is the RFC 9457 problem type of a non-2xx answer, or "".
@@ -74,6 +80,21 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		r.FromStore = resp.FromStore
 		r.Oversized = resp.Oversized
 		r.Attempts = int64(resp.Attempts)
+	}
+	if resp != nil && resp.NotRecorded {
+		// An answer is never reported as a storage error, whose meaning
+		// is "nothing was sent".
+		r.NotRecorded = true
+		r.Outcome = OutcomeSucceeded
+		var apiErr *idem.APIError
+		if errors.As(err, &apiErr) {
+			r.ProblemType, r.Detail = apiErr.Problem.Type, apiErr.Problem.Detail
+			r.Outcome = OutcomeFailed
+			if errors.Is(err, idem.ErrKeyReused) || errors.Is(err, idem.ErrKeyRejected) {
+				r.Outcome = OutcomeRejected
+			}
+		}
+		return r, nil
 	}
 	var (
 		apiErr   *idem.APIError
