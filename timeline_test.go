@@ -178,7 +178,6 @@ func payment1500(t testing.TB, srv *fakeserver.Server) idem.Request {
 // during the next wait.
 type goClock struct {
 	m        *clock.Manual
-	start    time.Time
 	mu       sync.Mutex
 	slept    time.Duration
 	sleepFor time.Duration

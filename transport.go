@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strconv"
+	"sync"
+	"weak"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -70,8 +73,12 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 // The key comes from the intent in the request's context (see
 // ContextWithIntent); the request must then be the intent's request, else
 // the round trip fails with ErrIntentMismatch before anything is sent.
-// Without one, the RoundTripper makes a key for that one request and keeps
-// it in memory only: its retries are safe, but a restart forgets it. Use
+// Without one, the RoundTripper makes a key for that request and keeps it
+// in memory only: its retries are safe, and so is sending the same
+// *http.Request again (an API client's own retry loop), which gets the same
+// key while it holds the same bytes; the request is neither changed nor
+// kept alive by it. A clone or a new request gets a new key. A restart
+// forgets them all. Use
 // intents for anything that must survive a restart. A request that carries
 // its own Idempotency-Key keeps it: if the key is a stored intent's, the
 // request is that intent (and must be its request); otherwise (an API
@@ -94,6 +101,45 @@ type roundTripper struct {
 	c     *Client
 	base  http.RoundTripper
 	retry *retrier // sends each attempt through base
+
+	// sent holds the in-memory intent of each live request that this
+	// RoundTripper gave a key, by a weak pointer: the same *http.Request
+	// sent again (an API client's own retry) is the same intent, and a
+	// request the caller dropped is forgotten with it.
+	mu   sync.Mutex
+	sent map[weak.Pointer[http.Request]]*Intent
+}
+
+// intentOf returns the in-memory intent this RoundTripper made for req, if
+// req was sent through it before with the same bytes.
+func (t *roundTripper) intentOf(req *http.Request, live Request) *Intent {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in := t.sent[weak.Make(req)]
+	if in == nil || !in.matches(live) {
+		return nil
+	}
+	return in
+}
+
+// remember makes in the intent of req until req is collected.
+func (t *roundTripper) remember(req *http.Request, in *Intent) {
+	wp := weak.Make(req)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.sent == nil {
+		t.sent = make(map[weak.Pointer[http.Request]]*Intent)
+	}
+	if _, ok := t.sent[wp]; !ok {
+		runtime.AddCleanup(req, t.forget, wp)
+	}
+	t.sent[wp] = in
+}
+
+func (t *roundTripper) forget(wp weak.Pointer[http.Request]) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.sent, wp)
 }
 
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -124,6 +170,9 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := t.c.arm(ctx, in); err != nil {
 			return nil, err
 		}
+	} else if again := t.intentOf(req, live); again != nil {
+		// The same request object, sent again: the same intent.
+		in = again
 	} else {
 		if err := live.validate(); err != nil {
 			return nil, err
@@ -139,6 +188,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			rec.Key, rec.KeyHeader = k, k
 		}
 		in = &Intent{rec: rec, ephemeral: true, c: t.c}
+		t.remember(req, in)
 	}
 
 	// The live request's headers go on the wire (credentials set by the
@@ -179,6 +229,18 @@ func readRequestBody(req *http.Request) ([]byte, error) {
 		return nil, nil
 	}
 	defer req.Body.Close()
+	if req.GetBody != nil {
+		// A fresh copy: a request sent again has its bytes even when the
+		// caller did not rewind its Body.
+		if b, err := req.GetBody(); err == nil {
+			defer b.Close()
+			out, err := io.ReadAll(b)
+			if err != nil {
+				return nil, fmt.Errorf("idem: reading request body: %w", err)
+			}
+			return out, nil
+		}
+	}
 	b, err := io.ReadAll(req.Body)
 	if err != nil {
 		return nil, fmt.Errorf("idem: reading request body: %w", err)

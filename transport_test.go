@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"runtime"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -211,4 +212,45 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	net.deliver(t)
 	assert.Equal(t, 1, srv.Stats().Payments)
 	assert.NotEqual(t, persist.StateVoid, in.State())
+}
+
+// An API client whose own retry loop sends the same *http.Request again,
+// after the RoundTripper's short budget lost the answer, sends the same
+// key: one charge. The caller's request is not changed, nor kept alive; a
+// clone is another request.
+func TestTheRoundTripperGivesTheSameRequestTheSameKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rt := e.client.RoundTripper(e.srv.Client().Transport)
+	hc := &http.Client{Transport: rt}
+	req := e.paymentRequest(t, 1500, "cus_1")
+	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
+	require.NoError(t, err)
+	httpReq.Header = req.Header.Clone()
+
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err = hc.Do(httpReq)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Empty(t, httpReq.Header.Get("Idempotency-Key"), "the caller's request is not changed")
+
+	resp, err := hc.Do(httpReq) // the API client's own retry
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+	clone := httpReq.Clone(context.Background())
+	clone.Body, _ = httpReq.GetBody()
+	resp, err = hc.Do(clone)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 2, e.srv.Stats().ProviderCharges, "a clone is a new request, with a new key")
+
+	httpReq, clone = nil, nil
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return idem.Remembered(rt) == 0
+	}, 10*time.Second, time.Millisecond, "requests the caller dropped are forgotten")
 }
