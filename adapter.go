@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -197,6 +198,9 @@ type call struct {
 	// start, then cutBeforeWire).
 	cut           *stop
 	cutBeforeWire bool
+	// canceled is the number of the attempt the call's context ended in,
+	// once the attempt hook was told of it.
+	canceled int
 	// conns counts the connections given to a request of this call, and
 	// answers the answers that began to arrive. net/http sends a request
 	// that carries an Idempotency-Key again on a new connection when a
@@ -246,6 +250,15 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 		return false, nil
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
+		// The attempt is counted: the hook hears of it too, once.
+		if st.b.attempts > 0 && st.canceled != st.b.attempts {
+			st.canceled = st.b.attempts
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+			}
+			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: cmp.Or(err, ctxErr)})
+		}
 		return false, ctxErr
 	}
 	if err != nil && st.cut != nil {

@@ -549,3 +549,41 @@ func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
 	require.Equal(t, http.StatusOK, lookup.StatusCode)
 	assert.JSONEq(t, string(body), string(resp.Body))
 }
+
+// An attempt cut short by the caller's cancel is counted, and the attempt
+// hook hears of it like any other.
+func TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation(t *testing.T) {
+	t.Parallel()
+	arrived := make(chan struct{}, 1)
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })
+	var mu sync.Mutex
+	var heard []idem.Attempt
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
+		idem.WithAttemptHook(func(a idem.Attempt) { mu.Lock(); heard = append(heard, a); mu.Unlock() }))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-arrived; cancel() }()
+	_, err = c.Do(ctx, in)
+	var re *idem.RetryError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Attempts)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, heard, 1, "the counted attempt is reported")
+	assert.Equal(t, 1, heard[0].Number)
+	assert.Error(t, heard[0].Err)
+}

@@ -11,3 +11,13 @@ func Remembered(rt any) int {
 	defer t.mu.Unlock()
 	return len(t.sent)
 }
+
+// Tracked returns how many intents c holds state for in memory.
+func Tracked(c *Client) int {
+	c.sentMu.Lock()
+	n := len(c.unsent) + len(c.dropped) + len(c.created) + len(c.lastSent)
+	c.sentMu.Unlock()
+	c.intentMu.Lock()
+	defer c.intentMu.Unlock()
+	return n + len(c.unarmed)
+}

@@ -550,6 +550,8 @@ func (c *Client) dropUnsent(rec *persist.Record) bool {
 		return false
 	}
 	delete(c.unsent, rec.Key)
+	delete(c.created, rec.Key)
+	delete(c.lastSent, rec.Key)
 	if c.dropped == nil {
 		c.dropped = make(map[string]struct{})
 	}

@@ -615,3 +615,22 @@ func TestAClientNeverReplacesAnotherClientsArmedIntent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
+
+// A Pay screen whose cart changes again and again replaces its unsent
+// intent each time: what the Client holds stays one intent's worth.
+func TestReplacedUnsentIntentsDoNotAccumulate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	var last *idem.Intent
+	for i := range 2000 {
+		in, err := e.client.Intent(ctx, "checkout:changing", e.paymentRequest(t, 100+i, "cus_1"))
+		require.NoError(t, err)
+		last = in
+	}
+	assert.LessOrEqual(t, idem.Tracked(e.client), 1)
+	_, err := e.client.Do(ctx, last)
+	require.NoError(t, err)
+	assert.Zero(t, idem.Tracked(e.client), "nothing once the outcome is known")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}

@@ -47,7 +47,8 @@ import (
 // Reconcile concluded; Reconcile itself returns ErrInFlight if a Do for the
 // intent is running.
 // A resolved intent is returned as it is, and nothing is sent. The lookup
-// takes at most RetryPolicy.MaxElapsed; one that gets no answer in time
+// takes at most RetryPolicy.MaxElapsed, the call's (ContextWithRetryPolicy)
+// or else the Client's; one that gets no answer in time
 // is an error matching ErrOutcomeUnknown, and nothing changes.
 func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
@@ -87,7 +88,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 
 	// The lookup is one request: RetryPolicy.MaxElapsed bounds it, in real
 	// time, whatever the http.Client's Timeout.
-	ctx, cancel := context.WithTimeout(ctx, c.policy.MaxElapsed)
+	ctx, cancel := context.WithTimeout(ctx, c.policyFor(ctx).MaxElapsed)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {

@@ -472,3 +472,34 @@ func TestReconcileSavesAfterACancel(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, rec.State)
 }
+
+// A call's own retry policy bounds its lookup too, not only the Client's:
+// a Send under a 300ms budget does not wait the Client's minutes on a
+// lookup that hangs.
+func TestTheLookupTakesTheCallsRetryPolicy(t *testing.T) {
+	t.Parallel()
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithLookup(contractLookup),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: time.Hour}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, context.Background(), in))
+
+	ctx, cancel := context.WithTimeout(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxElapsed: 300 * time.Millisecond}), time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err = c.Reconcile(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Less(t, time.Since(start), 30*time.Second, "the call's budget is 300ms, the Client's an hour")
+}

@@ -324,7 +324,10 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	now := b.clock.Now()
 	wait := b.backoff.NextBackOff()
 	if wait > b.policy.MaxInterval || wait < 0 {
-		wait = b.policy.MaxInterval
+		// At the cap the wait is jittered below it, or about half the
+		// waits of clients that failed together would land on the cap
+		// together.
+		wait = time.Duration((1 - rand.Float64()*b.policy.Jitter) * float64(b.policy.MaxInterval))
 	}
 	var spread time.Duration
 	if resp != nil {

@@ -242,6 +242,27 @@ func TestBudgetJitterStaysWithinBounds(t *testing.T) {
 	assert.Greater(t, len(distinct), 10, "jitter spreads the waits")
 }
 
+// Clients that failed together and reached the cap do not retry
+// together: the waits at MaxInterval are jittered below it, not clamped
+// onto it.
+func TestWaitsAtTheCapAreJittered(t *testing.T) {
+	t.Parallel()
+	p := RetryPolicy{InitialInterval: time.Second, MaxInterval: 4 * time.Second, Multiplier: 2, Jitter: 0.5, MaxAttempts: 1000, MaxElapsed: 1000 * time.Hour}
+	b, _ := newTestBudget(t, p, 0, time.Time{})
+	onCap := 0
+	const n = 400
+	for range n {
+		b.attempts = 1
+		w, st := b.next(nil)
+		require.Nil(t, st)
+		assert.LessOrEqual(t, w, 4*time.Second)
+		if w == 4*time.Second {
+			onCap++
+		}
+	}
+	assert.Less(t, onCap, n/20, "waits that land exactly on the cap")
+}
+
 func TestBudgetHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
 	p := RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true}
