@@ -46,13 +46,6 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "latest-by-wall-clock", File: "intent.go",
-		Note:    "an action's latest intent is the one created last by the device's clock",
-		Anchor:  "if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {",
-		Replace: "if !r.CreatedAt.Before(latest.CreatedAt) {",
-	},
-	{
-		Pkg: simPkg, Run: simRun,
 		Name: "key-spelling-from-option", File: "adapter.go",
 		Note:    "the key is spelled as the current Client's option says, not as stored with the intent",
 		Anchor:  "	req.Header = attemptHeader(header, rec.KeyHeader)\n",

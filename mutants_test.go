@@ -1,0 +1,123 @@
+package idem_test
+
+import (
+	"testing"
+
+	"github.com/idemkit/idem/internal/mutant"
+)
+
+// TestMutants requires the client's own tests to kill the mutants of the
+// rules of the device's life: the tap arms the intent, one writer per
+// store, ages read every clock, resolved stays resolved, the RoundTripper
+// follows the request, and an answer is never reported as not sent. Each
+// row names the test that kills it.
+func TestMutants(t *testing.T) {
+	const root = "."
+	mutant.Test(t, []mutant.Mutant{
+		{
+			Name: "intent-saved-when-shown", File: "intent.go",
+			Note:    "an intent is saved when Intent makes it, before the user taps",
+			Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",
+			Replace: "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n\tif err := persist.SaveShared(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Pkg:     root, Run: "^TestSettleAllNeverSendsAnIntentNobodyTapped$",
+		},
+		{
+			Name: "claim-without-check", File: "persist/claim.go",
+			Note:    "the store's claim of an action's latest intent saves whatever the action holds",
+			Anchor:  "\tif !lost {\n",
+			Replace: "\tif true || !lost {\n",
+			Pkg:     root, Run: "^TestTwoClientsOnOneStoreMakeOneKeyPerAction$",
+		},
+		{
+			Name: "latest-by-wall-clock", File: "intent.go",
+			Note:    "an action's latest intent is the one created last by the device's clock",
+			Anchor:  "if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {",
+			Replace: "if !r.CreatedAt.Before(latest.CreatedAt) {",
+			Pkg:     root, Run: "^TestTheLatestIntentIsTheLastCreatedWhateverTheClock$",
+		},
+		{
+			Name: "age-ignores-sleep", File: "timeline.go",
+			Note:    "an intent's age ignores the clock that counts device sleep",
+			Anchor:  "\t\tage = max(age, r.boot-cl.Armed)\n",
+			Replace: "\t\t_ = cl\n",
+			Pkg:     root, Run: "^TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff$",
+		},
+		{
+			Name: "expiry-as-an-instant", File: "do.go",
+			Note:    "the time left to send is fixed as an instant on the clock's timeline at the call's start",
+			Anchor:  "\tif left() <= 0 {\n",
+			Replace: "\texp := c.clock.Now().Add(left())\n\tleft = func() time.Duration { return exp.Sub(c.clock.Now()) }\n\tif left() <= 0 {\n",
+			Pkg:     root, Run: "^TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff$",
+		},
+		{
+			Name: "age-ignores-wall-mark", File: "timeline.go",
+			Note:    "an intent's age ignores the stored high-water mark of the wall clock",
+			Anchor:  "\tage := max(wall, c.mark(r.wall).Sub(armMark))\n",
+			Replace: "\tage := wall\n\t_ = armMark\n",
+			Pkg:     root, Run: "^TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger$",
+		},
+		{
+			Name: "prune-by-wall-clock", File: "timeline.go",
+			Note:    "Prune judges an outcome's age by the wall clock alone",
+			Anchor:  "\t\tage = min(age, r.boot-cl.Written)\n",
+			Replace: "\t\t_ = cl\n",
+			Pkg:     root, Run: "^TestPruneJudgesAnOutcomeByTheSmallestAgeAnyClockReports$",
+		},
+		{
+			Name: "prune-without-tombstone", File: "prune.go",
+			Note:    "Prune deletes an action's latest paid intent like any other",
+			Anchor:  "\t\tcase keep[r.Key] && r.State == persist.StateSucceeded:\n",
+			Replace: "\t\tcase false:\n",
+			Pkg:     root, Run: "^TestPruneKeepsWhatMakesTheNextTapOfAPaidActionANoOp$",
+		},
+		{
+			Name: "paid-action-pays-again", File: "intent.go",
+			Note:    "a changed request for an action that succeeded makes a new intent",
+			Anchor:  "\t\t\tcase latest.State == persist.StateSucceeded && !forceNew:\n\t\t\t\treturn nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestIntentForAnAction$",
+		},
+		{
+			Name: "roundtripper-forgets-request", File: "transport.go",
+			Note:    "the same *http.Request sent again through the RoundTripper gets a new key",
+			Anchor:  "} else if again := t.intentOf(req, live); again != nil {",
+			Replace: "} else if again := t.intentOf(req, live); false && again != nil {",
+			Pkg:     root, Run: "^TestTheRoundTripperGivesTheSameRequestTheSameKey$",
+		},
+		{
+			Name: "answer-not-marked-unrecorded", File: "do.go",
+			Note:    "an answer whose save failed is returned without saying so",
+			Anchor:  "\t\tresp.NotRecorded = true\n",
+			Replace: "\t\t_ = resp\n",
+			Pkg:     root, Run: "^TestAnAnswerWhoseSaveFailedIsReturnedAsNotRecorded$",
+		},
+		{
+			Name: "pay-reports-answer-as-storage-error", File: "mobile/result.go",
+			Note:    "the facade reports an answer whose save failed as a storage error",
+			Anchor:  "\tif resp != nil && resp.NotRecorded {\n",
+			Replace: "\tif false {\n",
+			Pkg:     "./mobile", Run: "^TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo$",
+		},
+		{
+			Name: "lookup-takes-client-policy", File: "reconcile.go",
+			Note:    "the lookup is bounded by the Client's retry policy, not the call's",
+			Anchor:  "c.policyFor(ctx).MaxElapsed)",
+			Replace: "c.policy.MaxElapsed)",
+			Pkg:     root, Run: "^TestTheLookupTakesTheCallsRetryPolicy$",
+		},
+		{
+			Name: "cap-unjittered", File: "retry.go",
+			Note:    "a wait over MaxInterval is clamped onto it",
+			Anchor:  "\t\twait = time.Duration((1 - rand.Float64()*b.policy.Jitter) * float64(b.policy.MaxInterval))\n",
+			Replace: "\t\twait = b.policy.MaxInterval\n",
+			Pkg:     root, Run: "^TestWaitsAtTheCapAreJittered$",
+		},
+		{
+			Name: "hook-misses-canceled-attempt", File: "adapter.go",
+			Note:    "the attempt hook is not told of an attempt the caller's cancel cut short",
+			Anchor:  "\t\tif st.b.attempts > 0 && st.canceled != st.b.attempts {\n",
+			Replace: "\t\tif false {\n",
+			Pkg:     root, Run: "^TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation$",
+		},
+	})
+}
