@@ -91,6 +91,16 @@ func (a *app) step() {
 		return
 	}
 	cur := a.sess.carts[len(a.sess.carts)-1]
+	if r.chance(0.2) {
+		// The Pay screen shows the intent's key; the user walks away.
+		// Only a tap may send it.
+		in, err := a.d.client.Intent(context.Background(), a.name, cur.request())
+		if err == nil && w.intents[in.Key()] == nil {
+			w.shown[in.Key()] = true
+			w.tracef("d%d/%s: Pay shown for %s (key %s); the user leaves", a.d.id, a.name, cur.desc, in.Key())
+		}
+		return
+	}
 	if r.chance(0.15) {
 		// The user changes the cart (or the card, after a decline).
 		a.newCart()

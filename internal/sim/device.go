@@ -31,9 +31,10 @@ type device struct {
 	mem        *persist.Memory
 	store      *deviceStore
 	client     *idem.Client
-	gen        int       // bumped at every crash
-	upAt       time.Time // when a dead device starts again
-	bootAt     time.Time // when the running process started
+	gen        int           // bumped at every crash
+	upAt       time.Time     // when a dead device starts again
+	bootAt     time.Time     // when the running process started
+	slept      time.Duration // how long the device slept since then
 	up         bool
 	quoted     bool
 	diskFull   time.Time // the disk is full until then
@@ -54,13 +55,27 @@ func (c deviceClock) Now() time.Time { return c.d.w.clk.now.Add(c.d.offset) }
 // Monotonic is the device's monotonic clock: the time since its process
 // started, which no setting of the wall clock moves. (A Clock may offer it
 // to idem; see idem.Monotonic where it exists.)
-func (c deviceClock) Monotonic() time.Duration { return c.d.w.clk.now.Sub(c.d.bootAt) }
+func (c deviceClock) Monotonic() time.Duration { return c.d.w.clk.now.Sub(c.d.bootAt) - c.d.slept }
+
+// SinceBoot is the device's clock that counts sleep: the device booted at
+// the world's start and never reboots.
+func (c deviceClock) SinceBoot() (time.Duration, string, bool) {
+	return c.d.w.clk.now.Sub(Epoch) + time.Hour, fmt.Sprintf("boot-d%d", c.d.id), true
+}
 
 func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	c.d.maybeCrash("while waiting to retry")
+	if c.d.w.faulty && c.d.w.devRNG.chance(0.02) {
+		// The phone sleeps through the wait: the world's time passes,
+		// the monotonic reading of Go's clock does not.
+		extra := time.Duration(1+c.d.w.devRNG.IntN(120)) * time.Minute
+		c.d.slept += extra
+		c.d.w.tracef("d%d sleeps %s during a wait", c.d.id, extra)
+		d += extra
+	}
 	c.d.w.clk.advanceTo(c.d.w.clk.now.Add(d))
 	return nil
 }
@@ -98,6 +113,7 @@ func (d *device) start() {
 		d.quoted = !d.quoted
 	}
 	d.bootAt = d.w.clk.now
+	d.slept = 0
 	opts := []idem.Option{
 		idem.WithHTTPClient(&http.Client{Transport: transport{d}}),
 		idem.WithStore(d.store),

@@ -46,6 +46,13 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
+		Name: "intent-saved-when-shown", File: "intent.go",
+		Note:    "an intent is saved when the Pay screen shows it, so a restart settles a cart nobody tapped",
+		Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",
+		Replace: "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n\tif err := persist.SaveShared(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
 		Name: "key-spelling-from-option", File: "adapter.go",
 		Note:    "the key is spelled as the current Client's option says, not as stored with the intent",
 		Anchor:  "	req.Header = attemptHeader(header, rec.KeyHeader)\n",

@@ -105,6 +105,10 @@ type World struct {
 	sessions []*session
 	intents  map[string]*intentInfo // by key
 	carts    map[string]*cart       // by description
+	// shown are the keys of intents made when a Pay screen was shown and
+	// never tapped; untapped lists the ones a restart found stored.
+	shown    map[string]bool
+	untapped []string
 	stats    Stats
 }
 
@@ -173,6 +177,7 @@ func Run(cfg Config) Result {
 		appRNG:    newRNG(cfg.Seed, 4),
 		keyRNG:    newRNG(cfg.Seed, 5),
 		intents:   make(map[string]*intentInfo),
+		shown:     make(map[string]bool),
 		carts:     make(map[string]*cart),
 		faulty:    true,
 	}
@@ -306,6 +311,7 @@ func (w *World) bind(key string, c *cart) {
 		}
 		return
 	}
+	delete(w.shown, key) // tapped now
 	w.intents[key] = &intentInfo{key: key, cart: c}
 	c.sess.keys = append(c.sess.keys, key)
 	w.tracef("intent %s is for cart %s", key, c.desc)
@@ -315,6 +321,10 @@ func (w *World) bind(key string, c *cart) {
 // intent whose creation the app never saw return (it crashed right after
 // the save) is still the app's.
 func (w *World) bindIntent(in *idem.Intent) {
+	if w.shown[in.Key()] {
+		// Nobody tapped it: it must not outlive the process.
+		w.untapped = append(w.untapped, in.Key())
+	}
 	var body struct{ Description string }
 	if err := json.Unmarshal(in.Request().Body, &body); err != nil || w.carts[body.Description] == nil {
 		panic(fmt.Sprintf("sim: intent %s holds no cart of the world: %s", in.Key(), in.Request().Body))
@@ -415,6 +425,9 @@ func (w *World) check() []string {
 		if info.reported != "" && stored[key].Resolved() && (stored[key] == persist.StateSucceeded) != (info.reported == persist.StateSucceeded) {
 			bad("intent %s: the app was told %s, the device stores %s", key, info.reported, stored[key])
 		}
+	}
+	for _, key := range w.untapped {
+		bad("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key)
 	}
 	return vs
 }
