@@ -93,9 +93,12 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 		Method: http.MethodPost, URL: url,
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody,
 	}
+	var seq atomic.Int64
 	withIdem := func(c *idem.Client, ok *atomic.Int64) func(context.Context) error {
 		return func(ctx context.Context) error {
-			in, err := c.NewIntent(ctx, "", req)
+			// The Pay screen makes the intent of its action (nothing is
+			// written yet); the tap's Do arms it.
+			in, err := c.Intent(ctx, fmt.Sprintf("checkout:%d", seq.Add(1)), req)
 			if err != nil {
 				return err
 			}
@@ -141,6 +144,11 @@ func finish(resp *http.Response, err error) error {
 // saveOnly hides a store's SaveDeferred: every save goes through Save.
 type saveOnly struct{ persist.Store }
 
+// Claim keeps the store's claim of an action's latest intent.
+func (s saveOnly) Claim(ctx context.Context, rec *persist.Record) error {
+	return persist.Claim(ctx, s.Store, rec)
+}
+
 // countingStore counts the Saves made through it, each one durable write
 // of the underlying store before it returns, and the SaveDeferreds, whose
 // directory sync runs in the background.
@@ -154,6 +162,12 @@ type countingStore struct {
 func (s *countingStore) Save(ctx context.Context, rec *persist.Record) error {
 	s.saves.Add(1)
 	return s.Store.Save(ctx, rec)
+}
+
+// Claim is the arming write of a named intent: one durable write.
+func (s *countingStore) Claim(ctx context.Context, rec *persist.Record) error {
+	s.saves.Add(1)
+	return persist.Claim(ctx, s.Store, rec)
 }
 
 func (s *countingStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
