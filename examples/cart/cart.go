@@ -40,7 +40,8 @@ func run(ctx context.Context, out io.Writer) error {
 	// A tap gives up after one attempt and shows "payment status unknown".
 	tap := idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1})
 
-	// The Pay button is shown: an intent for the cart, saved, not sent.
+	// The Pay button is shown: an intent for the cart, in memory until the
+	// tap, not sent.
 	v1 := cart{items: []string{"book"}, amount: 1500}
 	a, err := client.Intent(ctx, checkout, v1.request(srv.URL))
 	if err != nil {
@@ -83,9 +84,15 @@ func run(ctx context.Context, out io.Writer) error {
 	_ = json.Unmarshal(resp.Body, &paid)
 	fmt.Fprintf(out, "settled B: %s, payment %s of %d; the app tells the user the earlier cart was paid\n", b.State(), paid.ID, paid.Amount)
 
-	// B's outcome is known now; the user, told that B was paid, still
-	// wants this cart: a new intent with a new key.
-	if resp, err = client.Send(ctx, checkout, v3.request(srv.URL)); err != nil {
+	// B's outcome is known now, and the action is paid: Send for it would
+	// refuse another cart (*idem.ResolvedError). The user, told that B was
+	// paid, still wants this cart: a deliberate second payment, a new
+	// intent with a new key.
+	c, err := client.NewIntent(ctx, checkout, v3.request(srv.URL))
+	if err != nil {
+		return err
+	}
+	if resp, err = client.Settle(ctx, c); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "pay C: %d\n", resp.StatusCode)
