@@ -3,12 +3,19 @@
 //
 // # Schema
 //
-// [Migrate] applies the schema, a versioned migration embedded in the
-// package (migrations/0001_records.sql): the table idempotency_records,
-// keyed by (caller, key) as its PRIMARY KEY, with the fingerprint, status,
-// stable id, lease owner and end, created and expiry times, the stored
-// answer, and an index on expires_at for the sweep. Call it at start-up;
-// several processes may call it at once.
+// [Migrate] applies the schema from versioned migrations embedded in the
+// package (migrations/NNNN_name.sql), each once, in order, and records them
+// in idempotency_schema_migrations. Its table idempotency_records is keyed
+// by (caller, key) as its PRIMARY KEY, with the fingerprint, status, stable
+// id, lease owner and end, created and expiry times, the stored answer, and
+// an index on expires_at for the sweep; idempotency_inbox holds the ids of
+// processed messages. Call Migrate at start-up; several processes may call
+// it at once.
+//
+// Teams that run their migrations with goose or golang-migrate pass
+// [Migrations] to their tool instead: the same statements, in files those
+// tools read. Use one tool per database, since each records what it applied
+// in a table of its own.
 //
 // # Statements
 //
@@ -63,6 +70,19 @@
 // committed, exactly as without it; only a record not yet completed may be
 // lost, and then its key is new again and nothing written through Complete
 // for it is kept.
+//
+// # Sweeping
+//
+// Both tables are swept in bounded batches, by the database's clock (or
+// [Options.Clock]), and the two Sweep methods differ on purpose.
+// [Store.Sweep](ctx, now) implements [idempotency.Store]: it deletes the
+// records whose expiry, set from the middleware's retention, has passed by
+// the store's clock; now is the caller's reading, which the interface
+// carries and this store does not need. [Inbox.Sweep](ctx, olderThan)
+// deletes the message ids processed more than olderThan ago, since an inbox
+// row has no expiry of its own; pass the broker's redelivery window. Run
+// either from one process or from all of them: a batch skips the rows
+// another sweep holds.
 //
 // Times are stored as timestamptz, to the microsecond.
 package pgstore
