@@ -1,7 +1,29 @@
 // Command idemcheck certifies a server against the Idempotency-Key contract
-// (README, "The HTTP contract"), from its URL: it sends requests it builds
-// itself and prints one line per rule, PASS, FAIL or SKIP, with the evidence
-// for each FAIL. Run it with -h for the flags and the rows.
+// (docs/CONTRACT.md), from its URL: it sends requests it builds itself
+// (plain net/http, not idem's client) and prints one line per rule, PASS,
+// FAIL or SKIP, with what a FAIL costs a client and the requests and
+// answers that show it.
+//
+//	go run github.com/idemkit/idem/cmd/idemcheck@latest \
+//	    -url https://staging.example/payments \
+//	    -body '{"amount": 100, "currency": "AZN", "customer": "cus_1"}' \
+//	    -auth "Bearer $TOKEN_A" -auth2 "Bearer $TOKEN_B" \
+//	    -lookup 'https://staging.example/payments?idempotency_key={key}'
+//
+// Every request carries a fresh random key, so nothing collides with real
+// traffic; each one that succeeds creates a real record, and idemcheck says
+// how many requests it will send before it sends the first. -auth and
+// -auth2 (or $IDEMCHECK_AUTH and $IDEMCHECK_AUTH2) are two callers'
+// Authorization values: without -auth2 the scoping row is SKIP, without
+// -lookup the lookup row. The fault rows (5xx-not-stored, dead-worker) need
+// the fake server's admin endpoints, looked for at the URL's origin or at
+// -admin, and are SKIP without them.
+//
+// Exit status 0 when no row failed, 1 when one did, 2 when the check could
+// not run (bad flags, or the server refused -body); -json prints the report
+// as one JSON object. Run it with -h for every flag and row. The manual,
+// with a real run, every row and what a FAIL costs a client, is
+// docs/IDEMCHECK.md.
 package main
 
 import (

@@ -83,9 +83,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return cfg, nil
 }
 
-// defaultStateDir is where intents are kept between runs against a server.
+// defaultStateDir is where intents are kept between runs against a server:
+// the user's configuration directory, not the cache directory, which the
+// system or the user may clear while a payment is unresolved.
 func defaultStateDir() string {
-	if dir, err := os.UserCacheDir(); err == nil {
+	if dir, err := os.UserConfigDir(); err == nil {
 		return filepath.Join(dir, "idem-checkout")
 	}
 	return ".idem-state"

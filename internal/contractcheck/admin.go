@@ -7,7 +7,7 @@ import (
 	"net/http"
 )
 
-// The fake server's admin endpoints (README, "From any language"): the
+// The fake server's admin endpoints (docs/FAKESERVER.md): the
 // fault rows use them to make the server fail on purpose.
 
 // adminStats are the counters of GET /_fake/stats that the checks read.

@@ -1,5 +1,5 @@
 // Package contractcheck judges a running HTTP server against the
-// Idempotency-Key contract (the README's "The HTTP contract"), from its URL
+// Idempotency-Key contract (docs/CONTRACT.md), from its URL
 // alone: it sends requests it builds itself with net/http and compares the
 // answers with the contract, one row per rule. It is the engine of
 // cmd/idemcheck.

@@ -1,0 +1,18 @@
+// Package doccheck holds the tests that keep the repository's Markdown
+// documents true: every Go snippet is the text of a function the tests run
+// or a program they build (the server's is also run against PostgreSQL),
+// every relative link leads to a file or heading that exists, the README
+// stays short, and the licence files are the Apache-2.0 text in each
+// module.
+//
+// A Go snippet is marked by an HTML comment on the line before its fence:
+//
+//	<!-- doccheck: snippet FILE FUNC -->   the block is a run of lines of
+//	                                       func FUNC in FILE (whole, or its
+//	                                       body one tab less indented)
+//	<!-- doccheck: program NAME -->        the block is a main package,
+//	                                       built by the tests
+//
+// FILE is relative to the repository's root. An unmarked Go block fails
+// the tests.
+package doccheck

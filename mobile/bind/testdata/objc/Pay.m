@@ -1,0 +1,47 @@
+// The calls of mobile/README.md's Swift block, in Objective-C, compiled
+// against the generated header: what Swift sees of the facade is what this
+// file uses.
+#import <Foundation/Foundation.h>
+#import "Mobile.objc.h"
+
+void showReceipt(NSData *body);
+void showDeclined(NSString *problemType);
+void showNotPaid(void);
+void reportBug(NSString *problemType);
+void showPending(NSString *key);
+
+void pay(NSString *dir, NSData *body) {
+	MobileConfig *cfg = MobileNewConfig(dir, @"https://api.example.com");
+	NSError *err = nil;
+	MobileClient *client = MobileOpen(cfg, &err);
+	if (client == nil) {
+		NSLog(@"%@", [err localizedDescription]);
+		return;
+	}
+
+	MobileIntentList *left = [client unresolved:&err];
+	for (int64_t i = 0; i < [left len]; i++) {
+		MobileIntentInfo *in = [left get:i];
+		MobileResult *r = [client settle:[in key] cancel:nil error:&err];
+		NSLog(@"%@: %@", [in name], [r outcome]);
+	}
+
+	MobileCancel *cancel = MobileNewCancel();
+	MobileResult *res = [client pay:@"checkout:cart-42" path:@"/payments" body:body cancel:cancel error:&err];
+	if (res == nil) {
+		NSLog(@"%@: %@", MobileErrorKind([err localizedDescription]), err);
+		return;
+	}
+	NSString *outcome = [res outcome];
+	if ([outcome isEqualToString:MobileOutcomeSucceeded]) {
+		showReceipt([res body]);
+	} else if ([outcome isEqualToString:MobileOutcomeFailed]) {
+		showDeclined([res problemType]);
+	} else if ([outcome isEqualToString:MobileOutcomeVoid]) {
+		showNotPaid();
+	} else if ([outcome isEqualToString:MobileOutcomeRejected]) {
+		reportBug([res problemType]);
+	} else {
+		showPending([res key]); // blocked, expired or unknown
+	}
+}
