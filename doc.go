@@ -71,7 +71,10 @@ unknown and too old to send again) or void (reconciled: the server never did
 it). The final answer is stored with a resolved intent: its status, its body
 (unless larger than [WithMaxResponseBytes]: [Response.Oversized]), and of its
 header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
-and those named with [WithStoredHeaders].
+and those named with [WithStoredHeaders]. Cookies, tokens and every other field of an answer are
+never written. The request's own header fields are stored with the intent:
+put credentials in the http.Client's transport, not in the Request's
+Header.
 
 To keep to one durable write per successful intent on the path the user
 waits on (the arming at the tap; the outcome's save is made durable in the
@@ -99,7 +102,7 @@ above the cap, or a wait that would pass the
 context's deadline or the call's time budget, ends the call at once with a
 [*RetryError] that carries the refused wait.
 
-It never retries 4xx answers: they are final. Among them, an answer that
+It never retries any other 4xx answer: those are final. Among them, an answer that
 says the key was used with another request (a bug, surfaced as an
 [*APIError] matching [ErrKeyReused]) is recognised by what it says, not by
 its status: the contract's problem type on a 422, Stripe's error of type
@@ -152,7 +155,9 @@ default); after it, the key counts as new and a resend would do the work
 again. The Client therefore stops sending a key once its intent is older than
 the retention less a safety margin ([WithRetention]): Do returns a
 *RetryError whose Reason is [StopExpired], and [Client.Settle] settles the
-intent with the server's lookup by key ([Client.Reconcile]).
+intent with the server's lookup by key ([Client.Reconcile]). A server without
+such a lookup leaves the app to settle an expired intent some other way (a
+list of recent payments, support), and Settle says so.
 
 # Reconciling
 
@@ -212,7 +217,8 @@ remain). A Retry-After given as a date is read against the wall clock.
 [Client.RoundTripper] wraps a transport so that any *http.Client, such as a
 generated API client, sends POST and PATCH with a key and retries them
 safely. The key comes from an intent carried in the request's context
-([ContextWithIntent]); without one, a key is made for that request in memory
+([ContextWithIntent]); without one, the request's own Idempotency-Key is
+kept if it has one, and otherwise a key is made for that request in memory
 and does not survive a restart. GET and the other idempotent methods never
 carry a key.
 

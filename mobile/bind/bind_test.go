@@ -27,9 +27,9 @@ func requireTool(t *testing.T, name string) string {
 	p, err := exec.LookPath(name)
 	if err != nil {
 		if os.Getenv("IDEM_REQUIRE_JVM") == "1" {
-			t.Fatalf("%s not found and IDEM_REQUIRE_JVM=1: install a JDK and a C compiler", name)
+			t.Fatalf("%s not found and IDEM_REQUIRE_JVM=1: install a JDK, a C compiler, kotlin, clang and libgnustep-base-dev", name)
 		}
-		t.Skipf("%s not found: install a JDK and a C compiler, or set IDEM_REQUIRE_JVM=1 to make this a failure", name)
+		t.Skipf("%s not found: install a JDK, a C compiler, kotlin, clang and libgnustep-base-dev, or set IDEM_REQUIRE_JVM=1 to make this a failure", name)
 	}
 	return p
 }
@@ -60,8 +60,10 @@ func generate(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if bindDir != "" {
-		os.RemoveAll(bindDir)
+	for _, dir := range []string{bindDir, javaWork} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
@@ -117,29 +119,53 @@ func javaHome(t *testing.T) string {
 	return filepath.Dir(filepath.Dir(javac))
 }
 
+var (
+	javaOnce    sync.Once
+	javaClasses string
+	javaOut     []byte
+	javaErr     error
+	javaWork    string // removed by TestMain
+)
+
 // compileJava compiles the generated Java, a stub of android.content.Context
 // (gobind's support code imports it) and the smoke test into a class
-// directory.
+// directory, once for all the tests.
 func compileJava(t *testing.T, gen string) string {
 	t.Helper()
 	javac := requireTool(t, "javac")
-	work := t.TempDir()
+	javaOnce.Do(func() { javaClasses, javaOut, javaErr = javacAll(javac, gen) })
+	if javaErr != nil {
+		t.Fatalf("javac: %v\n%s", javaErr, javaOut)
+	}
+	return javaClasses
+}
+
+func javacAll(javac, gen string) (string, []byte, error) {
+	work, err := os.MkdirTemp("", "idem-javac-")
+	if err != nil {
+		return "", nil, err
+	}
+	javaWork = work
 	stub := filepath.Join(work, "stub", "android", "content", "Context.java")
-	must(t, os.MkdirAll(filepath.Dir(stub), 0o755))
-	must(t, os.WriteFile(stub, []byte("package android.content;\n\n// Context stands in for Android's, which gobind's Seq.java imports.\npublic class Context {}\n"), 0o644))
+	if err := os.MkdirAll(filepath.Dir(stub), 0o755); err != nil {
+		return "", nil, err
+	}
+	if err := os.WriteFile(stub, []byte("package android.content;\n\n// Context stands in for Android's, which gobind's Seq.java imports.\npublic class Context {}\n"), 0o644); err != nil {
+		return "", nil, err
+	}
 	sources := []string{stub, filepath.Join("testdata", "java", "SmokeTest.java")}
-	must(t, filepath.WalkDir(filepath.Join(gen, "java"), func(path string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(filepath.Join(gen, "java"), func(path string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".java") {
 			sources = append(sources, path)
 		}
 		return err
-	}))
+	})
+	if err != nil {
+		return "", nil, err
+	}
 	classes := filepath.Join(work, "classes")
 	out, err := exec.Command(javac, append([]string{"-Xlint:none", "-d", classes}, sources...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("javac: %v\n%s", err, out)
-	}
-	return classes
+	return classes, out, err
 }
 
 func TestGeneratedJavaCompiles(t *testing.T) {
