@@ -11,6 +11,16 @@
 //	res, err := client.Pay("checkout:cart-42", "/payments", body, nil)
 //	switch res.Outcome { case mobile.OutcomeSucceeded: ... }
 //
+// Bind it from the mobile/bind directory, a module of its own whose go.mod
+// requires golang.org/x/mobile (idem's own go.mod does not, so gomobile
+// fails from the repository's root):
+//
+//	cd mobile/bind
+//	gomobile bind -target=android -androidapi 21 -o idem.aar github.com/idemkit/idem/mobile
+//
+// mobile/README.md shows the calls from Kotlin and Swift and says what CI
+// checks of the generated code.
+//
 // # Results and errors
 //
 // Every call that talks to the server returns a [Result] whose Outcome says
