@@ -32,5 +32,19 @@ func TestMutants(t *testing.T) {
 			Replace: "set_config('synchronous_commit', 'off', false)",
 			Pkg:     "./idempotency/pgstore", Run: "^TestAsyncInsertKeepsEveryCompletedRecordThroughACrash$", Env: pg,
 		},
+		{
+			Name: "migrations-fs-without-up-suffix", File: "idempotency/pgstore/migrationsfs.go",
+			Note:    "the files keep Migrate's names, which golang-migrate does not read",
+			Anchor:  `name: strings.TrimSuffix(m.name, ".sql") + ".up.sql",`,
+			Replace: `name: strings.TrimSuffix(m.name, ".up.sql"),`,
+			Pkg:     "./idempotency/pgstore", Run: "^TestMigrationsHoldsEveryMigrationInOrder$",
+		},
+		{
+			Name: "migrations-fs-without-goose-annotation", File: "idempotency/pgstore/migrationsfs.go",
+			Note:    "the files lack the annotation goose needs to run them",
+			Anchor:  `data: []byte("-- +goose Up\n" + m.sql),`,
+			Replace: `data: []byte(m.sql),`,
+			Pkg:     "./idempotency/pgstore", Run: "^TestMigrationsHoldsEveryMigrationInOrder$",
+		},
 	})
 }
