@@ -47,7 +47,7 @@ func payOnDevice(ctx context.Context, stateDir, apiURL string) error {
 		// it later (Settle, or SettleAll at the next start); never pay anew.
 		fmt.Println("outcome unknown, settle later:", err)
 	default:
-		return err // nothing sent, an earlier payment unresolved, or the store failed
+		return err // not sent, an earlier payment unresolved or paid, or the store failed
 	}
 	return nil
 }
