@@ -1,9 +1,13 @@
 package fakeserver_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -453,4 +457,47 @@ func TestBackgroundSweep(t *testing.T) {
 	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
 	clk.Advance(time.Hour)
 	assert.Eventually(t, func() bool { return s.Stats().Records == 0 }, 10*time.Second, time.Millisecond)
+}
+
+// TestDatabaseErrorsAreLoggedNeverShown: on PostgreSQL, with the payments
+// table gone, the payment's commit and the list fail; both answers are 500
+// problems that say nothing internal, and the database's message is logged.
+func TestDatabaseErrorsAreLoggedNeverShown(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	var logged syncBuffer
+	s, _ := newServer(t, &fakeserver.Options{Postgres: pool, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	_, err := pool.Exec(context.Background(), "DROP TABLE fake_payments")
+	require.NoError(t, err)
+
+	for _, a := range []answer{
+		pay(t, s, "k1", payBody),
+		send(t, s.Client(), s.URL, req{Method: http.MethodGet, NoKey: true}),
+		send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k2", NoKey: true}),
+	} {
+		assert.Equal(t, http.StatusInternalServerError, a.Status)
+		assert.Equal(t, idempotency.TypeInternal, a.problem(t).Type)
+		for _, internal := range []string{"SQLSTATE", "fake_payments", "relation", "does not exist", "ERROR", "fakeserver:", "pgstore"} {
+			assert.NotContains(t, string(a.Body), internal)
+		}
+	}
+	assert.Contains(t, logged.String(), "SQLSTATE 42P01", "the database's message is logged")
+}
+
+// syncBuffer is a bytes.Buffer for a logger shared by goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

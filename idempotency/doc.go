@@ -93,6 +93,14 @@
 // [Config.Clock] gives the durations (the lease, the retention) and
 // Retry-After; a test that moves time gives its store the same clock
 // ([MemoryStore.SetClock], pgstore's Options.Clock).
+// # Store errors
+//
+// When the store fails (a statement timeout, a lost connection, a dropped
+// table), the answer is 500, type [TypeInternal], with a detail that says
+// nothing internal: a database's message names tables, indexes and
+// settings, and the client needs none of them. The error itself goes to
+// [Config.Logger] (silent when nil) and [Config.OnOutcome] is told
+// [OutcomeStoreError].
 //
 // # Retry-After
 //

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -92,6 +93,10 @@ type Config struct {
 	NewStableID func() string
 	// OnOutcome, if not nil, is told how every request was answered.
 	OnOutcome func(r *http.Request, o Outcome)
+	// Logger gets the store's errors, which the client never sees: a 500
+	// answer says only that the server failed, since a database's message
+	// names tables, indexes and settings. Nil means silent.
+	Logger *slog.Logger
 }
 
 // Middleware makes a handler idempotent under the Idempotency-Key contract.
@@ -357,8 +362,12 @@ func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	m.report(r, OutcomeStoreError)
+	if m.cfg.Logger != nil {
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idempotency: the store failed",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+	}
 	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
-		Detail: "the idempotency store failed: " + err.Error()}).Write(w)
+		Detail: "the server could not read or write its idempotency records; retry with the same key"}).Write(w)
 }
 
 // storedHeaders are the response fields a replay needs; nothing else is kept.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -293,4 +294,35 @@ func TestNewRefusesARetentionNoLongerThanTheLease(t *testing.T) {
 	assert.NotPanics(t, func() {
 		idempotency.New(&counter{status: 201}, idempotency.Config{Store: store, Retention: time.Minute})
 	})
+}
+
+// failingStore fails every Insert with err, as a database does when a
+// statement times out or a table is gone.
+type failingStore struct {
+	idempotency.Store
+	err error
+}
+
+func (s failingStore) Insert(context.Context, *idempotency.Record) (*idempotency.Record, bool, error) {
+	return nil, false, s.err
+}
+
+// TestStoreErrorTextIsLoggedNeverShown: when the store fails, the client
+// gets a 500 problem that says nothing internal (no database message, no
+// index or table name); the error goes to Config.Logger.
+func TestStoreErrorTextIsLoggedNeverShown(t *testing.T) {
+	t.Parallel()
+	secret := `pgstore: insert key "k": ERROR: duplicate key value violates unique constraint "idempotency_records_pkey" (SQLSTATE 23505)`
+	var logged strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logged, nil))
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Store: failingStore{idempotency.NewMemoryStore(), errors.New(secret)}, Logger: logger})
+	w := serve(m, "k", "x")
+	assert.Equal(t, http.StatusInternalServerError, w.Code)
+	assert.Contains(t, w.Body.String(), idempotency.TypeInternal)
+	for _, internal := range []string{"pgstore", "SQLSTATE", "idempotency_records", "duplicate key"} {
+		assert.NotContains(t, w.Body.String(), internal)
+	}
+	assert.Contains(t, logged.String(), "SQLSTATE 23505", "the error is logged")
+	assert.Zero(t, c.runs.Load())
 }
