@@ -368,6 +368,61 @@ func TestCallersAreScoped(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, send(t, c, s.URL, req{Method: http.MethodGet, Path: loc, Auth: "Bearer bob", NoKey: true}).Status)
 }
 
+// TestATestTokenNamesItsAccount: tokens that name one account are one
+// caller, so a retry with a refreshed token replays and the lookup and
+// reads find the payment; another account, or a token that names none,
+// is another caller.
+func TestATestTokenNamesItsAccount(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	first := send(t, c, s.URL, req{Key: "k1", Auth: "Bearer test_acme_token-1", Body: payBody})
+	require.Equal(t, http.StatusCreated, first.Status)
+	for _, auth := range []string{"Bearer test_acme_token-2", "bearer test_acme", "Bearer  test_acme_x_y"} {
+		retry := send(t, c, s.URL, req{Key: "k1", Auth: auth, Body: payBody})
+		assert.Equal(t, http.StatusCreated, retry.Status, auth)
+		assert.Equal(t, "true", retry.Header.Get("Idempotent-Replayed"), "%s is acme: the retry replays", auth)
+		assert.Equal(t, string(first.Body), string(retry.Body))
+	}
+	assert.Equal(t, 1, s.Stats().ProviderCharges, "one charge across the refreshes")
+
+	refreshed := "Bearer test_acme_token-3"
+	assert.Equal(t, http.StatusOK, send(t, c, s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k1", Auth: refreshed, NoKey: true}).Status)
+	assert.Equal(t, http.StatusOK, send(t, c, s.URL, req{Method: http.MethodGet, Path: first.Header.Get("Location"), Auth: refreshed, NoKey: true}).Status)
+
+	for _, auth := range []string{"Bearer test_globex_1", "Bearer ci-1", "Bearer ci-2", "Bearer test_", "Bearer test_a!b_1", "Basic test_acme_1", ""} {
+		other := send(t, c, s.URL, req{Key: "k1", Auth: auth, Body: payBody})
+		assert.Equal(t, http.StatusCreated, other.Status, auth)
+		assert.Empty(t, other.Header.Get("Idempotent-Replayed"), "%q is not acme: its own payment", auth)
+		assert.Equal(t, http.StatusNotFound, send(t, c, s.URL, req{Method: http.MethodGet, Path: first.Header.Get("Location"), Auth: auth, NoKey: true}).Status)
+	}
+	assert.Equal(t, 8, s.Stats().ProviderCharges)
+}
+
+func TestAccountOfTestTokens(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		auth, account string
+		ok            bool
+	}{
+		{"Bearer test_acme_1", "acme", true},
+		{"Bearer test_acme", "acme", true},
+		{"BEARER test_acme_a_b", "acme", true},
+		{"Bearer test_acme-eu.2_x", "acme-eu.2", true},
+		{"Bearer test__x", "", false},
+		{"Bearer test_" + strings.Repeat("a", fakeserver.MaxAccountLen+1), "", false},
+		{"Bearer test_" + strings.Repeat("a", fakeserver.MaxAccountLen), strings.Repeat("a", fakeserver.MaxAccountLen), true},
+		{"Bearer sk_live_1", "", false},
+		{"Token test_acme_1", "", false},
+		{"Bearertest_acme_1", "", false},
+		{"", "", false},
+	} {
+		account, ok := fakeserver.AccountOf(c.auth)
+		assert.Equal(t, c.ok, ok, c.auth)
+		assert.Equal(t, c.account, account, c.auth)
+	}
+}
+
 func TestReadEndpoints(t *testing.T) {
 	t.Parallel()
 	s, _ := newServer(t, nil)

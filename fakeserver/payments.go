@@ -255,7 +255,54 @@ func (l *ledger) reset() {
 	l.order = nil
 }
 
-func principalOf(r *http.Request) string { return r.Header.Get("Authorization") }
+// principalOf is the account a request acts for (see "Callers" in the
+// package docs): a test token names its account, and its canonical form
+// "Bearer test_<account>" stands for every token of the account; any other
+// Authorization value is an account of its own; none is the anonymous
+// caller "". No value that is not a test token has the canonical form of
+// one, so the two kinds never meet.
+func principalOf(r *http.Request) string {
+	v := r.Header.Get("Authorization")
+	if account, ok := AccountOf(v); ok {
+		return "Bearer " + testTokenPrefix + account
+	}
+	return v
+}
+
+const testTokenPrefix = "test_"
+
+// MaxAccountLen is the longest account name a test token may carry.
+const MaxAccountLen = 64
+
+// AccountOf returns the account a test token names, and false when
+// authorization is not one. A test token is the Authorization value
+// "Bearer test_<account>" or "Bearer test_<account>_<anything>": the scheme
+// in any case, the account 1 to [MaxAccountLen] letters, digits, '-' or
+// '.', and anything after the second underscore (a token's serial number or
+// expiry) ignored. Every token that names one account is the same caller,
+// so a retry after a token refresh replays instead of paying again.
+func AccountOf(authorization string) (string, bool) {
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token, ok = strings.CutPrefix(strings.TrimLeft(token, " "), testTokenPrefix)
+	if !ok {
+		return "", false
+	}
+	account, _, _ := strings.Cut(token, "_")
+	if account == "" || len(account) > MaxAccountLen {
+		return "", false
+	}
+	for i := 0; i < len(account); i++ {
+		switch c := account[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '.':
+		default:
+			return "", false
+		}
+	}
+	return account, true
+}
 
 // validatePayment is the middleware's validation hook: a bad body is a 400
 // before the key is looked at, and stores nothing.

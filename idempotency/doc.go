@@ -31,9 +31,17 @@
 // [ParseKey] accepts the RFC 8941 sf-string form of the IETF draft ("K") and
 // the bare form deployed APIs send (K), as the same key. A key is 1 to 255
 // characters of visible ASCII; with [Config.RequireUUID] it must also be a
-// canonical UUID. Keys are scoped to the caller ([Config.Principal], by
-// default the Authorization header): two callers that pick the same key
-// never see each other's records.
+// canonical UUID.
+//
+// # Scope
+//
+// Keys are scoped to the account the request acts for, which
+// [Config.Principal] returns, as the server's authentication found it: two
+// callers that pick the same key never see each other's records, and every
+// token of one account is the same caller. Principal is required and has
+// no default: the only one there could be, the raw Authorization value,
+// makes a refreshed OAuth token (or a rotated API key) another caller,
+// whose retry finds no record and runs the work again.
 //
 // # The race
 //

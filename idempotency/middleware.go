@@ -43,8 +43,8 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 )
 
-// Config configures [New]. Only Store is required; every other zero field
-// means its default.
+// Config configures [New]. Store and Principal are required; every other
+// zero field means its default.
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
@@ -80,13 +80,15 @@ type Config struct {
 	// parsed body, which the handler gets as [Info.Validated] instead of
 	// parsing it again. Nil accepts every body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
-	// Principal names the caller that owns a key. Nil means the value of the
-	// Authorization header ("" is the anonymous caller), which is right only
-	// while a caller's credential never changes. A credential that rotates
-	// (an OAuth access token, refreshed while an intent is unresolved, or
-	// before it is resumed after a restart) makes the retry another
-	// caller's, with no record for its key, and the work runs twice: return
-	// the authenticated account instead.
+	// Principal names the caller that owns a key: the account the request
+	// acts for, as the server's authentication found it ("" for one
+	// anonymous caller). Required: [New] panics without it. It must not
+	// return the credential (such as the Authorization header): a
+	// credential that rotates (an OAuth access token, refreshed while an
+	// intent is unresolved, or before it is resumed after a restart) would
+	// make the retry another caller's, with no record for its key, and the
+	// work would run twice. Stores keep a digest of it, never the value
+	// (see "Scope" in the package docs).
 	Principal func(r *http.Request) string
 	// NewStableID returns a new id for an intent (see [Record.StableID]).
 	// Nil means 26 random base32 characters.
@@ -107,7 +109,7 @@ type Middleware struct {
 }
 
 // New returns next wrapped in the idempotency layer. It panics if
-// cfg.Store is nil, or if cfg.Retention is not longer than cfg.Lease (a
+// cfg.Store or cfg.Principal is nil, or if cfg.Retention is not longer than cfg.Lease (a
 // record must not expire under its live worker).
 func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.Store == nil {
@@ -128,7 +130,10 @@ func New(next http.Handler, cfg Config) *Middleware {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.Principal == nil {
-		cfg.Principal = func(r *http.Request) string { return r.Header.Get("Authorization") }
+		// No default: the raw Authorization value, the only one there could
+		// be, makes a refreshed token another caller (see Config.Principal).
+		panic("idempotency: Config.Principal is nil: return the account the request acts for, " +
+			"as the server's authentication found it, not its credential (a refreshed token must be the same caller)")
 	}
 	if cfg.NewStableID == nil {
 		cfg.NewStableID = rand.Text

@@ -48,6 +48,9 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("done"))
 }
 
+// anyone is the Principal of tests with one caller.
+func anyone(*http.Request) string { return "" }
+
 func serve(h http.Handler, key, body string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(body))
 	if key != "" {
@@ -78,7 +81,7 @@ func TestCommitHook(t *testing.T) {
 			t.Parallel()
 			store := idempotency.NewMemoryStore()
 			c := &counter{status: tt.status, nothingDone: tt.nothingDone}
-			m := idempotency.New(c, idempotency.Config{Store: store})
+			m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store})
 			first := serve(m, "k", "x")
 			assert.Equal(t, tt.status, first.Code)
 			assert.Equal(t, tt.effects, c.effects.Load())
@@ -119,7 +122,7 @@ func TestLostLeaseDiscardsEffect(t *testing.T) {
 	clk := clock.NewManual(t0)
 	store := idempotency.NewMemoryStore()
 	slow := &counter{status: 201, block: make(chan struct{})}
-	slowM := idempotency.New(slow, idempotency.Config{Store: store, Clock: clk, Lease: time.Second})
+	slowM := idempotency.New(slow, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Lease: time.Second})
 	var wg sync.WaitGroup
 	var first *httptest.ResponseRecorder
 	wg.Go(func() { first = serve(slowM, "k", "x") })
@@ -127,7 +130,7 @@ func TestLostLeaseDiscardsEffect(t *testing.T) {
 
 	clk.Advance(time.Second)
 	fast := &counter{status: 201}
-	second := serve(idempotency.New(fast, idempotency.Config{Store: store, Clock: clk, Lease: time.Second}), "k", "x")
+	second := serve(idempotency.New(fast, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Lease: time.Second}), "k", "x")
 	assert.Equal(t, 201, second.Code, "the expired lease was taken over")
 
 	close(slow.block)
@@ -158,7 +161,7 @@ func TestTakeoverSeesStableID(t *testing.T) {
 		}
 		w.WriteHeader(201)
 	})
-	m := idempotency.New(h, idempotency.Config{Store: store, Clock: clk})
+	m := idempotency.New(h, idempotency.Config{Principal: anyone, Store: store, Clock: clk})
 	assert.PanicsWithValue(t, http.ErrAbortHandler, func() { serve(m, "k", "x") })
 	clk.Advance(idempotency.DefaultLease)
 	assert.Equal(t, 201, serve(m, "k", "x").Code)
@@ -176,7 +179,7 @@ func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
 	t.Parallel()
 	store := idempotency.NewMemoryStore()
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Store: store, MaxDepth: 3})
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, MaxDepth: 3})
 	for _, body := range []string{`{"amount":1500,"AMOUNT":2000}`, `{"a":[[[1]]]}`} {
 		w := serve(m, "fresh", body)
 		assert.Equal(t, http.StatusBadRequest, w.Code, body)
@@ -202,7 +205,7 @@ func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
 	store := idempotency.NewMemoryStore()
 	store.SetMaxRecords(1)
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Store: store, Clock: clk, Retention: time.Hour})
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Retention: time.Hour})
 	require.Equal(t, 201, serve(m, "a", "x").Code)
 
 	clk.Advance(time.Minute)
@@ -267,7 +270,7 @@ func TestAServerErrorKeepsTheStableIDForTheRetry(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusCreated)
 			})
-			m := idempotency.New(h, idempotency.Config{Store: idempotency.NewMemoryStore()})
+			m := idempotency.New(h, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
 			first := serve(m, "k", `{"amount":1500}`)
 			require.GreaterOrEqual(t, first.Code, 500)
 			require.Equal(t, http.StatusCreated, serve(m, "k", `{"amount":1500}`).Code)
@@ -283,16 +286,16 @@ func TestNewRefusesARetentionNoLongerThanTheLease(t *testing.T) {
 	t.Parallel()
 	store := idempotency.NewMemoryStore()
 	for _, cfg := range []idempotency.Config{
-		{Store: store, Retention: 10 * time.Second},
-		{Store: store, Retention: time.Minute, Lease: time.Minute},
-		{Store: store, Lease: 25 * time.Hour},
+		{Store: store, Principal: anyone, Retention: 10 * time.Second},
+		{Store: store, Principal: anyone, Retention: time.Minute, Lease: time.Minute},
+		{Store: store, Principal: anyone, Lease: 25 * time.Hour},
 	} {
 		assert.PanicsWithValue(t, fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)",
 			cmp.Or(cfg.Retention, idempotency.DefaultRetention), cmp.Or(cfg.Lease, idempotency.DefaultLease)),
 			func() { idempotency.New(&counter{status: 201}, cfg) })
 	}
 	assert.NotPanics(t, func() {
-		idempotency.New(&counter{status: 201}, idempotency.Config{Store: store, Retention: time.Minute})
+		idempotency.New(&counter{status: 201}, idempotency.Config{Principal: anyone, Store: store, Retention: time.Minute})
 	})
 }
 
@@ -316,7 +319,7 @@ func TestStoreErrorTextIsLoggedNeverShown(t *testing.T) {
 	var logged strings.Builder
 	logger := slog.New(slog.NewTextHandler(&logged, nil))
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Store: failingStore{idempotency.NewMemoryStore(), errors.New(secret)}, Logger: logger})
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: failingStore{idempotency.NewMemoryStore(), errors.New(secret)}, Logger: logger})
 	w := serve(m, "k", "x")
 	assert.Equal(t, http.StatusInternalServerError, w.Code)
 	assert.Contains(t, w.Body.String(), idempotency.TypeInternal)
@@ -325,4 +328,35 @@ func TestStoreErrorTextIsLoggedNeverShown(t *testing.T) {
 	}
 	assert.Contains(t, logged.String(), "SQLSTATE 23505", "the error is logged")
 	assert.Zero(t, c.runs.Load())
+}
+
+// TestNewRequiresThePrincipal: there is no default scope. A default that
+// read the Authorization header would make a refreshed token another
+// caller, whose retry finds no record and runs the work again; so New
+// refuses a Config without Principal, and the scope is whatever account
+// Principal returns.
+func TestNewRequiresThePrincipal(t *testing.T) {
+	t.Parallel()
+	assert.PanicsWithValue(t, "idempotency: Config.Principal is nil: return the account the request acts for, "+
+		"as the server's authentication found it, not its credential (a refreshed token must be the same caller)",
+		func() {
+			idempotency.New(&counter{status: 201}, idempotency.Config{Store: idempotency.NewMemoryStore()})
+		})
+
+	account := func(r *http.Request) string { return strings.SplitN(r.Header.Get("Authorization"), ".", 2)[0] }
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Store: idempotency.NewMemoryStore(), Principal: account})
+	send := func(auth string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader("x"))
+		r.Header.Set(idempotency.HeaderKey, "k")
+		r.Header.Set("Authorization", auth)
+		w := httptest.NewRecorder()
+		m.ServeHTTP(w, r)
+		return w
+	}
+	require.Equal(t, 201, send("acct1.token-before-refresh").Code)
+	again := send("acct1.token-after-refresh")
+	assert.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "the same account, another token: a replay")
+	assert.Empty(t, send("acct2.token").Header().Get(idempotency.HeaderReplayed), "another account has its own key")
+	assert.Equal(t, int32(2), c.runs.Load())
 }
