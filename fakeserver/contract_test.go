@@ -188,9 +188,9 @@ func TestRowKeyReused(t *testing.T) {
 	a := pay(t, s, "k1", otherBody)
 	assert.Equal(t, http.StatusUnprocessableEntity, a.Status)
 	assert.Equal(t, idempotency.TypeKeyReused, a.problem(t).Type)
-	// Another path with the same key and body is reuse too.
+	// Another query with the same key and body is reuse too.
 	b := send(t, s.Client(), s.URL, req{Path: "/payments?x=1", Key: "k1", Body: payBody})
-	assert.Equal(t, http.StatusCreated, b.Status, "the query is not part of the fingerprint")
+	assert.Equal(t, http.StatusUnprocessableEntity, b.Status, "the query is part of the fingerprint")
 	st := s.Stats()
 	assert.Equal(t, 1, st.Executions)
 	assert.Equal(t, 1, st.Payments)

@@ -184,7 +184,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	fp, err := NewFingerprint(r.Method, r.URL.Path, body, m.cfg.MaxDepth)
+	fp, err := NewFingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body, m.cfg.MaxDepth)
 	if err != nil {
 		// Too deep, or an object whose member names collide after case
 		// folding: no single reading to fingerprint. Nothing is stored.
@@ -206,14 +206,15 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := m.now()
 	rec := &Record{
-		ID:          ID{Principal: m.cfg.Principal(r), Key: key},
-		Fingerprint: fp,
-		Status:      StatusInProgress,
-		StableID:    m.cfg.NewStableID(),
-		Owner:       rand.Text(),
-		LockedUntil: now.Add(m.cfg.Lease),
-		CreatedAt:   now,
-		ExpiresAt:   now.Add(m.cfg.Retention),
+		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
+		Fingerprint:        fp,
+		FingerprintVersion: FingerprintV2,
+		Status:             StatusInProgress,
+		StableID:           m.cfg.NewStableID(),
+		Owner:              rand.Text(),
+		LockedUntil:        now.Add(m.cfg.Lease),
+		CreatedAt:          now,
+		ExpiresAt:          now.Add(m.cfg.Retention),
 	}
 	// A lost takeover race means another request now holds the record; a
 	// few rounds settle it, after which the answer is a plain 409.
@@ -227,10 +228,10 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.run(w, r, rec, false, parsed)
 			return
 		}
-		if existing.Fingerprint != rec.Fingerprint {
+		if !m.sameContent(existing, rec, r, body) {
 			m.report(r, OutcomeReused)
 			(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-				Detail: "this key was already used for a request with a different method, path or body; use a new key for a new intent"}).Write(w)
+				Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
 			return
 		}
 		if existing.Status == StatusCompleted {
@@ -258,6 +259,22 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m.report(r, OutcomeConflict)
 	writeInProgress(w, 1)
+}
+
+// sameContent reports whether the request of rec has the content of the
+// existing record, fingerprinted with the existing record's algorithm: a
+// record stored before the query counted ([FingerprintV1]) is compared
+// without it, so that its retries keep matching across the upgrade. A
+// version this code does not know does not match.
+func (m *Middleware) sameContent(existing, rec *Record, r *http.Request, body []byte) bool {
+	if existing.FingerprintVersion == rec.FingerprintVersion {
+		return existing.Fingerprint == rec.Fingerprint
+	}
+	if existing.FingerprintVersion != 0 && existing.FingerprintVersion != FingerprintV1 {
+		return false
+	}
+	old, err := NewFingerprintVersion(FingerprintV1, r.Method, r.URL.Path, "", body, m.cfg.MaxDepth)
+	return err == nil && existing.Fingerprint == old
 }
 
 // run does the work as the record's owner and commits or releases.

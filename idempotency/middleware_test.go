@@ -360,3 +360,47 @@ func TestNewRequiresThePrincipal(t *testing.T) {
 	assert.Empty(t, send("acct2.token").Header().Get(idempotency.HeaderReplayed), "another account has its own key")
 	assert.Equal(t, int32(2), c.runs.Load())
 }
+
+func serveURL(h http.Handler, target, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
+	r.Header.Set(idempotency.HeaderKey, key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// TestTheQueryIsPartOfTheContent: a key reused with another query is 422
+// (a handler that reads the query would otherwise get another request's
+// answer); the same parameters in another order replay; a record
+// fingerprinted before the query counted (version 1) still replays for its
+// retry.
+func TestTheQueryIsPartOfTheContent(t *testing.T) {
+	t.Parallel()
+	store := idempotency.NewMemoryStore()
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0)})
+
+	require.Equal(t, 201, serveURL(m, "/things?param1=a&param2=b", "k1", "x").Code)
+	reused := serveURL(m, "/things?param1=a&param2=c", "k1", "x")
+	assert.Equal(t, http.StatusUnprocessableEntity, reused.Code)
+	assert.Contains(t, reused.Body.String(), idempotency.TypeKeyReused)
+	reordered := serveURL(m, "/things?param2=b&param1=a", "k1", "x")
+	assert.Equal(t, 201, reordered.Code)
+	assert.Equal(t, "true", reordered.Header().Get(idempotency.HeaderReplayed))
+	assert.Equal(t, int32(1), c.runs.Load())
+
+	// A record stored by the version before the query counted.
+	old, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/things", "", []byte("x"), 0)
+	require.NoError(t, err)
+	id := idempotency.ID{Principal: "", Key: "k-old"}
+	_, inserted, err := store.Insert(context.Background(), &idempotency.Record{ID: id, Fingerprint: old, Status: idempotency.StatusInProgress,
+		StableID: "st", Owner: "w", LockedUntil: t0.Add(time.Minute), CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	require.NoError(t, store.Complete(context.Background(), id, "w", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil))
+	retry := serveURL(m, "/things?param2=b", "k-old", "x")
+	assert.Equal(t, 201, retry.Code)
+	assert.Equal(t, "old", retry.Body.String(), "the version-1 record's retry replays it")
+	assert.Equal(t, http.StatusUnprocessableEntity, serveURL(m, "/things", "k-old", "y").Code, "another body is still another request")
+	assert.Equal(t, int32(1), c.runs.Load())
+}

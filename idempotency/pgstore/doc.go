@@ -10,6 +10,21 @@
 // answer, and an index on expires_at for the sweep. Call it at start-up;
 // several processes may call it at once.
 //
+// The caller column holds [idempotency.PrincipalDigest] of the principal
+// (64 hex characters), never the principal: SELECT caller FROM
+// idempotency_records shows no credential, and a principal of any length
+// fits the primary key. The fingerprint_version column says which
+// algorithm made the fingerprint (see "Fingerprint" in the idempotency
+// package docs).
+//
+// Migration 0004 rewrites the callers of existing records to their digests
+// with PostgreSQL's own sha256() (core since PostgreSQL 11; no extension),
+// and marks existing fingerprints version 1. It updates every row in one
+// transaction, so run it when the table is small enough to lock for that
+// long (the table holds one retention's records), and with every process
+// of the earlier version stopped: an earlier process would still write and
+// look up callers in clear, and miss the rewritten records.
+//
 // # Statements
 //
 // Insert is one INSERT ... ON CONFLICT that inserts the record, or replaces

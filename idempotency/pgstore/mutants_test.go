@@ -14,8 +14,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-lease-on-host-clock", File: "idempotency/pgstore/store.go",
 			Note:    "a takeover is judged on the caller's clock, not the database's",
-			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,\n\t\tid.Principal, id.Key, from, to, s.now(), micros(until.Sub(now)))",
-			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND r.expires_at > t.now`,\n\t\tid.Principal, id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
+			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
+			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND r.expires_at > t.now`,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
 			Pkg:     "./idempotency/pgstore", Run: "^TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree$", Env: pg,
 		},
 		{
