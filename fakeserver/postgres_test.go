@@ -3,7 +3,6 @@ package fakeserver_test
 import (
 	"context"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/idempotency/storetest"
 )
 
 // TestALongCredentialPays: a 3,000-character token, and one near the
@@ -28,7 +28,7 @@ func TestALongCredentialPays(t *testing.T) {
 			}
 			s, _ := newServer(t, opts)
 			for i, n := range []int{3000, 15 << 10} {
-				auth := "Bearer sk_live_" + strings.Repeat("x", n)
+				auth := "Bearer sk_live_" + storetest.RandomToken(n)
 				key := []string{"k-3000", "k-15k"}[i]
 				first := send(t, s.Client(), s.URL, req{Key: key, Auth: auth, Body: payBody})
 				require.Equal(t, http.StatusCreated, first.Status, "%d characters: %s", n, first.Body)

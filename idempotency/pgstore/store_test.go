@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/idempotency/storetest"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -265,7 +266,7 @@ func TestCallerColumnNeverShowsTheCredential(t *testing.T) {
 	ctx := context.Background()
 	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }),
 		idempotency.Config{Store: New(pool, nil), Principal: func(r *http.Request) string { return r.Header.Get("Authorization") }})
-	long := "Bearer sk_live_" + strings.Repeat("x", 3000)
+	long := "Bearer sk_live_" + storetest.RandomToken(3000)
 	for _, auth := range []string{"Bearer sk_live_51HzQ2eLkdIwHu7ix0Ff3", long} {
 		for attempt := range 2 {
 			r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":1}`))

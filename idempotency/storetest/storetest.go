@@ -31,6 +31,7 @@ package storetest
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -629,7 +630,7 @@ func testLongPrincipals(t *testing.T, sub Subject) {
 	for _, n := range []int{3000, 100 << 10} {
 		// Two principals that differ only in their last character are two
 		// callers.
-		long := "Bearer " + strings.Repeat("t", n)
+		long := "Bearer " + RandomToken(n)
 		a := idempotency.ID{Principal: long + "a", Key: "key-long"}
 		b := idempotency.ID{Principal: long + "b", Key: "key-long"}
 		mustInsert(t, sub, record(a, "wa", t0))
@@ -660,4 +661,17 @@ func testFingerprintVersionKept(t *testing.T, sub Subject) {
 			t.Errorf("a record fingerprinted with version %d reads back as %+v", v, got)
 		}
 	}
+}
+
+// RandomToken returns n characters of base64url that look random, the
+// same on every call: a credential that a database cannot compress, as a
+// real token is (a repeated character compresses to fit any index).
+func RandomToken(n int) string {
+	var b strings.Builder
+	block := sha256.Sum256([]byte("storetest"))
+	for b.Len() < n {
+		b.WriteString(base64.RawURLEncoding.EncodeToString(block[:]))
+		block = sha256.Sum256(block[:])
+	}
+	return b.String()[:n]
 }
