@@ -38,7 +38,8 @@
 // refreshed between two attempts of a payment must not make the retry a
 // new payment. The fake server has no users, so a test token names its
 // account: "Bearer test_<account>_<anything>" (or "Bearer test_<account>"),
-// the account 1 to 64 letters, digits, '-' or '.' ([AccountOf]).
+// the account 1 to 64 letters, digits, '-' or '.', its case significant,
+// the scheme's not ([AccountOf]).
 // "Bearer test_acme_1" and "Bearer test_acme_2" are the same caller, acme;
 // "Bearer test_globex_1" is another. Any other Authorization value is an
 // account of its own (so "Bearer ci-1" and "Bearer ci-2" are two callers,
