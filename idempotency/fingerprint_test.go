@@ -236,3 +236,27 @@ func TestFingerprintVersion1IsTheAlgorithmBeforeTheQuery(t *testing.T) {
 	_, err := idempotency.NewFingerprintVersion(3, "POST", "/x", "", nil, 0)
 	assert.ErrorContains(t, err, "unknown fingerprint version 3")
 }
+
+// FuzzFingerprintQuery: any query string fingerprints without failing, and
+// empty parameters and the order of two different names change nothing.
+func FuzzFingerprintQuery(f *testing.F) {
+	for _, q := range []string{"", "a=1", "param1=a&param2=b", "a=1&a=2", "a=%zz;b", "x=a+b&name=%7E", "&&=&"} {
+		f.Add(q, "b=2")
+	}
+	f.Fuzz(func(t *testing.T, q, other string) {
+		fp := func(query string) idempotency.Fingerprint {
+			got, err := idempotency.NewFingerprint("POST", "/p", query, nil, 0)
+			require.NoError(t, err)
+			return got
+		}
+		base := fp(q)
+		assert.Equal(t, base, fp("&"+q+"&"), "empty parameters are dropped")
+		// A name that starts with two 0xff bytes sorts after every name of q
+		// (which has none that starts so: no 0xff, no escapes), so moving
+		// that parameter from the end to the front is the same query.
+		if !strings.ContainsAny(q, "%\xff") && !strings.Contains(other, "&") && !strings.Contains(other, ";") && !strings.Contains(other, "%") && !strings.Contains(other, "+") {
+			extra := "\xff\xff" + other
+			assert.Equal(t, fp(q+"&"+extra), fp(extra+"&"+q), "?%s with %q moved", q, extra)
+		}
+	})
+}
