@@ -109,8 +109,8 @@ type Middleware struct {
 }
 
 // New returns next wrapped in the idempotency layer. It panics if
-// cfg.Store or cfg.Principal is nil, or if cfg.Retention is not longer than cfg.Lease (a
-// record must not expire under its live worker).
+// cfg.Store or cfg.Principal is nil, or if cfg.Retention is not longer
+// than cfg.Lease (a record must not expire under its live worker).
 func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.Store == nil {
 		panic("idempotency: Config.Store is nil")
