@@ -19,11 +19,15 @@
 //
 // Migration 0004 rewrites the callers of existing records to their digests
 // with PostgreSQL's own sha256() (core since PostgreSQL 11; no extension),
-// and marks existing fingerprints version 1. It updates every row in one
-// transaction, so run it when the table is small enough to lock for that
-// long (the table holds one retention's records), and with every process
-// of the earlier version stopped: an earlier process would still write and
-// look up callers in clear, and miss the rewritten records.
+// and marks existing fingerprints as made before versions (0, read as
+// version 1). It updates every row in one transaction, which locks the
+// table for as long (it holds one retention's records). During a rolling
+// deploy, a process of the earlier version that still runs inserts its
+// callers in clear, without a fingerprint version: a trigger stores their
+// digest instead, so this version's processes find those records (and the
+// earlier process, which looks its records up in clear, answers 409 or 500
+// for them rather than doing the work twice). This version never writes
+// version 0.
 //
 // # Statements
 //

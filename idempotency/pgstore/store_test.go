@@ -354,8 +354,8 @@ func TestMigrationDigestsTheCallersOfExistingRecords(t *testing.T) {
 	if err != nil || !found {
 		t.Fatalf("the record under its principal after the migration: %v, %v", found, err)
 	}
-	if got.FingerprintVersion != idempotency.FingerprintV1 || got.Fingerprint != fp || string(got.Response.Body) != "paid" {
-		t.Errorf("the migrated record = %+v, want version 1 with its fingerprint and answer", got)
+	if got.FingerprintVersion != 0 || got.Fingerprint != fp || string(got.Response.Body) != "paid" {
+		t.Errorf("the migrated record = %+v, want version 0 (from before versions) with its fingerprint and answer", got)
 	}
 
 	// The retry after the upgrade replays it.
@@ -370,5 +370,45 @@ func TestMigrationDigestsTheCallersOfExistingRecords(t *testing.T) {
 	h.ServeHTTP(w, r)
 	if ran || w.Code != http.StatusCreated || w.Body.String() != "paid" || w.Header().Get(idempotency.HeaderReplayed) != "true" {
 		t.Errorf("the retry after the upgrade: ran %v, %d %q; want the stored answer replayed", ran, w.Code, w.Body)
+	}
+}
+
+// TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound: during a
+// rolling deploy a process of the earlier version still inserts records
+// with the caller in clear (and no fingerprint version); the table stores
+// the digest, so this version's processes find the record, and its retry
+// does not run the work again.
+func TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	const credential = "Bearer sk_live_51HzQ2eLkdIwHu7ix0Ff3"
+	fp, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/pay", "", []byte(`{"amount":1}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The earlier version's insert, as it wrote it.
+	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
+		VALUES ($1, 'k1', $2, 'IN_PROGRESS', 'st_1', 'old-worker', $3, $4, $5) ON CONFLICT (caller, key) DO NOTHING`,
+		credential, fp[:], t0.Add(time.Minute), t0, t0.Add(24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var stored string
+	if err := pool.QueryRow(ctx, "SELECT caller FROM idempotency_records").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != idempotency.PrincipalDigest(credential) {
+		t.Errorf("caller = %q, want the digest", stored)
+	}
+	ran := 0
+	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { ran++; w.WriteHeader(http.StatusCreated) }),
+		idempotency.Config{Store: New(pool, nil), Principal: func(r *http.Request) string { return r.Header.Get("Authorization") },
+			Clock: clock.NewManual(t0.Add(time.Second))})
+	r := httptest.NewRequest(http.MethodPost, "/pay?ignored=by-version-1", strings.NewReader(`{"amount":1}`))
+	r.Header.Set("Idempotency-Key", "k1")
+	r.Header.Set("Authorization", credential)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusConflict || ran != 0 {
+		t.Errorf("the retry while the earlier process works: %d, the handler ran %d times; want 409 and none", w.Code, ran)
 	}
 }
