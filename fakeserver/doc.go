@@ -124,7 +124,10 @@
 // whichever process a request reaches, a dead worker's record in one process
 // is taken over by a request to another once its lease ends, and
 // /_fake/stats on any of them reports the database's totals. Faults stay per
-// process; /_fake/reset empties the shared tables.
+// process; /_fake/reset empties the shared tables. [Migrate] rewrites the
+// callers of payments and orders written in clear by an earlier version to
+// their digests, once; stop the earlier version's processes before starting
+// this one's, since what they write afterwards stays in clear and unseen.
 //
 // # Time
 //
