@@ -254,7 +254,7 @@ func FuzzFingerprintQuery(f *testing.F) {
 		// A name that starts with two 0xff bytes sorts after every name of q
 		// (which has none that starts so: no 0xff, no escapes), so moving
 		// that parameter from the end to the front is the same query.
-		if !strings.ContainsAny(q, "%\xff") && !strings.Contains(other, "&") && !strings.Contains(other, ";") && !strings.Contains(other, "%") && !strings.Contains(other, "+") {
+		if !strings.Contains(q, "%") && strings.IndexByte(q, 0xff) < 0 && !strings.Contains(other, "&") && !strings.Contains(other, ";") && !strings.Contains(other, "%") && !strings.Contains(other, "+") {
 			extra := "\xff\xff" + other
 			assert.Equal(t, fp(q+"&"+extra), fp(extra+"&"+q), "?%s with %q moved", q, extra)
 		}
