@@ -112,6 +112,7 @@
 // [Config.Clock] gives the durations (the lease, the retention) and
 // Retry-After; a test that moves time gives its store the same clock
 // ([MemoryStore.SetClock], pgstore's Options.Clock).
+//
 // # Store errors
 //
 // When the store fails (a statement timeout, a lost connection, a dropped
