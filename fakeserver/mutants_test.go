@@ -56,8 +56,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "fake-payments-in-clear", File: "fakeserver/postgres.go",
 			Note:    "the payments table keeps the caller itself",
-			Anchor:  "args := []any{p.ID, idempotency.PrincipalDigest(p.principal), p.key,",
-			Replace: "args := []any{p.ID, p.principal, p.key,",
+			Anchor:  "return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.principal))",
+			Replace: "return s.insertPayment(ctx, p, p.principal)",
 			Pkg:     "./fakeserver", Run: "^TestTablesNeverShowTheCredential$", Env: pg,
 		},
 		{
