@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -293,6 +294,47 @@ func TestEveryAttemptSendsTheSameBytes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 3, resp.Attempts)
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// refreshingToken puts a new token of one account on every request, as an
+// app whose OAuth access token is refreshed between attempts does.
+type refreshingToken struct {
+	base http.RoundTripper
+	n    atomic.Int64
+}
+
+func (rt *refreshingToken) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", fmt.Sprintf("Bearer test_acme_token-%d", rt.n.Add(1)))
+	return rt.base.RoundTrip(r)
+}
+
+// TestATokenRefreshedBetweenAttemptsIsTheSameCaller: the first attempt's
+// answer is lost and the retry carries a refreshed token; the server scopes
+// by the account the token names, so the retry replays, one charge is
+// made, and the lookup under yet another token finds the payment.
+func TestATokenRefreshedBetweenAttemptsIsTheSameCaller(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tokens := &refreshingToken{base: e.srv.Client().Transport}
+	e.client = e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: tokens}))
+	in := e.newIntent(t, "checkout:refresh", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+
+	resp, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 2, resp.Attempts)
+	assert.True(t, resp.Replayed, "the refreshed token's retry got the first attempt's answer")
+	assert.Equal(t, int64(2), tokens.n.Load(), "each attempt had its own token")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+	lookup, err := http.NewRequest(http.MethodGet, lookupOf(e.srv.URL+"/payments", in.Key()), nil)
+	require.NoError(t, err)
+	found, err := (&http.Client{Transport: tokens}).Do(lookup)
+	require.NoError(t, err)
+	defer found.Body.Close()
+	assert.Equal(t, http.StatusOK, found.StatusCode, "the lookup under a third token finds the payment")
 }
 
 func TestDoubleTapSendsOneRequestAtATime(t *testing.T) {

@@ -52,7 +52,7 @@ func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		}
 		st, err := h.stats(r.Context())
 		if err != nil {
-			internalError(w, err)
+			h.internalError(w, r, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, st)
@@ -78,7 +78,7 @@ func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if err := h.reset(r.Context()); err != nil {
-			internalError(w, err)
+			h.internalError(w, r, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)

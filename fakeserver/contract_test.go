@@ -1,9 +1,13 @@
 package fakeserver_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,9 +188,9 @@ func TestRowKeyReused(t *testing.T) {
 	a := pay(t, s, "k1", otherBody)
 	assert.Equal(t, http.StatusUnprocessableEntity, a.Status)
 	assert.Equal(t, idempotency.TypeKeyReused, a.problem(t).Type)
-	// Another path with the same key and body is reuse too.
+	// Another query with the same key and body is reuse too.
 	b := send(t, s.Client(), s.URL, req{Path: "/payments?x=1", Key: "k1", Body: payBody})
-	assert.Equal(t, http.StatusCreated, b.Status, "the query is not part of the fingerprint")
+	assert.Equal(t, http.StatusUnprocessableEntity, b.Status, "the query is part of the fingerprint")
 	st := s.Stats()
 	assert.Equal(t, 1, st.Executions)
 	assert.Equal(t, 1, st.Payments)
@@ -364,6 +368,61 @@ func TestCallersAreScoped(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, send(t, c, s.URL, req{Method: http.MethodGet, Path: loc, Auth: "Bearer bob", NoKey: true}).Status)
 }
 
+// TestATestTokenNamesItsAccount: tokens that name one account are one
+// caller, so a retry with a refreshed token replays and the lookup and
+// reads find the payment; another account, or a token that names none,
+// is another caller.
+func TestATestTokenNamesItsAccount(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	first := send(t, c, s.URL, req{Key: "k1", Auth: "Bearer test_acme_token-1", Body: payBody})
+	require.Equal(t, http.StatusCreated, first.Status)
+	for _, auth := range []string{"Bearer test_acme_token-2", "bearer test_acme", "Bearer  test_acme_x_y"} {
+		retry := send(t, c, s.URL, req{Key: "k1", Auth: auth, Body: payBody})
+		assert.Equal(t, http.StatusCreated, retry.Status, auth)
+		assert.Equal(t, "true", retry.Header.Get("Idempotent-Replayed"), "%s is acme: the retry replays", auth)
+		assert.Equal(t, string(first.Body), string(retry.Body))
+	}
+	assert.Equal(t, 1, s.Stats().ProviderCharges, "one charge across the refreshes")
+
+	refreshed := "Bearer test_acme_token-3"
+	assert.Equal(t, http.StatusOK, send(t, c, s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k1", Auth: refreshed, NoKey: true}).Status)
+	assert.Equal(t, http.StatusOK, send(t, c, s.URL, req{Method: http.MethodGet, Path: first.Header.Get("Location"), Auth: refreshed, NoKey: true}).Status)
+
+	for _, auth := range []string{"Bearer test_globex_1", "Bearer ci-1", "Bearer ci-2", "Bearer test_", "Bearer test_a!b_1", "Basic test_acme_1", ""} {
+		other := send(t, c, s.URL, req{Key: "k1", Auth: auth, Body: payBody})
+		assert.Equal(t, http.StatusCreated, other.Status, auth)
+		assert.Empty(t, other.Header.Get("Idempotent-Replayed"), "%q is not acme: its own payment", auth)
+		assert.Equal(t, http.StatusNotFound, send(t, c, s.URL, req{Method: http.MethodGet, Path: first.Header.Get("Location"), Auth: auth, NoKey: true}).Status)
+	}
+	assert.Equal(t, 8, s.Stats().ProviderCharges)
+}
+
+func TestAccountOfTestTokens(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		auth, account string
+		ok            bool
+	}{
+		{"Bearer test_acme_1", "acme", true},
+		{"Bearer test_acme", "acme", true},
+		{"BEARER test_acme_a_b", "acme", true},
+		{"Bearer test_acme-eu.2_x", "acme-eu.2", true},
+		{"Bearer test__x", "", false},
+		{"Bearer test_" + strings.Repeat("a", fakeserver.MaxAccountLen+1), "", false},
+		{"Bearer test_" + strings.Repeat("a", fakeserver.MaxAccountLen), strings.Repeat("a", fakeserver.MaxAccountLen), true},
+		{"Bearer sk_live_1", "", false},
+		{"Token test_acme_1", "", false},
+		{"Bearertest_acme_1", "", false},
+		{"", "", false},
+	} {
+		account, ok := fakeserver.AccountOf(c.auth)
+		assert.Equal(t, c.ok, ok, c.auth)
+		assert.Equal(t, c.account, account, c.auth)
+	}
+}
+
 func TestReadEndpoints(t *testing.T) {
 	t.Parallel()
 	s, _ := newServer(t, nil)
@@ -453,4 +512,47 @@ func TestBackgroundSweep(t *testing.T) {
 	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
 	clk.Advance(time.Hour)
 	assert.Eventually(t, func() bool { return s.Stats().Records == 0 }, 10*time.Second, time.Millisecond)
+}
+
+// TestDatabaseErrorsAreLoggedNeverShown: on PostgreSQL, with the payments
+// table gone, the payment's commit and the list fail; both answers are 500
+// problems that say nothing internal, and the database's message is logged.
+func TestDatabaseErrorsAreLoggedNeverShown(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	var logged syncBuffer
+	s, _ := newServer(t, &fakeserver.Options{Postgres: pool, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	_, err := pool.Exec(context.Background(), "DROP TABLE fake_payments")
+	require.NoError(t, err)
+
+	for _, a := range []answer{
+		pay(t, s, "k1", payBody),
+		send(t, s.Client(), s.URL, req{Method: http.MethodGet, NoKey: true}),
+		send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k2", NoKey: true}),
+	} {
+		assert.Equal(t, http.StatusInternalServerError, a.Status)
+		assert.Equal(t, idempotency.TypeInternal, a.problem(t).Type)
+		for _, internal := range []string{"SQLSTATE", "fake_payments", "relation", "does not exist", "ERROR", "fakeserver:", "pgstore"} {
+			assert.NotContains(t, string(a.Body), internal)
+		}
+	}
+	assert.Contains(t, logged.String(), "SQLSTATE 42P01", "the database's message is logged")
+}
+
+// syncBuffer is a bytes.Buffer for a logger shared by goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -29,9 +29,27 @@
 //     characters): naturally
 //     idempotent; a key is ignored.
 //
-// The caller is the value of the Authorization header (none is the
-// anonymous caller). Keys, records and payments are scoped to it. Errors are
-// RFC 9457 problems whose type is one of the Problem constants.
+// Errors are RFC 9457 problems whose type is one of the Problem constants.
+//
+// # Callers
+//
+// Keys, records, payments and orders are scoped to the account a request
+// acts for, as a real server scopes them, not to its credential: a token
+// refreshed between two attempts of a payment must not make the retry a
+// new payment. The fake server has no users, so a test token names its
+// account: "Bearer test_<account>_<anything>" (or "Bearer test_<account>"),
+// the account 1 to 64 letters, digits, '-' or '.', its case significant,
+// the scheme's not ([AccountOf]).
+// "Bearer test_acme_1" and "Bearer test_acme_2" are the same caller, acme;
+// "Bearer test_globex_1" is another. Any other Authorization value is an
+// account of its own (so "Bearer ci-1" and "Bearer ci-2" are two callers,
+// and a refresh of such a token is a new caller, as a server that scoped by
+// the credential would have it); no Authorization is the anonymous caller.
+// Tests that refresh tokens use test tokens.
+//
+// What the server keeps names the caller by a digest
+// ([idempotency.PrincipalDigest]): the records, and on PostgreSQL the
+// payments and orders tables, never hold a credential.
 //
 // # The provider
 //
@@ -106,7 +124,10 @@
 // whichever process a request reaches, a dead worker's record in one process
 // is taken over by a request to another once its lease ends, and
 // /_fake/stats on any of them reports the database's totals. Faults stay per
-// process; /_fake/reset empties the shared tables.
+// process; /_fake/reset empties the shared tables. [Migrate] rewrites the
+// callers of payments and orders written in clear by an earlier version to
+// their digests, once; stop the earlier version's processes before starting
+// this one's, since what they write afterwards stays in clear and unseen.
 //
 // # Time
 //

@@ -77,6 +77,7 @@ func newHandler(opts *Options, bare bool) *Handler {
 			Principal:   principalOf,
 			NewStableID: h.newPaymentID,
 			OnOutcome:   setOutcome,
+			Logger:      h.cfg.logger,
 		})
 	}
 	return h

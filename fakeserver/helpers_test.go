@@ -109,7 +109,7 @@ func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *cl
 	// The Max* bounds are on memory and do not apply on PostgreSQL: the
 	// tests of those bounds run in memory either way.
 	bounded := opts.MaxRecords > 0 || opts.MaxPayments > 0 || opts.MaxOrders > 0
-	if os.Getenv(envPostgres) == "1" && !bounded {
+	if os.Getenv(envPostgres) == "1" && !bounded && opts.Postgres == nil {
 		opts.Postgres = newPool(tb)
 	}
 	return fakeserver.Start(tb, opts), clk

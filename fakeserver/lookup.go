@@ -32,7 +32,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		now := h.cfg.now()
 		rec, live, err := h.liveRecord(ctx, id, now)
 		if err != nil {
-			internalError(w, err)
+			h.internalError(w, r, err)
 			return
 		}
 		var (
@@ -65,7 +65,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		}
 		switch {
 		case err != nil:
-			internalError(w, err)
+			h.internalError(w, r, err)
 		case paid:
 			writeJSON(w, http.StatusOK, p)
 		default:

@@ -46,5 +46,26 @@ func TestMutants(t *testing.T) {
 			Replace: "store = h.pg.store",
 			Pkg:     "./fakeserver", Run: "^TestAbortEndsACommitWaitingOnALock$", Env: pg,
 		},
+		{
+			Name: "fake-scopes-by-credential", File: "fakeserver/payments.go",
+			Note:    "a test token is its own caller, so a refreshed token's retry pays again",
+			Anchor:  "if account, ok := AccountOf(v); ok {",
+			Replace: `if account, ok := AccountOf(v); ok && account == "" {`,
+			Pkg:     "./fakeserver", Run: "^TestATestTokenNamesItsAccount$", Env: pg,
+		},
+		{
+			Name: "fake-payments-in-clear", File: "fakeserver/postgres.go",
+			Note:    "the payments table keeps the caller itself",
+			Anchor:  "return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.principal))",
+			Replace: "return s.insertPayment(ctx, p, p.principal)",
+			Pkg:     "./fakeserver", Run: "^TestTablesNeverShowTheCredential$", Env: pg,
+		},
+		{
+			Name: "fake-internal-error-shown", File: "fakeserver/payments.go",
+			Note:    "a 500 answer carries the database's error text",
+			Anchor:  `Detail: "the server failed; retry later"}`,
+			Replace: `Detail: err.Error()}`,
+			Pkg:     "./fakeserver", Run: "^TestDatabaseErrorsAreLoggedNeverShown$", Env: pg,
+		},
 	})
 }

@@ -49,7 +49,9 @@ type Options struct {
 	// POST /_fake/sweep still work.
 	SweepEvery time.Duration
 	// Logger gets one line per request (method, path, key, status,
-	// outcome). Nil means silent.
+	// outcome), and the errors of the server's own state (a failed
+	// database statement), which answers never show: a 500 says only that
+	// the server failed. Nil means silent.
 	Logger *slog.Logger
 	// MaxRecords bounds the idempotency records held. When it is reached
 	// and none has expired, POST /payments with a new key is answered 503,

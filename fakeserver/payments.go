@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -254,7 +255,54 @@ func (l *ledger) reset() {
 	l.order = nil
 }
 
-func principalOf(r *http.Request) string { return r.Header.Get("Authorization") }
+// principalOf is the account a request acts for (see "Callers" in the
+// package docs): a test token names its account, and its canonical form
+// "Bearer test_<account>" stands for every token of the account; any other
+// Authorization value is an account of its own; none is the anonymous
+// caller "". No value that is not a test token has the canonical form of
+// one, so the two kinds never meet.
+func principalOf(r *http.Request) string {
+	v := r.Header.Get("Authorization")
+	if account, ok := AccountOf(v); ok {
+		return "Bearer " + testTokenPrefix + account
+	}
+	return v
+}
+
+const testTokenPrefix = "test_"
+
+// MaxAccountLen is the longest account name a test token may carry.
+const MaxAccountLen = 64
+
+// AccountOf returns the account a test token names, and false when
+// authorization is not one. A test token is the Authorization value
+// "Bearer test_<account>" or "Bearer test_<account>_<anything>": the scheme
+// in any case, the account 1 to [MaxAccountLen] letters, digits, '-' or
+// '.', and anything after the second underscore (a token's serial number or
+// expiry) ignored. Every token that names one account is the same caller,
+// so a retry after a token refresh replays instead of paying again.
+func AccountOf(authorization string) (string, bool) {
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token, ok = strings.CutPrefix(strings.TrimLeft(token, " "), testTokenPrefix)
+	if !ok {
+		return "", false
+	}
+	account, _, _ := strings.Cut(token, "_")
+	if account == "" || len(account) > MaxAccountLen {
+		return "", false
+	}
+	for i := 0; i < len(account); i++ {
+		switch c := account[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '.':
+		default:
+			return "", false
+		}
+	}
+	return account, true
+}
 
 // validatePayment is the middleware's validation hook: a bad body is a 400
 // before the key is looked at, and stores nothing.
@@ -288,7 +336,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 	}
 	if err := h.countExecution(ctx); err != nil {
-		internalError(w, err)
+		h.internalError(w, r, err)
 		return
 	}
 
@@ -318,7 +366,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	reserved, err := h.reserve(ctx, id, reservation{rec: info.ID, description: req.Description})
 	if err != nil {
 		idempotency.NothingDone(ctx) // the provider was not asked
-		internalError(w, err)
+		h.internalError(w, r, err)
 		return
 	}
 	if !reserved {
@@ -333,7 +381,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if info.Takeover {
 		var err error
 		if ch, charged, err = h.lookupCharge(ctx, id); err != nil {
-			internalError(w, err)
+			h.internalError(w, r, err)
 			return
 		}
 	}
@@ -348,7 +396,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if err != nil {
-			internalError(w, err)
+			h.internalError(w, r, err)
 			return
 		}
 	}
@@ -360,7 +408,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: principal, key: info.ID.Key}
 	out, _ := json.Marshal(p)
 	if err := idempotency.OnCommit(ctx, func(ctx context.Context) error { return h.addPayment(ctx, p) }); err != nil {
-		(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+		h.internalError(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -380,7 +428,7 @@ func (h *Handler) newPaymentID() string {
 func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) {
 	p, ok, err := h.findPayment(r.Context(), principalOf(r), id)
 	if err != nil {
-		internalError(w, err)
+		h.internalError(w, r, err)
 		return
 	}
 	if !ok {
@@ -405,7 +453,7 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	}
 	list, err := h.paymentsOf(r.Context(), principalOf(r))
 	if err != nil {
-		internalError(w, err)
+		h.internalError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
@@ -469,7 +517,7 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 	}
 	stored, err := h.setOrderStatus(r.Context(), principalOf(r), id, *req.Status)
 	if err != nil {
-		internalError(w, err)
+		h.internalError(w, r, err)
 		return
 	}
 	if !stored {
@@ -480,15 +528,22 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "status": *req.Status})
 }
 
-// internalError answers 500 for a failure of the server's own state.
-func internalError(w http.ResponseWriter, err error) {
-	(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+// internalError answers 500 for a failure of the server's own state. The
+// error goes to Options.Logger; the answer says nothing internal (a
+// database's message names tables, indexes and settings).
+func (h *Handler) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if h.cfg.logger != nil {
+		h.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "internal error",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+	}
+	(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
+		Detail: "the server failed; retry later"}).Write(w)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	out, err := json.Marshal(v)
-	if err != nil {
-		(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError, Detail: err.Error()}).Write(w)
+	if err != nil { // cannot happen: the values are payments, stats and maps of strings
+		(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError}).Write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

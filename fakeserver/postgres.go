@@ -44,7 +44,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // pgState is the fake server's state in PostgreSQL: every process on the
-// database sees the same records, payments, charges and counters.
+// database sees the same records, payments, charges and counters. Payments,
+// intents and orders name their caller by [idempotency.PrincipalDigest], as
+// the records do.
 type pgState struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
@@ -83,9 +85,14 @@ func scanPayment(row pgx.Row) (*payment, error) {
 // request behind the middleware) it writes through Complete's transaction,
 // so the payment commits with the record or not at all.
 func (s *pgState) addPayment(ctx context.Context, p *payment) error {
+	return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.principal))
+}
+
+// insertPayment stores p under the caller's digest.
+func (s *pgState) insertPayment(ctx context.Context, p *payment, digest string) error {
 	const q = `INSERT INTO fake_payments (` + paymentColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (id) DO NOTHING`
-	args := []any{p.ID, p.principal, p.key, p.Amount, p.Currency, p.Customer, p.Description, p.Status, p.CreatedAt}
+	args := []any{p.ID, digest, p.key, p.Amount, p.Currency, p.Customer, p.Description, p.Status, p.CreatedAt}
 	var err error
 	if tx, ok := pgstore.Tx(ctx); ok {
 		_, err = tx.Exec(ctx, q, args...)
@@ -100,14 +107,20 @@ func (s *pgState) addPayment(ctx context.Context, p *payment) error {
 
 func (s *pgState) payment(ctx context.Context, principal, id string) (*payment, bool, error) {
 	return s.onePayment(ctx, "read payment "+id,
-		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND id = $2`, principal, id)
+		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND id = $2`, idempotency.PrincipalDigest(principal), id)
+}
+
+// paymentOf is payment with the caller's digest.
+func (s *pgState) paymentOf(ctx context.Context, digest, id string) (*payment, bool, error) {
+	return s.onePayment(ctx, "read payment "+id,
+		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND id = $2`, digest, id)
 }
 
 // paymentByKey returns the latest payment made under key.
 func (s *pgState) paymentByKey(ctx context.Context, principal, key string) (*payment, bool, error) {
 	return s.onePayment(ctx, "read the payment under a key",
 		`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND idem_key = $2 AND idem_key <> ''
-		ORDER BY seq DESC LIMIT 1`, principal, key)
+		ORDER BY seq DESC LIMIT 1`, idempotency.PrincipalDigest(principal), key)
 }
 
 // addIntent records, before the provider is asked to charge payment id,
@@ -115,13 +128,15 @@ func (s *pgState) paymentByKey(ctx context.Context, principal, key string) (*pay
 // dead worker's id, finds the row there already.
 func (s *pgState) addIntent(ctx context.Context, id string, r reservation, now time.Time) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO fake_intents (id, principal, idem_key, description, created_at)
-		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, id, r.rec.Principal, r.rec.Key, r.description, now)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, id, idempotency.PrincipalDigest(r.rec.Principal), r.rec.Key, r.description, now)
 	if err != nil {
 		return fmt.Errorf("fakeserver: record the intent to charge %s: %w", id, err)
 	}
 	return nil
 }
 
+// intent returns the intent to charge payment id; its rec.Principal is the
+// caller's digest, which is all the table keeps.
 func (s *pgState) intent(ctx context.Context, id string) (reservation, bool, error) {
 	var r reservation
 	err := s.pool.QueryRow(ctx, `SELECT principal, idem_key, description FROM fake_intents WHERE id = $1`, id).
@@ -146,30 +161,31 @@ func (s *pgState) recoverLatest(ctx context.Context, id idempotency.ID) (*paymen
 		r   = reservation{rec: id}
 	)
 	err := s.pool.QueryRow(ctx, `SELECT id, description FROM fake_intents WHERE principal = $1 AND idem_key = $2
-		ORDER BY seq DESC LIMIT 1`, id.Principal, id.Key).Scan(&pid, &r.description)
+		ORDER BY seq DESC LIMIT 1`, idempotency.PrincipalDigest(id.Principal), id.Key).Scan(&pid, &r.description)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.paymentByKey(ctx, id.Principal, id.Key)
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("fakeserver: read the latest intent under a key: %w", err)
 	}
-	return s.settle(ctx, pid, r)
+	return s.settle(ctx, pid, r, idempotency.PrincipalDigest(id.Principal))
 }
 
 // settle returns the payment of intent r under payment id, recording it
-// first if the provider charged it and no worker recorded it.
-func (s *pgState) settle(ctx context.Context, id string, r reservation) (*payment, bool, error) {
-	if p, ok, err := s.payment(ctx, r.rec.Principal, id); err != nil || ok {
+// first if the provider charged it and no worker recorded it; digest is the
+// caller's.
+func (s *pgState) settle(ctx context.Context, id string, r reservation, digest string) (*payment, bool, error) {
+	if p, ok, err := s.paymentOf(ctx, digest, id); err != nil || ok {
 		return p, ok, err
 	}
 	ch, charged, err := s.lookupCharge(ctx, id)
 	if err != nil || !charged {
 		return nil, false, err
 	}
-	if err := s.addPayment(ctx, r.payment(id, ch)); err != nil {
+	if err := s.insertPayment(ctx, r.payment(id, ch), digest); err != nil {
 		return nil, false, err
 	}
-	return s.payment(ctx, r.rec.Principal, id)
+	return s.paymentOf(ctx, digest, id)
 }
 
 // recoverExpired records as payments the charges of the IN_PROGRESS
@@ -200,7 +216,8 @@ func (s *pgState) recoverExpired(ctx context.Context) error {
 		return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
 	}
 	for _, p := range todo {
-		if _, _, err := s.settle(ctx, p.id, p.r); err != nil {
+		// The table holds the caller's digest, in p.r.rec.Principal.
+		if _, _, err := s.settle(ctx, p.id, p.r, p.r.rec.Principal); err != nil {
 			return err
 		}
 	}
@@ -219,7 +236,7 @@ func (s *pgState) onePayment(ctx context.Context, what, q string, args ...any) (
 }
 
 func (s *pgState) payments(ctx context.Context, principal string) ([]*payment, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 ORDER BY seq`, principal)
+	rows, err := s.pool.Query(ctx, `SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 ORDER BY seq`, idempotency.PrincipalDigest(principal))
 	if err != nil {
 		return nil, fmt.Errorf("fakeserver: list payments: %w", err)
 	}
@@ -283,7 +300,7 @@ func (s *pgState) count(ctx context.Context, name string) error {
 
 func (s *pgState) setOrderStatus(ctx context.Context, principal, id, status string) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO fake_orders (principal, id, status) VALUES ($1, $2, $3)
-		ON CONFLICT (principal, id) DO UPDATE SET status = EXCLUDED.status`, principal, id, status)
+		ON CONFLICT (principal, id) DO UPDATE SET status = EXCLUDED.status`, idempotency.PrincipalDigest(principal), id, status)
 	if err != nil {
 		return fmt.Errorf("fakeserver: set the status of order %s: %w", id, err)
 	}

@@ -2,7 +2,7 @@
 CREATE TABLE IF NOT EXISTS fake_payments (
     seq         bigserial   NOT NULL UNIQUE, -- creation order, for listing
     id          text        PRIMARY KEY,
-    principal   text        NOT NULL,
+    principal   text        NOT NULL, -- idempotency.PrincipalDigest of the caller
     idem_key    text        NOT NULL, -- '' when made without a key
     amount      bigint      NOT NULL,
     currency    text        NOT NULL,
@@ -48,3 +48,23 @@ CREATE TABLE IF NOT EXISTS fake_counters (
     name text   PRIMARY KEY,
     n    bigint NOT NULL
 );
+
+-- One-time rewrites of the tables above, by name.
+CREATE TABLE IF NOT EXISTS fake_migrations (
+    name       text        PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Payments, intents and orders name their caller by its digest, as the idempotency
+-- records do (idempotency.PrincipalDigest), never by a credential: rows
+-- written before are rewritten once.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM fake_migrations WHERE name = 'principal-digest') THEN
+        UPDATE fake_payments SET principal = encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex');
+        UPDATE fake_orders SET principal = encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex');
+        UPDATE fake_intents SET principal = encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex');
+        INSERT INTO fake_migrations (name) VALUES ('principal-digest');
+    END IF;
+END
+$$;

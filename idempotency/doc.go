@@ -17,7 +17,8 @@
 //   - a new key the store has no room for ([ErrStoreFull]): 503, type
 //     [TypeStorageFull], with Retry-After when the store says when room is
 //     expected ([FullError]); nothing is stored and the handler does not run.
-//   - a record with another fingerprint: 422, type [TypeKeyReused].
+//   - a record with another fingerprint (method, path, query or body): 422,
+//     type [TypeKeyReused].
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
 //     plus Idempotent-Replayed: true.
 //   - an IN_PROGRESS record whose lease is alive: 409, type
@@ -31,9 +32,27 @@
 // [ParseKey] accepts the RFC 8941 sf-string form of the IETF draft ("K") and
 // the bare form deployed APIs send (K), as the same key. A key is 1 to 255
 // characters of visible ASCII; with [Config.RequireUUID] it must also be a
-// canonical UUID. Keys are scoped to the caller ([Config.Principal], by
-// default the Authorization header): two callers that pick the same key
-// never see each other's records.
+// canonical UUID.
+//
+// # Scope
+//
+// Keys are scoped to the account the request acts for, which
+// [Config.Principal] returns, as the server's authentication found it: two
+// callers that pick the same key never see each other's records, and every
+// token of one account is the same caller. Principal is required and has
+// no default: the only one there could be, the raw Authorization value,
+// makes a refreshed OAuth token (or a rotated API key) another caller,
+// whose retry finds no record and runs the work again.
+//
+// # What a store keeps
+//
+// A store keeps the [PrincipalDigest] of each record's principal, never the
+// principal, which a server may have made a credential: an unkeyed,
+// domain-separated SHA-256 ("idem.principal.v1:" then the principal), so
+// that the records, their backups and their logs hold no token, a long
+// principal (a 3,000-character token) fits any index, every process
+// computes the same digest without a shared secret, and no key rotation
+// can orphan a live record. The storetest suite checks both.
 //
 // # The race
 //
@@ -94,6 +113,15 @@
 // Retry-After; a test that moves time gives its store the same clock
 // ([MemoryStore.SetClock], pgstore's Options.Clock).
 //
+// # Store errors
+//
+// When the store fails (a statement timeout, a lost connection, a dropped
+// table), the answer is 500, type [TypeInternal], with a detail that says
+// nothing internal: a database's message names tables, indexes and
+// settings, and the client needs none of them. The error itself goes to
+// [Config.Logger] (silent when nil) and [Config.OnOutcome] is told
+// [OutcomeStoreError].
+//
 // # Retry-After
 //
 // A 409 carries Retry-After in whole seconds: the time left until the work
@@ -110,11 +138,28 @@
 //
 // # Fingerprint
 //
-// [NewFingerprint] is SHA-256 over the method, the path (without the query)
+// [NewFingerprint] is SHA-256 over the method, the path, the query string
 // and the body. A JSON body is canonicalised first: members sorted by their
 // case-folded names, whitespace dropped, strings as encoding/json decodes
-// them; numbers are kept as written. Other bodies are hashed raw. The work and memory are
-// linear in the body's size, whatever its nesting.
+// them; numbers are kept as written. Other bodies are hashed raw. The work
+// and memory are linear in the body's size, whatever its nesting.
+//
+// The query is taken as a handler reads it through url.Values: parameters
+// split on '&', names and values decoded as url.QueryUnescape decodes them
+// ('+', %20 and a space are one; %7E and '~' are one; "a" and "a=" are
+// one), then ordered by name. The order of parameters does not matter:
+// ?a=1&b=2 and ?b=2&a=1 replay each other. The order of a repeated name's
+// values does: ?a=1&a=2 and ?a=2&a=1 are two requests (url.Values.Get
+// reads the first). A parameter that does not decode (a bad %-escape, or a
+// ';') is taken as written. A handler that reads r.URL.RawQuery itself,
+// rather than url.Values, must read it in a way these rules preserve.
+//
+// Each record stores the version of the algorithm its fingerprint was made
+// with ([Record.FingerprintVersion]); a request is compared with a record
+// by the record's version. Records stored before the query counted are
+// version 1 ([FingerprintV1]: method, path and body), so their retries keep
+// matching across the upgrade, as the query never counted for them; new
+// records are [FingerprintV2].
 //
 // Two bodies that a handler reads differently must never share a
 // fingerprint, or a key reused for a changed body would replay the first

@@ -11,15 +11,27 @@ import (
 	"hash"
 	"io"
 	"math"
+	"net/url"
 	"slices"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
 
 // A Fingerprint identifies a request's content: SHA-256 over the method, the
-// path and the body. Two attempts of one intent have the same fingerprint; a
+// path, the query and the body (see [NewFingerprint]). Two attempts of one intent have the same fingerprint; a
 // key reused for other content does not.
 type Fingerprint [sha256.Size]byte
+
+// Fingerprint versions (see [Record.FingerprintVersion]).
+const (
+	// FingerprintV1 is SHA-256 over the method, the path and the body: the
+	// query string is not part of it.
+	FingerprintV1 = 1
+	// FingerprintV2 adds the query string, canonically (see
+	// [NewFingerprint]). New records are fingerprinted with it.
+	FingerprintV2 = 2
+)
 
 // String returns the fingerprint in hex.
 func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
@@ -41,13 +53,26 @@ var (
 	ErrJSONDuplicateName = errors.New("idempotency: JSON object has member names that are equal after case folding")
 )
 
-// NewFingerprint fingerprints a request. A body that is one JSON value is
-// hashed in canonical form (object members sorted by their case-folded
-// names, insignificant whitespace dropped, strings as encoding/json decodes
-// them, re-escaped; numbers kept as written), so a client that re-serialises
-// the same object gets the same fingerprint. Any other body (or one over
-// 2 GiB) is hashed as raw bytes. The query string is not part of the
-// fingerprint: the contract fingerprints method, path and body.
+// NewFingerprint fingerprints a request with the current algorithm,
+// [FingerprintV2]: SHA-256 over the method, the path, the query string
+// (rawQuery, without the '?') and the body.
+//
+// The query is taken canonically, as a handler reads it through url.Values:
+// parameters are split on '&' (empty ones dropped), and each name and
+// value is decoded as url.QueryUnescape decodes it ('+' and %20 are both a
+// space, %7E is '~'; "a" and "a=" are both a with the empty value). The
+// parameters are then ordered by name, keeping the order of the values of
+// a repeated name: ?a=1&b=2 and ?b=2&a=1 are one fingerprint, while
+// ?a=1&a=2 and ?a=2&a=1 are two, since a handler that reads the first
+// value (url.Values.Get) reads them differently. A parameter that does not
+// decode (a bad %-escape, or a ';', which Go's url.ParseQuery refuses) is
+// taken as written.
+//
+// A body that is one JSON value is hashed in canonical form (object members
+// sorted by their case-folded names, insignificant whitespace dropped,
+// strings as encoding/json decodes them, re-escaped; numbers kept as
+// written), so a client that re-serialises the same object gets the same
+// fingerprint. Any other body (or one over 2 GiB) is hashed as raw bytes.
 //
 // A JSON body must have one reading for the fingerprint to mean anything.
 // NewFingerprint returns an error wrapping [ErrJSONDuplicateName] for a body
@@ -57,9 +82,22 @@ var (
 // [DefaultMaxDepth]). Bodies nested deeper than 10000 levels are not JSON to
 // encoding/json and are hashed raw.
 //
-// The work and memory are linear in the size of the body.
-func NewFingerprint(method, path string, body []byte, maxDepth int) (Fingerprint, error) {
+// The work and memory are linear in the size of the body, and n log n in
+// the number of query parameters.
+func NewFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
+	return NewFingerprintVersion(FingerprintV2, method, path, rawQuery, body, maxDepth)
+}
+
+// NewFingerprintVersion fingerprints a request with the algorithm of the
+// given version, so that a record keeps matching its retries after the
+// algorithm changed: [FingerprintV1] (or 0, a record stored before versions
+// existed) ignores rawQuery; [FingerprintV2] is [NewFingerprint]. Another
+// version is an error.
+func NewFingerprintVersion(version int, method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
 	var f Fingerprint
+	if version != 0 && version != FingerprintV1 && version != FingerprintV2 {
+		return f, fmt.Errorf("idempotency: unknown fingerprint version %d", version)
+	}
 	c, err := parseJSON(body, maxDepth)
 	if err != nil {
 		return f, err
@@ -67,6 +105,9 @@ func NewFingerprint(method, path string, body []byte, maxDepth int) (Fingerprint
 	h := sha256.New()
 	writeField(h, []byte(method))
 	writeField(h, []byte(path))
+	if version == FingerprintV2 {
+		writeQuery(h, rawQuery)
+	}
 	if c != nil {
 		// The body is the last field, so its end needs no length.
 		h.Write([]byte{'j'})
@@ -77,6 +118,52 @@ func NewFingerprint(method, path string, body []byte, maxDepth int) (Fingerprint
 	}
 	h.Sum(f[:0])
 	return f, nil
+}
+
+// queryParam is one parameter of a query string, decoded, or raw when it
+// does not decode.
+type queryParam struct {
+	name, value string
+	raw         bool
+}
+
+// writeQuery writes the canonical form of rawQuery (see NewFingerprint):
+// a count, then each parameter, ordered by name, the values of one name in
+// their order.
+func writeQuery(h hash.Hash, rawQuery string) {
+	var params []queryParam
+	for rawQuery != "" {
+		var piece string
+		piece, rawQuery, _ = strings.Cut(rawQuery, "&")
+		if piece == "" {
+			continue
+		}
+		p := queryParam{name: piece, raw: true}
+		if !strings.Contains(piece, ";") {
+			rawName, rawValue, _ := strings.Cut(piece, "=")
+			name, err1 := url.QueryUnescape(rawName)
+			value, err2 := url.QueryUnescape(rawValue)
+			if err1 == nil && err2 == nil {
+				p = queryParam{name: name, value: value}
+			}
+		}
+		params = append(params, p)
+	}
+	slices.SortStableFunc(params, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(params)))
+	h.Write([]byte{'q'})
+	h.Write(n[:])
+	for _, p := range params {
+		if p.raw {
+			h.Write([]byte{'r'})
+			writeField(h, []byte(p.name))
+			continue
+		}
+		h.Write([]byte{'d'})
+		writeField(h, []byte(p.name))
+		writeField(h, []byte(p.value))
+	}
 }
 
 // writeField writes b length-prefixed, so that no two different

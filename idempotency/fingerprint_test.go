@@ -13,7 +13,7 @@ import (
 
 func fingerprint(t *testing.T, method, path, body string) idempotency.Fingerprint {
 	t.Helper()
-	f, err := idempotency.NewFingerprint(method, path, []byte(body), 0)
+	f, err := idempotency.NewFingerprint(method, path, "", []byte(body), 0)
 	require.NoError(t, err, "%s", body)
 	return f
 }
@@ -76,13 +76,13 @@ func TestFingerprintNeverSharedByBodiesReadDifferently(t *testing.T) {
 	}
 	for _, body := range ambiguous {
 		t.Run(body, func(t *testing.T) {
-			_, err := idempotency.NewFingerprint("POST", "/payments", []byte(body), 0)
+			_, err := idempotency.NewFingerprint("POST", "/payments", "", []byte(body), 0)
 			assert.ErrorIs(t, err, idempotency.ErrJSONDuplicateName)
 		})
 	}
 	t.Run("names that differ after folding are kept apart", func(t *testing.T) {
 		for _, body := range []string{`{"a_b":1,"ab":2}`, `{"a-b":1,"ab":2}`, `{"s":1,"ß":2}`, `{"i":1,"ı":2}`} {
-			_, err := idempotency.NewFingerprint("POST", "/payments", []byte(body), 0)
+			_, err := idempotency.NewFingerprint("POST", "/payments", "", []byte(body), 0)
 			assert.NoError(t, err, body)
 		}
 	})
@@ -121,15 +121,15 @@ func nested(depth, size int) []byte {
 
 func TestFingerprintDepthLimit(t *testing.T) {
 	t.Parallel()
-	_, err := idempotency.NewFingerprint("POST", "/p", nested(idempotency.DefaultMaxDepth, 0), 0)
+	_, err := idempotency.NewFingerprint("POST", "/p", "", nested(idempotency.DefaultMaxDepth, 0), 0)
 	assert.NoError(t, err, "at the default limit")
-	_, err = idempotency.NewFingerprint("POST", "/p", nested(idempotency.DefaultMaxDepth+1, 0), 0)
+	_, err = idempotency.NewFingerprint("POST", "/p", "", nested(idempotency.DefaultMaxDepth+1, 0), 0)
 	assert.ErrorIs(t, err, idempotency.ErrJSONTooDeep, "past the default limit")
-	_, err = idempotency.NewFingerprint("POST", "/p", []byte(`[[[1]]]`), 2)
+	_, err = idempotency.NewFingerprint("POST", "/p", "", []byte(`[[[1]]]`), 2)
 	assert.ErrorIs(t, err, idempotency.ErrJSONTooDeep, "past a configured limit")
-	_, err = idempotency.NewFingerprint("POST", "/p", []byte(`[[1],[2]]`), 2)
+	_, err = idempotency.NewFingerprint("POST", "/p", "", []byte(`[[1],[2]]`), 2)
 	assert.NoError(t, err, "at a configured limit")
-	_, err = idempotency.NewFingerprint("POST", "/p", []byte(strings.Repeat("[", 20000)), 0)
+	_, err = idempotency.NewFingerprint("POST", "/p", "", []byte(strings.Repeat("[", 20000)), 0)
 	assert.NoError(t, err, "not JSON: hashed raw")
 }
 
@@ -142,7 +142,7 @@ func BenchmarkFingerprintDepth(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if _, err := idempotency.NewFingerprint("POST", "/p", body, 10000); err != nil {
+				if _, err := idempotency.NewFingerprint("POST", "/p", "", body, 10000); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -166,8 +166,97 @@ func BenchmarkFingerprintWide(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := idempotency.NewFingerprint("POST", "/p", body, 0); err != nil {
+		if _, err := idempotency.NewFingerprint("POST", "/p", "", body, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestFingerprintTakesTheQueryCanonically: the query is part of the
+// fingerprint, as a handler reads it through url.Values: parameter order
+// does not matter, the order of a repeated name's values does, and
+// encodings of one value are one value.
+func TestFingerprintTakesTheQueryCanonically(t *testing.T) {
+	t.Parallel()
+	const body = `{"amount":1500}`
+	var values []string
+	for i := range 40 {
+		values = append(values, fmt.Sprintf("a=%d", i), fmt.Sprintf("m%d=%d", i%3, i))
+	}
+	manyValues := strings.Join(values, "&")
+	fp := func(query string) idempotency.Fingerprint {
+		f, err := idempotency.NewFingerprint("POST", "/payments", query, []byte(body), 0)
+		require.NoError(t, err)
+		return f
+	}
+	for _, c := range []struct {
+		name, a, b string
+		same       bool
+	}{
+		{"another value", "param2=b", "param2=c", false},
+		{"a parameter added", "", "param2=b", false},
+		{"a name in another case", "a=1", "A=1", false},
+		{"repeated values reordered", "a=1&a=2", "a=2&a=1", false},
+		{"a value moved to another name", "a=1&b=2", "a=2&b=1", false},
+		{"undecodable, another spelling", "a=%zz", "a=%zy", false},
+		{"parameters reordered", "param1=a&param2=b", "param2=b&param1=a", true},
+		{"repeated values keep their order among others", "a=1&b=2&a=3", "b=2&a=1&a=3", true},
+		{"percent-encoding", "name=%7Eada&x=a%20b", "name=~ada&x=a+b", true},
+		{"empty parameters", "a=1&&b=2&", "a=1&b=2", true},
+		{"a name without =", "flag&a=1", "flag=&a=1", true},
+		{"nothing after the ?", "", "", true},
+		{"many values of one name keep their order", "z=x&" + manyValues, manyValues + "&z=x", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.same {
+				assert.Equal(t, fp(c.a), fp(c.b), "?%s and ?%s", c.a, c.b)
+			} else {
+				assert.NotEqual(t, fp(c.a), fp(c.b), "?%s and ?%s", c.a, c.b)
+			}
+		})
+	}
+	assert.NotEqual(t, fp("a=1"), fingerprint(t, "POST", "/payments?a=1", body), "the query is not part of the path")
+}
+
+// TestFingerprintVersion1IsTheAlgorithmBeforeTheQuery: records stored
+// before the query counted hold these fingerprints (computed by that
+// code); version 1 must keep producing them, whatever the query.
+func TestFingerprintVersion1IsTheAlgorithmBeforeTheQuery(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ path, body, want string }{
+		{"/payments", `{"amount":1500,"currency":"AZN","customer":"cus_1"}`, "908f0081dd8065be9d13dc3da27aef99543f4357ee3c16dd3f54f6723a93ec88"},
+		{"/x", "a=1&b=2", "32d6c515b0d9fa0c3f01459988cb7a235a82616f140e5544a49d50729afcf696"},
+	} {
+		for _, v := range []int{0, idempotency.FingerprintV1} {
+			f, err := idempotency.NewFingerprintVersion(v, "POST", c.path, "ignored=1", []byte(c.body), 0)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, f.String(), "version %d of %s", v, c.body)
+		}
+	}
+	_, err := idempotency.NewFingerprintVersion(3, "POST", "/x", "", nil, 0)
+	assert.ErrorContains(t, err, "unknown fingerprint version 3")
+}
+
+// FuzzFingerprintQuery: any query string fingerprints without failing, and
+// empty parameters and the order of two different names change nothing.
+func FuzzFingerprintQuery(f *testing.F) {
+	for _, q := range []string{"", "a=1", "param1=a&param2=b", "a=1&a=2", "a=%zz;b", "x=a+b&name=%7E", "&&=&"} {
+		f.Add(q, "b=2")
+	}
+	f.Fuzz(func(t *testing.T, q, other string) {
+		fp := func(query string) idempotency.Fingerprint {
+			got, err := idempotency.NewFingerprint("POST", "/p", query, nil, 0)
+			require.NoError(t, err)
+			return got
+		}
+		base := fp(q)
+		assert.Equal(t, base, fp("&"+q+"&"), "empty parameters are dropped")
+		// A name that starts with two 0xff bytes sorts after every name of q
+		// (which has none that starts so: no 0xff, no escapes), so moving
+		// that parameter from the end to the front is the same query.
+		if !strings.Contains(q, "%") && strings.IndexByte(q, 0xff) < 0 && !strings.Contains(other, "&") && !strings.Contains(other, ";") && !strings.Contains(other, "%") && !strings.Contains(other, "+") {
+			extra := "\xff\xff" + other
+			assert.Equal(t, fp(q+"&"+extra), fp(extra+"&"+q), "?%s with %q moved", q, extra)
+		}
+	})
 }

@@ -9,7 +9,9 @@ import (
 )
 
 // MemoryStore is a [Store] in memory, for tests and the fake server. One
-// mutex makes every method one atomic step; commit hooks run under it.
+// mutex makes every method one atomic step; commit hooks run under it. It
+// keeps records under the [PrincipalDigest] of their principal, as every
+// store does.
 // A MemoryStore is safe for concurrent use by multiple goroutines. The zero
 // MemoryStore is not usable; call [NewMemoryStore].
 //
@@ -65,9 +67,11 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now(rec.CreatedAt)
-	old, ok := s.recs[rec.ID]
+	at := digested(rec.ID)
+	old, ok := s.recs[at]
 	if ok && !old.Expired(now) {
 		cp := *old
+		cp.ID = rec.ID
 		return &cp, false, nil
 	}
 	if !ok && s.max > 0 && len(s.recs) >= s.max {
@@ -83,7 +87,8 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 	if !rec.LockedUntil.IsZero() {
 		cp.LockedUntil = now.Add(rec.LockedUntil.Sub(rec.CreatedAt))
 	}
-	s.recs[rec.ID] = &cp
+	cp.ID = at
+	s.recs[at] = &cp
 	if s.minExpiry.IsZero() || cp.ExpiresAt.Before(s.minExpiry) {
 		s.minExpiry = cp.ExpiresAt
 	}
@@ -96,7 +101,7 @@ func (s *MemoryStore) TakeOver(_ context.Context, id ID, from, to string, now, u
 	defer s.mu.Unlock()
 	lease := until.Sub(now)
 	now = s.now(now)
-	r, ok := s.recs[id]
+	r, ok := s.recs[digested(id)]
 	if !ok || r.Status != StatusInProgress || r.Owner != from || (to != "" && r.LockedUntil.After(now)) || r.Expired(now) {
 		return false, nil
 	}
@@ -109,7 +114,7 @@ func (s *MemoryStore) TakeOver(_ context.Context, id ID, from, to string, now, u
 func (s *MemoryStore) Complete(ctx context.Context, id ID, owner string, resp *Response, commit func(context.Context) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.recs[id]
+	r, ok := s.recs[digested(id)]
 	if !ok || r.Status != StatusInProgress || r.Owner != owner {
 		return ErrNotOwner
 	}
@@ -129,11 +134,12 @@ func (s *MemoryStore) Complete(ctx context.Context, id ID, owner string, resp *R
 func (s *MemoryStore) Release(_ context.Context, id ID, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.recs[id]
+	at := digested(id)
+	r, ok := s.recs[at]
 	if !ok || r.Status != StatusInProgress || r.Owner != owner {
 		return ErrNotOwner
 	}
-	delete(s.recs, id)
+	delete(s.recs, at)
 	return nil
 }
 
@@ -144,11 +150,12 @@ func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, boo
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now = s.now(now)
-	r, ok := s.recs[id]
+	r, ok := s.recs[digested(id)]
 	if !ok || r.Expired(now) {
 		return nil, false
 	}
 	cp := *r
+	cp.ID = id
 	return &cp, true
 }
 
@@ -193,3 +200,6 @@ func (s *MemoryStore) Clear() {
 	clear(s.recs)
 	s.minExpiry = time.Time{}
 }
+
+// digested is id as a store keeps it: with its principal's digest.
+func digested(id ID) ID { return ID{Principal: PrincipalDigest(id.Principal), Key: id.Key} }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -42,8 +43,8 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 )
 
-// Config configures [New]. Only Store is required; every other zero field
-// means its default.
+// Config configures [New]. Store and Principal are required; every other
+// zero field means its default.
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
@@ -79,19 +80,25 @@ type Config struct {
 	// parsed body, which the handler gets as [Info.Validated] instead of
 	// parsing it again. Nil accepts every body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
-	// Principal names the caller that owns a key. Nil means the value of the
-	// Authorization header ("" is the anonymous caller), which is right only
-	// while a caller's credential never changes. A credential that rotates
-	// (an OAuth access token, refreshed while an intent is unresolved, or
-	// before it is resumed after a restart) makes the retry another
-	// caller's, with no record for its key, and the work runs twice: return
-	// the authenticated account instead.
+	// Principal names the caller that owns a key: the account the request
+	// acts for, as the server's authentication found it ("" for one
+	// anonymous caller). Required: [New] panics without it. It must not
+	// return the credential (such as the Authorization header): a
+	// credential that rotates (an OAuth access token, refreshed while an
+	// intent is unresolved, or before it is resumed after a restart) would
+	// make the retry another caller's, with no record for its key, and the
+	// work would run twice. Stores keep a digest of it, never the value
+	// (see "Scope" in the package docs).
 	Principal func(r *http.Request) string
 	// NewStableID returns a new id for an intent (see [Record.StableID]).
 	// Nil means 26 random base32 characters.
 	NewStableID func() string
 	// OnOutcome, if not nil, is told how every request was answered.
 	OnOutcome func(r *http.Request, o Outcome)
+	// Logger gets the store's errors, which the client never sees: a 500
+	// answer says only that the server failed, since a database's message
+	// names tables, indexes and settings. Nil means silent.
+	Logger *slog.Logger
 }
 
 // Middleware makes a handler idempotent under the Idempotency-Key contract.
@@ -102,8 +109,8 @@ type Middleware struct {
 }
 
 // New returns next wrapped in the idempotency layer. It panics if
-// cfg.Store is nil, or if cfg.Retention is not longer than cfg.Lease (a
-// record must not expire under its live worker).
+// cfg.Store or cfg.Principal is nil, or if cfg.Retention is not longer
+// than cfg.Lease (a record must not expire under its live worker).
 func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.Store == nil {
 		panic("idempotency: Config.Store is nil")
@@ -123,7 +130,10 @@ func New(next http.Handler, cfg Config) *Middleware {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.Principal == nil {
-		cfg.Principal = func(r *http.Request) string { return r.Header.Get("Authorization") }
+		// No default: the raw Authorization value, the only one there could
+		// be, makes a refreshed token another caller (see Config.Principal).
+		panic("idempotency: Config.Principal is nil: return the account the request acts for, " +
+			"as the server's authentication found it, not its credential (a refreshed token must be the same caller)")
 	}
 	if cfg.NewStableID == nil {
 		cfg.NewStableID = rand.Text
@@ -174,7 +184,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	fp, err := NewFingerprint(r.Method, r.URL.Path, body, m.cfg.MaxDepth)
+	fp, err := NewFingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body, m.cfg.MaxDepth)
 	if err != nil {
 		// Too deep, or an object whose member names collide after case
 		// folding: no single reading to fingerprint. Nothing is stored.
@@ -196,14 +206,15 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := m.now()
 	rec := &Record{
-		ID:          ID{Principal: m.cfg.Principal(r), Key: key},
-		Fingerprint: fp,
-		Status:      StatusInProgress,
-		StableID:    m.cfg.NewStableID(),
-		Owner:       rand.Text(),
-		LockedUntil: now.Add(m.cfg.Lease),
-		CreatedAt:   now,
-		ExpiresAt:   now.Add(m.cfg.Retention),
+		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
+		Fingerprint:        fp,
+		FingerprintVersion: FingerprintV2,
+		Status:             StatusInProgress,
+		StableID:           m.cfg.NewStableID(),
+		Owner:              rand.Text(),
+		LockedUntil:        now.Add(m.cfg.Lease),
+		CreatedAt:          now,
+		ExpiresAt:          now.Add(m.cfg.Retention),
 	}
 	// A lost takeover race means another request now holds the record; a
 	// few rounds settle it, after which the answer is a plain 409.
@@ -217,10 +228,10 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.run(w, r, rec, false, parsed)
 			return
 		}
-		if existing.Fingerprint != rec.Fingerprint {
+		if !m.sameContent(existing, rec, r, body) {
 			m.report(r, OutcomeReused)
 			(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-				Detail: "this key was already used for a request with a different method, path or body; use a new key for a new intent"}).Write(w)
+				Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
 			return
 		}
 		if existing.Status == StatusCompleted {
@@ -248,6 +259,22 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m.report(r, OutcomeConflict)
 	writeInProgress(w, 1)
+}
+
+// sameContent reports whether the request of rec has the content of the
+// existing record, fingerprinted with the existing record's algorithm: a
+// record stored before the query counted ([FingerprintV1]) is compared
+// without it, so that its retries keep matching across the upgrade. A
+// version this code does not know does not match.
+func (m *Middleware) sameContent(existing, rec *Record, r *http.Request, body []byte) bool {
+	if existing.FingerprintVersion == rec.FingerprintVersion {
+		return existing.Fingerprint == rec.Fingerprint
+	}
+	if existing.FingerprintVersion != 0 && existing.FingerprintVersion != FingerprintV1 {
+		return false
+	}
+	old, err := NewFingerprintVersion(FingerprintV1, r.Method, r.URL.Path, "", body, m.cfg.MaxDepth)
+	return err == nil && existing.Fingerprint == old
 }
 
 // run does the work as the record's owner and commits or releases.
@@ -357,8 +384,12 @@ func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	m.report(r, OutcomeStoreError)
+	if m.cfg.Logger != nil {
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idempotency: the store failed",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+	}
 	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
-		Detail: "the idempotency store failed: " + err.Error()}).Write(w)
+		Detail: "the server could not read or write its idempotency records; retry with the same key"}).Write(w)
 }
 
 // storedHeaders are the response fields a replay needs; nothing else is kept.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -47,6 +48,9 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("done"))
 }
 
+// anyone is the Principal of tests with one caller.
+func anyone(*http.Request) string { return "" }
+
 func serve(h http.Handler, key, body string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(body))
 	if key != "" {
@@ -77,7 +81,7 @@ func TestCommitHook(t *testing.T) {
 			t.Parallel()
 			store := idempotency.NewMemoryStore()
 			c := &counter{status: tt.status, nothingDone: tt.nothingDone}
-			m := idempotency.New(c, idempotency.Config{Store: store})
+			m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store})
 			first := serve(m, "k", "x")
 			assert.Equal(t, tt.status, first.Code)
 			assert.Equal(t, tt.effects, c.effects.Load())
@@ -118,7 +122,7 @@ func TestLostLeaseDiscardsEffect(t *testing.T) {
 	clk := clock.NewManual(t0)
 	store := idempotency.NewMemoryStore()
 	slow := &counter{status: 201, block: make(chan struct{})}
-	slowM := idempotency.New(slow, idempotency.Config{Store: store, Clock: clk, Lease: time.Second})
+	slowM := idempotency.New(slow, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Lease: time.Second})
 	var wg sync.WaitGroup
 	var first *httptest.ResponseRecorder
 	wg.Go(func() { first = serve(slowM, "k", "x") })
@@ -126,7 +130,7 @@ func TestLostLeaseDiscardsEffect(t *testing.T) {
 
 	clk.Advance(time.Second)
 	fast := &counter{status: 201}
-	second := serve(idempotency.New(fast, idempotency.Config{Store: store, Clock: clk, Lease: time.Second}), "k", "x")
+	second := serve(idempotency.New(fast, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Lease: time.Second}), "k", "x")
 	assert.Equal(t, 201, second.Code, "the expired lease was taken over")
 
 	close(slow.block)
@@ -157,7 +161,7 @@ func TestTakeoverSeesStableID(t *testing.T) {
 		}
 		w.WriteHeader(201)
 	})
-	m := idempotency.New(h, idempotency.Config{Store: store, Clock: clk})
+	m := idempotency.New(h, idempotency.Config{Principal: anyone, Store: store, Clock: clk})
 	assert.PanicsWithValue(t, http.ErrAbortHandler, func() { serve(m, "k", "x") })
 	clk.Advance(idempotency.DefaultLease)
 	assert.Equal(t, 201, serve(m, "k", "x").Code)
@@ -175,7 +179,7 @@ func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
 	t.Parallel()
 	store := idempotency.NewMemoryStore()
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Store: store, MaxDepth: 3})
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, MaxDepth: 3})
 	for _, body := range []string{`{"amount":1500,"AMOUNT":2000}`, `{"a":[[[1]]]}`} {
 		w := serve(m, "fresh", body)
 		assert.Equal(t, http.StatusBadRequest, w.Code, body)
@@ -201,7 +205,7 @@ func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
 	store := idempotency.NewMemoryStore()
 	store.SetMaxRecords(1)
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Store: store, Clock: clk, Retention: time.Hour})
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Retention: time.Hour})
 	require.Equal(t, 201, serve(m, "a", "x").Code)
 
 	clk.Advance(time.Minute)
@@ -266,7 +270,7 @@ func TestAServerErrorKeepsTheStableIDForTheRetry(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusCreated)
 			})
-			m := idempotency.New(h, idempotency.Config{Store: idempotency.NewMemoryStore()})
+			m := idempotency.New(h, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
 			first := serve(m, "k", `{"amount":1500}`)
 			require.GreaterOrEqual(t, first.Code, 500)
 			require.Equal(t, http.StatusCreated, serve(m, "k", `{"amount":1500}`).Code)
@@ -282,15 +286,121 @@ func TestNewRefusesARetentionNoLongerThanTheLease(t *testing.T) {
 	t.Parallel()
 	store := idempotency.NewMemoryStore()
 	for _, cfg := range []idempotency.Config{
-		{Store: store, Retention: 10 * time.Second},
-		{Store: store, Retention: time.Minute, Lease: time.Minute},
-		{Store: store, Lease: 25 * time.Hour},
+		{Store: store, Principal: anyone, Retention: 10 * time.Second},
+		{Store: store, Principal: anyone, Retention: time.Minute, Lease: time.Minute},
+		{Store: store, Principal: anyone, Lease: 25 * time.Hour},
 	} {
 		assert.PanicsWithValue(t, fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)",
 			cmp.Or(cfg.Retention, idempotency.DefaultRetention), cmp.Or(cfg.Lease, idempotency.DefaultLease)),
 			func() { idempotency.New(&counter{status: 201}, cfg) })
 	}
 	assert.NotPanics(t, func() {
-		idempotency.New(&counter{status: 201}, idempotency.Config{Store: store, Retention: time.Minute})
+		idempotency.New(&counter{status: 201}, idempotency.Config{Principal: anyone, Store: store, Retention: time.Minute})
 	})
+}
+
+// failingStore fails every Insert with err, as a database does when a
+// statement times out or a table is gone.
+type failingStore struct {
+	idempotency.Store
+	err error
+}
+
+func (s failingStore) Insert(context.Context, *idempotency.Record) (*idempotency.Record, bool, error) {
+	return nil, false, s.err
+}
+
+// TestStoreErrorTextIsLoggedNeverShown: when the store fails, the client
+// gets a 500 problem that says nothing internal (no database message, no
+// index or table name); the error goes to Config.Logger.
+func TestStoreErrorTextIsLoggedNeverShown(t *testing.T) {
+	t.Parallel()
+	secret := `pgstore: insert key "k": ERROR: duplicate key value violates unique constraint "idempotency_records_pkey" (SQLSTATE 23505)`
+	var logged strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logged, nil))
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: failingStore{idempotency.NewMemoryStore(), errors.New(secret)}, Logger: logger})
+	w := serve(m, "k", "x")
+	assert.Equal(t, http.StatusInternalServerError, w.Code)
+	assert.Contains(t, w.Body.String(), idempotency.TypeInternal)
+	for _, internal := range []string{"pgstore", "SQLSTATE", "idempotency_records", "duplicate key"} {
+		assert.NotContains(t, w.Body.String(), internal)
+	}
+	assert.Contains(t, logged.String(), "SQLSTATE 23505", "the error is logged")
+	assert.Zero(t, c.runs.Load())
+}
+
+// TestNewRequiresThePrincipal: there is no default scope. A default that
+// read the Authorization header would make a refreshed token another
+// caller, whose retry finds no record and runs the work again; so New
+// refuses a Config without Principal, and the scope is whatever account
+// Principal returns.
+func TestNewRequiresThePrincipal(t *testing.T) {
+	t.Parallel()
+	assert.PanicsWithValue(t, "idempotency: Config.Principal is nil: return the account the request acts for, "+
+		"as the server's authentication found it, not its credential (a refreshed token must be the same caller)",
+		func() {
+			idempotency.New(&counter{status: 201}, idempotency.Config{Store: idempotency.NewMemoryStore()})
+		})
+
+	account := func(r *http.Request) string { return strings.SplitN(r.Header.Get("Authorization"), ".", 2)[0] }
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Store: idempotency.NewMemoryStore(), Principal: account})
+	send := func(auth string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader("x"))
+		r.Header.Set(idempotency.HeaderKey, "k")
+		r.Header.Set("Authorization", auth)
+		w := httptest.NewRecorder()
+		m.ServeHTTP(w, r)
+		return w
+	}
+	require.Equal(t, 201, send("acct1.token-before-refresh").Code)
+	again := send("acct1.token-after-refresh")
+	assert.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "the same account, another token: a replay")
+	assert.Empty(t, send("acct2.token").Header().Get(idempotency.HeaderReplayed), "another account has its own key")
+	assert.Equal(t, int32(2), c.runs.Load())
+}
+
+func serveURL(h http.Handler, target, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
+	r.Header.Set(idempotency.HeaderKey, key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// TestTheQueryIsPartOfTheContent: a key reused with another query is 422
+// (a handler that reads the query would otherwise get another request's
+// answer); the same parameters in another order replay; a record
+// fingerprinted before the query counted (version 1) still replays for its
+// retry.
+func TestTheQueryIsPartOfTheContent(t *testing.T) {
+	t.Parallel()
+	store := idempotency.NewMemoryStore()
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0)})
+
+	require.Equal(t, 201, serveURL(m, "/things?param1=a&param2=b", "k1", "x").Code)
+	reused := serveURL(m, "/things?param1=a&param2=c", "k1", "x")
+	assert.Equal(t, http.StatusUnprocessableEntity, reused.Code)
+	assert.Contains(t, reused.Body.String(), idempotency.TypeKeyReused)
+	reordered := serveURL(m, "/things?param2=b&param1=a", "k1", "x")
+	assert.Equal(t, 201, reordered.Code)
+	assert.Equal(t, "true", reordered.Header().Get(idempotency.HeaderReplayed))
+	assert.Equal(t, int32(1), c.runs.Load())
+
+	// A record stored by the version before the query counted.
+	old, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/things", "", []byte("x"), 0)
+	require.NoError(t, err)
+	id := idempotency.ID{Principal: "", Key: "k-old"}
+	_, inserted, err := store.Insert(context.Background(), &idempotency.Record{ID: id, Fingerprint: old, Status: idempotency.StatusInProgress,
+		StableID: "st", Owner: "w", LockedUntil: t0.Add(time.Minute), CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	require.NoError(t, store.Complete(context.Background(), id, "w", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil))
+	retry := serveURL(m, "/things?param2=b", "k-old", "x")
+	assert.Equal(t, 201, retry.Code)
+	assert.Equal(t, "old", retry.Body.String(), "the version-1 record's retry replays it")
+	assert.Equal(t, http.StatusUnprocessableEntity, serveURL(m, "/things", "k-old", "y").Code, "another body is still another request")
+	assert.Equal(t, int32(1), c.runs.Load())
 }

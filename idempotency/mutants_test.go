@@ -33,5 +33,55 @@ func TestMutants(t *testing.T) {
 			Replace: "r.LockedUntil.After(now)",
 			Pkg:     "./idempotency", Run: "^(TestMemoryStoreConformance|TestAServerErrorKeepsTheStableIDForTheRetry)$",
 		},
+		{
+			Name: "fingerprint-ignores-query", File: "idempotency/fingerprint.go",
+			Note:    "the query string is not part of the fingerprint",
+			Anchor:  "\t\twriteQuery(h, rawQuery)\n",
+			Replace: "\n",
+			Pkg:     "./idempotency", Run: "^TestTheQueryIsPartOfTheContent$",
+		},
+		{
+			Name: "query-order-matters", File: "idempotency/fingerprint.go",
+			Note:    "query parameters are hashed in the order they were sent",
+			Anchor:  "slices.SortStableFunc(params, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })",
+			Replace: "",
+			Pkg:     "./idempotency", Run: "^TestFingerprintTakesTheQueryCanonically$",
+		},
+		{
+			Name: "query-repeated-values-reordered", File: "idempotency/fingerprint.go",
+			Note:    "the values of a repeated name may change order, which url.Values.Get reads differently",
+			Anchor:  "slices.SortStableFunc(params",
+			Replace: "slices.SortFunc(params",
+			Pkg:     "./idempotency", Run: "^TestFingerprintTakesTheQueryCanonically$",
+		},
+		{
+			Name: "old-records-compared-with-new-fingerprint", File: "idempotency/middleware.go",
+			Note:    "a record fingerprinted before the query counted is compared with the new algorithm",
+			Anchor:  "if existing.FingerprintVersion != 0 && existing.FingerprintVersion != FingerprintV1 {",
+			Replace: "if true {",
+			Pkg:     "./idempotency", Run: "^TestTheQueryIsPartOfTheContent$",
+		},
+		{
+			Name: "scope-defaults-to-credential", File: "idempotency/middleware.go",
+			Note:   "a Config without Principal scopes keys by the raw Authorization value",
+			Anchor: `panic("idempotency: Config.Principal is nil: return the account the request acts for, " +`,
+			Replace: `cfg.Principal = func(r *http.Request) string { return r.Header.Get("Authorization") }
+		_ = ("idempotency: Config.Principal is nil: return the account the request acts for, " +`,
+			Pkg: "./idempotency", Run: "^TestNewRequiresThePrincipal$",
+		},
+		{
+			Name: "store-error-text-shown", File: "idempotency/middleware.go",
+			Note:    "a 500 answer carries the store's error text",
+			Anchor:  `Detail: "the server could not read or write its idempotency records; retry with the same key"}`,
+			Replace: `Detail: err.Error()}`,
+			Pkg:     "./idempotency", Run: "^TestStoreErrorTextIsLoggedNeverShown$",
+		},
+		{
+			Name: "memory-store-keeps-principal", File: "idempotency/memory.go",
+			Note:    "the memory store keys records by the principal itself, not its digest",
+			Anchor:  "func digested(id ID) ID { return ID{Principal: PrincipalDigest(id.Principal), Key: id.Key} }",
+			Replace: "func digested(id ID) ID { return id }",
+			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
+		},
 	})
 }

@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"net/http"
 	"time"
@@ -45,15 +47,50 @@ const (
 // ID is a record's primary key: the key, scoped to the caller that sent it.
 // Two callers that pick the same key have different IDs.
 type ID struct {
+	// Principal is the account the request acts for ([Config.Principal]).
+	// A store keeps its [PrincipalDigest], never the principal itself.
 	Principal string
 	Key       string
+}
+
+// principalDomain separates the principal's digest from every other
+// SHA-256 of the same bytes. Changing it orphans every stored record.
+const principalDomain = "idem.principal.v1:"
+
+// PrincipalDigest is what a store keeps in place of a principal: the
+// SHA-256 of "idem.principal.v1:" followed by the principal, in lower-case
+// hex (64 characters, whatever the principal's length). A principal is
+// meant to be an account name, but a server may return a credential (a
+// bearer token), and records live for the whole retention: the digest
+// keeps it out of the store, its backups and its logs, and keeps a long
+// one within an index's limits. In SQL (PostgreSQL 11 or later):
+//
+//	encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex')
+//
+// It is not keyed, so every process finds a record without sharing a
+// secret and there is no key whose rotation could orphan live records.
+// An unkeyed digest of a high-entropy token (any bearer token or API key)
+// cannot be reversed; a low-entropy secret (a password) could be guessed
+// from it, which is one more reason for Principal to return the account,
+// never a credential.
+func PrincipalDigest(principal string) string {
+	h := sha256.New()
+	h.Write([]byte(principalDomain))
+	h.Write([]byte(principal))
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Record is one row of the idempotency table.
 type Record struct {
 	ID          ID
 	Fingerprint Fingerprint
-	Status      Status
+	// FingerprintVersion is the algorithm Fingerprint was made with
+	// ([FingerprintV2] for new records). A record stored before versions
+	// existed reads as 0, which means [FingerprintV1]. Stores keep it, so
+	// that a record keeps matching its retries across a change of the
+	// algorithm.
+	FingerprintVersion int
+	Status             Status
 	// StableID is the server's own id for the intent, created with the
 	// record and kept across takeovers. It is the idempotency key the
 	// server gives an external provider (see "External side effects" in the

@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -14,6 +15,10 @@ func TestMemoryStoreConformance(t *testing.T) {
 		s := idempotency.NewMemoryStore()
 		clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 		s.SetClock(clk)
-		return storetest.Subject{Store: s, SetNow: func(t time.Time) { clk.Advance(t.Sub(clk.Now())) }}
+		return storetest.Subject{
+			Store:  s,
+			SetNow: func(t time.Time) { clk.Advance(t.Sub(clk.Now())) },
+			AtRest: func(context.Context) (string, error) { return idempotency.MemoryAtRest(s), nil },
+		}
 	})
 }

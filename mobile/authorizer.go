@@ -14,13 +14,13 @@ import (
 // exception thrown in Java or Swift) stops the call with an error of kind
 // authorizer; the attempt is not sent.
 //
-// The server must see every attempt of an intent as the same caller. A
-// server that scopes keys by the raw Authorization value (the contract's
-// default, and the fake server's) takes a refreshed token for another
-// caller: a retry after a refresh would be a new payment, and the lookup
-// would not find the first. Against such a server, return the same value
-// for every attempt of a key, or have the server scope keys by the account
-// the token authenticates.
+// The server must see every attempt of an intent as the same caller: the
+// contract scopes keys by the account a request acts for, not by its
+// credential, so a refreshed token's retry replays. The fake server's test
+// tokens ("Bearer test_<account>_<anything>") name their account for this.
+// A server that scoped keys by the raw Authorization value would take a
+// refreshed token for another caller: a retry after a refresh would be a
+// new payment, and the lookup would not find the first.
 type Authorizer interface {
 	Authorize(key string) (string, error)
 }

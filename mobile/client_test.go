@@ -3,6 +3,7 @@ package mobile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -231,6 +232,28 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeSucceeded, res.Outcome)
 	assert.Equal(t, []string{"Bearer token-1", "Bearer token-2"}, seen, "asked afresh for every attempt")
+}
+
+// TestAuthorizerRefreshBetweenAttemptsIsOneCharge: the Authorizer gives
+// every attempt a fresh token of one account; the first answer is lost and
+// the retry, under the new token, replays: one charge.
+func TestAuthorizerRefreshBetweenAttemptsIsOneCharge(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	var calls atomic.Int64
+	c.SetAuthorizer(authorizerFunc(func(string) (string, error) {
+		return fmt.Sprintf("Bearer test_acme_token-%d", calls.Add(1)), nil
+	}))
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+
+	res, err := c.Pay("checkout:cart-refresh", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.True(t, res.Replayed, "the retry under the refreshed token got the stored answer")
+	assert.Equal(t, int64(2), res.Attempts)
+	assert.Equal(t, int64(2), calls.Load(), "a token per attempt")
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
 
 func TestAuthorizerFailureIsADeviceErrorAndNothingIsSent(t *testing.T) {

@@ -33,10 +33,17 @@ Then one line per request (method, path, key, status, outcome).
 
 API:
   POST /payments                      Idempotency-Key required
-  GET  /payments, /payments/{id}      caller-scoped (Authorization header)
+  GET  /payments, /payments/{id}      caller-scoped (see Callers)
   GET  /payments?idempotency_key=K    the payment made under K; 409 while K is
                                       unsettled (resend with K); 404 if never done
   PUT  /orders/{id}/status            naturally idempotent, key ignored
+
+Callers: keys and payments belong to the account a request acts for. A
+test token names its account: "Authorization: Bearer test_<account>_<any>"
+(account: 1-64 letters, digits, '-', '.'), so a token refreshed between
+attempts is the same caller and its retry replays. Any other Authorization
+value is a caller of its own; none is the anonymous caller. Only digests
+of callers are stored.
 
 Admin endpoints (no key, no scoping):
   GET    /_fake/stats    {"payments","provider_charges","executions","records","in_progress","requests"}

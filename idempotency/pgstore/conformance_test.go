@@ -49,6 +49,11 @@ func conformance(t *testing.T, opts *Options) {
 				err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM business_rows WHERE name = $1)", name).Scan(&ok)
 				return ok, err
 			},
+			AtRest: func(ctx context.Context) (string, error) {
+				var rows string
+				err := pool.QueryRow(ctx, "SELECT coalesce(string_agg(r::text, E'\n'), '') FROM idempotency_records r").Scan(&rows)
+				return rows, err
+			},
 		}
 	})
 }

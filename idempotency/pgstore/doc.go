@@ -17,6 +17,25 @@
 // tools read. Use one tool per database, since each records what it applied
 // in a table of its own.
 //
+// The caller column holds [idempotency.PrincipalDigest] of the principal
+// (64 hex characters), never the principal: SELECT caller FROM
+// idempotency_records shows no credential, and a principal of any length
+// fits the primary key. The fingerprint_version column says which
+// algorithm made the fingerprint (see "Fingerprint" in the idempotency
+// package docs).
+//
+// Migration 0004 rewrites the callers of existing records to their digests
+// with PostgreSQL's own sha256() (core since PostgreSQL 11; no extension),
+// and marks existing fingerprints as made before versions (0, read as
+// version 1). It updates every row in one transaction, which locks the
+// table for as long (it holds one retention's records). During a rolling
+// deploy, a process of the earlier version that still runs inserts its
+// callers in clear, without a fingerprint version: a trigger stores their
+// digest instead, so this version's processes find those records (and the
+// earlier process, which looks its records up in clear, answers 409 or 500
+// for them rather than doing the work twice). This version never writes
+// version 0.
+//
 // # Statements
 //
 // Insert is one INSERT ... ON CONFLICT that inserts the record, or replaces

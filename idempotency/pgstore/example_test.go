@@ -50,11 +50,14 @@ func Example() {
 	})
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", idempotency.New(pay, idempotency.Config{
-		Store:     store,
+	mux.Handle("POST /payments", authenticate(idempotency.New(pay, idempotency.Config{
+		Store: store,
+		// The account the request acts for, as the authentication in front
+		// of the middleware found it: a refreshed token is the same caller.
+		Principal: func(r *http.Request) string { return accountOf(r.Context()) },
 		Retention: 24 * time.Hour,
 		Lease:     30 * time.Second,
-	}))
+	})))
 
 	// Delete expired records every few minutes.
 	go func() {
@@ -66,3 +69,23 @@ func Example() {
 	}()
 	log.Fatal(http.ListenAndServe(":8080", mux))
 }
+
+type accountKey struct{}
+
+// authenticate stands for the server's own authentication: it finds the
+// account a request's credential belongs to and puts it in the context.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		account, ok := lookUpAccount(r.Header.Get("Authorization"))
+		if !ok {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, account)))
+	})
+}
+
+func accountOf(ctx context.Context) string { s, _ := ctx.Value(accountKey{}).(string); return s }
+
+// lookUpAccount stands for the server's token check.
+func lookUpAccount(authorization string) (string, bool) { return "acct_1", authorization != "" }

@@ -3,6 +3,8 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/idemkit/idem/clock"
@@ -18,7 +21,7 @@ import (
 )
 
 // payHandler writes a payment row through the store's transaction, and
-// answers 500 instead when the body asks it to fail.
+// answers 500 instead when the request has an X-Fail header.
 func payHandler(w http.ResponseWriter, r *http.Request) {
 	info, _ := idempotency.FromContext(r.Context())
 	err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
@@ -29,7 +32,7 @@ func payHandler(w http.ResponseWriter, r *http.Request) {
 		_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ($1)", info.StableID)
 		return err
 	})
-	if err != nil || r.URL.Query().Has("fail") {
+	if err != nil || r.Header.Get("X-Fail") != "" {
 		http.Error(w, "failed", http.StatusInternalServerError)
 		return
 	}
@@ -43,10 +46,13 @@ func TestMiddlewareOverPostgres(t *testing.T) {
 	if _, err := pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
-	h := idempotency.New(http.HandlerFunc(payHandler), idempotency.Config{Store: New(pool, nil)})
+	h := idempotency.New(http.HandlerFunc(payHandler), idempotency.Config{Store: New(pool, nil), Principal: anyone})
 	post := func(target, key string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(`{"amount":1}`))
+		r := httptest.NewRequest(http.MethodPost, strings.TrimSuffix(target, "?fail"), strings.NewReader(`{"amount":1}`))
 		r.Header.Set("Idempotency-Key", key)
+		if strings.HasSuffix(target, "?fail") {
+			r.Header.Set("X-Fail", "1") // a header is not part of the fingerprint
+		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		return w
@@ -119,7 +125,7 @@ func TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree(t *testing.T) {
 			host := func(skew time.Duration) http.Handler {
 				// Each host has a Store of its own, as a process does, on
 				// the database's clock.
-				return idempotency.New(slow, idempotency.Config{Store: New(pool, nil),
+				return idempotency.New(slow, idempotency.Config{Store: New(pool, nil), Principal: anyone,
 					Clock: clock.NewManual(time.Now().Add(skew)), Lease: 10 * time.Second})
 			}
 			first, other := host(c.first), host(c.other)
@@ -140,4 +146,92 @@ func TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree(t *testing.T) {
 			assert.EqualValues(t, 1, runs.Load(), "the handler ran more than once")
 		})
 	}
+}
+
+// TestDatabaseErrorsAreLoggedNeverShown provokes real PostgreSQL errors (a
+// statement timeout behind a lock, a check constraint, a dropped table):
+// each answer is a 500 problem with nothing internal in it, and the
+// database's message goes to Config.Logger.
+func TestDatabaseErrorsAreLoggedNeverShown(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "200ms"
+	timed, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(timed.Close)
+	var logged strings.Builder
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }),
+		idempotency.Config{Store: New(timed, nil), Principal: anyone, Logger: logger})
+	post := func(key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":1}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	internal := []string{"SQLSTATE", "idempotency_records", "statement timeout", "canceling", "relation", "constraint", "pgstore", "ERROR"}
+
+	for _, c := range []struct {
+		name, key, want string
+		provoke         func(t *testing.T)
+	}{
+		{"statement timeout", "k-timeout", "57014", func(t *testing.T) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			if _, err := tx.Exec(ctx, "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"check constraint", "k-constraint", "23514", func(t *testing.T) {
+			if _, err := pool.Exec(ctx, "ALTER TABLE idempotency_records ADD CONSTRAINT short_keys CHECK (length(key) < 5)"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = pool.Exec(ctx, "ALTER TABLE idempotency_records DROP CONSTRAINT short_keys") })
+		}},
+		{"dropped table", "k-dropped", "42P01", func(t *testing.T) {
+			if _, err := pool.Exec(ctx, "DROP TABLE idempotency_records"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.provoke(t)
+			w := post(c.key)
+			if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), idempotency.TypeInternal) {
+				t.Fatalf("answer = %d %s; want a 500 problem", w.Code, w.Body)
+			}
+			for _, s := range internal {
+				if strings.Contains(w.Body.String(), s) {
+					t.Errorf("the answer shows %q: %s", s, w.Body)
+				}
+			}
+			logMu.Lock()
+			defer logMu.Unlock()
+			if !strings.Contains(logged.String(), c.want) {
+				t.Errorf("the log lacks SQLSTATE %s:\n%s", c.want, logged.String())
+			}
+		})
+	}
+}
+
+// anyone is the Principal of tests with one caller.
+func anyone(*http.Request) string { return "" }
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -14,8 +14,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-lease-on-host-clock", File: "idempotency/pgstore/store.go",
 			Note:    "a takeover is judged on the caller's clock, not the database's",
-			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,\n\t\tid.Principal, id.Key, from, to, s.now(), micros(until.Sub(now)))",
-			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND r.expires_at > t.now`,\n\t\tid.Principal, id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
+			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
+			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND r.expires_at > t.now`,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
 			Pkg:     "./idempotency/pgstore", Run: "^TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree$", Env: pg,
 		},
 		{
@@ -45,6 +45,34 @@ func TestMutants(t *testing.T) {
 			Anchor:  `data: []byte("-- +goose Up\n" + m.sql),`,
 			Replace: `data: []byte(m.sql),`,
 			Pkg:     "./idempotency/pgstore", Run: "^TestMigrationsHoldsEveryMigrationInOrder$",
+		},
+		{
+			Name: "pg-caller-in-clear", File: "idempotency/pgstore/store.go",
+			Note:    "the caller column holds the principal itself",
+			Anchor:  "return idempotency.PrincipalDigest(id.Principal) }",
+			Replace: "return id.Principal }",
+			Pkg:     "./idempotency/pgstore", Run: "^TestCallerColumnNeverShowsTheCredential$", Env: pg,
+		},
+		{
+			Name: "pg-replacement-keeps-old-fingerprint-version", File: "idempotency/pgstore/store.go",
+			Note:    "a record that replaces an expired one keeps the expired one's fingerprint version",
+			Anchor:  "fingerprint_version = $10, response_status = NULL",
+			Replace: "response_status = NULL",
+			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^ExpiryReplaces$", Env: pg,
+		},
+		{
+			Name: "pg-migration-digest-differs", File: "idempotency/pgstore/migrations/0004_caller_digest_fingerprint_version.sql",
+			Note:    "migration 0004 digests existing callers without the domain the code uses",
+			Anchor:  "SET caller = encode(sha256(convert_to('idem.principal.v1:' || caller, 'UTF8')), 'hex');",
+			Replace: "SET caller = encode(sha256(convert_to(caller, 'UTF8')), 'hex');",
+			Pkg:     "./idempotency/pgstore", Run: "^TestMigrationDigestsTheCallersOfExistingRecords$", Env: pg,
+		},
+		{
+			Name: "pg-earlier-process-writes-in-clear", File: "idempotency/pgstore/migrations/0004_caller_digest_fingerprint_version.sql",
+			Note:    "a record an earlier version inserts after the migration keeps its caller in clear",
+			Anchor:  "FOR EACH ROW EXECUTE FUNCTION idempotency_records_digest_caller();",
+			Replace: "FOR EACH ROW WHEN (false) EXECUTE FUNCTION idempotency_records_digest_caller();",
+			Pkg:     "./idempotency/pgstore", Run: "^TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound$", Env: pg,
 		},
 	})
 }

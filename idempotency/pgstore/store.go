@@ -28,8 +28,10 @@ const DefaultSweepBatch = 1000
 // clock_timestamp(), for every process alike (see [idempotency.Store]),
 // unless [Options.Clock] replaces it.
 //
-// Error messages name the key and what was being done, never the caller
-// (the caller is often a credential).
+// The caller column holds the [idempotency.PrincipalDigest] of each
+// record's principal, never the principal (often a credential), which also
+// keeps the primary key's entries small whatever the principal's length.
+// Error messages name the key and what was being done, never the caller.
 type Store struct {
 	pool   *pgxpool.Pool
 	batch  int
@@ -128,7 +130,7 @@ func Tx(ctx context.Context) (pgx.Tx, bool) {
 	return tx, ok
 }
 
-const columns = `fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
+const columns = `fingerprint, fingerprint_version, status, stable_id, owner, locked_until, created_at, expires_at,
 	response_status, response_header, response_body`
 
 // insertSQL inserts the record, or replaces one that has expired, in one
@@ -144,9 +146,10 @@ const columns = `fingerprint, status, stable_id, owner, locked_until, created_at
 // after the statement began; the row is then all NULLs (or the old,
 // expired version) and Insert runs the statement again.
 var insertSQL = nowSQL(8) + `, ins AS (
-	INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
+	INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
+		fingerprint_version)
 	SELECT $1, $2, $3, $4, $5, $6, t.now + $7::bigint * interval '1 microsecond', t.now,
-		t.now + $9::bigint * interval '1 microsecond'
+		t.now + $9::bigint * interval '1 microsecond', $10
 	FROM t
 	ON CONFLICT (caller, key) DO NOTHING
 	RETURNING 1
@@ -155,13 +158,13 @@ var insertSQL = nowSQL(8) + `, ins AS (
 		fingerprint = $3, status = $4, stable_id = $5, owner = $6,
 		locked_until = t.now + $7::bigint * interval '1 microsecond', created_at = t.now,
 		expires_at = t.now + $9::bigint * interval '1 microsecond',
-		response_status = NULL, response_header = NULL, response_body = NULL
+		fingerprint_version = $10, response_status = NULL, response_header = NULL, response_body = NULL
 	FROM t
 	WHERE r.caller = $1 AND r.key = $2 AND r.expires_at <= t.now AND NOT EXISTS (SELECT 1 FROM ins)
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl), t.now,
-	r.fingerprint, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
+	r.fingerprint, r.fingerprint_version, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
 	r.response_status, r.response_header, r.response_body
 FROM t
 LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
@@ -188,8 +191,8 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 			now      time.Time
 			row      nullableRecord
 		)
-		err := s.pool.QueryRow(ctx, s.insert, rec.ID.Principal, rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
-			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)),
+		err := s.pool.QueryRow(ctx, s.insert, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
+			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
 		).Scan(append([]any{&inserted, &now}, row.dest()...)...)
 		if err != nil {
 			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
@@ -219,7 +222,7 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 		FROM t
 		WHERE r.caller = $1 AND r.key = $2 AND r.status = 'IN_PROGRESS' AND r.owner = $3
 		AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,
-		id.Principal, id.Key, from, to, s.now(), micros(until.Sub(now)))
+		caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, err)
 	}
@@ -257,7 +260,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		SET status = 'COMPLETED', owner = '', locked_until = NULL,
 			response_status = $4, response_header = $5, response_body = $6
 		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`,
-		id.Principal, id.Key, owner, code, header, body)
+		caller(id), id.Key, owner, code, header, body)
 	if err != nil {
 		return fmt.Errorf("pgstore: complete key %q: mark completed: %w", id.Key, err)
 	}
@@ -278,7 +281,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 // Release implements [idempotency.Store] with one DELETE.
 func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) error {
 	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_records
-		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`, id.Principal, id.Key, owner)
+		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`, caller(id), id.Key, owner)
 	if err != nil {
 		return fmt.Errorf("pgstore: release key %q: %w", id.Key, err)
 	}
@@ -334,7 +337,7 @@ func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) 
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
 	var row nullableRecord
 	err = s.pool.QueryRow(ctx, nowSQL(3)+` SELECT `+columns+` FROM idempotency_records, t
-		WHERE caller = $1 AND key = $2 AND expires_at > t.now`, id.Principal, id.Key, s.now()).Scan(row.dest()...)
+		WHERE caller = $1 AND key = $2 AND expires_at > t.now`, caller(id), id.Key, s.now()).Scan(row.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -350,6 +353,7 @@ func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec 
 // nullableRecord is a record's columns as scanned, NULLs and all.
 type nullableRecord struct {
 	fingerprint  []byte
+	fpVersion    *int16
 	status       *string
 	stableID     *string
 	owner        *string
@@ -362,7 +366,7 @@ type nullableRecord struct {
 }
 
 func (n *nullableRecord) dest() []any {
-	return []any{&n.fingerprint, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
+	return []any{&n.fingerprint, &n.fpVersion, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
 		&n.responseCode, &n.header, &n.body}
 }
 
@@ -374,6 +378,9 @@ func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) 
 		CreatedAt: *n.createdAt, ExpiresAt: *n.expiresAt}
 	if copy(rec.Fingerprint[:], n.fingerprint) != len(rec.Fingerprint) || len(n.fingerprint) != len(rec.Fingerprint) {
 		return nil, fmt.Errorf("the fingerprint is %d bytes, not %d", len(n.fingerprint), len(rec.Fingerprint))
+	}
+	if n.fpVersion != nil {
+		rec.FingerprintVersion = int(*n.fpVersion)
 	}
 	if n.lockedUntil != nil {
 		rec.LockedUntil = *n.lockedUntil
@@ -393,4 +400,17 @@ func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) 
 		}
 	}
 	return rec, nil
+}
+
+// caller is the caller column of id: its principal's digest.
+func caller(id idempotency.ID) string { return idempotency.PrincipalDigest(id.Principal) }
+
+// fingerprintVersion is the version stored with rec. A record's 0 is
+// written as version 1: in the table, 0 marks rows written by code from
+// before versions, whose callers migration 0004's trigger digests.
+func fingerprintVersion(rec *idempotency.Record) int16 {
+	if rec.FingerprintVersion == 0 {
+		return idempotency.FingerprintV1
+	}
+	return int16(rec.FingerprintVersion)
 }

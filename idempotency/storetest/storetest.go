@@ -16,7 +16,10 @@
 // writes); a record from its expiry on is replaced by an insert; a sweep
 // deletes the expired records and only those; keys are scoped by caller;
 // leases and retention are judged on the store's own clock, whatever its
-// callers' clocks say.
+// callers' clocks say; the principal is kept as its digest ([idempotency.PrincipalDigest]), never
+// in clear (with [Subject.AtRest]); principals of any length (a 3,000
+// character token, a 100 KB header) work; a record's fingerprint version is
+// kept.
 //
 // The checks read records back through Insert, which returns the live record
 // it conflicts with. They move the store's clock ([Subject.SetNow]) along
@@ -28,9 +31,11 @@ package storetest
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +59,11 @@ type Subject struct {
 	// SetNow sets the clock the store judges leases and retention on to t
 	// (a clock.Manual the store was given). Required.
 	SetNow func(t time.Time)
+	// AtRest, if not nil, returns as text everything the store keeps about
+	// its records (for a SQL store, every column of every row), so that the
+	// check that a store keeps a digest of the principal, never the
+	// principal (often a credential), can look at it. Nil skips that look.
+	AtRest func(ctx context.Context) (string, error)
 }
 
 // t0 is the checks' time; no check reads a clock.
@@ -79,6 +89,9 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"SweepDeletesOnlyExpired", testSweepDeletesOnlyExpired},
 		{"ScopedByCaller", testScopedByCaller},
 		{"JudgesTimeOnItsOwnClock", testOwnClock},
+		{"PrincipalKeptAsDigest", testPrincipalKeptAsDigest},
+		{"LongPrincipals", testLongPrincipals},
+		{"FingerprintVersionKept", testFingerprintVersionKept},
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,7 +113,7 @@ func fingerprint(s string) idempotency.Fingerprint {
 // and a one-hour retention.
 func record(id idempotency.ID, owner string, now time.Time) *idempotency.Record {
 	return &idempotency.Record{
-		ID: id, Fingerprint: fingerprint("body"), Status: idempotency.StatusInProgress,
+		ID: id, Fingerprint: fingerprint("body"), FingerprintVersion: idempotency.FingerprintV2, Status: idempotency.StatusInProgress,
 		StableID: "stable-" + owner, Owner: owner,
 		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
 	}
@@ -143,7 +156,7 @@ func sameRecord(t *testing.T, got, want *idempotency.Record) {
 	if got == nil {
 		t.Fatalf("record %v is absent, want %+v", want.ID, want)
 	}
-	if got.ID != want.ID || got.Fingerprint != want.Fingerprint || got.Status != want.Status ||
+	if got.ID != want.ID || got.Fingerprint != want.Fingerprint || got.FingerprintVersion != want.FingerprintVersion || got.Status != want.Status ||
 		got.StableID != want.StableID || got.Owner != want.Owner ||
 		!got.CreatedAt.Equal(want.CreatedAt) || !got.ExpiresAt.Equal(want.ExpiresAt) ||
 		(got.Status == idempotency.StatusInProgress && !got.LockedUntil.Equal(want.LockedUntil)) {
@@ -427,6 +440,7 @@ func testRelease(t *testing.T, sub Subject) {
 func testExpiryReplaces(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	old := record(key, "w1", t0)
+	old.FingerprintVersion = idempotency.FingerprintV1 // the replacement's is its own
 	mustInsert(t, sub, old)
 	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil); err != nil {
 		t.Fatal(err)
@@ -583,4 +597,81 @@ func testOwnClock(t *testing.T, sub Subject) {
 	if n, err := sub.Store.Sweep(ctx, behind); err != nil || n != 1 {
 		t.Errorf("Sweep by a host 1h behind once the record expired = %d, %v; want 1, nil", n, err)
 	}
+}
+
+func testPrincipalKeptAsDigest(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	const secret = "sk_live_51HzQ2eLkdIwHu7ix0Ff3"
+	id := idempotency.ID{Principal: "Bearer " + secret, Key: "key-secret"}
+	mustInsert(t, sub, record(id, "w1", t0))
+	if err := sub.Store.Complete(ctx, id, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("paid")}, nil); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if got := lookup(t, sub, id, t0); got == nil || got.ID != id || got.Status != idempotency.StatusCompleted {
+		t.Fatalf("the record under the principal = %+v, want COMPLETED under %v", got, id)
+	}
+	if sub.AtRest == nil {
+		return
+	}
+	rest, err := sub.AtRest(ctx)
+	if err != nil {
+		t.Fatalf("AtRest: %v", err)
+	}
+	if strings.Contains(rest, secret) {
+		t.Errorf("the store keeps the principal in clear:\n%s", rest)
+	}
+	if digest := idempotency.PrincipalDigest(id.Principal); !strings.Contains(rest, digest) {
+		t.Errorf("the store does not keep the principal's digest %s:\n%s", digest, rest)
+	}
+}
+
+func testLongPrincipals(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	for _, n := range []int{3000, 100 << 10} {
+		// Two principals that differ only in their last character are two
+		// callers.
+		long := "Bearer " + RandomToken(n)
+		a := idempotency.ID{Principal: long + "a", Key: "key-long"}
+		b := idempotency.ID{Principal: long + "b", Key: "key-long"}
+		mustInsert(t, sub, record(a, "wa", t0))
+		mustInsert(t, sub, record(b, "wb", t0))
+		sub.SetNow(t0.Add(time.Minute))
+		if ok, err := sub.Store.TakeOver(ctx, a, "wa", "wa2", t0.Add(time.Minute), t0.Add(2*time.Minute)); err != nil || !ok {
+			t.Fatalf("TakeOver with a %d-byte principal = %v, %v", len(a.Principal), ok, err)
+		}
+		if err := sub.Store.Complete(ctx, a, "wa2", &idempotency.Response{StatusCode: 201, Body: []byte("a")}, nil); err != nil {
+			t.Fatalf("Complete with a %d-byte principal: %v", len(a.Principal), err)
+		}
+		if got := lookup(t, sub, a, t0.Add(time.Minute)); got == nil || got.Status != idempotency.StatusCompleted || string(got.Response.Body) != "a" {
+			t.Errorf("the record of a %d-byte principal = %+v, want COMPLETED with its answer", len(a.Principal), got)
+		}
+		if err := sub.Store.Release(ctx, b, "wb"); err != nil {
+			t.Errorf("Release with a %d-byte principal: %v", len(b.Principal), err)
+		}
+	}
+}
+
+func testFingerprintVersionKept(t *testing.T, sub Subject) {
+	for _, v := range []int{idempotency.FingerprintV1, idempotency.FingerprintV2} {
+		id := idempotency.ID{Principal: "caller-a", Key: fmt.Sprintf("key-v%d", v)}
+		rec := record(id, "w1", t0)
+		rec.FingerprintVersion = v
+		mustInsert(t, sub, rec)
+		if got := lookup(t, sub, id, t0); got == nil || got.FingerprintVersion != v {
+			t.Errorf("a record fingerprinted with version %d reads back as %+v", v, got)
+		}
+	}
+}
+
+// RandomToken returns n characters of base64url that look random, the
+// same on every call: a credential that a database cannot compress, as a
+// real token is (a repeated character compresses to fit any index).
+func RandomToken(n int) string {
+	var b strings.Builder
+	block := sha256.Sum256([]byte("storetest"))
+	for b.Len() < n {
+		b.WriteString(base64.RawURLEncoding.EncodeToString(block[:]))
+		block = sha256.Sum256(block[:])
+	}
+	return b.String()[:n]
 }

@@ -155,8 +155,9 @@ func RunPostgres(ctx context.Context, dsn string, cfg PGConfig, progress io.Writ
 
 	b := &pgBench{pool: pool}
 	bare := http.HandlerFunc(b.pay)
-	layered := idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, nil)})
-	async := idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, &pgstore.Options{AsyncInsert: true})})
+	oneCaller := func(*http.Request) string { return "bench" }
+	layered := idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, nil), Principal: oneCaller})
+	async := idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, &pgstore.Options{AsyncInsert: true}), Principal: oneCaller})
 	serve := func(h http.Handler, key string) error {
 		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/payments", bytes.NewReader(paymentBody))
 		req.Header.Set("Content-Type", "application/json")

@@ -42,6 +42,7 @@ type device struct {
 	policy     idem.RetryPolicy
 	apps       []*app
 	restarted  bool // the app has not resumed its intents since starting
+	redirected bool // the edge redirected the device's last request
 
 	attemptTimeout time.Duration
 }

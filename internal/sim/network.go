@@ -71,6 +71,8 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return w.cfg.Faults.rate(f)
 	}
 	isPost := req.Method == http.MethodPost
+	followUp := d.redirected
+	d.redirected = false
 
 	// The login page of the intermediary, reached by following its 302.
 	if req.URL.Path == "/login" {
@@ -93,10 +95,14 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		a := proxyAnswer(w, pick(r, 501, 507, 520, 521, 522, 523, 524))
 		w.tracef("d%d: the intermediary answers %d to %s %s", d.id, a.status, req.Method, req.URL)
 		return d.respond(req, a, false), nil
-	case isPost && req.URL.RawQuery == "" && r.chance(rate(FaultRedirect307)):
+	case isPost && !followUp && r.chance(rate(FaultRedirect307)):
+		// To the same URL: the server fingerprints the path and the query,
+		// so a redirect elsewhere would make the followed POST another
+		// request to it. The follow-up is not redirected again.
 		w.stats.fault(FaultRedirect307.Name())
+		d.redirected = true
 		return d.respond(req, answer{status: http.StatusTemporaryRedirect,
-			header: http.Header{"Location": {req.URL.Path + "?via=edge"}}}, false), nil
+			header: http.Header{"Location": {req.URL.RequestURI()}}}, false), nil
 	case isPost && r.chance(rate(FaultRedirectLogin)):
 		w.stats.fault(FaultRedirectLogin.Name())
 		return d.respond(req, answer{status: http.StatusFound, header: http.Header{"Location": {"/login"}}}, false), nil

@@ -90,7 +90,10 @@ func newServer(w *World) *server {
 		stored5xx: make(map[idempotency.ID]bool),
 	}
 	s.handler = idempotency.New(http.HandlerFunc(s.createPayment), idempotency.Config{
-		Store:     s.store,
+		Store: s.store,
+		// The simulated device names itself in Authorization and never
+		// refreshes it: the credential is the account.
+		Principal: func(r *http.Request) string { return r.Header.Get("Authorization") },
 		Clock:     worldClock{w},
 		Retention: w.cfg.Retention,
 		Lease:     w.cfg.Lease,

@@ -1,0 +1,22 @@
+package idempotency
+
+import (
+	"fmt"
+	"strings"
+)
+
+// MemoryAtRest returns everything s holds about its records, as text, for
+// the conformance suite's look at what a store keeps.
+func MemoryAtRest(s *MemoryStore) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	for id, r := range s.recs {
+		fmt.Fprintf(&b, "%q %+v", id, *r)
+		if r.Response != nil {
+			fmt.Fprintf(&b, " %+v %q", r.Response.Header, r.Response.Body)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
