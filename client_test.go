@@ -264,3 +264,26 @@ func TestRetentionMustLeaveTimeToSend(t *testing.T) {
 	_, err = idem.New(idem.WithRetention(2*time.Hour, time.Hour))
 	require.NoError(t, err)
 }
+
+// marking wraps a test server's handler so that it marks its answers as
+// the contract's servers do: the request's Idempotency-Key echoed on every
+// answer to a keyed request, the lookup's key (its idempotency_key query
+// parameter) on every lookup answer. A handler may still set its own.
+func marking(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if k := r.Header.Values("Idempotency-Key"); len(k) > 0 {
+			w.Header()["Idempotency-Key"] = k
+		} else if q := r.URL.Query(); q.Has("idempotency_key") {
+			w.Header().Set("Idempotency-Key", q.Get("idempotency_key"))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// writeKeyUnused answers the lookup's typed miss: nothing was done under
+// the key.
+func writeKeyUnused(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = w.Write([]byte(`{"type":"https://idem.dev/problems/idempotency-key-unused","title":"Idempotency-Key unused","status":404}`))
+}

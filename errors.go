@@ -201,6 +201,14 @@ const (
 	// 303 to a GET, a login page say): it says nothing about the work.
 	// RetryError.LastResponse holds it, with its Location.
 	StopRedirect StopReason = "redirect not followed"
+	// StopUnmarked: a 2xx or 4xx answer that does not show it is the
+	// server's (it does not echo the intent's key, is not marked
+	// Idempotent-Replayed, and WithServerAnswer does not recognise it)
+	// came after a request of the intent may have reached the server, or
+	// was a 2xx: a gateway's 401, a CDN's page, a captive portal's login
+	// page. It says nothing about the work, which an earlier request may
+	// have done. RetryError.LastResponse holds it; Settle again later.
+	StopUnmarked StopReason = "answer not marked as the server's"
 )
 
 // RetryError reports a call that ended without a final answer from the
@@ -226,6 +234,9 @@ type RetryError struct {
 	// neverReached: Err proves that no request of the call reached the
 	// server (see neverReached), and none was read without an answer.
 	neverReached bool
+	// sentNothing: the transport's trace proves that no attempt of the
+	// call wrote its request to a connection.
+	sentNothing bool
 }
 
 func (e *RetryError) Error() string {
@@ -243,6 +254,8 @@ func (e *RetryError) Error() string {
 	switch e.Reason {
 	case StopExpired:
 		b.WriteString("; reconcile the intent")
+	case StopUnmarked:
+		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
 	case StopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
 			fmt.Fprintf(&b, " to %s", e.LastResponse.Header.Get("Location"))

@@ -258,7 +258,7 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
-		w.WriteHeader(http.StatusNotFound)
+		writeKeyUnused(w)
 	}))
 	t.Cleanup(srv.Close)
 	clk := clock.NewManual(epoch)

@@ -125,11 +125,11 @@ func TestRoundTripper(t *testing.T) {
 // the answer: its status, with an empty body, and the intent is resolved.
 func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(strings.Repeat("x", 4096)))
-	}))
+	})))
 	t.Cleanup(srv.Close)
 	c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 	require.NoError(t, err)
