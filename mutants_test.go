@@ -15,6 +15,16 @@ func TestMutants(t *testing.T) {
 	const root = "."
 	mutant.Test(t, []mutant.Mutant{
 		{
+			// The login page that the followed GET reaches does not echo
+			// the key, so in the simulation the client leaves the outcome
+			// unknown on it anyway: the redirect's own test catches this.
+			Name: "redirect-answer-is-outcome", File: "adapter.go",
+			Note:    "a 301, 302 or 303 after a POST is followed and the GET's answer taken for the outcome",
+			Anchor:  "if req.Method != via[0].Method {",
+			Replace: "if false {",
+			Pkg:     root, Run: "^TestRedirectToGETCarriesNoKey$",
+		},
+		{
 			Name: "intent-saved-when-shown", File: "intent.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
 			Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",
