@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -312,6 +313,10 @@ type checker struct {
 
 	baseline     *exchange   // the first fresh request and its answer
 	fresh        []*exchange // first answers to fresh keys
+	// keyed holds every answer to a request that carried a key, which
+	// the key-echo row judges.
+	keyedMu sync.Mutex
+	keyed   []*exchange
 	adminChecked bool
 	adminUsable  bool
 	adminReason  string // why the admin endpoints are not used
