@@ -313,13 +313,14 @@ type checker struct {
 
 	baseline     *exchange   // the first fresh request and its answer
 	fresh        []*exchange // first answers to fresh keys
+	adminChecked bool
+	adminUsable  bool
+	adminReason  string // why the admin endpoints are not used
+
 	// keyed holds every answer to a request that carried a key, which
 	// the key-echo row judges.
 	keyedMu sync.Mutex
 	keyed   []*exchange
-	adminChecked bool
-	adminUsable  bool
-	adminReason  string // why the admin endpoints are not used
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -39,15 +39,17 @@ type device struct {
 	quoted     bool
 	diskFull   time.Time // the disk is full until then
 	stuckUntil time.Time // POSTs are held in transit until then
-	offline    time.Time // no connection can be made until then
-	// written counts the requests the device wrote to a connection: what
-	// the client's trace sees as WroteHeaders.
-	written int
 	policy     idem.RetryPolicy
 	apps       []*app
 	restarted  bool // the app has not resumed its intents since starting
 
 	attemptTimeout time.Duration
+
+	// offline: no connection can be made until then. written counts the
+	// requests the device wrote to a connection: what the client's trace
+	// sees as WroteHeaders.
+	offline time.Time
+	written int
 }
 
 // deviceClock is the device's clock: the world's time plus the device's
