@@ -263,8 +263,10 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //     with the earlier answer, and nothing is made: the action is paid. A
 //     deliberate second payment is NewIntent.
 //   - The request changed and the latest intent was never sent (unarmed,
-//     or armed and provably never on the wire): it is dropped and replaced
-//     by a new one; Do on the dropped one returns ErrIntentReplaced.
+//     armed and provably never on the wire, or stored not sent: a call of
+//     it ended with *NotSentError, in this process or an earlier one): it
+//     is dropped and replaced by a new one; Do on the dropped one returns
+//     ErrIntentReplaced.
 //   - The request changed and the latest intent may have reached the
 //     server with an unknown outcome: *UnresolvedError, and
 //     nothing is made. Starting a second payment silently is the one
