@@ -33,10 +33,17 @@ const problemKeyUnused = "https://idem.dev/problems/idempotency-key-unused"
 
 // echoes reports whether h carries key back in its Idempotency-Key field,
 // bare or quoted. Any one field line that names the key is enough; one
-// that names another key is not the server's answer to this intent.
+// that names another key is not the server's answer to this intent. key
+// may itself be spelled quoted (the key an app's own API client put on a
+// request through the RoundTripper): the two are compared as the server
+// reads them.
 func echoes(h http.Header, key string) bool {
+	want := echoKey(key)
+	if want == "" {
+		return false
+	}
 	for _, v := range h.Values("Idempotency-Key") {
-		if echoKey(v) == key {
+		if echoKey(v) == want {
 			return true
 		}
 	}

@@ -254,3 +254,26 @@ func TestTheRoundTripperGivesTheSameRequestTheSameKey(t *testing.T) {
 		return idem.Remembered(rt) == 0
 	}, 10*time.Second, time.Millisecond, "requests the caller dropped are forgotten")
 }
+
+// An API client that puts its own key on the request quoted, as the IETF
+// draft spells it, gets the server's answer: its echo, quoted as received,
+// names the same key.
+func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clk))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"sdk-key-2"`)
+	resp, err := hc.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, `"sdk-key-2"`, resp.Header.Get("Idempotency-Key"))
+}
