@@ -158,7 +158,9 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	if err != nil {
 		return nil, err
 	}
-	unsent = unsent || in.ephemeral && rec.Attempts == 0
+	// A per-request key of the RoundTripper's is new with this call; a key
+	// the caller chose may have been sent by its own earlier retry.
+	unsent = unsent || in.ephemeral && rec.Attempts == 0 && !in.callersKey
 	if rec.State == persist.StateNotSent {
 		// Sent again, as the app asked: from the first byte on it may
 		// reach the server, so the store must stop saying it was not sent

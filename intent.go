@@ -109,6 +109,10 @@ type Intent struct {
 	// ephemeral intents live only in memory (the RoundTripper's per-request
 	// keys); they are never saved.
 	ephemeral bool
+	// callersKey: an ephemeral intent under a key the caller chose, which
+	// the caller may have sent before (its own retry): never provably
+	// unsent.
+	callersKey bool
 	// c is the Client that handed the intent out: it knows which intents
 	// are provably unsent.
 	c *Client

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,4 +277,43 @@ func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Equal(t, `"sdk-key-2"`, resp.Header.Get("Idempotency-Key"))
+}
+
+// An API client's own retry with its own key, after its first request
+// charged and the answer was lost, may get a gateway's refusal: that is
+// not "not paid", since the key was sent before, through an earlier round
+// trip.
+func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && posts.Add(1) == 2 {
+			strangerPage(w, http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	post := func() (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "sdk-key-3")
+		return hc.Do(req)
+	}
+	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+	_, err = post()
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+	_, err = post()
+	requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
+	resp, err := post()
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, h.Stats().ProviderCharges)
 }
