@@ -108,6 +108,9 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
 	}
+	// A cache on the path must ask the server, not answer from what it
+	// kept: a "not found" kept from before the payment would void it.
+	req.Header.Set("Cache-Control", "no-cache")
 	// Whether an attempt may still arrive is decided as the lookup leaves:
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.

@@ -704,3 +704,24 @@ func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 		})
 	}
 }
+
+// The lookup asks caches on the path to go to the server: a "not found"
+// kept from before the payment must not void it.
+func TestTheLookupAsksCachesToAskTheServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var cacheControl atomic.Value
+	f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if isLookup(r) {
+			cacheControl.Store(r.Header.Get("Cache-Control"))
+		}
+		return false
+	})
+	c := f.client(t)
+	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+	require.NoError(t, err)
+	_, err = c.Reconcile(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, "no-cache", cacheControl.Load())
+	assert.Equal(t, idem.StateVoid, in.State())
+}
