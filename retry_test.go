@@ -621,3 +621,98 @@ func TestNotSentIsProvenByTheTraceAlone(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Not sent is kept on disk: after a restart on the file store, the intent
+// reads not sent, SettleAll leaves it, and a changed cart replaces it.
+func TestNotSentSurvivesARestartOnTheFileStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir() + "/state"
+	offline := &http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ENETUNREACH}
+	}}}
+	open := func() (*Client, *persist.FileStore) {
+		store, err := persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		c, err := New(WithStore(store), WithHTTPClient(offline), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		return c, store
+	}
+	c, store := open()
+	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	var notSent *NotSentError
+	require.ErrorAs(t, err, &notSent)
+	require.NoError(t, store.Close())
+
+	c, store = open()
+	defer store.Close()
+	settled, err := c.SettleAll(ctx)
+	require.NoError(t, err)
+	require.Len(t, settled, 1)
+	assert.Equal(t, StateNotSent, settled[0].Intent.State())
+	require.ErrorAs(t, settled[0].Err, &notSent)
+	changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
+	require.NoError(t, err)
+	next, err := c.Intent(ctx, "checkout", changed)
+	require.NoError(t, err)
+	assert.NotEqual(t, in.Key(), next.Key())
+}
+
+// diesOnWrite is a store whose process dies once dead is set: no write
+// reaches it after that.
+type diesOnWrite struct {
+	persist.Store
+	dead atomic.Bool
+}
+
+func (s *diesOnWrite) Save(ctx context.Context, r *persist.Record) error {
+	if s.dead.Load() {
+		return syscall.EIO
+	}
+	return s.Store.Save(ctx, r)
+}
+
+// A not-sent intent sent again is stored as new before its first byte
+// leaves: if the process dies while the request is on its way, the store
+// does not say "not sent", and after the restart the changed cart waits.
+func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := persist.NewMemory(nil)
+	store := &diesOnWrite{Store: mem}
+	var online atomic.Bool
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		tr := httptrace.ContextClientTrace(r.Context())
+		tr.GetConn("pay.example:80")
+		if !online.Load() {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		}
+		tr.GotConn(httptrace.GotConnInfo{})
+		tr.WroteHeaders()
+		store.dead.Store(true) // the process dies with the request on its way
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	})}
+	c, err := New(WithStore(store), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	_, err = c.Send(ctx, "checkout", req)
+	var notSent *NotSentError
+	require.ErrorAs(t, err, &notSent)
+
+	online.Store(true)
+	_, err = c.Send(ctx, "checkout", req)
+	require.ErrorIs(t, err, ErrOutcomeUnknown)
+
+	restarted, err := New(WithStore(mem), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
+	require.NoError(t, err)
+	changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
+	require.NoError(t, err)
+	var unresolved *UnresolvedError
+	_, err = restarted.Intent(ctx, "checkout", changed)
+	require.ErrorAs(t, err, &unresolved, "the first request may have been charged")
+}
