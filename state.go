@@ -49,11 +49,11 @@ var stateNames = [...]string{
 	StateRejected:  "rejected",
 	StateExpired:   "expired",
 	StateVoid:      "void",
-	StateNotSent:   "not sent",
+	StateNotSent:   "not_sent",
 }
 
 // String returns the state's name: "new", "pending", "succeeded", "failed",
-// "rejected", "expired", "void" or "not sent".
+// "rejected", "expired", "void" or "not_sent".
 func (s State) String() string {
 	if s >= StateNew && int(s) < len(stateNames) {
 		return stateNames[s]
