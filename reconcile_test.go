@@ -720,6 +720,7 @@ func TestTheLookupAsksCachesToAskTheServer(t *testing.T) {
 	c := f.client(t)
 	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, in))
 	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, "no-cache", cacheControl.Load())
