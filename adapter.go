@@ -208,6 +208,34 @@ type call struct {
 	// first copy; so while conns exceeds answers, a request may have
 	// reached the server, whatever error the last try of it ended with.
 	conns, answers atomic.Int32
+	// wrote counts the requests of this call written to a connection
+	// (httptrace's WroteHeaders), net/http's own resends included;
+	// unproven is set once an attempt ended without its transport
+	// reporting that it looked for a connection (GetConn): a transport
+	// that fires no trace never proves that nothing was sent. It is set
+	// too once any attempt got an answer.
+	wrote    atomic.Int32
+	traced   atomic.Bool // the current attempt fired GetConn
+	unproven bool
+	// unsent: no attempt of the intent can have reached the server before
+	// this call (see Client.markSent).
+	unsent bool
+}
+
+// sentNothing reports a call none of whose attempts wrote its request to a
+// connection, as its transport's trace proves: every attempt looked for a
+// connection and none wrote its headers, nor got an answer.
+func (st *call) sentNothing() bool {
+	return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0
+}
+
+// mayHaveSentBefore reports whether an attempt other than the one that got
+// the current answer may have reached the server: an earlier call's, an
+// earlier attempt of this one, or a copy net/http wrote on a reused
+// connection before this one. Only then can an earlier request have done
+// the work that a stranger's answer to this one hides.
+func (st *call) mayHaveSentBefore() bool {
+	return !st.unsent || st.b.attempts > 1 || st.wrote.Load() > 1
 }
 
 // noteCut records that the budget cut the attempt whose context is ctx, if
@@ -233,6 +261,7 @@ func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
 		st := callOf(req.Context())
 		st.b.attempts++
 		st.onWire = false
+		st.traced.Store(false)
 	}
 }
 
@@ -241,6 +270,11 @@ func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
 // it keeps saying so.
 func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	st := callOf(ctx)
+	if err == nil || st.onWire && !st.traced.Load() {
+		// An answer came, or the transport reports nothing (so nothing
+		// it did is proven): the call may have sent its request.
+		st.unproven = true
+	}
 	if st.stopped != nil {
 		return false, errStopped
 	}
@@ -321,13 +355,35 @@ func readFinal(resp *http.Response) error {
 	body, err := readBody(resp.Body, limit)
 	if errors.Is(err, errBodyTooLarge) {
 		st.oversized = true
-		return nil
+		return st.unmarked(resp, nil)
 	}
 	if err != nil {
 		return err
 	}
 	st.finalBody = body
-	return nil
+	return st.unmarked(resp, body)
+}
+
+// unmarked stops the call, its outcome unknown, when a final answer does
+// not show that it is the server's word and could hide the work of an
+// earlier request: see Client.trusted. Otherwise it returns nil, and the
+// answer is final.
+func (st *call) unmarked(resp *http.Response, body []byte) error {
+	if st.stopped != nil || !settles(resp.StatusCode, resp.Header) {
+		// Not a final answer: the budget or the context ended the call
+		// on it.
+		return nil
+	}
+	if st.c.trusted(resp.StatusCode, resp.Header, body, st.key) || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
+		return nil
+	}
+	st.stopped = &stop{reason: StopUnmarked}
+	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts, Oversized: body == nil}
+	if body == nil {
+		st.last.Header = st.c.storedHeader(resp.Header)
+	}
+	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	return errStopped
 }
 
 func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, error) {
@@ -335,7 +391,7 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 		return nil, err
 	}
 	st := callOf(resp.Request.Context())
-	if st.last != nil && resp.StatusCode == st.last.StatusCode {
+	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != StopUnmarked) {
 		limit := st.c.maxBody - headerBytes(resp.Header)
 		switch {
 		case st.finalBody != nil:
@@ -355,14 +411,19 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 
 // send makes the attempts of one call through go-retryablehttp. It returns
 // a final answer, or a *RetryError when none came.
-func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration) (*Response, *RetryError) {
-	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left)}
+//
+// unsent says that no attempt of the intent can have reached the server
+// before this call.
+func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration, unsent bool) (*Response, *RetryError) {
+	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent}
 	fail := func(reason StopReason, err error) *RetryError {
-		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err}
+		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err, sentNothing: st.sentNothing()}
 	}
 
 	traced := httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &httptrace.ClientTrace{
+		GetConn:              func(string) { st.traced.Store(true) },
 		GotConn:              func(httptrace.GotConnInfo) { st.conns.Add(1) },
+		WroteHeaders:         func() { st.wrote.Add(1) },
 		GotFirstResponseByte: func() { st.answers.Add(1) },
 	})
 	req, err := retryablehttp.NewRequestWithContext(traced, rec.Method, rec.URL, rec.Body)

@@ -201,9 +201,11 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 
 // answering is a test server that answers every request with h, and a
 // Client that sends to it on a manual clock.
+//
+// The server marks its answers as the contract asks (see marking).
 func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Client, idem.Request) {
 	t.Helper()
-	srv := httptest.NewServer(h)
+	srv := httptest.NewServer(marking(h))
 	t.Cleanup(srv.Close)
 	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithLookup(contractLookup)}
 	c, err := idem.New(append(base, opts...)...)

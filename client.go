@@ -61,7 +61,9 @@ type Client struct {
 	lookup    func(Request, string) string // nil: none configured
 	// isKeyReused recognises the app's own server's key reuse answers.
 	isKeyReused func(*Response) bool
-	retry       *retrier // sends through http
+	// isServerAnswer recognises the app's own server's unmarked answers.
+	isServerAnswer func(*Response) bool
+	retry          *retrier // sends through http
 
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.
@@ -81,6 +83,9 @@ type Client struct {
 	// dropped holds the keys of unsent intents that Intent replaced; Do
 	// refuses to send them.
 	dropped map[string]struct{}
+	// handed holds the keys this Client has handed to Do: a record read
+	// as not sent may be older than such a Do (see dropUnsent).
+	handed map[string]struct{}
 	// lastSent holds, for the keys this Client sent and whose outcome is
 	// unknown, when its last call of them ended; created, when it created
 	// them; both on the in-process timeline (sinceBirth).

@@ -264,3 +264,74 @@ func TestRetentionMustLeaveTimeToSend(t *testing.T) {
 	_, err = idem.New(idem.WithRetention(2*time.Hour, time.Hour))
 	require.NoError(t, err)
 }
+
+// marking wraps a test server's handler so that it marks its answers as
+// the contract's servers do: the request's Idempotency-Key echoed on every
+// answer to a keyed request, the lookup's key (its idempotency_key query
+// parameter) on every lookup answer. A handler may still set its own.
+func marking(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if k := r.Header.Values("Idempotency-Key"); len(k) > 0 {
+			w.Header()["Idempotency-Key"] = k
+		} else if q := r.URL.Query(); q.Has("idempotency_key") {
+			w.Header().Set("Idempotency-Key", q.Get("idempotency_key"))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// writeKeyUnused answers the lookup's typed miss: nothing was done under
+// the key.
+func writeKeyUnused(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = w.Write([]byte(`{"type":"https://idem.dev/problems/idempotency-key-unused","title":"Idempotency-Key unused","status":404}`))
+}
+
+// front is the fake server behind something on the path that answers some
+// requests itself (a gateway, a CDN, a captive portal): stranger is asked
+// first and answers, or returns false to pass the request on.
+type front struct {
+	origin *fakeserver.Handler
+	srv    *httptest.Server
+	clock  *clock.Manual
+	store  persist.Store
+}
+
+func newFront(t testing.TB, stranger func(w http.ResponseWriter, r *http.Request) bool) *front {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	f := &front{origin: fakeserver.NewHandler(&fakeserver.Options{Clock: clk}), clock: clk, store: persist.NewMemory(nil)}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !stranger(w, r) {
+			f.origin.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *front) client(t testing.TB, opts ...idem.Option) *idem.Client {
+	t.Helper()
+	base := []idem.Option{idem.WithHTTPClient(f.srv.Client()), idem.WithStore(f.store), idem.WithClock(f.clock), idem.WithLookup(contractLookup)}
+	c, err := idem.New(append(base, opts...)...)
+	require.NoError(t, err)
+	return c
+}
+
+func (f *front) payment(t testing.TB, amount int) idem.Request {
+	t.Helper()
+	req, err := idem.JSONRequest(http.MethodPost, f.srv.URL+"/payments", map[string]any{
+		"amount": amount, "currency": "AZN", "customer": "cus_1", "description": "cart",
+	})
+	require.NoError(t, err)
+	return req
+}
+
+// strangerPage answers as something in front of the server does: its own
+// status and page, no key echoed.
+func strangerPage(w http.ResponseWriter, status int, contentType, body string) {
+	w.Header().Set("Content-Type", contentType)
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}

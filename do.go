@@ -154,30 +154,64 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	if !c.spells(rec.KeyHeader, rec.Key) {
 		return nil, &NotSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
 	}
-	unsent, err := c.markSent(rec.Key)
+	unsent, err := c.markSent(rec.Key, rec.State == persist.StateNotSent)
 	if err != nil {
 		return nil, err
 	}
-	unsent = unsent || in.ephemeral && rec.Attempts == 0
+	// A per-request key of the RoundTripper's is new with this call; a key
+	// the caller chose may have been sent by its own earlier retry.
+	unsent = unsent || in.ephemeral && rec.Attempts == 0 && !in.callersKey
+	if rec.State == persist.StateNotSent {
+		// Sent again, as the app asked: from the first byte on it may
+		// reach the server, so the store must stop saying it was not sent
+		// before then, or a crash during the send would leave it
+		// replaceable.
+		rec.State = persist.StateNew
+		rec.UpdatedAt = c.clock.Now()
+		if err := c.save(ctx, in, rec, "send again"); err != nil {
+			c.markCreated(rec.Key)
+			return nil, err
+		}
+		again := *rec
+		rec = &again
+	}
 
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.send(ctx, r, rec, header, left)
+	resp, retryErr := c.send(ctx, r, rec, header, left, unsent)
 	c.sent(rec.Key)
 	if retryErr != nil && retryErr.Attempts == 0 && unsent {
 		// Nothing reached the wire: the intent is still provably unsent.
 		c.markCreated(rec.Key)
 	}
 	now := c.clock.Now()
-	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
-		// The one attempt never reached the server: nothing to record.
-		if unsent {
-			// And no attempt before it did: the intent stays provably
-			// unsent, so Intent may replace it.
-			c.markCreated(rec.Key)
-			return nil, &NotSentError{Key: rec.Key, Err: retryErr.Err}
+	notSent := retryErr != nil && (retryErr.sentNothing && retryErr.Attempts > 0 ||
+		retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached)
+	if notSent && unsent {
+		// No attempt of this call wrote its request, as the transport's
+		// trace shows (the network was down, the host unknown, the
+		// connection refused, the certificate refused), and no attempt
+		// before it can have: the intent stays provably unsent, so Intent
+		// may replace it. The store says so too, so that after a restart
+		// SettleAll does not send what the app was told was not sent.
+		c.markCreated(rec.Key)
+		err := &NotSentError{Key: rec.Key, Err: retryErr.Err}
+		if err.Err == nil || errors.Is(err.Err, errStopped) {
+			err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
 		}
+		if rec.State != persist.StateNotSent && !in.ephemeral {
+			rec.State = persist.StateNotSent
+			rec.UpdatedAt = now
+			if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record not sent"); saveErr != nil {
+				return nil, errors.Join(err, saveErr)
+			}
+		}
+		return nil, err
+	}
+	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
+		// The one attempt never reached the server, but an earlier one
+		// may have: nothing to record.
 		return nil, retryErr
 	}
 	if retryErr != nil {

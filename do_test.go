@@ -972,3 +972,146 @@ func TestAnAnswerWhoseSaveFailedIsReturnedAsNotRecorded(t *testing.T) {
 	assert.NotErrorIs(t, err, idem.ErrNotSent)
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
+
+// A gateway's refusal of a retry is not "not paid": the first attempt
+// charged and its answer was lost, the retry got the gateway's own 401,
+// 403 or 407 (or a 200 login page), which does not echo the key. The call
+// ends with the outcome unknown, naming the unmarked answer; Settle later
+// gets the server's replay, and the user pays once.
+func TestAStrangersAnswerToARetryLeavesTheOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name        string
+		status      int
+		contentType string
+		body        string
+	}{
+		{"gateway 401", http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`},
+		{"WAF 403", http.StatusForbidden, "text/html", "<html>Request blocked</html>"},
+		{"proxy 407", http.StatusProxyAuthRequired, "text/html", "<html>Proxy login</html>"},
+		{"login page 200", http.StatusOK, "text/html", "<html>Sign in to the Wi-Fi</html>"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var posts atomic.Int32
+			var f *front
+			f = newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+				if r.Method != http.MethodPost {
+					return false
+				}
+				switch posts.Add(1) {
+				case 1:
+					// The origin charges; the answer is lost on the way.
+					require.NoError(t, f.origin.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: r.Header.Get("Idempotency-Key")}))
+					return false
+				case 2:
+					strangerPage(w, tc.status, tc.contentType, tc.body)
+					return true
+				}
+				return false
+			})
+			c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, NoJitter: true}))
+			in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+			require.NoError(t, err)
+
+			_, err = c.Do(ctx, in)
+			var re *idem.RetryError
+			require.ErrorAs(t, err, &re)
+			assert.Equal(t, idem.StopUnmarked, re.Reason)
+			require.NotNil(t, re.LastResponse)
+			assert.Equal(t, tc.status, re.LastResponse.StatusCode)
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			var apiErr *idem.APIError
+			assert.NotErrorAs(t, err, &apiErr, "a stranger's answer is not the server's final answer")
+			assert.EqualValues(t, 2, posts.Load(), "the call ends at once on the unmarked answer")
+			assert.Equal(t, idem.StatePending, in.State())
+			assert.Equal(t, 1, f.origin.Stats().Payments)
+
+			// The changed cart must wait.
+			_, err = c.Intent(ctx, "checkout", f.payment(t, 2500))
+			var unresolved *idem.UnresolvedError
+			require.ErrorAs(t, err, &unresolved)
+
+			resp, err := c.Settle(ctx, in)
+			require.NoError(t, err)
+			assert.True(t, resp.Replayed)
+			assert.Equal(t, idem.StateSucceeded, in.State())
+			assert.Equal(t, 1, f.origin.Stats().Payments, "paid once")
+		})
+	}
+}
+
+// The first attempt of an intent nothing can have sent before: an unmarked
+// 4xx there is final (whoever refused it, nothing was charged), but an
+// unmarked 2xx is not a payment (a captive portal's 200 login page answers
+// the first POST of a phone on hotel Wi-Fi). A replayed answer is final
+// whatever its status.
+func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		status int
+		header map[string]string
+		state  idem.State
+		reason idem.StopReason
+	}{
+		{"unmarked 403 is final", http.StatusForbidden, nil, idem.StateFailed, ""},
+		{"unmarked 200 is not a payment", http.StatusOK, nil, idem.StatePending, idem.StopUnmarked},
+		{"unmarked 201 is not a payment", http.StatusCreated, nil, idem.StatePending, idem.StopUnmarked},
+		{"a replayed 200 is final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, idem.StateSucceeded, ""},
+		{"an echoed 201 is final", http.StatusCreated, map[string]string{"Idempotency-Key": "{key}"}, idem.StateSucceeded, ""},
+		{"a quoted echo is final", http.StatusCreated, map[string]string{"Idempotency-Key": `"{key}"`}, idem.StateSucceeded, ""},
+		{"another key's echo is not", http.StatusCreated, map[string]string{"Idempotency-Key": "someone-else"}, idem.StatePending, idem.StopUnmarked},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+				for k, v := range tc.header {
+					w.Header().Set(k, strings.ReplaceAll(v, "{key}", r.Header.Get("Idempotency-Key")))
+				}
+				strangerPage(w, tc.status, "text/html", "<html>page</html>")
+				return true
+			})
+			c := f.client(t)
+			in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			if tc.reason != "" {
+				requireStop(t, err, tc.reason)
+			}
+			assert.Equal(t, tc.state, in.State())
+		})
+	}
+}
+
+// An app whose server cannot mark its answers says how to recognise them;
+// the mark is required only by default.
+func TestWithServerAnswerRecognisesAnUnmarkedServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var posts atomic.Int32
+	f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPost {
+			return false
+		}
+		if posts.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return true
+		}
+		w.Header().Set("X-Served-By", "payments")
+		strangerPage(w, http.StatusPaymentRequired, "application/json", `{"error":"declined"}`)
+		return true
+	})
+	c := f.client(t, idem.WithServerAnswer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }),
+		idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	var apiErr *idem.APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, idem.StateFailed, in.State())
+}

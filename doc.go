@@ -67,8 +67,9 @@ intent the other has armed.
 An intent is new (unarmed, or armed and this process knows it was never sent), pending
 (may have reached the server, outcome unknown), succeeded (2xx), failed (a final business
 answer such as 402), rejected (422, or a 400 about the key), expired (outcome
-unknown and too old to send again) or void (reconciled: the server never did
-it). The final answer is stored with a resolved intent: its status, its body
+unknown and too old to send again), void (reconciled: the server never did
+it) or not sent (no request of it left the device; see "Not sent means not
+sent"). The final answer is stored with a resolved intent: its status, its body
 (unless larger than [WithMaxResponseBytes]: [Response.Oversized]), and of its
 header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
 and those named with [WithStoredHeaders]. Cookies, tokens and every other field of an answer are
@@ -102,7 +103,8 @@ above the cap, or a wait that would pass the
 context's deadline or the call's time budget, ends the call at once with a
 [*RetryError] that carries the refused wait.
 
-It never retries any other 4xx answer: those are final. Among them, an answer that
+It never retries any other 4xx answer: those are final, when they are the
+server's (see "Whose word settles an intent" below). Among them, an answer that
 says the key was used with another request (a bug, surfaced as an
 [*APIError] matching [ErrKeyReused]) is recognised by what it says, not by
 its status: the contract's problem type on a 422, Stripe's error of type
@@ -113,12 +115,75 @@ itself matches [ErrKeyRejected].
 An error that proves the request never reached the server (its TLS
 certificate refused or naming another host, a plain HTTP answer to HTTPS, a
 redirect loop or a redirect to a scheme that is not http or https) is not
-retried either: no retry can fix it. When no attempt of the intent can have
-reached the server, Do returns a [*NotSentError] matching [ErrNotSent] (not
-[ErrOutcomeUnknown]) and the intent stays provably unsent, so
-[Client.Intent] replaces it for a changed request. What can be known when
-the intent is created (a scheme other than http or https, no host name, a
-bad port) is refused then.
+retried either: no retry can fix it. What can be known when the intent is
+created (a scheme other than http or https, no host name, a bad port) is
+refused then.
+
+# Not sent means not sent
+
+A phone in a lift or in airplane mode cannot dial: the connection is
+refused, the host is not found, the network is unreachable, the dial times
+out, the TLS handshake is refused before the request. Such errors are
+retried within the call's budget (the network may come back), and when no
+attempt of the call wrote its request to a connection, and no attempt
+before it can have, the call ends with a [*NotSentError] matching
+[ErrNotSent] (not [ErrOutcomeUnknown]): nothing reached the server.
+
+That is proved by the transport's client trace ([net/http/httptrace]),
+never guessed from an error's type or text: every attempt must have looked
+for a connection (GetConn) and none may have written its request
+(WroteHeaders), got a connection or got an answer. A transport that fires
+no trace (a custom RoundTripper that is not net/http's) never gets "not
+sent"; nor does a call in which net/http wrote the request on a reused
+connection and then failed to resend it on a new one, since the first copy
+may have been read.
+
+The intent is then stored as not sent ([StateNotSent]): [Client.Intent]
+replaces it for a changed cart, after a restart too, and [Client.SettleAll]
+does not send it (the app told its user it was not sent); Send, Settle or
+Do send it again when the app asks, storing it as new first, so that a
+crash during that send cannot leave it replaceable. Only a call that ended
+not sent writes that record: a paid intent still costs one durable write
+on the user's path.
+
+# Whose word settles an intent
+
+Anything between the device and the server can answer a request: a CDN's
+404 page or a single-page app's index.html on the lookup URL, an API
+gateway's 401 when a session expired between two attempts, a WAF's 403, a
+proxy's 407, a captive portal's 200 login page. None of them knows what
+became of the payment, so idem never lets such an answer settle an intent.
+An answer is the server's word when it carries the intent's key back in an
+Idempotency-Key header field (bare or as an RFC 8941 sf-string), as the
+contract's servers and Stripe's API echo it, or is marked
+Idempotent-Replayed: true, or when the app's recognizer,
+[WithServerAnswer], says it is its server's (for servers that cannot mark
+their answers; by default the mark is required).
+
+  - A 2xx answer to a send settles the intent only when it is the server's
+    word: a captive portal's 200 login page answers a phone's first POST as
+    readily as a retry. An unmarked 2xx ends the call at once with a
+    [*RetryError] matching [ErrOutcomeUnknown] ([StopUnmarked]; its
+    LastResponse holds the answer), and the intent stays unresolved.
+  - An unmarked 4xx is final only on the first attempt of an intent that
+    nothing earlier can have sent (this Client created it, or it was stored
+    not sent, and net/http wrote the request once): whoever refused it,
+    nothing was charged. After an attempt that may have reached the
+    server, an unmarked 4xx ends the call with [StopUnmarked] like a 2xx:
+    the gateway that refused the retry says nothing about the attempt that
+    charged. Settle it again later; the server then replays its record.
+  - A replayed answer is final whatever its status.
+  - The lookup ([Client.Reconcile]) makes an intent succeeded only on a
+    2xx that is the server's word, and void only on the lookup's typed
+    miss, a 404 problem of type
+    https://idem.dev/problems/idempotency-key-unused (or a 404 that
+    [WithServerAnswer] recognises). The echo alone never voids an intent:
+    a gateway that copies request header fields into its own answers could
+    forge it. Any other answer is "cannot tell yet" and changes nothing.
+
+A gateway that reflects the request's Idempotency-Key into its own 4xx
+answers to the POST defeats the mark; the contract asks that nothing on
+the path do so.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
 and the context's deadline; the first to run out ends it, inside an attempt

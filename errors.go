@@ -24,11 +24,13 @@ var (
 	// 422 is an ordinary final answer.
 	ErrKeyReused = errors.New("idem: the server saw this Idempotency-Key with a different request; a changed request needs a new intent")
 
-	// ErrNotSent: the request provably never reached the server (its TLS
-	// certificate was refused, the server answered plain HTTP to HTTPS, a
-	// redirect pointed to a scheme that is not http or https, redirects
-	// went round in a loop), so nothing was done, and retrying cannot fix
-	// it. See NotSentError.
+	// ErrNotSent: the request provably never reached the server: no
+	// attempt wrote it to a connection (the network was down, the host not
+	// found, the connection or the TLS handshake refused, as the client
+	// trace shows), or its TLS certificate was refused, the server answered
+	// plain HTTP to HTTPS, a redirect pointed to a scheme that is not http
+	// or https, redirects went round in a loop. Nothing was done. See
+	// NotSentError.
 	ErrNotSent = errors.New("idem: the request never reached the server")
 
 	// ErrKeyRejected: the server refused the key itself (400, key missing or
@@ -201,6 +203,14 @@ const (
 	// 303 to a GET, a login page say): it says nothing about the work.
 	// RetryError.LastResponse holds it, with its Location.
 	StopRedirect StopReason = "redirect not followed"
+	// StopUnmarked: a 2xx or 4xx answer that does not show it is the
+	// server's (it does not echo the intent's key, is not marked
+	// Idempotent-Replayed, and WithServerAnswer does not recognise it)
+	// came after a request of the intent may have reached the server, or
+	// was a 2xx: a gateway's 401, a CDN's page, a captive portal's login
+	// page. It says nothing about the work, which an earlier request may
+	// have done. RetryError.LastResponse holds it; Settle again later.
+	StopUnmarked StopReason = "answer not marked as the server's"
 )
 
 // RetryError reports a call that ended without a final answer from the
@@ -226,6 +236,9 @@ type RetryError struct {
 	// neverReached: Err proves that no request of the call reached the
 	// server (see neverReached), and none was read without an answer.
 	neverReached bool
+	// sentNothing: the transport's trace proves that no attempt of the
+	// call wrote its request to a connection.
+	sentNothing bool
 }
 
 func (e *RetryError) Error() string {
@@ -243,6 +256,8 @@ func (e *RetryError) Error() string {
 	switch e.Reason {
 	case StopExpired:
 		b.WriteString("; reconcile the intent")
+	case StopUnmarked:
+		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
 	case StopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
 			fmt.Fprintf(&b, " to %s", e.LastResponse.Header.Get("Location"))
@@ -265,24 +280,27 @@ func (e *RetryError) Unwrap() []error {
 }
 
 // NotSentError reports a call whose request provably never reached the
-// server: nothing was done, and no retry can change that (fix the cause: the
-// server's certificate, the URL, the redirects). It matches ErrNotSent and
-// not ErrOutcomeUnknown.
+// server: nothing was done. Err says why: a network that was down (the
+// dial failed on every attempt, as the client trace proves; the network
+// may come back), or a cause no retry can fix (the server's certificate,
+// the URL, the redirects). It matches ErrNotSent and not
+// ErrOutcomeUnknown.
 //
 // It is returned only when no attempt of the intent can have reached the
-// server: the intent was created by this Client and this call's only
-// attempt failed so. The intent keeps its state and stays provably unsent,
-// so Client.Intent replaces it for a changed request, and Do sends it once
-// the cause is fixed. When an earlier attempt (or an earlier process) may
-// have reached the server, the same failure ends the call with a
-// *RetryError (StopFatal): the outcome is still unknown.
+// server: this Client created the intent and has not sent it, or it was
+// stored not sent, and no attempt of this call wrote its request. The
+// intent is stored not sent (StateNotSent): Client.Intent replaces it for
+// a changed request, SettleAll leaves it, and Send, Settle or Do send it
+// again when the app asks. When an earlier attempt (or an earlier
+// process) may have reached the server, the same failures end the call
+// with a *RetryError: the outcome is still unknown.
 type NotSentError struct {
 	Key string
 	Err error
 }
 
 func (e *NotSentError) Error() string {
-	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server, and retrying cannot fix it: %v", e.Key, e.Err)
+	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server: %v", e.Key, e.Err)
 }
 
 func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }

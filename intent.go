@@ -109,6 +109,10 @@ type Intent struct {
 	// ephemeral intents live only in memory (the RoundTripper's per-request
 	// keys); they are never saved.
 	ephemeral bool
+	// callersKey: an ephemeral intent under a key the caller chose, which
+	// the caller may have sent before (its own retry): never provably
+	// unsent.
+	callersKey bool
 	// c is the Client that handed the intent out: it knows which intents
 	// are provably unsent.
 	c *Client
@@ -263,8 +267,10 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //     with the earlier answer, and nothing is made: the action is paid. A
 //     deliberate second payment is NewIntent.
 //   - The request changed and the latest intent was never sent (unarmed,
-//     or armed and provably never on the wire): it is dropped and replaced
-//     by a new one; Do on the dropped one returns ErrIntentReplaced.
+//     armed and provably never on the wire, or stored not sent: a call of
+//     it ended with *NotSentError, in this process or an earlier one): it
+//     is dropped and replaced by a new one; Do on the dropped one returns
+//     ErrIntentReplaced.
 //   - The request changed and the latest intent may have reached the
 //     server with an unknown outcome: *UnresolvedError, and
 //     nothing is made. Starting a second payment silently is the one
@@ -540,13 +546,23 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 // guess. After a restart a new intent may have been sent (the first attempt
 // is not recorded, to keep to one durable write per intent before Do
 // returns).
+//
+// An intent stored as not sent (a call of it ended with *NotSentError) is
+// unsent too, unless this Client has sent it since: a Do that sends it
+// again first stores it as new, and marks it handed (see markSent) before
+// that, so the record read here may be older than the Do.
 func (c *Client) dropUnsent(rec *persist.Record) bool {
-	if rec.State != persist.StateNew {
+	if rec.State != persist.StateNew && rec.State != persist.StateNotSent {
 		return false
 	}
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
-	if _, unsent := c.unsent[rec.Key]; !unsent {
+	_, unsent := c.unsent[rec.Key]
+	if !unsent && rec.State == persist.StateNotSent {
+		_, handed := c.handed[rec.Key]
+		unsent = !handed
+	}
+	if !unsent {
 		return false
 	}
 	delete(c.unsent, rec.Key)
@@ -596,8 +612,10 @@ func (c *Client) notReplacedLocked(key string) error {
 
 // markSent records that key is about to be sent, or refuses if Intent has
 // dropped it for a changed request. unsent reports whether the key was
-// provably unsent until now.
-func (c *Client) markSent(key string) (unsent bool, err error) {
+// provably unsent until now: this Client created it and has not sent it,
+// or the store holds it as not sent (storedNotSent, read under the key's
+// flight, so no other call of this process is sending it).
+func (c *Client) markSent(key string, storedNotSent bool) (unsent bool, err error) {
 	c.sentMu.Lock()
 	defer c.sentMu.Unlock()
 	if err := c.notReplacedLocked(key); err != nil {
@@ -607,7 +625,11 @@ func (c *Client) markSent(key string) (unsent bool, err error) {
 	// the same answer from dropUnsent and keeps the map small.
 	_, unsent = c.unsent[key]
 	delete(c.unsent, key)
-	return unsent, nil
+	if c.handed == nil {
+		c.handed = make(map[string]struct{})
+	}
+	c.handed[key] = struct{}{}
+	return unsent || storedNotSent, nil
 }
 
 // isUnsent reports whether this Client created key and has not sent it,

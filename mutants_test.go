@@ -15,6 +15,51 @@ func TestMutants(t *testing.T) {
 	const root = "."
 	mutant.Test(t, []mutant.Mutant{
 		{
+			// The login page that the followed GET reaches does not echo
+			// the key, so in the simulation the client leaves the outcome
+			// unknown on it anyway: the redirect's own test catches this.
+			Name: "redirect-answer-is-outcome", File: "adapter.go",
+			Note:    "a 301, 302 or 303 after a POST is followed and the GET's answer taken for the outcome",
+			Anchor:  "if req.Method != via[0].Method {",
+			Replace: "if false {",
+			Pkg:     root, Run: "^TestRedirectToGETCarriesNoKey$",
+		},
+		{
+			Name: "not-sent-without-the-trace", File: "adapter.go",
+			Note:    "a transport that fires no trace is taken to have sent nothing",
+			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",
+			Replace: "if err == nil {",
+			Pkg:     root, Run: "^TestNotSentIsProvenByTheTraceAlone$",
+		},
+		{
+			Name: "not-sent-resent-unrecorded", File: "do.go",
+			Note:    "an intent stored not sent is sent again before the store says it may have been",
+			Anchor:  `if err := c.save(ctx, in, rec, "send again"); err != nil {`,
+			Replace: `if err := error(nil); err != nil {`,
+			Pkg:     root, Run: "^TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves$",
+		},
+		{
+			Name: "settle-all-resends-not-sent", File: "settle.go",
+			Note:    "SettleAll sends an intent the app was told was not sent",
+			Anchor:  "if in.State() == StateNotSent {",
+			Replace: "if false {",
+			Pkg:     root, Run: "^TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough$",
+		},
+		{
+			Name: "callers-key-unsent", File: "do.go",
+			Note:    "a key the caller chose is taken as never sent before",
+			Anchor:  "rec.Attempts == 0 && !in.callersKey",
+			Replace: "rec.Attempts == 0",
+			Pkg:     root, Run: "^TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry$",
+		},
+		{
+			Name: "echo-compared-as-spelled", File: "mark.go",
+			Note:    "the echo is compared with the key as spelled, not as the server reads it",
+			Anchor:  "	want := echoKey(key)",
+			Replace: "	want := key",
+			Pkg:     root, Run: "^TestRoundTripperTakesTheEchoOfACallersQuotedKey$",
+		},
+		{
 			Name: "intent-saved-when-shown", File: "intent.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
 			Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",

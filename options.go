@@ -144,3 +144,19 @@ func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAtte
 func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
 	return func(c *Client) { c.isKeyReused = f }
 }
+
+// WithServerAnswer tells idem how to recognise the app's own server's
+// answers when the server does not mark them as the contract asks (the
+// request's Idempotency-Key echoed back, or Idempotent-Replayed: true). By
+// default the mark is required: an unmarked answer could come from a CDN,
+// a gateway or a captive portal in front of the server, and idem never
+// lets such an answer settle an intent (see the package documentation,
+// "Whose word settles an intent"). f sees the answers that lack the mark,
+// body included (nil when over WithMaxResponseBytes), and reports whether
+// it is the server's own: a header field or body only the server sends,
+// say. Recognised, an answer is taken as the server's word: a 2xx or a
+// 4xx from a send settles the intent, a lookup's 2xx makes it succeeded
+// and a lookup's 404 makes it void. f must not keep resp.
+func WithServerAnswer(f func(resp *Response) bool) Option {
+	return func(c *Client) { c.isServerAnswer = f }
+}

@@ -19,9 +19,17 @@ import (
 // sending again is no longer safe. Without a lookup it returns an error
 // and changes nothing.
 //
-//   - 2xx: the work was done; the intent becomes succeeded, with the
-//     lookup's answer stored as its response.
-//   - 404, once no attempt of the intent can still arrive: the work was
+// Only the server's word settles the intent (see the package
+// documentation, "Whose word settles an intent"):
+//
+//   - 2xx that echoes the intent's key (Idempotency-Key) or is marked
+//     Idempotent-Replayed, or that WithServerAnswer recognises: the work
+//     was done; the intent becomes succeeded, with the lookup's answer
+//     stored as its response.
+//   - 404 whose body is the lookup's typed miss (a problem of type
+//     https://idem.dev/problems/idempotency-key-unused), or that
+//     WithServerAnswer recognises, once no attempt of the intent can
+//     still arrive: the work was
 //     never done; the intent becomes void and a new intent for the action
 //     may be created. An attempt may arrive up to the reconcile delay
 //     (WithReconcileDelay) after it was last written, and the device knows
@@ -38,9 +46,15 @@ import (
 //   - 409 (the server holds the key in progress), 503 and the other
 //     retryable answers: an error matching ErrOutcomeUnknown, and nothing
 //     changes: resume the intent with Do or reconcile later.
-//   - Anything else: an *APIError, and nothing changes. That includes a
-//     redirect, which is not followed: a lookup sent to a login page would
-//     get the page's 200. Give the lookup's final URL.
+//   - Anything else is "cannot tell yet": an error matching
+//     ErrOutcomeUnknown that wraps an *APIError with the answer, and
+//     nothing changes. That includes any other 404 (a CDN's page, a
+//     wrong path), a 2xx without the echo (a single-page app's
+//     index.html), a 401, 403 or 407 of a gateway, and a redirect,
+//     which is not followed: a lookup sent to a login page would get
+//     the page's 200. Give the lookup's final URL. The echo alone never
+//     voids an intent: a gateway that copies request header fields into
+//     its answers could forge it.
 //
 // The lookup's answer is returned; in.State() tells what was concluded.
 // While Reconcile runs, a Do of the same intent waits and then reads what
@@ -94,6 +108,9 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
 	}
+	// A cache on the path must ask the server, not answer from what it
+	// kept: a "not found" kept from before the payment would void it.
+	req.Header.Set("Cache-Control", "no-cache")
 	// Whether an attempt may still arrive is decided as the lookup leaves:
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.
@@ -115,11 +132,12 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	now := c.clock.Now()
 
 	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+	case isSuccess(resp.StatusCode) && c.trusted(resp.StatusCode, resp.Header, body, key):
 		rec.State = persist.StateSucceeded
 		// The caller owns out; the record keeps its own copy.
 		rec.Response = c.stored(out)
-	case resp.StatusCode == http.StatusNotFound:
+	case isKeyUnused(resp.StatusCode, resp.Header, body) ||
+		resp.StatusCode == http.StatusNotFound && c.isServerAnswer != nil && c.isServerAnswer(out.clone()):
 		// Expired or not: an attempt sent just before expiry may arrive
 		// as late as any other.
 		if wait > 0 {
@@ -137,8 +155,12 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
 			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	default:
-		return out, &APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode,
-			Problem: parseProblem(resp.Header, body), Response: out}
+		// Not the server's word on the key: a CDN's or an ingress's own
+		// 404, a single-page app's index.html, a gateway's 401, a 2xx
+		// without the echo. It settles nothing.
+		return out, fmt.Errorf("idem: the lookup's answer for intent %s (%d %s) is not the server's word on its key (no Idempotency-Key echo on a 2xx, no typed miss on a 404); nothing changes, reconcile later: %w: %w",
+			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
+			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	}
 	rec.UpdatedAt = now
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))

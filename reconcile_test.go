@@ -258,7 +258,7 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
-		w.WriteHeader(http.StatusNotFound)
+		writeKeyUnused(w)
 	}))
 	t.Cleanup(srv.Close)
 	clk := clock.NewManual(epoch)
@@ -502,4 +502,227 @@ func TestTheLookupTakesTheCallsRetryPolicy(t *testing.T) {
 	_, err = c.Reconcile(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.Less(t, time.Since(start), 10*time.Second, "the call's budget is 300ms, the Client's an hour")
+}
+
+// lookupStrangers are the answers that something in front of the server
+// gives the lookup URL: none is the server's word on the key.
+var lookupStrangers = []struct {
+	name   string
+	answer func(w http.ResponseWriter, r *http.Request)
+}{
+	{"ingress HTML 404", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusNotFound, "text/html", "<html><body><h1>404 Not Found</h1>nginx</body></html>")
+	}},
+	{"CDN JSON 404", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusNotFound, "application/problem+json", `{"type":"about:blank","title":"Not Found","status":404}`)
+	}},
+	{"404 that echoes the key but is not the typed miss", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
+		strangerPage(w, http.StatusNotFound, "text/html", "<html>Not Found</html>")
+	}},
+	{"single-page app fallback 200", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusOK, "text/html", `<!doctype html><html><div id="root"></div></html>`)
+	}},
+	{"JSON 200 without the echo", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusOK, "application/json", `{"data":[]}`)
+	}},
+	{"gateway 401", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`)
+	}},
+	{"WAF 403", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusForbidden, "text/html", "<html>Access denied</html>")
+	}},
+	{"proxy 407", func(w http.ResponseWriter, _ *http.Request) {
+		strangerPage(w, http.StatusProxyAuthRequired, "text/html", "<html>Proxy authentication required</html>")
+	}},
+}
+
+func isLookup(r *http.Request) bool {
+	return r.Method == http.MethodGet && r.URL.Query().Has("idempotency_key")
+}
+
+// A proxy's 404 on the lookup never voids a payment that happened: the
+// first tap charged and its answer was lost; a day later the intent is too
+// old to send again and Send asks the lookup, which an ingress answers with
+// its own page. Nothing changes, nobody pays twice, and once the server
+// itself answers the lookup the intent is the payment.
+func TestAProxysNotFoundOnTheLookupNeverVoidsAPaymentThatHappened(t *testing.T) {
+	t.Parallel()
+	for _, stranger := range lookupStrangers {
+		t.Run(stranger.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var inFront atomic.Bool
+			inFront.Store(true)
+			f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+				if isLookup(r) && inFront.Load() {
+					stranger.answer(w, r)
+					return true
+				}
+				return false
+			})
+			c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			req := f.payment(t, 1500)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+			require.NoError(t, f.origin.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			require.Equal(t, 1, f.origin.Stats().Payments)
+
+			f.clock.Advance(sendWindow)
+			_, err = c.Send(ctx, "checkout", req)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the stranger's answer cannot tell")
+			stored, err := c.Load(ctx, in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, idem.StateExpired, stored.State(), "nothing changes")
+			assert.Equal(t, 1, f.origin.Stats().Payments, "nobody pays twice")
+
+			inFront.Store(false)
+			resp, err := c.Send(ctx, "checkout", req)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, in.Key(), resp.Header.Get("Idempotency-Key"))
+			assert.Equal(t, 1, f.origin.Stats().Payments)
+		})
+	}
+}
+
+// A fallback page on the lookup is never taken for the payment: the POST
+// never reached the server (a gateway answered 503), and a CDN answers the
+// lookup with its own page, a single-page app's index.html say. The intent
+// is not succeeded; once the server answers its typed miss, the intent is
+// void and the user pays, once.
+func TestAFallbackPageOnTheLookupIsNeverTakenForThePayment(t *testing.T) {
+	t.Parallel()
+	for _, stranger := range lookupStrangers {
+		t.Run(stranger.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var inFront atomic.Bool
+			inFront.Store(true)
+			f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+				switch {
+				case r.Method == http.MethodPost && inFront.Load():
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return true
+				case isLookup(r) && inFront.Load():
+					stranger.answer(w, r)
+					return true
+				}
+				return false
+			})
+			c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			req := f.payment(t, 1500)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+			f.clock.Advance(sendWindow)
+			resp, err := c.Send(ctx, "checkout", req)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the stranger's answer cannot tell")
+			require.NotNil(t, resp, "the stranger's answer is returned for the app to see")
+			stored, err := c.Load(ctx, in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, idem.StateExpired, stored.State(), "not succeeded: nothing changes")
+			assert.Nil(t, stored.Response(), "no stranger's page is stored as the intent's answer")
+			assert.Zero(t, f.origin.Stats().Payments)
+
+			inFront.Store(false)
+			resp, err = c.Send(ctx, "checkout", req)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			stored, err = c.Load(ctx, in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, idem.StateVoid, stored.State(), "the server's typed miss voids it")
+			assert.Equal(t, 1, f.origin.Stats().Payments, "paid once")
+		})
+	}
+}
+
+// The lookup's answers that are the server's word settle the intent: a 2xx
+// that echoes the key or is a replay, a 404 of the typed miss; an app whose
+// server cannot mark them names its own with WithServerAnswer.
+func TestReconcileSettlesOnTheServersWord(t *testing.T) {
+	t.Parallel()
+	recognised := idem.WithServerAnswer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })
+	cases := []struct {
+		name   string
+		answer func(w http.ResponseWriter, r *http.Request)
+		opts   []idem.Option
+		state  idem.State
+	}{
+		{"200 with the echo", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, nil, idem.StateSucceeded},
+		{"200 with a quoted echo", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Idempotency-Key", `"`+r.URL.Query().Get("idempotency_key")+`"`)
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, nil, idem.StateSucceeded},
+		{"200 echoing another key", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Idempotency-Key", "another-key")
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, nil, idem.StateExpired},
+		{"typed miss without the echo", func(w http.ResponseWriter, _ *http.Request) { writeKeyUnused(w) }, nil, idem.StateVoid},
+		{"recognised 200", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("X-Served-By", "payments")
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, []idem.Option{recognised}, idem.StateSucceeded},
+		{"recognised 404", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("X-Served-By", "payments")
+			strangerPage(w, http.StatusNotFound, "application/json", `{"error":"not found"}`)
+		}, []idem.Option{recognised}, idem.StateVoid},
+		{"unrecognised 404 with a recogniser", func(w http.ResponseWriter, _ *http.Request) {
+			strangerPage(w, http.StatusNotFound, "text/html", "<html>Not Found</html>")
+		}, []idem.Option{recognised}, idem.StateExpired},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+				switch {
+				case r.Method == http.MethodPost:
+					w.WriteHeader(http.StatusServiceUnavailable)
+				case isLookup(r):
+					tc.answer(w, r)
+				default:
+					return false
+				}
+				return true
+			})
+			c := f.client(t, append([]idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})}, tc.opts...)...)
+			in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			f.clock.Advance(sendWindow)
+			_, _ = c.Settle(ctx, in)
+			assert.Equal(t, tc.state, in.State())
+		})
+	}
+}
+
+// The lookup asks caches on the path to go to the server: a "not found"
+// kept from before the payment must not void it.
+func TestTheLookupAsksCachesToAskTheServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var cacheControl atomic.Value
+	f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if isLookup(r) {
+			cacheControl.Store(r.Header.Get("Cache-Control"))
+		}
+		return false
+	})
+	c := f.client(t)
+	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, in))
+	_, err = c.Reconcile(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, "no-cache", cacheControl.Load())
+	assert.Equal(t, idem.StateVoid, in.State())
 }

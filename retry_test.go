@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
 )
 
 var retryAfterNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -472,4 +475,244 @@ func TestNotSentIsNeverSaidOfARequestTheServerMayHaveRead(t *testing.T) {
 	_, err = c.Intent(ctx, "checkout", changed)
 	var unresolved *UnresolvedError
 	assert.ErrorAs(t, err, &unresolved, "a changed cart must wait for the first payment's outcome")
+}
+
+// timeoutError is a dial timeout as net reports one.
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+// noTrace is a transport that fires no httptrace event: it proves nothing
+// about what it sent.
+type noTrace struct{ err error }
+
+func (t noTrace) RoundTrip(*http.Request) (*http.Response, error) { return nil, t.err }
+
+// A phone in a lift or in airplane mode: the request never left the
+// device (connection refused, no such host, network unreachable, a dial
+// timeout), as the transport's trace shows. The call ends not sent, the
+// changed cart goes through, and after a restart SettleAll does not send
+// what the app was told was not sent; Send sends it when asked.
+func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *testing.T) {
+	t.Parallel()
+	refused := httptest.NewServer(http.NotFoundHandler())
+	refusedURL := refused.URL
+	refused.Close() // nothing listens there now
+	dialing := func(err error) *http.Client {
+		return &http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+			return nil, err
+		}}}
+	}
+	cases := map[string]func() (string, *http.Client){
+		"connection refused": func() (string, *http.Client) { return refusedURL, &http.Client{Transport: &http.Transport{}} },
+		"no such host": func() (string, *http.Client) {
+			return "http://pay.example", dialing(&net.DNSError{Err: "no such host", Name: "pay.example", IsNotFound: true})
+		},
+		"network unreachable": func() (string, *http.Client) {
+			return "http://pay.example", dialing(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ENETUNREACH})
+		},
+		"dial timeout": func() (string, *http.Client) {
+			return "http://pay.example", dialing(&net.OpError{Op: "dial", Net: "tcp", Err: timeoutError{}})
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			base, hc := setup()
+			t.Cleanup(hc.CloseIdleConnections)
+			clk := clock.NewManual(retryAfterNow)
+			store := persist.NewMemory(nil)
+			c, err := New(WithHTTPClient(hc), WithClock(clk), WithStore(store), WithRetryPolicy(RetryPolicy{MaxAttempts: 3, NoJitter: true}))
+			require.NoError(t, err)
+			ctx := context.Background()
+			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})
+			require.NoError(t, err)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+
+			_, err = c.Do(ctx, in)
+			var notSent *NotSentError
+			require.ErrorAs(t, err, &notSent, "every attempt failed before writing the request")
+			assert.NotErrorIs(t, err, ErrOutcomeUnknown)
+			assert.Len(t, clk.Sleeps(), 2, "the network may come back: the call retries within its budget")
+			assert.Equal(t, StateNotSent, in.State())
+
+			// The changed cart goes through.
+			changed, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 2500})
+			require.NoError(t, err)
+			next, err := c.Intent(ctx, "checkout", changed)
+			require.NoError(t, err, "an intent that never left the device does not block the user")
+			assert.NotEqual(t, in.Key(), next.Key())
+
+			// Not sent either, then the app restarts.
+			_, err = c.Do(ctx, next)
+			require.ErrorAs(t, err, &notSent)
+			var attempts atomic.Int32
+			restarted, err := New(WithHTTPClient(hc), WithClock(clk), WithStore(store),
+				WithRetryPolicy(RetryPolicy{MaxAttempts: 1}), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
+			require.NoError(t, err)
+			settled, err := restarted.SettleAll(ctx)
+			require.NoError(t, err)
+			require.Len(t, settled, 1)
+			assert.ErrorAs(t, settled[0].Err, &notSent)
+			assert.Equal(t, StateNotSent, settled[0].Intent.State())
+			assert.Zero(t, attempts.Load(), "SettleAll does not send what the app was told was not sent")
+
+			// A changed cart still replaces it after the restart.
+			again, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 3500})
+			require.NoError(t, err)
+			_, err = restarted.Intent(ctx, "checkout", again)
+			require.NoError(t, err, "the changed cart is not refused")
+
+			// Send sends the changed cart when the user asks.
+			_, err = restarted.Send(ctx, "checkout", again)
+			require.ErrorAs(t, err, &notSent)
+			assert.EqualValues(t, 1, attempts.Load(), "Send sends it")
+			loaded, err := restarted.Load(ctx, notSent.Key)
+			require.NoError(t, err)
+			assert.Equal(t, StateNotSent, loaded.State())
+		})
+	}
+}
+
+// Not sent is proven by the transport's trace, never guessed from an
+// error's type or text: a transport that fires no trace, or one whose
+// trace shows the request written (net/http resends a request on a new
+// connection when a reused one fails), never gets "not sent".
+func TestNotSentIsProvenByTheTraceAlone(t *testing.T) {
+	t.Parallel()
+	dnsErr := &net.DNSError{Err: "no such host", Name: "pay.example", IsNotFound: true}
+	wroteThenFailed := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		tr := httptrace.ContextClientTrace(r.Context())
+		tr.GetConn("pay.example:80")
+		tr.GotConn(httptrace.GotConnInfo{Reused: true})
+		tr.WroteHeaders()
+		tr.GetConn("pay.example:80")
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	})}
+	for name, hc := range map[string]*http.Client{
+		"no trace":                         {Transport: noTrace{err: dnsErr}},
+		"written, then the resend refused": wroteThenFailed,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c, err := New(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 2}))
+			require.NoError(t, err)
+			ctx := context.Background()
+			req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
+			require.NoError(t, err)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			assert.NotErrorIs(t, err, ErrNotSent)
+			assert.ErrorIs(t, err, ErrOutcomeUnknown)
+			assert.Equal(t, StatePending, in.State())
+			changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
+			require.NoError(t, err)
+			_, err = c.Intent(ctx, "checkout", changed)
+			var unresolved *UnresolvedError
+			assert.ErrorAs(t, err, &unresolved)
+		})
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Not sent is kept on disk: after a restart on the file store, the intent
+// reads not sent, SettleAll leaves it, and a changed cart replaces it.
+func TestNotSentSurvivesARestartOnTheFileStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir() + "/state"
+	offline := &http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ENETUNREACH}
+	}}}
+	open := func() (*Client, *persist.FileStore) {
+		store, err := persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		c, err := New(WithStore(store), WithHTTPClient(offline), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		return c, store
+	}
+	c, store := open()
+	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	var notSent *NotSentError
+	require.ErrorAs(t, err, &notSent)
+	require.NoError(t, store.Close())
+
+	c, store = open()
+	defer store.Close()
+	settled, err := c.SettleAll(ctx)
+	require.NoError(t, err)
+	require.Len(t, settled, 1)
+	assert.Equal(t, StateNotSent, settled[0].Intent.State())
+	require.ErrorAs(t, settled[0].Err, &notSent)
+	changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
+	require.NoError(t, err)
+	next, err := c.Intent(ctx, "checkout", changed)
+	require.NoError(t, err)
+	assert.NotEqual(t, in.Key(), next.Key())
+}
+
+// diesOnWrite is a store whose process dies once dead is set: no write
+// reaches it after that.
+type diesOnWrite struct {
+	persist.Store
+	dead atomic.Bool
+}
+
+func (s *diesOnWrite) Save(ctx context.Context, r *persist.Record) error {
+	if s.dead.Load() {
+		return syscall.EIO
+	}
+	return s.Store.Save(ctx, r)
+}
+
+// A not-sent intent sent again is stored as new before its first byte
+// leaves: if the process dies while the request is on its way, the store
+// does not say "not sent", and after the restart the changed cart waits.
+func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := persist.NewMemory(nil)
+	store := &diesOnWrite{Store: mem}
+	var online atomic.Bool
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		tr := httptrace.ContextClientTrace(r.Context())
+		tr.GetConn("pay.example:80")
+		if !online.Load() {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		}
+		tr.GotConn(httptrace.GotConnInfo{})
+		tr.WroteHeaders()
+		store.dead.Store(true) // the process dies with the request on its way
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	})}
+	c, err := New(WithStore(store), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
+	require.NoError(t, err)
+	_, err = c.Send(ctx, "checkout", req)
+	var notSent *NotSentError
+	require.ErrorAs(t, err, &notSent)
+
+	online.Store(true)
+	_, err = c.Send(ctx, "checkout", req)
+	require.ErrorIs(t, err, ErrOutcomeUnknown)
+
+	restarted, err := New(WithStore(mem), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
+	require.NoError(t, err)
+	changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
+	require.NoError(t, err)
+	var unresolved *UnresolvedError
+	_, err = restarted.Intent(ctx, "checkout", changed)
+	require.ErrorAs(t, err, &unresolved, "the first request may have been charged")
 }

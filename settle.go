@@ -102,6 +102,10 @@ func expired(err error) bool {
 	return errors.As(err, &re) && re.Reason == StopExpired
 }
 
+// errLeftUnsent is why SettleAll does not send an intent that ended not
+// sent.
+var errLeftUnsent = errors.New("idem: the intent ended not sent; it is sent again only when the app asks (Send, Settle or Do)")
+
 // settleConcurrency bounds the intents SettleAll settles at once.
 const settleConcurrency = 4
 
@@ -118,6 +122,10 @@ type Settled struct {
 // after a crash or a restart. Intents whose outcome is still unknown stay
 // unresolved for the next SettleAll.
 //
+// An intent whose last call ended not sent (StateNotSent) is not sent:
+// the app told its user so, and sends it again only when asked (Send,
+// Settle or Do); its Settled.Err is a *NotSentError saying so.
+//
 // Armed intents stored as new are sent too: the first attempt is not
 // recorded, so after a crash one may have reached the server. Intents the
 // user never tapped were never armed and are not in the store: SettleAll
@@ -132,6 +140,12 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	var wg sync.WaitGroup
 	for i, in := range ins {
 		out[i].Intent = in
+		if in.State() == StateNotSent {
+			// The app was told it was not sent: sending it now would
+			// pay for what the user may have given up on.
+			out[i].Err = &NotSentError{Key: in.Key(), Err: errLeftUnsent}
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			out[i].Err = err
 			continue

@@ -32,6 +32,13 @@ const (
 	// StateVoid: the server's lookup showed it never did the work; a new
 	// intent for the action may be created.
 	StateVoid
+	// StateNotSent: the last call of the intent wrote no request to any
+	// connection (the network was down, the host unknown, the connection
+	// or the certificate refused), and no earlier call can have: the
+	// server never saw it. It is not resolved, but nothing sends it again
+	// unless the app asks (Send, Settle, Do; SettleAll leaves it), and a
+	// changed request replaces it (Client.Intent).
+	StateNotSent
 )
 
 var stateNames = [...]string{
@@ -42,10 +49,11 @@ var stateNames = [...]string{
 	StateRejected:  "rejected",
 	StateExpired:   "expired",
 	StateVoid:      "void",
+	StateNotSent:   "not_sent",
 }
 
 // String returns the state's name: "new", "pending", "succeeded", "failed",
-// "rejected", "expired" or "void".
+// "rejected", "expired", "void" or "not_sent".
 func (s State) String() string {
 	if s >= StateNew && int(s) < len(stateNames) {
 		return stateNames[s]
@@ -80,6 +88,8 @@ func stateOf(s persist.State) State {
 		return StateExpired
 	case persist.StateVoid:
 		return StateVoid
+	case persist.StateNotSent:
+		return StateNotSent
 	}
 	return 0
 }

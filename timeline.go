@@ -112,6 +112,7 @@ func (c *Client) settled(key string) {
 	defer c.sentMu.Unlock()
 	delete(c.lastSent, key)
 	delete(c.created, key)
+	delete(c.handed, key)
 }
 
 // mayStillArrive returns how much longer an attempt of key may still reach

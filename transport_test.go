@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,11 +126,11 @@ func TestRoundTripper(t *testing.T) {
 // the answer: its status, with an empty body, and the intent is resolved.
 func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(strings.Repeat("x", 4096)))
-	}))
+	})))
 	t.Cleanup(srv.Close)
 	c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 	require.NoError(t, err)
@@ -253,4 +254,66 @@ func TestTheRoundTripperGivesTheSameRequestTheSameKey(t *testing.T) {
 		runtime.GC()
 		return idem.Remembered(rt) == 0
 	}, 10*time.Second, time.Millisecond, "requests the caller dropped are forgotten")
+}
+
+// An API client that puts its own key on the request quoted, as the IETF
+// draft spells it, gets the server's answer: its echo, quoted as received,
+// names the same key.
+func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clk))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"sdk-key-2"`)
+	resp, err := hc.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, `"sdk-key-2"`, resp.Header.Get("Idempotency-Key"))
+}
+
+// An API client's own retry with its own key, after its first request
+// charged and the answer was lost, may get a gateway's refusal: that is
+// not "not paid", since the key was sent before, through an earlier round
+// trip.
+func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && posts.Add(1) == 2 {
+			strangerPage(w, http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	post := func() (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "sdk-key-3")
+		return hc.Do(req)
+	}
+	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+	_, err = post()
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+	_, err = post()
+	requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
+	resp, err := post()
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, h.Stats().ProviderCharges)
 }

@@ -556,3 +556,46 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestLookupMarksItsAnswers: every answer of the lookup echoes the key of
+// its query as received and forbids caching, and its miss is a problem of
+// its own type, distinct from the 404 of a path the API does not have.
+func TestLookupMarksItsAnswers(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	c := s.Client()
+	require.Equal(t, http.StatusCreated, send(t, c, s.URL, req{Key: "k1", Auth: "a", Body: payBody}).Status)
+
+	tests := []struct {
+		name, path, echo string
+		status           int
+		typ              string
+	}{
+		{"found", "/payments?idempotency_key=k1", "k1", http.StatusOK, ""},
+		{"found by quoted key", `/payments?idempotency_key="k1"`, `"k1"`, http.StatusOK, ""},
+		{"nothing done under the key", "/payments?idempotency_key=k9", "k9", http.StatusNotFound, idempotency.TypeKeyUnused},
+		{"another caller's key is unused for this one", "/payments?idempotency_key=k1", "k1", http.StatusNotFound, idempotency.TypeKeyUnused},
+		{"invalid key", "/payments?idempotency_key=", "", http.StatusBadRequest, idempotency.TypeKeyInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			auth := "a"
+			if strings.HasPrefix(tt.name, "another caller") {
+				auth = "b"
+			}
+			a := send(t, c, s.URL, req{Method: http.MethodGet, Path: tt.path, Auth: auth, NoKey: true})
+			require.Equal(t, tt.status, a.Status, "body: %s", a.Body)
+			assert.Equal(t, []string{tt.echo}, a.Header.Values("Idempotency-Key"))
+			assert.Equal(t, "no-store", a.Header.Get("Cache-Control"))
+			if tt.typ != "" {
+				assert.Equal(t, tt.typ, a.problem(t).Type)
+			}
+		})
+	}
+	t.Run("a path the API does not have is not the typed miss", func(t *testing.T) {
+		a := send(t, c, s.URL, req{Method: http.MethodGet, Path: "/payments/pay_nope", Auth: "a", NoKey: true})
+		require.Equal(t, http.StatusNotFound, a.Status)
+		assert.NotEqual(t, idempotency.TypeKeyUnused, a.problem(t).Type)
+		assert.Empty(t, a.Header.Values("Idempotency-Key"))
+	})
+}

@@ -22,9 +22,12 @@
 //   - GET /payments: {"data": [...]}, the caller's payments in order.
 //   - GET /payments?idempotency_key=K: the payment made under the caller's
 //     latest intent with K; 409 [idempotency.TypeRequestInProgress] with
-//     Retry-After while that intent is unsettled; or 404 when nothing was
-//     charged for it. It is the lookup a client reconciles an unknown
-//     outcome with, so 404 means "never done"; see "The lookup".
+//     Retry-After while that intent is unsettled; or 404
+//     [idempotency.TypeKeyUnused] when nothing was charged for it, a type
+//     no other 404 has. It is the lookup a client reconciles an unknown
+//     outcome with; see "The lookup". Every answer of it carries K back in
+//     an Idempotency-Key header field, as received, and Cache-Control:
+//     no-store, so a client can tell it from a CDN's or a proxy's own.
 //   - PUT /orders/{id}/status with {"status": "SHIPPED"} (at most 100
 //     characters): naturally
 //     idempotent; a key is ignored.

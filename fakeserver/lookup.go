@@ -69,7 +69,8 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		case paid:
 			writeJSON(w, http.StatusOK, p)
 		default:
-			notFound("no payment was made under this key for this caller").Write(w)
+			(&problem{Type: idempotency.TypeKeyUnused, Title: "Idempotency-Key unused", Status: http.StatusNotFound,
+				Detail: "nothing was done under this key for this caller"}).Write(w)
 		}
 		return
 	}

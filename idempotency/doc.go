@@ -27,6 +27,14 @@
 //     atomically and the handler runs with [Info.Takeover] set.
 //   - no live record: the handler runs as the record's owner.
 //
+// Every one of these answers to a request that carries an Idempotency-Key
+// (a 400 about the key and a 5xx included) carries the key back in an
+// Idempotency-Key header field, as received, bare or quoted: the server's
+// mark on its answers, which no proxy, CDN or captive portal in front of
+// it puts on its own. Clients settle an intent only on marked answers. A
+// server's lookup by key answers its miss with a 404 of type
+// [TypeKeyUnused].
+//
 // # The key
 //
 // [ParseKey] accepts the RFC 8941 sf-string form of the IETF draft ("K") and

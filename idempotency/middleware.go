@@ -157,6 +157,7 @@ func (m *Middleware) report(r *http.Request, o Outcome) {
 // ServeHTTP implements http.Handler: the checks of the contract's table, in
 // its order.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w = echoKey(w, r)
 	key, err := ParseHeader(r.Header, m.cfg.RequireUUID)
 	if errors.Is(err, ErrKeyMissing) {
 		m.report(r, OutcomeMissing)
@@ -391,6 +392,43 @@ func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
 		Detail: "the server could not read or write its idempotency records; retry with the same key"}).Write(w)
 }
+
+// echoKey marks every answer to r as the server's own: it carries the
+// request's Idempotency-Key back, as received (bare or quoted, every field
+// line of it), whatever the answer (fresh, replayed, 409, 422, a 400 about
+// the key, a 5xx). A proxy, CDN or gateway in front of the server does not
+// echo the key, which is how a client tells the server's word from a
+// stranger's. The key is set on w's header fields before the handler runs,
+// and set again on the answer, so a handler cannot drop it or answer under
+// another key.
+func echoKey(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+	vals := r.Header.Values(HeaderKey)
+	if len(vals) == 0 {
+		return w
+	}
+	vals = append([]string(nil), vals...)
+	w.Header()[HeaderKey] = vals
+	return &echoWriter{ResponseWriter: w, key: vals}
+}
+
+// echoWriter puts the received key back on the answer as it is written.
+type echoWriter struct {
+	http.ResponseWriter
+	key []string
+}
+
+func (e *echoWriter) WriteHeader(code int) {
+	e.ResponseWriter.Header()[HeaderKey] = e.key
+	e.ResponseWriter.WriteHeader(code)
+}
+
+func (e *echoWriter) Write(p []byte) (int, error) {
+	e.ResponseWriter.Header()[HeaderKey] = e.key
+	return e.ResponseWriter.Write(p)
+}
+
+// Unwrap gives http.ResponseController the writer underneath.
+func (e *echoWriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
 
 // storedHeaders are the response fields a replay needs; nothing else is kept.
 var storedHeaders = []string{"Content-Type", "Location"}

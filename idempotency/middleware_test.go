@@ -404,3 +404,61 @@ func TestTheQueryIsPartOfTheContent(t *testing.T) {
 	assert.Equal(t, http.StatusUnprocessableEntity, serveURL(m, "/things", "k-old", "y").Code, "another body is still another request")
 	assert.Equal(t, int32(1), c.runs.Load())
 }
+
+// TestEveryAnswerToAKeyedRequestEchoesTheKey: the middleware marks each of
+// its answers with the key as received, so a client can tell them from a
+// proxy's: fresh, replayed, in progress, reused, invalid, a server error.
+func TestEveryAnswerToAKeyedRequestEchoesTheKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		key    string
+		prep   func(h http.Handler) // requests made before the one checked
+		status int
+		block  bool
+		body   string
+		handle int
+	}{
+		{name: "fresh", key: "k-fresh", status: 201, handle: 201},
+		{name: "quoted as received", key: `"k-quoted"`, status: 201, handle: 201},
+		{name: "replayed", key: "k-replay", status: 201, handle: 201,
+			prep: func(h http.Handler) { serve(h, "k-replay", "a") }},
+		{name: "reused", key: "k-reuse", status: 422, handle: 201,
+			prep: func(h http.Handler) { serve(h, "k-reuse", "other") }},
+		{name: "invalid key", key: "k\x01bad", status: 400, handle: 201},
+		{name: "server error", key: "k-500", status: 500, handle: 500},
+		{name: "business outcome", key: "k-402", status: 402, handle: 402},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := idempotency.New(&counter{status: tt.handle}, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+			if tt.prep != nil {
+				tt.prep(h)
+			}
+			w := serve(h, tt.key, "a")
+			require.Equal(t, tt.status, w.Code)
+			assert.Equal(t, []string{tt.key}, w.Header().Values(idempotency.HeaderKey))
+		})
+	}
+	t.Run("in progress", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201, block: make(chan struct{})}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+		done := make(chan struct{})
+		go func() { defer close(done); serve(h, "k-409", "a") }()
+		require.Eventually(t, func() bool { return c.runs.Load() == 1 }, 5*time.Second, time.Millisecond)
+		w := serve(h, "k-409", "a")
+		close(c.block)
+		<-done
+		require.Equal(t, http.StatusConflict, w.Code)
+		assert.Equal(t, "k-409", w.Header().Get(idempotency.HeaderKey))
+	})
+	t.Run("no key, no echo", func(t *testing.T) {
+		t.Parallel()
+		h := idempotency.New(&counter{status: 201}, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+		w := serve(h, "", "a")
+		require.Equal(t, http.StatusBadRequest, w.Code)
+		assert.Empty(t, w.Header().Values(idempotency.HeaderKey))
+	})
+}

@@ -83,5 +83,14 @@ func TestMutants(t *testing.T) {
 			Replace: "func digested(id ID) ID { return id }",
 			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
 		},
+		{
+			// The simulated server echoes the key itself, as received
+			// (it rewrites keys to compare them raw).
+			Name: "no-key-echo", File: "idempotency/middleware.go",
+			Note:    "the middleware's answers do not carry the request's key back",
+			Anchor:  "	w = echoKey(w, r)\n",
+			Replace: "",
+			Pkg:     "./idempotency", Run: "^TestEveryAnswerToAKeyedRequestEchoesTheKey$",
+		},
 	})
 }

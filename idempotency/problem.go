@@ -19,6 +19,12 @@ const (
 	TypeBadRequest        = ProblemBase + "bad-request"
 	TypeInternal          = ProblemBase + "internal-error"
 	TypeStorageFull       = ProblemBase + "storage-full"
+	// TypeKeyUnused is the lookup's miss (404): nothing was done under
+	// this key for this caller, and nothing under it is in progress. It
+	// is distinct from every other 404 (a wrong path, a proxy's own
+	// page), which say nothing about the key; a client voids an intent
+	// only on this type.
+	TypeKeyUnused = ProblemBase + "idempotency-key-unused"
 )
 
 // Problem is an RFC 9457 problem details object. A Problem is a value; it is

@@ -213,6 +213,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		seen = append(seen, r.Header.Get("Authorization"))
 		n := len(seen)
 		mu.Unlock()
+		w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key")) // the server marks its answers
 		if n == 1 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return

@@ -7,7 +7,7 @@ type IntentInfo struct {
 	Key  string
 	Name string
 	// State is the intent's state: new, pending, succeeded, failed,
-	// rejected, expired or void.
+	// rejected, expired, void or not_sent.
 	State string
 	// CreatedAtMillis is the creation time, in Unix milliseconds.
 	CreatedAtMillis int64

@@ -26,6 +26,11 @@ const (
 	OutcomeExpired = "expired"
 	// OutcomeVoid: the server never did it. A new payment is safe.
 	OutcomeVoid = "void"
+	// OutcomeNotSent: the request never left the device (no network, the
+	// host not found, the connection or the certificate refused), so
+	// nothing was paid. Tell the user; Pay again only when they ask. A
+	// changed cart starts a new payment.
+	OutcomeNotSent = "not_sent"
 	// OutcomeBlocked: an earlier intent for the same action is
 	// unresolved, so a new one could pay twice. Result.Key names it:
 	// settle it first.
@@ -100,8 +105,13 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		apiErr   *idem.APIError
 		retryErr *idem.RetryError
 		unres    *idem.UnresolvedError
+		notSent  *idem.NotSentError
 	)
 	switch {
+	case errors.As(err, &notSent):
+		r.Outcome = OutcomeNotSent
+		r.Detail = notSent.Error()
+		return r, nil
 	case errors.As(err, &unres):
 		r.Outcome = OutcomeBlocked
 		if unres.Previous != nil {
@@ -154,6 +164,8 @@ func outcomeOf(s idem.State) string {
 		return OutcomeExpired
 	case idem.StateVoid:
 		return OutcomeVoid
+	case idem.StateNotSent:
+		return OutcomeNotSent
 	}
 	return OutcomeUnknown
 }

@@ -45,6 +45,11 @@ const (
 	// StateVoid: reconciling showed that the server has no effect for the
 	// key: nothing happened.
 	StateVoid State = "void"
+	// StateNotSent: a call of the intent ended without writing its
+	// request to any connection, and no earlier call can have: nothing
+	// reached the server. It is unresolved, but nothing sends it again
+	// unless the app asks, and a changed request may replace it.
+	StateNotSent State = "not_sent"
 )
 
 // Resolved reports whether the outcome of an intent in state s is known.
@@ -60,7 +65,7 @@ func (s State) Resolved() bool {
 // Valid reports whether s is one of the defined states.
 func (s State) Valid() bool {
 	switch s {
-	case StateNew, StatePending, StateSucceeded, StateFailed, StateRejected, StateExpired, StateVoid:
+	case StateNew, StatePending, StateSucceeded, StateFailed, StateRejected, StateExpired, StateVoid, StateNotSent:
 		return true
 	}
 	return false

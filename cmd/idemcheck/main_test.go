@@ -38,7 +38,7 @@ func TestRunFakeServerText(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 3+len(contractcheck.Rows()), out)
-	assert.Contains(t, lines[1], "sending at most 24 requests")
+	assert.Contains(t, lines[1], "sending at most 31 requests")
 	for _, l := range lines[2 : len(lines)-1] {
 		if strings.Contains(l, "5xx-not-stored") || strings.Contains(l, "dead-worker") {
 			assert.Contains(t, l, "SKIP")
@@ -47,7 +47,7 @@ func TestRunFakeServerText(t *testing.T) {
 		}
 		assert.True(t, strings.HasPrefix(l, "PASS "), l)
 	}
-	assert.Equal(t, "17 rows: 15 PASS, 0 FAIL, 2 SKIP; 24 requests sent", lines[len(lines)-1])
+	assert.Equal(t, "19 rows: 17 PASS, 0 FAIL, 2 SKIP; 31 requests sent", lines[len(lines)-1])
 }
 
 // TestRunJSON: -json prints the report as JSON on stdout and the plan on
@@ -61,7 +61,7 @@ func TestRunJSON(t *testing.T) {
 	assert.Equal(t, srv.URL+"/payments", rep.URL)
 	assert.Len(t, rep.Rows, len(contractcheck.Rows()))
 	assert.Equal(t, 0, rep.Fail)
-	assert.Equal(t, 4, rep.Skip, "scoping and lookup, without -auth2 and -lookup, and the fault rows")
+	assert.Equal(t, 5, rep.Skip, "scoping, lookup and lookup-miss, without -auth2 and -lookup, and the fault rows")
 	assert.Equal(t, rep.Planned, rep.Sent)
 	assert.Contains(t, errOut, "sending at most")
 }
@@ -85,7 +85,8 @@ func TestRunKeyIgnored(t *testing.T) {
 	assert.Contains(t, out, "     <- 201 Created Location: /payments/2 body: \"{\\\"id\\\":\\\"2\\\"}\"\n")
 	assert.Contains(t, out, "FAIL concurrent")
 	assert.Contains(t, out, "SKIP dead-worker          no fake server fault endpoint: GET "+srv.URL+"/_fake/stats answered 201")
-	assert.Regexp(t, `17 rows: \d+ PASS, \d+ FAIL, \d+ SKIP; \d+ requests sent\n$`, out)
+	assert.Contains(t, out, "FAIL key-echo             answers not marked as the server's: a 201 with no Idempotency-Key")
+	assert.Regexp(t, `19 rows: \d+ PASS, \d+ FAIL, \d+ SKIP; \d+ requests sent\n$`, out)
 }
 
 // TestRunUsage: -h documents the rows and flags; wrong flags and a body the

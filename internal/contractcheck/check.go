@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -315,6 +316,11 @@ type checker struct {
 	adminChecked bool
 	adminUsable  bool
 	adminReason  string // why the admin endpoints are not used
+
+	// keyed holds every answer to a request that carried a key, which
+	// the key-echo row judges.
+	keyedMu sync.Mutex
+	keyed   []*exchange
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -83,6 +83,11 @@ func (c *checker) send(ctx context.Context, req request) *exchange {
 	}
 	defer resp.Body.Close()
 	ex.status, ex.header = resp.StatusCode, resp.Header
+	if req.keys != nil {
+		c.keyedMu.Lock()
+		c.keyed = append(c.keyed, ex)
+		c.keyedMu.Unlock()
+	}
 	ex.body, err = io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
 		ex.err = fmt.Errorf("reading the answer after %s: %w", resp.Status, err)

@@ -72,6 +72,8 @@ type labKnobs struct {
 	// lookupIgnoresKey answers the lookup by key with the latest payment,
 	// whatever the key.
 	lookupIgnoresKey bool
+	// untypedMiss answers the lookup of an unused key with a plain 404.
+	untypedMiss bool
 	// wrap rewrites requests or answers in front of everything.
 	wrap func(http.Handler) http.Handler
 }
@@ -118,14 +120,20 @@ func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 		w.WriteHeader(http.StatusCreated)
 	})
 	mux.HandleFunc("GET /payments", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(idempotency.HeaderKey, r.URL.Query().Get("idempotency_key"))
+		w.Header().Set("Cache-Control", "no-store")
 		lab.ledgerMu.Lock()
 		id, ok := lab.byKey[idempotency.ID{Principal: principal(r), Key: r.URL.Query().Get("idempotency_key")}]
 		if k.lookupIgnoresKey {
 			id, ok = lab.last, lab.last != ""
 		}
 		lab.ledgerMu.Unlock()
-		if !ok {
+		if !ok && k.untypedMiss {
 			http.Error(w, "no payment under this key", http.StatusNotFound)
+			return
+		}
+		if !ok {
+			(&idempotency.Problem{Type: idempotency.TypeKeyUnused, Title: "Idempotency-Key unused", Status: http.StatusNotFound}).Write(w)
 			return
 		}
 		fmt.Fprintf(w, `{"id":%q}`+"\n", id)
@@ -371,9 +379,16 @@ func quotesInKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
 			r.Header.Set(idempotency.HeaderKey, strings.ReplaceAll(v, `"`, `'`))
+			w = echoAsReceived(w, []string{v})
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// echoAsReceived puts the key as it arrived back on the answer, for the
+// wraps that rewrite it before the middleware (which echoes what it got).
+func echoAsReceived(w http.ResponseWriter, received []string) http.ResponseWriter {
+	return &editWriter{ResponseWriter: w, edit: func(_ int, h http.Header) { h[idempotency.HeaderKey] = received }}
 }
 
 // acceptsMalformedKeys serves a key it cannot parse under a key made from
@@ -383,6 +398,7 @@ func acceptsMalformedKeys(next http.Handler) http.Handler {
 		vals := r.Header.Values(idempotency.HeaderKey)
 		if _, err := idempotency.ParseHeader(r.Header, false); len(vals) > 0 && err != nil {
 			sum := sha256.Sum256([]byte(strings.Join(vals, "\n")))
+			w = echoAsReceived(w, append([]string(nil), vals...))
 			r.Header.Set(idempotency.HeaderKey, hex.EncodeToString(sum[:]))
 		}
 		next.ServeHTTP(w, r)

@@ -156,6 +156,24 @@ var rows = []rowDef{
 			return 6 + maxWaits(c.LeaseWait), 1
 		},
 		run: (*checker).rowDeadWorker},
+	{id: "key-echo", title: "every answer to a keyed request echoes its Idempotency-Key as received, and every lookup answer the key of its query, with Cache-Control: no-store",
+		cost: "a client cannot tell the server's answers from a proxy's, a CDN's or a captive portal's: a careful client (idem) leaves a retry's refusal, a first 2xx and every lookup answer unsettled, and the outcome stays unknown; a careless one takes a gateway's 401 for \"not paid\" and charges twice; a cached lookup answer can be served after the payment changed",
+		plan: func(c *config) (int, int) {
+			if c.Lookup == "" {
+				return 3, 1
+			}
+			return 5, 1
+		},
+		run: (*checker).rowKeyEcho},
+	{id: "lookup-miss", title: "the lookup's miss is 404 idempotency-key-unused, a type no other 404 has",
+		cost: "a client cannot tell \"nothing was done under this key\" from a proxy's or CDN's own 404: a careful client (idem) never voids an expired intent whose outcome is unknown, so its user cannot pay again; a careless one voids a payment that was made and charges twice",
+		plan: func(c *config) (int, int) {
+			if c.Lookup == "" {
+				return 0, 0
+			}
+			return 2, 0
+		},
+		run: (*checker).rowLookupMiss},
 	{id: "fresh-not-replayed", title: "a fresh answer is never marked Idempotent-Replayed",
 		cost: "a client takes a new payment for the replay of an old one, and reports it wrong",
 		plan: fixed(0, 0), run: (*checker).rowFresh},
@@ -461,4 +479,99 @@ func (c *checker) rowFresh(context.Context) Row {
 		return fail(fmt.Sprintf("%d of %d fresh answers were marked Idempotent-Replayed", len(marked), len(c.fresh)), marked...)
 	}
 	return pass("%d fresh answers, none marked", len(c.fresh))
+}
+
+// echoes says what is wrong with the key echo of ex, an answer to a request
+// that sent want as its Idempotency-Key field lines, or "" when it is
+// right: the same lines, as received.
+func echoes(ex *exchange, want []string) string {
+	got := ex.header.Values(headerKey)
+	switch {
+	case len(got) == 0:
+		return "no Idempotency-Key"
+	case strings.Join(got, "\n") != strings.Join(want, "\n"):
+		return fmt.Sprintf("Idempotency-Key %q, not %q as sent", strings.Join(got, ", "), strings.Join(want, ", "))
+	}
+	return ""
+}
+
+func (c *checker) lookupURL(key string) string {
+	return strings.ReplaceAll(c.cfg.Lookup, "{key}", url.QueryEscape(key))
+}
+
+func (c *checker) rowKeyEcho(ctx context.Context) Row {
+	k := c.cfg.NewKey()
+	first, r := c.freshFirst(ctx, k, c.cfg.Body)
+	if r != nil {
+		return *r
+	}
+	quoted := c.post(ctx, c.cfg.Body, `"`+k+`"`)
+	long := k + strings.Repeat("x", max(0, 256-len(k)))
+	invalid := c.post(ctx, c.cfg.Body, long[:256])
+	var wrong []string
+	var bad []*exchange
+	judged := 0
+	c.keyedMu.Lock()
+	keyed := append([]*exchange{first, quoted, invalid}, c.keyed...)
+	c.keyedMu.Unlock()
+	seen := map[*exchange]bool{}
+	for _, ex := range keyed {
+		if seen[ex] || !ex.answered() || ex.req.keys == nil {
+			continue
+		}
+		seen[ex] = true
+		judged++
+		if why := echoes(ex, ex.req.keys); why != "" {
+			wrong = append(wrong, fmt.Sprintf("a %d with %s", ex.status, why))
+			bad = append(bad, ex)
+		}
+	}
+	lookups := 0
+	if c.cfg.Lookup != "" {
+		for _, key := range []string{k, c.cfg.NewKey()} {
+			ex := c.send(ctx, request{method: http.MethodGet, url: c.lookupURL(key), caller: 1})
+			if !ex.answered() {
+				continue
+			}
+			lookups++
+			if why := echoes(ex, []string{key}); why != "" {
+				wrong = append(wrong, fmt.Sprintf("a lookup's %d with %s", ex.status, why))
+				bad = append(bad, ex)
+			}
+			if cc := ex.header.Get("Cache-Control"); !strings.Contains(strings.ToLower(cc), "no-store") {
+				wrong = append(wrong, fmt.Sprintf("a lookup's %d with Cache-Control %q, not no-store", ex.status, cc))
+				bad = append(bad, ex)
+			}
+		}
+	}
+	if len(wrong) > 0 {
+		return fail("answers not marked as the server's: "+strings.Join(dedupe(wrong), "; "), bad...)
+	}
+	if c.cfg.Lookup == "" {
+		return pass("%d answers to keyed requests, each with its key as sent (give -lookup to check the lookup's)", judged)
+	}
+	return pass("%d answers to keyed requests and %d lookup answers, each with its key as sent; the lookup's no-store", judged, lookups)
+}
+
+func (c *checker) rowLookupMiss(ctx context.Context) Row {
+	if c.cfg.Lookup == "" {
+		return skip("no lookup endpoint given (-lookup URL with {key}); without a typed miss, a client cannot void an intent")
+	}
+	none := c.send(ctx, request{method: http.MethodGet, url: c.lookupURL(c.cfg.NewKey()), caller: 1})
+	if none.ok() {
+		return skip("the lookup of a key never used answered %d, not 404: the lookup row judges that", none.status)
+	}
+	if why := c.wantProblem(none, http.StatusNotFound, "idempotency-key-unused"); why != "" {
+		return fail("the lookup of a key never used: "+why, none)
+	}
+	// A 404 of the same server that is about something else (a path it
+	// does not have) must not say "nothing was done under this key".
+	u := *c.cfg.url
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/idemcheck-no-such-path/" + c.cfg.NewKey()
+	u.RawQuery = ""
+	other := c.send(ctx, request{method: http.MethodGet, url: u.String(), caller: 1})
+	if other.answered() && other.problemType() == c.cfg.ProblemBase+"idempotency-key-unused" {
+		return fail("a path the server does not have was answered with the lookup's typed miss: any 404 would then void an intent", none, other)
+	}
+	return pass("404 idempotency-key-unused for an unused key, and not for a path the server does not have")
 }

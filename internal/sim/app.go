@@ -161,12 +161,20 @@ func (a *app) pay(c *cart) {
 		a.newCart()
 		return
 	}
-	a.settle(in)
+	// Nothing can have sent it yet: if nothing of this call leaves the
+	// device either, the user must be told "not sent", not be blocked.
+	fresh := in.State() == idem.StateNew || in.State() == idem.StateNotSent
+	written := a.d.written
+	err = a.settle(in)
+	var re *idem.RetryError
+	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 {
+		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
+	}
 }
 
 // settle sends in (resuming it) and, once it is too old to send,
 // reconciles it.
-func (a *app) settle(in *idem.Intent) {
+func (a *app) settle(in *idem.Intent) error {
 	_, err := a.d.client.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.observe(a, in)
@@ -174,6 +182,7 @@ func (a *app) settle(in *idem.Intent) {
 	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == idem.StateExpired {
 		a.reconcile(in)
 	}
+	return err
 }
 
 func (a *app) reconcile(in *idem.Intent) {
@@ -190,13 +199,18 @@ func (a *app) reconcile(in *idem.Intent) {
 
 // resume is what the app does when it starts: settle every unresolved
 // intent, by resuming it or, at times, by asking the server first (an app
-// that would rather not send an old payment again unasked).
+// that would rather not send an old payment again unasked). An intent the
+// app was told was not sent is left until the user presses Pay again, as
+// SettleAll leaves it.
 func (d *device) resume() {
 	d.prune()
 	ins, _ := d.client.Unresolved(context.Background())
 	for _, in := range ins {
 		a := d.appNamed(in.Name())
 		d.w.bindIntent(in)
+		if in.State() == idem.StateNotSent {
+			continue
+		}
 		if d.w.faulty && d.w.appRNG.chance(0.5) {
 			a.reconcile(in)
 			if in.State().Resolved() {

@@ -45,6 +45,12 @@ type device struct {
 	redirected bool // the edge redirected the device's last request
 
 	attemptTimeout time.Duration
+
+	// offline: no connection can be made until then. written counts the
+	// requests the device wrote to a connection: what the client's trace
+	// sees as WroteHeaders.
+	offline time.Time
+	written int
 }
 
 // deviceClock is the device's clock: the world's time plus the device's

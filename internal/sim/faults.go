@@ -24,6 +24,11 @@ const (
 	FaultRedirectLogin
 	FaultDuplicate
 	FaultHoldAcrossCrash
+	FaultRefusePost
+	FaultLookup404
+	FaultLookupFallback
+	FaultLookupGateway
+	FaultLookupReflect
 
 	FaultCrash
 	FaultPowerCut
@@ -31,6 +36,7 @@ const (
 	FaultClockForward
 	FaultClockBack
 	FaultKeySpelling
+	FaultOffline
 
 	FaultServerCrash
 	FaultCrashAfterInsert
@@ -68,6 +74,11 @@ var faultTable = [numFaults]faultInfo{
 	FaultRedirectLogin:   {"proxy.redirect-login", 0.02, true, ""},
 	FaultDuplicate:       {"proxy.duplicate-post", 0.03, true, ""},
 	FaultHoldAcrossCrash: {"net.hold-across-crash", 0.5, true, ""},
+	FaultRefusePost:      {"proxy.refuse-post", 0.03, true, ""},
+	FaultLookup404:       {"lookup.proxy-404", 0.08, true, ""},
+	FaultLookupFallback:  {"lookup.fallback-200", 0.08, true, ""},
+	FaultLookupGateway:   {"lookup.gateway-4xx", 0.08, true, ""},
+	FaultLookupReflect:   {"lookup.reflecting-gateway", 0.08, true, ""},
 
 	FaultCrash:        {"device.crash", 0.02, true, ""},
 	FaultPowerCut:     {"device.power-cut", 0.01, true, ""},
@@ -75,6 +86,7 @@ var faultTable = [numFaults]faultInfo{
 	FaultClockForward: {"device.clock-forward", 0.01, true, ""},
 	FaultClockBack:    {"device.clock-back", 0.01, true, ""},
 	FaultKeySpelling:  {"device.key-spelling", 0.3, true, ""},
+	FaultOffline:      {"device.offline", 0.01, true, ""},
 
 	FaultServerCrash:        {"server.crash", 0.003, true, ""},
 	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},

@@ -58,12 +58,53 @@ var mutants = []mutant.Mutant{
 		Anchor:  "	req.Header = attemptHeader(header, rec.KeyHeader)\n",
 		Replace: "	req.Header = attemptHeader(header, rec.KeyHeader)\n\treq.Header.Set(\"Idempotency-Key\", c.keyHeader(rec.Key))\n",
 	},
+	// redirect-answer-is-outcome is the root package's: the login page
+	// that the followed GET reaches does not echo the key, so in the
+	// simulation the client leaves the outcome unknown on it anyway.
+
+	// Only the server's word settles an intent.
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "redirect-answer-is-outcome", File: "adapter.go",
-		Note:    "a 301, 302 or 303 after a POST is followed and the GET's answer taken for the outcome",
-		Anchor:  "if req.Method != via[0].Method {",
-		Replace: "if false {",
+		Name: "lookup-bare-404-voids", File: "reconcile.go",
+		Note:    "any 404 of the lookup voids the intent, a CDN's or an ingress's own page too (lookup.proxy-404)",
+		Anchor:  "case isKeyUnused(resp.StatusCode, resp.Header, body) ||",
+		Replace: "case resp.StatusCode == http.StatusNotFound ||",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "lookup-echo-alone-voids", File: "reconcile.go",
+		Note:    "a lookup's 404 that echoes the key voids the intent without the typed miss (lookup.reflecting-gateway)",
+		Anchor:  "case isKeyUnused(resp.StatusCode, resp.Header, body) ||",
+		Replace: "case resp.StatusCode == http.StatusNotFound && echoes(resp.Header, key) ||",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "lookup-unmarked-2xx-succeeds", File: "reconcile.go",
+		Note:    "a lookup's 2xx without the echo makes the intent succeeded (lookup.fallback-200)",
+		Anchor:  "case isSuccess(resp.StatusCode) && c.trusted(resp.StatusCode, resp.Header, body, key):",
+		Replace: "case isSuccess(resp.StatusCode):",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "unmarked-4xx-final", File: "adapter.go",
+		Note:    "an unmarked 4xx after an attempt that may have charged is stored as final (proxy.refuse-post)",
+		Anchor:  "!(isSuccess(resp.StatusCode) || st.mayHaveSentBefore())",
+		Replace: "!isSuccess(resp.StatusCode)",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "unmarked-2xx-final", File: "adapter.go",
+		Note:    "an unmarked 2xx answer to a send is the payment (a captive portal's login page, proxy.refuse-post)",
+		Anchor:  "if st.c.trusted(resp.StatusCode, resp.Header, body, st.key) ||",
+		Replace: "if isSuccess(resp.StatusCode) || st.c.trusted(resp.StatusCode, resp.Header, body, st.key) ||",
+	},
+	// Not sent means not sent.
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "dial-errors-unknown", File: "adapter.go",
+		Note:    "a call none of whose requests left the device ends with the outcome unknown (device.offline)",
+		Anchor:  "return !st.unproven && st.wrote.Load() == 0",
+		Replace: "return false && !st.unproven && st.wrote.Load() == 0",
 	},
 }
 

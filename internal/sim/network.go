@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/idempotency"
 )
 
 // The network between a device and the server, with the boxes in between:
@@ -73,6 +77,31 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	isPost := req.Method == http.MethodPost
 	followUp := d.redirected
 	d.redirected = false
+	isLookup := req.Method == http.MethodGet && req.URL.Query().Has("idempotency_key")
+
+	// The device looks for a connection, as net/http's transport does, and
+	// tells the client's trace; while it is offline (in a lift, in
+	// airplane mode) the dial fails, and nothing is written.
+	trace := httptrace.ContextClientTrace(req.Context())
+	if trace != nil && trace.GetConn != nil {
+		trace.GetConn(Host + ":80")
+	}
+	if faulty && r.chance(rate(FaultOffline)) {
+		w.stats.fault(FaultOffline.Name())
+		d.offline = maxTime(d.offline, w.clk.now.Add(r.between(time.Minute, 10*time.Minute)))
+		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(Epoch))
+	}
+	if faulty && w.clk.now.Before(d.offline) {
+		w.tracef("d%d: offline, %s %s is not sent", d.id, req.Method, req.URL)
+		return nil, dialError(r)
+	}
+	if trace != nil && trace.GotConn != nil {
+		trace.GotConn(httptrace.GotConnInfo{})
+	}
+	d.written++
+	if trace != nil && trace.WroteHeaders != nil {
+		trace.WroteHeaders()
+	}
 
 	// The login page of the intermediary, reached by following its 302.
 	if req.URL.Path == "/login" {
@@ -106,6 +135,48 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	case isPost && r.chance(rate(FaultRedirectLogin)):
 		w.stats.fault(FaultRedirectLogin.Name())
 		return d.respond(req, answer{status: http.StatusFound, header: http.Header{"Location": {"/login"}}}, false), nil
+	case isPost && r.chance(rate(FaultRefusePost)):
+		// A gateway refuses the POST without passing it on (its session
+		// expired, a WAF rule, proxy authentication), or a captive portal
+		// answers it with its login page; an earlier attempt may have
+		// reached the server and been charged.
+		w.stats.fault(FaultRefusePost.Name())
+		a := pick(r,
+			answer{status: http.StatusUnauthorized, header: http.Header{"Content-Type": {"application/json"}}, body: []byte(`{"message":"Unauthorized"}`)},
+			answer{status: http.StatusForbidden, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Request blocked</html>")},
+			answer{status: http.StatusProxyAuthRequired, header: http.Header{"Content-Type": {"text/html"}, "Proxy-Authenticate": {"Basic"}}, body: []byte("<html>Proxy login</html>")},
+			answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Sign in to the Wi-Fi</html>")},
+		)
+		w.tracef("d%d: a gateway answers %d to %s %s", d.id, a.status, req.Method, req.URL)
+		return d.respond(req, a, false), nil
+	case isLookup && r.chance(rate(FaultLookup404)):
+		// An ingress or CDN in front of the lookup path answers its own
+		// 404 page.
+		w.stats.fault(FaultLookup404.Name())
+		a := pick(r,
+			answer{status: http.StatusNotFound, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html><h1>404 Not Found</h1>nginx</html>")},
+			answer{status: http.StatusNotFound, header: http.Header{"Content-Type": {"application/problem+json"}}, body: []byte(`{"type":"about:blank","title":"Not Found","status":404}`)},
+		)
+		return d.respond(req, a, false), nil
+	case isLookup && r.chance(rate(FaultLookupFallback)):
+		// A CDN serving a single-page app answers every unknown path
+		// with its index.html.
+		w.stats.fault(FaultLookupFallback.Name())
+		return d.respond(req, answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}},
+			body: []byte(`<!doctype html><html><div id="root"></div></html>`)}, false), nil
+	case isLookup && r.chance(rate(FaultLookupGateway)):
+		w.stats.fault(FaultLookupGateway.Name())
+		return d.respond(req, answer{status: pick(r, http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired),
+			header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Access denied</html>")}, false), nil
+	case isLookup && r.chance(rate(FaultLookupReflect)):
+		// A debugging gateway reflects the request into its own answer:
+		// its header fields, and its query parameters as header fields.
+		// So its 404 carries the key, as the server's echo would.
+		w.stats.fault(FaultLookupReflect.Name())
+		a := answer{status: http.StatusNotFound, header: req.Header.Clone(), body: []byte("<html>No route</html>")}
+		a.header.Set("Content-Type", "text/html")
+		a.header.Set(idempotency.HeaderKey, req.URL.Query().Get("idempotency_key"))
+		return d.respond(req, a, false), nil
 	}
 
 	fl := &flight{d: d, gen: d.gen}
@@ -299,6 +370,9 @@ func (d *device) respond(req *http.Request, a answer, cut bool) *http.Response {
 	if cut && len(a.body) > 0 {
 		body = io.NopCloser(io.MultiReader(bytes.NewReader(a.body[:len(a.body)/2]), errReader{io.ErrUnexpectedEOF}))
 	}
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.GotFirstResponseByte != nil {
+		trace.GotFirstResponseByte()
+	}
 	return &http.Response{
 		Status:        fmt.Sprintf("%d %s", a.status, http.StatusText(a.status)),
 		StatusCode:    a.status,
@@ -319,4 +393,18 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // lookupURL is the reconcile lookup for key.
 func lookupURL(key string) string {
 	return BaseURL + "/payments?idempotency_key=" + strings.ReplaceAll(key, "\"", "")
+}
+
+// dialError is how a dial fails on a device without a network: refused,
+// unreachable, no such host, timed out.
+func dialError(r rng) error {
+	switch r.IntN(4) {
+	case 0:
+		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	case 1:
+		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: network is unreachable")}
+	case 2:
+		return &net.DNSError{Err: "no such host", Name: Host, IsNotFound: true}
+	}
+	return &net.OpError{Op: "dial", Net: "tcp", Err: errTimeout}
 }

@@ -110,6 +110,9 @@ type World struct {
 	shown    map[string]bool
 	untapped []string
 	stats    Stats
+	// blocked holds the calls that sent nothing, of intents nothing had
+	// sent, and yet ended with the outcome unknown.
+	blocked []string
 }
 
 // intentInfo is what the world knows of an intent: its cart and what the
@@ -272,7 +275,11 @@ func (w *World) calm() []string {
 			d.restarted = false
 			d.act(d.resume)
 			recs, _ := d.mem.List(context.Background(), persist.Filter{Unresolved: true})
-			open += len(recs)
+			for _, rec := range recs {
+				if rec.State != persist.StateNotSent { // the app knows: nothing was sent
+					open++
+				}
+			}
 		}
 		if open == 0 {
 			break
@@ -414,7 +421,7 @@ func (w *World) check() []string {
 				if !ok {
 					bad("intent %s for cart %s was %s as succeeded, but no charge was made for it", key, info.cart.desc, st.how)
 				}
-			case persist.StateFailed, persist.StateVoid, persist.StateRejected:
+			case persist.StateFailed, persist.StateVoid, persist.StateRejected, persist.StateNotSent:
 				if n := len(byKey[key]); n > 0 {
 					bad("intent %s for cart %s was %s as %s, but the provider charged it (%s)", key, info.cart.desc, st.how, st.state, byKey[key][0].stableID)
 				}
@@ -429,7 +436,7 @@ func (w *World) check() []string {
 	for _, key := range w.untapped {
 		bad("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key)
 	}
-	return vs
+	return append(vs, w.blocked...)
 }
 
 // rawQuotedSuffix marks, in a server that compares raw key values, a key

@@ -224,7 +224,12 @@ func paymentJSON(ch *charge) []byte {
 
 // lookup serves GET /payments?idempotency_key=K: the payment, or 409 while
 // a record for the key is in progress, or 404.
+//
+// Every answer is marked as the contract asks: the key of the query echoed
+// as received, and no-store; the 404 is the typed miss.
 func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(idempotency.HeaderKey, r.URL.Query().Get("idempotency_key"))
+	w.Header().Set("Cache-Control", "no-store")
 	key, err := idempotency.ParseKey(r.URL.Query().Get("idempotency_key"))
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "")
@@ -258,7 +263,9 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeProblem(w, http.StatusNotFound, "not-found", "")
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprintf(w, `{"type":%q,"title":"Idempotency-Key unused","status":404}`, idempotency.TypeKeyUnused)
 }
 
 func writeProblem(w http.ResponseWriter, status int, typ, retryAfter string) {
@@ -308,6 +315,8 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		return answer{status: http.StatusBadRequest, header: http.Header{}}
 	}
 	req.Header = header.Clone()
+	// The key as it arrived, which the server echoes on its answers.
+	received := header.Values(idempotency.HeaderKey)
 	if s.w.cfg.Faults[FaultKeySpelling] {
 		// This server compares raw key values, as some libraries do: "K"
 		// and K are two keys to it.
@@ -355,6 +364,11 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	status := rec.status
 	if status == 0 {
 		status = http.StatusOK
+	}
+	if len(received) > 0 {
+		// The server marks its answers with the key as received, also
+		// when it compared it raw.
+		rec.header[idempotency.HeaderKey] = received
 	}
 	return answer{status: status, header: rec.header, body: rec.body.Bytes()}
 }
