@@ -124,7 +124,8 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 	switch {
 	case aerr != nil:
 		return nil, deviceError(aerr)
-	case cancel.IsCanceled() && err != nil:
+	case cancel.IsCanceled() && err != nil && resp == nil:
+		// An answer that arrived is returned, whenever Cancel came.
 		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
 	}
 	return resultOf(in, resp, err)
