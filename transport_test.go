@@ -317,3 +317,33 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
 	assert.Equal(t, 1, h.Stats().ProviderCharges)
 }
+
+// An API client that builds its request from a stream has no GetBody: the
+// RoundTripper reads the body once. When the API client sends the same
+// request again after a lost answer, its body is spent; what goes on the
+// wire, if anything, is the payment's bytes with its key, never an empty
+// POST whose 4xx would say that a payment the server made failed.
+func TestARequestWhoseBodyWasSpentIsNeverResentEmpty(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rt := e.client.RoundTripper(e.srv.Client().Transport)
+	hc := &http.Client{Transport: rt}
+	req := e.paymentRequest(t, 1500, "cus_1")
+	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, io.MultiReader(bytes.NewReader(req.Body)))
+	require.NoError(t, err)
+	require.Nil(t, httpReq.GetBody, "a stream: no GetBody")
+	httpReq.Header = req.Header.Clone()
+
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err = hc.Do(httpReq)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, 1, e.srv.Stats().ProviderCharges, "the server charged")
+
+	resp, err := hc.Do(httpReq) // the API client's own retry
+	if err == nil {
+		defer resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode, "the payment was made: no answer may say otherwise")
+	}
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
