@@ -76,7 +76,9 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 // Without one, the RoundTripper makes a key for that request and keeps it
 // in memory only: its retries are safe, and so is sending the same
 // *http.Request again (an API client's own retry loop), which gets the same
-// key while it holds the same bytes; the request is neither changed nor
+// key while it holds the same bytes (a body without GetBody, spent by the
+// first round trip, is sent again from the intent's bytes); the request is
+// neither changed nor
 // kept alive by it. A clone or a new request gets a new key. A restart
 // forgets them all. Use
 // intents for anything that must survive a restart. A request that carries
@@ -111,15 +113,26 @@ type roundTripper struct {
 }
 
 // intentOf returns the in-memory intent this RoundTripper made for req, if
-// req was sent through it before with the same bytes.
+// req was sent through it before with the same bytes, or with a body
+// that the earlier round trip spent.
 func (t *roundTripper) intentOf(req *http.Request, live Request) *Intent {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	in := t.sent[weak.Make(req)]
-	if in == nil || !in.matches(live) {
+	t.mu.Unlock()
+	if in == nil {
 		return nil
 	}
-	return in
+	if in.matches(live) {
+		return in
+	}
+	// A body without GetBody was read to its end by the earlier round
+	// trip: sent again, it reads empty. It is the same request, whose
+	// bytes the intent holds; never an empty POST with a new key.
+	rec := in.current()
+	if req.GetBody == nil && len(live.Body) == 0 && len(rec.Body) > 0 && live.Method == rec.Method && live.URL == rec.URL {
+		return in
+	}
+	return nil
 }
 
 // remember makes in the intent of req until req is collected.
