@@ -498,3 +498,27 @@ func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	assert.True(t, res.NotRecorded)
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
+
+// The first attempt reaches the server, which charges, and its answer is
+// lost; the session then ends and the Authorizer fails for the retry. The
+// payment may have been made: Pay says the outcome is unknown, never the
+// device error whose meaning is that nothing was sent.
+func TestAnAuthorizerFailureAfterAnAttemptWasSentLeavesTheOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	var calls atomic.Int64
+	c.SetAuthorizer(authorizerFunc(func(string) (string, error) {
+		if calls.Add(1) > 1 {
+			return "", errors.New("session expired")
+		}
+		return "Bearer token-1", nil
+	}))
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+
+	res, err := c.Pay("checkout:auth-late", "/payments", []byte(cart), nil)
+	require.NoError(t, err, "an attempt was sent: the outcome is unknown, not a device error")
+	assert.Equal(t, OutcomeUnknown, res.Outcome)
+	assert.NotEmpty(t, res.Key, "the intent to Settle later")
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+}
