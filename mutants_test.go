@@ -130,6 +130,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestTheRoundTripperGivesTheSameRequestTheSameKey$",
 		},
 		{
+			Name: "roundtripper-misses-shallow-copy", File: "transport.go",
+			Note:    "net/http's shallow copy of a request (an http.Client with a Timeout) is taken for a new request",
+			Anchor:  "\twp := weak.Make(req.URL)\n",
+			Replace: "\tu := *req.URL\n\twp := weak.Make(&u)\n",
+			Pkg:     root, Run: "^TestTheRoundTripperGivesTheSameRequestTheSameKeyUnderAClientTimeout$",
+		},
+		{
+			Name: "roundtripper-spent-body-by-url", File: "transport.go",
+			Note:    "a new request with an empty stream that shares another's *url.URL is sent with the other's bytes and key",
+			Anchor:  "\treturn va.Equal(vb)\n",
+			Replace: "\treturn true\n",
+			Pkg:     root, Run: "^TestTheRoundTripperNeverTakesARequestSharingAURLForAnotherRequest$",
+		},
+		{
 			Name: "answer-not-marked-unrecorded", File: "do.go",
 			Note:    "an answer whose save failed is returned without saying so",
 			Anchor:  "\t\tresp.NotRecorded = true\n",
