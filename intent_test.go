@@ -634,3 +634,42 @@ func TestReplacedUnsentIntentsDoNotAccumulate(t *testing.T) {
 	assert.Zero(t, idem.Tracked(e.client), "nothing once the outcome is known")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
+
+// The Pay screen shows an intent for an action whose only intent was
+// declined long ago; Prune then removes that declined intent, and the
+// action is paid by another intent (the cart changed, or another part of
+// the app paid it). The tap on the screen's intent must not pay the action
+// a second time: the action's latest intent is the one that paid.
+func TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent(t *testing.T) {
+	t.Parallel()
+	for _, clients := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d clients", clients), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t)
+			a, b := e.client, e.client
+			if clients == 2 {
+				b = e.newClient(t)
+			}
+			_, err := a.Send(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_declined"))
+			require.Error(t, err, "declined")
+			e.clock.Advance(48 * time.Hour)
+
+			shown, err := a.Intent(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_1")) // the Pay screen
+			require.NoError(t, err)
+			_, err = a.Prune(ctx, 24*time.Hour)
+			require.NoError(t, err)
+			recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:pruned"})
+			require.NoError(t, err)
+			require.Len(t, recs, 1)
+			require.True(t, recs[0].Tombstone, "the declined intent is pruned to its tombstone")
+
+			_, err = b.Send(ctx, "checkout:pruned", e.paymentRequest(t, 200, "cus_1"))
+			require.NoError(t, err, "the action is paid")
+
+			_, err = a.Do(ctx, shown) // the tap on the screen shown before
+			assert.Error(t, err, "the action is paid by a later intent")
+			assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for the action")
+		})
+	}
+}

@@ -111,7 +111,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "prune-without-tombstone", File: "prune.go",
 			Note:    "Prune deletes an action's latest paid intent like any other",
-			Anchor:  "\t\tcase keep[r.Key] && r.State == persist.StateSucceeded:\n",
+			Anchor:  "\t\tcase keep[r.Key]:\n",
 			Replace: "\t\tcase false:\n",
 			Pkg:     root, Run: "^TestPruneKeepsWhatMakesTheNextTapOfAPaidActionANoOp$",
 		},
@@ -142,6 +142,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\treturn va.Equal(vb)\n",
 			Replace: "\treturn true\n",
 			Pkg:     root, Run: "^TestTheRoundTripperNeverTakesARequestSharingAURLForAnotherRequest$",
+		},
+		{
+			Name: "prune-restarts-sequence", File: "prune.go",
+			Note:    "Prune deletes an action's latest intent unless it succeeded, so the action's sequence numbers restart",
+			Anchor:  "\t\tcase keep[r.Key]:\n",
+			Replace: "\t\tcase keep[r.Key] && r.State == persist.StateSucceeded:\n",
+			Pkg:     root, Run: "^TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent$",
 		},
 		{
 			Name: "answer-not-marked-unrecorded", File: "do.go",
