@@ -523,7 +523,11 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 // dropped from memory, and Do on it returns ErrIntentReplaced. It is the
 // deliberate unsafe path: if the intent reached the server, its effect stays (a payment stays
 // made) and nothing on the device remembers it. Prefer Settle.
-// It returns ErrInFlight while a Do or Reconcile for the intent runs.
+// It returns ErrInFlight while a Do or Reconcile for the intent runs in
+// this Client. A call of another Client on the same store is not seen:
+// Forget deletes the record all the same, while that Client's request may
+// be on the wire; that Client saves the outcome again if its answer
+// arrives, and otherwise nothing on the device remembers the key.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	in.mu.Lock()
 	unarmed := in.unarmed
