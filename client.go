@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"github.com/google/uuid"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -92,6 +93,11 @@ type Client struct {
 	lastSent map[string]reading
 	created  map[string]time.Duration
 
+	// id names this Client in the records it arms or takes over
+	// (persist.Record.Holder): random, so that each Client, in this process
+	// or a later one, is another holder.
+	id string
+
 	// markMu guards wallMark, the wall clock's high-water mark.
 	markMu   sync.Mutex
 	wallMark time.Time
@@ -108,7 +114,7 @@ type Client struct {
 // New returns a Client. With no options it keeps intents in memory only,
 // which is right for tests and wrong on a device: pass WithStore.
 func New(opts ...Option) (*Client, error) {
-	c := &Client{}
+	c := &Client{id: uuid.NewString()}
 	for _, o := range opts {
 		o(c)
 	}

@@ -161,15 +161,47 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	// A per-request key of the RoundTripper's is new with this call; a key
 	// the caller chose may have been sent by its own earlier retry.
 	unsent = unsent || in.ephemeral && rec.Attempts == 0 && !in.callersKey
-	if rec.State == persist.StateNotSent {
+	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
 		// Sent again, as the app asked: from the first byte on it may
 		// reach the server, so the store must stop saying it was not sent
 		// before then, or a crash during the send would leave it
-		// replaceable.
-		rec.State = persist.StateNew
+		// replaceable. Or resumed by a Client that did not arm it (another
+		// Client on the store, a later process): it takes the record over
+		// first, so that the Client that armed it can no longer take it
+		// for unsent and replace it. Either is one step with the store,
+		// only if the record is still the version read (persist.SaveIf):
+		// one extra write on resumes only, never on the tap's path.
+		takeOver := rec.Holder != c.id
+		if takeOver && rec.State != persist.StateNotSent {
+			// The Client that armed it may be sending it: no trace of
+			// this Client's attempts can tell it unsent.
+			unsent = false
+		}
+		op := "send again"
+		if takeOver {
+			op = "take over"
+		}
+		if rec.State == persist.StateNotSent {
+			rec.State = persist.StateNew
+		}
+		rec.Holder = c.id
 		rec.UpdatedAt = c.clock.Now()
-		if err := c.save(ctx, in, rec, "send again"); err != nil {
-			c.markCreated(rec.Key)
+		if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
+			var changed *persist.ChangedError
+			if errors.As(err, &changed) {
+				if changed.Current == nil {
+					// Replaced by another Client for a changed request.
+					return nil, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
+				}
+				// Another Client moved it on since it was read: go on
+				// from what is stored.
+				in.set(changed.Current)
+				c.latest.forget(rec.Key)
+				return c.do(ctx, in, r, header)
+			}
+			if unsent {
+				c.markCreated(rec.Key)
+			}
 			return nil, err
 		}
 		again := *rec
@@ -201,9 +233,16 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 			err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
 		}
 		if rec.State != persist.StateNotSent && !in.ephemeral {
+			// Only if no other Client took it over since this call began:
+			// one that did may have sent it.
+			prev := in.current()
 			rec.State = persist.StateNotSent
 			rec.UpdatedAt = now
-			if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record not sent"); saveErr != nil {
+			if saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, "record not sent"); saveErr != nil {
+				if errors.Is(saveErr, persist.ErrChanged) {
+					c.undropTaken(rec.Key)
+					return nil, retryErr
+				}
 				return nil, errors.Join(err, saveErr)
 			}
 		}
@@ -350,6 +389,14 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 // be changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
 	return c.saveWith(ctx, in, rec, op, persist.SaveShared)
+}
+
+// saveIf is save only if the stored record is still old's version
+// (persist.SaveIf).
+func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Record, op string) error {
+	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec *persist.Record) error {
+		return persist.SaveIf(ctx, s, rec, old)
+	})
 }
 
 // saveWith is save through store, persist.SaveShared or

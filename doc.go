@@ -59,8 +59,13 @@ a deliberate second payment is [Client.NewIntent].
 Several Clients may share one store (two parts of an app, each with its
 own): the store decides which intent is an action's latest when one is
 armed ([persist.Claimer], which Memory and FileStore implement), so two
-Clients never arm two intents for one action, and one never replaces an
-intent the other has armed.
+Clients never arm two intents for one action. An armed intent names the
+Client that armed it (persist.Record.Holder); a Client that resumes an
+armed intent it did not arm takes it over first, in one step with the store
+([persist.SaveIf]; one extra write, on resumes only), and a changed cart
+replaces an intent only if no other Client took it over since it was read
+([persist.DeleteIf]). So a Client tells an intent unsent, records it not
+sent or replaces it only while no other Client can have sent it.
 
 # States
 

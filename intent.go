@@ -356,9 +356,20 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				return nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
-			case c.dropUnsent(latest):
+			case c.mayReplace(latest) && c.dropUnsent(latest):
+				// Deleted only if no other Client took it over to send it
+				// since it was read: one step in the store.
 				c.latest.forget(latest.Key)
-				if err := c.store.Delete(ctx, latest.Key); err != nil {
+				if err := persist.DeleteIf(ctx, c.store, latest); err != nil {
+					var changed *persist.ChangedError
+					if errors.As(err, &changed) {
+						c.undropTaken(latest.Key)
+						prev := latest
+						if changed.Current != nil {
+							prev = changed.Current
+						}
+						return nil, &UnresolvedError{Name: name, Previous: c.intentOf(prev)}
+					}
 					c.undrop(latest.Key)
 					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 				}
@@ -431,6 +442,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// The arming write carries the clock readings the intent's age is
 	// judged by.
 	c.stamp(rec, true)
+	// The arming write names this Client its holder: while the stored
+	// record is this version, no other Client can have sent it.
+	rec.Holder = c.id
 	for {
 		err := persist.Claim(ctx, c.store, rec)
 		if err == nil {
@@ -509,7 +523,11 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 // dropped from memory, and Do on it returns ErrIntentReplaced. It is the
 // deliberate unsafe path: if the intent reached the server, its effect stays (a payment stays
 // made) and nothing on the device remembers it. Prefer Settle.
-// It returns ErrInFlight while a Do or Reconcile for the intent runs.
+// It returns ErrInFlight while a Do or Reconcile for the intent runs in
+// this Client. A call of another Client on the same store is not seen:
+// Forget deletes the record all the same, while that Client's request may
+// be on the wire; that Client saves the outcome again if its answer
+// arrives, and otherwise nothing on the device remembers the key.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	in.mu.Lock()
 	unarmed := in.unarmed
@@ -575,6 +593,24 @@ func (c *Client) dropUnsent(rec *persist.Record) bool {
 	// record, and a Do on it must not send it.
 	c.dropped[rec.Key] = struct{}{}
 	return true
+}
+
+// mayReplace reports whether rec, the action's latest intent as stored, may
+// be one that no other Client can have sent: one stored as not sent (by the
+// one Client that could tell), or one this Client armed and no other took
+// over (see Client.do). An armed intent another Client holds may be on the
+// wire, whatever this Client knows of its own calls.
+func (c *Client) mayReplace(rec *persist.Record) bool {
+	return rec.State == persist.StateNotSent || rec.Holder == c.id
+}
+
+// undropTaken reverts dropUnsent for a record another Client took over:
+// it is no longer provably unsent.
+func (c *Client) undropTaken(key string) {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	delete(c.dropped, key)
+	delete(c.unsent, key)
 }
 
 // undrop reverts dropUnsent when the record could not be deleted.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -633,4 +635,146 @@ func TestReplacedUnsentIntentsDoNotAccumulate(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, idem.Tracked(e.client), "nothing once the outcome is known")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// The Pay screen shows an intent for an action whose only intent was
+// declined long ago; Prune then removes that declined intent, and the
+// action is paid by another intent (the cart changed, or another part of
+// the app paid it). The tap on the screen's intent must not pay the action
+// a second time: the action's latest intent is the one that paid.
+func TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent(t *testing.T) {
+	t.Parallel()
+	for _, clients := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d clients", clients), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t)
+			a, b := e.client, e.client
+			if clients == 2 {
+				b = e.newClient(t)
+			}
+			_, err := a.Send(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_declined"))
+			require.Error(t, err, "declined")
+			e.clock.Advance(48 * time.Hour)
+
+			shown, err := a.Intent(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_1")) // the Pay screen
+			require.NoError(t, err)
+			_, err = a.Prune(ctx, 24*time.Hour)
+			require.NoError(t, err)
+			recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:pruned"})
+			require.NoError(t, err)
+			require.Len(t, recs, 1)
+			require.True(t, recs[0].Tombstone, "the declined intent is pruned to its tombstone")
+
+			_, err = b.Send(ctx, "checkout:pruned", e.paymentRequest(t, 200, "cus_1"))
+			require.NoError(t, err, "the action is paid")
+
+			_, err = a.Do(ctx, shown) // the tap on the screen shown before
+			assert.Error(t, err, "the action is paid by a later intent")
+			assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for the action")
+		})
+	}
+}
+
+// holdPOSTs holds every POST until release is closed, as a slow network
+// holds a request that has left the device: entered hears of each one.
+type holdPOSTs struct {
+	base    http.RoundTripper
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h holdPOSTs) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodPost {
+		h.entered <- struct{}{}
+		<-h.release
+	}
+	return h.base.RoundTrip(req)
+}
+
+// One Client armed an intent and has not sent it (its tap's first byte is
+// still to leave, or its one attempt was refused before a byte left); the
+// other Client on the store resumes that intent, as SettleAll at app start
+// does, and its request is on the wire. The first Client's changed cart
+// must not replace it: that would be a second payment for one action.
+func TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	a := e.newClient(t)
+	b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+
+	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte not sent yet
+
+	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	require.Equal(t, ina.Key(), inb.Key())
+	done := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, inb); done <- err }()
+	<-hold.entered // b's request has left the device
+
+	changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+	if err == nil {
+		_, err = a.Do(ctx, changed)
+	}
+	close(hold.release)
+	require.NoError(t, <-done)
+	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "the armed intent may be on the wire: a's changed cart is refused")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
+}
+
+// refuseFirstPOST refuses the first POST's connection, as a network that
+// is down does (nothing leaves the device), and sends the rest.
+type refuseFirstPOST struct {
+	refusing, base http.RoundTripper
+	posts          *atomic.Int32
+}
+
+func (r refuseFirstPOST) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodPost && r.posts.Add(1) == 1 {
+		return r.refusing.RoundTrip(req)
+	}
+	return r.base.RoundTrip(req)
+}
+
+// A Client whose own attempt of the intent it armed never left the device
+// does not record the intent not sent when another Client on the store took
+// it over meanwhile: that Client's request may be on the wire, and a "not
+// sent" intent is one a changed cart replaces.
+func TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	refusing := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}}
+	a := e.newClient(t,
+		idem.WithHTTPClient(&http.Client{Transport: refuseFirstPOST{refusing: refusing, base: e.srv.Client().Transport, posts: new(atomic.Int32)}}),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+
+	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap
+	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, inb); done <- err }()
+	<-hold.entered // b's request has left the device
+
+	_, err = a.Do(ctx, ina) // a's own attempt never leaves the device
+	require.Error(t, err)
+	assert.NotErrorAs(t, err, new(*idem.NotSentError), "b may have sent it: its outcome is unknown to a")
+	changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+	if err == nil {
+		_, err = a.Do(ctx, changed)
+	}
+	close(hold.release)
+	require.NoError(t, <-done)
+	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
 }

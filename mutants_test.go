@@ -34,8 +34,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-resent-unrecorded", File: "do.go",
 			Note:    "an intent stored not sent is sent again before the store says it may have been",
-			Anchor:  `if err := c.save(ctx, in, rec, "send again"); err != nil {`,
-			Replace: `if err := error(nil); err != nil {`,
+			Anchor:  `if err := c.saveIf(ctx, in, rec, cur, op); err != nil {`,
+			Replace: `if err := error(nil); err != nil || op == "" && cur == nil {`,
 			Pkg:     root, Run: "^TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves$",
 		},
 		{
@@ -111,7 +111,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "prune-without-tombstone", File: "prune.go",
 			Note:    "Prune deletes an action's latest paid intent like any other",
-			Anchor:  "\t\tcase keep[r.Key] && r.State == persist.StateSucceeded:\n",
+			Anchor:  "\t\tcase keep[r.Key]:\n",
 			Replace: "\t\tcase false:\n",
 			Pkg:     root, Run: "^TestPruneKeepsWhatMakesTheNextTapOfAPaidActionANoOp$",
 		},
@@ -128,6 +128,48 @@ func TestMutants(t *testing.T) {
 			Anchor:  "} else if again := t.intentOf(req, live); again != nil {",
 			Replace: "} else if again := t.intentOf(req, live); false && again != nil {",
 			Pkg:     root, Run: "^TestTheRoundTripperGivesTheSameRequestTheSameKey$",
+		},
+		{
+			Name: "roundtripper-misses-shallow-copy", File: "transport.go",
+			Note:    "net/http's shallow copy of a request (an http.Client with a Timeout) is taken for a new request",
+			Anchor:  "\twp := weak.Make(req.URL)\n",
+			Replace: "\tu := *req.URL\n\twp := weak.Make(&u)\n",
+			Pkg:     root, Run: "^TestTheRoundTripperGivesTheSameRequestTheSameKeyUnderAClientTimeout$",
+		},
+		{
+			Name: "roundtripper-spent-body-by-url", File: "transport.go",
+			Note:    "a new request with an empty stream that shares another's *url.URL is sent with the other's bytes and key",
+			Anchor:  "\treturn va.Equal(vb)\n",
+			Replace: "\treturn true\n",
+			Pkg:     root, Run: "^TestTheRoundTripperNeverTakesARequestSharingAURLForAnotherRequest$",
+		},
+		{
+			Name: "prune-restarts-sequence", File: "prune.go",
+			Note:    "Prune deletes an action's latest intent unless it succeeded, so the action's sequence numbers restart",
+			Anchor:  "\t\tcase keep[r.Key]:\n",
+			Replace: "\t\tcase keep[r.Key] && r.State == persist.StateSucceeded:\n",
+			Pkg:     root, Run: "^TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent$",
+		},
+		{
+			Name: "resume-without-take-over", File: "do.go",
+			Note:    "a Client resumes an armed intent it did not arm without taking it over, so the Client that armed it still takes it for unsent",
+			Anchor:  "\tif !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {\n",
+			Replace: "\tif !in.ephemeral && rec.State == persist.StateNotSent {\n",
+			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
+		},
+		{
+			Name: "replace-what-another-holds", File: "intent.go",
+			Note:    "a changed cart replaces an armed intent that another Client took over",
+			Anchor:  "\treturn rec.State == persist.StateNotSent || rec.Holder == c.id\n",
+			Replace: "\treturn true\n",
+			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
+		},
+		{
+			Name: "not-sent-over-a-take-over", File: "do.go",
+			Note:    "a Client records not sent an intent another Client took over and is sending",
+			Anchor:  "\t\t\tif saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
+			Replace: "\t\t\tif saveErr := c.save(context.WithoutCancel(ctx), in, rec, \"record not sent\"); saveErr != nil && prev != nil {\n",
+			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
 		},
 		{
 			Name: "answer-not-marked-unrecorded", File: "do.go",

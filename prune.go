@@ -11,7 +11,7 @@ import (
 
 const (
 	// TombstoneLifetime is how long Prune keeps the tombstone of an
-	// action's latest succeeded intent, counted from its outcome by the
+	// action's latest resolved intent, counted from its outcome by the
 	// smallest age any clock reports.
 	TombstoneLifetime = 90 * 24 * time.Hour
 	// MaxTombstones bounds the tombstones a store keeps; beyond it Prune
@@ -32,13 +32,19 @@ const (
 // tell.
 //
 // Resolved stays resolved: what makes the next tap of a paid action a
-// no-op is not deleted. Of each action's latest intent, if it succeeded,
-// Prune keeps a tombstone (persist.Record.Tombstone: key, action, request
-// fingerprint, outcome status and the stored Location and Content-Type,
-// times; no bodies), so that Send or Intent for the action still returns
-// its answer (without a body) or a *ResolvedError and pays nothing. A
-// tombstone is deleted once older than TombstoneLifetime, or, beyond
-// MaxTombstones, oldest first.
+// no-op is not deleted. Of each action's latest resolved intent, whatever
+// its outcome, Prune keeps a tombstone (persist.Record.Tombstone: key,
+// action, request fingerprint, sequence number, outcome status and the
+// stored Location and Content-Type, times; no bodies). So Send or Intent
+// for a paid action still returns its answer (without a body) or a
+// *ResolvedError and pays nothing; the same request of a declined action
+// is still its declined intent (NewIntent pays again), as before Prune;
+// and an action's sequence numbers never go back, so an intent made
+// before Prune, not yet armed, never overtakes the action's intents made
+// after it. A tombstone is deleted once older than TombstoneLifetime, or,
+// beyond MaxTombstones, oldest first; after that the action has no
+// history on the device: an intent for it that was made before and is
+// armed after may then be armed as the action's latest.
 //
 // Unreadable records are left alone and reported as List reports them.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error) {
@@ -71,7 +77,11 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 		}
 		age := c.resolvedAge(r, now)
 		switch {
-		case keep[r.Key] && r.State == persist.StateSucceeded:
+		case keep[r.Key]:
+			// The action's latest intent, whatever its outcome, keeps its
+			// Seq in the store, so that an intent made for the action
+			// before this Prune (its Seq above it, unarmed in memory) never
+			// overtakes one made after.
 			if r.Tombstone && age >= TombstoneLifetime {
 				drop[r.Key] = r.UpdatedAt
 				continue

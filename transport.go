@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"reflect"
 	"runtime"
 	"strconv"
 	"sync"
@@ -76,8 +78,15 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 // Without one, the RoundTripper makes a key for that request and keeps it
 // in memory only: its retries are safe, and so is sending the same
 // *http.Request again (an API client's own retry loop), which gets the same
-// key while it holds the same bytes; the request is neither changed nor
-// kept alive by it. A clone or a new request gets a new key. A restart
+// key while it holds the same bytes (a body without GetBody, spent by the
+// first round trip, is sent again from the intent's bytes); the request is
+// neither changed nor kept alive by it. The same request is known by its
+// *url.URL, which net/http's shallow copies of it share (an http.Client
+// with a Timeout makes one on every Do): a new request that shares another's
+// *url.URL and holds the same bytes (method, URL and body), or the same
+// spent streamed Body, is taken for that request and gets its key; one
+// that differs in any of them is a new request. A clone, or a new request
+// with its own URL (http.NewRequest parses one), gets a new key. A restart
 // forgets them all. Use
 // intents for anything that must survive a restart. A request that carries
 // its own Idempotency-Key keeps it: if the key is a stored intent's, the
@@ -103,40 +112,78 @@ type roundTripper struct {
 	retry *retrier // sends each attempt through base
 
 	// sent holds the in-memory intent of each live request that this
-	// RoundTripper gave a key, by a weak pointer: the same *http.Request
-	// sent again (an API client's own retry) is the same intent, and a
-	// request the caller dropped is forgotten with it.
+	// RoundTripper gave a key, by a weak pointer to the request's *url.URL:
+	// the same *http.Request sent again (an API client's own retry) is the
+	// same intent, and a request the caller dropped is forgotten with it.
+	// The URL, not the request, names it because an http.Client with a
+	// Timeout (or any deadline, or credentials in the URL) hands the
+	// RoundTripper a shallow copy of the caller's request on every Do: the
+	// copy shares the caller's *url.URL (and Body), while a Clone copies
+	// both.
 	mu   sync.Mutex
-	sent map[weak.Pointer[http.Request]]*Intent
+	sent map[weak.Pointer[url.URL]]sentRequest
+}
+
+// sentRequest is what the RoundTripper keeps of a request it gave a key.
+type sentRequest struct {
+	in   *Intent
+	body io.ReadCloser // the request's Body when it was sent
 }
 
 // intentOf returns the in-memory intent this RoundTripper made for req, if
-// req was sent through it before with the same bytes.
+// req (or net/http's shallow copy of it) was sent through it before with
+// the same bytes, or with the same streamed body that the earlier round
+// trip spent. Requests that share a *url.URL but differ in their bytes or
+// their streamed body are different requests.
 func (t *roundTripper) intentOf(req *http.Request, live Request) *Intent {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	in := t.sent[weak.Make(req)]
-	if in == nil || !in.matches(live) {
+	s, ok := t.sent[weak.Make(req.URL)]
+	t.mu.Unlock()
+	if !ok {
 		return nil
 	}
-	return in
+	in := s.in
+	if in.matches(live) {
+		return in
+	}
+	// A body without GetBody was read to its end by the earlier round
+	// trip: sent again, it reads empty. It is the same request, whose
+	// bytes the intent holds; never an empty POST with a new key.
+	rec := in.current()
+	if req.GetBody == nil && len(live.Body) == 0 && len(rec.Body) > 0 && live.Method == rec.Method && live.URL == rec.URL && sameBody(s.body, req.Body) {
+		return in
+	}
+	return nil
 }
 
-// remember makes in the intent of req until req is collected.
+// sameBody reports whether a and b are the same Body value, without
+// panicking on a Body of a type that == cannot compare.
+func sameBody(a, b io.ReadCloser) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	if va.Type() != vb.Type() || !va.Comparable() {
+		return false
+	}
+	return va.Equal(vb)
+}
+
+// remember makes in the intent of req until req's URL is collected.
 func (t *roundTripper) remember(req *http.Request, in *Intent) {
-	wp := weak.Make(req)
+	wp := weak.Make(req.URL)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.sent == nil {
-		t.sent = make(map[weak.Pointer[http.Request]]*Intent)
+		t.sent = make(map[weak.Pointer[url.URL]]sentRequest)
 	}
 	if _, ok := t.sent[wp]; !ok {
-		runtime.AddCleanup(req, t.forget, wp)
+		runtime.AddCleanup(req.URL, t.forget, wp)
 	}
-	t.sent[wp] = in
+	t.sent[wp] = sentRequest{in: in, body: req.Body}
 }
 
-func (t *roundTripper) forget(wp weak.Pointer[http.Request]) {
+func (t *roundTripper) forget(wp weak.Pointer[url.URL]) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.sent, wp)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -316,4 +317,101 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
 	assert.Equal(t, 1, h.Stats().ProviderCharges)
+}
+
+// An API client that builds its request from a stream has no GetBody: the
+// RoundTripper reads the body once. When the API client sends the same
+// request again after a lost answer, its body is spent; what goes on the
+// wire, if anything, is the payment's bytes with its key, never an empty
+// POST whose 4xx would say that a payment the server made failed.
+func TestARequestWhoseBodyWasSpentIsNeverResentEmpty(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rt := e.client.RoundTripper(e.srv.Client().Transport)
+	hc := &http.Client{Transport: rt}
+	req := e.paymentRequest(t, 1500, "cus_1")
+	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, io.MultiReader(bytes.NewReader(req.Body)))
+	require.NoError(t, err)
+	require.Nil(t, httpReq.GetBody, "a stream: no GetBody")
+	httpReq.Header = req.Header.Clone()
+
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err = hc.Do(httpReq)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, 1, e.srv.Stats().ProviderCharges, "the server charged")
+
+	resp, err := hc.Do(httpReq) // the API client's own retry
+	if err == nil {
+		defer resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode, "the payment was made: no answer may say otherwise")
+	}
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// Most API clients set http.Client.Timeout. Such a client hands the
+// RoundTripper a shallow fork of the caller's request on every Do (net/http
+// forks it to bind the deadline): the same *http.Request, sent again by the
+// API client's own retry, is still the same request and gets the same key.
+func TestTheRoundTripperGivesTheSameRequestTheSameKeyUnderAClientTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rt := e.client.RoundTripper(e.srv.Client().Transport)
+	hc := &http.Client{Transport: rt, Timeout: time.Minute}
+	req := e.paymentRequest(t, 1500, "cus_1")
+	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
+	require.NoError(t, err)
+	httpReq.Header = req.Header.Clone()
+
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+	_, err = hc.Do(httpReq)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	resp, err := hc.Do(httpReq) // the API client's own retry
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment")
+}
+
+// A new request that shares an earlier request's *url.URL (as net/http's
+// own copies do) is still a new request when its bytes, or its streamed
+// body, differ: the URL alone never makes two requests one, nor sends one
+// request's bytes for another.
+func TestTheRoundTripperNeverTakesARequestSharingAURLForAnotherRequest(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		second  io.Reader
+		charges int
+	}{
+		{"other bytes", strings.NewReader(`{"amount":900,"currency":"AZN","customer":"cus_2","description":"cart"}`), 2},
+		{"an empty stream of its own", io.MultiReader(), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			hc := &http.Client{Transport: e.client.RoundTripper(e.srv.Client().Transport), Timeout: time.Minute}
+			req := e.paymentRequest(t, 1500, "cus_1")
+			u, err := url.Parse(req.URL)
+			require.NoError(t, err)
+			send := func(body io.Reader) *http.Response {
+				r, err := http.NewRequest(http.MethodPost, req.URL, body)
+				require.NoError(t, err)
+				r.URL = u // shared by both requests
+				r.Header = req.Header.Clone()
+				resp, err := hc.Do(r)
+				require.NoError(t, err)
+				resp.Body.Close()
+				return resp
+			}
+			first := send(io.MultiReader(bytes.NewReader(req.Body)))
+			require.Equal(t, http.StatusCreated, first.StatusCode)
+			second := send(tc.second)
+			assert.Empty(t, second.Header.Get("Idempotent-Replayed"), "another request, not a replay of the first")
+			assert.NotEqual(t, first.Header.Get("Location"), second.Header.Get("Location"), "never the first request's answer")
+			assert.Equal(t, tc.charges, e.srv.Stats().ProviderCharges)
+		})
+	}
 }

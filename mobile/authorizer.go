@@ -49,6 +49,7 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	a := t.auth
 	t.mu.Unlock()
 	if a == nil {
+		forwarded(req)
 		return t.base.RoundTrip(req)
 	}
 	v, err := a.Authorize(req.Header.Get("Idempotency-Key"))
@@ -66,9 +67,20 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req = req.Clone(req.Context())
 		req.Header.Set("Authorization", v)
 	}
+	forwarded(req)
 	return t.base.RoundTrip(req)
 }
 
 // authFailureKey carries the call's function that records an Authorizer
 // failure and stops the call: no retry can fix it.
 type authFailureKey struct{}
+
+// authForwardedKey carries, in a call's context, what to tell when one of
+// its attempts passes the Authorizer and goes on the wire.
+type authForwardedKey struct{}
+
+func forwarded(req *http.Request) {
+	if f, ok := req.Context().Value(authForwardedKey{}).(func(bool)); ok {
+		f(true)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -117,14 +118,31 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 		stopAll() // no retry can fix it
 	})
 
+	// forwarded is set once an attempt of this call passes the
+	// Authorizer and goes on the wire.
+	var forwarded atomic.Bool
+	ctx = context.WithValue(ctx, authForwardedKey{}, forwarded.Store)
+
 	in, resp, err := f(ctx)
 	authMu.Lock()
 	aerr := authErr
 	authMu.Unlock()
 	switch {
-	case aerr != nil:
+	case aerr != nil && !forwarded.Load():
+		// No attempt of this call left the device: the device error
+		// says so.
 		return nil, deviceError(aerr)
-	case cancel.IsCanceled() && err != nil:
+	case aerr != nil:
+		// An attempt may have reached the server before the Authorizer
+		// failed: the outcome is unknown, and the Result names the
+		// intent to settle.
+		r, rerr := resultOf(in, resp, err)
+		if r != nil && r.Outcome == OutcomeUnknown {
+			r.Detail = deviceError(aerr).Error() + "; " + r.Detail
+		}
+		return r, rerr
+	case cancel.IsCanceled() && err != nil && resp == nil:
+		// An answer that arrived is returned, whenever Cancel came.
 		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
 	}
 	return resultOf(in, resp, err)

@@ -445,3 +445,80 @@ func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 	assert.NotEmpty(t, res.Body)
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
+
+// A changed cart for an action already paid is not an error of the
+// device: Pay says the action is paid, names the payment that paid it and
+// sends nothing.
+func TestPayAChangedCartOfAPaidActionSaysItIsPaid(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	first, err := c.Pay("checkout:paid", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeSucceeded, first.Outcome)
+
+	res, err := c.Pay("checkout:paid", "/payments", []byte(`{"amount":2500,"currency":"AZN","customer":"cus_1"}`), nil)
+	require.NoError(t, err, "the action is paid; that is an outcome, not a device error")
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.True(t, res.FromStore, "nothing was sent")
+	assert.Equal(t, first.Key, res.Key, "the payment that paid the action")
+	assert.Equal(t, first.Status, res.Status)
+	assert.NotEmpty(t, res.Detail, "says the request differs from the one paid")
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+}
+
+// fullAfterAnswerCancelled is fullAfterAnswer where the user presses
+// Cancel just as the answer arrives.
+type fullAfterAnswerCancelled struct {
+	*persist.Memory
+	cancel *Cancel
+}
+
+func (s fullAfterAnswerCancelled) Save(ctx context.Context, rec *persist.Record) error {
+	if rec.State.Resolved() {
+		s.cancel.Cancel()
+		return errors.New("no space left on device")
+	}
+	return s.Memory.Save(ctx, rec)
+}
+
+// A Cancel pressed after the server answered does not unsay the answer:
+// the payment was made, and Pay returns its Result.
+func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	cancel := NewCancel()
+	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock),
+		idem.WithStore(fullAfterAnswerCancelled{persist.NewMemory(nil), cancel}))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	res, err := c.Pay("checkout:cancelled-late", "/payments", []byte(cart), cancel)
+	require.NoError(t, err, "the payment was sent and answered")
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.True(t, res.NotRecorded)
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+}
+
+// The first attempt reaches the server, which charges, and its answer is
+// lost; the session then ends and the Authorizer fails for the retry. The
+// payment may have been made: Pay says the outcome is unknown, never the
+// device error whose meaning is that nothing was sent.
+func TestAnAuthorizerFailureAfterAnAttemptWasSentLeavesTheOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.open(t)
+	var calls atomic.Int64
+	c.SetAuthorizer(authorizerFunc(func(string) (string, error) {
+		if calls.Add(1) > 1 {
+			return "", errors.New("session expired")
+		}
+		return "Bearer token-1", nil
+	}))
+	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+
+	res, err := c.Pay("checkout:auth-late", "/payments", []byte(cart), nil)
+	require.NoError(t, err, "an attempt was sent: the outcome is unknown, not a device error")
+	assert.Equal(t, OutcomeUnknown, res.Outcome)
+	assert.NotEmpty(t, res.Key, "the intent to Settle later")
+	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+}

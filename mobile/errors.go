@@ -20,7 +20,9 @@ const (
 	// KindCanceled: the call was cancelled through its Cancel handle. The
 	// intent keeps its state; an unresolved one is settled later.
 	KindCanceled = "canceled"
-	// KindAuthorizer: the Authorizer failed. The attempt was not sent.
+	// KindAuthorizer: the Authorizer failed before any attempt of the
+	// call was sent. Once one was, a failure of the Authorizer returns a
+	// Result with OutcomeUnknown instead: the payment may have been made.
 	KindAuthorizer = "authorizer"
 	// KindInternal: anything else.
 	KindInternal = "internal"

@@ -41,7 +41,10 @@ const (
 type Result struct {
 	Outcome string
 	// Key is the intent's Idempotency-Key; for OutcomeBlocked, the key of
-	// the unresolved intent that blocks.
+	// the unresolved intent that blocks; for a changed request of an
+	// action already paid (OutcomeSucceeded with FromStore, nothing sent,
+	// Detail saying so), the key of the payment that paid it. A deliberate
+	// second payment is PayAnew.
 	Key string
 	// Status is the final answer's HTTP status, or the last answer's for
 	// OutcomeUnknown, or 0 when none came.
@@ -106,11 +109,23 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		retryErr *idem.RetryError
 		unres    *idem.UnresolvedError
 		notSent  *idem.NotSentError
+		resolved *idem.ResolvedError
 	)
 	switch {
 	case errors.As(err, &notSent):
 		r.Outcome = OutcomeNotSent
 		r.Detail = notSent.Error()
+		return r, nil
+	case errors.As(err, &resolved):
+		// The action is paid, by another request: nothing was sent, and
+		// the Result is the payment that paid it.
+		r.Outcome, r.FromStore, r.Detail = OutcomeSucceeded, true, resolved.Error()
+		if resolved.Previous != nil {
+			r.Key = resolved.Previous.Key()
+			if prev := resolved.Response(); prev != nil {
+				r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), prev.Body, prev.Replayed, prev.Oversized
+			}
+		}
 		return r, nil
 	case errors.As(err, &unres):
 		r.Outcome = OutcomeBlocked

@@ -93,3 +93,100 @@ func Latest(recs []*Record) *Record {
 	}
 	return latest
 }
+
+// Swapper is an optional interface of a Store that changes or deletes a
+// record only if it is still the version the caller read, in one step, so
+// that a client that takes over an armed intent to send it (a second
+// Client on the store resuming it) and the client that armed it (replacing
+// it for a changed cart) cannot both win. Memory and FileStore implement
+// it; SaveIf and DeleteIf use it when a Store does.
+type Swapper interface {
+	// SaveIf saves rec durably, as Save does, if and only if the record
+	// stored with rec.Key is old's version (see SameVersion). Otherwise it
+	// saves nothing and returns a *ChangedError holding the stored record,
+	// nil if none is stored. The check and the save are one step among
+	// SaveIfs, DeleteIfs and Claims.
+	SaveIf(ctx context.Context, rec, old *Record) error
+	// DeleteIf deletes the record stored with old.Key if and only if it is
+	// old's version, in one step as SaveIf; otherwise it deletes nothing
+	// and returns a *ChangedError. No record stored is not an error.
+	DeleteIf(ctx context.Context, old *Record) error
+}
+
+// ErrChanged is matched by the *ChangedError of a SaveIf or DeleteIf whose
+// record is no longer the version the caller read.
+var ErrChanged = errors.New("persist: the record changed since it was read")
+
+// ChangedError is returned by SaveIf and DeleteIf when the stored record is
+// another version than the caller's.
+type ChangedError struct {
+	Key string
+	// Current is the record as stored, nil if none is.
+	Current *Record
+}
+
+func (e *ChangedError) Error() string {
+	if e.Current == nil {
+		return fmt.Sprintf("%v: intent %s is no longer stored", ErrChanged, e.Key)
+	}
+	return fmt.Sprintf("%v: intent %s (state %s)", ErrChanged, e.Key, e.Current.State)
+}
+
+func (e *ChangedError) Unwrap() error { return ErrChanged }
+
+// SameVersion reports whether a and b are the same version of one record:
+// the same key, state, holder, attempts and time of the last write.
+func SameVersion(a, b *Record) bool {
+	return a != nil && b != nil && a.Key == b.Key && a.State == b.State &&
+		a.Holder == b.Holder && a.Attempts == b.Attempts && a.UpdatedAt.Equal(b.UpdatedAt)
+}
+
+// SaveIf saves rec in s if the stored record with rec.Key is old's version,
+// as Swapper.SaveIf does. A Store that does not implement Swapper gets a
+// Get and then a Save: not one step, so two Clients on such a store are
+// not arbitrated.
+func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
+	if sw, ok := s.(Swapper); ok {
+		return sw.SaveIf(ctx, rec, old)
+	}
+	if err := checkSave(rec); err != nil {
+		return err
+	}
+	if err := unchanged(ctx, s, old); err != nil {
+		return err
+	}
+	return s.Save(ctx, rec)
+}
+
+// DeleteIf deletes old's record from s if it is still old's version, as
+// Swapper.DeleteIf does; without Swapper, a Get and then a Delete.
+func DeleteIf(ctx context.Context, s Store, old *Record) error {
+	if sw, ok := s.(Swapper); ok {
+		return sw.DeleteIf(ctx, old)
+	}
+	err := unchanged(ctx, s, old)
+	var ce *ChangedError
+	if errors.As(err, &ce) && ce.Current == nil {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return s.Delete(ctx, old.Key)
+}
+
+// unchanged returns nil if the record stored with old.Key is old's
+// version, a *ChangedError if it is another or none, or the store's error.
+func unchanged(ctx context.Context, s Store, old *Record) error {
+	cur, err := s.Get(ctx, old.Key)
+	if errors.Is(err, ErrNotFound) {
+		return &ChangedError{Key: old.Key}
+	}
+	if err != nil {
+		return err
+	}
+	if !SameVersion(cur, old) {
+		return &ChangedError{Key: old.Key, Current: cur}
+	}
+	return nil
+}

@@ -324,6 +324,36 @@ func (s *FileStore) Claim(ctx context.Context, rec *Record) error {
 	return s.save(ctx, rec, false)
 }
 
+// SaveIf implements Swapper. It is serialised with Claims, SaveIfs and
+// DeleteIfs by the store: the stored record is read and rec saved, as Save
+// does, while none of them runs.
+func (s *FileStore) SaveIf(ctx context.Context, rec, old *Record) error {
+	if err := checkSave(rec); err != nil {
+		return err
+	}
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock()
+	if err := unchanged(ctx, s, old); err != nil {
+		return err
+	}
+	return s.save(ctx, rec, false)
+}
+
+// DeleteIf implements Swapper, serialised as SaveIf is.
+func (s *FileStore) DeleteIf(ctx context.Context, old *Record) error {
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock()
+	err := unchanged(ctx, s, old)
+	var ce *ChangedError
+	if errors.As(err, &ce) && ce.Current == nil {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return s.Delete(ctx, old.Key)
+}
+
 // SaveDeferred implements DeferredSaver. When rec's file gets a new name
 // (the record becomes resolved, say) and the new file would win over the
 // old ones at OpenDir, it writes and syncs the new file and renames it in,

@@ -94,6 +94,54 @@ func (m *Memory) Claim(ctx context.Context, rec *Record) error {
 	return nil
 }
 
+// SaveIf implements Swapper: the check and the save happen under the
+// store's lock.
+func (m *Memory) SaveIf(ctx context.Context, rec, old *Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r, err := prepare(rec, m.opts)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.unchangedLocked(old); err != nil {
+		return err
+	}
+	m.recs[r.Key] = r
+	return nil
+}
+
+// DeleteIf implements Swapper: the check and the delete happen under the
+// store's lock.
+func (m *Memory) DeleteIf(ctx context.Context, old *Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.recs[old.Key]; !ok {
+		return nil
+	}
+	if err := m.unchangedLocked(old); err != nil {
+		return err
+	}
+	delete(m.recs, old.Key)
+	return nil
+}
+
+func (m *Memory) unchangedLocked(old *Record) error {
+	cur, ok := m.recs[old.Key]
+	if !ok {
+		return &ChangedError{Key: old.Key}
+	}
+	if !SameVersion(cur, old) {
+		return &ChangedError{Key: old.Key, Current: cur.Clone()}
+	}
+	return nil
+}
+
 // Get returns a copy of the record for key, or an error matching
 // ErrNotFound.
 func (m *Memory) Get(ctx context.Context, key string) (*Record, error) {

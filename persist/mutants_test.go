@@ -7,7 +7,8 @@ import (
 )
 
 // TestMutants requires the power-cut test to kill the mutants of the file
-// store's durability rules. TestPowerCutCatchesMutants drops the steps of
+// store's durability rules, and the conformance suite those of its rules
+// for two Clients on one store. TestPowerCutCatchesMutants drops the steps of
 // the scheme below the store, in the file system it writes through; these
 // rows change the store's own code.
 func TestMutants(t *testing.T) {
@@ -21,6 +22,20 @@ func TestMutants(t *testing.T) {
 			// Seed 1 kills it; a tenth of the default budget keeps the
 			// unmutated run short.
 			Env: []string{"IDEM_POWERCUTS=1000"},
+		},
+		{
+			Name: "file-save-if-unchecked", File: "persist/file.go",
+			Note:    "SaveIf saves over a record another client changed since it was read",
+			Anchor:  "\tif err := unchanged(ctx, s, old); err != nil {\n\t\treturn err\n\t}\n\treturn s.save(ctx, rec, false)\n",
+			Replace: "\treturn s.save(ctx, rec, false)\n",
+			Pkg:     "./persist", Run: "^TestFileConformance$",
+		},
+		{
+			Name: "memory-delete-if-unchecked", File: "persist/memory.go",
+			Note:    "DeleteIf deletes a record another client took over since it was read",
+			Anchor:  "\tif err := m.unchangedLocked(old); err != nil {\n\t\treturn err\n\t}\n\tdelete(m.recs, old.Key)\n",
+			Replace: "\tdelete(m.recs, old.Key)\n",
+			Pkg:     "./persist", Run: "^TestMemoryConformance$",
 		},
 	})
 }

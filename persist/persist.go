@@ -125,11 +125,17 @@ type Record struct {
 	// which an older release reads as before, ignoring them.
 	Clocks *Clocks `json:"clocks,omitempty"`
 	// Tombstone is set on what pruning keeps of an action's latest
-	// succeeded intent: its request and response bodies and headers are
+	// resolved intent: its request and response bodies and headers are
 	// gone, its key, name, fingerprint, outcome status and times are kept,
 	// so that the next tap of the paid action sends nothing. An older
 	// release reads it as a succeeded intent without a body.
 	Tombstone bool `json:"tombstone,omitempty"`
+	// Holder names the client that armed the intent or last took it over
+	// to send it (see SaveIf): a client may tell that an armed intent was
+	// never sent only while the stored record is the version it wrote.
+	// Empty in records written before it existed; an older release
+	// ignores it.
+	Holder string `json:"holder,omitempty"`
 }
 
 // Clocks are a record's clock readings. A reading of the clock that counts

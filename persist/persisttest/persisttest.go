@@ -47,6 +47,9 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"PruneGeneric", func(t *testing.T, s persist.Store) { testPrune(t, hidePruner{s}) }},
 		{"Claim", testClaim},
 		{"ClaimOneWinner", testClaimOneWinner},
+		{"SaveIfDeleteIf", testSaveIfDeleteIf},
+		{"SaveIfDeleteIfGeneric", func(t *testing.T, s persist.Store) { testSaveIfDeleteIf(t, hideSwapper{s}) }},
+		{"SaveIfOneWinner", testSaveIfOneWinner},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +62,10 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 // hidePruner hides a store's Prune method, so that persist.Prune takes its
 // generic path.
 type hidePruner struct{ persist.Store }
+
+// hideSwapper hides a store's SaveIf and DeleteIf, so that persist.SaveIf
+// and persist.DeleteIf take their generic path.
+type hideSwapper struct{ persist.Store }
 
 // base is the instant most of the suite's records are created at, in a zone
 // other than UTC, so that a store that keeps the zone is not mistaken for one
@@ -602,4 +609,74 @@ func testClaimOneWinner(t *testing.T, s persist.Store) {
 	recs, err := s.List(ctx, persist.Filter{Name: "act"})
 	must(t, err)
 	wantLen(t, recs, 1)
+}
+
+// testSaveIfDeleteIf: a record is changed or deleted only while it is the
+// version the caller read; a taken-over record (another Holder) or a gone
+// one refuses, and a refused change saves nothing.
+func testSaveIfDeleteIf(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	armed := claimRecord("h1", "act", 1)
+	armed.State, armed.Holder = persist.StateNew, "client-a"
+	must(t, s.Save(ctx, armed), "arm")
+	read, err := s.Get(ctx, "h1")
+	must(t, err)
+
+	taken := read.Clone()
+	taken.Holder, taken.UpdatedAt = "client-b", read.UpdatedAt.Add(time.Second)
+	must(t, persist.SaveIf(ctx, s, taken, read), "take over the version read")
+
+	again := read.Clone()
+	again.Holder = "client-c"
+	wantErr(t, persist.SaveIf(ctx, s, again, read), persist.ErrChanged, "a stale version's change")
+	wantErr(t, persist.DeleteIf(ctx, s, read), persist.ErrChanged, "a stale version's delete")
+	got, err := s.Get(ctx, "h1")
+	must(t, err, "a refused delete deletes nothing")
+	if got.Holder != "client-b" {
+		t.Errorf("holder %q after refused changes, want client-b", got.Holder)
+	}
+	var ce *persist.ChangedError
+	if err := persist.DeleteIf(ctx, s, read); errors.As(err, &ce) && (ce.Current == nil || ce.Current.Holder != "client-b") {
+		t.Errorf("refusal names %+v as the stored record, want client-b's", ce.Current)
+	}
+
+	must(t, persist.DeleteIf(ctx, s, got), "delete the stored version")
+	_, err = s.Get(ctx, "h1")
+	wantErr(t, err, persist.ErrNotFound, "deleted")
+	must(t, persist.DeleteIf(ctx, s, got), "deleting what is gone")
+	wantErr(t, persist.SaveIf(ctx, s, taken, got), persist.ErrChanged, "changing what is gone")
+	_, err = s.Get(ctx, "h1")
+	wantErr(t, err, persist.ErrNotFound, "a refused change of a gone record saves nothing")
+}
+
+// testSaveIfOneWinner: of a take-over and a delete racing for one
+// version, exactly one wins, if the store arbitrates them (persist.Swapper).
+func testSaveIfOneWinner(t *testing.T, s persist.Store) {
+	if _, ok := s.(persist.Swapper); !ok {
+		t.Skip("the store does not implement persist.Swapper")
+	}
+	ctx := context.Background()
+	for i := range 20 {
+		rec := claimRecord(fmt.Sprintf("w%d", i), "act", uint64(i+1))
+		rec.State, rec.Holder = persist.StateNew, "client-a"
+		must(t, s.Save(ctx, rec))
+		read, err := s.Get(ctx, rec.Key)
+		must(t, err)
+		taken := read.Clone()
+		taken.Holder = "client-b"
+		var saveErr, delErr error
+		var wg sync.WaitGroup
+		wg.Go(func() { saveErr = persist.SaveIf(ctx, s, taken, read) })
+		wg.Go(func() { delErr = persist.DeleteIf(ctx, s, read) })
+		wg.Wait()
+		if (saveErr == nil) == (delErr == nil) {
+			t.Fatalf("take-over: %v, delete: %v; want exactly one to win", saveErr, delErr)
+		}
+		_, err = s.Get(ctx, rec.Key)
+		if saveErr == nil {
+			must(t, err, "taken over: still stored")
+		} else {
+			wantErr(t, err, persist.ErrNotFound, "deleted: gone")
+		}
+	}
 }
