@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -555,4 +557,41 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestRowValidationRefusesTextThePostgreSQLStateCannotHold: PostgreSQL's
+// text cannot hold U+0000, which JSON can spell. A payment whose customer
+// or description holds it must be a 400 before the key is used, in memory
+// and on PostgreSQL alike, not a 500 on every retry (a client retries 5xx
+// until it gives up with an unknown outcome) whose detail is the
+// database's own error text.
+func TestRowValidationRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
+	t.Parallel()
+	bodies := []string{
+		`{"amount":1500,"currency":"AZN","customer":"cus_\u0000","description":"coffee"}`,
+		`{"amount":1500,"currency":"AZN","customer":"cus_1","description":"cof\u0000fee"}`,
+	}
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			var s *fakeserver.Server
+			if where == "in memory" {
+				s = fakeserver.Start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
+			} else {
+				ps, _ := processes(t, 1, time.Hour)
+				s = ps[0]
+			}
+			for i, body := range bodies {
+				key := "k" + strconv.Itoa(i)
+				a := pay(t, s, key, body)
+				require.Equal(t, http.StatusBadRequest, a.Status, "%s", a.Body)
+				assert.Equal(t, fakeserver.ProblemValidationFailed, a.problem(t).Type)
+				assert.NotContains(t, string(a.Body), "SQLSTATE", "a problem never carries the database's text")
+				assert.Equal(t, http.StatusNotFound, lookup(t, s, key).Status, "nothing was done")
+			}
+			st := s.Stats()
+			assert.Zero(t, st.Records, "the keys stay free")
+			assert.Zero(t, st.ProviderCharges)
+		})
+	}
 }

@@ -76,6 +76,12 @@ func parsePayment(body []byte) (paymentRequest, *problem) {
 		return req, validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, MaxCustomerLen))
 	case utf8.RuneCountInString(req.Description) > MaxDescriptionLen:
 		return req, validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, MaxDescriptionLen))
+	case strings.ContainsRune(*req.Customer, 0):
+		// PostgreSQL's text cannot hold it: refused in memory too, so that
+		// both ways of keeping state take the same payments.
+		return req, validationProblem(`"customer" must not contain the character U+0000`)
+	case strings.ContainsRune(req.Description, 0):
+		return req, validationProblem(`"description" must not contain the character U+0000`)
 	}
 	return req, nil
 }
