@@ -595,3 +595,26 @@ func TestRowValidationRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
 		})
 	}
 }
+
+// TestServerErrorsNeverCarryTheDatabasesText: a 500 says the server
+// failed and that a retry with the key is safe; it never carries the
+// database's error text (table names, SQLSTATEs), whichever table fails:
+// the provider's, the intents' or the middleware's records.
+func TestServerErrorsNeverCarryTheDatabasesText(t *testing.T) {
+	t.Parallel()
+	for _, table := range []string{"fake_charges", "fake_intents", "idempotency_records"} {
+		t.Run(table, func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t)
+			s := fakeserver.Start(t, &fakeserver.Options{Postgres: pool, Clock: clock.NewManual(epoch)})
+			_, err := pool.Exec(context.Background(), "DROP TABLE "+table)
+			require.NoError(t, err)
+			for _, a := range []answer{pay(t, s, "k1", payBody), lookup(t, s, "k1")} {
+				require.Equal(t, http.StatusInternalServerError, a.Status, "%s", a.Body)
+				assert.Equal(t, idempotency.TypeInternal, a.problem(t).Type)
+				assert.NotContains(t, string(a.Body), table)
+				assert.NotContains(t, string(a.Body), "SQLSTATE")
+			}
+		})
+	}
+}

@@ -298,8 +298,7 @@ func TestCallerColumnNeverShowsTheCredential(t *testing.T) {
 		}
 	}
 	// Nor does any other column, in text or bytes: the stored answer, its
-	// headers, the
-	// fingerprint.
+	// headers, the fingerprint.
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_records r WHERE strpos(r::text, 'sk_live') > 0 OR strpos(r::text, encode('sk_live', 'hex')) > 0`).Scan(&n); err != nil {
 		t.Fatal(err)
