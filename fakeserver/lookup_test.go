@@ -218,3 +218,39 @@ func TestLookupNeverLosesTheChargeOfARecordWithoutAnIntent(t *testing.T) {
 		})
 	}
 }
+
+// TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequestAfterItExpires:
+// a key paid, expired, and was used again for a payment that was declined.
+// Once the new record has expired too, swept or not, the lookup still
+// answers for the key's latest intent (nothing was charged for it), in
+// memory as on PostgreSQL: never the payment of the key's first life.
+func TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequestAfterItExpires(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		for _, sweep := range []bool{false, true} {
+			t.Run(where+map[bool]string{false: "", true: ", swept"}[sweep], func(t *testing.T) {
+				t.Parallel()
+				opts := &fakeserver.Options{Retention: time.Hour}
+				if where == "on PostgreSQL" {
+					opts.Postgres = newPool(t)
+				}
+				clk := clock.NewManual(epoch)
+				opts.Clock = clk
+				s := fakeserver.Start(t, opts)
+				first := pay(t, s, "k1", payBody)
+				require.Equal(t, http.StatusCreated, first.Status)
+				oldID, _, _ := paidBody(t, first)
+				clk.Advance(time.Hour)
+				require.Equal(t, http.StatusPaymentRequired, pay(t, s, "k1", declineBody).Status)
+				clk.Advance(time.Hour)
+				if sweep {
+					s.Sweep()
+				}
+
+				a := lookup(t, s, "k1")
+				assert.Equal(t, http.StatusNotFound, a.Status, "%s", a.Body)
+				assert.NotContains(t, string(a.Body), oldID, "the lookup answered the key's old payment")
+			})
+		}
+	}
+}

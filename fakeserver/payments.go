@@ -145,6 +145,13 @@ type ledger struct {
 	// provider is asked, so that a charge whose worker died before it was
 	// recorded can still be found and recorded (see recoverCharged).
 	reserved map[string]reservation
+	// latest holds, by key, the payment id of the key's latest intent
+	// where it is not the key's payment in byKey: a key used again after
+	// its retention whose new intent was declined, or is not recorded yet.
+	// The lookup answers for it, never for the key's earlier payment. An
+	// entry is kept only for a key that has a payment, so there are at
+	// most as many as payments.
+	latest map[idempotency.ID]string
 }
 
 // reservation is a payment the provider may have charged and the ledger
@@ -156,7 +163,7 @@ type reservation struct {
 
 func newLedger() *ledger {
 	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment),
-		reserved: make(map[string]reservation)}
+		reserved: make(map[string]reservation), latest: make(map[idempotency.ID]string)}
 }
 
 // reserve holds room for payment id, made under the record rec, and reports
@@ -175,6 +182,9 @@ func (l *ledger) reserve(id string, r reservation) bool {
 		return false
 	}
 	l.reserved[id] = r
+	if p, ok := l.byKey[r.rec]; ok && p.ID != id {
+		l.latest[r.rec] = id
+	}
 	return true
 }
 
@@ -211,8 +221,13 @@ func (l *ledger) add(p *payment) {
 		return
 	}
 	l.byID[p.ID] = p
-	if p.key != "" {
-		l.byKey[idempotency.ID{Principal: p.principal, Key: p.key}] = p
+	if k := (idempotency.ID{Principal: p.principal, Key: p.key}); p.key != "" {
+		// A payment of an earlier intent, recovered after the key's new
+		// intent was made, is not the key's latest.
+		if latest, ok := l.latest[k]; !ok || latest == p.ID {
+			l.byKey[k] = p
+			delete(l.latest, k)
+		}
 	}
 	l.order = append(l.order, p)
 }
@@ -230,7 +245,11 @@ func (l *ledger) get(principal, id string) (*payment, bool) {
 func (l *ledger) byIdempotencyKey(principal, key string) (*payment, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	p, ok := l.byKey[idempotency.ID{Principal: principal, Key: key}]
+	k := idempotency.ID{Principal: principal, Key: key}
+	if _, ok := l.latest[k]; ok {
+		return nil, false // the latest intent was not charged, or not yet recorded
+	}
+	p, ok := l.byKey[k]
 	return p, ok
 }
 
@@ -258,6 +277,7 @@ func (l *ledger) reset() {
 	clear(l.byID)
 	clear(l.byKey)
 	clear(l.reserved)
+	clear(l.latest)
 	l.order = nil
 }
 
