@@ -618,3 +618,47 @@ func TestServerErrorsNeverCarryTheDatabasesText(t *testing.T) {
 		})
 	}
 }
+
+// TestRowRetentionNeverEndsUnderALiveLease: a takeover just before the
+// record's retention ends gets a lease that outlasts it. A record must not
+// expire under its live worker: while the worker that took it over still
+// runs, a resend finds the record in progress (409), not the key new, and
+// is never charged again under a new stable id, in memory and on
+// PostgreSQL.
+func TestRowRetentionNeverEndsUnderALiveLease(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			opts := &fakeserver.Options{Retention: time.Hour}
+			if where == "on PostgreSQL" {
+				opts.Postgres = newPool(t)
+			} else {
+				opts.MaxRecords = 100 // newServer keeps it in memory
+			}
+			s, clk := newServer(t, opts)
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: "k1"}))
+			_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+			require.Error(t, err, "the first worker died")
+			clk.Advance(time.Hour - time.Second)
+
+			// The takeover runs for a second of real time, past the retention.
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Key: "k1", Delay: time.Second}))
+			done := make(chan answer, 1)
+			go func() { done <- pay(t, s, "k1", payBody) }()
+			require.Eventually(t, func() bool { return s.Stats().Executions >= 1 }, 10*time.Second, 5*time.Millisecond)
+			clk.Advance(2 * time.Second)
+			resend := pay(t, s, "k1", payBody)
+			assert.Equal(t, http.StatusConflict, resend.Status, "the resend under the live lease: %s", resend.Body)
+			assert.Equal(t, http.StatusConflict, lookup(t, s, "k1").Status, "the lookup under the live lease")
+			assert.Equal(t, 0, s.Sweep(), "the sweep leaves the record under its live lease")
+			taken := <-done
+			assert.Equal(t, http.StatusCreated, taken.Status, "the takeover: %s", taken.Body)
+
+			st := s.Stats()
+			assert.Equal(t, 1, st.ProviderCharges, "one key, one charge")
+			assert.Equal(t, st.ProviderCharges, st.Payments, "every charge is a payment")
+			assert.Equal(t, http.StatusOK, lookup(t, s, "k1").Status, "the lookup answers the payment")
+		})
+	}
+}

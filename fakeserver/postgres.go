@@ -203,8 +203,8 @@ func (s *pgState) settle(ctx context.Context, id string, r reservation, digest s
 }
 
 // recoverExpired records as payments the charges of the IN_PROGRESS
-// records expired on the store's clock, whose workers died, before the
-// sweep deletes the records. A record's stable id is the provider's key
+// records expired on the store's clock (retention and lease both ended),
+// whose workers died, before the sweep deletes the records. A record's stable id is the provider's key
 // whether or not an intent row was written for it (a record from before
 // intents were recorded has none; its payment's description is then
 // unknown).
@@ -212,6 +212,7 @@ func (s *pgState) recoverExpired(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, `SELECT r.stable_id, r.caller, r.key, coalesce(i.description, '')
 		FROM idempotency_records r LEFT JOIN fake_intents i ON i.id = r.stable_id
 		WHERE r.status = 'IN_PROGRESS' AND r.expires_at <= coalesce($1::timestamptz, clock_timestamp())
+		AND coalesce(r.locked_until <= coalesce($1::timestamptz, clock_timestamp()), true)
 		AND NOT EXISTS (SELECT 1 FROM fake_payments p WHERE p.id = r.stable_id)`, s.now())
 	if err != nil {
 		return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
