@@ -479,6 +479,32 @@ func TestOrderStatusIgnoresKey(t *testing.T) {
 	assert.Zero(t, s.Stats().Records)
 }
 
+// TestOrderStatusRefusesTextThePostgreSQLStateCannotHold: a status or an
+// order id holding U+0000, which PostgreSQL's text cannot hold, is a 400
+// that changes nothing, in memory and on PostgreSQL alike, not a 500 on
+// PostgreSQL.
+func TestOrderStatusRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			opts := &fakeserver.Options{Clock: clock.NewManual(epoch)}
+			if where == "on PostgreSQL" {
+				opts.Postgres = newPool(t)
+			}
+			s := fakeserver.Start(t, opts)
+			for _, r := range []req{
+				{Method: http.MethodPut, Path: "/orders/15/status", NoKey: true, Body: `{"status":"SHIP\u0000PED"}`},
+				{Method: http.MethodPut, Path: "/orders/1%005/status", NoKey: true, Body: `{"status":"SHIPPED"}`},
+			} {
+				a := send(t, s.Client(), s.URL, r)
+				require.Equal(t, http.StatusBadRequest, a.Status, "%s %s", r.Path, a.Body)
+				assert.Equal(t, fakeserver.ProblemValidationFailed, a.problem(t).Type)
+			}
+		})
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	t.Parallel()
 	s, _ := newServer(t, nil)

@@ -532,6 +532,15 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		validationProblem(fmt.Sprintf(`"status" must be at most %d characters`, MaxStatusLen)).Write(w)
 		return
 	}
+	// PostgreSQL's text cannot hold U+0000: refused in memory too.
+	if strings.ContainsRune(*req.Status, 0) {
+		validationProblem(`"status" must not contain the character U+0000`).Write(w)
+		return
+	}
+	if strings.ContainsRune(id, 0) {
+		validationProblem("the order id must not contain the character U+0000").Write(w)
+		return
+	}
 	f := faultsFrom(r.Context())
 	if err := sleep(r.Context(), f.delay); err != nil {
 		return
