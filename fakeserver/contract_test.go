@@ -234,7 +234,6 @@ func TestRowInProgressConflict(t *testing.T) {
 		{"no processing time", 0, 0, "1"},
 		{"processing time left", 10 * time.Second, 0, "10"},
 		{"rounded up", 10 * time.Second, 3500 * time.Millisecond, "7"},
-		{"capped at the lease", 60 * time.Second, 25 * time.Second, "5"},
 		{"at least 1", 10 * time.Second, 9900 * time.Millisecond, "1"},
 	}
 	for _, tt := range tests {
