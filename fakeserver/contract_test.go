@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -232,7 +234,6 @@ func TestRowInProgressConflict(t *testing.T) {
 		{"no processing time", 0, 0, "1"},
 		{"processing time left", 10 * time.Second, 0, "10"},
 		{"rounded up", 10 * time.Second, 3500 * time.Millisecond, "7"},
-		{"capped at the lease", 60 * time.Second, 25 * time.Second, "5"},
 		{"at least 1", 10 * time.Second, 9900 * time.Millisecond, "1"},
 	}
 	for _, tt := range tests {
@@ -477,6 +478,32 @@ func TestOrderStatusIgnoresKey(t *testing.T) {
 	assert.Zero(t, s.Stats().Records)
 }
 
+// TestOrderStatusRefusesTextThePostgreSQLStateCannotHold: a status or an
+// order id holding U+0000, which PostgreSQL's text cannot hold, is a 400
+// that changes nothing, in memory and on PostgreSQL alike, not a 500 on
+// PostgreSQL.
+func TestOrderStatusRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			opts := &fakeserver.Options{Clock: clock.NewManual(epoch)}
+			if where == "on PostgreSQL" {
+				opts.Postgres = newPool(t)
+			}
+			s := fakeserver.Start(t, opts)
+			for _, r := range []req{
+				{Method: http.MethodPut, Path: "/orders/15/status", NoKey: true, Body: `{"status":"SHIP\u0000PED"}`},
+				{Method: http.MethodPut, Path: "/orders/1%005/status", NoKey: true, Body: `{"status":"SHIPPED"}`},
+			} {
+				a := send(t, s.Client(), s.URL, r)
+				require.Equal(t, http.StatusBadRequest, a.Status, "%s %s", r.Path, a.Body)
+				assert.Equal(t, fakeserver.ProblemValidationFailed, a.problem(t).Type)
+			}
+		})
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	t.Parallel()
 	s, _ := newServer(t, nil)
@@ -598,4 +625,108 @@ func TestLookupMarksItsAnswers(t *testing.T) {
 		assert.NotEqual(t, idempotency.TypeKeyUnused, a.problem(t).Type)
 		assert.Empty(t, a.Header.Values("Idempotency-Key"))
 	})
+}
+
+// TestRowValidationRefusesTextThePostgreSQLStateCannotHold: PostgreSQL's
+// text cannot hold U+0000, which JSON can spell. A payment whose customer
+// or description holds it must be a 400 before the key is used, in memory
+// and on PostgreSQL alike, not a 500 on every retry (a client retries 5xx
+// until it gives up with an unknown outcome) whose detail is the
+// database's own error text.
+func TestRowValidationRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
+	t.Parallel()
+	bodies := []string{
+		`{"amount":1500,"currency":"AZN","customer":"cus_\u0000","description":"coffee"}`,
+		`{"amount":1500,"currency":"AZN","customer":"cus_1","description":"cof\u0000fee"}`,
+	}
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			var s *fakeserver.Server
+			if where == "in memory" {
+				s = fakeserver.Start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
+			} else {
+				ps, _ := processes(t, 1, time.Hour)
+				s = ps[0]
+			}
+			for i, body := range bodies {
+				key := "k" + strconv.Itoa(i)
+				a := pay(t, s, key, body)
+				require.Equal(t, http.StatusBadRequest, a.Status, "%s", a.Body)
+				assert.Equal(t, fakeserver.ProblemValidationFailed, a.problem(t).Type)
+				assert.NotContains(t, string(a.Body), "SQLSTATE", "a problem never carries the database's text")
+				assert.Equal(t, http.StatusNotFound, lookup(t, s, key).Status, "nothing was done")
+			}
+			st := s.Stats()
+			assert.Zero(t, st.Records, "the keys stay free")
+			assert.Zero(t, st.ProviderCharges)
+		})
+	}
+}
+
+// TestServerErrorsNeverCarryTheDatabasesText: a 500 says the server
+// failed and that a retry with the key is safe; it never carries the
+// database's error text (table names, SQLSTATEs), whichever table fails:
+// the provider's, the intents' or the middleware's records.
+func TestServerErrorsNeverCarryTheDatabasesText(t *testing.T) {
+	t.Parallel()
+	for _, table := range []string{"fake_charges", "fake_intents", "idempotency_records"} {
+		t.Run(table, func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t)
+			s := fakeserver.Start(t, &fakeserver.Options{Postgres: pool, Clock: clock.NewManual(epoch)})
+			_, err := pool.Exec(context.Background(), "DROP TABLE "+table)
+			require.NoError(t, err)
+			for _, a := range []answer{pay(t, s, "k1", payBody), lookup(t, s, "k1")} {
+				require.Equal(t, http.StatusInternalServerError, a.Status, "%s", a.Body)
+				assert.Equal(t, idempotency.TypeInternal, a.problem(t).Type)
+				assert.NotContains(t, string(a.Body), table)
+				assert.NotContains(t, string(a.Body), "SQLSTATE")
+			}
+		})
+	}
+}
+
+// TestRowRetentionNeverEndsUnderALiveLease: a takeover just before the
+// record's retention ends gets a lease that outlasts it. A record must not
+// expire under its live worker: while the worker that took it over still
+// runs, a resend finds the record in progress (409), not the key new, and
+// is never charged again under a new stable id, in memory and on
+// PostgreSQL.
+func TestRowRetentionNeverEndsUnderALiveLease(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			opts := &fakeserver.Options{Retention: time.Hour}
+			if where == "on PostgreSQL" {
+				opts.Postgres = newPool(t)
+			} else {
+				opts.MaxRecords = 100 // newServer keeps it in memory
+			}
+			s, clk := newServer(t, opts)
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Key: "k1"}))
+			_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Body: payBody})
+			require.Error(t, err, "the first worker died")
+			clk.Advance(time.Hour - time.Second)
+
+			// The takeover runs for a second of real time, past the retention.
+			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Key: "k1", Delay: time.Second}))
+			done := make(chan answer, 1)
+			go func() { done <- pay(t, s, "k1", payBody) }()
+			require.Eventually(t, func() bool { return s.Stats().Executions >= 1 }, 10*time.Second, 5*time.Millisecond)
+			clk.Advance(2 * time.Second)
+			resend := pay(t, s, "k1", payBody)
+			assert.Equal(t, http.StatusConflict, resend.Status, "the resend under the live lease: %s", resend.Body)
+			assert.Equal(t, http.StatusConflict, lookup(t, s, "k1").Status, "the lookup under the live lease")
+			assert.Equal(t, 0, s.Sweep(), "the sweep leaves the record under its live lease")
+			taken := <-done
+			assert.Equal(t, http.StatusCreated, taken.Status, "the takeover: %s", taken.Body)
+
+			st := s.Stats()
+			assert.Equal(t, 1, st.ProviderCharges, "one key, one charge")
+			assert.Equal(t, st.ProviderCharges, st.Payments, "every charge is a payment")
+			assert.Equal(t, http.StatusOK, lookup(t, s, "k1").Status, "the lookup answers the payment")
+		})
+	}
 }

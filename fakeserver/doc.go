@@ -159,6 +159,7 @@
 // read only the last of such names, so two orders of one body would be two
 // payments under one fingerprint.
 //
-// The lease is not extended while a payment is processed: keep
-// [Options.Lease] longer than [Options.ProcessingDelay].
+// The lease is not extended while a payment is processed: [Options.Lease]
+// must be longer than [Options.ProcessingDelay], and the constructors panic
+// otherwise, as the program refuses -lease no longer than -processing-delay.
 package fakeserver

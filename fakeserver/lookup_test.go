@@ -1,6 +1,7 @@
 package fakeserver_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -181,5 +182,75 @@ func TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequest(t *testing.T) {
 				assert.Equal(t, newID, id)
 			}
 		})
+	}
+}
+
+// TestLookupNeverLosesTheChargeOfARecordWithoutAnIntent: a record written
+// before intents to charge were recorded (a database migrated while a
+// worker's charge was unsettled) has no row in fake_intents, but its
+// stable id is the provider's key all the same. Once the record has
+// expired, before and after a sweep, the lookup must still find the charge
+// its dead worker made: a 404 makes the client void an intent that was
+// paid.
+func TestLookupNeverLosesTheChargeOfARecordWithoutAnIntent(t *testing.T) {
+	t.Parallel()
+	for _, sweep := range []bool{false, true} {
+		t.Run(map[bool]string{false: "expired", true: "swept"}[sweep], func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t)
+			clk := clock.NewManual(epoch)
+			s := fakeserver.Start(t, &fakeserver.Options{Postgres: pool, Clock: clk, Retention: time.Hour})
+			crashAfterCharge(t, s, "k1")
+			_, err := pool.Exec(context.Background(), "DELETE FROM fake_intents") // as before intents were recorded
+			require.NoError(t, err)
+			clk.Advance(time.Hour)
+			if sweep {
+				assert.Equal(t, 1, s.Sweep())
+			}
+
+			a := lookup(t, s, "k1")
+			require.Equal(t, http.StatusOK, a.Status, "the provider holds the charge: %s", a.Body)
+			_, amount, _ := paidBody(t, a)
+			assert.Equal(t, int64(1500), amount)
+			st := s.Stats()
+			assert.Equal(t, 1, st.Payments, "the charge is a payment")
+			assert.Equal(t, 1, st.ProviderCharges)
+		})
+	}
+}
+
+// TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequestAfterItExpires:
+// a key paid, expired, and was used again for a payment that was declined.
+// Once the new record has expired too, swept or not, the lookup still
+// answers for the key's latest intent (nothing was charged for it), in
+// memory as on PostgreSQL: never the payment of the key's first life.
+func TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequestAfterItExpires(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"in memory", "on PostgreSQL"} {
+		for _, sweep := range []bool{false, true} {
+			t.Run(where+map[bool]string{false: "", true: ", swept"}[sweep], func(t *testing.T) {
+				t.Parallel()
+				opts := &fakeserver.Options{Retention: time.Hour}
+				if where == "on PostgreSQL" {
+					opts.Postgres = newPool(t)
+				}
+				clk := clock.NewManual(epoch)
+				opts.Clock = clk
+				s := fakeserver.Start(t, opts)
+				first := pay(t, s, "k1", payBody)
+				require.Equal(t, http.StatusCreated, first.Status)
+				oldID, _, _ := paidBody(t, first)
+				clk.Advance(time.Hour)
+				require.Equal(t, http.StatusPaymentRequired, pay(t, s, "k1", declineBody).Status)
+				clk.Advance(time.Hour)
+				if sweep {
+					s.Sweep()
+				}
+
+				a := lookup(t, s, "k1")
+				assert.Equal(t, http.StatusNotFound, a.Status, "%s", a.Body)
+				assert.NotContains(t, string(a.Body), oldID, "the lookup answered the key's old payment")
+			})
+		}
 	}
 }

@@ -27,10 +27,13 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "lookup-answers-old-payment", File: "fakeserver/lookup.go",
+			// In memory the ledger keeps the key's latest intent, so only
+			// PostgreSQL's latest payment under the key tells them apart.
 			Note:    "the lookup answers the key's latest payment, not its live record's",
 			Anchor:  "p, paid, err = h.findPayment(ctx, id.Principal, rec.StableID)",
 			Replace: "p, paid, err = h.findPaymentByKey(ctx, id.Principal, id.Key)",
 			Pkg:     "./fakeserver", Run: "^TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequest$",
+			Env: append([]string{envPostgres + "=1"}, pg...),
 		},
 		{
 			Name: "sweep-without-recovery", File: "fakeserver/handler.go",

@@ -29,8 +29,9 @@ type Options struct {
 	// otherwise.
 	Retention time.Duration
 	// Lease is how long a worker holds an IN_PROGRESS record before another
-	// request may take it over. Zero (or negative) means 30s. Keep it longer
-	// than ProcessingDelay.
+	// request may take it over. Zero (or negative) means 30s. It must be
+	// longer than ProcessingDelay (a payment still running would be taken
+	// over by its resend and run twice): the constructors panic otherwise.
 	Lease time.Duration
 	// ProcessingDelay is the time each payment takes, in real time (not the
 	// Clock); the wait ends early if the client goes away. Zero means none.
@@ -112,6 +113,9 @@ func (o *Options) config() config {
 	}
 	if c.delay < 0 {
 		c.delay = 0
+	}
+	if c.delay > 0 && c.lease <= c.delay {
+		panic(fmt.Sprintf("fakeserver: Lease (%v) must be longer than ProcessingDelay (%v): a payment still running would be taken over by its resend and run twice", c.lease, c.delay))
 	}
 	c.now = time.Now
 	if c.clock != nil {

@@ -76,6 +76,12 @@ func parsePayment(body []byte) (paymentRequest, *problem) {
 		return req, validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, MaxCustomerLen))
 	case utf8.RuneCountInString(req.Description) > MaxDescriptionLen:
 		return req, validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, MaxDescriptionLen))
+	case strings.ContainsRune(*req.Customer, 0):
+		// PostgreSQL's text cannot hold it: refused in memory too, so that
+		// both ways of keeping state take the same payments.
+		return req, validationProblem(`"customer" must not contain the character U+0000`)
+	case strings.ContainsRune(req.Description, 0):
+		return req, validationProblem(`"description" must not contain the character U+0000`)
 	}
 	return req, nil
 }
@@ -139,6 +145,13 @@ type ledger struct {
 	// provider is asked, so that a charge whose worker died before it was
 	// recorded can still be found and recorded (see recoverCharged).
 	reserved map[string]reservation
+	// latest holds, by key, the payment id of the key's latest intent
+	// where it is not the key's payment in byKey: a key used again after
+	// its retention whose new intent was declined, or is not recorded yet.
+	// The lookup answers for it, never for the key's earlier payment. An
+	// entry is kept only for a key that has a payment, so there are at
+	// most as many as payments.
+	latest map[idempotency.ID]string
 }
 
 // reservation is a payment the provider may have charged and the ledger
@@ -150,7 +163,7 @@ type reservation struct {
 
 func newLedger() *ledger {
 	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment),
-		reserved: make(map[string]reservation)}
+		reserved: make(map[string]reservation), latest: make(map[idempotency.ID]string)}
 }
 
 // reserve holds room for payment id, made under the record rec, and reports
@@ -169,6 +182,9 @@ func (l *ledger) reserve(id string, r reservation) bool {
 		return false
 	}
 	l.reserved[id] = r
+	if p, ok := l.byKey[r.rec]; ok && p.ID != id {
+		l.latest[r.rec] = id
+	}
 	return true
 }
 
@@ -205,8 +221,13 @@ func (l *ledger) add(p *payment) {
 		return
 	}
 	l.byID[p.ID] = p
-	if p.key != "" {
-		l.byKey[idempotency.ID{Principal: p.principal, Key: p.key}] = p
+	if k := (idempotency.ID{Principal: p.principal, Key: p.key}); p.key != "" {
+		// A payment of an earlier intent, recovered after the key's new
+		// intent was made, is not the key's latest.
+		if latest, ok := l.latest[k]; !ok || latest == p.ID {
+			l.byKey[k] = p
+			delete(l.latest, k)
+		}
 	}
 	l.order = append(l.order, p)
 }
@@ -224,7 +245,11 @@ func (l *ledger) get(principal, id string) (*payment, bool) {
 func (l *ledger) byIdempotencyKey(principal, key string) (*payment, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	p, ok := l.byKey[idempotency.ID{Principal: principal, Key: key}]
+	k := idempotency.ID{Principal: principal, Key: key}
+	if _, ok := l.latest[k]; ok {
+		return nil, false // the latest intent was not charged, or not yet recorded
+	}
+	p, ok := l.byKey[k]
 	return p, ok
 }
 
@@ -252,6 +277,7 @@ func (l *ledger) reset() {
 	clear(l.byID)
 	clear(l.byKey)
 	clear(l.reserved)
+	clear(l.latest)
 	l.order = nil
 }
 
@@ -504,6 +530,15 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 	}
 	if utf8.RuneCountInString(*req.Status) > MaxStatusLen {
 		validationProblem(fmt.Sprintf(`"status" must be at most %d characters`, MaxStatusLen)).Write(w)
+		return
+	}
+	// PostgreSQL's text cannot hold U+0000: refused in memory too.
+	if strings.ContainsRune(*req.Status, 0) {
+		validationProblem(`"status" must not contain the character U+0000`).Write(w)
+		return
+	}
+	if strings.ContainsRune(id, 0) {
+		validationProblem("the order id must not contain the character U+0000").Write(w)
 		return
 	}
 	f := faultsFrom(r.Context())

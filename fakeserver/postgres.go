@@ -153,22 +153,36 @@ func (s *pgState) intent(ctx context.Context, id string) (reservation, bool, err
 // recoverLatest returns the payment of the latest intent under the key id,
 // once no record of it is live: the payment if it was recorded, or, if the
 // provider charged it under a worker that died, that charge, recorded now.
-// Without an intent under the key (payments made before intents were
-// recorded) it is the latest payment under the key.
+// The key's expired record, until it is swept, is its latest intent: its
+// stable id is the provider's key whether or not an intent row was written
+// for it (a record from before intents were recorded has none). Without
+// a record, it is the key's latest row of fake_intents, and without an
+// intent either (payments made before intents were recorded), the latest
+// payment under the key.
 func (s *pgState) recoverLatest(ctx context.Context, id idempotency.ID) (*payment, bool, error) {
 	var (
 		pid string
 		r   = reservation{rec: id}
 	)
-	err := s.pool.QueryRow(ctx, `SELECT id, description FROM fake_intents WHERE principal = $1 AND idem_key = $2
-		ORDER BY seq DESC LIMIT 1`, idempotency.PrincipalDigest(id.Principal), id.Key).Scan(&pid, &r.description)
+	digest := idempotency.PrincipalDigest(id.Principal)
+	err := s.pool.QueryRow(ctx, `SELECT r.stable_id, coalesce(i.description, '') FROM idempotency_records r
+		LEFT JOIN fake_intents i ON i.id = r.stable_id WHERE r.caller = $1 AND r.key = $2`, digest, id.Key).
+		Scan(&pid, &r.description)
+	if err == nil {
+		return s.settle(ctx, pid, r, digest)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, fmt.Errorf("fakeserver: read the expired record of a key: %w", err)
+	}
+	err = s.pool.QueryRow(ctx, `SELECT id, description FROM fake_intents WHERE principal = $1 AND idem_key = $2
+		ORDER BY seq DESC LIMIT 1`, digest, id.Key).Scan(&pid, &r.description)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.paymentByKey(ctx, id.Principal, id.Key)
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("fakeserver: read the latest intent under a key: %w", err)
 	}
-	return s.settle(ctx, pid, r, idempotency.PrincipalDigest(id.Principal))
+	return s.settle(ctx, pid, r, digest)
 }
 
 // settle returns the payment of intent r under payment id, recording it
@@ -189,13 +203,17 @@ func (s *pgState) settle(ctx context.Context, id string, r reservation, digest s
 }
 
 // recoverExpired records as payments the charges of the IN_PROGRESS
-// records expired on the store's clock, whose workers died, before the
-// sweep deletes the records.
+// records expired on the store's clock (retention and lease both ended),
+// whose workers died, before the sweep deletes the records. A record's stable id is the provider's key
+// whether or not an intent row was written for it (a record from before
+// intents were recorded has none; its payment's description is then
+// unknown).
 func (s *pgState) recoverExpired(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `SELECT i.id, i.principal, i.idem_key, i.description
-		FROM idempotency_records r JOIN fake_intents i ON i.id = r.stable_id
+	rows, err := s.pool.Query(ctx, `SELECT r.stable_id, r.caller, r.key, coalesce(i.description, '')
+		FROM idempotency_records r LEFT JOIN fake_intents i ON i.id = r.stable_id
 		WHERE r.status = 'IN_PROGRESS' AND r.expires_at <= coalesce($1::timestamptz, clock_timestamp())
-		AND NOT EXISTS (SELECT 1 FROM fake_payments p WHERE p.id = i.id)`, s.now())
+		AND coalesce(r.locked_until <= coalesce($1::timestamptz, clock_timestamp()), true)
+		AND NOT EXISTS (SELECT 1 FROM fake_payments p WHERE p.id = r.stable_id)`, s.now())
 	if err != nil {
 		return fmt.Errorf("fakeserver: read the expired unsettled records: %w", err)
 	}

@@ -3,15 +3,18 @@ package fakeserver_test
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/idempotency/storetest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestALongCredentialPays: a 3,000-character token, and one near the
@@ -82,4 +85,38 @@ func TestMigrateDigestsExistingPayments(t *testing.T) {
 	s, _ := newServer(t, &fakeserver.Options{Postgres: pool})
 	assert.Equal(t, http.StatusOK, send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments/pay_old", Auth: auth, NoKey: true}).Status)
 	assert.Equal(t, http.StatusOK, send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k-old", Auth: auth, NoKey: true}).Status)
+}
+
+// TestMigrateConcurrentlyUnderEveryDefaultIsolation: three processes that
+// start together on a database whose default isolation is any of
+// PostgreSQL's each migrate without error, and the fake server's tables are
+// there once.
+func TestMigrateConcurrentlyUnderEveryDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			dsn := pgtest.DSN(t)
+			ctx := context.Background()
+			admin, err := pgx.Connect(ctx, dsn)
+			require.NoError(t, err)
+			defer admin.Close(ctx)
+			_, err = admin.Exec(ctx, "ALTER DATABASE "+admin.Config().Database+" SET default_transaction_isolation = '"+level+"'")
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			for range 3 {
+				// One pool per process, whose connections take the
+				// database's default isolation.
+				pool, err := pgxpool.New(ctx, dsn)
+				require.NoError(t, err)
+				defer pool.Close()
+				wg.Go(func() { assert.NoError(t, fakeserver.Migrate(ctx, pool)) })
+			}
+			wg.Wait()
+			var tables int
+			require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_tables
+				WHERE tablename IN ('fake_payments', 'fake_intents', 'fake_charges')`).Scan(&tables))
+			assert.Equal(t, 3, tables)
+		})
+	}
 }

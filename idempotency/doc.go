@@ -140,7 +140,9 @@
 //
 // A record lives for [Config.Retention] (default 24 hours) from its
 // CreatedAt. From then on it counts as absent: [Store.Insert] replaces it,
-// and the key is new again. [Store.Sweep] deletes expired records; run it on
+// and the key is new again. An IN_PROGRESS record under a live lease is not
+// expired until that lease ends (see [Record.Expired]): a worker that took
+// it over just before its retention ended keeps it. [Store.Sweep] deletes expired records; run it on
 // a schedule. A store may also bound its records ([ErrStoreFull];
 // [MemoryStore.SetMaxRecords]).
 //

@@ -25,7 +25,7 @@ type MemoryStore struct {
 	recs  map[ID]*Record
 	clock clock.Clock // nil: the callers' times
 	max   int         // 0: no bound
-	// minExpiry is at or before the earliest ExpiresAt of the records: a
+	// minExpiry is at or before the earliest LiveUntil of the records: a
 	// full store sweeps only once something may have expired.
 	minExpiry time.Time
 }
@@ -174,8 +174,8 @@ func (s *MemoryStore) sweep(now time.Time) int {
 		if r.Expired(now) {
 			delete(s.recs, id)
 			n++
-		} else if s.minExpiry.IsZero() || r.ExpiresAt.Before(s.minExpiry) {
-			s.minExpiry = r.ExpiresAt
+		} else if s.minExpiry.IsZero() || r.LiveUntil().Before(s.minExpiry) {
+			s.minExpiry = r.LiveUntil()
 		}
 	}
 	return n

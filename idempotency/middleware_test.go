@@ -117,6 +117,28 @@ func TestOnCommitWithoutMiddlewareRunsAtOnce(t *testing.T) {
 	assert.Equal(t, int32(1), c.effects.Load())
 }
 
+// TestInProgressRetryAfterNeverPassesTheLease: work expected to take longer
+// than the lease answers a resend's 409 with the time left on the lease,
+// when the record may be taken over, not the time the work was expected
+// to take.
+func TestInProgressRetryAfterNeverPassesTheLease(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(t0)
+	slow := &counter{status: 201, block: make(chan struct{})}
+	m := idempotency.New(slow, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore(), Clock: clk,
+		Lease: 30 * time.Second, Expected: 60 * time.Second})
+	var wg sync.WaitGroup
+	wg.Go(func() { serve(m, "k", "x") })
+	require.Eventually(t, func() bool { return slow.runs.Load() == 1 }, 10*time.Second, time.Millisecond)
+
+	clk.Advance(25 * time.Second)
+	again := serve(m, "k", "x")
+	assert.Equal(t, http.StatusConflict, again.Code)
+	assert.Equal(t, "5", again.Header().Get("Retry-After"), "the lease ends in 5 s")
+	close(slow.block)
+	wg.Wait()
+}
+
 func TestLostLeaseDiscardsEffect(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(t0)

@@ -27,6 +27,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
 		},
 		{
+			Name: "memory-expires-under-live-lease", File: "idempotency/store.go",
+			Note:    "a record past its retention counts as absent under its worker's live lease",
+			Anchor:  "return !r.LiveUntil().After(now) }",
+			Replace: "return !r.ExpiresAt.After(now) }",
+			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
+		},
+		{
 			Name: "give-up-keeps-lease", File: "idempotency/memory.go",
 			Note:    "an owner giving its record up leaves its lease running",
 			Anchor:  `(to != "" && r.LockedUntil.After(now))`,

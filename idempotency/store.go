@@ -104,14 +104,29 @@ type Record struct {
 	// CreatedAt is when the key was first used; retention counts from here.
 	CreatedAt time.Time
 	// ExpiresAt is CreatedAt plus the retention period. From ExpiresAt on the
-	// record counts as absent.
+	// record counts as absent, unless it is IN_PROGRESS under a live lease
+	// (see [Record.Expired]).
 	ExpiresAt time.Time
 	// Response is the stored answer of a COMPLETED record.
 	Response *Response
 }
 
-// Expired reports whether r counts as absent at now.
-func (r *Record) Expired(now time.Time) bool { return !r.ExpiresAt.After(now) }
+// Expired reports whether r counts as absent at now: its retention has
+// ended and it is not IN_PROGRESS under a live lease. A record is never
+// expired under its live worker, even one that took it over just before
+// its retention ended with a lease that outlasts it: a resend must not find
+// the key new and run the request again under a new stable id while the
+// worker still runs.
+func (r *Record) Expired(now time.Time) bool { return !r.LiveUntil().After(now) }
+
+// LiveUntil is when r expires: ExpiresAt, or the end of its lease if it is
+// IN_PROGRESS and the lease ends later.
+func (r *Record) LiveUntil() time.Time {
+	if r.Status == StatusInProgress && r.LockedUntil.After(r.ExpiresAt) {
+		return r.LockedUntil
+	}
+	return r.ExpiresAt
+}
 
 // Response is a stored answer: what a replay needs and nothing more. Stores
 // and their callers treat a Response as immutable once stored.
@@ -141,7 +156,7 @@ type Store interface {
 	// primary key. The record is created at the store's now: its
 	// CreatedAt is that, and its LockedUntil and ExpiresAt are as far from
 	// it as rec's are from rec.CreatedAt. A record that is expired at the
-	// store's now counts as absent and is replaced. It returns (nil, true,
+	// store's now (see [Record.Expired]) counts as absent and is replaced. It returns (nil, true,
 	// nil) when rec was inserted and (existing, false, nil) when it was not;
 	// existing is a copy that the caller may keep, its times the store's. A
 	// store with a bound on its records returns an error matching
@@ -175,7 +190,8 @@ type Store interface {
 	Release(ctx context.Context, id ID, owner string) error
 
 	// Sweep deletes every record expired at the store's now (now is the
-	// caller's) and returns how many.
+	// caller's; see [Record.Expired]: never one IN_PROGRESS under a live
+	// lease) and returns how many.
 	Sweep(ctx context.Context, now time.Time) (int, error)
 }
 

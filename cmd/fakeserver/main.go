@@ -128,6 +128,8 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-retention (%v) must be longer than -lease (%v): a record must not expire under its live worker", *retention, *lease)
 	case *delay < 0:
 		return bad("-processing-delay must not be negative, not %v", *delay)
+	case *lease <= *delay:
+		return bad("-lease (%v) must be longer than -processing-delay (%v): a payment still running would be taken over by its resend and run twice", *lease, *delay)
 	case *sweepEvery < 0:
 		return bad("-sweep-every must not be negative, not %v", *sweepEvery)
 	case *readHeaderTimeout <= 0, *readTimeout <= 0, *writeTimeout <= 0, *idleTimeout <= 0, *shutdownTimeout <= 0:

@@ -120,6 +120,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-max-orders", "0"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
 		{[]string{"-max-payments", "-1"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
 		{[]string{"-write-timeout", "1s", "-processing-delay", "1s"}, 2, "must be longer than -processing-delay"},
+		// A payment slower than its lease is taken over by the client's
+		// resend while it runs: the handler runs twice for one key. (The
+		// address is one that cannot be listened on, so that a run that
+		// accepts the flags ends.)
+		{[]string{"-processing-delay", "30s", "-addr", "256.0.0.1:1"}, 2, "-lease (30s) must be longer than -processing-delay (30s)"},
 		{[]string{"-nope"}, 2, "flag provided but not defined"},
 		{[]string{"extra"}, 2, "unexpected argument"},
 		{[]string{"-h"}, 0, "/_fake/faults"},

@@ -14,9 +14,16 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-lease-on-host-clock", File: "idempotency/pgstore/store.go",
 			Note:    "a takeover is judged on the caller's clock, not the database's",
-			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
-			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND r.expires_at > t.now`,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
+			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
+			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND NOT `+expiredSQL,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
 			Pkg:     "./idempotency/pgstore", Run: "^TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree$", Env: pg,
+		},
+		{
+			Name: "pg-expires-under-live-lease", File: "idempotency/pgstore/store.go",
+			Note:    "a record past its retention is replaced and swept under its worker's live lease",
+			Anchor:  "`(r.expires_at <= t.now AND NOT (r.status = 'IN_PROGRESS' AND coalesce(r.locked_until > t.now, false)))`",
+			Replace: "`(r.expires_at <= t.now)`",
+			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$", Env: pg,
 		},
 		{
 			Name: "migrate-default-isolation", File: "idempotency/pgstore/migrate.go",

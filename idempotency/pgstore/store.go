@@ -130,6 +130,11 @@ func Tx(ctx context.Context) (pgx.Tx, bool) {
 	return tx, ok
 }
 
+// expiredSQL is true for a record r expired at t.now, both on the
+// database's clock (see [idempotency.Record.Expired]): its retention has
+// ended and it is not IN_PROGRESS under a live lease.
+const expiredSQL = `(r.expires_at <= t.now AND NOT (r.status = 'IN_PROGRESS' AND coalesce(r.locked_until > t.now, false)))`
+
 const columns = `fingerprint, fingerprint_version, status, stable_id, owner, locked_until, created_at, expires_at,
 	response_status, response_header, response_body`
 
@@ -160,7 +165,7 @@ var insertSQL = nowSQL(8) + `, ins AS (
 		expires_at = t.now + $9::bigint * interval '1 microsecond',
 		fingerprint_version = $10, response_status = NULL, response_header = NULL, response_body = NULL
 	FROM t
-	WHERE r.caller = $1 AND r.key = $2 AND r.expires_at <= t.now AND NOT EXISTS (SELECT 1 FROM ins)
+	WHERE r.caller = $1 AND r.key = $2 AND ` + expiredSQL + ` AND NOT EXISTS (SELECT 1 FROM ins)
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl), t.now,
@@ -221,7 +226,7 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 		SET owner = $4, locked_until = t.now + $6::bigint * interval '1 microsecond'
 		FROM t
 		WHERE r.caller = $1 AND r.key = $2 AND r.status = 'IN_PROGRESS' AND r.owner = $3
-		AND ($4 = '' OR r.locked_until <= t.now) AND r.expires_at > t.now`,
+		AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,
 		caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, err)
@@ -301,13 +306,13 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	for {
 		tag, err := s.pool.Exec(ctx, nowSQL(1)+`, doomed AS (
-				SELECT caller, key FROM idempotency_records, t
-				WHERE expires_at <= t.now
+				SELECT caller, key FROM idempotency_records r, t
+				WHERE `+expiredSQL+`
 				LIMIT $2
-				FOR UPDATE SKIP LOCKED
+				FOR UPDATE OF r SKIP LOCKED
 			)
 			DELETE FROM idempotency_records r USING doomed d, t
-			WHERE r.caller = d.caller AND r.key = d.key AND r.expires_at <= t.now`, s.now(), s.batch)
+			WHERE r.caller = d.caller AND r.key = d.key AND `+expiredSQL, s.now(), s.batch)
 		if err != nil {
 			return total, fmt.Errorf("pgstore: sweep expired records (%d deleted so far): %w", total, err)
 		}
@@ -336,8 +341,8 @@ func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) 
 // caller's, is not used). found is false when there is none.
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
 	var row nullableRecord
-	err = s.pool.QueryRow(ctx, nowSQL(3)+` SELECT `+columns+` FROM idempotency_records, t
-		WHERE caller = $1 AND key = $2 AND expires_at > t.now`, caller(id), id.Key, s.now()).Scan(row.dest()...)
+	err = s.pool.QueryRow(ctx, nowSQL(3)+` SELECT `+columns+` FROM idempotency_records r, t
+		WHERE r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).Scan(row.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}

@@ -260,7 +260,8 @@ func TestAsyncInsertKeepsEveryCompletedRecordThroughACrash(t *testing.T) {
 // TestCallerColumnNeverShowsTheCredential: behind a server whose Principal
 // is the credential itself, SELECT caller FROM idempotency_records shows
 // digests only, for an API key and for a 3,000-character token (which also
-// pays: its digest fits the primary key's btree, the token would not).
+// pays: its digest fits the primary key's btree, the token would not), and
+// no column of any record holds the credential.
 func TestCallerColumnNeverShowsTheCredential(t *testing.T) {
 	pool := newPool(t)
 	ctx := context.Background()
@@ -295,6 +296,15 @@ func TestCallerColumnNeverShowsTheCredential(t *testing.T) {
 		if strings.Contains(c, "sk_live") || len(c) != 64 {
 			t.Errorf("caller column %.80q is not a digest", c)
 		}
+	}
+	// Nor does any other column, in text or bytes: the stored answer, its
+	// headers, the fingerprint.
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_records r WHERE strpos(r::text, 'sk_live') > 0 OR strpos(r::text, encode('sk_live', 'hex')) > 0`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d records hold the credential in some column", n)
 	}
 }
 

@@ -19,7 +19,8 @@
 // callers' clocks say; the principal is kept as its digest ([idempotency.PrincipalDigest]), never
 // in clear (with [Subject.AtRest]); principals of any length (a 3,000
 // character token, a 100 KB header) work; a record's fingerprint version is
-// kept.
+// kept; a record IN_PROGRESS under a live lease is never expired, even past
+// its retention.
 //
 // The checks read records back through Insert, which returns the live record
 // it conflicts with. They move the store's clock ([Subject.SetNow]) along
@@ -87,6 +88,7 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"ExpiryReplaces", testExpiryReplaces},
 		{"ExpiredReplaceRace", testExpiredReplaceRace},
 		{"SweepDeletesOnlyExpired", testSweepDeletesOnlyExpired},
+		{"NeverExpiresUnderALiveLease", testNeverExpiresUnderALiveLease},
 		{"ScopedByCaller", testScopedByCaller},
 		{"JudgesTimeOnItsOwnClock", testOwnClock},
 		{"PrincipalKeptAsDigest", testPrincipalKeptAsDigest},
@@ -514,6 +516,47 @@ func testSweepDeletesOnlyExpired(t *testing.T, sub Subject) {
 		if swept := i < 2; swept != (got == nil) {
 			t.Errorf("record %d expiring at t0+%dh: present = %v after a sweep at t0+2h", i, i+1, got != nil)
 		}
+	}
+}
+
+// testNeverExpiresUnderALiveLease: a record taken over just before its
+// retention ends, with a lease that outlasts it, is neither replaced nor
+// swept while that lease is alive, so that a resend does not find the key
+// new and run the request again under a new stable id while the worker
+// runs; once the lease ends it is expired like any other.
+func testNeverExpiresUnderALiveLease(t *testing.T, sub Subject) {
+	ctx := context.Background()
+	ids := []idempotency.ID{{Principal: "caller-a", Key: "key-replaced"}, {Principal: "caller-a", Key: "key-swept"}}
+	var rec *idempotency.Record
+	for _, id := range ids {
+		rec = record(id, "dead", t0)
+		mustInsert(t, sub, rec)
+	}
+	takeover := rec.ExpiresAt.Add(-time.Second)
+	leaseEnds := takeover.Add(time.Minute)
+	sub.SetNow(takeover)
+	for _, id := range ids {
+		if ok, err := sub.Store.TakeOver(ctx, id, "dead", "w2", takeover, leaseEnds); err != nil || !ok {
+			t.Fatalf("TakeOver a second before the retention ends = %v, %v; want true, nil", ok, err)
+		}
+	}
+
+	during := rec.ExpiresAt.Add(30 * time.Second)
+	sub.SetNow(during)
+	if n, err := sub.Store.Sweep(ctx, during); err != nil || n != 0 {
+		t.Errorf("Sweep past the retention under the live lease = %d, %v; want 0, nil", n, err)
+	}
+	if got := lookup(t, sub, ids[0], during); got == nil || got.Owner != "w2" || got.StableID != rec.StableID {
+		t.Fatalf("Insert past the retention under the live lease found %+v; want the record w2 holds", got)
+	}
+
+	// Once the lease has ended, the record is expired.
+	if got := lookup(t, sub, ids[0], leaseEnds); got != nil {
+		t.Errorf("Insert when the lease has ended found %+v; want the expired record replaced", got)
+	}
+	sub.SetNow(leaseEnds)
+	if n, err := sub.Store.Sweep(ctx, leaseEnds); err != nil || n != 1 {
+		t.Errorf("Sweep when the lease has ended = %d, %v; want 1, nil", n, err)
 	}
 }
 
