@@ -35,6 +35,11 @@ type session struct {
 	carts []*cart
 	keys  []string
 	paid  bool // as the app knows it
+	// forced: the app made a deliberate new payment for the session with
+	// NewIntent. Each Client keeps such an intent in memory until it is
+	// armed; arming both is two deliberate payments, so a double tap split
+	// across two Clients is not tried then.
+	forced bool
 }
 
 type app struct {
@@ -83,7 +88,7 @@ func (a *app) step() {
 		a.newSession()
 	}
 	for _, key := range a.sess.keys {
-		if in, err := a.d.client.Load(context.Background(), key); err == nil {
+		if in, err := a.d.pickClient().Load(context.Background(), key); err == nil {
 			w.observe(a, in)
 		}
 	}
@@ -94,7 +99,7 @@ func (a *app) step() {
 	if r.chance(0.2) {
 		// The Pay screen shows the intent's key; the user walks away.
 		// Only a tap may send it.
-		in, err := a.d.client.Intent(context.Background(), a.name, cur.request())
+		in, err := a.d.pickClient().Intent(context.Background(), a.name, cur.request())
 		if err == nil && w.intents[in.Key()] == nil {
 			w.shown[in.Key()] = true
 			w.tracef("d%d/%s: Pay shown for %s (key %s); the user leaves", a.d.id, a.name, cur.desc, in.Key())
@@ -113,7 +118,7 @@ func (a *app) step() {
 // pay is the Pay button for c.
 func (a *app) pay(c *cart) {
 	w := a.d.w
-	cl := a.d.client
+	cl := a.d.pickClient()
 	ctx := context.Background()
 	in, err := cl.Intent(ctx, a.name, c.request())
 	var ue *idem.UnresolvedError
@@ -123,9 +128,9 @@ func (a *app) pay(c *cart) {
 		// resuming it or by asking the server.
 		prev := ue.Previous
 		if w.appRNG.chance(0.5) {
-			a.settle(prev)
+			a.settle(cl, prev)
 		} else {
-			a.reconcile(prev)
+			a.reconcile(cl, prev)
 		}
 		return
 	}
@@ -139,6 +144,7 @@ func (a *app) pay(c *cart) {
 		// The action's earlier purchase is paid: this one is a
 		// deliberate new payment.
 		in, err = cl.NewIntent(ctx, a.name, c.request())
+		a.sess.forced = true
 	}
 	if err != nil {
 		return
@@ -164,29 +170,59 @@ func (a *app) pay(c *cart) {
 	// Nothing can have sent it yet: if nothing of this call leaves the
 	// device either, the user must be told "not sent", not be blocked.
 	fresh := in.State() == idem.StateNew || in.State() == idem.StateNotSent
+	// A double tap split across the two Clients of the device: the second
+	// tap's intent is made before the first is armed.
+	var other *idem.Client
+	var in2 *idem.Intent
+	if a.d.client2 != nil && !a.sess.forced && w.appRNG.chance(0.3) {
+		other = a.d.client
+		if cl == other {
+			other = a.d.client2
+		}
+		w.stats.fault(FaultTwoClients.Name() + " (split taps)")
+		if in2, err = other.Intent(ctx, a.name, c.request()); err != nil {
+			in2 = nil
+		}
+		w.tracef("d%d/%s: a second tap on the other Client: intent %v, err %v", a.d.id, a.name, in2 != nil, err)
+	}
 	written := a.d.written
-	err = a.settle(in)
+	err = a.settle(cl, in)
 	var re *idem.RetryError
 	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 {
 		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
 	}
+	if in2 != nil {
+		w.bind(in2.Key(), c)
+		a.settle(other, in2)
+	}
+}
+
+// pickClient is the Client a part of the app holds: either of two on a
+// device that runs two.
+func (d *device) pickClient() *idem.Client {
+	if d.client2 != nil && d.w.appRNG.chance(0.5) {
+		return d.client2
+	}
+	return d.client
 }
 
 // settle sends in (resuming it) and, once it is too old to send,
 // reconciles it.
-func (a *app) settle(in *idem.Intent) error {
-	_, err := a.d.client.Do(context.Background(), in)
+func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
+	written := a.d.written
+	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.observe(a, in)
+	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
 	var re *idem.RetryError
 	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == idem.StateExpired {
-		a.reconcile(in)
+		a.reconcile(cl, in)
 	}
 	return err
 }
 
-func (a *app) reconcile(in *idem.Intent) {
-	_, err := a.d.client.Reconcile(context.Background(), in)
+func (a *app) reconcile(cl *idem.Client, in *idem.Intent) {
+	_, err := cl.Reconcile(context.Background(), in)
 	a.d.w.tracef("d%d/%s Reconcile %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	if in.State() == idem.StateVoid && err != nil {
 		// "Never done" holds only once it is saved: the store still
@@ -212,12 +248,12 @@ func (d *device) resume() {
 			continue
 		}
 		if d.w.faulty && d.w.appRNG.chance(0.5) {
-			a.reconcile(in)
+			a.reconcile(d.client, in)
 			if in.State().Resolved() {
 				continue
 			}
 		}
-		a.settle(in)
+		a.settle(d.client, in)
 	}
 }
 

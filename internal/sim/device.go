@@ -23,14 +23,17 @@ type crash struct {
 }
 
 type device struct {
-	w          *World
-	id         int
-	principal  string
-	offset     time.Duration // the device clock minus the world's
-	maxOffset  time.Duration // the largest offset the clock has had
-	mem        *persist.Memory
-	store      *deviceStore
-	client     *idem.Client
+	w         *World
+	id        int
+	principal string
+	offset    time.Duration // the device clock minus the world's
+	maxOffset time.Duration // the largest offset the clock has had
+	mem       *persist.Memory
+	store     *deviceStore
+	client    *idem.Client
+	// client2 is a second Client on the same store, as two parts of an
+	// app may hold; nil on most starts.
+	client2    *idem.Client
 	gen        int           // bumped at every crash
 	upAt       time.Time     // when a dead device starts again
 	bootAt     time.Time     // when the running process started
@@ -138,6 +141,13 @@ func (d *device) start() {
 		panic(err)
 	}
 	d.client = c
+	d.client2 = nil
+	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultTwoClients)) {
+		d.w.stats.fault(FaultTwoClients.Name())
+		if d.client2, err = idem.New(opts...); err != nil {
+			panic(err)
+		}
+	}
 	d.w.tracef("d%d starts (quoted keys: %v, clock offset %s)", d.id, d.quoted, d.offset)
 	d.up = true
 	d.restarted = true
@@ -155,6 +165,7 @@ func (d *device) maybeCrash(where string) {
 func (d *device) die(quick bool) {
 	d.gen++
 	d.client = nil
+	d.client2 = nil
 	d.up = false
 	down := pick(d.w.devRNG, time.Second, 10*time.Second, time.Minute, 10*time.Minute, 2*time.Hour)
 	if quick {
@@ -237,6 +248,13 @@ func (s *deviceStore) write(op string, do func() error) error {
 }
 
 func (s *deviceStore) Save(ctx context.Context, rec *persist.Record) error {
+	w := s.d.w
+	if w.faulty && rec.State.Resolved() && rec.Response != nil && w.devRNG.chance(w.cfg.Faults.rate(FaultSaveAfterAnswer)) {
+		// The server answered; the disk fills up before its outcome is
+		// saved.
+		w.stats.fault(FaultSaveAfterAnswer.Name())
+		return errDiskFull
+	}
 	return s.write("save", func() error { return s.Store.Save(ctx, rec) })
 }
 

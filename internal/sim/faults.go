@@ -37,6 +37,8 @@ const (
 	FaultClockBack
 	FaultKeySpelling
 	FaultOffline
+	FaultTwoClients
+	FaultSaveAfterAnswer
 
 	FaultServerCrash
 	FaultCrashAfterInsert
@@ -87,6 +89,10 @@ var faultTable = [numFaults]faultInfo{
 	FaultClockBack:    {"device.clock-back", 0.01, true, ""},
 	FaultKeySpelling:  {"device.key-spelling", 0.3, true, ""},
 	FaultOffline:      {"device.offline", 0.01, true, ""},
+	// Per start of an app: a second Client on the same store.
+	FaultTwoClients: {"device.two-clients", 0.4, true, ""},
+	// Per save of an outcome: the disk is full right after the answer.
+	FaultSaveAfterAnswer: {"device.save-after-answer", 0.05, true, ""},
 
 	FaultServerCrash:        {"server.crash", 0.003, true, ""},
 	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},

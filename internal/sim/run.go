@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -113,6 +114,9 @@ type World struct {
 	// blocked holds the calls that sent nothing, of intents nothing had
 	// sent, and yet ended with the outcome unknown.
 	blocked []string
+	// falseNotSent holds the calls that ended with a storage error, which
+	// says that nothing was sent, after writing a request.
+	falseNotSent []string
 }
 
 // intentInfo is what the world knows of an intent: its cart and what the
@@ -365,6 +369,31 @@ func (w *World) observe(a *app, in intentView) {
 	}
 }
 
+// observeAnswer checks what a call's error tells the app: a storage error
+// (*idem.SaveError) without an outcome unknown means that the call sent
+// nothing, unless it comes with an answer marked as not recorded, which
+// is the server's answer all the same. sent is how many requests the call
+// wrote.
+func (w *World) observeAnswer(a *app, key string, resp *idem.Response, err error, sent int) {
+	info := w.intents[key]
+	var se *idem.SaveError
+	var re *idem.RetryError
+	if info == nil || !errors.As(err, &se) || errors.As(err, &re) {
+		return
+	}
+	if resp != nil && resp.NotRecorded {
+		w.tracef("d%d/%s is shown the answer %d of intent %s, not recorded (%v)", a.d.id, a.name, resp.StatusCode, key, err)
+		if info.reported == "" && resp.StatusCode/100 == 2 {
+			info.reported = persist.StateSucceeded
+			info.cart.sess.paid = true
+		}
+		return
+	}
+	if sent > 0 {
+		w.falseNotSent = append(w.falseNotSent, fmt.Sprintf("intent %s for cart %s: a call that wrote %d request(s) ended with a storage error and no answer marked not recorded (%v): the app tells its user nothing was sent", key, info.cart.desc, sent, err))
+	}
+}
+
 // check verifies the invariants once the world is calm.
 func (w *World) check() []string {
 	var vs []string
@@ -436,7 +465,7 @@ func (w *World) check() []string {
 	for _, key := range w.untapped {
 		bad("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key)
 	}
-	return append(vs, w.blocked...)
+	return append(append(vs, w.blocked...), w.falseNotSent...)
 }
 
 // rawQuotedSuffix marks, in a server that compares raw key values, a key
