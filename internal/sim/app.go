@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -112,7 +113,58 @@ func (a *app) step() {
 		w.tracef("d%d/%s: the user changes the cart of %s", a.d.id, a.name, a.sess.id)
 		return
 	}
+	if len(a.sess.keys) == 0 && r.chance(w.cfg.Faults.rate(FaultOuterRetry)) {
+		// A checkout nothing has paid yet goes, at times, through the
+		// app's API client.
+		a.payThroughRoundTripper(cur)
+		return
+	}
 	a.pay(cur)
+}
+
+// payThroughRoundTripper is the Pay button of an app whose API client
+// sends its requests through Client.RoundTripper and retries on its own:
+// after an error it sends the same *http.Request again, a few times. Half
+// of such API clients set an http.Client Timeout, under which net/http
+// sends a copy of the request. The checkout then moves on; the intent the
+// RoundTripper made is settled, if need be, by the app's next start.
+func (a *app) payThroughRoundTripper(c *cart) {
+	w := a.d.w
+	r := w.appRNG
+	// The app's storage notes at once that the checkout moved to the API
+	// client: whatever becomes of the call, crash included, Pay is not
+	// pressed for this cart again, as the intent has no action of idem's.
+	a.sess = nil
+	hc := &http.Client{Transport: a.d.pickClient().RoundTripper(transport{a.d})}
+	if r.chance(0.5) {
+		// Never reached: the world's requests take no real time. It only
+		// makes net/http copy the request.
+		hc.Timeout = time.Hour
+	}
+	cr := c.request()
+	req, err := http.NewRequest(cr.Method, cr.URL, bytes.NewReader(cr.Body))
+	if err != nil {
+		panic(err)
+	}
+	req.Header = cr.Header.Clone()
+	if hc.Timeout > 0 {
+		// The goroutine net/http starts for the Timeout ends when the call
+		// does, or here if the device dies in the middle of it.
+		done := make(chan struct{})
+		defer close(done)
+		req.Cancel = done //lint:ignore SA1019 the only way to end the Timeout's goroutine when a crash unwinds the call
+	}
+	tries := 1 + r.IntN(4)
+	for i := range tries {
+		resp, err := hc.Do(req)
+		w.tracef("d%d/%s: API client try %d/%d for %s: err %v", a.d.id, a.name, i+1, tries, c.desc, err)
+		if err != nil {
+			w.stats.fault(FaultOuterRetry.Name())
+			continue
+		}
+		resp.Body.Close()
+		break
+	}
 }
 
 // pay is the Pay button for c.
@@ -276,6 +328,10 @@ func (d *device) prune() {
 }
 
 func (d *device) appNamed(name string) *app {
+	if name == "" {
+		// An intent the RoundTripper made: its action has no name.
+		return d.apps[0]
+	}
 	for _, a := range d.apps {
 		if a.name == name {
 			return a

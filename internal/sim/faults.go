@@ -39,6 +39,7 @@ const (
 	FaultOffline
 	FaultTwoClients
 	FaultSaveAfterAnswer
+	FaultOuterRetry
 
 	FaultServerCrash
 	FaultCrashAfterInsert
@@ -93,6 +94,9 @@ var faultTable = [numFaults]faultInfo{
 	FaultTwoClients: {"device.two-clients", 0.4, true, ""},
 	// Per save of an outcome: the disk is full right after the answer.
 	FaultSaveAfterAnswer: {"device.save-after-answer", 0.05, true, ""},
+	// Per tap: the app pays through Client.RoundTripper under an API
+	// client that resends the same *http.Request after an error.
+	FaultOuterRetry: {"app.outer-retry", 0.1, true, ""},
 
 	FaultServerCrash:        {"server.crash", 0.003, true, ""},
 	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},

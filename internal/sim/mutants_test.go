@@ -106,6 +106,35 @@ var mutants = []mutant.Mutant{
 		Anchor:  "return !st.unproven && st.wrote.Load() == 0",
 		Replace: "return false && !st.unproven && st.wrote.Load() == 0",
 	},
+	// A device's life.
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "claim-without-check", File: "persist/claim.go",
+		Note:    "the store's claim of an action's latest intent saves whatever the action holds (device.two-clients)",
+		Anchor:  "\tif !lost {\n",
+		Replace: "\tif true || !lost {\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "answer-not-marked-unrecorded", File: "do.go",
+		Note:    "an answer whose save failed is returned without saying so (device.save-after-answer)",
+		Anchor:  "\t\tresp.NotRecorded = true\n",
+		Replace: "\t\t_ = resp\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "prune-without-tombstone", File: "prune.go",
+		Note:    "Prune deletes an action's latest paid intent like any other",
+		Anchor:  "\t\tcase keep[r.Key]:\n",
+		Replace: "\t\tcase false:\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "roundtripper-forgets-request", File: "transport.go",
+		Note:    "the same *http.Request sent again through the RoundTripper gets a new key",
+		Anchor:  "} else if again := t.intentOf(req, live); again != nil {",
+		Replace: "} else if again := t.intentOf(req, live); false && again != nil {",
+	},
 }
 
 // The simulation in its default budget: it stops at the first seed that

@@ -343,6 +343,15 @@ func (w *World) bindIntent(in *idem.Intent) {
 	w.bind(in.Key(), w.carts[body.Description])
 }
 
+// bindBody binds key to the cart its request body names.
+func (w *World) bindBody(key string, reqBody []byte) {
+	var body struct{ Description string }
+	if err := json.Unmarshal(reqBody, &body); err != nil || w.carts[body.Description] == nil {
+		panic(fmt.Sprintf("sim: intent %s holds no cart of the world: %s", key, reqBody))
+	}
+	w.bind(key, w.carts[body.Description])
+}
+
 // intentView is what observe needs of an intent.
 type intentView interface {
 	Key() string
