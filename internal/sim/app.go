@@ -85,6 +85,12 @@ func (c *cart) request() idem.Request {
 func (a *app) step() {
 	w := a.d.w
 	r := w.appRNG
+	if a.sess != nil && a.sess.paid && w.cfg.Faults[FaultClockDays] && r.chance(0.1) {
+		// The user taps Pay again on the paid cart: a no-op, whatever
+		// Prune has removed since.
+		a.pay(a.sess.carts[len(a.sess.carts)-1])
+		return
+	}
 	if a.sess == nil || a.sess.paid {
 		a.newSession()
 	}
@@ -291,7 +297,18 @@ func (a *app) reconcile(cl *idem.Client, in *idem.Intent) {
 // app was told was not sent is left until the user presses Pay again, as
 // SettleAll leaves it.
 func (d *device) resume() {
-	d.prune()
+	switch {
+	case d.w.cfg.Faults[FaultClockDays] && !d.w.faulty:
+		// Once the world is calm the app only settles.
+	case d.w.cfg.Faults[FaultClockDays]:
+		// idem's Prune keeps what makes the next tap of a paid action a
+		// no-op, whatever the device clock says; the app taps paid carts
+		// again (see step).
+		n, err := d.pickClient().Prune(context.Background(), pick(d.w.appRNG, time.Hour, 24*time.Hour))
+		d.w.tracef("d%d: Prune removes %d, err %v", d.id, n, err)
+	default:
+		d.prune()
+	}
 	ins, _ := d.client.Unresolved(context.Background())
 	for _, in := range ins {
 		a := d.appNamed(in.Name())

@@ -28,6 +28,11 @@ type device struct {
 	principal string
 	offset    time.Duration // the device clock minus the world's
 	maxOffset time.Duration // the largest offset the clock has had
+	// skewed: the clock is days off until correctAt, when it reads
+	// preSkew's offset again.
+	skewed    bool
+	correctAt time.Time
+	preSkew   [2]time.Duration // offset, maxOffset
 	mem       *persist.Memory
 	store     *deviceStore
 	client    *idem.Client
@@ -196,7 +201,28 @@ func (d *device) jumpClock() {
 		return
 	}
 	r := w.devRNG
+	if d.skewed {
+		if !w.clk.now.Before(d.correctAt) {
+			// The network time corrects the clock.
+			d.skewed = false
+			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
+			w.tracef("d%d's clock is corrected (offset %s)", d.id, d.offset)
+		}
+		return
+	}
 	switch {
+	case r.chance(w.cfg.Faults.rate(FaultClockDays)):
+		w.stats.fault(FaultClockDays.Name())
+		d.skewed = true
+		d.preSkew = [2]time.Duration{d.offset, d.maxOffset}
+		d.correctAt = w.clk.now.Add(r.between(time.Minute, 6*time.Hour))
+		skew := time.Duration(1+r.IntN(3)) * 24 * time.Hour
+		if r.chance(0.5) {
+			skew = -skew
+		}
+		d.offset += skew
+		w.maxAhead = max(w.maxAhead, d.offset-d.preSkew[0])
+		w.tracef("d%d's clock goes %s off until %s", d.id, skew, d.correctAt.Sub(Epoch))
 	case r.chance(w.cfg.Faults.rate(FaultClockForward)):
 		w.stats.fault(FaultClockForward.Name())
 		d.offset += pick(r, time.Minute, time.Hour, w.cfg.Retention)

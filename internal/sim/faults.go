@@ -40,6 +40,7 @@ const (
 	FaultTwoClients
 	FaultSaveAfterAnswer
 	FaultOuterRetry
+	FaultClockDays
 
 	FaultServerCrash
 	FaultCrashAfterInsert
@@ -97,6 +98,9 @@ var faultTable = [numFaults]faultInfo{
 	// Per tap: the app pays through Client.RoundTripper under an API
 	// client that resends the same *http.Request after an error.
 	FaultOuterRetry: {"app.outer-retry", 0.1, true, ""},
+	// Per user action: the device clock goes days behind or ahead, and is
+	// corrected later; the app prunes its store at every start.
+	FaultClockDays: {"device.clock-days", 0.005, true, ""},
 
 	FaultServerCrash:        {"server.crash", 0.003, true, ""},
 	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},

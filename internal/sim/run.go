@@ -117,6 +117,8 @@ type World struct {
 	// falseNotSent holds the calls that ended with a storage error, which
 	// says that nothing was sent, after writing a request.
 	falseNotSent []string
+	// maxAhead is the furthest ahead a device clock has been set for days.
+	maxAhead time.Duration
 }
 
 // intentInfo is what the world knows of an intent: its cart and what the
@@ -263,17 +265,25 @@ func (w *World) play() {
 // invariants.
 func (w *World) calm() []string {
 	w.faulty = false
-	// The devices that are down come back when they were due to.
+	// The devices that are down come back when they were due to; clocks
+	// days off are corrected.
 	for _, d := range w.devices {
+		if d.skewed {
+			d.skewed = false
+			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
+		}
 		if !d.up {
 			w.clk.advanceTo(maxTime(w.clk.now, d.upAt))
 			d.start()
 		}
 	}
 	start := w.clk.now
-	bound := w.cfg.Retention + 4*w.cfg.ReconcileDelay + time.Hour
+	// A clock that was days ahead when an attempt left makes the client
+	// wait that much longer before it trusts a lookup's "not found": the
+	// safe direction.
+	bound := w.cfg.Retention + 4*w.cfg.ReconcileDelay + time.Hour + w.maxAhead
 	var vs []string
-	for {
+	for round := 0; ; round++ {
 		open := 0
 		for _, d := range w.devices {
 			d.restarted = false
@@ -292,7 +302,14 @@ func (w *World) calm() []string {
 			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.clk.now.Sub(start)))
 			break
 		}
-		w.clk.advanceTo(w.clk.now.Add(w.cfg.ReconcileDelay))
+		step := w.cfg.ReconcileDelay
+		switch {
+		case round > 60:
+			step = 6 * time.Hour
+		case round > 30:
+			step = time.Hour
+		}
+		w.clk.advanceTo(w.clk.now.Add(step))
 	}
 	w.stats.Settle = w.clk.now.Sub(start)
 	// Requests still in the network, and workers still running, arrive.
