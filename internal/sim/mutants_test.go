@@ -135,6 +135,31 @@ var mutants = []mutant.Mutant{
 		Anchor:  "} else if again := t.intentOf(req, live); again != nil {",
 		Replace: "} else if again := t.intentOf(req, live); false && again != nil {",
 	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "roundtripper-misses-shallow-copy", File: "transport.go",
+		Note:    "net/http's shallow copy of a request (an http.Client with a Timeout) is taken for a new request (app.outer-retry)",
+		Anchor:  "\twp := weak.Make(req.URL)\n",
+		Replace: "\tu := *req.URL\n\twp := weak.Make(&u)\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "paid-action-pays-again", File: "intent.go",
+		Note:    "a changed request for an action that succeeded makes a new intent",
+		Anchor:  "\t\t\tcase latest.State == persist.StateSucceeded && !forceNew:\n\t\t\t\treturn nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}\n",
+		Replace: "",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "age-ignores-sleep", File: "timeline.go",
+		Note:    "an intent's age ignores the clock that counts device sleep (phones sleeping through waits)",
+		Anchor:  "\t\tage = max(age, r.boot-cl.Armed)\n",
+		Replace: "\t\t_ = cl\n",
+	},
+	// prune-by-wall-clock and age-ignores-wall-mark are the root
+	// package's: the tombstone keeps what a paid action needs whatever
+	// Prune's age says, and the world's devices never reboot, so the
+	// clock that counts sleep covers a wall clock set back.
 }
 
 // The simulation in its default budget: it stops at the first seed that
