@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,11 @@ type session struct {
 	carts []*cart
 	keys  []string
 	paid  bool // as the app knows it
+	// forced: the app made a deliberate new payment for the session with
+	// NewIntent. Each Client keeps such an intent in memory until it is
+	// armed; arming both is two deliberate payments, so a double tap split
+	// across two Clients is not tried then.
+	forced bool
 }
 
 type app struct {
@@ -79,11 +85,17 @@ func (c *cart) request() idem.Request {
 func (a *app) step() {
 	w := a.d.w
 	r := w.appRNG
+	if a.sess != nil && a.sess.paid && w.cfg.Faults[FaultClockDays] && r.chance(0.1) {
+		// The user taps Pay again on the paid cart: a no-op, whatever
+		// Prune has removed since.
+		a.pay(a.sess.carts[len(a.sess.carts)-1])
+		return
+	}
 	if a.sess == nil || a.sess.paid {
 		a.newSession()
 	}
 	for _, key := range a.sess.keys {
-		if in, err := a.d.client.Load(context.Background(), key); err == nil {
+		if in, err := a.d.pickClient().Load(context.Background(), key); err == nil {
 			w.observe(a, in)
 		}
 	}
@@ -94,7 +106,7 @@ func (a *app) step() {
 	if r.chance(0.2) {
 		// The Pay screen shows the intent's key; the user walks away.
 		// Only a tap may send it.
-		in, err := a.d.client.Intent(context.Background(), a.name, cur.request())
+		in, err := a.d.pickClient().Intent(context.Background(), a.name, cur.request())
 		if err == nil && w.intents[in.Key()] == nil {
 			w.shown[in.Key()] = true
 			w.tracef("d%d/%s: Pay shown for %s (key %s); the user leaves", a.d.id, a.name, cur.desc, in.Key())
@@ -107,13 +119,64 @@ func (a *app) step() {
 		w.tracef("d%d/%s: the user changes the cart of %s", a.d.id, a.name, a.sess.id)
 		return
 	}
+	if len(a.sess.keys) == 0 && r.chance(w.cfg.Faults.rate(FaultOuterRetry)) {
+		// A checkout nothing has paid yet goes, at times, through the
+		// app's API client.
+		a.payThroughRoundTripper(cur)
+		return
+	}
 	a.pay(cur)
+}
+
+// payThroughRoundTripper is the Pay button of an app whose API client
+// sends its requests through Client.RoundTripper and retries on its own:
+// after an error it sends the same *http.Request again, a few times. Half
+// of such API clients set an http.Client Timeout, under which net/http
+// sends a copy of the request. The checkout then moves on; the intent the
+// RoundTripper made is settled, if need be, by the app's next start.
+func (a *app) payThroughRoundTripper(c *cart) {
+	w := a.d.w
+	r := w.appRNG
+	// The app's storage notes at once that the checkout moved to the API
+	// client: whatever becomes of the call, crash included, Pay is not
+	// pressed for this cart again, as the intent has no action of idem's.
+	a.sess = nil
+	hc := &http.Client{Transport: a.d.pickClient().RoundTripper(transport{a.d})}
+	if r.chance(0.5) {
+		// Never reached: the world's requests take no real time. It only
+		// makes net/http copy the request.
+		hc.Timeout = time.Hour
+	}
+	cr := c.request()
+	req, err := http.NewRequest(cr.Method, cr.URL, bytes.NewReader(cr.Body))
+	if err != nil {
+		panic(err)
+	}
+	req.Header = cr.Header.Clone()
+	if hc.Timeout > 0 {
+		// The goroutine net/http starts for the Timeout ends when the call
+		// does, or here if the device dies in the middle of it.
+		done := make(chan struct{})
+		defer close(done)
+		req.Cancel = done //lint:ignore SA1019 the only way to end the Timeout's goroutine when a crash unwinds the call
+	}
+	tries := 1 + r.IntN(4)
+	for i := range tries {
+		resp, err := hc.Do(req)
+		w.tracef("d%d/%s: API client try %d/%d for %s: err %v", a.d.id, a.name, i+1, tries, c.desc, err)
+		if err != nil {
+			w.stats.fault(FaultOuterRetry.Name())
+			continue
+		}
+		resp.Body.Close()
+		break
+	}
 }
 
 // pay is the Pay button for c.
 func (a *app) pay(c *cart) {
 	w := a.d.w
-	cl := a.d.client
+	cl := a.d.pickClient()
 	ctx := context.Background()
 	in, err := cl.Intent(ctx, a.name, c.request())
 	var ue *idem.UnresolvedError
@@ -123,9 +186,9 @@ func (a *app) pay(c *cart) {
 		// resuming it or by asking the server.
 		prev := ue.Previous
 		if w.appRNG.chance(0.5) {
-			a.settle(prev)
+			a.settle(cl, prev)
 		} else {
-			a.reconcile(prev)
+			a.reconcile(cl, prev)
 		}
 		return
 	}
@@ -139,6 +202,7 @@ func (a *app) pay(c *cart) {
 		// The action's earlier purchase is paid: this one is a
 		// deliberate new payment.
 		in, err = cl.NewIntent(ctx, a.name, c.request())
+		a.sess.forced = true
 	}
 	if err != nil {
 		return
@@ -164,29 +228,59 @@ func (a *app) pay(c *cart) {
 	// Nothing can have sent it yet: if nothing of this call leaves the
 	// device either, the user must be told "not sent", not be blocked.
 	fresh := in.State() == idem.StateNew || in.State() == idem.StateNotSent
+	// A double tap split across the two Clients of the device: the second
+	// tap's intent is made before the first is armed.
+	var other *idem.Client
+	var in2 *idem.Intent
+	if a.d.client2 != nil && !a.sess.forced && w.appRNG.chance(0.3) {
+		other = a.d.client
+		if cl == other {
+			other = a.d.client2
+		}
+		w.stats.fault(FaultTwoClients.Name() + " (split taps)")
+		if in2, err = other.Intent(ctx, a.name, c.request()); err != nil {
+			in2 = nil
+		}
+		w.tracef("d%d/%s: a second tap on the other Client: intent %v, err %v", a.d.id, a.name, in2 != nil, err)
+	}
 	written := a.d.written
-	err = a.settle(in)
+	err = a.settle(cl, in)
 	var re *idem.RetryError
 	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 {
 		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
 	}
+	if in2 != nil {
+		w.bind(in2.Key(), c)
+		a.settle(other, in2)
+	}
+}
+
+// pickClient is the Client a part of the app holds: either of two on a
+// device that runs two.
+func (d *device) pickClient() *idem.Client {
+	if d.client2 != nil && d.w.appRNG.chance(0.5) {
+		return d.client2
+	}
+	return d.client
 }
 
 // settle sends in (resuming it) and, once it is too old to send,
 // reconciles it.
-func (a *app) settle(in *idem.Intent) error {
-	_, err := a.d.client.Do(context.Background(), in)
+func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
+	written := a.d.written
+	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.observe(a, in)
+	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
 	var re *idem.RetryError
 	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == idem.StateExpired {
-		a.reconcile(in)
+		a.reconcile(cl, in)
 	}
 	return err
 }
 
-func (a *app) reconcile(in *idem.Intent) {
-	_, err := a.d.client.Reconcile(context.Background(), in)
+func (a *app) reconcile(cl *idem.Client, in *idem.Intent) {
+	_, err := cl.Reconcile(context.Background(), in)
 	a.d.w.tracef("d%d/%s Reconcile %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	if in.State() == idem.StateVoid && err != nil {
 		// "Never done" holds only once it is saved: the store still
@@ -203,7 +297,18 @@ func (a *app) reconcile(in *idem.Intent) {
 // app was told was not sent is left until the user presses Pay again, as
 // SettleAll leaves it.
 func (d *device) resume() {
-	d.prune()
+	switch {
+	case d.w.cfg.Faults[FaultClockDays] && !d.w.faulty:
+		// Once the world is calm the app only settles.
+	case d.w.cfg.Faults[FaultClockDays]:
+		// idem's Prune keeps what makes the next tap of a paid action a
+		// no-op, whatever the device clock says; the app taps paid carts
+		// again (see step).
+		n, err := d.pickClient().Prune(context.Background(), pick(d.w.appRNG, time.Hour, 24*time.Hour))
+		d.w.tracef("d%d: Prune removes %d, err %v", d.id, n, err)
+	default:
+		d.prune()
+	}
 	ins, _ := d.client.Unresolved(context.Background())
 	for _, in := range ins {
 		a := d.appNamed(in.Name())
@@ -212,12 +317,12 @@ func (d *device) resume() {
 			continue
 		}
 		if d.w.faulty && d.w.appRNG.chance(0.5) {
-			a.reconcile(in)
+			a.reconcile(d.client, in)
 			if in.State().Resolved() {
 				continue
 			}
 		}
-		a.settle(in)
+		a.settle(d.client, in)
 	}
 }
 
@@ -240,6 +345,10 @@ func (d *device) prune() {
 }
 
 func (d *device) appNamed(name string) *app {
+	if name == "" {
+		// An intent the RoundTripper made: its action has no name.
+		return d.apps[0]
+	}
 	for _, a := range d.apps {
 		if a.name == name {
 			return a

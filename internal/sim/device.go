@@ -23,14 +23,22 @@ type crash struct {
 }
 
 type device struct {
-	w          *World
-	id         int
-	principal  string
-	offset     time.Duration // the device clock minus the world's
-	maxOffset  time.Duration // the largest offset the clock has had
-	mem        *persist.Memory
-	store      *deviceStore
-	client     *idem.Client
+	w         *World
+	id        int
+	principal string
+	offset    time.Duration // the device clock minus the world's
+	maxOffset time.Duration // the largest offset the clock has had
+	// skewed: the clock is days off until correctAt, when it reads
+	// preSkew's offset again.
+	skewed    bool
+	correctAt time.Time
+	preSkew   [2]time.Duration // offset, maxOffset
+	mem       *persist.Memory
+	store     *deviceStore
+	client    *idem.Client
+	// client2 is a second Client on the same store, as two parts of an
+	// app may hold; nil on most starts.
+	client2    *idem.Client
 	gen        int           // bumped at every crash
 	upAt       time.Time     // when a dead device starts again
 	bootAt     time.Time     // when the running process started
@@ -138,6 +146,13 @@ func (d *device) start() {
 		panic(err)
 	}
 	d.client = c
+	d.client2 = nil
+	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultTwoClients)) {
+		d.w.stats.fault(FaultTwoClients.Name())
+		if d.client2, err = idem.New(opts...); err != nil {
+			panic(err)
+		}
+	}
 	d.w.tracef("d%d starts (quoted keys: %v, clock offset %s)", d.id, d.quoted, d.offset)
 	d.up = true
 	d.restarted = true
@@ -155,6 +170,7 @@ func (d *device) maybeCrash(where string) {
 func (d *device) die(quick bool) {
 	d.gen++
 	d.client = nil
+	d.client2 = nil
 	d.up = false
 	down := pick(d.w.devRNG, time.Second, 10*time.Second, time.Minute, 10*time.Minute, 2*time.Hour)
 	if quick {
@@ -185,7 +201,28 @@ func (d *device) jumpClock() {
 		return
 	}
 	r := w.devRNG
+	if d.skewed {
+		if !w.clk.now.Before(d.correctAt) {
+			// The network time corrects the clock.
+			d.skewed = false
+			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
+			w.tracef("d%d's clock is corrected (offset %s)", d.id, d.offset)
+		}
+		return
+	}
 	switch {
+	case r.chance(w.cfg.Faults.rate(FaultClockDays)):
+		w.stats.fault(FaultClockDays.Name())
+		d.skewed = true
+		d.preSkew = [2]time.Duration{d.offset, d.maxOffset}
+		d.correctAt = w.clk.now.Add(r.between(time.Minute, 6*time.Hour))
+		skew := time.Duration(1+r.IntN(3)) * 24 * time.Hour
+		if r.chance(0.5) {
+			skew = -skew
+		}
+		d.offset += skew
+		w.maxAhead = max(w.maxAhead, d.offset-d.preSkew[0])
+		w.tracef("d%d's clock goes %s off until %s", d.id, skew, d.correctAt.Sub(Epoch))
 	case r.chance(w.cfg.Faults.rate(FaultClockForward)):
 		w.stats.fault(FaultClockForward.Name())
 		d.offset += pick(r, time.Minute, time.Hour, w.cfg.Retention)
@@ -237,6 +274,13 @@ func (s *deviceStore) write(op string, do func() error) error {
 }
 
 func (s *deviceStore) Save(ctx context.Context, rec *persist.Record) error {
+	w := s.d.w
+	if w.faulty && rec.State.Resolved() && rec.Response != nil && w.devRNG.chance(w.cfg.Faults.rate(FaultSaveAfterAnswer)) {
+		// The server answered; the disk fills up before its outcome is
+		// saved.
+		w.stats.fault(FaultSaveAfterAnswer.Name())
+		return errDiskFull
+	}
 	return s.write("save", func() error { return s.Store.Save(ctx, rec) })
 }
 

@@ -37,6 +37,10 @@ const (
 	FaultClockBack
 	FaultKeySpelling
 	FaultOffline
+	FaultTwoClients
+	FaultSaveAfterAnswer
+	FaultOuterRetry
+	FaultClockDays
 
 	FaultServerCrash
 	FaultCrashAfterInsert
@@ -87,6 +91,16 @@ var faultTable = [numFaults]faultInfo{
 	FaultClockBack:    {"device.clock-back", 0.01, true, ""},
 	FaultKeySpelling:  {"device.key-spelling", 0.3, true, ""},
 	FaultOffline:      {"device.offline", 0.01, true, ""},
+	// Per start of an app: a second Client on the same store.
+	FaultTwoClients: {"device.two-clients", 0.4, true, ""},
+	// Per save of an outcome: the disk is full right after the answer.
+	FaultSaveAfterAnswer: {"device.save-after-answer", 0.05, true, ""},
+	// Per tap: the app pays through Client.RoundTripper under an API
+	// client that resends the same *http.Request after an error.
+	FaultOuterRetry: {"app.outer-retry", 0.1, true, ""},
+	// Per user action: the device clock goes days behind or ahead, and is
+	// corrected later; the app prunes its store at every start.
+	FaultClockDays: {"device.clock-days", 0.005, true, ""},
 
 	FaultServerCrash:        {"server.crash", 0.003, true, ""},
 	FaultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},

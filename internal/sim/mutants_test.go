@@ -106,6 +106,60 @@ var mutants = []mutant.Mutant{
 		Anchor:  "return !st.unproven && st.wrote.Load() == 0",
 		Replace: "return false && !st.unproven && st.wrote.Load() == 0",
 	},
+	// A device's life.
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "claim-without-check", File: "persist/claim.go",
+		Note:    "the store's claim of an action's latest intent saves whatever the action holds (device.two-clients)",
+		Anchor:  "\tif !lost {\n",
+		Replace: "\tif true || !lost {\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "answer-not-marked-unrecorded", File: "do.go",
+		Note:    "an answer whose save failed is returned without saying so (device.save-after-answer)",
+		Anchor:  "\t\tresp.NotRecorded = true\n",
+		Replace: "\t\t_ = resp\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "prune-without-tombstone", File: "prune.go",
+		Note:    "Prune deletes an action's latest paid intent like any other",
+		Anchor:  "\t\tcase keep[r.Key]:\n",
+		Replace: "\t\tcase false:\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "roundtripper-forgets-request", File: "transport.go",
+		Note:    "the same *http.Request sent again through the RoundTripper gets a new key",
+		Anchor:  "} else if again := t.intentOf(req, live); again != nil {",
+		Replace: "} else if again := t.intentOf(req, live); false && again != nil {",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "roundtripper-misses-shallow-copy", File: "transport.go",
+		Note:    "net/http's shallow copy of a request (an http.Client with a Timeout) is taken for a new request (app.outer-retry)",
+		Anchor:  "\twp := weak.Make(req.URL)\n",
+		Replace: "\tu := *req.URL\n\twp := weak.Make(&u)\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "paid-action-pays-again", File: "intent.go",
+		Note:    "a changed request for an action that succeeded makes a new intent",
+		Anchor:  "\t\t\tcase latest.State == persist.StateSucceeded && !forceNew:\n\t\t\t\treturn nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}\n",
+		Replace: "",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "age-ignores-sleep", File: "timeline.go",
+		Note:    "an intent's age ignores the clock that counts device sleep (phones sleeping through waits)",
+		Anchor:  "\t\tage = max(age, r.boot-cl.Armed)\n",
+		Replace: "\t\t_ = cl\n",
+	},
+	// prune-by-wall-clock and age-ignores-wall-mark are the root
+	// package's: the tombstone keeps what a paid action needs whatever
+	// Prune's age says, and the world's devices never reboot, so the
+	// clock that counts sleep covers a wall clock set back.
 }
 
 // The simulation in its default budget: it stops at the first seed that

@@ -62,6 +62,10 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		body = b
 	}
+	if k := strings.Trim(req.Header.Get("Idempotency-Key"), `"`); req.Method == http.MethodPost && k != "" && w.intents[k] == nil {
+		// An intent the RoundTripper made: the app is not told its key.
+		w.bindBody(k, body)
+	}
 	d.maybeCrash("before a request is sent")
 	w.stats.Attempts++
 	header := req.Header.Clone()

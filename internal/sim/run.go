@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -113,6 +114,11 @@ type World struct {
 	// blocked holds the calls that sent nothing, of intents nothing had
 	// sent, and yet ended with the outcome unknown.
 	blocked []string
+	// falseNotSent holds the calls that ended with a storage error, which
+	// says that nothing was sent, after writing a request.
+	falseNotSent []string
+	// maxAhead is the furthest ahead a device clock has been set for days.
+	maxAhead time.Duration
 }
 
 // intentInfo is what the world knows of an intent: its cart and what the
@@ -259,17 +265,25 @@ func (w *World) play() {
 // invariants.
 func (w *World) calm() []string {
 	w.faulty = false
-	// The devices that are down come back when they were due to.
+	// The devices that are down come back when they were due to; clocks
+	// days off are corrected.
 	for _, d := range w.devices {
+		if d.skewed {
+			d.skewed = false
+			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
+		}
 		if !d.up {
 			w.clk.advanceTo(maxTime(w.clk.now, d.upAt))
 			d.start()
 		}
 	}
 	start := w.clk.now
-	bound := w.cfg.Retention + 4*w.cfg.ReconcileDelay + time.Hour
+	// A clock that was days ahead when an attempt left makes the client
+	// wait that much longer before it trusts a lookup's "not found": the
+	// safe direction.
+	bound := w.cfg.Retention + 4*w.cfg.ReconcileDelay + time.Hour + w.maxAhead
 	var vs []string
-	for {
+	for round := 0; ; round++ {
 		open := 0
 		for _, d := range w.devices {
 			d.restarted = false
@@ -288,7 +302,14 @@ func (w *World) calm() []string {
 			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.clk.now.Sub(start)))
 			break
 		}
-		w.clk.advanceTo(w.clk.now.Add(w.cfg.ReconcileDelay))
+		step := w.cfg.ReconcileDelay
+		switch {
+		case round > 60:
+			step = 6 * time.Hour
+		case round > 30:
+			step = time.Hour
+		}
+		w.clk.advanceTo(w.clk.now.Add(step))
 	}
 	w.stats.Settle = w.clk.now.Sub(start)
 	// Requests still in the network, and workers still running, arrive.
@@ -339,6 +360,15 @@ func (w *World) bindIntent(in *idem.Intent) {
 	w.bind(in.Key(), w.carts[body.Description])
 }
 
+// bindBody binds key to the cart its request body names.
+func (w *World) bindBody(key string, reqBody []byte) {
+	var body struct{ Description string }
+	if err := json.Unmarshal(reqBody, &body); err != nil || w.carts[body.Description] == nil {
+		panic(fmt.Sprintf("sim: intent %s holds no cart of the world: %s", key, reqBody))
+	}
+	w.bind(key, w.carts[body.Description])
+}
+
 // intentView is what observe needs of an intent.
 type intentView interface {
 	Key() string
@@ -362,6 +392,31 @@ func (w *World) observe(a *app, in intentView) {
 	}
 	if st == persist.StateSucceeded {
 		info.cart.sess.paid = true
+	}
+}
+
+// observeAnswer checks what a call's error tells the app: a storage error
+// (*idem.SaveError) without an outcome unknown means that the call sent
+// nothing, unless it comes with an answer marked as not recorded, which
+// is the server's answer all the same. sent is how many requests the call
+// wrote.
+func (w *World) observeAnswer(a *app, key string, resp *idem.Response, err error, sent int) {
+	info := w.intents[key]
+	var se *idem.SaveError
+	var re *idem.RetryError
+	if info == nil || !errors.As(err, &se) || errors.As(err, &re) {
+		return
+	}
+	if resp != nil && resp.NotRecorded {
+		w.tracef("d%d/%s is shown the answer %d of intent %s, not recorded (%v)", a.d.id, a.name, resp.StatusCode, key, err)
+		if info.reported == "" && resp.StatusCode/100 == 2 {
+			info.reported = persist.StateSucceeded
+			info.cart.sess.paid = true
+		}
+		return
+	}
+	if sent > 0 {
+		w.falseNotSent = append(w.falseNotSent, fmt.Sprintf("intent %s for cart %s: a call that wrote %d request(s) ended with a storage error and no answer marked not recorded (%v): the app tells its user nothing was sent", key, info.cart.desc, sent, err))
 	}
 }
 
@@ -436,7 +491,7 @@ func (w *World) check() []string {
 	for _, key := range w.untapped {
 		bad("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key)
 	}
-	return append(vs, w.blocked...)
+	return append(append(vs, w.blocked...), w.falseNotSent...)
 }
 
 // rawQuotedSuffix marks, in a server that compares raw key values, a key
