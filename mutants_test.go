@@ -206,5 +206,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\tif false {\n",
 			Pkg:     root, Run: "^TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation$",
 		},
+		{
+			Name: "redirected-key-reuse-final", File: "adapter.go",
+			Note:    "a key reuse answer after a redirect to another URL is taken for \"not paid\"",
+			Anchor:  "\treturn st.redirectedKeyReuse(resp, body)\n",
+			Replace: "\treturn nil\n",
+			Pkg:     root, Run: "^TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown$",
+		},
 	})
 }
