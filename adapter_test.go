@@ -259,6 +259,47 @@ func TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown(t *tes
 	}
 }
 
+// The redirect is remembered with the intent: after a restart, the retry's
+// key reuse answer still leaves the outcome unknown, and the lookup
+// settles it.
+func TestARedirectToAnotherURLIsRememberedAcrossARestart(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && posts.Add(1) == 1 {
+			w.Header().Set("Connection", "close")
+			http.Redirect(w, r, "/payments?via=edge", http.StatusTemporaryRedirect)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	store := persist.NewMemory(nil)
+	client := func() *idem.Client {
+		c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		return c
+	}
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	before := client()
+	in, err := before.Intent(context.Background(), "checkout", req)
+	require.NoError(t, err)
+	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+	_, err = before.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the redirected request's answer was lost")
+
+	settled, err := client().SettleAll(context.Background())
+	require.NoError(t, err)
+	require.Len(t, settled, 1)
+	require.NoError(t, settled[0].Err, "the lookup is the server's word")
+	assert.Equal(t, idem.StateSucceeded, settled[0].Intent.State(), "not rejected: the payment was made")
+	assert.Equal(t, int32(3), posts.Load(), "the first POST, the redirected one, and one retry to the intent's own URL")
+}
+
 // Without a redirect to another URL, the server's key reuse answer is
 // final: the request changed under its key, a bug in the caller. A
 // redirect to the same URL does not change that.

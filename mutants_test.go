@@ -213,5 +213,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\treturn nil\n",
 			Pkg:     root, Run: "^TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown$",
 		},
+		{
+			Name: "redirect-forgotten-by-the-next-call", File: "adapter.go",
+			Note:    "a redirect to another URL is forgotten once its call ends",
+			Anchor:  "unsent: unsent, redirected: rec.Redirected}",
+			Replace: "unsent: unsent, redirected: false}",
+			Pkg:     root, Run: "^TestARedirectToAnotherURLIsRememberedAcrossARestart$",
+		},
 	})
 }
