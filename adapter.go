@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -86,14 +87,27 @@ func redirectPolicy(hc *http.Client) *http.Client {
 			return &redirectSchemeError{location: req.URL.Redacted()}
 		}
 		if check != nil {
-			return check(req, via)
-		}
-		if len(via) >= 10 { // net/http's default
+			if err := check(req, via); err != nil {
+				return err
+			}
+		} else if len(via) >= 10 { // net/http's default
 			return errRedirectLoop
+		}
+		if st, ok := req.Context().Value(callKey{}).(*call); ok && otherURL(req.URL, via[0].URL) {
+			st.redirected = true
 		}
 		return nil
 	}
 	return &cp
+}
+
+// otherURL reports a redirect to a URL whose request the server may take
+// for another request under the same key: its fingerprint covers the path
+// and the query. Spellings are compared as sent, so a path or query spelled
+// another way counts as another URL (the safe side: the outcome is then
+// asked of the lookup rather than taken as "not paid").
+func otherURL(to, from *url.URL) bool {
+	return to.EscapedPath() != from.EscapedPath() || to.RawQuery != from.RawQuery
 }
 
 // budgetTransport bounds each attempt of a call by what is left of the
@@ -220,6 +234,9 @@ type call struct {
 	// unsent: no attempt of the intent can have reached the server before
 	// this call (see Client.markSent).
 	unsent bool
+	// redirected: an attempt of the intent, in this call or an earlier
+	// one, was redirected to another URL (see otherURL).
+	redirected bool
 }
 
 // sentNothing reports a call none of whose attempts wrote its request to a
@@ -361,7 +378,28 @@ func readFinal(resp *http.Response) error {
 		return err
 	}
 	st.finalBody = body
-	return st.unmarked(resp, body)
+	if err := st.unmarked(resp, body); err != nil {
+		return err
+	}
+	return st.redirectedKeyReuse(resp, body)
+}
+
+// redirectedKeyReuse stops the call, its outcome unknown, on the server's
+// "key reused" answer after an attempt of the intent was redirected to
+// another URL: the server fingerprints the path and the query, so the
+// redirected request, which may have done the work, is another request to
+// it, and the answer says nothing of that work (StopRedirectedKeyReused).
+// The call does not follow the redirect's URL itself: the lookup settles
+// the intent on the server's word.
+func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
+	if st.stopped != nil || !st.redirected || !settles(resp.StatusCode, resp.Header) ||
+		!st.c.keyReused(resp.StatusCode, resp.Header, body) {
+		return nil
+	}
+	st.stopped = &stop{reason: StopRedirectedKeyReused}
+	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts}
+	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	return errStopped
 }
 
 // unmarked stops the call, its outcome unknown, when a final answer does
@@ -391,7 +429,7 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 		return nil, err
 	}
 	st := callOf(resp.Request.Context())
-	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != StopUnmarked) {
+	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != StopUnmarked && st.stopped.reason != StopRedirectedKeyReused) {
 		limit := st.c.maxBody - headerBytes(resp.Header)
 		switch {
 		case st.finalBody != nil:
@@ -415,9 +453,10 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 // unsent says that no attempt of the intent can have reached the server
 // before this call.
 func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration, unsent bool) (*Response, *RetryError) {
-	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent}
+	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent, redirected: rec.Redirected}
 	fail := func(reason StopReason, err error) *RetryError {
-		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err, sentNothing: st.sentNothing()}
+		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err,
+			sentNothing: st.sentNothing(), redirected: st.redirected}
 	}
 
 	traced := httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &httptrace.ClientTrace{

@@ -199,6 +199,132 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 	}
 }
 
+// An edge in front of the server redirects the first POST to another URL
+// of the same server (another query), where it is charged
+// and its answer lost. The retry goes to the intent's own URL, whose
+// fingerprint differs, and the server answers 422 key reused, marked as
+// its own. That answer says nothing of the work: the payment was made, and
+// the intent is settled by the lookup, not reported rejected.
+func TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	for _, location := range []string{"/payments?via=edge", "/payments?region=eu&via=edge"} {
+		t.Run(location, func(t *testing.T) {
+			t.Parallel()
+			clk := clock.NewManual(epoch)
+			h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+			var posts atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost && r.URL.RequestURI() == "/payments" && posts.Add(1) == 1 {
+					// On a connection of its own, so that net/http does not
+					// resend the redirected request itself when its answer
+					// is lost.
+					w.Header().Set("Connection", "close")
+					http.Redirect(w, r, location, http.StatusTemporaryRedirect)
+					return
+				}
+				h.ServeHTTP(w, r)
+			}))
+			t.Cleanup(srv.Close)
+			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithLookup(contractLookup),
+				idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+			require.NoError(t, err)
+			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			in, err := c.Intent(context.Background(), "checkout", req)
+			require.NoError(t, err)
+			require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+
+			_, err = c.Do(context.Background(), in)
+			var retryErr *idem.RetryError
+			require.ErrorAs(t, err, &retryErr, "the payment was made under the redirected URL")
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.NotErrorIs(t, err, idem.ErrKeyReused)
+			assert.Equal(t, idem.StopRedirectedKeyReused, retryErr.Reason)
+			require.NotNil(t, retryErr.LastResponse)
+			assert.Equal(t, http.StatusUnprocessableEntity, retryErr.LastResponse.StatusCode, "the 422 is reported")
+			assert.False(t, in.State().Resolved(), "not rejected: the payment was made")
+			assert.Equal(t, idem.StatePending, in.State())
+
+			changed, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			_, err = c.Intent(context.Background(), "checkout", changed)
+			require.ErrorAs(t, err, new(*idem.UnresolvedError), "the user cannot pay again while the first payment may be made")
+
+			clk.Advance(5 * time.Minute) // past the reconcile delay
+			resp, err := c.Settle(context.Background(), in)
+			require.NoError(t, err, "the lookup is the server's word")
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, idem.StateSucceeded, in.State())
+		})
+	}
+}
+
+// The redirect is remembered with the intent: after a restart, the retry's
+// key reuse answer still leaves the outcome unknown, and the lookup
+// settles it.
+func TestARedirectToAnotherURLIsRememberedAcrossARestart(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && posts.Add(1) == 1 {
+			w.Header().Set("Connection", "close")
+			http.Redirect(w, r, "/payments?via=edge", http.StatusTemporaryRedirect)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	store := persist.NewMemory(nil)
+	client := func() *idem.Client {
+		c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		return c
+	}
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	before := client()
+	in, err := before.Intent(context.Background(), "checkout", req)
+	require.NoError(t, err)
+	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+	_, err = before.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the redirected request's answer was lost")
+
+	settled, err := client().SettleAll(context.Background())
+	require.NoError(t, err)
+	require.Len(t, settled, 1)
+	require.NoError(t, settled[0].Err, "the lookup is the server's word")
+	assert.Equal(t, idem.StateSucceeded, settled[0].Intent.State(), "not rejected: the payment was made")
+	assert.Equal(t, int32(3), posts.Load(), "the first POST, the redirected one, and one retry to the intent's own URL")
+}
+
+// Without a redirect to another URL, the server's key reuse answer is
+// final: the request changed under its key, a bug in the caller. A
+// redirect to the same URL does not change that.
+func TestAKeyReuseAnswerWithoutARedirectToAnotherURLIsFinal(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	c, req := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		if posts.Add(1) == 1 {
+			http.Redirect(w, r, r.URL.RequestURI(), http.StatusTemporaryRedirect)
+			return
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, `{"type":"https://idem.dev/problems/idempotency-key-reused","title":"Idempotency-Key reused","status":422}`)
+	})
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	resp, err := c.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+	require.NotNil(t, resp)
+	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	assert.Equal(t, idem.StateRejected, in.State())
+	assert.Equal(t, int32(2), posts.Load())
+}
+
 // answering is a test server that answers every request with h, and a
 // Client that sends to it on a manual clock.
 //

@@ -255,6 +255,7 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	}
 	if retryErr != nil {
 		rec.Attempts += retryErr.Attempts
+		rec.Redirected = rec.Redirected || retryErr.redirected
 		rec.UpdatedAt = now
 		if retryErr.Reason == StopExpired {
 			rec.State = persist.StateExpired

@@ -218,6 +218,17 @@ its Location; fix what redirects, then resume the intent with Do or settle
 it with Reconcile. A 3xx marked Idempotent-Replayed: true is the server's
 stored record for the key, and final.
 
+The server fingerprints the path and the query, so a 307 or 308 to another
+URL (an edge's "/payments?via=edge") makes the followed request another
+request to it under the same key: if that one charged and its answer was
+lost, the retry to the intent's own URL gets a "key reused" 422. Once an
+attempt of the intent was redirected to another URL (the intent's record
+keeps it, across restarts), such an answer is not final: the call ends with
+the outcome unknown ([StopRedirectedKeyReused]) and the intent stays
+pending; Settle asks the server's lookup, rather than resend to a URL that
+whoever redirected named. Without such a redirect the 422 is final
+([ErrKeyReused]).
+
 # Retention
 
 A server keeps idempotency records for a retention period (24 hours by

@@ -211,6 +211,16 @@ const (
 	// page. It says nothing about the work, which an earlier request may
 	// have done. RetryError.LastResponse holds it; Settle again later.
 	StopUnmarked StopReason = "answer not marked as the server's"
+	// StopRedirectedKeyReused: the server answered that the key was used
+	// with another request (ErrKeyReused's answer) after an attempt of
+	// the intent was redirected (307 or 308) to another URL. The server
+	// fingerprints the URL, path and query, so the redirected request,
+	// which may have done the work, is "another request" to it: the
+	// answer says nothing about the work. The call does not resend to the
+	// URL the redirect named (whoever answered it may not be the server);
+	// RetryError.LastResponse holds the 422, and Settle asks the server's
+	// lookup what became of the key.
+	StopRedirectedKeyReused StopReason = "key reuse answer after a redirect to another URL"
 )
 
 // RetryError reports a call that ended without a final answer from the
@@ -239,6 +249,8 @@ type RetryError struct {
 	// sentNothing: the transport's trace proves that no attempt of the
 	// call wrote its request to a connection.
 	sentNothing bool
+	// redirected: an attempt of the intent was redirected to another URL.
+	redirected bool
 }
 
 func (e *RetryError) Error() string {
@@ -256,6 +268,8 @@ func (e *RetryError) Error() string {
 	switch e.Reason {
 	case StopExpired:
 		b.WriteString("; reconcile the intent")
+	case StopRedirectedKeyReused:
+		b.WriteString(", after a redirect to another URL that may have done the work; settle the intent through the lookup")
 	case StopUnmarked:
 		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
 	case StopRedirect:

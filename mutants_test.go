@@ -206,5 +206,19 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\tif false {\n",
 			Pkg:     root, Run: "^TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation$",
 		},
+		{
+			Name: "redirected-key-reuse-final", File: "adapter.go",
+			Note:    "a key reuse answer after a redirect to another URL is taken for \"not paid\"",
+			Anchor:  "\treturn st.redirectedKeyReuse(resp, body)\n",
+			Replace: "\treturn nil\n",
+			Pkg:     root, Run: "^TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown$",
+		},
+		{
+			Name: "redirect-forgotten-by-the-next-call", File: "adapter.go",
+			Note:    "a redirect to another URL is forgotten once its call ends",
+			Anchor:  "unsent: unsent, redirected: rec.Redirected}",
+			Replace: "unsent: unsent, redirected: false}",
+			Pkg:     root, Run: "^TestARedirectToAnotherURLIsRememberedAcrossARestart$",
+		},
 	})
 }

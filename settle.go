@@ -63,7 +63,10 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 //     with its key and bytes, as Do does: the server does the work at most
 //     once and replays its answer.
 //   - After that, a resend could do the work twice, so the server's lookup
-//     (WithLookup) is asked, as Reconcile does.
+//     (WithLookup) is asked, as Reconcile does. So it is when the resend
+//     was answered "key reused" after a redirect to another URL
+//     (StopRedirectedKeyReused): the redirected request may have done the
+//     work, and only the lookup can tell.
 //
 // When neither can decide yet, the error matches ErrOutcomeUnknown and says
 // why: the retry budget ran out (Settle again later), the lookup cannot tell
@@ -83,8 +86,10 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 		return resp, nil
 	case in.State() == StateVoid:
 		return nil, nil
-	case !expired(err):
+	case !expired(err) && !redirectedKeyReuse(err):
 		return resp, err
+	case c.lookup == nil && !expired(err):
+		return resp, fmt.Errorf("idem: intent %s may have been done under a URL it was redirected to, and the Client has no lookup to ask the server (WithLookup): %w", in.Key(), err)
 	case c.lookup == nil:
 		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (WithLookup): %w", in.Key(), err)
 	}
@@ -100,6 +105,14 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 func expired(err error) bool {
 	var re *RetryError
 	return errors.As(err, &re) && re.Reason == StopExpired
+}
+
+// redirectedKeyReuse reports an error of a call that ended on a "key
+// reused" answer after a redirect to another URL: only the lookup can tell
+// what became of the intent.
+func redirectedKeyReuse(err error) bool {
+	var re *RetryError
+	return errors.As(err, &re) && re.Reason == StopRedirectedKeyReused
 }
 
 // errLeftUnsent is why SettleAll does not send an intent that ended not

@@ -136,6 +136,11 @@ type Record struct {
 	// Empty in records written before it existed; an older release
 	// ignores it.
 	Holder string `json:"holder,omitempty"`
+	// Redirected is set once an attempt of the intent was redirected (307
+	// or 308) to another URL, whose request the server fingerprints as
+	// another request: from then on its "key reused" answer says nothing
+	// about the work. An older release ignores it.
+	Redirected bool `json:"redirected,omitempty"`
 }
 
 // Clocks are a record's clock readings. A reading of the clock that counts
