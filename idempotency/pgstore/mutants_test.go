@@ -33,13 +33,6 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateConcurrentlyUnderEveryDefaultIsolation$", Env: pg,
 		},
 		{
-			Name: "async-insert-session-wide", File: "idempotency/pgstore/store.go",
-			Note:    "AsyncInsert turns synchronous_commit off for the session, so Complete's commit is lost in a crash too",
-			Anchor:  "set_config('synchronous_commit', 'off', true)",
-			Replace: "set_config('synchronous_commit', 'off', false)",
-			Pkg:     "./idempotency/pgstore", Run: "^TestAsyncInsertKeepsEveryCompletedRecordThroughACrash$", Env: pg,
-		},
-		{
 			Name: "migrations-fs-without-up-suffix", File: "idempotency/pgstore/migrationsfs.go",
 			Note:    "the files keep Migrate's names, which golang-migrate does not read",
 			Anchor:  `name: strings.TrimSuffix(m.name, ".sql") + ".up.sql",`,
