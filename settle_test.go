@@ -356,7 +356,7 @@ func (c cancelOnRequest) RoundTrip(req *http.Request) (*http.Response, error) {
 // and keeps the Client's others.
 func TestContextWithRetryPolicy(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: time.Second, NoJitter: true}))
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: time.Second, Jitter: -1}))
 	short := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 3})
 	in := e.newIntent(t, "checkout:budget", 100)
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 5})
