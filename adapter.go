@@ -237,6 +237,11 @@ type call struct {
 	// redirected: an attempt of the intent, in this call or an earlier
 	// one, was redirected to another URL (see otherURL).
 	redirected bool
+	// name, url and began describe the current attempt to the attempt
+	// hook; retryCost is what its retry took of the retry budget.
+	name, url string
+	began     time.Time
+	retryCost int
 }
 
 // sentNothing reports a call none of whose attempts wrote its request to a
@@ -277,6 +282,7 @@ func countAttempt(_ retryablehttp.Logger, req *http.Request, _ int) {
 	if req.Context().Err() == nil {
 		st := callOf(req.Context())
 		st.b.attempts++
+		st.began = st.c.clock.Now()
 		st.onWire = false
 		st.traced.Store(false)
 	}
@@ -308,7 +314,7 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 			if err == nil {
 				status = resp.StatusCode
 			}
-			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: cmp.Or(err, ctxErr)})
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: cmp.Or(err, ctxErr)})
 		}
 		return false, ctxErr
 	}
@@ -317,7 +323,7 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 		// server, so the outcome is unknown.
 		st.last, st.lastErr, st.stopped = nil, err, st.cut
 		if !st.cutBeforeWire {
-			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
 		}
 		return false, errStopped
 	}
@@ -328,14 +334,14 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 		if unfollowedRedirect(resp.StatusCode) {
 			// Asking again gets the same redirect.
 			st.stopped = &stop{reason: StopRedirect}
-			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status})
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status})
 			return false, errStopped
 		}
 	} else {
 		st.last = nil
 		if !retryableError(err) {
 			st.stopped = &stop{reason: StopFatal}
-			st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
 			return false, err
 		}
 	}
@@ -345,7 +351,12 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 		retryResp = resp
 	}
 	wait, stopped := st.b.next(retryResp)
-	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: err, Retry: stopped == nil, Wait: wait})
+	if stopped == nil {
+		if stopped = st.spendRetry(err); stopped != nil {
+			wait = 0
+		}
+	}
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: err, Retry: stopped == nil, Wait: wait})
 	if stopped != nil {
 		st.stopped = stopped
 		return false, errStopped
@@ -398,7 +409,7 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 	}
 	st.stopped = &stop{reason: StopRedirectedKeyReused}
 	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts}
-	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
 	return errStopped
 }
 
@@ -420,7 +431,7 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 	if body == nil {
 		st.last.Header = st.c.storedHeader(resp.Header)
 	}
-	st.c.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
 	return errStopped
 }
 
@@ -454,6 +465,7 @@ func keepLastAnswer(resp *http.Response, err error, _ int) (*http.Response, erro
 // before this call.
 func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration, unsent bool) (*Response, *RetryError) {
 	st := &call{c: c, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent, redirected: rec.Redirected}
+	st.name, st.url = rec.Name, redactURL(rec.URL)
 	fail := func(reason StopReason, err error) *RetryError {
 		return &RetryError{Key: rec.Key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err,
 			sentNothing: st.sentNothing(), redirected: st.redirected}
@@ -487,7 +499,8 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 			// Keep no more of an oversized answer than the store does.
 			out.Header, out.Body = c.storedHeader(resp.Header), nil
 		}
-		c.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+		st.attemptDone(Attempt{Key: rec.Key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+		st.refundRetry()
 		return out, nil
 	}
 

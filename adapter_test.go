@@ -226,7 +226,7 @@ func TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown(t *tes
 			}))
 			t.Cleanup(srv.Close)
 			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithLookup(contractLookup),
-				idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+				idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -477,7 +477,7 @@ func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
 	t.Cleanup(func() { close(stop) })
 	clk := clock.NewManual(epoch)
 	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithClock(clk),
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, NoJitter: true}))
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
@@ -527,7 +527,7 @@ func TestNoAttemptStartsWithNoBudgetLeft(t *testing.T) {
 		posts.Add(1)
 		w.Header().Set("Retry-After", "2")
 		w.WriteHeader(http.StatusServiceUnavailable)
-	}, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2 * time.Second, NoJitter: true}))
+	}, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2 * time.Second, Jitter: -1}))
 	in, err := c.NewIntent(context.Background(), "", req)
 	require.NoError(t, err)
 	_, err = c.Do(context.Background(), in)

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"github.com/google/uuid"
@@ -66,6 +67,10 @@ type Client struct {
 	isServerAnswer func(*Response) bool
 	retry          *retrier // sends through http
 
+	invalid []error      // what the options got wrong (see validate)
+	tokens  *tokenBucket // the client-wide retry budget (WithRetryBudget)
+	settles settleConfig // SettleAll's (WithSettleConcurrency, WithSettleProgress)
+
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.
 	keptHeaders []string
@@ -112,11 +117,21 @@ type Client struct {
 }
 
 // New returns a Client. With no options it keeps intents in memory only,
-// which is right for tests and wrong on a device: pass WithStore.
+// which is right for tests and wrong on a device: pass WithStore. An option
+// given a value out of range (a nil store, a RetryPolicy with a negative
+// field, a credential header to store) makes New fail with an error that
+// names every such option and says what to pass instead.
 func New(opts ...Option) (*Client, error) {
 	c := &Client{id: uuid.NewString()}
 	for _, o := range opts {
+		if o == nil {
+			c.refuse("New: an Option is nil")
+			continue
+		}
 		o(c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
 	if c.http == nil {
 		c.http = &http.Client{Timeout: 30 * time.Second}
@@ -144,6 +159,8 @@ func New(opts ...Option) (*Client, error) {
 		c.maxBody = defaultMaxResponseBytes
 	}
 	c.keptHeaders = keptHeaders(c.keptHeaders)
+	c.tokens = cmp.Or(c.tokens, newTokenBucket(RetryBudget{}))
+	c.settles.workers = cmp.Or(c.settles.workers, defaultSettleConcurrency)
 	c.retry = c.newRetryClient(c.http)
 	c.unsent = make(map[string]struct{})
 	c.lastSent = make(map[string]reading)

@@ -81,6 +81,9 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Do with a nil intent")
 	}
+	if err := checkPolicy(ctx); err != nil {
+		return nil, err
+	}
 	// The tap: an unarmed intent is made durable before its first byte.
 	if err := c.arm(ctx, in); err != nil {
 		return nil, err

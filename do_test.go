@@ -227,7 +227,7 @@ func TestDoRecoversFromEachFault(t *testing.T) {
 		{
 			name:         "409 with Retry-After: never sooner than the server asked",
 			fault:        fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusConflict, RetryAfter: "3", Count: 2},
-			opts:         []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true})},
+			opts:         []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, Jitter: -1})},
 			wantAttempts: 3, wantSleeps: []time.Duration{3 * time.Second, 3 * time.Second},
 		},
 		{
@@ -549,7 +549,7 @@ func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
 		})
 		t.Run(name+"/Retry-After within the deadline is honoured", func(t *testing.T) {
 			t.Parallel()
-			e := newEnvAt(t, start, idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+			e := newEnvAt(t, start, idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
 			in := e.newIntent(t, "checkout:deadline", 1500)
 			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "3", Count: 1})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -1012,7 +1012,7 @@ func TestAStrangersAnswerToARetryLeavesTheOutcomeUnknown(t *testing.T) {
 				}
 				return false
 			})
-			c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, NoJitter: true}))
+			c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, Jitter: -1}))
 			in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 			require.NoError(t, err)
 
@@ -1107,7 +1107,7 @@ func TestWithServerAnswerRecognisesAnUnmarkedServer(t *testing.T) {
 		return true
 	})
 	c := f.client(t, idem.WithServerAnswer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }),
-		idem.WithRetryPolicy(idem.RetryPolicy{NoJitter: true}))
+		idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
 	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)

@@ -200,6 +200,25 @@ Settle or Do it again later. [ContextWithRetryPolicy] gives the calls made
 with a context a budget of their own, a short one for a tap and a long one
 for a background settle, from one Client.
 
+Beside each call's budget, a Client keeps one retry budget for all its
+calls ([RetryBudget], on by default, [WithRetryBudget]): a bucket of 20
+tokens from which a retry takes 5 (10 after an attempt that timed out), to
+which a final answer puts back what its retry took (one token after a first
+attempt), and to which a token comes back each second on the Client's
+clock. A first attempt never needs a token. A call whose next retry finds
+too few ends at once with [StopRetryBudget], its outcome unknown: so a dead
+server at app start costs [Client.SettleAll] a first attempt per intent and
+a few retries in all, not every intent its whole policy (12 intents under a
+2-second policy: 16 attempts rather than 36), and a fleet of devices does
+not come back at the server all at once when it returns.
+
+[New] checks every option and fails, naming each option out of range and
+what to pass instead, rather than replace it with a default: a RetryPolicy
+field out of range, a nil store, http.Client or clock, a negative delay or
+size, a header field to store that carries credentials. A policy out of
+range given by [ContextWithRetryPolicy] fails the calls made with it,
+before anything is armed or sent.
+
 Retries are built on github.com/hashicorp/go-retryablehttp with per-call
 hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
@@ -302,6 +321,17 @@ safely. The key comes from an intent carried in the request's context
 kept if it has one, and otherwise a key is made for that request in memory
 and does not survive a restart. GET and the other idempotent methods never
 carry a key.
+
+# Observing
+
+[WithAttemptHook] hears of every attempt: the intent's key and action name,
+its URL (any password redacted), its number, status or error, how long it
+took on the Client's clock, and whether and after what wait another
+follows. [Client.SettleAll] reports each intent as its settle ends
+([WithSettleProgress]) and settles a few at a time, four by default
+([WithSettleConcurrency]). examples/otel turns the hook into OpenTelemetry
+spans, one per intent with an event per attempt and http.resend_count, in a
+module of its own.
 
 # Concurrency
 

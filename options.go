@@ -11,20 +11,32 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Option configures a Client.
+// Option configures a Client. New checks every option's value and fails
+// with an error that names each one out of range. A nil function or
+// logger means none, as without the option; a nil store, http.Client or
+// clock is refused (leave the option out to get the default).
 type Option func(*Client)
 
 // WithHTTPClient sends through hc, so the app keeps its transport, proxies,
 // TLS settings, tracing and per-attempt Timeout. The default is an
 // http.Client on http.DefaultTransport with a 30s timeout per attempt.
-func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) { c.refuseNil("WithHTTPClient", hc, "an *http.Client"); c.http = hc }
+}
 
 // WithStore keeps intents in s. The default is persist.NewMemory(nil),
 // which does not survive a restart; use persist.OpenDir on a device.
-func WithStore(s persist.Store) Option { return func(c *Client) { c.store = s } }
+func WithStore(s persist.Store) Option {
+	return func(c *Client) {
+		c.refuseNil("WithStore", s, "a persist.Store (persist.OpenDir on a device)")
+		c.store = s
+	}
+}
 
 // WithLogger logs retries and outcomes to l. The default is silence.
-func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *Client) { c.logger = l }
+}
 
 // WithClock replaces the system clock, for tests of waiting: pass a
 // clock.Manual, and the same one to the fake server. The clock drives every
@@ -37,9 +49,15 @@ func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.logger = l }
 // RetryPolicy.MaxElapsed). A clock that also implements clock.Monotonic
 // lets tests set its wall time anywhere while idem measures elapsed time on
 // its monotonic reading, as it does with the system clock.
-func WithClock(clk clock.Clock) Option { return func(c *Client) { c.clock = clk } }
+func WithClock(clk clock.Clock) Option {
+	return func(c *Client) {
+		c.refuseNil("WithClock", clk, "a clock.Clock (clock.NewManual in tests)")
+		c.clock = clk
+	}
+}
 
-// WithRetryPolicy sets when to retry and how long to wait.
+// WithRetryPolicy sets when to retry and how long to wait. New refuses a
+// policy with a field out of range (see RetryPolicy).
 func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy = p } }
 
 // WithRetention tells the client how long the server keeps idempotency
@@ -91,7 +109,7 @@ func LookupQuery(param string) func(req Request, key string) string {
 // held longer than that (a proxy that queues it for an hour) can arrive
 // after a "not found" was trusted; only a server that refuses stale
 // requests could close that, and the contract has no such rule. Zero means
-// 2 minutes.
+// 2 minutes; New refuses a negative delay.
 func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
 
 // WithMaxResponseBytes bounds what is read and kept of one answer: its
@@ -99,7 +117,7 @@ func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.rec
 // bounds what it reads of them, 10 MiB by default) and its body together.
 // A larger final answer still resolves the intent from its status, but
 // its body is not kept: the Response says Oversized. Zero means 10
-// MiB.
+// MiB; New refuses a negative size.
 func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
 
 // WithStoredHeaders names header fields of final answers to keep on the
@@ -107,7 +125,10 @@ func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody =
 // Idempotent-Replayed and Retry-After. No other field is stored (cookies,
 // tokens and the like stay off the disk); the Response of the call that got
 // the answer carries all its fields, a Response read from the store only
-// the kept ones.
+// the kept ones. New refuses a name that is not a field name, and one that
+// carries credentials or session state: a name with cookie, auth, token,
+// secret, password, session, api-key, credential or csrf in it
+// (Set-Cookie, Authorization, X-Auth-Token, ...).
 func WithStoredHeaders(names ...string) Option {
 	return func(c *Client) { c.keptHeaders = append(c.keptHeaders, names...) }
 }
@@ -133,7 +154,9 @@ func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
 // chosen before the next one. f runs on the goroutine of the call and must
 // not block; calls made at once (SettleAll settles a few intents at a time)
 // call it from several goroutines at once.
-func WithAttemptHook(f func(Attempt)) Option { return func(c *Client) { c.onAttempt = f } }
+func WithAttemptHook(f func(Attempt)) Option {
+	return func(c *Client) { c.onAttempt = f }
+}
 
 // WithKeyReusedAnswer tells idem how the app's own server says that a key
 // was used with a different request, when it says it otherwise than the

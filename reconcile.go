@@ -68,6 +68,9 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Reconcile with a nil intent")
 	}
+	if err := checkPolicy(ctx); err != nil {
+		return nil, err
+	}
 	if c.lookup == nil {
 		return nil, fmt.Errorf("idem: cannot reconcile intent %s: the Client has no lookup (WithLookup)", in.Key())
 	}

@@ -1041,14 +1041,14 @@ func (run *randomRun) doMaybeTwice(g *generation, in *idem.Intent, r *rand.Rand)
 }
 
 // budgetRanOut reports a call ended by its retry budget: attempts, time,
-// the context's deadline or the Retry-After cap.
+// the context's deadline, the Retry-After cap or the client-wide budget.
 func budgetRanOut(err error) bool {
 	var re *idem.RetryError
 	if !errors.As(err, &re) {
 		return false
 	}
 	switch re.Reason {
-	case idem.StopAttempts, idem.StopElapsed, idem.StopDeadline, idem.StopRetryAfterCap:
+	case idem.StopAttempts, idem.StopElapsed, idem.StopDeadline, idem.StopRetryAfterCap, idem.StopRetryBudget:
 		return true
 	}
 	return false

@@ -46,10 +46,11 @@ type RetryPolicy struct {
 	Multiplier float64
 	// Jitter spreads each backoff wait by ±Jitter of itself, and a
 	// Retry-After wait by up to Jitter/5 past it, so clients that failed
-	// together do not retry together. Zero means 0.5; NoJitter turns it
-	// off.
-	Jitter   float64
-	NoJitter bool
+	// together do not retry together: a fraction above 0 and at most 1.
+	// Zero means 0.5; -1 turns jitter off (every wait exactly as
+	// computed, for tests that count waits). Any other value is refused
+	// by New and by the calls made under ContextWithRetryPolicy.
+	Jitter float64
 	// MaxRetryAfter is the longest Retry-After the client will honour. A
 	// server asking for more ends the call at once with StopRetryAfterCap
 	// rather than blocking the app. Zero means 60s.
@@ -76,9 +77,9 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 		p.Multiplier = 2
 	}
 	switch {
-	case p.NoJitter:
+	case p.Jitter < 0: // -1: none
 		p.Jitter = 0
-	case p.Jitter <= 0 || p.Jitter > 1:
+	case p.Jitter == 0:
 		p.Jitter = 0.5
 	}
 	if p.MaxRetryAfter <= 0 {
@@ -93,7 +94,9 @@ type policyKey struct{}
 // (Do, Send, Settle, SettleAll and requests through its RoundTripper) retry
 // under p rather than the Client's policy: a short budget for a tap in the
 // foreground and a long one for a settle in the background, from one
-// Client. Fields of p left zero keep the Client's values.
+// Client. Fields of p left zero keep the Client's values. A field out of
+// range (see New) makes each call under ctx fail at once with an error that
+// names it, before anything is armed or sent.
 func ContextWithRetryPolicy(ctx context.Context, p RetryPolicy) context.Context {
 	return context.WithValue(ctx, policyKey{}, p)
 }
@@ -120,8 +123,11 @@ func (c *Client) policyFor(ctx context.Context) RetryPolicy {
 	if p.Multiplier < 1 {
 		p.Multiplier = base.Multiplier
 	}
-	if !p.NoJitter && (p.Jitter <= 0 || p.Jitter > 1) {
-		p.Jitter, p.NoJitter = base.Jitter, base.Jitter == 0
+	if p.Jitter == 0 {
+		p.Jitter = base.Jitter
+		if p.Jitter == 0 {
+			p.Jitter = -1 // the Client's: none
+		}
 	}
 	if p.MaxRetryAfter <= 0 {
 		p.MaxRetryAfter = base.MaxRetryAfter
@@ -139,6 +145,14 @@ type Attempt struct {
 	// Retry says whether another attempt follows, after Wait.
 	Retry bool
 	Wait  time.Duration
+	// Name is the intent's action name ("" for a request of the
+	// RoundTripper without an intent).
+	Name string
+	// URL is the intent's URL, with any password in it redacted.
+	URL string
+	// Duration is how long the attempt took, from its start to its
+	// answer or error, on the Client's clock (WithClock).
+	Duration time.Duration
 }
 
 // retryableStatus reports an answer that does not settle the intent: the

@@ -217,7 +217,7 @@ func respWithRetryAfter(v string) *http.Response {
 
 func TestBudgetBackoffGrowsAndIsCapped(t *testing.T) {
 	t.Parallel()
-	p := RetryPolicy{InitialInterval: time.Second, MaxInterval: 8 * time.Second, Multiplier: 2, NoJitter: true, MaxAttempts: 100, MaxElapsed: time.Hour}
+	p := RetryPolicy{InitialInterval: time.Second, MaxInterval: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 100, MaxElapsed: time.Hour}
 	b, _ := newTestBudget(t, p, 0, time.Time{})
 	var waits []time.Duration
 	for i := 0; i < 6; i++ {
@@ -268,7 +268,7 @@ func TestWaitsAtTheCapAreJittered(t *testing.T) {
 
 func TestBudgetHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
-	p := RetryPolicy{InitialInterval: 100 * time.Millisecond, NoJitter: true}
+	p := RetryPolicy{InitialInterval: 100 * time.Millisecond, Jitter: -1}
 	b, _ := newTestBudget(t, p, 0, time.Time{})
 	b.attempts = 1
 	w, st := b.next(respWithRetryAfter("3"))
@@ -524,7 +524,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			t.Cleanup(hc.CloseIdleConnections)
 			clk := clock.NewManual(retryAfterNow)
 			store := persist.NewMemory(nil)
-			c, err := New(WithHTTPClient(hc), WithClock(clk), WithStore(store), WithRetryPolicy(RetryPolicy{MaxAttempts: 3, NoJitter: true}))
+			c, err := New(WithHTTPClient(hc), WithClock(clk), WithStore(store), WithRetryPolicy(RetryPolicy{MaxAttempts: 3, Jitter: -1}))
 			require.NoError(t, err)
 			ctx := context.Background()
 			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})

@@ -119,9 +119,6 @@ func redirectedKeyReuse(err error) bool {
 // sent.
 var errLeftUnsent = errors.New("idem: the intent ended not sent; it is sent again only when the app asks (Send, Settle or Do)")
 
-// settleConcurrency bounds the intents SettleAll settles at once.
-const settleConcurrency = 4
-
 // Settled is what SettleAll made of one intent: Response and Err are those
 // of Settle, and Intent.State() tells where it stands now.
 type Settled struct {
@@ -131,7 +128,8 @@ type Settled struct {
 }
 
 // SettleAll settles every unresolved intent in the store, oldest first, a
-// few at a time, and reports what became of each: the call for app start,
+// few at a time (WithSettleConcurrency), and reports what became of each,
+// as each ends too (WithSettleProgress): the call for app start,
 // after a crash or a restart. Intents whose outcome is still unknown stay
 // unresolved for the next SettleAll.
 //
@@ -147,9 +145,13 @@ type Settled struct {
 // anyway. A background settle usually wants a long budget: pass a context
 // from ContextWithRetryPolicy.
 func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
+	if err := checkPolicy(ctx); err != nil {
+		return nil, err
+	}
 	ins, listErr := c.Unresolved(ctx)
 	out := make([]Settled, len(ins))
-	sem := make(chan struct{}, settleConcurrency)
+	sem := make(chan struct{}, c.settles.workers)
+	progress := c.newSettleProgress(len(ins))
 	var wg sync.WaitGroup
 	for i, in := range ins {
 		out[i].Intent = in
@@ -157,16 +159,19 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 			// The app was told it was not sent: sending it now would
 			// pay for what the user may have given up on.
 			out[i].Err = &NotSentError{Key: in.Key(), Err: errLeftUnsent}
+			progress.report(out[i])
 			continue
 		}
 		if err := ctx.Err(); err != nil {
 			out[i].Err = err
+			progress.report(out[i])
 			continue
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			out[i].Err = ctx.Err()
+			progress.report(out[i])
 			continue
 		}
 		wg.Add(1)
@@ -174,6 +179,7 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			out[i].Response, out[i].Err = c.Settle(ctx, in)
+			progress.report(out[i])
 		}()
 	}
 	wg.Wait()

@@ -197,6 +197,9 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPolicy(req.Context()); err != nil {
+		return nil, err
+	}
 	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
 
 	ctx := req.Context()

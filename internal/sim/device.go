@@ -109,7 +109,7 @@ func newDevice(w *World, id int) *device {
 			MaxInterval:     pick(r, 5*time.Second, 30*time.Second),
 			// The jitter draws from math/rand's global source, which no
 			// seed reaches; the world varies the policies instead.
-			NoJitter: true,
+			Jitter: -1,
 		},
 		attemptTimeout: pick(r, 5*time.Second, 10*time.Second, 30*time.Second),
 	}

@@ -1,0 +1,209 @@
+package idem
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// RetryBudget is the client-wide retry budget: a bucket of tokens that
+// every call of one Client draws on to retry, as the AWS SDKs' retry quota
+// does. A first attempt never needs a token. A retry takes RetryCost
+// tokens, or TimeoutCost after an attempt that timed out; a call whose next
+// retry finds too few tokens ends at once with a *RetryError whose Reason is
+// StopRetryBudget, its outcome unknown (the intent stays pending, or not
+// sent when the transport proves nothing left the device). A final answer
+// puts tokens back: the cost of the retry that got it, or one token when
+// the first attempt got it. Tokens also come back with time, one per
+// Refill, so that a device left without successes (offline for an hour)
+// still retries its next call. The bucket never holds more than Tokens.
+//
+// So a dead server at app start costs each unresolved intent its first
+// attempt and the Client a few retries in all, not every intent its whole
+// RetryPolicy: with the defaults, a full bucket of 20 tokens pays for four
+// retries at once (two after timeouts), and an empty one for one retry
+// every five seconds. A lone call on a flaky network is not held back:
+// its waits refill what its retries take. The zero RetryBudget holds the
+// defaults; each field's zero value is its default.
+type RetryBudget struct {
+	// Tokens is the bucket's size, and what it holds when the Client is
+	// made. Zero means 20; -1 turns the budget off, leaving each call's
+	// RetryPolicy alone to bound its retries.
+	Tokens int
+	// RetryCost is what a retry takes. Zero means 5.
+	RetryCost int
+	// TimeoutCost is what a retry takes after an attempt that timed out
+	// (a timeout error from the transport or the http.Client's Timeout),
+	// which ties up the server longer. Zero means 10.
+	TimeoutCost int
+	// Refill is the time, on the Client's clock, in which one token comes
+	// back. Zero means one second; -1 means never: tokens then come back
+	// only with final answers, as in the AWS SDKs.
+	Refill time.Duration
+}
+
+// StopRetryBudget: the Client's retry budget (RetryBudget) held too few
+// tokens for the next retry. Calls that failed together (a dead server at
+// app start) stop retrying together; Settle or Do again later.
+const StopRetryBudget StopReason = "client-wide retry budget spent"
+
+// Defaults of RetryBudget.
+const (
+	defaultBudgetTokens      = 20
+	defaultBudgetRetryCost   = 5
+	defaultBudgetTimeoutCost = 10
+	defaultBudgetRefill      = time.Second
+	// firstAnswerRefund is what a final answer to a call's first attempt
+	// puts back (the AWS SDKs' NoRetryIncrement).
+	firstAnswerRefund = 1
+)
+
+// WithRetryBudget sets the client-wide retry budget; see RetryBudget for
+// what it does and its defaults, which apply without this option. New
+// refuses a field below -1, and -1 in the costs.
+func WithRetryBudget(b RetryBudget) Option {
+	return func(c *Client) {
+		if err := b.validate(); err != nil {
+			c.invalid = append(c.invalid, err)
+			return
+		}
+		c.tokens = newTokenBucket(b)
+	}
+}
+
+func (b RetryBudget) validate() error {
+	var errs []error
+	bad := func(field string, v any, want string) {
+		errs = append(errs, fmt.Errorf("idem: WithRetryBudget: RetryBudget.%s is %v: %s", field, v, want))
+	}
+	if b.Tokens < -1 {
+		bad("Tokens", b.Tokens, "use 1 or more, 0 for the default (20), or -1 for no budget")
+	}
+	if b.RetryCost < 0 {
+		bad("RetryCost", b.RetryCost, "use 1 or more, or 0 for the default (5)")
+	}
+	if b.TimeoutCost < 0 {
+		bad("TimeoutCost", b.TimeoutCost, "use 1 or more, or 0 for the default (10)")
+	}
+	if b.Refill < 0 && b.Refill != -1 {
+		bad("Refill", b.Refill, "use a positive duration, 0 for the default (1s), or -1 for none")
+	}
+	if most := max(cmp.Or(b.RetryCost, defaultBudgetRetryCost), cmp.Or(b.TimeoutCost, defaultBudgetTimeoutCost)); b.Tokens > 0 && most > b.Tokens {
+		bad("Tokens", b.Tokens, fmt.Sprintf("it is below a retry's cost (%d), so some retries could never be paid: raise Tokens, or use -1 for no budget", most))
+	}
+	return errors.Join(errs...)
+}
+
+// tokenBucket is a Client's retry budget. It is safe for concurrent use.
+type tokenBucket struct {
+	off                 bool
+	size, cost, timeout int
+	refill              time.Duration // 0: never
+	mu                  sync.Mutex
+	tokens              int
+	filled              time.Time // when the last token came back; zero: not yet read
+}
+
+func newTokenBucket(b RetryBudget) *tokenBucket {
+	if b.Tokens == -1 {
+		return &tokenBucket{off: true}
+	}
+	t := &tokenBucket{
+		size:    cmp.Or(b.Tokens, defaultBudgetTokens),
+		cost:    cmp.Or(b.RetryCost, defaultBudgetRetryCost),
+		timeout: cmp.Or(b.TimeoutCost, defaultBudgetTimeoutCost),
+		refill:  b.Refill,
+	}
+	switch t.refill {
+	case 0:
+		t.refill = defaultBudgetRefill
+	case -1:
+		t.refill = 0
+	}
+	t.tokens = t.size
+	return t
+}
+
+// fill adds the tokens that came back with time up to now. A clock set
+// back adds nothing and restarts the count from now. t.mu is held.
+func (t *tokenBucket) fill(now time.Time) {
+	if t.filled.IsZero() || t.refill == 0 {
+		t.filled = now
+		return
+	}
+	d := now.Sub(t.filled)
+	if d < 0 {
+		t.filled = now
+		return
+	}
+	n := int64(d / t.refill)
+	if t.tokens+int(min(n, int64(t.size))) >= t.size {
+		t.tokens, t.filled = t.size, now
+		return
+	}
+	t.tokens += int(n)
+	t.filled = t.filled.Add(time.Duration(n) * t.refill)
+}
+
+// take takes the cost of a retry after an attempt that failed with err (a
+// timeout costs more) and returns it, or 0 when the bucket holds too few:
+// no retry then.
+func (t *tokenBucket) take(now time.Time, err error) int {
+	if t.off {
+		return -1
+	}
+	cost := t.cost
+	if timedOut(err) {
+		cost = t.timeout
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.fill(now)
+	if t.tokens < cost {
+		return 0
+	}
+	t.tokens -= cost
+	return cost
+}
+
+// give puts back n tokens after a final answer.
+func (t *tokenBucket) give(now time.Time, n int) {
+	if t.off || n <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.fill(now)
+	t.tokens = min(t.size, t.tokens+n)
+}
+
+// timedOut reports an attempt that ended in a timeout: its transport's, or
+// the http.Client's Timeout (net.Error and url.Error say so).
+func timedOut(err error) bool {
+	var te interface{ Timeout() bool }
+	return err != nil && errors.As(err, &te) && te.Timeout()
+}
+
+// spendRetry asks the Client's retry budget for the retry that follows an
+// attempt that failed with err (nil: a retryable answer), and returns why
+// the call must stop instead, or nil.
+func (st *call) spendRetry(err error) *stop {
+	cost := st.c.tokens.take(st.c.clock.Now(), err)
+	if cost == 0 {
+		return &stop{reason: StopRetryBudget}
+	}
+	st.retryCost = cost
+	return nil
+}
+
+// refundRetry puts back, after a final answer, what the retry that got it
+// took, or firstAnswerRefund when the first attempt got it.
+func (st *call) refundRetry() {
+	n := st.retryCost
+	if st.b.attempts <= 1 {
+		n = firstAnswerRefund
+	}
+	st.c.tokens.give(st.c.clock.Now(), n)
+}

@@ -1,0 +1,293 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/persist"
+)
+
+// server is a scripted server behind a transport: each request gets the
+// answer of the function, which sees the request's number (1 for the
+// first), and every request is counted. Nothing goes on a network.
+type server struct {
+	mu       sync.Mutex
+	requests int
+	answer   func(n int, req *http.Request) (*http.Response, error)
+}
+
+func (s *server) RoundTrip(req *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	s.requests++
+	n := s.requests
+	s.mu.Unlock()
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	return s.answer(n, req)
+}
+
+func (s *server) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// refused is a dead server: every connection refused.
+func refused(int, *http.Request) (*http.Response, error) {
+	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+}
+
+// timedOut is a server that never answers in time.
+func timedOut(int, *http.Request) (*http.Response, error) {
+	return nil, &net.OpError{Op: "read", Net: "tcp", Err: timeoutError{}}
+}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+// answer is the server's own answer to req: status, with the key echoed.
+func answer(req *http.Request, status int) *http.Response {
+	return &http.Response{
+		StatusCode: status,
+		Header:     http.Header{"Idempotency-Key": {req.Header.Get("Idempotency-Key")}},
+		Body:       io.NopCloser(strings.NewReader("{}")),
+		Request:    req,
+	}
+}
+
+func unavailable(_ int, req *http.Request) (*http.Response, error) {
+	return answer(req, http.StatusServiceUnavailable), nil
+}
+
+func created(_ int, req *http.Request) (*http.Response, error) {
+	return answer(req, http.StatusCreated), nil
+}
+
+// budgetClient is a Client on srv and a manual clock, with a memory store.
+func budgetClient(t *testing.T, srv *server, clk *clock.Manual, store persist.Store, opts ...idem.Option) *idem.Client {
+	t.Helper()
+	c, err := idem.New(append([]idem.Option{
+		idem.WithHTTPClient(&http.Client{Transport: srv}),
+		idem.WithClock(clk),
+		idem.WithStore(store),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 100, MaxElapsed: time.Hour, Jitter: -1}),
+	}, opts...)...)
+	require.NoError(t, err)
+	return c
+}
+
+func payRequest(i int) idem.Request {
+	return idem.Request{Method: http.MethodPost, URL: "https://api.example/payments", Body: fmt.Appendf(nil, `{"amount":%d}`, 100+i)}
+}
+
+// send sends a new intent for action i and returns how many requests it
+// took and its error.
+func send(t *testing.T, c *idem.Client, srv *server, i int) (int, error) {
+	t.Helper()
+	before := srv.count()
+	_, err := c.Send(context.Background(), fmt.Sprintf("checkout:%d", i), payRequest(i))
+	return srv.count() - before, err
+}
+
+// The budget's arithmetic, on a manual clock that does not refill it: a
+// full bucket of 20 pays four retries of 5 tokens, then calls stop at once
+// with StopRetryBudget, their outcome unknown; a first attempt still goes
+// out; final answers put tokens back.
+func TestRetryBudgetSpendsOnRetriesAndRefundsOnAnswers(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := &server{answer: unavailable}
+	store := persist.NewMemory(nil)
+	c := budgetClient(t, srv, clk, store, idem.WithRetryBudget(idem.RetryBudget{Refill: -1}))
+
+	n, err := send(t, c, srv, 1)
+	assert.Equal(t, 5, n, "a first attempt and four retries of 5 tokens from 20")
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Contains(t, err.Error(), "client-wide retry budget spent")
+	in, err := c.Load(context.Background(), keyOf(t, err))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, in.State(), "503s came back: the server may have done it")
+
+	n, err = send(t, c, srv, 2)
+	assert.Equal(t, 1, n, "an empty bucket: the first attempt only")
+	requireStop(t, err, idem.StopRetryBudget)
+
+	// Four answers to first attempts put back a token each: still less
+	// than a retry.
+	srv.answer = created
+	for i := range 4 {
+		n, err = send(t, c, srv, 10+i)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+	}
+	srv.answer = unavailable
+	n, err = send(t, c, srv, 3)
+	assert.Equal(t, 1, n, "4 tokens pay no retry")
+	requireStop(t, err, idem.StopRetryBudget)
+	srv.answer = created
+	_, err = send(t, c, srv, 20)
+	require.NoError(t, err)
+	srv.answer = unavailable
+	n, _ = send(t, c, srv, 4)
+	assert.Equal(t, 2, n, "the fifth answer makes a retry's 5 tokens")
+
+	// A retry that gets the final answer puts back what it took.
+	srv.answer = created
+	for i := range 15 {
+		_, err = send(t, c, srv, 30+i)
+		require.NoError(t, err)
+	}
+	// 15 tokens now. First attempt fails, the retry (5 tokens) gets the
+	// answer and puts its 5 back.
+	srv.answer = func(n int, req *http.Request) (*http.Response, error) {
+		if n%2 == 1 {
+			return unavailable(n, req)
+		}
+		return created(n, req)
+	}
+	srv.mu.Lock()
+	srv.requests = 0
+	srv.mu.Unlock()
+	n, err = send(t, c, srv, 50)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	srv.answer = unavailable
+	n, _ = send(t, c, srv, 51)
+	assert.Equal(t, 4, n, "15 tokens, not 10: three retries")
+}
+
+// A retry after an attempt that timed out costs 10 tokens: two from a full
+// bucket.
+func TestRetryBudgetChargesMoreAfterATimeout(t *testing.T) {
+	t.Parallel()
+	srv := &server{answer: timedOut}
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil), idem.WithRetryBudget(idem.RetryBudget{Refill: -1}))
+	n, err := send(t, c, srv, 1)
+	assert.Equal(t, 3, n)
+	requireStop(t, err, idem.StopRetryBudget)
+}
+
+// Tokens come back with time on the Client's clock, one per Refill: an
+// empty bucket pays a retry again five seconds later, and waits refill
+// it.
+func TestRetryBudgetRefillsWithTime(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := &server{answer: unavailable}
+	c := budgetClient(t, srv, clk, persist.NewMemory(nil),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 100, MaxElapsed: time.Hour, InitialInterval: time.Millisecond, Multiplier: 1, Jitter: -1}))
+	n, _ := send(t, c, srv, 1)
+	assert.Equal(t, 5, n, "waits of 1ms refill nothing")
+	clk.Advance(4 * time.Second)
+	n, _ = send(t, c, srv, 2)
+	assert.Equal(t, 1, n, "4s: 4 tokens")
+	clk.Advance(time.Second)
+	n, _ = send(t, c, srv, 3)
+	assert.Equal(t, 2, n, "5s: a retry")
+	clk.Advance(time.Hour)
+	n, _ = send(t, c, srv, 4)
+	assert.Equal(t, 5, n, "never more than 20")
+
+	// Waits of 5s each refill a retry's cost as they pass: a call that
+	// finds one retry's cost in the bucket runs until its own policy ends
+	// it.
+	clk.Advance(5 * time.Second)
+	slow := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 30, InitialInterval: 5 * time.Second, Multiplier: 1})
+	before := srv.count()
+	_, err := c.Send(slow, "checkout:slow", payRequest(5))
+	requireStop(t, err, idem.StopAttempts)
+	assert.Equal(t, 30, srv.count()-before)
+}
+
+// RetryBudget{Tokens: -1} turns the budget off: each call's policy alone
+// bounds it.
+func TestRetryBudgetOff(t *testing.T) {
+	t.Parallel()
+	srv := &server{answer: unavailable}
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+		idem.WithRetryBudget(idem.RetryBudget{Tokens: -1}),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 40, MaxElapsed: 1000 * time.Hour, Jitter: -1}))
+	for i := range 3 {
+		n, err := send(t, c, srv, i)
+		assert.Equal(t, 40, n)
+		requireStop(t, err, idem.StopAttempts)
+	}
+}
+
+// The issue's scenario: at app start, 12 intents left unresolved against
+// a server that is down. SettleAll under a 2-second background policy
+// (three attempts each: at 0, 0.5s and 1.5s) made 36 attempts without a
+// budget (37 in the field, with jitter); with the default budget, 16: the
+// 12 first attempts and the four retries of a full bucket, whose 3 seconds
+// of waits refill 3 tokens, less than a retry. The settles run one at a
+// time here, so that the clock's refill is the same on every run.
+func TestRetryBudgetBoundsADeadServerAtAppStart(t *testing.T) {
+	t.Parallel()
+	attempts := func(t *testing.T, budget idem.RetryBudget) (int, []idem.Settled, time.Duration) {
+		clk := clock.NewManual(epoch)
+		store := persist.NewMemory(nil)
+		srv := &server{answer: refused}
+		// The last run: one attempt each, the answers lost.
+		first := budgetClient(t, srv, clk, store, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		for i := range 12 {
+			_, err := send(t, first, srv, i)
+			requireStop(t, err, idem.StopAttempts)
+		}
+		// App start.
+		c := budgetClient(t, srv, clk, store, idem.WithRetryBudget(budget), idem.WithSettleConcurrency(1))
+		before, start := srv.count(), clk.Now()
+		background := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxElapsed: 2 * time.Second, MaxAttempts: 10, Jitter: -1})
+		settled, err := c.SettleAll(background)
+		require.NoError(t, err)
+		require.Len(t, settled, 12)
+		return srv.count() - before, settled, clk.Now().Sub(start)
+	}
+	without, settled, took := attempts(t, idem.RetryBudget{Tokens: -1})
+	assert.Equal(t, 36, without)
+	for _, s := range settled {
+		requireStop(t, s.Err, idem.StopElapsed)
+	}
+	t.Logf("no budget: %d attempts, %s of waits", without, took)
+
+	with, settled, took := attempts(t, idem.RetryBudget{})
+	t.Logf("default budget: %d attempts, %s of waits", with, took)
+	assert.Equal(t, 12+4, with, "12 first attempts, 4 retries from the full bucket")
+	assert.Equal(t, 3*time.Second, took, "two calls waited 0.5s and 1s")
+	stopped := 0
+	for _, s := range settled {
+		var re *idem.RetryError
+		require.True(t, errors.As(s.Err, &re))
+		assert.Equal(t, idem.StatePending, s.Intent.State(), "the outcome stays unknown")
+		if re.Reason == idem.StopRetryBudget {
+			stopped++
+		}
+	}
+	assert.Equal(t, 10, stopped, "the settles after the first two end on the empty bucket")
+}
+
+// keyOf returns the key of the call that err ended.
+func keyOf(t *testing.T, err error) string {
+	t.Helper()
+	var re *idem.RetryError
+	require.ErrorAs(t, err, &re)
+	return re.Key
+}

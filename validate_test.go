@@ -1,0 +1,154 @@
+package idem_test
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/persist"
+)
+
+// Every option out of range makes New fail with an error that names the
+// option, the value and what to pass instead.
+func TestNewRefusesOptionsOutOfRange(t *testing.T) {
+	t.Parallel()
+	var nilDir *persist.FileStore
+	for _, tc := range []struct {
+		name string
+		opt  idem.Option
+		want []string // each must occur in the error
+	}{
+		{"max attempts", idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: -1}), []string{"WithRetryPolicy", "MaxAttempts is -1", "0 for the default (10)"}},
+		{"jitter above 1", idem.WithRetryPolicy(idem.RetryPolicy{Jitter: 5}), []string{"Jitter is 5", "at most 1", "-1 for none"}},
+		{"jitter negative", idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -0.5}), []string{"Jitter is -0.5"}},
+		{"jitter NaN", idem.WithRetryPolicy(idem.RetryPolicy{Jitter: math.NaN()}), []string{"Jitter is NaN"}},
+		{"max elapsed", idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: -time.Second}), []string{"MaxElapsed is -1s", "0 for the default (2m)"}},
+		{"initial interval", idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: -time.Millisecond}), []string{"InitialInterval is -1ms"}},
+		{"max interval", idem.WithRetryPolicy(idem.RetryPolicy{MaxInterval: -time.Second}), []string{"MaxInterval is -1s"}},
+		{"max interval below initial", idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 2 * time.Second, MaxInterval: time.Second}), []string{"MaxInterval is 1s", "below InitialInterval (2s)"}},
+		{"max retry after", idem.WithRetryPolicy(idem.RetryPolicy{MaxRetryAfter: -time.Second}), []string{"MaxRetryAfter is -1s"}},
+		{"multiplier negative", idem.WithRetryPolicy(idem.RetryPolicy{Multiplier: -2}), []string{"Multiplier is -2", "1 (the same wait each time) or more"}},
+		{"multiplier shrinks", idem.WithRetryPolicy(idem.RetryPolicy{Multiplier: 0.5}), []string{"Multiplier is 0.5"}},
+		{"multiplier infinite", idem.WithRetryPolicy(idem.RetryPolicy{Multiplier: math.Inf(1)}), []string{"Multiplier is +Inf"}},
+		{"nil store", idem.WithStore(nil), []string{"WithStore(nil)", "persist.OpenDir"}},
+		{"nil store pointer", idem.WithStore(nilDir), []string{"WithStore(nil)"}},
+		{"nil http client", idem.WithHTTPClient(nil), []string{"WithHTTPClient(nil)", "*http.Client"}},
+		{"nil clock", idem.WithClock(nil), []string{"WithClock(nil)"}},
+		{"nil option", nil, []string{"an Option is nil"}},
+		{"negative reconcile delay", idem.WithReconcileDelay(-time.Minute), []string{"WithReconcileDelay(-1m0s)", "0 for the default (2m0s)"}},
+		{"negative response size", idem.WithMaxResponseBytes(-1), []string{"WithMaxResponseBytes(-1)"}},
+		{"retention", idem.WithRetention(time.Hour, 2*time.Hour), []string{"retention 1h0m0s with margin 2h0m0s"}},
+		{"set-cookie", idem.WithStoredHeaders("Location", "set-cookie"), []string{`WithStoredHeaders("Set-Cookie")`, "credentials", "never written to the device"}},
+		{"authorization", idem.WithStoredHeaders("Authorization"), []string{`"Authorization"`, "credentials"}},
+		{"token", idem.WithStoredHeaders("X-Auth-Token"), []string{`"X-Auth-Token"`}},
+		{"session", idem.WithStoredHeaders("X-Session-Id"), []string{`"X-Session-Id"`}},
+		{"not a field name", idem.WithStoredHeaders("Content Type"), []string{`"Content Type"`, "not a header field name"}},
+		{"empty field name", idem.WithStoredHeaders(""), []string{`WithStoredHeaders("")`}},
+		{"settle concurrency", idem.WithSettleConcurrency(0), []string{"WithSettleConcurrency(0)", "1 or more"}},
+		{"budget tokens", idem.WithRetryBudget(idem.RetryBudget{Tokens: -2}), []string{"RetryBudget.Tokens is -2", "-1 for no budget"}},
+		{"budget below a retry", idem.WithRetryBudget(idem.RetryBudget{Tokens: 4}), []string{"RetryBudget.Tokens is 4", "below a retry's cost"}},
+		{"budget retry cost", idem.WithRetryBudget(idem.RetryBudget{RetryCost: -1}), []string{"RetryBudget.RetryCost is -1"}},
+		{"budget timeout cost", idem.WithRetryBudget(idem.RetryBudget{TimeoutCost: -3}), []string{"RetryBudget.TimeoutCost is -3"}},
+		{"budget refill", idem.WithRetryBudget(idem.RetryBudget{Refill: -time.Second}), []string{"RetryBudget.Refill is -1s", "-1 for none"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := idem.New(tc.opt)
+			require.Error(t, err)
+			assert.Nil(t, c)
+			for _, w := range tc.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assert.Contains(t, err.Error(), "idem: ")
+		})
+	}
+}
+
+// New reports every option out of range at once, not only the first.
+func TestNewReportsEveryOptionOutOfRange(t *testing.T) {
+	t.Parallel()
+	_, err := idem.New(idem.WithStore(nil), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: -1, Jitter: 2}), idem.WithStoredHeaders("Cookie"))
+	require.Error(t, err)
+	for _, w := range []string{"WithStore(nil)", "MaxAttempts is -1", "Jitter is 2", `"Cookie"`} {
+		assert.Contains(t, err.Error(), w)
+	}
+}
+
+// The values at the edges of each range, and nil where it means none, are
+// accepted.
+func TestNewAcceptsOptionsInRange(t *testing.T) {
+	t.Parallel()
+	_, err := idem.New(
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1, Jitter: 1, Multiplier: 1, InitialInterval: time.Second, MaxInterval: time.Second}),
+		idem.WithStoredHeaders("X-Request-Id", "ETag"),
+		idem.WithLogger(nil), idem.WithLookup(nil), idem.WithAttemptHook(nil),
+		idem.WithKeyReusedAnswer(nil), idem.WithServerAnswer(nil), idem.WithSettleProgress(nil),
+		idem.WithSettleConcurrency(1),
+		idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, RetryCost: 10, TimeoutCost: 1, Refill: -1}),
+	)
+	require.NoError(t, err)
+	_, err = idem.New(idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}), idem.WithRetryBudget(idem.RetryBudget{Tokens: -1}))
+	require.NoError(t, err)
+}
+
+// A policy out of range given for a call fails each call made with it at
+// once, naming the field, before the intent is armed or anything sent: it
+// never runs under defaults the app did not ask for.
+func TestContextWithRetryPolicyOutOfRangeFailsTheCall(t *testing.T) {
+	t.Parallel()
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	store := persist.NewMemory(nil)
+	c, err := idem.New(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)),
+		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+	require.NoError(t, err)
+	req := idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)}
+
+	bad := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{Jitter: 5, MaxAttempts: -1})
+	want := func(t *testing.T, err error) {
+		t.Helper()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "ContextWithRetryPolicy: RetryPolicy.Jitter is 5")
+		assert.Contains(t, err.Error(), "MaxAttempts is -1")
+	}
+	_, err = c.Send(bad, "checkout:bad-policy", req)
+	want(t, err)
+	in, err := c.Intent(context.Background(), "checkout:bad-policy", req)
+	require.NoError(t, err)
+	_, err = c.Do(bad, in)
+	want(t, err)
+	_, err = c.Settle(bad, in)
+	want(t, err)
+	_, err = c.SettleAll(bad)
+	want(t, err)
+	_, err = c.Reconcile(bad, in)
+	want(t, err)
+	hr, err := http.NewRequestWithContext(bad, http.MethodPost, srv.URL+"/payments", nil)
+	require.NoError(t, err)
+	_, err = (&http.Client{Transport: c.RoundTripper(nil)}).Do(hr)
+	want(t, err)
+
+	assert.Zero(t, requests.Load(), "nothing was sent")
+	recs, err := store.List(context.Background(), persist.Filter{})
+	require.NoError(t, err)
+	assert.Empty(t, recs, "nothing was armed")
+
+	// The same call under a policy in range goes through.
+	good := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 2, Jitter: -1})
+	resp, err := c.Do(good, in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+}
