@@ -68,7 +68,7 @@ func (a *app) newCart() {
 }
 
 func (c *cart) request() idem.Request {
-	req, err := idem.JSONRequest(http.MethodPost, BaseURL+"/payments", map[string]any{
+	req, err := idem.JSONRequest(http.MethodPost, baseURL+"/payments", map[string]any{
 		"amount": c.amount, "currency": "AZN", "customer": c.customer, "description": c.desc,
 	})
 	if err != nil {
@@ -85,7 +85,7 @@ func (c *cart) request() idem.Request {
 func (a *app) step() {
 	w := a.d.w
 	r := w.appRNG
-	if a.sess != nil && a.sess.paid && w.cfg.Faults[FaultClockDays] && r.chance(0.1) {
+	if a.sess != nil && a.sess.paid && w.cfg.Faults[faultClockDays] && r.chance(0.1) {
 		// The user taps Pay again on the paid cart: a no-op, whatever
 		// Prune has removed since.
 		a.pay(a.sess.carts[len(a.sess.carts)-1])
@@ -119,7 +119,7 @@ func (a *app) step() {
 		w.tracef("d%d/%s: the user changes the cart of %s", a.d.id, a.name, a.sess.id)
 		return
 	}
-	if len(a.sess.keys) == 0 && r.chance(w.cfg.Faults.rate(FaultOuterRetry)) {
+	if len(a.sess.keys) == 0 && r.chance(w.cfg.Faults.rate(faultOuterRetry)) {
 		// A checkout nothing has paid yet goes, at times, through the
 		// app's API client.
 		a.payThroughRoundTripper(cur)
@@ -165,7 +165,7 @@ func (a *app) payThroughRoundTripper(c *cart) {
 		resp, err := hc.Do(req)
 		w.tracef("d%d/%s: API client try %d/%d for %s: err %v", a.d.id, a.name, i+1, tries, c.desc, err)
 		if err != nil {
-			w.stats.fault(FaultOuterRetry.Name())
+			w.stats.fault(faultOuterRetry.Name())
 			continue
 		}
 		resp.Body.Close()
@@ -237,7 +237,7 @@ func (a *app) pay(c *cart) {
 		if cl == other {
 			other = a.d.client2
 		}
-		w.stats.fault(FaultTwoClients.Name() + " (split taps)")
+		w.stats.fault(faultTwoClients.Name() + " (split taps)")
 		if in2, err = other.Intent(ctx, a.name, c.request()); err != nil {
 			in2 = nil
 		}
@@ -298,9 +298,9 @@ func (a *app) reconcile(cl *idem.Client, in *idem.Intent) {
 // SettleAll leaves it.
 func (d *device) resume() {
 	switch {
-	case d.w.cfg.Faults[FaultClockDays] && !d.w.faulty:
+	case d.w.cfg.Faults[faultClockDays] && !d.w.faulty:
 		// Once the world is calm the app only settles.
-	case d.w.cfg.Faults[FaultClockDays]:
+	case d.w.cfg.Faults[faultClockDays]:
 		// idem's Prune keeps what makes the next tap of a paid action a
 		// no-op, whatever the device clock says; the app taps paid carts
 		// again (see step).

@@ -23,7 +23,7 @@ type crash struct {
 }
 
 type device struct {
-	w         *World
+	w         *world
 	id        int
 	principal string
 	offset    time.Duration // the device clock minus the world's
@@ -75,7 +75,7 @@ func (c deviceClock) Monotonic() time.Duration { return c.d.w.clk.now.Sub(c.d.bo
 // SinceBoot is the device's clock that counts sleep: the device booted at
 // the world's start and never reboots.
 func (c deviceClock) SinceBoot() (time.Duration, string, bool) {
-	return c.d.w.clk.now.Sub(Epoch) + time.Hour, fmt.Sprintf("boot-d%d", c.d.id), true
+	return c.d.w.clk.now.Sub(epoch) + time.Hour, fmt.Sprintf("boot-d%d", c.d.id), true
 }
 
 func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
@@ -95,7 +95,7 @@ func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
-func newDevice(w *World, id int) *device {
+func newDevice(w *world, id int) *device {
 	r := w.devRNG
 	d := &device{
 		w:         w,
@@ -123,8 +123,8 @@ func newDevice(w *World, id int) *device {
 
 // start launches the app: a new Client on the store that survived.
 func (d *device) start() {
-	if d.w.faulty && d.w.cfg.Faults[FaultKeySpelling] && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultKeySpelling)) {
-		d.w.stats.fault(FaultKeySpelling.Name())
+	if d.w.faulty && d.w.cfg.Faults[faultKeySpelling] && d.w.devRNG.chance(d.w.cfg.Faults.rate(faultKeySpelling)) {
+		d.w.stats.fault(faultKeySpelling.Name())
 		d.quoted = !d.quoted
 	}
 	d.bootAt = d.w.clk.now
@@ -147,8 +147,8 @@ func (d *device) start() {
 	}
 	d.client = c
 	d.client2 = nil
-	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultTwoClients)) {
-		d.w.stats.fault(FaultTwoClients.Name())
+	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(faultTwoClients)) {
+		d.w.stats.fault(faultTwoClients.Name())
 		if d.client2, err = idem.New(opts...); err != nil {
 			panic(err)
 		}
@@ -160,8 +160,8 @@ func (d *device) start() {
 
 // maybeCrash kills the device here, by chance, while the world is faulty.
 func (d *device) maybeCrash(where string) {
-	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(FaultCrash)) {
-		d.w.stats.fault(FaultCrash.Name())
+	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(faultCrash)) {
+		d.w.stats.fault(faultCrash.Name())
 		panic(crash{where: where})
 	}
 }
@@ -211,8 +211,8 @@ func (d *device) jumpClock() {
 		return
 	}
 	switch {
-	case r.chance(w.cfg.Faults.rate(FaultClockDays)):
-		w.stats.fault(FaultClockDays.Name())
+	case r.chance(w.cfg.Faults.rate(faultClockDays)):
+		w.stats.fault(faultClockDays.Name())
 		d.skewed = true
 		d.preSkew = [2]time.Duration{d.offset, d.maxOffset}
 		d.correctAt = w.clk.now.Add(r.between(time.Minute, 6*time.Hour))
@@ -222,13 +222,13 @@ func (d *device) jumpClock() {
 		}
 		d.offset += skew
 		w.maxAhead = max(w.maxAhead, d.offset-d.preSkew[0])
-		w.tracef("d%d's clock goes %s off until %s", d.id, skew, d.correctAt.Sub(Epoch))
-	case r.chance(w.cfg.Faults.rate(FaultClockForward)):
-		w.stats.fault(FaultClockForward.Name())
+		w.tracef("d%d's clock goes %s off until %s", d.id, skew, d.correctAt.Sub(epoch))
+	case r.chance(w.cfg.Faults.rate(faultClockForward)):
+		w.stats.fault(faultClockForward.Name())
 		d.offset += pick(r, time.Minute, time.Hour, w.cfg.Retention)
 		d.maxOffset = max(d.maxOffset, d.offset)
-	case r.chance(w.cfg.Faults.rate(FaultClockBack)):
-		w.stats.fault(FaultClockBack.Name())
+	case r.chance(w.cfg.Faults.rate(faultClockBack)):
+		w.stats.fault(faultClockBack.Name())
 		// Never more than half the client's safety margin behind the
 		// furthest the clock has read, however many jumps: a device clock
 		// set back further can make an app restarted since send a key the
@@ -251,18 +251,18 @@ func (s *deviceStore) write(op string, do func() error) error {
 	d := s.d
 	w := d.w
 	if w.faulty && d.w.clk.now.Before(d.diskFull) {
-		w.stats.fault(FaultDiskFull.Name())
+		w.stats.fault(faultDiskFull.Name())
 		return errDiskFull
 	}
-	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(FaultDiskFull)) {
+	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultDiskFull)) {
 		d.diskFull = w.clk.now.Add(pick(w.devRNG, time.Second, time.Minute, 10*time.Minute))
-		w.stats.fault(FaultDiskFull.Name())
+		w.stats.fault(faultDiskFull.Name())
 		return errDiskFull
 	}
-	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(FaultPowerCut)) {
+	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultPowerCut)) {
 		// The power goes in the middle of the write: it never reaches
 		// the disk.
-		w.stats.fault(FaultPowerCut.Name())
+		w.stats.fault(faultPowerCut.Name())
 		panic(crash{where: "power cut during " + op})
 	}
 	d.maybeCrash("before " + op)
@@ -275,10 +275,10 @@ func (s *deviceStore) write(op string, do func() error) error {
 
 func (s *deviceStore) Save(ctx context.Context, rec *persist.Record) error {
 	w := s.d.w
-	if w.faulty && rec.State.Resolved() && rec.Response != nil && w.devRNG.chance(w.cfg.Faults.rate(FaultSaveAfterAnswer)) {
+	if w.faulty && rec.State.Resolved() && rec.Response != nil && w.devRNG.chance(w.cfg.Faults.rate(faultSaveAfterAnswer)) {
 		// The server answered; the disk fills up before its outcome is
 		// saved.
-		w.stats.fault(FaultSaveAfterAnswer.Name())
+		w.stats.fault(faultSaveAfterAnswer.Name())
 		return errDiskFull
 	}
 	return s.write("save", func() error { return s.Store.Save(ctx, rec) })

@@ -21,11 +21,11 @@ import (
 // answers on its own (408, 429, 5xx, with or without Retry-After),
 // redirects, or sends a POST twice.
 
-// Host is the server's address in the world.
-const Host = "api.sim.invalid"
+// simHost is the server's address in the world.
+const simHost = "api.sim.invalid"
 
-// BaseURL is the server's URL.
-const BaseURL = "http://" + Host
+// baseURL is the server's URL.
+const baseURL = "http://" + simHost
 
 var (
 	errReset   = errors.New("sim: connection reset by peer")
@@ -72,7 +72,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	header.Set("Authorization", d.principal)
 	r := w.netRNG
 	faulty := w.faulty
-	rate := func(f Fault) float64 {
+	rate := func(f faultClass) float64 {
 		if !faulty {
 			return 0
 		}
@@ -88,12 +88,12 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// airplane mode) the dial fails, and nothing is written.
 	trace := httptrace.ContextClientTrace(req.Context())
 	if trace != nil && trace.GetConn != nil {
-		trace.GetConn(Host + ":80")
+		trace.GetConn(simHost + ":80")
 	}
-	if faulty && r.chance(rate(FaultOffline)) {
-		w.stats.fault(FaultOffline.Name())
+	if faulty && r.chance(rate(faultOffline)) {
+		w.stats.fault(faultOffline.Name())
 		d.offline = maxTime(d.offline, w.clk.now.Add(r.between(time.Minute, 10*time.Minute)))
-		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(Epoch))
+		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(epoch))
 	}
 	if faulty && w.clk.now.Before(d.offline) {
 		w.tracef("d%d: offline, %s %s is not sent", d.id, req.Method, req.URL)
@@ -114,37 +114,37 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 
 	switch {
-	case r.chance(rate(FaultReset)):
-		w.stats.fault(FaultReset.Name())
+	case r.chance(rate(faultReset)):
+		w.stats.fault(faultReset.Name())
 		w.tracef("d%d: connection reset before sending %s %s", d.id, req.Method, req.URL)
 		return nil, errReset
-	case r.chance(rate(FaultProxyStatus)):
-		w.stats.fault(FaultProxyStatus.Name())
+	case r.chance(rate(faultProxyStatus)):
+		w.stats.fault(faultProxyStatus.Name())
 		a := proxyAnswer(w, pick(r, 408, 429, 500, 502, 503, 504))
 		w.tracef("d%d: the intermediary answers %d to %s %s", d.id, a.status, req.Method, req.URL)
 		return d.respond(req, a, false), nil
-	case r.chance(rate(FaultProxyOther5xx)):
-		w.stats.fault(FaultProxyOther5xx.Name())
+	case r.chance(rate(faultProxyOther5xx)):
+		w.stats.fault(faultProxyOther5xx.Name())
 		a := proxyAnswer(w, pick(r, 501, 507, 520, 521, 522, 523, 524))
 		w.tracef("d%d: the intermediary answers %d to %s %s", d.id, a.status, req.Method, req.URL)
 		return d.respond(req, a, false), nil
-	case isPost && !followUp && r.chance(rate(FaultRedirect307)):
+	case isPost && !followUp && r.chance(rate(faultRedirect307)):
 		// To the same URL: the server fingerprints the path and the query,
 		// so a redirect elsewhere would make the followed POST another
 		// request to it. The follow-up is not redirected again.
-		w.stats.fault(FaultRedirect307.Name())
+		w.stats.fault(faultRedirect307.Name())
 		d.redirected = true
 		return d.respond(req, answer{status: http.StatusTemporaryRedirect,
 			header: http.Header{"Location": {req.URL.RequestURI()}}}, false), nil
-	case isPost && r.chance(rate(FaultRedirectLogin)):
-		w.stats.fault(FaultRedirectLogin.Name())
+	case isPost && r.chance(rate(faultRedirectLogin)):
+		w.stats.fault(faultRedirectLogin.Name())
 		return d.respond(req, answer{status: http.StatusFound, header: http.Header{"Location": {"/login"}}}, false), nil
-	case isPost && r.chance(rate(FaultRefusePost)):
+	case isPost && r.chance(rate(faultRefusePost)):
 		// A gateway refuses the POST without passing it on (its session
 		// expired, a WAF rule, proxy authentication), or a captive portal
 		// answers it with its login page; an earlier attempt may have
 		// reached the server and been charged.
-		w.stats.fault(FaultRefusePost.Name())
+		w.stats.fault(faultRefusePost.Name())
 		a := pick(r,
 			answer{status: http.StatusUnauthorized, header: http.Header{"Content-Type": {"application/json"}}, body: []byte(`{"message":"Unauthorized"}`)},
 			answer{status: http.StatusForbidden, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Request blocked</html>")},
@@ -153,30 +153,30 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		)
 		w.tracef("d%d: a gateway answers %d to %s %s", d.id, a.status, req.Method, req.URL)
 		return d.respond(req, a, false), nil
-	case isLookup && r.chance(rate(FaultLookup404)):
+	case isLookup && r.chance(rate(faultLookup404)):
 		// An ingress or CDN in front of the lookup path answers its own
 		// 404 page.
-		w.stats.fault(FaultLookup404.Name())
+		w.stats.fault(faultLookup404.Name())
 		a := pick(r,
 			answer{status: http.StatusNotFound, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html><h1>404 Not Found</h1>nginx</html>")},
 			answer{status: http.StatusNotFound, header: http.Header{"Content-Type": {"application/problem+json"}}, body: []byte(`{"type":"about:blank","title":"Not Found","status":404}`)},
 		)
 		return d.respond(req, a, false), nil
-	case isLookup && r.chance(rate(FaultLookupFallback)):
+	case isLookup && r.chance(rate(faultLookupFallback)):
 		// A CDN serving a single-page app answers every unknown path
 		// with its index.html.
-		w.stats.fault(FaultLookupFallback.Name())
+		w.stats.fault(faultLookupFallback.Name())
 		return d.respond(req, answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}},
 			body: []byte(`<!doctype html><html><div id="root"></div></html>`)}, false), nil
-	case isLookup && r.chance(rate(FaultLookupGateway)):
-		w.stats.fault(FaultLookupGateway.Name())
+	case isLookup && r.chance(rate(faultLookupGateway)):
+		w.stats.fault(faultLookupGateway.Name())
 		return d.respond(req, answer{status: pick(r, http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired),
 			header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Access denied</html>")}, false), nil
-	case isLookup && r.chance(rate(FaultLookupReflect)):
+	case isLookup && r.chance(rate(faultLookupReflect)):
 		// A debugging gateway reflects the request into its own answer:
 		// its header fields, and its query parameters as header fields.
 		// So its 404 carries the key, as the server's echo would.
-		w.stats.fault(FaultLookupReflect.Name())
+		w.stats.fault(faultLookupReflect.Name())
 		a := answer{status: http.StatusNotFound, header: req.Header.Clone(), body: []byte("<html>No route</html>")}
 		a.header.Set("Content-Type", "text/html")
 		a.header.Set(idempotency.HeaderKey, req.URL.Query().Get("idempotency_key"))
@@ -187,46 +187,46 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	transit := time.Duration(0)
 	lost := false
 	switch {
-	case r.chance(rate(FaultLoseRequest)):
-		w.stats.fault(FaultLoseRequest.Name())
+	case r.chance(rate(faultLoseRequest)):
+		w.stats.fault(faultLoseRequest.Name())
 		lost = true
 	case isPost && faulty && w.clk.now.Before(d.stuckUntil):
 		// The POST goes out on the stuck connection too.
-		w.stats.fault(FaultHold.Name())
+		w.stats.fault(faultHold.Name())
 		transit = r.between(time.Second, w.cfg.MaxTransit)
-	case r.chance(rate(FaultHold)):
+	case r.chance(rate(faultHold)):
 		// The request is held in transit; a POST sticks the device's
 		// connection for a while, so that its retries are held too (a
 		// phone whose mobile data stalls), while other requests, such as
 		// the reconcile lookup, may take another path.
-		w.stats.fault(FaultHold.Name())
+		w.stats.fault(faultHold.Name())
 		transit = r.between(time.Second, w.cfg.MaxTransit)
 		if isPost {
 			d.stuckUntil = w.clk.now.Add(r.between(10*time.Second, w.cfg.MaxTransit))
 		}
 	}
 	switch {
-	case r.chance(rate(FaultLoseAnswer)):
-		w.stats.fault(FaultLoseAnswer.Name())
+	case r.chance(rate(faultLoseAnswer)):
+		w.stats.fault(faultLoseAnswer.Name())
 		fl.loseAns = true
-	case r.chance(rate(FaultCutBody)):
-		w.stats.fault(FaultCutBody.Name())
+	case r.chance(rate(faultCutBody)):
+		w.stats.fault(faultCutBody.Name())
 		fl.cut = true
-	case r.chance(rate(FaultProxyStatus)):
+	case r.chance(rate(faultProxyStatus)):
 		// The intermediary passed the request on, and answers on its own
 		// anyway: the work may be done.
-		w.stats.fault(FaultProxyStatus.Name() + " after forwarding")
+		w.stats.fault(faultProxyStatus.Name() + " after forwarding")
 		fl.replace = pick(r, 408, 429, 500, 502, 503, 504)
-	case r.chance(rate(FaultProxyOther5xx)):
-		w.stats.fault(FaultProxyOther5xx.Name() + " after forwarding")
+	case r.chance(rate(faultProxyOther5xx)):
+		w.stats.fault(faultProxyOther5xx.Name() + " after forwarding")
 		fl.replace = pick(r, 501, 507, 520, 521, 522, 523, 524)
 	}
 	if fl.replace != 0 {
 		fl.raValue = retryAfter(w)
 	}
 	answerDelay := time.Duration(0)
-	if r.chance(rate(FaultSlowAnswer)) {
-		w.stats.fault(FaultSlowAnswer.Name())
+	if r.chance(rate(faultSlowAnswer)) {
+		w.stats.fault(faultSlowAnswer.Name())
 		answerDelay = r.between(time.Second, 3*d.attemptTimeout/2)
 	}
 
@@ -236,10 +236,10 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Get("Idempotency-Key"), transit, lost, fl.loseAns, fl.cut, fl.replace)
 	if !lost {
 		w.send(fl, transit, answerDelay, method, url, header, body)
-		if isPost && r.chance(rate(FaultDuplicate)) {
+		if isPost && r.chance(rate(faultDuplicate)) {
 			// The intermediary sends the POST again on its own; the copy's
 			// answer goes nowhere.
-			w.stats.fault(FaultDuplicate.Name())
+			w.stats.fault(faultDuplicate.Name())
 			dup := &flight{d: d, gen: d.gen}
 			var at time.Duration
 			switch r.IntN(3) {
@@ -253,11 +253,11 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			w.send(dup, at, 0, method, url, header, body)
 		}
 	}
-	if transit > 0 && w.faulty && w.cfg.Faults[FaultHoldAcrossCrash] && r.chance(0.5) {
+	if transit > 0 && w.faulty && w.cfg.Faults[faultHoldAcrossCrash] && r.chance(0.5) {
 		// The device dies while its request is in transit, and comes
 		// back before the request arrives, as a killed app restarted at
 		// once does.
-		w.stats.fault(FaultCrash.Name())
+		w.stats.fault(faultCrash.Name())
 		panic(crash{where: "while its request is in transit", quick: true})
 	}
 	d.maybeCrash("after a request was sent")
@@ -289,15 +289,15 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // send delivers a copy of a request to the server after transit, and its
 // answer back after answerDelay. Copies of a device generation that died
-// are lost unless FaultHoldAcrossCrash is on.
-func (w *World) send(fl *flight, transit, answerDelay time.Duration, method, url string, header http.Header, body []byte) {
+// are lost unless faultHoldAcrossCrash is on.
+func (w *world) send(fl *flight, transit, answerDelay time.Duration, method, url string, header http.Header, body []byte) {
 	f := w.drawServerFaults(method)
 	w.clk.after(transit, func() {
-		if fl.d.gen != fl.gen && !(w.faulty && w.cfg.Faults[FaultHoldAcrossCrash]) {
+		if fl.d.gen != fl.gen && !(w.faulty && w.cfg.Faults[faultHoldAcrossCrash]) {
 			return
 		}
 		if fl.d.gen != fl.gen {
-			w.stats.fault(FaultHoldAcrossCrash.Name())
+			w.stats.fault(faultHoldAcrossCrash.Name())
 		}
 		w.tracef("server receives %s %s key=%s from d%d faults=%+v", method, url, header.Get("Idempotency-Key"), fl.d.id, f)
 		w.spawn(func(p *proc) {
@@ -311,7 +311,7 @@ func (w *World) send(fl *flight, transit, answerDelay time.Duration, method, url
 }
 
 // drawServerFaults draws what the server does to one request.
-func (w *World) drawServerFaults(method string) serverFaults {
+func (w *world) drawServerFaults(method string) serverFaults {
 	var f serverFaults
 	if !w.faulty || method != http.MethodPost {
 		return f
@@ -319,28 +319,28 @@ func (w *World) drawServerFaults(method string) serverFaults {
 	r := w.serverRNG
 	rate := w.cfg.Faults.rate
 	switch {
-	case r.chance(rate(FaultCrashAfterInsert)):
+	case r.chance(rate(faultCrashAfterInsert)):
 		f.crashAfterInsert = true
-	case r.chance(rate(FaultCrashAfterCharge)):
+	case r.chance(rate(faultCrashAfterCharge)):
 		f.crashAfterProvider = true
-	case r.chance(rate(FaultError500)):
+	case r.chance(rate(faultError500)):
 		f.errorBeforeCharge = true
 	}
-	if r.chance(rate(FaultSlowWork)) {
-		w.stats.fault(FaultSlowWork.Name())
+	if r.chance(rate(faultSlowWork)) {
+		w.stats.fault(faultSlowWork.Name())
 		f.slow = r.between(time.Second, 2*w.cfg.Lease)
 	}
 	switch {
-	case r.chance(rate(FaultStoreErrorInsert)):
+	case r.chance(rate(faultStoreErrorInsert)):
 		f.storeError = "insert"
-	case r.chance(rate(FaultStoreErrorComplete)):
+	case r.chance(rate(faultStoreErrorComplete)):
 		f.storeError = "complete"
 	}
 	return f
 }
 
 // proxyAnswer is an intermediary's own answer.
-func proxyAnswer(w *World, status int) answer {
+func proxyAnswer(w *world, status int) answer {
 	a := answer{status: status, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>edge: " + strconv.Itoa(status) + "</html>")}
 	if ra := retryAfter(w); ra != "" {
 		a.header.Set("Retry-After", ra)
@@ -350,7 +350,7 @@ func proxyAnswer(w *World, status int) answer {
 
 // retryAfter draws a Retry-After value: none, delta-seconds (some above the
 // client's cap), or an HTTP-date on the world's true clock.
-func retryAfter(w *World) string {
+func retryAfter(w *world) string {
 	r := w.netRNG
 	switch r.IntN(4) {
 	case 0:
@@ -396,7 +396,7 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // lookupURL is the reconcile lookup for key.
 func lookupURL(key string) string {
-	return BaseURL + "/payments?idempotency_key=" + strings.ReplaceAll(key, "\"", "")
+	return baseURL + "/payments?idempotency_key=" + strings.ReplaceAll(key, "\"", "")
 }
 
 // dialError is how a dial fails on a device without a network: refused,
@@ -408,7 +408,7 @@ func dialError(r rng) error {
 	case 1:
 		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: network is unreachable")}
 	case 2:
-		return &net.DNSError{Err: "no such host", Name: Host, IsNotFound: true}
+		return &net.DNSError{Err: "no such host", Name: simHost, IsNotFound: true}
 	}
 	return &net.OpError{Op: "dial", Net: "tcp", Err: errTimeout}
 }

@@ -10,11 +10,11 @@ import (
 func TestSimulationReplaysFromItsSeed(t *testing.T) {
 	for _, seed := range []uint64{7, 8, 9} {
 		var first, second []string
-		cfg := Config{Seed: seed, Actions: 200, Faults: DefaultFaults()}
+		cfg := config{Seed: seed, Actions: 200, Faults: defaultFaults()}
 		cfg.Trace = func(s string) { first = append(first, s) }
-		a := Run(cfg)
+		a := run(cfg)
 		cfg.Trace = func(s string) { second = append(second, s) }
-		b := Run(cfg)
+		b := run(cfg)
 		if len(first) < 100 {
 			t.Fatalf("seed %d: only %d trace lines", seed, len(first))
 		}

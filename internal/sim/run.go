@@ -16,15 +16,15 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Config is one run of the world. Zero durations are drawn from the seed.
-type Config struct {
+// config is one run of the world. Zero durations are drawn from the seed.
+type config struct {
 	Seed uint64
 	// Actions is how many user actions the run makes before the world turns
 	// calm. Zero means 300.
 	Actions int
 	// Devices is how many devices take part. Zero means 2 to 6.
 	Devices int
-	Faults  Faults
+	Faults  faultSet
 
 	Retention      time.Duration // the server's, known to the clients
 	Margin         time.Duration // how long before retention a client stops sending
@@ -40,8 +40,8 @@ type Config struct {
 	Trace func(string)
 }
 
-// Stats are a run's figures.
-type Stats struct {
+// stats are a run's figures.
+type stats struct {
 	Actions  int
 	Sessions int
 	Intents  int
@@ -56,9 +56,9 @@ type Stats struct {
 	Settle time.Duration
 }
 
-func (s *Stats) fault(kind string) { s.count(&s.Faults, kind) }
+func (s *stats) fault(kind string) { s.count(&s.Faults, kind) }
 
-func (s *Stats) count(m *map[string]int, k string) {
+func (s *stats) count(m *map[string]int, k string) {
 	if *m == nil {
 		*m = make(map[string]int)
 	}
@@ -66,7 +66,7 @@ func (s *Stats) count(m *map[string]int, k string) {
 }
 
 // Add adds o's figures to s.
-func (s *Stats) Add(o Stats) {
+func (s *stats) Add(o stats) {
 	s.Actions += o.Actions
 	s.Sessions += o.Sessions
 	s.Intents += o.Intents
@@ -83,8 +83,8 @@ func (s *Stats) Add(o Stats) {
 	s.Settle = max(s.Settle, o.Settle)
 }
 
-// Lines lists m's counts, one "kind: n" per line, sorted by kind.
-func Lines(m map[string]int) []string {
+// countLines lists m's counts, one "kind: n" per line, sorted by kind.
+func countLines(m map[string]int) []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, fmt.Sprintf("%s: %d", k, m[k]))
@@ -92,9 +92,9 @@ func Lines(m map[string]int) []string {
 	return out
 }
 
-// World is one run.
-type World struct {
-	cfg   Config
+// world is one run.
+type world struct {
+	cfg   config
 	clk   clock
 	procs []*proc
 
@@ -110,7 +110,7 @@ type World struct {
 	// never tapped; untapped lists the ones a restart found stored.
 	shown    map[string]bool
 	untapped []string
-	stats    Stats
+	stats    stats
 	// blocked holds the calls that sent nothing, of intents nothing had
 	// sent, and yet ended with the outcome unknown.
 	blocked []string
@@ -129,13 +129,13 @@ type intentInfo struct {
 	reported persist.State // the resolved state the app saw first, or ""
 }
 
-// Result is the outcome of a run.
-type Result struct {
-	Stats      Stats
+// result is the outcome of a run.
+type result struct {
+	Stats      stats
 	Violations []string
 }
 
-func (c Config) withDefaults() Config {
+func (c config) withDefaults() config {
 	r := newRNG(c.Seed, 99)
 	if c.Actions == 0 {
 		c.Actions = 300
@@ -158,7 +158,7 @@ func (c Config) withDefaults() Config {
 	if c.ReconcileDelay == 0 {
 		c.ReconcileDelay = 2 * time.Minute
 	}
-	c.Stored5xx = c.Stored5xx || (c.Faults[FaultStored5xx] && r.chance(faultTable[FaultStored5xx].rate))
+	c.Stored5xx = c.Stored5xx || (c.Faults[faultStored5xx] && r.chance(faultTable[faultStored5xx].rate))
 	return c
 }
 
@@ -173,13 +173,13 @@ func (k keyReader) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Run runs the world of cfg and checks its invariants. It sets the UUID
+// run runs the world of cfg and checks its invariants. It sets the UUID
 // generator's source for its duration, so runs must not overlap.
-func Run(cfg Config) Result {
+func run(cfg config) result {
 	cfg = cfg.withDefaults()
-	w := &World{
+	w := &world{
 		cfg:       cfg,
-		clk:       clock{now: Epoch},
+		clk:       clock{now: epoch},
 		netRNG:    newRNG(cfg.Seed, 1),
 		devRNG:    newRNG(cfg.Seed, 2),
 		serverRNG: newRNG(cfg.Seed, 3),
@@ -197,7 +197,7 @@ func Run(cfg Config) Result {
 	for i := range cfg.Devices {
 		w.devices = append(w.devices, newDevice(w, i+1))
 	}
-	if cfg.Faults[FaultSweep] {
+	if cfg.Faults[faultSweep] {
 		w.scheduleSweep()
 	}
 	w.play()
@@ -206,21 +206,21 @@ func Run(cfg Config) Result {
 	w.stats.Charges = len(w.server.charges)
 	w.stats.Sessions = len(w.sessions)
 	w.stats.Intents = len(w.intents)
-	return Result{Stats: w.stats, Violations: violations}
+	return result{Stats: w.stats, Violations: violations}
 }
 
-func (w *World) scheduleSweep() {
+func (w *world) scheduleSweep() {
 	w.clk.after(w.serverRNG.between(time.Minute, w.cfg.Retention/2), func() {
 		n, _ := w.server.store.Sweep(context.Background(), w.clk.now)
 		for range n {
-			w.stats.fault(FaultSweep.Name() + " (records)")
+			w.stats.fault(faultSweep.Name() + " (records)")
 		}
 		w.scheduleSweep()
 	})
 }
 
 // play makes the user actions of the faulty part of the run.
-func (w *World) play() {
+func (w *world) play() {
 	r := w.appRNG
 	var last *device
 	for w.stats.Actions < w.cfg.Actions {
@@ -229,8 +229,8 @@ func (w *World) play() {
 			gap = r.between(10*time.Minute, w.cfg.Retention/2)
 		}
 		w.clk.advanceTo(w.clk.now.Add(gap))
-		if w.serverRNG.chance(w.cfg.Faults.rate(FaultServerCrash)) {
-			w.stats.fault(FaultServerCrash.Name())
+		if w.serverRNG.chance(w.cfg.Faults.rate(faultServerCrash)) {
+			w.stats.fault(faultServerCrash.Name())
 			w.tracef("the server process dies")
 			w.killAll()
 		}
@@ -263,7 +263,7 @@ func (w *World) play() {
 // calm stops every fault, lets the devices come back and settle their
 // intents, waits for the stragglers in the network, and checks the
 // invariants.
-func (w *World) calm() []string {
+func (w *world) calm() []string {
 	w.faulty = false
 	// The devices that are down come back when they were due to; clocks
 	// days off are corrected.
@@ -325,14 +325,14 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 // tracef writes a line to the trace, if there is one.
-func (w *World) tracef(format string, args ...any) {
+func (w *world) tracef(format string, args ...any) {
 	if w.cfg.Trace != nil {
-		w.cfg.Trace(fmt.Sprintf("%-14s ", w.clk.now.Sub(Epoch).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
+		w.cfg.Trace(fmt.Sprintf("%-14s ", w.clk.now.Sub(epoch).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
 	}
 }
 
 // bind records that key is an intent for c.
-func (w *World) bind(key string, c *cart) {
+func (w *world) bind(key string, c *cart) {
 	if info, ok := w.intents[key]; ok {
 		if info.cart != c {
 			panic(fmt.Sprintf("sim: key %s bound to carts %s and %s", key, info.cart.desc, c.desc))
@@ -348,7 +348,7 @@ func (w *World) bind(key string, c *cart) {
 // bindIntent records the cart of an intent found in a device's store: an
 // intent whose creation the app never saw return (it crashed right after
 // the save) is still the app's.
-func (w *World) bindIntent(in *idem.Intent) {
+func (w *world) bindIntent(in *idem.Intent) {
 	if w.shown[in.Key()] {
 		// Nobody tapped it: it must not outlive the process.
 		w.untapped = append(w.untapped, in.Key())
@@ -361,7 +361,7 @@ func (w *World) bindIntent(in *idem.Intent) {
 }
 
 // bindBody binds key to the cart its request body names.
-func (w *World) bindBody(key string, reqBody []byte) {
+func (w *world) bindBody(key string, reqBody []byte) {
 	var body struct{ Description string }
 	if err := json.Unmarshal(reqBody, &body); err != nil || w.carts[body.Description] == nil {
 		panic(fmt.Sprintf("sim: intent %s holds no cart of the world: %s", key, reqBody))
@@ -376,7 +376,7 @@ type intentView interface {
 }
 
 // observe records what the app now knows about in.
-func (w *World) observe(a *app, in intentView) {
+func (w *world) observe(a *app, in intentView) {
 	info := w.intents[in.Key()]
 	if info == nil {
 		return
@@ -400,7 +400,7 @@ func (w *World) observe(a *app, in intentView) {
 // nothing, unless it comes with an answer marked as not recorded, which
 // is the server's answer all the same. sent is how many requests the call
 // wrote.
-func (w *World) observeAnswer(a *app, key string, resp *idem.Response, err error, sent int) {
+func (w *world) observeAnswer(a *app, key string, resp *idem.Response, err error, sent int) {
 	info := w.intents[key]
 	var se *idem.SaveError
 	var re *idem.RetryError
@@ -421,7 +421,7 @@ func (w *World) observeAnswer(a *app, key string, resp *idem.Response, err error
 }
 
 // check verifies the invariants once the world is calm.
-func (w *World) check() []string {
+func (w *world) check() []string {
 	var vs []string
 	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
 
@@ -444,7 +444,7 @@ func (w *World) check() []string {
 		if chs := bySession[s]; len(chs) > 1 {
 			var descs []string
 			for _, ch := range chs {
-				descs = append(descs, fmt.Sprintf("%s (key %s, %s at %s)", ch.desc, ch.key, ch.stableID, ch.at.Sub(Epoch)))
+				descs = append(descs, fmt.Sprintf("%s (key %s, %s at %s)", ch.desc, ch.key, ch.stableID, ch.at.Sub(epoch)))
 			}
 			bad("checkout %s was charged %d times: %s", s.id, len(chs), strings.Join(descs, "; "))
 		}

@@ -64,7 +64,7 @@ func faultsOf(ctx context.Context) serverFaults {
 
 // server is the world's payments server.
 type server struct {
-	w        *World
+	w        *world
 	store    *yieldStore
 	handler  http.Handler
 	charges  []*charge
@@ -80,7 +80,7 @@ type server struct {
 
 var errStoreDown = errors.New("sim: the record store is unavailable")
 
-func newServer(w *World) *server {
+func newServer(w *world) *server {
 	s := &server{
 		w:         w,
 		store:     &yieldStore{w: w, mem: idempotency.NewMemoryStore()},
@@ -108,7 +108,7 @@ func newServer(w *World) *server {
 }
 
 // worldClock is the server's clock: the world's true time.
-type worldClock struct{ w *World }
+type worldClock struct{ w *world }
 
 func (c worldClock) Now() time.Time { return c.w.clk.now }
 
@@ -150,7 +150,7 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 	req := info.Validated.(paymentRequest)
 	f := faultsOf(ctx)
 	if f.crashAfterInsert {
-		s.w.stats.fault(FaultCrashAfterInsert.Name())
+		s.w.stats.fault(faultCrashAfterInsert.Name())
 		panic(http.ErrAbortHandler)
 	}
 	if f.slow > 0 {
@@ -162,7 +162,7 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 			// stores its 500s must not store this one.
 			*takeoverOf(ctx) = true
 		}
-		s.w.stats.fault(FaultError500.Name())
+		s.w.stats.fault(faultError500.Name())
 		writeProblem(w, http.StatusInternalServerError, "error", "")
 		return
 	}
@@ -190,7 +190,7 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 		s.w.tracef("server charges %s key %s for %s", ch.stableID, ch.key, ch.desc)
 	}
 	if f.crashAfterProvider {
-		s.w.stats.fault(FaultCrashAfterCharge.Name())
+		s.w.stats.fault(faultCrashAfterCharge.Name())
 		panic(http.ErrAbortHandler)
 	}
 	out := paymentJSON(ch)
@@ -237,7 +237,7 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 	}
 	id := idempotency.ID{Principal: r.Header.Get("Authorization"), Key: key}
 	out, ok := s.ledger[id]
-	if !ok && s.w.cfg.Faults[FaultKeySpelling] {
+	if !ok && s.w.cfg.Faults[faultKeySpelling] {
 		// The lookup finds a payment made under the key in either
 		// spelling: the app asks with the key as Intent.Key returns it.
 		out, ok = s.ledger[idempotency.ID{Principal: id.Principal, Key: key + rawQuotedSuffix}]
@@ -317,7 +317,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	req.Header = header.Clone()
 	// The key as it arrived, which the server echoes on its answers.
 	received := header.Values(idempotency.HeaderKey)
-	if s.w.cfg.Faults[FaultKeySpelling] {
+	if s.w.cfg.Faults[faultKeySpelling] {
 		// This server compares raw key values, as some libraries do: "K"
 		// and K are two keys to it.
 		if v := req.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
@@ -340,7 +340,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	case req.URL.Path == "/payments" && method == http.MethodPost:
 		if s.w.cfg.Stored5xx {
 			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
-				s.w.stats.fault(FaultStored5xx.Name())
+				s.w.stats.fault(faultStored5xx.Name())
 				rec.header.Set(idempotency.HeaderReplayed, "true")
 				writeProblem(rec, http.StatusInternalServerError, "error", "")
 				break
@@ -377,7 +377,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 // pause before each step (so that the world may run other requests
 // between two steps of one) and the failures the request's faults ask for.
 type yieldStore struct {
-	w   *World
+	w   *world
 	mem *idempotency.MemoryStore
 }
 
@@ -386,8 +386,8 @@ func (s *yieldStore) pause(ctx context.Context) {
 	if p == nil {
 		return
 	}
-	if s.w.serverRNG.chance(s.w.cfg.Faults.rate(FaultStorePause)) {
-		s.w.stats.fault(FaultStorePause.Name())
+	if s.w.serverRNG.chance(s.w.cfg.Faults.rate(faultStorePause)) {
+		s.w.stats.fault(faultStorePause.Name())
 		p.sleep(s.w.serverRNG.between(0, 2*time.Second))
 	} else {
 		// Requests due at this same instant get their turn.
@@ -398,9 +398,9 @@ func (s *yieldStore) pause(ctx context.Context) {
 func (s *yieldStore) fail(ctx context.Context, op string) bool {
 	if faultsOf(ctx).storeError == op {
 		if op == "insert" {
-			s.w.stats.fault(FaultStoreErrorInsert.Name())
+			s.w.stats.fault(faultStoreErrorInsert.Name())
 		} else {
-			s.w.stats.fault(FaultStoreErrorComplete.Name())
+			s.w.stats.fault(faultStoreErrorComplete.Name())
 		}
 		return true
 	}

@@ -33,9 +33,9 @@ func envUint(t *testing.T, name string, def uint64) uint64 {
 }
 
 // simFaults is the default fault set with IDEM_SIM_FAULTS applied.
-func simFaults(t *testing.T) Faults {
+func simFaults(t *testing.T) faultSet {
 	t.Helper()
-	fs, err := ParseFaults(DefaultFaults(), os.Getenv("IDEM_SIM_FAULTS"))
+	fs, err := parseFaults(defaultFaults(), os.Getenv("IDEM_SIM_FAULTS"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,15 +82,15 @@ func TestSimulation(t *testing.T) {
 	trace := os.Getenv("IDEM_SIM_TRACE") != ""
 	t.Logf("fault classes on: %s", faults)
 
-	var total Stats
+	var total stats
 	n := 0
 	start := time.Now()
 	run := func(seed uint64) bool {
-		cfg := Config{Seed: seed, Actions: actions, Faults: faults}
+		cfg := config{Seed: seed, Actions: actions, Faults: faults}
 		if trace {
 			cfg.Trace = func(line string) { t.Log(line) }
 		}
-		res := Run(cfg)
+		res := run(cfg)
 		total.Add(res.Stats)
 		n++
 		if verbose {
@@ -139,6 +139,6 @@ func TestSimulation(t *testing.T) {
 		n, total.Actions, total.Sessions, total.Intents, total.Attempts, total.Charges, elapsed.Round(time.Millisecond),
 		float64(total.Actions)/elapsed.Seconds(), total.Settle)
 	t.Logf("violations: %d, in %d seed(s) %v", violations, len(failed), failed)
-	t.Logf("faults injected:\n\t%s", strings.Join(Lines(total.Faults), "\n\t"))
-	t.Logf("server outcomes:\n\t%s", strings.Join(Lines(total.Outcomes), "\n\t"))
+	t.Logf("faults injected:\n\t%s", strings.Join(countLines(total.Faults), "\n\t"))
+	t.Logf("server outcomes:\n\t%s", strings.Join(countLines(total.Outcomes), "\n\t"))
 }

@@ -28,8 +28,8 @@ import (
 	"time"
 )
 
-// Epoch is where the world's clock starts.
-var Epoch = time.Date(2030, 1, 1, 9, 0, 0, 0, time.UTC)
+// epoch is where the world's clock starts.
+var epoch = time.Date(2030, 1, 1, 9, 0, 0, 0, time.UTC)
 
 // event is something the world does at a time: deliver a request, resume a
 // server worker, sweep the server's records.
@@ -132,7 +132,7 @@ func pick[T any](r rng, xs ...T) T { return xs[r.IntN(len(xs))] }
 // proc is a server worker: a goroutine that runs only while the world has
 // handed it the turn. It gives the turn back when it parks or ends.
 type proc struct {
-	w        *World
+	w        *world
 	wake     chan bool // true: run on; false: the server died, unwind
 	yield    chan struct{}
 	done     bool
@@ -146,7 +146,7 @@ type errKilled struct{}
 func (errKilled) Error() string { return "sim: the server process died" }
 
 // spawn starts fn as a worker and runs it until it parks or ends.
-func (w *World) spawn(fn func(p *proc)) *proc {
+func (w *world) spawn(fn func(p *proc)) *proc {
 	p := &proc{w: w, wake: make(chan bool), yield: make(chan struct{})}
 	w.procs = append(w.procs, p)
 	go func() {
@@ -170,7 +170,7 @@ func (w *World) spawn(fn func(p *proc)) *proc {
 }
 
 // resume hands the turn to p and waits until p gives it back.
-func (w *World) resume(p *proc, alive bool) {
+func (w *world) resume(p *proc, alive bool) {
 	if p.done {
 		return
 	}
@@ -185,7 +185,7 @@ func (w *World) resume(p *proc, alive bool) {
 }
 
 // reap drops ended workers from the list.
-func (w *World) reap() {
+func (w *world) reap() {
 	live := w.procs[:0]
 	for _, p := range w.procs {
 		if !p.done {
@@ -214,7 +214,7 @@ func (p *proc) sleep(d time.Duration) {
 }
 
 // killAll ends every worker, as a server process dying does.
-func (w *World) killAll() {
+func (w *world) killAll() {
 	for _, p := range append([]*proc(nil), w.procs...) {
 		w.resume(p, false)
 	}
@@ -222,4 +222,4 @@ func (w *World) killAll() {
 }
 
 // String names the world's clock reading, for failure messages.
-func (c *clock) String() string { return fmt.Sprintf("T+%s", c.now.Sub(Epoch)) }
+func (c *clock) String() string { return fmt.Sprintf("T+%s", c.now.Sub(epoch)) }
