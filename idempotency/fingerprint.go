@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -99,25 +100,95 @@ func NewFingerprintVersion(version int, method, path, rawQuery string, body []by
 		return f, fmt.Errorf("idempotency: unknown fingerprint version %d", version)
 	}
 	c, err := parseJSON(body, maxDepth)
+	if c != nil {
+		defer c.release()
+	}
 	if err != nil {
 		return f, err
 	}
-	h := sha256.New()
-	writeField(h, []byte(method))
-	writeField(h, []byte(path))
+	h := newHasher()
+	defer h.release()
+	h.stringField(method)
+	h.stringField(path)
 	if version == FingerprintV2 {
 		writeQuery(h, rawQuery)
 	}
 	if c != nil {
 		// The body is the last field, so its end needs no length.
-		h.Write([]byte{'j'})
+		h.byte('j')
 		c.writeTo(h)
 	} else {
-		h.Write([]byte{'r'})
-		writeField(h, body)
+		h.byte('r')
+		h.field(body)
 	}
-	h.Sum(f[:0])
+	h.sum(&f)
 	return f, nil
+}
+
+// hasher is SHA-256 over what is written to it. Input up to flushAt bytes
+// is gathered and hashed in one call at the end, without the allocations
+// of a streaming hash; longer input streams through one. The digest is
+// the same either way: SHA-256 of everything written, in order.
+type hasher struct {
+	buf []byte
+	h   hash.Hash // nil until the input outgrows buf
+}
+
+var hashers = sync.Pool{New: func() any { return &hasher{buf: make([]byte, 0, 512)} }}
+
+func newHasher() *hasher { return hashers.Get().(*hasher) }
+
+func (s *hasher) release() {
+	if cap(s.buf) > flushAt {
+		return // a large body's buffer is left to the collector
+	}
+	s.buf, s.h = s.buf[:0], nil
+	hashers.Put(s)
+}
+
+// Write implements io.Writer for the canonical form's writer.
+func (s *hasher) Write(p []byte) (int, error) {
+	if len(s.buf)+len(p) > flushAt {
+		if s.h == nil {
+			s.h = sha256.New()
+		}
+		s.h.Write(s.buf)
+		s.buf = s.buf[:0]
+		if len(p) > flushAt {
+			s.h.Write(p)
+			return len(p), nil
+		}
+	}
+	s.buf = append(s.buf, p...)
+	return len(p), nil
+}
+
+func (s *hasher) byte(b byte) { s.buf = append(s.buf, b) }
+
+// field writes b length-prefixed, so that no two different
+// (method, path, body) triples hash the same input.
+func (s *hasher) field(b []byte) {
+	s.buf = binary.BigEndian.AppendUint64(s.buf, uint64(len(b)))
+	_, _ = s.Write(b)
+}
+
+// stringField is field for a string, without copying it when it is short.
+func (s *hasher) stringField(v string) {
+	s.buf = binary.BigEndian.AppendUint64(s.buf, uint64(len(v)))
+	if len(s.buf)+len(v) > flushAt {
+		_, _ = s.Write([]byte(v))
+		return
+	}
+	s.buf = append(s.buf, v...)
+}
+
+func (s *hasher) sum(f *Fingerprint) {
+	if s.h == nil {
+		*f = sha256.Sum256(s.buf)
+		return
+	}
+	s.h.Write(s.buf)
+	s.h.Sum(f[:0])
 }
 
 // queryParam is one parameter of a query string, decoded, or raw when it
@@ -130,7 +201,7 @@ type queryParam struct {
 // writeQuery writes the canonical form of rawQuery (see NewFingerprint):
 // a count, then each parameter, ordered by name, the values of one name in
 // their order.
-func writeQuery(h hash.Hash, rawQuery string) {
+func writeQuery(h *hasher, rawQuery string) {
 	var params []queryParam
 	for rawQuery != "" {
 		var piece string
@@ -150,29 +221,18 @@ func writeQuery(h hash.Hash, rawQuery string) {
 		params = append(params, p)
 	}
 	slices.SortStableFunc(params, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(params)))
-	h.Write([]byte{'q'})
-	h.Write(n[:])
+	h.byte('q')
+	h.buf = binary.BigEndian.AppendUint64(h.buf, uint64(len(params)))
 	for _, p := range params {
 		if p.raw {
-			h.Write([]byte{'r'})
-			writeField(h, []byte(p.name))
+			h.byte('r')
+			h.stringField(p.name)
 			continue
 		}
-		h.Write([]byte{'d'})
-		writeField(h, []byte(p.name))
-		writeField(h, []byte(p.value))
+		h.byte('d')
+		h.stringField(p.name)
+		h.stringField(p.value)
 	}
-}
-
-// writeField writes b length-prefixed, so that no two different
-// (method, path, body) triples hash the same input.
-func writeField(h hash.Hash, b []byte) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-	h.Write(n[:])
-	h.Write(b)
 }
 
 // canon canonicalises valid JSON in two linear passes. The first (parse)
@@ -244,11 +304,29 @@ func parseJSON(body []byte, maxDepth int) (*canon, error) {
 	if maxDepth <= 0 {
 		maxDepth = DefaultMaxDepth
 	}
-	c := &canon{in: body, maxDepth: maxDepth}
+	c := canons.Get().(*canon)
+	c.in, c.pos, c.maxDepth = body, 0, maxDepth
 	if err := c.value(0); err != nil {
+		c.release()
 		return nil, err
 	}
 	return c, nil
+}
+
+// canons keeps canons for reuse, with their scratch space: fingerprinting
+// a small body then allocates nothing for the parse.
+var canons = sync.Pool{New: func() any { return new(canon) }}
+
+// release returns c to the pool, unless a large body grew its scratch
+// space, which is left to the collector.
+func (c *canon) release() {
+	if cap(c.objects) > 1024 || cap(c.members) > 1024 || cap(c.pending) > 1024 || cap(c.order) > 1024 ||
+		cap(c.names) > flushAt || cap(c.fold) > flushAt || cap(c.out) > 2*flushAt {
+		return
+	}
+	*c = canon{objects: c.objects[:0], members: c.members[:0], pending: c.pending[:0], names: c.names[:0],
+		fold: c.fold[:0], order: c.order[:0], out: c.out[:0]}
+	canons.Put(c)
 }
 
 func (c *canon) ws() {
