@@ -64,7 +64,7 @@ func newHandler(opts *Options, bare bool) *Handler {
 
 // InjectFault adds a fault. It fails, changing nothing, when f.Kind is not a
 // fault (the error lists the valid ones), a field is out of range, or
-// [MaxFaults] faults are pending ([ErrTooManyFaults]).
+// 100 faults are pending ([ErrTooManyFaults]).
 func (h *Handler) InjectFault(f Fault) error {
 	f, err := f.validate()
 	if err != nil {
