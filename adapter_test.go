@@ -104,7 +104,8 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(epoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	// The first attempt charges and its answer is lost; a login page in
 	// front of the server answers the second with a redirect.
 	hc := &http.Client{Transport: &loginAfterFirst{base: srv.Client().Transport}}

@@ -65,7 +65,8 @@ func newEnv(t testing.TB, opts ...idem.Option) *env {
 func newEnvAt(t testing.TB, start time.Time, opts ...idem.Option) *env {
 	t.Helper()
 	clk := clock.NewManual(start)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	e := &env{srv: srv, clock: clk, store: persist.NewMemory(nil)}
 	e.client = e.newClient(t, opts...)
 	return e

@@ -345,7 +345,8 @@ func TestDoubleTapSendsOneRequestAtATime(t *testing.T) {
 			clk := clock.NewManual(epoch)
 			// The payment takes a while, so that every tap lands while the
 			// first is on the wire.
-			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
+			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
+			t.Cleanup(srv.Close)
 			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100, "currency": "AZN", "customer": "cus_1"})
@@ -490,7 +491,8 @@ func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
 func TestKeyRejectedIsNotRetried(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(epoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, KeyFormat: fakeserver.KeyFormatUUID})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, RequireUUID: true})
+	t.Cleanup(srv.Close)
 	store := persist.NewMemory(nil)
 	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
 	require.NoError(t, err)
@@ -663,7 +665,8 @@ func TestRestartOnTheFileStore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	clk := clock.NewManual(epoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	dir := filepath.Join(t.TempDir(), "state") // OpenDir makes it 0700
 	open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {
 		store, err := persist.OpenDir(dir, nil)

@@ -169,7 +169,8 @@ func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 
 func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	t.Parallel()
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clock.NewManual(epoch)})
+	t.Cleanup(srv.Close)
 	device := clock.NewManual(epoch)
 	hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
 	hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives

@@ -42,7 +42,8 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 	t.Run("first attempt never recorded, then a restart", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
-		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
 		net := &heldNetwork{base: srv.Client().Transport}
 		disk := persist.NewMemory(nil)
 		store := &dyingStore{Store: disk}
@@ -82,7 +83,8 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 	t.Run("attempt just before expiry", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
-		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
 		net := &heldNetwork{base: srv.Client().Transport}
 		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
@@ -113,7 +115,8 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 	t.Run("an attempt that arrives while the lookup is on its way", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
-		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
 		net := &heldNetwork{base: srv.Client().Transport}
 		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
 		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
@@ -137,7 +140,8 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 	t.Run("never sent", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
-		srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
 		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))

@@ -292,7 +292,8 @@ func randomizedEndToEnd(t *testing.T, seed uint64, nIntents, workers int) {
 	// A long retention on both sides: the run's manual clock moves by every
 	// goroutine's waits, and expiry is not what this test is about.
 	const retention = 90 * 24 * time.Hour
-	run.srv = fakeserver.Start(t, &fakeserver.Options{Clock: run.clock, Lease: 5 * time.Second, Retention: retention})
+	run.srv = fakeserver.NewServer(&fakeserver.Options{Clock: run.clock, Lease: 5 * time.Second, Retention: retention})
+	t.Cleanup(run.srv.Close)
 	run.policy = idem.RetryPolicy{
 		MaxAttempts:     6,
 		MaxElapsed:      24 * time.Hour, // the shared clock races: attempts are the budget
@@ -1267,7 +1268,8 @@ func paymentID(t testing.TB, body []byte) string {
 func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(relEpoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
@@ -1308,7 +1310,8 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 func TestTakeoverThatFailsKeepsTheProviderCharge(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(relEpoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Lease: 5 * time.Second})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, Lease: 5 * time.Second})
+	t.Cleanup(srv.Close)
 	tr := &http.Transport{DisableKeepAlives: true} // no transport-level retry
 	t.Cleanup(tr.CloseIdleConnections)
 	hc := &http.Client{Transport: tr}

@@ -94,7 +94,8 @@ func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
 			t.Parallel()
 			clk := clock.NewManual(retryAfterNow)
-			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+			t.Cleanup(srv.Close)
 			cdn := &statusAfterWork{base: srv.Client().Transport, status: code, times: 1}
 			c, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
 			require.NoError(t, err)

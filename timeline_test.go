@@ -117,7 +117,8 @@ func (n *heldNetwork) deliver(t testing.TB) {
 func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	t.Parallel()
 	truth := clock.NewManual(epoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
 	net := &heldNetwork{base: srv.Client().Transport}
 	device := newDeviceClock(truth)
 	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
@@ -145,7 +146,8 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	t.Parallel()
 	truth := clock.NewManual(epoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
 	device := newDeviceClock(truth)
 	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
@@ -237,7 +239,8 @@ func TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	truth := clock.NewManual(epoch).WithoutBootClock()
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: truth})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
 	store := persist.NewMemory(nil)
 	device := newDeviceClock(truth)
 	open := func() *idem.Client {

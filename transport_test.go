@@ -189,7 +189,8 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	clk := clock.NewManual(epoch)
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	net := &heldNetwork{base: srv.Client().Transport}
 	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)

@@ -14,9 +14,9 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// AdminPrefix is the path prefix of the admin endpoints. Requests under it
+// adminPrefix is the path prefix of the admin endpoints. Requests under it
 // need no key, are not scoped, counted or faulted.
-const AdminPrefix = "/_fake/"
+const adminPrefix = "/_fake/"
 
 // faultRequest is the body of POST /_fake/faults.
 type faultRequest struct {
@@ -44,7 +44,7 @@ type faultJSON struct {
 const maxDelayMS = int64(24 * time.Hour / time.Millisecond)
 
 func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
-	switch strings.TrimPrefix(r.URL.Path, AdminPrefix) {
+	switch strings.TrimPrefix(r.URL.Path, adminPrefix) {
 	case "stats":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			methodNotAllowed(w, "GET, HEAD")
@@ -105,7 +105,7 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := h.faults.add(f); err != nil {
 		(&problem{Type: idempotency.TypeStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
-			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", MaxFaults)}).Write(w)
+			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", maxFaults)}).Write(w)
 		return
 	}
 	writeJSON(w, http.StatusCreated, faultJSON{Fault: f.Kind, Key: f.Key, Path: f.Path, Count: f.Count,

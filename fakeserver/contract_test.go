@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/idempotency/storetest"
 )
 
 // One test per row of the contract's section 4 table, in its order.
@@ -35,24 +36,24 @@ func TestRowKeyMalformed(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, key string
-		format    fakeserver.KeyFormat
+		uuid      bool
 	}{
-		{"empty", "", ""},
-		{"empty sf-string", `""`, ""},
-		{"too long", strings.Repeat("k", 256), ""},
-		{"too long quoted", `"` + strings.Repeat("k", 256) + `"`, ""},
-		{"space inside", "a b", ""},
-		{"non-ASCII", "ключ", ""},
-		{"control char", "a\x01b", ""},
-		{"unterminated sf-string", `"abc`, ""},
-		{"sf-string with space", `"a b"`, ""},
-		{"not a UUID in UUID mode", "order-1", fakeserver.KeyFormatUUID},
-		{"UUID without hyphens in UUID mode", "8e03978e40d543e8bc936894a57f9324", fakeserver.KeyFormatUUID},
+		{"empty", "", false},
+		{"empty sf-string", `""`, false},
+		{"too long", strings.Repeat("k", 256), false},
+		{"too long quoted", `"` + strings.Repeat("k", 256) + `"`, false},
+		{"space inside", "a b", false},
+		{"non-ASCII", "ключ", false},
+		{"control char", "a\x01b", false},
+		{"unterminated sf-string", `"abc`, false},
+		{"sf-string with space", `"a b"`, false},
+		{"not a UUID in UUID mode", "order-1", true},
+		{"UUID without hyphens in UUID mode", "8e03978e40d543e8bc936894a57f9324", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s, _ := newServer(t, &fakeserver.Options{KeyFormat: tt.format})
+			s, _ := newServer(t, &fakeserver.Options{RequireUUID: tt.uuid})
 			a, err := trySend(s.Client(), s.URL, req{Key: tt.key, Body: payBody})
 			if err != nil { // net/http refuses to send some header values at all
 				assert.ErrorContains(t, err, "invalid header field value")
@@ -85,19 +86,19 @@ func TestKeyFormats(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, first, second string
-		format              fakeserver.KeyFormat
+		uuid                bool
 	}{
-		{"bare then quoted", "order-1", `"order-1"`, ""},
-		{"quoted then bare", `"order-1"`, "order-1", ""},
-		{"sf-string with escaped quote", `"a\"b"`, `a"b`, ""},
-		{"sf-string with parameters", `"k";v=1`, "k", ""},
-		{"UUID mode", "8e03978e-40d5-43e8-bc93-6894a57f9324", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, fakeserver.KeyFormatUUID},
-		{"255 characters", strings.Repeat("k", 255), strings.Repeat("k", 255), ""},
+		{"bare then quoted", "order-1", `"order-1"`, false},
+		{"quoted then bare", `"order-1"`, "order-1", false},
+		{"sf-string with escaped quote", `"a\"b"`, `a"b`, false},
+		{"sf-string with parameters", `"k";v=1`, "k", false},
+		{"UUID mode", "8e03978e-40d5-43e8-bc93-6894a57f9324", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, true},
+		{"255 characters", strings.Repeat("k", 255), strings.Repeat("k", 255), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s, _ := newServer(t, &fakeserver.Options{KeyFormat: tt.format})
+			s, _ := newServer(t, &fakeserver.Options{RequireUUID: tt.uuid})
 			first := pay(t, s, tt.first, payBody)
 			require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
 			second := pay(t, s, tt.second, payBody)
@@ -489,9 +490,9 @@ func TestOrderStatusRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
 			t.Parallel()
 			opts := &fakeserver.Options{Clock: clock.NewManual(epoch)}
 			if where == "on PostgreSQL" {
-				opts.Postgres = newPool(t)
+				opts.Storage = onPostgres(newPool(t))
 			}
-			s := fakeserver.Start(t, opts)
+			s := start(t, opts)
 			for _, r := range []req{
 				{Method: http.MethodPut, Path: "/orders/15/status", NoKey: true, Body: `{"status":"SHIP\u0000PED"}`},
 				{Method: http.MethodPut, Path: "/orders/1%005/status", NoKey: true, Body: `{"status":"SHIPPED"}`},
@@ -548,7 +549,7 @@ func TestDatabaseErrorsAreLoggedNeverShown(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	var logged syncBuffer
-	s, _ := newServer(t, &fakeserver.Options{Postgres: pool, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	s, _ := newServer(t, &fakeserver.Options{Storage: onPostgres(pool), Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	_, err := pool.Exec(context.Background(), "DROP TABLE fake_payments")
 	require.NoError(t, err)
 
@@ -644,7 +645,7 @@ func TestRowValidationRefusesTextThePostgreSQLStateCannotHold(t *testing.T) {
 			t.Parallel()
 			var s *fakeserver.Server
 			if where == "in memory" {
-				s = fakeserver.Start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
+				s = start(t, &fakeserver.Options{Clock: clock.NewManual(epoch)})
 			} else {
 				ps, _ := processes(t, 1, time.Hour)
 				s = ps[0]
@@ -674,7 +675,7 @@ func TestServerErrorsNeverCarryTheDatabasesText(t *testing.T) {
 		t.Run(table, func(t *testing.T) {
 			t.Parallel()
 			pool := newPool(t)
-			s := fakeserver.Start(t, &fakeserver.Options{Postgres: pool, Clock: clock.NewManual(epoch)})
+			s := start(t, &fakeserver.Options{Storage: onPostgres(pool), Clock: clock.NewManual(epoch)})
 			_, err := pool.Exec(context.Background(), "DROP TABLE "+table)
 			require.NoError(t, err)
 			for _, a := range []answer{pay(t, s, "k1", payBody), lookup(t, s, "k1")} {
@@ -700,7 +701,7 @@ func TestRowRetentionNeverEndsUnderALiveLease(t *testing.T) {
 			t.Parallel()
 			opts := &fakeserver.Options{Retention: time.Hour}
 			if where == "on PostgreSQL" {
-				opts.Postgres = newPool(t)
+				opts.Storage = onPostgres(newPool(t))
 			} else {
 				opts.MaxRecords = 100 // newServer keeps it in memory
 			}
@@ -727,6 +728,33 @@ func TestRowRetentionNeverEndsUnderALiveLease(t *testing.T) {
 			assert.Equal(t, 1, st.ProviderCharges, "one key, one charge")
 			assert.Equal(t, st.ProviderCharges, st.Payments, "every charge is a payment")
 			assert.Equal(t, http.StatusOK, lookup(t, s, "k1").Status, "the lookup answers the payment")
+		})
+	}
+}
+
+// TestALongCredentialPays: a 3,000-character token, and one near the
+// program's 16 KiB header limit, pay (201) and replay, in memory and on
+// PostgreSQL, where the caller is kept as a digest that fits the index.
+func TestALongCredentialPays(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"memory", "postgres"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			opts := &fakeserver.Options{}
+			if where == "postgres" {
+				opts.Storage = onPostgres(newPool(t))
+			}
+			s, _ := newServer(t, opts)
+			for i, n := range []int{3000, 15 << 10} {
+				auth := "Bearer sk_live_" + storetest.RandomToken(n)
+				key := []string{"k-3000", "k-15k"}[i]
+				first := send(t, s.Client(), s.URL, req{Key: key, Auth: auth, Body: payBody})
+				require.Equal(t, http.StatusCreated, first.Status, "%d characters: %s", n, first.Body)
+				again := send(t, s.Client(), s.URL, req{Key: key, Auth: auth, Body: payBody})
+				assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+				assert.Equal(t, http.StatusOK, send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=" + key, Auth: auth, NoKey: true}).Status)
+			}
+			assert.Equal(t, 2, s.Stats().ProviderCharges)
 		})
 	}
 }

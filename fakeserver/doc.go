@@ -1,8 +1,14 @@
 // Package fakeserver is a payment API that implements the server side of the
 // Idempotency-Key contract exactly, faults included, for testing clients
 // against. It runs in process, shaped like net/http/httptest ([NewServer],
-// [Start], [NewHandler]), or as a program (go run ./cmd/fakeserver) for
-// clients in any language.
+// [NewHandler]), or as a program (go run ./cmd/fakeserver) for clients in
+// any language. Importing it links neither a database driver nor the
+// testing package; in a test:
+//
+//	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+//	t.Cleanup(srv.Close)
+//
+// [Options] is the one way to configure a server.
 //
 // The idempotency layer itself is the separate package
 // [github.com/idemkit/idem/idempotency]; this package adds the
@@ -32,7 +38,9 @@
 //     characters): naturally
 //     idempotent; a key is ignored.
 //
-// Errors are RFC 9457 problems whose type is one of the Problem constants.
+// Errors are RFC 9457 problems whose type is [ProblemCardDeclined], one of
+// the fake's other types listed beside it, or one of the idempotency
+// package's.
 //
 // # Callers
 //
@@ -42,7 +50,7 @@
 // new payment. The fake server has no users, so a test token names its
 // account: "Bearer test_<account>_<anything>" (or "Bearer test_<account>"),
 // the account 1 to 64 letters, digits, '-' or '.', its case significant,
-// the scheme's not ([AccountOf]).
+// the scheme's not.
 // "Bearer test_acme_1" and "Bearer test_acme_2" are the same caller, acme;
 // "Bearer test_globex_1" is another. Any other Authorization value is an
 // account of its own (so "Bearer ci-1" and "Bearer ci-2" are two callers,
@@ -103,34 +111,32 @@
 //     "status", "retry_after"}; retry_after is a string or a number of
 //     seconds. Answers 201 with the fault, or 400 naming what is wrong
 //     (for an unknown fault, the valid names), or 503 [idempotency.TypeStorageFull]
-//     while [MaxFaults] faults are pending.
+//     while 100 faults are pending.
 //   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
 //     POST /_fake/reset.
 //
 // # Several processes on PostgreSQL
 //
-// With [Options.Postgres] (cmd/fakeserver -postgres DSN) the records go to
-// a [github.com/idemkit/idem/idempotency/pgstore.Store], and payments, the
+// With [Options.Storage] set to [github.com/idemkit/idem/fakeserver/pgfake.New]
+// (cmd/fakeserver -postgres DSN) the records go to a
+// [github.com/idemkit/idem/idempotency/pgstore.Store], and payments, the
 // intents to charge, the fake provider's charges, order statuses and the
-// counters to tables beside them ([Migrate] creates them). A payment commits
+// counters to tables beside them (pgfake.Migrate creates them). A payment commits
 // in the transaction that marks its record COMPLETED. An intent to charge is
 // a row (fake_intents) written before the provider is called, so that a
 // process that dies after the provider charged leaves its charge to every
 // other process, and to one started later. Leases and retention are judged
 // on the database's clock, unless [Options.Clock] is set (tests), which every
-// server on the database must then share. [Handler.Abort] ends the
-// database work in flight, for a program whose drain time is over:
-// cmd/fakeserver calls it, so that SIGTERM ends it within -shutdown-timeout
-// even while a commit waits on a lock, and nothing commits after it
-// stopped. Several fake server processes on one database
+// server on the database must then share. Cancelling the context given
+// to pgfake.New ends the database work in flight, for a program whose
+// drain time is over: cmd/fakeserver does, so that SIGTERM ends it within
+// -shutdown-timeout even while a commit waits on a lock, and nothing
+// commits after it stopped. Several fake server processes on one database
 // then act as one server: a key's record, payment and charge are the same
 // whichever process a request reaches, a dead worker's record in one process
 // is taken over by a request to another once its lease ends, and
 // /_fake/stats on any of them reports the database's totals. Faults stay per
-// process; /_fake/reset empties the shared tables. [Migrate] rewrites the
-// callers of payments and orders written in clear by an earlier version to
-// their digests, once; stop the earlier version's processes before starting
-// this one's, since what they write afterwards stays in clear and unseen.
+// process; /_fake/reset empties the shared tables.
 //
 // # Time
 //
@@ -150,7 +156,7 @@
 // that retries it as an unknown outcome finds the key unused. Records free
 // up as they expire (Retry-After says when); payments only with Reset.
 // [Options.MaxOrders] bounds order statuses the same way, and at most
-// [MaxFaults] faults wait at once. A customer is at most 255 characters, a
+// 100 faults wait at once. A customer is at most 255 characters, a
 // description 1000, an order status 100.
 //
 // Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an

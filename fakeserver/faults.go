@@ -51,19 +51,19 @@ func validFaultNames() string {
 }
 
 var (
-	// ErrUnknownFault is wrapped by [Handler.InjectFault] errors for a
+	// errUnknownFault is wrapped by [Handler.InjectFault] errors for a
 	// FaultKind that does not exist; the message lists the valid ones.
-	ErrUnknownFault = errors.New("fakeserver: unknown fault")
-	// ErrInvalidFault is wrapped by [Handler.InjectFault] errors for a fault
+	errUnknownFault = errors.New("fakeserver: unknown fault")
+	// errInvalidFault is wrapped by [Handler.InjectFault] errors for a fault
 	// whose fields are wrong; the message says which.
-	ErrInvalidFault = errors.New("fakeserver: invalid fault")
-	// ErrTooManyFaults is returned by [Handler.InjectFault] when
-	// [MaxFaults] faults are pending.
+	errInvalidFault = errors.New("fakeserver: invalid fault")
+	// ErrTooManyFaults is returned by [Handler.InjectFault] when 100 faults
+	// are pending: clear them ([Handler.ClearFaults]) to inject more.
 	ErrTooManyFaults = errors.New("fakeserver: too many faults pending; clear them first")
 )
 
-// MaxFaults is how many injected faults may be pending at once.
-const MaxFaults = 100
+// maxFaults is how many injected faults may be pending at once.
+const maxFaults = 100
 
 // maxFaultPath bounds Fault.Path.
 const maxFaultPath = 2048
@@ -95,36 +95,36 @@ func (f Fault) validate() (Fault, error) {
 		known = known || f.Kind == k
 	}
 	if !known {
-		return f, fmt.Errorf("%w %q (valid faults: %s)", ErrUnknownFault, f.Kind, validFaultNames())
+		return f, fmt.Errorf("%w %q (valid faults: %s)", errUnknownFault, f.Kind, validFaultNames())
 	}
 	if f.Key != "" {
 		key, err := idempotency.ParseKey(f.Key)
 		if err != nil {
-			return f, fmt.Errorf("%w: key: %v", ErrInvalidFault, err)
+			return f, fmt.Errorf("%w: key: %v", errInvalidFault, err)
 		}
 		f.Key = key
 	}
 	switch {
 	case f.Path != "" && f.Path[0] != '/':
-		return f, fmt.Errorf("%w: path %q must start with /", ErrInvalidFault, f.Path)
+		return f, fmt.Errorf("%w: path %q must start with /", errInvalidFault, f.Path)
 	case len(f.Path) > maxFaultPath:
-		return f, fmt.Errorf("%w: path is longer than %d bytes", ErrInvalidFault, maxFaultPath)
+		return f, fmt.Errorf("%w: path is longer than %d bytes", errInvalidFault, maxFaultPath)
 	case f.Count < 0:
-		return f, fmt.Errorf("%w: count %d is negative", ErrInvalidFault, f.Count)
+		return f, fmt.Errorf("%w: count %d is negative", errInvalidFault, f.Count)
 	case f.Delay < 0:
-		return f, fmt.Errorf("%w: delay %v is negative", ErrInvalidFault, f.Delay)
+		return f, fmt.Errorf("%w: delay %v is negative", errInvalidFault, f.Delay)
 	case f.Kind == FaultDelay && f.Delay == 0:
-		return f, fmt.Errorf("%w: the delay fault needs a positive delay (delay_ms)", ErrInvalidFault)
+		return f, fmt.Errorf("%w: the delay fault needs a positive delay (delay_ms)", errInvalidFault)
 	case f.Kind == FaultStatus && (f.Status < 200 || f.Status > 599):
-		return f, fmt.Errorf("%w: the status fault needs a status from 200 to 599, not %d", ErrInvalidFault, f.Status)
+		return f, fmt.Errorf("%w: the status fault needs a status from 200 to 599, not %d", errInvalidFault, f.Status)
 	case f.Kind != FaultStatus && f.Status != 0:
-		return f, fmt.Errorf("%w: status is only for the status fault", ErrInvalidFault)
+		return f, fmt.Errorf("%w: status is only for the status fault", errInvalidFault)
 	case len(f.RetryAfter) > 64:
-		return f, fmt.Errorf("%w: retry_after is longer than 64 characters", ErrInvalidFault)
+		return f, fmt.Errorf("%w: retry_after is longer than 64 characters", errInvalidFault)
 	}
 	for i := 0; i < len(f.RetryAfter); i++ {
 		if c := f.RetryAfter[i]; c < 0x20 || c > 0x7e {
-			return f, fmt.Errorf("%w: retry_after may hold only printable ASCII", ErrInvalidFault)
+			return f, fmt.Errorf("%w: retry_after may hold only printable ASCII", errInvalidFault)
 		}
 	}
 	if f.Count == 0 {
@@ -143,7 +143,7 @@ type faultSet struct {
 func (s *faultSet) add(f Fault) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.faults) >= MaxFaults {
+	if len(s.faults) >= maxFaults {
 		return ErrTooManyFaults
 	}
 	s.faults = append(s.faults, &f)

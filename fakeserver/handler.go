@@ -9,30 +9,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
 
 // Handler is the fake server as a bare http.Handler, for users who mount it
 // themselves. It holds all state: records, payments, provider charges,
-// faults and counters. A Handler is safe for concurrent use by multiple
-// goroutines.
+// faults and counters (in memory, or in the [Options.Storage]). A Handler
+// is safe for concurrent use by multiple goroutines.
 type Handler struct {
 	cfg      config
-	store    *idempotency.MemoryStore
-	ledger   *ledger
-	provider *provider
-	orders   orders
+	state    fakestate.State
 	faults   faultSet
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
-	pg       *pgState     // the state in PostgreSQL; nil when in memory
-	instance string       // tells this process's payment ids from others' on one database
+	instance string       // tells this process's payment ids from others' on shared storage
 
-	requests, executions, seq atomic.Int64
-
-	// life bounds the work of every request and sweep: Abort cancels it.
-	// It is the handler's lifetime, not a request's.
-	life  context.Context
-	abort context.CancelFunc
+	seq atomic.Int64
 }
 
 // NewHandler returns a fake server handler. nil opts means defaults.
@@ -43,31 +35,18 @@ func NewHandler(opts *Options) *Handler {
 // newHandler builds a Handler; bare mounts the payment handler without the
 // idempotency layer, for the benchmark's baseline.
 func newHandler(opts *Options, bare bool) *Handler {
-	h := &Handler{
-		cfg:      opts.config(),
-		store:    idempotency.NewMemoryStore(),
-		ledger:   newLedger(),
-		provider: newProvider(),
-		orders:   orders{status: make(map[idempotency.ID]string)},
-	}
-	h.life, h.abort = context.WithCancel(context.Background())
-	var store idempotency.Store = h.store
-	if h.cfg.pg != nil {
-		// The bounds on memory do not apply: the database holds the state.
-		h.pg = newPGState(h.cfg.pg, h.cfg.clock)
+	h := &Handler{cfg: opts.config()}
+	if h.cfg.storage != nil {
+		// The bounds on memory do not apply: the storage holds the state.
+		h.state = h.cfg.storage.Open(h.cfg.clock)
 		h.instance = strings.ToLower(rand.Text()[:8])
-		// The middleware saves a finished request's outcome even when its
-		// client has gone; Abort still ends that work.
-		store = abortable{Store: h.pg.store, h: h}
 	} else {
-		h.store.SetMaxRecords(h.cfg.maxRecords)
-		h.store.SetClock(h.cfg.clock) // nil: the system clock, as h.cfg.now
-		h.ledger.max = h.cfg.maxPayments
+		h.state = newMemory(h.cfg)
 	}
 	h.payments = http.HandlerFunc(h.createPayment)
 	if !bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
-			Store:       store,
+			Store:       h.state.Records(),
 			Clock:       h.cfg.clock,
 			Retention:   h.cfg.retention,
 			Lease:       h.cfg.lease,
@@ -85,7 +64,7 @@ func newHandler(opts *Options, bare bool) *Handler {
 
 // InjectFault adds a fault. It fails, changing nothing, when f.Kind is not a
 // fault (the error lists the valid ones), a field is out of range, or
-// [MaxFaults] faults are pending ([ErrTooManyFaults]).
+// 100 faults are pending ([ErrTooManyFaults]).
 func (h *Handler) InjectFault(f Fault) error {
 	f, err := f.validate()
 	if err != nil {
@@ -94,156 +73,44 @@ func (h *Handler) InjectFault(f Fault) error {
 	return h.faults.add(f)
 }
 
-// Abort ends the database work of every request in flight, and of every
-// later request and sweep: each statement is cancelled, and a request that
-// had not committed its payment commits nothing (its record stays, for a
-// resend to take over). A program calls it when its drain time is over and
-// it closes its connections anyway, so that a commit waiting on a lock
-// neither keeps it running nor lands after it stopped; then it closes the
-// pool, which waits only for the cancelled statements. In memory it only
-// makes later sweeps do nothing. Abort cannot be undone.
-func (h *Handler) Abort() { h.abort() }
-
-// bound returns ctx, cancelled also by Abort.
-func (h *Handler) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(h.life, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
-// abortable is a Store whose every call ends when the handler is aborted.
-type abortable struct {
-	idempotency.Store
-	h *Handler
-}
-
-func (a abortable) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
-	ctx, cancel := a.h.bound(ctx)
-	defer cancel()
-	return a.Store.Insert(ctx, rec)
-}
-
-func (a abortable) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
-	ctx, cancel := a.h.bound(ctx)
-	defer cancel()
-	return a.Store.TakeOver(ctx, id, from, to, now, until)
-}
-
-func (a abortable) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
-	ctx, cancel := a.h.bound(ctx)
-	defer cancel()
-	return a.Store.Complete(ctx, id, owner, resp, commit)
-}
-
-func (a abortable) Release(ctx context.Context, id idempotency.ID, owner string) error {
-	ctx, cancel := a.h.bound(ctx)
-	defer cancel()
-	return a.Store.Release(ctx, id, owner)
-}
-
-func (a abortable) Sweep(ctx context.Context, now time.Time) (int, error) {
-	ctx, cancel := a.h.bound(ctx)
-	defer cancel()
-	return a.Store.Sweep(ctx, now)
-}
-
 // ClearFaults removes every injected fault.
 func (h *Handler) ClearFaults() { h.faults.clear() }
 
 // Sweep deletes the records expired by the Clock and returns how many.
 // A payment whose worker died and was never taken over is settled as its
 // record goes: recorded if the provider charged it, its room freed if not.
+// It returns 0 if the storage failed.
 func (h *Handler) Sweep() int {
-	ctx := h.life
-	now := h.cfg.now()
-	var n int
-	if h.pg != nil {
-		// The records go, but not before the charges of their dead
-		// workers are payments.
-		if err := h.pg.recoverExpired(ctx); err != nil {
-			return 0
-		}
-		n, _ = h.pg.store.Sweep(ctx, now)
-	} else {
-		n, _ = h.store.Sweep(ctx, now)
-	}
-	_ = h.settleReservations(ctx, func(id idempotency.ID, stableID string) bool {
-		rec, ok, err := h.liveRecord(ctx, id, now)
-		return err == nil && (!ok || rec.StableID != stableID)
-	}, true)
+	n, _ := h.state.Sweep(context.Background(), h.cfg.now())
 	return n
-}
-
-// settleReservations records as payments the reservations that pick
-// selects whose charge the provider made, and frees the others if free is
-// true. It is for reservations no worker can settle any more.
-func (h *Handler) settleReservations(ctx context.Context, pick func(rec idempotency.ID, id string) bool, free bool) error {
-	for pid, r := range h.ledger.reservations(pick) {
-		ch, charged, err := h.lookupCharge(ctx, pid)
-		if err != nil {
-			return err
-		}
-		if charged {
-			if err := h.addPayment(ctx, r.payment(pid, ch)); err != nil {
-				return err
-			}
-		}
-		if charged || free {
-			h.ledger.unreserve(pid)
-		}
-	}
-	return nil
 }
 
 // recoverCharged returns the payment made under record id once no request
 // can settle the record any more (it is done, expired or gone), recording
 // first what the provider charged for it under a worker that died. It
 // reports false when there is none. The payments are read after the
-// record: a worker records its payment before its record is done. On
-// PostgreSQL the intent is the key's latest row of fake_intents, whichever
-// process wrote it.
+// record: a worker records its payment before its record is done.
 func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payment, bool, error) {
-	rec, ok, err := h.liveRecord(ctx, id, h.cfg.now())
+	rec, ok, err := h.state.Record(ctx, id, h.cfg.now())
 	if err != nil || ok && rec.Status == idempotency.StatusInProgress {
 		return nil, false, err // a resend with the key takes it over and settles it
 	}
-	if h.pg != nil {
-		return h.pg.recoverLatest(ctx, id)
-	}
-	if err := h.settleReservations(ctx, func(rec idempotency.ID, _ string) bool { return rec == id }, false); err != nil {
-		return nil, false, err
-	}
-	return h.findPaymentByKey(ctx, id.Principal, id.Key)
+	return h.state.Recover(ctx, id)
 }
 
 // Reset forgets everything: records, payments, provider charges, orders,
 // faults and counters. Requests in flight may still commit afterwards.
-// On PostgreSQL it empties the shared tables, for every process on the
-// database; faults are forgotten in this process only.
+// On shared storage it empties it for every server on it; faults are
+// forgotten in this process only.
 func (h *Handler) Reset() { _ = h.reset(context.Background()) }
 
 func (h *Handler) reset(ctx context.Context) error {
 	h.faults.clear()
-	var err error
-	if h.pg != nil {
-		err = h.pg.reset(ctx)
-	}
-	h.store.Clear()
-	h.ledger.reset()
-	h.provider.reset()
-	h.orders.mu.Lock()
-	clear(h.orders.status)
-	h.orders.mu.Unlock()
-	h.requests.Store(0)
-	h.executions.Store(0)
-	return err
+	return h.state.Reset(ctx)
 }
 
-// RunSweeper calls Sweep every interval (real time) until ctx is done.
-func (h *Handler) RunSweeper(ctx context.Context, every time.Duration) {
-	if every <= 0 {
-		return
-	}
+// runSweeper calls Sweep every interval (real time) until ctx is done.
+func (h *Handler) runSweeper(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -259,14 +126,11 @@ func (h *Handler) RunSweeper(ctx context.Context, every time.Duration) {
 // ServeHTTP implements http.Handler: admin endpoints, faults, then the
 // business API.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if strings.HasPrefix(r.URL.Path, AdminPrefix) {
+	if strings.HasPrefix(r.URL.Path, adminPrefix) {
 		h.serveAdmin(w, r)
 		return
 	}
-	ctx, cancel := h.bound(r.Context())
-	defer cancel()
-	r = r.WithContext(ctx)
-	h.countRequest(ctx)
+	_ = h.state.Count(r.Context(), fakestate.Requests) // a lost count is no reason to refuse the request
 
 	var entry *logEntry
 	if h.cfg.logger != nil {
@@ -298,7 +162,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if f.retryAfter != "" {
 				w.Header().Set("Retry-After", f.retryAfter)
 			}
-			(&problem{Type: ProblemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
+			(&problem{Type: problemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
 				Detail: "the status fault answered this request; nothing was done"}).Write(w)
 			return
 		}
@@ -371,7 +235,7 @@ func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http
 	case f.has(FaultCrashAfterInsert), f.has(FaultCrashAfterProvider):
 		panic(http.ErrAbortHandler)
 	case f.has(FaultError):
-		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request"}).Write(w)
 		return
 	}

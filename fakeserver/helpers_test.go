@@ -15,6 +15,8 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/internal/fakestate"
+	"github.com/idemkit/idem/fakeserver/pgfake"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -109,10 +111,10 @@ func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *cl
 	// The Max* bounds are on memory and do not apply on PostgreSQL: the
 	// tests of those bounds run in memory either way.
 	bounded := opts.MaxRecords > 0 || opts.MaxPayments > 0 || opts.MaxOrders > 0
-	if os.Getenv(envPostgres) == "1" && !bounded && opts.Postgres == nil {
-		opts.Postgres = newPool(tb)
+	if os.Getenv(envPostgres) == "1" && !bounded && opts.Storage == nil {
+		opts.Storage = onPostgres(newPool(tb))
 	}
-	return fakeserver.Start(tb, opts), clk
+	return start(tb, opts), clk
 }
 
 // skipOnPostgres skips a test of the in-memory caps when the state is in
@@ -121,7 +123,7 @@ func newServer(tb testing.TB, opts *fakeserver.Options) (*fakeserver.Server, *cl
 func skipOnPostgres(t *testing.T) {
 	t.Helper()
 	if os.Getenv(envPostgres) == "1" {
-		t.Skip("the memory caps do not apply to state kept in PostgreSQL (see Options.Postgres)")
+		t.Skip("the memory caps do not apply to state kept in PostgreSQL (see Options.Storage)")
 	}
 }
 
@@ -136,6 +138,19 @@ func newPool(tb testing.TB) *pgxpool.Pool {
 	pool, err := pgxpool.New(context.Background(), pgtest.DSN(tb))
 	require.NoError(tb, err)
 	tb.Cleanup(pool.Close)
-	require.NoError(tb, fakeserver.Migrate(context.Background(), pool))
+	require.NoError(tb, pgfake.Migrate(context.Background(), pool))
 	return pool
+}
+
+// onPostgres keeps a server's state in pool's database.
+func onPostgres(pool *pgxpool.Pool) fakestate.Storage {
+	return pgfake.New(context.Background(), pool)
+}
+
+// start starts a server that is closed when tb and its subtests are done.
+func start(tb testing.TB, opts *fakeserver.Options) *fakeserver.Server {
+	tb.Helper()
+	s := fakeserver.NewServer(opts)
+	tb.Cleanup(s.Close)
+	return s
 }

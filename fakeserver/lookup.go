@@ -30,7 +30,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 	// none: a request under the key began meanwhile.
 	for range 2 {
 		now := h.cfg.now()
-		rec, live, err := h.liveRecord(ctx, id, now)
+		rec, live, err := h.state.Record(ctx, id, now)
 		if err != nil {
 			h.internalError(w, r, err)
 			return
@@ -41,7 +41,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		)
 		switch {
 		case live && rec.Status == idempotency.StatusCompleted:
-			p, paid, err = h.findPayment(ctx, id.Principal, rec.StableID)
+			p, paid, err = h.state.Payment(ctx, id.Principal, rec.StableID)
 		case live:
 			// The store's clock decides whether the lease has ended: the
 			// takeover in recoverRecord is refused while it is alive.
@@ -58,7 +58,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		default:
 			p, paid, err = h.recoverCharged(ctx, id)
 			if err == nil && !paid {
-				if _, began, err := h.liveRecord(ctx, id, h.cfg.now()); err == nil && began {
+				if _, began, err := h.state.Record(ctx, id, h.cfg.now()); err == nil && began {
 					continue
 				}
 			}
@@ -101,7 +101,7 @@ func secondsUntil(t, now time.Time) int64 {
 // over first or when the provider has no charge for it: only a resend,
 // which may charge, settles that.
 func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, now time.Time) (p *payment, settled bool, err error) {
-	store := h.records()
+	store := h.state.Records()
 	owner := rand.Text()
 	until := now.Add(h.cfg.lease)
 	won, err := store.TakeOver(ctx, rec.ID, rec.Owner, owner, now, until)
@@ -109,22 +109,20 @@ func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, no
 		return nil, false, err
 	}
 	giveUp := func() {
-		ctx, cancel := h.bound(context.WithoutCancel(ctx))
-		defer cancel()
-		_, _ = store.TakeOver(ctx, rec.ID, owner, "", now, now)
+		_, _ = store.TakeOver(context.WithoutCancel(ctx), rec.ID, owner, "", now, now)
 	}
-	ch, charged, err := h.lookupCharge(ctx, rec.StableID)
+	ch, charged, err := h.state.LookupCharge(ctx, rec.StableID)
 	if err != nil || !charged {
 		giveUp()
 		return nil, false, err
 	}
-	intent, _, err := h.intent(ctx, rec.StableID)
+	intent, _, err := h.state.Intent(ctx, rec.StableID)
 	if err != nil {
 		giveUp()
 		return nil, false, err
 	}
-	intent.rec = rec.ID
-	p = intent.payment(rec.StableID, ch)
+	intent.Record = rec.ID
+	p = intent.Payment(rec.StableID, ch)
 	body, err := json.Marshal(p)
 	if err != nil {
 		giveUp()
@@ -132,7 +130,7 @@ func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, no
 	}
 	resp := &idempotency.Response{StatusCode: http.StatusCreated, Body: append(body, '\n'), Header: http.Header{
 		"Content-Type": {"application/json"}, "Location": {"/payments/" + p.ID}}}
-	err = store.Complete(ctx, rec.ID, owner, resp, func(ctx context.Context) error { return h.addPayment(ctx, p) })
+	err = store.Complete(ctx, rec.ID, owner, resp, func(ctx context.Context) error { return h.state.AddPayment(ctx, p) })
 	if errors.Is(err, idempotency.ErrNotOwner) {
 		return nil, false, nil
 	}
@@ -141,12 +139,4 @@ func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, no
 		return nil, false, err
 	}
 	return p, true, nil
-}
-
-// records is the idempotency store, in memory or in PostgreSQL.
-func (h *Handler) records() idempotency.Store {
-	if h.pg != nil {
-		return h.pg.store
-	}
-	return h.store
 }

@@ -45,7 +45,7 @@ func processes(t *testing.T, n int, retention time.Duration) ([]*fakeserver.Serv
 	clk := clock.NewManual(epoch)
 	out := make([]*fakeserver.Server, n)
 	for i := range out {
-		s := fakeserver.NewServer(&fakeserver.Options{Postgres: pool, Clock: clk, Retention: retention})
+		s := fakeserver.NewServer(&fakeserver.Options{Storage: onPostgres(pool), Clock: clk, Retention: retention})
 		t.Cleanup(s.Close)
 		out[i] = s
 	}
@@ -86,7 +86,7 @@ func TestSweepRecordsADeadWorkersChargeBeforeDeletingItsRecord(t *testing.T) {
 	t.Run("in memory", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
-		s := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Retention: time.Hour})
+		s := start(t, &fakeserver.Options{Clock: clk, Retention: time.Hour})
 		sweepAfterCrash(t, s, s, clk)
 	})
 	t.Run("another process on PostgreSQL", func(t *testing.T) {
@@ -199,7 +199,7 @@ func TestLookupNeverLosesTheChargeOfARecordWithoutAnIntent(t *testing.T) {
 			t.Parallel()
 			pool := newPool(t)
 			clk := clock.NewManual(epoch)
-			s := fakeserver.Start(t, &fakeserver.Options{Postgres: pool, Clock: clk, Retention: time.Hour})
+			s := start(t, &fakeserver.Options{Storage: onPostgres(pool), Clock: clk, Retention: time.Hour})
 			crashAfterCharge(t, s, "k1")
 			_, err := pool.Exec(context.Background(), "DELETE FROM fake_intents") // as before intents were recorded
 			require.NoError(t, err)
@@ -232,11 +232,11 @@ func TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequestAfterItExpires(t *t
 				t.Parallel()
 				opts := &fakeserver.Options{Retention: time.Hour}
 				if where == "on PostgreSQL" {
-					opts.Postgres = newPool(t)
+					opts.Storage = onPostgres(newPool(t))
 				}
 				clk := clock.NewManual(epoch)
 				opts.Clock = clk
-				s := fakeserver.Start(t, opts)
+				s := start(t, opts)
 				first := pay(t, s, "k1", payBody)
 				require.Equal(t, http.StatusCreated, first.Status)
 				oldID, _, _ := paidBody(t, first)

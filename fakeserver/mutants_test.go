@@ -12,10 +12,10 @@ func TestMutants(t *testing.T) {
 	pg := []string{"IDEM_REQUIRE_POSTGRES=1"}
 	mutant.Test(t, []mutant.Mutant{
 		{
-			Name: "intent-in-process-memory", File: "fakeserver/state.go",
-			Note:    "on PostgreSQL the intent to charge is kept in the memory of the process that made it",
-			Anchor:  "return true, h.pg.addIntent(ctx, id, r, h.cfg.now())",
-			Replace: "return h.ledger.reserve(id, r), nil",
+			Name: "intent-in-process-memory", File: "fakeserver/pgfake/pgfake.go",
+			Note:    "on PostgreSQL the intent to charge is not written where other processes find it",
+			Anchor:  "return true, s.addIntent(ctx, id, in, now)",
+			Replace: "return true, nil",
 			Pkg:     "./fakeserver", Run: "^TestLookupNeverLosesADeadProcessesCharge$", Env: pg,
 		},
 		{
@@ -26,42 +26,42 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestLookupRecoversADeadWorkersChargeWithinTheLease$",
 		},
 		{
-			Name: "lookup-answers-old-payment", File: "fakeserver/lookup.go",
+			Name: "lookup-answers-old-payment", File: "fakeserver/pgfake/pgfake.go",
 			// In memory the ledger keeps the key's latest intent, so only
 			// PostgreSQL's latest payment under the key tells them apart.
 			Note:    "the lookup answers the key's latest payment, not its live record's",
-			Anchor:  "p, paid, err = h.findPayment(ctx, id.Principal, rec.StableID)",
-			Replace: "p, paid, err = h.findPaymentByKey(ctx, id.Principal, id.Key)",
+			Anchor:  "`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND id = $2`, idempotency.PrincipalDigest(principal), id)",
+			Replace: "`SELECT `+paymentColumns+` FROM fake_payments WHERE principal = $1 AND idem_key = (SELECT idem_key FROM fake_intents WHERE id = $2) ORDER BY seq DESC LIMIT 1`, idempotency.PrincipalDigest(principal), id)",
 			Pkg:     "./fakeserver", Run: "^TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequest$",
 			Env: append([]string{envPostgres + "=1"}, pg...),
 		},
 		{
-			Name: "sweep-without-recovery", File: "fakeserver/handler.go",
+			Name: "sweep-without-recovery", File: "fakeserver/pgfake/pgfake.go",
 			Note:    "the sweep deletes a dead worker's expired record without recording its charge",
-			Anchor:  "if err := h.pg.recoverExpired(ctx); err != nil {",
+			Anchor:  "if err := s.recoverExpired(ctx); err != nil {",
 			Replace: "if err := error(nil); err != nil {",
 			Pkg:     "./fakeserver", Run: "^TestSweepRecordsADeadWorkersChargeBeforeDeletingItsRecord$", Env: pg,
 		},
 		{
-			Name: "commit-outlives-abort", File: "fakeserver/handler.go",
-			Note:    "the middleware's Complete is not bounded by Abort",
-			Anchor:  "store = abortable{Store: h.pg.store, h: h}",
-			Replace: "store = h.pg.store",
-			Pkg:     "./fakeserver", Run: "^TestAbortEndsACommitWaitingOnALock$", Env: pg,
+			Name: "commit-outlives-abort", File: "fakeserver/pgfake/pgfake.go",
+			Note:    "the middleware's Complete is not bounded by the context given to pgfake.New",
+			Anchor:  "s.records, s.store = abortable{Store: store, life: st.life}, store",
+			Replace: "s.records, s.store = store, store",
+			Pkg:     "./fakeserver/pgfake", Run: "^TestNewsContextEndsACommitWaitingOnALock$", Env: pg,
 		},
 		{
 			Name: "fake-scopes-by-credential", File: "fakeserver/payments.go",
 			Note:    "a test token is its own caller, so a refreshed token's retry pays again",
-			Anchor:  "if account, ok := AccountOf(v); ok {",
-			Replace: `if account, ok := AccountOf(v); ok && account == "" {`,
+			Anchor:  "if account, ok := accountOf(v); ok {",
+			Replace: `if account, ok := accountOf(v); ok && account == "" {`,
 			Pkg:     "./fakeserver", Run: "^TestATestTokenNamesItsAccount$", Env: pg,
 		},
 		{
-			Name: "fake-payments-in-clear", File: "fakeserver/postgres.go",
+			Name: "fake-payments-in-clear", File: "fakeserver/pgfake/pgfake.go",
 			Note:    "the payments table keeps the caller itself",
-			Anchor:  "return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.principal))",
-			Replace: "return s.insertPayment(ctx, p, p.principal)",
-			Pkg:     "./fakeserver", Run: "^TestTablesNeverShowTheCredential$", Env: pg,
+			Anchor:  "return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.Principal))",
+			Replace: "return s.insertPayment(ctx, p, p.Principal)",
+			Pkg:     "./fakeserver/pgfake", Run: "^TestTablesNeverShowTheCredential$", Env: pg,
 		},
 		{
 			Name: "fake-internal-error-shown", File: "fakeserver/payments.go",

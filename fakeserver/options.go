@@ -5,24 +5,15 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
 
-// KeyFormat is the format of Idempotency-Key values the server accepts.
-type KeyFormat string
-
-const (
-	// KeyFormatAny accepts any key of 1-255 visible ASCII characters.
-	KeyFormatAny KeyFormat = "any"
-	// KeyFormatUUID accepts only canonical UUIDs.
-	KeyFormatUUID KeyFormat = "uuid"
-)
-
-// Options configures a fake server. A nil *Options, or a zero Options,
-// consists entirely of default values.
+// Options configures a fake server: every setting of [NewServer],
+// [NewHandler] and [NewBareHandler] is a field here, and there is no other
+// way to configure one. A nil *Options, or a zero Options, consists
+// entirely of default values.
 type Options struct {
 	// Retention is how long a record lives, from its created_at. Zero (or
 	// negative) means 24h. It must be longer than Lease: NewHandler panics
@@ -36,18 +27,19 @@ type Options struct {
 	// ProcessingDelay is the time each payment takes, in real time (not the
 	// Clock); the wait ends early if the client goes away. Zero means none.
 	ProcessingDelay time.Duration
-	// KeyFormat is the accepted key format. Empty means [KeyFormatAny];
-	// an unknown value makes the constructors panic.
-	KeyFormat KeyFormat
+	// RequireUUID accepts only canonical UUIDs as keys; false accepts any
+	// key of 1-255 visible ASCII characters.
+	RequireUUID bool
 	// Clock tells the time to retention, leases, created_at, payment ids
 	// and Retry-After, so that tests drive them without sleeping: pass the
 	// clock.Manual given to the client. Nil means the system clock, and on
 	// PostgreSQL the database's clock for leases and retention. Servers that
 	// share a database with a Clock must share the Clock too.
 	Clock clock.Clock
-	// SweepEvery is how often a started [Server] deletes expired records in
-	// the background (real time). Zero means never; [Handler.Sweep] and
-	// POST /_fake/sweep still work.
+	// SweepEvery is how often a [Server] deletes expired records in the
+	// background (real time). Zero means never; [Handler.Sweep] and
+	// POST /_fake/sweep still work, and a program that mounts a [Handler]
+	// calls Sweep on its own ticker.
 	SweepEvery time.Duration
 	// Logger gets one line per request (method, path, key, status,
 	// outcome), and the errors of the server's own state (a failed
@@ -71,13 +63,15 @@ type Options struct {
 	// [idempotency.TypeStorageFull], and nothing changes; known orders can still be
 	// updated. Zero (or negative) means no bound.
 	MaxOrders int
-	// Postgres, if not nil, keeps the records, payments, the fake
-	// provider's charges, order statuses and the counters in this database
-	// instead of in memory, so that several fake server processes on one
-	// database act as one server and report the same [Stats]. Faults stay
-	// per process, and MaxRecords, MaxPayments and MaxOrders, which bound
-	// memory, do not apply. Call [Migrate] on the database first.
-	Postgres *pgxpool.Pool
+	// Storage, if not nil, keeps the records, payments, the fake
+	// provider's charges, order statuses and the counters instead of
+	// memory. pgfake.New (package
+	// github.com/idemkit/idem/fakeserver/pgfake) keeps them in PostgreSQL,
+	// so that several fake server processes on one database act as one
+	// server and report the same [Stats]. Faults stay per process, and
+	// MaxRecords, MaxPayments and MaxOrders, which bound memory, do not
+	// apply.
+	Storage fakestate.Storage
 }
 
 // config is Options with the defaults filled in.
@@ -88,7 +82,7 @@ type config struct {
 	clock                               clock.Clock // nil: the system clock
 	now                                 func() time.Time
 	logger                              *slog.Logger
-	pg                                  *pgxpool.Pool
+	storage                             fakestate.Storage
 }
 
 func (o *Options) config() config {
@@ -96,14 +90,7 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0), pg: o.Postgres}
-		switch o.KeyFormat {
-		case "", KeyFormatAny:
-		case KeyFormatUUID:
-			c.uuid = true
-		default:
-			panic(fmt.Sprintf("fakeserver: unknown KeyFormat %q (valid: %q, %q)", o.KeyFormat, KeyFormatAny, KeyFormatUUID))
-		}
+			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID}
 	}
 	if c.retention <= 0 {
 		c.retention = idempotency.DefaultRetention

@@ -11,26 +11,15 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
 
 // payment is a successful payment, as stored and as answered.
-type payment struct {
-	ID          string    `json:"id"`
-	Amount      int64     `json:"amount"`
-	Currency    string    `json:"currency"`
-	Customer    string    `json:"customer"`
-	Description string    `json:"description"`
-	Status      string    `json:"status"`
-	CreatedAt   time.Time `json:"created_at"`
-
-	principal string
-	key       string // Idempotency-Key it was made under; "" when bare
-}
+type payment = fakestate.Payment
 
 // paymentRequest is the body of POST /payments.
 type paymentRequest struct {
@@ -43,10 +32,10 @@ type paymentRequest struct {
 // Limits on the strings of a payment, so that what one payment holds in
 // memory is bounded (see [Options.MaxPayments]).
 const (
-	MaxCustomerLen    = 255
-	MaxDescriptionLen = 1000
-	// MaxStatusLen bounds the status of PUT /orders/{id}/status.
-	MaxStatusLen = 100
+	maxCustomerLen    = 255
+	maxDescriptionLen = 1000
+	// maxStatusLen bounds the status of PUT /orders/{id}/status.
+	maxStatusLen = 100
 )
 
 // parsePayment decodes and validates a POST /payments body. The problem says
@@ -72,10 +61,10 @@ func parsePayment(body []byte) (paymentRequest, *problem) {
 		return req, validationProblem(`"currency" must be three letters, such as "AZN"`)
 	case req.Customer == nil || *req.Customer == "":
 		return req, validationProblem(`"customer" is required: a non-empty string, such as "cus_1"`)
-	case utf8.RuneCountInString(*req.Customer) > MaxCustomerLen:
-		return req, validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, MaxCustomerLen))
-	case utf8.RuneCountInString(req.Description) > MaxDescriptionLen:
-		return req, validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, MaxDescriptionLen))
+	case utf8.RuneCountInString(*req.Customer) > maxCustomerLen:
+		return req, validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, maxCustomerLen))
+	case utf8.RuneCountInString(req.Description) > maxDescriptionLen:
+		return req, validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, maxDescriptionLen))
 	case strings.ContainsRune(*req.Customer, 0):
 		// PostgreSQL's text cannot hold it: refused in memory too, so that
 		// both ways of keeping state take the same payments.
@@ -129,158 +118,6 @@ func jsonType(goType string) string {
 	return goType
 }
 
-// ledger is the fake server's business database: the payments made. It is
-// safe for concurrent use.
-type ledger struct {
-	mu    sync.Mutex
-	byID  map[string]*payment
-	byKey map[idempotency.ID]*payment
-	order []*payment
-	// max bounds payments made plus reserved; 0 means no bound. Room is
-	// reserved for a payment id before the provider charges it, so that a
-	// charge is never made for a payment the ledger cannot hold.
-	max int
-	// reserved holds, by payment id, the payments the provider may be
-	// charging: room, and what the payment will be, are held before the
-	// provider is asked, so that a charge whose worker died before it was
-	// recorded can still be found and recorded (see recoverCharged).
-	reserved map[string]reservation
-	// latest holds, by key, the payment id of the key's latest intent
-	// where it is not the key's payment in byKey: a key used again after
-	// its retention whose new intent was declined, or is not recorded yet.
-	// The lookup answers for it, never for the key's earlier payment. An
-	// entry is kept only for a key that has a payment, so there are at
-	// most as many as payments.
-	latest map[idempotency.ID]string
-}
-
-// reservation is a payment the provider may have charged and the ledger
-// has not recorded: what the request asked, under which record.
-type reservation struct {
-	rec         idempotency.ID
-	description string
-}
-
-func newLedger() *ledger {
-	return &ledger{byID: make(map[string]*payment), byKey: make(map[idempotency.ID]*payment),
-		reserved: make(map[string]reservation), latest: make(map[idempotency.ID]string)}
-}
-
-// reserve holds room for payment id, made under the record rec, and reports
-// false if there is none. A payment already made or reserved under id has
-// its room (a takeover reuses its dead worker's id).
-func (l *ledger) reserve(id string, r reservation) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := l.byID[id]; ok {
-		return true
-	}
-	if _, ok := l.reserved[id]; ok {
-		return true
-	}
-	if l.max > 0 && len(l.order)+len(l.reserved) >= l.max {
-		return false
-	}
-	l.reserved[id] = r
-	if p, ok := l.byKey[r.rec]; ok && p.ID != id {
-		l.latest[r.rec] = id
-	}
-	return true
-}
-
-// reservations returns the reservations that pick selects, by payment id.
-func (l *ledger) reservations(pick func(rec idempotency.ID, id string) bool) map[string]reservation {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make(map[string]reservation)
-	for pid, r := range l.reserved {
-		if pick(r.rec, pid) {
-			out[pid] = r
-		}
-	}
-	return out
-}
-
-// payment is the payment a reservation became: the provider's charge id.
-func (r reservation) payment(id string, ch charge) *payment {
-	return &payment{ID: id, Amount: ch.Amount, Currency: ch.Currency, Customer: ch.Customer, Description: r.description,
-		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: r.rec.Principal, key: r.rec.Key}
-}
-
-func (l *ledger) unreserve(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.reserved, id)
-}
-
-func (l *ledger) add(p *payment) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.reserved, p.ID)
-	if _, dup := l.byID[p.ID]; dup {
-		return
-	}
-	l.byID[p.ID] = p
-	if k := (idempotency.ID{Principal: p.principal, Key: p.key}); p.key != "" {
-		// A payment of an earlier intent, recovered after the key's new
-		// intent was made, is not the key's latest.
-		if latest, ok := l.latest[k]; !ok || latest == p.ID {
-			l.byKey[k] = p
-			delete(l.latest, k)
-		}
-	}
-	l.order = append(l.order, p)
-}
-
-func (l *ledger) get(principal, id string) (*payment, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	p, ok := l.byID[id]
-	if !ok || p.principal != principal {
-		return nil, false
-	}
-	return p, true
-}
-
-func (l *ledger) byIdempotencyKey(principal, key string) (*payment, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	k := idempotency.ID{Principal: principal, Key: key}
-	if _, ok := l.latest[k]; ok {
-		return nil, false // the latest intent was not charged, or not yet recorded
-	}
-	p, ok := l.byKey[k]
-	return p, ok
-}
-
-func (l *ledger) list(principal string) []*payment {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := []*payment{}
-	for _, p := range l.order {
-		if p.principal == principal {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func (l *ledger) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.order)
-}
-
-func (l *ledger) reset() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	clear(l.byID)
-	clear(l.byKey)
-	clear(l.reserved)
-	clear(l.latest)
-	l.order = nil
-}
-
 // principalOf is the account a request acts for (see "Callers" in the
 // package docs): a test token names its account, and its canonical form
 // "Bearer test_<account>" stands for every token of the account; any other
@@ -289,7 +126,7 @@ func (l *ledger) reset() {
 // one, so the two kinds never meet.
 func principalOf(r *http.Request) string {
 	v := r.Header.Get("Authorization")
-	if account, ok := AccountOf(v); ok {
+	if account, ok := accountOf(v); ok {
 		return "Bearer " + testTokenPrefix + account
 	}
 	return v
@@ -297,17 +134,17 @@ func principalOf(r *http.Request) string {
 
 const testTokenPrefix = "test_"
 
-// MaxAccountLen is the longest account name a test token may carry.
-const MaxAccountLen = 64
+// maxAccountLen is the longest account name a test token may carry.
+const maxAccountLen = 64
 
-// AccountOf returns the account a test token names, and false when
+// accountOf returns the account a test token names, and false when
 // authorization is not one. A test token is the Authorization value
 // "Bearer test_<account>" or "Bearer test_<account>_<anything>": the scheme
-// in any case, the account 1 to [MaxAccountLen] letters, digits, '-' or
+// in any case, the account 1 to [maxAccountLen] letters, digits, '-' or
 // '.', and anything after the second underscore (a token's serial number or
 // expiry) ignored. Every token that names one account is the same caller,
 // so a retry after a token refresh replays instead of paying again.
-func AccountOf(authorization string) (string, bool) {
+func accountOf(authorization string) (string, bool) {
 	scheme, token, ok := strings.Cut(authorization, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
@@ -317,7 +154,7 @@ func AccountOf(authorization string) (string, bool) {
 		return "", false
 	}
 	account, _, _ := strings.Cut(token, "_")
-	if account == "" || len(account) > MaxAccountLen {
+	if account == "" || len(account) > maxAccountLen {
 		return "", false
 	}
 	for i := 0; i < len(account); i++ {
@@ -361,7 +198,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if f.has(FaultCrashAfterInsert) {
 		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 	}
-	if err := h.countExecution(ctx); err != nil {
+	if err := h.state.Count(ctx, fakestate.Executions); err != nil {
 		h.internalError(w, r, err)
 		return
 	}
@@ -381,7 +218,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	if f.has(FaultError) {
 		idempotency.NothingDone(ctx)
-		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
 		return
 	}
@@ -389,7 +226,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	// Room for the payment is held before the provider is asked, so that
 	// no charge is made that the ledger cannot record. A 5xx stores
 	// nothing: the record is released and the key stays unused.
-	reserved, err := h.reserve(ctx, id, reservation{rec: info.ID, description: req.Description})
+	reserved, err := h.state.Reserve(ctx, id, fakestate.Intent{Record: info.ID, Description: req.Description}, h.cfg.now())
 	if err != nil {
 		idempotency.NothingDone(ctx) // the provider was not asked
 		h.internalError(w, r, err)
@@ -406,17 +243,17 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	ch, charged := charge{}, false
 	if info.Takeover {
 		var err error
-		if ch, charged, err = h.lookupCharge(ctx, id); err != nil {
+		if ch, charged, err = h.state.LookupCharge(ctx, id); err != nil {
 			h.internalError(w, r, err)
 			return
 		}
 	}
 	if !charged {
 		var err error
-		ch, err = h.charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
+		ch, err = h.state.Charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
 			CreatedAt: h.cfg.now().UTC()})
 		if errors.Is(err, errDeclined) {
-			h.ledger.unreserve(id) // on PostgreSQL the intent stays: the latest under its key, not charged
+			h.state.Declined(id)
 			(&problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
 				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
 			return
@@ -431,9 +268,9 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 
 	p := &payment{ID: id, Amount: ch.Amount, Currency: ch.Currency, Customer: ch.Customer, Description: req.Description,
-		Status: "succeeded", CreatedAt: ch.CreatedAt, principal: principal, key: info.ID.Key}
+		Status: "succeeded", CreatedAt: ch.CreatedAt, Principal: principal, Key: info.ID.Key}
 	out, _ := json.Marshal(p)
-	if err := idempotency.OnCommit(ctx, func(ctx context.Context) error { return h.addPayment(ctx, p) }); err != nil {
+	if err := idempotency.OnCommit(ctx, func(ctx context.Context) error { return h.state.AddPayment(ctx, p) }); err != nil {
 		h.internalError(w, r, err)
 		return
 	}
@@ -452,7 +289,7 @@ func (h *Handler) newPaymentID() string {
 }
 
 func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) {
-	p, ok, err := h.findPayment(r.Context(), principalOf(r), id)
+	p, ok, err := h.state.Payment(r.Context(), principalOf(r), id)
 	if err != nil {
 		h.internalError(w, r, err)
 		return
@@ -477,7 +314,7 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: key})
 		return
 	}
-	list, err := h.paymentsOf(r.Context(), principalOf(r))
+	list, err := h.state.Payments(r.Context(), principalOf(r))
 	if err != nil {
 		h.internalError(w, r, err)
 		return
@@ -485,25 +322,6 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Data []*payment `json:"data"`
 	}{list})
-}
-
-// orders holds the statuses set with PUT /orders/{id}/status. It is safe for
-// concurrent use.
-type orders struct {
-	mu     sync.Mutex
-	status map[idempotency.ID]string
-}
-
-// set sets the status of order id and reports true, unless id is a new
-// order and limit (if positive) orders are held.
-func (o *orders) set(id idempotency.ID, status string, limit int) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if _, ok := o.status[id]; !ok && limit > 0 && len(o.status) >= limit {
-		return false
-	}
-	o.status[id] = status
-	return true
 }
 
 // putOrderStatus serves PUT /orders/{id}/status: naturally idempotent, so
@@ -528,8 +346,8 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		validationProblem(`"status" is required, such as "SHIPPED"`).Write(w)
 		return
 	}
-	if utf8.RuneCountInString(*req.Status) > MaxStatusLen {
-		validationProblem(fmt.Sprintf(`"status" must be at most %d characters`, MaxStatusLen)).Write(w)
+	if utf8.RuneCountInString(*req.Status) > maxStatusLen {
+		validationProblem(fmt.Sprintf(`"status" must be at most %d characters`, maxStatusLen)).Write(w)
 		return
 	}
 	// PostgreSQL's text cannot hold U+0000: refused in memory too.
@@ -546,11 +364,11 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	if f.has(FaultError) {
-		(&problem{Type: ProblemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
+		(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request; nothing changed"}).Write(w)
 		return
 	}
-	stored, err := h.setOrderStatus(r.Context(), principalOf(r), id, *req.Status)
+	stored, err := h.state.SetOrderStatus(r.Context(), principalOf(r), id, *req.Status)
 	if err != nil {
 		h.internalError(w, r, err)
 		return

@@ -9,17 +9,20 @@ import (
 // Problem type URIs of the fake server's own RFC 9457 answers; those of the
 // idempotency layer are the idempotency package's (idempotency.TypeKeyReused,
 // idempotency.TypeStorageFull, ...). Clients match on these, never on titles
-// or details.
+// or details. Besides [ProblemCardDeclined], the fake answers
+// https://idem.dev/problems/validation-failed (400, the body is not a valid
+// payment; the key stays free) and https://idem.dev/problems/injected-fault
+// (the answers of the error and status faults).
 const (
 	// ProblemCardDeclined: 402, the provider declined the card (customer
 	// cus_declined).
 	ProblemCardDeclined = idempotency.ProblemBase + "card-declined"
-	// ProblemValidationFailed: 400, the body is not a valid payment; the key
+	// problemValidationFailed: 400, the body is not a valid payment; the key
 	// stays free.
-	ProblemValidationFailed = idempotency.ProblemBase + "validation-failed"
-	// ProblemInjectedFault is the type of answers made by the error and
+	problemValidationFailed = idempotency.ProblemBase + "validation-failed"
+	// problemInjectedFault is the type of answers made by the error and
 	// status faults.
-	ProblemInjectedFault = idempotency.ProblemBase + "injected-fault"
+	problemInjectedFault = idempotency.ProblemBase + "injected-fault"
 
 	problemNotFound         = idempotency.ProblemBase + "not-found"
 	problemMethodNotAllowed = idempotency.ProblemBase + "method-not-allowed"
@@ -31,7 +34,7 @@ const (
 type problem = idempotency.Problem
 
 func validationProblem(detail string) *problem {
-	return &problem{Type: ProblemValidationFailed, Title: "Validation failed", Status: http.StatusBadRequest, Detail: detail}
+	return &problem{Type: problemValidationFailed, Title: "Validation failed", Status: http.StatusBadRequest, Detail: detail}
 }
 
 func notFound(detail string) *problem {

@@ -1,25 +1,19 @@
 package fakeserver
 
 import (
-	"errors"
 	"sync"
-	"time"
+
+	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 )
 
 // errDeclined is the provider's answer for the declined test customer.
-var errDeclined = errors.New("fakeserver: card declined")
+var errDeclined = fakestate.ErrDeclined
 
 // declinedCustomer is the customer whose card the provider always declines.
-const declinedCustomer = "cus_declined"
+const declinedCustomer = fakestate.DeclinedCustomer
 
 // charge is one charge the fake provider made.
-type charge struct {
-	ID        string // the server's stable id, the provider's idempotency key
-	Amount    int64
-	Currency  string
-	Customer  string
-	CreatedAt time.Time
-}
+type charge = fakestate.Charge
 
 // provider is the fake payment provider outside the server's store. It has
 // its own idempotency on the server's stable id: charging one id twice makes

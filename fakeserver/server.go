@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"testing"
 )
 
 // Server is a fake server listening on a loopback port, shaped like
@@ -22,7 +21,12 @@ type Server struct {
 }
 
 // NewServer starts and returns a fake server on 127.0.0.1 and a free port.
-// The caller calls Close when done. nil opts means defaults.
+// The caller calls Close when done; in a test:
+//
+//	srv := fakeserver.NewServer(opts)
+//	t.Cleanup(srv.Close)
+//
+// nil opts means defaults.
 func NewServer(opts *Options) *Server {
 	h := NewHandler(opts)
 	s := &Server{Handler: h, ts: httptest.NewUnstartedServer(h)}
@@ -40,7 +44,7 @@ func (s *Server) start() {
 		s.stopSweep, s.sweepDone = cancel, make(chan struct{})
 		go func() {
 			defer close(s.sweepDone)
-			s.RunSweeper(ctx, s.cfg.sweepEvery)
+			s.runSweeper(ctx, s.cfg.sweepEvery)
 		}()
 	}
 }
@@ -56,13 +60,4 @@ func (s *Server) Close() {
 		<-s.sweepDone
 	}
 	s.ts.Close()
-}
-
-// Start starts a fake server for a test and closes it when the test and its
-// subtests are done. nil opts means defaults.
-func Start(tb testing.TB, opts *Options) *Server {
-	tb.Helper()
-	s := NewServer(opts)
-	tb.Cleanup(s.Close)
-	return s
 }

@@ -22,9 +22,14 @@ type Stats struct {
 	Requests int `json:"requests"`
 }
 
-// Stats returns the counters now. On PostgreSQL they are the database's
-// totals, for every process on it (zero if the database cannot be read).
+// Stats returns the counters now. On shared storage they are its totals,
+// for every server on it (zero if it cannot be read).
 func (h *Handler) Stats() Stats {
 	st, _ := h.stats(context.Background())
 	return st
+}
+
+func (h *Handler) stats(ctx context.Context) (Stats, error) {
+	st, err := h.state.Stats(ctx)
+	return Stats(st), err
 }

@@ -241,3 +241,32 @@ func FuzzFingerprintOneReading(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseJSONReadsJSONAsJSONValidDoes: the fingerprint's parse, which
+// checks the grammar as it goes, takes a body for JSON exactly when
+// json.Valid does (JSON refused for its names or depth counts as JSON), so
+// that no body moves between the canonical and the raw hash.
+func FuzzParseJSONReadsJSONAsJSONValidDoes(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `[]`, `1`, `-0`, `-01`, `01`, `1.`, `.5`, `1e`, `1e+`, `1E-7`, `-`, `tru`, `true`, `truex`, `nul`, `null `,
+		`"`, `"a`, `"\u00e9"`, `"\u00g9"`, `"\x"`, "\"\x01\"", "\"\xff\"", `"\/"`, `[1,]`, `[,1]`, `{"a":1,}`, `{"a" 1}`,
+		`{a:1}`, `{"a":1}}`, `[1] [2]`, ` `, "\t[\n1\r]", `{"a":[1,{"b":null}]}`, `{"a":1,"A":2}`, `{"a":1,"A":2`,
+		`{"a":1,"A":2}x`, `[[[[[[1]]]]]]`, `[[[[[[1]]]]]`, `"\ud800"`, `{"":0}`, `[1 2]`, `{"a":1 "b":2}`, `+1`, `1.5e3.2`,
+	} {
+		f.Add([]byte(s), 5)
+	}
+	f.Add([]byte(strings.Repeat("[", 10001)+strings.Repeat("]", 10001)), 20000)
+	f.Add([]byte(strings.Repeat("[", 10000)+strings.Repeat("]", 10000)), 20000)
+	f.Fuzz(func(t *testing.T, body []byte, maxDepth int) {
+		if len(body) == 0 {
+			return
+		}
+		c, err := parseJSON(body, maxDepth)
+		if c != nil {
+			c.release()
+		}
+		if got, want := c != nil || err != nil, json.Valid(body); got != want {
+			t.Fatalf("%q (max depth %d): taken for JSON %v (error %v), json.Valid %v", body, maxDepth, got, err, want)
+		}
+	})
+}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -99,25 +100,95 @@ func NewFingerprintVersion(version int, method, path, rawQuery string, body []by
 		return f, fmt.Errorf("idempotency: unknown fingerprint version %d", version)
 	}
 	c, err := parseJSON(body, maxDepth)
+	if c != nil {
+		defer c.release()
+	}
 	if err != nil {
 		return f, err
 	}
-	h := sha256.New()
-	writeField(h, []byte(method))
-	writeField(h, []byte(path))
+	h := newHasher()
+	defer h.release()
+	h.stringField(method)
+	h.stringField(path)
 	if version == FingerprintV2 {
 		writeQuery(h, rawQuery)
 	}
 	if c != nil {
 		// The body is the last field, so its end needs no length.
-		h.Write([]byte{'j'})
+		h.byte('j')
 		c.writeTo(h)
 	} else {
-		h.Write([]byte{'r'})
-		writeField(h, body)
+		h.byte('r')
+		h.field(body)
 	}
-	h.Sum(f[:0])
+	h.sum(&f)
 	return f, nil
+}
+
+// hasher is SHA-256 over what is written to it. Input up to flushAt bytes
+// is gathered and hashed in one call at the end, without the allocations
+// of a streaming hash; longer input streams through one. The digest is
+// the same either way: SHA-256 of everything written, in order.
+type hasher struct {
+	buf []byte
+	h   hash.Hash // nil until the input outgrows buf
+}
+
+var hashers = sync.Pool{New: func() any { return &hasher{buf: make([]byte, 0, 512)} }}
+
+func newHasher() *hasher { return hashers.Get().(*hasher) }
+
+func (s *hasher) release() {
+	if cap(s.buf) > flushAt {
+		return // a large body's buffer is left to the collector
+	}
+	s.buf, s.h = s.buf[:0], nil
+	hashers.Put(s)
+}
+
+// Write implements io.Writer for the canonical form's writer.
+func (s *hasher) Write(p []byte) (int, error) {
+	if len(s.buf)+len(p) > flushAt {
+		if s.h == nil {
+			s.h = sha256.New()
+		}
+		s.h.Write(s.buf)
+		s.buf = s.buf[:0]
+		if len(p) > flushAt {
+			s.h.Write(p)
+			return len(p), nil
+		}
+	}
+	s.buf = append(s.buf, p...)
+	return len(p), nil
+}
+
+func (s *hasher) byte(b byte) { s.buf = append(s.buf, b) }
+
+// field writes b length-prefixed, so that no two different
+// (method, path, body) triples hash the same input.
+func (s *hasher) field(b []byte) {
+	s.buf = binary.BigEndian.AppendUint64(s.buf, uint64(len(b)))
+	_, _ = s.Write(b)
+}
+
+// stringField is field for a string, without copying it when it is short.
+func (s *hasher) stringField(v string) {
+	s.buf = binary.BigEndian.AppendUint64(s.buf, uint64(len(v)))
+	if len(s.buf)+len(v) > flushAt {
+		_, _ = s.Write([]byte(v))
+		return
+	}
+	s.buf = append(s.buf, v...)
+}
+
+func (s *hasher) sum(f *Fingerprint) {
+	if s.h == nil {
+		*f = sha256.Sum256(s.buf)
+		return
+	}
+	s.h.Write(s.buf)
+	s.h.Sum(f[:0])
 }
 
 // queryParam is one parameter of a query string, decoded, or raw when it
@@ -130,7 +201,7 @@ type queryParam struct {
 // writeQuery writes the canonical form of rawQuery (see NewFingerprint):
 // a count, then each parameter, ordered by name, the values of one name in
 // their order.
-func writeQuery(h hash.Hash, rawQuery string) {
+func writeQuery(h *hasher, rawQuery string) {
 	var params []queryParam
 	for rawQuery != "" {
 		var piece string
@@ -150,29 +221,18 @@ func writeQuery(h hash.Hash, rawQuery string) {
 		params = append(params, p)
 	}
 	slices.SortStableFunc(params, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(params)))
-	h.Write([]byte{'q'})
-	h.Write(n[:])
+	h.byte('q')
+	h.buf = binary.BigEndian.AppendUint64(h.buf, uint64(len(params)))
 	for _, p := range params {
 		if p.raw {
-			h.Write([]byte{'r'})
-			writeField(h, []byte(p.name))
+			h.byte('r')
+			h.stringField(p.name)
 			continue
 		}
-		h.Write([]byte{'d'})
-		writeField(h, []byte(p.name))
-		writeField(h, []byte(p.value))
+		h.byte('d')
+		h.stringField(p.name)
+		h.stringField(p.value)
 	}
-}
-
-// writeField writes b length-prefixed, so that no two different
-// (method, path, body) triples hash the same input.
-func writeField(h hash.Hash, b []byte) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-	h.Write(n[:])
-	h.Write(b)
 }
 
 // canon canonicalises valid JSON in two linear passes. The first (parse)
@@ -237,18 +297,56 @@ func grow[E any](s []E) []E {
 // parseJSON returns a canon ready to write body's canonical form, nil if
 // body is not one JSON value, or an error if it is one that has no single
 // reading or is too deep.
+//
+// The body is read once: the parse checks the JSON grammar as it goes,
+// accepting exactly what json.Valid accepts. A body refused for its names
+// or its depth is refused only if it is JSON to the end, so json.Valid
+// decides those few.
 func parseJSON(body []byte, maxDepth int) (*canon, error) {
-	if len(body) == 0 || len(body) > math.MaxInt32 || !json.Valid(body) {
+	if len(body) == 0 || len(body) > math.MaxInt32 {
 		return nil, nil
 	}
 	if maxDepth <= 0 {
 		maxDepth = DefaultMaxDepth
 	}
-	c := &canon{in: body, maxDepth: maxDepth}
-	if err := c.value(0); err != nil {
-		return nil, err
+	c := canons.Get().(*canon)
+	c.in, c.pos, c.maxDepth = body, 0, maxDepth
+	err := c.value(0)
+	if err == nil {
+		if c.ws(); c.pos != len(c.in) {
+			err = errNotJSON
+		}
 	}
-	return c, nil
+	if err == nil {
+		return c, nil
+	}
+	c.release()
+	if err == errNotJSON || !json.Valid(body) {
+		return nil, nil
+	}
+	return nil, err
+}
+
+// errNotJSON ends the parse of a body that is not one JSON value.
+var errNotJSON = errors.New("not JSON")
+
+// maxNesting is the deepest nesting encoding/json takes for JSON.
+const maxNesting = 10000
+
+// canons keeps canons for reuse, with their scratch space: fingerprinting
+// a small body then allocates nothing for the parse.
+var canons = sync.Pool{New: func() any { return new(canon) }}
+
+// release returns c to the pool, unless a large body grew its scratch
+// space, which is left to the collector.
+func (c *canon) release() {
+	if cap(c.objects) > 1024 || cap(c.members) > 1024 || cap(c.pending) > 1024 || cap(c.order) > 1024 ||
+		cap(c.names) > flushAt || cap(c.fold) > flushAt || cap(c.out) > 2*flushAt {
+		return
+	}
+	*c = canon{objects: c.objects[:0], members: c.members[:0], pending: c.pending[:0], names: c.names[:0],
+		fold: c.fold[:0], order: c.order[:0], out: c.out[:0]}
+	canons.Put(c)
 }
 
 func (c *canon) ws() {
@@ -265,38 +363,58 @@ func (c *canon) ws() {
 // value parses the value at c.pos, inside depth containers.
 func (c *canon) value(depth int) error {
 	c.ws()
-	switch c.in[c.pos] {
+	if c.pos >= len(c.in) {
+		return errNotJSON
+	}
+	switch b := c.in[c.pos]; b {
 	case '{', '[':
 		if depth >= c.maxDepth {
 			return fmt.Errorf("%w: objects and arrays nest more than %d levels (at byte %d)", ErrJSONTooDeep, c.maxDepth, c.pos)
 		}
-		if c.in[c.pos] == '{' {
+		if depth >= maxNesting {
+			return errNotJSON
+		}
+		if b == '{' {
 			return c.object(depth + 1)
 		}
 		return c.array(depth + 1)
 	case '"':
-		c.pos = stringEnd(c.in, c.pos)
-		return nil
+		return c.string()
+	case 't':
+		return c.literal("true")
+	case 'f':
+		return c.literal("false")
+	case 'n':
+		return c.literal("null")
 	}
-	c.pos = literalEnd(c.in, c.pos)
-	return nil
+	return c.number()
+}
+
+// next skips whitespace and reports whether the byte there is b, taking
+// it if so.
+func (c *canon) next(b byte) bool {
+	c.ws()
+	if c.pos < len(c.in) && c.in[c.pos] == b {
+		c.pos++
+		return true
+	}
+	return false
 }
 
 func (c *canon) array(depth int) error {
 	c.pos++ // [
-	c.ws()
-	if c.in[c.pos] == ']' {
-		c.pos++
+	if c.next(']') {
 		return nil
 	}
 	for {
 		if err := c.value(depth); err != nil {
 			return err
 		}
-		c.ws()
-		c.pos++ // ',' or ']'
-		if c.in[c.pos-1] == ']' {
+		if c.next(']') {
 			return nil
+		}
+		if !c.next(',') {
+			return errNotJSON
 		}
 	}
 }
@@ -306,25 +424,27 @@ func (c *canon) object(depth int) error {
 	c.objects = append(grow(c.objects), object{start: int32(c.pos)})
 	c.pos++ // {
 	base := len(c.pending)
-	c.ws()
-	if c.in[c.pos] == '}' {
-		c.pos++
-	} else {
+	if !c.next('}') {
 		for {
 			c.ws()
-			m := c.name()
-			c.ws()
-			c.pos++ // :
+			m, err := c.name()
+			if err != nil {
+				return err
+			}
+			if !c.next(':') {
+				return errNotJSON
+			}
 			c.ws()
 			m.val = int32(c.pos)
 			c.pending = append(grow(c.pending), m)
 			if err := c.value(depth); err != nil {
 				return err
 			}
-			c.ws()
-			c.pos++ // ',' or '}'
-			if c.in[c.pos-1] == '}' {
+			if c.next('}') {
 				break
+			}
+			if !c.next(',') {
+				return errNotJSON
 			}
 		}
 	}
@@ -339,17 +459,108 @@ func (c *canon) object(depth int) error {
 	return nil
 }
 
+// string checks the string at c.pos as encoding/json's scanner does (no
+// raw control characters, only JSON's escapes; any other byte, valid
+// UTF-8 or not) and moves past it.
+func (c *canon) string() error {
+	in := c.in
+	i := c.pos + 1
+	for i < len(in) {
+		switch b := in[i]; {
+		case b == '"':
+			c.pos = i + 1
+			return nil
+		case b < 0x20:
+			return errNotJSON
+		case b == '\\':
+			i++
+			if i >= len(in) {
+				return errNotJSON
+			}
+			switch in[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= len(in) {
+					return errNotJSON
+				}
+				for _, h := range in[i+1 : i+5] {
+					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+						return errNotJSON
+					}
+				}
+				i += 4
+			default:
+				return errNotJSON
+			}
+		}
+		i++
+	}
+	return errNotJSON
+}
+
+// literal moves past word (true, false or null) at c.pos.
+func (c *canon) literal(word string) error {
+	if !bytes.HasPrefix(c.in[c.pos:], []byte(word)) {
+		return errNotJSON
+	}
+	c.pos += len(word)
+	return nil
+}
+
+// number moves past the number at c.pos: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (c *canon) number() error {
+	in, i := c.in, c.pos
+	digits := func() bool {
+		start := i
+		for i < len(in) && '0' <= in[i] && in[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if i < len(in) && in[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(in) && in[i] == '0':
+		i++
+	case !digits():
+		return errNotJSON
+	}
+	if i < len(in) && in[i] == '.' {
+		i++
+		if !digits() {
+			return errNotJSON
+		}
+	}
+	if i < len(in) && (in[i] == 'e' || in[i] == 'E') {
+		i++
+		if i < len(in) && (in[i] == '+' || in[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return errNotJSON
+		}
+	}
+	c.pos = i
+	return nil
+}
+
 // name reads a member name at c.pos as encoding/json decodes it.
-func (c *canon) name() member {
+func (c *canon) name() (member, error) {
 	start := c.pos
-	c.pos = stringEnd(c.in, start)
+	if start >= len(c.in) || c.in[start] != '"' {
+		return member{}, errNotJSON
+	}
+	if err := c.string(); err != nil {
+		return member{}, err
+	}
 	m := member{keyOff: int32(start), nameLo: int32(start + 1), nameHi: int32(c.pos - 1)}
 	if raw := c.in[start+1 : c.pos-1]; !plainString(raw) {
 		m.decoded, m.nameLo = true, int32(len(c.names))
 		c.names = append(c.names, decodeString(c.in[start:c.pos])...)
 		m.nameHi = int32(len(c.names))
 	}
-	return m
+	return m, nil
 }
 
 func (c *canon) nameOf(m member) []byte {

@@ -37,7 +37,9 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	clk := clock.NewManual(epoch)
-	return &world{srv: fakeserver.Start(t, &fakeserver.Options{Clock: clk}), clock: clk, dir: stateDir(t)}
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
+	return &world{srv: srv, clock: clk, dir: stateDir(t)}
 }
 
 // stateDir is a state directory that does not exist yet, as on a first

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/pgfake"
 )
 
 const usage = `Usage: fakeserver [flags]
@@ -138,7 +139,7 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-max-records, -max-payments and -max-orders must be positive")
 	case *writeTimeout <= *delay:
 		return bad("-write-timeout (%v) must be longer than -processing-delay (%v), or every answer is lost", *writeTimeout, *delay)
-	case *keyFormat != string(fakeserver.KeyFormatAny) && *keyFormat != string(fakeserver.KeyFormatUUID):
+	case *keyFormat != "any" && *keyFormat != "uuid":
 		return bad(`-key-format must be "any" or "uuid", not %q`, *keyFormat)
 	}
 
@@ -149,20 +150,25 @@ func run(args []string, stderr io.Writer) int {
 		Retention:       *retention,
 		Lease:           *lease,
 		ProcessingDelay: *delay,
-		KeyFormat:       fakeserver.KeyFormat(*keyFormat),
+		RequireUUID:     *keyFormat == "uuid",
 		Logger:          logger,
 		MaxRecords:      *maxRecords,
 		MaxPayments:     *maxPayments,
 		MaxOrders:       *maxOrders,
 	}
+	// life bounds the database work of every request and sweep: abort ends
+	// it when the drain time is over.
+	life, abort := context.WithCancel(context.Background())
+	defer abort()
+	var pool *pgxpool.Pool
 	if *postgres != "" {
-		pool, err := openPostgres(ctx, *postgres)
-		if err != nil {
+		var err error
+		if pool, err = openPostgres(ctx, *postgres); err != nil {
 			logger.Error("cannot use the database", "err", err)
 			return 1
 		}
 		defer pool.Close() // after an early return; once shut down, closed already
-		opts.Postgres = pool
+		opts.Storage = pgfake.New(life, pool)
 	}
 	h := fakeserver.NewHandler(opts)
 	ln, err := net.Listen("tcp", *addr)
@@ -183,7 +189,11 @@ func run(args []string, stderr io.Writer) int {
 	}
 	logger.Info("listening", "addr", ln.Addr().String())
 
-	go h.RunSweeper(ctx, *sweepEvery)
+	sweeping := make(chan struct{})
+	go func() {
+		defer close(sweeping)
+		sweep(ctx, h, *sweepEvery)
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -202,17 +212,36 @@ func run(args []string, stderr io.Writer) int {
 		// and stops. Their database work is cancelled, and nothing they
 		// did commits from here on.
 		logger.Warn("drain time over; closing the remaining connections", "err", err)
-		h.Abort()
+		abort()
 		_ = srv.Close()
 	}
-	h.Abort() // the sweeper's work too
-	if opts.Postgres != nil {
+	abort() // the sweeper's work too
+	<-sweeping
+	if pool != nil {
 		// Waits for the cancelled statements: nothing commits after
 		// "stopped".
-		opts.Postgres.Close()
+		pool.Close()
 	}
 	logger.Info("stopped")
 	return 0
+}
+
+// sweep calls h.Sweep every interval (real time) until ctx is done; a
+// zero interval never sweeps.
+func sweep(ctx context.Context, h *fakeserver.Handler, every time.Duration) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.Sweep()
+		}
+	}
 }
 
 // openPostgres connects to dsn and creates the fake server's tables. The
@@ -228,7 +257,7 @@ func openPostgres(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := fakeserver.Migrate(ctx, pool); err != nil {
+	if err := pgfake.Migrate(ctx, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}

@@ -32,7 +32,8 @@ func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {
 // are skipped; the plan comes before the first row, the summary last, and
 // the exit status is 0.
 func TestRunFakeServerText(t *testing.T) {
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 	code, out, errOut := runArgs(t, "-url", srv.URL+"/payments", "-admin", "off",
 		"-auth", "Bearer caller-1", "-auth2", "Bearer caller-2", "-lookup", srv.URL+"/payments?idempotency_key={key}")
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
@@ -53,7 +54,8 @@ func TestRunFakeServerText(t *testing.T) {
 // TestRunJSON: -json prints the report as JSON on stdout and the plan on
 // stderr.
 func TestRunJSON(t *testing.T) {
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 	code, out, errOut := runArgs(t, "-url", srv.URL+"/payments", "-json", "-admin", "off")
 	require.Equal(t, 0, code, errOut)
 	var rep contractcheck.Report
@@ -99,7 +101,8 @@ func TestRunUsage(t *testing.T) {
 	}
 	assert.Contains(t, errOut, "-lease-wait")
 
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 	body := filepath.Join(t.TempDir(), "body.json")
 	require.NoError(t, os.WriteFile(body, []byte(`{"amount": 0, "currency": "AZN", "customer": "cus_1"}`), 0o600))
 	for _, tt := range []struct {
@@ -127,7 +130,8 @@ func TestRunUsage(t *testing.T) {
 // TestRunInterrupted: a check interrupted (Ctrl-C) stops with status 2 and
 // says so, instead of reporting the failed requests as FAIL rows.
 func TestRunInterrupted(t *testing.T) {
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	var out, errOut bytes.Buffer

@@ -21,7 +21,8 @@ import (
 func newClient(t *testing.T) (*billing.Client, *fakeserver.Server) {
 	t.Helper()
 	clk := clock.NewManual(time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC))
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk}) // closed when the test ends
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	c, err := billing.New(srv.URL, idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
 	require.NoError(t, err)
 	return c, srv

@@ -368,7 +368,7 @@ func (s *session) callAdmin(ctx context.Context, method, path string, in, out an
 		b, _ := json.Marshal(in)
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, s.baseURL+fakeserver.AdminPrefix+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, s.baseURL+"/_fake/"+path, body)
 	if err != nil {
 		return err
 	}

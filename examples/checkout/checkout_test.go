@@ -74,7 +74,8 @@ func TestEmbedded(t *testing.T) {
 // with the same key, and the card is charged once.
 func TestCrashThenResume(t *testing.T) {
 	t.Parallel()
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 	state := filepath.Join(t.TempDir(), "state")
 	args := []string{"-server", srv.URL, "-state", state, "-crash"}
 
@@ -110,7 +111,7 @@ func TestRealServer(t *testing.T) {
 	fake := fakeserver.NewHandler(nil)
 	var auth []string
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, fakeserver.AdminPrefix) {
+		if strings.HasPrefix(r.URL.Path, "/_fake/") {
 			http.NotFound(w, r)
 			return
 		}
@@ -156,7 +157,8 @@ func TestDefaultStateKeepsAnEarlierCacheDirectory(t *testing.T) {
 	t.Setenv("HOME", home)
 	t.Setenv("XDG_CACHE_HOME", filepath.Join(home, "cache"))
 	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, "config"))
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 	earlier := filepath.Join(home, "cache", "idem-checkout")
 	require.NoError(t, os.MkdirAll(filepath.Dir(earlier), 0o700))
 
@@ -180,7 +182,8 @@ func TestDefaultStateIsInTheConfigDirectory(t *testing.T) {
 	t.Setenv("HOME", home)
 	t.Setenv("XDG_CACHE_HOME", filepath.Join(home, "cache"))
 	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, "config"))
-	srv := fakeserver.Start(t, nil)
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
 
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"-server", srv.URL}, &out, io.Discard))

@@ -25,7 +25,8 @@ import (
 func setup(t *testing.T) (*fakeserver.Server, *idem.Client, *idemotel.Tracer, *sdktrace.TracerProvider, *tracetest.SpanRecorder) {
 	t.Helper()
 	clk := clock.NewManual(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })

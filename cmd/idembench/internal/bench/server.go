@@ -113,7 +113,7 @@ func storm(ctx context.Context, n int, delay time.Duration) (*StormReport, error
 	var dial sync.WaitGroup
 	for range n {
 		dial.Go(func() {
-			if resp, err := hc.Get(srv.URL + fakeserver.AdminPrefix + "stats"); err == nil {
+			if resp, err := hc.Get(srv.URL + "/_fake/stats"); err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}

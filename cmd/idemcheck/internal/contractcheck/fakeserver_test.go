@@ -18,11 +18,12 @@ import (
 // sends no more requests than it announced. The lease is waited for on the
 // server's manual clock.
 func TestRunFakeServer(t *testing.T) {
-	for _, format := range []fakeserver.KeyFormat{fakeserver.KeyFormatAny, fakeserver.KeyFormatUUID} {
-		t.Run(string(format), func(t *testing.T) {
+	for _, uuid := range []bool{false, true} {
+		t.Run(map[bool]string{false: "any", true: "uuid"}[uuid], func(t *testing.T) {
 			t.Parallel()
 			clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, KeyFormat: format})
+			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, RequireUUID: uuid})
+			t.Cleanup(srv.Close)
 			cfg := contractcheck.Config{
 				URL:    srv.URL + "/payments",
 				Auth:   "Bearer caller-1",
@@ -55,7 +56,8 @@ func TestRunFakeServer(t *testing.T) {
 // LeaseWait.
 func TestRunFakeServerLongLease(t *testing.T) {
 	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Lease: time.Hour})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, Lease: time.Hour})
+	t.Cleanup(srv.Close)
 	rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
 		URL: srv.URL + "/payments", LeaseWait: time.Minute, Sleep: clk.Sleep}, nil)
 	require.NoError(t, err)

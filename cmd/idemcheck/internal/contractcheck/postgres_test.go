@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/pgfake"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -22,10 +23,11 @@ func TestRunFakeServerOnPostgres(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), pgtest.DSN(t))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	require.NoError(t, fakeserver.Migrate(context.Background(), pool))
+	require.NoError(t, pgfake.Migrate(context.Background(), pool))
 
 	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	srv := fakeserver.Start(t, &fakeserver.Options{Clock: clk, Postgres: pool})
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, Storage: pgfake.New(context.Background(), pool)})
+	t.Cleanup(srv.Close)
 	rep, err := contractcheck.Run(context.Background(), contractcheck.Config{
 		URL:    srv.URL + "/payments",
 		Auth:   "Bearer caller-1",
