@@ -48,17 +48,18 @@ type FileStore struct {
 	dirSync *groupSync
 
 	// claimMu makes a Claim's check and save one step among Claims.
-	claimMu  sync.Mutex
-	mu       sync.Mutex
-	closed   bool
-	entries  map[string]*entry // by stem of the key; stray files by "?" + name
+	claimMu sync.Mutex
+	mu      sync.Mutex
+	closed  bool
+	entries map[string]*entry // by stem of the key; stray files by "?" + name
 	// scanned is set once entries holds every entry of the directory;
 	// until then (after an OpenDir from the index) it holds those that may
 	// hold an unresolved record. indexGen is gen when the index in place
 	// was written or read, -1 if there is none.
-	scanned  bool
-	indexGen int64
-	inflight sync.WaitGroup    // methods that write, waited for by Close
+	scanned   bool
+	indexGen  int64
+	fromIndex bool           // OpenDir read the index
+	inflight  sync.WaitGroup // methods that write, waited for by Close
 	// deferred are the saves of SaveDeferred whose directory sync is to
 	// come; flushing is set while a flush runs; flushErr is why the last
 	// one failed.
@@ -171,6 +172,7 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 		s.opts = *opts
 	}
 	if err := s.loadIndex(); err == nil {
+		s.fromIndex = true
 		return s, nil
 	}
 	s.entries = nil

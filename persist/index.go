@@ -201,9 +201,14 @@ func (s *FileStore) writeIndex() error {
 	if err != nil {
 		return err
 	}
-	// Not synced: a power cut may leave it damaged or old, and either is
-	// found and rebuilt at the next OpenDir.
+	// Synced, so that the next start after a power cut may use it too;
+	// unsynced, a power cut would leave it damaged or old, which the next
+	// OpenDir would find and rebuild.
 	_, err = f.Write(encodeIndex(at, ents))
+	if err == nil {
+		s.indexSyncs.Add(1)
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -225,6 +230,8 @@ func (s *FileStore) writeIndex() error {
 		return err
 	}
 	s.indexGen = g
+	s.indexSyncs.Add(1)
+	_ = s.fs.SyncDir(dir)
 	return nil
 }
 
@@ -242,7 +249,13 @@ func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
 		e.str(ie.id)
 		e.uv(uint64(len(ie.files)))
 		for j, f := range ie.files {
+			// What parseName says of the name too, which would cost more
+			// to parse again than to read.
 			e.str(f.name)
+			e.str(f.p.id)
+			e.str(f.p.key)
+			e.str(f.p.tag)
+			e.bool(f.p.resolved)
 			e.uv(uint64(f.mode))
 			e.stamp(ie.stamps[j])
 		}
@@ -269,7 +282,7 @@ func decodeIndex(data []byte) (at fsys.Stamp, ents []indexEntry, err error) {
 	if crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {
 		return at, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
-	d := &decoder{b: rest[5:]}
+	d := &decoder{b: rest[5:], s: string(rest[5:])}
 	at = d.stamp()
 	n := d.count()
 	ents = make([]indexEntry, 0, n)
@@ -283,10 +296,7 @@ func decodeIndex(data []byte) (at fsys.Stamp, ents []indexEntry, err error) {
 		ie.stamps = make([]fsys.Stamp, nf)
 		for j := range nf {
 			name := d.str()
-			p, ok := parseName(name)
-			if !ok && d.err == nil {
-				d.err = fmt.Errorf("%q is not a record file's name", name)
-			}
+			p := parsedName{id: d.str(), key: d.str(), tag: d.str(), resolved: d.bool()}
 			ie.files[j] = file{name: name, p: p, mode: fs.FileMode(d.uv())}
 			ie.stamps[j] = d.stamp()
 		}
@@ -416,9 +426,12 @@ func (e *encoder) record(r *Record) {
 }
 
 // decoder reads what encoder wrote; the first error sticks, and every
-// read after it returns zero values.
+// read after it returns zero values. The strings it returns are parts of
+// s, a copy of b made once, and the byte slices parts of b: records are
+// never changed in place, and callers get copies.
 type decoder struct {
 	b   []byte
+	s   string
 	err error
 }
 
@@ -481,7 +494,14 @@ func (d *decoder) raw(n int) []byte {
 	return b
 }
 
-func (d *decoder) str() string { return string(d.raw(d.count())) }
+func (d *decoder) str() string {
+	n := d.count()
+	at := len(d.s) - len(d.b)
+	if d.raw(n) == nil {
+		return ""
+	}
+	return d.s[at : at+n]
+}
 
 func (d *decoder) bytes() []byte {
 	n := d.uv()
@@ -491,7 +511,7 @@ func (d *decoder) bytes() []byte {
 		}
 		return nil
 	}
-	return bytes.Clone(d.raw(int(n - 1)))
+	return d.raw(int(n - 1))
 }
 
 func (d *decoder) header() http.Header {
