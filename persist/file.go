@@ -25,10 +25,11 @@ import (
 // files.
 //
 // A FileStore holds an exclusive lock on its directory from OpenDir to
-// Close. It keeps every record it has read in memory: the files of
-// unresolved records are read at OpenDir, those of resolved records the
-// first time Get, List or Prune needs them, and none is read twice. A
-// FileStore is safe for concurrent use by multiple goroutines.
+// Close. It keeps every record it has read in memory: the unresolved
+// records are read at OpenDir (from the index when it describes the
+// directory, see the package docs), those of resolved records the first
+// time Get, List or Prune needs them, and none is read twice. A FileStore
+// is safe for concurrent use by multiple goroutines.
 type FileStore struct {
 	fs   fsys.FS
 	dir  string
@@ -125,8 +126,10 @@ func (e *entry) stale(name string) []file {
 }
 
 // OpenDir opens the store in dir, creating dir with mode 0700 if it does not
-// exist. It reads the files of the unresolved records; those of resolved
-// records are read when first asked for. opts may be nil.
+// exist. It reads the unresolved records, from the index if it describes
+// the directory, else from their files after listing the directory (and
+// then writes the index); resolved records are read when first asked
+// for. opts may be nil.
 //
 // OpenDir returns an error matching ErrLocked if another store, in this or
 // another process, has dir open; one matching ErrInsecureDir if dir exists
