@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"maps"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
@@ -75,7 +77,7 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	at, ents, err := decodeIndex(data)
+	at, ents, d, err := decodeIndexHead(data)
 	if err != nil {
 		return err
 	}
@@ -88,10 +90,26 @@ func (s *FileStore) loadIndex() error {
 			names = append(names, f.name)
 		}
 	}
-	now, err := s.fs.Stamps(s.dir, names)
+	// The files are stamped while the records are decoded: the system
+	// calls are most of the cost.
+	type stamped struct {
+		st  []fsys.Stamp
+		err error
+	}
+	ch := make(chan stamped, 1)
+	go func() {
+		st, err := s.fs.Stamps(s.dir, names)
+		ch <- stamped{st, err}
+	}()
+	err = d.records(ents)
+	got := <-ch
 	if err != nil {
 		return err
 	}
+	if got.err != nil {
+		return got.err
+	}
+	now := got.st
 	entries := make(map[string]*entry, len(ents))
 	var reread []*entry
 	i := 0
@@ -237,7 +255,7 @@ func (s *FileStore) writeIndex() error {
 
 // encodeIndex returns the content of an index file for the directory
 // stamped at and its entries: the magic and version, a CRC-32C of the
-// rest, the directory's stamp, then the entries.
+// rest, the directory's stamp, the entries' files, then their records.
 func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
 	e := &encoder{b: make([]byte, 0, 64+len(ents)*600)}
 	e.b = append(e.b, indexMagic...)
@@ -259,30 +277,31 @@ func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
 			e.uv(uint64(f.mode))
 			e.stamp(ie.stamps[j])
 		}
-		if ie.rec == nil {
-			e.b = append(e.b, 0)
-			continue
+		e.bool(ie.rec != nil)
+	}
+	for _, ie := range ents {
+		if ie.rec != nil {
+			e.record(ie.rec)
 		}
-		e.b = append(e.b, 1)
-		e.record(ie.rec)
 	}
 	binary.LittleEndian.PutUint32(e.b[body-4:body], crc32.Checksum(e.b[body:], crcTable))
 	return e.b
 }
 
-// decodeIndex parses an index file.
-func decodeIndex(data []byte) (at fsys.Stamp, ents []indexEntry, err error) {
+// decodeIndexHead parses an index file up to the records, which d then
+// decodes into ents.
+func decodeIndexHead(data []byte) (at fsys.Stamp, ents []indexEntry, d *decoder, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	if !ok || len(rest) < 5 {
-		return at, nil, fmt.Errorf("%w: not an index file", errIndex)
+		return at, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
 	}
 	if rest[0] != indexVersion {
-		return at, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+		return at, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
 	}
 	if crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {
-		return at, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+		return at, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
-	d := &decoder{b: rest[5:], s: string(rest[5:])}
+	d = &decoder{b: rest[5:], s: string(rest[5:]), headers: map[string]http.Header{}}
 	at = d.stamp()
 	n := d.count()
 	ents = make([]indexEntry, 0, n)
@@ -300,21 +319,34 @@ func decodeIndex(data []byte) (at fsys.Stamp, ents []indexEntry, err error) {
 			ie.files[j] = file{name: name, p: p, mode: fs.FileMode(d.uv())}
 			ie.stamps[j] = d.stamp()
 		}
-		if d.byte() == 1 {
-			ie.rec = d.record()
+		if d.bool() {
+			ie.rec = &Record{} // decoded by records
 		}
 		if d.err != nil {
 			break
 		}
 		ents = append(ents, ie)
 	}
+	if d.err != nil {
+		return at, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
+	}
+	return at, ents, d, nil
+}
+
+// records decodes the records of ents, which decodeIndexHead left.
+func (d *decoder) records(ents []indexEntry) error {
+	for i := range ents {
+		if ents[i].rec != nil {
+			ents[i].rec = d.record()
+		}
+	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = errors.New("trailing bytes")
 	}
 	if d.err != nil {
-		return at, nil, fmt.Errorf("%w: %w", errIndex, d.err)
+		return fmt.Errorf("%w: %w", errIndex, d.err)
 	}
-	return at, ents, nil
+	return nil
 }
 
 // encoder appends the index's binary encoding to b.
@@ -346,13 +378,16 @@ func (e *encoder) bytes(b []byte) {
 	e.b = append(e.b, b...)
 }
 
+// header encodes h with its keys in order, so that equal headers encode
+// alike: the decoder shares their maps.
 func (e *encoder) header(h http.Header) {
 	if h == nil {
 		e.uv(0)
 		return
 	}
 	e.uv(uint64(len(h)) + 1)
-	for k, vs := range h {
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		vs := h[k]
 		e.str(k)
 		if vs == nil {
 			e.uv(0)
@@ -433,6 +468,10 @@ type decoder struct {
 	b   []byte
 	s   string
 	err error
+	// headers are the headers decoded so far by their encoding: records
+	// with equal headers share one map, as no record the store holds is
+	// ever changed in place (callers get copies).
+	headers map[string]http.Header
 }
 
 func (d *decoder) fail(what string) {
@@ -515,6 +554,24 @@ func (d *decoder) bytes() []byte {
 }
 
 func (d *decoder) header() http.Header {
+	start := len(d.s) - len(d.b)
+	if len(d.b) > 0 && d.b[0] == 0 {
+		d.b = d.b[1:]
+		return nil
+	}
+	h := d.decodeHeader()
+	if d.err != nil || d.headers == nil {
+		return h
+	}
+	enc := d.s[start : len(d.s)-len(d.b)]
+	if shared, ok := d.headers[enc]; ok {
+		return shared
+	}
+	d.headers[enc] = h
+	return h
+}
+
+func (d *decoder) decodeHeader() http.Header {
 	n := d.uv()
 	if n == 0 || n-1 > uint64(len(d.b)) {
 		if n != 0 {
