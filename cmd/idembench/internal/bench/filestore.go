@@ -131,7 +131,7 @@ func openList(ctx context.Context, dir string, n int) (OpenReport, error) {
 
 	start = time.Now()
 	if _, err := s.Get(ctx, "absent"); !errors.Is(err, persist.ErrNotFound) {
-		return OpenReport{}, fmt.Errorf("Get of an absent key: %v", err)
+		return OpenReport{}, fmt.Errorf("a Get of an absent key returned %v", err)
 	}
 	r.Scan = time.Since(start)
 	r.HeapScan = heapPerIntent(&before, n)
