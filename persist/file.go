@@ -930,9 +930,12 @@ func (s *FileStore) freeName(dir, name string) (string, error) {
 	return "", fmt.Errorf("persist: %s holds 1,000 quarantined copies of %s; clear it", dir, name)
 }
 
-// Close waits for the saves and deletes in progress, then releases the
-// directory's lock. Methods called after Close return an error matching
-// ErrClosed; closing again does nothing.
+// Close waits for the saves and deletes in progress, writes the index if
+// the store changed since it was last written (waiting once, 20 ms, if the
+// directory changed within the clock's granularity; a failure costs the
+// next OpenDir a scan, not an error), then releases the directory's lock.
+// Methods called after Close return an error matching ErrClosed; closing
+// again does nothing.
 func (s *FileStore) Close() error {
 	s.mu.Lock()
 	if s.closed {
