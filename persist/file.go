@@ -86,6 +86,10 @@ type file struct {
 	name string
 	p    parsedName
 	mode fs.FileMode // the type bits from the directory listing
+	// st is the file's stamp when the store wrote or last read it, the
+	// zero Stamp if it did neither: the index holds a record only with
+	// the stamp of the file it came from.
+	st fsys.Stamp
 }
 
 // winsOver reports whether a, found next to b for the same key at OpenDir,
@@ -326,7 +330,13 @@ func (s *FileStore) read(e *entry) {
 	case !fl.mode.IsRegular():
 		err = fmt.Errorf("not a regular file (%v)", fl.mode)
 	default:
-		data, err = s.fs.ReadFile(filepath.Join(s.dir, fl.name))
+		// Stamped before it is read: a change after the stamp shows
+		// as another stamp at the next OpenDir from the index.
+		path := filepath.Join(s.dir, fl.name)
+		if e.files[0].st == (fsys.Stamp{}) {
+			e.files[0].st, _ = s.fs.Stamp(path)
+		}
+		data, err = s.fs.ReadFile(path)
 	}
 	if err == nil {
 		e.rec, err = decodeFile(fl.p, data)
@@ -488,6 +498,7 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 		_ = s.removeFile(tmp)
 		return fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
+	nf.st, _ = s.fs.Stamp(path) // for the index; zero if it fails
 	old := s.entries[id]
 	ne := &entry{files: []file{nf}, rec: r}
 	s.entries[id] = ne

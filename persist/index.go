@@ -123,6 +123,8 @@ func (s *FileStore) loadIndex() error {
 			}
 			if st != ie.stamps[j] || st.Change >= idxSt.Change {
 				e.rec = nil // changed in place since: read the file
+			} else {
+				e.files[j].st = st
 			}
 		}
 		if entries[ie.id] != nil {
@@ -181,8 +183,10 @@ func (s *FileStore) writeIndex() error {
 		if !e.mayHold(Filter{Unresolved: true}, "") {
 			continue
 		}
-		ie := indexEntry{id: id, files: e.files}
-		if e.corrupt == nil {
+		ie := indexEntry{id: id, files: slices.Clone(e.files)}
+		if e.corrupt == nil && e.files[0].st != (fsys.Stamp{}) {
+			// Only with the stamp the file had when its record was
+			// read or written: a change since then must show.
 			ie.rec = e.rec
 		}
 		for _, f := range e.files {
@@ -199,6 +203,11 @@ func (s *FileStore) writeIndex() error {
 	i := 0
 	for k := range ents {
 		ents[k].stamps = stamps[i : i+len(ents[k].files)]
+		for j, f := range ents[k].files {
+			if f.st != (fsys.Stamp{}) {
+				ents[k].stamps[j] = f.st
+			}
+		}
 		i += len(ents[k].files)
 	}
 	s.indexSyncs.Add(1)
@@ -206,14 +215,18 @@ func (s *FileStore) writeIndex() error {
 		return err
 	}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gen.Load() != g || s.changing.Load() != 0 {
-		return errIndex
-	}
+	// Nothing below holds s.mu but the last check and the rename, so
+	// that no save waits for the index's encoding or its sync: a change
+	// of the directory since the snapshot moves gen or changing, and one
+	// after the last check comes after the index's file was written, so
+	// it moves the directory's stamp past the one recorded.
+	unchanged := func() bool { return s.gen.Load() == g && s.changing.Load() == 0 }
 	at, err := s.fs.Stamp(s.dir)
 	if err != nil {
 		return err
+	}
+	if !unchanged() {
+		return errIndex
 	}
 	f, err := s.fs.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
@@ -237,17 +250,21 @@ func (s *FileStore) writeIndex() error {
 	if err == nil && st.Change <= at.Change {
 		err = errRacyIndex
 	}
-	if err == nil && (s.gen.Load() != g || s.changing.Load() != 0) {
+	s.mu.Lock()
+	if err == nil && !unchanged() {
 		err = errIndex
 	}
 	if err == nil {
 		err = s.fs.Rename(f.Name(), s.indexPath())
 	}
+	if err == nil {
+		s.indexGen = g
+	}
+	s.mu.Unlock()
 	if err != nil {
 		_ = s.fs.Remove(f.Name())
 		return err
 	}
-	s.indexGen = g
 	s.indexSyncs.Add(1)
 	_ = s.fs.SyncDir(dir)
 	return nil

@@ -296,3 +296,26 @@ func keys(recs []*persist.Record) []string {
 	}
 	return out
 }
+
+// TestIndexFileChangedWhileOpen: a file damaged in place while the store
+// is open, after the store read it, is not hidden by the index written at
+// Close: the index keeps the stamp the file had when it was read.
+func TestIndexFileChangedWhileOpen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, _ := indexStore(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Save(ctx, persisttest.NewRecord("u-4", t0.Add(time.Hour))))
+	path := filepath.Join(dir, persist.FileName("u-2", recName))
+	write(t, path, []byte("{"))
+	require.NoError(t, s.Close())
+
+	s = openFile(t, dir, nil)
+	assert.True(t, s.FromIndex())
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	assert.Equal(t, []string{"u-1", "u-3", "u-4"}, keys(got))
+	ces := persist.CorruptErrors(err)
+	require.Len(t, ces, 1, "%v", err)
+	assert.Equal(t, path, ces[0].Path)
+}
