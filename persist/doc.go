@@ -151,9 +151,12 @@ truth, and the index is used only when it provably describes them.
   - Clocks are coarse (a few milliseconds), so a change within the same
     tick as the stamp would leave it unchanged. The index is used only
     if its own file's change time comes after the directory's stamp: a
-    change after the index was written then moves the stamp. While it
-    writes, the store makes no change to the directory (and gives up if
-    one is under way).
+    change after the index was written then moves the stamp. The store
+    counts its own changes of the directory and gives up writing the
+    index if one was under way or made while it wrote.
+  - The index holds a record only with the stamp its file had when the
+    store wrote or read that record, so a file changed in place later,
+    even while the store is open, shows as changed.
   - Before writing the index, the store syncs the directory, so that a
     power cut cannot bring back an earlier state of it that shares the
     stamp. After a power cut the directory is in the state the index
