@@ -98,6 +98,7 @@ A store's directory holds:
 	h-<hash>.<tag>.done.json the same, resolved
 	.tmp-*                   a save in progress, or left by a crash
 	quarantine/              damaged files moved aside (see Damage)
+	index/unresolved         the index of the unresolved intents, a cache (see The index)
 	LOCK                     the lock file, where the directory itself cannot be locked (see Locking)
 
 <key> is the lower-case base32hex of the key's bytes, <hash> the hex
@@ -116,12 +117,73 @@ validates the record ([Record.Validate]) and checks that the key, state
 and name inside belong to the file's name; a file that fails gives a
 [*CorruptError] naming the file and, as far as it is known, the key.
 
-Splitting resolved from unresolved intents by name lets [OpenDir] read only
-the files of unresolved intents: it lists the directory and reads a
-resolved file the first time Get, List or Prune needs it. An app opening
-the store at start and listing its unresolved intents thus pays for those
-alone, and a List for one action's Name reads only the files tagged with
-it. Every record read is kept in memory and never read again.
+Splitting resolved from unresolved intents by name lets the store read
+only the files of unresolved intents when it lists the directory: a
+resolved file is read the first time Get, List or Prune needs it, and a
+List for one action's Name reads only the files tagged with it. Every
+record read is kept in memory and never read again.
+
+# The index
+
+Listing a directory of 100,000 names and reading 10,000 files takes
+hundreds of milliseconds on a phone, which an app would wait for at start.
+So [OpenDir] starts, when it can, from the index: one file,
+index/unresolved, holding every entry whose files include an unresolved
+one (its files' names and stamps, and the record, in a compact binary
+encoding with a CRC-32C), and the stamp of the store's directory it
+describes. OpenDir then reads that file and stamps the unresolved files
+(one stat each), but neither lists the directory nor reads a record file.
+The directory is listed at the first call that needs more: a Get of a key
+the index does not hold, a List not restricted to unresolved records, and
+every write (Save, Claim, Delete, Prune, Quarantine), so that no write is
+made without knowing the key's files.
+
+The index is a cache, never the record: the record files stay the only
+truth, and the index is used only when it provably describes them.
+
+  - The directory's change time (ctime) moves with every creation, rename
+    and removal of an entry, and nothing else in the store changes a
+    record. OpenDir uses the index only if the directory's stamp (inode,
+    size, modification and change times) is the one the index was
+    written for; any save, delete or crash leftover since, by this
+    release or an earlier one, sends it to a full scan, which rebuilds
+    the index.
+  - Clocks are coarse (a few milliseconds), so a change within the same
+    tick as the stamp would leave it unchanged. The index is used only
+    if its own file's change time comes after the directory's stamp: a
+    change after the index was written then moves the stamp. The store
+    counts its own changes of the directory and gives up writing the
+    index if one was under way or made while it wrote.
+  - The index holds a record only with the stamp its file had when the
+    store wrote or read that record, so a file changed in place later,
+    even while the store is open, shows as changed.
+  - Before writing the index, the store syncs the directory, so that a
+    power cut cannot bring back an earlier state of it that shares the
+    stamp. After a power cut the directory is in the state the index
+    describes, or a later one with another stamp.
+  - A file rewritten in place (which the store never does: damage, or a
+    hand edit) changes its own stamp but not the directory's; a file
+    whose stamp differs from the index's is read again, so a damaged
+    record is reported as a [*CorruptError], never served from the
+    index. A file of the index that is missing makes the index unusable.
+  - An index that is missing, damaged (checksum), of another version or
+    cut short is rebuilt by a full scan; it is never an error of OpenDir.
+
+The index is written after a full scan at OpenDir, in the background after
+the directory sync of deferred saves (when an intent resolves, so that an
+app killed afterwards starts from it) and at Close. It costs no durable
+write on the path of a Save: its syncs (the directory's, the file's and
+its subdirectory's) run only there. An app killed between the save of a new
+intent and its outcome starts with a full scan once, which writes the
+index again. Directories of earlier releases have no index; the first
+OpenDir scans them and writes it, with no migration of the records, and
+an earlier release ignores the index subdirectory (its saves change the
+directory's stamp, so the next OpenDir of this release scans).
+
+On file systems whose change times have a granularity of seconds (FAT)
+the index is mostly not trusted and OpenDir scans, as before. On systems
+other than Linux and Android the change time is the modification time,
+which a program could set back; this store never does.
 
 # Permissions
 
@@ -211,7 +273,8 @@ upgrade.
 The file store is the default over an embedded database such as bbolt: a
 damaged record costs one intent, not a database that may refuse to open; it
 needs no mmap and no compaction; a record is a JSON file an engineer can
-read when reconciling a payment by hand; and the cost at start grows with
-the unresolved intents alone. docs/BENCHMARKS.md has the measurements.
+read when reconciling a payment by hand; and, with the index, the cost at
+start grows with the unresolved intents alone. docs/BENCHMARKS.md has the
+measurements.
 */
 package persist

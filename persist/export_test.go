@@ -1,6 +1,7 @@
 package persist
 
 import (
+	"errors"
 	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
@@ -36,4 +37,20 @@ func (s *FileStore) WaitDeferred() bool {
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
+}
+
+// FromIndex reports whether OpenDir opened s from its index rather than
+// from a scan of the directory.
+func (s *FileStore) FromIndex() bool { return s.fromIndex }
+
+// IndexRoundTrip encodes r as the index does and decodes it back.
+func IndexRoundTrip(r *Record) (*Record, error) {
+	e := &encoder{}
+	e.record(r)
+	d := &decoder{b: e.b, s: string(e.b)}
+	got := d.record()
+	if d.err == nil && len(d.b) != 0 {
+		d.err = errors.New("trailing bytes")
+	}
+	return got, d.err
 }

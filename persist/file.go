@@ -25,27 +25,42 @@ import (
 // files.
 //
 // A FileStore holds an exclusive lock on its directory from OpenDir to
-// Close. It keeps every record it has read in memory: the files of
-// unresolved records are read at OpenDir, those of resolved records the
-// first time Get, List or Prune needs them, and none is read twice. A
-// FileStore is safe for concurrent use by multiple goroutines.
+// Close. It keeps every record it has read in memory: the unresolved
+// records are read at OpenDir (from the index when it describes the
+// directory, see the package docs), those of resolved records the first
+// time Get, List or Prune needs them, and none is read twice. A FileStore
+// is safe for concurrent use by multiple goroutines.
 type FileStore struct {
 	fs   fsys.FS
 	dir  string
 	opts Options
 	lock io.Closer
 
-	// syncs counts fsync calls, for the benchmarks.
-	syncs atomic.Int64
+	// syncs counts fsync calls, for the benchmarks; indexSyncs those
+	// made before writing the index, never on the path of a Save.
+	syncs      atomic.Int64
+	indexSyncs atomic.Int64
+	// gen counts the changes this store made to the directory's entries,
+	// twice each: before and after; changing is how many are under way.
+	// The index is written only while neither moves (see writeIndex).
+	gen      atomic.Int64
+	changing atomic.Int64
 	// dirSync shares syncs of the directory between concurrent saves.
 	dirSync *groupSync
 
 	// claimMu makes a Claim's check and save one step among Claims.
-	claimMu  sync.Mutex
-	mu       sync.Mutex
-	closed   bool
-	entries  map[string]*entry // by stem of the key; stray files by "?" + name
-	inflight sync.WaitGroup    // methods that write, waited for by Close
+	claimMu sync.Mutex
+	mu      sync.Mutex
+	closed  bool
+	entries map[string]*entry // by stem of the key; stray files by "?" + name
+	// scanned is set once entries holds every entry of the directory;
+	// until then (after an OpenDir from the index) it holds those that may
+	// hold an unresolved record. indexGen is gen when the index in place
+	// was written or read, -1 if there is none.
+	scanned   bool
+	indexGen  int64
+	fromIndex bool           // OpenDir read the index
+	inflight  sync.WaitGroup // methods that write, waited for by Close
 	// deferred are the saves of SaveDeferred whose directory sync is to
 	// come; flushing is set while a flush runs; flushErr is why the last
 	// one failed.
@@ -71,6 +86,10 @@ type file struct {
 	name string
 	p    parsedName
 	mode fs.FileMode // the type bits from the directory listing
+	// st is the file's stamp when the store wrote or last read it, the
+	// zero Stamp if it did neither: the index holds a record only with
+	// the stamp of the file it came from.
+	st fsys.Stamp
 }
 
 // winsOver reports whether a, found next to b for the same key at OpenDir,
@@ -111,8 +130,10 @@ func (e *entry) stale(name string) []file {
 }
 
 // OpenDir opens the store in dir, creating dir with mode 0700 if it does not
-// exist. It reads the files of the unresolved records; those of resolved
-// records are read when first asked for. opts may be nil.
+// exist. It reads the unresolved records, from the index if it describes
+// the directory, else from their files after listing the directory (and
+// then writes the index); resolved records are read when first asked
+// for. opts may be nil.
 //
 // OpenDir returns an error matching ErrLocked if another store, in this or
 // another process, has dir open; one matching ErrInsecureDir if dir exists
@@ -157,11 +178,59 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 	if opts != nil {
 		s.opts = *opts
 	}
-	if err := s.load(); err != nil {
+	if err := s.loadIndex(); err == nil {
+		s.fromIndex = true
+		return s, nil
+	}
+	s.entries = nil
+	if err := s.scan(); err != nil {
 		_ = lk.Close()
 		return nil, err
 	}
+	// So that the next OpenDir starts from the index. It may fail, or
+	// give up: that costs the next OpenDir a scan.
+	s.indexGen = -1
+	_ = s.writeIndex()
 	return s, nil
+}
+
+// changeDir runs fn, a change of the directory's entries, counted in gen
+// and changing.
+func (s *FileStore) changeDir(fn func() error) error {
+	s.changing.Add(1)
+	s.gen.Add(1)
+	defer func() {
+		s.gen.Add(1)
+		s.changing.Add(-1)
+	}()
+	return fn()
+}
+
+// rename, removeFile and createTemp change the directory through
+// changeDir.
+func (s *FileStore) rename(oldpath, newpath string) error {
+	return s.changeDir(func() error { return s.fs.Rename(oldpath, newpath) })
+}
+
+func (s *FileStore) removeFile(path string) error {
+	return s.changeDir(func() error { return s.fs.Remove(path) })
+}
+
+func (s *FileStore) createTemp() (f fsys.File, err error) {
+	err = s.changeDir(func() error {
+		f, err = s.fs.CreateTemp(s.dir, tempPrefix+"*")
+		return err
+	})
+	return f, err
+}
+
+// complete makes entries hold every entry of the directory, scanning it
+// if OpenDir read the index instead. s.mu must be held.
+func (s *FileStore) complete() error {
+	if s.scanned {
+		return nil
+	}
+	return s.scan()
 }
 
 // mkdirAll creates dir and any missing parent with mode 0700, and syncs the
@@ -190,22 +259,25 @@ func mkdirAll(fsy fsys.FS, dir string) error {
 	return fsy.SyncDir(parent)
 }
 
-// load reads the directory, and the file of every record that may be
-// unresolved; the files of resolved records are read when asked for. It
-// removes the temporary files a crash left: they were never renamed, so they
-// were never a saved record, and no other store can be writing them while
-// we hold the lock.
-func (s *FileStore) load() error {
+// scan reads the directory, and the file of every record that may be
+// unresolved and is not in entries already with the same files (read from
+// the index); the files of resolved records are read when asked for. It
+// removes the temporary files a crash left: they were never renamed, so
+// they were never a saved record, and no other store can be writing them
+// while we hold the lock and no save of this one has begun (every write
+// calls complete first). Run by OpenDir, or under s.mu.
+func (s *FileStore) scan() error {
 	des, err := s.fs.ReadDir(s.dir)
 	if err != nil {
 		return fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
 	}
+	known := s.entries
 	s.entries = make(map[string]*entry, len(des))
 	var ids []string
 	for _, de := range des {
 		name := de.Name()
 		if strings.HasPrefix(name, tempPrefix) {
-			_ = s.fs.Remove(filepath.Join(s.dir, name))
+			_ = s.removeFile(filepath.Join(s.dir, name))
 			continue
 		}
 		p, ok := parseName(name)
@@ -232,10 +304,15 @@ func (s *FileStore) load() error {
 			}
 			return 1
 		})
+		if k := known[id]; k != nil && slices.EqualFunc(k.files, e.files, func(a, b file) bool { return a.name == b.name }) {
+			s.entries[id] = k
+			continue
+		}
 		if e.mayHold(Filter{Unresolved: true}, "") {
 			s.read(e)
 		}
 	}
+	s.scanned = true
 	return nil
 }
 
@@ -253,7 +330,13 @@ func (s *FileStore) read(e *entry) {
 	case !fl.mode.IsRegular():
 		err = fmt.Errorf("not a regular file (%v)", fl.mode)
 	default:
-		data, err = s.fs.ReadFile(filepath.Join(s.dir, fl.name))
+		// Stamped before it is read: a change after the stamp shows
+		// as another stamp at the next OpenDir from the index.
+		path := filepath.Join(s.dir, fl.name)
+		if e.files[0].st == (fsys.Stamp{}) {
+			e.files[0].st, _ = s.fs.Stamp(path)
+		}
+		data, err = s.fs.ReadFile(path)
 	}
 	if err == nil {
 		e.rec, err = decodeFile(fl.p, data)
@@ -384,7 +467,10 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 	// entry, and none makes it unreadable.
 	id := stem(r.Key)
 	s.mu.Lock()
-	err = s.checkReplaceable(id)
+	err = s.complete()
+	if err == nil {
+		err = s.checkReplaceable(id)
+	}
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -408,10 +494,11 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 	// The rename and the update of the entries happen under one lock, so
 	// that of two concurrent saves of one key the one renamed last is the
 	// one kept.
-	if err := s.fs.Rename(tmp, path); err != nil {
-		_ = s.fs.Remove(tmp)
+	if err := s.rename(tmp, path); err != nil {
+		_ = s.removeFile(tmp)
 		return fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
+	nf.st, _ = s.fs.Stamp(path) // for the index; zero if it fails
 	old := s.entries[id]
 	ne := &entry{files: []file{nf}, rec: r}
 	s.entries[id] = ne
@@ -455,7 +542,7 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 	for _, fl := range stale {
 		wins := winsOver(fl, nf)
 		mustGo = mustGo || wins
-		err := s.fs.Remove(filepath.Join(s.dir, fl.name))
+		err := s.removeFile(filepath.Join(s.dir, fl.name))
 		if err == nil || errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -482,20 +569,30 @@ type deferredSave struct {
 
 // flush syncs the directory for the deferred saves, then removes the old
 // files of those whose entry is still the one they made (a later save or
-// delete of the key removed them itself), until none is left. It runs in
-// its own goroutine, counted in s.inflight. If the sync fails, the saves
-// stay deferred: the next SaveDeferred or Close tries again.
+// delete of the key removed them itself), until none is left; then it
+// writes the index, so that an app killed after an intent resolved opens
+// from it. It runs in its own goroutine, counted in s.inflight. If the
+// sync fails, the saves stay deferred: the next SaveDeferred or Close
+// tries again.
 func (s *FileStore) flush() {
 	defer s.inflight.Done()
+	indexed := false
 	for {
 		s.mu.Lock()
 		batch := s.deferred
 		s.deferred = nil
+		if len(batch) == 0 && !indexed {
+			s.mu.Unlock()
+			indexed = true
+			_ = s.writeIndex()
+			continue
+		}
 		if len(batch) == 0 {
 			s.flushing = false
 			s.mu.Unlock()
 			return
 		}
+		indexed = false
 		s.mu.Unlock()
 		// Shared with the saves syncing the directory at the same time.
 		err := s.dirSync.sync(s.syncDir)
@@ -514,7 +611,7 @@ func (s *FileStore) flush() {
 			}
 			kept := d.e.files[:1]
 			for _, fl := range d.e.files[1:] {
-				if err := s.fs.Remove(filepath.Join(s.dir, fl.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				if err := s.removeFile(filepath.Join(s.dir, fl.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 					kept = append(kept, fl) // removed at the key's next write
 				}
 			}
@@ -545,7 +642,7 @@ func (s *FileStore) checkReplaceable(id string) error {
 // writeTemp writes data to a new temporary file in the directory and syncs
 // it; it returns the file's path. The file is created with mode 0600.
 func (s *FileStore) writeTemp(data []byte) (string, error) {
-	f, err := s.fs.CreateTemp(s.dir, tempPrefix+"*")
+	f, err := s.createTemp()
 	if err != nil {
 		return "", err
 	}
@@ -558,7 +655,7 @@ func (s *FileStore) writeTemp(data []byte) (string, error) {
 		err = cerr
 	}
 	if err != nil {
-		_ = s.fs.Remove(f.Name())
+		_ = s.removeFile(f.Name())
 		return "", err
 	}
 	return f.Name(), nil
@@ -582,6 +679,12 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
 	}
 	e := s.entries[stem(key)]
+	if e == nil && !s.scanned {
+		if err := s.complete(); err != nil {
+			return nil, err
+		}
+		e = s.entries[stem(key)]
+	}
 	if e == nil {
 		return nil, fmt.Errorf("%w: key %q in %s", ErrNotFound, key, s.dir)
 	}
@@ -611,6 +714,12 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if s.closed {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
+	}
+	if !f.Unresolved {
+		if err := s.complete(); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
 	}
 	var out []*Record
 	var corrupt []*CorruptError
@@ -656,6 +765,10 @@ func (s *FileStore) Delete(ctx context.Context, key string) error {
 	}
 	defer s.inflight.Done()
 	s.mu.Lock()
+	if err := s.complete(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
 	id := stem(key)
 	e := s.entries[id]
 	if e == nil {
@@ -677,7 +790,7 @@ func (s *FileStore) Delete(ctx context.Context, key string) error {
 // must be held.
 func (s *FileStore) remove(id string, e *entry) error {
 	for _, fl := range e.stale("") {
-		if err := s.fs.Remove(filepath.Join(s.dir, fl.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.removeFile(filepath.Join(s.dir, fl.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
@@ -703,6 +816,10 @@ func (s *FileStore) PruneFunc(ctx context.Context, drop func(*Record) bool) (int
 	var corrupt []*CorruptError
 	n := 0
 	s.mu.Lock()
+	if err := s.complete(); err != nil {
+		s.mu.Unlock()
+		return 0, err
+	}
 	// In a fixed order, so that a run is the same every time.
 	for _, id := range slices.Sorted(maps.Keys(s.entries)) {
 		e := s.entries[id]
@@ -755,6 +872,9 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	defer s.inflight.Done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.complete(); err != nil {
+		return "", err
+	}
 	var id string
 	var e *entry
 	for i, c := range s.entries {
@@ -768,7 +888,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	}
 	name := e.files[0].name
 	qdir := filepath.Join(s.dir, quarantineDir)
-	if err := s.fs.Mkdir(qdir, 0o700); err == nil {
+	if err := s.changeDir(func() error { return s.fs.Mkdir(qdir, 0o700) }); err == nil {
 		if err := s.syncDir(); err != nil {
 			return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
 		}
@@ -779,7 +899,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	if err != nil {
 		return "", err
 	}
-	if err := s.fs.Rename(path, dst); err != nil {
+	if err := s.rename(path, dst); err != nil {
 		return "", fmt.Errorf("persist: cannot move %s to %s (it is still in place): %w", path, dst, err)
 	}
 	// The new entry first: a power cut in between leaves the file in both
@@ -821,9 +941,12 @@ func (s *FileStore) freeName(dir, name string) (string, error) {
 	return "", fmt.Errorf("persist: %s holds 1,000 quarantined copies of %s; clear it", dir, name)
 }
 
-// Close waits for the saves and deletes in progress, then releases the
-// directory's lock. Methods called after Close return an error matching
-// ErrClosed; closing again does nothing.
+// Close waits for the saves and deletes in progress, writes the index if
+// the store changed since it was last written (waiting once, 20 ms, if the
+// directory changed within the clock's granularity; a failure costs the
+// next OpenDir a scan, not an error), then releases the directory's lock.
+// Methods called after Close return an error matching ErrClosed; closing
+// again does nothing.
 func (s *FileStore) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -846,6 +969,14 @@ func (s *FileStore) Close() error {
 			flushErr = fmt.Errorf("persist: %d intents saved in %s may not survive a power loss (directory sync failed): %w", len(s.deferred), s.dir, s.flushErr)
 		}
 	}
+	s.mu.Unlock()
+	if errors.Is(s.writeIndex(), errRacyIndex) {
+		// The directory changed within the clock's granularity: once
+		// more after it.
+		time.Sleep(racyWait)
+		_ = s.writeIndex()
+	}
+	s.mu.Lock()
 	s.entries = nil
 	s.mu.Unlock()
 	if err := s.lock.Close(); err != nil {

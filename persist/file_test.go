@@ -362,7 +362,7 @@ func dirNames(t *testing.T, dir string) []string {
 	require.NoError(t, err)
 	var names []string
 	for _, de := range des {
-		if de.Name() != "LOCK" {
+		if de.Name() != "LOCK" && de.Name() != "index" {
 			names = append(names, de.Name())
 		}
 	}

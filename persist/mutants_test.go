@@ -24,6 +24,45 @@ func TestMutants(t *testing.T) {
 			Env: []string{"IDEM_POWERCUTS=1000"},
 		},
 		{
+			Name: "stale-index-trusted", File: "persist/index.go",
+			Note:    "OpenDir trusts an index written before the directory's last change (after a power cut, or an earlier release's save)",
+			Anchor:  "\tif at != dirSt || idxSt.Change <= at.Change {\n",
+			Replace: "\tif _ = dirSt; idxSt.Change <= at.Change {\n",
+			Pkg:     "./persist", Run: "^TestPowerCut$",
+			// Seed 1 kills it.
+			Env: []string{"IDEM_POWERCUTS=1000"},
+		},
+		{
+			Name: "index-same-tick-trusted", File: "persist/index.go",
+			Note:    "OpenDir trusts an index not written after the directory's stamp, which a change within the clock's granularity leaves as it was",
+			Anchor:  "\tif at != dirSt || idxSt.Change <= at.Change {\n",
+			Replace: "\tif at != dirSt {\n",
+			Pkg:     "./persist", Run: "^TestIndexSameTick$",
+		},
+		{
+			Name: "index-file-change-ignored", File: "persist/index.go",
+			Note:    "OpenDir takes a record from the index though its file was rewritten in place (damaged) since",
+			Anchor:  "\t\t\tif st != ie.stamps[j] || st.Change >= idxSt.Change {\n",
+			Replace: "\t\t\tif false {\n",
+			Pkg:     "./persist", Run: "^TestIndexFileChangedInPlace$",
+		},
+		{
+			Name: "index-checksum-ignored", File: "persist/index.go",
+			Note:    "OpenDir reads a damaged index whose bytes still parse",
+			Anchor:  "\tif crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {\n",
+			Replace: "\tif false {\n",
+			Pkg:     "./persist", Run: "^TestIndexDamagedIsRebuilt$",
+		},
+		{
+			Name: "save-before-scan", File: "persist/file.go",
+			Note:    "a Save after an OpenDir from the index writes without knowing the key's resolved files, which then win over it",
+			Anchor:  "\terr = s.complete()\n\tif err == nil {\n\t\terr = s.checkReplaceable(id)\n\t}\n",
+			Replace: "\terr = s.checkReplaceable(id)\n",
+			Pkg:     "./persist", Run: "^TestPowerCut$",
+			// Seed 2 kills it.
+			Env: []string{"IDEM_POWERCUTS=1000"},
+		},
+		{
 			Name: "file-save-if-unchecked", File: "persist/file.go",
 			Note:    "SaveIf saves over a record another client changed since it was read",
 			Anchor:  "\tif err := unchanged(ctx, s, old); err != nil {\n\t\treturn err\n\t}\n\treturn s.save(ctx, rec, false)\n",

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,8 +79,16 @@ func TestPowerCut(t *testing.T) {
 				seed, err, powerCutSeedEnv, seed)
 		}
 	}
-	t.Logf("%d power cuts (%d seeds) in %v", seeds*powerCutsPerSeed, seeds, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d power cuts (%d seeds) in %v; opened from the index: %d of the reopens after a cut, %d other opens",
+		seeds*powerCutsPerSeed, seeds, time.Since(start).Round(time.Millisecond), indexOpens.Load(), indexEpochs.Load())
+	if seeds >= 10 && (indexOpens.Load() == 0 || indexEpochs.Load() == 0) {
+		t.Errorf("the test never opens the store from its index after a cut, or never otherwise: it does not test the index")
+	}
 }
+
+// indexOpens and indexEpochs count the opens that started from the
+// store's index: the reopens after a power cut, and the other opens.
+var indexOpens, indexEpochs atomic.Int64
 
 // TestPowerCutCatchesMutants runs the power-cut test on a file system that
 // drops one step of the durability scheme, and fails if the test does not
@@ -256,6 +265,9 @@ func (r *powerRun) epoch() error {
 	// ends with the power, as a process does: Close, with the power off,
 	// waits for it.
 	defer s.Close()
+	if s.FromIndex() {
+		indexEpochs.Add(1)
+	}
 	for i := 0; !r.mem.Off(); i++ {
 		if i == 1000 {
 			return fmt.Errorf("the power cut never came")
@@ -382,12 +394,28 @@ func (r *powerRun) verify() error {
 		return fmt.Errorf("OpenDir after the restart: %w", err)
 	}
 	defer s.Close()
+	if s.FromIndex() {
+		indexOpens.Add(1)
+	}
+	// The unresolved records first, which an OpenDir from the index lists
+	// without reading the directory: they must be those of the full list.
+	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
+	if err != nil {
+		return fmt.Errorf("List of unresolved records after the restart: %w", err)
+	}
 	all, err := s.List(ctx, persist.Filter{})
 	if err != nil {
 		return fmt.Errorf("a record is damaged after the restart: %w", err)
 	}
-	if _, err := s.List(ctx, persist.Filter{Unresolved: true}); err != nil {
-		return fmt.Errorf("List of unresolved records after the restart: %w", err)
+	var want []*persist.Record
+	for _, rec := range all {
+		if !rec.State.Resolved() {
+			want = append(want, rec)
+		}
+	}
+	if !reflect.DeepEqual(unresolved, want) {
+		return fmt.Errorf("the unresolved records listed (from the index: %v) are %s; the store holds %s",
+			s.FromIndex(), describeAll(unresolved), describeAll(want))
 	}
 	found := map[string]*persist.Record{}
 	for _, rec := range all {

@@ -43,6 +43,23 @@ type FS interface {
 	// lock cannot be lost while held: removing a file of the directory does
 	// not release it.
 	Lock(dir string) (io.Closer, error)
+	// Stamp returns the stamp of path, a file or a directory.
+	Stamp(path string) (Stamp, error)
+	// Stamps returns the stamps of the named entries of dir, the zero
+	// Stamp for a name that does not exist.
+	Stamps(dir string, names []string) ([]Stamp, error)
+}
+
+// Stamp tells whether a file or a directory changed: any write to a file,
+// and any creation, rename or removal of a directory's entries, changes its
+// Change time (its ctime where the system has one, which no one can set
+// back at will, else its modification time). Times are from the system's
+// clock at the file system's granularity, so two changes may share one.
+type Stamp struct {
+	Ino    uint64 // the file's inode number, 0 where unknown
+	Size   int64
+	Mod    int64 // modification time, in nanoseconds since the epoch
+	Change int64 // change time, in nanoseconds since the epoch
 }
 
 // File is a file being written.

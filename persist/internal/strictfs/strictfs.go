@@ -47,12 +47,15 @@ type FS struct {
 	off     bool // the power is off
 	changes int  // changes made since New
 	seq     int  // for temporary names
+	inos    uint64
 	locks   map[*inode]*lock
 }
 
 // New returns an empty file system with a root directory "/".
 func New() *FS {
-	return &FS{root: newDir(), cutIn: -1, locks: map[*inode]*lock{}}
+	f := &FS{cutIn: -1, locks: map[*inode]*lock{}}
+	f.root = f.newDir()
+	return f
 }
 
 // inode is a file or a directory.
@@ -66,6 +69,11 @@ type inode struct {
 	entries map[string]*inode
 	durable map[string]*inode
 	log     []*logged
+	// ino is the inode's number; ctime the number of the change that
+	// last changed its data or entries, and durCtime the one that did
+	// before its last sync (what a power cut brings back).
+	ino             uint64
+	ctime, durCtime int64
 }
 
 // change is one atomic change of a directory's entries: set names to
@@ -77,12 +85,21 @@ type change map[string]*inode
 // neither, until one directory is synced and the other's half stands
 // alone.
 type logged struct {
-	c    change
-	pair *logged
+	c     change
+	pair  *logged
+	stamp int64 // the number of the change
 }
 
-func newDir() *inode {
-	return &inode{dir: true, entries: map[string]*inode{}, durable: map[string]*inode{}}
+func (f *FS) newDir() *inode {
+	return f.stamped(&inode{dir: true, entries: map[string]*inode{}, durable: map[string]*inode{}})
+}
+
+// stamped gives n a number and the current change as its change time.
+func (f *FS) stamped(n *inode) *inode {
+	f.inos++
+	n.ino = f.inos
+	n.ctime, n.durCtime = int64(f.changes), int64(f.changes)
+	return n
 }
 
 // CutAfter sets a power cut after n more changes: the n+1st fails, and
@@ -170,7 +187,9 @@ func (f *FS) Restart(rng *rand.Rand) {
 	for _, d := range dirs {
 		for _, l := range d.log[:keep[d]] {
 			apply(d.durable, l.c)
+			d.durCtime = l.stamp
 		}
+		d.ctime = d.durCtime
 		d.log = nil
 		d.entries = maps.Clone(d.durable)
 	}
@@ -185,6 +204,10 @@ func (f *FS) Restart(rng *rand.Rand) {
 		if !n.dir {
 			if tail := len(n.data) - n.synced; tail > 0 && rng.IntN(2) == 0 {
 				n.synced += rng.IntN(tail + 1)
+			}
+			if n.synced < len(n.data) || n.synced == 0 {
+				// What was lost takes its change time with it.
+				n.ctime = n.durCtime
 			}
 			n.data = n.data[:n.synced:n.synced]
 			return
@@ -272,9 +295,11 @@ func (f *FS) parent(op, p string) (*inode, string, error) {
 }
 
 // set changes entries of directory d, and logs the change for a crash.
-func set(d *inode, c change) *logged {
+// f.mu must be held, and f.change have counted the change.
+func (f *FS) set(d *inode, c change) *logged {
 	apply(d.entries, c)
-	l := &logged{c: c}
+	d.ctime = int64(f.changes)
+	l := &logged{c: c, stamp: d.ctime}
 	d.log = append(d.log, l)
 	return l
 }
@@ -297,7 +322,7 @@ func (f *FS) Mkdir(p string, perm fs.FileMode) error {
 	if err := f.change(); err != nil {
 		return err
 	}
-	set(d, change{name: newDir()})
+	f.set(d, change{name: f.newDir()})
 	return nil
 }
 
@@ -373,8 +398,8 @@ func (f *FS) CreateTemp(dir, pattern string) (fsys.File, error) {
 	if err := f.change(); err != nil {
 		return nil, err
 	}
-	n := &inode{}
-	set(d, change{name: n})
+	n := f.stamped(&inode{})
+	f.set(d, change{name: n})
 	return &file{fs: f, n: n, name: path.Join(dir, name)}, nil
 }
 
@@ -404,15 +429,15 @@ func (f *FS) Rename(oldpath, newpath string) error {
 	}
 	if od == nd {
 		if oname != nname {
-			set(od, change{oname: nil, nname: n})
+			f.set(od, change{oname: nil, nname: n})
 		}
 		return nil
 	}
 	// Across directories, one change in each, paired: a power cut keeps
 	// both or neither, as a journaling file system does, until one of the
 	// directories is synced.
-	a := set(nd, change{nname: n})
-	b := set(od, change{oname: nil})
+	a := f.set(nd, change{nname: n})
+	b := f.set(od, change{oname: nil})
 	a.pair, b.pair = b, a
 	return nil
 }
@@ -437,7 +462,7 @@ func (f *FS) Remove(p string) error {
 	if err := f.change(); err != nil {
 		return err
 	}
-	set(d, change{name: nil})
+	f.set(d, change{name: nil})
 	return nil
 }
 
@@ -458,6 +483,7 @@ func (f *FS) SyncDir(p string) error {
 		return err
 	}
 	d.durable = maps.Clone(d.entries)
+	d.durCtime = d.ctime
 	for _, l := range d.log {
 		if l.pair != nil {
 			l.pair.pair = nil // the other half now stands alone
@@ -465,6 +491,47 @@ func (f *FS) SyncDir(p string) error {
 	}
 	d.log = nil
 	return nil
+}
+
+// Stamp gives the number of the change that last changed p as its change
+// and modification times: unlike a real clock's, no two changes share one.
+func (f *FS) Stamp(p string) (fsys.Stamp, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return fsys.Stamp{}, err
+	}
+	n, err := f.lookup("stat", p)
+	if err != nil {
+		return fsys.Stamp{}, err
+	}
+	return n.stamp(), nil
+}
+
+func (f *FS) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.read(); err != nil {
+		return nil, err
+	}
+	d, err := f.lookup("stat", dir)
+	if err != nil {
+		return nil, err
+	}
+	if !d.dir {
+		return nil, &fs.PathError{Op: "stat", Path: dir, Err: errors.New("not a directory")}
+	}
+	out := make([]fsys.Stamp, len(names))
+	for i, name := range names {
+		if n := d.entries[name]; n != nil {
+			out[i] = n.stamp()
+		}
+	}
+	return out, nil
+}
+
+func (n *inode) stamp() fsys.Stamp {
+	return fsys.Stamp{Ino: n.ino, Size: int64(len(n.data)), Mod: n.ctime, Change: n.ctime}
 }
 
 func (f *FS) Lock(p string) (io.Closer, error) {
@@ -524,6 +591,7 @@ func (fl *file) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	fl.n.data = append(fl.n.data, p...)
+	fl.n.ctime = int64(f.changes)
 	return len(p), nil
 }
 
@@ -538,6 +606,7 @@ func (fl *file) Sync() error {
 		return err
 	}
 	fl.n.synced = len(fl.n.data)
+	fl.n.durCtime = fl.n.ctime
 	return nil
 }
 

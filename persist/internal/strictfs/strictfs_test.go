@@ -208,3 +208,50 @@ func TestRenameAcrossDirectories(t *testing.T) {
 		}
 	}
 }
+
+// TestStampFollowsWhatSurvives: a directory's stamp changes with every
+// change of its entries, and after a restart it is the stamp of the state
+// that survived: the synced one if the later change was lost, the later
+// one if it was kept. A file's stamp changes when it is written.
+func TestStampFollowsWhatSurvives(t *testing.T) {
+	kept, lost := 0, 0
+	for seed := uint64(1); seed <= 40; seed++ {
+		f := New()
+		a := mustWrite(t, f, "/", "a", true)
+		if err := f.SyncDir("/"); err != nil {
+			t.Fatal(err)
+		}
+		synced, _ := f.Stamp("/")
+		fa, _ := f.Stamp(a)
+		b := mustWrite(t, f, "/", "b", true)
+		later, _ := f.Stamp("/")
+		if later == synced {
+			t.Fatal("creating a file left the directory's stamp as it was")
+		}
+		if fb, _ := f.Stamp(b); fb == fa {
+			t.Fatal("two files share a stamp")
+		}
+		f.Restart(rand.New(rand.NewPCG(seed, 7)))
+		now, err := f.Stamp("/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Stamp(b); err == nil {
+			kept++
+			if now != later {
+				t.Fatalf("seed %d: b survived, but the directory's stamp is not the one after its creation", seed)
+			}
+		} else {
+			lost++
+			if now != synced {
+				t.Fatalf("seed %d: b was lost, but the directory's stamp is not the synced one", seed)
+			}
+		}
+		if st, _ := f.Stamp(a); st != fa {
+			t.Fatalf("seed %d: a synced file's stamp changed in a restart", seed)
+		}
+	}
+	if kept == 0 || lost == 0 {
+		t.Fatalf("40 seeds kept the unsynced file %d times and lost it %d times: both should happen", kept, lost)
+	}
+}

@@ -272,11 +272,14 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(tw, "durable saves\tper s\tp50\tp99\tfsyncs per save\t\n")
 	fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%d\t\n", r.Saves.Saves, r.Saves.PerSecond(), dur(r.Saves.P50), dur(r.Saves.P99), FsyncsPerSave)
 	tw.Flush()
-	fmt.Fprintf(tw, "intents\tunresolved\topen\tlist unresolved\t\n")
+	fmt.Fprintf(tw, "intents\tunresolved\trebuild\topen\tlist unresolved\tfirst full scan\theap/intent open\theap/intent scanned\t\n")
 	for _, o := range r.Open {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t\n", o.Intents, o.Unresolved, dur(o.Open), dur(o.List))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%.0f B\t%.0f B\t\n", o.Intents, o.Unresolved, dur(o.Rebuild), dur(o.Open), dur(o.List), dur(o.Scan), o.HeapOpen, o.HeapScan)
 	}
 	tw.Flush()
+	for _, o := range r.Open {
+		fmt.Fprintf(w, "open+list %d intents: %d ms\n", o.Intents, o.Millis())
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "ratio idem(memory)/net-http: %.2f\n", r.IdemRatio())
 }

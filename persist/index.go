@@ -1,0 +1,663 @@
+package persist
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"maps"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/idemkit/idem/persist/internal/fsys"
+)
+
+// The index is a cache of what OpenDir needs at start: the files of every
+// entry that may hold an unresolved record, with their stamps, and the
+// records they held. It lives in the subdirectory indexDir, so that writing
+// it does not change the store directory it describes. See the package
+// docs ("The index") for why it can be trusted, and when it is not.
+const (
+	indexDir  = "index"
+	indexFile = "unresolved"
+	// indexMagic starts every index file; the byte after it is
+	// indexVersion. An index of another version is rebuilt, never read.
+	indexMagic   = "idem-persist-index\n"
+	indexVersion = 1
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// errIndex is why an index is not used; it never reaches a caller.
+// errRacyIndex is why writeIndex gave up when its file's stamp did not
+// come after the directory's; racyWait is longer than the coarsest clock
+// granularity of the file systems a phone or a computer uses for change
+// times (a few milliseconds; 2 s on FAT, where the index is simply not
+// used).
+var (
+	errIndex     = errors.New("index not usable")
+	errRacyIndex = errors.New("index written within the clock's granularity of a change")
+)
+
+const racyWait = 20 * time.Millisecond
+
+// indexEntry is one entry of the index.
+type indexEntry struct {
+	id     string
+	files  []file
+	stamps []fsys.Stamp // the files' stamps when the index was written
+	rec    *Record      // nil if the entry's record was unreadable or not read
+}
+
+// indexPath returns the path of the index file.
+func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexDir, indexFile) }
+
+// loadIndex fills s.entries from the index, if the index describes the
+// directory as it is: the directory's stamp is the one the index was
+// written for, and the index was written after that stamp's time (so no
+// later change of the directory can share it). Every indexed file is
+// stamped again; a file that changed since (rewritten in place) is read
+// again, a file that is missing makes the whole index unusable. It
+// returns nil if it used the index; otherwise s.entries is untouched.
+func (s *FileStore) loadIndex() error {
+	dirSt, err := s.fs.Stamp(s.dir)
+	if err != nil {
+		return err
+	}
+	path := s.indexPath()
+	idxSt, err := s.fs.Stamp(path)
+	if err != nil {
+		return err
+	}
+	data, err := s.fs.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	at, ents, d, err := decodeIndexHead(data)
+	if err != nil {
+		return err
+	}
+	if at != dirSt || idxSt.Change <= at.Change {
+		return fmt.Errorf("%w: the directory changed since it was written", errIndex)
+	}
+	var names []string
+	for _, ie := range ents {
+		for _, f := range ie.files {
+			names = append(names, f.name)
+		}
+	}
+	// The files are stamped while the records are decoded: the system
+	// calls are most of the cost.
+	type stamped struct {
+		st  []fsys.Stamp
+		err error
+	}
+	ch := make(chan stamped, 1)
+	go func() {
+		st, err := s.fs.Stamps(s.dir, names)
+		ch <- stamped{st, err}
+	}()
+	err = d.records(ents)
+	got := <-ch
+	if err != nil {
+		return err
+	}
+	if got.err != nil {
+		return got.err
+	}
+	now := got.st
+	entries := make(map[string]*entry, len(ents))
+	var reread []*entry
+	i := 0
+	for _, ie := range ents {
+		e := &entry{files: ie.files, rec: ie.rec}
+		for j := range ie.files {
+			st := now[i]
+			i++
+			if st == (fsys.Stamp{}) {
+				return fmt.Errorf("%w: %s is missing", errIndex, ie.files[j].name)
+			}
+			if st != ie.stamps[j] || st.Change >= idxSt.Change {
+				e.rec = nil // changed in place since: read the file
+			} else {
+				e.files[j].st = st
+			}
+		}
+		if entries[ie.id] != nil {
+			return fmt.Errorf("%w: %s is listed twice", errIndex, ie.id)
+		}
+		entries[ie.id] = e
+		if e.rec == nil {
+			reread = append(reread, e)
+		}
+	}
+	s.entries = entries
+	for _, e := range reread {
+		s.read(e)
+	}
+	return nil
+}
+
+// writeIndex writes the index for the store as it is, if the store knows
+// every entry and changed since the index was last written. It first
+// syncs the directory, so that a power cut cannot bring back an earlier
+// state of it stamped at the same time (clocks are coarse), and it gives
+// up if the directory changes while it works or if its own file's stamp
+// does not come after the directory's (errRacyIndex): the index is then
+// written next time. It returns nil if an index describing the store is
+// in place.
+func (s *FileStore) writeIndex() error {
+	s.mu.Lock()
+	g := s.gen.Load()
+	switch {
+	case s.indexGen == g:
+		s.mu.Unlock()
+		return nil
+	case !s.scanned || s.entries == nil || s.changing.Load() != 0:
+		s.mu.Unlock()
+		return errIndex
+	}
+	s.mu.Unlock()
+	dir := filepath.Join(s.dir, indexDir)
+	if _, err := s.fs.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := s.changeDir(func() error { return s.fs.Mkdir(dir, 0o700) }); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+
+	s.mu.Lock()
+	g = s.gen.Load()
+	if !s.scanned || s.entries == nil || s.changing.Load() != 0 {
+		s.mu.Unlock()
+		return errIndex
+	}
+	var ents []indexEntry
+	var names []string
+	for id, e := range s.entries {
+		if !e.mayHold(Filter{Unresolved: true}, "") {
+			continue
+		}
+		ie := indexEntry{id: id, files: slices.Clone(e.files)}
+		if e.corrupt == nil && e.files[0].st != (fsys.Stamp{}) {
+			// Only with the stamp the file had when its record was
+			// read or written: a change since then must show.
+			ie.rec = e.rec
+		}
+		for _, f := range e.files {
+			names = append(names, f.name)
+		}
+		ents = append(ents, ie)
+	}
+	s.mu.Unlock()
+
+	stamps, err := s.fs.Stamps(s.dir, names)
+	if err != nil {
+		return err
+	}
+	i := 0
+	for k := range ents {
+		ents[k].stamps = stamps[i : i+len(ents[k].files)]
+		for j, f := range ents[k].files {
+			if f.st != (fsys.Stamp{}) {
+				ents[k].stamps[j] = f.st
+			}
+		}
+		i += len(ents[k].files)
+	}
+	s.indexSyncs.Add(1)
+	if err := s.fs.SyncDir(s.dir); err != nil {
+		return err
+	}
+
+	// Nothing below holds s.mu but the last check and the rename, so
+	// that no save waits for the index's encoding or its sync: a change
+	// of the directory since the snapshot moves gen or changing, and one
+	// after the last check comes after the index's file was written, so
+	// it moves the directory's stamp past the one recorded.
+	unchanged := func() bool { return s.gen.Load() == g && s.changing.Load() == 0 }
+	at, err := s.fs.Stamp(s.dir)
+	if err != nil {
+		return err
+	}
+	if !unchanged() {
+		return errIndex
+	}
+	f, err := s.fs.CreateTemp(dir, tempPrefix+"*")
+	if err != nil {
+		return err
+	}
+	// Synced, so that the next start after a power cut may use it too;
+	// unsynced, a power cut would leave it damaged or old, which the next
+	// OpenDir would find and rebuild.
+	_, err = f.Write(encodeIndex(at, ents))
+	if err == nil {
+		s.indexSyncs.Add(1)
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	var st fsys.Stamp
+	if err == nil {
+		st, err = s.fs.Stamp(f.Name())
+	}
+	if err == nil && st.Change <= at.Change {
+		err = errRacyIndex
+	}
+	s.mu.Lock()
+	if err == nil && !unchanged() {
+		err = errIndex
+	}
+	if err == nil {
+		err = s.fs.Rename(f.Name(), s.indexPath())
+	}
+	if err == nil {
+		s.indexGen = g
+	}
+	s.mu.Unlock()
+	if err != nil {
+		_ = s.fs.Remove(f.Name())
+		return err
+	}
+	s.indexSyncs.Add(1)
+	_ = s.fs.SyncDir(dir)
+	return nil
+}
+
+// encodeIndex returns the content of an index file for the directory
+// stamped at and its entries: the magic and version, a CRC-32C of the
+// rest, the directory's stamp, the entries' files, then their records.
+func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
+	e := &encoder{b: make([]byte, 0, 64+len(ents)*600)}
+	e.b = append(e.b, indexMagic...)
+	e.b = append(e.b, indexVersion, 0, 0, 0, 0)
+	body := len(e.b)
+	e.stamp(at)
+	e.uv(uint64(len(ents)))
+	for _, ie := range ents {
+		e.str(ie.id)
+		e.uv(uint64(len(ie.files)))
+		for j, f := range ie.files {
+			// What parseName says of the name too, which would cost more
+			// to parse again than to read.
+			e.str(f.name)
+			e.str(f.p.id)
+			e.str(f.p.key)
+			e.str(f.p.tag)
+			e.bool(f.p.resolved)
+			e.uv(uint64(f.mode))
+			e.stamp(ie.stamps[j])
+		}
+		e.bool(ie.rec != nil)
+	}
+	for _, ie := range ents {
+		if ie.rec != nil {
+			e.record(ie.rec)
+		}
+	}
+	binary.LittleEndian.PutUint32(e.b[body-4:body], crc32.Checksum(e.b[body:], crcTable))
+	return e.b
+}
+
+// decodeIndexHead parses an index file up to the records, which d then
+// decodes into ents.
+func decodeIndexHead(data []byte) (at fsys.Stamp, ents []indexEntry, d *decoder, err error) {
+	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
+	if !ok || len(rest) < 5 {
+		return at, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
+	}
+	if rest[0] != indexVersion {
+		return at, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+	}
+	if crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {
+		return at, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+	}
+	d = &decoder{b: rest[5:], s: string(rest[5:]), headers: map[string]http.Header{}}
+	at = d.stamp()
+	n := d.count()
+	ents = make([]indexEntry, 0, n)
+	for range n {
+		ie := indexEntry{id: d.str()}
+		nf := d.count()
+		if nf == 0 && d.err == nil {
+			d.err = errors.New("an entry without files")
+		}
+		ie.files = make([]file, nf)
+		ie.stamps = make([]fsys.Stamp, nf)
+		for j := range nf {
+			name := d.str()
+			p := parsedName{id: d.str(), key: d.str(), tag: d.str(), resolved: d.bool()}
+			ie.files[j] = file{name: name, p: p, mode: fs.FileMode(d.uv())}
+			ie.stamps[j] = d.stamp()
+		}
+		if d.bool() {
+			ie.rec = &Record{} // decoded by records
+		}
+		if d.err != nil {
+			break
+		}
+		ents = append(ents, ie)
+	}
+	if d.err != nil {
+		return at, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
+	}
+	return at, ents, d, nil
+}
+
+// records decodes the records of ents, which decodeIndexHead left.
+func (d *decoder) records(ents []indexEntry) error {
+	for i := range ents {
+		if ents[i].rec != nil {
+			ents[i].rec = d.record()
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = errors.New("trailing bytes")
+	}
+	if d.err != nil {
+		return fmt.Errorf("%w: %w", errIndex, d.err)
+	}
+	return nil
+}
+
+// encoder appends the index's binary encoding to b.
+type encoder struct{ b []byte }
+
+func (e *encoder) uv(x uint64) { e.b = binary.AppendUvarint(e.b, x) }
+func (e *encoder) v(x int64)   { e.b = binary.AppendVarint(e.b, x) }
+
+func (e *encoder) str(s string) {
+	e.uv(uint64(len(s)))
+	e.b = append(e.b, s...)
+}
+
+func (e *encoder) bool(x bool) {
+	if x {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+
+// bytes encodes b, telling nil from empty.
+func (e *encoder) bytes(b []byte) {
+	if b == nil {
+		e.uv(0)
+		return
+	}
+	e.uv(uint64(len(b)) + 1)
+	e.b = append(e.b, b...)
+}
+
+// header encodes h with its keys in order, so that equal headers encode
+// alike: the decoder shares their maps.
+func (e *encoder) header(h http.Header) {
+	if h == nil {
+		e.uv(0)
+		return
+	}
+	e.uv(uint64(len(h)) + 1)
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		vs := h[k]
+		e.str(k)
+		if vs == nil {
+			e.uv(0)
+			continue
+		}
+		e.uv(uint64(len(vs)) + 1)
+		for _, v := range vs {
+			e.str(v)
+		}
+	}
+}
+
+func (e *encoder) time(t time.Time) {
+	if t.IsZero() {
+		e.b = append(e.b, 0)
+		return
+	}
+	e.b = append(e.b, 1)
+	e.v(t.Unix())
+	e.uv(uint64(t.Nanosecond()))
+}
+
+func (e *encoder) stamp(st fsys.Stamp) {
+	e.uv(st.Ino)
+	e.v(st.Size)
+	e.v(st.Mod)
+	e.v(st.Change)
+}
+
+// record encodes every field of r; TestIndexRecordFields fails when a
+// field of Record is left out.
+func (e *encoder) record(r *Record) {
+	e.v(int64(r.Version))
+	e.str(r.Key)
+	e.str(r.Name)
+	e.str(r.Method)
+	e.str(r.URL)
+	e.header(r.Header)
+	e.bytes(r.Body)
+	e.str(r.Fingerprint)
+	e.str(r.KeyHeader)
+	e.uv(r.Seq)
+	e.time(r.CreatedAt)
+	e.time(r.UpdatedAt)
+	e.str(string(r.State))
+	e.v(int64(r.Attempts))
+	if resp := r.Response; resp == nil {
+		e.bool(false)
+	} else {
+		e.bool(true)
+		e.v(int64(resp.StatusCode))
+		e.header(resp.Header)
+		e.bytes(resp.Body)
+		e.bool(resp.Replayed)
+		e.bool(resp.Oversized)
+	}
+	if c := r.Clocks; c == nil {
+		e.bool(false)
+	} else {
+		e.bool(true)
+		e.str(c.ArmBoot)
+		e.v(int64(c.Armed))
+		e.str(c.WriteBoot)
+		e.v(int64(c.Written))
+		e.time(c.ArmMark)
+		e.time(c.Mark)
+	}
+	e.bool(r.Tombstone)
+	e.str(r.Holder)
+	e.bool(r.Redirected)
+}
+
+// decoder reads what encoder wrote; the first error sticks, and every
+// read after it returns zero values. The strings it returns are parts of
+// s, a copy of b made once, and the byte slices parts of b: records are
+// never changed in place, and callers get copies.
+type decoder struct {
+	b   []byte
+	s   string
+	err error
+	// headers are the headers decoded so far by their encoding: records
+	// with equal headers share one map, as no record the store holds is
+	// ever changed in place (callers get copies).
+	headers map[string]http.Header
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("truncated or invalid %s", what)
+	}
+	d.b = nil
+}
+
+func (d *decoder) uv() uint64 {
+	x, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("number")
+		return 0
+	}
+	d.b = d.b[n:]
+	return x
+}
+
+func (d *decoder) v() int64 {
+	x, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("number")
+		return 0
+	}
+	d.b = d.b[n:]
+	return x
+}
+
+// count reads a length, which cannot exceed the bytes left.
+func (d *decoder) count() int {
+	n := d.uv()
+	if n > uint64(len(d.b)) {
+		d.fail("length")
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) == 0 {
+		d.fail("flag")
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) bool() bool { return d.byte() == 1 }
+
+func (d *decoder) raw(n int) []byte {
+	if n > len(d.b) {
+		d.fail("bytes")
+		return nil
+	}
+	b := d.b[:n:n]
+	d.b = d.b[n:]
+	return b
+}
+
+func (d *decoder) str() string {
+	n := d.count()
+	at := len(d.s) - len(d.b)
+	if d.raw(n) == nil {
+		return ""
+	}
+	return d.s[at : at+n]
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uv()
+	if n == 0 || n-1 > uint64(len(d.b)) {
+		if n != 0 {
+			d.fail("bytes")
+		}
+		return nil
+	}
+	return d.raw(int(n - 1))
+}
+
+func (d *decoder) header() http.Header {
+	start := len(d.s) - len(d.b)
+	if len(d.b) > 0 && d.b[0] == 0 {
+		d.b = d.b[1:]
+		return nil
+	}
+	h := d.decodeHeader()
+	if d.err != nil || d.headers == nil {
+		return h
+	}
+	enc := d.s[start : len(d.s)-len(d.b)]
+	if shared, ok := d.headers[enc]; ok {
+		return shared
+	}
+	d.headers[enc] = h
+	return h
+}
+
+func (d *decoder) decodeHeader() http.Header {
+	n := d.uv()
+	if n == 0 || n-1 > uint64(len(d.b)) {
+		if n != 0 {
+			d.fail("header")
+		}
+		return nil
+	}
+	h := make(http.Header, n-1)
+	for range n - 1 {
+		k := d.str()
+		m := d.uv()
+		if m == 0 || m-1 > uint64(len(d.b)) {
+			if m != 0 {
+				d.fail("header")
+				return nil
+			}
+			h[k] = nil
+			continue
+		}
+		vs := make([]string, m-1)
+		for i := range vs {
+			vs[i] = d.str()
+		}
+		h[k] = vs
+	}
+	return h
+}
+
+func (d *decoder) time() time.Time {
+	if d.byte() == 0 {
+		return time.Time{}
+	}
+	sec := d.v()
+	nsec := d.uv()
+	if nsec >= 1e9 {
+		d.fail("time")
+		return time.Time{}
+	}
+	return time.Unix(sec, int64(nsec)).UTC()
+}
+
+func (d *decoder) stamp() fsys.Stamp {
+	return fsys.Stamp{Ino: d.uv(), Size: d.v(), Mod: d.v(), Change: d.v()}
+}
+
+// record decodes a record and checks it as decodeRecord does.
+func (d *decoder) record() *Record {
+	r := &Record{
+		Version: int(d.v()), Key: d.str(), Name: d.str(), Method: d.str(), URL: d.str(),
+		Header: d.header(), Body: d.bytes(), Fingerprint: d.str(), KeyHeader: d.str(), Seq: d.uv(),
+		CreatedAt: d.time(), UpdatedAt: d.time(), State: State(d.str()), Attempts: int(d.v()),
+	}
+	if d.bool() {
+		r.Response = &Response{StatusCode: int(d.v()), Header: d.header(), Body: d.bytes(), Replayed: d.bool(), Oversized: d.bool()}
+	}
+	if d.bool() {
+		r.Clocks = &Clocks{ArmBoot: d.str(), Armed: time.Duration(d.v()), WriteBoot: d.str(), Written: time.Duration(d.v()), ArmMark: d.time(), Mark: d.time()}
+	}
+	r.Tombstone, r.Holder, r.Redirected = d.bool(), d.str(), d.bool()
+	if d.err != nil {
+		return nil
+	}
+	if r.Version < 1 || r.Version > FormatVersion {
+		d.fail("record version")
+		return nil
+	}
+	if err := r.Validate(); err != nil {
+		d.err = err
+		return nil
+	}
+	return r
+}

@@ -1,0 +1,321 @@
+package persist_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/internal/fsys"
+	"github.com/idemkit/idem/persist/internal/strictfs"
+	"github.com/idemkit/idem/persist/persisttest"
+)
+
+// TestIndexRecordFields sets every field of a Record, its Response and its
+// Clocks to a value other than the zero one and requires the index's
+// encoding to give the record back: a field added to Record and left out
+// of the index fails here.
+func TestIndexRecordFields(t *testing.T) {
+	t.Parallel()
+	r := &persist.Record{}
+	fill(t, reflect.ValueOf(r).Elem(), "Record")
+	r.Version = persist.FormatVersion
+	r.State = persist.StatePending
+	got, err := persist.IndexRoundTrip(r)
+	require.NoError(t, err)
+	assert.Equal(t, r, got)
+
+	// nil and empty stay apart, as in the JSON files.
+	r.Header = http.Header{"Empty": {}, "Nil": nil}
+	r.Body = []byte{}
+	r.Response, r.Clocks = nil, nil
+	got, err = persist.IndexRoundTrip(r)
+	require.NoError(t, err)
+	assert.Equal(t, r, got)
+}
+
+// fill sets v, and everything it points to, to values other than zero.
+func fill(t *testing.T, v reflect.Value, path string) {
+	t.Helper()
+	switch v.Kind() {
+	case reflect.Struct:
+		if v.Type() == reflect.TypeFor[time.Time]() {
+			v.Set(reflect.ValueOf(time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)))
+			return
+		}
+		for i := range v.NumField() {
+			fill(t, v.Field(i), path+"."+v.Type().Field(i).Name)
+		}
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(t, v.Elem(), path)
+	case reflect.String:
+		v.SetString(path)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int64:
+		v.SetInt(int64(len(path)))
+	case reflect.Uint64:
+		v.SetUint(uint64(len(path)))
+	case reflect.Slice:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			v.SetBytes([]byte(path))
+			return
+		}
+		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
+		for i := range 2 {
+			fill(t, v.Index(i), path)
+		}
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		k := reflect.New(v.Type().Key()).Elem()
+		fill(t, k, path+".key")
+		e := reflect.New(v.Type().Elem()).Elem()
+		fill(t, e, path+".value")
+		m.SetMapIndex(k, e)
+		v.Set(m)
+	default:
+		t.Fatalf("%s: no value for kind %v; teach fill and the index's encoding", path, v.Kind())
+	}
+}
+
+// indexStore is a store of three unresolved and two resolved records, one
+// with a Response, closed so that the index is written.
+func indexStore(t *testing.T) (dir string, unresolved []*persist.Record) {
+	t.Helper()
+	ctx := context.Background()
+	dir = newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for i, k := range []string{"u-1", "u-2", "u-3", "r-1", "r-2"} {
+		r := persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))
+		if k[0] == 'r' {
+			r.State = persist.StateSucceeded
+			r.Response = &persist.Response{StatusCode: 201, Header: http.Header{"X": {"y"}}, Body: []byte("{}")}
+		} else {
+			unresolved = append(unresolved, r)
+		}
+		require.NoError(t, s.Save(ctx, r))
+	}
+	require.NoError(t, s.Close())
+	return dir, unresolved
+}
+
+// TestIndexOpensFromIndex: the next OpenDir starts from the index, lists
+// the unresolved records as saved, and finds the resolved ones when asked.
+func TestIndexOpensFromIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, unresolved := indexStore(t)
+	s := openFile(t, dir, nil)
+	assert.True(t, s.FromIndex(), "opened from the index")
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	require.Len(t, got, len(unresolved))
+	for i := range got {
+		persisttest.AssertRecord(t, unresolved[i], got[i])
+	}
+	r, err := s.Get(ctx, "r-2")
+	require.NoError(t, err, "a resolved record, which the index does not hold")
+	assert.Equal(t, 201, r.Response.StatusCode)
+	all, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	assert.Len(t, all, 5)
+}
+
+// TestIndexStaleIsNotTrusted: a record file that appeared after the index
+// was written (an earlier release saved it, or the index is older than the
+// records after a power cut) is listed: the directory's stamp changed.
+func TestIndexStaleIsNotTrusted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, _ := indexStore(t)
+
+	// The file of another store's record, copied in behind the store's back.
+	other := newDir(t)
+	o, err := persist.OpenDir(other, nil)
+	require.NoError(t, err)
+	late := persisttest.NewRecord("late", t0.Add(time.Minute))
+	require.NoError(t, o.Save(ctx, late))
+	require.NoError(t, o.Close())
+	data, err := os.ReadFile(filepath.Join(other, persist.FileName("late", late.Name)))
+	require.NoError(t, err)
+	write(t, filepath.Join(dir, persist.FileName("late", late.Name)), data)
+
+	s := openFile(t, dir, nil)
+	assert.False(t, s.FromIndex(), "the directory changed since the index was written")
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"u-1", "u-2", "u-3", "late"}, keys(got))
+}
+
+// TestIndexFileChangedInPlace: an unresolved record's file rewritten in
+// place, which changes no directory entry, is read again and reported
+// damaged, not taken from the index.
+func TestIndexFileChangedInPlace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, _ := indexStore(t)
+	path := filepath.Join(dir, persist.FileName("u-2", recName))
+	write(t, path, []byte("{"))
+	s := openFile(t, dir, nil)
+	assert.True(t, s.FromIndex())
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	assert.Equal(t, []string{"u-1", "u-3"}, keys(got))
+	ces := persist.CorruptErrors(err)
+	require.Len(t, ces, 1, "%v", err)
+	assert.Equal(t, path, ces[0].Path)
+}
+
+// TestIndexDamagedIsRebuilt: an index that cannot be read, or is of
+// another version, costs a scan of the directory, never the open, and is
+// written again.
+func TestIndexDamagedIsRebuilt(t *testing.T) {
+	t.Parallel()
+	damages := map[string]func(data []byte) []byte{
+		"empty":       func([]byte) []byte { return nil },
+		"truncated":   func(b []byte) []byte { return b[:len(b)/2] },
+		"flipped bit": func(b []byte) []byte { b = slices.Clone(b); b[len(b)-3] ^= 4; return b },
+		"garbage":     func([]byte) []byte { return []byte("not an index at all\n") },
+		"version":     func(b []byte) []byte { b = slices.Clone(b); b[len("idem-persist-index\n")]++; return b },
+		"trailing":    func(b []byte) []byte { return append(slices.Clone(b), 0) },
+	}
+	for name, damage := range damages {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, _ := indexStore(t)
+			path := filepath.Join(dir, "index", "unresolved")
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			write(t, path, damage(data))
+
+			s, err := persist.OpenDir(dir, nil)
+			require.NoError(t, err)
+			assert.False(t, s.FromIndex())
+			got, err := s.List(ctx, persist.Filter{Unresolved: true})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
+			require.NoError(t, s.Close())
+
+			s = openFile(t, dir, nil)
+			assert.True(t, s.FromIndex(), "the index was written again")
+		})
+	}
+}
+
+// TestIndexEarlierRelease: a directory of an earlier release, without an
+// index and with a file named before names carried a tag, opens; the index
+// is then written, and the next OpenDir lists the same from it.
+func TestIndexEarlierRelease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	write(t, filepath.Join(dir, "k-dc.json"), []byte(`{"version":1,"key":"k","method":"POST","url":"/p","state":"pending","created_at":"2026-03-01T12:00:00Z"}`))
+
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	assert.False(t, s.FromIndex())
+	want, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	require.Len(t, want, 1)
+	require.NoError(t, s.Close())
+
+	s = openFile(t, dir, nil)
+	assert.True(t, s.FromIndex())
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	assert.Equal(t, 1, got[0].Version, "read as written, not migrated")
+}
+
+// TestIndexSameTick: file systems stamp changes with a coarse clock, so a
+// change made within the same tick as the directory's stamp in the index
+// leaves that stamp as it was. An index whose own stamp does not come
+// after the directory's is therefore not trusted.
+func TestIndexSameTick(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := strictfs.New()
+	s, err := persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Save(ctx, persisttest.NewRecord("a", t0)))
+	require.NoError(t, s.Close())
+	dirAt, err := mem.Stamp(powerDir)
+	require.NoError(t, err)
+
+	// Another save, made in the same tick as the index: the clock shows
+	// the directory unchanged and the index no later than it.
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	require.True(t, s.FromIndex())
+	require.NoError(t, s.Save(ctx, persisttest.NewRecord("b", t0.Add(time.Second))))
+	// Killed, not closed: the index still describes the directory before b.
+	mem.Restart(rand.New(rand.NewPCG(1, 2)))
+	coarse := &pinnedFS{FS: mem, pins: map[string]fsys.Stamp{
+		powerDir: dirAt,
+		filepath.Join(powerDir, "index", "unresolved"): dirAt,
+	}}
+
+	s, err = persist.OpenDirFS(coarse, powerDir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.False(t, s.FromIndex())
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b"}, keys(got))
+}
+
+// pinnedFS reports the stamps in pins for their paths.
+type pinnedFS struct {
+	fsys.FS
+	pins map[string]fsys.Stamp
+}
+
+func (p *pinnedFS) Stamp(path string) (fsys.Stamp, error) {
+	if st, ok := p.pins[path]; ok {
+		return st, nil
+	}
+	return p.FS.Stamp(path)
+}
+
+func keys(recs []*persist.Record) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.Key)
+	}
+	return out
+}
+
+// TestIndexFileChangedWhileOpen: a file damaged in place while the store
+// is open, after the store read it, is not hidden by the index written at
+// Close: the index keeps the stamp the file had when it was read.
+func TestIndexFileChangedWhileOpen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, _ := indexStore(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Save(ctx, persisttest.NewRecord("u-4", t0.Add(time.Hour))))
+	path := filepath.Join(dir, persist.FileName("u-2", recName))
+	write(t, path, []byte("{"))
+	require.NoError(t, s.Close())
+
+	s = openFile(t, dir, nil)
+	assert.True(t, s.FromIndex())
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	assert.Equal(t, []string{"u-1", "u-3", "u-4"}, keys(got))
+	ces := persist.CorruptErrors(err)
+	require.Len(t, ces, 1, "%v", err)
+	assert.Equal(t, path, ces[0].Path)
+}
