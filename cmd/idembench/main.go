@@ -34,7 +34,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkit/idem/internal/bench"
+	"github.com/idemkit/idem/cmd/idembench/internal/bench"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 

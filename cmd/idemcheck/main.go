@@ -39,7 +39,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
-	"github.com/idemkit/idem/internal/contractcheck"
+	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 )
 
 const usage = `Usage: idemcheck -url URL [flags]

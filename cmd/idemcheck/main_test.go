@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/contractcheck"
+	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 )
 
 func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {

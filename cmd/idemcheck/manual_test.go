@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/contractcheck"
+	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 )
 
 // TestManualDescribesEveryRow: idemcheck's manual, docs/IDEMCHECK.md,

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/contractcheck"
+	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 )
 
 // TestRunBrokenServers: each server breaks one rule of the contract, and

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/contractcheck"
+	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 )
 
 // TestRunFakeServer: the fake server keeps the whole contract, in either
