@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/clock"
@@ -95,6 +96,22 @@ type Config struct {
 	NewStableID func() string
 	// OnOutcome, if not nil, is told how every request was answered.
 	OnOutcome func(r *http.Request, o Outcome)
+	// OneTransaction runs each fresh key's request in one transaction of
+	// the store, which must be a [TxStore] (pgstore's is): the record, the
+	// handler's effect and its answer commit once, or not at all. Choose it
+	// when every effect of the handler is written in the store's database,
+	// through the transaction the request's context carries (with
+	// [OnCommit], or directly: see pgstore.Tx); a crash before the commit
+	// then leaves no record and no effect, and the retry does the work.
+	// Leave it off (the lease mode) when the handler calls anything outside
+	// the database, such as a payment provider: only a record committed
+	// before the call keeps its stable id for the retry to ask the
+	// provider about (see "External side effects" in the package docs).
+	// A request whose key another request is running answers 409 at once,
+	// without waiting for a connection: one request per key runs in a
+	// process, and across processes the store's lock on the key is taken
+	// without waiting.
+	OneTransaction bool
 	// Logger gets the store's errors, which the client never sees: a 500
 	// answer says only that the server failed, since a database's message
 	// names tables, indexes and settings. Nil means silent.
@@ -106,6 +123,11 @@ type Config struct {
 type Middleware struct {
 	cfg  Config
 	next http.Handler
+	// once is the store in the single-transaction mode, nil in the lease
+	// mode; flights holds the keys this process is running in it.
+	once    TxStore
+	mu      sync.Mutex
+	flights map[ID]*flight
 }
 
 // New returns next wrapped in the idempotency layer. It panics if
@@ -138,7 +160,15 @@ func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.NewStableID == nil {
 		cfg.NewStableID = rand.Text
 	}
-	return &Middleware{cfg: cfg, next: next}
+	m := &Middleware{cfg: cfg, next: next}
+	if cfg.OneTransaction {
+		once, ok := cfg.Store.(TxStore)
+		if !ok {
+			panic(fmt.Sprintf("idempotency: Config.OneTransaction needs a TxStore, and %T is not one", cfg.Store))
+		}
+		m.once, m.flights = once, make(map[ID]*flight)
+	}
+	return m
 }
 
 func (m *Middleware) now() time.Time {
@@ -217,10 +247,42 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		CreatedAt:          now,
 		ExpiresAt:          now.Add(m.cfg.Retention),
 	}
+	if m.once != nil {
+		f, owner := m.enter(rec.ID)
+		if !owner {
+			// This process runs the key already. Until its request has
+			// read the record, wait for what it finds (a replay is
+			// shared); once it works, or found the key busy, 409 at once.
+			// No connection is taken either way.
+			select {
+			case <-f.decided:
+			case <-ctx.Done():
+			}
+			if f.existing != nil && f.existing.Status == StatusCompleted {
+				m.answer(w, r, f.existing, rec, body)
+				return
+			}
+			m.inProgress(w, r, busy(rec), now)
+			return
+		}
+		defer m.leave(rec.ID, f)
+	}
 	// A lost takeover race means another request now holds the record; a
 	// few rounds settle it, after which the answer is a plain 409.
 	for range 3 {
-		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
+		var (
+			existing *Record
+			inserted bool
+			err      error
+		)
+		if m.once != nil {
+			existing, err = m.runOnce(w, r, rec, parsed, m.flight(rec.ID))
+			if err == nil && existing == nil {
+				return // answered
+			}
+		} else {
+			existing, inserted, err = m.cfg.Store.Insert(ctx, rec)
+		}
 		if err != nil {
 			m.storeError(w, r, err)
 			return
@@ -229,15 +291,8 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.run(w, r, rec, false, parsed)
 			return
 		}
-		if !m.sameContent(existing, rec, r, body) {
-			m.report(r, OutcomeReused)
-			(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-				Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
-			return
-		}
-		if existing.Status == StatusCompleted {
-			m.report(r, OutcomeReplayed)
-			replay(w, existing.Response)
+		if !m.sameContent(existing, rec, r, body) || existing.Status == StatusCompleted {
+			m.answer(w, r, existing, rec, body)
 			return
 		}
 		if existing.LockedUntil.After(now) {
@@ -260,6 +315,115 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m.report(r, OutcomeConflict)
 	writeInProgress(w, 1)
+}
+
+// answer answers a request with the record of its key that another
+// request completed: 422 if the content differs, else its replay.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, existing, rec *Record, body []byte) {
+	if !m.sameContent(existing, rec, r, body) {
+		m.report(r, OutcomeReused)
+		(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+			Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
+		return
+	}
+	m.report(r, OutcomeReplayed)
+	replay(w, existing.Response)
+}
+
+// busy is the record a key reads as while another request runs it in one
+// transaction: rec, IN_PROGRESS, its lease just begun.
+func busy(rec *Record) *Record {
+	b := *rec
+	b.Status, b.Owner, b.Response = StatusInProgress, "", nil
+	return &b
+}
+
+// flight is a key run by this process in the single-transaction mode.
+// decided is closed once its request starts the work, or has found the
+// key's record (existing, set before) or the key busy.
+type flight struct {
+	decided chan struct{}
+	once    sync.Once
+	// existing is the record the request found, if it found one.
+	existing *Record
+}
+
+func (f *flight) decide(existing *Record) {
+	f.once.Do(func() {
+		f.existing = existing
+		close(f.decided)
+	})
+}
+
+// enter returns the flight of id, and whether the caller is its owner (it
+// was not running).
+func (m *Middleware) enter(id ID) (*flight, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if f, ok := m.flights[id]; ok {
+		return f, false
+	}
+	f := &flight{decided: make(chan struct{})}
+	m.flights[id] = f
+	return f, true
+}
+
+func (m *Middleware) flight(id ID) *flight {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.flights[id]
+}
+
+func (m *Middleware) leave(id ID, f *flight) {
+	f.decide(nil)
+	m.mu.Lock()
+	delete(m.flights, id)
+	m.mu.Unlock()
+}
+
+// runOnce does the work of a fresh key in one transaction of the store. It
+// returns the key's record, without having answered, when the key has one
+// or another request holds it; otherwise it has answered (existing and
+// err nil), or the store failed (err).
+func (m *Middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, f *flight) (*Record, error) {
+	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Validated: parsed}}
+	cw := &capture{header: make(http.Header)}
+	// A panic rolls the transaction back: nothing is stored, as when the
+	// process dies, and the key is free.
+	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context) (*Response, error) {
+		f.decide(nil)
+		m.next.ServeHTTP(cw, r.WithContext(context.WithValue(ctx, ctxKey{}, wk)))
+		if cw.code() >= 500 {
+			return nil, nil
+		}
+		if err := wk.commit(ctx); err != nil {
+			return nil, err
+		}
+		return cw.response(), nil
+	})
+	if err == nil {
+		f.decide(existing)
+	}
+	switch {
+	case err != nil && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		// No connection in time: nothing was done, the key is free.
+		m.report(r, OutcomeStoreError)
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store is busy",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		}
+		(&Problem{Type: TypeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
+			Detail: "the server has no database connection free; nothing was done under this key, retry after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		return nil, nil
+	case err != nil || existing != nil:
+		return existing, err
+	case cw.code() >= 500:
+		m.report(r, OutcomeFailed)
+	default:
+		m.report(r, OutcomeCreated)
+	}
+	cw.writeTo(w)
+	return nil, nil
 }
 
 // sameContent reports whether the request of rec has the content of the
@@ -298,13 +462,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 		cw.writeTo(w)
 		return
 	}
-	resp := &Response{StatusCode: code, Header: make(http.Header, 2), Body: cw.body.Bytes()}
-	for _, f := range storedHeaders {
-		if v := cw.header.Values(f); len(v) > 0 {
-			resp.Header[f] = v
-		}
-	}
-	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, resp, wk.commit); {
+	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, cw.response(), wk.commit); {
 	case errors.Is(err, ErrNotOwner):
 		m.report(r, OutcomeLost)
 		(&Problem{Type: TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
@@ -472,6 +630,17 @@ func (c *capture) code() int {
 		return http.StatusOK
 	}
 	return c.status
+}
+
+// response is the captured answer as stored: only what a replay needs.
+func (c *capture) response() *Response {
+	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 2), Body: c.body.Bytes()}
+	for _, f := range storedHeaders {
+		if v := c.header.Values(f); len(v) > 0 {
+			resp.Header[f] = v
+		}
+	}
+	return resp
 }
 
 // writeTo sends the captured answer as a fresh one.

@@ -107,6 +107,20 @@ func runPostgres(dsn string, quick bool, n int) int {
 		fmt.Fprintln(os.Stderr, "idembench:", err)
 		return 1
 	}
+	// Then the client side, so that one run prints every figure, the
+	// client's ratio last.
+	ccfg := bench.Defaults()
+	if quick {
+		ccfg = bench.Quick()
+	}
+	crep, err := bench.Run(ctx, ccfg, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		return 1
+	}
+	crep.Print(os.Stdout)
+	fmt.Println()
 	rep.Print(os.Stdout)
+	fmt.Printf("ratio idem(memory)/net-http: %.2f\n", crep.IdemRatio())
 	return 0
 }
