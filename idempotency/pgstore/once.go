@@ -155,7 +155,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		// A live record appeared: the work rolls back, and the record
 		// answers.
 		_ = tx.Rollback(wctx)
-		existing, found, err := s.Get(wctx, rec.ID, now)
+		existing, found, err := s.get(wctx, conn, rec.ID)
 		if err != nil {
 			return nil, err
 		}

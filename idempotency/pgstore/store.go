@@ -343,6 +343,17 @@ func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) 
 // waiting, released at once) before the record is read, so a worker that
 // commits between the two is seen by the read.
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
+	rec, found, err = s.get(ctx, s.pool, id)
+	if err != nil {
+		return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, err)
+	}
+	return rec, found, nil
+}
+
+// get is Get through q, in one round trip.
+func (s *Store) get(ctx context.Context, q interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, id idempotency.ID) (rec *idempotency.Record, found bool, err error) {
 	var (
 		free  bool
 		dbNow time.Time
@@ -353,13 +364,13 @@ func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec 
 	b.Queue(nowSQL(3)+` SELECT t.now, `+columns+` FROM t
 		LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&dbNow}, row.dest()...)...) })
-	if err = s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, err)
+	if err = q.SendBatch(ctx, b).Close(); err != nil {
+		return nil, false, err
 	}
 	switch {
 	case row.status != nil:
 		if rec, err = row.record(id); err != nil {
-			return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, err)
+			return nil, false, err
 		}
 		return rec, true, nil
 	case !free:
