@@ -22,6 +22,7 @@ var txChecks = []struct {
 	{"RunOnceHoldsTheKey", testRunOnceHoldsTheKey},
 	{"RunOnceRace", testRunOnceRace},
 	{"RunOnceAndLeaseRecords", testRunOnceAndLeaseRecords},
+	{"RunOnceYieldsToALeaseRecord", testRunOnceYieldsToALeaseRecord},
 }
 
 // completed is the answer the checks store.
@@ -218,4 +219,25 @@ func testRunOnceAndLeaseRecords(t *testing.T, sub Subject, s idempotency.TxStore
 		t.Errorf("record after replacing an expired one = %+v", got)
 	}
 	hasRow(t, sub, "replaced", true)
+}
+
+// testRunOnceYieldsToALeaseRecord: a lease-mode worker, which takes no
+// lock, inserts the key's record while RunOnce works it: the work rolls
+// back and RunOnce returns that record.
+func testRunOnceYieldsToALeaseRecord(t *testing.T, sub Subject, s idempotency.TxStore) {
+	ctx := context.Background()
+	sub.SetNow(t0)
+	existing, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context) (*idempotency.Response, error) {
+		if _, inserted, err := s.Insert(context.Background(), record(key, "lease", t0)); err != nil || !inserted {
+			return nil, fmt.Errorf("the lease-mode insert: %v, %v", inserted, err)
+		}
+		return effect(sub, "yielded", completed)(ctx)
+	})
+	if err != nil || existing == nil || existing.Owner != "lease" {
+		t.Errorf("RunOnce when a lease record appeared = %+v, %v; want that record", existing, err)
+	}
+	hasRow(t, sub, "yielded", false)
+	if got := get(t, s, key, t0); got == nil || got.Owner != "lease" || got.Status != idempotency.StatusInProgress {
+		t.Errorf("record = %+v, want the lease's", got)
+	}
 }
