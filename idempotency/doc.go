@@ -16,7 +16,7 @@
 //     key stays free, even when the key already has a record.
 //   - a new key the store has no room for ([ErrStoreFull]): 503, type
 //     [TypeStorageFull], with Retry-After when the store says when room is
-//     expected ([FullError]); nothing is stored and the handler does not run.
+//     expected (an error matching [ErrStoreFull]); nothing is stored and the handler does not run.
 //   - a record with another fingerprint (method, path, query or body): 422,
 //     type [TypeKeyReused].
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
@@ -128,7 +128,7 @@
 // nothing internal: a database's message names tables, indexes and
 // settings, and the client needs none of them. The error itself goes to
 // [Config.Logger] (silent when nil) and [Config.OnOutcome] is told
-// [OutcomeStoreError].
+// "store_error".
 //
 // # Retry-After
 //

@@ -21,18 +21,18 @@ var ErrNotOwner = errors.New("idempotency: record is no longer held by this work
 // key unused.
 var ErrStoreFull = errors.New("idempotency: store is full")
 
-// FullError is an [ErrStoreFull] that says when room is expected: when the
+// fullError is an [ErrStoreFull] that says when room is expected: when the
 // oldest record expires. The middleware sends the time left as Retry-After.
-type FullError struct {
+type fullError struct {
 	Until time.Time
 }
 
-func (e *FullError) Error() string {
+func (e *fullError) Error() string {
 	return "idempotency: store is full until " + e.Until.UTC().Format(time.RFC3339)
 }
 
-// Is makes a FullError match [ErrStoreFull].
-func (e *FullError) Is(target error) bool { return target == ErrStoreFull }
+// Is makes a fullError match [ErrStoreFull].
+func (e *fullError) Is(target error) bool { return target == ErrStoreFull }
 
 // Status is the state of a [Record].
 type Status string
@@ -117,11 +117,11 @@ type Record struct {
 // its retention ended with a lease that outlasts it: a resend must not find
 // the key new and run the request again under a new stable id while the
 // worker still runs.
-func (r *Record) Expired(now time.Time) bool { return !r.LiveUntil().After(now) }
+func (r *Record) Expired(now time.Time) bool { return !r.liveUntil().After(now) }
 
-// LiveUntil is when r expires: ExpiresAt, or the end of its lease if it is
+// liveUntil is when r expires: ExpiresAt, or the end of its lease if it is
 // IN_PROGRESS and the lease ends later.
-func (r *Record) LiveUntil() time.Time {
+func (r *Record) liveUntil() time.Time {
 	if r.Status == StatusInProgress && r.LockedUntil.After(r.ExpiresAt) {
 		return r.LockedUntil
 	}
@@ -193,14 +193,6 @@ type Store interface {
 	// caller's; see [Record.Expired]: never one IN_PROGRESS under a live
 	// lease) and returns how many.
 	Sweep(ctx context.Context, now time.Time) (int, error)
-}
-
-// Counter is implemented by stores that can count their records, for
-// statistics. It is optional.
-type Counter interface {
-	// Count returns the number of stored records (expired ones included until
-	// swept) and how many of them are IN_PROGRESS.
-	Count(ctx context.Context) (records, inProgress int, err error)
 }
 
 // TxStore is a [Store] that can run a fresh key's whole request in one

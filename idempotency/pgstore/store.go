@@ -112,7 +112,6 @@ func leaseMicros(rec *idempotency.Record) *int64 {
 
 var (
 	_ idempotency.TxStore = (*Store)(nil)
-	_ idempotency.Counter = (*Store)(nil)
 )
 
 type txKey struct{}
@@ -325,7 +324,8 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 }
 
-// Count implements [idempotency.Counter].
+// Count returns the number of stored records (expired ones included until
+// swept) and how many of them are IN_PROGRESS.
 func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'IN_PROGRESS') FROM idempotency_records`).
 		Scan(&records, &inProgress)
