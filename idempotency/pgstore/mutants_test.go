@@ -120,7 +120,7 @@ func TestMutants(t *testing.T) {
 			Name: "once-no-flight", File: "idempotency/middleware.go",
 			Note:    "a duplicate in the same process waits for a connection instead of answering 409",
 			Anchor:  "\t\tif !owner {",
-			Replace: "\t\tif false {",
+			Replace: "\t\tif !owner && false {",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionDuplicateTakesNoConnection$", Env: pg,
 		},
 	})
