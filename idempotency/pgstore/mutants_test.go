@@ -105,15 +105,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-effect-autocommitted", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce opens no transaction: the effect commits on its own, before the record",
-			Anchor:  "tx, err := conn.Begin(ctx)",
-			Replace: `tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "SELECT 1"})`,
+			Anchor:  `b.Queue("BEGIN")`,
+			Replace: `b.Queue("SELECT 1")`,
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionAppKilledMidTransaction$", Env: pg,
 		},
 		{
 			Name: "pg-once-effect-autocommitted-storm", File: "idempotency/pgstore/once.go",
 			Note:    "as pg-once-effect-autocommitted, under a same-key storm over three processes",
-			Anchor:  "tx, err := conn.Begin(ctx)",
-			Replace: `tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "SELECT 1"})`,
+			Anchor:  `b.Queue("BEGIN")`,
+			Replace: `b.Queue("SELECT 1")`,
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionStormOverProcesses$", Env: pg,
 		},
 		{

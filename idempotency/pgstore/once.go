@@ -83,31 +83,33 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		return nil, fmt.Errorf("pgstore: run key %q: acquire a connection: %w", rec.ID.Key, err)
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: run key %q: begin: %w", rec.ID.Key, err)
-	}
-	// A panic in do rolls back here too. After the COMMIT, which is sent
-	// without pgx's knowledge, there is nothing to roll back.
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-
+	// BEGIN, the lock and the look travel together: one round trip. The
+	// look is a statement of its own, after the lock: READ COMMITTED gives
+	// it a snapshot taken after the lock, so a worker that held the lock
+	// and committed is seen.
 	var (
 		locked, live bool
 		now          time.Time
 		row          nullableRecord
 	)
+	ended := false
+	defer func() {
+		// A panic in do rolls back here too. A connection that failed
+		// is not given back to the pool: it is closed, and the server
+		// rolls back.
+		if !ended {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("pgstore: run key %q: lock and read: %w", rec.ID.Key, err)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, err)
 	}
+	tx := &onceTx{conn: conn.Conn()}
 	switch {
 	case live:
 		existing, err := row.record(rec.ID)
@@ -126,7 +128,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		return nil, fmt.Errorf("pgstore: run key %q: the effect failed, nothing was stored: %w", rec.ID.Key, err)
 	}
 	if resp == nil {
-		return nil, nil // rolled back by the deferred Rollback
+		return nil, nil // rolled back by the deferred ROLLBACK
 	}
 	code, header, body, err := answerColumns(resp)
 	if err != nil {
@@ -143,18 +145,21 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
 	b.Queue("COMMIT")
-	err = tx.SendBatch(wctx, b).Close()
+	err = conn.SendBatch(wctx, b).Close()
 	if err == nil {
 		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
 			return nil, fmt.Errorf("pgstore: run key %q: commit: the transaction is still open (status %c)", rec.ID.Key, st)
 		}
-		committed = true
+		ended = true
 		return nil, nil
 	}
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
 		// A live record appeared: the work rolls back, and the record
 		// answers.
-		_ = tx.Rollback(wctx)
+		ended = true
+		if _, err := conn.Exec(wctx, "ROLLBACK"); err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, err)
+		}
 		existing, found, err := s.get(wctx, conn, rec.ID)
 		if err != nil {
 			return nil, err

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -399,4 +400,36 @@ func TestOneTransactionSurvivesAPostgresCrash(t *testing.T) {
 
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"), "the record was lost in the crash")
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"), "the payment was lost in the crash")
+}
+
+// TestOneTransactionNestedTransactions: inside the single transaction a
+// handler nests transactions as savepoints (pgx.BeginFunc); a nested one
+// that fails is undone alone; the request's transaction itself cannot be
+// ended by the handler.
+func TestOneTransactionNestedTransactions(t *testing.T) {
+	pool := withPayments(t)
+	h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := Tx(r.Context())
+		ctx := r.Context()
+		kept := pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('kept')")
+			return err
+		})
+		undone := pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('undone')"); err != nil {
+				return err
+			}
+			return errors.New("changed its mind")
+		})
+		if kept != nil || undone == nil || tx.Commit(ctx) == nil || tx.Rollback(ctx) == nil {
+			http.Error(w, fmt.Sprint(kept, undone), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}), nil)
+	w := post(h, "k", `{}`, false)
+	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'kept'"))
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
 }
