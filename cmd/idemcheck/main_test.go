@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
+	"github.com/idemkit/idem/fakeserver"
 )
 
 func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
-	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // TestRunBrokenServers: each server breaks one rule of the contract, and

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
-	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
+	"github.com/idemkit/idem/fakeserver"
 )
 
 // TestRunFakeServer: the fake server keeps the whole contract, in either

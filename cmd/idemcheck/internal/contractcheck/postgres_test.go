@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
-	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
