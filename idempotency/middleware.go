@@ -406,7 +406,9 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		if cw.code() >= 500 {
 			return nil, nil
 		}
-		if err := wk.commit(ctx); err != nil {
+		// The handler has answered: its effect is recorded even if the
+		// client has gone meanwhile.
+		if err := wk.commit(context.WithoutCancel(ctx)); err != nil {
 			return nil, err
 		}
 		return cw.response(), nil
