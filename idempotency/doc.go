@@ -16,7 +16,7 @@
 //     key stays free, even when the key already has a record.
 //   - a new key the store has no room for ([ErrStoreFull]): 503, type
 //     [TypeStorageFull], with Retry-After when the store says when room is
-//     expected ([FullError]); nothing is stored and the handler does not run.
+//     expected (an error matching [ErrStoreFull]); nothing is stored and the handler does not run.
 //   - a record with another fingerprint (method, path, query or body): 422,
 //     type [TypeKeyReused].
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
@@ -104,13 +104,24 @@
 // duplicate there too. A handler running a takeover ([Info.Takeover]) must
 // ask the provider what it did for StableID before doing it again.
 //
+// # One transaction
+//
+// When every effect of a handler is a write to the store's own database,
+// [Config.OneTransaction] runs each fresh key's request in one transaction
+// of a [TxStore]: the record, the effect and the answer commit once, a
+// crash before the commit leaves nothing behind, and no lease is needed.
+// Duplicates answer 409 at once, holding no connection: one request per
+// key runs in a process, and across processes the store's lock on the key
+// is taken without waiting. Handlers that call anything outside the
+// database keep the lease mode below.
+//
 // # Crashes and leases
 //
-// A panic in the handler (a crashed worker) is not recovered: the record
-// stays IN_PROGRESS, as a dead process would leave it, and requests get 409
-// until its lease ([Config.Lease]) ends and one of them takes it over. The
-// lease must be longer than the work takes; it is not extended while the
-// work runs.
+// In the lease mode (the default), a panic in the handler (a crashed
+// worker) is not recovered: the record stays IN_PROGRESS, as a dead
+// process would leave it, and requests get 409 until its lease
+// ([Config.Lease]) ends and one of them takes it over. The lease must be
+// longer than the work takes; it is not extended while the work runs.
 //
 // Leases and retention are judged on the store's clock, one for every
 // process that shares the store (PostgreSQL's clock_timestamp() for
@@ -128,7 +139,7 @@
 // nothing internal: a database's message names tables, indexes and
 // settings, and the client needs none of them. The error itself goes to
 // [Config.Logger] (silent when nil) and [Config.OnOutcome] is told
-// [OutcomeStoreError].
+// "store_error".
 //
 // # Retry-After
 //

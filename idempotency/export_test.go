@@ -20,3 +20,13 @@ func MemoryAtRest(s *MemoryStore) string {
 	}
 	return b.String()
 }
+
+// Unexported names the external tests check against.
+var (
+	ErrKeyMissing = errKeyMissing
+	ErrKeyInvalid = errKeyInvalid
+)
+
+const MaxKeyLen = maxKeyLen
+
+type FullError = fullError

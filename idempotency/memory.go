@@ -25,7 +25,7 @@ type MemoryStore struct {
 	recs  map[ID]*Record
 	clock clock.Clock // nil: the callers' times
 	max   int         // 0: no bound
-	// minExpiry is at or before the earliest LiveUntil of the records: a
+	// minExpiry is at or before the earliest liveUntil of the records: a
 	// full store sweeps only once something may have expired.
 	minExpiry time.Time
 }
@@ -37,7 +37,7 @@ func NewMemoryStore() *MemoryStore {
 
 // SetMaxRecords bounds the number of records: once it holds n, Insert
 // deletes the expired records if there are any, and otherwise refuses a new
-// record with a [*FullError] saying when the earliest record expires. Zero
+// record with a error matching [ErrStoreFull] (with Retry-After) saying when the earliest record expires. Zero
 // or negative means no bound (the default).
 func (s *MemoryStore) SetMaxRecords(n int) {
 	s.mu.Lock()
@@ -79,7 +79,7 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 			s.sweep(now)
 		}
 		if len(s.recs) >= s.max {
-			return nil, false, &FullError{Until: s.minExpiry}
+			return nil, false, &fullError{Until: s.minExpiry}
 		}
 	}
 	cp := *rec
@@ -174,14 +174,15 @@ func (s *MemoryStore) sweep(now time.Time) int {
 		if r.Expired(now) {
 			delete(s.recs, id)
 			n++
-		} else if s.minExpiry.IsZero() || r.LiveUntil().Before(s.minExpiry) {
-			s.minExpiry = r.LiveUntil()
+		} else if s.minExpiry.IsZero() || r.liveUntil().Before(s.minExpiry) {
+			s.minExpiry = r.liveUntil()
 		}
 	}
 	return n
 }
 
-// Count implements [Counter].
+// Count returns the number of stored records (expired ones included until
+// swept) and how many of them are IN_PROGRESS.
 func (s *MemoryStore) Count(context.Context) (records, inProgress int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

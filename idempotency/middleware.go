@@ -10,30 +10,39 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/clock"
 )
 
 // Outcome names how the middleware answered a request, for logs and
-// metrics.
+// metrics: one of "created" (the work ran and its answer was stored),
+// "takeover" (as created, after taking over a dead worker's record),
+// "replayed", "conflict" (409: another request holds the key), "reused"
+// (422), "missing" and "invalid" (400: no key, a malformed key),
+// "rejected" (400: the body failed validation, or is JSON without one
+// reading), "too_large" (413), "failed" (a server error: no answer
+// stored), "lost" (the worker lost its lease; its effect was discarded),
+// "store_error" (the store failed, or had no connection free) and "full"
+// (503: the store had no room for a new record).
 type Outcome string
 
-// Outcomes reported to [Config.OnOutcome].
+// The outcomes, as [Outcome] lists them.
 const (
-	OutcomeCreated    Outcome = "created"     // the work ran and its answer was stored
-	OutcomeTakeover   Outcome = "takeover"    // as created, after taking over a dead worker's record
-	OutcomeReplayed   Outcome = "replayed"    // the stored answer was replayed
-	OutcomeConflict   Outcome = "conflict"    // 409: another request holds the key
-	OutcomeReused     Outcome = "reused"      // 422: the key was used for other content
-	OutcomeMissing    Outcome = "missing"     // 400: no key
-	OutcomeInvalid    Outcome = "invalid"     // 400: malformed key
-	OutcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
-	OutcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
-	OutcomeFailed     Outcome = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
-	OutcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
-	OutcomeStoreError Outcome = "store_error" // the store failed
-	OutcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
+	outcomeCreated    Outcome = "created"     // the work ran and its answer was stored
+	outcomeTakeover   Outcome = "takeover"    // as created, after taking over a dead worker's record
+	outcomeReplayed   Outcome = "replayed"    // the stored answer was replayed
+	outcomeConflict   Outcome = "conflict"    // 409: another request holds the key
+	outcomeReused     Outcome = "reused"      // 422: the key was used for other content
+	outcomeMissing    Outcome = "missing"     // 400: no key
+	outcomeInvalid    Outcome = "invalid"     // 400: malformed key
+	outcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
+	outcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
+	outcomeFailed     Outcome = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
+	outcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
+	outcomeStoreError Outcome = "store_error" // the store failed
+	outcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
 )
 
 // Defaults for a zero [Config].
@@ -95,23 +104,46 @@ type Config struct {
 	NewStableID func() string
 	// OnOutcome, if not nil, is told how every request was answered.
 	OnOutcome func(r *http.Request, o Outcome)
+	// OneTransaction runs each fresh key's request in one transaction of
+	// the store, which must be a [TxStore] (pgstore's is): the record, the
+	// handler's effect and its answer commit once, or not at all. Choose it
+	// when every effect of the handler is written in the store's database,
+	// through the transaction the request's context carries (with
+	// [OnCommit], or directly: see pgstore.Tx); a crash before the commit
+	// then leaves no record and no effect, and the retry does the work.
+	// Leave it off (the lease mode) when the handler calls anything outside
+	// the database, such as a payment provider: only a record committed
+	// before the call keeps its stable id for the retry to ask the
+	// provider about (see "External side effects" in the package docs).
+	// A request whose key another request is running answers 409 at once,
+	// without waiting for a connection: one request per key runs in a
+	// process, and across processes the store's lock on the key is taken
+	// without waiting.
+	OneTransaction bool
 	// Logger gets the store's errors, which the client never sees: a 500
 	// answer says only that the server failed, since a database's message
 	// names tables, indexes and settings. Nil means silent.
 	Logger *slog.Logger
 }
 
-// Middleware makes a handler idempotent under the Idempotency-Key contract.
+// middleware makes a handler idempotent under the Idempotency-Key contract.
 // It is safe for concurrent use by multiple goroutines.
-type Middleware struct {
+type middleware struct {
 	cfg  Config
 	next http.Handler
+	// once is the store in the single-transaction mode, nil in the lease
+	// mode; flights holds the keys this process is running in it.
+	once    TxStore
+	mu      sync.Mutex
+	flights map[ID]*flight
 }
 
-// New returns next wrapped in the idempotency layer. It panics if
+// New returns next wrapped in the idempotency layer, which makes a handler
+// idempotent under the Idempotency-Key contract and is safe for concurrent
+// use by multiple goroutines. It panics if
 // cfg.Store or cfg.Principal is nil, or if cfg.Retention is not longer
 // than cfg.Lease (a record must not expire under its live worker).
-func New(next http.Handler, cfg Config) *Middleware {
+func New(next http.Handler, cfg Config) http.Handler {
 	if cfg.Store == nil {
 		panic("idempotency: Config.Store is nil")
 	}
@@ -138,17 +170,25 @@ func New(next http.Handler, cfg Config) *Middleware {
 	if cfg.NewStableID == nil {
 		cfg.NewStableID = rand.Text
 	}
-	return &Middleware{cfg: cfg, next: next}
+	m := &middleware{cfg: cfg, next: next}
+	if cfg.OneTransaction {
+		once, ok := cfg.Store.(TxStore)
+		if !ok {
+			panic(fmt.Sprintf("idempotency: Config.OneTransaction needs a TxStore, and %T is not one", cfg.Store))
+		}
+		m.once, m.flights = once, make(map[ID]*flight)
+	}
+	return m
 }
 
-func (m *Middleware) now() time.Time {
+func (m *middleware) now() time.Time {
 	if m.cfg.Clock == nil {
 		return time.Now()
 	}
 	return m.cfg.Clock.Now()
 }
 
-func (m *Middleware) report(r *http.Request, o Outcome) {
+func (m *middleware) report(r *http.Request, o Outcome) {
 	if m.cfg.OnOutcome != nil {
 		m.cfg.OnOutcome(r, o)
 	}
@@ -156,17 +196,17 @@ func (m *Middleware) report(r *http.Request, o Outcome) {
 
 // ServeHTTP implements http.Handler: the checks of the contract's table, in
 // its order.
-func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = echoKey(w, r)
 	key, err := ParseHeader(r.Header, m.cfg.RequireUUID)
-	if errors.Is(err, ErrKeyMissing) {
-		m.report(r, OutcomeMissing)
+	if errors.Is(err, errKeyMissing) {
+		m.report(r, outcomeMissing)
 		(&Problem{Type: TypeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
 			Detail: "this endpoint requires an Idempotency-Key header; create one key per intent and reuse it on every retry"}).Write(w)
 		return
 	}
 	if err != nil {
-		m.report(r, OutcomeInvalid)
+		m.report(r, outcomeInvalid)
 		(&Problem{Type: TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return
 	}
@@ -175,12 +215,12 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			m.report(r, OutcomeTooLarge)
+			m.report(r, outcomeTooLarge)
 			(&Problem{Type: TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 				Detail: fmt.Sprintf("the request body is over the limit of %d bytes", m.cfg.MaxBodyBytes)}).Write(w)
 			return
 		}
-		m.report(r, OutcomeRejected)
+		m.report(r, outcomeRejected)
 		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
 		return
 	}
@@ -189,7 +229,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// Too deep, or an object whose member names collide after case
 		// folding: no single reading to fingerprint. Nothing is stored.
-		m.report(r, OutcomeRejected)
+		m.report(r, outcomeRejected)
 		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return
 	}
@@ -197,7 +237,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cfg.Validate != nil {
 		var p *Problem
 		if parsed, p = m.cfg.Validate(r, body); p != nil {
-			m.report(r, OutcomeRejected)
+			m.report(r, outcomeRejected)
 			p.Write(w)
 			return
 		}
@@ -217,10 +257,42 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		CreatedAt:          now,
 		ExpiresAt:          now.Add(m.cfg.Retention),
 	}
+	if m.once != nil {
+		f, owner := m.enter(rec.ID)
+		if !owner {
+			// This process runs the key already. Until its request has
+			// read the record, wait for what it finds (a replay is
+			// shared); once it works, or found the key busy, 409 at once.
+			// No connection is taken either way.
+			select {
+			case <-f.decided:
+			case <-ctx.Done():
+			}
+			if f.existing != nil && f.existing.Status == StatusCompleted {
+				m.answer(w, r, f.existing, rec, body)
+				return
+			}
+			m.inProgress(w, r, busy(rec), now)
+			return
+		}
+		defer m.leave(rec.ID, f)
+	}
 	// A lost takeover race means another request now holds the record; a
 	// few rounds settle it, after which the answer is a plain 409.
 	for range 3 {
-		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
+		var (
+			existing *Record
+			inserted bool
+			err      error
+		)
+		if m.once != nil {
+			existing, err = m.runOnce(w, r, rec, parsed, m.flight(rec.ID))
+			if err == nil && existing == nil {
+				return // answered
+			}
+		} else {
+			existing, inserted, err = m.cfg.Store.Insert(ctx, rec)
+		}
 		if err != nil {
 			m.storeError(w, r, err)
 			return
@@ -229,15 +301,8 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.run(w, r, rec, false, parsed)
 			return
 		}
-		if !m.sameContent(existing, rec, r, body) {
-			m.report(r, OutcomeReused)
-			(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-				Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
-			return
-		}
-		if existing.Status == StatusCompleted {
-			m.report(r, OutcomeReplayed)
-			replay(w, existing.Response)
+		if !m.sameContent(existing, rec, r, body) || existing.Status == StatusCompleted {
+			m.answer(w, r, existing, rec, body)
 			return
 		}
 		if existing.LockedUntil.After(now) {
@@ -258,8 +323,119 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		now = m.now()
 		rec.CreatedAt, rec.LockedUntil, rec.ExpiresAt = now, now.Add(m.cfg.Lease), now.Add(m.cfg.Retention)
 	}
-	m.report(r, OutcomeConflict)
+	m.report(r, outcomeConflict)
 	writeInProgress(w, 1)
+}
+
+// answer answers a request with the record of its key that another
+// request completed: 422 if the content differs, else its replay.
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, existing, rec *Record, body []byte) {
+	if !m.sameContent(existing, rec, r, body) {
+		m.report(r, outcomeReused)
+		(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+			Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
+		return
+	}
+	m.report(r, outcomeReplayed)
+	replay(w, existing.Response)
+}
+
+// busy is the record a key reads as while another request runs it in one
+// transaction: rec, IN_PROGRESS, its lease just begun.
+func busy(rec *Record) *Record {
+	b := *rec
+	b.Status, b.Owner, b.Response = StatusInProgress, "", nil
+	return &b
+}
+
+// flight is a key run by this process in the single-transaction mode.
+// decided is closed once its request starts the work, or has found the
+// key's record (existing, set before) or the key busy.
+type flight struct {
+	decided chan struct{}
+	once    sync.Once
+	// existing is the record the request found, if it found one.
+	existing *Record
+}
+
+func (f *flight) decide(existing *Record) {
+	f.once.Do(func() {
+		f.existing = existing
+		close(f.decided)
+	})
+}
+
+// enter returns the flight of id, and whether the caller is its owner (it
+// was not running).
+func (m *middleware) enter(id ID) (*flight, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if f, ok := m.flights[id]; ok {
+		return f, false
+	}
+	f := &flight{decided: make(chan struct{})}
+	m.flights[id] = f
+	return f, true
+}
+
+func (m *middleware) flight(id ID) *flight {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.flights[id]
+}
+
+func (m *middleware) leave(id ID, f *flight) {
+	f.decide(nil)
+	m.mu.Lock()
+	delete(m.flights, id)
+	m.mu.Unlock()
+}
+
+// runOnce does the work of a fresh key in one transaction of the store. It
+// returns the key's record, without having answered, when the key has one
+// or another request holds it; otherwise it has answered (existing and
+// err nil), or the store failed (err).
+func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, f *flight) (*Record, error) {
+	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Validated: parsed}}
+	cw := &capture{header: make(http.Header)}
+	// A panic rolls the transaction back: nothing is stored, as when the
+	// process dies, and the key is free.
+	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context) (*Response, error) {
+		f.decide(nil)
+		m.next.ServeHTTP(cw, r.WithContext(context.WithValue(ctx, ctxKey{}, wk)))
+		if cw.code() >= 500 {
+			return nil, nil
+		}
+		// The handler has answered: its effect is recorded even if the
+		// client has gone meanwhile.
+		if err := wk.commit(context.WithoutCancel(ctx)); err != nil {
+			return nil, err
+		}
+		return cw.response(), nil
+	})
+	if err == nil {
+		f.decide(existing)
+	}
+	switch {
+	case err != nil && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		// No connection in time: nothing was done, the key is free.
+		m.report(r, outcomeStoreError)
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store is busy",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		}
+		(&Problem{Type: TypeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
+			Detail: "the server has no database connection free; nothing was done under this key, retry after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		return nil, nil
+	case err != nil || existing != nil:
+		return existing, err
+	case cw.code() >= 500:
+		m.report(r, outcomeFailed)
+	default:
+		m.report(r, outcomeCreated)
+	}
+	cw.writeTo(w)
+	return nil, nil
 }
 
 // sameContent reports whether the request of rec has the content of the
@@ -267,7 +443,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // record stored before the query counted ([FingerprintV1]) is compared
 // without it, so that its retries keep matching across the upgrade. A
 // version this code does not know does not match.
-func (m *Middleware) sameContent(existing, rec *Record, r *http.Request, body []byte) bool {
+func (m *middleware) sameContent(existing, rec *Record, r *http.Request, body []byte) bool {
 	if existing.FingerprintVersion == rec.FingerprintVersion {
 		return existing.Fingerprint == rec.Fingerprint
 	}
@@ -279,7 +455,7 @@ func (m *Middleware) sameContent(existing, rec *Record, r *http.Request, body []
 }
 
 // run does the work as the record's owner and commits or releases.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, takeover bool, parsed any) {
+func (m *middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, takeover bool, parsed any) {
 	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Takeover: takeover, Validated: parsed}}
 	cw := &capture{header: make(http.Header)}
 	// A panic (a crashed worker) leaves the record IN_PROGRESS, exactly as a
@@ -294,19 +470,13 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 			m.storeError(w, r, err)
 			return
 		}
-		m.report(r, OutcomeFailed)
+		m.report(r, outcomeFailed)
 		cw.writeTo(w)
 		return
 	}
-	resp := &Response{StatusCode: code, Header: make(http.Header, 2), Body: cw.body.Bytes()}
-	for _, f := range storedHeaders {
-		if v := cw.header.Values(f); len(v) > 0 {
-			resp.Header[f] = v
-		}
-	}
-	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, resp, wk.commit); {
+	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, cw.response(), wk.commit); {
 	case errors.Is(err, ErrNotOwner):
-		m.report(r, OutcomeLost)
+		m.report(r, outcomeLost)
 		(&Problem{Type: TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail: "this request's work was taken over by a later attempt with the same key; retry to get its answer"}).Write(withRetryAfter(w, 1))
 		return
@@ -316,9 +486,9 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 		return
 	}
 	if takeover {
-		m.report(r, OutcomeTakeover)
+		m.report(r, outcomeTakeover)
 	} else {
-		m.report(r, OutcomeCreated)
+		m.report(r, outcomeCreated)
 	}
 	cw.writeTo(w)
 }
@@ -332,7 +502,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 // request takes it over ([Info.Takeover]) with the same stable id and asks
 // the provider first. (This is TakeOver from this owner to none, which ends
 // the lease at once.)
-func (m *Middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
+func (m *middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 	if wk.released() {
 		return m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
 	}
@@ -344,13 +514,13 @@ func (m *Middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 // inProgress answers 409. Retry-After is the time left until the work is
 // expected to be done (the lease start plus Config.Expected), never past the
 // end of the lease, in whole seconds rounded up, at least 1.
-func (m *Middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Record, now time.Time) {
+func (m *middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Record, now time.Time) {
 	started := rec.LockedUntil.Add(-m.cfg.Lease)
 	done := started.Add(m.cfg.Expected)
 	if done.After(rec.LockedUntil) {
 		done = rec.LockedUntil
 	}
-	m.report(r, OutcomeConflict)
+	m.report(r, outcomeConflict)
 	writeInProgress(w, secondsUntil(done, now))
 }
 
@@ -374,17 +544,17 @@ func writeInProgress(w http.ResponseWriter, secs int64) {
 		Detail: "a request with this key is still being processed; retry after the Retry-After delay"}).Write(withRetryAfter(w, secs))
 }
 
-func (m *Middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
+func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, ErrStoreFull) {
-		m.report(r, OutcomeFull)
-		if fe := (*FullError)(nil); errors.As(err, &fe) {
+		m.report(r, outcomeFull)
+		if fe := (*fullError)(nil); errors.As(err, &fe) {
 			withRetryAfter(w, secondsUntil(fe.Until, m.now()))
 		}
 		(&Problem{Type: TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)
 		return
 	}
-	m.report(r, OutcomeStoreError)
+	m.report(r, outcomeStoreError)
 	if m.cfg.Logger != nil {
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idempotency: the store failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
@@ -472,6 +642,17 @@ func (c *capture) code() int {
 		return http.StatusOK
 	}
 	return c.status
+}
+
+// response is the captured answer as stored: only what a replay needs.
+func (c *capture) response() *Response {
+	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 2), Body: c.body.Bytes()}
+	for _, f := range storedHeaders {
+		if v := c.header.Values(f); len(v) > 0 {
+			resp.Header[f] = v
+		}
+	}
+	return resp
 }
 
 // writeTo sends the captured answer as a fresh one.

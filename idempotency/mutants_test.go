@@ -29,7 +29,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "memory-expires-under-live-lease", File: "idempotency/store.go",
 			Note:    "a record past its retention counts as absent under its worker's live lease",
-			Anchor:  "return !r.LiveUntil().After(now) }",
+			Anchor:  "return !r.liveUntil().After(now) }",
 			Replace: "return !r.ExpiresAt.After(now) }",
 			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
 		},

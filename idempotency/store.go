@@ -21,18 +21,18 @@ var ErrNotOwner = errors.New("idempotency: record is no longer held by this work
 // key unused.
 var ErrStoreFull = errors.New("idempotency: store is full")
 
-// FullError is an [ErrStoreFull] that says when room is expected: when the
+// fullError is an [ErrStoreFull] that says when room is expected: when the
 // oldest record expires. The middleware sends the time left as Retry-After.
-type FullError struct {
+type fullError struct {
 	Until time.Time
 }
 
-func (e *FullError) Error() string {
+func (e *fullError) Error() string {
 	return "idempotency: store is full until " + e.Until.UTC().Format(time.RFC3339)
 }
 
-// Is makes a FullError match [ErrStoreFull].
-func (e *FullError) Is(target error) bool { return target == ErrStoreFull }
+// Is makes a fullError match [ErrStoreFull].
+func (e *fullError) Is(target error) bool { return target == ErrStoreFull }
 
 // Status is the state of a [Record].
 type Status string
@@ -117,11 +117,11 @@ type Record struct {
 // its retention ended with a lease that outlasts it: a resend must not find
 // the key new and run the request again under a new stable id while the
 // worker still runs.
-func (r *Record) Expired(now time.Time) bool { return !r.LiveUntil().After(now) }
+func (r *Record) Expired(now time.Time) bool { return !r.liveUntil().After(now) }
 
-// LiveUntil is when r expires: ExpiresAt, or the end of its lease if it is
+// liveUntil is when r expires: ExpiresAt, or the end of its lease if it is
 // IN_PROGRESS and the lease ends later.
-func (r *Record) LiveUntil() time.Time {
+func (r *Record) liveUntil() time.Time {
 	if r.Status == StatusInProgress && r.LockedUntil.After(r.ExpiresAt) {
 		return r.LockedUntil
 	}
@@ -195,10 +195,35 @@ type Store interface {
 	Sweep(ctx context.Context, now time.Time) (int, error)
 }
 
-// Counter is implemented by stores that can count their records, for
-// statistics. It is optional.
-type Counter interface {
-	// Count returns the number of stored records (expired ones included until
-	// swept) and how many of them are IN_PROGRESS.
-	Count(ctx context.Context) (records, inProgress int, err error)
+// TxStore is a [Store] that can run a fresh key's whole request in one
+// transaction of its own, for handlers whose effect lives in the same
+// database ([Config.OneTransaction]): the record, the effect and the
+// answer commit once, and a crash before the commit leaves nothing, so no
+// IN_PROGRESS record is committed and no lease is needed. Requests for one
+// key are kept apart by a lock on the key that is taken without waiting
+// and ends with the transaction.
+type TxStore interface {
+	Store
+
+	// Get returns the live record id, if there is one, at the store's now
+	// (now is the caller's, for stores that judge on it). A key whose
+	// request runs in RunOnce elsewhere reads as an IN_PROGRESS record
+	// with no owner whose lease ends at the store's now, so that a lookup
+	// answers "in progress" rather than "nothing was done".
+	Get(ctx context.Context, id ID, now time.Time) (rec *Record, found bool, err error)
+
+	// RunOnce runs do for rec.ID inside one transaction, as the only
+	// holder of the key's lock, and commits the record COMPLETED with the
+	// answer do returns, in that transaction. ctx, as do gets it, carries
+	// the transaction (for a SQL store, see its documentation), through
+	// which do writes its effect. When the key has a live record, or its
+	// lock is held (then existing is rec, IN_PROGRESS, with no owner and
+	// rec's lease), do is not run and existing is returned. When do returns
+	// an error, or a nil answer (a server error), the transaction rolls
+	// back: nothing is stored. A live record that appears before the
+	// commit (a lease-mode worker's) rolls do's effect back and is
+	// returned as existing. A store bounds how long it waits for a
+	// connection, and reports the wait as an error matching
+	// context.DeadlineExceeded, with nothing done.
+	RunOnce(ctx context.Context, rec *Record, do func(ctx context.Context) (*Response, error)) (existing *Record, err error)
 }

@@ -12,7 +12,6 @@ import (
 
 func TestStoreConformance(t *testing.T) {
 	t.Run("default", func(t *testing.T) { conformance(t, nil) })
-	t.Run("AsyncInsert", func(t *testing.T) { conformance(t, &Options{AsyncInsert: true}) })
 }
 
 // conformance runs the suite on one database, emptied before each check

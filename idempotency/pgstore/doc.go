@@ -46,6 +46,8 @@
 // the record COMPLETED (only if the worker still holds it), runs the
 // request's effect with the transaction, and commits; see [Tx]. Sweep
 // deletes expired records in bounded batches. Release is one DELETE.
+// RunOnce is the single transaction of a fresh key (see "One
+// transaction").
 //
 // # The effect joins the transaction
 //
@@ -82,13 +84,20 @@
 // clock for tests, which move time without waiting; every store on the
 // database must then share it.
 //
-// # AsyncInsert
+// # One transaction
 //
-// With [Options.AsyncInsert], every record whose Complete has returned nil
-// survives a crash of the database, with the effect that Complete
-// committed, exactly as without it; only a record not yet completed may be
-// lost, and then its key is new again and nothing written through Complete
-// for it is kept.
+// With [idempotency.Config.OneTransaction], the middleware runs a fresh
+// key's request through [Store.RunOnce]: one transaction holds the key's
+// advisory lock (pg_try_advisory_xact_lock, taken without waiting, ended
+// by the commit), the handler's writes through [Tx], and the COMPLETED
+// record, which is inserted with the COMMIT in one round trip: one commit
+// and one flush per fresh key, and no IN_PROGRESS row is ever committed.
+// A duplicate in another process fails to take the lock, answers 409 and
+// gives its connection back at once; [Store.Get] tries the same lock, so a
+// lookup answers "in progress" while the work runs. A crash of the process
+// or of the database before the commit leaves neither record nor effect;
+// the retry does the work. A connection is waited for at most
+// [Options.AcquireTimeout].
 //
 // # Sweeping
 //

@@ -10,7 +10,14 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	if dsn := os.Getenv(envServe); dsn != "" {
+		// The test binary started again as a server process of its own
+		// (see startServer).
+		os.Exit(serve(dsn))
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // newPool returns a pool on a new database with the schema applied.
 func newPool(t *testing.T) *pgxpool.Pool {

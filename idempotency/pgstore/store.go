@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,8 +15,14 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// DefaultSweepBatch is how many records one sweep statement deletes at most.
-const DefaultSweepBatch = 1000
+// Defaults for a zero [Options].
+const (
+	// DefaultSweepBatch is how many records one sweep statement deletes at
+	// most.
+	DefaultSweepBatch = 1000
+	// DefaultAcquireTimeout is how long RunOnce waits for a connection.
+	DefaultAcquireTimeout = 2 * time.Second
+)
 
 // Store is an [idempotency.Store] over PostgreSQL. Create its table with
 // [Migrate] first. A Store is safe for concurrent use by multiple
@@ -33,10 +38,10 @@ const DefaultSweepBatch = 1000
 // keeps the primary key's entries small whatever the principal's length.
 // Error messages name the key and what was being done, never the caller.
 type Store struct {
-	pool   *pgxpool.Pool
-	batch  int
-	insert string      // insertSQL, or asyncInsertSQL
-	clock  clock.Clock // nil: the database's clock
+	pool    *pgxpool.Pool
+	batch   int
+	acquire time.Duration
+	clock   clock.Clock // nil: the database's clock
 
 	onSweepBatch func(deleted int) // for tests
 }
@@ -46,19 +51,11 @@ type Options struct {
 	// SweepBatch is how many expired records one statement of Sweep
 	// deletes at most. Zero or negative means [DefaultSweepBatch].
 	SweepBatch int
-	// AsyncInsert makes Insert's commit not wait for the disk
-	// (synchronous_commit off for that one statement), which saves a
-	// flush per fresh key. Its promise: every record whose Complete has
-	// returned nil survives a crash of the database with the effect that
-	// Complete committed, exactly as without AsyncInsert, and only a
-	// record not yet completed may be lost (Complete's commit waits for
-	// the disk as usual, and flushes the record's insert with it). A lost
-	// record's retry finds the key new; so AsyncInsert is safe only when
-	// every effect of the handler is written through Complete's
-	// transaction, and not for handlers that call an external provider:
-	// a lost record takes its stable id with it, and the retry would call
-	// the provider again under a new one.
-	AsyncInsert bool
+	// AcquireTimeout bounds how long [Store.RunOnce] waits for a
+	// connection from the pool; after it, nothing is done and the error
+	// matches context.DeadlineExceeded (the middleware answers 503 with
+	// Retry-After). Zero or negative means [DefaultAcquireTimeout].
+	AcquireTimeout time.Duration
 	// Clock, if not nil, replaces the database's clock for judging leases
 	// and retention: the store sends its time with every statement. It is
 	// for tests, to move time without waiting (a clock.Manual); every store
@@ -70,12 +67,12 @@ type Options struct {
 
 // New returns a Store on pool. nil opts means defaults.
 func New(pool *pgxpool.Pool, opts *Options) *Store {
-	s := &Store{pool: pool, batch: DefaultSweepBatch, insert: insertSQL}
+	s := &Store{pool: pool, batch: DefaultSweepBatch, acquire: DefaultAcquireTimeout}
 	if opts != nil && opts.SweepBatch > 0 {
 		s.batch = opts.SweepBatch
 	}
-	if opts != nil && opts.AsyncInsert {
-		s.insert = asyncInsertSQL
+	if opts != nil && opts.AcquireTimeout > 0 {
+		s.acquire = opts.AcquireTimeout
 	}
 	if opts != nil {
 		s.clock = opts.Clock
@@ -114,17 +111,19 @@ func leaseMicros(rec *idempotency.Record) *int64 {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Counter = (*Store)(nil)
+	_ idempotency.TxStore = (*Store)(nil)
 )
 
 type txKey struct{}
 
 // Tx returns the transaction of the [Store.Complete] running the effect
-// that was given ctx, and false when ctx does not come from Complete. An
-// effect registered with [idempotency.OnCommit] writes its business rows
-// through it, so that they commit with the COMPLETED record or not at all.
-// The effect must not commit or roll back the transaction.
+// that was given ctx, or of the [Store.RunOnce] running the request, and
+// false when ctx comes from neither. An effect registered with
+// [idempotency.OnCommit] (or, in the single-transaction mode, the handler
+// itself, with its request's context) writes its business rows through
+// it, so that they commit with the COMPLETED record or not at all. The
+// effect must not commit or roll back the transaction, and must not write
+// through another connection.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok
@@ -175,13 +174,6 @@ FROM t
 LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
 	AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM repl)`
 
-// asyncInsertSQL is insertSQL with synchronous_commit off for its own
-// (implicit) transaction: set_config(..., true) is SET LOCAL, and the
-// setting in effect at commit decides.
-var asyncInsertSQL = strings.Replace(insertSQL, ", ins AS (",
-	", async AS (SELECT set_config('synchronous_commit', 'off', true)), ins AS (", 1) +
-	"\n\tCROSS JOIN async"
-
 // insertAttempts bounds the re-runs of insertSQL when the conflicting row
 // is not yet visible; each re-run takes a new snapshot, so one is almost
 // always enough.
@@ -196,7 +188,7 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 			now      time.Time
 			row      nullableRecord
 		)
-		err := s.pool.QueryRow(ctx, s.insert, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
+		err := s.pool.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
 			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
 		).Scan(append([]any{&inserted, &now}, row.dest()...)...)
 		if err != nil {
@@ -240,21 +232,9 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 // or the connection is lost before the commit, the transaction rolls back
 // and the record stays IN_PROGRESS, owner's, until its lease ends.
 func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
-	var (
-		code   *int32
-		header []byte
-		body   []byte
-	)
-	if resp != nil {
-		c := int32(resp.StatusCode)
-		code, body = &c, resp.Body
-		if body == nil {
-			body = []byte{}
-		}
-		var err error
-		if header, err = json.Marshal(resp.Header); err != nil {
-			return fmt.Errorf("pgstore: complete key %q: encode the answer's header: %w", id.Key, err)
-		}
+	code, header, body, err := answerColumns(resp)
+	if err != nil {
+		return fmt.Errorf("pgstore: complete key %q: %w", id.Key, err)
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -281,6 +261,23 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
 	}
 	return nil
+}
+
+// answerColumns is resp as the response_status, response_header and
+// response_body columns.
+func answerColumns(resp *idempotency.Response) (code *int32, header, body []byte, err error) {
+	if resp == nil {
+		return nil, nil, nil, nil
+	}
+	c := int32(resp.StatusCode)
+	code, body = &c, resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	if header, err = json.Marshal(resp.Header); err != nil {
+		return nil, nil, nil, fmt.Errorf("encode the answer's header: %w", err)
+	}
+	return code, header, body, nil
 }
 
 // Release implements [idempotency.Store] with one DELETE.
@@ -327,7 +324,8 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 }
 
-// Count implements [idempotency.Counter].
+// Count returns the number of stored records (expired ones included until
+// swept) and how many of them are IN_PROGRESS.
 func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'IN_PROGRESS') FROM idempotency_records`).
 		Scan(&records, &inProgress)
@@ -337,22 +335,48 @@ func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) 
 	return records, inProgress, nil
 }
 
-// Get returns the record id if it is live on the store's clock (now, the
-// caller's, is not used). found is false when there is none.
+// Get implements [idempotency.TxStore]: it returns the record id if it is
+// live on the store's clock (now, the caller's, is not used). found is
+// false when there is none. A key whose [Store.RunOnce] holds its lock in
+// another transaction reads as an IN_PROGRESS record with no owner, its
+// lease ending at the store's now: the lock is tried (shared, without
+// waiting, released at once) before the record is read, so a worker that
+// commits between the two is seen by the read.
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
-	var row nullableRecord
-	err = s.pool.QueryRow(ctx, nowSQL(3)+` SELECT `+columns+` FROM idempotency_records r, t
-		WHERE r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).Scan(row.dest()...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
-	}
-	if err == nil {
-		rec, err = row.record(id)
-	}
+	rec, found, err = s.get(ctx, s.pool, id)
 	if err != nil {
 		return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, err)
 	}
-	return rec, true, nil
+	return rec, found, nil
+}
+
+// get is Get through q, in one round trip.
+func (s *Store) get(ctx context.Context, q interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, id idempotency.ID) (rec *idempotency.Record, found bool, err error) {
+	var (
+		free  bool
+		dbNow time.Time
+		row   nullableRecord
+	)
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(id)).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
+	b.Queue(nowSQL(3)+` SELECT t.now, `+columns+` FROM t
+		LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).
+		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&dbNow}, row.dest()...)...) })
+	if err = q.SendBatch(ctx, b).Close(); err != nil {
+		return nil, false, err
+	}
+	switch {
+	case row.status != nil:
+		if rec, err = row.record(id); err != nil {
+			return nil, false, err
+		}
+		return rec, true, nil
+	case !free:
+		return &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, LockedUntil: dbNow, CreatedAt: dbNow, ExpiresAt: dbNow}, true, nil
+	}
+	return nil, false, nil
 }
 
 // nullableRecord is a record's columns as scanned, NULLs and all.

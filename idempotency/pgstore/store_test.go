@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -189,72 +188,6 @@ func TestErrorsSayWhatWasBeingDone(t *testing.T) {
 			t.Errorf("error %v; want it to start %q and wrap the undefined_table error", c.err, c.want)
 		}
 	}
-}
-
-// TestAsyncInsertKeepsEveryCompletedRecordThroughACrash checks the promise
-// of Options.AsyncInsert as stated: a record whose Complete returned nil
-// survives a crash of the database with its effect, exactly as without
-// AsyncInsert; only a record not yet completed may be lost. The server
-// flushes nothing on its own for 10 s (wal_writer_delay), and the insert
-// and the completion share one session, so that the completion's commit is
-// what makes the record durable.
-func TestAsyncInsertKeepsEveryCompletedRecordThroughACrash(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and crashes a PostgreSQL server of its own")
-	}
-	srv, err := pgtest.Start(pgtest.Options{Durable: true, Settings: []string{"wal_writer_delay=10s"}})
-	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv(pgtest.EnvRequire) != "1" {
-		t.Skip(err)
-	}
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, srv.Stop()) }()
-	ctx := context.Background()
-	open := func() *pgxpool.Pool {
-		cfg, err := pgxpool.ParseConfig(srv.DSN("postgres"))
-		require.NoError(t, err)
-		cfg.MaxConns = 1
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		return pool
-	}
-	pool := open()
-	require.NoError(t, Migrate(ctx, pool))
-	_, err = pool.Exec(ctx, "CREATE TABLE business_rows (name text PRIMARY KEY)")
-	require.NoError(t, err)
-
-	s := New(pool, &Options{AsyncInsert: true})
-	done, pending := inProgress("done", "w1", t0), inProgress("pending", "w2", t0)
-	_, inserted, err := s.Insert(ctx, done)
-	require.True(t, inserted, "%v", err)
-	require.NoError(t, s.Complete(ctx, done.ID, "w1", &idempotency.Response{StatusCode: 201}, func(ctx context.Context) error {
-		tx, _ := Tx(ctx)
-		_, err := tx.Exec(ctx, "INSERT INTO business_rows VALUES ('charged')")
-		return err
-	}))
-	_, inserted, err = s.Insert(ctx, pending)
-	require.True(t, inserted, "%v", err)
-
-	require.NoError(t, srv.Crash())
-	pool.Close()
-	require.NoError(t, srv.Restart())
-	pool = open()
-	defer pool.Close()
-	s = New(pool, nil)
-
-	got, found, err := s.Get(ctx, done.ID, t0)
-	require.NoError(t, err)
-	require.True(t, found, "a completed record was lost in the crash")
-	assert.Equal(t, idempotency.StatusCompleted, got.Status)
-	var rows int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM business_rows WHERE name = 'charged'").Scan(&rows))
-	assert.Equal(t, 1, rows, "the completed record's effect was lost in the crash")
-
-	got, found, err = s.Get(ctx, pending.ID, t0)
-	require.NoError(t, err)
-	if found {
-		assert.Equal(t, idempotency.StatusInProgress, got.Status)
-	}
-	t.Logf("the record not yet completed survived the crash: %v", found)
 }
 
 // TestCallerColumnNeverShowsTheCredential: behind a server whose Principal

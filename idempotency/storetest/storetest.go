@@ -20,7 +20,14 @@
 // in clear (with [Subject.AtRest]); principals of any length (a 3,000
 // character token, a 100 KB header) work; a record's fingerprint version is
 // kept; a record IN_PROGRESS under a live lease is never expired, even past
-// its retention.
+// its retention. A store that is an [idempotency.TxStore] is also checked
+// in the single-transaction mode: RunOnce commits the work and the
+// COMPLETED record once, rolls both back when the work fails or answers
+// nothing, returns the record of a completed key or a live lease without
+// running the work, holds the key (another RunOnce returns at once, and
+// Get reads it IN_PROGRESS) while the work runs, lets one of 20 concurrent
+// calls commit, replaces an expired record, and rolls the work back when a
+// lease-mode record of the key appears before the commit.
 //
 // The checks read records back through Insert, which returns the live record
 // it conflicts with. They move the store's clock ([Subject.SetNow]) along
@@ -102,6 +109,16 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 				t.Fatal("storetest: Subject.SetNow is nil; give the store a clock the test can set")
 			}
 			c.fn(t, sub)
+		})
+	}
+	for _, c := range txChecks {
+		t.Run(c.name, func(t *testing.T) {
+			sub := newSubject(t)
+			s, ok := sub.Store.(idempotency.TxStore)
+			if !ok {
+				t.Skip("the store is not an idempotency.TxStore")
+			}
+			c.fn(t, sub, s)
 		})
 	}
 }

@@ -53,18 +53,51 @@ type PGReport struct {
 	// Server is the database's version and durability settings.
 	Server string
 	// ByConcurrency holds, per concurrency, the bare handler (the
-	// baseline), the middleware with a fresh key, its replays, and fresh
-	// keys with pgstore's AsyncInsert.
+	// baseline), then fresh keys and replays in the single-transaction
+	// mode, then in the lease mode (see pgVariants).
 	ByConcurrency map[int][]Result
 	Concurrencies []int
 	Storm         *StormReport
+	// OtherKeys is the p50 of fresh keys on other keys, calm and during
+	// the storm.
+	OtherKeys *OtherKeysReport
+}
+
+// OtherKeysReport is what a same-key storm costs the requests for other
+// keys: their p50 calm, just before the storm, and while it runs.
+type OtherKeysReport struct {
+	Calm, Storm           time.Duration
+	CalmCount, StormCount int
+}
+
+// The variants of the PostgreSQL run, in their order in
+// PGReport.ByConcurrency.
+const (
+	pgBare = iota
+	pgFresh1tx
+	pgReplay1tx
+	pgFreshLease
+	pgReplayLease
+)
+
+// Ratio returns the p50 of variant v over the bare handler's at
+// concurrency 1.
+func (r *PGReport) ratio(v int) float64 {
+	rs := r.ByConcurrency[1]
+	if len(rs) <= v {
+		return 0
+	}
+	return rs[v].Ratio
 }
 
 // pgBench is the payment handler and the database it writes to.
 type pgBench struct {
 	pool       *pgxpool.Pool
 	executions atomic.Int64
-	delay      time.Duration
+	// slowKey's requests take delay, and slowRuns counts their runs.
+	slowKey  string
+	delay    time.Duration
+	slowRuns atomic.Int64
 }
 
 // pay is the handler measured: it parses the payment and writes one row.
@@ -82,7 +115,8 @@ func (b *pgBench) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.executions.Add(1)
-	if b.delay > 0 {
+	if b.slowKey != "" && r.Header.Get("Idempotency-Key") == b.slowKey {
+		b.slowRuns.Add(1)
 		time.Sleep(b.delay)
 	}
 	id := "pay_" + rand.Text()
@@ -157,7 +191,10 @@ func RunPostgres(ctx context.Context, dsn string, cfg PGConfig, progress io.Writ
 	bare := http.HandlerFunc(b.pay)
 	oneCaller := func(*http.Request) string { return "bench" }
 	layered := idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, nil), Principal: oneCaller})
-	async := idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, &pgstore.Options{AsyncInsert: true}), Principal: oneCaller})
+	oneTx := func(pool *pgxpool.Pool) http.Handler {
+		return idempotency.New(http.HandlerFunc(b.pay), idempotency.Config{Store: pgstore.New(pool, nil), Principal: oneCaller, OneTransaction: true})
+	}
+	once := oneTx(pool)
 	serve := func(h http.Handler, key string) error {
 		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/payments", bytes.NewReader(paymentBody))
 		req.Header.Set("Content-Type", "application/json")
@@ -169,15 +206,19 @@ func RunPostgres(ctx context.Context, dsn string, cfg PGConfig, progress io.Writ
 		}
 		return nil
 	}
-	replayKey := uuid.NewString()
+	replayKey, replayKey1tx := uuid.NewString(), uuid.NewString()
 	if err := serve(layered, replayKey); err != nil {
 		return nil, err
 	}
+	if err := serve(once, replayKey1tx); err != nil {
+		return nil, err
+	}
 	vs := []variant{
-		{name: "bare handler, own transaction", do: func(context.Context) error { return serve(bare, uuid.NewString()) }},
-		{name: "middleware, fresh key", do: func(context.Context) error { return serve(layered, uuid.NewString()) }},
-		{name: "middleware, replay", do: func(context.Context) error { return serve(layered, replayKey) }},
-		{name: "middleware, AsyncInsert, fresh key", do: func(context.Context) error { return serve(async, uuid.NewString()) }},
+		pgBare:        {name: "bare handler, own transaction", do: func(context.Context) error { return serve(bare, uuid.NewString()) }},
+		pgFresh1tx:    {name: "one transaction, fresh key", do: func(context.Context) error { return serve(once, uuid.NewString()) }},
+		pgReplay1tx:   {name: "one transaction, replay", do: func(context.Context) error { return serve(once, replayKey1tx) }},
+		pgFreshLease:  {name: "lease, fresh key", do: func(context.Context) error { return serve(layered, uuid.NewString()) }},
+		pgReplayLease: {name: "lease, replay", do: func(context.Context) error { return serve(layered, replayKey) }},
 	}
 	warm(ctx, vs, 50)
 	for _, c := range cfg.Concurrencies {
@@ -187,26 +228,49 @@ func RunPostgres(ctx context.Context, dsn string, cfg PGConfig, progress io.Writ
 		}
 	}
 
-	fmt.Fprintf(progress, "postgres: storm of %d requests on one key\n", cfg.StormRequests)
-	if rep.Storm, err = pgStorm(layered, b, cfg.StormRequests, cfg.StormDelay); err != nil {
+	// Three servers, each with its own pool and middleware (its own
+	// flights), as three processes on one database would be.
+	fmt.Fprintf(progress, "postgres: storm of %d requests on one key over three servers\n", cfg.StormRequests)
+	servers := []http.Handler{once}
+	for range 2 {
+		p, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, err
+		}
+		defer p.Close()
+		servers = append(servers, oneTx(p))
+	}
+	other := func() error { return serve(once, uuid.NewString()) }
+	if rep.Storm, rep.OtherKeys, err = pgStorm(servers, b, cfg.StormRequests, cfg.StormDelay, other); err != nil {
 		return nil, err
 	}
 	return rep, nil
 }
 
-// pgStorm sends n concurrent requests with one key through the middleware,
-// whose handler takes delay, and counts the answers and executions.
-func pgStorm(h http.Handler, b *pgBench, n int, delay time.Duration) (*StormReport, error) {
-	b.delay = delay
-	defer func() { b.delay = 0 }()
-	before := b.executions.Load()
+// pgStorm sends n concurrent requests with one key, spread over the
+// servers, whose handler takes delay, and counts the answers and
+// executions. Meanwhile it sends requests for fresh keys, one at a time,
+// with other, and compares their p50 with that of as many sent just before.
+func pgStorm(servers []http.Handler, b *pgBench, n int, delay time.Duration, other func() error) (*StormReport, *OtherKeysReport, error) {
+	calm := make([]time.Duration, 0, 200)
+	for range cap(calm) {
+		t0 := time.Now()
+		if err := other(); err != nil {
+			return nil, nil, err
+		}
+		calm = append(calm, time.Since(t0))
+	}
 	key := uuid.NewString()
+	b.slowKey, b.delay = key, delay
+	defer func() { b.slowKey, b.delay = "", 0 }()
+	before := b.slowRuns.Load()
 	status := make([]int, n)
 	replayed := make([]bool, n)
 	var ready, done sync.WaitGroup
 	release := make(chan struct{})
 	for i := range n {
 		ready.Add(1)
+		h := servers[i%len(servers)]
 		done.Go(func() {
 			req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/payments", bytes.NewReader(paymentBody))
 			req.Header.Set("Idempotency-Key", key)
@@ -219,10 +283,33 @@ func pgStorm(h http.Handler, b *pgBench, n int, delay time.Duration) (*StormRepo
 		})
 	}
 	ready.Wait()
+	stormDone := make(chan struct{})
+	var during []time.Duration
+	var otherErr error
+	var otherDone sync.WaitGroup
+	otherDone.Go(func() {
+		for {
+			select {
+			case <-stormDone:
+				return
+			default:
+			}
+			t0 := time.Now()
+			if otherErr = other(); otherErr != nil {
+				return
+			}
+			during = append(during, time.Since(t0))
+		}
+	})
 	start := time.Now()
 	close(release)
 	done.Wait()
-	r := &StormReport{Requests: n, ProcessingDelay: delay, AllAnswered: time.Since(start), Executions: int(b.executions.Load() - before)}
+	r := &StormReport{Requests: n, ProcessingDelay: delay, AllAnswered: time.Since(start), Executions: int(b.slowRuns.Load() - before)}
+	close(stormDone)
+	otherDone.Wait()
+	if otherErr != nil {
+		return nil, nil, otherErr
+	}
 	for i, s := range status {
 		switch {
 		case s == http.StatusCreated && replayed[i]:
@@ -235,10 +322,13 @@ func pgStorm(h http.Handler, b *pgBench, n int, delay time.Duration) (*StormRepo
 			r.Other++
 		}
 	}
+	ok := &OtherKeysReport{CalmCount: len(calm), StormCount: len(during)}
+	ok.Calm, _ = percentiles(calm)
+	ok.Storm, _ = percentiles(during)
 	if r.Executions != 1 {
-		return r, errors.New("the storm executed the payment more than once")
+		return r, ok, errors.New("the storm executed the payment more than once")
 	}
-	return r, nil
+	return r, ok, nil
 }
 
 // Print writes the PostgreSQL report as tables.
@@ -254,4 +344,11 @@ func (r *PGReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "same-key storm over PostgreSQL: %d concurrent requests, one key, processing %v\n", s.Requests, s.ProcessingDelay)
 	fmt.Fprintf(w, "  executions %d (must be 1), 201 fresh: %d, 201 replayed: %d, 409 in progress: %d, other: %d, all answered in %s\n",
 		s.Executions, s.Created, s.Replayed, s.InProgress, s.Other, dur(s.AllAnswered))
+	if o := r.OtherKeys; o != nil {
+		fmt.Fprintf(w, "  other keys, one at a time, one transaction: p50 %s calm (%d requests), %s during the storm (%d requests): %.2fx\n",
+			dur(o.Calm), o.CalmCount, dur(o.Storm), o.StormCount, float64(o.Storm)/float64(max(o.Calm, 1)))
+	}
+	fmt.Fprintf(w, "ratio pg-fresh-lease/bare: %.2f\n", r.ratio(pgFreshLease))
+	fmt.Fprintf(w, "ratio pg-replay-1tx/bare: %.2f\n", r.ratio(pgReplay1tx))
+	fmt.Fprintf(w, "ratio pg-fresh-1tx/bare: %.2f\n", r.ratio(pgFresh1tx))
 }

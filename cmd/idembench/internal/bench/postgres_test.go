@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -18,8 +19,8 @@ func TestRunPostgresTiny(t *testing.T) {
 	}
 	for _, c := range cfg.Concurrencies {
 		rs := rep.ByConcurrency[c]
-		if len(rs) != 4 {
-			t.Fatalf("concurrency %d: %d variants, want 4", c, len(rs))
+		if len(rs) != 5 {
+			t.Fatalf("concurrency %d: %d variants, want 5", c, len(rs))
 		}
 		for _, r := range rs {
 			if r.Requests != cfg.Requests || r.P50 <= 0 {
@@ -33,7 +34,11 @@ func TestRunPostgresTiny(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
-	if !strings.Contains(out.String(), "middleware, fresh key") || !strings.Contains(out.String(), "executions 1 (must be 1)") {
+	if o := rep.OtherKeys; o == nil || o.Calm <= 0 || o.Storm <= 0 {
+		t.Errorf("other keys: %+v; want a p50 calm and during the storm", o)
+	}
+	if !strings.Contains(out.String(), "one transaction, fresh key") || !strings.Contains(out.String(), "executions 1 (must be 1)") ||
+		!regexp.MustCompile(`(?m)^ratio pg-fresh-1tx/bare: \d+\.\d\d$`).MatchString(out.String()) {
 		t.Errorf("report:\n%s", out.String())
 	}
 }

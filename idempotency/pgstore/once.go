@@ -1,0 +1,173 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// lockDomain separates the keys' advisory locks from every other use of the
+// same digest. Changing it lets two versions run one key at once.
+const lockDomain = "idem.lock.v1:"
+
+// lockKey is the advisory lock of id: the first 8 bytes of a SHA-256 of its
+// caller's digest and its key. Two keys share a lock with a chance of one
+// in 2^64; they would then only answer 409 to each other for a moment.
+func lockKey(id idempotency.ID) int64 {
+	h := sha256.New()
+	h.Write([]byte(lockDomain))
+	h.Write([]byte(caller(id)))
+	h.Write([]byte{0})
+	h.Write([]byte(id.Key))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+}
+
+// lockAndReadSQL runs after the key's lock was tried, in the same
+// transaction: READ COMMITTED gives it a snapshot taken after the lock, so
+// a worker that held the lock and committed is seen. It returns the store's
+// now, and the key's record (all NULL when there is none) with whether it
+// is live.
+var lockAndReadSQL = nowSQL(3) + ` SELECT t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
+	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
+
+// completeOnceSQL stores the COMPLETED record in the transaction of the
+// work: a new row, or one that replaces an expired record. A live record
+// that appeared meanwhile (a lease-mode worker does not take the key's
+// lock) makes it fail with division_by_zero, so that the transaction, and
+// the work's effect with it, cannot commit.
+var completeOnceSQL = nowSQL(4) + `, ins AS (
+	INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
+		fingerprint_version, response_status, response_header, response_body)
+	SELECT $1, $2, $3, 'COMPLETED', $5, '', NULL, t.now, t.now + $6::bigint * interval '1 microsecond', $7, $8, $9, $10
+	FROM t
+	ON CONFLICT (caller, key) DO UPDATE SET
+		fingerprint = excluded.fingerprint, status = excluded.status, stable_id = excluded.stable_id, owner = '',
+		locked_until = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
+		fingerprint_version = excluded.fingerprint_version, response_status = excluded.response_status,
+		response_header = excluded.response_header, response_body = excluded.response_body
+	WHERE ` + strings.ReplaceAll(expiredSQL, "t.now", "excluded.created_at") + `
+	RETURNING 1
+)
+SELECT 1 / (SELECT count(*) FROM ins)::int`
+
+// RunOnce implements [idempotency.TxStore]: the whole request of a fresh
+// key in one transaction. It takes a connection from the pool (waiting at
+// most [Options.AcquireTimeout]), begins, tries the key's
+// transaction-scoped advisory lock without waiting
+// (pg_try_advisory_xact_lock) and reads the record; when the key is free, it
+// runs do with the transaction in its context ([Tx]), inserts the
+// COMPLETED record and commits: one commit, one flush. The effect must go
+// through that transaction only: a second connection would not see the
+// uncommitted work, and its writes would not roll back with it. When the
+// lock is held, the transaction ends at once and the connection goes back
+// to the pool: a duplicate never waits holding a connection. A crash of
+// the process or of the database before the commit leaves neither the
+// record nor the effect.
+func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(context.Context) (*idempotency.Response, error)) (*idempotency.Record, error) {
+	actx, cancel := context.WithTimeout(ctx, s.acquire)
+	conn, err := s.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return nil, fmt.Errorf("pgstore: run key %q: no connection free within %s: %w", rec.ID.Key, s.acquire, err)
+		}
+		return nil, fmt.Errorf("pgstore: run key %q: acquire a connection: %w", rec.ID.Key, err)
+	}
+	defer conn.Release()
+	// BEGIN, the lock and the look travel together: one round trip. The
+	// look is a statement of its own, after the lock: READ COMMITTED gives
+	// it a snapshot taken after the lock, so a worker that held the lock
+	// and committed is seen.
+	var (
+		locked, live bool
+		now          time.Time
+		row          nullableRecord
+	)
+	ended := false
+	defer func() {
+		// A panic in do rolls back here too. A connection that failed
+		// is not given back to the pool: it is closed, and the server
+		// rolls back.
+		if !ended {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
+	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
+		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, err)
+	}
+	tx := &onceTx{conn: conn.Conn()}
+	switch {
+	case live:
+		existing, err := row.record(rec.ID)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
+		}
+		return existing, nil
+	case !locked:
+		b := *rec
+		b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil
+		return &b, nil
+	}
+
+	resp, err := do(context.WithValue(ctx, txKey{}, tx))
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: run key %q: the effect failed, nothing was stored: %w", rec.ID.Key, err)
+	}
+	if resp == nil {
+		return nil, nil // rolled back by the deferred ROLLBACK
+	}
+	code, header, body, err := answerColumns(resp)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
+	}
+	// The work is done: it is recorded even if the client has gone. The
+	// record and the COMMIT travel together, one round trip: if the record
+	// fails, the server skips the COMMIT and the transaction stays open,
+	// failed, for the Rollback.
+	wctx := context.WithoutCancel(ctx)
+	var one int
+	b = &pgx.Batch{}
+	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), rec.StableID,
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
+	b.Queue("COMMIT")
+	err = conn.SendBatch(wctx, b).Close()
+	if err == nil {
+		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+			return nil, fmt.Errorf("pgstore: run key %q: commit: the transaction is still open (status %c)", rec.ID.Key, st)
+		}
+		ended = true
+		return nil, nil
+	}
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
+		// A live record appeared: the work rolls back, and the record
+		// answers.
+		ended = true
+		if _, err := conn.Exec(wctx, "ROLLBACK"); err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, err)
+		}
+		existing, found, err := s.get(wctx, conn, rec.ID)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			return nil, fmt.Errorf("pgstore: run key %q: a record appeared and went while the work ran", rec.ID.Key)
+		}
+		return existing, nil
+	}
+	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, err)
+}

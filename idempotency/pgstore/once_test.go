@@ -1,0 +1,435 @@
+package pgstore
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+// payDirect is a handler of the single-transaction mode: it writes its
+// payment row through the request's transaction while it runs, and
+// answers 500 instead when the request has an X-Fail header. hold, if not
+// nil, is told when the row is written and waited on before answering.
+func payDirect(hold func()) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		info, _ := idempotency.FromContext(r.Context())
+		tx, ok := Tx(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ($1)", info.StableID); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if hold != nil {
+			hold()
+		}
+		if r.Header.Get("X-Fail") != "" {
+			http.Error(w, "failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Location", "/payments/"+info.StableID)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("paid " + info.StableID))
+	}
+}
+
+func newOnceServer(pool *pgxpool.Pool, h http.Handler, opts *Options) http.Handler {
+	return idempotency.New(h, idempotency.Config{Store: New(pool, opts), Principal: anyone, OneTransaction: true, Expected: 3 * time.Second})
+}
+
+func post(h http.Handler, key, body string, fail bool) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(body))
+	r.Header.Set("Idempotency-Key", key)
+	if fail {
+		r.Header.Set("X-Fail", "1") // a header is not part of the fingerprint
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func withPayments(t *testing.T) *pgxpool.Pool {
+	pool := newPool(t)
+	_, err := pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	return pool
+}
+
+// TestOneTransactionMode: a fresh key's effect and record commit together,
+// a server error stores neither, a retry replays, another body is 422.
+func TestOneTransactionMode(t *testing.T) {
+	pool := withPayments(t)
+	h := newOnceServer(pool, payDirect(nil), nil)
+
+	w := post(h, "k1", `{"amount":1}`, true)
+	assert.Equal(t, http.StatusInternalServerError, w.Code)
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments"), "a server error's effect was kept")
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "a server error left a record")
+
+	w = post(h, "k1", `{"amount":1}`, false)
+	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	first := w.Body.String()
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND owner = '' AND locked_until IS NULL"))
+
+	w = post(h, "k1", `{"amount":1}`, false)
+	assert.Equal(t, http.StatusCreated, w.Code)
+	assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed))
+	assert.Equal(t, first, w.Body.String())
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+
+	assert.Equal(t, http.StatusUnprocessableEntity, post(h, "k1", `{"amount":2}`, false).Code)
+}
+
+// TestOneTransactionHoldsTheKey: while a request works a key, a request
+// for it in the same process and one in another process (another
+// middleware on its own pool) answer 409 with Retry-After at once, and
+// the lookup (Get) reads the key as IN_PROGRESS; then the work commits and
+// both replay it.
+func TestOneTransactionHoldsTheKey(t *testing.T) {
+	pool := withPayments(t)
+	working, finish := make(chan struct{}), make(chan struct{})
+	h := newOnceServer(pool, payDirect(func() { close(working); <-finish }), nil)
+	cfg := pool.Config()
+	other, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer other.Close()
+	elsewhere := newOnceServer(other, payDirect(nil), nil)
+
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- post(h, "k", `{}`, false) }()
+	<-working
+	for name, srv := range map[string]http.Handler{"this process": h, "another process": elsewhere} {
+		w := post(srv, "k", `{}`, false)
+		assert.Equal(t, http.StatusConflict, w.Code, "%s: %s", name, w.Body.String())
+		assert.Equal(t, "3", w.Header().Get("Retry-After"), name)
+	}
+	rec, found, err := New(other, nil).Get(context.Background(), idempotency.ID{Key: "k"}, time.Now())
+	require.NoError(t, err)
+	assert.True(t, found && rec.Status == idempotency.StatusInProgress, "the lookup reads %+v, %v while the work runs; want IN_PROGRESS", rec, found)
+	close(finish)
+	require.Equal(t, http.StatusCreated, (<-done).Code)
+	for name, srv := range map[string]http.Handler{"this process": h, "another process": elsewhere} {
+		w := post(srv, "k", `{}`, false)
+		assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed), "%s: %d %s", name, w.Code, w.Body.String())
+	}
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+}
+
+// TestOneTransactionWaitsForAConnectionBoundedly: with every connection of
+// the pool taken, a request answers 503 with Retry-After once
+// AcquireTimeout has passed, and stores nothing.
+func TestOneTransactionWaitsForAConnectionBoundedly(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, Migrate(context.Background(), pool))
+	_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	h := newOnceServer(pool, payDirect(nil), &Options{AcquireTimeout: time.Millisecond})
+
+	conn, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	w := post(h, "k", `{}`, false)
+	conn.Release()
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+	assert.Equal(t, "1", w.Header().Get("Retry-After"))
+	assert.NotContains(t, w.Body.String(), "pgstore")
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"))
+	assert.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code, "the key is free once a connection is")
+}
+
+// TestOneTransactionDuplicateTakesNoConnection: while a request works a
+// key on the pool's only connection, a duplicate in the same process
+// answers 409 at once instead of waiting for a connection.
+func TestOneTransactionDuplicateTakesNoConnection(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, Migrate(context.Background(), pool))
+	_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	working, finish := make(chan struct{}), make(chan struct{})
+	h := newOnceServer(pool, payDirect(func() { close(working); <-finish }), &Options{AcquireTimeout: 2 * time.Second})
+	done := make(chan int)
+	go func() { done <- post(h, "k", `{}`, false).Code }()
+	<-working
+	timer := time.AfterFunc(10*time.Second, func() { close(finish) }) // in case the duplicate waits
+	w := post(h, "k", `{}`, false)
+	if timer.Stop() {
+		close(finish)
+	}
+	assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	assert.Equal(t, http.StatusCreated, <-done)
+}
+
+// The test binary serves as a server process of its own when envServe
+// names a database: startServer runs it.
+const (
+	envServe = "PGSTORE_TEST_SERVE_DSN"
+	// envDelay is how long its handler takes after writing the payment;
+	// "forever" blocks.
+	envDelay = "PGSTORE_TEST_SERVE_DELAY"
+)
+
+// serve runs the single-transaction middleware over the database dsn on
+// 127.0.0.1, prints "listening ADDR", and "effect written" whenever its
+// handler has written a payment row; it serves until killed.
+func serve(dsn string) int {
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	delay := os.Getenv(envDelay)
+	var mu sync.Mutex
+	say := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Println(s)
+	}
+	h := newOnceServer(pool, payDirect(func() {
+		say("effect written")
+		if delay == "forever" {
+			select {}
+		}
+		if d, err := time.ParseDuration(delay); err == nil {
+			time.Sleep(d)
+		}
+	}), nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	say("listening " + ln.Addr().String())
+	return func() int { _ = http.Serve(ln, h); return 1 }()
+}
+
+// server is a server process started by startServer.
+type server struct {
+	cmd   *exec.Cmd
+	url   string
+	lines chan string // its output after the address
+}
+
+// startServer starts the test binary as a server process on the database
+// dsn, its handler taking delay, and waits for its address.
+func startServer(t *testing.T, dsn, delay string) *server {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envServe+"="+dsn, envDelay+"="+delay)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	s := &server{cmd: cmd, lines: make(chan string, 1000)}
+	sc := bufio.NewScanner(out)
+	require.True(t, sc.Scan(), "the server process printed nothing")
+	addr, ok := strings.CutPrefix(sc.Text(), "listening ")
+	require.True(t, ok, "the server process printed %q", sc.Text())
+	s.url = "http://" + addr
+	go func() {
+		for sc.Scan() {
+			s.lines <- sc.Text()
+		}
+		close(s.lines)
+	}()
+	return s
+}
+
+func send(t *testing.T, url, key string) (int, bool) {
+	req, err := http.NewRequest(http.MethodPost, url+"/pay", strings.NewReader(`{"amount":1}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if !assert.NoError(t, err) {
+		return 0, false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get(idempotency.HeaderReplayed) == "true"
+}
+
+// TestOneTransactionStormOverProcesses: 300 concurrent requests with one
+// key, spread over three server processes on one database, whose handler
+// takes 200 ms: the effect is written once, and every answer is the 201
+// (fresh or replayed) or a 409.
+func TestOneTransactionStormOverProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three server processes")
+	}
+	pool := withPayments(t)
+	dsn := pool.Config().ConnString()
+	servers := []*server{startServer(t, dsn, "200ms"), startServer(t, dsn, "200ms"), startServer(t, dsn, "200ms")}
+	codes := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 300 {
+		wg.Go(func() {
+			<-start
+			code, _ := send(t, servers[i%3].url, "storm")
+			mu.Lock()
+			codes[code]++
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"), "the effect was written more than once")
+	assert.Equal(t, 300, codes[http.StatusCreated]+codes[http.StatusConflict], "answers %v", codes)
+	code, replayed := send(t, servers[0].url, "storm")
+	assert.True(t, code == http.StatusCreated && replayed, "after the storm: %d, replayed %v", code, replayed)
+	t.Logf("answers: %v", codes)
+}
+
+// TestOneTransactionAppKilledMidTransaction: a server process killed
+// (SIGKILL) after its handler wrote the payment, before the commit, leaves
+// neither record nor payment; the retry, on another process, does the
+// work once.
+func TestOneTransactionAppKilledMidTransaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills a server process")
+	}
+	pool := withPayments(t)
+	dsn := pool.Config().ConnString()
+	doomed := startServer(t, dsn, "forever")
+	sent := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, doomed.url+"/pay", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			err = fmt.Errorf("the killed process answered %d", resp.StatusCode)
+		}
+		sent <- err
+	}()
+	require.Equal(t, "effect written", <-doomed.lines)
+	require.NoError(t, doomed.cmd.Process.Kill())
+	_ = doomed.cmd.Wait()
+	assert.Error(t, <-sent, "the request to the killed process")
+	// The database rolls the transaction back when it finds the
+	// connection closed; wait until the dead process's session is gone.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND backend_type = 'client backend' AND state <> 'idle'`) > 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the killed process's transaction is still open")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments"), "the killed process's effect was kept")
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "the killed process left a record")
+
+	code, replayed := send(t, startServer(t, dsn, "0s").url, "k")
+	assert.True(t, code == http.StatusCreated && !replayed, "the retry: %d, replayed %v", code, replayed)
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+}
+
+// TestOneTransactionSurvivesAPostgresCrash: PostgreSQL with fsync and
+// synchronous_commit on, killed (immediate shutdown) right after a 201,
+// keeps the record and the payment. Its WAL writer flushes nothing on its
+// own for 10 s, so only the commit's own flush can have kept them.
+func TestOneTransactionSurvivesAPostgresCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and crashes a PostgreSQL server of its own")
+	}
+	srv, err := pgtest.Start(pgtest.Options{Durable: true, Settings: []string{"wal_writer_delay=10s"}})
+	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv(pgtest.EnvRequire) != "1" {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, srv.Stop()) }()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.DSN("postgres"))
+	require.NoError(t, err)
+	require.NoError(t, Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	var syncCommit string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&syncCommit))
+	require.Equal(t, "on", syncCommit)
+
+	w := post(newOnceServer(pool, payDirect(nil), nil), "k", `{}`, false)
+	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	require.NoError(t, srv.Crash())
+	pool.Close()
+	require.NoError(t, srv.Restart())
+	pool, err = pgxpool.New(ctx, srv.DSN("postgres"))
+	require.NoError(t, err)
+	defer pool.Close()
+
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"), "the record was lost in the crash")
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"), "the payment was lost in the crash")
+}
+
+// TestOneTransactionNestedTransactions: inside the single transaction a
+// handler nests transactions as savepoints (pgx.BeginFunc); a nested one
+// that fails is undone alone; the request's transaction itself cannot be
+// ended by the handler.
+func TestOneTransactionNestedTransactions(t *testing.T) {
+	pool := withPayments(t)
+	h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := Tx(r.Context())
+		ctx := r.Context()
+		kept := pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('kept')")
+			return err
+		})
+		undone := pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('undone')"); err != nil {
+				return err
+			}
+			return errors.New("changed its mind")
+		})
+		if kept != nil || undone == nil || tx.Commit(ctx) == nil || tx.Rollback(ctx) == nil {
+			http.Error(w, fmt.Sprint(kept, undone), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}), nil)
+	w := post(h, "k", `{}`, false)
+	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'kept'"))
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
+}

@@ -1,0 +1,105 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// errEndsWithRecord is what Commit and Rollback of RunOnce's transaction
+// return: it ends with the record, and only RunOnce ends it.
+var errEndsWithRecord = errors.New("pgstore: the request's transaction commits with its record; only RunOnce commits or rolls it back")
+
+// onceTx is the transaction of [Store.RunOnce] as the handler sees it
+// ([Tx]). RunOnce begins it in the same round trip as the key's lock and
+// the look at its record, which pgx's own Begin cannot do, and ends it in
+// the same round trip as the record's insert; so this is the connection
+// inside a transaction block, with nested transactions as savepoints, as
+// pgx's are.
+type onceTx struct {
+	conn       *pgx.Conn
+	savepoints int64
+}
+
+var (
+	_ pgx.Tx = (*onceTx)(nil)
+	_ pgx.Tx = (*onceSavepoint)(nil)
+)
+
+func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	t.savepoints++
+	sp := &onceSavepoint{onceTx: t, tx: t, name: "pgstore_sp_" + strconv.FormatInt(t.savepoints, 10)}
+	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name); err != nil {
+		return nil, err
+	}
+	return sp, nil
+}
+
+func (t *onceTx) Commit(context.Context) error   { return errEndsWithRecord }
+func (t *onceTx) Rollback(context.Context) error { return errEndsWithRecord }
+
+func (t *onceTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return t.conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.conn.SendBatch(ctx, b)
+}
+
+// LargeObjects is not available inside RunOnce: pgx builds it only on a
+// transaction of its own. Its methods fail.
+func (t *onceTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+func (t *onceTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.conn.Prepare(ctx, name, sql)
+}
+
+func (t *onceTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *onceTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+func (t *onceTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+func (t *onceTx) Conn() *pgx.Conn { return t.conn }
+
+// onceSavepoint is a nested transaction of onceTx.
+type onceSavepoint struct {
+	*onceTx
+	tx     *onceTx
+	name   string
+	closed bool
+}
+
+func (sp *onceSavepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	if sp.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return sp.tx.Begin(ctx)
+}
+
+func (sp *onceSavepoint) Commit(ctx context.Context) error {
+	if sp.closed {
+		return pgx.ErrTxClosed
+	}
+	sp.closed = true
+	_, err := sp.tx.conn.Exec(ctx, "RELEASE SAVEPOINT "+sp.name)
+	return err
+}
+
+func (sp *onceSavepoint) Rollback(ctx context.Context) error {
+	if sp.closed {
+		return pgx.ErrTxClosed
+	}
+	sp.closed = true
+	_, err := sp.tx.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp.name)
+	return err
+}
