@@ -195,7 +195,7 @@ func FuzzFingerprintOneReading(f *testing.F) {
 	}
 	const maxDepth = 5
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fp, err := NewFingerprint("POST", "/p", "", body, maxDepth)
+		fp, err := newFingerprint("POST", "/p", "", body, maxDepth)
 		node, isJSON := parseNode(body)
 		if isJSON != json.Valid(body) {
 			t.Skip("oracle disagrees with json.Valid") // cannot happen: one tokenizer
@@ -209,7 +209,7 @@ func FuzzFingerprintOneReading(f *testing.F) {
 			return
 		case deep || dup:
 			// A body both too deep and ambiguous may be refused for either.
-			if !(deep && errors.Is(err, ErrJSONTooDeep) || dup && errors.Is(err, ErrJSONDuplicateName)) {
+			if !(deep && errors.Is(err, errJSONTooDeep) || dup && errors.Is(err, errJSONDuplicateName)) {
 				t.Fatalf("%q: too deep %v, names colliding after case folding %v; got %v", body, deep, dup, err)
 			}
 			return
@@ -235,7 +235,7 @@ func FuzzFingerprintOneReading(f *testing.F) {
 
 		var b strings.Builder
 		node.reserialise(&b)
-		other, err := NewFingerprint("POST", "/p", "", []byte(b.String()), maxDepth)
+		other, err := newFingerprint("POST", "/p", "", []byte(b.String()), maxDepth)
 		if err != nil || other != fp {
 			t.Fatalf("%q: written as %q, another fingerprint (%v)", body, b.String(), err)
 		}

@@ -30,3 +30,12 @@ var (
 const MaxKeyLen = maxKeyLen
 
 type FullError = fullError
+
+// The fingerprint's names that only this package's external tests use.
+var (
+	NewFingerprint       = newFingerprint
+	ErrJSONTooDeep       = errJSONTooDeep
+	ErrJSONDuplicateName = errJSONDuplicateName
+)
+
+const DefaultMaxDepth = defaultMaxDepth

@@ -20,7 +20,7 @@ import (
 )
 
 // A Fingerprint identifies a request's content: SHA-256 over the method, the
-// path, the query and the body (see [NewFingerprint]). Two attempts of one intent have the same fingerprint; a
+// path, the query and the body (see newFingerprint). Two attempts of one intent have the same fingerprint; a
 // key reused for other content does not.
 type Fingerprint [sha256.Size]byte
 
@@ -30,31 +30,31 @@ const (
 	// query string is not part of it.
 	FingerprintV1 = 1
 	// FingerprintV2 adds the query string, canonically (see
-	// [NewFingerprint]). New records are fingerprinted with it.
+	// newFingerprint). New records are fingerprinted with it.
 	FingerprintV2 = 2
 )
 
 // String returns the fingerprint in hex.
 func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
-// DefaultMaxDepth is the deepest nesting of objects and arrays a JSON body
+// defaultMaxDepth is the deepest nesting of objects and arrays a JSON body
 // may have when [Config.MaxDepth] is zero: {} is one level, {"a":[]} two.
-const DefaultMaxDepth = 100
+const defaultMaxDepth = 100
 
 var (
-	// ErrJSONTooDeep is wrapped by the error of [NewFingerprint] for a JSON
+	// errJSONTooDeep is wrapped by the error of newFingerprint for a JSON
 	// body nested deeper than the limit.
-	ErrJSONTooDeep = errors.New("idempotency: JSON body nested too deep")
-	// ErrJSONDuplicateName is wrapped by the error of [NewFingerprint] for a
+	errJSONTooDeep = errors.New("idempotency: JSON body nested too deep")
+	// errJSONDuplicateName is wrapped by the error of newFingerprint for a
 	// JSON body with an object whose member names are equal after the case
 	// folding of encoding/json ("amount" and "AMOUNT", "customer" and
 	// "cuſtomer" with a long s). A decoder that matches names
 	// case-insensitively keeps the last of them and one that does not keeps
 	// both, so such a body has no single reading to fingerprint.
-	ErrJSONDuplicateName = errors.New("idempotency: JSON object has member names that are equal after case folding")
+	errJSONDuplicateName = errors.New("idempotency: JSON object has member names that are equal after case folding")
 )
 
-// NewFingerprint fingerprints a request with the current algorithm,
+// newFingerprint fingerprints a request with the current algorithm,
 // [FingerprintV2]: SHA-256 over the method, the path, the query string
 // (rawQuery, without the '?') and the body.
 //
@@ -76,23 +76,23 @@ var (
 // fingerprint. Any other body (or one over 2 GiB) is hashed as raw bytes.
 //
 // A JSON body must have one reading for the fingerprint to mean anything.
-// NewFingerprint returns an error wrapping [ErrJSONDuplicateName] for a body
+// newFingerprint returns an error wrapping errJSONDuplicateName for a body
 // with an object whose member names are equal after case folding, at any
-// depth, and one wrapping [ErrJSONTooDeep] for a body whose objects and
+// depth, and one wrapping errJSONTooDeep for a body whose objects and
 // arrays nest deeper than maxDepth (zero or negative means
-// [DefaultMaxDepth]). Bodies nested deeper than 10000 levels are not JSON to
+// defaultMaxDepth). Bodies nested deeper than 10000 levels are not JSON to
 // encoding/json and are hashed raw.
 //
 // The work and memory are linear in the size of the body, and n log n in
 // the number of query parameters.
-func NewFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
+func newFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
 	return NewFingerprintVersion(FingerprintV2, method, path, rawQuery, body, maxDepth)
 }
 
 // NewFingerprintVersion fingerprints a request with the algorithm of the
 // given version, so that a record keeps matching its retries after the
 // algorithm changed: [FingerprintV1] (or 0, a record stored before versions
-// existed) ignores rawQuery; [FingerprintV2] is [NewFingerprint]. Another
+// existed) ignores rawQuery; [FingerprintV2] is newFingerprint. Another
 // version is an error.
 func NewFingerprintVersion(version int, method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
 	var f Fingerprint
@@ -198,7 +198,7 @@ type queryParam struct {
 	raw         bool
 }
 
-// writeQuery writes the canonical form of rawQuery (see NewFingerprint):
+// writeQuery writes the canonical form of rawQuery (see newFingerprint):
 // a count, then each parameter, ordered by name, the values of one name in
 // their order.
 func writeQuery(h *hasher, rawQuery string) {
@@ -307,7 +307,7 @@ func parseJSON(body []byte, maxDepth int) (*canon, error) {
 		return nil, nil
 	}
 	if maxDepth <= 0 {
-		maxDepth = DefaultMaxDepth
+		maxDepth = defaultMaxDepth
 	}
 	c := canons.Get().(*canon)
 	c.in, c.pos, c.maxDepth = body, 0, maxDepth
@@ -369,7 +369,7 @@ func (c *canon) value(depth int) error {
 	switch b := c.in[c.pos]; b {
 	case '{', '[':
 		if depth >= c.maxDepth {
-			return fmt.Errorf("%w: objects and arrays nest more than %d levels (at byte %d)", ErrJSONTooDeep, c.maxDepth, c.pos)
+			return fmt.Errorf("%w: objects and arrays nest more than %d levels (at byte %d)", errJSONTooDeep, c.maxDepth, c.pos)
 		}
 		if depth >= maxNesting {
 			return errNotJSON
@@ -572,7 +572,7 @@ func (c *canon) nameOf(m member) []byte {
 
 // closeObject appends ms, the members of the object at start, to c.members
 // in canonical order: by folded name. It returns an error wrapping
-// ErrJSONDuplicateName if two names are equal after folding.
+// errJSONDuplicateName if two names are equal after folding.
 func (c *canon) closeObject(ms []member, start int32) error {
 	if cap(c.members)-len(c.members) < len(ms) {
 		c.members = slices.Grow(c.members, max(len(ms), cap(c.members)))
@@ -599,7 +599,7 @@ func (c *canon) closeObject(ms []member, start int32) error {
 			first, second = second, first
 		}
 		return fmt.Errorf("%w: %q and %q in the object at byte %d; a decoder that matches names case-insensitively, as Go's encoding/json does, reads only the last; send each name once",
-			ErrJSONDuplicateName, c.nameOf(first), c.nameOf(second), start)
+			errJSONDuplicateName, c.nameOf(first), c.nameOf(second), start)
 	}
 	for _, f := range c.order {
 		c.members = append(c.members, ms[f.m])

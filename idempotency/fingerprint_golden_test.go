@@ -34,9 +34,9 @@ func (c goldenCase) line() string {
 		// The error's kind, not its text, is what callers rely on.
 		out = "error"
 		switch {
-		case strings.Contains(err.Error(), ErrJSONDuplicateName.Error()):
+		case strings.Contains(err.Error(), errJSONDuplicateName.Error()):
 			out = "error duplicate-name"
-		case strings.Contains(err.Error(), ErrJSONTooDeep.Error()):
+		case strings.Contains(err.Error(), errJSONTooDeep.Error()):
 			out = "error too-deep"
 		}
 	}

@@ -225,7 +225,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	fp, err := NewFingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body, m.cfg.MaxDepth)
+	fp, err := newFingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body, m.cfg.MaxDepth)
 	if err != nil {
 		// Too deep, or an object whose member names collide after case
 		// folding: no single reading to fingerprint. Nothing is stored.
