@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -290,4 +291,110 @@ func keyOf(t *testing.T, err error) string {
 	var re *idem.RetryError
 	require.ErrorAs(t, err, &re)
 	return re.Key
+}
+
+// A bucket of math.MaxInt tokens, an app's "as good as no limit", stays
+// full: a final answer's refund to a full bucket, and a day's refill, do
+// not wrap it around to below a retry's cost.
+func TestRetryBudgetOfMaxIntDoesNotOverflow(t *testing.T) {
+	t.Parallel()
+	for _, refill := range []time.Duration{-1, time.Nanosecond} {
+		t.Run(fmt.Sprint("refill=", refill), func(t *testing.T) {
+			clk := clock.NewManual(epoch)
+			srv := &server{answer: created}
+			c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithRetryBudget(idem.RetryBudget{Tokens: math.MaxInt, Refill: refill}))
+			n, err := send(t, c, srv, 1)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			srv.answer = unavailable
+			_, _ = send(t, c, srv, 2) // takes tokens, then refills
+			clk.Jump(24 * time.Hour)
+			three := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 3})
+			before := srv.count()
+			_, err = c.Send(three, "checkout:3", payRequest(3))
+			requireStop(t, err, idem.StopAttempts)
+			assert.Equal(t, 3, srv.count()-before, "the budget pays every retry")
+		})
+	}
+}
+
+// New refuses a cost that the bucket can never pay, the default bucket of
+// 20 included: such a budget would end every call after its first attempt.
+func TestRetryBudgetRefusesCostsAboveTheBucket(t *testing.T) {
+	t.Parallel()
+	for _, b := range []idem.RetryBudget{
+		{RetryCost: 25},
+		{TimeoutCost: 21},
+		{Tokens: 8},
+		{Tokens: 30, TimeoutCost: 31},
+	} {
+		_, err := idem.New(idem.WithRetryBudget(b))
+		require.Error(t, err, "%+v", b)
+		assert.Contains(t, err.Error(), "below a retry's cost", "%+v", b)
+	}
+	for _, b := range []idem.RetryBudget{
+		{RetryCost: 20},
+		{TimeoutCost: 20},
+		{Tokens: 10},
+		{Tokens: 3, RetryCost: 1, TimeoutCost: 3},
+		{Tokens: -1, RetryCost: 100},
+	} {
+		_, err := idem.New(idem.WithRetryBudget(b))
+		assert.NoError(t, err, "%+v", b)
+	}
+}
+
+// A call whose context ends in the wait before a retry made no retry: the
+// tokens it took for it come back. Four such calls leave the bucket full,
+// not empty.
+func TestRetryBudgetRefundsARetryTheContextCanceled(t *testing.T) {
+	t.Parallel()
+	srv := &server{answer: unavailable}
+	var cancel context.CancelFunc
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+		idem.WithRetryBudget(idem.RetryBudget{Refill: -1}),
+		idem.WithAttemptHook(func(a idem.Attempt) {
+			if a.Retry && cancel != nil {
+				cancel() // the user gives up as the wait begins
+			}
+		}))
+	for i := range 4 {
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(context.Background())
+		before := srv.count()
+		_, err := c.Send(ctx, fmt.Sprintf("checkout:%d", i), payRequest(i))
+		requireStop(t, err, idem.StopCanceled)
+		require.Equal(t, 1, srv.count()-before)
+	}
+	cancel = nil
+	n, err := send(t, c, srv, 9)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 5, n, "a full bucket: four retries")
+}
+
+// The budget that ends a call on a 409 (the server still at work on an
+// earlier attempt) leaves the intent pending, never not sent: the server
+// has the request.
+func TestRetryBudgetEmptyOnAnInFlightAnswerLeavesThePaymentPending(t *testing.T) {
+	t.Parallel()
+	srv := &server{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		resp := answer(req, http.StatusConflict)
+		resp.Header.Set("Retry-After", "1")
+		return resp, nil
+	}}
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+		idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, Refill: -1}))
+	n, err := send(t, c, srv, 1)
+	assert.Equal(t, 3, n)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	in, err := c.Load(context.Background(), keyOf(t, err))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, in.State())
+	// Settle on the empty bucket: one attempt, still pending.
+	before := srv.count()
+	_, err = c.Settle(context.Background(), in)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 1, srv.count()-before)
+	assert.Equal(t, idem.StatePending, in.State())
 }
