@@ -1,6 +1,9 @@
 package idem
 
-import "net/url"
+import (
+	"net/url"
+	"strings"
+)
 
 // attemptDone tells the attempt hook of the call's current attempt,
 // adding what the call knows of it: the intent's name and URL, and how
@@ -16,12 +19,56 @@ func (st *call) attemptDone(a Attempt) {
 	st.c.attemptDone(a)
 }
 
-// redactURL returns raw with any password in it replaced, as
-// url.URL.Redacted does; raw itself if it does not parse.
+// redactURL returns raw as the attempt hook may show it: with no
+// credential in it, nor anything a server never sees. A password is
+// replaced, as url.URL.Redacted does; so is a user name without a password
+// or with an empty one (a token, or a secret key sent as the user name:
+// "https://sk_live_...:@api.example"), and the value of every query
+// parameter whose name speaks of a credential (access_token, api_key,
+// X-Amz-Signature: see credentialQuery). A fragment is dropped. It returns
+// raw itself if it does not parse (no request is then made).
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return raw
 	}
-	return u.Redacted()
+	if u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			u.User = url.UserPassword(u.User.Username(), redacted)
+		} else {
+			u.User = url.User(redacted)
+		}
+	}
+	u.Fragment, u.RawFragment = "", ""
+	if u.RawQuery != "" {
+		parts := strings.Split(u.RawQuery, "&")
+		for i, part := range parts {
+			name, _, _ := strings.Cut(part, "=")
+			if unescaped, err := url.QueryUnescape(name); err == nil && credentialQuery(unescaped) {
+				parts[i] = name + "=" + redacted
+			}
+		}
+		u.RawQuery = strings.Join(parts, "&")
+	}
+	return u.String()
+}
+
+// redacted stands for what redactURL hides, as in url.URL.Redacted.
+const redacted = "xxxxx"
+
+// credentialQuery reports a query parameter name that speaks of a
+// credential: a word of credentialHeaders, or of a key or a signature.
+func credentialQuery(name string) bool {
+	lower := strings.ToLower(name)
+	for _, w := range credentialHeaders {
+		if strings.Contains(lower, w) {
+			return true
+		}
+	}
+	for _, w := range []string{"key", "sig", "jwt", "bearer"} {
+		if strings.Contains(lower, w) {
+			return true
+		}
+	}
+	return false
 }

@@ -148,7 +148,9 @@ type Attempt struct {
 	// Name is the intent's action name ("" for a request of the
 	// RoundTripper without an intent).
 	Name string
-	// URL is the intent's URL, with any password in it redacted.
+	// URL is the intent's URL with no credential in it: a password, a
+	// user name without a password, and the values of query parameters
+	// named for credentials (access_token, api_key) redacted; no fragment.
 	URL string
 	// Duration is how long the attempt took, from its start to its
 	// answer or error, on the Client's clock (WithClock).
