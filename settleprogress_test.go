@@ -2,9 +2,11 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 
@@ -143,4 +145,88 @@ func TestSettleAllReportsIntentsItDoesNotSend(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, settled, n)
 	assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, dones)
+}
+
+// unresolved leaves n intents pending in store: the last run sent each
+// once and lost the answer.
+func unresolved(t *testing.T, store persist.Store, clk *clock.Manual, n int) {
+	t.Helper()
+	dead := &server{answer: refused}
+	last := budgetClient(t, dead, clk, store, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	for i := range n {
+		_, err := send(t, last, dead, i)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	}
+}
+
+// A progress callback that panics does not take the process down from a
+// goroutine of SettleAll, where the app could not recover it: SettleAll
+// calls it no more, settles every intent all the same, and then panics
+// with the callback's value on the app's own goroutine.
+func TestSettleProgressPanicReachesTheCaller(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 3} {
+		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 5
+				store, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+				unresolved(t, store, clk, n)
+				var calls atomic.Int32
+				c := budgetClient(t, &server{answer: created}, clk, store,
+					idem.WithSettleConcurrency(workers),
+					idem.WithSettleProgress(func(idem.Settled, int, int) {
+						calls.Add(1)
+						panic("progress bar gone")
+					}))
+				var recovered any
+				func() {
+					defer func() { recovered = recover() }()
+					_, _ = c.SettleAll(context.Background())
+				}()
+				assert.Equal(t, "progress bar gone", recovered)
+				assert.Equal(t, int32(1), calls.Load(), "not called again after it panicked")
+				synctest.Wait()
+				left, err := c.Unresolved(context.Background())
+				require.NoError(t, err)
+				assert.Empty(t, left, "every settle went on")
+			})
+		})
+	}
+}
+
+// The progress callback may call back into the Client (load the intent,
+// settle it again, list what is left) without a deadlock: synctest
+// reports one if every goroutine blocks.
+func TestSettleProgressCallbackMayCallTheClient(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 6
+		store, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+		unresolved(t, store, clk, n)
+		var (
+			c     *idem.Client
+			mu    sync.Mutex
+			dones []int
+		)
+		ctx := context.Background()
+		c = budgetClient(t, &server{answer: created}, clk, store,
+			idem.WithSettleConcurrency(3),
+			idem.WithSettleProgress(func(s idem.Settled, done, total int) {
+				in, err := c.Load(ctx, s.Intent.Key())
+				assert.NoError(t, err)
+				assert.Equal(t, idem.StateSucceeded, in.State())
+				resp, err := c.Settle(ctx, s.Intent)
+				assert.NoError(t, err)
+				assert.Equal(t, http.StatusCreated, resp.StatusCode)
+				_, err = c.Unresolved(ctx)
+				assert.NoError(t, err)
+				mu.Lock()
+				dones = append(dones, done)
+				mu.Unlock()
+			}))
+		settled, err := c.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, settled, n)
+		assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, dones)
+	})
 }
