@@ -357,7 +357,9 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 				// the same instant; spread them over up to a fifth of
 				// Jitter past it (10% by default), never sooner.
 				if b.policy.Jitter > 0 {
-					spread = time.Duration(rand.Float64() * b.policy.Jitter / 5 * float64(ra))
+					// Never past math.MaxInt64 in all: wait+spread would
+					// wrap to a negative wait, a retry at once.
+					spread = min(time.Duration(rand.Float64()*b.policy.Jitter/5*float64(ra)), math.MaxInt64-wait)
 				}
 			}
 		}
