@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -397,4 +398,75 @@ func TestRetryBudgetEmptyOnAnInFlightAnswerLeavesThePaymentPending(t *testing.T)
 	requireStop(t, err, idem.StopRetryBudget)
 	assert.Equal(t, 1, srv.count()-before)
 	assert.Equal(t, idem.StatePending, in.State())
+}
+
+// One budget for every kind of call at once: Sends, requests through the
+// RoundTripper, a SettleAll and Settles, all against a server that is
+// down, make between them exactly the four retries that a full bucket
+// pays (no answer puts a token back, and the clock refills none). Run
+// with -race.
+func TestRetryBudgetSharedByConcurrentCalls(t *testing.T) {
+	t.Parallel()
+	store, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+	dead := &server{answer: refused}
+	last := budgetClient(t, dead, clk, store, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	var pending []string
+	for i := range 6 {
+		_, err := send(t, last, dead, 100+i)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		pending = append(pending, keyOf(t, err))
+	}
+
+	srv := &server{answer: unavailable}
+	var retries, paid atomic.Int32
+	c := budgetClient(t, srv, clk, store,
+		idem.WithRetryBudget(idem.RetryBudget{Refill: -1}),
+		idem.WithSettleConcurrency(3),
+		idem.WithAttemptHook(func(a idem.Attempt) {
+			if a.Number > 1 {
+				retries.Add(1)
+			}
+			if a.Retry {
+				paid.Add(1)
+			}
+		}))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			_, err := c.Send(ctx, fmt.Sprintf("checkout:%d", i), payRequest(i))
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		})
+		wg.Go(func() {
+			req, err := http.NewRequest(http.MethodPost, "https://api.example/refunds", strings.NewReader(fmt.Sprint(i)))
+			if !assert.NoError(t, err) {
+				return
+			}
+			resp, err := (&http.Client{Transport: c.RoundTripper(srv)}).Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Go(func() {
+		_, err := c.SettleAll(ctx)
+		assert.NoError(t, err)
+	})
+	for _, key := range pending[:3] {
+		wg.Go(func() {
+			in, err := c.Load(ctx, key)
+			if assert.NoError(t, err) {
+				_, err = c.Settle(ctx, in)
+				assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(4), paid.Load(), "retries paid for")
+	assert.Equal(t, int32(4), retries.Load(), "retries made")
+	for _, key := range pending {
+		in, err := c.Load(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, idem.StatePending, in.State())
+	}
 }
