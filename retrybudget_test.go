@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -469,4 +470,30 @@ func TestRetryBudgetSharedByConcurrentCalls(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, idem.StatePending, in.State())
 	}
+}
+
+// On the fake payments server: answers lost after the server charged
+// take the bucket to empty; the call ends pending (the server has the
+// payment), never not sent; a Settle on the empty bucket gets the
+// server's stored answer with its first attempt, and the customer is
+// charged once.
+func TestRetryBudgetEmptyAfterLostAnswersChargesOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.newClient(t, idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, RetryCost: 5, TimeoutCost: 10, Refill: -1}),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 20, MaxElapsed: time.Hour, Jitter: -1}))
+	in, err := c.NewIntent(context.Background(), "checkout:lost", e.paymentRequest(t, 700, "cus_1"))
+	require.NoError(t, err)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 3})
+	_, err = c.Do(context.Background(), in)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, idem.StatePending, in.State(), "the server charged: never not sent")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+	resp, err := c.Settle(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 1, resp.Attempts, "the empty bucket allows a first attempt")
+	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "charged once")
 }
