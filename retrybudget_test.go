@@ -497,3 +497,39 @@ func TestRetryBudgetEmptyAfterLostAnswersChargesOnce(t *testing.T) {
 	assert.Equal(t, idem.StateSucceeded, in.State())
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "charged once")
 }
+
+// The Client's clock set back a day (the user fixes a clock that ran
+// ahead) does not freeze the budget for that day: tokens come back from
+// the new time on. Set forward by years, the bucket fills, and no more.
+func TestRetryBudgetRefillsAfterTheClockJumps(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := &server{answer: unavailable}
+	c := budgetClient(t, srv, clk, persist.NewMemory(nil),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 100, MaxElapsed: time.Hour, InitialInterval: time.Millisecond, Multiplier: 1, Jitter: -1}))
+	n, _ := send(t, c, srv, 1)
+	require.Equal(t, 5, n, "the full bucket")
+	clk.Jump(-24 * time.Hour)
+	n, _ = send(t, c, srv, 2)
+	assert.Equal(t, 1, n, "set back: nothing came back")
+	clk.Advance(5 * time.Second)
+	n, _ = send(t, c, srv, 3)
+	assert.Equal(t, 2, n, "five seconds after the jump: a retry")
+	clk.Jump(10 * 365 * 24 * time.Hour)
+	n, _ = send(t, c, srv, 4)
+	assert.Equal(t, 5, n, "ten years on: a full bucket, no more")
+}
+
+// A policy of 1ns waits and no end of attempts against a dead server: the
+// default budget keeps it to a full bucket's retries, then one retry per
+// five seconds of the clock, not a request loop.
+func TestRetryBudgetBoundsAPolicyOfNanosecondWaits(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := &server{answer: unavailable}
+	c := budgetClient(t, srv, clk, persist.NewMemory(nil),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: math.MaxInt, InitialInterval: time.Nanosecond, MaxInterval: time.Nanosecond, Multiplier: 1, Jitter: -1}))
+	n, err := send(t, c, srv, 1)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 5, n)
+}
