@@ -2,7 +2,9 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -229,4 +231,73 @@ func TestSettleProgressCallbackMayCallTheClient(t *testing.T) {
 		require.Len(t, settled, n)
 		assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, dones)
 	})
+}
+
+// listDamagedStore is a memory store that reports a damaged record beside the
+// readable ones when listed, and fails to save the record of one key.
+type listDamagedStore struct {
+	persist.Store
+	failKey string
+}
+
+var errSaveFailed = errors.New("disk full")
+
+func (s *listDamagedStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
+	recs, err := s.Store.List(ctx, f)
+	return recs, errors.Join(err, &persist.CorruptError{Key: "damaged", Err: errors.New("truncated")})
+}
+
+func (s *listDamagedStore) Save(ctx context.Context, rec *persist.Record) error {
+	if rec.Key == s.failKey {
+		return errSaveFailed
+	}
+	return s.Store.Save(ctx, rec)
+}
+
+// SettleAll's progress counts what its result holds when the store errs:
+// the damaged record is in neither (SettleAll's error names it), the
+// intent whose outcome could not be saved is reported with its error,
+// each once, done running up to a total that is the result's length; and
+// with WithSettleConcurrency(math.MaxInt), as with 1.
+func TestSettleProgressCountsWhatTheResultHoldsWhenTheStoreErrs(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, math.MaxInt} {
+		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 4
+				mem, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+				unresolved(t, mem, clk, n)
+				recs, err := mem.List(context.Background(), persist.Filter{Unresolved: true})
+				require.NoError(t, err)
+				store := &listDamagedStore{Store: mem, failKey: recs[1].Key}
+				var (
+					mu      sync.Mutex
+					reports = map[string]int{}
+					dones   []int
+				)
+				c := budgetClient(t, &server{answer: created}, clk, store,
+					idem.WithSettleConcurrency(workers),
+					idem.WithSettleProgress(func(s idem.Settled, done, total int) {
+						mu.Lock()
+						defer mu.Unlock()
+						assert.Equal(t, n, total)
+						reports[s.Intent.Key()]++
+						dones = append(dones, done)
+					}))
+				settled, err := c.SettleAll(context.Background())
+				var corrupt *persist.CorruptError
+				require.ErrorAs(t, err, &corrupt)
+				require.Len(t, settled, n)
+				assert.Equal(t, []int{1, 2, 3, 4}, dones)
+				for _, s := range settled {
+					assert.Equal(t, 1, reports[s.Intent.Key()])
+					if s.Intent.Key() == store.failKey {
+						assert.ErrorIs(t, s.Err, errSaveFailed)
+					} else {
+						assert.NoError(t, s.Err)
+					}
+				}
+			})
+		})
+	}
 }
