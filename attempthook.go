@@ -12,7 +12,7 @@ func (st *call) attemptDone(a Attempt) {
 	if st.c.onAttempt == nil {
 		return
 	}
-	a.Name, a.URL = st.name, st.url
+	a.Name, a.URL, a.Err = st.name, st.url, redactErr(a.Err)
 	if !st.began.IsZero() {
 		a.Duration = max(0, st.c.clock.Now().Sub(st.began))
 	}
@@ -27,13 +27,31 @@ func (st *call) attemptDone(a Attempt) {
 // parameter whose name speaks of a credential (access_token, api_key,
 // X-Amz-Signature: see credentialQuery). A fragment is dropped. It returns
 // raw itself if it does not parse (no request is then made).
-func redactURL(raw string) string {
+func redactURL(raw string) string { return redactUserinfo(raw, false) }
+
+// redactErr returns err with the URL that net/http's *url.Error names
+// redacted, the user name always (net/http has starred only a password,
+// an empty one included), as a copy: the same error to errors.Is and
+// errors.As, whose text carries no credential.
+func redactErr(err error) error {
+	ue, ok := err.(*url.Error)
+	if !ok {
+		return err
+	}
+	redacted := *ue
+	redacted.URL = redactUserinfo(ue.URL, true)
+	return &redacted
+}
+
+// redactUserinfo is redactURL, which redacts the user name too when
+// anyUser is set.
+func redactUserinfo(raw string, anyUser bool) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return raw
 	}
 	if u.User != nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
+		if pw, ok := u.User.Password(); ok && pw != "" && !anyUser {
 			u.User = url.UserPassword(u.User.Username(), redacted)
 		} else {
 			u.User = url.User(redacted)

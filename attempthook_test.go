@@ -3,7 +3,9 @@ package idem_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,5 +97,44 @@ func TestAttemptHookURLCarriesNoCredential(t *testing.T) {
 		_, err := c.Send(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: tc.url, Body: []byte(`{}`)})
 		require.NoError(t, err, tc.url)
 		assert.Equal(t, []string{tc.want}, got, tc.url)
+	}
+}
+
+// The attempt's error carries no credential either: net/http's *url.Error
+// names the request's URL, with only a password starred, so the hook's
+// Err would show what its URL hides. It stays the same error to
+// errors.Is and errors.As.
+func TestAttemptHookErrorCarriesNoCredential(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"https://sk_live_51Habc:@api.example/v1/charges?cart=42",
+		"https://ghp_16C7e42F292c6912E7710c83@api.example/repos",
+		"https://api.example/payments?access_token=eyJhbGciOi",
+	} {
+		var (
+			mu   sync.Mutex
+			errs []error
+		)
+		srv := &server{answer: refused}
+		c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2, Jitter: -1}),
+			idem.WithAttemptHook(func(a idem.Attempt) {
+				mu.Lock()
+				defer mu.Unlock()
+				errs = append(errs, a.Err)
+			}))
+		_, err := c.Send(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: raw, Body: []byte(`{}`)})
+		require.Error(t, err)
+		require.Len(t, errs, 2, raw)
+		for _, e := range errs {
+			require.Error(t, e, raw)
+			for _, secret := range []string{"sk_live_51Habc", "ghp_16C7e42F292c6912E7710c83", "eyJhbGciOi"} {
+				assert.NotContains(t, e.Error(), secret)
+			}
+			assert.Contains(t, e.Error(), "api.example/")
+			assert.ErrorIs(t, e, syscall.ECONNREFUSED)
+			var ue *url.Error
+			assert.ErrorAs(t, e, &ue)
+		}
 	}
 }

@@ -141,7 +141,9 @@ type Attempt struct {
 	Number int // 1 for the first attempt of a call
 	// StatusCode is the answer's status, or 0 when the attempt got none.
 	StatusCode int
-	Err        error // the network error, if any
+	// Err is the network error, if any; the URL that a *url.Error
+	// names is redacted as URL is, with the user name always.
+	Err error
 	// Retry says whether another attempt follows, after Wait.
 	Retry bool
 	Wait  time.Duration
