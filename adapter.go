@@ -238,10 +238,11 @@ type call struct {
 	// one, was redirected to another URL (see otherURL).
 	redirected bool
 	// name, url and began describe the current attempt to the attempt
-	// hook; retryCost is what its retry took of the retry budget.
-	name, url string
-	began     time.Time
-	retryCost int
+	// hook; retryCost is what its retry took of the retry budget, and
+	// paidFor the number of the attempt it paid for.
+	name, url          string
+	began              time.Time
+	retryCost, paidFor int
 }
 
 // sentNothing reports a call none of whose attempts wrote its request to a
@@ -511,6 +512,7 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 		e.LastResponse = st.last
 		return nil, e
 	case ctx.Err() != nil:
+		st.unspendRetry()
 		reason := StopCanceled
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			reason = StopDeadline

@@ -325,7 +325,7 @@ carry a key.
 # Observing
 
 [WithAttemptHook] hears of every attempt: the intent's key and action name,
-its URL (any password redacted), its number, status or error, how long it
+its URL (credentials redacted), its number, status or error, how long it
 took on the Client's clock, and whether and after what wait another
 follows. [Client.SettleAll] reports each intent as its settle ends
 ([WithSettleProgress]) and settles a few at a time, four by default

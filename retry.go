@@ -141,14 +141,18 @@ type Attempt struct {
 	Number int // 1 for the first attempt of a call
 	// StatusCode is the answer's status, or 0 when the attempt got none.
 	StatusCode int
-	Err        error // the network error, if any
+	// Err is the network error, if any; the URL that a *url.Error
+	// names is redacted as URL is, with the user name always.
+	Err error
 	// Retry says whether another attempt follows, after Wait.
 	Retry bool
 	Wait  time.Duration
 	// Name is the intent's action name ("" for a request of the
 	// RoundTripper without an intent).
 	Name string
-	// URL is the intent's URL, with any password in it redacted.
+	// URL is the intent's URL with no credential in it: a password, a
+	// user name without a password, and the values of query parameters
+	// named for credentials (access_token, api_key) redacted; no fragment.
 	URL string
 	// Duration is how long the attempt took, from its start to its
 	// answer or error, on the Client's clock (WithClock).
@@ -355,7 +359,9 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 				// the same instant; spread them over up to a fifth of
 				// Jitter past it (10% by default), never sooner.
 				if b.policy.Jitter > 0 {
-					spread = time.Duration(rand.Float64() * b.policy.Jitter / 5 * float64(ra))
+					// Never past math.MaxInt64 in all: wait+spread would
+					// wrap to a negative wait, a retry at once.
+					spread = min(time.Duration(rand.Float64()*b.policy.Jitter/5*float64(ra)), math.MaxInt64-wait)
 				}
 			}
 		}

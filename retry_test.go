@@ -298,6 +298,9 @@ func TestBudgetStops(t *testing.T) {
 		{"retry-after past the deadline", RetryPolicy{}, 5 * time.Second, time.Time{}, 1, respWithRetryAfter("10"), StopDeadline, 10 * time.Second},
 		{"retry-after past max elapsed", RetryPolicy{MaxElapsed: 20 * time.Second}, 0, time.Time{}, 1, respWithRetryAfter("30"), StopElapsed, 30 * time.Second},
 		{"wait reaches expiry", RetryPolicy{}, 0, retryAfterNow.Add(2 * time.Second), 1, respWithRetryAfter("2"), StopExpired, 2 * time.Second},
+		// A client that honours any Retry-After: the wait and its spread
+		// must not add up past math.MaxInt64 to a negative wait.
+		{"retry-after past every bound", RetryPolicy{MaxRetryAfter: math.MaxInt64}, 0, time.Time{}, 1, respWithRetryAfter("99999999999999999999"), StopElapsed, math.MaxInt64},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -90,8 +90,9 @@ func (b RetryBudget) validate() error {
 	if b.Refill < 0 && b.Refill != -1 {
 		bad("Refill", b.Refill, "use a positive duration, 0 for the default (1s), or -1 for none")
 	}
-	if most := max(cmp.Or(b.RetryCost, defaultBudgetRetryCost), cmp.Or(b.TimeoutCost, defaultBudgetTimeoutCost)); b.Tokens > 0 && most > b.Tokens {
-		bad("Tokens", b.Tokens, fmt.Sprintf("it is below a retry's cost (%d), so some retries could never be paid: raise Tokens, or use -1 for no budget", most))
+	// The bucket's size, the default's too, must pay the dearest retry.
+	if most, size := max(cmp.Or(b.RetryCost, defaultBudgetRetryCost), cmp.Or(b.TimeoutCost, defaultBudgetTimeoutCost)), cmp.Or(b.Tokens, defaultBudgetTokens); b.Tokens >= 0 && most > size {
+		bad("Tokens", b.Tokens, fmt.Sprintf("the bucket (%d tokens) is below a retry's cost (%d), so some retries could never be paid: raise Tokens, lower the cost, or use -1 for no budget", size, most))
 	}
 	return errors.Join(errs...)
 }
@@ -139,7 +140,7 @@ func (t *tokenBucket) fill(now time.Time) {
 		return
 	}
 	n := int64(d / t.refill)
-	if t.tokens+int(min(n, int64(t.size))) >= t.size {
+	if n >= int64(t.size-t.tokens) {
 		t.tokens, t.filled = t.size, now
 		return
 	}
@@ -176,7 +177,12 @@ func (t *tokenBucket) give(now time.Time, n int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.fill(now)
-	t.tokens = min(t.size, t.tokens+n)
+	// Compared, not added: a bucket of math.MaxInt must not wrap around.
+	if n >= t.size-t.tokens {
+		t.tokens = t.size
+		return
+	}
+	t.tokens += n
 }
 
 // timedOut reports an attempt that ended in a timeout: its transport's, or
@@ -194,8 +200,18 @@ func (st *call) spendRetry(err error) *stop {
 	if cost == 0 {
 		return &stop{reason: StopRetryBudget}
 	}
-	st.retryCost = cost
+	st.retryCost, st.paidFor = cost, st.b.attempts+1
 	return nil
+}
+
+// unspendRetry puts back what the call took for a retry that it never
+// made, its context having ended first (in the wait before it, or as it
+// began): no request went out for those tokens.
+func (st *call) unspendRetry() {
+	if st.paidFor > st.b.attempts {
+		st.c.tokens.give(st.c.clock.Now(), st.retryCost)
+		st.paidFor = 0
+	}
 }
 
 // refundRetry puts back, after a final answer, what the retry that got it

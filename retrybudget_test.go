@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -290,4 +293,243 @@ func keyOf(t *testing.T, err error) string {
 	var re *idem.RetryError
 	require.ErrorAs(t, err, &re)
 	return re.Key
+}
+
+// A bucket of math.MaxInt tokens, an app's "as good as no limit", stays
+// full: a final answer's refund to a full bucket, and a day's refill, do
+// not wrap it around to below a retry's cost.
+func TestRetryBudgetOfMaxIntDoesNotOverflow(t *testing.T) {
+	t.Parallel()
+	for _, refill := range []time.Duration{-1, time.Nanosecond} {
+		t.Run(fmt.Sprint("refill=", refill), func(t *testing.T) {
+			clk := clock.NewManual(epoch)
+			srv := &server{answer: created}
+			c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithRetryBudget(idem.RetryBudget{Tokens: math.MaxInt, Refill: refill}))
+			n, err := send(t, c, srv, 1)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			srv.answer = unavailable
+			_, _ = send(t, c, srv, 2) // takes tokens, then refills
+			clk.Jump(24 * time.Hour)
+			three := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 3})
+			before := srv.count()
+			_, err = c.Send(three, "checkout:3", payRequest(3))
+			requireStop(t, err, idem.StopAttempts)
+			assert.Equal(t, 3, srv.count()-before, "the budget pays every retry")
+		})
+	}
+}
+
+// New refuses a cost that the bucket can never pay, the default bucket of
+// 20 included: such a budget would end every call after its first attempt.
+func TestRetryBudgetRefusesCostsAboveTheBucket(t *testing.T) {
+	t.Parallel()
+	for _, b := range []idem.RetryBudget{
+		{RetryCost: 25},
+		{TimeoutCost: 21},
+		{Tokens: 8},
+		{Tokens: 30, TimeoutCost: 31},
+	} {
+		_, err := idem.New(idem.WithRetryBudget(b))
+		require.Error(t, err, "%+v", b)
+		assert.Contains(t, err.Error(), "below a retry's cost", "%+v", b)
+	}
+	for _, b := range []idem.RetryBudget{
+		{RetryCost: 20},
+		{TimeoutCost: 20},
+		{Tokens: 10},
+		{Tokens: 3, RetryCost: 1, TimeoutCost: 3},
+		{Tokens: -1, RetryCost: 100},
+	} {
+		_, err := idem.New(idem.WithRetryBudget(b))
+		assert.NoError(t, err, "%+v", b)
+	}
+}
+
+// A call whose context ends in the wait before a retry made no retry: the
+// tokens it took for it come back. Four such calls leave the bucket full,
+// not empty.
+func TestRetryBudgetRefundsARetryTheContextCanceled(t *testing.T) {
+	t.Parallel()
+	srv := &server{answer: unavailable}
+	var cancel context.CancelFunc
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+		idem.WithRetryBudget(idem.RetryBudget{Refill: -1}),
+		idem.WithAttemptHook(func(a idem.Attempt) {
+			if a.Retry && cancel != nil {
+				cancel() // the user gives up as the wait begins
+			}
+		}))
+	for i := range 4 {
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(context.Background())
+		before := srv.count()
+		_, err := c.Send(ctx, fmt.Sprintf("checkout:%d", i), payRequest(i))
+		requireStop(t, err, idem.StopCanceled)
+		require.Equal(t, 1, srv.count()-before)
+	}
+	cancel = nil
+	n, err := send(t, c, srv, 9)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 5, n, "a full bucket: four retries")
+}
+
+// The budget that ends a call on a 409 (the server still at work on an
+// earlier attempt) leaves the intent pending, never not sent: the server
+// has the request.
+func TestRetryBudgetEmptyOnAnInFlightAnswerLeavesThePaymentPending(t *testing.T) {
+	t.Parallel()
+	srv := &server{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		resp := answer(req, http.StatusConflict)
+		resp.Header.Set("Retry-After", "1")
+		return resp, nil
+	}}
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+		idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, Refill: -1}))
+	n, err := send(t, c, srv, 1)
+	assert.Equal(t, 3, n)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	in, err := c.Load(context.Background(), keyOf(t, err))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, in.State())
+	// Settle on the empty bucket: one attempt, still pending.
+	before := srv.count()
+	_, err = c.Settle(context.Background(), in)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 1, srv.count()-before)
+	assert.Equal(t, idem.StatePending, in.State())
+}
+
+// One budget for every kind of call at once: Sends, requests through the
+// RoundTripper, a SettleAll and Settles, all against a server that is
+// down, make between them exactly the four retries that a full bucket
+// pays (no answer puts a token back, and the clock refills none). Run
+// with -race.
+func TestRetryBudgetSharedByConcurrentCalls(t *testing.T) {
+	t.Parallel()
+	store, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+	dead := &server{answer: refused}
+	last := budgetClient(t, dead, clk, store, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	var pending []string
+	for i := range 6 {
+		_, err := send(t, last, dead, 100+i)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		pending = append(pending, keyOf(t, err))
+	}
+
+	srv := &server{answer: unavailable}
+	var retries, paid atomic.Int32
+	c := budgetClient(t, srv, clk, store,
+		idem.WithRetryBudget(idem.RetryBudget{Refill: -1}),
+		idem.WithSettleConcurrency(3),
+		idem.WithAttemptHook(func(a idem.Attempt) {
+			if a.Number > 1 {
+				retries.Add(1)
+			}
+			if a.Retry {
+				paid.Add(1)
+			}
+		}))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			_, err := c.Send(ctx, fmt.Sprintf("checkout:%d", i), payRequest(i))
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		})
+		wg.Go(func() {
+			req, err := http.NewRequest(http.MethodPost, "https://api.example/refunds", strings.NewReader(fmt.Sprint(i)))
+			if !assert.NoError(t, err) {
+				return
+			}
+			resp, err := (&http.Client{Transport: c.RoundTripper(srv)}).Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Go(func() {
+		_, err := c.SettleAll(ctx)
+		assert.NoError(t, err)
+	})
+	for _, key := range pending[:3] {
+		wg.Go(func() {
+			in, err := c.Load(ctx, key)
+			if assert.NoError(t, err) {
+				_, err = c.Settle(ctx, in)
+				assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(4), paid.Load(), "retries paid for")
+	assert.Equal(t, int32(4), retries.Load(), "retries made")
+	for _, key := range pending {
+		in, err := c.Load(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, idem.StatePending, in.State())
+	}
+}
+
+// On the fake payments server: answers lost after the server charged
+// take the bucket to empty; the call ends pending (the server has the
+// payment), never not sent; a Settle on the empty bucket gets the
+// server's stored answer with its first attempt, and the customer is
+// charged once.
+func TestRetryBudgetEmptyAfterLostAnswersChargesOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.newClient(t, idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, RetryCost: 5, TimeoutCost: 10, Refill: -1}),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 20, MaxElapsed: time.Hour, Jitter: -1}))
+	in, err := c.NewIntent(context.Background(), "checkout:lost", e.paymentRequest(t, 700, "cus_1"))
+	require.NoError(t, err)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 3})
+	_, err = c.Do(context.Background(), in)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, idem.StatePending, in.State(), "the server charged: never not sent")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+	resp, err := c.Settle(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 1, resp.Attempts, "the empty bucket allows a first attempt")
+	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "charged once")
+}
+
+// The Client's clock set back a day (the user fixes a clock that ran
+// ahead) does not freeze the budget for that day: tokens come back from
+// the new time on. Set forward by years, the bucket fills, and no more.
+func TestRetryBudgetRefillsAfterTheClockJumps(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := &server{answer: unavailable}
+	c := budgetClient(t, srv, clk, persist.NewMemory(nil),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 100, MaxElapsed: time.Hour, InitialInterval: time.Millisecond, Multiplier: 1, Jitter: -1}))
+	n, _ := send(t, c, srv, 1)
+	require.Equal(t, 5, n, "the full bucket")
+	clk.Jump(-24 * time.Hour)
+	n, _ = send(t, c, srv, 2)
+	assert.Equal(t, 1, n, "set back: nothing came back")
+	clk.Advance(5 * time.Second)
+	n, _ = send(t, c, srv, 3)
+	assert.Equal(t, 2, n, "five seconds after the jump: a retry")
+	clk.Jump(10 * 365 * 24 * time.Hour)
+	n, _ = send(t, c, srv, 4)
+	assert.Equal(t, 5, n, "ten years on: a full bucket, no more")
+}
+
+// A policy of 1ns waits and no end of attempts against a dead server: the
+// default budget keeps it to a full bucket's retries, then one retry per
+// five seconds of the clock, not a request loop.
+func TestRetryBudgetBoundsAPolicyOfNanosecondWaits(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(epoch)
+	srv := &server{answer: unavailable}
+	c := budgetClient(t, srv, clk, persist.NewMemory(nil),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: math.MaxInt, InitialInterval: time.Nanosecond, MaxInterval: time.Nanosecond, Multiplier: 1, Jitter: -1}))
+	n, err := send(t, c, srv, 1)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 5, n)
 }

@@ -183,5 +183,6 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 		}()
 	}
 	wg.Wait()
+	progress.rethrow()
 	return out, listErr
 }

@@ -35,7 +35,8 @@ func WithSettleConcurrency(n int) Option {
 // done counting up from 1 to total, on the goroutine that settled the
 // intent; f must return promptly, as the next report waits for it (the
 // settles go on meanwhile). A nil f reports nothing, as without the
-// option.
+// option. If f panics, SettleAll calls it no more, finishes its settles,
+// and then panics with the same value on its caller's goroutine.
 //
 // A callback rather than an iterator: SettleAll settles several intents at
 // once on goroutines of its own, which a callback can report from as they
@@ -52,13 +53,19 @@ type settleProgress struct {
 	mu    sync.Mutex
 	done  int
 	total int
+	// panicked: f panicked, with panicValue; it is called no more, and
+	// SettleAll panics with the value once its settles are done.
+	panicked   bool
+	panicValue any
 }
 
 func (c *Client) newSettleProgress(total int) *settleProgress {
 	return &settleProgress{f: c.settles.progress, total: total}
 }
 
-// report tells the app that s is done.
+// report tells the app that s is done. A panic of f is kept for rethrow:
+// on a goroutine of SettleAll it would end the process, out of the app's
+// reach.
 func (p *settleProgress) report(s Settled) {
 	if p.f == nil {
 		return
@@ -66,5 +73,24 @@ func (p *settleProgress) report(s Settled) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done++
+	if p.panicked {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			p.panicked, p.panicValue = true, v
+		}
+	}()
 	p.f(s, p.done, p.total)
+}
+
+// rethrow panics, on SettleAll's goroutine, with the value the callback
+// panicked with, if it did.
+func (p *settleProgress) rethrow() {
+	p.mu.Lock()
+	panicked, v := p.panicked, p.panicValue
+	p.mu.Unlock()
+	if panicked {
+		panic(v)
+	}
 }

@@ -2,9 +2,13 @@ package idem_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 
@@ -143,4 +147,157 @@ func TestSettleAllReportsIntentsItDoesNotSend(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, settled, n)
 	assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, dones)
+}
+
+// unresolved leaves n intents pending in store: the last run sent each
+// once and lost the answer.
+func unresolved(t *testing.T, store persist.Store, clk *clock.Manual, n int) {
+	t.Helper()
+	dead := &server{answer: refused}
+	last := budgetClient(t, dead, clk, store, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	for i := range n {
+		_, err := send(t, last, dead, i)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	}
+}
+
+// A progress callback that panics does not take the process down from a
+// goroutine of SettleAll, where the app could not recover it: SettleAll
+// calls it no more, settles every intent all the same, and then panics
+// with the callback's value on the app's own goroutine.
+func TestSettleProgressPanicReachesTheCaller(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 3} {
+		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 5
+				store, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+				unresolved(t, store, clk, n)
+				var calls atomic.Int32
+				c := budgetClient(t, &server{answer: created}, clk, store,
+					idem.WithSettleConcurrency(workers),
+					idem.WithSettleProgress(func(idem.Settled, int, int) {
+						calls.Add(1)
+						panic("progress bar gone")
+					}))
+				var recovered any
+				func() {
+					defer func() { recovered = recover() }()
+					_, _ = c.SettleAll(context.Background())
+				}()
+				assert.Equal(t, "progress bar gone", recovered)
+				assert.Equal(t, int32(1), calls.Load(), "not called again after it panicked")
+				synctest.Wait()
+				left, err := c.Unresolved(context.Background())
+				require.NoError(t, err)
+				assert.Empty(t, left, "every settle went on")
+			})
+		})
+	}
+}
+
+// The progress callback may call back into the Client (load the intent,
+// settle it again, list what is left) without a deadlock: synctest
+// reports one if every goroutine blocks.
+func TestSettleProgressCallbackMayCallTheClient(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 6
+		store, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+		unresolved(t, store, clk, n)
+		var (
+			c     *idem.Client
+			mu    sync.Mutex
+			dones []int
+		)
+		ctx := context.Background()
+		c = budgetClient(t, &server{answer: created}, clk, store,
+			idem.WithSettleConcurrency(3),
+			idem.WithSettleProgress(func(s idem.Settled, done, total int) {
+				in, err := c.Load(ctx, s.Intent.Key())
+				assert.NoError(t, err)
+				assert.Equal(t, idem.StateSucceeded, in.State())
+				resp, err := c.Settle(ctx, s.Intent)
+				assert.NoError(t, err)
+				assert.Equal(t, http.StatusCreated, resp.StatusCode)
+				_, err = c.Unresolved(ctx)
+				assert.NoError(t, err)
+				mu.Lock()
+				dones = append(dones, done)
+				mu.Unlock()
+			}))
+		settled, err := c.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, settled, n)
+		assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, dones)
+	})
+}
+
+// listDamagedStore is a memory store that reports a damaged record beside the
+// readable ones when listed, and fails to save the record of one key.
+type listDamagedStore struct {
+	persist.Store
+	failKey string
+}
+
+var errSaveFailed = errors.New("disk full")
+
+func (s *listDamagedStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
+	recs, err := s.Store.List(ctx, f)
+	return recs, errors.Join(err, &persist.CorruptError{Key: "damaged", Err: errors.New("truncated")})
+}
+
+func (s *listDamagedStore) Save(ctx context.Context, rec *persist.Record) error {
+	if rec.Key == s.failKey {
+		return errSaveFailed
+	}
+	return s.Store.Save(ctx, rec)
+}
+
+// SettleAll's progress counts what its result holds when the store errs:
+// the damaged record is in neither (SettleAll's error names it), the
+// intent whose outcome could not be saved is reported with its error,
+// each once, done running up to a total that is the result's length; and
+// with WithSettleConcurrency(math.MaxInt), as with 1.
+func TestSettleProgressCountsWhatTheResultHoldsWhenTheStoreErrs(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, math.MaxInt} {
+		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 4
+				mem, clk := persist.NewMemory(nil), clock.NewManual(epoch)
+				unresolved(t, mem, clk, n)
+				recs, err := mem.List(context.Background(), persist.Filter{Unresolved: true})
+				require.NoError(t, err)
+				store := &listDamagedStore{Store: mem, failKey: recs[1].Key}
+				var (
+					mu      sync.Mutex
+					reports = map[string]int{}
+					dones   []int
+				)
+				c := budgetClient(t, &server{answer: created}, clk, store,
+					idem.WithSettleConcurrency(workers),
+					idem.WithSettleProgress(func(s idem.Settled, done, total int) {
+						mu.Lock()
+						defer mu.Unlock()
+						assert.Equal(t, n, total)
+						reports[s.Intent.Key()]++
+						dones = append(dones, done)
+					}))
+				settled, err := c.SettleAll(context.Background())
+				var corrupt *persist.CorruptError
+				require.ErrorAs(t, err, &corrupt)
+				require.Len(t, settled, n)
+				assert.Equal(t, []int{1, 2, 3, 4}, dones)
+				for _, s := range settled {
+					assert.Equal(t, 1, reports[s.Intent.Key()])
+					if s.Intent.Key() == store.failKey {
+						assert.ErrorIs(t, s.Err, errSaveFailed)
+					} else {
+						assert.NoError(t, s.Err)
+					}
+				}
+			})
+		})
+	}
 }

@@ -106,7 +106,8 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 // credentialHeaders are header fields that carry credentials or session
 // state, which WithStoredHeaders refuses to keep on the device: the
 // words are matched anywhere in the lower-case name.
-var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "api-key", "apikey", "credential", "csrf", "xsrf"}
+var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "api-key", "apikey", "credential", "csrf", "xsrf",
+	"jwt", "oidc", "saml", "assertion", "bearer", "access-key", "private-key"}
 
 // checkStoredHeader refuses a name WithStoredHeaders may not keep: one
 // that is not a header field name, or one that carries credentials.

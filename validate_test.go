@@ -152,3 +152,19 @@ func TestContextWithRetryPolicyOutOfRangeFailsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 }
+
+// WithStoredHeaders refuses the answer's fields that carry a token under
+// another name than the common ones: a JSON Web Token or an assertion
+// from an identity-aware proxy (Google IAP's X-Goog-Iap-Jwt-Assertion, an
+// AWS load balancer's X-Amzn-Oidc-Data), a bearer token, an access or
+// private key. Fields that only look alike stay allowed.
+func TestWithStoredHeadersRefusesTokensUnderOtherNames(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Bearer", "X-Access-Key", "X-Private-Key", "X-Saml-Assertion"} {
+		_, err := idem.New(idem.WithStoredHeaders(name))
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "credentials", name)
+	}
+	_, err := idem.New(idem.WithStoredHeaders("X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"))
+	assert.NoError(t, err)
+}
