@@ -5,18 +5,19 @@ import (
 	"strings"
 )
 
-// attemptDone tells the attempt hook of the call's current attempt,
-// adding what the call knows of it: the intent's name and URL, and how
-// long the attempt took on the Client's clock.
+// attemptDone tells the attempt hook (and the app's logger, through
+// config.attemptDone) of the call's current attempt, adding what the call
+// knows of it: the intent's name and URL, and how long the attempt took on
+// the Client's clock.
 func (st *call) attemptDone(a Attempt) {
-	if st.c.onAttempt == nil {
+	if st.cfg.onAttempt == nil && st.cfg.logger == nil {
 		return
 	}
 	a.Name, a.URL, a.Err = st.name, st.url, redactErr(a.Err)
 	if !st.began.IsZero() {
-		a.Duration = max(0, st.c.clock.Now().Sub(st.began))
+		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))
 	}
-	st.c.attemptDone(a)
+	st.cfg.attemptDone(a)
 }
 
 // redactURL returns raw as the attempt hook may show it: with no

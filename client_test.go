@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -180,8 +181,57 @@ func TestLoggerGetsTheRecords(t *testing.T) {
 	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
-	// go-retryablehttp's records and idem's own go to the same logger.
+	// idem's own records: one per attempt, and the outcome.
 	assert.GreaterOrEqual(t, n, 3)
+}
+
+// recordingHandler keeps every slog record's level, message and attributes.
+type recordingHandler struct {
+	mu   *sync.Mutex
+	recs *[]string
+}
+
+func (h recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	line := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		line += " " + a.String()
+		return true
+	})
+	h.mu.Lock()
+	*h.recs = append(*h.recs, line)
+	h.mu.Unlock()
+	return nil
+}
+
+func (h recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h recordingHandler) WithGroup(string) slog.Handler { return h }
+
+// TestLoggerHearsOnlyIdem: the app's logger gets idem's lines and no
+// other: none of the retry library's own (its "request failed" at ERROR
+// level for an answer idem retries, its count of remaining retries).
+func TestLoggerHearsOnlyIdem(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		recs []string
+	)
+	e := newEnv(t, idem.WithLogger(slog.New(recordingHandler{&mu, &recs})))
+	in := e.newIntent(t, "checkout:log-only-idem", 100)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, recs)
+	for _, r := range recs {
+		assert.Contains(t, r, " idem: ", "a line the app did not ask for: %s", r)
+		assert.NotContains(t, r, "remaining", "a line the app did not ask for: %s", r)
+		assert.False(t, strings.HasPrefix(r, "ERROR"), "an error line for an answer idem retried: %s", r)
+	}
 }
 
 // gatedServer is the real fake server behind a gate that holds every

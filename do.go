@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,56 +10,6 @@ import (
 
 	"github.com/idemkit/idem/persist"
 )
-
-// Response is the final answer to an intent.
-type Response struct {
-	StatusCode int
-	Header     http.Header
-	Body       []byte
-	// Replayed is true when the server answered from its idempotency
-	// record (Idempotent-Replayed: true): the work was done by an earlier
-	// attempt, whose answer had been lost.
-	Replayed bool
-	// Attempts is how many attempts this call put on the wire; 0 when the
-	// answer came from the device's store.
-	Attempts int
-	// FromStore is true when the intent was already resolved and nothing
-	// was sent.
-	FromStore bool
-	// NotRecorded is true when this answer arrived but the device could
-	// not save it (Do returns it with a *SaveError): the answer is the
-	// server's and final all the same, but the intent stays unresolved on
-	// the device, and the next Do gets the server's replay of it.
-	NotRecorded bool
-	// Oversized is true when the answer was larger than
-	// WithMaxResponseBytes (header fields and body together). Its status is
-	// known and the intent is resolved from it, but its body was not kept
-	// (Body is nil), and its header fields only those stored, so far as
-	// they fit the limit.
-	Oversized bool
-}
-
-func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Response {
-	return &Response{
-		StatusCode: r.StatusCode,
-		Header:     r.Header.Clone(),
-		Body:       bytes.Clone(r.Body),
-		Replayed:   r.Replayed,
-		Oversized:  r.Oversized,
-		Attempts:   attempts,
-		FromStore:  fromStore,
-	}
-}
-
-func (r *Response) clone() *Response {
-	if r == nil {
-		return nil
-	}
-	c := *r
-	c.Header = r.Header.Clone()
-	c.Body = bytes.Clone(r.Body)
-	return &c
-}
 
 // Do sends the intent and returns its final answer. An answer whose save
 // on the device failed is returned all the same, with NotRecorded set and
@@ -92,27 +41,14 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 }
 
 // do runs one call for in through r. header, if not nil, replaces the
-// stored headers (the RoundTripper sends the live request's).
+// stored headers (the RoundTripper sends the live request's). Its steps:
+// read the record's current version, refuse what may not be sent (too old,
+// unsendable), hold the record for this Client, send, and record what came
+// of it: not sent, unknown, or the final answer.
 func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Header) (*Response, error) {
-	cur := in.current()
-	// Intent deleted a replaced intent from the store: say so, rather
-	// than that the store has no such intent.
-	if err := c.notReplaced(cur.Key); err != nil {
+	cur, known, err := c.currentVersion(ctx, in)
+	if err != nil {
 		return nil, err
-	}
-	// The store is the truth: another Intent value for this key, or an
-	// earlier process, may have moved an unresolved intent on. A resolved
-	// one never changes, and one that holds the version this Client saved
-	// last is current: neither needs the read.
-	known := c.latest.is(cur)
-	if !in.ephemeral && !cur.State.Resolved() && !known {
-		stored, err := c.store.Get(ctx, cur.Key)
-		if err != nil {
-			return nil, fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
-		}
-		in.set(stored)
-		cur = stored
-		known = false
 	}
 	if cur.State.Resolved() {
 		return c.storedOutcome(cur)
@@ -122,29 +58,100 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	rec := &next
 	if in.ephemeral {
 		// Used for this one call: nothing to remember about it.
-		defer c.settled(rec.Key)
+		defer c.keys.forget(rec.Key)
 	}
 	// How long the intent may still be sent, by the largest age any clock
 	// reports, read again before every attempt and wait.
-	left := func() time.Duration { return c.retention - c.margin - c.age(rec, c.clock.Now()) }
+	left := func() time.Duration { return c.retention - c.margin - c.age(rec) }
 	if left() <= 0 {
-		err := &RetryError{Key: rec.Key, Reason: StopExpired}
-		if rec.State != persist.StateExpired {
-			rec.State = persist.StateExpired
-			rec.UpdatedAt = c.clock.Now()
-			if saveErr := c.save(ctx, in, rec, "record expiry"); saveErr != nil {
-				return nil, errors.Join(err, saveErr)
-			}
-		}
+		return nil, c.recordExpiry(ctx, in, rec)
+	}
+	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {
 		return nil, err
 	}
-	// A record that no attempt could send (an older release's, say) is
-	// refused before it is marked sent. The version this Client saved last
-	// was checked before it was saved, unless it was saved as expired
-	// (which a clock set back can make sendable again).
-	if !known || cur.State == persist.StateExpired {
+	unsent, err := c.keys.markSent(rec.Key, rec.State == persist.StateNotSent)
+	if err != nil {
+		return nil, err
+	}
+	// A per-request key of the RoundTripper's is new with this call; a key
+	// the caller chose may have been sent by its own earlier retry.
+	unsent = unsent || in.ephemeral && rec.Attempts == 0 && !in.callersKey
+	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
+		held, stillUnsent, moved, err := c.hold(ctx, in, rec, cur, unsent)
+		if moved {
+			// Another Client moved it on since it was read: go on from
+			// what is stored.
+			return c.do(ctx, in, r, header)
+		}
+		if err != nil {
+			return nil, err
+		}
+		rec, unsent = held, stillUnsent
+	}
+
+	if header == nil {
+		header = rec.Header
+	}
+	resp, retryErr := c.send(ctx, r, rec, header, left, unsent)
+	c.keys.sent(rec.Key, c.clocks.read())
+	if retryErr != nil && retryErr.Attempts == 0 && unsent {
+		// Nothing reached the wire: the intent is still provably unsent.
+		c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
+	}
+	if retryErr != nil {
+		return nil, c.recordNoAnswer(ctx, in, rec, retryErr, unsent)
+	}
+	return c.recordAnswer(ctx, in, rec, resp)
+}
+
+// currentVersion returns the version of in's record to send from, and
+// whether it is the version this Client saved last.
+func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.Record, known bool, err error) {
+	cur = in.current()
+	// Intent deleted a replaced intent from the store: say so, rather
+	// than that the store has no such intent.
+	if err := c.keys.notReplaced(cur.Key); err != nil {
+		return nil, false, err
+	}
+	// The store is the truth: another Intent value for this key, or an
+	// earlier process, may have moved an unresolved intent on. A resolved
+	// one never changes, and one that holds the version this Client saved
+	// last is current: neither needs the read.
+	known = c.keys.saved.is(cur)
+	if !in.ephemeral && !cur.State.Resolved() && !known {
+		stored, err := c.store.Get(ctx, cur.Key)
+		if err != nil {
+			return nil, false, fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
+		}
+		in.set(stored)
+		return stored, false, nil
+	}
+	return cur, known, nil
+}
+
+// recordExpiry ends a call of an intent too old to send: its outcome is
+// unknown, and it is stored as expired.
+func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
+	err := &RetryError{Key: rec.Key, Reason: StopExpired}
+	if rec.State != persist.StateExpired {
+		rec.State = persist.StateExpired
+		rec.UpdatedAt = c.clock.Now()
+		if saveErr := c.save(ctx, in, rec, "record expiry"); saveErr != nil {
+			return errors.Join(err, saveErr)
+		}
+	}
+	return err
+}
+
+// sendable refuses, with a *NotSentError, a record that no attempt could
+// send (an older release's, say), before it is marked sent, and fixes the
+// key's spelling of a record written before it was stored. checked says
+// the record is the version this Client validated and saved last, not as
+// expired (which a clock set back can make sendable again).
+func (c *Client) sendable(rec *persist.Record, checked bool) error {
+	if !checked {
 		if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
-			return nil, &NotSentError{Key: rec.Key, Err: err}
+			return &NotSentError{Key: rec.Key, Err: err}
 		}
 	}
 	if rec.KeyHeader == "" {
@@ -154,130 +161,131 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 		// stays fixed from now on.
 		rec.KeyHeader = c.keyHeader(rec.Key)
 	}
-	if !c.spells(rec.KeyHeader, rec.Key) {
-		return nil, &NotSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
+	if !spells(rec.KeyHeader, rec.Key) {
+		return &NotSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
 	}
-	unsent, err := c.markSent(rec.Key, rec.State == persist.StateNotSent)
-	if err != nil {
-		return nil, err
-	}
-	// A per-request key of the RoundTripper's is new with this call; a key
-	// the caller chose may have been sent by its own earlier retry.
-	unsent = unsent || in.ephemeral && rec.Attempts == 0 && !in.callersKey
-	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
-		// Sent again, as the app asked: from the first byte on it may
-		// reach the server, so the store must stop saying it was not sent
-		// before then, or a crash during the send would leave it
-		// replaceable. Or resumed by a Client that did not arm it (another
-		// Client on the store, a later process): it takes the record over
-		// first, so that the Client that armed it can no longer take it
-		// for unsent and replace it. Either is one step with the store,
-		// only if the record is still the version read (persist.SaveIf):
-		// one extra write on resumes only, never on the tap's path.
-		takeOver := rec.Holder != c.id
-		if takeOver && rec.State != persist.StateNotSent {
-			// The Client that armed it may be sending it: no trace of
-			// this Client's attempts can tell it unsent.
-			unsent = false
-		}
-		op := "send again"
-		if takeOver {
-			op = "take over"
-		}
-		if rec.State == persist.StateNotSent {
-			rec.State = persist.StateNew
-		}
-		rec.Holder = c.id
-		rec.UpdatedAt = c.clock.Now()
-		if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
-			var changed *persist.ChangedError
-			if errors.As(err, &changed) {
-				if changed.Current == nil {
-					// Replaced by another Client for a changed request.
-					return nil, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
-				}
-				// Another Client moved it on since it was read: go on
-				// from what is stored.
-				in.set(changed.Current)
-				c.latest.forget(rec.Key)
-				return c.do(ctx, in, r, header)
-			}
-			if unsent {
-				c.markCreated(rec.Key)
-			}
-			return nil, err
-		}
-		again := *rec
-		rec = &again
-	}
+	return nil
+}
 
-	if header == nil {
-		header = rec.Header
+// hold makes this Client the holder of rec before it sends it, when it is
+// sent again after it ended not sent, or resumed by a Client that did not
+// arm it. It returns the version to send, whether it is still provably
+// unsent, or moved: another Client moved the record on since cur was read,
+// and the call goes on from what is stored (in holds it).
+//
+// Sent again, as the app asked: from the first byte on it may reach the
+// server, so the store must stop saying it was not sent before then, or a
+// crash during the send would leave it replaceable. Or resumed by a Client
+// that did not arm it (another Client on the store, a later process): it
+// takes the record over first, so that the Client that armed it can no
+// longer take it for unsent and replace it. Either is one step with the
+// store, only if the record is still the version read (persist.SaveIf):
+// one extra write on resumes only, never on the tap's path.
+func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, stillUnsent, moved bool, err error) {
+	takeOver := rec.Holder != c.id
+	if takeOver && rec.State != persist.StateNotSent {
+		// The Client that armed it may be sending it: no trace of
+		// this Client's attempts can tell it unsent.
+		unsent = false
 	}
-	resp, retryErr := c.send(ctx, r, rec, header, left, unsent)
-	c.sent(rec.Key)
-	if retryErr != nil && retryErr.Attempts == 0 && unsent {
-		// Nothing reached the wire: the intent is still provably unsent.
-		c.markCreated(rec.Key)
+	op := "send again"
+	if takeOver {
+		op = "take over"
 	}
-	now := c.clock.Now()
-	notSent := retryErr != nil && (retryErr.sentNothing && retryErr.Attempts > 0 ||
-		retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached)
-	if notSent && unsent {
-		// No attempt of this call wrote its request, as the transport's
-		// trace shows (the network was down, the host unknown, the
-		// connection refused, the certificate refused), and no attempt
-		// before it can have: the intent stays provably unsent, so Intent
-		// may replace it. The store says so too, so that after a restart
-		// SettleAll does not send what the app was told was not sent.
-		c.markCreated(rec.Key)
-		err := &NotSentError{Key: rec.Key, Err: retryErr.Err}
-		if err.Err == nil || errors.Is(err.Err, errStopped) {
-			err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
-		}
-		if rec.State != persist.StateNotSent && !in.ephemeral {
-			// Only if no other Client took it over since this call began:
-			// one that did may have sent it.
-			prev := in.current()
-			rec.State = persist.StateNotSent
-			rec.UpdatedAt = now
-			if saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, "record not sent"); saveErr != nil {
-				if errors.Is(saveErr, persist.ErrChanged) {
-					c.undropTaken(rec.Key)
-					return nil, retryErr
-				}
-				return nil, errors.Join(err, saveErr)
+	if rec.State == persist.StateNotSent {
+		rec.State = persist.StateNew
+	}
+	rec.Holder = c.id
+	rec.UpdatedAt = c.clock.Now()
+	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
+		var changed *persist.ChangedError
+		if errors.As(err, &changed) {
+			if changed.Current == nil {
+				// Replaced by another Client for a changed request.
+				return nil, false, false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
 			}
+			in.set(changed.Current)
+			c.keys.saved.drop(rec.Key)
+			return nil, false, true, nil
 		}
-		return nil, err
+		if unsent {
+			c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
+		}
+		return nil, false, false, err
 	}
-	if retryErr != nil && retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
+	again := *rec
+	return &again, unsent, false, nil
+}
+
+// recordNoAnswer records a call that ended without a final answer, and
+// returns its error: a *NotSentError when nothing can have reached the
+// server, else retryErr, the outcome unknown.
+func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, unsent bool) error {
+	now := c.clock.Now()
+	notSent := retryErr.sentNothing && retryErr.Attempts > 0 ||
+		retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached
+	if notSent && unsent {
+		return c.recordNotSent(ctx, in, rec, retryErr, now)
+	}
+	if retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
 		// The one attempt never reached the server, but an earlier one
 		// may have: nothing to record.
-		return nil, retryErr
+		return retryErr
 	}
-	if retryErr != nil {
-		rec.Attempts += retryErr.Attempts
-		rec.Redirected = rec.Redirected || retryErr.redirected
-		rec.UpdatedAt = now
-		if retryErr.Reason == StopExpired {
-			rec.State = persist.StateExpired
-		} else if retryErr.Attempts > 0 {
-			rec.State = persist.StatePending
-		}
-		c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", string(retryErr.Reason))
-		// The save records what is known; if it fails, the intent stays
-		// unresolved in the store anyway, which is the safe side.
-		if retryErr.Attempts > 0 || retryErr.Reason == StopExpired {
-			if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record attempts"); saveErr != nil {
-				return nil, errors.Join(retryErr, saveErr)
-			}
-		}
-		return nil, retryErr
-	}
-
-	rec.Attempts += resp.Attempts
+	rec.Attempts += retryErr.Attempts
+	rec.Redirected = rec.Redirected || retryErr.redirected
 	rec.UpdatedAt = now
+	if retryErr.Reason == StopExpired {
+		rec.State = persist.StateExpired
+	} else if retryErr.Attempts > 0 {
+		rec.State = persist.StatePending
+	}
+	c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", string(retryErr.Reason))
+	// The save records what is known; if it fails, the intent stays
+	// unresolved in the store anyway, which is the safe side.
+	if retryErr.Attempts > 0 || retryErr.Reason == StopExpired {
+		if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record attempts"); saveErr != nil {
+			return errors.Join(retryErr, saveErr)
+		}
+	}
+	return retryErr
+}
+
+// recordNotSent records a call none of whose attempts wrote its request,
+// as the transport's trace shows (the network was down, the host unknown,
+// the connection refused, the certificate refused), of an intent no
+// attempt before it can have sent: the intent stays provably unsent, so
+// Intent may replace it. The store says so too, so that after a restart
+// SettleAll does not send what the app was told was not sent.
+func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
+	c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
+	err := &NotSentError{Key: rec.Key, Err: retryErr.Err}
+	if err.Err == nil || errors.Is(err.Err, errStopped) {
+		err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
+	}
+	if rec.State == persist.StateNotSent || in.ephemeral {
+		return err
+	}
+	// Only if no other Client took it over since this call began: one
+	// that did may have sent it.
+	prev := in.current()
+	rec.State = persist.StateNotSent
+	rec.UpdatedAt = now
+	if saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, "record not sent"); saveErr != nil {
+		if errors.Is(saveErr, persist.ErrChanged) {
+			c.keys.undropTaken(rec.Key)
+			return retryErr
+		}
+		return errors.Join(err, saveErr)
+	}
+	return err
+}
+
+// recordAnswer records the final answer of a call and returns it, with an
+// *APIError if it is not a success and a *SaveError if it was not saved.
+func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response) (*Response, error) {
+	rec.Attempts += resp.Attempts
+	rec.UpdatedAt = c.clock.Now()
 	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
 	rec.Response = c.stored(resp)
@@ -292,11 +300,11 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	// server forgets the key: until it is, a crash of the process leaves
 	// it written, and a power loss the intent unresolved, which Do
 	// resumes with the same key to the server's replay of this answer.
-	// So a store that can defers its sync (persist.DeferredSaver), off
+	// So a store that can defers its sync (persist.SaveDeferred), off
 	// the path the user waits on.
 	saveErr := c.saveWith(context.WithoutCancel(ctx), in, rec, "record outcome", persist.SaveDeferred)
 	if saveErr == nil {
-		c.settled(rec.Key)
+		c.keys.forget(rec.Key)
 	} else {
 		// The answer is never reported as "not sent": it is returned,
 		// marked as not recorded.
@@ -312,68 +320,6 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 		return resp, saveErr
 	}
 	return resp, nil
-}
-
-// stored returns what the device keeps of a final answer: its status, the
-// header fields that a replay and the app need, and its body.
-func (c *Client) stored(resp *Response) *persist.Response {
-	return &persist.Response{
-		StatusCode: resp.StatusCode,
-		Header:     c.storedHeader(resp.Header),
-		Body:       bytes.Clone(resp.Body),
-		Replayed:   resp.Replayed,
-		Oversized:  resp.Oversized,
-	}
-}
-
-// storedHeader returns the header fields of h that are kept on the device:
-// those of storedHeaders and those the app named (WithStoredHeaders), in
-// that order, while they fit the Client's limit on an answer. Nothing else
-// (cookies, tokens, tracing) is written to the device.
-func (c *Client) storedHeader(h http.Header) http.Header {
-	var (
-		out  http.Header
-		size int64
-	)
-	for _, name := range c.keptHeaders {
-		vs := h[name]
-		if len(vs) == 0 {
-			continue
-		}
-		n := fieldBytes(name, vs)
-		if size+n > c.maxBody {
-			continue
-		}
-		size += n
-		if out == nil {
-			out = make(http.Header, len(c.keptHeaders))
-		}
-		out[name] = append([]string(nil), vs...)
-	}
-	return out
-}
-
-// storedHeaders are the header fields of a final answer that are kept on
-// the device by default: what an app shows (the media type, where the new
-// resource is), the replay marker, and the server's Retry-After.
-var storedHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
-
-// headerBytes is the size of h as header fields on the wire: the size
-// counted against the limit on an answer.
-func headerBytes(h http.Header) int64 {
-	var n int64
-	for name, vs := range h {
-		n += fieldBytes(name, vs)
-	}
-	return n
-}
-
-func fieldBytes(name string, vs []string) int64 {
-	var n int64
-	for _, v := range vs {
-		n += int64(len(name) + len(v) + 4) // ": " and CRLF
-	}
-	return n
 }
 
 // storedOutcome answers Do for a resolved intent without sending.
@@ -392,7 +338,9 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 // save makes rec the intent's current version and stores it. rec must not
 // be changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
-	return c.saveWith(ctx, in, rec, op, persist.SaveShared)
+	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec *persist.Record) error {
+		return s.Save(ctx, rec)
+	})
 }
 
 // saveIf is save only if the stored record is still old's version
@@ -403,11 +351,11 @@ func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Recor
 	})
 }
 
-// saveWith is save through store, persist.SaveShared or
+// saveWith is save through store: the store's Save, persist.SaveIf or
 // persist.SaveDeferred.
 func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(context.Context, persist.Store, *persist.Record) error) error {
 	if !in.ephemeral {
-		c.stamp(rec, false)
+		c.clocks.stamp(rec, false)
 	}
 	prev := in.current()
 	in.set(rec)
@@ -422,49 +370,32 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 		// by State, or the app could act on it while the store would
 		// send the intent again.
 		in.set(prev)
-		c.latest.forget(rec.Key)
+		c.keys.saved.drop(rec.Key)
 		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
 		return &SaveError{Key: rec.Key, Op: op, Err: err}
 	}
-	c.latest.saved(rec)
+	c.keys.saved.saved(rec)
 	return nil
 }
 
-// stateFor classifies a final answer.
-func (c *Client) stateFor(status int, header http.Header, body []byte) persist.State {
-	switch {
-	case status >= 200 && status < 300:
-		return persist.StateSucceeded
-	case c.keyReused(status, header, body),
-		isKeyProblem(status, parseProblem(header, body).Type):
-		return persist.StateRejected
+// send makes the attempts of one call. It returns a final answer, or a
+// *RetryError when none came.
+//
+// unsent says that no attempt of the intent can have reached the server
+// before this call.
+func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration, unsent bool) (*Response, *RetryError) {
+	st := &call{cfg: &c.config, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent, redirected: rec.Redirected,
+		tokens: c.tokens}
+	st.name, st.url = rec.Name, redactURL(rec.URL)
+	resp, err := r.run(st.withTrace(ctx), rec.Method, rec.URL, rec.Body, attemptHeader(header, rec.KeyHeader))
+	if err != nil {
+		return nil, st.failed(ctx, err)
 	}
-	return persist.StateFailed
+	return st.answered(resp), nil
 }
 
-// keyReused reports a final answer that says the key was used with another
-// request: see ErrKeyReused.
-func (c *Client) keyReused(status int, header http.Header, body []byte) bool {
-	if status >= 200 && status < 300 {
-		return false
-	}
-	if isKeyReused(status, header, body) {
-		return true
-	}
-	return c.isKeyReused != nil && c.isKeyReused(&Response{StatusCode: status, Header: header.Clone(), Body: bytes.Clone(body)})
-}
-
-func (c *Client) apiErrorFor(rec *persist.Record, resp *Response) error {
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return nil
-	}
-	return &APIError{
-		Method:     rec.Method,
-		URL:        rec.URL,
-		Key:        rec.Key,
-		StatusCode: resp.StatusCode,
-		Problem:    parseProblem(resp.Header, resp.Body),
-		Response:   resp,
-		keyReused:  c.keyReused(resp.StatusCode, resp.Header, resp.Body),
-	}
+// age returns how old the intent of rec is, by the largest age any clock
+// reports (clocks.age), never less than since this Client first saw it.
+func (c *Client) age(rec *persist.Record) time.Duration {
+	return c.clocks.age(rec, c.clock.Now(), func(at time.Duration) time.Duration { return c.keys.bornAt(rec.Key, at) })
 }

@@ -58,7 +58,7 @@ a deliberate second payment is [Client.NewIntent].
 
 Several Clients may share one store (two parts of an app, each with its
 own): the store decides which intent is an action's latest when one is
-armed ([persist.Claimer], which Memory and FileStore implement), so two
+armed (persist.Claim, which Memory and FileStore do in one step), so two
 Clients never arm two intents for one action. An armed intent names the
 Client that armed it (persist.Record.Holder); a Client that resumes an
 armed intent it did not arm takes it over first, in one step with the store
@@ -283,7 +283,7 @@ Every decision on an intent's age reads every clock the device has and
 takes the safe answer:
 
   - the wall clock, read without Go's monotonic reading (t.Round(0));
-  - a clock that counts device sleep (clock.Boot; CLOCK_BOOTTIME on Linux
+  - a clock that counts device sleep (a Clock with SinceBoot; CLOCK_BOOTTIME on Linux
     and Android, CLOCK_MONOTONIC_RAW on Darwin and iOS, read without cgo),
     stored with the record at the arming and at every write with the
     boot's identity, and compared only within one boot;
@@ -342,6 +342,19 @@ follows its own context: a waiter whose context ends gets an unknown outcome
 ([ErrOutcomeUnknown]) at once, and when the first call ends only because its
 caller cancelled, a waiter with time left takes the call over with the same
 key.
+
+# Configuration
+
+Each kind of setting has one style:
+
+  - The Client's own settings are functional options, given to [New] and
+    applied in order ([Option]: [WithStore], [WithHTTPClient],
+    [WithRetention], ...). A Client never changes after New.
+  - The policy of a call is a struct, [RetryPolicy]: the Client's default
+    with [WithRetryPolicy], and one call's, from its context, with
+    [ContextWithRetryPolicy]; its zero fields keep the Client's values.
+  - A store's settings are a struct given to its constructor
+    (persist.Options to persist.OpenDir and persist.NewMemory).
 
 # Testing
 

@@ -1,15 +1,11 @@
 package idem
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/idemkit/idem/idempotency"
 )
 
 // Sentinel errors. Match them with errors.Is; the typed errors below wrap
@@ -53,124 +49,6 @@ var (
 	// it is running in this process.
 	ErrInFlight = errors.New("idem: a request for this intent is in flight")
 )
-
-// APIError is a final answer from the server that is not a success: a
-// business outcome such as 402 (card declined), a validation 400, a key
-// error (400, 422). It is returned together with the Response.
-type APIError struct {
-	Method     string
-	URL        string
-	Key        string
-	StatusCode int
-	// Problem holds the RFC 9457 fields when the body was a problem
-	// document (application/problem+json or JSON with those fields).
-	Problem idempotency.Problem
-	// Response is the whole answer, body included.
-	Response *Response
-
-	keyReused bool // the answer says the key was used with another request
-}
-
-func (e *APIError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
-	if t := problemName(e.Problem.Type); t != "" {
-		fmt.Fprintf(&b, " (%s)", t)
-	}
-	if e.Problem.Detail != "" {
-		fmt.Fprintf(&b, ": %s", e.Problem.Detail)
-	} else if e.Problem.Title != "" {
-		fmt.Fprintf(&b, ": %s", e.Problem.Title)
-	}
-	if e.Key != "" {
-		fmt.Fprintf(&b, " [key %s]", e.Key)
-	}
-	return b.String()
-}
-
-// Is makes errors.Is(err, ErrKeyReused) and errors.Is(err, ErrKeyRejected)
-// true for the answers that mean them.
-func (e *APIError) Is(target error) bool {
-	switch target {
-	case ErrKeyReused:
-		return e.keyReused
-	case ErrKeyRejected:
-		return isKeyProblem(e.StatusCode, e.Problem.Type)
-	}
-	return false
-}
-
-// problemName is the last path segment of a problem type URI, the part that
-// names the problem ("idempotency-key-reused").
-func problemName(typ string) string {
-	typ = strings.TrimRight(typ, "/")
-	if i := strings.LastIndexByte(typ, '/'); i >= 0 {
-		return typ[i+1:]
-	}
-	return typ
-}
-
-// isKeyProblem reports a 400 about the Idempotency-Key itself. The contract
-// names these problem types; a server that sends no problem type gives no
-// way to tell, and its 400 is treated as an ordinary final answer.
-func isKeyProblem(status int, typ string) bool {
-	if status != http.StatusBadRequest {
-		return false
-	}
-	switch problemName(typ) {
-	case "idempotency-key-missing", "idempotency-key-invalid":
-		return true
-	}
-	return false
-}
-
-// isKeyReused reports an answer that says the key was used with another
-// request, by what it says: the contract's problem type on a 422, or
-// Stripe's JSON error of type idempotency_error (which Stripe sends with
-// 400). A 422 without either is an ordinary final answer: many APIs use it
-// for plain validation.
-func isKeyReused(status int, header http.Header, body []byte) bool {
-	switch status {
-	case http.StatusUnprocessableEntity:
-		if problemName(parseProblem(header, body).Type) == "idempotency-key-reused" {
-			return true
-		}
-		fallthrough
-	case http.StatusBadRequest:
-		return isStripeIdempotencyError(header, body)
-	}
-	return false
-}
-
-// isStripeIdempotencyError reports Stripe's error body
-// {"error": {"type": "idempotency_error", ...}}.
-func isStripeIdempotencyError(header http.Header, body []byte) bool {
-	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
-	if ct != "application/json" {
-		return false
-	}
-	var e struct {
-		Error struct {
-			Type string `json:"type"`
-		} `json:"error"`
-	}
-	return json.Unmarshal(body, &e) == nil && e.Error.Type == "idempotency_error"
-}
-
-// parseProblem decodes an RFC 9457 body; anything else yields the zero
-// problem. It never fails: a server that answers nonsense still gets its
-// status reported.
-func parseProblem(header http.Header, body []byte) idempotency.Problem {
-	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
-	if ct != "application/problem+json" && ct != "application/json" {
-		return idempotency.Problem{}
-	}
-	var p idempotency.Problem
-	if json.Unmarshal(body, &p) != nil {
-		return idempotency.Problem{}
-	}
-	return p
-}
 
 // StopReason says what ended a call without a final answer.
 type StopReason string
@@ -319,38 +197,6 @@ func (e *NotSentError) Error() string {
 
 func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
-// UnresolvedError is returned when a new intent is asked for an action
-// whose previous intent has an unknown outcome (match it with errors.As).
-// Starting a second payment then could pay twice. The app decides: settle
-// Previous with Client.Settle (it may still complete, for the old request),
-// or, knowingly, drop it with Client.Forget.
-type UnresolvedError struct {
-	Name     string
-	Previous *Intent
-}
-
-func (e *UnresolvedError) Error() string {
-	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
-}
-
-// ResolvedError is returned when an intent is asked for an action whose
-// latest intent succeeded, with a request other than that intent's (a
-// changed amount, or the same server spelled another way): the action is
-// paid, and a new intent could pay it twice. Previous holds the earlier
-// intent and Response its stored answer. A deliberate second payment for
-// the action is Client.NewIntent.
-type ResolvedError struct {
-	Name     string
-	Previous *Intent
-}
-
-// Response returns the earlier intent's stored answer.
-func (e *ResolvedError) Response() *Response { return e.Previous.Response() }
-
-func (e *ResolvedError) Error() string {
-	return fmt.Sprintf("idem: %q was already paid by intent %s with another request; nothing was sent (use NewIntent for a deliberate second payment)", e.Name, e.Previous.Key())
-}
-
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or
 // Client.NewIntent, or from the arming write of Do (Op "arm"), nothing was
@@ -373,3 +219,11 @@ func (e *SaveError) Error() string {
 }
 
 func (e *SaveError) Unwrap() error { return e.Err }
+
+// redirectSchemeError ends a redirect to a Location whose scheme net/http
+// cannot send to.
+type redirectSchemeError struct{ location string }
+
+// errRedirectLoop ends a chain of redirects that does not end: no server
+// that does the work answered, so the request never reached it.
+var errRedirectLoop = errors.New("idem: stopped after 10 redirects")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/persist"
 )
 
 func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
@@ -58,9 +59,9 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 			assert.Equal(t, tc.status, resp.StatusCode)
 			assert.Equal(t, tc.reused, errors.Is(err, idem.ErrKeyReused))
 			if tc.reused {
-				assert.Equal(t, idem.StateRejected, in.State())
+				assert.Equal(t, persist.StateRejected, in.State())
 			} else {
-				assert.Equal(t, idem.StateFailed, in.State())
+				assert.Equal(t, persist.StateFailed, in.State())
 			}
 			// The stored answer says the same.
 			_, err = c.Do(context.Background(), in)

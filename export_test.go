@@ -14,10 +14,16 @@ func Remembered(rt any) int {
 
 // Tracked returns how many intents c holds state for in memory.
 func Tracked(c *Client) int {
-	c.sentMu.Lock()
-	n := len(c.unsent) + len(c.dropped) + len(c.created) + len(c.lastSent)
-	c.sentMu.Unlock()
-	c.intentMu.Lock()
-	defer c.intentMu.Unlock()
+	c.keys.mu.Lock()
+	n := len(c.keys.unsent) + len(c.keys.dropped) + len(c.keys.created) + len(c.keys.lastSent)
+	c.keys.mu.Unlock()
+	c.actionMu.Lock()
+	defer c.actionMu.Unlock()
 	return n + len(c.unarmed)
 }
+
+// The bounds on Prune's tombstones.
+const (
+	TombstoneLifetime = tombstoneLifetime
+	MaxTombstones     = maxTombstones
+)

@@ -3,14 +3,8 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
-	"strconv"
 	"sync"
 	"time"
 
@@ -18,82 +12,6 @@ import (
 
 	"github.com/idemkit/idem/persist"
 )
-
-// Request is what an intent sends, byte for byte, on every attempt.
-type Request struct {
-	// Method is POST or PATCH: the methods that carry an Idempotency-Key.
-	Method string
-	// URL is absolute.
-	URL string
-	// Header is resent on every attempt and stored with the intent. Keep
-	// credentials out of it (set them in the http.Client's transport):
-	// whatever is here is written to the device.
-	Header http.Header
-	// Body is sent unchanged on every attempt.
-	Body []byte
-}
-
-// JSONRequest returns a Request whose body is v encoded as JSON, with
-// Content-Type application/json. The bytes are fixed here, once: every
-// attempt sends exactly them.
-func JSONRequest(method, url string, v any) (Request, error) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		return Request{}, fmt.Errorf("idem: encoding request body: %w", err)
-	}
-	return Request{
-		Method: method,
-		URL:    url,
-		Header: http.Header{"Content-Type": {"application/json"}},
-		Body:   body,
-	}, nil
-}
-
-func (r Request) validate() error {
-	switch r.Method {
-	case http.MethodPost, http.MethodPatch:
-	case "":
-		return errors.New("idem: request has no method")
-	default:
-		return fmt.Errorf("idem: intents are for POST and PATCH, which carry an Idempotency-Key; %s is idempotent without one", r.Method)
-	}
-	u, err := url.Parse(r.URL)
-	if err != nil {
-		return fmt.Errorf("idem: bad request URL: %w", err)
-	}
-	if !u.IsAbs() || u.Host == "" {
-		return fmt.Errorf("idem: request URL %q is not absolute", r.URL)
-	}
-	// What would make every attempt fail before it reaches a server is
-	// refused here, before the intent exists.
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", u.Redacted())
-	}
-	if u.Hostname() == "" {
-		return fmt.Errorf("idem: request URL %q has no host name", u.Redacted())
-	}
-	if p := u.Port(); p != "" {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", u.Redacted(), p)
-		}
-	}
-	return nil
-}
-
-// fingerprint identifies a request's method, URL and body: two requests with
-// the same fingerprint are the same intent.
-func (r Request) fingerprint() string {
-	h := sha256.New()
-	h.Write([]byte(r.Method))
-	h.Write([]byte{0})
-	h.Write([]byte(r.URL))
-	h.Write([]byte{0})
-	h.Write(r.Body)
-	var sum [sha256.Size]byte
-	var out [2 * sha256.Size]byte
-	hex.Encode(out[:], h.Sum(sum[:0]))
-	return string(out[:])
-}
 
 // Intent is one thing the user means to do, such as paying for this cart.
 // It holds one Idempotency-Key for its whole life and the exact request to
@@ -148,12 +66,12 @@ func (in *Intent) State() State {
 	rec, unarmed := in.rec, in.unarmed
 	in.mu.Unlock()
 	if unarmed {
-		return StateNew
+		return persist.StateNew
 	}
-	if rec.State == persist.StateNew && (in.c == nil || !in.c.isUnsent(rec.Key)) {
-		return StatePending
+	if rec.State == persist.StateNew && (in.c == nil || !in.c.keys.isUnsent(rec.Key)) {
+		return persist.StatePending
 	}
-	return stateOf(rec.State)
+	return rec.State
 }
 
 // Attempts returns how many attempts have been put on the wire for the
@@ -277,7 +195,7 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //     thing this call never does.
 //
 // The store decides which intent is the action's latest when one is armed
-// (see persist.Claimer): of two Clients on one store whose unarmed intents
+// (see persist.Claim): of two Clients on one store whose unarmed intents
 // for one action are armed at once, one wins, and the other's Do sends the
 // winner instead if it holds the same request (its Key changes to the
 // winner's), or refuses as Intent would.
@@ -314,8 +232,8 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	}
 	// One action's intents are decided one at a time, so two goroutines
 	// cannot both find "no intent" and make two.
-	c.intentMu.Lock()
-	defer c.intentMu.Unlock()
+	c.actionMu.Lock()
+	defer c.actionMu.Unlock()
 
 	fp := req.fingerprint()
 	seq := uint64(1)
@@ -356,21 +274,21 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				return nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
-			case c.mayReplace(latest) && c.dropUnsent(latest):
+			case c.mayReplace(latest) && c.keys.dropUnsent(latest):
 				// Deleted only if no other Client took it over to send it
 				// since it was read: one step in the store.
-				c.latest.forget(latest.Key)
+				c.keys.saved.drop(latest.Key)
 				if err := persist.DeleteIf(ctx, c.store, latest); err != nil {
 					var changed *persist.ChangedError
 					if errors.As(err, &changed) {
-						c.undropTaken(latest.Key)
+						c.keys.undropTaken(latest.Key)
 						prev := latest
 						if changed.Current != nil {
 							prev = changed.Current
 						}
 						return nil, &UnresolvedError{Name: name, Previous: c.intentOf(prev)}
 					}
-					c.undrop(latest.Key)
+					c.keys.undrop(latest.Key)
 					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 				}
 			default:
@@ -424,8 +342,8 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	if !unarmed {
 		return nil
 	}
-	c.intentMu.Lock()
-	defer c.intentMu.Unlock()
+	c.actionMu.Lock()
+	defer c.actionMu.Unlock()
 	// Intent may have replaced it while this call waited for the lock.
 	in.mu.Lock()
 	replaced = in.replaced
@@ -441,7 +359,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	rec.CreatedAt, rec.UpdatedAt = now, now
 	// The arming write carries the clock readings the intent's age is
 	// judged by.
-	c.stamp(rec, true)
+	c.clocks.stamp(rec, true)
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
@@ -481,12 +399,12 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	in.mu.Lock()
 	in.rec, in.unarmed = rec, false
 	in.mu.Unlock()
-	c.latest.saved(rec)
-	c.markCreated(rec.Key)
+	c.keys.saved.saved(rec)
+	c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
 	return nil
 }
 
-// dropUnarmed forgets in as its action's unarmed intent. c.intentMu must
+// dropUnarmed forgets in as its action's unarmed intent. c.actionMu must
 // be held.
 func (c *Client) dropUnarmed(in *Intent) {
 	if name := in.current().Name; c.unarmed[name] == in {
@@ -537,62 +455,25 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	}
 	in.mu.Unlock()
 	if unarmed {
-		c.intentMu.Lock()
+		c.actionMu.Lock()
 		c.dropUnarmed(in)
-		c.intentMu.Unlock()
+		c.actionMu.Unlock()
 		return nil
 	}
 	key := in.Key()
 	var err error
 	if !c.flights.exclusive(key, func() {
-		c.intentMu.Lock()
-		defer c.intentMu.Unlock()
-		c.latest.forget(key)
+		c.actionMu.Lock()
+		defer c.actionMu.Unlock()
+		c.keys.saved.drop(key)
 		err = c.store.Delete(ctx, key)
 		if err == nil {
-			c.settled(key)
+			c.keys.forget(key)
 		}
 	}) {
 		return fmt.Errorf("%w: %s", ErrInFlight, key)
 	}
 	return err
-}
-
-// dropUnsent reports an intent that this Client created and has not handed
-// to Do, and marks it dropped in the same step, so that a Do that starts
-// meanwhile cannot send it: only then is "not sent" a fact rather than a
-// guess. After a restart a new intent may have been sent (the first attempt
-// is not recorded, to keep to one durable write per intent before Do
-// returns).
-//
-// An intent stored as not sent (a call of it ended with *NotSentError) is
-// unsent too, unless this Client has sent it since: a Do that sends it
-// again first stores it as new, and marks it handed (see markSent) before
-// that, so the record read here may be older than the Do.
-func (c *Client) dropUnsent(rec *persist.Record) bool {
-	if rec.State != persist.StateNew && rec.State != persist.StateNotSent {
-		return false
-	}
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	_, unsent := c.unsent[rec.Key]
-	if !unsent && rec.State == persist.StateNotSent {
-		_, handed := c.handed[rec.Key]
-		unsent = !handed
-	}
-	if !unsent {
-		return false
-	}
-	delete(c.unsent, rec.Key)
-	delete(c.created, rec.Key)
-	delete(c.lastSent, rec.Key)
-	if c.dropped == nil {
-		c.dropped = make(map[string]struct{})
-	}
-	// Kept for the Client's life: an Intent value may still hold the
-	// record, and a Do on it must not send it.
-	c.dropped[rec.Key] = struct{}{}
-	return true
 }
 
 // mayReplace reports whether rec, the action's latest intent as stored, may
@@ -604,76 +485,39 @@ func (c *Client) mayReplace(rec *persist.Record) bool {
 	return rec.State == persist.StateNotSent || rec.Holder == c.id
 }
 
-// undropTaken reverts dropUnsent for a record another Client took over:
-// it is no longer provably unsent.
-func (c *Client) undropTaken(key string) {
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	delete(c.dropped, key)
-	delete(c.unsent, key)
+// State is where an intent stands: one enumeration for the client and
+// its store, persist.State, whose constants (persist.StateSucceeded, ...)
+// name the states. The zero State is invalid.
+type State = persist.State
+
+// UnresolvedError is returned when a new intent is asked for an action
+// whose previous intent has an unknown outcome (match it with errors.As).
+// Starting a second payment then could pay twice. The app decides: settle
+// Previous with Client.Settle (it may still complete, for the old request),
+// or, knowingly, drop it with Client.Forget.
+type UnresolvedError struct {
+	Name     string
+	Previous *Intent
 }
 
-// undrop reverts dropUnsent when the record could not be deleted.
-func (c *Client) undrop(key string) {
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	delete(c.dropped, key)
-	c.unsent[key] = struct{}{}
+func (e *UnresolvedError) Error() string {
+	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
 }
 
-func (c *Client) markCreated(key string) {
-	now := c.sinceBirth()
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	c.unsent[key] = struct{}{}
-	if _, ok := c.created[key]; !ok {
-		c.created[key] = now
-	}
+// ResolvedError is returned when an intent is asked for an action whose
+// latest intent succeeded, with a request other than that intent's (a
+// changed amount, or the same server spelled another way): the action is
+// paid, and a new intent could pay it twice. Previous holds the earlier
+// intent and Response its stored answer. A deliberate second payment for
+// the action is Client.NewIntent.
+type ResolvedError struct {
+	Name     string
+	Previous *Intent
 }
 
-// notReplaced returns an error matching ErrIntentReplaced if Intent has
-// dropped key for a changed request.
-func (c *Client) notReplaced(key string) error {
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	return c.notReplacedLocked(key)
-}
+// Response returns the earlier intent's stored answer.
+func (e *ResolvedError) Response() *Response { return e.Previous.Response() }
 
-func (c *Client) notReplacedLocked(key string) error {
-	if _, dropped := c.dropped[key]; dropped {
-		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
-	}
-	return nil
-}
-
-// markSent records that key is about to be sent, or refuses if Intent has
-// dropped it for a changed request. unsent reports whether the key was
-// provably unsent until now: this Client created it and has not sent it,
-// or the store holds it as not sent (storedNotSent, read under the key's
-// flight, so no other call of this process is sending it).
-func (c *Client) markSent(key string, storedNotSent bool) (unsent bool, err error) {
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	if err := c.notReplacedLocked(key); err != nil {
-		return false, err
-	}
-	// Once sent, the key is no longer provably unsent: forgetting it gives
-	// the same answer from dropUnsent and keeps the map small.
-	_, unsent = c.unsent[key]
-	delete(c.unsent, key)
-	if c.handed == nil {
-		c.handed = make(map[string]struct{})
-	}
-	c.handed[key] = struct{}{}
-	return unsent || storedNotSent, nil
-}
-
-// isUnsent reports whether this Client created key and has not sent it,
-// or dropped it unsent.
-func (c *Client) isUnsent(key string) bool {
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	_, unsent := c.unsent[key]
-	_, dropped := c.dropped[key]
-	return unsent || dropped
+func (e *ResolvedError) Error() string {
+	return fmt.Sprintf("idem: %q was already paid by intent %s with another request; nothing was sent (use NewIntent for a deliberate second payment)", e.Name, e.Previous.Key())
 }

@@ -252,20 +252,20 @@ func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
 	in, err := e.client.Intent(ctx, "checkout:restart", req)
 	require.NoError(t, err)
 	require.NoError(t, idem.Arm(e.client, ctx, in))
-	assert.Equal(t, idem.StateNew, in.State(), "armed here and never sent")
+	assert.Equal(t, persist.StateNew, in.State(), "armed here and never sent")
 	// The process dies here, perhaps with the first attempt on the wire.
 
 	next := e.newClient(t)
 	loaded, err := next.Load(ctx, in.Key())
 	require.NoError(t, err)
-	assert.Equal(t, idem.StatePending, loaded.State())
+	assert.Equal(t, persist.StatePending, loaded.State())
 	unresolved, err := next.Unresolved(ctx)
 	require.NoError(t, err)
 	require.Len(t, unresolved, 1)
-	assert.Equal(t, idem.StatePending, unresolved[0].State())
+	assert.Equal(t, persist.StatePending, unresolved[0].State())
 	again, err := next.Intent(ctx, "checkout:restart", req)
 	require.NoError(t, err)
-	assert.Equal(t, idem.StatePending, again.State())
+	assert.Equal(t, persist.StatePending, again.State())
 	_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
 	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "and it is not replaced as if unsent")
 }
@@ -491,7 +491,7 @@ func TestAnIntentOnTheWireIsNotReplaced(t *testing.T) {
 	g.open()
 	require.NoError(t, <-done)
 	assert.Equal(t, 1, g.h.Stats().ProviderCharges)
-	assert.Equal(t, idem.StateSucceeded, a.State())
+	assert.Equal(t, persist.StateSucceeded, a.State())
 }
 
 func TestUnresolvedLeavesOutResolvedIntents(t *testing.T) {

@@ -18,14 +18,14 @@ func TestMutants(t *testing.T) {
 			// The login page that the followed GET reaches does not echo
 			// the key, so in the simulation the client leaves the outcome
 			// unknown on it anyway: the redirect's own test catches this.
-			Name: "redirect-answer-is-outcome", File: "adapter.go",
+			Name: "redirect-answer-is-outcome", File: "redirect.go",
 			Note:    "a 301, 302 or 303 after a POST is followed and the GET's answer taken for the outcome",
 			Anchor:  "if req.Method != via[0].Method {",
 			Replace: "if false {",
 			Pkg:     root, Run: "^TestRedirectToGETCarriesNoKey$",
 		},
 		{
-			Name: "not-sent-without-the-trace", File: "adapter.go",
+			Name: "not-sent-without-the-trace", File: "call.go",
 			Note:    "a transport that fires no trace is taken to have sent nothing",
 			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",
 			Replace: "if err == nil {",
@@ -41,7 +41,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "settle-all-resends-not-sent", File: "settle.go",
 			Note:    "SettleAll sends an intent the app was told was not sent",
-			Anchor:  "if in.State() == StateNotSent {",
+			Anchor:  "if in.State() == persist.StateNotSent {",
 			Replace: "if false {",
 			Pkg:     root, Run: "^TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough$",
 		},
@@ -53,7 +53,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry$",
 		},
 		{
-			Name: "echo-compared-as-spelled", File: "mark.go",
+			Name: "echo-compared-as-spelled", File: "key.go",
 			Note:    "the echo is compared with the key as spelled, not as the server reads it",
 			Anchor:  "	want := echoKey(key)",
 			Replace: "	want := key",
@@ -63,7 +63,7 @@ func TestMutants(t *testing.T) {
 			Name: "intent-saved-when-shown", File: "intent.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
 			Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",
-			Replace: "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n\tif err := persist.SaveShared(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Replace: "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n\tif err := c.store.Save(ctx, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 			Pkg:     root, Run: "^TestSettleAllNeverSendsAnIntentNobodyTapped$",
 		},
 		{
@@ -81,7 +81,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestTheLatestIntentIsTheLastCreatedWhateverTheClock$",
 		},
 		{
-			Name: "age-ignores-sleep", File: "timeline.go",
+			Name: "age-ignores-sleep", File: "age.go",
 			Note:    "an intent's age ignores the clock that counts device sleep",
 			Anchor:  "\t\tage = max(age, r.boot-cl.Armed)\n",
 			Replace: "\t\t_ = cl\n",
@@ -95,14 +95,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff$",
 		},
 		{
-			Name: "age-ignores-wall-mark", File: "timeline.go",
+			Name: "age-ignores-wall-mark", File: "age.go",
 			Note:    "an intent's age ignores the stored high-water mark of the wall clock",
 			Anchor:  "\tage := max(wall, c.mark(r.wall).Sub(armMark))\n",
 			Replace: "\tage := wall\n\t_ = armMark\n",
 			Pkg:     root, Run: "^TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger$",
 		},
 		{
-			Name: "prune-by-wall-clock", File: "timeline.go",
+			Name: "prune-by-wall-clock", File: "age.go",
 			Note:    "Prune judges an outcome's age by the wall clock alone",
 			Anchor:  "\t\tage = min(age, r.boot-cl.Written)\n",
 			Replace: "\t\t_ = cl\n",
@@ -167,8 +167,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-over-a-take-over", File: "do.go",
 			Note:    "a Client records not sent an intent another Client took over and is sending",
-			Anchor:  "\t\t\tif saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
-			Replace: "\t\t\tif saveErr := c.save(context.WithoutCancel(ctx), in, rec, \"record not sent\"); saveErr != nil && prev != nil {\n",
+			Anchor:  "\tif saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
+			Replace: "\tif saveErr := c.save(context.WithoutCancel(ctx), in, rec, \"record not sent\"); saveErr != nil && prev != nil {\n",
 			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
 		},
 		{
@@ -200,24 +200,24 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestWaitsAtTheCapAreJittered$",
 		},
 		{
-			Name: "hook-misses-canceled-attempt", File: "adapter.go",
+			Name: "hook-misses-canceled-attempt", File: "call.go",
 			Note:    "the attempt hook is not told of an attempt the caller's cancel cut short",
 			Anchor:  "\t\tif st.b.attempts > 0 && st.canceled != st.b.attempts {\n",
 			Replace: "\t\tif false {\n",
 			Pkg:     root, Run: "^TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation$",
 		},
 		{
-			Name: "redirected-key-reuse-final", File: "adapter.go",
+			Name: "redirected-key-reuse-final", File: "call.go",
 			Note:    "a key reuse answer after a redirect to another URL is taken for \"not paid\"",
 			Anchor:  "\treturn st.redirectedKeyReuse(resp, body)\n",
 			Replace: "\treturn nil\n",
 			Pkg:     root, Run: "^TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown$",
 		},
 		{
-			Name: "redirect-forgotten-by-the-next-call", File: "adapter.go",
+			Name: "redirect-forgotten-by-the-next-call", File: "do.go",
 			Note:    "a redirect to another URL is forgotten once its call ends",
-			Anchor:  "unsent: unsent, redirected: rec.Redirected}",
-			Replace: "unsent: unsent, redirected: false}",
+			Anchor:  "unsent: unsent, redirected: rec.Redirected,",
+			Replace: "unsent: unsent, redirected: false,",
 			Pkg:     root, Run: "^TestARedirectToAnotherURLIsRememberedAcrossARestart$",
 		},
 	})

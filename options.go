@@ -1,6 +1,9 @@
 package idem
 
 import (
+	"cmp"
+	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -11,32 +14,109 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Option configures a Client. New checks every option's value and fails
-// with an error that names each one out of range. A nil function or
-// logger means none, as without the option; a nil store, http.Client or
-// clock is refused (leave the option out to get the default).
-type Option func(*Client)
+// Option configures a Client: a function that sets one setting, applied
+// by New in order. New checks every option's value and fails with an error
+// that names each one out of range. A nil function or logger means none,
+// as without the option; a nil store, http.Client or clock is refused
+// (leave the option out to get the default).
+type Option func(*config)
+
+// config is a Client's settings, as the options set them.
+type config struct {
+	http      *http.Client
+	store     persist.Store
+	logger    *slog.Logger // nil: silent
+	clock     clock.Clock
+	policy    RetryPolicy
+	retention time.Duration
+	margin    time.Duration
+	reconcile time.Duration
+	maxBody   int64 // bytes read of one answer, header fields included
+	quoted    bool
+	onAttempt func(Attempt)
+	lookup    func(Request, string) string // nil: none configured
+	// isKeyReused recognises the app's own server's key reuse answers.
+	isKeyReused func(*Response) bool
+	// isServerAnswer recognises the app's own server's unmarked answers.
+	isServerAnswer func(*Response) bool
+	// keptHeaders are the canonical names of the answer's header fields
+	// kept on the device.
+	keptHeaders []string
+	retryBudget RetryBudget  // the client-wide retry budget (WithRetryBudget)
+	settles     settleConfig // SettleAll's (WithSettleConcurrency, WithSettleProgress)
+	invalid     []error      // what the options got wrong (see validate)
+}
+
+// newConfig applies opts in order, refuses every value out of range, and
+// fills in the defaults.
+func newConfig(opts []Option) (config, error) {
+	var c config
+	for _, o := range opts {
+		if o == nil {
+			c.refuse("New: an Option is nil")
+			continue
+		}
+		o(&c)
+	}
+	if err := c.validate(); err != nil {
+		return config{}, err
+	}
+	if c.http == nil {
+		c.http = &http.Client{Timeout: 30 * time.Second}
+	}
+	if c.store == nil {
+		c.store = persist.NewMemory(nil)
+	}
+	if c.clock == nil {
+		c.clock = clock.System()
+	}
+	c.policy = c.policy.withDefaults()
+	if c.retention == 0 {
+		c.retention = defaultRetention
+	}
+	if c.margin == 0 {
+		c.margin = defaultSafetyMargin
+	}
+	if c.retention < 0 || c.margin < 0 || c.margin >= c.retention {
+		return config{}, fmt.Errorf("idem: retention %s with margin %s leaves no time to send", c.retention, c.margin)
+	}
+	if c.reconcile <= 0 {
+		c.reconcile = defaultReconcileDelay
+	}
+	if c.maxBody <= 0 {
+		c.maxBody = defaultMaxResponseBytes
+	}
+	c.keptHeaders = keptHeaders(c.keptHeaders)
+	c.settles.workers = cmp.Or(c.settles.workers, defaultSettleConcurrency)
+	c.invalid = nil
+	return c, nil
+}
+
+// log logs to the app's logger, if it gave one.
+func (c *config) log(ctx context.Context, level slog.Level, msg string, args ...any) {
+	if c.logger != nil {
+		c.logger.Log(ctx, level, msg, args...)
+	}
+}
 
 // WithHTTPClient sends through hc, so the app keeps its transport, proxies,
 // TLS settings, tracing and per-attempt Timeout. The default is an
 // http.Client on http.DefaultTransport with a 30s timeout per attempt.
 func WithHTTPClient(hc *http.Client) Option {
-	return func(c *Client) { c.refuseNil("WithHTTPClient", hc, "an *http.Client"); c.http = hc }
+	return func(c *config) { c.refuseNil("WithHTTPClient", hc, "an *http.Client"); c.http = hc }
 }
 
 // WithStore keeps intents in s. The default is persist.NewMemory(nil),
 // which does not survive a restart; use persist.OpenDir on a device.
 func WithStore(s persist.Store) Option {
-	return func(c *Client) {
+	return func(c *config) {
 		c.refuseNil("WithStore", s, "a persist.Store (persist.OpenDir on a device)")
 		c.store = s
 	}
 }
 
 // WithLogger logs retries and outcomes to l. The default is silence.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *Client) { c.logger = l }
-}
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithClock replaces the system clock, for tests of waiting: pass a
 // clock.Manual, and the same one to the fake server. The clock drives every
@@ -46,11 +126,13 @@ func WithLogger(l *slog.Logger) Option {
 // WithRetention; it also stamps records (CreatedAt, UpdatedAt), from which
 // Reconcile counts its delay. Network I/O runs in real time: an attempt is
 // given what is left of the budget on the clock as a real-time limit (see
-// RetryPolicy.MaxElapsed). A clock that also implements clock.Monotonic
-// lets tests set its wall time anywhere while idem measures elapsed time on
-// its monotonic reading, as it does with the system clock.
+// RetryPolicy.MaxElapsed). A clock that also has a method
+// Monotonic() time.Duration (as clock.Manual does) lets tests set its wall
+// time anywhere while idem measures elapsed time on its monotonic reading,
+// as it does with the system clock; one with SinceBoot, as clock.Manual
+// has, stands for the clock that counts device sleep.
 func WithClock(clk clock.Clock) Option {
-	return func(c *Client) {
+	return func(c *config) {
 		c.refuseNil("WithClock", clk, "a clock.Clock (clock.NewManual in tests)")
 		c.clock = clk
 	}
@@ -58,7 +140,7 @@ func WithClock(clk clock.Clock) Option {
 
 // WithRetryPolicy sets when to retry and how long to wait. New refuses a
 // policy with a field out of range (see RetryPolicy).
-func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy = p } }
+func WithRetryPolicy(p RetryPolicy) Option { return func(c *config) { c.policy = p } }
 
 // WithRetention tells the client how long the server keeps idempotency
 // records, and how long before that it must stop sending a key. An intent
@@ -67,7 +149,7 @@ func WithRetryPolicy(p RetryPolicy) Option { return func(c *Client) { c.policy =
 // through the lookup. Zero values mean 24 hours (the contract's retention)
 // and one hour.
 func WithRetention(retention, margin time.Duration) Option {
-	return func(c *Client) { c.retention, c.margin = retention, margin }
+	return func(c *config) { c.retention, c.margin = retention, margin }
 }
 
 // WithLookup tells the Client how to ask the server what became of a key
@@ -79,7 +161,7 @@ func WithRetention(retention, margin time.Duration) Option {
 // LookupQuery("idempotency_key"). Without a lookup, an intent too old to
 // send again cannot be settled.
 func WithLookup(lookup func(req Request, key string) string) Option {
-	return func(c *Client) { c.lookup = lookup }
+	return func(c *config) { c.lookup = lookup }
 }
 
 // LookupQuery is the lookup of a server that finds the effect of a key at
@@ -110,7 +192,7 @@ func LookupQuery(param string) func(req Request, key string) string {
 // after a "not found" was trusted; only a server that refuses stale
 // requests could close that, and the contract has no such rule. Zero means
 // 2 minutes; New refuses a negative delay.
-func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.reconcile = d } }
+func WithReconcileDelay(d time.Duration) Option { return func(c *config) { c.reconcile = d } }
 
 // WithMaxResponseBytes bounds what is read and kept of one answer: its
 // header fields (as received; the transport's MaxResponseHeaderBytes
@@ -118,7 +200,7 @@ func WithReconcileDelay(d time.Duration) Option { return func(c *Client) { c.rec
 // A larger final answer still resolves the intent from its status, but
 // its body is not kept: the Response says Oversized. Zero means 10
 // MiB; New refuses a negative size.
-func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody = n } }
+func WithMaxResponseBytes(n int64) Option { return func(c *config) { c.maxBody = n } }
 
 // WithStoredHeaders names header fields of final answers to keep on the
 // device besides those kept by default: Content-Type, Location,
@@ -130,7 +212,7 @@ func WithMaxResponseBytes(n int64) Option { return func(c *Client) { c.maxBody =
 // secret, password, session, api-key, credential or csrf in it
 // (Set-Cookie, Authorization, X-Auth-Token, ...).
 func WithStoredHeaders(names ...string) Option {
-	return func(c *Client) { c.keptHeaders = append(c.keptHeaders, names...) }
+	return func(c *config) { c.keptHeaders = append(c.keptHeaders, names...) }
 }
 
 // keptHeaders returns the defaults and the app's names, canonical and
@@ -148,15 +230,13 @@ func keptHeaders(names []string) []string {
 
 // WithQuotedKey sends the key as an RFC 8941 sf-string ("..."), as the IETF
 // draft writes it. The default is the bare value deployed APIs expect.
-func WithQuotedKey() Option { return func(c *Client) { c.quoted = true } }
+func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
 
 // WithAttemptHook calls f after every attempt with its outcome and the wait
 // chosen before the next one. f runs on the goroutine of the call and must
 // not block; calls made at once (SettleAll settles a few intents at a time)
 // call it from several goroutines at once.
-func WithAttemptHook(f func(Attempt)) Option {
-	return func(c *Client) { c.onAttempt = f }
-}
+func WithAttemptHook(f func(Attempt)) Option { return func(c *config) { c.onAttempt = f } }
 
 // WithKeyReusedAnswer tells idem how the app's own server says that a key
 // was used with a different request, when it says it otherwise than the
@@ -165,7 +245,7 @@ func WithAttemptHook(f func(Attempt)) Option {
 // 2xx and reports whether it is such a refusal; the intent is then rejected
 // and the error matches ErrKeyReused. f must not keep resp.
 func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
-	return func(c *Client) { c.isKeyReused = f }
+	return func(c *config) { c.isKeyReused = f }
 }
 
 // WithServerAnswer tells idem how to recognise the app's own server's
@@ -181,5 +261,61 @@ func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
 // 4xx from a send settles the intent, a lookup's 2xx makes it succeeded
 // and a lookup's 404 makes it void. f must not keep resp.
 func WithServerAnswer(f func(resp *Response) bool) Option {
-	return func(c *Client) { c.isServerAnswer = f }
+	return func(c *config) { c.isServerAnswer = f }
+}
+
+// Defaults of a Client; each can be changed with an Option.
+const (
+	// defaultRetention is the server's retention of idempotency records
+	// that the client assumes (the contract's default).
+	defaultRetention = 24 * time.Hour
+	// defaultSafetyMargin is how long before the server's retention ends
+	// the client stops sending a key.
+	defaultSafetyMargin = time.Hour
+	// defaultReconcileDelay is how long after an intent's last attempt a
+	// "not found" from the server's lookup is trusted to mean "never done".
+	// It is the longest time the client assumes a request may take from
+	// the device to the server's record: held in the network or a proxy's
+	// queue, then the server's lease and processing time. A request held
+	// longer than that (a proxy that queues it for an hour) can arrive
+	// after a "not found" was trusted; only a server that refuses stale
+	// requests could close that, and the contract has no such rule.
+	defaultReconcileDelay = 2 * time.Minute
+	// defaultMaxResponseBytes bounds what is read of one answer: its
+	// header fields and body together.
+	defaultMaxResponseBytes = 10 << 20
+)
+
+// policyFor returns the policy of a call made with ctx.
+func (c *config) policyFor(ctx context.Context) RetryPolicy {
+	p, ok := ctx.Value(policyKey{}).(RetryPolicy)
+	if !ok {
+		return c.policy
+	}
+	base := c.policy // defaults filled in
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = base.MaxAttempts
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = base.MaxElapsed
+	}
+	if p.InitialInterval <= 0 {
+		p.InitialInterval = base.InitialInterval
+	}
+	if p.MaxInterval <= 0 {
+		p.MaxInterval = base.MaxInterval
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = base.Multiplier
+	}
+	if p.Jitter == 0 {
+		p.Jitter = base.Jitter
+		if p.Jitter == 0 {
+			p.Jitter = -1 // the Client's: none
+		}
+	}
+	if p.MaxRetryAfter <= 0 {
+		p.MaxRetryAfter = base.MaxRetryAfter
+	}
+	return p.withDefaults()
 }

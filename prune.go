@@ -10,14 +10,14 @@ import (
 )
 
 const (
-	// TombstoneLifetime is how long Prune keeps the tombstone of an
+	// tombstoneLifetime is how long Prune keeps the tombstone of an
 	// action's latest resolved intent, counted from its outcome by the
 	// smallest age any clock reports.
-	TombstoneLifetime = 90 * 24 * time.Hour
-	// MaxTombstones bounds the tombstones a store keeps; beyond it Prune
+	tombstoneLifetime = 90 * 24 * time.Hour
+	// maxTombstones bounds the tombstones a store keeps; beyond it Prune
 	// removes the oldest first. A tombstone holds no bodies and no request
 	// headers: a few hundred bytes.
-	MaxTombstones = 4096
+	maxTombstones = 4096
 )
 
 // Prune deletes from the store the resolved intents whose outcome is older
@@ -26,7 +26,7 @@ const (
 //
 // The age is the smallest any clock reports: the wall clock since the
 // outcome was saved and, within the same boot, the clock that counts
-// device sleep since then (see clock.Boot). A payment saved while the
+// device sleep since then (a Clock with SinceBoot, as the system clock has). A payment saved while the
 // device's clock was days behind, and pruned after the clock was put
 // right, is judged by how long ago it really was, so far as the device can
 // tell.
@@ -41,8 +41,8 @@ const (
 // is still its declined intent (NewIntent pays again), as before Prune;
 // and an action's sequence numbers never go back, so an intent made
 // before Prune, not yet armed, never overtakes the action's intents made
-// after it. A tombstone is deleted once older than TombstoneLifetime, or,
-// beyond MaxTombstones, oldest first; after that the action has no
+// after it. A tombstone is deleted once older than 90 days, or,
+// beyond 4096 tombstones, oldest first; after that the action has no
 // history on the device: an intent for it that was made before and is
 // armed after may then be armed as the action's latest.
 //
@@ -56,7 +56,7 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 	if listErr != nil && !errors.As(listErr, &corrupt) {
 		return 0, listErr
 	}
-	now := c.read()
+	now := c.clocks.read()
 	byName := make(map[string][]*persist.Record)
 	for _, r := range recs {
 		if r.Name != "" {
@@ -75,14 +75,14 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 		if !r.State.Resolved() {
 			continue
 		}
-		age := c.resolvedAge(r, now)
+		age := c.clocks.resolvedAge(r, now)
 		switch {
 		case keep[r.Key]:
 			// The action's latest intent, whatever its outcome, keeps its
 			// Seq in the store, so that an intent made for the action
 			// before this Prune (its Seq above it, unarmed in memory) never
 			// overtakes one made after.
-			if r.Tombstone && age >= TombstoneLifetime {
+			if r.Tombstone && age >= tombstoneLifetime {
 				drop[r.Key] = r.UpdatedAt
 				continue
 			}
@@ -101,11 +101,11 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 			drop[r.Key] = r.UpdatedAt
 		}
 	}
-	if over := len(tombs) - MaxTombstones; over > 0 {
+	if over := len(tombs) - maxTombstones; over > 0 {
 		// The oldest go first: sorted by smallest age, largest first.
 		ages := make(map[string]time.Duration, len(tombs))
 		for _, t := range tombs {
-			ages[t.Key] = c.resolvedAge(t, now)
+			ages[t.Key] = c.clocks.resolvedAge(t, now)
 		}
 		for range over {
 			oldest := 0

@@ -39,7 +39,7 @@ import (
 //     since only an earlier process can have sent it. An expired intent
 //     waits like any other: its last attempt may have left just before
 //     expiry. The wait is measured on the in-process timeline, which no
-//     setting of the wall clock moves (see clock.Monotonic).
+//     setting of the wall clock moves (a Clock with Monotonic, as the system clock has).
 //   - 404 sooner than that: an attempt may still be on its way, so
 //     Reconcile returns an error matching ErrOutcomeUnknown that says how
 //     long to wait, and changes nothing. Try again later.
@@ -74,7 +74,7 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 	if c.lookup == nil {
 		return nil, fmt.Errorf("idem: cannot reconcile intent %s: the Client has no lookup (WithLookup)", in.Key())
 	}
-	if in.State() == StateNew && in.isUnarmed() {
+	if in.State() == persist.StateNew && in.isUnarmed() {
 		return nil, fmt.Errorf("idem: intent %s was never armed, so never sent: there is nothing to reconcile", in.Key())
 	}
 	key := in.Key()
@@ -85,13 +85,16 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 	)
 	// Holding the key keeps a Do from sending while the lookup decides,
 	// and its save from racing this one's.
-	if !c.flights.exclusive(key, func() { resp, err = c.settle(ctx, in, key, lookupURL) }) {
+	if !c.flights.exclusive(key, func() { resp, err = c.askLookup(ctx, in, key, lookupURL) }) {
 		return nil, fmt.Errorf("%w: %s; reconcile it when the Do returns", ErrInFlight, key)
 	}
 	return resp, err
 }
 
-func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) (*Response, error) {
+// askLookup is Reconcile's body, run while no call of key runs in this
+// Client: it asks the server's lookup at lookupURL what became of key, and
+// concludes only on the server's word.
+func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL string) (*Response, error) {
 	cur, err := c.store.Get(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("idem: loading intent %s: %w", key, err)
@@ -117,7 +120,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	// Whether an attempt may still arrive is decided as the lookup leaves:
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.
-	wait := c.mayStillArrive(key)
+	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile)
 	// Never a key on GET: the lookup is naturally idempotent. A redirect
 	// is not followed: the page it leads to (a login page, say) is not the
 	// lookup's answer, and a 3xx settles nothing.
@@ -170,6 +173,6 @@ func (c *Client) settle(ctx context.Context, in *Intent, key, lookupURL string) 
 	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
 		return out, err
 	}
-	c.settled(key)
+	c.keys.forget(key)
 	return out, nil
 }

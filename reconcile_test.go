@@ -67,7 +67,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		stored, err := disk.Get(ctx, in.Key())
 		require.NoError(t, err)
 		require.Equal(t, persist.StateNew, stored.State, "the attempt was never recorded")
-		require.Equal(t, idem.StatePending, loaded.State(), "yet it may have been sent")
+		require.Equal(t, persist.StatePending, loaded.State(), "yet it may have been sent")
 		_, err = after.Reconcile(ctx, loaded)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the dead process's attempt may still be on its way")
 		assert.False(t, loaded.State().Resolved())
@@ -76,7 +76,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk.Advance(reconcileDelay)
 		_, err = after.Reconcile(ctx, loaded)
 		require.NoError(t, err)
-		assert.Equal(t, idem.StateSucceeded, loaded.State(), "found, not void")
+		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
@@ -108,7 +108,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk.Advance(reconcileDelay)
 		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err)
-		assert.Equal(t, idem.StateSucceeded, in.State())
+		assert.Equal(t, persist.StateSucceeded, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
@@ -133,7 +133,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk.Advance(reconcileDelay - time.Second)
 		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the 404 tells the server's state when the lookup left, when the attempt could still arrive")
-		assert.NotEqual(t, idem.StateVoid, in.State())
+		assert.NotEqual(t, persist.StateVoid, in.State())
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
@@ -151,7 +151,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		require.NoError(t, idem.Arm(c, ctx, in))
 		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err, "no attempt was ever made: nothing can arrive")
-		assert.Equal(t, idem.StateVoid, in.State())
+		assert.Equal(t, persist.StateVoid, in.State())
 	})
 }
 
@@ -190,7 +190,7 @@ func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
 	took := time.Since(start)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, idem.StateNew, in.State())
+	assert.Equal(t, persist.StateNew, in.State())
 }
 
 // A lookup's answer is stored like a final answer: only the header fields
@@ -282,7 +282,7 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 	_, err = c.Reconcile(ctx, in)
 	var saveErr *idem.SaveError
 	require.ErrorAs(t, err, &saveErr)
-	assert.NotEqual(t, idem.StateVoid, in.State(),
+	assert.NotEqual(t, persist.StateVoid, in.State(),
 		"the store still holds the intent unresolved and would send it again: an app told void could pay twice")
 	assert.False(t, in.State().Resolved())
 }
@@ -298,7 +298,7 @@ func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
 	resp, err := e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, persist.StateSucceeded, in.State())
 	assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount)
 }
 
@@ -315,12 +315,12 @@ func TestReconcileDoesNotTrustAnEarlyNotFound(t *testing.T) {
 
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 404 right after the attempt is not trusted")
-	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, persist.StatePending, in.State())
 
 	e.clock.Advance(reconcileDelay)
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, persist.StateVoid, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 }
 
@@ -337,14 +337,14 @@ func TestReconcileNeverVoidsADeadWorkersCharge(t *testing.T) {
 	// from a slow one: not settled.
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "never void while the server holds the key")
-	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, persist.StatePending, in.State())
 
 	// Once the lease has ended, the server's lookup asks the provider and
 	// records the charge that was made: paid, charged once.
 	e.clock.Advance(reconcileDelay)
 	_, err = e.client.Reconcile(context.Background(), in)
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, persist.StateSucceeded, in.State())
 	st := e.srv.Stats()
 	assert.Equal(t, 1, st.ProviderCharges)
 	assert.Equal(t, 1, st.Payments)
@@ -366,7 +366,7 @@ func TestReconcileUnavailableIsUnknown(t *testing.T) {
 	var apiErr *idem.APIError
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, http.StatusServiceUnavailable, apiErr.StatusCode)
-	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, persist.StatePending, in.State())
 }
 
 // gateStore holds the first Get after arm until release, so a test can
@@ -423,12 +423,12 @@ func TestReconcileHoldsTheIntentAgainstDo(t *testing.T) {
 	require.ErrorIs(t, c.Forget(ctx, in), idem.ErrInFlight)
 	close(gate.release)
 	require.NoError(t, <-reconciled)
-	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, persist.StateVoid, in.State())
 
 	// Then the Do runs on its own and finds the intent settled: it sends
 	// nothing, so the void stays true.
 	require.Error(t, <-done)
-	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, persist.StateVoid, in.State())
 	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 	assert.Equal(t, 0, e.srv.Stats().Executions)
 }
@@ -579,7 +579,7 @@ func TestAProxysNotFoundOnTheLookupNeverVoidsAPaymentThatHappened(t *testing.T) 
 			require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the stranger's answer cannot tell")
 			stored, err := c.Load(ctx, in.Key())
 			require.NoError(t, err)
-			assert.Equal(t, idem.StateExpired, stored.State(), "nothing changes")
+			assert.Equal(t, persist.StateExpired, stored.State(), "nothing changes")
 			assert.Equal(t, 1, f.origin.Stats().Payments, "nobody pays twice")
 
 			inFront.Store(false)
@@ -629,7 +629,7 @@ func TestAFallbackPageOnTheLookupIsNeverTakenForThePayment(t *testing.T) {
 			require.NotNil(t, resp, "the stranger's answer is returned for the app to see")
 			stored, err := c.Load(ctx, in.Key())
 			require.NoError(t, err)
-			assert.Equal(t, idem.StateExpired, stored.State(), "not succeeded: nothing changes")
+			assert.Equal(t, persist.StateExpired, stored.State(), "not succeeded: nothing changes")
 			assert.Nil(t, stored.Response(), "no stranger's page is stored as the intent's answer")
 			assert.Zero(t, f.origin.Stats().Payments)
 
@@ -639,7 +639,7 @@ func TestAFallbackPageOnTheLookupIsNeverTakenForThePayment(t *testing.T) {
 			assert.Equal(t, http.StatusCreated, resp.StatusCode)
 			stored, err = c.Load(ctx, in.Key())
 			require.NoError(t, err)
-			assert.Equal(t, idem.StateVoid, stored.State(), "the server's typed miss voids it")
+			assert.Equal(t, persist.StateVoid, stored.State(), "the server's typed miss voids it")
 			assert.Equal(t, 1, f.origin.Stats().Payments, "paid once")
 		})
 	}
@@ -660,27 +660,27 @@ func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 		{"200 with the echo", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
-		}, nil, idem.StateSucceeded},
+		}, nil, persist.StateSucceeded},
 		{"200 with a quoted echo", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Idempotency-Key", `"`+r.URL.Query().Get("idempotency_key")+`"`)
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
-		}, nil, idem.StateSucceeded},
+		}, nil, persist.StateSucceeded},
 		{"200 echoing another key", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Idempotency-Key", "another-key")
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
-		}, nil, idem.StateExpired},
-		{"typed miss without the echo", func(w http.ResponseWriter, _ *http.Request) { writeKeyUnused(w) }, nil, idem.StateVoid},
+		}, nil, persist.StateExpired},
+		{"typed miss without the echo", func(w http.ResponseWriter, _ *http.Request) { writeKeyUnused(w) }, nil, persist.StateVoid},
 		{"recognised 200", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("X-Served-By", "payments")
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
-		}, []idem.Option{recognised}, idem.StateSucceeded},
+		}, []idem.Option{recognised}, persist.StateSucceeded},
 		{"recognised 404", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("X-Served-By", "payments")
 			strangerPage(w, http.StatusNotFound, "application/json", `{"error":"not found"}`)
-		}, []idem.Option{recognised}, idem.StateVoid},
+		}, []idem.Option{recognised}, persist.StateVoid},
 		{"unrecognised 404 with a recogniser", func(w http.ResponseWriter, _ *http.Request) {
 			strangerPage(w, http.StatusNotFound, "text/html", "<html>Not Found</html>")
-		}, []idem.Option{recognised}, idem.StateExpired},
+		}, []idem.Option{recognised}, persist.StateExpired},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -728,5 +728,5 @@ func TestTheLookupAsksCachesToAskTheServer(t *testing.T) {
 	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
 	assert.Equal(t, "no-cache", cacheControl.Load())
-	assert.Equal(t, idem.StateVoid, in.State())
+	assert.Equal(t, persist.StateVoid, in.State())
 }

@@ -814,10 +814,10 @@ func (run *randomRun) settle(g *generation, it *rIntent, in *idem.Intent, r *ran
 		}
 		run.reconciles.Add(1)
 		switch in.State() {
-		case idem.StateSucceeded:
+		case persist.StateSucceeded:
 			it.final = resp
 			return false, true
-		case idem.StateVoid:
+		case persist.StateVoid:
 			return true, true
 		}
 		run.t.Errorf("intent %d: reconciled to %s", it.i, in.State())
@@ -1144,22 +1144,22 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			require.NoError(t, err, "reconcile intent %d", it.i)
 			state = in.State()
 			switch state {
-			case idem.StateSucceeded:
+			case persist.StateSucceeded:
 				reconciledPaid++
 				assert.False(t, it.declined, "intent %d: a declined card reconciled as paid", it.i)
 				it.final = resp
-			case idem.StateVoid:
+			case persist.StateVoid:
 				reconciledVoid++
-			case idem.StateFailed:
+			case persist.StateFailed:
 				assert.True(t, it.declined, "intent %d: resumed to a failure", it.i)
 				it.final = resp
 			default:
 				t.Errorf("intent %d: reconciled to %s", it.i, state)
 			}
 		}
-		a := run.askServer(hc, it, state == idem.StateSucceeded || state == idem.StateFailed)
+		a := run.askServer(hc, it, state == persist.StateSucceeded || state == persist.StateFailed)
 		switch state {
-		case idem.StateSucceeded:
+		case persist.StateSucceeded:
 			succeeded++
 			require.NotNil(t, in.Response(), "intent %d", it.i)
 			assert.False(t, it.declined, "intent %d: a declined card succeeded", it.i)
@@ -1175,7 +1175,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 				}
 				assert.Equal(t, paymentID(t, a.lookupBody), paymentID(t, it.final.Body), "intent %d", it.i)
 			}
-		case idem.StateFailed:
+		case persist.StateFailed:
 			declined++
 			assert.True(t, it.declined, "intent %d failed: %d %s", it.i, in.Response().StatusCode, in.Response().Body)
 			assert.Equal(t, http.StatusPaymentRequired, in.Response().StatusCode, "intent %d", it.i)
@@ -1185,7 +1185,7 @@ func (run *randomRun) check(intents []*rIntent, wall time.Duration) {
 			if it.final != nil {
 				assert.Equal(t, string(a.replayBody), string(it.final.Body), "intent %d", it.i)
 			}
-		case idem.StateVoid:
+		case persist.StateVoid:
 			void++
 			assert.Equal(t, http.StatusNotFound, a.lookupStatus, "intent %d: void but the server has payment %s", it.i, a.lookupBody)
 		default:
@@ -1286,7 +1286,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	clk.Advance(reconcileDelay + time.Minute) // past the lease and the reconcile delay
 	_, err = c.Reconcile(ctx, in)
 	if err == nil {
-		require.NotEqual(t, idem.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
+		require.NotEqual(t, persist.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
 	} else {
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "unsettled, not void")
 		assert.False(t, in.State().Resolved())
@@ -1296,7 +1296,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	}
-	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, persist.StateSucceeded, in.State())
 	stats := srv.Stats()
 	assert.Equal(t, 1, stats.Payments)
 	assert.Equal(t, 1, stats.ProviderCharges, "one user action, one charge")

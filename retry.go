@@ -2,9 +2,6 @@ package idem
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -101,40 +98,6 @@ func ContextWithRetryPolicy(ctx context.Context, p RetryPolicy) context.Context 
 	return context.WithValue(ctx, policyKey{}, p)
 }
 
-// policyFor returns the policy of a call made with ctx.
-func (c *Client) policyFor(ctx context.Context) RetryPolicy {
-	p, ok := ctx.Value(policyKey{}).(RetryPolicy)
-	if !ok {
-		return c.policy
-	}
-	base := c.policy // defaults filled in
-	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = base.MaxAttempts
-	}
-	if p.MaxElapsed <= 0 {
-		p.MaxElapsed = base.MaxElapsed
-	}
-	if p.InitialInterval <= 0 {
-		p.InitialInterval = base.InitialInterval
-	}
-	if p.MaxInterval <= 0 {
-		p.MaxInterval = base.MaxInterval
-	}
-	if p.Multiplier < 1 {
-		p.Multiplier = base.Multiplier
-	}
-	if p.Jitter == 0 {
-		p.Jitter = base.Jitter
-		if p.Jitter == 0 {
-			p.Jitter = -1 // the Client's: none
-		}
-	}
-	if p.MaxRetryAfter <= 0 {
-		p.MaxRetryAfter = base.MaxRetryAfter
-	}
-	return p.withDefaults()
-}
-
 // Attempt describes one attempt, for the hook set with WithAttemptHook.
 type Attempt struct {
 	Key    string
@@ -159,94 +122,8 @@ type Attempt struct {
 	Duration time.Duration
 }
 
-// retryableStatus reports an answer that does not settle the intent: the
-// server may or may not have done the work, or has not done it yet, and the
-// same key may be sent again. These are 408, 409 (in progress), 429, every
-// 5xx (a proxy's 520-524 as much as the origin's 500: a 5xx says nothing
-// about whether the work was done) and every status outside 100-599, which
-// no server states a meaning for. An answer the server marked as its stored
-// record is final whatever its status: see replayed.
-func retryableStatus(code int) bool {
-	switch {
-	case code < 100 || code > 599, code >= 500:
-		return true
-	}
-	switch code {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
-		return true
-	}
-	return false
-}
-
-// replayed reports an answer marked Idempotent-Replayed: true, the
-// server's stored record for the key: final, whatever its status, because
-// sending the key again only replays it.
-func replayed(h http.Header) bool {
-	return strings.EqualFold(strings.TrimSpace(h.Get("Idempotent-Replayed")), "true")
-}
-
-// settles reports whether an answer with this status and headers is the
-// intent's final answer. A redirect that is not followed is not: see
-// unfollowedRedirect.
-func settles(code int, h http.Header) bool {
-	return replayed(h) || !retryableStatus(code) && !unfollowedRedirect(code)
-}
-
-// unfollowedRedirect reports a 3xx that reached the client: one that
-// redirectPolicy did not follow (301, 302, 303 after a POST) or that
-// net/http could not (no Location, 300, 304). It comes from whoever stands
-// in front of the server (a login page, a CDN) or from a server that did
-// the work and points at its result (303): it says nothing about the work,
-// nor about an earlier attempt that may have reached the server. So it
-// ends the call at once, its outcome unknown, unless the server marked it
-// as its stored record.
-func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
-
-// retryableError reports whether a transport error may be retried. Every
-// network failure is, including those after the request was written: the
-// key makes the repeat harmless. An oversized answer is not, nor is an
-// error that proves the request never reached the server (neverReached):
-// no retry will fix those. Errors are classified by type, never by message
-// text.
-func retryableError(err error) bool {
-	return !errors.Is(err, errBodyTooLarge) && !neverReached(err)
-}
-
-// redirectSchemeError ends a redirect to a Location whose scheme net/http
-// cannot send to.
-type redirectSchemeError struct{ location string }
-
 func (e *redirectSchemeError) Error() string {
 	return fmt.Sprintf("idem: redirected to %s, whose scheme is not http or https", e.location)
-}
-
-// neverReached reports an error that proves the request was never written
-// to a server that does the work:
-//
-//   - a certificate refused (unknown authority, wrong hostname, invalid):
-//     the TLS handshake failed, and the request is written only after it;
-//   - a plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch);
-//   - a redirect to a scheme net/http cannot send to, or a redirect loop:
-//     only servers that answered 307 or 308 saw the request.
-//
-// It speaks of the last try only: net/http may have written the same
-// request on a reused connection first (see call.mayHaveReached).
-func neverReached(err error) bool {
-	var (
-		unknownAuthority x509.UnknownAuthorityError
-		hostname         x509.HostnameError
-		invalid          x509.CertificateInvalidError
-		verify           *tls.CertificateVerificationError
-		scheme           *redirectSchemeError
-	)
-	switch {
-	case errors.As(err, &unknownAuthority), errors.As(err, &hostname),
-		errors.As(err, &invalid), errors.As(err, &verify),
-		errors.Is(err, http.ErrSchemeMismatch),
-		errors.As(err, &scheme), errors.Is(err, errRedirectLoop):
-		return true
-	}
-	return false
 }
 
 // maxRetryAfterSeconds bounds delta-seconds before conversion, so that a

@@ -21,7 +21,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
-	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -74,77 +73,6 @@ func FuzzParseRetryAfter(f *testing.F) {
 			t.Fatalf("wait %s reported for unparseable %q", d, v)
 		}
 	})
-}
-
-func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
-	t.Parallel()
-	retry := map[int]bool{408: true, 409: true, 429: true}
-	for code := 0; code < 1000; code++ {
-		want := retry[code] || code >= 500 || code < 100
-		assert.Equal(t, want, retryableStatus(code), "status %d", code)
-		redirect := code >= 300 && code < 400
-		assert.Equal(t, !want && !redirect, settles(code, http.Header{}), "status %d", code)
-		assert.True(t, settles(code, http.Header{"Idempotent-Replayed": {"true"}}), "status %d replayed", code)
-	}
-
-	// A CDN in front of the server answers its own 5xx (or a status no
-	// server defines) after the server charged: the intent is not failed,
-	// and the retry gets the server's stored answer.
-	for _, code := range []int{501, 507, 520, 522, 524, 599, 600, 999, 42} {
-		t.Run(strconv.Itoa(code), func(t *testing.T) {
-			t.Parallel()
-			clk := clock.NewManual(retryAfterNow)
-			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-			t.Cleanup(srv.Close)
-			cdn := &statusAfterWork{base: srv.Client().Transport, status: code, times: 1}
-			c, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
-			require.NoError(t, err)
-			in := newPayment(t, c, srv.URL)
-
-			resp, err := c.Do(context.Background(), in)
-			require.NoError(t, err)
-			assert.Equal(t, http.StatusCreated, resp.StatusCode)
-			assert.True(t, resp.Replayed, "the second attempt got the stored answer")
-			assert.Equal(t, 2, resp.Attempts)
-			assert.Equal(t, 1, srv.Stats().ProviderCharges)
-
-			// With no attempt left, the outcome is unknown, not failed.
-			cdn.times = 1
-			c1, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
-			require.NoError(t, err)
-			in = newPayment(t, c1, srv.URL)
-			_, err = c1.Do(context.Background(), in)
-			require.ErrorIs(t, err, ErrOutcomeUnknown)
-			assert.False(t, in.State().Resolved(), "a %d says nothing about the work", code)
-		})
-	}
-}
-
-func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
-	t.Parallel()
-	var requests atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
-		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(http.StatusInternalServerError)
-	}))
-	t.Cleanup(srv.Close)
-	c, err := New(WithHTTPClient(srv.Client()), WithClock(clock.NewManual(retryAfterNow)))
-	require.NoError(t, err)
-	in := newPayment(t, c, srv.URL)
-
-	resp, err := c.Do(context.Background(), in)
-	var apiErr *APIError
-	require.ErrorAs(t, err, &apiErr)
-	assert.NotErrorIs(t, err, ErrOutcomeUnknown)
-	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
-	assert.True(t, resp.Replayed)
-	assert.EqualValues(t, 1, requests.Load(), "the server's stored record is not asked for again")
-	assert.True(t, in.State().Resolved())
-
-	_, err = c.Do(context.Background(), in)
-	require.ErrorAs(t, err, &apiErr)
-	assert.EqualValues(t, 1, requests.Load(), "a later Do answers from the device")
 }
 
 // statusAfterWork lets the server do the work and then replaces its answer
@@ -541,7 +469,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			require.ErrorAs(t, err, &notSent, "every attempt failed before writing the request")
 			assert.NotErrorIs(t, err, ErrOutcomeUnknown)
 			assert.Len(t, clk.Sleeps(), 2, "the network may come back: the call retries within its budget")
-			assert.Equal(t, StateNotSent, in.State())
+			assert.Equal(t, persist.StateNotSent, in.State())
 
 			// The changed cart goes through.
 			changed, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 2500})
@@ -561,7 +489,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			require.NoError(t, err)
 			require.Len(t, settled, 1)
 			assert.ErrorAs(t, settled[0].Err, &notSent)
-			assert.Equal(t, StateNotSent, settled[0].Intent.State())
+			assert.Equal(t, persist.StateNotSent, settled[0].Intent.State())
 			assert.Zero(t, attempts.Load(), "SettleAll does not send what the app was told was not sent")
 
 			// A changed cart still replaces it after the restart.
@@ -576,7 +504,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			assert.EqualValues(t, 1, attempts.Load(), "Send sends it")
 			loaded, err := restarted.Load(ctx, notSent.Key)
 			require.NoError(t, err)
-			assert.Equal(t, StateNotSent, loaded.State())
+			assert.Equal(t, persist.StateNotSent, loaded.State())
 		})
 	}
 }
@@ -612,7 +540,7 @@ func TestNotSentIsProvenByTheTraceAlone(t *testing.T) {
 			_, err = c.Do(ctx, in)
 			assert.NotErrorIs(t, err, ErrNotSent)
 			assert.ErrorIs(t, err, ErrOutcomeUnknown)
-			assert.Equal(t, StatePending, in.State())
+			assert.Equal(t, persist.StatePending, in.State())
 			changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
 			require.NoError(t, err)
 			_, err = c.Intent(ctx, "checkout", changed)
@@ -657,7 +585,7 @@ func TestNotSentSurvivesARestartOnTheFileStore(t *testing.T) {
 	settled, err := c.SettleAll(ctx)
 	require.NoError(t, err)
 	require.Len(t, settled, 1)
-	assert.Equal(t, StateNotSent, settled[0].Intent.State())
+	assert.Equal(t, persist.StateNotSent, settled[0].Intent.State())
 	require.ErrorAs(t, settled[0].Err, &notSent)
 	changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
 	require.NoError(t, err)

@@ -64,12 +64,12 @@ const (
 // what it does and its defaults, which apply without this option. New
 // refuses a field below -1, and -1 in the costs.
 func WithRetryBudget(b RetryBudget) Option {
-	return func(c *Client) {
+	return func(c *config) {
 		if err := b.validate(); err != nil {
 			c.invalid = append(c.invalid, err)
 			return
 		}
-		c.tokens = newTokenBucket(b)
+		c.retryBudget = b
 	}
 }
 
@@ -196,7 +196,7 @@ func timedOut(err error) bool {
 // attempt that failed with err (nil: a retryable answer), and returns why
 // the call must stop instead, or nil.
 func (st *call) spendRetry(err error) *stop {
-	cost := st.c.tokens.take(st.c.clock.Now(), err)
+	cost := st.tokens.take(st.cfg.clock.Now(), err)
 	if cost == 0 {
 		return &stop{reason: StopRetryBudget}
 	}
@@ -209,7 +209,7 @@ func (st *call) spendRetry(err error) *stop {
 // began): no request went out for those tokens.
 func (st *call) unspendRetry() {
 	if st.paidFor > st.b.attempts {
-		st.c.tokens.give(st.c.clock.Now(), st.retryCost)
+		st.tokens.give(st.cfg.clock.Now(), st.retryCost)
 		st.paidFor = 0
 	}
 }
@@ -221,5 +221,5 @@ func (st *call) refundRetry() {
 	if st.b.attempts <= 1 {
 		n = firstAnswerRefund
 	}
-	st.c.tokens.give(st.c.clock.Now(), n)
+	st.tokens.give(st.cfg.clock.Now(), n)
 }

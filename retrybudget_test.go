@@ -128,7 +128,7 @@ func TestRetryBudgetSpendsOnRetriesAndRefundsOnAnswers(t *testing.T) {
 	assert.Contains(t, err.Error(), "client-wide retry budget spent")
 	in, err := c.Load(context.Background(), keyOf(t, err))
 	require.NoError(t, err)
-	assert.Equal(t, idem.StatePending, in.State(), "503s came back: the server may have done it")
+	assert.Equal(t, persist.StatePending, in.State(), "503s came back: the server may have done it")
 
 	n, err = send(t, c, srv, 2)
 	assert.Equal(t, 1, n, "an empty bucket: the first attempt only")
@@ -279,7 +279,7 @@ func TestRetryBudgetBoundsADeadServerAtAppStart(t *testing.T) {
 	for _, s := range settled {
 		var re *idem.RetryError
 		require.True(t, errors.As(s.Err, &re))
-		assert.Equal(t, idem.StatePending, s.Intent.State(), "the outcome stays unknown")
+		assert.Equal(t, persist.StatePending, s.Intent.State(), "the outcome stays unknown")
 		if re.Reason == idem.StopRetryBudget {
 			stopped++
 		}
@@ -392,13 +392,13 @@ func TestRetryBudgetEmptyOnAnInFlightAnswerLeavesThePaymentPending(t *testing.T)
 	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	in, err := c.Load(context.Background(), keyOf(t, err))
 	require.NoError(t, err)
-	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, persist.StatePending, in.State())
 	// Settle on the empty bucket: one attempt, still pending.
 	before := srv.count()
 	_, err = c.Settle(context.Background(), in)
 	requireStop(t, err, idem.StopRetryBudget)
 	assert.Equal(t, 1, srv.count()-before)
-	assert.Equal(t, idem.StatePending, in.State())
+	assert.Equal(t, persist.StatePending, in.State())
 }
 
 // One budget for every kind of call at once: Sends, requests through the
@@ -468,7 +468,7 @@ func TestRetryBudgetSharedByConcurrentCalls(t *testing.T) {
 	for _, key := range pending {
 		in, err := c.Load(ctx, key)
 		require.NoError(t, err)
-		assert.Equal(t, idem.StatePending, in.State())
+		assert.Equal(t, persist.StatePending, in.State())
 	}
 }
 
@@ -487,14 +487,14 @@ func TestRetryBudgetEmptyAfterLostAnswersChargesOnce(t *testing.T) {
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 3})
 	_, err = c.Do(context.Background(), in)
 	requireStop(t, err, idem.StopRetryBudget)
-	assert.Equal(t, idem.StatePending, in.State(), "the server charged: never not sent")
+	assert.Equal(t, persist.StatePending, in.State(), "the server charged: never not sent")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 
 	resp, err := c.Settle(context.Background(), in)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Equal(t, 1, resp.Attempts, "the empty bucket allows a first attempt")
-	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, persist.StateSucceeded, in.State())
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "charged once")
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/idemkit/idem/persist"
 )
 
 // Send is the one call for a Pay button: it sends req once for the action
@@ -42,7 +44,7 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 		return nil, err
 	}
 	resp, err := c.Settle(ctx, in)
-	if err != nil || in.State() != StateVoid {
+	if err != nil || in.State() != persist.StateVoid {
 		return resp, err
 	}
 	// The server never did it (it was void, or the lookup just found so):
@@ -75,7 +77,7 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 // unresolved.
 //
 // An intent the lookup showed was never done ends void: Settle returns a
-// nil Response and a nil error, and in.State() is StateVoid.
+// nil Response and a nil error, and in.State() is persist.StateVoid.
 func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Settle with a nil intent")
@@ -84,7 +86,7 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	switch {
 	case err == nil:
 		return resp, nil
-	case in.State() == StateVoid:
+	case in.State() == persist.StateVoid:
 		return nil, nil
 	case !expired(err) && !redirectedKeyReuse(err):
 		return resp, err
@@ -94,7 +96,7 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (WithLookup): %w", in.Key(), err)
 	}
 	resp, err = c.Reconcile(ctx, in)
-	if err == nil && in.State() == StateVoid {
+	if err == nil && in.State() == persist.StateVoid {
 		return nil, nil
 	}
 	return resp, err
@@ -133,7 +135,7 @@ type Settled struct {
 // after a crash or a restart. Intents whose outcome is still unknown stay
 // unresolved for the next SettleAll.
 //
-// An intent whose last call ended not sent (StateNotSent) is not sent:
+// An intent whose last call ended not sent (persist.StateNotSent) is not sent:
 // the app told its user so, and sends it again only when asked (Send,
 // Settle or Do); its Settled.Err is a *NotSentError saying so.
 //
@@ -155,7 +157,7 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	var wg sync.WaitGroup
 	for i, in := range ins {
 		out[i].Intent = in
-		if in.State() == StateNotSent {
+		if in.State() == persist.StateNotSent {
 			// The app was told it was not sent: sending it now would
 			// pay for what the user may have given up on.
 			out[i].Err = &NotSentError{Key: in.Key(), Err: errLeftUnsent}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
 )
 
 // pastSendWindow moves the clock past the time an intent created now may be
@@ -30,7 +31,7 @@ func (e *env) unknownOutcome(t *testing.T, in *idem.Intent, kind fakeserver.Faul
 	e.fault(t, fakeserver.Fault{Kind: kind, Key: in.Key()})
 	_, err := e.client.Do(oneAttempt(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.Equal(t, idem.StatePending, in.State())
+	require.Equal(t, persist.StatePending, in.State())
 }
 
 func TestSendPaysOnceThenReturnsTheStoredAnswer(t *testing.T) {
@@ -99,7 +100,7 @@ func TestSendReplacesAVoidIntent(t *testing.T) {
 			resp, err := e.client.Settle(ctx, in)
 			require.NoError(t, err)
 			require.Nil(t, resp)
-			require.Equal(t, idem.StateVoid, in.State())
+			require.Equal(t, persist.StateVoid, in.State())
 		}
 
 		resp, err := e.client.Send(ctx, "checkout:void", req)
@@ -110,7 +111,7 @@ func TestSendReplacesAVoidIntent(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 		reloaded, err := e.client.Load(ctx, in.Key())
 		require.NoError(t, err)
-		assert.Equal(t, idem.StateVoid, reloaded.State(), "the void intent stays void")
+		assert.Equal(t, persist.StateVoid, reloaded.State(), "the void intent stays void")
 	}
 }
 
@@ -135,14 +136,14 @@ func TestSettle(t *testing.T) {
 				_, err := e.client.Do(context.Background(), in)
 				require.NoError(t, err)
 			},
-			wantState: idem.StateSucceeded, wantCode: http.StatusCreated,
+			wantState: persist.StateSucceeded, wantCode: http.StatusCreated,
 		},
 		{
 			name: "pending, key kept: resent with its key",
 			prepare: func(t *testing.T, e *env, in *idem.Intent) {
 				e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
 			},
-			wantState: idem.StateSucceeded, wantCode: http.StatusCreated, wantPosts: 1,
+			wantState: persist.StateSucceeded, wantCode: http.StatusCreated, wantPosts: 1,
 		},
 		{
 			name: "past the send window, done: found by the lookup",
@@ -150,7 +151,7 @@ func TestSettle(t *testing.T) {
 				e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
 				e.clock.Advance(pastSendWindow)
 			},
-			wantState: idem.StateSucceeded, wantCode: http.StatusOK, wantGets: 1,
+			wantState: persist.StateSucceeded, wantCode: http.StatusOK, wantGets: 1,
 		},
 		{
 			name: "past the send window, never done: void",
@@ -158,7 +159,7 @@ func TestSettle(t *testing.T) {
 				e.unknownOutcome(t, in, fakeserver.FaultReset)
 				e.clock.Advance(pastSendWindow)
 			},
-			wantState: idem.StateVoid, wantGets: 1,
+			wantState: persist.StateVoid, wantGets: 1,
 		},
 		{
 			name: "past the send window, no lookup: undecided",
@@ -167,7 +168,7 @@ func TestSettle(t *testing.T) {
 				e.clock.Advance(pastSendWindow)
 			},
 			noLookup:  true,
-			wantState: idem.StateExpired, wantErr: idem.ErrOutcomeUnknown,
+			wantState: persist.StateExpired, wantErr: idem.ErrOutcomeUnknown,
 		},
 		{
 			name: "past the send window, the server holds the key in progress: undecided",
@@ -175,7 +176,7 @@ func TestSettle(t *testing.T) {
 				e.unknownOutcome(t, in, fakeserver.FaultCrashAfterInsert)
 				e.clock.Advance(pastSendWindow)
 			},
-			wantState: idem.StateExpired, wantErr: idem.ErrOutcomeUnknown, wantCode: http.StatusConflict, wantGets: 1,
+			wantState: persist.StateExpired, wantErr: idem.ErrOutcomeUnknown, wantCode: http.StatusConflict, wantGets: 1,
 		},
 		{
 			name: "pending, the budget runs out: undecided, still pending",
@@ -184,7 +185,7 @@ func TestSettle(t *testing.T) {
 				e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 100})
 			},
 			policy:    idem.RetryPolicy{MaxAttempts: 3},
-			wantState: idem.StatePending, wantErr: idem.ErrOutcomeUnknown, wantPosts: 3,
+			wantState: persist.StatePending, wantErr: idem.ErrOutcomeUnknown, wantPosts: 3,
 		},
 	}
 	for _, tc := range tests {
@@ -321,7 +322,7 @@ func TestSettleAllReportsEachAndBoundsConcurrency(t *testing.T) {
 	for i, s := range settled[:n] {
 		require.NoError(t, s.Err)
 		assert.Equal(t, ins[i].Key(), s.Intent.Key(), "oldest first")
-		assert.Equal(t, idem.StateSucceeded, s.Intent.State())
+		assert.Equal(t, persist.StateSucceeded, s.Intent.State())
 		assert.True(t, s.Response.Replayed)
 	}
 	last := settled[n]
@@ -329,7 +330,7 @@ func TestSettleAllReportsEachAndBoundsConcurrency(t *testing.T) {
 	var apiErr *idem.APIError
 	require.ErrorAs(t, last.Err, &apiErr)
 	assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
-	assert.Equal(t, idem.StateFailed, last.Intent.State())
+	assert.Equal(t, persist.StateFailed, last.Intent.State())
 	assert.LessOrEqual(t, tr.max.Load(), int32(4), "at most four settles at once")
 	assert.Equal(t, int32(4), tr.max.Load(), "settles overlap")
 	assert.Equal(t, n+1, e.srv.Stats().ProviderCharges, "each paid intent charged once")
@@ -353,7 +354,7 @@ func TestSettleAllStopsStartingWhenTheContextEnds(t *testing.T) {
 	require.Len(t, settled, n)
 	for _, s := range settled {
 		assert.ErrorIs(t, s.Err, context.Canceled)
-		assert.Equal(t, idem.StatePending, s.Intent.State())
+		assert.Equal(t, persist.StatePending, s.Intent.State())
 	}
 	assert.LessOrEqual(t, sent.count(http.MethodPost), 4, "no more than the settles under way when it ended")
 }
@@ -425,7 +426,7 @@ func TestHTTPRequestIsTheIntentsRequest(t *testing.T) {
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 		// The answer went past the Client: the intent is as it was, and a
 		// Do is answered from the server's record of the key.
-		assert.Equal(t, idem.StateNew, in.State())
+		assert.Equal(t, persist.StateNew, in.State())
 		got, err := c.Do(ctx, in)
 		require.NoError(t, err)
 		assert.True(t, got.Replayed)
@@ -453,7 +454,7 @@ func TestSettleAllNeverSendsAnIntentNobodyTapped(t *testing.T) {
 	e := newEnv(t)
 	shown, err := e.client.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateNew, shown.State())
+	assert.Equal(t, persist.StateNew, shown.State())
 	// The user leaves the Pay screen; another payment is tapped, and its
 	// answer is lost as the app dies.
 	tapped, err := e.client.Intent(ctx, "checkout:cart-tapped", e.paymentRequest(t, 300, "cus_1"))

@@ -18,7 +18,7 @@ type settleConfig struct {
 // device at app start should not open many connections at once, and
 // settles wait mostly on the network. New refuses n below 1.
 func WithSettleConcurrency(n int) Option {
-	return func(c *Client) {
+	return func(c *config) {
 		if n < 1 {
 			c.refuse("WithSettleConcurrency(%d): use 1 or more (the default is %d)", n, defaultSettleConcurrency)
 			return
@@ -44,7 +44,7 @@ func WithSettleConcurrency(n int) Option {
 // for its result; and a callback crosses to Kotlin and Swift (the mobile
 // facade) as a listener, which an iterator does not.
 func WithSettleProgress(f func(s Settled, done, total int)) Option {
-	return func(c *Client) { c.settles.progress = f }
+	return func(c *config) { c.settles.progress = f }
 }
 
 // settleProgress reports the settles of one SettleAll.

@@ -110,7 +110,7 @@ func TestSettleAllBoundsConcurrencyAndReportsProgress(t *testing.T) {
 				assert.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, dones)
 				for _, s := range r.settled {
 					require.NoError(t, s.Err)
-					assert.Equal(t, idem.StateSucceeded, s.Intent.State())
+					assert.Equal(t, persist.StateSucceeded, s.Intent.State())
 					assert.True(t, slices.ContainsFunc(reports, func(p idem.Settled) bool {
 						return p.Intent == s.Intent && p.Response == s.Response && p.Err == nil
 					}), "each result reported once, as SettleAll returns it")
@@ -216,7 +216,7 @@ func TestSettleProgressCallbackMayCallTheClient(t *testing.T) {
 			idem.WithSettleProgress(func(s idem.Settled, done, total int) {
 				in, err := c.Load(ctx, s.Intent.Key())
 				assert.NoError(t, err)
-				assert.Equal(t, idem.StateSucceeded, in.State())
+				assert.Equal(t, persist.StateSucceeded, in.State())
 				resp, err := c.Settle(ctx, s.Intent)
 				assert.NoError(t, err)
 				assert.Equal(t, http.StatusCreated, resp.StatusCode)

@@ -103,7 +103,7 @@ func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &roundTripper{c: c, base: base, retry: c.newRetryClient(&http.Client{Transport: base})}
+	return &roundTripper{c: c, base: base, retry: newRetrier(&http.Client{Transport: base})}
 }
 
 type roundTripper struct {

@@ -111,7 +111,7 @@ func TestRoundTripper(t *testing.T) {
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 		keys := rec.seen("POST /payments")
 		assert.Equal(t, in.Key(), keys[len(keys)-1])
-		assert.Equal(t, idem.StateSucceeded, in.State())
+		assert.Equal(t, persist.StateSucceeded, in.State())
 
 		// Another body under the same intent is refused before sending.
 		n := len(keys)

@@ -11,12 +11,12 @@ import (
 )
 
 // refuse records what an Option got wrong; New reports it.
-func (c *Client) refuse(format string, args ...any) {
+func (c *config) refuse(format string, args ...any) {
 	c.invalid = append(c.invalid, fmt.Errorf("idem: "+format, args...))
 }
 
 // refuseNil records an Option given nil where it needs a value.
-func (c *Client) refuseNil(option string, v any, what string) {
+func (c *config) refuseNil(option string, v any, what string) {
 	if isNil(v) {
 		c.refuse("%s(nil): pass %s, or leave the option out for the default", option, what)
 	}
@@ -37,7 +37,7 @@ func isNil(v any) bool {
 
 // validate reports, in one error, everything the options of New got wrong,
 // before any default replaces a value.
-func (c *Client) validate() error {
+func (c *config) validate() error {
 	errs := c.invalid
 	if err := c.policy.validate("WithRetryPolicy"); err != nil {
 		errs = append(errs, err)

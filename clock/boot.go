@@ -5,21 +5,6 @@ import (
 	"time"
 )
 
-// Boot is what a Clock may also implement to tell the time since the device
-// booted, counting the time it slept, with the identity of that boot.
-// Go's monotonic reading (and so time.Since and t.Sub(u) between two
-// time.Now readings) stops while a phone or laptop sleeps on Linux,
-// Android, Darwin and iOS: an intent resumed after two hours of sleep would
-// look two hours younger than it is. idem reads Boot, where it exists, to
-// judge an intent's age: two readings are compared only when their boot
-// identities are equal, as the clock restarts at boot.
-type Boot interface {
-	// SinceBoot returns the time elapsed since the device booted, sleep
-	// included, and an identity of this boot. ok is false where the device
-	// has no such clock.
-	SinceBoot() (elapsed time.Duration, boot string, ok bool)
-}
-
 // System returns the device's clocks: Now is time.Now, Monotonic counts
 // from the process's start on Go's monotonic reading (it stops while the
 // device sleeps), and SinceBoot reads a clock that counts device sleep:

@@ -16,6 +16,12 @@ import (
 
 // Clock tells the time and waits. Everything that takes a Clock uses the
 // system clock when it is nil. The server side only reads Now.
+//
+// A Clock may also have two methods the client reads where they exist, as
+// System's and Manual do: Monotonic() time.Duration, elapsed time since a
+// fixed instant that no setting of the wall clock moves, and
+// SinceBoot() (elapsed time.Duration, boot string, ok bool), the time since
+// the device booted, sleep included, with an identity of that boot.
 type Clock interface {
 	Now() time.Time
 	// Sleep waits for d, or until ctx is done and then returns ctx.Err().
@@ -132,17 +138,6 @@ func (c *Manual) Sleep(ctx context.Context, d time.Duration) error {
 		c.boot += d
 	}
 	return nil
-}
-
-// Monotonic is what a Clock may also implement to tell elapsed time that no
-// setting of the wall clock moves: the time since an arbitrary fixed
-// instant, such as the start of the process. idem measures with it how long
-// ago this process last sent an intent and how old the intents it created
-// are. Like Go's monotonic reading, it may stop while the device sleeps;
-// idem reads Boot as well, where the clock has it. Without Monotonic, the
-// differences of Now are used.
-type Monotonic interface {
-	Monotonic() time.Duration
 }
 
 // Sleeps returns the durations passed to Sleep so far, in order.

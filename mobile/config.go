@@ -38,11 +38,11 @@ type Config struct {
 
 // Defaults of a Config.
 const (
-	DefaultLookupPath             = "/payments?idempotency_key={key}"
-	DefaultForegroundBudgetMillis = 15_000
-	DefaultBackgroundBudgetMillis = 120_000
-	DefaultRetentionMillis        = 24 * 60 * 60 * 1000
-	DefaultMaxAttempts            = 10
+	defaultLookupPath             = "/payments?idempotency_key={key}"
+	defaultForegroundBudgetMillis = 15_000
+	defaultBackgroundBudgetMillis = 120_000
+	defaultRetentionMillis        = 24 * 60 * 60 * 1000
+	defaultMaxAttempts            = 10
 )
 
 // NewConfig returns a Config with the defaults, keeping intents in
@@ -51,11 +51,11 @@ func NewConfig(stateDir, baseURL string) *Config {
 	return &Config{
 		StateDir:               stateDir,
 		BaseURL:                baseURL,
-		LookupPath:             DefaultLookupPath,
-		ForegroundBudgetMillis: DefaultForegroundBudgetMillis,
-		BackgroundBudgetMillis: DefaultBackgroundBudgetMillis,
-		RetentionMillis:        DefaultRetentionMillis,
-		MaxAttempts:            DefaultMaxAttempts,
+		LookupPath:             defaultLookupPath,
+		ForegroundBudgetMillis: defaultForegroundBudgetMillis,
+		BackgroundBudgetMillis: defaultBackgroundBudgetMillis,
+		RetentionMillis:        defaultRetentionMillis,
+		MaxAttempts:            defaultMaxAttempts,
 	}
 }
 
@@ -74,7 +74,7 @@ func (c *Config) check() (Config, *url.URL, error) {
 		return cfg, nil, newError(KindConfig, fmt.Sprintf("BaseURL %q is not an http or https URL", cfg.BaseURL))
 	}
 	if cfg.LookupPath == "" {
-		cfg.LookupPath = DefaultLookupPath
+		cfg.LookupPath = defaultLookupPath
 	}
 	if !strings.Contains(cfg.LookupPath, "{key}") {
 		return cfg, nil, newError(KindConfig, fmt.Sprintf("LookupPath %q has no {key}", cfg.LookupPath))
@@ -84,10 +84,10 @@ func (c *Config) check() (Config, *url.URL, error) {
 		def int64
 		nm  string
 	}{
-		{&cfg.ForegroundBudgetMillis, DefaultForegroundBudgetMillis, "ForegroundBudgetMillis"},
-		{&cfg.BackgroundBudgetMillis, DefaultBackgroundBudgetMillis, "BackgroundBudgetMillis"},
-		{&cfg.RetentionMillis, DefaultRetentionMillis, "RetentionMillis"},
-		{&cfg.MaxAttempts, DefaultMaxAttempts, "MaxAttempts"},
+		{&cfg.ForegroundBudgetMillis, defaultForegroundBudgetMillis, "ForegroundBudgetMillis"},
+		{&cfg.BackgroundBudgetMillis, defaultBackgroundBudgetMillis, "BackgroundBudgetMillis"},
+		{&cfg.RetentionMillis, defaultRetentionMillis, "RetentionMillis"},
+		{&cfg.MaxAttempts, defaultMaxAttempts, "MaxAttempts"},
 	} {
 		switch {
 		case *f.v == 0:

@@ -17,7 +17,7 @@ func infoOf(in *idem.Intent) *IntentInfo {
 	return &IntentInfo{
 		Key:             in.Key(),
 		Name:            in.Name(),
-		State:           in.State().String(),
+		State:           string(in.State()),
 		CreatedAtMillis: in.CreatedAt().UnixMilli(),
 	}
 }

@@ -169,17 +169,17 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 
 func outcomeOf(s idem.State) string {
 	switch s {
-	case idem.StateSucceeded:
+	case persist.StateSucceeded:
 		return OutcomeSucceeded
-	case idem.StateFailed:
+	case persist.StateFailed:
 		return OutcomeFailed
-	case idem.StateRejected:
+	case persist.StateRejected:
 		return OutcomeRejected
-	case idem.StateExpired:
+	case persist.StateExpired:
 		return OutcomeExpired
-	case idem.StateVoid:
+	case persist.StateVoid:
 		return OutcomeVoid
-	case idem.StateNotSent:
+	case persist.StateNotSent:
 		return OutcomeNotSent
 	}
 	return OutcomeUnknown

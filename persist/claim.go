@@ -6,12 +6,12 @@ import (
 	"fmt"
 )
 
-// Claimer is an optional interface of a Store that decides "the latest
+// claimer is an optional interface of a Store that decides "the latest
 // intent of this action" atomically, so that two clients sharing the store
 // (two parts of one app, each with its own idem.Client) never both make an
 // intent for one action, nor replace one the other is sending. Memory and
 // FileStore implement it; Claim uses it when a Store does.
-type Claimer interface {
+type claimer interface {
 	// Claim saves rec durably, as Save does, if and only if no record with
 	// rec.Key is stored and every stored record of rec.Name has a Seq
 	// lower than rec.Seq: rec becomes the action's latest intent. The
@@ -40,8 +40,8 @@ func (e *ClaimError) Error() string {
 func (e *ClaimError) Unwrap() error { return ErrClaimed }
 
 // Claim saves rec in s as the latest intent of its Name, as
-// Claimer.Claim does. A record without a Name belongs to no action and is
-// saved as Save does. A Store that does not implement Claimer gets a List
+// claimer.Claim does. A record without a Name belongs to no action and is
+// saved as Save does. A Store that does not implement claimer gets a List
 // of rec.Name and then a Save: one process's calls through one idem.Client
 // are serialised by the Client, but two Clients on such a store are not
 // arbitrated.
@@ -49,7 +49,7 @@ func Claim(ctx context.Context, s Store, rec *Record) error {
 	if rec != nil && rec.Name == "" {
 		return s.Save(ctx, rec)
 	}
-	if c, ok := s.(Claimer); ok {
+	if c, ok := s.(claimer); ok {
 		return c.Claim(ctx, rec)
 	}
 	if err := checkSave(rec); err != nil {
@@ -77,14 +77,14 @@ func claimable(recs []*Record, rec *Record) error {
 	if !lost {
 		return nil
 	}
-	return &ClaimError{Latest: Latest(recs)}
+	return &ClaimError{Latest: latest(recs)}
 }
 
-// Latest returns the intent created last among recs, the records of one
+// latest returns the intent created last among recs, the records of one
 // Name: the highest Seq, which no setting of the device's clock moves.
 // Records written before Seq existed have none and come first, ordered by
 // creation time. recs must not be empty.
-func Latest(recs []*Record) *Record {
+func latest(recs []*Record) *Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {
 		if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {
@@ -94,15 +94,15 @@ func Latest(recs []*Record) *Record {
 	return latest
 }
 
-// Swapper is an optional interface of a Store that changes or deletes a
+// swapper is an optional interface of a Store that changes or deletes a
 // record only if it is still the version the caller read, in one step, so
 // that a client that takes over an armed intent to send it (a second
 // Client on the store resuming it) and the client that armed it (replacing
 // it for a changed cart) cannot both win. Memory and FileStore implement
 // it; SaveIf and DeleteIf use it when a Store does.
-type Swapper interface {
+type swapper interface {
 	// SaveIf saves rec durably, as Save does, if and only if the record
-	// stored with rec.Key is old's version (see SameVersion). Otherwise it
+	// stored with rec.Key is old's version (see sameVersion). Otherwise it
 	// saves nothing and returns a *ChangedError holding the stored record,
 	// nil if none is stored. The check and the save are one step among
 	// SaveIfs, DeleteIfs and Claims.
@@ -134,19 +134,19 @@ func (e *ChangedError) Error() string {
 
 func (e *ChangedError) Unwrap() error { return ErrChanged }
 
-// SameVersion reports whether a and b are the same version of one record:
+// sameVersion reports whether a and b are the same version of one record:
 // the same key, state, holder, attempts and time of the last write.
-func SameVersion(a, b *Record) bool {
+func sameVersion(a, b *Record) bool {
 	return a != nil && b != nil && a.Key == b.Key && a.State == b.State &&
 		a.Holder == b.Holder && a.Attempts == b.Attempts && a.UpdatedAt.Equal(b.UpdatedAt)
 }
 
 // SaveIf saves rec in s if the stored record with rec.Key is old's version,
-// as Swapper.SaveIf does. A Store that does not implement Swapper gets a
+// as swapper.SaveIf does. A Store that does not implement swapper gets a
 // Get and then a Save: not one step, so two Clients on such a store are
 // not arbitrated.
 func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
-	if sw, ok := s.(Swapper); ok {
+	if sw, ok := s.(swapper); ok {
 		return sw.SaveIf(ctx, rec, old)
 	}
 	if err := checkSave(rec); err != nil {
@@ -159,9 +159,9 @@ func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 }
 
 // DeleteIf deletes old's record from s if it is still old's version, as
-// Swapper.DeleteIf does; without Swapper, a Get and then a Delete.
+// swapper.DeleteIf does; without swapper, a Get and then a Delete.
 func DeleteIf(ctx context.Context, s Store, old *Record) error {
-	if sw, ok := s.(Swapper); ok {
+	if sw, ok := s.(swapper); ok {
 		return sw.DeleteIf(ctx, old)
 	}
 	err := unchanged(ctx, s, old)
@@ -185,7 +185,7 @@ func unchanged(ctx context.Context, s Store, old *Record) error {
 	if err != nil {
 		return err
 	}
-	if !SameVersion(cur, old) {
+	if !sameVersion(cur, old) {
 		return &ChangedError{Key: old.Key, Current: cur}
 	}
 	return nil

@@ -4,8 +4,8 @@ Idempotency-Key and exact request bytes outlive crashes and restarts.
 
 The client saves a [Record] before the first attempt is sent, durably: a
 [Store] makes each Save durable before it returns. It saves it again when
-the outcome is known, through [SaveDeferred]: a store that implements
-[DeferredSaver], as [FileStore] does, writes it at once and makes it durable
+the outcome is known, through [SaveDeferred]: a store with a
+SaveDeferred method (see [Store]), as [FileStore] has, writes it at once and makes it durable
 in the background, so that a successful intent costs one durable write on
 the path the user waits on. A power loss in the moments before that sync
 leaves the intent unresolved, and resuming it with its key gets the
@@ -251,11 +251,11 @@ intact and removes its temporary file; the client then sends nothing.
 
 The client saves a new intent through [Claim], which makes it its action's
 latest only if no record of its Name has its Seq or a higher one: a
-[Claimer] store (Memory, FileStore) checks and saves in one step, so two
+store with a Claim method (Memory, FileStore) checks and saves in one step, so two
 clients sharing the store cannot both make an intent for one action; the
 loser gets a [*ClaimError] naming the winner. A store without Claim gets a
 List and a Save, which one client serialises but two do not. persisttest
-checks both the rule and, for a Claimer, that of racing claims one wins.
+checks both the rule and, for a store with Claim, that of racing claims one wins.
 
 # Format version and migration
 

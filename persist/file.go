@@ -382,7 +382,7 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	return s.save(ctx, rec, false)
 }
 
-// Claim implements Claimer. Claims are serialised by the store: the
+// Claim implements claimer. Claims are serialised by the store: the
 // records of rec's Name are read and rec saved, as Save does, while no
 // other Claim runs. Only Claim makes a record an action's latest, so no
 // Save in between can change the outcome of the check.
@@ -407,7 +407,7 @@ func (s *FileStore) Claim(ctx context.Context, rec *Record) error {
 	return s.save(ctx, rec, false)
 }
 
-// SaveIf implements Swapper. It is serialised with Claims, SaveIfs and
+// SaveIf implements swapper. It is serialised with Claims, SaveIfs and
 // DeleteIfs by the store: the stored record is read and rec saved, as Save
 // does, while none of them runs.
 func (s *FileStore) SaveIf(ctx context.Context, rec, old *Record) error {
@@ -422,7 +422,7 @@ func (s *FileStore) SaveIf(ctx context.Context, rec, old *Record) error {
 	return s.save(ctx, rec, false)
 }
 
-// DeleteIf implements Swapper, serialised as SaveIf is.
+// DeleteIf implements swapper, serialised as SaveIf is.
 func (s *FileStore) DeleteIf(ctx context.Context, old *Record) error {
 	s.claimMu.Lock()
 	defer s.claimMu.Unlock()
@@ -437,7 +437,7 @@ func (s *FileStore) DeleteIf(ctx context.Context, old *Record) error {
 	return s.Delete(ctx, old.Key)
 }
 
-// SaveDeferred implements DeferredSaver. When rec's file gets a new name
+// SaveDeferred implements deferredSaver. When rec's file gets a new name
 // (the record becomes resolved, say) and the new file would win over the
 // old ones at OpenDir, it writes and syncs the new file and renames it in,
 // as Save does, but returns before the directory is synced: the sync, and
@@ -798,14 +798,14 @@ func (s *FileStore) remove(id string, e *entry) error {
 	return nil
 }
 
-// Prune implements Pruner: see the function Prune. It reads the files of
+// Prune implements pruner: see the function Prune. It reads the files of
 // resolved records it has not read yet, removes the files under the store's
 // lock and syncs the directory once.
 func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
 	return s.PruneFunc(ctx, func(r *Record) bool { return prunable(r, before) })
 }
 
-// PruneFunc implements FuncPruner: see the function PruneFunc. It works
+// PruneFunc implements funcPruner: see the function PruneFunc. It works
 // as Prune does.
 func (s *FileStore) PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
 	if err := s.begin(ctx); err != nil {

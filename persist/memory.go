@@ -45,7 +45,7 @@ func (m *Memory) Save(ctx context.Context, rec *Record) error {
 	return nil
 }
 
-// saveShared is Save for SaveShared: it keeps rec's headers and bodies
+// saveShared is Save for the package's saveShared: it keeps rec's headers and bodies
 // rather than copying them.
 func (m *Memory) saveShared(ctx context.Context, rec *Record) error {
 	if err := ctx.Err(); err != nil {
@@ -65,7 +65,7 @@ func (m *Memory) put(r *Record) {
 	m.recs[r.Key] = r
 }
 
-// Claim implements Claimer: the check and the save happen under the
+// Claim implements claimer: the check and the save happen under the
 // store's lock.
 func (m *Memory) Claim(ctx context.Context, rec *Record) error {
 	if err := ctx.Err(); err != nil {
@@ -94,7 +94,7 @@ func (m *Memory) Claim(ctx context.Context, rec *Record) error {
 	return nil
 }
 
-// SaveIf implements Swapper: the check and the save happen under the
+// SaveIf implements swapper: the check and the save happen under the
 // store's lock.
 func (m *Memory) SaveIf(ctx context.Context, rec, old *Record) error {
 	if err := ctx.Err(); err != nil {
@@ -113,7 +113,7 @@ func (m *Memory) SaveIf(ctx context.Context, rec, old *Record) error {
 	return nil
 }
 
-// DeleteIf implements Swapper: the check and the delete happen under the
+// DeleteIf implements swapper: the check and the delete happen under the
 // store's lock.
 func (m *Memory) DeleteIf(ctx context.Context, old *Record) error {
 	if err := ctx.Err(); err != nil {
@@ -136,7 +136,7 @@ func (m *Memory) unchangedLocked(old *Record) error {
 	if !ok {
 		return &ChangedError{Key: old.Key}
 	}
-	if !SameVersion(cur, old) {
+	if !sameVersion(cur, old) {
 		return &ChangedError{Key: old.Key, Current: cur.Clone()}
 	}
 	return nil
@@ -187,12 +187,12 @@ func (m *Memory) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// Prune implements Pruner: see the function Prune.
+// Prune implements pruner: see the function Prune.
 func (m *Memory) Prune(ctx context.Context, before time.Time) (int, error) {
 	return m.PruneFunc(ctx, func(r *Record) bool { return prunable(r, before) })
 }
 
-// PruneFunc implements FuncPruner: see the function PruneFunc.
+// PruneFunc implements funcPruner: see the function PruneFunc.
 func (m *Memory) PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

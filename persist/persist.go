@@ -238,6 +238,23 @@ func (f Filter) Match(r *Record) bool {
 // return times in another location (UTC) without their monotonic reading,
 // and empty headers and bodies as nil. Memory and FileStore do both; the
 // suite in persisttest checks every store against this contract.
+//
+// A store may also have these methods, which the functions of the same
+// names use when it does, as Memory and FileStore do; each does in one
+// step what the function otherwise does in several:
+//
+//   - Claim(ctx, rec *Record) error: see Claim; the check of the action's
+//     latest intent and the save are one step.
+//   - SaveIf(ctx, rec, old *Record) error and DeleteIf(ctx, old *Record)
+//     error: see SaveIf and DeleteIf; they change or delete a record only
+//     if it is still old's version.
+//   - Prune(ctx, before time.Time) (int, error) and PruneFunc(ctx,
+//     drop func(*Record) bool) (int, error): see Prune and PruneFunc; drop
+//     is called with the store's lock held and must not call the store.
+//   - SaveDeferred(ctx, rec *Record) error: see SaveDeferred; the record
+//     is read back, and survives the process being killed, at once, and
+//     becomes durable in the background (Close waits for that); a power
+//     loss before then leaves the key's previous version whole.
 type Store interface {
 	// Save writes rec, replacing any record with the same Key. It rejects
 	// a record that fails Validate. When Save returns nil the record

@@ -19,10 +19,10 @@ type Options struct {
 	DiscardResponseBodies bool
 }
 
-// Pruner is an optional interface for a Store that can delete resolved
+// pruner is an optional interface for a Store that can delete resolved
 // records in one step, so that a record saved again while pruning runs is
 // never deleted by mistake. Prune uses it when a Store implements it.
-type Pruner interface {
+type pruner interface {
 	// Prune deletes the resolved records last updated before before and
 	// returns how many it deleted. It follows the rules of the function
 	// Prune.
@@ -37,12 +37,12 @@ type Pruner interface {
 // Records that cannot be read are left alone; Prune deletes the readable
 // ones and returns the *CorruptError for each unreadable one, as List does.
 //
-// If s implements Pruner, Prune calls it. Otherwise Prune lists and deletes
+// If s implements pruner, Prune calls it. Otherwise Prune lists and deletes
 // one record at a time, and a record that another goroutine saves again in
 // between may be deleted: stores used concurrently with Prune should
-// implement Pruner, as Memory and FileStore do.
+// implement pruner, as Memory and FileStore do.
 func Prune(ctx context.Context, s Store, before time.Time) (int, error) {
-	if p, ok := s.(Pruner); ok {
+	if p, ok := s.(pruner); ok {
 		return p.Prune(ctx, before)
 	}
 	recs, listErr := s.List(ctx, Filter{})
@@ -72,10 +72,10 @@ func prunable(r *Record, before time.Time) bool {
 	return r.State.Resolved() && t.Before(before)
 }
 
-// FuncPruner is an optional interface of a Store that deletes, in one
+// funcPruner is an optional interface of a Store that deletes, in one
 // step, the resolved records a function selects. PruneFunc uses it when a
 // Store implements it, as Memory and FileStore do.
-type FuncPruner interface {
+type funcPruner interface {
 	// PruneFunc deletes the resolved records for which drop returns true
 	// and returns how many it deleted. drop is called with the store's
 	// lock held: it must not call the store. It follows the rules of the
@@ -89,7 +89,7 @@ type FuncPruner interface {
 // left alone and reported. drop gets a copy it may keep. idem's
 // Client.Prune judges the ages through it by every clock the device has.
 func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, error) {
-	if p, ok := s.(FuncPruner); ok {
+	if p, ok := s.(funcPruner); ok {
 		return p.PruneFunc(ctx, func(r *Record) bool { return r.State.Resolved() && drop(r.Clone()) })
 	}
 	recs, listErr := s.List(ctx, Filter{})
@@ -110,12 +110,12 @@ func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, erro
 	return n, listErr
 }
 
-// SaveShared saves rec in s as s.Save does, for a caller that never changes
-// rec, its headers, bodies or response after the call: a store that can
-// keep such a record without copying it (Memory) shares its headers and
-// bodies instead of copying them; any other store is given rec through
-// Save. Records handed out by Get and List are copies all the same.
-func SaveShared(ctx context.Context, s Store, rec *Record) error {
+// saveShared saves rec in s as s.Save does, for a caller that never
+// changes rec, its headers, bodies or response after the call (as
+// SaveDeferred's callers promise): a Memory keeps such a record without
+// copying it, sharing its headers and bodies; any other store is given rec
+// through Save. Records handed out by Get and List are copies all the same.
+func saveShared(ctx context.Context, s Store, rec *Record) error {
 	// Only a Memory itself: a type that embeds one and has its own Save
 	// gets rec through that Save.
 	if m, ok := s.(*Memory); ok {
@@ -124,10 +124,10 @@ func SaveShared(ctx context.Context, s Store, rec *Record) error {
 	return s.Save(ctx, rec)
 }
 
-// DeferredSaver is an optional interface of a Store that can save a
+// deferredSaver is an optional interface of a Store that can save a
 // record so that it survives a crash of the process at once, and a power
 // loss only moments later, off the caller's path.
-type DeferredSaver interface {
+type deferredSaver interface {
 	// SaveDeferred saves rec as Save does, except that when it returns
 	// nil the record may not yet be safe from a power loss: it is read
 	// back, and survives the process being killed, at once; it becomes
@@ -138,14 +138,14 @@ type DeferredSaver interface {
 	SaveDeferred(ctx context.Context, rec *Record) error
 }
 
-// SaveDeferred saves rec in s through DeferredSaver if s implements it,
-// and as SaveShared does otherwise: rec must not be changed after the
-// call.
+// SaveDeferred saves rec in s through deferredSaver if s implements it,
+// and through Save otherwise (a Memory keeps rec without copying it): rec
+// must not be changed after the call.
 func SaveDeferred(ctx context.Context, s Store, rec *Record) error {
-	if ds, ok := s.(DeferredSaver); ok {
+	if ds, ok := s.(deferredSaver); ok {
 		return ds.SaveDeferred(ctx, rec)
 	}
-	return SaveShared(ctx, s, rec)
+	return saveShared(ctx, s, rec)
 }
 
 // prepare validates rec and returns the copy a store keeps: the format
@@ -178,7 +178,7 @@ func checkSave(rec *Record) error {
 }
 
 // prepareShared is prepare for a record whose headers and bodies the
-// caller never changes (SaveShared): the copy it returns shares them with
+// caller never changes (saveShared): the copy it returns shares them with
 // rec. normalize and opts only replace fields of the copy, never write
 // through them.
 func prepareShared(rec *Record, opts Options) (*Record, error) {

@@ -209,17 +209,17 @@ func (a *app) pay(c *cart) {
 	}
 	w.bind(in.Key(), c)
 	switch in.State() {
-	case idem.StateSucceeded:
+	case persist.StateSucceeded:
 		w.observe(a, in)
 		return
-	case idem.StateVoid, idem.StateRejected:
+	case persist.StateVoid, persist.StateRejected:
 		// Nothing was charged for it: pay again under a new key.
 		in, err = cl.NewIntent(ctx, a.name, c.request())
 		if err != nil {
 			return
 		}
 		w.bind(in.Key(), c)
-	case idem.StateFailed:
+	case persist.StateFailed:
 		// Declined: the user must change the card.
 		w.observe(a, in)
 		a.newCart()
@@ -227,7 +227,7 @@ func (a *app) pay(c *cart) {
 	}
 	// Nothing can have sent it yet: if nothing of this call leaves the
 	// device either, the user must be told "not sent", not be blocked.
-	fresh := in.State() == idem.StateNew || in.State() == idem.StateNotSent
+	fresh := in.State() == persist.StateNew || in.State() == persist.StateNotSent
 	// A double tap split across the two Clients of the device: the second
 	// tap's intent is made before the first is armed.
 	var other *idem.Client
@@ -273,7 +273,7 @@ func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
 	a.d.w.observe(a, in)
 	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
 	var re *idem.RetryError
-	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == idem.StateExpired {
+	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == persist.StateExpired {
 		a.reconcile(cl, in)
 	}
 	return err
@@ -282,7 +282,7 @@ func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
 func (a *app) reconcile(cl *idem.Client, in *idem.Intent) {
 	_, err := cl.Reconcile(context.Background(), in)
 	a.d.w.tracef("d%d/%s Reconcile %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
-	if in.State() == idem.StateVoid && err != nil {
+	if in.State() == persist.StateVoid && err != nil {
 		// "Never done" holds only once it is saved: the store still
 		// says unresolved and the next Do sends the intent again. An app
 		// that checks the error does not tell the user "not paid".
@@ -313,7 +313,7 @@ func (d *device) resume() {
 	for _, in := range ins {
 		a := d.appNamed(in.Name())
 		d.w.bindIntent(in)
-		if in.State() == idem.StateNotSent {
+		if in.State() == persist.StateNotSent {
 			continue
 		}
 		if d.w.faulty && d.w.appRNG.chance(0.5) {

@@ -382,7 +382,7 @@ func (w *world) observe(a *app, in intentView) {
 		return
 	}
 	// The client's states are named as the store's.
-	st := persist.State(in.State().String())
+	st := persist.State(string(in.State()))
 	if !st.Resolved() {
 		return
 	}

@@ -579,10 +579,12 @@ func testClaim(t *testing.T, s persist.Store) {
 }
 
 // testClaimOneWinner: of claims racing for one seq, exactly one wins, if
-// the store arbitrates claims (persist.Claimer).
+// the store arbitrates claims (a Claim method, see persist.Store).
 func testClaimOneWinner(t *testing.T, s persist.Store) {
-	if _, ok := s.(persist.Claimer); !ok {
-		t.Skip("the store does not implement persist.Claimer")
+	if _, ok := s.(interface {
+		Claim(context.Context, *persist.Record) error
+	}); !ok {
+		t.Skip("the store has no Claim method")
 	}
 	ctx := context.Background()
 	const racers = 8
@@ -650,10 +652,13 @@ func testSaveIfDeleteIf(t *testing.T, s persist.Store) {
 }
 
 // testSaveIfOneWinner: of a take-over and a delete racing for one
-// version, exactly one wins, if the store arbitrates them (persist.Swapper).
+// version, exactly one wins, if the store arbitrates them (SaveIf and DeleteIf methods, see persist.Store).
 func testSaveIfOneWinner(t *testing.T, s persist.Store) {
-	if _, ok := s.(persist.Swapper); !ok {
-		t.Skip("the store does not implement persist.Swapper")
+	if _, ok := s.(interface {
+		SaveIf(ctx context.Context, rec, old *persist.Record) error
+		DeleteIf(ctx context.Context, old *persist.Record) error
+	}); !ok {
+		t.Skip("the store has no SaveIf and DeleteIf methods")
 	}
 	ctx := context.Background()
 	for i := range 20 {

@@ -244,7 +244,7 @@ func TestRoundTripperSharesTheFlight(t *testing.T) {
 	<-arrived
 	wg.Add(1)
 	go send(1)
-	waitForWaiters(t, &c.flights, in.Key(), 1, arrived)
+	waitForWaiters(t, c.flights, in.Key(), 1, arrived)
 	open()
 	wg.Wait()
 	assert.Equal(t, []int{201, 201}, codes)

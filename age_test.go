@@ -133,13 +133,13 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
 	_, err = c.Reconcile(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
-	assert.NotEqual(t, idem.StateVoid, in.State())
+	assert.NotEqual(t, persist.StateVoid, in.State())
 
 	net.deliver(t) // it arrives: the server charges
 	truth.Advance(reconcileDelay)
 	_, err = c.Reconcile(ctx, in)
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateSucceeded, in.State())
+	assert.Equal(t, persist.StateSucceeded, in.State())
 	assert.Equal(t, 1, srv.Stats().Payments)
 }
 

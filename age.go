@@ -2,15 +2,71 @@ package idem
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
+// monotonicClock is what a Clock may also implement to tell elapsed time
+// that no setting of the wall clock moves: the time since an arbitrary
+// fixed instant, such as the start of the process (the system clock and
+// clock.Manual do). idem measures with it how long ago this process last
+// sent an intent and how old the intents it created are. Like Go's
+// monotonic reading, it may stop while the device sleeps; bootClock is
+// read as well, where the clock has it. Without it, the differences of
+// Now are used.
+type monotonicClock interface {
+	Monotonic() time.Duration
+}
+
+// bootClock is what a Clock may also implement to tell the time since the
+// device booted, counting the time it slept, with the identity of that
+// boot (the system clock and clock.Manual do). Go's monotonic reading
+// stops while a phone or laptop sleeps on Linux, Android, Darwin and iOS:
+// an intent resumed after two hours of sleep would look two hours younger
+// than it is. Two readings are compared only when their boot identities
+// are equal, as the clock restarts at boot. ok is false where the device
+// has no such clock.
+type bootClock interface {
+	SinceBoot() (elapsed time.Duration, boot string, ok bool)
+}
+
+// clocks are the device's clocks as a Client reads them, to judge how old
+// an intent is: the injectable Clock (wall time, and the in-process
+// timeline where it is a monotonicClock), the time since boot where it
+// counts device sleep (bootClock), and the wall clock's high-water mark.
+type clocks struct {
+	clock clock.Clock
+	// store holds the marks of earlier processes, read once (seedMark).
+	store persist.Store
+
+	// markMu guards wallMark, the wall clock's high-water mark.
+	markMu   sync.Mutex
+	wallMark time.Time
+	seedMark sync.Once
+	// birth is every clock's reading when the Client was made.
+	birth reading
+	// born is when the Client was made: on the clock's timeline, and on
+	// its monotonicClock one when it has one.
+	born     time.Time
+	bornMono time.Duration
+}
+
+// newClocks reads clk when the Client is made.
+func newClocks(clk clock.Clock, store persist.Store) *clocks {
+	c := &clocks{clock: clk, store: store, born: clk.Now()}
+	if m, ok := clk.(monotonicClock); ok {
+		c.bornMono = m.Monotonic()
+	}
+	c.birth = c.read()
+	return c
+}
+
 // reading is one reading of every clock the device has: the in-process
 // timeline (sinceBirth), the wall clock without Go's monotonic reading, and,
-// where the clock has one (clock.Boot), the time since boot, sleep
+// where the clock has one (bootClock), the time since boot, sleep
 // included.
 type reading struct {
 	in     time.Duration
@@ -19,9 +75,9 @@ type reading struct {
 	bootID string // empty: no clock that counts sleep
 }
 
-func (c *Client) read() reading {
+func (c *clocks) read() reading {
 	r := reading{in: c.sinceBirth(), wall: c.clock.Now().Round(0)}
-	if b, ok := c.clock.(clock.Boot); ok {
+	if b, ok := c.clock.(bootClock); ok {
 		if d, id, ok := b.SinceBoot(); ok {
 			r.boot, r.bootID = d, id
 		}
@@ -40,9 +96,9 @@ func leastSince(r0, r1 reading) time.Duration {
 }
 
 // sinceBirth returns the time elapsed since the Client was made, on a
-// timeline the wall clock cannot move (see clock.Monotonic).
-func (c *Client) sinceBirth() time.Duration {
-	if m, ok := c.clock.(clock.Monotonic); ok {
+// timeline the wall clock cannot move (see monotonicClock).
+func (c *clocks) sinceBirth() time.Duration {
+	if m, ok := c.clock.(monotonicClock); ok {
 		return m.Monotonic() - c.bornMono
 	}
 	return c.clock.Now().Sub(c.born)
@@ -50,7 +106,7 @@ func (c *Client) sinceBirth() time.Duration {
 
 // mark returns the wall clock's high-water mark: the latest wall time this
 // Client has read or found in a record. A clock set back cannot lower it.
-func (c *Client) mark(now time.Time) time.Time {
+func (c *clocks) mark(now time.Time) time.Time {
 	c.seedMark.Do(func() {
 		// The marks stored with the unresolved intents (which a store
 		// keeps at hand) say what an earlier process saw.
@@ -70,7 +126,7 @@ func (c *Client) mark(now time.Time) time.Time {
 
 // observe raises the high-water mark to what rec says the wall clock has
 // shown.
-func (c *Client) observe(rec *persist.Record) {
+func (c *clocks) observe(rec *persist.Record) {
 	if rec == nil || rec.Clocks == nil {
 		return
 	}
@@ -83,7 +139,7 @@ func (c *Client) observe(rec *persist.Record) {
 
 // stamp stores the clock readings of a write of rec in rec; armed is set
 // for the arming write.
-func (c *Client) stamp(rec *persist.Record, armed bool) {
+func (c *clocks) stamp(rec *persist.Record, armed bool) {
 	r := c.read()
 	cl := persist.Clocks{}
 	if rec.Clocks != nil {
@@ -97,55 +153,6 @@ func (c *Client) stamp(rec *persist.Record, armed bool) {
 	rec.Clocks = &cl
 }
 
-// sent records that a call of key has just put its last attempt on the
-// wire, or failed to: no attempt of this Client's can start after it.
-func (c *Client) sent(key string) {
-	now := c.read()
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	c.lastSent[key] = now
-}
-
-// settled forgets what the Client tracks for a key whose outcome is known.
-func (c *Client) settled(key string) {
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	delete(c.lastSent, key)
-	delete(c.created, key)
-	delete(c.handed, key)
-}
-
-// mayStillArrive returns how much longer an attempt of key may still reach
-// the server, as far as the device can know, or zero when none can. It
-// must be called while no call of key runs in this process.
-//
-// An attempt may arrive up to the reconcile delay after it was last
-// written, and it was last written no later than:
-//
-//   - never, if this Client created the intent and no attempt of it was
-//     made (or every attempt provably never reached the server);
-//   - the end of this Client's last call of key, if it made one;
-//   - otherwise, the Client's birth: only an earlier process can have sent
-//     it, and that process had ended.
-//
-// The time since then is the smallest any clock reports (the in-process
-// timeline, which stops while the device sleeps; the wall clock, which the
-// user may set back; the clock that counts sleep): no clock can make the
-// wait shorter. Nothing of it needs to be stored.
-func (c *Client) mayStillArrive(key string) time.Duration {
-	now := c.read()
-	c.sentMu.Lock()
-	defer c.sentMu.Unlock()
-	if _, unsent := c.unsent[key]; unsent {
-		return 0
-	}
-	last, ok := c.lastSent[key]
-	if !ok {
-		last = c.birth // the Client's birth
-	}
-	return max(c.reconcile-leastSince(last, now), 0)
-}
-
 // age returns how old the intent of rec is, as far as the device can tell:
 // the largest age any clock reports, the safe reading for stopping before
 // the server forgets the key.
@@ -157,7 +164,7 @@ func (c *Client) mayStillArrive(key string) time.Duration {
 //   - the clock that counts device sleep since the arming, within one boot;
 //   - the in-process timeline since this Client first saw the intent
 //     (created it, or sent it after a restart), plus the age it had then.
-func (c *Client) age(rec *persist.Record, now time.Time) time.Duration {
+func (c *clocks) age(rec *persist.Record, now time.Time, bornAt func(time.Duration) time.Duration) time.Duration {
 	c.observe(rec)
 	r := c.read()
 	at := now.Round(0)
@@ -173,13 +180,7 @@ func (c *Client) age(rec *persist.Record, now time.Time) time.Duration {
 	if cl := rec.Clocks; cl != nil && cl.ArmBoot != "" && cl.ArmBoot == r.bootID {
 		age = max(age, r.boot-cl.Armed)
 	}
-	c.sentMu.Lock()
-	born, ok := c.created[rec.Key]
-	if !ok {
-		born = r.in - age
-		c.created[rec.Key] = born
-	}
-	c.sentMu.Unlock()
+	born := bornAt(r.in - age)
 	return max(age, r.in-born)
 }
 
@@ -187,7 +188,7 @@ func (c *Client) age(rec *persist.Record, now time.Time) time.Duration {
 // write of a resolved record, the safe reading for deleting it: the wall
 // clock since its UpdatedAt, and the clock that counts sleep since its
 // last write, within one boot.
-func (c *Client) resolvedAge(rec *persist.Record, r reading) time.Duration {
+func (c *clocks) resolvedAge(rec *persist.Record, r reading) time.Duration {
 	t := rec.UpdatedAt
 	if t.IsZero() {
 		t = rec.CreatedAt

@@ -1,0 +1,353 @@
+package idem
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Whose word an answer is.
+//
+// Anything on the path between the device and the server can answer a
+// request: a CDN's 404 page or single-page-app fallback, an API gateway's
+// 401, a WAF's 403, a proxy's 407, a captive portal's 200 login page. Only
+// the server's record of the key can say what became of the intent, so
+// idem settles an intent only on an answer that shows it is the server's:
+//
+//   - it carries the intent's key back in an Idempotency-Key header field
+//     (bare or as an RFC 8941 sf-string, as the contract's servers and
+//     Stripe echo it), or is marked Idempotent-Replayed: true;
+//   - or the app's recognizer (WithServerAnswer) says it is its server's.
+//
+// An answer without the mark is a stranger's as far as idem can tell. A
+// gateway that copies request header fields into its own answers could
+// forge the echo; that is why the lookup's "nothing was done" is believed
+// only from its typed miss (problemKeyUnused), never from the echo alone.
+
+// retryableStatus reports an answer that does not settle the intent: the
+// server may or may not have done the work, or has not done it yet, and the
+// same key may be sent again. These are 408, 409 (in progress), 429, every
+// 5xx (a proxy's 520-524 as much as the origin's 500: a 5xx says nothing
+// about whether the work was done) and every status outside 100-599, which
+// no server states a meaning for. An answer the server marked as its stored
+// record is final whatever its status: see replayed.
+func retryableStatus(code int) bool {
+	switch {
+	case code < 100 || code > 599, code >= 500:
+		return true
+	}
+	switch code {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
+		return true
+	}
+	return false
+}
+
+// replayed reports an answer marked Idempotent-Replayed: true, the
+// server's stored record for the key: final, whatever its status, because
+// sending the key again only replays it.
+func replayed(h http.Header) bool {
+	return strings.EqualFold(strings.TrimSpace(h.Get("Idempotent-Replayed")), "true")
+}
+
+// isFinal reports whether an answer with this status and headers is the
+// intent's final answer. A redirect that is not followed is not: see
+// unfollowedRedirect.
+func isFinal(code int, h http.Header) bool {
+	return replayed(h) || !retryableStatus(code) && !unfollowedRedirect(code)
+}
+
+// unfollowedRedirect reports a 3xx that reached the client: one that
+// redirectPolicy did not follow (301, 302, 303 after a POST) or that
+// net/http could not (no Location, 300, 304). It comes from whoever stands
+// in front of the server (a login page, a CDN) or from a server that did
+// the work and points at its result (303): it says nothing about the work,
+// nor about an earlier attempt that may have reached the server. So it
+// ends the call at once, its outcome unknown, unless the server marked it
+// as its stored record.
+func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
+
+// isSuccess reports a 2xx status.
+func isSuccess(status int) bool { return status >= 200 && status < 300 }
+
+// marked reports an answer the server marked as its own for key: the echo
+// or the replay header.
+func marked(h http.Header, key string) bool { return replayed(h) || echoes(h, key) }
+
+// trusted reports an answer that is the server's word on key: marked, or
+// recognised by the app's WithServerAnswer. body is nil when it was not
+// kept (over the limit).
+func (c *config) trusted(status int, h http.Header, body []byte, key string) bool {
+	if marked(h, key) {
+		return true
+	}
+	return c.isServerAnswer != nil && c.isServerAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)})
+}
+
+// problemKeyUnused is the problem type of the lookup's miss: nothing was
+// done under the key, and nothing under it is in progress. It is the
+// contract's (the idempotency package's TypeKeyUnused), spelled here so
+// that the client does not import the server half.
+const problemKeyUnused = "https://idem.dev/problems/idempotency-key-unused"
+
+// isKeyUnused reports the lookup's typed miss: a 404 problem of type
+// problemKeyUnused.
+func isKeyUnused(status int, h http.Header, body []byte) bool {
+	return status == http.StatusNotFound && parseProblem(h, body).Type == problemKeyUnused
+}
+
+// stateFor classifies a final answer.
+func (c *config) stateFor(status int, header http.Header, body []byte) persist.State {
+	switch {
+	case status >= 200 && status < 300:
+		return persist.StateSucceeded
+	case c.keyReused(status, header, body),
+		isKeyProblem(status, parseProblem(header, body).Type):
+		return persist.StateRejected
+	}
+	return persist.StateFailed
+}
+
+// keyReused reports a final answer that says the key was used with another
+// request: see ErrKeyReused.
+func (c *config) keyReused(status int, header http.Header, body []byte) bool {
+	if status >= 200 && status < 300 {
+		return false
+	}
+	if isKeyReused(status, header, body) {
+		return true
+	}
+	return c.isKeyReused != nil && c.isKeyReused(&Response{StatusCode: status, Header: header.Clone(), Body: bytes.Clone(body)})
+}
+
+// isKeyReused reports an answer that says the key was used with another
+// request, by what it says: the contract's problem type on a 422, or
+// Stripe's JSON error of type idempotency_error (which Stripe sends with
+// 400). A 422 without either is an ordinary final answer: many APIs use it
+// for plain validation.
+func isKeyReused(status int, header http.Header, body []byte) bool {
+	switch status {
+	case http.StatusUnprocessableEntity:
+		if problemName(parseProblem(header, body).Type) == "idempotency-key-reused" {
+			return true
+		}
+		fallthrough
+	case http.StatusBadRequest:
+		return isStripeIdempotencyError(header, body)
+	}
+	return false
+}
+
+// isKeyProblem reports a 400 about the Idempotency-Key itself. The contract
+// names these problem types; a server that sends no problem type gives no
+// way to tell, and its 400 is treated as an ordinary final answer.
+func isKeyProblem(status int, typ string) bool {
+	if status != http.StatusBadRequest {
+		return false
+	}
+	switch problemName(typ) {
+	case "idempotency-key-missing", "idempotency-key-invalid":
+		return true
+	}
+	return false
+}
+
+// problemName is the last path segment of a problem type URI, the part that
+// names the problem ("idempotency-key-reused").
+func problemName(typ string) string {
+	typ = strings.TrimRight(typ, "/")
+	if i := strings.LastIndexByte(typ, '/'); i >= 0 {
+		return typ[i+1:]
+	}
+	return typ
+}
+
+// isStripeIdempotencyError reports Stripe's error body
+// {"error": {"type": "idempotency_error", ...}}.
+func isStripeIdempotencyError(header http.Header, body []byte) bool {
+	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
+	if ct != "application/json" {
+		return false
+	}
+	var e struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(body, &e) == nil && e.Error.Type == "idempotency_error"
+}
+
+// problem is an RFC 9457 problem document, as APIError.Problem holds it.
+type problem = struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// parseProblem decodes an RFC 9457 body; anything else yields the zero
+// problem. It never fails: a server that answers nonsense still gets its
+// status reported.
+func parseProblem(header http.Header, body []byte) problem {
+	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
+	if ct != "application/problem+json" && ct != "application/json" {
+		return problem{}
+	}
+	var p problem
+	if json.Unmarshal(body, &p) != nil {
+		return problem{}
+	}
+	return p
+}
+
+func (c *config) apiErrorFor(rec *persist.Record, resp *Response) error {
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	return &APIError{
+		Method:     rec.Method,
+		URL:        rec.URL,
+		Key:        rec.Key,
+		StatusCode: resp.StatusCode,
+		Problem:    parseProblem(resp.Header, resp.Body),
+		Response:   resp,
+		keyReused:  c.keyReused(resp.StatusCode, resp.Header, resp.Body),
+	}
+}
+
+// retryableError reports whether a transport error may be retried. Every
+// network failure is, including those after the request was written: the
+// key makes the repeat harmless. An oversized answer is not, nor is an
+// error that proves the request never reached the server (neverReached):
+// no retry will fix those. Errors are classified by type, never by message
+// text.
+func retryableError(err error) bool {
+	return !errors.Is(err, errBodyTooLarge) && !neverReached(err)
+}
+
+// neverReached reports an error that proves the request was never written
+// to a server that does the work:
+//
+//   - a certificate refused (unknown authority, wrong hostname, invalid):
+//     the TLS handshake failed, and the request is written only after it;
+//   - a plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch);
+//   - a redirect to a scheme net/http cannot send to, or a redirect loop:
+//     only servers that answered 307 or 308 saw the request.
+//
+// It speaks of the last try only: net/http may have written the same
+// request on a reused connection first (see call.mayHaveReached).
+func neverReached(err error) bool {
+	var (
+		unknownAuthority x509.UnknownAuthorityError
+		hostname         x509.HostnameError
+		invalid          x509.CertificateInvalidError
+		verify           *tls.CertificateVerificationError
+		scheme           *redirectSchemeError
+	)
+	switch {
+	case errors.As(err, &unknownAuthority), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &verify),
+		errors.Is(err, http.ErrSchemeMismatch),
+		errors.As(err, &scheme), errors.Is(err, errRedirectLoop):
+		return true
+	}
+	return false
+}
+
+// APIError is a final answer from the server that is not a success: a
+// business outcome such as 402 (card declined), a validation 400, a key
+// error (400, 422). It is returned together with the Response.
+type APIError struct {
+	Method     string
+	URL        string
+	Key        string
+	StatusCode int
+	// Problem holds the RFC 9457 fields when the body was a problem
+	// document (application/problem+json or JSON with those fields).
+	Problem struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail,omitempty"`
+	}
+	// Response is the whole answer, body included.
+	Response *Response
+
+	keyReused bool // the answer says the key was used with another request
+}
+
+func (e *APIError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	if t := problemName(e.Problem.Type); t != "" {
+		fmt.Fprintf(&b, " (%s)", t)
+	}
+	if e.Problem.Detail != "" {
+		fmt.Fprintf(&b, ": %s", e.Problem.Detail)
+	} else if e.Problem.Title != "" {
+		fmt.Fprintf(&b, ": %s", e.Problem.Title)
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, " [key %s]", e.Key)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrKeyReused) and errors.Is(err, ErrKeyRejected)
+// true for the answers that mean them.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrKeyReused:
+		return e.keyReused
+	case ErrKeyRejected:
+		return isKeyProblem(e.StatusCode, e.Problem.Type)
+	}
+	return false
+}
+
+// stored returns what the device keeps of a final answer: its status, the
+// header fields that a replay and the app need, and its body.
+func (c *config) stored(resp *Response) *persist.Response {
+	return &persist.Response{
+		StatusCode: resp.StatusCode,
+		Header:     c.storedHeader(resp.Header),
+		Body:       bytes.Clone(resp.Body),
+		Replayed:   resp.Replayed,
+		Oversized:  resp.Oversized,
+	}
+}
+
+// storedHeader returns the header fields of h that are kept on the device:
+// those of storedHeaders and those the app named (WithStoredHeaders), in
+// that order, while they fit the Client's limit on an answer. Nothing else
+// (cookies, tokens, tracing) is written to the device.
+func (c *config) storedHeader(h http.Header) http.Header {
+	var (
+		out  http.Header
+		size int64
+	)
+	for _, name := range c.keptHeaders {
+		vs := h[name]
+		if len(vs) == 0 {
+			continue
+		}
+		n := fieldBytes(name, vs)
+		if size+n > c.maxBody {
+			continue
+		}
+		size += n
+		if out == nil {
+			out = make(http.Header, len(c.keptHeaders))
+		}
+		out[name] = append([]string(nil), vs...)
+	}
+	return out
+}

@@ -1,0 +1,86 @@
+package idem
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	retry := map[int]bool{408: true, 409: true, 429: true}
+	for code := 0; code < 1000; code++ {
+		want := retry[code] || code >= 500 || code < 100
+		assert.Equal(t, want, retryableStatus(code), "status %d", code)
+		redirect := code >= 300 && code < 400
+		assert.Equal(t, !want && !redirect, isFinal(code, http.Header{}), "status %d", code)
+		assert.True(t, isFinal(code, http.Header{"Idempotent-Replayed": {"true"}}), "status %d replayed", code)
+	}
+
+	// A CDN in front of the server answers its own 5xx (or a status no
+	// server defines) after the server charged: the intent is not failed,
+	// and the retry gets the server's stored answer.
+	for _, code := range []int{501, 507, 520, 522, 524, 599, 600, 999, 42} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			t.Parallel()
+			clk := clock.NewManual(retryAfterNow)
+			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+			t.Cleanup(srv.Close)
+			cdn := &statusAfterWork{base: srv.Client().Transport, status: code, times: 1}
+			c, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
+			require.NoError(t, err)
+			in := newPayment(t, c, srv.URL)
+
+			resp, err := c.Do(context.Background(), in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.True(t, resp.Replayed, "the second attempt got the stored answer")
+			assert.Equal(t, 2, resp.Attempts)
+			assert.Equal(t, 1, srv.Stats().ProviderCharges)
+
+			// With no attempt left, the outcome is unknown, not failed.
+			cdn.times = 1
+			c1, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+			require.NoError(t, err)
+			in = newPayment(t, c1, srv.URL)
+			_, err = c1.Do(context.Background(), in)
+			require.ErrorIs(t, err, ErrOutcomeUnknown)
+			assert.False(t, in.State().Resolved(), "a %d says nothing about the work", code)
+		})
+	}
+}
+
+func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
+	t.Parallel()
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := New(WithHTTPClient(srv.Client()), WithClock(clock.NewManual(retryAfterNow)))
+	require.NoError(t, err)
+	in := newPayment(t, c, srv.URL)
+
+	resp, err := c.Do(context.Background(), in)
+	var apiErr *APIError
+	require.ErrorAs(t, err, &apiErr)
+	assert.NotErrorIs(t, err, ErrOutcomeUnknown)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	assert.True(t, resp.Replayed)
+	assert.EqualValues(t, 1, requests.Load(), "the server's stored record is not asked for again")
+	assert.True(t, in.State().Resolved())
+
+	_, err = c.Do(context.Background(), in)
+	require.ErrorAs(t, err, &apiErr)
+	assert.EqualValues(t, 1, requests.Load(), "a later Do answers from the device")
+}

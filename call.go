@@ -1,0 +1,346 @@
+package idem
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+	"time"
+)
+
+// call is the state of one call of send, reached by the retrier's hooks
+// through the request's context. It is confined to that call's goroutine.
+type call struct {
+	cfg       *config
+	key       string
+	b         budget
+	finalBody []byte    // the body of the last answer read in full
+	oversized bool      // the final answer was over the limit; no body kept
+	stopped   *stop     // why the budget ended the call, once it did
+	last      *Response // the last retryable answer
+	lastErr   error
+	// onWire: the current attempt has reached the transport.
+	onWire bool
+	// cut: the budget ran out during an attempt (or before it could
+	// start, then cutBeforeWire).
+	cut           *stop
+	cutBeforeWire bool
+	// canceled is the number of the attempt the call's context ended in,
+	// once the attempt hook was told of it.
+	canceled int
+	// conns counts the connections given to a request of this call, and
+	// answers the answers that began to arrive. net/http sends a request
+	// that carries an Idempotency-Key again on a new connection when a
+	// reused one fails before any answer, and the server may have read the
+	// first copy; so while conns exceeds answers, a request may have
+	// reached the server, whatever error the last try of it ended with.
+	conns, answers atomic.Int32
+	// wrote counts the requests of this call written to a connection
+	// (httptrace's WroteHeaders), net/http's own resends included;
+	// unproven is set once an attempt ended without its transport
+	// reporting that it looked for a connection (GetConn): a transport
+	// that fires no trace never proves that nothing was sent. It is set
+	// too once any attempt got an answer.
+	wrote    atomic.Int32
+	traced   atomic.Bool // the current attempt fired GetConn
+	unproven bool
+	// unsent: no attempt of the intent can have reached the server before
+	// this call (see Client.markSent).
+	unsent bool
+	// redirected: an attempt of the intent, in this call or an earlier
+	// one, was redirected to another URL (see otherURL).
+	redirected bool
+	// name, url and began describe the current attempt to the attempt
+	// hook; retryCost is what its retry took of the retry budget, and
+	// paidFor the number of the attempt it paid for.
+	name, url          string
+	began              time.Time
+	retryCost, paidFor int
+	tokens             *tokenBucket // the Client's retry budget
+}
+
+// sentNothing reports a call none of whose attempts wrote its request to a
+// connection, as its transport's trace proves: every attempt looked for a
+// connection and none wrote its headers, nor got an answer.
+func (st *call) sentNothing() bool {
+	return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0
+}
+
+// mayHaveSentBefore reports whether an attempt other than the one that got
+// the current answer may have reached the server: an earlier call's, an
+// earlier attempt of this one, or a copy net/http wrote on a reused
+// connection before this one. Only then can an earlier request have done
+// the work that a stranger's answer to this one hides.
+func (st *call) mayHaveSentBefore() bool {
+	return !st.unsent || st.b.attempts > 1 || st.wrote.Load() > 1
+}
+
+// noteCut records that the budget cut the attempt whose context is ctx, if
+// it did: its time limit passed while the call's context is alive.
+func (st *call) noteCut(ctx, parent context.Context, reason StopReason) {
+	if st.cut == nil && ctx.Err() != nil && parent.Err() == nil {
+		st.cut = &stop{reason: reason}
+	}
+}
+
+// mayHaveReached reports whether a request of this call was handed to a
+// connection and got no answer.
+func (st *call) mayHaveReached() bool { return st.conns.Load() > st.answers.Load() }
+
+type callKey struct{}
+
+func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
+
+// withTrace returns ctx carrying the call, for the retrier's hooks, and the
+// client trace by which the call tells what its attempts wrote.
+func (st *call) withTrace(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &httptrace.ClientTrace{
+		GetConn:              func(string) { st.traced.Store(true) },
+		GotConn:              func(httptrace.GotConnInfo) { st.conns.Add(1) },
+		WroteHeaders:         func() { st.wrote.Add(1) },
+		GotFirstResponseByte: func() { st.answers.Add(1) },
+	})
+}
+
+// attemptStarted counts an attempt as the retrier starts it. After a
+// cancel, the retrier may still start an attempt, which fails at once
+// without reaching the wire: it is not counted.
+func (st *call) attemptStarted(ctx context.Context) {
+	if ctx.Err() == nil {
+		st.b.attempts++
+		st.began = st.cfg.clock.Now()
+		st.onWire = false
+		st.traced.Store(false)
+	}
+}
+
+// answered returns the final answer the call got, as the Response of Do.
+func (st *call) answered(resp *http.Response) *Response {
+	resp.Body.Close()
+	out := &Response{
+		StatusCode: resp.StatusCode,
+		Header:     resp.Header,
+		Body:       st.finalBody,
+		Replayed:   replayed(resp.Header),
+		Attempts:   st.b.attempts,
+		Oversized:  st.oversized,
+	}
+	if st.oversized {
+		// Keep no more of an oversized answer than the store does.
+		out.Header, out.Body = st.cfg.storedHeader(resp.Header), nil
+	}
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	st.refundRetry()
+	return out
+}
+
+// failed returns why the call ended without a final answer: err is the
+// retrier's, ctx the call's.
+func (st *call) failed(ctx context.Context, err error) *RetryError {
+	switch {
+	case st.stopped != nil && st.stopped.reason != StopFatal:
+		e := st.retryError(st.stopped.reason, st.lastErr)
+		e.Wait = st.stopped.wait
+		e.LastResponse = st.last
+		return e
+	case ctx.Err() != nil:
+		st.unspendRetry()
+		reason := StopCanceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			reason = StopDeadline
+		}
+		e := st.retryError(reason, ctx.Err())
+		e.LastResponse = st.last
+		return e
+	}
+	e := st.retryError(StopFatal, err)
+	e.neverReached = neverReached(err) && !st.mayHaveReached()
+	return e
+}
+
+func (st *call) retryError(reason StopReason, err error) *RetryError {
+	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err,
+		sentNothing: st.sentNothing(), redirected: st.redirected}
+}
+
+// afterAttempt is the retry loop's decision after each attempt: whether to
+// send another (after waiting for it on the Client's clock), or why the
+// call ends. The retrier may ask twice for one attempt (again after
+// readFinal); once the call is stopped it keeps saying so.
+func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	if err == nil || st.onWire && !st.traced.Load() {
+		// An answer came, or the transport reports nothing (so nothing
+		// it did is proven): the call may have sent its request.
+		st.unproven = true
+	}
+	if st.stopped != nil {
+		return false, errStopped
+	}
+	if err == nil && isFinal(resp.StatusCode, resp.Header) {
+		// A final answer is taken even if ctx ended as it arrived: its
+		// body may be read yet, and it saves a resend.
+		return false, nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		// The attempt is counted: the hook hears of it too, once.
+		if st.b.attempts > 0 && st.canceled != st.b.attempts {
+			st.canceled = st.b.attempts
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+			}
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: cmp.Or(err, ctxErr)})
+		}
+		return false, ctxErr
+	}
+	if err != nil && st.cut != nil {
+		// The budget ended inside the attempt: it may have reached the
+		// server, so the outcome is unknown.
+		st.last, st.lastErr, st.stopped = nil, err, st.cut
+		if !st.cutBeforeWire {
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+		}
+		return false, errStopped
+	}
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+		st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Attempts: st.b.attempts}
+		if unfollowedRedirect(resp.StatusCode) {
+			// Asking again gets the same redirect.
+			st.stopped = &stop{reason: StopRedirect}
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status})
+			return false, errStopped
+		}
+	} else {
+		st.last = nil
+		if !retryableError(err) {
+			st.stopped = &stop{reason: StopFatal}
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+			return false, err
+		}
+	}
+	st.lastErr = err
+	var retryResp *http.Response
+	if err == nil {
+		retryResp = resp
+	}
+	wait, stopped := st.b.next(retryResp)
+	if stopped == nil {
+		if stopped = st.spendRetry(err); stopped != nil {
+			wait = 0
+		}
+	}
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: err, Retry: stopped == nil, Wait: wait})
+	if stopped != nil {
+		st.stopped = stopped
+		return false, errStopped
+	}
+	if err := st.cfg.clock.Sleep(ctx, wait); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// readFinal reads a final answer's body. A body cut off mid-way is an
+// error, so the attempt counts as unanswered and is retried with the same
+// key: an incomplete answer is never taken for a success. An answer larger
+// than the limit, header fields included, is final all the same (asking
+// again would get it again): its body is not kept.
+func (st *call) readFinal(resp *http.Response) error {
+	limit := st.cfg.maxBody - headerBytes(resp.Header)
+	if limit < 0 {
+		resp.Body.Close()
+		st.oversized = true
+		return nil
+	}
+	body, err := readBody(resp.Body, limit)
+	if errors.Is(err, errBodyTooLarge) {
+		st.oversized = true
+		return st.unmarked(resp, nil)
+	}
+	if err != nil {
+		return err
+	}
+	st.finalBody = body
+	if err := st.unmarked(resp, body); err != nil {
+		return err
+	}
+	return st.redirectedKeyReuse(resp, body)
+}
+
+// redirectedKeyReuse stops the call, its outcome unknown, on the server's
+// "key reused" answer after an attempt of the intent was redirected to
+// another URL: the server fingerprints the path and the query, so the
+// redirected request, which may have done the work, is another request to
+// it, and the answer says nothing of that work (StopRedirectedKeyReused).
+// The call does not follow the redirect's URL itself: the lookup settles
+// the intent on the server's word.
+func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
+	if st.stopped != nil || !st.redirected || !isFinal(resp.StatusCode, resp.Header) ||
+		!st.cfg.keyReused(resp.StatusCode, resp.Header, body) {
+		return nil
+	}
+	st.stopped = &stop{reason: StopRedirectedKeyReused}
+	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts}
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	return errStopped
+}
+
+// unmarked stops the call, its outcome unknown, when a final answer does
+// not show that it is the server's word and could hide the work of an
+// earlier request: see Client.trusted. Otherwise it returns nil, and the
+// answer is final.
+func (st *call) unmarked(resp *http.Response, body []byte) error {
+	if st.stopped != nil || !isFinal(resp.StatusCode, resp.Header) {
+		// Not a final answer: the budget or the context ended the call
+		// on it.
+		return nil
+	}
+	if st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key) || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
+		return nil
+	}
+	st.stopped = &stop{reason: StopUnmarked}
+	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts, Oversized: body == nil}
+	if body == nil {
+		st.last.Header = st.cfg.storedHeader(resp.Header)
+	}
+	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
+	return errStopped
+}
+
+// keepLast keeps the body of the last retryable answer, for
+// RetryError.LastResponse, when the call ends without a final one, and
+// returns the call's error.
+func (st *call) keepLast(resp *http.Response, err error) (*http.Response, error) {
+	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != StopUnmarked && st.stopped.reason != StopRedirectedKeyReused) {
+		limit := st.cfg.maxBody - headerBytes(resp.Header)
+		switch {
+		case st.finalBody != nil:
+			st.last.Body = st.finalBody // read by the response handler
+		case limit < 0:
+			st.last.Header, st.last.Oversized = st.cfg.storedHeader(resp.Header), true
+		default:
+			var err error
+			if st.last.Body, err = readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {
+				st.last.Oversized = true
+			}
+		}
+	}
+	resp.Body.Close()
+	return nil, err
+}
+
+func (c *config) attemptDone(a Attempt) {
+	if c.logger != nil {
+		c.logger.LogAttrs(context.Background(), slog.LevelDebug, "idem: attempt",
+			slog.String("key", a.Key), slog.Int("number", a.Number), slog.Int("status", a.StatusCode),
+			slog.Any("error", a.Err), slog.Bool("retry", a.Retry), slog.Duration("wait", a.Wait))
+	}
+	if c.onAttempt != nil {
+		c.onAttempt(a)
+	}
+}

@@ -1,0 +1,62 @@
+package idem
+
+import (
+	"net/http"
+
+	"github.com/dunglas/httpsfv"
+)
+
+// keyHeader spells key as this Client sends the keys of new intents.
+func (c *config) keyHeader(key string) string {
+	if !c.quoted {
+		return key
+	}
+	return quoteKey(key)
+}
+
+// quoteKey spells key as an RFC 8941 sf-string.
+func quoteKey(key string) string {
+	v, err := httpsfv.Marshal(httpsfv.NewItem(key))
+	if err != nil {
+		// Keys are made of visible ASCII, which every sf-string can hold.
+		return key
+	}
+	return v
+}
+
+// spells reports whether v is one of the two spellings of key, bare or
+// quoted: a stored value that names another key is never sent.
+func spells(v, key string) bool { return v == key || v == quoteKey(key) }
+
+// echoes reports whether h carries key back in its Idempotency-Key field,
+// bare or quoted. Any one field line that names the key is enough; one
+// that names another key is not the server's answer to this intent. key
+// may itself be spelled quoted (the key an app's own API client put on a
+// request through the RoundTripper): the two are compared as the server
+// reads them.
+func echoes(h http.Header, key string) bool {
+	want := echoKey(key)
+	if want == "" {
+		return false
+	}
+	for _, v := range h.Values("Idempotency-Key") {
+		if echoKey(v) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// echoKey reads the key of one echoed value: the sf-string's content when
+// quoted, the value itself otherwise (as the server parses the request's).
+func echoKey(v string) string {
+	if len(v) > 0 && v[0] == '"' {
+		item, err := httpsfv.UnmarshalItem([]string{v})
+		if err != nil {
+			return ""
+		}
+		s, _ := item.Value.(string)
+		return s
+	}
+	return v
+}

@@ -1,0 +1,186 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/persist"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stalling is a test server whose answer to a POST is stall (which must
+// return when the request's context ends or when stop is closed), and a
+// Client that sends to it through an http.Client with no Timeout, on the
+// system clock, with a short MaxElapsed.
+func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, stop <-chan struct{})) (*idem.Client, *idem.Intent) {
+	t.Helper()
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stall(w, r, stop) }))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })                     // runs first: no handler stays blocked
+	hc := &http.Client{Transport: srv.Client().Transport} // no Timeout, like http.DefaultClient
+	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, context.Background(), in))
+	return c, in
+}
+
+// doWithin runs Do with a generous real deadline, far above the budget
+// under test, so that a call the budget does not bound fails the test
+// instead of hanging it.
+func doWithin(t *testing.T, c *idem.Client, in *idem.Intent) (*idem.RetryError, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Do(ctx, in)
+	took := time.Since(start)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	return retryErr, took
+}
+
+// MaxElapsed bounds an attempt that gets no answer at all, though the
+// http.Client has no Timeout. The attempt may have reached the server: the
+// outcome is unknown and the intent pending.
+func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
+	t.Parallel()
+	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	})
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, persist.StatePending, in.State())
+}
+
+// MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
+// each in time to keep a read timeout from firing.
+func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
+	t.Parallel()
+	c, in := stalling(t, func(w http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		w.Header().Set("Content-Length", "1000000")
+		w.WriteHeader(http.StatusCreated)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := w.Write([]byte(" ")); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+			}
+		}
+	})
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, persist.StatePending, in.State())
+}
+
+// An attempt gets what is left of the budget on the Client's clock: after a
+// Retry-After wait of 2s on a manual clock, a second attempt under a
+// MaxElapsed of 2.3s gets 300ms of real time.
+func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
+	t.Parallel()
+	stop := make(chan struct{})
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if posts.Add(1) == 1 {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		select { // the second attempt gets no answer
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })
+	clk := clock.NewManual(epoch)
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithClock(clk),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.Equal(t, 2, retryErr.Attempts)
+	assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
+	assert.Less(t, took, 10*time.Second, "300ms were left")
+}
+
+// idleRecorder is a transport that fails every request and counts the
+// calls of CloseIdleConnections.
+type idleRecorder struct{ closed atomic.Int32 }
+
+func (r *idleRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	return nil, errors.New("connection refused")
+}
+
+func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
+
+// A call that ends without an answer closes the app's transport's idle
+// connections, as go-retryablehttp does, through the budget's wrapper.
+func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
+	t.Parallel()
+	tr := &idleRecorder{}
+	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	_, err = c.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Positive(t, tr.closed.Load())
+}
+
+// A wait that uses up the budget to the last instant leaves no time for the
+// attempt after it: nothing more is sent, and the attempt is not counted.
+func TestNoAttemptStartsWithNoBudgetLeft(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+		posts.Add(1)
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2 * time.Second, Jitter: -1}))
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	_, err = c.Do(context.Background(), in)
+	var retryErr *idem.RetryError
+	require.ErrorAs(t, err, &retryErr)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason)
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Equal(t, int32(1), posts.Load())
+}

@@ -1,0 +1,56 @@
+package idem
+
+import (
+	"net/http"
+	"net/url"
+)
+
+// redirectPolicy returns a copy of hc that follows only the redirects that
+// keep the request as it is, so that the answer to a redirect is never
+// taken for the intent's outcome:
+//
+//   - 307 and 308 are followed with the same method, headers (the key
+//     spelled as stored) and body, as net/http does, up to 10 in a row;
+//     a longer chain ends with errRedirectLoop, and a Location whose
+//     scheme is not http or https with an error: neither reached a server
+//     that does the work.
+//   - 301, 302 and 303 would turn a POST or PATCH into a GET, whose answer
+//     (a login page, say) says nothing about the intent. They are not
+//     followed, and end the call with the outcome unknown (see
+//     unfollowedRedirect).
+//
+// hc's own CheckRedirect, if any, still decides on the redirects that are
+// followed.
+func redirectPolicy(hc *http.Client) *http.Client {
+	cp := *hc
+	check := hc.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.Method != via[0].Method {
+			return http.ErrUseLastResponse
+		}
+		if s := req.URL.Scheme; s != "http" && s != "https" {
+			return &redirectSchemeError{location: req.URL.Redacted()}
+		}
+		if check != nil {
+			if err := check(req, via); err != nil {
+				return err
+			}
+		} else if len(via) >= 10 { // net/http's default
+			return errRedirectLoop
+		}
+		if st, ok := req.Context().Value(callKey{}).(*call); ok && otherURL(req.URL, via[0].URL) {
+			st.redirected = true
+		}
+		return nil
+	}
+	return &cp
+}
+
+// otherURL reports a redirect to a URL whose request the server may take
+// for another request under the same key: its fingerprint covers the path
+// and the query. Spellings are compared as sent, so a path or query spelled
+// another way counts as another URL (the safe side: the outcome is then
+// asked of the lookup rather than taken as "not paid").
+func otherURL(to, from *url.URL) bool {
+	return to.EscapedPath() != from.EscapedPath() || to.RawQuery != from.RawQuery
+}

@@ -1,0 +1,101 @@
+package idem
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+)
+
+// Request is what an intent sends, byte for byte, on every attempt.
+type Request struct {
+	// Method is POST or PATCH: the methods that carry an Idempotency-Key.
+	Method string
+	// URL is absolute.
+	URL string
+	// Header is resent on every attempt and stored with the intent. Keep
+	// credentials out of it (set them in the http.Client's transport):
+	// whatever is here is written to the device.
+	Header http.Header
+	// Body is sent unchanged on every attempt.
+	Body []byte
+}
+
+// JSONRequest returns a Request whose body is v encoded as JSON, with
+// Content-Type application/json. The bytes are fixed here, once: every
+// attempt sends exactly them.
+func JSONRequest(method, url string, v any) (Request, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return Request{}, fmt.Errorf("idem: encoding request body: %w", err)
+	}
+	return Request{
+		Method: method,
+		URL:    url,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   body,
+	}, nil
+}
+
+func (r Request) validate() error {
+	switch r.Method {
+	case http.MethodPost, http.MethodPatch:
+	case "":
+		return errors.New("idem: request has no method")
+	default:
+		return fmt.Errorf("idem: intents are for POST and PATCH, which carry an Idempotency-Key; %s is idempotent without one", r.Method)
+	}
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return fmt.Errorf("idem: bad request URL: %w", err)
+	}
+	if !u.IsAbs() || u.Host == "" {
+		return fmt.Errorf("idem: request URL %q is not absolute", r.URL)
+	}
+	// What would make every attempt fail before it reaches a server is
+	// refused here, before the intent exists.
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", u.Redacted())
+	}
+	if u.Hostname() == "" {
+		return fmt.Errorf("idem: request URL %q has no host name", u.Redacted())
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", u.Redacted(), p)
+		}
+	}
+	return nil
+}
+
+// fingerprint identifies a request's method, URL and body: two requests with
+// the same fingerprint are the same intent.
+func (r Request) fingerprint() string {
+	h := sha256.New()
+	h.Write([]byte(r.Method))
+	h.Write([]byte{0})
+	h.Write([]byte(r.URL))
+	h.Write([]byte{0})
+	h.Write(r.Body)
+	var sum [sha256.Size]byte
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], h.Sum(sum[:0]))
+	return string(out[:])
+}
+
+// attemptHeader returns the headers of an attempt: header's, and the key
+// spelled as stored. The values' slices are shared with header, which is
+// never changed (a record's, or the RoundTripper's own copy), and capped at
+// their length, so that an append to one of them copies it.
+func attemptHeader(header http.Header, keyHeader string) http.Header {
+	h := make(http.Header, len(header)+1)
+	for k, v := range header {
+		h[k] = v[:len(v):len(v)]
+	}
+	h["Idempotency-Key"] = []string{keyHeader}
+	return h
+}

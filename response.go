@@ -1,0 +1,104 @@
+package idem
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// Response is the final answer to an intent.
+type Response struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+	// Replayed is true when the server answered from its idempotency
+	// record (Idempotent-Replayed: true): the work was done by an earlier
+	// attempt, whose answer had been lost.
+	Replayed bool
+	// Attempts is how many attempts this call put on the wire; 0 when the
+	// answer came from the device's store.
+	Attempts int
+	// FromStore is true when the intent was already resolved and nothing
+	// was sent.
+	FromStore bool
+	// NotRecorded is true when this answer arrived but the device could
+	// not save it (Do returns it with a *SaveError): the answer is the
+	// server's and final all the same, but the intent stays unresolved on
+	// the device, and the next Do gets the server's replay of it.
+	NotRecorded bool
+	// Oversized is true when the answer was larger than
+	// WithMaxResponseBytes (header fields and body together). Its status is
+	// known and the intent is resolved from it, but its body was not kept
+	// (Body is nil), and its header fields only those stored, so far as
+	// they fit the limit.
+	Oversized bool
+}
+
+func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Response {
+	return &Response{
+		StatusCode: r.StatusCode,
+		Header:     r.Header.Clone(),
+		Body:       bytes.Clone(r.Body),
+		Replayed:   r.Replayed,
+		Oversized:  r.Oversized,
+		Attempts:   attempts,
+		FromStore:  fromStore,
+	}
+}
+
+func (r *Response) clone() *Response {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = bytes.Clone(r.Body)
+	return &c
+}
+
+// storedHeaders are the header fields of a final answer that are kept on
+// the device by default: what an app shows (the media type, where the new
+// resource is), the replay marker, and the server's Retry-After.
+var storedHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
+
+// headerBytes is the size of h as header fields on the wire: the size
+// counted against the limit on an answer.
+func headerBytes(h http.Header) int64 {
+	var n int64
+	for name, vs := range h {
+		n += fieldBytes(name, vs)
+	}
+	return n
+}
+
+func fieldBytes(name string, vs []string) int64 {
+	var n int64
+	for _, v := range vs {
+		n += int64(len(name) + len(v) + 4) // ": " and CRLF
+	}
+	return n
+}
+
+// readBody reads a whole body, at most limit bytes, and closes it.
+func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
+	defer body.Close()
+	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: more than %d bytes", errBodyTooLarge, limit)
+	}
+	return b, nil
+}
+
+var (
+	errBodyTooLarge = errors.New("idem: response body too large")
+	// errStopped tells retryablehttp to stop; the reason is in the call's
+	// state.
+	errStopped = errors.New("idem: retry budget exhausted")
+)
