@@ -132,7 +132,7 @@ func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.R
 // recordExpiry ends a call of an intent too old to send: its outcome is
 // unknown, and it is stored as expired.
 func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
-	err := &RetryError{Key: rec.Key, Reason: StopExpired}
+	err := &RetryError{Key: rec.Key, Reason: stopExpired}
 	if rec.State != persist.StateExpired {
 		rec.State = persist.StateExpired
 		rec.UpdatedAt = c.clock.Now()
@@ -223,11 +223,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, unsent bool) error {
 	now := c.clock.Now()
 	notSent := retryErr.sentNothing && retryErr.Attempts > 0 ||
-		retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached
+		retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached
 	if notSent && unsent {
 		return c.recordNotSent(ctx, in, rec, retryErr, now)
 	}
-	if retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
+	if retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
 		// The one attempt never reached the server, but an earlier one
 		// may have: nothing to record.
 		return retryErr
@@ -235,15 +235,15 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	rec.Attempts += retryErr.Attempts
 	rec.Redirected = rec.Redirected || retryErr.redirected
 	rec.UpdatedAt = now
-	if retryErr.Reason == StopExpired {
+	if retryErr.Reason == stopExpired {
 		rec.State = persist.StateExpired
 	} else if retryErr.Attempts > 0 {
 		rec.State = persist.StatePending
 	}
-	c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", string(retryErr.Reason))
+	c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", retryErr.Reason)
 	// The save records what is known; if it fails, the intent stays
 	// unresolved in the store anyway, which is the safe side.
-	if retryErr.Attempts > 0 || retryErr.Reason == StopExpired {
+	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
 		if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record attempts"); saveErr != nil {
 			return errors.Join(retryErr, saveErr)
 		}

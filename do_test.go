@@ -551,6 +551,7 @@ func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
 			require.NotNil(t, retryErr.LastResponse)
 			assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
 			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.ErrorIs(t, err, context.DeadlineExceeded, "the caller's deadline ended the call, though no attempt ran into it")
 			assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
 			assert.Equal(t, persist.StatePending, in.State())
 		})

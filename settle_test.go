@@ -212,7 +212,7 @@ func TestSettle(t *testing.T) {
 				require.ErrorIs(t, err, tc.wantErr)
 			}
 			if tc.noLookup {
-				assert.ErrorContains(t, err, "WithLookup", "the error says what would decide it")
+				assert.ErrorContains(t, err, "Server.Lookup", "the error says what would decide it")
 			}
 			if tc.wantCode == 0 {
 				assert.Nil(t, resp)

@@ -34,11 +34,12 @@ type Client struct {
 // Open opens the state directory (creating it, private to the app) and
 // returns a Client. It fails with an error of kind locked while another
 // Client has the directory open, and of kind config for a wrong Config.
-func Open(cfg *Config) (*Client, error) { return open(cfg) }
+func Open(cfg *Config) (*Client, error) { return open(cfg, nil) }
 
 // open is Open with extra idem options, which tests use to share a manual
-// clock and the fake server's http.Client.
-func open(cfg *Config, opts ...idem.Option) (*Client, error) {
+// clock and the fake server's http.Client, and with edit, if not nil, to
+// change the description of the server that cfg makes.
+func open(cfg *Config, edit func(*idem.Server), opts ...idem.Option) (*Client, error) {
 	c, base, err := cfg.check()
 	if err != nil {
 		return nil, err
@@ -53,20 +54,27 @@ func open(cfg *Config, opts ...idem.Option) (*Client, error) {
 	m := &Client{cfg: c, base: base, store: store, events: newEventQueue()}
 	m.auth = &authTransport{base: http.DefaultTransport}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
+	server := idem.Server{
+		Retention:       retention,
+		RetentionMargin: min(time.Hour, retention/2),
+		// The one place the lookup URL is made: LookupPath with the key.
+		Lookup: func(_ idem.Request, key string) string {
+			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
+			return u // checked by cfg.check; "" fails the lookup
+		},
+	}
+	if edit != nil {
+		edit(&server)
+	}
 	ic, err := idem.New(append([]idem.Option{
 		idem.WithStore(store),
 		idem.WithHTTPClient(&http.Client{Transport: m.auth}),
-		idem.WithRetention(retention, min(time.Hour, retention/2)),
+		idem.WithServer(server),
 		idem.WithRetryPolicy(idem.RetryPolicy{
 			MaxAttempts: int(c.MaxAttempts),
 			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
 		}),
 		idem.WithAttemptHook(m.events.hook),
-		// The one place the lookup URL is made: LookupPath with the key.
-		idem.WithLookup(func(_ idem.Request, key string) string {
-			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
-			return u // checked by cfg.check; "" fails the lookup
-		}),
 	}, opts...)...)
 	if err != nil {
 		store.Close()

@@ -52,7 +52,7 @@ func (w *world) open(t *testing.T, edit ...func(*Config)) *Client {
 	for _, f := range edit {
 		f(cfg)
 	}
-	c, err := open(cfg, idem.WithClock(w.clock))
+	c, err := open(cfg, nil, idem.WithClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -223,7 +223,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clock.NewManual(epoch)))
+	c, err := open(NewConfig(stateDir(t), srv.URL), nil, idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	var calls atomic.Int64
@@ -408,7 +408,7 @@ func TestForegroundAndBackgroundBudgetsFromOneClient(t *testing.T) {
 func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithMaxResponseBytes(16))
+	c, err := open(NewConfig(w.dir, w.srv.URL), func(s *idem.Server) { s.MaxResponseBytes = 16 }, idem.WithClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
@@ -436,7 +436,7 @@ func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
 func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
+	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	res, err := c.Pay("checkout:full", "/payments", []byte(cart), nil)
@@ -490,7 +490,7 @@ func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	cancel := NewCancel()
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock),
+	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock),
 		idem.WithStore(fullAfterAnswerCancelled{persist.NewMemory(nil), cancel}))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

@@ -140,7 +140,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 			r.Status = int64(retryErr.LastResponse.StatusCode)
 		}
 		r.Outcome = OutcomeUnknown
-		if retryErr.Reason == idem.StopExpired {
+		if in != nil && in.State() == persist.StateExpired {
 			r.Outcome = OutcomeExpired
 		}
 		r.Detail = retryErr.Error()
