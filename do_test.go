@@ -1030,7 +1030,7 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 		name   string
 		status int
 		header map[string]string
-		state  idem.State
+		state  persist.State
 		reason idem.StopReason
 	}{
 		{"unmarked 403 is final", http.StatusForbidden, nil, persist.StateFailed, ""},

@@ -131,7 +131,7 @@ refused, the host is not found, the network is unreachable, the dial times
 out, the TLS handshake is refused before the request. Such errors are
 retried within the call's budget (the network may come back), and when no
 attempt of the call wrote its request to a connection, and no attempt
-before it can have, the call ends with a [*NotSentError] matching
+before it can have, the call ends with an error matching
 [ErrNotSent] (not [ErrOutcomeUnknown]): nothing reached the server.
 
 That is proved by the transport's client trace ([net/http/httptrace]),

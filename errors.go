@@ -26,8 +26,19 @@ var (
 	// found, the connection or the TLS handshake refused, as the client
 	// trace shows), or its TLS certificate was refused, the server answered
 	// plain HTTP to HTTPS, a redirect pointed to a scheme that is not http
-	// or https, redirects went round in a loop. Nothing was done. See
-	// NotSentError.
+	// or https, redirects went round in a loop. Nothing was done; the
+	// error also matches why (a dial error, the certificate's, ...), and
+	// not ErrOutcomeUnknown.
+	//
+	// It is returned only when no attempt of the intent can have reached
+	// the server: this Client created the intent and has not sent it, or
+	// it was stored not sent, and no attempt of this call wrote its
+	// request. The intent is then stored not sent (StateNotSent):
+	// Client.Intent replaces it for a changed request, SettleAll leaves
+	// it, and Send, Settle or Do send it again when the app asks. When an
+	// earlier attempt (or an earlier process) may have reached the
+	// server, the same failures end the call with a *RetryError: the
+	// outcome is still unknown.
 	ErrNotSent = errors.New("idem: the request never reached the server")
 
 	// ErrKeyRejected: the server refused the key itself (400, key missing or
@@ -182,31 +193,21 @@ func (e *RetryError) Unwrap() []error {
 	return errs
 }
 
-// NotSentError reports a call whose request provably never reached the
-// server: nothing was done. Err says why: a network that was down (the
-// dial failed on every attempt, as the client trace proves; the network
-// may come back), or a cause no retry can fix (the server's certificate,
-// the URL, the redirects). It matches ErrNotSent and not
-// ErrOutcomeUnknown.
-//
-// It is returned only when no attempt of the intent can have reached the
-// server: this Client created the intent and has not sent it, or it was
-// stored not sent, and no attempt of this call wrote its request. The
-// intent is stored not sent (StateNotSent): Client.Intent replaces it for
-// a changed request, SettleAll leaves it, and Send, Settle or Do send it
-// again when the app asks. When an earlier attempt (or an earlier
-// process) may have reached the server, the same failures end the call
-// with a *RetryError: the outcome is still unknown.
-type NotSentError struct {
+// notSentError is the error of a call whose request provably never
+// reached the server (see ErrNotSent). Err says why: a network that was
+// down (the dial failed on every attempt, as the client trace proves; the
+// network may come back), or a cause no retry can fix (the server's
+// certificate, the URL, the redirects).
+type notSentError struct {
 	Key string
 	Err error
 }
 
-func (e *NotSentError) Error() string {
+func (e *notSentError) Error() string {
 	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server: %v", e.Key, e.Err)
 }
 
-func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
+func (e *notSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or

@@ -137,7 +137,7 @@ func ExampleClient_Send() {
 	_, err = client.Send(tap, "checkout:cart-9", cart(1200))
 	var paid *idem.ResolvedError
 	if errors.As(err, &paid) {
-		fmt.Println("already paid:", paid.Response().StatusCode, "charges:", srv.Stats().ProviderCharges)
+		fmt.Println("already paid:", paid.Previous.Response().StatusCode, "charges:", srv.Stats().ProviderCharges)
 	}
 	// A deliberate second payment is a new intent.
 	again, _ := client.NewIntent(ctx, "checkout:cart-9", cart(1200))

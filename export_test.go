@@ -77,3 +77,6 @@ const (
 	StopRedirectedKeyReused = stopRedirectedKeyReused
 	StopRetryBudget         = stopRetryBudget
 )
+
+// NotSentError is the error that matches ErrNotSent, as tests inspect it.
+type NotSentError = notSentError

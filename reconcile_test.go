@@ -655,7 +655,7 @@ func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 		name   string
 		answer func(w http.ResponseWriter, r *http.Request)
 		opts   []idem.Option
-		state  idem.State
+		state  persist.State
 	}{
 		{"200 with the echo", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))

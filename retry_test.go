@@ -326,7 +326,7 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 			require.NoError(t, err)
 
 			_, err = c.Do(ctx, in)
-			var notSent *NotSentError
+			var notSent *notSentError
 			require.ErrorAs(t, err, &notSent)
 			require.ErrorIs(t, err, ErrNotSent)
 			assert.NotErrorIs(t, err, ErrOutcomeUnknown, "nothing was done")
@@ -465,7 +465,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			require.NoError(t, err)
 
 			_, err = c.Do(ctx, in)
-			var notSent *NotSentError
+			var notSent *notSentError
 			require.ErrorAs(t, err, &notSent, "every attempt failed before writing the request")
 			assert.NotErrorIs(t, err, ErrOutcomeUnknown)
 			assert.Len(t, clk.Sleeps(), 2, "the network may come back: the call retries within its budget")
@@ -576,7 +576,7 @@ func TestNotSentSurvivesARestartOnTheFileStore(t *testing.T) {
 	in, err := c.Intent(ctx, "checkout", req)
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)
-	var notSent *NotSentError
+	var notSent *notSentError
 	require.ErrorAs(t, err, &notSent)
 	require.NoError(t, store.Close())
 
@@ -633,7 +633,7 @@ func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
 	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
 	_, err = c.Send(ctx, "checkout", req)
-	var notSent *NotSentError
+	var notSent *notSentError
 	require.ErrorAs(t, err, &notSent)
 
 	online.Store(true)

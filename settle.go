@@ -137,7 +137,7 @@ type Settled struct {
 //
 // An intent whose last call ended not sent (persist.StateNotSent) is not sent:
 // the app told its user so, and sends it again only when asked (Send,
-// Settle or Do); its Settled.Err is a *NotSentError saying so.
+// Settle or Do); its Settled.Err matches ErrNotSent, saying so.
 //
 // Armed intents stored as new are sent too: the first attempt is not
 // recorded, so after a crash one may have reached the server. Intents the
@@ -160,7 +160,7 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 		if in.State() == persist.StateNotSent {
 			// The app was told it was not sent: sending it now would
 			// pay for what the user may have given up on.
-			out[i].Err = &NotSentError{Key: in.Key(), Err: errLeftUnsent}
+			out[i].Err = &notSentError{Key: in.Key(), Err: errLeftUnsent}
 			progress.report(out[i])
 			continue
 		}

@@ -123,7 +123,7 @@ func TestSettle(t *testing.T) {
 		prepare   func(t *testing.T, e *env, in *idem.Intent)
 		noLookup  bool
 		policy    idem.RetryPolicy // of the Settle call
-		wantState idem.State
+		wantState persist.State
 		wantErr   error // nil: no error
 		wantCode  int   // 0: no Response
 		// wantPosts and wantGets count what Settle sends: resends and

@@ -108,13 +108,12 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		apiErr   *idem.APIError
 		retryErr *idem.RetryError
 		unres    *idem.UnresolvedError
-		notSent  *idem.NotSentError
 		resolved *idem.ResolvedError
 	)
 	switch {
-	case errors.As(err, &notSent):
+	case errors.Is(err, idem.ErrNotSent):
 		r.Outcome = OutcomeNotSent
-		r.Detail = notSent.Error()
+		r.Detail = err.Error()
 		return r, nil
 	case errors.As(err, &resolved):
 		// The action is paid, by another request: nothing was sent, and
@@ -122,7 +121,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		r.Outcome, r.FromStore, r.Detail = OutcomeSucceeded, true, resolved.Error()
 		if resolved.Previous != nil {
 			r.Key = resolved.Previous.Key()
-			if prev := resolved.Response(); prev != nil {
+			if prev := resolved.Previous.Response(); prev != nil {
 				r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), prev.Body, prev.Replayed, prev.Oversized
 			}
 		}
@@ -167,7 +166,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 	return r, nil
 }
 
-func outcomeOf(s idem.State) string {
+func outcomeOf(s persist.State) string {
 	switch s {
 	case persist.StateSucceeded:
 		return OutcomeSucceeded
