@@ -32,8 +32,8 @@ func (c *Cancel) Cancel() {
 	}
 }
 
-// IsCanceled reports whether Cancel was called.
-func (c *Cancel) IsCanceled() bool {
+// isCanceled reports whether Cancel was called.
+func (c *Cancel) isCanceled() bool {
 	if c == nil {
 		return false
 	}

@@ -92,10 +92,6 @@ func (c *Client) SetListener(l Listener) { c.events.set(l) }
 // nil removes it.
 func (c *Client) SetAuthorizer(a Authorizer) { c.auth.set(a) }
 
-// DroppedEvents is how many attempt events were dropped because the
-// Listener did not keep up.
-func (c *Client) DroppedEvents() int64 { return c.events.dropped.Load() }
-
 // call runs f with a context bounded by budget and cancel, and maps what it
 // returns.
 func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) (*idem.Intent, *idem.Response, error)) (*Result, error) {
@@ -149,7 +145,7 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 			r.Detail = deviceError(aerr).Error() + "; " + r.Detail
 		}
 		return r, rerr
-	case cancel.IsCanceled() && err != nil && resp == nil:
+	case cancel.isCanceled() && err != nil && resp == nil:
 		// An answer that arrived is returned, whenever Cancel came.
 		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
 	}
@@ -213,25 +209,13 @@ func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) 
 	})
 }
 
-// Resume sends again the unresolved intent with this key, with its own key
-// and bytes, under the background budget: the way to settle an intent
-// left by an earlier run while the server still keeps its key. A resolved
-// intent is answered from the device.
-func (c *Client) Resume(key string, cancel *Cancel) (*Result, error) {
-	return c.withIntent(key, cancel, c.idem.Do)
-}
-
-// Reconcile asks the server's lookup what became of the intent with this
-// key, without sending it again: the way to settle an expired intent.
-// OutcomeVoid means the server never did it; OutcomeUnknown means it
-// cannot tell yet.
-func (c *Client) Reconcile(key string, cancel *Cancel) (*Result, error) {
-	return c.withIntent(key, cancel, c.idem.Reconcile)
-}
-
 // Settle brings the intent with this key to a final state by the safest
-// means: Resume while the server keeps its key, Reconcile once it is too
-// old to send.
+// means, under the background budget: while the server keeps its key, it
+// sends the intent again with its own key and bytes (the way to finish an
+// intent left by an earlier run); once the intent is too old to send, it
+// asks the server's lookup instead, where OutcomeVoid means the server
+// never did it and OutcomeUnknown that it cannot tell yet. A resolved
+// intent is answered from the device.
 func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
 	return c.withIntent(key, cancel, c.idem.Settle)
 }

@@ -160,7 +160,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 
 	done := NewCancel()
 	done.Cancel()
-	_, err = c.Resume(unresolved.Get(0).Key, done)
+	_, err = c.Settle(unresolved.Get(0).Key, done)
 	assert.Equal(t, KindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
 }
 
@@ -379,7 +379,7 @@ func TestPayKeepsItsOwnCopyOfTheBody(t *testing.T) {
 		body[i] = 'x' // gobind's array is the JVM's again once the call returned
 	}
 
-	res, err := c.Resume(first.Key, nil)
+	res, err := c.Settle(first.Key, nil)
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeSucceeded, res.Outcome, "the resend carried the bytes of the first attempt")
 	assert.True(t, res.Replayed)

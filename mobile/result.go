@@ -19,10 +19,10 @@ const (
 	// or a 400 about the key). A bug to report, not a payment to retry.
 	OutcomeRejected = "rejected"
 	// OutcomeUnknown: no final answer yet; the payment may have been
-	// made. Never pay anew: Resume or Settle it later.
+	// made. Never pay anew: Settle it later.
 	OutcomeUnknown = "unknown"
 	// OutcomeExpired: outcome unknown and the intent is too old to send
-	// again. Reconcile it.
+	// again. Settle it: the server's lookup decides.
 	OutcomeExpired = "expired"
 	// OutcomeVoid: the server never did it. A new payment is safe.
 	OutcomeVoid = "void"
@@ -62,8 +62,8 @@ type Result struct {
 	Oversized bool
 	// NotRecorded: the final answer arrived but the device could not save
 	// it (its storage is full, say). Outcome and Status are the server's
-	// and true; the intent stays unresolved on the device, and Resume or
-	// Settle later gets the server's replay of the same answer. The call
+	// and true; the intent stays unresolved on the device, and Settle
+	// later gets the server's replay of the same answer. The call
 	// returns no error: the payment was sent and answered.
 	NotRecorded bool
 	// Attempts is how many attempts this call sent.
