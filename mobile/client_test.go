@@ -144,7 +144,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
-	cancel := NewCancel()
+	cancel := &Cancel{}
 	go func() {
 		<-arrived
 		cancel.Cancel()
@@ -158,7 +158,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), unresolved.Len(), "the cancelled intent stays to be settled")
 
-	done := NewCancel()
+	done := &Cancel{}
 	done.Cancel()
 	_, err = c.Settle(unresolved.Get(0).Key, done)
 	assert.Equal(t, KindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
@@ -489,7 +489,7 @@ func (s fullAfterAnswerCancelled) Save(ctx context.Context, rec *persist.Record)
 func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	cancel := NewCancel()
+	cancel := &Cancel{}
 	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock),
 		idem.WithStore(fullAfterAnswerCancelled{persist.NewMemory(nil), cancel}))
 	require.NoError(t, err)
