@@ -168,8 +168,9 @@ their answers; by default the mark is required).
   - A 2xx answer to a send settles the intent only when it is the server's
     word: a captive portal's 200 login page answers a phone's first POST as
     readily as a retry. An unmarked 2xx ends the call at once with a
-    [*RetryError] matching [ErrOutcomeUnknown] (its Reason: the answer is not marked as the
-    server's; its LastResponse holds the answer), and the intent stays unresolved.
+    [*RetryError] matching [ErrOutcomeUnknown] (its Reason: the answer is
+    not marked as the server's; its LastResponse holds the answer), and
+    the intent stays unresolved.
   - An unmarked 4xx is final only on the first attempt of an intent that
     nothing earlier can have sent (this Client created it, or it was stored
     not sent, and net/http wrote the request once): whoever refused it,
@@ -207,8 +208,7 @@ which a final answer puts back what its retry took (one token after a first
 attempt), and to which a token comes back each second on the Client's
 clock. A first attempt never needs a token. A call whose next retry finds
 too few ends at once with its outcome unknown (its Reason: the
-client-wide retry budget is spent): so a dead
-server at app start costs [Client.SettleAll] a first attempt per intent and
+client-wide retry budget is spent): so a dead server at app start costs [Client.SettleAll] a first attempt per intent and
 a few retries in all, not every intent its whole policy (12 intents under a
 2-second policy: 16 attempts rather than 36), and a fleet of devices does
 not come back at the server all at once when it returns.
@@ -225,18 +225,19 @@ hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
 # Redirects
 
-A redirect's answer is never taken for the intent's outcome. 307 and 308
-are followed with the same method, headers (the key spelled as stored) and
-body, up to 10 in a row. 301, 302 and 303 would turn the POST into a GET
-whose answer (a login page, a CDN's notice) says nothing about the payment,
-so they are not followed; nor is the 3xx itself an outcome: it comes from
+A redirect's answer is never taken for the intent's outcome. 307 and 308 are
+followed with the same method, headers (the key spelled as stored) and body,
+up to 10 in a row. 301, 302 and 303 would turn the POST into a GET whose
+answer (a login page, a CDN's notice) says nothing about the payment, so
+they are not followed; nor is the 3xx itself an outcome: it comes from
 whoever stands in front of the server, or from a server that did the work
 and points at its result (303), and it says nothing about an earlier attempt
 that may have charged. The call ends at once with a [*RetryError] matching
-[ErrOutcomeUnknown] (its Reason: a redirect not followed), whose LastResponse holds the 3xx and
-its Location; fix what redirects, then resume the intent with Do or settle
-it with Reconcile. A 3xx marked Idempotent-Replayed: true is the server's
-stored record for the key, and final.
+[ErrOutcomeUnknown] (its Reason: a redirect not followed), whose
+LastResponse holds the 3xx and its Location; fix what redirects, then resume
+the intent with Do or settle it with Reconcile. A 3xx marked
+Idempotent-Replayed: true is the server's stored record for the key, and
+final.
 
 The server fingerprints the path and the query, so a 307 or 308 to another
 URL (an edge's "/payments?via=edge") makes the followed request another
@@ -244,21 +245,20 @@ request to it under the same key: if that one charged and its answer was
 lost, the retry to the intent's own URL gets a "key reused" 422. Once an
 attempt of the intent was redirected to another URL (the intent's record
 keeps it, across restarts), such an answer is not final: the call ends with
-the outcome unknown and the intent stays
-pending; Settle asks the server's lookup, rather than resend to a URL that
-whoever redirected named. Without such a redirect the 422 is final
-([ErrKeyReused]).
+the outcome unknown and the intent stays pending; Settle asks the server's
+lookup, rather than resend to a URL that whoever redirected named. Without
+such a redirect the 422 is final ([ErrKeyReused]).
 
 # Retention
 
 A server keeps idempotency records for a retention period (24 hours by
 default); after it, the key counts as new and a resend would do the work
-again. The Client therefore stops sending a key once its intent is older than
-the retention less a safety margin ([Server.Retention]): Do returns a
-*RetryError, the intent's State is persist.StateExpired, and [Client.Settle] settles the
-intent with the server's lookup by key ([Client.Reconcile]). A server without
-such a lookup leaves the app to settle an expired intent some other way (a
-list of recent payments, support), and Settle says so.
+again. The Client therefore stops sending a key once its intent is older
+than the retention less a safety margin ([Server.Retention]): Do returns a
+*RetryError, the intent's State is persist.StateExpired, and [Client.Settle]
+settles the intent with the server's lookup by key ([Client.Reconcile]). A
+server without such a lookup leaves the app to settle an expired intent some
+other way (a list of recent payments, support), and Settle says so.
 
 # Reconciling
 
