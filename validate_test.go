@@ -89,9 +89,8 @@ func TestNewAcceptsOptionsInRange(t *testing.T) {
 	t.Parallel()
 	_, err := idem.New(
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1, Jitter: 1, Multiplier: 1, InitialInterval: time.Second, MaxInterval: time.Second}),
-		idem.WithStoredHeaders("X-Request-Id", "ETag"),
-		idem.WithLogger(nil), idem.WithLookup(nil), idem.WithAttemptHook(nil),
-		idem.WithKeyReusedAnswer(nil), idem.WithServerAnswer(nil), idem.WithSettleProgress(nil),
+		idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag"}, Lookup: nil, KeyReusedAnswer: nil, OwnAnswer: nil}),
+		idem.WithLogger(nil), idem.WithAttemptHook(nil), idem.WithSettleProgress(nil),
 		idem.WithSettleConcurrency(1),
 		idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, RetryCost: 10, TimeoutCost: 1, Refill: -1}),
 	)
