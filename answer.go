@@ -25,7 +25,7 @@ import (
 //   - it carries the intent's key back in an Idempotency-Key header field
 //     (bare or as an RFC 8941 sf-string, as the contract's servers and
 //     Stripe echo it), or is marked Idempotent-Replayed: true;
-//   - or the app's recognizer (WithServerAnswer) says it is its server's.
+//   - or the app's recognizer (Server.OwnAnswer) says it is its server's.
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
 // gateway that copies request header fields into its own answers could
@@ -83,7 +83,7 @@ func isSuccess(status int) bool { return status >= 200 && status < 300 }
 func marked(h http.Header, key string) bool { return replayed(h) || echoes(h, key) }
 
 // trusted reports an answer that is the server's word on key: marked, or
-// recognised by the app's WithServerAnswer. body is nil when it was not
+// recognised by the app's Server.OwnAnswer. body is nil when it was not
 // kept (over the limit).
 func (c *config) trusted(status int, h http.Header, body []byte, key string) bool {
 	if marked(h, key) {
@@ -326,7 +326,7 @@ func (c *config) stored(resp *Response) *persist.Response {
 }
 
 // storedHeader returns the header fields of h that are kept on the device:
-// those of storedHeaders and those the app named (WithStoredHeaders), in
+// those of storedHeaders and those the app named (Server.StoredHeaders), in
 // that order, while they fit the Client's limit on an answer. Nothing else
 // (cookies, tokens, tracing) is written to the device.
 func (c *config) storedHeader(h http.Header) http.Header {

@@ -80,7 +80,7 @@ func (st *call) mayHaveSentBefore() bool {
 
 // noteCut records that the budget cut the attempt whose context is ctx, if
 // it did: its time limit passed while the call's context is alive.
-func (st *call) noteCut(ctx, parent context.Context, reason StopReason) {
+func (st *call) noteCut(ctx, parent context.Context, reason string) {
 	if st.cut == nil && ctx.Err() != nil && parent.Err() == nil {
 		st.cut = &stop{reason: reason}
 	}
@@ -141,27 +141,27 @@ func (st *call) answered(resp *http.Response) *Response {
 // retrier's, ctx the call's.
 func (st *call) failed(ctx context.Context, err error) *RetryError {
 	switch {
-	case st.stopped != nil && st.stopped.reason != StopFatal:
+	case st.stopped != nil && st.stopped.reason != stopFatal:
 		e := st.retryError(st.stopped.reason, st.lastErr)
 		e.Wait = st.stopped.wait
 		e.LastResponse = st.last
 		return e
 	case ctx.Err() != nil:
 		st.unspendRetry()
-		reason := StopCanceled
+		reason := stopCanceled
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			reason = StopDeadline
+			reason = stopDeadline
 		}
 		e := st.retryError(reason, ctx.Err())
 		e.LastResponse = st.last
 		return e
 	}
-	e := st.retryError(StopFatal, err)
+	e := st.retryError(stopFatal, err)
 	e.neverReached = neverReached(err) && !st.mayHaveReached()
 	return e
 }
 
-func (st *call) retryError(reason StopReason, err error) *RetryError {
+func (st *call) retryError(reason string, err error) *RetryError {
 	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err,
 		sentNothing: st.sentNothing(), redirected: st.redirected}
 }
@@ -211,14 +211,14 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Attempts: st.b.attempts}
 		if unfollowedRedirect(resp.StatusCode) {
 			// Asking again gets the same redirect.
-			st.stopped = &stop{reason: StopRedirect}
+			st.stopped = &stop{reason: stopRedirect}
 			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status})
 			return false, errStopped
 		}
 	} else {
 		st.last = nil
 		if !retryableError(err) {
-			st.stopped = &stop{reason: StopFatal}
+			st.stopped = &stop{reason: stopFatal}
 			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
 			return false, err
 		}
@@ -276,7 +276,7 @@ func (st *call) readFinal(resp *http.Response) error {
 // "key reused" answer after an attempt of the intent was redirected to
 // another URL: the server fingerprints the path and the query, so the
 // redirected request, which may have done the work, is another request to
-// it, and the answer says nothing of that work (StopRedirectedKeyReused).
+// it, and the answer says nothing of that work (stopRedirectedKeyReused).
 // The call does not follow the redirect's URL itself: the lookup settles
 // the intent on the server's word.
 func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
@@ -284,7 +284,7 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 		!st.cfg.keyReused(resp.StatusCode, resp.Header, body) {
 		return nil
 	}
-	st.stopped = &stop{reason: StopRedirectedKeyReused}
+	st.stopped = &stop{reason: stopRedirectedKeyReused}
 	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts}
 	st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: resp.StatusCode})
 	return errStopped
@@ -303,7 +303,7 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 	if st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key) || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
 		return nil
 	}
-	st.stopped = &stop{reason: StopUnmarked}
+	st.stopped = &stop{reason: stopUnmarked}
 	st.last = &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Attempts: st.b.attempts, Oversized: body == nil}
 	if body == nil {
 		st.last.Header = st.cfg.storedHeader(resp.Header)
@@ -316,7 +316,7 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 // RetryError.LastResponse, when the call ends without a final one, and
 // returns the call's error.
 func (st *call) keepLast(resp *http.Response, err error) (*http.Response, error) {
-	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != StopUnmarked && st.stopped.reason != StopRedirectedKeyReused) {
+	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != stopUnmarked && st.stopped.reason != stopRedirectedKeyReused) {
 		limit := st.cfg.maxBody - headerBytes(resp.Header)
 		switch {
 		case st.finalBody != nil:

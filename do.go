@@ -132,7 +132,7 @@ func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.R
 // recordExpiry ends a call of an intent too old to send: its outcome is
 // unknown, and it is stored as expired.
 func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
-	err := &RetryError{Key: rec.Key, Reason: StopExpired}
+	err := &RetryError{Key: rec.Key, Reason: stopExpired}
 	if rec.State != persist.StateExpired {
 		rec.State = persist.StateExpired
 		rec.UpdatedAt = c.clock.Now()
@@ -143,7 +143,7 @@ func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Reco
 	return err
 }
 
-// sendable refuses, with a *NotSentError, a record that no attempt could
+// sendable refuses, with a *notSentError, a record that no attempt could
 // send (an older release's, say), before it is marked sent, and fixes the
 // key's spelling of a record written before it was stored. checked says
 // the record is the version this Client validated and saved last, not as
@@ -151,7 +151,7 @@ func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Reco
 func (c *Client) sendable(rec *persist.Record, checked bool) error {
 	if !checked {
 		if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
-			return &NotSentError{Key: rec.Key, Err: err}
+			return &notSentError{Key: rec.Key, Err: err}
 		}
 	}
 	if rec.KeyHeader == "" {
@@ -162,7 +162,7 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 		rec.KeyHeader = c.keyHeader(rec.Key)
 	}
 	if !spells(rec.KeyHeader, rec.Key) {
-		return &NotSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
+		return &notSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
 	}
 	return nil
 }
@@ -218,16 +218,16 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 }
 
 // recordNoAnswer records a call that ended without a final answer, and
-// returns its error: a *NotSentError when nothing can have reached the
+// returns its error: a *notSentError when nothing can have reached the
 // server, else retryErr, the outcome unknown.
 func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, unsent bool) error {
 	now := c.clock.Now()
 	notSent := retryErr.sentNothing && retryErr.Attempts > 0 ||
-		retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached
+		retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached
 	if notSent && unsent {
 		return c.recordNotSent(ctx, in, rec, retryErr, now)
 	}
-	if retryErr.Reason == StopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
+	if retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
 		// The one attempt never reached the server, but an earlier one
 		// may have: nothing to record.
 		return retryErr
@@ -235,15 +235,15 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	rec.Attempts += retryErr.Attempts
 	rec.Redirected = rec.Redirected || retryErr.redirected
 	rec.UpdatedAt = now
-	if retryErr.Reason == StopExpired {
+	if retryErr.Reason == stopExpired {
 		rec.State = persist.StateExpired
 	} else if retryErr.Attempts > 0 {
 		rec.State = persist.StatePending
 	}
-	c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", string(retryErr.Reason))
+	c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", retryErr.Reason)
 	// The save records what is known; if it fails, the intent stays
 	// unresolved in the store anyway, which is the safe side.
-	if retryErr.Attempts > 0 || retryErr.Reason == StopExpired {
+	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
 		if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record attempts"); saveErr != nil {
 			return errors.Join(retryErr, saveErr)
 		}
@@ -259,7 +259,7 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 // SettleAll does not send what the app was told was not sent.
 func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
 	c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
-	err := &NotSentError{Key: rec.Key, Err: retryErr.Err}
+	err := &notSentError{Key: rec.Key, Err: retryErr.Err}
 	if err.Err == nil || errors.Is(err.Err, errStopped) {
 		err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
 	}

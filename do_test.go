@@ -146,7 +146,7 @@ func TestOnlyTheNeededAndNamedHeaderFieldsAreStored(t *testing.T) {
 		w.Header().Set("Set-Cookie", "session=secret-cookie")
 		w.Header().Set("X-Auth-Token", "secret-token")
 		w.WriteHeader(http.StatusCreated)
-	}, idem.WithStore(store), idem.WithStoredHeaders("x-request-id"))
+	}, idem.WithStore(store), idem.WithServer(idem.Server{Lookup: contractLookup, StoredHeaders: []string{"x-request-id"}}))
 	ctx := context.Background()
 	in, err := c.NewIntent(ctx, "", req)
 	require.NoError(t, err)
@@ -551,6 +551,7 @@ func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
 			require.NotNil(t, retryErr.LastResponse)
 			assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
 			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.ErrorIs(t, err, context.DeadlineExceeded, "the caller's deadline ended the call, though no attempt ran into it")
 			assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
 			assert.Equal(t, persist.StatePending, in.State())
 		})
@@ -1029,7 +1030,7 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 		name   string
 		status int
 		header map[string]string
-		state  idem.State
+		state  persist.State
 		reason idem.StopReason
 	}{
 		{"unmarked 403 is final", http.StatusForbidden, nil, persist.StateFailed, ""},
@@ -1065,7 +1066,7 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 
 // An app whose server cannot mark its answers says how to recognise them;
 // the mark is required only by default.
-func TestWithServerAnswerRecognisesAnUnmarkedServer(t *testing.T) {
+func TestServerOwnAnswerRecognisesAnUnmarkedServer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var posts atomic.Int32
@@ -1081,7 +1082,7 @@ func TestWithServerAnswerRecognisesAnUnmarkedServer(t *testing.T) {
 		strangerPage(w, http.StatusPaymentRequired, "application/json", `{"error":"declined"}`)
 		return true
 	})
-	c := f.client(t, idem.WithServerAnswer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }),
+	c := f.client(t, idem.WithServer(idem.Server{Lookup: contractLookup, OwnAnswer: func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }}),
 		idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
 	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 	require.NoError(t, err)

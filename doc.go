@@ -24,11 +24,11 @@ which saved intents when they were made, count as armed.
 Every attempt, including those after a crash and restart, sends the same
 method, URL, headers, key and body bytes: they are fixed when the intent is
 created and stored with it, the key's spelling (bare, or quoted with
-[WithQuotedKey]) included, so a later change of the Client's options never
+[Server.QuotedKey]) included, so a later change of the Client's options never
 changes what an existing intent sends. Records written by releases before
 the spelling was stored are sent with the spelling of the Client that loads
 them, taken to be the one they were first sent with, and keep it from then
-on: an app that changes WithQuotedKey in the same update that brings this
+on: an app that changes Server.QuotedKey in the same update that brings this
 release resends its older unresolved intents in the new spelling, so change
 it in a later update. A changed cart is a new intent with a new key.
 
@@ -39,14 +39,14 @@ once the outcome is known. It returns an [*UnresolvedError] instead of
 starting a second payment while the previous one's outcome is unknown.
 
 	client, err := idem.New(idem.WithStore(store),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	...
 	resp, err := client.Send(ctx, "checkout:cart-42", req)
 
 At app start, [Client.SettleAll] settles what an earlier run left
 unresolved, each intent with its own key, and reports what became of each.
 [Client.Settle] does it for one intent: it resends the intent while the
-server still keeps its key, and asks the server's lookup ([WithLookup])
+server still keeps its key, and asks the server's lookup ([Server.Lookup])
 after that. [Client.Intent] and [Client.Do] are the two halves of Send, for
 apps that show the key or hold the intent between the tap and the send.
 Intent looks at the action's latest intent (the one created last, by a
@@ -75,9 +75,9 @@ answer such as 402), rejected (422, or a 400 about the key), expired (outcome
 unknown and too old to send again), void (reconciled: the server never did
 it) or not sent (no request of it left the device; see "Not sent means not
 sent"). The final answer is stored with a resolved intent: its status, its body
-(unless larger than [WithMaxResponseBytes]: [Response.Oversized]), and of its
+(unless larger than [Server.MaxResponseBytes]: [Response.Oversized]), and of its
 header fields only Content-Type, Location, Idempotent-Replayed, Retry-After
-and those named with [WithStoredHeaders]. Cookies, tokens and every other field of an answer are
+and those named with [Server.StoredHeaders]. Cookies, tokens and every other field of an answer are
 never written. The request's own header fields are stored with the intent:
 put credentials in the http.Client's transport, not in the Request's
 Header.
@@ -113,7 +113,7 @@ server's (see "Whose word settles an intent" below). Among them, an answer that
 says the key was used with another request (a bug, surfaced as an
 [*APIError] matching [ErrKeyReused]) is recognised by what it says, not by
 its status: the contract's problem type on a 422, Stripe's error of type
-idempotency_error, or what [WithKeyReusedAnswer] recognises for the app's
+idempotency_error, or what [Server.KeyReusedAnswer] recognises for the app's
 own server. Any other 422 is an ordinary final answer. A 400 about the key
 itself matches [ErrKeyRejected].
 
@@ -131,7 +131,7 @@ refused, the host is not found, the network is unreachable, the dial times
 out, the TLS handshake is refused before the request. Such errors are
 retried within the call's budget (the network may come back), and when no
 attempt of the call wrote its request to a connection, and no attempt
-before it can have, the call ends with a [*NotSentError] matching
+before it can have, the call ends with an error matching
 [ErrNotSent] (not [ErrOutcomeUnknown]): nothing reached the server.
 
 That is proved by the transport's client trace ([net/http/httptrace]),
@@ -162,19 +162,20 @@ An answer is the server's word when it carries the intent's key back in an
 Idempotency-Key header field (bare or as an RFC 8941 sf-string), as the
 contract's servers and Stripe's API echo it, or is marked
 Idempotent-Replayed: true, or when the app's recognizer,
-[WithServerAnswer], says it is its server's (for servers that cannot mark
+[Server.OwnAnswer], says it is its server's (for servers that cannot mark
 their answers; by default the mark is required).
 
   - A 2xx answer to a send settles the intent only when it is the server's
     word: a captive portal's 200 login page answers a phone's first POST as
     readily as a retry. An unmarked 2xx ends the call at once with a
-    [*RetryError] matching [ErrOutcomeUnknown] ([StopUnmarked]; its
-    LastResponse holds the answer), and the intent stays unresolved.
+    [*RetryError] matching [ErrOutcomeUnknown] (its Reason: the answer is
+    not marked as the server's; its LastResponse holds the answer), and
+    the intent stays unresolved.
   - An unmarked 4xx is final only on the first attempt of an intent that
     nothing earlier can have sent (this Client created it, or it was stored
     not sent, and net/http wrote the request once): whoever refused it,
     nothing was charged. After an attempt that may have reached the
-    server, an unmarked 4xx ends the call with [StopUnmarked] like a 2xx:
+    server, an unmarked 4xx ends the call with its outcome unknown like a 2xx:
     the gateway that refused the retry says nothing about the attempt that
     charged. Settle it again later; the server then replays its record.
   - A replayed answer is final whatever its status.
@@ -182,7 +183,7 @@ their answers; by default the mark is required).
     2xx that is the server's word, and void only on the lookup's typed
     miss, a 404 problem of type
     https://idem.dev/problems/idempotency-key-unused (or a 404 that
-    [WithServerAnswer] recognises). The echo alone never voids an intent:
+    [Server.OwnAnswer] recognises). The echo alone never voids an intent:
     a gateway that copies request header fields into its own answers could
     forge it. Any other answer is "cannot tell yet" and changes nothing.
 
@@ -206,8 +207,8 @@ tokens from which a retry takes 5 (10 after an attempt that timed out), to
 which a final answer puts back what its retry took (one token after a first
 attempt), and to which a token comes back each second on the Client's
 clock. A first attempt never needs a token. A call whose next retry finds
-too few ends at once with [StopRetryBudget], its outcome unknown: so a dead
-server at app start costs [Client.SettleAll] a first attempt per intent and
+too few ends at once with its outcome unknown (its Reason: the
+client-wide retry budget is spent): so a dead server at app start costs [Client.SettleAll] a first attempt per intent and
 a few retries in all, not every intent its whole policy (12 intents under a
 2-second policy: 16 attempts rather than 36), and a fleet of devices does
 not come back at the server all at once when it returns.
@@ -224,18 +225,19 @@ hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
 # Redirects
 
-A redirect's answer is never taken for the intent's outcome. 307 and 308
-are followed with the same method, headers (the key spelled as stored) and
-body, up to 10 in a row. 301, 302 and 303 would turn the POST into a GET
-whose answer (a login page, a CDN's notice) says nothing about the payment,
-so they are not followed; nor is the 3xx itself an outcome: it comes from
+A redirect's answer is never taken for the intent's outcome. 307 and 308 are
+followed with the same method, headers (the key spelled as stored) and body,
+up to 10 in a row. 301, 302 and 303 would turn the POST into a GET whose
+answer (a login page, a CDN's notice) says nothing about the payment, so
+they are not followed; nor is the 3xx itself an outcome: it comes from
 whoever stands in front of the server, or from a server that did the work
 and points at its result (303), and it says nothing about an earlier attempt
 that may have charged. The call ends at once with a [*RetryError] matching
-[ErrOutcomeUnknown] ([StopRedirect]), whose LastResponse holds the 3xx and
-its Location; fix what redirects, then resume the intent with Do or settle
-it with Reconcile. A 3xx marked Idempotent-Replayed: true is the server's
-stored record for the key, and final.
+[ErrOutcomeUnknown] (its Reason: a redirect not followed), whose
+LastResponse holds the 3xx and its Location; fix what redirects, then resume
+the intent with Do or settle it with Reconcile. A 3xx marked
+Idempotent-Replayed: true is the server's stored record for the key, and
+final.
 
 The server fingerprints the path and the query, so a 307 or 308 to another
 URL (an edge's "/payments?via=edge") makes the followed request another
@@ -243,21 +245,20 @@ request to it under the same key: if that one charged and its answer was
 lost, the retry to the intent's own URL gets a "key reused" 422. Once an
 attempt of the intent was redirected to another URL (the intent's record
 keeps it, across restarts), such an answer is not final: the call ends with
-the outcome unknown ([StopRedirectedKeyReused]) and the intent stays
-pending; Settle asks the server's lookup, rather than resend to a URL that
-whoever redirected named. Without such a redirect the 422 is final
-([ErrKeyReused]).
+the outcome unknown and the intent stays pending; Settle asks the server's
+lookup, rather than resend to a URL that whoever redirected named. Without
+such a redirect the 422 is final ([ErrKeyReused]).
 
 # Retention
 
 A server keeps idempotency records for a retention period (24 hours by
 default); after it, the key counts as new and a resend would do the work
-again. The Client therefore stops sending a key once its intent is older than
-the retention less a safety margin ([WithRetention]): Do returns a
-*RetryError whose Reason is [StopExpired], and [Client.Settle] settles the
-intent with the server's lookup by key ([Client.Reconcile]). A server without
-such a lookup leaves the app to settle an expired intent some other way (a
-list of recent payments, support), and Settle says so.
+again. The Client therefore stops sending a key once its intent is older
+than the retention less a safety margin ([Server.Retention]): Do returns a
+*RetryError, the intent's State is persist.StateExpired, and [Client.Settle]
+settles the intent with the server's lookup by key ([Client.Reconcile]). A
+server without such a lookup leaves the app to settle an expired intent some
+other way (a list of recent payments, support), and Settle says so.
 
 # Reconciling
 
@@ -266,7 +267,7 @@ A "not found" is trusted only once no attempt of the intent can still
 arrive: a request can be held in a slow uplink or a proxy's queue, or sent
 by a process that died before it recorded the attempt. The client assumes
 that a request reaches the server's record within the reconcile delay
-([WithReconcileDelay]) after it was last written, and it knows, without a
+([Server.ReconcileDelay]) after it was last written, and it knows, without a
 durable write, the latest moment an attempt can have been written: never,
 for an intent it created and never sent; the end of its own last call of
 the intent; otherwise its own creation, since only an earlier process, now
@@ -349,7 +350,10 @@ Each kind of setting has one style:
 
   - The Client's own settings are functional options, given to [New] and
     applied in order ([Option]: [WithStore], [WithHTTPClient],
-    [WithRetention], ...). A Client never changes after New.
+    [WithLogger], ...). A Client never changes after New.
+  - What the Client knows of the app's server is a struct, [Server], given
+    whole with [WithServer]: its lookup, its retention, how it spells keys
+    and marks its answers. Its zero fields are the contract's defaults.
   - The policy of a call is a struct, [RetryPolicy]: the Client's default
     with [WithRetryPolicy], and one call's, from its context, with
     [ContextWithRetryPolicy]; its zero fields keep the Client's values.

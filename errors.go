@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,7 +17,7 @@ var (
 	// intent); it is never retried. The answer is recognised by what it
 	// says, not by its status alone: a 422 problem of the contract's type
 	// (.../idempotency-key-reused), a Stripe error of type
-	// idempotency_error, or what WithKeyReusedAnswer recognises. Any other
+	// idempotency_error, or what Server.KeyReusedAnswer recognises. Any other
 	// 422 is an ordinary final answer.
 	ErrKeyReused = errors.New("idem: the server saw this Idempotency-Key with a different request; a changed request needs a new intent")
 
@@ -25,8 +26,19 @@ var (
 	// found, the connection or the TLS handshake refused, as the client
 	// trace shows), or its TLS certificate was refused, the server answered
 	// plain HTTP to HTTPS, a redirect pointed to a scheme that is not http
-	// or https, redirects went round in a loop. Nothing was done. See
-	// NotSentError.
+	// or https, redirects went round in a loop. Nothing was done; the
+	// error also matches why (a dial error, the certificate's, ...), and
+	// not ErrOutcomeUnknown.
+	//
+	// It is returned only when no attempt of the intent can have reached
+	// the server: this Client created the intent and has not sent it, or
+	// it was stored not sent, and no attempt of this call wrote its
+	// request. The intent is then stored not sent (StateNotSent):
+	// Client.Intent replaces it for a changed request, SettleAll leaves
+	// it, and Send, Settle or Do send it again when the app asks. When an
+	// earlier attempt (or an earlier process) may have reached the
+	// server, the same failures end the call with a *RetryError: the
+	// outcome is still unknown.
 	ErrNotSent = errors.New("idem: the request never reached the server")
 
 	// ErrKeyRejected: the server refused the key itself (400, key missing or
@@ -50,46 +62,44 @@ var (
 	ErrInFlight = errors.New("idem: a request for this intent is in flight")
 )
 
-// StopReason says what ended a call without a final answer.
-type StopReason string
-
-// The reasons a call ends with a *RetryError. With each, the outcome is
-// unknown and the intent stays unresolved with its key.
+// The reasons a call ends with a *RetryError, as RetryError.Reason gives
+// them. With each, the outcome is unknown and the intent stays unresolved
+// with its key.
 const (
-	// StopAttempts: the call made RetryPolicy.MaxAttempts attempts.
-	StopAttempts StopReason = "max attempts reached"
-	// StopElapsed: the next attempt would start after RetryPolicy.MaxElapsed.
-	StopElapsed StopReason = "max elapsed time reached"
-	// StopDeadline: the next attempt would start after the context's
+	// stopAttempts: the call made RetryPolicy.MaxAttempts attempts.
+	stopAttempts = "max attempts reached"
+	// stopElapsed: the next attempt would start after RetryPolicy.MaxElapsed.
+	stopElapsed = "max elapsed time reached"
+	// stopDeadline: the next attempt would start after the context's
 	// deadline, or the deadline passed during an attempt.
-	StopDeadline StopReason = "context deadline"
-	// StopRetryAfterCap: the server asked for a Retry-After longer than
+	stopDeadline = "context deadline"
+	// stopRetryAfterCap: the server asked for a Retry-After longer than
 	// RetryPolicy.MaxRetryAfter; RetryError.Wait holds what it asked.
-	StopRetryAfterCap StopReason = "Retry-After above the cap"
-	// StopCanceled: the context was canceled.
-	StopCanceled StopReason = "context canceled"
-	// StopExpired: the intent is older than the server's retention less the
-	// safety margin (WithRetention), or would be by the next attempt: the
+	stopRetryAfterCap = "Retry-After above the cap"
+	// stopCanceled: the context was canceled.
+	stopCanceled = "context canceled"
+	// stopExpired: the intent is older than the server's retention less the
+	// safety margin (Server.Retention), or would be by the next attempt: the
 	// server may have forgotten its key, and a resend could do the work
 	// twice. It is not sent again; Settle asks the server's lookup instead.
-	StopExpired StopReason = "intent expired"
-	// StopFatal: an error that retrying cannot fix, such as an answer over
-	// the size limit (WithMaxResponseBytes), after an attempt that may have
+	stopExpired = "intent expired"
+	// stopFatal: an error that retrying cannot fix, such as an answer over
+	// the size limit (Server.MaxResponseBytes), after an attempt that may have
 	// reached the server; RetryError.Err holds it.
-	StopFatal StopReason = "error that retrying cannot fix"
-	// StopRedirect: the answer was a 3xx that is not followed (301, 302 or
+	stopFatal = "error that retrying cannot fix"
+	// stopRedirect: the answer was a 3xx that is not followed (301, 302 or
 	// 303 to a GET, a login page say): it says nothing about the work.
 	// RetryError.LastResponse holds it, with its Location.
-	StopRedirect StopReason = "redirect not followed"
-	// StopUnmarked: a 2xx or 4xx answer that does not show it is the
+	stopRedirect = "redirect not followed"
+	// stopUnmarked: a 2xx or 4xx answer that does not show it is the
 	// server's (it does not echo the intent's key, is not marked
-	// Idempotent-Replayed, and WithServerAnswer does not recognise it)
+	// Idempotent-Replayed, and Server.OwnAnswer does not recognise it)
 	// came after a request of the intent may have reached the server, or
 	// was a 2xx: a gateway's 401, a CDN's page, a captive portal's login
 	// page. It says nothing about the work, which an earlier request may
 	// have done. RetryError.LastResponse holds it; Settle again later.
-	StopUnmarked StopReason = "answer not marked as the server's"
-	// StopRedirectedKeyReused: the server answered that the key was used
+	stopUnmarked = "answer not marked as the server's"
+	// stopRedirectedKeyReused: the server answered that the key was used
 	// with another request (ErrKeyReused's answer) after an attempt of
 	// the intent was redirected (307 or 308) to another URL. The server
 	// fingerprints the URL, path and query, so the redirected request,
@@ -98,15 +108,23 @@ const (
 	// URL the redirect named (whoever answered it may not be the server);
 	// RetryError.LastResponse holds the 422, and Settle asks the server's
 	// lookup what became of the key.
-	StopRedirectedKeyReused StopReason = "key reuse answer after a redirect to another URL"
+	stopRedirectedKeyReused = "key reuse answer after a redirect to another URL"
 )
 
 // RetryError reports a call that ended without a final answer from the
 // server. The outcome is unknown (errors.Is(err, ErrOutcomeUnknown)): the
 // intent stays unresolved and keeps its key for the next Do.
 type RetryError struct {
-	Key      string
-	Reason   StopReason
+	Key string
+	// Reason says in words what ended the call (the attempts or the time
+	// ran out, the context ended, the intent expired, an answer was not
+	// the server's, ...), for logs and messages. Branch on what the error
+	// matches instead: ErrOutcomeUnknown always, context.Canceled or
+	// context.DeadlineExceeded when the caller's context ended the call
+	// (its deadline left no time for the next attempt included), and on
+	// the intent's State (persist.StateExpired for an intent too old to
+	// send again, which only the lookup can settle, as Settle does).
+	Reason   string
 	Attempts int           // attempts this call put on the wire
 	Elapsed  time.Duration // time this call took
 	// Wait is the wait that was needed for the next attempt and refused
@@ -144,13 +162,13 @@ func (e *RetryError) Error() string {
 		fmt.Fprintf(&b, "; last error: %v", e.Err)
 	}
 	switch e.Reason {
-	case StopExpired:
+	case stopExpired:
 		b.WriteString("; reconcile the intent")
-	case StopRedirectedKeyReused:
+	case stopRedirectedKeyReused:
 		b.WriteString(", after a redirect to another URL that may have done the work; settle the intent through the lookup")
-	case StopUnmarked:
+	case stopUnmarked:
 		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
-	case StopRedirect:
+	case stopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
 			fmt.Fprintf(&b, " to %s", e.LastResponse.Header.Get("Location"))
 		}
@@ -162,40 +180,34 @@ func (e *RetryError) Error() string {
 }
 
 // Unwrap makes the error match ErrOutcomeUnknown and the last attempt's
-// error, such as context.Canceled; Reason says what ended the call.
+// error, such as context.Canceled, and context.DeadlineExceeded when the
+// context's deadline ended the call; Reason says what ended it.
 func (e *RetryError) Unwrap() []error {
 	errs := []error{ErrOutcomeUnknown}
 	if e.Err != nil {
 		errs = append(errs, e.Err)
 	}
+	if e.Reason == stopDeadline && !errors.Is(e.Err, context.DeadlineExceeded) {
+		errs = append(errs, context.DeadlineExceeded)
+	}
 	return errs
 }
 
-// NotSentError reports a call whose request provably never reached the
-// server: nothing was done. Err says why: a network that was down (the
-// dial failed on every attempt, as the client trace proves; the network
-// may come back), or a cause no retry can fix (the server's certificate,
-// the URL, the redirects). It matches ErrNotSent and not
-// ErrOutcomeUnknown.
-//
-// It is returned only when no attempt of the intent can have reached the
-// server: this Client created the intent and has not sent it, or it was
-// stored not sent, and no attempt of this call wrote its request. The
-// intent is stored not sent (StateNotSent): Client.Intent replaces it for
-// a changed request, SettleAll leaves it, and Send, Settle or Do send it
-// again when the app asks. When an earlier attempt (or an earlier
-// process) may have reached the server, the same failures end the call
-// with a *RetryError: the outcome is still unknown.
-type NotSentError struct {
+// notSentError is the error of a call whose request provably never
+// reached the server (see ErrNotSent). Err says why: a network that was
+// down (the dial failed on every attempt, as the client trace proves; the
+// network may come back), or a cause no retry can fix (the server's
+// certificate, the URL, the redirects).
+type notSentError struct {
 	Key string
 	Err error
 }
 
-func (e *NotSentError) Error() string {
+func (e *notSentError) Error() string {
 	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server: %v", e.Key, e.Err)
 }
 
-func (e *NotSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
+func (e *notSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or

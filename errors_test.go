@@ -44,9 +44,9 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 			}))
 			t.Cleanup(srv.Close)
 			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
-				idem.WithKeyReusedAnswer(func(resp *idem.Response) bool {
+				idem.WithServer(idem.Server{KeyReusedAnswer: func(resp *idem.Response) bool {
 					return strings.Contains(string(resp.Body), "DUPLICATE_KEY")
-				}))
+				}}))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1})
 			require.NoError(t, err)

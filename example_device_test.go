@@ -24,7 +24,7 @@ func payOnDevice(ctx context.Context, stateDir, apiURL string) error {
 	}
 	defer store.Close()
 	client, err := idem.New(idem.WithStore(store),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	if err != nil {
 		return err
 	}

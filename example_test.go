@@ -30,7 +30,7 @@ func Example() {
 	}
 	defer store.Close()
 	client, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
@@ -66,7 +66,7 @@ func ExampleClient_SettleAll() {
 
 	// The next run settles it, with its own key.
 	next, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	settled, _ := next.SettleAll(ctx)
 	for _, s := range settled {
 		fmt.Println(s.Intent.Name(), s.Intent.State(), s.Response.StatusCode, "replayed:", s.Response.Replayed)
@@ -86,7 +86,7 @@ func ExampleClient_Settle() {
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	defer srv.Close()
 	client, _ := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	ctx := context.Background()
 
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
@@ -115,7 +115,7 @@ func ExampleClient_Send() {
 	defer srv.Close()
 	ctx := context.Background()
 	client, _ := idem.New(idem.WithHTTPClient(srv.Client()),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	cart := func(amount int) idem.Request {
 		req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 			map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
@@ -137,7 +137,7 @@ func ExampleClient_Send() {
 	_, err = client.Send(tap, "checkout:cart-9", cart(1200))
 	var paid *idem.ResolvedError
 	if errors.As(err, &paid) {
-		fmt.Println("already paid:", paid.Response().StatusCode, "charges:", srv.Stats().ProviderCharges)
+		fmt.Println("already paid:", paid.Previous.Response().StatusCode, "charges:", srv.Stats().ProviderCharges)
 	}
 	// A deliberate second payment is a new intent.
 	again, _ := client.NewIntent(ctx, "checkout:cart-9", cart(1200))

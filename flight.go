@@ -124,16 +124,16 @@ func endedForCaller(ctx context.Context, err error) bool {
 		return true
 	}
 	var retryErr *RetryError
-	return errors.As(err, &retryErr) && (retryErr.Reason == StopDeadline || retryErr.Reason == StopCanceled)
+	return errors.As(err, &retryErr) && (retryErr.Reason == stopDeadline || retryErr.Reason == stopCanceled)
 }
 
 // waitEnded is the outcome of a call whose context ended while it waited
 // for another call of the same intent: unknown, like that of any call that
 // gets no answer.
 func waitEnded(key string, err error) error {
-	reason := StopCanceled
+	reason := stopCanceled
 	if errors.Is(err, context.DeadlineExceeded) {
-		reason = StopDeadline
+		reason = stopDeadline
 	}
 	return &RetryError{Key: key, Reason: reason, Err: err}
 }

@@ -54,7 +54,7 @@ func TestFlightWaiterWhoseContextExpiresGetsAnUnknownOutcome(t *testing.T) {
 		require.ErrorAs(t, err, &retryErr)
 		assert.ErrorIs(t, err, ErrOutcomeUnknown)
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
-		assert.Equal(t, StopDeadline, retryErr.Reason)
+		assert.Equal(t, stopDeadline, retryErr.Reason)
 		assert.Equal(t, "k", retryErr.Key)
 
 		open()
@@ -75,7 +75,7 @@ func TestFlightWaiterWithTimeLeftTakesOverFromACancelledLeader(t *testing.T) {
 		go func() {
 			resp, err := f.do(leaderCtx, "k", func() (*Response, error) {
 				<-leaderCtx.Done()
-				return nil, &RetryError{Key: "k", Reason: StopCanceled, Attempts: 1, Err: leaderCtx.Err()}
+				return nil, &RetryError{Key: "k", Reason: stopCanceled, Attempts: 1, Err: leaderCtx.Err()}
 			})
 			leader <- outcome{resp, err}
 		}()
@@ -112,7 +112,7 @@ func TestFlightWaiterOutlivesALeaderWithAShortDeadline(t *testing.T) {
 		go func() {
 			resp, err := f.do(t.Context(), "k", func() (*Response, error) {
 				<-release
-				return nil, &RetryError{Key: "k", Reason: StopDeadline, Attempts: 1, Wait: time.Minute}
+				return nil, &RetryError{Key: "k", Reason: stopDeadline, Attempts: 1, Wait: time.Minute}
 			})
 			leader <- outcome{resp, err}
 		}()

@@ -61,7 +61,7 @@ func (in *Intent) Name() string { return in.current().Name }
 // created it has not sent it (or Intent replaced it unsent). Otherwise,
 // after a restart for instance, it reads pending: the first attempt is not
 // recorded, so it may have reached the server before a crash.
-func (in *Intent) State() State {
+func (in *Intent) State() persist.State {
 	in.mu.Lock()
 	rec, unarmed := in.rec, in.unarmed
 	in.mu.Unlock()
@@ -186,7 +186,7 @@ func latestOf(recs []*persist.Record) *persist.Record {
 //     deliberate second payment is NewIntent.
 //   - The request changed and the latest intent was never sent (unarmed,
 //     armed and provably never on the wire, or stored not sent: a call of
-//     it ended with *NotSentError, in this process or an earlier one): it
+//     it ended with ErrNotSent, in this process or an earlier one): it
 //     is dropped and replaced by a new one; Do on the dropped one returns
 //     ErrIntentReplaced.
 //   - The request changed and the latest intent may have reached the
@@ -485,11 +485,6 @@ func (c *Client) mayReplace(rec *persist.Record) bool {
 	return rec.State == persist.StateNotSent || rec.Holder == c.id
 }
 
-// State is where an intent stands: one enumeration for the client and
-// its store, persist.State, whose constants (persist.StateSucceeded, ...)
-// name the states. The zero State is invalid.
-type State = persist.State
-
 // UnresolvedError is returned when a new intent is asked for an action
 // whose previous intent has an unknown outcome (match it with errors.As).
 // Starting a second payment then could pay twice. The app decides: settle
@@ -508,15 +503,12 @@ func (e *UnresolvedError) Error() string {
 // latest intent succeeded, with a request other than that intent's (a
 // changed amount, or the same server spelled another way): the action is
 // paid, and a new intent could pay it twice. Previous holds the earlier
-// intent and Response its stored answer. A deliberate second payment for
-// the action is Client.NewIntent.
+// intent, and Previous.Response() its stored answer. A deliberate second
+// payment for the action is Client.NewIntent.
 type ResolvedError struct {
 	Name     string
 	Previous *Intent
 }
-
-// Response returns the earlier intent's stored answer.
-func (e *ResolvedError) Response() *Response { return e.Previous.Response() }
 
 func (e *ResolvedError) Error() string {
 	return fmt.Sprintf("idem: %q was already paid by intent %s with another request; nothing was sent (use NewIntent for a deliberate second payment)", e.Name, e.Previous.Key())

@@ -307,8 +307,8 @@ func TestIntentForAnAction(t *testing.T) {
 		var paid *idem.ResolvedError
 		require.ErrorAs(t, err, &paid, "the action is paid")
 		assert.Equal(t, a.Key(), paid.Previous.Key())
-		require.NotNil(t, paid.Response())
-		assert.Equal(t, http.StatusCreated, paid.Response().StatusCode)
+		require.NotNil(t, paid.Previous.Response())
+		assert.Equal(t, http.StatusCreated, paid.Previous.Response().StatusCode)
 		b, err := e.client.NewIntent(ctx, "checkout:c", e.paymentRequest(t, 200, "cus_1"))
 		require.NoError(t, err, "a deliberate second payment")
 		assert.NotEqual(t, a.Key(), b.Key())

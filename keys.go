@@ -99,7 +99,7 @@ func (l *lastSaved) is(rec *persist.Record) bool {
 // is not recorded, to keep to one durable write per intent before Do
 // returns).
 //
-// An intent stored as not sent (a call of it ended with *NotSentError) is
+// An intent stored as not sent (a call of it ended with ErrNotSent) is
 // unsent too, unless this Client has sent it since: a Do that sends it
 // again first stores it as new, and marks it handed (see markSent) before
 // that, so the record read here may be older than the Do.

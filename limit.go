@@ -75,7 +75,7 @@ type budgetBody struct {
 	st          *call
 	ctx, parent context.Context
 	cancel      context.CancelFunc
-	reason      StopReason
+	reason      string
 }
 
 func (b *budgetBody) Read(p []byte) (int, error) {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"slices"
 	"time"
 
 	"github.com/idemkit/idem/clock"
@@ -123,7 +121,7 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // wait and time limit of a call: the backoff between attempts, Retry-After
 // waits, RetryPolicy.MaxElapsed, the context's deadline (taken as the time
 // it leaves, from the clock's now) and the intent's age against
-// WithRetention; it also stamps records (CreatedAt, UpdatedAt), from which
+// Server.Retention; it also stamps records (CreatedAt, UpdatedAt), from which
 // Reconcile counts its delay. Network I/O runs in real time: an attempt is
 // given what is left of the budget on the clock as a real-time limit (see
 // RetryPolicy.MaxElapsed). A clock that also has a method
@@ -142,127 +140,11 @@ func WithClock(clk clock.Clock) Option {
 // policy with a field out of range (see RetryPolicy).
 func WithRetryPolicy(p RetryPolicy) Option { return func(c *config) { c.policy = p } }
 
-// WithRetention tells the client how long the server keeps idempotency
-// records, and how long before that it must stop sending a key. An intent
-// older than retention-margin is not sent again: its outcome is reported
-// unknown (a *RetryError with Reason StopExpired) and Settle settles it
-// through the lookup. Zero values mean 24 hours (the contract's retention)
-// and one hour.
-func WithRetention(retention, margin time.Duration) Option {
-	return func(c *config) { c.retention, c.margin = retention, margin }
-}
-
-// WithLookup tells the Client how to ask the server what became of a key
-// without sending the intent again: lookup returns the URL of a GET that
-// answers 2xx with the effect made under key, or 404 when there is none.
-// Reconcile and Settle use it; it is the one place an app builds that URL.
-// For servers that find an effect by a query parameter of the intent's own
-// URL, as the contract's GET /payments?idempotency_key=K does, pass
-// LookupQuery("idempotency_key"). Without a lookup, an intent too old to
-// send again cannot be settled.
-func WithLookup(lookup func(req Request, key string) string) Option {
-	return func(c *config) { c.lookup = lookup }
-}
-
-// LookupQuery is the lookup of a server that finds the effect of a key at
-// the intent's own URL, with the key in the query parameter param. For an
-// intent that POSTs to https://api.example/payments,
-// LookupQuery("idempotency_key") asks
-// GET https://api.example/payments?idempotency_key=K.
-func LookupQuery(param string) func(req Request, key string) string {
-	return func(req Request, key string) string {
-		u, err := url.Parse(req.URL)
-		if err != nil {
-			// Intents hold validated absolute URLs.
-			return ""
-		}
-		q := u.Query()
-		q.Set(param, key)
-		u.RawQuery = q.Encode()
-		u.Fragment = ""
-		return u.String()
-	}
-}
-
-// WithReconcileDelay sets how long after an intent's last attempt a "not
-// found" from the lookup in Reconcile is trusted: the longest a request may
-// take from the device to the server's record, held in the network or a
-// proxy's queue, then the server's lease and processing time. A request
-// held longer than that (a proxy that queues it for an hour) can arrive
-// after a "not found" was trusted; only a server that refuses stale
-// requests could close that, and the contract has no such rule. Zero means
-// 2 minutes; New refuses a negative delay.
-func WithReconcileDelay(d time.Duration) Option { return func(c *config) { c.reconcile = d } }
-
-// WithMaxResponseBytes bounds what is read and kept of one answer: its
-// header fields (as received; the transport's MaxResponseHeaderBytes
-// bounds what it reads of them, 10 MiB by default) and its body together.
-// A larger final answer still resolves the intent from its status, but
-// its body is not kept: the Response says Oversized. Zero means 10
-// MiB; New refuses a negative size.
-func WithMaxResponseBytes(n int64) Option { return func(c *config) { c.maxBody = n } }
-
-// WithStoredHeaders names header fields of final answers to keep on the
-// device besides those kept by default: Content-Type, Location,
-// Idempotent-Replayed and Retry-After. No other field is stored (cookies,
-// tokens and the like stay off the disk); the Response of the call that got
-// the answer carries all its fields, a Response read from the store only
-// the kept ones. New refuses a name that is not a field name, and one that
-// carries credentials or session state: a name with cookie, auth, token,
-// secret, password, session, api-key, credential or csrf in it
-// (Set-Cookie, Authorization, X-Auth-Token, ...).
-func WithStoredHeaders(names ...string) Option {
-	return func(c *config) { c.keptHeaders = append(c.keptHeaders, names...) }
-}
-
-// keptHeaders returns the defaults and the app's names, canonical and
-// without repeats.
-func keptHeaders(names []string) []string {
-	out := append([]string(nil), storedHeaders...)
-	for _, n := range names {
-		n = http.CanonicalHeaderKey(n)
-		if n != "" && !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// WithQuotedKey sends the key as an RFC 8941 sf-string ("..."), as the IETF
-// draft writes it. The default is the bare value deployed APIs expect.
-func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
-
 // WithAttemptHook calls f after every attempt with its outcome and the wait
 // chosen before the next one. f runs on the goroutine of the call and must
 // not block; calls made at once (SettleAll settles a few intents at a time)
 // call it from several goroutines at once.
 func WithAttemptHook(f func(Attempt)) Option { return func(c *config) { c.onAttempt = f } }
-
-// WithKeyReusedAnswer tells idem how the app's own server says that a key
-// was used with a different request, when it says it otherwise than the
-// contract (a 422 problem of type .../idempotency-key-reused) or Stripe (an
-// error of type idempotency_error). f sees each final answer that is not a
-// 2xx and reports whether it is such a refusal; the intent is then rejected
-// and the error matches ErrKeyReused. f must not keep resp.
-func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
-	return func(c *config) { c.isKeyReused = f }
-}
-
-// WithServerAnswer tells idem how to recognise the app's own server's
-// answers when the server does not mark them as the contract asks (the
-// request's Idempotency-Key echoed back, or Idempotent-Replayed: true). By
-// default the mark is required: an unmarked answer could come from a CDN,
-// a gateway or a captive portal in front of the server, and idem never
-// lets such an answer settle an intent (see the package documentation,
-// "Whose word settles an intent"). f sees the answers that lack the mark,
-// body included (nil when over WithMaxResponseBytes), and reports whether
-// it is the server's own: a header field or body only the server sends,
-// say. Recognised, an answer is taken as the server's word: a 2xx or a
-// 4xx from a send settles the intent, a lookup's 2xx makes it succeeded
-// and a lookup's 404 makes it void. f must not keep resp.
-func WithServerAnswer(f func(resp *Response) bool) Option {
-	return func(c *config) { c.isServerAnswer = f }
-}
 
 // Defaults of a Client; each can be changed with an Option.
 const (

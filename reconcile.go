@@ -13,7 +13,7 @@ import (
 
 // Reconcile asks the server what became of an intent whose outcome is
 // unknown, without sending it again: a GET of the URL the lookup set with
-// WithLookup returns for the intent (for the fake server and APIs like it,
+// Server.Lookup returns for the intent (for the fake server and APIs like it,
 // GET /payments?idempotency_key=K). It is the way to settle an expired
 // intent, or one the app no longer wants to resume; Settle calls it when
 // sending again is no longer safe. Without a lookup it returns an error
@@ -23,16 +23,16 @@ import (
 // documentation, "Whose word settles an intent"):
 //
 //   - 2xx that echoes the intent's key (Idempotency-Key) or is marked
-//     Idempotent-Replayed, or that WithServerAnswer recognises: the work
+//     Idempotent-Replayed, or that Server.OwnAnswer recognises: the work
 //     was done; the intent becomes succeeded, with the lookup's answer
 //     stored as its response.
 //   - 404 whose body is the lookup's typed miss (a problem of type
 //     https://idem.dev/problems/idempotency-key-unused), or that
-//     WithServerAnswer recognises, once no attempt of the intent can
+//     Server.OwnAnswer recognises, once no attempt of the intent can
 //     still arrive: the work was
 //     never done; the intent becomes void and a new intent for the action
 //     may be created. An attempt may arrive up to the reconcile delay
-//     (WithReconcileDelay) after it was last written, and the device knows
+//     (Server.ReconcileDelay) after it was last written, and the device knows
 //     when that was, at the latest, without storing it: never, for an
 //     intent this Client created and never sent; the end of this Client's
 //     last call of it, if it sent it; otherwise this Client's creation,
@@ -72,7 +72,7 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 		return nil, err
 	}
 	if c.lookup == nil {
-		return nil, fmt.Errorf("idem: cannot reconcile intent %s: the Client has no lookup (WithLookup)", in.Key())
+		return nil, fmt.Errorf("idem: cannot reconcile intent %s: the Client has no lookup (Server.Lookup)", in.Key())
 	}
 	if in.State() == persist.StateNew && in.isUnarmed() {
 		return nil, fmt.Errorf("idem: intent %s was never armed, so never sent: there is nothing to reconcile", in.Key())

@@ -647,15 +647,15 @@ func TestAFallbackPageOnTheLookupIsNeverTakenForThePayment(t *testing.T) {
 
 // The lookup's answers that are the server's word settle the intent: a 2xx
 // that echoes the key or is a replay, a 404 of the typed miss; an app whose
-// server cannot mark them names its own with WithServerAnswer.
+// server cannot mark them names its own with Server.OwnAnswer.
 func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 	t.Parallel()
-	recognised := idem.WithServerAnswer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })
+	recognised := idem.WithServer(idem.Server{Lookup: contractLookup, OwnAnswer: func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }})
 	cases := []struct {
 		name   string
 		answer func(w http.ResponseWriter, r *http.Request)
 		opts   []idem.Option
-		state  idem.State
+		state  persist.State
 	}{
 		{"200 with the echo", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))

@@ -31,7 +31,7 @@ type Response struct {
 	// the device, and the next Do gets the server's replay of it.
 	NotRecorded bool
 	// Oversized is true when the answer was larger than
-	// WithMaxResponseBytes (header fields and body together). Its status is
+	// Server.MaxResponseBytes (header fields and body together). Its status is
 	// known and the intent is resolved from it, but its body was not kept
 	// (Body is nil), and its header fields only those stored, so far as
 	// they fit the limit.

@@ -29,7 +29,7 @@ type RetryPolicy struct {
 	MaxAttempts int
 	// MaxElapsed bounds the time of one call, waits and attempts included:
 	// each attempt is given what is left of it (an attempt that runs out
-	// ends the call with StopElapsed and an unknown outcome, since it may
+	// ends the call with an unknown outcome, since it may
 	// have reached the server), whatever the http.Client's Timeout. It is
 	// counted on the Client's Clock (WithClock), while an attempt's I/O
 	// runs in real time: an attempt gets the budget left at its start, as
@@ -49,7 +49,7 @@ type RetryPolicy struct {
 	// by New and by the calls made under ContextWithRetryPolicy.
 	Jitter float64
 	// MaxRetryAfter is the longest Retry-After the client will honour. A
-	// server asking for more ends the call at once with StopRetryAfterCap
+	// server asking for more ends the call at once (its outcome unknown)
 	// rather than blocking the app. Zero means 60s.
 	MaxRetryAfter time.Duration
 }
@@ -166,7 +166,7 @@ func parseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) 
 
 // stop says why a call gives up before its next attempt.
 type stop struct {
-	reason StopReason
+	reason string
 	wait   time.Duration
 }
 
@@ -203,7 +203,7 @@ func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left func() 
 // never sooner than the server asked.
 func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	if b.attempts >= b.policy.MaxAttempts {
-		return 0, &stop{reason: StopAttempts}
+		return 0, &stop{reason: stopAttempts}
 	}
 	if b.backoff == nil {
 		// Made on the first retry: most calls succeed at once.
@@ -228,7 +228,7 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	if resp != nil {
 		if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 			if ra > b.policy.MaxRetryAfter {
-				return 0, &stop{reason: StopRetryAfterCap, wait: ra}
+				return 0, &stop{reason: stopRetryAfterCap, wait: ra}
 			}
 			if ra >= wait {
 				wait = ra
@@ -258,11 +258,11 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 func (b *budget) fits(at time.Time) *stop {
 	switch {
 	case b.left != nil && at.Sub(b.clock.Now()) >= b.left():
-		return &stop{reason: StopExpired}
+		return &stop{reason: stopExpired}
 	case !b.deadline.IsZero() && at.After(b.deadline):
-		return &stop{reason: StopDeadline}
+		return &stop{reason: stopDeadline}
 	case at.Sub(b.start) > b.policy.MaxElapsed:
-		return &stop{reason: StopElapsed}
+		return &stop{reason: stopElapsed}
 	}
 	return nil
 }
@@ -270,16 +270,16 @@ func (b *budget) fits(at time.Time) *stop {
 // attemptLimit returns how long an attempt that starts now may take: what
 // is left of the budget on the clock, and the part of the budget that ends
 // it first.
-func (b *budget) attemptLimit() (time.Duration, StopReason) {
+func (b *budget) attemptLimit() (time.Duration, string) {
 	now := b.clock.Now()
-	limit, reason := b.start.Add(b.policy.MaxElapsed).Sub(now), StopElapsed
+	limit, reason := b.start.Add(b.policy.MaxElapsed).Sub(now), stopElapsed
 	if b.left != nil {
 		if l := b.left(); l < limit {
-			limit, reason = l, StopExpired
+			limit, reason = l, stopExpired
 		}
 	}
 	if !b.deadline.IsZero() && b.deadline.Sub(now) < limit {
-		limit, reason = b.deadline.Sub(now), StopDeadline
+		limit, reason = b.deadline.Sub(now), stopDeadline
 	}
 	return limit, reason
 }

@@ -218,17 +218,17 @@ func TestBudgetStops(t *testing.T) {
 		expiry   time.Time
 		attempts int
 		resp     *http.Response
-		reason   StopReason
+		reason   string
 		wait     time.Duration
 	}{
-		{"attempts", RetryPolicy{MaxAttempts: 3}, 0, time.Time{}, 3, nil, StopAttempts, 0},
-		{"retry-after above cap", RetryPolicy{MaxRetryAfter: time.Minute}, 0, time.Time{}, 1, respWithRetryAfter("315360000"), StopRetryAfterCap, 315360000 * time.Second},
-		{"retry-after past the deadline", RetryPolicy{}, 5 * time.Second, time.Time{}, 1, respWithRetryAfter("10"), StopDeadline, 10 * time.Second},
-		{"retry-after past max elapsed", RetryPolicy{MaxElapsed: 20 * time.Second}, 0, time.Time{}, 1, respWithRetryAfter("30"), StopElapsed, 30 * time.Second},
-		{"wait reaches expiry", RetryPolicy{}, 0, retryAfterNow.Add(2 * time.Second), 1, respWithRetryAfter("2"), StopExpired, 2 * time.Second},
+		{"attempts", RetryPolicy{MaxAttempts: 3}, 0, time.Time{}, 3, nil, stopAttempts, 0},
+		{"retry-after above cap", RetryPolicy{MaxRetryAfter: time.Minute}, 0, time.Time{}, 1, respWithRetryAfter("315360000"), stopRetryAfterCap, 315360000 * time.Second},
+		{"retry-after past the deadline", RetryPolicy{}, 5 * time.Second, time.Time{}, 1, respWithRetryAfter("10"), stopDeadline, 10 * time.Second},
+		{"retry-after past max elapsed", RetryPolicy{MaxElapsed: 20 * time.Second}, 0, time.Time{}, 1, respWithRetryAfter("30"), stopElapsed, 30 * time.Second},
+		{"wait reaches expiry", RetryPolicy{}, 0, retryAfterNow.Add(2 * time.Second), 1, respWithRetryAfter("2"), stopExpired, 2 * time.Second},
 		// A client that honours any Retry-After: the wait and its spread
 		// must not add up past math.MaxInt64 to a negative wait.
-		{"retry-after past every bound", RetryPolicy{MaxRetryAfter: math.MaxInt64}, 0, time.Time{}, 1, respWithRetryAfter("99999999999999999999"), StopElapsed, math.MaxInt64},
+		{"retry-after past every bound", RetryPolicy{MaxRetryAfter: math.MaxInt64}, 0, time.Time{}, 1, respWithRetryAfter("99999999999999999999"), stopElapsed, math.MaxInt64},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -326,7 +326,7 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 			require.NoError(t, err)
 
 			_, err = c.Do(ctx, in)
-			var notSent *NotSentError
+			var notSent *notSentError
 			require.ErrorAs(t, err, &notSent)
 			require.ErrorIs(t, err, ErrNotSent)
 			assert.NotErrorIs(t, err, ErrOutcomeUnknown, "nothing was done")
@@ -465,7 +465,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			require.NoError(t, err)
 
 			_, err = c.Do(ctx, in)
-			var notSent *NotSentError
+			var notSent *notSentError
 			require.ErrorAs(t, err, &notSent, "every attempt failed before writing the request")
 			assert.NotErrorIs(t, err, ErrOutcomeUnknown)
 			assert.Len(t, clk.Sleeps(), 2, "the network may come back: the call retries within its budget")
@@ -576,7 +576,7 @@ func TestNotSentSurvivesARestartOnTheFileStore(t *testing.T) {
 	in, err := c.Intent(ctx, "checkout", req)
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)
-	var notSent *NotSentError
+	var notSent *notSentError
 	require.ErrorAs(t, err, &notSent)
 	require.NoError(t, store.Close())
 
@@ -633,7 +633,7 @@ func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
 	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
 	_, err = c.Send(ctx, "checkout", req)
-	var notSent *NotSentError
+	var notSent *notSentError
 	require.ErrorAs(t, err, &notSent)
 
 	online.Store(true)

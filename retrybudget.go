@@ -12,8 +12,8 @@ import (
 // every call of one Client draws on to retry, as the AWS SDKs' retry quota
 // does. A first attempt never needs a token. A retry takes RetryCost
 // tokens, or TimeoutCost after an attempt that timed out; a call whose next
-// retry finds too few tokens ends at once with a *RetryError whose Reason is
-// StopRetryBudget, its outcome unknown (the intent stays pending, or not
+// retry finds too few tokens ends at once with a *RetryError whose Reason says
+// the budget is spent, its outcome unknown (the intent stays pending, or not
 // sent when the transport proves nothing left the device). A final answer
 // puts tokens back: the cost of the retry that got it, or one token when
 // the first attempt got it. Tokens also come back with time, one per
@@ -44,10 +44,10 @@ type RetryBudget struct {
 	Refill time.Duration
 }
 
-// StopRetryBudget: the Client's retry budget (RetryBudget) held too few
+// stopRetryBudget: the Client's retry budget (RetryBudget) held too few
 // tokens for the next retry. Calls that failed together (a dead server at
 // app start) stop retrying together; Settle or Do again later.
-const StopRetryBudget StopReason = "client-wide retry budget spent"
+const stopRetryBudget = "client-wide retry budget spent"
 
 // Defaults of RetryBudget.
 const (
@@ -198,7 +198,7 @@ func timedOut(err error) bool {
 func (st *call) spendRetry(err error) *stop {
 	cost := st.tokens.take(st.cfg.clock.Now(), err)
 	if cost == 0 {
-		return &stop{reason: StopRetryBudget}
+		return &stop{reason: stopRetryBudget}
 	}
 	st.retryCost, st.paidFor = cost, st.b.attempts+1
 	return nil

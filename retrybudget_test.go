@@ -85,7 +85,7 @@ func created(_ int, req *http.Request) (*http.Response, error) {
 }
 
 // budgetClient is a Client on srv and a manual clock, with a memory store.
-func budgetClient(t *testing.T, srv *server, clk *clock.Manual, store persist.Store, opts ...idem.Option) *idem.Client {
+func budgetClient(t *testing.T, srv *server, clk clock.Clock, store persist.Store, opts ...idem.Option) *idem.Client {
 	t.Helper()
 	c, err := idem.New(append([]idem.Option{
 		idem.WithHTTPClient(&http.Client{Transport: srv}),
@@ -302,7 +302,7 @@ func TestRetryBudgetOfMaxIntDoesNotOverflow(t *testing.T) {
 	t.Parallel()
 	for _, refill := range []time.Duration{-1, time.Nanosecond} {
 		t.Run(fmt.Sprint("refill=", refill), func(t *testing.T) {
-			clk := clock.NewManual(epoch)
+			clk := newDeviceClock(clock.NewManual(epoch))
 			srv := &server{answer: created}
 			c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithRetryBudget(idem.RetryBudget{Tokens: math.MaxInt, Refill: refill}))
 			n, err := send(t, c, srv, 1)
@@ -503,7 +503,8 @@ func TestRetryBudgetEmptyAfterLostAnswersChargesOnce(t *testing.T) {
 // the new time on. Set forward by years, the bucket fills, and no more.
 func TestRetryBudgetRefillsAfterTheClockJumps(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewManual(epoch)
+	truth := clock.NewManual(epoch)
+	clk := newDeviceClock(truth)
 	srv := &server{answer: unavailable}
 	c := budgetClient(t, srv, clk, persist.NewMemory(nil),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 100, MaxElapsed: time.Hour, InitialInterval: time.Millisecond, Multiplier: 1, Jitter: -1}))
@@ -512,7 +513,7 @@ func TestRetryBudgetRefillsAfterTheClockJumps(t *testing.T) {
 	clk.Jump(-24 * time.Hour)
 	n, _ = send(t, c, srv, 2)
 	assert.Equal(t, 1, n, "set back: nothing came back")
-	clk.Advance(5 * time.Second)
+	truth.Advance(5 * time.Second)
 	n, _ = send(t, c, srv, 3)
 	assert.Equal(t, 2, n, "five seconds after the jump: a retry")
 	clk.Jump(10 * 365 * 24 * time.Hour)

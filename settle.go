@@ -61,13 +61,13 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 //   - A resolved intent returns its stored answer (FromStore) and sends
 //     nothing.
 //   - While the server still keeps the key (the intent is younger than the
-//     retention less the safety margin, see WithRetention), it is sent again
+//     retention less the safety margin, see Server.Retention), it is sent again
 //     with its key and bytes, as Do does: the server does the work at most
 //     once and replays its answer.
 //   - After that, a resend could do the work twice, so the server's lookup
-//     (WithLookup) is asked, as Reconcile does. So it is when the resend
+//     (Server.Lookup) is asked, as Reconcile does. So it is when the resend
 //     was answered "key reused" after a redirect to another URL
-//     (StopRedirectedKeyReused): the redirected request may have done the
+//     (stopRedirectedKeyReused): the redirected request may have done the
 //     work, and only the lookup can tell.
 //
 // When neither can decide yet, the error matches ErrOutcomeUnknown and says
@@ -91,9 +91,9 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	case !expired(err) && !redirectedKeyReuse(err):
 		return resp, err
 	case c.lookup == nil && !expired(err):
-		return resp, fmt.Errorf("idem: intent %s may have been done under a URL it was redirected to, and the Client has no lookup to ask the server (WithLookup): %w", in.Key(), err)
+		return resp, fmt.Errorf("idem: intent %s may have been done under a URL it was redirected to, and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
 	case c.lookup == nil:
-		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (WithLookup): %w", in.Key(), err)
+		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
 	}
 	resp, err = c.Reconcile(ctx, in)
 	if err == nil && in.State() == persist.StateVoid {
@@ -106,7 +106,7 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 // longer be sent.
 func expired(err error) bool {
 	var re *RetryError
-	return errors.As(err, &re) && re.Reason == StopExpired
+	return errors.As(err, &re) && re.Reason == stopExpired
 }
 
 // redirectedKeyReuse reports an error of a call that ended on a "key
@@ -114,7 +114,7 @@ func expired(err error) bool {
 // what became of the intent.
 func redirectedKeyReuse(err error) bool {
 	var re *RetryError
-	return errors.As(err, &re) && re.Reason == StopRedirectedKeyReused
+	return errors.As(err, &re) && re.Reason == stopRedirectedKeyReused
 }
 
 // errLeftUnsent is why SettleAll does not send an intent that ended not
@@ -137,7 +137,7 @@ type Settled struct {
 //
 // An intent whose last call ended not sent (persist.StateNotSent) is not sent:
 // the app told its user so, and sends it again only when asked (Send,
-// Settle or Do); its Settled.Err is a *NotSentError saying so.
+// Settle or Do); its Settled.Err matches ErrNotSent, saying so.
 //
 // Armed intents stored as new are sent too: the first attempt is not
 // recorded, so after a crash one may have reached the server. Intents the
@@ -160,7 +160,7 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 		if in.State() == persist.StateNotSent {
 			// The app was told it was not sent: sending it now would
 			// pay for what the user may have given up on.
-			out[i].Err = &NotSentError{Key: in.Key(), Err: errLeftUnsent}
+			out[i].Err = &notSentError{Key: in.Key(), Err: errLeftUnsent}
 			progress.report(out[i])
 			continue
 		}

@@ -123,7 +123,7 @@ func TestSettle(t *testing.T) {
 		prepare   func(t *testing.T, e *env, in *idem.Intent)
 		noLookup  bool
 		policy    idem.RetryPolicy // of the Settle call
-		wantState idem.State
+		wantState persist.State
 		wantErr   error // nil: no error
 		wantCode  int   // 0: no Response
 		// wantPosts and wantGets count what Settle sends: resends and
@@ -212,7 +212,7 @@ func TestSettle(t *testing.T) {
 				require.ErrorIs(t, err, tc.wantErr)
 			}
 			if tc.noLookup {
-				assert.ErrorContains(t, err, "WithLookup", "the error says what would decide it")
+				assert.ErrorContains(t, err, "Server.Lookup", "the error says what would decide it")
 			}
 			if tc.wantCode == 0 {
 				assert.Nil(t, resp)

@@ -95,7 +95,7 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 //
 // Other methods pass through to base untouched and never carry a key. A
 // final answer, 4xx included, is returned as the response (one larger than
-// WithMaxResponseBytes with an empty body and only its stored header
+// Server.MaxResponseBytes with an empty body and only its stored header
 // fields, as Response.Oversized describes); an unknown
 // outcome is returned as an error wrapping *RetryError. base nil means
 // http.DefaultTransport. The RoundTripper is safe for concurrent use.

@@ -43,10 +43,10 @@ func (c *config) validate() error {
 		errs = append(errs, err)
 	}
 	if c.reconcile < 0 {
-		errs = append(errs, fmt.Errorf("idem: WithReconcileDelay(%s): use a positive delay, or 0 for the default (%s)", c.reconcile, defaultReconcileDelay))
+		errs = append(errs, fmt.Errorf("idem: WithServer: Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", c.reconcile, defaultReconcileDelay))
 	}
 	if c.maxBody < 0 {
-		errs = append(errs, fmt.Errorf("idem: WithMaxResponseBytes(%d): use a positive size, or 0 for the default (%d)", c.maxBody, defaultMaxResponseBytes))
+		errs = append(errs, fmt.Errorf("idem: WithServer: Server.MaxResponseBytes is %d: use a positive size, or 0 for the default (%d)", c.maxBody, defaultMaxResponseBytes))
 	}
 	for _, name := range c.keptHeaders {
 		if err := checkStoredHeader(name); err != nil {
@@ -104,21 +104,21 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 }
 
 // credentialHeaders are header fields that carry credentials or session
-// state, which WithStoredHeaders refuses to keep on the device: the
+// state, which Server.StoredHeaders may not name to keep on the device: the
 // words are matched anywhere in the lower-case name.
 var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "api-key", "apikey", "credential", "csrf", "xsrf",
 	"jwt", "oidc", "saml", "assertion", "bearer", "access-key", "private-key"}
 
-// checkStoredHeader refuses a name WithStoredHeaders may not keep: one
+// checkStoredHeader refuses a name Server.StoredHeaders may not hold: one
 // that is not a header field name, or one that carries credentials.
 func checkStoredHeader(name string) error {
 	if !validFieldName(name) {
-		return fmt.Errorf("idem: WithStoredHeaders(%q): not a header field name", name)
+		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: not a header field name", name)
 	}
 	lower := strings.ToLower(name)
 	for _, w := range credentialHeaders {
 		if strings.Contains(lower, w) {
-			return fmt.Errorf("idem: WithStoredHeaders(%q): the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+			return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
 		}
 	}
 	return nil

@@ -44,15 +44,16 @@ func TestNewRefusesOptionsOutOfRange(t *testing.T) {
 		{"nil http client", idem.WithHTTPClient(nil), []string{"WithHTTPClient(nil)", "*http.Client"}},
 		{"nil clock", idem.WithClock(nil), []string{"WithClock(nil)"}},
 		{"nil option", nil, []string{"an Option is nil"}},
-		{"negative reconcile delay", idem.WithReconcileDelay(-time.Minute), []string{"WithReconcileDelay(-1m0s)", "0 for the default (2m0s)"}},
-		{"negative response size", idem.WithMaxResponseBytes(-1), []string{"WithMaxResponseBytes(-1)"}},
-		{"retention", idem.WithRetention(time.Hour, 2*time.Hour), []string{"retention 1h0m0s with margin 2h0m0s"}},
-		{"set-cookie", idem.WithStoredHeaders("Location", "set-cookie"), []string{`WithStoredHeaders("Set-Cookie")`, "credentials", "never written to the device"}},
-		{"authorization", idem.WithStoredHeaders("Authorization"), []string{`"Authorization"`, "credentials"}},
-		{"token", idem.WithStoredHeaders("X-Auth-Token"), []string{`"X-Auth-Token"`}},
-		{"session", idem.WithStoredHeaders("X-Session-Id"), []string{`"X-Session-Id"`}},
-		{"not a field name", idem.WithStoredHeaders("Content Type"), []string{`"Content Type"`, "not a header field name"}},
-		{"empty field name", idem.WithStoredHeaders(""), []string{`WithStoredHeaders("")`}},
+		{"negative reconcile delay", idem.WithServer(idem.Server{ReconcileDelay: -time.Minute}), []string{"Server.ReconcileDelay is -1m0s", "0 for the default (2m0s)"}},
+		{"negative response size", idem.WithServer(idem.Server{MaxResponseBytes: -1}), []string{"Server.MaxResponseBytes is -1"}},
+		{"retention", idem.WithServer(idem.Server{Retention: time.Hour, RetentionMargin: 2 * time.Hour}), []string{"retention 1h0m0s with margin 2h0m0s"}},
+		{"set-cookie", idem.WithServer(idem.Server{StoredHeaders: []string{"Location", "set-cookie"}}), []string{`Server.StoredHeaders holds "Set-Cookie"`, "credentials", "never written to the device"}},
+		{"authorization", idem.WithServer(idem.Server{StoredHeaders: []string{"Authorization"}}), []string{`"Authorization"`, "credentials"}},
+		{"token", idem.WithServer(idem.Server{StoredHeaders: []string{"X-Auth-Token"}}), []string{`"X-Auth-Token"`}},
+		{"session", idem.WithServer(idem.Server{StoredHeaders: []string{"X-Session-Id"}}), []string{`"X-Session-Id"`}},
+		{"not a field name", idem.WithServer(idem.Server{StoredHeaders: []string{"Content Type"}}), []string{`"Content Type"`, "not a header field name"}},
+		{"empty field name", idem.WithServer(idem.Server{StoredHeaders: []string{""}}), []string{`Server.StoredHeaders holds ""`}},
+		{"lookup twice", idem.WithServer(idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}), []string{"Server.Lookup and Server.LookupQuery are both set"}},
 		{"settle concurrency", idem.WithSettleConcurrency(0), []string{"WithSettleConcurrency(0)", "1 or more"}},
 		{"budget tokens", idem.WithRetryBudget(idem.RetryBudget{Tokens: -2}), []string{"RetryBudget.Tokens is -2", "-1 for no budget"}},
 		{"budget below a retry", idem.WithRetryBudget(idem.RetryBudget{Tokens: 4}), []string{"RetryBudget.Tokens is 4", "below a retry's cost"}},
@@ -88,9 +89,8 @@ func TestNewAcceptsOptionsInRange(t *testing.T) {
 	t.Parallel()
 	_, err := idem.New(
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1, Jitter: 1, Multiplier: 1, InitialInterval: time.Second, MaxInterval: time.Second}),
-		idem.WithStoredHeaders("X-Request-Id", "ETag"),
-		idem.WithLogger(nil), idem.WithLookup(nil), idem.WithAttemptHook(nil),
-		idem.WithKeyReusedAnswer(nil), idem.WithServerAnswer(nil), idem.WithSettleProgress(nil),
+		idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag"}, Lookup: nil, KeyReusedAnswer: nil, OwnAnswer: nil}),
+		idem.WithLogger(nil), idem.WithAttemptHook(nil), idem.WithSettleProgress(nil),
 		idem.WithSettleConcurrency(1),
 		idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, RetryCost: 10, TimeoutCost: 1, Refill: -1}),
 	)
@@ -153,18 +153,18 @@ func TestContextWithRetryPolicyOutOfRangeFailsTheCall(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 }
 
-// WithStoredHeaders refuses the answer's fields that carry a token under
+// Server.StoredHeaders refuses the answer's fields that carry a token under
 // another name than the common ones: a JSON Web Token or an assertion
 // from an identity-aware proxy (Google IAP's X-Goog-Iap-Jwt-Assertion, an
 // AWS load balancer's X-Amzn-Oidc-Data), a bearer token, an access or
 // private key. Fields that only look alike stay allowed.
-func TestWithStoredHeadersRefusesTokensUnderOtherNames(t *testing.T) {
+func TestServerStoredHeadersRefusesTokensUnderOtherNames(t *testing.T) {
 	t.Parallel()
 	for _, name := range []string{"X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Bearer", "X-Access-Key", "X-Private-Key", "X-Saml-Assertion"} {
-		_, err := idem.New(idem.WithStoredHeaders(name))
+		_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
 		require.Error(t, err, name)
 		assert.Contains(t, err.Error(), "credentials", name)
 	}
-	_, err := idem.New(idem.WithStoredHeaders("X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"))
+	_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"}}))
 	assert.NoError(t, err)
 }

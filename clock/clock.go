@@ -9,7 +9,6 @@ package clock
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -31,77 +30,37 @@ type Clock interface {
 // Manual is a Clock that moves only when told: Sleep advances it instead of
 // waiting. A Manual is safe for concurrent use.
 //
-// It models a device's three clocks: the wall clock (Now), which the user
-// may set anywhere (Jump); a monotonic clock (Monotonic) that, like Go's,
-// stops while the device sleeps; and a clock that counts device sleep
-// (SinceBoot, see Boot), which restarts at a reboot with a new boot
-// identity (Reboot). Advance and Sleep move all three; DeviceSleep moves
-// the wall clock and SinceBoot only.
+// It has the system clock's three readings: the wall clock (Now); a
+// monotonic clock (Monotonic) that no setting of the wall clock moves; and
+// a clock that counts device sleep (SinceBoot), under one boot identity.
+// Advance and Sleep move all three; Advance with a negative duration sets
+// the wall clock back, as a user or a bad network time does, and moves
+// nothing else.
 type Manual struct {
 	mu     sync.Mutex
 	now    time.Time
 	mono   time.Duration
 	boot   time.Duration
-	boots  int // the boot's identity
-	noBoot bool
 	sleeps []time.Duration
 }
 
 // NewManual returns a Manual clock set to start.
-func NewManual(start time.Time) *Manual { return &Manual{now: start, boot: time.Hour, boots: 1} }
+func NewManual(start time.Time) *Manual { return &Manual{now: start, boot: time.Hour} }
 
-// Monotonic implements Monotonic: it stops during DeviceSleep.
+// Monotonic is the clock's monotonic reading: what Advance and Sleep
+// moved it forward.
 func (c *Manual) Monotonic() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mono
 }
 
-// SinceBoot implements Boot: it counts DeviceSleep too, and restarts at
-// Reboot. After WithoutBootClock it reports ok false, as on a system that
-// has no such clock.
-func (c *Manual) SinceBoot() (time.Duration, string, bool) {
+// SinceBoot is the clock's reading of the time since the device booted,
+// one hour at NewManual, under the boot identity "boot-1"; ok is true.
+func (c *Manual) SinceBoot() (elapsed time.Duration, boot string, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.noBoot {
-		return 0, "", false
-	}
-	return c.boot, "boot-" + strconv.Itoa(c.boots), true
-}
-
-// WithoutBootClock makes the clock model a system without a clock that
-// counts device sleep, and returns it.
-func (c *Manual) WithoutBootClock() *Manual {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.noBoot = true
-	return c
-}
-
-// Jump sets the wall clock by d, forward or back, as a user or a bad
-// network time does; the other clocks do not move.
-func (c *Manual) Jump(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// DeviceSleep lets d pass while the device sleeps: the wall clock and
-// SinceBoot advance, Monotonic does not.
-func (c *Manual) DeviceSleep(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	c.boot += d
-}
-
-// Reboot restarts the device: SinceBoot starts again from a small reading,
-// under a new boot identity.
-func (c *Manual) Reboot() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.boots++
-	c.boot = 10 * time.Second
+	return c.boot, "boot-1", true
 }
 
 // Now returns the clock's current time.
@@ -111,8 +70,8 @@ func (c *Manual) Now() time.Time {
 	return c.now
 }
 
-// Advance moves the clock forward by d: every one of its clocks. A
-// negative d sets the wall clock back (as Jump does) and moves nothing else.
+// Advance moves the clock forward by d: every one of its readings. A
+// negative d sets the wall clock back and moves nothing else.
 func (c *Manual) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

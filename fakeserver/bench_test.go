@@ -57,7 +57,7 @@ func BenchmarkPayment(b *testing.B) {
 		return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	}
 	b.Run("bare", func(b *testing.B) {
-		bare = run(b, newHandler(nil, true), func(int) string { return "" })
+		bare = run(b, NewHandler(&Options{WithoutIdempotency: true}), func(int) string { return "" })
 	})
 	ratio := func(b *testing.B, ns float64) {
 		if bare > 0 {
@@ -65,10 +65,10 @@ func BenchmarkPayment(b *testing.B) {
 		}
 	}
 	b.Run("idempotent-fresh", func(b *testing.B) {
-		ratio(b, run(b, newHandler(nil, false), func(i int) string { return "key-" + strconv.Itoa(i) }))
+		ratio(b, run(b, NewHandler(nil), func(i int) string { return "key-" + strconv.Itoa(i) }))
 	})
 	b.Run("idempotent-replay", func(b *testing.B) {
-		ratio(b, run(b, newHandler(nil, false), func(int) string { return "key-replay" }))
+		ratio(b, run(b, NewHandler(nil), func(int) string { return "key-replay" }))
 	})
 }
 
@@ -76,8 +76,8 @@ func BenchmarkPayment(b *testing.B) {
 // in each iteration, so that the three see the same machine load, and
 // reports the ratios. On a shared machine this is the ratio to trust.
 func BenchmarkPaymentInterleaved(b *testing.B) {
-	bare := startPoster(b, newHandler(nil, true))
-	idem := startPoster(b, newHandler(nil, false))
+	bare := startPoster(b, NewHandler(&Options{WithoutIdempotency: true}))
+	idem := startPoster(b, NewHandler(nil))
 	bare.post(b, "")
 	idem.post(b, "key-replay")
 	var tBare, tFresh, tReplay time.Duration
@@ -115,21 +115,21 @@ func BenchmarkPaymentInProcess(b *testing.B) {
 		}
 	}
 	b.Run("bare", func(b *testing.B) {
-		h := newHandler(nil, true)
+		h := NewHandler(&Options{WithoutIdempotency: true})
 		b.ReportAllocs()
 		for b.Loop() {
 			serve(b, h, "")
 		}
 	})
 	b.Run("idempotent-fresh", func(b *testing.B) {
-		h := newHandler(nil, false)
+		h := NewHandler(nil)
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
 			serve(b, h, "key-"+strconv.Itoa(i))
 		}
 	})
 	b.Run("idempotent-replay", func(b *testing.B) {
-		h := newHandler(nil, false)
+		h := NewHandler(nil)
 		serve(b, h, "key-replay")
 		b.ReportAllocs()
 		for b.Loop() {

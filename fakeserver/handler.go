@@ -29,12 +29,6 @@ type Handler struct {
 
 // NewHandler returns a fake server handler. nil opts means defaults.
 func NewHandler(opts *Options) *Handler {
-	return newHandler(opts, false)
-}
-
-// newHandler builds a Handler; bare mounts the payment handler without the
-// idempotency layer, for the benchmark's baseline.
-func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
 	if h.cfg.storage != nil {
 		// The bounds on memory do not apply: the storage holds the state.
@@ -44,7 +38,7 @@ func newHandler(opts *Options, bare bool) *Handler {
 		h.state = newMemory(h.cfg)
 	}
 	h.payments = http.HandlerFunc(h.createPayment)
-	if !bare {
+	if !h.cfg.bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
 			Store:       h.state.Records(),
 			Clock:       h.cfg.clock,

@@ -10,8 +10,8 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// Options configures a fake server: every setting of [NewServer],
-// [NewHandler] and [NewBareHandler] is a field here, and there is no other
+// Options configures a fake server: every setting of [NewServer] and
+// [NewHandler] is a field here, and there is no other
 // way to configure one. A nil *Options, or a zero Options, consists
 // entirely of default values.
 type Options struct {
@@ -72,6 +72,13 @@ type Options struct {
 	// MaxRecords, MaxPayments and MaxOrders, which bound memory, do not
 	// apply.
 	Storage fakestate.Storage
+	// WithoutIdempotency runs POST /payments without the idempotency
+	// layer, as a server without the contract would: every request does
+	// the work and charges, a key is neither required nor remembered, and
+	// nothing is replayed. The rest of the API, faults and counters are as
+	// with the layer. It exists as the baseline that measures what the
+	// layer costs (cmd/idembench): test clients with it false, never true.
+	WithoutIdempotency bool
 }
 
 // config is Options with the defaults filled in.
@@ -83,6 +90,7 @@ type config struct {
 	now                                 func() time.Time
 	logger                              *slog.Logger
 	storage                             fakestate.Storage
+	bare                                bool // Options.WithoutIdempotency
 }
 
 func (o *Options) config() config {
@@ -90,7 +98,7 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID}
+			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, bare: o.WithoutIdempotency}
 	}
 	if c.retention <= 0 {
 		c.retention = idempotency.DefaultRetention

@@ -5,8 +5,9 @@ import (
 	"sync"
 )
 
-// Cancel stops a call from another thread. Make one with NewCancel, pass it
-// to the call, and call Cancel from anywhere: the call returns promptly
+// Cancel stops a call from another thread. Make one (Cancel() in Kotlin,
+// MobileCancel() in Swift, &Cancel{} in Go: the zero Cancel is ready), pass
+// it to the call, and call Cancel from anywhere: the call returns promptly
 // with an error of kind canceled. A Cancel serves one call at a time;
 // cancelling before the call starts makes it return at once.
 type Cancel struct {
@@ -14,9 +15,6 @@ type Cancel struct {
 	canceled bool
 	stop     context.CancelFunc
 }
-
-// NewCancel returns a Cancel handle.
-func NewCancel() *Cancel { return &Cancel{} }
 
 // Cancel stops the call this handle was passed to. It is safe to call from
 // any thread, more than once.
@@ -32,8 +30,8 @@ func (c *Cancel) Cancel() {
 	}
 }
 
-// IsCanceled reports whether Cancel was called.
-func (c *Cancel) IsCanceled() bool {
+// isCanceled reports whether Cancel was called.
+func (c *Cancel) isCanceled() bool {
 	if c == nil {
 		return false
 	}

@@ -34,11 +34,12 @@ type Client struct {
 // Open opens the state directory (creating it, private to the app) and
 // returns a Client. It fails with an error of kind locked while another
 // Client has the directory open, and of kind config for a wrong Config.
-func Open(cfg *Config) (*Client, error) { return open(cfg) }
+func Open(cfg *Config) (*Client, error) { return open(cfg, nil) }
 
 // open is Open with extra idem options, which tests use to share a manual
-// clock and the fake server's http.Client.
-func open(cfg *Config, opts ...idem.Option) (*Client, error) {
+// clock and the fake server's http.Client, and with edit, if not nil, to
+// change the description of the server that cfg makes.
+func open(cfg *Config, edit func(*idem.Server), opts ...idem.Option) (*Client, error) {
 	c, base, err := cfg.check()
 	if err != nil {
 		return nil, err
@@ -53,20 +54,27 @@ func open(cfg *Config, opts ...idem.Option) (*Client, error) {
 	m := &Client{cfg: c, base: base, store: store, events: newEventQueue()}
 	m.auth = &authTransport{base: http.DefaultTransport}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
+	server := idem.Server{
+		Retention:       retention,
+		RetentionMargin: min(time.Hour, retention/2),
+		// The one place the lookup URL is made: LookupPath with the key.
+		Lookup: func(_ idem.Request, key string) string {
+			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
+			return u // checked by cfg.check; "" fails the lookup
+		},
+	}
+	if edit != nil {
+		edit(&server)
+	}
 	ic, err := idem.New(append([]idem.Option{
 		idem.WithStore(store),
 		idem.WithHTTPClient(&http.Client{Transport: m.auth}),
-		idem.WithRetention(retention, min(time.Hour, retention/2)),
+		idem.WithServer(server),
 		idem.WithRetryPolicy(idem.RetryPolicy{
 			MaxAttempts: int(c.MaxAttempts),
 			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
 		}),
 		idem.WithAttemptHook(m.events.hook),
-		// The one place the lookup URL is made: LookupPath with the key.
-		idem.WithLookup(func(_ idem.Request, key string) string {
-			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
-			return u // checked by cfg.check; "" fails the lookup
-		}),
 	}, opts...)...)
 	if err != nil {
 		store.Close()
@@ -83,10 +91,6 @@ func (c *Client) SetListener(l Listener) { c.events.set(l) }
 // SetAuthorizer sets the authorizer asked for each attempt's credentials;
 // nil removes it.
 func (c *Client) SetAuthorizer(a Authorizer) { c.auth.set(a) }
-
-// DroppedEvents is how many attempt events were dropped because the
-// Listener did not keep up.
-func (c *Client) DroppedEvents() int64 { return c.events.dropped.Load() }
 
 // call runs f with a context bounded by budget and cancel, and maps what it
 // returns.
@@ -141,7 +145,7 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 			r.Detail = deviceError(aerr).Error() + "; " + r.Detail
 		}
 		return r, rerr
-	case cancel.IsCanceled() && err != nil && resp == nil:
+	case cancel.isCanceled() && err != nil && resp == nil:
 		// An answer that arrived is returned, whenever Cancel came.
 		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
 	}
@@ -205,25 +209,13 @@ func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) 
 	})
 }
 
-// Resume sends again the unresolved intent with this key, with its own key
-// and bytes, under the background budget: the way to settle an intent
-// left by an earlier run while the server still keeps its key. A resolved
-// intent is answered from the device.
-func (c *Client) Resume(key string, cancel *Cancel) (*Result, error) {
-	return c.withIntent(key, cancel, c.idem.Do)
-}
-
-// Reconcile asks the server's lookup what became of the intent with this
-// key, without sending it again: the way to settle an expired intent.
-// OutcomeVoid means the server never did it; OutcomeUnknown means it
-// cannot tell yet.
-func (c *Client) Reconcile(key string, cancel *Cancel) (*Result, error) {
-	return c.withIntent(key, cancel, c.idem.Reconcile)
-}
-
 // Settle brings the intent with this key to a final state by the safest
-// means: Resume while the server keeps its key, Reconcile once it is too
-// old to send.
+// means, under the background budget: while the server keeps its key, it
+// sends the intent again with its own key and bytes (the way to finish an
+// intent left by an earlier run); once the intent is too old to send, it
+// asks the server's lookup instead, where OutcomeVoid means the server
+// never did it and OutcomeUnknown that it cannot tell yet. A resolved
+// intent is answered from the device.
 func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
 	return c.withIntent(key, cancel, c.idem.Settle)
 }

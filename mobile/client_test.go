@@ -52,7 +52,7 @@ func (w *world) open(t *testing.T, edit ...func(*Config)) *Client {
 	for _, f := range edit {
 		f(cfg)
 	}
-	c, err := open(cfg, idem.WithClock(w.clock))
+	c, err := open(cfg, nil, idem.WithClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -144,7 +144,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
-	cancel := NewCancel()
+	cancel := &Cancel{}
 	go func() {
 		<-arrived
 		cancel.Cancel()
@@ -158,9 +158,9 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), unresolved.Len(), "the cancelled intent stays to be settled")
 
-	done := NewCancel()
+	done := &Cancel{}
 	done.Cancel()
-	_, err = c.Resume(unresolved.Get(0).Key, done)
+	_, err = c.Settle(unresolved.Get(0).Key, done)
 	assert.Equal(t, KindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
 }
 
@@ -223,7 +223,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clock.NewManual(epoch)))
+	c, err := open(NewConfig(stateDir(t), srv.URL), nil, idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	var calls atomic.Int64
@@ -379,7 +379,7 @@ func TestPayKeepsItsOwnCopyOfTheBody(t *testing.T) {
 		body[i] = 'x' // gobind's array is the JVM's again once the call returned
 	}
 
-	res, err := c.Resume(first.Key, nil)
+	res, err := c.Settle(first.Key, nil)
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeSucceeded, res.Outcome, "the resend carried the bytes of the first attempt")
 	assert.True(t, res.Replayed)
@@ -408,7 +408,7 @@ func TestForegroundAndBackgroundBudgetsFromOneClient(t *testing.T) {
 func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithMaxResponseBytes(16))
+	c, err := open(NewConfig(w.dir, w.srv.URL), func(s *idem.Server) { s.MaxResponseBytes = 16 }, idem.WithClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
@@ -436,7 +436,7 @@ func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
 func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
+	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	res, err := c.Pay("checkout:full", "/payments", []byte(cart), nil)
@@ -489,8 +489,8 @@ func (s fullAfterAnswerCancelled) Save(ctx context.Context, rec *persist.Record)
 func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	cancel := NewCancel()
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock),
+	cancel := &Cancel{}
+	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock),
 		idem.WithStore(fullAfterAnswerCancelled{persist.NewMemory(nil), cancel}))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

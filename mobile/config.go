@@ -25,7 +25,7 @@ type Config struct {
 	// ForegroundBudgetMillis bounds Pay and PayAnew: a tap wants an answer
 	// in seconds. Default 15,000.
 	ForegroundBudgetMillis int64
-	// BackgroundBudgetMillis bounds Resume and Settle: a background settle
+	// BackgroundBudgetMillis bounds Settle: a background settle
 	// may wait longer for a server that asks to. Default 120,000.
 	BackgroundBudgetMillis int64
 	// RetentionMillis is how long the server keeps its idempotency records

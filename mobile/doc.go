@@ -27,7 +27,7 @@
 // what became of the intent: succeeded, failed (a final business answer
 // such as a declined card), rejected (the server refused the request or
 // its key), unknown (no final answer yet: settle it later, never pay
-// anew), expired (too old to send again: reconcile it), void (the server
+// anew), expired (too old to send again: Settle asks the server's lookup), void (the server
 // never did it: a new payment is safe) or blocked (an earlier intent for
 // the same action is unresolved; the Result names its key).
 //
@@ -44,7 +44,7 @@
 // [Cancel] handle passed to a call stops it from any other thread. The
 // [Listener] is called on a goroutine of its own, never on the caller's
 // thread, and a slow listener never slows a call: events it cannot keep up
-// with are dropped and counted.
+// with are dropped.
 //
 // # Memory
 //

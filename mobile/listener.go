@@ -2,7 +2,6 @@ package mobile
 
 import (
 	"sync"
-	"sync/atomic"
 
 	"github.com/idemkit/idem"
 )
@@ -37,7 +36,6 @@ type eventQueue struct {
 	listener Listener
 	ch       chan *AttemptEvent
 	done     chan struct{}
-	dropped  atomic.Int64
 }
 
 const eventQueueSize = 256
@@ -82,7 +80,8 @@ func (q *eventQueue) hook(a idem.Attempt) {
 	select {
 	case q.ch <- e:
 	default:
-		q.dropped.Add(1)
+		// The listener did not keep up: the event is dropped, and the
+		// call goes on.
 	}
 }
 

@@ -19,10 +19,10 @@ const (
 	// or a 400 about the key). A bug to report, not a payment to retry.
 	OutcomeRejected = "rejected"
 	// OutcomeUnknown: no final answer yet; the payment may have been
-	// made. Never pay anew: Resume or Settle it later.
+	// made. Never pay anew: Settle it later.
 	OutcomeUnknown = "unknown"
 	// OutcomeExpired: outcome unknown and the intent is too old to send
-	// again. Reconcile it.
+	// again. Settle it: the server's lookup decides.
 	OutcomeExpired = "expired"
 	// OutcomeVoid: the server never did it. A new payment is safe.
 	OutcomeVoid = "void"
@@ -62,8 +62,8 @@ type Result struct {
 	Oversized bool
 	// NotRecorded: the final answer arrived but the device could not save
 	// it (its storage is full, say). Outcome and Status are the server's
-	// and true; the intent stays unresolved on the device, and Resume or
-	// Settle later gets the server's replay of the same answer. The call
+	// and true; the intent stays unresolved on the device, and Settle
+	// later gets the server's replay of the same answer. The call
 	// returns no error: the payment was sent and answered.
 	NotRecorded bool
 	// Attempts is how many attempts this call sent.
@@ -108,13 +108,12 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		apiErr   *idem.APIError
 		retryErr *idem.RetryError
 		unres    *idem.UnresolvedError
-		notSent  *idem.NotSentError
 		resolved *idem.ResolvedError
 	)
 	switch {
-	case errors.As(err, &notSent):
+	case errors.Is(err, idem.ErrNotSent):
 		r.Outcome = OutcomeNotSent
-		r.Detail = notSent.Error()
+		r.Detail = err.Error()
 		return r, nil
 	case errors.As(err, &resolved):
 		// The action is paid, by another request: nothing was sent, and
@@ -122,7 +121,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		r.Outcome, r.FromStore, r.Detail = OutcomeSucceeded, true, resolved.Error()
 		if resolved.Previous != nil {
 			r.Key = resolved.Previous.Key()
-			if prev := resolved.Response(); prev != nil {
+			if prev := resolved.Previous.Response(); prev != nil {
 				r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), prev.Body, prev.Replayed, prev.Oversized
 			}
 		}
@@ -140,7 +139,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 			r.Status = int64(retryErr.LastResponse.StatusCode)
 		}
 		r.Outcome = OutcomeUnknown
-		if retryErr.Reason == idem.StopExpired {
+		if in != nil && in.State() == persist.StateExpired {
 			r.Outcome = OutcomeExpired
 		}
 		r.Detail = retryErr.Error()
@@ -167,7 +166,7 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 	return r, nil
 }
 
-func outcomeOf(s idem.State) string {
+func outcomeOf(s persist.State) string {
 	switch s {
 	case persist.StateSucceeded:
 		return OutcomeSucceeded

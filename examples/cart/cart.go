@@ -33,7 +33,7 @@ func run(ctx context.Context, out io.Writer) error {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
 	// A device would also pass idem.WithStore(persist.OpenDir(...)).
-	client, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithLookup(idem.LookupQuery("idempotency_key")))
+	client, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	if err != nil {
 		return err
 	}

@@ -235,7 +235,7 @@ func (s *session) pay(ctx context.Context, cfg config, id string, crash func()) 
 		mu    sync.Mutex // SettleAll makes attempts from several goroutines
 	)
 	client, err := idem.New(idem.WithStore(store), idem.WithHTTPClient(hc),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")),
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}),
 		idem.WithAttemptHook(func(a idem.Attempt) {
 			mu.Lock()
 			defer mu.Unlock()

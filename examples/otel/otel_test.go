@@ -36,7 +36,7 @@ func setup(t *testing.T) (*fakeserver.Server, *idem.Client, *idemotel.Tracer, *s
 		idem.WithStore(persist.NewMemory(nil)),
 		idem.WithClock(clk),
 		idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}),
-		idem.WithLookup(idem.LookupQuery("idempotency_key")),
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}),
 		idem.WithAttemptHook(tr.Hook),
 	)
 	require.NoError(t, err)

@@ -272,8 +272,7 @@ func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.observe(a, in)
 	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
-	var re *idem.RetryError
-	if errors.As(err, &re) && re.Reason == idem.StopExpired || in.State() == persist.StateExpired {
+	if in.State() == persist.StateExpired {
 		a.reconcile(cl, in)
 	}
 	return err

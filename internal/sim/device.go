@@ -134,12 +134,13 @@ func (d *device) start() {
 		idem.WithStore(d.store),
 		idem.WithClock(deviceClock{d}),
 		idem.WithRetryPolicy(d.policy),
-		idem.WithRetention(d.w.cfg.Retention, d.w.cfg.Margin),
-		idem.WithReconcileDelay(d.w.cfg.ReconcileDelay),
-		idem.WithLookup(func(_ idem.Request, key string) string { return lookupURL(key) }),
-	}
-	if d.quoted {
-		opts = append(opts, idem.WithQuotedKey())
+		idem.WithServer(idem.Server{
+			Retention:       d.w.cfg.Retention,
+			RetentionMargin: d.w.cfg.Margin,
+			ReconcileDelay:  d.w.cfg.ReconcileDelay,
+			Lookup:          func(_ idem.Request, key string) string { return lookupURL(key) },
+			QuotedKey:       d.quoted,
+		}),
 	}
 	c, err := idem.New(opts...)
 	if err != nil {

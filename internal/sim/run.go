@@ -372,7 +372,7 @@ func (w *world) bindBody(key string, reqBody []byte) {
 // intentView is what observe needs of an intent.
 type intentView interface {
 	Key() string
-	State() idem.State
+	State() persist.State
 }
 
 // observe records what the app now knows about in.

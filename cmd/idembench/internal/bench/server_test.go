@@ -15,7 +15,7 @@ import (
 // does the work on every request, a repeated key included.
 func TestBareHandlerHasNoLayer(t *testing.T) {
 	t.Parallel()
-	h := fakeserver.NewBareHandler(nil)
+	h := fakeserver.NewHandler(&fakeserver.Options{WithoutIdempotency: true})
 	for range 2 {
 		req := httptest.NewRequest(http.MethodPost, "/payments", bytes.NewReader(paymentBody))
 		req.Header.Set("Idempotency-Key", "same")

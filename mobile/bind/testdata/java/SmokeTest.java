@@ -101,7 +101,7 @@ public class SmokeTest {
         check("cancel from another thread returns promptly", () -> {
             admin("POST", "/_fake/faults", "{\"fault\":\"delay\",\"path\":\"/payments\",\"delay_ms\":60000}");
             Client c = Mobile.open(config(5));
-            Cancel cancel = Mobile.newCancel();
+            Cancel cancel = new Cancel();
             Thread t = new Thread(() -> {
                 try { Thread.sleep(300); } catch (InterruptedException e) { }
                 cancel.cancel();

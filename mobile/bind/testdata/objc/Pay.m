@@ -26,7 +26,7 @@ void pay(NSString *dir, NSData *body) {
 		NSLog(@"%@: %@", [in name], [r outcome]);
 	}
 
-	MobileCancel *cancel = MobileNewCancel();
+	MobileCancel *cancel = [[MobileCancel alloc] init];
 	MobileResult *res = [client pay:@"checkout:cart-42" path:@"/payments" body:body cancel:cancel error:&err];
 	if (res == nil) {
 		NSLog(@"%@: %@", MobileErrorKind([err localizedDescription]), err);

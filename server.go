@@ -1,0 +1,149 @@
+package idem
+
+import (
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+)
+
+// Server describes the app's server to a Client: how to ask it what became
+// of a key, how it spells and keeps keys, and what its answers look like.
+// It is set whole with WithServer. The zero Server is a server that
+// follows the contract (docs/CONTRACT.md) and has no lookup: each field
+// left zero keeps the default its comment gives.
+type Server struct {
+	// Lookup returns the URL of a GET that asks the server what became of
+	// key without sending the intent again: it answers 2xx with the effect
+	// made under key, or 404 when there is none. Reconcile and Settle use
+	// it; it is the one place an app builds that URL. Without a lookup
+	// (Lookup nil and LookupQuery empty), an intent too old to send again
+	// cannot be settled.
+	Lookup func(req Request, key string) string
+	// LookupQuery is the lookup of a server that finds the effect of a key
+	// at the intent's own URL, with the key in the query parameter it
+	// names: for an intent that POSTs to https://api.example/payments,
+	// LookupQuery "idempotency_key" asks
+	// GET https://api.example/payments?idempotency_key=K, as the contract
+	// does. New refuses a Server with both Lookup and LookupQuery.
+	LookupQuery string
+
+	// QuotedKey sends the key as an RFC 8941 sf-string ("..."), as the
+	// IETF draft writes it. False sends the bare value deployed APIs
+	// expect.
+	QuotedKey bool
+
+	// Retention is how long the server keeps idempotency records, and
+	// RetentionMargin how long before that the client stops sending a key.
+	// An intent older than Retention-RetentionMargin is not sent again:
+	// its outcome is reported unknown (a *RetryError whose Reason says the
+	// intent expired) and Settle settles it through the lookup. Zero
+	// values mean 24 hours (the contract's retention) and one hour; New
+	// refuses a margin that leaves no time to send.
+	Retention, RetentionMargin time.Duration
+
+	// ReconcileDelay is how long after an intent's last attempt a "not
+	// found" from the lookup in Reconcile is trusted: the longest a
+	// request may take from the device to the server's record, held in
+	// the network or a proxy's queue, then the server's lease and
+	// processing time. A request held longer than that (a proxy that
+	// queues it for an hour) can arrive after a "not found" was trusted;
+	// only a server that refuses stale requests could close that, and the
+	// contract has no such rule. Zero means 2 minutes; New refuses a
+	// negative delay.
+	ReconcileDelay time.Duration
+
+	// MaxResponseBytes bounds what is read and kept of one answer: its
+	// header fields (as received; the transport's MaxResponseHeaderBytes
+	// bounds what it reads of them, 10 MiB by default) and its body
+	// together. A larger final answer still resolves the intent from its
+	// status, but its body is not kept: the Response says Oversized. Zero
+	// means 10 MiB; New refuses a negative size.
+	MaxResponseBytes int64
+
+	// StoredHeaders names header fields of final answers to keep on the
+	// device besides those kept by default: Content-Type, Location,
+	// Idempotent-Replayed and Retry-After. No other field is stored
+	// (cookies, tokens and the like stay off the disk); the Response of
+	// the call that got the answer carries all its fields, a Response
+	// read from the store only the kept ones. New refuses a name that is
+	// not a field name, and one that carries credentials or session
+	// state: a name with cookie, auth, token, secret, password, session,
+	// api-key, credential or csrf in it (Set-Cookie, Authorization,
+	// X-Auth-Token, ...).
+	StoredHeaders []string
+
+	// KeyReusedAnswer recognises how the server says that a key was used
+	// with a different request, when it says it otherwise than the
+	// contract (a 422 problem of type .../idempotency-key-reused) or
+	// Stripe (an error of type idempotency_error). It sees each final
+	// answer that is not a 2xx and reports whether it is such a refusal;
+	// the intent is then rejected and the error matches ErrKeyReused. It
+	// must not keep resp. Nil recognises only those two.
+	KeyReusedAnswer func(resp *Response) bool
+
+	// OwnAnswer recognises the server's answers when the server does not
+	// mark them as the contract asks (the request's Idempotency-Key echoed
+	// back, or Idempotent-Replayed: true). Nil requires the mark: an
+	// unmarked answer could come from a CDN, a gateway or a captive portal
+	// in front of the server, and idem never lets such an answer settle an
+	// intent (see the package documentation, "Whose word settles an
+	// intent"). It sees the answers that lack the mark, body included (nil
+	// when over MaxResponseBytes), and reports whether one is the
+	// server's own: a header field or body only the server sends, say.
+	// Recognised, an answer is taken as the server's word: a 2xx or a 4xx
+	// from a send settles the intent, a lookup's 2xx makes it succeeded
+	// and a lookup's 404 makes it void. It must not keep resp.
+	OwnAnswer func(resp *Response) bool
+}
+
+// WithServer describes the app's server (see Server). A later WithServer
+// replaces an earlier one whole.
+func WithServer(s Server) Option {
+	return func(c *config) {
+		c.lookup = s.Lookup
+		if s.LookupQuery != "" {
+			if s.Lookup != nil {
+				c.refuse("WithServer: Server.Lookup and Server.LookupQuery are both set: give one")
+			}
+			c.lookup = lookupQuery(s.LookupQuery)
+		}
+		c.quoted = s.QuotedKey
+		c.retention, c.margin = s.Retention, s.RetentionMargin
+		c.reconcile = s.ReconcileDelay
+		c.maxBody = s.MaxResponseBytes
+		c.keptHeaders = slices.Clone(s.StoredHeaders)
+		c.isKeyReused = s.KeyReusedAnswer
+		c.isServerAnswer = s.OwnAnswer
+	}
+}
+
+// lookupQuery is the lookup of Server.LookupQuery: the intent's own URL
+// with the key in the query parameter param.
+func lookupQuery(param string) func(req Request, key string) string {
+	return func(req Request, key string) string {
+		u, err := url.Parse(req.URL)
+		if err != nil {
+			// Intents hold validated absolute URLs.
+			return ""
+		}
+		q := u.Query()
+		q.Set(param, key)
+		u.RawQuery = q.Encode()
+		u.Fragment = ""
+		return u.String()
+	}
+}
+
+// keptHeaders returns the defaults and the app's names, canonical and
+// without repeats.
+func keptHeaders(names []string) []string {
+	out := append([]string(nil), storedHeaders...)
+	for _, n := range names {
+		n = http.CanonicalHeaderKey(n)
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
