@@ -333,6 +333,7 @@ func (c *config) storedHeader(h http.Header) http.Header {
 	var (
 		out  http.Header
 		size int64
+		vals []string // one array for every kept value, as Header.Clone does
 	)
 	for _, name := range c.keptHeaders {
 		vs := h[name]
@@ -346,8 +347,20 @@ func (c *config) storedHeader(h http.Header) http.Header {
 		size += n
 		if out == nil {
 			out = make(http.Header, len(c.keptHeaders))
+			vals = make([]string, 0, c.keptValues(h))
 		}
-		out[name] = append([]string(nil), vs...)
+		vals = append(vals, vs...)
+		// Capped, so that an append to one field's values copies them.
+		out[name] = vals[len(vals)-len(vs) : len(vals) : len(vals)]
 	}
 	return out
+}
+
+// keptValues returns how many values of h storedHeader may keep.
+func (c *config) keptValues(h http.Header) int {
+	n := 0
+	for _, name := range c.keptHeaders {
+		n += len(h[name])
+	}
+	return n
 }

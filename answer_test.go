@@ -84,3 +84,33 @@ func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
 	require.ErrorAs(t, err, &apiErr)
 	assert.EqualValues(t, 1, requests.Load(), "a later Do answers from the device")
 }
+
+// TestStoredHeaderKeepsItsOwnValues: the header fields kept of an answer
+// share one array, yet an append to one field's values changes no other
+// field, and a change to the answer's header does not reach them.
+func TestStoredHeaderKeepsItsOwnValues(t *testing.T) {
+	cfg, err := newConfig([]Option{WithStoredHeaders("X-Request-Id")})
+	require.NoError(t, err)
+	h := http.Header{
+		"Location":     {"/payments/1"},
+		"Content-Type": {"application/json"},
+		"X-Request-Id": {"r1", "r2"},
+		"Set-Cookie":   {"s=1"},
+	}
+	got := cfg.storedHeader(h)
+	require.Equal(t, http.Header{
+		"Location":     {"/payments/1"},
+		"Content-Type": {"application/json"},
+		"X-Request-Id": {"r1", "r2"},
+	}, got)
+	for name := range got {
+		got[name] = append(got[name], "appended")
+	}
+	h["Location"][0] = "/payments/2"
+	for name, vs := range got {
+		assert.Equal(t, "appended", vs[len(vs)-1], name)
+	}
+	assert.Equal(t, []string{"/payments/1", "appended"}, got["Location"])
+	assert.Equal(t, []string{"application/json", "appended"}, got["Content-Type"])
+	assert.Equal(t, []string{"r1", "r2", "appended"}, got["X-Request-Id"])
+}

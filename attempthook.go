@@ -13,6 +13,9 @@ func (st *call) attemptDone(a Attempt) {
 	if st.cfg.onAttempt == nil && st.cfg.logger == nil {
 		return
 	}
+	if !st.urlRedacted {
+		st.url, st.urlRedacted = redactURL(st.url), true
+	}
 	a.Name, a.URL, a.Err = st.name, st.url, redactErr(a.Err)
 	if !st.began.IsZero() {
 		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))

@@ -54,9 +54,13 @@ type call struct {
 	// one, was redirected to another URL (see otherURL).
 	redirected bool
 	// name, url and began describe the current attempt to the attempt
-	// hook; retryCost is what its retry took of the retry budget, and
-	// paidFor the number of the attempt it paid for.
+	// hook (url is the request's URL as sent, which attemptDone redacts
+	// once, when there is a hook or logger to tell); retryCost is what its
+	// retry took of the retry budget, and paidFor the number of the
+	// attempt it paid for.
 	name, url          string
+	urlRedacted        bool
+	trace              httptrace.ClientTrace // the call's, held here to save an allocation
 	began              time.Time
 	retryCost, paidFor int
 	tokens             *tokenBucket // the Client's retry budget
@@ -97,12 +101,13 @@ func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
 // withTrace returns ctx carrying the call, for the retrier's hooks, and the
 // client trace by which the call tells what its attempts wrote.
 func (st *call) withTrace(ctx context.Context) context.Context {
-	return httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &httptrace.ClientTrace{
+	st.trace = httptrace.ClientTrace{
 		GetConn:              func(string) { st.traced.Store(true) },
 		GotConn:              func(httptrace.GotConnInfo) { st.conns.Add(1) },
 		WroteHeaders:         func() { st.wrote.Add(1) },
 		GotFirstResponseByte: func() { st.answers.Add(1) },
-	})
+	}
+	return httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &st.trace)
 }
 
 // attemptStarted counts an attempt as the retrier starts it. After a

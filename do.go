@@ -386,7 +386,7 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration, unsent bool) (*Response, *RetryError) {
 	st := &call{cfg: &c.config, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent, redirected: rec.Redirected,
 		tokens: c.tokens}
-	st.name, st.url = rec.Name, redactURL(rec.URL)
+	st.name, st.url = rec.Name, rec.URL
 	resp, err := r.run(st.withTrace(ctx), rec.Method, rec.URL, rec.Body, attemptHeader(header, rec.KeyHeader))
 	if err != nil {
 		return nil, st.failed(ctx, err)

@@ -18,6 +18,7 @@ func sharedRecord() *persist.Record {
 		Key: "k1", KeyHeader: "k1", Seq: 3, Method: http.MethodPost, URL: "https://x/pay",
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1}`),
 		CreatedAt: now, UpdatedAt: now, State: persist.StateSucceeded,
+		Clocks:   &persist.Clocks{Mark: now, ArmMark: now},
 		Response: &persist.Response{StatusCode: 201, Header: http.Header{"X": {"y"}}, Body: []byte("ok")},
 	}
 }

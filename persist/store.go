@@ -186,6 +186,10 @@ func prepareShared(rec *Record, opts Options) (*Record, error) {
 		return nil, err
 	}
 	r := *rec
+	if rec.Clocks != nil {
+		cl := *rec.Clocks
+		r.Clocks = &cl
+	}
 	if rec.Response != nil {
 		resp := *rec.Response
 		r.Response = &resp
@@ -203,14 +207,14 @@ func normalized(r *Record, opts Options) *Record {
 	return r
 }
 
-// normalize puts r in the one form that survives encoding unchanged.
+// normalize puts r in the one form that survives encoding unchanged. It
+// changes r's Clocks and Response in place: r owns them (a clone, or a
+// copy made by prepareShared).
 func normalize(r *Record) {
 	r.CreatedAt = utc(r.CreatedAt)
 	r.UpdatedAt = utc(r.UpdatedAt)
-	if r.Clocks != nil {
-		cl := *r.Clocks
+	if cl := r.Clocks; cl != nil {
 		cl.ArmMark, cl.Mark = utc(cl.ArmMark), utc(cl.Mark)
-		r.Clocks = &cl
 	}
 	if len(r.Header) == 0 {
 		r.Header = nil
