@@ -99,6 +99,19 @@
 // the retry does the work. A connection is waited for at most
 // [Options.AcquireTimeout].
 //
+// Only RunOnce ends the transaction: the handler must neither commit it
+// nor roll it back. Its Commit and Rollback fail, and a handler that calls
+// either fails its request whatever it answers: the client gets 500 and
+// nothing is stored. So does one that sends COMMIT or ROLLBACK as SQL
+// through the transaction or its connection (the transaction carries a
+// mark of its own, a transaction-local setting, which the record's insert
+// checks): no answer is ever stored for an effect that did not commit with
+// it. After a ROLLBACK nothing was done and the retry does the work
+// cleanly; after a COMMIT sent as SQL, the effect written before it has
+// committed on its own, without a record, outside the key's lock, and the
+// retry does it again. Nested transactions (Begin, [pgx.BeginFunc]) are
+// savepoints and may be committed and rolled back freely.
+//
 // # Sweeping
 //
 // Both tables are swept in bounded batches, by the database's clock (or

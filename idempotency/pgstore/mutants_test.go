@@ -117,6 +117,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionStormOverProcesses$", Env: pg,
 		},
 		{
+			Name: "pg-once-handler-commit-stored", File: "idempotency/pgstore/once.go",
+			Note:    "a handler that calls Commit or Rollback on the request's transaction, and answers 201, has its answer stored",
+			Anchor:  "if tx.endTried {",
+			Replace: "if false {",
+			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionHandlerThatEndsTheTransaction$/^(Commit|Rollback)$", Env: pg,
+		},
+		{
+			Name: "pg-once-handler-sql-rollback-stored", File: "idempotency/pgstore/once.go",
+			Note:    "a handler that sends ROLLBACK (or COMMIT) as SQL has its answer stored, in a transaction of its own, for an effect that rolled back",
+			Anchor:  "WHERE current_setting('` + markSetting + `', true) = $11",
+			Replace: "WHERE $11::text IS NOT NULL",
+			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionHandlerThatEndsTheTransaction$/^SQL", Env: pg,
+		},
+		{
 			Name: "once-no-flight", File: "idempotency/middleware.go",
 			Note:    "a duplicate in the same process waits for a connection instead of answering 409",
 			Anchor:  "\t\tif !owner {",

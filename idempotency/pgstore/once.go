@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -39,16 +40,22 @@ func lockKey(id idempotency.ID) int64 {
 var lockAndReadSQL = nowSQL(3) + ` SELECT t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
 	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
 
+// markSetting is the setting, local to RunOnce's transaction, that holds
+// the transaction's mark ($11 of completeOnceSQL).
+const markSetting = "pgstore.run_once"
+
 // completeOnceSQL stores the COMPLETED record in the transaction of the
 // work: a new row, or one that replaces an expired record. A live record
 // that appeared meanwhile (a lease-mode worker does not take the key's
-// lock) makes it fail with division_by_zero, so that the transaction, and
-// the work's effect with it, cannot commit.
+// lock), or a transaction without RunOnce's mark (the handler ended
+// RunOnce's and began another), makes it fail with division_by_zero, so
+// that the transaction, and the work's effect with it, cannot commit.
 var completeOnceSQL = nowSQL(4) + `, ins AS (
 	INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
 		fingerprint_version, response_status, response_header, response_body)
 	SELECT $1, $2, $3, 'COMPLETED', $5, '', NULL, t.now, t.now + $6::bigint * interval '1 microsecond', $7, $8, $9, $10
 	FROM t
+	WHERE current_setting('` + markSetting + `', true) = $11
 	ON CONFLICT (caller, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint, status = excluded.status, stable_id = excluded.stable_id, owner = '',
 		locked_until = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
@@ -101,8 +108,13 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
+	// The transaction is marked with a setting of its own, which ends
+	// with it: a handler that ends it and begins another (ROLLBACK;
+	// BEGIN) leaves a transaction without the mark.
+	mark := rand.Text()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	b.Queue(`SELECT set_config('`+markSetting+`', $1, true)`, mark)
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
@@ -124,6 +136,13 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 	}
 
 	resp, err := do(context.WithValue(ctx, txKey{}, tx))
+	// A handler that tried to end the transaction fails, whatever it
+	// answered. (One that ended it with COMMIT or ROLLBACK as SQL, its
+	// effect rolled back or committed on its own, is caught by the mark,
+	// which the record's insert checks.)
+	if tx.endTried {
+		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: run key %q: the effect failed, nothing was stored: %w", rec.ID.Key, err)
 	}
@@ -139,10 +158,15 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 	// fails, the server skips the COMMIT and the transaction stays open,
 	// failed, for the Rollback.
 	wctx := context.WithoutCancel(ctx)
-	var one int
+	var (
+		one    int
+		marked bool
+	)
 	b = &pgx.Batch{}
+	b.Queue(`SELECT coalesce(current_setting('`+markSetting+`', true) = $1, false)`, mark).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
 	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), rec.StableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body).
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
 	b.Queue("COMMIT")
 	err = conn.SendBatch(wctx, b).Close()
@@ -154,11 +178,14 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		return nil, nil
 	}
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
-		// A live record appeared: the work rolls back, and the record
-		// answers.
+		// A live record appeared, or the handler began a transaction of
+		// its own: the work rolls back, and the record answers.
 		ended = true
 		if _, err := conn.Exec(wctx, "ROLLBACK"); err != nil {
 			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, err)
+		}
+		if !marked {
+			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
 		}
 		existing, found, err := s.get(wctx, conn, rec.ID)
 		if err != nil {

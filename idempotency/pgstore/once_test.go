@@ -404,8 +404,8 @@ func TestOneTransactionSurvivesAPostgresCrash(t *testing.T) {
 
 // TestOneTransactionNestedTransactions: inside the single transaction a
 // handler nests transactions as savepoints (pgx.BeginFunc); a nested one
-// that fails is undone alone; the request's transaction itself cannot be
-// ended by the handler.
+// that fails is undone alone (TestOneTransactionHandlerThatEndsTheTransaction
+// ends the request's transaction itself).
 func TestOneTransactionNestedTransactions(t *testing.T) {
 	pool := withPayments(t)
 	h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -421,7 +421,7 @@ func TestOneTransactionNestedTransactions(t *testing.T) {
 			}
 			return errors.New("changed its mind")
 		})
-		if kept != nil || undone == nil || tx.Commit(ctx) == nil || tx.Rollback(ctx) == nil {
+		if kept != nil || undone == nil {
 			http.Error(w, fmt.Sprint(kept, undone), http.StatusInternalServerError)
 			return
 		}
@@ -432,4 +432,65 @@ func TestOneTransactionNestedTransactions(t *testing.T) {
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'kept'"))
 	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
+}
+
+// TestOneTransactionHandlerThatEndsTheTransaction: a handler that ends the
+// request's transaction itself (Commit or Rollback on it, or COMMIT or
+// ROLLBACK as SQL through it), then answers 201, gets a 500 problem with
+// no internal text, and no answer is stored: the record never claims an
+// effect that did not commit with it. A retry with the key does the work
+// again, cleanly. Only a COMMIT sent as SQL commits the effect on its own,
+// before the record; then the retry does it again (see "One transaction").
+func TestOneTransactionHandlerThatEndsTheTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		end       func(ctx context.Context, tx pgx.Tx) error
+		committed bool // the effect committed on its own
+	}{
+		{"Commit", func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, false},
+		{"Rollback", func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, false},
+		{"SQL COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "COMMIT"); return err }, true},
+		{"SQL ROLLBACK", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "ROLLBACK"); return err }, false},
+		{"SQL ROLLBACK then BEGIN", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "ROLLBACK; BEGIN")
+			return err
+		}, false},
+		{"SQL COMMIT on the connection", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Conn().Exec(ctx, "COMMIT")
+			return err
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			var ended error
+			h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				tx, _ := Tx(r.Context())
+				if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ('p1')"); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				ended = tc.end(r.Context(), tx) // and ignored: the handler answers 201
+				w.WriteHeader(http.StatusCreated)
+			}), nil)
+			w := post(h, "k", `{}`, false)
+			t.Logf("ending the transaction returned %v", ended)
+			assert.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
+			assert.Equal(t, "application/problem+json", w.Header().Get("Content-Type"))
+			assert.NotContains(t, w.Body.String(), "pgstore")
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "a record was stored")
+			want := 0
+			if tc.committed {
+				want = 1
+			}
+			assert.Equal(t, want, count(t, pool, "SELECT count(*) FROM payments"))
+
+			// The retry does the work, with a handler that keeps the rule.
+			_, err := pool.Exec(context.Background(), "DELETE FROM payments")
+			require.NoError(t, err)
+			h = newOnceServer(pool, payDirect(nil), nil)
+			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
+		})
+	}
 }
