@@ -112,6 +112,18 @@
 // retry does it again. Nested transactions (Begin, [pgx.BeginFunc]) are
 // savepoints and may be committed and rolled back freely.
 //
+// The two modes share the table, so a key may meet a record of the other
+// mode (a deploy that switched modes, or routes that share keys). A
+// record of the lease mode IN_PROGRESS under a live lease answers 409 with
+// Retry-After, and the work does not run. Once its lease has ended (its
+// worker died, or gave the record up after a server error), RunOnce takes
+// it over within its one transaction, for a request of the same content:
+// it locks the row without waiting, the handler gets
+// [idempotency.Info.Takeover] and the record's stable id, and the take-over,
+// the effect and the COMPLETED record commit together. The old worker, if
+// it still runs, then fails to complete (a lease-mode take-over). A
+// request of other content gets 422.
+//
 // # Sweeping
 //
 // Both tables are swept in bounded batches, by the database's clock (or

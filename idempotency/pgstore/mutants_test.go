@@ -131,6 +131,27 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionHandlerThatEndsTheTransaction$/^SQL", Env: pg,
 		},
 		{
+			Name: "pg-once-leaves-ended-lease", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce returns a lease-mode record whose lease ended instead of taking it over: the key answers 409 until the record expires",
+			Anchor:  "if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||",
+			Replace: "if true ||",
+			Pkg:     "./idempotency/pgstore", Run: "^(TestOneTransactionMeetsALeaseRecord|TestStoreConformance)$", Env: pg,
+		},
+		{
+			Name: "pg-once-takeover-not-completed", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce takes over an ended lease but its COMPLETED record may not replace it: the work rolls back, every time",
+			Anchor:  "\t\tOR (r.status = 'IN_PROGRESS' AND r.owner = $12)\n",
+			Replace: "\t\tOR $12::text = 'never'\n",
+			Pkg:     "./idempotency/pgstore", Run: "^(TestOneTransactionMeetsALeaseRecord|TestStoreConformance)$", Env: pg,
+		},
+		{
+			Name: "once-lease-takeover-outside-the-transaction", File: "idempotency/middleware.go",
+			Note:    "in the single-transaction mode, an ended lease of another fingerprint version is taken over as in the lease mode: the handler runs without its transaction, fails, and the key stays stuck",
+			Anchor:  "\t\tif m.once != nil {\n\t\t\t// A lease-mode record whose lease ended",
+			Replace: "\t\tif false {\n\t\t\t// A lease-mode record whose lease ended",
+			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionMeetsALeaseRecord$", Env: pg,
+		},
+		{
 			Name: "once-no-flight", File: "idempotency/middleware.go",
 			Note:    "a duplicate in the same process waits for a connection instead of answering 409",
 			Anchor:  "\t\tif !owner {",

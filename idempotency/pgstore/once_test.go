@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -491,6 +493,85 @@ func TestOneTransactionHandlerThatEndsTheTransaction(t *testing.T) {
 			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
+		})
+	}
+}
+
+// TestOneTransactionMeetsALeaseRecord: a key whose record the lease mode
+// left IN_PROGRESS (same table; a deploy that switched modes, or routes
+// that share keys) reaches a single-transaction handler. While the lease
+// lives, the answer is 409 with Retry-After and the handler does not run;
+// once it has ended (its worker died, or gave the record up after a server
+// error), the request takes the record over in its one transaction, with
+// the record's stable id: the take-over, the effect and the COMPLETED
+// record commit together, and the retry replays. Another body is 422.
+func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		leave   func(w http.ResponseWriter) // the lease-mode handler
+		advance time.Duration               // then the clock moves
+		v1      bool                        // the record's fingerprint is of version 1
+	}{
+		{"a dead worker's lease", func(http.ResponseWriter) { panic(http.ErrAbortHandler) }, 31 * time.Second, false},
+		{"a record given up after a server error", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0, false},
+		{"a record of version 1 given up", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			clk := clock.NewManual(time.Now())
+			store := New(pool, &Options{Clock: clk})
+			lease := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { tc.leave(w) }),
+				idempotency.Config{Store: store, Principal: anyone, Clock: clk, Lease: 30 * time.Second})
+			func() {
+				defer func() { _ = recover() }()
+				post(lease, "k", `{"amount":1}`, false)
+			}()
+			var stableID string
+			require.NoError(t, pool.QueryRow(context.Background(),
+				"SELECT stable_id FROM idempotency_records WHERE status = 'IN_PROGRESS'").Scan(&stableID))
+			if tc.v1 {
+				fp, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/pay", "", []byte(`{"amount":1}`), 0)
+				require.NoError(t, err)
+				_, err = pool.Exec(context.Background(), "UPDATE idempotency_records SET fingerprint = $1, fingerprint_version = 1", fp[:])
+				require.NoError(t, err)
+			}
+
+			var runs atomic.Int32
+			once := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				info, _ := idempotency.FromContext(r.Context())
+				tx, ok := Tx(r.Context())
+				if !ok {
+					http.Error(w, "no transaction", http.StatusInternalServerError)
+					return
+				}
+				if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ($1)", info.StableID); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				_, _ = fmt.Fprintf(w, "paid %s takeover=%v", info.StableID, info.Takeover)
+			}), idempotency.Config{Store: store, Principal: anyone, Clock: clk, Lease: 30 * time.Second,
+				Expected: 3 * time.Second, OneTransaction: true})
+
+			if tc.advance > 0 {
+				w := post(once, "k", `{"amount":1}`, false)
+				assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+				assert.Equal(t, "3", w.Header().Get("Retry-After"))
+				assert.Zero(t, runs.Load(), "the handler ran under a live lease")
+				clk.Advance(tc.advance)
+			}
+			assert.Equal(t, http.StatusUnprocessableEntity, post(once, "k", `{"amount":2}`, false).Code)
+			w := post(once, "k", `{"amount":1}`, false)
+			require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+			assert.Equal(t, "paid "+stableID+" takeover=true", w.Body.String())
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = $1", stableID))
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND stable_id = $1 AND owner = '' AND locked_until IS NULL", stableID))
+
+			w = post(once, "k", `{"amount":1}`, false)
+			assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed), "%d %s", w.Code, w.Body.String())
+			assert.EqualValues(t, 1, runs.Load())
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
 		})
 	}
 }
