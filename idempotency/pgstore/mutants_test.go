@@ -145,6 +145,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^(TestOneTransactionMeetsALeaseRecord|TestStoreConformance)$", Env: pg,
 		},
 		{
+			Name: "pg-once-takeover-unlocked", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce takes over an ended lease without locking its row: the old worker completes it meanwhile, and the work rolls back",
+			Anchor:  "\tFOR UPDATE OF r SKIP LOCKED)`",
+			Replace: "\t)`",
+			Pkg:     "./idempotency/pgstore", Run: "^TestRunOnceHoldsTheRecordItTakesOver$", Env: pg,
+		},
+		{
 			Name: "once-lease-takeover-outside-the-transaction", File: "idempotency/middleware.go",
 			Note:    "in the single-transaction mode, an ended lease of another fingerprint version is taken over as in the lease mode: the handler runs without its transaction, fails, and the key stays stuck",
 			Anchor:  "\t\tif m.once != nil {\n\t\t\t// A lease-mode record whose lease ended",

@@ -575,3 +575,64 @@ func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
 		})
 	}
 }
+
+// TestRunOnceHoldsTheRecordItTakesOver: while RunOnce works a lease-mode
+// record it took over, the record's old worker, still running, tries to
+// complete it: its Complete waits for RunOnce's commit, then fails with
+// ErrNotOwner, and its effect is not stored; RunOnce's work commits.
+func TestRunOnceHoldsTheRecordItTakesOver(t *testing.T) {
+	pool := withPayments(t)
+	clk := clock.NewManual(time.Now())
+	s := New(pool, &Options{Clock: clk})
+	ctx := context.Background()
+	id := idempotency.ID{Key: "k"}
+	rec := func(owner string) *idempotency.Record {
+		now := clk.Now()
+		return &idempotency.Record{ID: id, Fingerprint: idempotency.Fingerprint{1}, FingerprintVersion: idempotency.FingerprintV2,
+			Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
+			LockedUntil: now.Add(time.Second), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	}
+	_, inserted, err := s.Insert(ctx, rec("old"))
+	require.NoError(t, err)
+	require.True(t, inserted)
+	clk.Advance(2 * time.Second)
+
+	completed := make(chan error, 1)
+	existing, err := s.RunOnce(ctx, rec("new"), func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error) {
+		tx, _ := Tx(ctx)
+		if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('new')"); err != nil {
+			return nil, err
+		}
+		go func() {
+			completed <- s.Complete(context.Background(), id, "old", &idempotency.Response{StatusCode: 201}, func(ctx context.Context) error {
+				tx, _ := Tx(ctx)
+				_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('old')")
+				return err
+			})
+		}()
+		// Until the old worker's Complete returns or waits for the row.
+		for {
+			select {
+			case err := <-completed:
+				completed <- err
+				return &idempotency.Response{StatusCode: 201}, nil
+			default:
+			}
+			var waiting bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+				return nil, err
+			}
+			if waiting {
+				return &idempotency.Response{StatusCode: 201}, nil
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	require.NoError(t, err)
+	assert.Nil(t, existing, "RunOnce's work was not stored")
+	assert.ErrorIs(t, <-completed, idempotency.ErrNotOwner, "the old worker completed a record taken over")
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'new'"))
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'old'"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND stable_id = 'stable-old'"))
+}
