@@ -636,3 +636,86 @@ func TestRunOnceHoldsTheRecordItTakesOver(t *testing.T) {
 	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'old'"))
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND stable_id = 'stable-old'"))
 }
+
+// TestOneTransactionHandlerFailures: a handler that panics, one whose
+// request is canceled while its statement runs, and one whose statement
+// fails, each after writing its payment and each answering 201 if it
+// returns: nothing commits, no answer is stored, the transaction ends on
+// the server too (pgx, closing the connection of a canceled statement,
+// sends the server a cancel request, so the statement does not keep
+// running there, holding the key), no connection stays taken, and the
+// retry does the work once.
+func TestOneTransactionHandlerFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		then func(ctx context.Context, cancel context.CancelFunc, tx pgx.Tx, pool *pgxpool.Pool)
+	}{
+		{"panics", func(context.Context, context.CancelFunc, pgx.Tx, *pgxpool.Pool) { panic("the handler's bug") }},
+		{"canceled mid-statement", func(ctx context.Context, cancel context.CancelFunc, tx pgx.Tx, pool *pgxpool.Pool) {
+			go func() {
+				// Until the statement runs.
+				for {
+					var running bool
+					_ = pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+						WHERE datname = current_database() AND state = 'active' AND query LIKE 'SELECT pg_sleep%')`).Scan(&running)
+					if running {
+						cancel()
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			_, _ = tx.Exec(ctx, "SELECT pg_sleep(600)")
+		}},
+		{"a statement fails", func(ctx context.Context, _ context.CancelFunc, tx pgx.Tx, _ *pgxpool.Pool) {
+			_, _ = tx.Exec(ctx, "INSERT INTO payments (id) VALUES (NULL)")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			var runs atomic.Int32
+			h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				tx, _ := Tx(r.Context())
+				if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ('p')"); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				if runs.Load() == 1 {
+					tc.then(r.Context(), r.Context().Value(cancelKey{}).(context.CancelFunc), tx, pool)
+				}
+				w.WriteHeader(http.StatusCreated)
+			}), nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			ctx = context.WithValue(ctx, cancelKey{}, cancel)
+			r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
+			r.Header.Set("Idempotency-Key", "k")
+			w := httptest.NewRecorder()
+			var panicked any
+			func() {
+				defer func() { panicked = recover() }()
+				h.ServeHTTP(w, r)
+			}()
+			cancel()
+			assert.Equal(t, tc.name == "panics", panicked != nil, "panicked: %v", panicked)
+			assert.NotEqual(t, http.StatusCreated, w.Code, w.Body.String())
+			// The transaction ends soon, on the server too, and its
+			// connection is given back or destroyed. (Waits for an
+			// outcome, bounded far below the statement's 600 s.)
+			require.Eventually(t, func() bool {
+				return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND xact_start IS NOT NULL") == 1 &&
+					pool.Stat().AcquiredConns() == 0
+			}, 20*time.Second, 5*time.Millisecond, "the transaction still runs on the server, or its connection is still taken")
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments"), "the effect committed")
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "a record was stored")
+
+			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code, "the retry")
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+			assert.Equal(t, "true", post(h, "k", `{}`, false).Header().Get(idempotency.HeaderReplayed))
+			assert.EqualValues(t, 2, runs.Load())
+		})
+	}
+}
+
+// cancelKey carries the request's cancel to its handler.
+type cancelKey struct{}
