@@ -58,7 +58,8 @@ func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 }
 
 // LargeObjects is not available inside RunOnce: pgx builds it only on a
-// transaction of its own. Its methods fail.
+// transaction of its own. Its methods panic (on a nil transaction), which
+// rolls the request back.
 func (t *onceTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
 func (t *onceTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
