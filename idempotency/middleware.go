@@ -264,13 +264,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// read the record, wait for what it finds (a replay is
 			// shared); once it works, or found the key busy, 409 at once.
 			// No connection is taken either way.
+			// f.existing may be read only once decided is closed.
 			select {
 			case <-f.decided:
+				if f.existing != nil && f.existing.Status == StatusCompleted {
+					m.answer(w, r, f.existing, rec, body)
+					return
+				}
 			case <-ctx.Done():
-			}
-			if f.existing != nil && f.existing.Status == StatusCompleted {
-				m.answer(w, r, f.existing, rec, body)
-				return
 			}
 			m.inProgress(w, r, busy(rec), now)
 			return

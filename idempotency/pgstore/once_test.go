@@ -719,3 +719,50 @@ func TestOneTransactionHandlerFailures(t *testing.T) {
 
 // cancelKey carries the request's cancel to its handler.
 type cancelKey struct{}
+
+// TestOneTransactionDuplicateGoneWhileTheFirstReads: a duplicate in the
+// same process whose client has gone while the first request still reads
+// the key's record answers 409 at once, and does not read what the
+// first finds while the first writes it (a data race, which -race
+// reports).
+func TestOneTransactionDuplicateGoneWhileTheFirstReads(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	var armed atomic.Bool
+	acquiring, proceed := make(chan struct{}), make(chan struct{})
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if armed.CompareAndSwap(true, false) {
+			close(acquiring)
+			<-proceed
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, Migrate(context.Background(), pool))
+	_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	h := newOnceServer(pool, payDirect(nil), &Options{AcquireTimeout: time.Minute})
+	require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
+
+	armed.Store(true)
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- post(h, "k", `{}`, false) }()
+	<-acquiring // the first request holds the key's flight, before its read
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	// The duplicate and the first go on at once, unordered.
+	dup := make(chan struct{})
+	go func() {
+		defer close(dup)
+		h.ServeHTTP(w, r)
+	}()
+	close(proceed)
+	<-dup
+	assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	assert.Equal(t, "true", (<-first).Header().Get(idempotency.HeaderReplayed))
+}
