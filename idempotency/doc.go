@@ -112,8 +112,13 @@
 // crash before the commit leaves nothing behind, and no lease is needed.
 // Duplicates answer 409 at once, holding no connection: one request per
 // key runs in a process, and across processes the store's lock on the key
-// is taken without waiting. Handlers that call anything outside the
-// database keep the lease mode below.
+// is taken without waiting. The handler must not end the transaction it
+// is given: one that commits or rolls it back gets 500, and nothing is
+// stored. A record the lease mode left IN_PROGRESS (the two modes share
+// the store) answers 409 while its lease lives; after, the request takes
+// it over in its transaction, with its stable id and [Info.Takeover] set.
+// Handlers that call anything outside the database keep the lease mode
+// below.
 //
 // # Crashes and leases
 //

@@ -264,13 +264,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// read the record, wait for what it finds (a replay is
 			// shared); once it works, or found the key busy, 409 at once.
 			// No connection is taken either way.
+			// f.existing may be read only once decided is closed.
 			select {
 			case <-f.decided:
+				if f.existing != nil && f.existing.Status == StatusCompleted {
+					m.answer(w, r, f.existing, rec, body)
+					return
+				}
 			case <-ctx.Done():
-			}
-			if f.existing != nil && f.existing.Status == StatusCompleted {
-				m.answer(w, r, f.existing, rec, body)
-				return
 			}
 			m.inProgress(w, r, busy(rec), now)
 			return
@@ -307,6 +308,20 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if existing.LockedUntil.After(now) {
 			m.inProgress(w, r, existing, now)
+			return
+		}
+		if m.once != nil {
+			// A lease-mode record whose lease ended, which RunOnce did not
+			// take over: its fingerprint is of another version (the same
+			// content, by sameContent), and RunOnce takes over only a
+			// record whose fingerprint is the request's. The request takes
+			// the record's. The work never runs outside RunOnce, where
+			// its transaction is.
+			if existing.FingerprintVersion != rec.FingerprintVersion {
+				rec.Fingerprint, rec.FingerprintVersion = existing.Fingerprint, existing.FingerprintVersion
+				continue
+			}
+			m.inProgress(w, r, busy(rec), now)
 			return
 		}
 		ok, err := m.cfg.Store.TakeOver(ctx, rec.ID, existing.Owner, rec.Owner, now, now.Add(m.cfg.Lease))
@@ -400,8 +415,15 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 	cw := &capture{header: make(http.Header)}
 	// A panic rolls the transaction back: nothing is stored, as when the
 	// process dies, and the key is free.
-	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context) (*Response, error) {
+	takeover := false
+	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context, abandoned *Record) (*Response, error) {
 		f.decide(nil)
+		if abandoned != nil {
+			// A lease-mode worker's record, whose lease ended: the work
+			// goes on under its stable id, as after a lease's take-over.
+			takeover = true
+			wk.info.StableID, wk.info.Takeover = abandoned.StableID, true
+		}
 		m.next.ServeHTTP(cw, r.WithContext(context.WithValue(ctx, ctxKey{}, wk)))
 		if cw.code() >= 500 {
 			return nil, nil
@@ -431,6 +453,8 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		return existing, err
 	case cw.code() >= 500:
 		m.report(r, outcomeFailed)
+	case takeover:
+		m.report(r, outcomeTakeover)
 	default:
 		m.report(r, outcomeCreated)
 	}

@@ -218,12 +218,17 @@ type TxStore interface {
 	// the transaction (for a SQL store, see its documentation), through
 	// which do writes its effect. When the key has a live record, or its
 	// lock is held (then existing is rec, IN_PROGRESS, with no owner and
-	// rec's lease), do is not run and existing is returned. When do returns
+	// rec's lease), do is not run and existing is returned. When the
+	// key's record is a lease-mode one, IN_PROGRESS, whose lease has ended
+	// and whose fingerprint (and its version) is rec's, RunOnce takes it
+	// over in the transaction and passes it to do as abandoned (nil for a
+	// fresh key): the COMPLETED record keeps its stable id, and the
+	// take-over commits with the work or not at all. When do returns
 	// an error, or a nil answer (a server error), the transaction rolls
 	// back: nothing is stored. A live record that appears before the
 	// commit (a lease-mode worker's) rolls do's effect back and is
 	// returned as existing. A store bounds how long it waits for a
 	// connection, and reports the wait as an error matching
 	// context.DeadlineExceeded, with nothing done.
-	RunOnce(ctx context.Context, rec *Record, do func(ctx context.Context) (*Response, error)) (existing *Record, err error)
+	RunOnce(ctx context.Context, rec *Record, do func(ctx context.Context, abandoned *Record) (*Response, error)) (existing *Record, err error)
 }

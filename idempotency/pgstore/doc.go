@@ -99,6 +99,31 @@
 // the retry does the work. A connection is waited for at most
 // [Options.AcquireTimeout].
 //
+// Only RunOnce ends the transaction: the handler must neither commit it
+// nor roll it back. Its Commit and Rollback fail, and a handler that calls
+// either fails its request whatever it answers: the client gets 500 and
+// nothing is stored. So does one that sends COMMIT or ROLLBACK as SQL
+// through the transaction or its connection (the transaction carries a
+// mark of its own, a transaction-local setting, which the record's insert
+// checks): no answer is ever stored for an effect that did not commit with
+// it. After a ROLLBACK nothing was done and the retry does the work
+// cleanly; after a COMMIT sent as SQL, the effect written before it has
+// committed on its own, without a record, outside the key's lock, and the
+// retry does it again. Nested transactions (Begin, [pgx.BeginFunc]) are
+// savepoints and may be committed and rolled back freely.
+//
+// The two modes share the table, so a key may meet a record of the other
+// mode (a deploy that switched modes, or routes that share keys). A
+// record of the lease mode IN_PROGRESS under a live lease answers 409 with
+// Retry-After, and the work does not run. Once its lease has ended (its
+// worker died, or gave the record up after a server error), RunOnce takes
+// it over within its one transaction, for a request of the same content:
+// it locks the row without waiting, the handler gets
+// [idempotency.Info.Takeover] and the record's stable id, and the take-over,
+// the effect and the COMPLETED record commit together. The old worker, if
+// it still runs, then fails to complete (a lease-mode take-over). A
+// request of other content gets 422.
+//
 // # Sweeping
 //
 // Both tables are swept in bounded batches, by the database's clock (or

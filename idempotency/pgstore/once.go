@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -39,22 +40,39 @@ func lockKey(id idempotency.ID) int64 {
 var lockAndReadSQL = nowSQL(3) + ` SELECT t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
 	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
 
+// takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction if
+// it is still the IN_PROGRESS record of owner $3 with its lease ended and
+// not expired, and says whether it did. It does not wait for a row that
+// another transaction holds.
+var takeOverOnceSQL = nowSQL(4) + ` SELECT EXISTS (SELECT 1 FROM t, idempotency_records r
+	WHERE r.caller = $1 AND r.key = $2 AND r.status = 'IN_PROGRESS' AND r.owner = $3
+	AND coalesce(r.locked_until <= t.now, true) AND NOT ` + expiredSQL + `
+	FOR UPDATE OF r SKIP LOCKED)`
+
+// markSetting is the setting, local to RunOnce's transaction, that holds
+// the transaction's mark ($11 of completeOnceSQL).
+const markSetting = "pgstore.run_once"
+
 // completeOnceSQL stores the COMPLETED record in the transaction of the
-// work: a new row, or one that replaces an expired record. A live record
+// work: a new row, one that replaces an expired record, or the record of
+// owner $12 that the transaction took over (and holds locked). A live record
 // that appeared meanwhile (a lease-mode worker does not take the key's
-// lock) makes it fail with division_by_zero, so that the transaction, and
-// the work's effect with it, cannot commit.
+// lock), or a transaction without RunOnce's mark (the handler ended
+// RunOnce's and began another), makes it fail with division_by_zero, so
+// that the transaction, and the work's effect with it, cannot commit.
 var completeOnceSQL = nowSQL(4) + `, ins AS (
 	INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
 		fingerprint_version, response_status, response_header, response_body)
 	SELECT $1, $2, $3, 'COMPLETED', $5, '', NULL, t.now, t.now + $6::bigint * interval '1 microsecond', $7, $8, $9, $10
 	FROM t
+	WHERE current_setting('` + markSetting + `', true) = $11
 	ON CONFLICT (caller, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint, status = excluded.status, stable_id = excluded.stable_id, owner = '',
 		locked_until = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
 		fingerprint_version = excluded.fingerprint_version, response_status = excluded.response_status,
 		response_header = excluded.response_header, response_body = excluded.response_body
 	WHERE ` + strings.ReplaceAll(expiredSQL, "t.now", "excluded.created_at") + `
+		OR (r.status = 'IN_PROGRESS' AND r.owner = $12)
 	RETURNING 1
 )
 SELECT 1 / (SELECT count(*) FROM ins)::int`
@@ -72,7 +90,15 @@ SELECT 1 / (SELECT count(*) FROM ins)::int`
 // to the pool: a duplicate never waits holding a connection. A crash of
 // the process or of the database before the commit leaves neither the
 // record nor the effect.
-func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(context.Context) (*idempotency.Response, error)) (*idempotency.Record, error) {
+//
+// A record of the lease mode whose lease has ended (its worker died, or
+// gave it up after a server error) is taken over in the same transaction,
+// if its fingerprint is rec's: its row is locked until the commit (a
+// lease-mode worker that reaches it meanwhile waits, then finds it
+// COMPLETED), do gets it as abandoned, and the COMPLETED record keeps its
+// stable id. A row that another transaction holds is not waited for: the
+// key reads as busy.
+func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error)) (*idempotency.Record, error) {
 	actx, cancel := context.WithTimeout(ctx, s.acquire)
 	conn, err := s.pool.Acquire(actx)
 	cancel()
@@ -101,8 +127,13 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
+	// The transaction is marked with a setting of its own, which ends
+	// with it: a handler that ends it and begins another (ROLLBACK;
+	// BEGIN) leaves a transaction without the mark.
+	mark := rand.Text()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	b.Queue(`SELECT set_config('`+markSetting+`', $1, true)`, mark)
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
@@ -110,20 +141,51 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, err)
 	}
 	tx := &onceTx{conn: conn.Conn()}
+	busy := func() (*idempotency.Record, error) {
+		b := *rec
+		b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil
+		return &b, nil
+	}
+	// abandoned is the lease-mode record this transaction takes over, if
+	// any: the record, the effect and the take-over commit together.
+	var abandoned *idempotency.Record
 	switch {
 	case live:
 		existing, err := row.record(rec.ID)
 		if err != nil {
 			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
 		}
-		return existing, nil
+		if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||
+			existing.Fingerprint != rec.Fingerprint || existing.FingerprintVersion != rec.FingerprintVersion {
+			return existing, nil // done, under a live lease, or another request's
+		}
+		if !locked {
+			return busy()
+		}
+		// The lease has ended: its worker died or gave the record up.
+		// The row is locked until the commit, without waiting: a
+		// lease-mode worker that takes it over or completes it meanwhile
+		// waits, then finds it COMPLETED.
+		var taken bool
+		if err := conn.QueryRow(ctx, takeOverOnceSQL, caller(rec.ID), rec.ID.Key, existing.Owner, s.now()).Scan(&taken); err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, err)
+		}
+		if !taken {
+			return busy() // it changed meanwhile: the retry will see how
+		}
+		abandoned = existing
 	case !locked:
-		b := *rec
-		b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil
-		return &b, nil
+		return busy()
 	}
 
-	resp, err := do(context.WithValue(ctx, txKey{}, tx))
+	resp, err := do(context.WithValue(ctx, txKey{}, tx), abandoned)
+	// A handler that tried to end the transaction fails, whatever it
+	// answered. (One that ended it with COMMIT or ROLLBACK as SQL, its
+	// effect rolled back or committed on its own, is caught by the mark,
+	// which the record's insert checks.)
+	if tx.endTried {
+		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: run key %q: the effect failed, nothing was stored: %w", rec.ID.Key, err)
 	}
@@ -139,10 +201,19 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 	// fails, the server skips the COMMIT and the transaction stays open,
 	// failed, for the Rollback.
 	wctx := context.WithoutCancel(ctx)
-	var one int
+	var (
+		one    int
+		marked bool
+	)
 	b = &pgx.Batch{}
-	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), rec.StableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body).
+	b.Queue(`SELECT coalesce(current_setting('`+markSetting+`', true) = $1, false)`, mark).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
+	stableID, from := rec.StableID, (*string)(nil)
+	if abandoned != nil {
+		stableID, from = abandoned.StableID, &abandoned.Owner
+	}
+	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark, from).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
 	b.Queue("COMMIT")
 	err = conn.SendBatch(wctx, b).Close()
@@ -154,11 +225,14 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(co
 		return nil, nil
 	}
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
-		// A live record appeared: the work rolls back, and the record
-		// answers.
+		// A live record appeared, or the handler began a transaction of
+		// its own: the work rolls back, and the record answers.
 		ended = true
 		if _, err := conn.Exec(wctx, "ROLLBACK"); err != nil {
 			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, err)
+		}
+		if !marked {
+			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
 		}
 		existing, found, err := s.get(wctx, conn, rec.ID)
 		if err != nil {

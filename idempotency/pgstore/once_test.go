@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -404,8 +406,8 @@ func TestOneTransactionSurvivesAPostgresCrash(t *testing.T) {
 
 // TestOneTransactionNestedTransactions: inside the single transaction a
 // handler nests transactions as savepoints (pgx.BeginFunc); a nested one
-// that fails is undone alone; the request's transaction itself cannot be
-// ended by the handler.
+// that fails is undone alone (TestOneTransactionHandlerThatEndsTheTransaction
+// ends the request's transaction itself).
 func TestOneTransactionNestedTransactions(t *testing.T) {
 	pool := withPayments(t)
 	h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -421,7 +423,7 @@ func TestOneTransactionNestedTransactions(t *testing.T) {
 			}
 			return errors.New("changed its mind")
 		})
-		if kept != nil || undone == nil || tx.Commit(ctx) == nil || tx.Rollback(ctx) == nil {
+		if kept != nil || undone == nil {
 			http.Error(w, fmt.Sprint(kept, undone), http.StatusInternalServerError)
 			return
 		}
@@ -432,4 +434,335 @@ func TestOneTransactionNestedTransactions(t *testing.T) {
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'kept'"))
 	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
+}
+
+// TestOneTransactionHandlerThatEndsTheTransaction: a handler that ends the
+// request's transaction itself (Commit or Rollback on it, or COMMIT or
+// ROLLBACK as SQL through it), then answers 201, gets a 500 problem with
+// no internal text, and no answer is stored: the record never claims an
+// effect that did not commit with it. A retry with the key does the work
+// again, cleanly. Only a COMMIT sent as SQL commits the effect on its own,
+// before the record; then the retry does it again (see "One transaction").
+func TestOneTransactionHandlerThatEndsTheTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		end       func(ctx context.Context, tx pgx.Tx) error
+		committed bool // the effect committed on its own
+	}{
+		{"Commit", func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, false},
+		{"Rollback", func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, false},
+		{"SQL COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "COMMIT"); return err }, true},
+		{"SQL ROLLBACK", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "ROLLBACK"); return err }, false},
+		{"SQL ROLLBACK then BEGIN", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "ROLLBACK; BEGIN")
+			return err
+		}, false},
+		{"SQL COMMIT on the connection", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Conn().Exec(ctx, "COMMIT")
+			return err
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			var ended error
+			h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				tx, _ := Tx(r.Context())
+				if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ('p1')"); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				ended = tc.end(r.Context(), tx) // and ignored: the handler answers 201
+				w.WriteHeader(http.StatusCreated)
+			}), nil)
+			w := post(h, "k", `{}`, false)
+			t.Logf("ending the transaction returned %v", ended)
+			assert.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
+			assert.Equal(t, "application/problem+json", w.Header().Get("Content-Type"))
+			assert.NotContains(t, w.Body.String(), "pgstore")
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "a record was stored")
+			want := 0
+			if tc.committed {
+				want = 1
+			}
+			assert.Equal(t, want, count(t, pool, "SELECT count(*) FROM payments"))
+
+			// The retry does the work, with a handler that keeps the rule.
+			_, err := pool.Exec(context.Background(), "DELETE FROM payments")
+			require.NoError(t, err)
+			h = newOnceServer(pool, payDirect(nil), nil)
+			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
+		})
+	}
+}
+
+// TestOneTransactionMeetsALeaseRecord: a key whose record the lease mode
+// left IN_PROGRESS (same table; a deploy that switched modes, or routes
+// that share keys) reaches a single-transaction handler. While the lease
+// lives, the answer is 409 with Retry-After and the handler does not run;
+// once it has ended (its worker died, or gave the record up after a server
+// error), the request takes the record over in its one transaction, with
+// the record's stable id: the take-over, the effect and the COMPLETED
+// record commit together, and the retry replays. Another body is 422.
+func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		leave   func(w http.ResponseWriter) // the lease-mode handler
+		advance time.Duration               // then the clock moves
+		v1      bool                        // the record's fingerprint is of version 1
+	}{
+		{"a dead worker's lease", func(http.ResponseWriter) { panic(http.ErrAbortHandler) }, 31 * time.Second, false},
+		{"a record given up after a server error", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0, false},
+		{"a record of version 1 given up", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			clk := clock.NewManual(time.Now())
+			store := New(pool, &Options{Clock: clk})
+			lease := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { tc.leave(w) }),
+				idempotency.Config{Store: store, Principal: anyone, Clock: clk, Lease: 30 * time.Second})
+			func() {
+				defer func() { _ = recover() }()
+				post(lease, "k", `{"amount":1}`, false)
+			}()
+			var stableID string
+			require.NoError(t, pool.QueryRow(context.Background(),
+				"SELECT stable_id FROM idempotency_records WHERE status = 'IN_PROGRESS'").Scan(&stableID))
+			if tc.v1 {
+				fp, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/pay", "", []byte(`{"amount":1}`), 0)
+				require.NoError(t, err)
+				_, err = pool.Exec(context.Background(), "UPDATE idempotency_records SET fingerprint = $1, fingerprint_version = 1", fp[:])
+				require.NoError(t, err)
+			}
+
+			var runs atomic.Int32
+			once := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				info, _ := idempotency.FromContext(r.Context())
+				tx, ok := Tx(r.Context())
+				if !ok {
+					http.Error(w, "no transaction", http.StatusInternalServerError)
+					return
+				}
+				if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ($1)", info.StableID); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				_, _ = fmt.Fprintf(w, "paid %s takeover=%v", info.StableID, info.Takeover)
+			}), idempotency.Config{Store: store, Principal: anyone, Clock: clk, Lease: 30 * time.Second,
+				Expected: 3 * time.Second, OneTransaction: true})
+
+			if tc.advance > 0 {
+				w := post(once, "k", `{"amount":1}`, false)
+				assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+				assert.Equal(t, "3", w.Header().Get("Retry-After"))
+				assert.Zero(t, runs.Load(), "the handler ran under a live lease")
+				clk.Advance(tc.advance)
+			}
+			assert.Equal(t, http.StatusUnprocessableEntity, post(once, "k", `{"amount":2}`, false).Code)
+			w := post(once, "k", `{"amount":1}`, false)
+			require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+			assert.Equal(t, "paid "+stableID+" takeover=true", w.Body.String())
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = $1", stableID))
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND stable_id = $1 AND owner = '' AND locked_until IS NULL", stableID))
+
+			w = post(once, "k", `{"amount":1}`, false)
+			assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed), "%d %s", w.Code, w.Body.String())
+			assert.EqualValues(t, 1, runs.Load())
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+		})
+	}
+}
+
+// TestRunOnceHoldsTheRecordItTakesOver: while RunOnce works a lease-mode
+// record it took over, the record's old worker, still running, tries to
+// complete it: its Complete waits for RunOnce's commit, then fails with
+// ErrNotOwner, and its effect is not stored; RunOnce's work commits.
+func TestRunOnceHoldsTheRecordItTakesOver(t *testing.T) {
+	pool := withPayments(t)
+	clk := clock.NewManual(time.Now())
+	s := New(pool, &Options{Clock: clk})
+	ctx := context.Background()
+	id := idempotency.ID{Key: "k"}
+	rec := func(owner string) *idempotency.Record {
+		now := clk.Now()
+		return &idempotency.Record{ID: id, Fingerprint: idempotency.Fingerprint{1}, FingerprintVersion: idempotency.FingerprintV2,
+			Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
+			LockedUntil: now.Add(time.Second), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	}
+	_, inserted, err := s.Insert(ctx, rec("old"))
+	require.NoError(t, err)
+	require.True(t, inserted)
+	clk.Advance(2 * time.Second)
+
+	completed := make(chan error, 1)
+	existing, err := s.RunOnce(ctx, rec("new"), func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error) {
+		tx, _ := Tx(ctx)
+		if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('new')"); err != nil {
+			return nil, err
+		}
+		go func() {
+			completed <- s.Complete(context.Background(), id, "old", &idempotency.Response{StatusCode: 201}, func(ctx context.Context) error {
+				tx, _ := Tx(ctx)
+				_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('old')")
+				return err
+			})
+		}()
+		// Until the old worker's Complete returns or waits for the row.
+		for {
+			select {
+			case err := <-completed:
+				completed <- err
+				return &idempotency.Response{StatusCode: 201}, nil
+			default:
+			}
+			var waiting bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+				return nil, err
+			}
+			if waiting {
+				return &idempotency.Response{StatusCode: 201}, nil
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	require.NoError(t, err)
+	assert.Nil(t, existing, "RunOnce's work was not stored")
+	assert.ErrorIs(t, <-completed, idempotency.ErrNotOwner, "the old worker completed a record taken over")
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'new'"))
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'old'"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND stable_id = 'stable-old'"))
+}
+
+// TestOneTransactionHandlerFailures: a handler that panics, one whose
+// request is canceled while its statement runs, and one whose statement
+// fails, each after writing its payment and each answering 201 if it
+// returns: nothing commits, no answer is stored, the transaction ends on
+// the server too (pgx, closing the connection of a canceled statement,
+// sends the server a cancel request, so the statement does not keep
+// running there, holding the key), no connection stays taken, and the
+// retry does the work once.
+func TestOneTransactionHandlerFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		then func(ctx context.Context, cancel context.CancelFunc, tx pgx.Tx, pool *pgxpool.Pool)
+	}{
+		{"panics", func(context.Context, context.CancelFunc, pgx.Tx, *pgxpool.Pool) { panic("the handler's bug") }},
+		{"canceled mid-statement", func(ctx context.Context, cancel context.CancelFunc, tx pgx.Tx, pool *pgxpool.Pool) {
+			go func() {
+				// Until the statement runs.
+				for {
+					var running bool
+					_ = pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+						WHERE datname = current_database() AND state = 'active' AND query LIKE 'SELECT pg_sleep%')`).Scan(&running)
+					if running {
+						cancel()
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			_, _ = tx.Exec(ctx, "SELECT pg_sleep(600)")
+		}},
+		{"a statement fails", func(ctx context.Context, _ context.CancelFunc, tx pgx.Tx, _ *pgxpool.Pool) {
+			_, _ = tx.Exec(ctx, "INSERT INTO payments (id) VALUES (NULL)")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			var runs atomic.Int32
+			h := newOnceServer(pool, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				tx, _ := Tx(r.Context())
+				if _, err := tx.Exec(r.Context(), "INSERT INTO payments (id) VALUES ('p')"); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				if runs.Load() == 1 {
+					tc.then(r.Context(), r.Context().Value(cancelKey{}).(context.CancelFunc), tx, pool)
+				}
+				w.WriteHeader(http.StatusCreated)
+			}), nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			ctx = context.WithValue(ctx, cancelKey{}, cancel)
+			r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
+			r.Header.Set("Idempotency-Key", "k")
+			w := httptest.NewRecorder()
+			var panicked any
+			func() {
+				defer func() { panicked = recover() }()
+				h.ServeHTTP(w, r)
+			}()
+			cancel()
+			assert.Equal(t, tc.name == "panics", panicked != nil, "panicked: %v", panicked)
+			assert.NotEqual(t, http.StatusCreated, w.Code, w.Body.String())
+			// The transaction ends soon, on the server too, and its
+			// connection is given back or destroyed. (Waits for an
+			// outcome, bounded far below the statement's 600 s.)
+			require.Eventually(t, func() bool {
+				return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND xact_start IS NOT NULL") == 1 &&
+					pool.Stat().AcquiredConns() == 0
+			}, 20*time.Second, 5*time.Millisecond, "the transaction still runs on the server, or its connection is still taken")
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments"), "the effect committed")
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "a record was stored")
+
+			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code, "the retry")
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+			assert.Equal(t, "true", post(h, "k", `{}`, false).Header().Get(idempotency.HeaderReplayed))
+			assert.EqualValues(t, 2, runs.Load())
+		})
+	}
+}
+
+// cancelKey carries the request's cancel to its handler.
+type cancelKey struct{}
+
+// TestOneTransactionDuplicateGoneWhileTheFirstReads: a duplicate in the
+// same process whose client has gone while the first request still reads
+// the key's record answers 409 at once, and does not read what the
+// first finds while the first writes it (a data race, which -race
+// reports).
+func TestOneTransactionDuplicateGoneWhileTheFirstReads(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	var armed atomic.Bool
+	acquiring, proceed := make(chan struct{}), make(chan struct{})
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if armed.CompareAndSwap(true, false) {
+			close(acquiring)
+			<-proceed
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, Migrate(context.Background(), pool))
+	_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	h := newOnceServer(pool, payDirect(nil), &Options{AcquireTimeout: time.Minute})
+	require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
+
+	armed.Store(true)
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- post(h, "k", `{}`, false) }()
+	<-acquiring // the first request holds the key's flight, before its read
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	// The duplicate and the first go on at once, unordered.
+	dup := make(chan struct{})
+	go func() {
+		defer close(dup)
+		h.ServeHTTP(w, r)
+	}()
+	close(proceed)
+	<-dup
+	assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	assert.Equal(t, "true", (<-first).Header().Get(idempotency.HeaderReplayed))
 }

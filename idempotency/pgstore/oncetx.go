@@ -10,8 +10,13 @@ import (
 )
 
 // errEndsWithRecord is what Commit and Rollback of RunOnce's transaction
-// return: it ends with the record, and only RunOnce ends it.
+// return: it ends with the record, and only RunOnce ends it. A handler
+// that tries anyway fails its request (see [Store.RunOnce]).
 var errEndsWithRecord = errors.New("pgstore: the request's transaction commits with its record; only RunOnce commits or rolls it back")
+
+// errHandlerEnded is RunOnce's error when the handler ended, or tried to
+// end, the transaction it was given: nothing is stored.
+var errHandlerEnded = errors.New("the handler ended the request's transaction (Commit, Rollback, or COMMIT or ROLLBACK as SQL), which only RunOnce may end; nothing was stored")
 
 // onceTx is the transaction of [Store.RunOnce] as the handler sees it
 // ([Tx]). RunOnce begins it in the same round trip as the key's lock and
@@ -22,6 +27,9 @@ var errEndsWithRecord = errors.New("pgstore: the request's transaction commits w
 type onceTx struct {
 	conn       *pgx.Conn
 	savepoints int64
+	// endTried is set by Commit and Rollback: the handler meant to end
+	// the transaction, so its answer cannot be stored as committed with it.
+	endTried bool
 }
 
 var (
@@ -38,8 +46,8 @@ func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return sp, nil
 }
 
-func (t *onceTx) Commit(context.Context) error   { return errEndsWithRecord }
-func (t *onceTx) Rollback(context.Context) error { return errEndsWithRecord }
+func (t *onceTx) Commit(context.Context) error   { t.endTried = true; return errEndsWithRecord }
+func (t *onceTx) Rollback(context.Context) error { t.endTried = true; return errEndsWithRecord }
 
 func (t *onceTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	return t.conn.CopyFrom(ctx, table, columns, src)
@@ -50,7 +58,8 @@ func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 }
 
 // LargeObjects is not available inside RunOnce: pgx builds it only on a
-// transaction of its own. Its methods fail.
+// transaction of its own. Its methods panic (on a nil transaction), which
+// rolls the request back.
 func (t *onceTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
 func (t *onceTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {

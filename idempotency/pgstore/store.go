@@ -123,7 +123,10 @@ type txKey struct{}
 // itself, with its request's context) writes its business rows through
 // it, so that they commit with the COMPLETED record or not at all. The
 // effect must not commit or roll back the transaction, and must not write
-// through another connection.
+// through another connection. In [Store.RunOnce], a handler that ends the
+// transaction anyway (Commit or Rollback, which then fail, or COMMIT or
+// ROLLBACK as SQL) fails its request with a server error and nothing is
+// stored; see "One transaction" in the package docs.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok

@@ -26,8 +26,9 @@
 // nothing, returns the record of a completed key or a live lease without
 // running the work, holds the key (another RunOnce returns at once, and
 // Get reads it IN_PROGRESS) while the work runs, lets one of 20 concurrent
-// calls commit, replaces an expired record, and rolls the work back when a
-// lease-mode record of the key appears before the commit.
+// calls commit, replaces an expired record, rolls the work back when a
+// lease-mode record of the key appears before the commit, and takes over a
+// lease-mode record whose lease ended, keeping its stable id.
 //
 // The checks read records back through Insert, which returns the live record
 // it conflicts with. They move the store's clock ([Subject.SetNow]) along

@@ -23,14 +23,15 @@ var txChecks = []struct {
 	{"RunOnceRace", testRunOnceRace},
 	{"RunOnceAndLeaseRecords", testRunOnceAndLeaseRecords},
 	{"RunOnceYieldsToALeaseRecord", testRunOnceYieldsToALeaseRecord},
+	{"RunOnceTakesOverAnEndedLease", testRunOnceTakesOverAnEndedLease},
 }
 
 // completed is the answer the checks store.
 var completed = &idempotency.Response{StatusCode: 201, Header: map[string][]string{"Location": {"/payments/p1"}}, Body: []byte("paid\n")}
 
 // effect returns a do for RunOnce that writes row name and answers resp.
-func effect(sub Subject, name string, resp *idempotency.Response) func(context.Context) (*idempotency.Response, error) {
-	return func(ctx context.Context) (*idempotency.Response, error) {
+func effect(sub Subject, name string, resp *idempotency.Response) func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
+	return func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
 		if sub.WriteRow != nil {
 			if err := sub.WriteRow(ctx, name); err != nil {
 				return nil, err
@@ -72,7 +73,7 @@ func testRunOnceCommitsOnce(t *testing.T, sub Subject, s idempotency.TxStore) {
 	hasRow(t, sub, "row-1", true)
 
 	ran := false
-	existing, err = s.RunOnce(ctx, record(key, "w2", t0), func(context.Context) (*idempotency.Response, error) {
+	existing, err = s.RunOnce(ctx, record(key, "w2", t0), func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
 		ran = true
 		return completed, nil
 	})
@@ -87,8 +88,8 @@ func testRunOnceCommitsOnce(t *testing.T, sub Subject, s idempotency.TxStore) {
 func testRunOnceRollsBack(t *testing.T, sub Subject, s idempotency.TxStore) {
 	ctx := context.Background()
 	sub.SetNow(t0)
-	_, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context) (*idempotency.Response, error) {
-		if _, err := effect(sub, "half-done", completed)(ctx); err != nil {
+	_, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
+		if _, err := effect(sub, "half-done", completed)(ctx, nil); err != nil {
 			return nil, err
 		}
 		return nil, errEffect
@@ -127,8 +128,8 @@ func testRunOnceHoldsTheKey(t *testing.T, sub Subject, s idempotency.TxStore) {
 	working, finish := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
-		existing, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context) (*idempotency.Response, error) {
-			resp, err := effect(sub, "first", completed)(ctx)
+		existing, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
+			resp, err := effect(sub, "first", completed)(ctx, nil)
 			close(working)
 			<-finish
 			return resp, err
@@ -140,7 +141,7 @@ func testRunOnceHoldsTheKey(t *testing.T, sub Subject, s idempotency.TxStore) {
 	}()
 	<-working
 	ran := false
-	existing, err := s.RunOnce(ctx, record(key, "w2", t0), func(context.Context) (*idempotency.Response, error) {
+	existing, err := s.RunOnce(ctx, record(key, "w2", t0), func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
 		ran = true
 		return completed, nil
 	})
@@ -227,11 +228,11 @@ func testRunOnceAndLeaseRecords(t *testing.T, sub Subject, s idempotency.TxStore
 func testRunOnceYieldsToALeaseRecord(t *testing.T, sub Subject, s idempotency.TxStore) {
 	ctx := context.Background()
 	sub.SetNow(t0)
-	existing, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context) (*idempotency.Response, error) {
+	existing, err := s.RunOnce(ctx, record(key, "w1", t0), func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
 		if _, inserted, err := s.Insert(context.Background(), record(key, "lease", t0)); err != nil || !inserted {
 			return nil, fmt.Errorf("the lease-mode insert: %v, %v", inserted, err)
 		}
-		return effect(sub, "yielded", completed)(ctx)
+		return effect(sub, "yielded", completed)(ctx, nil)
 	})
 	if err != nil || existing == nil || existing.Owner != "lease" {
 		t.Errorf("RunOnce when a lease record appeared = %+v, %v; want that record", existing, err)
@@ -239,5 +240,64 @@ func testRunOnceYieldsToALeaseRecord(t *testing.T, sub Subject, s idempotency.Tx
 	hasRow(t, sub, "yielded", false)
 	if got := get(t, s, key, t0); got == nil || got.Owner != "lease" || got.Status != idempotency.StatusInProgress {
 		t.Errorf("record = %+v, want the lease's", got)
+	}
+}
+
+// testRunOnceTakesOverAnEndedLease: a lease-mode record whose lease has
+// ended (its retention has not) is taken over by a RunOnce of the same
+// content, in its transaction: do gets the record, and the COMPLETED
+// record keeps its stable id; the old worker can no longer complete it. A
+// RunOnce of other content gets the record, without running. A RunOnce
+// whose work fails leaves the record as it was, for the next.
+func testRunOnceTakesOverAnEndedLease(t *testing.T, sub Subject, s idempotency.TxStore) {
+	ctx := context.Background()
+	lease := record(key, "lease", t0)
+	mustInsert(t, sub, lease)
+	later := t0.Add(2 * time.Minute) // past the lease, within the retention
+	sub.SetNow(later)
+
+	other := record(key, "other", later)
+	other.Fingerprint = fingerprint("another body")
+	ran := false
+	existing, err := s.RunOnce(ctx, other, func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
+		ran = true
+		return completed, nil
+	})
+	if err != nil || existing == nil || existing.Owner != "lease" || ran {
+		t.Errorf("RunOnce of other content over an ended lease = %+v, %v, ran %v; want the lease's record, not run", existing, err, ran)
+	}
+
+	_, err = s.RunOnce(ctx, record(key, "failing", later), func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error) {
+		if _, err := effect(sub, "failed", completed)(ctx, abandoned); err != nil {
+			return nil, err
+		}
+		return nil, errEffect
+	})
+	if !errors.Is(err, errEffect) {
+		t.Fatalf("RunOnce whose work fails over an ended lease = %v, want its error", err)
+	}
+	hasRow(t, sub, "failed", false)
+	if got := get(t, s, key, later); got == nil || got.Owner != "lease" || got.Status != idempotency.StatusInProgress {
+		t.Errorf("record after a failed take-over = %+v, want the lease's as it was", got)
+	}
+
+	var got *idempotency.Record
+	existing, err = s.RunOnce(ctx, record(key, "w1", later), func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error) {
+		got = abandoned
+		return effect(sub, "taken-over", completed)(ctx, abandoned)
+	})
+	if err != nil || existing != nil {
+		t.Fatalf("RunOnce over an ended lease = %+v, %v; want nil, nil", existing, err)
+	}
+	if got == nil || got.Owner != "lease" || got.StableID != lease.StableID {
+		t.Errorf("do was given %+v, want the lease's record", got)
+	}
+	hasRow(t, sub, "taken-over", true)
+	if rec := get(t, s, key, later); rec == nil || rec.Status != idempotency.StatusCompleted || rec.StableID != lease.StableID ||
+		rec.Response == nil || rec.Response.StatusCode != 201 {
+		t.Errorf("record after the take-over = %+v, want COMPLETED under the lease's stable id", rec)
+	}
+	if err := s.Complete(ctx, key, "lease", completed, nil); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("the old worker's Complete after the take-over = %v, want ErrNotOwner", err)
 	}
 }
