@@ -2,6 +2,8 @@ package persist
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
@@ -57,3 +59,34 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 	}
 	return got, d.err
 }
+
+// EditIndex decodes the index of the store in dir, passes its entries'
+// records by entry id to edit, and writes the index back in place, its
+// stamps as they were: an index damaged, stale or copied in such that its
+// checksum and stamps still hold.
+func EditIndex(dir string, edit func(recs map[string]*Record)) error {
+	path := filepath.Join(dir, indexDir, indexFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	at, ents, d, err := decodeIndexHead(data)
+	if err != nil {
+		return err
+	}
+	if err := d.records(ents); err != nil {
+		return err
+	}
+	recs := map[string]*Record{}
+	for _, ie := range ents {
+		recs[ie.id] = ie.rec
+	}
+	edit(recs)
+	for i := range ents {
+		ents[i].rec = recs[ents[i].id]
+	}
+	return os.WriteFile(path, encodeIndex(at, ents), 0o600)
+}
+
+// Stem is the id of key's entry in the store and the index.
+var Stem = stem

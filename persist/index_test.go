@@ -319,3 +319,42 @@ func TestIndexFileChangedWhileOpen(t *testing.T) {
 	require.Len(t, ces, 1, "%v", err)
 	assert.Equal(t, path, ces[0].Path)
 }
+
+// TestIndexRecordMustMatchItsFile: an index whose records are filed under
+// other keys' entries (damaged, stale, or copied from another store) with
+// its checksum and stamps intact is not used: no key reports another
+// key's record, and the store is listed from its files.
+func TestIndexRecordMustMatchItsFile(t *testing.T) {
+	t.Parallel()
+	edits := map[string]func(recs map[string]*persist.Record){
+		"swapped": func(recs map[string]*persist.Record) {
+			a, b := persist.Stem("u-1"), persist.Stem("u-2")
+			recs[a], recs[b] = recs[b], recs[a]
+		},
+		"resolved inside": func(recs map[string]*persist.Record) {
+			r := recs[persist.Stem("u-1")]
+			r.State, r.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+		},
+		"another action": func(recs map[string]*persist.Record) {
+			recs[persist.Stem("u-1")].Name = "refund:1"
+		},
+	}
+	for name, edit := range edits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, unresolved := indexStore(t)
+			require.NoError(t, persist.EditIndex(dir, edit))
+			s := openFile(t, dir, nil)
+			assert.False(t, s.FromIndex(), "an index whose record does not belong to its file is not used")
+			for _, want := range unresolved {
+				got, err := s.Get(ctx, want.Key)
+				require.NoError(t, err)
+				persisttest.AssertRecord(t, want, got)
+			}
+			got, err := s.List(ctx, persist.Filter{Unresolved: true})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
+		})
+	}
+}

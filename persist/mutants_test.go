@@ -54,6 +54,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./persist", Run: "^TestIndexDamagedIsRebuilt$",
 		},
 		{
+			Name: "index-record-unchecked", File: "persist/index.go",
+			Note:    "OpenDir takes a record from the index without checking that it belongs to the file it is filed under (an index damaged past its checksum, stale, or copied from another store)",
+			Anchor:  "\tif err == nil {\n\t\terr = checkIndexed(ents)\n\t}\n",
+			Replace: "",
+			Pkg:     "./persist", Run: "^TestIndexRecordMustMatchItsFile$",
+		},
+		{
 			Name: "save-before-scan", File: "persist/file.go",
 			Note:    "a Save after an OpenDir from the index writes without knowing the key's resolved files, which then win over it",
 			Anchor:  "\terr = s.complete()\n\tif err == nil {\n\t\terr = s.checkReplaceable(id)\n\t}\n",
