@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -355,6 +357,58 @@ func TestIndexRecordMustMatchItsFile(t *testing.T) {
 			got, err := s.List(ctx, persist.Filter{Unresolved: true})
 			require.NoError(t, err)
 			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
+		})
+	}
+}
+
+// TestIndexFileSameSizeAndTime: a record file rewritten in place, or
+// replaced by another file, to the same size with its modification time
+// set back (os.Chtimes) is read again, not taken from the index: its
+// change time and, when replaced, its inode differ from the index's stamp.
+func TestIndexFileSameSizeAndTime(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("os.Stat gives no change time on Windows")
+	}
+	for _, how := range []string{"in place", "replaced"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, unresolved := indexStore(t)
+			path := filepath.Join(dir, persist.FileName("u-2", recName))
+			fi, err := os.Stat(path)
+			require.NoError(t, err)
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			// Another valid record of the same size: one digit of the
+			// fingerprint changed.
+			want := unresolved[1].Clone()
+			want.Fingerprint = "0" + want.Fingerprint[1:]
+			require.NotEqual(t, unresolved[1].Fingerprint, want.Fingerprint)
+			edited := []byte(strings.Replace(string(data), unresolved[1].Fingerprint, want.Fingerprint, 1))
+			require.Len(t, edited, len(data))
+			if how == "in place" {
+				f, err := os.OpenFile(path, os.O_WRONLY, 0)
+				require.NoError(t, err)
+				_, err = f.WriteAt(edited, 0)
+				require.NoError(t, err)
+				require.NoError(t, f.Close())
+			} else {
+				tmp := path + ".new"
+				write(t, tmp, edited)
+				require.NoError(t, os.Chtimes(tmp, fi.ModTime(), fi.ModTime()))
+				require.NoError(t, os.Rename(tmp, path))
+			}
+			require.NoError(t, os.Chtimes(path, fi.ModTime(), fi.ModTime()))
+			after, err := os.Stat(path)
+			require.NoError(t, err)
+			require.Equal(t, fi.ModTime(), after.ModTime())
+			require.Equal(t, fi.Size(), after.Size())
+
+			s := openFile(t, dir, nil)
+			got, err := s.Get(ctx, "u-2")
+			require.NoError(t, err)
+			assert.Equal(t, want.Fingerprint, got.Fingerprint, "the record its file holds, not the index's")
 		})
 	}
 }
