@@ -2,6 +2,8 @@ package persist_test
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -10,7 +12,9 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -411,4 +415,167 @@ func TestIndexFileSameSizeAndTime(t *testing.T) {
 			assert.Equal(t, want.Fingerprint, got.Fingerprint, "the record its file holds, not the index's")
 		})
 	}
+}
+
+// TestIndexLeftoverTempRemoved: the temporary file of an index write cut
+// short by a crash is removed once the store has opened, whether it opens
+// from the index or lists the directory; the index itself stays.
+func TestIndexLeftoverTempRemoved(t *testing.T) {
+	t.Parallel()
+	for _, fromIndex := range []bool{true, false} {
+		t.Run(fmt.Sprintf("from index %v", fromIndex), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, _ := indexStore(t)
+			leftover := filepath.Join(dir, "index", ".tmp-123456")
+			write(t, leftover, []byte("idem-persist-index\n half written"))
+			if !fromIndex {
+				write(t, filepath.Join(dir, "index", "unresolved"), nil)
+			}
+			s, err := persist.OpenDir(dir, nil)
+			require.NoError(t, err)
+			assert.Equal(t, fromIndex, s.FromIndex())
+			got, err := s.List(ctx, persist.Filter{Unresolved: true})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
+			require.NoError(t, s.Close())
+			assert.NoFileExists(t, leftover)
+			assert.FileExists(t, filepath.Join(dir, "index", "unresolved"))
+		})
+	}
+}
+
+// listFS counts the listings of dir and, while gate is set, holds each
+// until gate is closed; it records the calls made after done is closed.
+type listFS struct {
+	fsys.FS
+	dir  string
+	gate chan struct{}
+	done chan struct{}
+
+	mu    sync.Mutex
+	lists int
+	late  []string
+}
+
+func (l *listFS) note(op, p string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.done:
+		l.late = append(l.late, op+" "+p)
+	default:
+	}
+}
+
+func (l *listFS) ReadDir(p string) ([]fs.DirEntry, error) {
+	l.note("readdir", p)
+	if p == l.dir {
+		l.mu.Lock()
+		l.lists++
+		l.mu.Unlock()
+		if l.gate != nil {
+			<-l.gate
+		}
+	}
+	return l.FS.ReadDir(p)
+}
+
+func (l *listFS) Remove(p string) error {
+	l.note("remove", p)
+	return l.FS.Remove(p)
+}
+
+func (l *listFS) Rename(o, n string) error {
+	l.note("rename", n)
+	return l.FS.Rename(o, n)
+}
+
+func (l *listFS) CreateTemp(dir, pattern string) (fsys.File, error) {
+	l.note("create", dir)
+	return l.FS.CreateTemp(dir, pattern)
+}
+
+func (l *listFS) listed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lists
+}
+
+// indexedFS returns a strictfs holding a store, closed with its index
+// written, and the record it holds.
+func indexedFS(t *testing.T) (*strictfs.FS, *persist.Record) {
+	t.Helper()
+	mem := strictfs.New()
+	s, err := persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	r := persisttest.NewRecord("a", t0)
+	require.NoError(t, s.Save(context.Background(), r))
+	// A temporary file a crash left, which the listing at open removes.
+	f, err := mem.CreateTemp(powerDir, ".tmp-*")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, s.Close())
+	return mem, r
+}
+
+// TestIndexListingInBackground: a store opened from its index lists its
+// directory in the background after OpenDir returns, so that the first
+// save, made later, does not wait for it; until then the unresolved
+// records are served from the index.
+func TestIndexListingInBackground(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		mem, r := indexedFS(t)
+		gate := make(chan struct{})
+		l := &listFS{FS: mem, dir: powerDir, gate: gate, done: make(chan struct{})}
+		s, err := persist.OpenDirFS(l, powerDir, nil)
+		require.NoError(t, err)
+		require.True(t, s.FromIndex())
+		synctest.Wait()
+		require.Equal(t, 1, l.listed(), "the listing started after OpenDir returned")
+		got, err := s.List(ctx, persist.Filter{Unresolved: true})
+		require.NoError(t, err, "served from the index while the listing runs")
+		assert.Equal(t, []string{"a"}, keys(got))
+		close(gate)
+		synctest.Wait()
+		require.NoError(t, s.Save(ctx, persisttest.NewRecord("b", t0.Add(time.Second))))
+		assert.Equal(t, 1, l.listed(), "the save listed the directory again")
+		got, err = s.List(ctx, persist.Filter{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"a", "b"}, keys(got))
+		persisttest.AssertRecord(t, r, got[0])
+		require.NoError(t, s.Close())
+	})
+}
+
+// TestIndexListingEndsBeforeClose: Close waits for the listing at open,
+// so that nothing of the store touches the directory after Close returns
+// (another store may have it open by then).
+func TestIndexListingEndsBeforeClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem, _ := indexedFS(t)
+		gate := make(chan struct{})
+		l := &listFS{FS: mem, dir: powerDir, gate: gate, done: make(chan struct{})}
+		s, err := persist.OpenDirFS(l, powerDir, nil)
+		require.NoError(t, err)
+		require.True(t, s.FromIndex())
+		synctest.Wait() // the listing waits at the gate
+		closed := make(chan error)
+		go func() { closed <- s.Close() }()
+		synctest.Wait()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while the listing at open ran", err)
+		default:
+		}
+		close(gate)
+		err = <-closed
+		close(l.done)
+		require.NoError(t, err)
+		synctest.Wait()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		assert.Empty(t, l.late, "calls after Close returned")
+	})
 }
