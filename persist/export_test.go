@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
@@ -60,11 +61,19 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 	return got, d.err
 }
 
-// EditIndex decodes the index of the store in dir, passes its entries'
-// records by entry id to edit, and writes the index back in place, its
-// stamps as they were: an index damaged, stale or copied in such that its
-// checksum and stamps still hold.
-func EditIndex(dir string, edit func(recs map[string]*Record)) error {
+// IndexEntry is an entry of the index, for EditIndex: its id, its files'
+// names in order and its record.
+type IndexEntry struct {
+	ID    string
+	Files []string
+	Rec   *Record
+}
+
+// EditIndex decodes the index of the store in dir, passes its entries to
+// edit, and writes the index back in place, its stamps as they were: an
+// index damaged, stale or copied in such that its checksum and stamps
+// still hold. edit may change records and reorder or drop files.
+func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	path := filepath.Join(dir, indexDir, indexFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -77,13 +86,24 @@ func EditIndex(dir string, edit func(recs map[string]*Record)) error {
 	if err := d.records(ents); err != nil {
 		return err
 	}
-	recs := map[string]*Record{}
+	var view []*IndexEntry
 	for _, ie := range ents {
-		recs[ie.id] = ie.rec
+		v := &IndexEntry{ID: ie.id, Rec: ie.rec}
+		for _, f := range ie.files {
+			v.Files = append(v.Files, f.name)
+		}
+		view = append(view, v)
 	}
-	edit(recs)
-	for i := range ents {
-		ents[i].rec = recs[ents[i].id]
+	edit(view)
+	for i, v := range view {
+		ie := &ents[i]
+		var files []file
+		var stamps []fsys.Stamp
+		for _, name := range v.Files {
+			j := slices.IndexFunc(ie.files, func(f file) bool { return f.name == name })
+			files, stamps = append(files, ie.files[j]), append(stamps, ie.stamps[j])
+		}
+		ie.id, ie.rec, ie.files, ie.stamps = v.ID, v.Rec, files, stamps
 	}
 	return os.WriteFile(path, encodeIndex(at, ents), 0o600)
 }

@@ -147,8 +147,9 @@ func (s *FileStore) loadIndex() error {
 
 // checkIndexed returns an error unless every entry of an index is one
 // the store could have written: each file's name parses as the index
-// says and belongs to the entry, and each record belongs to the file it
-// is filed under (as decodeFile checks a record read from its file). An
+// says and belongs to the entry, the first file (which holds the record)
+// wins over the others, and each record belongs to the file it is filed
+// under (as decodeFile checks a record read from its file). An
 // index damaged in a way its checksum does not catch, stale, or copied
 // from another store must never report a record under another key, or in
 // another state, than its file holds.
@@ -162,6 +163,11 @@ func checkIndexed(ents []indexEntry) error {
 			}
 			if !ok || p != f.p || id != ie.id {
 				return fmt.Errorf("%w: %s is not a file of the entry %s", errIndex, f.name, ie.id)
+			}
+		}
+		for _, f := range ie.files[1:] {
+			if !winsOver(ie.files[0], f) {
+				return fmt.Errorf("%w: %s is listed after %s, which it wins over", errIndex, f.name, ie.files[0].name)
 			}
 		}
 		if ie.rec != nil {

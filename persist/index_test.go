@@ -350,7 +350,16 @@ func TestIndexRecordMustMatchItsFile(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, unresolved := indexStore(t)
-			require.NoError(t, persist.EditIndex(dir, edit))
+			require.NoError(t, persist.EditIndex(dir, func(ents []*persist.IndexEntry) {
+				recs := map[string]*persist.Record{}
+				for _, ie := range ents {
+					recs[ie.ID] = ie.Rec
+				}
+				edit(recs)
+				for _, ie := range ents {
+					ie.Rec = recs[ie.ID]
+				}
+			}))
 			s := openFile(t, dir, nil)
 			assert.False(t, s.FromIndex(), "an index whose record does not belong to its file is not used")
 			for _, want := range unresolved {
@@ -578,4 +587,53 @@ func TestIndexListingEndsBeforeClose(t *testing.T) {
 		defer l.mu.Unlock()
 		assert.Empty(t, l.late, "calls after Close returned")
 	})
+}
+
+// TestIndexFilesInTheirOrder: of two files of a key, left by a save cut
+// short, the resolved one holds the record. An index that lists them the
+// other way round, with the older version's record, is not used: the key
+// reports its resolved record, not the older unresolved one.
+func TestIndexFilesInTheirOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, unresolved := indexStore(t)
+
+	// u-1's resolved version, next to its unresolved file, as a save cut
+	// short between its rename and the removal of the old file leaves it.
+	other := newDir(t)
+	o, err := persist.OpenDir(other, nil)
+	require.NoError(t, err)
+	done := unresolved[0].Clone()
+	done.State, done.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201, Body: []byte("{}")}
+	require.NoError(t, o.Save(ctx, done))
+	require.NoError(t, o.Close())
+	name := persist.ResolvedFileName("u-1", recName)
+	data, err := os.ReadFile(filepath.Join(other, name))
+	require.NoError(t, err)
+	write(t, filepath.Join(dir, name), data)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	got, err := s.Get(ctx, "u-1")
+	require.NoError(t, err)
+	require.Equal(t, persist.StateSucceeded, got.State)
+	require.NoError(t, s.Close())
+
+	require.NoError(t, persist.EditIndex(dir, func(ents []*persist.IndexEntry) {
+		for _, ie := range ents {
+			if ie.ID == persist.Stem("u-1") {
+				require.Len(t, ie.Files, 2)
+				slices.Reverse(ie.Files)
+				ie.Rec = unresolved[0].Clone()
+				ie.Rec.Version = persist.FormatVersion
+			}
+		}
+	}))
+	s = openFile(t, dir, nil)
+	assert.False(t, s.FromIndex())
+	got, err = s.Get(ctx, "u-1")
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, got.State, "the resolved file holds the record")
+	list, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"u-2", "u-3"}, keys(list))
 }
