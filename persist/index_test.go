@@ -345,21 +345,37 @@ func TestIndexRecordMustMatchItsFile(t *testing.T) {
 			recs[persist.Stem("u-1")].Name = "refund:1"
 		},
 	}
+	entryEdits := map[string]func(ents []*persist.IndexEntry){
+		// Files and records together under another key's id.
+		"entries swapped": func(ents []*persist.IndexEntry) {
+			for _, ie := range ents {
+				switch ie.ID {
+				case persist.Stem("u-1"):
+					ie.ID = persist.Stem("u-2")
+				case persist.Stem("u-2"):
+					ie.ID = persist.Stem("u-1")
+				}
+			}
+		},
+	}
 	for name, edit := range edits {
+		entryEdits[name] = func(ents []*persist.IndexEntry) {
+			recs := map[string]*persist.Record{}
+			for _, ie := range ents {
+				recs[ie.ID] = ie.Rec
+			}
+			edit(recs)
+			for _, ie := range ents {
+				ie.Rec = recs[ie.ID]
+			}
+		}
+	}
+	for name, edit := range entryEdits {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, unresolved := indexStore(t)
-			require.NoError(t, persist.EditIndex(dir, func(ents []*persist.IndexEntry) {
-				recs := map[string]*persist.Record{}
-				for _, ie := range ents {
-					recs[ie.ID] = ie.Rec
-				}
-				edit(recs)
-				for _, ie := range ents {
-					ie.Rec = recs[ie.ID]
-				}
-			}))
+			require.NoError(t, persist.EditIndex(dir, edit))
 			s := openFile(t, dir, nil)
 			assert.False(t, s.FromIndex(), "an index whose record does not belong to its file is not used")
 			for _, want := range unresolved {
