@@ -177,7 +177,9 @@ truth, and the index is used only when it provably describes them.
     the index unusable.
   - Every record in the index must belong to the file it is filed under,
     as a record read from its file must (its key, state and action, see
-    File layout), and every file name to its entry: an index damaged in
+    File layout), every file name to its entry, and the file listed
+    first for a key must be the one that holds its record (see
+    Durability): an index damaged in
     a way its checksum does not catch, stale, or copied from another
     store is not used, and never reports a record under another key.
   - An index that is missing, damaged (checksum), of another version or
