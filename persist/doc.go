@@ -179,9 +179,9 @@ truth, and the index is used only when it provably describes them.
     as a record read from its file must (its key, state and action, see
     File layout), every file name to its entry, and the file listed
     first for a key must be the one that holds its record (see
-    Durability): an index damaged in
-    a way its checksum does not catch, stale, or copied from another
-    store is not used, and never reports a record under another key.
+    Durability): an index damaged in a way its checksum does not catch,
+    stale, or copied from another store is not used, and never reports
+    a record under another key, nor an older version.
   - An index that is missing, damaged (checksum), of another version or
     cut short is rebuilt by a full scan; it is never an error of OpenDir.
 
