@@ -196,13 +196,22 @@ func decodeFile(p parsedName, data []byte) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case p.key != "" && r.Key != p.key, p.key == "" && stem(r.Key) != p.id:
-		return nil, fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
-	case r.State.Resolved() != p.resolved:
-		return nil, fmt.Errorf("the state inside (%s) does not belong to this file name", r.State)
-	case p.tag != "" && nameTag(r.Name) != p.tag:
-		return nil, fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)
+	if err := belongs(p, r); err != nil {
+		return nil, err
 	}
 	return r, nil
+}
+
+// belongs returns an error unless r's key, state and name belong to a
+// file whose name parsed as p.
+func belongs(p parsedName, r *Record) error {
+	switch {
+	case p.key != "" && r.Key != p.key, p.key == "" && stem(r.Key) != p.id:
+		return fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
+	case r.State.Resolved() != p.resolved:
+		return fmt.Errorf("the state inside (%s) does not belong to this file name", r.State)
+	case p.tag != "" && nameTag(r.Name) != p.tag:
+		return fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)
+	}
+	return nil
 }

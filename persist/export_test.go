@@ -2,6 +2,9 @@ package persist
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
@@ -57,3 +60,53 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 	}
 	return got, d.err
 }
+
+// IndexEntry is an entry of the index, for EditIndex: its id, its files'
+// names in order and its record.
+type IndexEntry struct {
+	ID    string
+	Files []string
+	Rec   *Record
+}
+
+// EditIndex decodes the index of the store in dir, passes its entries to
+// edit, and writes the index back in place, its stamps as they were: an
+// index damaged, stale or copied in such that its checksum and stamps
+// still hold. edit may change records and reorder or drop files.
+func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
+	path := filepath.Join(dir, indexDir, indexFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	at, ents, d, err := decodeIndexHead(data)
+	if err != nil {
+		return err
+	}
+	if err := d.records(ents); err != nil {
+		return err
+	}
+	var view []*IndexEntry
+	for _, ie := range ents {
+		v := &IndexEntry{ID: ie.id, Rec: ie.rec}
+		for _, f := range ie.files {
+			v.Files = append(v.Files, f.name)
+		}
+		view = append(view, v)
+	}
+	edit(view)
+	for i, v := range view {
+		ie := &ents[i]
+		var files []file
+		var stamps []fsys.Stamp
+		for _, name := range v.Files {
+			j := slices.IndexFunc(ie.files, func(f file) bool { return f.name == name })
+			files, stamps = append(files, ie.files[j]), append(stamps, ie.stamps[j])
+		}
+		ie.id, ie.rec, ie.files, ie.stamps = v.ID, v.Rec, files, stamps
+	}
+	return os.WriteFile(path, encodeIndex(at, ents), 0o600)
+}
+
+// Stem is the id of key's entry in the store and the index.
+var Stem = stem

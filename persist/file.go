@@ -59,8 +59,13 @@ type FileStore struct {
 	// was written or read, -1 if there is none.
 	scanned   bool
 	indexGen  int64
-	fromIndex bool           // OpenDir read the index
-	inflight  sync.WaitGroup // methods that write, waited for by Close
+	fromIndex bool // OpenDir read the index
+	// listing is closed when the listing of the directory that an
+	// OpenDir from the index starts in the background ends; nil when
+	// none runs. Every write waits for it (see complete), and Close too,
+	// as it is counted in inflight.
+	listing  chan struct{}
+	inflight sync.WaitGroup // methods that write, waited for by Close
 	// deferred are the saves of SaveDeferred whose directory sync is to
 	// come; flushing is set while a flush runs; flushErr is why the last
 	// one failed.
@@ -179,7 +184,12 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 		s.opts = *opts
 	}
 	if err := s.loadIndex(); err == nil {
+		// The writes need every entry of the directory: listed now,
+		// after OpenDir returns, rather than by the first of them.
 		s.fromIndex = true
+		s.listing = make(chan struct{})
+		s.inflight.Add(1)
+		go s.listInBackground()
 		return s, nil
 	}
 	s.entries = nil
@@ -225,12 +235,52 @@ func (s *FileStore) createTemp() (f fsys.File, err error) {
 }
 
 // complete makes entries hold every entry of the directory, scanning it
-// if OpenDir read the index instead. s.mu must be held.
+// if OpenDir read the index instead: it waits for the listing OpenDir
+// started in the background, and lists the directory itself if that
+// failed. s.mu must be held; it is released while complete waits. It
+// returns an error matching ErrClosed if the store was closed meanwhile
+// (only a Get or List can be: Close waits for the writes).
 func (s *FileStore) complete() error {
-	if s.scanned {
-		return nil
+	for !s.scanned {
+		if s.listing == nil {
+			return s.scan()
+		}
+		ch := s.listing
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+		if s.entries == nil {
+			return fmt.Errorf("%w: %s", ErrClosed, s.dir)
+		}
 	}
-	return s.scan()
+	return nil
+}
+
+// listInBackground lists the directory for an OpenDir from the index,
+// unless the store is closed first. It runs before any write of the
+// store (they wait for it), so what it lists stays true until it has
+// merged it into entries, and it is counted in inflight, so that it
+// ends before Close does: nothing of it touches the directory after
+// Close returns. A failure leaves entries as they are, and the next
+// write lists the directory itself.
+func (s *FileStore) listInBackground() {
+	defer s.inflight.Done()
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	s.removeIndexTemps()
+	var l *listing
+	var err error
+	if !closed {
+		l, err = s.list()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l != nil && err == nil {
+		s.merge(l)
+	}
+	close(s.listing)
+	s.listing = nil
 }
 
 // mkdirAll creates dir and any missing parent with mode 0700, and syncs the
@@ -262,18 +312,38 @@ func mkdirAll(fsy fsys.FS, dir string) error {
 // scan reads the directory, and the file of every record that may be
 // unresolved and is not in entries already with the same files (read from
 // the index); the files of resolved records are read when asked for. It
-// removes the temporary files a crash left: they were never renamed, so
-// they were never a saved record, and no other store can be writing them
-// while we hold the lock and no save of this one has begun (every write
-// calls complete first). Run by OpenDir, or under s.mu.
+// removes the temporary files a crash left (see list). Run by OpenDir,
+// or under s.mu.
 func (s *FileStore) scan() error {
+	s.removeIndexTemps()
+	l, err := s.list()
+	if err != nil {
+		return err
+	}
+	s.merge(l)
+	return nil
+}
+
+// listing is what list found in the directory: its record files by
+// entry, each entry's files in winsOver order, and the entries' ids in
+// the order found.
+type listing struct {
+	entries map[string]*entry
+	ids     []string
+}
+
+// list lists the directory's record files, and removes the temporary
+// files a crash left: they were never renamed, so they were never a saved
+// record, and no other store can be writing them while we hold the lock
+// and no write of this one has begun (every write calls complete first,
+// which waits for a listing in the background). It needs no lock: it
+// reads nothing of s that changes.
+func (s *FileStore) list() (*listing, error) {
 	des, err := s.fs.ReadDir(s.dir)
 	if err != nil {
-		return fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
+		return nil, fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
 	}
-	known := s.entries
-	s.entries = make(map[string]*entry, len(des))
-	var ids []string
+	l := &listing{entries: make(map[string]*entry, len(des))}
 	for _, de := range des {
 		name := de.Name()
 		if strings.HasPrefix(name, tempPrefix) {
@@ -288,32 +358,62 @@ func (s *FileStore) scan() error {
 		if id == "" {
 			id = "?" + name
 		}
-		e := s.entries[id]
+		e := l.entries[id]
 		if e == nil {
 			e = &entry{}
-			s.entries[id] = e
-			ids = append(ids, id)
+			l.entries[id] = e
+			l.ids = append(l.ids, id)
 		}
 		e.files = append(e.files, file{name: name, p: p, mode: de.Type()})
 	}
-	for _, id := range ids {
-		e := s.entries[id]
-		slices.SortFunc(e.files, func(a, b file) int {
+	for _, id := range l.ids {
+		slices.SortFunc(l.entries[id].files, func(a, b file) int {
 			if winsOver(a, b) {
 				return -1
 			}
 			return 1
 		})
+	}
+	return l, nil
+}
+
+// removeIndexTemps removes the temporary files of index writes cut
+// short, at every OpenDir (in the background after one from the index):
+// no index is written until entries are complete, after it. Each
+// interrupted write leaves one file and each open removes them all, so
+// they never pile up; a failure costs nothing but the space until the
+// next open.
+func (s *FileStore) removeIndexTemps() {
+	dir := filepath.Join(s.dir, indexDir)
+	des, err := s.fs.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, de := range des {
+		if strings.HasPrefix(de.Name(), tempPrefix) {
+			_ = s.fs.Remove(filepath.Join(dir, de.Name()))
+		}
+	}
+}
+
+// merge makes entries those of l, keeping the entries already known with
+// the same files (read from the index) and reading the files of the
+// others that may hold an unresolved record. Run by OpenDir, or under
+// s.mu.
+func (s *FileStore) merge(l *listing) {
+	known := s.entries
+	for _, id := range l.ids {
+		e := l.entries[id]
 		if k := known[id]; k != nil && slices.EqualFunc(k.files, e.files, func(a, b file) bool { return a.name == b.name }) {
-			s.entries[id] = k
+			l.entries[id] = k
 			continue
 		}
 		if e.mayHold(Filter{Unresolved: true}, "") {
 			s.read(e)
 		}
 	}
+	s.entries = l.entries
 	s.scanned = true
-	return nil
 }
 
 // read reads e's record from its file, once.

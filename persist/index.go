@@ -102,6 +102,9 @@ func (s *FileStore) loadIndex() error {
 		ch <- stamped{st, err}
 	}()
 	err = d.records(ents)
+	if err == nil {
+		err = checkIndexed(ents)
+	}
 	got := <-ch
 	if err != nil {
 		return err
@@ -138,6 +141,40 @@ func (s *FileStore) loadIndex() error {
 	s.entries = entries
 	for _, e := range reread {
 		s.read(e)
+	}
+	return nil
+}
+
+// checkIndexed returns an error unless every entry of an index is one
+// the store could have written: each file's name parses as the index
+// says and belongs to the entry, the first file (which holds the record)
+// wins over the others, and each record belongs to the file it is filed
+// under (as decodeFile checks a record read from its file). An
+// index damaged in a way its checksum does not catch, stale, or copied
+// from another store must never report a record under another key, or in
+// another state, than its file holds.
+func checkIndexed(ents []indexEntry) error {
+	for _, ie := range ents {
+		for _, f := range ie.files {
+			p, ok := parseName(f.name)
+			id := p.id
+			if id == "" {
+				id = "?" + f.name
+			}
+			if !ok || p != f.p || id != ie.id {
+				return fmt.Errorf("%w: %s is not a file of the entry %s", errIndex, f.name, ie.id)
+			}
+		}
+		for _, f := range ie.files[1:] {
+			if !winsOver(ie.files[0], f) {
+				return fmt.Errorf("%w: %s is listed after %s, which it wins over", errIndex, f.name, ie.files[0].name)
+			}
+		}
+		if ie.rec != nil {
+			if err := belongs(ie.files[0].p, ie.rec); err != nil {
+				return fmt.Errorf("%w: %s: %w", errIndex, ie.files[0].name, err)
+			}
+		}
 	}
 	return nil
 }

@@ -2,13 +2,19 @@ package persist_test
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -318,4 +324,332 @@ func TestIndexFileChangedWhileOpen(t *testing.T) {
 	ces := persist.CorruptErrors(err)
 	require.Len(t, ces, 1, "%v", err)
 	assert.Equal(t, path, ces[0].Path)
+}
+
+// TestIndexRecordMustMatchItsFile: an index whose records are filed under
+// other keys' entries (damaged, stale, or copied from another store) with
+// its checksum and stamps intact is not used: no key reports another
+// key's record, and the store is listed from its files.
+func TestIndexRecordMustMatchItsFile(t *testing.T) {
+	t.Parallel()
+	edits := map[string]func(recs map[string]*persist.Record){
+		"swapped": func(recs map[string]*persist.Record) {
+			a, b := persist.Stem("u-1"), persist.Stem("u-2")
+			recs[a], recs[b] = recs[b], recs[a]
+		},
+		"resolved inside": func(recs map[string]*persist.Record) {
+			r := recs[persist.Stem("u-1")]
+			r.State, r.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+		},
+		"another action": func(recs map[string]*persist.Record) {
+			recs[persist.Stem("u-1")].Name = "refund:1"
+		},
+	}
+	entryEdits := map[string]func(ents []*persist.IndexEntry){
+		// Files and records together under another key's id.
+		"entries swapped": func(ents []*persist.IndexEntry) {
+			for _, ie := range ents {
+				switch ie.ID {
+				case persist.Stem("u-1"):
+					ie.ID = persist.Stem("u-2")
+				case persist.Stem("u-2"):
+					ie.ID = persist.Stem("u-1")
+				}
+			}
+		},
+	}
+	for name, edit := range edits {
+		entryEdits[name] = func(ents []*persist.IndexEntry) {
+			recs := map[string]*persist.Record{}
+			for _, ie := range ents {
+				recs[ie.ID] = ie.Rec
+			}
+			edit(recs)
+			for _, ie := range ents {
+				ie.Rec = recs[ie.ID]
+			}
+		}
+	}
+	for name, edit := range entryEdits {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, unresolved := indexStore(t)
+			require.NoError(t, persist.EditIndex(dir, edit))
+			s := openFile(t, dir, nil)
+			assert.False(t, s.FromIndex(), "an index whose record does not belong to its file is not used")
+			for _, want := range unresolved {
+				got, err := s.Get(ctx, want.Key)
+				require.NoError(t, err)
+				persisttest.AssertRecord(t, want, got)
+			}
+			got, err := s.List(ctx, persist.Filter{Unresolved: true})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
+		})
+	}
+}
+
+// TestIndexFileSameSizeAndTime: a record file rewritten in place, or
+// replaced by another file, to the same size with its modification time
+// set back (os.Chtimes) is read again, not taken from the index: its
+// change time and, when replaced, its inode differ from the index's stamp.
+func TestIndexFileSameSizeAndTime(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("os.Stat gives no change time on Windows")
+	}
+	for _, how := range []string{"in place", "replaced"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, unresolved := indexStore(t)
+			path := filepath.Join(dir, persist.FileName("u-2", recName))
+			fi, err := os.Stat(path)
+			require.NoError(t, err)
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			// Another valid record of the same size: one digit of the
+			// fingerprint changed.
+			want := unresolved[1].Clone()
+			want.Fingerprint = "0" + want.Fingerprint[1:]
+			require.NotEqual(t, unresolved[1].Fingerprint, want.Fingerprint)
+			edited := []byte(strings.Replace(string(data), unresolved[1].Fingerprint, want.Fingerprint, 1))
+			require.Len(t, edited, len(data))
+			if how == "in place" {
+				f, err := os.OpenFile(path, os.O_WRONLY, 0)
+				require.NoError(t, err)
+				_, err = f.WriteAt(edited, 0)
+				require.NoError(t, err)
+				require.NoError(t, f.Close())
+			} else {
+				tmp := path + ".new"
+				write(t, tmp, edited)
+				require.NoError(t, os.Chtimes(tmp, fi.ModTime(), fi.ModTime()))
+				require.NoError(t, os.Rename(tmp, path))
+			}
+			require.NoError(t, os.Chtimes(path, fi.ModTime(), fi.ModTime()))
+			after, err := os.Stat(path)
+			require.NoError(t, err)
+			require.Equal(t, fi.ModTime(), after.ModTime())
+			require.Equal(t, fi.Size(), after.Size())
+
+			s := openFile(t, dir, nil)
+			got, err := s.Get(ctx, "u-2")
+			require.NoError(t, err)
+			assert.Equal(t, want.Fingerprint, got.Fingerprint, "the record its file holds, not the index's")
+		})
+	}
+}
+
+// TestIndexLeftoverTempRemoved: the temporary file of an index write cut
+// short by a crash is removed once the store has opened, whether it opens
+// from the index or lists the directory; the index itself stays.
+func TestIndexLeftoverTempRemoved(t *testing.T) {
+	t.Parallel()
+	for _, fromIndex := range []bool{true, false} {
+		t.Run(fmt.Sprintf("from index %v", fromIndex), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir, _ := indexStore(t)
+			leftover := filepath.Join(dir, "index", ".tmp-123456")
+			write(t, leftover, []byte("idem-persist-index\n half written"))
+			if !fromIndex {
+				write(t, filepath.Join(dir, "index", "unresolved"), nil)
+			}
+			s, err := persist.OpenDir(dir, nil)
+			require.NoError(t, err)
+			assert.Equal(t, fromIndex, s.FromIndex())
+			got, err := s.List(ctx, persist.Filter{Unresolved: true})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
+			require.NoError(t, s.Close())
+			assert.NoFileExists(t, leftover)
+			assert.FileExists(t, filepath.Join(dir, "index", "unresolved"))
+		})
+	}
+}
+
+// listFS counts the listings of dir and, while gate is set, holds each
+// until gate is closed; it records the calls made after done is closed.
+type listFS struct {
+	fsys.FS
+	dir  string
+	gate chan struct{}
+	done chan struct{}
+
+	mu    sync.Mutex
+	lists int
+	late  []string
+}
+
+func (l *listFS) note(op, p string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.done:
+		l.late = append(l.late, op+" "+p)
+	default:
+	}
+}
+
+func (l *listFS) ReadDir(p string) ([]fs.DirEntry, error) {
+	l.note("readdir", p)
+	if p == l.dir {
+		l.mu.Lock()
+		l.lists++
+		l.mu.Unlock()
+		if l.gate != nil {
+			<-l.gate
+		}
+	}
+	return l.FS.ReadDir(p)
+}
+
+func (l *listFS) Remove(p string) error {
+	l.note("remove", p)
+	return l.FS.Remove(p)
+}
+
+func (l *listFS) Rename(o, n string) error {
+	l.note("rename", n)
+	return l.FS.Rename(o, n)
+}
+
+func (l *listFS) CreateTemp(dir, pattern string) (fsys.File, error) {
+	l.note("create", dir)
+	return l.FS.CreateTemp(dir, pattern)
+}
+
+func (l *listFS) listed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lists
+}
+
+// indexedFS returns a strictfs holding a store, closed with its index
+// written, and the record it holds.
+func indexedFS(t *testing.T) (*strictfs.FS, *persist.Record) {
+	t.Helper()
+	mem := strictfs.New()
+	s, err := persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	r := persisttest.NewRecord("a", t0)
+	require.NoError(t, s.Save(context.Background(), r))
+	// A temporary file a crash left, which the listing at open removes.
+	f, err := mem.CreateTemp(powerDir, ".tmp-*")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, s.Close())
+	return mem, r
+}
+
+// TestIndexListingInBackground: a store opened from its index lists its
+// directory in the background after OpenDir returns, so that the first
+// save, made later, does not wait for it; until then the unresolved
+// records are served from the index.
+func TestIndexListingInBackground(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		mem, r := indexedFS(t)
+		gate := make(chan struct{})
+		l := &listFS{FS: mem, dir: powerDir, gate: gate, done: make(chan struct{})}
+		s, err := persist.OpenDirFS(l, powerDir, nil)
+		require.NoError(t, err)
+		require.True(t, s.FromIndex())
+		synctest.Wait()
+		require.Equal(t, 1, l.listed(), "the listing started after OpenDir returned")
+		got, err := s.List(ctx, persist.Filter{Unresolved: true})
+		require.NoError(t, err, "served from the index while the listing runs")
+		assert.Equal(t, []string{"a"}, keys(got))
+		close(gate)
+		synctest.Wait()
+		require.NoError(t, s.Save(ctx, persisttest.NewRecord("b", t0.Add(time.Second))))
+		assert.Equal(t, 1, l.listed(), "the save listed the directory again")
+		got, err = s.List(ctx, persist.Filter{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"a", "b"}, keys(got))
+		persisttest.AssertRecord(t, r, got[0])
+		require.NoError(t, s.Close())
+	})
+}
+
+// TestIndexListingEndsBeforeClose: Close waits for the listing at open,
+// so that nothing of the store touches the directory after Close returns
+// (another store may have it open by then).
+func TestIndexListingEndsBeforeClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem, _ := indexedFS(t)
+		gate := make(chan struct{})
+		l := &listFS{FS: mem, dir: powerDir, gate: gate, done: make(chan struct{})}
+		s, err := persist.OpenDirFS(l, powerDir, nil)
+		require.NoError(t, err)
+		require.True(t, s.FromIndex())
+		synctest.Wait() // the listing waits at the gate
+		closed := make(chan error)
+		go func() { closed <- s.Close() }()
+		synctest.Wait()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while the listing at open ran", err)
+		default:
+		}
+		close(gate)
+		err = <-closed
+		close(l.done)
+		require.NoError(t, err)
+		synctest.Wait()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		assert.Empty(t, l.late, "calls after Close returned")
+	})
+}
+
+// TestIndexFilesInTheirOrder: of two files of a key, left by a save cut
+// short, the resolved one holds the record. An index that lists them the
+// other way round, with the older version's record, is not used: the key
+// reports its resolved record, not the older unresolved one.
+func TestIndexFilesInTheirOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, unresolved := indexStore(t)
+
+	// u-1's resolved version, next to its unresolved file, as a save cut
+	// short between its rename and the removal of the old file leaves it.
+	other := newDir(t)
+	o, err := persist.OpenDir(other, nil)
+	require.NoError(t, err)
+	done := unresolved[0].Clone()
+	done.State, done.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201, Body: []byte("{}")}
+	require.NoError(t, o.Save(ctx, done))
+	require.NoError(t, o.Close())
+	name := persist.ResolvedFileName("u-1", recName)
+	data, err := os.ReadFile(filepath.Join(other, name))
+	require.NoError(t, err)
+	write(t, filepath.Join(dir, name), data)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	got, err := s.Get(ctx, "u-1")
+	require.NoError(t, err)
+	require.Equal(t, persist.StateSucceeded, got.State)
+	require.NoError(t, s.Close())
+
+	require.NoError(t, persist.EditIndex(dir, func(ents []*persist.IndexEntry) {
+		for _, ie := range ents {
+			if ie.ID == persist.Stem("u-1") {
+				require.Len(t, ie.Files, 2)
+				slices.Reverse(ie.Files)
+				ie.Rec = unresolved[0].Clone()
+				ie.Rec.Version = persist.FormatVersion
+			}
+		}
+	}))
+	s = openFile(t, dir, nil)
+	assert.False(t, s.FromIndex())
+	got, err = s.Get(ctx, "u-1")
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, got.State, "the resolved file holds the record")
+	list, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"u-2", "u-3"}, keys(list))
 }

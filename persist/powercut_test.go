@@ -211,6 +211,16 @@ func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (strin
 		if err := r.verify(); err != nil {
 			return "", r.fail(cut, err)
 		}
+		// verify opened the store and closed it: no temporary file of
+		// a save or an index write cut short is left.
+		for _, d := range []string{powerDir, powerDir + "/index"} {
+			des, _ := r.mem.ReadDir(d)
+			for _, de := range des {
+				if strings.HasPrefix(de.Name(), ".tmp-") {
+					return "", r.fail(cut, fmt.Errorf("%s/%s was left after a reopen", d, de.Name()))
+				}
+			}
+		}
 	}
 	return strings.Join(r.log, "\n") + "\n" + r.mem.String(), nil
 }

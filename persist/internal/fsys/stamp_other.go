@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !(darwin || dragonfly || freebsd || linux || netbsd || openbsd)
 
 package fsys
 
@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 )
 
-// Stamp uses the modification time as the change time: package os gives
-// no other portably.
+// Stamp uses the modification time as the change time, and no inode:
+// package os gives no other portably (on Windows, the change time is not
+// in the attributes os.Stat reads). A file rewritten in place whose
+// modification time is set back, to the same size, is not seen to change.
 func (OS) Stamp(path string) (Stamp, error) {
 	fi, err := os.Lstat(path)
 	if err != nil {

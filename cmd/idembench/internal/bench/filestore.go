@@ -48,10 +48,12 @@ type OpenReport struct {
 	Open    time.Duration // OpenDir from the index: lock, read the index, stamp the unresolved files
 	List    time.Duration // List of the unresolved records
 	// Scan is the first operation that needs every record (a Get of an
-	// absent key): it lists the directory.
+	// absent key): it waits for what is left of the listing of the
+	// directory that OpenDir started in the background.
 	Scan time.Duration
 	// HeapOpen and HeapScan are the live heap the open store holds, per
-	// intent stored, after Open+List and after Scan.
+	// intent stored, after Open+List (with the listing in the background
+	// perhaps under way) and after Scan.
 	HeapOpen, HeapScan float64
 }
 

@@ -1,3 +1,5 @@
+//go:build darwin || dragonfly || freebsd || linux || netbsd || openbsd
+
 package fsys
 
 import (
@@ -60,6 +62,13 @@ func stampRange(fd int, names []string, out []Stamp) error {
 	return nil
 }
 
+// stampOf takes the change time (ctime) and the inode number as well as
+// the modification time and the size: a file rewritten in place and its
+// modification time set back (os.Chtimes), or replaced by another file of
+// the same size and time, keeps those two, never its ctime, which no
+// program can set, nor (when replaced) its inode. These systems (Android
+// and iOS included, as linux and darwin) all name the fields Mtim and Ctim
+// in golang.org/x/sys/unix.
 func stampOf(st *unix.Stat_t) Stamp {
 	return Stamp{Ino: st.Ino, Size: st.Size, Mod: st.Mtim.Nano(), Change: st.Ctim.Nano()}
 }
