@@ -128,6 +128,9 @@ func TestAnswerHeaderFieldsCountAgainstTheLimit(t *testing.T) {
 	assert.True(t, resp.Oversized)
 	assert.Equal(t, []string{"Content-Type"}, slices.Sorted(maps.Keys(resp.Header)), "only the stored fields")
 	assert.Equal(t, persist.StateSucceeded, in.State())
+	// Closed first: its background work (the listing after open, the
+	// removal of a key's older files) then no longer changes dir.
+	require.NoError(t, store.Close())
 	n := storedBytes(t, dir)
 	t.Logf("stored for an answer of 10,000 header fields of 900 bytes: %d bytes", n)
 	assert.Less(t, n, int64(4096))
@@ -163,7 +166,10 @@ func TestOnlyTheNeededAndNamedHeaderFieldsAreStored(t *testing.T) {
 		"Location":     {"/payments/pay_1"},
 		"X-Request-Id": {"req-7"},
 	}, rec.Response.Header)
-	// Every file of the store, its index included.
+	// Every file of the store, its index included, once the store is
+	// closed: its background work then no longer changes dir, and Close
+	// has written the index.
+	require.NoError(t, store.Close())
 	err = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
 		if err != nil || e.IsDir() {
 			return err
