@@ -220,5 +220,19 @@ func TestMutants(t *testing.T) {
 			Replace: "unsent: unsent, redirected: false,",
 			Pkg:     root, Run: "^TestARedirectToAnotherURLIsRememberedAcrossARestart$",
 		},
+		{
+			Name: "credential-name-joined-otherwise", File: "validate.go",
+			Note:    "a credential's field name joined with an underscore or a dot (X-Api_Key) may be stored on the device",
+			Anchor:  "if r == '-' || r == '_' || r == '.' {",
+			Replace: "if r == '-' {",
+			Pkg:     root, Run: "^TestServerStoredHeadersRefusesCredentialsSpelledAnyWay$",
+		},
+		{
+			Name: "largest-limit-reads-nothing", File: "response.go",
+			Note:    "a MaxResponseBytes of math.MaxInt64 wraps the read bound to nothing: the lookup's body is lost",
+			Anchor:  "\tif bound < math.MaxInt64 {\n",
+			Replace: "\tif true {\n",
+			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsTheLookupsBody$",
+		},
 	})
 }

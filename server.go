@@ -69,8 +69,9 @@ type Server struct {
 	// read from the store only the kept ones. New refuses a name that is
 	// not a field name, and one that carries credentials or session
 	// state: a name with cookie, auth, token, secret, password, session,
-	// api-key, credential or csrf in it (Set-Cookie, Authorization,
-	// X-Auth-Token, ...).
+	// api-key, credential or csrf in it, its words joined by hyphens,
+	// underscores, dots or nothing (Set-Cookie, Authorization,
+	// X-Auth-Token, X-Api_Key, ...).
 	StoredHeaders []string
 
 	// KeyReusedAnswer recognises how the server says that a key was used

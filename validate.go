@@ -105,9 +105,11 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 
 // credentialHeaders are header fields that carry credentials or session
 // state, which Server.StoredHeaders may not name to keep on the device: the
-// words are matched anywhere in the lower-case name.
-var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "api-key", "apikey", "credential", "csrf", "xsrf",
-	"jwt", "oidc", "saml", "assertion", "bearer", "access-key", "private-key"}
+// words are matched anywhere in the lower-case name with its hyphens,
+// underscores and dots left out, so X-Api_Key and api.key are refused as
+// X-Api-Key is.
+var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "apikey", "credential", "csrf", "xsrf",
+	"jwt", "oidc", "saml", "assertion", "bearer", "accesskey", "privatekey"}
 
 // checkStoredHeader refuses a name Server.StoredHeaders may not hold: one
 // that is not a header field name, or one that carries credentials.
@@ -115,9 +117,14 @@ func checkStoredHeader(name string) error {
 	if !validFieldName(name) {
 		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: not a header field name", name)
 	}
-	lower := strings.ToLower(name)
+	joined := strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r == '.' {
+			return -1
+		}
+		return r
+	}, strings.ToLower(name))
 	for _, w := range credentialHeaders {
-		if strings.Contains(lower, w) {
+		if strings.Contains(joined, w) {
 			return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
 		}
 	}
