@@ -234,5 +234,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\tif true {\n",
 			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsTheLookupsBody$",
 		},
+		{
+			Name: "expiry-unsaved-after-cancel", File: "do.go",
+			Note:    "an intent found expired by a call whose context ended is reported canceled and stays pending",
+			Anchor:  "c.save(context.WithoutCancel(ctx), in, rec, \"record expiry\")",
+			Replace: "c.save(ctx, in, rec, \"record expiry\")",
+			Pkg:     root, Run: "^TestExpiryIsSavedAfterACancel$",
+		},
 	})
 }
