@@ -117,6 +117,15 @@ func checkStoredHeader(name string) error {
 	if !validFieldName(name) {
 		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: not a header field name", name)
 	}
+	if w := credentialWord(name); w != "" {
+		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+	}
+	return nil
+}
+
+// credentialWord returns the word of credentialHeaders that name holds,
+// in any case and with its hyphens, underscores and dots left out, or "".
+func credentialWord(name string) string {
 	joined := strings.Map(func(r rune) rune {
 		if r == '-' || r == '_' || r == '.' {
 			return -1
@@ -125,10 +134,10 @@ func checkStoredHeader(name string) error {
 	}, strings.ToLower(name))
 	for _, w := range credentialHeaders {
 		if strings.Contains(joined, w) {
-			return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+			return w
 		}
 	}
-	return nil
+	return ""
 }
 
 // validFieldName reports a header field name: a non-empty RFC 9110 token.
