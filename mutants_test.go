@@ -241,5 +241,19 @@ func TestMutants(t *testing.T) {
 			Replace: "c.save(ctx, in, rec, \"record expiry\")",
 			Pkg:     root, Run: "^TestExpiryIsSavedAfterACancel$",
 		},
+		{
+			Name: "lookup-query-unchecked", File: "server.go",
+			Note:    "a LookupQuery that is not a parameter's name (\"idempotency_key=\", \"?k\") is accepted, and every lookup misses",
+			Anchor:  "if err := checkLookupQuery(s.LookupQuery); err != nil {",
+			Replace: "if err := error(nil); err != nil {",
+			Pkg:     root, Run: "^TestServerLookupQueryMustBeAParameterName$",
+		},
+		{
+			Name: "replaced-server-still-refused", File: "server.go",
+			Note:    "what an earlier WithServer got wrong is refused after a later one replaced it",
+			Anchor:  "\t\tc.lookupInvalid = nil\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestALaterWithServerReplacesAnEarlierOneWhole$",
+		},
 	})
 }

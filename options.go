@@ -43,6 +43,8 @@ type config struct {
 	retryBudget RetryBudget  // the client-wide retry budget (WithRetryBudget)
 	settles     settleConfig // SettleAll's (WithSettleConcurrency, WithSettleProgress)
 	invalid     []error      // what the options got wrong (see validate)
+	// lookupInvalid is what the last WithServer got wrong in its lookup.
+	lookupInvalid []error
 }
 
 // newConfig applies opts in order, refuses every value out of range, and
@@ -86,7 +88,7 @@ func newConfig(opts []Option) (config, error) {
 	}
 	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.settles.workers = cmp.Or(c.settles.workers, defaultSettleConcurrency)
-	c.invalid = nil
+	c.invalid, c.lookupInvalid = nil, nil
 	return c, nil
 }
 

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -25,7 +26,9 @@ type Server struct {
 	// names: for an intent that POSTs to https://api.example/payments,
 	// LookupQuery "idempotency_key" asks
 	// GET https://api.example/payments?idempotency_key=K, as the contract
-	// does. New refuses a Server with both Lookup and LookupQuery.
+	// does. New refuses a Server with both Lookup and LookupQuery, and a
+	// LookupQuery that is not a parameter's name: one with a space, a
+	// control character, =, &, ? or # in it.
 	LookupQuery string
 
 	// QuotedKey sends the key as an RFC 8941 sf-string ("..."), as the
@@ -103,9 +106,14 @@ type Server struct {
 func WithServer(s Server) Option {
 	return func(c *config) {
 		c.lookup = s.Lookup
+		// What an earlier WithServer got wrong went with it.
+		c.lookupInvalid = nil
 		if s.LookupQuery != "" {
 			if s.Lookup != nil {
-				c.refuse("WithServer: Server.Lookup and Server.LookupQuery are both set: give one")
+				c.lookupInvalid = append(c.lookupInvalid, errors.New("idem: WithServer: Server.Lookup and Server.LookupQuery are both set: give one"))
+			}
+			if err := checkLookupQuery(s.LookupQuery); err != nil {
+				c.lookupInvalid = append(c.lookupInvalid, err)
 			}
 			c.lookup = lookupQuery(s.LookupQuery)
 		}

@@ -57,3 +57,42 @@ func TestServerMaxResponseBytesAtItsLargestKeepsTheLookupsBody(t *testing.T) {
 	require.NotNil(t, stored)
 	assert.Equal(t, 1500, decodePayment(t, stored.Body).Amount, "and kept whole")
 }
+
+// LookupQuery names a query parameter; what is not a name (a query
+// written out, a blank, a space or a separator in it) is refused by New,
+// rather than found out when every lookup misses and no intent settles.
+func TestServerLookupQueryMustBeAParameterName(t *testing.T) {
+	t.Parallel()
+	for _, q := range []string{"idempotency_key=", "?idempotency_key", "idempotency_key=K", "a&b", "key#", "idempotency key", " idempotency_key", "\tk", "k\n"} {
+		c, err := idem.New(idem.WithServer(idem.Server{LookupQuery: q}))
+		require.Error(t, err, "%q", q)
+		assert.Nil(t, c)
+		assert.Contains(t, err.Error(), "Server.LookupQuery", "%q", q)
+	}
+	for _, q := range []string{"idempotency_key", "Idempotency-Key", "filter[key]", "k"} {
+		_, err := idem.New(idem.WithServer(idem.Server{LookupQuery: q}))
+		assert.NoError(t, err, q)
+	}
+}
+
+// A later WithServer replaces an earlier one whole: what New would have
+// refused in the earlier one is gone with it, and what the later one gets
+// wrong is refused.
+func TestALaterWithServerReplacesAnEarlierOneWhole(t *testing.T) {
+	t.Parallel()
+	both := idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		idem.WithServer(both), idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	in := e.newIntent(t, "checkout:replaced", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, in.State(), "the later Server's lookup")
+
+	_, err = idem.New(idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}), idem.WithServer(both))
+	require.ErrorContains(t, err, "Server.Lookup and Server.LookupQuery are both set")
+	_, err = idem.New(idem.WithServer(idem.Server{ReconcileDelay: -1}), idem.WithServer(idem.Server{}))
+	require.NoError(t, err, "the negative delay was replaced")
+}

@@ -38,7 +38,7 @@ func isNil(v any) bool {
 // validate reports, in one error, everything the options of New got wrong,
 // before any default replaces a value.
 func (c *config) validate() error {
-	errs := c.invalid
+	errs := append(c.invalid, c.lookupInvalid...)
 	if err := c.policy.validate("WithRetryPolicy"); err != nil {
 		errs = append(errs, err)
 	}
@@ -138,6 +138,19 @@ func credentialWord(name string) string {
 		}
 	}
 	return ""
+}
+
+// checkLookupQuery refuses a Server.LookupQuery that is not a query
+// parameter's name: a query written out ("idempotency_key=", "?k"), or a
+// name with a space or a control character in it, which no lookup of the
+// server would find.
+func checkLookupQuery(name string) error {
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f || strings.ContainsRune("=&?#", r) {
+			return fmt.Errorf("idem: WithServer: Server.LookupQuery is %q: give the name of the query parameter alone, such as \"idempotency_key\"", name)
+		}
+	}
+	return nil
 }
 
 // validFieldName reports a header field name: a non-empty RFC 9110 token.
