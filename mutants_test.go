@@ -255,5 +255,12 @@ func TestMutants(t *testing.T) {
 			Replace: "",
 			Pkg:     root, Run: "^TestALaterWithServerReplacesAnEarlierOneWhole$",
 		},
+		{
+			Name: "mobile-millis-wrap", File: "mobile/config.go",
+			Note:    "a Config's milliseconds past a time.Duration are taken, and wrap around (a budget of Long.MAX_VALUE, a retention of centuries)",
+			Anchor:  "\t\tcase *f.v > f.max:\n",
+			Replace: "\t\tcase false:\n",
+			Pkg:     "./mobile", Run: "^TestOpenRefusesABadConfig$",
+		},
 	})
 }
