@@ -357,6 +357,7 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 		"background budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", BackgroundBudgetMillis: math.MaxInt64},
 		// 2^64 ns and a day: it wraps around to a retention of a day.
 		"retention past a duration": {StateDir: dir, BaseURL: "https://api.example.com", RetentionMillis: 18_446_744_073_709 + 24*60*60*1000},
+		"attempts past an int32":    {StateDir: dir, BaseURL: "https://api.example.com", MaxAttempts: math.MaxInt32 + 1},
 	} {
 		_, err := Open(cfg)
 		require.Error(t, err, name)

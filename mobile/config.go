@@ -10,7 +10,8 @@ import (
 
 // Config says where a Client keeps its state and whom it talks to. Make
 // one with NewConfig and change its fields before Open. Durations are in
-// milliseconds.
+// milliseconds; Open refuses a negative one, and one above about 292 years
+// (what a duration holds).
 type Config struct {
 	// StateDir is the directory the intents are kept in: the app's private
 	// files directory (Android: Context.getFilesDir() + "/idem"; iOS:
