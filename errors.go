@@ -135,8 +135,10 @@ type RetryError struct {
 	// false): an answer the server marks Idempotent-Replayed is final,
 	// whatever its status, and ends the call as such.
 	LastResponse *Response
-	// Err is the last attempt's error (network error, the context's error),
-	// or nil when the last attempt got a response.
+	// Err is the last attempt's error (network error, the context's error;
+	// for an attempt that RetryPolicy.MaxElapsed cut short, an error that
+	// says so and does not match context.DeadlineExceeded), or nil when
+	// the last attempt got a response.
 	Err error
 
 	// neverReached: Err proves that no request of the call reached the

@@ -231,7 +231,7 @@ func TestMutants(t *testing.T) {
 			Name: "largest-limit-reads-nothing", File: "response.go",
 			Note:    "a MaxResponseBytes of math.MaxInt64 wraps the read bound to nothing: the lookup's body is lost",
 			Anchor:  "\tif bound < math.MaxInt64 {\n",
-			Replace: "\tif true {\n",
+			Replace: "\tif bound < math.MaxInt64 || true {\n",
 			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsTheLookupsBody$",
 		},
 		{
@@ -261,6 +261,20 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\t\tcase *f.v > f.max:\n",
 			Replace: "\t\tcase false:\n",
 			Pkg:     "./mobile", Run: "^TestOpenRefusesABadConfig$",
+		},
+		{
+			Name: "budget-cut-as-deadline", File: "call.go",
+			Note:    "an attempt that MaxElapsed cut short leaves a *RetryError that matches context.DeadlineExceeded, as if the caller's deadline ended the call",
+			Anchor:  "st.last, st.lastErr, st.stopped = nil, &budgetSpent{err: err}, st.cut",
+			Replace: "st.last, st.lastErr, st.stopped = nil, err, st.cut",
+			Pkg:     root, Run: "^TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer$",
+		},
+		{
+			Name: "lookup-budget-as-deadline", File: "reconcile.go",
+			Note:    "a lookup that MaxElapsed cut short matches context.DeadlineExceeded, as if the caller's deadline ended it",
+			Anchor:  "\t\t\treturn &budgetSpent{err: err}\n",
+			Replace: "\t\t\treturn err\n",
+			Pkg:     root, Run: "^TestReconcileLookupIsBoundedByMaxElapsed$",
 		},
 	})
 }

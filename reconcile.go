@@ -108,8 +108,17 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 
 	// The lookup is one request: RetryPolicy.MaxElapsed bounds it, in real
 	// time, whatever the http.Client's Timeout.
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.policyFor(ctx).MaxElapsed)
 	defer cancel()
+	// An error of the lookup's own limit is the budget's, not the
+	// caller's deadline.
+	cut := func(err error) error {
+		if ctx.Err() != nil && parent.Err() == nil {
+			return &budgetSpent{err: err}
+		}
+		return err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
@@ -128,11 +137,11 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	lookup.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	resp, err := lookup.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, err)
+		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
 	body, err := readBody(resp.Body, c.maxBody)
 	if err != nil {
-		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, err)
+		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
 	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}
 	now := c.clock.Now()
