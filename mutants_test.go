@@ -276,5 +276,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\t\treturn err\n",
 			Pkg:     root, Run: "^TestReconcileLookupIsBoundedByMaxElapsed$",
 		},
+		{
+			Name: "cancel-never-spent", File: "mobile/cancel.go",
+			Note:    "a Cancel that stopped one call stops every later call it is passed to",
+			Anchor:  "c.stop, c.canceled = nil, false",
+			Replace: "c.stop = nil",
+			Pkg:     "./mobile", Run: "^TestACancelIsSpentByTheCallItStopped$",
+		},
 	})
 }
