@@ -283,5 +283,12 @@ func TestMutants(t *testing.T) {
 			Replace: "c.stop = nil",
 			Pkg:     "./mobile", Run: "^TestACancelIsSpentByTheCallItStopped$",
 		},
+		{
+			Name: "oversized-lookup-never-settles", File: "reconcile.go",
+			Note:    "a lookup's answer over MaxResponseBytes leaves the outcome unknown, and asking again gets the same answer",
+			Anchor:  "readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {",
+			Replace: "readBody(resp.Body, limit); false {",
+			Pkg:     root, Run: "^TestALookupAnswerOverTheLimitSettlesTheIntentWithoutItsBody$",
+		},
 	})
 }

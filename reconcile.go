@@ -139,11 +139,20 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	if err != nil {
 		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
-	body, err := readBody(resp.Body, c.maxBody)
-	if err != nil {
+	// An answer over Server.MaxResponseBytes, header fields included, is
+	// the server's word all the same, as a send's final answer is: its
+	// status settles, without its body (asking again would get it again).
+	var body []byte
+	oversized := false
+	if limit := c.maxBody - headerBytes(resp.Header); limit < 0 {
+		resp.Body.Close()
+		oversized = true
+	} else if body, err = readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {
+		body, oversized = nil, true
+	} else if err != nil {
 		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
-	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}
+	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Oversized: oversized}
 	now := c.clock.Now()
 
 	switch {

@@ -59,8 +59,9 @@ type Server struct {
 	// MaxResponseBytes bounds what is read and kept of one answer: its
 	// header fields (as received; the transport's MaxResponseHeaderBytes
 	// bounds what it reads of them, 10 MiB by default) and its body
-	// together. A larger final answer still resolves the intent from its
-	// status, but its body is not kept: the Response says Oversized. Zero
+	// together. A larger final answer, or a larger answer of the lookup,
+	// still resolves the intent from its status, but its body is not
+	// kept: the Response says Oversized. Zero
 	// means 10 MiB; New refuses a negative size.
 	MaxResponseBytes int64
 
