@@ -229,10 +229,10 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "largest-limit-reads-nothing", File: "response.go",
-			Note:    "a MaxResponseBytes of math.MaxInt64 wraps the read bound to nothing: the lookup's body is lost",
+			Note:    "a MaxResponseBytes of math.MaxInt64 wraps the read bound to nothing: an answer with no header field reads empty",
 			Anchor:  "\tif bound < math.MaxInt64 {\n",
 			Replace: "\tif bound < math.MaxInt64 || true {\n",
-			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsTheLookupsBody$",
+			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsEveryBody$",
 		},
 		{
 			Name: "expiry-unsaved-after-cancel", File: "do.go",

@@ -1,8 +1,11 @@
 package idem_test
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"testing"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
@@ -35,27 +39,62 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 	}
 }
 
-// The largest MaxResponseBytes keeps every answer whole, the lookup's
-// included: the bound is one past the limit, which must not wrap around to
-// a bound of nothing, or the lookup of a payment whose answer was lost
-// would settle it succeeded with its receipt empty.
-func TestServerMaxResponseBytesAtItsLargestKeepsTheLookupsBody(t *testing.T) {
+// The largest MaxResponseBytes keeps every answer whole: the bound read is
+// one past what is left of the limit, which must not wrap around to a
+// bound of nothing. The lookup of a payment whose answer was lost, and an
+// answer with no header field at all (an HTTP/1.0 server's, recognised by
+// Server.OwnAnswer), would settle it succeeded with its receipt empty.
+func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64}))
-	in := e.newIntent(t, "checkout:largest", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-	_, err := e.client.Do(context.Background(), in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	t.Run("lookup", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64}))
+		in := e.newIntent(t, "checkout:largest", 1500)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		_, err := e.client.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	resp, err := e.client.Reconcile(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, persist.StateSucceeded, in.State())
-	assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount, "the lookup's answer is read whole")
-	stored := in.Response()
-	require.NotNil(t, stored)
-	assert.Equal(t, 1500, decodePayment(t, stored.Body).Amount, "and kept whole")
+		resp, err := e.client.Reconcile(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount, "the lookup's answer is read whole")
+		stored := in.Response()
+		require.NotNil(t, stored)
+		assert.Equal(t, 1500, decodePayment(t, stored.Body).Amount, "and kept whole")
+	})
+	t.Run("answer without header fields", func(t *testing.T) {
+		t.Parallel()
+		const receipt = `{"id":"pay_1","amount":1500}`
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if req, err := http.ReadRequest(bufio.NewReader(conn)); err == nil {
+					_, _ = io.Copy(io.Discard, req.Body)
+					_, _ = io.WriteString(conn, "HTTP/1.0 201 Created\r\n\r\n"+receipt)
+				}
+				conn.Close()
+			}
+		}()
+		c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+			idem.WithServer(idem.Server{MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + ln.Addr().String() + "/payments", Body: []byte(`{}`)})
+		require.NoError(t, err)
+		resp, err := c.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.Empty(t, resp.Header, "no header field")
+		assert.Equal(t, receipt, string(resp.Body))
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, receipt, string(in.Response().Body))
+	})
 }
 
 // LookupQuery names a query parameter; what is not a name (a query
