@@ -3,7 +3,6 @@ package idem
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -76,9 +75,6 @@ func newConfig(opts []Option) (config, error) {
 	}
 	if c.margin == 0 {
 		c.margin = defaultSafetyMargin
-	}
-	if c.retention < 0 || c.margin < 0 || c.margin >= c.retention {
-		return config{}, fmt.Errorf("idem: retention %s with margin %s leaves no time to send", c.retention, c.margin)
 	}
 	if c.reconcile <= 0 {
 		c.reconcile = defaultReconcileDelay

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -41,6 +42,10 @@ func (c *config) validate() error {
 	errs := append(c.invalid, c.lookupInvalid...)
 	if err := c.policy.validate("WithRetryPolicy"); err != nil {
 		errs = append(errs, err)
+	}
+	// Checked as the defaults will make them, with the rest.
+	if retention, margin := cmp.Or(c.retention, defaultRetention), cmp.Or(c.margin, defaultSafetyMargin); retention < 0 || margin < 0 || margin >= retention {
+		errs = append(errs, fmt.Errorf("idem: WithServer: retention %s with margin %s leaves no time to send: Server.RetentionMargin must be below Server.Retention (0 means 24h and 1h), neither negative", retention, margin))
 	}
 	if c.reconcile < 0 {
 		errs = append(errs, fmt.Errorf("idem: WithServer: Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", c.reconcile, defaultReconcileDelay))
