@@ -265,8 +265,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "budget-cut-as-deadline", File: "call.go",
 			Note:    "an attempt that MaxElapsed cut short leaves a *RetryError that matches context.DeadlineExceeded, as if the caller's deadline ended the call",
-			Anchor:  "st.last, st.lastErr, st.stopped = nil, &budgetSpent{err: err}, st.cut",
-			Replace: "st.last, st.lastErr, st.stopped = nil, err, st.cut",
+			Anchor:  "st.last, st.lastErr, st.stopped = nil, &budgetSpent{err: redactErr(err)}, st.cut",
+			Replace: "st.last, st.lastErr, st.stopped = nil, redactErr(err), st.cut",
 			Pkg:     root, Run: "^TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer$",
 		},
 		{
@@ -289,6 +289,27 @@ func TestMutants(t *testing.T) {
 			Anchor:  "readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {",
 			Replace: "readBody(resp.Body, limit); false {",
 			Pkg:     root, Run: "^TestALookupAnswerOverTheLimitSettlesTheIntentWithoutItsBody$",
+		},
+		{
+			Name: "retry-error-names-credentials", File: "call.go",
+			Note:    "the *RetryError (and the not-sent error made from it) names the intent's URL with its user name and credential query values",
+			Anchor:  "Err: redactErr(err),",
+			Replace: "Err: err,",
+			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
+		},
+		{
+			Name: "api-error-names-credentials", File: "answer.go",
+			Note:    "an *APIError's text names the intent's URL with its password",
+			Anchor:  "e.Method, redactUserinfo(e.URL, true), e.StatusCode",
+			Replace: "e.Method, e.URL, e.StatusCode",
+			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
+		},
+		{
+			Name: "lookup-error-names-credentials", File: "reconcile.go",
+			Note:    "a failed lookup's error names the intent's URL with its user name and credential query values",
+			Anchor:  "\t\terr = redactErr(err)\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
 		},
 	})
 }

@@ -112,8 +112,10 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	ctx, cancel := context.WithTimeout(ctx, c.policyFor(ctx).MaxElapsed)
 	defer cancel()
 	// An error of the lookup's own limit is the budget's, not the
-	// caller's deadline.
+	// caller's deadline; the URL net/http's error names carries no
+	// credential.
 	cut := func(err error) error {
+		err = redactErr(err)
 		if ctx.Err() != nil && parent.Err() == nil {
 			return &budgetSpent{err: err}
 		}
