@@ -206,7 +206,7 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 	if err != nil && st.cut != nil {
 		// The budget ended inside the attempt: it may have reached the
 		// server, so the outcome is unknown.
-		st.last, st.lastErr, st.stopped = nil, &budgetSpent{err: redactErr(err)}, st.cut
+		st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut
 		if !st.cutBeforeWire {
 			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
 		}

@@ -136,9 +136,10 @@ type RetryError struct {
 	// whatever its status, and ends the call as such.
 	LastResponse *Response
 	// Err is the last attempt's error (network error, the context's error;
-	// for an attempt that RetryPolicy.MaxElapsed cut short, an error that
+	// for an attempt that the call's time limit cut short, an error that
 	// says so and does not match context.DeadlineExceeded), or nil when
-	// the last attempt got a response.
+	// the last attempt got a response. The URL it names carries no
+	// credential, as Attempt.URL does not.
 	Err error
 
 	// neverReached: Err proves that no request of the call reached the

@@ -93,12 +93,16 @@ func (b *budgetBody) Close() error {
 }
 
 // budgetSpent is the error of an attempt, or a lookup, that the call's
-// budget (RetryPolicy.MaxElapsed) cut short. It says so, and, having no
+// time limit cut short: RetryPolicy.MaxElapsed, the intent's expiry or
+// the caller's deadline (reason says which). It says so, and, having no
 // Unwrap, does not match the context.DeadlineExceeded of the limit that
 // cut it: a *RetryError matches context.DeadlineExceeded only when the
 // caller's own context ended the call.
-type budgetSpent struct{ err error }
+type budgetSpent struct {
+	reason string
+	err    error
+}
 
 func (e *budgetSpent) Error() string {
-	return "idem: the call's budget (RetryPolicy.MaxElapsed) ran out during the attempt: " + e.err.Error()
+	return "idem: the attempt was cut short (" + e.reason + "): " + e.err.Error()
 }

@@ -265,14 +265,14 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "budget-cut-as-deadline", File: "call.go",
 			Note:    "an attempt that MaxElapsed cut short leaves a *RetryError that matches context.DeadlineExceeded, as if the caller's deadline ended the call",
-			Anchor:  "st.last, st.lastErr, st.stopped = nil, &budgetSpent{err: redactErr(err)}, st.cut",
+			Anchor:  "st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut",
 			Replace: "st.last, st.lastErr, st.stopped = nil, redactErr(err), st.cut",
 			Pkg:     root, Run: "^TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer$",
 		},
 		{
 			Name: "lookup-budget-as-deadline", File: "reconcile.go",
 			Note:    "a lookup that MaxElapsed cut short matches context.DeadlineExceeded, as if the caller's deadline ended it",
-			Anchor:  "\t\t\treturn &budgetSpent{err: err}\n",
+			Anchor:  "\t\t\treturn &budgetSpent{reason: stopElapsed, err: err}\n",
 			Replace: "\t\t\treturn err\n",
 			Pkg:     root, Run: "^TestReconcileLookupIsBoundedByMaxElapsed$",
 		},

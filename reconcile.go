@@ -117,7 +117,7 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	cut := func(err error) error {
 		err = redactErr(err)
 		if ctx.Err() != nil && parent.Err() == nil {
-			return &budgetSpent{err: err}
+			return &budgetSpent{reason: stopElapsed, err: err}
 		}
 		return err
 	}
