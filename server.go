@@ -74,8 +74,9 @@ type Server struct {
 	// not a field name, and one that carries credentials or session
 	// state: a name with cookie, auth, token, secret, password, session,
 	// api-key, credential or csrf in it, its words joined by hyphens,
-	// underscores, dots or nothing (Set-Cookie, Authorization,
-	// X-Auth-Token, X-Api_Key, ...).
+	// underscores, dots or nothing, or a name that ends in key but
+	// Idempotency-Key (Set-Cookie, Authorization, X-Auth-Token, X-Api_Key,
+	// Ocp-Apim-Subscription-Key, ...).
 	StoredHeaders []string
 
 	// KeyReusedAnswer recognises how the server says that a key was used

@@ -23,7 +23,7 @@ import (
 // field name a server can send, and the device must never keep it.
 func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"X-Api_Key", "X_API_KEY", "api.key", "X-Access_Key", "Private_Key", "x-apikey", "X-SET-COOKIE"} {
+	for _, name := range []string{"X-Api_Key", "X_API_KEY", "api.key", "X-Access_Key", "Private_Key", "x-apikey", "X-SET-COOKIE", "Ocp-Apim-Subscription-Key", "X-Functions-Key"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			c, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
@@ -33,7 +33,7 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 		})
 	}
 	// Names that only look alike are kept.
-	for _, name := range []string{"X-Request-Id", "X-Rate-Limit-Remaining", "Etag"} {
+	for _, name := range []string{"X-Request-Id", "X-Rate-Limit-Remaining", "Etag", "Idempotency-Key", "Public-Key-Pins"} {
 		_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
 		assert.NoError(t, err, name)
 	}

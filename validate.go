@@ -129,7 +129,8 @@ func checkStoredHeader(name string) error {
 }
 
 // credentialWord returns the word of credentialHeaders that name holds,
-// in any case and with its hyphens, underscores and dots left out, or "".
+// in any case and with its hyphens, underscores and dots left out, or
+// "key" for a name that ends in it (but Idempotency-Key), or "".
 func credentialWord(name string) string {
 	joined := strings.Map(func(r rune) rune {
 		if r == '-' || r == '_' || r == '.' {
@@ -141,6 +142,11 @@ func credentialWord(name string) string {
 		if strings.Contains(joined, w) {
 			return w
 		}
+	}
+	// A key a server gives or takes by name (Ocp-Apim-Subscription-Key,
+	// X-Functions-Key, X-Client-Key), but not the idempotency key.
+	if strings.HasSuffix(joined, "key") && joined != "idempotencykey" {
+		return "key"
 	}
 	return ""
 }
