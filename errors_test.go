@@ -94,6 +94,21 @@ func TestErrorTextsCarryNoCredential(t *testing.T) {
 		assert.Contains(t, err.Error(), "cart=42", "the rest of the URL stays, for the log to be of use")
 	}
 
+	t.Run("refused request", func(t *testing.T) {
+		t.Parallel()
+		c := newClient(t)
+		for _, u := range []string{
+			"https://sk_live_SECRET1:SECRET2@api.example:99999/payments?access_token=SECRET3",
+			"ftp://sk_live_SECRET1:SECRET2@api.example/payments?access_token=SECRET3",
+			"https://sk_live_SECRET1:SECRET2@api.example:port/payments?access_token=SECRET3",
+			"//sk_live_SECRET1:SECRET2@api.example/payments?access_token=SECRET3",
+			"https://sk_live_SECRET1:SECRET2@/payments?access_token=SECRET3",
+		} {
+			_, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: u, Body: []byte(`{}`)})
+			require.Error(t, err, u)
+			assert.NotContains(t, err.Error(), "SECRET", u)
+		}
+	})
 	t.Run("not sent", func(t *testing.T) {
 		t.Parallel()
 		refused := httptest.NewServer(http.NotFoundHandler())

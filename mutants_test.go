@@ -318,5 +318,12 @@ func TestMutants(t *testing.T) {
 			Replace: `if false {`,
 			Pkg:     root, Run: "^TestServerStoredHeadersRefusesCredentialsSpelledAnyWay$",
 		},
+		{
+			Name: "request-error-names-credentials", File: "request.go",
+			Note:    "a refused request's error names its URL with the user name and credential query values",
+			Anchor:  "\tshown := redactUserinfo(r.URL, true)\n",
+			Replace: "\tshown := r.URL\n",
+			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
+		},
 	})
 }
