@@ -23,7 +23,8 @@ import (
 // field name a server can send, and the device must never keep it.
 func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"X-Api_Key", "X_API_KEY", "api.key", "X-Access_Key", "Private_Key", "x-apikey", "X-SET-COOKIE", "Ocp-Apim-Subscription-Key", "X-Functions-Key"} {
+	for _, name := range []string{"X-Api_Key", "X_API_KEY", "api.key", "X-Access_Key", "Private_Key", "x-apikey", "X-SET-COOKIE", "Ocp-Apim-Subscription-Key", "X-Functions-Key",
+		"X-Api_Key-Id", "X-Access.Key-Id", "X-Pass_Word"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			c, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
