@@ -173,7 +173,8 @@ func (e *RetryError) Error() string {
 		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
 	case stopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
-			fmt.Fprintf(&b, " to %s", e.LastResponse.Header.Get("Location"))
+			// Without the credentials a login page's address may carry.
+			fmt.Fprintf(&b, " to %s", redactUserinfo(e.LastResponse.Header.Get("Location"), true))
 		}
 		b.WriteString("; fix what redirects (a login, a moved endpoint), then Do again or reconcile the intent")
 	default:

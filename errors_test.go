@@ -140,6 +140,19 @@ func TestErrorTextsCarryNoCredential(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		noSecret(t, err)
 	})
+	t.Run("redirect not followed", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Location", "https://sk_live_SECRET1:SECRET2@login.example/?cart=42&session_token=SECRET3")
+			w.WriteHeader(http.StatusFound)
+		}))
+		t.Cleanup(srv.Close)
+		c := newClient(t)
+		_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)})
+		require.ErrorAs(t, err, new(*idem.RetryError))
+		noSecret(t, err)
+		assert.Contains(t, err.Error(), "login.example", "where it redirects, for the app to fix")
+	})
 	t.Run("final answer", func(t *testing.T) {
 		t.Parallel()
 		srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

@@ -325,5 +325,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\tshown := r.URL\n",
 			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
 		},
+		{
+			Name: "redirect-error-names-credentials", File: "errors.go",
+			Note:    "the error of a redirect not followed names its Location with a session token",
+			Anchor:  `redactUserinfo(e.LastResponse.Header.Get("Location"), true)`,
+			Replace: `e.LastResponse.Header.Get("Location")`,
+			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
+		},
 	})
 }
