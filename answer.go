@@ -266,7 +266,10 @@ func neverReached(err error) bool {
 // business outcome such as 402 (card declined), a validation 400, a key
 // error (400, 422). It is returned together with the Response.
 type APIError struct {
-	Method     string
+	Method string
+	// URL is the request's URL as the app gave it; the error's text names
+	// it without credentials (user name, password, and the values of
+	// query parameters named for credentials), as Attempt.URL does.
 	URL        string
 	Key        string
 	StatusCode int
@@ -286,7 +289,8 @@ type APIError struct {
 
 func (e *APIError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	// The text, which apps log, names the URL without its credentials.
+	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, redactUserinfo(e.URL, true), e.StatusCode, http.StatusText(e.StatusCode))
 	if t := problemName(e.Problem.Type); t != "" {
 		fmt.Fprintf(&b, " (%s)", t)
 	}

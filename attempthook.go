@@ -79,14 +79,13 @@ func redactUserinfo(raw string, anyUser bool) string {
 const redacted = "xxxxx"
 
 // credentialQuery reports a query parameter name that speaks of a
-// credential: a word of credentialHeaders, or of a key or a signature.
+// credential: a word of credentialHeaders however it is joined (pass_word
+// as password, see credentialWord), or of a key or a signature.
 func credentialQuery(name string) bool {
-	lower := strings.ToLower(name)
-	for _, w := range credentialHeaders {
-		if strings.Contains(lower, w) {
-			return true
-		}
+	if credentialWord(name) != "" {
+		return true
 	}
+	lower := strings.ToLower(name)
 	for _, w := range []string{"key", "sig", "jwt", "bearer"} {
 		if strings.Contains(lower, w) {
 			return true

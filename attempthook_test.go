@@ -83,6 +83,7 @@ func TestAttemptHookURLCarriesNoCredential(t *testing.T) {
 			"https://bucket.example/o?X-Amz-Credential=xxxxx&X-Amz-Signature=xxxxx&X-Amz-Security-Token=xxxxx&X-Amz-Expires=60"},
 		{"https://api.example/pay?sig=abc&key=AIza&Password=hunter2", "https://api.example/pay?sig=xxxxx&key=xxxxx&Password=xxxxx"},
 		{"https://api.example/pay?cart=42#access_token=eyJhbGciOi", "https://api.example/pay?cart=42"},
+		{"https://api.example/pay?cart=42&pass_word=hunter2", "https://api.example/pay?cart=42&pass_word=xxxxx"},
 	} {
 		var (
 			mu  sync.Mutex

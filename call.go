@@ -167,7 +167,9 @@ func (st *call) failed(ctx context.Context, err error) *RetryError {
 }
 
 func (st *call) retryError(reason string, err error) *RetryError {
-	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: err,
+	// The app logs the error: the URL net/http's error names carries
+	// no credential, as the attempt hook's does not.
+	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: redactErr(err),
 		sentNothing: st.sentNothing(), redirected: st.redirected}
 }
 
@@ -204,7 +206,7 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 	if err != nil && st.cut != nil {
 		// The budget ended inside the attempt: it may have reached the
 		// server, so the outcome is unknown.
-		st.last, st.lastErr, st.stopped = nil, err, st.cut
+		st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut
 		if !st.cutBeforeWire {
 			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
 		}

@@ -130,13 +130,15 @@ func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.R
 }
 
 // recordExpiry ends a call of an intent too old to send: its outcome is
-// unknown, and it is stored as expired.
+// unknown, and it is stored as expired, even if ctx is done: a call whose
+// context ended before it began is still told the intent expired, not that
+// the context ended it, and the app settles it through the lookup.
 func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
 	err := &RetryError{Key: rec.Key, Reason: stopExpired}
 	if rec.State != persist.StateExpired {
 		rec.State = persist.StateExpired
 		rec.UpdatedAt = c.clock.Now()
-		if saveErr := c.save(ctx, in, rec, "record expiry"); saveErr != nil {
+		if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record expiry"); saveErr != nil {
 			return errors.Join(err, saveErr)
 		}
 	}

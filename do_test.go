@@ -847,6 +847,52 @@ func TestNoAttemptAfterExpiry(t *testing.T) {
 
 // The call's context is cancelled once the server's final answer
 // is in hand: the outcome must still be saved.
+// An intent found too old to send by a call whose context has already
+// ended is expired all the same: the call says so, not that the context
+// ended it, and the store records it, so the app settles it through the
+// lookup rather than calling Do again for ever.
+func TestExpiryIsSavedAfterACancel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		ended func(t *testing.T) context.Context
+	}{
+		{"canceled", func(*testing.T) context.Context {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx
+		}},
+		{"deadline passed", func(t *testing.T) context.Context {
+			ctx, cancel := context.WithDeadline(context.Background(), epoch)
+			t.Cleanup(cancel)
+			return ctx
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			in := e.newIntent(t, "checkout:expired-"+tc.name, 1500)
+			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+			_, err := e.client.Do(context.Background(), in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			require.Equal(t, persist.StatePending, in.State())
+
+			e.clock.Advance(sendWindow)
+			_, err = e.client.Do(tc.ended(t), in)
+			requireStop(t, err, idem.StopExpired)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.NotErrorIs(t, err, context.Canceled)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded)
+			assert.NotErrorAs(t, err, new(*idem.SaveError))
+			assert.Equal(t, persist.StateExpired, in.State())
+			rec, err := e.store.Get(context.Background(), in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, persist.StateExpired, rec.State)
+			assert.Equal(t, 1, e.srv.Stats().Requests)
+		})
+	}
+}
+
 func TestOutcomeIsSavedAfterACancel(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())

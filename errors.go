@@ -135,8 +135,11 @@ type RetryError struct {
 	// false): an answer the server marks Idempotent-Replayed is final,
 	// whatever its status, and ends the call as such.
 	LastResponse *Response
-	// Err is the last attempt's error (network error, the context's error),
-	// or nil when the last attempt got a response.
+	// Err is the last attempt's error (network error, the context's error;
+	// for an attempt that the call's time limit cut short, an error that
+	// says so and does not match context.DeadlineExceeded), or nil when
+	// the last attempt got a response. The URL it names carries no
+	// credential, as Attempt.URL does not.
 	Err error
 
 	// neverReached: Err proves that no request of the call reached the
@@ -170,7 +173,8 @@ func (e *RetryError) Error() string {
 		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
 	case stopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
-			fmt.Fprintf(&b, " to %s", e.LastResponse.Header.Get("Location"))
+			// Without the credentials a login page's address may carry.
+			fmt.Fprintf(&b, " to %s", redactUserinfo(e.LastResponse.Header.Get("Location"), true))
 		}
 		b.WriteString("; fix what redirects (a login, a moved endpoint), then Do again or reconcile the intent")
 	default:

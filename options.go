@@ -3,7 +3,6 @@ package idem
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -43,6 +42,8 @@ type config struct {
 	retryBudget RetryBudget  // the client-wide retry budget (WithRetryBudget)
 	settles     settleConfig // SettleAll's (WithSettleConcurrency, WithSettleProgress)
 	invalid     []error      // what the options got wrong (see validate)
+	// lookupInvalid is what the last WithServer got wrong in its lookup.
+	lookupInvalid []error
 }
 
 // newConfig applies opts in order, refuses every value out of range, and
@@ -75,9 +76,6 @@ func newConfig(opts []Option) (config, error) {
 	if c.margin == 0 {
 		c.margin = defaultSafetyMargin
 	}
-	if c.retention < 0 || c.margin < 0 || c.margin >= c.retention {
-		return config{}, fmt.Errorf("idem: retention %s with margin %s leaves no time to send", c.retention, c.margin)
-	}
 	if c.reconcile <= 0 {
 		c.reconcile = defaultReconcileDelay
 	}
@@ -86,7 +84,7 @@ func newConfig(opts []Option) (config, error) {
 	}
 	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.settles.workers = cmp.Or(c.settles.workers, defaultSettleConcurrency)
-	c.invalid = nil
+	c.invalid, c.lookupInvalid = nil, nil
 	return c, nil
 }
 

@@ -108,8 +108,19 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 
 	// The lookup is one request: RetryPolicy.MaxElapsed bounds it, in real
 	// time, whatever the http.Client's Timeout.
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.policyFor(ctx).MaxElapsed)
 	defer cancel()
+	// An error of the lookup's own limit is the budget's, not the
+	// caller's deadline; the URL net/http's error names carries no
+	// credential.
+	cut := func(err error) error {
+		err = redactErr(err)
+		if ctx.Err() != nil && parent.Err() == nil {
+			return &budgetSpent{reason: stopElapsed, err: err}
+		}
+		return err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
@@ -128,13 +139,22 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	lookup.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	resp, err := lookup.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, err)
+		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
-	body, err := readBody(resp.Body, c.maxBody)
-	if err != nil {
-		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, err)
+	// An answer over Server.MaxResponseBytes, header fields included, is
+	// the server's word all the same, as a send's final answer is: its
+	// status settles, without its body (asking again would get it again).
+	var body []byte
+	oversized := false
+	if limit := c.maxBody - headerBytes(resp.Header); limit < 0 {
+		resp.Body.Close()
+		oversized = true
+	} else if body, err = readBody(resp.Body, limit); errors.Is(err, errBodyTooLarge) {
+		body, oversized = nil, true
+	} else if err != nil {
+		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
-	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}
+	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Oversized: oversized}
 	now := c.clock.Now()
 
 	switch {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,6 +190,7 @@ func TestReconcileLookupIsBoundedByMaxElapsed(t *testing.T) {
 	_, err := c.Reconcile(ctx, in)
 	took := time.Since(start)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the budget ended the lookup, not the caller's context")
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
 	assert.Equal(t, persist.StateNew, in.State())
 }
@@ -729,4 +731,37 @@ func TestTheLookupAsksCachesToAskTheServer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "no-cache", cacheControl.Load())
 	assert.Equal(t, persist.StateVoid, in.State())
+}
+
+// A lookup's 2xx larger than Server.MaxResponseBytes settles the intent
+// from its status, as a send's final answer does, without its body: the
+// server has done the work, and asking again gets the same answer, so
+// leaving the outcome unknown would leave it unknown for ever.
+func TestALookupAnswerOverTheLimitSettlesTheIntentWithoutItsBody(t *testing.T) {
+	t.Parallel()
+	c, req := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/payments/pay_1")
+		w.Write([]byte(`{"id":"pay_1","pad":"` + strings.Repeat("x", 4096) + `"}`))
+	}, idem.WithMaxResponseBytes(1024))
+	ctx := context.Background()
+	in, err := c.NewIntent(ctx, "", req)
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(c, ctx, in))
+
+	resp, err := c.Reconcile(ctx, in)
+	require.NoError(t, err)
+	require.NotNil(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.True(t, resp.Oversized)
+	assert.Nil(t, resp.Body)
+	assert.Equal(t, persist.StateSucceeded, in.State())
+	stored := in.Response()
+	require.NotNil(t, stored)
+	assert.True(t, stored.Oversized)
+	assert.Equal(t, "/payments/pay_1", stored.Header.Get("Location"))
 }

@@ -51,22 +51,29 @@ func (r Request) validate() error {
 	}
 	u, err := url.Parse(r.URL)
 	if err != nil {
+		// Why, without the URL: what does not parse cannot be redacted.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return fmt.Errorf("idem: bad request URL: %w", err)
 	}
+	// The errors name the URL as the attempt hook does: no credential.
+	shown := redactUserinfo(r.URL, true)
 	if !u.IsAbs() || u.Host == "" {
-		return fmt.Errorf("idem: request URL %q is not absolute", r.URL)
+		return fmt.Errorf("idem: request URL %q is not absolute", shown)
 	}
 	// What would make every attempt fail before it reaches a server is
 	// refused here, before the intent exists.
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", u.Redacted())
+		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", shown)
 	}
 	if u.Hostname() == "" {
-		return fmt.Errorf("idem: request URL %q has no host name", u.Redacted())
+		return fmt.Errorf("idem: request URL %q has no host name", shown)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", u.Redacted(), p)
+			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", shown, p)
 		}
 	}
 	return nil

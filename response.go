@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 
 	"github.com/idemkit/idem/persist"
@@ -86,7 +87,14 @@ func fieldBytes(name string, vs []string) int64 {
 // readBody reads a whole body, at most limit bytes, and closes it.
 func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
 	defer body.Close()
-	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	// One byte past the limit tells a body over it, unless the limit is
+	// the largest there is: limit+1 would wrap around to a bound of
+	// nothing, and every body would read empty.
+	bound := limit
+	if bound < math.MaxInt64 {
+		bound++
+	}
+	b, err := io.ReadAll(io.LimitReader(body, bound))
 	if err != nil {
 		return nil, err
 	}

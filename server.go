@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -25,7 +26,9 @@ type Server struct {
 	// names: for an intent that POSTs to https://api.example/payments,
 	// LookupQuery "idempotency_key" asks
 	// GET https://api.example/payments?idempotency_key=K, as the contract
-	// does. New refuses a Server with both Lookup and LookupQuery.
+	// does. New refuses a Server with both Lookup and LookupQuery, and a
+	// LookupQuery that is not a parameter's name: one with a space, a
+	// control character, =, &, ? or # in it.
 	LookupQuery string
 
 	// QuotedKey sends the key as an RFC 8941 sf-string ("..."), as the
@@ -56,8 +59,9 @@ type Server struct {
 	// MaxResponseBytes bounds what is read and kept of one answer: its
 	// header fields (as received; the transport's MaxResponseHeaderBytes
 	// bounds what it reads of them, 10 MiB by default) and its body
-	// together. A larger final answer still resolves the intent from its
-	// status, but its body is not kept: the Response says Oversized. Zero
+	// together. A larger final answer, or a larger answer of the lookup,
+	// still resolves the intent from its status, but its body is not
+	// kept: the Response says Oversized. Zero
 	// means 10 MiB; New refuses a negative size.
 	MaxResponseBytes int64
 
@@ -69,8 +73,10 @@ type Server struct {
 	// read from the store only the kept ones. New refuses a name that is
 	// not a field name, and one that carries credentials or session
 	// state: a name with cookie, auth, token, secret, password, session,
-	// api-key, credential or csrf in it (Set-Cookie, Authorization,
-	// X-Auth-Token, ...).
+	// api-key, credential or csrf in it, its words joined by hyphens,
+	// underscores, dots or nothing, or a name that ends in key but
+	// Idempotency-Key (Set-Cookie, Authorization, X-Auth-Token, X-Api_Key,
+	// Ocp-Apim-Subscription-Key, ...).
 	StoredHeaders []string
 
 	// KeyReusedAnswer recognises how the server says that a key was used
@@ -102,9 +108,14 @@ type Server struct {
 func WithServer(s Server) Option {
 	return func(c *config) {
 		c.lookup = s.Lookup
+		// What an earlier WithServer got wrong went with it.
+		c.lookupInvalid = nil
 		if s.LookupQuery != "" {
 			if s.Lookup != nil {
-				c.refuse("WithServer: Server.Lookup and Server.LookupQuery are both set: give one")
+				c.lookupInvalid = append(c.lookupInvalid, errors.New("idem: WithServer: Server.Lookup and Server.LookupQuery are both set: give one"))
+			}
+			if err := checkLookupQuery(s.LookupQuery); err != nil {
+				c.lookupInvalid = append(c.lookupInvalid, err)
 			}
 			c.lookup = lookupQuery(s.LookupQuery)
 		}

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -38,9 +39,13 @@ func isNil(v any) bool {
 // validate reports, in one error, everything the options of New got wrong,
 // before any default replaces a value.
 func (c *config) validate() error {
-	errs := c.invalid
+	errs := append(c.invalid, c.lookupInvalid...)
 	if err := c.policy.validate("WithRetryPolicy"); err != nil {
 		errs = append(errs, err)
+	}
+	// Checked as the defaults will make them, with the rest.
+	if retention, margin := cmp.Or(c.retention, defaultRetention), cmp.Or(c.margin, defaultSafetyMargin); retention < 0 || margin < 0 || margin >= retention {
+		errs = append(errs, fmt.Errorf("idem: WithServer: retention %s with margin %s leaves no time to send: Server.RetentionMargin must be below Server.Retention (0 means 24h and 1h), neither negative", retention, margin))
 	}
 	if c.reconcile < 0 {
 		errs = append(errs, fmt.Errorf("idem: WithServer: Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", c.reconcile, defaultReconcileDelay))
@@ -105,9 +110,11 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 
 // credentialHeaders are header fields that carry credentials or session
 // state, which Server.StoredHeaders may not name to keep on the device: the
-// words are matched anywhere in the lower-case name.
-var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "api-key", "apikey", "credential", "csrf", "xsrf",
-	"jwt", "oidc", "saml", "assertion", "bearer", "access-key", "private-key"}
+// words are matched anywhere in the lower-case name with its hyphens,
+// underscores and dots left out, so X-Api_Key and api.key are refused as
+// X-Api-Key is.
+var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "apikey", "credential", "csrf", "xsrf",
+	"jwt", "oidc", "saml", "assertion", "bearer", "accesskey", "privatekey"}
 
 // checkStoredHeader refuses a name Server.StoredHeaders may not hold: one
 // that is not a header field name, or one that carries credentials.
@@ -115,10 +122,43 @@ func checkStoredHeader(name string) error {
 	if !validFieldName(name) {
 		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: not a header field name", name)
 	}
-	lower := strings.ToLower(name)
+	if w := credentialWord(name); w != "" {
+		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+	}
+	return nil
+}
+
+// credentialWord returns the word of credentialHeaders that name holds,
+// in any case and with its hyphens, underscores and dots left out, or
+// "key" for a name that ends in it (but Idempotency-Key), or "".
+func credentialWord(name string) string {
+	joined := strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r == '.' {
+			return -1
+		}
+		return r
+	}, strings.ToLower(name))
 	for _, w := range credentialHeaders {
-		if strings.Contains(lower, w) {
-			return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+		if strings.Contains(joined, w) {
+			return w
+		}
+	}
+	// A key a server gives or takes by name (Ocp-Apim-Subscription-Key,
+	// X-Functions-Key, X-Client-Key), but not the idempotency key.
+	if strings.HasSuffix(joined, "key") && joined != "idempotencykey" {
+		return "key"
+	}
+	return ""
+}
+
+// checkLookupQuery refuses a Server.LookupQuery that is not a query
+// parameter's name: a query written out ("idempotency_key=", "?k"), or a
+// name with a space or a control character in it, which no lookup of the
+// server would find.
+func checkLookupQuery(name string) error {
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f || strings.ContainsRune("=&?#", r) {
+			return fmt.Errorf("idem: WithServer: Server.LookupQuery is %q: give the name of the query parameter alone, such as \"idempotency_key\"", name)
 		}
 	}
 	return nil

@@ -76,9 +76,10 @@ func TestNewRefusesOptionsOutOfRange(t *testing.T) {
 // New reports every option out of range at once, not only the first.
 func TestNewReportsEveryOptionOutOfRange(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(idem.WithStore(nil), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: -1, Jitter: 2}), idem.WithStoredHeaders("Cookie"))
+	_, err := idem.New(idem.WithStore(nil), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: -1, Jitter: 2}), idem.WithStoredHeaders("Cookie"),
+		idem.WithRetention(30*time.Minute, 0))
 	require.Error(t, err)
-	for _, w := range []string{"WithStore(nil)", "MaxAttempts is -1", "Jitter is 2", `"Cookie"`} {
+	for _, w := range []string{"WithStore(nil)", "MaxAttempts is -1", "Jitter is 2", `"Cookie"`, "retention 30m0s with margin 1h0m0s"} {
 		assert.Contains(t, err.Error(), w)
 	}
 }

@@ -9,7 +9,8 @@ import (
 // MobileCancel() in Swift, &Cancel{} in Go: the zero Cancel is ready), pass
 // it to the call, and call Cancel from anywhere: the call returns promptly
 // with an error of kind canceled. A Cancel serves one call at a time;
-// cancelling before the call starts makes it return at once.
+// cancelling before the call starts makes it return at once. The call it
+// was passed to spends it: passed to the next call, it is ready again.
 type Cancel struct {
 	mu       sync.Mutex
 	canceled bool
@@ -54,7 +55,9 @@ func (c *Cancel) bind(ctx context.Context) (context.Context, func()) {
 	c.stop = stop
 	return ctx, func() {
 		c.mu.Lock()
-		c.stop = nil
+		// The call is over: a Cancel it got is spent, and the next call
+		// this handle is passed to runs.
+		c.stop, c.canceled = nil, false
 		c.mu.Unlock()
 		stop()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -351,6 +352,12 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 		"ftp":                NewConfig(dir, "ftp://api.example.com"),
 		"negative budget":    {StateDir: dir, BaseURL: "https://api.example.com", ForegroundBudgetMillis: -1},
 		"lookup without key": {StateDir: dir, BaseURL: "https://api.example.com", LookupPath: "/payments"},
+		// Long.MAX_VALUE for "no limit": in nanoseconds it wraps around.
+		"foreground budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", ForegroundBudgetMillis: math.MaxInt64},
+		"background budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", BackgroundBudgetMillis: math.MaxInt64},
+		// 2^64 ns and a day: it wraps around to a retention of a day.
+		"retention past a duration": {StateDir: dir, BaseURL: "https://api.example.com", RetentionMillis: 18_446_744_073_709 + 24*60*60*1000},
+		"attempts past an int32":    {StateDir: dir, BaseURL: "https://api.example.com", MaxAttempts: math.MaxInt32 + 1},
 	} {
 		_, err := Open(cfg)
 		require.Error(t, err, name)

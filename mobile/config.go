@@ -2,13 +2,16 @@ package mobile
 
 import (
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // Config says where a Client keeps its state and whom it talks to. Make
 // one with NewConfig and change its fields before Open. Durations are in
-// milliseconds.
+// milliseconds; Open refuses a negative one, and one above about 292 years
+// (what a duration holds).
 type Config struct {
 	// StateDir is the directory the intents are kept in: the app's private
 	// files directory (Android: Context.getFilesDir() + "/idem"; iOS:
@@ -43,6 +46,9 @@ const (
 	defaultBackgroundBudgetMillis = 120_000
 	defaultRetentionMillis        = 24 * 60 * 60 * 1000
 	defaultMaxAttempts            = 10
+	// maxMillis is the largest number of milliseconds a time.Duration
+	// holds, about 292 years.
+	maxMillis = math.MaxInt64 / int64(time.Millisecond)
 )
 
 // NewConfig returns a Config with the defaults, keeping intents in
@@ -82,18 +88,23 @@ func (c *Config) check() (Config, *url.URL, error) {
 	for _, f := range []struct {
 		v   *int64
 		def int64
+		max int64
 		nm  string
 	}{
-		{&cfg.ForegroundBudgetMillis, defaultForegroundBudgetMillis, "ForegroundBudgetMillis"},
-		{&cfg.BackgroundBudgetMillis, defaultBackgroundBudgetMillis, "BackgroundBudgetMillis"},
-		{&cfg.RetentionMillis, defaultRetentionMillis, "RetentionMillis"},
-		{&cfg.MaxAttempts, defaultMaxAttempts, "MaxAttempts"},
+		{&cfg.ForegroundBudgetMillis, defaultForegroundBudgetMillis, maxMillis, "ForegroundBudgetMillis"},
+		{&cfg.BackgroundBudgetMillis, defaultBackgroundBudgetMillis, maxMillis, "BackgroundBudgetMillis"},
+		{&cfg.RetentionMillis, defaultRetentionMillis, maxMillis, "RetentionMillis"},
+		{&cfg.MaxAttempts, defaultMaxAttempts, math.MaxInt32, "MaxAttempts"},
 	} {
 		switch {
 		case *f.v == 0:
 			*f.v = f.def
 		case *f.v < 0:
 			return cfg, nil, newError(KindConfig, fmt.Sprintf("%s is negative (%d)", f.nm, *f.v))
+		case *f.v > f.max:
+			// In nanoseconds (or an int on a 32-bit device) it would
+			// wrap around to another value.
+			return cfg, nil, newError(KindConfig, fmt.Sprintf("%s is %d, above the largest (%d)", f.nm, *f.v, f.max))
 		}
 	}
 	return cfg, base, nil

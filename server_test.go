@@ -1,0 +1,138 @@
+package idem_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
+)
+
+// A credential's field name is refused however its words are joined: with
+// an underscore or a dot as well as a hyphen, in any case. Each is a valid
+// field name a server can send, and the device must never keep it.
+func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"X-Api_Key", "X_API_KEY", "api.key", "X-Access_Key", "Private_Key", "x-apikey", "X-SET-COOKIE", "Ocp-Apim-Subscription-Key", "X-Functions-Key",
+		"X-Api_Key-Id", "X-Access.Key-Id", "X-Pass_Word"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+			require.Error(t, err, "%q carries a credential", name)
+			assert.Nil(t, c)
+			assert.Contains(t, err.Error(), "credentials")
+		})
+	}
+	// Names that only look alike are kept.
+	for _, name := range []string{"X-Request-Id", "X-Rate-Limit-Remaining", "Etag", "Idempotency-Key", "Public-Key-Pins"} {
+		_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+		assert.NoError(t, err, name)
+	}
+}
+
+// The largest MaxResponseBytes keeps every answer whole: the bound read is
+// one past what is left of the limit, which must not wrap around to a
+// bound of nothing. The lookup of a payment whose answer was lost, and an
+// answer with no header field at all (an HTTP/1.0 server's, recognised by
+// Server.OwnAnswer), would settle it succeeded with its receipt empty.
+func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
+	t.Parallel()
+	t.Run("lookup", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64}))
+		in := e.newIntent(t, "checkout:largest", 1500)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		_, err := e.client.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		resp, err := e.client.Reconcile(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount, "the lookup's answer is read whole")
+		stored := in.Response()
+		require.NotNil(t, stored)
+		assert.Equal(t, 1500, decodePayment(t, stored.Body).Amount, "and kept whole")
+	})
+	t.Run("answer without header fields", func(t *testing.T) {
+		t.Parallel()
+		const receipt = `{"id":"pay_1","amount":1500}`
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if req, err := http.ReadRequest(bufio.NewReader(conn)); err == nil {
+					_, _ = io.Copy(io.Discard, req.Body)
+					_, _ = io.WriteString(conn, "HTTP/1.0 201 Created\r\n\r\n"+receipt)
+				}
+				conn.Close()
+			}
+		}()
+		c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+			idem.WithServer(idem.Server{MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + ln.Addr().String() + "/payments", Body: []byte(`{}`)})
+		require.NoError(t, err)
+		resp, err := c.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.Empty(t, resp.Header, "no header field")
+		assert.Equal(t, receipt, string(resp.Body))
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, receipt, string(in.Response().Body))
+	})
+}
+
+// LookupQuery names a query parameter; what is not a name (a query
+// written out, a blank, a space or a separator in it) is refused by New,
+// rather than found out when every lookup misses and no intent settles.
+func TestServerLookupQueryMustBeAParameterName(t *testing.T) {
+	t.Parallel()
+	for _, q := range []string{"idempotency_key=", "?idempotency_key", "idempotency_key=K", "a&b", "key#", "idempotency key", " idempotency_key", "\tk", "k\n"} {
+		c, err := idem.New(idem.WithServer(idem.Server{LookupQuery: q}))
+		require.Error(t, err, "%q", q)
+		assert.Nil(t, c)
+		assert.Contains(t, err.Error(), "Server.LookupQuery", "%q", q)
+	}
+	for _, q := range []string{"idempotency_key", "Idempotency-Key", "filter[key]", "k"} {
+		_, err := idem.New(idem.WithServer(idem.Server{LookupQuery: q}))
+		assert.NoError(t, err, q)
+	}
+}
+
+// A later WithServer replaces an earlier one whole: what New would have
+// refused in the earlier one is gone with it, and what the later one gets
+// wrong is refused.
+func TestALaterWithServerReplacesAnEarlierOneWhole(t *testing.T) {
+	t.Parallel()
+	both := idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}
+	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		idem.WithServer(both), idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	in := e.newIntent(t, "checkout:replaced", 1500)
+	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+	_, err := e.client.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	_, err = e.client.Reconcile(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateSucceeded, in.State(), "the later Server's lookup")
+
+	_, err = idem.New(idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}), idem.WithServer(both))
+	require.ErrorContains(t, err, "Server.Lookup and Server.LookupQuery are both set")
+	_, err = idem.New(idem.WithServer(idem.Server{ReconcileDelay: -1}), idem.WithServer(idem.Server{}))
+	require.NoError(t, err, "the negative delay was replaced")
+}
