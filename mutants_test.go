@@ -332,5 +332,12 @@ func TestMutants(t *testing.T) {
 			Replace: `e.LastResponse.Header.Get("Location")`,
 			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
 		},
+		{
+			Name: "lookup-query-re-encoded", File: "server.go",
+			Note:    "the lookup of LookupQuery re-encodes the intent's query: sorted, its ; pairs dropped, another resource asked",
+			Anchor:  "\t\tu.RawQuery = strings.Join(kept, \"&\")\n",
+			Replace: "\t\tq := u.Query()\n\t\tq.Set(param, key)\n\t\tu.RawQuery = q.Encode()\n",
+			Pkg:     root, Run: "^TestServerLookupQueryKeepsTheIntentsQueryAsSent$",
+		},
 	})
 }
