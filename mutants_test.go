@@ -339,5 +339,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\tq := u.Query()\n\t\tq.Set(param, key)\n\t\tu.RawQuery = q.Encode()\n",
 			Pkg:     root, Run: "^TestServerLookupQueryKeepsTheIntentsQueryAsSent$",
 		},
+		{
+			Name: "mobile-config-error-names-credentials", File: "mobile/config.go",
+			Note:    "the mobile facade's error for a bad BaseURL names it with its user, password and query values",
+			Anchor:  `"BaseURL "+shownURL(cfg.BaseURL)+" is not`,
+			Replace: `"BaseURL "+fmt.Sprintf("%q", cfg.BaseURL)+" is not`,
+			Pkg:     "./mobile", Run: "^TestOpenRefusesABadBaseURLWithoutItsCredentials$",
+		},
 	})
 }
