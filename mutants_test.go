@@ -346,5 +346,19 @@ func TestMutants(t *testing.T) {
 			Replace: `"BaseURL "+fmt.Sprintf("%q", cfg.BaseURL)+" is not`,
 			Pkg:     "./mobile", Run: "^TestOpenRefusesABadBaseURLWithoutItsCredentials$",
 		},
+		{
+			Name: "unread-store-error-says-nothing", File: "do.go",
+			Note:    "a Do that cannot read the store (its context ended) returns the store's error alone, for an intent that may have been sent",
+			Anchor:  "\t\t\treturn nil, false, unread(cur, err)\n",
+			Replace: "\t\t\treturn nil, false, fmt.Errorf(\"idem: loading intent %s: %w\", cur.Key, err)\n",
+			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
+		},
+		{
+			Name: "unread-not-sent-claims-unknown", File: "do.go",
+			Note:    "a Do that cannot read the store claims the outcome of an intent stored not sent unknown",
+			Anchor:  "\tif cur.State == persist.StateNotSent {\n\t\treturn fmt.Errorf(",
+			Replace: "\tif false {\n\t\treturn fmt.Errorf(",
+			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
+		},
 	})
 }
