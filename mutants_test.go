@@ -360,5 +360,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\tif false {\n\t\treturn fmt.Errorf(",
 			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
 		},
+		{
+			Name: "hook-hears-budget-cut-as-deadline", File: "call.go",
+			Note:    "the attempt hook hears of an attempt MaxElapsed cut as context.DeadlineExceeded, the caller's deadline",
+			Anchor:  "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})\n",
+			Replace: "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: cmp.Or(err, hookErr)})\n",
+			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
+		},
 	})
 }
