@@ -208,7 +208,15 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		// server, so the outcome is unknown.
 		st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut
 		if !st.cutBeforeWire {
-			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: err})
+			// The hook hears of the budget's error, as the *RetryError
+			// carries it, not of the context.DeadlineExceeded that the
+			// budget's own timeout gave the attempt: only the caller's
+			// deadline is told as that.
+			hookErr := st.lastErr
+			if st.cut.reason == stopDeadline {
+				hookErr = err
+			}
+			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})
 		}
 		return false, errStopped
 	}

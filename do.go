@@ -26,6 +26,12 @@ import (
 // 422) returns the Response and an *APIError; it is stored and never
 // retried. When no final answer arrives, Do returns a *RetryError matching
 // ErrOutcomeUnknown and the intent stays unresolved: Do it again later.
+//
+// A Do that cannot read the intent's record from the store (its context
+// ended, the store failed) sends nothing and returns the store's error
+// (the context's): it also matches ErrOutcomeUnknown unless the intent
+// was stored not sent, since an earlier attempt may have reached the
+// server.
 func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Do with a nil intent")
@@ -121,12 +127,27 @@ func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.R
 	if !in.ephemeral && !cur.State.Resolved() && !known {
 		stored, err := c.store.Get(ctx, cur.Key)
 		if err != nil {
-			return nil, false, fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
+			return nil, false, unread(cur, err)
 		}
 		in.set(stored)
 		return stored, false, nil
 	}
 	return cur, known, nil
+}
+
+// unread is the error of a call that could not read in's record, cur its
+// version that in holds, and sent nothing: err, the store's (the
+// context's error when it ended), which also matches ErrOutcomeUnknown
+// when cur says an earlier attempt may have reached the server (any
+// unresolved state but StateNotSent: an armed intent may have been sent
+// by a process that died before it recorded the attempt). A record
+// stored not sent does not claim an outcome unknown, nor ErrNotSent: the
+// store, unread, may no longer say so.
+func unread(cur *persist.Record, err error) error {
+	if cur.State == persist.StateNotSent {
+		return fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
+	}
+	return fmt.Errorf("idem: loading intent %s: %w; %w", cur.Key, err, ErrOutcomeUnknown)
 }
 
 // recordExpiry ends a call of an intent too old to send: its outcome is

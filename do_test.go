@@ -1150,3 +1150,47 @@ func TestServerOwnAnswerRecognisesAnUnmarkedServer(t *testing.T) {
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, persist.StateFailed, in.State())
 }
+
+// A Do that cannot read the intent's record, its context ended, says what
+// the record it holds says: one that may have been sent (armed, sent
+// since by another value of the intent) ends with its outcome unknown as
+// well as the context's error; one stored not sent does not claim an
+// outcome unknown, nor that it was not sent, which the unread store may
+// no longer say. Nothing is sent.
+func TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown(t *testing.T) {
+	t.Parallel()
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.Run("may have been sent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:unread", 1500)
+		stale, err := e.client.Load(context.Background(), in.Key())
+		require.NoError(t, err)
+		e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+		_, err = e.client.Do(ended, stale)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+		assert.Equal(t, 1, e.srv.Stats().Requests)
+	})
+	t.Run("stored not sent", func(t *testing.T) {
+		t.Parallel()
+		refused := httptest.NewServer(http.NotFoundHandler())
+		refused.Close() // nothing listens there now
+		store := persist.NewMemory(nil)
+		c, err := idem.New(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "checkout:unread", idem.Request{Method: http.MethodPost, URL: refused.URL, Body: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = c.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		stale, err := c.Load(context.Background(), in.Key())
+		require.NoError(t, err)
+		require.Equal(t, persist.StateNotSent, stale.State())
+		_, err = c.Do(ended, stale)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.NotErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+	})
+}

@@ -46,7 +46,11 @@ var (
 	ErrKeyRejected = errors.New("idem: the server rejected the Idempotency-Key (400)")
 
 	// ErrOutcomeUnknown: the request may or may not have taken effect. The
-	// intent stays unresolved: Settle it (or Do it) again later.
+	// intent stays unresolved: Settle it (or Do it) again later. A Do that
+	// sent nothing because it could not read the intent's record (its
+	// context ended) matches it too, with the store's error, unless the
+	// intent was stored not sent: an earlier attempt may have reached the
+	// server.
 	ErrOutcomeUnknown = errors.New("idem: outcome unknown: the request may or may not have taken effect")
 
 	// ErrIntentMismatch: a request was offered for an intent that holds a

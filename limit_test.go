@@ -20,14 +20,14 @@ import (
 // return when the request's context ends or when stop is closed), and a
 // Client that sends to it through an http.Client with no Timeout, on the
 // system clock, with a short MaxElapsed.
-func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, stop <-chan struct{})) (*idem.Client, *idem.Intent) {
+func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, stop <-chan struct{}), opts ...idem.Option) (*idem.Client, *idem.Intent) {
 	t.Helper()
 	stop := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stall(w, r, stop) }))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stop) })                     // runs first: no handler stays blocked
 	hc := &http.Client{Transport: srv.Client().Transport} // no Timeout, like http.DefaultClient
-	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond}))
+	c, err := idem.New(append([]idem.Option{idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond})}, opts...)...)
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
@@ -70,6 +70,28 @@ func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
 	assert.Equal(t, 1, retryErr.Attempts)
 	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
 	assert.Equal(t, persist.StatePending, in.State())
+}
+
+// The attempt hook hears of an attempt that MaxElapsed cut with the
+// budget's error, as the *RetryError carries it: not the
+// context.DeadlineExceeded of the caller's own deadline, which an app's
+// metrics count apart.
+func TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError(t *testing.T) {
+	t.Parallel()
+	var heard []idem.Attempt
+	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}, idem.WithAttemptHook(func(a idem.Attempt) { heard = append(heard, a) }))
+	retryErr, _ := doWithin(t, c, in)
+	require.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	require.Len(t, heard, 1)
+	require.Error(t, heard[0].Err)
+	assert.NotErrorIs(t, heard[0].Err, context.DeadlineExceeded, "the budget cut the attempt, not the caller's context")
+	assert.Equal(t, retryErr.Err.Error(), heard[0].Err.Error())
+	assert.Contains(t, heard[0].Err.Error(), "max elapsed time reached")
 }
 
 // MaxElapsed bounds an attempt whose answer trickles in a byte at a time,

@@ -332,5 +332,40 @@ func TestMutants(t *testing.T) {
 			Replace: `e.LastResponse.Header.Get("Location")`,
 			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
 		},
+		{
+			Name: "lookup-query-re-encoded", File: "server.go",
+			Note:    "the lookup of LookupQuery re-encodes the intent's query: sorted, its ; pairs dropped, another resource asked",
+			Anchor:  "\t\tu.RawQuery = strings.Join(kept, \"&\")\n",
+			Replace: "\t\tq := u.Query()\n\t\tq.Set(param, key)\n\t\tu.RawQuery = q.Encode()\n",
+			Pkg:     root, Run: "^TestServerLookupQueryKeepsTheIntentsQueryAsSent$",
+		},
+		{
+			Name: "mobile-config-error-names-credentials", File: "mobile/config.go",
+			Note:    "the mobile facade's error for a bad BaseURL names it with its user, password and query values",
+			Anchor:  `"BaseURL "+shownURL(cfg.BaseURL)+" is not`,
+			Replace: `"BaseURL "+fmt.Sprintf("%q", cfg.BaseURL)+" is not`,
+			Pkg:     "./mobile", Run: "^TestOpenRefusesABadBaseURLWithoutItsCredentials$",
+		},
+		{
+			Name: "unread-store-error-says-nothing", File: "do.go",
+			Note:    "a Do that cannot read the store (its context ended) returns the store's error alone, for an intent that may have been sent",
+			Anchor:  "\t\t\treturn nil, false, unread(cur, err)\n",
+			Replace: "\t\t\treturn nil, false, fmt.Errorf(\"idem: loading intent %s: %w\", cur.Key, err)\n",
+			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
+		},
+		{
+			Name: "unread-not-sent-claims-unknown", File: "do.go",
+			Note:    "a Do that cannot read the store claims the outcome of an intent stored not sent unknown",
+			Anchor:  "\tif cur.State == persist.StateNotSent {\n\t\treturn fmt.Errorf(",
+			Replace: "\tif false {\n\t\treturn fmt.Errorf(",
+			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
+		},
+		{
+			Name: "hook-hears-budget-cut-as-deadline", File: "call.go",
+			Note:    "the attempt hook hears of an attempt MaxElapsed cut as context.DeadlineExceeded, the caller's deadline",
+			Anchor:  "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})\n",
+			Replace: "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: cmp.Or(err, hookErr)})\n",
+			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
+		},
 	})
 }

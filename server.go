@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -26,7 +27,9 @@ type Server struct {
 	// names: for an intent that POSTs to https://api.example/payments,
 	// LookupQuery "idempotency_key" asks
 	// GET https://api.example/payments?idempotency_key=K, as the contract
-	// does. New refuses a Server with both Lookup and LookupQuery, and a
+	// does. The intent's query is kept as sent, in its order and spelling,
+	// and the key parameter appended to it; a parameter of that name
+	// already in the intent's URL is replaced. New refuses a Server with both Lookup and LookupQuery, and a
 	// LookupQuery that is not a parameter's name: one with a space, a
 	// control character, =, &, ? or # in it.
 	LookupQuery string
@@ -130,7 +133,11 @@ func WithServer(s Server) Option {
 }
 
 // lookupQuery is the lookup of Server.LookupQuery: the intent's own URL
-// with the key in the query parameter param.
+// with the key in the query parameter param. The query is kept as sent,
+// byte for byte and in its order (a pair with ; in it, an escape spelled
+// %20 rather than +): it names the intent's resource, and a re-encoded
+// one may name another. Only pairs named param are dropped, and
+// param=key, escaped, is appended.
 func lookupQuery(param string) func(req Request, key string) string {
 	return func(req Request, key string) string {
 		u, err := url.Parse(req.URL)
@@ -138,10 +145,21 @@ func lookupQuery(param string) func(req Request, key string) string {
 			// Intents hold validated absolute URLs.
 			return ""
 		}
-		q := u.Query()
-		q.Set(param, key)
-		u.RawQuery = q.Encode()
+		var kept []string
+		if u.RawQuery != "" {
+			for _, pair := range strings.Split(u.RawQuery, "&") {
+				name, _, _ := strings.Cut(pair, "=")
+				if n, err := url.QueryUnescape(name); err == nil && n == param {
+					continue
+				}
+				kept = append(kept, pair)
+			}
+		}
+		kept = append(kept, url.QueryEscape(param)+"="+url.QueryEscape(key))
+		u.RawQuery = strings.Join(kept, "&")
+		u.ForceQuery = false
 		u.Fragment = ""
+		u.RawFragment = ""
 		return u.String()
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -135,4 +137,42 @@ func TestALaterWithServerReplacesAnEarlierOneWhole(t *testing.T) {
 	require.ErrorContains(t, err, "Server.Lookup and Server.LookupQuery are both set")
 	_, err = idem.New(idem.WithServer(idem.Server{ReconcileDelay: -1}), idem.WithServer(idem.Server{}))
 	require.NoError(t, err, "the negative delay was replaced")
+}
+
+// LookupQuery asks for the intent's own resource: its query as sent, in
+// its order, with its ; and its escapes, and the key appended in the
+// parameter it names, escaped. A parameter of that name already in the
+// URL is replaced, wherever it stood.
+func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
+	t.Parallel()
+	lookups := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			lookups <- r.URL.RawQuery
+			http.NotFound(w, r)
+			return
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close() // read, never answered
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	const query = "z=1;y=2&a=%2Fb%20c&idempotency_key=old&m=x+y&q"
+	in, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments?" + query + "#frag", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	_, _ = c.Reconcile(ctx, in)
+	select {
+	case got := <-lookups:
+		assert.Equal(t, "z=1;y=2&a=%2Fb%20c&m=x+y&q&idempotency_key="+url.QueryEscape(in.Key()), got)
+	default:
+		t.Fatal("Reconcile asked no lookup")
+	}
 }

@@ -439,7 +439,7 @@ func TestLookupQuery(t *testing.T) {
 	lookup := idem.LookupQuery("idempotency_key")
 	for _, tc := range []struct{ url, key, want string }{
 		{"https://api.example/payments", "k1", "https://api.example/payments?idempotency_key=k1"},
-		{"https://api.example/payments?idempotency_key=old&v=2#frag", "a b&c", "https://api.example/payments?idempotency_key=a+b%26c&v=2"},
+		{"https://api.example/payments?idempotency_key=old&v=2#frag", "a b&c", "https://api.example/payments?v=2&idempotency_key=a+b%26c"},
 	} {
 		assert.Equal(t, tc.want, lookup(idem.Request{Method: http.MethodPost, URL: tc.url}, tc.key))
 	}

@@ -531,3 +531,25 @@ func TestAnAuthorizerFailureAfterAnAttemptWasSentLeavesTheOutcomeUnknown(t *test
 	assert.NotEmpty(t, res.Key, "the intent to Settle later")
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
+
+// The error of a refused BaseURL names it without the credentials it may
+// carry: a user name and password, a query's values, a fragment; one that
+// does not parse is not named at all.
+func TestOpenRefusesABadBaseURLWithoutItsCredentials(t *testing.T) {
+	t.Parallel()
+	dir := stateDir(t)
+	for _, base := range []string{
+		"ftp://user:SECRET1@api.example/?access_token=SECRET2#SECRET3",
+		"https://SECRET1@/payments?cart=SECRET2",
+		"api.example/?access_token=SECRET1&sig=SECRET2",
+		"https://user:SECRET1@api.example/%zz?access_token=SECRET2",
+		"https://sk_live_SECRET1:@api.example:port/",
+		"ftp://api.example/?SECRET1",
+	} {
+		_, err := Open(NewConfig(dir, base))
+		require.Error(t, err, base)
+		assert.Equal(t, KindConfig, ErrorKind(err.Error()), base)
+		assert.Contains(t, err.Error(), "BaseURL", base)
+		assert.NotContains(t, err.Error(), "SECRET", base)
+	}
+}

@@ -77,7 +77,7 @@ func (c *Config) check() (Config, *url.URL, error) {
 	}
 	base, err := url.Parse(cfg.BaseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return cfg, nil, newError(KindConfig, fmt.Sprintf("BaseURL %q is not an http or https URL", cfg.BaseURL))
+		return cfg, nil, newError(KindConfig, "BaseURL "+shownURL(cfg.BaseURL)+" is not an http or https URL")
 	}
 	if cfg.LookupPath == "" {
 		cfg.LookupPath = defaultLookupPath
@@ -118,3 +118,35 @@ func resolve(base *url.URL, path string) (string, error) {
 	}
 	return base.ResolveReference(ref).String(), nil
 }
+
+// shownURL returns raw quoted as a config error may show it: with no
+// credential in it. It redacts more than the root package's error texts
+// do, which it cannot reach: the user information whole, the value of
+// every query parameter (a bare one whole), not only of those named for a
+// credential, and
+// the fragment. A URL that does not parse is not shown at all.
+func shownURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(not shown: it does not parse)"
+	}
+	if u.User != nil {
+		u.User = url.User(redacted)
+	}
+	u.Fragment, u.RawFragment = "", ""
+	if u.RawQuery != "" {
+		parts := strings.Split(u.RawQuery, "&")
+		for i, part := range parts {
+			if name, _, ok := strings.Cut(part, "="); ok {
+				parts[i] = name + "=" + redacted
+			} else {
+				parts[i] = redacted // a bare value, a token maybe
+			}
+		}
+		u.RawQuery = strings.Join(parts, "&")
+	}
+	return fmt.Sprintf("%q", u.String())
+}
+
+// redacted stands for what shownURL hides, as in url.URL.Redacted.
+const redacted = "xxxxx"
