@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -285,4 +286,43 @@ func TestLeaseEffectThatEndsTheTransaction(t *testing.T) {
 				WHERE r.status = 'COMPLETED'`), "the retry did not complete the record under its stable id")
 		})
 	}
+}
+
+// TestLeaseEffectNestedTransactions: the effect of the lease mode nests
+// transactions as savepoints (pgx.BeginFunc) on the transaction Complete
+// gave it: a nested one that fails is undone alone, one that succeeds
+// commits with the record.
+func TestLeaseEffectNestedTransactions(t *testing.T) {
+	pool := withPayments(t)
+	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
+			tx, _ := Tx(ctx)
+			if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('kept')")
+				return err
+			}); err != nil {
+				return err
+			}
+			undone := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				if _, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('undone')"); err != nil {
+					return err
+				}
+				return errors.New("changed its mind")
+			})
+			if undone == nil {
+				return errors.New("the failing savepoint succeeded")
+			}
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}), idempotency.Config{Store: New(pool, nil), Principal: anyone})
+	w := post(h, "k", `{}`, false)
+	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'kept'"))
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
 }
