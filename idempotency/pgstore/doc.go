@@ -42,11 +42,11 @@
 // one that has expired, and otherwise returns the live one: the PRIMARY KEY
 // decides which of many concurrent requests wins, and nothing looks a key
 // up before inserting it. TakeOver is one UPDATE conditional on the lease's
-// owner and end (a compare-and-swap). Complete is one transaction: it marks
-// the record COMPLETED (only if the worker still holds it), runs the
-// request's effect with the transaction, and commits; see [Tx]. Sweep
-// deletes expired records in bounded batches. Release is one DELETE.
-// RunOnce is the single transaction of a fresh key (see "One
+// owner and end (a compare-and-swap). Complete is one transaction: it locks
+// the record (only if the worker still holds it), runs the request's
+// effect with the transaction, marks the record COMPLETED and commits; see
+// [Tx]. Sweep deletes expired records in bounded batches. Release is one
+// DELETE. RunOnce is the single transaction of a fresh key (see "One
 // transaction").
 //
 // # The effect joins the transaction
@@ -66,6 +66,22 @@
 // The payment row and the COMPLETED record then commit together or not at
 // all. A lost connection before the commit leaves the record IN_PROGRESS,
 // and its lease decides what happens next.
+//
+// Only Complete ends that transaction: the effect must neither commit it
+// nor roll it back. Its Commit and Rollback fail, and an effect that calls
+// either fails its request whatever it returns: the client gets 500 and no
+// answer is stored. So does one that sends COMMIT or ROLLBACK as SQL
+// through the transaction or its connection: the transaction carries the
+// mark of "One transaction", and the record is marked COMPLETED after the
+// effect, in the marked transaction only, so no answer is ever stored for
+// an effect that did not commit with it. The record stays IN_PROGRESS and
+// the middleware ends its lease at once (as after any server error; or
+// deletes it, after [idempotency.NothingDone]): the retry takes it over
+// with the same stable id and does the work. After a ROLLBACK nothing was
+// done; after a COMMIT sent as SQL, the effect written before it has
+// committed on its own, without the record, and the retry does it again.
+// Nested transactions (Begin, [pgx.BeginFunc]) are savepoints and may be
+// committed and rolled back freely.
 //
 // # Messages
 //

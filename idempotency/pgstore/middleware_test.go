@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
@@ -234,4 +236,93 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestLeaseEffectThatEndsTheTransaction: in the lease mode, an effect (the
+// function given to idempotency.OnCommit) that ends the transaction
+// Complete gave it (Commit or Rollback on it, or COMMIT or ROLLBACK as SQL
+// through it), then reports success, fails its request with a 500 problem
+// with no internal text, and no answer is stored: the record stays
+// IN_PROGRESS with its lease ended at once, never COMPLETED for an effect
+// that did not commit with it. The retry with the key takes the record over
+// and does the work exactly once; only a COMMIT sent as SQL committed the
+// effect's earlier writes on their own, which the retry then does again.
+func TestLeaseEffectThatEndsTheTransaction(t *testing.T) {
+	for _, tc := range transactionEndings {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := withPayments(t)
+			var ended error
+			h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
+					tx, _ := Tx(ctx)
+					if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('p1')"); err != nil {
+						return err
+					}
+					ended = tc.end(ctx, tx)
+					return nil // and the end's error is ignored: the effect reports success
+				})
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}), idempotency.Config{Store: New(pool, nil), Principal: anyone})
+			w := post(h, "k", `{}`, false)
+			t.Logf("ending the transaction returned %v", ended)
+			requireEndingFailed(t, pool, w, tc.committed)
+			assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"), "an answer was stored")
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'IN_PROGRESS' AND owner = ''"),
+				"the record is not IN_PROGRESS with its lease given up")
+
+			// The retry takes the record over and does the work, with an
+			// effect that keeps the rule; a second retry replays it.
+			h = idempotency.New(http.HandlerFunc(payHandler), idempotency.Config{Store: New(pool, nil), Principal: anyone})
+			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
+			w = post(h, "k", `{}`, false)
+			require.Equal(t, http.StatusCreated, w.Code)
+			assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed))
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+			assert.Equal(t, 1, count(t, pool, `SELECT count(*) FROM idempotency_records r JOIN payments p ON p.id = r.stable_id
+				WHERE r.status = 'COMPLETED'`), "the retry did not complete the record under its stable id")
+		})
+	}
+}
+
+// TestLeaseEffectNestedTransactions: the effect of the lease mode nests
+// transactions as savepoints (pgx.BeginFunc) on the transaction Complete
+// gave it: a nested one that fails is undone alone, one that succeeds
+// commits with the record.
+func TestLeaseEffectNestedTransactions(t *testing.T) {
+	pool := withPayments(t)
+	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
+			tx, _ := Tx(ctx)
+			if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('kept')")
+				return err
+			}); err != nil {
+				return err
+			}
+			undone := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				if _, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('undone')"); err != nil {
+					return err
+				}
+				return errors.New("changed its mind")
+			})
+			if undone == nil {
+				return errors.New("the failing savepoint succeeded")
+			}
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}), idempotency.Config{Store: New(pool, nil), Principal: anyone})
+	w := post(h, "k", `{}`, false)
+	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'kept'"))
+	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
 }

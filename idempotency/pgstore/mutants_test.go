@@ -159,6 +159,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionMeetsALeaseRecord$", Env: pg,
 		},
 		{
+			Name: "pg-lease-effect-commit-stored", File: "idempotency/pgstore/store.go",
+			Note:    "a lease-mode effect that calls Commit or Rollback on Complete's transaction, and returns nil, has its answer stored",
+			Anchor:  "if etx.endTried {",
+			Replace: "if false {",
+			Pkg:     "./idempotency/pgstore", Run: "^TestLeaseEffectThatEndsTheTransaction$/^(Commit|Rollback)$", Env: pg,
+		},
+		{
+			Name: "pg-lease-effect-sql-rollback-stored", File: "idempotency/pgstore/store.go",
+			Note:    "a lease-mode effect that sends ROLLBACK (or COMMIT) as SQL has the COMPLETED record written outside any transaction, for an effect that rolled back",
+			Anchor:  "AND current_setting('` + markSetting + `', true) = $7`",
+			Replace: "AND $7::text IS NOT NULL`",
+			Pkg:     "./idempotency/pgstore", Run: "^TestLeaseEffectThatEndsTheTransaction$/^SQL", Env: pg,
+		},
+		{
 			Name: "once-no-flight", File: "idempotency/middleware.go",
 			Note:    "a duplicate in the same process waits for a connection instead of answering 409",
 			Anchor:  "\t\tif !owner {",

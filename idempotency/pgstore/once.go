@@ -49,10 +49,6 @@ var takeOverOnceSQL = nowSQL(4) + ` SELECT EXISTS (SELECT 1 FROM t, idempotency_
 	AND coalesce(r.locked_until <= t.now, true) AND NOT ` + expiredSQL + `
 	FOR UPDATE OF r SKIP LOCKED)`
 
-// markSetting is the setting, local to RunOnce's transaction, that holds
-// the transaction's mark ($11 of completeOnceSQL).
-const markSetting = "pgstore.run_once"
-
 // completeOnceSQL stores the COMPLETED record in the transaction of the
 // work: a new row, one that replaces an expired record, or the record of
 // owner $12 that the transaction took over (and holds locked). A live record
@@ -133,7 +129,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	mark := rand.Text()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(`SELECT set_config('`+markSetting+`', $1, true)`, mark)
+	b.Queue(setMarkSQL, mark)
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
@@ -206,7 +202,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		marked bool
 	)
 	b = &pgx.Batch{}
-	b.Queue(`SELECT coalesce(current_setting('`+markSetting+`', true) = $1, false)`, mark).
+	b.Queue(markedSQL, mark).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
 	stableID, from := rec.StableID, (*string)(nil)
 	if abandoned != nil {

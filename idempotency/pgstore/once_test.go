@@ -436,6 +436,52 @@ func TestOneTransactionNestedTransactions(t *testing.T) {
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
 }
 
+// transactionEndings are the ways a handler (or an effect) ends the
+// request's transaction that the store gave it, after writing a payment
+// row 'p1' through it: the store must then fail the request and store no
+// answer.
+var transactionEndings = []struct {
+	name      string
+	end       func(ctx context.Context, tx pgx.Tx) error
+	committed bool // 'p1' committed on its own
+}{
+	{"Commit", func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, false},
+	{"Rollback", func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, false},
+	{"SQL COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "COMMIT"); return err }, true},
+	{"SQL ROLLBACK", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "ROLLBACK"); return err }, false},
+	{"SQL ROLLBACK then BEGIN", func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "ROLLBACK; BEGIN"); err != nil {
+			return err
+		}
+		// Written in the transaction the handler began: it must not
+		// commit either.
+		_, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('p2')")
+		return err
+	}, false},
+	{"SQL COMMIT on the connection", func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Conn().Exec(ctx, "COMMIT")
+		return err
+	}, true},
+}
+
+// requireEndingFailed checks the answer w to a request whose handler (or
+// effect) ended its transaction as tc does: a 500 problem with no internal
+// text, and the payment 'p1' committed only if tc commits it on its own.
+// It then deletes the payments, for the retry to count its own.
+func requireEndingFailed(t *testing.T, pool *pgxpool.Pool, w *httptest.ResponseRecorder, committed bool) {
+	t.Helper()
+	assert.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
+	assert.Equal(t, "application/problem+json", w.Header().Get("Content-Type"))
+	assert.NotContains(t, w.Body.String(), "pgstore")
+	want := 0
+	if committed {
+		want = 1
+	}
+	assert.Equal(t, want, count(t, pool, "SELECT count(*) FROM payments"))
+	_, err := pool.Exec(context.Background(), "DELETE FROM payments")
+	require.NoError(t, err)
+}
+
 // TestOneTransactionHandlerThatEndsTheTransaction: a handler that ends the
 // request's transaction itself (Commit or Rollback on it, or COMMIT or
 // ROLLBACK as SQL through it), then answers 201, gets a 500 problem with
@@ -444,24 +490,7 @@ func TestOneTransactionNestedTransactions(t *testing.T) {
 // again, cleanly. Only a COMMIT sent as SQL commits the effect on its own,
 // before the record; then the retry does it again (see "One transaction").
 func TestOneTransactionHandlerThatEndsTheTransaction(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		end       func(ctx context.Context, tx pgx.Tx) error
-		committed bool // the effect committed on its own
-	}{
-		{"Commit", func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, false},
-		{"Rollback", func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, false},
-		{"SQL COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "COMMIT"); return err }, true},
-		{"SQL ROLLBACK", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "ROLLBACK"); return err }, false},
-		{"SQL ROLLBACK then BEGIN", func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, "ROLLBACK; BEGIN")
-			return err
-		}, false},
-		{"SQL COMMIT on the connection", func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Conn().Exec(ctx, "COMMIT")
-			return err
-		}, true},
-	} {
+	for _, tc := range transactionEndings {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := withPayments(t)
 			var ended error
@@ -476,19 +505,10 @@ func TestOneTransactionHandlerThatEndsTheTransaction(t *testing.T) {
 			}), nil)
 			w := post(h, "k", `{}`, false)
 			t.Logf("ending the transaction returned %v", ended)
-			assert.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
-			assert.Equal(t, "application/problem+json", w.Header().Get("Content-Type"))
-			assert.NotContains(t, w.Body.String(), "pgstore")
+			requireEndingFailed(t, pool, w, tc.committed)
 			assert.Zero(t, count(t, pool, "SELECT count(*) FROM idempotency_records"), "a record was stored")
-			want := 0
-			if tc.committed {
-				want = 1
-			}
-			assert.Equal(t, want, count(t, pool, "SELECT count(*) FROM payments"))
 
 			// The retry does the work, with a handler that keeps the rule.
-			_, err := pool.Exec(context.Background(), "DELETE FROM payments")
-			require.NoError(t, err)
 			h = newOnceServer(pool, payDirect(nil), nil)
 			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))

@@ -9,14 +9,53 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// errEndsWithRecord is what Commit and Rollback of RunOnce's transaction
-// return: it ends with the record, and only RunOnce ends it. A handler
-// that tries anyway fails its request (see [Store.RunOnce]).
-var errEndsWithRecord = errors.New("pgstore: the request's transaction commits with its record; only RunOnce commits or rolls it back")
+// errEndsWithRecord is what Commit and Rollback of the request's
+// transaction return (RunOnce's, or the one Complete gives the effect): it
+// ends with the record, and only the store ends it. A handler or effect
+// that tries anyway fails its request (see [Store.RunOnce] and
+// [Store.Complete]).
+var errEndsWithRecord = errors.New("pgstore: the request's transaction commits with its record; only the store commits or rolls it back")
 
-// errHandlerEnded is RunOnce's error when the handler ended, or tried to
-// end, the transaction it was given: nothing is stored.
-var errHandlerEnded = errors.New("the handler ended the request's transaction (Commit, Rollback, or COMMIT or ROLLBACK as SQL), which only RunOnce may end; nothing was stored")
+// errHandlerEnded is the error of RunOnce and Complete when the handler
+// (or the effect) ended, or tried to end, the transaction it was given:
+// nothing is stored.
+var errHandlerEnded = errors.New("the handler ended the request's transaction (Commit, Rollback, or COMMIT or ROLLBACK as SQL), which only the store may end; nothing was stored")
+
+// markSetting is the setting, local to the request's transaction (RunOnce's
+// or Complete's), that holds the transaction's mark: a random text set when
+// the store begins the transaction ([setMarkSQL]), and checked when the
+// record is written ([markedSQL]). A handler that ends the transaction,
+// with COMMIT or ROLLBACK as SQL, ends the mark with it; one that then
+// begins another (ROLLBACK; BEGIN) has a transaction without the mark.
+const markSetting = "pgstore.request_tx"
+
+// setMarkSQL marks the transaction with $1; markedSQL says whether the
+// statement runs in the transaction marked $1.
+const (
+	setMarkSQL = `SELECT set_config('` + markSetting + `', $1, true)`
+	markedSQL  = `SELECT coalesce(current_setting('` + markSetting + `', true) = $1, false)`
+)
+
+// endGuard is the Commit and Rollback of a transaction that only the store
+// ends: both fail and remember that the handler meant to end it, so that
+// its answer cannot be stored as committed with it.
+type endGuard struct {
+	endTried bool
+}
+
+func (g *endGuard) Commit(context.Context) error   { g.endTried = true; return errEndsWithRecord }
+func (g *endGuard) Rollback(context.Context) error { g.endTried = true; return errEndsWithRecord }
+
+// effectTx is the transaction of [Store.Complete] as the effect sees it
+// ([Tx]): pgx's own, whose Commit and Rollback fail (nested transactions
+// are pgx's savepoints, free to end).
+type effectTx struct {
+	pgx.Tx
+	endGuard
+}
+
+func (t *effectTx) Commit(ctx context.Context) error   { return t.endGuard.Commit(ctx) }
+func (t *effectTx) Rollback(ctx context.Context) error { return t.endGuard.Rollback(ctx) }
 
 // onceTx is the transaction of [Store.RunOnce] as the handler sees it
 // ([Tx]). RunOnce begins it in the same round trip as the key's lock and
@@ -27,14 +66,13 @@ var errHandlerEnded = errors.New("the handler ended the request's transaction (C
 type onceTx struct {
 	conn       *pgx.Conn
 	savepoints int64
-	// endTried is set by Commit and Rollback: the handler meant to end
-	// the transaction, so its answer cannot be stored as committed with it.
-	endTried bool
+	endGuard
 }
 
 var (
 	_ pgx.Tx = (*onceTx)(nil)
 	_ pgx.Tx = (*onceSavepoint)(nil)
+	_ pgx.Tx = (*effectTx)(nil)
 )
 
 func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -45,9 +83,6 @@ func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	}
 	return sp, nil
 }
-
-func (t *onceTx) Commit(context.Context) error   { t.endTried = true; return errEndsWithRecord }
-func (t *onceTx) Rollback(context.Context) error { t.endTried = true; return errEndsWithRecord }
 
 func (t *onceTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	return t.conn.CopyFrom(ctx, table, columns, src)

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/clock"
@@ -123,10 +125,11 @@ type txKey struct{}
 // itself, with its request's context) writes its business rows through
 // it, so that they commit with the COMPLETED record or not at all. The
 // effect must not commit or roll back the transaction, and must not write
-// through another connection. In [Store.RunOnce], a handler that ends the
+// through another connection. A handler or effect that ends the
 // transaction anyway (Commit or Rollback, which then fail, or COMMIT or
 // ROLLBACK as SQL) fails its request with a server error and nothing is
-// stored; see "One transaction" in the package docs.
+// stored, in either mode; see "The effect joins the transaction" and "One
+// transaction" in the package docs.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok
@@ -229,11 +232,36 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 	return tag.RowsAffected() == 1, nil
 }
 
-// Complete implements [idempotency.Store]: in one transaction it marks the
-// record COMPLETED (only if owner holds it IN_PROGRESS), runs commit with
-// the transaction in its context (see [Tx]), and commits. If commit fails,
-// or the connection is lost before the commit, the transaction rolls back
-// and the record stays IN_PROGRESS, owner's, until its lease ends.
+// holdSQL marks Complete's transaction with $4 (see [markSetting]) and
+// locks the record of $1, $2 if owner $3 holds it IN_PROGRESS, saying
+// whether it does: the effect runs only for the record's owner, and no
+// other worker changes the record until the commit.
+const holdSQL = `SELECT set_config('` + markSetting + `', $4, true), EXISTS (SELECT 1 FROM idempotency_records
+	WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3 FOR UPDATE)`
+
+// completeSQL marks the record COMPLETED with its answer, in the
+// transaction marked $7 only: after the effect, so that an effect that
+// committed the transaction with COMMIT as SQL (or rolled it back, or began
+// another) leaves the record IN_PROGRESS.
+const completeSQL = `UPDATE idempotency_records
+	SET status = 'COMPLETED', owner = '', locked_until = NULL,
+		response_status = $4, response_header = $5, response_body = $6
+	WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3
+	AND current_setting('` + markSetting + `', true) = $7`
+
+// Complete implements [idempotency.Store]: in one transaction it locks the
+// record (only if owner holds it IN_PROGRESS), runs commit with the
+// transaction in its context (see [Tx]), marks the record COMPLETED and
+// commits. If commit fails, or the connection is lost before the commit,
+// the transaction rolls back and the record stays IN_PROGRESS, owner's,
+// until its lease ends.
+//
+// The effect must not end the transaction: its Commit and Rollback fail,
+// and an effect that calls either, or sends COMMIT or ROLLBACK as SQL
+// (the transaction carries a mark, which the record's update checks),
+// makes Complete fail with nothing stored, whatever the effect returned.
+// The record then stays IN_PROGRESS, owner's; after a COMMIT sent as SQL,
+// the effect's writes before it have committed on their own.
 func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
 	code, header, body, err := answerColumns(resp)
 	if err != nil {
@@ -244,21 +272,45 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		return fmt.Errorf("pgstore: complete key %q: begin: %w", id.Key, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
-	tag, err := tx.Exec(ctx, `UPDATE idempotency_records
-		SET status = 'COMPLETED', owner = '', locked_until = NULL,
-			response_status = $4, response_header = $5, response_body = $6
-		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`,
-		caller(id), id.Key, owner, code, header, body)
-	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: mark completed: %w", id.Key, err)
+	var (
+		mark = rand.Text()
+		held bool
+	)
+	if err := tx.QueryRow(ctx, holdSQL, caller(id), id.Key, owner, mark).Scan(nil, &held); err != nil {
+		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !held {
 		return idempotency.ErrNotOwner
 	}
 	if commit != nil {
-		if err := commit(context.WithValue(ctx, txKey{}, tx)); err != nil {
+		etx := &effectTx{Tx: tx}
+		err := commit(context.WithValue(ctx, txKey{}, pgx.Tx(etx)))
+		// An effect that tried to end the transaction fails, whatever it
+		// returned. (One that ended it with COMMIT or ROLLBACK as SQL is
+		// caught by the mark, which the record's update checks.)
+		if etx.endTried {
+			return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
+		}
+		if err != nil {
 			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, err)
 		}
+	}
+	var marked bool
+	b := &pgx.Batch{}
+	b.Queue(markedSQL, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
+	completed := b.Queue(completeSQL, caller(id), id.Key, owner, code, header, body, mark)
+	var tag pgconn.CommandTag
+	completed.Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, err)
+	}
+	if !marked {
+		// The effect ended the transaction: the deferred Rollback ends
+		// whatever transaction it began since, and the record stays.
+		return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)

@@ -179,7 +179,7 @@ func TestErrorsSayWhatWasBeingDone(t *testing.T) {
 	}{
 		{insertErr, `pgstore: insert key "k": `},
 		{takeOverErr, `pgstore: take over key "k": `},
-		{s.Complete(ctx, rec.ID, "w", nil, nil), `pgstore: complete key "k": mark completed: `},
+		{s.Complete(ctx, rec.ID, "w", nil, nil), `pgstore: complete key "k": lock the record: `},
 		{s.Release(ctx, rec.ID, "w"), `pgstore: release key "k": `},
 		{sweepErr, `pgstore: sweep expired records (0 deleted so far): `},
 	} {
