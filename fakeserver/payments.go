@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem/internal/idemkey"
+
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -306,7 +308,7 @@ func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) 
 func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if q.Has("idempotency_key") {
-		key, err := idempotency.ParseKey(q.Get("idempotency_key"))
+		key, err := idemkey.ParseKey(q.Get("idempotency_key"))
 		if err != nil {
 			(&problem{Type: idempotency.TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return

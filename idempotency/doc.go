@@ -37,7 +37,7 @@
 //
 // # The key
 //
-// [ParseKey] accepts the RFC 8941 sf-string form of the IETF draft ("K") and
+// The middleware accepts the RFC 8941 sf-string form of the IETF draft ("K") and
 // the bare form deployed APIs send (K), as the same key. A key is 1 to 255
 // characters of visible ASCII; with [Config.RequireUUID] it must also be a
 // canonical UUID.

@@ -21,14 +21,6 @@ func MemoryAtRest(s *MemoryStore) string {
 	return b.String()
 }
 
-// Unexported names the external tests check against.
-var (
-	ErrKeyMissing = errKeyMissing
-	ErrKeyInvalid = errKeyInvalid
-)
-
-const MaxKeyLen = maxKeyLen
-
 type FullError = fullError
 
 // The fingerprint's names that only this package's external tests use.

@@ -1,85 +1,8 @@
 package idempotency
 
-import (
-	"errors"
-	"fmt"
-	"net/http"
-
-	"github.com/dunglas/httpsfv"
-	"github.com/google/uuid"
-)
-
 // HeaderKey is the request header that carries the idempotency key.
 const HeaderKey = "Idempotency-Key"
 
 // HeaderReplayed is set to "true" on an answer replayed from a stored record.
 // A fresh answer never carries it.
 const HeaderReplayed = "Idempotent-Replayed"
-
-// maxKeyLen is the longest key accepted, in bytes.
-const maxKeyLen = 255
-
-var (
-	// errKeyMissing is returned by ParseHeader when the request carries no
-	// Idempotency-Key.
-	errKeyMissing = errors.New("idempotency: Idempotency-Key header missing")
-	// errKeyInvalid is wrapped by every error for a key the server cannot
-	// accept; the wrapping error says why.
-	errKeyInvalid = errors.New("idempotency: invalid Idempotency-Key")
-)
-
-// ParseKey parses one Idempotency-Key field value. It accepts the RFC 8941
-// sf-string form of the IETF draft ("K", parsed with httpsfv; parameters are
-// ignored as RFC 8941 asks) and the bare form deployed APIs use (K), and
-// returns the same key for both. A key is 1 to 255 characters of visible
-// ASCII (0x21-0x7E). Errors say what is wrong with the value.
-func ParseKey(value string) (string, error) {
-	key := value
-	if len(value) > 0 && value[0] == '"' {
-		item, err := httpsfv.UnmarshalItem([]string{value})
-		if err != nil {
-			return "", fmt.Errorf("%w: quoted value is not an RFC 8941 sf-string", errKeyInvalid)
-		}
-		s, ok := item.Value.(string)
-		if !ok {
-			return "", fmt.Errorf("%w: quoted value is not an RFC 8941 sf-string", errKeyInvalid)
-		}
-		key = s
-	}
-	switch {
-	case len(key) == 0:
-		return "", fmt.Errorf("%w: key is empty", errKeyInvalid)
-	case len(key) > maxKeyLen:
-		return "", fmt.Errorf("%w: key is %d characters long, the limit is %d", errKeyInvalid, len(key), maxKeyLen)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			return "", fmt.Errorf("%w: character %d is 0x%02x; only visible ASCII (0x21-0x7E) is allowed", errKeyInvalid, i, c)
-		}
-	}
-	return key, nil
-}
-
-// ParseHeader returns the request's idempotency key. It fails when there
-// is no Idempotency-Key field (the request has none: h.Values is empty),
-// and when there is more than one or the one there is not a key (see
-// [ParseKey]). With requireUUID, the key must also be a UUID
-// in its canonical 36-character form.
-func ParseHeader(h http.Header, requireUUID bool) (string, error) {
-	vals := h.Values(HeaderKey)
-	switch len(vals) {
-	case 0:
-		return "", errKeyMissing
-	case 1:
-	default:
-		return "", fmt.Errorf("%w: the header appears %d times; send it once", errKeyInvalid, len(vals))
-	}
-	key, err := ParseKey(vals[0])
-	if err != nil {
-		return "", err
-	}
-	if requireUUID && (len(key) != 36 || uuid.Validate(key) != nil) {
-		return "", fmt.Errorf("%w: this server requires a UUID such as 8e03978e-40d5-43e8-bc93-6894a57f9324", errKeyInvalid)
-	}
-	return key, nil
-}

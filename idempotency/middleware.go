@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem/internal/idemkey"
+
 	"github.com/idemkit/idem/clock"
 )
 
@@ -198,8 +200,8 @@ func (m *middleware) report(r *http.Request, o Outcome) {
 // its order.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = echoKey(w, r)
-	key, err := ParseHeader(r.Header, m.cfg.RequireUUID)
-	if errors.Is(err, errKeyMissing) {
+	key, err := idemkey.ParseHeader(r.Header, m.cfg.RequireUUID)
+	if errors.Is(err, idemkey.ErrMissing) {
 		m.report(r, outcomeMissing)
 		(&Problem{Type: TypeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
 			Detail: "this endpoint requires an Idempotency-Key header; create one key per intent and reuse it on every retry"}).Write(w)

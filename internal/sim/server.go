@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/idemkey"
+
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -230,7 +232,7 @@ func paymentJSON(ch *charge) []byte {
 func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(idempotency.HeaderKey, r.URL.Query().Get("idempotency_key"))
 	w.Header().Set("Cache-Control", "no-store")
-	key, err := idempotency.ParseKey(r.URL.Query().Get("idempotency_key"))
+	key, err := idemkey.ParseKey(r.URL.Query().Get("idempotency_key"))
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "")
 		return
@@ -321,7 +323,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		// This server compares raw key values, as some libraries do: "K"
 		// and K are two keys to it.
 		if v := req.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
-			if k, err := idempotency.ParseKey(v); err == nil {
+			if k, err := idemkey.ParseKey(v); err == nil {
 				req.Header.Set(idempotency.HeaderKey, k+rawQuotedSuffix)
 			}
 		}
@@ -339,7 +341,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	switch {
 	case req.URL.Path == "/payments" && method == http.MethodPost:
 		if s.w.cfg.Stored5xx {
-			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
+			if k, err := idemkey.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
 				s.w.stats.fault(faultStored5xx.Name())
 				rec.header.Set(idempotency.HeaderReplayed, "true")
 				writeProblem(rec, http.StatusInternalServerError, "error", "")
@@ -350,7 +352,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && f.errorBeforeCharge {
 			// It stores the 500 only when nothing was charged under the
 			// key: a stored answer must be true.
-			if k, err := idempotency.ParseHeader(req.Header, false); err == nil && !*tookOver && !s.charged(req.Header.Get("Authorization"), k) {
+			if k, err := idemkey.ParseHeader(req.Header, false); err == nil && !*tookOver && !s.charged(req.Header.Get("Authorization"), k) {
 				s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] = true
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/idemkey"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -60,7 +62,7 @@ func TestRunBrokenServers(t *testing.T) {
 			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderKey) })}},
 		{name: "echoes a refusal's key parsed, not as received", fails: []string{"key-echo"},
 			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
-				if k, err := idempotency.ParseKey(h.Get(idempotency.HeaderKey)); status >= 400 && err == nil {
+				if k, err := idemkey.ParseKey(h.Get(idempotency.HeaderKey)); status >= 400 && err == nil {
 					h.Set(idempotency.HeaderKey, k)
 				}
 			})}},

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/idemkey"
+
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -139,7 +141,7 @@ func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 		fmt.Fprintf(w, `{"id":%q}`+"\n", id)
 	})
 	mux.HandleFunc("POST /payments", func(w http.ResponseWriter, r *http.Request) {
-		key, _ := idempotency.ParseKey(r.Header.Get(idempotency.HeaderKey))
+		key, _ := idemkey.ParseKey(r.Header.Get(idempotency.HeaderKey))
 		// The raw body, for a store that fingerprints bytes.
 		raw, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(raw))
@@ -396,7 +398,7 @@ func echoAsReceived(w http.ResponseWriter, received []string) http.ResponseWrite
 func acceptsMalformedKeys(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		vals := r.Header.Values(idempotency.HeaderKey)
-		if _, err := idempotency.ParseHeader(r.Header, false); len(vals) > 0 && err != nil {
+		if _, err := idemkey.ParseHeader(r.Header, false); len(vals) > 0 && err != nil {
 			sum := sha256.Sum256([]byte(strings.Join(vals, "\n")))
 			w = echoAsReceived(w, append([]string(nil), vals...))
 			r.Header.Set(idempotency.HeaderKey, hex.EncodeToString(sum[:]))

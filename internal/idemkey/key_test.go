@@ -1,4 +1,4 @@
-package idempotency_test
+package idemkey_test
 
 import (
 	"net/http"
@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/idemkey"
 )
 
 var keyCases = []struct {
@@ -41,9 +41,9 @@ func TestParseKey(t *testing.T) {
 	t.Parallel()
 	for _, tt := range keyCases {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := idempotency.ParseKey(tt.in)
+			got, err := idemkey.ParseKey(tt.in)
 			if tt.want == "" {
-				assert.ErrorIs(t, err, idempotency.ErrKeyInvalid)
+				assert.ErrorIs(t, err, idemkey.ErrInvalid)
 				assert.Empty(t, got)
 				return
 			}
@@ -62,21 +62,21 @@ func TestParseHeader(t *testing.T) {
 		want   string
 		err    error
 	}{
-		{"missing", nil, false, "", idempotency.ErrKeyMissing},
-		{"twice", []string{"a", "a"}, false, "", idempotency.ErrKeyInvalid},
+		{"missing", nil, false, "", idemkey.ErrMissing},
+		{"twice", []string{"a", "a"}, false, "", idemkey.ErrInvalid},
 		{"one", []string{"a"}, false, "a", nil},
 		{"uuid mode, uuid", []string{`"8E03978E-40D5-43E8-BC93-6894A57F9324"`}, true, "8E03978E-40D5-43E8-BC93-6894A57F9324", nil},
-		{"uuid mode, braces", []string{"{8e03978e-40d5-43e8-bc93-6894a57f9324}"}, true, "", idempotency.ErrKeyInvalid},
-		{"uuid mode, urn", []string{"urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"}, true, "", idempotency.ErrKeyInvalid},
-		{"uuid mode, other", []string{"order-1"}, true, "", idempotency.ErrKeyInvalid},
+		{"uuid mode, braces", []string{"{8e03978e-40d5-43e8-bc93-6894a57f9324}"}, true, "", idemkey.ErrInvalid},
+		{"uuid mode, urn", []string{"urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"}, true, "", idemkey.ErrInvalid},
+		{"uuid mode, other", []string{"order-1"}, true, "", idemkey.ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := http.Header{}
 			for _, v := range tt.values {
-				h.Add(idempotency.HeaderKey, v)
+				h.Add("Idempotency-Key", v)
 			}
-			got, err := idempotency.ParseHeader(h, tt.uuid)
+			got, err := idemkey.ParseHeader(h, tt.uuid)
 			if tt.err != nil {
 				assert.ErrorIs(t, err, tt.err)
 				return
@@ -92,14 +92,14 @@ func FuzzParseKey(f *testing.F) {
 		f.Add(tt.in)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		key, err := idempotency.ParseKey(in)
+		key, err := idemkey.ParseKey(in)
 		if err != nil {
 			if key != "" {
 				t.Fatalf("%q: error with a key", in)
 			}
 			return
 		}
-		if len(key) < 1 || len(key) > idempotency.MaxKeyLen {
+		if len(key) < 1 || len(key) > idemkey.MaxLen {
 			t.Fatalf("%q: key of length %d", in, len(key))
 		}
 		for i := 0; i < len(key); i++ {
@@ -113,7 +113,7 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("bare %q parsed as %q", in, key)
 		}
 		if !strings.ContainsAny(key, `"\`) {
-			again, err := idempotency.ParseKey(`"` + key + `"`)
+			again, err := idemkey.ParseKey(`"` + key + `"`)
 			if err != nil || again != key {
 				t.Fatalf("%q quoted: %q, %v", key, again, err)
 			}
