@@ -446,9 +446,6 @@ func (s *FileStore) read(e *entry) {
 	}
 }
 
-// Dir returns the store's directory, as an absolute path.
-func (s *FileStore) Dir() string { return s.dir }
-
 // begin registers a method that writes, so that Close waits for it. The
 // caller must call s.inflight.Done when begin returns nil.
 func (s *FileStore) begin(ctx context.Context) error {

@@ -62,8 +62,8 @@ func (s State) Resolved() bool {
 	return false
 }
 
-// Valid reports whether s is one of the defined states.
-func (s State) Valid() bool {
+// valid reports whether s is one of the defined states.
+func (s State) valid() bool {
 	switch s {
 	case StateNew, StatePending, StateSucceeded, StateFailed, StateRejected, StateExpired, StateVoid, StateNotSent:
 		return true
@@ -199,7 +199,7 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("persist: record %s has no method", r.Key)
 	case r.URL == "":
 		return fmt.Errorf("persist: record %s has no URL", r.Key)
-	case !r.State.Valid():
+	case !r.State.valid():
 		return fmt.Errorf("persist: record %s has unknown state %q", r.Key, r.State)
 	case r.CreatedAt.IsZero():
 		return fmt.Errorf("persist: record %s has no creation time", r.Key)
