@@ -845,8 +845,6 @@ func TestNoAttemptAfterExpiry(t *testing.T) {
 	assert.Equal(t, persist.StateExpired, rec.State)
 }
 
-// The call's context is cancelled once the server's final answer
-// is in hand: the outcome must still be saved.
 // An intent found too old to send by a call whose context has already
 // ended is expired all the same: the call says so, not that the context
 // ended it, and the store records it, so the app settles it through the
@@ -863,7 +861,7 @@ func TestExpiryIsSavedAfterACancel(t *testing.T) {
 			return ctx
 		}},
 		{"deadline passed", func(t *testing.T) context.Context {
-			ctx, cancel := context.WithDeadline(context.Background(), epoch)
+			ctx, cancel := context.WithTimeout(context.Background(), -time.Second)
 			t.Cleanup(cancel)
 			return ctx
 		}},
@@ -893,6 +891,8 @@ func TestExpiryIsSavedAfterACancel(t *testing.T) {
 	}
 }
 
+// The call's context is cancelled once the server's final answer
+// is in hand: the outcome must still be saved.
 func TestOutcomeIsSavedAfterACancel(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
