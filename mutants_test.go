@@ -381,5 +381,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\treturn nil\n\t}\n\tbody, err := readBody(resp.Body, limit)",
 			Pkg:     root, Run: "^TestAnUnmarkedSuccessOverTheLimitIsNotAPayment$",
 		},
+		{
+			Name: "another-keys-replay-marked", File: "answer.go",
+			Note:    "an answer marked Idempotent-Replayed that echoes another key is taken for this intent's: a cache's kept replay settles it succeeded",
+			Anchor:  "\tif len(h.Values(\"Idempotency-Key\")) > 0 {\n\t\treturn echoes(h, key)\n\t}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess$",
+		},
 	})
 }
