@@ -24,7 +24,8 @@ import (
 //
 //   - it carries the intent's key back in an Idempotency-Key header field
 //     (bare or as an RFC 8941 sf-string, as the contract's servers and
-//     Stripe echo it), or is marked Idempotent-Replayed: true;
+//     Stripe echo it), or is marked Idempotent-Replayed: true without an
+//     echo of another key;
 //   - or the app's recognizer (Server.OwnAnswer) says it is its server's.
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
@@ -78,9 +79,16 @@ func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
 // isSuccess reports a 2xx status.
 func isSuccess(status int) bool { return status >= 200 && status < 300 }
 
-// marked reports an answer the server marked as its own for key: the echo
-// or the replay header.
-func marked(h http.Header, key string) bool { return replayed(h) || echoes(h, key) }
+// marked reports an answer the server marked as its own for key: the echo,
+// or the replay header on an answer that echoes no key. A replay that echoes
+// another key is another intent's stored answer (a cache on the path that
+// kept one), never this one's.
+func marked(h http.Header, key string) bool {
+	if len(h.Values("Idempotency-Key")) > 0 {
+		return echoes(h, key)
+	}
+	return replayed(h)
+}
 
 // trusted reports an answer that is the server's word on key: marked, or
 // recognised by the app's Server.OwnAnswer. body is nil when it was not

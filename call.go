@@ -17,11 +17,15 @@ type call struct {
 	cfg       *config
 	key       string
 	b         budget
-	finalBody []byte    // the body of the last answer read in full
-	oversized bool      // the final answer was over the limit; no body kept
-	stopped   *stop     // why the budget ended the call, once it did
-	last      *Response // the last retryable answer
-	lastErr   error
+	finalBody []byte // the body of the last answer read in full
+	oversized bool   // the final answer was over the limit; no body kept
+	// own: the final answer is the server's word (Client.trusted), not a
+	// stranger's on the path; only the server's word refunds the retry
+	// budget.
+	own     bool
+	stopped *stop     // why the budget ended the call, once it did
+	last    *Response // the last retryable answer
+	lastErr error
 	// onWire: the current attempt has reached the transport.
 	onWire bool
 	// cut: the budget ran out during an attempt (or before it could
@@ -270,7 +274,9 @@ func (st *call) readFinal(resp *http.Response) error {
 	if limit < 0 {
 		resp.Body.Close()
 		st.oversized = true
-		return nil
+		// Over the limit by its header fields alone, it is checked for
+		// the server's mark all the same.
+		return st.unmarked(resp, nil)
 	}
 	body, err := readBody(resp.Body, limit)
 	if errors.Is(err, errBodyTooLarge) {
@@ -315,7 +321,8 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 		// on it.
 		return nil
 	}
-	if st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key) || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
+	st.own = st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key)
+	if st.own || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
 		return nil
 	}
 	st.stopped = &stop{reason: stopUnmarked}

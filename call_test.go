@@ -242,3 +242,23 @@ func TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation(t *testing.T) {
 	assert.Equal(t, 1, heard[0].Number)
 	assert.Error(t, heard[0].Err)
 }
+
+// A captive portal's 200 whose header fields alone pass the Client's limit
+// on an answer (a long Set-Cookie, a content security policy) is as much a
+// stranger's as any unmarked 200: over the limit or not, it is not a
+// payment, and the intent stays pending.
+func TestAnUnmarkedSuccessOverTheLimitIsNotAPayment(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Set-Cookie", "portal="+strings.Repeat("x", 2048))
+		strangerPage(w, http.StatusOK, "text/html", "<html>log in</html>")
+		return true
+	})
+	c := f.client(t, idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: 1024}))
+	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	requireStop(t, err, idem.StopUnmarked)
+	assert.Equal(t, persist.StatePending, in.State())
+}

@@ -1099,6 +1099,10 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 		{"an echoed 201 is final", http.StatusCreated, map[string]string{"Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
 		{"a quoted echo is final", http.StatusCreated, map[string]string{"Idempotency-Key": `"{key}"`}, persist.StateSucceeded, ""},
 		{"another key's echo is not", http.StatusCreated, map[string]string{"Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
+		// A cache on the path that kept another intent's replay and serves
+		// it to every POST of the URL.
+		{"another key's replay is not", http.StatusCreated, map[string]string{"Idempotent-Replayed": "true", "Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
+		{"a replay with this key's echo is final", http.StatusCreated, map[string]string{"Idempotent-Replayed": "true", "Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

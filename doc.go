@@ -204,8 +204,8 @@ for a background settle, from one Client.
 Beside each call's budget, a Client keeps one retry budget for all its
 calls ([RetryBudget], on by default, [WithRetryBudget]): a bucket of 20
 tokens from which a retry takes 5 (10 after an attempt that timed out), to
-which a final answer puts back what its retry took (one token after a first
-attempt), and to which a token comes back each second on the Client's
+which a final answer of the server's (one it marked) puts back what its retry
+took (one token after a first attempt), and to which a token comes back each second on the Client's
 clock. A first attempt never needs a token. A call whose next retry finds
 too few ends at once with its outcome unknown (its Reason: the
 client-wide retry budget is spent): so a dead server at app start costs [Client.SettleAll] a first attempt per intent and

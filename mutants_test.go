@@ -367,5 +367,26 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: cmp.Or(err, hookErr)})\n",
 			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
 		},
+		{
+			Name: "stranger-refunds-retry-budget", File: "retrybudget.go",
+			Note:    "a final answer that is not the server's word (a gateway's 401 to a first attempt) puts tokens back in the retry budget",
+			Anchor:  "\tif !st.own {\n\t\treturn\n\t}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestRetryBudgetIsNotRefilledByAStrangersAnswers$",
+		},
+		{
+			Name: "oversized-header-answer-unchecked", File: "call.go",
+			Note:    "an answer over the limit by its header fields alone is final without the server's mark: a captive portal's 200 is a payment",
+			Anchor:  "\t\treturn st.unmarked(resp, nil)\n\t}\n\tbody, err := readBody(resp.Body, limit)",
+			Replace: "\t\treturn nil\n\t}\n\tbody, err := readBody(resp.Body, limit)",
+			Pkg:     root, Run: "^TestAnUnmarkedSuccessOverTheLimitIsNotAPayment$",
+		},
+		{
+			Name: "another-keys-replay-marked", File: "answer.go",
+			Note:    "an answer marked Idempotent-Replayed that echoes another key is taken for this intent's: a cache's kept replay settles it succeeded",
+			Anchor:  "\tif len(h.Values(\"Idempotency-Key\")) > 0 {\n\t\treturn echoes(h, key)\n\t}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess$",
+		},
 	})
 }

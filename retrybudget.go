@@ -15,8 +15,10 @@ import (
 // retry finds too few tokens ends at once with a *RetryError whose Reason says
 // the budget is spent, its outcome unknown (the intent stays pending, or not
 // sent when the transport proves nothing left the device). A final answer
-// puts tokens back: the cost of the retry that got it, or one token when
-// the first attempt got it. Tokens also come back with time, one per
+// that is the server's word (marked with the key's echo, or recognised by
+// Server.OwnAnswer) puts tokens back, a stranger's on the path none: the
+// cost of the retry that got it, or one token when the first attempt got
+// it. Tokens also come back with time, one per
 // Refill, so that a device left without successes (offline for an hour)
 // still retries its next call. The bucket never holds more than Tokens.
 //
@@ -215,8 +217,13 @@ func (st *call) unspendRetry() {
 }
 
 // refundRetry puts back, after a final answer, what the retry that got it
-// took, or firstAnswerRefund when the first attempt got it.
+// took, or firstAnswerRefund when the first attempt got it. Only the
+// server's word does: a gateway's 401 or a CDN's 404 to a first attempt
+// ends the call, but says nothing of whether the server can take retries.
 func (st *call) refundRetry() {
+	if !st.own {
+		return
+	}
 	n := st.retryCost
 	if st.b.attempts <= 1 {
 		n = firstAnswerRefund

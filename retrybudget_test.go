@@ -534,3 +534,55 @@ func TestRetryBudgetBoundsAPolicyOfNanosecondWaits(t *testing.T) {
 	requireStop(t, err, idem.StopRetryBudget)
 	assert.Equal(t, 5, n)
 }
+
+// Only the server's word puts tokens back: a gateway's unmarked 401 to
+// the first attempt of fresh intents (it never reached the server) ends
+// those calls, but says nothing of the server's health, so a fleet whose
+// gateway answers every new call cannot buy back retries against a dead
+// server with it. The server's own final answer still refunds.
+func TestRetryBudgetIsNotRefilledByAStrangersAnswers(t *testing.T) {
+	t.Parallel()
+	const (
+		dead = iota
+		gateway
+		declined
+	)
+	var mode atomic.Int32
+	srv := &server{answer: func(n int, req *http.Request) (*http.Response, error) {
+		switch mode.Load() {
+		case gateway:
+			return &http.Response{StatusCode: http.StatusUnauthorized, Header: http.Header{},
+				Body: io.NopCloser(strings.NewReader("log in")), Request: req}, nil
+		case declined:
+			return answer(req, http.StatusPaymentRequired), nil
+		}
+		return unavailable(n, req)
+	}}
+	c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+		idem.WithRetryBudget(idem.RetryBudget{Tokens: 5, RetryCost: 5, TimeoutCost: 5, Refill: -1}))
+	n, err := send(t, c, srv, 1)
+	requireStop(t, err, idem.StopRetryBudget)
+	require.Equal(t, 2, n, "the bucket pays one retry")
+
+	mode.Store(gateway)
+	for i := range 5 {
+		n, err := send(t, c, srv, 10+i)
+		var apiErr *idem.APIError
+		require.ErrorAs(t, err, &apiErr)
+		require.Equal(t, 1, n)
+	}
+	mode.Store(dead)
+	n, err = send(t, c, srv, 2)
+	requireStop(t, err, idem.StopRetryBudget)
+	assert.Equal(t, 1, n, "five gateway answers bought no retry")
+
+	mode.Store(declined)
+	for i := range 5 {
+		_, err := send(t, c, srv, 20+i)
+		var apiErr *idem.APIError
+		require.ErrorAs(t, err, &apiErr)
+	}
+	mode.Store(dead)
+	n, _ = send(t, c, srv, 3)
+	assert.Equal(t, 2, n, "five answers of the server's own bought a retry")
+}
