@@ -245,12 +245,13 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 // server, else retryErr, the outcome unknown.
 func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, unsent bool) error {
 	now := c.clock.Now()
-	notSent := retryErr.sentNothing && retryErr.Attempts > 0 ||
-		retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached
-	if notSent && unsent {
+	// The call made one attempt, which failed for good and never reached
+	// the server.
+	oneNeverReached := retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached
+	if unsent && (oneNeverReached || retryErr.sentNothing && retryErr.Attempts > 0) {
 		return c.recordNotSent(ctx, in, rec, retryErr, now)
 	}
-	if retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached {
+	if oneNeverReached {
 		// The one attempt never reached the server, but an earlier one
 		// may have: nothing to record.
 		return retryErr

@@ -22,10 +22,7 @@ type budgetTransport struct{ base http.RoundTripper }
 
 func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st, ok := req.Context().Value(callKey{}).(*call)
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
+	base := t.baseTransport()
 	if !ok || req.Context().Err() != nil {
 		// Without a call's budget, or with its context done (the base
 		// transport then fails at once), there is nothing to bound.
@@ -59,13 +56,18 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // CloseIdleConnections closes the base transport's idle connections, as
 // http.Client.CloseIdleConnections would without the wrapper.
 func (t budgetTransport) CloseIdleConnections() {
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	if c, ok := base.(interface{ CloseIdleConnections() }); ok {
+	if c, ok := t.baseTransport().(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
+}
+
+// baseTransport is the transport the attempts go through: the
+// http.Client's, or http.DefaultTransport as net/http would use.
+func (t budgetTransport) baseTransport() http.RoundTripper {
+	if t.base == nil {
+		return http.DefaultTransport
+	}
+	return t.base
 }
 
 // budgetBody is an attempt's answer body; closing it ends the attempt's

@@ -321,8 +321,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "request-error-names-credentials", File: "request.go",
 			Note:    "a refused request's error names its URL with the user name and credential query values",
-			Anchor:  "\tshown := redactUserinfo(r.URL, true)\n",
-			Replace: "\tshown := r.URL\n",
+			Anchor:  "\tshown := func() string { return redactUserinfo(r.URL, true) }\n",
+			Replace: "\tshown := func() string { return r.URL }\n",
 			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
 		},
 		{

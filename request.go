@@ -59,21 +59,23 @@ func (r Request) validate() error {
 		return fmt.Errorf("idem: bad request URL: %w", err)
 	}
 	// The errors name the URL as the attempt hook does: no credential.
-	shown := redactUserinfo(r.URL, true)
+	// Redacted only for an error: a valid request (every one through the
+	// RoundTripper) is not parsed again.
+	shown := func() string { return redactUserinfo(r.URL, true) }
 	if !u.IsAbs() || u.Host == "" {
-		return fmt.Errorf("idem: request URL %q is not absolute", shown)
+		return fmt.Errorf("idem: request URL %q is not absolute", shown())
 	}
 	// What would make every attempt fail before it reaches a server is
 	// refused here, before the intent exists.
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", shown)
+		return fmt.Errorf("idem: request URL %q: the scheme must be http or https", shown())
 	}
 	if u.Hostname() == "" {
-		return fmt.Errorf("idem: request URL %q has no host name", shown)
+		return fmt.Errorf("idem: request URL %q has no host name", shown())
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", shown, p)
+			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", shown(), p)
 		}
 	}
 	return nil
