@@ -142,7 +142,8 @@ func TestALaterWithServerReplacesAnEarlierOneWhole(t *testing.T) {
 // LookupQuery asks for the intent's own resource: its query as sent, in
 // its order, with its ; and its escapes, and the key appended in the
 // parameter it names, escaped. A parameter of that name already in the
-// URL is replaced, wherever it stood.
+// URL is replaced, wherever it stood and however it was spelled
+// (idempotency%5Fkey is idempotency_key).
 func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
 	t.Parallel()
 	lookups := make(chan string, 1)
@@ -163,7 +164,7 @@ func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
 		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	require.NoError(t, err)
 	ctx := context.Background()
-	const query = "z=1;y=2&a=%2Fb%20c&idempotency_key=old&m=x+y&q"
+	const query = "z=1;y=2&a=%2Fb%20c&idempotency_key=old&m=x+y&idempotency%5Fkey=older&q"
 	in, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments?" + query + "#frag", Body: []byte(`{}`)})
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)
