@@ -287,10 +287,13 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 	assert.False(t, in.State().Resolved())
 }
 
-func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	in := e.newIntent(t, "checkout:reconcile", 1500)
+// reconcileLostAnswer pays 1500 under action through a Client made with
+// opts (one attempt), loses the answer, and returns what Reconcile then
+// finds: the payment, succeeded.
+func reconcileLostAnswer(t *testing.T, action string, opts ...idem.Option) (*idem.Response, *idem.Intent) {
+	t.Helper()
+	e := newEnv(t, append([]idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})}, opts...)...)
+	in := e.newIntent(t, action, 1500)
 	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
 	_, err := e.client.Do(context.Background(), in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
@@ -299,6 +302,12 @@ func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, persist.StateSucceeded, in.State())
+	return resp, in
+}
+
+func TestReconcileFindsAPaymentWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	resp, _ := reconcileLostAnswer(t, "checkout:reconcile")
 	assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount)
 }
 
