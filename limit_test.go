@@ -82,6 +82,21 @@ func doWithin(t *testing.T, c *idem.Client, in *idem.Intent) (*idem.RetryError, 
 	return retryErr, took
 }
 
+// cutByTheBudget runs Do (doWithin) on an intent of stalling whose one
+// attempt gets no answer in time, and checks that the 200ms budget ended
+// the call: its outcome is unknown, not by the caller's deadline, after
+// one attempt and exactly the budget, and the intent is pending.
+func cutByTheBudget(t *testing.T, c *idem.Client, in *idem.Intent) {
+	t.Helper()
+	retryErr, took := doWithin(t, c, in)
+	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
+	assert.NotErrorIs(t, retryErr, context.DeadlineExceeded, "the budget ended the call, not the caller's context")
+	assert.Equal(t, 1, retryErr.Attempts)
+	assert.Equal(t, 200*time.Millisecond, took, "the budget")
+	assert.Equal(t, persist.StatePending, in.State())
+}
+
 // MaxElapsed bounds an attempt that gets no answer at all, though the
 // http.Client has no Timeout. The attempt may have reached the server: the
 // outcome is unknown and the intent pending.
@@ -89,13 +104,7 @@ func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		c, in := stalling(t, noAnswer)
-		retryErr, took := doWithin(t, c, in)
-		assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-		assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
-		assert.NotErrorIs(t, retryErr, context.DeadlineExceeded, "the budget ended the call, not the caller's context")
-		assert.Equal(t, 1, retryErr.Attempts)
-		assert.Equal(t, 200*time.Millisecond, took, "the budget")
-		assert.Equal(t, persist.StatePending, in.State())
+		cutByTheBudget(t, c, in)
 	})
 }
 
@@ -130,13 +139,7 @@ func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
 				ContentLength: 1000000, Body: trickle{req.Context()}, Request: req,
 			}, nil
 		})
-		retryErr, took := doWithin(t, c, in)
-		assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-		assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
-		assert.NotErrorIs(t, retryErr, context.DeadlineExceeded, "the budget ended the call, not the caller's context")
-		assert.Equal(t, 1, retryErr.Attempts)
-		assert.Equal(t, 200*time.Millisecond, took, "the budget")
-		assert.Equal(t, persist.StatePending, in.State())
+		cutByTheBudget(t, c, in)
 	})
 }
 
