@@ -24,7 +24,7 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { re
 // stalling is a Client that sends through an http.Client with no Timeout
 // to rt, a server in the process whose answer to a POST is stalled until
 // the request's context ends, on the system clock, with a MaxElapsed of
-// 200ms. It is called inside a synctest bubble: the time the budget counts
+// 200ms (opts may replace it). It is called inside a synctest bubble: the time the budget counts
 // passes only while every goroutine waits, so no test depends on the
 // machine's speed, and an unbounded call fails the test (doWithin) rather
 // than hanging it.

@@ -492,19 +492,12 @@ func TestReconcileSavesAfterACancel(t *testing.T) {
 func TestTheLookupTakesTheCallsRetryPolicy(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: roundTripFunc(noAnswer)}), idem.WithLookup(contractLookup),
-			idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: time.Hour}))
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
-		require.NoError(t, err)
-		in, err := c.NewIntent(context.Background(), "", req)
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(c, context.Background(), in))
+		c, in := stalling(t, noAnswer, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: time.Hour}))
 
 		ctx, cancel := context.WithTimeout(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxElapsed: 300 * time.Millisecond}), 15*time.Second)
 		defer cancel()
 		start := time.Now()
-		_, err = c.Reconcile(ctx, in)
+		_, err := c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		assert.NotErrorIs(t, err, context.DeadlineExceeded, "the call's budget ended the lookup, not the caller's context")
 		assert.Equal(t, 300*time.Millisecond, time.Since(start), "the call's budget is 300ms, the Client's an hour")
