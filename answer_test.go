@@ -103,10 +103,18 @@ func TestStoredHeaderKeepsItsOwnValues(t *testing.T) {
 		"Content-Type": {"application/json"},
 		"X-Request-Id": {"r1", "r2"},
 	}, got)
+	// A change to the answer's header, made before any append could have
+	// copied the kept values away from it, does not reach them.
+	h["Location"][0] = "/payments/2"
+	h["X-Request-Id"][1] = "r3"
+	require.Equal(t, http.Header{
+		"Location":     {"/payments/1"},
+		"Content-Type": {"application/json"},
+		"X-Request-Id": {"r1", "r2"},
+	}, got)
 	for name := range got {
 		got[name] = append(got[name], "appended")
 	}
-	h["Location"][0] = "/payments/2"
 	for name, vs := range got {
 		assert.Equal(t, "appended", vs[len(vs)-1], name)
 	}

@@ -24,25 +24,38 @@ type outcome struct {
 	err  error
 }
 
+// heldLeader starts, inside a synctest bubble, a leader of the flight
+// for key "k" that holds the key until open is called, then ends with
+// what result returns, sent on leader. It returns once the leader holds
+// the key; the test's end opens it, so that a failed assertion does not
+// leave the leader blocked.
+func heldLeader(t *testing.T, f *flights, result func() (*Response, error)) (leader <-chan outcome, open func()) {
+	t.Helper()
+	release := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+	out := make(chan outcome, 1)
+	go func() {
+		resp, err := f.do(t.Context(), "k", func() (*Response, error) {
+			<-release
+			return result()
+		})
+		out <- outcome{resp, err}
+	}()
+	synctest.Wait() // the leader holds the key
+	return out, open
+}
+
 // A waiter whose own context expires returns at once with an unknown
 // outcome (a *RetryError), not a bare context error, while the call it
 // waited for goes on.
 func TestFlightWaiterWhoseContextExpiresGetsAnUnknownOutcome(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var f flights
-		release := make(chan struct{})
-		var once sync.Once
-		open := func() { once.Do(func() { close(release) }) }
-		defer open() // a failed assertion must not leave the leader blocked
-		leader := make(chan outcome, 1)
-		go func() {
-			resp, err := f.do(t.Context(), "k", func() (*Response, error) {
-				<-release
-				return &Response{StatusCode: http.StatusCreated}, nil
-			})
-			leader <- outcome{resp, err}
-		}()
-		synctest.Wait() // the leader holds the key
+		leader, open := heldLeader(t, &f, func() (*Response, error) {
+			return &Response{StatusCode: http.StatusCreated}, nil
+		})
 
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
@@ -104,19 +117,9 @@ func TestFlightWaiterWithTimeLeftTakesOverFromACancelledLeader(t *testing.T) {
 func TestFlightWaiterOutlivesALeaderWithAShortDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var f flights
-		release := make(chan struct{})
-		var once sync.Once
-		open := func() { once.Do(func() { close(release) }) }
-		defer open() // a failed assertion must not leave the leader blocked
-		leader := make(chan outcome, 1)
-		go func() {
-			resp, err := f.do(t.Context(), "k", func() (*Response, error) {
-				<-release
-				return nil, &RetryError{Key: "k", Reason: stopDeadline, Attempts: 1, Wait: time.Minute}
-			})
-			leader <- outcome{resp, err}
-		}()
-		synctest.Wait()
+		leader, open := heldLeader(t, &f, func() (*Response, error) {
+			return nil, &RetryError{Key: "k", Reason: stopDeadline, Attempts: 1, Wait: time.Minute}
+		})
 		waiter := make(chan outcome, 1)
 		go func() {
 			resp, err := f.do(t.Context(), "k", func() (*Response, error) {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -16,20 +16,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// stalling is a test server whose answer to a POST is stall (which must
-// return when the request's context ends or when stop is closed), and a
-// Client that sends to it through an http.Client with no Timeout, on the
-// system clock, with a short MaxElapsed.
-func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, stop <-chan struct{}), opts ...idem.Option) (*idem.Client, *idem.Intent) {
+// roundTripFunc is an http.RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// stalling is a Client that sends through an http.Client with no Timeout
+// to rt, a server in the process whose answer to a POST is stalled until
+// the request's context ends, on the system clock, with a MaxElapsed of
+// 200ms (opts may replace it). It is called inside a synctest bubble: the time the budget counts
+// passes only while every goroutine waits, so no test depends on the
+// machine's speed, and an unbounded call fails the test (doWithin) rather
+// than hanging it.
+func stalling(t *testing.T, rt roundTripFunc, opts ...idem.Option) (*idem.Client, *idem.Intent) {
 	t.Helper()
-	stop := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stall(w, r, stop) }))
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { close(stop) })                     // runs first: no handler stays blocked
-	hc := &http.Client{Transport: srv.Client().Transport} // no Timeout, like http.DefaultClient
+	hc := &http.Client{Transport: rt} // no Timeout, like http.DefaultClient
 	c, err := idem.New(append([]idem.Option{idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond})}, opts...)...)
 	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+	req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
 	in, err := c.NewIntent(context.Background(), "", req)
 	require.NoError(t, err)
@@ -37,9 +41,35 @@ func stalling(t *testing.T, stall func(w http.ResponseWriter, r *http.Request, s
 	return c, in
 }
 
-// doWithin runs Do with a generous real deadline, far above the budget
-// under test, so that a call the budget does not bound fails the test
-// instead of hanging it.
+// noAnswer is a server that reads the request and never answers.
+func noAnswer(req *http.Request) (*http.Response, error) {
+	<-req.Context().Done()
+	return nil, req.Context().Err()
+}
+
+// trickle is a body of which each byte comes 10ms after the last, each in
+// time to keep a read timeout from firing, until ctx ends.
+type trickle struct{ ctx context.Context }
+
+func (b trickle) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	select {
+	case <-b.ctx.Done():
+		return 0, b.ctx.Err()
+	case <-time.After(10 * time.Millisecond):
+		p[0] = ' '
+		return 1, nil
+	}
+}
+
+func (trickle) Close() error { return nil }
+
+// doWithin runs Do under a deadline of 20s, far above the budget under
+// test, so that a call the budget does not bound fails the test instead
+// of hanging it, and returns how long the call took on the bubble's
+// clock.
 func doWithin(t *testing.T, c *idem.Client, in *idem.Intent) (*idem.RetryError, time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -52,24 +82,30 @@ func doWithin(t *testing.T, c *idem.Client, in *idem.Intent) (*idem.RetryError, 
 	return retryErr, took
 }
 
-// MaxElapsed bounds an attempt that gets no answer at all, though the
-// http.Client has no Timeout. The attempt may have reached the server: the
-// outcome is unknown and the intent pending.
-func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
-	t.Parallel()
-	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
-		select {
-		case <-r.Context().Done():
-		case <-stop:
-		}
-	})
+// cutByTheBudget runs Do (doWithin) on an intent of stalling whose one
+// attempt gets no answer in time, and checks that the 200ms budget ended
+// the call: its outcome is unknown, not by the caller's deadline, after
+// one attempt and exactly the budget, and the intent is pending.
+func cutByTheBudget(t *testing.T, c *idem.Client, in *idem.Intent) {
+	t.Helper()
 	retryErr, took := doWithin(t, c, in)
 	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
 	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
 	assert.NotErrorIs(t, retryErr, context.DeadlineExceeded, "the budget ended the call, not the caller's context")
 	assert.Equal(t, 1, retryErr.Attempts)
-	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
+	assert.Equal(t, 200*time.Millisecond, took, "the budget")
 	assert.Equal(t, persist.StatePending, in.State())
+}
+
+// MaxElapsed bounds an attempt that gets no answer at all, though the
+// http.Client has no Timeout. The attempt may have reached the server: the
+// outcome is unknown and the intent pending.
+func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c, in := stalling(t, noAnswer)
+		cutByTheBudget(t, c, in)
+	})
 }
 
 // The attempt hook hears of an attempt that MaxElapsed cut with the
@@ -78,88 +114,66 @@ func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
 // metrics count apart.
 func TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError(t *testing.T) {
 	t.Parallel()
-	var heard []idem.Attempt
-	c, in := stalling(t, func(_ http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
-		select {
-		case <-r.Context().Done():
-		case <-stop:
-		}
-	}, idem.WithAttemptHook(func(a idem.Attempt) { heard = append(heard, a) }))
-	retryErr, _ := doWithin(t, c, in)
-	require.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-	require.Len(t, heard, 1)
-	require.Error(t, heard[0].Err)
-	assert.NotErrorIs(t, heard[0].Err, context.DeadlineExceeded, "the budget cut the attempt, not the caller's context")
-	assert.Equal(t, retryErr.Err.Error(), heard[0].Err.Error())
-	assert.Contains(t, heard[0].Err.Error(), "max elapsed time reached")
+	synctest.Test(t, func(t *testing.T) {
+		var heard []idem.Attempt
+		c, in := stalling(t, noAnswer, idem.WithAttemptHook(func(a idem.Attempt) { heard = append(heard, a) }))
+		retryErr, _ := doWithin(t, c, in)
+		require.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+		require.Len(t, heard, 1)
+		require.Error(t, heard[0].Err)
+		assert.NotErrorIs(t, heard[0].Err, context.DeadlineExceeded, "the budget cut the attempt, not the caller's context")
+		assert.Equal(t, retryErr.Err.Error(), heard[0].Err.Error())
+		assert.Contains(t, heard[0].Err.Error(), "max elapsed time reached")
+	})
 }
 
 // MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
 // each in time to keep a read timeout from firing.
 func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
 	t.Parallel()
-	c, in := stalling(t, func(w http.ResponseWriter, r *http.Request, stop <-chan struct{}) {
-		w.Header().Set("Content-Length", "1000000")
-		w.WriteHeader(http.StatusCreated)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-r.Context().Done():
-				return
-			case <-stop:
-				return
-			case <-tick.C:
-				if _, err := w.Write([]byte(" ")); err != nil {
-					return
-				}
-				w.(http.Flusher).Flush()
-			}
-		}
+	synctest.Test(t, func(t *testing.T) {
+		c, in := stalling(t, func(req *http.Request) (*http.Response, error) {
+			return &http.Response{
+				StatusCode: http.StatusCreated, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header:        http.Header{"Content-Length": {"1000000"}},
+				ContentLength: 1000000, Body: trickle{req.Context()}, Request: req,
+			}, nil
+		})
+		cutByTheBudget(t, c, in)
 	})
-	retryErr, took := doWithin(t, c, in)
-	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-	assert.ErrorIs(t, retryErr, idem.ErrOutcomeUnknown)
-	assert.NotErrorIs(t, retryErr, context.DeadlineExceeded, "the budget ended the call, not the caller's context")
-	assert.Equal(t, 1, retryErr.Attempts)
-	assert.Less(t, took, 10*time.Second, "the budget is 200ms")
-	assert.Equal(t, persist.StatePending, in.State())
 }
 
 // An attempt gets what is left of the budget on the Client's clock: after a
 // Retry-After wait of 2s on a manual clock, a second attempt under a
-// MaxElapsed of 2.3s gets 300ms of real time.
+// MaxElapsed of 2.3s gets 300ms.
 func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
 	t.Parallel()
-	stop := make(chan struct{})
-	var posts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if posts.Add(1) == 1 {
-			w.Header().Set("Retry-After", "2")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		select { // the second attempt gets no answer
-		case <-r.Context().Done():
-		case <-stop:
-		}
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { close(stop) })
-	clk := clock.NewManual(epoch)
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: srv.Client().Transport}), idem.WithClock(clk),
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
-	require.NoError(t, err)
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
+	synctest.Test(t, func(t *testing.T) {
+		var posts atomic.Int32
+		rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if posts.Add(1) == 1 {
+				return &http.Response{
+					StatusCode: http.StatusServiceUnavailable, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+					Header: http.Header{"Retry-After": {"2"}}, Body: http.NoBody, Request: req,
+				}, nil
+			}
+			return noAnswer(req) // the second attempt gets no answer
+		})
+		clk := clock.NewManual(epoch)
+		c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: rt}), idem.WithClock(clk),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
 
-	retryErr, took := doWithin(t, c, in)
-	assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-	assert.Equal(t, 2, retryErr.Attempts)
-	assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
-	assert.Less(t, took, 10*time.Second, "300ms were left")
+		retryErr, took := doWithin(t, c, in)
+		assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+		assert.Equal(t, 2, retryErr.Attempts)
+		assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
+		assert.Equal(t, 300*time.Millisecond, took, "300ms were left")
+	})
 }
 
 // idleRecorder is a transport that fails every request and counts the

@@ -44,24 +44,19 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 
 // The largest MaxResponseBytes keeps every answer whole: the bound read is
 // one past what is left of the limit, which must not wrap around to a
-// bound of nothing. The lookup of a payment whose answer was lost, and an
-// answer with no header field at all (an HTTP/1.0 server's, recognised by
-// Server.OwnAnswer), would settle it succeeded with its receipt empty.
+// bound of nothing. What is left is the whole limit for an answer with no
+// header field at all (an HTTP/1.0 server's, recognised by
+// Server.OwnAnswer): such a final answer, or such an answer of the lookup
+// of a payment whose answer was lost, would settle it succeeded with its
+// receipt empty. An answer with header fields (the lookup subtest's) is
+// read whole too.
 func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 	t.Parallel()
+	const receipt = `{"id":"pay_1","amount":1500}`
 	t.Run("lookup", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		resp, in := reconcileLostAnswer(t, "checkout:largest",
 			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64}))
-		in := e.newIntent(t, "checkout:largest", 1500)
-		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-		_, err := e.client.Do(context.Background(), in)
-		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-		resp, err := e.client.Reconcile(context.Background(), in)
-		require.NoError(t, err)
-		assert.Equal(t, http.StatusOK, resp.StatusCode)
-		assert.Equal(t, persist.StateSucceeded, in.State())
 		assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount, "the lookup's answer is read whole")
 		stored := in.Response()
 		require.NotNil(t, stored)
@@ -69,27 +64,11 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 	})
 	t.Run("answer without header fields", func(t *testing.T) {
 		t.Parallel()
-		const receipt = `{"id":"pay_1","amount":1500}`
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				conn, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				if req, err := http.ReadRequest(bufio.NewReader(conn)); err == nil {
-					_, _ = io.Copy(io.Discard, req.Body)
-					_, _ = io.WriteString(conn, "HTTP/1.0 201 Created\r\n\r\n"+receipt)
-				}
-				conn.Close()
-			}
-		}()
+		addr := headerless(t, func(*http.Request) string { return "HTTP/1.0 201 Created\r\n\r\n" + receipt })
 		c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
 			idem.WithServer(idem.Server{MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
 		require.NoError(t, err)
-		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + ln.Addr().String() + "/payments", Body: []byte(`{}`)})
+		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + addr + "/payments", Body: []byte(`{}`)})
 		require.NoError(t, err)
 		resp, err := c.Do(context.Background(), in)
 		require.NoError(t, err)
@@ -98,6 +77,56 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, in.State())
 		assert.Equal(t, receipt, string(in.Response().Body))
 	})
+	// The lookup's answer with no header field: the bound of its body is
+	// the whole limit, the one that would wrap around.
+	t.Run("lookup answer without header fields", func(t *testing.T) {
+		t.Parallel()
+		addr := headerless(t, func(req *http.Request) string {
+			if req.Method == http.MethodGet {
+				return "HTTP/1.0 200 OK\r\n\r\n" + receipt
+			}
+			return "" // the send's answer is lost
+		})
+		c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + addr + "/payments", Body: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = c.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		resp, err := c.Reconcile(context.Background(), in)
+		require.NoError(t, err)
+		assert.Empty(t, resp.Header, "no header field")
+		assert.Equal(t, receipt, string(resp.Body), "the lookup's answer is read whole")
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		stored := in.Response()
+		require.NotNil(t, stored)
+		assert.Equal(t, receipt, string(stored.Body), "and kept whole")
+	})
+}
+
+// headerless is the address of a server that reads each request and
+// writes answer's text for it raw (an HTTP/1.0 answer with no header
+// field, say), or nothing when it is empty, then closes the connection.
+func headerless(t *testing.T, answer func(*http.Request) string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if req, err := http.ReadRequest(bufio.NewReader(conn)); err == nil {
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(conn, answer(req))
+			}
+			conn.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // LookupQuery names a query parameter; what is not a name (a query
@@ -142,7 +171,8 @@ func TestALaterWithServerReplacesAnEarlierOneWhole(t *testing.T) {
 // LookupQuery asks for the intent's own resource: its query as sent, in
 // its order, with its ; and its escapes, and the key appended in the
 // parameter it names, escaped. A parameter of that name already in the
-// URL is replaced, wherever it stood.
+// URL is replaced, wherever it stood and however it was spelled
+// (idempotency%5Fkey is idempotency_key).
 func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
 	t.Parallel()
 	lookups := make(chan string, 1)
@@ -163,7 +193,7 @@ func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
 		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	require.NoError(t, err)
 	ctx := context.Background()
-	const query = "z=1;y=2&a=%2Fb%20c&idempotency_key=old&m=x+y&q"
+	const query = "z=1;y=2&a=%2Fb%20c&idempotency_key=old&m=x+y&idempotency%5Fkey=older&q"
 	in, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments?" + query + "#frag", Body: []byte(`{}`)})
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)

@@ -238,6 +238,23 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// onCommit is a handler of the lease mode whose effect runs in
+// idempotency.OnCommit on the transaction Complete gives it (Tx): it
+// answers 201 when the effect succeeds, 500 with its error otherwise.
+func onCommit(effect func(ctx context.Context, tx pgx.Tx) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
+			tx, _ := Tx(ctx)
+			return effect(ctx, tx)
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+}
+
 // TestLeaseEffectThatEndsTheTransaction: in the lease mode, an effect (the
 // function given to idempotency.OnCommit) that ends the transaction
 // Complete gave it (Commit or Rollback on it, or COMMIT or ROLLBACK as SQL
@@ -252,20 +269,12 @@ func TestLeaseEffectThatEndsTheTransaction(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := withPayments(t)
 			var ended error
-			h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
-					tx, _ := Tx(ctx)
-					if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('p1')"); err != nil {
-						return err
-					}
-					ended = tc.end(ctx, tx)
-					return nil // and the end's error is ignored: the effect reports success
-				})
-				if err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
+			h := idempotency.New(onCommit(func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ('p1')"); err != nil {
+					return err
 				}
-				w.WriteHeader(http.StatusCreated)
+				ended = tc.end(ctx, tx)
+				return nil // and the end's error is ignored: the effect reports success
 			}), idempotency.Config{Store: New(pool, nil), Principal: anyone})
 			w := post(h, "k", `{}`, false)
 			t.Logf("ending the transaction returned %v", ended)
@@ -294,31 +303,23 @@ func TestLeaseEffectThatEndsTheTransaction(t *testing.T) {
 // commits with the record.
 func TestLeaseEffectNestedTransactions(t *testing.T) {
 	pool := withPayments(t)
-	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := idempotency.OnCommit(r.Context(), func(ctx context.Context) error {
-			tx, _ := Tx(ctx)
-			if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-				_, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('kept')")
-				return err
-			}); err != nil {
-				return err
-			}
-			undone := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-				if _, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('undone')"); err != nil {
-					return err
-				}
-				return errors.New("changed its mind")
-			})
-			if undone == nil {
-				return errors.New("the failing savepoint succeeded")
-			}
-			return nil
-		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
+	h := idempotency.New(onCommit(func(ctx context.Context, tx pgx.Tx) error {
+		if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			_, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('kept')")
+			return err
+		}); err != nil {
+			return err
 		}
-		w.WriteHeader(http.StatusCreated)
+		undone := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			if _, err := sp.Exec(ctx, "INSERT INTO payments (id) VALUES ('undone')"); err != nil {
+				return err
+			}
+			return errors.New("changed its mind")
+		})
+		if undone == nil {
+			return errors.New("the failing savepoint succeeded")
+		}
+		return nil
 	}), idempotency.Config{Store: New(pool, nil), Principal: anyone})
 	w := post(h, "k", `{}`, false)
 	require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
