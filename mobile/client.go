@@ -34,12 +34,11 @@ type Client struct {
 // Open opens the state directory (creating it, private to the app) and
 // returns a Client. It fails with an error of kind locked while another
 // Client has the directory open, and of kind config for a wrong Config.
-func Open(cfg *Config) (*Client, error) { return open(cfg, nil) }
+func Open(cfg *Config) (*Client, error) { return open(cfg) }
 
 // open is Open with extra idem options, which tests use to share a manual
-// clock and the fake server's http.Client, and with edit, if not nil, to
-// change the description of the server that cfg makes.
-func open(cfg *Config, edit func(*idem.Server), opts ...idem.Option) (*Client, error) {
+// clock and the fake server's http.Client.
+func open(cfg *Config, opts ...idem.Option) (*Client, error) {
 	c, base, err := cfg.check()
 	if err != nil {
 		return nil, err
@@ -62,9 +61,6 @@ func open(cfg *Config, edit func(*idem.Server), opts ...idem.Option) (*Client, e
 			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
 			return u // checked by cfg.check; "" fails the lookup
 		},
-	}
-	if edit != nil {
-		edit(&server)
 	}
 	ic, err := idem.New(append([]idem.Option{
 		idem.WithStore(store),

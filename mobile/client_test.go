@@ -53,7 +53,7 @@ func (w *world) open(t *testing.T, edit ...func(*Config)) *Client {
 	for _, f := range edit {
 		f(cfg)
 	}
-	c, err := open(cfg, nil, idem.WithClock(w.clock))
+	c, err := open(cfg, idem.WithClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -224,7 +224,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := open(NewConfig(stateDir(t), srv.URL), nil, idem.WithClock(clock.NewManual(epoch)))
+	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	var calls atomic.Int64
@@ -415,7 +415,9 @@ func TestForegroundAndBackgroundBudgetsFromOneClient(t *testing.T) {
 func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), func(s *idem.Server) { s.MaxResponseBytes = 16 }, idem.WithClock(w.clock))
+	// The facade's own Server is replaced whole; one Pay answered at once
+	// needs neither its lookup nor its retention.
+	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithServer(idem.Server{MaxResponseBytes: 16}), idem.WithClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
@@ -443,7 +445,7 @@ func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
 func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
+	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	res, err := c.Pay("checkout:full", "/payments", []byte(cart), nil)
@@ -497,7 +499,7 @@ func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	cancel := &Cancel{}
-	c, err := open(NewConfig(w.dir, w.srv.URL), nil, idem.WithClock(w.clock),
+	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock),
 		idem.WithStore(fullAfterAnswerCancelled{persist.NewMemory(nil), cancel}))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
