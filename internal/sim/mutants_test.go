@@ -93,8 +93,8 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "unmarked-2xx-final", File: "call.go",
 		Note:    "an unmarked 2xx answer to a send is the payment (a captive portal's login page, proxy.refuse-post)",
-		Anchor:  "if st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key) ||",
-		Replace: "if isSuccess(resp.StatusCode) || st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key) ||",
+		Anchor:  "if st.own || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {",
+		Replace: "if st.own || isSuccess(resp.StatusCode) || !st.mayHaveSentBefore() {",
 	},
 	// Not sent means not sent.
 	{
