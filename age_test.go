@@ -121,7 +121,7 @@ func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
 	t.Cleanup(srv.Close)
 	net := &heldNetwork{base: srv.Client().Transport}
 	device := newDeviceClock(truth)
-	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
@@ -149,7 +149,7 @@ func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
 	t.Cleanup(srv.Close)
 	device := newDeviceClock(truth)
-	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
@@ -248,7 +248,7 @@ func TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger(t *testing.T) {
 	store := persist.NewMemory(nil)
 	device := newDeviceClock(truth)
 	open := func() *idem.Client {
-		c, err := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.NewWith(idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		return c
 	}

@@ -35,7 +35,7 @@ func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
 			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 			t.Cleanup(srv.Close)
 			cdn := &statusAfterWork{base: srv.Client().Transport, status: code, times: 1}
-			c, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
+			c, err := NewWith(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk))
 			require.NoError(t, err)
 			in := newPayment(t, c, srv.URL)
 
@@ -48,7 +48,7 @@ func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
 
 			// With no attempt left, the outcome is unknown, not failed.
 			cdn.times = 1
-			c1, err := New(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+			c1, err := NewWith(WithHTTPClient(&http.Client{Transport: cdn}), WithClock(clk), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
 			require.NoError(t, err)
 			in = newPayment(t, c1, srv.URL)
 			_, err = c1.Do(context.Background(), in)
@@ -67,7 +67,7 @@ func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
 		w.WriteHeader(http.StatusInternalServerError)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := New(WithHTTPClient(srv.Client()), WithClock(clock.NewManual(retryAfterNow)))
+	c, err := NewWith(WithHTTPClient(srv.Client()), WithClock(clock.NewManual(retryAfterNow)))
 	require.NoError(t, err)
 	in := newPayment(t, c, srv.URL)
 
@@ -89,7 +89,7 @@ func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
 // share one array, yet an append to one field's values changes no other
 // field, and a change to the answer's header does not reach them.
 func TestStoredHeaderKeepsItsOwnValues(t *testing.T) {
-	cfg, err := newConfig([]Option{WithStoredHeaders("X-Request-Id")})
+	cfg, err := newConfig(Config{Server: Server{StoredHeaders: []string{"X-Request-Id"}}})
 	require.NoError(t, err)
 	h := http.Header{
 		"Location":     {"/payments/1"},

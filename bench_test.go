@@ -25,7 +25,7 @@ func BenchmarkDo(b *testing.B) {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
 	hc := srv.Client()
-	c, err := idem.New(idem.WithHTTPClient(hc))
+	c, err := idem.NewWith(idem.WithHTTPClient(hc))
 	if err != nil {
 		b.Fatal(err)
 	}

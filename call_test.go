@@ -30,7 +30,7 @@ func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Cli
 	srv := httptest.NewServer(marking(h))
 	t.Cleanup(srv.Close)
 	base := []idem.Option{idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithLookup(contractLookup)}
-	c, err := idem.New(append(base, opts...)...)
+	c, err := idem.NewWith(append(base, opts...)...)
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
@@ -155,7 +155,7 @@ func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
 	tr := &http.Transport{DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	var log attemptLog
-	c, err := idem.New(
+	c, err := idem.NewWith(
 		idem.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}),
 		idem.WithStore(persist.NewMemory(nil)),
 		idem.WithClock(clk),
@@ -222,7 +222,7 @@ func TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation(t *testing.T) {
 	t.Cleanup(func() { close(stop) })
 	var mu sync.Mutex
 	var heard []idem.Attempt
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithAttemptHook(func(a idem.Attempt) { mu.Lock(); heard = append(heard, a); mu.Unlock() }))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})

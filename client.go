@@ -17,7 +17,7 @@ import (
 // intent itself, with the same key). Several Clients may share one store:
 // the store decides which intent is an action's latest (see Intent).
 type Client struct {
-	// config is what New made of the options, defaults filled in; it
+	// config is what New made of its Config, defaults filled in; it
 	// never changes after New.
 	config
 	retry *retrier // sends the attempts of calls through config.http
@@ -25,7 +25,7 @@ type Client struct {
 	flights *flights     // one call per key at a time
 	keys    *keys        // what this process knows about each key
 	clocks  *clocks      // the device's clocks, to judge an intent's age
-	tokens  *tokenBucket // the client-wide retry budget (WithRetryBudget)
+	tokens  *tokenBucket // the client-wide retry budget (Config.RetryBudget)
 
 	// actionMu serialises the decision "reuse or create" per Client.
 	actionMu sync.Mutex
@@ -39,25 +39,24 @@ type Client struct {
 	id string
 }
 
-// New returns a Client. With no options it keeps intents in memory only,
-// which is right for tests and wrong on a device: pass WithStore. An option
-// given a value out of range (a nil store, a RetryPolicy with a negative
-// field, a credential header to store) makes New fail with an error that
-// names every such option and says what to pass instead.
-func New(opts ...Option) (*Client, error) {
-	// The options apply in order, the last of two for one setting wins;
-	// newConfig refuses what cannot work, then fills in the defaults.
-	cfg, err := newConfig(opts)
+// New returns a Client configured by cfg (see Config). New(Config{}) keeps
+// intents in memory only, which is right for tests and wrong on a device:
+// set Config.Store. A field out of range (a RetryPolicy with a negative
+// field, a credential header to store, a nil pointer for a store) makes
+// New fail with an error that names every such field and says what to
+// give instead.
+func New(cfg Config) (*Client, error) {
+	c, err := newConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return &Client{
-		config:  cfg,
-		retry:   newRetrier(cfg.http),
+		config:  c,
+		retry:   newRetrier(c.http),
 		flights: &flights{},
 		keys:    newKeys(),
-		clocks:  newClocks(cfg.clock, cfg.store),
-		tokens:  newTokenBucket(cfg.retryBudget),
+		clocks:  newClocks(c.clock, c.store),
+		tokens:  newTokenBucket(c.retryBudget),
 		id:      uuid.NewString(),
 	}, nil
 }

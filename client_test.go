@@ -83,7 +83,7 @@ func (e *env) newClient(t testing.TB, opts ...idem.Option) *idem.Client {
 		idem.WithClock(e.clock),
 		idem.WithLookup(contractLookup),
 	}
-	c, err := idem.New(append(base, opts...)...)
+	c, err := idem.NewWith(append(base, opts...)...)
 	require.NoError(t, err)
 	return c
 }
@@ -273,7 +273,7 @@ func (g *gatedServer) open() { g.once.Do(func() { close(g.release) }) }
 
 func (g *gatedServer) newClient(t *testing.T, opts ...idem.Option) *idem.Client {
 	t.Helper()
-	c, err := idem.New(append([]idem.Option{idem.WithHTTPClient(g.client), idem.WithClock(g.clock), idem.WithLookup(contractLookup)}, opts...)...)
+	c, err := idem.NewWith(append([]idem.Option{idem.WithHTTPClient(g.client), idem.WithClock(g.clock), idem.WithLookup(contractLookup)}, opts...)...)
 	require.NoError(t, err)
 	return c
 }
@@ -310,9 +310,9 @@ func TestQuotedKeyIsQuotedOnTheWire(t *testing.T) {
 
 func TestRetentionMustLeaveTimeToSend(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(idem.WithRetention(time.Hour, time.Hour))
+	_, err := idem.NewWith(idem.WithRetention(time.Hour, time.Hour))
 	require.Error(t, err)
-	_, err = idem.New(idem.WithRetention(2*time.Hour, time.Hour))
+	_, err = idem.NewWith(idem.WithRetention(2*time.Hour, time.Hour))
 	require.NoError(t, err)
 }
 
@@ -365,7 +365,7 @@ func newFront(t testing.TB, stranger func(w http.ResponseWriter, r *http.Request
 func (f *front) client(t testing.TB, opts ...idem.Option) *idem.Client {
 	t.Helper()
 	base := []idem.Option{idem.WithHTTPClient(f.srv.Client()), idem.WithStore(f.store), idem.WithClock(f.clock), idem.WithLookup(contractLookup)}
-	c, err := idem.New(append(base, opts...)...)
+	c, err := idem.NewWith(append(base, opts...)...)
 	require.NoError(t, err)
 	return c
 }

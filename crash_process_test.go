@@ -69,7 +69,7 @@ func crashChild(stateDir, baseURL string, intents int) int {
 	}
 	defer store.Close()
 	tr := &http.Transport{DisableKeepAlives: true}
-	c, err := idem.New(
+	c, err := idem.NewWith(
 		idem.WithStore(store),
 		idem.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 50, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxRetryAfter: 3 * time.Second}),

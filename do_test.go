@@ -365,7 +365,7 @@ func TestDoubleTapSendsOneRequestAtATime(t *testing.T) {
 			// first is on the wire.
 			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
 			t.Cleanup(srv.Close)
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
+			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -512,7 +512,7 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, RequireUUID: true})
 	t.Cleanup(srv.Close)
 	store := persist.NewMemory(nil)
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
@@ -690,7 +690,7 @@ func TestRestartOnTheFileStore(t *testing.T) {
 	open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {
 		store, err := persist.OpenDir(dir, nil)
 		require.NoError(t, err)
-		c, err := idem.New(append([]idem.Option{idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk)}, opts...)...)
+		c, err := idem.NewWith(append([]idem.Option{idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk)}, opts...)...)
 		require.NoError(t, err)
 		return c, store
 	}
@@ -797,7 +797,7 @@ func TestCertificateErrorIsNotRetried(t *testing.T) {
 	tr := &http.Transport{} // does not trust the test server's certificate
 	t.Cleanup(tr.CloseIdleConnections)
 	var attempts attemptLog
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clk), idem.WithAttemptHook(attempts.hook))
+	c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clk), idem.WithAttemptHook(attempts.hook))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
@@ -1183,7 +1183,7 @@ func TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown(t *testing.T)
 		refused := httptest.NewServer(http.NotFoundHandler())
 		refused.Close() // nothing listens there now
 		store := persist.NewMemory(nil)
-		c, err := idem.New(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.NewIntent(context.Background(), "checkout:unread", idem.Request{Method: http.MethodPost, URL: refused.URL, Body: []byte(`{}`)})
 		require.NoError(t, err)

@@ -38,8 +38,8 @@ sends it, and returns the final answer; the stored one, without sending,
 once the outcome is known. It returns an [*UnresolvedError] instead of
 starting a second payment while the previous one's outcome is unknown.
 
-	client, err := idem.New(idem.WithStore(store),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	client, err := idem.New(idem.Config{Store: store,
+		Server: idem.Server{LookupQuery: "idempotency_key"}})
 	...
 	resp, err := client.Send(ctx, "checkout:cart-42", req)
 
@@ -202,7 +202,7 @@ with a context a budget of their own, a short one for a tap and a long one
 for a background settle, from one Client.
 
 Beside each call's budget, a Client keeps one retry budget for all its
-calls ([RetryBudget], on by default, [WithRetryBudget]): a bucket of 20
+calls ([RetryBudget], on by default, [Config].RetryBudget): a bucket of 20
 tokens from which a retry takes 5 (10 after an attempt that timed out), to
 which a final answer of the server's (one it marked) puts back what its retry
 took (one token after a first attempt), and to which a token comes back each second on the Client's
@@ -325,12 +325,12 @@ carry a key.
 
 # Observing
 
-[WithAttemptHook] hears of every attempt: the intent's key and action name,
+[Config].OnAttempt hears of every attempt: the intent's key and action name,
 its URL (credentials redacted), its number, status or error, how long it
 took on the Client's clock, and whether and after what wait another
 follows. [Client.SettleAll] reports each intent as its settle ends
-([WithSettleProgress]) and settles a few at a time, four by default
-([WithSettleConcurrency]). examples/otel turns the hook into OpenTelemetry
+(Config.SettleProgress) and settles a few at a time, four by default
+(Config.SettleConcurrency). examples/otel turns the hook into OpenTelemetry
 spans, one per intent with an event per attempt and http.resend_count, in a
 module of its own.
 
@@ -348,14 +348,14 @@ key.
 
 Each kind of setting has one style:
 
-  - The Client's own settings are functional options, given to [New] and
-    applied in order ([Option]: [WithStore], [WithHTTPClient],
-    [WithLogger], ...). A Client never changes after New.
-  - What the Client knows of the app's server is a struct, [Server], given
-    whole with [WithServer]: its lookup, its retention, how it spells keys
+  - Settings are structs whose zero fields take documented defaults, as
+    everywhere in this module. The Client's are one [Config], given to
+    [New]; a Client never changes after New.
+  - What the Client knows of the app's server is a struct of its own,
+    [Server] (Config.Server): its lookup, its retention, how it spells keys
     and marks its answers. Its zero fields are the contract's defaults.
   - The policy of a call is a struct, [RetryPolicy]: the Client's default
-    with [WithRetryPolicy], and one call's, from its context, with
+    in Config.RetryPolicy, and one call's, from its context, with
     [ContextWithRetryPolicy]; its zero fields keep the Client's values.
   - A store's settings are a struct given to its constructor
     (persist.Options to persist.OpenDir and persist.NewMemory).
@@ -364,7 +364,7 @@ Each kind of setting has one style:
 
 The fakeserver package implements the server side of the contract with
 faults on demand (lost responses, crashed workers, 503s); test against it
-rather than against a hand-made mock. Give the client ([WithClock]) and the
+rather than against a hand-made mock. Give the client (Config.Clock) and the
 fake server the same clock.Manual, and backoff, Retry-After, leases and
 retention pass without sleeping. [Client.HTTPRequest] builds the exact
 request of an intent for an http.Client that idem does not manage.

@@ -43,7 +43,7 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 				_, _ = io.WriteString(w, tc.body)
 			}))
 			t.Cleanup(srv.Close)
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
+			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
 				idem.WithServer(idem.Server{KeyReusedAnswer: func(resp *idem.Response) bool {
 					return strings.Contains(string(resp.Body), "DUPLICATE_KEY")
 				}}))
@@ -82,7 +82,7 @@ func TestErrorTextsCarryNoCredential(t *testing.T) {
 		return strings.Replace(base, "http://", "http://sk_live_SECRET1:SECRET2@", 1) + "/payments?cart=42&access_token=SECRET3"
 	}
 	newClient := func(t *testing.T, opts ...idem.Option) *idem.Client {
-		c, err := idem.New(append([]idem.Option{idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		c, err := idem.NewWith(append([]idem.Option{idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
 			idem.WithServer(idem.Server{LookupQuery: "idempotency_key"})}, opts...)...)
 		require.NoError(t, err)
 		return c

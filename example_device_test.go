@@ -23,8 +23,10 @@ func payOnDevice(ctx context.Context, stateDir, apiURL string) error {
 		return err // persist.ErrLocked: another process holds the directory
 	}
 	defer store.Close()
-	client, err := idem.New(idem.WithStore(store),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	client, err := idem.New(idem.Config{
+		Store:  store,
+		Server: idem.Server{LookupQuery: "idempotency_key"},
+	})
 	if err != nil {
 		return err
 	}

@@ -29,8 +29,11 @@ func Example() {
 		return
 	}
 	defer store.Close()
-	client, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	client, _ := idem.New(idem.Config{
+		Store:      store,
+		HTTPClient: srv.Client(),
+		Server:     idem.Server{LookupQuery: "idempotency_key"},
+	})
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
@@ -57,7 +60,7 @@ func ExampleClient_SettleAll() {
 
 	// The first run gives up after one attempt, whose answer was lost, and
 	// dies.
-	first, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()))
+	first, _ := idem.New(idem.Config{Store: store, HTTPClient: srv.Client()})
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 		map[string]any{"amount": 700, "currency": "AZN", "customer": "cus_1"})
@@ -65,8 +68,11 @@ func ExampleClient_SettleAll() {
 	fmt.Println("first run, outcome unknown:", errors.Is(err, idem.ErrOutcomeUnknown))
 
 	// The next run settles it, with its own key.
-	next, _ := idem.New(idem.WithStore(store), idem.WithHTTPClient(srv.Client()),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	next, _ := idem.New(idem.Config{
+		Store:      store,
+		HTTPClient: srv.Client(),
+		Server:     idem.Server{LookupQuery: "idempotency_key"},
+	})
 	settled, _ := next.SettleAll(ctx)
 	for _, s := range settled {
 		fmt.Println(s.Intent.Name(), s.Intent.State(), s.Response.StatusCode, "replayed:", s.Response.Replayed)
@@ -85,8 +91,11 @@ func ExampleClient_Settle() {
 	clk := clock.NewManual(time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC))
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	defer srv.Close()
-	client, _ := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	client, _ := idem.New(idem.Config{
+		HTTPClient: srv.Client(),
+		Clock:      clk,
+		Server:     idem.Server{LookupQuery: "idempotency_key"},
+	})
 	ctx := context.Background()
 
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
@@ -114,8 +123,10 @@ func ExampleClient_Send() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
 	ctx := context.Background()
-	client, _ := idem.New(idem.WithHTTPClient(srv.Client()),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	client, _ := idem.New(idem.Config{
+		HTTPClient: srv.Client(),
+		Server:     idem.Server{LookupQuery: "idempotency_key"},
+	})
 	cart := func(amount int) idem.Request {
 		req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 			map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
@@ -155,7 +166,7 @@ func ExampleClient_Send() {
 func ExampleClient_HTTPRequest() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	client, _ := idem.New()
+	client, _ := idem.New(idem.Config{})
 	ctx := context.Background()
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 		map[string]any{"amount": 300, "currency": "AZN", "customer": "cus_1"})
@@ -186,7 +197,7 @@ func ExampleClient_HTTPRequest() {
 func ExampleClient_RoundTripper() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	client, _ := idem.New()
+	client, _ := idem.New(idem.Config{})
 	hc := &http.Client{Transport: client.RoundTripper(srv.Client().Transport)}
 
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "0"})
@@ -208,7 +219,7 @@ func ExampleClient_RoundTripper() {
 func ExampleClient_Do() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	client, _ := idem.New(idem.WithHTTPClient(srv.Client()))
+	client, _ := idem.New(idem.Config{HTTPClient: srv.Client()})
 	ctx := context.Background()
 
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",

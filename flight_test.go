@@ -219,7 +219,7 @@ func TestRoundTripperSharesTheFlight(t *testing.T) {
 	open := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(open)
 
-	c, err := New(WithClock(clk), WithHTTPClient(srv.Client()))
+	c, err := NewWith(WithClock(clk), WithHTTPClient(srv.Client()))
 	require.NoError(t, err)
 	req, err := JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 5, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)

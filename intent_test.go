@@ -28,7 +28,7 @@ import (
 func TestAnIntentThatCouldNeverBeSentIsRefusedAtCreation(t *testing.T) {
 	t.Parallel()
 	store := persist.NewMemory(nil)
-	c, err := idem.New(idem.WithStore(store))
+	c, err := idem.NewWith(idem.WithStore(store))
 	require.NoError(t, err)
 	for _, u := range []string{
 		"ftp://pay.example.com/payments",
@@ -105,7 +105,7 @@ func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
 				if quoted {
 					opts = append(opts, idem.WithQuotedKey())
 				}
-				c, err := idem.New(opts...)
+				c, err := idem.NewWith(opts...)
 				require.NoError(t, err)
 				return c
 			}
@@ -149,7 +149,7 @@ func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 		CreatedAt: epoch, UpdatedAt: epoch, State: persist.StatePending, Attempts: 1,
 	}
 	require.NoError(t, store.Save(ctx, old))
-	quoted, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}),
+	quoted, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}),
 		idem.WithQuotedKey(), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	in, err := quoted.Load(ctx, old.Key)
@@ -157,7 +157,7 @@ func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 	_, err = quoted.Do(ctx, in)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	bare, err := idem.New(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
+	bare, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
 	require.NoError(t, err)
 	in, err = bare.Load(ctx, old.Key)
 	require.NoError(t, err)
@@ -174,7 +174,7 @@ func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
 	device := clock.NewManual(epoch)
 	hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
 	hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives
-	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	cart := func(amount int) idem.Request {

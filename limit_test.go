@@ -31,7 +31,7 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { re
 func stalling(t *testing.T, rt roundTripFunc, opts ...idem.Option) (*idem.Client, *idem.Intent) {
 	t.Helper()
 	hc := &http.Client{Transport: rt} // no Timeout, like http.DefaultClient
-	c, err := idem.New(append([]idem.Option{idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond})}, opts...)...)
+	c, err := idem.NewWith(append([]idem.Option{idem.WithHTTPClient(hc), idem.WithLookup(contractLookup), idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 200 * time.Millisecond})}, opts...)...)
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
@@ -160,7 +160,7 @@ func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
 			return noAnswer(req) // the second attempt gets no answer
 		})
 		clk := clock.NewManual(epoch)
-		c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: rt}), idem.WithClock(clk),
+		c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: rt}), idem.WithClock(clk),
 			idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
 		require.NoError(t, err)
 		req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
@@ -191,7 +191,7 @@ func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
 func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
 	t.Parallel()
 	tr := &idleRecorder{}
-	c, err := idem.New(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
+	c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})

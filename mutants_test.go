@@ -242,18 +242,11 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestExpiryIsSavedAfterACancel$",
 		},
 		{
-			Name: "lookup-query-unchecked", File: "server.go",
+			Name: "lookup-query-unchecked", File: "validate.go",
 			Note:    "a LookupQuery that is not a parameter's name (\"idempotency_key=\", \"?k\") is accepted, and every lookup misses",
 			Anchor:  "if err := checkLookupQuery(s.LookupQuery); err != nil {",
 			Replace: "if err := error(nil); err != nil {",
 			Pkg:     root, Run: "^TestServerLookupQueryMustBeAParameterName$",
-		},
-		{
-			Name: "replaced-server-still-refused", File: "server.go",
-			Note:    "what an earlier WithServer got wrong is refused after a later one replaced it",
-			Anchor:  "\t\tc.lookupInvalid = nil\n",
-			Replace: "",
-			Pkg:     root, Run: "^TestALaterWithServerReplacesAnEarlierOneWhole$",
 		},
 		{
 			Name: "mobile-millis-wrap", File: "mobile/config.go",

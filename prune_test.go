@@ -28,7 +28,7 @@ func TestPruneJudgesAnOutcomeByTheSmallestAgeAnyClockReports(t *testing.T) {
 	t.Cleanup(srv.Close)
 	device := newDeviceClock(truth)
 	device.Jump(-48 * time.Hour)
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(bootDevice{device}))
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(bootDevice{device}))
 	require.NoError(t, err)
 	req := payment1500(t, srv)
 	_, err = c.Send(ctx, "checkout:behind", req)

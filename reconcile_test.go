@@ -50,7 +50,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		disk := persist.NewMemory(nil)
 		store := &dyingStore{Store: disk}
 		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
-		before, err := idem.New(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		before, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
 		require.NoError(t, err)
 		in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -62,7 +62,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		_, err = before.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-		after, err := idem.New(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
+		after, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
 		require.NoError(t, err)
 		loaded, err := after.Load(ctx, in.Key())
 		require.NoError(t, err)
@@ -88,7 +88,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 		t.Cleanup(srv.Close)
 		net := &heldNetwork{base: srv.Client().Transport}
-		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		t.Cleanup(srv.Close)
 		net := &heldNetwork{base: srv.Client().Transport}
 		slow := &slowLookup{base: net, clock: clk, net: net, t: t}
-		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -144,7 +144,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		clk := clock.NewManual(epoch)
 		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 		t.Cleanup(srv.Close)
-		c, err := idem.New(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
+		c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -235,7 +235,7 @@ func TestReconcileNeverTakesARedirectedPageForThePayment(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	clk := clock.NewManual(epoch)
-	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -267,7 +267,7 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 	t.Cleanup(srv.Close)
 	clk := clock.NewManual(epoch)
 	store := &dyingStore{Store: persist.NewMemory(nil)}
-	c, err := idem.New(idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
+	c, err := idem.NewWith(idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
 		idem.WithHTTPClient(srv.Client()), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})

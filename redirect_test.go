@@ -73,7 +73,7 @@ func TestARedirectedGETIsNeverTheOutcome(t *testing.T) {
 					_, _ = io.WriteString(w, "<html>Sign in</html>")
 				},
 			})
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
+			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -104,7 +104,7 @@ func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T)
 	// The first attempt charges and its answer is lost; a login page in
 	// front of the server answers the second with a redirect.
 	hc := &http.Client{Transport: &loginAfterFirst{base: srv.Client().Transport}}
-	c, err := idem.New(idem.WithHTTPClient(hc), idem.WithClock(clk))
+	c, err := idem.NewWith(idem.WithHTTPClient(hc), idem.WithClock(clk))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)
@@ -130,7 +130,7 @@ func TestAReplayedRedirectIsFinal(t *testing.T) {
 			http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
 		},
 	})
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -173,7 +173,7 @@ func TestA307Or308KeepsMethodKeyAndBody(t *testing.T) {
 			srv := newRedirectingServer(t, map[string]func(http.ResponseWriter, *http.Request){
 				"POST /v1/payments": redirectTo(code, "/payments"),
 			})
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithQuotedKey())
+			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)), idem.WithQuotedKey())
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/v1/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 			require.NoError(t, err)
@@ -221,7 +221,7 @@ func TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown(t *tes
 				h.ServeHTTP(w, r)
 			}))
 			t.Cleanup(srv.Close)
-			c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithLookup(contractLookup),
+			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithLookup(contractLookup),
 				idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
 			require.NoError(t, err)
 			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
@@ -274,7 +274,7 @@ func TestARedirectToAnotherURLIsRememberedAcrossARestart(t *testing.T) {
 	t.Cleanup(srv.Close)
 	store := persist.NewMemory(nil)
 	client := func() *idem.Client {
-		c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
+		c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithStore(store), idem.WithLookup(contractLookup),
 			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		return c
@@ -342,7 +342,7 @@ func TestRedirectToGETCarriesNoKey(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/old/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)

@@ -439,7 +439,7 @@ func (run *randomRun) restart(r *rand.Rand) error {
 		// The key as an sf-string: the server must take "K" and K as one.
 		extra = append(extra, idem.WithQuotedKey())
 	}
-	c, err := idem.New(append(extra,
+	c, err := idem.NewWith(append(extra,
 		idem.WithLookup(contractLookup),
 		idem.WithHTTPClient(hc),
 		idem.WithStore(store),
@@ -1270,7 +1270,7 @@ func TestReconcileAfterCrashAfterProviderFindsTheCharge(t *testing.T) {
 	clk := clock.NewManual(relEpoch)
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
 	require.NoError(t, err)

@@ -13,7 +13,7 @@ import (
 // call's attempts, and the one file that knows of it. It bends the
 // library where the library cannot keep idem's promises:
 //
-//   - Waits must run on the Client's injectable clock (WithClock) and end
+//   - Waits must run on the Client's injectable clock (Config.Clock) and end
 //     with the call's context, while retryablehttp waits on time.NewTimer
 //     and its Backoff sees no context. So Backoff returns zero and the
 //     wait happens in CheckRetry, where the call's decision is made

@@ -31,7 +31,7 @@ type RetryPolicy struct {
 	// each attempt is given what is left of it (an attempt that runs out
 	// ends the call with an unknown outcome, since it may
 	// have reached the server), whatever the http.Client's Timeout. It is
-	// counted on the Client's Clock (WithClock), while an attempt's I/O
+	// counted on the Client's Clock (Config.Clock), while an attempt's I/O
 	// runs in real time: an attempt gets the budget left at its start, as
 	// read on the Clock, as a real-time limit. Zero means 2 minutes.
 	MaxElapsed time.Duration
@@ -98,7 +98,7 @@ func ContextWithRetryPolicy(ctx context.Context, p RetryPolicy) context.Context 
 	return context.WithValue(ctx, policyKey{}, p)
 }
 
-// Attempt describes one attempt, for the hook set with WithAttemptHook.
+// Attempt describes one attempt, for the hook set in Config.OnAttempt.
 type Attempt struct {
 	Key    string
 	Number int // 1 for the first attempt of a call
@@ -118,7 +118,7 @@ type Attempt struct {
 	// named for credentials (access_token, api_key) redacted; no fragment.
 	URL string
 	// Duration is how long the attempt took, from its start to its
-	// answer or error, on the Client's clock (WithClock).
+	// answer or error, on the Client's clock (Config.Clock).
 	Duration time.Duration
 }
 

@@ -317,7 +317,7 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 			base, hc := setup(t)
 			clk := clock.NewManual(retryAfterNow)
 			var attempts atomic.Int32
-			c, err := New(WithHTTPClient(hc), WithClock(clk), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
+			c, err := NewWith(WithHTTPClient(hc), WithClock(clk), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
 			require.NoError(t, err)
 			ctx := context.Background()
 			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})
@@ -389,7 +389,7 @@ func TestNotSentIsNeverSaidOfARequestTheServerMayHaveRead(t *testing.T) {
 	io.Copy(io.Discard, warm.Body)
 	warm.Body.Close()
 
-	c, err := New(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
+	c, err := NewWith(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
 	require.NoError(t, err)
 	ctx := context.Background()
 	req, err := JSONRequest(http.MethodPost, origin.URL+"/payments", map[string]any{"amount": 1500})
@@ -456,7 +456,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			t.Cleanup(hc.CloseIdleConnections)
 			clk := clock.NewManual(retryAfterNow)
 			store := persist.NewMemory(nil)
-			c, err := New(WithHTTPClient(hc), WithClock(clk), WithStore(store), WithRetryPolicy(RetryPolicy{MaxAttempts: 3, Jitter: -1}))
+			c, err := NewWith(WithHTTPClient(hc), WithClock(clk), WithStore(store), WithRetryPolicy(RetryPolicy{MaxAttempts: 3, Jitter: -1}))
 			require.NoError(t, err)
 			ctx := context.Background()
 			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})
@@ -482,7 +482,7 @@ func TestARequestThatNeverLeftTheDeviceIsNotSentAndTheChangedCartGoesThrough(t *
 			_, err = c.Do(ctx, next)
 			require.ErrorAs(t, err, &notSent)
 			var attempts atomic.Int32
-			restarted, err := New(WithHTTPClient(hc), WithClock(clk), WithStore(store),
+			restarted, err := NewWith(WithHTTPClient(hc), WithClock(clk), WithStore(store),
 				WithRetryPolicy(RetryPolicy{MaxAttempts: 1}), WithAttemptHook(func(Attempt) { attempts.Add(1) }))
 			require.NoError(t, err)
 			settled, err := restarted.SettleAll(ctx)
@@ -530,7 +530,7 @@ func TestNotSentIsProvenByTheTraceAlone(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c, err := New(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 2}))
+			c, err := NewWith(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 2}))
 			require.NoError(t, err)
 			ctx := context.Background()
 			req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
@@ -566,7 +566,7 @@ func TestNotSentSurvivesARestartOnTheFileStore(t *testing.T) {
 	open := func() (*Client, *persist.FileStore) {
 		store, err := persist.OpenDir(dir, nil)
 		require.NoError(t, err)
-		c, err := New(WithStore(store), WithHTTPClient(offline), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+		c, err := NewWith(WithStore(store), WithHTTPClient(offline), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
 		return c, store
 	}
@@ -628,7 +628,7 @@ func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
 		store.dead.Store(true) // the process dies with the request on its way
 		return nil, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 	})}
-	c, err := New(WithStore(store), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	c, err := NewWith(WithStore(store), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 1500})
 	require.NoError(t, err)
@@ -640,7 +640,7 @@ func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
 	_, err = c.Send(ctx, "checkout", req)
 	require.ErrorIs(t, err, ErrOutcomeUnknown)
 
-	restarted, err := New(WithStore(mem), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
+	restarted, err := NewWith(WithStore(mem), WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
 	require.NoError(t, err)
 	changed, err := JSONRequest(http.MethodPost, "http://pay.example/payments", map[string]any{"amount": 2500})
 	require.NoError(t, err)

@@ -62,23 +62,12 @@ const (
 	firstAnswerRefund = 1
 )
 
-// WithRetryBudget sets the client-wide retry budget; see RetryBudget for
-// what it does and its defaults, which apply without this option. New
-// refuses a field below -1, and -1 in the costs.
-func WithRetryBudget(b RetryBudget) Option {
-	return func(c *config) {
-		if err := b.validate(); err != nil {
-			c.invalid = append(c.invalid, err)
-			return
-		}
-		c.retryBudget = b
-	}
-}
-
+// validate reports the fields of b out of range: New refuses a field
+// below -1, and -1 in the costs.
 func (b RetryBudget) validate() error {
 	var errs []error
 	bad := func(field string, v any, want string) {
-		errs = append(errs, fmt.Errorf("idem: WithRetryBudget: RetryBudget.%s is %v: %s", field, v, want))
+		errs = append(errs, fmt.Errorf("idem: Config.RetryBudget.%s is %v: %s", field, v, want))
 	}
 	if b.Tokens < -1 {
 		bad("Tokens", b.Tokens, "use 1 or more, 0 for the default (20), or -1 for no budget")

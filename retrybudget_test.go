@@ -87,7 +87,7 @@ func created(_ int, req *http.Request) (*http.Response, error) {
 // budgetClient is a Client on srv and a manual clock, with a memory store.
 func budgetClient(t *testing.T, srv *server, clk clock.Clock, store persist.Store, opts ...idem.Option) *idem.Client {
 	t.Helper()
-	c, err := idem.New(append([]idem.Option{
+	c, err := idem.NewWith(append([]idem.Option{
 		idem.WithHTTPClient(&http.Client{Transport: srv}),
 		idem.WithClock(clk),
 		idem.WithStore(store),
@@ -330,7 +330,7 @@ func TestRetryBudgetRefusesCostsAboveTheBucket(t *testing.T) {
 		{Tokens: 8},
 		{Tokens: 30, TimeoutCost: 31},
 	} {
-		_, err := idem.New(idem.WithRetryBudget(b))
+		_, err := idem.NewWith(idem.WithRetryBudget(b))
 		require.Error(t, err, "%+v", b)
 		assert.Contains(t, err.Error(), "below a retry's cost", "%+v", b)
 	}
@@ -341,7 +341,7 @@ func TestRetryBudgetRefusesCostsAboveTheBucket(t *testing.T) {
 		{Tokens: 3, RetryCost: 1, TimeoutCost: 3},
 		{Tokens: -1, RetryCost: 100},
 	} {
-		_, err := idem.New(idem.WithRetryBudget(b))
+		_, err := idem.NewWith(idem.WithRetryBudget(b))
 		assert.NoError(t, err, "%+v", b)
 	}
 }

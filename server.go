@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -11,7 +10,7 @@ import (
 
 // Server describes the app's server to a Client: how to ask it what became
 // of a key, how it spells and keeps keys, and what its answers look like.
-// It is set whole with WithServer. The zero Server is a server that
+// It is Config.Server. The zero Server is a server that
 // follows the contract (docs/CONTRACT.md) and has no lookup: each field
 // left zero keeps the default its comment gives.
 type Server struct {
@@ -106,30 +105,20 @@ type Server struct {
 	OwnAnswer func(resp *Response) bool
 }
 
-// WithServer describes the app's server (see Server). A later WithServer
-// replaces an earlier one whole.
-func WithServer(s Server) Option {
-	return func(c *config) {
-		c.lookup = s.Lookup
-		// What an earlier WithServer got wrong went with it.
-		c.lookupInvalid = nil
-		if s.LookupQuery != "" {
-			if s.Lookup != nil {
-				c.lookupInvalid = append(c.lookupInvalid, errors.New("idem: WithServer: Server.Lookup and Server.LookupQuery are both set: give one"))
-			}
-			if err := checkLookupQuery(s.LookupQuery); err != nil {
-				c.lookupInvalid = append(c.lookupInvalid, err)
-			}
-			c.lookup = lookupQuery(s.LookupQuery)
-		}
-		c.quoted = s.QuotedKey
-		c.retention, c.margin = s.Retention, s.RetentionMargin
-		c.reconcile = s.ReconcileDelay
-		c.maxBody = s.MaxResponseBytes
-		c.keptHeaders = slices.Clone(s.StoredHeaders)
-		c.isKeyReused = s.KeyReusedAnswer
-		c.isServerAnswer = s.OwnAnswer
+// setServer takes what the Client knows of the app's server from s
+// (Config.validate has checked it).
+func (c *config) setServer(s Server) {
+	c.lookup = s.Lookup
+	if s.LookupQuery != "" {
+		c.lookup = lookupQuery(s.LookupQuery)
 	}
+	c.quoted = s.QuotedKey
+	c.retention, c.margin = s.Retention, s.RetentionMargin
+	c.reconcile = s.ReconcileDelay
+	c.maxBody = s.MaxResponseBytes
+	c.keptHeaders = slices.Clone(s.StoredHeaders)
+	c.isKeyReused = s.KeyReusedAnswer
+	c.isServerAnswer = s.OwnAnswer
 }
 
 // lookupQuery is the lookup of Server.LookupQuery: the intent's own URL

@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
-	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -29,7 +28,7 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 		"X-Api_Key-Id", "X-Access.Key-Id", "X-Pass_Word"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+			c, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
 			require.Error(t, err, "%q carries a credential", name)
 			assert.Nil(t, c)
 			assert.Contains(t, err.Error(), "credentials")
@@ -37,7 +36,7 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 	}
 	// Names that only look alike are kept.
 	for _, name := range []string{"X-Request-Id", "X-Rate-Limit-Remaining", "Etag", "Idempotency-Key", "Public-Key-Pins"} {
-		_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+		_, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
 		assert.NoError(t, err, name)
 	}
 }
@@ -65,7 +64,7 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 	t.Run("answer without header fields", func(t *testing.T) {
 		t.Parallel()
 		addr := headerless(t, func(*http.Request) string { return "HTTP/1.0 201 Created\r\n\r\n" + receipt })
-		c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
 			idem.WithServer(idem.Server{MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
 		require.NoError(t, err)
 		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + addr + "/payments", Body: []byte(`{}`)})
@@ -87,7 +86,7 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 			}
 			return "" // the send's answer is lost
 		})
-		c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
 			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
 		require.NoError(t, err)
 		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + addr + "/payments", Body: []byte(`{}`)})
@@ -135,37 +134,15 @@ func headerless(t *testing.T, answer func(*http.Request) string) string {
 func TestServerLookupQueryMustBeAParameterName(t *testing.T) {
 	t.Parallel()
 	for _, q := range []string{"idempotency_key=", "?idempotency_key", "idempotency_key=K", "a&b", "key#", "idempotency key", " idempotency_key", "\tk", "k\n"} {
-		c, err := idem.New(idem.WithServer(idem.Server{LookupQuery: q}))
+		c, err := idem.NewWith(idem.WithServer(idem.Server{LookupQuery: q}))
 		require.Error(t, err, "%q", q)
 		assert.Nil(t, c)
 		assert.Contains(t, err.Error(), "Server.LookupQuery", "%q", q)
 	}
 	for _, q := range []string{"idempotency_key", "Idempotency-Key", "filter[key]", "k"} {
-		_, err := idem.New(idem.WithServer(idem.Server{LookupQuery: q}))
+		_, err := idem.NewWith(idem.WithServer(idem.Server{LookupQuery: q}))
 		assert.NoError(t, err, q)
 	}
-}
-
-// A later WithServer replaces an earlier one whole: what New would have
-// refused in the earlier one is gone with it, and what the later one gets
-// wrong is refused.
-func TestALaterWithServerReplacesAnEarlierOneWhole(t *testing.T) {
-	t.Parallel()
-	both := idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-		idem.WithServer(both), idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
-	in := e.newIntent(t, "checkout:replaced", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-	_, err := e.client.Do(context.Background(), in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	_, err = e.client.Reconcile(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, in.State(), "the later Server's lookup")
-
-	_, err = idem.New(idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}), idem.WithServer(both))
-	require.ErrorContains(t, err, "Server.Lookup and Server.LookupQuery are both set")
-	_, err = idem.New(idem.WithServer(idem.Server{ReconcileDelay: -1}), idem.WithServer(idem.Server{}))
-	require.NoError(t, err, "the negative delay was replaced")
 }
 
 // LookupQuery asks for the intent's own resource: its query as sent, in
@@ -188,7 +165,7 @@ func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
 		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
 	require.NoError(t, err)

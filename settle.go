@@ -130,8 +130,8 @@ type Settled struct {
 }
 
 // SettleAll settles every unresolved intent in the store, oldest first, a
-// few at a time (WithSettleConcurrency), and reports what became of each,
-// as each ends too (WithSettleProgress): the call for app start,
+// few at a time (Config.SettleConcurrency), and reports what became of each,
+// as each ends too (Config.SettleProgress): the call for app start,
 // after a crash or a restart. Intents whose outcome is still unknown stay
 // unresolved for the next SettleAll.
 //

@@ -72,7 +72,7 @@ func TestSettleAllBoundsConcurrencyAndReportsProgress(t *testing.T) {
 					reports []idem.Settled
 					dones   []int
 				)
-				c, err := idem.New(idem.WithStore(store), idem.WithClock(clk),
+				c, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clk),
 					idem.WithHTTPClient(&http.Client{Transport: srv}),
 					idem.WithSettleConcurrency(workers),
 					idem.WithSettleProgress(func(s idem.Settled, done, total int) {

@@ -51,7 +51,7 @@ func TestRoundTripper(t *testing.T) {
 	rec := &keyRecorder{next: h, keys: map[string][]string{}}
 	srv := httptest.NewServer(rec)
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clk))
+	c, err := idem.NewWith(idem.WithClock(clk))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
@@ -133,7 +133,7 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 		w.Write([]byte(strings.Repeat("x", 4096)))
 	})))
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
+	c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1}`))
@@ -157,7 +157,7 @@ func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
 	rec := &keyRecorder{next: h, keys: map[string][]string{}}
 	srv := httptest.NewServer(rec)
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
@@ -192,7 +192,7 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	t.Cleanup(srv.Close)
 	net := &heldNetwork{base: srv.Client().Transport}
-	c, err := idem.New(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	req := payment1500(t, srv)
 	in, err := c.Intent(ctx, "checkout", req)
@@ -267,7 +267,7 @@ func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
 	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clk))
+	c, err := idem.NewWith(idem.WithClock(clk))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
@@ -298,7 +298,7 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.New(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	post := func() (*http.Response, error) {

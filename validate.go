@@ -11,18 +11,6 @@ import (
 	"time"
 )
 
-// refuse records what an Option got wrong; New reports it.
-func (c *config) refuse(format string, args ...any) {
-	c.invalid = append(c.invalid, fmt.Errorf("idem: "+format, args...))
-}
-
-// refuseNil records an Option given nil where it needs a value.
-func (c *config) refuseNil(option string, v any, what string) {
-	if isNil(v) {
-		c.refuse("%s(nil): pass %s, or leave the option out for the default", option, what)
-	}
-}
-
 // isNil reports a nil interface, or one holding a nil pointer, map, func,
 // chan or slice: a value that a method call or a send would panic on.
 func isNil(v any) bool {
@@ -36,24 +24,48 @@ func isNil(v any) bool {
 	return false
 }
 
-// validate reports, in one error, everything the options of New got wrong,
-// before any default replaces a value.
-func (c *config) validate() error {
-	errs := append(c.invalid, c.lookupInvalid...)
-	if err := c.policy.validate("WithRetryPolicy"); err != nil {
+// validate reports, in one error, every field of cfg out of range, before
+// any default replaces a value.
+func (cfg Config) validate() error {
+	var errs []error
+	refuse := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idem: "+format, args...)) }
+	// A nil pointer in an interface (a store from an OpenDir whose error
+	// was dropped) is not "none": it would panic at the first call.
+	if cfg.Store != nil && isNil(cfg.Store) {
+		refuse("Config.Store is a nil %T: pass the store persist.OpenDir returned with a nil error, or leave Store nil for a memory store", cfg.Store)
+	}
+	if cfg.Clock != nil && isNil(cfg.Clock) {
+		refuse("Config.Clock is a nil %T: pass a clock (clock.NewManual in tests), or leave Clock nil for the system clock", cfg.Clock)
+	}
+	if err := cfg.RetryPolicy.validate("Config.RetryPolicy"); err != nil {
 		errs = append(errs, err)
 	}
+	if err := cfg.RetryBudget.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if n := cfg.SettleConcurrency; n < 0 {
+		refuse("Config.SettleConcurrency is %d: use 1 or more, or 0 for the default (%d)", n, defaultSettleConcurrency)
+	}
+	s := cfg.Server
+	if s.LookupQuery != "" {
+		if s.Lookup != nil {
+			refuse("Config.Server: Server.Lookup and Server.LookupQuery are both set: give one")
+		}
+		if err := checkLookupQuery(s.LookupQuery); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	// Checked as the defaults will make them, with the rest.
-	if retention, margin := cmp.Or(c.retention, defaultRetention), cmp.Or(c.margin, defaultSafetyMargin); retention < 0 || margin < 0 || margin >= retention {
-		errs = append(errs, fmt.Errorf("idem: WithServer: retention %s with margin %s leaves no time to send: Server.RetentionMargin must be below Server.Retention (0 means 24h and 1h), neither negative", retention, margin))
+	if retention, margin := cmp.Or(s.Retention, defaultRetention), cmp.Or(s.RetentionMargin, defaultSafetyMargin); retention < 0 || margin < 0 || margin >= retention {
+		refuse("Config.Server: retention %s with margin %s leaves no time to send: Server.RetentionMargin must be below Server.Retention (0 means 24h and 1h), neither negative", retention, margin)
 	}
-	if c.reconcile < 0 {
-		errs = append(errs, fmt.Errorf("idem: WithServer: Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", c.reconcile, defaultReconcileDelay))
+	if s.ReconcileDelay < 0 {
+		refuse("Config.Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", s.ReconcileDelay, defaultReconcileDelay)
 	}
-	if c.maxBody < 0 {
-		errs = append(errs, fmt.Errorf("idem: WithServer: Server.MaxResponseBytes is %d: use a positive size, or 0 for the default (%d)", c.maxBody, defaultMaxResponseBytes))
+	if s.MaxResponseBytes < 0 {
+		refuse("Config.Server.MaxResponseBytes is %d: use a positive size, or 0 for the default (%d)", s.MaxResponseBytes, defaultMaxResponseBytes)
 	}
-	for _, name := range c.keptHeaders {
+	for _, name := range s.StoredHeaders {
 		if err := checkStoredHeader(name); err != nil {
 			errs = append(errs, err)
 		}
@@ -61,12 +73,12 @@ func (c *config) validate() error {
 	return errors.Join(errs...)
 }
 
-// validate reports the fields of p that are out of range; option names
-// where p came from (WithRetryPolicy or ContextWithRetryPolicy).
-func (p RetryPolicy) validate(option string) error {
+// validate reports the fields of p that are out of range; from names
+// where p came from (Config.RetryPolicy or ContextWithRetryPolicy).
+func (p RetryPolicy) validate(from string) error {
 	var errs []error
 	bad := func(field string, v any, want string) {
-		errs = append(errs, fmt.Errorf("idem: %s: RetryPolicy.%s is %v: %s", option, field, v, want))
+		errs = append(errs, fmt.Errorf("idem: %s.%s is %v: %s", from, field, v, want))
 	}
 	if p.MaxAttempts < 0 {
 		bad("MaxAttempts", p.MaxAttempts, "use 1 or more, or 0 for the default (10)")
@@ -105,7 +117,7 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 	if !ok {
 		return nil
 	}
-	return p.validate("ContextWithRetryPolicy")
+	return p.validate("ContextWithRetryPolicy: RetryPolicy")
 }
 
 // credentialHeaders are header fields that carry credentials or session
@@ -120,10 +132,10 @@ var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password"
 // that is not a header field name, or one that carries credentials.
 func checkStoredHeader(name string) error {
 	if !validFieldName(name) {
-		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: not a header field name", name)
+		return fmt.Errorf("idem: Config.Server.StoredHeaders holds %q: not a header field name", name)
 	}
 	if w := credentialWord(name); w != "" {
-		return fmt.Errorf("idem: WithServer: Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+		return fmt.Errorf("idem: Config.Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
 	}
 	return nil
 }
@@ -158,7 +170,7 @@ func credentialWord(name string) string {
 func checkLookupQuery(name string) error {
 	for _, r := range name {
 		if r <= ' ' || r == 0x7f || strings.ContainsRune("=&?#", r) {
-			return fmt.Errorf("idem: WithServer: Server.LookupQuery is %q: give the name of the query parameter alone, such as \"idempotency_key\"", name)
+			return fmt.Errorf("idem: Config.Server.LookupQuery is %q: give the name of the query parameter alone, such as \"idempotency_key\"", name)
 		}
 	}
 	return nil

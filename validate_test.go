@@ -17,52 +17,49 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Every option out of range makes New fail with an error that names the
-// option, the value and what to pass instead.
-func TestNewRefusesOptionsOutOfRange(t *testing.T) {
+// Every field of Config out of range makes New fail with an error that
+// names the field, the value and what to give instead.
+func TestNewRefusesConfigOutOfRange(t *testing.T) {
 	t.Parallel()
 	var nilDir *persist.FileStore
 	for _, tc := range []struct {
 		name string
-		opt  idem.Option
+		cfg  idem.Config
 		want []string // each must occur in the error
 	}{
-		{"max attempts", idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: -1}), []string{"WithRetryPolicy", "MaxAttempts is -1", "0 for the default (10)"}},
-		{"jitter above 1", idem.WithRetryPolicy(idem.RetryPolicy{Jitter: 5}), []string{"Jitter is 5", "at most 1", "-1 for none"}},
-		{"jitter negative", idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -0.5}), []string{"Jitter is -0.5"}},
-		{"jitter NaN", idem.WithRetryPolicy(idem.RetryPolicy{Jitter: math.NaN()}), []string{"Jitter is NaN"}},
-		{"max elapsed", idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: -time.Second}), []string{"MaxElapsed is -1s", "0 for the default (2m)"}},
-		{"initial interval", idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: -time.Millisecond}), []string{"InitialInterval is -1ms"}},
-		{"max interval", idem.WithRetryPolicy(idem.RetryPolicy{MaxInterval: -time.Second}), []string{"MaxInterval is -1s"}},
-		{"max interval below initial", idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 2 * time.Second, MaxInterval: time.Second}), []string{"MaxInterval is 1s", "below InitialInterval (2s)"}},
-		{"max retry after", idem.WithRetryPolicy(idem.RetryPolicy{MaxRetryAfter: -time.Second}), []string{"MaxRetryAfter is -1s"}},
-		{"multiplier negative", idem.WithRetryPolicy(idem.RetryPolicy{Multiplier: -2}), []string{"Multiplier is -2", "1 (the same wait each time) or more"}},
-		{"multiplier shrinks", idem.WithRetryPolicy(idem.RetryPolicy{Multiplier: 0.5}), []string{"Multiplier is 0.5"}},
-		{"multiplier infinite", idem.WithRetryPolicy(idem.RetryPolicy{Multiplier: math.Inf(1)}), []string{"Multiplier is +Inf"}},
-		{"nil store", idem.WithStore(nil), []string{"WithStore(nil)", "persist.OpenDir"}},
-		{"nil store pointer", idem.WithStore(nilDir), []string{"WithStore(nil)"}},
-		{"nil http client", idem.WithHTTPClient(nil), []string{"WithHTTPClient(nil)", "*http.Client"}},
-		{"nil clock", idem.WithClock(nil), []string{"WithClock(nil)"}},
-		{"nil option", nil, []string{"an Option is nil"}},
-		{"negative reconcile delay", idem.WithServer(idem.Server{ReconcileDelay: -time.Minute}), []string{"Server.ReconcileDelay is -1m0s", "0 for the default (2m0s)"}},
-		{"negative response size", idem.WithServer(idem.Server{MaxResponseBytes: -1}), []string{"Server.MaxResponseBytes is -1"}},
-		{"retention", idem.WithServer(idem.Server{Retention: time.Hour, RetentionMargin: 2 * time.Hour}), []string{"retention 1h0m0s with margin 2h0m0s"}},
-		{"set-cookie", idem.WithServer(idem.Server{StoredHeaders: []string{"Location", "set-cookie"}}), []string{`Server.StoredHeaders holds "Set-Cookie"`, "credentials", "never written to the device"}},
-		{"authorization", idem.WithServer(idem.Server{StoredHeaders: []string{"Authorization"}}), []string{`"Authorization"`, "credentials"}},
-		{"token", idem.WithServer(idem.Server{StoredHeaders: []string{"X-Auth-Token"}}), []string{`"X-Auth-Token"`}},
-		{"session", idem.WithServer(idem.Server{StoredHeaders: []string{"X-Session-Id"}}), []string{`"X-Session-Id"`}},
-		{"not a field name", idem.WithServer(idem.Server{StoredHeaders: []string{"Content Type"}}), []string{`"Content Type"`, "not a header field name"}},
-		{"empty field name", idem.WithServer(idem.Server{StoredHeaders: []string{""}}), []string{`Server.StoredHeaders holds ""`}},
-		{"lookup twice", idem.WithServer(idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}), []string{"Server.Lookup and Server.LookupQuery are both set"}},
-		{"settle concurrency", idem.WithSettleConcurrency(0), []string{"WithSettleConcurrency(0)", "1 or more"}},
-		{"budget tokens", idem.WithRetryBudget(idem.RetryBudget{Tokens: -2}), []string{"RetryBudget.Tokens is -2", "-1 for no budget"}},
-		{"budget below a retry", idem.WithRetryBudget(idem.RetryBudget{Tokens: 4}), []string{"RetryBudget.Tokens is 4", "below a retry's cost"}},
-		{"budget retry cost", idem.WithRetryBudget(idem.RetryBudget{RetryCost: -1}), []string{"RetryBudget.RetryCost is -1"}},
-		{"budget timeout cost", idem.WithRetryBudget(idem.RetryBudget{TimeoutCost: -3}), []string{"RetryBudget.TimeoutCost is -3"}},
-		{"budget refill", idem.WithRetryBudget(idem.RetryBudget{Refill: -time.Second}), []string{"RetryBudget.Refill is -1s", "-1 for none"}},
+		{"max attempts", idem.Config{RetryPolicy: idem.RetryPolicy{MaxAttempts: -1}}, []string{"Config.RetryPolicy.MaxAttempts is -1", "MaxAttempts is -1", "0 for the default (10)"}},
+		{"jitter above 1", idem.Config{RetryPolicy: idem.RetryPolicy{Jitter: 5}}, []string{"Jitter is 5", "at most 1", "-1 for none"}},
+		{"jitter negative", idem.Config{RetryPolicy: idem.RetryPolicy{Jitter: -0.5}}, []string{"Jitter is -0.5"}},
+		{"jitter NaN", idem.Config{RetryPolicy: idem.RetryPolicy{Jitter: math.NaN()}}, []string{"Jitter is NaN"}},
+		{"max elapsed", idem.Config{RetryPolicy: idem.RetryPolicy{MaxElapsed: -time.Second}}, []string{"MaxElapsed is -1s", "0 for the default (2m)"}},
+		{"initial interval", idem.Config{RetryPolicy: idem.RetryPolicy{InitialInterval: -time.Millisecond}}, []string{"InitialInterval is -1ms"}},
+		{"max interval", idem.Config{RetryPolicy: idem.RetryPolicy{MaxInterval: -time.Second}}, []string{"MaxInterval is -1s"}},
+		{"max interval below initial", idem.Config{RetryPolicy: idem.RetryPolicy{InitialInterval: 2 * time.Second, MaxInterval: time.Second}}, []string{"MaxInterval is 1s", "below InitialInterval (2s)"}},
+		{"max retry after", idem.Config{RetryPolicy: idem.RetryPolicy{MaxRetryAfter: -time.Second}}, []string{"MaxRetryAfter is -1s"}},
+		{"multiplier negative", idem.Config{RetryPolicy: idem.RetryPolicy{Multiplier: -2}}, []string{"Multiplier is -2", "1 (the same wait each time) or more"}},
+		{"multiplier shrinks", idem.Config{RetryPolicy: idem.RetryPolicy{Multiplier: 0.5}}, []string{"Multiplier is 0.5"}},
+		{"multiplier infinite", idem.Config{RetryPolicy: idem.RetryPolicy{Multiplier: math.Inf(1)}}, []string{"Multiplier is +Inf"}},
+		{"nil clock pointer", idem.Config{Clock: (*clock.Manual)(nil)}, []string{"Config.Clock is a nil *clock.Manual"}},
+		{"nil store pointer", idem.Config{Store: nilDir}, []string{"Config.Store is a nil *persist.FileStore", "persist.OpenDir"}},
+		{"negative reconcile delay", idem.Config{Server: idem.Server{ReconcileDelay: -time.Minute}}, []string{"Server.ReconcileDelay is -1m0s", "0 for the default (2m0s)"}},
+		{"negative response size", idem.Config{Server: idem.Server{MaxResponseBytes: -1}}, []string{"Server.MaxResponseBytes is -1"}},
+		{"retention", idem.Config{Server: idem.Server{Retention: time.Hour, RetentionMargin: 2 * time.Hour}}, []string{"retention 1h0m0s with margin 2h0m0s"}},
+		{"set-cookie", idem.Config{Server: idem.Server{StoredHeaders: []string{"Location", "set-cookie"}}}, []string{`Server.StoredHeaders holds "Set-Cookie"`, "credentials", "never written to the device"}},
+		{"authorization", idem.Config{Server: idem.Server{StoredHeaders: []string{"Authorization"}}}, []string{`"Authorization"`, "credentials"}},
+		{"token", idem.Config{Server: idem.Server{StoredHeaders: []string{"X-Auth-Token"}}}, []string{`"X-Auth-Token"`}},
+		{"session", idem.Config{Server: idem.Server{StoredHeaders: []string{"X-Session-Id"}}}, []string{`"X-Session-Id"`}},
+		{"not a field name", idem.Config{Server: idem.Server{StoredHeaders: []string{"Content Type"}}}, []string{`"Content Type"`, "not a header field name"}},
+		{"empty field name", idem.Config{Server: idem.Server{StoredHeaders: []string{""}}}, []string{`Server.StoredHeaders holds ""`}},
+		{"lookup twice", idem.Config{Server: idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}}, []string{"Server.Lookup and Server.LookupQuery are both set"}},
+		{"settle concurrency", idem.Config{SettleConcurrency: -1}, []string{"Config.SettleConcurrency is -1", "1 or more"}},
+		{"budget tokens", idem.Config{RetryBudget: idem.RetryBudget{Tokens: -2}}, []string{"RetryBudget.Tokens is -2", "-1 for no budget"}},
+		{"budget below a retry", idem.Config{RetryBudget: idem.RetryBudget{Tokens: 4}}, []string{"RetryBudget.Tokens is 4", "below a retry's cost"}},
+		{"budget retry cost", idem.Config{RetryBudget: idem.RetryBudget{RetryCost: -1}}, []string{"RetryBudget.RetryCost is -1"}},
+		{"budget timeout cost", idem.Config{RetryBudget: idem.RetryBudget{TimeoutCost: -3}}, []string{"RetryBudget.TimeoutCost is -3"}},
+		{"budget refill", idem.Config{RetryBudget: idem.RetryBudget{Refill: -time.Second}}, []string{"RetryBudget.Refill is -1s", "-1 for none"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := idem.New(tc.opt)
+			c, err := idem.New(tc.cfg)
 			require.Error(t, err)
 			assert.Nil(t, c)
 			for _, w := range tc.want {
@@ -73,30 +70,34 @@ func TestNewRefusesOptionsOutOfRange(t *testing.T) {
 	}
 }
 
-// New reports every option out of range at once, not only the first.
-func TestNewReportsEveryOptionOutOfRange(t *testing.T) {
+// New reports every field out of range at once, not only the first.
+func TestNewReportsEveryFieldOutOfRange(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(idem.WithStore(nil), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: -1, Jitter: 2}), idem.WithStoredHeaders("Cookie"),
-		idem.WithRetention(30*time.Minute, 0))
+	var nilDir *persist.FileStore
+	_, err := idem.New(idem.Config{
+		Store:       nilDir,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: -1, Jitter: 2},
+		Server:      idem.Server{StoredHeaders: []string{"Cookie"}, Retention: 30 * time.Minute},
+	})
 	require.Error(t, err)
-	for _, w := range []string{"WithStore(nil)", "MaxAttempts is -1", "Jitter is 2", `"Cookie"`, "retention 30m0s with margin 1h0m0s"} {
+	for _, w := range []string{"Config.Store is a nil", "MaxAttempts is -1", "Jitter is 2", `"Cookie"`, "retention 30m0s with margin 1h0m0s"} {
 		assert.Contains(t, err.Error(), w)
 	}
 }
 
-// The values at the edges of each range, and nil where it means none, are
-// accepted.
-func TestNewAcceptsOptionsInRange(t *testing.T) {
+// The values at the edges of each range, and the zero Config, are accepted.
+func TestNewAcceptsConfigInRange(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1, Jitter: 1, Multiplier: 1, InitialInterval: time.Second, MaxInterval: time.Second}),
-		idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag"}, Lookup: nil, KeyReusedAnswer: nil, OwnAnswer: nil}),
-		idem.WithLogger(nil), idem.WithAttemptHook(nil), idem.WithSettleProgress(nil),
-		idem.WithSettleConcurrency(1),
-		idem.WithRetryBudget(idem.RetryBudget{Tokens: 10, RetryCost: 10, TimeoutCost: 1, Refill: -1}),
-	)
+	_, err := idem.New(idem.Config{
+		RetryPolicy:       idem.RetryPolicy{MaxAttempts: 1, Jitter: 1, Multiplier: 1, InitialInterval: time.Second, MaxInterval: time.Second},
+		Server:            idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag"}},
+		SettleConcurrency: 1,
+		RetryBudget:       idem.RetryBudget{Tokens: 10, RetryCost: 10, TimeoutCost: 1, Refill: -1},
+	})
 	require.NoError(t, err)
-	_, err = idem.New(idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}), idem.WithRetryBudget(idem.RetryBudget{Tokens: -1}))
+	_, err = idem.New(idem.Config{RetryPolicy: idem.RetryPolicy{Jitter: -1}, RetryBudget: idem.RetryBudget{Tokens: -1}})
+	require.NoError(t, err)
+	_, err = idem.New(idem.Config{})
 	require.NoError(t, err)
 }
 
@@ -113,7 +114,7 @@ func TestContextWithRetryPolicyOutOfRangeFailsTheCall(t *testing.T) {
 	}))
 	defer srv.Close()
 	store := persist.NewMemory(nil)
-	c, err := idem.New(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)),
+	c, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithLookup(idem.LookupQuery("idempotency_key")))
 	require.NoError(t, err)
 	req := idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)}
@@ -162,10 +163,10 @@ func TestContextWithRetryPolicyOutOfRangeFailsTheCall(t *testing.T) {
 func TestServerStoredHeadersRefusesTokensUnderOtherNames(t *testing.T) {
 	t.Parallel()
 	for _, name := range []string{"X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Bearer", "X-Access-Key", "X-Private-Key", "X-Saml-Assertion"} {
-		_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+		_, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
 		require.Error(t, err, name)
 		assert.Contains(t, err.Error(), "credentials", name)
 	}
-	_, err := idem.New(idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"}}))
+	_, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"}}))
 	assert.NoError(t, err)
 }

@@ -1,5 +1,5 @@
 // Package clock is the one notion of time in idem: the [Clock] interface
-// that idem.New (idem.WithClock), the fakeserver and the idempotency
+// that idem.New (idem.Config.Clock), the fakeserver and the idempotency
 // middleware take, and [Manual], a clock for tests that moves only when
 // told, so that backoff, Retry-After, leases and retention are tested
 // without sleeping. Hand the same Manual to the client and to the fake

@@ -142,7 +142,7 @@
 //
 // Retention, leases, created_at, payment ids and Retry-After use
 // [Options.Clock]; give it the clock.Manual given to the client
-// (idem.WithClock), so tests drive both without sleeping. ProcessingDelay and
+// (idem.Config.Clock), so tests drive both without sleeping. ProcessingDelay and
 // the delay fault are real time: they exist to make requests overlap.
 // Retry-After on a 409 is the processing delay still to go, capped at the
 // lease, in whole seconds, at least 1.

@@ -36,9 +36,9 @@ type Client struct {
 // Client has the directory open, and of kind config for a wrong Config.
 func Open(cfg *Config) (*Client, error) { return open(cfg) }
 
-// open is Open with extra idem options, which tests use to share a manual
-// clock and the fake server's http.Client.
-func open(cfg *Config, opts ...idem.Option) (*Client, error) {
+// open is Open with edits of the idem.Config the facade makes, which tests
+// use to share a manual clock and the fake server's http.Client.
+func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	c, base, err := cfg.check()
 	if err != nil {
 		return nil, err
@@ -62,16 +62,20 @@ func open(cfg *Config, opts ...idem.Option) (*Client, error) {
 			return u // checked by cfg.check; "" fails the lookup
 		},
 	}
-	ic, err := idem.New(append([]idem.Option{
-		idem.WithStore(store),
-		idem.WithHTTPClient(&http.Client{Transport: m.auth}),
-		idem.WithServer(server),
-		idem.WithRetryPolicy(idem.RetryPolicy{
+	icfg := idem.Config{
+		Store:      store,
+		HTTPClient: &http.Client{Transport: m.auth},
+		Server:     server,
+		RetryPolicy: idem.RetryPolicy{
 			MaxAttempts: int(c.MaxAttempts),
 			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
-		}),
-		idem.WithAttemptHook(m.events.hook),
-	}, opts...)...)
+		},
+		OnAttempt: m.events.hook,
+	}
+	for _, edit := range edits {
+		edit(&icfg)
+	}
+	ic, err := idem.New(icfg)
 	if err != nil {
 		store.Close()
 		m.events.close()

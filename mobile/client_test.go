@@ -47,13 +47,16 @@ func newWorld(t *testing.T) *world {
 // start: Open creates it, private to the app.
 func stateDir(t *testing.T) string { return filepath.Join(t.TempDir(), "idem") }
 
+// withClock gives the facade's idem.Client the test's clock.
+func withClock(clk clock.Clock) func(*idem.Config) { return func(c *idem.Config) { c.Clock = clk } }
+
 func (w *world) open(t *testing.T, edit ...func(*Config)) *Client {
 	t.Helper()
 	cfg := NewConfig(w.dir, w.srv.URL)
 	for _, f := range edit {
 		f(cfg)
 	}
-	c, err := open(cfg, idem.WithClock(w.clock))
+	c, err := open(cfg, withClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -224,7 +227,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := open(NewConfig(stateDir(t), srv.URL), idem.WithClock(clock.NewManual(epoch)))
+	c, err := open(NewConfig(stateDir(t), srv.URL), withClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	var calls atomic.Int64
@@ -417,7 +420,7 @@ func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 	w := newWorld(t)
 	// The facade's own Server is replaced whole; one Pay answered at once
 	// needs neither its lookup nor its retention.
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithServer(idem.Server{MaxResponseBytes: 16}), idem.WithClock(w.clock))
+	c, err := open(NewConfig(w.dir, w.srv.URL), func(c *idem.Config) { c.Server = idem.Server{MaxResponseBytes: 16} }, withClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
@@ -445,7 +448,7 @@ func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
 func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock), idem.WithStore(fullAfterAnswer{persist.NewMemory(nil)}))
+	c, err := open(NewConfig(w.dir, w.srv.URL), withClock(w.clock), func(c *idem.Config) { c.Store = fullAfterAnswer{persist.NewMemory(nil)} })
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	res, err := c.Pay("checkout:full", "/payments", []byte(cart), nil)
@@ -499,8 +502,8 @@ func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	cancel := &Cancel{}
-	c, err := open(NewConfig(w.dir, w.srv.URL), idem.WithClock(w.clock),
-		idem.WithStore(fullAfterAnswerCancelled{persist.NewMemory(nil), cancel}))
+	c, err := open(NewConfig(w.dir, w.srv.URL), withClock(w.clock),
+		func(c *idem.Config) { c.Store = fullAfterAnswerCancelled{persist.NewMemory(nil), cancel} })
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	res, err := c.Pay("checkout:cancelled-late", "/payments", []byte(cart), cancel)

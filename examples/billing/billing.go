@@ -24,10 +24,10 @@ type Client struct {
 	baseURL string
 }
 
-// New returns a Client for the payment API at baseURL. opts configure the
-// idem client: a device passes idem.WithStore(persist.OpenDir(...)).
-func New(baseURL string, opts ...idem.Option) (*Client, error) {
-	c, err := idem.New(opts...)
+// New returns a Client for the payment API at baseURL. cfg configures the
+// idem client: a device sets Store to persist.OpenDir(...)'s store.
+func New(baseURL string, cfg idem.Config) (*Client, error) {
+	c, err := idem.New(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -32,8 +32,11 @@ func (c cart) request(baseURL string) idem.Request {
 func run(ctx context.Context, out io.Writer) error {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	// A device would also pass idem.WithStore(persist.OpenDir(...)).
-	client, err := idem.New(idem.WithHTTPClient(srv.Client()), idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+	// A device would also set Store: persist.OpenDir(...).
+	client, err := idem.New(idem.Config{
+		HTTPClient: srv.Client(),
+		Server:     idem.Server{LookupQuery: "idempotency_key"},
+	})
 	if err != nil {
 		return err
 	}

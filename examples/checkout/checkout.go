@@ -234,9 +234,11 @@ func (s *session) pay(ctx context.Context, cfg config, id string, crash func()) 
 		armed func()
 		mu    sync.Mutex // SettleAll makes attempts from several goroutines
 	)
-	client, err := idem.New(idem.WithStore(store), idem.WithHTTPClient(hc),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}),
-		idem.WithAttemptHook(func(a idem.Attempt) {
+	client, err := idem.New(idem.Config{
+		Store:      store,
+		HTTPClient: hc,
+		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		OnAttempt: func(a idem.Attempt) {
 			mu.Lock()
 			defer mu.Unlock()
 			s.printAttempt(a, armed != nil)
@@ -244,7 +246,8 @@ func (s *session) pay(ctx context.Context, cfg config, id string, crash func()) 
 				armed = nil
 				f()
 			}
-		}))
+		},
+	})
 	if err != nil {
 		return err
 	}

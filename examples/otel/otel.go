@@ -1,10 +1,10 @@
 // Package idemotel traces idem with OpenTelemetry: a span per intent's
 // call, an event per attempt, and the http.resend_count attribute, all
-// from idem's attempt hook (idem.WithAttemptHook). It lives in a module
+// from idem's attempt hook (idem.Config.OnAttempt). It lives in a module
 // of its own, so that idem's module does not depend on OpenTelemetry.
 //
 //	tr := idemotel.New(otel.GetTracerProvider())
-//	client, err := idem.New(idem.WithStore(store), idem.WithAttemptHook(tr.Hook))
+//	client, err := idem.New(idem.Config{Store: store, OnAttempt: tr.Hook})
 //	...
 //	resp, err := tr.Send(ctx, client, "checkout:cart-42", req)
 //
@@ -133,7 +133,7 @@ func (t *Tracer) Send(ctx context.Context, client *idem.Client, name string, req
 	return resp, err
 }
 
-// Hook is the attempt hook: pass it to idem.WithAttemptHook.
+// Hook is the attempt hook: set it as idem.Config.OnAttempt.
 func (t *Tracer) Hook(a idem.Attempt) {
 	t.mu.Lock()
 	sp, sent := t.byAction[a.Name]

@@ -31,14 +31,14 @@ func setup(t *testing.T) (*fakeserver.Server, *idem.Client, *idemotel.Tracer, *s
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tr := idemotel.New(tp)
-	client, err := idem.New(
-		idem.WithHTTPClient(srv.Client()),
-		idem.WithStore(persist.NewMemory(nil)),
-		idem.WithClock(clk),
-		idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}),
-		idem.WithAttemptHook(tr.Hook),
-	)
+	client, err := idem.New(idem.Config{
+		HTTPClient:  srv.Client(),
+		Store:       persist.NewMemory(nil),
+		Clock:       clk,
+		RetryPolicy: idem.RetryPolicy{Jitter: -1},
+		Server:      idem.Server{LookupQuery: "idempotency_key"},
+		OnAttempt:   tr.Hook,
+	})
 	require.NoError(t, err)
 	return srv, client, tr, tp, rec
 }

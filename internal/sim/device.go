@@ -129,20 +129,20 @@ func (d *device) start() {
 	}
 	d.bootAt = d.w.clk.now
 	d.slept = 0
-	opts := []idem.Option{
-		idem.WithHTTPClient(&http.Client{Transport: transport{d}}),
-		idem.WithStore(d.store),
-		idem.WithClock(deviceClock{d}),
-		idem.WithRetryPolicy(d.policy),
-		idem.WithServer(idem.Server{
+	cfg := idem.Config{
+		HTTPClient:  &http.Client{Transport: transport{d}},
+		Store:       d.store,
+		Clock:       deviceClock{d},
+		RetryPolicy: d.policy,
+		Server: idem.Server{
 			Retention:       d.w.cfg.Retention,
 			RetentionMargin: d.w.cfg.Margin,
 			ReconcileDelay:  d.w.cfg.ReconcileDelay,
 			Lookup:          func(_ idem.Request, key string) string { return lookupURL(key) },
 			QuotedKey:       d.quoted,
-		}),
+		},
 	}
-	c, err := idem.New(opts...)
+	c, err := idem.New(cfg)
 	if err != nil {
 		panic(err)
 	}
@@ -150,7 +150,7 @@ func (d *device) start() {
 	d.client2 = nil
 	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(faultTwoClients)) {
 		d.w.stats.fault(faultTwoClients.Name())
-		if d.client2, err = idem.New(opts...); err != nil {
+		if d.client2, err = idem.New(cfg); err != nil {
 			panic(err)
 		}
 	}
