@@ -366,3 +366,58 @@ func (c *config) attemptDone(a Attempt) {
 		c.onAttempt(a)
 	}
 }
+
+// attemptDone tells the attempt hook (and the app's logger, through
+// config.attemptDone) of the call's current attempt, adding what the call
+// knows of it: the intent's name and URL, and how long the attempt took on
+// the Client's clock.
+func (st *call) attemptDone(a Attempt) {
+	if st.cfg.onAttempt == nil && st.cfg.logger == nil {
+		return
+	}
+	if !st.urlRedacted {
+		st.url, st.urlRedacted = redactURL(st.url), true
+	}
+	a.Name, a.URL, a.Err = st.name, st.url, redactErr(a.Err)
+	if !st.began.IsZero() {
+		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))
+	}
+	st.cfg.attemptDone(a)
+}
+
+// spendRetry asks the Client's retry budget for the retry that follows an
+// attempt that failed with err (nil: a retryable answer), and returns why
+// the call must stop instead, or nil.
+func (st *call) spendRetry(err error) *stop {
+	cost := st.tokens.take(st.cfg.clock.Now(), err)
+	if cost == 0 {
+		return &stop{reason: stopRetryBudget}
+	}
+	st.retryCost, st.paidFor = cost, st.b.attempts+1
+	return nil
+}
+
+// unspendRetry puts back what the call took for a retry that it never
+// made, its context having ended first (in the wait before it, or as it
+// began): no request went out for those tokens.
+func (st *call) unspendRetry() {
+	if st.paidFor > st.b.attempts {
+		st.tokens.give(st.cfg.clock.Now(), st.retryCost)
+		st.paidFor = 0
+	}
+}
+
+// refundRetry puts back, after a final answer, what the retry that got it
+// took, or firstAnswerRefund when the first attempt got it. Only the
+// server's word does: a gateway's 401 or a CDN's 404 to a first attempt
+// ends the call, but says nothing of whether the server can take retries.
+func (st *call) refundRetry() {
+	if !st.own {
+		return
+	}
+	n := st.retryCost
+	if st.b.attempts <= 1 {
+		n = firstAnswerRefund
+	}
+	st.tokens.give(st.cfg.clock.Now(), n)
+}

@@ -3,8 +3,11 @@ package idem
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/clock"
@@ -225,4 +228,69 @@ func (c *config) policyFor(ctx context.Context) RetryPolicy {
 		p.MaxRetryAfter = base.MaxRetryAfter
 	}
 	return p.withDefaults()
+}
+
+// validate reports, in one error, every field of cfg out of range, before
+// any default replaces a value.
+func (cfg Config) validate() error {
+	var errs []error
+	refuse := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idem: "+format, args...)) }
+	// A nil pointer in an interface (a store from an OpenDir whose error
+	// was dropped) is not "none": it would panic at the first call.
+	if cfg.Store != nil && isNil(cfg.Store) {
+		refuse("Config.Store is a nil %T: pass the store persist.OpenDir returned with a nil error, or leave Store nil for a memory store", cfg.Store)
+	}
+	if cfg.Clock != nil && isNil(cfg.Clock) {
+		refuse("Config.Clock is a nil %T: pass a clock (clock.NewManual in tests), or leave Clock nil for the system clock", cfg.Clock)
+	}
+	if err := cfg.RetryPolicy.validate("Config.RetryPolicy"); err != nil {
+		errs = append(errs, err)
+	}
+	if err := cfg.RetryBudget.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if n := cfg.SettleConcurrency; n < 0 {
+		refuse("Config.SettleConcurrency is %d: use 1 or more, or 0 for the default (%d)", n, defaultSettleConcurrency)
+	}
+	s := cfg.Server
+	if s.LookupQuery != "" {
+		if s.Lookup != nil {
+			refuse("Config.Server: Server.Lookup and Server.LookupQuery are both set: give one")
+		}
+		if err := checkLookupQuery(s.LookupQuery); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Checked as the defaults will make them, with the rest.
+	if retention, margin := cmp.Or(s.Retention, defaultRetention), cmp.Or(s.RetentionMargin, defaultSafetyMargin); retention < 0 || margin < 0 || margin >= retention {
+		refuse("Config.Server: retention %s with margin %s leaves no time to send: Server.RetentionMargin must be below Server.Retention (0 means 24h and 1h), neither negative", retention, margin)
+	}
+	if s.ReconcileDelay < 0 {
+		refuse("Config.Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", s.ReconcileDelay, defaultReconcileDelay)
+	}
+	if s.MaxResponseBytes < 0 {
+		refuse("Config.Server.MaxResponseBytes is %d: use a positive size, or 0 for the default (%d)", s.MaxResponseBytes, defaultMaxResponseBytes)
+	}
+	for _, name := range s.StoredHeaders {
+		if err := checkStoredHeader(name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// setServer takes what the Client knows of the app's server from s
+// (Config.validate has checked it).
+func (c *config) setServer(s Server) {
+	c.lookup = s.Lookup
+	if s.LookupQuery != "" {
+		c.lookup = lookupQuery(s.LookupQuery)
+	}
+	c.quoted = s.QuotedKey
+	c.retention, c.margin = s.Retention, s.RetentionMargin
+	c.reconcile = s.ReconcileDelay
+	c.maxBody = s.MaxResponseBytes
+	c.keptHeaders = slices.Clone(s.StoredHeaders)
+	c.isKeyReused = s.KeyReusedAnswer
+	c.isServerAnswer = s.OwnAnswer
 }

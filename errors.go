@@ -247,3 +247,18 @@ type redirectSchemeError struct{ location string }
 // errRedirectLoop ends a chain of redirects that does not end: no server
 // that does the work answered, so the request never reached it.
 var errRedirectLoop = errors.New("idem: stopped after 10 redirects")
+
+// budgetSpent is the error of an attempt, or a lookup, that the call's
+// time limit cut short: RetryPolicy.MaxElapsed, the intent's expiry or
+// the caller's deadline (reason says which). It says so, and, having no
+// Unwrap, does not match the context.DeadlineExceeded of the limit that
+// cut it: a *RetryError matches context.DeadlineExceeded only when the
+// caller's own context ended the call.
+type budgetSpent struct {
+	reason string
+	err    error
+}
+
+func (e *budgetSpent) Error() string {
+	return "idem: the attempt was cut short (" + e.reason + "): " + e.err.Error()
+}

@@ -93,18 +93,3 @@ func (b *budgetBody) Close() error {
 	b.cancel()
 	return err
 }
-
-// budgetSpent is the error of an attempt, or a lookup, that the call's
-// time limit cut short: RetryPolicy.MaxElapsed, the intent's expiry or
-// the caller's deadline (reason says which). It says so, and, having no
-// Unwrap, does not match the context.DeadlineExceeded of the limit that
-// cut it: a *RetryError matches context.DeadlineExceeded only when the
-// caller's own context ended the call.
-type budgetSpent struct {
-	reason string
-	err    error
-}
-
-func (e *budgetSpent) Error() string {
-	return "idem: the attempt was cut short (" + e.reason + "): " + e.err.Error()
-}

@@ -60,10 +60,10 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRoundTripperTakesTheEchoOfACallersQuotedKey$",
 		},
 		{
-			Name: "intent-saved-when-shown", File: "intent.go",
+			Name: "intent-saved-when-shown", File: "action.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
-			Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",
-			Replace: "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n\tif err := c.store.Save(ctx, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n",
+			Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n\tif err := c.store.Save(ctx, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 			Pkg:     root, Run: "^TestSettleAllNeverSendsAnIntentNobodyTapped$",
 		},
 		{
@@ -74,7 +74,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestTwoClientsOnOneStoreMakeOneKeyPerAction$",
 		},
 		{
-			Name: "latest-by-wall-clock", File: "intent.go",
+			Name: "latest-by-wall-clock", File: "action.go",
 			Note:    "an action's latest intent is the one created last by the device's clock",
 			Anchor:  "if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {",
 			Replace: "if !r.CreatedAt.Before(latest.CreatedAt) {",
@@ -116,7 +116,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestPruneKeepsWhatMakesTheNextTapOfAPaidActionANoOp$",
 		},
 		{
-			Name: "paid-action-pays-again", File: "intent.go",
+			Name: "paid-action-pays-again", File: "action.go",
 			Note:    "a changed request for an action that succeeded makes a new intent",
 			Anchor:  "\t\t\tcase latest.State == persist.StateSucceeded && !forceNew:\n\t\t\t\treturn nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}\n",
 			Replace: "",
@@ -158,7 +158,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
 		},
 		{
-			Name: "replace-what-another-holds", File: "intent.go",
+			Name: "replace-what-another-holds", File: "action.go",
 			Note:    "a changed cart replaces an armed intent that another Client took over",
 			Anchor:  "\treturn rec.State == persist.StateNotSent || rec.Holder == c.id\n",
 			Replace: "\treturn true\n",
@@ -221,7 +221,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestARedirectToAnotherURLIsRememberedAcrossARestart$",
 		},
 		{
-			Name: "credential-name-joined-otherwise", File: "validate.go",
+			Name: "credential-name-joined-otherwise", File: "redact.go",
 			Note:    "a credential's field name joined with an underscore or a dot (X-Api_Key) may be stored on the device",
 			Anchor:  "if r == '-' || r == '_' || r == '.' {",
 			Replace: "if r == '-' {",
@@ -242,7 +242,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestExpiryIsSavedAfterACancel$",
 		},
 		{
-			Name: "lookup-query-unchecked", File: "validate.go",
+			Name: "lookup-query-unchecked", File: "config.go",
 			Note:    "a LookupQuery that is not a parameter's name (\"idempotency_key=\", \"?k\") is accepted, and every lookup misses",
 			Anchor:  "if err := checkLookupQuery(s.LookupQuery); err != nil {",
 			Replace: "if err := error(nil); err != nil {",
@@ -305,7 +305,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestErrorTextsCarryNoCredential$",
 		},
 		{
-			Name: "key-header-stored", File: "validate.go",
+			Name: "key-header-stored", File: "redact.go",
 			Note:    "a header field named for a key (Ocp-Apim-Subscription-Key) may be stored on the device",
 			Anchor:  `if strings.HasSuffix(joined, "key") && joined != "idempotencykey" {`,
 			Replace: `if false {`,
@@ -361,7 +361,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
 		},
 		{
-			Name: "stranger-refunds-retry-budget", File: "retrybudget.go",
+			Name: "stranger-refunds-retry-budget", File: "call.go",
 			Note:    "a final answer that is not the server's word (a gateway's 401 to a first attempt) puts tokens back in the retry budget",
 			Anchor:  "\tif !st.own {\n\t\treturn\n\t}\n",
 			Replace: "",

@@ -105,22 +105,6 @@ type Server struct {
 	OwnAnswer func(resp *Response) bool
 }
 
-// setServer takes what the Client knows of the app's server from s
-// (Config.validate has checked it).
-func (c *config) setServer(s Server) {
-	c.lookup = s.Lookup
-	if s.LookupQuery != "" {
-		c.lookup = lookupQuery(s.LookupQuery)
-	}
-	c.quoted = s.QuotedKey
-	c.retention, c.margin = s.Retention, s.RetentionMargin
-	c.reconcile = s.ReconcileDelay
-	c.maxBody = s.MaxResponseBytes
-	c.keptHeaders = slices.Clone(s.StoredHeaders)
-	c.isKeyReused = s.KeyReusedAnswer
-	c.isServerAnswer = s.OwnAnswer
-}
-
 // lookupQuery is the lookup of Server.LookupQuery: the intent's own URL
 // with the key in the query parameter param. The query is kept as sent,
 // byte for byte and in its order (a pair with ; in it, an escape spelled

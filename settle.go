@@ -121,14 +121,6 @@ func redirectedKeyReuse(err error) bool {
 // sent.
 var errLeftUnsent = errors.New("idem: the intent ended not sent; it is sent again only when the app asks (Send, Settle or Do)")
 
-// Settled is what SettleAll made of one intent: Response and Err are those
-// of Settle, and Intent.State() tells where it stands now.
-type Settled struct {
-	Intent   *Intent
-	Response *Response
-	Err      error
-}
-
 // SettleAll settles every unresolved intent in the store, oldest first, a
 // few at a time (Config.SettleConcurrency), and reports what became of each,
 // as each ends too (Config.SettleProgress): the call for app start,
@@ -153,7 +145,7 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	ins, listErr := c.Unresolved(ctx)
 	out := make([]Settled, len(ins))
 	sem := make(chan struct{}, c.settles.workers)
-	progress := c.newSettleProgress(len(ins))
+	progress := newSettleProgress(c.settles.progress, len(ins))
 	var wg sync.WaitGroup
 	for i, in := range ins {
 		out[i].Intent = in

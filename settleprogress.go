@@ -25,8 +25,8 @@ type settleProgress struct {
 	panicValue any
 }
 
-func (c *Client) newSettleProgress(total int) *settleProgress {
-	return &settleProgress{f: c.settles.progress, total: total}
+func newSettleProgress(f func(Settled, int, int), total int) *settleProgress {
+	return &settleProgress{f: f, total: total}
 }
 
 // report tells the app that s is done. A panic of f is kept for rethrow:
@@ -59,4 +59,12 @@ func (p *settleProgress) rethrow() {
 	if panicked {
 		panic(v)
 	}
+}
+
+// Settled is what SettleAll made of one intent: Response and Err are those
+// of Settle, and Intent.State() tells where it stands now.
+type Settled struct {
+	Intent   *Intent
+	Response *Response
+	Err      error
 }

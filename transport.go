@@ -237,7 +237,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			// call would make each of its retries a new payment.
 			rec.Key, rec.KeyHeader = k, k
 		}
-		in = &Intent{rec: rec, ephemeral: true, callersKey: req.Header.Get("Idempotency-Key") != "", c: t.c}
+		in = &Intent{rec: rec, ephemeral: true, callersKey: req.Header.Get("Idempotency-Key") != "", keys: t.c.keys}
 		t.remember(req, in)
 	}
 

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -22,55 +21,6 @@ func isNil(v any) bool {
 		return rv.IsNil()
 	}
 	return false
-}
-
-// validate reports, in one error, every field of cfg out of range, before
-// any default replaces a value.
-func (cfg Config) validate() error {
-	var errs []error
-	refuse := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idem: "+format, args...)) }
-	// A nil pointer in an interface (a store from an OpenDir whose error
-	// was dropped) is not "none": it would panic at the first call.
-	if cfg.Store != nil && isNil(cfg.Store) {
-		refuse("Config.Store is a nil %T: pass the store persist.OpenDir returned with a nil error, or leave Store nil for a memory store", cfg.Store)
-	}
-	if cfg.Clock != nil && isNil(cfg.Clock) {
-		refuse("Config.Clock is a nil %T: pass a clock (clock.NewManual in tests), or leave Clock nil for the system clock", cfg.Clock)
-	}
-	if err := cfg.RetryPolicy.validate("Config.RetryPolicy"); err != nil {
-		errs = append(errs, err)
-	}
-	if err := cfg.RetryBudget.validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if n := cfg.SettleConcurrency; n < 0 {
-		refuse("Config.SettleConcurrency is %d: use 1 or more, or 0 for the default (%d)", n, defaultSettleConcurrency)
-	}
-	s := cfg.Server
-	if s.LookupQuery != "" {
-		if s.Lookup != nil {
-			refuse("Config.Server: Server.Lookup and Server.LookupQuery are both set: give one")
-		}
-		if err := checkLookupQuery(s.LookupQuery); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	// Checked as the defaults will make them, with the rest.
-	if retention, margin := cmp.Or(s.Retention, defaultRetention), cmp.Or(s.RetentionMargin, defaultSafetyMargin); retention < 0 || margin < 0 || margin >= retention {
-		refuse("Config.Server: retention %s with margin %s leaves no time to send: Server.RetentionMargin must be below Server.Retention (0 means 24h and 1h), neither negative", retention, margin)
-	}
-	if s.ReconcileDelay < 0 {
-		refuse("Config.Server.ReconcileDelay is %s: use a positive delay, or 0 for the default (%s)", s.ReconcileDelay, defaultReconcileDelay)
-	}
-	if s.MaxResponseBytes < 0 {
-		refuse("Config.Server.MaxResponseBytes is %d: use a positive size, or 0 for the default (%d)", s.MaxResponseBytes, defaultMaxResponseBytes)
-	}
-	for _, name := range s.StoredHeaders {
-		if err := checkStoredHeader(name); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // validate reports the fields of p that are out of range; from names
@@ -120,14 +70,6 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 	return p.validate("ContextWithRetryPolicy: RetryPolicy")
 }
 
-// credentialHeaders are header fields that carry credentials or session
-// state, which Server.StoredHeaders may not name to keep on the device: the
-// words are matched anywhere in the lower-case name with its hyphens,
-// underscores and dots left out, so X-Api_Key and api.key are refused as
-// X-Api-Key is.
-var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "apikey", "credential", "csrf", "xsrf",
-	"jwt", "oidc", "saml", "assertion", "bearer", "accesskey", "privatekey"}
-
 // checkStoredHeader refuses a name Server.StoredHeaders may not hold: one
 // that is not a header field name, or one that carries credentials.
 func checkStoredHeader(name string) error {
@@ -138,29 +80,6 @@ func checkStoredHeader(name string) error {
 		return fmt.Errorf("idem: Config.Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
 	}
 	return nil
-}
-
-// credentialWord returns the word of credentialHeaders that name holds,
-// in any case and with its hyphens, underscores and dots left out, or
-// "key" for a name that ends in it (but Idempotency-Key), or "".
-func credentialWord(name string) string {
-	joined := strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r == '.' {
-			return -1
-		}
-		return r
-	}, strings.ToLower(name))
-	for _, w := range credentialHeaders {
-		if strings.Contains(joined, w) {
-			return w
-		}
-	}
-	// A key a server gives or takes by name (Ocp-Apim-Subscription-Key,
-	// X-Functions-Key, X-Client-Key), but not the idempotency key.
-	if strings.HasSuffix(joined, "key") && joined != "idempotencykey" {
-		return "key"
-	}
-	return ""
 }
 
 // checkLookupQuery refuses a Server.LookupQuery that is not a query

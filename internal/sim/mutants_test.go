@@ -44,10 +44,10 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "intent-saved-when-shown", File: "intent.go",
+		Name: "intent-saved-when-shown", File: "action.go",
 		Note:    "an intent is saved when the Pay screen shows it, so a restart settles a cart nobody tapped",
-		Anchor:  "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n",
-		Replace: "\tin := &Intent{rec: rec, c: c, unarmed: true, force: forceNew}\n\tif err := c.store.Save(ctx, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+		Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n",
+		Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n\tif err := c.store.Save(ctx, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 	},
 	{
 		Pkg: simPkg, Run: simRun,
@@ -142,7 +142,7 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "paid-action-pays-again", File: "intent.go",
+		Name: "paid-action-pays-again", File: "action.go",
 		Note:    "a changed request for an action that succeeded makes a new intent",
 		Anchor:  "\t\t\tcase latest.State == persist.StateSucceeded && !forceNew:\n\t\t\t\treturn nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}\n",
 		Replace: "",

@@ -5,24 +5,6 @@ import (
 	"strings"
 )
 
-// attemptDone tells the attempt hook (and the app's logger, through
-// config.attemptDone) of the call's current attempt, adding what the call
-// knows of it: the intent's name and URL, and how long the attempt took on
-// the Client's clock.
-func (st *call) attemptDone(a Attempt) {
-	if st.cfg.onAttempt == nil && st.cfg.logger == nil {
-		return
-	}
-	if !st.urlRedacted {
-		st.url, st.urlRedacted = redactURL(st.url), true
-	}
-	a.Name, a.URL, a.Err = st.name, st.url, redactErr(a.Err)
-	if !st.began.IsZero() {
-		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))
-	}
-	st.cfg.attemptDone(a)
-}
-
 // redactURL returns raw as the attempt hook may show it: with no
 // credential in it, nor anything a server never sees. A password is
 // replaced, as url.URL.Redacted does; so is a user name without a password
@@ -85,4 +67,35 @@ const redacted = "xxxxx"
 func credentialQuery(name string) bool {
 	lower := strings.ToLower(name)
 	return credentialWord(name) != "" || strings.Contains(lower, "key") || strings.Contains(lower, "sig")
+}
+
+// credentialHeaders are header fields that carry credentials or session
+// state, which Server.StoredHeaders may not name to keep on the device: the
+// words are matched anywhere in the lower-case name with its hyphens,
+// underscores and dots left out, so X-Api_Key and api.key are refused as
+// X-Api-Key is.
+var credentialHeaders = []string{"cookie", "auth", "token", "secret", "password", "passwd", "session", "apikey", "credential", "csrf", "xsrf",
+	"jwt", "oidc", "saml", "assertion", "bearer", "accesskey", "privatekey"}
+
+// credentialWord returns the word of credentialHeaders that name holds,
+// in any case and with its hyphens, underscores and dots left out, or
+// "key" for a name that ends in it (but Idempotency-Key), or "".
+func credentialWord(name string) string {
+	joined := strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r == '.' {
+			return -1
+		}
+		return r
+	}, strings.ToLower(name))
+	for _, w := range credentialHeaders {
+		if strings.Contains(joined, w) {
+			return w
+		}
+	}
+	// A key a server gives or takes by name (Ocp-Apim-Subscription-Key,
+	// X-Functions-Key, X-Client-Key), but not the idempotency key.
+	if strings.HasSuffix(joined, "key") && joined != "idempotencykey" {
+		return "key"
+	}
+	return ""
 }

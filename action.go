@@ -1,0 +1,362 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemkit/idem/persist"
+)
+
+func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, keys: c.keys} }
+
+// newRecord makes the record of a new intent, with a fresh UUIDv4 key
+// spelled on the wire as this Client spells keys. req has been validated;
+// fp is its fingerprint, seq its place among its name's intents.
+func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now time.Time) (*persist.Record, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return nil, fmt.Errorf("idem: generating idempotency key: %w", err)
+	}
+	key := id.String()
+	return &persist.Record{
+		Version:     persist.FormatVersion,
+		Key:         key,
+		KeyHeader:   c.keyHeader(key),
+		Seq:         seq,
+		Name:        name,
+		Method:      req.Method,
+		URL:         req.URL,
+		Header:      req.Header.Clone(),
+		Body:        bytes.Clone(req.Body),
+		Fingerprint: fp,
+		CreatedAt:   now,
+		UpdatedAt:   now,
+		State:       persist.StateNew,
+	}, nil
+}
+
+// latestOf returns the intent created last among recs, the intents of one
+// name: the highest Seq, which no setting of the device's clock moves.
+// Records written before Seq existed have none and come first, ordered by
+// creation time.
+func latestOf(recs []*persist.Record) *persist.Record {
+	latest := recs[0]
+	for _, r := range recs[1:] {
+		if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {
+			latest = r
+		}
+	}
+	return latest
+}
+
+// Intent returns the intent for the action name with request req, the first
+// half of Send: call it directly to show the key, or to hold the intent
+// between showing the Pay button and sending it with Do.
+//
+//   - No intent for name yet: a new one is made. It lives in this process's
+//     memory only until the tap: the first Do (or Settle, HTTPRequest, or
+//     a round trip through the RoundTripper) arms it, with the one durable
+//     write before its first byte is sent. An intent never armed is never
+//     sent by anything but a call the app makes for it in this process:
+//     after a restart it is gone, with a key that was never used, and
+//     Unresolved and SettleAll never see it. Intent for the same name and
+//     request returns the same unarmed intent until then.
+//   - The latest intent for name holds the same request: it is returned, in
+//     whatever state it is; Do on it resumes it, or returns its stored
+//     outcome without sending.
+//   - The request changed (the cart changed) and the latest intent failed,
+//     was rejected or is void: a new intent is made.
+//   - The request changed and the latest intent succeeded: *ResolvedError
+//     with the earlier answer, and nothing is made: the action is paid. A
+//     deliberate second payment is NewIntent.
+//   - The request changed and the latest intent was never sent (unarmed,
+//     armed and provably never on the wire, or stored not sent: a call of
+//     it ended with ErrNotSent, in this process or an earlier one): it
+//     is dropped and replaced by a new one; Do on the dropped one returns
+//     ErrIntentReplaced.
+//   - The request changed and the latest intent may have reached the
+//     server with an unknown outcome: *UnresolvedError, and
+//     nothing is made. Starting a second payment silently is the one
+//     thing this call never does.
+//
+// The store decides which intent is the action's latest when one is armed
+// (see persist.Claim): of two Clients on one store whose unarmed intents
+// for one action are armed at once, one wins, and the other's Do sends the
+// winner instead if it holds the same request (its Key changes to the
+// winner's), or refuses as Intent would.
+//
+// If the store fails to read the action's intents, or the drop of a
+// replaced armed intent fails, the error is a *SaveError and nothing can be
+// sent. If the store holds a record it cannot read (a *persist.CorruptError)
+// that may be this action's (the file store tells a record's action from
+// its file's name), Intent refuses with that error rather than guess, for
+// it could be the action's unresolved intent: inspect the file it names,
+// then quarantine or delete it. Damaged records of other actions do not
+// stop it.
+func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
+	if name == "" {
+		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
+	}
+	return c.intent(ctx, name, req, false)
+}
+
+// NewIntent makes a new intent with a new key, even when the latest intent
+// for name holds the same request, as when the user pays again after a
+// declined card, or when the action succeeded and the user means to pay
+// for it a second time. Like Intent's, it is armed, and saved, by its first
+// Do. It still refuses, with *UnresolvedError, while the latest intent for
+// name may have reached the server with an unknown outcome. An empty name
+// makes a one-off intent that belongs to no action and is never refused.
+func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Intent, error) {
+	return c.intent(ctx, name, req, true)
+}
+
+func (c *Client) intent(ctx context.Context, name string, req Request, forceNew bool) (*Intent, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	// One action's intents are decided one at a time, so two goroutines
+	// cannot both find "no intent" and make two.
+	c.actionMu.Lock()
+	defer c.actionMu.Unlock()
+
+	fp := req.fingerprint()
+	seq := uint64(1)
+	if name != "" {
+		recs, err := c.store.List(ctx, persist.Filter{Name: name})
+		if err != nil {
+			var corrupt *persist.CorruptError
+			if errors.As(err, &corrupt) {
+				// An unreadable record may be this action's unresolved
+				// intent: refuse rather than guess.
+				return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+			}
+			return nil, &SaveError{Op: "read the action's intents", Err: err}
+		}
+		var latest *persist.Record
+		if len(recs) > 0 {
+			latest = latestOf(recs)
+			seq = latest.Seq + 1
+		}
+		// This Client's unarmed intent for name, if the store has not
+		// moved on since it was made: the action's latest, never sent.
+		if u := c.unarmed[name]; u != nil {
+			delete(c.unarmed, name)
+			if u.current().Seq == seq {
+				if u.matches(req) && !forceNew {
+					c.unarmed[name] = u
+					return u, nil
+				}
+				u.replace()
+			}
+		}
+		if latest != nil {
+			same := latest.Fingerprint == fp
+			switch {
+			case same && !forceNew:
+				return c.intentOf(latest), nil
+			case latest.State == persist.StateSucceeded && !forceNew:
+				return nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}
+			case latest.State.Resolved():
+				// Known outcome: a new intent cannot pay twice.
+			case c.mayReplace(latest) && c.keys.dropUnsent(latest):
+				// Deleted only if no other Client took it over to send it
+				// since it was read: one step in the store.
+				c.keys.saved.drop(latest.Key)
+				if err := persist.DeleteIf(ctx, c.store, latest); err != nil {
+					var changed *persist.ChangedError
+					if errors.As(err, &changed) {
+						c.keys.undropTaken(latest.Key)
+						prev := latest
+						if changed.Current != nil {
+							prev = changed.Current
+						}
+						return nil, &UnresolvedError{Name: name, Previous: c.intentOf(prev)}
+					}
+					c.keys.undrop(latest.Key)
+					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
+				}
+			default:
+				return nil, &UnresolvedError{Name: name, Previous: c.intentOf(latest)}
+			}
+		}
+	}
+	rec, err := c.newRecord(name, req, fp, seq, c.clock.Now())
+	if err != nil {
+		return nil, err
+	}
+	in := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}
+	if name != "" {
+		if c.unarmed == nil {
+			c.unarmed = make(map[string]*Intent)
+		}
+		c.unarmed[name] = in
+	}
+	return in, nil
+}
+
+// arm makes an unarmed intent durable before its first byte is sent: the
+// tap. The arming write is the one durable write before sending, and it
+// claims the action's latest intent in the store (persist.Claim), so that
+// two Clients on one store cannot both arm an intent for one action. When
+// the claim loses to an intent another Client armed, in becomes that
+// intent if it holds the same request (and was not made by NewIntent);
+// otherwise arm refuses as Intent would, and nothing is sent.
+func (c *Client) arm(ctx context.Context, in *Intent) error {
+	in.armMu.Lock()
+	defer in.armMu.Unlock()
+	in.mu.Lock()
+	cur, unarmed, replaced := in.rec, in.unarmed, in.replaced
+	in.mu.Unlock()
+	if replaced {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
+	}
+	if !unarmed {
+		return nil
+	}
+	c.actionMu.Lock()
+	defer c.actionMu.Unlock()
+	// Intent may have replaced it while this call waited for the lock.
+	in.mu.Lock()
+	replaced = in.replaced
+	in.mu.Unlock()
+	if replaced {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
+	}
+	next := *cur
+	rec := &next
+	// The server's retention of the key starts no sooner than its first
+	// attempt: the intent's age counts from the tap.
+	now := c.clock.Now()
+	rec.CreatedAt, rec.UpdatedAt = now, now
+	// The arming write carries the clock readings the intent's age is
+	// judged by.
+	c.clocks.stamp(rec, true)
+	// The arming write names this Client its holder: while the stored
+	// record is this version, no other Client can have sent it.
+	rec.Holder = c.id
+	for {
+		err := persist.Claim(ctx, c.store, rec)
+		if err == nil {
+			break
+		}
+		var lost *persist.ClaimError
+		if !errors.As(err, &lost) {
+			var corrupt *persist.CorruptError
+			if errors.As(err, &corrupt) {
+				return fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)
+			}
+			return &SaveError{Key: rec.Key, Op: "arm", Err: err}
+		}
+		latest := lost.Latest
+		switch {
+		case latest.Key == rec.Key || latest.Fingerprint == rec.Fingerprint && !in.force:
+			// Another Client armed this action's intent for the same
+			// request first: this tap is that intent.
+			c.dropUnarmed(in)
+			in.mu.Lock()
+			in.rec, in.unarmed = latest, false
+			in.mu.Unlock()
+			return nil
+		case latest.State == persist.StateSucceeded && !in.force:
+			return &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
+		case !latest.State.Resolved():
+			return &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
+		}
+		next := *rec
+		next.Seq = latest.Seq + 1
+		rec = &next
+	}
+	c.dropUnarmed(in)
+	in.mu.Lock()
+	in.rec, in.unarmed = rec, false
+	in.mu.Unlock()
+	c.keys.saved.saved(rec)
+	c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
+	return nil
+}
+
+// dropUnarmed forgets in as its action's unarmed intent. c.actionMu must
+// be held.
+func (c *Client) dropUnarmed(in *Intent) {
+	if name := in.current().Name; c.unarmed[name] == in {
+		delete(c.unarmed, name)
+	}
+}
+
+// Load returns the intent stored under key, or an error matching
+// persist.ErrNotFound.
+func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
+	rec, err := c.store.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return c.intentOf(rec), nil
+}
+
+// Unresolved returns the intents whose outcome is not known yet, oldest
+// first, for a "pending" screen; SettleAll settles them all. Expired intents
+// are included.
+// If some stored intents cannot be read, the readable ones are returned
+// with an error that names each unreadable one: persist.CorruptErrors lists
+// them all, where errors.As finds only the first.
+func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
+	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
+	out := make([]*Intent, len(recs))
+	for i, rec := range recs {
+		out[i] = c.intentOf(rec)
+	}
+	return out, err
+}
+
+// Forget deletes an intent from the device; an unarmed one (see Intent) is
+// dropped from memory, and Do on it returns ErrIntentReplaced. It is the
+// deliberate unsafe path: if the intent reached the server, its effect stays (a payment stays
+// made) and nothing on the device remembers it. Prefer Settle.
+// It returns ErrInFlight while a Do or Reconcile for the intent runs in
+// this Client. A call of another Client on the same store is not seen:
+// Forget deletes the record all the same, while that Client's request may
+// be on the wire; that Client saves the outcome again if its answer
+// arrives, and otherwise nothing on the device remembers the key.
+func (c *Client) Forget(ctx context.Context, in *Intent) error {
+	in.mu.Lock()
+	unarmed := in.unarmed
+	if unarmed {
+		// Never sent and never saved: dropping it is all there is.
+		in.replaced = true
+	}
+	in.mu.Unlock()
+	if unarmed {
+		c.actionMu.Lock()
+		c.dropUnarmed(in)
+		c.actionMu.Unlock()
+		return nil
+	}
+	key := in.Key()
+	var err error
+	if !c.flights.exclusive(key, func() {
+		c.actionMu.Lock()
+		defer c.actionMu.Unlock()
+		c.keys.saved.drop(key)
+		err = c.store.Delete(ctx, key)
+		if err == nil {
+			c.keys.forget(key)
+		}
+	}) {
+		return fmt.Errorf("%w: %s", ErrInFlight, key)
+	}
+	return err
+}
+
+// mayReplace reports whether rec, the action's latest intent as stored, may
+// be one that no other Client can have sent: one stored as not sent (by the
+// one Client that could tell), or one this Client armed and no other took
+// over (see Client.do). An armed intent another Client holds may be on the
+// wire, whatever this Client knows of its own calls.
+func (c *Client) mayReplace(rec *persist.Record) bool {
+	return rec.State == persist.StateNotSent || rec.Holder == c.id
+}
