@@ -97,7 +97,7 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 	if marked(h, key) {
 		return true
 	}
-	return c.isServerAnswer != nil && c.isServerAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)})
+	return c.ownAnswer != nil && c.ownAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)})
 }
 
 // problemKeyUnused is the problem type of the lookup's miss: nothing was
@@ -133,7 +133,7 @@ func (c *config) keyReused(status int, header http.Header, body []byte) bool {
 	if isKeyReused(status, header, body) {
 		return true
 	}
-	return c.isKeyReused != nil && c.isKeyReused(&Response{StatusCode: status, Header: header.Clone(), Body: bytes.Clone(body)})
+	return c.keyReusedAnswer != nil && c.keyReusedAnswer(&Response{StatusCode: status, Header: header.Clone(), Body: bytes.Clone(body)})
 }
 
 // isKeyReused reports an answer that says the key was used with another
@@ -313,18 +313,6 @@ func (e *APIError) Error() string {
 	return b.String()
 }
 
-// Is makes errors.Is(err, ErrKeyReused) and errors.Is(err, ErrKeyRejected)
-// true for the answers that mean them.
-func (e *APIError) Is(target error) bool {
-	switch target {
-	case ErrKeyReused:
-		return e.keyReused
-	case ErrKeyRejected:
-		return isKeyProblem(e.StatusCode, e.Problem.Type)
-	}
-	return false
-}
-
 // stored returns what the device keeps of a final answer: its status, the
 // header fields that a replay and the app need, and its body.
 func (c *config) stored(resp *Response) *persist.Response {
@@ -375,4 +363,16 @@ func (c *config) keptValues(h http.Header) int {
 		n += len(h[name])
 	}
 	return n
+}
+
+// Is makes errors.Is(err, ErrKeyReused) and errors.Is(err, ErrKeyRejected)
+// true for the answers that mean them.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrKeyReused:
+		return e.keyReused
+	case ErrKeyRejected:
+		return isKeyProblem(e.StatusCode, e.Problem.Type)
+	}
+	return false
 }

@@ -166,7 +166,7 @@ func (st *call) failed(ctx context.Context, err error) *RetryError {
 		return e
 	}
 	e := st.retryError(stopFatal, err)
-	e.neverReached = neverReached(err) && !st.mayHaveReached()
+	e.unreached = neverReached(err) && !st.mayHaveReached()
 	return e
 }
 
@@ -174,7 +174,7 @@ func (st *call) retryError(reason string, err error) *RetryError {
 	// The app logs the error: the URL net/http's error names carries
 	// no credential, as the attempt hook's does not.
 	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: redactErr(err),
-		sentNothing: st.sentNothing(), redirected: st.redirected}
+		noneWritten: st.sentNothing(), afterRedirect: st.redirected}
 }
 
 // afterAttempt is the retry loop's decision after each attempt: whether to

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
+	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/clock"
@@ -112,10 +115,10 @@ type config struct {
 	quoted    bool
 	onAttempt func(Attempt)
 	lookup    func(Request, string) string // nil: none configured
-	// isKeyReused recognises the app's own server's key reuse answers.
-	isKeyReused func(*Response) bool
-	// isServerAnswer recognises the app's own server's unmarked answers.
-	isServerAnswer func(*Response) bool
+	// keyReusedAnswer recognises the app's own server's key reuse answers.
+	keyReusedAnswer func(*Response) bool
+	// ownAnswer recognises the app's own server's unmarked answers.
+	ownAnswer func(*Response) bool
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.
 	keptHeaders []string
@@ -137,7 +140,7 @@ func newConfig(cfg Config) (config, error) {
 		settles:     settleConfig{workers: cfg.SettleConcurrency, progress: cfg.SettleProgress},
 	}
 	c.setServer(cfg.Server)
-	if err := cfg.validate(); err != nil {
+	if err := cfg.check(); err != nil {
 		return config{}, err
 	}
 	if c.http == nil {
@@ -230,9 +233,9 @@ func (c *config) policyFor(ctx context.Context) RetryPolicy {
 	return p.withDefaults()
 }
 
-// validate reports, in one error, every field of cfg out of range, before
+// check reports, in one error, every field of cfg out of range, before
 // any default replaces a value.
-func (cfg Config) validate() error {
+func (cfg Config) check() error {
 	var errs []error
 	refuse := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idem: "+format, args...)) }
 	// A nil pointer in an interface (a store from an OpenDir whose error
@@ -291,6 +294,134 @@ func (c *config) setServer(s Server) {
 	c.reconcile = s.ReconcileDelay
 	c.maxBody = s.MaxResponseBytes
 	c.keptHeaders = slices.Clone(s.StoredHeaders)
-	c.isKeyReused = s.KeyReusedAnswer
-	c.isServerAnswer = s.OwnAnswer
+	c.keyReusedAnswer = s.KeyReusedAnswer
+	c.ownAnswer = s.OwnAnswer
+}
+
+// validate reports the fields of b out of range: New refuses a field
+// below -1, and -1 in the costs.
+func (b RetryBudget) validate() error {
+	var errs []error
+	bad := func(field string, v any, want string) {
+		errs = append(errs, fmt.Errorf("idem: Config.RetryBudget.%s is %v: %s", field, v, want))
+	}
+	if b.Tokens < -1 {
+		bad("Tokens", b.Tokens, "use 1 or more, 0 for the default (20), or -1 for no budget")
+	}
+	if b.RetryCost < 0 {
+		bad("RetryCost", b.RetryCost, "use 1 or more, or 0 for the default (5)")
+	}
+	if b.TimeoutCost < 0 {
+		bad("TimeoutCost", b.TimeoutCost, "use 1 or more, or 0 for the default (10)")
+	}
+	if b.Refill < 0 && b.Refill != -1 {
+		bad("Refill", b.Refill, "use a positive duration, 0 for the default (1s), or -1 for none")
+	}
+	// The bucket's size, the default's too, must pay the dearest retry.
+	if most, size := max(cmp.Or(b.RetryCost, defaultBudgetRetryCost), cmp.Or(b.TimeoutCost, defaultBudgetTimeoutCost)), cmp.Or(b.Tokens, defaultBudgetTokens); b.Tokens >= 0 && most > size {
+		bad("Tokens", b.Tokens, fmt.Sprintf("the bucket (%d tokens) is below a retry's cost (%d), so some retries could never be paid: raise Tokens, lower the cost, or use -1 for no budget", size, most))
+	}
+	return errors.Join(errs...)
+}
+
+// isNil reports a nil interface, or one holding a nil pointer, map, func,
+// chan or slice: a value that a method call or a send would panic on.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// validate reports the fields of p that are out of range; from names
+// where p came from (Config.RetryPolicy or ContextWithRetryPolicy).
+func (p RetryPolicy) validate(from string) error {
+	var errs []error
+	bad := func(field string, v any, want string) {
+		errs = append(errs, fmt.Errorf("idem: %s.%s is %v: %s", from, field, v, want))
+	}
+	if p.MaxAttempts < 0 {
+		bad("MaxAttempts", p.MaxAttempts, "use 1 or more, or 0 for the default (10)")
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+		def   string
+	}{
+		{"MaxElapsed", p.MaxElapsed, "2m"},
+		{"InitialInterval", p.InitialInterval, "500ms"},
+		{"MaxInterval", p.MaxInterval, "30s"},
+		{"MaxRetryAfter", p.MaxRetryAfter, "60s"},
+	} {
+		if d.v < 0 {
+			bad(d.field, d.v, "use a positive duration, or 0 for the default ("+d.def+")")
+		}
+	}
+	if p.InitialInterval > 0 && p.MaxInterval > 0 && p.MaxInterval < p.InitialInterval {
+		bad("MaxInterval", p.MaxInterval, fmt.Sprintf("it is below InitialInterval (%s): raise MaxInterval or lower InitialInterval", p.InitialInterval))
+	}
+	if m := p.Multiplier; m != 0 && (math.IsNaN(m) || math.IsInf(m, 0) || m < 1) {
+		bad("Multiplier", m, "use 1 (the same wait each time) or more, or 0 for the default (2)")
+	}
+	if j := p.Jitter; j != 0 && j != -1 && (math.IsNaN(j) || j < 0 || j > 1) {
+		bad("Jitter", j, "use a fraction above 0 and at most 1, 0 for the default (0.5), or -1 for none")
+	}
+	return errors.Join(errs...)
+}
+
+// checkPolicy reports a policy given by ContextWithRetryPolicy that is out
+// of range: the call it would govern is refused before anything is armed
+// or sent, rather than run under defaults the app did not ask for.
+func checkPolicy(ctx interface{ Value(any) any }) error {
+	p, ok := ctx.Value(policyKey{}).(RetryPolicy)
+	if !ok {
+		return nil
+	}
+	return p.validate("ContextWithRetryPolicy: RetryPolicy")
+}
+
+// checkStoredHeader refuses a name Server.StoredHeaders may not hold: one
+// that is not a header field name, or one that carries credentials.
+func checkStoredHeader(name string) error {
+	if !validFieldName(name) {
+		return fmt.Errorf("idem: Config.Server.StoredHeaders holds %q: not a header field name", name)
+	}
+	if w := credentialWord(name); w != "" {
+		return fmt.Errorf("idem: Config.Server.StoredHeaders holds %q: the field carries credentials or session state (%q), which are never written to the device; keep what the app needs of it in memory", http.CanonicalHeaderKey(name), w)
+	}
+	return nil
+}
+
+// checkLookupQuery refuses a Server.LookupQuery that is not a query
+// parameter's name: a query written out ("idempotency_key=", "?k"), or a
+// name with a space or a control character in it, which no lookup of the
+// server would find.
+func checkLookupQuery(name string) error {
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f || strings.ContainsRune("=&?#", r) {
+			return fmt.Errorf("idem: Config.Server.LookupQuery is %q: give the name of the query parameter alone, such as \"idempotency_key\"", name)
+		}
+	}
+	return nil
+}
+
+// validFieldName reports a header field name: a non-empty RFC 9110 token.
+func validFieldName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		b := name[i]
+		switch {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

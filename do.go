@@ -247,8 +247,8 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	now := c.clock.Now()
 	// The call made one attempt, which failed for good and never reached
 	// the server.
-	oneNeverReached := retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.neverReached
-	if unsent && (oneNeverReached || retryErr.sentNothing && retryErr.Attempts > 0) {
+	oneNeverReached := retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.unreached
+	if unsent && (oneNeverReached || retryErr.noneWritten && retryErr.Attempts > 0) {
 		return c.recordNotSent(ctx, in, rec, retryErr, now)
 	}
 	if oneNeverReached {
@@ -257,7 +257,7 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 		return retryErr
 	}
 	rec.Attempts += retryErr.Attempts
-	rec.Redirected = rec.Redirected || retryErr.redirected
+	rec.Redirected = rec.Redirected || retryErr.afterRedirect
 	rec.UpdatedAt = now
 	if retryErr.Reason == stopExpired {
 		rec.State = persist.StateExpired

@@ -146,14 +146,14 @@ type RetryError struct {
 	// credential, as Attempt.URL does not.
 	Err error
 
-	// neverReached: Err proves that no request of the call reached the
+	// unreached: Err proves that no request of the call reached the
 	// server (see neverReached), and none was read without an answer.
-	neverReached bool
-	// sentNothing: the transport's trace proves that no attempt of the
+	unreached bool
+	// noneWritten: the transport's trace proves that no attempt of the
 	// call wrote its request to a connection.
-	sentNothing bool
-	// redirected: an attempt of the intent was redirected to another URL.
-	redirected bool
+	noneWritten bool
+	// afterRedirect: an attempt of the intent was redirected to another URL.
+	afterRedirect bool
 }
 
 func (e *RetryError) Error() string {

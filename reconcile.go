@@ -163,7 +163,7 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		// The caller owns out; the record keeps its own copy.
 		rec.Response = c.stored(out)
 	case isKeyUnused(resp.StatusCode, resp.Header, body) ||
-		resp.StatusCode == http.StatusNotFound && c.isServerAnswer != nil && c.isServerAnswer(out.clone()):
+		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone()):
 		// Expired or not: an attempt sent just before expiry may arrive
 		// as late as any other.
 		if wait > 0 {

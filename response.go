@@ -39,14 +39,14 @@ type Response struct {
 	Oversized bool
 }
 
-func responseFromStored(r *persist.Response, attempts int, fromStore bool) *Response {
+func responseFromStored(r *persist.Response, sent int, fromStore bool) *Response {
 	return &Response{
 		StatusCode: r.StatusCode,
 		Header:     r.Header.Clone(),
 		Body:       bytes.Clone(r.Body),
 		Replayed:   r.Replayed,
 		Oversized:  r.Oversized,
-		Attempts:   attempts,
+		Attempts:   sent,
 		FromStore:  fromStore,
 	}
 }

@@ -3,7 +3,6 @@ package idem
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -61,32 +60,6 @@ const (
 	// puts back (the AWS SDKs' NoRetryIncrement).
 	firstAnswerRefund = 1
 )
-
-// validate reports the fields of b out of range: New refuses a field
-// below -1, and -1 in the costs.
-func (b RetryBudget) validate() error {
-	var errs []error
-	bad := func(field string, v any, want string) {
-		errs = append(errs, fmt.Errorf("idem: Config.RetryBudget.%s is %v: %s", field, v, want))
-	}
-	if b.Tokens < -1 {
-		bad("Tokens", b.Tokens, "use 1 or more, 0 for the default (20), or -1 for no budget")
-	}
-	if b.RetryCost < 0 {
-		bad("RetryCost", b.RetryCost, "use 1 or more, or 0 for the default (5)")
-	}
-	if b.TimeoutCost < 0 {
-		bad("TimeoutCost", b.TimeoutCost, "use 1 or more, or 0 for the default (10)")
-	}
-	if b.Refill < 0 && b.Refill != -1 {
-		bad("Refill", b.Refill, "use a positive duration, 0 for the default (1s), or -1 for none")
-	}
-	// The bucket's size, the default's too, must pay the dearest retry.
-	if most, size := max(cmp.Or(b.RetryCost, defaultBudgetRetryCost), cmp.Or(b.TimeoutCost, defaultBudgetTimeoutCost)), cmp.Or(b.Tokens, defaultBudgetTokens); b.Tokens >= 0 && most > size {
-		bad("Tokens", b.Tokens, fmt.Sprintf("the bucket (%d tokens) is below a retry's cost (%d), so some retries could never be paid: raise Tokens, lower the cost, or use -1 for no budget", size, most))
-	}
-	return errors.Join(errs...)
-}
 
 // tokenBucket is a Client's retry budget. It is safe for concurrent use.
 type tokenBucket struct {

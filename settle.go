@@ -88,9 +88,9 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 		return resp, nil
 	case in.State() == persist.StateVoid:
 		return nil, nil
-	case !expired(err) && !redirectedKeyReuse(err):
+	case !endedExpired(err) && !endedOnRedirectedReuse(err):
 		return resp, err
-	case c.lookup == nil && !expired(err):
+	case c.lookup == nil && !endedExpired(err):
 		return resp, fmt.Errorf("idem: intent %s may have been done under a URL it was redirected to, and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
 	case c.lookup == nil:
 		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
@@ -102,17 +102,17 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	return resp, err
 }
 
-// expired reports an error of a call that ended because the intent may no
+// endedExpired reports an error of a call that ended because the intent may no
 // longer be sent.
-func expired(err error) bool {
+func endedExpired(err error) bool {
 	var re *RetryError
 	return errors.As(err, &re) && re.Reason == stopExpired
 }
 
-// redirectedKeyReuse reports an error of a call that ended on a "key
+// endedOnRedirectedReuse reports an error of a call that ended on a "key
 // reused" answer after a redirect to another URL: only the lookup can tell
 // what became of the intent.
-func redirectedKeyReuse(err error) bool {
+func endedOnRedirectedReuse(err error) bool {
 	var re *RetryError
 	return errors.As(err, &re) && re.Reason == stopRedirectedKeyReused
 }
