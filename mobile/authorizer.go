@@ -3,16 +3,16 @@ package mobile
 import (
 	"fmt"
 	"net/http"
-	"sync"
 )
 
-// Authorizer puts credentials on each attempt. Authorize returns the value
-// of the Authorization header for the attempt of the intent with the given
-// key, such as "Bearer " + a fresh token; "" sends none. Credentials are
-// asked for on every attempt and never stored with the intent, so a token
-// that expires between a crash and the resume is refreshed. An error (an
-// exception thrown in Java or Swift) stops the call with an error of kind
-// authorizer; the attempt is not sent.
+// Authorizer puts credentials on each attempt; set it as Config.Authorizer
+// before Open. Authorize returns the value of the Authorization header for
+// the attempt of the intent with the given key, such as "Bearer " + a
+// fresh token; "" sends none. Credentials are asked for on every attempt
+// and never stored with the intent, so a token that expires between a
+// crash and the resume is refreshed. An error (an exception thrown in Java
+// or Swift) stops the call with an error of kind "authorizer"; the attempt
+// is not sent.
 //
 // The server must see every attempt of an intent as the same caller: the
 // contract scopes keys by the account a request acts for, not by its
@@ -25,17 +25,11 @@ type Authorizer interface {
 	Authorize(key string) (string, error)
 }
 
-// authTransport asks the Authorizer for each attempt's credentials.
+// authTransport asks the Authorizer, if any, for each attempt's
+// credentials.
 type authTransport struct {
 	base http.RoundTripper
-	mu   sync.Mutex
 	auth Authorizer
-}
-
-func (t *authTransport) set(a Authorizer) {
-	t.mu.Lock()
-	t.auth = a
-	t.mu.Unlock()
 }
 
 // authError is the Authorizer's failure, kept so the call can report it.
@@ -45,9 +39,7 @@ func (e *authError) Error() string { return fmt.Sprintf("authorizer: %v", e.err)
 func (e *authError) Unwrap() error { return e.err }
 
 func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	t.mu.Lock()
 	a := t.auth
-	t.mu.Unlock()
 	if a == nil {
 		forwarded(req)
 		return t.base.RoundTrip(req)

@@ -32,8 +32,8 @@ type Client struct {
 }
 
 // Open opens the state directory (creating it, private to the app) and
-// returns a Client. It fails with an error of kind locked while another
-// Client has the directory open, and of kind config for a wrong Config.
+// returns a Client. It fails with an error of kind "locked" while another
+// Client has the directory open, and of kind "config" for a wrong Config.
 func Open(cfg *Config) (*Client, error) { return open(cfg) }
 
 // open is Open with edits of the idem.Config the facade makes, which tests
@@ -46,12 +46,12 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	store, err := persist.OpenDir(c.StateDir, nil)
 	if err != nil {
 		if errors.Is(err, persist.ErrLocked) {
-			return nil, newError(KindLocked, err.Error())
+			return nil, newError(kindLocked, err.Error())
 		}
-		return nil, newError(KindStorage, err.Error())
+		return nil, newError(kindStorage, err.Error())
 	}
-	m := &Client{cfg: c, base: base, store: store, events: newEventQueue()}
-	m.auth = &authTransport{base: http.DefaultTransport}
+	m := &Client{cfg: c, base: base, store: store, events: newEventQueue(c.Listener)}
+	m.auth = &authTransport{base: http.DefaultTransport, auth: c.Authorizer}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
 	server := idem.Server{
 		Retention:       retention,
@@ -79,18 +79,11 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	if err != nil {
 		store.Close()
 		m.events.close()
-		return nil, newError(KindConfig, err.Error())
+		return nil, newError(kindConfig, err.Error())
 	}
 	m.idem = ic
 	return m, nil
 }
-
-// SetListener sets the listener of attempt events; nil removes it.
-func (c *Client) SetListener(l Listener) { c.events.set(l) }
-
-// SetAuthorizer sets the authorizer asked for each attempt's credentials;
-// nil removes it.
-func (c *Client) SetAuthorizer(a Authorizer) { c.auth.set(a) }
 
 // call runs f with a context bounded by budget and cancel, and maps what it
 // returns.
@@ -98,7 +91,7 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, newError(KindClosed, "the client is closed")
+		return nil, newError(kindClosed, "the client is closed")
 	}
 	c.calls.Add(1)
 	c.mu.Unlock()
@@ -147,7 +140,7 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 		return r, rerr
 	case cancel.isCanceled() && err != nil && resp == nil:
 		// An answer that arrived is returned, whenever Cancel came.
-		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
+		return nil, newError(kindCanceled, "the call was cancelled; the intent keeps its state")
 	}
 	return resultOf(in, resp, err)
 }
@@ -189,7 +182,7 @@ func (c *Client) PayAnew(name, path string, body []byte, cancel *Cancel) (*Resul
 
 func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) (*Result, error) {
 	if name == "" {
-		return nil, newError(KindConfig, "the action name is empty")
+		return nil, newError(kindConfig, "the action name is empty")
 	}
 	req, err := c.request(path, body)
 	if err != nil {
@@ -277,7 +270,7 @@ func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 		return 0, err
 	}
 	if olderThanMillis < 0 {
-		return 0, newError(KindConfig, "olderThanMillis is negative")
+		return 0, newError(kindConfig, "olderThanMillis is negative")
 	}
 	n, err := c.idem.Prune(context.Background(), time.Duration(olderThanMillis)*time.Millisecond)
 	if err != nil {
@@ -287,7 +280,7 @@ func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 }
 
 // Close waits for the calls under way, closes the state directory and
-// stops the listener. Calls made after Close fail with kind closed.
+// stops the listener. Calls made after Close fail with kind "closed".
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -309,7 +302,7 @@ func (c *Client) checkOpen() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return newError(KindClosed, "the client is closed")
+		return newError(kindClosed, "the client is closed")
 	}
 	return nil
 }

@@ -156,7 +156,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	res, err := c.Pay("checkout:cart-4", "/payments", []byte(cart), cancel)
 	assert.Nil(t, res)
 	require.Error(t, err)
-	assert.Equal(t, KindCanceled, ErrorKind(err.Error()))
+	assert.Equal(t, kindCanceled, ErrorKind(err.Error()))
 
 	unresolved, err := c.Unresolved()
 	require.NoError(t, err)
@@ -165,7 +165,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	done := &Cancel{}
 	done.Cancel()
 	_, err = c.Settle(unresolved.Get(0).Key, done)
-	assert.Equal(t, KindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
+	assert.Equal(t, kindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
 }
 
 func TestOpenTwiceIsLocked(t *testing.T) {
@@ -174,7 +174,7 @@ func TestOpenTwiceIsLocked(t *testing.T) {
 	w.open(t)
 	_, err := Open(NewConfig(w.dir, w.srv.URL))
 	require.Error(t, err)
-	assert.Equal(t, KindLocked, ErrorKind(err.Error()))
+	assert.Equal(t, kindLocked, ErrorKind(err.Error()))
 }
 
 func TestRestartResumesWithTheSameKey(t *testing.T) {
@@ -227,13 +227,14 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := open(NewConfig(stateDir(t), srv.URL), withClock(clock.NewManual(epoch)))
+	var calls atomic.Int64
+	cfg := NewConfig(stateDir(t), srv.URL)
+	cfg.Authorizer = authorizerFunc(func(key string) (string, error) {
+		return "Bearer token-" + string(rune('0'+calls.Add(1))), nil
+	})
+	c, err := open(cfg, withClock(clock.NewManual(epoch)))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	var calls atomic.Int64
-	c.SetAuthorizer(authorizerFunc(func(key string) (string, error) {
-		return "Bearer token-" + string(rune('0'+calls.Add(1))), nil
-	}))
 
 	res, err := c.Pay("checkout:cart-6", "/payments", []byte(cart), nil)
 	require.NoError(t, err)
@@ -247,11 +248,12 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 func TestAuthorizerRefreshBetweenAttemptsIsOneCharge(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.open(t)
 	var calls atomic.Int64
-	c.SetAuthorizer(authorizerFunc(func(string) (string, error) {
-		return fmt.Sprintf("Bearer test_acme_token-%d", calls.Add(1)), nil
-	}))
+	c := w.open(t, func(cfg *Config) {
+		cfg.Authorizer = authorizerFunc(func(string) (string, error) {
+			return fmt.Sprintf("Bearer test_acme_token-%d", calls.Add(1)), nil
+		})
+	})
 	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 
 	res, err := c.Pay("checkout:cart-refresh", "/payments", []byte(cart), nil)
@@ -266,13 +268,14 @@ func TestAuthorizerRefreshBetweenAttemptsIsOneCharge(t *testing.T) {
 func TestAuthorizerFailureIsADeviceErrorAndNothingIsSent(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.open(t)
-	c.SetAuthorizer(authorizerFunc(func(string) (string, error) { return "", errors.New("no session") }))
+	c := w.open(t, func(cfg *Config) {
+		cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "", errors.New("no session") })
+	})
 
 	res, err := c.Pay("checkout:cart-7", "/payments", []byte(cart), nil)
 	assert.Nil(t, res)
 	require.Error(t, err)
-	assert.Equal(t, KindAuthorizer, ErrorKind(err.Error()))
+	assert.Equal(t, kindAuthorizer, ErrorKind(err.Error()))
 	assert.Contains(t, err.Error(), "no session")
 	assert.Equal(t, 0, w.srv.Stats().Requests, "no attempt was sent, and none was retried")
 }
@@ -290,9 +293,8 @@ func (l *blockingListener) OnAttempt(*AttemptEvent) {
 func TestListenerNeverBlocksTheCall(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.open(t)
 	l := &blockingListener{release: make(chan struct{})}
-	c.SetListener(l)
+	c := w.open(t, func(cfg *Config) { cfg.Listener = l })
 	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, Count: 3})
 
 	res, err := c.Pay("checkout:cart-8", "/payments", []byte(cart), nil)
@@ -306,16 +308,17 @@ func TestListenerNeverBlocksTheCall(t *testing.T) {
 func TestListenerEventsDescribeTheAttempts(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.open(t)
 	var (
 		mu     sync.Mutex
 		events []AttemptEvent
 	)
-	c.SetListener(listenerFunc(func(e *AttemptEvent) {
-		mu.Lock()
-		events = append(events, *e)
-		mu.Unlock()
-	}))
+	c := w.open(t, func(cfg *Config) {
+		cfg.Listener = listenerFunc(func(e *AttemptEvent) {
+			mu.Lock()
+			events = append(events, *e)
+			mu.Unlock()
+		})
+	})
 	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "2"})
 	res, err := c.Pay("checkout:cart-9", "/payments", []byte(cart), nil)
 	require.NoError(t, err)
@@ -330,6 +333,29 @@ type listenerFunc func(*AttemptEvent)
 
 func (f listenerFunc) OnAttempt(e *AttemptEvent) { f(e) }
 
+// Open takes a copy of the Config: its Listener and Authorizer are the
+// Client's for its life, and a change to the Config after Open changes no
+// Client.
+func TestOpenKeepsTheConfigsListenerAndAuthorizer(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	var events, asked atomic.Int64
+	cfg := NewConfig(w.dir, w.srv.URL)
+	cfg.Listener = listenerFunc(func(*AttemptEvent) { events.Add(1) })
+	cfg.Authorizer = authorizerFunc(func(string) (string, error) { asked.Add(1); return "Bearer test_acme_1", nil })
+	c, err := open(cfg, withClock(w.clock))
+	require.NoError(t, err)
+	cfg.Listener = nil
+	cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "", errors.New("not this one") })
+
+	res, err := c.Pay("checkout:cart-copy", "/payments", []byte(cart), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	require.NoError(t, c.Close())
+	assert.Equal(t, int64(1), asked.Load(), "the Authorizer the Config had at Open")
+	assert.Equal(t, int64(1), events.Load(), "the Listener the Config had at Open")
+}
+
 func TestClosedClientRefusesCalls(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -337,9 +363,9 @@ func TestClosedClientRefusesCalls(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, c.Close(), "Close twice is harmless")
 	_, err := c.Pay("checkout:cart-10", "/payments", []byte(cart), nil)
-	assert.Equal(t, KindClosed, ErrorKind(err.Error()))
+	assert.Equal(t, kindClosed, ErrorKind(err.Error()))
 	_, err = c.Unresolved()
-	assert.Equal(t, KindClosed, ErrorKind(err.Error()))
+	assert.Equal(t, kindClosed, ErrorKind(err.Error()))
 	c2, err := Open(NewConfig(w.dir, w.srv.URL))
 	require.NoError(t, err, "Close releases the directory")
 	require.NoError(t, c2.Close())
@@ -364,16 +390,8 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 	} {
 		_, err := Open(cfg)
 		require.Error(t, err, name)
-		assert.Equal(t, KindConfig, ErrorKind(err.Error()), name)
+		assert.Equal(t, kindConfig, ErrorKind(err.Error()), name)
 	}
-}
-
-func TestErrorKindReadsTheMessage(t *testing.T) {
-	t.Parallel()
-	assert.Equal(t, KindLocked, ErrorKind(newError(KindLocked, "x").Error()))
-	assert.Equal(t, KindInternal, ErrorKind("idem[bogus]: x"))
-	assert.Equal(t, KindInternal, ErrorKind("java.io.IOException"))
-	assert.Equal(t, KindInternal, ErrorKind(""))
 }
 
 func TestPayKeepsItsOwnCopyOfTheBody(t *testing.T) {
@@ -520,14 +538,15 @@ func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 func TestAnAuthorizerFailureAfterAnAttemptWasSentLeavesTheOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.open(t)
 	var calls atomic.Int64
-	c.SetAuthorizer(authorizerFunc(func(string) (string, error) {
-		if calls.Add(1) > 1 {
-			return "", errors.New("session expired")
-		}
-		return "Bearer token-1", nil
-	}))
+	c := w.open(t, func(cfg *Config) {
+		cfg.Authorizer = authorizerFunc(func(string) (string, error) {
+			if calls.Add(1) > 1 {
+				return "", errors.New("session expired")
+			}
+			return "Bearer token-1", nil
+		})
+	})
 	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 
 	res, err := c.Pay("checkout:auth-late", "/payments", []byte(cart), nil)
@@ -553,7 +572,7 @@ func TestOpenRefusesABadBaseURLWithoutItsCredentials(t *testing.T) {
 	} {
 		_, err := Open(NewConfig(dir, base))
 		require.Error(t, err, base)
-		assert.Equal(t, KindConfig, ErrorKind(err.Error()), base)
+		assert.Equal(t, kindConfig, ErrorKind(err.Error()), base)
 		assert.Contains(t, err.Error(), "BaseURL", base)
 		assert.NotContains(t, err.Error(), "SECRET", base)
 	}

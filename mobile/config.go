@@ -8,8 +8,10 @@ import (
 	"time"
 )
 
-// Config says where a Client keeps its state and whom it talks to. Make
-// one with NewConfig and change its fields before Open. Durations are in
+// Config says where a Client keeps its state, whom it talks to, and whom
+// it tells about its attempts and asks for credentials. Make one with
+// NewConfig and change its fields before Open: Open takes a copy, and a
+// change after it changes no Client. Durations are in
 // milliseconds; Open refuses a negative one, and one above about 292 years
 // (what a duration holds).
 type Config struct {
@@ -37,6 +39,15 @@ type Config struct {
 	RetentionMillis int64
 	// MaxAttempts bounds the attempts of one call. Default 10.
 	MaxAttempts int64
+	// Listener, if not nil, receives the attempt events of every call of
+	// the Client, from its first. It is the Client's for its life: to
+	// show them on the screen now open, have it forward to that screen.
+	Listener Listener
+	// Authorizer, if not nil, is asked for the Authorization header of
+	// every attempt, from the Client's first. It is the Client's for its
+	// life: have it read the session at each call, so that a sign-in or a
+	// refreshed token takes effect on the next attempt.
+	Authorizer Authorizer
 }
 
 // Defaults of a Config.
@@ -69,21 +80,21 @@ func NewConfig(stateDir, baseURL string) *Config {
 // parsed, or an error of kind config.
 func (c *Config) check() (Config, *url.URL, error) {
 	if c == nil {
-		return Config{}, nil, newError(KindConfig, "no config")
+		return Config{}, nil, newError(kindConfig, "no config")
 	}
 	cfg := *c
 	if cfg.StateDir == "" {
-		return cfg, nil, newError(KindConfig, "StateDir is empty")
+		return cfg, nil, newError(kindConfig, "StateDir is empty")
 	}
 	base, err := url.Parse(cfg.BaseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return cfg, nil, newError(KindConfig, "BaseURL "+shownURL(cfg.BaseURL)+" is not an http or https URL")
+		return cfg, nil, newError(kindConfig, "BaseURL "+shownURL(cfg.BaseURL)+" is not an http or https URL")
 	}
 	if cfg.LookupPath == "" {
 		cfg.LookupPath = defaultLookupPath
 	}
 	if !strings.Contains(cfg.LookupPath, "{key}") {
-		return cfg, nil, newError(KindConfig, fmt.Sprintf("LookupPath %q has no {key}", cfg.LookupPath))
+		return cfg, nil, newError(kindConfig, fmt.Sprintf("LookupPath %q has no {key}", cfg.LookupPath))
 	}
 	for _, f := range []struct {
 		v   *int64
@@ -100,11 +111,11 @@ func (c *Config) check() (Config, *url.URL, error) {
 		case *f.v == 0:
 			*f.v = f.def
 		case *f.v < 0:
-			return cfg, nil, newError(KindConfig, fmt.Sprintf("%s is negative (%d)", f.nm, *f.v))
+			return cfg, nil, newError(kindConfig, fmt.Sprintf("%s is negative (%d)", f.nm, *f.v))
 		case *f.v > f.max:
 			// In nanoseconds (or an int on a 32-bit device) it would
 			// wrap around to another value.
-			return cfg, nil, newError(KindConfig, fmt.Sprintf("%s is %d, above the largest (%d)", f.nm, *f.v, f.max))
+			return cfg, nil, newError(kindConfig, fmt.Sprintf("%s is %d, above the largest (%d)", f.nm, *f.v, f.max))
 		}
 	}
 	return cfg, base, nil
@@ -114,7 +125,7 @@ func (c *Config) check() (Config, *url.URL, error) {
 func resolve(base *url.URL, path string) (string, error) {
 	ref, err := url.Parse(path)
 	if err != nil {
-		return "", newError(KindConfig, fmt.Sprintf("path %q: %v", path, err))
+		return "", newError(kindConfig, fmt.Sprintf("path %q: %v", path, err))
 	}
 	return base.ResolveReference(ref).String(), nil
 }

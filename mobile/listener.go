@@ -1,10 +1,6 @@
 package mobile
 
-import (
-	"sync"
-
-	"github.com/idemkit/idem"
-)
+import "github.com/idemkit/idem"
 
 // AttemptEvent describes one attempt of a call.
 type AttemptEvent struct {
@@ -23,25 +19,24 @@ type AttemptEvent struct {
 }
 
 // Listener receives attempt events, for a "retrying in 3 s" line on the
-// payment screen. OnAttempt is called on a goroutine of its own, never on
+// payment screen; set it as Config.Listener before Open. OnAttempt is called on a goroutine of its own, never on
 // the thread that made the call, in the order the attempts happened.
 type Listener interface {
 	OnAttempt(e *AttemptEvent)
 }
 
 // eventQueue hands events to the listener without ever blocking the call
-// that made them: a full queue drops the event and counts it.
+// that made them: a full queue drops the event.
 type eventQueue struct {
-	mu       sync.Mutex
-	listener Listener
+	listener Listener // nil: no events are made
 	ch       chan *AttemptEvent
 	done     chan struct{}
 }
 
 const eventQueueSize = 256
 
-func newEventQueue() *eventQueue {
-	q := &eventQueue{ch: make(chan *AttemptEvent, eventQueueSize), done: make(chan struct{})}
+func newEventQueue(l Listener) *eventQueue {
+	q := &eventQueue{listener: l, ch: make(chan *AttemptEvent, eventQueueSize), done: make(chan struct{})}
 	go q.run()
 	return q
 }
@@ -49,24 +44,16 @@ func newEventQueue() *eventQueue {
 func (q *eventQueue) run() {
 	defer close(q.done)
 	for e := range q.ch {
-		q.mu.Lock()
-		l := q.listener
-		q.mu.Unlock()
-		if l != nil {
-			l.OnAttempt(e)
-		}
+		q.listener.OnAttempt(e)
 	}
-}
-
-func (q *eventQueue) set(l Listener) {
-	q.mu.Lock()
-	q.listener = l
-	q.mu.Unlock()
 }
 
 // hook is the idem attempt hook: it runs on the call's goroutine and must
 // not block.
 func (q *eventQueue) hook(a idem.Attempt) {
+	if q.listener == nil {
+		return
+	}
 	e := &AttemptEvent{
 		Key:        a.Key,
 		Number:     int64(a.Number),

@@ -193,15 +193,15 @@ func deviceError(err error) error {
 	case errors.As(err, &e):
 		return e
 	case errors.As(err, &auth):
-		return newError(KindAuthorizer, auth.err.Error())
+		return newError(kindAuthorizer, auth.err.Error())
 	case errors.Is(err, persist.ErrLocked):
-		return newError(KindLocked, err.Error())
+		return newError(kindLocked, err.Error())
 	case errors.Is(err, persist.ErrClosed):
-		return newError(KindClosed, err.Error())
+		return newError(kindClosed, err.Error())
 	case errors.Is(err, persist.ErrNotFound):
-		return newError(KindNotFound, err.Error())
+		return newError(kindNotFound, err.Error())
 	case errors.As(err, &save):
-		return newError(KindStorage, err.Error())
+		return newError(kindStorage, err.Error())
 	}
-	return newError(KindInternal, err.Error())
+	return newError(kindInternal, err.Error())
 }

@@ -18,3 +18,14 @@ fun showDeclined(problemType: String) {}
 fun showNotPaid() {}
 fun reportBug(problemType: String) {}
 fun showPending(key: String) {}
+fun signIn() {}
+
+object session {
+    fun token(): String = "token"
+}
+
+class PaymentScreen {
+    fun showRetrying(waitMillis: Long) {}
+}
+
+var paymentScreen: PaymentScreen? = null

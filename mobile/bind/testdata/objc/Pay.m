@@ -10,8 +10,20 @@ void showNotPaid(void);
 void reportBug(NSString *problemType);
 void showPending(NSString *key);
 
+// The app's Authorizer: an object of its own that conforms to the
+// protocol, set as a field of the Config.
+@interface SessionAuthorizer : NSObject <MobileAuthorizer>
+@end
+
+@implementation SessionAuthorizer
+- (NSString *)authorize:(NSString *)key error:(NSError **)error {
+	return @"Bearer token";
+}
+@end
+
 void pay(NSString *dir, NSData *body) {
 	MobileConfig *cfg = MobileNewConfig(dir, @"https://api.example.com");
+	cfg.authorizer = [[SessionAuthorizer alloc] init];
 	NSError *err = nil;
 	MobileClient *client = MobileOpen(cfg, &err);
 	if (client == nil) {
@@ -29,7 +41,10 @@ void pay(NSString *dir, NSData *body) {
 	MobileCancel *cancel = [[MobileCancel alloc] init];
 	MobileResult *res = [client pay:@"checkout:cart-42" path:@"/payments" body:body cancel:cancel error:&err];
 	if (res == nil) {
-		NSLog(@"%@: %@", MobileErrorKind([err localizedDescription]), err);
+		if ([MobileErrorKind([err localizedDescription]) isEqualToString:@"canceled"]) {
+			return;
+		}
+		NSLog(@"%@", err);
 		return;
 	}
 	NSString *outcome = [res outcome];
