@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/idemkit/idem/idempotency"
 )
 
 // adminPrefix is the path prefix of the admin endpoints. Requests under it
@@ -88,9 +86,9 @@ func (h *Handler) serveAdmin(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		(&problem{Type: idempotency.TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+		(&problem{Type: problemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
 		return
 	}
@@ -104,7 +102,7 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := h.faults.add(f); err != nil {
-		(&problem{Type: idempotency.TypeStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
+		(&problem{Type: problemStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
 			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", maxFaults)}).Write(w)
 		return
 	}

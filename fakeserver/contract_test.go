@@ -17,8 +17,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/idempotency/storetest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // One test per row of the contract's section 4 table, in its order.
@@ -28,7 +27,7 @@ func TestRowKeyMissing(t *testing.T) {
 	s, _ := newServer(t, nil)
 	a := send(t, s.Client(), s.URL, req{NoKey: true, Body: payBody})
 	assert.Equal(t, http.StatusBadRequest, a.Status)
-	assert.Equal(t, idempotency.TypeKeyMissing, a.problem(t).Type)
+	assert.Equal(t, fakeserver.ProblemBase+"idempotency-key-missing", a.problem(t).Type)
 	assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
 }
 
@@ -61,7 +60,7 @@ func TestRowKeyMalformed(t *testing.T) {
 			}
 			assert.Equal(t, http.StatusBadRequest, a.Status)
 			p := a.problem(t)
-			assert.Equal(t, idempotency.TypeKeyInvalid, p.Type)
+			assert.Equal(t, fakeserver.ProblemKeyInvalid, p.Type)
 			assert.NotEmpty(t, p.Detail)
 			assert.Equal(t, fakeserver.Stats{Requests: 1}, s.Stats())
 		})
@@ -164,7 +163,7 @@ func TestRowBodyWithoutOneReadingStoresNothing(t *testing.T) {
 	} {
 		a := pay(t, s, "k1", body)
 		assert.Equal(t, http.StatusBadRequest, a.Status, body)
-		assert.Equal(t, idempotency.TypeBadRequest, a.problem(t).Type, body)
+		assert.Equal(t, fakeserver.ProblemBase+"bad-request", a.problem(t).Type, body)
 	}
 	st := s.Stats()
 	assert.Zero(t, st.Records)
@@ -190,7 +189,7 @@ func TestRowKeyReused(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.Status)
 	a := pay(t, s, "k1", otherBody)
 	assert.Equal(t, http.StatusUnprocessableEntity, a.Status)
-	assert.Equal(t, idempotency.TypeKeyReused, a.problem(t).Type)
+	assert.Equal(t, fakeserver.ProblemBase+"idempotency-key-reused", a.problem(t).Type)
 	// Another query with the same key and body is reuse too.
 	b := send(t, s.Client(), s.URL, req{Path: "/payments?x=1", Key: "k1", Body: payBody})
 	assert.Equal(t, http.StatusUnprocessableEntity, b.Status, "the query is part of the fingerprint")
@@ -250,7 +249,7 @@ func TestRowInProgressConflict(t *testing.T) {
 
 			a := pay(t, s, "k1", payBody)
 			assert.Equal(t, http.StatusConflict, a.Status)
-			assert.Equal(t, idempotency.TypeRequestInProgress, a.problem(t).Type)
+			assert.Equal(t, fakeserver.ProblemRequestInProgress, a.problem(t).Type)
 			assert.Equal(t, tt.retryAfter, a.Header.Get("Retry-After"))
 			assert.Equal(t, fakeserver.Stats{Records: 1, InProgress: 1, Requests: 2}, s.Stats())
 		})
@@ -516,13 +515,13 @@ func TestBadRequests(t *testing.T) {
 		status int
 		typ    string
 	}{
-		{"body over 1 MiB", req{Key: "k1", Body: big}, http.StatusRequestEntityTooLarge, idempotency.TypePayloadTooLarge},
-		{"order body over 1 MiB", req{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: big}, http.StatusRequestEntityTooLarge, idempotency.TypePayloadTooLarge},
-		{"unknown path", req{Path: "/nope", NoKey: true}, http.StatusNotFound, idempotency.ProblemBase + "not-found"},
-		{"wrong method", req{Method: http.MethodDelete, NoKey: true}, http.StatusMethodNotAllowed, idempotency.ProblemBase + "method-not-allowed"},
-		{"POST on a payment", req{Path: "/payments/x", Key: "k"}, http.StatusMethodNotAllowed, idempotency.ProblemBase + "method-not-allowed"},
-		{"nested path", req{Method: http.MethodGet, Path: "/payments/x/y", NoKey: true}, http.StatusNotFound, idempotency.ProblemBase + "not-found"},
-		{"unknown admin path", req{Method: http.MethodGet, Path: "/_fake/nope", NoKey: true}, http.StatusNotFound, idempotency.ProblemBase + "not-found"},
+		{"body over 1 MiB", req{Key: "k1", Body: big}, http.StatusRequestEntityTooLarge, fakeserver.ProblemPayloadTooLarge},
+		{"order body over 1 MiB", req{Method: http.MethodPut, Path: "/orders/1/status", NoKey: true, Body: big}, http.StatusRequestEntityTooLarge, fakeserver.ProblemPayloadTooLarge},
+		{"unknown path", req{Path: "/nope", NoKey: true}, http.StatusNotFound, fakeserver.ProblemBase + "not-found"},
+		{"wrong method", req{Method: http.MethodDelete, NoKey: true}, http.StatusMethodNotAllowed, fakeserver.ProblemBase + "method-not-allowed"},
+		{"POST on a payment", req{Path: "/payments/x", Key: "k"}, http.StatusMethodNotAllowed, fakeserver.ProblemBase + "method-not-allowed"},
+		{"nested path", req{Method: http.MethodGet, Path: "/payments/x/y", NoKey: true}, http.StatusNotFound, fakeserver.ProblemBase + "not-found"},
+		{"unknown admin path", req{Method: http.MethodGet, Path: "/_fake/nope", NoKey: true}, http.StatusNotFound, fakeserver.ProblemBase + "not-found"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -559,7 +558,7 @@ func TestDatabaseErrorsAreLoggedNeverShown(t *testing.T) {
 		send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k2", NoKey: true}),
 	} {
 		assert.Equal(t, http.StatusInternalServerError, a.Status)
-		assert.Equal(t, idempotency.TypeInternal, a.problem(t).Type)
+		assert.Equal(t, fakeserver.ProblemInternal, a.problem(t).Type)
 		for _, internal := range []string{"SQLSTATE", "fake_payments", "relation", "does not exist", "ERROR", "fakeserver:", "pgstore"} {
 			assert.NotContains(t, string(a.Body), internal)
 		}
@@ -601,9 +600,9 @@ func TestLookupMarksItsAnswers(t *testing.T) {
 	}{
 		{"found", "/payments?idempotency_key=k1", "k1", http.StatusOK, ""},
 		{"found by quoted key", `/payments?idempotency_key="k1"`, `"k1"`, http.StatusOK, ""},
-		{"nothing done under the key", "/payments?idempotency_key=k9", "k9", http.StatusNotFound, idempotency.TypeKeyUnused},
-		{"another caller's key is unused for this one", "/payments?idempotency_key=k1", "k1", http.StatusNotFound, idempotency.TypeKeyUnused},
-		{"invalid key", "/payments?idempotency_key=", "", http.StatusBadRequest, idempotency.TypeKeyInvalid},
+		{"nothing done under the key", "/payments?idempotency_key=k9", "k9", http.StatusNotFound, fakeserver.ProblemKeyUnused},
+		{"another caller's key is unused for this one", "/payments?idempotency_key=k1", "k1", http.StatusNotFound, fakeserver.ProblemKeyUnused},
+		{"invalid key", "/payments?idempotency_key=", "", http.StatusBadRequest, fakeserver.ProblemKeyInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -623,7 +622,7 @@ func TestLookupMarksItsAnswers(t *testing.T) {
 	t.Run("a path the API does not have is not the typed miss", func(t *testing.T) {
 		a := send(t, c, s.URL, req{Method: http.MethodGet, Path: "/payments/pay_nope", Auth: "a", NoKey: true})
 		require.Equal(t, http.StatusNotFound, a.Status)
-		assert.NotEqual(t, idempotency.TypeKeyUnused, a.problem(t).Type)
+		assert.NotEqual(t, fakeserver.ProblemKeyUnused, a.problem(t).Type)
 		assert.Empty(t, a.Header.Values("Idempotency-Key"))
 	})
 }
@@ -680,7 +679,7 @@ func TestServerErrorsNeverCarryTheDatabasesText(t *testing.T) {
 			require.NoError(t, err)
 			for _, a := range []answer{pay(t, s, "k1", payBody), lookup(t, s, "k1")} {
 				require.Equal(t, http.StatusInternalServerError, a.Status, "%s", a.Body)
-				assert.Equal(t, idempotency.TypeInternal, a.problem(t).Type)
+				assert.Equal(t, fakeserver.ProblemInternal, a.problem(t).Type)
 				assert.NotContains(t, string(a.Body), table)
 				assert.NotContains(t, string(a.Body), "SQLSTATE")
 			}
@@ -746,7 +745,7 @@ func TestALongCredentialPays(t *testing.T) {
 			}
 			s, _ := newServer(t, opts)
 			for i, n := range []int{3000, 15 << 10} {
-				auth := "Bearer sk_live_" + storetest.RandomToken(n)
+				auth := "Bearer sk_live_" + pgtest.RandomToken(n)
 				key := []string{"k-3000", "k-15k"}[i]
 				first := send(t, s.Client(), s.URL, req{Key: key, Auth: auth, Body: payBody})
 				require.Equal(t, http.StatusCreated, first.Status, "%d characters: %s", n, first.Body)

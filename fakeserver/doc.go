@@ -27,9 +27,9 @@
 //   - GET /payments/{id}: the caller's payment, or 404.
 //   - GET /payments: {"data": [...]}, the caller's payments in order.
 //   - GET /payments?idempotency_key=K: the payment made under the caller's
-//     latest intent with K; 409 [idempotency.TypeRequestInProgress] with
+//     latest intent with K; 409 request-in-progress with
 //     Retry-After while that intent is unsettled; or 404
-//     [idempotency.TypeKeyUnused] when nothing was charged for it, a type
+//     idempotency-key-unused when nothing was charged for it, a type
 //     no other 404 has. It is the lookup a client reconciles an unknown
 //     outcome with; see "The lookup". Every answer of it carries K back in
 //     an Idempotency-Key header field, as received, and Cache-Control:
@@ -40,7 +40,8 @@
 //
 // Errors are RFC 9457 problems whose type is [ProblemCardDeclined], one of
 // the fake's other types listed beside it, or one of the idempotency
-// package's.
+// layer's. Every type is https://idem.dev/problems/ followed by the name
+// given here, as docs/CONTRACT.md lists them.
 //
 // # Callers
 //
@@ -110,7 +111,7 @@
 //   - POST /_fake/faults: {"fault", "key", "path", "count", "delay_ms",
 //     "status", "retry_after"}; retry_after is a string or a number of
 //     seconds. Answers 201 with the fault, or 400 naming what is wrong
-//     (for an unknown fault, the valid names), or 503 [idempotency.TypeStorageFull]
+//     (for an unknown fault, the valid names), or 503 storage-full
 //     while 100 faults are pending.
 //   - DELETE /_fake/faults, POST /_fake/sweep ({"deleted": N}),
 //     POST /_fake/reset.
@@ -152,16 +153,16 @@
 // Every resource a caller can make the server hold is bounded.
 // [Options.MaxRecords] and [Options.MaxPayments] bound records and
 // payments: at either cap, POST /payments with a new key answers 503, type
-// [idempotency.TypeStorageFull], before anything is stored or charged, so a client
+// storage-full, before anything is stored or charged, so a client
 // that retries it as an unknown outcome finds the key unused. Records free
-// up as they expire (Retry-After says when); payments only with Reset.
+// up as they expire (Retry-After says when); payments only with POST /_fake/reset.
 // [Options.MaxOrders] bounds order statuses the same way, and at most
 // 100 faults wait at once. A customer is at most 255 characters, a
 // description 1000, an order status 100.
 //
 // Bodies over 1 MiB get 413. A JSON body nested over 100 levels, or with an
 // object whose member names are equal after encoding/json's case folding
-// ("amount" and "AMOUNT"), gets 400 [idempotency.TypeBadRequest]: the handler would
+// ("amount" and "AMOUNT"), gets 400 bad-request: the handler would
 // read only the last of such names, so two orders of one body would be two
 // payments under one fingerprint.
 //

@@ -1,5 +1,7 @@
 package fakeserver
 
+import "context"
+
 // The names the tests use that are not part of the package's API.
 var (
 	AccountOf       = accountOf
@@ -13,4 +15,17 @@ const (
 	MaxFaults               = maxFaults
 	ProblemValidationFailed = problemValidationFailed
 	ProblemInjectedFault    = problemInjectedFault
+
+	// The contract's problem types, which the tests check the idempotency
+	// layer's answers against as well as the fake's own.
+	ProblemBase              = problemBase
+	ProblemKeyInvalid        = problemKeyInvalid
+	ProblemKeyUnused         = problemKeyUnused
+	ProblemRequestInProgress = problemRequestInProgress
+	ProblemPayloadTooLarge   = problemPayloadTooLarge
+	ProblemStorageFull       = problemStorageFull
+	ProblemInternal          = problemInternal
 )
+
+// Reset is what POST /_fake/reset does.
+func Reset(h *Handler) { _ = h.reset(context.Background()) }

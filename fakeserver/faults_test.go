@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/idempotency"
 )
 
 // One test per fault of section 9.
@@ -224,7 +223,7 @@ func TestReset(t *testing.T) {
 	s, _ := newServer(t, nil)
 	require.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
 	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
-	s.Reset()
+	fakeserver.Reset(s.Handler)
 	assert.Equal(t, fakeserver.Stats{}, s.Stats())
 	a := pay(t, s, "k1", otherBody)
 	assert.Equal(t, http.StatusCreated, a.Status, "records and faults are gone")
@@ -247,7 +246,7 @@ func TestLookupAfterCrashAfterProviderIsNotNotFound(t *testing.T) {
 		clk.Advance(wait)
 		a := send(t, s.Client(), s.URL, lookup)
 		assert.Equal(t, http.StatusConflict, a.Status, "after %s", wait)
-		assert.Equal(t, idempotency.TypeRequestInProgress, a.problem(t).Type)
+		assert.Equal(t, fakeserver.ProblemRequestInProgress, a.problem(t).Type)
 		assert.NotEmpty(t, a.Header.Get("Retry-After"))
 	}
 
@@ -294,7 +293,7 @@ func TestInjectFaultBoundsPendingFaults(t *testing.T) {
 	assert.ErrorIs(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}), fakeserver.ErrTooManyFaults)
 	a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true, Body: `{"fault":"error"}`})
 	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-	assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
+	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
 	s.ClearFaults()
 	assert.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError}))
 	err := s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError, Path: "/" + strings.Repeat("p", 2048)})

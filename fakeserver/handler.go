@@ -42,17 +42,18 @@ func NewHandler(opts *Options) *Handler {
 	h.payments = http.HandlerFunc(h.createPayment)
 	if !h.cfg.bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
-			Store:       h.state.Records(),
-			Clock:       h.cfg.clock,
-			Retention:   h.cfg.retention,
-			Lease:       h.cfg.lease,
-			Expected:    h.cfg.delay,
-			RequireUUID: h.cfg.uuid,
-			Validate:    validatePayment,
-			Principal:   principalOf,
-			NewStableID: h.newPaymentID,
-			OnOutcome:   setOutcome,
-			Logger:      h.cfg.logger,
+			Store:        h.state.Records(),
+			Clock:        h.cfg.clock,
+			Retention:    h.cfg.retention,
+			Lease:        h.cfg.lease,
+			Expected:     h.cfg.delay,
+			RequireUUID:  h.cfg.uuid,
+			MaxBodyBytes: maxBodyBytes,
+			Validate:     validatePayment,
+			Principal:    principalOf,
+			NewStableID:  h.newPaymentID,
+			OnOutcome:    setOutcome,
+			Logger:       h.cfg.logger,
 		})
 	}
 	return h
@@ -94,12 +95,10 @@ func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payme
 	return h.state.Recover(ctx, id)
 }
 
-// Reset forgets everything: records, payments, provider charges, orders,
-// faults and counters. Requests in flight may still commit afterwards.
-// On shared storage it empties it for every server on it; faults are
-// forgotten in this process only.
-func (h *Handler) Reset() { _ = h.reset(context.Background()) }
-
+// reset forgets everything (POST /_fake/reset): records, payments,
+// provider charges, orders, faults and counters. Requests in flight may
+// still commit afterwards. On shared storage it empties it for every
+// server on it; faults are forgotten in this process only.
 func (h *Handler) reset(ctx context.Context) error {
 	h.faults.clear()
 	return h.state.Reset(ctx)
@@ -241,7 +240,7 @@ func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http
 // requestKey is the request's key as faults match it: parsed when valid,
 // raw otherwise.
 func requestKey(r *http.Request) string {
-	v := r.Header.Get(idempotency.HeaderKey)
+	v := r.Header.Get("Idempotency-Key")
 	if k, err := idemkey.ParseKey(v); err == nil {
 		return k
 	}
@@ -263,9 +262,9 @@ func (e *logEntry) set(outcome string) {
 }
 
 // setOutcome is the middleware's OnOutcome hook.
-func setOutcome(r *http.Request, o idempotency.Outcome) {
+func setOutcome(r *http.Request, outcome string) {
 	if e, ok := r.Context().Value(logCtxKey{}).(*logEntry); ok {
-		e.set(string(o))
+		e.set(outcome)
 	}
 }
 
@@ -277,7 +276,7 @@ func (h *Handler) log(r *http.Request, e *logEntry, status int) {
 	h.cfg.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
-		slog.String("key", r.Header.Get(idempotency.HeaderKey)),
+		slog.String("key", r.Header.Get("Idempotency-Key")),
 		slog.Int("status", status),
 		slog.String("outcome", outcome),
 		slog.Duration("duration", time.Since(e.start)))

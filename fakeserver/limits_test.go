@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/idempotency"
 )
 
 // lookup is the reconcile lookup a client makes for key.
@@ -34,7 +33,7 @@ func TestMaxRecordsRefusesNewKeysAndStoresNothing(t *testing.T) {
 	clk.Advance(10 * time.Minute)
 	a := pay(t, s, "k3", payBody)
 	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-	assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
+	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
 	assert.Equal(t, "3000", a.Header.Get("Retry-After"), "50 minutes until k1's record expires")
 	st := s.Stats()
 	assert.Equal(t, 2, st.Records)
@@ -64,7 +63,7 @@ func TestMaxPaymentsRefusesBeforeCharging(t *testing.T) {
 	for range 2 {
 		a := pay(t, s, "k3", payBody)
 		assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-		assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
+		assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
 	}
 	st := s.Stats()
 	assert.Equal(t, 2, st.Payments)
@@ -73,7 +72,7 @@ func TestMaxPaymentsRefusesBeforeCharging(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, lookup(t, s, "k3").Status, "never done")
 	assert.Equal(t, "true", pay(t, s, "k1", payBody).Header.Get("Idempotent-Replayed"))
 
-	s.Reset()
+	fakeserver.Reset(s.Handler)
 	assert.Equal(t, http.StatusCreated, pay(t, s, "k3", payBody).Status)
 }
 
@@ -123,12 +122,12 @@ func TestMaxOrdersRefusesNewOrders(t *testing.T) {
 	require.Equal(t, http.StatusOK, put("1", "PAID").Status)
 	a := put("2", "PAID")
 	assert.Equal(t, http.StatusServiceUnavailable, a.Status)
-	assert.Equal(t, idempotency.TypeStorageFull, a.problem(t).Type)
+	assert.Equal(t, fakeserver.ProblemStorageFull, a.problem(t).Type)
 	assert.Equal(t, http.StatusOK, put("1", "SHIPPED").Status, "a known order is updated")
 
 	long := put("1", strings.Repeat("S", fakeserver.MaxStatusLen+1))
 	assert.Equal(t, http.StatusBadRequest, long.Status)
 	assert.Equal(t, fakeserver.ProblemValidationFailed, long.problem(t).Type)
-	s.Reset()
+	fakeserver.Reset(s.Handler)
 	assert.Equal(t, http.StatusOK, put("2", "PAID").Status)
 }

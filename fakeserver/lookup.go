@@ -69,7 +69,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		case paid:
 			writeJSON(w, http.StatusOK, p)
 		default:
-			(&problem{Type: idempotency.TypeKeyUnused, Title: "Idempotency-Key unused", Status: http.StatusNotFound,
+			(&problem{Type: problemKeyUnused, Title: "Idempotency-Key unused", Status: http.StatusNotFound,
 				Detail: "nothing was done under this key for this caller"}).Write(w)
 		}
 		return
@@ -79,7 +79,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 
 func inProgress(w http.ResponseWriter, secs int64) {
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	(&problem{Type: idempotency.TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+	(&problem{Type: problemRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
 		Detail: "a request under this key is in progress or its worker died before finishing; resend it with the same key to settle it"}).Write(w)
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/idempotency"
 )
 
 // paidBody decodes a payment from a lookup's answer.
@@ -132,7 +131,7 @@ func TestLookupRecoversADeadWorkersChargeWithinTheLease(t *testing.T) {
 
 	resent := pay(t, s, "k1", payBody)
 	assert.Equal(t, http.StatusCreated, resent.Status)
-	assert.Equal(t, "true", resent.Header.Get(idempotency.HeaderReplayed))
+	assert.Equal(t, "true", resent.Header.Get("Idempotent-Replayed"))
 	assert.Equal(t, string(a.Body), string(resent.Body), "the resend replays the payment the lookup found")
 	assert.Equal(t, string(a.Body), string(lookup(t, s, "k1").Body))
 	assert.Equal(t, 1, s.Stats().ProviderCharges)

@@ -23,10 +23,9 @@ type memory struct {
 }
 
 func newMemory(cfg config) *memory {
-	m := &memory{store: idempotency.NewMemoryStore(), ledger: newLedger(), provider: newProvider(),
-		orders: orders{status: make(map[idempotency.ID]string)}, maxOrders: cfg.maxOrders}
-	m.store.SetMaxRecords(cfg.maxRecords)
-	m.store.SetClock(cfg.clock) // nil: the system clock, as cfg.now
+	// A nil clock is the system clock, as cfg.now.
+	m := &memory{store: &idempotency.MemoryStore{Clock: cfg.clock, MaxRecords: cfg.maxRecords}, ledger: newLedger(),
+		provider: newProvider(), orders: orders{status: make(map[idempotency.ID]string)}, maxOrders: cfg.maxOrders}
 	m.ledger.max = cfg.maxPayments
 	return m
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
-	"github.com/idemkit/idem/idempotency"
 )
 
 // Options configures a fake server: every setting of [NewServer] and
@@ -48,19 +47,19 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxRecords bounds the idempotency records held. When it is reached
 	// and none has expired, POST /payments with a new key is answered 503,
-	// type [idempotency.TypeStorageFull], with Retry-After until the earliest record
+	// type https://idem.dev/problems/storage-full, with Retry-After until the earliest record
 	// expires; nothing is stored or charged. Keys already held still
 	// replay. Zero (or negative) means no bound.
 	MaxRecords int
 	// MaxPayments bounds the payments held (they do not expire). When it is
-	// reached, a new payment is answered 503, type [idempotency.TypeStorageFull],
+	// reached, a new payment is answered 503, type storage-full,
 	// before the provider is called; nothing is stored or charged, and the
-	// key stays unused. [Handler.Reset] makes room. Zero (or negative)
+	// key stays unused. POST /_fake/reset makes room. Zero (or negative)
 	// means no bound.
 	MaxPayments int
 	// MaxOrders bounds the order statuses held (PUT /orders/{id}/status).
 	// When it is reached, a status for a new order is answered 503, type
-	// [idempotency.TypeStorageFull], and nothing changes; known orders can still be
+	// storage-full, and nothing changes; known orders can still be
 	// updated. Zero (or negative) means no bound.
 	MaxOrders int
 	// Storage, if not nil, keeps the records, payments, the fake
@@ -101,10 +100,10 @@ func (o *Options) config() config {
 			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, bare: o.WithoutIdempotency}
 	}
 	if c.retention <= 0 {
-		c.retention = idempotency.DefaultRetention
+		c.retention = 24 * time.Hour
 	}
 	if c.lease <= 0 {
-		c.lease = idempotency.DefaultLease
+		c.lease = 30 * time.Second
 	}
 	if c.delay < 0 {
 		c.delay = 0

@@ -184,9 +184,9 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	info, idem := idempotency.FromContext(ctx)
 	req, ok := info.Validated.(paymentRequest)
 	if !ok {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 		if err != nil {
-			(&problem{Type: idempotency.TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			(&problem{Type: problemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 				Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
 			return
 		}
@@ -236,7 +236,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	if !reserved {
 		idempotency.NothingDone(ctx)
-		(&problem{Type: idempotency.TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+		(&problem{Type: problemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
 		return
 	}
@@ -310,7 +310,7 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	if q.Has("idempotency_key") {
 		key, err := idemkey.ParseKey(q.Get("idempotency_key"))
 		if err != nil {
-			(&problem{Type: idempotency.TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+			(&problem{Type: problemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
 		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: key})
@@ -329,9 +329,9 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 // putOrderStatus serves PUT /orders/{id}/status: naturally idempotent, so
 // an Idempotency-Key is ignored.
 func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id string) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idempotency.DefaultMaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		(&problem{Type: idempotency.TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+		(&problem{Type: problemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
 		return
 	}
@@ -376,7 +376,7 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	if !stored {
-		(&problem{Type: idempotency.TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+		(&problem{Type: problemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many orders as it may; nothing was changed"}).Write(w)
 		return
 	}
@@ -391,14 +391,14 @@ func (h *Handler) internalError(w http.ResponseWriter, r *http.Request, err erro
 		h.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "internal error",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
 	}
-	(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
+	(&problem{Type: problemInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
 		Detail: "the server failed; retry later"}).Write(w)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	out, err := json.Marshal(v)
 	if err != nil { // cannot happen: the values are payments, stats and maps of strings
-		(&problem{Type: idempotency.TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError}).Write(w)
+		(&problem{Type: problemInternal, Title: "Internal server error", Status: http.StatusInternalServerError}).Write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -6,30 +6,46 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// Problem type URIs of the fake server's own RFC 9457 answers; those of the
-// idempotency layer are the idempotency package's (idempotency.TypeKeyReused,
-// idempotency.TypeStorageFull, ...). Clients match on these, never on titles
-// or details. Besides [ProblemCardDeclined], the fake answers
-// https://idem.dev/problems/validation-failed (400, the body is not a valid
-// payment; the key stays free) and https://idem.dev/problems/injected-fault
-// (the answers of the error and status faults).
+// Problem type URIs of the fake server's RFC 9457 answers, as
+// docs/CONTRACT.md lists them; the idempotency layer's own answers carry
+// the same types (the tests check that they do). Clients match on these,
+// never on titles or details. Besides [ProblemCardDeclined], the fake
+// answers https://idem.dev/problems/validation-failed (400, the body is
+// not a valid payment; the key stays free) and
+// https://idem.dev/problems/injected-fault (the answers of the error and
+// status faults).
 const (
+	// problemBase prefixes every problem type of the contract.
+	problemBase = "https://idem.dev/problems/"
 	// ProblemCardDeclined: 402, the provider declined the card (customer
 	// cus_declined).
-	ProblemCardDeclined = idempotency.ProblemBase + "card-declined"
+	ProblemCardDeclined = problemBase + "card-declined"
 	// problemValidationFailed: 400, the body is not a valid payment; the key
 	// stays free.
-	problemValidationFailed = idempotency.ProblemBase + "validation-failed"
+	problemValidationFailed = problemBase + "validation-failed"
 	// problemInjectedFault is the type of answers made by the error and
 	// status faults.
-	problemInjectedFault = idempotency.ProblemBase + "injected-fault"
+	problemInjectedFault = problemBase + "injected-fault"
 
-	problemNotFound         = idempotency.ProblemBase + "not-found"
-	problemMethodNotAllowed = idempotency.ProblemBase + "method-not-allowed"
+	problemNotFound         = problemBase + "not-found"
+	problemMethodNotAllowed = problemBase + "method-not-allowed"
 	// problemUnavailable: the client went away while its payment was being
 	// processed; nothing was stored.
-	problemUnavailable = idempotency.ProblemBase + "unavailable"
+	problemUnavailable = problemBase + "unavailable"
+
+	// The types the idempotency layer answers with too, for the fake's
+	// own answers of the same kind (its lookup, its orders, its bounds).
+	problemKeyInvalid        = problemBase + "idempotency-key-invalid"
+	problemKeyUnused         = problemBase + "idempotency-key-unused"
+	problemRequestInProgress = problemBase + "request-in-progress"
+	problemPayloadTooLarge   = problemBase + "payload-too-large"
+	problemStorageFull       = problemBase + "storage-full"
+	problemInternal          = problemBase + "internal-error"
 )
+
+// maxBodyBytes limits the bodies of every endpoint, as the idempotency
+// layer is told to limit those of POST /payments.
+const maxBodyBytes = 1 << 20
 
 type problem = idempotency.Problem
 

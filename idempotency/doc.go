@@ -6,23 +6,25 @@
 // # The checks
 //
 // [New] wraps a handler for an endpoint that requires a key. For each
-// request it answers, in this order:
+// request it answers, in this order (a problem's type is
+// https://idem.dev/problems/ followed by the name given here, as
+// docs/CONTRACT.md lists them):
 //
-//   - no Idempotency-Key: 400, type [TypeKeyMissing]; nothing stored.
-//   - a key it cannot accept: 400, type [TypeKeyInvalid]; nothing stored.
-//   - a body over [Config.MaxBodyBytes]: 413; a JSON body without one
-//     reading (see "Fingerprint"): 400, type [TypeBadRequest]; a body that
+//   - no Idempotency-Key: 400, type idempotency-key-missing; nothing stored.
+//   - a key it cannot accept: 400, type idempotency-key-invalid; nothing stored.
+//   - a body over [Config.MaxBodyBytes]: 413, type payload-too-large; a JSON body without one
+//     reading (see "Fingerprint"): 400, type bad-request; a body that
 //     [Config.Validate] rejects: its 400 problem. Nothing is stored, so the
 //     key stays free, even when the key already has a record.
 //   - a new key the store has no room for ([ErrStoreFull]): 503, type
-//     [TypeStorageFull], with Retry-After when the store says when room is
+//     storage-full, with Retry-After when the store says when room is
 //     expected (an error matching [ErrStoreFull]); nothing is stored and the handler does not run.
 //   - a record with another fingerprint (method, path, query or body): 422,
-//     type [TypeKeyReused].
+//     type idempotency-key-reused.
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
 //     plus Idempotent-Replayed: true.
 //   - an IN_PROGRESS record whose lease is alive: 409, type
-//     [TypeRequestInProgress], with Retry-After.
+//     request-in-progress, with Retry-After.
 //   - an IN_PROGRESS record whose lease has ended: the record is taken over
 //     atomically and the handler runs with [Info.Takeover] set.
 //   - no live record: the handler runs as the record's owner.
@@ -33,7 +35,8 @@
 // mark on its answers, which no proxy, CDN or captive portal in front of
 // it puts on its own. Clients settle an intent only on marked answers. A
 // server's lookup by key answers its miss with a 404 of type
-// [TypeKeyUnused].
+// https://idem.dev/problems/idempotency-key-unused, which it writes itself
+// (a [Problem] and its Write).
 //
 // # The key
 //
@@ -135,12 +138,12 @@
 // see a live lease as ended, and does not run the work a second time.
 // [Config.Clock] gives the durations (the lease, the retention) and
 // Retry-After; a test that moves time gives its store the same clock
-// ([MemoryStore.SetClock], pgstore's Options.Clock).
+// ([MemoryStore.Clock], pgstore's Options.Clock).
 //
 // # Store errors
 //
 // When the store fails (a statement timeout, a lost connection, a dropped
-// table), the answer is 500, type [TypeInternal], with a detail that says
+// table), the answer is 500, type internal-error, with a detail that says
 // nothing internal: a database's message names tables, indexes and
 // settings, and the client needs none of them. The error itself goes to
 // [Config.Logger] (silent when nil) and [Config.OnOutcome] is told
@@ -160,11 +163,11 @@
 // expired until that lease ends (see [Record.Expired]): a worker that took
 // it over just before its retention ended keeps it. [Store.Sweep] deletes expired records; run it on
 // a schedule. A store may also bound its records ([ErrStoreFull];
-// [MemoryStore.SetMaxRecords]).
+// [MemoryStore.MaxRecords]).
 //
 // # Fingerprint
 //
-// [NewFingerprint] is SHA-256 over the method, the path, the query string
+// The fingerprint is SHA-256 over the method, the path, the query string
 // and the body. A JSON body is canonicalised first: members sorted by their
 // case-folded names, whitespace dropped, strings as encoding/json decodes
 // them; numbers are kept as written. Other bodies are hashed raw. The work
@@ -183,9 +186,9 @@
 // Each record stores the version of the algorithm its fingerprint was made
 // with ([Record.FingerprintVersion]); a request is compared with a record
 // by the record's version. Records stored before the query counted are
-// version 1 ([FingerprintV1]: method, path and body), so their retries keep
+// version 1 (method, path and body), so their retries keep
 // matching across the upgrade, as the query never counted for them; new
-// records are [FingerprintV2].
+// records are version 2.
 //
 // Two bodies that a handler reads differently must never share a
 // fingerprint, or a key reused for a changed body would replay the first
@@ -195,7 +198,7 @@
 // {"amount":1500,"AMOUNT":2000} is a payment of 2000, and the same members
 // in the other order one of 1500. Its folding goes beyond ASCII: "cuſtomer"
 // (long s) and "Key" (Kelvin sign) match "customer" and "key". So the
-// middleware refuses, with 400 and type [TypeBadRequest], a JSON body with
+// middleware refuses, with 400 and type bad-request, a JSON body with
 // an object, at any depth, whose member names are equal after that folding
 // (exact duplicates included); with that, member order changes no reading.
 // Across bodies, names keep their case: {"A":1} and {"a":1} have different
@@ -203,6 +206,6 @@
 // so a retry must resend the body it sent, not a re-cased copy.
 //
 // A JSON body whose objects and arrays nest deeper than [Config.MaxDepth]
-// ([DefaultMaxDepth], 100, unless set) is refused the same way, before
+// (100 unless set) is refused the same way, before
 // [Config.Validate] reads it.
 package idempotency

@@ -31,3 +31,25 @@ var (
 )
 
 const DefaultMaxDepth = defaultMaxDepth
+
+// The fingerprint's versions and its type, for the external tests.
+type Fingerprint = fingerprint
+
+var NewFingerprintVersion = newFingerprintVersion
+
+const FingerprintV1 = fingerprintV1
+
+// The problem types and defaults the external tests check answers against.
+const (
+	TypeBadRequest   = typeBadRequest
+	TypeStorageFull  = typeStorageFull
+	TypeInternal     = typeInternal
+	TypeKeyReused    = typeKeyReused
+	DefaultLease     = defaultLease
+	DefaultRetention = defaultRetention
+)
+
+const (
+	HeaderKey      = headerKey
+	HeaderReplayed = headerReplayed
+)

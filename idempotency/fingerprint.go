@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,23 +18,21 @@ import (
 	"unicode/utf8"
 )
 
-// A Fingerprint identifies a request's content: SHA-256 over the method, the
-// path, the query and the body (see newFingerprint). Two attempts of one intent have the same fingerprint; a
-// key reused for other content does not.
-type Fingerprint [sha256.Size]byte
+// A fingerprint identifies a request's content: SHA-256 over the method,
+// the path, the query and the body (see newFingerprint). Two attempts of
+// one intent have the same fingerprint; a key reused for other content
+// does not. It is the type of [Record.Fingerprint].
+type fingerprint = [sha256.Size]byte
 
 // Fingerprint versions (see [Record.FingerprintVersion]).
 const (
-	// FingerprintV1 is SHA-256 over the method, the path and the body: the
+	// fingerprintV1 is SHA-256 over the method, the path and the body: the
 	// query string is not part of it.
-	FingerprintV1 = 1
-	// FingerprintV2 adds the query string, canonically (see
+	fingerprintV1 = 1
+	// fingerprintV2 adds the query string, canonically (see
 	// newFingerprint). New records are fingerprinted with it.
-	FingerprintV2 = 2
+	fingerprintV2 = 2
 )
-
-// String returns the fingerprint in hex.
-func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
 // defaultMaxDepth is the deepest nesting of objects and arrays a JSON body
 // may have when [Config.MaxDepth] is zero: {} is one level, {"a":[]} two.
@@ -55,7 +52,7 @@ var (
 )
 
 // newFingerprint fingerprints a request with the current algorithm,
-// [FingerprintV2]: SHA-256 over the method, the path, the query string
+// [fingerprintV2]: SHA-256 over the method, the path, the query string
 // (rawQuery, without the '?') and the body.
 //
 // The query is taken canonically, as a handler reads it through url.Values:
@@ -85,18 +82,18 @@ var (
 //
 // The work and memory are linear in the size of the body, and n log n in
 // the number of query parameters.
-func newFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
-	return NewFingerprintVersion(FingerprintV2, method, path, rawQuery, body, maxDepth)
+func newFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (fingerprint, error) {
+	return newFingerprintVersion(fingerprintV2, method, path, rawQuery, body, maxDepth)
 }
 
-// NewFingerprintVersion fingerprints a request with the algorithm of the
+// newFingerprintVersion fingerprints a request with the algorithm of the
 // given version, so that a record keeps matching its retries after the
-// algorithm changed: [FingerprintV1] (or 0, a record stored before versions
-// existed) ignores rawQuery; [FingerprintV2] is newFingerprint. Another
+// algorithm changed: [fingerprintV1] (or 0, a record stored before versions
+// existed) ignores rawQuery; [fingerprintV2] is newFingerprint. Another
 // version is an error.
-func NewFingerprintVersion(version int, method, path, rawQuery string, body []byte, maxDepth int) (Fingerprint, error) {
-	var f Fingerprint
-	if version != 0 && version != FingerprintV1 && version != FingerprintV2 {
+func newFingerprintVersion(version int, method, path, rawQuery string, body []byte, maxDepth int) (fingerprint, error) {
+	var f fingerprint
+	if version != 0 && version != fingerprintV1 && version != fingerprintV2 {
 		return f, fmt.Errorf("idempotency: unknown fingerprint version %d", version)
 	}
 	c, err := parseJSON(body, maxDepth)
@@ -110,7 +107,7 @@ func NewFingerprintVersion(version int, method, path, rawQuery string, body []by
 	defer h.release()
 	h.stringField(method)
 	h.stringField(path)
-	if version == FingerprintV2 {
+	if version == fingerprintV2 {
 		writeQuery(h, rawQuery)
 	}
 	if c != nil {
@@ -182,7 +179,7 @@ func (s *hasher) stringField(v string) {
 	s.buf = append(s.buf, v...)
 }
 
-func (s *hasher) sum(f *Fingerprint) {
+func (s *hasher) sum(f *fingerprint) {
 	if s.h == nil {
 		*f = sha256.Sum256(s.buf)
 		return

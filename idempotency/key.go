@@ -1,8 +1,9 @@
 package idempotency
 
-// HeaderKey is the request header that carries the idempotency key.
-const HeaderKey = "Idempotency-Key"
+// headerKey is the request header that carries the idempotency key; the
+// middleware echoes it on every answer to a keyed request.
+const headerKey = "Idempotency-Key"
 
-// HeaderReplayed is set to "true" on an answer replayed from a stored record.
-// A fresh answer never carries it.
-const HeaderReplayed = "Idempotent-Replayed"
+// headerReplayed is set to "true" on an answer replayed from a stored
+// record. A fresh answer never carries it.
+const headerReplayed = "Idempotent-Replayed"

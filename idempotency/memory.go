@@ -11,55 +11,39 @@ import (
 // MemoryStore is a [Store] in memory, for tests and the fake server. One
 // mutex makes every method one atomic step; commit hooks run under it. It
 // keeps records under the [PrincipalDigest] of their principal, as every
-// store does.
-// A MemoryStore is safe for concurrent use by multiple goroutines. The zero
-// MemoryStore is not usable; call [NewMemoryStore].
+// store does. A MemoryStore is safe for concurrent use by multiple
+// goroutines. The zero MemoryStore is empty and ready to use:
 //
-// A MemoryStore judges leases and retention on its clock ([SetClock]) when
-// it has one, whatever time its callers' clocks tell. Without one it takes
-// its callers' times as they come, which is right only while they all read
-// one clock: give it the clock.Manual of the test, or the system clock,
-// when callers' clocks may differ.
+//	store := &idempotency.MemoryStore{Clock: clk}
+//
+// Set its fields before its first use, and do not copy it after.
 type MemoryStore struct {
-	mu    sync.Mutex
-	recs  map[ID]*Record
-	clock clock.Clock // nil: the callers' times
-	max   int         // 0: no bound
+	// Clock, when not nil, is the store's own clock: it judges leases and
+	// retention on it, whatever time its callers' clocks tell (see
+	// [Store]). Nil takes its callers' times as they come, which is right
+	// only while they all read one clock: give it the clock.Manual of the
+	// test, or the system clock, when callers' clocks may differ.
+	Clock clock.Clock
+	// MaxRecords, when positive, bounds the number of records: once it
+	// holds MaxRecords, Insert deletes the expired records if there are
+	// any, and otherwise refuses a new record with an error matching
+	// [ErrStoreFull] that says when the earliest record expires (the
+	// middleware sends it as Retry-After). Zero or negative means no bound.
+	MaxRecords int
+
+	mu   sync.Mutex
+	recs map[ID]*Record
 	// minExpiry is at or before the earliest liveUntil of the records: a
 	// full store sweeps only once something may have expired.
 	minExpiry time.Time
 }
 
-// NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{recs: make(map[ID]*Record)}
-}
-
-// SetMaxRecords bounds the number of records: once it holds n, Insert
-// deletes the expired records if there are any, and otherwise refuses a new
-// record with a error matching [ErrStoreFull] (with Retry-After) saying when the earliest record expires. Zero
-// or negative means no bound (the default).
-func (s *MemoryStore) SetMaxRecords(n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.max = max(n, 0)
-}
-
-// SetClock makes the store judge leases and retention on c, whatever the
-// times its callers give (see [Store]). nil means the callers' times (the
-// default).
-func (s *MemoryStore) SetClock(c clock.Clock) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.clock = c
-}
-
 // now returns the store's time: its clock's, or else the caller's.
 func (s *MemoryStore) now(caller time.Time) time.Time {
-	if s.clock == nil {
+	if s.Clock == nil {
 		return caller
 	}
-	return s.clock.Now()
+	return s.Clock.Now()
 }
 
 // Insert implements [Store].
@@ -74,11 +58,11 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 		cp.ID = rec.ID
 		return &cp, false, nil
 	}
-	if !ok && s.max > 0 && len(s.recs) >= s.max {
+	if !ok && s.MaxRecords > 0 && len(s.recs) >= s.MaxRecords {
 		if !s.minExpiry.After(now) {
 			s.sweep(now)
 		}
-		if len(s.recs) >= s.max {
+		if len(s.recs) >= s.MaxRecords {
 			return nil, false, &fullError{Until: s.minExpiry}
 		}
 	}
@@ -88,6 +72,9 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 		cp.LockedUntil = now.Add(rec.LockedUntil.Sub(rec.CreatedAt))
 	}
 	cp.ID = at
+	if s.recs == nil {
+		s.recs = make(map[ID]*Record)
+	}
 	s.recs[at] = &cp
 	if s.minExpiry.IsZero() || cp.ExpiresAt.Before(s.minExpiry) {
 		s.minExpiry = cp.ExpiresAt

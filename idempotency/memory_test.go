@@ -27,7 +27,7 @@ func newRecord(owner string, now time.Time) *idempotency.Record {
 
 func TestMemoryStoreInsertRace(t *testing.T) {
 	t.Parallel()
-	s := idempotency.NewMemoryStore()
+	s := &idempotency.MemoryStore{}
 	var wins atomic.Int32
 	var wg sync.WaitGroup
 	for i := range 50 {
@@ -45,7 +45,7 @@ func TestMemoryStoreInsertRace(t *testing.T) {
 
 func TestMemoryStoreTakeOverRace(t *testing.T) {
 	t.Parallel()
-	s := idempotency.NewMemoryStore()
+	s := &idempotency.MemoryStore{}
 	ctx := context.Background()
 	rec := newRecord("dead", t0)
 	_, ok, err := s.Insert(ctx, rec)
@@ -77,7 +77,7 @@ func TestMemoryStoreTakeOverRace(t *testing.T) {
 func TestMemoryStoreCompleteRunsCommitAtomically(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := idempotency.NewMemoryStore()
+	s := &idempotency.MemoryStore{}
 	rec := newRecord("w", t0)
 	_, _, err := s.Insert(ctx, rec)
 	require.NoError(t, err)
@@ -100,7 +100,7 @@ func TestMemoryStoreCompleteRunsCommitAtomically(t *testing.T) {
 func TestMemoryStoreRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := idempotency.NewMemoryStore()
+	s := &idempotency.MemoryStore{}
 	_, _, err := s.Insert(ctx, newRecord("a", t0))
 	require.NoError(t, err)
 	_, inserted, _ := s.Insert(ctx, newRecord("b", t0.Add(time.Hour-time.Nanosecond)))
@@ -121,8 +121,7 @@ func TestMemoryStoreRetention(t *testing.T) {
 func TestMemoryStoreMaxRecordsRefusesWithoutStoring(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := idempotency.NewMemoryStore()
-	s.SetMaxRecords(2)
+	s := &idempotency.MemoryStore{MaxRecords: 2}
 	rec := func(key string, now time.Time) *idempotency.Record {
 		r := newRecord("o-"+key, now)
 		r.ID.Key = key

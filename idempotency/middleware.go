@@ -18,40 +18,28 @@ import (
 	"github.com/idemkit/idem/clock"
 )
 
-// Outcome names how the middleware answered a request, for logs and
-// metrics: one of "created" (the work ran and its answer was stored),
-// "takeover" (as created, after taking over a dead worker's record),
-// "replayed", "conflict" (409: another request holds the key), "reused"
-// (422), "missing" and "invalid" (400: no key, a malformed key),
-// "rejected" (400: the body failed validation, or is JSON without one
-// reading), "too_large" (413), "failed" (a server error: no answer
-// stored), "lost" (the worker lost its lease; its effect was discarded),
-// "store_error" (the store failed, or had no connection free) and "full"
-// (503: the store had no room for a new record).
-type Outcome string
-
-// The outcomes, as [Outcome] lists them.
+// The outcomes, as [Config.OnOutcome] lists them.
 const (
-	outcomeCreated    Outcome = "created"     // the work ran and its answer was stored
-	outcomeTakeover   Outcome = "takeover"    // as created, after taking over a dead worker's record
-	outcomeReplayed   Outcome = "replayed"    // the stored answer was replayed
-	outcomeConflict   Outcome = "conflict"    // 409: another request holds the key
-	outcomeReused     Outcome = "reused"      // 422: the key was used for other content
-	outcomeMissing    Outcome = "missing"     // 400: no key
-	outcomeInvalid    Outcome = "invalid"     // 400: malformed key
-	outcomeRejected   Outcome = "rejected"    // 400: the body failed validation, or is JSON without one reading
-	outcomeTooLarge   Outcome = "too_large"   // 413: body over the limit
-	outcomeFailed     Outcome = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
-	outcomeLost       Outcome = "lost"        // the worker lost its lease; its effect was discarded
-	outcomeStoreError Outcome = "store_error" // the store failed
-	outcomeFull       Outcome = "full"        // 503: the store had no room for a new record; nothing stored
+	outcomeCreated    = "created"     // the work ran and its answer was stored
+	outcomeTakeover   = "takeover"    // as created, after taking over a dead worker's record
+	outcomeReplayed   = "replayed"    // the stored answer was replayed
+	outcomeConflict   = "conflict"    // 409: another request holds the key
+	outcomeReused     = "reused"      // 422: the key was used for other content
+	outcomeMissing    = "missing"     // 400: no key
+	outcomeInvalid    = "invalid"     // 400: malformed key
+	outcomeRejected   = "rejected"    // 400: the body failed validation, or is JSON without one reading
+	outcomeTooLarge   = "too_large"   // 413: body over the limit
+	outcomeFailed     = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
+	outcomeLost       = "lost"        // the worker lost its lease; its effect was discarded
+	outcomeStoreError = "store_error" // the store failed
+	outcomeFull       = "full"        // 503: the store had no room for a new record; nothing stored
 )
 
-// Defaults for a zero [Config].
+// Defaults for a zero [Config], as its fields document them.
 const (
-	DefaultRetention    = 24 * time.Hour
-	DefaultLease        = 30 * time.Second
-	DefaultMaxBodyBytes = 1 << 20
+	defaultRetention    = 24 * time.Hour
+	defaultLease        = 30 * time.Second
+	defaultMaxBodyBytes = 1 << 20
 )
 
 // Config configures [New]. Store and Principal are required; every other
@@ -65,10 +53,10 @@ type Config struct {
 	// give a test's store the same clock. Nil means the system clock.
 	Clock clock.Clock
 	// Retention is how long a record lives, from its CreatedAt. Zero or
-	// negative means [DefaultRetention] (24h).
+	// negative means 24 hours.
 	Retention time.Duration
 	// Lease is how long a worker holds an IN_PROGRESS record before another
-	// request may take it over. Zero or negative means [DefaultLease] (30s).
+	// request may take it over. Zero or negative means 30 seconds.
 	// It must exceed the longest time the work takes.
 	Lease time.Duration
 	// Expected is how long the work is expected to take; it sets the
@@ -77,11 +65,11 @@ type Config struct {
 	// RequireUUID makes keys that are not UUIDs invalid.
 	RequireUUID bool
 	// MaxBodyBytes limits request bodies; larger ones get 413. Zero means
-	// [DefaultMaxBodyBytes] (1 MiB).
+	// 1 MiB (1 << 20 bytes).
 	MaxBodyBytes int64
 	// MaxDepth limits how deep the objects and arrays of a JSON body nest
 	// ({} is one level); deeper bodies get 400 before [Config.Validate]
-	// sees them. Zero or negative means [DefaultMaxDepth] (100). Bodies
+	// sees them. Zero or negative means 100. Bodies
 	// nested deeper than 10000 levels are not JSON to encoding/json: they are
 	// fingerprinted raw and left to Validate.
 	MaxDepth int
@@ -104,8 +92,18 @@ type Config struct {
 	// NewStableID returns a new id for an intent (see [Record.StableID]).
 	// Nil means 26 random base32 characters.
 	NewStableID func() string
-	// OnOutcome, if not nil, is told how every request was answered.
-	OnOutcome func(r *http.Request, o Outcome)
+	// OnOutcome, if not nil, is told how every request was answered, for
+	// logs and metrics: outcome is one of "created" (the work ran and its
+	// answer was stored), "takeover" (as created, after taking over a dead
+	// worker's record), "replayed", "conflict" (409: another request holds
+	// the key), "reused" (422), "missing" and "invalid" (400: no key, a
+	// malformed key), "rejected" (400: the body failed validation, or is
+	// JSON without one reading), "too_large" (413), "failed" (a server
+	// error: no answer stored), "lost" (the worker lost its lease; its
+	// effect was discarded), "store_error" (the store failed, or had no
+	// connection free) and "full" (503: the store had no room for a new
+	// record).
+	OnOutcome func(r *http.Request, outcome string)
 	// OneTransaction runs each fresh key's request in one transaction of
 	// the store, which must be a [TxStore] (pgstore's is): the record, the
 	// handler's effect and its answer commit once, or not at all. Choose it
@@ -150,10 +148,10 @@ func New(next http.Handler, cfg Config) http.Handler {
 		panic("idempotency: Config.Store is nil")
 	}
 	if cfg.Retention <= 0 {
-		cfg.Retention = DefaultRetention
+		cfg.Retention = defaultRetention
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = DefaultLease
+		cfg.Lease = defaultLease
 	}
 	if cfg.Retention <= cfg.Lease {
 		// A record would expire under its live worker, and the next request
@@ -161,7 +159,7 @@ func New(next http.Handler, cfg Config) http.Handler {
 		panic(fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)", cfg.Retention, cfg.Lease))
 	}
 	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+		cfg.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if cfg.Principal == nil {
 		// No default: the raw Authorization value, the only one there could
@@ -190,7 +188,7 @@ func (m *middleware) now() time.Time {
 	return m.cfg.Clock.Now()
 }
 
-func (m *middleware) report(r *http.Request, o Outcome) {
+func (m *middleware) report(r *http.Request, o string) {
 	if m.cfg.OnOutcome != nil {
 		m.cfg.OnOutcome(r, o)
 	}
@@ -203,13 +201,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, err := idemkey.ParseHeader(r.Header, m.cfg.RequireUUID)
 	if errors.Is(err, idemkey.ErrMissing) {
 		m.report(r, outcomeMissing)
-		(&Problem{Type: TypeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
+		(&Problem{Type: typeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
 			Detail: "this endpoint requires an Idempotency-Key header; create one key per intent and reuse it on every retry"}).Write(w)
 		return
 	}
 	if err != nil {
 		m.report(r, outcomeInvalid)
-		(&Problem{Type: TypeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+		(&Problem{Type: typeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return
 	}
 
@@ -218,12 +216,12 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			m.report(r, outcomeTooLarge)
-			(&Problem{Type: TypePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			(&Problem{Type: typePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 				Detail: fmt.Sprintf("the request body is over the limit of %d bytes", m.cfg.MaxBodyBytes)}).Write(w)
 			return
 		}
 		m.report(r, outcomeRejected)
-		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
+		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -232,7 +230,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Too deep, or an object whose member names collide after case
 		// folding: no single reading to fingerprint. Nothing is stored.
 		m.report(r, outcomeRejected)
-		(&Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
+		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return
 	}
 	var parsed any
@@ -251,7 +249,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &Record{
 		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
 		Fingerprint:        fp,
-		FingerprintVersion: FingerprintV2,
+		FingerprintVersion: fingerprintV2,
 		Status:             StatusInProgress,
 		StableID:           m.cfg.NewStableID(),
 		Owner:              rand.Text(),
@@ -349,7 +347,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (m *middleware) answer(w http.ResponseWriter, r *http.Request, existing, rec *Record, body []byte) {
 	if !m.sameContent(existing, rec, r, body) {
 		m.report(r, outcomeReused)
-		(&Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+		(&Problem{Type: typeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 			Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
 		return
 	}
@@ -448,7 +446,7 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store is busy",
 				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
 		}
-		(&Problem{Type: TypeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
+		(&Problem{Type: typeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
 			Detail: "the server has no database connection free; nothing was done under this key, retry after the Retry-After delay"}).Write(withRetryAfter(w, 1))
 		return nil, nil
 	case err != nil || existing != nil:
@@ -466,17 +464,17 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 
 // sameContent reports whether the request of rec has the content of the
 // existing record, fingerprinted with the existing record's algorithm: a
-// record stored before the query counted ([FingerprintV1]) is compared
+// record stored before the query counted (version 1) is compared
 // without it, so that its retries keep matching across the upgrade. A
 // version this code does not know does not match.
 func (m *middleware) sameContent(existing, rec *Record, r *http.Request, body []byte) bool {
 	if existing.FingerprintVersion == rec.FingerprintVersion {
 		return existing.Fingerprint == rec.Fingerprint
 	}
-	if existing.FingerprintVersion != 0 && existing.FingerprintVersion != FingerprintV1 {
+	if existing.FingerprintVersion != 0 && existing.FingerprintVersion != fingerprintV1 {
 		return false
 	}
-	old, err := NewFingerprintVersion(FingerprintV1, r.Method, r.URL.Path, "", body, m.cfg.MaxDepth)
+	old, err := newFingerprintVersion(fingerprintV1, r.Method, r.URL.Path, "", body, m.cfg.MaxDepth)
 	return err == nil && existing.Fingerprint == old
 }
 
@@ -503,7 +501,7 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, cw.response(), wk.commit); {
 	case errors.Is(err, ErrNotOwner):
 		m.report(r, outcomeLost)
-		(&Problem{Type: TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+		(&Problem{Type: typeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail: "this request's work was taken over by a later attempt with the same key; retry to get its answer"}).Write(withRetryAfter(w, 1))
 		return
 	case err != nil:
@@ -566,7 +564,7 @@ func withRetryAfter(w http.ResponseWriter, secs int64) http.ResponseWriter {
 }
 
 func writeInProgress(w http.ResponseWriter, secs int64) {
-	(&Problem{Type: TypeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
+	(&Problem{Type: typeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
 		Detail: "a request with this key is still being processed; retry after the Retry-After delay"}).Write(withRetryAfter(w, secs))
 }
 
@@ -576,7 +574,7 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		if fe := (*fullError)(nil); errors.As(err, &fe) {
 			withRetryAfter(w, secondsUntil(fe.Until, m.now()))
 		}
-		(&Problem{Type: TypeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+		(&Problem{Type: typeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)
 		return
 	}
@@ -585,7 +583,7 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idempotency: the store failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
 	}
-	(&Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
+	(&Problem{Type: typeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
 		Detail: "the server could not read or write its idempotency records; retry with the same key"}).Write(w)
 }
 
@@ -598,12 +596,12 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 // and set again on the answer, so a handler cannot drop it or answer under
 // another key.
 func echoKey(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
-	vals := r.Header.Values(HeaderKey)
+	vals := r.Header.Values(headerKey)
 	if len(vals) == 0 {
 		return w
 	}
 	vals = append([]string(nil), vals...)
-	w.Header()[HeaderKey] = vals
+	w.Header()[headerKey] = vals
 	return &echoWriter{ResponseWriter: w, key: vals}
 }
 
@@ -614,12 +612,12 @@ type echoWriter struct {
 }
 
 func (e *echoWriter) WriteHeader(code int) {
-	e.ResponseWriter.Header()[HeaderKey] = e.key
+	e.ResponseWriter.Header()[headerKey] = e.key
 	e.ResponseWriter.WriteHeader(code)
 }
 
 func (e *echoWriter) Write(p []byte) (int, error) {
-	e.ResponseWriter.Header()[HeaderKey] = e.key
+	e.ResponseWriter.Header()[headerKey] = e.key
 	return e.ResponseWriter.Write(p)
 }
 
@@ -635,7 +633,7 @@ func replay(w http.ResponseWriter, resp *Response) {
 	for k, v := range resp.Header {
 		h[k] = v
 	}
-	h.Set(HeaderReplayed, "true")
+	h.Set(headerReplayed, "true")
 	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(resp.Body)
@@ -687,7 +685,7 @@ func (c *capture) writeTo(w http.ResponseWriter) {
 	for k, v := range c.header {
 		h[k] = v
 	}
-	h.Del(HeaderReplayed)
+	h.Del(headerReplayed)
 	h.Set("Content-Length", strconv.Itoa(c.body.Len()))
 	w.WriteHeader(c.code())
 	_, _ = w.Write(c.body.Bytes())

@@ -79,7 +79,7 @@ func TestCommitHook(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			store := idempotency.NewMemoryStore()
+			store := &idempotency.MemoryStore{}
 			c := &counter{status: tt.status, nothingDone: tt.nothingDone}
 			m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store})
 			first := serve(m, "k", "x")
@@ -125,7 +125,7 @@ func TestInProgressRetryAfterNeverPassesTheLease(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(t0)
 	slow := &counter{status: 201, block: make(chan struct{})}
-	m := idempotency.New(slow, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore(), Clock: clk,
+	m := idempotency.New(slow, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}, Clock: clk,
 		Lease: 30 * time.Second, Expected: 60 * time.Second})
 	var wg sync.WaitGroup
 	wg.Go(func() { serve(m, "k", "x") })
@@ -142,7 +142,7 @@ func TestInProgressRetryAfterNeverPassesTheLease(t *testing.T) {
 func TestLostLeaseDiscardsEffect(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(t0)
-	store := idempotency.NewMemoryStore()
+	store := &idempotency.MemoryStore{}
 	slow := &counter{status: 201, block: make(chan struct{})}
 	slowM := idempotency.New(slow, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Lease: time.Second})
 	var wg sync.WaitGroup
@@ -166,7 +166,7 @@ func TestLostLeaseDiscardsEffect(t *testing.T) {
 func TestTakeoverSeesStableID(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(t0)
-	store := idempotency.NewMemoryStore()
+	store := &idempotency.MemoryStore{}
 	var infos []idempotency.Info
 	var mu sync.Mutex
 	crash := true
@@ -199,7 +199,7 @@ func TestTakeoverSeesStableID(t *testing.T) {
 // stored, and a record the key already has is left alone.
 func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
 	t.Parallel()
-	store := idempotency.NewMemoryStore()
+	store := &idempotency.MemoryStore{}
 	c := &counter{status: 201}
 	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, MaxDepth: 3})
 	for _, body := range []string{`{"amount":1500,"AMOUNT":2000}`, `{"a":[[[1]]]}`} {
@@ -224,8 +224,7 @@ func TestJSONWithoutOneReadingIsRefusedBeforeTheStore(t *testing.T) {
 func TestStoreFullIsRetryableAndStoresNothing(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(t0)
-	store := idempotency.NewMemoryStore()
-	store.SetMaxRecords(1)
+	store := &idempotency.MemoryStore{MaxRecords: 1}
 	c := &counter{status: 201}
 	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clk, Retention: time.Hour})
 	require.Equal(t, 201, serve(m, "a", "x").Code)
@@ -292,7 +291,7 @@ func TestAServerErrorKeepsTheStableIDForTheRetry(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusCreated)
 			})
-			m := idempotency.New(h, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+			m := idempotency.New(h, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
 			first := serve(m, "k", `{"amount":1500}`)
 			require.GreaterOrEqual(t, first.Code, 500)
 			require.Equal(t, http.StatusCreated, serve(m, "k", `{"amount":1500}`).Code)
@@ -306,7 +305,7 @@ func TestAServerErrorKeepsTheStableIDForTheRetry(t *testing.T) {
 // work would run twice. A retention no longer than the lease is refused.
 func TestNewRefusesARetentionNoLongerThanTheLease(t *testing.T) {
 	t.Parallel()
-	store := idempotency.NewMemoryStore()
+	store := &idempotency.MemoryStore{}
 	for _, cfg := range []idempotency.Config{
 		{Store: store, Principal: anyone, Retention: 10 * time.Second},
 		{Store: store, Principal: anyone, Retention: time.Minute, Lease: time.Minute},
@@ -341,7 +340,7 @@ func TestStoreErrorTextIsLoggedNeverShown(t *testing.T) {
 	var logged strings.Builder
 	logger := slog.New(slog.NewTextHandler(&logged, nil))
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: failingStore{idempotency.NewMemoryStore(), errors.New(secret)}, Logger: logger})
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: failingStore{&idempotency.MemoryStore{}, errors.New(secret)}, Logger: logger})
 	w := serve(m, "k", "x")
 	assert.Equal(t, http.StatusInternalServerError, w.Code)
 	assert.Contains(t, w.Body.String(), idempotency.TypeInternal)
@@ -362,12 +361,12 @@ func TestNewRequiresThePrincipal(t *testing.T) {
 	assert.PanicsWithValue(t, "idempotency: Config.Principal is nil: return the account the request acts for, "+
 		"as the server's authentication found it, not its credential (a refreshed token must be the same caller)",
 		func() {
-			idempotency.New(&counter{status: 201}, idempotency.Config{Store: idempotency.NewMemoryStore()})
+			idempotency.New(&counter{status: 201}, idempotency.Config{Store: &idempotency.MemoryStore{}})
 		})
 
 	account := func(r *http.Request) string { return strings.SplitN(r.Header.Get("Authorization"), ".", 2)[0] }
 	c := &counter{status: 201}
-	m := idempotency.New(c, idempotency.Config{Store: idempotency.NewMemoryStore(), Principal: account})
+	m := idempotency.New(c, idempotency.Config{Store: &idempotency.MemoryStore{}, Principal: account})
 	send := func(auth string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader("x"))
 		r.Header.Set(idempotency.HeaderKey, "k")
@@ -398,7 +397,7 @@ func serveURL(h http.Handler, target, key, body string) *httptest.ResponseRecord
 // retry.
 func TestTheQueryIsPartOfTheContent(t *testing.T) {
 	t.Parallel()
-	store := idempotency.NewMemoryStore()
+	store := &idempotency.MemoryStore{}
 	c := &counter{status: 201}
 	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0)})
 
@@ -454,7 +453,7 @@ func TestEveryAnswerToAKeyedRequestEchoesTheKey(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := idempotency.New(&counter{status: tt.handle}, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+			h := idempotency.New(&counter{status: tt.handle}, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
 			if tt.prep != nil {
 				tt.prep(h)
 			}
@@ -466,7 +465,7 @@ func TestEveryAnswerToAKeyedRequestEchoesTheKey(t *testing.T) {
 	t.Run("in progress", func(t *testing.T) {
 		t.Parallel()
 		c := &counter{status: 201, block: make(chan struct{})}
-		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
 		done := make(chan struct{})
 		go func() { defer close(done); serve(h, "k-409", "a") }()
 		require.Eventually(t, func() bool { return c.runs.Load() == 1 }, 5*time.Second, time.Millisecond)
@@ -478,7 +477,7 @@ func TestEveryAnswerToAKeyedRequestEchoesTheKey(t *testing.T) {
 	})
 	t.Run("no key, no echo", func(t *testing.T) {
 		t.Parallel()
-		h := idempotency.New(&counter{status: 201}, idempotency.Config{Principal: anyone, Store: idempotency.NewMemoryStore()})
+		h := idempotency.New(&counter{status: 201}, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
 		w := serve(h, "", "a")
 		require.Equal(t, http.StatusBadRequest, w.Code)
 		assert.Empty(t, w.Header().Values(idempotency.HeaderKey))

@@ -64,7 +64,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "old-records-compared-with-new-fingerprint", File: "idempotency/middleware.go",
 			Note:    "a record fingerprinted before the query counted is compared with the new algorithm",
-			Anchor:  "if existing.FingerprintVersion != 0 && existing.FingerprintVersion != FingerprintV1 {",
+			Anchor:  "if existing.FingerprintVersion != 0 && existing.FingerprintVersion != fingerprintV1 {",
 			Replace: "if true {",
 			Pkg:     "./idempotency", Run: "^TestTheQueryIsPartOfTheContent$",
 		},

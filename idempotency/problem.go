@@ -6,25 +6,22 @@ import (
 	"strconv"
 )
 
-// ProblemBase prefixes every problem type URI of the contract.
-const ProblemBase = "https://idem.dev/problems/"
+// problemBase prefixes every problem type URI of the contract.
+const problemBase = "https://idem.dev/problems/"
 
-// Problem types the middleware answers with. Clients match on these.
+// The problem types the middleware answers with, as docs/CONTRACT.md lists
+// them. Clients match on these; a server's own lookup answers its miss
+// with https://idem.dev/problems/idempotency-key-unused (see the package
+// docs).
 const (
-	TypeKeyMissing        = ProblemBase + "idempotency-key-missing"
-	TypeKeyInvalid        = ProblemBase + "idempotency-key-invalid"
-	TypeKeyReused         = ProblemBase + "idempotency-key-reused"
-	TypeRequestInProgress = ProblemBase + "request-in-progress"
-	TypePayloadTooLarge   = ProblemBase + "payload-too-large"
-	TypeBadRequest        = ProblemBase + "bad-request"
-	TypeInternal          = ProblemBase + "internal-error"
-	TypeStorageFull       = ProblemBase + "storage-full"
-	// TypeKeyUnused is the lookup's miss (404): nothing was done under
-	// this key for this caller, and nothing under it is in progress. It
-	// is distinct from every other 404 (a wrong path, a proxy's own
-	// page), which say nothing about the key; a client voids an intent
-	// only on this type.
-	TypeKeyUnused = ProblemBase + "idempotency-key-unused"
+	typeKeyMissing        = problemBase + "idempotency-key-missing"
+	typeKeyInvalid        = problemBase + "idempotency-key-invalid"
+	typeKeyReused         = problemBase + "idempotency-key-reused"
+	typeRequestInProgress = problemBase + "request-in-progress"
+	typePayloadTooLarge   = problemBase + "payload-too-large"
+	typeBadRequest        = problemBase + "bad-request"
+	typeInternal          = problemBase + "internal-error"
+	typeStorageFull       = problemBase + "storage-full"
 )
 
 // Problem is an RFC 9457 problem details object. A Problem is a value; it is

@@ -16,7 +16,7 @@ var ErrNotOwner = errors.New("idempotency: record is no longer held by this work
 
 // ErrStoreFull is matched by the error of [Store.Insert] when the store
 // refuses a new record because it holds as many as it may. Nothing was
-// stored. The middleware answers 503, type [TypeStorageFull]: a client
+// stored. The middleware answers 503, type storage-full: a client
 // retries it (every 5xx is an unknown outcome to a client) and finds the
 // key unused.
 var ErrStoreFull = errors.New("idempotency: store is full")
@@ -34,14 +34,12 @@ func (e *fullError) Error() string {
 // Is makes a fullError match [ErrStoreFull].
 func (e *fullError) Is(target error) bool { return target == ErrStoreFull }
 
-// Status is the state of a [Record].
-type Status string
-
+// The states of a [Record] (its Status).
 const (
 	// StatusInProgress: a worker holds the record and is doing the work.
-	StatusInProgress Status = "IN_PROGRESS"
+	StatusInProgress = "IN_PROGRESS"
 	// StatusCompleted: the work is done and the response is stored.
-	StatusCompleted Status = "COMPLETED"
+	StatusCompleted = "COMPLETED"
 )
 
 // ID is a record's primary key: the key, scoped to the caller that sent it.
@@ -82,15 +80,19 @@ func PrincipalDigest(principal string) string {
 
 // Record is one row of the idempotency table.
 type Record struct {
-	ID          ID
-	Fingerprint Fingerprint
-	// FingerprintVersion is the algorithm Fingerprint was made with
-	// ([FingerprintV2] for new records). A record stored before versions
-	// existed reads as 0, which means [FingerprintV1]. Stores keep it, so
+	ID ID
+	// Fingerprint identifies the request's content: SHA-256 over its
+	// method, path, query and body (see "Fingerprint" in the package docs).
+	Fingerprint [sha256.Size]byte
+	// FingerprintVersion is the algorithm Fingerprint was made with: 2
+	// (method, path, query and body) for new records; 1 (method, path and
+	// body) for records stored before the query counted. A record stored
+	// before versions existed reads as 0, which means 1. Stores keep it, so
 	// that a record keeps matching its retries across a change of the
 	// algorithm.
 	FingerprintVersion int
-	Status             Status
+	// Status is StatusInProgress or StatusCompleted.
+	Status string
 	// StableID is the server's own id for the intent, created with the
 	// record and kept across takeovers. It is the idempotency key the
 	// server gives an external provider (see "External side effects" in the

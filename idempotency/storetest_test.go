@@ -12,9 +12,8 @@ import (
 
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(*testing.T) storetest.Subject {
-		s := idempotency.NewMemoryStore()
 		clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-		s.SetClock(clk)
+		s := &idempotency.MemoryStore{Clock: clk}
 		return storetest.Subject{
 			Store:  s,
 			SetNow: func(t time.Time) { clk.Advance(t.Sub(clk.Now())) },

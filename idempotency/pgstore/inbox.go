@@ -21,7 +21,7 @@ type Inbox struct {
 }
 
 // NewInbox returns an Inbox on pool.
-func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool, batch: DefaultSweepBatch} }
+func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool, batch: defaultSweepBatch} }
 
 // Process runs effect for the message id of consumer unless it was
 // processed before. In one transaction it records (consumer, id) and runs

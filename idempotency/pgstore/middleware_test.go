@@ -95,8 +95,8 @@ func TestMiddlewareOverPostgres(t *testing.T) {
 			payments(), codes, len(bodies))
 	}
 	w := post("/pay", "k1")
-	if w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "true" || !bodies[w.Body.String()] {
-		t.Errorf("replay: %d %q %q", w.Code, w.Header().Get(idempotency.HeaderReplayed), w.Body.String())
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || !bodies[w.Body.String()] {
+		t.Errorf("replay: %d %q %q", w.Code, w.Header().Get("Idempotent-Replayed"), w.Body.String())
 	}
 }
 
@@ -207,7 +207,7 @@ func TestDatabaseErrorsAreLoggedNeverShown(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			c.provoke(t)
 			w := post(c.key)
-			if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), idempotency.TypeInternal) {
+			if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "https://idem.dev/problems/internal-error") {
 				t.Fatalf("answer = %d %s; want a 500 problem", w.Code, w.Body)
 			}
 			for _, s := range internal {
@@ -289,7 +289,7 @@ func TestLeaseEffectThatEndsTheTransaction(t *testing.T) {
 			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
 			w = post(h, "k", `{}`, false)
 			require.Equal(t, http.StatusCreated, w.Code)
-			assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed))
+			assert.Equal(t, "true", w.Header().Get("Idempotent-Replayed"))
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
 			assert.Equal(t, 1, count(t, pool, `SELECT count(*) FROM idempotency_records r JOIN payments p ON p.id = r.stable_id
 				WHERE r.status = 'COMPLETED'`), "the retry did not complete the record under its stable id")

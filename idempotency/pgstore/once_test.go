@@ -3,6 +3,7 @@ package pgstore
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -104,7 +105,7 @@ func TestOneTransactionMode(t *testing.T) {
 
 	w = post(h, "k1", `{"amount":1}`, false)
 	assert.Equal(t, http.StatusCreated, w.Code)
-	assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed))
+	assert.Equal(t, "true", w.Header().Get("Idempotent-Replayed"))
 	assert.Equal(t, first, w.Body.String())
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
 
@@ -141,7 +142,7 @@ func TestOneTransactionHoldsTheKey(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-done).Code)
 	for name, srv := range map[string]http.Handler{"this process": h, "another process": elsewhere} {
 		w := post(srv, "k", `{}`, false)
-		assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed), "%s: %d %s", name, w.Code, w.Body.String())
+		assert.Equal(t, "true", w.Header().Get("Idempotent-Replayed"), "%s: %d %s", name, w.Code, w.Body.String())
 	}
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
 }
@@ -285,7 +286,7 @@ func send(t *testing.T, url, key string) (int, bool) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get(idempotency.HeaderReplayed) == "true"
+	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true"
 }
 
 // TestOneTransactionStormOverProcesses: 300 concurrent requests with one
@@ -550,9 +551,8 @@ func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
 			require.NoError(t, pool.QueryRow(context.Background(),
 				"SELECT stable_id FROM idempotency_records WHERE status = 'IN_PROGRESS'").Scan(&stableID))
 			if tc.v1 {
-				fp, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/pay", "", []byte(`{"amount":1}`), 0)
-				require.NoError(t, err)
-				_, err = pool.Exec(context.Background(), "UPDATE idempotency_records SET fingerprint = $1, fingerprint_version = 1", fp[:])
+				fp := fingerprintV1(http.MethodPost, "/pay", `{"amount":1}`)
+				_, err := pool.Exec(context.Background(), "UPDATE idempotency_records SET fingerprint = $1, fingerprint_version = 1", fp[:])
 				require.NoError(t, err)
 			}
 
@@ -589,7 +589,7 @@ func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED' AND stable_id = $1 AND owner = '' AND locked_until IS NULL", stableID))
 
 			w = post(once, "k", `{"amount":1}`, false)
-			assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed), "%d %s", w.Code, w.Body.String())
+			assert.Equal(t, "true", w.Header().Get("Idempotent-Replayed"), "%d %s", w.Code, w.Body.String())
 			assert.EqualValues(t, 1, runs.Load())
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
 		})
@@ -608,7 +608,7 @@ func TestRunOnceHoldsTheRecordItTakesOver(t *testing.T) {
 	id := idempotency.ID{Key: "k"}
 	rec := func(owner string) *idempotency.Record {
 		now := clk.Now()
-		return &idempotency.Record{ID: id, Fingerprint: idempotency.Fingerprint{1}, FingerprintVersion: idempotency.FingerprintV2,
+		return &idempotency.Record{ID: id, Fingerprint: [sha256.Size]byte{1}, FingerprintVersion: 2,
 			Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
 			LockedUntil: now.Add(time.Second), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	}
@@ -731,7 +731,7 @@ func TestOneTransactionHandlerFailures(t *testing.T) {
 
 			require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code, "the retry")
 			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
-			assert.Equal(t, "true", post(h, "k", `{}`, false).Header().Get(idempotency.HeaderReplayed))
+			assert.Equal(t, "true", post(h, "k", `{}`, false).Header().Get("Idempotent-Replayed"))
 			assert.EqualValues(t, 2, runs.Load())
 		})
 	}
@@ -784,5 +784,5 @@ func TestOneTransactionDuplicateGoneWhileTheFirstReads(t *testing.T) {
 	close(proceed)
 	<-dup
 	assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
-	assert.Equal(t, "true", (<-first).Header().Get(idempotency.HeaderReplayed))
+	assert.Equal(t, "true", (<-first).Header().Get("Idempotent-Replayed"))
 }

@@ -17,13 +17,13 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// Defaults for a zero [Options].
+// Defaults for a zero [Options], as its fields document them.
 const (
-	// DefaultSweepBatch is how many records one sweep statement deletes at
-	// most.
-	DefaultSweepBatch = 1000
-	// DefaultAcquireTimeout is how long RunOnce waits for a connection.
-	DefaultAcquireTimeout = 2 * time.Second
+	// defaultSweepBatch is how many records (or inbox rows) one sweep
+	// statement deletes at most.
+	defaultSweepBatch = 1000
+	// defaultAcquireTimeout is how long RunOnce waits for a connection.
+	defaultAcquireTimeout = 2 * time.Second
 )
 
 // Store is an [idempotency.Store] over PostgreSQL. Create its table with
@@ -51,12 +51,12 @@ type Store struct {
 // Options configures [New]. A nil *Options means defaults.
 type Options struct {
 	// SweepBatch is how many expired records one statement of Sweep
-	// deletes at most. Zero or negative means [DefaultSweepBatch].
+	// deletes at most. Zero or negative means 1000.
 	SweepBatch int
 	// AcquireTimeout bounds how long [Store.RunOnce] waits for a
 	// connection from the pool; after it, nothing is done and the error
 	// matches context.DeadlineExceeded (the middleware answers 503 with
-	// Retry-After). Zero or negative means [DefaultAcquireTimeout].
+	// Retry-After). Zero or negative means 2 seconds.
 	AcquireTimeout time.Duration
 	// Clock, if not nil, replaces the database's clock for judging leases
 	// and retention: the store sends its time with every statement. It is
@@ -69,7 +69,7 @@ type Options struct {
 
 // New returns a Store on pool. nil opts means defaults.
 func New(pool *pgxpool.Pool, opts *Options) *Store {
-	s := &Store{pool: pool, batch: DefaultSweepBatch, acquire: DefaultAcquireTimeout}
+	s := &Store{pool: pool, batch: defaultSweepBatch, acquire: defaultAcquireTimeout}
 	if opts != nil && opts.SweepBatch > 0 {
 		s.batch = opts.SweepBatch
 	}
@@ -379,17 +379,6 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 }
 
-// Count returns the number of stored records (expired ones included until
-// swept) and how many of them are IN_PROGRESS.
-func (s *Store) Count(ctx context.Context) (records, inProgress int, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'IN_PROGRESS') FROM idempotency_records`).
-		Scan(&records, &inProgress)
-	if err != nil {
-		return 0, 0, fmt.Errorf("pgstore: count records: %w", err)
-	}
-	return records, inProgress, nil
-}
-
 // Get implements [idempotency.TxStore]: it returns the record id if it is
 // live on the store's clock (now, the caller's, is not used). found is
 // false when there is none. A key whose [Store.RunOnce] holds its lock in
@@ -458,7 +447,7 @@ func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) 
 	if n.status == nil || n.stableID == nil || n.owner == nil || n.createdAt == nil || n.expiresAt == nil {
 		return nil, errors.New("a record's column is NULL")
 	}
-	rec := &idempotency.Record{ID: id, Status: idempotency.Status(*n.status), StableID: *n.stableID, Owner: *n.owner,
+	rec := &idempotency.Record{ID: id, Status: *n.status, StableID: *n.stableID, Owner: *n.owner,
 		CreatedAt: *n.createdAt, ExpiresAt: *n.expiresAt}
 	if copy(rec.Fingerprint[:], n.fingerprint) != len(rec.Fingerprint) || len(n.fingerprint) != len(rec.Fingerprint) {
 		return nil, fmt.Errorf("the fingerprint is %d bytes, not %d", len(n.fingerprint), len(rec.Fingerprint))
@@ -494,7 +483,7 @@ func caller(id idempotency.ID) string { return idempotency.PrincipalDigest(id.Pr
 // before versions, whose callers migration 0004's trigger digests.
 func fingerprintVersion(rec *idempotency.Record) int16 {
 	if rec.FingerprintVersion == 0 {
-		return idempotency.FingerprintV1
+		return 1
 	}
 	return int16(rec.FingerprintVersion)
 }

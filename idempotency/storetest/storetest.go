@@ -125,15 +125,20 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 }
 
 // fingerprint stands for the fingerprint of a request with body s.
-func fingerprint(s string) idempotency.Fingerprint {
-	return idempotency.Fingerprint(sha256.Sum256([]byte(s)))
-}
+func fingerprint(s string) [sha256.Size]byte { return sha256.Sum256([]byte(s)) }
+
+// The fingerprint versions of [idempotency.Record.FingerprintVersion]: the
+// one before the query counted, and the one new records are made with.
+const (
+	fingerprintV1 = 1
+	fingerprintV2 = 2
+)
 
 // record is an IN_PROGRESS record created at now with a one-minute lease
 // and a one-hour retention.
 func record(id idempotency.ID, owner string, now time.Time) *idempotency.Record {
 	return &idempotency.Record{
-		ID: id, Fingerprint: fingerprint("body"), FingerprintVersion: idempotency.FingerprintV2, Status: idempotency.StatusInProgress,
+		ID: id, Fingerprint: fingerprint("body"), FingerprintVersion: fingerprintV2, Status: idempotency.StatusInProgress,
 		StableID: "stable-" + owner, Owner: owner,
 		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
 	}
@@ -460,7 +465,7 @@ func testRelease(t *testing.T, sub Subject) {
 func testExpiryReplaces(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	old := record(key, "w1", t0)
-	old.FingerprintVersion = idempotency.FingerprintV1 // the replacement's is its own
+	old.FingerprintVersion = fingerprintV1 // the replacement's is its own
 	mustInsert(t, sub, old)
 	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil); err != nil {
 		t.Fatal(err)
@@ -691,7 +696,7 @@ func testLongPrincipals(t *testing.T, sub Subject) {
 	for _, n := range []int{3000, 100 << 10} {
 		// Two principals that differ only in their last character are two
 		// callers.
-		long := "Bearer " + RandomToken(n)
+		long := "Bearer " + randomToken(n)
 		a := idempotency.ID{Principal: long + "a", Key: "key-long"}
 		b := idempotency.ID{Principal: long + "b", Key: "key-long"}
 		mustInsert(t, sub, record(a, "wa", t0))
@@ -713,7 +718,7 @@ func testLongPrincipals(t *testing.T, sub Subject) {
 }
 
 func testFingerprintVersionKept(t *testing.T, sub Subject) {
-	for _, v := range []int{idempotency.FingerprintV1, idempotency.FingerprintV2} {
+	for _, v := range []int{fingerprintV1, fingerprintV2} {
 		id := idempotency.ID{Principal: "caller-a", Key: fmt.Sprintf("key-v%d", v)}
 		rec := record(id, "w1", t0)
 		rec.FingerprintVersion = v
@@ -724,10 +729,11 @@ func testFingerprintVersionKept(t *testing.T, sub Subject) {
 	}
 }
 
-// RandomToken returns n characters of base64url that look random, the
+// randomToken returns n characters of base64url that look random, the
 // same on every call: a credential that a database cannot compress, as a
 // real token is (a repeated character compresses to fit any index).
-func RandomToken(n int) string {
+// pgtest.RandomToken is the same for the module's own PostgreSQL tests.
+func randomToken(n int) string {
 	var b strings.Builder
 	block := sha256.Sum256([]byte("storetest"))
 	for b.Len() < n {

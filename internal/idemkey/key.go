@@ -13,7 +13,7 @@ import (
 )
 
 // header is the request header that carries the idempotency key
-// (idempotency.HeaderKey).
+// (the one the idempotency middleware reads).
 const header = "Idempotency-Key"
 
 // MaxLen is the longest key accepted, in bytes.

@@ -25,6 +25,8 @@ package pgtest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -383,4 +385,17 @@ func (a *account) own(dir string) error {
 		return nil
 	}
 	return os.Chown(dir, a.uid, a.gid)
+}
+
+// RandomToken returns n characters of base64url that look random, the
+// same on every call: a credential that a database cannot compress, as a
+// real token is (a repeated character compresses to fit any index).
+func RandomToken(n int) string {
+	var b strings.Builder
+	block := sha256.Sum256([]byte("storetest"))
+	for b.Len() < n {
+		b.WriteString(base64.RawURLEncoding.EncodeToString(block[:]))
+		block = sha256.Sum256(block[:])
+	}
+	return b.String()[:n]
 }

@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/idemkit/idem/idempotency"
 )
 
 // The network between a device and the server, with the boxes in between:
@@ -179,7 +177,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		w.stats.fault(faultLookupReflect.Name())
 		a := answer{status: http.StatusNotFound, header: req.Header.Clone(), body: []byte("<html>No route</html>")}
 		a.header.Set("Content-Type", "text/html")
-		a.header.Set(idempotency.HeaderKey, req.URL.Query().Get("idempotency_key"))
+		a.header.Set("Idempotency-Key", req.URL.Query().Get("idempotency_key"))
 		return d.respond(req, a, false), nil
 	}
 

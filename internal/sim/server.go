@@ -85,7 +85,7 @@ var errStoreDown = errors.New("sim: the record store is unavailable")
 func newServer(w *world) *server {
 	s := &server{
 		w:         w,
-		store:     &yieldStore{w: w, mem: idempotency.NewMemoryStore()},
+		store:     &yieldStore{w: w, mem: &idempotency.MemoryStore{}},
 		byStable:  make(map[string]*charge),
 		byKey:     make(map[idempotency.ID][]*charge),
 		ledger:    make(map[idempotency.ID][]byte),
@@ -100,7 +100,7 @@ func newServer(w *world) *server {
 		Retention: w.cfg.Retention,
 		Lease:     w.cfg.Lease,
 		Validate:  validatePayment,
-		OnOutcome: func(_ *http.Request, o idempotency.Outcome) { w.stats.count(&w.stats.Outcomes, string(o)) },
+		OnOutcome: func(_ *http.Request, o string) { w.stats.count(&w.stats.Outcomes, o) },
 		NewStableID: func() string {
 			s.stable++
 			return "st_" + strconv.Itoa(s.stable)
@@ -230,7 +230,7 @@ func paymentJSON(ch *charge) []byte {
 // Every answer is marked as the contract asks: the key of the query echoed
 // as received, and no-store; the 404 is the typed miss.
 func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set(idempotency.HeaderKey, r.URL.Query().Get("idempotency_key"))
+	w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
 	w.Header().Set("Cache-Control", "no-store")
 	key, err := idemkey.ParseKey(r.URL.Query().Get("idempotency_key"))
 	if err != nil {
@@ -267,7 +267,7 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(http.StatusNotFound)
-	fmt.Fprintf(w, `{"type":%q,"title":"Idempotency-Key unused","status":404}`, idempotency.TypeKeyUnused)
+	fmt.Fprintf(w, `{"type":%q,"title":"Idempotency-Key unused","status":404}`, "https://idem.dev/problems/idempotency-key-unused")
 }
 
 func writeProblem(w http.ResponseWriter, status int, typ, retryAfter string) {
@@ -318,13 +318,13 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	}
 	req.Header = header.Clone()
 	// The key as it arrived, which the server echoes on its answers.
-	received := header.Values(idempotency.HeaderKey)
+	received := header.Values("Idempotency-Key")
 	if s.w.cfg.Faults[faultKeySpelling] {
 		// This server compares raw key values, as some libraries do: "K"
 		// and K are two keys to it.
-		if v := req.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
+		if v := req.Header.Get("Idempotency-Key"); strings.HasPrefix(v, `"`) {
 			if k, err := idemkey.ParseKey(v); err == nil {
-				req.Header.Set(idempotency.HeaderKey, k+rawQuotedSuffix)
+				req.Header.Set("Idempotency-Key", k+rawQuotedSuffix)
 			}
 		}
 	}
@@ -343,7 +343,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		if s.w.cfg.Stored5xx {
 			if k, err := idemkey.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
 				s.w.stats.fault(faultStored5xx.Name())
-				rec.header.Set(idempotency.HeaderReplayed, "true")
+				rec.header.Set("Idempotent-Replayed", "true")
 				writeProblem(rec, http.StatusInternalServerError, "error", "")
 				break
 			}
@@ -370,7 +370,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	if len(received) > 0 {
 		// The server marks its answers with the key as received, also
 		// when it compared it raw.
-		rec.header[idempotency.HeaderKey] = received
+		rec.header["Idempotency-Key"] = received
 	}
 	return answer{status: status, header: rec.header, body: rec.body.Bytes()}
 }

@@ -279,7 +279,7 @@ func pgStorm(servers []http.Handler, b *pgBench, n int, delay time.Duration, oth
 			<-release
 			h.ServeHTTP(rec, req)
 			status[i] = rec.Code
-			replayed[i] = rec.Header().Get(idempotency.HeaderReplayed) == "true"
+			replayed[i] = rec.Header().Get("Idempotent-Replayed") == "true"
 		})
 	}
 	ready.Wait()

@@ -46,10 +46,10 @@ func TestRunBrokenServers(t *testing.T) {
 			})}},
 		{name: "quoted and bare as two keys", fails: []string{"quoted-bare"}, knobs: labKnobs{wrap: quotesInKey}},
 		{name: "replay without the marker", fails: []string{"replay"},
-			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderReplayed) })}},
+			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del("Idempotent-Replayed") })}},
 		{name: "replay without its Content-Type", fails: []string{"replay"},
 			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) {
-				if h.Get(idempotency.HeaderReplayed) != "" {
+				if h.Get("Idempotent-Replayed") != "" {
 					h.Del("Content-Type")
 				}
 			})}},
@@ -59,11 +59,11 @@ func TestRunBrokenServers(t *testing.T) {
 		{name: "lookup ignores the key", fails: []string{"lookup"}, skips: []string{"lookup-miss"}, knobs: labKnobs{lookupIgnoresKey: true}},
 		{name: "charges again on takeover", fails: []string{"dead-worker"}, knobs: labKnobs{chargeOnTakeover: true}},
 		{name: "answers without the key echo", fails: []string{"key-echo"},
-			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del(idempotency.HeaderKey) })}},
+			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del("Idempotency-Key") })}},
 		{name: "echoes a refusal's key parsed, not as received", fails: []string{"key-echo"},
 			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
-				if k, err := idemkey.ParseKey(h.Get(idempotency.HeaderKey)); status >= 400 && err == nil {
-					h.Set(idempotency.HeaderKey, k)
+				if k, err := idemkey.ParseKey(h.Get("Idempotency-Key")); status >= 400 && err == nil {
+					h.Set("Idempotency-Key", k)
 				}
 			})}},
 		{name: "lookup answers without no-store", fails: []string{"key-echo"},
@@ -72,7 +72,7 @@ func TestRunBrokenServers(t *testing.T) {
 		{name: "marks a fresh answer replayed", fails: []string{"fresh-not-replayed"},
 			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
 				if status == http.StatusCreated {
-					h.Set(idempotency.HeaderReplayed, "true")
+					h.Set("Idempotent-Replayed", "true")
 				}
 			})}},
 	}

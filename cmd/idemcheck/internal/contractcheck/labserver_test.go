@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/idemkey"
 
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/cmd/idemcheck/internal/contractcheck"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -85,7 +86,7 @@ func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 	lab := &labServer{clk: clk, faults: map[string]string{}, held: map[string]bool{}, answered: map[string]int{},
 		lookups: map[string]int{}, charged: map[string]bool{}, byKey: map[idempotency.ID]string{}}
 	lab.cond = sync.NewCond(&lab.mu)
-	mem := idempotency.NewMemoryStore()
+	mem := &idempotency.MemoryStore{}
 	var store idempotency.Store = mem
 	if k.store != nil {
 		store = k.store(lab, mem)
@@ -122,7 +123,7 @@ func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 		w.WriteHeader(http.StatusCreated)
 	})
 	mux.HandleFunc("GET /payments", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(idempotency.HeaderKey, r.URL.Query().Get("idempotency_key"))
+		w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
 		w.Header().Set("Cache-Control", "no-store")
 		lab.ledgerMu.Lock()
 		id, ok := lab.byKey[idempotency.ID{Principal: principal(r), Key: r.URL.Query().Get("idempotency_key")}]
@@ -135,13 +136,13 @@ func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 			return
 		}
 		if !ok {
-			(&idempotency.Problem{Type: idempotency.TypeKeyUnused, Title: "Idempotency-Key unused", Status: http.StatusNotFound}).Write(w)
+			(&idempotency.Problem{Type: contractcheck.DefaultProblemBase + "idempotency-key-unused", Title: "Idempotency-Key unused", Status: http.StatusNotFound}).Write(w)
 			return
 		}
 		fmt.Fprintf(w, `{"id":%q}`+"\n", id)
 	})
 	mux.HandleFunc("POST /payments", func(w http.ResponseWriter, r *http.Request) {
-		key, _ := idemkey.ParseKey(r.Header.Get(idempotency.HeaderKey))
+		key, _ := idemkey.ParseKey(r.Header.Get("Idempotency-Key"))
 		// The raw body, for a store that fingerprints bytes.
 		raw, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(raw))
@@ -167,7 +168,7 @@ func startLab(t testing.TB, clk *clock.Manual, k labKnobs) string {
 func validate(body []byte) *idempotency.Problem {
 	var p struct{ Amount int64 }
 	if json.Unmarshal(body, &p) != nil || p.Amount <= 0 {
-		return &idempotency.Problem{Type: idempotency.ProblemBase + "validation-failed", Title: "Validation failed",
+		return &idempotency.Problem{Type: contractcheck.DefaultProblemBase + "validation-failed", Title: "Validation failed",
 			Status: http.StatusBadRequest, Detail: "want a JSON object with an amount > 0"}
 	}
 	return nil
@@ -209,7 +210,7 @@ func (lab *labServer) pay(w http.ResponseWriter, r *http.Request, k labKnobs) {
 	lab.mu.Unlock()
 	if f == "error" {
 		idempotency.NothingDone(r.Context()) // before the provider: the key is free again
-		(&idempotency.Problem{Type: idempotency.TypeInternal, Title: "Injected error", Status: http.StatusInternalServerError}).Write(w)
+		(&idempotency.Problem{Type: contractcheck.DefaultProblemBase + "internal-error", Title: "Injected error", Status: http.StatusInternalServerError}).Write(w)
 		return
 	}
 	lab.mu.Lock()
@@ -338,7 +339,7 @@ func (s byteStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempo
 type errorStoringStore struct{ idempotency.Store }
 
 func (s errorStoringStore) Release(ctx context.Context, id idempotency.ID, owner string) error {
-	body := `{"type":"` + idempotency.TypeInternal + `","title":"Internal server error","status":500}` + "\n"
+	body := `{"type":"` + contractcheck.DefaultProblemBase + "internal-error" + `","title":"Internal server error","status":500}` + "\n"
 	return s.Store.Complete(ctx, id, owner, &idempotency.Response{StatusCode: http.StatusInternalServerError,
 		Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(body)}, nil)
 }
@@ -379,8 +380,8 @@ func (w *editWriter) Write(p []byte) (int, error) {
 // which the middleware would otherwise parse).
 func quotesInKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if v := r.Header.Get(idempotency.HeaderKey); strings.HasPrefix(v, `"`) {
-			r.Header.Set(idempotency.HeaderKey, strings.ReplaceAll(v, `"`, `'`))
+		if v := r.Header.Get("Idempotency-Key"); strings.HasPrefix(v, `"`) {
+			r.Header.Set("Idempotency-Key", strings.ReplaceAll(v, `"`, `'`))
 			w = echoAsReceived(w, []string{v})
 		}
 		next.ServeHTTP(w, r)
@@ -390,18 +391,18 @@ func quotesInKey(next http.Handler) http.Handler {
 // echoAsReceived puts the key as it arrived back on the answer, for the
 // wraps that rewrite it before the middleware (which echoes what it got).
 func echoAsReceived(w http.ResponseWriter, received []string) http.ResponseWriter {
-	return &editWriter{ResponseWriter: w, edit: func(_ int, h http.Header) { h[idempotency.HeaderKey] = received }}
+	return &editWriter{ResponseWriter: w, edit: func(_ int, h http.Header) { h["Idempotency-Key"] = received }}
 }
 
 // acceptsMalformedKeys serves a key it cannot parse under a key made from
 // its bytes, as a server that stores whatever it is sent does.
 func acceptsMalformedKeys(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		vals := r.Header.Values(idempotency.HeaderKey)
+		vals := r.Header.Values("Idempotency-Key")
 		if _, err := idemkey.ParseHeader(r.Header, false); len(vals) > 0 && err != nil {
 			sum := sha256.Sum256([]byte(strings.Join(vals, "\n")))
 			w = echoAsReceived(w, append([]string(nil), vals...))
-			r.Header.Set(idempotency.HeaderKey, hex.EncodeToString(sum[:]))
+			r.Header.Set("Idempotency-Key", hex.EncodeToString(sum[:]))
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -411,8 +412,8 @@ func acceptsMalformedKeys(next http.Handler) http.Handler {
 // protection, and no error either.
 func keyOptional(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/payments" && len(r.Header.Values(idempotency.HeaderKey)) == 0 {
-			r.Header.Set(idempotency.HeaderKey, rand.Text())
+		if r.URL.Path == "/payments" && len(r.Header.Values("Idempotency-Key")) == 0 {
+			r.Header.Set("Idempotency-Key", rand.Text())
 		}
 		next.ServeHTTP(w, r)
 	})
