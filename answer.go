@@ -102,7 +102,7 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 
 // problemKeyUnused is the problem type of the lookup's miss: nothing was
 // done under the key, and nothing under it is in progress. It is the
-// contract's (the idempotency package's TypeKeyUnused), spelled here so
+// contract's (docs/CONTRACT.md, key-unused), spelled here so
 // that the client does not import the server half.
 const problemKeyUnused = "https://idem.dev/problems/idempotency-key-unused"
 
