@@ -168,7 +168,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				// since it was read: one step in the store.
 				c.keys.saved.drop(latest.Key)
 				if err := persist.DeleteIf(ctx, c.store, latest); err != nil {
-					var changed *persist.ChangedError
+					var changed *persist.ConflictError
 					if errors.As(err, &changed) {
 						c.keys.undropTaken(latest.Key)
 						prev := latest
@@ -244,7 +244,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 		if err == nil {
 			break
 		}
-		var lost *persist.ClaimError
+		var lost *persist.ConflictError
 		if !errors.As(err, &lost) {
 			var corrupt *persist.CorruptError
 			if errors.As(err, &corrupt) {
@@ -252,7 +252,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			}
 			return &SaveError{Key: rec.Key, Op: "arm", Err: err}
 		}
-		latest := lost.Latest
+		latest := lost.Current
 		switch {
 		case latest.Key == rec.Key || latest.Fingerprint == rec.Fingerprint && !in.force:
 			// Another Client armed this action's intent for the same

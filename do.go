@@ -221,7 +221,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
-		var changed *persist.ChangedError
+		var changed *persist.ConflictError
 		if errors.As(err, &changed) {
 			if changed.Current == nil {
 				// Replaced by another Client for a changed request.
@@ -296,7 +296,7 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 	rec.State = persist.StateNotSent
 	rec.UpdatedAt = now
 	if saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, "record not sent"); saveErr != nil {
-		if errors.Is(saveErr, persist.ErrChanged) {
+		if errors.As(saveErr, new(*persist.ConflictError)) {
 			c.keys.undropTaken(rec.Key)
 			return retryErr
 		}

@@ -980,13 +980,13 @@ func TestNoAttemptLeavesTheIntentNew(t *testing.T) {
 
 // outcomeUnsaved is a store that saves the tap's write and fails every
 // later one, as a disk that fills up right after a payment.
-type outcomeUnsaved struct{ *persist.Memory }
+type outcomeUnsaved struct{ persist.Store }
 
 func (s outcomeUnsaved) Save(ctx context.Context, rec *persist.Record) error {
 	if rec.State != persist.StateNew {
 		return errDiskFull
 	}
-	return s.Memory.Save(ctx, rec)
+	return s.Store.Save(ctx, rec)
 }
 
 // The answer arrived and its save failed: Do and Send return the answer,

@@ -58,7 +58,7 @@ a deliberate second payment is [Client.NewIntent].
 
 Several Clients may share one store (two parts of an app, each with its
 own): the store decides which intent is an action's latest when one is
-armed (persist.Claim, which Memory and FileStore do in one step), so two
+armed (persist.Claim, which persist's own stores do in one step), so two
 Clients never arm two intents for one action. An armed intent names the
 Client that armed it (persist.Record.Holder); a Client that resumes an
 armed intent it did not arm takes it over first, in one step with the store

@@ -16,7 +16,7 @@ import (
 // deferringStore records which saves of which state went through Save
 // (durable before returning) and which through SaveDeferred.
 type deferringStore struct {
-	*persist.Memory
+	persist.Store
 	mu       sync.Mutex
 	durable  []persist.State
 	deferred []persist.State
@@ -26,7 +26,7 @@ func (s *deferringStore) Save(ctx context.Context, rec *persist.Record) error {
 	s.mu.Lock()
 	s.durable = append(s.durable, rec.State)
 	s.mu.Unlock()
-	return s.Memory.Save(ctx, rec)
+	return s.Store.Save(ctx, rec)
 }
 
 // Claim is the arming write of a named intent: durable before it returns.
@@ -34,14 +34,14 @@ func (s *deferringStore) Claim(ctx context.Context, rec *persist.Record) error {
 	s.mu.Lock()
 	s.durable = append(s.durable, rec.State)
 	s.mu.Unlock()
-	return s.Memory.Claim(ctx, rec)
+	return persist.Claim(ctx, s.Store, rec)
 }
 
 func (s *deferringStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
 	s.mu.Lock()
 	s.deferred = append(s.deferred, rec.State)
 	s.mu.Unlock()
-	return s.Memory.Save(ctx, rec)
+	return s.Store.Save(ctx, rec)
 }
 
 // TestDurableWritesPerIntent: the intent is saved durably before its first
@@ -52,7 +52,7 @@ func TestDurableWritesPerIntent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	store := &deferringStore{Memory: persist.NewMemory(nil)}
+	store := &deferringStore{Store: persist.NewMemory(nil)}
 	e.store = store
 	c := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 

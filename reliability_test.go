@@ -144,7 +144,7 @@ type randomRun struct {
 	mu   sync.Mutex
 	gen  *generation
 	disk *persist.FileStore // the open FileStore, when useFile
-	mem  *persist.Memory    // the device, when !useFile
+	mem  persist.Store      // the device, when !useFile
 
 	intentsMu sync.Mutex
 	intents   []*rIntent // every intent of every action, in creation order
@@ -281,7 +281,7 @@ func randomizedEndToEnd(t *testing.T, seed uint64, nIntents, workers int) {
 	run := &randomRun{t: t, seed: seed, clock: clock.NewManual(relEpoch), faults: make(map[string]int), statuses: make(map[int]int)}
 	run.device = newDeviceClock(run.clock)
 	// A FileStore on disk unless asked otherwise: the simulation's devices
-	// keep their intents in persist.Memory.
+	// keep their intents in memory (persist.NewMemory).
 	switch v := os.Getenv("IDEM_SIM_STORE"); v {
 	case "", "file":
 		run.useFile = true

@@ -451,13 +451,13 @@ func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 
 // fullAfterAnswer is a store whose disk fills up as the answer arrives:
 // the tap's write succeeds, the outcome's save fails.
-type fullAfterAnswer struct{ *persist.Memory }
+type fullAfterAnswer struct{ persist.Store }
 
 func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
 	if rec.State.Resolved() {
 		return errors.New("no space left on device")
 	}
-	return s.Memory.Save(ctx, rec)
+	return s.Store.Save(ctx, rec)
 }
 
 // The server charges and answers 201, then the outcome cannot be saved:
@@ -502,7 +502,7 @@ func TestPayAChangedCartOfAPaidActionSaysItIsPaid(t *testing.T) {
 // fullAfterAnswerCancelled is fullAfterAnswer where the user presses
 // Cancel just as the answer arrives.
 type fullAfterAnswerCancelled struct {
-	*persist.Memory
+	persist.Store
 	cancel *Cancel
 }
 
@@ -511,7 +511,7 @@ func (s fullAfterAnswerCancelled) Save(ctx context.Context, rec *persist.Record)
 		s.cancel.Cancel()
 		return errors.New("no space left on device")
 	}
-	return s.Memory.Save(ctx, rec)
+	return s.Store.Save(ctx, rec)
 }
 
 // A Cancel pressed after the server answered does not unsay the answer:

@@ -261,7 +261,7 @@ func (s *boltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 			if err != nil {
 				return err
 			}
-			if f.Match(r) {
+			if f.match(r) {
 				out = append(out, r)
 			}
 			return nil

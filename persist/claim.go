@@ -6,51 +6,62 @@ import (
 	"fmt"
 )
 
-// claimer is an optional interface of a Store that decides "the latest
-// intent of this action" atomically, so that two clients sharing the store
-// (two parts of one app, each with its own idem.Client) never both make an
-// intent for one action, nor replace one the other is sending. Memory and
-// FileStore implement it; Claim uses it when a Store does.
+// claimer is how this package's stores claim in one step (see Claim).
 type claimer interface {
-	// Claim saves rec durably, as Save does, if and only if no record with
-	// rec.Key is stored and every stored record of rec.Name has a Seq
-	// lower than rec.Seq: rec becomes the action's latest intent. The
-	// check and the save are one step: of two Claims for one Name and Seq
-	// one wins. Otherwise it saves nothing and returns a *ClaimError that
-	// holds the action's latest record. A Name that some unreadable
-	// record may hold is refused with that record's *CorruptError.
+	claim(ctx context.Context, rec *Record) error
+}
+
+// claimMethod is the optional Claim method of a Store (see Store): it
+// saves rec durably, as Save does, if and only if no record with rec.Key
+// is stored and every stored record of rec.Name has a Seq lower than
+// rec.Seq: rec becomes the action's latest intent. The check and the save
+// are one step: of two Claims for one Name and Seq one wins. Otherwise it
+// saves nothing and returns a *ConflictError that holds the action's
+// latest record. A Name that some unreadable record may hold is refused
+// with that record's *CorruptError.
+type claimMethod interface {
 	Claim(ctx context.Context, rec *Record) error
 }
 
-// ErrClaimed is matched by the *ClaimError of a Claim that lost: the
-// action has a record as late as the claimed one or later.
-var ErrClaimed = errors.New("persist: another intent is the action's latest")
-
-// ClaimError is returned by Claim when the action already has a record as
-// late as the claimed one, or one with the claimed key.
-type ClaimError struct {
-	// Latest is the action's latest record, as stored.
-	Latest *Record
+// ConflictError is returned by Claim, SaveIf and DeleteIf when the store
+// holds another record than the write expects: nothing is written.
+type ConflictError struct {
+	// Key is the key of the refused write.
+	Key string
+	// Current is the stored record that refused it: for Claim, the
+	// action's latest record; for SaveIf and DeleteIf, the record stored
+	// with Key, nil if none is.
+	Current *Record
 }
 
-func (e *ClaimError) Error() string {
-	return fmt.Sprintf("%v: intent %s (seq %d)", ErrClaimed, e.Latest.Key, e.Latest.Seq)
+func (e *ConflictError) Error() string {
+	if e.Current == nil {
+		return fmt.Sprintf("persist: conflict: intent %s was not written, it is no longer stored", e.Key)
+	}
+	return fmt.Sprintf("persist: conflict: intent %s was not written, the store holds intent %s (seq %d, state %s)",
+		e.Key, e.Current.Key, e.Current.Seq, e.Current.State)
 }
 
-func (e *ClaimError) Unwrap() error { return ErrClaimed }
-
-// Claim saves rec in s as the latest intent of its Name, as
-// claimer.Claim does. A record without a Name belongs to no action and is
-// saved as Save does. A Store that does not implement claimer gets a List
-// of rec.Name and then a Save: one process's calls through one idem.Client
-// are serialised by the Client, but two Clients on such a store are not
-// arbitrated.
+// Claim saves rec in s as the latest intent of its Name, if no record of
+// the Name has rec's Seq or a higher one, nor rec's Key; otherwise it
+// saves nothing and returns a *ConflictError holding the action's latest
+// record. A record without a Name belongs to no action and is saved as
+// Save does. The stores of this package, and a Store with a Claim method
+// (see Store), check and save in one step, so that two clients sharing the
+// store (two parts of one app, each with its own idem.Client) never both
+// make an intent for one action, nor replace one the other is sending.
+// Any other Store gets a List of rec.Name and then a Save: one process's
+// calls through one idem.Client are serialised by the Client, but two
+// Clients on such a store are not arbitrated.
 func Claim(ctx context.Context, s Store, rec *Record) error {
 	if rec != nil && rec.Name == "" {
 		return s.Save(ctx, rec)
 	}
-	if c, ok := s.(claimer); ok {
+	switch c := s.(type) {
+	case claimMethod:
 		return c.Claim(ctx, rec)
+	case claimer:
+		return c.claim(ctx, rec)
 	}
 	if err := checkSave(rec); err != nil {
 		return err
@@ -65,7 +76,7 @@ func Claim(ctx context.Context, s Store, rec *Record) error {
 	return s.Save(ctx, rec)
 }
 
-// claimable reports a *ClaimError if rec cannot be the latest of recs, the
+// claimable reports a *ConflictError if rec cannot be the latest of recs, the
 // records of its Name.
 func claimable(recs []*Record, rec *Record) error {
 	var lost bool
@@ -77,7 +88,7 @@ func claimable(recs []*Record, rec *Record) error {
 	if !lost {
 		return nil
 	}
-	return &ClaimError{Latest: latest(recs)}
+	return &ConflictError{Key: rec.Key, Current: latest(recs)}
 }
 
 // latest returns the intent created last among recs, the records of one
@@ -94,45 +105,27 @@ func latest(recs []*Record) *Record {
 	return latest
 }
 
-// swapper is an optional interface of a Store that changes or deletes a
-// record only if it is still the version the caller read, in one step, so
-// that a client that takes over an armed intent to send it (a second
-// Client on the store resuming it) and the client that armed it (replacing
-// it for a changed cart) cannot both win. Memory and FileStore implement
-// it; SaveIf and DeleteIf use it when a Store does.
+// swapper is how this package's stores change or delete a record only
+// if it is still the version read, in one step (see SaveIf).
 type swapper interface {
+	saveIf(ctx context.Context, rec, old *Record) error
+	deleteIf(ctx context.Context, old *Record) error
+}
+
+// swapMethods are the optional SaveIf and DeleteIf methods of a Store
+// (see Store).
+type swapMethods interface {
 	// SaveIf saves rec durably, as Save does, if and only if the record
 	// stored with rec.Key is old's version (see sameVersion). Otherwise it
-	// saves nothing and returns a *ChangedError holding the stored record,
-	// nil if none is stored. The check and the save are one step among
-	// SaveIfs, DeleteIfs and Claims.
+	// saves nothing and returns a *ConflictError holding the stored
+	// record, nil if none is stored. The check and the save are one step
+	// among SaveIfs, DeleteIfs and Claims.
 	SaveIf(ctx context.Context, rec, old *Record) error
 	// DeleteIf deletes the record stored with old.Key if and only if it is
 	// old's version, in one step as SaveIf; otherwise it deletes nothing
-	// and returns a *ChangedError. No record stored is not an error.
+	// and returns a *ConflictError. No record stored is not an error.
 	DeleteIf(ctx context.Context, old *Record) error
 }
-
-// ErrChanged is matched by the *ChangedError of a SaveIf or DeleteIf whose
-// record is no longer the version the caller read.
-var ErrChanged = errors.New("persist: the record changed since it was read")
-
-// ChangedError is returned by SaveIf and DeleteIf when the stored record is
-// another version than the caller's.
-type ChangedError struct {
-	Key string
-	// Current is the record as stored, nil if none is.
-	Current *Record
-}
-
-func (e *ChangedError) Error() string {
-	if e.Current == nil {
-		return fmt.Sprintf("%v: intent %s is no longer stored", ErrChanged, e.Key)
-	}
-	return fmt.Sprintf("%v: intent %s (state %s)", ErrChanged, e.Key, e.Current.State)
-}
-
-func (e *ChangedError) Unwrap() error { return ErrChanged }
 
 // sameVersion reports whether a and b are the same version of one record:
 // the same key, state, holder, attempts and time of the last write.
@@ -141,13 +134,22 @@ func sameVersion(a, b *Record) bool {
 		a.Holder == b.Holder && a.Attempts == b.Attempts && a.UpdatedAt.Equal(b.UpdatedAt)
 }
 
-// SaveIf saves rec in s if the stored record with rec.Key is old's version,
-// as swapper.SaveIf does. A Store that does not implement swapper gets a
-// Get and then a Save: not one step, so two Clients on such a store are
+// SaveIf saves rec in s if the record stored with rec.Key is old's
+// version (the same key, state, holder, attempts and time of the last
+// write); otherwise it saves nothing and returns a *ConflictError holding
+// the stored record, nil if none is. The stores of this package, and a
+// Store with SaveIf and DeleteIf methods (see Store), check and save in
+// one step among SaveIfs, DeleteIfs and Claims, so that a client that
+// takes over an armed intent to send it and the client that armed it
+// (replacing it for a changed cart) cannot both win. Any other Store gets
+// a Get and then a Save: not one step, so two Clients on such a store are
 // not arbitrated.
 func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
-	if sw, ok := s.(swapper); ok {
+	switch sw := s.(type) {
+	case swapMethods:
 		return sw.SaveIf(ctx, rec, old)
+	case swapper:
+		return sw.saveIf(ctx, rec, old)
 	}
 	if err := checkSave(rec); err != nil {
 		return err
@@ -158,14 +160,24 @@ func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 	return s.Save(ctx, rec)
 }
 
-// DeleteIf deletes old's record from s if it is still old's version, as
-// swapper.DeleteIf does; without swapper, a Get and then a Delete.
+// DeleteIf deletes old's record from s if it is still old's version, in
+// one step as SaveIf; otherwise it deletes nothing and returns a
+// *ConflictError. No record stored is not an error. Without the methods,
+// a Get and then a Delete.
 func DeleteIf(ctx context.Context, s Store, old *Record) error {
-	if sw, ok := s.(swapper); ok {
+	switch sw := s.(type) {
+	case swapMethods:
 		return sw.DeleteIf(ctx, old)
+	case swapper:
+		return sw.deleteIf(ctx, old)
 	}
+	return deleteUnchanged(ctx, s, old)
+}
+
+// deleteUnchanged is DeleteIf through s's Get and Delete.
+func deleteUnchanged(ctx context.Context, s Store, old *Record) error {
 	err := unchanged(ctx, s, old)
-	var ce *ChangedError
+	var ce *ConflictError
 	if errors.As(err, &ce) && ce.Current == nil {
 		return nil
 	}
@@ -176,17 +188,18 @@ func DeleteIf(ctx context.Context, s Store, old *Record) error {
 }
 
 // unchanged returns nil if the record stored with old.Key is old's
-// version, a *ChangedError if it is another or none, or the store's error.
+// version, a *ConflictError if it is another or none, or the store's
+// error.
 func unchanged(ctx context.Context, s Store, old *Record) error {
 	cur, err := s.Get(ctx, old.Key)
 	if errors.Is(err, ErrNotFound) {
-		return &ChangedError{Key: old.Key}
+		return &ConflictError{Key: old.Key}
 	}
 	if err != nil {
 		return err
 	}
 	if !sameVersion(cur, old) {
-		return &ChangedError{Key: old.Key, Current: cur}
+		return &ConflictError{Key: old.Key, Current: cur}
 	}
 	return nil
 }

@@ -67,7 +67,7 @@ func TestSaveDeferredResolves(t *testing.T) {
 	done := *r
 	done.State = persist.StateSucceeded
 	done.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
-	require.NoError(t, s.SaveDeferred(ctx, &done), "returns with the directory sync held")
+	require.NoError(t, persist.SaveDeferred(ctx, s, &done), "returns with the directory sync held")
 	got, err := s.Get(ctx, "k")
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, got.State)
@@ -100,10 +100,10 @@ func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
 	r := saveNamed(t, s, "k", "checkout:a", 0, true) // resolved from the start
 	again := *r
 	again.Attempts++
-	require.NoError(t, s.SaveDeferred(ctx, &again), "same file name")
+	require.NoError(t, persist.SaveDeferred(ctx, s, &again), "same file name")
 	fresh := *r
 	fresh.Key = "k2"
-	require.NoError(t, s.SaveDeferred(ctx, &fresh), "a new record")
+	require.NoError(t, persist.SaveDeferred(ctx, s, &fresh), "a new record")
 	assert.Equal(t, before+3, g.dirSyncs.Load(), "one directory sync each, before returning")
 }
 
@@ -125,7 +125,7 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 	done := *r
 	done.State = persist.StateFailed
 	done.Response = &persist.Response{StatusCode: 402}
-	require.NoError(t, s.SaveDeferred(ctx, &done))
+	require.NoError(t, persist.SaveDeferred(ctx, s, &done))
 	require.True(t, s.WaitDeferred() == false, "the sync failed; the save is still to be synced")
 	assert.Len(t, names(t, dir), 2)
 	require.Error(t, s.Close(), "Close says the save may not survive a power loss")

@@ -4,18 +4,19 @@ Idempotency-Key and exact request bytes outlive crashes and restarts.
 
 The client saves a [Record] before the first attempt is sent, durably: a
 [Store] makes each Save durable before it returns. It saves it again when
-the outcome is known, through [SaveDeferred]: a store with a
-SaveDeferred method (see [Store]), as [FileStore] has, writes it at once and makes it durable
-in the background, so that a successful intent costs one durable write on
+the outcome is known, through [SaveDeferred]: a [FileStore] (or a store
+with a SaveDeferred method, see [Store]) writes it at once and makes it
+durable in the background, so that a successful intent costs one durable write on
 the path the user waits on. A power loss in the moments before that sync
 leaves the intent unresolved, and resuming it with its key gets the
 server's replay of the same answer (see "The outcome's save" below).
 
 Two stores are provided. [FileStore], opened with [OpenDir], is the default
-for mobile and command-line clients. [Memory] is for tests, and for apps that
-accept losing their intents on a restart. Both pass the conformance suite in
-package persisttest, which other implementations of Store should run too.
-[Prune] deletes old resolved intents from any Store.
+for mobile and command-line clients. The store of [NewMemory] is for
+tests, and for apps that accept losing their intents on a restart. Both
+pass the conformance suite in package persisttest, which other
+implementations of Store should run too. [PruneFunc] deletes the resolved
+intents an app chooses from any Store.
 
 # Durability
 
@@ -48,7 +49,7 @@ every case but two, which idem's client never takes: a record going back from
 resolved to unresolved, or changing its Name, costs three, as the removal
 of the old file must be durable before Save returns.
 
-[FileStore.SaveDeferred] takes the first two steps, and the sync of the new
+[SaveDeferred] on a FileStore takes the first two steps, and the sync of the new
 file in step 1, before it returns; the directory sync, and the removal of
 the old file after it, run in the background, and Close waits for them. It
 does so only when the new file has a new name and wins over the old one
@@ -210,9 +211,9 @@ to change; this store never does that.
 
 OpenDir creates the directory with mode 0700 and every file with 0600:
 stored bodies may hold card tokens or personal data. If the directory exists
-and gives group or others any access, OpenDir refuses with an error matching
-[ErrInsecureDir] instead of changing the mode of a directory it did not
-create: chmod it 0700 or pass a new directory (for example a subdirectory of
+and gives group or others any access, OpenDir refuses, with an error that
+names the directory and its mode, instead of changing the mode of a
+directory it did not create: chmod it 0700 or pass a new directory (for example a subdirectory of
 the app's data directory). Apps that must not keep response bodies at rest
 set [Options].DiscardResponseBodies.
 
@@ -271,12 +272,16 @@ intact and removes its temporary file; the client then sends nothing.
 # One writer per action
 
 The client saves a new intent through [Claim], which makes it its action's
-latest only if no record of its Name has its Seq or a higher one: a
-store with a Claim method (Memory, FileStore) checks and saves in one step, so two
-clients sharing the store cannot both make an intent for one action; the
-loser gets a [*ClaimError] naming the winner. A store without Claim gets a
-List and a Save, which one client serialises but two do not. persisttest
-checks both the rule and, for a store with Claim, that of racing claims one wins.
+latest only if no record of its Name has its Seq or a higher one: the
+stores of this package, and a store with a Claim method, check and save in
+one step, so two clients sharing the store cannot both make an intent for
+one action; the loser gets a [*ConflictError] naming the winner. Any other
+store gets a List and a Save, which one client serialises but two do not.
+persisttest checks both the rule and, for a store with a Claim method,
+that of racing claims one wins. [SaveIf] and [DeleteIf] change or delete
+a record only while it is the version the caller read, in one step as
+Claim, so that a client that takes over an armed intent to send it and
+the client that armed it cannot both win.
 
 # Format version and migration
 

@@ -16,7 +16,7 @@ var ErrClosed = errors.New("persist: store is closed")
 // upgrade the app instead of removing the file.
 var ErrNewerVersion = errors.New("persist: record was written by a newer release")
 
-// ErrInsecureDir is returned by OpenDir when the directory exists and other
+// errInsecureDir is returned by OpenDir when the directory exists and other
 // users may read or enter it. Stored bodies may be sensitive, so the store
 // refuses rather than writing them where others can read them.
-var ErrInsecureDir = errors.New("persist: store directory is accessible to other users")
+var errInsecureDir = errors.New("persist: store directory is accessible to other users")

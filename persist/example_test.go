@@ -51,7 +51,9 @@ func ExampleOpenDir() {
 	if err := s.Save(ctx, rec); err != nil {
 		log.Fatal(err)
 	}
-	n, err := persist.Prune(ctx, s, created.Add(30*24*time.Hour))
+	// Thirty days later, delete the resolved intents last updated before then.
+	cutoff := created.Add(30 * 24 * time.Hour)
+	n, err := persist.PruneFunc(ctx, s, func(r *persist.Record) bool { return r.UpdatedAt.Before(cutoff) })
 	fmt.Println("pruned", n, err)
 	// Output:
 	// resume checkout:cart-42 550e8400-e29b-41d4-a716-446655440000

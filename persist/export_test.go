@@ -110,3 +110,7 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 
 // Stem is the id of key's entry in the store and the index.
 var Stem = stem
+
+// ErrInsecureDir is matched by the error of OpenDir for a directory that
+// other users may read or enter.
+var ErrInsecureDir = errInsecureDir

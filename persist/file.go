@@ -141,10 +141,11 @@ func (e *entry) stale(name string) []file {
 // for. opts may be nil.
 //
 // OpenDir returns an error matching ErrLocked if another store, in this or
-// another process, has dir open; one matching ErrInsecureDir if dir exists
-// and its mode gives group or others any access (on Unix systems); and an
-// error if dir cannot be created, locked or read. A record that cannot be
-// read is not an error of OpenDir: List and Get report it.
+// another process, has dir open; an error that names dir, its mode and the
+// fix if dir exists and its mode gives group or others any access (on Unix
+// systems); and an error if dir cannot be created, locked or read. A
+// record that cannot be read is not an error of OpenDir: List and Get
+// report it.
 func OpenDir(dir string, opts *Options) (*FileStore, error) {
 	if dir == "" {
 		return nil, errors.New("persist: no store directory given")
@@ -168,7 +169,7 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 		return nil, fmt.Errorf("persist: store directory %s is not a directory", dir)
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 && runtime.GOOS != "windows" && runtime.GOOS != "plan9" {
-		return nil, fmt.Errorf("%w: %s has mode %04o; run chmod 0700 on it or use a new directory", ErrInsecureDir, dir, perm)
+		return nil, fmt.Errorf("%w: %s has mode %04o; run chmod 0700 on it or use a new directory", errInsecureDir, dir, perm)
 	}
 
 	lk, err := fsy.Lock(dir)
@@ -479,11 +480,11 @@ func (s *FileStore) Save(ctx context.Context, rec *Record) error {
 	return s.save(ctx, rec, false)
 }
 
-// Claim implements claimer. Claims are serialised by the store: the
+// claim implements claimer. Claims are serialised by the store: the
 // records of rec's Name are read and rec saved, as Save does, while no
-// other Claim runs. Only Claim makes a record an action's latest, so no
+// other claim runs. Only a claim makes a record an action's latest, so no
 // Save in between can change the outcome of the check.
-func (s *FileStore) Claim(ctx context.Context, rec *Record) error {
+func (s *FileStore) claim(ctx context.Context, rec *Record) error {
 	if err := checkSave(rec); err != nil {
 		return err
 	}
@@ -504,10 +505,10 @@ func (s *FileStore) Claim(ctx context.Context, rec *Record) error {
 	return s.save(ctx, rec, false)
 }
 
-// SaveIf implements swapper. It is serialised with Claims, SaveIfs and
-// DeleteIfs by the store: the stored record is read and rec saved, as Save
+// saveIf implements swapper. It is serialised with claims, saveIfs and
+// deleteIfs by the store: the stored record is read and rec saved, as Save
 // does, while none of them runs.
-func (s *FileStore) SaveIf(ctx context.Context, rec, old *Record) error {
+func (s *FileStore) saveIf(ctx context.Context, rec, old *Record) error {
 	if err := checkSave(rec); err != nil {
 		return err
 	}
@@ -519,22 +520,14 @@ func (s *FileStore) SaveIf(ctx context.Context, rec, old *Record) error {
 	return s.save(ctx, rec, false)
 }
 
-// DeleteIf implements swapper, serialised as SaveIf is.
-func (s *FileStore) DeleteIf(ctx context.Context, old *Record) error {
+// deleteIf implements swapper, serialised as saveIf is.
+func (s *FileStore) deleteIf(ctx context.Context, old *Record) error {
 	s.claimMu.Lock()
 	defer s.claimMu.Unlock()
-	err := unchanged(ctx, s, old)
-	var ce *ChangedError
-	if errors.As(err, &ce) && ce.Current == nil {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return s.Delete(ctx, old.Key)
+	return deleteUnchanged(ctx, s, old)
 }
 
-// SaveDeferred implements deferredSaver. When rec's file gets a new name
+// saveDeferred implements deferredSaver. When rec's file gets a new name
 // (the record becomes resolved, say) and the new file would win over the
 // old ones at OpenDir, it writes and syncs the new file and renames it in,
 // as Save does, but returns before the directory is synced: the sync, and
@@ -542,7 +535,7 @@ func (s *FileStore) DeleteIf(ctx context.Context, old *Record) error {
 // Close waits for them. Until then a power loss may undo the rename, and
 // the key holds its previous version, whole; the new file is never seen
 // damaged, as it is synced before the rename. Otherwise it is Save.
-func (s *FileStore) SaveDeferred(ctx context.Context, rec *Record) error {
+func (s *FileStore) saveDeferred(ctx context.Context, rec *Record) error {
 	return s.save(ctx, rec, true)
 }
 
@@ -829,7 +822,7 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 		switch {
 		case e.corrupt != nil:
 			corrupt = append(corrupt, e.corrupt)
-		case f.Match(e.rec):
+		case f.match(e.rec):
 			out = append(out, e.rec.Clone())
 		}
 	}
@@ -895,16 +888,10 @@ func (s *FileStore) remove(id string, e *entry) error {
 	return nil
 }
 
-// Prune implements pruner: see the function Prune. It reads the files of
-// resolved records it has not read yet, removes the files under the store's
-// lock and syncs the directory once.
-func (s *FileStore) Prune(ctx context.Context, before time.Time) (int, error) {
-	return s.PruneFunc(ctx, func(r *Record) bool { return prunable(r, before) })
-}
-
-// PruneFunc implements funcPruner: see the function PruneFunc. It works
-// as Prune does.
-func (s *FileStore) PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
+// pruneFunc implements funcPruner: see PruneFunc. It reads the files of
+// resolved records it has not read yet, removes the files under the
+// store's lock and syncs the directory once.
+func (s *FileStore) pruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}

@@ -31,6 +31,11 @@ func newDir(t testing.TB) string {
 	return filepath.Join(t.TempDir(), "store")
 }
 
+// updatedBefore selects the records for PruneFunc last updated before t.
+func updatedBefore(t time.Time) func(*persist.Record) bool {
+	return func(r *persist.Record) bool { return r.UpdatedAt.Before(t) }
+}
+
 // openFile opens a FileStore in dir and closes it when the test ends.
 func openFile(t testing.TB, dir string, opts *persist.Options) *persist.FileStore {
 	t.Helper()
@@ -42,7 +47,7 @@ func openFile(t testing.TB, dir string, opts *persist.Options) *persist.FileStor
 
 func TestFileConformance(t *testing.T) {
 	t.Parallel()
-	persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
+	persisttest.Run(t, func(t *testing.T) persist.Store { return withMethods{openFile(t, newDir(t), nil)} })
 }
 
 func TestFileReopen(t *testing.T) {
@@ -142,7 +147,7 @@ func TestFileClosed(t *testing.T) {
 	_, err = s.List(ctx, persist.Filter{})
 	assert.ErrorIs(t, err, persist.ErrClosed)
 	assert.ErrorIs(t, s.Delete(ctx, "k"), persist.ErrClosed)
-	_, err = persist.Prune(ctx, s, t0)
+	_, err = persist.PruneFunc(ctx, s, updatedBefore(t0))
 	assert.ErrorIs(t, err, persist.ErrClosed)
 }
 
@@ -189,7 +194,7 @@ func TestCanceledContext(t *testing.T) {
 		_, err = s.List(ctx, persist.Filter{})
 		assert.ErrorIs(t, err, context.Canceled, name)
 		assert.ErrorIs(t, s.Delete(ctx, "k"), context.Canceled, name)
-		_, err = persist.Prune(ctx, s, t0)
+		_, err = persist.PruneFunc(ctx, s, updatedBefore(t0))
 		assert.ErrorIs(t, err, context.Canceled, name)
 	}
 }
@@ -313,7 +318,7 @@ func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []
 	assert.ErrorAs(t, err, &ce, "Get")
 	err = s.Save(ctx, persisttest.NewRecord(victim, t0))
 	assert.ErrorAs(t, err, &ce, "Save refuses to replace an unreadable record")
-	n, err := persist.Prune(ctx, s, t0.Add(1000*time.Hour))
+	n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(1000*time.Hour)))
 	assert.ErrorAs(t, err, &ce, "Prune reports the damage")
 	assert.Zero(t, n)
 	after, _ := os.ReadFile(path)
@@ -464,7 +469,7 @@ func TestFileTwin(t *testing.T) {
 				require.NoError(t, s.Delete(ctx, "k"))
 				assert.Equal(t, []string(nil), dirNames(t, dir))
 			case "prune":
-				n, err := persist.Prune(ctx, s, t0.Add(time.Hour))
+				n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(time.Hour)))
 				require.NoError(t, err)
 				assert.Equal(t, 1, n)
 				assert.Equal(t, []string(nil), dirNames(t, dir))

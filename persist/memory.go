@@ -5,27 +5,28 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 )
 
-// Memory is a Store that keeps records in memory only: they are lost when
-// the process ends. It is meant for tests, and for apps that accept losing
-// their intents on a restart (and with them the protection against a second
-// charge after one).
-//
-// Memory copies records on the way in and out, and normalizes them as a
-// FileStore does, so that a test against Memory sees what the file store
-// would return. A Memory is safe for concurrent use by multiple goroutines.
-type Memory struct {
+// memory is the Store of NewMemory.
+type memory struct {
 	opts Options
 
 	mu   sync.Mutex
 	recs map[string]*Record
 }
 
-// NewMemory returns an empty Memory store. opts may be nil.
-func NewMemory(opts *Options) *Memory {
-	m := &Memory{recs: make(map[string]*Record)}
+// NewMemory returns an empty Store that keeps records in memory only: they
+// are lost when the process ends. It is meant for tests, and for apps that
+// accept losing their intents on a restart (and with them the protection
+// against a second charge after one). opts may be nil.
+//
+// The store copies records on the way in and out, and normalizes them as a
+// FileStore does, so that a test against it sees what the file store would
+// return. Like a FileStore, it claims, changes and deletes records with
+// Claim, SaveIf and DeleteIf, and prunes them, each in one step under its
+// lock. It is safe for concurrent use by multiple goroutines.
+func NewMemory(opts *Options) Store {
+	m := &memory{recs: make(map[string]*Record)}
 	if opts != nil {
 		m.opts = *opts
 	}
@@ -33,7 +34,7 @@ func NewMemory(opts *Options) *Memory {
 }
 
 // Save stores a copy of rec, replacing any record with the same Key.
-func (m *Memory) Save(ctx context.Context, rec *Record) error {
+func (m *memory) Save(ctx context.Context, rec *Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func (m *Memory) Save(ctx context.Context, rec *Record) error {
 
 // saveShared is Save for the package's saveShared: it keeps rec's headers and bodies
 // rather than copying them.
-func (m *Memory) saveShared(ctx context.Context, rec *Record) error {
+func (m *memory) saveShared(ctx context.Context, rec *Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -59,15 +60,15 @@ func (m *Memory) saveShared(ctx context.Context, rec *Record) error {
 	return nil
 }
 
-func (m *Memory) put(r *Record) {
+func (m *memory) put(r *Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recs[r.Key] = r
 }
 
-// Claim implements claimer: the check and the save happen under the
+// claim implements claimer: the check and the save happen under the
 // store's lock.
-func (m *Memory) Claim(ctx context.Context, rec *Record) error {
+func (m *memory) claim(ctx context.Context, rec *Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -84,9 +85,9 @@ func (m *Memory) Claim(ctx context.Context, rec *Record) error {
 		}
 	}
 	if err := claimable(same, r); err != nil {
-		var ce *ClaimError
+		var ce *ConflictError
 		if errors.As(err, &ce) {
-			ce.Latest = ce.Latest.Clone()
+			ce.Current = ce.Current.Clone()
 		}
 		return err
 	}
@@ -94,9 +95,9 @@ func (m *Memory) Claim(ctx context.Context, rec *Record) error {
 	return nil
 }
 
-// SaveIf implements swapper: the check and the save happen under the
+// saveIf implements swapper: the check and the save happen under the
 // store's lock.
-func (m *Memory) SaveIf(ctx context.Context, rec, old *Record) error {
+func (m *memory) saveIf(ctx context.Context, rec, old *Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -113,9 +114,9 @@ func (m *Memory) SaveIf(ctx context.Context, rec, old *Record) error {
 	return nil
 }
 
-// DeleteIf implements swapper: the check and the delete happen under the
+// deleteIf implements swapper: the check and the delete happen under the
 // store's lock.
-func (m *Memory) DeleteIf(ctx context.Context, old *Record) error {
+func (m *memory) deleteIf(ctx context.Context, old *Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -131,20 +132,20 @@ func (m *Memory) DeleteIf(ctx context.Context, old *Record) error {
 	return nil
 }
 
-func (m *Memory) unchangedLocked(old *Record) error {
+func (m *memory) unchangedLocked(old *Record) error {
 	cur, ok := m.recs[old.Key]
 	if !ok {
-		return &ChangedError{Key: old.Key}
+		return &ConflictError{Key: old.Key}
 	}
 	if !sameVersion(cur, old) {
-		return &ChangedError{Key: old.Key, Current: cur.Clone()}
+		return &ConflictError{Key: old.Key, Current: cur.Clone()}
 	}
 	return nil
 }
 
 // Get returns a copy of the record for key, or an error matching
 // ErrNotFound.
-func (m *Memory) Get(ctx context.Context, key string) (*Record, error) {
+func (m *memory) Get(ctx context.Context, key string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -158,16 +159,16 @@ func (m *Memory) Get(ctx context.Context, key string) (*Record, error) {
 }
 
 // List returns copies of the records selected by f, oldest CreatedAt first
-// and by Key among equals. Memory never holds unreadable records, so its
-// error is only ever ctx's.
-func (m *Memory) List(ctx context.Context, f Filter) ([]*Record, error) {
+// and by Key among equals. A memory store never holds unreadable records,
+// so its error is only ever ctx's.
+func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	var out []*Record
 	for _, r := range m.recs {
-		if f.Match(r) {
+		if f.match(r) {
 			out = append(out, r.Clone())
 		}
 	}
@@ -177,7 +178,7 @@ func (m *Memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 }
 
 // Delete removes the record for key, if there is one.
-func (m *Memory) Delete(ctx context.Context, key string) error {
+func (m *memory) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -187,13 +188,8 @@ func (m *Memory) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// Prune implements pruner: see the function Prune.
-func (m *Memory) Prune(ctx context.Context, before time.Time) (int, error) {
-	return m.PruneFunc(ctx, func(r *Record) bool { return prunable(r, before) })
-}
-
-// PruneFunc implements funcPruner: see the function PruneFunc.
-func (m *Memory) PruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
+// pruneFunc implements funcPruner: see PruneFunc.
+func (m *memory) pruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

@@ -209,7 +209,8 @@ func (r *Record) Validate() error {
 	return nil
 }
 
-// Filter selects records in List. The zero Filter selects every record.
+// Filter selects records in List: a record is selected if it meets each
+// condition that is set. The zero Filter selects every record.
 type Filter struct {
 	// Name, if not empty, selects the records with this Name.
 	Name string
@@ -217,8 +218,8 @@ type Filter struct {
 	Unresolved bool
 }
 
-// Match reports whether r is selected by f.
-func (f Filter) Match(r *Record) bool {
+// match reports whether r is selected by f.
+func (f Filter) match(r *Record) bool {
 	if f.Name != "" && r.Name != f.Name {
 		return false
 	}
@@ -236,25 +237,28 @@ func (f Filter) Match(r *Record) bool {
 //
 // A record reads back as saved, with Version set, except that a store may
 // return times in another location (UTC) without their monotonic reading,
-// and empty headers and bodies as nil. Memory and FileStore do both; the
-// suite in persisttest checks every store against this contract.
+// and empty headers and bodies as nil. The stores of this package do both;
+// the suite in persisttest checks every store against this contract.
 //
 // A store may also have these methods, which the functions of the same
-// names use when it does, as Memory and FileStore do; each does in one
-// step what the function otherwise does in several:
+// names use when it does; each does in one step what the function
+// otherwise does in several (the stores of this package do so through
+// methods of their own):
 //
 //   - Claim(ctx, rec *Record) error: see Claim; the check of the action's
 //     latest intent and the save are one step.
 //   - SaveIf(ctx, rec, old *Record) error and DeleteIf(ctx, old *Record)
 //     error: see SaveIf and DeleteIf; they change or delete a record only
 //     if it is still old's version.
-//   - Prune(ctx, before time.Time) (int, error) and PruneFunc(ctx,
-//     drop func(*Record) bool) (int, error): see Prune and PruneFunc; drop
-//     is called with the store's lock held and must not call the store.
+//   - PruneFunc(ctx, drop func(*Record) bool) (int, error): see
+//     PruneFunc; drop is called with the store's lock held and must not
+//     call the store.
 //   - SaveDeferred(ctx, rec *Record) error: see SaveDeferred; the record
 //     is read back, and survives the process being killed, at once, and
 //     becomes durable in the background (Close waits for that); a power
 //     loss before then leaves the key's previous version whole.
+//
+// Claim, SaveIf and DeleteIf refuse with a *ConflictError.
 type Store interface {
 	// Save writes rec, replacing any record with the same Key. It rejects
 	// a record that fails Validate. When Save returns nil the record

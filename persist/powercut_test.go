@@ -168,7 +168,7 @@ type powerRun struct {
 	rng  *rand.Rand
 	mem  *strictfs.FS
 	fsy  fsys.FS
-	norm *persist.Memory // gives each version in the form a store keeps
+	norm persist.Store // gives each version in the form a store keeps
 	// acked is what each key holds as far as the store has said: a record,
 	// or nil (absent). pending are the versions the one operation cut short
 	// may have left instead (nil: absent).
@@ -304,7 +304,7 @@ func (r *powerRun) step(s *persist.FileStore) error {
 		rec, want := r.version(key)
 		r.pending[key] = append(r.pending[key], want)
 		prev, undone := r.acked[key], r.undone[key]
-		err := s.SaveDeferred(ctx, rec)
+		err := persist.SaveDeferred(ctx, s, rec)
 		r.logf("save deferred %.8s #%d %s %s: %v", key, rec.Attempts, rec.Name, rec.State, err)
 		if err := r.done(err, key); err != nil {
 			return err
@@ -337,7 +337,7 @@ func (r *powerRun) step(s *persist.FileStore) error {
 				r.pending[k] = append(r.pending[k], nil)
 			}
 		}
-		n, err := s.Prune(ctx, before)
+		n, err := persist.PruneFunc(ctx, s, updatedBefore(before))
 		r.logf("prune before #%d: %d, %v", before.Unix(), n, err)
 		if err == nil && n != len(pruned) {
 			return fmt.Errorf("Prune deleted %d records, want %d", n, len(pruned))

@@ -82,22 +82,22 @@ func TestSaveSharedRefuses(t *testing.T) {
 	require.ErrorIs(t, err, persist.ErrNotFound)
 }
 
-// savingStore is a Store that counts its Saves; it embeds a Memory, as a
-// wrapper might.
+// savingStore is a Store that counts its Saves; it wraps a memory store,
+// as a wrapper might.
 type savingStore struct {
-	*persist.Memory
+	persist.Store
 	saves int
 }
 
 func (s *savingStore) Save(ctx context.Context, rec *persist.Record) error {
 	s.saves++
-	return s.Memory.Save(ctx, rec)
+	return s.Store.Save(ctx, rec)
 }
 
 // TestSaveSharedOtherStores: any other store gets the record through its
-// Save, even one that embeds a Memory.
+// Save, even one that wraps a memory store.
 func TestSaveSharedOtherStores(t *testing.T) {
-	s := &savingStore{Memory: persist.NewMemory(nil)}
+	s := &savingStore{Store: persist.NewMemory(nil)}
 	require.NoError(t, persist.SaveShared(context.Background(), s, sharedRecord()))
 	assert.Equal(t, 1, s.saves)
 }

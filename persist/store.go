@@ -19,63 +19,15 @@ type Options struct {
 	DiscardResponseBodies bool
 }
 
-// pruner is an optional interface for a Store that can delete resolved
-// records in one step, so that a record saved again while pruning runs is
-// never deleted by mistake. Prune uses it when a Store implements it.
-type pruner interface {
-	// Prune deletes the resolved records last updated before before and
-	// returns how many it deleted. It follows the rules of the function
-	// Prune.
-	Prune(ctx context.Context, before time.Time) (int, error)
-}
-
-// Prune deletes from s the resolved records whose UpdatedAt (or CreatedAt,
-// if UpdatedAt is zero) is before before, and returns how many it deleted.
-// Unresolved records are never deleted, whatever their age: their outcome is
-// unknown and only the app can settle them.
-//
-// Records that cannot be read are left alone; Prune deletes the readable
-// ones and returns the *CorruptError for each unreadable one, as List does.
-//
-// If s implements pruner, Prune calls it. Otherwise Prune lists and deletes
-// one record at a time, and a record that another goroutine saves again in
-// between may be deleted: stores used concurrently with Prune should
-// implement pruner, as Memory and FileStore do.
-func Prune(ctx context.Context, s Store, before time.Time) (int, error) {
-	if p, ok := s.(pruner); ok {
-		return p.Prune(ctx, before)
-	}
-	recs, listErr := s.List(ctx, Filter{})
-	var corrupt *CorruptError
-	if listErr != nil && !errors.As(listErr, &corrupt) {
-		return 0, listErr
-	}
-	n := 0
-	for _, r := range recs {
-		if !prunable(r, before) {
-			continue
-		}
-		if err := s.Delete(ctx, r.Key); err != nil {
-			return n, errors.Join(err, listErr)
-		}
-		n++
-	}
-	return n, listErr
-}
-
-// prunable reports whether Prune may delete r.
-func prunable(r *Record, before time.Time) bool {
-	t := r.UpdatedAt
-	if t.IsZero() {
-		t = r.CreatedAt
-	}
-	return r.State.Resolved() && t.Before(before)
-}
-
-// funcPruner is an optional interface of a Store that deletes, in one
-// step, the resolved records a function selects. PruneFunc uses it when a
-// Store implements it, as Memory and FileStore do.
+// funcPruner is how this package's stores prune in one step (see
+// PruneFunc): drop is called with the store's lock held.
 type funcPruner interface {
+	pruneFunc(ctx context.Context, drop func(*Record) bool) (int, error)
+}
+
+// pruneFuncMethod is the optional PruneFunc method of a Store (see
+// Store).
+type pruneFuncMethod interface {
 	// PruneFunc deletes the resolved records for which drop returns true
 	// and returns how many it deleted. drop is called with the store's
 	// lock held: it must not call the store. It follows the rules of the
@@ -84,13 +36,28 @@ type funcPruner interface {
 }
 
 // PruneFunc deletes from s the resolved records for which drop returns
-// true, as Prune does for those last updated before a time: unresolved
-// records are never deleted, nor passed to drop, and unreadable ones are
-// left alone and reported. drop gets a copy it may keep. idem's
-// Client.Prune judges the ages through it by every clock the device has.
+// true, and returns how many it deleted. Unresolved records are never
+// deleted, nor passed to drop, whatever their age: their outcome is
+// unknown and only the app can settle them. drop gets a copy it may keep.
+// idem's Client.Prune judges the ages through it by every clock the device
+// has.
+//
+// Records that cannot be read are left alone; PruneFunc deletes the
+// readable ones and returns the *CorruptError for each unreadable one, as
+// List does.
+//
+// The stores of this package, and a Store with a PruneFunc method (see
+// Store), delete in one step, so that a record saved again while pruning
+// runs is never deleted by mistake. Any other Store gets a List and a
+// Delete for each record, and a record that another goroutine saves again
+// in between may be deleted.
 func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, error) {
-	if p, ok := s.(funcPruner); ok {
-		return p.PruneFunc(ctx, func(r *Record) bool { return r.State.Resolved() && drop(r.Clone()) })
+	resolvedDrop := func(r *Record) bool { return r.State.Resolved() && drop(r.Clone()) }
+	switch p := s.(type) {
+	case pruneFuncMethod:
+		return p.PruneFunc(ctx, resolvedDrop)
+	case funcPruner:
+		return p.pruneFunc(ctx, resolvedDrop)
 	}
 	recs, listErr := s.List(ctx, Filter{})
 	var corrupt *CorruptError
@@ -112,22 +79,28 @@ func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, erro
 
 // saveShared saves rec in s as s.Save does, for a caller that never
 // changes rec, its headers, bodies or response after the call (as
-// SaveDeferred's callers promise): a Memory keeps such a record without
-// copying it, sharing its headers and bodies; any other store is given rec
-// through Save. Records handed out by Get and List are copies all the same.
+// SaveDeferred's callers promise): a memory store keeps such a record
+// without copying it, sharing its headers and bodies; any other store is
+// given rec through Save. Records handed out by Get and List are copies
+// all the same.
 func saveShared(ctx context.Context, s Store, rec *Record) error {
-	// Only a Memory itself: a type that embeds one and has its own Save
-	// gets rec through that Save.
-	if m, ok := s.(*Memory); ok {
+	// Only a memory store itself: a Store that wraps one gets rec through
+	// its own Save.
+	if m, ok := s.(*memory); ok {
 		return m.saveShared(ctx, rec)
 	}
 	return s.Save(ctx, rec)
 }
 
-// deferredSaver is an optional interface of a Store that can save a
-// record so that it survives a crash of the process at once, and a power
-// loss only moments later, off the caller's path.
+// deferredSaver is how this package's stores save off the caller's path
+// (see SaveDeferred).
 type deferredSaver interface {
+	saveDeferred(ctx context.Context, rec *Record) error
+}
+
+// saveDeferredMethod is the optional SaveDeferred method of a Store (see
+// Store).
+type saveDeferredMethod interface {
 	// SaveDeferred saves rec as Save does, except that when it returns
 	// nil the record may not yet be safe from a power loss: it is read
 	// back, and survives the process being killed, at once; it becomes
@@ -138,12 +111,21 @@ type deferredSaver interface {
 	SaveDeferred(ctx context.Context, rec *Record) error
 }
 
-// SaveDeferred saves rec in s through deferredSaver if s implements it,
-// and through Save otherwise (a Memory keeps rec without copying it): rec
-// must not be changed after the call.
+// SaveDeferred saves rec in s as Save does, except that a store that can
+// makes it durable in the background: when SaveDeferred returns nil the
+// record is read back, and survives the process being killed, at once,
+// and a power loss before its sync leaves the key's previous version,
+// whole. A FileStore does so where it can keep that promise (see the
+// package docs), a Store with a SaveDeferred method (see Store) as that
+// method does; any other store saves through Save, except that a store
+// made by NewMemory keeps rec without copying it. rec must not be changed
+// after the call.
 func SaveDeferred(ctx context.Context, s Store, rec *Record) error {
-	if ds, ok := s.(deferredSaver); ok {
+	switch ds := s.(type) {
+	case saveDeferredMethod:
 		return ds.SaveDeferred(ctx, rec)
+	case deferredSaver:
+		return ds.saveDeferred(ctx, rec)
 	}
 	return saveShared(ctx, s, rec)
 }

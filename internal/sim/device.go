@@ -33,7 +33,7 @@ type device struct {
 	skewed    bool
 	correctAt time.Time
 	preSkew   [2]time.Duration // offset, maxOffset
-	mem       *persist.Memory
+	mem       persist.Store
 	store     *deviceStore
 	client    *idem.Client
 	// client2 is a second Client on the same store, as two parts of an
@@ -241,7 +241,7 @@ func (d *device) jumpClock() {
 
 var errDiskFull = errors.New("sim: no space left on device")
 
-// deviceStore is the device's store: persist.Memory, behind a disk that can
+// deviceStore is the device's store: persist.NewMemory's, behind a disk that can
 // fill up and a power supply that can fail in the middle of a write.
 type deviceStore struct {
 	persist.Store
