@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/idemkey"
+	"github.com/idemkit/idem/internal/jsonbody"
 
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
@@ -52,29 +53,35 @@ func parsePayment(body []byte) (paymentRequest, *problem) {
 	if _, err := dec.Token(); err != io.EOF {
 		return req, validationProblem("body has data after the JSON object")
 	}
+	return req, checkPayment(req)
+}
+
+// checkPayment checks a decoded POST /payments body. The problem says what
+// is wrong.
+func checkPayment(req paymentRequest) *problem {
 	switch {
 	case req.Amount == nil:
-		return req, validationProblem(`"amount" is required: an integer in minor units, greater than 0`)
+		return validationProblem(`"amount" is required: an integer in minor units, greater than 0`)
 	case *req.Amount <= 0:
-		return req, validationProblem(`"amount" must be greater than 0`)
+		return validationProblem(`"amount" must be greater than 0`)
 	case req.Currency == nil:
-		return req, validationProblem(`"currency" is required: three letters, such as "AZN"`)
+		return validationProblem(`"currency" is required: three letters, such as "AZN"`)
 	case !isCurrency(*req.Currency):
-		return req, validationProblem(`"currency" must be three letters, such as "AZN"`)
+		return validationProblem(`"currency" must be three letters, such as "AZN"`)
 	case req.Customer == nil || *req.Customer == "":
-		return req, validationProblem(`"customer" is required: a non-empty string, such as "cus_1"`)
+		return validationProblem(`"customer" is required: a non-empty string, such as "cus_1"`)
 	case utf8.RuneCountInString(*req.Customer) > maxCustomerLen:
-		return req, validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, maxCustomerLen))
+		return validationProblem(fmt.Sprintf(`"customer" must be at most %d characters`, maxCustomerLen))
 	case utf8.RuneCountInString(req.Description) > maxDescriptionLen:
-		return req, validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, maxDescriptionLen))
+		return validationProblem(fmt.Sprintf(`"description" must be at most %d characters`, maxDescriptionLen))
 	case strings.ContainsRune(*req.Customer, 0):
 		// PostgreSQL's text cannot hold it: refused in memory too, so that
 		// both ways of keeping state take the same payments.
-		return req, validationProblem(`"customer" must not contain the character U+0000`)
+		return validationProblem(`"customer" must not contain the character U+0000`)
 	case strings.ContainsRune(req.Description, 0):
-		return req, validationProblem(`"description" must not contain the character U+0000`)
+		return validationProblem(`"description" must not contain the character U+0000`)
 	}
-	return req, nil
+	return nil
 }
 
 func isCurrency(s string) bool {
@@ -170,10 +177,90 @@ func accountOf(authorization string) (string, bool) {
 }
 
 // validatePayment is the middleware's validation hook: a bad body is a 400
-// before the key is looked at, and stores nothing.
-func validatePayment(_ *http.Request, body []byte) (any, *problem) {
+// before the key is looked at, and stores nothing. It reads the body from
+// the middleware's reading of it, the fingerprint's parse, when that holds
+// a payment as parsePayment would decode it, and checks it as parsePayment
+// does; any other body (malformed, unknown or mistyped members, escaped
+// or null values) is left to parsePayment, whose problem is the answer.
+func validatePayment(r *http.Request, body []byte) (any, *problem) {
+	if rd, ok := jsonbody.ReadingOf(r); ok {
+		if req, ok := paymentOf(rd); ok {
+			return req, checkPayment(req)
+		}
+	}
 	req, p := parsePayment(body)
 	return req, p
+}
+
+// paymentOf returns the payment a body's reading holds, and false unless
+// it is one that encoding/json decodes into a paymentRequest without error
+// and to the same values: an object whose members are named exactly as
+// the fields, an integer amount and strings without escapes, valid UTF-8.
+func paymentOf(rd jsonbody.Reading) (paymentRequest, bool) {
+	var req paymentRequest
+	n := rd.Len()
+	if n < 0 {
+		return req, false
+	}
+	for i := range n {
+		name, v := rd.Member(i)
+		switch string(name) {
+		case "amount":
+			a, ok := jsonInt(v)
+			if !ok {
+				return req, false
+			}
+			req.Amount = &a
+		case "currency", "customer", "description":
+			s, ok := jsonString(v)
+			if !ok {
+				return req, false
+			}
+			switch string(name) {
+			case "currency":
+				req.Currency = &s
+			case "customer":
+				req.Customer = &s
+			default:
+				req.Description = s
+			}
+		default:
+			return req, false
+		}
+	}
+	return req, true
+}
+
+// jsonInt returns the value of a JSON number token that is an integer
+// within int64, as encoding/json decodes it into an int64.
+func jsonInt(tok []byte) (int64, bool) {
+	digits := tok
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 {
+		return 0, false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(tok), 10, 64)
+	return n, err == nil
+}
+
+// jsonString returns the value of a JSON string token with nothing to
+// decode: no escapes, valid UTF-8.
+func jsonString(tok []byte) (string, bool) {
+	if len(tok) < 2 || tok[0] != '"' {
+		return "", false
+	}
+	raw := tok[1 : len(tok)-1]
+	if bytes.IndexByte(raw, '\\') >= 0 || !utf8.Valid(raw) {
+		return "", false
+	}
+	return string(raw), true
 }
 
 // createPayment is the business handler of POST /payments. Behind the

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem/internal/jsonbody"
 )
 
 // A fingerprint identifies a request's content: SHA-256 over the method,
@@ -103,6 +105,14 @@ func newFingerprintVersion(version int, method, path, rawQuery string, body []by
 	if err != nil {
 		return f, err
 	}
+	return fingerprintParsed(version, method, path, rawQuery, body, c), nil
+}
+
+// fingerprintParsed is newFingerprintVersion for a known version and a
+// body already parsed: c is parseJSON's canon of body, nil when body is
+// not JSON.
+func fingerprintParsed(version int, method, path, rawQuery string, body []byte, c *canon) fingerprint {
+	var f fingerprint
 	h := newHasher()
 	defer h.release()
 	h.stringField(method)
@@ -119,7 +129,7 @@ func newFingerprintVersion(version int, method, path, rawQuery string, body []by
 		h.field(body)
 	}
 	h.sum(&f)
-	return f, nil
+	return f
 }
 
 // hasher is SHA-256 over what is written to it. Input up to flushAt bytes
@@ -698,6 +708,43 @@ func (c *canon) objectIndex(pos int) int {
 		}
 	}
 	return lo
+}
+
+// reading returns c as a jsonbody.Reading: nil if c is (the body is not
+// JSON).
+func (c *canon) reading() jsonbody.Reading {
+	if c == nil {
+		return nil
+	}
+	return c
+}
+
+// Len implements jsonbody.Reading: the number of members of the body's
+// object, -1 if the body is not one.
+func (c *canon) Len() int {
+	pos := 0
+	for c.isSpace(pos) {
+		pos++
+	}
+	if len(c.objects) == 0 || int(c.objects[0].start) != pos {
+		return -1
+	}
+	return int(c.objects[0].hi - c.objects[0].lo)
+}
+
+// Member implements jsonbody.Reading: the body's object's member i in
+// canonical order, its name decoded and its value's token as written (an
+// object's or array's opening bracket only).
+func (c *canon) Member(i int) (name, value []byte) {
+	m := c.members[int(c.objects[0].lo)+i]
+	v := int(m.val)
+	switch c.in[v] {
+	case '"':
+		return c.nameOf(m), c.in[v:stringEnd(c.in, v)]
+	case '{', '[':
+		return c.nameOf(m), c.in[v : v+1]
+	}
+	return c.nameOf(m), c.in[v:literalEnd(c.in, v)]
 }
 
 // stringEnd returns the offset just past the string token at start.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/idemkey"
+	"github.com/idemkit/idem/internal/jsonbody"
 
 	"github.com/idemkit/idem/clock"
 )
@@ -224,8 +225,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	fp, err := newFingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body, m.cfg.MaxDepth)
+	// The body is parsed once: the fingerprint's reading of a JSON body
+	// goes to Validate too, through the request's Body (see
+	// internal/jsonbody), and is dropped when Validate returns.
+	c, err := parseJSON(body, m.cfg.MaxDepth)
 	if err != nil {
 		// Too deep, or an object whose member names collide after case
 		// folding: no single reading to fingerprint. Nothing is stored.
@@ -233,15 +236,27 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return
 	}
-	var parsed any
+	fp := fingerprintParsed(fingerprintV2, r.Method, r.URL.Path, r.URL.RawQuery, body, c)
+	rb := jsonbody.NewBody(body, c.reading())
+	r.Body = rb
+	var (
+		parsed any
+		p      *Problem
+	)
 	if m.cfg.Validate != nil {
-		var p *Problem
-		if parsed, p = m.cfg.Validate(r, body); p != nil {
-			m.report(r, outcomeRejected)
-			p.Write(w)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		parsed, p = m.cfg.Validate(r, body)
+	}
+	// Validate may have read the body, or replaced it: the handler reads
+	// it from its start, without the reading, whose memory is reused.
+	rb.Reset(body)
+	r.Body = rb
+	if c != nil {
+		c.release()
+	}
+	if p != nil {
+		m.report(r, outcomeRejected)
+		p.Write(w)
+		return
 	}
 
 	ctx := r.Context()

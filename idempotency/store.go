@@ -72,10 +72,14 @@ const principalDomain = "idem.principal.v1:"
 // from it, which is one more reason for Principal to return the account,
 // never a credential.
 func PrincipalDigest(principal string) string {
-	h := sha256.New()
-	h.Write([]byte(principalDomain))
-	h.Write([]byte(principal))
-	return hex.EncodeToString(h.Sum(nil))
+	// On the stack for a principal of an account name's length: the
+	// memory store digests the principal at every call.
+	in := make([]byte, 0, 128)
+	in = append(append(in, principalDomain...), principal...)
+	sum := sha256.Sum256(in)
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
 }
 
 // Record is one row of the idempotency table.
