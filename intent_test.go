@@ -779,3 +779,74 @@ func TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent(t *testing.T) {
 	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
 }
+
+// raceListStore is an app's wrapper of a memory store that embeds
+// persist.Store, as a wrapper of the memory store must now, and defines the
+// optional methods of persist.Store, each calling persist's function of the
+// same name on the store it wraps (see NewMemory). Its List holds two
+// Lists of one action, after the two Intents' own, until both have read,
+// so that two arming claims made through List and Save would both find no
+// intent.
+type raceListStore struct {
+	persist.Store
+	mu    sync.Mutex
+	lists int
+	both  chan struct{}
+}
+
+func (s *raceListStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
+	recs, err := s.Store.List(ctx, f)
+	if f.Name != "" {
+		s.mu.Lock()
+		s.lists++
+		n := s.lists
+		s.mu.Unlock()
+		if n == 4 {
+			close(s.both)
+		}
+		if n >= 3 {
+			<-s.both
+		}
+	}
+	return recs, err
+}
+
+func (s *raceListStore) Claim(ctx context.Context, rec *persist.Record) error {
+	return persist.Claim(ctx, s.Store, rec)
+}
+
+func (s *raceListStore) SaveIf(ctx context.Context, rec, old *persist.Record) error {
+	return persist.SaveIf(ctx, s.Store, rec, old)
+}
+
+func (s *raceListStore) DeleteIf(ctx context.Context, old *persist.Record) error {
+	return persist.DeleteIf(ctx, s.Store, old)
+}
+
+// Two Clients on an app's wrapper of a memory store, which embeds the
+// persist.Store NewMemory returns: with the methods NewMemory's docs ask
+// of it, the wrapper claims in one step, and the two taps make one key
+// and one charge. Embedding alone gives it none of them: both claims would
+// list the action empty and save, two keys and two charges.
+func TestTwoClientsOnAWrappedMemoryStoreMakeOneKeyPerAction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.store = &raceListStore{Store: persist.NewMemory(nil), both: make(chan struct{})}
+	a, b := e.newClient(t), e.newClient(t)
+	req := e.paymentRequest(t, 100, "cus_1")
+	ina, err := a.Intent(ctx, "checkout:shared", req)
+	require.NoError(t, err)
+	inb, err := b.Intent(ctx, "checkout:shared", req)
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	var erra, errb error
+	wg.Go(func() { _, erra = a.Do(ctx, ina) })
+	wg.Go(func() { _, errb = b.Do(ctx, inb) })
+	wg.Wait()
+	require.NoError(t, erra)
+	require.NoError(t, errb)
+	assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}

@@ -3,6 +3,7 @@ package mobile
 import (
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Authorizer puts credentials on each attempt; set it as Config.Authorizer
@@ -12,7 +13,9 @@ import (
 // and never stored with the intent, so a token that expires between a
 // crash and the resume is refreshed. An error (an exception thrown in Java
 // or Swift) stops the call with an error of kind "authorizer"; the attempt
-// is not sent.
+// is not sent. An attempt that a redirect (307, 308) sends to another
+// origin (scheme, host or port) than the call's URL is sent without
+// credentials, and the Authorizer is not asked.
 //
 // The server must see every attempt of an intent as the same caller: the
 // contract scopes keys by the account a request acts for, not by its
@@ -40,7 +43,7 @@ func (e *authError) Unwrap() error { return e.err }
 
 func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	a := t.auth
-	if a == nil {
+	if a == nil || offOrigin(req) {
 		forwarded(req)
 		return t.base.RoundTrip(req)
 	}
@@ -61,6 +64,18 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	forwarded(req)
 	return t.base.RoundTrip(req)
+}
+
+// offOrigin reports a request that a redirect sent to another origin
+// (scheme, host or port) than the call's first request: net/http drops
+// its Authorization header, and the Authorizer is not asked to put it
+// back, so the user's credentials go to the API's origin alone.
+func offOrigin(req *http.Request) bool {
+	first := req
+	for first.Response != nil && first.Response.Request != nil {
+		first = first.Response.Request
+	}
+	return req.URL.Scheme != first.URL.Scheme || !strings.EqualFold(req.URL.Host, first.URL.Host)
 }
 
 // authFailureKey carries the call's function that records an Authorizer

@@ -143,8 +143,11 @@ func sameVersion(a, b *Record) bool {
 // takes over an armed intent to send it and the client that armed it
 // (replacing it for a changed cart) cannot both win. Any other Store gets
 // a Get and then a Save: not one step, so two Clients on such a store are
-// not arbitrated.
+// not arbitrated. An old of another key than rec's, or none, is refused.
 func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
+	if old == nil || rec != nil && rec.Key != old.Key {
+		return errors.New("persist: SaveIf needs the version of rec's own key that rec replaces")
+	}
 	switch sw := s.(type) {
 	case swapMethods:
 		return sw.SaveIf(ctx, rec, old)
@@ -163,8 +166,11 @@ func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 // DeleteIf deletes old's record from s if it is still old's version, in
 // one step as SaveIf; otherwise it deletes nothing and returns a
 // *ConflictError. No record stored is not an error. Without the methods,
-// a Get and then a Delete.
+// a Get and then a Delete. A nil old is refused.
 func DeleteIf(ctx context.Context, s Store, old *Record) error {
+	if old == nil {
+		return errors.New("persist: DeleteIf needs the version it deletes")
+	}
 	switch sw := s.(type) {
 	case swapMethods:
 		return sw.DeleteIf(ctx, old)

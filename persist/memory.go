@@ -25,6 +25,14 @@ type memory struct {
 // return. Like a FileStore, it claims, changes and deletes records with
 // Claim, SaveIf and DeleteIf, and prunes them, each in one step under its
 // lock. It is safe for concurrent use by multiple goroutines.
+//
+// A wrapper of it that embeds the Store (struct{ persist.Store }) has only
+// Save, Get, List and Delete: the functions Claim, SaveIf and DeleteIf
+// then work through a List or a Get and a Save, which do not arbitrate
+// two Clients on the wrapper (both may arm an intent for one action, each
+// with its own key: two charges). Give such a wrapper the methods listed
+// on Store, each calling the function of the same name on the store it
+// wraps.
 func NewMemory(opts *Options) Store {
 	m := &memory{recs: make(map[string]*Record)}
 	if opts != nil {

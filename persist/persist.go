@@ -259,6 +259,13 @@ func (f Filter) match(r *Record) bool {
 //     loss before then leaves the key's previous version whole.
 //
 // Claim, SaveIf and DeleteIf refuse with a *ConflictError.
+//
+// A wrapper that embeds a *FileStore has the FileStore's own methods,
+// unexported as they are, and the functions use them: they write through
+// the FileStore, not through the wrapper's Save. A wrapper that changes
+// records on their way in or out (one that encrypts them, say) defines the
+// methods above itself. A wrapper that embeds a Store interface has none
+// of them (see NewMemory).
 type Store interface {
 	// Save writes rec, replacing any record with the same Key. It rejects
 	// a record that fails Validate. When Save returns nil the record

@@ -93,3 +93,39 @@ func TestStoreMethodsAreUsed(t *testing.T) {
 	_, err = s.Get(ctx, "k")
 	assert.ErrorIs(t, err, persist.ErrNotFound)
 }
+
+// sealingFileStore is an app's wrapper of a FileStore that changes records
+// on their way in (it would encrypt the body) and defines none of the
+// optional methods.
+type sealingFileStore struct{ *persist.FileStore }
+
+func (s sealingFileStore) Save(ctx context.Context, rec *persist.Record) error {
+	sealed := rec.Clone()
+	sealed.Body = []byte("sealed")
+	return s.FileStore.Save(ctx, sealed)
+}
+
+// TestFileStoreWrapperHasTheFileStoresMethods: a wrapper that embeds a
+// *FileStore has its one-step methods, unexported as they are, as Store
+// says: Claim, SaveIf and SaveDeferred write through the FileStore, not
+// through the wrapper's Save.
+func TestFileStoreWrapperHasTheFileStoresMethods(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := sealingFileStore{openFile(t, newDir(t), nil)}
+	rec := persisttest.NewRecord("k", t0)
+	require.NoError(t, persist.Claim(ctx, s, rec))
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, rec.Body, got.Body, "claimed through the FileStore")
+	done := got.Clone()
+	done.State, done.UpdatedAt = persist.StateSucceeded, t0.Add(time.Second)
+	require.NoError(t, persist.SaveDeferred(ctx, s, done))
+	got, err = s.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, rec.Body, got.Body, "saved through the FileStore")
+	require.NoError(t, s.Save(ctx, got))
+	got, err = s.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, []byte("sealed"), got.Body, "Save is the wrapper's")
+}

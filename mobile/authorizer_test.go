@@ -1,0 +1,58 @@
+package mobile
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/clock"
+)
+
+// TestAuthorizerCredentialsStayWithTheAPIsOrigin: the API redirects the
+// payment (307) to another origin. net/http drops the Authorization header
+// on such a redirect; the Authorizer must not put it back, or whoever can
+// answer with a redirect (a misconfigured proxy, an open redirect) gets the
+// user's token, over plain http if the Location says so.
+func TestAuthorizerCredentialsStayWithTheAPIsOrigin(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var apiSaw, otherSaw []string
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		otherSaw = append(otherSaw, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(other.Close)
+	// The same machine under another name: another origin.
+	elsewhere := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		apiSaw = append(apiSaw, r.Header.Get("Authorization"))
+		mu.Unlock()
+		http.Redirect(w, r, elsewhere+"/payments", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(api.Close)
+
+	cfg := NewConfig(stateDir(t), api.URL)
+	cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "Bearer secret-session", nil })
+	c, err := open(cfg, withClock(clock.NewManual(epoch)))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+
+	_, _ = c.Pay("checkout:cart-redirect", "/payments", []byte(cart), nil)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, apiSaw)
+	assert.Equal(t, "Bearer secret-session", apiSaw[0], "the API itself gets the credentials")
+	require.NotEmpty(t, otherSaw, "the redirect is followed")
+	for _, v := range otherSaw {
+		assert.Empty(t, v, "the credentials went to another origin")
+	}
+}
