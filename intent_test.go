@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -849,4 +850,92 @@ func TestTwoClientsOnAWrappedMemoryStoreMakeOneKeyPerAction(t *testing.T) {
 	require.NoError(t, errb)
 	assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// embedOnlyStore is an app's wrapper of a memory store that embeds the
+// persist.Store NewMemory returns and defines none of the optional
+// methods: persist's Claim reaches it through List and Save. Once armed,
+// the first List of an action runs gate; later ones tell listed.
+type embedOnlyStore struct {
+	persist.Store
+	armed, first atomic.Bool
+	gate         func()
+	listed       chan struct{}
+}
+
+func (s *embedOnlyStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
+	recs, err := s.Store.List(ctx, f)
+	if f.Name != "" && s.armed.Load() {
+		if s.first.CompareAndSwap(false, true) {
+			s.gate()
+		} else {
+			select {
+			case s.listed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	return recs, err
+}
+
+// Two Clients of one process on a wrapper that has none of the optional
+// methods: while the first tap's claim has listed the action and not yet
+// saved, the second tap's claim waits for it (persist's one-step lock)
+// instead of listing the action empty too, and the two taps make one key
+// and one charge.
+func TestTwoClientsOnAStoreWithoutOneStepMethodsMakeOneKeyPerAction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	st := &embedOnlyStore{Store: persist.NewMemory(nil), listed: make(chan struct{}, 1)}
+	e.store = st
+	a, b := e.newClient(t), e.newClient(t)
+	req := e.paymentRequest(t, 100, "cus_1")
+	ina, err := a.Intent(ctx, "checkout:shared-plain", req)
+	require.NoError(t, err)
+	inb, err := b.Intent(ctx, "checkout:shared-plain", req)
+	require.NoError(t, err)
+
+	var errb error
+	bDone := make(chan struct{})
+	st.gate = func() {
+		// Inside the first tap's claim, between its List and its Save:
+		// the second tap starts, and the first goes on once the second
+		// has listed the action too, or waits for the first's claim.
+		go func() {
+			defer close(bDone)
+			_, errb = b.Do(ctx, inb)
+		}()
+		for {
+			select {
+			case <-st.listed:
+				return
+			case <-bDone:
+				return
+			default:
+			}
+			if claimWaits() {
+				return
+			}
+			runtime.Gosched()
+		}
+	}
+	st.armed.Store(true)
+	_, erra := a.Do(ctx, ina)
+	<-bDone
+	require.NoError(t, erra)
+	require.NoError(t, errb)
+	assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+}
+
+// claimWaits reports a goroutine waiting for a lock inside persist.Claim.
+func claimWaits() bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "sync.(*Mutex).Lock") && strings.Contains(g, "persist.Claim(") {
+			return true
+		}
+	}
+	return false
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // claimer is how this package's stores claim in one step (see Claim).
@@ -50,9 +51,9 @@ func (e *ConflictError) Error() string {
 // (see Store), check and save in one step, so that two clients sharing the
 // store (two parts of one app, each with its own idem.Client) never both
 // make an intent for one action, nor replace one the other is sending.
-// Any other Store gets a List of rec.Name and then a Save: one process's
-// calls through one idem.Client are serialised by the Client, but two
-// Clients on such a store are not arbitrated.
+// Any other Store gets a List of rec.Name and then a Save, under one lock
+// of this process (see oneStep): Clients of one process on such a store
+// are arbitrated, Clients of two processes sharing it are not.
 func Claim(ctx context.Context, s Store, rec *Record) error {
 	if rec != nil && rec.Name == "" {
 		return s.Save(ctx, rec)
@@ -66,6 +67,8 @@ func Claim(ctx context.Context, s Store, rec *Record) error {
 	if err := checkSave(rec); err != nil {
 		return err
 	}
+	oneStep.Lock()
+	defer oneStep.Unlock()
 	recs, err := s.List(ctx, Filter{Name: rec.Name})
 	if err != nil {
 		return err
@@ -90,6 +93,15 @@ func claimable(recs []*Record, rec *Record) error {
 	}
 	return &ConflictError{Key: rec.Key, Current: latest(recs)}
 }
+
+// oneStep makes the read and the write of Claim, SaveIf and DeleteIf one
+// step among the calls of this process on a Store that cannot do them in
+// one step itself: a wrapper that embeds the Store of NewMemory, say,
+// which keeps only the four methods of Store. Without it two Clients of
+// one app on such a store could both arm an intent for one action, each
+// with its own key, and the action would be paid twice. One lock for all
+// such stores: they are rare, and a device makes few of these calls.
+var oneStep sync.Mutex
 
 // latest returns the intent created last among recs, the records of one
 // Name: the highest Seq, which no setting of the device's clock moves.
@@ -142,8 +154,10 @@ func sameVersion(a, b *Record) bool {
 // one step among SaveIfs, DeleteIfs and Claims, so that a client that
 // takes over an armed intent to send it and the client that armed it
 // (replacing it for a changed cart) cannot both win. Any other Store gets
-// a Get and then a Save: not one step, so two Clients on such a store are
-// not arbitrated. An old of another key than rec's, or none, is refused.
+// a Get and then a Save under one lock of this process (see oneStep):
+// Clients of one process on such a store are arbitrated, Clients of two
+// processes sharing it are not. An old of another key than rec's, or none,
+// is refused.
 func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 	if old == nil || rec != nil && rec.Key != old.Key {
 		return errors.New("persist: SaveIf needs the version of rec's own key that rec replaces")
@@ -157,6 +171,8 @@ func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 	if err := checkSave(rec); err != nil {
 		return err
 	}
+	oneStep.Lock()
+	defer oneStep.Unlock()
 	if err := unchanged(ctx, s, old); err != nil {
 		return err
 	}
@@ -166,7 +182,8 @@ func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 // DeleteIf deletes old's record from s if it is still old's version, in
 // one step as SaveIf; otherwise it deletes nothing and returns a
 // *ConflictError. No record stored is not an error. Without the methods,
-// a Get and then a Delete. A nil old is refused.
+// a Get and then a Delete, under the lock of SaveIf. A nil old is
+// refused.
 func DeleteIf(ctx context.Context, s Store, old *Record) error {
 	if old == nil {
 		return errors.New("persist: DeleteIf needs the version it deletes")
@@ -177,6 +194,8 @@ func DeleteIf(ctx context.Context, s Store, old *Record) error {
 	case swapper:
 		return sw.deleteIf(ctx, old)
 	}
+	oneStep.Lock()
+	defer oneStep.Unlock()
 	return deleteUnchanged(ctx, s, old)
 }
 

@@ -28,11 +28,11 @@ type memory struct {
 //
 // A wrapper of it that embeds the Store (struct{ persist.Store }) has only
 // Save, Get, List and Delete: the functions Claim, SaveIf and DeleteIf
-// then work through a List or a Get and a Save, which do not arbitrate
-// two Clients on the wrapper (both may arm an intent for one action, each
-// with its own key: two charges). Give such a wrapper the methods listed
-// on Store, each calling the function of the same name on the store it
-// wraps.
+// then work through a List or a Get and a Save, made one step among the
+// calls of this process by one lock of the package, which serialises them
+// with every other such store's. Give such a wrapper the methods listed on
+// Store, each calling the function of the same name on the store it wraps,
+// and it claims under the memory store's own lock.
 func NewMemory(opts *Options) Store {
 	m := &memory{recs: make(map[string]*Record)}
 	if opts != nil {

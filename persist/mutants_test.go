@@ -14,6 +14,13 @@ import (
 func TestMutants(t *testing.T) {
 	mutant.Test(t, []mutant.Mutant{
 		{
+			Name: "fallback-claim-not-one-step", File: "persist/claim.go",
+			Note:    "Claim on a store without one-step methods lists and saves without the process's lock, so two Clients of one app both arm an intent for one action",
+			Anchor:  "\toneStep.Lock()\n\tdefer oneStep.Unlock()\n\trecs, err := s.List(ctx, Filter{Name: rec.Name})\n",
+			Replace: "\trecs, err := s.List(ctx, Filter{Name: rec.Name})\n",
+			Pkg:     ".", Run: "^TestTwoClientsOnAStoreWithoutOneStepMethodsMakeOneKeyPerAction$",
+		},
+		{
 			Name: "dir-not-synced-after-rename", File: "persist/file.go",
 			Note:    "Save returns before the directory sync that makes its rename durable",
 			Anchor:  "\t\tlocked = false\n\t\tif err := s.dirSync.sync(s.syncDir); err != nil {\n",

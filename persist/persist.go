@@ -265,7 +265,9 @@ func (f Filter) match(r *Record) bool {
 // the FileStore, not through the wrapper's Save. A wrapper that changes
 // records on their way in or out (one that encrypts them, say) defines the
 // methods above itself. A wrapper that embeds a Store interface has none
-// of them (see NewMemory).
+// of them (see NewMemory). Without them, the functions read and then
+// write under one lock of this process: two Clients of one app on such a
+// store are arbitrated; two processes sharing it are not.
 type Store interface {
 	// Save writes rec, replacing any record with the same Key. It rejects
 	// a record that fails Validate. When Save returns nil the record
