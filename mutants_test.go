@@ -20,9 +20,16 @@ func TestMutants(t *testing.T) {
 			// unknown on it anyway: the redirect's own test catches this.
 			Name: "redirect-answer-is-outcome", File: "redirect.go",
 			Note:    "a 301, 302 or 303 after a POST is followed and the GET's answer taken for the outcome",
-			Anchor:  "if req.Method != via[0].Method {",
-			Replace: "if false {",
+			Anchor:  "if req.Method != via[0].Method || ",
+			Replace: "if false || ",
 			Pkg:     root, Run: "^TestRedirectToGETCarriesNoKey$",
+		},
+		{
+			Name: "redirect-downgrade-followed", File: "redirect.go",
+			Note:    "a 307 or 308 from https to http is followed, and the payment's body leaves TLS",
+			Anchor:  " || via[len(via)-1].URL.Scheme == \"https\" && req.URL.Scheme == \"http\" {",
+			Replace: " {",
+			Pkg:     root, Run: "^TestARedirectFromHTTPSToHTTPIsNotFollowed$",
 		},
 		{
 			Name: "not-sent-without-the-trace", File: "call.go",

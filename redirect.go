@@ -14,6 +14,10 @@ import (
 //     a longer chain ends with errRedirectLoop, and a Location whose
 //     scheme is not http or https with an error: neither reached a server
 //     that does the work.
+//   - A 307 or 308 from https to http is not followed either: the
+//     intent's body and headers (its credentials too, where the app's
+//     transport adds them) would leave TLS. The call ends with the outcome
+//     unknown, as for the redirects below.
 //   - 301, 302 and 303 would turn a POST or PATCH into a GET, whose answer
 //     (a login page, say) says nothing about the intent. They are not
 //     followed, and end the call with the outcome unknown (see
@@ -25,7 +29,7 @@ func redirectPolicy(hc *http.Client) *http.Client {
 	cp := *hc
 	check := hc.CheckRedirect
 	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if req.Method != via[0].Method {
+		if req.Method != via[0].Method || via[len(via)-1].URL.Scheme == "https" && req.URL.Scheme == "http" {
 			return http.ErrUseLastResponse
 		}
 		if s := req.URL.Scheme; s != "http" && s != "https" {

@@ -353,3 +353,33 @@ func TestRedirectToGETCarriesNoKey(t *testing.T) {
 	defer mu.Unlock()
 	assert.Empty(t, getKeys, "a redirect that turns the POST into a GET is not followed, so no GET carries the key")
 }
+
+// A 307 from https to http is not followed: the payment's body and headers
+// never leave TLS, and the outcome is unknown, as for any redirect not
+// followed.
+func TestARedirectFromHTTPSToHTTPIsNotFollowed(t *testing.T) {
+	t.Parallel()
+	var plain atomic.Int32
+	insecure := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		plain.Add(1)
+		w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(insecure.Close)
+	secure := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, insecure.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(secure.Close)
+	c, err := idem.NewWith(idem.WithHTTPClient(secure.Client()), idem.WithClock(clock.NewManual(epoch)))
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, secure.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := c.NewIntent(context.Background(), "", req)
+	require.NoError(t, err)
+	_, err = c.Do(context.Background(), in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var re *idem.RetryError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, idem.StopRedirect, re.Reason)
+	assert.Zero(t, plain.Load(), "nothing was sent over plain http")
+}
