@@ -17,8 +17,9 @@ type call struct {
 	cfg       *config
 	key       string
 	b         budget
-	finalBody []byte // the body of the last answer read in full
-	oversized bool   // the final answer was over the limit; no body kept
+	left      intentLeft // what b reads the intent's age through
+	finalBody []byte     // the body of the last answer read in full
+	oversized bool       // the final answer was over the limit; no body kept
 	// own: the final answer is the server's word (Client.trusted), not a
 	// stranger's on the path; only the server's word refunds the retry
 	// budget.

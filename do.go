@@ -67,9 +67,8 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 		defer c.keys.forget(rec.Key)
 	}
 	// How long the intent may still be sent, by the largest age any clock
-	// reports, read again before every attempt and wait.
-	left := func() time.Duration { return c.retention - c.margin - c.age(rec) }
-	if left() <= 0 {
+	// reports, read again before every attempt and wait (intentLeft).
+	if c.left(rec) <= 0 {
 		return nil, c.recordExpiry(ctx, in, rec)
 	}
 	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {
@@ -98,7 +97,7 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.send(ctx, r, rec, header, left, unsent)
+	resp, retryErr := c.send(ctx, r, rec, header, unsent)
 	c.keys.sent(rec.Key, c.clocks.read())
 	if retryErr != nil && retryErr.Attempts == 0 && unsent {
 		// Nothing reached the wire: the intent is still provably unsent.
@@ -159,7 +158,7 @@ func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Reco
 	if rec.State != persist.StateExpired {
 		rec.State = persist.StateExpired
 		rec.UpdatedAt = c.clock.Now()
-		if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record expiry"); saveErr != nil {
+		if saveErr := c.save(detached(ctx), in, rec, "record expiry"); saveErr != nil {
 			return errors.Join(err, saveErr)
 		}
 	}
@@ -268,7 +267,7 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	// The save records what is known; if it fails, the intent stays
 	// unresolved in the store anyway, which is the safe side.
 	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
-		if saveErr := c.save(context.WithoutCancel(ctx), in, rec, "record attempts"); saveErr != nil {
+		if saveErr := c.save(detached(ctx), in, rec, "record attempts"); saveErr != nil {
 			return errors.Join(retryErr, saveErr)
 		}
 	}
@@ -295,7 +294,7 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 	prev := in.current()
 	rec.State = persist.StateNotSent
 	rec.UpdatedAt = now
-	if saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, "record not sent"); saveErr != nil {
+	if saveErr := c.saveIf(detached(ctx), in, rec, prev, "record not sent"); saveErr != nil {
 		if errors.As(saveErr, new(*persist.ConflictError)) {
 			c.keys.undropTaken(rec.Key)
 			return retryErr
@@ -326,7 +325,7 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	// resumes with the same key to the server's replay of this answer.
 	// So a store that can defers its sync (persist.SaveDeferred), off
 	// the path the user waits on.
-	saveErr := c.saveWith(context.WithoutCancel(ctx), in, rec, "record outcome", persist.SaveDeferred)
+	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", persist.SaveDeferred)
 	if saveErr == nil {
 		c.keys.forget(rec.Key)
 	} else {
@@ -407,9 +406,12 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 //
 // unsent says that no attempt of the intent can have reached the server
 // before this call.
-func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, left func() time.Duration, unsent bool) (*Response, *RetryError) {
-	st := &call{cfg: &c.config, key: rec.Key, b: newBudget(ctx, c.policyFor(ctx), c.clock, left), unsent: unsent, redirected: rec.Redirected,
-		tokens: c.tokens}
+func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, unsent bool) (*Response, *RetryError) {
+	st := &call{cfg: &c.config, key: rec.Key, unsent: unsent, redirected: rec.Redirected, tokens: c.tokens}
+	// The budget reads the intent's age through the call, which holds it:
+	// no allocation of its own.
+	st.left = intentLeft{c: c, rec: rec}
+	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
 	st.name, st.url = rec.Name, rec.URL
 	resp, err := r.run(st.withTrace(ctx), rec.Method, rec.URL, rec.Body, attemptHeader(header, rec.KeyHeader))
 	if err != nil {
@@ -418,8 +420,34 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 	return st.answered(resp), nil
 }
 
+// left returns how long the intent of rec may still be sent, by the
+// largest age any clock reports.
+func (c *Client) left(rec *persist.Record) time.Duration {
+	return c.retention - c.margin - c.age(rec)
+}
+
+// intentLeft is the budget's reading of how long a call's intent may
+// still be sent (Client.left), read again before every attempt and wait.
+type intentLeft struct {
+	c   *Client
+	rec *persist.Record
+}
+
+func (l *intentLeft) left() time.Duration { return l.c.left(l.rec) }
+
 // age returns how old the intent of rec is, by the largest age any clock
 // reports (clocks.age), never less than since this Client first saw it.
 func (c *Client) age(rec *persist.Record) time.Duration {
 	return c.clocks.age(rec, c.clock.Now(), func(at time.Duration) time.Duration { return c.keys.bornAt(rec.Key, at) })
+}
+
+// detached returns ctx without its cancel, so that a save that records
+// what happened is made even after the caller's context ended: ctx
+// itself when nothing can cancel it (its Done is nil), which saves the
+// wrapper.
+func detached(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }

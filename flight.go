@@ -14,6 +14,9 @@ import (
 type flights struct {
 	mu sync.Mutex
 	m  map[string]*flight
+	// spare is a flight that ended without ever being waited for, to be
+	// used again: no one else can hold it.
+	spare *flight
 }
 
 // errUnfinished is what the waiters of a Do that panicked get.
@@ -80,6 +83,7 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 			cur.resp, cur.err = resp.clone(), err
 		}
 		cur.end()
+		f.recycle(cur)
 		f.mu.Unlock()
 	}()
 	resp, err = fn()
@@ -112,9 +116,24 @@ func (f *flights) start(key string, exclusive bool) *flight {
 	if f.m == nil {
 		f.m = make(map[string]*flight)
 	}
-	cur := &flight{exclusive: exclusive}
+	cur := f.spare
+	if cur == nil {
+		cur = &flight{}
+	}
+	f.spare = nil
+	cur.exclusive = exclusive
 	f.m[key] = cur
 	return cur
+}
+
+// recycle keeps cur, which has ended and left flights.m, for the next
+// flight if no caller ever waited for it: a waiter makes done as it
+// begins to wait, and holds cur after it ends. f.mu is held.
+func (f *flights) recycle(cur *flight) {
+	if cur.done == nil {
+		*cur = flight{}
+		f.spare = cur
+	}
 }
 
 // endedForCaller reports a call that ended because of its caller's context:

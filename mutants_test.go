@@ -97,8 +97,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "expiry-as-an-instant", File: "do.go",
 			Note:    "the time left to send is fixed as an instant on the clock's timeline at the call's start",
-			Anchor:  "\tif left() <= 0 {\n",
-			Replace: "\texp := c.clock.Now().Add(left())\n\tleft = func() time.Duration { return exp.Sub(c.clock.Now()) }\n\tif left() <= 0 {\n",
+			Anchor:  "\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)\n",
+			Replace: "\texp := c.clock.Now().Add(c.left(rec))\n\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, leftFunc(func() time.Duration { return exp.Sub(c.clock.Now()) }))\n",
 			Pkg:     root, Run: "^TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff$",
 		},
 		{
@@ -174,8 +174,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-over-a-take-over", File: "do.go",
 			Note:    "a Client records not sent an intent another Client took over and is sending",
-			Anchor:  "\tif saveErr := c.saveIf(context.WithoutCancel(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
-			Replace: "\tif saveErr := c.save(context.WithoutCancel(ctx), in, rec, \"record not sent\"); saveErr != nil && prev != nil {\n",
+			Anchor:  "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
+			Replace: "\tif saveErr := c.save(detached(ctx), in, rec, \"record not sent\"); saveErr != nil && prev != nil {\n",
 			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
 		},
 		{
@@ -244,7 +244,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "expiry-unsaved-after-cancel", File: "do.go",
 			Note:    "an intent found expired by a call whose context ended is reported canceled and stays pending",
-			Anchor:  "c.save(context.WithoutCancel(ctx), in, rec, \"record expiry\")",
+			Anchor:  "c.save(detached(ctx), in, rec, \"record expiry\")",
 			Replace: "c.save(ctx, in, rec, \"record expiry\")",
 			Pkg:     root, Run: "^TestExpiryIsSavedAfterACancel$",
 		},

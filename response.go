@@ -94,9 +94,20 @@ func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
 	if bound < math.MaxInt64 {
 		bound++
 	}
-	b, err := io.ReadAll(io.LimitReader(body, bound))
-	if err != nil {
-		return nil, err
+	// io.ReadAll of an io.LimitReader, without the LimitReader.
+	b := make([]byte, 0, 512)
+	for int64(len(b)) < bound {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow it
+		}
+		n, err := body.Read(b[len(b):min(int64(cap(b)), bound)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if int64(len(b)) > limit {
 		return nil, fmt.Errorf("%w: more than %d bytes", errBodyTooLarge, limit)

@@ -178,14 +178,22 @@ type budget struct {
 	backoff  *backoff.ExponentialBackOff // nil until the first retry
 	start    time.Time
 	deadline time.Time // the context's, or zero
-	// left returns how long the intent may still be sent, read anew from
+	// left says how long the intent may still be sent, read anew from
 	// every clock each time (an instant on the clock's timeline would
 	// not move while the device sleeps); nil: no limit.
-	left     func() time.Duration
+	left     lefter
 	attempts int
 }
 
-func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left func() time.Duration) budget {
+// lefter says how long an intent may still be sent.
+type lefter interface{ left() time.Duration }
+
+// leftFunc is a lefter made of a function.
+type leftFunc func() time.Duration
+
+func (f leftFunc) left() time.Duration { return f() }
+
+func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left lefter) budget {
 	b := budget{policy: p, clock: clk, start: clk.Now(), left: left}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock, while every
@@ -257,7 +265,7 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 // nil.
 func (b *budget) fits(at time.Time) *stop {
 	switch {
-	case b.left != nil && at.Sub(b.clock.Now()) >= b.left():
+	case b.left != nil && at.Sub(b.clock.Now()) >= b.left.left():
 		return &stop{reason: stopExpired}
 	case !b.deadline.IsZero() && at.After(b.deadline):
 		return &stop{reason: stopDeadline}
@@ -274,7 +282,7 @@ func (b *budget) attemptLimit() (time.Duration, string) {
 	now := b.clock.Now()
 	limit, reason := b.start.Add(b.policy.MaxElapsed).Sub(now), stopElapsed
 	if b.left != nil {
-		if l := b.left(); l < limit {
+		if l := b.left.left(); l < limit {
 			limit, reason = l, stopExpired
 		}
 	}

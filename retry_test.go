@@ -117,9 +117,9 @@ func newPayment(t *testing.T, c *Client, base string) *Intent {
 func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clock.Manual) {
 	t.Helper()
 	clk := clock.NewManual(retryAfterNow)
-	var left func() time.Duration
+	var left lefter
 	if !expiry.IsZero() {
-		left = func() time.Duration { return expiry.Sub(clk.Now()) }
+		left = leftFunc(func() time.Duration { return expiry.Sub(clk.Now()) })
 	}
 	b := newBudget(context.Background(), p.withDefaults(), clk, left)
 	if deadlineIn > 0 {
