@@ -66,6 +66,9 @@ type call struct {
 	name, url          string
 	urlRedacted        bool
 	trace              httptrace.ClientTrace // the call's, held here to save an allocation
+	ctx                callContext           // the caller's context carrying the call, likewise
+	firstBody          requestBody           // the request's body as the first attempt reads it, likewise
+	bodies             int                   // how many readers of the body the retrier asked for
 	began              time.Time
 	retryCost, paidFor int
 	tokens             *tokenBucket // the Client's retry budget
@@ -103,6 +106,21 @@ type callKey struct{}
 
 func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
 
+// callContext is a call's context: the caller's, whose Value answers
+// callKey with the call. It lives in the call, so carrying the call costs
+// no allocation of its own, as context.WithValue's would.
+type callContext struct {
+	context.Context
+	st *call
+}
+
+func (c *callContext) Value(key any) any {
+	if key == (callKey{}) {
+		return c.st
+	}
+	return c.Context.Value(key)
+}
+
 // withTrace returns ctx carrying the call, for the retrier's hooks, and the
 // client trace by which the call tells what its attempts wrote.
 func (st *call) withTrace(ctx context.Context) context.Context {
@@ -112,7 +130,8 @@ func (st *call) withTrace(ctx context.Context) context.Context {
 		WroteHeaders:         func() { st.wrote.Add(1) },
 		GotFirstResponseByte: func() { st.answers.Add(1) },
 	}
-	return httptrace.WithClientTrace(context.WithValue(ctx, callKey{}, st), &st.trace)
+	st.ctx = callContext{Context: ctx, st: st}
+	return httptrace.WithClientTrace(&st.ctx, &st.trace)
 }
 
 // attemptStarted counts an attempt as the retrier starts it. After a
