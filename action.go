@@ -227,15 +227,19 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	if replaced {
 		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
 	}
-	next := *cur
-	rec := &next
+	// The armed version and its clocks, made in one allocation.
+	next := &struct {
+		rec    persist.Record
+		clocks persist.Clocks
+	}{rec: *cur}
+	rec := &next.rec
 	// The server's retention of the key starts no sooner than its first
 	// attempt: the intent's age counts from the tap.
 	now := c.clock.Now()
 	rec.CreatedAt, rec.UpdatedAt = now, now
 	// The arming write carries the clock readings the intent's age is
 	// judged by.
-	c.clocks.stamp(rec, true)
+	c.clocks.stampInto(rec, true, &next.clocks)
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
