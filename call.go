@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -67,7 +68,7 @@ type call struct {
 	urlRedacted        bool
 	trace              httptrace.ClientTrace // the call's, held here to save an allocation
 	ctx                callContext           // the caller's context carrying the call, likewise
-	firstBody          requestBody           // the request's body as the first attempt reads it, likewise
+	firstBody          bytes.Reader          // the request's body as the first attempt reads it, likewise
 	bodies             int                   // how many readers of the body the retrier asked for
 	began              time.Time
 	retryCost, paidFor int

@@ -64,13 +64,6 @@ func newRetrier(hc *http.Client) *retrier {
 
 // run sends one call's request, and again as the call decides. ctx
 // carries the call (call.withTrace).
-// requestBody is an attempt's request body: a reader over the request's
-// bytes that retryablehttp sends as it is (an io.ReadCloser with a
-// length), with no io.NopCloser around it.
-type requestBody struct{ bytes.Reader }
-
-func (*requestBody) Close() error { return nil }
-
 func (r *retrier) run(ctx context.Context, method, url string, body []byte, header http.Header) (*http.Response, error) {
 	st := callOf(ctx)
 	// The body is rewound for every attempt from a fresh reader over the
@@ -78,16 +71,16 @@ func (r *retrier) run(ctx context.Context, method, url string, body []byte, head
 	// and closes it unread, then one per attempt: the first two are the
 	// reader the call holds, read by one at a time, which saves their
 	// allocations; each retry gets its own, since net/http may still be
-	// closing the last attempt's.
+	// closing the last attempt's. A *bytes.Reader, which retryablehttp
+	// wraps in an io.NopCloser: net/http knows that body to be in memory
+	// and writes the request's head and body together.
 	bodyFunc := retryablehttp.ReaderFunc(func() (io.Reader, error) {
 		st.bodies++
 		if st.bodies <= 2 {
 			st.firstBody.Reset(body)
 			return &st.firstBody, nil
 		}
-		rb := &requestBody{}
-		rb.Reset(body)
-		return rb, nil
+		return bytes.NewReader(body), nil
 	})
 	req, err := retryablehttp.NewRequestWithContext(ctx, method, url, bodyFunc)
 	if err != nil {
