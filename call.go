@@ -10,6 +10,9 @@ import (
 	"net/http/httptrace"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/persist"
 )
 
 // call is the state of one call of send, reached by the retrier's hooks
@@ -441,4 +444,21 @@ func (st *call) refundRetry() {
 		n = firstAnswerRefund
 	}
 	st.tokens.give(st.cfg.clock.Now(), n)
+}
+
+// intentLeft is the budget's reading of how long a call's intent may
+// still be sent (Client.left), read again before every attempt and wait:
+// the server's retention less the safety margin, less the intent's age by
+// the largest age any clock reports (clocks.age), never less than since
+// this Client first saw it.
+type intentLeft struct {
+	clocks *clocks
+	clock  clock.Clock
+	keys   *keys
+	window time.Duration
+	rec    *persist.Record
+}
+
+func (l *intentLeft) left() time.Duration {
+	return l.window - l.clocks.age(l.rec, l.clock.Now(), func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
 }

@@ -410,7 +410,7 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 	st := &call{cfg: &c.config, key: rec.Key, unsent: unsent, redirected: rec.Redirected, tokens: c.tokens}
 	// The budget reads the intent's age through the call, which holds it:
 	// no allocation of its own.
-	st.left = intentLeft{c: c, rec: rec}
+	st.left = c.leftOf(rec)
 	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
 	st.name, st.url = rec.Name, rec.URL
 	resp, err := r.run(st.withTrace(ctx), rec.Method, rec.URL, rec.Body, attemptHeader(header, rec.KeyHeader))
@@ -423,22 +423,14 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 // left returns how long the intent of rec may still be sent, by the
 // largest age any clock reports.
 func (c *Client) left(rec *persist.Record) time.Duration {
-	return c.retention - c.margin - c.age(rec)
+	l := c.leftOf(rec)
+	return l.left()
 }
 
-// intentLeft is the budget's reading of how long a call's intent may
-// still be sent (Client.left), read again before every attempt and wait.
-type intentLeft struct {
-	c   *Client
-	rec *persist.Record
-}
-
-func (l *intentLeft) left() time.Duration { return l.c.left(l.rec) }
-
-// age returns how old the intent of rec is, by the largest age any clock
-// reports (clocks.age), never less than since this Client first saw it.
-func (c *Client) age(rec *persist.Record) time.Duration {
-	return c.clocks.age(rec, c.clock.Now(), func(at time.Duration) time.Duration { return c.keys.bornAt(rec.Key, at) })
+// leftOf is the reading of how long the intent of rec may still be sent
+// that a call's budget holds.
+func (c *Client) leftOf(rec *persist.Record) intentLeft {
+	return intentLeft{clocks: c.clocks, clock: c.clock, keys: c.keys, window: c.retention - c.margin, rec: rec}
 }
 
 // detached returns ctx without its cancel, so that a save that records
