@@ -13,6 +13,9 @@ type memory struct {
 
 	mu   sync.Mutex
 	recs map[string]*Record
+	// names holds the keys of each Name's records, so that an action's
+	// intents are found without reading every record the store keeps.
+	names map[string][]string
 }
 
 // NewMemory returns an empty Store that keeps records in memory only: they
@@ -34,7 +37,7 @@ type memory struct {
 // Store, each calling the function of the same name on the store it wraps,
 // and it claims under the memory store's own lock.
 func NewMemory(opts *Options) Store {
-	m := &memory{recs: make(map[string]*Record)}
+	m := &memory{recs: make(map[string]*Record), names: make(map[string][]string)}
 	if opts != nil {
 		m.opts = *opts
 	}
@@ -71,7 +74,60 @@ func (m *memory) saveShared(ctx context.Context, rec *Record) error {
 func (m *memory) put(r *Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.setLocked(r)
+}
+
+// setLocked stores r in place of any record with its Key, and keeps the
+// index of names in step.
+func (m *memory) setLocked(r *Record) {
+	old, had := m.recs[r.Key]
 	m.recs[r.Key] = r
+	if had && old.Name == r.Name {
+		return
+	}
+	if had {
+		m.unnameLocked(old)
+	}
+	if r.Name != "" {
+		m.names[r.Name] = append(m.names[r.Name], r.Key)
+	}
+}
+
+// removeLocked removes the record for key and its entry in the index of
+// names.
+func (m *memory) removeLocked(key string) {
+	if old, ok := m.recs[key]; ok {
+		delete(m.recs, key)
+		m.unnameLocked(old)
+	}
+}
+
+func (m *memory) unnameLocked(r *Record) {
+	if r.Name == "" {
+		return
+	}
+	keys := m.names[r.Name]
+	for i, k := range keys {
+		if k == r.Key {
+			keys = append(keys[:i], keys[i+1:]...)
+			break
+		}
+	}
+	if len(keys) == 0 {
+		delete(m.names, r.Name)
+	} else {
+		m.names[r.Name] = keys
+	}
+}
+
+// namedLocked returns the records named name.
+func (m *memory) namedLocked(name string) []*Record {
+	keys := m.names[name]
+	out := make([]*Record, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, m.recs[k])
+	}
+	return out
 }
 
 // claim implements claimer: the check and the save happen under the
@@ -87,10 +143,11 @@ func (m *memory) claim(ctx context.Context, rec *Record) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var same []*Record
-	for _, o := range m.recs {
-		if o.Key == r.Key || r.Name != "" && o.Name == r.Name {
-			same = append(same, o)
-		}
+	if r.Name != "" {
+		same = m.namedLocked(r.Name)
+	}
+	if o, ok := m.recs[r.Key]; ok && (r.Name == "" || o.Name != r.Name) {
+		same = append(same, o)
 	}
 	if err := claimable(same, r); err != nil {
 		var ce *ConflictError
@@ -99,7 +156,7 @@ func (m *memory) claim(ctx context.Context, rec *Record) error {
 		}
 		return err
 	}
-	m.recs[r.Key] = r
+	m.setLocked(r)
 	return nil
 }
 
@@ -118,7 +175,7 @@ func (m *memory) saveIf(ctx context.Context, rec, old *Record) error {
 	if err := m.unchangedLocked(old); err != nil {
 		return err
 	}
-	m.recs[r.Key] = r
+	m.setLocked(r)
 	return nil
 }
 
@@ -136,7 +193,7 @@ func (m *memory) deleteIf(ctx context.Context, old *Record) error {
 	if err := m.unchangedLocked(old); err != nil {
 		return err
 	}
-	delete(m.recs, old.Key)
+	m.removeLocked(old.Key)
 	return nil
 }
 
@@ -175,9 +232,17 @@ func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	}
 	m.mu.Lock()
 	var out []*Record
-	for _, r := range m.recs {
-		if f.match(r) {
-			out = append(out, r.Clone())
+	if f.Name != "" {
+		for _, k := range m.names[f.Name] {
+			if r := m.recs[k]; f.match(r) {
+				out = append(out, r.Clone())
+			}
+		}
+	} else {
+		for _, r := range m.recs {
+			if f.match(r) {
+				out = append(out, r.Clone())
+			}
 		}
 	}
 	m.mu.Unlock()
@@ -192,7 +257,7 @@ func (m *memory) Delete(ctx context.Context, key string) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.recs, key)
+	m.removeLocked(key)
 	return nil
 }
 
@@ -206,7 +271,7 @@ func (m *memory) pruneFunc(ctx context.Context, drop func(*Record) bool) (int, e
 	n := 0
 	for k, r := range m.recs {
 		if r.State.Resolved() && drop(r) {
-			delete(m.recs, k)
+			m.removeLocked(k)
 			n++
 		}
 	}

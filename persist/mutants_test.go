@@ -121,8 +121,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "memory-delete-if-unchecked", File: "persist/memory.go",
 			Note:    "DeleteIf deletes a record another client took over since it was read",
-			Anchor:  "\tif err := m.unchangedLocked(old); err != nil {\n\t\treturn err\n\t}\n\tdelete(m.recs, old.Key)\n",
-			Replace: "\tdelete(m.recs, old.Key)\n",
+			Anchor:  "\tif err := m.unchangedLocked(old); err != nil {\n\t\treturn err\n\t}\n\tm.removeLocked(old.Key)\n",
+			Replace: "\tm.removeLocked(old.Key)\n",
+			Pkg:     "./persist", Run: "^TestMemoryConformance$",
+		},
+		{
+			Name: "memory-renamed-record-kept-under-old-name", File: "persist/memory.go",
+			Note:    "a record saved again under another Name stays in its old Name's index, so that action's List and Claim still see it",
+			Anchor:  "\tif had {\n\t\tm.unnameLocked(old)\n\t}\n",
+			Replace: "",
 			Pkg:     "./persist", Run: "^TestMemoryConformance$",
 		},
 	})

@@ -38,6 +38,7 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"CopiesNotShared", testCopiesNotShared},
 		{"ListOrder", testListOrder},
 		{"ListFilters", testListFilters},
+		{"ListByNameFollowsChanges", testListByNameFollowsChanges},
 		{"NotFound", testNotFound},
 		{"Delete", testDelete},
 		{"Keys", testKeys},
@@ -381,6 +382,56 @@ func testListFilters(t *testing.T, s persist.Store) {
 			}
 		})
 	}
+}
+
+// testListByNameFollowsChanges: a Name's list follows the records as they
+// are renamed, replaced, deleted and pruned, whichever way each was done.
+func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	named := func(key, name string, st persist.State, at time.Duration) *persist.Record {
+		r := NewRecord(key, base.Add(at))
+		r.Name, r.State = name, st
+		return r
+	}
+	list := func(name string, want ...string) {
+		t.Helper()
+		got, err := s.List(ctx, persist.Filter{Name: name})
+		must(t, err)
+		wantKeys(t, got, want)
+	}
+	must(t, s.Save(ctx, named("k1", "a", persist.StatePending, 0)))
+	must(t, s.Save(ctx, named("k2", "a", persist.StateSucceeded, time.Second)))
+	must(t, s.Save(ctx, named("k3", "a", persist.StateSucceeded, 2*time.Second)))
+	list("a", "k1", "k2", "k3")
+
+	// Saved again under another Name, or under none.
+	must(t, s.Save(ctx, named("k1", "b", persist.StatePending, 0)))
+	must(t, s.Save(ctx, named("k3", "", persist.StateSucceeded, 2*time.Second)))
+	list("a", "k2")
+	list("b", "k1")
+
+	// Changed in one step, then deleted.
+	old, err := s.Get(ctx, "k1")
+	must(t, err)
+	must(t, persist.SaveIf(ctx, s, named("k1", "a", persist.StateSucceeded, 0), old))
+	list("a", "k1", "k2")
+	list("b")
+	must(t, s.Delete(ctx, "k2"))
+	list("a", "k1")
+	old, err = s.Get(ctx, "k1")
+	must(t, err)
+	must(t, persist.DeleteIf(ctx, s, old))
+	list("a")
+
+	// Claimed, then pruned.
+	must(t, persist.Claim(ctx, s, named("k4", "c", persist.StateNew, 3*time.Second)))
+	list("c", "k4")
+	must(t, s.Save(ctx, named("k4", "c", persist.StateSucceeded, 3*time.Second)))
+	_, err = persist.PruneFunc(ctx, s, func(r *persist.Record) bool { return r.Key == "k4" })
+	must(t, err)
+	list("c")
+	must(t, persist.Claim(ctx, s, named("k5", "c", persist.StateNew, 4*time.Second)))
+	list("c", "k5")
 }
 
 func testNotFound(t *testing.T, s persist.Store) {
