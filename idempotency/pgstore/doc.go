@@ -81,7 +81,9 @@
 // done; after a COMMIT sent as SQL, the effect written before it has
 // committed on its own, without the record, and the retry does it again.
 // Nested transactions (Begin, [pgx.BeginFunc]) are savepoints and may be
-// committed and rolled back freely.
+// committed and rolled back freely. LargeObjects is not available in
+// either mode: the store begins the transaction together with the
+// record's lock, in one round trip, which pgx's own Begin cannot do.
 //
 // # Messages
 //

@@ -168,8 +168,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-lease-effect-sql-rollback-stored", File: "idempotency/pgstore/store.go",
 			Note:    "a lease-mode effect that sends ROLLBACK (or COMMIT) as SQL has the COMPLETED record written outside any transaction, for an effect that rolled back",
-			Anchor:  "AND current_setting('` + markSetting + `', true) = $7`",
-			Replace: "AND $7::text IS NOT NULL`",
+			Anchor:  "AND current_setting('` + markSetting + `', true) = $7\n\tRETURNING 1)",
+			Replace: "AND $7::text IS NOT NULL\n\tRETURNING 1)",
 			Pkg:     "./idempotency/pgstore", Run: "^TestLeaseEffectThatEndsTheTransaction$/^SQL", Env: pg,
 		},
 		{

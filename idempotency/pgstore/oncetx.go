@@ -46,23 +46,12 @@ type endGuard struct {
 func (g *endGuard) Commit(context.Context) error   { g.endTried = true; return errEndsWithRecord }
 func (g *endGuard) Rollback(context.Context) error { g.endTried = true; return errEndsWithRecord }
 
-// effectTx is the transaction of [Store.Complete] as the effect sees it
-// ([Tx]): pgx's own, whose Commit and Rollback fail (nested transactions
-// are pgx's savepoints, free to end).
-type effectTx struct {
-	pgx.Tx
-	endGuard
-}
-
-func (t *effectTx) Commit(ctx context.Context) error   { return t.endGuard.Commit(ctx) }
-func (t *effectTx) Rollback(ctx context.Context) error { return t.endGuard.Rollback(ctx) }
-
-// onceTx is the transaction of [Store.RunOnce] as the handler sees it
-// ([Tx]). RunOnce begins it in the same round trip as the key's lock and
-// the look at its record, which pgx's own Begin cannot do, and ends it in
-// the same round trip as the record's insert; so this is the connection
-// inside a transaction block, with nested transactions as savepoints, as
-// pgx's are.
+// onceTx is the transaction of [Store.RunOnce] and [Store.Complete] as the
+// handler or effect sees it ([Tx]). The store begins it in the same round
+// trip as the key's lock (and, in RunOnce, the look at its record), which
+// pgx's own Begin cannot do, and ends it in the same round trip as the
+// record's write; so this is the connection inside a transaction block,
+// with nested transactions as savepoints, as pgx's are.
 type onceTx struct {
 	conn       *pgx.Conn
 	savepoints int64
@@ -72,7 +61,6 @@ type onceTx struct {
 var (
 	_ pgx.Tx = (*onceTx)(nil)
 	_ pgx.Tx = (*onceSavepoint)(nil)
-	_ pgx.Tx = (*effectTx)(nil)
 )
 
 func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -92,7 +80,7 @@ func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	return t.conn.SendBatch(ctx, b)
 }
 
-// LargeObjects is not available inside RunOnce: pgx builds it only on a
+// LargeObjects is not available inside RunOnce or Complete: pgx builds it only on a
 // transaction of its own. Its methods panic (on a nil transaction), which
 // rolls the request back.
 func (t *onceTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }

@@ -242,12 +242,17 @@ const holdSQL = `SELECT set_config('` + markSetting + `', $4, true), EXISTS (SEL
 // completeSQL marks the record COMPLETED with its answer, in the
 // transaction marked $7 only: after the effect, so that an effect that
 // committed the transaction with COMMIT as SQL (or rolled it back, or began
-// another) leaves the record IN_PROGRESS.
-const completeSQL = `UPDATE idempotency_records
+// another) leaves the record IN_PROGRESS. It travels with the COMMIT; when
+// it changes no row (the mark is gone, or the effect changed the record),
+// it fails with division_by_zero, so that the server skips the COMMIT and
+// the effect cannot commit without its record.
+const completeSQL = `WITH upd AS (UPDATE idempotency_records
 	SET status = 'COMPLETED', owner = '', locked_until = NULL,
 		response_status = $4, response_header = $5, response_body = $6
 	WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3
-	AND current_setting('` + markSetting + `', true) = $7`
+	AND current_setting('` + markSetting + `', true) = $7
+	RETURNING 1)
+SELECT 1 / (SELECT count(*) FROM upd)::int`
 
 // Complete implements [idempotency.Store]: in one transaction it locks the
 // record (only if owner holds it IN_PROGRESS), runs commit with the
@@ -255,6 +260,13 @@ const completeSQL = `UPDATE idempotency_records
 // commits. If commit fails, or the connection is lost before the commit,
 // the transaction rolls back and the record stays IN_PROGRESS, owner's,
 // until its lease ends.
+//
+// BEGIN travels with the record's lock, and the record's update with the
+// COMMIT: two round trips besides the effect's own. So the transaction the
+// effect gets is, as in [Store.RunOnce], the connection inside a
+// transaction block, whose nested transactions are savepoints and whose
+// LargeObjects is not available (pgx builds it only on a transaction of
+// its own).
 //
 // The effect must not end the transaction: its Commit and Rollback fail,
 // and an effect that calls either, or sends COMMIT or ROLLBACK as SQL
@@ -267,23 +279,35 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	if err != nil {
 		return fmt.Errorf("pgstore: complete key %q: %w", id.Key, err)
 	}
-	tx, err := s.pool.Begin(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: begin: %w", id.Key, err)
+		return fmt.Errorf("pgstore: complete key %q: acquire a connection: %w", id.Key, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
+	defer conn.Release()
+	ended := false
+	defer func() {
+		// A panic in the effect rolls back here too. A connection left
+		// in a transaction is not given back to the pool: it is closed,
+		// and the server rolls back.
+		if !ended {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
 	var (
 		mark = rand.Text()
 		held bool
 	)
-	if err := tx.QueryRow(ctx, holdSQL, caller(id), id.Key, owner, mark).Scan(nil, &held); err != nil {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(holdSQL, caller(id), id.Key, owner, mark).QueryRow(func(r pgx.Row) error { return r.Scan(nil, &held) })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, err)
 	}
 	if !held {
 		return idempotency.ErrNotOwner
 	}
 	if commit != nil {
-		etx := &effectTx{Tx: tx}
+		etx := &onceTx{conn: conn.Conn()}
 		err := commit(context.WithValue(ctx, txKey{}, pgx.Tx(etx)))
 		// An effect that tried to end the transaction fails, whatever it
 		// returned. (One that ended it with COMMIT or ROLLBACK as SQL is
@@ -295,26 +319,31 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, err)
 		}
 	}
-	var marked bool
-	b := &pgx.Batch{}
+	var (
+		marked bool
+		one    int
+	)
+	b = &pgx.Batch{}
 	b.Queue(markedSQL, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
-	completed := b.Queue(completeSQL, caller(id), id.Key, owner, code, header, body, mark)
-	var tag pgconn.CommandTag
-	completed.Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, err)
-	}
-	if !marked {
-		// The effect ended the transaction: the deferred Rollback ends
-		// whatever transaction it began since, and the record stays.
-		return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
-	}
-	if tag.RowsAffected() == 0 {
+	b.Queue(completeSQL, caller(id), id.Key, owner, code, header, body, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
+	b.Queue("COMMIT")
+	err = conn.SendBatch(ctx, b).Close()
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
+		// The server skipped the COMMIT: the deferred ROLLBACK ends the
+		// transaction (or whatever one the effect began since), and the
+		// record stays.
+		if !marked {
+			return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
+		}
 		return fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
+	if err != nil {
+		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, err)
 	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		return fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
+	}
+	ended = true
 	return nil
 }
 
