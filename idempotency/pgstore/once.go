@@ -137,6 +137,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, err)
 	}
 	tx := &onceTx{conn: conn.Conn()}
+	defer tx.end() // before the connection goes back to the pool
 	busy := func() (*idempotency.Record, error) {
 		b := *rec
 		b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil

@@ -797,3 +797,42 @@ func TestOneTransactionDuplicateGoneWhileTheFirstReads(t *testing.T) {
 		require.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
 	}
 }
+
+// TestRunOnceTxRefusedAfterRunOnce: the transaction RunOnce gave the
+// handler, and a savepoint of it, refuse every use once RunOnce has
+// returned (pgx.ErrTxClosed), so that a handler that kept them cannot
+// write through the connection into the transaction of whichever request
+// holds it next.
+func TestRunOnceTxRefusedAfterRunOnce(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // the next user gets the connection the handler had
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	require.NoError(t, Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	rec := inProgress("k", "w1", t0)
+	var kept, keptSavepoint pgx.Tx
+	existing, err := New(pool, nil).RunOnce(ctx, rec, func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
+		kept, _ = Tx(ctx)
+		var err error
+		if keptSavepoint, err = kept.Begin(ctx); err != nil {
+			return nil, err
+		}
+		_, err = kept.Exec(ctx, "INSERT INTO payments VALUES ('p1')")
+		return &idempotency.Response{StatusCode: 201}, err
+	})
+	require.NoError(t, err)
+	require.Nil(t, existing)
+
+	other, err := pool.Begin(ctx) // another request holds the connection now
+	require.NoError(t, err)
+	_, err = kept.Exec(ctx, "INSERT INTO payments VALUES ('late')")
+	assert.ErrorIs(t, err, pgx.ErrTxClosed, "Exec")
+	assert.ErrorIs(t, keptSavepoint.Rollback(ctx), pgx.ErrTxClosed, "savepoint's Rollback")
+	require.NoError(t, other.Commit(ctx))
+	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"), "writes after RunOnce returned")
+}

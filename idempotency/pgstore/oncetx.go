@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // errEndsWithRecord is what Commit and Rollback of the request's
@@ -52,11 +54,22 @@ func (g *endGuard) Rollback(context.Context) error { g.endTried = true; return e
 // pgx's own Begin cannot do, and ends it in the same round trip as the
 // record's write; so this is the connection inside a transaction block,
 // with nested transactions as savepoints, as pgx's are.
+//
+// Once the store has ended the transaction (end), every method but Conn
+// fails with pgx.ErrTxClosed, as pgx's own transactions do after their
+// end: the connection is back in the pool, and a handler or effect that
+// kept the transaction must not write through it into whatever the
+// connection's next user does.
 type onceTx struct {
 	conn       *pgx.Conn
 	savepoints int64
+	ended      atomic.Bool
 	endGuard
 }
+
+// end makes t refuse every further use; the store calls it before the
+// connection goes back to the pool.
+func (t *onceTx) end() { t.ended.Store(true) }
 
 var (
 	_ pgx.Tx = (*onceTx)(nil)
@@ -64,6 +77,9 @@ var (
 )
 
 func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.ended.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	t.savepoints++
 	sp := &onceSavepoint{onceTx: t, tx: t, name: "pgstore_sp_" + strconv.FormatInt(t.savepoints, 10)}
 	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name); err != nil {
@@ -73,10 +89,16 @@ func (t *onceTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (t *onceTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if t.ended.Load() {
+		return 0, pgx.ErrTxClosed
+	}
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
 func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.ended.Load() {
+		return endedBatch{}
+	}
 	return t.conn.SendBatch(ctx, b)
 }
 
@@ -86,18 +108,30 @@ func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 func (t *onceTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
 func (t *onceTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.ended.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
 func (t *onceTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.ended.Load() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
 	return t.conn.Exec(ctx, sql, args...)
 }
 
 func (t *onceTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.ended.Load() {
+		return endedRows{}, pgx.ErrTxClosed
+	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
 func (t *onceTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.ended.Load() {
+		return endedRows{}
+	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
@@ -119,7 +153,7 @@ func (sp *onceSavepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (sp *onceSavepoint) Commit(ctx context.Context) error {
-	if sp.closed {
+	if sp.closed || sp.tx.ended.Load() {
 		return pgx.ErrTxClosed
 	}
 	sp.closed = true
@@ -128,10 +162,33 @@ func (sp *onceSavepoint) Commit(ctx context.Context) error {
 }
 
 func (sp *onceSavepoint) Rollback(ctx context.Context) error {
-	if sp.closed {
+	if sp.closed || sp.tx.ended.Load() {
 		return pgx.ErrTxClosed
 	}
 	sp.closed = true
 	_, err := sp.tx.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp.name)
 	return err
 }
+
+// endedRows and endedBatch are what an ended onceTx's Query, QueryRow and
+// SendBatch return: results that hold pgx.ErrTxClosed.
+type endedRows struct{}
+
+func (endedRows) Close()                                       {}
+func (endedRows) Err() error                                   { return pgx.ErrTxClosed }
+func (endedRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (endedRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (endedRows) Next() bool                                   { return false }
+func (endedRows) Scan(...any) error                            { return pgx.ErrTxClosed }
+func (endedRows) Values() ([]any, error)                       { return nil, pgx.ErrTxClosed }
+func (endedRows) RawValues() [][]byte                          { return nil }
+func (endedRows) Conn() *pgx.Conn                              { return nil }
+func (endedRows) TypeMap() *pgtype.Map                         { return pgtype.NewMap() }
+
+type endedBatch struct{}
+
+func (endedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, pgx.ErrTxClosed }
+func (endedBatch) Query() (pgx.Rows, error)         { return endedRows{}, pgx.ErrTxClosed }
+func (endedBatch) QueryRow() pgx.Row                { return endedRows{} }
+func (endedBatch) Close() error                     { return pgx.ErrTxClosed }
+func (endedBatch) Tx() pgx.Tx                       { return nil }

@@ -308,6 +308,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	}
 	if commit != nil {
 		etx := &onceTx{conn: conn.Conn()}
+		defer etx.end() // before the connection goes back to the pool
 		err := commit(context.WithValue(ctx, txKey{}, pgx.Tx(etx)))
 		// An effect that tried to end the transaction fails, whatever it
 		// returned. (One that ended it with COMMIT or ROLLBACK as SQL is

@@ -349,3 +349,66 @@ func TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound(t *testing.T) {
 		t.Errorf("the retry while the earlier process works: %d, the handler ran %d times; want 409 and none", w.Code, ran)
 	}
 }
+
+// TestCompleteEffectTxRefusedAfterComplete: the transaction Complete gave
+// the effect, and a savepoint of it, refuse every use once Complete has
+// returned (pgx.ErrTxClosed, as pgx's own transactions do). An effect that
+// kept them (a goroutine it started, a struct it filled) would otherwise
+// write through a connection that is back in the pool: on its own,
+// committed without any record, or inside the transaction of whichever
+// request holds the connection now.
+func TestCompleteEffectTxRefusedAfterComplete(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // the next user gets the connection the effect had
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	require.NoError(t, Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, "CREATE TABLE business_rows (name text PRIMARY KEY)")
+	require.NoError(t, err)
+	s := New(pool, nil)
+	rec := inProgress("k", "w1", t0)
+	_, ok, err := s.Insert(ctx, rec)
+	require.True(t, ok)
+	require.NoError(t, err)
+
+	var kept, keptSavepoint pgx.Tx
+	require.NoError(t, s.Complete(ctx, rec.ID, "w1", &idempotency.Response{StatusCode: 201}, func(ctx context.Context) error {
+		kept, _ = Tx(ctx)
+		var err error
+		keptSavepoint, err = kept.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = kept.Exec(ctx, "INSERT INTO business_rows VALUES ('charged')")
+		return err
+	}))
+
+	// Another request now holds the connection, in a transaction.
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = kept.Exec(ctx, "INSERT INTO business_rows VALUES ('late')")
+	assert.ErrorIs(t, err, pgx.ErrTxClosed, "Exec")
+	_, err = keptSavepoint.Exec(ctx, "INSERT INTO business_rows VALUES ('late savepoint')")
+	assert.ErrorIs(t, err, pgx.ErrTxClosed, "savepoint's Exec")
+	var one int
+	assert.ErrorIs(t, kept.QueryRow(ctx, "SELECT 1").Scan(&one), pgx.ErrTxClosed, "QueryRow")
+	rows, err := kept.Query(ctx, "SELECT 1")
+	assert.ErrorIs(t, err, pgx.ErrTxClosed, "Query")
+	rows.Close()
+	b := &pgx.Batch{}
+	b.Queue("INSERT INTO business_rows VALUES ('late batch')")
+	assert.ErrorIs(t, kept.SendBatch(ctx, b).Close(), pgx.ErrTxClosed, "SendBatch")
+	_, err = kept.Begin(ctx)
+	assert.ErrorIs(t, err, pgx.ErrTxClosed, "Begin")
+	assert.ErrorIs(t, keptSavepoint.Rollback(ctx), pgx.ErrTxClosed, "savepoint's Rollback")
+	require.NoError(t, other.Commit(ctx))
+
+	rows, err = pool.Query(ctx, "SELECT name FROM business_rows ORDER BY name")
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.Equal(t, []string{"charged"}, names, "writes through the effect's transaction after Complete returned")
+}
