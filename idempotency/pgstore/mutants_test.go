@@ -159,6 +159,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionMeetsALeaseRecord$", Env: pg,
 		},
 		{
+			Name: "pg-effect-tx-usable-after-complete", File: "idempotency/pgstore/store.go",
+			Note:    "the transaction Complete gave the effect still works once the connection is back in the pool: an effect that kept it writes into the next user's transaction",
+			Anchor:  "\t\tdefer etx.end() // before the connection goes back to the pool\n",
+			Replace: "",
+			Pkg:     "./idempotency/pgstore", Run: "^TestCompleteEffectTxRefusedAfterComplete$", Env: pg,
+		},
+		{
+			Name: "pg-once-tx-usable-after-run", File: "idempotency/pgstore/once.go",
+			Note:    "the transaction RunOnce gave the handler still works once the connection is back in the pool",
+			Anchor:  "\tdefer tx.end() // before the connection goes back to the pool\n",
+			Replace: "",
+			Pkg:     "./idempotency/pgstore", Run: "^TestRunOnceTxRefusedAfterRunOnce$", Env: pg,
+		},
+		{
 			Name: "pg-lease-effect-commit-stored", File: "idempotency/pgstore/store.go",
 			Note:    "a lease-mode effect that calls Commit or Rollback on Complete's transaction, and returns nil, has its answer stored",
 			Anchor:  "if etx.endTried {",
