@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -269,10 +270,30 @@ func (m *memory) pruneFunc(ctx context.Context, drop func(*Record) bool) (int, e
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
+	var touched map[string]bool
 	for k, r := range m.recs {
 		if r.State.Resolved() && drop(r) {
-			m.removeLocked(k)
+			delete(m.recs, k)
 			n++
+			if r.Name != "" {
+				if touched == nil {
+					touched = make(map[string]bool)
+				}
+				touched[r.Name] = true
+			}
+		}
+	}
+	// Each touched Name's keys are filtered once, not searched once per
+	// record dropped.
+	for name := range touched {
+		keys := slices.DeleteFunc(m.names[name], func(k string) bool {
+			r, ok := m.recs[k]
+			return !ok || r.Name != name
+		})
+		if len(keys) == 0 {
+			delete(m.names, name)
+		} else {
+			m.names[name] = keys
 		}
 	}
 	return n, nil
