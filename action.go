@@ -249,7 +249,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			break
 		}
 		var lost *persist.ConflictError
-		if !errors.As(err, &lost) {
+		if !errors.As(err, &lost) || lost.Current == nil {
+			// (A conflict without the action's latest record is a
+			// faulty store's: nothing to decide on, nothing sent.)
 			var corrupt *persist.CorruptError
 			if errors.As(err, &corrupt) {
 				return fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)

@@ -939,3 +939,26 @@ func claimWaits() bool {
 	}
 	return false
 }
+
+// claimWithoutCurrent is a store whose Claim method reports a conflict
+// without the action's latest record, as a faulty store might.
+type claimWithoutCurrent struct{ persist.Store }
+
+func (s claimWithoutCurrent) Claim(_ context.Context, rec *persist.Record) error {
+	return &persist.ConflictError{Key: rec.Key}
+}
+
+func TestATapOnAStoreWhoseClaimNamesNoLatestRecordFailsWithASaveError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.store = claimWithoutCurrent{persist.NewMemory(nil)}
+	c := e.newClient(t)
+	in, err := c.Intent(ctx, "checkout:faulty-claim", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	var se *idem.SaveError
+	require.ErrorAs(t, err, &se, "a conflict without the latest record is the store's error, not a panic")
+	assert.Equal(t, "arm", se.Op)
+	assert.Zero(t, e.srv.Stats().ProviderCharges)
+}
