@@ -21,14 +21,18 @@ func TestMain(m *testing.M) {
 	os.Exit(pgtest.Main(m))
 }
 
-// newPool returns a pool on a new database with the schema applied.
-func newPool(t *testing.T) *pgxpool.Pool {
+// newPool returns a pool on a new database with the schema applied. Each
+// of configure, if any, changes the pool's configuration first.
+func newPool(t *testing.T, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 30
+	for _, c := range configure {
+		c(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

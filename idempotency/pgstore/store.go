@@ -44,8 +44,6 @@ type Store struct {
 	batch   int
 	acquire time.Duration
 	clock   clock.Clock // nil: the database's clock
-
-	onSweepBatch func(deleted int) // for tests
 }
 
 // Options configures [New]. A nil *Options means defaults.
@@ -400,9 +398,6 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 		}
 		n := int(tag.RowsAffected())
 		total += n
-		if s.onSweepBatch != nil {
-			s.onSweepBatch(n)
-		}
 		if n < s.batch {
 			return total, nil
 		}

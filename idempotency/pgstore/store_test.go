@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -135,11 +136,38 @@ func TestCompleteLostConnectionLeavesRecordInProgress(t *testing.T) {
 	}
 }
 
+// deleteTags is a pgx tracer that keeps the rows each DELETE statement
+// on the records deleted.
+type deleteTags struct {
+	mu      sync.Mutex
+	deleted []int
+}
+
+type deleteTagsKey struct{}
+
+func (d *deleteTags) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, deleteTagsKey{}, strings.Contains(data.SQL, "DELETE FROM idempotency_records"))
+}
+
+func (d *deleteTags) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if isDelete, _ := ctx.Value(deleteTagsKey{}).(bool); isDelete && data.Err == nil {
+		d.mu.Lock()
+		d.deleted = append(d.deleted, int(data.CommandTag.RowsAffected()))
+		d.mu.Unlock()
+	}
+}
+
+func (d *deleteTags) rows() []int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.deleted)
+}
+
 func TestSweepDeletesInBatches(t *testing.T) {
-	pool := newPool(t)
+	// The batches are read off the wire: each DELETE's command tag.
+	deletes := &deleteTags{}
+	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = deletes })
 	s := New(pool, &Options{SweepBatch: 7, Clock: clock.NewManual(t0.Add(2 * time.Hour))})
-	var batches []int
-	s.onSweepBatch = func(n int) { batches = append(batches, n) }
 	ctx := context.Background()
 	// 20 expired at t0+1h, 5 live until t0+3h.
 	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records
@@ -153,7 +181,7 @@ func TestSweepDeletesInBatches(t *testing.T) {
 	if err != nil || n != 20 {
 		t.Fatalf("Sweep = %d, %v; want 20, nil", n, err)
 	}
-	if fmt.Sprint(batches) != "[7 7 6]" {
+	if batches := deletes.rows(); fmt.Sprint(batches) != "[7 7 6]" {
 		t.Errorf("batches %v, want [7 7 6]", batches)
 	}
 	var records int
