@@ -6,19 +6,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency/storetest"
 )
 
 func TestStoreConformance(t *testing.T) {
 	t.Run("default", func(t *testing.T) { conformance(t, nil) })
+	// Pools that cannot keep prepared statements (behind PgBouncer in
+	// transaction pooling, say) send parameters as text, or describe
+	// each statement before it runs.
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeDescribeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			conformance(t, nil, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
+		})
+	}
 }
 
 // conformance runs the suite on one database, emptied before each check
 // (the checks run one at a time): creating a database per check would
 // cost more than the checks.
-func conformance(t *testing.T, opts *Options) {
-	pool := newPool(t)
+func conformance(t *testing.T, opts *Options, configure ...func(*pgxpool.Config)) {
+	pool := newPool(t, configure...)
 	if _, err := pool.Exec(context.Background(), "CREATE TABLE business_rows (name text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,12 @@
 // DELETE. RunOnce is the single transaction of a fresh key (see "One
 // transaction").
 //
+// The statements work on a pool in any of pgx's query modes, the simple
+// protocol and the modes without prepared statements included (a pool
+// behind PgBouncer's transaction pooling needs one of those): the store
+// takes only transaction-scoped locks and settings, and sends no
+// parameter whose meaning depends on the mode.
+//
 // # The effect joins the transaction
 //
 // A handler behind the middleware registers its effect with

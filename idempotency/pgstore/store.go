@@ -348,7 +348,11 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 
 // answerColumns is resp as the response_status, response_header and
 // response_body columns.
-func answerColumns(resp *idempotency.Response) (code *int32, header, body []byte, err error) {
+//
+// The header goes as text, not bytes: a pool that sends parameters as
+// text (the simple protocol, or a mode without prepared statements, as
+// behind PgBouncer) would send bytes as a bytea literal, which is not JSON.
+func answerColumns(resp *idempotency.Response) (code *int32, header *string, body []byte, err error) {
 	if resp == nil {
 		return nil, nil, nil, nil
 	}
@@ -357,10 +361,12 @@ func answerColumns(resp *idempotency.Response) (code *int32, header, body []byte
 	if body == nil {
 		body = []byte{}
 	}
-	if header, err = json.Marshal(resp.Header); err != nil {
+	h, err := json.Marshal(resp.Header)
+	if err != nil {
 		return nil, nil, nil, fmt.Errorf("encode the answer's header: %w", err)
 	}
-	return code, header, body, nil
+	hs := string(h)
+	return code, &hs, body, nil
 }
 
 // Release implements [idempotency.Store] with one DELETE.
