@@ -804,15 +804,10 @@ func TestOneTransactionDuplicateGoneWhileTheFirstReads(t *testing.T) {
 // write through the connection into the transaction of whichever request
 // holds it next.
 func TestRunOnceTxRefusedAfterRunOnce(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // the next user gets the connection the handler had
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	// One connection: the next user gets the one the handler had.
+	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	ctx := context.Background()
-	require.NoError(t, Migrate(ctx, pool))
-	_, err = pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
+	_, err := pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
 	require.NoError(t, err)
 	rec := inProgress("k", "w1", t0)
 	var kept, keptSavepoint pgx.Tx

@@ -386,15 +386,10 @@ func TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound(t *testing.T) {
 // committed without any record, or inside the transaction of whichever
 // request holds the connection now.
 func TestCompleteEffectTxRefusedAfterComplete(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // the next user gets the connection the effect had
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	// One connection: the next user gets the one the effect had.
+	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	ctx := context.Background()
-	require.NoError(t, Migrate(ctx, pool))
-	_, err = pool.Exec(ctx, "CREATE TABLE business_rows (name text PRIMARY KEY)")
+	_, err := pool.Exec(ctx, "CREATE TABLE business_rows (name text PRIMARY KEY)")
 	require.NoError(t, err)
 	s := New(pool, nil)
 	rec := inProgress("k", "w1", t0)
