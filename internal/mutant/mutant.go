@@ -31,9 +31,9 @@
 // The runs see the test's environment without the seeds and budgets of the
 // randomized tests (IDEM_SIM_*), and with the row's Env.
 //
-// Test is skipped under -short and under the race detector (the mutants'
-// builds have no detector, and the verdicts would not change); the plain
-// `go test ./...` runs it.
+// Test runs only with IDEM_LONG=1, which CI sets. It is skipped under
+// -short and under the race detector (the mutants' builds have no
+// detector, and the verdicts would not change).
 package mutant
 
 import (
@@ -53,6 +53,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/long"
 )
 
 // Mutant is one row: a change to one file of the module and the test that
@@ -99,6 +101,7 @@ func Test(t *testing.T, rows []Mutant) {
 	if testing.Short() {
 		t.Skip("builds and runs a test once per mutant")
 	}
+	long.Skip(t, "builds and runs a test once per mutant")
 	if raceEnabled {
 		t.Skip("the mutants run in builds without the race detector; go test without -race runs them")
 	}
