@@ -108,6 +108,55 @@ func TestKeyFormats(t *testing.T) {
 	}
 }
 
+// TestOneKeyOneRecord: in UUID mode a key is one key whatever the case of
+// its hex digits (an iOS client sends UUID().uuidString in upper case, and
+// a gateway may lower it on the retry), on either storage; in any-key mode
+// keys are compared byte for byte. Every answer echoes the key as its
+// request sent it.
+func TestOneKeyOneRecord(t *testing.T) {
+	t.Parallel()
+	const upper, lower = "8E03978E-40D5-43E8-BC93-6894A57F9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"
+	oneKey := func(t *testing.T, s *fakeserver.Server) {
+		first := pay(t, s, upper, payBody)
+		require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+		assert.Empty(t, first.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, upper, first.Header.Get("Idempotency-Key"), "the echo is the key as received")
+		retry := pay(t, s, lower, payBody)
+		require.Equal(t, http.StatusCreated, retry.Status, "%s", retry.Body)
+		assert.Equal(t, "true", retry.Header.Get("Idempotent-Replayed"), "the lower-case retry replays")
+		assert.Equal(t, lower, retry.Header.Get("Idempotency-Key"), "the echo is the key as received")
+		assert.Equal(t, string(first.Body), string(retry.Body))
+		st := s.Stats()
+		assert.Equal(t, 1, st.Executions, "one execution")
+		assert.Equal(t, 1, st.ProviderCharges, "one charge")
+		assert.Equal(t, 1, st.Payments)
+		for _, k := range []string{upper, lower} {
+			found := send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=" + k, NoKey: true})
+			assert.Equal(t, http.StatusOK, found.Status, "the lookup by %s finds the payment: %s", k, found.Body)
+		}
+	}
+	t.Run("in UUID mode an upper-case key and its lower-case retry are one payment in memory", func(t *testing.T) {
+		t.Parallel()
+		oneKey(t, start(t, &fakeserver.Options{RequireUUID: true, Clock: clock.NewManual(epoch)}))
+	})
+	t.Run("in UUID mode an upper-case key and its lower-case retry are one payment on PostgreSQL", func(t *testing.T) {
+		t.Parallel()
+		oneKey(t, start(t, &fakeserver.Options{RequireUUID: true, Clock: clock.NewManual(epoch), Storage: onPostgres(newPool(t))}))
+	})
+	t.Run("in any-key mode keys that differ in case are two keys", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		first := pay(t, s, upper, payBody)
+		second := pay(t, s, lower, payBody)
+		for _, a := range []answer{first, second} {
+			assert.Equal(t, http.StatusCreated, a.Status, "%s", a.Body)
+			assert.Empty(t, a.Header.Get("Idempotent-Replayed"))
+		}
+		assert.Equal(t, lower, second.Header.Get("Idempotency-Key"))
+		assert.Equal(t, 2, s.Stats().Payments)
+	})
+}
+
 // validationCases are bodies that fail validation; FuzzHandler is seeded
 // with them too.
 var validationCases = []struct{ name, body, detail string }{

@@ -400,7 +400,8 @@ func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 			(&problem{Type: problemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
-		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: key})
+		// The key is looked up in the form the middleware compares it in.
+		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: idemkey.Canonical(key, h.cfg.uuid)})
 		return
 	}
 	list, err := h.state.Payments(r.Context(), principalOf(r))

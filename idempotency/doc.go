@@ -43,7 +43,10 @@
 // The middleware accepts the RFC 8941 sf-string form of the IETF draft ("K") and
 // the bare form deployed APIs send (K), as the same key. A key is 1 to 255
 // characters of visible ASCII; with [Config.RequireUUID] it must also be a
-// canonical UUID.
+// UUID in its 36-character form, and it is compared by its canonical form
+// (uuid.Parse(k).String(), lower case): a key in upper case and its
+// lower-cased retry are one key. Without RequireUUID keys are compared
+// byte for byte. Every answer echoes the key as its request sent it.
 //
 // # Scope
 //

@@ -63,7 +63,10 @@ type Config struct {
 	// Expected is how long the work is expected to take; it sets the
 	// Retry-After of a 409. Zero means "any moment now" (Retry-After: 1).
 	Expected time.Duration
-	// RequireUUID makes keys that are not UUIDs invalid.
+	// RequireUUID makes keys that are not UUIDs in their 36-character form
+	// invalid, and compares keys by their canonical form (lower case), so
+	// that a key's case cannot make two records. Without it, keys are
+	// compared byte for byte.
 	RequireUUID bool
 	// MaxBodyBytes limits request bodies; larger ones get 413. Zero means
 	// 1 MiB (1 << 20 bytes).

@@ -486,6 +486,38 @@ func TestEveryAnswerToAKeyedRequestEchoesTheKey(t *testing.T) {
 	})
 }
 
+// TestOneKeyOneRecord: with RequireUUID a key is compared by its canonical
+// form, so an upper-case UUID and its lower-cased retry are one record and
+// one execution; without it keys are compared byte for byte. The echo is
+// the key as each request sent it.
+func TestOneKeyOneRecord(t *testing.T) {
+	t.Parallel()
+	const upper, lower = "8E03978E-40D5-43E8-BC93-6894A57F9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"
+	t.Run("in UUID mode a key and its lower-cased retry are one key", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}, RequireUUID: true})
+		first, retry := serve(h, upper, "a"), serve(h, lower, "a")
+		require.Equal(t, http.StatusCreated, first.Code)
+		require.Equal(t, http.StatusCreated, retry.Code)
+		assert.Equal(t, "true", retry.Header().Get(idempotency.HeaderReplayed))
+		assert.EqualValues(t, 1, c.runs.Load(), "one execution")
+		assert.EqualValues(t, 1, c.effects.Load(), "one effect")
+		assert.Equal(t, upper, first.Header().Get(idempotency.HeaderKey), "the echo is the key as received")
+		assert.Equal(t, lower, retry.Header().Get(idempotency.HeaderKey), "the echo is the key as received")
+	})
+	t.Run("in any-key mode keys are compared byte for byte", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+		first, second := serve(h, upper, "a"), serve(h, lower, "a")
+		require.Equal(t, http.StatusCreated, first.Code)
+		require.Equal(t, http.StatusCreated, second.Code)
+		assert.Empty(t, second.Header().Get(idempotency.HeaderReplayed))
+		assert.EqualValues(t, 2, c.runs.Load(), "two keys, two executions")
+	})
+}
+
 // TestValidateGetsTheFingerprintsReading: the validation hook finds the
 // fingerprint's reading of a JSON body on the request (internal/jsonbody),
 // so that it need not parse the body again; the body still reads in full,

@@ -91,6 +91,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
 		},
 		{
+			Name: "uuid-keys-compared-by-case", File: "internal/idemkey/key.go",
+			Note:    "in UUID mode a key in upper case and its lower-cased retry are two keys",
+			Anchor:  "return Canonical(key, requireUUID), nil",
+			Replace: "return key, nil",
+			Pkg:     "./idempotency", Run: "^TestOneKeyOneRecord$",
+		},
+		{
+			Name: "any-key-mode-folds-uuids", File: "internal/idemkey/key.go",
+			Note:    "in any-key mode keys are folded to their UUID form, not compared byte for byte",
+			Anchor:  "if !uuidMode || len(key) != 36 {",
+			Replace: "if len(key) != 36 {",
+			Pkg:     "./idempotency", Run: "^TestOneKeyOneRecord$",
+		},
+		{
 			// The simulated server echoes the key itself, as received
 			// (it rewrites keys to compare them raw).
 			Name: "no-key-echo", File: "idempotency/middleware.go",

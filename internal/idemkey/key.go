@@ -60,11 +60,12 @@ func ParseKey(value string) (string, error) {
 	return key, nil
 }
 
-// ParseHeader returns the request's idempotency key. It fails when there
-// is no Idempotency-Key field (the request has none: h.Values is empty),
-// and when there is more than one or the one there is not a key (see
-// [ParseKey]). With requireUUID, the key must also be a UUID
-// in its canonical 36-character form.
+// ParseHeader returns the request's idempotency key, in the form keys are
+// compared in (see [Canonical]). It fails when there is no Idempotency-Key
+// field (the request has none: h.Values is empty), and when there is more
+// than one or the one there is not a key (see [ParseKey]). With
+// requireUUID, the key must also be a UUID in its 36-character form
+// (hex digits of either case).
 func ParseHeader(h http.Header, requireUUID bool) (string, error) {
 	vals := h.Values(header)
 	switch len(vals) {
@@ -81,5 +82,24 @@ func ParseHeader(h http.Header, requireUUID bool) (string, error) {
 	if requireUUID && (len(key) != 36 || uuid.Validate(key) != nil) {
 		return "", fmt.Errorf("%w: this server requires a UUID such as 8e03978e-40d5-43e8-bc93-6894a57f9324", ErrInvalid)
 	}
-	return key, nil
+	return Canonical(key, requireUUID), nil
+}
+
+// Canonical returns the form in which key is compared with other keys.
+// In UUID mode (uuidMode), a UUID in its 36-character form is one key
+// whatever the case of its hex digits: an iOS client sends
+// UUID().uuidString in upper case, and a gateway on the way may lower it,
+// so Canonical returns uuid.Parse(key).String(), in lower case. Otherwise,
+// and for any other key, the key is compared byte for byte: Canonical
+// returns it unchanged. The answer echoes the key as received, never this
+// form.
+func Canonical(key string, uuidMode bool) string {
+	if !uuidMode || len(key) != 36 {
+		return key
+	}
+	u, err := uuid.Parse(key)
+	if err != nil {
+		return key
+	}
+	return u.String()
 }
