@@ -41,12 +41,15 @@ const FingerprintV1 = fingerprintV1
 
 // The problem types and defaults the external tests check answers against.
 const (
-	TypeBadRequest   = typeBadRequest
-	TypeStorageFull  = typeStorageFull
-	TypeInternal     = typeInternal
-	TypeKeyReused    = typeKeyReused
-	DefaultLease     = defaultLease
-	DefaultRetention = defaultRetention
+	TypeBadRequest  = typeBadRequest
+	TypeStorageFull = typeStorageFull
+	TypeInternal    = typeInternal
+	TypeKeyReused   = typeKeyReused
+
+	TypeUnsupportedMediaType = typeUnsupportedMediaType
+	TypePayloadTooLarge      = typePayloadTooLarge
+	DefaultLease             = defaultLease
+	DefaultRetention         = defaultRetention
 )
 
 const (

@@ -28,7 +28,7 @@ const (
 	outcomeReused     = "reused"      // 422: the key was used for other content
 	outcomeMissing    = "missing"     // 400: no key
 	outcomeInvalid    = "invalid"     // 400: malformed key
-	outcomeRejected   = "rejected"    // 400: the body failed validation, or is JSON without one reading
+	outcomeRejected   = "rejected"    // 400 or 415: the body failed validation, does not decode, or is JSON without one reading or not in UTF-8
 	outcomeTooLarge   = "too_large"   // 413: body over the limit
 	outcomeFailed     = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
 	outcomeLost       = "lost"        // the worker lost its lease; its effect was discarded
@@ -68,8 +68,9 @@ type Config struct {
 	// that a key's case cannot make two records. Without it, keys are
 	// compared byte for byte.
 	RequireUUID bool
-	// MaxBodyBytes limits request bodies; larger ones get 413. Zero means
-	// 1 MiB (1 << 20 bytes).
+	// MaxBodyBytes limits request bodies, as received and as decoded from
+	// their Content-Encoding; larger ones get 413. Zero means 1 MiB
+	// (1 << 20 bytes).
 	MaxBodyBytes int64
 	// MaxDepth limits how deep the objects and arrays of a JSON body nest
 	// ({} is one level); deeper bodies get 400 before [Config.Validate]
@@ -101,8 +102,9 @@ type Config struct {
 	// answer was stored), "takeover" (as created, after taking over a dead
 	// worker's record), "replayed", "conflict" (409: another request holds
 	// the key), "reused" (422), "missing" and "invalid" (400: no key, a
-	// malformed key), "rejected" (400: the body failed validation, or is
-	// JSON without one reading), "too_large" (413), "failed" (a server
+	// malformed key), "rejected" (400 or 415: the body failed validation,
+	// does not decode from its Content-Encoding, or is JSON without one
+	// reading or not in UTF-8), "too_large" (413), "failed" (a server
 	// error: no answer stored), "lost" (the worker lost its lease; its
 	// effect was discarded), "store_error" (the store failed, or had no
 	// connection free) and "full" (503: the store had no room for a new
@@ -227,6 +229,21 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.report(r, outcomeRejected)
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
 		return
+	}
+	if codings := r.Header.Values("Content-Encoding"); len(codings) > 0 {
+		// The fingerprint is of the body as the handler reads it, not of
+		// its compression, which differs on a retry compressed again.
+		if body, err = decodeContent(codings, body, m.cfg.MaxBodyBytes); err != nil {
+			p := encodingProblem(w, err)
+			if p.Status == http.StatusRequestEntityTooLarge {
+				m.report(r, outcomeTooLarge)
+			} else {
+				m.report(r, outcomeRejected)
+			}
+			p.Write(w)
+			return
+		}
+		r = decoded(r, len(body))
 	}
 	// The body is parsed once: the fingerprint's reading of a JSON body
 	// goes to Validate too, through the request's Body (see

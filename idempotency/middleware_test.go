@@ -1,14 +1,19 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"cmp"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -516,6 +521,155 @@ func TestOneKeyOneRecord(t *testing.T) {
 		assert.Empty(t, second.Header().Get(idempotency.HeaderReplayed))
 		assert.EqualValues(t, 2, c.runs.Load(), "two keys, two executions")
 	})
+}
+
+// serveWith sends body under key with the header fields of h (name,
+// value, name, value...).
+func serveWith(h http.Handler, key string, body []byte, fields ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/things", bytes.NewReader(body))
+	r.Header.Set(idempotency.HeaderKey, key)
+	for i := 0; i+1 < len(fields); i += 2 {
+		r.Header.Add(fields[i], fields[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// gzipped compresses b as gzip, its header stamped with mod.
+func gzipped(t *testing.T, b string, mod time.Time, level int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, level)
+	require.NoError(t, err)
+	zw.ModTime = mod
+	_, err = zw.Write([]byte(b))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	return buf.Bytes()
+}
+
+// deflated compresses b as HTTP's deflate (zlib).
+func deflated(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := zlib.NewWriter(&buf)
+	_, err := zw.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	return buf.Bytes()
+}
+
+// TestTheFingerprintIsOfWhatTheRequestMeans: a body is fingerprinted as
+// its handler reads it, after its Content-Encoding is undone, so a retry
+// compressed again (another time in the gzip header, another level) is
+// the same request; what cannot be decoded is refused and stores nothing.
+func TestTheFingerprintIsOfWhatTheRequestMeans(t *testing.T) {
+	t.Parallel()
+	const payment = `{"amount":1500,"currency":"AZN"}`
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	newHandler := func() (*counter, http.Handler) {
+		c := &counter{status: 201}
+		return c, idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+	}
+	t.Run("a gzip retry compressed again with another header time replays", func(t *testing.T) {
+		t.Parallel()
+		c, h := newHandler()
+		first := serveWith(h, "k", gzipped(t, payment, t0, gzip.BestSpeed), "Content-Encoding", "gzip")
+		retry := serveWith(h, "k", gzipped(t, payment, t0.Add(3*time.Second), gzip.BestCompression), "Content-Encoding", "gzip")
+		require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+		require.Equal(t, http.StatusCreated, retry.Code, "not 422: %s", retry.Body.String())
+		assert.Equal(t, "true", retry.Header().Get(idempotency.HeaderReplayed))
+		assert.EqualValues(t, 1, c.runs.Load())
+	})
+	t.Run("the same body plain, gzip, deflate or stacked is one request", func(t *testing.T) {
+		t.Parallel()
+		c, h := newHandler()
+		require.Equal(t, http.StatusCreated, serveWith(h, "k", []byte(payment)).Code)
+		for _, tt := range []struct {
+			body   []byte
+			fields []string
+		}{
+			{gzipped(t, payment, t0, gzip.DefaultCompression), []string{"Content-Encoding", "x-gzip"}},
+			{deflated(t, []byte(payment)), []string{"Content-Encoding", "Deflate"}},
+			{[]byte(payment), []string{"Content-Encoding", "identity"}},
+			// Applied in the order listed: deflate first, then gzip.
+			{gzipped(t, string(deflated(t, []byte(payment))), t0, gzip.BestSpeed), []string{"Content-Encoding", "deflate, gzip"}},
+			{gzipped(t, string(deflated(t, []byte(payment))), t0, gzip.BestSpeed), []string{"Content-Encoding", "deflate", "Content-Encoding", "gzip"}},
+		} {
+			w := serveWith(h, "k", tt.body, tt.fields...)
+			assert.Equal(t, http.StatusCreated, w.Code, "%v: %s", tt.fields, w.Body.String())
+			assert.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed), "%v", tt.fields)
+		}
+		assert.EqualValues(t, 1, c.runs.Load())
+	})
+	t.Run("the handler reads the decoded body without its Content-Encoding", func(t *testing.T) {
+		t.Parallel()
+		h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, err := io.ReadAll(r.Body)
+			assert.NoError(t, err)
+			assert.Equal(t, payment, string(b))
+			assert.Empty(t, r.Header.Get("Content-Encoding"))
+			assert.EqualValues(t, len(payment), r.ContentLength)
+			w.WriteHeader(http.StatusCreated)
+		}), idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{},
+			Validate: func(r *http.Request, body []byte) (any, *idempotency.Problem) {
+				assert.Equal(t, payment, string(body), "Validate gets the decoded body")
+				return nil, nil
+			}})
+		assert.Equal(t, http.StatusCreated, serveWith(h, "k", gzipped(t, payment, t0, gzip.BestSpeed), "Content-Encoding", "gzip").Code)
+	})
+	t.Run("an unknown encoding is a clear 415 and the key stays free", func(t *testing.T) {
+		t.Parallel()
+		c, h := newHandler()
+		for _, ce := range []string{"br", "gzip, zstd", "compress", "gzip, gzip, gzip"} {
+			w := serveWith(h, "k", gzipped(t, payment, t0, gzip.BestSpeed), "Content-Encoding", ce)
+			require.Equal(t, http.StatusUnsupportedMediaType, w.Code, ce)
+			assert.Equal(t, idempotency.TypeUnsupportedMediaType, decodeProblem(t, w).Type, ce)
+			assert.Equal(t, "gzip, deflate", w.Header().Get("Accept-Encoding"), ce)
+		}
+		assert.Equal(t, http.StatusCreated, serveWith(h, "k", gzipped(t, payment, t0, gzip.BestSpeed), "Content-Encoding", "gzip").Code)
+		assert.EqualValues(t, 1, c.runs.Load())
+	})
+	t.Run("a body that decodes past the bound is a clear 413, decoded no further", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+		// 16 MiB of zeros, sent as about 16 KiB: the decoding stops at the
+		// 1 MiB bound, so the request costs a few MiB, not the whole.
+		bomb := gzipped(t, `"`+strings.Repeat("0", 16<<20)+`"`, t0, gzip.BestCompression)
+		require.Less(t, len(bomb), 1<<20, "the compressed body is within the bound")
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		w := serveWith(h, "k", bomb, "Content-Encoding", "gzip")
+		runtime.ReadMemStats(&after)
+		require.Equal(t, http.StatusRequestEntityTooLarge, w.Code)
+		assert.Contains(t, decodeProblem(t, w).Detail, "decodes to more than 1048576 bytes")
+		assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8<<20), "bytes allocated to refuse the body")
+		assert.Zero(t, c.runs.Load())
+	})
+	t.Run("a body that is not what its encoding says is a clear 400", func(t *testing.T) {
+		t.Parallel()
+		c, h := newHandler()
+		whole := gzipped(t, payment, t0, gzip.BestSpeed)
+		for _, b := range [][]byte{[]byte(payment), whole[:len(whole)-4], append(whole, "junk"...)} {
+			w := serveWith(h, "k", b, "Content-Encoding", "gzip")
+			require.Equal(t, http.StatusBadRequest, w.Code, "%q", b)
+			assert.Equal(t, idempotency.TypeBadRequest, decodeProblem(t, w).Type)
+		}
+		w := serveWith(h, "k", []byte(payment), "Content-Encoding", "deflate")
+		require.Equal(t, http.StatusBadRequest, w.Code)
+		assert.Zero(t, c.runs.Load())
+	})
+}
+
+// decodeProblem decodes the problem answer w holds.
+func decodeProblem(t *testing.T, w *httptest.ResponseRecorder) idempotency.Problem {
+	t.Helper()
+	require.Equal(t, "application/problem+json", w.Header().Get("Content-Type"), w.Body.String())
+	var p idempotency.Problem
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+	return p
 }
 
 // TestValidateGetsTheFingerprintsReading: the validation hook finds the

@@ -105,6 +105,34 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestOneKeyOneRecord$",
 		},
 		{
+			Name: "fingerprint-of-compressed-bytes", File: "idempotency/middleware.go",
+			Note:    "a compressed body is fingerprinted as sent, so a retry compressed again is a 422",
+			Anchor:  `if codings := r.Header.Values("Content-Encoding"); len(codings) > 0 {`,
+			Replace: `if codings := r.Header.Values("Content-Encoding"); false && len(codings) > 0 {`,
+			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
+		},
+		{
+			Name: "decoded-body-unbounded", File: "idempotency/encoding.go",
+			Note:    "a small compressed body may decode to any size",
+			Anchor:  "io.ReadAll(io.LimitReader(zr, limit+1))",
+			Replace: "io.ReadAll(zr)",
+			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
+		},
+		{
+			Name: "unknown-encoding-taken-raw", File: "idempotency/encoding.go",
+			Note:    "a coding the middleware does not know is skipped, and the body fingerprinted as sent",
+			Anchor:  `return nil, fmt.Errorf("%w: %q; this server decodes %s", errUnsupportedEncoding, c, acceptEncoding)`,
+			Replace: `continue`,
+			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
+		},
+		{
+			Name: "codings-undone-in-sent-order", File: "idempotency/encoding.go",
+			Note:    "stacked codings are undone first first, not last first",
+			Anchor:  "for i := len(list) - 1; i >= 0; i-- {",
+			Replace: "for i := range list {",
+			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
+		},
+		{
 			// The simulated server echoes the key itself, as received
 			// (it rewrites keys to compare them raw).
 			Name: "no-key-echo", File: "idempotency/middleware.go",

@@ -22,6 +22,10 @@ const (
 	typeBadRequest        = problemBase + "bad-request"
 	typeInternal          = problemBase + "internal-error"
 	typeStorageFull       = problemBase + "storage-full"
+	// typeUnsupportedMediaType is a 415: a Content-Encoding the
+	// middleware does not decode, or a JSON body in a charset other than
+	// UTF-8.
+	typeUnsupportedMediaType = problemBase + "unsupported-media-type"
 )
 
 // Problem is an RFC 9457 problem details object. A Problem is a value; it is

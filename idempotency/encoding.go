@@ -1,0 +1,119 @@
+package idempotency
+
+import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// acceptEncoding lists the content codings the middleware decodes, as the
+// Accept-Encoding of a 415 names them (RFC 9110, section 15.5.16).
+const acceptEncoding = "gzip, deflate"
+
+// maxCodings is the most codings a body may carry, identity aside. One is
+// what clients send; each more multiplies the work an outsider can ask
+// for, so a longer list is refused.
+const maxCodings = 2
+
+var (
+	// errUnsupportedEncoding is wrapped by decodeContent's error for a
+	// coding it does not know, or too many of them: a 415.
+	errUnsupportedEncoding = errors.New("unsupported Content-Encoding")
+	// errDecodedTooLarge is wrapped by decodeContent's error for a body
+	// that decodes past the limit: a 413.
+	errDecodedTooLarge = errors.New("decoded body too large")
+	// errBadEncoding is wrapped by decodeContent's error for a body that
+	// is not what its coding says: a 400.
+	errBadEncoding = errors.New("the body does not decode as its Content-Encoding says")
+)
+
+// decodeContent undoes the Content-Encoding codings of a request body, so
+// that the fingerprint is of what the request means, not of how it was
+// compressed: gzip writes the time and the compressor's settings in its
+// output, and a retry compressed again differs byte for byte. Codings
+// (the field values, comma-separated, in the order they were applied) are
+// undone last first; gzip (or x-gzip) and deflate (zlib, RFC 9110 section
+// 8.4.1.2) are known, identity changes nothing, and names are matched in
+// any case. Each decoded stage is bounded by limit bytes, so a small
+// compressed body cannot make the server hold a large one.
+func decodeContent(codings []string, body []byte, limit int64) ([]byte, error) {
+	var list []string
+	for _, v := range codings {
+		for c := range strings.SplitSeq(v, ",") {
+			c = strings.ToLower(strings.TrimSpace(c))
+			switch c {
+			case "", "identity":
+				continue
+			case "gzip", "x-gzip", "deflate":
+			default:
+				return nil, fmt.Errorf("%w: %q; this server decodes %s", errUnsupportedEncoding, c, acceptEncoding)
+			}
+			list = append(list, c)
+		}
+	}
+	if len(list) > maxCodings {
+		return nil, fmt.Errorf("%w: %d codings; this server decodes at most %d", errUnsupportedEncoding, len(list), maxCodings)
+	}
+	if len(body) == 0 {
+		return body, nil
+	}
+	for i := len(list) - 1; i >= 0; i-- {
+		var (
+			zr  io.ReadCloser
+			err error
+		)
+		if list[i] == "deflate" {
+			zr, err = zlib.NewReader(bytes.NewReader(body))
+		} else {
+			zr, err = gzip.NewReader(bytes.NewReader(body))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: it is not %s data", errBadEncoding, list[i])
+		}
+		out, err := io.ReadAll(io.LimitReader(zr, limit+1))
+		_ = zr.Close()
+		switch {
+		case int64(len(out)) > limit:
+			return nil, fmt.Errorf("%w: the request body decodes to more than %d bytes", errDecodedTooLarge, limit)
+		case err != nil:
+			return nil, fmt.Errorf("%w: it is not %s data", errBadEncoding, list[i])
+		}
+		body = out
+	}
+	return body, nil
+}
+
+// decoded returns r as its handler sees it once its body is decoded: the
+// same request, with the decoded length and no Content-Encoding. The
+// header is copied, so r itself is left as it came.
+func decoded(r *http.Request, n int) *http.Request {
+	d := new(http.Request)
+	*d = *r
+	d.Header = r.Header.Clone()
+	d.Header.Del("Content-Encoding")
+	if d.Header.Get("Content-Length") != "" {
+		d.Header.Set("Content-Length", strconv.Itoa(n))
+	}
+	d.ContentLength = int64(n)
+	return d
+}
+
+// encodingProblem is the answer to a body decodeContent refused.
+func encodingProblem(w http.ResponseWriter, err error) *Problem {
+	switch {
+	case errors.Is(err, errUnsupportedEncoding):
+		w.Header().Set("Accept-Encoding", acceptEncoding)
+		return &Problem{Type: typeUnsupportedMediaType, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
+			Detail: err.Error()}
+	case errors.Is(err, errDecodedTooLarge):
+		return &Problem{Type: typePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: err.Error()}
+	}
+	return &Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}
+}
