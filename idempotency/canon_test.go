@@ -6,8 +6,10 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // canonicalJSON returns body in canonical form; ok is false if body is not
@@ -190,6 +192,8 @@ func FuzzFingerprintOneReading(f *testing.F) {
 		`{"<":"&"}`, `{"amount":1500,"AMOUNT":2000}`, `{"AMOUNT":2000,"amount":1500}`, `{"customer":"a","cuſtomer":"b"}`,
 		`{"k":1,"K":2}`, `{"s":1,"ſ":2}`, `{"n":{"a":1,"\u0041":2}}`, `{"l":[{"b":1,"B":2}]}`, "{\"\xff\":1,\"\xfe\":2}",
 		`{"a":"\ud800","b":"\udc00"}`, "[\"\xff\",\"\xfe\"]", `[[[[[[1]]]]]]`, `{"n":{"n":{"n":{}}}}`,
+		`["\ud800"]`, `["\udbff"]`, `["\ufffd"]`, `["\ud83d\ude00"]`, `["\ud83d\u0041"]`, `["\udc00\ud800"]`, `["\ud800\\u"]`,
+		"[\"\xed\xa0\x80\"]", "{\"a\":1,\"b\":\"\xf4\x90\x80\x80\"}", `{"\ud800":1,"\udbff":2}`, `"\\ud800"`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -201,16 +205,18 @@ func FuzzFingerprintOneReading(f *testing.F) {
 			t.Skip("oracle disagrees with json.Valid") // cannot happen: one tokenizer
 		}
 		deep, dup := isJSON && node.depth() > maxDepth, isJSON && node.collides()
+		notUTF8 := isJSON && (!utf8.Valid(body) || loneSurrogate(body))
 		switch {
 		case !isJSON:
 			if err != nil {
 				t.Fatalf("%q: not JSON, yet refused: %v", body, err)
 			}
 			return
-		case deep || dup:
-			// A body both too deep and ambiguous may be refused for either.
-			if !(deep && errors.Is(err, errJSONTooDeep) || dup && errors.Is(err, errJSONDuplicateName)) {
-				t.Fatalf("%q: too deep %v, names colliding after case folding %v; got %v", body, deep, dup, err)
+		case deep || dup || notUTF8:
+			// A body refused for more than one reason may be refused for
+			// any of them.
+			if !(deep && errors.Is(err, errJSONTooDeep) || dup && errors.Is(err, errJSONDuplicateName) || notUTF8 && errors.Is(err, errJSONNotUTF8)) {
+				t.Fatalf("%q: too deep %v, names colliding after case folding %v, not UTF-8 %v; got %v", body, deep, dup, notUTF8, err)
 			}
 			return
 		case err != nil:
@@ -220,6 +226,12 @@ func FuzzFingerprintOneReading(f *testing.F) {
 		canon, ok, err := canonicalJSON(body, maxDepth)
 		if !ok || err != nil || !json.Valid(canon) {
 			t.Fatalf("%q: canonical form %q (%v, %v) is not JSON", body, canon, ok, err)
+		}
+		// An accepted body is UTF-8 without a lone surrogate, which
+		// encoding/json reads without loss: the readings compared below
+		// then tell every two different texts apart.
+		if !utf8.Valid(canon) || loneSurrogate(canon) {
+			t.Fatalf("%q: canonical form %q is not UTF-8", body, canon)
 		}
 		bodySt, bodyErr, bodyAny := readings(body)
 		canonSt, canonErr, canonAny := readings(canon)
@@ -242,6 +254,42 @@ func FuzzFingerprintOneReading(f *testing.F) {
 	})
 }
 
+// loneSurrogate reports whether a string of body, valid JSON, escapes
+// half of a UTF-16 surrogate pair without the other half right after
+// it. It is the fuzz oracle of that rule, written apart from the parse.
+func loneSurrogate(body []byte) bool {
+	inString, high := false, false // high: an escaped high half was just read
+	for i := 0; i < len(body); i++ {
+		if !inString {
+			inString = body[i] == '"'
+			continue
+		}
+		if body[i] == '\\' && body[i+1] == 'u' {
+			v, _ := strconv.ParseUint(string(body[i+2:i+6]), 16, 16)
+			i += 5
+			switch {
+			case high && 0xdc00 <= v && v <= 0xdfff:
+				high = false
+			case high || 0xdc00 <= v && v <= 0xdfff:
+				return true
+			default:
+				high = 0xd800 <= v && v <= 0xdbff
+			}
+			continue
+		}
+		if high {
+			return true
+		}
+		switch body[i] {
+		case '\\':
+			i++
+		case '"':
+			inString = false
+		}
+	}
+	return false
+}
+
 // FuzzParseJSONReadsJSONAsJSONValidDoes: the fingerprint's parse, which
 // checks the grammar as it goes, takes a body for JSON exactly when
 // json.Valid does (JSON refused for its names or depth counts as JSON), so
@@ -251,7 +299,7 @@ func FuzzParseJSONReadsJSONAsJSONValidDoes(f *testing.F) {
 		`{}`, `[]`, `1`, `-0`, `-01`, `01`, `1.`, `.5`, `1e`, `1e+`, `1E-7`, `-`, `tru`, `true`, `truex`, `nul`, `null `,
 		`"`, `"a`, `"\u00e9"`, `"\u00g9"`, `"\x"`, "\"\x01\"", "\"\xff\"", `"\/"`, `[1,]`, `[,1]`, `{"a":1,}`, `{"a" 1}`,
 		`{a:1}`, `{"a":1}}`, `[1] [2]`, ` `, "\t[\n1\r]", `{"a":[1,{"b":null}]}`, `{"a":1,"A":2}`, `{"a":1,"A":2`,
-		`{"a":1,"A":2}x`, `[[[[[[1]]]]]]`, `[[[[[[1]]]]]`, `"\ud800"`, `{"":0}`, `[1 2]`, `{"a":1 "b":2}`, `+1`, `1.5e3.2`,
+		`{"a":1,"A":2}x`, `[[[[[[1]]]]]]`, `[[[[[[1]]]]]`, `"\ud800"`, `"\ud800\udc00"`, `"\ud800\u00"`, `"\ud800\"`, `{"":0}`, `[1 2]`, `{"a":1 "b":2}`, `+1`, `1.5e3.2`,
 	} {
 		f.Add([]byte(s), 5)
 	}

@@ -12,8 +12,13 @@
 //
 //   - no Idempotency-Key: 400, type idempotency-key-missing; nothing stored.
 //   - a key it cannot accept: 400, type idempotency-key-invalid; nothing stored.
-//   - a body over [Config.MaxBodyBytes]: 413, type payload-too-large; a JSON body without one
-//     reading (see "Fingerprint"): 400, type bad-request; a body that
+//   - a body over [Config.MaxBodyBytes], as sent or as decoded: 413, type
+//     payload-too-large; a Content-Encoding other than gzip, deflate and
+//     identity: 415, type unsupported-media-type, with Accept-Encoding; a
+//     body that does not decode: 400, type bad-request; a JSON body
+//     declared in a charset other than UTF-8: 415, type
+//     unsupported-media-type; a JSON body without one reading (see
+//     "Fingerprint"): 400, type bad-request; a body that
 //     [Config.Validate] rejects: its 400 problem. Nothing is stored, so the
 //     key stays free, even when the key already has a record.
 //   - a new key the store has no room for ([ErrStoreFull]): 503, type
@@ -171,10 +176,17 @@
 // # Fingerprint
 //
 // The fingerprint is SHA-256 over the method, the path, the query string
-// and the body. A JSON body is canonicalised first: members sorted by their
+// and the body. The body is taken as its Content-Encoding decodes (gzip,
+// whose header holds a time, and deflate): a retry compressed again is the
+// same request. A JSON body is canonicalised first: members sorted by their
 // case-folded names, whitespace dropped, strings as encoding/json decodes
 // them; numbers are kept as written. Other bodies are hashed raw. The work
 // and memory are linear in the body's size, whatever its nesting.
+//
+// JSON is UTF-8 (RFC 8259). A JSON body declared in another charset, or
+// with bytes that are not UTF-8, or with a surrogate escape without its
+// other half (\ud800), is refused: encoding/json reads such text as
+// U+FFFD, so two bodies a client tells apart would share a fingerprint.
 //
 // The query is taken as a handler reads it through url.Values: parameters
 // split on '&', names and values decoded as url.QueryUnescape decodes them

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -87,6 +88,33 @@ func decodeContent(codings []string, body []byte, limit int64) ([]byte, error) {
 		body = out
 	}
 	return body, nil
+}
+
+// charsetProblem returns the 415 for a JSON body in a charset other than
+// UTF-8, nil for any other. JSON is UTF-8 (RFC 8259, section 8.1). A body
+// declared in another charset would mean other characters than the ones
+// its bytes spell in UTF-8, which the fingerprint reads, so it is refused
+// rather than fingerprinted as something it does not say. A body is JSON
+// when its media type says so (application/json, or a +json suffix) or
+// when it parses as JSON (isJSON).
+func charsetProblem(contentType string, isJSON bool) *Problem {
+	if !strings.Contains(contentType, ";") {
+		return nil // no parameters, so no charset
+	}
+	mediaType, params, err := mime.ParseMediaType(contentType)
+	charset, declared := params["charset"]
+	if err != nil {
+		// Parameters that do not parse may hide a charset.
+		declared = strings.Contains(strings.ToLower(contentType), "charset")
+	}
+	if !declared || err == nil && strings.EqualFold(charset, "utf-8") {
+		return nil
+	}
+	if !isJSON && mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json") {
+		return nil // not JSON: fingerprinted byte for byte, whatever its charset
+	}
+	return &Problem{Type: typeUnsupportedMediaType, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
+		Detail: fmt.Sprintf("a JSON body must be UTF-8 (RFC 8259), and the Content-Type %q declares another charset; send it as UTF-8, with charset=utf-8 or no charset", contentType)}
 }
 
 // decoded returns r as its handler sees it once its body is decoded: the

@@ -28,6 +28,7 @@ var (
 	NewFingerprint       = newFingerprint
 	ErrJSONTooDeep       = errJSONTooDeep
 	ErrJSONDuplicateName = errJSONDuplicateName
+	ErrJSONNotUTF8       = errJSONNotUTF8
 )
 
 const DefaultMaxDepth = defaultMaxDepth

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/jsonbody"
@@ -51,6 +52,13 @@ var (
 	// case-insensitively keeps the last of them and one that does not keeps
 	// both, so such a body has no single reading to fingerprint.
 	errJSONDuplicateName = errors.New("idempotency: JSON object has member names that are equal after case folding")
+	// errJSONNotUTF8 is wrapped by the error of newFingerprint for a JSON
+	// body that is not UTF-8 (RFC 8259, section 8.1): a byte sequence that
+	// is not UTF-8, or an escaped surrogate (\ud800) without its other
+	// half. encoding/json reads each as U+FFFD, so "\ud800" and "\udbff"
+	// would be one body to the fingerprint and two to the client: such a
+	// body is refused, never read lossily.
+	errJSONNotUTF8 = errors.New("idempotency: JSON body is not UTF-8")
 )
 
 // newFingerprint fingerprints a request with the current algorithm,
@@ -77,9 +85,10 @@ var (
 // A JSON body must have one reading for the fingerprint to mean anything.
 // newFingerprint returns an error wrapping errJSONDuplicateName for a body
 // with an object whose member names are equal after case folding, at any
-// depth, and one wrapping errJSONTooDeep for a body whose objects and
-// arrays nest deeper than maxDepth (zero or negative means
-// defaultMaxDepth). Bodies nested deeper than 10000 levels are not JSON to
+// depth, one wrapping errJSONNotUTF8 for a body that is not UTF-8 or has
+// an unpaired surrogate escape, and one wrapping errJSONTooDeep for a body
+// whose objects and arrays nest deeper than maxDepth (zero or negative
+// means defaultMaxDepth). Bodies nested deeper than 10000 levels are not JSON to
 // encoding/json and are hashed raw.
 //
 // The work and memory are linear in the size of the body, and n log n in
@@ -324,6 +333,11 @@ func parseJSON(body []byte, maxDepth int) (*canon, error) {
 			err = errNotJSON
 		}
 	}
+	if err == nil && !utf8.Valid(body) {
+		// Outside its strings JSON is ASCII: the bytes that are not UTF-8
+		// are in a string, which encoding/json would read as U+FFFD.
+		err = fmt.Errorf("%w: the bytes at offset %d are not UTF-8 (RFC 8259 asks for UTF-8); send the text as UTF-8", errJSONNotUTF8, firstInvalidUTF8(body))
+	}
 	if err == nil {
 		return c, nil
 	}
@@ -468,7 +482,8 @@ func (c *canon) object(depth int) error {
 
 // string checks the string at c.pos as encoding/json's scanner does (no
 // raw control characters, only JSON's escapes; any other byte, valid
-// UTF-8 or not) and moves past it.
+// UTF-8 or not) and moves past it. A surrogate escape without its other
+// half is an error wrapping errJSONNotUTF8 (parseJSON checks the bytes).
 func (c *canon) string() error {
 	in := c.in
 	i := c.pos + 1
@@ -490,12 +505,24 @@ func (c *canon) string() error {
 				if i+4 >= len(in) {
 					return errNotJSON
 				}
-				for _, h := range in[i+1 : i+5] {
-					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-						return errNotJSON
-					}
+				u, ok := hex4(in[i+1 : i+5])
+				if !ok {
+					return errNotJSON
 				}
 				i += 4
+				if utf16.IsSurrogate(rune(u)) {
+					// A high half must be followed at once by an escaped
+					// low half; a low half must follow a high one.
+					low, paired := uint16(0), false
+					if u < 0xdc00 && i+6 < len(in) && in[i+1] == '\\' && in[i+2] == 'u' {
+						low, paired = hex4(in[i+3 : i+7])
+						paired = paired && 0xdc00 <= low && low <= 0xdfff
+					}
+					if !paired {
+						return fmt.Errorf("%w: the escape \\u%04x at offset %d is half of a UTF-16 surrogate pair, without its other half; encode the character it is part of", errJSONNotUTF8, u, i-5)
+					}
+					i += 6
+				}
 			default:
 				return errNotJSON
 			}
@@ -503,6 +530,38 @@ func (c *canon) string() error {
 		i++
 	}
 	return errNotJSON
+}
+
+// hex4 decodes four hex digits.
+func hex4(h []byte) (uint16, bool) {
+	var v uint16
+	for _, b := range h {
+		switch {
+		case '0' <= b && b <= '9':
+			b -= '0'
+		case 'a' <= b && b <= 'f':
+			b -= 'a' - 10
+		case 'A' <= b && b <= 'F':
+			b -= 'A' - 10
+		default:
+			return 0, false
+		}
+		v = v<<4 | uint16(b)
+	}
+	return v, true
+}
+
+// firstInvalidUTF8 returns the offset of the first byte of b that does not
+// begin a UTF-8 sequence, or len(b).
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // literal moves past word (true, false or null) at c.pos.
@@ -786,7 +845,8 @@ func plainString(raw []byte) bool {
 }
 
 // decodeString decodes a string token as encoding/json does: escapes
-// resolved, invalid UTF-8 and lone surrogates replaced by U+FFFD.
+// resolved. (It would replace invalid UTF-8 and lone surrogates by U+FFFD,
+// losing them, but parseJSON refuses a body that has either.)
 func decodeString(token []byte) []byte {
 	var s string
 	_ = json.Unmarshal(token, &s) // valid: checked by json.Valid

@@ -95,7 +95,7 @@ func TestFingerprintSharedByBodiesReadTheSame(t *testing.T) {
 	t.Parallel()
 	groups := [][]string{
 		{`{"amount":1500,"customer":"cus_1"}`, `{"customer":"cus_1","amount":1500}`, `{ "customer" : "cus_\u0031", "amount" : 1500 }`},
-		{"[\"\xff\"]", "[\"\xfe\"]", `["\ufffd"]`, `["\ud800"]`},
+		{`["\ud83d\ude00"]`, `["😀"]`, `["\uD83D\uDE00"]`},
 		{`{"a":{"y":1,"x":[{"q":1,"p":2}]}}`, `{"a":{"x":[{"p":2,"q":1}],"y":1}}`},
 	}
 	for _, g := range groups {
@@ -104,6 +104,37 @@ func TestFingerprintSharedByBodiesReadTheSame(t *testing.T) {
 			assert.Equal(t, want, fingerprint(t, "POST", "/payments", body), "%s and %s", g[0], body)
 		}
 	}
+}
+
+// TestJSONIsReadAsUTF8OrRefused: a JSON body is UTF-8 (RFC 8259). Bytes
+// that are not UTF-8, or a surrogate escape without its other half, would
+// be read by encoding/json as U+FFFD, so that bodies a client tells apart
+// would share a fingerprint: they are refused, never read lossily.
+func TestJSONIsReadAsUTF8OrRefused(t *testing.T) {
+	t.Parallel()
+	t.Run("bodies that encoding/json reads as U+FFFD are refused", func(t *testing.T) {
+		for _, body := range []string{
+			"[\"\xff\"]", "[\"\xfe\"]", `["\ud800"]`, `["\udbff"]`, `["\udc00"]`, `["\ud800\u0041"]`, `["\ud800\ud800"]`,
+			`["\ud800x"]`, `["\udc00\ud800"]`, "{\"\xff\":1}", `{"\ud800":1}`, "[\"\xed\xa0\x80\"]", "[\"\xc0\xaf\"]",
+			`{"a":{"b":["ok","\udfff"]}}`,
+		} {
+			_, err := idempotency.NewFingerprint("POST", "/payments", "", []byte(body), 0)
+			assert.ErrorIs(t, err, idempotency.ErrJSONNotUTF8, "%q", body)
+		}
+	})
+	t.Run("U+FFFD itself and paired surrogates are read as written", func(t *testing.T) {
+		for _, body := range []string{`["\ufffd"]`, "[\"\ufffd\"]", `["\ud83d\ude00"]`, `["a\udbff\udfffb"]`, `"\\ud800"`} {
+			_, err := idempotency.NewFingerprint("POST", "/payments", "", []byte(body), 0)
+			assert.NoError(t, err, "%q", body)
+		}
+	})
+	t.Run("bytes that are not JSON are fingerprinted as they are, whatever they hold", func(t *testing.T) {
+		a, err := idempotency.NewFingerprint("POST", "/payments", "", []byte("amount=\xff"), 0)
+		require.NoError(t, err)
+		b, err := idempotency.NewFingerprint("POST", "/payments", "", []byte("amount=\xfe"), 0)
+		require.NoError(t, err)
+		assert.NotEqual(t, a, b)
+	})
 }
 
 // nested returns a JSON body of depth objects, each with a padding member

@@ -249,9 +249,18 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// goes to Validate too, through the request's Body (see
 	// internal/jsonbody), and is dropped when Validate returns.
 	c, err := parseJSON(body, m.cfg.MaxDepth)
+	if p := charsetProblem(r.Header.Get("Content-Type"), c != nil || err != nil); p != nil {
+		if c != nil {
+			c.release()
+		}
+		m.report(r, outcomeRejected)
+		p.Write(w)
+		return
+	}
 	if err != nil {
-		// Too deep, or an object whose member names collide after case
-		// folding: no single reading to fingerprint. Nothing is stored.
+		// Too deep, an object whose member names collide after case
+		// folding, or text that is not UTF-8: no single reading to
+		// fingerprint. Nothing is stored.
 		m.report(r, outcomeRejected)
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return

@@ -663,6 +663,73 @@ func TestTheFingerprintIsOfWhatTheRequestMeans(t *testing.T) {
 	})
 }
 
+// TestJSONIsUTF8: a JSON body is UTF-8 (RFC 8259). One declared in
+// another charset, with bytes that are not UTF-8, or with a surrogate
+// escape without its other half is refused with a clear 4xx, so that two
+// bodies a client tells apart never share a fingerprint; nothing is
+// stored and the key stays free.
+func TestJSONIsUTF8(t *testing.T) {
+	t.Parallel()
+	const payment = `{"amount":1500,"note":"café"}`
+	t.Run("a JSON body declared in another charset is a clear 415", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+		for _, tt := range []struct{ ct, body string }{
+			{"application/json; charset=iso-8859-1", payment},
+			{"application/json; charset=ISO-8859-1", `{"amount":1500}`},
+			{`application/json; charset="windows-1252"`, payment},
+			{"application/json; charset=utf-16", "\x00{\x00}"},
+			{"application/merge-patch+json; charset=latin1", payment},
+			{"text/plain; charset=iso-8859-1", payment},
+			{"application/json; charset=latin1; charset=utf-8", payment},
+		} {
+			w := serveWith(h, "k", []byte(tt.body), "Content-Type", tt.ct)
+			require.Equal(t, http.StatusUnsupportedMediaType, w.Code, "%s: %s", tt.ct, w.Body.String())
+			p := decodeProblem(t, w)
+			assert.Equal(t, idempotency.TypeUnsupportedMediaType, p.Type)
+			assert.Contains(t, p.Detail, "UTF-8")
+		}
+		assert.Zero(t, c.runs.Load())
+		assert.Equal(t, http.StatusCreated, serveWith(h, "k", []byte(payment), "Content-Type", "application/json").Code, "the key stays free")
+	})
+	t.Run("UTF-8 declared in any spelling, or no charset, is taken", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+		for _, ct := range []string{"application/json", "application/json; charset=utf-8", `application/json;charset="UTF-8"`, "application/json; v=2"} {
+			w := serveWith(h, "k", []byte(payment), "Content-Type", ct)
+			assert.Equal(t, http.StatusCreated, w.Code, "%s: %s", ct, w.Body.String())
+		}
+		assert.EqualValues(t, 1, c.runs.Load())
+	})
+	t.Run("a body that is not JSON is taken whatever its charset", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+		a := serveWith(h, "k", []byte("note=caf\xe9"), "Content-Type", "application/x-www-form-urlencoded; charset=iso-8859-1")
+		b := serveWith(h, "k", []byte("note=caf\xea"), "Content-Type", "application/x-www-form-urlencoded; charset=iso-8859-1")
+		assert.Equal(t, http.StatusCreated, a.Code)
+		assert.Equal(t, http.StatusUnprocessableEntity, b.Code, "another body under the key")
+	})
+	t.Run("text that encoding/json would read as U+FFFD is a clear 400", func(t *testing.T) {
+		t.Parallel()
+		c := &counter{status: 201}
+		h := idempotency.New(c, idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}})
+		for _, body := range []string{`{"note":"\ud800"}`, `{"note":"\udbff"}`, "{\"note\":\"\xff\"}", "{\"note\":\"\xfe\"}", `{"note":"\udc00\ud800"}`} {
+			w := serveWith(h, "k", []byte(body), "Content-Type", "application/json")
+			require.Equal(t, http.StatusBadRequest, w.Code, "%q: %s", body, w.Body.String())
+			p := decodeProblem(t, w)
+			assert.Equal(t, idempotency.TypeBadRequest, p.Type)
+			assert.Contains(t, p.Detail, "not UTF-8")
+		}
+		assert.Zero(t, c.runs.Load())
+		assert.Equal(t, http.StatusCreated, serveWith(h, "k", []byte(`{"note":"\ud83d\ude00"}`)).Code, "the key stays free")
+		assert.Equal(t, "true", serveWith(h, "k", []byte(`{"note":"😀"}`)).Header().Get(idempotency.HeaderReplayed),
+			"a pair of surrogate escapes is the character it encodes")
+	})
+}
+
 // decodeProblem decodes the problem answer w holds.
 func decodeProblem(t *testing.T, w *httptest.ResponseRecorder) idempotency.Problem {
 	t.Helper()

@@ -133,6 +133,34 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
 		},
 		{
+			Name: "lone-surrogates-read-as-fffd", File: "idempotency/fingerprint.go",
+			Note:    "a surrogate escape without its other half is read as U+FFFD, so \\ud800 and \\udbff share a fingerprint",
+			Anchor:  "if utf16.IsSurrogate(rune(u)) {",
+			Replace: "if false && utf16.IsSurrogate(rune(u)) {",
+			Pkg:     "./idempotency", Run: "^(TestJSONIsUTF8|TestJSONIsReadAsUTF8OrRefused)$",
+		},
+		{
+			Name: "invalid-utf8-read-as-fffd", File: "idempotency/fingerprint.go",
+			Note:    "bytes that are not UTF-8 in a JSON string are read as U+FFFD, so two such bodies share a fingerprint",
+			Anchor:  "if err == nil && !utf8.Valid(body) {",
+			Replace: "if false {",
+			Pkg:     "./idempotency", Run: "^(TestJSONIsUTF8|TestJSONIsReadAsUTF8OrRefused)$",
+		},
+		{
+			Name: "json-charset-ignored", File: "idempotency/encoding.go",
+			Note:    "a JSON body declared in another charset is fingerprinted as if it were UTF-8",
+			Anchor:  `if !declared || err == nil && strings.EqualFold(charset, "utf-8") {`,
+			Replace: `if _, _ = charset, declared; true {`,
+			Pkg:     "./idempotency", Run: "^TestJSONIsUTF8$",
+		},
+		{
+			Name: "charset-refused-for-any-body", File: "idempotency/encoding.go",
+			Note:    "a body that is not JSON is refused for its charset too",
+			Anchor:  `if !isJSON && mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json") {`,
+			Replace: `if _ = mediaType; false {`,
+			Pkg:     "./idempotency", Run: "^TestJSONIsUTF8$",
+		},
+		{
 			// The simulated server echoes the key itself, as received
 			// (it rewrites keys to compare them raw).
 			Name: "no-key-echo", File: "idempotency/middleware.go",
