@@ -27,7 +27,10 @@
 //   - a record with another fingerprint (method, path, query or body): 422,
 //     type idempotency-key-reused.
 //   - a COMPLETED record: its stored status, headers and body, byte for byte,
-//     plus Idempotent-Replayed: true.
+//     plus Idempotent-Replayed: true. A record whose answer body was over
+//     [Config.MaxStoredBodyBytes] or [Config.Confidential] kept no body:
+//     its replay has the status, Content-Type and Location, an empty body
+//     and Idempotent-Body-Omitted: too-large or confidential.
 //   - an IN_PROGRESS record whose lease is alive: 409, type
 //     request-in-progress, with Retry-After.
 //   - an IN_PROGRESS record whose lease has ended: the record is taken over

@@ -56,4 +56,7 @@ const (
 const (
 	HeaderKey      = headerKey
 	HeaderReplayed = headerReplayed
+
+	HeaderBodyOmitted         = headerBodyOmitted
+	DefaultMaxStoredBodyBytes = defaultMaxStoredBodyBytes
 )

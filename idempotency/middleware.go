@@ -41,6 +41,9 @@ const (
 	defaultRetention    = 24 * time.Hour
 	defaultLease        = 30 * time.Second
 	defaultMaxBodyBytes = 1 << 20
+	// defaultMaxStoredBodyBytes is the largest answer body a record keeps
+	// when [Config.MaxStoredBodyBytes] is zero.
+	defaultMaxStoredBodyBytes = 64 << 10
 )
 
 // Config configures [New]. Store and Principal are required; every other
@@ -72,6 +75,20 @@ type Config struct {
 	// their Content-Encoding; larger ones get 413. Zero means 1 MiB
 	// (1 << 20 bytes).
 	MaxBodyBytes int64
+	// MaxStoredBodyBytes bounds the answer body a record keeps. A larger
+	// answer is still sent whole to its request, and its record is still
+	// COMPLETED, with its status, Location and Content-Type, but without
+	// the body: a replay answers that status with an empty body and
+	// Idempotent-Body-Omitted: too-large. The key is never freed, so the
+	// work never runs twice. Zero or negative means 64 KiB.
+	MaxStoredBodyBytes int64
+	// Confidential, if not nil, reports whether the answer to r must not
+	// be kept at rest in clear: one that shows a secret (a card number, an
+	// API key shown once). Its record keeps the status, Location and
+	// Content-Type, never the body; a replay answers that status with an
+	// empty body and Idempotent-Body-Omitted: confidential. The key is
+	// never freed. Nil keeps every answer within MaxStoredBodyBytes.
+	Confidential func(r *http.Request) bool
 	// MaxDepth limits how deep the objects and arrays of a JSON body nest
 	// ({} is one level); deeper bodies get 400 before [Config.Validate]
 	// sees them. Zero or negative means 100. Bodies
@@ -166,6 +183,9 @@ func New(next http.Handler, cfg Config) http.Handler {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = defaultMaxBodyBytes
+	}
+	if cfg.MaxStoredBodyBytes <= 0 {
+		cfg.MaxStoredBodyBytes = defaultMaxStoredBodyBytes
 	}
 	if cfg.Principal == nil {
 		// No default: the raw Authorization value, the only one there could
@@ -477,7 +497,7 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		if err := wk.commit(context.WithoutCancel(ctx)); err != nil {
 			return nil, err
 		}
-		return cw.response(), nil
+		return m.stored(r, cw), nil
 	})
 	if err == nil {
 		f.decide(existing)
@@ -542,7 +562,7 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 		cw.writeTo(w)
 		return
 	}
-	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, cw.response(), wk.commit); {
+	switch err := m.cfg.Store.Complete(ctx, rec.ID, rec.Owner, m.stored(r, cw), wk.commit); {
 	case errors.Is(err, ErrNotOwner):
 		m.report(r, outcomeLost)
 		(&Problem{Type: typeRequestInProgress, Title: "Request in progress", Status: http.StatusConflict,
@@ -671,7 +691,8 @@ func (e *echoWriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
 // storedHeaders are the response fields a replay needs; nothing else is kept.
 var storedHeaders = []string{"Content-Type", "Location"}
 
-// replay writes a stored response byte for byte, marked as a replay.
+// replay writes a stored response byte for byte, marked as a replay. A
+// record that kept no body says so in headerBodyOmitted, stored with it.
 func replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -712,13 +733,37 @@ func (c *capture) code() int {
 	return c.status
 }
 
-// response is the captured answer as stored: only what a replay needs.
-func (c *capture) response() *Response {
-	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 2), Body: c.body.Bytes()}
+// The values of headerBodyOmitted: why a record keeps no body.
+const (
+	omittedTooLarge     = "too-large"    // over Config.MaxStoredBodyBytes
+	omittedConfidential = "confidential" // Config.Confidential said so
+)
+
+// stored is the answer cw captured for r as its record keeps it: the
+// body is left out when it is over the bound or confidential, and the
+// record says so in headerBodyOmitted, which a replay carries.
+func (m *middleware) stored(r *http.Request, cw *capture) *Response {
+	switch {
+	case m.cfg.Confidential != nil && m.cfg.Confidential(r):
+		return cw.response(omittedConfidential)
+	case int64(cw.body.Len()) > m.cfg.MaxStoredBodyBytes:
+		return cw.response(omittedTooLarge)
+	}
+	return cw.response("")
+}
+
+// response is the captured answer as stored: only what a replay needs,
+// without its body when omitted says why.
+func (c *capture) response(omitted string) *Response {
+	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 3), Body: c.body.Bytes()}
 	for _, f := range storedHeaders {
 		if v := c.header.Values(f); len(v) > 0 {
 			resp.Header[f] = v
 		}
+	}
+	if omitted != "" {
+		resp.Body = nil
+		resp.Header.Set(headerBodyOmitted, omitted)
 	}
 	return resp
 }
@@ -730,6 +775,7 @@ func (c *capture) writeTo(w http.ResponseWriter) {
 		h[k] = v
 	}
 	h.Del(headerReplayed)
+	h.Del(headerBodyOmitted)
 	h.Set("Content-Length", strconv.Itoa(c.body.Len()))
 	w.WriteHeader(c.code())
 	_, _ = w.Write(c.body.Bytes())

@@ -730,6 +730,90 @@ func TestJSONIsUTF8(t *testing.T) {
 	})
 }
 
+// TestAStoredAnswerIsBoundedAndNeverKeepsASecret: an answer over
+// MaxStoredBodyBytes, or to a request Confidential names, is sent whole to
+// its request, and its record is COMPLETED with the status, Location and
+// Content-Type but no body: the replay gives that status, marked with
+// Idempotent-Body-Omitted, and the work never runs again.
+func TestAStoredAnswerIsBoundedAndNeverKeepsASecret(t *testing.T) {
+	t.Parallel()
+	const secret = "sk_live_4242424242424242"
+	handler := func(runs *atomic.Int32) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Location", "/keys/1")
+			w.WriteHeader(http.StatusCreated)
+			if r.URL.Path == "/big" {
+				_, _ = w.Write([]byte(`{"pad":"` + strings.Repeat("x", idempotency.DefaultMaxStoredBodyBytes) + `"}`))
+				return
+			}
+			_, _ = w.Write([]byte(`{"key":"` + secret + `"}`))
+		})
+	}
+	post := func(h http.Handler, path string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, path, strings.NewReader("a"))
+		r.Header.Set(idempotency.HeaderKey, "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	for _, tt := range []struct {
+		name, path, omitted string
+	}{
+		{"an answer over the bound is sent whole and its replay says it was not kept", "/big", "too-large"},
+		{"a confidential answer is sent whole and never kept at rest", "/keys", "confidential"},
+		{"an answer within the bound is kept and replayed whole", "/small", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var runs atomic.Int32
+			store := &idempotency.MemoryStore{}
+			h := idempotency.New(handler(&runs), idempotency.Config{Principal: anyone, Store: store,
+				Confidential: func(r *http.Request) bool { return r.URL.Path == "/keys" }})
+			first := post(h, tt.path)
+			require.Equal(t, http.StatusCreated, first.Code)
+			assert.Empty(t, first.Header().Get(idempotency.HeaderBodyOmitted), "a fresh answer is whole")
+			if tt.path == "/big" {
+				assert.Greater(t, first.Body.Len(), idempotency.DefaultMaxStoredBodyBytes)
+			} else {
+				assert.Contains(t, first.Body.String(), secret)
+			}
+
+			at := idempotency.MemoryAtRest(store)
+			assert.Contains(t, at, "COMPLETED")
+			assert.Contains(t, at, "/keys/1", "the Location is kept")
+			if tt.omitted != "" {
+				assert.NotContains(t, at, secret)
+				assert.NotContains(t, at, "xxxxxxxx")
+			}
+
+			replay := post(h, tt.path)
+			assert.EqualValues(t, 1, runs.Load(), "the key is never freed: the work runs once")
+			require.Equal(t, http.StatusCreated, replay.Code)
+			assert.Equal(t, "true", replay.Header().Get(idempotency.HeaderReplayed))
+			assert.Equal(t, "/keys/1", replay.Header().Get("Location"))
+			assert.Equal(t, "application/json", replay.Header().Get("Content-Type"))
+			assert.Equal(t, tt.omitted, replay.Header().Get(idempotency.HeaderBodyOmitted))
+			if tt.omitted != "" {
+				assert.Empty(t, replay.Body.String())
+				assert.Equal(t, "0", replay.Header().Get("Content-Length"))
+			} else {
+				assert.Equal(t, first.Body.String(), replay.Body.String())
+			}
+		})
+	}
+	t.Run("the bound is the Config's", func(t *testing.T) {
+		t.Parallel()
+		var runs atomic.Int32
+		h := idempotency.New(handler(&runs), idempotency.Config{Principal: anyone, Store: &idempotency.MemoryStore{}, MaxStoredBodyBytes: 16})
+		post(h, "/small")
+		replay := post(h, "/small")
+		assert.Equal(t, "too-large", replay.Header().Get(idempotency.HeaderBodyOmitted))
+		assert.EqualValues(t, 1, runs.Load())
+	})
+}
+
 // decodeProblem decodes the problem answer w holds.
 func decodeProblem(t *testing.T, w *httptest.ResponseRecorder) idempotency.Problem {
 	t.Helper()

@@ -161,6 +161,27 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestJSONIsUTF8$",
 		},
 		{
+			Name: "stored-answers-unbounded", File: "idempotency/middleware.go",
+			Note:    "a record keeps an answer body of any size",
+			Anchor:  "case int64(cw.body.Len()) > m.cfg.MaxStoredBodyBytes:",
+			Replace: "case false:",
+			Pkg:     "./idempotency", Run: "^TestAStoredAnswerIsBoundedAndNeverKeepsASecret$",
+		},
+		{
+			Name: "confidential-answers-kept", File: "idempotency/middleware.go",
+			Note:    "a record keeps the body of an answer Config.Confidential names",
+			Anchor:  "case m.cfg.Confidential != nil && m.cfg.Confidential(r):",
+			Replace: "case false:",
+			Pkg:     "./idempotency", Run: "^TestAStoredAnswerIsBoundedAndNeverKeepsASecret$",
+		},
+		{
+			Name: "omitted-body-unmarked", File: "idempotency/middleware.go",
+			Note:    "a replay without its body does not say the body was not kept",
+			Anchor:  "resp.Header.Set(headerBodyOmitted, omitted)",
+			Replace: "",
+			Pkg:     "./idempotency", Run: "^TestAStoredAnswerIsBoundedAndNeverKeepsASecret$",
+		},
+		{
 			// The simulated server echoes the key itself, as received
 			// (it rewrites keys to compare them raw).
 			Name: "no-key-echo", File: "idempotency/middleware.go",

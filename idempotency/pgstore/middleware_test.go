@@ -327,3 +327,53 @@ func TestLeaseEffectNestedTransactions(t *testing.T) {
 	assert.Zero(t, count(t, pool, "SELECT count(*) FROM payments WHERE id = 'undone'"))
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'COMPLETED'"))
 }
+
+// TestAStoredAnswerWithoutItsBodyReplaysOverPostgres: in both modes, a
+// confidential answer's record is COMPLETED with its status and headers
+// and an empty body in the database; the replay carries the marker the
+// record kept, and the work runs once.
+func TestAStoredAnswerWithoutItsBodyReplaysOverPostgres(t *testing.T) {
+	const secret = "sk_live_4242424242424242"
+	for _, oneTx := range []bool{false, true} {
+		t.Run(map[bool]string{false: "in the lease mode", true: "in one transaction"}[oneTx], func(t *testing.T) {
+			pool := newPool(t)
+			ctx := context.Background()
+			var runs atomic.Int32
+			h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Location", "/keys/1")
+				w.WriteHeader(http.StatusCreated)
+				_, _ = w.Write([]byte(`{"key":"` + secret + `"}`))
+			}), idempotency.Config{Store: New(pool, nil), Principal: anyone, OneTransaction: oneTx,
+				Confidential: func(*http.Request) bool { return true }})
+			post := func() *httptest.ResponseRecorder {
+				r := httptest.NewRequest(http.MethodPost, "/keys", strings.NewReader(`{}`))
+				r.Header.Set("Idempotency-Key", "k1")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				return w
+			}
+			first := post()
+			require.Equal(t, http.StatusCreated, first.Code)
+			assert.Contains(t, first.Body.String(), secret, "the fresh answer is whole")
+
+			var (
+				status, header string
+				body           []byte
+			)
+			require.NoError(t, pool.QueryRow(ctx, `SELECT status, response_header::text, response_body FROM idempotency_records WHERE key = 'k1'`).
+				Scan(&status, &header, &body))
+			assert.Equal(t, idempotency.StatusCompleted, status)
+			assert.Empty(t, body, "no body at rest")
+			assert.Contains(t, header, "confidential")
+
+			replay := post()
+			assert.EqualValues(t, 1, runs.Load())
+			require.Equal(t, http.StatusCreated, replay.Code)
+			assert.Equal(t, "confidential", replay.Header().Get("Idempotent-Body-Omitted"))
+			assert.Equal(t, "/keys/1", replay.Header().Get("Location"))
+			assert.Empty(t, replay.Body.String())
+		})
+	}
+}
