@@ -70,5 +70,19 @@ func TestMutants(t *testing.T) {
 			Replace: `Detail: err.Error()}`,
 			Pkg:     "./fakeserver", Run: "^TestDatabaseErrorsAreLoggedNeverShown$", Env: pg,
 		},
+		{
+			Name: "uuid-keys-compared-by-case-on-postgres", File: "internal/idemkey/key.go",
+			Note:    "in UUID mode, on PostgreSQL, a key in upper case and its lower-cased retry are two payments",
+			Anchor:  "return Canonical(key, requireUUID), nil",
+			Replace: "return key, nil",
+			Pkg:     "./fakeserver", Run: "^TestOneKeyOneRecord$/on_PostgreSQL$", Env: pg,
+		},
+		{
+			Name: "lookup-compares-key-by-case", File: "fakeserver/payments.go",
+			Note:    "in UUID mode the lookup by key compares the key as sent, not in the form the records hold",
+			Anchor:  "Key: idemkey.Canonical(key, h.cfg.uuid)",
+			Replace: "Key: key",
+			Pkg:     "./fakeserver", Run: "^TestOneKeyOneRecord$",
+		},
 	})
 }

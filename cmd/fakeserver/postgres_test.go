@@ -318,3 +318,35 @@ func TestProcessesLookupFindsTheChargeOfAKilledProcess(t *testing.T) {
 	assert.Equal(t, 1, st.Payments, "the charge is a payment")
 	assert.Equal(t, 1, st.ProviderCharges)
 }
+
+// TestProgramInUUIDModeTakesAKeyInEitherCase: the program with
+// -key-format uuid on PostgreSQL. An iOS client sends its key in upper
+// case (UUID().uuidString) and a gateway lower-cases the retry: one
+// execution, one charge; each answer echoes the key as its request sent
+// it.
+func TestProgramInUUIDModeTakesAKeyInEitherCase(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	addr, _, _ := startProgram(t, buildProgram(t), "-postgres", dsn, "-key-format", "uuid")
+	base := "http://" + addr
+	c := &http.Client{}
+	defer c.CloseIdleConnections()
+	var bodies []string
+	for _, key := range []string{"8E03978E-40D5-43E8-BC93-6894A57F9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"} {
+		r, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		r.Header.Set("Idempotency-Key", key)
+		resp, err := c.Do(r)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+		assert.Equal(t, key, resp.Header.Get("Idempotency-Key"), "the echo is the key as received")
+		bodies = append(bodies, string(body))
+	}
+	assert.Equal(t, bodies[0], bodies[1], "the retry replays the payment")
+	st := stats(t, base)
+	assert.Equal(t, 1, st.Executions, "one execution")
+	assert.Equal(t, 1, st.ProviderCharges, "one charge")
+}
