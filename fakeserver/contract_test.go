@@ -2,8 +2,10 @@ package fakeserver_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -155,6 +157,41 @@ func TestOneKeyOneRecord(t *testing.T) {
 		assert.Equal(t, lower, second.Header.Get("Idempotency-Key"))
 		assert.Equal(t, 2, s.Stats().Payments)
 	})
+}
+
+// TestACompressedRetryIsTheSamePayment: a client compresses its payment
+// with gzip, and its retry compresses it again a few seconds later, with
+// another time in the gzip header: the retry replays the payment, with no
+// second charge, where the bytes alone would be a 422.
+func TestACompressedRetryIsTheSamePayment(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	var answers []answer
+	for i, mod := range []time.Time{epoch, epoch.Add(4 * time.Second)} {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.ModTime = mod
+		_, err := zw.Write([]byte(payBody))
+		require.NoError(t, err)
+		require.NoError(t, zw.Close())
+		r, err := http.NewRequest(http.MethodPost, s.URL+"/payments", &buf)
+		require.NoError(t, err)
+		r.Header.Set("Idempotency-Key", "gz-1")
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Content-Encoding", "gzip")
+		resp, err := s.Client().Do(r)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "attempt %d: %s", i+1, body)
+		answers = append(answers, answer{Status: resp.StatusCode, Header: resp.Header, Body: body})
+	}
+	assert.Equal(t, "true", answers[1].Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, string(answers[0].Body), string(answers[1].Body))
+	st := s.Stats()
+	assert.Equal(t, 1, st.Executions)
+	assert.Equal(t, 1, st.ProviderCharges)
 }
 
 // validationCases are bodies that fail validation; FuzzHandler is seeded

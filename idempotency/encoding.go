@@ -53,7 +53,7 @@ func decodeContent(codings []string, body []byte, limit int64) ([]byte, error) {
 				continue
 			case "gzip", "x-gzip", "deflate":
 			default:
-				return nil, fmt.Errorf("%w: %q; this server decodes %s", errUnsupportedEncoding, c, acceptEncoding)
+				return nil, fmt.Errorf("%w: %q; this server decodes %s", errUnsupportedEncoding, clip(c), acceptEncoding)
 			}
 			list = append(list, c)
 		}
@@ -114,7 +114,17 @@ func charsetProblem(contentType string, isJSON bool) *Problem {
 		return nil // not JSON: fingerprinted byte for byte, whatever its charset
 	}
 	return &Problem{Type: typeUnsupportedMediaType, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
-		Detail: fmt.Sprintf("a JSON body must be UTF-8 (RFC 8259), and the Content-Type %q declares another charset; send it as UTF-8, with charset=utf-8 or no charset", contentType)}
+		Detail: fmt.Sprintf("a JSON body must be UTF-8 (RFC 8259), and the Content-Type %q declares another charset; send it as UTF-8, with charset=utf-8 or no charset", clip(contentType))}
+}
+
+// clip shortens a request's field value quoted in a problem's detail:
+// the answer to a long header need not carry it back whole.
+func clip(s string) string {
+	const most = 64
+	if len(s) <= most {
+		return s
+	}
+	return s[:most] + "..."
 }
 
 // decoded returns r as its handler sees it once its body is decoded: the

@@ -121,7 +121,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "unknown-encoding-taken-raw", File: "idempotency/encoding.go",
 			Note:    "a coding the middleware does not know is skipped, and the body fingerprinted as sent",
-			Anchor:  `return nil, fmt.Errorf("%w: %q; this server decodes %s", errUnsupportedEncoding, c, acceptEncoding)`,
+			Anchor:  `return nil, fmt.Errorf("%w: %q; this server decodes %s", errUnsupportedEncoding, clip(c), acceptEncoding)`,
 			Replace: `continue`,
 			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
 		},
