@@ -755,7 +755,7 @@ func (m *middleware) stored(r *http.Request, cw *capture) *Response {
 // response is the captured answer as stored: only what a replay needs,
 // without its body when omitted says why.
 func (c *capture) response(omitted string) *Response {
-	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 3), Body: c.body.Bytes()}
+	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 2), Body: c.body.Bytes()}
 	for _, f := range storedHeaders {
 		if v := c.header.Values(f); len(v) > 0 {
 			resp.Header[f] = v
