@@ -688,7 +688,8 @@ func (e *echoWriter) Write(p []byte) (int, error) {
 // Unwrap gives http.ResponseController the writer underneath.
 func (e *echoWriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
 
-// storedHeaders are the response fields a replay needs; nothing else is kept.
+// storedHeaders are the response fields a replay needs; nothing else is
+// kept, but for headerBodyOmitted on a record that kept no body.
 var storedHeaders = []string{"Content-Type", "Location"}
 
 // replay writes a stored response byte for byte, marked as a replay. A
