@@ -26,8 +26,10 @@ type Options struct {
 	// ProcessingDelay is the time each payment takes, in real time (not the
 	// Clock); the wait ends early if the client goes away. Zero means none.
 	ProcessingDelay time.Duration
-	// RequireUUID accepts only canonical UUIDs as keys; false accepts any
-	// key of 1-255 visible ASCII characters.
+	// RequireUUID accepts only UUIDs in their 36-character form as keys,
+	// compared in any case (an upper-case key and its lower-cased retry
+	// are one key); false accepts any key of 1-255 visible ASCII
+	// characters, compared byte for byte.
 	RequireUUID bool
 	// Clock tells the time to retention, leases, created_at, payment ids
 	// and Retry-After, so that tests drive them without sleeping: pass the

@@ -93,7 +93,7 @@ func run(args []string, stderr io.Writer) int {
 	retention := fs.Duration("retention", 24*time.Hour, "how long idempotency records live, from their creation")
 	lease := fs.Duration("lease", 30*time.Second, "IN_PROGRESS lease; after it another request may take a record over")
 	delay := fs.Duration("processing-delay", 0, "time each payment takes")
-	keyFormat := fs.String("key-format", "any", `accepted Idempotency-Key format: "any" or "uuid"`)
+	keyFormat := fs.String("key-format", "any", `accepted Idempotency-Key format: "any" (compared byte for byte) or "uuid" (compared in any case)`)
 	sweepEvery := fs.Duration("sweep-every", time.Minute, "how often expired records are deleted; 0 disables")
 	readHeaderTimeout := fs.Duration("read-header-timeout", 10*time.Second, "longest time to read a request's headers")
 	readTimeout := fs.Duration("read-timeout", 30*time.Second, "longest time to read a request, body included; a slower client is disconnected")
