@@ -48,10 +48,12 @@ const (
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
-	// Clock tells the time to Retry-After and the durations the store is
-	// given, so tests can drive them without sleeping (a clock.Manual).
-	// Leases and retention are judged on the store's clock (see [Store]):
-	// give a test's store the same clock. Nil means the system clock.
+	// Clock tells the durations the store is given (a record's lease and
+	// retention, from its CreatedAt), so tests can drive them without
+	// sleeping (a clock.Manual). Leases, retention and the Retry-After
+	// of a 409 are judged on the store's clock (see [Store] and
+	// [Record.ReadAt]), never on this one: hosts whose clocks disagree
+	// answer alike. Nil means the system clock.
 	Clock clock.Clock
 	// Retention is how long a record lives, from its CreatedAt. Zero or
 	// negative means 24 hours.
@@ -321,8 +323,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.answer(w, r, existing, rec, body)
 			return
 		}
-		if existing.LockedUntil.After(now) {
-			m.inProgress(w, r, existing, now)
+		// The lease is judged on the store's clock, at the moment the
+		// store read the record: never on this host's.
+		at := storeNow(existing, now)
+		if existing.LockedUntil.After(at) {
+			m.inProgress(w, r, existing, at)
 			return
 		}
 		if m.once != nil {
@@ -550,6 +555,16 @@ func (m *middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 	return err
 }
 
+// storeNow is the store's now when it read rec, the time its lease is
+// judged at; now (this host's) for a store that judges on its callers'
+// clock.
+func storeNow(rec *Record, now time.Time) time.Time {
+	if rec.ReadAt.IsZero() {
+		return now
+	}
+	return rec.ReadAt
+}
+
 // inProgress answers 409. Retry-After is the time left until the work is
 // expected to be done (the lease start plus Config.Expected), never past the
 // end of the lease, in whole seconds rounded up, at least 1.
@@ -587,7 +602,11 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 	if errors.Is(err, ErrStoreFull) {
 		m.report(r, outcomeFull)
 		if fe := (*fullError)(nil); errors.As(err, &fe) {
-			withRetryAfter(w, secondsUntil(fe.Until, m.now()))
+			now := fe.Now
+			if now.IsZero() {
+				now = m.now()
+			}
+			withRetryAfter(w, secondsUntil(fe.Until, now))
 		}
 		(&Problem{Type: typeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)

@@ -537,3 +537,69 @@ func TestValidateGetsTheFingerprintsReading(t *testing.T) {
 		assert.False(t, inHandler, "a reading in the handler of %q", tt.body)
 	}
 }
+
+// TestLeasesAreJudgedOnTheStoresClock: hosts whose clocks are an hour
+// ahead of the store's, or an hour behind, answer as a host on the store's
+// clock does. A duplicate's 409 says to retry after the work's expected
+// time, and a dead worker's record is taken over once its lease has ended
+// by the store's clock, not the host's.
+func TestLeasesAreJudgedOnTheStoresClock(t *testing.T) {
+	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+		name := "an hour ahead"
+		if skew < 0 {
+			name = "an hour behind"
+		}
+		t.Run("a 409's Retry-After counts on the store's clock, host "+name, func(t *testing.T) {
+			storeClk := clock.NewManual(t0)
+			store := &idempotency.MemoryStore{Clock: storeClk}
+			cfg := func(skew time.Duration) idempotency.Config {
+				return idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0.Add(skew)),
+					Lease: 10 * time.Second, Expected: 3 * time.Second}
+			}
+			slow := &counter{status: 201, block: make(chan struct{})}
+			var wg sync.WaitGroup
+			wg.Go(func() { serve(idempotency.New(slow, cfg(0)), "k", "x") })
+			require.Eventually(t, func() bool { return slow.runs.Load() == 1 }, 10*time.Second, time.Millisecond)
+
+			other := &counter{status: 201}
+			w := serve(idempotency.New(other, cfg(skew)), "k", "x")
+			assert.Equal(t, http.StatusConflict, w.Code)
+			assert.Equal(t, "3", w.Header().Get("Retry-After"), "the work is expected in 3 s on the store's clock")
+			assert.Zero(t, other.runs.Load())
+			close(slow.block)
+			wg.Wait()
+		})
+		t.Run("a dead worker's record is taken over when its lease ends on the store's clock, host "+name, func(t *testing.T) {
+			storeClk := clock.NewManual(t0)
+			store := &idempotency.MemoryStore{Clock: storeClk}
+			var infos []idempotency.Info
+			var mu sync.Mutex
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				info, _ := idempotency.FromContext(r.Context())
+				mu.Lock()
+				infos = append(infos, info)
+				first := len(infos) == 1
+				mu.Unlock()
+				if first {
+					panic(http.ErrAbortHandler) // the worker dies
+				}
+				w.WriteHeader(201)
+			})
+			cfg := idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0), Lease: 10 * time.Second}
+			assert.PanicsWithValue(t, http.ErrAbortHandler, func() { serve(idempotency.New(h, cfg), "k", "x") })
+
+			cfg.Clock = clock.NewManual(t0.Add(skew))
+			skewed := idempotency.New(h, cfg)
+			storeClk.Advance(9 * time.Second)
+			w := serve(skewed, "k", "x")
+			assert.Equal(t, http.StatusConflict, w.Code, "the lease is alive on the store's clock")
+			assert.Equal(t, "1", w.Header().Get("Retry-After"), "the lease ends in 1 s on the store's clock")
+			storeClk.Advance(time.Second)
+			w = serve(skewed, "k", "x")
+			require.Equal(t, 201, w.Code, "the lease has ended on the store's clock: %s", w.Body)
+			require.Len(t, infos, 2)
+			assert.True(t, infos[1].Takeover)
+			assert.Equal(t, infos[0].StableID, infos[1].StableID)
+		})
+	}
+}

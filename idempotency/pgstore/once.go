@@ -152,6 +152,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		if err != nil {
 			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
 		}
+		existing.ReadAt = now
 		if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||
 			existing.Fingerprint != rec.Fingerprint || existing.FingerprintVersion != rec.FingerprintVersion {
 			return existing, nil // done, under a live lease, or another request's

@@ -211,6 +211,7 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		if existing.Expired(now) {
 			continue // an old version, replaced after the snapshot
 		}
+		existing.ReadAt = now
 		return existing, false, nil
 	}
 	return nil, false, fmt.Errorf("pgstore: insert key %q: the record changed under %d attempts", rec.ID.Key, insertAttempts)
@@ -447,9 +448,11 @@ func (s *Store) get(ctx context.Context, q interface {
 		if rec, err = row.record(id); err != nil {
 			return nil, false, err
 		}
+		rec.ReadAt = dbNow
 		return rec, true, nil
 	case !free:
-		return &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, LockedUntil: dbNow, CreatedAt: dbNow, ExpiresAt: dbNow}, true, nil
+		return &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, LockedUntil: dbNow, CreatedAt: dbNow, ExpiresAt: dbNow,
+			ReadAt: dbNow}, true, nil
 	}
 	return nil, false, nil
 }
