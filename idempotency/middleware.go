@@ -103,9 +103,9 @@ type Config struct {
 	// malformed key), "rejected" (400: the body failed validation, or is
 	// JSON without one reading), "too_large" (413), "failed" (a server
 	// error: no answer stored), "lost" (the worker lost its lease; its
-	// effect was discarded), "store_error" (the store failed, or had no
-	// connection free) and "full" (503: the store had no room for a new
-	// record).
+	// effect was discarded), "store_error" (the store failed, or did not
+	// answer within its bound: a 503 with Retry-After) and "full" (503:
+	// the store had no room for a new record).
 	OnOutcome func(r *http.Request, outcome string)
 	// OneTransaction runs each fresh key's request in one transaction of
 	// the store, which must be a [TxStore] (pgstore's is): the record, the
@@ -435,8 +435,9 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 	cw := &capture{header: make(http.Header)}
 	// A panic rolls the transaction back: nothing is stored, as when the
 	// process dies, and the key is free.
-	takeover := false
+	takeover, ran := false, false
 	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context, abandoned *Record) (*Response, error) {
+		ran = true
 		f.decide(nil)
 		if abandoned != nil {
 			// A lease-mode worker's record, whose lease ended: the work
@@ -459,8 +460,10 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		f.decide(existing)
 	}
 	switch {
-	case err != nil && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
-		// No connection in time: nothing was done, the key is free.
+	case err != nil && !ran && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		// No connection or first answer in time: nothing was done, the
+		// key is free. (After the work, a commit with no answer in time
+		// may have committed: storeError answers it.)
 		m.report(r, outcomeStoreError)
 		if m.cfg.Logger != nil {
 			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store is busy",
@@ -599,6 +602,20 @@ func writeInProgress(w http.ResponseWriter, secs int64) {
 }
 
 func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The store's bound on its wait for the database, or a commit
+		// with no answer, which may have committed: the retry with the
+		// key finds what did. Never the handler's answer, which may not
+		// have been stored.
+		m.report(r, outcomeStoreError)
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store did not answer in time",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		}
+		(&Problem{Type: typeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
+			Detail: "the server's database did not answer in time; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		return
+	}
 	if errors.Is(err, ErrStoreFull) {
 		m.report(r, outcomeFull)
 		if fe := (*fullError)(nil); errors.As(err, &fe) {

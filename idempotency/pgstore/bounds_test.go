@@ -1,0 +1,269 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/idempotency"
+)
+
+// muteProxy forwards TCP connections to a database. Once the client of a
+// connection has sent trigger (a statement's text), the database's
+// answers on that connection are read and dropped: the statement reached
+// the database and ran, and its answer is lost, as when a network or a
+// database stops answering after a COMMIT was sent.
+type muteProxy struct {
+	ln      net.Listener
+	target  string
+	trigger []byte
+	muted   atomic.Int32 // connections whose answers are dropped
+	// mutedOpen counts the muted connections that their client has not
+	// closed.
+	mutedOpen atomic.Int32
+
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func newMuteProxy(t *testing.T, target, trigger string) *muteProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &muteProxy{ln: ln, target: target, trigger: []byte(trigger)}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *muteProxy) addr() (string, uint16) {
+	a := p.ln.Addr().(*net.TCPAddr)
+	return a.IP.String(), uint16(a.Port)
+}
+
+// Close ends every connection, which ends every wait on them.
+func (p *muteProxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.wg.Wait()
+}
+
+func (p *muteProxy) keep(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns = append(p.conns, cs...)
+	return true
+}
+
+func (p *muteProxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil || !p.keep(client, server) {
+			_ = client.Close()
+			if server != nil {
+				_ = server.Close()
+			}
+			continue
+		}
+		var mute atomic.Bool
+		p.wg.Add(2)
+		go func() { // client -> server, watching for the trigger
+			defer p.wg.Done()
+			defer func() {
+				if mute.Load() {
+					p.mutedOpen.Add(-1)
+				}
+			}()
+			defer server.Close()
+			buf := make([]byte, 32<<10)
+			var tail []byte
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+					seen := append(tail, buf[:n]...)
+					if !mute.Load() && bytes.Contains(seen, p.trigger) {
+						p.mutedOpen.Add(1)
+						mute.Store(true)
+						p.muted.Add(1)
+					}
+					tail = append([]byte(nil), seen[max(0, len(seen)-len(p.trigger)):]...)
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // server -> client, until muted
+			defer p.wg.Done()
+			defer client.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := server.Read(buf)
+				if n > 0 && !mute.Load() {
+					if _, werr := client.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// proxiedPool is a pool on pool's database through p, in mode.
+func proxiedPool(t *testing.T, pool *pgxpool.Pool, p *muteProxy, mode pgx.QueryExecMode) *pgxpool.Pool {
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = p.addr()
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.MaxConns = 4
+	through, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(through.Close)
+	return through
+}
+
+// target is the host:port of pool's database.
+func target(pool *pgxpool.Pool) string {
+	c := pool.Config().ConnConfig
+	return net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
+}
+
+// within runs f and fails t if it has not returned after hang, a bound far
+// above what f should take: it detects a wait that never ends, and
+// measures nothing. unblock, called then, must make f return.
+func within[T any](t *testing.T, hang time.Duration, unblock func(), f func() T) T {
+	t.Helper()
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	select {
+	case v := <-done:
+		return v
+	case <-time.After(hang):
+		unblock()
+		<-done
+		t.Fatalf("still waiting after %s: the wait is not bounded", hang)
+		panic("unreachable")
+	}
+}
+
+// hang is how long a bounded wait of a few hundred milliseconds may take
+// before the tests call it unbounded: generous, for a loaded machine.
+const hang = 20 * time.Second
+
+// bounds are the store's bounds in these tests.
+var bounds = &Options{AcquireTimeout: 300 * time.Millisecond, CommitTimeout: 300 * time.Millisecond}
+
+// TestACommitWithoutAnswer: the database stops answering once COMMIT was
+// sent (the COMMIT runs; its answer is lost). The request ends within
+// CommitTimeout with 503 and Retry-After, never the handler's answer; the
+// connection is closed, not given back to the pool; closing the pool
+// does not hang; and the retry with the key finds what committed, with
+// one payment. In the lease mode, an IN_PROGRESS insert whose answer is
+// lost never runs the handler.
+func TestACommitWithoutAnswer(t *testing.T) {
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeCacheStatement}
+	for _, lease := range []bool{false, true} {
+		for _, mode := range modes {
+			name := "one transaction, " + mode.String()
+			if lease {
+				name = "lease mode's Complete, " + mode.String()
+			}
+			t.Run(name, func(t *testing.T) {
+				pool := withPayments(t)
+				proxy := newMuteProxy(t, target(pool), "COMMIT")
+				through := proxiedPool(t, pool, proxy, mode)
+				handler := http.Handler(payDirect(nil))
+				if lease {
+					handler = http.HandlerFunc(payHandler)
+				}
+				cfg := idempotency.Config{Store: New(through, bounds), Principal: anyone, OneTransaction: !lease}
+				h := idempotency.New(handler, cfg)
+
+				w := within(t, hang, proxy.Close, func() *httptest.ResponseRecorder { return post(h, "k", `{}`, false) })
+				require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+				assert.Equal(t, "1", w.Header().Get("Retry-After"))
+				assert.NotContains(t, w.Body.String(), "paid", "the handler's answer went out for a commit with no answer")
+				assert.EqualValues(t, 1, proxy.muted.Load(), "the COMMIT was not sent")
+
+				require.Eventually(t, func() bool { return proxy.mutedOpen.Load() == 0 }, hang, 10*time.Millisecond,
+					"the connection whose commit got no answer is still open")
+				within(t, hang, proxy.Close, func() struct{} { through.Close(); return struct{}{} })
+
+				// The retry, on a database that answers, finds what the
+				// lost COMMIT did: the answer, or nothing (when the COMMIT
+				// was parsed before it ran, as with a statement cache).
+				cfg.Store = New(pool, nil)
+				w = post(idempotency.New(handler, cfg), "k", `{}`, false)
+				require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+				t.Logf("the retry: replayed %q", w.Header().Get("Idempotent-Replayed"))
+				assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"))
+			})
+		}
+	}
+
+	t.Run("lease mode's IN_PROGRESS insert: the handler never runs", func(t *testing.T) {
+		pool := withPayments(t)
+		proxy := newMuteProxy(t, target(pool), "INSERT INTO idempotency_records")
+		through := proxiedPool(t, pool, proxy, pgx.QueryExecModeExec)
+		var runs atomic.Int32
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			payHandler(w, r)
+		})
+		cfg := idempotency.Config{Store: New(through, bounds), Principal: anyone, Lease: time.Minute}
+		w := within(t, hang, proxy.Close, func() *httptest.ResponseRecorder {
+			return post(idempotency.New(handler, cfg), "k", `{}`, false)
+		})
+		require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+		assert.Equal(t, "1", w.Header().Get("Retry-After"))
+		assert.Zero(t, runs.Load(), "the handler ran after an IN_PROGRESS insert with no answer")
+		assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE status = 'IN_PROGRESS'"),
+			"the insert did not reach the database")
+		within(t, hang, proxy.Close, func() struct{} { through.Close(); return struct{}{} })
+
+		// The record waits for its lease: a retry now is a 409; once the
+		// lease has ended (a store whose clock is past it), the retry
+		// takes the record over, under its stable id.
+		cfg.Store = New(pool, nil)
+		assert.Equal(t, http.StatusConflict, post(idempotency.New(handler, cfg), "k", `{}`, false).Code)
+		cfg.Store = New(pool, &Options{Clock: clock.NewManual(time.Now().Add(2 * time.Minute))})
+		require.Equal(t, http.StatusCreated, post(idempotency.New(handler, cfg), "k", `{}`, false).Code)
+		assert.EqualValues(t, 1, runs.Load())
+		assert.Equal(t, 1, count(t, pool, `SELECT count(*) FROM idempotency_records r JOIN payments p ON p.id = r.stable_id
+			WHERE r.status = 'COMPLETED'`))
+	})
+}
