@@ -19,6 +19,8 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/long"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // muteProxy forwards TCP connections to a database. Once the client of a
@@ -266,4 +268,79 @@ func TestACommitWithoutAnswer(t *testing.T) {
 		assert.Equal(t, 1, count(t, pool, `SELECT count(*) FROM idempotency_records r JOIN payments p ON p.id = r.stable_id
 			WHERE r.status = 'COMPLETED'`))
 	})
+}
+
+// TestBehindPgBouncer: the store behind a real PgBouncer in transaction
+// pooling with two server connections (default_pool_size=2), in the query
+// modes that need no prepared statements. While one slow payment holds a
+// server connection, a duplicate of it from another process (another pool)
+// gets 409 with Retry-After: the database answers. While two hold both,
+// PgBouncer queues every other client: a fresh key gets 503 with
+// Retry-After within AcquireTimeout, though the pool gave it a connection
+// at once; the duplicate gets 409 or 503 within the same bound; so do a
+// lease-mode fresh key and a lookup. Each answer comes while the slow
+// payments still hold their connections. Then the slow payments commit,
+// and the fresh key pays once.
+func TestBehindPgBouncer(t *testing.T) {
+	long.Skip(t, "starts PgBouncer")
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := withPayments(t)
+			dsn := pgtest.PgBouncer(t, pool.Config().ConnString(), pgtest.PgBouncerOptions{PoolSize: 2})
+			bounced := func() *pgxpool.Pool {
+				cfg, err := pgxpool.ParseConfig(dsn)
+				require.NoError(t, err)
+				cfg.ConnConfig.DefaultQueryExecMode = mode
+				cfg.MaxConns = 10
+				p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+				require.NoError(t, err)
+				t.Cleanup(p.Close)
+				return p
+			}
+			here, elsewhere := bounced(), bounced() // two processes
+			working, release := make(chan struct{}, 2), make(chan struct{})
+			var once sync.Once
+			unblock := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(unblock)
+			slow := payDirect(func() { working <- struct{}{}; <-release })
+			server := func(p *pgxpool.Pool, h http.Handler, oneTx bool) http.Handler {
+				return idempotency.New(h, idempotency.Config{Store: New(p, bounds), Principal: anyone, OneTransaction: oneTx,
+					Expected: 3 * time.Second})
+			}
+			h, other := server(here, slow, true), server(elsewhere, payDirect(nil), true)
+
+			slowDone := make(chan int, 2)
+			go func() { slowDone <- post(h, "slow-1", `{}`, false).Code }()
+			<-working
+			w := within(t, hang, unblock, func() *httptest.ResponseRecorder { return post(other, "slow-1", `{}`, false) })
+			require.Equal(t, http.StatusConflict, w.Code, "a duplicate while a server connection is free: %s", w.Body)
+			assert.Equal(t, "3", w.Header().Get("Retry-After"))
+
+			go func() { slowDone <- post(h, "slow-2", `{}`, false).Code }()
+			<-working
+			// Both server connections are held: PgBouncer queues the rest.
+			w = within(t, hang, unblock, func() *httptest.ResponseRecorder { return post(h, "fresh", `{}`, false) })
+			require.Equal(t, http.StatusServiceUnavailable, w.Code, "a fresh key behind PgBouncer's queue: %s", w.Body)
+			assert.Equal(t, "1", w.Header().Get("Retry-After"))
+			w = within(t, hang, unblock, func() *httptest.ResponseRecorder { return post(other, "slow-2", `{}`, false) })
+			assert.Contains(t, []int{http.StatusConflict, http.StatusServiceUnavailable}, w.Code, "a duplicate: %s", w.Body)
+			assert.NotEmpty(t, w.Header().Get("Retry-After"))
+			w = within(t, hang, unblock, func() *httptest.ResponseRecorder {
+				return post(server(elsewhere, http.HandlerFunc(payHandler), false), "lease-fresh", `{}`, false)
+			})
+			assert.Equal(t, http.StatusServiceUnavailable, w.Code, "a lease-mode fresh key: %s", w.Body)
+			assert.Equal(t, "1", w.Header().Get("Retry-After"))
+			err := within(t, hang, unblock, func() error {
+				_, _, err := New(elsewhere, bounds).Get(context.Background(), idempotency.ID{Key: "slow-1"}, time.Now())
+				return err
+			})
+			assert.ErrorIs(t, err, context.DeadlineExceeded, "a lookup behind PgBouncer's queue")
+
+			unblock()
+			assert.Equal(t, http.StatusCreated, <-slowDone)
+			assert.Equal(t, http.StatusCreated, <-slowDone)
+			assert.Equal(t, http.StatusCreated, post(h, "fresh", `{}`, false).Code, "the fresh key once PgBouncer has room")
+			assert.Equal(t, 3, count(t, pool, "SELECT count(*) FROM payments"))
+		})
+	}
 }
