@@ -165,6 +165,10 @@ type Response struct {
 // record inserted with CreatedAt c and ExpiresAt c+24h lives 24 hours from
 // the moment the store inserts it, by the store's clock. A store for tests
 // takes an injected clock (a clock.Manual) as its own.
+//
+// A store bounds every wait for its database, and reports a wait past its
+// bound as an error matching context.DeadlineExceeded, which the
+// middleware answers with 503 and Retry-After.
 type Store interface {
 	// Insert stores rec as a new record unless a live record with rec.ID
 	// exists, in one atomic step, as INSERT ... ON CONFLICT does with a
@@ -244,7 +248,9 @@ type TxStore interface {
 	// back: nothing is stored. A live record that appears before the
 	// commit (a lease-mode worker's) rolls do's effect back and is
 	// returned as existing. A store bounds how long it waits for a
-	// connection, and reports the wait as an error matching
-	// context.DeadlineExceeded, with nothing done.
+	// connection and the first answer, and reports the wait as an error
+	// matching context.DeadlineExceeded, with nothing done; a commit with
+	// no answer within its bound is reported the same way, and may have
+	// committed.
 	RunOnce(ctx context.Context, rec *Record, do func(ctx context.Context, abandoned *Record) (*Response, error)) (existing *Record, err error)
 }
