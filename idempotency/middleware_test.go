@@ -603,3 +603,56 @@ func TestLeasesAreJudgedOnTheStoresClock(t *testing.T) {
 		})
 	}
 }
+
+// unansweredStore is a MemoryStore whose Insert or Complete gets no
+// answer within its bound, as pgstore's does when the database stops
+// answering: the error matches context.DeadlineExceeded. A Complete with
+// no answer has committed.
+type unansweredStore struct {
+	*idempotency.MemoryStore
+	insert bool
+}
+
+func (s unansweredStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	if s.insert {
+		return nil, false, fmt.Errorf("no answer from the database within 2s: %w", context.DeadlineExceeded)
+	}
+	return s.MemoryStore.Insert(ctx, rec)
+}
+
+func (s unansweredStore) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
+	if err := s.MemoryStore.Complete(ctx, id, owner, resp, commit); err != nil {
+		return err
+	}
+	return fmt.Errorf("commit: no answer from the database within 10s: %w", context.DeadlineExceeded)
+}
+
+// TestAStoreWithoutAnswerIsServiceUnavailable: a store call that gets no
+// answer within the store's bound is a 503 with Retry-After, never the
+// handler's answer. Before the handler, the handler does not run; after
+// it (a commit that got no answer, and committed), the retry replays the
+// stored answer.
+func TestAStoreWithoutAnswerIsServiceUnavailable(t *testing.T) {
+	t.Parallel()
+	t.Run("an insert without answer: the handler does not run", func(t *testing.T) {
+		c := &counter{status: 201}
+		m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: unansweredStore{&idempotency.MemoryStore{}, true}})
+		w := serve(m, "k", "x")
+		assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+		assert.Equal(t, "1", w.Header().Get("Retry-After"))
+		assert.Zero(t, c.runs.Load())
+	})
+	t.Run("a commit without answer: 503, and the retry replays what committed", func(t *testing.T) {
+		c := &counter{status: 201}
+		mem := &idempotency.MemoryStore{}
+		m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: unansweredStore{mem, false}})
+		w := serve(m, "k", "x")
+		assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+		assert.Equal(t, "1", w.Header().Get("Retry-After"))
+		assert.NotContains(t, w.Body.String(), "done", "the handler's answer went out")
+		w = serve(idempotency.New(c, idempotency.Config{Principal: anyone, Store: mem}), "k", "x")
+		assert.Equal(t, 201, w.Code)
+		assert.Equal(t, "true", w.Header().Get("Idempotent-Replayed"))
+		assert.EqualValues(t, 1, c.runs.Load())
+	})
+}
