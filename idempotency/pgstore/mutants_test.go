@@ -263,5 +263,19 @@ func TestMutants(t *testing.T) {
 			Replace: "\trec, found, err = s.get(",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
+		{
+			Name: "pg-once-read-at-missing", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce returns a live record without the database's now",
+			Anchor:  "\t\texisting.ReadAt = now\n",
+			Replace: "",
+			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^RunOnceAndLeaseRecords$", Env: pg,
+		},
+		{
+			Name: "pg-get-read-at-missing", File: "idempotency/pgstore/store.go",
+			Note:    "Get returns a live record without the database's now",
+			Anchor:  "\t\trec.ReadAt = dbNow\n",
+			Replace: "",
+			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^RunOnceAndLeaseRecords$", Env: pg,
+		},
 	})
 }

@@ -62,10 +62,11 @@ type Options struct {
 	// whole (each is one round trip), and the start of RunOnce and
 	// Complete (the connection, BEGIN, the key's lock and the read).
 	// After it, the error matches context.DeadlineExceeded, and the
-	// middleware answers 503 with Retry-After: the handler has not run.
-	// (An Insert or TakeOver whose answer was lost may have committed:
-	// its record then waits IN_PROGRESS for its lease to end.) Zero or
-	// negative means 2 seconds.
+	// middleware answers 503 with Retry-After; past it in Insert,
+	// TakeOver or RunOnce's start, the handler has not run. (An Insert or
+	// TakeOver whose answer was lost may have committed: its record then
+	// waits IN_PROGRESS for its lease to end.) Zero or negative means 2
+	// seconds.
 	AcquireTimeout time.Duration
 	// CommitTimeout bounds how long the commit waits for its answer:
 	// RunOnce's last round trip (the record and COMMIT), and Complete's
