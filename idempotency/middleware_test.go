@@ -601,6 +601,18 @@ func TestLeasesAreJudgedOnTheStoresClock(t *testing.T) {
 			assert.True(t, infos[1].Takeover)
 			assert.Equal(t, infos[0].StableID, infos[1].StableID)
 		})
+		t.Run("a full store's Retry-After counts on the store's clock, host "+name, func(t *testing.T) {
+			storeClk := clock.NewManual(t0)
+			store := &idempotency.MemoryStore{Clock: storeClk, MaxRecords: 1}
+			c := &counter{status: 201}
+			cfg := idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0), Retention: time.Hour}
+			require.Equal(t, 201, serve(idempotency.New(c, cfg), "a", "x").Code)
+			storeClk.Advance(time.Minute)
+			cfg.Clock = clock.NewManual(t0.Add(skew))
+			w := serve(idempotency.New(c, cfg), "b", "x")
+			assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+			assert.Equal(t, "3540", w.Header().Get("Retry-After"), "59 minutes until the record of a expires, on the store's clock")
+		})
 	}
 }
 

@@ -127,5 +127,12 @@ func TestMutants(t *testing.T) {
 			Replace: "if false {\n\t\t// The store's bound",
 			Pkg:     "./idempotency", Run: "^TestAStoreWithoutAnswerIsServiceUnavailable$",
 		},
+		{
+			Name: "full-retry-after-on-host-clock", File: "idempotency/middleware.go",
+			Note:    "a full store's Retry-After counts the time to its earliest expiry on the host's clock",
+			Anchor:  "now := fe.Now\n",
+			Replace: "now := time.Time{}\n",
+			Pkg:     "./idempotency", Run: "^TestLeasesAreJudgedOnTheStoresClock$",
+		},
 	})
 }
