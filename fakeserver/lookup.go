@@ -51,7 +51,12 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 				// The worker's lease is alive, another request holds the
 				// record, or the provider has no charge for it yet: a
 				// resend with the key settles it.
-				inProgress(w, secondsUntil(rec.LockedUntil, now))
+				// The time left is counted on the store's clock.
+				at := now
+				if !rec.ReadAt.IsZero() {
+					at = rec.ReadAt
+				}
+				inProgress(w, secondsUntil(rec.LockedUntil, at))
 				return
 			}
 			paid = p != nil

@@ -147,9 +147,12 @@
 // [github.com/idemkit/idem/idempotency/pgstore]), never on the clock of the
 // host a request reaches: a host whose clock is 30 seconds ahead does not
 // see a live lease as ended, and does not run the work a second time.
-// [Config.Clock] gives the durations (the lease, the retention) and
-// Retry-After; a test that moves time gives its store the same clock
-// ([MemoryStore.Clock], pgstore's Options.Clock).
+// A record the store returns carries the store's now ([Record.ReadAt]):
+// the middleware judges the lease, the take-over and a 409's Retry-After
+// against it, never against its host's clock. [Config.Clock] gives the
+// durations (the lease, the retention); a test that moves time gives its
+// store a clock of its own ([MemoryStore.Clock], pgstore's
+// Options.Clock).
 //
 // # Store errors
 //
@@ -159,6 +162,13 @@
 // settings, and the client needs none of them. The error itself goes to
 // [Config.Logger] (silent when nil) and [Config.OnOutcome] is told
 // "store_error".
+//
+// A store that does not answer within its bound returns an error matching
+// context.DeadlineExceeded (pgstore bounds every wait for the database):
+// the answer is then 503 with Retry-After: 1, type internal-error, and
+// never the handler's answer. Before the handler ran, nothing was done.
+// After it, the commit may have happened: the retry with the key finds
+// the stored answer, or does the work.
 //
 // # Retry-After
 //

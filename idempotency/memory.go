@@ -55,7 +55,7 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 	old, ok := s.recs[at]
 	if ok && !old.Expired(now) {
 		cp := *old
-		cp.ID = rec.ID
+		cp.ID, cp.ReadAt = rec.ID, now
 		return &cp, false, nil
 	}
 	if !ok && s.MaxRecords > 0 && len(s.recs) >= s.MaxRecords {
@@ -63,7 +63,7 @@ func (s *MemoryStore) Insert(_ context.Context, rec *Record) (*Record, bool, err
 			s.sweep(now)
 		}
 		if len(s.recs) >= s.MaxRecords {
-			return nil, false, &fullError{Until: s.minExpiry}
+			return nil, false, &fullError{Until: s.minExpiry, Now: now}
 		}
 	}
 	cp := *rec
@@ -142,7 +142,7 @@ func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, boo
 		return nil, false
 	}
 	cp := *r
-	cp.ID = id
+	cp.ID, cp.ReadAt = id, now
 	return &cp, true
 }
 

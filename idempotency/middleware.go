@@ -51,10 +51,12 @@ const (
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
-	// Clock tells the time to Retry-After and the durations the store is
-	// given, so tests can drive them without sleeping (a clock.Manual).
-	// Leases and retention are judged on the store's clock (see [Store]):
-	// give a test's store the same clock. Nil means the system clock.
+	// Clock tells the durations the store is given (a record's lease and
+	// retention, from its CreatedAt), so tests can drive them without
+	// sleeping (a clock.Manual). Leases, retention and the Retry-After
+	// of a 409 are judged on the store's clock (see [Store] and
+	// [Record.ReadAt]), never on this one: hosts whose clocks disagree
+	// answer alike. Nil means the system clock.
 	Clock clock.Clock
 	// Retention is how long a record lives, from its CreatedAt. Zero or
 	// negative means 24 hours.
@@ -123,9 +125,9 @@ type Config struct {
 	// does not decode from its Content-Encoding, or is JSON without one
 	// reading or not in UTF-8), "too_large" (413), "failed" (a server
 	// error: no answer stored), "lost" (the worker lost its lease; its
-	// effect was discarded), "store_error" (the store failed, or had no
-	// connection free) and "full" (503: the store had no room for a new
-	// record).
+	// effect was discarded), "store_error" (the store failed, or did not
+	// answer within its bound: a 503 with Retry-After) and "full" (503:
+	// the store had no room for a new record).
 	OnOutcome func(r *http.Request, outcome string)
 	// OneTransaction runs each fresh key's request in one transaction of
 	// the store, which must be a [TxStore] (pgstore's is): the record, the
@@ -370,8 +372,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.answer(w, r, existing, rec, body)
 			return
 		}
-		if existing.LockedUntil.After(now) {
-			m.inProgress(w, r, existing, now)
+		// The lease is judged on the store's clock, at the moment the
+		// store read the record: never on this host's.
+		at := storeNow(existing, now)
+		if existing.LockedUntil.After(at) {
+			m.inProgress(w, r, existing, at)
 			return
 		}
 		if m.once != nil {
@@ -479,8 +484,9 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 	cw := &capture{header: make(http.Header)}
 	// A panic rolls the transaction back: nothing is stored, as when the
 	// process dies, and the key is free.
-	takeover := false
+	takeover, ran := false, false
 	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context, abandoned *Record) (*Response, error) {
+		ran = true
 		f.decide(nil)
 		if abandoned != nil {
 			// A lease-mode worker's record, whose lease ended: the work
@@ -503,8 +509,10 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		f.decide(existing)
 	}
 	switch {
-	case err != nil && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
-		// No connection in time: nothing was done, the key is free.
+	case err != nil && !ran && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		// No connection or first answer in time: nothing was done, the
+		// key is free. (After the work, a commit with no answer in time
+		// may have committed: storeError answers it.)
 		m.report(r, outcomeStoreError)
 		if m.cfg.Logger != nil {
 			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store is busy",
@@ -599,6 +607,16 @@ func (m *middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 	return err
 }
 
+// storeNow is the store's now when it read rec, the time its lease is
+// judged at; now (this host's) for a store that judges on its callers'
+// clock.
+func storeNow(rec *Record, now time.Time) time.Time {
+	if rec.ReadAt.IsZero() {
+		return now
+	}
+	return rec.ReadAt
+}
+
 // inProgress answers 409. Retry-After is the time left until the work is
 // expected to be done (the lease start plus Config.Expected), never past the
 // end of the lease, in whole seconds rounded up, at least 1.
@@ -633,10 +651,28 @@ func writeInProgress(w http.ResponseWriter, secs int64) {
 }
 
 func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The store's bound on its wait for the database, or a commit
+		// with no answer, which may have committed: the retry with the
+		// key finds what did. Never the handler's answer, which may not
+		// have been stored.
+		m.report(r, outcomeStoreError)
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store did not answer in time",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		}
+		(&Problem{Type: typeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
+			Detail: "the server's database did not answer in time; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		return
+	}
 	if errors.Is(err, ErrStoreFull) {
 		m.report(r, outcomeFull)
 		if fe := (*fullError)(nil); errors.As(err, &fe) {
-			withRetryAfter(w, secondsUntil(fe.Until, m.now()))
+			now := fe.Now
+			if now.IsZero() {
+				now = m.now()
+			}
+			withRetryAfter(w, secondsUntil(fe.Until, now))
 		}
 		(&Problem{Type: typeStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
 			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)

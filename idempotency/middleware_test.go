@@ -874,3 +874,134 @@ func TestValidateGetsTheFingerprintsReading(t *testing.T) {
 		assert.False(t, inHandler, "a reading in the handler of %q", tt.body)
 	}
 }
+
+// TestLeasesAreJudgedOnTheStoresClock: hosts whose clocks are an hour
+// ahead of the store's, or an hour behind, answer as a host on the store's
+// clock does. A duplicate's 409 says to retry after the work's expected
+// time, and a dead worker's record is taken over once its lease has ended
+// by the store's clock, not the host's.
+func TestLeasesAreJudgedOnTheStoresClock(t *testing.T) {
+	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+		name := "an hour ahead"
+		if skew < 0 {
+			name = "an hour behind"
+		}
+		t.Run("a 409's Retry-After counts on the store's clock, host "+name, func(t *testing.T) {
+			storeClk := clock.NewManual(t0)
+			store := &idempotency.MemoryStore{Clock: storeClk}
+			cfg := func(skew time.Duration) idempotency.Config {
+				return idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0.Add(skew)),
+					Lease: 10 * time.Second, Expected: 3 * time.Second}
+			}
+			slow := &counter{status: 201, block: make(chan struct{})}
+			var wg sync.WaitGroup
+			wg.Go(func() { serve(idempotency.New(slow, cfg(0)), "k", "x") })
+			require.Eventually(t, func() bool { return slow.runs.Load() == 1 }, 10*time.Second, time.Millisecond)
+
+			other := &counter{status: 201}
+			w := serve(idempotency.New(other, cfg(skew)), "k", "x")
+			assert.Equal(t, http.StatusConflict, w.Code)
+			assert.Equal(t, "3", w.Header().Get("Retry-After"), "the work is expected in 3 s on the store's clock")
+			assert.Zero(t, other.runs.Load())
+			close(slow.block)
+			wg.Wait()
+		})
+		t.Run("a dead worker's record is taken over when its lease ends on the store's clock, host "+name, func(t *testing.T) {
+			storeClk := clock.NewManual(t0)
+			store := &idempotency.MemoryStore{Clock: storeClk}
+			var infos []idempotency.Info
+			var mu sync.Mutex
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				info, _ := idempotency.FromContext(r.Context())
+				mu.Lock()
+				infos = append(infos, info)
+				first := len(infos) == 1
+				mu.Unlock()
+				if first {
+					panic(http.ErrAbortHandler) // the worker dies
+				}
+				w.WriteHeader(201)
+			})
+			cfg := idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0), Lease: 10 * time.Second}
+			assert.PanicsWithValue(t, http.ErrAbortHandler, func() { serve(idempotency.New(h, cfg), "k", "x") })
+
+			cfg.Clock = clock.NewManual(t0.Add(skew))
+			skewed := idempotency.New(h, cfg)
+			storeClk.Advance(9 * time.Second)
+			w := serve(skewed, "k", "x")
+			assert.Equal(t, http.StatusConflict, w.Code, "the lease is alive on the store's clock")
+			assert.Equal(t, "1", w.Header().Get("Retry-After"), "the lease ends in 1 s on the store's clock")
+			storeClk.Advance(time.Second)
+			w = serve(skewed, "k", "x")
+			require.Equal(t, 201, w.Code, "the lease has ended on the store's clock: %s", w.Body)
+			require.Len(t, infos, 2)
+			assert.True(t, infos[1].Takeover)
+			assert.Equal(t, infos[0].StableID, infos[1].StableID)
+		})
+		t.Run("a full store's Retry-After counts on the store's clock, host "+name, func(t *testing.T) {
+			storeClk := clock.NewManual(t0)
+			store := &idempotency.MemoryStore{Clock: storeClk, MaxRecords: 1}
+			c := &counter{status: 201}
+			cfg := idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0), Retention: time.Hour}
+			require.Equal(t, 201, serve(idempotency.New(c, cfg), "a", "x").Code)
+			storeClk.Advance(time.Minute)
+			cfg.Clock = clock.NewManual(t0.Add(skew))
+			w := serve(idempotency.New(c, cfg), "b", "x")
+			assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+			assert.Equal(t, "3540", w.Header().Get("Retry-After"), "59 minutes until the record of a expires, on the store's clock")
+		})
+	}
+}
+
+// unansweredStore is a MemoryStore whose Insert or Complete gets no
+// answer within its bound, as pgstore's does when the database stops
+// answering: the error matches context.DeadlineExceeded. A Complete with
+// no answer has committed.
+type unansweredStore struct {
+	*idempotency.MemoryStore
+	insert bool
+}
+
+func (s unansweredStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	if s.insert {
+		return nil, false, fmt.Errorf("no answer from the database within 2s: %w", context.DeadlineExceeded)
+	}
+	return s.MemoryStore.Insert(ctx, rec)
+}
+
+func (s unansweredStore) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
+	if err := s.MemoryStore.Complete(ctx, id, owner, resp, commit); err != nil {
+		return err
+	}
+	return fmt.Errorf("commit: no answer from the database within 10s: %w", context.DeadlineExceeded)
+}
+
+// TestAStoreWithoutAnswerIsServiceUnavailable: a store call that gets no
+// answer within the store's bound is a 503 with Retry-After, never the
+// handler's answer. Before the handler, the handler does not run; after
+// it (a commit that got no answer, and committed), the retry replays the
+// stored answer.
+func TestAStoreWithoutAnswerIsServiceUnavailable(t *testing.T) {
+	t.Parallel()
+	t.Run("an insert without answer: the handler does not run", func(t *testing.T) {
+		c := &counter{status: 201}
+		m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: unansweredStore{&idempotency.MemoryStore{}, true}})
+		w := serve(m, "k", "x")
+		assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+		assert.Equal(t, "1", w.Header().Get("Retry-After"))
+		assert.Zero(t, c.runs.Load())
+	})
+	t.Run("a commit without answer: 503, and the retry replays what committed", func(t *testing.T) {
+		c := &counter{status: 201}
+		mem := &idempotency.MemoryStore{}
+		m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: unansweredStore{mem, false}})
+		w := serve(m, "k", "x")
+		assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+		assert.Equal(t, "1", w.Header().Get("Retry-After"))
+		assert.NotContains(t, w.Body.String(), "done", "the handler's answer went out")
+		w = serve(idempotency.New(c, idempotency.Config{Principal: anyone, Store: mem}), "k", "x")
+		assert.Equal(t, 201, w.Code)
+		assert.Equal(t, "true", w.Header().Get("Idempotent-Replayed"))
+		assert.EqualValues(t, 1, c.runs.Load())
+	})
+}

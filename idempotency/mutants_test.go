@@ -190,5 +190,40 @@ func TestMutants(t *testing.T) {
 			Replace: "",
 			Pkg:     "./idempotency", Run: "^TestEveryAnswerToAKeyedRequestEchoesTheKey$",
 		},
+		{
+			Name: "lease-judged-on-host-clock", File: "idempotency/middleware.go",
+			Note:    "the middleware judges a record's lease on its host's clock, not the store's: a host behind keeps a dead worker's key, one ahead tries to take a live one",
+			Anchor:  "at := storeNow(existing, now)",
+			Replace: "at := now",
+			Pkg:     "./idempotency", Run: "^TestLeasesAreJudgedOnTheStoresClock$",
+		},
+		{
+			Name: "retry-after-on-host-clock", File: "idempotency/middleware.go",
+			Note:    "a 409's Retry-After counts the lease's time left on the host's clock",
+			Anchor:  "m.inProgress(w, r, existing, at)",
+			Replace: "m.inProgress(w, r, existing, now)",
+			Pkg:     "./idempotency", Run: "^TestLeasesAreJudgedOnTheStoresClock$",
+		},
+		{
+			Name: "memory-read-at-missing", File: "idempotency/memory.go",
+			Note:    "the memory store returns a live record without its now, so the middleware judges its lease on the host's clock",
+			Anchor:  "cp.ID, cp.ReadAt = rec.ID, now",
+			Replace: "cp.ID = rec.ID",
+			Pkg:     "./idempotency", Run: "^TestLeasesAreJudgedOnTheStoresClock$",
+		},
+		{
+			Name: "store-timeout-answered-500", File: "idempotency/middleware.go",
+			Note:    "a store call past its bound is a 500 without Retry-After, not a 503 to retry",
+			Anchor:  "if errors.Is(err, context.DeadlineExceeded) {\n\t\t// The store's bound",
+			Replace: "if false {\n\t\t// The store's bound",
+			Pkg:     "./idempotency", Run: "^TestAStoreWithoutAnswerIsServiceUnavailable$",
+		},
+		{
+			Name: "full-retry-after-on-host-clock", File: "idempotency/middleware.go",
+			Note:    "a full store's Retry-After counts the time to its earliest expiry on the host's clock",
+			Anchor:  "now := fe.Now\n",
+			Replace: "now := time.Time{}\n",
+			Pkg:     "./idempotency", Run: "^TestLeasesAreJudgedOnTheStoresClock$",
+		},
 	})
 }

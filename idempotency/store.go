@@ -25,6 +25,8 @@ var ErrStoreFull = errors.New("idempotency: store is full")
 // oldest record expires. The middleware sends the time left as Retry-After.
 type fullError struct {
 	Until time.Time
+	// Now is the store's now, on the clock of Until (zero: the caller's).
+	Now time.Time
 }
 
 func (e *fullError) Error() string {
@@ -115,6 +117,13 @@ type Record struct {
 	ExpiresAt time.Time
 	// Response is the stored answer of a COMPLETED record.
 	Response *Response
+	// ReadAt is the store's now when it read the record for its caller
+	// (Insert's existing, TxStore's Get and RunOnce). LockedUntil is judged
+	// against it, never against the caller's clock: a host whose clock is
+	// ahead would take a live lease for ended, and one behind would keep a
+	// dead worker's key for the length of its skew. Zero means the store
+	// judges on its callers' clock (a MemoryStore without Clock).
+	ReadAt time.Time
 }
 
 // Expired reports whether r counts as absent at now: its retention has
@@ -156,6 +165,10 @@ type Response struct {
 // record inserted with CreatedAt c and ExpiresAt c+24h lives 24 hours from
 // the moment the store inserts it, by the store's clock. A store for tests
 // takes an injected clock (a clock.Manual) as its own.
+//
+// A store bounds every wait for its database, and reports a wait past its
+// bound as an error matching context.DeadlineExceeded, which the
+// middleware answers with 503 and Retry-After.
 type Store interface {
 	// Insert stores rec as a new record unless a live record with rec.ID
 	// exists, in one atomic step, as INSERT ... ON CONFLICT does with a
@@ -164,7 +177,8 @@ type Store interface {
 	// it as rec's are from rec.CreatedAt. A record that is expired at the
 	// store's now (see [Record.Expired]) counts as absent and is replaced. It returns (nil, true,
 	// nil) when rec was inserted and (existing, false, nil) when it was not;
-	// existing is a copy that the caller may keep, its times the store's. A
+	// existing is a copy that the caller may keep, its times the store's,
+	// its ReadAt the store's now. A
 	// store with a bound on its records returns an error matching
 	// [ErrStoreFull] for a new record it has no room for (a live record with
 	// rec.ID is still returned as existing).
@@ -234,7 +248,9 @@ type TxStore interface {
 	// back: nothing is stored. A live record that appears before the
 	// commit (a lease-mode worker's) rolls do's effect back and is
 	// returned as existing. A store bounds how long it waits for a
-	// connection, and reports the wait as an error matching
-	// context.DeadlineExceeded, with nothing done.
+	// connection and the first answer, and reports the wait as an error
+	// matching context.DeadlineExceeded, with nothing done; a commit with
+	// no answer within its bound is reported the same way, and may have
+	// committed.
 	RunOnce(ctx context.Context, rec *Record, do func(ctx context.Context, abandoned *Record) (*Response, error)) (existing *Record, err error)
 }

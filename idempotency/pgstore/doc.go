@@ -120,8 +120,22 @@
 // gives its connection back at once; [Store.Get] tries the same lock, so a
 // lookup answers "in progress" while the work runs. A crash of the process
 // or of the database before the commit leaves neither record nor effect;
-// the retry does the work. A connection is waited for at most
-// [Options.AcquireTimeout].
+// the retry does the work.
+//
+// # Every wait is bounded
+//
+// [Options.AcquireTimeout] (2 s) bounds the wait for the database's first
+// answer: a connection from the pool and the first round trip on it,
+// which behind PgBouncer includes the wait in its queue for a server
+// connection. It bounds Insert, TakeOver, Release and Get whole, and the
+// start of RunOnce and Complete. [Options.CommitTimeout] (10 s) bounds
+// the commit's answer (RunOnce's last round trip, Complete's effect and
+// commit) and every rollback. Past either bound the error matches
+// context.DeadlineExceeded and the middleware answers 503 with
+// Retry-After. A commit with no answer may have committed: its
+// connection is closed, never given back to the pool, and the retry with
+// the key finds what committed. So every call gives its connection back
+// within its bounds, and closing the pool does not hang.
 //
 // Only RunOnce ends the transaction: the handler must neither commit it
 // nor roll it back. Its Commit and Rollback fail, and a handler that calls

@@ -103,8 +103,8 @@ func TestMiddlewareOverPostgres(t *testing.T) {
 // TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree: two middleware
 // instances on one database, one host's clock 30 s ahead of the other's,
 // a lease of 10 s. Whichever host takes the key first, the other finds the
-// lease alive on the database's clock and answers 409: the handler runs
-// once.
+// lease alive on the database's clock and answers 409, with the Retry-After
+// of the work's expected 3 s on that clock: the handler runs once.
 func TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree(t *testing.T) {
 	for _, c := range []struct {
 		name         string
@@ -128,23 +128,27 @@ func TestMiddlewareRunsOnceAcrossHostsWhoseClocksDisagree(t *testing.T) {
 				// Each host has a Store of its own, as a process does, on
 				// the database's clock.
 				return idempotency.New(slow, idempotency.Config{Store: New(pool, nil), Principal: anyone,
-					Clock: clock.NewManual(time.Now().Add(skew)), Lease: 10 * time.Second})
+					Clock: clock.NewManual(time.Now().Add(skew)), Lease: 10 * time.Second, Expected: 3 * time.Second})
 			}
 			first, other := host(c.first), host(c.other)
-			serve := func(h http.Handler) int {
+			serve := func(h http.Handler) (int, string) {
 				r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":1}`))
 				r.Header.Set("Idempotency-Key", "skewed")
 				w := httptest.NewRecorder()
 				h.ServeHTTP(w, r)
-				return w.Code
+				return w.Code, w.Header().Get("Retry-After")
 			}
 			done := make(chan int)
-			go func() { done <- serve(first) }()
+			go func() { code, _ := serve(first); done <- code }()
 			<-started
-			assert.Equal(t, http.StatusConflict, serve(other), "the lease is alive on the database's clock")
+			code, retryAfter := serve(other)
+			assert.Equal(t, http.StatusConflict, code, "the lease is alive on the database's clock")
+			// 3, or 2 if more than a second has passed since the insert.
+			assert.Contains(t, []string{"2", "3"}, retryAfter, "the work is expected in 3 s on the database's clock")
 			close(release)
 			assert.Equal(t, http.StatusCreated, <-done)
-			assert.Equal(t, http.StatusCreated, serve(other), "the replay")
+			code, _ = serve(other)
+			assert.Equal(t, http.StatusCreated, code, "the replay")
 			assert.EqualValues(t, 1, runs.Load(), "the handler ran more than once")
 		})
 	}

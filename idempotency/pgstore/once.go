@@ -74,8 +74,7 @@ var completeOnceSQL = nowSQL(4) + `, ins AS (
 SELECT 1 / (SELECT count(*) FROM ins)::int`
 
 // RunOnce implements [idempotency.TxStore]: the whole request of a fresh
-// key in one transaction. It takes a connection from the pool (waiting at
-// most [Options.AcquireTimeout]), begins, tries the key's
+// key in one transaction. It takes a connection from the pool, begins, tries the key's
 // transaction-scoped advisory lock without waiting
 // (pg_try_advisory_xact_lock) and reads the record; when the key is free, it
 // runs do with the transaction in its context ([Tx]), inserts the
@@ -87,6 +86,12 @@ SELECT 1 / (SELECT count(*) FROM ins)::int`
 // the process or of the database before the commit leaves neither the
 // record nor the effect.
 //
+// The connection and the first answer (BEGIN, the lock and the read) come
+// within [Options.AcquireTimeout], or RunOnce does nothing and its error
+// matches context.DeadlineExceeded. The commit's answer comes within
+// [Options.CommitTimeout], or the error matches context.DeadlineExceeded
+// and the work may have committed.
+//
 // A record of the lease mode whose lease has ended (its worker died, or
 // gave it up after a server error) is taken over in the same transaction,
 // if its fingerprint is rec's: its row is locked until the commit (a
@@ -95,14 +100,14 @@ SELECT 1 / (SELECT count(*) FROM ins)::int`
 // stable id. A row that another transaction holds is not waited for: the
 // key reads as busy.
 func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error)) (*idempotency.Record, error) {
-	actx, cancel := context.WithTimeout(ctx, s.acquire)
+	// One bound covers the wait for a connection and for the first
+	// answer on it: behind PgBouncer the pool's connection comes at once,
+	// and the wait is in PgBouncer's queue for a server connection.
+	actx, cancel := s.firstAnswer(ctx)
+	defer cancel()
 	conn, err := s.pool.Acquire(actx)
-	cancel()
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return nil, fmt.Errorf("pgstore: run key %q: no connection free within %s: %w", rec.ID.Key, s.acquire, err)
-		}
-		return nil, fmt.Errorf("pgstore: run key %q: acquire a connection: %w", rec.ID.Key, err)
+		return nil, fmt.Errorf("pgstore: run key %q: acquire a connection: %w", rec.ID.Key, unanswered(err, s.acquire))
 	}
 	defer conn.Release()
 	// BEGIN, the lock and the look travel together: one round trip. The
@@ -120,7 +125,9 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		// is not given back to the pool: it is closed, and the server
 		// rolls back.
 		if !ended {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+			rctx, cancel := s.commitAnswer(ctx)
+			defer cancel()
+			_, _ = conn.Exec(rctx, "ROLLBACK")
 		}
 	}()
 	// The transaction is marked with a setting of its own, which ends
@@ -133,9 +140,10 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, err)
+	if err := conn.SendBatch(actx, b).Close(); err != nil {
+		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, unanswered(err, s.acquire))
 	}
+	cancel()
 	tx := &onceTx{conn: conn.Conn()}
 	defer tx.end() // before the connection goes back to the pool
 	busy := func() (*idempotency.Record, error) {
@@ -152,6 +160,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		if err != nil {
 			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
 		}
+		existing.ReadAt = now
 		if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||
 			existing.Fingerprint != rec.Fingerprint || existing.FingerprintVersion != rec.FingerprintVersion {
 			return existing, nil // done, under a live lease, or another request's
@@ -164,8 +173,11 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		// lease-mode worker that takes it over or completes it meanwhile
 		// waits, then finds it COMPLETED.
 		var taken bool
-		if err := conn.QueryRow(ctx, takeOverOnceSQL, caller(rec.ID), rec.ID.Key, existing.Owner, s.now()).Scan(&taken); err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, err)
+		tctx, cancel := s.firstAnswer(ctx)
+		err = conn.QueryRow(tctx, takeOverOnceSQL, caller(rec.ID), rec.ID.Key, existing.Owner, s.now()).Scan(&taken)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, unanswered(err, s.acquire))
 		}
 		if !taken {
 			return busy() // it changed meanwhile: the retry will see how
@@ -196,8 +208,11 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// The work is done: it is recorded even if the client has gone. The
 	// record and the COMMIT travel together, one round trip: if the record
 	// fails, the server skips the COMMIT and the transaction stays open,
-	// failed, for the Rollback.
-	wctx := context.WithoutCancel(ctx)
+	// failed, for the Rollback. A commit with no answer within
+	// CommitTimeout may have committed: the error says so, and the
+	// connection, closed by pgx on the deadline, is not given back.
+	wctx, wcancel := s.commitAnswer(ctx)
+	defer wcancel()
 	var (
 		one    int
 		marked bool
@@ -240,5 +255,5 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		}
 		return existing, nil
 	}
-	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, err)
+	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, unanswered(err, s.commit))
 }

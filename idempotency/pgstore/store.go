@@ -22,8 +22,11 @@ const (
 	// defaultSweepBatch is how many records (or inbox rows) one sweep
 	// statement deletes at most.
 	defaultSweepBatch = 1000
-	// defaultAcquireTimeout is how long RunOnce waits for a connection.
+	// defaultAcquireTimeout is how long a store call waits for a
+	// connection and the database's first answer.
 	defaultAcquireTimeout = 2 * time.Second
+	// defaultCommitTimeout is how long a commit waits for its answer.
+	defaultCommitTimeout = 10 * time.Second
 )
 
 // Store is an [idempotency.Store] over PostgreSQL. Create its table with
@@ -43,6 +46,7 @@ type Store struct {
 	pool    *pgxpool.Pool
 	batch   int
 	acquire time.Duration
+	commit  time.Duration
 	clock   clock.Clock // nil: the database's clock
 }
 
@@ -51,11 +55,29 @@ type Options struct {
 	// SweepBatch is how many expired records one statement of Sweep
 	// deletes at most. Zero or negative means 1000.
 	SweepBatch int
-	// AcquireTimeout bounds how long [Store.RunOnce] waits for a
-	// connection from the pool; after it, nothing is done and the error
-	// matches context.DeadlineExceeded (the middleware answers 503 with
-	// Retry-After). Zero or negative means 2 seconds.
+	// AcquireTimeout bounds how long a store call waits for the
+	// database's first answer: a connection from the pool, and the first
+	// round trip on it (behind PgBouncer, the wait in its queue for a
+	// server connection). It bounds Insert, TakeOver, Release and Get
+	// whole (each is one round trip), and the start of RunOnce and
+	// Complete (the connection, BEGIN, the key's lock and the read).
+	// After it, the error matches context.DeadlineExceeded, and the
+	// middleware answers 503 with Retry-After; past it in Insert,
+	// TakeOver or RunOnce's start, the handler has not run. (An Insert or
+	// TakeOver whose answer was lost may have committed: its record then
+	// waits IN_PROGRESS for its lease to end.) Zero or negative means 2
+	// seconds.
 	AcquireTimeout time.Duration
+	// CommitTimeout bounds how long the commit waits for its answer:
+	// RunOnce's last round trip (the record and COMMIT), and Complete's
+	// effect and commit. A commit that gets no answer in time may have
+	// committed: the error matches context.DeadlineExceeded, the
+	// connection is closed, never given back to the pool, and the
+	// middleware answers 503 with Retry-After, never the handler's
+	// answer; the retry finds what committed. Commits wait while a
+	// synchronous standby is gone, so this bound is what a request waits
+	// then. Zero or negative means 10 seconds.
+	CommitTimeout time.Duration
 	// Clock, if not nil, replaces the database's clock for judging leases
 	// and retention: the store sends its time with every statement. It is
 	// for tests, to move time without waiting (a clock.Manual); every store
@@ -67,17 +89,43 @@ type Options struct {
 
 // New returns a Store on pool. nil opts means defaults.
 func New(pool *pgxpool.Pool, opts *Options) *Store {
-	s := &Store{pool: pool, batch: defaultSweepBatch, acquire: defaultAcquireTimeout}
+	s := &Store{pool: pool, batch: defaultSweepBatch, acquire: defaultAcquireTimeout, commit: defaultCommitTimeout}
 	if opts != nil && opts.SweepBatch > 0 {
 		s.batch = opts.SweepBatch
 	}
 	if opts != nil && opts.AcquireTimeout > 0 {
 		s.acquire = opts.AcquireTimeout
 	}
+	if opts != nil && opts.CommitTimeout > 0 {
+		s.commit = opts.CommitTimeout
+	}
 	if opts != nil {
 		s.clock = opts.Clock
 	}
 	return s
+}
+
+// firstAnswer is ctx bounded by AcquireTimeout: for the wait for a
+// connection and the database's first answer on it.
+func (s *Store) firstAnswer(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.acquire)
+}
+
+// commitAnswer is ctx, without its cancellation, bounded by CommitTimeout:
+// for the work that is recorded even if the client has gone (the commit,
+// Complete's effect, a rollback).
+func (s *Store) commitAnswer(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.commit)
+}
+
+// unanswered wraps err, the error of a round trip whose answer did not
+// come within bound, to say so. It still matches
+// context.DeadlineExceeded.
+func unanswered(err error, bound time.Duration) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer from the database within %s: %w", bound, err)
+	}
+	return err
 }
 
 // now is the time statements judge by: NULL for the database's
@@ -186,6 +234,8 @@ const insertAttempts = 10
 // Insert implements [idempotency.Store] with one statement: INSERT ... ON
 // CONFLICT DO NOTHING, and an UPDATE that replaces an expired record.
 func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	ctx, cancel := s.firstAnswer(ctx)
+	defer cancel()
 	for range insertAttempts {
 		var (
 			inserted bool
@@ -196,7 +246,7 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
 		).Scan(append([]any{&inserted, &now}, row.dest()...)...)
 		if err != nil {
-			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
+			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, unanswered(err, s.acquire))
 		}
 		if inserted {
 			return nil, true, nil
@@ -211,6 +261,7 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		if existing.Expired(now) {
 			continue // an old version, replaced after the snapshot
 		}
+		existing.ReadAt = now
 		return existing, false, nil
 	}
 	return nil, false, fmt.Errorf("pgstore: insert key %q: the record changed under %d attempts", rec.ID.Key, insertAttempts)
@@ -218,6 +269,8 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 
 // TakeOver implements [idempotency.Store] with one conditional UPDATE.
 func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
+	ctx, cancel := s.firstAnswer(ctx)
+	defer cancel()
 	tag, err := s.pool.Exec(ctx, nowSQL(5)+` UPDATE idempotency_records r
 		SET owner = $4, locked_until = t.now + $6::bigint * interval '1 microsecond'
 		FROM t
@@ -225,7 +278,7 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 		AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,
 		caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))
 	if err != nil {
-		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, err)
+		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, unanswered(err, s.acquire))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -277,9 +330,11 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	if err != nil {
 		return fmt.Errorf("pgstore: complete key %q: %w", id.Key, err)
 	}
-	conn, err := s.pool.Acquire(ctx)
+	actx, cancel := s.firstAnswer(ctx)
+	defer cancel()
+	conn, err := s.pool.Acquire(actx)
 	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: acquire a connection: %w", id.Key, err)
+		return fmt.Errorf("pgstore: complete key %q: acquire a connection: %w", id.Key, unanswered(err, s.acquire))
 	}
 	defer conn.Release()
 	ended := false
@@ -288,7 +343,9 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		// in a transaction is not given back to the pool: it is closed,
 		// and the server rolls back.
 		if !ended {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+			rctx, cancel := s.commitAnswer(ctx)
+			defer cancel()
+			_, _ = conn.Exec(rctx, "ROLLBACK")
 		}
 	}()
 	var (
@@ -298,12 +355,17 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(holdSQL, caller(id), id.Key, owner, mark).QueryRow(func(r pgx.Row) error { return r.Scan(nil, &held) })
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, err)
+	if err := conn.SendBatch(actx, b).Close(); err != nil {
+		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, unanswered(err, s.acquire))
 	}
+	cancel()
 	if !held {
 		return idempotency.ErrNotOwner
 	}
+	// The effect and the commit share one bound: a commit with no answer
+	// within it may have committed, and its connection is closed.
+	ctx, ccancel := s.commitAnswer(ctx)
+	defer ccancel()
 	if commit != nil {
 		etx := &onceTx{conn: conn.Conn()}
 		defer etx.end() // before the connection goes back to the pool
@@ -337,7 +399,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		return fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, err)
+		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, unanswered(err, s.commit))
 	}
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
 		return fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
@@ -371,10 +433,12 @@ func answerColumns(resp *idempotency.Response) (code *int32, header *string, bod
 
 // Release implements [idempotency.Store] with one DELETE.
 func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) error {
+	ctx, cancel := s.firstAnswer(ctx)
+	defer cancel()
 	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_records
 		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`, caller(id), id.Key, owner)
 	if err != nil {
-		return fmt.Errorf("pgstore: release key %q: %w", id.Key, err)
+		return fmt.Errorf("pgstore: release key %q: %w", id.Key, unanswered(err, s.acquire))
 	}
 	if tag.RowsAffected() == 0 {
 		return idempotency.ErrNotOwner
@@ -418,9 +482,11 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 // waiting, released at once) before the record is read, so a worker that
 // commits between the two is seen by the read.
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
+	ctx, cancel := s.firstAnswer(ctx)
+	defer cancel()
 	rec, found, err = s.get(ctx, s.pool, id)
 	if err != nil {
-		return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, err)
+		return nil, false, fmt.Errorf("pgstore: get key %q: %w", id.Key, unanswered(err, s.acquire))
 	}
 	return rec, found, nil
 }
@@ -447,9 +513,11 @@ func (s *Store) get(ctx context.Context, q interface {
 		if rec, err = row.record(id); err != nil {
 			return nil, false, err
 		}
+		rec.ReadAt = dbNow
 		return rec, true, nil
 	case !free:
-		return &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, LockedUntil: dbNow, CreatedAt: dbNow, ExpiresAt: dbNow}, true, nil
+		return &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, LockedUntil: dbNow, CreatedAt: dbNow, ExpiresAt: dbNow,
+			ReadAt: dbNow}, true, nil
 	}
 	return nil, false, nil
 }

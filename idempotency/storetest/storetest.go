@@ -16,7 +16,8 @@
 // writes); a record from its expiry on is replaced by an insert; a sweep
 // deletes the expired records and only those; keys are scoped by caller;
 // leases and retention are judged on the store's own clock, whatever its
-// callers' clocks say; the principal is kept as its digest ([idempotency.PrincipalDigest]), never
+// callers' clocks say, and a live record comes back with the store's now
+// ([idempotency.Record.ReadAt]); the principal is kept as its digest ([idempotency.PrincipalDigest]), never
 // in clear (with [Subject.AtRest]); principals of any length (a 3,000
 // character token, a 100 KB header) work; a record's fingerprint version is
 // kept; a record IN_PROGRESS under a live lease is never expired, even past
@@ -632,6 +633,9 @@ func testOwnClock(t *testing.T, sub Subject) {
 		t.Fatalf("Insert by a host 2h ahead = %v, %v; want the live record", inserted, err)
 	}
 	sameRecord(t, ex, &want)
+	if !ex.ReadAt.Equal(t0) {
+		t.Errorf("the live record's ReadAt = %v; want the store's now, %v, whatever its caller's clock", ex.ReadAt, t0)
+	}
 	// A host two minutes ahead sees the lease as ended; the store does not.
 	if ok, err := sub.Store.TakeOver(ctx, key, "a", "b", t0.Add(2*time.Minute), t0.Add(3*time.Minute)); err != nil || ok {
 		t.Errorf("TakeOver by a host 2m ahead while the lease is alive = %v, %v; want false, nil", ok, err)

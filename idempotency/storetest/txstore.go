@@ -205,9 +205,17 @@ func testRunOnceAndLeaseRecords(t *testing.T, sub Subject, s idempotency.TxStore
 	ctx := context.Background()
 	lease := record(key, "lease", t0)
 	mustInsert(t, sub, lease)
-	existing, err := s.RunOnce(ctx, record(key, "w1", t0), effect(sub, "over-lease", completed))
+	now := t0.Add(10 * time.Second) // the lease lives
+	sub.SetNow(now)
+	existing, err := s.RunOnce(ctx, record(key, "w1", now.Add(-time.Hour)), effect(sub, "over-lease", completed))
 	if err != nil || existing == nil || existing.Owner != "lease" {
-		t.Errorf("RunOnce over a live lease = %+v, %v; want the lease's record", existing, err)
+		t.Fatalf("RunOnce over a live lease = %+v, %v; want the lease's record", existing, err)
+	}
+	if !existing.ReadAt.Equal(now) {
+		t.Errorf("RunOnce's record has ReadAt %v; want the store's now, %v, whatever its caller's clock", existing.ReadAt, now)
+	}
+	if got := get(t, s, key, now.Add(-time.Hour)); got == nil || !got.ReadAt.Equal(now) {
+		t.Errorf("Get = %+v; want the record with the store's now, %v, as ReadAt", got, now)
 	}
 	hasRow(t, sub, "over-lease", false)
 

@@ -18,6 +18,9 @@
 // files when the tests end. As root, the server runs as the "postgres" user,
 // since PostgreSQL refuses to run as root.
 //
+// [PgBouncer] puts a throwaway PgBouncer (transaction pooling by default)
+// in front of a test's database, for tests of what a pooler changes.
+//
 // Without a DSN and without binaries the tests that need PostgreSQL skip,
 // saying how to enable them, unless IDEM_REQUIRE_POSTGRES=1, which makes
 // them fail (CI sets it, so that CI never skips them).
