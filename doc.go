@@ -225,19 +225,23 @@ hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
 # Redirects
 
-A redirect's answer is never taken for the intent's outcome. 307 and 308 are
-followed with the same method, headers (the key spelled as stored) and body,
-up to 10 in a row. 301, 302 and 303 would turn the POST into a GET whose
-answer (a login page, a CDN's notice) says nothing about the payment, so
-they are not followed; nor is the 3xx itself an outcome: it comes from
-whoever stands in front of the server, or from a server that did the work
-and points at its result (303), and it says nothing about an earlier attempt
-that may have charged. The call ends at once with a [*RetryError] matching
-[ErrOutcomeUnknown] (its Reason: a redirect not followed), whose
-LastResponse holds the 3xx and its Location; fix what redirects, then resume
-the intent with Do or settle it with Reconcile. A 3xx marked
-Idempotent-Replayed: true is the server's stored record for the key, and
-final.
+307 and 308 are followed with the same method, headers (the key spelled as
+stored) and body bytes, up to 10 in a row; never from https to http. 301,
+302 and 303 would turn the POST into a GET whose answer (a login page, a
+CDN's notice) says nothing about the payment, so Do does not follow them;
+the RoundTripper hands them back to the app's http.Client, whose GET then
+passes with no key and no intent.
+
+One redirect is an outcome: a 303 See Other that the server marked as its
+own (the key's echo, or Idempotent-Replayed: true) is its word that the
+work was done, and its Location names the result. The intent succeeds, on
+the first answer or on the replay a retry gets after a lost one. Every
+other redirect (301, 302, a 307 or 308 that was not followed, an unmarked
+303), marked or not, is neither paid nor failed: the call ends at once
+with a [*RetryError] matching [ErrOutcomeUnknown] (its Reason: a redirect
+not followed), whose LastResponse holds the 3xx and its Location; fix what
+redirects, then resume the intent with Do or settle it with Reconcile. No
+redirect is ever stored as failed.
 
 The server fingerprints the path and the query, so a 307 or 308 to another
 URL (an edge's "/payments?via=edge") makes the followed request another

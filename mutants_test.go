@@ -32,6 +32,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestARedirectFromHTTPSToHTTPIsNotFollowed$",
 		},
 		{
+			Name: "see-other-not-an-outcome", File: "redirect.go",
+			Note:    "a 303 the server marked is taken for a redirect not followed: the replay after a lost answer never ends paid",
+			Anchor:  "\treturn code == http.StatusSeeOther && marked(h, key)\n",
+			Replace: "\treturn false\n",
+			Pkg:     root, Run: "^TestRedirect$/^a_replayed_303_after_a_lost_first_answer_ends_paid$",
+		},
+		{
+			Name: "replayed-redirect-failed", File: "answer.go",
+			Note:    "a replayed 301, 302, 307 or 308 is final, and the intent is stored failed",
+			Anchor:  "\t\treturn seeOther(code, h, key)\n",
+			Replace: "\t\treturn replayed(h)\n",
+			Pkg:     root, Run: "^TestRedirect$/^a_301_marked_by_Idempotent-Replayed_is_never_failed$",
+		},
+		{
 			Name: "not-sent-without-the-trace", File: "call.go",
 			Note:    "a transport that fires no trace is taken to have sent nothing",
 			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",
