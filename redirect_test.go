@@ -205,16 +205,34 @@ func TestRedirect(t *testing.T) {
 
 // seeOtherServer is a payment API behind the idempotency middleware that
 // answers a created payment with 303 See Other to /payments/pay_1, as
-// some APIs do. It drops its first drops answers after the work, as a
-// lost connection would, and counts its charges.
+// some APIs do, and serves that page to a GET. It drops its first drops
+// answers after the work, as a lost connection would, and counts its
+// charges.
 func seeOtherServer(t *testing.T, drops int32) (*httptest.Server, *atomic.Int32) {
+	srv, charges, _ := seeOtherServerGETs(t, drops)
+	return srv, charges
+}
+
+// seeOtherServerGETs is seeOtherServer that also returns the
+// Idempotency-Key of each GET of the payment's page.
+func seeOtherServerGETs(t *testing.T, drops int32) (*httptest.Server, *atomic.Int32, func() []string) {
 	t.Helper()
 	var charges, dropped atomic.Int32
+	var mu sync.Mutex
+	var gets []string
 	api := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		charges.Add(1)
 		http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
 	}), idempotency.Config{Store: &idempotency.MemoryStore{}, Principal: func(*http.Request) string { return "" }})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/payments/pay_1" {
+			mu.Lock()
+			gets = append(gets, r.Header.Get("Idempotency-Key"))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"pay_1"}`)
+			return
+		}
 		if r.Method == http.MethodPost && dropped.Add(1) <= drops {
 			api.ServeHTTP(httptest.NewRecorder(), r)
 			panic(http.ErrAbortHandler) // the answer is lost
@@ -222,7 +240,11 @@ func seeOtherServer(t *testing.T, drops int32) (*httptest.Server, *atomic.Int32)
 		api.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	return srv, &charges
+	return srv, &charges, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), gets...)
+	}
 }
 
 // loginAfterFirst lets the first POST through and answers every later one
