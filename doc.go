@@ -178,12 +178,15 @@ their answers; by default the mark is required).
     server, an unmarked 4xx ends the call with its outcome unknown like a 2xx:
     the gateway that refused the retry says nothing about the attempt that
     charged. Settle it again later; the server then replays its record.
-  - A replayed answer is final whatever its status.
+  - A replayed answer is final whatever its status, but a redirect's (see
+    "Redirects").
   - The lookup ([Client.Reconcile]) makes an intent succeeded only on a
     2xx that is the server's word, and void only on the lookup's typed
     miss, a 404 problem of type
     https://idem.dev/problems/idempotency-key-unused (or a 404 that
-    [Server.OwnAnswer] recognises). The echo alone never voids an intent:
+    [Server.OwnAnswer] recognises), that echoes the fresh nonce the lookup
+    sent in Idempotency-Lookup-Nonce: a miss a cache kept from before the
+    payment does not. The echo alone never voids an intent:
     a gateway that copies request header fields into its own answers could
     forge it. Any other answer is "cannot tell yet" and changes nothing.
 

@@ -46,6 +46,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRedirect$/^a_301_marked_by_Idempotent-Replayed_is_never_failed$",
 		},
 		{
+			Name: "cached-miss-trusted", File: "reconcile.go",
+			Note:    "a lookup's miss that does not echo the lookup's nonce (a cache kept it) voids a charged intent",
+			Anchor:  "\t\tif !echoesNonce(resp.Header, nonce) {\n",
+			Replace: "\t\tif false {\n",
+			Pkg:     root, Run: "^TestLookup$/^a_miss_a_cache_kept_never_voids",
+		},
+		{
+			Name: "lookup-nonce-reused", File: "lookup.go",
+			Note:    "every lookup carries the same nonce, which a cache's kept miss echoes",
+			Anchor:  "func lookupNonce() string { return rand.Text() }",
+			Replace: "func lookupNonce() string { _ = rand.Text; return \"n\" }",
+			Pkg:     root, Run: "^TestLookup$/^a_miss_a_cache_kept_never_voids",
+		},
+		{
 			Name: "not-sent-without-the-trace", File: "call.go",
 			Note:    "a transport that fires no trace is taken to have sent nothing",
 			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",
