@@ -165,6 +165,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRoundTripperIdentity$/^a_clone_through_an_auth_transport",
 		},
 		{
+			Name: "roundtripper-callers-key-ageless", File: "transport.go",
+			Note:    "a caller's own key is a new in-memory intent on each round trip, so its age restarts and a resend a day late is sent past the server's retention",
+			Anchor:  "if in := t.callers[k]; in != nil && in.matches(live) {",
+			Replace: "if in := t.callers[k]; false && in != nil && in.matches(live) {",
+			Pkg:     root, Run: "^TestRoundTripperIdentity$/^a_caller's_key_resent_after",
+		},
+		{
 			Name: "roundtripper-unidentified-sent", File: "transport.go",
 			Note:    "a POST that states no identity is sent under a fresh key",
 			Anchor:  "\tif !hasIntent && !hasAction && req.Header.Get(\"Idempotency-Key\") == \"\" {\n",

@@ -439,6 +439,36 @@ func TestRoundTripperIdentity(t *testing.T) {
 		assert.Equal(t, "application/json", in.Request().Header.Get("Content-Type"))
 	})
 
+	t.Run("a caller's key resent after the server's retention is never sent again", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		rec := &keyRecorder{next: h, keys: map[string][]string{}}
+		srv := httptest.NewServer(rec)
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: &authTransport{base: c.RoundTripper(srv.Client().Transport)}}
+		post := func() error {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "sdk-key-late")
+			resp, err := hc.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		require.ErrorIs(t, post(), idem.ErrOutcomeUnknown, "the answer was lost")
+		clk.Advance(25 * time.Hour) // the server forgot the key
+		err = post()                // the API client's retry, a day late
+		requireStop(t, err, idem.StopExpired, "the key's age counts from its first send")
+		assert.Len(t, rec.seen("POST /payments"), 1, "never sent again")
+		assert.Equal(t, 1, h.Stats().ProviderCharges)
+	})
+
 	t.Run("a POST that states no identity is refused and nothing is sent", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
