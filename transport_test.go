@@ -287,7 +287,8 @@ func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
 // An API client's own retry with its own key, after its first request
 // charged and the answer was lost, may get a gateway's refusal: that is
 // not "not paid", since the key was sent before, through an earlier round
-// trip.
+// trip, of this RoundTripper or of one that no longer runs (the app
+// restarted).
 func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(epoch)
@@ -301,9 +302,12 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	var hc *http.Client
+	start := func() { // the app starts: a new Client, a new RoundTripper
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		hc = &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	}
 	post := func() (*http.Response, error) {
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
 		require.NoError(t, err)
@@ -311,9 +315,11 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 		req.Header.Set("Idempotency-Key", "sdk-key-3")
 		return hc.Do(req)
 	}
+	start()
 	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
-	_, err = post()
+	_, err := post()
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+	start() // the API client's retry comes after a restart
 	_, err = post()
 	requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
 	resp, err := post()
