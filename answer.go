@@ -60,24 +60,22 @@ func replayed(h http.Header) bool {
 }
 
 // isFinal reports whether an answer with this status and headers is the
-// intent's final answer. A redirect that is not followed is not: see
-// unfollowedRedirect.
-func isFinal(code int, h http.Header) bool {
-	return replayed(h) || !retryableStatus(code) && !unfollowedRedirect(code)
+// final answer of the intent whose key is key. A redirect is final only
+// when it is the server's word that the work was done (seeOther); any
+// other that reaches the client is not: see unfollowedRedirect.
+func isFinal(code int, h http.Header, key string) bool {
+	if unfollowedRedirect(code) {
+		return seeOther(code, h, key)
+	}
+	return replayed(h) || !retryableStatus(code)
 }
-
-// unfollowedRedirect reports a 3xx that reached the client: one that
-// redirectPolicy did not follow (301, 302, 303 after a POST) or that
-// net/http could not (no Location, 300, 304). It comes from whoever stands
-// in front of the server (a login page, a CDN) or from a server that did
-// the work and points at its result (303): it says nothing about the work,
-// nor about an earlier attempt that may have reached the server. So it
-// ends the call at once, its outcome unknown, unless the server marked it
-// as its stored record.
-func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
 
 // isSuccess reports a 2xx status.
 func isSuccess(status int) bool { return status >= 200 && status < 300 }
+
+// done reports a final answer that says the work was done: a 2xx, or a
+// 303, which is final only when the server marked it (see seeOther).
+func done(status int) bool { return isSuccess(status) || status == http.StatusSeeOther }
 
 // marked reports an answer the server marked as its own for key: the echo,
 // or the replay header on an answer that echoes no key. A replay that echoes
@@ -115,7 +113,7 @@ func isKeyUnused(status int, h http.Header, body []byte) bool {
 // stateFor classifies a final answer.
 func (c *config) stateFor(status int, header http.Header, body []byte) persist.State {
 	switch {
-	case status >= 200 && status < 300:
+	case done(status):
 		return persist.StateSucceeded
 	case c.keyReused(status, header, body),
 		isKeyProblem(status, parseProblem(header, body).Type):
@@ -127,7 +125,7 @@ func (c *config) stateFor(status int, header http.Header, body []byte) persist.S
 // keyReused reports a final answer that says the key was used with another
 // request: see ErrKeyReused.
 func (c *config) keyReused(status int, header http.Header, body []byte) bool {
-	if status >= 200 && status < 300 {
+	if done(status) {
 		return false
 	}
 	if isKeyReused(status, header, body) {
@@ -217,7 +215,7 @@ func parseProblem(header http.Header, body []byte) problem {
 }
 
 func (c *config) apiErrorFor(rec *persist.Record, resp *Response) error {
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+	if done(resp.StatusCode) {
 		return nil
 	}
 	return &APIError{

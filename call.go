@@ -214,7 +214,7 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 	if st.stopped != nil {
 		return false, errStopped
 	}
-	if err == nil && isFinal(resp.StatusCode, resp.Header) {
+	if err == nil && isFinal(resp.StatusCode, resp.Header, st.key) {
 		// A final answer is taken even if ctx ended as it arrived: its
 		// body may be read yet, and it saves a resend.
 		return false, nil
@@ -325,7 +325,7 @@ func (st *call) readFinal(resp *http.Response) error {
 // The call does not follow the redirect's URL itself: the lookup settles
 // the intent on the server's word.
 func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
-	if st.stopped != nil || !st.redirected || !isFinal(resp.StatusCode, resp.Header) ||
+	if st.stopped != nil || !st.redirected || !isFinal(resp.StatusCode, resp.Header, st.key) ||
 		!st.cfg.keyReused(resp.StatusCode, resp.Header, body) {
 		return nil
 	}
@@ -340,7 +340,7 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 // earlier request: see Client.trusted. Otherwise it returns nil, and the
 // answer is final.
 func (st *call) unmarked(resp *http.Response, body []byte) error {
-	if st.stopped != nil || !isFinal(resp.StatusCode, resp.Header) {
+	if st.stopped != nil || !isFinal(resp.StatusCode, resp.Header, st.key) {
 		// Not a final answer: the budget or the context ended the call
 		// on it.
 		return nil

@@ -303,10 +303,11 @@ func TestAttemptHookReportsNameURLAndDuration(t *testing.T) {
 		{Key: key, Number: 2, StatusCode: 201, Name: "checkout:cart-42", URL: redacted, Duration: 250 * time.Millisecond},
 	}, attempts)
 
-	// A request of the RoundTripper without an intent has no name.
+	// A request of the RoundTripper under its own key has no name.
 	attempts = nil
 	hreq, err := http.NewRequest(http.MethodPost, "https://api.example/refunds", http.NoBody)
 	require.NoError(t, err)
+	hreq.Header.Set("Idempotency-Key", "refund-1")
 	hresp, err := (&http.Client{Transport: c.RoundTripper(srv)}).Do(hreq)
 	require.NoError(t, err)
 	hresp.Body.Close()

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -331,9 +332,10 @@ func marking(h http.Handler) http.Handler {
 	})
 }
 
-// writeKeyUnused answers the lookup's typed miss: nothing was done under
-// the key.
-func writeKeyUnused(w http.ResponseWriter) {
+// writeKeyUnused answers the lookup r's typed miss, with r's nonce echoed
+// as the server does: nothing was done under the key.
+func writeKeyUnused(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(idempotency.LookupNonceHeader, r.Header.Get(idempotency.LookupNonceHeader))
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(http.StatusNotFound)
 	_, _ = w.Write([]byte(`{"type":"https://idem.dev/problems/idempotency-key-unused","title":"Idempotency-Key unused","status":404}`))

@@ -178,12 +178,15 @@ their answers; by default the mark is required).
     server, an unmarked 4xx ends the call with its outcome unknown like a 2xx:
     the gateway that refused the retry says nothing about the attempt that
     charged. Settle it again later; the server then replays its record.
-  - A replayed answer is final whatever its status.
+  - A replayed answer is final whatever its status, but a redirect's (see
+    "Redirects").
   - The lookup ([Client.Reconcile]) makes an intent succeeded only on a
     2xx that is the server's word, and void only on the lookup's typed
     miss, a 404 problem of type
     https://idem.dev/problems/idempotency-key-unused (or a 404 that
-    [Server.OwnAnswer] recognises). The echo alone never voids an intent:
+    [Server.OwnAnswer] recognises), that echoes the fresh nonce the lookup
+    sent in Idempotency-Lookup-Nonce: a miss a cache kept from before the
+    payment does not. The echo alone never voids an intent:
     a gateway that copies request header fields into its own answers could
     forge it. Any other answer is "cannot tell yet" and changes nothing.
 
@@ -225,19 +228,23 @@ hooks, and backoff on github.com/cenkalti/backoff/v4, one backoff per call.
 
 # Redirects
 
-A redirect's answer is never taken for the intent's outcome. 307 and 308 are
-followed with the same method, headers (the key spelled as stored) and body,
-up to 10 in a row. 301, 302 and 303 would turn the POST into a GET whose
-answer (a login page, a CDN's notice) says nothing about the payment, so
-they are not followed; nor is the 3xx itself an outcome: it comes from
-whoever stands in front of the server, or from a server that did the work
-and points at its result (303), and it says nothing about an earlier attempt
-that may have charged. The call ends at once with a [*RetryError] matching
-[ErrOutcomeUnknown] (its Reason: a redirect not followed), whose
-LastResponse holds the 3xx and its Location; fix what redirects, then resume
-the intent with Do or settle it with Reconcile. A 3xx marked
-Idempotent-Replayed: true is the server's stored record for the key, and
-final.
+307 and 308 are followed with the same method, headers (the key spelled as
+stored) and body bytes, up to 10 in a row; never from https to http. 301,
+302 and 303 would turn the POST into a GET whose answer (a login page, a
+CDN's notice) says nothing about the payment, so Do does not follow them;
+the RoundTripper hands them back to the app's http.Client, whose GET then
+passes with no key and no intent.
+
+One redirect is an outcome: a 303 See Other that the server marked as its
+own (the key's echo, or Idempotent-Replayed: true) is its word that the
+work was done, and its Location names the result. The intent succeeds, on
+the first answer or on the replay a retry gets after a lost one. Every
+other redirect (301, 302, a 307 or 308 that was not followed, an unmarked
+303), marked or not, is neither paid nor failed: the call ends at once
+with a [*RetryError] matching [ErrOutcomeUnknown] (its Reason: a redirect
+not followed), whose LastResponse holds the 3xx and its Location; fix what
+redirects, then resume the intent with Do or settle it with Reconcile. No
+redirect is ever stored as failed.
 
 The server fingerprints the path and the query, so a 307 or 308 to another
 URL (an edge's "/payments?via=edge") makes the followed request another

@@ -91,8 +91,8 @@ const (
 	// the size limit (Server.MaxResponseBytes), after an attempt that may have
 	// reached the server; RetryError.Err holds it.
 	stopFatal = "error that retrying cannot fix"
-	// stopRedirect: the answer was a 3xx that is not followed (301, 302 or
-	// 303 to a GET, a login page say): it says nothing about the work.
+	// stopRedirect: the answer was a 3xx that is not followed (301, 302,
+	// an unmarked 303, a login page say): it says nothing about the work.
 	// RetryError.LastResponse holds it, with its Location.
 	stopRedirect = "redirect not followed"
 	// stopUnmarked: a 2xx or 4xx answer that does not show it is the

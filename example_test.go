@@ -193,7 +193,9 @@ func ExampleClient_HTTPRequest() {
 }
 
 // Any *http.Client gets keys on POST and safe retries through the
-// RoundTripper; GET passes through with no key.
+// RoundTripper; GET passes through with no key. The request's context
+// names its action, which is its identity: the same request, sent again
+// or cloned, is one intent with one key.
 func ExampleClient_RoundTripper() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
@@ -201,8 +203,11 @@ func ExampleClient_RoundTripper() {
 	hc := &http.Client{Transport: client.RoundTripper(srv.Client().Transport)}
 
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "0"})
-	resp, err := hc.Post(srv.URL+"/payments", "application/json",
+	ctx := idem.ContextWithAction(context.Background(), "checkout:cart-7")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/payments",
 		strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
 	if err != nil {
 		fmt.Println(err)
 		return

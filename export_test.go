@@ -13,14 +13,6 @@ import (
 // of an app that crashed between the tap's write and the first byte.
 var Arm = (*Client).arm
 
-// Remembered returns how many live requests rt holds intents for.
-func Remembered(rt any) int {
-	t := rt.(*roundTripper)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.sent)
-}
-
 // Tracked returns how many intents c holds state for in memory.
 func Tracked(c *Client) int {
 	c.keys.mu.Lock()

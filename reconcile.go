@@ -28,8 +28,9 @@ import (
 //     stored as its response.
 //   - 404 whose body is the lookup's typed miss (a problem of type
 //     https://idem.dev/problems/idempotency-key-unused), or that
-//     Server.OwnAnswer recognises, once no attempt of the intent can
-//     still arrive: the work was
+//     Server.OwnAnswer recognises, that echoes the fresh nonce this
+//     lookup sent (Idempotency-Lookup-Nonce; a miss a cache kept does
+//     not), once no attempt of the intent can still arrive: the work was
 //     never done; the intent becomes void and a new intent for the action
 //     may be created. An attempt may arrive up to the reconcile delay
 //     (Server.ReconcileDelay) after it was last written, and the device knows
@@ -128,6 +129,10 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	// A cache on the path must ask the server, not answer from what it
 	// kept: a "not found" kept from before the payment would void it.
 	req.Header.Set("Cache-Control", "no-cache")
+	// A cache that keeps the answer anyway replays another lookup's
+	// nonce, or none: its miss voids nothing (see lookupNonceHeader).
+	nonce := lookupNonce()
+	req.Header.Set(lookupNonceHeader, nonce)
 	// Whether an attempt may still arrive is decided as the lookup leaves:
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.
@@ -164,6 +169,13 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		rec.Response = c.stored(out)
 	case isKeyUnused(resp.StatusCode, resp.Header, body) ||
 		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone()):
+		if !echoesNonce(resp.Header, nonce) {
+			// A miss kept by a cache (a CDN that caches everything) may
+			// be older than the payment: only a miss made for this
+			// lookup is the server's word now.
+			return out, fmt.Errorf("idem: the lookup's miss for intent %s does not echo this lookup's nonce (%s): a cache may have kept it from before the payment; nothing changes, reconcile later: %w",
+				key, lookupNonceHeader, ErrOutcomeUnknown)
+		}
 		// Expired or not: an attempt sent just before expiry may arrive
 		// as late as any other.
 		if wait > 0 {

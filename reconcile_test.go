@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +22,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -262,7 +265,7 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
-		writeKeyUnused(w)
+		writeKeyUnused(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	clk := clock.NewManual(epoch)
@@ -665,15 +668,20 @@ func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 			w.Header().Set("Idempotency-Key", "another-key")
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
 		}, nil, persist.StateExpired},
-		{"typed miss without the echo", func(w http.ResponseWriter, _ *http.Request) { writeKeyUnused(w) }, nil, persist.StateVoid},
+		{"typed miss without the echo", writeKeyUnused, nil, persist.StateVoid},
 		{"recognised 200", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("X-Served-By", "payments")
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
 		}, []idem.Option{recognised}, persist.StateSucceeded},
-		{"recognised 404", func(w http.ResponseWriter, _ *http.Request) {
+		{"recognised 404", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Served-By", "payments")
+			w.Header().Set(idempotency.LookupNonceHeader, r.Header.Get(idempotency.LookupNonceHeader))
 			strangerPage(w, http.StatusNotFound, "application/json", `{"error":"not found"}`)
 		}, []idem.Option{recognised}, persist.StateVoid},
+		{"recognised 404 without the lookup's nonce", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("X-Served-By", "payments")
+			strangerPage(w, http.StatusNotFound, "application/json", `{"error":"not found"}`)
+		}, []idem.Option{recognised}, persist.StateExpired},
 		{"unrecognised 404 with a recogniser", func(w http.ResponseWriter, _ *http.Request) {
 			strangerPage(w, http.StatusNotFound, "text/html", "<html>Not Found</html>")
 		}, []idem.Option{recognised}, persist.StateExpired},
@@ -758,4 +766,94 @@ func TestALookupAnswerOverTheLimitSettlesTheIntentWithoutItsBody(t *testing.T) {
 	require.NotNil(t, stored)
 	assert.True(t, stored.Oversized)
 	assert.Equal(t, "/payments/pay_1", stored.Header.Get("Location"))
+}
+
+// cachingProxy is a reverse proxy in front of the server with a CDN's
+// "cache everything" rule: the first answer to each GET is kept, whatever
+// its Cache-Control, and served again to every later GET of the URL, with
+// its age (Age: 130), header fields and all.
+type cachingProxy struct {
+	proxy *httputil.ReverseProxy
+	mu    sync.Mutex
+	kept  map[string]*httptest.ResponseRecorder
+	hits  atomic.Int32
+}
+
+func newCachingProxy(t *testing.T, origin string) *httptest.Server {
+	t.Helper()
+	u, err := url.Parse(origin)
+	require.NoError(t, err)
+	p := &cachingProxy{proxy: httputil.NewSingleHostReverseProxy(u), kept: map[string]*httptest.ResponseRecorder{}}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func (p *cachingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		p.proxy.ServeHTTP(w, r)
+		return
+	}
+	p.mu.Lock()
+	kept, ok := p.kept[r.URL.String()]
+	p.mu.Unlock()
+	if !ok {
+		rec := httptest.NewRecorder()
+		p.proxy.ServeHTTP(rec, r)
+		p.mu.Lock()
+		p.kept[r.URL.String()] = rec
+		p.mu.Unlock()
+		kept = rec
+	} else {
+		p.hits.Add(1)
+		w.Header().Set("Age", "130")
+	}
+	for k, v := range kept.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(kept.Code)
+	_, _ = w.Write(kept.Body.Bytes())
+}
+
+// TestLookup keeps what the lookup's answer may settle.
+func TestLookup(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a miss a cache kept never voids a charged intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		origin := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(origin.Close)
+		cdn := newCachingProxy(t, origin.URL)
+		net := &heldNetwork{base: cdn.Client().Transport}
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithLookup(contractLookup),
+			idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		pay := func(amount int) idem.Request {
+			req, err := idem.JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			return req
+		}
+		in, err := c.Intent(ctx, "checkout", pay(1500))
+		require.NoError(t, err)
+
+		net.holdNext(1) // the payment is held in the network
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		_, err = c.Reconcile(ctx, in) // an early lookup: its miss is kept
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the payment may still arrive")
+		net.deliver(t)
+		require.Equal(t, 1, origin.Stats().ProviderCharges, "the payment arrived and charged")
+
+		clk.Advance(10 * time.Minute) // past the reconcile delay
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the kept miss, 130 s old, is not the server's word now")
+		assert.NotEqual(t, persist.StateVoid, in.State(), "never voided")
+
+		// The next tap, for the changed cart, does not pay again.
+		_, err = c.Intent(ctx, "checkout", pay(2500))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
+		assert.Equal(t, 1, origin.Stats().ProviderCharges)
+	})
 }

@@ -5,6 +5,35 @@ import (
 	"net/url"
 )
 
+// What a redirect answer to a POST or PATCH means.
+//
+//   - A 303 See Other marked as the server's (its key echoed, or
+//     Idempotent-Replayed) is the server's word that the work was done:
+//     its Location names the result. It is the intent's final answer, a
+//     success, fresh or replayed; a retry after a lost first answer gets
+//     the replayed 303 and ends paid.
+//   - 307 and 308 are followed, with the intent's stored bytes, by
+//     redirectPolicy. One that reaches the client (from https to http)
+//     is not followed and is no outcome.
+//   - 301, 302, an unmarked 303, and any other 3xx (300, 304, one
+//     without a Location) are no outcome, marked or not: a login page or
+//     a CDN sends them as readily as a server. The call ends at once, the
+//     outcome unknown, and the intent is reconciled through the lookup.
+//
+// No redirect is ever "failed": none says the work was not done.
+
+// unfollowedRedirect reports a 3xx that reached the client: one that
+// redirectPolicy did not follow (301, 302, 303 after a POST, a 307 or 308
+// from https to http) or that net/http could not (no Location, 300, 304).
+func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
+
+// seeOther reports the one redirect that is an outcome: a 303 the server
+// marked as its word on key (see marked). Asking again would get its
+// replay: the work is done, and Location names the result.
+func seeOther(code int, h http.Header, key string) bool {
+	return code == http.StatusSeeOther && marked(h, key)
+}
+
 // redirectPolicy returns a copy of hc that follows only the redirects that
 // keep the request as it is, so that the answer to a redirect is never
 // taken for the intent's outcome:

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/persist"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -122,27 +124,127 @@ func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T)
 	require.ErrorAs(t, err, new(*idem.UnresolvedError), "the user cannot pay again while the first payment may be made")
 }
 
-func TestAReplayedRedirectIsFinal(t *testing.T) {
+// TestRedirect keeps what a redirect answer to a payment means: a 303 the
+// server marked is its word that the work was done; every other redirect
+// leaves the outcome unknown; none is "failed".
+func TestRedirect(t *testing.T) {
 	t.Parallel()
-	srv := newRedirectingServer(t, map[string]func(http.ResponseWriter, *http.Request){
-		"POST /payments": func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Idempotent-Replayed", "true")
-			http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
-		},
+
+	t.Run("a replayed 303 after a lost first answer ends paid", func(t *testing.T) {
+		t.Parallel()
+		srv, charges := seeOtherServer(t, 1)
+		c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+		require.NoError(t, err)
+		in, err := c.Intent(context.Background(), "checkout", req)
+		require.NoError(t, err)
+
+		resp, err := c.Do(context.Background(), in)
+		require.NoError(t, err, "the server's word that the payment was made")
+		assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		assert.True(t, resp.Replayed, "the retry got the stored 303")
+		assert.Equal(t, "/payments/pay_1", resp.Header.Get("Location"), "Location names the result")
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, int32(1), charges.Load())
+
+		again, err := c.Do(context.Background(), in)
+		require.NoError(t, err, "the stored outcome is paid too")
+		assert.True(t, again.FromStore)
+		assert.Equal(t, http.StatusSeeOther, again.StatusCode)
 	})
-	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
-	require.NoError(t, err)
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
-	resp, err := c.Do(context.Background(), in)
-	var apiErr *idem.APIError
-	require.ErrorAs(t, err, &apiErr, "the server's stored record for the key")
-	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	assert.Equal(t, "/payments/pay_1", resp.Header.Get("Location"))
-	assert.True(t, in.State().Resolved())
-	assert.Len(t, srv.requests(), 1)
+
+	t.Run("a fresh 303 that echoes the key ends paid", func(t *testing.T) {
+		t.Parallel()
+		srv, charges := seeOtherServer(t, 0)
+		c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+		resp, err := c.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		assert.False(t, resp.Replayed)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, int32(1), charges.Load())
+	})
+
+	for _, code := range []int{http.StatusMultipleChoices, http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		for _, mark := range []string{"Idempotent-Replayed", "Idempotency-Key"} {
+			t.Run(fmt.Sprintf("a %d marked by %s is never failed", code, mark), func(t *testing.T) {
+				t.Parallel()
+				srv := newRedirectingServer(t, map[string]func(http.ResponseWriter, *http.Request){
+					"POST /payments": func(w http.ResponseWriter, r *http.Request) {
+						if mark == "Idempotency-Key" {
+							w.Header().Set(mark, r.Header.Get(mark))
+						} else {
+							w.Header().Set(mark, "true")
+						}
+						// No Location: net/http hands even a 307 or 308
+						// back unfollowed.
+						w.WriteHeader(code)
+					},
+				})
+				c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)))
+				require.NoError(t, err)
+				req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+				require.NoError(t, err)
+				in, err := c.NewIntent(context.Background(), "", req)
+				require.NoError(t, err)
+				_, err = c.Do(context.Background(), in)
+				requireStop(t, err, idem.StopRedirect, "neither paid nor failed")
+				assert.NotErrorAs(t, err, new(*idem.APIError))
+				assert.False(t, in.State().Resolved(), "reconciled later, never stored failed")
+				assert.Len(t, srv.requests(), 1, "asking again would get the same redirect")
+			})
+		}
+	}
+}
+
+// seeOtherServer is a payment API behind the idempotency middleware that
+// answers a created payment with 303 See Other to /payments/pay_1, as
+// some APIs do, and serves that page to a GET. It drops its first drops
+// answers after the work, as a lost connection would, and counts its
+// charges.
+func seeOtherServer(t *testing.T, drops int32) (*httptest.Server, *atomic.Int32) {
+	srv, charges, _ := seeOtherServerGETs(t, drops)
+	return srv, charges
+}
+
+// seeOtherServerGETs is seeOtherServer that also returns the
+// Idempotency-Key of each GET of the payment's page.
+func seeOtherServerGETs(t *testing.T, drops int32) (*httptest.Server, *atomic.Int32, func() []string) {
+	t.Helper()
+	var charges, dropped atomic.Int32
+	var mu sync.Mutex
+	var gets []string
+	api := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges.Add(1)
+		http.Redirect(w, r, "/payments/pay_1", http.StatusSeeOther)
+	}), idempotency.Config{Store: &idempotency.MemoryStore{}, Principal: func(*http.Request) string { return "" }})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/payments/pay_1" {
+			mu.Lock()
+			gets = append(gets, r.Header.Get("Idempotency-Key"))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"pay_1"}`)
+			return
+		}
+		if r.Method == http.MethodPost && dropped.Add(1) <= drops {
+			api.ServeHTTP(httptest.NewRecorder(), r)
+			panic(http.ErrAbortHandler) // the answer is lost
+		}
+		api.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &charges, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), gets...)
+	}
 }
 
 // loginAfterFirst lets the first POST through and answers every later one

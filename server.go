@@ -101,7 +101,9 @@ type Server struct {
 	// server's own: a header field or body only the server sends, say.
 	// Recognised, an answer is taken as the server's word: a 2xx or a 4xx
 	// from a send settles the intent, a lookup's 2xx makes it succeeded
-	// and a lookup's 404 makes it void. It must not keep resp.
+	// and a lookup's 404 makes it void, if it echoes the lookup's nonce
+	// (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a 404 a cache kept
+	// may be older than the payment. It must not keep resp.
 	OwnAnswer func(resp *Response) bool
 }
 

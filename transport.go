@@ -7,12 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"reflect"
-	"runtime"
 	"strconv"
 	"sync"
-	"weak"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -66,39 +62,94 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 	return req, nil
 }
 
-// RoundTripper returns an http.RoundTripper that gives POST and PATCH
-// requests an Idempotency-Key and retries them under the Client's policy,
-// so any *http.Client (a generated API client, say) gets safe retries:
+// ErrNoIdentity: a POST or PATCH sent through the Client's RoundTripper
+// states no intent. The RoundTripper never guesses one, and never makes a
+// fresh key for such a request: an API client that sends it again (after a
+// lost answer, through a transport that clones it) would pay twice. Name
+// the request's action with ContextWithAction, pass its intent with
+// ContextWithIntent, or set its own Idempotency-Key. Nothing was sent.
+var ErrNoIdentity = errors.New("idem: a POST or PATCH through the RoundTripper states no intent: name its action (ContextWithAction), pass its intent (ContextWithIntent) or set its Idempotency-Key")
+
+// ErrRequestTooLarge: a request's body through the RoundTripper is over
+// MaxRequestBodyBytes. Nothing was sent.
+var ErrRequestTooLarge = errors.New("idem: the request's body is over MaxRequestBodyBytes")
+
+// MaxRequestBodyBytes is the largest body the RoundTripper sends. Every
+// attempt sends the same bytes, so it holds them (and an action's intent
+// stores them on the device): a larger body is refused with
+// ErrRequestTooLarge before anything is sent, and never read whole. One
+// whose ContentLength says so is not read at all; a stream is read to one
+// byte past the limit.
+const MaxRequestBodyBytes = 10 << 20
+
+type actionKey struct{}
+
+// ContextWithAction returns a context that names the action, as
+// Client.Intent takes it, of a POST or PATCH sent with it through the
+// Client's RoundTripper. The RoundTripper takes the action's intent for
+// the request as Intent does, and arms it as Do does: the same request,
+// sent again, cloned (req.Clone keeps the context) or copied, is the same
+// intent with the same key, and its retries survive restarts. A changed
+// request follows Intent's rules: it replaces an intent never sent, and is
+// refused (*UnresolvedError, *ResolvedError) while the action's latest
+// intent may have been sent or was paid. The intent stores the request's
+// method, URL, body and its Content-Type, Content-Encoding,
+// Content-Language and Accept fields; the other fields (credentials
+// among them) go on the wire only.
+func ContextWithAction(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, actionKey{}, name)
+}
+
+// actionFromContext returns the action named by ctx, if any.
+func actionFromContext(ctx context.Context) (string, bool) {
+	name, ok := ctx.Value(actionKey{}).(string)
+	return name, ok && name != ""
+}
+
+// storedRequestFields are the header fields an action's intent made by the
+// RoundTripper keeps: what the server needs to read the body again after a
+// restart. Anything else may be a credential, which the device never
+// stores.
+var storedRequestFields = []string{"Content-Type", "Content-Encoding", "Content-Language", "Accept"}
+
+// RoundTripper returns an http.RoundTripper that sends POST and PATCH
+// requests with an Idempotency-Key and retries them under the Client's
+// policy, so any *http.Client (a generated API client, say) gets safe
+// retries:
 //
 //	hc := &http.Client{Transport: client.RoundTripper(http.DefaultTransport)}
+//	ctx := idem.ContextWithAction(ctx, "checkout-"+cartID)
 //
-// The key comes from the intent in the request's context (see
-// ContextWithIntent); the request must then be the intent's request, else
-// the round trip fails with ErrIntentMismatch before anything is sent.
-// Without one, the RoundTripper makes a key for that request and keeps it
-// in memory only: its retries are safe, and so is sending the same
-// *http.Request again (an API client's own retry loop), which gets the same
-// key while it holds the same bytes (a body without GetBody, spent by the
-// first round trip, is sent again from the intent's bytes); the request is
-// neither changed nor kept alive by it. The same request is known by its
-// *url.URL, which net/http's shallow copies of it share (an http.Client
-// with a Timeout makes one on every Do): a new request that shares another's
-// *url.URL and holds the same bytes (method, URL and body), or the same
-// spent streamed Body, is taken for that request and gets its key; one
-// that differs in any of them is a new request. A clone, or a new request
-// with its own URL (http.NewRequest parses one), gets a new key. A restart
-// forgets them all. Use
-// intents for anything that must survive a restart. A request that carries
-// its own Idempotency-Key keeps it: if the key is a stored intent's, the
-// request is that intent (and must be its request); otherwise (an API
-// client that retries with its own key) the caller's retries are safe too.
+// A request's identity is what the app states, never which object it is,
+// so a clone (an auth transport's req.Clone) and a request sent again (an
+// API client's own retry) keep it. In this order:
 //
-// Other methods pass through to base untouched and never carry a key. A
-// final answer, 4xx included, is returned as the response (one larger than
-// Server.MaxResponseBytes with an empty body and only its stored header
-// fields, as Response.Oversized describes); an unknown
-// outcome is returned as an error wrapping *RetryError. base nil means
-// http.DefaultTransport. The RoundTripper is safe for concurrent use.
+//   - an intent in the request's context (ContextWithIntent): the request
+//     must be the intent's, else the round trip fails with
+//     ErrIntentMismatch before anything is sent;
+//   - the request's own Idempotency-Key: a stored intent's key makes the
+//     request that intent (and it must be its request); another key (an
+//     API client that chose it, as Stripe's do) is sent on every attempt,
+//     and kept in memory for this call only;
+//   - an action named in the request's context (ContextWithAction): the
+//     action's intent for this request, stored and armed as by Do.
+//
+// A POST or PATCH that states none is refused with ErrNoIdentity, and one
+// whose body is over MaxRequestBodyBytes with ErrRequestTooLarge; nothing
+// is sent. The live request's header fields (credentials set by the
+// caller's transports included) go on the wire, with the intent's key.
+//
+// A final answer, 4xx included, is returned as the response (one larger
+// than Server.MaxResponseBytes with an empty body and only its stored
+// header fields, as Response.Oversized describes). A 301, 302 or 303 is
+// returned too, for the app's http.Client to follow: its GET passes
+// through with no key and no intent. A 303 that the server marked is the
+// intent's success; a 301 or 302 leaves its outcome unknown, and the
+// intent is settled later (Settle, Reconcile). Any other unknown outcome
+// is returned as an error wrapping *RetryError. Other methods pass through
+// to base untouched and never carry a key (one set by the app on a
+// redirect's GET is taken off). base nil means http.DefaultTransport. The
+// RoundTripper is safe for concurrent use.
 func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
@@ -111,134 +162,34 @@ type roundTripper struct {
 	base  http.RoundTripper
 	retry *retrier // sends each attempt through base
 
-	// sent holds the in-memory intent of each live request that this
-	// RoundTripper gave a key, by a weak pointer to the request's *url.URL:
-	// the same *http.Request sent again (an API client's own retry) is the
-	// same intent, and a request the caller dropped is forgotten with it.
-	// The URL, not the request, names it because an http.Client with a
-	// Timeout (or any deadline, or credentials in the URL) hands the
-	// RoundTripper a shallow copy of the caller's request on every Do: the
-	// copy shares the caller's *url.URL (and Body), while a Clone copies
-	// both.
-	mu   sync.Mutex
-	sent map[weak.Pointer[url.URL]]sentRequest
-}
-
-// sentRequest is what the RoundTripper keeps of a request it gave a key.
-type sentRequest struct {
-	in   *Intent
-	body io.ReadCloser // the request's Body when it was sent
-}
-
-// intentOf returns the in-memory intent this RoundTripper made for req, if
-// req (or net/http's shallow copy of it) was sent through it before with
-// the same bytes, or with the same streamed body that the earlier round
-// trip spent. Requests that share a *url.URL but differ in their bytes or
-// their streamed body are different requests.
-func (t *roundTripper) intentOf(req *http.Request, live Request) *Intent {
-	t.mu.Lock()
-	s, ok := t.sent[weak.Make(req.URL)]
-	t.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	in := s.in
-	if in.matches(live) {
-		return in
-	}
-	// A body without GetBody was read to its end by the earlier round
-	// trip: sent again, it reads empty. It is the same request, whose
-	// bytes the intent holds; never an empty POST with a new key.
-	rec := in.current()
-	if req.GetBody == nil && len(live.Body) == 0 && len(rec.Body) > 0 && live.Method == rec.Method && live.URL == rec.URL && sameBody(s.body, req.Body) {
-		return in
-	}
-	return nil
-}
-
-// sameBody reports whether a and b are the same Body value, without
-// panicking on a Body of a type that == cannot compare.
-func sameBody(a, b io.ReadCloser) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
-	if va.Type() != vb.Type() || !va.Comparable() {
-		return false
-	}
-	return va.Equal(vb)
-}
-
-// remember makes in the intent of req until req's URL is collected.
-func (t *roundTripper) remember(req *http.Request, in *Intent) {
-	wp := weak.Make(req.URL)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.sent == nil {
-		t.sent = make(map[weak.Pointer[url.URL]]sentRequest)
-	}
-	if _, ok := t.sent[wp]; !ok {
-		runtime.AddCleanup(req.URL, t.forget, wp)
-	}
-	t.sent[wp] = sentRequest{in: in, body: req.Body}
-}
-
-func (t *roundTripper) forget(wp weak.Pointer[url.URL]) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.sent, wp)
+	// callers holds the in-memory intent of each caller's own key (one
+	// that names no stored intent) until it resolves: the caller's retry
+	// of the same request, however much later, is the same intent, whose
+	// age counts from its first send, so that it is not sent past the
+	// server's retention. A restart forgets them.
+	mu      sync.Mutex
+	callers map[string]*Intent
 }
 
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method != http.MethodPost && req.Method != http.MethodPatch {
-		return t.base.RoundTrip(req)
+		return t.base.RoundTrip(keyless(req))
+	}
+	ctx := req.Context()
+	if err := t.refuse(req); err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
 	}
 	body, err := readRequestBody(req)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkPolicy(req.Context()); err != nil {
-		return nil, err
-	}
 	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
-
-	ctx := req.Context()
-	in, ok := intentFromContext(ctx)
-	if k := req.Header.Get("Idempotency-Key"); !ok && k != "" {
-		// A request that carries a stored intent's key is that intent.
-		switch stored, err := t.c.Load(ctx, k); {
-		case err == nil:
-			in, ok = stored, true
-		case !errors.Is(err, persist.ErrNotFound):
-			return nil, err
-		}
-	}
-	if ok {
-		if !in.matches(live) {
-			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
-		}
-		if err := t.c.arm(ctx, in); err != nil {
-			return nil, err
-		}
-	} else if again := t.intentOf(req, live); again != nil {
-		// The same request object, sent again: the same intent.
-		in = again
-	} else {
-		if err := live.validate(); err != nil {
-			return nil, err
-		}
-		rec, err := t.c.newRecord("", live, live.fingerprint(), 1, t.c.clock.Now())
-		if err != nil {
-			return nil, err
-		}
-		if k := req.Header.Get("Idempotency-Key"); k != "" {
-			// The caller's own key, which names no stored intent (an API
-			// client that retries with it after an error): a fresh one per
-			// call would make each of its retries a new payment.
-			rec.Key, rec.KeyHeader = k, k
-		}
-		in = &Intent{rec: rec, ephemeral: true, callersKey: req.Header.Get("Idempotency-Key") != "", keys: t.c.keys}
-		t.remember(req, in)
+	in, err := t.intentFor(ctx, req, live)
+	if err != nil {
+		return nil, err
 	}
 
 	// The live request's headers go on the wire (credentials set by the
@@ -254,13 +205,143 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		flight += " " + in.current().Fingerprint
 	}
 	resp, err := t.c.flights.do(ctx, flight, func() (*Response, error) { return t.c.do(ctx, in, t.retry, header) })
+	t.settled(in)
 	if resp == nil {
+		if last := handedBack(err); last != nil {
+			// A 301, 302 or unmarked 303 is the app's client's to follow:
+			// the intent's outcome stays unknown, and its GET carries no
+			// key.
+			return httpResponse(req, last), nil
+		}
 		return nil, err
 	}
 	// A response is a final answer: an *APIError only interprets it, and a
 	// *SaveError leaves the intent unresolved on the device, where the next
 	// Do replays the server's stored answer. Either way the answer is
 	// returned, as a RoundTripper must.
+	return httpResponse(req, resp), nil
+}
+
+// refuse returns why req cannot be sent, before its body is read: it
+// states no identity (ErrNoIdentity), its body is known to be over
+// MaxRequestBodyBytes, or its context carries a bad RetryPolicy.
+func (t *roundTripper) refuse(req *http.Request) error {
+	ctx := req.Context()
+	if err := checkPolicy(ctx); err != nil {
+		return err
+	}
+	_, hasIntent := intentFromContext(ctx)
+	_, hasAction := actionFromContext(ctx)
+	if !hasIntent && !hasAction && req.Header.Get("Idempotency-Key") == "" {
+		return fmt.Errorf("%w (%s %s)", ErrNoIdentity, req.Method, redactURL(req.URL.String()))
+	}
+	if req.ContentLength > MaxRequestBodyBytes {
+		return fmt.Errorf("%w: %d bytes (%s %s)", ErrRequestTooLarge, req.ContentLength, req.Method, redactURL(req.URL.String()))
+	}
+	return nil
+}
+
+// intentFor returns the intent that req, whose bytes are live, states:
+// see RoundTripper. A stored intent is armed.
+func (t *roundTripper) intentFor(ctx context.Context, req *http.Request, live Request) (*Intent, error) {
+	in, ok := intentFromContext(ctx)
+	k := req.Header.Get("Idempotency-Key")
+	if !ok && k != "" {
+		// A request that carries a stored intent's key is that intent.
+		switch stored, err := t.c.Load(ctx, k); {
+		case err == nil:
+			in, ok = stored, true
+		case !errors.Is(err, persist.ErrNotFound):
+			return nil, err
+		}
+	}
+	if !ok && k == "" {
+		// The action's intent for this request, as Intent finds or makes
+		// it: the same request is the same intent, whatever object
+		// carries it.
+		name, _ := actionFromContext(ctx)
+		kept := Request{Method: live.Method, URL: live.URL, Body: live.Body}
+		for _, f := range storedRequestFields {
+			if vs := live.Header.Values(f); len(vs) > 0 {
+				if kept.Header == nil {
+					kept.Header = http.Header{}
+				}
+				kept.Header[f] = vs
+			}
+		}
+		var err error
+		if in, err = t.c.Intent(ctx, name, kept); err != nil {
+			return nil, err
+		}
+		ok = true
+	}
+	if ok {
+		if !in.matches(live) {
+			return nil, fmt.Errorf("%w: intent %s, request %s %s", ErrIntentMismatch, in.Key(), req.Method, req.URL.Redacted())
+		}
+		if err := t.c.arm(ctx, in); err != nil {
+			return nil, err
+		}
+		return in, nil
+	}
+	// The caller's own key, which names no stored intent (an API client
+	// that retries with it after an error): every attempt carries it.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if in := t.callers[k]; in != nil && in.matches(live) {
+		return in, nil
+	}
+	if err := live.validate(); err != nil {
+		return nil, err
+	}
+	rec, err := t.c.newRecord("", live, live.fingerprint(), 1, t.c.clock.Now())
+	if err != nil {
+		return nil, err
+	}
+	rec.Key, rec.KeyHeader = k, k
+	in = &Intent{rec: rec, ephemeral: true, callersKey: true, keys: t.c.keys}
+	if t.callers[k] == nil {
+		// The first request under the key is the one whose age counts;
+		// another request under it is refused by the server (key reused).
+		if t.callers == nil {
+			t.callers = make(map[string]*Intent)
+		}
+		t.callers[k] = in
+	}
+	return in, nil
+}
+
+// settled forgets the caller's key of in once in is resolved.
+func (t *roundTripper) settled(in *Intent) {
+	if !in.ephemeral || !in.current().State.Resolved() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.callers[in.Key()] == in {
+		delete(t.callers, in.Key())
+	}
+}
+
+// handedBack returns the redirect that ended a call, when the app's
+// http.Client is to follow it: a 301, 302 or 303 (one the server did not
+// mark) after which the client's GET fetches what it names. A 307 or 308
+// that reached the client was not followed on purpose (from https to
+// http), and other 3xx name nothing to fetch: those stay errors.
+func handedBack(err error) *Response {
+	var re *RetryError
+	if !errors.As(err, &re) || re.Reason != stopRedirect || re.LastResponse == nil {
+		return nil
+	}
+	switch re.LastResponse.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther:
+		return re.LastResponse
+	}
+	return nil
+}
+
+// httpResponse is resp as the answer to req.
+func httpResponse(req *http.Request, resp *Response) *http.Response {
 	return &http.Response{
 		Status:        strconv.Itoa(resp.StatusCode) + " " + http.StatusText(resp.StatusCode),
 		StatusCode:    resp.StatusCode,
@@ -271,29 +352,79 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		Body:          io.NopCloser(bytes.NewReader(resp.Body)),
 		ContentLength: int64(len(resp.Body)),
 		Request:       req,
-	}, nil
+	}
 }
 
+// keyless returns req without an Idempotency-Key when it is the GET (or
+// HEAD) an http.Client makes to follow a redirect: it copies the
+// request's header fields, the app's own key among them, and a GET never
+// carries a key.
+func keyless(req *http.Request) *http.Request {
+	if req.Response == nil || req.Header.Get("Idempotency-Key") == "" {
+		return req
+	}
+	out := req.Clone(req.Context())
+	out.Header.Del("Idempotency-Key")
+	return out
+}
+
+// readRequestBody returns req's body, refusing one over
+// MaxRequestBodyBytes after reading one byte past it at most.
 func readRequestBody(req *http.Request) ([]byte, error) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return nil, nil
 	}
 	defer req.Body.Close()
+	src := req.Body
 	if req.GetBody != nil {
 		// A fresh copy: a request sent again has its bytes even when the
 		// caller did not rewind its Body.
 		if b, err := req.GetBody(); err == nil {
 			defer b.Close()
-			out, err := io.ReadAll(b)
-			if err != nil {
-				return nil, fmt.Errorf("idem: reading request body: %w", err)
-			}
-			return out, nil
+			src = b
 		}
 	}
-	b, err := io.ReadAll(req.Body)
+	body, err := readAtMost(src, req.ContentLength, MaxRequestBodyBytes)
+	if errors.Is(err, ErrRequestTooLarge) {
+		return nil, fmt.Errorf("%w (%s %s)", err, req.Method, redactURL(req.URL.String()))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idem: reading request body: %w", err)
 	}
-	return b, nil
+	return body, nil
+}
+
+// readAtMost reads r to its end, as io.ReadAll does, and fails with
+// ErrRequestTooLarge past limit bytes. size, the length r says it has
+// (ContentLength; 0 or less when unknown), sizes the buffer, so that a
+// body of the length it states is read into one allocation.
+func readAtMost(r io.Reader, size, limit int64) ([]byte, error) {
+	n := int64(512)
+	if size > 0 {
+		n = min(size, limit) + 1 // the extra byte sees the end
+	}
+	b := make([]byte, 0, n)
+	for {
+		if int64(len(b)) > limit {
+			return nil, ErrRequestTooLarge
+		}
+		if len(b) == cap(b) {
+			// Doubled, never past the byte that tells the limit is
+			// passed: at most about twice the limit is allocated in all.
+			grown := make([]byte, len(b), min(2*int64(cap(b)), limit+1))
+			copy(grown, b)
+			b = grown
+		}
+		m, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+m]
+		if err == io.EOF {
+			if int64(len(b)) > limit {
+				return nil, ErrRequestTooLarge
+			}
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }

@@ -3,10 +3,10 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -55,10 +55,17 @@ func TestRoundTripper(t *testing.T) {
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
 	const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
+	// post sends body as the API client does, for the action name.
+	post := func(name, body string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(idem.ContextWithAction(context.Background(), name), http.MethodPost, srv.URL+"/payments", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		return hc.Do(req)
+	}
 
 	t.Run("POST gets one key for all its retries", func(t *testing.T) {
 		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
-		resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(body))
+		resp, err := post("cart-1", body)
 		require.NoError(t, err)
 		got, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -91,7 +98,7 @@ func TestRoundTripper(t *testing.T) {
 	})
 
 	t.Run("a final 4xx is a response, not an error", func(t *testing.T) {
-		resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1,"currency":"AZN","customer":"cus_declined"}`))
+		resp, err := post("cart-2", `{"amount":1,"currency":"AZN","customer":"cus_declined"}`)
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, http.StatusPaymentRequired, resp.StatusCode)
@@ -136,7 +143,9 @@ func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
 	c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 	require.NoError(t, err)
 	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
-	resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":1}`))
+	req, err := http.NewRequestWithContext(idem.ContextWithAction(context.Background(), "cart"), http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
+	require.NoError(t, err)
+	resp, err := hc.Do(req)
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
@@ -219,15 +228,15 @@ func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
 
 // An API client whose own retry loop sends the same *http.Request again,
 // after the RoundTripper's short budget lost the answer, sends the same
-// key: one charge. The caller's request is not changed, nor kept alive; a
-// clone is another request.
+// key: one charge. The caller's request is not changed; a clone of it is
+// the same request too.
 func TestTheRoundTripperGivesTheSameRequestTheSameKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	rt := e.client.RoundTripper(e.srv.Client().Transport)
 	hc := &http.Client{Transport: rt}
 	req := e.paymentRequest(t, 1500, "cus_1")
-	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
 	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
 	require.NoError(t, err)
 	httpReq.Header = req.Header.Clone()
@@ -244,18 +253,12 @@ func TestTheRoundTripperGivesTheSameRequestTheSameKey(t *testing.T) {
 	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 
-	clone := httpReq.Clone(context.Background())
+	clone := httpReq.Clone(httpReq.Context())
 	clone.Body, _ = httpReq.GetBody()
 	resp, err = hc.Do(clone)
 	require.NoError(t, err)
 	resp.Body.Close()
-	assert.Equal(t, 2, e.srv.Stats().ProviderCharges, "a clone is a new request, with a new key")
-
-	httpReq, clone = nil, nil
-	require.Eventually(t, func() bool {
-		runtime.GC()
-		return idem.Remembered(rt) == 0
-	}, 10*time.Second, time.Millisecond, "requests the caller dropped are forgotten")
+	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a clone is the same request: the stored answer")
 }
 
 // An API client that puts its own key on the request quoted, as the IETF
@@ -284,7 +287,8 @@ func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
 // An API client's own retry with its own key, after its first request
 // charged and the answer was lost, may get a gateway's refusal: that is
 // not "not paid", since the key was sent before, through an earlier round
-// trip.
+// trip, of this RoundTripper or of one that no longer runs (the app
+// restarted).
 func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(epoch)
@@ -298,9 +302,12 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	var hc *http.Client
+	start := func() { // the app starts: a new Client, a new RoundTripper
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		hc = &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+	}
 	post := func() (*http.Response, error) {
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
 		require.NoError(t, err)
@@ -308,9 +315,11 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 		req.Header.Set("Idempotency-Key", "sdk-key-3")
 		return hc.Do(req)
 	}
+	start()
 	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
-	_, err = post()
+	_, err := post()
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+	start() // the API client's retry comes after a restart
 	_, err = post()
 	requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
 	resp, err := post()
@@ -331,7 +340,7 @@ func TestARequestWhoseBodyWasSpentIsNeverResentEmpty(t *testing.T) {
 	rt := e.client.RoundTripper(e.srv.Client().Transport)
 	hc := &http.Client{Transport: rt}
 	req := e.paymentRequest(t, 1500, "cus_1")
-	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
 	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, io.MultiReader(bytes.NewReader(req.Body)))
 	require.NoError(t, err)
 	require.Nil(t, httpReq.GetBody, "a stream: no GetBody")
@@ -360,7 +369,7 @@ func TestTheRoundTripperGivesTheSameRequestTheSameKeyUnderAClientTimeout(t *test
 	rt := e.client.RoundTripper(e.srv.Client().Transport)
 	hc := &http.Client{Transport: rt, Timeout: time.Minute}
 	req := e.paymentRequest(t, 1500, "cus_1")
-	tap := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1})
+	tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
 	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
 	require.NoError(t, err)
 	httpReq.Header = req.Header.Clone()
@@ -376,43 +385,240 @@ func TestTheRoundTripperGivesTheSameRequestTheSameKeyUnderAClientTimeout(t *test
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment")
 }
 
-// A new request that shares an earlier request's *url.URL (as net/http's
-// own copies do) is still a new request when its bytes, or its streamed
-// body, differ: the URL alone never makes two requests one, nor sends one
-// request's bytes for another.
-func TestTheRoundTripperNeverTakesARequestSharingAURLForAnotherRequest(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name    string
-		second  io.Reader
-		charges int
-	}{
-		{"other bytes", strings.NewReader(`{"amount":900,"currency":"AZN","customer":"cus_2","description":"cart"}`), 2},
-		{"an empty stream of its own", io.MultiReader(), 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t)
-			hc := &http.Client{Transport: e.client.RoundTripper(e.srv.Client().Transport), Timeout: time.Minute}
-			req := e.paymentRequest(t, 1500, "cus_1")
-			u, err := url.Parse(req.URL)
-			require.NoError(t, err)
-			send := func(body io.Reader) *http.Response {
-				r, err := http.NewRequest(http.MethodPost, req.URL, body)
-				require.NoError(t, err)
-				r.URL = u // shared by both requests
-				r.Header = req.Header.Clone()
-				resp, err := hc.Do(r)
-				require.NoError(t, err)
-				resp.Body.Close()
-				return resp
-			}
-			first := send(io.MultiReader(bytes.NewReader(req.Body)))
-			require.Equal(t, http.StatusCreated, first.StatusCode)
-			second := send(tc.second)
-			assert.Empty(t, second.Header.Get("Idempotent-Replayed"), "another request, not a replay of the first")
-			assert.NotEqual(t, first.Header.Get("Location"), second.Header.Get("Location"), "never the first request's answer")
-			assert.Equal(t, tc.charges, e.srv.Stats().ProviderCharges)
-		})
-	}
+// authTransport is an API client's auth layer on top of the Client's
+// RoundTripper: it sets a fresh token on a clone of each request, as
+// oauth2.Transport does.
+type authTransport struct {
+	base http.RoundTripper
+	n    atomic.Int32
 }
+
+func (a *authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	clone := r.Clone(r.Context())
+	clone.Header.Set("Authorization", fmt.Sprintf("Bearer test_acme_%d", a.n.Add(1)))
+	return a.base.RoundTrip(clone)
+}
+
+// TestRoundTripperIdentity keeps the RoundTripper's rule of identity: a
+// request is the intent the app states, never the object that carries it.
+func TestRoundTripperIdentity(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a clone through an auth transport and the API client's retry are one payment", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		rec := &keyRecorder{next: h, keys: map[string][]string{}}
+		srv := httptest.NewServer(rec)
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithStore(store), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: &authTransport{base: c.RoundTripper(srv.Client().Transport)}}
+		ctx := idem.ContextWithAction(context.Background(), "checkout:cart-9")
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		var resp *http.Response
+		for range 3 { // the API client's own retry loop
+			if resp, err = hc.Do(req); err == nil {
+				break
+			}
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+		}
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the retry is the same payment")
+		keys := rec.seen("POST /payments")
+		require.Len(t, keys, 2)
+		assert.Equal(t, keys[0], keys[1], "one key")
+		assert.Equal(t, 1, h.Stats().ProviderCharges, "one charge")
+
+		in, err := c.Load(context.Background(), keys[0])
+		require.NoError(t, err, "the action's intent is stored")
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, "checkout:cart-9", in.Name())
+		assert.Empty(t, in.Request().Header.Get("Authorization"), "the token goes on the wire only")
+		assert.Equal(t, "application/json", in.Request().Header.Get("Content-Type"))
+	})
+
+	t.Run("a caller's key resent after the server's retention is never sent again", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		rec := &keyRecorder{next: h, keys: map[string][]string{}}
+		srv := httptest.NewServer(rec)
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: &authTransport{base: c.RoundTripper(srv.Client().Transport)}}
+		post := func() error {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "sdk-key-late")
+			resp, err := hc.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		require.ErrorIs(t, post(), idem.ErrOutcomeUnknown, "the answer was lost")
+		clk.Advance(25 * time.Hour) // the server forgot the key
+		err = post()                // the API client's retry, a day late
+		requireStop(t, err, idem.StopExpired, "the key's age counts from its first send")
+		assert.Len(t, rec.seen("POST /payments"), 1, "never sent again")
+		assert.Equal(t, 1, h.Stats().ProviderCharges)
+	})
+
+	t.Run("a POST that states no identity is refused and nothing is sent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		hc := &http.Client{Transport: e.client.RoundTripper(e.srv.Client().Transport)}
+		for _, method := range []string{http.MethodPost, http.MethodPatch} {
+			req, err := http.NewRequest(method, e.srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+			require.NoError(t, err)
+			_, err = hc.Do(req)
+			require.ErrorIs(t, err, idem.ErrNoIdentity, "never a fresh key")
+		}
+		assert.Zero(t, e.srv.Stats().Requests, "nothing reached the server")
+		left, err := e.client.Unresolved(context.Background())
+		require.NoError(t, err)
+		assert.Empty(t, left, "no intent was made")
+	})
+}
+
+// A redirect to a GET is the app's client's to follow: the RoundTripper
+// hands it back, and the GET passes with no key and no intent.
+func TestRoundTripperRedirect(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a marked 303 is paid and the client's GET carries no key", func(t *testing.T) {
+		t.Parallel()
+		srv, charges, gets := seeOtherServerGETs(t, 1)
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "sdk-key-303")
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "the client followed the 303")
+		assert.JSONEq(t, `{"id":"pay_1"}`, string(body))
+		assert.Equal(t, []string{""}, gets(), "the GET carries no key")
+		assert.Equal(t, int32(1), charges.Load())
+	})
+
+	t.Run("a 302 is handed to the client and the intent stays unknown", func(t *testing.T) {
+		t.Parallel()
+		var gets atomic.Int32
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet {
+				gets.Add(1)
+				assert.Empty(t, r.Header.Get("Idempotency-Key"), "a GET never carries a key")
+				_, _ = io.WriteString(w, "<html>Sign in</html>")
+				return
+			}
+			http.Redirect(w, r, "/login", http.StatusFound)
+		}))
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 300})
+		require.NoError(t, err)
+		in, err := c.Intent(context.Background(), "checkout", req)
+		require.NoError(t, err)
+		httpReq, err := http.NewRequestWithContext(idem.ContextWithIntent(context.Background(), in), http.MethodPost, req.URL, bytes.NewReader(req.Body))
+		require.NoError(t, err)
+		resp, err := hc.Do(httpReq)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "the login page, the client's to show")
+		assert.Equal(t, int32(1), gets.Load())
+		assert.Equal(t, persist.StatePending, in.State(), "neither paid nor failed")
+	})
+}
+
+// TestRoundTripperBody keeps the bound on what the RoundTripper reads of
+// a request's body.
+//
+// It runs alone (not parallel), so that the allocations it measures are
+// its own.
+func TestRoundTripperBody(t *testing.T) {
+
+	t.Run("a streamed body over the limit is refused before sending and never read whole", func(t *testing.T) {
+		e := newEnv(t)
+		hc := &http.Client{Transport: e.client.RoundTripper(e.srv.Client().Transport)}
+		const size = 128 << 20
+		for _, tc := range []struct {
+			name   string
+			length int64
+			read   int64 // at most
+		}{{"a stream", -1, idem.MaxRequestBodyBytes + 1}, {"a stated length", size, 0}} {
+			src := &countingReader{left: size}
+			req, err := http.NewRequestWithContext(idem.ContextWithAction(context.Background(), "upload"), http.MethodPost, e.srv.URL+"/payments", src)
+			require.NoError(t, err)
+			req.ContentLength = tc.length
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err = hc.Do(req)
+			runtime.ReadMemStats(&after)
+			require.ErrorIs(t, err, idem.ErrRequestTooLarge, tc.name)
+			allocated := after.TotalAlloc - before.TotalAlloc
+			t.Logf("%s of 128 MiB: %d bytes read, %.1f MiB allocated", tc.name, src.read, float64(allocated)/(1<<20))
+			assert.LessOrEqual(t, src.read, tc.read, "%s: read to one byte past the limit at most; not at all when its length says so", tc.name)
+			assert.Less(t, allocated, uint64(4*idem.MaxRequestBodyBytes), "%s: never buffered whole (128 MiB)", tc.name)
+			assert.True(t, src.closed, "%s: the body is closed, as a RoundTripper must", tc.name)
+		}
+		assert.Zero(t, e.srv.Stats().Requests, "nothing reached the server")
+	})
+
+	t.Run("a body at the limit is sent", func(t *testing.T) {
+		var got atomic.Int64
+		srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n, _ := io.Copy(io.Discard, r.Body)
+			got.Store(n)
+			w.WriteHeader(http.StatusCreated)
+		})))
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/upload", io.MultiReader(&countingReader{left: idem.MaxRequestBodyBytes}))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "upload-1")
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, int64(idem.MaxRequestBodyBytes), got.Load())
+	})
+}
+
+// countingReader is a stream of left zero bytes that counts what was read
+// of it.
+type countingReader struct {
+	left, read int64
+	closed     bool
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), r.left))
+	clear(p[:n])
+	r.left -= int64(n)
+	r.read += int64(n)
+	return n, nil
+}
+
+func (r *countingReader) Close() error { r.closed = true; return nil }

@@ -182,10 +182,10 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		case http.MethodGet, http.MethodHead:
 			if q := r.URL.Query(); q.Has("idempotency_key") {
 				// The lookup marks every answer as the server's own: the
-				// key echoed as received, and no cache may keep it (a
-				// replayed "not found" could void a payment made since).
-				w.Header()["Idempotency-Key"] = []string{q.Get("idempotency_key")}
-				w.Header().Set("Cache-Control", "no-store")
+				// key and the lookup's nonce echoed as received, and no
+				// cache may keep it (a replayed "not found" could void a
+				// payment made since).
+				idempotency.MarkLookup(w, r, q.Get("idempotency_key"))
 			}
 			h.simpleFaults(w, r, h.listPayments)
 		default:

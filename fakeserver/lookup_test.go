@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // paidBody decodes a payment from a lookup's answer.
@@ -252,4 +254,42 @@ func TestLookupOfAKeyReusedAfterRetentionAnswersTheNewRequestAfterItExpires(t *t
 			})
 		}
 	}
+}
+
+// TestLookupEchoesItsNonce keeps the lookup's marks: every answer echoes
+// the key and the lookup's nonce, so that a client tells a miss made for
+// its lookup from one a cache kept.
+func TestLookupEchoesItsNonce(t *testing.T) {
+	t.Parallel()
+	s := fakeserver.NewServer(&fakeserver.Options{Clock: clock.NewManual(epoch)})
+	t.Cleanup(s.Close)
+	lookup := func(key, nonce string) *http.Response {
+		r, err := http.NewRequest(http.MethodGet, s.URL+"/payments?idempotency_key="+key, nil)
+		require.NoError(t, err)
+		r.Header.Set(idempotency.LookupNonceHeader, nonce)
+		resp, err := s.Client().Do(r)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+
+	t.Run("every answer echoes the lookup's nonce", func(t *testing.T) {
+		miss := lookup("k-unused", "n0nce-1")
+		assert.Equal(t, http.StatusNotFound, miss.StatusCode)
+		assert.Equal(t, []string{"n0nce-1"}, miss.Header.Values(idempotency.LookupNonceHeader))
+		assert.Equal(t, "no-store", miss.Header.Get("Cache-Control"))
+
+		_, err := trySend(freshClient(t), s.URL, req{Key: "k-paid", Body: payBody})
+		require.NoError(t, err)
+		paid := lookup("k-paid", "n0nce-2")
+		assert.Equal(t, http.StatusOK, paid.StatusCode)
+		assert.Equal(t, []string{"n0nce-2"}, paid.Header.Values(idempotency.LookupNonceHeader))
+	})
+
+	t.Run("a nonce that is not visible ASCII or is too long is not echoed", func(t *testing.T) {
+		for _, n := range []string{"a b", strings.Repeat("n", 129)} {
+			resp := lookup("k-unused", n)
+			assert.Empty(t, resp.Header.Values(idempotency.LookupNonceHeader), "%q", n)
+		}
+	})
 }

@@ -19,6 +19,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestLookupNeverLosesADeadProcessesCharge$", Env: pg,
 		},
 		{
+			Name: "lookup-nonce-not-echoed", File: "idempotency/lookup.go",
+			Note:    "the lookup's answers do not echo its nonce, so no client can trust its miss",
+			Anchor:  "\t\th[LookupNonceHeader] = []string{n[0]}\n",
+			Replace: "\t\t_ = n\n",
+			Pkg:     "./fakeserver", Run: "^TestLookupEchoesItsNonce$",
+		},
+		{
 			Name: "lookup-waits-for-expiry", File: "fakeserver/lookup.go",
 			Note:    "the lookup answers 409 for a dead worker's record until it expires",
 			Anchor:  "p, settled, err = h.recoverRecord(ctx, rec, now)",

@@ -141,7 +141,13 @@ func (a *app) payThroughRoundTripper(c *cart) {
 	// client: whatever becomes of the call, crash included, Pay is not
 	// pressed for this cart again, as the intent has no action of idem's.
 	a.sess = nil
-	hc := &http.Client{Transport: a.d.pickClient().RoundTripper(transport{a.d})}
+	var rt http.RoundTripper = a.d.pickClient().RoundTripper(transport{a.d})
+	if r.chance(0.5) {
+		// An auth layer on top, that sets its token on a clone of each
+		// request: the clone is the same request.
+		rt = cloningAuth{rt}
+	}
+	hc := &http.Client{Transport: rt}
 	if r.chance(0.5) {
 		// Never reached: the world's requests take no real time. It only
 		// makes net/http copy the request.
@@ -153,6 +159,10 @@ func (a *app) payThroughRoundTripper(c *cart) {
 		panic(err)
 	}
 	req.Header = cr.Header.Clone()
+	// The API client states the request's identity as Stripe's SDKs do:
+	// its own key, made once for the checkout and sent on each of its
+	// tries. The RoundTripper refuses a POST that states none.
+	req.Header.Set("Idempotency-Key", fmt.Sprintf("api-%d-%s-%d", a.d.id, a.name, r.IntN(1<<62)))
 	if hc.Timeout > 0 {
 		// The goroutine net/http starts for the Timeout ends when the call
 		// does, or here if the device dies in the middle of it.
@@ -354,4 +364,14 @@ func (d *device) appNamed(name string) *app {
 		}
 	}
 	panic("sim: intent for an unknown app " + name)
+}
+
+// cloningAuth is an API client's auth transport: it sets its token on a
+// clone of each request, as oauth2.Transport does.
+type cloningAuth struct{ base http.RoundTripper }
+
+func (t cloningAuth) RoundTrip(req *http.Request) (*http.Response, error) {
+	clone := req.Clone(req.Context())
+	clone.Header.Set("X-Client-Token", "sim") // the network names the device in Authorization
+	return t.base.RoundTrip(clone)
 }

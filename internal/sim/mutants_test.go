@@ -128,17 +128,10 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "roundtripper-forgets-request", File: "transport.go",
-		Note:    "the same *http.Request sent again through the RoundTripper gets a new key",
-		Anchor:  "} else if again := t.intentOf(req, live); again != nil {",
-		Replace: "} else if again := t.intentOf(req, live); false && again != nil {",
-	},
-	{
-		Pkg: simPkg, Run: simRun,
-		Name: "roundtripper-misses-shallow-copy", File: "transport.go",
-		Note:    "net/http's shallow copy of a request (an http.Client with a Timeout) is taken for a new request (app.outer-retry)",
-		Anchor:  "\twp := weak.Make(req.URL)\n",
-		Replace: "\tu := *req.URL\n\twp := weak.Make(&u)\n",
+		Name: "roundtripper-callers-key-ageless", File: "transport.go",
+		Note:    "a caller's own key is a new in-memory intent on each round trip, so its age restarts and a late try is sent past the server's retention (app.outer-retry)",
+		Anchor:  "if in := t.callers[k]; in != nil && in.matches(live) {",
+		Replace: "if in := t.callers[k]; false && in != nil && in.matches(live) {",
 	},
 	{
 		Pkg: simPkg, Run: simRun,

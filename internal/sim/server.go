@@ -230,8 +230,7 @@ func paymentJSON(ch *charge) []byte {
 // Every answer is marked as the contract asks: the key of the query echoed
 // as received, and no-store; the 404 is the typed miss.
 func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
-	w.Header().Set("Cache-Control", "no-store")
+	idempotency.MarkLookup(w, r, r.URL.Query().Get("idempotency_key"))
 	key, err := idemkey.ParseKey(r.URL.Query().Get("idempotency_key"))
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "")
