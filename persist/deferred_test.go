@@ -41,7 +41,7 @@ func names(t *testing.T, dir string) []string {
 	require.NoError(t, err)
 	var out []string
 	for _, de := range des {
-		if de.Name() != "index" {
+		if de.Name() != "index" && de.Name() != "LOCK" {
 			out = append(out, de.Name())
 		}
 	}
@@ -65,9 +65,9 @@ func TestSaveDeferredResolves(t *testing.T) {
 	g.release = make(chan struct{}) // hold the syncs from now on
 
 	done := *r
-	done.State = persist.StateSucceeded
+	done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
 	done.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
-	require.NoError(t, persist.SaveDeferred(ctx, s, &done), "returns with the directory sync held")
+	require.NoError(t, persist.SaveDeferred(ctx, s, &done, r), "returns with the directory sync held")
 	got, err := s.Get(ctx, "k")
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, got.State)
@@ -100,10 +100,11 @@ func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
 	r := saveNamed(t, s, "k", "checkout:a", 0, true) // resolved from the start
 	again := *r
 	again.Attempts++
-	require.NoError(t, persist.SaveDeferred(ctx, s, &again), "same file name")
+	again.Rev = persist.NewRev()
+	require.NoError(t, persist.SaveDeferred(ctx, s, &again, r), "same file name")
 	fresh := *r
-	fresh.Key = "k2"
-	require.NoError(t, persist.SaveDeferred(ctx, s, &fresh), "a new record")
+	fresh.Key, fresh.Name, fresh.Rev = "k2", "checkout:b", persist.NewRev()
+	require.NoError(t, s.Write(persist.WithDeferredSync(ctx), &fresh, nil), "a new record")
 	assert.Equal(t, before+3, g.dirSyncs.Load(), "one directory sync each, before returning")
 }
 
@@ -123,9 +124,9 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 
 	g.fail.Store(true)
 	done := *r
-	done.State = persist.StateFailed
+	done.State, done.Rev = persist.StateFailed, persist.NewRev()
 	done.Response = &persist.Response{StatusCode: 402}
-	require.NoError(t, persist.SaveDeferred(ctx, s, &done))
+	require.NoError(t, persist.SaveDeferred(ctx, s, &done, r))
 	require.True(t, s.WaitDeferred() == false, "the sync failed; the save is still to be synced")
 	assert.Len(t, names(t, dir), 2)
 	require.Error(t, s.Close(), "Close says the save may not survive a power loss")
