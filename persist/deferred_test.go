@@ -136,3 +136,34 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 	require.NoError(t, err)
 	persisttest.AssertRecord(t, &done, got)
 }
+
+// TestFileWriteWhoseSyncFailed: a write whose directory sync failed
+// returns an error, though its record is in place: its writer recognises
+// it by its Rev on re-read, and another writer's version is refused.
+func TestFileWriteWhoseSyncFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, err := filepath.Abs(newDir(t))
+	require.NoError(t, err)
+	g := &gatedFS{FS: fsys.OS{}, release: make(chan struct{})}
+	close(g.release)
+	s, err := persist.OpenDirFS(g, dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+
+	g.fail.Store(true)
+	next := r.Clone()
+	next.State, next.Rev = persist.StatePending, persist.NewRev()
+	err = s.Write(ctx, next, r)
+	require.ErrorContains(t, err, "may not survive a power loss")
+	g.fail.Store(false)
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, persist.SameVersion(got, next), "the write is recognised on re-read")
+	rival := r.Clone()
+	rival.Rev = persist.NewRev()
+	var ce *persist.ConflictError
+	require.ErrorAs(t, s.Write(ctx, rival, r), &ce, "a writer of the version before")
+	assert.True(t, persist.SameVersion(ce.Current, next))
+}

@@ -19,7 +19,7 @@ import (
 )
 
 // FileStore is the default Store: one file per intent in a directory of its
-// own, each Save made durable before it returns. See the package docs for the
+// own, each Write made durable before it returns. See the package docs for the
 // layout, the durability scheme, the locking and what happens to damaged
 // files.
 //
@@ -36,7 +36,7 @@ type FileStore struct {
 	lock io.Closer
 
 	// syncs counts fsync calls, for the benchmarks; indexSyncs those
-	// made before writing the index, never on the path of a Save.
+	// made before writing the index, never on the path of a Write.
 	syncs      atomic.Int64
 	indexSyncs atomic.Int64
 	// gen counts the changes this store made to the directory's entries,
@@ -96,7 +96,7 @@ type file struct {
 
 // winsOver reports whether a, found next to b for the same key at OpenDir,
 // holds the record rather than b. A resolved file wins over an unresolved
-// one: Save removes an unresolved file after syncing its resolved version
+// one: Write removes an unresolved file after syncing its resolved version
 // in, without syncing the removal. Between files of the same resolution,
 // left only by a save that did not return, either is a valid outcome; the
 // greater name wins so that the choice is the same on every open.
@@ -598,7 +598,7 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	return nil
 }
 
-// deferredSave is a save made by SaveDeferred whose directory sync is to
+// deferredSave is a write made with WithDeferredSync whose directory sync is to
 // come: e is the entry it made for id.
 type deferredSave struct {
 	id string
@@ -610,7 +610,7 @@ type deferredSave struct {
 // delete of the key removed them itself), until none is left; then it
 // writes the index, so that an app killed after an intent resolved opens
 // from it. It runs in its own goroutine, counted in s.inflight. If the
-// sync fails, the saves stay deferred: the next SaveDeferred or Close
+// sync fails, the saves stay deferred: the next deferred write or Close
 // tries again.
 func (s *FileStore) flush() {
 	defer s.inflight.Done()

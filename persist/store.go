@@ -12,7 +12,7 @@ import (
 // Options configures a store. A nil *Options and the zero Options both mean
 // the defaults, which keep everything a Record holds.
 type Options struct {
-	// DiscardResponseBodies makes the store drop Response.Body on Save: the
+	// DiscardResponseBodies makes the store drop Response.Body on Write: the
 	// stored Response keeps its status code, headers and Replayed flag. Set
 	// it in apps that must not keep response bodies at rest. The zero value
 	// keeps bodies.
