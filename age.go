@@ -24,7 +24,7 @@ type monotonicClock interface {
 // clocks are the device's clocks as a Client reads them, to judge how old
 // an intent is: the injectable Clock (wall time, and the in-process
 // timeline where it is a monotonicClock), the time since boot where it
-// counts device sleep (clock.Clock's SinceBoot), and the wall clock's high-water mark.
+// counts device sleep (SinceBoot), and the wall clock's high-water mark.
 type clocks struct {
 	clock clock.Clock
 	// store holds the marks of earlier processes, read once (seedMark).

@@ -323,8 +323,8 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	// server forgets the key: until it is, a crash of the process leaves
 	// it written, and a power loss the intent unresolved, which Do
 	// resumes with the same key to the server's replay of this answer.
-	// So a store that can defers its sync (persist.SaveDeferred), off
-	// the path the user waits on.
+	// So a store that can defers its sync (persist.WithDeferredSync),
+	// off the path the user waits on.
 	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return writeOver(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
@@ -399,8 +399,8 @@ func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Recor
 	})
 }
 
-// saveWith is save through store: the store's Save, persist.SaveIf or
-// persist.SaveDeferred.
+// saveWith is save through store: writeOver or persist.SaveIf, given
+// prev, the version in held before.
 func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
 	if !in.ephemeral {
 		c.clocks.stamp(rec, false)
