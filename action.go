@@ -244,6 +244,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
 	for {
+		rec.Rev = persist.NewRev()
 		err := persist.Claim(ctx, c.store, rec)
 		if err == nil {
 			break
@@ -348,7 +349,12 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 		c.actionMu.Lock()
 		defer c.actionMu.Unlock()
 		c.keys.saved.drop(key)
-		err = c.store.Delete(ctx, key)
+		var cur *persist.Record
+		if cur, err = c.store.Get(ctx, key); err == nil {
+			err = c.store.Delete(ctx, cur)
+		} else if errors.Is(err, persist.ErrNotFound) {
+			err = nil
+		}
 		if err == nil {
 			c.keys.forget(key)
 		}

@@ -14,29 +14,17 @@ import (
 // fixed instant, such as the start of the process (the system clock and
 // clock.Manual do). idem measures with it how long ago this process last
 // sent an intent and how old the intents it created are. Like Go's
-// monotonic reading, it may stop while the device sleeps; bootClock is
-// read as well, where the clock has it. Without it, the differences of
-// Now are used.
+// monotonic reading, it may stop while the device sleeps; the clock that
+// counts sleep (SinceBoot) is read as well, where the clock has one.
+// Without it, the differences of Now are used.
 type monotonicClock interface {
 	Monotonic() time.Duration
-}
-
-// bootClock is what a Clock may also implement to tell the time since the
-// device booted, counting the time it slept, with the identity of that
-// boot (the system clock and clock.Manual do). Go's monotonic reading
-// stops while a phone or laptop sleeps on Linux, Android, Darwin and iOS:
-// an intent resumed after two hours of sleep would look two hours younger
-// than it is. Two readings are compared only when their boot identities
-// are equal, as the clock restarts at boot. ok is false where the device
-// has no such clock.
-type bootClock interface {
-	SinceBoot() (elapsed time.Duration, boot string, ok bool)
 }
 
 // clocks are the device's clocks as a Client reads them, to judge how old
 // an intent is: the injectable Clock (wall time, and the in-process
 // timeline where it is a monotonicClock), the time since boot where it
-// counts device sleep (bootClock), and the wall clock's high-water mark.
+// counts device sleep (SinceBoot), and the wall clock's high-water mark.
 type clocks struct {
 	clock clock.Clock
 	// store holds the marks of earlier processes, read once (seedMark).
@@ -66,7 +54,7 @@ func newClocks(clk clock.Clock, store persist.Store) *clocks {
 
 // reading is one reading of every clock the device has: the in-process
 // timeline (sinceBirth), the wall clock without Go's monotonic reading, and,
-// where the clock has one (bootClock), the time since boot, sleep
+// where the clock has one (SinceBoot), the time since boot, sleep
 // included.
 type reading struct {
 	in     time.Duration
@@ -77,10 +65,8 @@ type reading struct {
 
 func (c *clocks) read() reading {
 	r := reading{in: c.sinceBirth(), wall: c.clock.Now().Round(0)}
-	if b, ok := c.clock.(bootClock); ok {
-		if d, id, ok := b.SinceBoot(); ok {
-			r.boot, r.bootID = d, id
-		}
+	if d, id, ok := c.clock.SinceBoot(); ok {
+		r.boot, r.bootID = d, id
 	}
 	return r
 }

@@ -22,8 +22,9 @@ import (
 // deviceClock is a device's wall clock over the true time of a manual
 // clock: the user (or a bad network time) can set it anywhere with Jump,
 // while its Monotonic reading, like a real device's, keeps counting the
-// true time.
+// true time. It has no reading that counts sleep.
 type deviceClock struct {
+	clock.NoBoot
 	true  *clock.Manual
 	start time.Time
 	mu    sync.Mutex

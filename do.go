@@ -323,9 +323,11 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	// server forgets the key: until it is, a crash of the process leaves
 	// it written, and a power loss the intent unresolved, which Do
 	// resumes with the same key to the server's replay of this answer.
-	// So a store that can defers its sync (persist.SaveDeferred), off
-	// the path the user waits on.
-	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", persist.SaveDeferred)
+	// So a store that can defers its sync (persist.WithDeferredSync),
+	// off the path the user waits on.
+	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+		return writeOver(persist.WithDeferredSync(ctx), s, rec, prev)
+	})
 	if saveErr == nil {
 		c.keys.forget(rec.Key)
 	} else {
@@ -361,25 +363,49 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 // save makes rec the intent's current version and stores it. rec must not
 // be changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
-	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec *persist.Record) error {
-		return s.Save(ctx, rec)
-	})
+	return c.saveWith(ctx, in, rec, op, writeOver)
+}
+
+// writeOver writes rec over the version the store holds of its key,
+// starting from prev, the version this Client holds: the store's write is
+// conditional, so a version another Client wrote since is read from the
+// refusal and written over, as an unconditional save did. A record gone
+// from the store (Forget) is written again as new. A refusal by another
+// key (the action has a later intent) is returned.
+func writeOver(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+	for range 8 {
+		err := s.Write(ctx, rec, prev)
+		var changed *persist.ConflictError
+		if !errors.As(err, &changed) {
+			return err
+		}
+		cur := changed.Current
+		switch {
+		case persist.SameVersion(cur, rec):
+			return nil // this write landed before (an earlier try's result was lost)
+		case cur != nil && cur.Key != rec.Key, cur == nil && prev == nil:
+			return err
+		}
+		prev = cur
+	}
+	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
 }
 
 // saveIf is save only if the stored record is still old's version
 // (persist.SaveIf).
 func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Record, op string) error {
-	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec *persist.Record) error {
+	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec, _ *persist.Record) error {
 		return persist.SaveIf(ctx, s, rec, old)
 	})
 }
 
-// saveWith is save through store: the store's Save, persist.SaveIf or
-// persist.SaveDeferred.
-func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(context.Context, persist.Store, *persist.Record) error) error {
+// saveWith is save through store: writeOver or persist.SaveIf, given
+// prev, the version in held before.
+func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
 	if !in.ephemeral {
 		c.clocks.stamp(rec, false)
 	}
+	rec.Rev = persist.NewRev()
 	prev := in.current()
 	in.set(rec)
 	if in.ephemeral {
@@ -387,7 +413,7 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 	}
 	// The record is immutable from here on (see Intent.current): the
 	// store may keep it rather than copy it.
-	if err := store(ctx, c.store, rec); err != nil {
+	if err := store(ctx, c.store, rec, prev); err != nil {
 		// The intent is what the store holds: an outcome that was not
 		// saved (a void that Reconcile concluded, say) is not reported
 		// by State, or the app could act on it while the store would

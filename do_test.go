@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/persisttest"
 )
 
 // A Do of a never-sent intent that Client.Intent replaced for a changed
@@ -490,7 +491,7 @@ func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
 	rec.Body = []byte(`{"amount":9999,"currency":"AZN","customer":"cus_1"}`)
 	rec.State = persist.StateNew
 	rec.Response = nil
-	require.NoError(t, e.store.Save(context.Background(), rec))
+	require.NoError(t, persisttest.Put(context.Background(), e.store, rec))
 	before := e.srv.Stats().Requests
 	// The next run of the app finds it in the store.
 	in, err = e.newClient(t).Load(context.Background(), in.Key())
@@ -523,7 +524,7 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	rec, err := store.Get(context.Background(), in.Key())
 	require.NoError(t, err)
 	rec.Key, rec.KeyHeader = "not-a-uuid", ""
-	require.NoError(t, store.Save(context.Background(), rec))
+	require.NoError(t, persisttest.Put(context.Background(), store, rec))
 	old, err := c.Load(context.Background(), "not-a-uuid")
 	require.NoError(t, err)
 
@@ -982,11 +983,11 @@ func TestNoAttemptLeavesTheIntentNew(t *testing.T) {
 // later one, as a disk that fills up right after a payment.
 type outcomeUnsaved struct{ persist.Store }
 
-func (s outcomeUnsaved) Save(ctx context.Context, rec *persist.Record) error {
+func (s outcomeUnsaved) Write(ctx context.Context, rec, old *persist.Record) error {
 	if rec.State != persist.StateNew {
 		return errDiskFull
 	}
-	return s.Store.Save(ctx, rec)
+	return s.Store.Write(ctx, rec, old)
 }
 
 // The answer arrived and its save failed: Do and Send return the answer,

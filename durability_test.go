@@ -13,8 +13,8 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// deferringStore records which saves of which state went through Save
-// (durable before returning) and which through SaveDeferred.
+// deferringStore records which writes of which state were durable before
+// returning and which were deferred (persist.WithDeferredSync).
 type deferringStore struct {
 	persist.Store
 	mu       sync.Mutex
@@ -22,26 +22,15 @@ type deferringStore struct {
 	deferred []persist.State
 }
 
-func (s *deferringStore) Save(ctx context.Context, rec *persist.Record) error {
+func (s *deferringStore) Write(ctx context.Context, rec, old *persist.Record) error {
 	s.mu.Lock()
-	s.durable = append(s.durable, rec.State)
+	if persist.DeferredSync(ctx) {
+		s.deferred = append(s.deferred, rec.State)
+	} else {
+		s.durable = append(s.durable, rec.State)
+	}
 	s.mu.Unlock()
-	return s.Store.Save(ctx, rec)
-}
-
-// Claim is the arming write of a named intent: durable before it returns.
-func (s *deferringStore) Claim(ctx context.Context, rec *persist.Record) error {
-	s.mu.Lock()
-	s.durable = append(s.durable, rec.State)
-	s.mu.Unlock()
-	return persist.Claim(ctx, s.Store, rec)
-}
-
-func (s *deferringStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
-	s.mu.Lock()
-	s.deferred = append(s.deferred, rec.State)
-	s.mu.Unlock()
-	return s.Store.Save(ctx, rec)
+	return s.Store.Write(ctx, rec, old)
 }
 
 // TestDurableWritesPerIntent: the intent is saved durably before its first

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/persisttest"
 )
 
 func TestAnIntentThatCouldNeverBeSentIsRefusedAtCreation(t *testing.T) {
@@ -149,7 +149,7 @@ func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`),
 		CreatedAt: epoch, UpdatedAt: epoch, State: persist.StatePending, Attempts: 1,
 	}
-	require.NoError(t, store.Save(ctx, old))
+	require.NoError(t, persisttest.Put(ctx, store, old))
 	quoted, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}),
 		idem.WithQuotedKey(), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 	require.NoError(t, err)
@@ -207,14 +207,16 @@ var errStoreDown = errors.New("store down")
 // brokenStore fails every operation, as a store whose disk is gone does.
 type brokenStore struct{}
 
-func (brokenStore) Save(context.Context, *persist.Record) error { return errStoreDown }
+func (brokenStore) Write(context.Context, *persist.Record, *persist.Record) error {
+	return errStoreDown
+}
 func (brokenStore) Get(context.Context, string) (*persist.Record, error) {
 	return nil, errStoreDown
 }
 func (brokenStore) List(context.Context, persist.Filter) ([]*persist.Record, error) {
 	return nil, errStoreDown
 }
-func (brokenStore) Delete(context.Context, string) error { return errStoreDown }
+func (brokenStore) Delete(context.Context, *persist.Record) error { return errStoreDown }
 
 // Whatever step of Client.Intent the store fails, the error is a
 // *SaveError that wraps the store's, and nothing is created.
@@ -370,12 +372,14 @@ func TestIntentForAnAction(t *testing.T) {
 	})
 }
 
-// failingStore refuses every Save, as a full disk would.
+// failingStore refuses every write, as a full disk would.
 type failingStore struct{ persist.Store }
 
 var errDiskFull = errors.New("no space left on device")
 
-func (failingStore) Save(context.Context, *persist.Record) error { return errDiskFull }
+func (failingStore) Write(context.Context, *persist.Record, *persist.Record) error {
+	return errDiskFull
+}
 
 func TestNothingIsSentWhenTheIntentCannotBeSaved(t *testing.T) {
 	t.Parallel()
@@ -516,10 +520,10 @@ type deleteGate struct {
 	release chan struct{}
 }
 
-func (s deleteGate) Delete(ctx context.Context, key string) error {
+func (s deleteGate) Delete(ctx context.Context, old *persist.Record) error {
 	s.entered <- struct{}{}
 	<-s.release
-	return s.Store.Delete(ctx, key)
+	return s.Store.Delete(ctx, old)
 }
 
 // Intent drops an unsent intent for a changed cart; a Do of the old intent
@@ -782,11 +786,9 @@ func TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent(t *testing.T) {
 }
 
 // raceListStore is an app's wrapper of a memory store that embeds
-// persist.Store, as a wrapper of the memory store must now, and defines the
-// optional methods of persist.Store, each calling persist's function of the
-// same name on the store it wraps (see NewMemory). Its List holds two
-// Lists of one action, after the two Intents' own, until both have read,
-// so that two arming claims made through List and Save would both find no
+// persist.Store and adds nothing but its List. Its List holds two Lists of
+// one action, after the two Intents' own, until both have read, so that
+// two arming claims made through List and then a write would both find no
 // intent.
 type raceListStore struct {
 	persist.Store
@@ -812,23 +814,10 @@ func (s *raceListStore) List(ctx context.Context, f persist.Filter) ([]*persist.
 	return recs, err
 }
 
-func (s *raceListStore) Claim(ctx context.Context, rec *persist.Record) error {
-	return persist.Claim(ctx, s.Store, rec)
-}
-
-func (s *raceListStore) SaveIf(ctx context.Context, rec, old *persist.Record) error {
-	return persist.SaveIf(ctx, s.Store, rec, old)
-}
-
-func (s *raceListStore) DeleteIf(ctx context.Context, old *persist.Record) error {
-	return persist.DeleteIf(ctx, s.Store, old)
-}
-
 // Two Clients on an app's wrapper of a memory store, which embeds the
-// persist.Store NewMemory returns: with the methods NewMemory's docs ask
-// of it, the wrapper claims in one step, and the two taps make one key
-// and one charge. Embedding alone gives it none of them: both claims would
-// list the action empty and save, two keys and two charges.
+// persist.Store NewMemory returns: the store's one write method claims in
+// one step, whatever the wrapper adds, and the two taps make one key and
+// one charge.
 func TestTwoClientsOnAWrappedMemoryStoreMakeOneKeyPerAction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -852,100 +841,15 @@ func TestTwoClientsOnAWrappedMemoryStoreMakeOneKeyPerAction(t *testing.T) {
 	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 }
 
-// embedOnlyStore is an app's wrapper of a memory store that embeds the
-// persist.Store NewMemory returns and defines none of the optional
-// methods: persist's Claim reaches it through List and Save. Once armed,
-// the first List of an action runs gate; later ones tell listed.
-type embedOnlyStore struct {
-	persist.Store
-	armed, first atomic.Bool
-	gate         func()
-	listed       chan struct{}
-}
-
-func (s *embedOnlyStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
-	recs, err := s.Store.List(ctx, f)
-	if f.Name != "" && s.armed.Load() {
-		if s.first.CompareAndSwap(false, true) {
-			s.gate()
-		} else {
-			select {
-			case s.listed <- struct{}{}:
-			default:
-			}
-		}
-	}
-	return recs, err
-}
-
-// Two Clients of one process on a wrapper that has none of the optional
-// methods: while the first tap's claim has listed the action and not yet
-// saved, the second tap's claim waits for it (persist's one-step lock)
-// instead of listing the action empty too, and the two taps make one key
-// and one charge.
-func TestTwoClientsOnAStoreWithoutOneStepMethodsMakeOneKeyPerAction(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	st := &embedOnlyStore{Store: persist.NewMemory(nil), listed: make(chan struct{}, 1)}
-	e.store = st
-	a, b := e.newClient(t), e.newClient(t)
-	req := e.paymentRequest(t, 100, "cus_1")
-	ina, err := a.Intent(ctx, "checkout:shared-plain", req)
-	require.NoError(t, err)
-	inb, err := b.Intent(ctx, "checkout:shared-plain", req)
-	require.NoError(t, err)
-
-	var errb error
-	bDone := make(chan struct{})
-	st.gate = func() {
-		// Inside the first tap's claim, between its List and its Save:
-		// the second tap starts, and the first goes on once the second
-		// has listed the action too, or waits for the first's claim.
-		go func() {
-			defer close(bDone)
-			_, errb = b.Do(ctx, inb)
-		}()
-		for {
-			select {
-			case <-st.listed:
-				return
-			case <-bDone:
-				return
-			default:
-			}
-			if claimWaits() {
-				return
-			}
-			runtime.Gosched()
-		}
-	}
-	st.armed.Store(true)
-	_, erra := a.Do(ctx, ina)
-	<-bDone
-	require.NoError(t, erra)
-	require.NoError(t, errb)
-	assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-// claimWaits reports a goroutine waiting for a lock inside persist.Claim.
-func claimWaits() bool {
-	buf := make([]byte, 1<<20)
-	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		if strings.Contains(g, "sync.(*Mutex).Lock") && strings.Contains(g, "persist.Claim(") {
-			return true
-		}
-	}
-	return false
-}
-
-// claimWithoutCurrent is a store whose Claim method reports a conflict
-// without the action's latest record, as a faulty store might.
+// claimWithoutCurrent is a store whose write of a new intent reports a
+// conflict without the action's latest record, as a faulty store might.
 type claimWithoutCurrent struct{ persist.Store }
 
-func (s claimWithoutCurrent) Claim(_ context.Context, rec *persist.Record) error {
-	return &persist.ConflictError{Key: rec.Key}
+func (s claimWithoutCurrent) Write(ctx context.Context, rec, old *persist.Record) error {
+	if old == nil {
+		return &persist.ConflictError{Key: rec.Key}
+	}
+	return s.Store.Write(ctx, rec, old)
 }
 
 func TestATapOnAStoreWhoseClaimNamesNoLatestRecordFailsWithASaveError(t *testing.T) {

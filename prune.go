@@ -88,7 +88,8 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 			}
 			if !r.Tombstone && age >= olderThan {
 				t := tombstone(r)
-				if err := c.store.Save(ctx, t); err != nil {
+				t.Rev = persist.NewRev()
+				if err := persist.SaveIf(ctx, c.store, t, r); err != nil {
 					errs = append(errs, &SaveError{Key: r.Key, Op: "keep tombstone", Err: err})
 					continue
 				}

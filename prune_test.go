@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/persisttest"
 )
 
 // A payment succeeds while the device's clock is two days behind; the
@@ -110,7 +111,7 @@ func TestPruneBoundsTheTombstones(t *testing.T) {
 	const extra = 3
 	for i := range idem.MaxTombstones + extra {
 		at := epoch.Add(time.Duration(i) * time.Second)
-		require.NoError(t, e.store.Save(ctx, &persist.Record{
+		require.NoError(t, persisttest.Put(ctx, e.store, &persist.Record{
 			Key: fmt.Sprintf("k%05d", i), Name: fmt.Sprintf("checkout:%d", i), Seq: 1,
 			Method: http.MethodPost, URL: "https://api.example.com/payments", Fingerprint: "f",
 			CreatedAt: at, UpdatedAt: at, State: persist.StateSucceeded, Tombstone: true,

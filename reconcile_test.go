@@ -33,11 +33,11 @@ type dyingStore struct {
 	dead atomic.Bool
 }
 
-func (s *dyingStore) Save(ctx context.Context, r *persist.Record) error {
+func (s *dyingStore) Write(ctx context.Context, r, old *persist.Record) error {
 	if s.dead.Load() {
 		return errors.New("the process died")
 	}
-	return s.Store.Save(ctx, r)
+	return s.Store.Write(ctx, r, old)
 }
 
 func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {

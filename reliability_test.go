@@ -80,13 +80,13 @@ func (s *fencedStore) guard() (func(), error) {
 	return s.mu.RUnlock, nil
 }
 
-func (s *fencedStore) Save(ctx context.Context, r *persist.Record) error {
+func (s *fencedStore) Write(ctx context.Context, r, old *persist.Record) error {
 	unlock, err := s.guard()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	return s.Store.Save(ctx, r)
+	return s.Store.Write(ctx, r, old)
 }
 
 func (s *fencedStore) Get(ctx context.Context, key string) (*persist.Record, error) {
@@ -107,13 +107,13 @@ func (s *fencedStore) List(ctx context.Context, f persist.Filter) ([]*persist.Re
 	return s.Store.List(ctx, f)
 }
 
-func (s *fencedStore) Delete(ctx context.Context, key string) error {
+func (s *fencedStore) Delete(ctx context.Context, old *persist.Record) error {
 	unlock, err := s.guard()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	return s.Store.Delete(ctx, key)
+	return s.Store.Delete(ctx, old)
 }
 
 // generation is one run of the app: a Client, its store and connections.

@@ -601,11 +601,11 @@ type diesOnWrite struct {
 	dead atomic.Bool
 }
 
-func (s *diesOnWrite) Save(ctx context.Context, r *persist.Record) error {
+func (s *diesOnWrite) Write(ctx context.Context, r, old *persist.Record) error {
 	if s.dead.Load() {
 		return syscall.EIO
 	}
-	return s.Store.Save(ctx, r)
+	return s.Store.Write(ctx, r, old)
 }
 
 // A not-sent intent sent again is stored as new before its first byte

@@ -247,11 +247,11 @@ func (s *listDamagedStore) List(ctx context.Context, f persist.Filter) ([]*persi
 	return recs, errors.Join(err, &persist.CorruptError{Key: "damaged", Err: errors.New("truncated")})
 }
 
-func (s *listDamagedStore) Save(ctx context.Context, rec *persist.Record) error {
+func (s *listDamagedStore) Write(ctx context.Context, rec, old *persist.Record) error {
 	if rec.Key == s.failKey {
 		return errSaveFailed
 	}
-	return s.Store.Save(ctx, rec)
+	return s.Store.Write(ctx, rec, old)
 }
 
 // SettleAll's progress counts what its result holds when the store errs:

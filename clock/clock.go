@@ -16,16 +16,28 @@ import (
 // Clock tells the time and waits. Everything that takes a Clock uses the
 // system clock when it is nil. The server side only reads Now.
 //
-// A Clock may also have two methods the client reads where they exist, as
+// A Clock may also have a method the client reads where it exists, as
 // System's and Manual do: Monotonic() time.Duration, elapsed time since a
-// fixed instant that no setting of the wall clock moves, and
-// SinceBoot() (elapsed time.Duration, boot string, ok bool), the time since
-// the device booted, sleep included, with an identity of that boot.
+// fixed instant that no setting of the wall clock moves.
 type Clock interface {
 	Now() time.Time
 	// Sleep waits for d, or until ctx is done and then returns ctx.Err().
 	Sleep(ctx context.Context, d time.Duration) error
+	// SinceBoot is the time since the device booted, counting the time it
+	// slept, with an identity of that boot: two readings are compared
+	// only when their boot identities are equal. ok is false where the
+	// clock has no such reading; then the client judges ages by the
+	// other clocks alone, and device sleep within one process counts only
+	// on the wall clock. A Clock that has none embeds NoBoot.
+	SinceBoot() (elapsed time.Duration, boot string, ok bool)
 }
+
+// NoBoot is embedded by a Clock that has no reading counting device sleep
+// (a server's clock, say): its SinceBoot says so.
+type NoBoot struct{}
+
+// SinceBoot reports ok false: no reading.
+func (NoBoot) SinceBoot() (time.Duration, string, bool) { return 0, "", false }
 
 // Manual is a Clock that moves only when told: Sleep advances it instead of
 // waiting. A Manual is safe for concurrent use.

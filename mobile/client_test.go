@@ -453,11 +453,11 @@ func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 // the tap's write succeeds, the outcome's save fails.
 type fullAfterAnswer struct{ persist.Store }
 
-func (s fullAfterAnswer) Save(ctx context.Context, rec *persist.Record) error {
+func (s fullAfterAnswer) Write(ctx context.Context, rec, old *persist.Record) error {
 	if rec.State.Resolved() {
 		return errors.New("no space left on device")
 	}
-	return s.Store.Save(ctx, rec)
+	return s.Store.Write(ctx, rec, old)
 }
 
 // The server charges and answers 201, then the outcome cannot be saved:
@@ -506,12 +506,12 @@ type fullAfterAnswerCancelled struct {
 	cancel *Cancel
 }
 
-func (s fullAfterAnswerCancelled) Save(ctx context.Context, rec *persist.Record) error {
+func (s fullAfterAnswerCancelled) Write(ctx context.Context, rec, old *persist.Record) error {
 	if rec.State.Resolved() {
 		s.cancel.Cancel()
 		return errors.New("no space left on device")
 	}
-	return s.Store.Save(ctx, rec)
+	return s.Store.Write(ctx, rec, old)
 }
 
 // A Cancel pressed after the server answered does not unsay the answer:

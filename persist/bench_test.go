@@ -29,7 +29,7 @@ func benchRecord(i int, resolved bool) *Record {
 	key := fmt.Sprintf("6f1c2a4e-9b7d-4e3a-8c55-%012d", i)
 	created := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second)
 	r := &Record{
-		Version: FormatVersion, Key: key, Name: fmt.Sprintf("checkout:cart-%d", i%97),
+		Version: FormatVersion, Key: key, Rev: NewRev(), Seq: uint64(i + 1), Name: fmt.Sprintf("checkout:cart-%d", i%97),
 		Method: http.MethodPost, URL: "https://api.example.com/v1/payments",
 		Header: http.Header{
 			"Content-Type":    {"application/json"},
@@ -78,7 +78,7 @@ func BenchmarkSave(b *testing.B) {
 			ctx := context.Background()
 			i := 0
 			for b.Loop() {
-				if err := s.Save(ctx, benchRecord(i, i%2 == 1)); err != nil {
+				if err := s.Write(ctx, benchRecord(i, i%2 == 1), nil); err != nil {
 					b.Fatal(err)
 				}
 				i++
@@ -218,16 +218,27 @@ func openBolt(b *testing.B, path string) *boltStore {
 	return &boltStore{db: db}
 }
 
-func (s *boltStore) Save(ctx context.Context, rec *Record) error {
-	r, err := prepare(rec, s.opts)
-	if err != nil {
+// Write checks only the record of rec.Key, not the records of its Name:
+// enough for the comparison, which writes new keys.
+func (s *boltStore) Write(ctx context.Context, rec, old *Record) error {
+	if err := checkWrite(rec, old); err != nil {
 		return err
 	}
+	r := prepare(rec, s.opts)
 	data, err := encodeRecord(r)
 	if err != nil {
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
+		var cur *Record
+		if v := tx.Bucket(boltBucket).Get([]byte(r.Key)); v != nil {
+			if cur, err = decodeRecord(bytes.Clone(v)); err != nil {
+				return err
+			}
+		}
+		if err := writable(r, old, cur, nil); err != nil {
+			return err
+		}
 		if err := tx.Bucket(boltBucket).Put([]byte(r.Key), data); err != nil {
 			return err
 		}
@@ -275,12 +286,26 @@ func (s *boltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	return out, err
 }
 
-func (s *boltStore) Delete(ctx context.Context, key string) error {
+func (s *boltStore) Delete(ctx context.Context, old *Record) error {
+	if err := checkDelete(old); err != nil {
+		return err
+	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(boltOpen).Delete([]byte(key)); err != nil {
+		v := tx.Bucket(boltBucket).Get([]byte(old.Key))
+		if v == nil {
+			return nil
+		}
+		cur, err := decodeRecord(bytes.Clone(v))
+		if err != nil {
 			return err
 		}
-		return tx.Bucket(boltBucket).Delete([]byte(key))
+		if err := deletable(old, cur); err != nil {
+			return err
+		}
+		if err := tx.Bucket(boltOpen).Delete([]byte(old.Key)); err != nil {
+			return err
+		}
+		return tx.Bucket(boltBucket).Delete([]byte(old.Key))
 	})
 }
 
@@ -310,7 +335,7 @@ func BenchmarkConcurrentSaves(b *testing.B) {
 	for range workers {
 		go func() {
 			for r := range next {
-				if err := s.Save(ctx, r); err != nil {
+				if err := s.Write(ctx, r, nil); err != nil {
 					errs <- err
 					return
 				}
@@ -366,11 +391,11 @@ func BenchmarkFirstSave(b *testing.B) {
 					r := benchRecord(i, false)
 					i++
 					b.StartTimer()
-					if err := s.Save(ctx, r); err != nil {
+					if err := s.Write(ctx, r, nil); err != nil {
 						b.Fatal(err)
 					}
 					b.StopTimer()
-					if err := s.Delete(ctx, r.Key); err != nil {
+					if err := s.Delete(ctx, r); err != nil {
 						b.Fatal(err)
 					}
 					s.Close()

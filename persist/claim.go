@@ -2,36 +2,36 @@ package persist
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"sync"
 )
 
-// claimer is how this package's stores claim in one step (see Claim).
-type claimer interface {
-	claim(ctx context.Context, rec *Record) error
+// maxRev bounds a record's Rev: it is stored with every record, and a
+// store compares it on every write.
+const maxRev = 64
+
+// NewRev returns a new version for a record: 128 random bits, as 26
+// characters. Set it as the record's Rev before each Write.
+func NewRev() string { return rand.Text() }
+
+// SameVersion reports whether a and b are the same version of one record:
+// the same Key and the same Rev, which is set. A writer whose Write ended
+// in an error tells with it whether the write landed: it compares the
+// record read back (or a *ConflictError's Current) with the record it
+// wrote.
+func SameVersion(a, b *Record) bool {
+	return a != nil && b != nil && a.Rev != "" && a.Key == b.Key && a.Rev == b.Rev
 }
 
-// claimMethod is the optional Claim method of a Store (see Store): it
-// saves rec durably, as Save does, if and only if no record with rec.Key
-// is stored and every stored record of rec.Name has a Seq lower than
-// rec.Seq: rec becomes the action's latest intent. The check and the save
-// are one step: of two Claims for one Name and Seq one wins. Otherwise it
-// saves nothing and returns a *ConflictError that holds the action's
-// latest record. A Name that some unreadable record may hold is refused
-// with that record's *CorruptError.
-type claimMethod interface {
-	Claim(ctx context.Context, rec *Record) error
-}
-
-// ConflictError is returned by Claim, SaveIf and DeleteIf when the store
-// holds another record than the write expects: nothing is written.
+// ConflictError is returned by Write and Delete when the store holds
+// another record than the change expects: nothing is changed.
 type ConflictError struct {
-	// Key is the key of the refused write.
+	// Key is the key of the refused change.
 	Key string
-	// Current is the stored record that refused it: for Claim, the
-	// action's latest record; for SaveIf and DeleteIf, the record stored
-	// with Key, nil if none is.
+	// Current is the stored record that refused it: for a Write of a new
+	// intent (old == nil), the action's latest record; otherwise the
+	// record stored with Key, nil if none is.
 	Current *Record
 }
 
@@ -43,65 +43,138 @@ func (e *ConflictError) Error() string {
 		e.Key, e.Current.Key, e.Current.Seq, e.Current.State)
 }
 
-// Claim saves rec in s as the latest intent of its Name, if no record of
-// the Name has rec's Seq or a higher one, nor rec's Key; otherwise it
-// saves nothing and returns a *ConflictError holding the action's latest
-// record. A record without a Name belongs to no action and is saved as
-// Save does. The stores of this package, and a Store with a Claim method
-// (see Store), check and save in one step, so that two clients sharing the
-// store (two parts of one app, each with its own idem.Client) never both
-// make an intent for one action, nor replace one the other is sending.
-// Any other Store gets a List of rec.Name and then a Save, under one lock
-// of this process (see oneStep): Clients of one process on such a store
-// are arbitrated, Clients of two processes sharing it are not.
+// Claim writes rec as a new intent and the latest of its Name: s.Write
+// with no old version. It fails with a *ConflictError holding the
+// action's latest record if rec.Key is stored or a record of rec.Name has
+// rec's Seq or a higher one. So two clients sharing the store (two parts
+// of one app, each with its own idem.Client) never both make an intent for
+// one action, nor replace one the other is sending.
 func Claim(ctx context.Context, s Store, rec *Record) error {
-	if rec != nil && rec.Name == "" {
-		return s.Save(ctx, rec)
+	return s.Write(ctx, rec, nil)
+}
+
+// SaveIf writes rec in s if the record stored with rec.Key is still old's
+// version: s.Write with old, which must be of rec's own key. So a client
+// that takes over an armed intent to send it and the client that armed it
+// (replacing it for a changed cart) cannot both win.
+func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
+	if err := checkOld(rec, old); err != nil {
+		return err
 	}
-	switch c := s.(type) {
-	case claimMethod:
-		return c.Claim(ctx, rec)
-	case claimer:
-		return c.claim(ctx, rec)
+	return s.Write(ctx, rec, old)
+}
+
+// DeleteIf deletes old's record from s if it is still old's version:
+// s.Delete. No record stored is not an error.
+func DeleteIf(ctx context.Context, s Store, old *Record) error {
+	if old == nil {
+		return errors.New("persist: DeleteIf needs the version to delete")
 	}
+	return s.Delete(ctx, old)
+}
+
+// SaveDeferred is SaveIf, except that a store that can makes the write
+// durable in the background (see WithDeferredSync): when it returns nil
+// the record is read back, and survives the process being killed, at
+// once, and a power loss before its sync leaves the key's previous
+// version, whole. rec must not be changed after the call.
+func SaveDeferred(ctx context.Context, s Store, rec, old *Record) error {
+	if err := checkOld(rec, old); err != nil {
+		return err
+	}
+	return s.Write(WithDeferredSync(ctx), rec, old)
+}
+
+// checkOld reports an old version that cannot be the one rec replaces.
+func checkOld(rec, old *Record) error {
+	if old == nil || rec != nil && rec.Key != old.Key {
+		return errors.New("persist: a change needs the version of rec's own key that rec replaces")
+	}
+	return nil
+}
+
+// deferredKey marks a context made by WithDeferredSync.
+type deferredKey struct{}
+
+// WithDeferredSync returns ctx marked for writes whose sync may come
+// later. It is a hint about speed only, which a store may ignore: a
+// FileStore then returns from Write once the record is written and read
+// back, and makes it durable in the background (Close waits for that); a
+// power loss before then leaves the key's previous version, whole, never a
+// damaged one. The caller also promises not to change the record after
+// the call, so a memory store keeps it without copying its headers and
+// bodies. A wrapper that overrides Write passes ctx on, and with it the
+// hint.
+func WithDeferredSync(ctx context.Context) context.Context {
+	return context.WithValue(ctx, deferredKey{}, true)
+}
+
+// DeferredSync reports whether ctx was made by WithDeferredSync: a Store
+// of an app's own reads it to defer its sync where it can keep the
+// promise WithDeferredSync describes.
+func DeferredSync(ctx context.Context) bool {
+	v, _ := ctx.Value(deferredKey{}).(bool)
+	return v
+}
+
+// checkWrite reports why rec cannot be written over old, or nil: an
+// invalid record, an old of another key, or a version that is not new.
+func checkWrite(rec, old *Record) error {
 	if err := checkSave(rec); err != nil {
 		return err
 	}
-	oneStep.Lock()
-	defer oneStep.Unlock()
-	recs, err := s.List(ctx, Filter{Name: rec.Name})
-	if err != nil {
-		return err
+	if rec.Rev == "" {
+		return fmt.Errorf("persist: record %s has no version (Rev): set it to NewRev() before each write", rec.Key)
 	}
-	if err := claimable(recs, rec); err != nil {
-		return err
+	if old == nil {
+		return nil
 	}
-	return s.Save(ctx, rec)
+	if old.Key != rec.Key {
+		return fmt.Errorf("persist: cannot write intent %s over a version of intent %s", rec.Key, old.Key)
+	}
+	if old.Rev == rec.Rev {
+		return fmt.Errorf("persist: intent %s is written with the version (Rev) it replaces: set it to NewRev() before each write", rec.Key)
+	}
+	return nil
 }
 
-// claimable reports a *ConflictError if rec cannot be the latest of recs, the
-// records of its Name.
-func claimable(recs []*Record, rec *Record) error {
-	var lost bool
-	for _, r := range recs {
-		if r.Key == rec.Key || r.Seq >= rec.Seq {
+// checkDelete reports why old cannot name a version to delete, or nil.
+func checkDelete(old *Record) error {
+	if old == nil {
+		return errors.New("persist: Delete needs the version to delete")
+	}
+	if old.Rev == "" {
+		return fmt.Errorf("persist: cannot delete intent %s without its version (Rev)", old.Key)
+	}
+	return nil
+}
+
+// writable returns nil if rec may be written over old, given cur, the
+// record stored with rec.Key (nil if none), and named, the stored records
+// of rec.Name (read only when old is nil and rec has a Name); otherwise a
+// *ConflictError, whose Current the caller must copy before handing it
+// out.
+func writable(rec, old, cur *Record, named []*Record) error {
+	if old != nil {
+		if cur == nil || old.Rev == "" || cur.Rev != old.Rev {
+			return &ConflictError{Key: rec.Key, Current: cur}
+		}
+		return nil
+	}
+	lost := cur != nil
+	for _, r := range named {
+		if r.Seq >= rec.Seq {
 			lost = true
 		}
 	}
 	if !lost {
 		return nil
 	}
-	return &ConflictError{Key: rec.Key, Current: latest(recs)}
+	if cur != nil && (rec.Name == "" || cur.Name != rec.Name) {
+		named = append(named, cur)
+	}
+	return &ConflictError{Key: rec.Key, Current: latest(named)}
 }
-
-// oneStep makes the read and the write of Claim, SaveIf and DeleteIf one
-// step among the calls of this process on a Store that cannot do them in
-// one step itself: a wrapper that embeds the Store of NewMemory, say,
-// which keeps only the four methods of Store. Without it two Clients of
-// one app on such a store could both arm an intent for one action, each
-// with its own key, and the action would be paid twice. One lock for all
-// such stores: they are rare, and a device makes few of these calls.
-var oneStep sync.Mutex
 
 // latest returns the intent created last among recs, the records of one
 // Name: the highest Seq, which no setting of the device's clock moves.
@@ -117,113 +190,11 @@ func latest(recs []*Record) *Record {
 	return latest
 }
 
-// swapper is how this package's stores change or delete a record only
-// if it is still the version read, in one step (see SaveIf).
-type swapper interface {
-	saveIf(ctx context.Context, rec, old *Record) error
-	deleteIf(ctx context.Context, old *Record) error
-}
-
-// swapMethods are the optional SaveIf and DeleteIf methods of a Store
-// (see Store).
-type swapMethods interface {
-	// SaveIf saves rec durably, as Save does, if and only if the record
-	// stored with rec.Key is old's version (see sameVersion). Otherwise it
-	// saves nothing and returns a *ConflictError holding the stored
-	// record, nil if none is stored. The check and the save are one step
-	// among SaveIfs, DeleteIfs and Claims.
-	SaveIf(ctx context.Context, rec, old *Record) error
-	// DeleteIf deletes the record stored with old.Key if and only if it is
-	// old's version, in one step as SaveIf; otherwise it deletes nothing
-	// and returns a *ConflictError. No record stored is not an error.
-	DeleteIf(ctx context.Context, old *Record) error
-}
-
-// sameVersion reports whether a and b are the same version of one record:
-// the same key, state, holder, attempts and time of the last write.
-func sameVersion(a, b *Record) bool {
-	return a != nil && b != nil && a.Key == b.Key && a.State == b.State &&
-		a.Holder == b.Holder && a.Attempts == b.Attempts && a.UpdatedAt.Equal(b.UpdatedAt)
-}
-
-// SaveIf saves rec in s if the record stored with rec.Key is old's
-// version (the same key, state, holder, attempts and time of the last
-// write); otherwise it saves nothing and returns a *ConflictError holding
-// the stored record, nil if none is. The stores of this package, and a
-// Store with SaveIf and DeleteIf methods (see Store), check and save in
-// one step among SaveIfs, DeleteIfs and Claims, so that a client that
-// takes over an armed intent to send it and the client that armed it
-// (replacing it for a changed cart) cannot both win. Any other Store gets
-// a Get and then a Save under one lock of this process (see oneStep):
-// Clients of one process on such a store are arbitrated, Clients of two
-// processes sharing it are not. An old of another key than rec's, or none,
-// is refused.
-func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
-	if old == nil || rec != nil && rec.Key != old.Key {
-		return errors.New("persist: SaveIf needs the version of rec's own key that rec replaces")
-	}
-	switch sw := s.(type) {
-	case swapMethods:
-		return sw.SaveIf(ctx, rec, old)
-	case swapper:
-		return sw.saveIf(ctx, rec, old)
-	}
-	if err := checkSave(rec); err != nil {
-		return err
-	}
-	oneStep.Lock()
-	defer oneStep.Unlock()
-	if err := unchanged(ctx, s, old); err != nil {
-		return err
-	}
-	return s.Save(ctx, rec)
-}
-
-// DeleteIf deletes old's record from s if it is still old's version, in
-// one step as SaveIf; otherwise it deletes nothing and returns a
-// *ConflictError. No record stored is not an error. Without the methods,
-// a Get and then a Delete, under the lock of SaveIf. A nil old is
-// refused.
-func DeleteIf(ctx context.Context, s Store, old *Record) error {
-	if old == nil {
-		return errors.New("persist: DeleteIf needs the version it deletes")
-	}
-	switch sw := s.(type) {
-	case swapMethods:
-		return sw.DeleteIf(ctx, old)
-	case swapper:
-		return sw.deleteIf(ctx, old)
-	}
-	oneStep.Lock()
-	defer oneStep.Unlock()
-	return deleteUnchanged(ctx, s, old)
-}
-
-// deleteUnchanged is DeleteIf through s's Get and Delete.
-func deleteUnchanged(ctx context.Context, s Store, old *Record) error {
-	err := unchanged(ctx, s, old)
-	var ce *ConflictError
-	if errors.As(err, &ce) && ce.Current == nil {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return s.Delete(ctx, old.Key)
-}
-
-// unchanged returns nil if the record stored with old.Key is old's
-// version, a *ConflictError if it is another or none, or the store's
-// error.
-func unchanged(ctx context.Context, s Store, old *Record) error {
-	cur, err := s.Get(ctx, old.Key)
-	if errors.Is(err, ErrNotFound) {
-		return &ConflictError{Key: old.Key}
-	}
-	if err != nil {
-		return err
-	}
-	if !sameVersion(cur, old) {
+// deletable returns nil if old may be deleted given cur, the record stored
+// with its key (nil if none, which deletes nothing and is no error: the
+// caller checks), otherwise a *ConflictError.
+func deletable(old, cur *Record) error {
+	if cur != nil && cur.Rev != old.Rev {
 		return &ConflictError{Key: old.Key, Current: cur}
 	}
 	return nil

@@ -85,15 +85,17 @@ func TestCrashChild(t *testing.T) {
 				key := fmt.Sprintf("r%s-%d%05d", round, w, i)
 				now := time.Now()
 				r := crashRecord(key, now)
-				err := s.Save(ctx, r)
+				r.Rev = persist.NewRev()
+				err := s.Write(ctx, r, nil)
 				if err == nil {
 					err = report("new", key)
 				}
-				r.State = persist.StateSucceeded
-				r.UpdatedAt = now.Add(time.Millisecond)
-				r.Response = &persist.Response{StatusCode: 201, Body: crashBody("response " + key)}
+				done := r.Clone()
+				done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
+				done.UpdatedAt = now.Add(time.Millisecond)
+				done.Response = &persist.Response{StatusCode: 201, Body: crashBody("response " + key)}
 				if err == nil {
-					err = s.Save(ctx, r)
+					err = s.Write(ctx, done, r)
 				}
 				if err == nil {
 					err = report("done", key)

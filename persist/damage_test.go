@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,15 +23,19 @@ import (
 
 // saveNamed saves a record for key and name, resolved or not, created at
 // t0 plus i seconds, and returns it.
+// namedSeq numbers the records saveNamed writes, so that each is above
+// every earlier one of its Name.
+var namedSeq atomic.Uint64
+
 func saveNamed(t *testing.T, s persist.Store, key, name string, i int, resolved bool) *persist.Record {
 	t.Helper()
 	r := persisttest.NewRecord(key, t0.Add(time.Duration(i)*time.Second))
-	r.Name = name
+	r.Name, r.Seq = name, namedSeq.Add(1)
 	if resolved {
 		r.State = persist.StateSucceeded
 		r.Response = &persist.Response{StatusCode: 201}
 	}
-	require.NoError(t, s.Save(context.Background(), r))
+	require.NoError(t, persisttest.Put(context.Background(), s, r))
 	return r
 }
 
@@ -134,10 +139,10 @@ func TestFileUntaggedFiles(t *testing.T) {
 	}
 
 	old.Attempts = 1
-	require.NoError(t, s.Save(ctx, old))
+	require.NoError(t, persisttest.Put(ctx, s, old))
 	assert.NotContains(t, dirNames(t, dir), oldFileName(old.Key), "the untagged file is replaced")
 	assert.Contains(t, dirNames(t, dir), persist.FileName(old.Key, old.Name))
-	require.NoError(t, s.Delete(ctx, long.Key))
+	require.NoError(t, deleteKey(ctx, s, long.Key))
 	assert.NotContains(t, dirNames(t, dir), oldFileName(long.Key), "Delete finds the untagged file of a long key")
 }
 
@@ -218,7 +223,7 @@ func TestFileDamagedResolvedTwin(t *testing.T) {
 	assert.Empty(t, recs)
 	_, err = s.Get(ctx, "k")
 	require.ErrorAs(t, err, &ce)
-	assert.ErrorAs(t, s.Save(ctx, r), &ce, "not replaced")
+	assert.ErrorAs(t, persisttest.Put(ctx, s, r), &ce, "not replaced")
 
 	moved, err := s.Quarantine(ctx, donePath)
 	require.NoError(t, err)
@@ -250,7 +255,7 @@ func TestFileQuarantine(t *testing.T) {
 
 	var moved []string
 	for i := range 3 {
-		require.NoError(t, s.Delete(ctx, "k"))
+		require.NoError(t, deleteKey(ctx, s, "k"))
 		write(t, good, []byte(fmt.Sprint("damage ", i)))
 		require.NoError(t, s.Close())
 		s = openFile(t, dir, nil)
@@ -262,7 +267,7 @@ func TestFileQuarantine(t *testing.T) {
 		moved = append(moved, m)
 		_, err = s.Get(ctx, "k")
 		require.ErrorIs(t, err, persist.ErrNotFound, "the intent is gone from the store")
-		require.NoError(t, s.Save(ctx, r), "and can be saved again")
+		require.NoError(t, persisttest.Put(ctx, s, r), "and can be saved again")
 	}
 	for i, m := range moved {
 		data, err := os.ReadFile(m)

@@ -41,7 +41,7 @@ func names(t *testing.T, dir string) []string {
 	require.NoError(t, err)
 	var out []string
 	for _, de := range des {
-		if de.Name() != "index" {
+		if de.Name() != "index" && de.Name() != "LOCK" {
 			out = append(out, de.Name())
 		}
 	}
@@ -65,9 +65,9 @@ func TestSaveDeferredResolves(t *testing.T) {
 	g.release = make(chan struct{}) // hold the syncs from now on
 
 	done := *r
-	done.State = persist.StateSucceeded
+	done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
 	done.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
-	require.NoError(t, persist.SaveDeferred(ctx, s, &done), "returns with the directory sync held")
+	require.NoError(t, persist.SaveDeferred(ctx, s, &done, r), "returns with the directory sync held")
 	got, err := s.Get(ctx, "k")
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, got.State)
@@ -100,10 +100,11 @@ func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
 	r := saveNamed(t, s, "k", "checkout:a", 0, true) // resolved from the start
 	again := *r
 	again.Attempts++
-	require.NoError(t, persist.SaveDeferred(ctx, s, &again), "same file name")
+	again.Rev = persist.NewRev()
+	require.NoError(t, persist.SaveDeferred(ctx, s, &again, r), "same file name")
 	fresh := *r
-	fresh.Key = "k2"
-	require.NoError(t, persist.SaveDeferred(ctx, s, &fresh), "a new record")
+	fresh.Key, fresh.Name, fresh.Rev = "k2", "checkout:b", persist.NewRev()
+	require.NoError(t, s.Write(persist.WithDeferredSync(ctx), &fresh, nil), "a new record")
 	assert.Equal(t, before+3, g.dirSyncs.Load(), "one directory sync each, before returning")
 }
 
@@ -123,9 +124,9 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 
 	g.fail.Store(true)
 	done := *r
-	done.State = persist.StateFailed
+	done.State, done.Rev = persist.StateFailed, persist.NewRev()
 	done.Response = &persist.Response{StatusCode: 402}
-	require.NoError(t, persist.SaveDeferred(ctx, s, &done))
+	require.NoError(t, persist.SaveDeferred(ctx, s, &done, r))
 	require.True(t, s.WaitDeferred() == false, "the sync failed; the save is still to be synced")
 	assert.Len(t, names(t, dir), 2)
 	require.Error(t, s.Close(), "Close says the save may not survive a power loss")
@@ -134,4 +135,35 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 	got, err := s2.Get(ctx, "k")
 	require.NoError(t, err)
 	persisttest.AssertRecord(t, &done, got)
+}
+
+// TestFileWriteWhoseSyncFailed: a write whose directory sync failed
+// returns an error, though its record is in place: its writer recognises
+// it by its Rev on re-read, and another writer's version is refused.
+func TestFileWriteWhoseSyncFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, err := filepath.Abs(newDir(t))
+	require.NoError(t, err)
+	g := &gatedFS{FS: fsys.OS{}, release: make(chan struct{})}
+	close(g.release)
+	s, err := persist.OpenDirFS(g, dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	r := saveNamed(t, s, "k", "checkout:a", 0, false)
+
+	g.fail.Store(true)
+	next := r.Clone()
+	next.State, next.Rev = persist.StatePending, persist.NewRev()
+	err = s.Write(ctx, next, r)
+	require.ErrorContains(t, err, "may not survive a power loss")
+	g.fail.Store(false)
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, persist.SameVersion(got, next), "the write is recognised on re-read")
+	rival := r.Clone()
+	rival.Rev = persist.NewRev()
+	var ce *persist.ConflictError
+	require.ErrorAs(t, s.Write(ctx, rival, r), &ce, "a writer of the version before")
+	assert.True(t, persist.SameVersion(ce.Current, next))
 }

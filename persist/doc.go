@@ -2,12 +2,11 @@
 Package persist stores idem's intents on the device, so that an intent's
 Idempotency-Key and exact request bytes outlive crashes and restarts.
 
-The client saves a [Record] before the first attempt is sent, durably: a
-[Store] makes each Save durable before it returns. It saves it again when
-the outcome is known, through [SaveDeferred]: a [FileStore] (or a store
-with a SaveDeferred method, see [Store]) writes it at once and makes it
-durable in the background, so that a successful intent costs one durable write on
-the path the user waits on. A power loss in the moments before that sync
+The client writes a [Record] before the first attempt is sent, durably: a
+[Store] makes each Write durable before it returns. It writes it again when
+the outcome is known, with [WithDeferredSync]: a [FileStore] writes it at
+once and makes it durable in the background, so that a successful intent
+costs one durable write on the path the user waits on. A power loss in the moments before that sync
 leaves the intent unresolved, and resuming it with its key gets the
 server's replay of the same answer (see "The outcome's save" below).
 
@@ -15,22 +14,23 @@ Two stores are provided. [FileStore], opened with [OpenDir], is the default
 for mobile and command-line clients. The store of [NewMemory] is for
 tests, and for apps that accept losing their intents on a restart. Both
 pass the conformance suite in package persisttest, which other
-implementations of Store should run too. [PruneFunc] deletes the resolved
+implementations of Store should run too. Every change a Store makes is
+conditional (see One writer per action). [PruneFunc] deletes the resolved
 intents an app chooses from any Store.
 
 # Durability
 
-When [FileStore.Save] returns nil, the record survives kill -9 and power
-loss. Save
+When [FileStore.Write] returns nil, the record survives kill -9 and power
+loss. Write
 
  1. writes the record to a new temporary file (".tmp-*") in the store's
     directory and fsyncs it, so its bytes are on stable storage;
  2. renames it over the record's file, which atomically replaces the old
     version: a reader sees the old file or the new one, never a mix;
  3. fsyncs the directory, so the rename itself is on stable storage.
-    Saves running at once share this step: a Save waits for a sync of the
-    directory that started after its rename, and one sync serves all the
-    renames made before it started.
+    Writes running at once share this step: a Write waits for a sync of
+    the directory that started after its rename, and one sync serves all
+    the renames made before it started.
 
 A crash before step 2 leaves the previous version and a stray temporary
 file, which OpenDir removes; a crash after it leaves the new version. This is
@@ -44,19 +44,19 @@ neither tested nor proven here.
 When a record becomes resolved its file gets another name (see File layout):
 the new file is renamed in and the directory synced before the old file is
 removed, so a crash leaves one or both files, never neither, and when both
-are left the resolved one is the record. A Save alone costs two fsyncs in
+are left the resolved one is the record. A Write alone costs two fsyncs in
 every case but two, which idem's client never takes: a record going back from
 resolved to unresolved, or changing its Name, costs three, as the removal
-of the old file must be durable before Save returns.
+of the old file must be durable before Write returns.
 
-[SaveDeferred] on a FileStore takes the first two steps, and the sync of the new
-file in step 1, before it returns; the directory sync, and the removal of
+A Write with [WithDeferredSync] on a FileStore takes the first two steps,
+and the sync of the new file in step 1, before it returns; the directory sync, and the removal of
 the old file after it, run in the background, and Close waits for them. It
 does so only when the new file has a new name and wins over the old one
 (a record becoming resolved): until the sync, a power loss leaves the new
 file, whole, or the old one, never neither and never a damaged file. A
-record saved for the first time, or whose file keeps its name, is saved as
-by Save. When OpenDir creates
+record written for the first time, or whose file keeps its name, is
+written as without the hint. When OpenDir creates
 the directory it syncs its parent, so the directory outlives a power cut
 too. TestCrash (process death) and TestPowerCut (a file system that forgets
 what was not synced) check all of this; their comments say how.
@@ -86,8 +86,8 @@ matters: a device that loses power within moments of a payment and is not
 opened again for a day, against a server whose lookup forgets payments
 with their keys (the fake server's does not). Then Reconcile finds
 nothing and marks the intent void, though it was paid. An app that cannot
-accept that even so rare a case should save outcomes through Save, not
-SaveDeferred, at one more durable write per payment.
+accept that even so rare a case should have its store ignore
+WithDeferredSync, at one more durable write per payment.
 
 # File layout
 
@@ -100,7 +100,7 @@ A store's directory holds:
 	.tmp-*                   a save in progress, or left by a crash
 	quarantine/              damaged files moved aside (see Damage)
 	index/unresolved         the index of the unresolved intents, a cache (see The index)
-	LOCK                     the lock file, where the directory itself cannot be locked (see Locking)
+	LOCK                     the lock file (see Locking)
 
 <key> is the lower-case base32hex of the key's bytes, <hash> the hex
 SHA-256 of a key over 143 bytes (keys may have 255), and <tag> the first 8
@@ -136,7 +136,7 @@ describes. OpenDir then reads that file and stamps the unresolved files
 (one stat each), but neither lists the directory nor reads a record file.
 It lists the directory in the background after it returns: a Get of a key
 the index does not hold, a List not restricted to unresolved records, and
-every write (Save, Claim, Delete, Prune, Quarantine) wait for that
+every change (Write, Delete, Quarantine) wait for that
 listing, so that no write is made without knowing the key's files, but
 the first save an app makes some moments after start does not pay for it
 (at 100,000 stored intents, a few milliseconds instead of hundreds; see
@@ -189,7 +189,7 @@ truth, and the index is used only when it provably describes them.
 The index is written after a full scan at OpenDir, in the background after
 the directory sync of deferred saves (when an intent resolves, so that an
 app killed afterwards starts from it) and at Close. It costs no durable
-write on the path of a Save: its syncs (the directory's, the file's and
+write on the path of a Write: its syncs (the directory's, the file's and
 its subdirectory's) run only there. It is written to a temporary file in
 the index subdirectory and renamed over the index; the temporary file a
 crash leaves there is removed at the next OpenDir. An app killed between the save of a new
@@ -226,7 +226,10 @@ two writers could interleave versions of an intent, and a store that keeps
 what it read in memory must be the only writer.
 
 On Linux, Android, Darwin (macOS, iOS) and the BSDs the lock is flock(2) on
-the directory itself, which no one can remove from under the holder. On
+the directory itself, which no one can remove from under the holder, and
+flock(2) on the file LOCK in it, which the builds before the directory
+itself was locked took alone: so a process of such a build and one of
+this build never open one directory at once. On
 Windows it is LockFileEx on the file LOCK, which the holder keeps open
 without sharing deletion, so it cannot be removed either; on other systems
 it is a lock on LOCK through github.com/gofrs/flock, and removing that file
@@ -239,7 +242,8 @@ safe for concurrent use.
 
 A record that cannot be read is reported, never repaired, and nothing is
 deleted because of it. [FileStore.Get] returns its *CorruptError and
-[FileStore.Save] refuses to overwrite it. [FileStore.List] returns the
+[FileStore.Write] refuses to overwrite it, and [FileStore.Delete] to
+delete it: it has no version to compare. [FileStore.List] returns the
 readable records it selects together with a *CorruptError for each damaged
 file that may hold a record it selects, judging by the file's name: with
 [Filter].Name set, the damaged files of other actions are neither read nor
@@ -253,9 +257,9 @@ errors.As finds only the first.
 To find every damaged file, List with the zero Filter. [FileStore.Quarantine]
 moves one aside, into the directory's quarantine subdirectory, durably; the
 store then no longer sees it, and the intent it held, if any, is gone from
-the store until the app saves it again. Delete removes a damaged record by
-key. Before either, the app or its engineer should look at the file: it
-may hold a payment whose outcome is unknown.
+the store until the app writes it again. Before that, the app or its
+engineer should look at the file: it may hold a payment whose outcome is
+unknown.
 
 When a save that moved a record between file names was cut short, both
 files may be left; the one that holds the record is chosen by a fixed rule
@@ -265,31 +269,35 @@ record is reported as damaged, also by List for unresolved records when
 the other file is unresolved, rather than silently taking the older
 version; quarantining the damaged file makes the older version the record.
 
-A failed write (a full disk, a read-only directory) fails the Save with an
+A failed write (a full disk, a read-only directory) fails the Write with an
 error naming the intent and the directory, leaves the previous version
 intact and removes its temporary file; the client then sends nothing.
 
 # One writer per action
 
-The client saves a new intent through [Claim], which makes it its action's
-latest only if no record of its Name has its Seq or a higher one: the
-stores of this package, and a store with a Claim method, check and save in
-one step, so two clients sharing the store cannot both make an intent for
-one action; the loser gets a [*ConflictError] naming the winner. Any other
-store gets a List and a Save, which one client serialises but two do not.
-persisttest checks both the rule and, for a store with a Claim method,
-that of racing claims one wins. [SaveIf] and [DeleteIf] change or delete
-a record only while it is the version the caller read, in one step as
-Claim, so that a client that takes over an armed intent to send it and
-the client that armed it cannot both win.
+Every change is conditional, and the Store interface carries it: it has
+one write method and one delete, and no unconditional save a wrapper
+could override alone. Write with no old version writes a new intent, the
+latest of its action: no record has its key, and every record of its
+Name has a lower Seq ([Claim]). Write with an old version, and Delete,
+change a record only while it is that version ([SaveIf], [DeleteIf]).
+Check and change are one step, so two clients sharing the store cannot
+both make an intent for one action, and a client that takes over an armed
+intent to send it and the client that armed it cannot both win; the loser
+gets a [*ConflictError] holding the stored record. A version is a
+record's Rev, set by its writer to a new value ([NewRev]) before each
+write: a writer that lost the answer of its write reads the record back
+and knows by the Rev whether it landed ([SameVersion]). persisttest
+checks each of these rules, and that of two racing writers one wins.
 
 # Format version and migration
 
-Every record carries the [FormatVersion] that wrote it. A release reads
-every version up to its own; when a later release changes the encoding it
-raises FormatVersion, reads the older versions and writes its own on the
-next Save, so records migrate one at a time and a crash mid-migration leaves
-each record in one version or the other. A record from a newer release gives
+Every record carries the [FormatVersion] that wrote it. No release has
+been made yet, so the encoding may still change without readers for the
+records of earlier builds. Once released, a release that changes the
+encoding raises FormatVersion, reads the older versions and writes its own
+on the next write, so records migrate one at a time and a crash
+mid-migration leaves each record in one version or the other. A record from a newer release gives
 a *CorruptError wrapping [ErrNewerVersion] and is never read as an older one
 nor overwritten: an app downgraded by mistake keeps its intents for the
 upgrade.

@@ -29,12 +29,14 @@ func ExampleOpenDir() {
 
 	created := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	rec := &persist.Record{
-		Key: "550e8400-e29b-41d4-a716-446655440000", Name: "checkout:cart-42",
+		Key: "550e8400-e29b-41d4-a716-446655440000", Name: "checkout:cart-42", Seq: 1,
 		Method: "POST", URL: "https://api.example.com/v1/payments", Body: []byte(`{"amount":1999}`),
 		CreatedAt: created, UpdatedAt: created, State: persist.StateNew,
+		Rev: persist.NewRev(),
 	}
-	// Saved before the first attempt is sent: if this fails, send nothing.
-	if err := s.Save(ctx, rec); err != nil {
+	// Written before the first attempt is sent, as the action's latest
+	// intent (no old version): if this fails, send nothing.
+	if err := s.Write(ctx, rec, nil); err != nil {
 		log.Fatal(err)
 	}
 
@@ -46,9 +48,13 @@ func ExampleOpenDir() {
 		fmt.Println("resume", r.Name, r.Key)
 	}
 
-	rec.State, rec.UpdatedAt = persist.StateSucceeded, created.Add(time.Second)
-	rec.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
-	if err := s.Save(ctx, rec); err != nil {
+	// The outcome replaces the version written above, only if it is
+	// still the stored one.
+	done := rec.Clone()
+	done.Rev = persist.NewRev()
+	done.State, done.UpdatedAt = persist.StateSucceeded, created.Add(time.Second)
+	done.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"pay_1"}`)}
+	if err := s.Write(ctx, done, rec); err != nil {
 		log.Fatal(err)
 	}
 	// Thirty days later, delete the resolved intents last updated before then.
@@ -78,8 +84,8 @@ func ExampleFileStore_Quarantine() {
 	}
 	for _, key := range []string{"key-1", "key-2"} {
 		r := &persist.Record{Key: key, Name: "checkout:" + key, Method: "POST", URL: "https://api.example.com/v1/payments",
-			State: persist.StatePending, CreatedAt: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-		if err := s.Save(ctx, r); err != nil {
+			State: persist.StatePending, CreatedAt: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), Rev: persist.NewRev()}
+		if err := s.Write(ctx, r, nil); err != nil {
 			log.Fatal(err)
 		}
 	}

@@ -42,9 +42,6 @@ func (s *FileStore) WaitDeferred() bool {
 	}
 }
 
-// SaveShared is saveShared, for the tests of the shared save.
-var SaveShared = saveShared
-
 // FromIndex reports whether OpenDir opened s from its index rather than
 // from a scan of the directory.
 func (s *FileStore) FromIndex() bool { return s.fromIndex }

@@ -33,7 +33,7 @@ func TestWriteFailChild(t *testing.T) {
 	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 4096, Max: 4096}))
 	big := persisttest.NewRecord("k", t0)
 	big.Body = make([]byte, 64<<10)
-	err = s.Save(context.Background(), big)
+	err = persisttest.Put(context.Background(), s, big)
 	require.ErrorIs(t, err, syscall.EFBIG)
 	assert.ErrorContains(t, err, `"k"`, "the error names the intent")
 	assert.ErrorContains(t, err, dir, "the error names the directory")
@@ -56,7 +56,7 @@ func TestFileWriteFails(t *testing.T) {
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
 	want := persisttest.NewRecord("k", t0)
-	require.NoError(t, s.Save(context.Background(), want))
+	require.NoError(t, persisttest.Put(context.Background(), s, want))
 	require.NoError(t, s.Close())
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestWriteFailChild$", "-test.count=1", "-test.v")
@@ -84,7 +84,7 @@ func TestFileReadOnlyDir(t *testing.T) {
 	dir := newDir(t)
 	s := openFile(t, dir, nil)
 	want := persisttest.NewRecord("k", t0)
-	require.NoError(t, s.Save(ctx, want))
+	require.NoError(t, persisttest.Put(ctx, s, want))
 
 	if os.Geteuid() == 0 {
 		if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
@@ -98,13 +98,13 @@ func TestFileReadOnlyDir(t *testing.T) {
 
 	changed := persisttest.NewRecord("k", t0)
 	changed.State = persist.StatePending
-	err := s.Save(ctx, changed)
+	err := persisttest.Put(ctx, s, changed)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, os.ErrPermission)
 	assert.ErrorContains(t, err, `"k"`)
 	assert.ErrorContains(t, err, dir)
 	t.Log(err)
-	err = s.Save(ctx, persisttest.NewRecord("other", t0))
+	err = persisttest.Put(ctx, s, persisttest.NewRecord("other", t0))
 	assert.ErrorIs(t, err, os.ErrPermission)
 
 	got, err := s.Get(ctx, "k")
@@ -112,7 +112,7 @@ func TestFileReadOnlyDir(t *testing.T) {
 	persisttest.AssertRecord(t, want, got)
 	_, err = s.Get(ctx, "other")
 	assert.ErrorIs(t, err, persist.ErrNotFound)
-	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", recName)))
+	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", recName("k"))))
 	require.NoError(t, err)
 	assert.Contains(t, string(data), `"state":"new"`, "the file on disk is the previous version")
 }

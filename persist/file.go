@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"maps"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -20,7 +19,7 @@ import (
 )
 
 // FileStore is the default Store: one file per intent in a directory of its
-// own, each Save made durable before it returns. See the package docs for the
+// own, each Write made durable before it returns. See the package docs for the
 // layout, the durability scheme, the locking and what happens to damaged
 // files.
 //
@@ -37,7 +36,7 @@ type FileStore struct {
 	lock io.Closer
 
 	// syncs counts fsync calls, for the benchmarks; indexSyncs those
-	// made before writing the index, never on the path of a Save.
+	// made before writing the index, never on the path of a Write.
 	syncs      atomic.Int64
 	indexSyncs atomic.Int64
 	// gen counts the changes this store made to the directory's entries,
@@ -48,8 +47,6 @@ type FileStore struct {
 	// dirSync shares syncs of the directory between concurrent saves.
 	dirSync *groupSync
 
-	// claimMu makes a Claim's check and save one step among Claims.
-	claimMu sync.Mutex
 	mu      sync.Mutex
 	closed  bool
 	entries map[string]*entry // by stem of the key; stray files by "?" + name
@@ -66,7 +63,7 @@ type FileStore struct {
 	// as it is counted in inflight.
 	listing  chan struct{}
 	inflight sync.WaitGroup // methods that write, waited for by Close
-	// deferred are the saves of SaveDeferred whose directory sync is to
+	// deferred are the deferred writes (WithDeferredSync) whose directory sync is to
 	// come; flushing is set while a flush runs; flushErr is why the last
 	// one failed.
 	deferred []deferredSave
@@ -99,7 +96,7 @@ type file struct {
 
 // winsOver reports whether a, found next to b for the same key at OpenDir,
 // holds the record rather than b. A resolved file wins over an unresolved
-// one: Save removes an unresolved file after syncing its resolved version
+// one: Write removes an unresolved file after syncing its resolved version
 // in, without syncing the removal. Between files of the same resolution,
 // left only by a save that did not return, either is a valid outcome; the
 // greater name wins so that the choice is the same on every open.
@@ -174,7 +171,7 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 
 	lk, err := fsy.Lock(dir)
 	if errors.Is(err, fsys.ErrLocked) {
-		return nil, fmt.Errorf("%w: %s is open elsewhere; close the other store first or use another directory", ErrLocked, dir)
+		return nil, fmt.Errorf("%w: %s is open elsewhere (%v); close the other store first or use another directory", ErrLocked, dir, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("persist: cannot lock store directory %s: %w", dir, err)
@@ -462,88 +459,36 @@ func (s *FileStore) begin(ctx context.Context) error {
 	return nil
 }
 
-// Save writes rec durably, replacing any record with the same Key: it
+// Write writes rec durably if the stored records allow it (see Store): it
 // writes a temporary file, syncs it, renames it over the record's file and
-// syncs the directory. When Save returns an error, the record's file is the
-// previous version (or absent), except when only the final sync of the
-// directory failed: then it is the new version, complete, but perhaps not
-// yet safe from power loss, and the error says so.
+// syncs the directory. The check is made before the temporary file is
+// written, and again, in one step with the rename, after: of two writes
+// racing for one version, or for one action's next Seq, one wins. When
+// Write returns an error, the record's file is the previous version (or
+// absent), except when only the final sync of the directory failed: then
+// it is the new version, complete, but perhaps not yet safe from power
+// loss, and the error says so.
 //
 // When a record becomes resolved its file is renamed to the resolved
 // suffix: the new file is synced in, then the old one removed, at no extra
 // sync. A record that goes back from resolved to unresolved, or whose Name
 // changes (which idem's client never does), costs a third sync.
 //
-// Save refuses to replace a record that cannot be read (see CorruptError):
-// Delete or Quarantine it first.
-func (s *FileStore) Save(ctx context.Context, rec *Record) error {
-	return s.save(ctx, rec, false)
-}
-
-// claim implements claimer. Claims are serialised by the store: the
-// records of rec's Name are read and rec saved, as Save does, while no
-// other claim runs. Only a claim makes a record an action's latest, so no
-// Save in between can change the outcome of the check.
-func (s *FileStore) claim(ctx context.Context, rec *Record) error {
-	if err := checkSave(rec); err != nil {
-		return err
-	}
-	s.claimMu.Lock()
-	defer s.claimMu.Unlock()
-	recs, err := s.List(ctx, Filter{Name: rec.Name})
-	if err != nil {
-		return err
-	}
-	if r, err := s.Get(ctx, rec.Key); err == nil {
-		recs = append(recs, r)
-	} else if !errors.Is(err, ErrNotFound) {
-		return err
-	}
-	if err := claimable(recs, rec); err != nil {
-		return err
-	}
-	return s.save(ctx, rec, false)
-}
-
-// saveIf implements swapper. It is serialised with claims, saveIfs and
-// deleteIfs by the store: the stored record is read and rec saved, as Save
-// does, while none of them runs.
-func (s *FileStore) saveIf(ctx context.Context, rec, old *Record) error {
-	if err := checkSave(rec); err != nil {
-		return err
-	}
-	s.claimMu.Lock()
-	defer s.claimMu.Unlock()
-	if err := unchanged(ctx, s, old); err != nil {
-		return err
-	}
-	return s.save(ctx, rec, false)
-}
-
-// deleteIf implements swapper, serialised as saveIf is.
-func (s *FileStore) deleteIf(ctx context.Context, old *Record) error {
-	s.claimMu.Lock()
-	defer s.claimMu.Unlock()
-	return deleteUnchanged(ctx, s, old)
-}
-
-// saveDeferred implements deferredSaver. When rec's file gets a new name
+// With a ctx made by WithDeferredSync, when rec's file gets a new name
 // (the record becomes resolved, say) and the new file would win over the
-// old ones at OpenDir, it writes and syncs the new file and renames it in,
-// as Save does, but returns before the directory is synced: the sync, and
-// the removal of the old file after it, happen in the background, and
-// Close waits for them. Until then a power loss may undo the rename, and
-// the key holds its previous version, whole; the new file is never seen
-// damaged, as it is synced before the rename. Otherwise it is Save.
-func (s *FileStore) saveDeferred(ctx context.Context, rec *Record) error {
-	return s.save(ctx, rec, true)
-}
-
-func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error {
-	r, err := prepare(rec, s.opts)
-	if err != nil {
+// old ones at OpenDir, Write returns before the directory is synced: the
+// sync, and the removal of the old file after it, happen in the
+// background, and Close waits for them. Until then a power loss may undo
+// the rename, and the key holds its previous version, whole; the new file
+// is never seen damaged, as it is synced before the rename.
+//
+// Write refuses to replace a record that cannot be read (see
+// CorruptError): Quarantine it first.
+func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
+	if err := checkWrite(rec, old); err != nil {
 		return err
 	}
+	r := prepare(rec, s.opts)
 	data, err := encodeRecord(r)
 	if err != nil {
 		return err
@@ -552,14 +497,14 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 		return err
 	}
 	defer s.inflight.Done()
+	deferred := DeferredSync(ctx)
 
-	// Checked before writing; only Delete, Quarantine and Save change an
-	// entry, and none makes it unreadable.
+	// Checked before writing, to spare the write when it would lose.
 	id := stem(r.Key)
 	s.mu.Lock()
 	err = s.complete()
 	if err == nil {
-		err = s.checkReplaceable(id)
+		err = s.writableLocked(r, old)
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -577,24 +522,27 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 			s.mu.Unlock()
 		}
 	}()
+	// Checked again, in one step with the rename and the update of the
+	// entries: another write may have won since.
+	if err := s.writableLocked(r, old); err != nil {
+		_ = s.removeFile(tmp)
+		return err
+	}
 	name := fileName(r.Key, r.Name, r.State.Resolved())
 	p, _ := parseName(name)
 	nf := file{name: name, p: p}
 	path := filepath.Join(s.dir, name)
-	// The rename and the update of the entries happen under one lock, so
-	// that of two concurrent saves of one key the one renamed last is the
-	// one kept.
 	if err := s.rename(tmp, path); err != nil {
 		_ = s.removeFile(tmp)
 		return fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
 	nf.st, _ = s.fs.Stamp(path) // for the index; zero if it fails
-	old := s.entries[id]
+	prev := s.entries[id]
 	ne := &entry{files: []file{nf}, rec: r}
 	s.entries[id] = ne
 	var stale []file
-	if old != nil {
-		stale = old.stale(name)
+	if prev != nil {
+		stale = prev.stale(name)
 	}
 	if len(stale) == 0 {
 		// The common case. Any sync of the directory that starts after
@@ -650,7 +598,7 @@ func (s *FileStore) save(ctx context.Context, rec *Record, deferred bool) error 
 	return nil
 }
 
-// deferredSave is a save made by SaveDeferred whose directory sync is to
+// deferredSave is a write made with WithDeferredSync whose directory sync is to
 // come: e is the entry it made for id.
 type deferredSave struct {
 	id string
@@ -662,7 +610,7 @@ type deferredSave struct {
 // delete of the key removed them itself), until none is left; then it
 // writes the index, so that an app killed after an intent resolved opens
 // from it. It runs in its own goroutine, counted in s.inflight. If the
-// sync fails, the saves stay deferred: the next SaveDeferred or Close
+// sync fails, the saves stay deferred: the next deferred write or Close
 // tries again.
 func (s *FileStore) flush() {
 	defer s.inflight.Done()
@@ -715,18 +663,48 @@ func syncFailed(key, path string, err error) error {
 	return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", key, path, err)
 }
 
-// checkReplaceable returns an error if the record stored under id cannot
-// be read. s.mu must be held.
-func (s *FileStore) checkReplaceable(id string) error {
-	e := s.entries[id]
-	if e == nil {
-		return nil
+// writableLocked returns nil if r may be written over old (see writable),
+// judging by the stored records: the one stored with r.Key, and for a new
+// intent of a Name, every record of that Name. A record it needs that
+// cannot be read refuses the write with its *CorruptError. s.mu must be
+// held, and entries complete.
+func (s *FileStore) writableLocked(r, old *Record) error {
+	var cur *Record
+	if e := s.entries[stem(r.Key)]; e != nil {
+		s.read(e)
+		if e.corrupt != nil {
+			return fmt.Errorf("persist: not replacing intent %q: its stored version is unreadable; Quarantine it first to replace it: %w", r.Key, e.corrupt)
+		}
+		cur = e.rec
 	}
-	s.read(e)
-	if e.corrupt != nil {
-		return fmt.Errorf("persist: not replacing intent %q: its stored version is unreadable; Delete or Quarantine it first to replace it: %w", e.corrupt.Key, e.corrupt)
+	var named []*Record
+	if old == nil && r.Name != "" {
+		f := Filter{Name: r.Name}
+		tag := filterTag(f)
+		var corrupt []*CorruptError
+		for _, e := range s.entries {
+			if !e.mayHold(f, tag) {
+				continue
+			}
+			s.read(e)
+			switch {
+			case e.corrupt != nil:
+				corrupt = append(corrupt, e.corrupt)
+			case e.rec.Name == r.Name:
+				named = append(named, e.rec)
+			}
+		}
+		if len(corrupt) > 0 {
+			// An unreadable record may be the action's latest.
+			return joinCorrupt(corrupt)
+		}
 	}
-	return nil
+	err := writable(r, old, cur, named)
+	var ce *ConflictError
+	if errors.As(err, &ce) {
+		ce.Current = ce.Current.Clone()
+	}
+	return err
 }
 
 // writeTemp writes data to a new temporary file in the directory and syncs
@@ -847,9 +825,13 @@ func joinCorrupt(cs []*CorruptError) error {
 	return errors.Join(errs...)
 }
 
-// Delete removes the record for key, readable or not, and syncs the
-// directory. Deleting an absent key is not an error.
-func (s *FileStore) Delete(ctx context.Context, key string) error {
+// Delete removes the record stored with old.Key if it is old's version,
+// and syncs the directory. No record stored is not an error. A record
+// that cannot be read is not deleted: Quarantine moves it aside.
+func (s *FileStore) Delete(ctx context.Context, old *Record) error {
+	if err := checkDelete(old); err != nil {
+		return err
+	}
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -859,19 +841,28 @@ func (s *FileStore) Delete(ctx context.Context, key string) error {
 		s.mu.Unlock()
 		return err
 	}
-	id := stem(key)
+	id := stem(old.Key)
 	e := s.entries[id]
 	if e == nil {
 		s.mu.Unlock()
 		return nil
 	}
+	s.read(e)
+	if e.corrupt != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("persist: not deleting intent %q: its stored version is unreadable; Quarantine it: %w", old.Key, e.corrupt)
+	}
+	if err := deletable(old, e.rec); err != nil {
+		s.mu.Unlock()
+		return &ConflictError{Key: old.Key, Current: e.rec.Clone()}
+	}
 	err := s.remove(id, e)
 	s.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", key, err)
+		return fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", old.Key, err)
 	}
 	if err := s.syncDir(); err != nil {
-		return fmt.Errorf("persist: deleted intent %q in %s, but it may come back after a power loss (directory sync failed): %w", key, s.dir, err)
+		return fmt.Errorf("persist: deleted intent %q in %s, but it may come back after a power loss (directory sync failed): %w", old.Key, s.dir, err)
 	}
 	return nil
 }
@@ -886,51 +877,6 @@ func (s *FileStore) remove(id string, e *entry) error {
 	}
 	delete(s.entries, id)
 	return nil
-}
-
-// pruneFunc implements funcPruner: see PruneFunc. It reads the files of
-// resolved records it has not read yet, removes the files under the
-// store's lock and syncs the directory once.
-func (s *FileStore) pruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
-	if err := s.begin(ctx); err != nil {
-		return 0, err
-	}
-	defer s.inflight.Done()
-	var errs []error
-	var corrupt []*CorruptError
-	n := 0
-	s.mu.Lock()
-	if err := s.complete(); err != nil {
-		s.mu.Unlock()
-		return 0, err
-	}
-	// In a fixed order, so that a run is the same every time.
-	for _, id := range slices.Sorted(maps.Keys(s.entries)) {
-		e := s.entries[id]
-		if !e.files[0].p.resolved && e.corrupt == nil {
-			continue // unresolved: never pruned
-		}
-		s.read(e)
-		if e.corrupt != nil {
-			corrupt = append(corrupt, e.corrupt)
-			continue
-		}
-		if !e.rec.State.Resolved() || !drop(e.rec) {
-			continue
-		}
-		if err := s.remove(id, e); err != nil {
-			errs = append(errs, fmt.Errorf("persist: cannot prune intent %q: %w", e.rec.Key, err))
-			continue
-		}
-		n++
-	}
-	s.mu.Unlock()
-	if n > 0 {
-		if err := s.syncDir(); err != nil {
-			errs = append(errs, fmt.Errorf("persist: pruned %d intents in %s, but they may come back after a power loss (directory sync failed): %w", n, s.dir, err))
-		}
-	}
-	return n, errors.Join(append(errs, joinCorrupt(corrupt))...)
 }
 
 // Quarantine moves the damaged file at path, the Path of a *CorruptError

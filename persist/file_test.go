@@ -22,8 +22,8 @@ import (
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// recName is the Name of the records persisttest.NewRecord makes.
-var recName = persisttest.NewRecord("k", t0).Name
+// recName is the Name of the record persisttest.NewRecord makes for key.
+func recName(key string) string { return persisttest.NewRecord(key, t0).Name }
 
 // newDir returns a directory for a store that does not exist yet:
 // t.TempDir itself may have mode 0755, which OpenDir refuses.
@@ -47,7 +47,7 @@ func openFile(t testing.TB, dir string, opts *persist.Options) *persist.FileStor
 
 func TestFileConformance(t *testing.T) {
 	t.Parallel()
-	persisttest.Run(t, func(t *testing.T) persist.Store { return withMethods{openFile(t, newDir(t), nil)} })
+	persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
 }
 
 func TestFileReopen(t *testing.T) {
@@ -59,7 +59,7 @@ func TestFileReopen(t *testing.T) {
 	want := []*persist.Record{persisttest.NewRecord("a", t0), persisttest.NewRecord("b", t0.Add(time.Second))}
 	want[1].State, want[1].Response = persist.StateFailed, &persist.Response{StatusCode: 402, Body: []byte("no funds")}
 	for _, r := range want {
-		require.NoError(t, s.Save(ctx, r))
+		require.NoError(t, persisttest.Put(ctx, s, r))
 	}
 	require.NoError(t, s.Close())
 
@@ -79,12 +79,12 @@ func TestFilePermissions(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(newDir(t), "a", "store")
 	s := openFile(t, dir, nil)
-	require.NoError(t, s.Save(context.Background(), persisttest.NewRecord("k", t0)))
+	require.NoError(t, persisttest.Put(context.Background(), s, persisttest.NewRecord("k", t0)))
 
 	fi, err := os.Stat(dir)
 	require.NoError(t, err)
 	assert.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "directory")
-	for _, name := range []string{persist.FileName("k", recName), "LOCK"} {
+	for _, name := range []string{persist.FileName("k", recName("k")), "LOCK"} {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if name == "LOCK" && errors.Is(err, fs.ErrNotExist) {
 			continue // the directory itself is locked
@@ -141,12 +141,12 @@ func TestFileClosed(t *testing.T) {
 	s, err := persist.OpenDir(newDir(t), nil)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
-	assert.ErrorIs(t, s.Save(ctx, persisttest.NewRecord("k", t0)), persist.ErrClosed)
+	assert.ErrorIs(t, persisttest.Put(ctx, s, persisttest.NewRecord("k", t0)), persist.ErrClosed)
 	_, err = s.Get(ctx, "k")
 	assert.ErrorIs(t, err, persist.ErrClosed)
 	_, err = s.List(ctx, persist.Filter{})
 	assert.ErrorIs(t, err, persist.ErrClosed)
-	assert.ErrorIs(t, s.Delete(ctx, "k"), persist.ErrClosed)
+	assert.ErrorIs(t, deleteKey(ctx, s, "k"), persist.ErrClosed)
 	_, err = persist.PruneFunc(ctx, s, updatedBefore(t0))
 	assert.ErrorIs(t, err, persist.ErrClosed)
 }
@@ -164,7 +164,7 @@ func TestFileCloseWaits(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { errs[i] = s.Save(ctx, persisttest.NewRecord(fmt.Sprint(i), t0)) })
+		wg.Go(func() { errs[i] = persisttest.Put(ctx, s, persisttest.NewRecord(fmt.Sprint(i), t0)) })
 	}
 	require.NoError(t, s.Close())
 	wg.Wait()
@@ -186,14 +186,14 @@ func TestCanceledContext(t *testing.T) {
 	cancel()
 	stores := map[string]persist.Store{"memory": persist.NewMemory(nil), "file": openFile(t, newDir(t), nil)}
 	for name, s := range stores {
-		assert.ErrorIs(t, s.Save(ctx, persisttest.NewRecord("k", t0)), context.Canceled, name)
+		assert.ErrorIs(t, persisttest.Put(ctx, s, persisttest.NewRecord("k", t0)), context.Canceled, name)
 		_, err := s.Get(context.Background(), "k")
 		assert.ErrorIs(t, err, persist.ErrNotFound, "%s: a canceled save stores nothing", name)
 		_, err = s.Get(ctx, "k")
 		assert.ErrorIs(t, err, context.Canceled, name)
 		_, err = s.List(ctx, persist.Filter{})
 		assert.ErrorIs(t, err, context.Canceled, name)
-		assert.ErrorIs(t, s.Delete(ctx, "k"), context.Canceled, name)
+		assert.ErrorIs(t, deleteKey(ctx, s, "k"), context.Canceled, name)
 		_, err = persist.PruneFunc(ctx, s, updatedBefore(t0))
 		assert.ErrorIs(t, err, context.Canceled, name)
 	}
@@ -209,7 +209,7 @@ func TestDiscardResponseBodies(t *testing.T) {
 		r := persisttest.NewRecord("k", t0)
 		r.State = persist.StateSucceeded
 		r.Response = &persist.Response{StatusCode: 201, Header: map[string][]string{"X": {"1"}}, Body: []byte("secret-card-token"), Replayed: true}
-		require.NoError(t, s.Save(ctx, r))
+		require.NoError(t, persisttest.Put(ctx, s, r))
 		got, err := s.Get(ctx, "k")
 		require.NoError(t, err)
 		want := r.Clone()
@@ -217,7 +217,7 @@ func TestDiscardResponseBodies(t *testing.T) {
 		persisttest.AssertRecord(t, want, got)
 		assert.Equal(t, []byte("secret-card-token"), r.Response.Body, "%s: the caller's record is not changed", name)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, persist.ResolvedFileName("k", recName)))
+	data, err := os.ReadFile(filepath.Join(dir, persist.ResolvedFileName("k", recName("k"))))
 	require.NoError(t, err)
 	assert.NotContains(t, string(data), "secret", "the body is not on disk")
 	assert.NotContains(t, string(data), "c2VjcmV0", "the body is not on disk in base64")
@@ -253,7 +253,7 @@ func TestFileCorrupt(t *testing.T) {
 			write(t, path, []byte(`{"version":7,"key":{"id":1},"state":3}`))
 		}, true},
 		{"key of another file", func(t *testing.T, path string, _ []byte) {
-			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1", recName)))
+			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1", recName("good-1"))))
 			require.NoError(t, err)
 			write(t, path, other)
 		}, false},
@@ -283,10 +283,10 @@ func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
 	for i, k := range []string{"good-0", victim, "good-1"} {
-		require.NoError(t, s.Save(ctx, persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))))
+		require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))))
 	}
 	require.NoError(t, s.Close())
-	path := filepath.Join(dir, persist.FileName(victim, recName))
+	path := filepath.Join(dir, persist.FileName(victim, recName(victim)))
 	good, err := os.ReadFile(path)
 	require.NoError(t, err)
 	damage(t, path, good)
@@ -316,7 +316,7 @@ func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []
 
 	_, err = s.Get(ctx, victim)
 	assert.ErrorAs(t, err, &ce, "Get")
-	err = s.Save(ctx, persisttest.NewRecord(victim, t0))
+	err = persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0))
 	assert.ErrorAs(t, err, &ce, "Save refuses to replace an unreadable record")
 	n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(1000*time.Hour)))
 	assert.ErrorAs(t, err, &ce, "Prune reports the damage")
@@ -324,12 +324,16 @@ func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []
 	after, _ := os.ReadFile(path)
 	assert.Equal(t, damaged, after, "the damaged file is left as it was")
 
-	require.NoError(t, s.Delete(ctx, victim), "an explicit Delete removes it")
+	assert.ErrorAs(t, s.Delete(ctx, &persist.Record{Key: victim, Rev: "any"}), &ce, "Delete refuses an unreadable record: it has no version to compare")
+	after, _ = os.ReadFile(path)
+	assert.Equal(t, damaged, after, "the damaged file is left as it was")
+	_, err = s.Quarantine(ctx, path)
+	require.NoError(t, err, "Quarantine moves it aside")
 	_, err = os.Lstat(path)
 	assert.ErrorIs(t, err, fs.ErrNotExist)
 	_, err = s.List(ctx, persist.Filter{})
 	assert.NoError(t, err)
-	assert.NoError(t, s.Save(ctx, persisttest.NewRecord(victim, t0)), "and then it can be saved")
+	assert.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0)), "and then it can be saved")
 }
 
 func TestFileIgnoresOtherFiles(t *testing.T) {
@@ -338,7 +342,7 @@ func TestFileIgnoresOtherFiles(t *testing.T) {
 	dir := newDir(t)
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.Save(ctx, persisttest.NewRecord("k", t0)))
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("k", t0)))
 	require.NoError(t, s.Close())
 
 	// What a crash leaves between writing a temporary file and renaming it,
@@ -382,10 +386,10 @@ func TestFileRenameFails(t *testing.T) {
 	ctx := context.Background()
 	dir := newDir(t)
 	s := openFile(t, dir, nil)
-	path := filepath.Join(dir, persist.FileName("k", recName))
+	path := filepath.Join(dir, persist.FileName("k", recName("k")))
 	require.NoError(t, os.MkdirAll(filepath.Join(path, "x"), 0o700))
 
-	err := s.Save(ctx, persisttest.NewRecord("k", t0))
+	err := persisttest.Put(ctx, s, persisttest.NewRecord("k", t0))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, path)
 	assert.ErrorContains(t, err, `"k"`)
@@ -405,22 +409,22 @@ func TestFileSyncs(t *testing.T) {
 	dir := newDir(t)
 	s := openFile(t, dir, nil)
 	r := persisttest.NewRecord("k", t0)
-	require.NoError(t, s.Save(ctx, r))
+	require.NoError(t, persisttest.Put(ctx, s, r))
 	assert.Equal(t, int64(2), s.Syncs(), "after a save")
 	r.Attempts = 1
-	require.NoError(t, s.Save(ctx, r))
+	require.NoError(t, persisttest.Put(ctx, s, r))
 	assert.Equal(t, int64(4), s.Syncs(), "after saving it again")
 	r.State = persist.StateSucceeded
-	require.NoError(t, s.Save(ctx, r))
+	require.NoError(t, persisttest.Put(ctx, s, r))
 	assert.Equal(t, int64(6), s.Syncs(), "after saving it resolved")
-	assert.Equal(t, []string{persist.ResolvedFileName("k", recName)}, dirNames(t, dir), "the unresolved file is gone")
+	assert.Equal(t, []string{persist.ResolvedFileName("k", recName("k"))}, dirNames(t, dir), "the unresolved file is gone")
 	r.State = persist.StatePending
-	require.NoError(t, s.Save(ctx, r))
+	require.NoError(t, persisttest.Put(ctx, s, r))
 	assert.Equal(t, int64(9), s.Syncs(), "after saving it unresolved again")
-	assert.Equal(t, []string{persist.FileName("k", recName)}, dirNames(t, dir), "the resolved file is gone")
-	require.NoError(t, s.Delete(ctx, "k"))
+	assert.Equal(t, []string{persist.FileName("k", recName("k"))}, dirNames(t, dir), "the resolved file is gone")
+	require.NoError(t, deleteKey(ctx, s, "k"))
 	assert.Equal(t, int64(10), s.Syncs(), "after a delete")
-	require.NoError(t, s.Delete(ctx, "k"))
+	require.NoError(t, deleteKey(ctx, s, "k"))
 	assert.Equal(t, int64(10), s.Syncs(), "deleting an absent key")
 	assert.Equal(t, []string(nil), dirNames(t, dir))
 }
@@ -438,14 +442,14 @@ func TestFileTwin(t *testing.T) {
 			s, err := persist.OpenDir(dir, nil)
 			require.NoError(t, err)
 			r := persisttest.NewRecord("k", t0)
-			require.NoError(t, s.Save(ctx, r))
-			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", recName)))
+			require.NoError(t, persisttest.Put(ctx, s, r))
+			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", recName("k"))))
 			require.NoError(t, err)
 			resolved := r.Clone()
 			resolved.State = persist.StateSucceeded
-			require.NoError(t, s.Save(ctx, resolved))
+			require.NoError(t, persisttest.Put(ctx, s, resolved))
 			require.NoError(t, s.Close())
-			write(t, filepath.Join(dir, persist.FileName("k", recName)), old)
+			write(t, filepath.Join(dir, persist.FileName("k", recName("k"))), old)
 
 			s = openFile(t, dir, nil)
 			got, err := s.Get(ctx, "k")
@@ -460,13 +464,13 @@ func TestFileTwin(t *testing.T) {
 
 			switch next {
 			case "save resolved":
-				require.NoError(t, s.Save(ctx, resolved))
-				assert.Equal(t, []string{persist.ResolvedFileName("k", recName)}, dirNames(t, dir))
+				require.NoError(t, persisttest.Put(ctx, s, resolved))
+				assert.Equal(t, []string{persist.ResolvedFileName("k", recName("k"))}, dirNames(t, dir))
 			case "save unresolved":
-				require.NoError(t, s.Save(ctx, r))
-				assert.Equal(t, []string{persist.FileName("k", recName)}, dirNames(t, dir))
+				require.NoError(t, persisttest.Put(ctx, s, r))
+				assert.Equal(t, []string{persist.FileName("k", recName("k"))}, dirNames(t, dir))
 			case "delete":
-				require.NoError(t, s.Delete(ctx, "k"))
+				require.NoError(t, deleteKey(ctx, s, "k"))
 				assert.Equal(t, []string(nil), dirNames(t, dir))
 			case "prune":
 				n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(time.Hour)))
@@ -491,10 +495,10 @@ func TestFileLazyResolved(t *testing.T) {
 		if k != "a" {
 			r.State = persist.StateSucceeded
 		}
-		require.NoError(t, s.Save(ctx, r))
+		require.NoError(t, persisttest.Put(ctx, s, r))
 	}
 	require.NoError(t, s.Close())
-	path := filepath.Join(dir, persist.ResolvedFileName("b", recName))
+	path := filepath.Join(dir, persist.ResolvedFileName("b", recName("b")))
 	write(t, path, []byte(`{"version":1,"key":"b"`))
 
 	s = openFile(t, dir, nil)
@@ -511,7 +515,7 @@ func TestFileLazyResolved(t *testing.T) {
 	assert.Len(t, all, 2)
 	_, err = s.Get(ctx, "b")
 	assert.ErrorAs(t, err, &ce)
-	assert.ErrorAs(t, s.Save(ctx, persisttest.NewRecord("b", t0)), &ce, "not replaced")
+	assert.ErrorAs(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0)), &ce, "not replaced")
 	unresolved, err = s.List(ctx, persist.Filter{Unresolved: true})
 	assert.NoError(t, err, "the damaged file's name says it holds a resolved record, which this filter does not select")
 	assert.Len(t, unresolved, 1)

@@ -27,7 +27,7 @@ const (
 	// indexMagic starts every index file; the byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 1
+	indexVersion = 2
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -476,6 +476,7 @@ func (e *encoder) stamp(st fsys.Stamp) {
 func (e *encoder) record(r *Record) {
 	e.v(int64(r.Version))
 	e.str(r.Key)
+	e.str(r.Rev)
 	e.str(r.Name)
 	e.str(r.Method)
 	e.str(r.URL)
@@ -674,7 +675,7 @@ func (d *decoder) stamp() fsys.Stamp {
 // record decodes a record and checks it as decodeRecord does.
 func (d *decoder) record() *Record {
 	r := &Record{
-		Version: int(d.v()), Key: d.str(), Name: d.str(), Method: d.str(), URL: d.str(),
+		Version: int(d.v()), Key: d.str(), Rev: d.str(), Name: d.str(), Method: d.str(), URL: d.str(),
 		Header: d.header(), Body: d.bytes(), Fingerprint: d.str(), KeyHeader: d.str(), Seq: d.uv(),
 		CreatedAt: d.time(), UpdatedAt: d.time(), State: State(d.str()), Attempts: int(d.v()),
 	}

@@ -110,7 +110,7 @@ func indexStore(t *testing.T) (dir string, unresolved []*persist.Record) {
 		} else {
 			unresolved = append(unresolved, r)
 		}
-		require.NoError(t, s.Save(ctx, r))
+		require.NoError(t, persisttest.Put(ctx, s, r))
 	}
 	require.NoError(t, s.Close())
 	return dir, unresolved
@@ -151,7 +151,7 @@ func TestIndexStaleIsNotTrusted(t *testing.T) {
 	o, err := persist.OpenDir(other, nil)
 	require.NoError(t, err)
 	late := persisttest.NewRecord("late", t0.Add(time.Minute))
-	require.NoError(t, o.Save(ctx, late))
+	require.NoError(t, persisttest.Put(ctx, o, late))
 	require.NoError(t, o.Close())
 	data, err := os.ReadFile(filepath.Join(other, persist.FileName("late", late.Name)))
 	require.NoError(t, err)
@@ -171,7 +171,7 @@ func TestIndexFileChangedInPlace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, _ := indexStore(t)
-	path := filepath.Join(dir, persist.FileName("u-2", recName))
+	path := filepath.Join(dir, persist.FileName("u-2", recName("u-2")))
 	write(t, path, []byte("{"))
 	s := openFile(t, dir, nil)
 	assert.True(t, s.FromIndex())
@@ -255,7 +255,7 @@ func TestIndexSameTick(t *testing.T) {
 	mem := strictfs.New()
 	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.Save(ctx, persisttest.NewRecord("a", t0)))
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
 	require.NoError(t, s.Close())
 	dirAt, err := mem.Stamp(powerDir)
 	require.NoError(t, err)
@@ -265,7 +265,7 @@ func TestIndexSameTick(t *testing.T) {
 	s, err = persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
 	require.True(t, s.FromIndex())
-	require.NoError(t, s.Save(ctx, persisttest.NewRecord("b", t0.Add(time.Second))))
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
 	// Killed, not closed: the index still describes the directory before b.
 	mem.Restart(rand.New(rand.NewPCG(1, 2)))
 	coarse := &pinnedFS{FS: mem, pins: map[string]fsys.Stamp{
@@ -312,8 +312,8 @@ func TestIndexFileChangedWhileOpen(t *testing.T) {
 	dir, _ := indexStore(t)
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.Save(ctx, persisttest.NewRecord("u-4", t0.Add(time.Hour))))
-	path := filepath.Join(dir, persist.FileName("u-2", recName))
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("u-4", t0.Add(time.Hour))))
+	path := filepath.Join(dir, persist.FileName("u-2", recName("u-2")))
 	write(t, path, []byte("{"))
 	require.NoError(t, s.Close())
 
@@ -404,7 +404,7 @@ func TestIndexFileSameSizeAndTime(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, unresolved := indexStore(t)
-			path := filepath.Join(dir, persist.FileName("u-2", recName))
+			path := filepath.Join(dir, persist.FileName("u-2", recName("u-2")))
 			fi, err := os.Stat(path)
 			require.NoError(t, err)
 			data, err := os.ReadFile(path)
@@ -535,7 +535,7 @@ func indexedFS(t *testing.T) (*strictfs.FS, *persist.Record) {
 	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
 	r := persisttest.NewRecord("a", t0)
-	require.NoError(t, s.Save(context.Background(), r))
+	require.NoError(t, persisttest.Put(context.Background(), s, r))
 	// A temporary file a crash left, which the listing at open removes.
 	f, err := mem.CreateTemp(powerDir, ".tmp-*")
 	require.NoError(t, err)
@@ -564,7 +564,7 @@ func TestIndexListingInBackground(t *testing.T) {
 		assert.Equal(t, []string{"a"}, keys(got))
 		close(gate)
 		synctest.Wait()
-		require.NoError(t, s.Save(ctx, persisttest.NewRecord("b", t0.Add(time.Second))))
+		require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
 		assert.Equal(t, 1, l.listed(), "the save listed the directory again")
 		got, err = s.List(ctx, persist.Filter{})
 		require.NoError(t, err)
@@ -621,9 +621,9 @@ func TestIndexFilesInTheirOrder(t *testing.T) {
 	require.NoError(t, err)
 	done := unresolved[0].Clone()
 	done.State, done.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201, Body: []byte("{}")}
-	require.NoError(t, o.Save(ctx, done))
+	require.NoError(t, persisttest.Put(ctx, o, done))
 	require.NoError(t, o.Close())
-	name := persist.ResolvedFileName("u-1", recName)
+	name := persist.ResolvedFileName("u-1", recName("u-1"))
 	data, err := os.ReadFile(filepath.Join(other, name))
 	require.NoError(t, err)
 	write(t, filepath.Join(dir, name), data)
@@ -652,4 +652,39 @@ func TestIndexFilesInTheirOrder(t *testing.T) {
 	list, err := s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"u-2", "u-3"}, keys(list))
+}
+
+// TestIndexNewIntentWaitsForTheListing: a store opened from its index
+// knows an action's resolved records only once its directory is listed.
+// The write of a new intent waits for that listing, so that it is never
+// taken for the action's latest over a resolved intent the index does not
+// hold.
+func TestIndexNewIntentWaitsForTheListing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		mem := strictfs.New()
+		s, err := persist.OpenDirFS(mem, powerDir, nil)
+		require.NoError(t, err)
+		paid := persisttest.NewRecord("paid", t0)
+		paid.Seq, paid.Rev = 5, persist.NewRev()
+		paid.State, paid.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+		require.NoError(t, s.Write(ctx, paid, nil))
+		require.NoError(t, s.Close()) // the index holds the unresolved records: none
+
+		gate := make(chan struct{})
+		l := &listFS{FS: mem, dir: powerDir, gate: gate, done: make(chan struct{})}
+		s, err = persist.OpenDirFS(l, powerDir, nil)
+		require.NoError(t, err)
+		require.True(t, s.FromIndex())
+		stale := persisttest.NewRecord("stale", t0.Add(time.Second))
+		stale.Name, stale.Seq, stale.Rev = paid.Name, 3, persist.NewRev()
+		done := make(chan error, 1)
+		go func() { done <- s.Write(ctx, stale, nil) }()
+		synctest.Wait()
+		close(gate)
+		var ce *persist.ConflictError
+		require.ErrorAs(t, <-done, &ce, "an intent below the action's paid one")
+		assert.True(t, persist.SameVersion(ce.Current, paid), "the refusal names the paid intent: %+v", ce.Current)
+		require.NoError(t, s.Close())
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 )
 
@@ -16,7 +15,7 @@ type memory struct {
 	recs map[string]*Record
 	// names holds the keys of each Name's records, so that an action's
 	// intents are found without reading every record the store keeps.
-	names map[string][]string
+	names map[string]map[string]struct{}
 }
 
 // NewMemory returns an empty Store that keeps records in memory only: they
@@ -26,56 +25,68 @@ type memory struct {
 //
 // The store copies records on the way in and out, and normalizes them as a
 // FileStore does, so that a test against it sees what the file store would
-// return. Like a FileStore, it claims, changes and deletes records with
-// Claim, SaveIf and DeleteIf, and prunes them, each in one step under its
-// lock. It is safe for concurrent use by multiple goroutines.
-//
-// A wrapper of it that embeds the Store (struct{ persist.Store }) has only
-// Save, Get, List and Delete: the functions Claim, SaveIf and DeleteIf
-// then work through a List or a Get and a Save, made one step among the
-// calls of this process by one lock of the package, which serialises them
-// with every other such store's. Give such a wrapper the methods listed on
-// Store, each calling the function of the same name on the store it wraps,
-// and it claims under the memory store's own lock.
+// return. Each Write and Delete checks and changes under the store's lock,
+// in one step. A Write with WithDeferredSync keeps the caller's headers and
+// bodies rather than copying them. It is safe for concurrent use by
+// multiple goroutines.
 func NewMemory(opts *Options) Store {
-	m := &memory{recs: make(map[string]*Record), names: make(map[string][]string)}
+	m := &memory{recs: make(map[string]*Record), names: make(map[string]map[string]struct{})}
 	if opts != nil {
 		m.opts = *opts
 	}
 	return m
 }
 
-// Save stores a copy of rec, replacing any record with the same Key.
-func (m *memory) Save(ctx context.Context, rec *Record) error {
+// Write stores a copy of rec if the stored records allow it (see Store).
+func (m *memory) Write(ctx context.Context, rec, old *Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	r, err := prepare(rec, m.opts)
-	if err != nil {
+	if err := checkWrite(rec, old); err != nil {
 		return err
 	}
-	m.put(r)
-	return nil
-}
-
-// saveShared is Save for the package's saveShared: it keeps rec's headers and bodies
-// rather than copying them.
-func (m *memory) saveShared(ctx context.Context, rec *Record) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	var r *Record
+	if DeferredSync(ctx) {
+		r = prepareShared(rec, m.opts)
+	} else {
+		r = prepare(rec, m.opts)
 	}
-	r, err := prepareShared(rec, m.opts)
-	if err != nil {
-		return err
-	}
-	m.put(r)
-	return nil
-}
-
-func (m *memory) put(r *Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	var named []*Record
+	if old == nil && r.Name != "" {
+		named = m.namedLocked(r.Name)
+	}
+	if err := writable(r, old, m.recs[r.Key], named); err != nil {
+		var ce *ConflictError
+		if errors.As(err, &ce) {
+			ce.Current = ce.Current.Clone()
+		}
+		return err
+	}
 	m.setLocked(r)
+	return nil
+}
+
+// Delete removes the record stored with old.Key if it is old's version.
+func (m *memory) Delete(ctx context.Context, old *Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkDelete(old); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, ok := m.recs[old.Key]
+	if !ok {
+		return nil
+	}
+	if err := deletable(old, cur); err != nil {
+		return &ConflictError{Key: old.Key, Current: cur.Clone()}
+	}
+	m.removeLocked(old.Key)
+	return nil
 }
 
 // setLocked stores r in place of any record with its Key, and keeps the
@@ -90,7 +101,12 @@ func (m *memory) setLocked(r *Record) {
 		m.unnameLocked(old)
 	}
 	if r.Name != "" {
-		m.names[r.Name] = append(m.names[r.Name], r.Key)
+		keys := m.names[r.Name]
+		if keys == nil {
+			keys = make(map[string]struct{})
+			m.names[r.Name] = keys
+		}
+		keys[r.Key] = struct{}{}
 	}
 }
 
@@ -103,21 +119,16 @@ func (m *memory) removeLocked(key string) {
 	}
 }
 
+// unnameLocked removes r from its Name's keys, in constant time: pruning
+// many records of one Name costs each of them once.
 func (m *memory) unnameLocked(r *Record) {
 	if r.Name == "" {
 		return
 	}
 	keys := m.names[r.Name]
-	for i, k := range keys {
-		if k == r.Key {
-			keys = append(keys[:i], keys[i+1:]...)
-			break
-		}
-	}
+	delete(keys, r.Key)
 	if len(keys) == 0 {
 		delete(m.names, r.Name)
-	} else {
-		m.names[r.Name] = keys
 	}
 }
 
@@ -125,88 +136,10 @@ func (m *memory) unnameLocked(r *Record) {
 func (m *memory) namedLocked(name string) []*Record {
 	keys := m.names[name]
 	out := make([]*Record, 0, len(keys))
-	for _, k := range keys {
+	for k := range keys {
 		out = append(out, m.recs[k])
 	}
 	return out
-}
-
-// claim implements claimer: the check and the save happen under the
-// store's lock.
-func (m *memory) claim(ctx context.Context, rec *Record) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	r, err := prepare(rec, m.opts)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var same []*Record
-	if r.Name != "" {
-		same = m.namedLocked(r.Name)
-	}
-	if o, ok := m.recs[r.Key]; ok && (r.Name == "" || o.Name != r.Name) {
-		same = append(same, o)
-	}
-	if err := claimable(same, r); err != nil {
-		var ce *ConflictError
-		if errors.As(err, &ce) {
-			ce.Current = ce.Current.Clone()
-		}
-		return err
-	}
-	m.setLocked(r)
-	return nil
-}
-
-// saveIf implements swapper: the check and the save happen under the
-// store's lock.
-func (m *memory) saveIf(ctx context.Context, rec, old *Record) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	r, err := prepare(rec, m.opts)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.unchangedLocked(old); err != nil {
-		return err
-	}
-	m.setLocked(r)
-	return nil
-}
-
-// deleteIf implements swapper: the check and the delete happen under the
-// store's lock.
-func (m *memory) deleteIf(ctx context.Context, old *Record) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.recs[old.Key]; !ok {
-		return nil
-	}
-	if err := m.unchangedLocked(old); err != nil {
-		return err
-	}
-	m.removeLocked(old.Key)
-	return nil
-}
-
-func (m *memory) unchangedLocked(old *Record) error {
-	cur, ok := m.recs[old.Key]
-	if !ok {
-		return &ConflictError{Key: old.Key}
-	}
-	if !sameVersion(cur, old) {
-		return &ConflictError{Key: old.Key, Current: cur.Clone()}
-	}
-	return nil
 }
 
 // Get returns a copy of the record for key, or an error matching
@@ -234,7 +167,7 @@ func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	m.mu.Lock()
 	var out []*Record
 	if f.Name != "" {
-		for _, k := range m.names[f.Name] {
+		for k := range m.names[f.Name] {
 			if r := m.recs[k]; f.match(r) {
 				out = append(out, r.Clone())
 			}
@@ -249,52 +182,4 @@ func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	m.mu.Unlock()
 	sortRecords(out)
 	return out, nil
-}
-
-// Delete removes the record for key, if there is one.
-func (m *memory) Delete(ctx context.Context, key string) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.removeLocked(key)
-	return nil
-}
-
-// pruneFunc implements funcPruner: see PruneFunc.
-func (m *memory) pruneFunc(ctx context.Context, drop func(*Record) bool) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n := 0
-	var touched map[string]bool
-	for k, r := range m.recs {
-		if r.State.Resolved() && drop(r) {
-			delete(m.recs, k)
-			n++
-			if r.Name != "" {
-				if touched == nil {
-					touched = make(map[string]bool)
-				}
-				touched[r.Name] = true
-			}
-		}
-	}
-	// Each touched Name's keys are filtered once, not searched once per
-	// record dropped.
-	for name := range touched {
-		keys := slices.DeleteFunc(m.names[name], func(k string) bool {
-			r, ok := m.recs[k]
-			return !ok || r.Name != name
-		})
-		if len(keys) == 0 {
-			delete(m.names, name)
-		} else {
-			m.names[name] = keys
-		}
-	}
-	return n, nil
 }

@@ -7,19 +7,12 @@ import (
 )
 
 // TestMutants requires the power-cut test to kill the mutants of the file
-// store's durability rules, and the conformance suite those of its rules
-// for two Clients on one store. TestPowerCutCatchesMutants drops the steps of
+// store's durability rules, the conformance suite those of its rules for
+// two writers on one store, and TestFileLock that of the lock. TestPowerCutCatchesMutants drops the steps of
 // the scheme below the store, in the file system it writes through; these
 // rows change the store's own code.
 func TestMutants(t *testing.T) {
 	mutant.Test(t, []mutant.Mutant{
-		{
-			Name: "fallback-claim-not-one-step", File: "persist/claim.go",
-			Note:    "Claim on a store without one-step methods lists and saves without the process's lock, so two Clients of one app both arm an intent for one action",
-			Anchor:  "\toneStep.Lock()\n\tdefer oneStep.Unlock()\n\trecs, err := s.List(ctx, Filter{Name: rec.Name})\n",
-			Replace: "\trecs, err := s.List(ctx, Filter{Name: rec.Name})\n",
-			Pkg:     ".", Run: "^TestTwoClientsOnAStoreWithoutOneStepMethodsMakeOneKeyPerAction$",
-		},
 		{
 			Name: "dir-not-synced-after-rename", File: "persist/file.go",
 			Note:    "Save returns before the directory sync that makes its rename durable",
@@ -104,26 +97,59 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "save-before-scan", File: "persist/file.go",
-			Note:    "a Save after an OpenDir from the index writes without knowing the key's resolved files, which then win over it",
-			Anchor:  "\terr = s.complete()\n\tif err == nil {\n\t\terr = s.checkReplaceable(id)\n\t}\n",
-			Replace: "\terr = s.checkReplaceable(id)\n",
-			Pkg:     "./persist", Run: "^TestPowerCut$",
-			// Seed 2 kills it.
-			Env: []string{"IDEM_POWERCUTS=1000"},
+			Note:    "a write after an OpenDir from the index checks the action's records without waiting for the listing of the directory, so a new intent is taken for the latest over a resolved one the index does not hold",
+			Anchor:  "\terr = s.complete()\n\tif err == nil {\n\t\terr = s.writableLocked(r, old)\n\t}\n",
+			Replace: "\terr = s.writableLocked(r, old)\n",
+			Pkg:     "./persist", Run: "^TestIndexNewIntentWaitsForTheListing$",
 		},
 		{
-			Name: "file-save-if-unchecked", File: "persist/file.go",
-			Note:    "SaveIf saves over a record another client changed since it was read",
-			Anchor:  "\tif err := unchanged(ctx, s, old); err != nil {\n\t\treturn err\n\t}\n\treturn s.save(ctx, rec, false)\n",
-			Replace: "\treturn s.save(ctx, rec, false)\n",
+			Name: "write-if-version-unchecked", File: "persist/claim.go",
+			Note:    "a write replaces the stored record whatever its version: a client that took an intent over to send it is overwritten by one that read it before",
+			Anchor:  "\t\tif cur == nil || old.Rev == \"\" || cur.Rev != old.Rev {\n",
+			Replace: "\t\tif cur == nil {\n",
+			Pkg:     "./persist", Run: "^TestMemoryConformance$",
+		},
+		{
+			Name: "new-intent-unchecked", File: "persist/claim.go",
+			Note:    "a write of a new intent wins whatever its action holds: two clients both make an intent for one action",
+			Anchor:  "\tif !lost {\n",
+			Replace: "\tif true || !lost {\n",
+			Pkg:     "./persist", Run: "^TestMemoryConformance$",
+		},
+		{
+			Name: "file-write-check-not-at-rename", File: "persist/file.go",
+			Note:    "a file store checks a write only before writing its temporary file, not in one step with the rename: of two racing writes both win",
+			Anchor:  "\tif err := s.writableLocked(r, old); err != nil {\n\t\t_ = s.removeFile(tmp)\n\t\treturn err\n\t}\n",
+			Replace: "",
 			Pkg:     "./persist", Run: "^TestFileConformance$",
 		},
 		{
-			Name: "memory-delete-if-unchecked", File: "persist/memory.go",
-			Note:    "DeleteIf deletes a record another client took over since it was read",
-			Anchor:  "\tif err := m.unchangedLocked(old); err != nil {\n\t\treturn err\n\t}\n\tm.removeLocked(old.Key)\n",
-			Replace: "\tm.removeLocked(old.Key)\n",
+			Name: "delete-if-version-unchecked", File: "persist/claim.go",
+			Note:    "a delete removes the stored record whatever its version: an intent another client took over is deleted",
+			Anchor:  "\tif cur != nil && cur.Rev != old.Rev {\n",
+			Replace: "\tif false {\n",
 			Pkg:     "./persist", Run: "^TestMemoryConformance$",
+		},
+		{
+			Name: "version-by-fields", File: "persist/claim.go",
+			Note:    "a writer recognises its write on re-read by the record's fields, not its Rev: another writer's version that looks alike is taken for its own",
+			Anchor:  "\treturn a != nil && b != nil && a.Rev != \"\" && a.Key == b.Key && a.Rev == b.Rev\n",
+			Replace: "\treturn a != nil && b != nil && a.Key == b.Key && a.State == b.State && a.UpdatedAt.Equal(b.UpdatedAt)\n",
+			Pkg:     "./persist", Run: "^TestMemoryConformance$",
+		},
+		{
+			Name: "version-not-new", File: "persist/claim.go",
+			Note:    "a write may keep the Rev of the version it replaces, so that its result cannot be told on re-read",
+			Anchor:  "\tif old.Rev == rec.Rev {\n",
+			Replace: "\tif false {\n",
+			Pkg:     "./persist", Run: "^TestMemoryConformance$",
+		},
+		{
+			Name: "earlier-builds-lock-ignored", File: "persist/internal/fsys/lock_flock.go",
+			Note:    "OpenDir locks the directory but not its LOCK file, which a process of the build before 797e7fd holds: two writers on one store",
+			Anchor:  "\tf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)\n\tif err == nil {\n\t\tif err = flock(f); err != nil {\n",
+			Replace: "\tf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)\n\tif err == nil {\n\t\tif false {\n",
+			Pkg:     "./persist", Run: "^TestFileLock$",
 		},
 		{
 			Name: "memory-renamed-record-kept-under-old-name", File: "persist/memory.go",

@@ -89,8 +89,13 @@ type Response struct {
 
 // Record is one intent as stored. Key is its identity in a Store.
 type Record struct {
-	// Version is the encoding version; stores set it on Save.
+	// Version is the encoding version; stores set it on Write.
 	Version int `json:"version"`
+	// Rev is this version of the record: a unique value its writer
+	// chooses (NewRev) before each Write, so that a write whose result is
+	// unknown is recognised when the record is read back, and so that a
+	// conditional Write or Delete names the version it replaces.
+	Rev string `json:"rev"`
 	// Key is the Idempotency-Key, sent unchanged on every attempt.
 	Key string `json:"key"`
 	// Name groups the intents of one user action ("checkout:cart-42"), so an
@@ -131,8 +136,8 @@ type Record struct {
 	// release reads it as a succeeded intent without a body.
 	Tombstone bool `json:"tombstone,omitempty"`
 	// Holder names the client that armed the intent or last took it over
-	// to send it (see SaveIf): a client may tell that an armed intent was
-	// never sent only while the stored record is the version it wrote.
+	// to send it: a client may tell that an armed intent was never sent
+	// only while the stored record is the version it wrote.
 	// Empty in records written before it existed; an older release
 	// ignores it.
 	Holder string `json:"holder,omitempty"`
@@ -189,7 +194,7 @@ func cloneBytes(b []byte) []byte {
 	return append([]byte(nil), b...)
 }
 
-// Validate reports what is wrong with r, or nil. Stores call it on Save and
+// Validate reports what is wrong with r, or nil. Stores call it on Write and
 // after decoding, so a record that makes no sense is never sent.
 func (r *Record) Validate() error {
 	switch {
@@ -205,6 +210,8 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("persist: record %s has no creation time", r.Key)
 	case strings.IndexFunc(r.KeyHeader, func(c rune) bool { return c < 0x20 || c > 0x7e }) >= 0:
 		return fmt.Errorf("persist: record %s has a key header value that is not printable ASCII", r.Key)
+	case len(r.Rev) > maxRev || strings.IndexFunc(r.Rev, func(c rune) bool { return c <= 0x20 || c > 0x7e }) >= 0:
+		return fmt.Errorf("persist: record %s has a version (Rev) that is not up to %d printable ASCII characters without spaces", r.Key, maxRev)
 	}
 	return nil
 }
@@ -235,48 +242,54 @@ func (f Filter) match(r *Record) bool {
 // Records passed in and handed out are copies: a caller may change them
 // freely. Every method honours ctx where it may block.
 //
-// A record reads back as saved, with Version set, except that a store may
+// A record reads back as written, with Version set, except that a store may
 // return times in another location (UTC) without their monotonic reading,
 // and empty headers and bodies as nil. The stores of this package do both;
 // the suite in persisttest checks every store against this contract.
 //
-// A store may also have these methods, which the functions of the same
-// names use when it does; each does in one step what the function
-// otherwise does in several (the stores of this package do so through
-// methods of their own):
+// Every change is conditional. Write and Delete check the stored record
+// and change it in one step, so that two writers sharing the store (two
+// Clients of one app, or two processes on one FileStore directory in
+// turn) never both win. There is no unconditional write a wrapper could
+// override alone: a wrapper that embeds a Store and changes records on
+// their way in (one that encrypts them, say) overrides Write, and the
+// package's functions all go through it.
 //
-//   - Claim(ctx, rec *Record) error: see Claim; the check of the action's
-//     latest intent and the save are one step.
-//   - SaveIf(ctx, rec, old *Record) error and DeleteIf(ctx, old *Record)
-//     error: see SaveIf and DeleteIf; they change or delete a record only
-//     if it is still old's version.
-//   - PruneFunc(ctx, drop func(*Record) bool) (int, error): see
-//     PruneFunc; drop is called with the store's lock held and must not
-//     call the store.
-//   - SaveDeferred(ctx, rec *Record) error: see SaveDeferred; the record
-//     is read back, and survives the process being killed, at once, and
-//     becomes durable in the background (Close waits for that); a power
-//     loss before then leaves the key's previous version whole.
-//
-// Claim, SaveIf and DeleteIf refuse with a *ConflictError.
-//
-// A wrapper that embeds a *FileStore has the FileStore's own methods,
-// unexported as they are, and the functions use them: they write through
-// the FileStore, not through the wrapper's Save. A wrapper that changes
-// records on their way in or out (one that encrypts them, say) defines the
-// methods above itself. A wrapper that embeds a Store interface has none
-// of them (see NewMemory). Without them, the functions read and then
-// write under one lock of this process: two Clients of one app on such a
-// store are arbitrated; two processes sharing it are not.
+// A version is a record's Rev: a unique value its writer chooses (NewRev)
+// for each write. A writer whose Write returned an error, or no answer,
+// tells whether it landed by reading the record back: the stored Rev is
+// its own, or another's (see SameVersion).
 type Store interface {
-	// Save writes rec, replacing any record with the same Key. It rejects
-	// a record that fails Validate. When Save returns nil the record
-	// survives a crash of the process and, for durable stores, power loss.
-	// When it returns an error, the caller must not send the intent: the
-	// previous version of the record (if any) is intact, or, if the store
-	// says so in the error, the new version is complete but not yet known
-	// to be durable. A half-written record is never visible.
-	Save(ctx context.Context, rec *Record) error
+	// Write stores rec, in one step with a check of what is stored:
+	//
+	//   - old == nil: no record with rec.Key is stored, and, if rec has a
+	//     Name, every stored record of that Name has a Seq lower than
+	//     rec.Seq. rec becomes its action's latest intent (see Claim).
+	//   - old != nil: the record stored with rec.Key (old.Key must be
+	//     rec.Key) has old's Rev. rec replaces it.
+	//
+	// Otherwise Write stores nothing and returns a *ConflictError: for
+	// old == nil it holds the action's latest record (the record with
+	// rec.Key if there is one and rec has no Name), for old != nil the
+	// stored record, nil if none is.
+	//
+	// rec.Rev must be set, and differ from old's: it is how this write is
+	// recognised later. Write rejects a record that fails Validate.
+	//
+	// When Write returns nil the record survives a crash of the process
+	// and, for durable stores, power loss. When it returns an error the
+	// caller must not act on the record as written: either the previous
+	// version is intact or, if the store says so in the error (a sync of
+	// a durable store failed), rec is complete but not yet known to be
+	// durable. A half-written record is never visible. A caller that must
+	// know reads the record back and compares its Rev.
+	Write(ctx context.Context, rec, old *Record) error
+	// Delete removes the record stored with old.Key if it has old's Rev,
+	// in one step with that check; otherwise it deletes nothing and
+	// returns a *ConflictError holding the stored record. No record
+	// stored with old.Key is not an error: a delete retried after one
+	// that landed succeeds.
+	Delete(ctx context.Context, old *Record) error
 	// Get returns the record for key, or an error matching ErrNotFound, or a
 	// *CorruptError if it cannot be read.
 	Get(ctx context.Context, key string) (*Record, error)
@@ -288,9 +301,6 @@ type Store interface {
 	// tell f does not select (FileStore can tell a record's resolution and
 	// a hash of its Name from the file's name).
 	List(ctx context.Context, f Filter) ([]*Record, error)
-	// Delete removes the record for key. Deleting an absent key is not an
-	// error.
-	Delete(ctx context.Context, key string) error
 }
 
 // ErrNotFound is returned by Get for a key that has no record.

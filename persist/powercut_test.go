@@ -3,6 +3,7 @@ package persist_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -297,14 +298,14 @@ func (r *powerRun) step(s *persist.FileStore) error {
 	case x < 12:
 		rec, want := r.version(key)
 		r.pending[key] = append(r.pending[key], want)
-		err := s.Save(ctx, rec)
+		err := overwrite(ctx, s, rec)
 		r.logf("save %.8s #%d %s %s: %v", key, rec.Attempts, rec.Name, rec.State, err)
 		return r.done(err, key)
 	case x < 16:
 		rec, want := r.version(key)
 		r.pending[key] = append(r.pending[key], want)
 		prev, undone := r.acked[key], r.undone[key]
-		err := persist.SaveDeferred(ctx, s, rec)
+		err := overwrite(persist.WithDeferredSync(ctx), s, rec)
 		r.logf("save deferred %.8s #%d %s %s: %v", key, rec.Attempts, rec.Name, rec.State, err)
 		if err := r.done(err, key); err != nil {
 			return err
@@ -325,7 +326,7 @@ func (r *powerRun) step(s *persist.FileStore) error {
 		return nil
 	case x < 19:
 		r.pending[key] = append(r.pending[key], nil)
-		err := s.Delete(ctx, key)
+		err := deleteKey(ctx, s, key)
 		r.logf("delete %.8s: %v", key, err)
 		return r.done(err, key)
 	default:
@@ -381,11 +382,15 @@ func (r *powerRun) version(key string) (rec, want *persist.Record) {
 		UpdatedAt:   time.Unix(int64(r.op), 0),
 		State:       allStates[r.rng.IntN(len(allStates))],
 		Attempts:    r.op,
+		// Above every earlier version, so that a new key's write is its
+		// action's latest intent.
+		Seq: uint64(r.op),
+		Rev: fmt.Sprintf("rev-%d", r.op),
 	}
 	if rec.State.Resolved() {
 		rec.Response = &persist.Response{StatusCode: 201, Body: []byte(`{"id":"` + strconv.Itoa(r.op) + `"}`)}
 	}
-	if err := r.norm.Save(context.Background(), rec); err != nil {
+	if err := overwrite(context.Background(), r.norm, rec); err != nil {
 		panic(err)
 	}
 	want, err := r.norm.Get(context.Background(), key)
@@ -393,6 +398,19 @@ func (r *powerRun) version(key string) (rec, want *persist.Record) {
 		panic(err)
 	}
 	return rec, want
+}
+
+// overwrite writes rec over the version s holds of its key, or as a new
+// intent if it holds none.
+func overwrite(ctx context.Context, s persist.Store, rec *persist.Record) error {
+	cur, err := s.Get(ctx, rec.Key)
+	if errors.Is(err, persist.ErrNotFound) {
+		cur, err = nil, nil
+	}
+	if err != nil {
+		return err
+	}
+	return s.Write(ctx, rec, cur)
 }
 
 // verify reopens the store after a restart and checks every key against
@@ -500,7 +518,7 @@ func TestPowerCutQuarantine(t *testing.T) {
 				t.Fatal(err)
 			}
 			good, _ := (&powerRun{rng: rand.New(rand.NewPCG(seed, 0)), norm: persist.NewMemory(nil)}).version("good")
-			if err := s.Save(ctx, good); err != nil {
+			if err := s.Write(ctx, good, nil); err != nil {
 				t.Fatal(err)
 			}
 			name := persist.FileName("bad", "checkout:a")

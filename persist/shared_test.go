@@ -2,6 +2,7 @@ package persist_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 func sharedRecord() *persist.Record {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 5, time.FixedZone("AZT", 4*3600))
 	return &persist.Record{
-		Key: "k1", KeyHeader: "k1", Seq: 3, Method: http.MethodPost, URL: "https://x/pay",
+		Key: "k1", Rev: "rev-1", KeyHeader: "k1", Seq: 3, Method: http.MethodPost, URL: "https://x/pay",
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1}`),
 		CreatedAt: now, UpdatedAt: now, State: persist.StateSucceeded,
 		Clocks:   &persist.Clocks{Mark: now, ArmMark: now},
@@ -23,18 +24,24 @@ func sharedRecord() *persist.Record {
 	}
 }
 
-// TestSaveSharedMemory: a record saved with SaveShared reads back as one
-// saved with Save, the caller's record is left as it was, and Get still
-// hands out copies.
-func TestSaveSharedMemory(t *testing.T) {
+// shared writes rec to s as a new intent, with WithDeferredSync: the
+// memory store keeps rec's headers and bodies without copying them.
+func shared(ctx context.Context, s persist.Store, rec *persist.Record) error {
+	return s.Write(persist.WithDeferredSync(ctx), rec, nil)
+}
+
+// TestDeferredWriteMemory: a record written with WithDeferredSync reads
+// back as one written without, the caller's record is left as it was,
+// and Get still hands out copies.
+func TestDeferredWriteMemory(t *testing.T) {
 	ctx := context.Background()
-	viaSave, viaShared := persist.NewMemory(nil), persist.NewMemory(nil)
-	require.NoError(t, viaSave.Save(ctx, sharedRecord()))
+	viaWrite, viaShared := persist.NewMemory(nil), persist.NewMemory(nil)
+	require.NoError(t, viaWrite.Write(ctx, sharedRecord(), nil))
 	rec := sharedRecord()
-	require.NoError(t, persist.SaveShared(ctx, viaShared, rec))
+	require.NoError(t, shared(ctx, viaShared, rec))
 	assert.Equal(t, sharedRecord(), rec, "the caller's record is not changed")
 
-	want, err := viaSave.Get(ctx, "k1")
+	want, err := viaWrite.Get(ctx, "k1")
 	require.NoError(t, err)
 	got, err := viaShared.Get(ctx, "k1")
 	require.NoError(t, err)
@@ -48,66 +55,86 @@ func TestSaveSharedMemory(t *testing.T) {
 	again, err := viaShared.Get(ctx, "k1")
 	require.NoError(t, err)
 	assert.Equal(t, want, again, "Get hands out copies")
-	assert.Equal(t, sharedRecord(), rec, "nor do changes to them reach the saved record")
+	assert.Equal(t, sharedRecord(), rec, "nor do changes to them reach the written record")
 }
 
-// TestSaveSharedDiscardsBodies: the store's options apply to the stored
+// TestDeferredWriteDiscardsBodies: the store's options apply to the stored
 // record, and never to the caller's.
-func TestSaveSharedDiscardsBodies(t *testing.T) {
+func TestDeferredWriteDiscardsBodies(t *testing.T) {
 	ctx := context.Background()
 	s := persist.NewMemory(&persist.Options{DiscardResponseBodies: true})
 	rec := sharedRecord()
-	require.NoError(t, persist.SaveShared(ctx, s, rec))
+	require.NoError(t, shared(ctx, s, rec))
 	got, err := s.Get(ctx, "k1")
 	require.NoError(t, err)
 	assert.Nil(t, got.Response.Body)
 	assert.Equal(t, []byte("ok"), rec.Response.Body)
 }
 
-// TestSaveSharedRefuses: SaveShared refuses what Save refuses.
-func TestSaveSharedRefuses(t *testing.T) {
+// TestDeferredWriteRefuses: a deferred write refuses what any write
+// refuses.
+func TestDeferredWriteRefuses(t *testing.T) {
 	ctx := context.Background()
 	s := persist.NewMemory(nil)
 	bad := sharedRecord()
 	bad.State = "done"
-	require.Error(t, persist.SaveShared(ctx, s, bad))
+	require.Error(t, shared(ctx, s, bad))
 	far := sharedRecord()
 	far.CreatedAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
-	require.Error(t, persist.SaveShared(ctx, s, far))
-	require.Error(t, persist.SaveShared(ctx, s, nil))
+	require.Error(t, shared(ctx, s, far))
+	require.Error(t, shared(ctx, s, nil))
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
-	require.ErrorIs(t, persist.SaveShared(canceled, s, sharedRecord()), context.Canceled)
+	require.ErrorIs(t, shared(canceled, s, sharedRecord()), context.Canceled)
 	_, err := s.Get(ctx, "k1")
 	require.ErrorIs(t, err, persist.ErrNotFound)
 }
 
-// savingStore is a Store that counts its Saves; it wraps a memory store,
-// as a wrapper might.
-type savingStore struct {
+// writingStore is a Store that counts its Writes; it wraps a memory
+// store, as a wrapper might.
+type writingStore struct {
 	persist.Store
-	saves int
+	writes int
 }
 
-func (s *savingStore) Save(ctx context.Context, rec *persist.Record) error {
-	s.saves++
-	return s.Store.Save(ctx, rec)
+func (s *writingStore) Write(ctx context.Context, rec, old *persist.Record) error {
+	s.writes++
+	return s.Store.Write(ctx, rec, old)
 }
 
-// TestSaveSharedOtherStores: any other store gets the record through its
-// Save, even one that wraps a memory store.
-func TestSaveSharedOtherStores(t *testing.T) {
-	s := &savingStore{Store: persist.NewMemory(nil)}
-	require.NoError(t, persist.SaveShared(context.Background(), s, sharedRecord()))
-	assert.Equal(t, 1, s.saves)
+// TestDeferredWriteThroughAWrapper: a wrapper gets a deferred write
+// through its own Write.
+func TestDeferredWriteThroughAWrapper(t *testing.T) {
+	ctx := context.Background()
+	s := &writingStore{Store: persist.NewMemory(nil)}
+	first := sharedRecord()
+	require.NoError(t, s.Write(ctx, first, nil))
+	done := sharedRecord()
+	done.Rev = "rev-2"
+	require.NoError(t, persist.SaveDeferred(ctx, s, done, first))
+	assert.Equal(t, 2, s.writes)
 }
 
-// TestSaveSharedCopiesLess: keeping the headers and bodies is the point.
-func TestSaveSharedCopiesLess(t *testing.T) {
+// TestDeferredWriteCopiesLess: keeping the headers and bodies is the
+// point.
+func TestDeferredWriteCopiesLess(t *testing.T) {
 	ctx := context.Background()
 	s := persist.NewMemory(nil)
-	rec := sharedRecord()
-	save := testing.AllocsPerRun(50, func() { _ = s.Save(ctx, rec) })
-	shared := testing.AllocsPerRun(50, func() { _ = persist.SaveShared(ctx, s, rec) })
-	assert.Less(t, shared, save/3, "Save %v allocations, SaveShared %v", save, shared)
+	recs := make([]*persist.Record, 120)
+	for i := range recs {
+		recs[i] = sharedRecord()
+		recs[i].Rev = fmt.Sprintf("rev-%d", i)
+	}
+	require.NoError(t, s.Write(ctx, recs[0], nil))
+	i := 0
+	write := func(ctx context.Context) {
+		i++
+		if err := s.Write(ctx, recs[i], recs[i-1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := testing.AllocsPerRun(50, func() { write(ctx) })
+	dctx := persist.WithDeferredSync(ctx)
+	deferred := testing.AllocsPerRun(50, func() { write(dctx) })
+	assert.Less(t, deferred, plain/3, "Write %v allocations, deferred %v", plain, deferred)
 }

@@ -346,7 +346,7 @@ func (d *device) prune() {
 	for _, rec := range recs {
 		info := d.w.intents[rec.Key]
 		if rec.State.Resolved() && rec.UpdatedAt.Before(before) && info != nil && info.reported != "" {
-			if d.store.Delete(ctx, rec.Key) != nil {
+			if d.store.Delete(ctx, rec) != nil {
 				return
 			}
 		}

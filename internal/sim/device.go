@@ -274,7 +274,7 @@ func (s *deviceStore) write(op string, do func() error) error {
 	return nil
 }
 
-func (s *deviceStore) Save(ctx context.Context, rec *persist.Record) error {
+func (s *deviceStore) Write(ctx context.Context, rec, old *persist.Record) error {
 	w := s.d.w
 	if w.faulty && rec.State.Resolved() && rec.Response != nil && w.devRNG.chance(w.cfg.Faults.rate(faultSaveAfterAnswer)) {
 		// The server answered; the disk fills up before its outcome is
@@ -282,11 +282,14 @@ func (s *deviceStore) Save(ctx context.Context, rec *persist.Record) error {
 		w.stats.fault(faultSaveAfterAnswer.Name())
 		return errDiskFull
 	}
-	return s.write("save", func() error { return s.Store.Save(ctx, rec) })
+	// A write checks the stored records first: the device may die there.
+	s.d.maybeCrash("before a store read")
+	return s.write("save", func() error { return s.Store.Write(ctx, rec, old) })
 }
 
-func (s *deviceStore) Delete(ctx context.Context, key string) error {
-	return s.write("delete", func() error { return s.Store.Delete(ctx, key) })
+func (s *deviceStore) Delete(ctx context.Context, old *persist.Record) error {
+	s.d.maybeCrash("before a store read")
+	return s.write("delete", func() error { return s.Store.Delete(ctx, old) })
 }
 
 func (s *deviceStore) Get(ctx context.Context, key string) (*persist.Record, error) {

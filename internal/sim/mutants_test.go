@@ -47,7 +47,7 @@ var mutants = []mutant.Mutant{
 		Name: "intent-saved-when-shown", File: "action.go",
 		Note:    "an intent is saved when the Pay screen shows it, so a restart settles a cart nobody tapped",
 		Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n",
-		Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n\tif err := c.store.Save(ctx, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+		Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 	},
 	{
 		Pkg: simPkg, Run: simRun,

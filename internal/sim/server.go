@@ -112,6 +112,9 @@ func newServer(w *world) *server {
 // worldClock is the server's clock: the world's true time.
 type worldClock struct{ w *world }
 
+// SinceBoot: a server has no reading of a device's sleep.
+func (worldClock) SinceBoot() (time.Duration, string, bool) { return 0, "", false }
+
 func (c worldClock) Now() time.Time { return c.w.clk.now }
 
 // Sleep lets the world run for d; the server's middleware never calls it.

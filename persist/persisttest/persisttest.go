@@ -44,13 +44,14 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"Keys", testKeys},
 		{"RejectsInvalid", testRejectsInvalid},
 		{"Concurrent", testConcurrent},
-		{"Prune", func(t *testing.T, s persist.Store) { testPrune(t, s) }},
-		{"PruneGeneric", func(t *testing.T, s persist.Store) { testPrune(t, hidePruner{s}) }},
-		{"Claim", testClaim},
-		{"ClaimOneWinner", testClaimOneWinner},
-		{"SaveIfDeleteIf", testSaveIfDeleteIf},
-		{"SaveIfDeleteIfGeneric", func(t *testing.T, s persist.Store) { testSaveIfDeleteIf(t, hideSwapper{s}) }},
-		{"SaveIfOneWinner", testSaveIfOneWinner},
+		{"Prune", testPrune},
+		{"NewIntent", testNewIntent},
+		{"NewIntentOneWinner", testNewIntentOneWinner},
+		{"WriteIfVersion", testWriteIfVersion},
+		{"WriteIfVersionOneWinner", testWriteIfVersionOneWinner},
+		{"VersionIsNew", testVersionIsNew},
+		{"UnknownResultRecognised", testUnknownResultRecognised},
+		{"DeferredWriteChecksAlike", testDeferredWriteChecksAlike},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,13 +61,54 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 	}
 }
 
-// hidePruner hides a store's one-step pruning, so that persist.PruneFunc
-// takes its generic path.
-type hidePruner struct{ persist.Store }
+// Put writes rec over whatever s holds with rec.Key, with a new Rev that
+// it sets on rec: it reads the stored version and writes against it (or
+// against none). It is for setting up tests, not how a client writes: it
+// checks nothing of what it replaces. A key not stored yet is a new
+// intent (see persist.Store's Write): rec's Seq must be above every
+// stored record of its Name.
+func Put(ctx context.Context, s persist.Store, rec *persist.Record) error {
+	for range 100 {
+		cur, err := s.Get(ctx, rec.Key)
+		if errors.Is(err, persist.ErrNotFound) {
+			cur, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
+		rec.Rev = persist.NewRev()
+		err = s.Write(ctx, rec, cur)
+		var ce *persist.ConflictError
+		if !errors.As(err, &ce) || cur == nil && ce.Current != nil && ce.Current.Key != rec.Key {
+			// Done, or refused for good: an action's later intent.
+			return err
+		}
+		// Changed since read: read again.
+	}
+	return fmt.Errorf("persisttest: %s changed under every one of 100 writes", rec.Key)
+}
 
-// hideSwapper hides a store's one-step SaveIf and DeleteIf, so that
-// persist.SaveIf and persist.DeleteIf take their generic path.
-type hideSwapper struct{ persist.Store }
+// put is Put, failing the test on an error.
+func put(t testing.TB, s persist.Store, rec *persist.Record, m ...any) {
+	t.Helper()
+	must(t, Put(context.Background(), s, rec), m...)
+}
+
+// stored returns the record s holds for key, failing the test if none.
+func stored(t testing.TB, s persist.Store, key string) *persist.Record {
+	t.Helper()
+	r, err := s.Get(context.Background(), key)
+	must(t, err, "get %s", key)
+	return r
+}
+
+// next returns a copy of r, as a writer makes its next version: with a
+// new Rev.
+func next(r *persist.Record) *persist.Record {
+	c := r.Clone()
+	c.Rev = persist.NewRev()
+	return c
+}
 
 // base is the instant most of the suite's records are created at, in a zone
 // other than UTC, so that a store that keeps the zone is not mistaken for one
@@ -74,11 +116,13 @@ type hideSwapper struct{ persist.Store }
 var base = time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.FixedZone("CET", 3600))
 
 // NewRecord returns a valid, fully populated record for key, created at
-// created, as the suite saves it. Tests of stores may use it too.
+// created, as the suite saves it: the only intent of its own action
+// ("checkout:" + key), without a Rev (Put sets one). Tests of stores may
+// use it too.
 func NewRecord(key string, created time.Time) *persist.Record {
 	return &persist.Record{
 		Key:    key,
-		Name:   "checkout:cart-42",
+		Name:   "checkout:" + key,
 		Method: http.MethodPost,
 		URL:    "https://api.example.com/v1/payments",
 		Header: http.Header{
@@ -116,6 +160,7 @@ func resolve(r *persist.Record, updated time.Time) *persist.Record {
 
 // AssertRecord checks that got is want as a store returns it: with
 // persist.FormatVersion, and equal modulo encoding (see the package docs).
+// A want without a Rev matches any Rev.
 //
 // It reports a mismatch with t.Errorf and returns false.
 func AssertRecord(t testing.TB, want, got *persist.Record) bool {
@@ -126,6 +171,9 @@ func AssertRecord(t testing.TB, want, got *persist.Record) bool {
 	}
 	w := canonical(want)
 	w.Version = persist.FormatVersion
+	if w.Rev == "" {
+		w.Rev = got.Rev
+	}
 	if g := canonical(got); !reflect.DeepEqual(w, g) {
 		t.Errorf("record %s:\n got  %s\n want %s", want.Key, show(g), show(w))
 		return false
@@ -260,12 +308,15 @@ func testRoundTrip(t *testing.T, s persist.Store) {
 			Header: http.Header{}, Body: []byte{}, Response: &persist.Response{StatusCode: 402, Header: http.Header{}, Body: []byte{}}},
 	}
 	for _, r := range recs {
-		must(t, s.Save(ctx, r), "save %s", r.Key)
+		put(t, s, r, "save %s", r.Key)
 	}
 	for _, r := range recs {
 		got, err := s.Get(ctx, r.Key)
 		must(t, err, "get %s", r.Key)
 		AssertRecord(t, r, got)
+		if got.Rev != r.Rev {
+			t.Errorf("Rev of %s: %q, want the written %q", r.Key, got.Rev, r.Rev)
+		}
 		if !got.CreatedAt.Equal(r.CreatedAt) {
 			t.Errorf("CreatedAt of %s: %v, want %v", r.Key, got.CreatedAt, r.CreatedAt)
 		}
@@ -275,12 +326,11 @@ func testRoundTrip(t *testing.T, s persist.Store) {
 func testReplace(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	v1 := NewRecord("k1", base)
+	put(t, s, v1)
 	v2 := resolve(v1, base.Add(time.Second))
-	must(t, s.Save(ctx, v1))
-	must(t, s.Save(ctx, v2))
-	got, err := s.Get(ctx, "k1")
-	must(t, err)
-	AssertRecord(t, v2, got)
+	v2.Rev = persist.NewRev()
+	must(t, s.Write(ctx, v2, v1))
+	AssertRecord(t, v2, stored(t, s, "k1"))
 	all, err := s.List(ctx, persist.Filter{})
 	must(t, err)
 	wantKeys(t, all, []string{"k1"}, "one record per key")
@@ -289,8 +339,8 @@ func testReplace(t *testing.T, s persist.Store) {
 func testCopiesNotShared(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	in := resolve(NewRecord("k1", base), base)
+	put(t, s, in)
 	want := in.Clone()
-	must(t, s.Save(ctx, in))
 
 	// Change everything the caller still holds.
 	in.Header.Set("Content-Type", "changed")
@@ -299,8 +349,7 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 	in.Response.Body[0] = 'X'
 	in.State = persist.StateFailed
 
-	got, err := s.Get(ctx, "k1")
-	must(t, err)
+	got := stored(t, s, "k1")
 	AssertRecord(t, want, got)
 
 	// Change what Get and List returned.
@@ -315,9 +364,7 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 	listed[0].Header.Set("Content-Type", "changed")
 	listed[0].Body[0] = 'X'
 
-	again, err := s.Get(ctx, "k1")
-	must(t, err)
-	AssertRecord(t, want, again)
+	AssertRecord(t, want, stored(t, s, "k1"))
 }
 
 func testListOrder(t *testing.T, s persist.Store) {
@@ -332,7 +379,7 @@ func testListOrder(t *testing.T, s persist.Store) {
 		at  time.Duration
 	}{{"d", 3 * time.Second}, {"c", time.Second}, {"a", 0}, {"e", -time.Hour}, {"b", time.Second}}
 	for _, sv := range saves {
-		must(t, s.Save(ctx, NewRecord(sv.key, base.Add(sv.at))))
+		put(t, s, NewRecord(sv.key, base.Add(sv.at)))
 	}
 	got, err := s.List(ctx, persist.Filter{})
 	must(t, err)
@@ -348,9 +395,9 @@ func testListFilters(t *testing.T, s persist.Store) {
 	for i, st := range states {
 		for _, name := range []string{"one", "two", ""} {
 			r := NewRecord(fmt.Sprintf("%s-%s", name, st), base.Add(time.Duration(i)*time.Second))
-			r.Name = name
+			r.Name, r.Seq = name, uint64(i+1)
 			r.State = st
-			must(t, s.Save(ctx, r))
+			put(t, s, r)
 		}
 	}
 	tests := []struct {
@@ -385,12 +432,14 @@ func testListFilters(t *testing.T, s persist.Store) {
 }
 
 // testListByNameFollowsChanges: a Name's list follows the records as they
-// are renamed, replaced, deleted and pruned, whichever way each was done.
+// are renamed, replaced, deleted and pruned.
 func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	ctx := context.Background()
+	seq := uint64(0)
 	named := func(key, name string, st persist.State, at time.Duration) *persist.Record {
 		r := NewRecord(key, base.Add(at))
-		r.Name, r.State = name, st
+		seq++
+		r.Name, r.State, r.Seq = name, st, seq
 		return r
 	}
 	list := func(name string, want ...string) {
@@ -399,38 +448,44 @@ func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 		must(t, err)
 		wantKeys(t, got, want)
 	}
-	must(t, s.Save(ctx, named("k1", "a", persist.StatePending, 0)))
-	must(t, s.Save(ctx, named("k2", "a", persist.StateSucceeded, time.Second)))
-	must(t, s.Save(ctx, named("k3", "a", persist.StateSucceeded, 2*time.Second)))
+	put(t, s, named("k1", "a", persist.StatePending, 0))
+	put(t, s, named("k2", "a", persist.StateSucceeded, time.Second))
+	put(t, s, named("k3", "a", persist.StateSucceeded, 2*time.Second))
 	list("a", "k1", "k2", "k3")
 
-	// Saved again under another Name, or under none.
-	must(t, s.Save(ctx, named("k1", "b", persist.StatePending, 0)))
-	must(t, s.Save(ctx, named("k3", "", persist.StateSucceeded, 2*time.Second)))
+	// Written again under another Name, or under none.
+	put(t, s, named("k1", "b", persist.StatePending, 0))
+	put(t, s, named("k3", "", persist.StateSucceeded, 2*time.Second))
 	list("a", "k2")
 	list("b", "k1")
+	// A new intent of a needs a Seq above a's records only, not above
+	// those that left it.
+	k6 := NewRecord("k6", base.Add(5*time.Second))
+	k6.Name, k6.Seq, k6.Rev = "a", 3, persist.NewRev()
+	must(t, s.Write(ctx, k6, nil), "a new intent above the records left in a")
+	must(t, s.Delete(ctx, k6))
 
-	// Changed in one step, then deleted.
-	old, err := s.Get(ctx, "k1")
-	must(t, err)
-	must(t, persist.SaveIf(ctx, s, named("k1", "a", persist.StateSucceeded, 0), old))
+	// Changed, then deleted.
+	put(t, s, named("k1", "a", persist.StateSucceeded, 0))
 	list("a", "k1", "k2")
 	list("b")
-	must(t, s.Delete(ctx, "k2"))
+	must(t, s.Delete(ctx, stored(t, s, "k2")))
 	list("a", "k1")
-	old, err = s.Get(ctx, "k1")
-	must(t, err)
-	must(t, persist.DeleteIf(ctx, s, old))
+	must(t, s.Delete(ctx, stored(t, s, "k1")))
 	list("a")
 
-	// Claimed, then pruned.
-	must(t, persist.Claim(ctx, s, named("k4", "c", persist.StateNew, 3*time.Second)))
+	// A new intent, then pruned.
+	k4 := named("k4", "c", persist.StateNew, 3*time.Second)
+	k4.Rev = persist.NewRev()
+	must(t, s.Write(ctx, k4, nil))
 	list("c", "k4")
-	must(t, s.Save(ctx, named("k4", "c", persist.StateSucceeded, 3*time.Second)))
-	_, err = persist.PruneFunc(ctx, s, func(r *persist.Record) bool { return r.Key == "k4" })
+	put(t, s, named("k4", "c", persist.StateSucceeded, 3*time.Second))
+	_, err := persist.PruneFunc(ctx, s, func(r *persist.Record) bool { return r.Key == "k4" })
 	must(t, err)
 	list("c")
-	must(t, persist.Claim(ctx, s, named("k5", "c", persist.StateNew, 4*time.Second)))
+	k5 := named("k5", "c", persist.StateNew, 4*time.Second)
+	k5.Rev = persist.NewRev()
+	must(t, s.Write(ctx, k5, nil))
 	list("c", "k5")
 }
 
@@ -443,25 +498,34 @@ func testNotFound(t *testing.T, s persist.Store) {
 	}
 }
 
+// testDelete: Delete removes the version named, leaves the others, and
+// succeeds again once it is gone (a retried delete); a version it does
+// not name, or none, deletes nothing.
 func testDelete(t *testing.T, s persist.Store) {
 	ctx := context.Background()
-	must(t, s.Save(ctx, NewRecord("k1", base)))
-	must(t, s.Save(ctx, NewRecord("k2", base)))
-	must(t, s.Delete(ctx, "k1"))
+	k1, k2 := NewRecord("k1", base), NewRecord("k2", base)
+	put(t, s, k1)
+	put(t, s, k2)
+	must(t, s.Delete(ctx, k1))
 	_, err := s.Get(ctx, "k1")
 	wantErr(t, err, persist.ErrNotFound, "deleted")
-	check(t, s.Delete(ctx, "k1"), "deleting again")
-	check(t, s.Delete(ctx, "never-saved"), "deleting an absent key")
+	check(t, s.Delete(ctx, k1), "deleting again")
+	never := NewRecord("never-saved", base)
+	never.Rev = persist.NewRev()
+	check(t, s.Delete(ctx, never), "deleting an absent key")
+	wantErr(t, s.Delete(ctx, nil), nil, "a delete without a version")
+	noRev := k2.Clone()
+	noRev.Rev = ""
+	wantErr(t, s.Delete(ctx, noRev), nil, "a delete of a record without a Rev")
 	all, err := s.List(ctx, persist.Filter{})
 	must(t, err)
 	wantKeys(t, all, []string{"k2"}, "the other record stays")
 
-	must(t, s.Save(ctx, NewRecord("k1", base)), "a deleted key can be saved again")
-	_, err = s.Get(ctx, "k1")
-	check(t, err)
+	put(t, s, k1, "a deleted key can be written again")
+	stored(t, s, "k1")
 }
 
-// testKeys saves keys that a naive file store would turn into paths
+// testKeys writes keys that a naive file store would turn into paths
 // outside its directory, or into one file for two keys.
 func testKeys(t *testing.T, s persist.Store) {
 	ctx := context.Background()
@@ -472,8 +536,7 @@ func testKeys(t *testing.T, s persist.Store) {
 		"550e8400-e29b-41d4-a716-446655440000", long + "1", long + "2", strings.Repeat("k", 1000),
 	}
 	for i, k := range ks {
-		r := NewRecord(k, base.Add(time.Duration(i)*time.Second))
-		must(t, s.Save(ctx, r), "save %q", k)
+		put(t, s, NewRecord(k, base.Add(time.Duration(i)*time.Second)), "save %q", k)
 	}
 	for i, k := range ks {
 		got, err := s.Get(ctx, k)
@@ -484,8 +547,8 @@ func testKeys(t *testing.T, s persist.Store) {
 	all, err := s.List(ctx, persist.Filter{})
 	must(t, err)
 	wantKeys(t, all, ks, "every key is its own record")
-	for _, k := range ks {
-		must(t, s.Delete(ctx, k), "delete %q", k)
+	for _, r := range all {
+		must(t, s.Delete(ctx, r), "delete %q", r.Key)
 	}
 	all, err = s.List(ctx, persist.Filter{})
 	must(t, err)
@@ -495,7 +558,7 @@ func testKeys(t *testing.T, s persist.Store) {
 func testRejectsInvalid(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	good := NewRecord("k1", base)
-	must(t, s.Save(ctx, good))
+	put(t, s, good)
 	tests := []struct {
 		name   string
 		change func(r *persist.Record)
@@ -506,25 +569,25 @@ func testRejectsInvalid(t *testing.T, s persist.Store) {
 		{"zero state", func(r *persist.Record) { r.State = "" }},
 		{"unknown state", func(r *persist.Record) { r.State = "done" }},
 		{"no creation time", func(r *persist.Record) { r.CreatedAt = time.Time{} }},
+		{"a Rev with a space", func(r *persist.Record) { r.Rev = "a b" }},
+		{"a Rev too long", func(r *persist.Record) { r.Rev = strings.Repeat("r", 65) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := good.Clone()
+			r := next(good)
 			tt.change(r)
 			wantErr(t, r.Validate(), nil, "precondition: the record is invalid")
-			wantErr(t, s.Save(ctx, r), nil)
+			wantErr(t, s.Write(ctx, r, good), nil)
 		})
 	}
-	wantErr(t, s.Save(ctx, nil), nil, "nil record")
-	got, err := s.Get(ctx, "k1")
-	must(t, err)
-	AssertRecord(t, good, got)
+	wantErr(t, s.Write(ctx, nil, good), nil, "nil record")
+	AssertRecord(t, good, stored(t, s, "k1"))
 	all, err := s.List(ctx, persist.Filter{})
 	must(t, err)
 	wantKeys(t, all, []string{"k1"}, "no invalid record was stored")
 }
 
-// testConcurrent saves, reads and lists from many goroutines at once; run
+// testConcurrent writes, reads and lists from many goroutines at once; run
 // it under -race. Each goroutine owns its keys, so the end state is known.
 func testConcurrent(t *testing.T, s persist.Store) {
 	ctx := context.Background()
@@ -535,7 +598,8 @@ func testConcurrent(t *testing.T, s persist.Store) {
 		wg.Go(func() {
 			for i := range perWorker {
 				r := NewRecord(fmt.Sprintf("w%d-%d", w, i), base.Add(time.Duration(w*perWorker+i)*time.Millisecond))
-				if err := s.Save(ctx, r); err != nil {
+				r.Rev = persist.NewRev()
+				if err := s.Write(ctx, r, nil); err != nil {
 					errs <- err
 					continue
 				}
@@ -543,7 +607,9 @@ func testConcurrent(t *testing.T, s persist.Store) {
 					errs <- err
 				}
 				if i%2 == 0 {
-					if err := s.Save(ctx, resolve(r, r.CreatedAt.Add(time.Second))); err != nil {
+					res := resolve(r, r.CreatedAt.Add(time.Second))
+					res.Rev = persist.NewRev()
+					if err := s.Write(ctx, res, r); err != nil {
 						errs <- err
 					}
 				}
@@ -579,7 +645,7 @@ func testPrune(t *testing.T, s persist.Store) {
 	add := func(key string, st persist.State, created, updated time.Time, pruned bool) {
 		r := NewRecord(key, created)
 		r.State, r.UpdatedAt = st, updated
-		must(t, s.Save(ctx, r))
+		put(t, s, r)
 		if !pruned {
 			wantLeft = append(wantLeft, key)
 		}
@@ -594,11 +660,19 @@ func testPrune(t *testing.T, s persist.Store) {
 	add("old-no-update", persist.StateSucceeded, old, time.Time{}, true)
 	add("recent-no-update", persist.StateSucceeded, recent, time.Time{}, false)
 	add("at-cutoff", persist.StateSucceeded, old, cutoff, false)
+	// Written again while pruning runs: drop judged the version it was
+	// given, which is gone by the time it would be deleted.
+	add("rewritten", persist.StateSucceeded, old, old, false)
 
 	// Aged: last updated (or, never updated, created) before the cutoff.
 	aged := func(r *persist.Record) bool {
 		if !r.State.Resolved() {
 			t.Errorf("unresolved %s passed to drop", r.Key)
+		}
+		if r.Key == "rewritten" {
+			again := stored(t, s, r.Key)
+			again.UpdatedAt = recent
+			put(t, s, again)
 		}
 		at := r.UpdatedAt
 		if at.IsZero() {
@@ -625,143 +699,247 @@ func testPrune(t *testing.T, s persist.Store) {
 	}
 }
 
-// claimRecord returns a record of action name with seq, unique by key.
+// claimRecord returns a record of action name with seq, unique by key, with
+// a Rev.
 func claimRecord(key, name string, seq uint64) *persist.Record {
 	r := NewRecord(key, base)
-	r.Name, r.Seq = name, seq
+	r.Name, r.Seq, r.Rev = name, seq, persist.NewRev()
 	return r
 }
 
-// testClaim: a claim wins only over records of its Name with lower Seq,
-// and a lost one says which record is the latest and saves nothing.
-func testClaim(t *testing.T, s persist.Store) {
+// testNewIntent: a Write without an old version wins only over records of
+// its Name with a lower Seq, and not over its own key; a lost one says
+// which record is the latest and writes nothing.
+func testNewIntent(t *testing.T, s persist.Store) {
 	ctx := context.Background()
-	must(t, persist.Claim(ctx, s, claimRecord("a1", "act", 1)), "first claim")
-	must(t, persist.Claim(ctx, s, claimRecord("b1", "other", 1)), "another action's claim")
+	must(t, s.Write(ctx, claimRecord("a1", "act", 1), nil), "first intent")
+	must(t, s.Write(ctx, claimRecord("b1", "other", 1), nil), "another action's intent")
 
-	err := persist.Claim(ctx, s, claimRecord("a1-rival", "act", 1))
-	if ce := wantConflict(t, err, "a second claim of the same seq"); ce != nil && (ce.Current == nil || ce.Current.Key != "a1") {
-		t.Errorf("lost claim names %+v as latest, want a1", ce.Current)
+	err := s.Write(ctx, claimRecord("a1-rival", "act", 1), nil)
+	if ce := wantConflict(t, err, "a second intent of the same seq"); ce != nil && (ce.Current == nil || ce.Current.Key != "a1") {
+		t.Errorf("lost write names %+v as latest, want a1", ce.Current)
 	}
 	_, err = s.Get(ctx, "a1-rival")
-	wantErr(t, err, persist.ErrNotFound, "a lost claim saves nothing")
+	wantErr(t, err, persist.ErrNotFound, "a lost write writes nothing")
+	wantConflict(t, s.Write(ctx, claimRecord("a0", "act", 0), nil), "an intent below the latest")
 
-	wantConflict(t, persist.Claim(ctx, s, claimRecord("a1", "act", 5)), "a claim of a stored key")
-	must(t, persist.Claim(ctx, s, claimRecord("a2", "act", 2)), "the next seq")
-	got, err := s.Get(ctx, "a2")
-	must(t, err)
-	if got.Seq != 2 {
-		t.Errorf("claimed record has seq %d, want 2", got.Seq)
+	wantConflict(t, s.Write(ctx, claimRecord("a1", "act", 5), nil), "a new intent of a stored key")
+	anon := claimRecord("n1", "", 0)
+	must(t, s.Write(ctx, anon, nil), "an intent of no action")
+	if ce := wantConflict(t, s.Write(ctx, claimRecord("n1", "", 0), nil), "a new intent of a stored key of no action"); ce != nil && !persist.SameVersion(ce.Current, anon) {
+		t.Errorf("lost write names %+v, want the stored n1", ce.Current)
+	}
+	must(t, s.Write(ctx, claimRecord("a2", "act", 2), nil), "the next seq")
+	if got := stored(t, s, "a2"); got.Seq != 2 {
+		t.Errorf("written record has seq %d, want 2", got.Seq)
 	}
 }
 
-// testClaimOneWinner: of claims racing for one seq, exactly one wins, if
-// the store arbitrates claims (a Claim method, see persist.Store; the
-// tests of package persist give its stores one).
-func testClaimOneWinner(t *testing.T, s persist.Store) {
-	if _, ok := s.(interface {
-		Claim(context.Context, *persist.Record) error
-	}); !ok {
-		t.Skip("the store has no Claim method")
-	}
+// testNewIntentOneWinner: two writers racing to make an action's next
+// intent (each with its own key, the same seq): exactly one wins.
+func testNewIntentOneWinner(t *testing.T, s persist.Store) {
 	ctx := context.Background()
-	const racers = 8
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	won := 0
-	for i := range racers {
-		wg.Go(func() {
-			err := persist.Claim(ctx, s, claimRecord(fmt.Sprintf("r%d", i), "act", 1))
-			if err != nil && !errors.As(err, new(*persist.ConflictError)) {
-				t.Errorf("claim: %v", err)
-			}
-			if err == nil {
-				mu.Lock()
-				won++
-				mu.Unlock()
-			}
-		})
+	for round := range 10 {
+		name := fmt.Sprintf("act-%d", round)
+		const racers = 4
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		won := 0
+		for i := range racers {
+			wg.Go(func() {
+				err := s.Write(ctx, claimRecord(fmt.Sprintf("%s-r%d", name, i), name, 1), nil)
+				if err != nil && !errors.As(err, new(*persist.ConflictError)) {
+					t.Errorf("write: %v", err)
+				}
+				if err == nil {
+					mu.Lock()
+					won++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if won != 1 {
+			t.Errorf("%d writers of %s's next intent won, want 1", won, name)
+		}
+		recs, err := s.List(ctx, persist.Filter{Name: name})
+		must(t, err)
+		wantLen(t, recs, 1)
 	}
-	wg.Wait()
-	if won != 1 {
-		t.Errorf("%d claims won, want 1", won)
-	}
-	recs, err := s.List(ctx, persist.Filter{Name: "act"})
-	must(t, err)
-	wantLen(t, recs, 1)
 }
 
-// testSaveIfDeleteIf: a record is changed or deleted only while it is the
-// version the caller read; a taken-over record (another Holder) or a gone
-// one refuses, and a refused change saves nothing.
-func testSaveIfDeleteIf(t *testing.T, s persist.Store) {
+// testWriteIfVersion: a record is changed or deleted only while it is the
+// version the caller read; a changed record (another Holder) or a gone
+// one refuses, and a refused change writes nothing.
+func testWriteIfVersion(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	armed := claimRecord("h1", "act", 1)
-	armed.State, armed.Holder = persist.StateNew, "client-a"
-	must(t, s.Save(ctx, armed), "arm")
-	read, err := s.Get(ctx, "h1")
-	must(t, err)
+	armed.Holder = "client-a"
+	must(t, s.Write(ctx, armed, nil), "arm")
+	read := stored(t, s, "h1")
 
-	taken := read.Clone()
+	taken := next(read)
 	taken.Holder, taken.UpdatedAt = "client-b", read.UpdatedAt.Add(time.Second)
-	must(t, persist.SaveIf(ctx, s, taken, read), "take over the version read")
+	must(t, s.Write(ctx, taken, read), "take over the version read")
 
-	again := read.Clone()
+	again := next(read)
 	again.Holder = "client-c"
-	wantConflict(t, persist.SaveIf(ctx, s, again, read), "a stale version's change")
-	wantConflict(t, persist.DeleteIf(ctx, s, read), "a stale version's delete")
-	got, err := s.Get(ctx, "h1")
-	must(t, err, "a refused delete deletes nothing")
+	wantConflict(t, s.Write(ctx, again, read), "a stale version's change")
+	wantConflict(t, s.Delete(ctx, read), "a stale version's delete")
+	// Only the Rev tells versions apart: everything else of the stale
+	// version is made equal to the stored one's.
+	lookalike := taken.Clone()
+	lookalike.Rev = read.Rev
+	wantConflict(t, s.Write(ctx, next(lookalike), lookalike), "a version equal but for its Rev")
+	got := stored(t, s, "h1")
 	if got.Holder != "client-b" {
 		t.Errorf("holder %q after refused changes, want client-b", got.Holder)
 	}
-	if ce := wantConflict(t, persist.DeleteIf(ctx, s, read)); ce != nil && (ce.Current == nil || ce.Current.Holder != "client-b") {
+	if ce := wantConflict(t, s.Delete(ctx, read)); ce != nil && !persist.SameVersion(ce.Current, taken) {
 		t.Errorf("refusal names %+v as the stored record, want client-b's", ce.Current)
 	}
 
-	must(t, persist.DeleteIf(ctx, s, got), "delete the stored version")
-	_, err = s.Get(ctx, "h1")
+	must(t, s.Delete(ctx, got), "delete the stored version")
+	_, err := s.Get(ctx, "h1")
 	wantErr(t, err, persist.ErrNotFound, "deleted")
-	must(t, persist.DeleteIf(ctx, s, got), "deleting what is gone")
-	if ce := wantConflict(t, persist.SaveIf(ctx, s, taken, got), "changing what is gone"); ce != nil && ce.Current != nil {
+	must(t, s.Delete(ctx, got), "deleting what is gone")
+	if ce := wantConflict(t, s.Write(ctx, next(taken), got), "changing what is gone"); ce != nil && ce.Current != nil {
 		t.Errorf("refusal names %+v as the stored record, want none", ce.Current)
 	}
 	_, err = s.Get(ctx, "h1")
-	wantErr(t, err, persist.ErrNotFound, "a refused change of a gone record saves nothing")
+	wantErr(t, err, persist.ErrNotFound, "a refused change of a gone record writes nothing")
 }
 
-// testSaveIfOneWinner: of a take-over and a delete racing for one
-// version, exactly one wins, if the store arbitrates them (SaveIf and
-// DeleteIf methods, see persist.Store).
-func testSaveIfOneWinner(t *testing.T, s persist.Store) {
-	if _, ok := s.(interface {
-		SaveIf(ctx context.Context, rec, old *persist.Record) error
-		DeleteIf(ctx context.Context, old *persist.Record) error
-	}); !ok {
-		t.Skip("the store has no SaveIf and DeleteIf methods")
-	}
+// testWriteIfVersionOneWinner: of two changes, or a change and a delete,
+// racing for one version, exactly one wins.
+func testWriteIfVersionOneWinner(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	for i := range 20 {
 		rec := claimRecord(fmt.Sprintf("w%d", i), "act", uint64(i+1))
-		rec.State, rec.Holder = persist.StateNew, "client-a"
-		must(t, s.Save(ctx, rec))
-		read, err := s.Get(ctx, rec.Key)
-		must(t, err)
-		taken := read.Clone()
+		rec.Holder = "client-a"
+		must(t, s.Write(ctx, rec, nil))
+		read := stored(t, s, rec.Key)
+		taken := next(read)
 		taken.Holder = "client-b"
-		var saveErr, delErr error
+		other := next(read)
+		other.Holder = "client-c"
+		var errA, errB error
 		var wg sync.WaitGroup
-		wg.Go(func() { saveErr = persist.SaveIf(ctx, s, taken, read) })
-		wg.Go(func() { delErr = persist.DeleteIf(ctx, s, read) })
-		wg.Wait()
-		if (saveErr == nil) == (delErr == nil) {
-			t.Fatalf("take-over: %v, delete: %v; want exactly one to win", saveErr, delErr)
-		}
-		_, err = s.Get(ctx, rec.Key)
-		if saveErr == nil {
-			must(t, err, "taken over: still stored")
+		wg.Go(func() { errA = s.Write(ctx, taken, read) })
+		if i%2 == 0 {
+			wg.Go(func() { errB = s.Delete(ctx, read) })
 		} else {
+			wg.Go(func() { errB = s.Write(ctx, other, read) })
+		}
+		wg.Wait()
+		if (errA == nil) == (errB == nil) {
+			t.Fatalf("round %d: take-over: %v, rival: %v; want exactly one to win", i, errA, errB)
+		}
+		for _, err := range []error{errA, errB} {
+			if err != nil {
+				wantConflict(t, err, "the loser")
+			}
+		}
+		got, err := s.Get(ctx, rec.Key)
+		switch {
+		case errA == nil:
+			must(t, err, "taken over: still stored")
+			if !persist.SameVersion(got, taken) {
+				t.Errorf("round %d: stored %+v, want the winner's version", i, got)
+			}
+		case i%2 == 0:
 			wantErr(t, err, persist.ErrNotFound, "deleted: gone")
+		default:
+			must(t, err)
+			if !persist.SameVersion(got, other) {
+				t.Errorf("round %d: stored %+v, want the winner's version", i, got)
+			}
 		}
 	}
+}
+
+// testVersionIsNew: a write without a Rev, or with the Rev of the version
+// it replaces, is refused and writes nothing: such a write could not be
+// recognised on re-read.
+func testVersionIsNew(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	first := claimRecord("v1", "act", 1)
+	first.Rev = ""
+	wantErr(t, s.Write(ctx, first, nil), nil, "a new intent without a Rev")
+	_, err := s.Get(ctx, "v1")
+	wantErr(t, err, persist.ErrNotFound, "nothing written")
+
+	first.Rev = persist.NewRev()
+	must(t, s.Write(ctx, first, nil))
+	same := first.Clone()
+	same.State = persist.StatePending
+	wantErr(t, s.Write(ctx, same, first), nil, "a change that keeps the Rev it replaces")
+	none := same.Clone()
+	none.Rev = ""
+	wantErr(t, s.Write(ctx, none, first), nil, "a change without a Rev")
+	if got := stored(t, s, "v1"); !persist.SameVersion(got, first) || got.State != persist.StateNew {
+		t.Errorf("refused changes wrote %+v", got)
+	}
+	other := claimRecord("v2", "act2", 1)
+	wantErr(t, s.Write(ctx, other, first), nil, "a change written over another key's version")
+	_, err = s.Get(ctx, "v2")
+	wantErr(t, err, persist.ErrNotFound, "nothing written")
+}
+
+// testUnknownResultRecognised: a writer that lost the answer of its
+// Write (a crash, a timeout) tells by reading the record back whether it
+// landed: the stored Rev is its own. Written again, the write is refused
+// with its own version as the stored one; another writer's version is
+// never taken for its own.
+func testUnknownResultRecognised(t *testing.T, s persist.Store) {
+	ctx := context.Background()
+	v1 := claimRecord("u1", "act", 1)
+	must(t, s.Write(ctx, v1, nil))
+
+	v2 := next(v1)
+	v2.State = persist.StatePending
+	_ = s.Write(ctx, v2, v1) // the answer is lost
+	if !persist.SameVersion(stored(t, s, "u1"), v2) {
+		t.Errorf("the landed write is not recognised on re-read")
+	}
+	ce := wantConflict(t, s.Write(ctx, v2, v1), "the write made again")
+	if ce != nil && !persist.SameVersion(ce.Current, v2) {
+		t.Errorf("the refusal holds %+v, want the writer's own version", ce.Current)
+	}
+
+	// Another writer moved it on: not this writer's version.
+	v3 := next(stored(t, s, "u1"))
+	v3.Holder = "other"
+	must(t, s.Write(ctx, v3, v2))
+	if persist.SameVersion(stored(t, s, "u1"), v2) {
+		t.Errorf("another writer's version is taken for this writer's")
+	}
+
+	// A new intent whose write's answer was lost.
+	n := claimRecord("u2", "act", 2)
+	_ = s.Write(ctx, n, nil)
+	if !persist.SameVersion(stored(t, s, "u2"), n) {
+		t.Errorf("the landed new intent is not recognised on re-read")
+	}
+	ce = wantConflict(t, s.Write(ctx, n, nil), "the new intent made again")
+	if ce != nil && !persist.SameVersion(ce.Current, n) {
+		t.Errorf("the refusal holds %+v, want the writer's own intent", ce.Current)
+	}
+}
+
+// testDeferredWriteChecksAlike: a write that may be synced later
+// (persist.WithDeferredSync) is checked as any other; the hint is about
+// speed only.
+func testDeferredWriteChecksAlike(t *testing.T, s persist.Store) {
+	ctx := persist.WithDeferredSync(context.Background())
+	v1 := claimRecord("d1", "act", 1)
+	must(t, s.Write(ctx, v1, nil))
+	wantConflict(t, s.Write(ctx, claimRecord("d2", "act", 1), nil), "a rival new intent")
+	v2 := resolve(v1, base.Add(time.Minute))
+	v2.Rev = persist.NewRev()
+	must(t, s.Write(ctx, v2, v1))
+	stale := resolve(v1, base.Add(2*time.Minute))
+	stale.Rev = persist.NewRev()
+	wantConflict(t, s.Write(ctx, stale, v1), "a stale version's change")
+	AssertRecord(t, v2, stored(t, s, "d1"))
 }

@@ -141,17 +141,24 @@ func finish(resp *http.Response, err error) error {
 	return nil
 }
 
-// saveOnly hides a store's SaveDeferred: every save goes through Save.
+// saveOnly hides the hint of persist.WithDeferredSync from the store it
+// wraps: every write is durable before it returns.
 type saveOnly struct{ persist.Store }
 
-// Claim keeps the store's claim of an action's latest intent.
-func (s saveOnly) Claim(ctx context.Context, rec *persist.Record) error {
-	return persist.Claim(ctx, s.Store, rec)
+func (s saveOnly) Write(ctx context.Context, rec, old *persist.Record) error {
+	return s.Store.Write(noValues{ctx}, rec, old)
 }
 
-// countingStore counts the Saves made through it, each one durable write
-// of the underlying store before it returns, and the SaveDeferreds, whose
-// directory sync runs in the background.
+// noValues is ctx without its values, among them the hint of
+// persist.WithDeferredSync.
+type noValues struct{ context.Context }
+
+func (noValues) Value(any) any { return nil }
+
+// countingStore counts the writes made through it: the durable ones, each
+// one durable write of the underlying store before it returns, and the
+// deferred ones (persist.WithDeferredSync), whose directory sync runs in
+// the background.
 type countingStore struct {
 	persist.Store
 	saves    atomic.Int64
@@ -159,18 +166,11 @@ type countingStore struct {
 	intents  atomic.Int64 // successful intents, counted by the variant
 }
 
-func (s *countingStore) Save(ctx context.Context, rec *persist.Record) error {
-	s.saves.Add(1)
-	return s.Store.Save(ctx, rec)
-}
-
-// Claim is the arming write of a named intent: one durable write.
-func (s *countingStore) Claim(ctx context.Context, rec *persist.Record) error {
-	s.saves.Add(1)
-	return persist.Claim(ctx, s.Store, rec)
-}
-
-func (s *countingStore) SaveDeferred(ctx context.Context, rec *persist.Record) error {
-	s.deferred.Add(1)
-	return persist.SaveDeferred(ctx, s.Store, rec)
+func (s *countingStore) Write(ctx context.Context, rec, old *persist.Record) error {
+	if persist.DeferredSync(ctx) {
+		s.deferred.Add(1)
+	} else {
+		s.saves.Add(1)
+	}
+	return s.Store.Write(ctx, rec, old)
 }

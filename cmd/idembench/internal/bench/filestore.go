@@ -66,6 +66,7 @@ func record(now time.Time) *persist.Record {
 		Key: uuid.NewString(), Method: http.MethodPost, URL: "http://127.0.0.1/payments",
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: paymentBody,
 		Fingerprint: strings.Repeat("ab", 32), CreatedAt: now, UpdatedAt: now, State: persist.StateNew,
+		Rev: persist.NewRev(),
 	}
 }
 
@@ -81,7 +82,7 @@ func durableSaves(ctx context.Context, dir string, n int) (SaveReport, error) {
 	start := time.Now()
 	for i := range n {
 		t0 := time.Now()
-		if err := s.Save(ctx, record(t0)); err != nil {
+		if err := s.Write(ctx, record(t0), nil); err != nil {
 			return SaveReport{}, err
 		}
 		lat[i] = time.Since(t0)
@@ -160,7 +161,7 @@ func seed(ctx context.Context, dir string, n int) error {
 		return err
 	}
 	first := record(time.Now())
-	err = s.Save(ctx, first)
+	err = s.Write(ctx, first, nil)
 	if cerr := s.Close(); err == nil {
 		err = cerr
 	}
