@@ -34,14 +34,19 @@ func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool, batch: defa
 // the database did) and the message must not be acknowledged: it will be
 // delivered again and processed then. A second delivery that arrives while
 // the first is being processed waits for it, then does nothing if it
-// committed.
+// committed. The commit is durable whatever synchronous_commit the role
+// has, unless the effect lowers it in its transaction.
 func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(ctx context.Context, tx pgx.Tx) error) (bool, error) {
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: begin: %w", id, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
-	tag, err := tx.Exec(ctx, `INSERT INTO idempotency_inbox (consumer, message_id) VALUES ($1, $2)
+	// The insert raises synchronous_commit for the transaction: the
+	// message is acknowledged once Process returns, so its record must
+	// survive a crash (see syncCommitSQL). An effect must not lower it.
+	tag, err := tx.Exec(ctx, `WITH durable AS (SELECT `+syncCommitSQL+`)
+		INSERT INTO idempotency_inbox (consumer, message_id) SELECT $1, $2 FROM durable
 		ON CONFLICT (consumer, message_id) DO NOTHING`, consumer, id)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: record its id: %w", id, err)
