@@ -33,6 +33,16 @@ const recoveringSQL = `pg_is_in_recovery()`
 var errRecovering = fmt.Errorf("the database is a standby in recovery, which may not hold the latest records; nothing was decided: %w",
 	idempotency.ErrUnavailable)
 
+// errCanceledCommit is the error of a commit that reported success after
+// its context ended (err). PostgreSQL ends a commit's wait for a
+// synchronous standby when the query is canceled (a pool that sends a
+// cancel request on a context's end), and reports the commit done with a
+// warning, though the standby may not have it: a failover may lose it. So
+// nothing may depend on it.
+func errCanceledCommit(err error) error {
+	return fmt.Errorf("the request ended while the commit was confirmed, which may then not have reached a synchronous standby: %w", err)
+}
+
 // readOnly wraps err with [idempotency.ErrUnavailable] when the database
 // refused a write because it is read-only (a standby, or
 // default_transaction_read_only): nothing was written.

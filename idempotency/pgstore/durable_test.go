@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,6 +62,9 @@ func openPool(t *testing.T, dsn string) *pgxpool.Pool {
 
 // asRole is dsn with its user replaced by role.
 func asRole(dsn, role string) string { return strings.Replace(dsn, "//postgres@", "//"+role+"@", 1) }
+
+// quiet is a logger that drops what it is given.
+var quiet = slog.New(slog.DiscardHandler)
 
 // logBuffer is a logger whose lines a test reads.
 type logBuffer struct {
@@ -334,8 +338,8 @@ func TestFailover(t *testing.T) {
 	}
 }
 
-// TestOpen (issue 32, case 1): Open refuses a database that may lose what
-// the store commits, and warns when it cannot tell.
+// TestOpen: Open refuses a database that may lose what the store commits
+// on a crash of its machine.
 func TestOpen(t *testing.T) {
 	ctx := context.Background()
 	t.Run("fsync off is refused", func(t *testing.T) {
@@ -349,39 +353,47 @@ func TestOpen(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "fsync off")
 	})
+}
 
-	long.Skip(t, "starts PostgreSQL servers and a standby of their own")
-	t.Run("full_page_writes off is a warning", func(t *testing.T) {
-		srv := startOwnServer(t, pgtest.Options{Durable: true, Settings: []string{"full_page_writes=off"}})
-		pool := openPool(t, srv.DSN("postgres"))
-		var logs logBuffer
-		_, err := Open(ctx, pool, &Options{Logger: logs.logger()})
-		require.NoError(t, err)
-		assert.Contains(t, logs.String(), "full_page_writes is off")
-	})
-
-	pair := startPair(t, pgtest.Options{Durable: true})
+// TestStandby (issue 32, case 1): a primary with fsync on and
+// full_page_writes off, and a standby made from it by pg_basebackup.
+// Open refuses an asynchronous standby unless the operator accepts the
+// risk, warns when it cannot tell; the store's reads on the standby are
+// refused, never a miss; a commit canceled while it waits for the
+// synchronous standby is never taken for durable.
+func TestStandby(t *testing.T) {
+	long.Skip(t, "starts a primary and a standby")
+	pair := startPair(t, pgtest.Options{Durable: true, Settings: []string{"full_page_writes=off"}})
+	ctx := context.Background()
 	admin := openPool(t, pair.Primary.DSN("postgres"))
 	for _, sql := range []string{"CREATE ROLE watcher LOGIN", "CREATE ROLE nobody LOGIN"} {
 		_, err := admin.Exec(ctx, sql)
 		require.NoError(t, err)
 	}
-	t.Run("an asynchronous standby is refused", func(t *testing.T) {
-		_, err := Open(ctx, admin, nil)
+	require.NoError(t, Migrate(ctx, admin))
+
+	t.Run("Open warns that full_page_writes is off", func(t *testing.T) {
+		var logs logBuffer
+		_, err := Open(ctx, admin, &Options{Replication: ReplicationAsynchronous, Logger: logs.logger()})
+		require.NoError(t, err)
+		assert.Contains(t, logs.String(), "full_page_writes is off")
+	})
+	t.Run("Open refuses an asynchronous standby", func(t *testing.T) {
+		_, err := Open(ctx, admin, &Options{Logger: quiet})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "1 standby(s) stream from the database and none is synchronous")
-		_, err = Open(ctx, admin, &Options{Replication: ReplicationSynchronous})
+		_, err = Open(ctx, admin, &Options{Replication: ReplicationSynchronous, Logger: quiet})
 		require.Error(t, err, "a declared synchronous setup without synchronous_standby_names")
 		assert.Contains(t, err.Error(), "synchronous_standby_names is empty")
 	})
 	t.Run("an operator may accept the risk of an asynchronous standby", func(t *testing.T) {
-		_, err := Open(ctx, admin, &Options{Replication: ReplicationAsynchronous})
+		_, err := Open(ctx, admin, &Options{Replication: ReplicationAsynchronous, Logger: quiet})
 		assert.NoError(t, err)
 	})
-	t.Run("pg_monitor lets a role see the standby", func(t *testing.T) {
+	t.Run("pg_monitor lets a role see that the standby is asynchronous", func(t *testing.T) {
 		_, err := admin.Exec(ctx, "GRANT pg_monitor TO watcher")
 		require.NoError(t, err)
-		_, err = Open(ctx, openPool(t, asRole(pair.Primary.DSN("postgres"), "watcher")), nil)
+		_, err = Open(ctx, openPool(t, asRole(pair.Primary.DSN("postgres"), "watcher")), &Options{Logger: quiet})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "none is synchronous")
 	})
@@ -391,35 +403,17 @@ func TestOpen(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, logs.String(), "cannot see whether any is synchronous: grant it pg_monitor")
 	})
-	t.Run("a standby is refused", func(t *testing.T) {
+	t.Run("Open refuses a standby", func(t *testing.T) {
 		_, err := Open(ctx, openPool(t, pair.Standby.DSN("postgres")), &Options{Replication: ReplicationAsynchronous})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "is a standby in recovery")
 	})
-	t.Run("a synchronous standby is accepted", func(t *testing.T) {
-		require.NoError(t, pair.MakeSynchronous())
-		var logs logBuffer
-		_, err := Open(ctx, admin, &Options{Logger: logs.logger()})
-		assert.NoError(t, err)
-		_, err = Open(ctx, admin, &Options{Replication: ReplicationSynchronous, Logger: logs.logger()})
-		assert.NoError(t, err)
-		assert.Empty(t, logs.String())
-	})
-}
 
-// TestReadsOnAStandby (issue 32): a store whose queries reach a standby
-// (after a failover, or through a pooler that sends them to a replica)
-// refuses to decide: the lookup is never a miss, and a request is a 503
-// with Retry-After, its handler not run.
-func TestReadsOnAStandby(t *testing.T) {
-	long.Skip(t, "starts a primary and a standby")
-	pair := startPair(t, pgtest.Options{})
-	ctx := context.Background()
-	primary := openPool(t, pair.Primary.DSN("postgres"))
-	require.NoError(t, Migrate(ctx, primary))
-	_, err := primary.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
+	// A store whose queries reach the standby (after a failover, or
+	// through a pooler that sends them to a replica) refuses to decide.
+	_, err := admin.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
 	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, post(newOnceServer(primary, payDirect(nil), nil), "paid", `{}`, false).Code)
+	require.Equal(t, http.StatusCreated, post(newOnceServer(admin, payDirect(nil), nil), "paid", `{}`, false).Code)
 	standby := openPool(t, pair.Standby.DSN("postgres"))
 	require.Eventually(t, func() bool {
 		var n int
@@ -427,8 +421,7 @@ func TestReadsOnAStandby(t *testing.T) {
 		return err == nil && n == 1 // the table too is replayed meanwhile
 	}, time.Minute, 10*time.Millisecond, "the standby replays the record")
 	store := New(standby, nil)
-
-	t.Run("a lookup is refused, never a miss", func(t *testing.T) {
+	t.Run("a lookup on the standby is refused, never a miss", func(t *testing.T) {
 		for _, key := range []string{"never", "paid"} {
 			rec, found, err := store.Get(ctx, idempotency.ID{Key: key}, time.Now())
 			require.ErrorIs(t, err, idempotency.ErrUnavailable, "key %s: found %v, %+v", key, found, rec)
@@ -446,22 +439,96 @@ func TestReadsOnAStandby(t *testing.T) {
 			return idempotency.New(h, idempotency.Config{Store: store, Principal: anyone})
 		}},
 	} {
-		t.Run(mode.name+": a request is a 503 with Retry-After, and its handler does not run", func(t *testing.T) {
+		t.Run(mode.name+": a request on the standby is a 503 with Retry-After, and its handler does not run", func(t *testing.T) {
 			var ran atomic.Bool
 			h := mode.h(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				ran.Store(true)
 				w.WriteHeader(http.StatusCreated)
 			}))
 			for _, key := range []string{"never", "paid"} {
-				r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
-				r.Header.Set("Idempotency-Key", key)
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, r)
+				w := post(h, key, `{}`, false)
 				assert.Equal(t, http.StatusServiceUnavailable, w.Code, "key %s: %s", key, w.Body.String())
 				assert.Equal(t, "1", w.Header().Get("Retry-After"), "key %s", key)
 				assert.NotContains(t, w.Body.String(), "nothing was done")
 			}
 			assert.False(t, ran.Load(), "the handler ran on a standby's miss")
+		})
+	}
+
+	require.NoError(t, pair.MakeSynchronous())
+	t.Run("Open accepts a synchronous standby", func(t *testing.T) {
+		var logs logBuffer
+		_, err := Open(ctx, admin, &Options{Logger: logs.logger()})
+		assert.NoError(t, err)
+		_, err = Open(ctx, admin, &Options{Replication: ReplicationSynchronous, Logger: logs.logger()})
+		assert.NoError(t, err)
+		assert.NotContains(t, logs.String(), "standby")
+	})
+
+	newAccount(t, admin) // for the inbox's messages
+	// The standby receives nothing more: every commit waits for it.
+	require.NoError(t, pair.PauseReplication())
+	cancelRequest := func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 30 * time.Second}
+		}
+	}
+	for _, c := range []struct {
+		name      string
+		configure func(*pgxpool.Config)
+		op        func(ctx context.Context, pool *pgxpool.Pool) (done bool, err error)
+	}{
+		{"an insert, pgx's default closing the connection", func(*pgxpool.Config) {},
+			func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+				_, inserted, err := New(pool, nil).Insert(ctx, inProgress("default", "worker", time.Now()))
+				return inserted, err
+			}},
+		{"an insert, the pool sending a cancel request", cancelRequest,
+			func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+				_, inserted, err := New(pool, nil).Insert(ctx, inProgress("cancel", "worker", time.Now()))
+				return inserted, err
+			}},
+		{"an inbox's message, the pool sending a cancel request", cancelRequest,
+			func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+				var ran atomic.Int32
+				return NewInbox(pool).Process(ctx, "consumer", "message", credit(&ran))
+			}},
+	} {
+		// PostgreSQL ends a commit's wait for the standby when the query
+		// is canceled, and reports the commit done with a warning, though
+		// the standby does not have it.
+		t.Run(c.name+" fails when its request ends while the commit waits for the standby", func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(pair.Primary.DSN("postgres"))
+			require.NoError(t, err)
+			c.configure(cfg)
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			type result struct {
+				done bool
+				err  error
+			}
+			waiting := count(t, admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+			done := make(chan result, 1)
+			go func() {
+				ok, err := c.op(rctx, pool)
+				done <- result{ok, err}
+			}()
+			var res result
+			require.Eventually(t, func() bool {
+				select {
+				case res = <-done:
+					t.Fatalf("done before it waited for the standby: %v, %v", res.done, res.err)
+				default:
+				}
+				return count(t, admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") > waiting
+			}, time.Minute, 10*time.Millisecond, "the commit waits for the standby")
+			cancel()
+			res = <-done
+			assert.False(t, res.done, "the request ended while the commit waited for the standby, and the store reports it done")
+			assert.ErrorIs(t, res.err, context.Canceled)
 		})
 	}
 }

@@ -216,6 +216,9 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, readOnly(err))
 		}
 		if inserted {
+			if err := ctx.Err(); err != nil {
+				return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, errCanceledCommit(err))
+			}
 			return nil, true, nil
 		}
 		if row.status == nil {
