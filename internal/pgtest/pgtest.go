@@ -18,6 +18,10 @@
 // files when the tests end. As root, the server runs as the "postgres" user,
 // since PostgreSQL refuses to run as root.
 //
+// [Start] gives a test a server of its own (to crash it, or with settings
+// of its own), and [StartPair] a primary and a standby made from it by
+// pg_basebackup, to make synchronous, cut off and fail over.
+//
 // Without a DSN and without binaries the tests that need PostgreSQL skip,
 // saying how to enable them, unless IDEM_REQUIRE_POSTGRES=1, which makes
 // them fail (CI sets it, so that CI never skips them).
