@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -352,6 +354,27 @@ func TestOpen(t *testing.T) {
 		_, err := Open(ctx, pool, nil)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "fsync off")
+	})
+
+	long.Skip(t, "starts a PostgreSQL server and a logical replication client")
+	t.Run("a logical replication sender is not a standby", func(t *testing.T) {
+		srv := startOwnServer(t, pgtest.Options{Durable: true, Settings: []string{"wal_level=logical"}})
+		recvlogical, err := srv.Tool("pg_recvlogical")
+		require.NoError(t, err)
+		conn := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port()), "-U", "postgres", "-d", "postgres", "--slot", "consumer"}
+		out, err := exec.Command(recvlogical, append(conn, "--create-slot")...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		cmd := exec.Command(recvlogical, append(conn, "--start", "-f", os.DevNull)...)
+		require.NoError(t, cmd.Start())
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		pool := openPool(t, srv.DSN("postgres"))
+		require.Eventually(t, func() bool {
+			return count(t, pool, "SELECT count(*) FROM pg_stat_replication") == 1
+		}, time.Minute, 10*time.Millisecond, "the logical sender streams")
+		var logs logBuffer
+		_, err = Open(ctx, pool, &Options{Logger: logs.logger()})
+		assert.NoError(t, err)
+		assert.Empty(t, logs.String())
 	})
 }
 

@@ -313,6 +313,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestStandby$/^a_role_that_cannot_tell", Env: pg,
 		},
 		{
+			Name: "pg-check-counts-logical-senders", File: "idempotency/pgstore/durable.go",
+			Note:    "Open counts a logical replication sender as an asynchronous standby, and refuses a server without standbys",
+			Anchor:  "AND NOT EXISTS (SELECT 1 FROM pg_replication_slots l WHERE l.active_pid = r.pid AND l.slot_type = 'logical')",
+			Replace: "AND true",
+			Pkg:     "./idempotency/pgstore", Run: "^TestOpen$/^a_logical", Env: pg,
+		},
+		{
 			Name: "pg-check-silent-on-full-page-writes", File: "idempotency/pgstore/durable.go",
 			Note:    "Open does not warn that full_page_writes is off",
 			Anchor:  "if fullPages != \"on\" {",

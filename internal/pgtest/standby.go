@@ -71,6 +71,13 @@ func (p *Pair) startStandby(opts Options) error {
 	return p.await("the standby to stream", `SELECT count(*) > 0 FROM pg_stat_replication WHERE state = 'streaming'`)
 }
 
+// Tool returns the path of the PostgreSQL client program name
+// (pg_recvlogical, psql), found as the server's binaries are.
+func (s *Server) Tool(name string) (string, error) { return tool(s.bin, name) }
+
+// Port returns the server's TCP port on 127.0.0.1.
+func (s *Server) Port() int { return s.port }
+
 // tool returns the path of the PostgreSQL program name: beside the server
 // binaries in bin, or beside the files they link to (a PATH directory may
 // hold links to initdb and postgres only), or on PATH.
