@@ -91,8 +91,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-commit-not-flushed", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce's commit does not wait for the disk (synchronous_commit off)",
-			Anchor:  "SELECT 1 / (SELECT count(*) FROM ins)::int`",
-			Replace: "SELECT 1 / (SELECT count(*) FROM ins)::int FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`",
+			Anchor:  "\tb.Queue(`SELECT ` + syncCommitSQL)\n\tb.Queue(\"COMMIT\")",
+			Replace: "\tb.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)\n\tb.Queue(\"COMMIT\")",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionSurvivesAPostgresCrash$", Env: pg,
 		},
 		{
