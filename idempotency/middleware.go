@@ -678,6 +678,18 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 			Detail: "the server holds as many idempotency records as it may; nothing was stored or done under this key, retry after the Retry-After delay"}).Write(w)
 		return
 	}
+	if errors.Is(err, ErrUnavailable) {
+		// A standby, or a database refusing writes: it must not decide
+		// "nothing was done". The client retries with the same key.
+		m.report(r, outcomeStoreError)
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store cannot decide now",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		}
+		(&Problem{Type: typeInternal, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+			Detail: "the server cannot read its idempotency records from its primary database now; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		return
+	}
 	m.report(r, outcomeStoreError)
 	if m.cfg.Logger != nil {
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idempotency: the store failed",

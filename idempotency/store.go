@@ -21,6 +21,15 @@ var ErrNotOwner = errors.New("idempotency: record is no longer held by this work
 // key unused.
 var ErrStoreFull = errors.New("idempotency: store is full")
 
+// ErrUnavailable is matched by a store's error when its database cannot
+// decide now: it is a standby in recovery (after a failover, or a pooler
+// that sent the query to a replica), or it refuses writes. A read there
+// could miss a record the primary holds, so the store refuses instead of
+// answering "nothing was done". Nothing was decided or done under the
+// key. The middleware answers 503 with Retry-After: the client retries
+// with the same key, and a primary answers it.
+var ErrUnavailable = errors.New("idempotency: the store's database cannot decide now")
+
 // fullError is an [ErrStoreFull] that says when room is expected: when the
 // oldest record expires. The middleware sends the time left as Retry-After.
 type fullError struct {

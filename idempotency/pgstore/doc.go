@@ -97,6 +97,41 @@
 // message's effect and its id commit together, so a redelivered message does
 // nothing.
 //
+// # Durability and replication
+//
+// The middleware acts on a record once its commit returns: the handler
+// runs on the IN_PROGRESS record, and the answer is sent for the
+// COMPLETED one. So each of the store's own commits (the IN_PROGRESS
+// insert, the completion, RunOnce's commit, the inbox's) raises
+// synchronous_commit to at least on inside its transaction, with
+// set_config(..., true), never a session SET, which a pooler would pass
+// to other clients: a role or server with synchronous_commit off or
+// local does not weaken them, and remote_apply is kept. RunOnce and
+// Complete raise it with the COMMIT, after the handler's or effect's
+// statements, which may have lowered it. An insert whose request ended
+// while its commit was being confirmed fails: PostgreSQL ends a commit's
+// wait for a synchronous standby when the query is canceled, and
+// reports the commit done though the standby may lack it.
+//
+// fsync and full_page_writes cannot be set per transaction. [Open] (or
+// [Store.Check] after [New]) looks at them once: fsync off is refused,
+// full_page_writes off is a warning. A failover to an asynchronous
+// standby loses the last commits, whatever the primary's settings: Open
+// refuses a server that has standbys streaming from it and none
+// synchronous, unless [Options.Replication] accepts the risk. It sees
+// whether a standby is synchronous only with pg_monitor (or
+// pg_read_all_stats), and warns without; it never sees cascaded or
+// log-shipping standbys: declare them in [Options.Replication].
+//
+// A read that decides an answer checks pg_is_in_recovery() in the same
+// statement: RunOnce's look at the key (a miss runs the work) and
+// [Store.Get] (a miss is "nothing was done"). On a standby they fail with
+// an error matching [idempotency.ErrUnavailable], and the middleware
+// answers 503 with Retry-After; so does an insert refused as read-only.
+// target_session_attrs is checked only when a connection opens, and a
+// pooler moves server connections. A deposed primary that still runs is
+// not in recovery: fencing it is the operator's job.
+//
 // # One clock
 //
 // Leases and retention are judged on the database's clock_timestamp(), read

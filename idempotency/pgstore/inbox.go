@@ -31,17 +31,23 @@ func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool, batch: defa
 // It returns true when effect ran and committed, false (and a nil error)
 // when the message had been processed already; either way the message may be
 // acknowledged. An error means nothing was recorded (the effect failed, or
-// the database did) and the message must not be acknowledged: it will be
-// delivered again and processed then. A second delivery that arrives while
-// the first is being processed waits for it, then does nothing if it
-// committed.
+// the database did), or the record may not last (ctx ended while the
+// commit waited for a synchronous standby): the message must not be
+// acknowledged. It will be delivered again, and processed then unless its
+// record lasted. A second delivery that arrives while the first is being
+// processed waits for it, then does nothing if it committed. The commit is durable whatever synchronous_commit the role
+// has, unless the effect lowers it in its transaction.
 func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(ctx context.Context, tx pgx.Tx) error) (bool, error) {
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: begin: %w", id, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
-	tag, err := tx.Exec(ctx, `INSERT INTO idempotency_inbox (consumer, message_id) VALUES ($1, $2)
+	// The insert raises synchronous_commit for the transaction: the
+	// message is acknowledged once Process returns, so its record must
+	// survive a crash (see syncCommitSQL). An effect must not lower it.
+	tag, err := tx.Exec(ctx, `WITH durable AS (SELECT `+syncCommitSQL+`)
+		INSERT INTO idempotency_inbox (consumer, message_id) SELECT $1, $2 FROM durable
 		ON CONFLICT (consumer, message_id) DO NOTHING`, consumer, id)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: record its id: %w", id, err)
@@ -54,6 +60,10 @@ func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(c
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: commit: %w", id, err)
+	}
+	if err := ctx.Err(); err != nil {
+		// Not acknowledged: a redelivery finds the record if it lasted.
+		return false, fmt.Errorf("pgstore: process message %q: %w", id, errCanceledCommit(err))
 	}
 	return true, nil
 }

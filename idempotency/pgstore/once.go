@@ -36,8 +36,9 @@ func lockKey(id idempotency.ID) int64 {
 // transaction: READ COMMITTED gives it a snapshot taken after the lock, so
 // a worker that held the lock and committed is seen. It returns the store's
 // now, and the key's record (all NULL when there is none) with whether it
-// is live.
-var lockAndReadSQL = nowSQL(3) + ` SELECT t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
+// is live, after whether the server is a standby in recovery (whose miss
+// would run the work again).
+var lockAndReadSQL = nowSQL(3) + ` SELECT ` + recoveringSQL + `, t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
 	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
 
 // takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction if
@@ -78,7 +79,10 @@ SELECT 1 / (SELECT count(*) FROM ins)::int`
 // transaction-scoped advisory lock without waiting
 // (pg_try_advisory_xact_lock) and reads the record; when the key is free, it
 // runs do with the transaction in its context ([Tx]), inserts the
-// COMPLETED record and commits: one commit, one flush. The effect must go
+// COMPLETED record and commits: one commit, one flush, made durable
+// whatever synchronous_commit the role or the handler chose (see
+// [syncCommitSQL]). On a standby in recovery nothing runs, and the error
+// matches [idempotency.ErrUnavailable]. The effect must go
 // through that transaction only: a second connection would not see the
 // uncommitted work, and its writes would not roll back with it. When the
 // lock is held, the transaction ends at once and the connection goes back
@@ -115,9 +119,9 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// it a snapshot taken after the lock, so a worker that held the lock
 	// and committed is seen.
 	var (
-		locked, live bool
-		now          time.Time
-		row          nullableRecord
+		locked, live, recovering bool
+		now                      time.Time
+		row                      nullableRecord
 	)
 	ended := false
 	defer func() {
@@ -139,11 +143,14 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	b.Queue(setMarkSQL, mark)
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
-		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&now, &live}, row.dest()...)...) })
+		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &now, &live}, row.dest()...)...) })
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
 		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, unanswered(err, s.acquire))
 	}
 	cancel()
+	if recovering {
+		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errRecovering)
+	}
 	tx := &onceTx{conn: conn.Conn()}
 	defer tx.end() // before the connection goes back to the pool
 	busy := func() (*idempotency.Record, error) {
@@ -227,6 +234,9 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
 		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark, from).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
+	// After the handler's statements, which may have lowered it: the
+	// answer is sent once the commit is durable.
+	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
 	err = conn.SendBatch(wctx, b).Close()
 	if err == nil {
@@ -234,6 +244,12 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 			return nil, fmt.Errorf("pgstore: run key %q: commit: the transaction is still open (status %c)", rec.ID.Key, st)
 		}
 		ended = true
+		if err := wctx.Err(); err != nil {
+			// The bound ended while the commit waited. A pool that sends
+			// cancel requests makes PostgreSQL confirm a commit whose wait
+			// for a synchronous standby it cut short: no 201 for it.
+			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, unanswered(errCanceledCommit(err), s.commit))
+		}
 		return nil, nil
 	}
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -48,6 +49,9 @@ type Store struct {
 	acquire time.Duration
 	commit  time.Duration
 	clock   clock.Clock // nil: the database's clock
+
+	replication Replication
+	logger      *slog.Logger
 }
 
 // Options configures [New]. A nil *Options means defaults.
@@ -85,11 +89,18 @@ type Options struct {
 	// clocks disagree will both hold one record. Nil means the database's
 	// clock_timestamp().
 	Clock clock.Clock
+	// Replication declares the database's replication, which
+	// [Store.Check] cannot fully see. Zero means [ReplicationDetect].
+	Replication Replication
+	// Logger receives [Store.Check]'s warnings. Nil means
+	// slog.Default().
+	Logger *slog.Logger
 }
 
-// New returns a Store on pool. nil opts means defaults.
+// New returns a Store on pool. nil opts means defaults. New does not look
+// at the database: [Open] does, with [Store.Check].
 func New(pool *pgxpool.Pool, opts *Options) *Store {
-	s := &Store{pool: pool, batch: defaultSweepBatch, acquire: defaultAcquireTimeout, commit: defaultCommitTimeout}
+	s := &Store{pool: pool, batch: defaultSweepBatch, acquire: defaultAcquireTimeout, commit: defaultCommitTimeout, logger: slog.Default()}
 	if opts != nil && opts.SweepBatch > 0 {
 		s.batch = opts.SweepBatch
 	}
@@ -101,6 +112,10 @@ func New(pool *pgxpool.Pool, opts *Options) *Store {
 	}
 	if opts != nil {
 		s.clock = opts.Clock
+		s.replication = opts.Replication
+	}
+	if opts != nil && opts.Logger != nil {
+		s.logger = opts.Logger
 	}
 	return s
 }
@@ -192,7 +207,9 @@ const columns = `fingerprint, fingerprint_version, status, stable_id, owner, loc
 // insertSQL inserts the record, or replaces one that has expired, in one
 // statement; when it does neither, the live record comes back. Its times
 // are the store's now ($8), plus the lease ($7) and the retention ($9) in
-// microseconds; the now comes back too. The insert
+// microseconds; the now comes back too. The statement is its own
+// transaction, whose commit it makes durable ([syncCommitSQL]): the
+// handler runs once it returns. The insert
 // is ON CONFLICT DO NOTHING, which takes no lock on a live record, so that
 // replays of one key do not queue behind each other; the replacement of an
 // expired record is an UPDATE conditional on the expiry, which locks the
@@ -221,7 +238,7 @@ var insertSQL = nowSQL(8) + `, ins AS (
 )
 SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM repl), t.now,
 	r.fingerprint, r.fingerprint_version, r.status, r.stable_id, r.owner, r.locked_until, r.created_at, r.expires_at,
-	r.response_status, r.response_header, r.response_body
+	r.response_status, r.response_header, r.response_body, ` + syncCommitSQL + `
 FROM t
 LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
 	AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM repl)`
@@ -244,11 +261,14 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		)
 		err := s.pool.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
 			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
-		).Scan(append([]any{&inserted, &now}, row.dest()...)...)
+		).Scan(append(append([]any{&inserted, &now}, row.dest()...), nil)...)
 		if err != nil {
-			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, unanswered(err, s.acquire))
+			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, unanswered(readOnly(err), s.acquire))
 		}
 		if inserted {
+			if err := ctx.Err(); err != nil {
+				return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, errCanceledCommit(err))
+			}
 			return nil, true, nil
 		}
 		if row.status == nil {
@@ -278,7 +298,7 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 		AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,
 		caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))
 	if err != nil {
-		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, unanswered(err, s.acquire))
+		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, unanswered(readOnly(err), s.acquire))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -387,6 +407,9 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	b = &pgx.Batch{}
 	b.Queue(markedSQL, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
 	b.Queue(completeSQL, caller(id), id.Key, owner, code, header, body, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
+	// After the effect, which may have lowered it: the answer is sent
+	// once the commit is durable.
+	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
 	err = conn.SendBatch(ctx, b).Close()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
@@ -405,6 +428,11 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		return fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
 	}
 	ended = true
+	if err := ctx.Err(); err != nil {
+		// As in RunOnce: a commit confirmed after its bound ended may
+		// not have reached a synchronous standby.
+		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, unanswered(errCanceledCommit(err), s.commit))
+	}
 	return nil
 }
 
@@ -480,7 +508,9 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 // another transaction reads as an IN_PROGRESS record with no owner, its
 // lease ending at the store's now: the lock is tried (shared, without
 // waiting, released at once) before the record is read, so a worker that
-// commits between the two is seen by the read.
+// commits between the two is seen by the read. On a standby in recovery,
+// which may lag the primary, Get fails with an error matching
+// [idempotency.ErrUnavailable] rather than answer.
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
@@ -496,17 +526,20 @@ func (s *Store) get(ctx context.Context, q interface {
 	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 }, id idempotency.ID) (rec *idempotency.Record, found bool, err error) {
 	var (
-		free  bool
-		dbNow time.Time
-		row   nullableRecord
+		free, recovering bool
+		dbNow            time.Time
+		row              nullableRecord
 	)
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(id)).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
-	b.Queue(nowSQL(3)+` SELECT t.now, `+columns+` FROM t
+	b.Queue(nowSQL(3)+` SELECT `+recoveringSQL+`, t.now, `+columns+` FROM t
 		LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).
-		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&dbNow}, row.dest()...)...) })
+		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &dbNow}, row.dest()...)...) })
 	if err = q.SendBatch(ctx, b).Close(); err != nil {
 		return nil, false, err
+	}
+	if recovering {
+		return nil, false, errRecovering
 	}
 	switch {
 	case row.status != nil:

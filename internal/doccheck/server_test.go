@@ -3,6 +3,7 @@ package doccheck
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,9 +24,16 @@ import (
 // TestServerProgramPaysOnce runs docs/SERVER.md's server program against an
 // empty PostgreSQL database, twice (a restart migrates again), and pays
 // twice with one key: one payment row, the second answer the stored one;
-// an invalid body is refused without using the key.
+// an invalid body is refused without using the key. The server is one of
+// its own with fsync on, as the program's pgstore.Open requires.
 func TestServerProgramPaysOnce(t *testing.T) {
-	dsn := pgtest.DSN(t)
+	srv, err := pgtest.Start(pgtest.Options{Durable: true})
+	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv(pgtest.EnvRequire) != "1" {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, srv.Stop()) }()
+	dsn := srv.DSN("postgres")
 	bin := buildProgram(t, "server")
 	ctx := context.Background()
 

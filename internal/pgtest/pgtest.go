@@ -20,6 +20,9 @@
 //
 // [PgBouncer] puts a throwaway PgBouncer (transaction pooling by default)
 // in front of a test's database, for tests of what a pooler changes.
+// [Start] gives a test a server of its own (to crash it, or with settings
+// of its own), and [StartPair] a primary and a standby made from it by
+// pg_basebackup, to make synchronous, cut off and fail over.
 //
 // Without a DSN and without binaries the tests that need PostgreSQL skip,
 // saying how to enable them, unless IDEM_REQUIRE_POSTGRES=1, which makes
