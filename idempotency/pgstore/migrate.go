@@ -23,8 +23,16 @@ type migration struct {
 	sql     string
 }
 
-func loadMigrations() ([]migration, error) {
-	files, err := fs.Glob(migrations, "migrations/*.sql")
+func loadMigrations() ([]migration, error) { return readMigrations(migrations) }
+
+// gooseUp opens every migration file: goose runs no file without it, and
+// to PostgreSQL it is a comment.
+const gooseUp = "-- +goose Up\n"
+
+// readMigrations reads fsys's migrations/NNNN_name.sql files, in the order
+// of their versions.
+func readMigrations(fsys fs.FS) ([]migration, error) {
+	files, err := fs.Glob(fsys, "migrations/*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -33,16 +41,24 @@ func loadMigrations() ([]migration, error) {
 		base := strings.TrimPrefix(f, "migrations/")
 		num, _, ok := strings.Cut(base, "_")
 		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
+		if !ok || err != nil || v <= 0 || strings.HasSuffix(base, ".up.sql") || strings.HasSuffix(base, ".down.sql") {
 			return nil, fmt.Errorf("pgstore: migration %s is not named NNNN_name.sql", f)
 		}
-		sql, err := migrations.ReadFile(f)
+		sql, err := fs.ReadFile(fsys, f)
 		if err != nil {
 			return nil, err
+		}
+		if !strings.HasPrefix(string(sql), gooseUp) {
+			return nil, fmt.Errorf("pgstore: migration %s does not open with %q", f, strings.TrimSpace(gooseUp))
 		}
 		out = append(out, migration{version: v, name: base, sql: string(sql)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	for i := 1; i < len(out); i++ {
+		if out[i].version == out[i-1].version {
+			return nil, fmt.Errorf("pgstore: migrations %s and %s have one version", out[i-1].name, out[i].name)
+		}
+	}
 	return out, nil
 }
 
@@ -59,11 +75,21 @@ const migrateLock = 0x6964656d
 // default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE its
 // snapshot would be taken before the lock is held, and it would not see the
 // migrations that the process holding the lock before it applied.
+//
+// Migrate refuses, changing nothing, a database that records a migration
+// this version does not have (by version and file name): a database
+// migrated by a newer version, or by a build from before the first
+// release, whose schema this version cannot know.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	ms, err := loadMigrations()
 	if err != nil {
 		return err
 	}
+	return migrate(ctx, pool, ms)
+}
+
+// migrate is Migrate with the migrations ms.
+func migrate(ctx context.Context, pool *pgxpool.Pool, ms []migration) error {
 	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLock); err != nil {
 			return fmt.Errorf("pgstore: migrate: take the migration lock: %w", err)
@@ -75,13 +101,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		)`); err != nil {
 			return fmt.Errorf("pgstore: migrate: create the migrations table: %w", err)
 		}
+		applied, err := appliedMigrations(ctx, tx, ms)
+		if err != nil {
+			return err
+		}
 		for _, m := range ms {
-			var done bool
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idempotency_schema_migrations WHERE version = $1)",
-				m.version).Scan(&done); err != nil {
-				return fmt.Errorf("pgstore: migrate: read the applied versions: %w", err)
-			}
-			if done {
+			if applied[m.version] {
 				continue
 			}
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
@@ -94,4 +119,36 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		return nil
 	})
+}
+
+// appliedMigrations returns the versions of ms that the database records,
+// or an error if it records one that ms does not hold.
+func appliedMigrations(ctx context.Context, tx pgx.Tx, ms []migration) (map[int]bool, error) {
+	known := make(map[int]string, len(ms))
+	for _, m := range ms {
+		known[m.version] = m.name
+	}
+	rows, err := tx.Query(ctx, "SELECT version, name FROM idempotency_schema_migrations ORDER BY version")
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: migrate: read the applied versions: %w", err)
+	}
+	recorded, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (migration, error) {
+		var m migration
+		err := r.Scan(&m.version, &m.name)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: migrate: read the applied versions: %w", err)
+	}
+	applied := make(map[int]bool, len(recorded))
+	for _, r := range recorded {
+		if name, ok := known[r.version]; !ok || name != r.name {
+			return nil, fmt.Errorf("pgstore: migrate: the database records migration %s (version %d), which this "+
+				"version of pgstore does not have: a newer version, or a build from before the first release, "+
+				"migrated it; nothing was changed (migrate with that version, or start from an empty database)",
+				r.name, r.version)
+		}
+		applied[r.version] = true
+	}
+	return applied, nil
 }

@@ -510,8 +510,8 @@ func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) 
 func caller(id idempotency.ID) string { return idempotency.PrincipalDigest(id.Principal) }
 
 // fingerprintVersion is the version stored with rec. A record's 0 is
-// written as version 1: in the table, 0 marks rows written by code from
-// before versions, whose callers migration 0004's trigger digests.
+// written as version 1, the algorithm from before versions: the column
+// always names the algorithm.
 func fingerprintVersion(rec *idempotency.Record) int16 {
 	if rec.FingerprintVersion == 0 {
 		return 1
