@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -136,37 +135,53 @@ func TestCompleteLostConnectionLeavesRecordInProgress(t *testing.T) {
 	}
 }
 
-// deleteTags is a pgx tracer that keeps the rows each DELETE statement
-// on the records deleted.
-type deleteTags struct {
-	mu      sync.Mutex
-	deleted []int
+// sweepCounts is a pgx tracer that counts the records in the table as
+// each sweep statement starts, through a pool of its own.
+type sweepCounts struct {
+	mu     sync.Mutex
+	pool   *pgxpool.Pool
+	counts []int
 }
 
-type deleteTagsKey struct{}
-
-func (d *deleteTags) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return context.WithValue(ctx, deleteTagsKey{}, strings.Contains(data.SQL, "DELETE FROM idempotency_records"))
-}
-
-func (d *deleteTags) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
-	if isDelete, _ := ctx.Value(deleteTagsKey{}).(bool); isDelete && data.Err == nil {
-		d.mu.Lock()
-		d.deleted = append(d.deleted, int(data.CommandTag.RowsAffected()))
-		d.mu.Unlock()
+func (c *sweepCounts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if data.SQL == sweepSQL {
+		var n int
+		if err := c.pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&n); err != nil {
+			n = -1
+		}
+		c.mu.Lock()
+		c.counts = append(c.counts, n)
+		c.mu.Unlock()
 	}
+	return ctx
 }
 
-func (d *deleteTags) rows() []int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.deleted)
+func (c *sweepCounts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// batches is how many records each sweep statement deleted, given the
+// records left after the last.
+func (c *sweepCounts) batches(left int) []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for i, n := range c.counts {
+		next := left
+		if i+1 < len(c.counts) {
+			next = c.counts[i+1]
+		}
+		out = append(out, n-next)
+	}
+	return out
 }
 
 func TestSweepDeletesInBatches(t *testing.T) {
-	// The batches are read off the wire: each DELETE's command tag.
-	deletes := &deleteTags{}
-	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = deletes })
+	// The batches are counted between the statements.
+	counts := &sweepCounts{}
+	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = counts })
+	counter, err := pgxpool.New(context.Background(), pool.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(counter.Close)
+	counts.pool = counter
 	s := New(pool, &Options{SweepBatch: 7, Clock: clock.NewManual(t0.Add(2 * time.Hour))})
 	ctx := context.Background()
 	// 20 expired at t0+1h, 5 live until t0+3h.
@@ -181,12 +196,12 @@ func TestSweepDeletesInBatches(t *testing.T) {
 	if err != nil || n != 20 {
 		t.Fatalf("Sweep = %d, %v; want 20, nil", n, err)
 	}
-	if batches := deletes.rows(); fmt.Sprint(batches) != "[7 7 6]" {
-		t.Errorf("batches %v, want [7 7 6]", batches)
-	}
 	var records int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&records); err != nil || records != 5 {
 		t.Errorf("%d records left, %v; want the 5 live records", records, err)
+	}
+	if batches := counts.batches(records); fmt.Sprint(batches) != "[7 7 6]" {
+		t.Errorf("batches %v, want [7 7 6]", batches)
 	}
 }
 
