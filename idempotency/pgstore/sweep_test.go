@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // sweepTableRows is how many rows the plan tests give a table: enough
@@ -142,4 +145,98 @@ func explainText(t *testing.T, conn *pgxpool.Conn, args string) string {
 	}
 	require.NoError(t, rows.Err())
 	return strings.Join(lines, "\n")
+}
+
+// BenchmarkSweep measures a sweep batch against the table's size: on a
+// table of 20,000 and one of 200,000 records, it reports each table's
+// time per batch of 1,000 deleted records and their ratio (1 when a
+// batch's cost does not grow with the table).
+//
+// "live records": the tables hold that many live records; each run adds
+// 999 expired ones and sweeps them, one batch. "fell behind": the
+// tables hold that many expired records, and each run sweeps them all,
+// batch after batch.
+func BenchmarkSweep(b *testing.B) {
+	sizes := []int{20_000, 200_000}
+	ctx := context.Background()
+	fill := func(b *testing.B, pool *pgxpool.Pool, from, n int, expires string) {
+		b.Helper()
+		_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO idempotency_records
+			(caller, key, fingerprint, fingerprint_version, status, stable_id, created_at, expires_at)
+			SELECT 'c' || (i %% 97), 'k' || i, decode(repeat('00', 32), 'hex'), 2, 'COMPLETED', 's' || i,
+				now() - interval '1 day', now() + interval '%s' + i * interval '1 microsecond'
+			FROM generate_series(%d, %d) AS i`, expires, from, from+n-1))
+		require.NoError(b, err)
+		_, err = pool.Exec(ctx, "ANALYZE idempotency_records")
+		require.NoError(b, err)
+	}
+	report := func(b *testing.B, perBatch []time.Duration) {
+		for i, size := range sizes {
+			b.ReportMetric(float64(perBatch[i].Nanoseconds()), fmt.Sprintf("ns/batch-%dk", size/1000))
+		}
+		b.ReportMetric(float64(perBatch[1])/float64(perBatch[0]), "ratio")
+	}
+
+	b.Run("live records", func(b *testing.B) {
+		pools := make([]*pgxpool.Pool, len(sizes))
+		for i, size := range sizes {
+			pools[i] = benchPool(b)
+			fill(b, pools[i], 1, size, "1 day")
+		}
+		spent := make([]time.Duration, len(sizes))
+		batches := 0
+		next := 1_000_000_000
+		for b.Loop() {
+			for i, pool := range pools {
+				fill(b, pool, next, 999, "-1 hour")
+				start := time.Now()
+				n, err := New(pool, nil).Sweep(ctx, time.Now())
+				spent[i] += time.Since(start)
+				require.NoError(b, err)
+				require.Equal(b, 999, n)
+			}
+			batches++
+			next += 1000
+		}
+		perBatch := make([]time.Duration, len(sizes))
+		for i := range sizes {
+			perBatch[i] = spent[i] / time.Duration(batches)
+		}
+		report(b, perBatch)
+	})
+
+	b.Run("fell behind", func(b *testing.B) {
+		pools := make([]*pgxpool.Pool, len(sizes))
+		for i := range sizes {
+			pools[i] = benchPool(b)
+		}
+		spent := make([]time.Duration, len(sizes))
+		batches := make([]int, len(sizes))
+		for b.Loop() {
+			for i, pool := range pools {
+				fill(b, pool, 1, sizes[i], "-1 hour")
+				start := time.Now()
+				n, err := New(pool, nil).Sweep(ctx, time.Now())
+				spent[i] += time.Since(start)
+				require.NoError(b, err)
+				require.Equal(b, sizes[i], n)
+				batches[i] += sizes[i]/defaultSweepBatch + 1
+			}
+		}
+		perBatch := make([]time.Duration, len(sizes))
+		for i := range sizes {
+			perBatch[i] = spent[i] / time.Duration(batches[i])
+		}
+		report(b, perBatch)
+	})
+}
+
+// benchPool is newPool for a benchmark.
+func benchPool(b *testing.B) *pgxpool.Pool {
+	b.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.DSN(b))
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	require.NoError(b, Migrate(context.Background(), pool))
+	return pool
 }
