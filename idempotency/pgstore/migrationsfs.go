@@ -22,7 +22,10 @@ import (
 // marks any statement that holds semicolons of its own (a PL/pgSQL body)
 // with goose's StatementBegin and StatementEnd, so that goose runs the
 // same files (pass the file system to goose.NewProvider). To PostgreSQL,
-// and so to Migrate and golang-migrate, the annotations are comments.
+// and so to Migrate and golang-migrate, the annotations are comments. A
+// later data migration that commits between batches will be annotated
+// "-- +goose NO TRANSACTION", which Migrate and goose honour and
+// golang-migrate cannot: see "Migrations" in docs/SERVER.md.
 // There are no down migrations: a rollback of the records table loses
 // every key's record.
 //

@@ -75,6 +75,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateRefusesUnknownMigrations$", Env: pg,
 		},
 		{
+			Name: "migrate-no-transaction-inside-the-transaction", File: "idempotency/pgstore/migrate.go",
+			Note:    "a migration annotated NO TRANSACTION runs inside Migrate's transaction, where its COMMITs fail",
+			Anchor:  "\t\t\tif m.noTx {\n",
+			Replace: "\t\t\tif false {\n",
+			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateRunsABatchedDataMigrationOutsideATransaction$", Env: pg,
+		},
+		{
+			Name: "migrate-no-transaction-connection-back-to-pool", File: "idempotency/pgstore/migrate.go",
+			Note:    "the connection of a migration outside a transaction goes back to the pool with the settings the migration made",
+			Anchor:  "\tconn := pc.Hijack()\n\tdefer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()\n",
+			Replace: "\tconn := pc.Conn()\n\tdefer pc.Release()\n",
+			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateClosesTheConnectionOfAMigrationOutsideATransaction$", Env: pg,
+		},
+		{
 			Name: "migrations-fs-without-up-suffix", File: "idempotency/pgstore/migrationsfs.go",
 			Note:    "the files keep Migrate's names, which golang-migrate does not read",
 			Anchor:  `name: strings.TrimSuffix(m.name, ".sql") + ".up.sql",`,
