@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"io/fs"
 	"os"
+	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -170,4 +172,93 @@ func schemaOf(t *testing.T, pool *pgxpool.Pool) []string {
 	require.NoError(t, err)
 	require.NotEmpty(t, out)
 	return out
+}
+
+// TestExampleMigrationsAppliedByTheTools: the example migrations of
+// docs/SERVER.md ("Rules for later migrations"), a column and a data
+// migration that commits between batches, given to the tools after
+// pgstore.Migrations() on a table that holds records: goose runs both,
+// and golang-migrate runs the column but not the data migration, which it
+// sends as one query, as the docs say.
+func TestExampleMigrationsAppliedByTheTools(t *testing.T) {
+	ctx := context.Background()
+	fsys := withExamples(t)
+	const records = 12_000
+
+	t.Run("goose runs both", func(t *testing.T) {
+		dsn := pgtest.DSN(t)
+		p, err := goose.NewProvider(goose.DialectPostgres, sqlDB(t, dsn), fsys)
+		require.NoError(t, err)
+		_, err = p.UpTo(ctx, 1)
+		require.NoError(t, err)
+		pool := pool(t, dsn)
+		fill(t, pool, records)
+		_, err = p.Up(ctx)
+		require.NoError(t, err, "goose up with the examples")
+		var filled int
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT count(*) FROM idempotency_records WHERE response_size = octet_length(response_body)").Scan(&filled))
+		assert.Equal(t, records, filled)
+	})
+
+	t.Run("golang-migrate runs the column only", func(t *testing.T) {
+		dsn := pgtest.DSN(t)
+		src, err := iofs.New(fsys, ".")
+		require.NoError(t, err)
+		driver, err := migratepgx.WithInstance(sqlDB(t, dsn), &migratepgx.Config{})
+		require.NoError(t, err)
+		m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+		require.NoError(t, err)
+		require.NoError(t, m.Migrate(1))
+		fill(t, pool(t, dsn), records)
+		require.NoError(t, m.Migrate(2), "golang-migrate runs the column's migration")
+		err = m.Up()
+		require.ErrorContains(t, err, "invalid transaction termination",
+			"golang-migrate ran a data migration that commits between batches")
+	})
+}
+
+// withExamples is pgstore.Migrations() with the example migrations of
+// docs/SERVER.md after them, named as the tools read them: each is the
+// sql block after a line "<!-- example migration: NAME -->".
+func withExamples(t *testing.T) fs.FS {
+	t.Helper()
+	fsys := fstest.MapFS{}
+	files, err := fs.ReadDir(pgstore.Migrations(), ".")
+	require.NoError(t, err)
+	for _, f := range files {
+		data, err := fs.ReadFile(pgstore.Migrations(), f.Name())
+		require.NoError(t, err)
+		fsys[f.Name()] = &fstest.MapFile{Data: data}
+	}
+	doc, err := os.ReadFile("../../../docs/SERVER.md")
+	require.NoError(t, err)
+	const marker = "<!-- example migration: "
+	rest, examples := string(doc), 0
+	for {
+		_, after, ok := strings.Cut(rest, marker)
+		if !ok {
+			break
+		}
+		name, after, _ := strings.Cut(after, " -->\n```sql\n")
+		body, after, ok := strings.Cut(after, "```\n")
+		require.True(t, ok, "the example %s has no end", name)
+		fsys[strings.TrimSuffix(name, ".sql")+".up.sql"] = &fstest.MapFile{Data: []byte(body)}
+		rest = after
+		examples++
+	}
+	require.Equal(t, 2, examples, "docs/SERVER.md's example migrations")
+	return fsys
+}
+
+// fill inserts n completed records with bodies, with one INSERT.
+func fill(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO idempotency_records
+		(caller, key, fingerprint, fingerprint_version, status, stable_id, created_at, expires_at,
+		 response_status, response_header, response_body)
+		SELECT encode(sha256(int8send(i % 100)), 'hex'), 'key-' || i, sha256(int8send(i)), 2, 'COMPLETED', 'st_' || i,
+			now(), now() + interval '1 day', 201, '{}', convert_to(repeat('x', i % 300), 'UTF8')
+		FROM generate_series(1, $1) AS i`, n)
+	require.NoError(t, err)
 }
