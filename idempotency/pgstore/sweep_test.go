@@ -150,7 +150,10 @@ func explainText(t *testing.T, conn *pgxpool.Conn, args string) string {
 // BenchmarkSweep measures a sweep batch against the table's size: on a
 // table of 20,000 and one of 200,000 records, it reports each table's
 // time per batch of 1,000 deleted records and their ratio (1 when a
-// batch's cost does not grow with the table).
+// batch's cost does not grow with the table). Times on a shared machine
+// are noisy, so it reports too the database blocks (8 kB pages, from
+// EXPLAIN (ANALYZE, BUFFERS)) that a batch touches, and their ratio,
+// which do not depend on the machine.
 //
 // "live records": the tables hold that many live records; each run adds
 // 999 expired ones and sweeps them, one batch. "fell behind": the
@@ -170,11 +173,21 @@ func BenchmarkSweep(b *testing.B) {
 		_, err = pool.Exec(ctx, "ANALYZE idempotency_records")
 		require.NoError(b, err)
 	}
-	report := func(b *testing.B, perBatch []time.Duration) {
-		for i, size := range sizes {
-			b.ReportMetric(float64(perBatch[i].Nanoseconds()), fmt.Sprintf("ns/batch-%dk", size/1000))
+	// report reports the time of timed batches and the blocks of
+	// explained ones, per batch, for each size, and their ratios.
+	report := func(b *testing.B, spent []time.Duration, timed []int, blocks []int64, explained []int) {
+		perBatch := func(i int) (ns, blk float64) {
+			return float64(spent[i].Nanoseconds()) / float64(timed[i]), float64(blocks[i]) / float64(explained[i])
 		}
-		b.ReportMetric(float64(perBatch[1])/float64(perBatch[0]), "ratio")
+		for i, size := range sizes {
+			ns, blk := perBatch(i)
+			b.ReportMetric(ns, fmt.Sprintf("ns/batch-%dk", size/1000))
+			b.ReportMetric(blk, fmt.Sprintf("blocks/batch-%dk", size/1000))
+		}
+		ns0, blk0 := perBatch(0)
+		ns1, blk1 := perBatch(1)
+		b.ReportMetric(ns1/ns0, "time-ratio")
+		b.ReportMetric(blk1/blk0, "blocks-ratio")
 	}
 
 	b.Run("live records", func(b *testing.B) {
@@ -184,7 +197,8 @@ func BenchmarkSweep(b *testing.B) {
 			fill(b, pools[i], 1, size, "1 day")
 		}
 		spent := make([]time.Duration, len(sizes))
-		batches := 0
+		blocks := make([]int64, len(sizes))
+		batches := make([]int, len(sizes)) // each timed, and one more explained
 		next := 1_000_000_000
 		for b.Loop() {
 			for i, pool := range pools {
@@ -194,15 +208,13 @@ func BenchmarkSweep(b *testing.B) {
 				spent[i] += time.Since(start)
 				require.NoError(b, err)
 				require.Equal(b, 999, n)
+				fill(b, pool, next+1000, 999, "-1 hour")
+				blocks[i] += batchBlocks(b, pool, nil)
+				batches[i]++
 			}
-			batches++
-			next += 1000
+			next += 2000
 		}
-		perBatch := make([]time.Duration, len(sizes))
-		for i := range sizes {
-			perBatch[i] = spent[i] / time.Duration(batches)
-		}
-		report(b, perBatch)
+		report(b, spent, batches, blocks, batches)
 	})
 
 	b.Run("fell behind", func(b *testing.B) {
@@ -211,7 +223,9 @@ func BenchmarkSweep(b *testing.B) {
 			pools[i] = benchPool(b)
 		}
 		spent := make([]time.Duration, len(sizes))
-		batches := make([]int, len(sizes))
+		blocks := make([]int64, len(sizes))
+		timed := make([]int, len(sizes))
+		explained := make([]int, len(sizes))
 		for b.Loop() {
 			for i, pool := range pools {
 				fill(b, pool, 1, sizes[i], "-1 hour")
@@ -220,15 +234,51 @@ func BenchmarkSweep(b *testing.B) {
 				spent[i] += time.Since(start)
 				require.NoError(b, err)
 				require.Equal(b, sizes[i], n)
-				batches[i] += sizes[i]/defaultSweepBatch + 1
+				timed[i] += sizes[i]/defaultSweepBatch + 1
+
+				// The same sweep again, each batch explained: from the
+				// last batch's latest expiry, as Sweep goes.
+				fill(b, pool, 1, sizes[i], "-1 hour")
+				var from *time.Time
+				for {
+					var last *time.Time
+					require.NoError(b, pool.QueryRow(ctx, `SELECT max(expires_at) FROM (SELECT expires_at FROM idempotency_records
+						WHERE expires_at >= coalesce($1::timestamptz, '-infinity') ORDER BY expires_at LIMIT $2) AS b`,
+						from, defaultSweepBatch).Scan(&last))
+					blocks[i] += batchBlocks(b, pool, from)
+					explained[i]++
+					if last == nil {
+						break
+					}
+					from = last
+				}
 			}
 		}
-		perBatch := make([]time.Duration, len(sizes))
-		for i := range sizes {
-			perBatch[i] = spent[i] / time.Duration(batches[i])
-		}
-		report(b, perBatch)
+		report(b, spent, timed, blocks, explained)
 	})
+}
+
+// batchBlocks runs one sweep batch from expiry from under EXPLAIN
+// (ANALYZE, BUFFERS) and returns the shared blocks it touched (hit or
+// read), planning included.
+func batchBlocks(b *testing.B, pool *pgxpool.Pool, from *time.Time) int64 {
+	b.Helper()
+	var raw string
+	require.NoError(b, pool.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sweepSQL,
+		nil, from, defaultSweepBatch).Scan(&raw))
+	var out []struct {
+		Plan struct {
+			Hit  int64 `json:"Shared Hit Blocks"`
+			Read int64 `json:"Shared Read Blocks"`
+		} `json:"Plan"`
+		Planning struct {
+			Hit  int64 `json:"Shared Hit Blocks"`
+			Read int64 `json:"Shared Read Blocks"`
+		} `json:"Planning"`
+	}
+	require.NoError(b, json.Unmarshal([]byte(raw), &out))
+	require.Len(b, out, 1)
+	return out[0].Plan.Hit + out[0].Plan.Read + out[0].Planning.Hit + out[0].Planning.Read
 }
 
 // benchPool is newPool for a benchmark.
