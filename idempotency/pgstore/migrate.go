@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -108,7 +109,12 @@ func gooseStatements(sql string) (stmts []string, noTx bool, err error) {
 		}
 		buf.WriteString(line)
 		if !block && endsStatement(line) {
-			stmts = append(stmts, strings.TrimSpace(buf.String()))
+			stmt := strings.TrimSpace(buf.String())
+			if dollarQuote.MatchString(stmt) {
+				// goose would cut the body at its first semicolon.
+				return nil, false, fmt.Errorf("a dollar-quoted body (PL/pgSQL) outside -- +goose StatementBegin and StatementEnd: %.40q", stmt)
+			}
+			stmts = append(stmts, stmt)
 			buf.Reset()
 		}
 	}
@@ -120,6 +126,9 @@ func gooseStatements(sql string) (stmts []string, noTx bool, err error) {
 	}
 	return stmts, noTx, nil
 }
+
+// dollarQuote matches the opening of a dollar-quoted string: $$ or $tag$.
+var dollarQuote = regexp.MustCompile(`\$[A-Za-z_]*\$`)
 
 // endsStatement says whether line's last word before any "--" ends with a
 // semicolon, as goose decides where a statement ends.

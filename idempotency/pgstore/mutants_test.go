@@ -89,6 +89,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateClosesTheConnectionOfAMigrationOutsideATransaction$", Env: pg,
 		},
 		{
+			Name: "migrate-accepts-plpgsql-outside-a-block", File: "idempotency/pgstore/migrate.go",
+			Note:    "a migration with a PL/pgSQL body outside StatementBegin and StatementEnd loads, and goose cuts the body at its first semicolon",
+			Anchor:  "\t\t\tif dollarQuote.MatchString(stmt) {\n",
+			Replace: "\t\t\tif false {\n",
+			Pkg:     "./idempotency/pgstore", Run: "^TestGooseStatements$",
+		},
+		{
 			Name: "migrations-fs-without-up-suffix", File: "idempotency/pgstore/migrationsfs.go",
 			Note:    "the files keep Migrate's names, which golang-migrate does not read",
 			Anchor:  `name: strings.TrimSuffix(m.name, ".sql") + ".up.sql",`,
