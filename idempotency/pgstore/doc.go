@@ -5,12 +5,15 @@
 //
 // [Migrate] applies the schema from versioned migrations embedded in the
 // package (migrations/NNNN_name.sql), each once, in order, and records them
-// in idempotency_schema_migrations. Its table idempotency_records is keyed
-// by (caller, key) as its PRIMARY KEY, with the fingerprint, status, stable
-// id, lease owner and end, created and expiry times, the stored answer, and
-// an index on expires_at for the sweep; idempotency_inbox holds the ids of
-// processed messages. Call Migrate at start-up; several processes may call
-// it at once.
+// in idempotency_schema_migrations. The first release's schema is one
+// migration, 0001. Its table idempotency_records is keyed by (caller, key)
+// as its PRIMARY KEY, with the fingerprint and its version, status, stable
+// id, lease owner and end, created and expiry times, the stored answer,
+// and an index on expires_at for the sweep; idempotency_inbox holds the
+// ids of processed messages. Call Migrate at start-up; several processes
+// may call it at once. Migrate refuses a database that records a
+// migration it does not have, such as one made by a build from before the
+// first release: such a database is not upgraded.
 //
 // Teams that run their migrations with goose or golang-migrate pass
 // [Migrations] to their tool instead: the same statements, in files those
@@ -23,18 +26,6 @@
 // fits the primary key. The fingerprint_version column says which
 // algorithm made the fingerprint (see "Fingerprint" in the idempotency
 // package docs).
-//
-// Migration 0004 rewrites the callers of existing records to their digests
-// with PostgreSQL's own sha256() (core since PostgreSQL 11; no extension),
-// and marks existing fingerprints as made before versions (0, read as
-// version 1). It updates every row in one transaction, which locks the
-// table for as long (it holds one retention's records). During a rolling
-// deploy, a process of the earlier version that still runs inserts its
-// callers in clear, without a fingerprint version: a trigger stores their
-// digest instead, so this version's processes find those records (and the
-// earlier process, which looks its records up in clear, answers 409 or 500
-// for them rather than doing the work twice). This version never writes
-// version 0.
 //
 // # Statements
 //

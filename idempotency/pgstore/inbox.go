@@ -68,27 +68,45 @@ func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(c
 	return true, nil
 }
 
+// inboxSweepSQL forgets one batch of messages processed before the
+// statement's now() less $1, at most $3, from the time $2 on (NULL: from
+// the first), and returns how many and the latest time among them. As
+// sweepSQL for the records, it walks the processed_at index in order from
+// the previous batch's last time, and deletes the rows it locked by their
+// ctid, so that a batch costs about the same however many messages the
+// inbox holds.
+const inboxSweepSQL = `WITH gone AS (
+	DELETE FROM idempotency_inbox
+	WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM idempotency_inbox
+		WHERE processed_at >= coalesce($2::timestamptz, '-infinity')
+			AND processed_at < now() - $1::interval
+		ORDER BY processed_at
+		LIMIT $3
+		FOR UPDATE SKIP LOCKED))
+	RETURNING processed_at
+)
+SELECT count(*), max(processed_at) FROM gone`
+
 // Sweep forgets the messages processed more than olderThan ago (by the
-// database's clock), in batches, and returns how many. Keep olderThan
-// longer than the longest time the broker may redeliver a message.
+// database's clock), in batches, oldest first, and returns how many. Keep
+// olderThan longer than the longest time the broker may redeliver a
+// message.
 func (in *Inbox) Sweep(ctx context.Context, olderThan time.Duration) (int, error) {
 	total := 0
+	var from *time.Time
 	for {
-		tag, err := in.pool.Exec(ctx, `WITH doomed AS (
-				SELECT consumer, message_id FROM idempotency_inbox
-				WHERE processed_at < now() - $1::interval
-				LIMIT $2
-				FOR UPDATE SKIP LOCKED
-			)
-			DELETE FROM idempotency_inbox i USING doomed d
-			WHERE i.consumer = d.consumer AND i.message_id = d.message_id`, olderThan, in.batch)
-		if err != nil {
+		var (
+			n    int
+			last *time.Time
+		)
+		if err := in.pool.QueryRow(ctx, inboxSweepSQL, olderThan, from, in.batch).Scan(&n, &last); err != nil {
 			return total, fmt.Errorf("pgstore: sweep the inbox (%d deleted so far): %w", total, err)
 		}
-		n := int(tag.RowsAffected())
 		total += n
 		if n < in.batch {
 			return total, nil
 		}
+		from = last
 	}
 }

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -162,5 +163,37 @@ func TestInboxSweepForgetsOldMessages(t *testing.T) {
 	}
 	if ok, err := in.Process(ctx, "c", "old-1", noop); err != nil || !ok {
 		t.Errorf("a swept message: Process = %v, %v; want true", ok, err)
+	}
+}
+
+// TestInboxSweepWalksTheProcessedAtIndex: the inbox sweep's batch
+// statement reads the inbox through the processed_at index, and nowhere
+// reads the whole table, after ANALYZE, whether few or most messages are
+// old (see TestSweepWalksTheExpiresAtIndex).
+func TestInboxSweepWalksTheProcessedAtIndex(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		old  int // messages in a hundred processed two days ago
+	}{
+		{"a few old messages among recent ones", 1},
+		{"a sweep that fell behind: most messages old", 90},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := newPool(t)
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO idempotency_inbox (consumer, message_id, processed_at)
+				SELECT 'c' || (i %% 7), 'm' || i, now() - CASE WHEN i %% 100 < %d THEN interval '2 days' ELSE interval '1 minute' END
+				FROM generate_series(1, %d) AS i`, tc.old, sweepTableRows)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, "ANALYZE idempotency_inbox"); err != nil {
+				t.Fatal(err)
+			}
+			for _, plan := range plansOf(t, pool, inboxSweepSQL, "interval, timestamptz, integer", "'1 day', NULL, 1000") {
+				t.Run("the "+plan.mode+" plan walks the index", func(t *testing.T) {
+					plan.readsOnly(t, "idempotency_inbox", "idempotency_inbox_processed_at")
+				})
+			}
+		})
 	}
 }

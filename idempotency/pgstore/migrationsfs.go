@@ -13,15 +13,21 @@ import (
 // that run their migrations with a tool of their own instead of [Migrate].
 // Its root directory holds one file per migration, in the order they apply:
 //
-//	0001_records.up.sql
-//	0002_inbox.up.sql
+//	0001_idempotency.up.sql
 //	...
 //
-// The names are golang-migrate's (version_title.up.sql; pass the file system
-// to its iofs source), and each file opens with the "-- +goose Up"
-// annotation, so goose runs it as well (pass it to goose.NewProvider). The
-// statements are exactly those [Migrate] applies. There are no down
-// migrations: a rollback of the records table loses every key's record.
+// The files hold exactly the statements [Migrate] applies, under
+// golang-migrate's names (version_title.up.sql): pass the file system to
+// its iofs source. Each file opens with the "-- +goose Up" annotation and
+// marks any statement that holds semicolons of its own (a PL/pgSQL body)
+// with goose's StatementBegin and StatementEnd, so that goose runs the
+// same files (pass the file system to goose.NewProvider). To PostgreSQL,
+// and so to Migrate and golang-migrate, the annotations are comments. A
+// later data migration that commits between batches will be annotated
+// "-- +goose NO TRANSACTION", which Migrate and goose honour and
+// golang-migrate cannot: see "Migrations" in docs/SERVER.md.
+// There are no down migrations: a rollback of the records table loses
+// every key's record.
 //
 // A database is migrated by one tool only: [Migrate] records its versions
 // in idempotency_schema_migrations, the other tools in tables of their
@@ -36,7 +42,7 @@ func Migrations() fs.FS {
 	for i, m := range ms {
 		files[i] = migrationFile{
 			name: strings.TrimSuffix(m.name, ".sql") + ".up.sql",
-			data: []byte("-- +goose Up\n" + m.sql),
+			data: []byte(m.sql),
 		}
 	}
 	return migrationsFS(files)

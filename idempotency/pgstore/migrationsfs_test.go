@@ -42,9 +42,8 @@ func TestMigrationsHoldsEveryMigrationInOrder(t *testing.T) {
 		}
 		data, err := fs.ReadFile(fsys, e.Name())
 		require.NoError(t, err)
-		body, ok := strings.CutPrefix(string(data), "-- +goose Up\n")
-		assert.True(t, ok, "%s does not open with goose's annotation", e.Name())
-		assert.Equal(t, m.sql, body, "%s holds other statements than Migrate applies", e.Name())
+		assert.True(t, strings.HasPrefix(string(data), "-- +goose Up\n"), "%s does not open with goose's annotation", e.Name())
+		assert.Equal(t, m.sql, string(data), "%s holds other statements than Migrate applies", e.Name())
 	}
 	assert.IsIncreasing(t, names, "the files list in the order they apply")
 	require.NoError(t, fstest.TestFS(fsys, names...))

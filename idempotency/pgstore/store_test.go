@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -136,43 +135,59 @@ func TestCompleteLostConnectionLeavesRecordInProgress(t *testing.T) {
 	}
 }
 
-// deleteTags is a pgx tracer that keeps the rows each DELETE statement
-// on the records deleted.
-type deleteTags struct {
-	mu      sync.Mutex
-	deleted []int
+// sweepCounts is a pgx tracer that counts the records in the table as
+// each sweep statement starts, through a pool of its own.
+type sweepCounts struct {
+	mu     sync.Mutex
+	pool   *pgxpool.Pool
+	counts []int
 }
 
-type deleteTagsKey struct{}
-
-func (d *deleteTags) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return context.WithValue(ctx, deleteTagsKey{}, strings.Contains(data.SQL, "DELETE FROM idempotency_records"))
-}
-
-func (d *deleteTags) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
-	if isDelete, _ := ctx.Value(deleteTagsKey{}).(bool); isDelete && data.Err == nil {
-		d.mu.Lock()
-		d.deleted = append(d.deleted, int(data.CommandTag.RowsAffected()))
-		d.mu.Unlock()
+func (c *sweepCounts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if data.SQL == sweepSQL {
+		var n int
+		if err := c.pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&n); err != nil {
+			n = -1
+		}
+		c.mu.Lock()
+		c.counts = append(c.counts, n)
+		c.mu.Unlock()
 	}
+	return ctx
 }
 
-func (d *deleteTags) rows() []int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.deleted)
+func (c *sweepCounts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// batches is how many records each sweep statement deleted, given the
+// records left after the last.
+func (c *sweepCounts) batches(left int) []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for i, n := range c.counts {
+		next := left
+		if i+1 < len(c.counts) {
+			next = c.counts[i+1]
+		}
+		out = append(out, n-next)
+	}
+	return out
 }
 
 func TestSweepDeletesInBatches(t *testing.T) {
-	// The batches are read off the wire: each DELETE's command tag.
-	deletes := &deleteTags{}
-	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = deletes })
+	// The batches are counted between the statements.
+	counts := &sweepCounts{}
+	pool := newPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = counts })
+	counter, err := pgxpool.New(context.Background(), pool.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(counter.Close)
+	counts.pool = counter
 	s := New(pool, &Options{SweepBatch: 7, Clock: clock.NewManual(t0.Add(2 * time.Hour))})
 	ctx := context.Background()
 	// 20 expired at t0+1h, 5 live until t0+3h.
 	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records
-		(caller, key, fingerprint, status, stable_id, created_at, expires_at)
-		SELECT 'c', 'k' || i, decode(repeat('00', 32), 'hex'), 'COMPLETED', 's' || i,
+		(caller, key, fingerprint, fingerprint_version, status, stable_id, created_at, expires_at)
+		SELECT 'c', 'k' || i, decode(repeat('00', 32), 'hex'), 2, 'COMPLETED', 's' || i,
 			$1::timestamptz, $1::timestamptz + CASE WHEN i <= 20 THEN interval '1 hour' ELSE interval '3 hours' END
 		FROM generate_series(1, 25) AS i`, t0); err != nil {
 		t.Fatal(err)
@@ -181,12 +196,12 @@ func TestSweepDeletesInBatches(t *testing.T) {
 	if err != nil || n != 20 {
 		t.Fatalf("Sweep = %d, %v; want 20, nil", n, err)
 	}
-	if batches := deletes.rows(); fmt.Sprint(batches) != "[7 7 6]" {
-		t.Errorf("batches %v, want [7 7 6]", batches)
-	}
 	var records int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&records); err != nil || records != 5 {
 		t.Errorf("%d records left, %v; want the 5 live records", records, err)
+	}
+	if batches := counts.batches(records); fmt.Sprint(batches) != "[7 7 6]" {
+		t.Errorf("batches %v, want [7 7 6]", batches)
 	}
 }
 
@@ -266,115 +281,6 @@ func TestCallerColumnNeverShowsTheCredential(t *testing.T) {
 	}
 	if n != 0 {
 		t.Errorf("%d records hold the credential in some column", n)
-	}
-}
-
-// TestMigrationDigestsTheCallersOfExistingRecords: a record written in
-// clear before the digest (and fingerprinted without the query) is
-// rewritten by Migrate to the digest the code computes, so its retry after
-// the upgrade finds it and replays.
-func TestMigrationDigestsTheCallersOfExistingRecords(t *testing.T) {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	ms, err := loadMigrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE idempotency_schema_migrations (
-		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		if m.version >= 4 {
-			break
-		}
-		if _, err := pool.Exec(ctx, m.sql); err != nil {
-			t.Fatalf("%s: %v", m.name, err)
-		}
-		if _, err := pool.Exec(ctx, "INSERT INTO idempotency_schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	const credential = "Bearer sk_live_51HzQ2eLkdIwHu7ix0Ff3"
-	fp := fingerprintV1(http.MethodPost, "/pay", `{"amount":1}`)
-	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner,
-		created_at, expires_at, response_status, response_header, response_body)
-		VALUES ($1, 'k1', $2, 'COMPLETED', 'st_1', '', $3, $4, 201, '{}', 'paid')`,
-		credential, fp[:], t0, t0.Add(24*time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	var stored string
-	if err := pool.QueryRow(ctx, "SELECT caller FROM idempotency_records").Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if want := idempotency.PrincipalDigest(credential); stored != want {
-		t.Errorf("caller after the migration = %q, want the digest %q", stored, want)
-	}
-	got, found, err := New(pool, nil).Get(ctx, idempotency.ID{Principal: credential, Key: "k1"}, t0.Add(time.Hour))
-	if err != nil || !found {
-		t.Fatalf("the record under its principal after the migration: %v, %v", found, err)
-	}
-	if got.FingerprintVersion != 0 || got.Fingerprint != fp || string(got.Response.Body) != "paid" {
-		t.Errorf("the migrated record = %+v, want version 0 (from before versions) with its fingerprint and answer", got)
-	}
-
-	// The retry after the upgrade replays it.
-	ran := false
-	h := idempotency.New(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }), idempotency.Config{
-		Store: New(pool, nil), Principal: func(r *http.Request) string { return r.Header.Get("Authorization") },
-		Clock: clock.NewManual(t0.Add(time.Hour))})
-	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":1}`))
-	r.Header.Set("Idempotency-Key", "k1")
-	r.Header.Set("Authorization", credential)
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if ran || w.Code != http.StatusCreated || w.Body.String() != "paid" || w.Header().Get("Idempotent-Replayed") != "true" {
-		t.Errorf("the retry after the upgrade: ran %v, %d %q; want the stored answer replayed", ran, w.Code, w.Body)
-	}
-}
-
-// TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound: during a
-// rolling deploy a process of the earlier version still inserts records
-// with the caller in clear (and no fingerprint version); the table stores
-// the digest, so this version's processes find the record, and its retry
-// does not run the work again.
-func TestARecordAnEarlierProcessWritesAfterTheMigrationIsFound(t *testing.T) {
-	pool := newPool(t)
-	ctx := context.Background()
-	const credential = "Bearer sk_live_51HzQ2eLkdIwHu7ix0Ff3"
-	fp := fingerprintV1(http.MethodPost, "/pay", `{"amount":1}`)
-	// The earlier version's insert, as it wrote it.
-	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at)
-		VALUES ($1, 'k1', $2, 'IN_PROGRESS', 'st_1', 'old-worker', $3, $4, $5) ON CONFLICT (caller, key) DO NOTHING`,
-		credential, fp[:], t0.Add(time.Minute), t0, t0.Add(24*time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	var stored string
-	if err := pool.QueryRow(ctx, "SELECT caller FROM idempotency_records").Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if stored != idempotency.PrincipalDigest(credential) {
-		t.Errorf("caller = %q, want the digest", stored)
-	}
-	ran := 0
-	h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { ran++; w.WriteHeader(http.StatusCreated) }),
-		idempotency.Config{Store: New(pool, nil), Principal: func(r *http.Request) string { return r.Header.Get("Authorization") },
-			Clock: clock.NewManual(t0.Add(time.Second))})
-	r := httptest.NewRequest(http.MethodPost, "/pay?ignored=by-version-1", strings.NewReader(`{"amount":1}`))
-	r.Header.Set("Idempotency-Key", "k1")
-	r.Header.Set("Authorization", credential)
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if w.Code != http.StatusConflict || ran != 0 {
-		t.Errorf("the retry while the earlier process works: %d, the handler ran %d times; want 409 and none", w.Code, ran)
 	}
 }
 
