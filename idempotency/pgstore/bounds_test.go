@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,6 +42,23 @@ type muteProxy struct {
 	conns  []net.Conn
 	closed bool
 	wg     sync.WaitGroup
+}
+
+// containsWord reports whether b holds w followed by a byte that is not a
+// letter: COMMIT, not the COMMITTED of BEGIN ISOLATION LEVEL READ
+// COMMITTED.
+func containsWord(b, w []byte) bool {
+	for i := bytes.Index(b, w); i >= 0; {
+		if end := i + len(w); end < len(b) && !unicode.IsLetter(rune(b[end])) {
+			return true
+		}
+		j := bytes.Index(b[i+1:], w)
+		if j < 0 {
+			return false
+		}
+		i += 1 + j
+	}
+	return false
 }
 
 func newMuteProxy(t *testing.T, target, trigger string) *muteProxy {
@@ -114,12 +132,12 @@ func (p *muteProxy) accept() {
 						return
 					}
 					seen := append(tail, buf[:n]...)
-					if !mute.Load() && bytes.Contains(seen, p.trigger) {
+					if !mute.Load() && containsWord(seen, p.trigger) {
 						p.mutedOpen.Add(1)
 						mute.Store(true)
 						p.muted.Add(1)
 					}
-					tail = append([]byte(nil), seen[max(0, len(seen)-len(p.trigger)):]...)
+					tail = append([]byte(nil), seen[max(0, len(seen)-len(p.trigger)-1):]...)
 				}
 				if err != nil {
 					return

@@ -147,6 +147,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionSurvivesAPostgresCrash$", Env: pg,
 		},
 		{
+			Name: "pg-get-default-isolation", File: "idempotency/pgstore/store.go",
+			Note:    "Get's lock and read run at the database's default isolation: under repeatable read the read's snapshot predates the lock, and a lookup misses a key that just committed",
+			Anchor:  "\tb.Queue(beginSQL)\n\tb.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`",
+			Replace: "\tb.Queue(\"BEGIN\")\n\tb.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`",
+			Pkg:     "./idempotency/pgstore", Run: "^TestReadsThatDecideUnderEveryDefaultIsolation$/lookup", Env: pg,
+		},
+		{
 			Name: "pg-once-ignores-lease-record", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce commits its work though a lease-mode record of the key appeared",
 			Anchor:  "SELECT 1 / (SELECT count(*) FROM ins)::int`",

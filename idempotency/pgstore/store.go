@@ -304,6 +304,16 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 	return tag.RowsAffected() == 1, nil
 }
 
+// beginSQL begins Get's transaction, whose read comes after the key's
+// lock was tried and must have a snapshot taken after it. Only READ
+// COMMITTED gives that: under a database's or role's
+// default_transaction_isolation of repeatable read or serializable, the
+// snapshot would be taken at the transaction's first statement, before
+// the lock, and would miss a record that the lock's holder committed
+// meanwhile (a lookup's false miss). So the level is stated, never
+// inherited.
+const beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
 // holdSQL marks Complete's transaction with $4 (see [markSetting]) and
 // locks the record of $1, $2 if owner $3 holds it IN_PROGRESS, saying
 // whether it does: the effect runs only for the record's owner, and no
@@ -561,10 +571,15 @@ func (s *Store) get(ctx context.Context, q interface {
 		row              nullableRecord
 	)
 	b := &pgx.Batch{}
+	// The lock and the read are statements of their own in a READ
+	// COMMITTED transaction (see beginSQL), so the read's snapshot is
+	// taken after the lock was tried.
+	b.Queue(beginSQL)
 	b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(id)).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
 	b.Queue(nowSQL(3)+` SELECT `+recoveringSQL+`, t.now, `+columns+` FROM t
 		LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &dbNow}, row.dest()...)...) })
+	b.Queue("COMMIT")
 	if err = q.SendBatch(ctx, b).Close(); err != nil {
 		return nil, false, err
 	}

@@ -341,3 +341,53 @@ func TestCompleteEffectTxRefusedAfterComplete(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"charged"}, names, "writes through the effect's transaction after Complete returned")
 }
+
+// TestReadsThatDecideUnderEveryDefaultIsolation: a database (or role)
+// whose default_transaction_isolation is repeatable read or serializable
+// takes a transaction's snapshot at its first statement. Get tries the
+// key's lock, then reads the record: a snapshot taken before the lock
+// would miss a record that RunOnce committed just before releasing it,
+// and the lookup would answer "nothing was done" for a key that exists.
+// So once Get has seen the key held, it never reads it as absent.
+func TestReadsThatDecideUnderEveryDefaultIsolation(t *testing.T) {
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(level+": a lookup never misses a key it saw held", func(t *testing.T) {
+			pool := newPool(t, func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			})
+			store := New(pool, nil)
+			ctx := context.Background()
+			misses := 0
+			for i := range 300 {
+				id := idempotency.ID{Key: fmt.Sprintf("key-%d", i)}
+				now := time.Now()
+				rec := &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, StableID: "s", Owner: "o",
+					LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+				held := make(chan struct{})
+				done := make(chan error, 1)
+				go func() {
+					_, err := store.RunOnce(ctx, rec, func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
+						close(held)
+						time.Sleep(time.Duration(i%7) * 100 * time.Microsecond)
+						return &idempotency.Response{StatusCode: 201}, nil
+					})
+					done <- err
+				}()
+				<-held
+				for {
+					got, found, err := store.Get(ctx, id, time.Now())
+					require.NoError(t, err)
+					if !found {
+						misses++
+						break
+					}
+					if got.Status == idempotency.StatusCompleted {
+						break
+					}
+				}
+				require.NoError(t, <-done)
+			}
+			assert.Zero(t, misses, "lookups that read a held key, then missed it as it committed")
+		})
+	}
+}
