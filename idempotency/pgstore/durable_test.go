@@ -555,3 +555,60 @@ func TestStandby(t *testing.T) {
 		})
 	}
 }
+
+// TestAnOperatorEndingACommitsWait: an operator who ends a backend stuck
+// waiting for a paused synchronous standby with pg_terminate_backend, as
+// docs/SERVER.md says to, ends its connection: the request is never a
+// 201, and no handler runs under an IN_PROGRESS record the standby lacks.
+// (pg_cancel_backend instead makes PostgreSQL report the commit done,
+// with only a warning, which the store cannot see: docs/SERVER.md warns
+// against it.)
+func TestAnOperatorEndingACommitsWait(t *testing.T) {
+	long.Skip(t, "starts a primary and a synchronous standby and pauses it")
+	pair := startPair(t, pgtest.Options{Durable: true})
+	require.NoError(t, pair.MakeSynchronous())
+	ctx := context.Background()
+	admin := openPool(t, pair.Primary.DSN("postgres"))
+	require.NoError(t, Migrate(ctx, admin))
+	_, err := admin.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+	pool := openPool(t, pair.Primary.DSN("postgres"))
+	require.NoError(t, pair.PauseReplication())
+
+	// terminateWaits ends every backend that waits for the standby, as an
+	// operator would, until the request answers; it returns the answer.
+	terminateWaits := func(t *testing.T, done <-chan int) int {
+		t.Helper()
+		deadline := time.After(time.Minute)
+		ended := 0
+		for {
+			select {
+			case code := <-done:
+				require.Positive(t, ended, "the request answered without waiting for the standby")
+				return code
+			case <-deadline:
+				t.Fatal("the request neither answered nor waited for the standby")
+			case <-time.After(20 * time.Millisecond):
+			}
+			ended += count(t, admin, "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep') e")
+		}
+	}
+	t.Run("one transaction: a terminated wait is never a 201", func(t *testing.T) {
+		done := make(chan int, 1)
+		go func() { done <- post(newOnceServer(pool, payDirect(nil), nil), "once", `{}`, false).Code }()
+		code := terminateWaits(t, done)
+		assert.Contains(t, []int{http.StatusInternalServerError, http.StatusServiceUnavailable}, code, "a commit the standby does not have")
+	})
+	t.Run("lease: the handler never runs after a terminated wait for its IN_PROGRESS record", func(t *testing.T) {
+		var ran atomic.Bool
+		h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ran.Store(true)
+			payHandler(w, r)
+		}), idempotency.Config{Store: New(pool, nil), Principal: anyone})
+		done := make(chan int, 1)
+		go func() { done <- post(h, "lease", `{}`, false).Code }()
+		code := terminateWaits(t, done)
+		assert.False(t, ran.Load(), "the handler ran under a record the standby does not have")
+		assert.Contains(t, []int{http.StatusInternalServerError, http.StatusServiceUnavailable}, code, "a commit the standby does not have")
+	})
+}
