@@ -1198,3 +1198,43 @@ func TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown(t *testing.T)
 		assert.NotErrorIs(t, err, idem.ErrNotSent)
 	})
 }
+
+// notSentFails is a store whose writes of a not-sent record fail, as a
+// full disk's do: it has only the four methods of persist.Store.
+type notSentFails struct{ persist.Store }
+
+func (s notSentFails) Save(ctx context.Context, rec *persist.Record) error {
+	if rec.State == persist.StateNotSent {
+		return errStoreDown
+	}
+	return s.Store.Save(ctx, rec)
+}
+
+func TestNotSent(t *testing.T) {
+	t.Parallel()
+	t.Run("a not-sent that could not be saved is never told not sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc), idem.WithStore(notSentFails{e.store}))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+
+		down.Store(true) // offline, and the disk is full
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.NotErrorIs(t, err, idem.ErrNotSent, "the store does not say so: the user is not told so")
+		require.ErrorAs(t, err, new(*idem.SaveError))
+
+		// The store still holds the intent armed: the next start settles
+		// it, which the user, told the outcome is unknown, expects.
+		down.Store(false)
+		next := e.newClient(t)
+		out, err := next.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, out, 1)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+}

@@ -545,9 +545,14 @@ func TestDroppedIntentIsNeverSent(t *testing.T) {
 		replaced <- result{in, err}
 	}()
 	<-store.entered // the old intent is being dropped
-	_, err = c.Do(ctx, old)
-	assert.ErrorIs(t, err, idem.ErrIntentReplaced, "the dropped intent must not be sent")
+	// A Do meanwhile waits for the drop to be decided, and never sends it.
+	did := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, old)
+		did <- err
+	}()
 	close(store.release)
+	assert.ErrorIs(t, <-did, idem.ErrIntentReplaced, "the dropped intent must not be sent")
 	r := <-replaced
 	require.NoError(t, r.err)
 	_, err = c.Do(ctx, r.in)

@@ -76,8 +76,12 @@ const (
 	evWrote
 	// evAnswer: the server's word arrived (a final answer, the lookup's).
 	evAnswer
-	// evEnded: a call ended without the server's word.
+	// evEnded: a call ended without the server's word, after at least one
+	// attempt began.
 	evEnded
+	// evNoAttempt: a call ended before any attempt began (its context or
+	// budget ended first).
+	evNoAttempt
 	// evHandOut: HTTPRequest is about to hand the request to the app.
 	evHandOut
 	// evSendEnded: the app reports that its send of a handed-out request
@@ -93,7 +97,7 @@ const (
 	nEvents
 )
 
-var eventNames = [nEvents]string{"arm", "begin", "begin-background", "wrote", "answer", "ended", "hand-out", "send-ended", "replace", "forget", "store-failed"}
+var eventNames = [nEvents]string{"arm", "begin", "begin-background", "wrote", "answer", "ended", "no-attempt", "hand-out", "send-ended", "replace", "forget", "store-failed"}
 
 func (e event) String() string {
 	if e < nEvents {
@@ -157,6 +161,12 @@ type rule struct {
 var lifeRules = []rule{
 	// The tap.
 	{phaseUnarmed, evArm, phaseArmed, vKeep},
+	// Unarmed intents live in the Intent until then: the key's entry is
+	// made by the arming write. The claim writes only where no record of
+	// the key is stored, so it proves that an earlier arming write whose
+	// result was unknown did not land.
+	{phaseStored, evArm, phaseArmed, vKeep},
+	{phaseMaySent, evArm, phaseArmed, vKeep},
 	{phaseDropped, evArm, phaseDropped, vRefuse},
 	// A failed arming write may have armed it: from then on it may be sent
 	// by anyone who reads the store, so it is never provably unsent.
@@ -193,8 +203,14 @@ var lifeRules = []rule{
 	{phaseSending, evEnded, phaseNotSent, vNotSent},
 	{phaseMaySent, evEnded, phaseMaySent, vUnknown},
 	{phaseHandedOut, evEnded, phaseHandedOut, vUnknown},
-	// The not-sent write failed: it did not make the intent not sent.
-	{phaseSending, evStoreFailed, phaseMaySent, vUnknown},
+	// No attempt began: nothing changed.
+	{phaseSending, evNoAttempt, phaseArmed, vUnknown},
+	{phaseMaySent, evNoAttempt, phaseMaySent, vUnknown},
+	{phaseHandedOut, evNoAttempt, phaseHandedOut, vUnknown},
+	// The not-sent write failed: it did not make the intent not sent, and
+	// the call says the outcome is unknown. No attempt was written all the
+	// same: the next call that writes nothing may still end not sent.
+	{phaseSending, evStoreFailed, phaseArmed, vUnknown},
 	{phaseNotSent, evStoreFailed, phaseMaySent, vUnknown},
 	{phaseMaySent, evStoreFailed, phaseMaySent, vUnknown},
 	{phaseArmed, evStoreFailed, phaseMaySent, vUnknown},

@@ -1,6 +1,13 @@
 package idem
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/persist"
+)
 
 // TestLife checks the table of an intent's life, one row per rule that
 // keeps a promise: what may be sent, what is told "not sent", what a
@@ -14,6 +21,7 @@ func TestLife(t *testing.T) {
 		do   verdict
 	}{
 		{"the tap arms an unarmed intent", phaseUnarmed, evArm, phaseArmed, vKeep},
+		{"an arming claim that wrote proves an earlier failed one did not land", phaseMaySent, evArm, phaseArmed, vKeep},
 		{"a failed arming write may have armed the intent", phaseUnarmed, evStoreFailed, phaseMaySent, vUnknown},
 		{"a replaced intent is never armed", phaseDropped, evArm, phaseDropped, vRefuse},
 		{"an intent this Client armed is sent as provably unsent", phaseArmed, evBegin, phaseSending, vSendUnsent},
@@ -27,8 +35,10 @@ func TestLife(t *testing.T) {
 		{"an attempt that wrote its headers may have been sent", phaseSending, evWrote, phaseMaySent, vSend},
 		{"a call that wrote nothing ends not sent", phaseSending, evEnded, phaseNotSent, vNotSent},
 		{"a call after a write ends with the outcome unknown", phaseMaySent, evEnded, phaseMaySent, vUnknown},
+		{"a call that began no attempt leaves the intent unsent", phaseSending, evNoAttempt, phaseArmed, vUnknown},
+		{"a call that began no attempt leaves a sent intent may-be-sent", phaseMaySent, evNoAttempt, phaseMaySent, vUnknown},
 		{"a handed-out request never ends not sent", phaseHandedOut, evEnded, phaseHandedOut, vUnknown},
-		{"a failed not-sent write is not not sent", phaseSending, evStoreFailed, phaseMaySent, vUnknown},
+		{"a failed not-sent write is not not sent", phaseSending, evStoreFailed, phaseArmed, vUnknown},
 		{"the server's word resolves a may-be-sent intent", phaseMaySent, evAnswer, phaseResolved, vResolved},
 		{"the server's word resolves a handed-out intent", phaseHandedOut, evAnswer, phaseResolved, vResolved},
 		{"a handed-out intent stays handed out on a call", phaseHandedOut, evBegin, phaseHandedOut, vSend},
@@ -63,9 +73,32 @@ func TestLifeNeverUnsends(t *testing.T) {
 	for p := phase(0); p < nPhases; p++ {
 		for e := event(0); e < nEvents; e++ {
 			to, _ := step(p, e)
-			if !unsent[p] && p != phaseDropped && unsent[to] {
+			// The claim of the arming write proves that no record of the
+			// key was stored: the one way back.
+			if !unsent[p] && p != phaseDropped && unsent[to] && e != evArm {
 				t.Errorf("%s on %s moves to %s: what may have been sent becomes provably unsent", p, e, to)
 			}
 		}
 	}
+}
+
+// TestLifeKeys checks the keys' use of the table where the table alone
+// cannot tell: when a call was asked for.
+func TestLifeKeys(t *testing.T) {
+	t.Run("a call the app asked for before the intent ended not sent never sends it", func(t *testing.T) {
+		k := newKeys()
+		rec := &persist.Record{Key: "k1", State: persist.StateNew}
+		k.armed(rec.Key, 0)
+		asked := k.callTick() // a Settle begins, racing the tap
+		_, err := k.begin(rec, false, k.callTick())
+		require.NoError(t, err)
+		require.Equal(t, vNotSent, k.ended(rec.Key, false, reading{}))
+		k.notSent(rec.Key)
+		stored := &persist.Record{Key: "k1", State: persist.StateNotSent}
+		_, err = k.begin(stored, false, asked)
+		require.ErrorIs(t, err, ErrNotSent, "the racing call is not the app asking again")
+		unsent, err := k.begin(stored, false, k.callTick())
+		require.NoError(t, err, "a call asked for afterwards is")
+		assert.True(t, unsent)
+	})
 }

@@ -246,7 +246,10 @@ func (a *app) pay(c *cart) {
 	written := a.d.written
 	err = a.settle(cl, in)
 	var re *idem.RetryError
-	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 {
+	// A not-sent write that failed did not make the intent not sent: the
+	// call says the outcome is unknown, with the store's error, and that
+	// is the rule, not a block.
+	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 && !errors.As(err, new(*idem.SaveError)) {
 		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
 	}
 	if in2 != nil {
