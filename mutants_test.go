@@ -62,8 +62,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-unsaved-told-not-sent", File: "do.go",
 			Note:    "a call whose not-sent write failed tells the app \"not sent\"",
-			Anchor:  "\t\treturn errors.Join(retryErr, saveErr)\n",
-			Replace: "\t\treturn errors.Join(err, saveErr)\n",
+			Anchor:  "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(retryErr, saveErr)\n",
+			Replace: "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(err, saveErr)\n",
 			Pkg:     root, Run: "^TestNotSent$",
 		},
 		{
@@ -72,6 +72,20 @@ func TestMutants(t *testing.T) {
 			Anchor:  "p == phaseNotSent && l != nil && l.notSentAt > tick",
 			Replace: "p == phaseNotSent && l != nil && false",
 			Pkg:     root, Run: "^TestLifeKeys$",
+		},
+		{
+			Name: "authorizer-failure-sent-anyway", File: "limit.go",
+			Note:    "an attempt whose Authorizer failed is sent without credentials",
+			Anchor:  "if ok && st.authErr != nil {",
+			Replace: "if false && st.authErr != nil {",
+			Pkg:     root, Run: "^TestAuthorizer$",
+		},
+		{
+			Name: "authorizer-failure-after-a-write-not-sent", File: "keys.go",
+			Note:    "a call that wrote a request and then met the Authorizer's failure ends not sent",
+			Anchor:  "\tif wrote {\n\t\tl.phase, _ = step(l.phase, evWrote)\n\t}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestAuthorizer$",
 		},
 		{
 			Name: "life-replaces-what-may-be-sent", File: "life.go",

@@ -51,7 +51,9 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 		return nil, newError(kindStorage, err.Error())
 	}
 	m := &Client{cfg: c, base: base, store: store, events: newEventQueue(c.Listener)}
-	m.auth = &authTransport{base: http.DefaultTransport, auth: c.Authorizer}
+	// The transport tells the call that an attempt went on the wire; the
+	// credentials are the call's, per attempt (idem.Config.Authorizer).
+	m.auth = &authTransport{base: http.DefaultTransport}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
 	server := idem.Server{
 		Retention:       retention,
@@ -70,7 +72,8 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 			MaxAttempts: int(c.MaxAttempts),
 			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
 		},
-		OnAttempt: m.events.hook,
+		OnAttempt:  m.events.hook,
+		Authorizer: authorizerOf(c.Authorizer),
 	}
 	for _, edit := range edits {
 		edit(&icfg)
