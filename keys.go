@@ -118,6 +118,8 @@ func (k *keys) phaseOfLocked(rec *persist.Record) phase {
 		return p
 	case rec.State.Resolved():
 		return phaseResolved
+	case rec.HandedOut:
+		return phaseHandedOut
 	case p == phaseStored && rec.State == persist.StateNotSent:
 		return phaseNotSent
 	case (p == phaseArmed || p == phaseNotSent) && rec.State != persist.StateNew && rec.State != persist.StateNotSent:
@@ -265,6 +267,29 @@ func (k *keys) storeFailed(key string) {
 	defer k.mu.Unlock()
 	l := k.lifeLocked(key)
 	l.phase, _ = step(l.phase, evStoreFailed)
+}
+
+// handOut is the table's evHandOut for rec, the stored version about to
+// be handed out: false if it was dropped.
+func (k *keys) handOut(rec *persist.Record) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	next, v := step(k.phaseOfLocked(rec), evHandOut)
+	if v != vHandOut {
+		return false
+	}
+	k.lifeLocked(rec.Key).phase = next
+	return true
+}
+
+// sendEnded is the table's evSendEnded: the app's send of a handed-out
+// request ended at now.
+func (k *keys) sendEnded(key string, now reading) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(phaseHandedOut, evSendEnded)
+	l.last, l.hasLast = now, true
 }
 
 // isUnsent reports whether this Client armed key and has not sent it, or

@@ -427,9 +427,10 @@ func TestHTTPRequestIsTheIntentsRequest(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
-		// The answer went past the Client: the intent is as it was, and a
-		// Do is answered from the server's record of the key.
-		assert.Equal(t, persist.StateNew, in.State())
+		// The answer went past the Client: the intent, handed out, may
+		// have been sent, and a Do is answered from the server's record
+		// of the key.
+		assert.Equal(t, persist.StatePending, in.State())
 		got, err := c.Do(ctx, in)
 		require.NoError(t, err)
 		assert.True(t, got.Replayed)
@@ -549,5 +550,56 @@ func TestSettleAll(t *testing.T) {
 		stored, err := c.Load(ctx, tap.Key())
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateNotSent, stored.State())
+	})
+}
+
+func TestHTTPRequest(t *testing.T) {
+	t.Parallel()
+	t.Run("a request in the app's hands is never replaced by a changed cart nor voided by a lookup miss", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StatePending, in.State(), "handed out, it may be sent")
+
+		// The app's send is in transit; the user changes the cart.
+		_, err = e.client.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "a changed cart never replaces it")
+		// A restart, long past the reconcile delay: the lookup finds
+		// nothing yet, and that is not trusted.
+		e.clock.Advance(time.Hour)
+		next := e.newClient(t)
+		stored, err := next.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = next.Reconcile(ctx, stored)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "its request may still arrive")
+		assert.NotEqual(t, persist.StateVoid, stored.State())
+
+		// The request lands: one charge, and the intent settles on it.
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.NoError(t, next.SendEnded(ctx, stored))
+		_, err = next.Settle(ctx, stored)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, stored.State())
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
+		e.clock.Advance(3 * time.Minute)
+		_, err = e.client.Reconcile(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateVoid, in.State())
 	})
 }
