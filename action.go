@@ -269,6 +269,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
+	shownAt := rec.Seq // the action's next intent when this one was shown
 	for {
 		err := persist.Claim(ctx, c.store, rec)
 		if err == nil {
@@ -297,7 +298,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			in.rec, in.unarmed = latest, false
 			in.mu.Unlock()
 			return nil
-		case latest.State == persist.StateSucceeded && !in.force:
+		case latest.State == persist.StateSucceeded && (!in.force || latest.Seq >= shownAt):
+			// A NewIntent pays again only over the payment it was shown
+			// after: one made and paid since it was shown paid for it.
 			return &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
 		case !latest.State.Resolved():
 			return &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}

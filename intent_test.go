@@ -967,3 +967,25 @@ func TestATapOnAStoreWhoseClaimNamesNoLatestRecordFailsWithASaveError(t *testing
 	assert.Equal(t, "arm", se.Op)
 	assert.Zero(t, e.srv.Stats().ProviderCharges)
 }
+
+func TestNewIntent(t *testing.T) {
+	t.Parallel()
+	t.Run("an intent shown before a later payment of the action never pays after it", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		req := e.paymentRequest(t, 100, "cus_1")
+		shown, err := e.client.NewIntent(ctx, "checkout", req) // shown, never tapped
+		require.NoError(t, err)
+		e.clock.Advance(11 * time.Hour)
+		other := e.newClient(t) // another part of the app, on the same store
+		paid, err := other.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = other.Do(ctx, paid)
+		require.NoError(t, err)
+
+		_, err = e.client.Do(ctx, shown) // a stale screen's tap
+		require.ErrorAs(t, err, new(*idem.ResolvedError))
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+}

@@ -95,6 +95,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestHTTPRequest$",
 		},
 		{
+			Name: "stale-new-intent-pays-again", File: "action.go",
+			Note:    "a NewIntent shown before another Client's later payment of the action is armed over it and pays again",
+			Anchor:  "(!in.force || latest.Seq >= shownAt)",
+			Replace: "!in.force",
+			Pkg:     root, Run: "^TestNewIntent$",
+		},
+		{
 			Name: "life-replaces-what-may-be-sent", File: "life.go",
 			Note:    "the table lets a changed cart replace an intent that may have been sent",
 			Anchor:  "\t{phaseMaySent, evReplace, phaseMaySent, vRefuse},\n",

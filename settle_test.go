@@ -572,6 +572,7 @@ func TestHTTPRequest(t *testing.T) {
 		// nothing yet, and that is not trusted.
 		e.clock.Advance(time.Hour)
 		next := e.newClient(t)
+		e.clock.Advance(3 * time.Minute) // past the delay from its birth too
 		stored, err := next.Load(ctx, in.Key())
 		require.NoError(t, err)
 		_, err = next.Reconcile(ctx, stored)
