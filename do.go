@@ -83,8 +83,11 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 		defer c.keys.forget(rec.Key)
 	}
 	// How long the intent may still be sent, by the largest age any clock
-	// reports, read again before every attempt and wait (intentLeft).
-	if c.left(rec) <= 0 {
+	// reports, read again before every attempt and wait (intentLeft). The
+	// age counts from the first moment a send could have begun: an intent
+	// stored not sent was never on the wire, and its age starts again
+	// when it is sent again (see hold).
+	if rec.State != persist.StateNotSent && c.left(rec) <= 0 {
 		return nil, c.recordExpiry(ctx, in, rec)
 	}
 	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {
@@ -232,6 +235,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	}
 	if rec.State == persist.StateNotSent {
 		rec.State = persist.StateNew
+		// No send of it ever began: the server's retention of its key
+		// starts no sooner than this one, as at the tap.
+		rec.CreatedAt = c.clock.Now()
+		c.clocks.stampInto(rec, true, new(persist.Clocks))
+		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
 	}
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()

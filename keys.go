@@ -143,6 +143,15 @@ func (k *keys) replaceable(rec *persist.Record) bool {
 	return v == vDrop
 }
 
+// reborn records that key's age starts again at now on the in-process
+// timeline: it is sent again after it ended not sent.
+func (k *keys) reborn(key string, now time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.born, l.hasBorn = now, true
+}
+
 // dropped records that key was replaced or forgotten: it is never sent.
 // Kept for the Client's life: an Intent value may still hold the record,
 // and a Do on it must not send it.

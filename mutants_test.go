@@ -102,6 +102,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestNewIntent$",
 		},
 		{
+			Name: "not-sent-ages-from-the-tap", File: "do.go",
+			Note:    "an offline tap retried a day later is refused as expired: its age counts from the tap, not from the first send",
+			Anchor:  "if rec.State != persist.StateNotSent && c.left(rec) <= 0 {",
+			Replace: "if c.left(rec) <= 0 {",
+			Pkg:     root, Run: "^TestSendAge$",
+		},
+		{
 			Name: "life-replaces-what-may-be-sent", File: "life.go",
 			Note:    "the table lets a changed cart replace an intent that may have been sent",
 			Anchor:  "\t{phaseMaySent, evReplace, phaseMaySent, vRefuse},\n",
