@@ -186,7 +186,7 @@ func (a *app) pay(c *cart) {
 		// resuming it or by asking the server.
 		prev := ue.Previous
 		if w.appRNG.chance(0.5) {
-			a.settle(cl, prev)
+			a.settle(cl, prev, true)
 		} else {
 			a.reconcile(cl, prev)
 		}
@@ -244,7 +244,7 @@ func (a *app) pay(c *cart) {
 		w.tracef("d%d/%s: a second tap on the other Client: intent %v, err %v", a.d.id, a.name, in2 != nil, err)
 	}
 	written := a.d.written
-	err = a.settle(cl, in)
+	err = a.settle(cl, in, true)
 	var re *idem.RetryError
 	// A not-sent write that failed did not make the intent not sent: the
 	// call says the outcome is unknown, with the store's error, and that
@@ -254,7 +254,7 @@ func (a *app) pay(c *cart) {
 	}
 	if in2 != nil {
 		w.bind(in2.Key(), c)
-		a.settle(other, in2)
+		a.settle(other, in2, true)
 	}
 }
 
@@ -268,11 +268,17 @@ func (d *device) pickClient() *idem.Client {
 }
 
 // settle sends in (resuming it) and, once it is too old to send,
-// reconciles it.
-func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
+// reconciles it. asks says the user asked for it (pressed Pay): only that
+// may send an intent the app was told was not sent.
+func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
+	info := a.d.w.intents[in.Key()]
+	if asks && info != nil {
+		info.promisedUnsent = false
+	}
 	written := a.d.written
 	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
+	a.d.w.toldNotSent(in.Key(), err)
 	a.d.w.observe(a, in)
 	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
 	if in.State() == persist.StateExpired {
@@ -324,7 +330,7 @@ func (d *device) resume() {
 				continue
 			}
 		}
-		a.settle(d.client, in)
+		a.settle(d.client, in, false)
 	}
 }
 
