@@ -193,6 +193,11 @@ var lifeRules = []rule{
 	{phaseUnarmed, evBeginBackground, phaseUnarmed, vRefuse},
 	{phaseResolved, evBeginBackground, phaseResolved, vResolved},
 
+	// Two calls at once under one key (the RoundTripper's calls that share
+	// a caller's key but not a request): neither is provably unsent.
+	{phaseSending, evBegin, phaseMaySent, vSend},
+	{phaseSending, evBeginBackground, phaseMaySent, vSend},
+
 	// An attempt wrote its request: judged by WroteHeaders alone.
 	{phaseSending, evWrote, phaseMaySent, vSend},
 	{phaseMaySent, evWrote, phaseMaySent, vSend},

@@ -30,6 +30,7 @@ func TestLife(t *testing.T) {
 		{"a not-sent intent is never sent by SettleAll", phaseNotSent, evBeginBackground, phaseNotSent, vRefuseNotSent},
 		{"SettleAll sends what may have been sent", phaseStored, evBeginBackground, phaseMaySent, vSend},
 		{"a replaced intent is never sent", phaseDropped, evBegin, phaseDropped, vRefuse},
+		{"a second call at once makes neither provably unsent", phaseSending, evBegin, phaseMaySent, vSend},
 		{"an unarmed intent is never sent before the tap", phaseUnarmed, evBegin, phaseUnarmed, vRefuse},
 		{"a resolved intent is answered from the store", phaseResolved, evBegin, phaseResolved, vResolved},
 		{"an attempt that wrote its headers may have been sent", phaseSending, evWrote, phaseMaySent, vSend},
