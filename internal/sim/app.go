@@ -271,9 +271,14 @@ func (d *device) pickClient() *idem.Client {
 // reconciles it. asks says the user asked for it (pressed Pay): only that
 // may send an intent the app was told was not sent.
 func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
-	info := a.d.w.intents[in.Key()]
-	if asks && info != nil {
-		info.promisedUnsent = false
+	if info := a.d.w.intents[in.Key()]; asks && info != nil {
+		// The user asks for the cart: any intent of it (a split double
+		// tap's other Client arms the first tap's intent and sends it).
+		for _, other := range a.d.w.intents {
+			if other.cart == info.cart {
+				other.promisedUnsent = false
+			}
+		}
 	}
 	written := a.d.written
 	resp, err := cl.Do(context.Background(), in)
