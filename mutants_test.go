@@ -98,7 +98,7 @@ func TestMutants(t *testing.T) {
 			Name: "stale-new-intent-pays-again", File: "action.go",
 			Note:    "a NewIntent shown before another Client's later payment of the action is armed over it and pays again",
 			Anchor:  "(!in.force || latest.Seq >= shownAt)",
-			Replace: "!in.force",
+			Replace: "(!in.force || false && latest.Seq >= shownAt)",
 			Pkg:     root, Run: "^TestNewIntent$",
 		},
 		{
