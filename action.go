@@ -163,22 +163,9 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				return nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
-			case c.mayReplace(latest) && c.keys.dropUnsent(latest):
-				// Deleted only if no other Client took it over to send it
-				// since it was read: one step in the store.
-				c.keys.saved.drop(latest.Key)
-				if err := persist.DeleteIf(ctx, c.store, latest); err != nil {
-					var changed *persist.ConflictError
-					if errors.As(err, &changed) {
-						c.keys.undropTaken(latest.Key)
-						prev := latest
-						if changed.Current != nil {
-							prev = changed.Current
-						}
-						return nil, &UnresolvedError{Name: name, Previous: c.intentOf(prev)}
-					}
-					c.keys.undrop(latest.Key)
-					return nil, &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
+			case c.mayReplace(latest) && c.keys.replaceable(latest):
+				if err := c.replace(ctx, name, latest); err != nil {
+					return nil, err
 				}
 			default:
 				return nil, &UnresolvedError{Name: name, Previous: c.intentOf(latest)}
@@ -197,6 +184,45 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 		c.unarmed[name] = in
 	}
 	return in, nil
+}
+
+// replace drops latest, the action's latest intent as stored, for a
+// changed request: the table's evReplace, made while no call of its key
+// runs in this Client, so none can begin sending it meanwhile. The store
+// deletes it only if no other Client took it over to send it since it was
+// read (persist.DeleteIf); only then is it dropped in memory.
+func (c *Client) replace(ctx context.Context, name string, latest *persist.Record) error {
+	var err error
+	ran := c.flights.exclusive(latest.Key, func() {
+		if !c.keys.replaceable(latest) {
+			err = &UnresolvedError{Name: name, Previous: c.intentOf(latest)}
+			return
+		}
+		if err = persist.DeleteIf(ctx, c.store, latest); err == nil {
+			c.keys.saved.drop(latest.Key)
+			c.keys.dropped(latest.Key)
+		}
+	})
+	if !ran {
+		// A call of it is sending it now.
+		return &UnresolvedError{Name: name, Previous: c.intentOf(latest)}
+	}
+	var changed *persist.ConflictError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &changed):
+		// Another Client took it over: it may be sending it.
+		c.keys.forget(latest.Key)
+		prev := latest
+		if changed.Current != nil {
+			prev = changed.Current
+		}
+		return &UnresolvedError{Name: name, Previous: c.intentOf(prev)}
+	case errors.As(err, new(*UnresolvedError)):
+		return err
+	}
+	return &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 }
 
 // arm makes an unarmed intent durable before its first byte is sent: the
@@ -243,6 +269,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
+	shownAt := rec.Seq // the action's next intent when this one was shown
 	for {
 		rec.Rev = persist.NewRev()
 		err := persist.Claim(ctx, c.store, rec)
@@ -257,6 +284,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			if errors.As(err, &corrupt) {
 				return fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)
 			}
+			// The write's result is unknown: it may have armed the
+			// intent, which is never provably unsent from now on.
+			c.keys.storeFailed(rec.Key)
 			return &SaveError{Key: rec.Key, Op: "arm", Err: err}
 		}
 		latest := lost.Current
@@ -269,7 +299,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			in.rec, in.unarmed = latest, false
 			in.mu.Unlock()
 			return nil
-		case latest.State == persist.StateSucceeded && !in.force:
+		case latest.State == persist.StateSucceeded && (!in.force || latest.Seq >= shownAt):
+			// A NewIntent pays again only over the payment it was shown
+			// after: one made and paid since it was shown paid for it.
 			return &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
 		case !latest.State.Resolved():
 			return &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
@@ -283,7 +315,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	in.rec, in.unarmed = rec, false
 	in.mu.Unlock()
 	c.keys.saved.saved(rec)
-	c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
+	c.keys.armed(rec.Key, c.clocks.sinceBirth())
 	return nil
 }
 

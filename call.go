@@ -76,7 +76,35 @@ type call struct {
 	began              time.Time
 	retryCost, paidFor int
 	tokens             *tokenBucket // the Client's retry budget
+	// authErr is Config.Authorizer's failure before the current attempt:
+	// the attempt is not sent (budgetTransport) and the call ends.
+	authErr error
 }
+
+// authorize puts the credentials Config.Authorizer gives on the attempt
+// req is about to send, or keeps its failure for budgetTransport, which
+// then sends nothing. They live in the attempt's header only: the
+// intent's stored header never holds them.
+func (st *call) authorize(req *http.Request) {
+	if st.cfg.authorize == nil || req.Context().Err() != nil {
+		return
+	}
+	v, err := st.cfg.authorize(req.Context(), st.key)
+	switch {
+	case err != nil:
+		st.authErr = &authorizerError{err: err}
+	case v == "":
+		req.Header.Del("Authorization")
+	default:
+		req.Header.Set("Authorization", v)
+	}
+}
+
+// authorizerError is Config.Authorizer's failure, as the call reports it.
+type authorizerError struct{ err error }
+
+func (e *authorizerError) Error() string { return "idem: the Authorizer failed: " + e.err.Error() }
+func (e *authorizerError) Unwrap() error { return e.err }
 
 // sentNothing reports a call none of whose attempts wrote its request to a
 // connection, as its transport's trace proves: every attempt looked for a
@@ -212,6 +240,12 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		st.unproven = true
 	}
 	if st.stopped != nil {
+		return false, errStopped
+	}
+	if st.authErr != nil {
+		// No retry can fix it; the attempt sent nothing.
+		st.last, st.lastErr, st.stopped = nil, st.authErr, &stop{reason: stopAuthorizer}
+		st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: st.authErr})
 		return false, errStopped
 	}
 	if err == nil && isFinal(resp.StatusCode, resp.Header, st.key) {

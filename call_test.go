@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -390,4 +391,76 @@ func TestAttemptHookErrorCarriesNoCredential(t *testing.T) {
 			assert.ErrorAs(t, e, &ue)
 		}
 	}
+}
+
+func TestAuthorizer(t *testing.T) {
+	t.Parallel()
+	errNoSession := errors.New("token refresh failed")
+	withAuthorizer := func(f func(context.Context, string) (string, error)) idem.Option {
+		return func(c *idem.Config) { c.Authorizer = f }
+	}
+	t.Run("a failure before any attempt wrote ends not sent and the changed cart replaces the intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		c := e.newClient(t, withAuthorizer(func(context.Context, string) (string, error) { return "", errNoSession }))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		require.ErrorIs(t, err, errNoSession, "the app's error is kept")
+		assert.Equal(t, persist.StateNotSent, in.State())
+		assert.Zero(t, e.srv.Stats().Requests)
+
+		_, err = c.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err, "the changed cart is not blocked")
+		out, err := e.newClient(t).SettleAll(ctx) // the next start
+		require.NoError(t, err)
+		assert.Empty(t, out, "the first cart is gone")
+		assert.Zero(t, e.srv.Stats().ProviderCharges)
+	})
+	t.Run("a failure after an attempt wrote ends with the outcome unknown", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		var calls atomic.Int32
+		c := e.newClient(t, withAuthorizer(func(context.Context, string) (string, error) {
+			if calls.Add(1) > 1 {
+				return "", errNoSession
+			}
+			return "Bearer t1", nil
+		}))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.NotErrorIs(t, err, idem.ErrNotSent, "the first attempt was charged")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	t.Run("the credentials go on each attempt and are never stored", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		var saw []string
+		var mu sync.Mutex
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			saw = append(saw, r.Header.Get("Authorization"))
+			mu.Unlock()
+			w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+			w.WriteHeader(http.StatusCreated)
+		}))
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		c, err := idem.New(idem.Config{Store: store, Authorizer: func(_ context.Context, key string) (string, error) { return "Bearer for-" + key, nil }})
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"Bearer for-" + in.Key()}, saw)
+		stored, err := store.Get(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Empty(t, stored.Header.Get("Authorization"))
+	})
 }

@@ -74,6 +74,18 @@ type Config struct {
 	// means none.
 	OnAttempt func(Attempt)
 
+	// Authorizer returns the credentials of one attempt of the intent
+	// with key: the value of its Authorization header, such as "Bearer "
+	// and a fresh token; "" sends none. The call runs it before each
+	// attempt, so a token that expired between a crash and the resume is
+	// refreshed, and its value is never stored with the intent. An error
+	// ends the call: with ErrNotSent (wrapping the error) if no attempt
+	// of the intent wrote its request (httptrace's WroteHeaders), else
+	// with the outcome unknown. A redirect (307, 308) to another host
+	// carries no credentials (net/http drops them). Nil means none: the
+	// http.Client's transport may set them instead.
+	Authorizer func(ctx context.Context, key string) (string, error)
+
 	// SettleConcurrency is how many intents SettleAll settles at once:
 	// from 1 (one after the other, oldest first) up. Zero means 4: a
 	// device at app start should not open many connections at once, and
@@ -114,7 +126,8 @@ type config struct {
 	maxBody   int64 // bytes read of one answer, header fields included
 	quoted    bool
 	onAttempt func(Attempt)
-	lookup    func(Request, string) string // nil: none configured
+	authorize func(context.Context, string) (string, error) // nil: none
+	lookup    func(Request, string) string                  // nil: none configured
 	// keyReusedAnswer recognises the app's own server's key reuse answers.
 	keyReusedAnswer func(*Response) bool
 	// ownAnswer recognises the app's own server's unmarked answers.
@@ -136,6 +149,7 @@ func newConfig(cfg Config) (config, error) {
 		clock:       cfg.Clock,
 		policy:      cfg.RetryPolicy,
 		onAttempt:   cfg.OnAttempt,
+		authorize:   cfg.Authorizer,
 		retryBudget: cfg.RetryBudget,
 		settles:     settleConfig{workers: cfg.SettleConcurrency, progress: cfg.SettleProgress},
 	}

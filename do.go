@@ -43,15 +43,31 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 	if err := c.arm(ctx, in); err != nil {
 		return nil, err
 	}
-	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.do(ctx, in, c.retry, nil) })
+	ask := callAsk{tick: c.keys.callTick()}
+	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.doAs(ctx, in, c.retry, nil, ask) })
 }
 
-// do runs one call for in through r. header, if not nil, replaces the
+// callAsk is who asks a call to send: the app (Do, Settle, Send, the
+// RoundTripper), or SettleAll (background), which never sends what the
+// app was told was not sent. tick is when the app asked (keys.callTick):
+// a call asked for before the intent ended not sent is not the app asking
+// for it again.
+type callAsk struct {
+	background bool
+	tick       uint64
+}
+
+// do is doAs for a call the app asks for now.
+func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Header) (*Response, error) {
+	return c.doAs(ctx, in, r, header, callAsk{tick: c.keys.callTick()})
+}
+
+// doAs runs one call for in through r. header, if not nil, replaces the
 // stored headers (the RoundTripper sends the live request's). Its steps:
 // read the record's current version, refuse what may not be sent (too old,
 // unsendable), hold the record for this Client, send, and record what came
 // of it: not sent, unknown, or the final answer.
-func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Header) (*Response, error) {
+func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.Header, ask callAsk) (*Response, error) {
 	cur, known, err := c.currentVersion(ctx, in)
 	if err != nil {
 		return nil, err
@@ -67,26 +83,34 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 		defer c.keys.forget(rec.Key)
 	}
 	// How long the intent may still be sent, by the largest age any clock
-	// reports, read again before every attempt and wait (intentLeft).
-	if c.left(rec) <= 0 {
+	// reports, read again before every attempt and wait (intentLeft). The
+	// age counts from the first moment a send could have begun: an intent
+	// stored not sent was never on the wire, and its age starts again
+	// when it is sent again (see hold).
+	if rec.State != persist.StateNotSent && c.left(rec) <= 0 {
 		return nil, c.recordExpiry(ctx, in, rec)
 	}
 	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {
 		return nil, err
 	}
-	unsent, err := c.keys.markSent(rec.Key, rec.State == persist.StateNotSent)
+	// A per-request key of the RoundTripper's is new with this call; a key
+	// the caller chose may have been sent by its own earlier retry.
+	if in.ephemeral && rec.Attempts == 0 && !in.callersKey {
+		c.keys.armed(rec.Key, c.clocks.sinceBirth())
+	}
+	// The table decides, at the moment of sending, from the version just
+	// read: whether it may be sent, and whether it is provably unsent.
+	unsent, err := c.keys.begin(rec, ask.background, ask.tick)
 	if err != nil {
 		return nil, err
 	}
-	// A per-request key of the RoundTripper's is new with this call; a key
-	// the caller chose may have been sent by its own earlier retry.
-	unsent = unsent || in.ephemeral && rec.Attempts == 0 && !in.callersKey
 	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
 		held, stillUnsent, moved, err := c.hold(ctx, in, rec, cur, unsent)
 		if moved {
 			// Another Client moved it on since it was read: go on from
 			// what is stored.
-			return c.do(ctx, in, r, header)
+			c.keys.forget(rec.Key)
+			return c.doAs(ctx, in, r, header, ask)
 		}
 		if err != nil {
 			return nil, err
@@ -98,13 +122,8 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 		header = rec.Header
 	}
 	resp, retryErr := c.send(ctx, r, rec, header, unsent)
-	c.keys.sent(rec.Key, c.clocks.read())
-	if retryErr != nil && retryErr.Attempts == 0 && unsent {
-		// Nothing reached the wire: the intent is still provably unsent.
-		c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
-	}
 	if retryErr != nil {
-		return nil, c.recordNoAnswer(ctx, in, rec, retryErr, unsent)
+		return nil, c.recordNoAnswer(ctx, in, rec, retryErr)
 	}
 	return c.recordAnswer(ctx, in, rec, resp)
 }
@@ -216,6 +235,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	}
 	if rec.State == persist.StateNotSent {
 		rec.State = persist.StateNew
+		// No send of it ever began: the server's retention of its key
+		// starts no sooner than this one, as at the tap.
+		rec.CreatedAt = c.clock.Now()
+		c.clocks.stampInto(rec, true, new(persist.Clocks))
+		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
 	}
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
@@ -224,15 +248,16 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		if errors.As(err, &changed) {
 			if changed.Current == nil {
 				// Replaced by another Client for a changed request.
+				c.keys.dropped(rec.Key)
 				return nil, false, false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
 			}
 			in.set(changed.Current)
 			c.keys.saved.drop(rec.Key)
 			return nil, false, true, nil
 		}
-		if unsent {
-			c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
-		}
+		// Nothing of this call was sent. The write's result is unknown,
+		// and the next call reads what the store holds.
+		c.keys.noAttempt(rec.Key, c.clocks.read())
 		return nil, false, false, err
 	}
 	again := *rec
@@ -242,12 +267,19 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 // recordNoAnswer records a call that ended without a final answer, and
 // returns its error: a *notSentError when nothing can have reached the
 // server, else retryErr, the outcome unknown.
-func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, unsent bool) error {
+//
+// "Not sent" is judged by the transport's trace alone (WroteHeaders),
+// never by the final error: net/http resends a request that carries an
+// Idempotency-Key on a new connection, so a dial error can follow bytes
+// written earlier.
+func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError) error {
 	now := c.clock.Now()
 	// The call made one attempt, which failed for good and never reached
 	// the server.
 	oneNeverReached := retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.unreached
-	if unsent && (oneNeverReached || retryErr.noneWritten && retryErr.Attempts > 0) {
+	if retryErr.Attempts == 0 {
+		c.keys.noAttempt(rec.Key, c.clocks.read())
+	} else if c.keys.ended(rec.Key, !retryErr.noneWritten, c.clocks.read()) == vNotSent {
 		return c.recordNotSent(ctx, in, rec, retryErr, now)
 	}
 	if oneNeverReached {
@@ -280,13 +312,18 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 // attempt before it can have sent: the intent stays provably unsent, so
 // Intent may replace it. The store says so too, so that after a restart
 // SettleAll does not send what the app was told was not sent.
+//
+// The app is told "not sent" only once the store says so: a not-sent
+// write that failed, or whose result is unknown, did not make the intent
+// not sent, and the call ends with the outcome unknown (retryErr, with the
+// store's error).
 func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
-	c.keys.markCreated(rec.Key, c.clocks.sinceBirth())
 	err := &notSentError{Key: rec.Key, Err: retryErr.Err}
 	if err.Err == nil || errors.Is(err.Err, errStopped) {
 		err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
 	}
 	if rec.State == persist.StateNotSent || in.ephemeral {
+		c.keys.notSent(rec.Key)
 		return err
 	}
 	// Only if no other Client took it over since this call began: one
@@ -295,12 +332,13 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 	rec.State = persist.StateNotSent
 	rec.UpdatedAt = now
 	if saveErr := c.saveIf(detached(ctx), in, rec, prev, "record not sent"); saveErr != nil {
+		c.keys.storeFailed(rec.Key)
 		if errors.As(saveErr, new(*persist.ConflictError)) {
-			c.keys.undropTaken(rec.Key)
 			return retryErr
 		}
-		return errors.Join(err, saveErr)
+		return errors.Join(retryErr, saveErr)
 	}
+	c.keys.notSent(rec.Key)
 	return err
 }
 

@@ -1199,3 +1199,66 @@ func TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown(t *testing.T)
 		assert.NotErrorIs(t, err, idem.ErrNotSent)
 	})
 }
+
+// notSentFails is a store whose writes of a not-sent record fail, as a
+// full disk's do.
+type notSentFails struct{ persist.Store }
+
+func (s notSentFails) Write(ctx context.Context, rec, old *persist.Record) error {
+	if rec.State == persist.StateNotSent {
+		return errStoreDown
+	}
+	return s.Store.Write(ctx, rec, old)
+}
+
+func TestNotSent(t *testing.T) {
+	t.Parallel()
+	t.Run("a not-sent that could not be saved is never told not sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc), idem.WithStore(notSentFails{e.store}))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+
+		down.Store(true) // offline, and the disk is full
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.NotErrorIs(t, err, idem.ErrNotSent, "the store does not say so: the user is not told so")
+		require.ErrorAs(t, err, new(*idem.SaveError))
+
+		// The store still holds the intent armed: the next start settles
+		// it, which the user, told the outcome is unknown, expects.
+		down.Store(false)
+		next := e.newClient(t)
+		out, err := next.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, out, 1)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+}
+
+func TestSendAge(t *testing.T) {
+	t.Parallel()
+	t.Run("an offline tap retried a day later is sent, not expired", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		down.Store(true)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+
+		e.clock.Advance(25 * time.Hour) // the next day, online
+		down.Store(false)
+		_, err = c.Do(ctx, in)
+		require.NoError(t, err, "its age counts from the first moment a send could begin")
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+}

@@ -113,6 +113,10 @@ const (
 	// RetryError.LastResponse holds the 422, and Settle asks the server's
 	// lookup what became of the key.
 	stopRedirectedKeyReused = "key reuse answer after a redirect to another URL"
+	// stopAuthorizer: Config.Authorizer failed before an attempt: no retry
+	// can fix it. The call ends not sent if no attempt of the intent
+	// wrote its request.
+	stopAuthorizer = "the Authorizer failed"
 )
 
 // RetryError reports a call that ended without a final answer from the

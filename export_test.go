@@ -15,9 +15,7 @@ var Arm = (*Client).arm
 
 // Tracked returns how many intents c holds state for in memory.
 func Tracked(c *Client) int {
-	c.keys.mu.Lock()
-	n := len(c.keys.unsent) + len(c.keys.dropped) + len(c.keys.created) + len(c.keys.lastSent)
-	c.keys.mu.Unlock()
+	n := c.keys.tracked()
 	c.actionMu.Lock()
 	defer c.actionMu.Unlock()
 	return n + len(c.unarmed)

@@ -549,9 +549,14 @@ func TestDroppedIntentIsNeverSent(t *testing.T) {
 		replaced <- result{in, err}
 	}()
 	<-store.entered // the old intent is being dropped
-	_, err = c.Do(ctx, old)
-	assert.ErrorIs(t, err, idem.ErrIntentReplaced, "the dropped intent must not be sent")
+	// A Do meanwhile waits for the drop to be decided, and never sends it.
+	did := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, old)
+		did <- err
+	}()
 	close(store.release)
+	assert.ErrorIs(t, <-did, idem.ErrIntentReplaced, "the dropped intent must not be sent")
 	r := <-replaced
 	require.NoError(t, r.err)
 	_, err = c.Do(ctx, r.in)
@@ -865,4 +870,26 @@ func TestATapOnAStoreWhoseClaimNamesNoLatestRecordFailsWithASaveError(t *testing
 	require.ErrorAs(t, err, &se, "a conflict without the latest record is the store's error, not a panic")
 	assert.Equal(t, "arm", se.Op)
 	assert.Zero(t, e.srv.Stats().ProviderCharges)
+}
+
+func TestNewIntent(t *testing.T) {
+	t.Parallel()
+	t.Run("an intent shown before a later payment of the action never pays after it", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		req := e.paymentRequest(t, 100, "cus_1")
+		shown, err := e.client.NewIntent(ctx, "checkout", req) // shown, never tapped
+		require.NoError(t, err)
+		e.clock.Advance(11 * time.Hour)
+		other := e.newClient(t) // another part of the app, on the same store
+		paid, err := other.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = other.Do(ctx, paid)
+		require.NoError(t, err)
+
+		_, err = e.client.Do(ctx, shown) // a stale screen's tap
+		require.ErrorAs(t, err, new(*idem.ResolvedError))
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 }

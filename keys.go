@@ -9,40 +9,60 @@ import (
 )
 
 // keys is what this process knows about each key beyond what the store
-// says: which intents it created and has not sent (the only ones known for
-// certain never to have been sent), which it dropped unsent, which it has
-// handed to Do, when it last sent each and when it first saw each, on the
-// in-process timeline; and the version of each record it saved last.
-// Safe for concurrent use.
+// says: its phase in the table of life.go, when it first saw it and when
+// its last call ended, on the in-process timeline; and the version of
+// each record it saved last. Every change of a phase is a step of that
+// table. Safe for concurrent use.
 type keys struct {
-	mu sync.Mutex
-	// unsent holds the keys this Client created and has not yet handed
-	// to Do: the only intents known for certain never to have been sent.
-	unsent map[string]struct{}
-	// dropped holds the keys of unsent intents that Intent replaced; Do
-	// refuses to send them.
-	dropped map[string]struct{}
-	// handed holds the keys this Client has handed to Do: a record read
-	// as not sent may be older than such a Do (see dropUnsent).
-	handed map[string]struct{}
-	// lastSent holds, for the keys this Client sent and whose outcome is
-	// unknown, when its last call of them ended; created, when it created
-	// them or first judged their age; both on the in-process timeline
-	// (clocks.sinceBirth).
-	lastSent map[string]reading
-	created  map[string]time.Duration
+	mu    sync.Mutex
+	lives map[string]*keyLife
+	// spare holds entries of forgotten keys for reuse: a payment's entry
+	// lives from its tap to its answer, and the next one takes it over,
+	// which saves an allocation per payment.
+	spare []*keyLife
+	// tick counts the not-sent records this Client wrote: a call that
+	// began before the one of its key never sends it (see begin).
+	tick uint64
 
 	// saved is the version of each unresolved record this Client saved
 	// last.
 	saved lastSaved
 }
 
+// maxSpareLives bounds the entries kept for reuse.
+const maxSpareLives = 64
+
+// keyLife is one key's entry.
+type keyLife struct {
+	phase phase
+	// born is when the key was first seen on the in-process timeline
+	// (clocks.sinceBirth), if hasBorn.
+	born    time.Duration
+	hasBorn bool
+	// last is when its last call ended, if hasLast.
+	last    reading
+	hasLast bool
+	// notSentAt is the tick of the not-sent record this Client wrote
+	// last for it.
+	notSentAt uint64
+}
+
 func newKeys() *keys {
-	return &keys{
-		unsent:   make(map[string]struct{}),
-		lastSent: make(map[string]reading),
-		created:  make(map[string]time.Duration),
+	return &keys{lives: make(map[string]*keyLife)}
+}
+
+// lifeLocked returns key's entry, made in phaseStored if there is none.
+func (k *keys) lifeLocked(key string) *keyLife {
+	l := k.lives[key]
+	if l == nil {
+		if n := len(k.spare); n > 0 {
+			l, k.spare = k.spare[n-1], k.spare[:n-1]
+		} else {
+			l = &keyLife{}
+		}
+		k.lives[key] = l
 	}
+	return l
 }
 
 // bornAt returns when key was first seen on the in-process timeline,
@@ -50,12 +70,11 @@ func newKeys() *keys {
 func (k *keys) bornAt(key string, at time.Duration) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	born, ok := k.created[key]
-	if !ok {
-		born = at
-		k.created[key] = born
+	l := k.lifeLocked(key)
+	if !l.hasBorn {
+		l.born, l.hasBorn = at, true
 	}
-	return born
+	return l.born
 }
 
 // lastSaved remembers the version of each unresolved intent that this Client
@@ -92,71 +111,83 @@ func (l *lastSaved) is(rec *persist.Record) bool {
 	return l.m[rec.Key] == rec
 }
 
-// dropUnsent reports an intent that this Client created and has not handed
-// to Do, and marks it dropped in the same step, so that a Do that starts
-// meanwhile cannot send it: only then is "not sent" a fact rather than a
-// guess. After a restart a new intent may have been sent (the first attempt
-// is not recorded, to keep to one durable write per intent before Do
-// returns).
+// phaseOfLocked reads the stored record rec through what this process
+// knows of its key: the store is pessimistic, memory proves what it can.
 //
-// An intent stored as not sent (a call of it ended with ErrNotSent) is
-// unsent too, unless this Client has sent it since: a Do that sends it
-// again first stores it as new, and marks it handed (see markSent) before
-// that, so the record read here may be older than the Do.
-func (k *keys) dropUnsent(rec *persist.Record) bool {
+//   - A record stored not sent is not-sent, unless a call of this Client
+//     has sent it since (the record read may be older than the call).
+//   - What this Client holds as provably unsent stays so only while the
+//     store still holds it new or not sent: a record moved on (pending,
+//     expired, taken over) may have been sent.
+func (k *keys) phaseOfLocked(rec *persist.Record) phase {
+	p := phaseStored
+	if l := k.lives[rec.Key]; l != nil {
+		p = l.phase
+	}
+	switch {
+	case p == phaseDropped:
+		return p
+	case rec.State.Resolved():
+		return phaseResolved
+	case rec.HandedOut:
+		return phaseHandedOut
+	case p == phaseStored && rec.State == persist.StateNotSent:
+		return phaseNotSent
+	case (p == phaseArmed || p == phaseNotSent) && rec.State != persist.StateNew && rec.State != persist.StateNotSent:
+		return phaseMaySent
+	}
+	return p
+}
+
+// replaceable reports whether Intent may replace rec, the action's latest
+// intent as stored, for a changed request: only what was provably never
+// sent (the table's evReplace). The caller runs it while no call of the
+// key runs in this Client (flights.exclusive), and commits the drop with
+// dropped once the store's conditional delete succeeded.
+func (k *keys) replaceable(rec *persist.Record) bool {
 	if rec.State != persist.StateNew && rec.State != persist.StateNotSent {
 		return false
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	_, unsent := k.unsent[rec.Key]
-	if !unsent && rec.State == persist.StateNotSent {
-		_, handed := k.handed[rec.Key]
-		unsent = !handed
-	}
-	if !unsent {
-		return false
-	}
-	delete(k.unsent, rec.Key)
-	delete(k.created, rec.Key)
-	delete(k.lastSent, rec.Key)
-	if k.dropped == nil {
-		k.dropped = make(map[string]struct{})
-	}
-	// Kept for the Client's life: an Intent value may still hold the
-	// record, and a Do on it must not send it.
-	k.dropped[rec.Key] = struct{}{}
-	return true
+	_, v := step(k.phaseOfLocked(rec), evReplace)
+	return v == vDrop
 }
 
-// undropTaken reverts dropUnsent for a record another Client took over:
-// it is no longer provably unsent.
-func (k *keys) undropTaken(key string) {
+// reborn records that key's age starts again at now on the in-process
+// timeline: it is sent again after it ended not sent.
+func (k *keys) reborn(key string, now time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.dropped, key)
-	delete(k.unsent, key)
+	l := k.lifeLocked(key)
+	l.born, l.hasBorn = now, true
 }
 
-// undrop reverts dropUnsent when the record could not be deleted.
-func (k *keys) undrop(key string) {
+// dropped records that key was replaced or forgotten: it is never sent.
+// Kept for the Client's life: an Intent value may still hold the record,
+// and a Do on it must not send it.
+func (k *keys) dropped(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.dropped, key)
-	k.unsent[key] = struct{}{}
+	k.lives[key] = &keyLife{phase: phaseDropped}
 }
 
-func (k *keys) markCreated(key string, now time.Duration) {
+// armed records that this Client armed key: its claim wrote the record,
+// which proves that no record of the key was stored before (an earlier
+// arming write that failed did not land). Provably unsent until a call of
+// it writes.
+func (k *keys) armed(key string, now time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.unsent[key] = struct{}{}
-	if _, ok := k.created[key]; !ok {
-		k.created[key] = now
+	l := k.lifeLocked(key)
+	l.phase, _ = step(l.phase, evArm)
+	if !l.hasBorn {
+		l.born, l.hasBorn = now, true
 	}
 }
 
-// notReplaced returns an error matching ErrIntentReplaced if Intent has
-// dropped key for a changed request.
+// notReplaced returns an error matching ErrIntentReplaced if key was
+// dropped.
 func (k *keys) notReplaced(key string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -164,60 +195,151 @@ func (k *keys) notReplaced(key string) error {
 }
 
 func (k *keys) notReplacedLocked(key string) error {
-	if _, dropped := k.dropped[key]; dropped {
+	if l := k.lives[key]; l != nil && l.phase == phaseDropped {
 		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
 	}
 	return nil
 }
 
-// markSent records that key is about to be sent, or refuses if Intent has
-// dropped it for a changed request. unsent reports whether the key was
-// provably unsent until now: this Client created it and has not sent it,
-// or the store holds it as not sent (storedNotSent, read under the key's
-// flight, so no other call of this process is sending it).
-func (k *keys) markSent(key string, storedNotSent bool) (unsent bool, err error) {
+// callTick returns the tick a call begins at (see begin).
+func (k *keys) callTick() uint64 {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.notReplacedLocked(key); err != nil {
-		return false, err
-	}
-	// Once sent, the key is no longer provably unsent: forgetting it gives
-	// the same answer from dropUnsent and keeps the map small.
-	_, unsent = k.unsent[key]
-	delete(k.unsent, key)
-	if k.handed == nil {
-		k.handed = make(map[string]struct{})
-	}
-	k.handed[key] = struct{}{}
-	return unsent || storedNotSent, nil
+	return k.tick
 }
 
-// isUnsent reports whether this Client created key and has not sent it,
-// or dropped it unsent.
+// begin is the table's evBegin (evBeginBackground for SettleAll) for rec,
+// the stored version a call of this Client is about to send, under the
+// key's flight. It returns whether no attempt of the intent can have
+// reached the server before (vSendUnsent), or refuses: the key was
+// replaced (ErrIntentReplaced), or the app was told it was not sent and
+// has not asked again (a *notSentError). A call that began before this
+// Client wrote the key's not-sent record (at tick) did not ask again: it
+// is refused as SettleAll is.
+func (k *keys) begin(rec *persist.Record, background bool, tick uint64) (unsent bool, err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.phaseOfLocked(rec)
+	e := evBegin
+	if l := k.lives[rec.Key]; background || p == phaseNotSent && l != nil && l.notSentAt > tick {
+		e = evBeginBackground
+	}
+	next, v := step(p, e)
+	switch v {
+	case vSend, vSendUnsent:
+	case vRefuseNotSent:
+		return false, &notSentError{Key: rec.Key, Err: errLeftUnsent}
+	default:
+		if err := k.notReplacedLocked(rec.Key); err != nil {
+			return false, err
+		}
+		return false, fmt.Errorf("idem: intent %s may not be sent now (%s)", rec.Key, p)
+	}
+	k.lifeLocked(rec.Key).phase = next
+	return v == vSendUnsent, nil
+}
+
+// ended is the end of a call of key without the server's word, at now:
+// evWrote if an attempt of it may have written its request, then evEnded.
+// It returns vNotSent when the call began provably unsent and wrote
+// nothing: the caller makes the not-sent record durable, then calls
+// notSent (or storeFailed if it could not), and only then tells "not
+// sent". Otherwise vUnknown.
+func (k *keys) ended(key string, wrote bool, now reading) verdict {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.last, l.hasLast = now, true
+	if wrote {
+		l.phase, _ = step(l.phase, evWrote)
+	}
+	next, v := step(l.phase, evEnded)
+	if v != vNotSent {
+		l.phase = next
+	}
+	return v
+}
+
+// noAttempt is the end of a call of key before any attempt began, at now.
+func (k *keys) noAttempt(key string, now reading) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.last, l.hasLast = now, true
+	l.phase, _ = step(l.phase, evNoAttempt)
+}
+
+// notSent commits a durable not-sent record of key.
+func (k *keys) notSent(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	if next, v := step(l.phase, evEnded); v == vNotSent {
+		k.tick++
+		l.phase, l.notSentAt = next, k.tick
+	}
+}
+
+// storeFailed is the table's evStoreFailed: the write the last step asked
+// for failed, or its result is unknown.
+func (k *keys) storeFailed(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(l.phase, evStoreFailed)
+}
+
+// handOut is the table's evHandOut for rec, the stored version about to
+// be handed out: false if it was dropped.
+func (k *keys) handOut(rec *persist.Record) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	next, v := step(k.phaseOfLocked(rec), evHandOut)
+	if v != vHandOut {
+		return false
+	}
+	k.lifeLocked(rec.Key).phase = next
+	return true
+}
+
+// sendEnded is the table's evSendEnded: the app's send of a handed-out
+// request ended at now.
+func (k *keys) sendEnded(key string, now reading) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(phaseHandedOut, evSendEnded)
+	l.last, l.hasLast = now, true
+}
+
+// isUnsent reports whether this Client armed key and has not sent it, or
+// dropped it unsent.
 func (k *keys) isUnsent(key string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	_, unsent := k.unsent[key]
-	_, dropped := k.dropped[key]
-	return unsent || dropped
-}
-
-// sent records that a call of key has just put its last attempt on the
-// wire, or failed to: no attempt of this Client's can start after it.
-func (k *keys) sent(key string, now reading) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.lastSent[key] = now
+	l := k.lives[key]
+	return l != nil && (l.phase == phaseArmed || l.phase == phaseDropped)
 }
 
 // forget forgets what the Client tracks for a key whose outcome is known,
-// or that was deleted.
+// or that was deleted. A dropped key stays dropped.
 func (k *keys) forget(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.lastSent, key)
-	delete(k.created, key)
-	delete(k.handed, key)
+	if l := k.lives[key]; l != nil && l.phase != phaseDropped {
+		delete(k.lives, key)
+		if len(k.spare) < maxSpareLives {
+			*l = keyLife{}
+			k.spare = append(k.spare, l)
+		}
+	}
+}
+
+// tracked returns how many keys the Client holds an entry for.
+func (k *keys) tracked() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.lives)
 }
 
 // mayStillArrive returns how much longer an attempt of key may still reach
@@ -227,7 +349,7 @@ func (k *keys) forget(key string) {
 // An attempt may arrive up to the reconcile delay after it was last
 // written, and it was last written no later than:
 //
-//   - never, if this Client created the intent and no attempt of it was
+//   - never, if this Client armed the intent and no attempt of it was
 //     made (or every attempt provably never reached the server);
 //   - the end of this Client's last call of key, if it made one;
 //   - otherwise, the Client's birth: only an earlier process can have sent
@@ -240,12 +362,13 @@ func (k *keys) forget(key string) {
 func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duration) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if _, unsent := k.unsent[key]; unsent {
+	l := k.lives[key]
+	if l != nil && (l.phase == phaseArmed || l.phase == phaseNotSent) {
 		return 0
 	}
-	last, ok := k.lastSent[key]
-	if !ok {
-		last = birth // the Client's birth
+	last := birth // the Client's birth
+	if l != nil && l.hasLast {
+		last = l.last
 	}
 	return max(delay-leastSince(last, now), 0)
 }

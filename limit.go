@@ -23,6 +23,13 @@ type budgetTransport struct{ base http.RoundTripper }
 func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st, ok := req.Context().Value(callKey{}).(*call)
 	base := t.baseTransport()
+	if ok && st.authErr != nil {
+		// The Authorizer failed: nothing of this attempt is sent.
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, st.authErr
+	}
 	if !ok || req.Context().Err() != nil {
 		// Without a call's budget, or with its context done (the base
 		// transport then fails at once), there is nothing to bound.

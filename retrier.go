@@ -47,7 +47,9 @@ func newRetrier(hc *http.Client) *retrier {
 		HTTPClient: hc,
 		RetryMax:   math.MaxInt32, // the budget decides
 		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
-			callOf(req.Context()).attemptStarted(req.Context())
+			st := callOf(req.Context())
+			st.attemptStarted(req.Context())
+			st.authorize(req)
 		},
 		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
 			return callOf(ctx).afterAttempt(ctx, resp, err)

@@ -296,20 +296,6 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 			t.Cleanup(s.Close)
 			return strings.Replace(s.URL, "http://", "https://", 1), &http.Client{}
 		},
-		"redirect loop": func(t *testing.T) (string, *http.Client) {
-			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				http.Redirect(w, r, r.URL.Path, http.StatusTemporaryRedirect)
-			}))
-			t.Cleanup(s.Close)
-			return s.URL, s.Client()
-		},
-		"redirect to another scheme": func(t *testing.T) (string, *http.Client) {
-			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				http.Redirect(w, r, "ftp://example.com/payments", http.StatusPermanentRedirect)
-			}))
-			t.Cleanup(s.Close)
-			return s.URL, s.Client()
-		},
 	}
 	for name, setup := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -340,6 +326,52 @@ func TestARequestThatNeverReachedTheServerEndsNotSentAndCanBeReplaced(t *testing
 			next, err := c.Intent(ctx, "checkout", changed)
 			require.NoError(t, err, "an intent that never reached the server is replaced")
 			assert.NotEqual(t, in.Key(), next.Key())
+		})
+	}
+}
+
+// A redirect the call cannot follow (a loop, another scheme) ends it at
+// once, but its request was written: "not sent" is judged by the trace's
+// WroteHeaders, never by the final error, so the outcome is unknown and a
+// changed cart does not replace the intent.
+func TestARedirectTheCallCannotFollowIsNotNotSent(t *testing.T) {
+	t.Parallel()
+	cases := map[string]func(t *testing.T) (url string, hc *http.Client){
+		"redirect loop": func(t *testing.T) (string, *http.Client) {
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, r.URL.Path, http.StatusTemporaryRedirect)
+			}))
+			t.Cleanup(s.Close)
+			return s.URL, s.Client()
+		},
+		"redirect to another scheme": func(t *testing.T) (string, *http.Client) {
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "ftp://example.com/payments", http.StatusPermanentRedirect)
+			}))
+			t.Cleanup(s.Close)
+			return s.URL, s.Client()
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			base, hc := setup(t)
+			c, err := NewWith(WithHTTPClient(hc), WithClock(clock.NewManual(retryAfterNow)))
+			require.NoError(t, err)
+			ctx := context.Background()
+			req, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 1500})
+			require.NoError(t, err)
+			in, err := c.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, ErrOutcomeUnknown)
+			assert.NotErrorIs(t, err, ErrNotSent, "the request was written")
+
+			changed, err := JSONRequest(http.MethodPost, base+"/payments", map[string]any{"amount": 2500})
+			require.NoError(t, err)
+			_, err = c.Intent(ctx, "checkout", changed)
+			assert.ErrorAs(t, err, new(*UnresolvedError), "an intent that was written is never replaced")
 		})
 	}
 }

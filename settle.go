@@ -82,7 +82,19 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Settle with a nil intent")
 	}
-	resp, err := c.Do(ctx, in)
+	return c.settle(ctx, in, callAsk{tick: c.keys.callTick()})
+}
+
+// settle is Settle for whoever asks: the app, or SettleAll.
+func (c *Client) settle(ctx context.Context, in *Intent, ask callAsk) (*Response, error) {
+	if err := checkPolicy(ctx); err != nil {
+		return nil, err
+	}
+	// The tap: an unarmed intent is made durable before its first byte.
+	if err := c.arm(ctx, in); err != nil {
+		return nil, err
+	}
+	resp, err := c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.doAs(ctx, in, c.retry, nil, ask) })
 	switch {
 	case err == nil:
 		return resp, nil
@@ -149,13 +161,6 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	var wg sync.WaitGroup
 	for i, in := range ins {
 		out[i].Intent = in
-		if in.State() == persist.StateNotSent {
-			// The app was told it was not sent: sending it now would
-			// pay for what the user may have given up on.
-			out[i].Err = &notSentError{Key: in.Key(), Err: errLeftUnsent}
-			progress.report(out[i])
-			continue
-		}
 		if err := ctx.Err(); err != nil {
 			out[i].Err = err
 			progress.report(out[i])
@@ -172,7 +177,10 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out[i].Response, out[i].Err = c.Settle(ctx, in)
+			// The check is made again as it is sent, from the record
+			// read then (keys.begin): the list may be older than a tap
+			// that ended not sent meanwhile.
+			out[i].Response, out[i].Err = c.settle(ctx, in, callAsk{background: true})
 			progress.report(out[i])
 		}()
 	}

@@ -2,7 +2,10 @@ package idem_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -424,9 +427,10 @@ func TestHTTPRequestIsTheIntentsRequest(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
-		// The answer went past the Client: the intent is as it was, and a
-		// Do is answered from the server's record of the key.
-		assert.Equal(t, persist.StateNew, in.State())
+		// The answer went past the Client: the intent, handed out, may
+		// have been sent, and a Do is answered from the server's record
+		// of the key.
+		assert.Equal(t, persist.StatePending, in.State())
 		got, err := c.Do(ctx, in)
 		require.NoError(t, err)
 		assert.True(t, got.Replayed)
@@ -478,4 +482,125 @@ func TestSettleAllNeverSendsAnIntentNobodyTapped(t *testing.T) {
 	again, err := restarted.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
 	require.NoError(t, err)
 	assert.NotEqual(t, shown.Key(), again.Key())
+}
+
+// switchable is an http.Client whose connections are refused while down
+// is set: the dial fails before any request is written, as when the
+// network is off, and the trace proves it.
+func switchable() (*http.Client, *atomic.Bool) {
+	var down atomic.Bool
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if down.Load() {
+			return nil, errors.New("connect: network is unreachable")
+		}
+		return dial(ctx, network, addr)
+	}
+	return &http.Client{Transport: tr}, &down
+}
+
+func TestSettleAll(t *testing.T) {
+	t.Parallel()
+	t.Run("a not-sent intent is never sent by a SettleAll that listed it earlier", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		// The first intent's settle holds SettleAll's one worker until
+		// released, at a server that then answers 503.
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-release
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		t.Cleanup(slow.Close)
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc), idem.WithSettleConcurrency(1))
+
+		first, err := c.Intent(ctx, "other", idem.Request{Method: http.MethodPost, URL: slow.URL + "/payments", Body: []byte(`{}`)})
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, first))
+		e.clock.Advance(time.Second)
+		tap, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, tap)) // the tap is dialing
+
+		settled := make(chan []idem.Settled, 1)
+		go func() {
+			out, _ := c.SettleAll(oneAttempt())
+			settled <- out
+		}()
+		<-entered // SettleAll listed both and works on the first
+
+		down.Store(true) // the server is briefly unreachable
+		_, err = c.Do(ctx, tap)
+		require.ErrorIs(t, err, idem.ErrNotSent, "the user is told it was not sent")
+		down.Store(false)
+
+		close(release)
+		out := <-settled
+		require.Len(t, out, 2)
+		assert.Equal(t, tap.Key(), out[1].Intent.Key())
+		assert.ErrorIs(t, out[1].Err, idem.ErrNotSent)
+		assert.Zero(t, e.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
+		stored, err := c.Load(ctx, tap.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateNotSent, stored.State())
+	})
+}
+
+func TestHTTPRequest(t *testing.T) {
+	t.Parallel()
+	t.Run("a request in the app's hands is never replaced by a changed cart nor voided by a lookup miss", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StatePending, in.State(), "handed out, it may be sent")
+
+		// The app's send is in transit; the user changes the cart.
+		_, err = e.client.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "a changed cart never replaces it")
+		// A restart, long past the reconcile delay: the lookup finds
+		// nothing yet, and that is not trusted.
+		e.clock.Advance(time.Hour)
+		next := e.newClient(t)
+		e.clock.Advance(3 * time.Minute) // past the delay from its birth too
+		stored, err := next.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = next.Reconcile(ctx, stored)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "its request may still arrive")
+		assert.NotEqual(t, persist.StateVoid, stored.State())
+
+		// The request lands: one charge, and the intent settles on it.
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.NoError(t, next.SendEnded(ctx, stored))
+		_, err = next.Settle(ctx, stored)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, stored.State())
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
+		e.clock.Advance(3 * time.Minute)
+		_, err = e.client.Reconcile(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateVoid, in.State())
+	})
 }

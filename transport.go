@@ -41,8 +41,9 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 	if in == nil {
 		return nil, errors.New("idem: HTTPRequest with a nil intent")
 	}
-	// The request leaves the Client's hands: the intent is armed first.
-	if err := c.arm(ctx, in); err != nil {
+	// The request leaves the Client's hands: the intent is armed, and
+	// stored as handed out, first.
+	if err := c.handOut(ctx, in); err != nil {
 		return nil, err
 	}
 	rec := in.current()

@@ -1,6 +1,7 @@
 package mobile
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -28,8 +29,32 @@ type Authorizer interface {
 	Authorize(key string) (string, error)
 }
 
+// authorizerOf is a as idem.Config.Authorizer, which the call runs before
+// each attempt: a failure ends the call not sent if no attempt of the
+// intent wrote its request, and with the outcome unknown otherwise. The
+// failure is also told to the call, which reports it as a device error of
+// kind "authorizer" when no attempt of it went on the wire.
+func authorizerOf(a Authorizer) func(context.Context, string) (string, error) {
+	if a == nil {
+		return nil
+	}
+	return func(ctx context.Context, key string) (string, error) {
+		v, err := a.Authorize(key)
+		if err != nil {
+			err = &authError{err: err}
+			if f, ok := ctx.Value(authFailureKey{}).(func(error)); ok {
+				f(err)
+			}
+			return "", err
+		}
+		return v, nil
+	}
+}
+
 // authTransport asks the Authorizer, if any, for each attempt's
-// credentials.
+// credentials. The facade's own Client sets none: its call asks
+// (authorizerOf), and the transport only tells that an attempt went on
+// the wire.
 type authTransport struct {
 	base http.RoundTripper
 	auth Authorizer

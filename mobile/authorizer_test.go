@@ -1,6 +1,7 @@
 package mobile
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -55,4 +56,28 @@ func TestAuthorizerCredentialsStayWithTheAPIsOrigin(t *testing.T) {
 	for _, v := range otherSaw {
 		assert.Empty(t, v, "the credentials went to another origin")
 	}
+}
+
+func TestAuthorizer(t *testing.T) {
+	t.Parallel()
+	t.Run("a failure before any attempt leaves the intent not sent for the changed cart and the next start", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		failing := w.open(t, func(cfg *Config) {
+			cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "", errors.New("token refresh failed") })
+		})
+		_, err := failing.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
+		require.Error(t, err)
+		assert.Equal(t, kindAuthorizer, ErrorKind(err.Error()), "the facade says so")
+		require.NoError(t, failing.Close())
+
+		c := w.open(t)
+		changed, err := c.Pay("checkout:cart-1", "/payments", []byte(`{"amount":2500,"currency":"AZN","customer":"cus_1"}`), nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeSucceeded, changed.Outcome, "the changed cart is not blocked")
+		left, err := c.SettleAll(nil)
+		require.NoError(t, err)
+		assert.Zero(t, left.Len(), "nothing is left to send")
+		assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "the first cart is never charged")
+	})
 }

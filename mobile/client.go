@@ -51,7 +51,9 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 		return nil, newError(kindStorage, err.Error())
 	}
 	m := &Client{cfg: c, base: base, store: store, events: newEventQueue(c.Listener)}
-	m.auth = &authTransport{base: http.DefaultTransport, auth: c.Authorizer}
+	// The transport tells the call that an attempt went on the wire; the
+	// credentials are the call's, per attempt (idem.Config.Authorizer).
+	m.auth = &authTransport{base: http.DefaultTransport}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
 	server := idem.Server{
 		Retention:       retention,
@@ -70,7 +72,8 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 			MaxAttempts: int(c.MaxAttempts),
 			MaxElapsed:  time.Duration(c.BackgroundBudgetMillis) * time.Millisecond,
 		},
-		OnAttempt: m.events.hook,
+		OnAttempt:  m.events.hook,
+		Authorizer: authorizerOf(c.Authorizer),
 	}
 	for _, edit := range edits {
 		edit(&icfg)
@@ -211,6 +214,46 @@ func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) 
 // intent is answered from the device.
 func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
 	return c.withIntent(key, cancel, c.idem.Settle)
+}
+
+// SettleAll settles every unresolved intent on the device, under the
+// background budget, and returns a Result for each, oldest first: the call
+// for app start. An intent whose last call ended not sent is not sent:
+// the user was told so, and it goes out again only when the app asks
+// (Pay, or Settle with its key); its Result is OutcomeNotSent. The check is
+// made as each intent is sent, not when the list is taken, so a Pay that
+// ends not sent while SettleAll runs is kept too. A Result for an intent
+// whose call met a storage failure is OutcomeUnknown: it may have been
+// sent. Intents the device cannot read are left out, and Unreadable says
+// so.
+func (c *Client) SettleAll(cancel *Cancel) (*ResultList, error) {
+	var (
+		settled []idem.Settled
+		listErr error
+	)
+	if _, err := c.call(cancel, c.cfg.BackgroundBudgetMillis, func(ctx context.Context) (*idem.Intent, *idem.Response, error) {
+		settled, listErr = c.idem.SettleAll(ctx)
+		return nil, nil, nil
+	}); err != nil {
+		return nil, err
+	}
+	if listErr != nil && len(settled) == 0 {
+		return nil, deviceError(listErr)
+	}
+	l := &ResultList{}
+	if listErr != nil {
+		l.unreadable = deviceError(listErr).Error()
+	}
+	for _, s := range settled {
+		r, err := resultOf(s.Intent, s.Response, s.Err)
+		if err != nil {
+			// A device error on an intent that may have been sent says
+			// nothing of the payment: its outcome is unknown.
+			r = &Result{Key: s.Intent.Key(), Outcome: OutcomeUnknown, Detail: err.Error()}
+		}
+		l.items = append(l.items, r)
+	}
+	return l, nil
 }
 
 // withIntent runs op on the stored intent with this key, under the

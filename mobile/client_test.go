@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -576,4 +577,44 @@ func TestOpenRefusesABadBaseURLWithoutItsCredentials(t *testing.T) {
 		assert.Contains(t, err.Error(), "BaseURL", base)
 		assert.NotContains(t, err.Error(), "SECRET", base)
 	}
+}
+
+// offlineClient is an http.Client whose connections are refused while
+// down is set: nothing is written, as the trace proves.
+func offlineClient(down *atomic.Bool) func(*idem.Config) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if down.Load() {
+			return nil, errors.New("connect: network is unreachable")
+		}
+		return dial(ctx, network, addr)
+	}
+	return func(c *idem.Config) { c.HTTPClient = &http.Client{Transport: tr} }
+}
+
+func TestSettleAll(t *testing.T) {
+	t.Parallel()
+	t.Run("the start-up loop never sends a not-sent intent", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var down atomic.Bool
+		first, err := open(NewConfig(w.dir, w.srv.URL), withClock(w.clock), offlineClient(&down))
+		require.NoError(t, err)
+		down.Store(true)
+		res, err := first.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeNotSent, res.Outcome, "the user is told it was not sent")
+		require.NoError(t, first.Close())
+
+		// The next start, online, runs the README's start-up loop.
+		down.Store(false)
+		next := w.open(t)
+		left, err := next.SettleAll(nil)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, left.Len())
+		assert.Equal(t, res.Key, left.Get(0).Key)
+		assert.Equal(t, OutcomeNotSent, left.Get(0).Outcome)
+		assert.Zero(t, w.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
+	})
 }

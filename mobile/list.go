@@ -37,3 +37,25 @@ func (l *IntentList) Get(i int64) *IntentInfo {
 	}
 	return l.items[i]
 }
+
+// ResultList is the Results of SettleAll, one per intent, oldest first.
+type ResultList struct {
+	items      []*Result
+	unreadable string
+}
+
+// Len is the number of Results.
+func (l *ResultList) Len() int64 { return int64(len(l.items)) }
+
+// Get returns the i-th Result, or nil when i is out of range.
+func (l *ResultList) Get(i int64) *Result {
+	if i < 0 || i >= int64(len(l.items)) {
+		return nil
+	}
+	return l.items[i]
+}
+
+// Unreadable is "" when every stored intent could be read; otherwise the
+// storage error that names the ones that could not, which were not
+// settled.
+func (l *ResultList) Unreadable() string { return l.unreadable }

@@ -513,6 +513,7 @@ func (e *encoder) record(r *Record) {
 	e.bool(r.Tombstone)
 	e.str(r.Holder)
 	e.bool(r.Redirected)
+	e.bool(r.HandedOut)
 }
 
 // decoder reads what encoder wrote; the first error sticks, and every
@@ -685,7 +686,7 @@ func (d *decoder) record() *Record {
 	if d.bool() {
 		r.Clocks = &Clocks{ArmBoot: d.str(), Armed: time.Duration(d.v()), WriteBoot: d.str(), Written: time.Duration(d.v()), ArmMark: d.time(), Mark: d.time()}
 	}
-	r.Tombstone, r.Holder, r.Redirected = d.bool(), d.str(), d.bool()
+	r.Tombstone, r.Holder, r.Redirected, r.HandedOut = d.bool(), d.str(), d.bool(), d.bool()
 	if d.err != nil {
 		return nil
 	}

@@ -146,6 +146,11 @@ type Record struct {
 	// another request: from then on its "key reused" answer says nothing
 	// about the work. An older release ignores it.
 	Redirected bool `json:"redirected,omitempty"`
+	// HandedOut is set while the intent's exact request is in the app's
+	// hands (idem's Client.HTTPRequest), which may send it at any time:
+	// no lookup's "not found" is trusted until the app reports that its
+	// send ended.
+	HandedOut bool `json:"handed_out,omitempty"`
 }
 
 // Clocks are a record's clock readings. A reading of the clock that counts

@@ -196,7 +196,7 @@ func (a *app) pay(c *cart) {
 		// resuming it or by asking the server.
 		prev := ue.Previous
 		if w.appRNG.chance(0.5) {
-			a.settle(cl, prev)
+			a.settle(cl, prev, true)
 		} else {
 			a.reconcile(cl, prev)
 		}
@@ -254,14 +254,17 @@ func (a *app) pay(c *cart) {
 		w.tracef("d%d/%s: a second tap on the other Client: intent %v, err %v", a.d.id, a.name, in2 != nil, err)
 	}
 	written := a.d.written
-	err = a.settle(cl, in)
+	err = a.settle(cl, in, true)
 	var re *idem.RetryError
-	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 {
+	// A not-sent write that failed did not make the intent not sent: the
+	// call says the outcome is unknown, with the store's error, and that
+	// is the rule, not a block.
+	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 && !errors.As(err, new(*idem.SaveError)) {
 		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
 	}
 	if in2 != nil {
 		w.bind(in2.Key(), c)
-		a.settle(other, in2)
+		a.settle(other, in2, true)
 	}
 }
 
@@ -275,11 +278,22 @@ func (d *device) pickClient() *idem.Client {
 }
 
 // settle sends in (resuming it) and, once it is too old to send,
-// reconciles it.
-func (a *app) settle(cl *idem.Client, in *idem.Intent) error {
+// reconciles it. asks says the user asked for it (pressed Pay): only that
+// may send an intent the app was told was not sent.
+func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
+	if info := a.d.w.intents[in.Key()]; asks && info != nil {
+		// The user asks for the cart: any intent of it (a split double
+		// tap's other Client arms the first tap's intent and sends it).
+		for _, other := range a.d.w.intents {
+			if other.cart == info.cart {
+				other.promisedUnsent = false
+			}
+		}
+	}
 	written := a.d.written
 	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
+	a.d.w.toldNotSent(in.Key(), err)
 	a.d.w.observe(a, in)
 	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
 	if in.State() == persist.StateExpired {
@@ -331,7 +345,7 @@ func (d *device) resume() {
 				continue
 			}
 		}
-		a.settle(d.client, in)
+		a.settle(d.client, in, false)
 	}
 }
 

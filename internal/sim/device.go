@@ -276,6 +276,10 @@ func (s *deviceStore) write(op string, do func() error) error {
 
 func (s *deviceStore) Write(ctx context.Context, rec, old *persist.Record) error {
 	w := s.d.w
+	if w.faulty && rec.State == persist.StateNotSent && w.devRNG.chance(w.cfg.Faults.rate(faultNotSentWrite)) {
+		w.stats.fault(faultNotSentWrite.Name())
+		return errDiskFull
+	}
 	if w.faulty && rec.State.Resolved() && rec.Response != nil && w.devRNG.chance(w.cfg.Faults.rate(faultSaveAfterAnswer)) {
 		// The server answered; the disk fills up before its outcome is
 		// saved.

@@ -39,6 +39,7 @@ const (
 	faultOffline
 	faultTwoClients
 	faultSaveAfterAnswer
+	faultNotSentWrite
 	faultOuterRetry
 	faultClockDays
 
@@ -95,6 +96,9 @@ var faultTable = [numFaults]faultInfo{
 	faultTwoClients: {"device.two-clients", 0.4, true, ""},
 	// Per save of an outcome: the disk is full right after the answer.
 	faultSaveAfterAnswer: {"device.save-after-answer", 0.05, true, ""},
+	// Per write of "not sent": the disk is full right then, so the app
+	// must not be told "not sent".
+	faultNotSentWrite: {"device.not-sent-write-fails", 0.3, true, ""},
 	// Per tap: the app pays through Client.RoundTripper under an API
 	// client that resends the same *http.Request after an error.
 	faultOuterRetry: {"app.outer-retry", 0.1, true, ""},

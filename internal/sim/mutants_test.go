@@ -107,6 +107,13 @@ var mutants = []mutant.Mutant{
 	// A device's life.
 	{
 		Pkg: simPkg, Run: simRun,
+		Name: "not-sent-unsaved-told-not-sent", File: "do.go",
+		Note:    "a call whose not-sent write failed tells the app \"not sent\", and the next start sends it",
+		Anchor:  "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(retryErr, saveErr)\n",
+		Replace: "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(err, saveErr)\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
 		Name: "claim-without-check", File: "persist/claim.go",
 		Note:    "the store's claim of an action's latest intent saves whatever the action holds (device.two-clients)",
 		Anchor:  "\tif !lost {\n",

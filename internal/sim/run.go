@@ -127,6 +127,16 @@ type intentInfo struct {
 	key      string
 	cart     *cart
 	reported persist.State // the resolved state the app saw first, or ""
+	// promisedUnsent: a call told the app "not sent", and the user has
+	// not asked for the intent again since: nothing may charge it.
+	promisedUnsent bool
+}
+
+// toldNotSent records a call of key that told the app "not sent".
+func (w *world) toldNotSent(key string, err error) {
+	if info := w.intents[key]; info != nil && errors.Is(err, idem.ErrNotSent) {
+		info.promisedUnsent = true
+	}
 }
 
 // result is the outcome of a run.
@@ -481,6 +491,9 @@ func (w *world) check() []string {
 					bad("intent %s for cart %s was %s as %s, but the provider charged it (%s)", key, info.cart.desc, st.how, st.state, byKey[key][0].stableID)
 				}
 			}
+		}
+		if info.promisedUnsent && len(byKey[key]) > 0 {
+			bad("intent %s for cart %s: the app was told it was not sent and never asked for it again, but the provider charged it (%s)", key, info.cart.desc, byKey[key][0].stableID)
 		}
 		// Failed, void and rejected all say "not charged": a declined
 		// intent whose outcome could not be saved is reconciled as void.

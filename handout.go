@@ -1,0 +1,91 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/idem/persist"
+)
+
+// handOut arms in and stores it as handed out before HTTPRequest gives
+// the app its exact request (the table's evHandOut): from then on the app
+// may send it at any time, through any client. So it is never provably
+// unsent again, a changed cart never replaces it, and no lookup's "not
+// found" is trusted until the app reports that its send ended
+// (SendEnded), or the server's retention has passed. A resolved intent is
+// handed out as it is: the server replays its answer.
+func (c *Client) handOut(ctx context.Context, in *Intent) error {
+	if err := c.arm(ctx, in); err != nil {
+		return err
+	}
+	key := in.Key()
+	var err error
+	if !c.flights.exclusive(key, func() { err = c.markHandedOut(ctx, in) }) {
+		return fmt.Errorf("%w: %s; ask for its request when the call returns", ErrInFlight, key)
+	}
+	return err
+}
+
+func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
+	cur, err := c.store.Get(ctx, in.Key())
+	if err != nil {
+		return fmt.Errorf("idem: loading intent %s: %w", in.Key(), err)
+	}
+	in.set(cur)
+	if cur.State.Resolved() || cur.HandedOut {
+		return nil
+	}
+	if !c.keys.handOut(cur) {
+		return fmt.Errorf("%w; nothing was handed out (key %s)", ErrIntentReplaced, cur.Key)
+	}
+	rec := *cur
+	rec.HandedOut = true
+	rec.State = persist.StatePending
+	rec.UpdatedAt = c.clock.Now()
+	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
+		// Not handed out: the app gets no request. The write's result is
+		// unknown; the record may say handed out, which only delays a
+		// lookup's "not found".
+		var changed *persist.ConflictError
+		if errors.As(err, &changed) {
+			c.keys.forget(cur.Key)
+		}
+		return err
+	}
+	return nil
+}
+
+// SendEnded tells the Client that the app's send of the request
+// HTTPRequest handed out for in has ended, whatever came of it (an answer,
+// an error, a cancel): nothing of it is still on its way once the
+// reconcile delay (Server.ReconcileDelay) has passed from now, so a
+// lookup's "not found" may then be trusted. Until the app calls it, the
+// intent is reconciled as if its request were still in transit, up to the
+// server's retention. An intent never handed out is left as it is.
+func (c *Client) SendEnded(ctx context.Context, in *Intent) error {
+	if in == nil {
+		return errors.New("idem: SendEnded with a nil intent")
+	}
+	key := in.Key()
+	var err error
+	if !c.flights.exclusive(key, func() {
+		var cur *persist.Record
+		if cur, err = c.store.Get(ctx, key); err != nil {
+			return
+		}
+		in.set(cur)
+		if !cur.HandedOut {
+			return
+		}
+		rec := *cur
+		rec.HandedOut = false
+		rec.UpdatedAt = c.clock.Now()
+		if err = c.saveIf(detached(ctx), in, &rec, cur, "send ended"); err == nil {
+			c.keys.sendEnded(key, c.clocks.read())
+		}
+	}) {
+		return fmt.Errorf("%w: %s", ErrInFlight, key)
+	}
+	return err
+}
