@@ -30,17 +30,25 @@ type Handler struct {
 }
 
 // NewHandler returns a fake server handler. nil opts means defaults.
-func NewHandler(opts *Options) *Handler {
+func NewHandler(opts *Options) *Handler { return newHandler(opts, false) }
+
+// newHandler returns a fake server handler; bare runs POST /payments
+// without the idempotency layer, as a server without the contract would:
+// every request does the work and charges, and nothing is replayed. The
+// bare handler is the baseline that measures what the layer costs
+// (cmd/idembench, through package internal/fakebare); it is never offered
+// to clients.
+func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
 	if h.cfg.storage != nil {
 		// The bounds on memory do not apply: the storage holds the state.
-		h.state = h.cfg.storage.Open(h.cfg.clock)
+		h.state = h.cfg.storage.open(h.cfg.clock)
 		h.instance = strings.ToLower(rand.Text()[:8])
 	} else {
 		h.state = newMemory(h.cfg)
 	}
 	h.payments = http.HandlerFunc(h.createPayment)
-	if !h.cfg.bare {
+	if !bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
 			Store:        h.state.Records(),
 			Clock:        h.cfg.clock,

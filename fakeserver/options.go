@@ -5,8 +5,11 @@ import (
 	"log/slog"
 	"time"
 
+	"net/http"
+
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
+	"github.com/idemkit/idem/internal/fakebare"
 )
 
 // Options configures a fake server: every setting of [NewServer] and
@@ -72,14 +75,7 @@ type Options struct {
 	// server and report the same [Stats]. Faults stay per process, and
 	// MaxRecords, MaxPayments and MaxOrders, which bound memory, do not
 	// apply.
-	Storage fakestate.Storage
-	// WithoutIdempotency runs POST /payments without the idempotency
-	// layer, as a server without the contract would: every request does
-	// the work and charges, a key is neither required nor remembered, and
-	// nothing is replayed. The rest of the API, faults and counters are as
-	// with the layer. It exists as the baseline that measures what the
-	// layer costs (cmd/idembench): test clients with it false, never true.
-	WithoutIdempotency bool
+	Storage Storage
 }
 
 // config is Options with the defaults filled in.
@@ -90,8 +86,7 @@ type config struct {
 	clock                               clock.Clock // nil: the system clock
 	now                                 func() time.Time
 	logger                              *slog.Logger
-	storage                             fakestate.Storage
-	bare                                bool // Options.WithoutIdempotency
+	storage                             Storage
 }
 
 func (o *Options) config() config {
@@ -99,7 +94,7 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, bare: o.WithoutIdempotency}
+			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID}
 	}
 	if c.retention <= 0 {
 		c.retention = 24 * time.Hour
@@ -118,4 +113,25 @@ func (o *Options) config() config {
 		c.now = c.clock.Now
 	}
 	return c
+}
+
+// Storage is a place other than memory where a server keeps its state:
+// package github.com/idemkit/idem/fakeserver/pgfake's New returns one that
+// keeps it in PostgreSQL. Its method is unexported: pgfake's is the one
+// implementation, and the contract between the server and its state may
+// change in any release.
+type Storage interface {
+	open(clk clock.Clock) fakestate.State
+}
+
+// storage is the Storage of a fakestate.Storage.
+type storage struct{ st fakestate.Storage }
+
+func (s storage) open(clk clock.Clock) fakestate.State { return s.st.Open(clk) }
+
+func init() {
+	// pgfake makes its Storage through this, so that the package's API
+	// names no internal type.
+	fakestate.Public = func(st fakestate.Storage) any { return storage{st} }
+	fakebare.New = func() http.Handler { return newHandler(nil, true) }
 }

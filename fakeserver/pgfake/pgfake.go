@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/idempotency/pgstore"
@@ -75,8 +76,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // time is over and it closes its connections anyway, so that a commit
 // waiting on a lock neither keeps it running nor lands after it stopped;
 // then it closes the pool, which waits only for the cancelled statements.
-func New(ctx context.Context, pool *pgxpool.Pool) fakestate.Storage {
-	return storage{life: ctx, pool: pool}
+func New(ctx context.Context, pool *pgxpool.Pool) fakeserver.Storage {
+	return fakestate.Public(storage{life: ctx, pool: pool}).(fakeserver.Storage)
 }
 
 type storage struct {
