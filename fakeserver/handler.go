@@ -24,7 +24,9 @@ type Handler struct {
 	state    fakestate.State
 	faults   faultSet
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
-	instance string       // tells this process's payment ids from others' on shared storage
+	// endpoints serves Options.Endpoints, the app's own; nil without any.
+	endpoints *http.ServeMux
+	instance  string // tells this process's payment ids from others' on shared storage
 
 	seq atomic.Int64
 }
@@ -47,6 +49,7 @@ func newHandler(opts *Options, bare bool) *Handler {
 	} else {
 		h.state = newMemory(h.cfg)
 	}
+	h.mountEndpoints(h.cfg.endpoints)
 	h.payments = http.HandlerFunc(h.createPayment)
 	if !bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
@@ -210,6 +213,9 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.simpleFaults(w, r, func(w http.ResponseWriter, r *http.Request) { h.getPayment(w, r, id) })
+	case h.serveEndpoint(w, r):
+		// The app's own endpoints come after the fake's payments, so that
+		// a wildcard of theirs never takes a payment's request.
 	case strings.HasPrefix(path, "/orders/") && strings.HasSuffix(path, "/status"):
 		id := strings.TrimSuffix(strings.TrimPrefix(path, "/orders/"), "/status")
 		if id == "" || strings.Contains(id, "/") {

@@ -76,6 +76,12 @@ type Options struct {
 	// MaxRecords, MaxPayments and MaxOrders, which bound memory, do not
 	// apply.
 	Storage Storage
+	// Endpoints are endpoints of the app's own API that the server serves
+	// beside its payments, behind the same idempotency layer, faults,
+	// counters and log: a POST /orders of the app's, say, faked with the
+	// handler its server runs. See [Endpoint]. NewHandler panics on an
+	// endpoint it cannot serve, naming it.
+	Endpoints []Endpoint
 }
 
 // config is Options with the defaults filled in.
@@ -87,6 +93,7 @@ type config struct {
 	now                                 func() time.Time
 	logger                              *slog.Logger
 	storage                             Storage
+	endpoints                           []Endpoint
 }
 
 func (o *Options) config() config {
@@ -94,7 +101,7 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID}
+			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, endpoints: o.Endpoints}
 	}
 	if c.retention <= 0 {
 		c.retention = 24 * time.Hour

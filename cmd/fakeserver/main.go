@@ -201,15 +201,14 @@ func run(args []string, stderr io.Writer) int {
 			return 1
 		}
 	}
-	ln, err := net.Listen("tcp", *addr)
+	var certp *tls.Certificate
+	if *tlsCert != "" {
+		certp = &cert
+	}
+	ln, err := listen(*addr, certp)
 	if err != nil {
 		logger.Error("cannot listen", "addr", *addr, "err", err)
 		return 1
-	}
-	if *tlsCert != "" {
-		// HTTP/1.1 only, as httptest's TLS server: the faults close the
-		// connection, which in HTTP/2 would reset one stream.
-		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}})
 	}
 	// Every timeout is set, so a client that sends slowly, or not at all,
 	// holds a connection for a bounded time.
@@ -286,6 +285,17 @@ func sweep(ctx context.Context, h *fakeserver.Handler, every time.Duration) {
 			h.Sweep()
 		}
 	}
+}
+
+// listen listens on addr, over TLS with cert when it is not nil. TLS is
+// HTTP/1.1 only, as httptest's TLS server: the faults close the
+// connection, which in HTTP/2 would reset one stream.
+func listen(addr string, cert *tls.Certificate) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil || cert == nil {
+		return ln, err
+	}
+	return tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: []string{"http/1.1"}}), nil
 }
 
 func ipStrings(ips []net.IP) []string {

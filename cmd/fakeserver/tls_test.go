@@ -88,6 +88,31 @@ func TestProgramTLS(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 		assert.Contains(t, string(body), "HTTPS")
 	})
+	t.Run("with a certificate the server speaks HTTPS only, in HTTP/1.1", func(t *testing.T) {
+		t.Parallel()
+		cert, _, err := serverCert(filepath.Join(t.TempDir(), "c.pem"), "", []string{"127.0.0.1"}, time.Now())
+		require.NoError(t, err)
+		ln, err := listen("127.0.0.1:0", &cert)
+		require.NoError(t, err)
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, r.Proto)
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+		base := ln.Addr().String()
+
+		client := trusting(t, cert.Leaf)
+		client.Transport.(*http.Transport).ForceAttemptHTTP2 = true
+		resp, err := client.Get("https://" + base)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, "HTTP/1.1", string(body), "even to a client that asks for HTTP/2")
+		resp, err = client.Get("http://" + base)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "cleartext is refused")
+	})
 	t.Run("the certificate is what Android and iOS accept for the emulator and the simulator", func(t *testing.T) {
 		t.Parallel()
 		hosts, err := parseHosts(defaultTLSHosts)
