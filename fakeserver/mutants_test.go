@@ -52,9 +52,9 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "commit-outlives-abort", File: "fakeserver/pgfake/pgfake.go",
-			Note:    "the middleware's Complete is not bounded by the context given to pgfake.New",
-			Anchor:  "s.records, s.store = abortable{Store: store, life: st.life}, store",
-			Replace: "s.records, s.store = store, store",
+			Note:    "the payment written in Complete's transaction is not bounded by the context given to pgfake.New",
+			Anchor:  "\tctx, cancel := s.bound(ctx)\n\tdefer cancel()\n\treturn s.addPayment(ctx, p)",
+			Replace: "\treturn s.addPayment(ctx, p)",
 			Pkg:     "./fakeserver/pgfake", Run: "^TestNewsContextEndsACommitWaitingOnALock$", Env: pg,
 		},
 		{

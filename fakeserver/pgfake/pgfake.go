@@ -481,9 +481,14 @@ func (s *state) Declined(string) {}
 // request behind the middleware) it writes through Complete's transaction,
 // so the payment commits with the record or not at all.
 //
-// It is called only from Complete's commit hook, which the end of life
-// already bounds.
+// Complete runs it on a context without the request's cancellation (a
+// payment is recorded even if its client went away), bounded only by the
+// store's CommitTimeout: the end of life must end it too, at once, so
+// that a program that stops does not wait on a lock for that long, and
+// nothing of it commits.
 func (s *state) AddPayment(ctx context.Context, p *fakestate.Payment) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	return s.addPayment(ctx, p)
 }
 
