@@ -3,9 +3,8 @@ package fakeserver
 import (
 	"fmt"
 	"log/slog"
-	"time"
-
 	"net/http"
+	"time"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
@@ -140,5 +139,6 @@ func init() {
 	// pgfake makes its Storage through this, so that the package's API
 	// names no internal type.
 	fakestate.Public = func(st fakestate.Storage) any { return storage{st} }
+	// cmd/idembench's baseline, kept out of the package's API.
 	fakebare.New = func() http.Handler { return newHandler(nil, true) }
 }
