@@ -3,6 +3,7 @@ package fakeserver
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
@@ -86,6 +87,9 @@ func (h *Handler) mountEndpoints(eps []Endpoint) {
 			})
 		}
 		h.endpoints.Handle(ep.Pattern, next) // panics on a malformed or duplicate pattern, naming it
+		if !slices.Contains(h.endpointMethods, method) {
+			h.endpointMethods = append(h.endpointMethods, method)
+		}
 	}
 }
 
@@ -99,6 +103,25 @@ func (h *Handler) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	h.endpoints.ServeHTTP(w, r)
+	return true
+}
+
+// endpointNotAllowed answers 405, with the methods its endpoints have,
+// a request on an endpoint's path in another method, and reports false
+// when no endpoint has its path.
+func (h *Handler) endpointNotAllowed(w http.ResponseWriter, r *http.Request) bool {
+	var allow []string
+	for _, m := range h.endpointMethods {
+		probe := *r
+		probe.Method = m
+		if _, pattern := h.endpoints.Handler(&probe); pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		return false
+	}
+	methodNotAllowed(w, strings.Join(allow, ", "))
 	return true
 }
 

@@ -203,6 +203,18 @@ func TestEndpoints(t *testing.T) {
 		assert.JSONEq(t, `{"id":"ord_1"}`, string(a.Body))
 		assert.Zero(t, srv.Stats().Records)
 	})
+	t.Run("another method on an endpoint's path is 405, naming the methods it has", func(t *testing.T) {
+		t.Parallel()
+		srv, _ := withOrders(t, newOrderBook())
+		a := send(t, srv.Client(), srv.URL, req{Method: http.MethodDelete, Path: "/orders/ord_1", NoKey: true})
+		assert.Equal(t, http.StatusMethodNotAllowed, a.Status)
+		assert.Equal(t, "GET", a.Header.Get("Allow"))
+		assert.Equal(t, http.StatusMethodNotAllowed, a.problem(t).Status)
+		a = send(t, srv.Client(), srv.URL, req{Method: http.MethodGet, Path: "/nothing", NoKey: true})
+		assert.Equal(t, http.StatusNotFound, a.Status)
+		a = send(t, srv.Client(), srv.URL, req{Method: http.MethodPut, Path: "/orders/ord_1/status", Body: `{"status":"SHIPPED"}`, NoKey: true})
+		assert.Equal(t, http.StatusOK, a.Status, "the fake's own order statuses are still served")
+	})
 	t.Run("an endpoint's wildcard never takes the fake's own requests", func(t *testing.T) {
 		t.Parallel()
 		book := newOrderBook()

@@ -25,8 +25,9 @@ type Handler struct {
 	faults   faultSet
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
 	// endpoints serves Options.Endpoints, the app's own; nil without any.
-	endpoints *http.ServeMux
-	instance  string // tells this process's payment ids from others' on shared storage
+	endpoints       *http.ServeMux
+	endpointMethods []string // the methods of their patterns
+	instance        string   // tells this process's payment ids from others' on shared storage
 
 	seq atomic.Int64
 }
@@ -227,6 +228,7 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.putOrderStatus(w, r, id)
+	case h.endpoints != nil && h.endpointNotAllowed(w, r):
 	default:
 		notFound("no such resource: " + path + "; the API has /payments, /payments/{id} and /orders/{id}/status").Write(w)
 	}
