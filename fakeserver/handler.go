@@ -229,6 +229,7 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		}
 		h.putOrderStatus(w, r, id)
 	case h.endpoints != nil && h.endpointNotAllowed(w, r):
+		// Answered 405: an endpoint has the path, in other methods.
 	default:
 		notFound("no such resource: " + path + "; the API has /payments, /payments/{id} and /orders/{id}/status").Write(w)
 	}

@@ -121,6 +121,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestEndpoints$/cannot_serve",
 		},
 		{
+			Name: "endpoint-wrong-method-not-found", File: "fakeserver/handler.go",
+			Note:    "another method on an endpoint's path is 404, hiding the client's wrong method",
+			Anchor:  "case h.endpoints != nil && h.endpointNotAllowed(w, r):",
+			Replace: "case false:",
+			Pkg:     "./fakeserver", Run: "^TestEndpoints$/another_method",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",
