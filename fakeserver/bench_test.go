@@ -57,7 +57,7 @@ func BenchmarkPayment(b *testing.B) {
 		return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	}
 	b.Run("bare", func(b *testing.B) {
-		bare = run(b, NewHandler(&Options{WithoutIdempotency: true}), func(int) string { return "" })
+		bare = run(b, newHandler(nil, true), func(int) string { return "" })
 	})
 	ratio := func(b *testing.B, ns float64) {
 		if bare > 0 {
@@ -76,7 +76,7 @@ func BenchmarkPayment(b *testing.B) {
 // in each iteration, so that the three see the same machine load, and
 // reports the ratios. On a shared machine this is the ratio to trust.
 func BenchmarkPaymentInterleaved(b *testing.B) {
-	bare := startPoster(b, NewHandler(&Options{WithoutIdempotency: true}))
+	bare := startPoster(b, newHandler(nil, true))
 	idem := startPoster(b, NewHandler(nil))
 	bare.post(b, "")
 	idem.post(b, "key-replay")
@@ -115,7 +115,7 @@ func BenchmarkPaymentInProcess(b *testing.B) {
 		}
 	}
 	b.Run("bare", func(b *testing.B) {
-		h := NewHandler(&Options{WithoutIdempotency: true})
+		h := newHandler(nil, true)
 		b.ReportAllocs()
 		for b.Loop() {
 			serve(b, h, "")

@@ -8,7 +8,11 @@
 //	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 //	t.Cleanup(srv.Close)
 //
-// [Options] is the one way to configure a server.
+// [Options] is the one way to configure a server. [NewTLSServer] is the
+// same server over HTTPS, as httptest.NewTLSServer is; its Client trusts
+// it. [Options.Endpoints] serves the app's own endpoints (its POST
+// /orders, say) behind the same idempotency layer and faults; see
+// [Endpoint].
 //
 // The idempotency layer itself is the separate package
 // [github.com/idemkit/idem/idempotency]; this package adds the

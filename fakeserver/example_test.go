@@ -2,8 +2,10 @@ package fakeserver_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/idemkit/idem/fakeserver"
 )
@@ -36,4 +38,48 @@ func ExampleNewServer() {
 	// lost response
 	// 201 replayed: true
 	// payments: 1 charges: 1
+}
+
+// The app's own POST /orders, faked with the handler its server runs,
+// behind the fake's idempotency layer and faults: the first answer is
+// lost, the client's retry with the same key gets the stored answer, and
+// the order is made once.
+func ExampleEndpoint() {
+	var mu sync.Mutex
+	orders := 0
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		orders++
+		n := orders
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"ord_%d"}`+"\n", n)
+	})
+	s := fakeserver.NewServer(&fakeserver.Options{
+		Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
+	})
+	defer s.Close()
+
+	_ = s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/orders"})
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/orders", strings.NewReader(`{"items":["tea"]}`))
+		req.Header.Set("Idempotency-Key", "cart-7")
+		req.Close = true // a fresh connection, so the lost answer is seen
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			fmt.Println("lost answer")
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d replayed:%s %s", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Println("orders made:", orders, "executions:", s.Stats().Executions)
+	// Output:
+	// lost answer
+	// 201 replayed:true {"id":"ord_1"}
+	// orders made: 1 executions: 1
 }

@@ -24,23 +24,35 @@ type Handler struct {
 	state    fakestate.State
 	faults   faultSet
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
-	instance string       // tells this process's payment ids from others' on shared storage
+	// endpoints serves Options.Endpoints, the app's own; nil without any.
+	endpoints       *http.ServeMux
+	endpointMethods []string // the methods of their patterns
+	instance        string   // tells this process's payment ids from others' on shared storage
 
 	seq atomic.Int64
 }
 
 // NewHandler returns a fake server handler. nil opts means defaults.
-func NewHandler(opts *Options) *Handler {
+func NewHandler(opts *Options) *Handler { return newHandler(opts, false) }
+
+// newHandler returns a fake server handler; bare runs POST /payments
+// without the idempotency layer, as a server without the contract would:
+// every request does the work and charges, and nothing is replayed. The
+// bare handler is the baseline that measures what the layer costs
+// (cmd/idembench, through package internal/fakebare); it is never offered
+// to clients.
+func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
 	if h.cfg.storage != nil {
 		// The bounds on memory do not apply: the storage holds the state.
-		h.state = h.cfg.storage.Open(h.cfg.clock)
+		h.state = h.cfg.storage.open(h.cfg.clock)
 		h.instance = strings.ToLower(rand.Text()[:8])
 	} else {
 		h.state = newMemory(h.cfg)
 	}
+	h.mountEndpoints(h.cfg.endpoints)
 	h.payments = http.HandlerFunc(h.createPayment)
-	if !h.cfg.bare {
+	if !bare {
 		h.payments = idempotency.New(h.payments, idempotency.Config{
 			Store:        h.state.Records(),
 			Clock:        h.cfg.clock,
@@ -202,6 +214,9 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.simpleFaults(w, r, func(w http.ResponseWriter, r *http.Request) { h.getPayment(w, r, id) })
+	case h.serveEndpoint(w, r):
+		// The app's own endpoints come after the fake's payments, so that
+		// a wildcard of theirs never takes a payment's request.
 	case strings.HasPrefix(path, "/orders/") && strings.HasSuffix(path, "/status"):
 		id := strings.TrimSuffix(strings.TrimPrefix(path, "/orders/"), "/status")
 		if id == "" || strings.Contains(id, "/") {
@@ -213,6 +228,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.putOrderStatus(w, r, id)
+	case h.endpoints != nil && h.endpointNotAllowed(w, r):
+		// Answered 405: an endpoint has the path, in other methods.
 	default:
 		notFound("no such resource: " + path + "; the API has /payments, /payments/{id} and /orders/{id}/status").Write(w)
 	}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/fakeserver/pgfake"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -143,7 +142,7 @@ func newPool(tb testing.TB) *pgxpool.Pool {
 }
 
 // onPostgres keeps a server's state in pool's database.
-func onPostgres(pool *pgxpool.Pool) fakestate.Storage {
+func onPostgres(pool *pgxpool.Pool) fakeserver.Storage {
 	return pgfake.New(context.Background(), pool)
 }
 

@@ -7,7 +7,8 @@ import (
 )
 
 // TestMutants requires the fake server's tests to kill the mutants of its
-// rules on dead workers' charges and on shutdown.
+// rules on dead workers' charges, on shutdown, on the app's own endpoints
+// and on TLS.
 func TestMutants(t *testing.T) {
 	pg := []string{"IDEM_REQUIRE_POSTGRES=1"}
 	mutant.Test(t, []mutant.Mutant{
@@ -51,9 +52,9 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "commit-outlives-abort", File: "fakeserver/pgfake/pgfake.go",
-			Note:    "the middleware's Complete is not bounded by the context given to pgfake.New",
-			Anchor:  "s.records, s.store = abortable{Store: store, life: st.life}, store",
-			Replace: "s.records, s.store = store, store",
+			Note:    "the payment written in Complete's transaction is not bounded by the context given to pgfake.New",
+			Anchor:  "\tctx, cancel := s.bound(ctx)\n\tdefer cancel()\n\treturn s.addPayment(ctx, p)",
+			Replace: "\treturn s.addPayment(ctx, p)",
 			Pkg:     "./fakeserver/pgfake", Run: "^TestNewsContextEndsACommitWaitingOnALock$", Env: pg,
 		},
 		{
@@ -90,6 +91,69 @@ func TestMutants(t *testing.T) {
 			Anchor:  "Key: idemkey.Canonical(key, h.cfg.uuid)",
 			Replace: "Key: key",
 			Pkg:     "./fakeserver", Run: "^TestOneKeyOneRecord$",
+		},
+		{
+			Name: "endpoint-without-layer", File: "fakeserver/endpoints.go",
+			Note:    "the app's POST endpoint runs without the idempotency layer: a retry does the work again",
+			Anchor:  "if keyed(method) {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestEndpoints$",
+		},
+		{
+			Name: "endpoint-wildcard-takes-payments", File: "fakeserver/handler.go",
+			Note:    "an endpoint's wildcard pattern takes POST /payments from the fake's payments",
+			Anchor:  "\tcase path == \"/payments\":\n",
+			Replace: "\tcase path == \"/payments\" && h.endpoints == nil:\n",
+			Pkg:     "./fakeserver", Run: "^TestEndpoints$/wildcard",
+		},
+		{
+			Name: "endpoint-crash-before-work", File: "fakeserver/endpoints.go",
+			Note:    "crash_after_provider on an endpoint dies before its handler did the work",
+			Anchor:  "\t\t\tnext.ServeHTTP(&discard{h: make(http.Header)}, r)\n",
+			Replace: "",
+			Pkg:     "./fakeserver", Run: "^TestEndpoints$/having_done_the_work",
+		},
+		{
+			Name: "endpoint-on-fake-paths", File: "fakeserver/endpoints.go",
+			Note:    "an endpoint on /payments or /_fake/ is accepted, and never served",
+			Anchor:  `case path == "/payments" || strings.HasPrefix(path, "/payments/") || path == "/_fake" || strings.HasPrefix(path, adminPrefix):`,
+			Replace: "case false:",
+			Pkg:     "./fakeserver", Run: "^TestEndpoints$/cannot_serve",
+		},
+		{
+			Name: "endpoint-wrong-method-not-found", File: "fakeserver/handler.go",
+			Note:    "another method on an endpoint's path is 404, hiding the client's wrong method",
+			Anchor:  "case h.endpoints != nil && h.endpointNotAllowed(w, r):",
+			Replace: "case false:",
+			Pkg:     "./fakeserver", Run: "^TestEndpoints$/another_method",
+		},
+		{
+			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
+			Note:    "NewTLSServer serves cleartext HTTP",
+			Anchor:  "s.startTLS()",
+			Replace: "s.start()",
+			Pkg:     "./fakeserver", Run: "^TestTLSServer$",
+		},
+		{
+			Name: "program-tls-kept-cert-unchecked", File: "cmd/fakeserver/tls.go",
+			Note:    "a kept certificate that does not name a host asked for is served, and fails on the device",
+			Anchor:  "if err := leaf.VerifyHostname(h); err != nil {",
+			Replace: "if err := leaf.VerifyHostname(h); err != nil && false {",
+			Pkg:     "./cmd/fakeserver", Run: "^TestProgramTLS$",
+		},
+		{
+			Name: "program-tls-key-readable", File: "cmd/fakeserver/tls.go",
+			Note:    "the kept private key is readable by every user of the machine",
+			Anchor:  "os.WriteFile(keyFile, keyPEM, 0o600)",
+			Replace: "os.WriteFile(keyFile, keyPEM, 0o644)",
+			Pkg:     "./cmd/fakeserver", Run: "^TestProgramTLS$",
+		},
+		{
+			Name: "program-tls-cleartext", File: "cmd/fakeserver/main.go",
+			Note:    "-tls writes a certificate and serves cleartext",
+			Anchor:  "return tls.NewListener(ln, ",
+			Replace: "return ln, nil\n\treturn tls.NewListener(ln, ",
+			Pkg:     "./cmd/fakeserver", Run: "^TestProgramTLS$",
 		},
 	})
 }

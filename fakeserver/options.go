@@ -3,10 +3,12 @@ package fakeserver
 import (
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
+	"github.com/idemkit/idem/internal/fakebare"
 )
 
 // Options configures a fake server: every setting of [NewServer] and
@@ -72,14 +74,13 @@ type Options struct {
 	// server and report the same [Stats]. Faults stay per process, and
 	// MaxRecords, MaxPayments and MaxOrders, which bound memory, do not
 	// apply.
-	Storage fakestate.Storage
-	// WithoutIdempotency runs POST /payments without the idempotency
-	// layer, as a server without the contract would: every request does
-	// the work and charges, a key is neither required nor remembered, and
-	// nothing is replayed. The rest of the API, faults and counters are as
-	// with the layer. It exists as the baseline that measures what the
-	// layer costs (cmd/idembench): test clients with it false, never true.
-	WithoutIdempotency bool
+	Storage Storage
+	// Endpoints are endpoints of the app's own API that the server serves
+	// beside its payments, behind the same idempotency layer, faults,
+	// counters and log: a POST /orders of the app's, say, faked with the
+	// handler its server runs. See [Endpoint]. NewHandler panics on an
+	// endpoint it cannot serve, naming it.
+	Endpoints []Endpoint
 }
 
 // config is Options with the defaults filled in.
@@ -90,8 +91,8 @@ type config struct {
 	clock                               clock.Clock // nil: the system clock
 	now                                 func() time.Time
 	logger                              *slog.Logger
-	storage                             fakestate.Storage
-	bare                                bool // Options.WithoutIdempotency
+	storage                             Storage
+	endpoints                           []Endpoint
 }
 
 func (o *Options) config() config {
@@ -99,7 +100,7 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, bare: o.WithoutIdempotency}
+			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, endpoints: o.Endpoints}
 	}
 	if c.retention <= 0 {
 		c.retention = 24 * time.Hour
@@ -118,4 +119,26 @@ func (o *Options) config() config {
 		c.now = c.clock.Now
 	}
 	return c
+}
+
+// Storage is a place other than memory where a server keeps its state:
+// package github.com/idemkit/idem/fakeserver/pgfake's New returns one that
+// keeps it in PostgreSQL. Its method is unexported: pgfake's is the one
+// implementation, and the contract between the server and its state may
+// change in any release.
+type Storage interface {
+	open(clk clock.Clock) fakestate.State
+}
+
+// storage is the Storage of a fakestate.Storage.
+type storage struct{ st fakestate.Storage }
+
+func (s storage) open(clk clock.Clock) fakestate.State { return s.st.Open(clk) }
+
+func init() {
+	// pgfake makes its Storage through this, so that the package's API
+	// names no internal type.
+	fakestate.Public = func(st fakestate.Storage) any { return storage{st} }
+	// cmd/idembench's baseline, kept out of the package's API.
+	fakebare.New = func() http.Handler { return newHandler(nil, true) }
 }

@@ -9,8 +9,9 @@ type Stats struct {
 	Payments int `json:"payments"`
 	// ProviderCharges counts charges the fake provider made.
 	ProviderCharges int `json:"provider_charges"`
-	// Executions counts how often the payment handler ran its work: once per
-	// fresh request or takeover, never for a replay, a 409 or a 400.
+	// Executions counts how often the payment handler, or the handler of
+	// a POST or PATCH [Endpoint], ran its work: once per fresh request or
+	// takeover, never for a replay, a 409 or a 400.
 	Executions int `json:"executions"`
 	// Records counts stored idempotency records, expired ones included until
 	// swept.

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -67,6 +69,13 @@ payments and orders only with POST /_fake/reset.
 
 Slow clients are disconnected after the timeouts below.
 
+With -tls FILE it serves HTTPS with a self-signed certificate made at
+start for -tls-hosts, and writes the certificate (PEM) to FILE, for a phone
+emulator or simulator to trust (Android blocks cleartext, iOS has ATS).
+With -tls-key KEYFILE too, the key is kept there and later starts reuse
+both files, so the device's trust survives a restart. The log line "tls
+certificate" gives its names, expiry and SHA-256 fingerprint.
+
 With -postgres DSN the records, payments, the fake provider's charges,
 order statuses and the counters are kept in that PostgreSQL database (its
 tables are created at start), so that several fakeserver processes on one
@@ -103,6 +112,9 @@ func run(args []string, stderr io.Writer) int {
 	maxPayments := fs.Int("max-payments", 100000, "payments held at most (they do not expire); then a new payment gets 503\nstorage-full before anything is charged, until POST /_fake/reset")
 	maxOrders := fs.Int("max-orders", 100000, "order statuses held at most; then a status for a new order gets 503 storage-full")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may finish before their\nconnections are closed; the program then exits 0")
+	tlsCert := fs.String("tls", "", "serve HTTPS (HTTP/1.1) with a self-signed certificate made at start, and write\nthe certificate (PEM) to this file, for a device or emulator to trust")
+	tlsKey := fs.String("tls-key", "", "with -tls: keep the certificate's private key in this file (mode 0600), and on\nlater starts serve the certificate and key these files hold, so a device's trust\nsurvives a restart")
+	tlsHosts := fs.String("tls-hosts", defaultTLSHosts, "with -tls: the host names and IP addresses the new certificate names,\ncomma-separated (10.0.2.2 is the host as the Android emulator reaches it)")
 	postgres := fs.String("postgres", "", "PostgreSQL DSN (postgres://user:pass@host/db or keyword=value); empty keeps the state in memory")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -141,6 +153,14 @@ func run(args []string, stderr io.Writer) int {
 		return bad("-write-timeout (%v) must be longer than -processing-delay (%v), or every answer is lost", *writeTimeout, *delay)
 	case *keyFormat != "any" && *keyFormat != "uuid":
 		return bad(`-key-format must be "any" or "uuid", not %q`, *keyFormat)
+	case *tlsCert == "" && (*tlsKey != "" || *tlsHosts != defaultTLSHosts):
+		return bad("-tls-key and -tls-hosts need -tls FILE, where the certificate is written")
+	case *tlsCert != "" && *tlsCert == *tlsKey:
+		return bad("-tls and -tls-key must be two files")
+	}
+	hosts, err := parseHosts(*tlsHosts)
+	if err != nil {
+		return bad("%v", err)
 	}
 
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
@@ -171,7 +191,21 @@ func run(args []string, stderr io.Writer) int {
 		opts.Storage = pgfake.New(life, pool)
 	}
 	h := fakeserver.NewHandler(opts)
-	ln, err := net.Listen("tcp", *addr)
+	var cert tls.Certificate
+	var certMade bool
+	if *tlsCert != "" {
+		// The certificate is on disk before the server listens: a script
+		// that waits for "listening" finds it there.
+		if cert, certMade, err = serverCert(*tlsCert, *tlsKey, hosts, time.Now()); err != nil {
+			logger.Error("cannot use TLS", "err", err)
+			return 1
+		}
+	}
+	var certp *tls.Certificate
+	if *tlsCert != "" {
+		certp = &cert
+	}
+	ln, err := listen(*addr, certp)
 	if err != nil {
 		logger.Error("cannot listen", "addr", *addr, "err", err)
 		return 1
@@ -187,7 +221,16 @@ func run(args []string, stderr io.Writer) int {
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	logger.Info("listening", "addr", ln.Addr().String())
+	scheme := "http"
+	if *tlsCert != "" {
+		scheme = "https"
+	}
+	logger.Info("listening", "addr", ln.Addr().String(), "scheme", scheme)
+	if *tlsCert != "" {
+		logger.Info("tls certificate", "file", *tlsCert, "new", certMade,
+			"names", slices.Concat(cert.Leaf.DNSNames, ipStrings(cert.Leaf.IPAddresses)),
+			"not_after", cert.Leaf.NotAfter.UTC().Format(time.RFC3339), "sha256", fingerprint(cert.Leaf.Raw))
+	}
 
 	sweeping := make(chan struct{})
 	go func() {
@@ -242,6 +285,25 @@ func sweep(ctx context.Context, h *fakeserver.Handler, every time.Duration) {
 			h.Sweep()
 		}
 	}
+}
+
+// listen listens on addr, over TLS with cert when it is not nil. TLS is
+// HTTP/1.1 only, as httptest's TLS server: the faults close the
+// connection, which in HTTP/2 would reset one stream.
+func listen(addr string, cert *tls.Certificate) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil || cert == nil {
+		return ln, err
+	}
+	return tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: []string{"http/1.1"}}), nil
+}
+
+func ipStrings(ips []net.IP) []string {
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i] = ip.String()
+	}
+	return out
 }
 
 // openPostgres connects to dsn and creates the fake server's tables. The

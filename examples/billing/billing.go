@@ -12,8 +12,12 @@ import (
 	"net/http"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/fakeserver"
 )
+
+// problemCardDeclined is the problem type the payment API answers a
+// declined card with. It is the API's word, so the client names it
+// itself: production code does not import the fake server its tests use.
+const problemCardDeclined = "https://idem.dev/problems/card-declined"
 
 // ErrDeclined is returned by Pay when the card was declined.
 var ErrDeclined = errors.New("billing: card declined")
@@ -53,7 +57,7 @@ func (c *Client) Pay(ctx context.Context, cartID, customer string, amount int64,
 	}
 	resp, err := c.idem.Send(ctx, "cart:"+cartID, req)
 	var apiErr *idem.APIError
-	if errors.As(err, &apiErr) && apiErr.Problem.Type == fakeserver.ProblemCardDeclined {
+	if errors.As(err, &apiErr) && apiErr.Problem.Type == problemCardDeclined {
 		return nil, fmt.Errorf("%w: %s", ErrDeclined, apiErr.Problem.Detail)
 	}
 	if err != nil {

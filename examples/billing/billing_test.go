@@ -3,6 +3,9 @@ package billing_test
 import (
 	"context"
 	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,4 +92,19 @@ func TestPayTwiceIsOnePayment(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, first.ID, again.ID)
 	assert.Equal(t, 1, srv.Stats().ProviderCharges)
+}
+
+// TestImports checks what the example's production code links: an app's
+// payment client ships without its test server.
+func TestImports(t *testing.T) {
+	t.Parallel()
+	t.Run("the production code does not import the fake server", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("runs go list")
+		}
+		out, err := exec.Command("go", "list", "-deps", ".").Output()
+		require.NoError(t, err)
+		assert.False(t, slices.Contains(strings.Fields(string(out)), "github.com/idemkit/idem/fakeserver"),
+			"go list -deps lists the fake server")
+	})
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/idempotency/pgstore"
@@ -75,8 +76,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // time is over and it closes its connections anyway, so that a commit
 // waiting on a lock neither keeps it running nor lands after it stopped;
 // then it closes the pool, which waits only for the cancelled statements.
-func New(ctx context.Context, pool *pgxpool.Pool) fakestate.Storage {
-	return storage{life: ctx, pool: pool}
+func New(ctx context.Context, pool *pgxpool.Pool) fakeserver.Storage {
+	return fakestate.Public(storage{life: ctx, pool: pool}).(fakeserver.Storage)
 }
 
 type storage struct {
@@ -480,9 +481,14 @@ func (s *state) Declined(string) {}
 // request behind the middleware) it writes through Complete's transaction,
 // so the payment commits with the record or not at all.
 //
-// It is called only from Complete's commit hook, which the end of life
-// already bounds.
+// Complete runs it on a context without the request's cancellation (a
+// payment is recorded even if its client went away), bounded only by the
+// store's CommitTimeout: the end of life must end it too, at once, so
+// that a program that stops does not wait on a lock for that long, and
+// nothing of it commits.
 func (s *state) AddPayment(ctx context.Context, p *fakestate.Payment) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	return s.addPayment(ctx, p)
 }
 

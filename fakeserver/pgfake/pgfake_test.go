@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -111,7 +112,9 @@ func TestNewsContextEndsACommitWaitingOnALock(t *testing.T) {
 	pool := newPool(t)
 	life, abort := context.WithCancel(context.Background())
 	defer abort()
-	s := start(t, &fakeserver.Options{Storage: pgfake.New(life, pool)})
+	var logs syncBuffer
+	s := start(t, &fakeserver.Options{Storage: pgfake.New(life, pool),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -151,6 +154,29 @@ func TestNewsContextEndsACommitWaitingOnALock(t *testing.T) {
 		(SELECT count(*) FROM idempotency_records WHERE status = 'IN_PROGRESS')`).Scan(&payments, &inProgress))
 	assert.Zero(t, payments, "the aborted payment committed")
 	assert.Equal(t, 1, inProgress)
+	// The store's own bound on a commit (pgstore's CommitTimeout, 10 s)
+	// would end the wait too, later: the error says which ended it.
+	assert.Contains(t, logs.String(), "context canceled", "ended by the context given to New")
+	assert.NotContains(t, logs.String(), "deadline exceeded")
+}
+
+// syncBuffer is a log's destination that the server's goroutines write
+// while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestTablesNeverShowTheCredential: on PostgreSQL the records', payments'

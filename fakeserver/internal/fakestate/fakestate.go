@@ -24,6 +24,12 @@ type Storage interface {
 	Open(clk clock.Clock) State
 }
 
+// Public turns st into a fakeserver.Storage, the type of
+// fakeserver.Options.Storage. Package fakeserver sets it as it
+// initialises; package pgfake, which imports fakeserver, calls it. The
+// result is any because this package cannot import fakeserver.
+var Public func(st Storage) any
+
 // State is where a handler keeps what it knows. Memory never fails; a
 // database may, and the error says what was being done.
 type State interface {

@@ -9,13 +9,14 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/fakebare"
 )
 
 // TestBareHandlerHasNoLayer checks that the baseline of the layer's cost
 // does the work on every request, a repeated key included.
 func TestBareHandlerHasNoLayer(t *testing.T) {
 	t.Parallel()
-	h := fakeserver.NewHandler(&fakeserver.Options{WithoutIdempotency: true})
+	h := fakebare.New().(*fakeserver.Handler)
 	for range 2 {
 		req := httptest.NewRequest(http.MethodPost, "/payments", bytes.NewReader(paymentBody))
 		req.Header.Set("Idempotency-Key", "same")
