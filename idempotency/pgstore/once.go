@@ -41,6 +41,16 @@ func lockKey(id idempotency.ID) int64 {
 var lockAndReadSQL = nowSQL(3) + ` SELECT ` + recoveringSQL + `, t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
 	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
 
+// lockAndMarkSQL tries the key's advisory lock ($1) without waiting, and
+// marks the transaction with $2 ([markSetting]), in one statement: each
+// statement of a batch costs the server a portal and the client a result.
+const lockAndMarkSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('` + markSetting + `', $2, true)`
+
+// markedDurableSQL says whether it runs in the transaction marked $1
+// ([markedSQL]), and raises synchronous_commit for the commit that follows
+// ([syncCommitSQL]): one statement, sent after the handler's.
+const markedDurableSQL = markedSQL + `, ` + syncCommitSQL
+
 // takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction if
 // it is still the IN_PROGRESS record of owner $3 with its lease ended and
 // not expired, and says whether it did. It does not wait for a row that
@@ -140,8 +150,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	mark := rand.Text()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(setMarkSQL, mark)
-	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
+	b.Queue(lockAndMarkSQL, lockKey(rec.ID), mark).QueryRow(func(r pgx.Row) error { return r.Scan(&locked, nil) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &now, &live}, row.dest()...)...) })
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
@@ -225,8 +234,11 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		marked bool
 	)
 	b = &pgx.Batch{}
-	b.Queue(markedSQL, mark).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
+	// After the handler's statements, which may have lowered it,
+	// synchronous_commit is raised: the answer is sent once the commit
+	// is durable.
+	b.Queue(markedDurableSQL, mark).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&marked, nil) })
 	stableID, from := rec.StableID, (*string)(nil)
 	if abandoned != nil {
 		stableID, from = abandoned.StableID, &abandoned.Owner
@@ -234,9 +246,6 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
 		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark, from).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
-	// After the handler's statements, which may have lowered it: the
-	// answer is sent once the commit is durable.
-	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
 	err = conn.SendBatch(wctx, b).Close()
 	if err == nil {
