@@ -834,3 +834,48 @@ func TestRunOnceTxRefusedAfterRunOnce(t *testing.T) {
 	require.NoError(t, other.Commit(ctx))
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"), "writes after RunOnce returned")
 }
+
+// TestOneTransactionYieldsToALeaseRecord: a lease-mode worker, which takes
+// no advisory lock, writes the key's record while RunOnce runs the work:
+// the work rolls back and RunOnce returns that record, whether the key had
+// no record when RunOnce read it (a plain insert) or an expired one (the
+// insert that replaces it).
+func TestOneTransactionYieldsToALeaseRecord(t *testing.T) {
+	pool := withPayments(t)
+	ctx := context.Background()
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewManual(t0)
+	s := New(pool, &Options{Clock: clk})
+	rec := func(key, owner string) *idempotency.Record {
+		now := clk.Now()
+		return &idempotency.Record{ID: idempotency.ID{Principal: "p", Key: key}, Fingerprint: sha256.Sum256([]byte("body")),
+			FingerprintVersion: 2, Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
+			LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	}
+	yields := func(t *testing.T, key string) {
+		existing, err := s.RunOnce(ctx, rec(key, "once"), func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
+			if _, inserted, err := s.Insert(context.Background(), rec(key, "lease")); err != nil || !inserted {
+				return nil, fmt.Errorf("the lease-mode insert: %v, %v", inserted, err)
+			}
+			tx, _ := Tx(ctx)
+			if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ($1)", key); err != nil {
+				return nil, err
+			}
+			return &idempotency.Response{StatusCode: 201, Header: http.Header{}, Body: []byte("paid")}, nil
+		})
+		require.NoError(t, err)
+		require.NotNil(t, existing, "RunOnce committed its work over the lease-mode record")
+		assert.Equal(t, "lease", existing.Owner)
+		assert.Equal(t, 0, count(t, pool, "SELECT count(*) FROM payments WHERE id = $1", key), "the work's effect committed")
+	}
+	t.Run("a record that appears over a fresh key", func(t *testing.T) {
+		yields(t, "fresh")
+	})
+	t.Run("a record that replaces an expired one meanwhile", func(t *testing.T) {
+		_, inserted, err := s.Insert(ctx, rec("expired", "old"))
+		require.NoError(t, err)
+		require.True(t, inserted)
+		clk.Advance(2 * time.Hour)
+		yields(t, "expired")
+	})
+}
