@@ -353,6 +353,9 @@ func (r *PGReport) Print(w io.Writer) {
 			fmt.Fprintf(w, "throughput pg-fresh-1tx/bare, concurrency %d: %.2f\n", c, rs[pgFresh1tx].RPS/rs[pgBare].RPS)
 		}
 	}
+	if len(r.ByConcurrency[1]) == 0 {
+		return // the p50 ratios are at concurrency 1
+	}
 	fmt.Fprintf(w, "ratio pg-fresh-lease/bare: %.2f\n", r.ratio(pgFreshLease))
 	fmt.Fprintf(w, "ratio pg-replay-1tx/bare: %.2f\n", r.ratio(pgReplay1tx))
 	fmt.Fprintf(w, "ratio pg-fresh-1tx/bare: %.2f\n", r.ratio(pgFresh1tx))
