@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,59 +132,3 @@ func BenchmarkOneTransaction(b *testing.B) {
 		})
 	}
 }
-
-// TestOneTransactionRoundTrips counts what a fresh key costs in round trips
-// to the database, in each query mode the store supports.
-func TestOneTransactionRoundTrips(t *testing.T) {
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
-		t.Run(mode.String(), func(t *testing.T) {
-			trips := &roundTrips{}
-			pool := benchPool(t, func(cfg *pgxpool.Config) {
-				cfg.ConnConfig.DefaultQueryExecMode = mode
-				cfg.ConnConfig.Tracer = trips
-				cfg.MaxConns = 1 // one connection, its statements prepared once
-			})
-			once := idempotency.New(benchPay(pool), idempotency.Config{Store: New(pool, nil),
-				Principal: func(*http.Request) string { return "bench" }, OneTransaction: true})
-			measure := func(h http.Handler) int64 {
-				benchPost(t, h, uuid.NewString()) // prepares what the mode prepares
-				before := trips.n.Load()
-				benchPost(t, h, uuid.NewString())
-				return trips.n.Load() - before
-			}
-			t.Run("the bare handler takes three", func(t *testing.T) {
-				if n := measure(benchPay(pool)); n != 3 {
-					t.Errorf("%d round trips, want 3 (BEGIN, INSERT, COMMIT)", n)
-				}
-			})
-			t.Run("a fresh key takes two besides the handler's", func(t *testing.T) {
-				if n := measure(once); n != 3 {
-					t.Errorf("%d round trips, want 3 (BEGIN with the lock and the read; the handler's INSERT; the record with COMMIT)", n)
-				}
-			})
-		})
-	}
-}
-
-// roundTrips counts a connection's round trips to the server: each
-// statement sent alone, each batch, each statement prepared apart.
-type roundTrips struct {
-	n atomic.Int64
-}
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
