@@ -32,6 +32,11 @@
 // apart from the cost of flushes:
 //
 //	go run ./cmd/idembench -postgres start [-quick] [-n 3000]
+//
+// With -server-only it prints only the PostgreSQL variants (no storm, no
+// client run); -concurrency then picks the one concurrency to measure:
+//
+//	go run ./cmd/idembench -postgres start -server-only -concurrency 16 -n 1000
 package main
 
 import (
@@ -54,10 +59,17 @@ func main() {
 	intents := flag.String("intents", "", "comma-separated store sizes for open+list (default 10000,100000; 10000 with -quick)")
 	dir := flag.String("dir", "", "directory for the file stores (default the system's temporary directory)")
 	postgres := flag.String("postgres", "", `measure the server side on this PostgreSQL DSN; "start" starts a throwaway server, "start-nofsync" one that does not flush commits`)
+	serverOnly := flag.Bool("server-only", false, "with -postgres, only the PostgreSQL figures: no storm, no client run")
 	flag.Parse()
 
 	if *postgres != "" {
-		os.Exit(runPostgres(*postgres, *quick, *n))
+		var concs []int
+		flag.Visit(func(f *flag.Flag) {
+			if f.Name == "concurrency" {
+				concs = []int{max(1, *conc)}
+			}
+		})
+		os.Exit(runPostgres(*postgres, *quick, *n, concs, *serverOnly))
 	}
 
 	cfg := bench.Defaults()
@@ -92,7 +104,7 @@ func main() {
 }
 
 // runPostgres is the -postgres run; it returns the exit code.
-func runPostgres(dsn string, quick bool, n int) int {
+func runPostgres(dsn string, quick bool, n int, concs []int, serverOnly bool) int {
 	cfg := bench.PGDefaults()
 	if quick {
 		cfg = bench.PGQuick()
@@ -100,6 +112,10 @@ func runPostgres(dsn string, quick bool, n int) int {
 	if n > 0 {
 		cfg.Requests = n
 	}
+	if concs != nil {
+		cfg.Concurrencies = concs
+	}
+	cfg.NoStorm = serverOnly
 	if dsn == "start" || dsn == "start-nofsync" {
 		srv, err := pgtest.Start(pgtest.Options{Durable: dsn == "start"})
 		if err != nil {
@@ -115,6 +131,10 @@ func runPostgres(dsn string, quick bool, n int) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idembench:", err)
 		return 1
+	}
+	if serverOnly {
+		rep.Print(os.Stdout)
+		return 0
 	}
 	// Then the client side, so that one run prints every figure, the
 	// client's ratio last.

@@ -128,9 +128,8 @@ func (p *muteProxy) accept() {
 			for {
 				n, err := client.Read(buf)
 				if n > 0 {
-					if _, werr := server.Write(buf[:n]); werr != nil {
-						return
-					}
+					// Muted before the trigger goes on: an answer the server
+					// sends at once must not slip through.
 					seen := append(tail, buf[:n]...)
 					if !mute.Load() && containsWord(seen, p.trigger) {
 						p.mutedOpen.Add(1)
@@ -138,6 +137,9 @@ func (p *muteProxy) accept() {
 						p.muted.Add(1)
 					}
 					tail = append([]byte(nil), seen[max(0, len(seen)-len(p.trigger)-1):]...)
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
 				}
 				if err != nil {
 					return

@@ -128,8 +128,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-lock-not-taken", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce does not take the key's advisory lock: a duplicate runs the work beside the first",
-			Anchor:  "b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID))",
-			Replace: "b.Queue(`SELECT $1::bigint IS NOT NULL`, lockKey(rec.ID))",
+			Anchor:  "const lockAndMarkSQL = `SELECT pg_try_advisory_xact_lock($1), ",
+			Replace: "const lockAndMarkSQL = `SELECT $1::bigint IS NOT NULL, ",
 			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^RunOnceHoldsTheKey$", Env: pg,
 		},
 		{
@@ -142,8 +142,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-commit-not-flushed", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce's commit does not wait for the disk (synchronous_commit off)",
-			Anchor:  "\tb.Queue(`SELECT ` + syncCommitSQL)\n\tb.Queue(\"COMMIT\")",
-			Replace: "\tb.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)\n\tb.Queue(\"COMMIT\")",
+			Anchor:  "const markedDurableSQL = markedSQL + `, ` + syncCommitSQL",
+			Replace: "const markedDurableSQL = markedSQL + `, set_config('synchronous_commit', 'off', true)`",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionSurvivesAPostgresCrash$", Env: pg,
 		},
 		{
@@ -158,6 +158,15 @@ func TestMutants(t *testing.T) {
 			Note:    "RunOnce commits its work though a lease-mode record of the key appeared",
 			Anchor:  "SELECT 1 / (SELECT count(*) FROM ins)::int`",
 			Replace: "SELECT 1`",
+			// A fresh key's plain insert still meets the record's
+			// primary key: the replacement of an expired record does not.
+			Pkg: "./idempotency/pgstore", Run: "^TestOneTransactionYieldsToALeaseRecord$", Env: pg,
+		},
+		{
+			Name: "pg-once-fresh-insert-conflict-fails", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce fails the request when a lease-mode record appeared over a fresh key, instead of answering with that record",
+			Anchor:  `pgErr.Code == "22012" || pgErr.Code == "23505" && pgErr.TableName == "idempotency_records"`,
+			Replace: `pgErr.Code == "22012"`,
 			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^RunOnceYieldsToALeaseRecord$", Env: pg,
 		},
 		{
@@ -366,8 +375,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-commit-durability-left-to-handler", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce does not raise synchronous_commit after the handler's statements: a handler's SET LOCAL synchronous_commit = off makes the 201's record one a crash loses",
-			Anchor:  "\tb.Queue(`SELECT ` + syncCommitSQL)\n\tb.Queue(\"COMMIT\")",
-			Replace: "\tb.Queue(\"COMMIT\")",
+			Anchor:  "const markedDurableSQL = markedSQL + `, ` + syncCommitSQL",
+			Replace: "const markedDurableSQL = markedSQL",
 			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^one_transaction", Env: pg,
 		},
 		{

@@ -41,6 +41,16 @@ func lockKey(id idempotency.ID) int64 {
 var lockAndReadSQL = nowSQL(3) + ` SELECT ` + recoveringSQL + `, t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
 	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
 
+// lockAndMarkSQL tries the key's advisory lock ($1) without waiting, and
+// marks the transaction with $2 ([markSetting]), in one statement: each
+// statement of a batch costs the server a portal and the client a result.
+const lockAndMarkSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('` + markSetting + `', $2, true)`
+
+// markedDurableSQL says whether it runs in the transaction marked $1
+// ([markedSQL]), and raises synchronous_commit for the commit that follows
+// ([syncCommitSQL]): one statement, sent after the handler's.
+const markedDurableSQL = markedSQL + `, ` + syncCommitSQL
+
 // takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction if
 // it is still the IN_PROGRESS record of owner $3 with its lease ended and
 // not expired, and says whether it did. It does not wait for a row that
@@ -50,19 +60,32 @@ var takeOverOnceSQL = nowSQL(4) + ` SELECT EXISTS (SELECT 1 FROM t, idempotency_
 	AND coalesce(r.locked_until <= t.now, true) AND NOT ` + expiredSQL + `
 	FOR UPDATE OF r SKIP LOCKED)`
 
-// completeOnceSQL stores the COMPLETED record in the transaction of the
-// work: a new row, one that replaces an expired record, or the record of
-// owner $12 that the transaction took over (and holds locked). A live record
-// that appeared meanwhile (a lease-mode worker does not take the key's
-// lock), or a transaction without RunOnce's mark (the handler ended
-// RunOnce's and began another), makes it fail with division_by_zero, so
-// that the transaction, and the work's effect with it, cannot commit.
-var completeOnceSQL = nowSQL(4) + `, ins AS (
-	INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
+// onceColumnsSQL and onceValuesSQL are the COMPLETED record that RunOnce
+// inserts in the transaction of the work. It is inserted only in a
+// transaction that has RunOnce's mark: a transaction without it (the
+// handler ended RunOnce's and began another) inserts nothing.
+const (
+	onceColumnsSQL = `INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
 		fingerprint_version, response_status, response_header, response_body)
-	SELECT $1, $2, $3, 'COMPLETED', $5, '', NULL, t.now, t.now + $6::bigint * interval '1 microsecond', $7, $8, $9, $10
+	`
+	onceValuesSQL = `SELECT $1, $2, $3, 'COMPLETED', $5, '', NULL, t.now, t.now + $6::bigint * interval '1 microsecond', $7, $8, $9, $10
 	FROM t
-	WHERE current_setting('` + markSetting + `', true) = $11
+	WHERE current_setting('` + markSetting + `', true) = $11`
+)
+
+// onceInsertedSQL fails with division_by_zero unless the record was
+// written, so that the transaction, and the work's effect with it, cannot
+// commit.
+const onceInsertedSQL = `
+SELECT 1 / (SELECT count(*) FROM ins)::int`
+
+// completeOnceSQL stores the COMPLETED record in the transaction of the
+// work: a row that replaces an expired record, or the record of owner $12
+// that the transaction took over (and holds locked). A live record that
+// appeared meanwhile (a lease-mode worker does not take the key's lock), or
+// a transaction without RunOnce's mark, makes it fail (onceInsertedSQL).
+var completeOnceSQL = nowSQL(4) + `, ins AS (
+	` + onceColumnsSQL + onceValuesSQL + `
 	ON CONFLICT (caller, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint, status = excluded.status, stable_id = excluded.stable_id, owner = '',
 		locked_until = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
@@ -71,8 +94,31 @@ var completeOnceSQL = nowSQL(4) + `, ins AS (
 	WHERE ` + strings.ReplaceAll(expiredSQL, "t.now", "excluded.created_at") + `
 		OR (r.status = 'IN_PROGRESS' AND r.owner = $12)
 	RETURNING 1
-)
-SELECT 1 / (SELECT count(*) FROM ins)::int`
+)` + onceInsertedSQL
+
+// insertOnceSQL is completeOnceSQL for a key that had no record when the
+// transaction read it, the usual case: a plain insert, without ON
+// CONFLICT's speculative insertion, which costs the server about half as
+// much again. A record that appeared meanwhile makes it fail with
+// unique_violation instead; a transaction without the mark, as
+// completeOnceSQL.
+var insertOnceSQL = nowSQL(4) + `, ins AS (
+	` + onceColumnsSQL + onceValuesSQL + `
+	RETURNING 1
+)` + onceInsertedSQL
+
+// appeared reports whether err, the error of RunOnce's last round trip,
+// says that the record could not be written: a live record of the key
+// appeared while the work ran (division_by_zero from completeOnceSQL,
+// unique_violation on the records from insertOnceSQL), or the
+// transaction lost its mark (division_by_zero).
+func appeared(err error) bool {
+	pgErr := (*pgconn.PgError)(nil)
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return pgErr.Code == "22012" || pgErr.Code == "23505" && pgErr.TableName == "idempotency_records"
+}
 
 // RunOnce implements [idempotency.TxStore]: the whole request of a fresh
 // key in one transaction. It takes a connection from the pool, begins, tries the key's
@@ -140,8 +186,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	mark := rand.Text()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(setMarkSQL, mark)
-	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(rec.ID)).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
+	b.Queue(lockAndMarkSQL, lockKey(rec.ID), mark).QueryRow(func(r pgx.Row) error { return r.Scan(&locked, nil) })
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &now, &live}, row.dest()...)...) })
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
@@ -225,18 +270,22 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		marked bool
 	)
 	b = &pgx.Batch{}
-	b.Queue(markedSQL, mark).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
+	// After the handler's statements, which may have lowered it,
+	// synchronous_commit is raised: the answer is sent once the commit
+	// is durable.
+	b.Queue(markedDurableSQL, mark).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&marked, nil) })
 	stableID, from := rec.StableID, (*string)(nil)
 	if abandoned != nil {
 		stableID, from = abandoned.StableID, &abandoned.Owner
 	}
-	b.Queue(completeOnceSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark, from).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
-	// After the handler's statements, which may have lowered it: the
-	// answer is sent once the commit is durable.
-	b.Queue(`SELECT ` + syncCommitSQL)
+	args := []any{caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark}
+	write := insertOnceSQL
+	if row.status != nil || abandoned != nil {
+		write, args = completeOnceSQL, append(args, from) // a record to replace, or one taken over
+	}
+	b.Queue(write, args...).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
 	b.Queue("COMMIT")
 	err = conn.SendBatch(wctx, b).Close()
 	if err == nil {
@@ -252,7 +301,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		}
 		return nil, nil
 	}
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
+	if appeared(err) {
 		// A live record appeared, or the handler began a transaction of
 		// its own: the work rolls back, and the record answers.
 		ended = true

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -834,3 +835,104 @@ func TestRunOnceTxRefusedAfterRunOnce(t *testing.T) {
 	require.NoError(t, other.Commit(ctx))
 	assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM payments"), "writes after RunOnce returned")
 }
+
+// TestOneTransactionYieldsToALeaseRecord: a lease-mode worker, which takes
+// no advisory lock, writes the key's record while RunOnce runs the work:
+// the work rolls back and RunOnce returns that record, whether the key had
+// no record when RunOnce read it (a plain insert) or an expired one (the
+// insert that replaces it).
+func TestOneTransactionYieldsToALeaseRecord(t *testing.T) {
+	pool := withPayments(t)
+	ctx := context.Background()
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewManual(t0)
+	s := New(pool, &Options{Clock: clk})
+	rec := func(key, owner string) *idempotency.Record {
+		now := clk.Now()
+		return &idempotency.Record{ID: idempotency.ID{Principal: "p", Key: key}, Fingerprint: sha256.Sum256([]byte("body")),
+			FingerprintVersion: 2, Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
+			LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	}
+	yields := func(t *testing.T, key string) {
+		existing, err := s.RunOnce(ctx, rec(key, "once"), func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
+			if _, inserted, err := s.Insert(context.Background(), rec(key, "lease")); err != nil || !inserted {
+				return nil, fmt.Errorf("the lease-mode insert: %v, %v", inserted, err)
+			}
+			tx, _ := Tx(ctx)
+			if _, err := tx.Exec(ctx, "INSERT INTO payments (id) VALUES ($1)", key); err != nil {
+				return nil, err
+			}
+			return &idempotency.Response{StatusCode: 201, Header: http.Header{}, Body: []byte("paid")}, nil
+		})
+		require.NoError(t, err)
+		require.NotNil(t, existing, "RunOnce committed its work over the lease-mode record")
+		assert.Equal(t, "lease", existing.Owner)
+		assert.Equal(t, 0, count(t, pool, "SELECT count(*) FROM payments WHERE id = $1", key), "the work's effect committed")
+	}
+	t.Run("a record that appears over a fresh key", func(t *testing.T) {
+		yields(t, "fresh")
+	})
+	t.Run("a record that replaces an expired one meanwhile", func(t *testing.T) {
+		_, inserted, err := s.Insert(ctx, rec("expired", "old"))
+		require.NoError(t, err)
+		require.True(t, inserted)
+		clk.Advance(2 * time.Hour)
+		yields(t, "expired")
+	})
+}
+
+// TestOneTransactionRoundTrips counts what a fresh key costs in round trips
+// to the database, in each query mode the store supports.
+func TestOneTransactionRoundTrips(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			trips := &roundTrips{}
+			pool := benchPool(t, func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.DefaultQueryExecMode = mode
+				cfg.ConnConfig.Tracer = trips
+				cfg.MaxConns = 1 // one connection, its statements prepared once
+			})
+			once := idempotency.New(benchPay(pool), idempotency.Config{Store: New(pool, nil),
+				Principal: func(*http.Request) string { return "bench" }, OneTransaction: true})
+			measure := func(h http.Handler) int64 {
+				benchPost(t, h, uuid.NewString()) // prepares what the mode prepares
+				before := trips.n.Load()
+				benchPost(t, h, uuid.NewString())
+				return trips.n.Load() - before
+			}
+			t.Run("the bare handler takes three", func(t *testing.T) {
+				if n := measure(benchPay(pool)); n != 3 {
+					t.Errorf("%d round trips, want 3 (BEGIN, INSERT, COMMIT)", n)
+				}
+			})
+			t.Run("a fresh key takes two besides the handler's", func(t *testing.T) {
+				if n := measure(once); n != 3 {
+					t.Errorf("%d round trips, want 3 (BEGIN with the lock and the read; the handler's INSERT; the record with COMMIT)", n)
+				}
+			})
+		})
+	}
+}
+
+// roundTrips counts a connection's round trips to the server: each
+// statement sent alone, each batch, each statement prepared apart.
+type roundTrips struct {
+	n atomic.Int64
+}
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}

@@ -25,18 +25,14 @@ var errHandlerEnded = errors.New("the handler ended the request's transaction (C
 
 // markSetting is the setting, local to the request's transaction (RunOnce's
 // or Complete's), that holds the transaction's mark: a random text set when
-// the store begins the transaction ([setMarkSQL]), and checked when the
-// record is written ([markedSQL]). A handler that ends the transaction,
+// the store begins the transaction ([lockAndMarkSQL], and holdSQL in
+// Complete), and checked when the record is written ([markedSQL]). A handler that ends the transaction,
 // with COMMIT or ROLLBACK as SQL, ends the mark with it; one that then
 // begins another (ROLLBACK; BEGIN) has a transaction without the mark.
 const markSetting = "pgstore.request_tx"
 
-// setMarkSQL marks the transaction with $1; markedSQL says whether the
-// statement runs in the transaction marked $1.
-const (
-	setMarkSQL = `SELECT set_config('` + markSetting + `', $1, true)`
-	markedSQL  = `SELECT coalesce(current_setting('` + markSetting + `', true) = $1, false)`
-)
+// markedSQL says whether the statement runs in the transaction marked $1.
+const markedSQL = `SELECT coalesce(current_setting('` + markSetting + `', true) = $1, false)`
 
 // endGuard is the Commit and Rollback of a transaction that only the store
 // ends: both fail and remember that the handler meant to end it, so that

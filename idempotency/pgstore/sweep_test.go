@@ -193,7 +193,7 @@ func BenchmarkSweep(b *testing.B) {
 	b.Run("live records", func(b *testing.B) {
 		pools := make([]*pgxpool.Pool, len(sizes))
 		for i, size := range sizes {
-			pools[i] = benchPool(b)
+			pools[i] = sweepPool(b)
 			fill(b, pools[i], 1, size, "1 day")
 		}
 		spent := make([]time.Duration, len(sizes))
@@ -220,7 +220,7 @@ func BenchmarkSweep(b *testing.B) {
 	b.Run("fell behind", func(b *testing.B) {
 		pools := make([]*pgxpool.Pool, len(sizes))
 		for i := range sizes {
-			pools[i] = benchPool(b)
+			pools[i] = sweepPool(b)
 		}
 		spent := make([]time.Duration, len(sizes))
 		blocks := make([]int64, len(sizes))
@@ -281,8 +281,8 @@ func batchBlocks(b *testing.B, pool *pgxpool.Pool, from *time.Time) int64 {
 	return out[0].Plan.Hit + out[0].Plan.Read + out[0].Planning.Hit + out[0].Planning.Read
 }
 
-// benchPool is newPool for a benchmark.
-func benchPool(b *testing.B) *pgxpool.Pool {
+// sweepPool is newPool for a benchmark.
+func sweepPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
 	pool, err := pgxpool.New(context.Background(), pgtest.DSN(b))
 	require.NoError(b, err)

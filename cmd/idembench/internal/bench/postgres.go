@@ -36,6 +36,8 @@ type PGConfig struct {
 	// handler's processing time, so that they overlap.
 	StormRequests int
 	StormDelay    time.Duration
+	// NoStorm skips the storm.
+	NoStorm bool
 }
 
 // PGDefaults is a full PostgreSQL run.
@@ -228,6 +230,9 @@ func RunPostgres(ctx context.Context, dsn string, cfg PGConfig, progress io.Writ
 		}
 	}
 
+	if cfg.NoStorm {
+		return rep, nil
+	}
 	// Three servers, each with its own pool and middleware (its own
 	// flights), as three processes on one database would be.
 	fmt.Fprintf(progress, "postgres: storm of %d requests on one key over three servers\n", cfg.StormRequests)
@@ -340,6 +345,24 @@ func (r *PGReport) Print(w io.Writer) {
 		results(tw, r.ByConcurrency[c], "x bare")
 		tw.Flush()
 	}
+	if r.Storm != nil {
+		r.printStorm(w)
+	}
+	for _, c := range r.Concurrencies {
+		if rs := r.ByConcurrency[c]; len(rs) > pgFresh1tx && rs[pgBare].RPS > 0 {
+			fmt.Fprintf(w, "throughput pg-fresh-1tx/bare, concurrency %d: %.2f\n", c, rs[pgFresh1tx].RPS/rs[pgBare].RPS)
+		}
+	}
+	if len(r.ByConcurrency[1]) == 0 {
+		return // the p50 ratios are at concurrency 1
+	}
+	fmt.Fprintf(w, "ratio pg-fresh-lease/bare: %.2f\n", r.ratio(pgFreshLease))
+	fmt.Fprintf(w, "ratio pg-replay-1tx/bare: %.2f\n", r.ratio(pgReplay1tx))
+	fmt.Fprintf(w, "ratio pg-fresh-1tx/bare: %.2f\n", r.ratio(pgFresh1tx))
+}
+
+// printStorm writes the storm's lines.
+func (r *PGReport) printStorm(w io.Writer) {
 	s := r.Storm
 	fmt.Fprintf(w, "same-key storm over PostgreSQL: %d concurrent requests, one key, processing %v\n", s.Requests, s.ProcessingDelay)
 	fmt.Fprintf(w, "  executions %d (must be 1), 201 fresh: %d, 201 replayed: %d, 409 in progress: %d, other: %d, all answered in %s\n",
@@ -348,7 +371,4 @@ func (r *PGReport) Print(w io.Writer) {
 		fmt.Fprintf(w, "  other keys, one at a time, one transaction: p50 %s calm (%d requests), %s during the storm (%d requests): %.2fx\n",
 			dur(o.Calm), o.CalmCount, dur(o.Storm), o.StormCount, float64(o.Storm)/float64(max(o.Calm, 1)))
 	}
-	fmt.Fprintf(w, "ratio pg-fresh-lease/bare: %.2f\n", r.ratio(pgFreshLease))
-	fmt.Fprintf(w, "ratio pg-replay-1tx/bare: %.2f\n", r.ratio(pgReplay1tx))
-	fmt.Fprintf(w, "ratio pg-fresh-1tx/bare: %.2f\n", r.ratio(pgFresh1tx))
 }
