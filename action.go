@@ -287,7 +287,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			// The write's result is unknown: it may have armed the
 			// intent, which is never provably unsent from now on.
 			c.keys.storeFailed(rec.Key)
-			return &SaveError{Key: rec.Key, Op: "arm", Err: err}
+			return &SaveError{Key: rec.Key, Op: "arm", Err: err, mayHaveLanded: true}
 		}
 		latest := lost.Current
 		switch {

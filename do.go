@@ -17,7 +17,8 @@ import (
 //
 // An intent made by Intent or NewIntent is armed by its first Do: saved
 // durably, in the one write before its first byte is sent. If that write
-// fails (a *SaveError) nothing is sent.
+// fails (a *SaveError) nothing is sent; the error matches
+// ErrOutcomeUnknown, since the write may have landed.
 //
 // A resolved intent is not sent: Do returns the stored answer with
 // FromStore set. An unresolved one is sent with its key and exact bytes,

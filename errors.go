@@ -223,17 +223,28 @@ func (e *notSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
 // SaveError reports that the device store failed a write, or a read that
 // Client.Intent needs before it writes. When it comes from Client.Intent or
-// Client.NewIntent, or from the arming write of Do (Op "arm"), nothing was
-// created or sent. When it comes after an
+// Client.NewIntent, nothing was created or sent. When it comes after an
 // answer, Do returns the answer too: the server keeps it, and the next Do
 // replays it.
+//
+// A write that makes an intent sendable (arming it, Op "arm", or taking
+// it out of not sent, Op "send again" or "take over") may have landed
+// though it failed: a disk's sync can fail after the record is complete.
+// Such an error matches ErrOutcomeUnknown. Nothing was sent by this call,
+// but the intent may be settled, and so sent, by a later start.
 type SaveError struct {
 	Key string // empty when no intent was concerned yet
 	// Op is the step that failed: "arm", "read the action's intents",
 	// "drop unsent", "record outcome", "record attempts", ...
 	Op  string
 	Err error
+	// mayHaveLanded: the write may have made the intent sendable.
+	mayHaveLanded bool
 }
+
+// Is reports a write that may have made the intent sendable as
+// ErrOutcomeUnknown.
+func (e *SaveError) Is(target error) bool { return target == ErrOutcomeUnknown && e.mayHaveLanded }
 
 func (e *SaveError) Error() string {
 	if e.Key == "" {

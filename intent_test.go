@@ -893,3 +893,47 @@ func TestNewIntent(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 }
+
+// syncFailsWhen persists every write and then reports a failure for the
+// writes fail picks, as a file store whose fsync failed does: the record
+// is complete on disk, not known to be durable, and read back later.
+type syncFailsWhen struct {
+	persist.Store
+	fail func(rec, old *persist.Record) bool
+}
+
+var errSyncFailed = errors.New("fsync: input/output error")
+
+func (s *syncFailsWhen) Write(ctx context.Context, rec, old *persist.Record) error {
+	if err := s.Store.Write(ctx, rec, old); err != nil {
+		return err
+	}
+	if s.fail != nil && s.fail(rec, old) {
+		return errSyncFailed
+	}
+	return nil
+}
+
+func TestArmingWrite(t *testing.T) {
+	t.Parallel()
+	t.Run("a write whose result is unknown never says nothing was sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		var once atomic.Bool
+		e.store = &syncFailsWhen{Store: persist.NewMemory(nil), fail: func(_, old *persist.Record) bool {
+			return old == nil && once.CompareAndSwap(false, true) // the claim
+		}}
+		c := e.newClient(t)
+		in, err := c.Intent(ctx, "checkout:sync", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Error(t, err)
+		var se *idem.SaveError
+		require.ErrorAs(t, err, &se)
+		assert.Equal(t, "arm", se.Op)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the arming write may have landed")
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+		assert.Zero(t, e.srv.Stats().ProviderCharges, "this call sent nothing")
+	})
+}

@@ -33,7 +33,9 @@ func (e *deviceErr) Error() string { return "idem[" + e.Kind + "]: " + e.Message
 //   - "locked": the state directory is in use by another Client, in this
 //     process or another. Close it first.
 //   - "storage": the device could not read or write the state directory
-//     (full, read-only, damaged). Nothing was sent.
+//     (full, read-only, damaged). Nothing was sent. A write that may have
+//     armed the intent returns a Result with OutcomeUnknown instead: a
+//     later start may settle it.
 //   - "not-found": no intent has that key on this device.
 //   - "closed": the Client is closed.
 //   - "canceled" (one l): the call was cancelled through its Cancel
