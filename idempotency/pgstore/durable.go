@@ -53,6 +53,22 @@ func readOnly(err error) error {
 	return err
 }
 
+// conflicted wraps err with [idempotency.ErrUnavailable] when the database
+// rolled the transaction back on a serialization failure (40001) or a
+// deadlock (40P01). Under a default_transaction_isolation of repeatable
+// read or serializable, which the store leaves to the application, a
+// transaction that meets another's commit fails so. Nothing was
+// committed (a 40001 at COMMIT is a transaction that did not commit), and
+// a retry with the key starts afresh: the middleware answers 503 with
+// Retry-After, never a 500.
+func conflicted(err error) error {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
+		return fmt.Errorf("%w: the transaction was rolled back on a conflict with another (SQLSTATE %s), nothing was committed: %w",
+			idempotency.ErrUnavailable, pgErr.Code, err)
+	}
+	return err
+}
+
 // Replication declares how the database is replicated ([Options.Replication]).
 // The store sees only the standbys that stream from its server, and sees
 // whether they are synchronous only with the privileges of pg_monitor (or

@@ -154,6 +154,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestReadsThatDecideUnderEveryDefaultIsolation$/lookup", Env: pg,
 		},
 		{
+			Name: "pg-serialization-failure-is-500", File: "idempotency/pgstore/durable.go",
+			Note:    "a serialization failure or deadlock in RunOnce or Complete is a store failure (500) instead of a retry (503): a duplicate under repeatable read, a worker whose record was taken over",
+			Anchor:  `errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")`,
+			Replace: `false && errors.As(err, &pgErr)`,
+			Pkg:     "./idempotency/pgstore", Run: "^TestReadsThatDecideUnderEveryDefaultIsolation$/^(repeatable_read|serializable):_a_(duplicate|worker)", Env: pg,
+		},
+		{
 			Name: "pg-once-ignores-lease-record", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce commits its work though a lease-mode record of the key appeared",
 			Anchor:  "SELECT 1 / (SELECT count(*) FROM ins)::int`",

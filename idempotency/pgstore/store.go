@@ -386,8 +386,11 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(holdSQL, caller(id), id.Key, owner, mark).QueryRow(func(r pgx.Row) error { return r.Scan(nil, &held) })
+	// Under repeatable read or serializable, another worker's take-over
+	// committed while the lock was awaited fails with a serialization
+	// failure: conflicted.
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
-		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, unanswered(err, s.acquire))
+		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, conflicted(unanswered(err, s.acquire)))
 	}
 	cancel()
 	if !held {
@@ -408,7 +411,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 			return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
 		}
 		if err != nil {
-			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, err)
+			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, conflicted(err))
 		}
 	}
 	var (
@@ -433,7 +436,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		return fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, unanswered(err, s.commit))
+		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, conflicted(unanswered(err, s.commit)))
 	}
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
 		return fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
