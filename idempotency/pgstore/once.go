@@ -238,6 +238,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// answer is sent once the commit is durable.
 	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
+	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(wctx, b).Close()
 	if err == nil {
 		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
@@ -249,6 +250,10 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 			// cancel requests makes PostgreSQL confirm a commit whose wait
 			// for a synchronous standby it cut short: no 201 for it.
 			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, unanswered(errCanceledCommit(err), s.commit))
+		}
+		// An operator's cancel of the wait: only its warning tells.
+		if err := afterCommit(conn.Conn().PgConn()); err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, err)
 		}
 		return nil, nil
 	}

@@ -254,13 +254,21 @@ const insertAttempts = 10
 func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
+	// A connection of its own, whose notices tell a commit confirmed
+	// after its wait for a synchronous standby was canceled.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("pgstore: insert key %q: acquire a connection: %w", rec.ID.Key, unanswered(err, s.acquire))
+	}
+	defer conn.Release()
 	for range insertAttempts {
 		var (
 			inserted bool
 			now      time.Time
 			row      nullableRecord
 		)
-		err := s.pool.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
+		beforeCommit(conn.Conn().PgConn())
+		err := conn.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
 			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
 		).Scan(append(append([]any{&inserted, &now}, row.dest()...), nil)...)
 		if err != nil {
@@ -269,6 +277,10 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		if inserted {
 			if err := ctx.Err(); err != nil {
 				return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, errCanceledCommit(err))
+			}
+			// An operator's cancel of the wait: the handler must not run.
+			if err := afterCommit(conn.Conn().PgConn()); err != nil {
+				return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
 			}
 			return nil, true, nil
 		}
@@ -425,6 +437,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	// once the commit is durable.
 	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
+	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(ctx, b).Close()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
 		// The server skipped the COMMIT: the deferred ROLLBACK ends the
@@ -446,6 +459,10 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		// As in RunOnce: a commit confirmed after its bound ended may
 		// not have reached a synchronous standby.
 		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, unanswered(errCanceledCommit(err), s.commit))
+	}
+	// An operator's cancel of the wait: only its warning tells.
+	if err := afterCommit(conn.Conn().PgConn()); err != nil {
+		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
 	}
 	return nil
 }
