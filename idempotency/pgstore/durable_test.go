@@ -373,8 +373,11 @@ func TestOpen(t *testing.T) {
 		require.NoError(t, cmd.Start())
 		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 		pool := openPool(t, srv.DSN("postgres"))
+		// The sender shows in pg_stat_replication before it takes its
+		// slot: wait for both.
 		require.Eventually(t, func() bool {
-			return count(t, pool, "SELECT count(*) FROM pg_stat_replication") == 1
+			return count(t, pool, "SELECT count(*) FROM pg_stat_replication") == 1 &&
+				count(t, pool, "SELECT count(*) FROM pg_replication_slots WHERE active_pid IS NOT NULL") == 1
 		}, time.Minute, 10*time.Millisecond, "the logical sender streams")
 		var logs logBuffer
 		_, err = Open(ctx, pool, &Options{Logger: logs.logger()})
