@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -32,7 +33,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		now := h.cfg.now()
 		rec, live, err := h.state.Record(ctx, id, now)
 		if err != nil {
-			h.internalError(w, r, err)
+			h.lookupError(w, r, err)
 			return
 		}
 		var (
@@ -70,7 +71,7 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		}
 		switch {
 		case err != nil:
-			h.internalError(w, r, err)
+			h.lookupError(w, r, err)
 		case paid:
 			writeJSON(w, http.StatusOK, p)
 		default:
@@ -80,6 +81,25 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		return
 	}
 	inProgress(w, 1)
+}
+
+// lookupError answers a lookup whose store failed. A store that reached a
+// standby (idempotency.ErrUnavailable) or got no answer in time
+// (context.DeadlineExceeded) cannot say what was done: 503 with
+// Retry-After, as the middleware answers a POST then, so the client asks
+// again. Any other failure is a 500.
+func (h *Handler) lookupError(w http.ResponseWriter, r *http.Request, err error) {
+	if !errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		h.internalError(w, r, err)
+		return
+	}
+	if h.cfg.logger != nil {
+		h.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn, "the store cannot answer the lookup now",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+	}
+	w.Header().Set("Retry-After", "1")
+	(&problem{Type: problemInternal, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+		Detail: "the server cannot read its records from its primary database now; retry the lookup after the Retry-After delay"}).Write(w)
 }
 
 func inProgress(w http.ResponseWriter, secs int64) {

@@ -3,6 +3,8 @@ package fakeserver_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -291,5 +294,54 @@ func TestLookupEchoesItsNonce(t *testing.T) {
 			resp := lookup("k-unused", n)
 			assert.Empty(t, resp.Header.Values(idempotency.LookupNonceHeader), "%q", n)
 		}
+	})
+}
+
+// failingState is a fake server's state whose record reads fail with err.
+// Only the reads the lookup makes first are implemented.
+type failingState struct {
+	fakestate.State
+	err error
+}
+
+func (f failingState) Record(context.Context, idempotency.ID, time.Time) (*idempotency.Record, bool, error) {
+	return nil, false, f.err
+}
+
+func (f failingState) Count(context.Context, fakestate.Counter) error { return nil }
+
+func (f failingState) Records() idempotency.Store { return &idempotency.MemoryStore{} }
+
+type failingStorage struct{ err error }
+
+func (f failingStorage) Open(clock.Clock) fakestate.State { return failingState{err: f.err} }
+
+// TestLookupOfAStoreThatCannotDecide: a store that reached a standby, or
+// got no answer from its database in time, cannot say what was done under
+// the key. The lookup answers 503 with Retry-After, as a POST does then, so
+// the client asks again; never a 500, and never a 404.
+func TestLookupOfAStoreThatCannotDecide(t *testing.T) {
+	t.Parallel()
+	for name, err := range map[string]error{
+		"a standby":              fmt.Errorf("pgstore: get key: %w", idempotency.ErrUnavailable),
+		"no answer within bound": fmt.Errorf("pgstore: get key: no answer: %w", context.DeadlineExceeded),
+	} {
+		t.Run("a store that reached "+name+" answers 503 with Retry-After", func(t *testing.T) {
+			s := start(t, &fakeserver.Options{Storage: failingStorage{err: err}, Clock: clock.NewManual(epoch)})
+			r, rerr := http.NewRequest(http.MethodGet, s.URL+"/payments?idempotency_key=k-any", nil)
+			require.NoError(t, rerr)
+			resp, rerr := s.Client().Do(r)
+			require.NoError(t, rerr)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+		})
+	}
+	t.Run("any other failure of the store is a 500", func(t *testing.T) {
+		s := start(t, &fakeserver.Options{Storage: failingStorage{err: errors.New("disk on fire")}, Clock: clock.NewManual(epoch)})
+		resp, err := s.Client().Get(s.URL + "/payments?idempotency_key=k-any")
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 	})
 }

@@ -27,6 +27,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestLookupEchoesItsNonce$",
 		},
 		{
+			Name: "lookup-unavailable-is-500", File: "fakeserver/lookup.go",
+			Note:    "the lookup answers 500 when its store reached a standby or had no answer in time, where a POST answers 503",
+			Anchor:  "if !errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {",
+			Replace: "if true {",
+			Pkg:     "./fakeserver", Run: "^TestLookupOfAStoreThatCannotDecide$",
+		},
+		{
 			Name: "lookup-waits-for-expiry", File: "fakeserver/lookup.go",
 			Note:    "the lookup answers 409 for a dead worker's record until it expires",
 			Anchor:  "p, settled, err = h.recoverRecord(ctx, rec, now)",

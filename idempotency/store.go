@@ -27,7 +27,9 @@ var ErrStoreFull = errors.New("idempotency: store is full")
 // could miss a record the primary holds, so the store refuses instead of
 // answering "nothing was done". Nothing was decided or done under the
 // key. The middleware answers 503 with Retry-After: the client retries
-// with the same key, and a primary answers it.
+// with the same key, and a primary answers it. pgstore also returns it
+// for a transaction that PostgreSQL rolled back on a serialization
+// failure or a deadlock: nothing was committed.
 var ErrUnavailable = errors.New("idempotency: the store's database cannot decide now")
 
 // fullError is an [ErrStoreFull] that says when room is expected: when the

@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/pgfake"
+	"github.com/idemkit/idem/idempotency/pgstore"
 )
 
 const usage = `Usage: fakeserver [flags]
@@ -313,6 +314,9 @@ func openPostgres(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-postgres: %w", err)
 	}
+	// The store sees a commit whose wait for a synchronous standby was
+	// canceled, and answers it 503.
+	pgstore.ConfigurePool(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("-postgres: %w", err)

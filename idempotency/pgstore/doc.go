@@ -104,6 +104,20 @@
 // wait for a synchronous standby when the query is canceled, and
 // reports the commit done though the standby may lack it.
 //
+// An operator's pg_cancel_backend on a stuck commit ends its wait the same
+// way, while the request's context lives on: only a warning notice
+// tells. Build the pool with [ConfigurePool], which marks the connection
+// that gets that warning; the store clears the mark before each of its
+// commits and reads it after, and answers a marked commit as one with no
+// answer (the middleware's 503 with Retry-After; in lease mode the
+// handler does not run). [Open] warns about a pool built without it.
+//
+// A serialization failure or deadlock (a default_transaction_isolation of
+// repeatable read or serializable, which the store leaves to the
+// application) rolls RunOnce's or Complete's transaction back: the error
+// matches [idempotency.ErrUnavailable], and the middleware answers 503
+// with Retry-After.
+//
 // fsync and full_page_writes cannot be set per transaction. [Open] (or
 // [Store.Check] after [New]) looks at them once: fsync off is refused,
 // full_page_writes off is a warning. A failover to an asynchronous

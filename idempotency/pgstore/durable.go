@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -43,12 +44,111 @@ func errCanceledCommit(err error) error {
 	return fmt.Errorf("the request ended while the commit was confirmed, which may then not have reached a synchronous standby: %w", err)
 }
 
+// Keys of the marks [ConfigurePool] leaves in a connection's
+// pgconn.PgConn.CustomData.
+const (
+	// canceledWaitMark marks a connection on which PostgreSQL warned that
+	// a commit's wait for a synchronous standby was canceled.
+	canceledWaitMark = "pgstore.canceled-sync-wait"
+	// configuredMark marks a connection made by a pool that
+	// ConfigurePool prepared.
+	configuredMark = "pgstore.configured"
+)
+
+// canceledWaitMessage is the start of PostgreSQL's warning (syncrep.c) when
+// a query cancel (pg_cancel_backend, a statement_timeout, a driver's cancel
+// request) ends a commit's wait for a synchronous standby. The commit has
+// happened on the primary, and COMMIT reports success: this warning is the
+// only sign. It is matched in English: see [ConfigurePool].
+const canceledWaitMessage = "canceling wait for synchronous replication"
+
+// ConfigurePool prepares cfg, before pgxpool.NewWithConfig, so that the
+// store can see a commit whose wait for a synchronous standby was
+// canceled. PostgreSQL reports such a commit done, with only a warning
+// notice ("canceling wait for synchronous replication due to user
+// request"), though the standby may lack it: a failover then loses a
+// record the middleware acted on (a 201 sent, or a lease's handler run),
+// and the retry runs the work again. An operator's pg_cancel_backend on a
+// commit stuck on a gone standby does this. The context of the store's
+// call has not ended, so only the notice tells.
+//
+// ConfigurePool wraps cfg.ConnConfig.OnNotice (the operator's handler, if
+// any, still gets every notice) to mark the connection when that warning
+// arrives, and cfg.AfterConnect to mark each connection as prepared, which
+// [Store.Check] looks for. The store clears the mark before each of its
+// commits and reads it after: a marked commit is answered as one with no
+// answer (an error matching context.DeadlineExceeded; the middleware's
+// 503 with Retry-After, never the handler's answer, and in lease mode the
+// handler does not run). The retry finds what committed.
+//
+// The warning is matched by its English text, so the store's role must
+// see server messages in English (lc_messages C, POSIX or en_*, the
+// usual default); [Store.Check] warns otherwise. Call ConfigurePool once
+// per configuration.
+func ConfigurePool(cfg *pgxpool.Config) {
+	notice := cfg.ConnConfig.OnNotice
+	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
+		if n.SeverityUnlocalized == "WARNING" && strings.HasPrefix(n.Message, canceledWaitMessage) {
+			c.CustomData()[canceledWaitMark] = true
+		}
+		if notice != nil {
+			notice(c, n)
+		}
+	}
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		c.PgConn().CustomData()[configuredMark] = true
+		if after != nil {
+			return after(ctx, c)
+		}
+		return nil
+	}
+}
+
+// errCanceledWait is the error of a commit that PostgreSQL confirmed after
+// its wait for a synchronous standby was canceled (see [ConfigurePool]).
+// It matches context.DeadlineExceeded: the commit is as unconfirmed as one
+// with no answer, and is answered so.
+var errCanceledWait = fmt.Errorf("the commit's wait for a synchronous standby was canceled (pg_cancel_backend, or a statement_timeout), and the standby may not have it, so a failover may lose it: %w",
+	context.DeadlineExceeded)
+
+// beforeCommit clears c's mark of a canceled wait, which a commit made
+// outside the store may have left.
+func beforeCommit(c *pgconn.PgConn) { delete(c.CustomData(), canceledWaitMark) }
+
+// afterCommit is errCanceledWait when the commit just made on c had its
+// wait for a synchronous standby canceled, else nil. It clears the mark.
+func afterCommit(c *pgconn.PgConn) error {
+	_, canceled := c.CustomData()[canceledWaitMark]
+	delete(c.CustomData(), canceledWaitMark)
+	if canceled {
+		return errCanceledWait
+	}
+	return nil
+}
+
 // readOnly wraps err with [idempotency.ErrUnavailable] when the database
 // refused a write because it is read-only (a standby, or
 // default_transaction_read_only): nothing was written.
 func readOnly(err error) error {
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "25006" {
 		return fmt.Errorf("%w: %w", idempotency.ErrUnavailable, err)
+	}
+	return err
+}
+
+// conflicted wraps err with [idempotency.ErrUnavailable] when the database
+// rolled the transaction back on a serialization failure (40001) or a
+// deadlock (40P01). Under a default_transaction_isolation of repeatable
+// read or serializable, which the store leaves to the application, a
+// transaction that meets another's commit fails so. Nothing was
+// committed (a 40001 at COMMIT is a transaction that did not commit), and
+// a retry with the key starts afresh: the middleware answers 503 with
+// Retry-After, never a 500.
+func conflicted(err error) error {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
+		return fmt.Errorf("%w: the transaction was rolled back on a conflict with another (SQLSTATE %s), nothing was committed: %w",
+			idempotency.ErrUnavailable, pgErr.Code, err)
 	}
 	return err
 }
@@ -99,7 +199,10 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error
 //     none synchronous: a failover to one loses the last commits;
 //   - under [ReplicationSynchronous], an empty synchronous_standby_names.
 //
-// It warns, to [Options.Logger], when full_page_writes is off (safe only
+// It warns, to [Options.Logger], when pool was not prepared with
+// [ConfigurePool] or the server's messages are not in English (a commit
+// whose wait for a synchronous standby was canceled then goes unseen),
+// when full_page_writes is off (safe only
 // where the storage writes a page atomically) and when, under
 // [ReplicationDetect], standbys stream from the server and its role cannot
 // see whether they are synchronous (grant it pg_monitor, or declare the
@@ -110,17 +213,24 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error
 // server's and the role's settings of it are not checked.
 func (s *Store) Check(ctx context.Context) error {
 	var (
-		fsync, fullPages, syncNames string
-		recovering, privileged      bool
-		standbys, synchronous       int
+		fsync, fullPages, syncNames, messages string
+		recovering, privileged                bool
+		standbys, synchronous                 int
 	)
-	err := s.pool.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('full_page_writes'),
-		current_setting('synchronous_standby_names'), pg_is_in_recovery(), pg_has_role('pg_read_all_stats', 'USAGE'),
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: check the database: %w", err)
+	}
+	defer conn.Release()
+	configured, _ := conn.Conn().PgConn().CustomData()[configuredMark].(bool)
+	err = conn.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('full_page_writes'),
+		current_setting('synchronous_standby_names'), current_setting('lc_messages'),
+		pg_is_in_recovery(), pg_has_role('pg_read_all_stats', 'USAGE'),
 		count(r.pid), count(r.pid) FILTER (WHERE r.sync_state IN ('sync', 'quorum'))
 		FROM pg_stat_replication r
 		WHERE r.state IS DISTINCT FROM 'backup'
 		AND NOT EXISTS (SELECT 1 FROM pg_replication_slots l WHERE l.active_pid = r.pid AND l.slot_type = 'logical')`).
-		Scan(&fsync, &fullPages, &syncNames, &recovering, &privileged, &standbys, &synchronous)
+		Scan(&fsync, &fullPages, &syncNames, &messages, &recovering, &privileged, &standbys, &synchronous)
 	if err != nil {
 		return fmt.Errorf("pgstore: check the database: %w", err)
 	}
@@ -129,6 +239,12 @@ func (s *Store) Check(ctx context.Context) error {
 	}
 	if recovering {
 		return errors.New("pgstore: refused: the database is a standby in recovery; connect to the primary")
+	}
+	if !configured {
+		s.warn(ctx, "pgstore: the pool was not prepared with pgstore.ConfigurePool: a commit whose wait for a synchronous standby an operator cancels (pg_cancel_backend) is taken for durable, and a failover may lose it")
+	}
+	if !englishMessages(messages) {
+		s.warn(ctx, fmt.Sprintf("pgstore: lc_messages is %q: the store recognises a canceled wait for a synchronous standby by its English warning; set lc_messages to C for the store's role", messages))
 	}
 	if fullPages != "on" {
 		s.warn(ctx, "pgstore: full_page_writes is off: a crash may tear a page of the records table unless the storage writes pages atomically")
@@ -147,6 +263,13 @@ func (s *Store) Check(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// englishMessages reports whether the server's messages in locale
+// lc_messages are in English: C, POSIX, en_*, or empty (the server's
+// environment, C in most installations).
+func englishMessages(lc string) bool {
+	return lc == "" || lc == "C" || lc == "POSIX" || strings.HasPrefix(lc, "C.") || strings.HasPrefix(lc, "en")
 }
 
 // warn logs msg at the warning level to the store's logger.

@@ -54,9 +54,14 @@ func startPair(t *testing.T, opts pgtest.Options) *pgtest.Pair {
 	return p
 }
 
+// openPool opens a pool on dsn prepared by ConfigurePool, as a program
+// that follows the docs does.
 func openPool(t *testing.T, dsn string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	ConfigurePool(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
@@ -368,8 +373,11 @@ func TestOpen(t *testing.T) {
 		require.NoError(t, cmd.Start())
 		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 		pool := openPool(t, srv.DSN("postgres"))
+		// The sender shows in pg_stat_replication before it takes its
+		// slot: wait for both.
 		require.Eventually(t, func() bool {
-			return count(t, pool, "SELECT count(*) FROM pg_stat_replication") == 1
+			return count(t, pool, "SELECT count(*) FROM pg_stat_replication") == 1 &&
+				count(t, pool, "SELECT count(*) FROM pg_replication_slots WHERE active_pid IS NOT NULL") == 1
 		}, time.Minute, 10*time.Millisecond, "the logical sender streams")
 		var logs logBuffer
 		_, err = Open(ctx, pool, &Options{Logger: logs.logger()})
@@ -610,5 +618,139 @@ func TestAnOperatorEndingACommitsWait(t *testing.T) {
 		code := terminateWaits(t, done)
 		assert.False(t, ran.Load(), "the handler ran under a record the standby does not have")
 		assert.Contains(t, []int{http.StatusInternalServerError, http.StatusServiceUnavailable}, code, "a commit the standby does not have")
+	})
+}
+
+// TestACommitCanceledByAnOperator: an operator's pg_cancel_backend on a
+// commit that waits for a paused synchronous standby. PostgreSQL reports
+// the commit done, with only a warning notice, though the standby lacks
+// it: a failover would lose it. On a pool prepared by ConfigurePool the
+// store sees the warning on its commit's connection, and answers as for a
+// commit with no answer: never a 201, and in lease mode the handler never
+// runs. Open warns about a pool built without ConfigurePool.
+func TestACommitCanceledByAnOperator(t *testing.T) {
+	long.Skip(t, "starts a primary and a synchronous standby and pauses it")
+	pair := startPair(t, pgtest.Options{Durable: true})
+	require.NoError(t, pair.MakeSynchronous())
+	ctx := context.Background()
+	admin := openPool(t, pair.Primary.DSN("postgres"))
+	require.NoError(t, Migrate(ctx, admin))
+	_, err := admin.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
+	require.NoError(t, err)
+
+	t.Run("Open warns about a pool built without ConfigurePool", func(t *testing.T) {
+		plain, err := pgxpool.New(ctx, pair.Primary.DSN("postgres"))
+		require.NoError(t, err)
+		defer plain.Close()
+		var logs logBuffer
+		_, err = Open(ctx, plain, &Options{Logger: logs.logger()})
+		require.NoError(t, err)
+		assert.Contains(t, logs.String(), "pgstore.ConfigurePool")
+		logs = logBuffer{}
+		_, err = Open(ctx, admin, &Options{Logger: logs.logger()})
+		require.NoError(t, err)
+		assert.NotContains(t, logs.String(), "ConfigurePool")
+	})
+	t.Run("an operator's OnNotice still gets every notice", func(t *testing.T) {
+		cfg, err := pgxpool.ParseConfig(pair.Primary.DSN("postgres"))
+		require.NoError(t, err)
+		var seen atomic.Int32
+		cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) { seen.Add(1) }
+		ConfigurePool(cfg)
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer pool.Close()
+		_, err = pool.Exec(ctx, "DO $$BEGIN RAISE WARNING 'hello'; END$$")
+		require.NoError(t, err)
+		assert.Equal(t, int32(1), seen.Load())
+	})
+
+	pool := openPool(t, pair.Primary.DSN("postgres"))
+	require.NoError(t, pair.PauseReplication())
+	// cancelWaits cancels every backend's wait for the standby, as an
+	// operator would, until the request answers; it returns the answer.
+	cancelWaits := func(t *testing.T, done <-chan int) int {
+		t.Helper()
+		deadline := time.After(time.Minute)
+		canceled := 0
+		for {
+			select {
+			case code := <-done:
+				require.Positive(t, canceled, "the request answered without waiting for the standby")
+				return code
+			case <-deadline:
+				t.Fatal("neither answered nor waited")
+			case <-time.After(20 * time.Millisecond):
+			}
+			canceled += count(t, admin, "SELECT count(*) FROM (SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep') c")
+		}
+	}
+	t.Run("one transaction: a canceled wait is never a 201", func(t *testing.T) {
+		done := make(chan int, 1)
+		go func() { done <- post(newOnceServer(pool, payDirect(nil), nil), "once", `{}`, false).Code }()
+		assert.Equal(t, http.StatusServiceUnavailable, cancelWaits(t, done))
+	})
+	t.Run("lease: the handler never runs after a canceled wait for its IN_PROGRESS record", func(t *testing.T) {
+		var ran atomic.Bool
+		h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ran.Store(true); payHandler(w, r) }),
+			idempotency.Config{Store: New(pool, nil), Principal: anyone})
+		done := make(chan int, 1)
+		go func() { done <- post(h, "lease", `{}`, false).Code }()
+		code := cancelWaits(t, done)
+		assert.False(t, ran.Load())
+		assert.Equal(t, http.StatusServiceUnavailable, code)
+	})
+	t.Run("lease: a canceled wait for the COMPLETED record is never a 201", func(t *testing.T) {
+		store := New(pool, nil)
+		rec := inProgress("complete", "w1", time.Now())
+		// The IN_PROGRESS record commits while the standby streams.
+		require.NoError(t, pair.ResumeReplication())
+		_, inserted, err := store.Insert(ctx, rec)
+		require.NoError(t, err)
+		require.True(t, inserted)
+		require.NoError(t, pair.PauseReplication())
+		done := make(chan int, 1)
+		go func() {
+			err = store.Complete(ctx, rec.ID, "w1", &idempotency.Response{StatusCode: 201}, nil)
+			done <- 0
+		}()
+		cancelWaits(t, done)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "a commit the standby may lack is unconfirmed")
+		assert.Contains(t, err.Error(), "wait for a synchronous standby was canceled")
+	})
+	t.Run("a mark left by the application's own commit does not fail the store's next one", func(t *testing.T) {
+		cfg, err := pgxpool.ParseConfig(pair.Primary.DSN("postgres"))
+		require.NoError(t, err)
+		cfg.MaxConns = 1 // the store's commit runs on the marked connection
+		ConfigurePool(cfg)
+		one, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer one.Close()
+		done := make(chan int, 1)
+		go func() {
+			_, err := one.Exec(ctx, "INSERT INTO payments VALUES ('the app''s')")
+			assert.NoError(t, err, "PostgreSQL reports the canceled wait as a commit")
+			done <- 0
+		}()
+		cancelWaits(t, done)
+		require.NoError(t, pair.ResumeReplication())
+		defer func() { require.NoError(t, pair.PauseReplication()) }()
+		_, inserted, err := New(one, nil).Insert(ctx, inProgress("after the app's", "w1", time.Now()))
+		require.NoError(t, err, "a commit the standby has")
+		assert.True(t, inserted)
+	})
+	t.Run("inbox: a message whose commit's wait was canceled is not acknowledged", func(t *testing.T) {
+		var (
+			processed bool
+			err       error
+		)
+		done := make(chan int, 1)
+		go func() {
+			processed, err = NewInbox(pool).Process(ctx, "consumer", "message", func(context.Context, pgx.Tx) error { return nil })
+			done <- 0
+		}()
+		cancelWaits(t, done)
+		assert.False(t, processed)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "a message the standby may lack must be delivered again")
 	})
 }

@@ -58,12 +58,18 @@ func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(c
 	if err := effect(ctx, tx); err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: the effect failed, nothing was recorded: %w", id, err)
 	}
+	beforeCommit(tx.Conn().PgConn())
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: commit: %w", id, err)
 	}
 	if err := ctx.Err(); err != nil {
 		// Not acknowledged: a redelivery finds the record if it lasted.
 		return false, fmt.Errorf("pgstore: process message %q: %w", id, errCanceledCommit(err))
+	}
+	// An operator's cancel of the wait (see ConfigurePool): not
+	// acknowledged either.
+	if err := afterCommit(tx.Conn().PgConn()); err != nil {
+		return false, fmt.Errorf("pgstore: process message %q: %w", id, err)
 	}
 	return true, nil
 }

@@ -190,7 +190,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &now, &live}, row.dest()...)...) })
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
-		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, unanswered(err, s.acquire))
+		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, conflicted(unanswered(err, s.acquire)))
 	}
 	cancel()
 	if recovering {
@@ -229,7 +229,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		err = conn.QueryRow(tctx, takeOverOnceSQL, caller(rec.ID), rec.ID.Key, existing.Owner, s.now()).Scan(&taken)
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, unanswered(err, s.acquire))
+			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, conflicted(unanswered(err, s.acquire)))
 		}
 		if !taken {
 			return busy() // it changed meanwhile: the retry will see how
@@ -248,7 +248,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: run key %q: the effect failed, nothing was stored: %w", rec.ID.Key, err)
+		return nil, fmt.Errorf("pgstore: run key %q: the effect failed, nothing was stored: %w", rec.ID.Key, conflicted(err))
 	}
 	if resp == nil {
 		return nil, nil // rolled back by the deferred ROLLBACK
@@ -287,6 +287,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	}
 	b.Queue(write, args...).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
 	b.Queue("COMMIT")
+	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(wctx, b).Close()
 	if err == nil {
 		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
@@ -298,6 +299,10 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 			// cancel requests makes PostgreSQL confirm a commit whose wait
 			// for a synchronous standby it cut short: no 201 for it.
 			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, unanswered(errCanceledCommit(err), s.commit))
+		}
+		// An operator's cancel of the wait: only its warning tells.
+		if err := afterCommit(conn.Conn().PgConn()); err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, err)
 		}
 		return nil, nil
 	}
@@ -320,5 +325,9 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		}
 		return existing, nil
 	}
-	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, unanswered(err, s.commit))
+	// A serialization failure or a deadlock (under repeatable read or
+	// serializable, a duplicate whose snapshot predates the commit of the
+	// key's first request meets its record here) rolled everything back:
+	// the retry finds the record.
+	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, conflicted(unanswered(err, s.commit)))
 }

@@ -254,13 +254,21 @@ const insertAttempts = 10
 func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
+	// A connection of its own, whose notices tell a commit confirmed
+	// after its wait for a synchronous standby was canceled.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("pgstore: insert key %q: acquire a connection: %w", rec.ID.Key, unanswered(err, s.acquire))
+	}
+	defer conn.Release()
 	for range insertAttempts {
 		var (
 			inserted bool
 			now      time.Time
 			row      nullableRecord
 		)
-		err := s.pool.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
+		beforeCommit(conn.Conn().PgConn())
+		err := conn.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
 			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
 		).Scan(append(append([]any{&inserted, &now}, row.dest()...), nil)...)
 		if err != nil {
@@ -269,6 +277,10 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		if inserted {
 			if err := ctx.Err(); err != nil {
 				return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, errCanceledCommit(err))
+			}
+			// An operator's cancel of the wait: the handler must not run.
+			if err := afterCommit(conn.Conn().PgConn()); err != nil {
+				return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, err)
 			}
 			return nil, true, nil
 		}
@@ -386,8 +398,11 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(holdSQL, caller(id), id.Key, owner, mark).QueryRow(func(r pgx.Row) error { return r.Scan(nil, &held) })
+	// Under repeatable read or serializable, another worker's take-over
+	// committed while the lock was awaited fails with a serialization
+	// failure: conflicted.
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
-		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, unanswered(err, s.acquire))
+		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, conflicted(unanswered(err, s.acquire)))
 	}
 	cancel()
 	if !held {
@@ -408,7 +423,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 			return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
 		}
 		if err != nil {
-			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, err)
+			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, conflicted(err))
 		}
 	}
 	var (
@@ -422,6 +437,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	// once the commit is durable.
 	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
+	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(ctx, b).Close()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
 		// The server skipped the COMMIT: the deferred ROLLBACK ends the
@@ -433,7 +449,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		return fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, unanswered(err, s.commit))
+		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, conflicted(unanswered(err, s.commit)))
 	}
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
 		return fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
@@ -443,6 +459,10 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		// As in RunOnce: a commit confirmed after its bound ended may
 		// not have reached a synchronous standby.
 		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, unanswered(errCanceledCommit(err), s.commit))
+	}
+	// An operator's cancel of the wait: only its warning tells.
+	if err := afterCommit(conn.Conn().PgConn()); err != nil {
+		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
 	}
 	return nil
 }

@@ -389,5 +389,97 @@ func TestReadsThatDecideUnderEveryDefaultIsolation(t *testing.T) {
 			}
 			assert.Zero(t, misses, "lookups that read a held key, then missed it as it committed")
 		})
+		// Under repeatable read or serializable, a duplicate whose snapshot
+		// was taken before the key's first request committed does not see
+		// its record: its handler runs, and its own record's insert fails
+		// on a serialization failure, which rolls the work back. It is
+		// told to retry (ErrUnavailable: the middleware's 503), and the
+		// retry finds the record. It never commits the work twice and
+		// never fails otherwise (a 500).
+		t.Run(level+": a duplicate never commits a key's work twice, and is told to retry", func(t *testing.T) {
+			pool := newPool(t, func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			})
+			store := New(pool, nil)
+			ctx := context.Background()
+			twice, failed, retried := 0, 0, 0
+			for i := range 300 {
+				id := idempotency.ID{Key: fmt.Sprintf("key-%d", i)}
+				now := time.Now()
+				rec := &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, StableID: "s", Owner: "o",
+					LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+				held := make(chan struct{})
+				done := make(chan error, 1)
+				work := func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
+					return &idempotency.Response{StatusCode: 201}, nil
+				}
+				go func() {
+					_, err := store.RunOnce(ctx, rec, func(ctx context.Context, a *idempotency.Record) (*idempotency.Response, error) {
+						close(held)
+						time.Sleep(time.Duration(i%7) * 100 * time.Microsecond)
+						return work(ctx, a)
+					})
+					done <- err
+				}()
+				<-held
+				for {
+					ran := false
+					dup := *rec
+					got, err := store.RunOnce(ctx, &dup, func(ctx context.Context, a *idempotency.Record) (*idempotency.Response, error) {
+						ran = true
+						return work(ctx, a)
+					})
+					if errors.Is(err, idempotency.ErrUnavailable) {
+						retried++
+						continue // as a client told 503 does
+					}
+					if err != nil {
+						failed++
+						break
+					}
+					if ran {
+						twice++
+					}
+					if got == nil || got.Status == idempotency.StatusCompleted {
+						break
+					}
+				}
+				require.NoError(t, <-done)
+			}
+			t.Logf("%s: %d of 300 duplicates were told to retry", level, retried)
+			assert.Zero(t, twice, "duplicates that committed the work of a key held by another")
+			assert.Zero(t, failed, "duplicates that failed instead of finding the record or being told to retry")
+		})
+		// A take-over committed while Complete waits for the record's row
+		// fails Complete's lock with a serialization failure under
+		// repeatable read or serializable: the worker is told to retry,
+		// or (under read committed) that the record is no longer its.
+		t.Run(level+": a worker whose record was taken over while it completed is told so or told to retry", func(t *testing.T) {
+			pool := newPool(t, func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			})
+			store := New(pool, nil)
+			ctx := context.Background()
+			rec := inProgress("taken", "w1", time.Now())
+			_, inserted, err := store.Insert(ctx, rec)
+			require.NoError(t, err)
+			require.True(t, inserted)
+			// Another worker's take-over holds the row while Complete
+			// begins, and commits while Complete waits for it.
+			other, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = other.Rollback(ctx) }()
+			_, err = other.Exec(ctx, "UPDATE idempotency_records SET owner = 'w2' WHERE key = 'taken'")
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() { done <- store.Complete(ctx, rec.ID, "w1", &idempotency.Response{StatusCode: 201}, nil) }()
+			require.Eventually(t, func() bool {
+				return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0
+			}, time.Minute, 5*time.Millisecond, "Complete waits for the row")
+			require.NoError(t, other.Commit(ctx))
+			err = <-done
+			assert.True(t, errors.Is(err, idempotency.ErrNotOwner) || errors.Is(err, idempotency.ErrUnavailable), "%v", err)
+			assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM idempotency_records WHERE key = 'taken' AND status = 'IN_PROGRESS' AND owner = 'w2'"))
+		})
 	}
 }
