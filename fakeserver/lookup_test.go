@@ -316,6 +316,11 @@ type failingStorage struct{ err error }
 
 func (f failingStorage) Open(clock.Clock) fakestate.State { return failingState{err: f.err} }
 
+// failing is a fakeserver.Storage whose record reads fail with err.
+func failing(err error) fakeserver.Storage {
+	return fakestate.Public(failingStorage{err: err}).(fakeserver.Storage)
+}
+
 // TestLookupOfAStoreThatCannotDecide: a store that reached a standby, or
 // got no answer from its database in time, cannot say what was done under
 // the key. The lookup answers 503 with Retry-After, as a POST does then, so
@@ -327,7 +332,7 @@ func TestLookupOfAStoreThatCannotDecide(t *testing.T) {
 		"no answer within bound": fmt.Errorf("pgstore: get key: no answer: %w", context.DeadlineExceeded),
 	} {
 		t.Run("a store that reached "+name+" answers 503 with Retry-After", func(t *testing.T) {
-			s := start(t, &fakeserver.Options{Storage: failingStorage{err: err}, Clock: clock.NewManual(epoch)})
+			s := start(t, &fakeserver.Options{Storage: failing(err), Clock: clock.NewManual(epoch)})
 			r, rerr := http.NewRequest(http.MethodGet, s.URL+"/payments?idempotency_key=k-any", nil)
 			require.NoError(t, rerr)
 			resp, rerr := s.Client().Do(r)
@@ -338,7 +343,7 @@ func TestLookupOfAStoreThatCannotDecide(t *testing.T) {
 		})
 	}
 	t.Run("any other failure of the store is a 500", func(t *testing.T) {
-		s := start(t, &fakeserver.Options{Storage: failingStorage{err: errors.New("disk on fire")}, Clock: clock.NewManual(epoch)})
+		s := start(t, &fakeserver.Options{Storage: failing(errors.New("disk on fire")), Clock: clock.NewManual(epoch)})
 		resp, err := s.Client().Get(s.URL + "/payments?idempotency_key=k-any")
 		require.NoError(t, err)
 		resp.Body.Close()
