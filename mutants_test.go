@@ -298,6 +298,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
 		},
 		{
+			Name: "write-over-a-resolved-record", File: "life.go",
+			Note:    "a Client's attempts or expiry are written over the answer another Client stored meanwhile",
+			Anchor:  "\tcase stored.State.Resolved():\n\t\treturn cAdopt\n\tcase stored.Holder != self && !answered(rec):\n\t\treturn cYield\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestAResolvedRecord$",
+		},
+		{
 			Name: "answer-not-marked-unrecorded", File: "do.go",
 			Note:    "an answer whose save failed is returned without saying so",
 			Anchor:  "\t\tresp.NotRecorded = true\n",

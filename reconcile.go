@@ -209,6 +209,10 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	rec.UpdatedAt = now
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
 	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
+		if errors.As(err, new(*adoptedError)) {
+			// Resolved while the lookup ran: the stored word stands.
+			return c.adopted(err)
+		}
 		return out, err
 	}
 	c.keys.forget(key)
