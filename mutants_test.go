@@ -279,8 +279,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "resume-without-take-over", File: "do.go",
 			Note:    "a Client resumes an armed intent it did not arm without taking it over, so the Client that armed it still takes it for unsent",
-			Anchor:  "\tif !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {\n",
-			Replace: "\tif !in.ephemeral && rec.State == persist.StateNotSent {\n",
+			Anchor:  "\tif !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id || c.sendByShort(ctx, rec)) {\n",
+			Replace: "\tif !in.ephemeral && (rec.State == persist.StateNotSent || c.sendByShort(ctx, rec)) {\n",
 			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
 		},
 		{
@@ -303,6 +303,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tcase stored.State.Resolved():\n\t\treturn cAdopt\n\tcase stored.Holder != self && !answered(rec):\n\t\treturn cYield\n",
 			Replace: "",
 			Pkg:     root, Run: "^TestAResolvedRecord$",
+		},
+		{
+			Name: "reconcile-delay-from-own-start", File: "keys.go",
+			Note:    "a Client counts the reconcile delay from its own start, not from the stored claim's send deadline, and voids another Client's request in transit",
+			Anchor:  "\tif since, ok := sinceSendBy(rec.Clocks, now); ok {\n",
+			Replace: "\tif since, ok := sinceSendBy(rec.Clocks, now); ok && false {\n",
+			Pkg:     root, Run: "^TestReconcile$/^a_miss_while_another_Client's_send_may_still_arrive_never_voids$",
 		},
 		{
 			Name: "answer-not-marked-unrecorded", File: "do.go",
