@@ -104,7 +104,7 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 	if err != nil {
 		return nil, err
 	}
-	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id || c.sendByShort(ctx, rec)) {
+	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
 		held, stillUnsent, moved, err := c.hold(ctx, in, rec, cur, unsent)
 		if moved {
 			// Another Client moved it on since it was read: go on from
@@ -221,10 +221,9 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 // takes the record over first, so that the Client that armed it can no
 // longer take it for unsent and replace it. Either is one step with the
 // store, only if the record is still the version read (persist.SaveIf):
-// one extra write on resumes only, never on the tap's path. A holder's
-// own resume claims the record again when its stored send deadline leaves
-// the call less than half its budget (sendByShort): every claim says when
-// its holder's sends end, for the reconcile delay of any Client.
+// one extra write on resumes only, never on the tap's path. The claim
+// says when its holder's call may begin a send at the latest, for the
+// reconcile delay of any other Client.
 func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, stillUnsent, moved bool, err error) {
 	takeOver := rec.Holder != c.id
 	if takeOver && rec.State != persist.StateNotSent {
@@ -516,31 +515,12 @@ func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, head
 	// no allocation of its own.
 	st.left = c.leftOf(rec)
 	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
-	if cl := rec.Clocks; cl != nil && !cl.SendWall.IsZero() && rec.Holder == c.id {
-		// The claim says when this Client's sends end at the latest: the
-		// reconcile delay of any Client counts from it. The call's budget
-		// ends no later.
-		if start := cl.SendWall.Add(-st.b.policy.MaxElapsed); start.Before(st.b.start) {
-			st.b.start = start
-		}
-	}
 	st.name, st.url = rec.Name, rec.URL
 	resp, err := r.run(st.withTrace(ctx), rec.Method, rec.URL, rec.Body, attemptHeader(header, rec.KeyHeader))
 	if err != nil {
 		return nil, st.failed(ctx, err)
 	}
 	return st.answered(resp), nil
-}
-
-// sendByShort says the claim stored in rec leaves a call that begins now
-// less than half its budget to begin sends in (or stores no send
-// deadline): the call claims the record again first, with its own
-// deadline. A tap's first call never does: its arming write carries it.
-func (c *Client) sendByShort(ctx context.Context, rec *persist.Record) bool {
-	if rec.Clocks == nil || rec.Clocks.SendWall.IsZero() {
-		return true
-	}
-	return rec.Clocks.SendWall.Sub(c.clock.Now()) < c.policyFor(ctx).MaxElapsed/2
 }
 
 // left returns how long the intent of rec may still be sent, by the

@@ -357,9 +357,12 @@ func (k *keys) tracked() int {
 //     still holds the record: no other Client claimed it since;
 //   - otherwise, the send deadline of the stored claim
 //     (persist.Clocks.SendWall), and the Client's birth, whichever is
-//     later: every Client claims the record, with the latest time its
-//     call may begin a send, before it sends it, and an expiry write
-//     moves nothing.
+//     later: a Client claims the record (arms it, takes it over, sends
+//     it again after not sent), with the latest time its call may begin
+//     a send, before it sends it, and an expiry write moves nothing. A
+//     holder's later call of a record it still holds writes no new
+//     claim: its sends after the stored deadline are covered only by the
+//     reconciling Client's birth.
 //
 // The wait is the longest of these. The time since each is the smallest
 // any clock reports (the in-process timeline, which stops while the

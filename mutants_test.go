@@ -279,8 +279,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "resume-without-take-over", File: "do.go",
 			Note:    "a Client resumes an armed intent it did not arm without taking it over, so the Client that armed it still takes it for unsent",
-			Anchor:  "\tif !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id || c.sendByShort(ctx, rec)) {\n",
-			Replace: "\tif !in.ephemeral && (rec.State == persist.StateNotSent || c.sendByShort(ctx, rec)) {\n",
+			Anchor:  "\tif !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {\n",
+			Replace: "\tif !in.ephemeral && rec.State == persist.StateNotSent {\n",
 			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
 		},
 		{

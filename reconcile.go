@@ -37,8 +37,8 @@ import (
 //     latest: never, for an intent this Client armed and never sent; the
 //     end of this Client's last call of it, if it sent it and still holds
 //     it; otherwise the send deadline its holder stored with its claim
-//     (the latest time its call may begin a send), and never before this
-//     Client's creation. An expired intent waits like any other: the
+//     (the latest time the claiming call may begin a send), and never
+//     before this Client's creation. An expired intent waits like any other: the
 //     expiry write moves no deadline. The wait is the smallest time any
 //     clock says passed (the in-process timeline, which no setting of the
 //     wall clock moves; the wall clock; the clock that counts sleep).

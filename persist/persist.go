@@ -169,7 +169,8 @@ type Clocks struct {
 	ArmMark time.Time `json:"arm_mark,omitzero"`
 	Mark    time.Time `json:"mark,omitzero"`
 	// SendWall, SendBoot and SendBy: the latest time the record's holder
-	// may begin a send of it (the deadline of its call), on the wall
+	// may begin a send of it in the call that claimed it (that call's
+	// budget from the claim), on the wall
 	// clock and on the clock that counts sleep (the boot and the time
 	// since it). Written by the claim (the arming write, a take-over, a
 	// send again), never by a write that sends nothing (an expiry): an
