@@ -266,6 +266,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// The arming write carries the clock readings the intent's age is
 	// judged by.
 	c.clocks.stampInto(rec, true, &next.clocks)
+	// It is the claim: it carries the latest time this Client's call may
+	// begin a send, from which the reconcile delay counts.
+	c.clocks.stampSendBy(&next.clocks, c.policyFor(ctx).MaxElapsed)
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id

@@ -192,3 +192,25 @@ func (c *clocks) resolvedAge(rec *persist.Record, r reading) time.Duration {
 	}
 	return age
 }
+
+// stampSendBy stores in cl the latest time a call that begins now may
+// begin a send: d (its budget) from now, on the wall clock and on the
+// clock that counts sleep.
+func (c *clocks) stampSendBy(cl *persist.Clocks, d time.Duration) {
+	r := c.read()
+	cl.SendWall = r.wall.Add(d)
+	cl.SendBoot, cl.SendBy = r.bootID, r.boot+d
+}
+
+// sinceSendBy returns the smallest time any clock says passed from the
+// send deadline stored in cl to now, and false when cl stores none.
+func sinceSendBy(cl *persist.Clocks, now reading) (time.Duration, bool) {
+	if cl == nil || cl.SendWall.IsZero() {
+		return 0, false
+	}
+	d := now.wall.Sub(cl.SendWall)
+	if cl.SendBoot != "" && cl.SendBoot == now.bootID {
+		d = min(d, now.boot-cl.SendBy)
+	}
+	return d, true
+}

@@ -89,7 +89,7 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 	// stored not sent was never on the wire, and its age starts again
 	// when it is sent again (see hold).
 	if rec.State != persist.StateNotSent && c.left(rec) <= 0 {
-		return nil, c.recordExpiry(ctx, in, rec)
+		return c.adopted(c.recordExpiry(ctx, in, rec))
 	}
 	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {
 		return nil, err
@@ -124,7 +124,7 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 	}
 	resp, retryErr := c.send(ctx, r, rec, header, unsent)
 	if retryErr != nil {
-		return nil, c.recordNoAnswer(ctx, in, rec, retryErr)
+		return c.adopted(c.recordNoAnswer(ctx, in, rec, retryErr))
 	}
 	return c.recordAnswer(ctx, in, rec, resp)
 }
@@ -222,7 +222,9 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 // takes the record over first, so that the Client that armed it can no
 // longer take it for unsent and replace it. Either is one step with the
 // store, only if the record is still the version read (persist.SaveIf):
-// one extra write on resumes only, never on the tap's path.
+// one extra write on resumes only, never on the tap's path. The claim
+// says when its holder's call may begin a send at the latest, for the
+// reconcile delay of any other Client.
 func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, stillUnsent, moved bool, err error) {
 	takeOver := rec.Holder != c.id
 	if takeOver && rec.State != persist.StateNotSent {
@@ -244,6 +246,13 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	}
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
+	// The claim carries the latest time this call may begin a send.
+	cl := new(persist.Clocks)
+	if rec.Clocks != nil {
+		*cl = *rec.Clocks
+	}
+	c.clocks.stampSendBy(cl, c.policyFor(ctx).MaxElapsed)
+	rec.Clocks = cl
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError
 		if errors.As(err, &changed) {
@@ -365,8 +374,12 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	// So a store that can defers its sync (persist.WithDeferredSync),
 	// off the path the user waits on.
 	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
-		return writeOver(persist.WithDeferredSync(ctx), s, rec, prev)
+		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
+	if errors.As(saveErr, new(*adoptedError)) {
+		// Another call stored the server's word first: it stands.
+		return c.adopted(saveErr)
+	}
 	if saveErr == nil {
 		c.keys.forget(rec.Key)
 	} else {
@@ -399,35 +412,57 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 	return resp, nil
 }
 
-// save makes rec the intent's current version and stores it. rec must not
-// be changed afterwards.
+// save makes rec the intent's current version and stores it, over the
+// version the store holds only as afterConflict allows. rec must not be
+// changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
-	return c.saveWith(ctx, in, rec, op, writeOver)
+	return c.saveWith(ctx, in, rec, op, c.writeOwn)
 }
 
-// writeOver writes rec over the version the store holds of its key,
-// starting from prev, the version this Client holds: the store's write is
-// conditional, so a version another Client wrote since is read from the
-// refusal and written over, as an unconditional save did. A record gone
-// from the store (Forget) is written again as new. A refusal by another
-// key (the action has a later intent) is returned.
-func writeOver(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+// writeOwn writes rec, starting from prev, the version this Client holds.
+// The store's write is conditional: when another version is stored now,
+// afterConflict decides. A resolved record is never overwritten: writeOwn
+// returns an *adoptedError holding it. Another Client's record is never
+// overwritten either, but by the server's answer: the store's
+// *ConflictError is returned. Only this Client's own later version, or a
+// record gone from the store (Forget), is written over.
+func (c *Client) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 	for range 8 {
 		err := s.Write(ctx, rec, prev)
 		var changed *persist.ConflictError
 		if !errors.As(err, &changed) {
 			return err
 		}
-		cur := changed.Current
-		switch {
-		case persist.SameVersion(cur, rec):
-			return nil // this write landed before (an earlier try's result was lost)
-		case cur != nil && cur.Key != rec.Key, cur == nil && prev == nil:
+		switch afterConflict(changed.Current, rec, prev, c.id) {
+		case cLanded:
+			return nil
+		case cAdopt:
+			return &adoptedError{rec: changed.Current}
+		case cYield, cRefused:
 			return err
 		}
-		prev = cur
+		prev = changed.Current
 	}
 	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
+}
+
+// adoptedError is a write refused because the stored record is resolved:
+// the server's word, which the caller adopts and tells.
+type adoptedError struct{ rec *persist.Record }
+
+func (e *adoptedError) Error() string {
+	return fmt.Sprintf("idem: intent %s is already %s", e.rec.Key, e.rec.State)
+}
+
+// adopted answers a call whose record another Client (or call) resolved
+// while it ran: the stored outcome, if err says so; else err.
+func (c *Client) adopted(err error) (*Response, error) {
+	var a *adoptedError
+	if errors.As(err, &a) {
+		c.keys.forget(a.rec.Key)
+		return c.storedOutcome(a.rec)
+	}
+	return nil, err
 }
 
 // saveIf is save only if the stored record is still old's version
@@ -438,7 +473,7 @@ func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Recor
 	})
 }
 
-// saveWith is save through store: writeOver or persist.SaveIf, given
+// saveWith is save through store: writeOwn or persist.SaveIf, given
 // prev, the version in held before.
 func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
 	if !in.ephemeral {
@@ -458,6 +493,10 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 		// by State, or the app could act on it while the store would
 		// send the intent again.
 		in.set(prev)
+		var a *adoptedError
+		if errors.As(err, &a) {
+			in.set(a.rec)
+		}
 		c.keys.saved.drop(rec.Key)
 		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
 		return &SaveError{Key: rec.Key, Op: op, Err: err}

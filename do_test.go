@@ -1262,3 +1262,59 @@ func TestSendAge(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 }
+
+// TestAResolvedRecord: what one Client records of a call (its attempts,
+// its expiry) never overwrites the answer another Client on the store
+// recorded meanwhile; the call tells that answer instead.
+func TestAResolvedRecord(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// expire makes client a's call end expired once b has resolved
+		// the intent, rather than with its attempts.
+		expire bool
+	}{
+		{"is never overwritten by another Client's attempts", false},
+		{"is never overwritten by another Client's expiry", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t)
+			in := e.newIntent(t, "checkout:resolved-by-b", 1500)
+			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 1})
+			b := e.newClient(t)
+			resolved := false
+			a := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}), idem.WithAttemptHook(func(idem.Attempt) {
+				if resolved {
+					return
+				}
+				resolved = true
+				// a's one attempt got the 503; b, the other Client on
+				// the store, resumes the intent and gets the answer.
+				bin, err := b.Load(ctx, in.Key())
+				require.NoError(t, err)
+				resp, err := b.Do(ctx, bin)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusCreated, resp.StatusCode)
+				if tc.expire {
+					e.clock.Advance(sendWindow)
+				}
+			}))
+			ain, err := a.Load(ctx, in.Key())
+			require.NoError(t, err)
+			resp, err := a.Do(ctx, ain)
+			require.NoError(t, err, "a's call tells b's answer")
+			assert.True(t, resp.FromStore)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, persist.StateSucceeded, ain.State())
+
+			rec, err := e.store.Get(ctx, in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, persist.StateSucceeded, rec.State, "b's answer stays stored")
+			require.NotNil(t, rec.Response)
+			assert.Equal(t, http.StatusCreated, rec.Response.StatusCode)
+			assert.Equal(t, 1, e.srv.Stats().Payments)
+		})
+	}
+}

@@ -343,32 +343,51 @@ func (k *keys) tracked() int {
 }
 
 // mayStillArrive returns how much longer an attempt of key may still reach
-// the server, as far as the device can know, or zero when none can. It
-// must be called while no call of key runs in this process.
+// the server, as far as the device can know, or zero when none can. rec is
+// the stored record, self this Client's holder id. It must be called while
+// no call of key runs in this process.
 //
 // An attempt may arrive up to the reconcile delay after it was last
-// written, and it was last written no later than:
+// written. Nothing can still arrive when the store says the intent was
+// not sent, or when this Client armed it, holds it still, and no attempt
+// of it was made (or every attempt provably never reached the server).
+// Otherwise it was last written no later than:
 //
-//   - never, if this Client armed the intent and no attempt of it was
-//     made (or every attempt provably never reached the server);
-//   - the end of this Client's last call of key, if it made one;
-//   - otherwise, the Client's birth: only an earlier process can have sent
-//     it, and that process had ended.
+//   - the end of this Client's last call of key, if it made one and
+//     still holds the record: no other Client claimed it since;
+//   - otherwise, the send deadline of the stored claim
+//     (persist.Clocks.SendWall), and the Client's birth, whichever is
+//     later: a Client claims the record (arms it, takes it over, sends
+//     it again after not sent), with the latest time its call may begin
+//     a send, before it sends it, and an expiry write moves nothing. A
+//     holder's later call of a record it still holds writes no new
+//     claim: its sends after the stored deadline are covered only by the
+//     reconciling Client's birth.
 //
-// The time since then is the smallest any clock reports (the in-process
-// timeline, which stops while the device sleeps; the wall clock, which the
-// user may set back; the clock that counts sleep): no clock can make the
-// wait shorter. Nothing of it needs to be stored.
-func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duration) time.Duration {
+// The wait is the longest of these. The time since each is the smallest
+// any clock reports (the in-process timeline, which stops while the
+// device sleeps; the wall clock, which the user may set back; the clock
+// that counts sleep): no clock can make the wait shorter.
+func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duration, rec *persist.Record, self string) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	l := k.lives[key]
-	if l != nil && (l.phase == phaseArmed || l.phase == phaseNotSent) {
+	if rec.State == persist.StateNotSent {
 		return 0
 	}
-	last := birth // the Client's birth
-	if l != nil && l.hasLast {
-		last = l.last
+	l := k.lives[key]
+	if l != nil && rec.Holder == self {
+		// This Client holds it: no other Client sent it since its claim,
+		// and this Client knows when its own calls ended.
+		if l.phase == phaseArmed || l.phase == phaseNotSent {
+			return 0
+		}
+		if l.hasLast {
+			return max(delay-leastSince(l.last, now), 0)
+		}
 	}
-	return max(delay-leastSince(last, now), 0)
+	wait := delay - leastSince(birth, now)
+	if since, ok := sinceSendBy(rec.Clocks, now); ok {
+		wait = max(wait, delay-since)
+	}
+	return max(wait, 0)
 }

@@ -1,6 +1,10 @@
 package idem
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idemkit/idem/persist"
+)
 
 // The life of an intent, as this process knows it: one phase per key,
 // moved only by the named events below, by one table. Every entry point
@@ -290,4 +294,57 @@ func step(p phase, e event) (phase, verdict) {
 		return p, vRefuse
 	}
 	return r.to, r.do
+}
+
+// conflictMove is what a write of this Client does when the store refused
+// it because the stored record is no longer the version it wrote from.
+type conflictMove uint8
+
+const (
+	// cLanded: the stored record is this write: an earlier try landed and
+	// its result was lost.
+	cLanded conflictMove = iota
+	// cAdopt: the stored record is resolved (another Client, or another
+	// call, got the server's word): it is never overwritten; the caller
+	// takes it for the intent's and tells it.
+	cAdopt
+	// cYield: another Client holds the stored record now (it took the
+	// intent over, may be sending it, or stored it not sent): what this
+	// Client knows short of the server's answer (attempts, expiry, a
+	// void) never overwrites it, and the write fails.
+	cYield
+	// cOver: the stored record is this Client's own later version, or the
+	// record was forgotten, or the write is the server's answer, which
+	// settles any unresolved record: the write goes on from it.
+	cOver
+	// cRefused: the store refused for another key (the action has a later
+	// intent), or a first write found a record: the write fails.
+	cRefused
+)
+
+// afterConflict decides what follows a conflict: stored is the record the
+// store holds now (nil if none), rec the refused write, prev the version
+// it was written from, self the writing Client's holder id.
+func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove {
+	switch {
+	case persist.SameVersion(stored, rec):
+		return cLanded
+	case stored != nil && stored.Key != rec.Key, stored == nil && prev == nil:
+		return cRefused
+	case stored == nil:
+		return cOver
+	case stored.State.Resolved():
+		return cAdopt
+	case stored.Holder != self && !answered(rec):
+		return cYield
+	}
+	return cOver
+}
+
+// answered says rec records the server's answer to the intent (the send's
+// final answer, or the lookup's that the work was done): the truth about
+// the key, whoever holds the record. A void is not: it is trusted only
+// while no attempt can still arrive, which another holder may be sending.
+func answered(rec *persist.Record) bool {
+	return rec.State.Resolved() && rec.Response != nil
 }

@@ -103,3 +103,37 @@ func TestLifeKeys(t *testing.T) {
 		assert.True(t, unsent)
 	})
 }
+
+// TestAfterConflict checks what a refused write does with the record the
+// store holds now: a resolved record or another Client's is never written
+// over.
+func TestAfterConflict(t *testing.T) {
+	const self, other = "self", "other"
+	mine := &persist.Record{Key: "k", Rev: "r1", State: persist.StatePending, Holder: self}
+	write := &persist.Record{Key: "k", Rev: "r2", State: persist.StateExpired, Holder: self}
+	for _, tc := range []struct {
+		name   string
+		stored *persist.Record
+		prev   *persist.Record
+		want   conflictMove
+	}{
+		{"a write that landed before is taken as landed", write, mine, cLanded},
+		{"a resolved record is adopted, never overwritten", &persist.Record{Key: "k", Rev: "r3", State: persist.StateSucceeded, Holder: other}, mine, cAdopt},
+		{"a record this Client resolved is adopted too", &persist.Record{Key: "k", Rev: "r3", State: persist.StateVoid, Holder: self}, mine, cAdopt},
+		{"another Client's record is never overwritten", &persist.Record{Key: "k", Rev: "r3", State: persist.StatePending, Holder: other}, mine, cYield},
+		{"another Client's not-sent record is never overwritten", &persist.Record{Key: "k", Rev: "r3", State: persist.StateNotSent, Holder: other}, mine, cYield},
+		{"the server's answer settles another Client's record", &persist.Record{Key: "k", Rev: "r3", State: persist.StatePending, Holder: other}, mine, cOver},
+		{"this Client's own later version is written over", &persist.Record{Key: "k", Rev: "r3", State: persist.StatePending, Holder: self}, mine, cOver},
+		{"a forgotten record is written again", nil, mine, cOver},
+		{"another key refuses", &persist.Record{Key: "k2", Rev: "r3", State: persist.StatePending, Holder: self}, mine, cRefused},
+		{"a first write that finds a record refuses", nil, nil, cRefused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := write
+			if tc.name == "the server's answer settles another Client's record" {
+				w = &persist.Record{Key: "k", Rev: "r2", State: persist.StateSucceeded, Holder: self, Response: &persist.Response{StatusCode: 201}}
+			}
+			assert.Equal(t, tc.want, afterConflict(tc.stored, w, tc.prev, self))
+		})
+	}
+}

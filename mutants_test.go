@@ -305,6 +305,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
 		},
 		{
+			Name: "write-over-a-resolved-record", File: "life.go",
+			Note:    "a Client's attempts or expiry are written over the answer another Client stored meanwhile",
+			Anchor:  "\tcase stored.State.Resolved():\n\t\treturn cAdopt\n\tcase stored.Holder != self && !answered(rec):\n\t\treturn cYield\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestAResolvedRecord$",
+		},
+		{
+			Name: "reconcile-delay-from-own-start", File: "keys.go",
+			Note:    "a Client counts the reconcile delay from its own start, not from the stored claim's send deadline, and voids another Client's request in transit",
+			Anchor:  "\tif since, ok := sinceSendBy(rec.Clocks, now); ok {\n",
+			Replace: "\tif since, ok := sinceSendBy(rec.Clocks, now); ok && false {\n",
+			Pkg:     root, Run: "^TestReconcile$/^a_miss_while_another_Client's_send_may_still_arrive_never_voids$",
+		},
+		{
 			Name: "answer-not-marked-unrecorded", File: "do.go",
 			Note:    "an answer whose save failed is returned without saying so",
 			Anchor:  "\t\tresp.NotRecorded = true\n",

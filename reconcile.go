@@ -33,14 +33,15 @@ import (
 //     not), once no attempt of the intent can still arrive: the work was
 //     never done; the intent becomes void and a new intent for the action
 //     may be created. An attempt may arrive up to the reconcile delay
-//     (Server.ReconcileDelay) after it was last written, and the device knows
-//     when that was, at the latest, without storing it: never, for an
-//     intent this Client created and never sent; the end of this Client's
-//     last call of it, if it sent it; otherwise this Client's creation,
-//     since only an earlier process can have sent it. An expired intent
-//     waits like any other: its last attempt may have left just before
-//     expiry. The wait is measured on the in-process timeline, which no
-//     setting of the wall clock moves (a Clock with Monotonic, as the system clock has).
+//     (Server.ReconcileDelay) after it was last written, which was, at the
+//     latest: never, for an intent this Client armed and never sent; the
+//     end of this Client's last call of it, if it sent it and still holds
+//     it; otherwise the send deadline its holder stored with its claim
+//     (the latest time the claiming call may begin a send), and never
+//     before this Client's creation. An expired intent waits like any other: the
+//     expiry write moves no deadline. The wait is the smallest time any
+//     clock says passed (the in-process timeline, which no setting of the
+//     wall clock moves; the wall clock; the clock that counts sleep).
 //   - 404 sooner than that: an attempt may still be on its way, so
 //     Reconcile returns an error matching ErrOutcomeUnknown that says how
 //     long to wait, and changes nothing. Try again later.
@@ -136,7 +137,7 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	// Whether an attempt may still arrive is decided as the lookup leaves:
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.
-	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile)
+	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
 	if cur.HandedOut && c.left(cur) > -c.margin {
 		// Its request is in the app's hands, which may send it at any
 		// time until it reports that the send ended (SendEnded): only
@@ -209,6 +210,10 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	rec.UpdatedAt = now
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
 	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
+		if errors.As(err, new(*adoptedError)) {
+			// Resolved while the lookup ran: the stored word stands.
+			return c.adopted(err)
+		}
 		return out, err
 	}
 	c.keys.forget(key)

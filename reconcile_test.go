@@ -857,3 +857,46 @@ func TestLookup(t *testing.T) {
 		assert.Equal(t, 1, origin.Stats().ProviderCharges)
 	})
 }
+
+// TestReconcile: a lookup's miss settles an intent only when no attempt
+// of it can still arrive, whichever Client sent it.
+func TestReconcile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("a miss while another Client's send may still arrive never voids", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		net := &heldNetwork{base: srv.Client().Transport}
+		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
+		// b, the second Client on the device, started long before a sends.
+		b, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
+		require.NoError(t, err)
+		clk.Advance(reconcileDelay + time.Minute)
+
+		a, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		net.holdNext(1) // a's request is held in transit
+		_, err = a.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		clk.Advance(time.Second)
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a's request may still be on its way")
+		assert.False(t, loaded.State().Resolved())
+
+		net.deliver(t) // the held request arrives: the server charges
+		clk.Advance(2*time.Minute + reconcileDelay)
+		_, err = b.Reconcile(ctx, loaded)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
+		assert.Equal(t, 1, srv.Stats().Payments)
+	})
+}

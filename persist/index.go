@@ -27,7 +27,7 @@ const (
 	// indexMagic starts every index file; the byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 2
+	indexVersion = 3
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -509,6 +509,9 @@ func (e *encoder) record(r *Record) {
 		e.v(int64(c.Written))
 		e.time(c.ArmMark)
 		e.time(c.Mark)
+		e.time(c.SendWall)
+		e.str(c.SendBoot)
+		e.v(int64(c.SendBy))
 	}
 	e.bool(r.Tombstone)
 	e.str(r.Holder)
@@ -684,7 +687,7 @@ func (d *decoder) record() *Record {
 		r.Response = &Response{StatusCode: int(d.v()), Header: d.header(), Body: d.bytes(), Replayed: d.bool(), Oversized: d.bool()}
 	}
 	if d.bool() {
-		r.Clocks = &Clocks{ArmBoot: d.str(), Armed: time.Duration(d.v()), WriteBoot: d.str(), Written: time.Duration(d.v()), ArmMark: d.time(), Mark: d.time()}
+		r.Clocks = &Clocks{ArmBoot: d.str(), Armed: time.Duration(d.v()), WriteBoot: d.str(), Written: time.Duration(d.v()), ArmMark: d.time(), Mark: d.time(), SendWall: d.time(), SendBoot: d.str(), SendBy: time.Duration(d.v())}
 	}
 	r.Tombstone, r.Holder, r.Redirected, r.HandedOut = d.bool(), d.str(), d.bool(), d.bool()
 	if d.err != nil {

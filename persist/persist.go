@@ -168,6 +168,16 @@ type Clocks struct {
 	// record's last write. A clock set back cannot lower them.
 	ArmMark time.Time `json:"arm_mark,omitzero"`
 	Mark    time.Time `json:"mark,omitzero"`
+	// SendWall, SendBoot and SendBy: the latest time the record's holder
+	// may begin a send of it in the call that claimed it (that call's
+	// budget from the claim), on the wall
+	// clock and on the clock that counts sleep (the boot and the time
+	// since it). Written by the claim (the arming write, a take-over, a
+	// send again), never by a write that sends nothing (an expiry): an
+	// attempt of it may reach the server up to the reconcile delay later.
+	SendWall time.Time     `json:"send_wall,omitzero"`
+	SendBoot string        `json:"send_boot,omitempty"`
+	SendBy   time.Duration `json:"send_by,omitempty"`
 }
 
 // Clone returns a deep copy of r, so a store's copy and a caller's never
