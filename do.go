@@ -138,11 +138,21 @@ func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.R
 	if err := c.keys.notReplaced(cur.Key); err != nil {
 		return nil, false, err
 	}
-	// The store is the truth: another Intent value for this key, or an
-	// earlier process, may have moved an unresolved intent on. A resolved
-	// one never changes, and one that holds the version this Client saved
-	// last is current: neither needs the read.
-	known = c.keys.saved.is(cur)
+	// The store is the truth: another Intent value for this key, another
+	// Client on the store, or an earlier process, may have moved an
+	// unresolved intent on. A resolved one never changes, and one that
+	// holds the version this Client saved last is current: neither needs
+	// the read. But a version that reads provably unsent is trusted only
+	// by the call that follows its arming: another Client may have taken
+	// it over and sent it since (not sent: always read).
+	switch cur.State {
+	case persist.StateNew:
+		known = c.keys.saved.took(cur)
+	case persist.StateNotSent:
+		known = false
+	default:
+		known = c.keys.saved.is(cur)
+	}
 	if !in.ephemeral && !cur.State.Resolved() && !known {
 		stored, err := c.store.Get(ctx, cur.Key)
 		if err != nil {
@@ -266,8 +276,14 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 			return nil, false, true, nil
 		}
 		// Nothing of this call was sent. The write's result is unknown,
-		// and the next call reads what the store holds.
+		// and the next call reads what the store holds. It may have
+		// landed: the intent, armed again, may be sent by a later start.
 		c.keys.noAttempt(rec.Key, c.clocks.read())
+		c.keys.storeFailed(rec.Key)
+		var se *SaveError
+		if errors.As(err, &se) {
+			se.mayHaveLanded = true
+		}
 		return nil, false, false, err
 	}
 	again := *rec

@@ -1318,3 +1318,87 @@ func TestAResolvedRecord(t *testing.T) {
 		})
 	}
 }
+
+func TestSendAgain(t *testing.T) {
+	t.Parallel()
+	t.Run("a write whose result is unknown never says nothing was sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		st := &syncFailsWhen{Store: persist.NewMemory(nil)}
+		e.store = st
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc))
+		in, err := c.Intent(ctx, "checkout:again", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		down.Store(true)
+		_, err = c.Do(oneAttempt(), in)
+		require.ErrorIs(t, err, idem.ErrNotSent, "offline: not sent")
+		down.Store(false)
+		// The user taps again; the write that takes the intent out of
+		// "not sent" lands, but its sync fails.
+		var once atomic.Bool
+		st.fail = func(_, old *persist.Record) bool {
+			return old != nil && old.State == persist.StateNotSent && once.CompareAndSwap(false, true)
+		}
+		_, err = c.Do(ctx, in)
+		require.Error(t, err)
+		var se *idem.SaveError
+		require.ErrorAs(t, err, &se)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the write that armed it again may have landed")
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+		assert.Zero(t, e.srv.Stats().ProviderCharges, "this call sent nothing")
+	})
+}
+
+// cancelAfterClaim ends a context once a claim (a write with no old
+// record) has landed: the tap's screen went away as it was armed.
+type cancelAfterClaim struct {
+	persist.Store
+	cancel func()
+}
+
+func (s *cancelAfterClaim) Write(ctx context.Context, rec, old *persist.Record) error {
+	err := s.Store.Write(ctx, rec, old)
+	if err == nil && old == nil && s.cancel != nil {
+		s.cancel()
+	}
+	return err
+}
+
+func TestTakeOver(t *testing.T) {
+	t.Parallel()
+	t.Run("a Client never takes for unsent an intent another Client took over and sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		st := &cancelAfterClaim{Store: e.store}
+		e.store = st
+		app := e.newClient(t)
+		in, err := app.Intent(ctx, "checkout:stale", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		// The tap, whose context ends as it is armed: no attempt.
+		gone, cancel := context.WithCancel(ctx)
+		st.cancel = cancel
+		_, _ = app.Do(gone, in)
+		st.cancel = nil
+
+		// The daemon, another Client on the store, settles it: charged,
+		// the answer lost.
+		daemon := e.newClient(t)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		_, err = daemon.SettleAll(oneAttempt())
+		require.NoError(t, err)
+		require.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+		// The user taps again; a gateway refuses the request with a 400
+		// it does not mark as the server's.
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusBadRequest})
+		_, _ = app.Do(ctx, in)
+		stored, err := e.store.Get(ctx, in.Key())
+		require.NoError(t, err)
+		assert.NotEqual(t, persist.StateFailed, stored.State, "stored failed (not paid) while the daemon's send charged it")
+		assert.NotEqual(t, persist.StateFailed, in.State(), "told failed while the daemon's send charged it")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one cart, one charge")
+	})
+}

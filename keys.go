@@ -77,10 +77,10 @@ func (k *keys) bornAt(key string, at time.Duration) time.Duration {
 	return l.born
 }
 
-// lastSaved remembers the version of each unresolved intent that this Client
-// saved last, so that Do can tell an Intent that holds it from a stale one
-// without reading the store. Resolved intents are dropped: they never
-// change, so it holds only unresolved ones.
+// lastSaved remembers the version of each unresolved intent that this
+// Client saved last, so that Do can tell an Intent that holds it from a
+// stale one without reading the store. Resolved intents are dropped: they
+// never change, so it holds only unresolved ones.
 type lastSaved struct {
 	mu sync.Mutex
 	m  map[string]*persist.Record
@@ -109,6 +109,18 @@ func (l *lastSaved) is(rec *persist.Record) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.m[rec.Key] == rec
+}
+
+// took reports whether rec is the version this Client saved last, and
+// forgets it: the next call reads the store.
+func (l *lastSaved) took(rec *persist.Record) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	armed, ok := l.m[rec.Key]
+	if ok {
+		delete(l.m, rec.Key)
+	}
+	return ok && armed == rec
 }
 
 // phaseOfLocked reads the stored record rec through what this process

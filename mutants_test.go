@@ -158,6 +158,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRoundTripperTakesTheEchoOfACallersQuotedKey$",
 		},
 		{
+			Name: "stale-armed-version-trusted", File: "do.go",
+			Note:    "a version this Client armed is trusted as current on every call, though another Client may have taken it over and sent it",
+			Anchor:  "\t\tknown = c.keys.saved.took(cur)\n",
+			Replace: "\t\tknown = c.keys.saved.is(cur)\n",
+			Pkg:     root, Run: "^TestTakeOver$",
+		},
+		{
+			Name: "failed-send-again-write-says-nothing-sent", File: "do.go",
+			Note:    "a write that takes an intent out of not sent, whose result is unknown, is reported as nothing sent, though a later start may send it",
+			Anchor:  "\t\t\tse.mayHaveLanded = true\n",
+			Replace: "\t\t\t_ = se\n",
+			Pkg:     root, Run: "^TestSendAgain$",
+		},
+		{
 			Name: "failed-arming-write-says-nothing-sent", File: "action.go",
 			Note:    "an arming write whose result is unknown is reported as nothing sent, though a later start may send the intent",
 			Anchor:  "Op: \"arm\", Err: err, mayHaveLanded: true}",
