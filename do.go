@@ -277,9 +277,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		}
 		// Nothing of this call was sent. The write's result is unknown,
 		// and the next call reads what the store holds. It may have
-		// landed: the intent, armed again, may be sent by a later start.
+		// landed: the intent, armed again, may be sent by a later start,
+		// so the error says the outcome is unknown. (A changed cart's
+		// delete is conditional on the version read: it fails if the
+		// write landed.)
 		c.keys.noAttempt(rec.Key, c.clocks.read())
-		c.keys.storeFailed(rec.Key)
 		var se *SaveError
 		if errors.As(err, &se) {
 			se.mayHaveLanded = true
