@@ -126,6 +126,8 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 
 	fp := req.fingerprint()
 	seq := uint64(1)
+	// latest is the action's latest intent as stored, nil if none.
+	var latest *persist.Record
 	if name != "" {
 		recs, err := c.store.List(ctx, persist.Filter{Name: name})
 		if err != nil {
@@ -137,16 +139,17 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 			return nil, &SaveError{Op: "read the action's intents", Err: err}
 		}
-		var latest *persist.Record
 		if len(recs) > 0 {
 			latest = latestOf(recs)
 			seq = latest.Seq + 1
 		}
 		// This Client's unarmed intent for name, if the store has not
 		// moved on since it was made: the action's latest, never sent.
+		// The Seq alone cannot tell: a record deleted since (a replaced
+		// intent) frees its Seq for another Client's next intent.
 		if u := c.unarmed[name]; u != nil {
 			delete(c.unarmed, name)
-			if u.current().Seq == seq {
+			if u.current().Seq == seq && u.after == revOf(latest) {
 				if u.matches(req) && !forceNew {
 					c.unarmed[name] = u
 					return u, nil
@@ -176,7 +179,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if err != nil {
 		return nil, err
 	}
-	in := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}
+	in := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}
 	if name != "" {
 		if c.unarmed == nil {
 			c.unarmed = make(map[string]*Intent)
@@ -406,4 +409,12 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 // wire, whatever this Client knows of its own calls.
 func (c *Client) mayReplace(rec *persist.Record) bool {
 	return rec.State == persist.StateNotSent || rec.Holder == c.id
+}
+
+// revOf is rec's version, "" for no record.
+func revOf(rec *persist.Record) string {
+	if rec == nil {
+		return ""
+	}
+	return rec.Rev
 }

@@ -39,6 +39,10 @@ type Intent struct {
 	// force is set for an intent of NewIntent: arming it never adopts
 	// another intent of the action with the same request.
 	force bool
+	// after is the version of the action's latest stored intent when
+	// this unarmed intent was made ("" if none): Intent hands it out
+	// again only while that is still the latest.
+	after string
 	// replaced is set when Intent replaced this unarmed intent with one
 	// for a changed request: it is never sent.
 	replaced bool

@@ -937,3 +937,50 @@ func TestArmingWrite(t *testing.T) {
 		assert.Zero(t, e.srv.Stats().ProviderCharges, "this call sent nothing")
 	})
 }
+
+func TestUnarmedIntent(t *testing.T) {
+	t.Parallel()
+	t.Run("is never handed out again once another Client's intent took its place", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hc, down := switchable()
+		a := e.newClient(t, idem.WithHTTPClient(hc))
+		b := e.newClient(t)
+		// The action's first payment (seq 1), then a changed cart tapped
+		// offline: stored not sent (seq 2).
+		first, err := a.Intent(ctx, "tips", e.paymentRequest(t, 50, "cus_1"))
+		require.NoError(t, err)
+		_, err = a.Do(ctx, first)
+		require.NoError(t, err)
+		offline, err := a.NewIntent(ctx, "tips", e.paymentRequest(t, 60, "cus_1"))
+		require.NoError(t, err)
+		down.Store(true)
+		hc.CloseIdleConnections()
+		_, err = a.Do(oneAttempt(), offline)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		down.Store(false)
+		// Client a shows another cart: it replaces the not-sent intent
+		// (deleted, freeing its seq), and the user leaves.
+		shown, err := a.Intent(ctx, "tips", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		// Client b, on the same store, pays that cart: the first payment
+		// is its latest, so it is a new payment, which takes the freed
+		// seq. Its answer is lost.
+		_, err = b.Intent(ctx, "tips", e.paymentRequest(t, 100, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.ResolvedError))
+		paid, err := b.NewIntent(ctx, "tips", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: paid.Key()})
+		_, err = b.Do(oneAttempt(), paid)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.Equal(t, 2, e.srv.Stats().ProviderCharges)
+		// The user taps the cart on client a: it is b's intent, resumed.
+		tap, err := a.Intent(ctx, "tips", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		assert.NotEqual(t, shown.Key(), tap.Key(), "the intent shown before b's payment is handed out again")
+		assert.Equal(t, paid.Key(), tap.Key())
+		_, _ = a.Do(ctx, tap)
+		assert.Equal(t, 2, e.srv.Stats().ProviderCharges, "one cart, one charge")
+	})
+}

@@ -158,6 +158,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRoundTripperTakesTheEchoOfACallersQuotedKey$",
 		},
 		{
+			Name: "unarmed-intent-judged-by-seq-alone", File: "action.go",
+			Note:    "an unarmed intent is handed out again while its Seq is the action's next, though a deleted record freed that Seq and another Client's intent took the place",
+			Anchor:  "if u.current().Seq == seq && u.after == revOf(latest) {",
+			Replace: "if u.current().Seq == seq {",
+			Pkg:     root, Run: "^TestUnarmedIntent$",
+		},
+		{
 			Name: "stale-armed-version-trusted", File: "do.go",
 			Note:    "a version this Client armed is trusted as current on every call, though another Client may have taken it over and sent it",
 			Anchor:  "\t\tknown = c.keys.saved.took(cur)\n",
