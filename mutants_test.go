@@ -188,8 +188,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "intent-saved-when-shown", File: "action.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
-			Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n",
-			Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n",
+			Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 			Pkg:     root, Run: "^TestSettleAllNeverSendsAnIntentNobodyTapped$",
 		},
 		{

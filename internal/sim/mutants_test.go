@@ -46,8 +46,8 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "intent-saved-when-shown", File: "action.go",
 		Note:    "an intent is saved when the Pay screen shows it, so a restart settles a cart nobody tapped",
-		Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n",
-		Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+		Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n",
+		Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 	},
 	{
 		Pkg: simPkg, Run: simRun,
