@@ -320,9 +320,10 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "not-sent-over-a-take-over", File: "do.go",
-			Note:    "a Client records not sent an intent another Client took over and is sending",
-			Anchor:  "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
-			Replace: "\tif saveErr := c.save(detached(ctx), in, rec, \"record not sent\"); saveErr != nil && prev != nil {\n",
+			Note:   "a Client records not sent an intent another Client took over and is sending",
+			Anchor: "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
+			// An unconditional write: over whatever version is stored.
+			Replace: "\t_ = prev\n\tif saveErr := func() error { cur, _ := c.store.Get(detached(ctx), rec.Key); rec.Rev = persist.NewRev(); in.set(rec); return c.store.Write(detached(ctx), rec, cur) }(); saveErr != nil {\n",
 			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
 		},
 		{
