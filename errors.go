@@ -97,7 +97,7 @@ const (
 	stopRedirect = "redirect not followed"
 	// stopUnmarked: a 2xx or 4xx answer that does not show it is the
 	// server's (it does not echo the intent's key, is not marked
-	// Idempotent-Replayed, and Server.OwnAnswer does not recognise it)
+	// Idempotent-Replayed, and Server.Mark does not recognise it)
 	// came after a request of the intent may have reached the server, or
 	// was a 2xx: a gateway's 401, a CDN's page, a captive portal's login
 	// page. It says nothing about the work, which an earlier request may
