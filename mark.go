@@ -49,12 +49,14 @@ var (
 	MarkAdyen = Mark{name: "idem.MarkAdyen"}
 	// MarkIncrease is Increase's API. It marks only its replays
 	// (Idempotent-Replayed: true). Its first answer is recognised by its
-	// body: a 2xx JSON object whose idempotency_key field holds the
-	// intent's key, as every object Increase creates under a key does. A
-	// list whose data holds such an object is recognised too: Increase's
-	// list endpoints filter by idempotency_key, which makes a lookup
-	// (Server.LookupQuery "idempotency_key"). An empty list settles
-	// nothing: it is not the contract's typed miss.
+	// body: a 2xx JSON object with an id whose idempotency_key field holds
+	// the intent's key, as the objects Increase creates under a key carry
+	// it (an ACH transfer's, say). A first answer without that field stays
+	// unknown, and the next send gets the marked replay. A list whose data
+	// holds such an object is recognised too: Increase's list endpoints
+	// filter by idempotency_key, which makes a lookup (Server.LookupQuery
+	// "idempotency_key"). An empty list settles nothing: it is not the
+	// contract's typed miss.
 	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer}
 )
 
@@ -66,8 +68,11 @@ var (
 // nested one with dots ("data.id"). The status alone never recognises an
 // answer, and a 4xx never is: a gateway's 401 or a WAF's 403 may carry
 // JSON too. A captive portal's page, a CDN's fallback index.html and a
-// login page are not JSON, so they never settle an intent. New refuses an
-// empty path, and one with an empty segment.
+// login page are not JSON, so they never settle an intent. The lookup's
+// 2xx is read the same way, so the server's lookup answers the resource
+// itself, not a list; its miss voids an intent only as the contract's typed
+// miss (docs/CONTRACT.md). New refuses an empty path, and one with an empty
+// segment.
 func MarkJSONID(path string) Mark {
 	m := Mark{name: fmt.Sprintf("idem.MarkJSONID(%q)", path)}
 	segments := strings.Split(path, ".")
