@@ -178,7 +178,7 @@ func (e *RetryError) Error() string {
 	case stopRedirectedKeyReused:
 		b.WriteString(", after a redirect to another URL that may have done the work; settle the intent through the lookup")
 	case stopUnmarked:
-		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
+		b.WriteString(", which may come from a proxy, gateway or portal in front of the server, or from a server that does not mark its answers as Config.Server.Mark says; settle the intent again later")
 	case stopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
 			// Without the credentials a login page's address may carry.

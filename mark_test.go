@@ -201,6 +201,7 @@ func TestMark(t *testing.T) {
 		var retryErr *RetryError
 		require.ErrorAs(t, err, &retryErr)
 		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.Contains(t, err.Error(), "Config.Server.Mark", "the error points at the declared mark")
 		assert.False(t, in.State().Resolved(), "the 401 is not the payment's answer")
 		assert.Equal(t, int32(1), s.charges.Load())
 
