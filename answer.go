@@ -26,7 +26,9 @@ import (
 //     (bare or as an RFC 8941 sf-string, as the contract's servers and
 //     Stripe echo it), or is marked Idempotent-Replayed: true without an
 //     echo of another key;
-//   - or the app's recognizer (Server.OwnAnswer) says it is its server's.
+//   - or the server's declared Mark (Server.Mark) recognises it: a body
+//     only the server sends (MarkIncrease, MarkJSONID), or the app's own
+//     test (MarkRecognizer).
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
 // gateway that copies request header fields into its own answers could
@@ -89,13 +91,13 @@ func marked(h http.Header, key string) bool {
 }
 
 // trusted reports an answer that is the server's word on key: marked, or
-// recognised by the app's Server.OwnAnswer. body is nil when it was not
+// recognised by the server's declared Mark. body is nil when it was not
 // kept (over the limit).
 func (c *config) trusted(status int, h http.Header, body []byte, key string) bool {
 	if marked(h, key) {
 		return true
 	}
-	return c.ownAnswer != nil && c.ownAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)})
+	return c.ownAnswer != nil && c.ownAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)}, key)
 }
 
 // problemKeyUnused is the problem type of the lookup's miss: nothing was

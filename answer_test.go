@@ -90,7 +90,7 @@ func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
 // share one array, yet an append to one field's values changes no other
 // field, and a change to the answer's header does not reach them.
 func TestStoredHeaderKeepsItsOwnValues(t *testing.T) {
-	cfg, err := newConfig(Config{Server: Server{StoredHeaders: []string{"X-Request-Id"}}})
+	cfg, err := newConfig(Config{Server: Server{Mark: MarkEcho, StoredHeaders: []string{"X-Request-Id"}}})
 	require.NoError(t, err)
 	h := http.Header{
 		"Location":     {"/payments/1"},

@@ -261,7 +261,7 @@ func TestAnUnmarkedSuccessOverTheLimitIsNotAPayment(t *testing.T) {
 		strangerPage(w, http.StatusOK, "text/html", "<html>log in</html>")
 		return true
 	})
-	c := f.client(t, idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: 1024}))
+	c := f.client(t, idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", MaxResponseBytes: 1024}))
 	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 	require.NoError(t, err)
 	_, err = c.Do(ctx, in)
@@ -452,7 +452,7 @@ func TestAuthorizer(t *testing.T) {
 		}))
 		t.Cleanup(srv.Close)
 		store := persist.NewMemory(nil)
-		c, err := idem.New(idem.Config{Store: store, Authorizer: func(_ context.Context, key string) (string, error) { return "Bearer for-" + key, nil }})
+		c, err := idem.New(idem.Config{Store: store, Server: idem.Server{Mark: idem.MarkEcho}, Authorizer: func(_ context.Context, key string) (string, error) { return "Bearer for-" + key, nil }})
 		require.NoError(t, err)
 		in, err := c.Intent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)})
 		require.NoError(t, err)

@@ -39,12 +39,14 @@ type Client struct {
 	id string
 }
 
-// New returns a Client configured by cfg (see Config). New(Config{}) keeps
-// intents in memory only, which is right for tests and wrong on a device:
-// set Config.Store. A field out of range (a RetryPolicy with a negative
-// field, a credential header to store, a nil pointer for a store) makes
-// New fail with an error that names every such field and says what to
-// give instead.
+// New returns a Client configured by cfg (see Config). cfg.Server.Mark is
+// required: it says how the server marks its answers (see Mark). Without
+// a Store, the Client keeps intents in memory only, which is right for
+// tests and wrong on a device: set Config.Store. A Config without a Mark,
+// or with a field out of range (a RetryPolicy with a negative field, a
+// credential header to store, a nil pointer for a store), makes New fail
+// with an error that names every such field and says what to give
+// instead.
 func New(cfg Config) (*Client, error) {
 	c, err := newConfig(cfg)
 	if err != nil {

@@ -17,9 +17,11 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Config configures a Client, given to New. Each field left zero takes the
-// default its comment gives, so New(Config{}) is a Client that keeps
-// intents in memory and sends through an http.Client of its own. New
+// Config configures a Client, given to New. Server.Mark is required; each
+// other field left zero takes the default its comment gives, so
+// New(Config{Server: Server{Mark: MarkEcho}}) is a Client of a server
+// that echoes the key, which keeps intents in memory and sends through an
+// http.Client of its own. New
 // checks every field and fails with one error that names each field out of
 // range and says what to give instead. A Client never changes after New.
 type Config struct {
@@ -34,9 +36,9 @@ type Config struct {
 	// http.Client on http.DefaultTransport with a 30s timeout per attempt.
 	HTTPClient *http.Client
 
-	// Server describes the app's server: its lookup, its retention, how it
-	// spells keys and marks its answers (see Server). The zero Server
-	// follows the contract and has no lookup.
+	// Server describes the app's server: how it marks its answers, its
+	// lookup, its retention, how it spells keys (see Server). Its Mark is
+	// required: New refuses a Config without one.
 	Server Server
 
 	// RetryPolicy says when to retry and how long to wait (see
@@ -130,8 +132,10 @@ type config struct {
 	lookup    func(Request, string) string                  // nil: none configured
 	// keyReusedAnswer recognises the app's own server's key reuse answers.
 	keyReusedAnswer func(*Response) bool
-	// ownAnswer recognises the app's own server's unmarked answers.
-	ownAnswer func(*Response) bool
+	// ownAnswer recognises the server's answers that lack the contract's
+	// marks, for the intent with the key it is given (Server.Mark); nil
+	// trusts those marks alone.
+	ownAnswer func(resp *Response, key string) bool
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.
 	keptHeaders []string
@@ -270,6 +274,9 @@ func (cfg Config) check() error {
 		refuse("Config.SettleConcurrency is %d: use 1 or more, or 0 for the default (%d)", n, defaultSettleConcurrency)
 	}
 	s := cfg.Server
+	if err := s.Mark.check(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.LookupQuery != "" {
 		if s.Lookup != nil {
 			refuse("Config.Server: Server.Lookup and Server.LookupQuery are both set: give one")
@@ -309,7 +316,7 @@ func (c *config) setServer(s Server) {
 	c.maxBody = s.MaxResponseBytes
 	c.keptHeaders = slices.Clone(s.StoredHeaders)
 	c.keyReusedAnswer = s.KeyReusedAnswer
-	c.ownAnswer = s.OwnAnswer
+	c.ownAnswer = s.Mark.own
 }
 
 // validate reports the fields of b out of range: New refuses a field

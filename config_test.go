@@ -41,16 +41,20 @@ func TestNewRefusesConfigOutOfRange(t *testing.T) {
 		{"multiplier infinite", idem.Config{RetryPolicy: idem.RetryPolicy{Multiplier: math.Inf(1)}}, []string{"Multiplier is +Inf"}},
 		{"nil clock pointer", idem.Config{Clock: (*clock.Manual)(nil)}, []string{"Config.Clock is a nil *clock.Manual"}},
 		{"nil store pointer", idem.Config{Store: nilDir}, []string{"Config.Store is a nil *persist.FileStore", "persist.OpenDir"}},
-		{"negative reconcile delay", idem.Config{Server: idem.Server{ReconcileDelay: -time.Minute}}, []string{"Server.ReconcileDelay is -1m0s", "0 for the default (2m0s)"}},
-		{"negative response size", idem.Config{Server: idem.Server{MaxResponseBytes: -1}}, []string{"Server.MaxResponseBytes is -1"}},
-		{"retention", idem.Config{Server: idem.Server{Retention: time.Hour, RetentionMargin: 2 * time.Hour}}, []string{"retention 1h0m0s with margin 2h0m0s"}},
-		{"set-cookie", idem.Config{Server: idem.Server{StoredHeaders: []string{"Location", "set-cookie"}}}, []string{`Server.StoredHeaders holds "Set-Cookie"`, "credentials", "never written to the device"}},
-		{"authorization", idem.Config{Server: idem.Server{StoredHeaders: []string{"Authorization"}}}, []string{`"Authorization"`, "credentials"}},
-		{"token", idem.Config{Server: idem.Server{StoredHeaders: []string{"X-Auth-Token"}}}, []string{`"X-Auth-Token"`}},
-		{"session", idem.Config{Server: idem.Server{StoredHeaders: []string{"X-Session-Id"}}}, []string{`"X-Session-Id"`}},
-		{"not a field name", idem.Config{Server: idem.Server{StoredHeaders: []string{"Content Type"}}}, []string{`"Content Type"`, "not a header field name"}},
-		{"empty field name", idem.Config{Server: idem.Server{StoredHeaders: []string{""}}}, []string{`Server.StoredHeaders holds ""`}},
-		{"lookup twice", idem.Config{Server: idem.Server{Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}}, []string{"Server.Lookup and Server.LookupQuery are both set"}},
+		{"negative reconcile delay", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, ReconcileDelay: -time.Minute}}, []string{"Server.ReconcileDelay is -1m0s", "0 for the default (2m0s)"}},
+		{"negative response size", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, MaxResponseBytes: -1}}, []string{"Server.MaxResponseBytes is -1"}},
+		{"retention", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, Retention: time.Hour, RetentionMargin: 2 * time.Hour}}, []string{"retention 1h0m0s with margin 2h0m0s"}},
+		{"set-cookie", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"Location", "set-cookie"}}}, []string{`Server.StoredHeaders holds "Set-Cookie"`, "credentials", "never written to the device"}},
+		{"authorization", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"Authorization"}}}, []string{`"Authorization"`, "credentials"}},
+		{"token", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"X-Auth-Token"}}}, []string{`"X-Auth-Token"`}},
+		{"session", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"X-Session-Id"}}}, []string{`"X-Session-Id"`}},
+		{"not a field name", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"Content Type"}}}, []string{`"Content Type"`, "not a header field name"}},
+		{"empty field name", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{""}}}, []string{`Server.StoredHeaders holds ""`}},
+		{"lookup twice", idem.Config{Server: idem.Server{Mark: idem.MarkEcho, Lookup: func(idem.Request, string) string { return "" }, LookupQuery: "k"}}, []string{"Server.Lookup and Server.LookupQuery are both set"}},
+		{"no mark", idem.Config{}, []string{"Config.Server.Mark is not set", "idem.MarkEcho", "idem.MarkStripe", "idem.MarkAdyen", "idem.MarkIncrease", "idem.MarkJSONID", "idem.MarkRecognizer", "never settles an intent"}},
+		{"mark of an empty id path", idem.Config{Server: idem.Server{Mark: idem.MarkJSONID("")}}, []string{`Config.Server.Mark is idem.MarkJSONID("")`, "\"data.id\""}},
+		{"mark of an id path with an empty segment", idem.Config{Server: idem.Server{Mark: idem.MarkJSONID("data..id")}}, []string{`idem.MarkJSONID("data..id")`, "empty segment"}},
+		{"nil recognizer", idem.Config{Server: idem.Server{Mark: idem.MarkRecognizer(nil)}}, []string{"Config.Server.Mark is idem.MarkRecognizer(...)", "recognizer is nil"}},
 		{"settle concurrency", idem.Config{SettleConcurrency: -1}, []string{"Config.SettleConcurrency is -1", "1 or more"}},
 		{"budget tokens", idem.Config{RetryBudget: idem.RetryBudget{Tokens: -2}}, []string{"RetryBudget.Tokens is -2", "-1 for no budget"}},
 		{"budget below a retry", idem.Config{RetryBudget: idem.RetryBudget{Tokens: 4}}, []string{"RetryBudget.Tokens is 4", "below a retry's cost"}},
@@ -77,7 +81,7 @@ func TestNewReportsEveryFieldOutOfRange(t *testing.T) {
 	_, err := idem.New(idem.Config{
 		Store:       nilDir,
 		RetryPolicy: idem.RetryPolicy{MaxAttempts: -1, Jitter: 2},
-		Server:      idem.Server{StoredHeaders: []string{"Cookie"}, Retention: 30 * time.Minute},
+		Server:      idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"Cookie"}, Retention: 30 * time.Minute},
 	})
 	require.Error(t, err)
 	for _, w := range []string{"Config.Store is a nil", "MaxAttempts is -1", "Jitter is 2", `"Cookie"`, "retention 30m0s with margin 1h0m0s"} {
@@ -85,19 +89,20 @@ func TestNewReportsEveryFieldOutOfRange(t *testing.T) {
 	}
 }
 
-// The values at the edges of each range, and the zero Config, are accepted.
+// The values at the edges of each range, and the Config with only its
+// server's mark, are accepted.
 func TestNewAcceptsConfigInRange(t *testing.T) {
 	t.Parallel()
 	_, err := idem.New(idem.Config{
 		RetryPolicy:       idem.RetryPolicy{MaxAttempts: 1, Jitter: 1, Multiplier: 1, InitialInterval: time.Second, MaxInterval: time.Second},
-		Server:            idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag"}},
+		Server:            idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"X-Request-Id", "ETag"}},
 		SettleConcurrency: 1,
 		RetryBudget:       idem.RetryBudget{Tokens: 10, RetryCost: 10, TimeoutCost: 1, Refill: -1},
 	})
 	require.NoError(t, err)
-	_, err = idem.New(idem.Config{RetryPolicy: idem.RetryPolicy{Jitter: -1}, RetryBudget: idem.RetryBudget{Tokens: -1}})
+	_, err = idem.New(idem.Config{Server: idem.Server{Mark: idem.MarkEcho}, RetryPolicy: idem.RetryPolicy{Jitter: -1}, RetryBudget: idem.RetryBudget{Tokens: -1}})
 	require.NoError(t, err)
-	_, err = idem.New(idem.Config{})
+	_, err = idem.New(idem.Config{Server: idem.Server{Mark: idem.MarkEcho}})
 	require.NoError(t, err)
 }
 
@@ -163,10 +168,10 @@ func TestContextWithRetryPolicyOutOfRangeFailsTheCall(t *testing.T) {
 func TestServerStoredHeadersRefusesTokensUnderOtherNames(t *testing.T) {
 	t.Parallel()
 	for _, name := range []string{"X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Bearer", "X-Access-Key", "X-Private-Key", "X-Saml-Assertion"} {
-		_, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+		_, err := idem.NewWith(idem.WithServer(idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{name}}))
 		require.Error(t, err, name)
 		assert.Contains(t, err.Error(), "credentials", name)
 	}
-	_, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{"X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"}}))
+	_, err := idem.NewWith(idem.WithServer(idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{"X-Request-Id", "ETag", "Location", "X-Keyboard-Layout", "X-Payment-Intent"}}))
 	assert.NoError(t, err)
 }

@@ -150,7 +150,7 @@ func TestOnlyTheNeededAndNamedHeaderFieldsAreStored(t *testing.T) {
 		w.Header().Set("Set-Cookie", "session=secret-cookie")
 		w.Header().Set("X-Auth-Token", "secret-token")
 		w.WriteHeader(http.StatusCreated)
-	}, idem.WithStore(store), idem.WithServer(idem.Server{Lookup: contractLookup, StoredHeaders: []string{"x-request-id"}}))
+	}, idem.WithStore(store), idem.WithServer(idem.Server{Mark: idem.MarkEcho, Lookup: contractLookup, StoredHeaders: []string{"x-request-id"}}))
 	ctx := context.Background()
 	in, err := c.NewIntent(ctx, "", req)
 	require.NoError(t, err)
@@ -1129,8 +1129,8 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 }
 
 // An app whose server cannot mark its answers says how to recognise them;
-// the mark is required only by default.
-func TestServerOwnAnswerRecognisesAnUnmarkedServer(t *testing.T) {
+// its recognizer (idem.MarkRecognizer) stands for the echo.
+func TestMarkRecognizerRecognisesAnUnmarkedServer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var posts atomic.Int32
@@ -1146,7 +1146,7 @@ func TestServerOwnAnswerRecognisesAnUnmarkedServer(t *testing.T) {
 		strangerPage(w, http.StatusPaymentRequired, "application/json", `{"error":"declined"}`)
 		return true
 	})
-	c := f.client(t, idem.WithServer(idem.Server{Lookup: contractLookup, OwnAnswer: func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }}),
+	c := f.client(t, idem.WithServer(idem.Server{Lookup: contractLookup, Mark: idem.MarkRecognizer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })}),
 		idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
 	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 	require.NoError(t, err)

@@ -39,7 +39,7 @@ once the outcome is known. It returns an [*UnresolvedError] instead of
 starting a second payment while the previous one's outcome is unknown.
 
 	client, err := idem.New(idem.Config{Store: store,
-		Server: idem.Server{LookupQuery: "idempotency_key"}})
+		Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
 	...
 	resp, err := client.Send(ctx, "checkout:cart-42", req)
 
@@ -161,9 +161,19 @@ became of the payment, so idem never lets such an answer settle an intent.
 An answer is the server's word when it carries the intent's key back in an
 Idempotency-Key header field (bare or as an RFC 8941 sf-string), as the
 contract's servers and Stripe's API echo it, or is marked
-Idempotent-Replayed: true, or when the app's recognizer,
-[Server.OwnAnswer], says it is its server's (for servers that cannot mark
-their answers; by default the mark is required).
+Idempotent-Replayed: true, or when the server's declared [Mark] recognises
+it.
+
+The app declares the mark up front, in [Server.Mark]: [New] refuses a
+Config without one, so a server that marks nothing is found at setup, not
+at the first payment. [MarkEcho] is a server that echoes the key (idem's
+middleware, fakeserver, the contract's servers); [MarkStripe] and
+[MarkAdyen] are those APIs, which echo it too. [MarkIncrease] is Increase,
+which marks only its replays: its first answer is recognised by the key in
+the created object's idempotency_key field. [MarkJSONID] is a plain server
+that marks nothing: its 2xx JSON answer carrying the resource's id is its
+word, never a page in HTML, an empty body or a 4xx. [MarkRecognizer] is the
+app's own test. No Mark recognises an answer by its status alone.
 
   - A 2xx answer to a send settles the intent only when it is the server's
     word: a captive portal's 200 login page answers a phone's first POST as
@@ -183,8 +193,8 @@ their answers; by default the mark is required).
   - The lookup ([Client.Reconcile]) makes an intent succeeded only on a
     2xx that is the server's word, and void only on the lookup's typed
     miss, a 404 problem of type
-    https://idem.dev/problems/idempotency-key-unused (or a 404 that
-    [Server.OwnAnswer] recognises), that echoes the fresh nonce the lookup
+    https://idem.dev/problems/idempotency-key-unused (or a 404 that a
+    [MarkRecognizer] recognises), that echoes the fresh nonce the lookup
     sent in Idempotency-Lookup-Nonce: a miss a cache kept from before the
     payment does not. The echo alone never voids an intent:
     a gateway that copies request header fields into its own answers could

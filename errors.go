@@ -97,7 +97,7 @@ const (
 	stopRedirect = "redirect not followed"
 	// stopUnmarked: a 2xx or 4xx answer that does not show it is the
 	// server's (it does not echo the intent's key, is not marked
-	// Idempotent-Replayed, and Server.OwnAnswer does not recognise it)
+	// Idempotent-Replayed, and Server.Mark does not recognise it)
 	// came after a request of the intent may have reached the server, or
 	// was a 2xx: a gateway's 401, a CDN's page, a captive portal's login
 	// page. It says nothing about the work, which an earlier request may
@@ -178,7 +178,7 @@ func (e *RetryError) Error() string {
 	case stopRedirectedKeyReused:
 		b.WriteString(", after a redirect to another URL that may have done the work; settle the intent through the lookup")
 	case stopUnmarked:
-		b.WriteString(", which may come from a proxy, gateway or portal in front of the server; settle the intent again later")
+		b.WriteString(", which may come from a proxy, gateway or portal in front of the server, or from a server that does not mark its answers as Config.Server.Mark says; settle the intent again later")
 	case stopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
 			// Without the credentials a login page's address may carry.

@@ -44,7 +44,7 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 			}))
 			t.Cleanup(srv.Close)
 			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
-				idem.WithServer(idem.Server{KeyReusedAnswer: func(resp *idem.Response) bool {
+				idem.WithServer(idem.Server{Mark: idem.MarkEcho, KeyReusedAnswer: func(resp *idem.Response) bool {
 					return strings.Contains(string(resp.Body), "DUPLICATE_KEY")
 				}}))
 			require.NoError(t, err)
@@ -83,7 +83,7 @@ func TestErrorTextsCarryNoCredential(t *testing.T) {
 	}
 	newClient := func(t *testing.T, opts ...idem.Option) *idem.Client {
 		c, err := idem.NewWith(append([]idem.Option{idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-			idem.WithServer(idem.Server{LookupQuery: "idempotency_key"})}, opts...)...)
+			idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"})}, opts...)...)
 		require.NoError(t, err)
 		return c
 	}

@@ -25,7 +25,7 @@ func payOnDevice(ctx context.Context, stateDir, apiURL string) error {
 	defer store.Close()
 	client, err := idem.New(idem.Config{
 		Store:  store,
-		Server: idem.Server{LookupQuery: "idempotency_key"},
+		Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 	})
 	if err != nil {
 		return err

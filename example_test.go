@@ -32,7 +32,7 @@ func Example() {
 	client, _ := idem.New(idem.Config{
 		Store:      store,
 		HTTPClient: srv.Client(),
-		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 	})
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 
@@ -60,7 +60,7 @@ func ExampleClient_SettleAll() {
 
 	// The first run gives up after one attempt, whose answer was lost, and
 	// dies.
-	first, _ := idem.New(idem.Config{Store: store, HTTPClient: srv.Client()})
+	first, _ := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: idem.Server{Mark: idem.MarkEcho}})
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 		map[string]any{"amount": 700, "currency": "AZN", "customer": "cus_1"})
@@ -71,7 +71,7 @@ func ExampleClient_SettleAll() {
 	next, _ := idem.New(idem.Config{
 		Store:      store,
 		HTTPClient: srv.Client(),
-		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 	})
 	settled, _ := next.SettleAll(ctx)
 	for _, s := range settled {
@@ -94,7 +94,7 @@ func ExampleClient_Settle() {
 	client, _ := idem.New(idem.Config{
 		HTTPClient: srv.Client(),
 		Clock:      clk,
-		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 	})
 	ctx := context.Background()
 
@@ -125,7 +125,7 @@ func ExampleClient_Send() {
 	ctx := context.Background()
 	client, _ := idem.New(idem.Config{
 		HTTPClient: srv.Client(),
-		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 	})
 	cart := func(amount int) idem.Request {
 		req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
@@ -166,7 +166,7 @@ func ExampleClient_Send() {
 func ExampleClient_HTTPRequest() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	client, _ := idem.New(idem.Config{})
+	client, _ := idem.New(idem.Config{Server: idem.Server{Mark: idem.MarkEcho}})
 	ctx := context.Background()
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
 		map[string]any{"amount": 300, "currency": "AZN", "customer": "cus_1"})
@@ -199,7 +199,7 @@ func ExampleClient_HTTPRequest() {
 func ExampleClient_RoundTripper() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	client, _ := idem.New(idem.Config{})
+	client, _ := idem.New(idem.Config{Server: idem.Server{Mark: idem.MarkEcho}})
 	hc := &http.Client{Transport: client.RoundTripper(srv.Client().Transport)}
 
 	_ = srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, RetryAfter: "0"})
@@ -224,7 +224,7 @@ func ExampleClient_RoundTripper() {
 func ExampleClient_Do() {
 	srv := fakeserver.NewServer(nil)
 	defer srv.Close()
-	client, _ := idem.New(idem.Config{HTTPClient: srv.Client()})
+	client, _ := idem.New(idem.Config{HTTPClient: srv.Client(), Server: idem.Server{Mark: idem.MarkEcho}})
 	ctx := context.Background()
 
 	req, _ := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",

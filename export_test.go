@@ -31,9 +31,10 @@ const (
 // settings it is about; NewWith applies them in order to a zero Config.
 type Option func(*Config)
 
-// NewWith is New with the Config that opts make.
+// NewWith is New with the Config that opts make, from a Config whose
+// server echoes the key (MarkEcho), as the fake server does.
 func NewWith(opts ...Option) (*Client, error) {
-	var cfg Config
+	cfg := Config{Server: Server{Mark: MarkEcho}}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -83,7 +84,7 @@ func WithKeyReusedAnswer(f func(resp *Response) bool) Option {
 }
 
 func WithServerAnswer(f func(resp *Response) bool) Option {
-	return func(c *Config) { c.Server.OwnAnswer = f }
+	return func(c *Config) { c.Server.Mark = MarkRecognizer(f) }
 }
 
 // StopReason and the reasons a RetryError gives, as tests compare them.

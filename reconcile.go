@@ -23,12 +23,12 @@ import (
 // documentation, "Whose word settles an intent"):
 //
 //   - 2xx that echoes the intent's key (Idempotency-Key) or is marked
-//     Idempotent-Replayed, or that Server.OwnAnswer recognises: the work
+//     Idempotent-Replayed, or that Server.Mark recognises: the work
 //     was done; the intent becomes succeeded, with the lookup's answer
 //     stored as its response.
 //   - 404 whose body is the lookup's typed miss (a problem of type
 //     https://idem.dev/problems/idempotency-key-unused), or that
-//     Server.OwnAnswer recognises, that echoes the fresh nonce this
+//     Server.Mark recognises, that echoes the fresh nonce this
 //     lookup sent (Idempotency-Lookup-Nonce; a miss a cache kept does
 //     not), once no attempt of the intent can still arrive: the work was
 //     never done; the intent becomes void and a new intent for the action
@@ -175,7 +175,7 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		// The caller owns out; the record keeps its own copy.
 		rec.Response = c.stored(out)
 	case isKeyUnused(resp.StatusCode, resp.Header, body) ||
-		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone()):
+		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone(), key):
 		if !echoesNonce(resp.Header, nonce) {
 			// A miss kept by a cache (a CDN that caches everything) may
 			// be older than the payment: only a miss made for this

@@ -646,10 +646,10 @@ func TestAFallbackPageOnTheLookupIsNeverTakenForThePayment(t *testing.T) {
 
 // The lookup's answers that are the server's word settle the intent: a 2xx
 // that echoes the key or is a replay, a 404 of the typed miss; an app whose
-// server cannot mark them names its own with Server.OwnAnswer.
+// server cannot mark them recognises its own with idem.MarkRecognizer.
 func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 	t.Parallel()
-	recognised := idem.WithServer(idem.Server{Lookup: contractLookup, OwnAnswer: func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" }})
+	recognised := idem.WithServer(idem.Server{Lookup: contractLookup, Mark: idem.MarkRecognizer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })})
 	cases := []struct {
 		name   string
 		answer func(w http.ResponseWriter, r *http.Request)

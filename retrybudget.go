@@ -15,7 +15,7 @@ import (
 // the budget is spent, its outcome unknown (the intent stays pending, or not
 // sent when the transport proves nothing left the device). A final answer
 // that is the server's word (marked with the key's echo, or recognised by
-// Server.OwnAnswer) puts tokens back, a stranger's on the path none: the
+// Server.Mark) puts tokens back, a stranger's on the path none: the
 // cost of the retry that got it, or one token when the first attempt got
 // it. Tokens also come back with time, one per
 // Refill, so that a device left without successes (offline for an hour)

@@ -10,10 +10,23 @@ import (
 
 // Server describes the app's server to a Client: how to ask it what became
 // of a key, how it spells and keeps keys, and what its answers look like.
-// It is Config.Server. The zero Server is a server that
-// follows the contract (docs/CONTRACT.md) and has no lookup: each field
-// left zero keeps the default its comment gives.
+// It is Config.Server. Mark is required: New refuses a Server without
+// one. Every other field left zero keeps the default its comment gives:
+// a Server with only its Mark follows the contract (docs/CONTRACT.md) and
+// has no lookup.
 type Server struct {
+	// Mark says how the server marks its answers as its own: a preset
+	// (MarkEcho for idem's middleware and servers that follow the
+	// contract, MarkStripe, MarkAdyen, MarkIncrease), MarkJSONID for a
+	// plain server whose answers carry the resource's id, or
+	// MarkRecognizer. An answer without the mark could come from a CDN, a
+	// gateway or a captive portal in front of the server, and idem never
+	// lets such an answer settle an intent (see the package
+	// documentation, "Whose word settles an intent"). New refuses a Server
+	// without a Mark, so that a server that marks nothing is found at
+	// setup, not at the first payment.
+	Mark Mark
+
 	// Lookup returns the URL of a GET that asks the server what became of
 	// key without sending the intent again: it answers 2xx with the effect
 	// made under key, or 404 when there is none. Reconcile and Settle use
@@ -89,22 +102,6 @@ type Server struct {
 	// the intent is then rejected and the error matches ErrKeyReused. It
 	// must not keep resp. Nil recognises only those two.
 	KeyReusedAnswer func(resp *Response) bool
-
-	// OwnAnswer recognises the server's answers when the server does not
-	// mark them as the contract asks (the request's Idempotency-Key echoed
-	// back, or Idempotent-Replayed: true). Nil requires the mark: an
-	// unmarked answer could come from a CDN, a gateway or a captive portal
-	// in front of the server, and idem never lets such an answer settle an
-	// intent (see the package documentation, "Whose word settles an
-	// intent"). It sees the answers that lack the mark, body included (nil
-	// when over MaxResponseBytes), and reports whether one is the
-	// server's own: a header field or body only the server sends, say.
-	// Recognised, an answer is taken as the server's word: a 2xx or a 4xx
-	// from a send settles the intent, a lookup's 2xx makes it succeeded
-	// and a lookup's 404 makes it void, if it echoes the lookup's nonce
-	// (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a 404 a cache kept
-	// may be older than the payment. It must not keep resp.
-	OwnAnswer func(resp *Response) bool
 }
 
 // lookupQuery is the lookup of Server.LookupQuery: the intent's own URL

@@ -28,7 +28,7 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 		"X-Api_Key-Id", "X-Access.Key-Id", "X-Pass_Word"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+			c, err := idem.NewWith(idem.WithServer(idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{name}}))
 			require.Error(t, err, "%q carries a credential", name)
 			assert.Nil(t, c)
 			assert.Contains(t, err.Error(), "credentials")
@@ -36,7 +36,7 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 	}
 	// Names that only look alike are kept.
 	for _, name := range []string{"X-Request-Id", "X-Rate-Limit-Remaining", "Etag", "Idempotency-Key", "Public-Key-Pins"} {
-		_, err := idem.NewWith(idem.WithServer(idem.Server{StoredHeaders: []string{name}}))
+		_, err := idem.NewWith(idem.WithServer(idem.Server{Mark: idem.MarkEcho, StoredHeaders: []string{name}}))
 		assert.NoError(t, err, name)
 	}
 }
@@ -45,7 +45,7 @@ func TestServerStoredHeadersRefusesCredentialsSpelledAnyWay(t *testing.T) {
 // one past what is left of the limit, which must not wrap around to a
 // bound of nothing. What is left is the whole limit for an answer with no
 // header field at all (an HTTP/1.0 server's, recognised by
-// Server.OwnAnswer): such a final answer, or such an answer of the lookup
+// idem.MarkRecognizer): such a final answer, or such an answer of the lookup
 // of a payment whose answer was lost, would settle it succeeded with its
 // receipt empty. An answer with header fields (the lookup subtest's) is
 // read whole too.
@@ -55,7 +55,7 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 	t.Run("lookup", func(t *testing.T) {
 		t.Parallel()
 		resp, in := reconcileLostAnswer(t, "checkout:largest",
-			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64}))
+			idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64}))
 		assert.Equal(t, 1500, decodePayment(t, resp.Body).Amount, "the lookup's answer is read whole")
 		stored := in.Response()
 		require.NotNil(t, stored)
@@ -65,7 +65,7 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 		t.Parallel()
 		addr := headerless(t, func(*http.Request) string { return "HTTP/1.0 201 Created\r\n\r\n" + receipt })
 		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-			idem.WithServer(idem.Server{MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
+			idem.WithServer(idem.Server{MaxResponseBytes: math.MaxInt64, Mark: idem.MarkRecognizer(func(*idem.Response) bool { return true })}))
 		require.NoError(t, err)
 		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + addr + "/payments", Body: []byte(`{}`)})
 		require.NoError(t, err)
@@ -87,7 +87,7 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 			return "" // the send's answer is lost
 		})
 		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64, OwnAnswer: func(*idem.Response) bool { return true }}))
+			idem.WithServer(idem.Server{LookupQuery: "idempotency_key", MaxResponseBytes: math.MaxInt64, Mark: idem.MarkRecognizer(func(*idem.Response) bool { return true })}))
 		require.NoError(t, err)
 		in, err := c.NewIntent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: "http://" + addr + "/payments", Body: []byte(`{}`)})
 		require.NoError(t, err)
@@ -134,13 +134,13 @@ func headerless(t *testing.T, answer func(*http.Request) string) string {
 func TestServerLookupQueryMustBeAParameterName(t *testing.T) {
 	t.Parallel()
 	for _, q := range []string{"idempotency_key=", "?idempotency_key", "idempotency_key=K", "a&b", "key#", "idempotency key", " idempotency_key", "\tk", "k\n"} {
-		c, err := idem.NewWith(idem.WithServer(idem.Server{LookupQuery: q}))
+		c, err := idem.NewWith(idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: q}))
 		require.Error(t, err, "%q", q)
 		assert.Nil(t, c)
 		assert.Contains(t, err.Error(), "Server.LookupQuery", "%q", q)
 	}
 	for _, q := range []string{"idempotency_key", "Idempotency-Key", "filter[key]", "k"} {
-		_, err := idem.NewWith(idem.WithServer(idem.Server{LookupQuery: q}))
+		_, err := idem.NewWith(idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: q}))
 		assert.NoError(t, err, q)
 	}
 }
@@ -167,7 +167,7 @@ func TestServerLookupQueryKeepsTheIntentsQueryAsSent(t *testing.T) {
 	t.Cleanup(srv.Close)
 	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
 		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-		idem.WithServer(idem.Server{LookupQuery: "idempotency_key"}))
+		idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	const query = "z=1;y=2&a=%2Fb%20c&idempotency_key=old&m=x+y&idempotency%5Fkey=older&q"

@@ -41,7 +41,7 @@ func TestAuthorizerCredentialsStayWithTheAPIsOrigin(t *testing.T) {
 	}))
 	t.Cleanup(api.Close)
 
-	cfg := NewConfig(stateDir(t), api.URL)
+	cfg := echoConfig(stateDir(t), api.URL)
 	cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "Bearer secret-session", nil })
 	c, err := open(cfg, withClock(clock.NewManual(epoch)))
 	require.NoError(t, err)

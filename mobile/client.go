@@ -55,7 +55,9 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	// credentials are the call's, per attempt (idem.Config.Authorizer).
 	m.auth = &authTransport{base: http.DefaultTransport}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
+	mark, _ := c.mark() // checked by cfg.check
 	server := idem.Server{
+		Mark:            mark,
 		Retention:       retention,
 		RetentionMargin: min(time.Hour, retention/2),
 		// The one place the lookup URL is made: LookupPath with the key.

@@ -48,12 +48,19 @@ func newWorld(t *testing.T) *world {
 // start: Open creates it, private to the app.
 func stateDir(t *testing.T) string { return filepath.Join(t.TempDir(), "idem") }
 
+// echoConfig is NewConfig for the fake server, which echoes the key.
+func echoConfig(stateDir, baseURL string) *Config {
+	cfg := NewConfig(stateDir, baseURL)
+	cfg.Mark = "echo"
+	return cfg
+}
+
 // withClock gives the facade's idem.Client the test's clock.
 func withClock(clk clock.Clock) func(*idem.Config) { return func(c *idem.Config) { c.Clock = clk } }
 
 func (w *world) open(t *testing.T, edit ...func(*Config)) *Client {
 	t.Helper()
-	cfg := NewConfig(w.dir, w.srv.URL)
+	cfg := echoConfig(w.dir, w.srv.URL)
 	for _, f := range edit {
 		f(cfg)
 	}
@@ -145,7 +152,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 		<-r.Context().Done()
 	}))
 	t.Cleanup(hang.Close)
-	c, err := Open(NewConfig(stateDir(t), hang.URL))
+	c, err := Open(echoConfig(stateDir(t), hang.URL))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
@@ -173,7 +180,7 @@ func TestOpenTwiceIsLocked(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.open(t)
-	_, err := Open(NewConfig(w.dir, w.srv.URL))
+	_, err := Open(echoConfig(w.dir, w.srv.URL))
 	require.Error(t, err)
 	assert.Equal(t, kindLocked, ErrorKind(err.Error()))
 }
@@ -229,7 +236,7 @@ func TestAuthorizerPutsCredentialsOnEachAttempt(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	var calls atomic.Int64
-	cfg := NewConfig(stateDir(t), srv.URL)
+	cfg := echoConfig(stateDir(t), srv.URL)
 	cfg.Authorizer = authorizerFunc(func(key string) (string, error) {
 		return "Bearer token-" + string(rune('0'+calls.Add(1))), nil
 	})
@@ -341,7 +348,7 @@ func TestOpenKeepsTheConfigsListenerAndAuthorizer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	var events, asked atomic.Int64
-	cfg := NewConfig(w.dir, w.srv.URL)
+	cfg := echoConfig(w.dir, w.srv.URL)
 	cfg.Listener = listenerFunc(func(*AttemptEvent) { events.Add(1) })
 	cfg.Authorizer = authorizerFunc(func(string) (string, error) { asked.Add(1); return "Bearer test_acme_1", nil })
 	c, err := open(cfg, withClock(w.clock))
@@ -367,7 +374,7 @@ func TestClosedClientRefusesCalls(t *testing.T) {
 	assert.Equal(t, kindClosed, ErrorKind(err.Error()))
 	_, err = c.Unresolved()
 	assert.Equal(t, kindClosed, ErrorKind(err.Error()))
-	c2, err := Open(NewConfig(w.dir, w.srv.URL))
+	c2, err := Open(echoConfig(w.dir, w.srv.URL))
 	require.NoError(t, err, "Close releases the directory")
 	require.NoError(t, c2.Close())
 }
@@ -377,17 +384,20 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 	dir := stateDir(t)
 	for name, cfg := range map[string]*Config{
 		"nil":                nil,
-		"no state directory": NewConfig("", "https://api.example.com"),
-		"no scheme":          NewConfig(dir, "api.example.com"),
-		"ftp":                NewConfig(dir, "ftp://api.example.com"),
-		"negative budget":    {StateDir: dir, BaseURL: "https://api.example.com", ForegroundBudgetMillis: -1},
-		"lookup without key": {StateDir: dir, BaseURL: "https://api.example.com", LookupPath: "/payments"},
+		"no state directory": echoConfig("", "https://api.example.com"),
+		"no scheme":          echoConfig(dir, "api.example.com"),
+		"ftp":                echoConfig(dir, "ftp://api.example.com"),
+		"negative budget":    {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: -1},
+		"lookup without key": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "/payments"},
 		// Long.MAX_VALUE for "no limit": in nanoseconds it wraps around.
-		"foreground budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", ForegroundBudgetMillis: math.MaxInt64},
-		"background budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", BackgroundBudgetMillis: math.MaxInt64},
+		"foreground budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: math.MaxInt64},
+		"background budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", BackgroundBudgetMillis: math.MaxInt64},
 		// 2^64 ns and a day: it wraps around to a retention of a day.
-		"retention past a duration": {StateDir: dir, BaseURL: "https://api.example.com", RetentionMillis: 18_446_744_073_709 + 24*60*60*1000},
-		"attempts past an int32":    {StateDir: dir, BaseURL: "https://api.example.com", MaxAttempts: math.MaxInt32 + 1},
+		"retention past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", RetentionMillis: 18_446_744_073_709 + 24*60*60*1000},
+		"attempts past an int32":    {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", MaxAttempts: math.MaxInt32 + 1},
+		"no mark":                   NewConfig(dir, "https://api.example.com"),
+		"a mark that is no choice":  {StateDir: dir, BaseURL: "https://api.example.com", Mark: "Echo"},
+		"an id path with a hole":    {StateDir: dir, BaseURL: "https://api.example.com", Mark: "json-id", MarkIDPath: "data..id"},
 	} {
 		_, err := Open(cfg)
 		require.Error(t, err, name)
@@ -439,7 +449,7 @@ func TestAnOversizedAnswerSettlesThePaymentWithoutItsBody(t *testing.T) {
 	w := newWorld(t)
 	// The facade's own Server is replaced whole; one Pay answered at once
 	// needs neither its lookup nor its retention.
-	c, err := open(NewConfig(w.dir, w.srv.URL), func(c *idem.Config) { c.Server = idem.Server{MaxResponseBytes: 16} }, withClock(w.clock))
+	c, err := open(echoConfig(w.dir, w.srv.URL), func(c *idem.Config) { c.Server = idem.Server{Mark: idem.MarkEcho, MaxResponseBytes: 16} }, withClock(w.clock))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
@@ -467,7 +477,7 @@ func (s fullAfterAnswer) Write(ctx context.Context, rec, old *persist.Record) er
 func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c, err := open(NewConfig(w.dir, w.srv.URL), withClock(w.clock), func(c *idem.Config) { c.Store = fullAfterAnswer{persist.NewMemory(nil)} })
+	c, err := open(echoConfig(w.dir, w.srv.URL), withClock(w.clock), func(c *idem.Config) { c.Store = fullAfterAnswer{persist.NewMemory(nil)} })
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	res, err := c.Pay("checkout:full", "/payments", []byte(cart), nil)
@@ -521,7 +531,7 @@ func TestACancelAfterTheAnswerStillReturnsTheAnswer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	cancel := &Cancel{}
-	c, err := open(NewConfig(w.dir, w.srv.URL), withClock(w.clock),
+	c, err := open(echoConfig(w.dir, w.srv.URL), withClock(w.clock),
 		func(c *idem.Config) { c.Store = fullAfterAnswerCancelled{persist.NewMemory(nil), cancel} })
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -571,7 +581,7 @@ func TestOpenRefusesABadBaseURLWithoutItsCredentials(t *testing.T) {
 		"https://sk_live_SECRET1:@api.example:port/",
 		"ftp://api.example/?SECRET1",
 	} {
-		_, err := Open(NewConfig(dir, base))
+		_, err := Open(echoConfig(dir, base))
 		require.Error(t, err, base)
 		assert.Equal(t, kindConfig, ErrorKind(err.Error()), base)
 		assert.Contains(t, err.Error(), "BaseURL", base)
@@ -599,7 +609,7 @@ func TestSettleAll(t *testing.T) {
 		t.Parallel()
 		w := newWorld(t)
 		var down atomic.Bool
-		first, err := open(NewConfig(w.dir, w.srv.URL), withClock(w.clock), offlineClient(&down))
+		first, err := open(echoConfig(w.dir, w.srv.URL), withClock(w.clock), offlineClient(&down))
 		require.NoError(t, err)
 		down.Store(true)
 		res, err := first.Pay("checkout:cart-1", "/payments", []byte(cart), nil)

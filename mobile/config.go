@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Config says where a Client keeps its state, whom it talks to, and whom
@@ -23,6 +25,22 @@ type Config struct {
 	// BaseURL is the API's root, such as "https://api.example.com". Paths
 	// given to Pay are resolved against it.
 	BaseURL string
+	// Mark says how the server marks its answers as its own, so that a
+	// captive portal's page or a CDN's is never taken for the server's
+	// word. Open refuses a Config without one, with an error of kind
+	// config that lists the choices:
+	//   - "echo": the server echoes the Idempotency-Key in every answer,
+	//     as idem's middleware and the contract's servers do;
+	//   - "stripe", "adyen": those APIs, which echo it;
+	//   - "increase": Increase's API, whose first answer is recognised by
+	//     the key in its body;
+	//   - "json-id": a plain server whose 2xx answers are JSON carrying
+	//     the resource's id at MarkIDPath.
+	// Any other answer without the mark never settles a payment.
+	Mark string
+	// MarkIDPath is where the "json-id" mark finds the resource's id: a
+	// field name, or a dotted path such as "data.id". Default "id".
+	MarkIDPath string
 	// LookupPath is the server's lookup of a payment by key, with {key}
 	// where the key goes. The default is the contract's
 	// "/payments?idempotency_key={key}".
@@ -53,6 +71,7 @@ type Config struct {
 // Defaults of a Config.
 const (
 	defaultLookupPath             = "/payments?idempotency_key={key}"
+	defaultMarkIDPath             = "id"
 	defaultForegroundBudgetMillis = 15_000
 	defaultBackgroundBudgetMillis = 120_000
 	defaultRetentionMillis        = 24 * 60 * 60 * 1000
@@ -93,6 +112,12 @@ func (c *Config) check() (Config, *url.URL, error) {
 	if cfg.LookupPath == "" {
 		cfg.LookupPath = defaultLookupPath
 	}
+	if cfg.MarkIDPath == "" {
+		cfg.MarkIDPath = defaultMarkIDPath
+	}
+	if _, err := cfg.mark(); err != nil {
+		return cfg, nil, err
+	}
 	if !strings.Contains(cfg.LookupPath, "{key}") {
 		return cfg, nil, newError(kindConfig, fmt.Sprintf("LookupPath %q has no {key}", cfg.LookupPath))
 	}
@@ -119,6 +144,46 @@ func (c *Config) check() (Config, *url.URL, error) {
 		}
 	}
 	return cfg, base, nil
+}
+
+// marks are the Marks a Config may name, in the order its error lists
+// them; "json-id" is made with MarkIDPath.
+var marks = []struct {
+	name string
+	mark idem.Mark
+}{
+	{"echo", idem.MarkEcho},
+	{"stripe", idem.MarkStripe},
+	{"adyen", idem.MarkAdyen},
+	{"increase", idem.MarkIncrease},
+	{"json-id", idem.Mark{}},
+}
+
+// mark returns the idem.Mark the Config names, or an error of kind config
+// that names the choices.
+func (c *Config) mark() (idem.Mark, error) {
+	var names []string
+	for _, m := range marks {
+		names = append(names, fmt.Sprintf("%q", m.name))
+		if m.name != c.Mark {
+			continue
+		}
+		if m.name == "json-id" {
+			for _, s := range strings.Split(c.MarkIDPath, ".") {
+				if s == "" {
+					return idem.Mark{}, newError(kindConfig, fmt.Sprintf("MarkIDPath %q has an empty segment: give a field name such as \"id\", or a dotted path such as \"data.id\"", c.MarkIDPath))
+				}
+			}
+			return idem.MarkJSONID(c.MarkIDPath), nil
+		}
+		return m.mark, nil
+	}
+	what := "Mark is not set"
+	if c.Mark != "" {
+		what = fmt.Sprintf("Mark %q is not one of the choices", c.Mark)
+	}
+	return idem.Mark{}, newError(kindConfig, what+": say how the server marks its answers as its own: "+strings.Join(names, ", ")+
+		" (see Config.Mark); an answer without the mark never settles a payment")
 }
 
 // resolve returns the absolute URL of path, relative to the base.

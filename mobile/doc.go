@@ -7,6 +7,7 @@
 // Kotlin or Swift app can pay, settle at start and cancel from any thread:
 //
 //	cfg := mobile.NewConfig(stateDir, "https://api.example.com")
+//	cfg.Mark = "echo" // how the server marks its answers: required
 //	client, err := mobile.Open(cfg)
 //	res, err := client.Pay("checkout:cart-42", "/payments", body, nil)
 //	switch res.Outcome { case mobile.OutcomeSucceeded: ... }

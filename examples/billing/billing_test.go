@@ -26,7 +26,7 @@ func newClient(t *testing.T) (*billing.Client, *fakeserver.Server) {
 	clk := clock.NewManual(time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC))
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	t.Cleanup(srv.Close)
-	c, err := billing.New(srv.URL, idem.Config{HTTPClient: srv.Client(), Clock: clk})
+	c, err := billing.New(srv.URL, idem.Config{HTTPClient: srv.Client(), Clock: clk, Server: idem.Server{Mark: idem.MarkEcho}})
 	require.NoError(t, err)
 	return c, srv
 }

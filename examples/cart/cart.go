@@ -35,7 +35,7 @@ func run(ctx context.Context, out io.Writer) error {
 	// A device would also set Store: persist.OpenDir(...).
 	client, err := idem.New(idem.Config{
 		HTTPClient: srv.Client(),
-		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 	})
 	if err != nil {
 		return err

@@ -237,7 +237,7 @@ func (s *session) pay(ctx context.Context, cfg config, id string, crash func()) 
 	client, err := idem.New(idem.Config{
 		Store:      store,
 		HTTPClient: hc,
-		Server:     idem.Server{LookupQuery: "idempotency_key"},
+		Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 		OnAttempt: func(a idem.Attempt) {
 			mu.Lock()
 			defer mu.Unlock()

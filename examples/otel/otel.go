@@ -4,7 +4,7 @@
 // of its own, so that idem's module does not depend on OpenTelemetry.
 //
 //	tr := idemotel.New(otel.GetTracerProvider())
-//	client, err := idem.New(idem.Config{Store: store, OnAttempt: tr.Hook})
+//	client, err := idem.New(idem.Config{Store: store, Server: idem.Server{Mark: idem.MarkEcho}, OnAttempt: tr.Hook})
 //	...
 //	resp, err := tr.Send(ctx, client, "checkout:cart-42", req)
 //

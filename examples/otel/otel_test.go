@@ -36,7 +36,7 @@ func setup(t *testing.T) (*fakeserver.Server, *idem.Client, *idemotel.Tracer, *s
 		Store:       persist.NewMemory(nil),
 		Clock:       clk,
 		RetryPolicy: idem.RetryPolicy{Jitter: -1},
-		Server:      idem.Server{LookupQuery: "idempotency_key"},
+		Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
 		OnAttempt:   tr.Hook,
 	})
 	require.NoError(t, err)

@@ -135,6 +135,7 @@ func (d *device) start() {
 		Clock:       deviceClock{d},
 		RetryPolicy: d.policy,
 		Server: idem.Server{
+			Mark:            idem.MarkEcho,
 			Retention:       d.w.cfg.Retention,
 			RetentionMargin: d.w.cfg.Margin,
 			ReconcileDelay:  d.w.cfg.ReconcileDelay,

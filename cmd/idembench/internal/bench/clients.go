@@ -75,17 +75,17 @@ func clientVariants(hc *http.Client, url string, file *countingStore) ([]variant
 		return finish(rc.Do(req))
 	}
 
-	mem, err := idem.New(idem.Config{HTTPClient: hc, Store: persist.NewMemory(nil)})
+	mem, err := idem.New(idem.Config{HTTPClient: hc, Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho}})
 	if err != nil {
 		return nil, err
 	}
-	durable, err := idem.New(idem.Config{HTTPClient: hc, Store: file})
+	durable, err := idem.New(idem.Config{HTTPClient: hc, Store: file, Server: idem.Server{Mark: idem.MarkEcho}})
 	if err != nil {
 		return nil, err
 	}
 	// The same store, without SaveDeferred: both saves durable before Do
 	// returns, as before the outcome's sync was deferred.
-	outcomeDurable, err := idem.New(idem.Config{HTTPClient: hc, Store: saveOnly{file.Store}})
+	outcomeDurable, err := idem.New(idem.Config{HTTPClient: hc, Store: saveOnly{file.Store}, Server: idem.Server{Mark: idem.MarkEcho}})
 	if err != nil {
 		return nil, err
 	}

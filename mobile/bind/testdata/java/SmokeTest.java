@@ -57,6 +57,7 @@ public class SmokeTest {
     static Config config(long maxAttempts) throws Exception {
         File dir = new File(root, "state-" + (dirs++));
         Config cfg = Mobile.newConfig(dir.getPath(), server);
+        cfg.setMark("echo");
         cfg.setMaxAttempts(maxAttempts);
         cfg.setForegroundBudgetMillis(20_000);
         return cfg;

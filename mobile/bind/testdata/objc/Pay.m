@@ -23,6 +23,7 @@ void showPending(NSString *key);
 
 void pay(NSString *dir, NSData *body) {
 	MobileConfig *cfg = MobileNewConfig(dir, @"https://api.example.com");
+	cfg.mark = @"echo";
 	cfg.authorizer = [[SessionAuthorizer alloc] init];
 	NSError *err = nil;
 	MobileClient *client = MobileOpen(cfg, &err);

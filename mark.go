@@ -1,0 +1,203 @@
+package idem
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// Mark is how the app's server shows that an answer is its own, so that
+// idem can tell it from the answer of whatever else is on the path: a
+// captive portal's login page, a CDN's fallback page, a gateway's 401.
+// Only an answer with the mark settles an intent (see the package
+// documentation, "Whose word settles an intent"). It is Server.Mark, and
+// New refuses a Server without one: pick the preset of the API the app
+// calls, MarkJSONID for a plain server, or MarkRecognizer.
+//
+// Every Mark takes the contract's marks: the request's Idempotency-Key
+// echoed back in the answer's header fields, or Idempotent-Replayed: true
+// without an echo of another key. A Mark for a server that leaves some
+// answers without them adds a test of those answers.
+type Mark struct {
+	// name is how New's errors and the docs spell the Mark.
+	name string
+	// own recognises the server's answers that carry neither of the
+	// contract's marks; nil trusts those marks alone. It sees the answer
+	// (its body nil when over Server.MaxResponseBytes) and the intent's
+	// key.
+	own func(resp *Response, key string) bool
+	// invalid says why New refuses the Mark ("" when it does not).
+	invalid string
+}
+
+// The presets. Each is a Mark for a server that marks its answers as the
+// API its name gives does.
+var (
+	// MarkEcho is a server that echoes the request's Idempotency-Key in
+	// every answer, the first one included, as the contract asks
+	// (docs/CONTRACT.md): idem's own middleware (package idempotency) and
+	// fakeserver do.
+	MarkEcho = Mark{name: "idem.MarkEcho"}
+	// MarkStripe is Stripe's API, which echoes the Idempotency-Key in its
+	// answers.
+	MarkStripe = Mark{name: "idem.MarkStripe"}
+	// MarkAdyen is Adyen's API, which echoes the Idempotency-Key in its
+	// answers.
+	MarkAdyen = Mark{name: "idem.MarkAdyen"}
+	// MarkIncrease is Increase's API. It marks only its replays
+	// (Idempotent-Replayed: true). Its first answer is recognised by its
+	// body: a 2xx JSON object with an id whose idempotency_key field holds
+	// the intent's key, as the objects Increase creates under a key carry
+	// it (an ACH transfer's, say). A first answer without that field stays
+	// unknown, and the next send gets the marked replay. A list whose data
+	// holds such an object is recognised too: Increase's list endpoints
+	// filter by idempotency_key, which makes a lookup (Server.LookupQuery
+	// "idempotency_key"). An empty list settles nothing: it is not the
+	// contract's typed miss.
+	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer}
+)
+
+// MarkJSONID is a plain server that does not echo the key: its answer that
+// created a resource is recognised by its body. Such an answer is a 2xx
+// whose Content-Type is JSON (application/json, or a type ending in +json)
+// and whose body is a JSON object with the resource's id at path: a
+// non-empty string or a number. path names a top-level field ("id"), or a
+// nested one with dots ("data.id"). The status alone never recognises an
+// answer, and a 4xx never is: a gateway's 401 or a WAF's 403 may carry
+// JSON too. A captive portal's page, a CDN's fallback index.html and a
+// login page are not JSON, so they never settle an intent. The lookup's
+// 2xx is read the same way, so the server's lookup answers the resource
+// itself, not a list; its miss voids an intent only as the contract's typed
+// miss (docs/CONTRACT.md). New refuses an empty path, and one with an empty
+// segment.
+func MarkJSONID(path string) Mark {
+	m := Mark{name: fmt.Sprintf("idem.MarkJSONID(%q)", path)}
+	segments := strings.Split(path, ".")
+	for _, s := range segments {
+		if s == "" {
+			m.invalid = "the id's path is empty or has an empty segment: give a field name such as \"id\", or a dotted path such as \"data.id\""
+			return m
+		}
+	}
+	m.own = func(resp *Response, _ string) bool { return jsonID(resp, segments) }
+	return m
+}
+
+// MarkRecognizer is a server that the app recognises itself: own sees each
+// final answer, and each answer of the lookup, that lacks the contract's
+// marks, body included (nil when over Server.MaxResponseBytes), and
+// reports whether it is the server's own (a header field or a body only
+// the server sends, say). Recognised, an answer is the server's word: a
+// 2xx or a 4xx from a send settles the intent, a lookup's 2xx makes it
+// succeeded and a lookup's 404 makes it void, if it echoes the lookup's
+// nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a 404 a cache kept
+// may be older than the payment. Never recognise an answer by its status
+// alone. own must not keep resp; New refuses a nil own.
+func MarkRecognizer(own func(resp *Response) bool) Mark {
+	m := Mark{name: "idem.MarkRecognizer(...)"}
+	if own == nil {
+		m.invalid = "its recognizer is nil: give a function that recognises the server's answers"
+		return m
+	}
+	m.own = func(resp *Response, _ string) bool { return own(resp) }
+	return m
+}
+
+// String returns the Mark as Go spells it, such as idem.MarkEcho.
+func (m Mark) String() string {
+	if m.name == "" {
+		return "no mark"
+	}
+	return m.name
+}
+
+// marks lists the choices of New's error.
+const marks = "idem.MarkEcho (the server echoes the Idempotency-Key: idem's middleware and fakeserver), " +
+	"idem.MarkStripe, idem.MarkAdyen, idem.MarkIncrease, " +
+	"idem.MarkJSONID(\"id\") (a plain server whose 2xx answers are JSON carrying the resource's id), " +
+	"or idem.MarkRecognizer(func) (the app's own test of an answer)"
+
+// check reports a Mark New refuses: none declared, or a preset made of
+// bad input.
+func (m Mark) check() error {
+	switch {
+	case m.name == "":
+		return fmt.Errorf("idem: Config.Server.Mark is not set: declare how the server marks its answers as its own, with %s. "+
+			"An answer without the mark never settles an intent: it could be a captive portal's or a CDN's (README, \"How your server marks its answers\")", marks)
+	case m.invalid != "":
+		return fmt.Errorf("idem: Config.Server.Mark is %s: %s", m.name, m.invalid)
+	}
+	return nil
+}
+
+// jsonMedia reports a JSON Content-Type: application/json, or a type
+// ending in +json (application/vnd.api+json, application/hal+json).
+func jsonMedia(h http.Header) bool {
+	ct, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && (ct == "application/json" || strings.HasPrefix(ct, "application/") && strings.HasSuffix(ct, "+json"))
+}
+
+// jsonID reports a 2xx JSON answer whose body holds an id at path (see
+// MarkJSONID).
+func jsonID(resp *Response, path []string) bool {
+	if !isSuccess(resp.StatusCode) || !jsonMedia(resp.Header) {
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(resp.Body))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return false
+	}
+	for _, field := range path {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		if v, ok = obj[field]; !ok {
+			return false
+		}
+	}
+	switch id := v.(type) {
+	case string:
+		return strings.TrimSpace(id) != ""
+	case json.Number:
+		return true
+	}
+	return false
+}
+
+// increaseObject is what increaseAnswer reads of an Increase object.
+type increaseObject struct {
+	ID             string `json:"id"`
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// increaseAnswer recognises Increase's first answer to an intent (see
+// MarkIncrease): a 2xx JSON object created under key, or a list holding
+// one.
+func increaseAnswer(resp *Response, key string) bool {
+	if !isSuccess(resp.StatusCode) || !jsonMedia(resp.Header) || key == "" {
+		return false
+	}
+	var body struct {
+		increaseObject
+		Data []increaseObject `json:"data"`
+	}
+	if json.Unmarshal(resp.Body, &body) != nil {
+		return false
+	}
+	created := func(o increaseObject) bool { return o.ID != "" && o.IdempotencyKey == key }
+	if created(body.increaseObject) {
+		return true
+	}
+	for _, o := range body.Data {
+		if created(o) {
+			return true
+		}
+	}
+	return false
+}

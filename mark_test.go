@@ -1,0 +1,361 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/persist"
+)
+
+// plainServer is a payment server that keeps a record per key but marks
+// nothing: no echo of the key, no Idempotent-Replayed. It answers a POST
+// of /payments 201 with the payment's JSON, its id included, and a key it
+// has seen with the same answer. Its lookup (GET /payments?idempotency_key=K)
+// answers the payment, or a plain 404. In front of it, stranger answers
+// the requests it wants to (a captive portal, a CDN, a gateway), or
+// returns false to pass them on; after reports a request the server
+// answered, and may drop its answer by returning true.
+type plainServer struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	payments map[string]string // key: the answer's body
+	charges  atomic.Int32
+}
+
+func newPlainServer(t *testing.T, stranger func(w http.ResponseWriter, r *http.Request) bool) *plainServer {
+	t.Helper()
+	s := &plainServer{payments: map[string]string{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if stranger != nil && stranger(w, r) {
+			return
+		}
+		s.serve(w, r)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *plainServer) serve(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/payments":
+		key := r.Header.Get("Idempotency-Key")
+		body, ok := s.payments[key]
+		if !ok {
+			body = fmt.Sprintf(`{"id":"pay_%d","amount":1500,"status":"succeeded"}`, s.charges.Add(1))
+			s.payments[key] = body
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, body)
+	case r.Method == http.MethodGet && r.URL.Path == "/payments":
+		body, ok := s.payments[r.URL.Query().Get("idempotency_key")]
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"error":"not found"}`)
+			return
+		}
+		_, _ = io.WriteString(w, body)
+	default:
+		w.WriteHeader(http.StatusNotFound)
+	}
+}
+
+// client is a Client of the plain server, declared with the JSON id
+// recognizer, and t's intent that pays at it.
+func (s *plainServer) client(t *testing.T, opts ...Option) (*Client, *Intent) {
+	t.Helper()
+	base := []Option{
+		WithHTTPClient(s.srv.Client()), WithClock(clock.NewManual(retryAfterNow)),
+		WithServer(Server{Mark: MarkJSONID("id"), LookupQuery: "idempotency_key"}),
+		WithRetryPolicy(RetryPolicy{Jitter: -1}),
+	}
+	c, err := NewWith(append(base, opts...)...)
+	require.NoError(t, err)
+	return c, newPayment(t, c, s.srv.URL)
+}
+
+// loseFirstAnswer passes every request to base, and loses the answer of
+// the first: the server did the work, the device never heard of it.
+type loseFirstAnswer struct {
+	base http.RoundTripper
+	lost atomic.Bool
+}
+
+func (l *loseFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := l.base.RoundTrip(req)
+	if err == nil && l.lost.CompareAndSwap(false, true) {
+		resp.Body.Close()
+		return nil, errors.New("connection reset by peer")
+	}
+	return resp, err
+}
+
+func TestMark(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("a plain server's 201 carrying the resource's id is paid", func(t *testing.T) {
+		t.Parallel()
+		s := newPlainServer(t, nil)
+		c, in := s.client(t)
+		resp, err := c.Do(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, int32(1), s.charges.Load())
+	})
+
+	t.Run("a plain server's answer to the retry after a lost answer is paid once", func(t *testing.T) {
+		t.Parallel()
+		s := newPlainServer(t, nil)
+		c, in := s.client(t, WithHTTPClient(&http.Client{Transport: &loseFirstAnswer{base: s.srv.Client().Transport}}))
+		resp, err := c.Do(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, 2, resp.Attempts)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, int32(1), s.charges.Load(), "the retry got the server's record")
+	})
+
+	// What answers instead of the server: each ends outcome unknown, the
+	// intent unresolved, and nothing reached the server.
+	for _, tc := range []struct {
+		name     string
+		stranger func(w http.ResponseWriter, r *http.Request) bool
+	}{
+		{"a captive portal's 200 page never settles", func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			_, _ = io.WriteString(w, `<html><body><form action="/portal/accept">Accept the terms to use the Wi-Fi</form></body></html>`)
+			return true
+		}},
+		{"a 302 to a login page never settles", func(w http.ResponseWriter, r *http.Request) bool {
+			if r.URL.Path == "/login" {
+				w.Header().Set("Content-Type", "text/html")
+				_, _ = io.WriteString(w, `<html><body>Sign in</body></html>`)
+				return true
+			}
+			http.Redirect(w, r, "/login", http.StatusFound)
+			return true
+		}},
+		{"a CDN's fallback index.html never settles", func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header().Set("Content-Type", "text/html")
+			w.Header().Set("Cache-Control", "public, max-age=300")
+			_, _ = io.WriteString(w, `<!doctype html><html><head><script src="/assets/index-3f2a.js"></script></head><body><div id="root"></div></body></html>`)
+			return true
+		}},
+		{"a 200 JSON without the resource's id never settles", func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"status":"ok","message":"maintenance: try again later"}`)
+			return true
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newPlainServer(t, tc.stranger)
+			c, in := s.client(t)
+			_, err := c.Do(ctx, in)
+			require.ErrorIs(t, err, ErrOutcomeUnknown)
+			assert.False(t, in.State().Resolved(), "not paid, not failed")
+			assert.Zero(t, s.charges.Load())
+		})
+	}
+
+	// A gateway's 401 to the retry of an attempt whose answer was lost
+	// says nothing about that attempt, which charged: JSON with an id in
+	// it or not, a 4xx is never recognised by the JSON id recognizer.
+	t.Run("an unmarked 4xx after a lost answer never settles", func(t *testing.T) {
+		t.Parallel()
+		var (
+			gateway atomic.Bool
+			posts   atomic.Int32
+		)
+		gateway.Store(true)
+		s := newPlainServer(t, func(w http.ResponseWriter, r *http.Request) bool {
+			// The first attempt goes through, later ones meet the
+			// gateway while it is there.
+			if r.Method != http.MethodPost || posts.Add(1) == 1 || !gateway.Load() {
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"id":"req_77","error":"session expired"}`)
+			return true
+		})
+		c, in := s.client(t, WithHTTPClient(&http.Client{Transport: &loseFirstAnswer{base: s.srv.Client().Transport}}))
+		_, err := c.Do(ctx, in)
+		require.ErrorIs(t, err, ErrOutcomeUnknown)
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.Contains(t, err.Error(), "Config.Server.Mark", "the error points at the declared mark")
+		assert.False(t, in.State().Resolved(), "the 401 is not the payment's answer")
+		assert.Equal(t, int32(1), s.charges.Load())
+
+		// Once the gateway lets the retry through, the server's record
+		// settles it: paid once.
+		gateway.Store(false)
+		resp, err := c.Settle(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, int32(1), s.charges.Load())
+	})
+}
+
+func TestMarkJSONID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		path   string
+		status int
+		ct     string
+		body   string
+		want   bool
+	}{
+		{"a 201 JSON object with a string id", "id", 201, "application/json", `{"id":"pay_1","amount":1500}`, true},
+		{"a 200 with a number id", "id", 200, "application/json; charset=utf-8", `{"id":42}`, true},
+		{"a +json type", "id", 201, "application/vnd.api+json", `{"id":"pay_1"}`, true},
+		{"a nested id", "data.id", 201, "application/json", `{"data":{"id":"pay_1"}}`, true},
+		{"a 4xx carrying an id", "id", 400, "application/json", `{"id":"err_1","error":"bad"}`, false},
+		{"a 401 carrying an id", "id", 401, "application/json", `{"id":"req_1"}`, false},
+		{"a 409 carrying an id", "id", 409, "application/json", `{"id":"pay_1"}`, false},
+		{"a 3xx carrying an id", "id", 303, "application/json", `{"id":"pay_1"}`, false},
+		{"an empty id", "id", 201, "application/json", `{"id":" "}`, false},
+		{"a null id", "id", 201, "application/json", `{"id":null}`, false},
+		{"an object for an id", "id", 201, "application/json", `{"id":{}}`, false},
+		{"no id", "id", 201, "application/json", `{"amount":1500}`, false},
+		{"the id elsewhere than the path", "data.id", 201, "application/json", `{"id":"pay_1"}`, false},
+		{"a JSON array", "id", 200, "application/json", `[{"id":"pay_1"}]`, false},
+		{"JSON served as HTML", "id", 200, "text/html", `{"id":"pay_1"}`, false},
+		{"JSON served as text", "id", 200, "text/plain", `{"id":"pay_1"}`, false},
+		{"no Content-Type", "id", 200, "", `{"id":"pay_1"}`, false},
+		{"an HTML page", "id", 200, "text/html", `<html id="pay_1"></html>`, false},
+		{"an empty body", "id", 204, "application/json", ``, false},
+		{"a body not kept (over the limit)", "id", 201, "application/json", "", false},
+		{"a body cut off", "id", 201, "application/json", `{"id":"pay_1"`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m := MarkJSONID(tc.path)
+			require.NoError(t, m.check())
+			h := http.Header{}
+			if tc.ct != "" {
+				h.Set("Content-Type", tc.ct)
+			}
+			var body []byte
+			if tc.body != "" {
+				body = []byte(tc.body)
+			}
+			assert.Equal(t, tc.want, m.own(&Response{StatusCode: tc.status, Header: h, Body: body}, "k"))
+		})
+	}
+	// Each 2xx the test above recognises, with each other status: the
+	// status alone never decides, and no other status is recognised.
+	for code := 100; code < 600; code++ {
+		resp := &Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_1"}`)}
+		assert.Equal(t, isSuccess(code), MarkJSONID("id").own(resp, "k"), "status %d", code)
+	}
+}
+
+func TestMarkIncrease(t *testing.T) {
+	t.Parallel()
+	const key = "8c1f3a52-6f4e-4a7e-9d0b-2f61c1f0a8e3"
+	object := func(k string) string {
+		return `{"id":"ach_transfer_uoxatyh3lt5evrsdvo7q","type":"ach_transfer","amount":100,"idempotency_key":` + k + `,"status":"pending_approval"}`
+	}
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		want   bool
+	}{
+		{"the object created under the key", 200, object(`"` + key + `"`), true},
+		{"a list found by the key", 200, `{"data":[` + object(`"`+key+`"`) + `],"next_cursor":null}`, true},
+		{"the object created under another key", 200, object(`"another"`), false},
+		{"an object created without a key", 200, object(`null`), false},
+		{"an empty list", 200, `{"data":[],"next_cursor":null}`, false},
+		{"a list of another key's object", 200, `{"data":[` + object(`"another"`) + `],"next_cursor":null}`, false},
+		{"an error carrying the key", 409, `{"status":409,"type":"idempotency_key_already_used_error","resource_id":"ach_transfer_1","idempotency_key":"` + key + `"}`, false},
+		{"the key without an id", 200, `{"idempotency_key":"` + key + `"}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			resp := &Response{StatusCode: tc.status, Header: http.Header{"Content-Type": {"application/json; charset=utf-8"}}, Body: []byte(tc.body)}
+			assert.Equal(t, tc.want, MarkIncrease.own(resp, key))
+		})
+	}
+	t.Run("the object served as HTML", func(t *testing.T) {
+		t.Parallel()
+		resp := &Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/html"}}, Body: []byte(object(`"` + key + `"`))}
+		assert.False(t, MarkIncrease.own(resp, key))
+	})
+
+	// Increase over the wire: its first answer carries no mark in its
+	// header fields, its replay says Idempotent-Replayed: true.
+	t.Run("Increase's first answer and its replay are paid", func(t *testing.T) {
+		t.Parallel()
+		var (
+			mu      sync.Mutex
+			created = map[string]string{}
+		)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			defer mu.Unlock()
+			k := r.Header.Get("Idempotency-Key")
+			w.Header().Set("Content-Type", "application/json; charset=utf-8")
+			body, ok := created[k]
+			if ok {
+				w.Header().Set("Idempotent-Replayed", "true")
+			} else {
+				body = strings.Replace(object(`"`+k+`"`), "uoxatyh3lt5evrsdvo7q", fmt.Sprint(len(created)), 1)
+				created[k] = body
+			}
+			_, _ = io.WriteString(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		c, err := NewWith(WithHTTPClient(&http.Client{Transport: &loseFirstAnswer{base: srv.Client().Transport}}),
+			WithClock(clock.NewManual(retryAfterNow)), WithServer(Server{Mark: MarkIncrease}), WithRetryPolicy(RetryPolicy{Jitter: -1}))
+		require.NoError(t, err)
+		in := newPayment(t, c, srv.URL)
+		resp, err := c.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.True(t, resp.Replayed, "the first answer was lost, the replay is marked")
+
+		in = newPayment(t, c, srv.URL)
+		resp, err = c.Do(context.Background(), in)
+		require.NoError(t, err, "the first answer is recognised by its body")
+		assert.False(t, resp.Replayed)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Len(t, created, 2)
+	})
+}
+
+// New refuses a Server without a mark, naming the setting and every
+// choice; each preset and a recognizer are accepted.
+func TestMarkIsRequired(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{})
+	require.Error(t, err)
+	for _, w := range []string{"Config.Server.Mark is not set", "idem.MarkEcho", "idem.MarkStripe", "idem.MarkAdyen", "idem.MarkIncrease", `idem.MarkJSONID("id")`, "idem.MarkRecognizer"} {
+		assert.Contains(t, err.Error(), w)
+	}
+	for _, m := range []Mark{MarkEcho, MarkStripe, MarkAdyen, MarkIncrease, MarkJSONID("id"), MarkJSONID("data.id"), MarkRecognizer(func(*Response) bool { return false })} {
+		_, err := New(Config{Server: Server{Mark: m}})
+		assert.NoError(t, err, m.String())
+	}
+}
