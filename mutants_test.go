@@ -530,6 +530,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
 		},
 		{
+			Name: "attempt-without-the-callers-context", File: "call.go",
+			Note:    "the attempt hook gets a background context: a tracer's spans of SettleAll's calls are roots, a trace-aware logger loses the request",
+			Anchor:  "redactErr(a.Err), st.ctx.Context\n",
+			Replace: "redactErr(a.Err), context.Background()\n",
+			Pkg:     root, Run: "^TestAttemptCarriesTheCallersContext$",
+		},
+		{
 			Name: "retry-budget-gives-up-on-a-lossy-network", File: "retrybudget.go",
 			Note:    "the default bucket is the old 20 tokens: 100 payments at once with 30% of their answers lost end budget spent, their outcome unknown",
 			Anchor:  "\tdefaultBudgetTokens      = 500\n",
