@@ -337,12 +337,15 @@ carry a key.
 
 [Config].OnAttempt hears of every attempt: the intent's key and action name,
 its URL (credentials redacted), its number, status or error, how long it
-took on the Client's clock, and whether and after what wait another
-follows. [Client.SettleAll] reports each intent as its settle ends
+took on the Client's clock, whether and after what wait another
+follows, and the call's context ([Attempt].Context: the caller's trace span
+and log values). [Client.SettleAll] reports each intent as its settle ends
 (Config.SettleProgress) and settles a few at a time, four by default
-(Config.SettleConcurrency). examples/otel turns the hook into OpenTelemetry
-spans, one per intent with an event per attempt and http.resend_count, in a
-module of its own.
+(Config.SettleConcurrency). examples/otel, a module of its own, traces
+calls by OpenTelemetry's HTTP conventions: a CLIENT span per request
+(otelhttp's Transport) under a span per intent, the caller's span above
+it, http.request.resend_count on each resend, and no credential in
+url.full.
 
 # Concurrency
 
