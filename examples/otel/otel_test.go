@@ -25,13 +25,13 @@ import (
 )
 
 // env is a fake payments server, a Client that traces through tr, and the
-// recorder that holds the spans it ends.
+// in-memory exporter that gets the spans it ends, each as it ends.
 type env struct {
 	srv    *fakeserver.Server
 	client *idem.Client
 	tr     *idemotel.Tracer
 	tp     *sdktrace.TracerProvider
-	rec    *tracetest.SpanRecorder
+	exp    *tracetest.InMemoryExporter
 	// intentEnded receives the name of each intent span as it ends.
 	intentEnded chan struct{}
 }
@@ -55,9 +55,9 @@ func setup(t *testing.T, hook func(idem.Attempt)) *env {
 	clk := clock.NewManual(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	t.Cleanup(srv.Close)
-	rec := tracetest.NewSpanRecorder()
+	exp := tracetest.NewInMemoryExporter()
 	ended := make(chan struct{}, 100)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSpanProcessor(endSignal{SpanProcessor: tracetest.NewSpanRecorder(), ch: ended}))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSpanProcessor(endSignal{SpanProcessor: tracetest.NewSpanRecorder(), ch: ended}))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tr := idemotel.New(tp)
 	client, err := idem.New(idem.Config{
@@ -74,7 +74,7 @@ func setup(t *testing.T, hook func(idem.Attempt)) *env {
 		},
 	})
 	require.NoError(t, err)
-	return &env{srv: srv, client: client, tr: tr, tp: tp, rec: rec, intentEnded: ended}
+	return &env{srv: srv, client: client, tr: tr, tp: tp, exp: exp, intentEnded: ended}
 }
 
 func (e *env) payment(t *testing.T, url string, amount int) idem.Request {
@@ -98,7 +98,7 @@ func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 // in the order they started.
 func spans(e *env, name string, kind trace.SpanKind) []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
-	for _, s := range e.rec.Ended() {
+	for _, s := range e.exp.GetSpans().Snapshots() {
 		if (name == "" || s.Name() == name) && s.SpanKind() == kind {
 			out = append(out, s)
 		}
@@ -185,7 +185,7 @@ func TestNoSpanHoldsACredential(t *testing.T) {
 	require.NoError(t, err)
 
 	want := "http://REDACTED:REDACTED@" + host + "/payments?access_token=REDACTED&X-Amz-Signature=REDACTED&api_key=REDACTED&page=2"
-	all := e.rec.Ended()
+	all := e.exp.GetSpans().Snapshots()
 	require.Len(t, all, 3, "the intent and two requests")
 	for _, s := range all {
 		assert.Equal(t, want, attrs(s.Attributes())[semconv.URLFullKey].AsString(), s.Name())
@@ -286,6 +286,33 @@ func TestCallsWithoutTheTracerGetSpansUnderTheirContext(t *testing.T) {
 		requests := spans(e, "", trace.SpanKindClient)
 		require.Len(t, requests, 2)
 		requireChildren(t, intents[1].SpanContext(), requests[1])
+	})
+	t.Run("a request through the RoundTripper is an intent span under the request's", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, nil)
+		require.NoError(t, e.srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		ctx, span := e.tp.Tracer("app").Start(context.Background(), "refund")
+		hreq, err := http.NewRequestWithContext(idem.ContextWithAction(ctx, "refund:1"), http.MethodPost, e.srv.URL+"/payments",
+			strings.NewReader(`{"amount":100,"currency":"EUR","customer":"cus_1"}`))
+		require.NoError(t, err)
+		hreq.Header.Set("Content-Type", "application/json")
+		hc := &http.Client{Transport: e.client.RoundTripper(e.tr.Transport(e.srv.Client().Transport))}
+		resp, err := hc.Do(hreq)
+		require.NoError(t, err)
+		resp.Body.Close()
+		span.End()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+		intents := spans(e, idemotel.IntentSpan, trace.SpanKindInternal)
+		require.Len(t, intents, 1)
+		requireChildren(t, span.SpanContext(), intents[0])
+		a := attrs(intents[0].Attributes())
+		assert.Equal(t, int64(http.StatusCreated), a[semconv.HTTPResponseStatusCodeKey].AsInt64())
+		assert.Equal(t, codes.Unset, intents[0].Status().Code)
+		requests := spans(e, "", trace.SpanKindClient)
+		require.Len(t, requests, 2)
+		requireChildren(t, intents[0].SpanContext(), requests...)
+		assert.Equal(t, []int64{-1, 1}, resends(requests))
 	})
 	t.Run("a call canceled in its wait ends its span", func(t *testing.T) {
 		t.Parallel()
