@@ -436,7 +436,7 @@ func (st *call) attemptDone(a Attempt) {
 	if !st.urlRedacted {
 		st.url, st.urlRedacted = redactURL(st.url), true
 	}
-	a.Name, a.URL, a.Err = st.name, st.url, redactErr(a.Err)
+	a.Name, a.URL, a.Err, a.Context = st.name, st.url, redactErr(a.Err), st.ctx.Context
 	if !st.began.IsZero() {
 		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))
 	}

@@ -290,7 +290,8 @@ func TestAttemptHookReportsNameURLAndDuration(t *testing.T) {
 	c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithAttemptHook(func(a idem.Attempt) {
 		mu.Lock()
 		defer mu.Unlock()
-		a.Err = nil
+		// TestAttemptCarriesTheCallersContext checks the context.
+		a.Err, a.Context = nil, nil
 		attempts = append(attempts, a)
 	}))
 	req := idem.Request{Method: http.MethodPost, URL: "https://shop:s3cret@api.example/payments?cart=42", Body: []byte(`{}`)}
@@ -462,5 +463,75 @@ func TestAuthorizer(t *testing.T) {
 		stored, err := store.Get(ctx, in.Key())
 		require.NoError(t, err)
 		assert.Empty(t, stored.Header.Get("Authorization"))
+	})
+}
+
+// TestAttemptCarriesTheCallersContext: the attempt hook gets the context
+// of the call each attempt belongs to, the caller's values in it (a trace
+// span, a logger's), whichever way the call was made.
+func TestAttemptCarriesTheCallersContext(t *testing.T) {
+	t.Parallel()
+	type callerKey struct{}
+	var (
+		mu    sync.Mutex
+		heard []string
+	)
+	lost := true
+	rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		mu.Lock()
+		drop := lost
+		mu.Unlock()
+		if drop {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return answer(req, http.StatusCreated), nil
+	})
+	c, err := idem.New(idem.Config{
+		HTTPClient:  &http.Client{Transport: rt},
+		Store:       persist.NewMemory(nil),
+		Clock:       clock.NewManual(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)),
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 2, Jitter: -1},
+		Server:      idem.Server{Mark: idem.MarkEcho},
+		OnAttempt: func(a idem.Attempt) {
+			v, _ := a.Context.Value(callerKey{}).(string)
+			mu.Lock()
+			heard = append(heard, v)
+			mu.Unlock()
+		},
+	})
+	require.NoError(t, err)
+	took := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		h := heard
+		heard = nil
+		return h
+	}
+	req := idem.Request{Method: http.MethodPost, URL: "https://api.example/payments", Body: []byte(`{"amount":1}`)}
+
+	t.Run("a Send's attempts carry its context", func(t *testing.T) {
+		_, err := c.Send(context.WithValue(context.Background(), callerKey{}, "tap"), "checkout:1", req)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Equal(t, []string{"tap", "tap"}, took())
+	})
+	t.Run("SettleAll's attempts carry the context SettleAll got", func(t *testing.T) {
+		mu.Lock()
+		lost = false
+		mu.Unlock()
+		settled, err := c.SettleAll(context.WithValue(context.Background(), callerKey{}, "app start"))
+		require.NoError(t, err)
+		require.Len(t, settled, 1)
+		require.NoError(t, settled[0].Err)
+		assert.Equal(t, []string{"app start"}, took())
+	})
+	t.Run("the RoundTripper's attempts carry the request's context", func(t *testing.T) {
+		ctx := idem.ContextWithAction(context.WithValue(context.Background(), callerKey{}, "request"), "refund:1")
+		hr, err := http.NewRequestWithContext(ctx,
+			http.MethodPost, "https://api.example/refunds", strings.NewReader("{}"))
+		require.NoError(t, err)
+		resp, err := (&http.Client{Transport: c.RoundTripper(rt)}).Do(hr)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, []string{"request"}, took())
 	})
 }

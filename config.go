@@ -327,7 +327,7 @@ func (b RetryBudget) validate() error {
 		errs = append(errs, fmt.Errorf("idem: Config.RetryBudget.%s is %v: %s", field, v, want))
 	}
 	if b.Tokens < -1 {
-		bad("Tokens", b.Tokens, "use 1 or more, 0 for the default (20), or -1 for no budget")
+		bad("Tokens", b.Tokens, "use 1 or more, 0 for the default (500), or -1 for no budget")
 	}
 	if b.RetryCost < 0 {
 		bad("RetryCost", b.RetryCost, "use 1 or more, or 0 for the default (5)")

@@ -215,16 +215,19 @@ with a context a budget of their own, a short one for a tap and a long one
 for a background settle, from one Client.
 
 Beside each call's budget, a Client keeps one retry budget for all its
-calls ([RetryBudget], on by default, [Config].RetryBudget): a bucket of 20
+calls ([RetryBudget], on by default, [Config].RetryBudget): a bucket of 500
 tokens from which a retry takes 5 (10 after an attempt that timed out), to
 which a final answer of the server's (one it marked) puts back what its retry
 took (one token after a first attempt), and to which a token comes back each second on the Client's
 clock. A first attempt never needs a token. A call whose next retry finds
 too few ends at once with its outcome unknown (its Reason: the
-client-wide retry budget is spent): so a dead server at app start costs [Client.SettleAll] a first attempt per intent and
-a few retries in all, not every intent its whole policy (12 intents under a
-2-second policy: 16 attempts rather than 36), and a fleet of devices does
-not come back at the server all at once when it returns.
+client-wide retry budget is spent). On a lossy network the answers refund
+the retries: 100 payments at once with 30% of their answers lost all end
+paid. Against a dead server nothing refunds: 100 calls at once make 100
+first attempts and at most 112 retries in the first minute, not the 700
+attempts of their policies, and the Client retries at most once every
+five seconds after it. [RetryBudget] argues these defaults against the
+AWS SDKs'.
 
 [New] checks every option and fails, naming each option out of range and
 what to pass instead, rather than replace it with a default: a RetryPolicy
@@ -344,12 +347,15 @@ carry a key.
 
 [Config].OnAttempt hears of every attempt: the intent's key and action name,
 its URL (credentials redacted), its number, status or error, how long it
-took on the Client's clock, and whether and after what wait another
-follows. [Client.SettleAll] reports each intent as its settle ends
+took on the Client's clock, whether and after what wait another
+follows, and the call's context ([Attempt].Context: the caller's trace span
+and log values). [Client.SettleAll] reports each intent as its settle ends
 (Config.SettleProgress) and settles a few at a time, four by default
-(Config.SettleConcurrency). examples/otel turns the hook into OpenTelemetry
-spans, one per intent with an event per attempt and http.resend_count, in a
-module of its own.
+(Config.SettleConcurrency). examples/otel, a module of its own, traces
+calls by OpenTelemetry's HTTP conventions: a CLIENT span per request
+(otelhttp's Transport) under a span per intent, the caller's span above
+it, http.request.resend_count on each resend, and no credential in
+url.full.
 
 # Concurrency
 

@@ -579,6 +579,27 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
 		},
 		{
+			Name: "attempt-without-the-callers-context", File: "call.go",
+			Note:    "the attempt hook gets a background context: a tracer's spans of SettleAll's calls are roots, a trace-aware logger loses the request",
+			Anchor:  "redactErr(a.Err), st.ctx.Context\n",
+			Replace: "redactErr(a.Err), context.Background()\n",
+			Pkg:     root, Run: "^TestAttemptCarriesTheCallersContext$",
+		},
+		{
+			Name: "retry-budget-gives-up-on-a-lossy-network", File: "retrybudget.go",
+			Note:    "the default bucket is the old 20 tokens: 100 payments at once with 30% of their answers lost end budget spent, their outcome unknown",
+			Anchor:  "\tdefaultBudgetTokens      = 500\n",
+			Replace: "\tdefaultBudgetTokens      = 20\n",
+			Pkg:     root, Run: "^TestRetryBudgetDefaults$",
+		},
+		{
+			Name: "retry-budget-refills-too-fast", File: "retrybudget.go",
+			Note:    "a token comes back each 200ms: a dead server gets five retries a second from one Client, for as long as its calls ask",
+			Anchor:  "\tdefaultBudgetRefill      = time.Second\n",
+			Replace: "\tdefaultBudgetRefill      = time.Second / 5\n",
+			Pkg:     root, Run: "^TestRetryBudgetDefaults$",
+		},
+		{
 			Name: "stranger-refunds-retry-budget", File: "call.go",
 			Note:    "a final answer that is not the server's word (a gateway's 401 to a first attempt) puts tokens back in the retry budget",
 			Anchor:  "\tif !st.own {\n\t\treturn\n\t}\n",

@@ -120,6 +120,12 @@ type Attempt struct {
 	// Duration is how long the attempt took, from its start to its
 	// answer or error, on the Client's clock (Config.Clock).
 	Duration time.Duration
+	// Context is the context of the call the attempt belongs to, as the
+	// app passed it to Do, Send, Settle or SettleAll, or as the request
+	// carried it through the RoundTripper: a hook finds the caller's
+	// trace span and log values in it. It may have ended (a canceled
+	// call). It is never nil.
+	Context context.Context
 }
 
 func (e *redirectSchemeError) Error() string {

@@ -20,17 +20,47 @@ import (
 // it. Tokens also come back with time, one per
 // Refill, so that a device left without successes (offline for an hour)
 // still retries its next call. The bucket never holds more than Tokens.
+// The zero RetryBudget holds the defaults; each field's zero value is its
+// default.
 //
-// So a dead server at app start costs each unresolved intent its first
-// attempt and the Client a few retries in all, not every intent its whole
-// RetryPolicy: with the defaults, a full bucket of 20 tokens pays for four
-// retries at once (two after timeouts), and an empty one for one retry
-// every five seconds. A lone call on a flaky network is not held back:
-// its waits refill what its retries take. The zero RetryBudget holds the
-// defaults; each field's zero value is its default.
+// The defaults are the AWS standard retryer's bucket and costs (500
+// tokens, 5 a retry, 10 after a timeout, refunds on answers), with a
+// token back each second, which AWS does not give. Both sizes fit what
+// the budget protects, and whom.
+//
+// AWS's quota lives in a server process that makes many calls a second.
+// When the service it calls fails, every call fails at once; the quota
+// turns the retries into fast failures, which protects the service, and
+// the caller's own callers retry or shed load. Failing fast costs little
+// there.
+//
+// A device is one person. It makes a few calls, and the cost of a failure
+// is a payment whose outcome the user must learn later. A lost answer on a
+// lossy radio says nothing of the server's health: a retry is the cure, and
+// its answer refunds it. So the bucket must outlast the largest burst an
+// app makes on a lossy network before those refunds come back. A billing
+// run of 100 payments at once, 30% of the answers lost, loses about 30
+// answers at once: 150 tokens, 300 if each loss ends in a timeout. Over
+// 200 such runs, retries without jitter, 200 tokens paid every run whose
+// losses closed the connection, and 450 every run whose losses timed out
+// (400 left 2 runs with a payment unknown). A bucket of 20 paid four
+// retries, and ended such a run "budget spent" within a second.
+//
+// What it protects on a device is the server from one device's many calls
+// while it is down (a settle of every pending intent at start, a billing
+// run), and the battery and data plan from a policy of tiny waits. Nothing
+// refunds against a dead server: the full bucket pays 100 retries (50
+// after timeouts), then one every five seconds (RetryCost × Refill). So in
+// its first minute a Client makes at most 112 retries, beside one first
+// attempt per call: 100 calls make at most 212 attempts, where each
+// call's own policy alone would make 700 (seven attempts in a minute
+// each). After it, one retry per five seconds at most, however many calls
+// ask: the retries up to a moment t are at most 100 + t/5s. A fleet of devices
+// coming back at a recovering server is spread by each call's backoff,
+// its jitter and Retry-After, not by this bucket.
 type RetryBudget struct {
 	// Tokens is the bucket's size, and what it holds when the Client is
-	// made. Zero means 20; -1 turns the budget off, leaving each call's
+	// made. Zero means 500; -1 turns the budget off, leaving each call's
 	// RetryPolicy alone to bound its retries.
 	Tokens int
 	// RetryCost is what a retry takes. Zero means 5.
@@ -40,7 +70,8 @@ type RetryBudget struct {
 	// which ties up the server longer. Zero means 10.
 	TimeoutCost int
 	// Refill is the time, on the Client's clock, in which one token comes
-	// back. Zero means one second; -1 means never: tokens then come back
+	// back. Zero means one second: a retry every five seconds once the
+	// bucket is empty; -1 means never: tokens then come back
 	// only with final answers, as in the AWS SDKs.
 	Refill time.Duration
 }
@@ -52,7 +83,7 @@ const stopRetryBudget = "client-wide retry budget spent"
 
 // Defaults of RetryBudget.
 const (
-	defaultBudgetTokens      = 20
+	defaultBudgetTokens      = 500
 	defaultBudgetRetryCost   = 5
 	defaultBudgetTimeoutCost = 10
 	defaultBudgetRefill      = time.Second
