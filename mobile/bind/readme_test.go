@@ -44,7 +44,7 @@ func kotlinSource(blocks []doccheck.Block) string {
 	var order []string
 	var funcs strings.Builder
 	for i, b := range blocks {
-		fmt.Fprintf(&funcs, "\n// mobile/README.md:%d\n@Suppress(\"UNUSED_VARIABLE\", \"NAME_SHADOWING\")\nfun snippet%d(context: AppContext, client: mobile.Client) {\n", b.Line, i)
+		fmt.Fprintf(&funcs, "\n// mobile/README.md:%d\n@Suppress(\"UNUSED_VARIABLE\", \"NAME_SHADOWING\")\nfun snippet%d(context: AppContext, client: dev.idem.mobile.Client) {\n", b.Line, i)
 		for _, line := range strings.Split(strings.TrimRight(b.Text, "\n"), "\n") {
 			if strings.HasPrefix(line, "import ") {
 				if !imports[line] {

@@ -18,6 +18,8 @@ fun showDeclined(problemType: String) {}
 fun showNotPaid() {}
 fun reportBug(problemType: String) {}
 fun showPending(key: String) {}
+fun showAlreadyPaid(key: String) {}
+fun showOffline() {}
 fun signIn() {}
 
 object session {
