@@ -3,7 +3,7 @@
 
 import java.io.File
 
-class AppContext {
+class AppContext : android.content.Context() {
     val filesDir: File = File(".")
 }
 
