@@ -223,7 +223,7 @@ func (c *Client) SettleAll(cancel *Cancel) (*ResultList, error) {
 		if err != nil {
 			// A device error on an intent that may have been sent says
 			// nothing of the payment: its outcome is unknown.
-			r = &Result{Key: s.Intent.Key(), Outcome: OutcomeUnknown, Detail: err.Error()}
+			r = &Result{Key: s.Intent.Key(), Outcome: OutcomeUnknown, Kind: ErrorKind(err), Detail: err.Error()}
 		}
 		l.items = append(l.items, r)
 	}

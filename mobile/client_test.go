@@ -626,6 +626,7 @@ func TestSettleAll(t *testing.T) {
 		require.EqualValues(t, 1, left.Len())
 		assert.Equal(t, res.Key, left.Get(0).Key)
 		assert.Equal(t, OutcomeNotSent, left.Get(0).Outcome)
+		assert.Equal(t, KindNotSent, left.Get(0).Kind)
 		assert.Zero(t, w.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
 	})
 }
