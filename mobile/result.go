@@ -49,8 +49,10 @@ type Result struct {
 	Outcome string
 	// Kind is one of the Kind constants: how the call ended, finer than
 	// Outcome where there is more to say (KindKeyReused, KindStorage,
-	// KindAuthorizer); otherwise Outcome's word. Compare it; never parse
-	// Detail.
+	// KindAuthorizer); otherwise Outcome's word. A device failure that
+	// met an intent that may have been sent is OutcomeUnknown with the
+	// failure's kind (KindStorage, or another of ErrorKind's). Compare
+	// it; never parse Detail.
 	Kind string
 	// Key is the intent's Idempotency-Key; for OutcomeBlocked, the key of
 	// the unresolved intent that blocks; for OutcomeAlreadyPaid, the key
