@@ -13,9 +13,10 @@ import (
 // crash and the resume is refreshed. An error (an exception thrown in Java
 // or Swift) stops the call, and the attempt is not sent: the Result's Kind
 // is KindAuthorizer, and its Outcome OutcomeNotSent if no attempt of the
-// intent was sent, OutcomeUnknown if one may have been. An attempt that a redirect (307, 308) sends to another
-// origin (scheme, host or port) than the call's URL is sent without
-// credentials, and the Authorizer is not asked.
+// intent was sent, OutcomeUnknown if one may have been. An attempt that a
+// redirect (307, 308) sends to another origin (scheme, host or port) than
+// the call's URL is sent without credentials, and the Authorizer is not
+// asked.
 //
 // The server must see every attempt of an intent as the same caller: the
 // contract scopes keys by the account a request acts for, not by its
