@@ -15,8 +15,9 @@ const (
 	// OutcomeAlreadyPaid: the action was paid earlier, by a payment with
 	// another request (the cart changed after it was paid). Nothing was
 	// sent for this one. Key, Status and Body are the earlier payment's,
-	// from the device. Show that the action is paid, not a receipt for
-	// this request; PayAnew pays again, deliberately.
+	// from the device (Body is empty once Prune has kept only its
+	// tombstone). Show that the action is paid, not a receipt for this
+	// request; PayAnew pays again, deliberately.
 	OutcomeAlreadyPaid = "already_paid"
 	// OutcomeFailed: a final business answer, such as a declined card.
 	// The intent is resolved; PayAnew starts a new payment.
