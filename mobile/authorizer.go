@@ -3,8 +3,6 @@ package mobile
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"strings"
 )
 
 // Authorizer puts credentials on each attempt; set it as Config.Authorizer
@@ -13,10 +11,12 @@ import (
 // fresh token; "" sends none. Credentials are asked for on every attempt
 // and never stored with the intent, so a token that expires between a
 // crash and the resume is refreshed. An error (an exception thrown in Java
-// or Swift) stops the call with an error of kind "authorizer"; the attempt
-// is not sent. An attempt that a redirect (307, 308) sends to another
-// origin (scheme, host or port) than the call's URL is sent without
-// credentials, and the Authorizer is not asked.
+// or Swift) stops the call, and the attempt is not sent: the Result's Kind
+// is KindAuthorizer, and its Outcome OutcomeNotSent if no attempt of the
+// intent was sent, OutcomeUnknown if one may have been. An attempt that a
+// redirect (307, 308) sends to another origin (scheme, host or port) than
+// the call's URL is sent without credentials, and the Authorizer is not
+// asked.
 //
 // The server must see every attempt of an intent as the same caller: the
 // contract scopes keys by the account a request acts for, not by its
@@ -32,8 +32,8 @@ type Authorizer interface {
 // authorizerOf is a as idem.Config.Authorizer, which the call runs before
 // each attempt: a failure ends the call not sent if no attempt of the
 // intent wrote its request, and with the outcome unknown otherwise. The
-// failure is also told to the call, which reports it as a device error of
-// kind "authorizer" when no attempt of it went on the wire.
+// failure is also told to the call, which stops (SettleAll included), and
+// its Result's Kind is KindAuthorizer.
 func authorizerOf(a Authorizer) func(context.Context, string) (string, error) {
 	if a == nil {
 		return nil
@@ -51,68 +51,12 @@ func authorizerOf(a Authorizer) func(context.Context, string) (string, error) {
 	}
 }
 
-// authTransport asks the Authorizer, if any, for each attempt's
-// credentials. The facade's own Client sets none: its call asks
-// (authorizerOf), and the transport only tells that an attempt went on
-// the wire.
-type authTransport struct {
-	base http.RoundTripper
-	auth Authorizer
-}
-
 // authError is the Authorizer's failure, kept so the call can report it.
 type authError struct{ err error }
 
 func (e *authError) Error() string { return fmt.Sprintf("authorizer: %v", e.err) }
 func (e *authError) Unwrap() error { return e.err }
 
-func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	a := t.auth
-	if a == nil || offOrigin(req) {
-		forwarded(req)
-		return t.base.RoundTrip(req)
-	}
-	v, err := a.Authorize(req.Header.Get("Idempotency-Key"))
-	if err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
-		err = &authError{err: err}
-		if f, ok := req.Context().Value(authFailureKey{}).(func(error)); ok {
-			f(err)
-		}
-		return nil, err
-	}
-	if v != "" {
-		req = req.Clone(req.Context())
-		req.Header.Set("Authorization", v)
-	}
-	forwarded(req)
-	return t.base.RoundTrip(req)
-}
-
-// offOrigin reports a request that a redirect sent to another origin
-// (scheme, host or port) than the call's first request: net/http drops
-// its Authorization header, and the Authorizer is not asked to put it
-// back, so the user's credentials go to the API's origin alone.
-func offOrigin(req *http.Request) bool {
-	first := req
-	for first.Response != nil && first.Response.Request != nil {
-		first = first.Response.Request
-	}
-	return req.URL.Scheme != first.URL.Scheme || !strings.EqualFold(req.URL.Host, first.URL.Host)
-}
-
 // authFailureKey carries the call's function that records an Authorizer
 // failure and stops the call: no retry can fix it.
 type authFailureKey struct{}
-
-// authForwardedKey carries, in a call's context, what to tell when one of
-// its attempts passes the Authorizer and goes on the wire.
-type authForwardedKey struct{}
-
-func forwarded(req *http.Request) {
-	if f, ok := req.Context().Value(authForwardedKey{}).(func(bool)); ok {
-		f(true)
-	}
-}

@@ -66,9 +66,10 @@ func TestAuthorizer(t *testing.T) {
 		failing := w.open(t, func(cfg *Config) {
 			cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "", errors.New("token refresh failed") })
 		})
-		_, err := failing.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
-		require.Error(t, err)
-		assert.Equal(t, kindAuthorizer, ErrorKind(err.Error()), "the facade says so")
+		res, err := failing.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
+		require.NoError(t, err, "what became of the intent is a Result")
+		assert.Equal(t, OutcomeNotSent, res.Outcome)
+		assert.Equal(t, KindAuthorizer, res.Kind, "the facade says why")
 		require.NoError(t, failing.Close())
 
 		c := w.open(t)

@@ -8,7 +8,7 @@ import (
 // Cancel stops a call from another thread. Make one (Cancel() in Kotlin,
 // MobileCancel() in Swift, &Cancel{} in Go: the zero Cancel is ready), pass
 // it to the call, and call Cancel from anywhere: the call returns promptly
-// with an error of kind "canceled". A Cancel serves one call at a time;
+// with an error of kind KindCanceled. A Cancel serves one call at a time;
 // cancelling before the call starts makes it return at once. The call it
 // was passed to spends it: passed to the next call, it is ready again.
 type Cancel struct {

@@ -19,7 +19,7 @@ func TestACancelIsSpentByTheCallItStopped(t *testing.T) {
 	cancel.Cancel() // before the call starts: it returns at once
 	_, err := c.Pay("checkout:cart-9", "/payments", []byte(cart), cancel)
 	require.Error(t, err)
-	assert.Equal(t, kindCanceled, ErrorKind(err.Error()))
+	assert.Equal(t, KindCanceled, ErrorKind(err))
 	assert.Equal(t, 0, w.srv.Stats().Requests)
 
 	res, err := c.Pay("checkout:cart-9", "/payments", []byte(cart), cancel)
@@ -30,6 +30,6 @@ func TestACancelIsSpentByTheCallItStopped(t *testing.T) {
 	cancel.Cancel() // after the call ended: the next call returns at once
 	_, err = c.Pay("checkout:cart-10", "/payments", []byte(cart), cancel)
 	require.Error(t, err)
-	assert.Equal(t, kindCanceled, ErrorKind(err.Error()))
+	assert.Equal(t, KindCanceled, ErrorKind(err))
 	assert.Equal(t, 1, w.srv.Stats().Requests)
 }

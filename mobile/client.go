@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -23,7 +22,6 @@ type Client struct {
 	base   *url.URL
 	store  *persist.FileStore
 	idem   *idem.Client
-	auth   *authTransport
 	events *eventQueue
 
 	mu     sync.Mutex
@@ -32,8 +30,9 @@ type Client struct {
 }
 
 // Open opens the state directory (creating it, private to the app) and
-// returns a Client. It fails with an error of kind "locked" while another
-// Client has the directory open, and of kind "config" for a wrong Config.
+// returns a Client. It fails with an error of kind KindLocked while
+// another Client has the directory open, and of kind KindBadInput for a
+// wrong Config.
 func Open(cfg *Config) (*Client, error) { return open(cfg) }
 
 // open is Open with edits of the idem.Config the facade makes, which tests
@@ -46,14 +45,11 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	store, err := persist.OpenDir(c.StateDir, nil)
 	if err != nil {
 		if errors.Is(err, persist.ErrLocked) {
-			return nil, newError(kindLocked, err.Error())
+			return nil, newError(KindLocked, err.Error())
 		}
-		return nil, newError(kindStorage, err.Error())
+		return nil, newError(KindStorage, err.Error())
 	}
 	m := &Client{cfg: c, base: base, store: store, events: newEventQueue(c.Listener)}
-	// The transport tells the call that an attempt went on the wire; the
-	// credentials are the call's, per attempt (idem.Config.Authorizer).
-	m.auth = &authTransport{base: http.DefaultTransport}
 	retention := time.Duration(c.RetentionMillis) * time.Millisecond
 	mark, _ := c.mark() // checked by cfg.check
 	server := idem.Server{
@@ -67,8 +63,10 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 		},
 	}
 	icfg := idem.Config{
-		Store:      store,
-		HTTPClient: &http.Client{Transport: m.auth},
+		Store: store,
+		// The credentials are the call's, per attempt
+		// (idem.Config.Authorizer).
+		HTTPClient: &http.Client{},
 		Server:     server,
 		RetryPolicy: idem.RetryPolicy{
 			MaxAttempts: int(c.MaxAttempts),
@@ -84,7 +82,7 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	if err != nil {
 		store.Close()
 		m.events.close()
-		return nil, newError(kindConfig, err.Error())
+		return nil, newError(KindBadInput, err.Error())
 	}
 	m.idem = ic
 	return m, nil
@@ -96,7 +94,7 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, newError(kindClosed, "the client is closed")
+		return nil, newError(KindClosed, "the client is closed")
 	}
 	c.calls.Add(1)
 	c.mu.Unlock()
@@ -107,45 +105,21 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 	// The budget bounds the whole call, waits and attempts included, as the
 	// call's retry policy: a short one for a tap, a long one for a settle.
 	ctx = idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxElapsed: time.Duration(budget) * time.Millisecond})
-	var (
-		authMu  sync.Mutex
-		authErr error
-	)
+	// An Authorizer that fails stops the call: no retry can fix it, and
+	// SettleAll stops there too rather than fail each intent in turn.
 	ctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
-	ctx = context.WithValue(ctx, authFailureKey{}, func(err error) {
-		authMu.Lock()
-		authErr = err
-		authMu.Unlock()
-		stopAll() // no retry can fix it
-	})
-
-	// forwarded is set once an attempt of this call passes the
-	// Authorizer and goes on the wire.
-	var forwarded atomic.Bool
-	ctx = context.WithValue(ctx, authForwardedKey{}, forwarded.Store)
+	ctx = context.WithValue(ctx, authFailureKey{}, func(error) { stopAll() })
 
 	in, resp, err := f(ctx)
-	authMu.Lock()
-	aerr := authErr
-	authMu.Unlock()
-	switch {
-	case aerr != nil && !forwarded.Load():
-		// No attempt of this call left the device: the device error
-		// says so.
-		return nil, deviceError(aerr)
-	case aerr != nil:
-		// An attempt may have reached the server before the Authorizer
-		// failed: the outcome is unknown, and the Result names the
-		// intent to settle.
-		r, rerr := resultOf(in, resp, err)
-		if r != nil && r.Outcome == OutcomeUnknown {
-			r.Detail = deviceError(aerr).Error() + "; " + r.Detail
-		}
-		return r, rerr
-	case cancel.isCanceled() && err != nil && resp == nil:
+	if errors.As(err, new(*authError)) {
+		// The Result says what became of the intent, whose call the
+		// Authorizer ended.
+		return resultOf(in, resp, err)
+	}
+	if cancel.isCanceled() && err != nil && resp == nil {
 		// An answer that arrived is returned, whenever Cancel came.
-		return nil, newError(kindCanceled, "the call was cancelled; the intent keeps its state")
+		return nil, newError(KindCanceled, "the call was cancelled; the intent keeps its state")
 	}
 	return resultOf(in, resp, err)
 }
@@ -187,7 +161,7 @@ func (c *Client) PayAnew(name, path string, body []byte, cancel *Cancel) (*Resul
 
 func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) (*Result, error) {
 	if name == "" {
-		return nil, newError(kindConfig, "the action name is empty")
+		return nil, newError(KindBadInput, "the action name is empty")
 	}
 	req, err := c.request(path, body)
 	if err != nil {
@@ -251,7 +225,7 @@ func (c *Client) SettleAll(cancel *Cancel) (*ResultList, error) {
 		if err != nil {
 			// A device error on an intent that may have been sent says
 			// nothing of the payment: its outcome is unknown.
-			r = &Result{Key: s.Intent.Key(), Outcome: OutcomeUnknown, Detail: err.Error()}
+			r = &Result{Key: s.Intent.Key(), Outcome: OutcomeUnknown, Kind: ErrorKind(err), Detail: err.Error()}
 		}
 		l.items = append(l.items, r)
 	}
@@ -315,7 +289,7 @@ func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 		return 0, err
 	}
 	if olderThanMillis < 0 {
-		return 0, newError(kindConfig, "olderThanMillis is negative")
+		return 0, newError(KindBadInput, "olderThanMillis is negative")
 	}
 	n, err := c.idem.Prune(context.Background(), time.Duration(olderThanMillis)*time.Millisecond)
 	if err != nil {
@@ -325,7 +299,7 @@ func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 }
 
 // Close waits for the calls under way, closes the state directory and
-// stops the listener. Calls made after Close fail with kind "closed".
+// stops the listener. Calls made after Close fail with kind KindClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -347,7 +321,7 @@ func (c *Client) checkOpen() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return newError(kindClosed, "the client is closed")
+		return newError(KindClosed, "the client is closed")
 	}
 	return nil
 }

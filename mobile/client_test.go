@@ -164,7 +164,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	res, err := c.Pay("checkout:cart-4", "/payments", []byte(cart), cancel)
 	assert.Nil(t, res)
 	require.Error(t, err)
-	assert.Equal(t, kindCanceled, ErrorKind(err.Error()))
+	assert.Equal(t, KindCanceled, ErrorKind(err))
 
 	unresolved, err := c.Unresolved()
 	require.NoError(t, err)
@@ -173,7 +173,7 @@ func TestCancelFromAnotherGoroutineStopsTheCall(t *testing.T) {
 	done := &Cancel{}
 	done.Cancel()
 	_, err = c.Settle(unresolved.Get(0).Key, done)
-	assert.Equal(t, kindCanceled, ErrorKind(err.Error()), "a handle cancelled before the call stops it at once")
+	assert.Equal(t, KindCanceled, ErrorKind(err), "a handle cancelled before the call stops it at once")
 }
 
 func TestOpenTwiceIsLocked(t *testing.T) {
@@ -182,7 +182,7 @@ func TestOpenTwiceIsLocked(t *testing.T) {
 	w.open(t)
 	_, err := Open(echoConfig(w.dir, w.srv.URL))
 	require.Error(t, err)
-	assert.Equal(t, kindLocked, ErrorKind(err.Error()))
+	assert.Equal(t, KindLocked, ErrorKind(err))
 }
 
 func TestRestartResumesWithTheSameKey(t *testing.T) {
@@ -273,7 +273,7 @@ func TestAuthorizerRefreshBetweenAttemptsIsOneCharge(t *testing.T) {
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
 
-func TestAuthorizerFailureIsADeviceErrorAndNothingIsSent(t *testing.T) {
+func TestAuthorizerFailureBeforeAnyAttemptIsNotSentOfKindAuthorizer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	c := w.open(t, func(cfg *Config) {
@@ -281,10 +281,11 @@ func TestAuthorizerFailureIsADeviceErrorAndNothingIsSent(t *testing.T) {
 	})
 
 	res, err := c.Pay("checkout:cart-7", "/payments", []byte(cart), nil)
-	assert.Nil(t, res)
-	require.Error(t, err)
-	assert.Equal(t, kindAuthorizer, ErrorKind(err.Error()))
-	assert.Contains(t, err.Error(), "no session")
+	require.NoError(t, err, "what became of the intent is a Result")
+	assert.Equal(t, OutcomeNotSent, res.Outcome)
+	assert.Equal(t, KindAuthorizer, res.Kind)
+	assert.NotEmpty(t, res.Key)
+	assert.Contains(t, res.Detail, "no session")
 	assert.Equal(t, 0, w.srv.Stats().Requests, "no attempt was sent, and none was retried")
 }
 
@@ -371,9 +372,9 @@ func TestClosedClientRefusesCalls(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, c.Close(), "Close twice is harmless")
 	_, err := c.Pay("checkout:cart-10", "/payments", []byte(cart), nil)
-	assert.Equal(t, kindClosed, ErrorKind(err.Error()))
+	assert.Equal(t, KindClosed, ErrorKind(err))
 	_, err = c.Unresolved()
-	assert.Equal(t, kindClosed, ErrorKind(err.Error()))
+	assert.Equal(t, KindClosed, ErrorKind(err))
 	c2, err := Open(echoConfig(w.dir, w.srv.URL))
 	require.NoError(t, err, "Close releases the directory")
 	require.NoError(t, c2.Close())
@@ -401,7 +402,7 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 	} {
 		_, err := Open(cfg)
 		require.Error(t, err, name)
-		assert.Equal(t, kindConfig, ErrorKind(err.Error()), name)
+		assert.Equal(t, KindBadInput, ErrorKind(err), name)
 	}
 }
 
@@ -490,24 +491,33 @@ func TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo(t *testing.T) {
 }
 
 // A changed cart for an action already paid is not an error of the
-// device: Pay says the action is paid, names the payment that paid it and
-// sends nothing.
-func TestPayAChangedCartOfAPaidActionSaysItIsPaid(t *testing.T) {
+// device, nor a success of the changed cart: Pay says the action was paid
+// earlier, with the earlier payment's key and answer, and sends nothing.
+func TestPayAChangedCartOfAPaidActionSaysItIsAlreadyPaid(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	c := w.open(t)
 	first, err := c.Pay("checkout:paid", "/payments", []byte(cart), nil)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeSucceeded, first.Outcome)
+	require.Equal(t, KindSucceeded, first.Kind)
 
 	res, err := c.Pay("checkout:paid", "/payments", []byte(`{"amount":2500,"currency":"AZN","customer":"cus_1"}`), nil)
 	require.NoError(t, err, "the action is paid; that is an outcome, not a device error")
-	assert.Equal(t, OutcomeSucceeded, res.Outcome)
+	assert.Equal(t, OutcomeAlreadyPaid, res.Outcome, "the changed cart was not paid: the action was, earlier")
+	assert.Equal(t, KindAlreadyPaid, res.Kind)
 	assert.True(t, res.FromStore, "nothing was sent")
 	assert.Equal(t, first.Key, res.Key, "the payment that paid the action")
 	assert.Equal(t, first.Status, res.Status)
+	assert.Equal(t, first.Body, res.Body, "the stored answer")
 	assert.NotEmpty(t, res.Detail, "says the request differs from the one paid")
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+
+	again, err := c.PayAnew("checkout:paid", "/payments", []byte(`{"amount":2500,"currency":"AZN","customer":"cus_1"}`), nil)
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeSucceeded, again.Outcome, "a deliberate second payment")
+	assert.NotEqual(t, first.Key, again.Key)
+	assert.Equal(t, 2, w.srv.Stats().ProviderCharges)
 }
 
 // fullAfterAnswerCancelled is fullAfterAnswer where the user presses
@@ -563,6 +573,7 @@ func TestAnAuthorizerFailureAfterAnAttemptWasSentLeavesTheOutcomeUnknown(t *test
 	res, err := c.Pay("checkout:auth-late", "/payments", []byte(cart), nil)
 	require.NoError(t, err, "an attempt was sent: the outcome is unknown, not a device error")
 	assert.Equal(t, OutcomeUnknown, res.Outcome)
+	assert.Equal(t, KindAuthorizer, res.Kind)
 	assert.NotEmpty(t, res.Key, "the intent to Settle later")
 	assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 }
@@ -583,7 +594,7 @@ func TestOpenRefusesABadBaseURLWithoutItsCredentials(t *testing.T) {
 	} {
 		_, err := Open(echoConfig(dir, base))
 		require.Error(t, err, base)
-		assert.Equal(t, kindConfig, ErrorKind(err.Error()), base)
+		assert.Equal(t, KindBadInput, ErrorKind(err), base)
 		assert.Contains(t, err.Error(), "BaseURL", base)
 		assert.NotContains(t, err.Error(), "SECRET", base)
 	}
@@ -625,6 +636,7 @@ func TestSettleAll(t *testing.T) {
 		require.EqualValues(t, 1, left.Len())
 		assert.Equal(t, res.Key, left.Get(0).Key)
 		assert.Equal(t, OutcomeNotSent, left.Get(0).Outcome)
+		assert.Equal(t, KindNotSent, left.Get(0).Kind)
 		assert.Zero(t, w.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
 	})
 }

@@ -25,19 +25,24 @@
 // # Results and errors
 //
 // Every call that talks to the server returns a [Result] whose Outcome says
-// what became of the intent: succeeded, failed (a final business answer
-// such as a declined card), rejected (the server refused the request or
-// its key), unknown (no final answer yet: settle it later, never pay
-// anew), expired (too old to send again: Settle asks the server's lookup), void (the server
-// never did it: a new payment is safe) or blocked (an earlier intent for
-// the same action is unresolved; the Result names its key).
+// what became of the intent: succeeded, already paid (the action was paid
+// earlier with another request; nothing was sent), failed (a final
+// business answer such as a declined card), rejected (the server refused
+// the request or its key), not sent, unknown (no final answer yet: settle
+// it later, never pay anew), expired (too old to send again: Settle asks
+// the server's lookup), void (the server never did it: a new payment is
+// safe) or blocked (an earlier intent for the same action is unresolved;
+// the Result names its key). Its Kind says how the call ended, finer where
+// there is more to say: the key reused, the key refused, a write the
+// device could not make, an Authorizer that threw.
 //
 // An error is returned only for problems on the device: the state
-// directory is in use, storage failed, the configuration is wrong, the
-// client is closed, the call was cancelled, the authorizer failed. Its
-// message starts with "idem[kind]: ", and [ErrorKind] reads the kind back
-// from the message (gobind turns a Go error into an exception that carries
-// only the message).
+// directory is in use, storage failed before anything was sent, the input
+// is wrong, the client is closed, the call was cancelled (the intent keeps
+// its state).
+// gobind turns a Go error into an exception that carries only its
+// message; pass the exception itself to [ErrorKind], which gets the Go
+// error back and reads its kind. No kind is parsed from a message.
 //
 // # Threads
 //

@@ -1,63 +1,120 @@
 package mobile
 
-import "strings"
-
-// The kinds of device errors, which ErrorKind returns; its comment says
-// what each means. An error's message starts with "idem[kind]: ".
-const (
-	kindConfig     = "config"
-	kindLocked     = "locked"
-	kindStorage    = "storage"
-	kindNotFound   = "not-found"
-	kindClosed     = "closed"
-	kindCanceled   = "canceled"
-	kindAuthorizer = "authorizer"
-	kindInternal   = "internal"
+import (
+	"errors"
+	"strings"
 )
+
+// Kinds say how a call ended, as a code to compare. A call that returns a
+// Result gives it in Result.Kind; a call that fails gives it through
+// ErrorKind, passed the exception itself. Nothing parses a message:
+// messages are for logs and may change.
+//
+// A Result's Kind is its Outcome's word when there is nothing finer to
+// say (KindSucceeded is OutcomeSucceeded, and so on), and a finer word
+// when there is (KindKeyReused is one way of OutcomeRejected, KindStorage
+// and KindAuthorizer are ways of OutcomeUnknown or OutcomeNotSent).
+const (
+	// KindSucceeded: the server did the work (OutcomeSucceeded).
+	KindSucceeded = OutcomeSucceeded
+	// KindAlreadyPaid: the action was paid earlier with another request
+	// (OutcomeAlreadyPaid); nothing was sent.
+	KindAlreadyPaid = OutcomeAlreadyPaid
+	// KindFailed: a final business answer, such as a declined card
+	// (OutcomeFailed).
+	KindFailed = OutcomeFailed
+	// KindRejected: the server refused the request (OutcomeRejected), for
+	// another reason than its key.
+	KindRejected = OutcomeRejected
+	// KindKeyReused: the server saw the key with another request
+	// (OutcomeRejected). A bug in the app: a changed request is a new
+	// payment.
+	KindKeyReused = "key_reused"
+	// KindKeyRejected: the server refused the key itself, missing or
+	// malformed (OutcomeRejected).
+	KindKeyRejected = "key_rejected"
+	// KindVoid: the server never did it (OutcomeVoid).
+	KindVoid = OutcomeVoid
+	// KindExpired: the outcome is unknown and the intent too old to send
+	// again (OutcomeExpired).
+	KindExpired = OutcomeExpired
+	// KindBlocked: an earlier intent for the action is unresolved
+	// (OutcomeBlocked).
+	KindBlocked = OutcomeBlocked
+	// KindNotSent: the request never left the device (OutcomeNotSent).
+	KindNotSent = OutcomeNotSent
+	// KindUnknown: no final answer yet (OutcomeUnknown): the attempts or
+	// the budget ran out, or an answer was not the server's.
+	KindUnknown = OutcomeUnknown
+
+	// KindStorage: the device could not read or write the state
+	// directory (full, read-only, damaged). As a Result's Kind, with
+	// OutcomeUnknown (or OutcomeExpired): a write failed for an intent
+	// that may have been sent, so the payment may have been made; settle
+	// it later. As ErrorKind's, nothing was sent.
+	KindStorage = "storage"
+	// KindAuthorizer: the Authorizer threw, which ends the call. Only as a
+	// Result's Kind; its Outcome says what became of the intent:
+	// OutcomeNotSent if no attempt of it was sent (sign in, then Pay
+	// again), OutcomeUnknown if one may have been (settle it later).
+	KindAuthorizer = "authorizer"
+
+	// KindBadInput: the Config or an argument is wrong. Nothing was sent.
+	KindBadInput = "bad_input"
+	// KindLocked: the state directory is in use by another Client, in this
+	// process or another. Close it first.
+	KindLocked = "locked"
+	// KindNotFound: no intent has that key on this device.
+	KindNotFound = "not_found"
+	// KindClosed: the Client is closed.
+	KindClosed = "closed"
+	// KindCanceled (one l): the call was cancelled through its Cancel
+	// handle. The intent keeps its state: one that may have been sent is
+	// unresolved, and SettleAll settles it later.
+	KindCanceled = "canceled"
+	// KindInternal: anything else, such as an exception this package did
+	// not make.
+	KindInternal = "internal"
+)
+
+// kindConfig is KindBadInput under the name config.go uses.
+const kindConfig = KindBadInput
 
 // deviceErr is a device error with its kind.
 type deviceErr struct {
-	Kind    string
-	Message string
+	kind string
+	msg  string
 }
 
-func newError(kind, msg string) *deviceErr { return &deviceErr{Kind: kind, Message: msg} }
+// newError makes a device error. Its message names the library, and not
+// the kind: ErrorKind reads the kind from the error itself.
+func newError(kind, msg string) *deviceErr {
+	if !strings.HasPrefix(msg, "idem") && !strings.HasPrefix(msg, "persist") {
+		msg = "idem: " + msg
+	}
+	return &deviceErr{kind: kind, msg: msg}
+}
 
-func (e *deviceErr) Error() string { return "idem[" + e.Kind + "]: " + e.Message }
+func (e *deviceErr) Error() string { return e.msg }
 
-// ErrorKind returns the kind of an error message that this package made.
-// Pass it the exception's message (Java: e.getMessage(); Kotlin: e.message; Swift:
-// error.localizedDescription) and compare the string it returns:
-//
-//   - "config": the Config or an argument is wrong.
-//   - "locked": the state directory is in use by another Client, in this
-//     process or another. Close it first.
-//   - "storage": the device could not read or write the state directory
-//     (full, read-only, damaged). Nothing was sent. A write that may have
-//     armed the intent returns a Result with OutcomeUnknown instead: a
-//     later start may settle it.
-//   - "not-found": no intent has that key on this device.
-//   - "closed": the Client is closed.
-//   - "canceled" (one l): the call was cancelled through its Cancel
-//     handle. The intent keeps its state; an unresolved one is settled
-//     later.
-//   - "authorizer": the Authorizer failed before any attempt of the call
-//     was sent. Once one was, a failure of the Authorizer returns a Result
-//     with OutcomeUnknown instead: the payment may have been made.
-//   - "internal": anything else, including a message this package did not
-//     make.
-func ErrorKind(message string) string {
-	rest, ok := strings.CutPrefix(message, "idem[")
-	if !ok {
-		return kindInternal
+// ErrorKind returns the kind of an error that a call of this package
+// returned: KindBadInput, KindLocked, KindStorage, KindNotFound,
+// KindClosed or KindCanceled (their comments say what each means), or
+// KindInternal. Pass it the exception itself, not its message: gobind
+// hands the Go error back to Go, whose kind this reads. Kotlin:
+// Mobile.errorKind(e) in a catch (e: Exception); Swift: MobileErrorKind(error
+// as NSError) in a catch. An exception of another origin is KindInternal,
+// and nil is "".
+func ErrorKind(err error) string {
+	if err == nil {
+		return ""
 	}
-	kind, _, ok := strings.Cut(rest, "]: ")
-	if !ok {
-		return kindInternal
+	// errors.As only looks at types and Unwrap methods: it never calls
+	// Error, which on an exception thrown by Java or Swift code would call
+	// back into it.
+	var e *deviceErr
+	if errors.As(err, &e) {
+		return e.kind
 	}
-	switch kind {
-	case kindConfig, kindLocked, kindStorage, kindNotFound, kindClosed, kindCanceled, kindAuthorizer:
-		return kind
-	}
-	return kindInternal
+	return KindInternal
 }

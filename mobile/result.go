@@ -12,6 +12,13 @@ import (
 const (
 	// OutcomeSucceeded: the server did the work (2xx). Show the receipt.
 	OutcomeSucceeded = "succeeded"
+	// OutcomeAlreadyPaid: the action was paid earlier, by a payment with
+	// another request (the cart changed after it was paid). Nothing was
+	// sent for this one. Key, Status and Body are the earlier payment's,
+	// from the device (Body is empty once Prune has kept only its
+	// tombstone). Show that the action is paid, not a receipt for this
+	// request; PayAnew pays again, deliberately.
+	OutcomeAlreadyPaid = "already_paid"
 	// OutcomeFailed: a final business answer, such as a declined card.
 	// The intent is resolved; PayAnew starts a new payment.
 	OutcomeFailed = "failed"
@@ -39,12 +46,18 @@ const (
 
 // Result is what became of an intent after a call.
 type Result struct {
+	// Outcome is one of the Outcome constants: what became of the intent.
 	Outcome string
+	// Kind is one of the Kind constants: how the call ended, finer than
+	// Outcome where there is more to say (KindKeyReused, KindStorage,
+	// KindAuthorizer); otherwise Outcome's word. A device failure that
+	// met an intent that may have been sent is OutcomeUnknown with the
+	// failure's kind (KindStorage, or another of ErrorKind's). Compare
+	// it; never parse Detail.
+	Kind string
 	// Key is the intent's Idempotency-Key; for OutcomeBlocked, the key of
-	// the unresolved intent that blocks; for a changed request of an
-	// action already paid (OutcomeSucceeded with FromStore, nothing sent,
-	// Detail saying so), the key of the payment that paid it. A deliberate
-	// second payment is PayAnew.
+	// the unresolved intent that blocks; for OutcomeAlreadyPaid, the key
+	// of the payment that paid the action.
 	Key string
 	// Status is the final answer's HTTP status, or the last answer's for
 	// OutcomeUnknown, or 0 when none came.
@@ -77,6 +90,19 @@ type Result struct {
 
 // resultOf maps a call's outcome to a Result, or to a device error.
 func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) {
+	r, derr := mapResult(in, resp, err)
+	if r != nil && errors.As(err, new(*authError)) {
+		switch r.Outcome {
+		case OutcomeNotSent, OutcomeUnknown, OutcomeExpired:
+			// The Authorizer ended the call: the app signs in again.
+			r.Kind = KindAuthorizer
+		}
+	}
+	return r, derr
+}
+
+// mapResult is resultOf but for the Authorizer's failures.
+func mapResult(in *idem.Intent, resp *idem.Response, err error) (*Result, error) {
 	r := &Result{}
 	if in != nil {
 		r.Key = in.Key()
@@ -93,13 +119,13 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		// An answer is never reported as a storage error, whose meaning
 		// is "nothing was sent".
 		r.NotRecorded = true
-		r.Outcome = OutcomeSucceeded
+		r.Outcome, r.Kind = OutcomeSucceeded, KindSucceeded
 		var apiErr *idem.APIError
 		if errors.As(err, &apiErr) {
 			r.ProblemType, r.Detail = apiErr.Problem.Type, apiErr.Problem.Detail
-			r.Outcome = OutcomeFailed
+			r.Outcome, r.Kind = OutcomeFailed, KindFailed
 			if errors.Is(err, idem.ErrKeyReused) || errors.Is(err, idem.ErrKeyRejected) {
-				r.Outcome = OutcomeRejected
+				r.Outcome, r.Kind = OutcomeRejected, rejectedKind(err)
 			}
 		}
 		return r, nil
@@ -112,22 +138,24 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 	)
 	switch {
 	case errors.Is(err, idem.ErrNotSent):
-		r.Outcome = OutcomeNotSent
+		r.Outcome, r.Kind = OutcomeNotSent, KindNotSent
 		r.Detail = err.Error()
 		return r, nil
 	case errors.As(err, &resolved):
-		// The action is paid, by another request: nothing was sent, and
-		// the Result is the payment that paid it.
-		r.Outcome, r.FromStore, r.Detail = OutcomeSucceeded, true, resolved.Error()
+		// The action is paid, by an earlier intent with another request:
+		// nothing was sent for this one, which was never made. The
+		// Result is that payment's, so that the app shows the action
+		// paid and never takes it for a receipt of this request.
+		r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeAlreadyPaid, KindAlreadyPaid, true, resolved.Error()
 		if resolved.Previous != nil {
 			r.Key = resolved.Previous.Key()
 			if prev := resolved.Previous.Response(); prev != nil {
-				r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), prev.Body, prev.Replayed, prev.Oversized
+				r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), bytes.Clone(prev.Body), prev.Replayed, prev.Oversized
 			}
 		}
 		return r, nil
 	case errors.As(err, &unres):
-		r.Outcome = OutcomeBlocked
+		r.Outcome, r.Kind = OutcomeBlocked, KindBlocked
 		if unres.Previous != nil {
 			r.Key = unres.Previous.Key()
 		}
@@ -142,16 +170,27 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		if in != nil && in.State() == persist.StateExpired {
 			r.Outcome = OutcomeExpired
 		}
-		r.Detail = retryErr.Error()
+		r.Kind = unknownKind(r.Outcome, err)
+		r.Detail = err.Error()
 		return r, nil
 	case errors.As(err, &apiErr):
 		r.ProblemType = apiErr.Problem.Type
 		r.Detail = apiErr.Problem.Detail
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		r.Outcome = OutcomeUnknown
+		r.Kind = unknownKind(r.Outcome, err)
 		r.Detail = err.Error()
 		return r, nil
 	case err != nil && in != nil && !in.State().Resolved():
+		if s := in.State(); s == persist.StatePending || s == persist.StateExpired {
+			// The intent may have been sent, by this call or an earlier
+			// one: a failure on the device says nothing of the payment,
+			// and a device error would say that nothing was sent.
+			r.Outcome = outcomeOf(s)
+			r.Kind = ErrorKind(deviceError(err))
+			r.Detail = err.Error()
+			return r, nil
+		}
 		return nil, deviceError(err)
 	}
 	if in != nil {
@@ -163,7 +202,33 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 		}
 		r.Outcome = OutcomeSucceeded
 	}
+	r.Kind = r.Outcome
+	if r.Outcome == OutcomeRejected {
+		r.Kind = rejectedKind(err)
+	}
 	return r, nil
+}
+
+// rejectedKind says why the server refused a request, from the error
+// that carries its answer.
+func rejectedKind(err error) string {
+	switch {
+	case errors.Is(err, idem.ErrKeyReused):
+		return KindKeyReused
+	case errors.Is(err, idem.ErrKeyRejected):
+		return KindKeyRejected
+	}
+	return KindRejected
+}
+
+// unknownKind says why an outcome is unknown: a write the device could
+// not make (the intent may have been sent), or no final answer.
+func unknownKind(outcome string, err error) string {
+	var save *idem.SaveError
+	if errors.As(err, &save) {
+		return KindStorage
+	}
+	return outcome
 }
 
 func outcomeOf(s persist.State) string {
@@ -193,15 +258,15 @@ func deviceError(err error) error {
 	case errors.As(err, &e):
 		return e
 	case errors.As(err, &auth):
-		return newError(kindAuthorizer, auth.err.Error())
+		return newError(KindAuthorizer, auth.Error())
 	case errors.Is(err, persist.ErrLocked):
-		return newError(kindLocked, err.Error())
+		return newError(KindLocked, err.Error())
 	case errors.Is(err, persist.ErrClosed):
-		return newError(kindClosed, err.Error())
+		return newError(KindClosed, err.Error())
 	case errors.Is(err, persist.ErrNotFound):
-		return newError(kindNotFound, err.Error())
+		return newError(KindNotFound, err.Error())
 	case errors.As(err, &save):
-		return newError(kindStorage, err.Error())
+		return newError(KindStorage, err.Error())
 	}
-	return newError(kindInternal, err.Error())
+	return newError(KindInternal, err.Error())
 }

@@ -20,6 +20,11 @@ import (
 // facade is the package bound for Android and iOS.
 const facade = "github.com/idemkit/idem/mobile"
 
+// javaPkg is the prefix of the Java package, as mobile/README.md tells
+// apps to bind with: the classes are in dev.idem.mobile, not in a bare
+// "mobile" that any other gomobile library may use too.
+const javaPkg = "dev.idem"
+
 // requireTool finds a program the test needs. Without it the test skips,
 // unless IDEM_REQUIRE_JVM=1 (set by CI), when it fails.
 func requireTool(t *testing.T, name string) string {
@@ -49,7 +54,7 @@ func generate(t *testing.T) string {
 		if bindErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "tool", "gobind", "-lang=go,java,objc", "-outdir", bindDir, facade)
+		cmd := exec.Command("go", "tool", "gobind", "-lang=go,java,objc", "-javapkg="+javaPkg, "-outdir", bindDir, facade)
 		bindOut, bindErr = cmd.CombinedOutput()
 	})
 	if bindErr != nil {
@@ -95,7 +100,7 @@ func TestGobindSkipsNoMember(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"java/mobile/Client.java", "java/mobile/Mobile.java", "src/gobind/Mobile.objc.h"} {
+	for _, want := range []string{"java/dev/idem/mobile/Client.java", "java/dev/idem/mobile/Mobile.java", "src/gobind/Mobile.objc.h"} {
 		if _, err := os.Stat(filepath.Join(dir, want)); err != nil {
 			t.Errorf("gobind did not generate %s: %v", want, err)
 		}
@@ -170,7 +175,7 @@ func javacAll(javac, gen string) (string, []byte, error) {
 
 func TestGeneratedJavaCompiles(t *testing.T) {
 	classes := compileJava(t, generate(t))
-	for _, c := range []string{"mobile/Client.class", "mobile/Mobile.class", "mobile/Result.class", "go/Seq.class"} {
+	for _, c := range []string{"dev/idem/mobile/Client.class", "dev/idem/mobile/Mobile.class", "dev/idem/mobile/Result.class", "go/Seq.class"} {
 		if _, err := os.Stat(filepath.Join(classes, c)); err != nil {
 			t.Errorf("no %s: %v", c, err)
 		}
@@ -250,8 +255,10 @@ var jvmChecks = []string{
 	"cancel from another thread returns promptly",
 	"changed cart is blocked while the previous intent is unresolved",
 	"directory lock is reported",
+	"an exception of another origin is of kind internal",
+	"a changed cart of a paid action is already paid",
 	"restart then resume reuses the same key",
-	"an authorizer that throws becomes an error",
+	"an authorizer that throws is not sent, of kind authorizer",
 }
 
 // TestJVMSmoke loads the host libgojni.so into a real JVM with -Xcheck:jni

@@ -44,7 +44,7 @@ func kotlinSource(blocks []doccheck.Block) string {
 	var order []string
 	var funcs strings.Builder
 	for i, b := range blocks {
-		fmt.Fprintf(&funcs, "\n// mobile/README.md:%d\n@Suppress(\"UNUSED_VARIABLE\", \"NAME_SHADOWING\")\nfun snippet%d(context: AppContext, client: mobile.Client) {\n", b.Line, i)
+		fmt.Fprintf(&funcs, "\n// mobile/README.md:%d\n@Suppress(\"UNUSED_VARIABLE\", \"NAME_SHADOWING\")\nfun snippet%d(context: AppContext, client: dev.idem.mobile.Client) {\n", b.Line, i)
 		for _, line := range strings.Split(strings.TrimRight(b.Text, "\n"), "\n") {
 			if strings.HasPrefix(line, "import ") {
 				if !imports[line] {
@@ -62,7 +62,8 @@ func kotlinSource(blocks []doccheck.Block) string {
 
 // TestKotlinSnippetsCompile compiles the Kotlin blocks of mobile/README.md
 // with kotlinc against the generated Java, with stand-ins for Android's
-// Context and Log and for the app's screens (testdata/kotlin/Prelude.kt).
+// Context and Log and for the app's screens (testdata/kotlin/Prelude.kt),
+// and for the part of WorkManager the README uses (testdata/kotlin/Work.kt).
 func TestKotlinSnippetsCompile(t *testing.T) {
 	blocks := kotlinBlocks(t)
 	kotlinc := requireTool(t, "kotlinc")
@@ -71,7 +72,7 @@ func TestKotlinSnippetsCompile(t *testing.T) {
 	src := filepath.Join(work, "Snippets.kt")
 	must(t, os.WriteFile(src, []byte(kotlinSource(blocks)), 0o644))
 	cmd := exec.Command(kotlinc, "-nowarn", "-cp", classes, "-d", filepath.Join(work, "out"),
-		filepath.Join("testdata", "kotlin", "Prelude.kt"), src)
+		filepath.Join("testdata", "kotlin", "Prelude.kt"), filepath.Join("testdata", "kotlin", "Work.kt"), src)
 	out, err := cmd.CombinedOutput()
 	if err != nil || strings.Contains(string(out), "error:") {
 		t.Fatalf("kotlinc: %v\n%s\nsource:\n%s", err, out, kotlinSource(blocks))

@@ -10,15 +10,15 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.util.concurrent.atomic.AtomicInteger;
 
-import mobile.AttemptEvent;
-import mobile.Authorizer;
-import mobile.Cancel;
-import mobile.Client;
-import mobile.Config;
-import mobile.IntentList;
-import mobile.Listener;
-import mobile.Mobile;
-import mobile.Result;
+import dev.idem.mobile.AttemptEvent;
+import dev.idem.mobile.Authorizer;
+import dev.idem.mobile.Cancel;
+import dev.idem.mobile.Client;
+import dev.idem.mobile.Config;
+import dev.idem.mobile.IntentList;
+import dev.idem.mobile.Listener;
+import dev.idem.mobile.Mobile;
+import dev.idem.mobile.Result;
 
 public class SmokeTest {
     static String server;
@@ -83,6 +83,7 @@ public class SmokeTest {
             Result r = c.pay("checkout:lost", "/payments", cart(1500, "cus_1"), null);
             c.close();
             expect(r.getOutcome().equals(Mobile.OutcomeSucceeded), "outcome " + r.getOutcome());
+            expect(r.getKind().equals(Mobile.KindSucceeded), "kind " + r.getKind());
             expect(r.getReplayed(), "replayed");
             expect(r.getAttempts() == 2, "attempts " + r.getAttempts());
             expect(r.getStatus() == 201, "status " + r.getStatus());
@@ -95,6 +96,7 @@ public class SmokeTest {
             Result again = c.payAnew("checkout:decline", "/payments", cart(1500, "cus_declined"), null);
             c.close();
             expect(r.getOutcome().equals(Mobile.OutcomeFailed), "outcome " + r.getOutcome());
+            expect(r.getKind().equals(Mobile.KindFailed), "kind " + r.getKind());
             expect(r.getStatus() == 402, "status " + r.getStatus());
             expect(r.getProblemType().endsWith("card-declined"), "problem " + r.getProblemType());
             expect(!again.getKey().equals(r.getKey()), "pay anew makes a new key");
@@ -114,13 +116,13 @@ public class SmokeTest {
             try {
                 c.pay("checkout:cancel", "/payments", cart(1500, "cus_1"), cancel);
             } catch (Exception e) {
-                kind = Mobile.errorKind(e.getMessage());
+                kind = Mobile.errorKind(e);
             }
             long ms = (System.nanoTime() - start) / 1_000_000;
             t.join();
             admin("DELETE", "/_fake/faults", null);
             c.close();
-            expect(kind.equals("canceled"), "error kind " + kind);
+            expect(kind.equals(Mobile.KindCanceled), "error kind " + kind);
             expect(ms < 10_000, "returned after " + ms + " ms");
         });
 
@@ -131,6 +133,7 @@ public class SmokeTest {
             Result changed = c.pay("checkout:changed", "/payments", cart(2500, "cus_1"), null);
             c.close();
             expect(first.getOutcome().equals(Mobile.OutcomeUnknown), "first " + first.getOutcome());
+            expect(first.getKind().equals(Mobile.KindUnknown), "first kind " + first.getKind());
             expect(changed.getOutcome().equals(Mobile.OutcomeBlocked), "changed " + changed.getOutcome());
             expect(changed.getKey().equals(first.getKey()), "names the blocking intent");
         });
@@ -142,10 +145,28 @@ public class SmokeTest {
             try {
                 Mobile.open(cfg);
             } catch (Exception e) {
-                kind = Mobile.errorKind(e.getMessage());
+                // The exception itself: gobind hands the Go error back.
+                kind = Mobile.errorKind(e);
             }
             c.close();
-            expect(kind.equals("locked"), "error kind " + kind);
+            expect(kind.equals(Mobile.KindLocked), "error kind " + kind);
+        });
+
+        check("an exception of another origin is of kind internal", () -> {
+            String kind = Mobile.errorKind(new java.io.IOException("idem[locked]: not ours"));
+            expect(kind.equals(Mobile.KindInternal), "error kind " + kind);
+        });
+
+        check("a changed cart of a paid action is already paid", () -> {
+            Client c = Mobile.open(config(5));
+            Result first = c.pay("checkout:paid", "/payments", cart(1500, "cus_1"), null);
+            Result changed = c.pay("checkout:paid", "/payments", cart(2500, "cus_1"), null);
+            c.close();
+            expect(first.getOutcome().equals(Mobile.OutcomeSucceeded), "first " + first.getOutcome());
+            expect(changed.getOutcome().equals(Mobile.OutcomeAlreadyPaid), "changed " + changed.getOutcome());
+            expect(changed.getKind().equals(Mobile.KindAlreadyPaid), "kind " + changed.getKind());
+            expect(changed.getKey().equals(first.getKey()), "names the payment that paid the action");
+            expect(java.util.Arrays.equals(changed.getBody(), first.getBody()), "its stored answer");
         });
 
         check("restart then resume reuses the same key", () -> {
@@ -166,7 +187,7 @@ public class SmokeTest {
             expect(r.getKey().equals(first.getKey()), "settled under the first key");
         });
 
-        check("an authorizer that throws becomes an error", () -> {
+        check("an authorizer that throws is not sent, of kind authorizer", () -> {
             Config cfg = config(5);
             cfg.setAuthorizer(new Authorizer() {
                 public String authorize(String key) throws Exception {
@@ -174,16 +195,10 @@ public class SmokeTest {
                 }
             });
             Client c = Mobile.open(cfg);
-            String kind = "none";
-            String msg = "";
-            try {
-                c.pay("checkout:auth", "/payments", cart(1500, "cus_1"), null);
-            } catch (Exception e) {
-                msg = e.getMessage();
-                kind = Mobile.errorKind(msg);
-            }
+            Result r = c.pay("checkout:auth", "/payments", cart(1500, "cus_1"), null);
             c.close();
-            expect(kind.equals("authorizer"), "error kind " + kind + " (" + msg + ")");
+            expect(r.getOutcome().equals(Mobile.OutcomeNotSent), "outcome " + r.getOutcome());
+            expect(r.getKind().equals(Mobile.KindAuthorizer), "kind " + r.getKind() + " (" + r.getDetail() + ")");
         });
 
         System.out.println(failed == 0 ? "ALL PASSED" : failed + " FAILED");

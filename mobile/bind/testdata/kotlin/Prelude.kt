@@ -3,7 +3,7 @@
 
 import java.io.File
 
-class AppContext {
+class AppContext : android.content.Context() {
     val filesDir: File = File(".")
 }
 
@@ -18,6 +18,8 @@ fun showDeclined(problemType: String) {}
 fun showNotPaid() {}
 fun reportBug(problemType: String) {}
 fun showPending(key: String) {}
+fun showAlreadyPaid(key: String) {}
+fun showOffline() {}
 fun signIn() {}
 
 object session {

@@ -9,6 +9,9 @@ void showDeclined(NSString *problemType);
 void showNotPaid(void);
 void reportBug(NSString *problemType);
 void showPending(NSString *key);
+void showAlreadyPaid(NSString *key);
+void showOffline(void);
+void signIn(void);
 
 // The app's Authorizer: an object of its own that conforms to the
 // protocol, set as a field of the Config.
@@ -32,17 +35,19 @@ void pay(NSString *dir, NSData *body) {
 		return;
 	}
 
-	MobileIntentList *left = [client unresolved:&err];
+	// Settle what an earlier run left, keeping what the user was told
+	// was not sent.
+	MobileResultList *left = [client settleAll:nil error:&err];
 	for (int64_t i = 0; i < [left len]; i++) {
-		MobileIntentInfo *in = [left get:i];
-		MobileResult *r = [client settle:[in key] cancel:nil error:&err];
-		NSLog(@"%@: %@", [in name], [r outcome]);
+		MobileResult *r = [left get:i];
+		NSLog(@"%@: %@ (%@)", [r key], [r outcome], [r kind]);
 	}
 
 	MobileCancel *cancel = [[MobileCancel alloc] init];
 	MobileResult *res = [client pay:@"checkout:cart-42" path:@"/payments" body:body cancel:cancel error:&err];
 	if (res == nil) {
-		if ([MobileErrorKind([err localizedDescription]) isEqualToString:@"canceled"]) {
+		// The kind is read from the error itself, never its message.
+		if ([MobileErrorKind(err) isEqualToString:MobileKindCanceled]) {
 			return;
 		}
 		NSLog(@"%@", err);
@@ -51,12 +56,20 @@ void pay(NSString *dir, NSData *body) {
 	NSString *outcome = [res outcome];
 	if ([outcome isEqualToString:MobileOutcomeSucceeded]) {
 		showReceipt([res body]);
+	} else if ([outcome isEqualToString:MobileOutcomeAlreadyPaid]) {
+		showAlreadyPaid([res key]);
 	} else if ([outcome isEqualToString:MobileOutcomeFailed]) {
 		showDeclined([res problemType]);
 	} else if ([outcome isEqualToString:MobileOutcomeVoid]) {
 		showNotPaid();
 	} else if ([outcome isEqualToString:MobileOutcomeRejected]) {
-		reportBug([res problemType]);
+		reportBug([res kind]); // key_reused, key_rejected or rejected
+	} else if ([outcome isEqualToString:MobileOutcomeNotSent]) {
+		if ([[res kind] isEqualToString:MobileKindAuthorizer]) {
+			signIn();
+		} else {
+			showOffline();
+		}
 	} else {
 		showPending([res key]); // blocked, expired or unknown
 	}

@@ -1,0 +1,56 @@
+package mobile
+
+import (
+	"testing"
+
+	"github.com/idemkit/idem/internal/mutant"
+)
+
+// TestMutants requires the facade's tests to kill the mutants of its rules
+// for kinds and outcomes. The root's table holds the facade's older rows.
+func TestMutants(t *testing.T) {
+	mutant.Test(t, []mutant.Mutant{
+		{
+			Name: "already-paid-as-succeeded", File: "mobile/result.go",
+			Note:    "a changed cart of an action paid earlier is answered as its own success",
+			Anchor:  "r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeAlreadyPaid, KindAlreadyPaid, true, resolved.Error()",
+			Replace: "r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeSucceeded, KindSucceeded, true, resolved.Error()",
+			Pkg:     "./mobile", Run: "^TestPayAChangedCartOfAPaidActionSaysItIsAlreadyPaid$",
+		},
+		{
+			Name: "storage-kind-hidden", File: "mobile/result.go",
+			Note:    "an outcome unknown because a write failed gives no kind storage",
+			Anchor:  "\tif errors.As(err, &save) {\n\t\treturn KindStorage\n",
+			Replace: "\tif errors.As(err, &save) && false {\n\t\treturn KindStorage\n",
+			Pkg:     "./mobile", Run: "^TestResultKind$",
+		},
+		{
+			Name: "key-reused-kind-hidden", File: "mobile/result.go",
+			Note:    "a key the server saw with another request is of kind rejected, like any refusal",
+			Anchor:  "\t\treturn KindKeyReused\n",
+			Replace: "\t\treturn KindRejected\n",
+			Pkg:     "./mobile", Run: "^TestResultKind$",
+		},
+		{
+			Name: "maybe-sent-device-failure-is-error", File: "mobile/result.go",
+			Note:    "a device failure on an intent that may have been sent is an error, which says nothing was sent",
+			Anchor:  "if s := in.State(); s == persist.StatePending || s == persist.StateExpired {",
+			Replace: "if s := in.State(); false {",
+			Pkg:     "./mobile", Run: "^TestADeviceFailureOnAnIntentThatMayHaveBeenSentIsUnknown$",
+		},
+		{
+			Name: "authorizer-kind-lost", File: "mobile/result.go",
+			Note:    "a call the Authorizer ended does not say so",
+			Anchor:  "\t\t\tr.Kind = KindAuthorizer\n",
+			Replace: "\t\t\t_ = KindAuthorizer\n",
+			Pkg:     "./mobile", Run: "^TestAuthorizerFailureBeforeAnyAttemptIsNotSentOfKindAuthorizer$",
+		},
+		{
+			Name: "error-kind-from-message", File: "mobile/errors.go",
+			Note:    "ErrorKind reads the kind from the error's message",
+			Anchor:  "\tvar e *deviceErr\n\tif errors.As(err, &e) {\n\t\treturn e.kind\n\t}\n",
+			Replace: "\tif k, _, ok := strings.Cut(strings.TrimPrefix(err.Error(), \"idem[\"), \"]\"); ok && errors.Is(err, err) {\n\t\treturn k\n\t}\n",
+			Pkg:     "./mobile", Run: "^TestErrorKind$",
+		},
+	})
+}
