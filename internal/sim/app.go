@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"time"
@@ -253,6 +254,10 @@ func (a *app) pay(c *cart) {
 		}
 		w.tracef("d%d/%s: a second tap on the other Client: intent %v, err %v", a.d.id, a.name, in2 != nil, err)
 	}
+	if w.faulty && w.appRNG.chance(w.cfg.Faults.rate(faultHandOut)) {
+		a.handOut(cl, in)
+		return
+	}
 	written := a.d.written
 	err = a.settle(cl, in, true)
 	var re *idem.RetryError
@@ -265,6 +270,36 @@ func (a *app) pay(c *cart) {
 	if in2 != nil {
 		w.bind(in2.Key(), c)
 		a.settle(other, in2, true)
+	}
+}
+
+// handOut is a Pay button whose app sends the intent's exact request
+// through an http.Client of its own (Client.HTTPRequest). The answer is
+// not recorded: the checkout's next step asks idem, which settles the
+// intent from the server's record. The app tells the Client when its send
+// ended, unless it dies first.
+func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
+	w := a.d.w
+	ctx := context.Background()
+	w.userAsks(in.Key())
+	req, err := cl.HTTPRequest(ctx, in)
+	w.tracef("d%d/%s: HTTPRequest for %s: err %v", a.d.id, a.name, in.Key(), err)
+	if err != nil {
+		return
+	}
+	w.stats.fault(faultHandOut.Name())
+	hc := &http.Client{Transport: transport{a.d}}
+	resp, err := hc.Do(req)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		w.tracef("d%d/%s: the app's own send of %s gets %d", a.d.id, a.name, in.Key(), resp.StatusCode)
+	} else {
+		w.tracef("d%d/%s: the app's own send of %s fails: %v", a.d.id, a.name, in.Key(), err)
+	}
+	if w.appRNG.chance(0.7) {
+		err := cl.SendEnded(ctx, in)
+		w.tracef("d%d/%s: SendEnded %s: err %v", a.d.id, a.name, in.Key(), err)
 	}
 }
 
@@ -281,14 +316,8 @@ func (d *device) pickClient() *idem.Client {
 // reconciles it. asks says the user asked for it (pressed Pay): only that
 // may send an intent the app was told was not sent.
 func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
-	if info := a.d.w.intents[in.Key()]; asks && info != nil {
-		// The user asks for the cart: any intent of it (a split double
-		// tap's other Client arms the first tap's intent and sends it).
-		for _, other := range a.d.w.intents {
-			if other.cart == info.cart {
-				other.promisedUnsent = false
-			}
-		}
+	if asks {
+		a.d.w.userAsks(in.Key())
 	}
 	written := a.d.written
 	resp, err := cl.Do(context.Background(), in)

@@ -134,6 +134,7 @@ func (d *device) start() {
 		Store:       d.store,
 		Clock:       deviceClock{d},
 		RetryPolicy: d.policy,
+		Authorizer:  d.authorize,
 		Server: idem.Server{
 			Retention:       d.w.cfg.Retention,
 			RetentionMargin: d.w.cfg.Margin,
@@ -157,6 +158,21 @@ func (d *device) start() {
 	d.w.tracef("d%d starts (quoted keys: %v, clock offset %s)", d.id, d.quoted, d.offset)
 	d.up = true
 	d.restarted = true
+}
+
+var errTokenRefresh = errors.New("sim: the token refresh cannot reach the auth server")
+
+// authorize is the app's Authorizer: the device's credentials, or, by
+// chance while the world is faulty, a token refresh that fails. (The
+// network names the device by its principal whatever the header says.)
+func (d *device) authorize(context.Context, string) (string, error) {
+	w := d.w
+	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultAuthorizer)) {
+		w.stats.fault(faultAuthorizer.Name())
+		w.tracef("d%d: the Authorizer fails", d.id)
+		return "", errTokenRefresh
+	}
+	return d.principal, nil
 }
 
 // maybeCrash kills the device here, by chance, while the world is faulty.
