@@ -304,8 +304,20 @@ func (s *deviceStore) Write(ctx context.Context, rec, old *persist.Record) error
 	}
 	// A write checks the stored records first: the device may die there.
 	s.d.maybeCrash("before a store read")
-	return s.write("save", func() error { return s.Store.Write(ctx, rec, old) })
+	return s.write("save", func() error {
+		if err := s.Store.Write(ctx, rec, old); err != nil {
+			return err
+		}
+		if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultWriteLands)) {
+			w.stats.fault(faultWriteLands.Name())
+			w.tracef("d%d: the write of %s (%s) lands, and reports an error", s.d.id, rec.Key, rec.State)
+			return errSyncFailed
+		}
+		return nil
+	})
 }
+
+var errSyncFailed = errors.New("sim: fsync: input/output error")
 
 func (s *deviceStore) Delete(ctx context.Context, old *persist.Record) error {
 	s.d.maybeCrash("before a store read")

@@ -41,6 +41,7 @@ const (
 	faultTwoClients
 	faultSaveAfterAnswer
 	faultNotSentWrite
+	faultWriteLands
 	faultOuterRetry
 	faultClockDays
 	faultAuthorizer
@@ -107,6 +108,10 @@ var faultTable = [numFaults]faultInfo{
 	// Per write of "not sent": the disk is full right then, so the app
 	// must not be told "not sent".
 	faultNotSentWrite: {"device.not-sent-write-fails", 0.3, true, ""},
+	// Per write: the record reaches the disk, and the write reports an
+	// error all the same (its fsync failed): the writer cannot tell
+	// whether it landed. An arming write that fails may have armed.
+	faultWriteLands: {"device.write-lands-but-fails", 0.02, true, ""},
 	// Per tap: the app pays through Client.RoundTripper under an API
 	// client that resends the same *http.Request after an error.
 	faultOuterRetry: {"app.outer-retry", 0.1, true, ""},

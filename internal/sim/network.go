@@ -90,7 +90,13 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if faulty && r.chance(rate(faultOffline)) {
 		w.stats.fault(faultOffline.Name())
-		d.offline = maxTime(d.offline, w.clk.now.Add(r.between(time.Minute, 10*time.Minute)))
+		away := r.between(time.Minute, 10*time.Minute)
+		if r.chance(0.1) {
+			// A flight, a holiday in airplane mode: the tap is retried a
+			// day or two later.
+			away = r.between(20*time.Hour, 50*time.Hour)
+		}
+		d.offline = maxTime(d.offline, w.clk.now.Add(away))
 		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(epoch))
 	}
 	if faulty && w.clk.now.Before(d.offline) {
