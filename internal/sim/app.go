@@ -49,6 +49,16 @@ type app struct {
 	name  string
 	sess  *session
 	nSess int
+	// outbox holds requests HTTPRequest handed out that the app sends at
+	// its next action; it is in memory, and lost when the device dies.
+	outbox []handedOut
+}
+
+// handedOut is a request the app holds to send later, and its intent.
+type handedOut struct {
+	cl  *idem.Client
+	in  *idem.Intent
+	req *http.Request
 }
 
 func (a *app) newSession() {
@@ -86,6 +96,15 @@ func (c *cart) request() idem.Request {
 func (a *app) step() {
 	w := a.d.w
 	r := w.appRNG
+	if len(a.outbox) > 0 {
+		// The app sends what it held first, however long ago it was
+		// handed out.
+		out := a.outbox
+		a.outbox = nil
+		for _, h := range out {
+			a.sendHandedOut(h)
+		}
+	}
 	if a.sess != nil && a.sess.paid && w.cfg.Faults[faultClockDays] && r.chance(0.1) {
 		// The user taps Pay again on the paid cart: a no-op, whatever
 		// Prune has removed since.
@@ -288,6 +307,24 @@ func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
 		return
 	}
 	w.stats.fault(faultHandOut.Name())
+	h := handedOut{cl: cl, in: in, req: req}
+	if w.appRNG.chance(0.5) {
+		// The app queues it in an outbox of its own, and sends it at
+		// its next action.
+		a.outbox = append(a.outbox, h)
+		w.tracef("d%d/%s: the app holds the request of %s in its outbox", a.d.id, a.name, in.Key())
+		return
+	}
+	a.sendHandedOut(h)
+}
+
+// sendHandedOut sends a request HTTPRequest handed out through the app's
+// own http.Client, and tells the Client when the send ended, unless the
+// device dies first.
+func (a *app) sendHandedOut(h handedOut) {
+	w := a.d.w
+	ctx := context.Background()
+	cl, in, req := h.cl, h.in, h.req
 	hc := &http.Client{Transport: transport{a.d}}
 	resp, err := hc.Do(req)
 	if err == nil {

@@ -186,6 +186,9 @@ func (d *device) maybeCrash(where string) {
 // die ends the device's process: nothing in memory survives.
 func (d *device) die(quick bool) {
 	d.gen++
+	for _, a := range d.apps {
+		a.outbox = nil
+	}
 	d.client = nil
 	d.client2 = nil
 	d.up = false
