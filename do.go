@@ -116,6 +116,11 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 		if err != nil {
 			return nil, err
 		}
+		if unsent && !stillUnsent {
+			// Taken over from another Client, which may be sending it:
+			// this call can no longer end "not sent".
+			c.keys.tookOver(rec.Key)
+		}
 		rec, unsent = held, stillUnsent
 	}
 

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -1401,4 +1402,67 @@ func TestTakeOver(t *testing.T) {
 		assert.NotEqual(t, persist.StateFailed, in.State(), "told failed while the daemon's send charged it")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one cart, one charge")
 	})
+	t.Run("a Client whose not-sent intent another Client armed and sent never ends it not sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		st := &outcomeFailStore{Store: e.store}
+		st.fail.Store(true)
+		var authFails atomic.Bool
+		auth := func(c *idem.Config) {
+			c.Authorizer = func(context.Context, string) (string, error) {
+				if authFails.Load() {
+					return "", errors.New("token refresh failed")
+				}
+				return "", nil
+			}
+		}
+		a := e.newClient(t, idem.WithStore(st), auth)
+		b := e.newClient(t, idem.WithStore(st), auth)
+		req := e.paymentRequest(t, 100, "cus_1")
+
+		// B's tap ends "not sent": its Authorizer failed.
+		first, err := b.Intent(ctx, "tips", req)
+		require.NoError(t, err)
+		authFails.Store(true)
+		_, err = b.Do(ctx, first)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		authFails.Store(false)
+
+		// The user taps again; both parts of the app hold the intent. A
+		// sends it and the server charges; the disk fills before A
+		// records the answer.
+		onA, err := a.Intent(ctx, "tips", req)
+		require.NoError(t, err)
+		onB, err := b.Intent(ctx, "tips", req)
+		require.NoError(t, err)
+		require.Equal(t, onA.Key(), onB.Key())
+		_, err = a.Do(ctx, onA)
+		require.Error(t, err)
+		require.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+		// B's call sends nothing (its Authorizer fails again), but A's
+		// request was charged: B must not say, nor store, "not sent".
+		authFails.Store(true)
+		_, err = b.Do(ctx, onB)
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		stored, err := st.Get(ctx, onB.Key())
+		require.NoError(t, err)
+		assert.NotEqual(t, persist.StateNotSent, stored.State)
+	})
+}
+
+// outcomeFailStore fails the writes of resolved records while fail is set:
+// the disk fills up right after the server's answer.
+type outcomeFailStore struct {
+	persist.Store
+	fail atomic.Bool
+}
+
+func (s *outcomeFailStore) Write(ctx context.Context, rec, old *persist.Record) error {
+	if s.fail.Load() && rec.State.Resolved() {
+		return errors.New("no space left on device")
+	}
+	return s.Store.Write(ctx, rec, old)
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // handOut arms in and stores it as handed out before HTTPRequest gives
-// the app its exact request (the table's evHandOut): from then on the app
+// the app its exact request (the table's evHandOut). An intent too old to
+// send is refused, resolved or not. From then on the app
 // may send it at any time, through any client. So it is never provably
 // unsent again, a changed cart never replaces it, and no lookup's "not
 // found" is trusted until the app reports that its send ended
@@ -33,6 +34,18 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 		return fmt.Errorf("idem: loading intent %s: %w", in.Key(), err)
 	}
 	in.set(cur)
+	// An intent too old to send is not handed out, resolved or not: the
+	// server may have forgotten its key, and would do its work anew.
+	if cur.State == persist.StateExpired || cur.State != persist.StateNotSent && c.left(cur) <= 0 {
+		if cur.State.Resolved() {
+			return fmt.Errorf("idem: intent %s is %s and too old to send again: the server may no longer hold its key; nothing was handed out", cur.Key, cur.State)
+		}
+		rec := *cur
+		if _, err := c.adopted(c.recordExpiry(ctx, in, &rec)); err != nil {
+			return err
+		}
+		return fmt.Errorf("idem: intent %s was resolved meanwhile, and is too old to send again; nothing was handed out", cur.Key)
+	}
 	if cur.State.Resolved() || cur.HandedOut {
 		return nil
 	}

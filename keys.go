@@ -272,6 +272,15 @@ func (k *keys) ended(key string, wrote bool, now reading) verdict {
 	return v
 }
 
+// tookOver is a call of key that took it over from another Client, which
+// may have written its request: the table's evWrote.
+func (k *keys) tookOver(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(l.phase, evWrote)
+}
+
 // noAttempt is the end of a call of key before any attempt began, at now.
 func (k *keys) noAttempt(key string, now reading) {
 	k.mu.Lock()

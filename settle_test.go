@@ -589,6 +589,32 @@ func TestHTTPRequest(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, stored.State())
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
+	t.Run("an intent too old to send is never handed out, paid or not", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		paid, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, paid)
+		require.NoError(t, err)
+		open, err := e.client.Intent(ctx, "tip", e.paymentRequest(t, 5, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.HTTPRequest(ctx, open)
+		require.NoError(t, err) // handed out, never sent
+
+		// A day later the server has forgotten both keys: either request
+		// would be charged anew.
+		e.clock.Advance(24 * time.Hour)
+		req, err := e.client.HTTPRequest(ctx, paid)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.Equal(t, persist.StateSucceeded, paid.State())
+		req, err = e.client.HTTPRequest(ctx, open)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Nil(t, req)
+		assert.Equal(t, persist.StateExpired, open.State(), "it is settled through the lookup")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()

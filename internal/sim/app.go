@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"time"
@@ -48,6 +49,16 @@ type app struct {
 	name  string
 	sess  *session
 	nSess int
+	// outbox holds requests HTTPRequest handed out that the app sends at
+	// its next action; it is in memory, and lost when the device dies.
+	outbox []handedOut
+}
+
+// handedOut is a request the app holds to send later, and its intent.
+type handedOut struct {
+	cl  *idem.Client
+	in  *idem.Intent
+	req *http.Request
 }
 
 func (a *app) newSession() {
@@ -85,6 +96,15 @@ func (c *cart) request() idem.Request {
 func (a *app) step() {
 	w := a.d.w
 	r := w.appRNG
+	if len(a.outbox) > 0 {
+		// The app sends what it held first, however long ago it was
+		// handed out.
+		out := a.outbox
+		a.outbox = nil
+		for _, h := range out {
+			a.sendHandedOut(h)
+		}
+	}
 	if a.sess != nil && a.sess.paid && w.cfg.Faults[faultClockDays] && r.chance(0.1) {
 		// The user taps Pay again on the paid cart: a no-op, whatever
 		// Prune has removed since.
@@ -253,6 +273,10 @@ func (a *app) pay(c *cart) {
 		}
 		w.tracef("d%d/%s: a second tap on the other Client: intent %v, err %v", a.d.id, a.name, in2 != nil, err)
 	}
+	if w.faulty && w.appRNG.chance(w.cfg.Faults.rate(faultHandOut)) {
+		a.handOut(cl, in)
+		return
+	}
 	written := a.d.written
 	err = a.settle(cl, in, true)
 	var re *idem.RetryError
@@ -265,6 +289,54 @@ func (a *app) pay(c *cart) {
 	if in2 != nil {
 		w.bind(in2.Key(), c)
 		a.settle(other, in2, true)
+	}
+}
+
+// handOut is a Pay button whose app sends the intent's exact request
+// through an http.Client of its own (Client.HTTPRequest). The answer is
+// not recorded: the checkout's next step asks idem, which settles the
+// intent from the server's record. The app tells the Client when its send
+// ended, unless it dies first.
+func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
+	w := a.d.w
+	ctx := context.Background()
+	w.userAsks(in.Key())
+	req, err := cl.HTTPRequest(ctx, in)
+	w.tracef("d%d/%s: HTTPRequest for %s: err %v", a.d.id, a.name, in.Key(), err)
+	if err != nil {
+		return
+	}
+	w.stats.fault(faultHandOut.Name())
+	h := handedOut{cl: cl, in: in, req: req}
+	if w.appRNG.chance(0.5) {
+		// The app queues it in an outbox of its own, and sends it at
+		// its next action.
+		a.outbox = append(a.outbox, h)
+		w.tracef("d%d/%s: the app holds the request of %s in its outbox", a.d.id, a.name, in.Key())
+		return
+	}
+	a.sendHandedOut(h)
+}
+
+// sendHandedOut sends a request HTTPRequest handed out through the app's
+// own http.Client, and tells the Client when the send ended, unless the
+// device dies first.
+func (a *app) sendHandedOut(h handedOut) {
+	w := a.d.w
+	ctx := context.Background()
+	cl, in, req := h.cl, h.in, h.req
+	hc := &http.Client{Transport: transport{a.d}}
+	resp, err := hc.Do(req)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		w.tracef("d%d/%s: the app's own send of %s gets %d", a.d.id, a.name, in.Key(), resp.StatusCode)
+	} else {
+		w.tracef("d%d/%s: the app's own send of %s fails: %v", a.d.id, a.name, in.Key(), err)
+	}
+	if w.appRNG.chance(0.7) {
+		err := cl.SendEnded(ctx, in)
+		w.tracef("d%d/%s: SendEnded %s: err %v", a.d.id, a.name, in.Key(), err)
 	}
 }
 
@@ -281,14 +353,8 @@ func (d *device) pickClient() *idem.Client {
 // reconciles it. asks says the user asked for it (pressed Pay): only that
 // may send an intent the app was told was not sent.
 func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
-	if info := a.d.w.intents[in.Key()]; asks && info != nil {
-		// The user asks for the cart: any intent of it (a split double
-		// tap's other Client arms the first tap's intent and sends it).
-		for _, other := range a.d.w.intents {
-			if other.cart == info.cart {
-				other.promisedUnsent = false
-			}
-		}
+	if asks {
+		a.d.w.userAsks(in.Key())
 	}
 	written := a.d.written
 	resp, err := cl.Do(context.Background(), in)

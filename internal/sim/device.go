@@ -134,6 +134,7 @@ func (d *device) start() {
 		Store:       d.store,
 		Clock:       deviceClock{d},
 		RetryPolicy: d.policy,
+		Authorizer:  d.authorize,
 		Server: idem.Server{
 			Mark:            idem.MarkEcho,
 			Retention:       d.w.cfg.Retention,
@@ -160,6 +161,21 @@ func (d *device) start() {
 	d.restarted = true
 }
 
+var errTokenRefresh = errors.New("sim: the token refresh cannot reach the auth server")
+
+// authorize is the app's Authorizer: the device's credentials, or, by
+// chance while the world is faulty, a token refresh that fails. (The
+// network names the device by its principal whatever the header says.)
+func (d *device) authorize(context.Context, string) (string, error) {
+	w := d.w
+	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultAuthorizer)) {
+		w.stats.fault(faultAuthorizer.Name())
+		w.tracef("d%d: the Authorizer fails", d.id)
+		return "", errTokenRefresh
+	}
+	return d.principal, nil
+}
+
 // maybeCrash kills the device here, by chance, while the world is faulty.
 func (d *device) maybeCrash(where string) {
 	if d.w.faulty && d.w.devRNG.chance(d.w.cfg.Faults.rate(faultCrash)) {
@@ -171,6 +187,9 @@ func (d *device) maybeCrash(where string) {
 // die ends the device's process: nothing in memory survives.
 func (d *device) die(quick bool) {
 	d.gen++
+	for _, a := range d.apps {
+		a.outbox = nil
+	}
 	d.client = nil
 	d.client2 = nil
 	d.up = false
@@ -289,8 +308,20 @@ func (s *deviceStore) Write(ctx context.Context, rec, old *persist.Record) error
 	}
 	// A write checks the stored records first: the device may die there.
 	s.d.maybeCrash("before a store read")
-	return s.write("save", func() error { return s.Store.Write(ctx, rec, old) })
+	return s.write("save", func() error {
+		if err := s.Store.Write(ctx, rec, old); err != nil {
+			return err
+		}
+		if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultWriteLands)) {
+			w.stats.fault(faultWriteLands.Name())
+			w.tracef("d%d: the write of %s (%s) lands, and reports an error", s.d.id, rec.Key, rec.State)
+			return errSyncFailed
+		}
+		return nil
+	})
 }
+
+var errSyncFailed = errors.New("sim: fsync: input/output error")
 
 func (s *deviceStore) Delete(ctx context.Context, old *persist.Record) error {
 	s.d.maybeCrash("before a store read")

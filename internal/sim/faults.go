@@ -29,6 +29,7 @@ const (
 	faultLookupFallback
 	faultLookupGateway
 	faultLookupReflect
+	faultLookupCache
 
 	faultCrash
 	faultPowerCut
@@ -40,8 +41,11 @@ const (
 	faultTwoClients
 	faultSaveAfterAnswer
 	faultNotSentWrite
+	faultWriteLands
 	faultOuterRetry
 	faultClockDays
+	faultAuthorizer
+	faultHandOut
 
 	faultServerCrash
 	faultCrashAfterInsert
@@ -53,6 +57,7 @@ const (
 	faultStoreErrorComplete
 	faultSweep
 	faultStored5xx
+	faultSeeOther
 
 	numFaults
 )
@@ -84,6 +89,10 @@ var faultTable = [numFaults]faultInfo{
 	faultLookupFallback:  {"lookup.fallback-200", 0.08, true, ""},
 	faultLookupGateway:   {"lookup.gateway-4xx", 0.08, true, ""},
 	faultLookupReflect:   {"lookup.reflecting-gateway", 0.08, true, ""},
+	// Per lookup: a CDN whose rule caches everything on the path answers
+	// from its cache, with the Age it kept the answer, whatever the
+	// answer's no-store said. Its cache key is the URL alone.
+	faultLookupCache: {"lookup.caching-cdn", 0.3, true, ""},
 
 	faultCrash:        {"device.crash", 0.02, true, ""},
 	faultPowerCut:     {"device.power-cut", 0.01, true, ""},
@@ -99,12 +108,24 @@ var faultTable = [numFaults]faultInfo{
 	// Per write of "not sent": the disk is full right then, so the app
 	// must not be told "not sent".
 	faultNotSentWrite: {"device.not-sent-write-fails", 0.3, true, ""},
+	// Per write: the record reaches the disk, and the write reports an
+	// error all the same (its fsync failed): the writer cannot tell
+	// whether it landed. An arming write that fails may have armed.
+	faultWriteLands: {"device.write-lands-but-fails", 0.02, true, ""},
 	// Per tap: the app pays through Client.RoundTripper under an API
 	// client that resends the same *http.Request after an error.
 	faultOuterRetry: {"app.outer-retry", 0.1, true, ""},
 	// Per user action: the device clock goes days behind or ahead, and is
 	// corrected later; the app prunes its store at every start.
 	faultClockDays: {"device.clock-days", 0.005, true, ""},
+	// Per attempt: the app's Authorizer fails (a token refresh that
+	// cannot reach its server) before the attempt is sent.
+	faultAuthorizer: {"app.authorizer-fails", 0.05, true, ""},
+	// Per tap: the app asks for the intent's exact request
+	// (Client.HTTPRequest) and sends it through an http.Client of its
+	// own, which may hold it in transit like any other; the app tells
+	// the Client when its send ended, unless it dies first.
+	faultHandOut: {"app.hand-out", 0.1, true, ""},
 
 	faultServerCrash:        {"server.crash", 0.003, true, ""},
 	faultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},
@@ -116,6 +137,9 @@ var faultTable = [numFaults]faultInfo{
 	faultStoreErrorComplete: {"server.store-error-complete", 0.02, true, ""},
 	faultSweep:              {"server.sweep", 1, true, ""},
 	faultStored5xx:          {"server.stored-5xx", 0.5, true, ""},
+	// Per charge: the server answers the created payment with 303 See
+	// Other to it, and replays that answer to every retry.
+	faultSeeOther: {"server.see-other", 0.2, true, ""},
 }
 
 // Name returns the fault's name.

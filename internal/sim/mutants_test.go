@@ -156,6 +156,41 @@ var mutants = []mutant.Mutant{
 		Anchor:  "\t\tage = max(age, r.boot-cl.Armed)\n",
 		Replace: "\t\t_ = cl\n",
 	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "lookup-cached-miss-trusted", File: "reconcile.go",
+		Note:    "a lookup's miss that a CDN kept from before the payment voids the intent (lookup.caching-cdn)",
+		Anchor:  "\t\tif !echoesNonce(resp.Header, nonce) {\n",
+		Replace: "\t\tif false && !echoesNonce(resp.Header, nonce) {\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "see-other-failed", File: "answer.go",
+		Note:    "the server's 303 See Other to the payment it made is stored as failed (server.see-other)",
+		Anchor:  "\tcase done(status):\n",
+		Replace: "\tcase isSuccess(status):\n",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "authorizer-failure-not-sent", File: "call.go",
+		Note:    "an Authorizer that fails on a later attempt ends the call \"not sent\", though an earlier attempt was written (app.authorizer-fails)",
+		Anchor:  "return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0",
+		Replace: "return st.authErr != nil || !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "hand-out-not-marked", File: "handout.go",
+		Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit (app.hand-out)",
+		Anchor:  "\trec.HandedOut = true\n",
+		Replace: "",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
+		Name: "hand-out-past-expiry", File: "handout.go",
+		Note:    "an intent too old to send is handed out, and the server, which forgot its key, charges it again (app.hand-out)",
+		Anchor:  "\tif cur.State == persist.StateExpired || cur.State != persist.StateNotSent && c.left(cur) <= 0 {\n",
+		Replace: "\tif false {\n",
+	},
 	// prune-by-wall-clock and age-ignores-wall-mark are the root
 	// package's: the tombstone keeps what a paid action needs whatever
 	// Prune's age says, and the world's devices never reboot, so the

@@ -90,7 +90,13 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if faulty && r.chance(rate(faultOffline)) {
 		w.stats.fault(faultOffline.Name())
-		d.offline = maxTime(d.offline, w.clk.now.Add(r.between(time.Minute, 10*time.Minute)))
+		away := r.between(time.Minute, 10*time.Minute)
+		if r.chance(0.1) {
+			// A flight, a holiday in airplane mode: the tap is retried a
+			// day or two later.
+			away = r.between(20*time.Hour, 50*time.Hour)
+		}
+		d.offline = maxTime(d.offline, w.clk.now.Add(away))
 		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(epoch))
 	}
 	if faulty && w.clk.now.Before(d.offline) {
@@ -170,6 +176,16 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		w.stats.fault(faultLookupGateway.Name())
 		return d.respond(req, answer{status: pick(r, http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired),
 			header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Access denied</html>")}, false), nil
+	case isLookup && w.cdn[req.URL.String()] != nil && r.chance(rate(faultLookupCache)):
+		// The CDN answers from its cache: the server's answer to an
+		// earlier lookup of the key, nonce echo and all.
+		w.stats.fault(faultLookupCache.Name())
+		c := w.cdn[req.URL.String()]
+		a := c.ans
+		a.header = a.header.Clone()
+		a.header.Set("Age", strconv.Itoa(int(w.clk.now.Sub(c.at)/time.Second)))
+		w.tracef("d%d: the CDN answers %s from its cache (%d, age %s)", d.id, req.URL, a.status, w.clk.now.Sub(c.at))
+		return d.respond(req, a, false), nil
 	case isLookup && r.chance(rate(faultLookupReflect)):
 		// A debugging gateway reflects the request into its own answer:
 		// its header fields, and its query parameters as header fields.
@@ -282,7 +298,17 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return d.respond(req, a, false), nil
 	}
+	if isLookup && w.cfg.Faults[faultLookupCache] && !fl.cut {
+		// A CDN whose rule caches everything keeps the answer.
+		w.cdn[req.URL.String()] = &cached{ans: fl.ans, at: w.clk.now}
+	}
 	return d.respond(req, fl.ans, fl.cut), nil
+}
+
+// cached is an answer a CDN on the lookup's path keeps, and when it got it.
+type cached struct {
+	ans answer
+	at  time.Time
 }
 
 // send delivers a copy of a request to the server after transit, and its

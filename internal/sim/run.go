@@ -119,6 +119,9 @@ type world struct {
 	falseNotSent []string
 	// maxAhead is the furthest ahead a device clock has been set for days.
 	maxAhead time.Duration
+	// cdn is what a CDN on the lookup's path keeps, by URL
+	// (lookup.caching-cdn).
+	cdn map[string]*cached
 }
 
 // intentInfo is what the world knows of an intent: its cart and what the
@@ -136,6 +139,21 @@ type intentInfo struct {
 func (w *world) toldNotSent(key string, err error) {
 	if info := w.intents[key]; info != nil && errors.Is(err, idem.ErrNotSent) {
 		info.promisedUnsent = true
+	}
+}
+
+// userAsks records that the user asked for the cart of key (pressed Pay):
+// any intent of it may be sent again (a split double tap's other Client
+// arms the first tap's intent and sends it).
+func (w *world) userAsks(key string) {
+	info := w.intents[key]
+	if info == nil {
+		return
+	}
+	for _, other := range w.intents {
+		if other.cart == info.cart {
+			other.promisedUnsent = false
+		}
 	}
 }
 
@@ -198,6 +216,7 @@ func run(cfg config) result {
 		intents:   make(map[string]*intentInfo),
 		shown:     make(map[string]bool),
 		carts:     make(map[string]*cart),
+		cdn:       make(map[string]*cached),
 		faulty:    true,
 	}
 	uuid.SetRand(keyReader{w.keyRNG})

@@ -30,6 +30,9 @@ type charge struct {
 	customer  string
 	desc      string // names the cart: "d3/shop/s5/c2"
 	at        time.Time
+	// seeOther: the server answers the payment with 303 See Other to
+	// it, not 201 (server.see-other).
+	seeOther bool
 }
 
 // serverFaults are what the world does to one request inside the server.
@@ -188,6 +191,10 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 		}
 		ch = &charge{stableID: info.StableID, principal: info.ID.Principal, key: info.ID.Key, amount: *req.Amount,
 			customer: *req.Customer, desc: req.Description, at: s.w.clk.now}
+		if s.w.faulty && s.w.serverRNG.chance(s.w.cfg.Faults.rate(faultSeeOther)) {
+			s.w.stats.fault(faultSeeOther.Name())
+			ch.seeOther = true
+		}
 		s.byStable[info.StableID] = ch
 		s.charges = append(s.charges, ch)
 		bare := idempotency.ID{Principal: ch.principal, Key: strings.TrimSuffix(ch.key, rawQuotedSuffix)}
@@ -204,10 +211,28 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 		s.ledger[id] = out
 		return nil
 	})
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/payments/"+ch.stableID)
+	if ch.seeOther {
+		// The work is done; its result is at Location. The middleware
+		// stores and replays this answer like any other.
+		w.WriteHeader(http.StatusSeeOther)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_, _ = w.Write(out)
+}
+
+// payment serves GET /payments/{id}, where a 303 sends the app's own
+// http.Client.
+func (s *server) payment(w http.ResponseWriter, id string) {
+	ch, ok := s.byStable[id]
+	if !ok {
+		writeProblem(w, http.StatusNotFound, "not-found", "")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(paymentJSON(ch))
 }
 
 // charged reports a charge under key, as the request spelled it, for
@@ -360,6 +385,8 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		}
 	case req.URL.Path == "/payments" && method == http.MethodGet:
 		s.lookup(rec, req)
+	case strings.HasPrefix(req.URL.Path, "/payments/") && method == http.MethodGet:
+		s.payment(rec, strings.TrimPrefix(req.URL.Path, "/payments/"))
 	case strings.HasPrefix(req.URL.Path, "/payments"):
 		writeProblem(rec, http.StatusMethodNotAllowed, "method", "")
 	default:
