@@ -23,7 +23,7 @@ func TestConfigMark(t *testing.T) {
 			cfg.Mark = mark
 			_, err := Open(cfg)
 			require.Error(t, err, "%q", mark)
-			assert.Equal(t, kindConfig, ErrorKind(err.Error()))
+			assert.Equal(t, kindConfig, ErrorKind(err))
 			for _, w := range []string{"Mark", `"echo"`, `"stripe"`, `"adyen"`, `"increase"`, `"json-id"`, "never settles a payment"} {
 				assert.Contains(t, err.Error(), w, "%q", mark)
 			}
