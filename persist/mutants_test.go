@@ -25,7 +25,7 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "stale-index-trusted", File: "persist/index.go",
-			Note:    "OpenDir trusts an index written before the directory's last change (after a power cut, or an earlier release's save)",
+			Note:    "OpenDir trusts an index written before the directory's last change (after a power cut, or a save made without the index)",
 			Anchor:  "\tif at != dirSt || idxSt.Change <= at.Change {\n",
 			Replace: "\tif _ = dirSt; idxSt.Change <= at.Change {\n",
 			Pkg:     "./persist", Run: "^TestPowerCut$",
