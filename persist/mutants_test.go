@@ -152,6 +152,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./persist", Run: "^TestFileLock$",
 		},
 		{
+			Name: "untagged-file-read", File: "persist/codec.go",
+			Note:    "a file name without its action's tag is read as a record, whose damage then stops every action, where it is a stray file",
+			Anchor:  "\tif b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {\n",
+			Replace: "\tif b, err := keyEncoding.DecodeString(tag); tag != \"\" && (err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag) {\n",
+			Pkg:     "./persist", Run: "^TestFileStrayFile$",
+		},
+		{
 			Name: "memory-renamed-record-kept-under-old-name", File: "persist/memory.go",
 			Note:    "a record saved again under another Name stays in its old Name's index, so that action's List and Claim still see it",
 			Anchor:  "\tif had {\n\t\tm.unnameLocked(old)\n\t}\n",
