@@ -41,8 +41,7 @@ func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now 
 
 // latestOf returns the intent created last among recs, the intents of one
 // name: the highest Seq, which no setting of the device's clock moves.
-// Records written before Seq existed have none and come first, ordered by
-// creation time.
+// Records without one (0) come first, ordered by creation time.
 func latestOf(recs []*persist.Record) *persist.Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {

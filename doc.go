@@ -19,8 +19,7 @@ memory only; the tap arms it: its first [Client.Do] saves it in a
 sent. An intent never armed is never sent by anything but a call the app
 makes for it in that process: after a restart only intents whose sending
 had begun are resumed or settled, and a crash before the tap loses only a
-key that was never used. Records in state new written by earlier releases,
-which saved intents when they were made, count as armed.
+key that was never used.
 Every attempt, including those after a crash and restart, sends the same
 method, URL, headers, key and body bytes: they are fixed when the intent is
 created and stored with it, the key's spelling (bare, or quoted with

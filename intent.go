@@ -81,8 +81,12 @@ func (in *Intent) Attempts() int { return in.current().Attempts }
 // resolved. An app shows "pending for 3 minutes" from it.
 func (in *Intent) UpdatedAt() time.Time { return in.current().UpdatedAt }
 
-// CreatedAt returns when the intent was created: its age decides when it
-// may no longer be sent.
+// CreatedAt returns when the intent's age starts. That is the tap that
+// armed it (its first Do or Send), not when Intent or NewIntent made it:
+// the server's retention of its key starts no sooner than its first
+// attempt. Before the tap it is when the intent was made. An intent that
+// ended not sent and is sent again ages from that send, since none began
+// before. Its age decides when it may no longer be sent.
 func (in *Intent) CreatedAt() time.Time { return in.current().CreatedAt }
 
 // Request returns a copy of the request the intent sends.

@@ -1,9 +1,7 @@
 package persist
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"net/http"
@@ -11,16 +9,17 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
-// The benchmarks compare the file store with Memory and with a minimal
-// store on go.etcd.io/bbolt (boltStore below), to decide which engine is the
-// default. Run them with
+// The benchmarks measure the file store, and Memory beside it. Run them
+// with
 //
 //	go test ./persist -run '^$' -bench . -benchtime 200x
 //	go test ./persist -run '^$' -bench OpenList -args -bench100k
+//
+// The comparison with a store on go.etcd.io/bbolt, which chose the file
+// store as the default, is the nested module persist/boltbench: bbolt stays
+// out of idem's go.mod.
 var bench100k = flag.Bool("bench100k", false, "also benchmark open+list of 100,000 intents")
 
 // benchRecord is a realistic payment intent: about 1 KB of JSON on disk,
@@ -70,7 +69,6 @@ func BenchmarkSave(b *testing.B) {
 			return s
 		}},
 		{"memory", func(*testing.B) Store { return NewMemory(nil) }},
-		{"bbolt", func(b *testing.B) Store { return openBolt(b, filepath.Join(b.TempDir(), "idem.db")) }},
 	}
 	for _, e := range engines {
 		b.Run(e.name, func(b *testing.B) {
@@ -117,15 +115,6 @@ func BenchmarkOpenList(b *testing.B) {
 				b.StartTimer()
 			}
 		})
-		b.Run(fmt.Sprintf("bbolt-%d", n), func(b *testing.B) {
-			path := filepath.Join(b.TempDir(), "idem.db")
-			fillBolt(b, path, n)
-			for b.Loop() {
-				s := openBolt(b, path)
-				listUnresolved(b, s, n)
-				s.db.Close()
-			}
-		})
 	}
 }
 
@@ -155,158 +144,6 @@ func fillDir(b *testing.B, dir string, n int) {
 			b.Fatal(err)
 		}
 	}
-}
-
-func fillBolt(b *testing.B, path string, n int) {
-	s := openBolt(b, path)
-	defer s.db.Close()
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		bk := tx.Bucket(boltBucket)
-		for i := range n {
-			r := benchRecord(i, i%10 != 0)
-			data, err := json.Marshal(r)
-			if err != nil {
-				return err
-			}
-			if err := bk.Put([]byte(r.Key), data); err != nil {
-				return err
-			}
-			if !r.State.Resolved() {
-				if err := tx.Bucket(boltOpen).Put([]byte(r.Key), nil); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-}
-
-// boltStore is the smallest Store on bbolt that is as safe and as quick to
-// list unresolved intents as the file store: one durable transaction per
-// Save (bbolt syncs the data, then the meta page), with an index bucket of
-// the unresolved keys kept in the same transaction. It is for the
-// comparison only, not a Store of this package.
-type boltStore struct {
-	db   *bolt.DB
-	opts Options
-}
-
-var (
-	boltBucket = []byte("intents")
-	boltOpen   = []byte("unresolved")
-)
-
-func openBolt(b *testing.B, path string) *boltStore {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		if _, err := tx.CreateBucketIfNotExists(boltBucket); err != nil {
-			return err
-		}
-		_, err := tx.CreateBucketIfNotExists(boltOpen)
-		return err
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { db.Close() })
-	return &boltStore{db: db}
-}
-
-// Write checks only the record of rec.Key, not the records of its Name:
-// enough for the comparison, which writes new keys.
-func (s *boltStore) Write(ctx context.Context, rec, old *Record) error {
-	if err := checkWrite(rec, old); err != nil {
-		return err
-	}
-	r := prepare(rec, s.opts)
-	data, err := encodeRecord(r)
-	if err != nil {
-		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error {
-		var cur *Record
-		if v := tx.Bucket(boltBucket).Get([]byte(r.Key)); v != nil {
-			if cur, err = decodeRecord(bytes.Clone(v)); err != nil {
-				return err
-			}
-		}
-		if err := writable(r, old, cur, nil); err != nil {
-			return err
-		}
-		if err := tx.Bucket(boltBucket).Put([]byte(r.Key), data); err != nil {
-			return err
-		}
-		if r.State.Resolved() {
-			return tx.Bucket(boltOpen).Delete([]byte(r.Key))
-		}
-		return tx.Bucket(boltOpen).Put([]byte(r.Key), nil)
-	})
-}
-
-func (s *boltStore) Get(ctx context.Context, key string) (*Record, error) {
-	var r *Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		data := tx.Bucket(boltBucket).Get([]byte(key))
-		if data == nil {
-			return ErrNotFound
-		}
-		var err error
-		r, err = decodeRecord(data)
-		return err
-	})
-	return r, err
-}
-
-func (s *boltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
-	var out []*Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		all := tx.Bucket(boltBucket)
-		add := func(v []byte) error {
-			r, err := decodeRecord(bytes.Clone(v))
-			if err != nil {
-				return err
-			}
-			if f.match(r) {
-				out = append(out, r)
-			}
-			return nil
-		}
-		if f.Unresolved {
-			return tx.Bucket(boltOpen).ForEach(func(k, _ []byte) error { return add(all.Get(k)) })
-		}
-		return all.ForEach(func(_, v []byte) error { return add(v) })
-	})
-	sortRecords(out)
-	return out, err
-}
-
-func (s *boltStore) Delete(ctx context.Context, old *Record) error {
-	if err := checkDelete(old); err != nil {
-		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error {
-		v := tx.Bucket(boltBucket).Get([]byte(old.Key))
-		if v == nil {
-			return nil
-		}
-		cur, err := decodeRecord(bytes.Clone(v))
-		if err != nil {
-			return err
-		}
-		if err := deletable(old, cur); err != nil {
-			return err
-		}
-		if err := tx.Bucket(boltOpen).Delete([]byte(old.Key)); err != nil {
-			return err
-		}
-		return tx.Bucket(boltBucket).Delete([]byte(old.Key))
-	})
 }
 
 // BenchmarkConcurrentSaves is a command-line client saving many intents at

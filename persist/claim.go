@@ -178,8 +178,8 @@ func writable(rec, old, cur *Record, named []*Record) error {
 
 // latest returns the intent created last among recs, the records of one
 // Name: the highest Seq, which no setting of the device's clock moves.
-// Records written before Seq existed have none and come first, ordered by
-// creation time. recs must not be empty.
+// Records without one (0) come first, ordered by creation time. recs must
+// not be empty.
 func latest(recs []*Record) *Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {

@@ -27,9 +27,6 @@ import (
 // one. OpenDir reads only the unresolved files, and the resolved ones when
 // they are asked for.
 //
-// Files written before names were tagged have no tag ("k-<key>.json"); they
-// are read as before, and a damaged one may belong to any action.
-//
 // Temporary files start with tempPrefix and are never records.
 const (
 	maxEncodedKey  = 143 // 229 bytes of base32: with prefix, tag and suffix, 250
@@ -97,16 +94,14 @@ func parseName(name string) (p parsedName, ok bool) {
 		}
 	}
 	p.resolved = resolved
-	keyPart, tag, tagged := strings.Cut(rest, ".")
-	if tagged {
-		if b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {
-			return p, true // stray
-		}
-		p.tag = tag
+	keyPart, tag, _ := strings.Cut(rest, ".")
+	if b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {
+		return parsedName{resolved: resolved}, true // stray
 	}
+	p.tag = tag
 	if enc, ok := strings.CutPrefix(keyPart, encodedPrefix); ok {
 		b, err := keyEncoding.DecodeString(enc)
-		if err != nil || len(b) == 0 || keyEncoding.EncodeToString(b) != enc {
+		if err != nil || len(b) == 0 || len(b) > maxEncodedKey || keyEncoding.EncodeToString(b) != enc {
 			return parsedName{resolved: resolved}, true // stray
 		}
 		p.key = string(b)
@@ -131,7 +126,7 @@ func (p parsedName) mayHold(f Filter, tag string) bool {
 		if p.id == "" {
 			return false // a stray file belongs to no key, hence to no action
 		}
-		if p.tag != "" && p.tag != tag {
+		if p.tag != tag {
 			return false
 		}
 	}
@@ -158,7 +153,7 @@ func encodeRecord(r *Record) ([]byte, error) {
 // decodeRecord parses the content of a record file. It returns a record
 // that passes Validate, in the form prepare gives, or an error; records of a
 // newer FormatVersion give an error wrapping ErrNewerVersion and are never
-// read as if they were of this one.
+// read as if they were of this one. This release reads no other version.
 func decodeRecord(data []byte) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
@@ -175,7 +170,7 @@ func decodeRecord(data []byte) (*Record, error) {
 	switch {
 	case r.Version > FormatVersion:
 		return nil, newerVersion(r.Version)
-	case r.Version < 1:
+	case r.Version != FormatVersion:
 		return nil, fmt.Errorf("format version %d is not valid", r.Version)
 	}
 	if err := r.Validate(); err != nil {
@@ -186,7 +181,7 @@ func decodeRecord(data []byte) (*Record, error) {
 }
 
 func newerVersion(v int) error {
-	return fmt.Errorf("%w (format version %d; this release reads up to %d)", ErrNewerVersion, v, FormatVersion)
+	return fmt.Errorf("%w (format version %d; this release reads %d)", ErrNewerVersion, v, FormatVersion)
 }
 
 // decodeFile decodes the content of a record file whose name parsed as p,
@@ -210,7 +205,7 @@ func belongs(p parsedName, r *Record) error {
 		return fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
 	case r.State.Resolved() != p.resolved:
 		return fmt.Errorf("the state inside (%s) does not belong to this file name", r.State)
-	case p.tag != "" && nameTag(r.Name) != p.tag:
+	case nameTag(r.Name) != p.tag:
 		return fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)
 	}
 	return nil

@@ -40,9 +40,10 @@ var decodeTests = []struct {
 	{"trailing garbage", mustEncode(validRecord()) + "x", nil, false},
 	{"no version", `{"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
 	{"negative version", `{"version":-1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
-	{"version 1, without key header and sequence", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, true},
-	{"key header with a line break", `{"version":2,"key":"k","key_header":"k\r\nX: y","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
-	{"newer version", `{"version":3,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, ErrNewerVersion, false},
+	{"without key header and sequence", `{"version":1,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, true},
+	{"older version", `{"version":0,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"key header with a line break", `{"version":1,"key":"k","key_header":"k\r\nX: y","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
+	{"newer version", `{"version":2,"key":"k","method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, ErrNewerVersion, false},
 	{"newer version, other types", `{"version":9,"key":[1],"state":{}}`, ErrNewerVersion, false},
 	{"bad state", `{"version":1,"key":"k","method":"POST","url":"/p","state":"done","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
 	{"no key", `{"version":1,"method":"POST","url":"/p","state":"new","created_at":"2026-03-01T12:00:00Z"}`, nil, false},
@@ -109,7 +110,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if err := r.Validate(); err != nil {
 			t.Fatalf("decoded an invalid record: %v", err)
 		}
-		if r.Version < 1 || r.Version > FormatVersion {
+		if r.Version != FormatVersion {
 			t.Fatalf("decoded version %d", r.Version)
 		}
 		again, err := encodeRecord(r)
@@ -184,17 +185,17 @@ func TestParseName(t *testing.T) {
 	}{
 		{k + "." + tag + ".json", true, parsedName{id: k, key: "k", tag: tag}},
 		{k + "." + tag + ".done.json", true, parsedName{id: k, key: "k", tag: tag, resolved: true}},
-		{k + ".json", true, parsedName{id: k, key: "k"}},                                                 // written before names were tagged
-		{stem(strings.Repeat("x", 150)) + ".json", true, parsedName{id: stem(strings.Repeat("x", 150))}}, // hashed
-		{"k-" + keyEncoding.EncodeToString([]byte(strings.Repeat("x", 150))) + ".json", true, // an older, longer encoded key
-			parsedName{id: stem(strings.Repeat("x", 150)), key: strings.Repeat("x", 150)}},
-		{"k-!!.json", true, parsedName{}},                             // stray: no key
-		{"k-.json", true, parsedName{}},                               // stray: empty key
-		{strings.ToUpper(k) + ".json", false, parsedName{}},           // not a record file name
-		{"k-" + strings.ToUpper(k[2:]) + ".json", true, parsedName{}}, // stray: not the store's spelling
-		{"h-abc.done.json", true, parsedName{resolved: true}},         // stray: no hash
-		{k + ".zz.json", true, parsedName{}},                          // stray: no tag
-		{k + "." + tag + ".x.json", true, parsedName{}},               // stray
+		{stem(strings.Repeat("x", 150)) + "." + tag + ".json", true, parsedName{id: stem(strings.Repeat("x", 150)), tag: tag}}, // hashed
+		{k + ".json", true, parsedName{}},                                                                               // stray: no tag
+		{stem(strings.Repeat("x", 150)) + ".json", true, parsedName{}},                                                  // stray: no tag
+		{"k-" + keyEncoding.EncodeToString([]byte(strings.Repeat("x", 150))) + "." + tag + ".json", true, parsedName{}}, // stray: a key spelled out past maxEncodedKey
+		{"k-!!.json", true, parsedName{}},                                                                               // stray: no key
+		{"k-.json", true, parsedName{}},                                                                                 // stray: empty key
+		{strings.ToUpper(k) + ".json", false, parsedName{}},                                                             // not a record file name
+		{"k-" + strings.ToUpper(k[2:]) + ".json", true, parsedName{}},                                                   // stray: not the store's spelling
+		{"h-abc.done.json", true, parsedName{resolved: true}},                                                           // stray: no hash
+		{k + ".zz.json", true, parsedName{}},                                                                            // stray: no tag
+		{k + "." + tag + ".x.json", true, parsedName{}},                                                                 // stray
 		{k + ".txt", false, parsedName{}},
 		{"LOCK", false, parsedName{}},
 		{".tmp-123", false, parsedName{}},

@@ -109,9 +109,9 @@ key can name a path outside the directory, names stay under 255 bytes, and
 two keys never share a file, even on case-insensitive file systems. The
 name tells, even when the file is unreadable, the intent's key (when
 spelled out), whether it is resolved, and which action it may belong to.
-Files written before names carried a tag ("k-<key>.json") are read as
-before, and get a tag on their next save. Other files in the directory are
-ignored.
+A file whose name starts as a record's but spells no key or no tag is a
+stray file, reported as damage (see Damage). Other files in the directory
+are ignored.
 
 Each file is one JSON object: a Record with its format version. Decoding
 validates the record ([Record.Validate]) and checks that the key, state
@@ -194,10 +194,8 @@ its subdirectory's) run only there. It is written to a temporary file in
 the index subdirectory and renamed over the index; the temporary file a
 crash leaves there is removed at the next OpenDir. An app killed between the save of a new
 intent and its outcome starts with a full scan once, which writes the
-index again. Directories of earlier releases have no index; the first
-OpenDir scans them and writes it, with no migration of the records, and
-an earlier release ignores the index subdirectory (its saves change the
-directory's stamp, so the next OpenDir of this release scans).
+index again. A directory without an index is scanned by its first
+OpenDir, which writes the index.
 
 On file systems whose change times have a granularity of seconds (FAT)
 the index is mostly not trusted and OpenDir scans, as before. On Linux,
@@ -248,9 +246,9 @@ readable records it selects together with a *CorruptError for each damaged
 file that may hold a record it selects, judging by the file's name: with
 [Filter].Name set, the damaged files of other actions are neither read nor
 reported, so one bad file stops only the action it may belong to (in
-idem's client, Client.Intent for that name). A file whose name carries no
-tag may belong to any action; a stray file, whose name looks like a
-record's but spells no key, is reported only when Filter.Name is empty.
+idem's client, Client.Intent for that name). A stray file, whose name
+looks like a record's but spells no key or no tag, is reported only when
+Filter.Name is empty.
 [CorruptErrors] returns every *CorruptError of the joined error, where
 errors.As finds only the first.
 
@@ -292,15 +290,14 @@ checks each of these rules, and that of two racing writers one wins.
 
 # Format version and migration
 
-Every record carries the [FormatVersion] that wrote it. No release has
-been made yet, so the encoding may still change without readers for the
-records of earlier builds. Once released, a release that changes the
-encoding raises FormatVersion, reads the older versions and writes its own
-on the next write, so records migrate one at a time and a crash
-mid-migration leaves each record in one version or the other. A record from a newer release gives
-a *CorruptError wrapping [ErrNewerVersion] and is never read as an older one
-nor overwritten: an app downgraded by mistake keeps its intents for the
-upgrade.
+Every record carries the [FormatVersion] that wrote it; this release
+writes and reads version 1. A later release that changes the encoding
+raises FormatVersion, reads the versions before it and writes its own on
+the next write, so records migrate one at a time and a crash
+mid-migration leaves each record in one version or the other. A record
+from a newer release gives a *CorruptError wrapping [ErrNewerVersion] and
+is never read as an older one nor overwritten: an app downgraded by
+mistake keeps its intents for the upgrade.
 
 # Choice of engine
 

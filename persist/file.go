@@ -771,9 +771,8 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 // A file that cannot be read is reported if it may hold a selected record:
 // the error joins a *CorruptError for each, in path order (CorruptErrors
 // returns them all). So with f.Name set, a damaged file of another action
-// is not reported and does not fail the call, while one whose name does not
-// tell its action (written before names were tagged) is; a stray file,
-// whose name spells no key, is reported only when f.Name is empty.
+// is not reported and does not fail the call; a stray file, whose name
+// spells no key, is reported only when f.Name is empty.
 func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -244,10 +244,10 @@ func TestFileCorrupt(t *testing.T) {
 			write(t, path, []byte(strings.Replace(string(good), `"method":"POST"`, `"method":""`, 1)))
 		}, false},
 		{"no version", func(t *testing.T, path string, good []byte) {
-			write(t, path, []byte(strings.Replace(string(good), `"version":2`, `"version":0`, 1)))
+			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":0`, 1)))
 		}, false},
 		{"newer version", func(t *testing.T, path string, good []byte) {
-			write(t, path, []byte(strings.Replace(string(good), `"version":2`, `"version":3`, 1)))
+			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":2`, 1)))
 		}, true},
 		{"newer version, changed types", func(t *testing.T, path string, _ []byte) {
 			write(t, path, []byte(`{"version":7,"key":{"id":1},"state":3}`))

@@ -693,7 +693,7 @@ func (d *decoder) record() *Record {
 	if d.err != nil {
 		return nil
 	}
-	if r.Version < 1 || r.Version > FormatVersion {
+	if r.Version != FormatVersion {
 		d.fail("record version")
 		return nil
 	}

@@ -25,7 +25,7 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "stale-index-trusted", File: "persist/index.go",
-			Note:    "OpenDir trusts an index written before the directory's last change (after a power cut, or an earlier release's save)",
+			Note:    "OpenDir trusts an index written before the directory's last change (after a power cut, or a save made without the index)",
 			Anchor:  "\tif at != dirSt || idxSt.Change <= at.Change {\n",
 			Replace: "\tif _ = dirSt; idxSt.Change <= at.Change {\n",
 			Pkg:     "./persist", Run: "^TestPowerCut$",
@@ -150,6 +150,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)\n\tif err == nil {\n\t\tif err = flock(f); err != nil {\n",
 			Replace: "\tf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)\n\tif err == nil {\n\t\tif false {\n",
 			Pkg:     "./persist", Run: "^TestFileLock$",
+		},
+		{
+			Name: "untagged-file-read", File: "persist/codec.go",
+			Note:    "a file name without its action's tag is read as a record, whose damage then stops every action, where it is a stray file",
+			Anchor:  "\tif b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {\n",
+			Replace: "\tif b, err := keyEncoding.DecodeString(tag); tag != \"\" && (err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag) {\n",
+			Pkg:     "./persist", Run: "^TestFileStrayFile$",
 		},
 		{
 			Name: "memory-renamed-record-kept-under-old-name", File: "persist/memory.go",

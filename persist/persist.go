@@ -12,12 +12,7 @@ import (
 // FormatVersion is the version of the Record encoding written by this
 // release. Stores write it into every record and refuse records from a newer
 // release instead of misreading them.
-//
-// Version 2 added KeyHeader and Seq. A release that reads only version 1
-// would ignore them, and resend an intent with its own spelling of the key,
-// so it refuses version 2 records instead. Version 1 records are read with
-// both empty.
-const FormatVersion = 2
+const FormatVersion = 1
 
 // State is where an intent stands. The zero State is invalid.
 type State string
@@ -27,8 +22,7 @@ const (
 	// attempt is known to have been sent. After a crash a new intent may
 	// still have reached the server (the first attempt is not recorded, to
 	// keep one durable write per send); resuming it is safe because it
-	// reuses its key. Records of earlier releases, which saved intents when
-	// they were made, are read the same way.
+	// reuses its key.
 	StateNew State = "new"
 	// StatePending: at least one attempt may have reached the server and the
 	// outcome is unknown.
@@ -110,14 +104,17 @@ type Record struct {
 	Fingerprint string `json:"fingerprint"`
 	// KeyHeader is the Idempotency-Key header's value exactly as every
 	// attempt sends it (the key bare, or quoted), fixed when the intent is
-	// created. Empty in records written before it existed.
+	// created.
 	KeyHeader string `json:"key_header,omitempty"`
 	// Seq orders the intents of one Name: a new intent gets one more than
 	// the latest intent for its name, so that the order does not depend on
-	// the device's clock. 0 in records written before it existed, which
-	// come before every record that has one.
+	// the device's clock. A record without one (0) comes before every
+	// record of its Name that has one.
 	Seq uint64 `json:"seq,omitempty"`
 
+	// CreatedAt is when the intent's age starts: idem's client sets it
+	// when the intent is armed at the user's tap, and again when an
+	// intent that ended not sent is sent again. Lists are ordered by it.
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	State     State     `json:"state"`
@@ -125,26 +122,22 @@ type Record struct {
 	Attempts int       `json:"attempts,omitempty"`
 	Response *Response `json:"response,omitempty"`
 	// Clocks are the device's clock readings stored with the record, so
-	// that its age is judged by every clock the device has. Nil in records
-	// written before they existed (and by a client without such clocks),
-	// which an older release reads as before, ignoring them.
+	// that its age is judged by every clock the device has. Nil from a
+	// client without such clocks.
 	Clocks *Clocks `json:"clocks,omitempty"`
 	// Tombstone is set on what pruning keeps of an action's latest
 	// resolved intent: its request and response bodies and headers are
 	// gone, its key, name, fingerprint, outcome status and times are kept,
-	// so that the next tap of the paid action sends nothing. An older
-	// release reads it as a succeeded intent without a body.
+	// so that the next tap of the paid action sends nothing.
 	Tombstone bool `json:"tombstone,omitempty"`
 	// Holder names the client that armed the intent or last took it over
 	// to send it: a client may tell that an armed intent was never sent
 	// only while the stored record is the version it wrote.
-	// Empty in records written before it existed; an older release
-	// ignores it.
 	Holder string `json:"holder,omitempty"`
 	// Redirected is set once an attempt of the intent was redirected (307
 	// or 308) to another URL, whose request the server fingerprints as
 	// another request: from then on its "key reused" answer says nothing
-	// about the work. An older release ignores it.
+	// about the work.
 	Redirected bool `json:"redirected,omitempty"`
 	// HandedOut is set while the intent's exact request is in the app's
 	// hands (idem's Client.HTTPRequest), which may send it at any time:

@@ -15,4 +15,8 @@
 //
 // FILE is relative to the repository's root. An unmarked Go block fails
 // the tests.
+//
+// The Go named outside the blocks is checked too: every identifier of
+// idem's packages in a code span of the prose (persist.PruneFunc,
+// Client.Prune) must exist (names_test.go).
 package doccheck
