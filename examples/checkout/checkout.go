@@ -85,18 +85,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 // defaultStateDir is where intents are kept between runs against a server:
 // the user's configuration directory, not the cache directory, which the
-// system or the user may clear while a payment is unresolved. A state
-// directory that an earlier release of this command left in the cache
-// directory is used as before while it exists, so that its unresolved
-// intents are resumed with their keys rather than paid again under new
-// ones.
+// system or the user may clear while a payment is unresolved.
 func defaultStateDir() string {
-	if dir, err := os.UserCacheDir(); err == nil {
-		earlier := filepath.Join(dir, "idem-checkout")
-		if _, err := os.Stat(earlier); err == nil {
-			return earlier
-		}
-	}
 	if dir, err := os.UserConfigDir(); err == nil {
 		return filepath.Join(dir, "idem-checkout")
 	}

@@ -148,35 +148,8 @@ func TestFlags(t *testing.T) {
 	assert.NoError(t, run(context.Background(), []string{"-h"}, io.Discard, io.Discard))
 }
 
-// An order whose payment an earlier release left unresolved in the cache
-// directory, where that release kept its state, is resumed from there by a
-// run without -state, not paid again from the new directory under a new
-// key.
-func TestDefaultStateKeepsAnEarlierCacheDirectory(t *testing.T) {
-	home := t.TempDir()
-	t.Setenv("HOME", home)
-	t.Setenv("XDG_CACHE_HOME", filepath.Join(home, "cache"))
-	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, "config"))
-	srv := fakeserver.NewServer(nil)
-	t.Cleanup(srv.Close)
-	earlier := filepath.Join(home, "cache", "idem-checkout")
-	require.NoError(t, os.MkdirAll(filepath.Dir(earlier), 0o700))
-
-	out, code := runChild(t, "-server", srv.URL, "-state", earlier, "-crash")
-	require.Equal(t, crashExitCode, code, out)
-	require.Equal(t, 1, srv.Stats().ProviderCharges)
-
-	var next bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"-server", srv.URL}, &next, io.Discard))
-	assert.Contains(t, next.String(), "state:  "+earlier)
-	assert.Contains(t, next.String(), "unresolved intent checkout:order-1 from an earlier run")
-	assert.Equal(t, 1, srv.Stats().ProviderCharges, "charged once")
-	_, err := os.Stat(filepath.Join(home, "config", "idem-checkout"))
-	assert.ErrorIs(t, err, os.ErrNotExist, "no second state directory")
-}
-
-// Without an earlier directory, a run against a server keeps its intents in
-// the user's configuration directory, never in the cache directory.
+// A run against a server keeps its intents in the user's configuration
+// directory, never in the cache directory, which the system may clear.
 func TestDefaultStateIsInTheConfigDirectory(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)

@@ -11,13 +11,6 @@ import (
 func TestMutants(t *testing.T) {
 	mutant.Test(t, []mutant.Mutant{
 		{
-			Name: "checkout-state-ignores-earlier-cache-dir", File: "examples/checkout/checkout.go",
-			Note:    "an earlier release's state directory is left behind, and its unresolved order is paid again under a new key",
-			Anchor:  "if _, err := os.Stat(earlier); err == nil {",
-			Replace: "if _, err := os.Stat(earlier); err == nil && false {",
-			Pkg:     "./examples/checkout", Run: "^TestDefaultStateKeepsAnEarlierCacheDirectory$",
-		},
-		{
 			Name: "checkout-state-in-cache-dir", File: "examples/checkout/checkout.go",
 			Note:    "new intents are kept in the cache directory, which the system may clear",
 			Anchor:  "if dir, err := os.UserConfigDir(); err == nil {",

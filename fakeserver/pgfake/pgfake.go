@@ -44,10 +44,7 @@ const schemaLock = 0x66616b65
 // keeps: the idempotency records (with [pgstore.Migrate]), payments, the
 // intents to charge, the fake provider's charges, order statuses and the
 // counters. It is safe to call on every start, from several processes at
-// once. It rewrites the callers of payments and orders written in clear by
-// an earlier version to their digests, once; stop the earlier version's
-// processes first, since what they write afterwards stays in clear and
-// unseen.
+// once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		return err

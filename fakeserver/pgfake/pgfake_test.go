@@ -197,31 +197,6 @@ func TestTablesNeverShowTheCredential(t *testing.T) {
 	}
 }
 
-// TestMigrateDigestsExistingPayments: payments and orders written with the
-// caller in clear are rewritten once by Migrate, and stay the caller's.
-func TestMigrateDigestsExistingPayments(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := newPool(t)
-	const auth = "Bearer sk_live_old"
-	// The tables as a fake server before the digest left them.
-	_, err := pool.Exec(ctx, `DELETE FROM fake_migrations WHERE name = 'principal-digest';
-		INSERT INTO fake_payments (id, principal, idem_key, amount, currency, customer, description, status, created_at)
-		VALUES ('pay_old', 'Bearer sk_live_old', 'k-old', 1500, 'AZN', 'cus_1', '', 'succeeded', now());
-		INSERT INTO fake_orders (principal, id, status) VALUES ('Bearer sk_live_old', 'o1', 'SHIPPED')`)
-	require.NoError(t, err)
-	require.NoError(t, pgfake.Migrate(ctx, pool))
-	require.NoError(t, pgfake.Migrate(ctx, pool), "once only: a second start changes nothing")
-
-	var payments, orders string
-	require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT principal FROM fake_payments), (SELECT principal FROM fake_orders)").Scan(&payments, &orders))
-	assert.Equal(t, idempotency.PrincipalDigest(auth), payments)
-	assert.Equal(t, idempotency.PrincipalDigest(auth), orders)
-	s := start(t, &fakeserver.Options{Storage: pgfake.New(context.Background(), pool)})
-	assert.Equal(t, http.StatusOK, send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments/pay_old", Auth: auth, NoKey: true}).Status)
-	assert.Equal(t, http.StatusOK, send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k-old", Auth: auth, NoKey: true}).Status)
-}
-
 // TestMigrateConcurrentlyUnderEveryDefaultIsolation: three processes that
 // start together on a database whose default isolation is any of
 // PostgreSQL's each migrate without error, and the fake server's tables are

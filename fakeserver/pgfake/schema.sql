@@ -48,23 +48,3 @@ CREATE TABLE IF NOT EXISTS fake_counters (
     name text   PRIMARY KEY,
     n    bigint NOT NULL
 );
-
--- One-time rewrites of the tables above, by name.
-CREATE TABLE IF NOT EXISTS fake_migrations (
-    name       text        PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-
--- Payments, intents and orders name their caller by its digest, as the idempotency
--- records do (idempotency.PrincipalDigest), never by a credential: rows
--- written before are rewritten once.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM fake_migrations WHERE name = 'principal-digest') THEN
-        UPDATE fake_payments SET principal = encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex');
-        UPDATE fake_orders SET principal = encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex');
-        UPDATE fake_intents SET principal = encode(sha256(convert_to('idem.principal.v1:' || principal, 'UTF8')), 'hex');
-        INSERT INTO fake_migrations (name) VALUES ('principal-digest');
-    END IF;
-END
-$$;
