@@ -54,12 +54,19 @@ type app struct {
 	outbox []handedOut
 }
 
-// handedOut is a request the app holds to send later, and its intent.
+// handedOut is a request the app holds to send later, its intent, and when
+// HTTPRequest handed it out.
 type handedOut struct {
 	cl  *idem.Client
 	in  *idem.Intent
 	req *http.Request
+	at  time.Time
 }
+
+// outboxLife is how long the app keeps a handed-out request to send: well
+// within the shortest time a server of the world keeps a key, as
+// HTTPRequest's doc asks. Past it, the app drops the request unsent.
+const outboxLife = 10 * time.Minute
 
 func (a *app) newSession() {
 	a.nSess++
@@ -94,17 +101,23 @@ func (c *cart) request() idem.Request {
 // when Pay is pressed: one made when the screen is shown would be resumed
 // after a restart even if the user had changed the cart.
 func (a *app) step() {
+	// The app sends what its outbox holds before the user's action, or
+	// after it: the action may settle or reconcile the intent first. (A
+	// device that dies in the action loses the outbox.)
+	before := a.d.w.appRNG.chance(0.5)
+	if before {
+		a.flushOutbox()
+	}
+	a.userAction()
+	if !before {
+		a.flushOutbox()
+	}
+}
+
+// userAction is what the user does on the checkout screen.
+func (a *app) userAction() {
 	w := a.d.w
 	r := w.appRNG
-	if len(a.outbox) > 0 {
-		// The app sends what it held first, however long ago it was
-		// handed out.
-		out := a.outbox
-		a.outbox = nil
-		for _, h := range out {
-			a.sendHandedOut(h)
-		}
-	}
 	if a.sess != nil && a.sess.paid && w.cfg.Faults[faultClockDays] && r.chance(0.1) {
 		// The user taps Pay again on the paid cart: a no-op, whatever
 		// Prune has removed since.
@@ -307,7 +320,7 @@ func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
 		return
 	}
 	w.stats.fault(faultHandOut.Name())
-	h := handedOut{cl: cl, in: in, req: req}
+	h := handedOut{cl: cl, in: in, req: req, at: w.clk.now}
 	if w.appRNG.chance(0.5) {
 		// The app queues it in an outbox of its own, and sends it at
 		// its next action.
@@ -337,6 +350,22 @@ func (a *app) sendHandedOut(h handedOut) {
 	if w.appRNG.chance(0.7) {
 		err := cl.SendEnded(ctx, in)
 		w.tracef("d%d/%s: SendEnded %s: err %v", a.d.id, a.name, in.Key(), err)
+	}
+}
+
+// flushOutbox sends the requests the app held, or drops those older than
+// outboxLife.
+func (a *app) flushOutbox() {
+	w := a.d.w
+	out := a.outbox
+	a.outbox = nil
+	for _, h := range out {
+		if w.clk.now.Sub(h.at) > outboxLife {
+			w.tracef("d%d/%s: the app drops the stale request of %s from its outbox", a.d.id, a.name, h.in.Key())
+			_ = h.cl.SendEnded(context.Background(), h.in)
+			continue
+		}
+		a.sendHandedOut(h)
 	}
 }
 
