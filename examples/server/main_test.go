@@ -354,10 +354,31 @@ func TestDocShowsTheProgram(t *testing.T) {
 	for _, b := range doccheck.Blocks(string(doc)) {
 		if b.Marker == "program server" {
 			found++
-			assert.Equal(t, string(src), b.Text, "docs/SERVER.md's program is not examples/server/main.go")
+			if line, doc, file := firstDifference(b.Text, string(src)); line > 0 {
+				t.Errorf("docs/SERVER.md's program (line %d of its block) is not examples/server/main.go:\ndoc:  %q\nfile: %q\ncopy the file into the block", line, doc, file)
+			}
 		}
 	}
 	assert.Equal(t, 1, found, "docs/SERVER.md has no program block marked <!-- doccheck: program server -->")
+}
+
+// firstDifference returns the first line (from 1) where a and b differ,
+// and that line of each; 0 when they are equal.
+func firstDifference(a, b string) (int, string, string) {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < max(len(al), len(bl)); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y || (i >= len(al)) != (i >= len(bl)) {
+			return i + 1, x, y
+		}
+	}
+	return 0, "", ""
 }
 
 // tokenDigest is what api_tokens keeps for token.
