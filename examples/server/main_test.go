@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -304,10 +305,22 @@ func TestFaultHook(t *testing.T) {
 		dup := s.pay(t, aliceToken, "k-delay", body)
 		assert.Equal(t, http.StatusConflict, dup.status, dup.body)
 		assert.NotEmpty(t, dup.header.Get("Retry-After"))
-		// The client of the held request leaves: nothing is kept.
+		// The client of the held request leaves: nothing is kept, and the
+		// retry, once the held request has ended, is done.
 		cancel()
 		assert.Error(t, <-held)
 		assert.Zero(t, s.count(t, "SELECT count(*) FROM payments WHERE idempotency_key = 'k-delay'"))
+		retry := s.pay(t, aliceToken, "k-delay", body)
+		for range 500 {
+			if retry.status != http.StatusConflict {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the held request's rollback, after its client left
+			retry = s.pay(t, aliceToken, "k-delay", body)
+		}
+		assert.Equal(t, http.StatusCreated, retry.status, retry.body)
+		assert.Empty(t, retry.header.Get("Idempotent-Replayed"), "the held request's answer was stored")
+		assert.Equal(t, 1, s.count(t, "SELECT count(*) FROM payments WHERE idempotency_key = 'k-delay'"))
 	})
 
 	t.Run("stats count the payments", func(t *testing.T) {
