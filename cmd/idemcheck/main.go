@@ -16,8 +16,10 @@
 // -auth2 (or $IDEMCHECK_AUTH and $IDEMCHECK_AUTH2) are two callers'
 // Authorization values: without -auth2 the scoping row is SKIP, without
 // -lookup the lookup row. The fault rows (5xx-not-stored, dead-worker) need
-// the fake server's admin endpoints, looked for at the URL's origin or at
-// -admin, and are SKIP without them.
+// a fault hook that makes the server fail on purpose: the fake server's
+// admin endpoints, looked for at the URL's origin, or a real server's hook
+// at -admin (docs/IDEMCHECK.md, "The fault hook"); they are SKIP without
+// one.
 //
 // Exit status 0 when no row failed, 1 when one did, 2 when the check could
 // not run (bad flags, or the server refused -body); -json prints the report
@@ -58,8 +60,10 @@ did, 2 when the check could not run (bad flags, the body refused).
 
 Rows that need a second caller (-auth2) or a lookup endpoint (-lookup) are
 SKIP without them. The fault rows (5xx-not-stored, dead-worker) run when
-the server exposes the fake server's admin endpoints (GET /_fake/stats,
-POST /_fake/faults at the URL's origin, or -admin), and are SKIP otherwise.
+the server offers a fault hook: the fake server's admin endpoints (GET
+/_fake/stats, POST /_fake/faults at the URL's origin), or a hook of the
+server's own at -admin that speaks their protocol (docs/IDEMCHECK.md, "The
+fault hook"); they are SKIP otherwise, with the reason.
 
 Rows:
 `
@@ -88,8 +92,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Auth, "auth", os.Getenv("IDEMCHECK_AUTH"), "the Authorization header of the first caller (default $IDEMCHECK_AUTH; none: anonymous)")
 	fs.StringVar(&cfg.Auth2, "auth2", os.Getenv("IDEMCHECK_AUTH2"), "the Authorization header of a second caller, for scoping (default $IDEMCHECK_AUTH2)")
 	fs.StringVar(&cfg.Lookup, "lookup", "", "the lookup by key, {key} where the key goes, such as\nhttps://staging.example/payments?idempotency_key={key}")
-	fs.StringVar(&cfg.Admin, "admin", "", `the base URL of the fake server's admin endpoints, or "off"
-(default: the URL's origin plus /_fake/, used when it answers)`)
+	fs.StringVar(&cfg.Admin, "admin", "", `the base URL of the server's fault hook (GET stats, POST faults), or "off"
+(default: the URL's origin plus /_fake/, the fake server's, used when it answers)`)
 	fs.StringVar(&cfg.ProblemBase, "problem-base", contractcheck.DefaultProblemBase, "the prefix of the server's problem types")
 	fs.IntVar(&cfg.Concurrency, "concurrency", contractcheck.DefaultConcurrency, fmt.Sprintf("duplicates sent at once by the concurrent row, 2 to %d", contractcheck.MaxConcurrency))
 	fs.DurationVar(&cfg.LeaseWait, "lease-wait", contractcheck.DefaultLeaseWait, "the longest wait for a dead worker's lease to end")

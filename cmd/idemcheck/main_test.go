@@ -43,7 +43,7 @@ func TestRunFakeServerText(t *testing.T) {
 	for _, l := range lines[2 : len(lines)-1] {
 		if strings.Contains(l, "5xx-not-stored") || strings.Contains(l, "dead-worker") {
 			assert.Contains(t, l, "SKIP")
-			assert.Contains(t, l, "the fault endpoint is off (-admin off)")
+			assert.Contains(t, l, "the fault hook is off (-admin off)")
 			continue
 		}
 		assert.True(t, strings.HasPrefix(l, "PASS "), l)
@@ -86,7 +86,7 @@ func TestRunKeyIgnored(t *testing.T) {
 		"     -> POST "+srv.URL+"/payments (no Idempotency-Key) body: ")
 	assert.Contains(t, out, "     <- 201 Created Location: /payments/2 body: \"{\\\"id\\\":\\\"2\\\"}\"\n")
 	assert.Contains(t, out, "FAIL concurrent")
-	assert.Contains(t, out, "SKIP dead-worker          no fake server fault endpoint: GET "+srv.URL+"/_fake/stats answered 201")
+	assert.Contains(t, out, "SKIP dead-worker          no fault hook: GET "+srv.URL+"/_fake/stats answered 201; a server that offers one is named by -admin URL")
 	assert.Contains(t, out, "FAIL key-echo             answers not marked as the server's: a 201 with no Idempotency-Key")
 	assert.Regexp(t, `19 rows: \d+ PASS, \d+ FAIL, \d+ SKIP; \d+ requests sent\n$`, out)
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/long"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -377,9 +378,7 @@ func TestOneTransactionAppKilledMidTransaction(t *testing.T) {
 // keeps the record and the payment. Its WAL writer flushes nothing on its
 // own for 10 s, so only the commit's own flush can have kept them.
 func TestOneTransactionSurvivesAPostgresCrash(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and crashes a PostgreSQL server of its own")
-	}
+	long.Skip(t, "starts and crashes a PostgreSQL server of its own")
 	srv, err := pgtest.Start(pgtest.Options{Durable: true, Settings: []string{"wal_writer_delay=10s"}})
 	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv(pgtest.EnvRequire) != "1" {
 		t.Skip(err)

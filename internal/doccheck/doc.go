@@ -1,6 +1,7 @@
 // Package doccheck holds the tests that keep the repository's Markdown
 // documents true: every Go snippet is the text of a function the tests run
-// or a program they build (the server's is also run against PostgreSQL),
+// or a program they build (the server's is examples/server/main.go, which
+// its own tests run against PostgreSQL and certify with idemcheck),
 // every relative link leads to a file or heading that exists, the README
 // stays short, and the licence files are the Apache-2.0 text in each
 // module.

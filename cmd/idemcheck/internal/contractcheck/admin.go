@@ -7,8 +7,10 @@ import (
 	"net/http"
 )
 
-// The fake server's admin endpoints (docs/FAKESERVER.md): the
-// fault rows use them to make the server fail on purpose.
+// The fault hook (docs/IDEMCHECK.md, "The fault hook"): the fake
+// server's admin endpoints (docs/FAKESERVER.md), or a real server's hook
+// that speaks their protocol, as examples/server's does. The fault rows
+// use it to make the server fail on purpose.
 
 // adminStats are the counters of GET /_fake/stats that the checks read.
 type adminStats struct {
@@ -24,22 +26,25 @@ func (c *checker) useAdmin(ctx context.Context) (ok bool, reason string) {
 	}
 	c.adminChecked = true
 	if c.cfg.admin == "" {
-		c.adminReason = "the fault endpoint is off (-admin off)"
+		c.adminReason = "the fault hook is off (-admin off)"
 		return false, c.adminReason
 	}
 	_, ex := c.stats(ctx)
 	switch {
 	case !ex.answered():
-		c.adminReason = fmt.Sprintf("no fake server fault endpoint: GET %sstats got no answer (%v)", c.cfg.admin, ex.err)
+		c.adminReason = fmt.Sprintf("no fault hook: GET %sstats got no answer (%v)", c.cfg.admin, ex.err)
 	case ex.status != http.StatusOK:
-		c.adminReason = fmt.Sprintf("no fake server fault endpoint: GET %sstats answered %d", c.cfg.admin, ex.status)
+		c.adminReason = fmt.Sprintf("no fault hook: GET %sstats answered %d", c.cfg.admin, ex.status)
 	default:
 		var st adminStats
 		if json.Unmarshal(ex.body, &st) != nil || st.Payments == nil || st.ProviderCharges == nil {
-			c.adminReason = fmt.Sprintf("no fake server fault endpoint: GET %sstats is not the fake server's stats", c.cfg.admin)
+			c.adminReason = fmt.Sprintf("no fault hook: GET %sstats is not the hook's counts", c.cfg.admin)
 		} else {
 			c.adminUsable = true
 		}
+	}
+	if !c.adminUsable {
+		c.adminReason += "; a server that offers one is named by -admin URL (docs/IDEMCHECK.md, \"The fault hook\")"
 	}
 	return c.adminUsable, c.adminReason
 }
@@ -73,7 +78,7 @@ func (c *checker) inject(ctx context.Context, f fault) (*exchange, bool) {
 // refused the fault.
 func (c *checker) injectFor(ctx context.Context, f fault) *Row {
 	if ex, ok := c.inject(ctx, f); !ok {
-		return &Row{Status: Skip, Detail: fmt.Sprintf("the fault endpoint did not take the %s fault: %s",
+		return &Row{Status: Skip, Detail: fmt.Sprintf("the fault hook did not take the %s fault: %s",
 			f.Fault, ex.describeResponse()), Evidence: evidence(ex)}
 	}
 	return nil

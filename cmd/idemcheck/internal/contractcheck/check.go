@@ -9,8 +9,10 @@
 // and [Plan] says how many requests it will send before any is sent.
 //
 // Rows that need a way to make the server fail (a 5xx, a crashed worker)
-// run only when the server exposes the fake server's admin endpoints
-// (/_fake/stats and /_fake/faults); otherwise they are SKIP with the reason.
+// run only when the server offers a fault hook: the fake server's admin
+// endpoints (/_fake/stats and /_fake/faults), or a hook of the server's
+// own that speaks their protocol (docs/IDEMCHECK.md, "The fault hook");
+// otherwise they are SKIP with the reason.
 package contractcheck
 
 import (
@@ -91,8 +93,10 @@ type Config struct {
 	// such as https://staging.example/payments?idempotency_key={key}; empty
 	// skips the lookup row.
 	Lookup string
-	// Admin is the base URL of the fake server's admin endpoints, ending in
-	// "/". Empty means the URL's origin plus /_fake/; "off" never uses them.
+	// Admin is the base URL of the server's fault hook (the fake server's
+	// admin endpoints, or a hook that speaks their protocol), under which
+	// GET stats and POST faults are served. Empty means the URL's origin
+	// plus /_fake/, the fake server's; "off" never uses one.
 	Admin string
 	// ProblemBase prefixes the problem types the server answers; empty means
 	// [DefaultProblemBase].
