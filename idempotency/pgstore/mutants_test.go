@@ -142,8 +142,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-commit-not-flushed", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce's commit does not wait for the disk (synchronous_commit off)",
-			Anchor:  "const markedDurableSQL = markedSQL + `, ` + syncCommitSQL",
-			Replace: "const markedDurableSQL = markedSQL + `, set_config('synchronous_commit', 'off', true)`",
+			Anchor:  "const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL",
+			Replace: "const onceKeySQL = `CASE WHEN set_config('synchronous_commit', 'off', true) IS NOT NULL",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionSurvivesAPostgresCrash$", Env: pg,
 		},
 		{
@@ -200,8 +200,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-handler-sql-rollback-stored", File: "idempotency/pgstore/once.go",
 			Note:    "a handler that sends ROLLBACK (or COMMIT) as SQL has its answer stored, in a transaction of its own, for an effect that rolled back",
-			Anchor:  "WHERE current_setting('` + markSetting + `', true) = $11",
-			Replace: "WHERE $11::text IS NOT NULL",
+			Anchor:  "\t\tAND current_setting('` + markSetting + `', true) = $11 THEN $2 END`",
+			Replace: "\t\tAND $11::text IS NOT NULL THEN $2 END`",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionHandlerThatEndsTheTransaction$/^SQL", Env: pg,
 		},
 		{
@@ -338,6 +338,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
+			Name: "pg-once-expires-under-live-lease", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce takes a record past its retention for absent under its worker's live lease, and replaces it: the work runs twice",
+			Anchor:  "\t\tif existing.Expired(now) {",
+			Replace: "\t\tif !existing.ExpiresAt.After(now) {",
+			Pkg:     "./idempotency/pgstore", Run: "^TestRunOnceMeetsARecordPastItsRetention$", Env: pg,
+		},
+		{
 			Name: "pg-once-read-at-missing", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce returns a live record without the database's now",
 			Anchor:  "\t\texisting.ReadAt = now\n",
@@ -382,8 +389,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-commit-durability-left-to-handler", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce does not raise synchronous_commit after the handler's statements: a handler's SET LOCAL synchronous_commit = off makes the 201's record one a crash loses",
-			Anchor:  "const markedDurableSQL = markedSQL + `, ` + syncCommitSQL",
-			Replace: "const markedDurableSQL = markedSQL",
+			Anchor:  "const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL",
+			Replace: "const onceKeySQL = `CASE WHEN 'not raised' IS NOT NULL",
 			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^one_transaction", Env: pg,
 		},
 		{
@@ -466,8 +473,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-reads-a-standby", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce reads a standby as if it were the primary: on a miss the handler runs",
-			Anchor:  "` SELECT ` + recoveringSQL + `, t.now, r.caller",
-			Replace: "` SELECT false, t.now, r.caller",
+			Anchor:  "`', $2, true), ` +\n\trecoveringSQL + `, coalesce($3::timestamptz, clock_timestamp())`",
+			Replace: "`', $2, true), false, coalesce($3::timestamptz, clock_timestamp())`",
 			Pkg:     "./idempotency/pgstore", Run: "^TestStandby$/^one_transaction", Env: pg,
 		},
 		{
