@@ -93,7 +93,8 @@
 // The middleware acts on a record once its commit returns: the handler
 // runs on the IN_PROGRESS record, and the answer is sent for the
 // COMPLETED one. So each of the store's own commits (the IN_PROGRESS
-// insert, the completion, RunOnce's commit, the inbox's) raises
+// insert, a take-over, a release, the completion, RunOnce's commit, the
+// inbox's) raises
 // synchronous_commit to at least on inside its transaction, with
 // set_config(..., true), never a session SET, which a pooler would pass
 // to other clients: a role or server with synchronous_commit off or

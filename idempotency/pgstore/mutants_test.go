@@ -14,8 +14,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-lease-on-host-clock", File: "idempotency/pgstore/store.go",
 			Note:    "a takeover is judged on the caller's clock, not the database's",
-			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
-			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND NOT `+expiredSQL,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
+			Anchor:  "conn.Exec(ctx, takeOverSQL, caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
+			Replace: "conn.Exec(ctx, takeOverSQL, caller(id), id.Key, from, to, &now, micros(until.Sub(now)))",
 			// The middleware no longer asks for a take-over while the lease
 			// lives on the store's clock: the conformance suite does.
 			Pkg: "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^JudgesTimeOnItsOwnClock$", Env: pg,
@@ -319,15 +319,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-takeover-unbounded", File: "idempotency/pgstore/store.go",
 			Note:    "TakeOver waits for the database without end",
-			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\ttag, err := s.pool.Exec(ctx, nowSQL(5)",
-			Replace: "\ttag, err := s.pool.Exec(ctx, nowSQL(5)",
+			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\t// Its own connection, as Insert's: only its notices tell a canceled\n\t// wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Replace: "\t// Its own connection, as Insert's: only its notices tell a canceled\n\t// wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
 			Name: "pg-release-unbounded", File: "idempotency/pgstore/store.go",
 			Note:    "Release waits for the database without end",
-			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\ttag, err := s.pool.Exec(ctx, `DELETE",
-			Replace: "\ttag, err := s.pool.Exec(ctx, `DELETE",
+			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn fmt.Errorf(\"pgstore: release key",
+			Replace: "\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn fmt.Errorf(\"pgstore: release key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
@@ -387,6 +387,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^a_completed", Env: pg,
 		},
 		{
+			Name: "pg-takeover-commit-not-durable", File: "idempotency/pgstore/store.go",
+			Note:    "TakeOver's commit keeps synchronous_commit off: the handler runs under a take-over a crash loses, and another worker takes the record over again",
+			Anchor:  "\t\tRETURNING ` + syncCommitSQL\n\n// TakeOver implements",
+			Replace: "\t\tRETURNING 1`\n\n// TakeOver implements",
+			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^a_take-over", Env: pg,
+		},
+		{
+			Name: "pg-release-commit-not-durable", File: "idempotency/pgstore/store.go",
+			Note:    "Release's commit keeps synchronous_commit off: a crash brings back the IN_PROGRESS record of a freed key",
+			Anchor:  "\t\tRETURNING ` + syncCommitSQL\n\n// Release implements",
+			Replace: "\t\tRETURNING 1`\n\n// Release implements",
+			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^a_release", Env: pg,
+		},
+		{
 			Name: "pg-once-commit-durability-left-to-handler", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce does not raise synchronous_commit after the handler's statements: a handler's SET LOCAL synchronous_commit = off makes the 201's record one a crash loses",
 			Anchor:  "const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL",
@@ -441,6 +455,20 @@ func TestMutants(t *testing.T) {
 			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn fmt.Errorf(\"pgstore: complete key",
 			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn fmt.Errorf(\"pgstore: complete key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_a_canceled_wait", Env: pg,
+		},
+		{
+			Name: "pg-takeover-canceled-wait-trusted", File: "idempotency/pgstore/store.go",
+			Note:    "TakeOver ignores the mark of a canceled wait on its commit: the handler runs under a take-over a failover loses",
+			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_the_handler_never_runs_after_a_canceled_wait_for_its_take-over", Env: pg,
+		},
+		{
+			Name: "pg-release-canceled-wait-trusted", File: "idempotency/pgstore/store.go",
+			Note:    "Release ignores the mark of a canceled wait on its commit: a release the standby lacks is reported done",
+			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn fmt.Errorf(\"pgstore: release key",
+			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn fmt.Errorf(\"pgstore: release key",
+			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_a_release", Env: pg,
 		},
 		{
 			Name: "pg-inbox-canceled-wait-trusted", File: "idempotency/pgstore/inbox.go",
