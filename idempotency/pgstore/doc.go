@@ -129,9 +129,10 @@
 // pg_read_all_stats), and warns without; it never sees cascaded or
 // log-shipping standbys: declare them in [Options.Replication].
 //
-// A read that decides an answer checks pg_is_in_recovery() in the same
-// statement: RunOnce's look at the key (a miss runs the work) and
-// [Store.Get] (a miss is "nothing was done"). On a standby they fail with
+// A read that decides an answer checks pg_is_in_recovery() in its own
+// transaction, which a pooler keeps on one server connection: RunOnce's
+// look at the key (a miss runs the work; the check travels with the
+// key's lock) and [Store.Get] (a miss is "nothing was done"). On a standby they fail with
 // an error matching [idempotency.ErrUnavailable], and the middleware
 // answers 503 with Retry-After; so does an insert refused as read-only.
 // target_session_attrs is checked only when a connection opens, and a
