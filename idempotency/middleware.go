@@ -513,13 +513,8 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		// No connection or first answer in time: nothing was done, the
 		// key is free. (After the work, a commit with no answer in time
 		// may have committed: storeError answers it.)
-		m.report(r, outcomeStoreError)
-		if m.cfg.Logger != nil {
-			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store is busy",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-		}
-		(&Problem{Type: typeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
-			Detail: "the server has no database connection free; nothing was done under this key, retry after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		m.unavailable(w, r, err, "idempotency: the store is busy",
+			"the server has no database connection free, and nothing was done under this key")
 		return nil, nil
 	case err != nil || existing != nil:
 		return existing, err
@@ -656,13 +651,8 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		// with no answer, which may have committed: the retry with the
 		// key finds what did. Never the handler's answer, which may not
 		// have been stored.
-		m.report(r, outcomeStoreError)
-		if m.cfg.Logger != nil {
-			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store did not answer in time",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-		}
-		(&Problem{Type: typeInternal, Title: "Service busy", Status: http.StatusServiceUnavailable,
-			Detail: "the server's database did not answer in time; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		m.unavailable(w, r, err, "idempotency: the store did not answer in time",
+			"the server's database did not answer in time")
 		return
 	}
 	if errors.Is(err, ErrStoreFull) {
@@ -679,15 +669,12 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	if errors.Is(err, ErrUnavailable) {
-		// A standby, or a database refusing writes: it must not decide
-		// "nothing was done". The client retries with the same key.
-		m.report(r, outcomeStoreError)
-		if m.cfg.Logger != nil {
-			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: the store cannot decide now",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-		}
-		(&Problem{Type: typeInternal, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "the server cannot read its idempotency records from its primary database now; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
+		// A standby, a database refusing writes, or a transaction rolled
+		// back on a conflict with another (before or after the handler
+		// ran): the store cannot say "nothing was done", nor store the
+		// answer. The retry with the same key finds what was.
+		m.unavailable(w, r, err, "idempotency: the store cannot complete the request now",
+			"the server's database could not complete this request now")
 		return
 	}
 	m.report(r, outcomeStoreError)
@@ -697,6 +684,20 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	(&Problem{Type: typeInternal, Title: "Internal server error", Status: http.StatusInternalServerError,
 		Detail: "the server could not read or write its idempotency records; retry with the same key"}).Write(w)
+}
+
+// unavailable answers 503 with Retry-After: 1 for a store that could not
+// settle the request now (busy, without answer, or unable to decide), and
+// logs err, which is never shown. detail says why, in words for the
+// client; the retry with the same key finds what, if anything, was done.
+func (m *middleware) unavailable(w http.ResponseWriter, r *http.Request, err error, msg, detail string) {
+	m.report(r, outcomeStoreError)
+	if m.cfg.Logger != nil {
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, msg,
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+	}
+	(&Problem{Type: typeInternal, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+		Detail: detail + "; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
 }
 
 // echoKey marks every answer to r as the server's own: it carries the

@@ -1005,3 +1005,53 @@ func TestAStoreWithoutAnswerIsServiceUnavailable(t *testing.T) {
 		assert.EqualValues(t, 1, c.runs.Load())
 	})
 }
+
+// conflictedStore is a MemoryStore whose Complete runs the effect, then
+// fails as pgstore's does when the database rolls the transaction back on
+// a conflict with another (a serialization failure): nothing committed,
+// and the error matches ErrUnavailable.
+type conflictedStore struct{ *idempotency.MemoryStore }
+
+func (s conflictedStore) Complete(ctx context.Context, _ idempotency.ID, _ string, _ *idempotency.Response, commit func(context.Context) error) error {
+	if commit != nil {
+		if err := commit(ctx); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: the transaction was rolled back on a conflict with another (SQLSTATE 40001)", idempotency.ErrUnavailable)
+}
+
+// TestAStoreThatCannotSettleIsServiceUnavailable: a store past its bound
+// and a store that cannot decide (ErrUnavailable: a standby, a database
+// refusing writes, a transaction rolled back on a conflict) get one
+// answer, 503 with Retry-After, whose detail says which without claiming
+// what the store does not know.
+func TestAStoreThatCannotSettleIsServiceUnavailable(t *testing.T) {
+	t.Parallel()
+	problem := func(t *testing.T, w *httptest.ResponseRecorder) idempotency.Problem {
+		t.Helper()
+		require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+		assert.Equal(t, "1", w.Header().Get("Retry-After"))
+		var p idempotency.Problem
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+		return p
+	}
+	late := problem(t, serve(idempotency.New(&counter{status: 201},
+		idempotency.Config{Principal: anyone, Store: unansweredStore{&idempotency.MemoryStore{}, true}}), "k", "x"))
+	c := &counter{status: 201}
+	conflict := problem(t, serve(idempotency.New(c,
+		idempotency.Config{Principal: anyone, Store: conflictedStore{&idempotency.MemoryStore{}}}), "k", "x"))
+
+	t.Run("both are one answer", func(t *testing.T) {
+		assert.Equal(t, late.Type, conflict.Type)
+		assert.Equal(t, late.Title, conflict.Title)
+		assert.Equal(t, late.Status, conflict.Status)
+	})
+	t.Run("a store past its bound says the database did not answer", func(t *testing.T) {
+		assert.Equal(t, "the server's database did not answer in time; retry with the same key after the Retry-After delay", late.Detail)
+	})
+	t.Run("a conflict after the handler ran is not called a standby, nor nothing done", func(t *testing.T) {
+		require.EqualValues(t, 1, c.runs.Load())
+		assert.Equal(t, "the server's database could not complete this request now; retry with the same key after the Retry-After delay", conflict.Detail)
+	})
+}

@@ -219,6 +219,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestAStoreWithoutAnswerIsServiceUnavailable$",
 		},
 		{
+			Name: "unavailable-said-to-be-a-standby", File: "idempotency/middleware.go",
+			Note:    "a store that cannot decide is answered as a standby, which a rolled-back conflict after the handler ran is not",
+			Anchor:  `"the server's database could not complete this request now")`,
+			Replace: `"the server cannot read its idempotency records from its primary database now")`,
+			Pkg:     "./idempotency", Run: "^TestAStoreThatCannotSettleIsServiceUnavailable$",
+		},
+		{
 			Name: "full-retry-after-on-host-clock", File: "idempotency/middleware.go",
 			Note:    "a full store's Retry-After counts the time to its earliest expiry on the host's clock",
 			Anchor:  "now := fe.Now\n",

@@ -93,7 +93,8 @@
 // The middleware acts on a record once its commit returns: the handler
 // runs on the IN_PROGRESS record, and the answer is sent for the
 // COMPLETED one. So each of the store's own commits (the IN_PROGRESS
-// insert, the completion, RunOnce's commit, the inbox's) raises
+// insert, a take-over, a release, the completion, RunOnce's commit, the
+// inbox's) raises
 // synchronous_commit to at least on inside its transaction, with
 // set_config(..., true), never a session SET, which a pooler would pass
 // to other clients: a role or server with synchronous_commit off or
@@ -128,9 +129,10 @@
 // pg_read_all_stats), and warns without; it never sees cascaded or
 // log-shipping standbys: declare them in [Options.Replication].
 //
-// A read that decides an answer checks pg_is_in_recovery() in the same
-// statement: RunOnce's look at the key (a miss runs the work) and
-// [Store.Get] (a miss is "nothing was done"). On a standby they fail with
+// A read that decides an answer checks pg_is_in_recovery() in its own
+// transaction, which a pooler keeps on one server connection: RunOnce's
+// look at the key (a miss runs the work; the check travels with the
+// key's lock) and [Store.Get] (a miss is "nothing was done"). On a standby they fail with
 // an error matching [idempotency.ErrUnavailable], and the middleware
 // answers 503 with Retry-After; so does an insert refused as read-only.
 // target_session_attrs is checked only when a connection opens, and a

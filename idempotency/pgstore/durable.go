@@ -26,8 +26,9 @@ const syncCommitSQL = `set_config('synchronous_commit',
 
 // recoveringSQL is true when the statement runs on a standby. A read there
 // may miss a record the primary holds: a read that decides an answer
-// checks it in the same statement, since a pooler may send each statement
-// to another server.
+// checks it in the read's own transaction (RunOnce with the key's lock,
+// Get with the read), which a pooler keeps on one server connection; it
+// may send statements outside a transaction to different servers.
 const recoveringSQL = `pg_is_in_recovery()`
 
 // errRecovering is the error of a read that ran on a standby.

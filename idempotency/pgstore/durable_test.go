@@ -200,6 +200,32 @@ func TestCommitsSurviveACrash(t *testing.T) {
 		assert.Equal(t, 1, count(t, c.pool, "SELECT count(*) FROM idempotency_records WHERE key = 'once' AND status = 'COMPLETED'"),
 			"the answer was sent, and the crash lost its record")
 	})
+	t.Run("a take-over survives a crash while its handler runs", func(t *testing.T) {
+		store := New(c.pool, nil)
+		rec := inProgress("taken-over", "dead", time.Now())
+		rec.LockedUntil = rec.CreatedAt // its lease has ended
+		_, inserted, err := store.Insert(ctx, rec)
+		require.NoError(t, err)
+		require.True(t, inserted)
+		now := time.Now()
+		taken, err := store.TakeOver(ctx, rec.ID, "dead", "alive", now, now.Add(time.Minute))
+		require.NoError(t, err)
+		require.True(t, taken)
+		c.crash(t, nil)
+		assert.Equal(t, 1, count(t, c.pool, "SELECT count(*) FROM idempotency_records WHERE key = 'taken-over' AND owner = 'alive'"),
+			"the handler runs under the take-over, and the crash lost it: another worker takes the record over again")
+	})
+	t.Run("a release survives a crash", func(t *testing.T) {
+		store := New(c.pool, nil)
+		rec := inProgress("released", "worker", time.Now())
+		_, inserted, err := store.Insert(ctx, rec)
+		require.NoError(t, err)
+		require.True(t, inserted)
+		require.NoError(t, store.Release(ctx, rec.ID, "worker"))
+		c.crash(t, nil)
+		assert.Zero(t, count(t, c.pool, "SELECT count(*) FROM idempotency_records WHERE key = 'released'"),
+			"the key was freed, and the crash brought its IN_PROGRESS record back")
+	})
 	t.Run("a processed message survives a crash", func(t *testing.T) {
 		var ran atomic.Int32
 		done, err := NewInbox(c.pool).Process(ctx, "consumer", "message", credit(&ran))
@@ -716,6 +742,50 @@ func TestACommitCanceledByAnOperator(t *testing.T) {
 		}()
 		cancelWaits(t, done)
 		require.ErrorIs(t, err, context.DeadlineExceeded, "a commit the standby may lack is unconfirmed")
+		assert.Contains(t, err.Error(), "wait for a synchronous standby was canceled")
+	})
+	// leaseRecord inserts an IN_PROGRESS record of owner while the
+	// standby streams, then pauses it again.
+	leaseRecord := func(t *testing.T, store *Store, key, owner string) *idempotency.Record {
+		t.Helper()
+		rec := inProgress(key, owner, time.Now())
+		rec.LockedUntil = rec.CreatedAt // its lease has ended
+		require.NoError(t, pair.ResumeReplication())
+		_, inserted, err := store.Insert(ctx, rec)
+		require.NoError(t, err)
+		require.True(t, inserted)
+		require.NoError(t, pair.PauseReplication())
+		return rec
+	}
+	t.Run("lease: the handler never runs after a canceled wait for its take-over", func(t *testing.T) {
+		store := New(pool, nil)
+		rec := leaseRecord(t, store, "take-over", "dead")
+		var (
+			taken bool
+			err   error
+		)
+		done := make(chan int, 1)
+		go func() {
+			now := time.Now()
+			taken, err = store.TakeOver(ctx, rec.ID, "dead", "alive", now, now.Add(time.Minute))
+			done <- 0
+		}()
+		cancelWaits(t, done)
+		assert.False(t, taken, "the handler would run under a take-over the standby may lack")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Contains(t, err.Error(), "wait for a synchronous standby was canceled")
+	})
+	t.Run("lease: a release whose wait was canceled is unconfirmed", func(t *testing.T) {
+		store := New(pool, nil)
+		rec := leaseRecord(t, store, "release", "worker")
+		var err error
+		done := make(chan int, 1)
+		go func() {
+			err = store.Release(ctx, rec.ID, "worker")
+			done <- 0
+		}()
+		cancelWaits(t, done)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "a release the standby may lack")
 		assert.Contains(t, err.Error(), "wait for a synchronous standby was canceled")
 	})
 	t.Run("a mark left by the application's own commit does not fail the store's next one", func(t *testing.T) {

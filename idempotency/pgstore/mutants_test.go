@@ -14,8 +14,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-lease-on-host-clock", File: "idempotency/pgstore/store.go",
 			Note:    "a takeover is judged on the caller's clock, not the database's",
-			Anchor:  "AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
-			Replace: "AND ($4 = '' OR r.locked_until <= $7) AND NOT `+expiredSQL,\n\t\tcaller(id), id.Key, from, to, s.now(), micros(until.Sub(now)), now)",
+			Anchor:  "conn.Exec(ctx, takeOverSQL, caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))",
+			Replace: "conn.Exec(ctx, takeOverSQL, caller(id), id.Key, from, to, &now, micros(until.Sub(now)))",
 			// The middleware no longer asks for a take-over while the lease
 			// lives on the store's clock: the conformance suite does.
 			Pkg: "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^JudgesTimeOnItsOwnClock$", Env: pg,
@@ -142,8 +142,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-commit-not-flushed", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce's commit does not wait for the disk (synchronous_commit off)",
-			Anchor:  "const markedDurableSQL = markedSQL + `, ` + syncCommitSQL",
-			Replace: "const markedDurableSQL = markedSQL + `, set_config('synchronous_commit', 'off', true)`",
+			Anchor:  "const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL",
+			Replace: "const onceKeySQL = `CASE WHEN set_config('synchronous_commit', 'off', true) IS NOT NULL",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionSurvivesAPostgresCrash$", Env: pg,
 		},
 		{
@@ -200,8 +200,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-handler-sql-rollback-stored", File: "idempotency/pgstore/once.go",
 			Note:    "a handler that sends ROLLBACK (or COMMIT) as SQL has its answer stored, in a transaction of its own, for an effect that rolled back",
-			Anchor:  "WHERE current_setting('` + markSetting + `', true) = $11",
-			Replace: "WHERE $11::text IS NOT NULL",
+			Anchor:  "\t\tAND current_setting('` + markSetting + `', true) = $11 THEN $2 END`",
+			Replace: "\t\tAND $11::text IS NOT NULL THEN $2 END`",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionHandlerThatEndsTheTransaction$/^SQL", Env: pg,
 		},
 		{
@@ -319,15 +319,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-takeover-unbounded", File: "idempotency/pgstore/store.go",
 			Note:    "TakeOver waits for the database without end",
-			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\ttag, err := s.pool.Exec(ctx, nowSQL(5)",
-			Replace: "\ttag, err := s.pool.Exec(ctx, nowSQL(5)",
+			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\t// Its own connection, as Insert's: only its notices tell a canceled\n\t// wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Replace: "\t// Its own connection, as Insert's: only its notices tell a canceled\n\t// wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
 			Name: "pg-release-unbounded", File: "idempotency/pgstore/store.go",
 			Note:    "Release waits for the database without end",
-			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\ttag, err := s.pool.Exec(ctx, `DELETE",
-			Replace: "\ttag, err := s.pool.Exec(ctx, `DELETE",
+			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn fmt.Errorf(\"pgstore: release key",
+			Replace: "\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn fmt.Errorf(\"pgstore: release key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
@@ -336,6 +336,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\trec, found, err = s.get(",
 			Replace: "\trec, found, err = s.get(",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
+		},
+		{
+			Name: "pg-once-expires-under-live-lease", File: "idempotency/pgstore/once.go",
+			Note:    "RunOnce takes a record past its retention for absent under its worker's live lease, and replaces it: the work runs twice",
+			Anchor:  "\t\tif existing.Expired(now) {",
+			Replace: "\t\tif !existing.ExpiresAt.After(now) {",
+			Pkg:     "./idempotency/pgstore", Run: "^TestRunOnceMeetsARecordPastItsRetention$", Env: pg,
 		},
 		{
 			Name: "pg-once-read-at-missing", File: "idempotency/pgstore/once.go",
@@ -380,10 +387,24 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^a_completed", Env: pg,
 		},
 		{
+			Name: "pg-takeover-commit-not-durable", File: "idempotency/pgstore/store.go",
+			Note:    "TakeOver's commit keeps synchronous_commit off: the handler runs under a take-over a crash loses, and another worker takes the record over again",
+			Anchor:  "\t\tRETURNING ` + syncCommitSQL\n\n// TakeOver implements",
+			Replace: "\t\tRETURNING 1`\n\n// TakeOver implements",
+			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^a_take-over", Env: pg,
+		},
+		{
+			Name: "pg-release-commit-not-durable", File: "idempotency/pgstore/store.go",
+			Note:    "Release's commit keeps synchronous_commit off: a crash brings back the IN_PROGRESS record of a freed key",
+			Anchor:  "\t\tRETURNING ` + syncCommitSQL\n\n// Release implements",
+			Replace: "\t\tRETURNING 1`\n\n// Release implements",
+			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^a_release", Env: pg,
+		},
+		{
 			Name: "pg-once-commit-durability-left-to-handler", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce does not raise synchronous_commit after the handler's statements: a handler's SET LOCAL synchronous_commit = off makes the 201's record one a crash loses",
-			Anchor:  "const markedDurableSQL = markedSQL + `, ` + syncCommitSQL",
-			Replace: "const markedDurableSQL = markedSQL",
+			Anchor:  "const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL",
+			Replace: "const onceKeySQL = `CASE WHEN 'not raised' IS NOT NULL",
 			Pkg:     "./idempotency/pgstore", Run: "^TestCommitsSurviveACrash$/^one_transaction", Env: pg,
 		},
 		{
@@ -436,6 +457,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_a_canceled_wait", Env: pg,
 		},
 		{
+			Name: "pg-takeover-canceled-wait-trusted", File: "idempotency/pgstore/store.go",
+			Note:    "TakeOver ignores the mark of a canceled wait on its commit: the handler runs under a take-over a failover loses",
+			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_the_handler_never_runs_after_a_canceled_wait_for_its_take-over", Env: pg,
+		},
+		{
+			Name: "pg-release-canceled-wait-trusted", File: "idempotency/pgstore/store.go",
+			Note:    "Release ignores the mark of a canceled wait on its commit: a release the standby lacks is reported done",
+			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn fmt.Errorf(\"pgstore: release key",
+			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn fmt.Errorf(\"pgstore: release key",
+			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_a_release", Env: pg,
+		},
+		{
 			Name: "pg-inbox-canceled-wait-trusted", File: "idempotency/pgstore/inbox.go",
 			Note:    "the inbox ignores the mark of a canceled wait on its commit: the message is acknowledged, and a failover loses its record",
 			Anchor:  "if err := afterCommit(tx.Conn().PgConn()); err != nil {",
@@ -466,8 +501,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-reads-a-standby", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce reads a standby as if it were the primary: on a miss the handler runs",
-			Anchor:  "` SELECT ` + recoveringSQL + `, t.now, r.caller",
-			Replace: "` SELECT false, t.now, r.caller",
+			Anchor:  "`', $2, true), ` +\n\trecoveringSQL + `, coalesce($3::timestamptz, clock_timestamp())`",
+			Replace: "`', $2, true), false, coalesce($3::timestamptz, clock_timestamp())`",
 			Pkg:     "./idempotency/pgstore", Run: "^TestStandby$/^one_transaction", Env: pg,
 		},
 		{

@@ -32,24 +32,23 @@ func lockKey(id idempotency.ID) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
 }
 
-// lockAndReadSQL runs after the key's lock was tried, in the same
-// transaction: READ COMMITTED gives it a snapshot taken after the lock, so
-// a worker that held the lock and committed is seen. It returns the store's
-// now, and the key's record (all NULL when there is none) with whether it
-// is live, after whether the server is a standby in recovery (whose miss
-// would run the work again).
-var lockAndReadSQL = nowSQL(3) + ` SELECT ` + recoveringSQL + `, t.now, r.caller IS NOT NULL AND NOT ` + expiredSQL + `, ` + columns + `
-	FROM t LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2`
+// lockAndMarkSQL tries the key's advisory lock ($1) without waiting,
+// marks the transaction with $2 ([markSetting]), and returns whether the
+// server is a standby in recovery (whose miss would run the work again)
+// and the store's now ($3, else the database's clock_timestamp()). It
+// runs inside RunOnce's transaction, which a pooler keeps on one server
+// connection: the read that follows comes from the server checked here.
+// One statement does all four: each costs the server a portal and the
+// client a result.
+const lockAndMarkSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('` + markSetting + `', $2, true), ` +
+	recoveringSQL + `, coalesce($3::timestamptz, clock_timestamp())`
 
-// lockAndMarkSQL tries the key's advisory lock ($1) without waiting, and
-// marks the transaction with $2 ([markSetting]), in one statement: each
-// statement of a batch costs the server a portal and the client a result.
-const lockAndMarkSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('` + markSetting + `', $2, true)`
-
-// markedDurableSQL says whether it runs in the transaction marked $1
-// ([markedSQL]), and raises synchronous_commit for the commit that follows
-// ([syncCommitSQL]): one statement, sent after the handler's.
-const markedDurableSQL = markedSQL + `, ` + syncCommitSQL
+// readOnceSQL reads the key's record, if it has one. It is a statement of
+// its own, after lockAndMarkSQL: READ COMMITTED gives it a snapshot taken
+// after the lock was tried, so a worker that held the lock and committed
+// is seen. Whether the record is live is judged by the caller, on the now
+// of lockAndMarkSQL.
+const readOnceSQL = `SELECT ` + columns + ` FROM idempotency_records WHERE caller = $1 AND key = $2`
 
 // takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction if
 // it is still the IN_PROGRESS record of owner $3 with its lease ended and
@@ -60,18 +59,43 @@ var takeOverOnceSQL = nowSQL(4) + ` SELECT EXISTS (SELECT 1 FROM t, idempotency_
 	AND coalesce(r.locked_until <= t.now, true) AND NOT ` + expiredSQL + `
 	FOR UPDATE OF r SKIP LOCKED)`
 
-// onceColumnsSQL and onceValuesSQL are the COMPLETED record that RunOnce
-// inserts in the transaction of the work. It is inserted only in a
-// transaction that has RunOnce's mark: a transaction without it (the
-// handler ended RunOnce's and began another) inserts nothing.
+// onceKeySQL is the key column ($2) of the COMPLETED record that RunOnce
+// writes after the handler's statements, in the same statement:
+//   - it raises synchronous_commit for the commit that follows
+//     ([syncCommitSQL]), since the handler may have lowered it;
+//   - it is NULL in a transaction without RunOnce's mark $11 (the handler
+//     ended RunOnce's transaction, and perhaps began another), so that
+//     the write fails with not_null_violation on the key (see
+//     [handlerEnded]) and the COMMIT that travels with it is skipped.
+//
+// The raise comes first, so that it does not depend on the order in
+// which the server evaluates the two conditions: a write that fails
+// commits nothing either way.
+const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL
+		AND current_setting('` + markSetting + `', true) = $11 THEN $2 END`
+
+// onceColumnsSQL is the columns of the COMPLETED record that RunOnce
+// writes; onceNowSQL is its creation time: the store's now ($4), else the
+// start of the statement on the database's clock, one value for both
+// created_at and expires_at.
 const (
 	onceColumnsSQL = `INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
-		fingerprint_version, response_status, response_header, response_body)
-	`
-	onceValuesSQL = `SELECT $1, $2, $3, 'COMPLETED', $5, '', NULL, t.now, t.now + $6::bigint * interval '1 microsecond', $7, $8, $9, $10
-	FROM t
-	WHERE current_setting('` + markSetting + `', true) = $11`
+		fingerprint_version, response_status, response_header, response_body)`
+	onceNowSQL = `coalesce($4::timestamptz, statement_timestamp())`
+	// onceValuesSQL is the record's values, in the order of onceColumnsSQL.
+	onceValuesSQL = `$1, ` + onceKeySQL + `, $3, 'COMPLETED', $5, '', NULL, ` + onceNowSQL + `,
+		` + onceNowSQL + ` + $6::bigint * interval '1 microsecond', $7, $8, $9, $10`
 )
+
+// insertOnceSQL is the COMPLETED record of a key that had no record when
+// RunOnce read it, the usual case: a plain INSERT ... VALUES. ON
+// CONFLICT's speculative insertion costs the server about half as much
+// again, and a WITH query around the insert (to count its rows) about a
+// third more. A record that appeared meanwhile makes it fail with
+// unique_violation; a transaction without the mark, with
+// not_null_violation (onceKeySQL).
+const insertOnceSQL = onceColumnsSQL + `
+	VALUES (` + onceValuesSQL + `)`
 
 // onceInsertedSQL fails with division_by_zero unless the record was
 // written, so that the transaction, and the work's effect with it, cannot
@@ -82,10 +106,12 @@ SELECT 1 / (SELECT count(*) FROM ins)::int`
 // completeOnceSQL stores the COMPLETED record in the transaction of the
 // work: a row that replaces an expired record, or the record of owner $12
 // that the transaction took over (and holds locked). A live record that
-// appeared meanwhile (a lease-mode worker does not take the key's lock), or
-// a transaction without RunOnce's mark, makes it fail (onceInsertedSQL).
-var completeOnceSQL = nowSQL(4) + `, ins AS (
-	` + onceColumnsSQL + onceValuesSQL + `
+// appeared meanwhile (a lease-mode worker does not take the key's lock)
+// makes it fail (onceInsertedSQL); a transaction without RunOnce's mark,
+// as insertOnceSQL.
+var completeOnceSQL = `WITH ins AS (
+	` + onceColumnsSQL + `
+	VALUES (` + onceValuesSQL + `)
 	ON CONFLICT (caller, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint, status = excluded.status, stable_id = excluded.stable_id, owner = '',
 		locked_until = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
@@ -96,28 +122,24 @@ var completeOnceSQL = nowSQL(4) + `, ins AS (
 	RETURNING 1
 )` + onceInsertedSQL
 
-// insertOnceSQL is completeOnceSQL for a key that had no record when the
-// transaction read it, the usual case: a plain insert, without ON
-// CONFLICT's speculative insertion, which costs the server about half as
-// much again. A record that appeared meanwhile makes it fail with
-// unique_violation instead; a transaction without the mark, as
-// completeOnceSQL.
-var insertOnceSQL = nowSQL(4) + `, ins AS (
-	` + onceColumnsSQL + onceValuesSQL + `
-	RETURNING 1
-)` + onceInsertedSQL
-
 // appeared reports whether err, the error of RunOnce's last round trip,
-// says that the record could not be written: a live record of the key
-// appeared while the work ran (division_by_zero from completeOnceSQL,
-// unique_violation on the records from insertOnceSQL), or the
-// transaction lost its mark (division_by_zero).
+// says that a live record of the key appeared while the work ran
+// (division_by_zero from completeOnceSQL, unique_violation on the
+// records from insertOnceSQL).
 func appeared(err error) bool {
 	pgErr := (*pgconn.PgError)(nil)
 	if !errors.As(err, &pgErr) {
 		return false
 	}
 	return pgErr.Code == "22012" || pgErr.Code == "23505" && pgErr.TableName == "idempotency_records"
+}
+
+// handlerEnded reports whether err, the error of RunOnce's last round
+// trip, says that the transaction had lost RunOnce's mark: the record's
+// key was NULL (see onceKeySQL).
+func handlerEnded(err error) bool {
+	pgErr := (*pgconn.PgError)(nil)
+	return errors.As(err, &pgErr) && pgErr.Code == "23502" && pgErr.TableName == "idempotency_records" && pgErr.ColumnName == "key"
 }
 
 // RunOnce implements [idempotency.TxStore]: the whole request of a fresh
@@ -165,10 +187,11 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// it a snapshot taken after the lock, so a worker that held the lock
 	// and committed is seen.
 	var (
-		locked, live, recovering bool
-		now                      time.Time
-		row                      nullableRecord
+		locked, recovering bool
+		now                time.Time
+		row                nullableRecord
 	)
+	callerDigest := caller(rec.ID)
 	ended := false
 	defer func() {
 		// A panic in do rolls back here too. A connection that failed
@@ -186,15 +209,31 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	mark := rand.Text()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockAndMarkSQL, lockKey(rec.ID), mark).QueryRow(func(r pgx.Row) error { return r.Scan(&locked, nil) })
-	b.Queue(lockAndReadSQL, caller(rec.ID), rec.ID.Key, s.now()).
-		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &now, &live}, row.dest()...)...) })
+	b.Queue(lockAndMarkSQL, lockKey(rec.ID), mark, s.now()).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&locked, nil, &recovering, &now) })
+	b.Queue(readOnceSQL, callerDigest, rec.ID.Key).QueryRow(func(r pgx.Row) error {
+		if err := r.Scan(row.dest()...); !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return nil // no record: row stays all NULL
+	})
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
 		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, conflicted(unanswered(err, s.acquire)))
 	}
 	cancel()
 	if recovering {
 		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errRecovering)
+	}
+	// existing is the key's live record, if any, judged on the store's
+	// now as the lock was tried.
+	var existing *idempotency.Record
+	if row.status != nil {
+		if existing, err = row.record(rec.ID); err != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
+		}
+		if existing.Expired(now) {
+			existing = nil
+		}
 	}
 	tx := &onceTx{conn: conn.Conn()}
 	defer tx.end() // before the connection goes back to the pool
@@ -207,11 +246,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// any: the record, the effect and the take-over commit together.
 	var abandoned *idempotency.Record
 	switch {
-	case live:
-		existing, err := row.record(rec.ID)
-		if err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
-		}
+	case existing != nil:
 		existing.ReadAt = now
 		if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||
 			existing.Fingerprint != rec.Fingerprint || existing.FingerprintVersion != rec.FingerprintVersion {
@@ -226,7 +261,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		// waits, then finds it COMPLETED.
 		var taken bool
 		tctx, cancel := s.firstAnswer(ctx)
-		err = conn.QueryRow(tctx, takeOverOnceSQL, caller(rec.ID), rec.ID.Key, existing.Owner, s.now()).Scan(&taken)
+		err = conn.QueryRow(tctx, takeOverOnceSQL, callerDigest, rec.ID.Key, existing.Owner, s.now()).Scan(&taken)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, conflicted(unanswered(err, s.acquire)))
@@ -265,27 +300,21 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// connection, closed by pgx on the deadline, is not given back.
 	wctx, wcancel := s.commitAnswer(ctx)
 	defer wcancel()
-	var (
-		one    int
-		marked bool
-	)
 	b = &pgx.Batch{}
-	// After the handler's statements, which may have lowered it,
-	// synchronous_commit is raised: the answer is sent once the commit
-	// is durable.
-	b.Queue(markedDurableSQL, mark).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&marked, nil) })
 	stableID, from := rec.StableID, (*string)(nil)
 	if abandoned != nil {
 		stableID, from = abandoned.StableID, &abandoned.Owner
 	}
-	args := []any{caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
+	// The write raises synchronous_commit, after the handler's
+	// statements, which may have lowered it: the answer is sent once the
+	// commit is durable (see onceKeySQL).
+	args := []any{callerDigest, rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
 		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark}
 	write := insertOnceSQL
 	if row.status != nil || abandoned != nil {
 		write, args = completeOnceSQL, append(args, from) // a record to replace, or one taken over
 	}
-	b.Queue(write, args...).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
+	b.Queue(write, args...)
 	b.Queue("COMMIT")
 	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(wctx, b).Close()
@@ -306,14 +335,15 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		}
 		return nil, nil
 	}
-	if appeared(err) {
-		// A live record appeared, or the handler began a transaction of
-		// its own: the work rolls back, and the record answers.
+	if handlerEnded(err) || appeared(err) {
+		// The handler ended the transaction (and perhaps began one of its
+		// own), or a live record appeared: the work rolls back, and in
+		// the second case the record answers.
 		ended = true
-		if _, err := conn.Exec(wctx, "ROLLBACK"); err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, err)
+		if _, rerr := conn.Exec(wctx, "ROLLBACK"); rerr != nil {
+			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, rerr)
 		}
-		if !marked {
+		if handlerEnded(err) {
 			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
 		}
 		existing, found, err := s.get(wctx, conn, rec.ID)

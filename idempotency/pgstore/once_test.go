@@ -935,3 +935,44 @@ func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	return ctx
 }
 func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// TestRunOnceMeetsARecordPastItsRetention: RunOnce judges a record it
+// reads as the lease mode does. A record past its retention whose worker
+// still holds its lease is live: the work does not run, and the record
+// answers. Once the lease has ended too, the key is free.
+func TestRunOnceMeetsARecordPastItsRetention(t *testing.T) {
+	pool := withPayments(t)
+	clk := clock.NewManual(time.Now())
+	s := New(pool, &Options{Clock: clk})
+	ctx := context.Background()
+	rec := func(owner string) *idempotency.Record {
+		return &idempotency.Record{ID: idempotency.ID{Key: "k"}, Fingerprint: [sha256.Size]byte{1}, FingerprintVersion: 2,
+			Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
+			LockedUntil: clk.Now().Add(time.Minute), CreatedAt: clk.Now(), ExpiresAt: clk.Now().Add(time.Second)}
+	}
+	_, inserted, err := s.Insert(ctx, rec("old"))
+	require.NoError(t, err)
+	require.True(t, inserted)
+	var runs atomic.Int32
+	do := func(context.Context, *idempotency.Record) (*idempotency.Response, error) {
+		runs.Add(1)
+		return &idempotency.Response{StatusCode: http.StatusCreated}, nil
+	}
+
+	t.Run("under its worker's live lease the work does not run", func(t *testing.T) {
+		clk.Advance(2 * time.Second) // past the retention, within the lease
+		existing, err := s.RunOnce(ctx, rec("new"), do)
+		require.NoError(t, err)
+		assert.Zero(t, runs.Load(), "the work ran beside the record's live worker")
+		require.NotNil(t, existing)
+		assert.Equal(t, idempotency.StatusInProgress, existing.Status)
+		assert.Equal(t, "old", existing.Owner)
+	})
+	t.Run("once the lease has ended the key is free", func(t *testing.T) {
+		clk.Advance(2 * time.Minute)
+		existing, err := s.RunOnce(ctx, rec("new"), do)
+		require.NoError(t, err)
+		assert.Nil(t, existing)
+		assert.EqualValues(t, 1, runs.Load())
+	})
+}

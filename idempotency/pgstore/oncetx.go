@@ -26,7 +26,8 @@ var errHandlerEnded = errors.New("the handler ended the request's transaction (C
 // markSetting is the setting, local to the request's transaction (RunOnce's
 // or Complete's), that holds the transaction's mark: a random text set when
 // the store begins the transaction ([lockAndMarkSQL], and holdSQL in
-// Complete), and checked when the record is written ([markedSQL]). A handler that ends the transaction,
+// Complete), and checked when the record is written ([onceKeySQL] in
+// RunOnce, completeSQL and [markedSQL] in Complete). A handler that ends the transaction,
 // with COMMIT or ROLLBACK as SQL, ends the mark with it; one that then
 // begins another (ROLLBACK; BEGIN) has a transaction without the mark.
 const markSetting = "pgstore.request_tx"

@@ -300,20 +300,49 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 	return nil, false, fmt.Errorf("pgstore: insert key %q: the record changed under %d attempts", rec.ID.Key, insertAttempts)
 }
 
-// TakeOver implements [idempotency.Store] with one conditional UPDATE.
-func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
-	ctx, cancel := s.firstAnswer(ctx)
-	defer cancel()
-	tag, err := s.pool.Exec(ctx, nowSQL(5)+` UPDATE idempotency_records r
+// takeOverSQL gives the IN_PROGRESS record of $1, $2 from owner $3 to
+// owner $4, with a lease of $6 microseconds from the store's now ($5), if
+// its lease has ended (an empty $4 gives it up at once) and it has not
+// expired. The statement is its own transaction, whose commit it makes
+// durable ([syncCommitSQL], in RETURNING: it runs for the row it changes,
+// and nothing else needs a durable commit): the handler runs once it
+// returns.
+var takeOverSQL = nowSQL(5) + ` UPDATE idempotency_records r
 		SET owner = $4, locked_until = t.now + $6::bigint * interval '1 microsecond'
 		FROM t
 		WHERE r.caller = $1 AND r.key = $2 AND r.status = 'IN_PROGRESS' AND r.owner = $3
-		AND ($4 = '' OR r.locked_until <= t.now) AND NOT `+expiredSQL,
-		caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))
+		AND ($4 = '' OR r.locked_until <= t.now) AND NOT ` + expiredSQL + `
+		RETURNING ` + syncCommitSQL
+
+// TakeOver implements [idempotency.Store] with one conditional UPDATE,
+// whose commit is durable as Insert's is: a take-over a crash or a
+// failover loses would let another worker take the record over again.
+func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
+	ctx, cancel := s.firstAnswer(ctx)
+	defer cancel()
+	// Its own connection, as Insert's: only its notices tell a canceled
+	// wait for a synchronous standby.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: take over key %q: acquire a connection: %w", id.Key, unanswered(err, s.acquire))
+	}
+	defer conn.Release()
+	beforeCommit(conn.Conn().PgConn())
+	tag, err := conn.Exec(ctx, takeOverSQL, caller(id), id.Key, from, to, s.now(), micros(until.Sub(now)))
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, unanswered(readOnly(err), s.acquire))
 	}
-	return tag.RowsAffected() == 1, nil
+	if tag.RowsAffected() != 1 {
+		return false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, errCanceledCommit(err))
+	}
+	// An operator's cancel of the wait: the handler must not run.
+	if err := afterCommit(conn.Conn().PgConn()); err != nil {
+		return false, fmt.Errorf("pgstore: take over key %q: %w", id.Key, err)
+	}
+	return true, nil
 }
 
 // beginSQL begins Get's transaction, whose read comes after the key's
@@ -490,17 +519,39 @@ func answerColumns(resp *idempotency.Response) (code *int32, header *string, bod
 	return code, &hs, body, nil
 }
 
-// Release implements [idempotency.Store] with one DELETE.
+// releaseSQL deletes the IN_PROGRESS record of $1, $2 if owner $3 holds
+// it, and makes its commit durable ([syncCommitSQL], in RETURNING, as in
+// takeOverSQL).
+const releaseSQL = `DELETE FROM idempotency_records
+		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3
+		RETURNING ` + syncCommitSQL
+
+// Release implements [idempotency.Store] with one DELETE, whose commit is
+// durable as every other of the store's commits is. A release that did
+// not reach a synchronous standby is reported as unconfirmed (an error
+// matching context.DeadlineExceeded): the key may then stay IN_PROGRESS
+// until its lease ends.
 func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) error {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_records
-		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3`, caller(id), id.Key, owner)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: release key %q: acquire a connection: %w", id.Key, unanswered(err, s.acquire))
+	}
+	defer conn.Release()
+	beforeCommit(conn.Conn().PgConn())
+	tag, err := conn.Exec(ctx, releaseSQL, caller(id), id.Key, owner)
 	if err != nil {
 		return fmt.Errorf("pgstore: release key %q: %w", id.Key, unanswered(err, s.acquire))
 	}
 	if tag.RowsAffected() == 0 {
 		return idempotency.ErrNotOwner
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: release key %q: %w", id.Key, errCanceledCommit(err))
+	}
+	if err := afterCommit(conn.Conn().PgConn()); err != nil {
+		return fmt.Errorf("pgstore: release key %q: %w", id.Key, err)
 	}
 	return nil
 }
