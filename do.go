@@ -122,7 +122,7 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.send(ctx, r, rec, header, unsent)
+	resp, retryErr := c.newCall(ctx, rec, header, unsent).run(ctx, r)
 	if retryErr != nil {
 		return c.adopted(c.recordNoAnswer(ctx, in, rec, retryErr))
 	}
@@ -521,25 +521,6 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 	}
 	c.keys.saved.saved(rec)
 	return nil
-}
-
-// send makes the attempts of one call. It returns a final answer, or a
-// *RetryError when none came.
-//
-// unsent says that no attempt of the intent can have reached the server
-// before this call.
-func (c *Client) send(ctx context.Context, r *retrier, rec *persist.Record, header http.Header, unsent bool) (*Response, *RetryError) {
-	st := &call{cfg: &c.config, key: rec.Key, unsent: unsent, redirected: rec.Redirected, tokens: c.tokens}
-	// The budget reads the intent's age through the call, which holds it:
-	// no allocation of its own.
-	st.left = c.leftOf(rec)
-	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
-	st.name, st.url = rec.Name, rec.URL
-	resp, err := r.run(st.withTrace(ctx), rec.Method, rec.URL, rec.Body, attemptHeader(header, rec.KeyHeader))
-	if err != nil {
-		return nil, st.failed(ctx, err)
-	}
-	return st.answered(resp), nil
 }
 
 // left returns how long the intent of rec may still be sent, by the

@@ -62,7 +62,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-without-the-trace", File: "call.go",
 			Note:    "a transport that fires no trace is taken to have sent nothing",
-			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",
+			Anchor:  "if err == nil || st.wired && !st.traced.Load() {",
 			Replace: "if err == nil {",
 			Pkg:     root, Run: "^TestNotSentIsProvenByTheTraceAlone$",
 		},
@@ -214,7 +214,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff$",
 		},
 		{
-			Name: "expiry-as-an-instant", File: "do.go",
+			Name: "expiry-as-an-instant", File: "call.go",
 			Note:    "the time left to send is fixed as an instant on the clock's timeline at the call's start",
 			Anchor:  "\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)\n",
 			Replace: "\texp := c.clock.Now().Add(c.left(rec))\n\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, leftFunc(func() time.Duration { return exp.Sub(c.clock.Now()) }))\n",
@@ -383,7 +383,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown$",
 		},
 		{
-			Name: "redirect-forgotten-by-the-next-call", File: "do.go",
+			Name: "redirect-forgotten-by-the-next-call", File: "call.go",
 			Note:    "a redirect to another URL is forgotten once its call ends",
 			Anchor:  "unsent: unsent, redirected: rec.Redirected,",
 			Replace: "unsent: unsent, redirected: false,",
