@@ -472,6 +472,7 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		st.stopped = stopped
 		return false, errStopped
 	}
+	st.logWait(wait, status, err)
 	if err := st.cfg.clock.Sleep(ctx, wait); err != nil {
 		return false, err
 	}
@@ -570,23 +571,19 @@ func (st *call) keepLast(resp *http.Response, err error) (*http.Response, error)
 	return nil, err
 }
 
-func (c *config) attemptDone(a Attempt) {
-	if c.logger != nil {
-		c.logger.LogAttrs(context.Background(), slog.LevelDebug, "idem: attempt",
-			slog.String("key", a.Key), slog.Int("number", a.Number), slog.Int("status", a.StatusCode),
-			slog.Any("error", a.Err), slog.Bool("retry", a.Retry), slog.Duration("wait", a.Wait))
-	}
-	if c.onAttempt != nil {
-		c.onAttempt(a)
-	}
+// logs reports whether the app's logger takes records of level under ctx:
+// a line is built only then, so a silent logger costs no allocation.
+func (c *config) logs(ctx context.Context, level slog.Level) bool {
+	return c.logger != nil && c.logger.Enabled(ctx, level)
 }
 
-// attemptDone tells the attempt hook (and the app's logger, through
-// config.attemptDone) of the call's current attempt, adding what the call
-// knows of it: the intent's name and URL, and how long the attempt took on
-// the Client's clock.
+// attemptDone tells the attempt hook (Config.OnAttempt) and the app's
+// logger (DEBUG) of the call's current attempt, adding what the call knows
+// of it: the intent's name and URL, and how long the attempt took on the
+// Client's clock. The logger gets the caller's context.
 func (st *call) attemptDone(a Attempt) {
-	if st.cfg.onAttempt == nil && st.cfg.logger == nil {
+	debug := st.cfg.logs(st.ctx.Context, slog.LevelDebug)
+	if st.cfg.onAttempt == nil && !debug {
 		return
 	}
 	if !st.urlRedacted {
@@ -596,7 +593,32 @@ func (st *call) attemptDone(a Attempt) {
 	if !st.began.IsZero() {
 		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))
 	}
-	st.cfg.attemptDone(a)
+	if debug {
+		st.cfg.logger.LogAttrs(st.ctx.Context, slog.LevelDebug, "idem: attempt",
+			slog.String("key", a.Key), slog.Int("number", a.Number), slog.Int("status", a.StatusCode),
+			slog.Any("error", a.Err), slog.Bool("retry", a.Retry), slog.Duration("wait", a.Wait))
+	}
+	// The attempt hook's call site.
+	if st.cfg.onAttempt != nil {
+		st.cfg.onAttempt(a)
+	}
+}
+
+// logWait tells the app's logger (INFO) of the wait before the call's next
+// attempt, and of what the last one got (status, or err), in words a
+// person follows: "retrying in 3s, attempt 2 of 10".
+func (st *call) logWait(wait time.Duration, status int, err error) {
+	ctx := st.ctx.Context
+	if !st.cfg.logs(ctx, slog.LevelInfo) {
+		return
+	}
+	got := slog.String("got", fmt.Sprintf("%d %s", status, http.StatusText(status)))
+	if err != nil {
+		got = slog.String("got", redactErr(err).Error())
+	}
+	st.cfg.logger.LogAttrs(ctx, slog.LevelInfo,
+		fmt.Sprintf("idem: retrying in %s, attempt %d of %d", wait.Round(time.Millisecond), st.b.attempts+1, st.b.policy.MaxAttempts),
+		slog.String("key", st.key), slog.String("name", st.name), got)
 }
 
 // spendRetry asks the Client's retry budget for the retry that follows an

@@ -2,8 +2,11 @@ package idem_test
 
 import (
 	"context"
+	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -462,5 +465,156 @@ func TestAuthorizer(t *testing.T) {
 		stored, err := store.Get(ctx, in.Key())
 		require.NoError(t, err)
 		assert.Empty(t, stored.Header.Get("Authorization"))
+	})
+}
+
+// callLine is one record the app's logger got: its level, message, and the
+// value its context carried for callTraceKey.
+type callLine struct {
+	level slog.Level
+	msg   string
+	trace any
+}
+
+type callTraceKey struct{}
+
+// callLines keeps the records at or above min.
+type callLines struct {
+	mu    sync.Mutex
+	min   slog.Level
+	lines []callLine
+}
+
+func (h *callLines) Enabled(_ context.Context, l slog.Level) bool { return l >= h.min }
+
+func (h *callLines) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lines = append(h.lines, callLine{level: r.Level, msg: r.Message, trace: ctx.Value(callTraceKey{})})
+	return nil
+}
+
+func (h *callLines) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *callLines) WithGroup(string) slog.Handler      { return h }
+
+func (h *callLines) at(level slog.Level) []callLine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []callLine
+	for _, l := range h.lines {
+		if l.level == level {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func TestCallLogs(t *testing.T) {
+	t.Parallel()
+	traced := context.WithValue(context.Background(), callTraceKey{}, "trace-1")
+	t.Run("each wait and the answer are told at INFO, with the caller's context", func(t *testing.T) {
+		t.Parallel()
+		h := &callLines{min: slog.LevelDebug}
+		var n atomic.Int32
+		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			if n.Add(1) < 3 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}, idem.WithLogger(slog.New(h)), idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 3 * time.Second, Jitter: -1}))
+		in, err := c.NewIntent(traced, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(traced, in)
+		require.NoError(t, err)
+		var infos []string
+		for _, l := range h.at(slog.LevelInfo) {
+			infos = append(infos, l.msg)
+		}
+		assert.Equal(t, []string{
+			"idem: retrying in 3s, attempt 2 of 10",
+			"idem: retrying in 6s, attempt 3 of 10",
+			"idem: answered 201 Created after 3 attempt(s)",
+		}, infos)
+		assert.Len(t, h.at(slog.LevelDebug), 3, "one line per attempt")
+		for _, l := range h.lines {
+			assert.Equal(t, "trace-1", l.trace, "logged without the caller's context: %s", l.msg)
+		}
+	})
+	t.Run("not sent is told, and its error says how many attempts and why it stopped", func(t *testing.T) {
+		t.Parallel()
+		h := &callLines{min: slog.LevelInfo}
+		refused := httptest.NewServer(http.NotFoundHandler())
+		refused.Close() // nothing listens there now
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithLogger(slog.New(h)),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		require.NoError(t, err)
+		in, err := c.NewIntent(traced, "checkout", idem.Request{Method: http.MethodPost, URL: refused.URL, Body: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = c.Do(traced, in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		assert.Contains(t, err.Error(), "in 2 attempt(s) (stopped: max attempts reached)")
+		infos := h.at(slog.LevelInfo)
+		require.NotEmpty(t, infos)
+		last := infos[len(infos)-1]
+		assert.Equal(t, "idem: not sent after 2 attempt(s): max attempts reached", last.msg)
+		assert.Equal(t, "trace-1", last.trace)
+	})
+	t.Run("an outcome unknown is told at WARN with the attempts and the reason", func(t *testing.T) {
+		t.Parallel()
+		h := &callLines{min: slog.LevelInfo}
+		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}, idem.WithLogger(slog.New(h)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		in, err := c.NewIntent(traced, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(traced, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		warns := h.at(slog.LevelWarn)
+		require.Len(t, warns, 1)
+		assert.Equal(t, "idem: outcome unknown after 2 attempt(s): max attempts reached", warns[0].msg)
+		assert.Equal(t, "trace-1", warns[0].trace)
+	})
+}
+
+// TestCallLogsWhenQuiet is not parallel: it counts the process's
+// allocations.
+func TestCallLogsWhenQuiet(t *testing.T) {
+	t.Run("a logger above INFO costs a payment no allocation", func(t *testing.T) {
+		// payments returns the mean allocations of a payment (made and
+		// sent) of a Client with opts, each against its own server.
+		payments := func(opts ...idem.Option) float64 {
+			srv := fakeserver.NewServer(nil)
+			defer srv.Close()
+			c, err := idem.NewWith(append([]idem.Option{idem.WithHTTPClient(srv.Client())}, opts...)...)
+			require.NoError(t, err)
+			pay := func() {
+				in, err := c.NewIntent(context.Background(), "", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments",
+					Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`)})
+				require.NoError(t, err)
+				_, err = c.Do(context.Background(), in)
+				require.NoError(t, err)
+			}
+			for range 20 {
+				pay()
+			}
+			// The least of a few batches: a busy machine only adds
+			// allocations (a connection dialled anew, say).
+			least := math.Inf(1)
+			for range 5 {
+				const n = 100
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				for range n {
+					pay()
+				}
+				runtime.ReadMemStats(&after)
+				least = min(least, float64(after.Mallocs-before.Mallocs)/n)
+			}
+			return least
+		}
+		silent := payments()
+		quiet := payments(idem.WithLogger(slog.New(&callLines{min: slog.LevelWarn})))
+		assert.Less(t, quiet, silent+0.5, "allocations per payment: %.1f with no logger, %.1f with one above INFO", silent, quiet)
 	})
 }

@@ -185,6 +185,7 @@ func unread(cur *persist.Record, err error) error {
 // the context ended it, and the app settles it through the lookup.
 func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
 	err := &RetryError{Key: rec.Key, Reason: stopExpired}
+	c.logUnknown(ctx, rec, err)
 	if rec.State != persist.StateExpired {
 		rec.State = persist.StateExpired
 		rec.UpdatedAt = c.clock.Now()
@@ -310,6 +311,7 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	} else if c.keys.ended(rec.Key, !retryErr.noneWritten, c.clocks.read()) == vNotSent {
 		return c.recordNotSent(ctx, in, rec, retryErr, now)
 	}
+	c.logUnknown(ctx, rec, retryErr)
 	if oneNeverReached {
 		// The one attempt never reached the server, but an earlier one
 		// may have: nothing to record.
@@ -323,7 +325,6 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	} else if retryErr.Attempts > 0 {
 		rec.State = persist.StatePending
 	}
-	c.log(ctx, slog.LevelWarn, "idem: outcome unknown", "key", rec.Key, "attempts", retryErr.Attempts, "reason", retryErr.Reason)
 	// The save records what is known; if it fails, the intent stays
 	// unresolved in the store anyway, which is the safe side.
 	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
@@ -346,12 +347,13 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 // not sent, and the call ends with the outcome unknown (retryErr, with the
 // store's error).
 func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
-	err := &notSentError{Key: rec.Key, Err: retryErr.Err}
+	err := &notSentError{Key: rec.Key, Err: retryErr.Err, Attempts: retryErr.Attempts, Reason: retryErr.Reason}
 	if err.Err == nil || errors.Is(err.Err, errStopped) {
-		err.Err = fmt.Errorf("idem: no attempt wrote the request (%s)", retryErr.Reason)
+		err.Err = errors.New("idem: no attempt wrote the request")
 	}
 	if rec.State == persist.StateNotSent || in.ephemeral {
 		c.keys.notSent(rec.Key)
+		c.logNotSent(ctx, rec, err)
 		return err
 	}
 	// Only if no other Client took it over since this call began: one
@@ -361,12 +363,14 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 	rec.UpdatedAt = now
 	if saveErr := c.saveIf(detached(ctx), in, rec, prev, "record not sent"); saveErr != nil {
 		c.keys.storeFailed(rec.Key)
+		c.logUnknown(ctx, rec, retryErr)
 		if errors.As(saveErr, new(*persist.ConflictError)) {
 			return retryErr
 		}
 		return errors.Join(retryErr, saveErr)
 	}
 	c.keys.notSent(rec.Key)
+	c.logNotSent(ctx, rec, err)
 	return err
 }
 
@@ -378,8 +382,10 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
 	rec.Response = c.stored(resp)
-	if c.logger != nil { // skip building the arguments when silent
-		c.log(ctx, slog.LevelInfo, "idem: resolved", "key", rec.Key, "status", resp.StatusCode, "attempts", resp.Attempts, "replayed", resp.Replayed)
+	if c.logs(ctx, slog.LevelInfo) { // skip building the line when silent
+		c.logger.LogAttrs(ctx, slog.LevelInfo,
+			fmt.Sprintf("idem: answered %d %s after %d attempt(s)", resp.StatusCode, http.StatusText(resp.StatusCode), resp.Attempts),
+			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.Bool("replayed", resp.Replayed))
 	}
 	// The answer is final whatever happens to the save: the server keeps
 	// it and replays it to the next Do. Save even if ctx is done now, so a
@@ -415,6 +421,24 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 		return resp, saveErr
 	}
 	return resp, nil
+}
+
+// logUnknown tells the app's logger (WARN, above INFO) of a call that
+// ended with its outcome unknown, and why.
+func (c *Client) logUnknown(ctx context.Context, rec *persist.Record, err *RetryError) {
+	if c.logs(ctx, slog.LevelWarn) {
+		c.logger.LogAttrs(ctx, slog.LevelWarn, fmt.Sprintf("idem: outcome unknown after %d attempt(s): %s", err.Attempts, err.Reason),
+			slog.String("key", rec.Key), slog.String("name", rec.Name))
+	}
+}
+
+// logNotSent tells the app's logger (INFO) of a call that ended not sent,
+// once the store says so.
+func (c *Client) logNotSent(ctx context.Context, rec *persist.Record, err *notSentError) {
+	if c.logs(ctx, slog.LevelInfo) {
+		c.logger.LogAttrs(ctx, slog.LevelInfo, fmt.Sprintf("idem: not sent after %d attempt(s): %s", err.Attempts, err.Reason),
+			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.String("error", err.Err.Error()))
+	}
 }
 
 // storedOutcome answers Do for a resolved intent without sending.

@@ -213,10 +213,24 @@ func (e *RetryError) Unwrap() []error {
 type notSentError struct {
 	Key string
 	Err error
+	// Attempts is the number of attempts the call began, none of which
+	// wrote the request; Reason why the call stopped (a RetryError's
+	// reason), or "" when it made none.
+	Attempts int
+	Reason   string
 }
 
 func (e *notSentError) Error() string {
-	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server: %v", e.Key, e.Err)
+	var b strings.Builder
+	fmt.Fprintf(&b, "idem: intent %s was not sent: the request never reached the server", e.Key)
+	if e.Attempts > 0 || e.Reason != "" {
+		fmt.Fprintf(&b, " in %d attempt(s)", e.Attempts)
+	}
+	if e.Reason != "" {
+		fmt.Fprintf(&b, " (stopped: %s)", e.Reason)
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
 }
 
 func (e *notSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }

@@ -550,5 +550,33 @@ func TestMutants(t *testing.T) {
 			Replace: "",
 			Pkg:     root, Run: "^TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess$",
 		},
+		{
+			Name: "wait-untold", File: "call.go",
+			Note:    "the app's logger hears nothing of a wait before a retry: a CLI against a dead server waits in silence",
+			Anchor:  "\tst.logWait(wait, status, err)\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestCallLogs$/^each_wait_and_the_answer",
+		},
+		{
+			Name: "attempt-logged-without-context", File: "call.go",
+			Note:    "the attempt line is logged with context.Background(): a trace-aware handler loses the request",
+			Anchor:  "st.cfg.logger.LogAttrs(st.ctx.Context, slog.LevelDebug,",
+			Replace: "st.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug,",
+			Pkg:     root, Run: "^TestCallLogs$/^each_wait_and_the_answer",
+		},
+		{
+			Name: "answer-line-built-when-quiet", File: "do.go",
+			Note:    "the answer's log line is built for a logger that does not take INFO: a payment allocates more",
+			Anchor:  "\tif c.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
+			Replace: "\tif c.logger != nil {\n",
+			Pkg:     root, Run: "^TestCallLogsWhenQuiet$",
+		},
+		{
+			Name: "not-sent-untold", File: "do.go",
+			Note:    "a call that ended not sent logs nothing",
+			Anchor:  "\tc.keys.notSent(rec.Key)\n\tc.logNotSent(ctx, rec, err)\n\treturn err\n}",
+			Replace: "\tc.keys.notSent(rec.Key)\n\treturn err\n}",
+			Pkg:     root, Run: "^TestCallLogs$/^not_sent_is_told",
+		},
 	})
 }
