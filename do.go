@@ -45,7 +45,8 @@ func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
 		return nil, err
 	}
 	ask := callAsk{tick: c.keys.callTick()}
-	return c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.doAs(ctx, in, c.retry, nil, ask) })
+	resp, err := c.flights.do(ctx, in.Key(), func() (*Response, error) { return c.doAs(ctx, in, c.retry, nil, ask) })
+	return resp, forCall(err, callDo)
 }
 
 // callAsk is who asks a call to send: the app (Do, Settle, Send, the

@@ -578,5 +578,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\tc.keys.notSent(rec.Key)\n\treturn err\n}",
 			Pkg:     root, Run: "^TestCallLogs$/^not_sent_is_told",
 		},
+		{
+			Name: "send-error-names-do", File: "settle.go",
+			Note:    "an outcome unknown after Send tells the app to call Do, which it never called",
+			Anchor:  "\t\treturn resp, forCall(err, callSend)\n",
+			Replace: "\t\treturn resp, err\n",
+			Pkg:     root, Run: "^TestErrorTexts$/^after_Send",
+		},
 	})
 }
