@@ -93,7 +93,9 @@ func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.H
 	st.left = c.leftOf(rec)
 	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
 	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
-	st.method, st.body, st.header = rec.Method, rec.Body, attemptHeader(header, rec.KeyHeader)
+	// The key's value lives in the call: no allocation of its own.
+	st.keyValue[0] = rec.KeyHeader
+	st.method, st.body, st.header = rec.Method, rec.Body, header
 	return st
 }
 
@@ -102,7 +104,7 @@ func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.H
 func (st *call) run(ctx context.Context, r *retrier) (*Response, *RetryError) {
 	req, err := retryablehttp.NewRequestWithContext(st.withTrace(ctx), st.method, st.target, retryablehttp.ReaderFunc(st.bodyReader))
 	if err == nil {
-		req.Header = st.header
+		st.attemptHeader(req.Header)
 		req.SetResponseHandler(func(resp *http.Response) error { return callOf(resp.Request.Context()).readFinal(resp) })
 		var resp *http.Response
 		if resp, err = r.rc.Do(req); err == nil {
@@ -110,6 +112,18 @@ func (st *call) run(ctx context.Context, r *retrier) (*Response, *RetryError) {
 		}
 	}
 	return nil, st.failed(ctx, err)
+}
+
+// attemptHeader puts in h, the request's own empty map, the headers of every
+// attempt: the call's header, and the key spelled as stored. The values'
+// slices are shared with the call's header, which is never changed (a
+// record's, or the RoundTripper's own copy), and capped at their length,
+// so that an append to one of them copies it.
+func (st *call) attemptHeader(h http.Header) {
+	for k, v := range st.header {
+		h[k] = v[:len(v):len(v)]
+	}
+	h["Idempotency-Key"] = st.keyValue[:]
 }
 
 // bodyReader gives go-retryablehttp a reader of the request's body, rewound
@@ -135,14 +149,20 @@ func (st *call) bodyReader() (io.Reader, error) {
 type call struct {
 	cfg *config
 	key string
-	// method, target, body and header are the request each attempt sends.
+	// method, target, body and header are the request each attempt sends,
+	// with the key (attemptHeader).
 	method, target string
 	body           []byte
 	header         http.Header
-	b              budget
-	left           intentLeft // what b reads the intent's age through
-	finalBody      []byte     // the body of the last answer read in full
-	oversized      bool       // the final answer was over the limit; no body kept
+	keyValue       [1]string // the Idempotency-Key's value in header
+	// answer is the first attempt's answer body (budgetTransport), held
+	// here to save an allocation; answerUsed once it is taken.
+	answer     budgetBody
+	answerUsed bool
+	b          budget
+	left       intentLeft // what b reads the intent's age through
+	finalBody  []byte     // the body of the last answer read in full
+	oversized  bool       // the final answer was over the limit; no body kept
 	// own: the final answer is the server's word (Client.trusted), not a
 	// stranger's on the path; only the server's word refunds the retry
 	// budget.
@@ -265,6 +285,20 @@ func (st *call) onWire() (time.Duration, string, error) {
 	}
 	st.wired = true
 	return limit, reason, nil
+}
+
+// answerBody returns body, the answer to the current attempt, as it ends
+// the attempt's time limit (cancel) when closed, and tells the call of a
+// read cut short by that limit (ctx, a child of parent). The first
+// attempt's is the call's own.
+func (st *call) answerBody(body io.ReadCloser, ctx, parent context.Context, cancel context.CancelFunc, reason string) io.ReadCloser {
+	b := &st.answer
+	if st.answerUsed {
+		b = new(budgetBody)
+	}
+	st.answerUsed = true
+	*b = budgetBody{ReadCloser: body, st: st, ctx: ctx, parent: parent, cancel: cancel, reason: reason}
+	return b
 }
 
 // redirectedAway records that an attempt was redirected to another URL

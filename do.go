@@ -401,7 +401,7 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
-	if errors.As(saveErr, new(*adoptedError)) {
+	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
 		// Another call stored the server's word first: it stands.
 		return c.adopted(saveErr)
 	}
@@ -472,6 +472,9 @@ func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op s
 func (c *Client) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 	for range 8 {
 		err := s.Write(ctx, rec, prev)
+		if err == nil {
+			return nil
+		}
 		var changed *persist.ConflictError
 		if !errors.As(err, &changed) {
 			return err

@@ -48,7 +48,7 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel()
 		return nil, err
 	}
-	resp.Body = &budgetBody{ReadCloser: resp.Body, st: st, ctx: ctx, parent: req.Context(), cancel: cancel, reason: reason}
+	resp.Body = st.answerBody(resp.Body, ctx, req.Context(), cancel, reason)
 	return resp, nil
 }
 

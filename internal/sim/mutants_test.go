@@ -51,10 +51,10 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "key-spelling-from-option", File: "do.go",
+		Name: "key-spelling-from-option", File: "call.go",
 		Note:    "the key is spelled as the current Client's option says, not as stored with the intent",
-		Anchor:  "attemptHeader(header, rec.KeyHeader))\n",
-		Replace: "attemptHeader(header, c.keyHeader(rec.Key)))\n",
+		Anchor:  "\tst.keyValue[0] = rec.KeyHeader\n",
+		Replace: "\tst.keyValue[0] = c.keyHeader(rec.Key)\n",
 	},
 	// redirect-answer-is-outcome is the root package's: the login page
 	// that the followed GET reaches does not echo the key, so in the
