@@ -253,8 +253,8 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		// No send of it ever began: the server's retention of its key
 		// starts no sooner than this one, as at the tap.
 		rec.CreatedAt = c.clock.Now()
-		c.clocks.stampInto(rec, true, new(persist.Clocks))
 		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
+		c.clocks.stampInto(rec, true, new(persist.Clocks))
 	}
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
@@ -353,8 +353,8 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 		err.Err = errors.New("idem: no attempt wrote the request")
 	}
 	if rec.State == persist.StateNotSent || in.ephemeral {
-		c.keys.notSent(rec.Key)
 		c.logNotSent(ctx, rec, err)
+		c.keys.notSent(rec.Key)
 		return err
 	}
 	// Only if no other Client took it over since this call began: one
@@ -363,15 +363,15 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 	rec.State = persist.StateNotSent
 	rec.UpdatedAt = now
 	if saveErr := c.saveIf(detached(ctx), in, rec, prev, "record not sent"); saveErr != nil {
-		c.keys.storeFailed(rec.Key)
 		c.logUnknown(ctx, rec, retryErr)
+		c.keys.storeFailed(rec.Key)
 		if errors.As(saveErr, new(*persist.ConflictError)) {
 			return retryErr
 		}
 		return errors.Join(retryErr, saveErr)
 	}
-	c.keys.notSent(rec.Key)
 	c.logNotSent(ctx, rec, err)
+	c.keys.notSent(rec.Key)
 	return err
 }
 

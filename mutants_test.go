@@ -574,7 +574,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-untold", File: "do.go",
 			Note:    "a call that ended not sent logs nothing",
-			Anchor:  "\tc.keys.notSent(rec.Key)\n\tc.logNotSent(ctx, rec, err)\n\treturn err\n}",
+			Anchor:  "\tc.logNotSent(ctx, rec, err)\n\tc.keys.notSent(rec.Key)\n\treturn err\n}",
 			Replace: "\tc.keys.notSent(rec.Key)\n\treturn err\n}",
 			Pkg:     root, Run: "^TestCallLogs$/^not_sent_is_told",
 		},
