@@ -2,10 +2,18 @@ package idem_test
 
 import (
 	"context"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -617,4 +625,134 @@ func TestCallLogsWhenQuiet(t *testing.T) {
 		quiet := payments(idem.WithLogger(slog.New(&callLines{min: slog.LevelWarn})))
 		assert.Less(t, quiet, silent+0.5, "allocations per payment: %.1f with no logger, %.1f with one above INFO", silent, quiet)
 	})
+}
+
+// TestCallState holds the rule of call.go: the state of one call is the
+// struct call, written only by the methods in that file, and found through
+// a request's context only by its helpers there. It type-checks the
+// package's source against the export data that go list builds.
+func TestCallState(t *testing.T) {
+	t.Parallel()
+	fset, files, info, pkg := checkPackage(t)
+	callType := pkg.Scope().Lookup("call").Type()
+	isCall := func(tv types.Type) bool {
+		if p, ok := tv.(*types.Pointer); ok {
+			tv = p.Elem()
+		}
+		return types.Identical(tv, callType)
+	}
+	outside := func(f *ast.File) bool { return filepath.Base(fset.File(f.Pos()).Name()) != "call.go" }
+	t.Run("only call.go writes it", func(t *testing.T) {
+		t.Parallel()
+		for _, f := range files {
+			if !outside(f) {
+				continue
+			}
+			var stack []ast.Node
+			ast.Inspect(f, func(n ast.Node) bool {
+				if n == nil {
+					stack = stack[:len(stack)-1]
+					return true
+				}
+				stack = append(stack, n)
+				if lit, ok := n.(*ast.CompositeLit); ok && isCall(info.TypeOf(lit)) {
+					t.Errorf("%s: a call is made outside call.go", fset.Position(lit.Pos()))
+				}
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				s := info.Selections[sel]
+				if s == nil || s.Kind() != types.FieldVal || !isCall(s.Recv()) {
+					return true
+				}
+				if how := written(info, stack); how != "" {
+					t.Errorf("%s: %s of call's field %s outside call.go", fset.Position(sel.Pos()), how, sel.Sel.Name)
+				}
+				return true
+			})
+		}
+	})
+	t.Run("only call.go finds it through a context", func(t *testing.T) {
+		t.Parallel()
+		key := pkg.Scope().Lookup("callKey")
+		for id, obj := range info.Uses {
+			if obj == key {
+				for _, f := range files {
+					if f.Pos() <= id.Pos() && id.Pos() < f.End() && outside(f) {
+						t.Errorf("%s: callKey used outside call.go", fset.Position(id.Pos()))
+					}
+				}
+			}
+		}
+	})
+}
+
+// written says how the field selection at the top of stack may change the
+// field ("an assignment", "an increment", "an address", "a method call"),
+// or "" for a read.
+func written(info *types.Info, stack []ast.Node) string {
+	i := len(stack) - 1
+	// Climb the selections of the field's own fields (st.b.attempts).
+	for i > 0 {
+		sel, ok := stack[i-1].(*ast.SelectorExpr)
+		if !ok || sel.X != stack[i] {
+			break
+		}
+		if s := info.Selections[sel]; s != nil && s.Kind() == types.MethodVal {
+			return "a method call"
+		}
+		i--
+	}
+	if i == 0 {
+		return ""
+	}
+	expr := stack[i]
+	switch p := stack[i-1].(type) {
+	case *ast.AssignStmt:
+		for _, l := range p.Lhs {
+			if l == expr {
+				return "an assignment"
+			}
+		}
+	case *ast.IncDecStmt:
+		return "an increment"
+	case *ast.UnaryExpr:
+		if p.Op == token.AND {
+			return "an address"
+		}
+	}
+	return ""
+}
+
+// checkPackage type-checks the package's source files, without its tests.
+func checkPackage(t *testing.T) (*token.FileSet, []*ast.File, *types.Info, *types.Package) {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-export", "-deps", "-f", "{{.ImportPath}} {{.Export}}", ".").Output()
+	require.NoError(t, err)
+	exports := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if p, e, ok := strings.Cut(line, " "); ok && e != "" {
+			exports[p] = e
+		}
+	}
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		if f.Name.Name == "idem" {
+			files = append(files, f)
+		}
+	}
+	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Selections: map[*ast.SelectorExpr]*types.Selection{}, Uses: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })}
+	pkg, err := conf.Check("github.com/idemkit/idem", fset, files, info)
+	require.NoError(t, err)
+	return fset, files, info, pkg
 }
