@@ -5,25 +5,164 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-retryablehttp"
+
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
-// call is the state of one call of send, reached by the retrier's hooks
-// through the request's context. It is confined to that call's goroutine.
+// One call: the attempts that one Do (Send, Settle, a request through the
+// RoundTripper) makes of one intent, from the first to the final answer or
+// to the reason it stops.
+//
+// go-retryablehttp drives the attempt loop; idem decides every step of
+// it. The loop makes each attempt on a body it rewinds, runs the response
+// handler on a final answer inside the loop, and asks CheckRetry after
+// each attempt whether to go on. Every hook it calls is a method of call,
+// in this file, and decides from the call's state alone:
+//
+//   - RequestLogHook: call.attemptBegins counts the attempt and asks the
+//     Authorizer for its credentials.
+//   - CheckRetry: call.afterAttempt says whether another attempt follows,
+//     after the wait it computes (budget, retry.go, with cenkalti/backoff)
+//     and sleeps on the Client's clock (Config.Clock) within the call's
+//     context: go-retryablehttp's own wait runs on time.NewTimer, so its
+//     Backoff returns zero.
+//   - The response handler: call.readFinal reads the final answer's body.
+//   - ErrorHandler: call.keepLast keeps the last answer, which
+//     go-retryablehttp would drop.
+//
+// The budget, not a count, ends a call: RetryMax is unbounded. The
+// Logger stays nil: go-retryablehttp's lines ("request failed" at ERROR
+// for an answer idem retries, its count of remaining retries) speak of its
+// loop, not of the intent. idem logs from its own hooks, with the
+// caller's context: one line per attempt (DEBUG), per wait and per
+// outcome (INFO).
+//
+// The call's state is the struct call, and only the methods in this file
+// write it. One retryablehttp.Client serves every call, so its hooks find
+// the call through the request's context (callIn), as the transport
+// (budgetTransport) and the redirect policy do; they read and write it
+// through its methods.
+
+// retrier sends the attempts of calls through one http.Client.
+type retrier struct{ rc *retryablehttp.Client }
+
+// newRetrier returns the retrier that sends through hc, following only
+// the redirects that keep the request (redirectPolicy) and bounding each
+// attempt by the call's budget (budgetTransport). It is made once per
+// http.Client and shared by all calls.
+func newRetrier(hc *http.Client) *retrier {
+	hc = redirectPolicy(hc)
+	hc.Transport = budgetTransport{base: hc.Transport}
+	return &retrier{rc: &retryablehttp.Client{
+		HTTPClient: hc,
+		RetryMax:   math.MaxInt32, // the budget decides
+		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
+			callOf(req.Context()).attemptBegins(req)
+		},
+		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+			return callOf(ctx).afterAttempt(ctx, resp, err)
+		},
+		Backoff: func(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 },
+		ErrorHandler: func(resp *http.Response, err error, _ int) (*http.Response, error) {
+			if resp == nil {
+				return nil, err
+			}
+			return callOf(resp.Request.Context()).keepLast(resp, err)
+		},
+	}}
+}
+
+// newCall returns the state of a call that sends rec (with header, the
+// stored one or the live request's) under ctx's retry policy. unsent says
+// that no attempt of the intent can have reached the server before it.
+func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.Header, unsent bool) *call {
+	st := &call{cfg: &c.config, key: rec.Key, unsent: unsent, redirected: rec.Redirected, tokens: c.tokens}
+	// The budget reads the intent's age through the call, which holds it:
+	// no allocation of its own.
+	st.left = c.leftOf(rec)
+	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
+	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
+	// The key's value lives in the call: no allocation of its own.
+	st.keyValue[0] = rec.KeyHeader
+	st.method, st.body, st.header = rec.Method, rec.Body, header
+	return st
+}
+
+// run makes the call's attempts through r. It returns a final answer, or
+// a *RetryError when none came.
+func (st *call) run(ctx context.Context, r *retrier) (*Response, *RetryError) {
+	req, err := retryablehttp.NewRequestWithContext(st.withTrace(ctx), st.method, st.target, retryablehttp.ReaderFunc(st.bodyReader))
+	if err == nil {
+		st.attemptHeader(req.Header)
+		req.SetResponseHandler(func(resp *http.Response) error { return callOf(resp.Request.Context()).readFinal(resp) })
+		var resp *http.Response
+		if resp, err = r.rc.Do(req); err == nil {
+			return st.answered(resp), nil
+		}
+	}
+	return nil, st.failed(ctx, err)
+}
+
+// attemptHeader puts in h, the request's own empty map, the headers of every
+// attempt: the call's header, and the key spelled as stored. The values'
+// slices are shared with the call's header, which is never changed (a
+// record's, or the RoundTripper's own copy), and capped at their length,
+// so that an append to one of them copies it.
+func (st *call) attemptHeader(h http.Header) {
+	for k, v := range st.header {
+		h[k] = v[:len(v):len(v)]
+	}
+	h["Idempotency-Key"] = st.keyValue[:]
+}
+
+// bodyReader gives go-retryablehttp a reader of the request's body, rewound
+// for every attempt from a fresh reader over the same bytes. It asks for
+// one reader to learn the length and closes it unread, then one per
+// attempt: the first two are the reader the call holds, read by one at a
+// time, which saves their allocations; each retry gets its own, since
+// net/http may still be closing the last attempt's. A *bytes.Reader,
+// which go-retryablehttp wraps in an io.NopCloser: net/http knows that
+// body to be in memory and writes the request's head and body together.
+func (st *call) bodyReader() (io.Reader, error) {
+	st.bodies++
+	if st.bodies <= 2 {
+		st.firstBody.Reset(st.body)
+		return &st.firstBody, nil
+	}
+	return bytes.NewReader(st.body), nil
+}
+
+// call is the state of one call, reached by the retrier's hooks through
+// the request's context. It is confined to that call's goroutine, but for
+// the counters that the client trace moves (atomic).
 type call struct {
-	cfg       *config
-	key       string
-	b         budget
-	left      intentLeft // what b reads the intent's age through
-	finalBody []byte     // the body of the last answer read in full
-	oversized bool       // the final answer was over the limit; no body kept
+	cfg *config
+	key string
+	// method, target, body and header are the request each attempt sends,
+	// with the key (attemptHeader).
+	method, target string
+	body           []byte
+	header         http.Header
+	keyValue       [1]string // the Idempotency-Key's value in header
+	// answer is the first attempt's answer body (budgetTransport), held
+	// here to save an allocation; answerUsed once it is taken.
+	answer     budgetBody
+	answerUsed bool
+	b          budget
+	left       intentLeft // what b reads the intent's age through
+	finalBody  []byte     // the body of the last answer read in full
+	oversized  bool       // the final answer was over the limit; no body kept
 	// own: the final answer is the server's word (Client.trusted), not a
 	// stranger's on the path; only the server's word refunds the retry
 	// budget.
@@ -31,8 +170,8 @@ type call struct {
 	stopped *stop     // why the budget ended the call, once it did
 	last    *Response // the last retryable answer
 	lastErr error
-	// onWire: the current attempt has reached the transport.
-	onWire bool
+	// wired: the current attempt has reached the transport.
+	wired bool
 	// cut: the budget ran out during an attempt (or before it could
 	// start, then cutBeforeWire).
 	cut           *stop
@@ -130,13 +269,57 @@ func (st *call) noteCut(ctx, parent context.Context, reason string) {
 	}
 }
 
+// onWire puts the current attempt on the wire, and returns how long it may
+// take and the part of the budget that ends it first (budget.attemptLimit),
+// or the error that ends it unsent: nothing is left of the budget.
+func (st *call) onWire() (time.Duration, string, error) {
+	limit, reason := st.b.attemptLimit()
+	if limit <= 0 {
+		st.cut = &stop{reason: reason}
+		if !st.wired {
+			// Counted as it started, but nothing reached the wire.
+			st.b.attempts--
+			st.cutBeforeWire = true
+		}
+		return 0, reason, fmt.Errorf("%w: nothing left for another attempt", errStopped)
+	}
+	st.wired = true
+	return limit, reason, nil
+}
+
+// answerBody returns body, the answer to the current attempt, as it ends
+// the attempt's time limit (cancel) when closed, and tells the call of a
+// read cut short by that limit (ctx, a child of parent). The first
+// attempt's is the call's own.
+func (st *call) answerBody(body io.ReadCloser, ctx, parent context.Context, cancel context.CancelFunc, reason string) io.ReadCloser {
+	b := &st.answer
+	if st.answerUsed {
+		b = new(budgetBody)
+	}
+	st.answerUsed = true
+	*b = budgetBody{ReadCloser: body, st: st, ctx: ctx, parent: parent, cancel: cancel, reason: reason}
+	return b
+}
+
+// redirectedAway records that an attempt was redirected to another URL
+// (see otherURL).
+func (st *call) redirectedAway() { st.redirected = true }
+
 // mayHaveReached reports whether a request of this call was handed to a
 // connection and got no answer.
 func (st *call) mayHaveReached() bool { return st.conns.Load() > st.answers.Load() }
 
 type callKey struct{}
 
+// callOf returns the call that ctx, a request's context, carries.
 func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
+
+// callIn returns the call that ctx carries, if any: a request of the
+// Client's http.Client may be no call's (a lookup's, say).
+func callIn(ctx context.Context) (*call, bool) {
+	st, ok := ctx.Value(callKey{}).(*call)
+	return st, ok
+}
 
 // callContext is a call's context: the caller's, whose Value answers
 // callKey with the call. It lives in the call, so carrying the call costs
@@ -166,6 +349,13 @@ func (st *call) withTrace(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(&st.ctx, &st.trace)
 }
 
+// attemptBegins counts the attempt req begins and gives it its
+// credentials.
+func (st *call) attemptBegins(req *http.Request) {
+	st.attemptStarted(req.Context())
+	st.authorize(req)
+}
+
 // attemptStarted counts an attempt as the retrier starts it. After a
 // cancel, the retrier may still start an attempt, which fails at once
 // without reaching the wire: it is not counted.
@@ -173,7 +363,7 @@ func (st *call) attemptStarted(ctx context.Context) {
 	if ctx.Err() == nil {
 		st.b.attempts++
 		st.began = st.cfg.clock.Now()
-		st.onWire = false
+		st.wired = false
 		st.traced.Store(false)
 	}
 }
@@ -234,7 +424,7 @@ func (st *call) retryError(reason string, err error) *RetryError {
 // call ends. The retrier may ask twice for one attempt (again after
 // readFinal); once the call is stopped it keeps saying so.
 func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	if err == nil || st.onWire && !st.traced.Load() {
+	if err == nil || st.wired && !st.traced.Load() {
 		// An answer came, or the transport reports nothing (so nothing
 		// it did is proven): the call may have sent its request.
 		st.unproven = true
@@ -316,6 +506,7 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		st.stopped = stopped
 		return false, errStopped
 	}
+	st.logWait(wait, status, err)
 	if err := st.cfg.clock.Sleep(ctx, wait); err != nil {
 		return false, err
 	}
@@ -414,23 +605,19 @@ func (st *call) keepLast(resp *http.Response, err error) (*http.Response, error)
 	return nil, err
 }
 
-func (c *config) attemptDone(a Attempt) {
-	if c.logger != nil {
-		c.logger.LogAttrs(context.Background(), slog.LevelDebug, "idem: attempt",
-			slog.String("key", a.Key), slog.Int("number", a.Number), slog.Int("status", a.StatusCode),
-			slog.Any("error", a.Err), slog.Bool("retry", a.Retry), slog.Duration("wait", a.Wait))
-	}
-	if c.onAttempt != nil {
-		c.onAttempt(a)
-	}
+// logs reports whether the app's logger takes records of level under ctx:
+// a line is built only then, so a silent logger costs no allocation.
+func (c *config) logs(ctx context.Context, level slog.Level) bool {
+	return c.logger != nil && c.logger.Enabled(ctx, level)
 }
 
-// attemptDone tells the attempt hook (and the app's logger, through
-// config.attemptDone) of the call's current attempt, adding what the call
-// knows of it: the intent's name and URL, and how long the attempt took on
-// the Client's clock.
+// attemptDone tells the attempt hook (Config.OnAttempt) and the app's
+// logger (DEBUG) of the call's current attempt, adding what the call knows
+// of it: the intent's name and URL, and how long the attempt took on the
+// Client's clock. The logger gets the caller's context.
 func (st *call) attemptDone(a Attempt) {
-	if st.cfg.onAttempt == nil && st.cfg.logger == nil {
+	debug := st.cfg.logs(st.ctx.Context, slog.LevelDebug)
+	if st.cfg.onAttempt == nil && !debug {
 		return
 	}
 	if !st.urlRedacted {
@@ -440,7 +627,32 @@ func (st *call) attemptDone(a Attempt) {
 	if !st.began.IsZero() {
 		a.Duration = max(0, st.cfg.clock.Now().Sub(st.began))
 	}
-	st.cfg.attemptDone(a)
+	if debug {
+		st.cfg.logger.LogAttrs(st.ctx.Context, slog.LevelDebug, "idem: attempt",
+			slog.String("key", a.Key), slog.Int("number", a.Number), slog.Int("status", a.StatusCode),
+			slog.Any("error", a.Err), slog.Bool("retry", a.Retry), slog.Duration("wait", a.Wait))
+	}
+	// The attempt hook's call site.
+	if st.cfg.onAttempt != nil {
+		st.cfg.onAttempt(a)
+	}
+}
+
+// logWait tells the app's logger (INFO) of the wait before the call's next
+// attempt, and of what the last one got (status, or err), in words a
+// person follows: "retrying in 3s, attempt 2 of 10".
+func (st *call) logWait(wait time.Duration, status int, err error) {
+	ctx := st.ctx.Context
+	if !st.cfg.logs(ctx, slog.LevelInfo) {
+		return
+	}
+	got := slog.String("got", fmt.Sprintf("%d %s", status, http.StatusText(status)))
+	if err != nil {
+		got = slog.String("got", redactErr(err).Error())
+	}
+	st.cfg.logger.LogAttrs(ctx, slog.LevelInfo,
+		fmt.Sprintf("idem: retrying in %s, attempt %d of %d", wait.Round(time.Millisecond), st.b.attempts+1, st.b.policy.MaxAttempts),
+		slog.String("key", st.key), slog.String("name", st.name), got)
 }
 
 // spendRetry asks the Client's retry budget for the retry that follows an

@@ -2,8 +2,19 @@ package idem_test
 
 import (
 	"context"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -534,4 +545,291 @@ func TestAttemptCarriesTheCallersContext(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, []string{"request"}, took())
 	})
+}
+
+// callLine is one record the app's logger got: its level, message, and the
+// value its context carried for callTraceKey.
+type callLine struct {
+	level slog.Level
+	msg   string
+	trace any
+}
+
+type callTraceKey struct{}
+
+// callLines keeps the records at or above min.
+type callLines struct {
+	mu    sync.Mutex
+	min   slog.Level
+	lines []callLine
+}
+
+func (h *callLines) Enabled(_ context.Context, l slog.Level) bool { return l >= h.min }
+
+func (h *callLines) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lines = append(h.lines, callLine{level: r.Level, msg: r.Message, trace: ctx.Value(callTraceKey{})})
+	return nil
+}
+
+func (h *callLines) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *callLines) WithGroup(string) slog.Handler      { return h }
+
+func (h *callLines) at(level slog.Level) []callLine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []callLine
+	for _, l := range h.lines {
+		if l.level == level {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func TestCallLogs(t *testing.T) {
+	t.Parallel()
+	traced := context.WithValue(context.Background(), callTraceKey{}, "trace-1")
+	t.Run("each wait and the answer are told at INFO, with the caller's context", func(t *testing.T) {
+		t.Parallel()
+		h := &callLines{min: slog.LevelDebug}
+		var n atomic.Int32
+		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			if n.Add(1) < 3 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}, idem.WithLogger(slog.New(h)), idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 3 * time.Second, Jitter: -1}))
+		in, err := c.NewIntent(traced, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(traced, in)
+		require.NoError(t, err)
+		var infos []string
+		for _, l := range h.at(slog.LevelInfo) {
+			infos = append(infos, l.msg)
+		}
+		assert.Equal(t, []string{
+			"idem: retrying in 3s, attempt 2 of 10",
+			"idem: retrying in 6s, attempt 3 of 10",
+			"idem: answered 201 Created after 3 attempt(s)",
+		}, infos)
+		assert.Len(t, h.at(slog.LevelDebug), 3, "one line per attempt")
+		for _, l := range h.lines {
+			assert.Equal(t, "trace-1", l.trace, "logged without the caller's context: %s", l.msg)
+		}
+	})
+	t.Run("not sent is told, and its error says how many attempts and why it stopped", func(t *testing.T) {
+		t.Parallel()
+		h := &callLines{min: slog.LevelInfo}
+		refused := httptest.NewServer(http.NotFoundHandler())
+		refused.Close() // nothing listens there now
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithLogger(slog.New(h)),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		require.NoError(t, err)
+		in, err := c.NewIntent(traced, "checkout", idem.Request{Method: http.MethodPost, URL: refused.URL, Body: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = c.Do(traced, in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		assert.Contains(t, err.Error(), "in 2 attempt(s) (stopped: max attempts reached)")
+		infos := h.at(slog.LevelInfo)
+		require.NotEmpty(t, infos)
+		last := infos[len(infos)-1]
+		assert.Equal(t, "idem: not sent after 2 attempt(s): max attempts reached", last.msg)
+		assert.Equal(t, "trace-1", last.trace)
+	})
+	t.Run("an outcome unknown is told at WARN with the attempts and the reason", func(t *testing.T) {
+		t.Parallel()
+		h := &callLines{min: slog.LevelInfo}
+		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}, idem.WithLogger(slog.New(h)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		in, err := c.NewIntent(traced, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(traced, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		warns := h.at(slog.LevelWarn)
+		require.Len(t, warns, 1)
+		assert.Equal(t, "idem: outcome unknown after 2 attempt(s): max attempts reached", warns[0].msg)
+		assert.Equal(t, "trace-1", warns[0].trace)
+	})
+}
+
+// TestCallLogsWhenQuiet is not parallel: it counts the process's
+// allocations.
+func TestCallLogsWhenQuiet(t *testing.T) {
+	t.Run("a logger above INFO costs a payment no allocation", func(t *testing.T) {
+		// payer returns a function that makes and sends one payment of a
+		// Client with opts, against its own server.
+		payer := func(opts ...idem.Option) func() {
+			srv := fakeserver.NewServer(nil)
+			t.Cleanup(srv.Close)
+			c, err := idem.NewWith(append([]idem.Option{idem.WithHTTPClient(srv.Client())}, opts...)...)
+			require.NoError(t, err)
+			return func() {
+				in, err := c.NewIntent(context.Background(), "", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments",
+					Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`)})
+				require.NoError(t, err)
+				_, err = c.Do(context.Background(), in)
+				require.NoError(t, err)
+			}
+		}
+		// batch returns the mean allocations of a payment over a batch.
+		// The counts are the process's: goroutines another test left
+		// behind only add to them.
+		batch := func(pay func()) float64 {
+			const n = 100
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range n {
+				pay()
+			}
+			runtime.ReadMemStats(&after)
+			return float64(after.Mallocs-before.Mallocs) / n
+		}
+		silentPay := payer()
+		quietPay := payer(idem.WithLogger(slog.New(&callLines{min: slog.LevelWarn})))
+		for range 20 {
+			silentPay()
+			quietPay()
+		}
+		// The least of batches taken in turns: the noise falls on both.
+		silent, quiet := math.Inf(1), math.Inf(1)
+		for range 8 {
+			silent = min(silent, batch(silentPay))
+			quiet = min(quiet, batch(quietPay))
+		}
+		assert.Less(t, quiet, silent+0.5, "allocations per payment: %.1f with no logger, %.1f with one above INFO", silent, quiet)
+	})
+}
+
+// TestCallState holds the rule of call.go: the state of one call is the
+// struct call, written only by the methods in that file, and found through
+// a request's context only by its helpers there. It type-checks the
+// package's source against the export data that go list builds.
+func TestCallState(t *testing.T) {
+	t.Parallel()
+	fset, files, info, pkg := checkPackage(t)
+	callType := pkg.Scope().Lookup("call").Type()
+	isCall := func(tv types.Type) bool {
+		if p, ok := tv.(*types.Pointer); ok {
+			tv = p.Elem()
+		}
+		return types.Identical(tv, callType)
+	}
+	outside := func(f *ast.File) bool { return filepath.Base(fset.File(f.Pos()).Name()) != "call.go" }
+	t.Run("only call.go writes it", func(t *testing.T) {
+		t.Parallel()
+		for _, f := range files {
+			if !outside(f) {
+				continue
+			}
+			var stack []ast.Node
+			ast.Inspect(f, func(n ast.Node) bool {
+				if n == nil {
+					stack = stack[:len(stack)-1]
+					return true
+				}
+				stack = append(stack, n)
+				if lit, ok := n.(*ast.CompositeLit); ok && isCall(info.TypeOf(lit)) {
+					t.Errorf("%s: a call is made outside call.go", fset.Position(lit.Pos()))
+				}
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				s := info.Selections[sel]
+				if s == nil || s.Kind() != types.FieldVal || !isCall(s.Recv()) {
+					return true
+				}
+				if how := written(info, stack); how != "" {
+					t.Errorf("%s: %s of call's field %s outside call.go", fset.Position(sel.Pos()), how, sel.Sel.Name)
+				}
+				return true
+			})
+		}
+	})
+	t.Run("only call.go finds it through a context", func(t *testing.T) {
+		t.Parallel()
+		key := pkg.Scope().Lookup("callKey")
+		for id, obj := range info.Uses {
+			if obj == key {
+				for _, f := range files {
+					if f.Pos() <= id.Pos() && id.Pos() < f.End() && outside(f) {
+						t.Errorf("%s: callKey used outside call.go", fset.Position(id.Pos()))
+					}
+				}
+			}
+		}
+	})
+}
+
+// written says how the field selection at the top of stack may change the
+// field ("an assignment", "an increment", "an address", "a method call"),
+// or "" for a read.
+func written(info *types.Info, stack []ast.Node) string {
+	i := len(stack) - 1
+	// Climb the selections of the field's own fields (st.b.attempts).
+	for i > 0 {
+		sel, ok := stack[i-1].(*ast.SelectorExpr)
+		if !ok || sel.X != stack[i] {
+			break
+		}
+		if s := info.Selections[sel]; s != nil && s.Kind() == types.MethodVal {
+			return "a method call"
+		}
+		i--
+	}
+	if i == 0 {
+		return ""
+	}
+	expr := stack[i]
+	switch p := stack[i-1].(type) {
+	case *ast.AssignStmt:
+		for _, l := range p.Lhs {
+			if l == expr {
+				return "an assignment"
+			}
+		}
+	case *ast.IncDecStmt:
+		return "an increment"
+	case *ast.UnaryExpr:
+		if p.Op == token.AND {
+			return "an address"
+		}
+	}
+	return ""
+}
+
+// checkPackage type-checks the package's source files, without its tests.
+func checkPackage(t *testing.T) (*token.FileSet, []*ast.File, *types.Info, *types.Package) {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-export", "-deps", "-f", "{{.ImportPath}} {{.Export}}", ".").Output()
+	require.NoError(t, err)
+	exports := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if p, e, ok := strings.Cut(line, " "); ok && e != "" {
+			exports[p] = e
+		}
+	}
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		if f.Name.Name == "idem" {
+			files = append(files, f)
+		}
+	}
+	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Selections: map[*ast.SelectorExpr]*types.Selection{}, Uses: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })}
+	pkg, err := conf.Check("github.com/idemkit/idem", fset, files, info)
+	require.NoError(t, err)
+	return fset, files, info, pkg
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -158,6 +159,9 @@ type RetryError struct {
 	noneWritten bool
 	// afterRedirect: an attempt of the intent was redirected to another URL.
 	afterRedirect bool
+	// by is the call the app made (Do, Send, Settle, SettleAll, or a
+	// request through the RoundTripper), which the text names (forCall).
+	by string
 }
 
 func (e *RetryError) Error() string {
@@ -174,21 +178,85 @@ func (e *RetryError) Error() string {
 	}
 	switch e.Reason {
 	case stopExpired:
-		b.WriteString("; reconcile the intent")
+		b.WriteString("; only the server's lookup can tell now: call Settle or Reconcile")
 	case stopRedirectedKeyReused:
 		b.WriteString(", after a redirect to another URL that may have done the work; settle the intent through the lookup")
 	case stopUnmarked:
-		b.WriteString(", which may come from a proxy, gateway or portal in front of the server, or from a server that does not mark its answers as Config.Server.Mark says; settle the intent again later")
+		b.WriteString(", which may come from a proxy, gateway or portal in front of the server, or from a server that does not mark its answers as Config.Server.Mark says; call Settle again later: it asks the server again, or its lookup")
 	case stopRedirect:
 		if e.LastResponse != nil && e.LastResponse.Header.Get("Location") != "" {
 			// Without the credentials a login page's address may carry.
 			fmt.Fprintf(&b, " to %s", redactUserinfo(e.LastResponse.Header.Get("Location"), true))
 		}
-		b.WriteString("; fix what redirects (a login, a moved endpoint), then Do again or reconcile the intent")
+		fmt.Fprintf(&b, "; fix what redirects (a login, a moved endpoint), then %s, or call Reconcile", e.again(""))
 	default:
-		b.WriteString("; call Do again later to resume with the same key")
+		fmt.Fprintf(&b, "; %s: it resumes with the same key", e.again(" later"))
 	}
 	return b.String()
+}
+
+// again says how the app makes the call that resumes the intent, when
+// (" later", or ""): the call it made, again.
+func (e *RetryError) again(when string) string {
+	switch e.by {
+	case callSend:
+		return "call Send again" + when + " with the same name and request"
+	case callSettle:
+		return "call Settle again" + when
+	case callSettleAll:
+		return "call SettleAll (or Settle) again" + when
+	case callRoundTripper:
+		return "send the same request again" + when + " (the same action or Idempotency-Key)"
+	}
+	return "call Do (or Settle) again" + when
+}
+
+// The calls an app makes that end in an error of a call, as forCall names
+// them.
+const (
+	callDo           = "Do"
+	callSend         = "Send"
+	callSettle       = "Settle"
+	callSettleAll    = "SettleAll"
+	callRoundTripper = "RoundTripper"
+)
+
+// joinType is the type of errors.Join's errors.
+var joinType = reflect.TypeOf(errors.Join(errors.New("")))
+
+// forCall returns err as the call by (callDo, callSend, ...) tells it: a
+// *RetryError in it, at its top or joined there, names that call as the
+// one to make again. The error is copied: a call shared by two callers
+// (flights) returns one error to both.
+func forCall(err error, by string) error {
+	out, _ := renamed(err, by)
+	return out
+}
+
+func renamed(err error, by string) (error, bool) {
+	if e, ok := err.(*RetryError); ok {
+		if e.by == by {
+			return e, false
+		}
+		cp := *e
+		cp.by = by
+		return &cp, true
+	}
+	if err == nil || reflect.TypeOf(err) != joinType {
+		return err, false
+	}
+	errs := err.(interface{ Unwrap() []error }).Unwrap()
+	out := make([]error, len(errs))
+	changed := false
+	for i, e := range errs {
+		var c bool
+		out[i], c = renamed(e, by)
+		changed = changed || c
+	}
+	if !changed {
+		return err, false
+	}
+	return errors.Join(out...), true
 }
 
 // Unwrap makes the error match ErrOutcomeUnknown and the last attempt's
@@ -213,10 +281,24 @@ func (e *RetryError) Unwrap() []error {
 type notSentError struct {
 	Key string
 	Err error
+	// Attempts is the number of attempts the call began, none of which
+	// wrote the request; Reason why the call stopped (a RetryError's
+	// reason), or "" when it made none.
+	Attempts int
+	Reason   string
 }
 
 func (e *notSentError) Error() string {
-	return fmt.Sprintf("idem: intent %s was not sent: the request never reached the server: %v", e.Key, e.Err)
+	var b strings.Builder
+	fmt.Fprintf(&b, "idem: intent %s was not sent: the request never reached the server", e.Key)
+	if e.Attempts > 0 || e.Reason != "" {
+		fmt.Fprintf(&b, " in %d attempt(s)", e.Attempts)
+	}
+	if e.Reason != "" {
+		fmt.Fprintf(&b, " (stopped: %s)", e.Reason)
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
 }
 
 func (e *notSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }

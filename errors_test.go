@@ -167,3 +167,69 @@ func TestErrorTextsCarryNoCredential(t *testing.T) {
 		noSecret(t, err)
 	})
 }
+
+// TestErrorTexts: the text of a call's error names the call the app made
+// as the one to make again, and only calls that exist.
+func TestErrorTexts(t *testing.T) {
+	t.Parallel()
+	unavailable := func(t *testing.T) (*idem.Client, idem.Request) {
+		return answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	}
+	ctx := context.Background()
+	t.Run("after Send it says to call Send again", func(t *testing.T) {
+		t.Parallel()
+		c, req := unavailable(t)
+		_, err := c.Send(ctx, "checkout", req)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Contains(t, err.Error(), "call Send again later with the same name and request")
+		assert.NotContains(t, err.Error(), "Do")
+	})
+	t.Run("after Settle it says to call Settle again", func(t *testing.T) {
+		t.Parallel()
+		c, req := unavailable(t)
+		in, err := c.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Settle(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Contains(t, err.Error(), "call Settle again later")
+		assert.NotContains(t, err.Error(), "Do")
+	})
+	t.Run("after Do it says to call Do again", func(t *testing.T) {
+		t.Parallel()
+		c, req := unavailable(t)
+		in, err := c.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Contains(t, err.Error(), "call Do (or Settle) again later")
+	})
+	t.Run("after SettleAll it says to call SettleAll again", func(t *testing.T) {
+		t.Parallel()
+		c, req := unavailable(t)
+		in, err := c.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		settled, err := c.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, settled, 1)
+		assert.Contains(t, settled[0].Err.Error(), "call SettleAll (or Settle) again later")
+	})
+	t.Run("a changed request names the calls that exist", func(t *testing.T) {
+		t.Parallel()
+		c, req := unavailable(t)
+		_, err := c.Send(ctx, "checkout", req)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		changed, err := idem.JSONRequest(http.MethodPost, req.URL, map[string]any{"amount": 200})
+		require.NoError(t, err)
+		_, err = c.Send(ctx, "checkout", changed)
+		var unresolved *idem.UnresolvedError
+		require.ErrorAs(t, err, &unresolved)
+		assert.Contains(t, err.Error(), "Settle")
+		assert.Contains(t, err.Error(), "Reconcile")
+		assert.Contains(t, err.Error(), "Forget")
+		assert.NotContains(t, strings.ToLower(err.Error()), "resume")
+	})
+}

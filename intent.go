@@ -150,7 +150,7 @@ type UnresolvedError struct {
 }
 
 func (e *UnresolvedError) Error() string {
-	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); resume, reconcile or forget it before starting another", e.Previous.Key(), e.Name, e.Previous.State())
+	return fmt.Sprintf("idem: intent %s for %q has an unknown outcome (%s); before a changed request, settle it (Send with the same request, or Settle), Reconcile it, or Forget it", e.Previous.Key(), e.Name, e.Previous.State())
 }
 
 // ResolvedError is returned when an intent is asked for an action whose

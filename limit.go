@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 )
@@ -21,7 +20,7 @@ import (
 type budgetTransport struct{ base http.RoundTripper }
 
 func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	st, ok := req.Context().Value(callKey{}).(*call)
+	st, ok := callIn(req.Context())
 	base := t.baseTransport()
 	if ok && st.authErr != nil {
 		// The Authorizer failed: nothing of this attempt is sent.
@@ -35,20 +34,13 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// transport then fails at once), there is nothing to bound.
 		return base.RoundTrip(req)
 	}
-	limit, reason := st.b.attemptLimit()
-	if limit <= 0 {
+	limit, reason, err := st.onWire()
+	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		st.cut = &stop{reason: reason}
-		if !st.onWire {
-			// Counted as it started, but nothing reached the wire.
-			st.b.attempts--
-			st.cutBeforeWire = true
-		}
-		return nil, fmt.Errorf("%w: nothing left for another attempt", errStopped)
+		return nil, err
 	}
-	st.onWire = true
 	ctx, cancel := context.WithTimeout(req.Context(), limit)
 	resp, err := base.RoundTrip(req.WithContext(ctx))
 	if err != nil {
@@ -56,7 +48,7 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel()
 		return nil, err
 	}
-	resp.Body = &budgetBody{ReadCloser: resp.Body, st: st, ctx: ctx, parent: req.Context(), cancel: cancel, reason: reason}
+	resp.Body = st.answerBody(resp.Body, ctx, req.Context(), cancel, reason)
 	return resp, nil
 }
 

@@ -111,12 +111,12 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-without-the-trace", File: "call.go",
 			Note:    "a transport that fires no trace is taken to have sent nothing",
-			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",
+			Anchor:  "if err == nil || st.wired && !st.traced.Load() {",
 			Replace: "if err == nil {",
 			Pkg:     root, Run: "^TestNotSentIsProvenByTheTraceAlone$",
 		},
 		{
-			Name: "not-sent-resent-unrecorded", File: "do.go",
+			Name: "not-sent-resent-unrecorded", File: "keys.go",
 			Note:    "an intent stored not sent is sent again before the store says it may have been",
 			Anchor:  `if err := c.saveIf(ctx, in, rec, cur, op); err != nil {`,
 			Replace: `if err := error(nil); err != nil || op == "" && cur == nil {`,
@@ -137,7 +137,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestSettleAll$",
 		},
 		{
-			Name: "not-sent-unsaved-told-not-sent", File: "do.go",
+			Name: "not-sent-unsaved-told-not-sent", File: "keys.go",
 			Note:    "a call whose not-sent write failed tells the app \"not sent\"",
 			Anchor:  "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(retryErr, saveErr)\n",
 			Replace: "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(err, saveErr)\n",
@@ -214,14 +214,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestUnarmedIntent$",
 		},
 		{
-			Name: "stale-armed-version-trusted", File: "do.go",
+			Name: "stale-armed-version-trusted", File: "keys.go",
 			Note:    "a version this Client armed is trusted as current on every call, though another Client may have taken it over and sent it",
 			Anchor:  "\t\tknown = c.keys.saved.took(cur)\n",
 			Replace: "\t\tknown = c.keys.saved.is(cur)\n",
 			Pkg:     root, Run: "^TestTakeOver$",
 		},
 		{
-			Name: "failed-send-again-write-says-nothing-sent", File: "do.go",
+			Name: "failed-send-again-write-says-nothing-sent", File: "keys.go",
 			Note:    "a write that takes an intent out of not sent, whose result is unknown, is reported as nothing sent, though a later start may send it",
 			Anchor:  "\t\t\tse.mayHaveLanded = true\n",
 			Replace: "\t\t\t_ = se\n",
@@ -263,7 +263,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff$",
 		},
 		{
-			Name: "expiry-as-an-instant", File: "do.go",
+			Name: "expiry-as-an-instant", File: "call.go",
 			Note:    "the time left to send is fixed as an instant on the clock's timeline at the call's start",
 			Anchor:  "\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)\n",
 			Replace: "\texp := c.clock.Now().Add(c.left(rec))\n\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, leftFunc(func() time.Duration { return exp.Sub(c.clock.Now()) }))\n",
@@ -368,7 +368,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
 		},
 		{
-			Name: "not-sent-over-a-take-over", File: "do.go",
+			Name: "not-sent-over-a-take-over", File: "keys.go",
 			Note:   "a Client records not sent an intent another Client took over and is sending",
 			Anchor: "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
 			// An unconditional write: over whatever version is stored.
@@ -390,7 +390,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_while_another_Client's_send_may_still_arrive_never_voids$",
 		},
 		{
-			Name: "answer-not-marked-unrecorded", File: "do.go",
+			Name: "answer-not-marked-unrecorded", File: "keys.go",
 			Note:    "an answer whose save failed is returned without saying so",
 			Anchor:  "\t\tresp.NotRecorded = true\n",
 			Replace: "\t\t_ = resp\n",
@@ -432,7 +432,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAKeyReuseAnswerAfterARedirectToAnotherURLLeavesTheOutcomeUnknown$",
 		},
 		{
-			Name: "redirect-forgotten-by-the-next-call", File: "do.go",
+			Name: "redirect-forgotten-by-the-next-call", File: "call.go",
 			Note:    "a redirect to another URL is forgotten once its call ends",
 			Anchor:  "unsent: unsent, redirected: rec.Redirected,",
 			Replace: "unsent: unsent, redirected: false,",
@@ -453,7 +453,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsEveryBody$",
 		},
 		{
-			Name: "expiry-unsaved-after-cancel", File: "do.go",
+			Name: "expiry-unsaved-after-cancel", File: "keys.go",
 			Note:    "an intent found expired by a call whose context ended is reported canceled and stays pending",
 			Anchor:  "c.save(detached(ctx), in, rec, \"record expiry\")",
 			Replace: "c.save(ctx, in, rec, \"record expiry\")",
@@ -558,14 +558,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./mobile", Run: "^TestOpenRefusesABadBaseURLWithoutItsCredentials$",
 		},
 		{
-			Name: "unread-store-error-says-nothing", File: "do.go",
+			Name: "unread-store-error-says-nothing", File: "keys.go",
 			Note:    "a Do that cannot read the store (its context ended) returns the store's error alone, for an intent that may have been sent",
 			Anchor:  "\t\t\treturn nil, false, unread(cur, err)\n",
 			Replace: "\t\t\treturn nil, false, fmt.Errorf(\"idem: loading intent %s: %w\", cur.Key, err)\n",
 			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
 		},
 		{
-			Name: "unread-not-sent-claims-unknown", File: "do.go",
+			Name: "unread-not-sent-claims-unknown", File: "keys.go",
 			Note:    "a Do that cannot read the store claims the outcome of an intent stored not sent unknown",
 			Anchor:  "\tif cur.State == persist.StateNotSent {\n\t\treturn fmt.Errorf(",
 			Replace: "\tif false {\n\t\treturn fmt.Errorf(",
@@ -619,6 +619,41 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tif len(h.Values(\"Idempotency-Key\")) > 0 {\n\t\treturn echoes(h, key)\n\t}\n",
 			Replace: "",
 			Pkg:     root, Run: "^TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess$",
+		},
+		{
+			Name: "wait-untold", File: "call.go",
+			Note:    "the app's logger hears nothing of a wait before a retry: a CLI against a dead server waits in silence",
+			Anchor:  "\tst.logWait(wait, status, err)\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestCallLogs$/^each_wait_and_the_answer",
+		},
+		{
+			Name: "attempt-logged-without-context", File: "call.go",
+			Note:    "the attempt line is logged with context.Background(): a trace-aware handler loses the request",
+			Anchor:  "st.cfg.logger.LogAttrs(st.ctx.Context, slog.LevelDebug,",
+			Replace: "st.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug,",
+			Pkg:     root, Run: "^TestCallLogs$/^each_wait_and_the_answer",
+		},
+		{
+			Name: "answer-line-built-when-quiet", File: "keys.go",
+			Note:    "the answer's log line is built for a logger that does not take INFO: a payment allocates more",
+			Anchor:  "\tif c.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
+			Replace: "\tif c.logger != nil {\n",
+			Pkg:     root, Run: "^TestCallLogsWhenQuiet$",
+		},
+		{
+			Name: "not-sent-untold", File: "keys.go",
+			Note:    "a call that ended not sent logs nothing",
+			Anchor:  "\tc.logNotSent(ctx, rec, err)\n\tc.keys.notSent(rec.Key)\n\treturn err\n}",
+			Replace: "\tc.keys.notSent(rec.Key)\n\treturn err\n}",
+			Pkg:     root, Run: "^TestCallLogs$/^not_sent_is_told",
+		},
+		{
+			Name: "send-error-names-do", File: "settle.go",
+			Note:    "an outcome unknown after Send tells the app to call Do, which it never called",
+			Anchor:  "\t\treturn resp, forCall(err, callSend)\n",
+			Replace: "\t\treturn resp, err\n",
+			Pkg:     root, Run: "^TestErrorTexts$/^after_Send",
 		},
 	})
 }

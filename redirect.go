@@ -71,8 +71,8 @@ func redirectPolicy(hc *http.Client) *http.Client {
 		} else if len(via) >= 10 { // net/http's default
 			return errRedirectLoop
 		}
-		if st, ok := req.Context().Value(callKey{}).(*call); ok && otherURL(req.URL, via[0].URL) {
-			st.redirected = true
+		if st, ok := callIn(req.Context()); ok && otherURL(req.URL, via[0].URL) {
+			st.redirectedAway()
 		}
 		return nil
 	}

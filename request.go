@@ -95,16 +95,3 @@ func (r Request) fingerprint() string {
 	hex.Encode(out[:], h.Sum(sum[:0]))
 	return string(out[:])
 }
-
-// attemptHeader returns the headers of an attempt: header's, and the key
-// spelled as stored. The values' slices are shared with header, which is
-// never changed (a record's, or the RoundTripper's own copy), and capped at
-// their length, so that an append to one of them copies it.
-func attemptHeader(header http.Header, keyHeader string) http.Header {
-	h := make(http.Header, len(header)+1)
-	for k, v := range header {
-		h[k] = v[:len(v):len(v)]
-	}
-	h["Idempotency-Key"] = []string{keyHeader}
-	return h
-}

@@ -45,14 +45,15 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 	}
 	resp, err := c.Settle(ctx, in)
 	if err != nil || in.State() != persist.StateVoid {
-		return resp, err
+		return resp, forCall(err, callSend)
 	}
 	// The server never did it (it was void, or the lookup just found so):
 	// a new intent cannot do it twice.
 	if in, err = c.NewIntent(ctx, name, req); err != nil {
 		return nil, err
 	}
-	return c.Settle(ctx, in)
+	resp, err = c.Settle(ctx, in)
+	return resp, forCall(err, callSend)
 }
 
 // Settle brings an intent to a final state by the safest means available,
@@ -82,7 +83,8 @@ func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Settle with a nil intent")
 	}
-	return c.settle(ctx, in, callAsk{tick: c.keys.callTick()})
+	resp, err := c.settle(ctx, in, callAsk{tick: c.keys.callTick()})
+	return resp, forCall(err, callSettle)
 }
 
 // settle is Settle for whoever asks: the app, or SettleAll.
@@ -180,7 +182,8 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 			// The check is made again as it is sent, from the record
 			// read then (keys.begin): the list may be older than a tap
 			// that ended not sent meanwhile.
-			out[i].Response, out[i].Err = c.settle(ctx, in, callAsk{background: true})
+			resp, err := c.settle(ctx, in, callAsk{background: true})
+			out[i].Response, out[i].Err = resp, forCall(err, callSettleAll)
 			progress.report(out[i])
 		}()
 	}

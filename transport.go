@@ -206,6 +206,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		flight += " " + in.current().Fingerprint
 	}
 	resp, err := t.c.flights.do(ctx, flight, func() (*Response, error) { return t.c.do(ctx, in, t.retry, header) })
+	err = forCall(err, callRoundTripper)
 	t.settled(in)
 	if resp == nil {
 		if last := handedBack(err); last != nil {

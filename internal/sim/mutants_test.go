@@ -51,10 +51,10 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "key-spelling-from-option", File: "do.go",
+		Name: "key-spelling-from-option", File: "call.go",
 		Note:    "the key is spelled as the current Client's option says, not as stored with the intent",
-		Anchor:  "attemptHeader(header, rec.KeyHeader))\n",
-		Replace: "attemptHeader(header, c.keyHeader(rec.Key)))\n",
+		Anchor:  "\tst.keyValue[0] = rec.KeyHeader\n",
+		Replace: "\tst.keyValue[0] = c.keyHeader(rec.Key)\n",
 	},
 	// redirect-answer-is-outcome is the root package's: the login page
 	// that the followed GET reaches does not echo the key, so in the
@@ -107,7 +107,7 @@ var mutants = []mutant.Mutant{
 	// A device's life.
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "not-sent-unsaved-told-not-sent", File: "do.go",
+		Name: "not-sent-unsaved-told-not-sent", File: "keys.go",
 		Note:    "a call whose not-sent write failed tells the app \"not sent\", and the next start sends it",
 		Anchor:  "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(retryErr, saveErr)\n",
 		Replace: "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(err, saveErr)\n",
@@ -121,7 +121,7 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "answer-not-marked-unrecorded", File: "do.go",
+		Name: "answer-not-marked-unrecorded", File: "keys.go",
 		Note:    "an answer whose save failed is returned without saying so (device.save-after-answer)",
 		Anchor:  "\t\tresp.NotRecorded = true\n",
 		Replace: "\t\t_ = resp\n",
