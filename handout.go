@@ -14,8 +14,9 @@ import (
 // may send it at any time, through any client. So it is never provably
 // unsent again, a changed cart never replaces it, and no lookup's "not
 // found" is trusted until the app reports that its send ended
-// (SendEnded), or the server's retention has passed. A resolved intent is
-// handed out as it is: the server replays its answer.
+// (SendEnded), or the server's retention has passed. A succeeded intent is
+// handed out as it is: the server replays its answer. Any other resolved
+// intent is refused: the server may hold no record of its key.
 func (c *Client) handOut(ctx context.Context, in *Intent) error {
 	if err := c.arm(ctx, in); err != nil {
 		return err
@@ -45,6 +46,14 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 			return err
 		}
 		return fmt.Errorf("idem: intent %s was resolved meanwhile, and is too old to send again; nothing was handed out", cur.Key)
+	}
+	// Only a paid intent's request is answered from the server's record
+	// of its key. A void intent's key the server never held, and a
+	// failed or rejected one's it may not have kept (a refusal it does
+	// not store, a gateway's answer): sent, the request would do the
+	// work anew, and the device would still say it was not done.
+	if cur.State.Resolved() && cur.State != persist.StateSucceeded {
+		return fmt.Errorf("idem: intent %s is %s: the server may hold no record of its key, so its request, sent, would do the work anew; nothing was handed out; create a new intent (NewIntent) to do the action again", cur.Key, cur.State)
 	}
 	if cur.State.Resolved() || cur.HandedOut {
 		return nil

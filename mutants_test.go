@@ -200,6 +200,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestHTTPRequest$",
 		},
 		{
+			Name: "void-intent-handed-out", File: "handout.go",
+			Note:    "a void intent's request is handed out: sent, the server, with no record of its key, charges again",
+			Anchor:  "\tif cur.State.Resolved() && cur.State != persist.StateSucceeded {\n",
+			Replace: "\tif false {\n",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_void_intent_is_never_handed_out$",
+		},
+		{
+			Name: "failed-intent-handed-out", File: "handout.go",
+			Note:    "a failed intent's request is handed out, though the server may not have kept its refusal",
+			Anchor:  "\tif cur.State.Resolved() && cur.State != persist.StateSucceeded {\n",
+			Replace: "\tif cur.State == persist.StateVoid {\n",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_failed_intent_is_never_handed_out",
+		},
+		{
 			Name: "stale-new-intent-pays-again", File: "action.go",
 			Note:    "a NewIntent shown before another Client's later payment of the action is armed over it and pays again",
 			Anchor:  "(!in.force || latest.Seq >= shownAt)",

@@ -615,6 +615,70 @@ func TestHTTPRequest(t *testing.T) {
 		assert.Equal(t, persist.StateExpired, open.State(), "it is settled through the lookup")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
+	// Path: one attempt, answered 503 by a proxy in front of the server:
+	// the outcome is unknown, and the server has no record of the key. The
+	// lookup's miss voids the intent, and the app pays anew. Handed out,
+	// the void intent's request would be sent by the app's own
+	// http.Client: the server, with no record of the key, charges again,
+	// and the device still says void, since HTTPRequest's answers are not
+	// recorded and a resolved intent is never reconciled again.
+	t.Run("a void intent is never handed out", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		pay := e.paymentRequest(t, 1500, "cus_1")
+		in, err := e.client.Intent(ctx, "checkout:cart-4", pay)
+		require.NoError(t, err)
+		require.NoError(t, e.srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 503, Path: "/payments"}))
+		_, err = e.client.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		e.clock.Advance(10 * time.Minute) // past the reconcile delay
+		_, err = e.client.Reconcile(ctx, in)
+		require.NoError(t, err)
+		require.Equal(t, persist.StateVoid, in.State())
+		// Told void, the app pays anew.
+		again, err := e.client.NewIntent(ctx, "checkout:cart-4", pay)
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, again)
+		require.NoError(t, err)
+
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.Error(t, err, "the void intent's request would charge again")
+		assert.Nil(t, req)
+		assert.Contains(t, err.Error(), "create a new intent", "the error says what to do")
+		assert.Equal(t, persist.StateVoid, in.State(), "nothing changes")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	t.Run("a failed intent is never handed out: the server may not have kept its refusal", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_declined"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, in)
+		require.Error(t, err)
+		require.Equal(t, persist.StateFailed, in.State())
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.Equal(t, persist.StateFailed, in.State())
+	})
+	t.Run("a paid intent is handed out: the server replays its answer", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, in)
+		require.NoError(t, err)
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()

@@ -37,6 +37,12 @@ func intentFromContext(ctx context.Context) (*Intent, bool) {
 // through the Client, which the server answers from its record of the key.
 // To have such a client's answers recorded, give it the Client's
 // RoundTripper and a context from ContextWithIntent instead.
+//
+// A succeeded intent's request is handed out: the server replays its
+// answer. Any other resolved intent (void, failed, rejected) is refused
+// with an error, and nothing changes: the server may hold no record of
+// its key, so its request, sent, would do the work anew. Create a new
+// intent (NewIntent) to do the action again.
 func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
 	if in == nil {
 		return nil, errors.New("idem: HTTPRequest with a nil intent")
