@@ -65,6 +65,14 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	rec.HandedOut = true
 	rec.State = persist.StatePending
 	rec.UpdatedAt = c.clock.Now()
+	if cur.State == persist.StateNotSent {
+		// No send of it ever began: its age starts again now, as a send
+		// again's does (hold). The hand-out's protection from a lookup's
+		// miss counts from it, and must not have run out already.
+		rec.CreatedAt = rec.UpdatedAt
+		c.clocks.stampInto(&rec, true, new(persist.Clocks))
+		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
+	}
 	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
 		// Not handed out: the app gets no request. The write's result is
 		// unknown; the record may say handed out, which only delays a

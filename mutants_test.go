@@ -214,6 +214,27 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestHTTPRequest$/^a_failed_intent_is_never_handed_out",
 		},
 		{
+			Name: "handed-out-not-sent-keeps-its-age", File: "handout.go",
+			Note:    "a not-sent intent handed out keeps its old age: its protection from a lookup's miss has run out while the app holds its request",
+			Anchor:  "\t\trec.CreatedAt = rec.UpdatedAt\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_not-sent_intent_handed_out_a_day_later",
+		},
+		{
+			Name: "handed-out-not-sent-keeps-its-clocks", File: "handout.go",
+			Note:    "a not-sent intent handed out keeps the clocks of its old arming",
+			Anchor:  "\t\tc.clocks.stampInto(&rec, true, new(persist.Clocks))\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_not-sent_intent_handed_out_a_day_later",
+		},
+		{
+			Name: "handed-out-not-sent-not-reborn", File: "handout.go",
+			Note:    "a not-sent intent handed out keeps its old age on the in-process timeline",
+			Anchor:  "\t\tc.keys.reborn(rec.Key, c.clocks.sinceBirth())\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_not-sent_intent_handed_out_a_day_later",
+		},
+		{
 			Name: "stale-new-intent-pays-again", File: "action.go",
 			Note:    "a NewIntent shown before another Client's later payment of the action is armed over it and pays again",
 			Anchor:  "(!in.force || latest.Seq >= shownAt)",

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
@@ -678,6 +679,69 @@ func TestHTTPRequest(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	// Path: a tap ends not sent (offline), and the app asks for its
+	// request a day later through HTTPRequest, to send it from its own
+	// queue when the network is back. Handed out with its day-old
+	// CreatedAt and clocks, the hand-out's protection ("reconciled as if
+	// its request were still in transit, up to the server's retention")
+	// would have run out already: a Reconcile a few minutes later would
+	// take the lookup's miss and void the intent while the app still holds
+	// the request; the app pays anew, then its queue sends the held
+	// request: two charges, and the device says void.
+	t.Run("a not-sent intent handed out a day later is never voided while held", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		var offline atomic.Bool
+		dialer := &net.Dialer{}
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if offline.Load() {
+				return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("network is unreachable")}
+			}
+			return dialer.DialContext(ctx, network, addr)
+		}}}
+		store := persist.NewMemory(nil)
+		c, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout:cart-8", req)
+		require.NoError(t, err)
+		offline.Store(true)
+		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		offline.Store(false)
+
+		clk.Advance(25 * time.Hour)
+		held, err := c.HTTPRequest(ctx, in)
+		require.NoError(t, err, "never sent, it may be sent now")
+		clk.Advance(5 * time.Minute)
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "its request is in the app's hands")
+		assert.Equal(t, persist.StatePending, in.State())
+
+		// A later Client (the next start) protects it too.
+		next, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		clk.Advance(5 * time.Minute)
+		stored, err := next.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = next.Reconcile(ctx, stored)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "its request is in the app's hands")
+
+		resp, err := hc.Do(held)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.NoError(t, next.SendEnded(ctx, stored))
+		_, err = next.Settle(ctx, stored)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, stored.State())
+		assert.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
 	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
 		t.Parallel()

@@ -42,7 +42,9 @@ func intentFromContext(ctx context.Context) (*Intent, bool) {
 // answer. Any other resolved intent (void, failed, rejected) is refused
 // with an error, and nothing changes: the server may hold no record of
 // its key, so its request, sent, would do the work anew. Create a new
-// intent (NewIntent) to do the action again.
+// intent (NewIntent) to do the action again. An intent stored not sent is
+// handed out as a send again arms it: its age, and the server's retention
+// of its key, start again now.
 func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
 	if in == nil {
 		return nil, errors.New("idem: HTTPRequest with a nil intent")
