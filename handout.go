@@ -32,7 +32,8 @@ func (c *Client) handOut(ctx context.Context, in *Intent) error {
 func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	cur, err := c.store.Get(ctx, in.Key())
 	if err != nil {
-		return fmt.Errorf("idem: loading intent %s: %w", in.Key(), err)
+		// The intent is armed: a later Do or SettleAll may send it.
+		return fmt.Errorf("idem: loading intent %s: nothing was handed out, but the intent is armed, and a later Do or SettleAll may send it: %w: %w", in.Key(), ErrOutcomeUnknown, err)
 	}
 	in.set(cur)
 	// An intent too old to send is not handed out, resolved or not: the
@@ -81,7 +82,10 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 		if errors.As(err, &changed) {
 			c.keys.forget(cur.Key)
 		}
-		return err
+		// But the intent is armed, or may be (the write may have
+		// landed): a later Do or SettleAll may send it. So the app is
+		// not told it was not sent.
+		return fmt.Errorf("idem: intent %s: nothing was handed out, but the intent is armed, and a later Do or SettleAll may send it: %w: %w", cur.Key, ErrOutcomeUnknown, err)
 	}
 	return nil
 }

@@ -214,6 +214,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestHTTPRequest$/^a_failed_intent_is_never_handed_out",
 		},
 		{
+			Name: "failed-hand-out-write-not-unknown", File: "handout.go",
+			Note:    "a hand-out whose write failed after the arming says nothing of the armed intent a later SettleAll sends",
+			Anchor:  "but the intent is armed, and a later Do or SettleAll may send it: %w: %w\", cur.Key, ErrOutcomeUnknown, err)",
+			Replace: "but the intent is armed, and a later Do or SettleAll may send it: %w\", cur.Key, err)",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_hand-out_whose_write_fails",
+		},
+		{
+			Name: "failed-hand-out-read-not-unknown", File: "handout.go",
+			Note:    "a hand-out whose read failed after the arming says nothing of the armed intent a later SettleAll sends",
+			Anchor:  "but the intent is armed, and a later Do or SettleAll may send it: %w: %w\", in.Key(), ErrOutcomeUnknown, err)",
+			Replace: "but the intent is armed, and a later Do or SettleAll may send it: %w\", in.Key(), err)",
+			Pkg:     root, Run: "^TestHTTPRequest$/^a_hand-out_whose_read_after_the_arming_fails",
+		},
+		{
 			Name: "handed-out-not-sent-keeps-its-age", File: "handout.go",
 			Note:    "a not-sent intent handed out keeps its old age: its protection from a lookup's miss has run out while the app holds its request",
 			Anchor:  "\t\trec.CreatedAt = rec.UpdatedAt\n",

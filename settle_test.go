@@ -743,6 +743,50 @@ func TestHTTPRequest(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, stored.State())
 		assert.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
+	// Path: HTTPRequest arms the intent (durable), then its hand-out
+	// write fails: it returns no request. An error that matched neither
+	// ErrNotSent nor ErrOutcomeUnknown would let the app, which never got
+	// a request to send, tell the user the payment did not go out; but
+	// the intent stays armed in the store, and the next start's SettleAll
+	// sends and charges it.
+	t.Run("a hand-out whose write fails says the outcome is unknown", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		cfg := idem.Config{Store: failHandOut{e.store}, Clock: e.clock, HTTPClient: e.srv.Client(),
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}}
+		c, err := idem.New(cfg)
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout:cart-15", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
+		req, err := c.HTTPRequest(ctx, in)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the armed intent may be sent later")
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+
+		next, err := idem.New(cfg)
+		require.NoError(t, err)
+		next.SettleAll(ctx)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a later SettleAll sends it, as the error said")
+	})
+	t.Run("a hand-out whose read after the arming fails says the outcome is unknown", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		store := &failGet{Store: e.store}
+		c, err := idem.New(idem.Config{Store: store, Clock: e.clock, HTTPClient: e.srv.Client(),
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
+		store.failing.Store(true)
+		req, err := c.HTTPRequest(ctx, in)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the armed intent may be sent later")
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+	})
 	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
@@ -757,4 +801,28 @@ func TestHTTPRequest(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateVoid, in.State())
 	})
+}
+
+// failHandOut is a real store that cannot write the hand-out (the disk
+// filled up between the arming write and the next).
+type failHandOut struct{ persist.Store }
+
+func (s failHandOut) Write(ctx context.Context, rec, old *persist.Record) error {
+	if rec.HandedOut {
+		return errors.New("write: no space left on device")
+	}
+	return s.Store.Write(ctx, rec, old)
+}
+
+// failGet is a real store whose reads fail once failing is set.
+type failGet struct {
+	persist.Store
+	failing atomic.Bool
+}
+
+func (s *failGet) Get(ctx context.Context, key string) (*persist.Record, error) {
+	if s.failing.Load() {
+		return nil, errors.New("read: input/output error")
+	}
+	return s.Store.Get(ctx, key)
 }
