@@ -73,6 +73,10 @@ func lookupCarries(name string) bool {
 	case "Digest", "Repr-Digest", "Want-Digest", "Idempotency-Key", "Expect", "Transfer-Encoding", "Trailer", "Cache-Control", lookupNonceHeader:
 		// The body's, the attempt's own, or the lookup's own (set after).
 		return false
+	case "Accept-Encoding":
+		// Left to net/http, which then decodes the answer: a mark read
+		// from the body (MarkJSONID) needs it decoded.
+		return false
 	}
 	return true
 }

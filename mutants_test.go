@@ -137,6 +137,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestLookup$/^it_carries_the_stored_fields",
 		},
 		{
+			Name: "lookup-sends-accept-encoding", File: "lookup.go",
+			Note:    "the lookup sends the stored Accept-Encoding, and net/http no longer decodes its answer",
+			Anchor:  "\tcase \"Accept-Encoding\":\n",
+			Replace: "\tcase \"Accept-Encoding\" + \"-\":\n",
+			Pkg:     root, Run: "^TestLookup$/^it_carries_the_stored_fields",
+		},
+		{
 			Name: "not-sent-without-the-trace", File: "call.go",
 			Note:    "a transport that fires no trace is taken to have sent nothing",
 			Anchor:  "if err == nil || st.onWire && !st.traced.Load() {",

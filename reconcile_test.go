@@ -917,6 +917,7 @@ func TestLookup(t *testing.T) {
 		require.NoError(t, err)
 		req.Header.Set("X-Account-Id", "acct_alice")
 		req.Header.Set("If-Match", `"v1"`)
+		req.Header.Set("Accept-Encoding", "br")
 		in, err := c.NewIntent(ctx, "checkout", req)
 		require.NoError(t, err)
 		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
@@ -930,6 +931,7 @@ func TestLookup(t *testing.T) {
 		assert.Equal(t, "Bearer fresh", h.Get("Authorization"))
 		assert.Empty(t, h.Get("Content-Type"), "the lookup has no body")
 		assert.Empty(t, h.Get("If-Match"), "the intent's precondition is not the lookup's")
+		assert.NotEqual(t, "br", h.Get("Accept-Encoding"), "left to net/http, which decodes the answer")
 		assert.Empty(t, h.Get("Idempotency-Key"), "never a key on GET")
 	})
 
