@@ -14,8 +14,9 @@ import (
 // may send it at any time, through any client. So it is never provably
 // unsent again, a changed cart never replaces it, and no lookup's "not
 // found" is trusted until the app reports that its send ended
-// (SendEnded), or the server's retention has passed. A resolved intent is
-// handed out as it is: the server replays its answer.
+// (SendEnded), or the server's retention has passed. A succeeded intent is
+// handed out as it is: the server replays its answer. Any other resolved
+// intent is refused: the server may hold no record of its key.
 func (c *Client) handOut(ctx context.Context, in *Intent) error {
 	if err := c.arm(ctx, in); err != nil {
 		return err
@@ -31,7 +32,8 @@ func (c *Client) handOut(ctx context.Context, in *Intent) error {
 func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	cur, err := c.store.Get(ctx, in.Key())
 	if err != nil {
-		return fmt.Errorf("idem: loading intent %s: %w", in.Key(), err)
+		// The intent is armed: a later Do or SettleAll may send it.
+		return fmt.Errorf("idem: loading intent %s: nothing was handed out, but the intent is armed, and a later Do or SettleAll may send it: %w: %w", in.Key(), ErrOutcomeUnknown, err)
 	}
 	in.set(cur)
 	// An intent too old to send is not handed out, resolved or not: the
@@ -46,6 +48,14 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 		}
 		return fmt.Errorf("idem: intent %s was resolved meanwhile, and is too old to send again; nothing was handed out", cur.Key)
 	}
+	// Only a paid intent's request is answered from the server's record
+	// of its key. A void intent's key the server never held, and a
+	// failed or rejected one's it may not have kept (a refusal it does
+	// not store, a gateway's answer): sent, the request would do the
+	// work anew, and the device would still say it was not done.
+	if cur.State.Resolved() && cur.State != persist.StateSucceeded {
+		return fmt.Errorf("idem: intent %s is %s: the server may hold no record of its key, so its request, sent, would do the work anew; nothing was handed out; create a new intent (NewIntent) to do the action again", cur.Key, cur.State)
+	}
 	if cur.State.Resolved() || cur.HandedOut {
 		return nil
 	}
@@ -56,6 +66,14 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	rec.HandedOut = true
 	rec.State = persist.StatePending
 	rec.UpdatedAt = c.clock.Now()
+	if cur.State == persist.StateNotSent {
+		// No send of it ever began: its age starts again now, as a send
+		// again's does (hold). The hand-out's protection from a lookup's
+		// miss counts from it, and must not have run out already.
+		rec.CreatedAt = rec.UpdatedAt
+		c.clocks.stampInto(&rec, true, new(persist.Clocks))
+		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
+	}
 	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
 		// Not handed out: the app gets no request. The write's result is
 		// unknown; the record may say handed out, which only delays a
@@ -64,7 +82,10 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 		if errors.As(err, &changed) {
 			c.keys.forget(cur.Key)
 		}
-		return err
+		// But the intent is armed, or may be (the write may have
+		// landed): a later Do or SettleAll may send it. So the app is
+		// not told it was not sent.
+		return fmt.Errorf("idem: intent %s: nothing was handed out, but the intent is armed, and a later Do or SettleAll may send it: %w: %w", cur.Key, ErrOutcomeUnknown, err)
 	}
 	return nil
 }

@@ -1,8 +1,11 @@
 package idem
 
 import (
+	"context"
 	"crypto/rand"
 	"net/http"
+	"slices"
+	"strings"
 )
 
 // lookupNonceHeader is the header field in which each lookup carries a
@@ -23,4 +26,57 @@ func lookupNonce() string { return rand.Text() }
 func echoesNonce(h http.Header, nonce string) bool {
 	vs := h.Values(lookupNonceHeader)
 	return len(vs) == 1 && vs[0] == nonce
+}
+
+// lookupHeader returns the header fields of the lookup of the intent with
+// key, whose stored header is stored. The server scopes keys by caller
+// (docs/CONTRACT.md), so the lookup must act for the caller the intent's
+// attempts acted for: an anonymous lookup gets the anonymous caller's
+// typed miss, which would void a paid intent. So it carries the stored
+// fields that may name the caller (an account header, say), and the
+// Authorizer's credentials for key, asked fresh as before each attempt.
+// Fields about the body or the intent's preconditions are left out: the
+// lookup has no body, and reads another resource. A failing Authorizer
+// is returned, and nothing is sent.
+func (c *Client) lookupHeader(ctx context.Context, stored http.Header, key string) (http.Header, error) {
+	h := make(http.Header, len(stored)+3)
+	for name, vs := range stored {
+		if !lookupCarries(name) {
+			continue
+		}
+		h[name] = slices.Clone(vs)
+	}
+	if c.authorize == nil {
+		return h, nil
+	}
+	v, err := c.authorize(ctx, key)
+	switch {
+	case err != nil:
+		return nil, &authorizerError{err: err}
+	case v == "":
+		h.Del("Authorization")
+	default:
+		h.Set("Authorization", v)
+	}
+	return h, nil
+}
+
+// lookupCarries reports a stored header field the lookup sends as well.
+func lookupCarries(name string) bool {
+	name = http.CanonicalHeaderKey(name)
+	switch {
+	case strings.HasPrefix(name, "Content-"), strings.HasPrefix(name, "If-"):
+		// The body's, and the changed resource's preconditions.
+		return false
+	}
+	switch name {
+	case "Digest", "Repr-Digest", "Want-Digest", "Idempotency-Key", "Expect", "Transfer-Encoding", "Trailer", "Cache-Control", lookupNonceHeader:
+		// The body's, the attempt's own, or the lookup's own (set after).
+		return false
+	case "Accept-Encoding":
+		// Left to net/http, which then decodes the answer: a mark read
+		// from the body (MarkJSONID) needs it decoded.
+		return false
+	}
+	return true
 }

@@ -19,6 +19,14 @@ import (
 // sending again is no longer safe. Without a lookup it returns an error
 // and changes nothing.
 //
+// The lookup acts for the intent's caller, as its attempts did: a server
+// scopes keys by caller, and answers a stranger with a miss. It carries
+// the intent's stored header fields, but those of the body (Content-*,
+// Digest) and the intent's preconditions (If-*). It carries
+// Config.Authorizer's credentials for the key, asked fresh. An Authorizer
+// that fails ends Reconcile with an error matching ErrOutcomeUnknown that
+// wraps the failure: nothing is sent, and nothing changes.
+//
 // Only the server's word settles the intent (see the package
 // documentation, "Whose word settles an intent"):
 //
@@ -126,6 +134,11 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
+	}
+	// The lookup acts for the intent's caller: the server answers a
+	// stranger's lookup with a miss (see lookupHeader).
+	if req.Header, err = c.lookupHeader(ctx, cur.Header, key); err != nil {
+		return nil, fmt.Errorf("idem: reconciling intent %s: nothing was asked, nothing changes: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
 	// A cache on the path must ask the server, not answer from what it
 	// kept: a "not found" kept from before the payment would void it.

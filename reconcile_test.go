@@ -856,6 +856,130 @@ func TestLookup(t *testing.T) {
 		require.ErrorAs(t, err, new(*idem.UnresolvedError))
 		assert.Equal(t, 1, origin.Stats().ProviderCharges)
 	})
+
+	// A server scopes keys by the caller (docs/CONTRACT.md; fakeserver's
+	// "Callers"). Path: the payment is sent with the Authorizer's
+	// credentials, and charged under alice; its answer is lost. The lookup,
+	// sent without the Authorizer's credentials, would be answered for the
+	// anonymous caller, who never used the key: the typed miss, with the
+	// nonce. The intent would be voided ("a new payment is safe") though
+	// alice was charged.
+	t.Run("it acts for the intent's caller, so a stranger's miss never voids a paid intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		var lookupAuth atomic.Value
+		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Clock: clk,
+			Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
+			Authorizer: func(context.Context, string) (string, error) { return "Bearer test_alice_1", nil },
+			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodGet {
+					lookupAuth.Store(r.Header.Get("Authorization"))
+				}
+				return http.DefaultTransport.RoundTrip(r)
+			})}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout:cart-14", req)
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
+
+		clk.Advance(10 * time.Minute) // past the reconcile delay
+		_, err = c.Reconcile(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, "Bearer test_alice_1", lookupAuth.Load(), "the lookup carries the Authorizer's credentials")
+		assert.Equal(t, persist.StateSucceeded, in.State(), "alice's payment is found")
+	})
+
+	t.Run("it carries the stored fields that may name the caller, not the body's", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		var got atomic.Value
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet {
+				got.Store(r.Header.Clone())
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		t.Cleanup(srv.Close)
+		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Clock: clk,
+			Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
+			Authorizer: func(context.Context, string) (string, error) { return "Bearer fresh", nil }})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500})
+		require.NoError(t, err)
+		req.Header.Set("X-Account-Id", "acct_alice")
+		req.Header.Set("If-Match", `"v1"`)
+		req.Header.Set("Accept-Encoding", "br")
+		in, err := c.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		h, _ := got.Load().(http.Header)
+		require.NotNil(t, h, "the lookup was sent")
+		assert.Equal(t, "acct_alice", h.Get("X-Account-Id"), "the caller's account goes with the lookup")
+		assert.Equal(t, "Bearer fresh", h.Get("Authorization"))
+		assert.Empty(t, h.Get("Content-Type"), "the lookup has no body")
+		assert.Empty(t, h.Get("If-Match"), "the intent's precondition is not the lookup's")
+		assert.NotEqual(t, "br", h.Get("Accept-Encoding"), "left to net/http, which decodes the answer")
+		assert.Empty(t, h.Get("Idempotency-Key"), "never a key on GET")
+	})
+
+	t.Run("an Authorizer that fails ends it unknown, with nothing sent or changed", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		var lookups atomic.Int32
+		var fail atomic.Bool
+		refresh := errors.New("token refresh failed")
+		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Clock: clk,
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
+			Authorizer: func(context.Context, string) (string, error) {
+				if fail.Load() {
+					return "", refresh
+				}
+				return "Bearer test_alice_1", nil
+			},
+			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodGet {
+					lookups.Add(1)
+				}
+				return http.DefaultTransport.RoundTrip(r)
+			})}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout", req)
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		clk.Advance(10 * time.Minute)
+		fail.Store(true)
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.ErrorIs(t, err, refresh, "the Authorizer's failure is told")
+		assert.Zero(t, lookups.Load(), "nothing is sent")
+		assert.Equal(t, persist.StatePending, in.State(), "nothing changes")
+
+		fail.Store(false)
+		_, err = c.Reconcile(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+	})
 }
 
 // TestReconcile: a lookup's miss settles an intent only when no attempt

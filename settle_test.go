@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
@@ -615,6 +616,177 @@ func TestHTTPRequest(t *testing.T) {
 		assert.Equal(t, persist.StateExpired, open.State(), "it is settled through the lookup")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
+	// Path: one attempt, answered 503 by a proxy in front of the server:
+	// the outcome is unknown, and the server has no record of the key. The
+	// lookup's miss voids the intent, and the app pays anew. Handed out,
+	// the void intent's request would be sent by the app's own
+	// http.Client: the server, with no record of the key, charges again,
+	// and the device still says void, since HTTPRequest's answers are not
+	// recorded and a resolved intent is never reconciled again.
+	t.Run("a void intent is never handed out", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		pay := e.paymentRequest(t, 1500, "cus_1")
+		in, err := e.client.Intent(ctx, "checkout:cart-4", pay)
+		require.NoError(t, err)
+		require.NoError(t, e.srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 503, Path: "/payments"}))
+		_, err = e.client.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		e.clock.Advance(10 * time.Minute) // past the reconcile delay
+		_, err = e.client.Reconcile(ctx, in)
+		require.NoError(t, err)
+		require.Equal(t, persist.StateVoid, in.State())
+		// Told void, the app pays anew.
+		again, err := e.client.NewIntent(ctx, "checkout:cart-4", pay)
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, again)
+		require.NoError(t, err)
+
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.Error(t, err, "the void intent's request would charge again")
+		assert.Nil(t, req)
+		assert.Contains(t, err.Error(), "create a new intent", "the error says what to do")
+		assert.Equal(t, persist.StateVoid, in.State(), "nothing changes")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	t.Run("a failed intent is never handed out: the server may not have kept its refusal", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_declined"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, in)
+		require.Error(t, err)
+		require.Equal(t, persist.StateFailed, in.State())
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.Equal(t, persist.StateFailed, in.State())
+	})
+	t.Run("a paid intent is handed out: the server replays its answer", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.Do(ctx, in)
+		require.NoError(t, err)
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+	// Path: a tap ends not sent (offline), and the app asks for its
+	// request a day later through HTTPRequest, to send it from its own
+	// queue when the network is back. Handed out with its day-old
+	// CreatedAt and clocks, the hand-out's protection ("reconciled as if
+	// its request were still in transit, up to the server's retention")
+	// would have run out already: a Reconcile a few minutes later would
+	// take the lookup's miss and void the intent while the app still holds
+	// the request; the app pays anew, then its queue sends the held
+	// request: two charges, and the device says void.
+	t.Run("a not-sent intent handed out a day later is never voided while held", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		var offline atomic.Bool
+		dialer := &net.Dialer{}
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if offline.Load() {
+				return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("network is unreachable")}
+			}
+			return dialer.DialContext(ctx, network, addr)
+		}}}
+		store := persist.NewMemory(nil)
+		c, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout:cart-8", req)
+		require.NoError(t, err)
+		offline.Store(true)
+		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		offline.Store(false)
+
+		clk.Advance(25 * time.Hour)
+		held, err := c.HTTPRequest(ctx, in)
+		require.NoError(t, err, "never sent, it may be sent now")
+		clk.Advance(5 * time.Minute)
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "its request is in the app's hands")
+		assert.Equal(t, persist.StatePending, in.State())
+
+		// A later Client (the next start) protects it too.
+		next, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		clk.Advance(5 * time.Minute)
+		stored, err := next.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = next.Reconcile(ctx, stored)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "its request is in the app's hands")
+
+		resp, err := hc.Do(held)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.NoError(t, next.SendEnded(ctx, stored))
+		_, err = next.Settle(ctx, stored)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, stored.State())
+		assert.Equal(t, 1, srv.Stats().ProviderCharges)
+	})
+	// Path: HTTPRequest arms the intent (durable), then its hand-out
+	// write fails: it returns no request. An error that matched neither
+	// ErrNotSent nor ErrOutcomeUnknown would let the app, which never got
+	// a request to send, tell the user the payment did not go out; but
+	// the intent stays armed in the store, and the next start's SettleAll
+	// sends and charges it.
+	t.Run("a hand-out whose write fails says the outcome is unknown", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		cfg := idem.Config{Store: failHandOut{e.store}, Clock: e.clock, HTTPClient: e.srv.Client(),
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}}
+		c, err := idem.New(cfg)
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout:cart-15", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
+		req, err := c.HTTPRequest(ctx, in)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the armed intent may be sent later")
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+
+		next, err := idem.New(cfg)
+		require.NoError(t, err)
+		next.SettleAll(ctx)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a later SettleAll sends it, as the error said")
+	})
+	t.Run("a hand-out whose read after the arming fails says the outcome is unknown", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		store := &failGet{Store: e.store}
+		c, err := idem.New(idem.Config{Store: store, Clock: e.clock, HTTPClient: e.srv.Client(),
+			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		in, err := c.NewIntent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
+		store.failing.Store(true)
+		req, err := c.HTTPRequest(ctx, in)
+		require.Error(t, err)
+		assert.Nil(t, req)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the armed intent may be sent later")
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+	})
 	t.Run("a lookup miss is trusted once the app's send ended and the reconcile delay passed", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
@@ -629,4 +801,28 @@ func TestHTTPRequest(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateVoid, in.State())
 	})
+}
+
+// failHandOut is a real store that cannot write the hand-out (the disk
+// filled up between the arming write and the next).
+type failHandOut struct{ persist.Store }
+
+func (s failHandOut) Write(ctx context.Context, rec, old *persist.Record) error {
+	if rec.HandedOut {
+		return errors.New("write: no space left on device")
+	}
+	return s.Store.Write(ctx, rec, old)
+}
+
+// failGet is a real store whose reads fail once failing is set.
+type failGet struct {
+	persist.Store
+	failing atomic.Bool
+}
+
+func (s *failGet) Get(ctx context.Context, key string) (*persist.Record, error) {
+	if s.failing.Load() {
+		return nil, errors.New("read: input/output error")
+	}
+	return s.Store.Get(ctx, key)
 }

@@ -37,6 +37,27 @@ func intentFromContext(ctx context.Context) (*Intent, bool) {
 // through the Client, which the server answers from its record of the key.
 // To have such a client's answers recorded, give it the Client's
 // RoundTripper and a context from ContextWithIntent instead.
+//
+// A succeeded intent's request is handed out: the server replays its
+// answer. Any other resolved intent (void, failed, rejected) is refused
+// with an error, and nothing changes: the server may hold no record of
+// its key, so its request, sent, would do the work anew. Create a new
+// intent (NewIntent) to do the action again. An intent stored not sent is
+// handed out as a send again arms it: its age, and the server's retention
+// of its key, start again now.
+//
+// Send the request while the intent is younger than the server's retention
+// less its margin (Server.Retention less Server.RetentionMargin: 23 hours
+// by default), counted from the tap, or from this hand-out for an intent
+// stored not sent. Do not keep it longer: a request sent after the server
+// forgot its key is done anew. Ask HTTPRequest again instead. It refuses
+// an intent too old to send; an unresolved one is then stored expired
+// (the error matches ErrOutcomeUnknown), to settle with Settle or
+// Reconcile.
+//
+// An error after the intent was armed (a store's read or write failed)
+// comes with no request and matches ErrOutcomeUnknown: nothing was handed
+// out, but the intent is armed, and a later Do or SettleAll may send it.
 func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
 	if in == nil {
 		return nil, errors.New("idem: HTTPRequest with a nil intent")

@@ -7,11 +7,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 )
 
 // TestAuthorizerCredentialsStayWithTheAPIsOrigin: the API redirects the
@@ -80,5 +82,35 @@ func TestAuthorizer(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, left.Len(), "nothing is left to send")
 		assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "the first cart is never charged")
+	})
+
+	// The facade's only way to send credentials is Config.Authorizer.
+	// Path: Pay is sent with the Authorizer's "Bearer test_alice_1" and
+	// charged under alice; its answer is lost (MaxAttempts 1: unknown).
+	// Once the intent is too old to send, Settle asks the lookup. Sent
+	// without asking the Authorizer, it would go out with no
+	// Authorization: the server answers for the anonymous caller, who
+	// never used the key (the typed miss), and Settle would return
+	// OutcomeVoid: "a new payment is safe". The app would pay anew: alice
+	// charged twice.
+	t.Run("Settle's lookup of a payment too old to send acts for the Authorizer's caller", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		c := w.open(t, func(cfg *Config) {
+			cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "Bearer test_alice_1", nil })
+			cfg.MaxAttempts = 1
+			cfg.RetentionMillis = 2000 // too old to send two seconds after the tap
+		})
+		w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+		res, err := c.Pay("checkout:cart-3", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeUnknown, res.Outcome)
+		require.Equal(t, 1, w.srv.Stats().ProviderCharges)
+
+		w.clock.Advance(2*time.Minute + 5*time.Second) // past the reconcile delay
+		got, err := c.Settle(res.Key, nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeSucceeded, got.Outcome, "alice's payment is found: %s", got.Detail)
+		assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
 	})
 }
