@@ -620,5 +620,19 @@ func TestMutants(t *testing.T) {
 			Replace: "",
 			Pkg:     root, Run: "^TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess$",
 		},
+		{
+			Name: "request-header-unchecked", File: "request.go",
+			Note:    "a request whose header value net/http refuses (a trailing newline) is stored and armed: every attempt fails before it dials, and the fixed request is blocked behind it",
+			Anchor:  "\treturn checkHeader(r.Header)\n}\n",
+			Replace: "\treturn nil\n}\n",
+			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
+		},
+		{
+			Name: "roundtripper-header-unchecked", File: "transport.go",
+			Note:    "the RoundTripper stores a request whose live header net/http refuses, as its stored fields are valid: every attempt fails before it dials",
+			Anchor:  "\tif err := checkHeader(live.Header); err != nil {\n",
+			Replace: "\tif err := error(nil); err != nil {\n",
+			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
+		},
 	})
 }

@@ -188,6 +188,10 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
+	if err := checkHeader(live.Header); err != nil {
+		// The live header goes on the wire, stored or not.
+		return nil, err
+	}
 	in, err := t.intentFor(ctx, req, live)
 	if err != nil {
 		return nil, err
