@@ -634,5 +634,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\tif err := error(nil); err != nil {\n",
 			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
 		},
+		{
+			Name: "authorizer-value-unchecked", File: "call.go",
+			Note:    "an Authorizer value net/http refuses (a token with a trailing newline) goes on the attempt: ten attempts that cannot be sent end outcome unknown",
+			Anchor:  "\tcase !validFieldValue(v):\n",
+			Replace: "\tcase false:\n",
+			Pkg:     root, Run: "^TestAuthorizer$/^a_value_net/http_cannot_send_is_a_failure_that_never_shows_the_value$",
+		},
 	})
 }

@@ -100,6 +100,10 @@ func checkHeader(h http.Header) error {
 	return nil
 }
 
+// errBadFieldValue is the Authorizer's failure when its value could not
+// be sent. It never shows the value: that is a credential.
+var errBadFieldValue = errors.New("its value is not a valid header field value: it has a control character (such as CR, LF or NUL)")
+
 // validFieldValue reports whether v holds no control character but
 // space and tab, as RFC 9110's field-value grammar asks: what net/http
 // sends.
