@@ -641,5 +641,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\tcase false:\n",
 			Pkg:     root, Run: "^TestAuthorizer$/^a_value_net/http_cannot_send_is_a_failure_that_never_shows_the_value$",
 		},
+		{
+			Name: "unknown-redirect-followed", File: "transport.go",
+			Note:    "the app's http.Client follows a portal's 302 that left the payment unknown: the login page's 200 is the payment call's answer, with no error",
+			Anchor:  "\tb, ok := req.Response.Body.(*handedBackBody)\n\tif !ok {\n",
+			Replace: "\tb, ok := req.Response.Body.(*handedBackBody)\n\tif !ok || b != nil {\n",
+			Pkg:     root, Run: "^TestRoundTripperRedirect$",
+		},
 	})
 }
