@@ -232,6 +232,9 @@ func (st *call) authorize(req *http.Request) {
 	switch {
 	case err != nil:
 		st.authErr = &authorizerError{err: err}
+	case !validFieldValue(v):
+		// net/http would refuse it before it dials, on every attempt.
+		st.authErr = &authorizerError{err: errBadFieldValue}
 	case v == "":
 		req.Header.Del("Authorization")
 	default:

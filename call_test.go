@@ -450,6 +450,48 @@ func TestAuthorizer(t *testing.T) {
 		assert.NotErrorIs(t, err, idem.ErrNotSent, "the first attempt was charged")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
+	// Path, before the check: an Authorizer that returns a token with a
+	// trailing newline (read from a file or a keychain as is) made a
+	// header value net/http refuses before it dials: ten pointless
+	// attempts and "outcome unknown", though nothing could be sent.
+	t.Run("a value net/http cannot send is a failure that never shows the value", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		for _, v := range []string{"Bearer SECRET_tok\n", "Bearer SECRET_tok\r\nX-Evil: 1", "Bearer SECRET\x00tok"} {
+			e := newEnv(t)
+			var calls atomic.Int32
+			c := e.newClient(t, withAuthorizer(func(context.Context, string) (string, error) {
+				calls.Add(1)
+				return v, nil
+			}))
+			in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrNotSent, "%q", v)
+			assert.ErrorContains(t, err, "the Authorizer failed: its value is not a valid header field value")
+			assert.NotContains(t, err.Error(), "SECRET", "the value is a credential")
+			assert.Equal(t, int32(1), calls.Load(), "no retry can fix it")
+			assert.Equal(t, persist.StateNotSent, in.State())
+			assert.Zero(t, e.srv.Stats().Requests)
+		}
+
+		e := newEnv(t)
+		var calls atomic.Int32
+		c := e.newClient(t, withAuthorizer(func(context.Context, string) (string, error) {
+			if calls.Add(1) > 1 {
+				return "Bearer SECRET_t2\n", nil
+			}
+			return "Bearer t1", nil
+		}))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "after an attempt wrote")
+		assert.NotErrorIs(t, err, idem.ErrNotSent, "the first attempt was charged")
+		assert.NotContains(t, err.Error(), "SECRET")
+		assert.Equal(t, int32(2), calls.Load())
+	})
 	t.Run("the credentials go on each attempt and are never stored", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()

@@ -83,7 +83,9 @@ type Config struct {
 	// refreshed, and its value is never stored with the intent. An error
 	// ends the call: with ErrNotSent (wrapping the error) if no attempt
 	// of the intent wrote its request (httptrace's WroteHeaders), else
-	// with the outcome unknown. A redirect (307, 308) to another host
+	// with the outcome unknown. So does a value net/http cannot send (a
+	// control character, such as a trailing newline); the error never
+	// shows it. A redirect (307, 308) to another host
 	// carries no credentials (net/http drops them). Nil means none: the
 	// http.Client's transport may set them instead.
 	Authorizer func(ctx context.Context, key string) (string, error)

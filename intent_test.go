@@ -370,6 +370,59 @@ func TestIntentForAnAction(t *testing.T) {
 			assert.ErrorContains(t, err, "intents are for POST and PATCH", m)
 		}
 	})
+
+	// Path, before the check: Request.validate checked the method and the
+	// URL but not the header fields, so a request whose header value
+	// net/http refuses (a newline, as a value read from a file keeps) was
+	// stored and armed. Every attempt failed in net/http before it dialled;
+	// the call reported the outcome unknown after 10 attempts (nothing can
+	// ever have been sent), the intent stayed pending for good, and the
+	// corrected request for the same action was blocked behind it
+	// (UnresolvedError) until the app Forgot it.
+	t.Run("a header field net/http cannot send is refused at creation, naming the field", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		hc := &http.Client{Transport: e.client.RoundTripper(nil)}
+		for _, bad := range []struct{ name, value string }{
+			{"X-Client-Version", "4.2.0\n"},
+			{"X-Client-Version", "4.2.0\r\nX-Evil: SECRET"},
+			{"X-Client-Version", "SECRET\x00"},
+			{"X-Client Version", "4.2.0"},
+		} {
+			req := e.paymentRequest(t, 100, "cus_1")
+			req.Header[bad.name] = []string{bad.value}
+			for what, create := range map[string]func() error{
+				"Intent":    func() error { _, err := e.client.Intent(ctx, "checkout:h", req); return err },
+				"NewIntent": func() error { _, err := e.client.NewIntent(ctx, "checkout:h", req); return err },
+				"Send":      func() error { _, err := e.client.Send(ctx, "checkout:h", req); return err },
+				"RoundTripper": func() error {
+					r, err := http.NewRequestWithContext(idem.ContextWithAction(ctx, "checkout:h"), req.Method, req.URL, strings.NewReader(string(req.Body)))
+					require.NoError(t, err)
+					r.Header = req.Header.Clone()
+					resp, err := hc.Do(r)
+					if err == nil {
+						resp.Body.Close()
+					}
+					return err
+				},
+			} {
+				err := create()
+				require.Error(t, err, "%s %q", what, bad)
+				assert.Contains(t, err.Error(), fmt.Sprintf("%q", bad.name), "%s: the error names the field", what)
+				assert.NotContains(t, err.Error(), "SECRET", "%s: the value is not shown", what)
+			}
+		}
+		recs, err := e.store.List(ctx, persist.Filter{})
+		require.NoError(t, err)
+		assert.Empty(t, recs, "nothing was stored")
+		assert.Zero(t, e.srv.Stats().Requests, "nothing was sent")
+
+		fixed := e.paymentRequest(t, 100, "cus_1")
+		fixed.Header.Set("X-Client-Version", "4.2.0\t(build 7)")
+		_, err = e.client.Send(ctx, "checkout:h", fixed)
+		require.NoError(t, err, "the corrected request goes through")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 }
 
 // failingStore refuses every write, as a full disk would.

@@ -739,5 +739,33 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\treturn resp, err\n",
 			Pkg:     root, Run: "^TestErrorTexts$/^after_Send",
 		},
+		{
+			Name: "request-header-unchecked", File: "request.go",
+			Note:    "a request whose header value net/http refuses (a trailing newline) is stored and armed: every attempt fails before it dials, and the fixed request is blocked behind it",
+			Anchor:  "\treturn checkHeader(r.Header)\n}\n",
+			Replace: "\treturn nil\n}\n",
+			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
+		},
+		{
+			Name: "roundtripper-header-unchecked", File: "transport.go",
+			Note:    "the RoundTripper stores a request whose live header net/http refuses, as its stored fields are valid: every attempt fails before it dials",
+			Anchor:  "\tif err := checkHeader(live.Header); err != nil {\n",
+			Replace: "\tif err := error(nil); err != nil {\n",
+			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
+		},
+		{
+			Name: "authorizer-value-unchecked", File: "call.go",
+			Note:    "an Authorizer value net/http refuses (a token with a trailing newline) goes on the attempt: ten attempts that cannot be sent end outcome unknown",
+			Anchor:  "\tcase !validFieldValue(v):\n",
+			Replace: "\tcase false:\n",
+			Pkg:     root, Run: "^TestAuthorizer$/^a_value_net/http_cannot_send_is_a_failure_that_never_shows_the_value$",
+		},
+		{
+			Name: "unknown-redirect-followed", File: "transport.go",
+			Note:    "the app's http.Client follows a portal's 302 that left the payment unknown: the login page's 200 is the payment call's answer, with no error",
+			Anchor:  "\tb, ok := req.Response.Body.(*handedBackBody)\n\tif !ok {\n",
+			Replace: "\tb, ok := req.Response.Body.(*handedBackBody)\n\tif !ok || b != nil {\n",
+			Pkg:     root, Run: "^TestRoundTripperRedirect$",
+		},
 	})
 }

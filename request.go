@@ -19,7 +19,9 @@ type Request struct {
 	URL string
 	// Header is resent on every attempt and stored with the intent. Keep
 	// credentials out of it (set them in the http.Client's transport):
-	// whatever is here is written to the device.
+	// whatever is here is written to the device. A field net/http cannot
+	// send (a name that is not a token, a value with CR, LF or NUL) is
+	// refused where the intent is made.
 	Header http.Header
 	// Body is sent unchanged on every attempt.
 	Body []byte
@@ -78,7 +80,40 @@ func (r Request) validate() error {
 			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", shown(), p)
 		}
 	}
+	return checkHeader(r.Header)
+}
+
+// checkHeader refuses a header net/http would refuse before it dials, on
+// every attempt. The error names the field, never its value: that may be
+// a credential.
+func checkHeader(h http.Header) error {
+	for name, values := range h {
+		if !validFieldName(name) {
+			return fmt.Errorf("idem: request header field name %q is not a token (RFC 9110)", name)
+		}
+		for _, v := range values {
+			if !validFieldValue(v) {
+				return fmt.Errorf("idem: request header field %q has a value with a control character (such as CR, LF or NUL): net/http cannot send it", name)
+			}
+		}
+	}
 	return nil
+}
+
+// errBadFieldValue is the Authorizer's failure when its value could not
+// be sent. It never shows the value: that is a credential.
+var errBadFieldValue = errors.New("its value is not a valid header field value: it has a control character (such as CR, LF or NUL)")
+
+// validFieldValue reports whether v holds no control character but
+// space and tab, as RFC 9110's field-value grammar asks: what net/http
+// sends.
+func validFieldValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // fingerprint identifies a request's method, URL and body: two requests with

@@ -164,10 +164,17 @@ var storedRequestFields = []string{"Content-Type", "Content-Encoding", "Content-
 // A final answer, 4xx included, is returned as the response (one larger
 // than Server.MaxResponseBytes with an empty body and only its stored
 // header fields, as Response.Oversized describes). A 301, 302 or 303 is
-// returned too, for the app's http.Client to follow: its GET passes
-// through with no key and no intent. A 303 that the server marked is the
-// intent's success; a 301 or 302 leaves its outcome unknown, and the
-// intent is settled later (Settle, Reconcile). Any other unknown outcome
+// returned too, to the app's http.Client, whose following GET carries no
+// key and no intent. A 303 that the server marked is the intent's
+// success, and its GET is sent. Any other (a 301, a 302, an unmarked 303:
+// a captive portal's, say) leaves the outcome unknown, and the intent is
+// settled later (Settle, Reconcile): its GET is not sent, and ends with
+// the call's error, which wraps *RetryError, so that no login page
+// reaches the app as its payment's answer. A client whose CheckRedirect
+// returns http.ErrUseLastResponse gets that 3xx itself. The GET is known
+// by the 3xx's Body: a transport over the RoundTripper that replaces the
+// Body hides it, and then the GET passes through, and its answer is not
+// the payment's. Any other unknown outcome
 // is returned as an error wrapping *RetryError. Other methods pass through
 // to base untouched and never carry a key (one set by the app on a
 // redirect's GET is taken off). base nil means http.DefaultTransport. The
@@ -195,6 +202,12 @@ type roundTripper struct {
 
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method != http.MethodPost && req.Method != http.MethodPatch {
+		if err := followsUnknown(req); err != nil {
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			return nil, err
+		}
 		return t.base.RoundTrip(keyless(req))
 	}
 	ctx := req.Context()
@@ -209,6 +222,10 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	live := Request{Method: req.Method, URL: req.URL.String(), Header: req.Header, Body: body}
+	if err := checkHeader(live.Header); err != nil {
+		// The live header goes on the wire, stored or not.
+		return nil, err
+	}
 	in, err := t.intentFor(ctx, req, live)
 	if err != nil {
 		return nil, err
@@ -234,7 +251,9 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			// A 301, 302 or unmarked 303 is the app's client's to follow:
 			// the intent's outcome stays unknown, and its GET carries no
 			// key.
-			return httpResponse(req, last), nil
+			resp := httpResponse(req, last)
+			resp.Body = &handedBackBody{Reader: bytes.NewReader(last.Body), err: err}
+			return resp, nil
 		}
 		return nil, err
 	}
@@ -361,6 +380,33 @@ func handedBack(err error) *Response {
 		return re.LastResponse
 	}
 	return nil
+}
+
+// handedBackBody is the body of a redirect handed back to the app's
+// http.Client with the intent's outcome unknown. It carries the call's
+// error to the GET that follows it.
+type handedBackBody struct {
+	*bytes.Reader
+	err error
+}
+
+func (*handedBackBody) Close() error { return nil }
+
+// followsUnknown returns why req, the GET an http.Client makes to follow
+// a redirect this RoundTripper handed back, is not sent: the redirect
+// left the payment's outcome unknown, and the page it names (a captive
+// portal's login page, say) would reach the app as the answer to its
+// payment, with no error. The app's client still sees the redirect
+// itself (CheckRedirect, http.ErrUseLastResponse).
+func followsUnknown(req *http.Request) error {
+	if req.Response == nil {
+		return nil
+	}
+	b, ok := req.Response.Body.(*handedBackBody)
+	if !ok {
+		return nil
+	}
+	return fmt.Errorf("idem: the %d to %s is not followed: %w", req.Response.StatusCode, redactURL(req.URL.String()), b.err)
 }
 
 // httpResponse is resp as the answer to req.

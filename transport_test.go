@@ -539,12 +539,57 @@ func TestRoundTripperRedirect(t *testing.T) {
 		require.NoError(t, err)
 		httpReq, err := http.NewRequestWithContext(idem.ContextWithIntent(context.Background(), in), http.MethodPost, req.URL, bytes.NewReader(req.Body))
 		require.NoError(t, err)
+		_, err = hc.Do(httpReq)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the client's follow ends with the call's error")
+		var re *idem.RetryError
+		require.ErrorAs(t, err, &re)
+		assert.Equal(t, "/login", re.LastResponse.Header.Get("Location"), "the redirect is in the error")
+		assert.Zero(t, gets.Load(), "the login page is not fetched")
+		assert.Equal(t, persist.StatePending, in.State(), "neither paid nor failed")
+
+		// A client that stops at redirects gets the 302 itself.
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		httpReq, err = http.NewRequestWithContext(idem.ContextWithIntent(context.Background(), in), http.MethodPost, req.URL, bytes.NewReader(req.Body))
+		require.NoError(t, err)
 		resp, err := hc.Do(httpReq)
 		require.NoError(t, err)
 		resp.Body.Close()
-		assert.Equal(t, http.StatusOK, resp.StatusCode, "the login page, the client's to show")
-		assert.Equal(t, int32(1), gets.Load())
-		assert.Equal(t, persist.StatePending, in.State(), "neither paid nor failed")
+		assert.Equal(t, http.StatusFound, resp.StatusCode)
+		assert.Equal(t, "/login", resp.Header.Get("Location"))
+		assert.Equal(t, persist.StatePending, in.State())
+	})
+
+	// Path, before the fix: a captive portal answers the payment's POST
+	// with 302 to its login page. The RoundTripper returned the 302 as a
+	// response ("for the app's http.Client to follow"), the app's
+	// http.Client followed it with a GET, and hc.Do returned the portal's
+	// 200 login page with a nil error: a generated API client read a 200
+	// to its payment call, not an error matching ErrOutcomeUnknown.
+	t.Run("a portal's 302 never reaches the app as the payment's answer", func(t *testing.T) {
+		t.Parallel()
+		portal := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/login" {
+				w.Header().Set("Content-Type", "text/html")
+				_, _ = w.Write([]byte("<html><body>Sign in to Airport Wi-Fi</body></html>"))
+				return
+			}
+			http.Redirect(w, r, "/login", http.StatusFound)
+		}))
+		t.Cleanup(portal.Close)
+		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		hc := &http.Client{Transport: c.RoundTripper(nil)}
+		ctx := idem.ContextWithAction(context.Background(), "checkout:cart-6")
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, portal.URL+"/payments", strings.NewReader(`{"amount":1500,"currency":"AZN"}`))
+		require.NoError(t, err)
+		r.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(r)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Fatalf("the payment's call returned %d %q with no error: the captive portal's page, not the server's word", resp.StatusCode, body)
+		}
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	})
 }
 

@@ -2,7 +2,9 @@ package mobile
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 )
 
 // Authorizer puts credentials on each attempt; set it as Config.Authorizer
@@ -11,7 +13,9 @@ import (
 // fresh token; "" sends none. Credentials are asked for on every attempt
 // and never stored with the intent, so a token that expires between a
 // crash and the resume is refreshed. An error (an exception thrown in Java
-// or Swift) stops the call, and the attempt is not sent: the Result's Kind
+// or Swift) stops the call, and the attempt is not sent; so does a value
+// with a control character (a token read with its trailing newline),
+// which is never shown. The Result's Kind
 // is KindAuthorizer, and its Outcome OutcomeNotSent if no attempt of the
 // intent was sent, OutcomeUnknown if one may have been. An attempt that a
 // redirect (307, 308) sends to another origin (scheme, host or port) than
@@ -40,6 +44,11 @@ func authorizerOf(a Authorizer) func(context.Context, string) (string, error) {
 	}
 	return func(ctx context.Context, key string) (string, error) {
 		v, err := a.Authorize(key)
+		if err == nil && strings.ContainsFunc(v, isCTL) {
+			// net/http would refuse it before it dials, on every
+			// attempt. The value is a credential: it is not shown.
+			err = errors.New("its value is not a valid header field value: it has a control character (such as CR, LF or NUL)")
+		}
 		if err != nil {
 			err = &authError{err: err}
 			if f, ok := ctx.Value(authFailureKey{}).(func(error)); ok {
@@ -60,3 +69,7 @@ func (e *authError) Unwrap() error { return e.err }
 // authFailureKey carries the call's function that records an Authorizer
 // failure and stops the call: no retry can fix it.
 type authFailureKey struct{}
+
+// isCTL reports a control character but tab, which RFC 9110 forbids in a
+// header field value.
+func isCTL(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,5 +113,24 @@ func TestAuthorizer(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, OutcomeSucceeded, got.Outcome, "alice's payment is found: %s", got.Detail)
 		assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+	})
+	t.Run("a value net/http cannot send ends the call of kind authorizer and is never shown", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var calls atomic.Int32
+		c := w.open(t, func(cfg *Config) {
+			cfg.Authorizer = authorizerFunc(func(string) (string, error) {
+				calls.Add(1)
+				return "Bearer test_alice_SECRET\n", nil
+			})
+		})
+		res, err := c.Pay("checkout:cart-8", "/payments", []byte(cart), nil)
+		require.NoError(t, err, "what became of the intent is a Result")
+		assert.Equal(t, OutcomeNotSent, res.Outcome)
+		assert.Equal(t, KindAuthorizer, res.Kind, "the app signs in again")
+		assert.Contains(t, res.Detail, "not a valid header field value")
+		assert.NotContains(t, res.Detail, "SECRET", "the value is a credential")
+		assert.Equal(t, int32(1), calls.Load(), "no retry can fix it")
+		assert.Zero(t, w.srv.Stats().Requests)
 	})
 }

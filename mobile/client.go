@@ -58,7 +58,7 @@ func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 		RetentionMargin: min(time.Hour, retention/2),
 		// The one place the lookup URL is made: LookupPath with the key.
 		Lookup: func(_ idem.Request, key string) string {
-			u, _ := resolve(base, strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
+			u, _ := resolve(base, "LookupPath", strings.ReplaceAll(c.LookupPath, "{key}", url.QueryEscape(key)))
 			return u // checked by cfg.check; "" fails the lookup
 		},
 	}
@@ -126,7 +126,7 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 
 // request builds the intent's request: a POST of body to path.
 func (c *Client) request(path string, body []byte) (idem.Request, error) {
-	u, err := resolve(c.base, path)
+	u, err := resolve(c.base, "path", path)
 	if err != nil {
 		return idem.Request{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -384,12 +385,14 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 	t.Parallel()
 	dir := stateDir(t)
 	for name, cfg := range map[string]*Config{
-		"nil":                nil,
-		"no state directory": echoConfig("", "https://api.example.com"),
-		"no scheme":          echoConfig(dir, "api.example.com"),
-		"ftp":                echoConfig(dir, "ftp://api.example.com"),
-		"negative budget":    {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: -1},
-		"lookup without key": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "/payments"},
+		"nil":                    nil,
+		"no state directory":     echoConfig("", "https://api.example.com"),
+		"no scheme":              echoConfig(dir, "api.example.com"),
+		"ftp":                    echoConfig(dir, "ftp://api.example.com"),
+		"negative budget":        {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: -1},
+		"lookup without key":     {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "/payments"},
+		"lookup on another host": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "//lookup.example/payments?idempotency_key={key}"},
+		"lookup on plain http":   {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "http://api.example.com/payments?idempotency_key={key}"},
 		// Long.MAX_VALUE for "no limit": in nanoseconds it wraps around.
 		"foreground budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: math.MaxInt64},
 		"background budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", BackgroundBudgetMillis: math.MaxInt64},
@@ -404,6 +407,53 @@ func TestOpenRefusesABadConfig(t *testing.T) {
 		require.Error(t, err, name)
 		assert.Equal(t, KindBadInput, ErrorKind(err), name)
 	}
+}
+
+func TestPay(t *testing.T) {
+	t.Parallel()
+	// Path, before the check: Pay("//otherhost/payments", ...) was
+	// resolved against BaseURL with ResolveReference, and the payment
+	// went, with the Authorizer's token, to another host, without error.
+	t.Run("a path that would leave BaseURL's origin is refused before anything is stored", func(t *testing.T) {
+		t.Parallel()
+		var strays atomic.Int32
+		other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			strays.Add(1)
+			w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+			w.WriteHeader(http.StatusCreated)
+		}))
+		t.Cleanup(other.Close)
+		w := newWorld(t)
+		c := w.open(t, func(cfg *Config) {
+			cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "Bearer test_alice_1", nil })
+		})
+		apiHost := strings.TrimPrefix(w.srv.URL, "http://")
+		for _, path := range []string{
+			"//" + strings.TrimPrefix(other.URL, "http://") + "/payments",
+			other.URL + "/payments",
+			"https://" + apiHost + "/payments",
+			"http://alice:SECRET@" + apiHost + "/payments",
+			"//" + apiHost + "@" + strings.TrimPrefix(other.URL, "http://") + "/payments",
+		} {
+			for what, pay := range map[string]func(string, string, []byte, *Cancel) (*Result, error){"Pay": c.Pay, "PayAnew": c.PayAnew} {
+				res, err := pay("checkout:cart-4", path, []byte(cart), nil)
+				require.Error(t, err, "%s %q: %+v", what, path, res)
+				assert.Equal(t, KindBadInput, ErrorKind(err), "%s %q", what, path)
+				assert.Contains(t, err.Error(), "leaves BaseURL's origin", "%s %q", what, path)
+				assert.NotContains(t, err.Error(), "SECRET", "%s %q", what, path)
+			}
+		}
+		assert.Zero(t, strays.Load(), "nothing went to another server")
+		assert.Zero(t, w.srv.Stats().Requests, "nor to the API")
+		left, err := c.Unresolved()
+		require.NoError(t, err)
+		assert.Zero(t, left.Len(), "nothing was stored")
+
+		res, err := c.Pay("checkout:cart-4", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeSucceeded, res.Outcome, "the corrected path is not blocked")
+		assert.Equal(t, 1, w.srv.Stats().ProviderCharges)
+	})
 }
 
 func TestPayKeepsItsOwnCopyOfTheBody(t *testing.T) {

@@ -23,7 +23,10 @@ type Config struct {
 	// system may clear while a payment is unresolved.
 	StateDir string
 	// BaseURL is the API's root, such as "https://api.example.com". Paths
-	// given to Pay are resolved against it.
+	// given to Pay are resolved against it. A path that would leave its
+	// origin (scheme, host, port), such as "//other.example/payments", is
+	// refused with KindBadInput: the Authorizer's credentials go only to
+	// the API.
 	BaseURL string
 	// Mark says how the server marks its answers as its own, so that a
 	// captive portal's page or a CDN's is never taken for the server's
@@ -43,7 +46,8 @@ type Config struct {
 	MarkIDPath string
 	// LookupPath is the server's lookup of a payment by key, with {key}
 	// where the key goes. The default is the contract's
-	// "/payments?idempotency_key={key}".
+	// "/payments?idempotency_key={key}". Open refuses one that would
+	// leave BaseURL's origin.
 	LookupPath string
 	// ForegroundBudgetMillis bounds Pay and PayAnew: a tap wants an answer
 	// in seconds. Default 15,000.
@@ -121,6 +125,10 @@ func (c *Config) check() (Config, *url.URL, error) {
 	if !strings.Contains(cfg.LookupPath, "{key}") {
 		return cfg, nil, newError(kindConfig, fmt.Sprintf("LookupPath %q has no {key}", cfg.LookupPath))
 	}
+	if _, err := resolve(base, "LookupPath", strings.ReplaceAll(cfg.LookupPath, "{key}", "k")); err != nil {
+		// Another origin's answers would settle the user's payments.
+		return cfg, nil, err
+	}
 	for _, f := range []struct {
 		v   *int64
 		def int64
@@ -186,13 +194,21 @@ func (c *Config) mark() (idem.Mark, error) {
 		" (see Config.Mark); an answer without the mark never settles a payment")
 }
 
-// resolve returns the absolute URL of path, relative to the base.
-func resolve(base *url.URL, path string) (string, error) {
+// resolve returns the absolute URL of path, relative to the base; what
+// names path in the error. A path
+// that would leave the base's origin (scheme, host, port), such as
+// "//other.example/payments" or an absolute URL, is refused: the request
+// would carry the Authorizer's credentials to another server.
+func resolve(base *url.URL, what, path string) (string, error) {
 	ref, err := url.Parse(path)
 	if err != nil {
-		return "", newError(kindConfig, fmt.Sprintf("path %q: %v", path, err))
+		return "", newError(KindBadInput, what+" "+shownURL(path)+" does not parse")
 	}
-	return base.ResolveReference(ref).String(), nil
+	u := base.ResolveReference(ref)
+	if u.Scheme != base.Scheme || !strings.EqualFold(u.Host, base.Host) || u.User.String() != base.User.String() {
+		return "", newError(KindBadInput, what+" "+shownURL(path)+" leaves BaseURL's origin: give a path on the API, such as \"/payments\"")
+	}
+	return u.String(), nil
 }
 
 // shownURL returns raw quoted as a config error may show it: with no

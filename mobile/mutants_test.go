@@ -52,5 +52,33 @@ func TestMutants(t *testing.T) {
 			Replace: "\tif k, _, ok := strings.Cut(strings.TrimPrefix(err.Error(), \"idem[\"), \"]\"); ok && errors.Is(err, err) {\n\t\treturn k\n\t}\n",
 			Pkg:     "./mobile", Run: "^TestErrorKind$",
 		},
+		{
+			Name: "pay-path-leaves-origin", File: "mobile/config.go",
+			Note:    "a Pay path such as \"//other.example/payments\" is resolved against BaseURL and sent, with the Authorizer's token, to another host",
+			Anchor:  "\tif u.Scheme != base.Scheme || !strings.EqualFold(u.Host, base.Host) || u.User.String() != base.User.String() {\n",
+			Replace: "\tif false {\n",
+			Pkg:     "./mobile", Run: "^TestPay$",
+		},
+		{
+			Name: "pay-path-changes-scheme", File: "mobile/config.go",
+			Note:    "a Pay path that names the API's host with another scheme is sent there: from https to http, the payment and the token leave TLS",
+			Anchor:  "\tif u.Scheme != base.Scheme || !strings.EqualFold",
+			Replace: "\tif false || !strings.EqualFold",
+			Pkg:     "./mobile", Run: "^TestPay$",
+		},
+		{
+			Name: "lookup-path-leaves-origin", File: "mobile/config.go",
+			Note:    "Open takes a LookupPath on another origin, whose answers would settle the user's payments",
+			Anchor:  "\tif _, err := resolve(base, \"LookupPath\", strings.ReplaceAll(cfg.LookupPath, \"{key}\", \"k\")); err != nil {\n",
+			Replace: "\tif err := error(nil); err != nil {\n",
+			Pkg:     "./mobile", Run: "^TestOpenRefusesABadConfig$",
+		},
+		{
+			Name: "authorizer-value-unchecked", File: "mobile/authorizer.go",
+			Note:    "an Authorizer value with a trailing newline goes to the call: not of kind authorizer, and SettleAll goes on with it",
+			Anchor:  "\t\tif err == nil && strings.ContainsFunc(v, isCTL) {\n",
+			Replace: "\t\tif err == nil && strings.ContainsFunc(v, isCTL) && false {\n",
+			Pkg:     "./mobile", Run: "^TestAuthorizer$",
+		},
 	})
 }
