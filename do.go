@@ -67,6 +67,22 @@ func (c *Client) do(ctx context.Context, in *Intent, r *retrier, header http.Hea
 // unsendable), hold the record for this Client, send, and record what came
 // of it: not sent, unknown, or the final answer.
 func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.Header, ask callAsk) (*Response, error) {
+	for {
+		resp, err := c.callOnce(ctx, in, r, header, ask)
+		if err != errMoved { //nolint:errorlint // callOnce's own sentinel, never wrapped
+			return resp, err
+		}
+		// Another Client moved the record on since it was read: go on
+		// from what is stored.
+	}
+}
+
+// errMoved is callOnce's word that another Client moved the record on
+// before this call could hold it. It never leaves doAs.
+var errMoved = errors.New("idem: the record moved on")
+
+// callOnce is doAs from one read of the record.
+func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header http.Header, ask callAsk) (*Response, error) {
 	cur, known, err := c.currentVersion(ctx, in)
 	if err != nil {
 		return nil, err
@@ -106,18 +122,11 @@ func (c *Client) doAs(ctx context.Context, in *Intent, r *retrier, header http.H
 	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
 		held, stillUnsent, moved, err := c.hold(ctx, in, rec, cur, unsent)
 		if moved {
-			// Another Client moved it on since it was read: go on from
-			// what is stored.
 			c.keys.forget(rec.Key)
-			return c.doAs(ctx, in, r, header, ask)
+			return nil, errMoved
 		}
 		if err != nil {
 			return nil, err
-		}
-		if unsent && !stillUnsent {
-			// Taken over from another Client, which may be sending it:
-			// this call can no longer end "not sent".
-			c.keys.tookOver(rec.Key)
 		}
 		rec, unsent = held, stillUnsent
 	}

@@ -521,10 +521,10 @@ func TestKeyRejectedIsNotRetried(t *testing.T) {
 	in, err := c.NewIntent(context.Background(), "", req)
 	require.NoError(t, err)
 	require.NoError(t, idem.Arm(c, context.Background(), in))
-	// An older release wrote a key this server does not accept.
+	// A key this server does not accept, as an app may choose its own.
 	rec, err := store.Get(context.Background(), in.Key())
 	require.NoError(t, err)
-	rec.Key, rec.KeyHeader = "not-a-uuid", ""
+	rec.Key, rec.KeyHeader = "not-a-uuid", "not-a-uuid"
 	require.NoError(t, persisttest.Put(context.Background(), store, rec))
 	old, err := c.Load(context.Background(), "not-a-uuid")
 	require.NoError(t, err)

@@ -24,12 +24,8 @@ Every attempt, including those after a crash and restart, sends the same
 method, URL, headers, key and body bytes: they are fixed when the intent is
 created and stored with it, the key's spelling (bare, or quoted with
 [Server.QuotedKey]) included, so a later change of the Client's options never
-changes what an existing intent sends. Records written by releases before
-the spelling was stored are sent with the spelling of the Client that loads
-them, taken to be the one they were first sent with, and keep it from then
-on: an app that changes Server.QuotedKey in the same update that brings this
-release resends its older unresolved intents in the new spelling, so change
-it in a later update. A changed cart is a new intent with a new key.
+changes what an existing intent sends. A changed cart is a new intent with a
+new key.
 
 [Client.Send] is the one call for a Pay button: it creates the intent for
 an action name (or takes the one already there for the same request),

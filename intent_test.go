@@ -23,7 +23,6 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
-	"github.com/idemkit/idem/persist/persisttest"
 )
 
 func TestAnIntentThatCouldNeverBeSentIsRefusedAtCreation(t *testing.T) {
@@ -135,37 +134,6 @@ func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
 			assert.Equal(t, []string{want, want}, srv.sent(), "every attempt sends the same bytes")
 		})
 	}
-}
-
-func TestARecordWithoutAStoredSpellingResumesAndKeepsItsSpelling(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	srv := newRawKeyServer(t, clk)
-	store := persist.NewMemory(nil)
-	ctx := context.Background()
-	// As an earlier release wrote it: no key header, no sequence number.
-	old := &persist.Record{
-		Version: 1, Key: "4c0f3b8e-7d0a-4a57-9d55-1d3c7a0e6b21", Name: "checkout", Method: http.MethodPost, URL: srv.URL + "/payments",
-		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`),
-		CreatedAt: epoch, UpdatedAt: epoch, State: persist.StatePending, Attempts: 1,
-	}
-	require.NoError(t, persisttest.Put(ctx, store, old))
-	quoted, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}),
-		idem.WithQuotedKey(), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	in, err := quoted.Load(ctx, old.Key)
-	require.NoError(t, err)
-	_, err = quoted.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-	bare, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()))
-	require.NoError(t, err)
-	in, err = bare.Load(ctx, old.Key)
-	require.NoError(t, err)
-	_, err = bare.Do(ctx, in)
-	require.NoError(t, err)
-	want := `"` + old.Key + `"`
-	assert.Equal(t, []string{want, want}, srv.sent(), "sent with the loading Client's spelling, then kept")
 }
 
 func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {

@@ -1,7 +1,13 @@
 package idem
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -347,4 +353,860 @@ func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove 
 // while no attempt can still arrive, which another holder may be sending.
 func answered(rec *persist.Record) bool {
 	return rec.State.Resolved() && rec.Response != nil
+}
+
+// The life of a key in this process: what the process knows of each key
+// beyond what the store says (keys, its phase in the table above),
+// and the steps of a call on the key's record that move both together
+// (currentVersion, hold, recordNoAnswer, recordNotSent, recordAnswer,
+// recordExpiry), each made durable by the store's conditional write
+// (saveWith) before the call acts on it. Client.doAs (do.go) takes a call
+// through them; call.go makes its attempts.
+
+// keys is what this process knows about each key beyond what the store
+// says: its phase in the table above, when it first saw it and when
+// its last call ended, on the in-process timeline; and the version of
+// each record it saved last. Every change of a phase is a step of that
+// table. Safe for concurrent use.
+type keys struct {
+	mu    sync.Mutex
+	lives map[string]*keyLife
+	// spare holds entries of forgotten keys for reuse: a payment's entry
+	// lives from its tap to its answer, and the next one takes it over,
+	// which saves an allocation per payment.
+	spare []*keyLife
+	// tick counts the not-sent records this Client wrote: a call that
+	// began before the one of its key never sends it (see begin).
+	tick uint64
+
+	// saved is the version of each unresolved record this Client saved
+	// last.
+	saved lastSaved
+}
+
+// maxSpareLives bounds the entries kept for reuse.
+const maxSpareLives = 64
+
+// keyLife is one key's entry.
+type keyLife struct {
+	phase phase
+	// born is when the key was first seen on the in-process timeline
+	// (clocks.sinceBirth), if hasBorn.
+	born    time.Duration
+	hasBorn bool
+	// last is when its last call ended, if hasLast.
+	last    reading
+	hasLast bool
+	// notSentAt is the tick of the not-sent record this Client wrote
+	// last for it.
+	notSentAt uint64
+}
+
+func newKeys() *keys {
+	return &keys{lives: make(map[string]*keyLife)}
+}
+
+// lifeLocked returns key's entry, made in phaseStored if there is none.
+func (k *keys) lifeLocked(key string) *keyLife {
+	l := k.lives[key]
+	if l == nil {
+		if n := len(k.spare); n > 0 {
+			l, k.spare = k.spare[n-1], k.spare[:n-1]
+		} else {
+			l = &keyLife{}
+		}
+		k.lives[key] = l
+	}
+	return l
+}
+
+// bornAt returns when key was first seen on the in-process timeline,
+// recording at as that time if it was not seen yet.
+func (k *keys) bornAt(key string, at time.Duration) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	if !l.hasBorn {
+		l.born, l.hasBorn = at, true
+	}
+	return l.born
+}
+
+// lastSaved remembers the version of each unresolved intent that this
+// Client saved last, so that Do can tell an Intent that holds it from a
+// stale one without reading the store. Resolved intents are dropped: they
+// never change, so it holds only unresolved ones.
+type lastSaved struct {
+	mu sync.Mutex
+	m  map[string]*persist.Record
+}
+
+func (l *lastSaved) saved(rec *persist.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rec.State.Resolved() {
+		delete(l.m, rec.Key)
+		return
+	}
+	if l.m == nil {
+		l.m = make(map[string]*persist.Record)
+	}
+	l.m[rec.Key] = rec
+}
+
+func (l *lastSaved) drop(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, key)
+}
+
+func (l *lastSaved) is(rec *persist.Record) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.m[rec.Key] == rec
+}
+
+// took reports whether rec is the version this Client saved last, and
+// forgets it: the next call reads the store.
+func (l *lastSaved) took(rec *persist.Record) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	armed, ok := l.m[rec.Key]
+	if ok {
+		delete(l.m, rec.Key)
+	}
+	return ok && armed == rec
+}
+
+// phaseOfLocked reads the stored record rec through what this process
+// knows of its key: the store is pessimistic, memory proves what it can.
+//
+//   - A record stored not sent is not-sent, unless a call of this Client
+//     has sent it since (the record read may be older than the call).
+//   - What this Client holds as provably unsent stays so only while the
+//     store still holds it new or not sent: a record moved on (pending,
+//     expired, taken over) may have been sent.
+func (k *keys) phaseOfLocked(rec *persist.Record) phase {
+	p := phaseStored
+	if l := k.lives[rec.Key]; l != nil {
+		p = l.phase
+	}
+	switch {
+	case p == phaseDropped:
+		return p
+	case rec.State.Resolved():
+		return phaseResolved
+	case rec.HandedOut:
+		return phaseHandedOut
+	case p == phaseStored && rec.State == persist.StateNotSent:
+		return phaseNotSent
+	case (p == phaseArmed || p == phaseNotSent) && rec.State != persist.StateNew && rec.State != persist.StateNotSent:
+		return phaseMaySent
+	}
+	return p
+}
+
+// replaceable reports whether Intent may replace rec, the action's latest
+// intent as stored, for a changed request: only what was provably never
+// sent (the table's evReplace). The caller runs it while no call of the
+// key runs in this Client (flights.exclusive), and commits the drop with
+// dropped once the store's conditional delete succeeded.
+func (k *keys) replaceable(rec *persist.Record) bool {
+	if rec.State != persist.StateNew && rec.State != persist.StateNotSent {
+		return false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, v := step(k.phaseOfLocked(rec), evReplace)
+	return v == vDrop
+}
+
+// reborn records that key's age starts again at now on the in-process
+// timeline: it is sent again after it ended not sent.
+func (k *keys) reborn(key string, now time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.born, l.hasBorn = now, true
+}
+
+// dropped records that key was replaced or forgotten: it is never sent.
+// Kept for the Client's life: an Intent value may still hold the record,
+// and a Do on it must not send it.
+func (k *keys) dropped(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.lives[key] = &keyLife{phase: phaseDropped}
+}
+
+// armed records that this Client armed key: its claim wrote the record,
+// which proves that no record of the key was stored before (an earlier
+// arming write that failed did not land). Provably unsent until a call of
+// it writes.
+func (k *keys) armed(key string, now time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(l.phase, evArm)
+	if !l.hasBorn {
+		l.born, l.hasBorn = now, true
+	}
+}
+
+// notReplaced returns an error matching ErrIntentReplaced if key was
+// dropped.
+func (k *keys) notReplaced(key string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.notReplacedLocked(key)
+}
+
+func (k *keys) notReplacedLocked(key string) error {
+	if l := k.lives[key]; l != nil && l.phase == phaseDropped {
+		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, key)
+	}
+	return nil
+}
+
+// callTick returns the tick a call begins at (see begin).
+func (k *keys) callTick() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.tick
+}
+
+// begin is the table's evBegin (evBeginBackground for SettleAll) for rec,
+// the stored version a call of this Client is about to send, under the
+// key's flight. It returns whether no attempt of the intent can have
+// reached the server before (vSendUnsent), or refuses: the key was
+// replaced (ErrIntentReplaced), or the app was told it was not sent and
+// has not asked again (a *notSentError). A call that began before this
+// Client wrote the key's not-sent record (at tick) did not ask again: it
+// is refused as SettleAll is.
+func (k *keys) begin(rec *persist.Record, background bool, tick uint64) (unsent bool, err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.phaseOfLocked(rec)
+	e := evBegin
+	if l := k.lives[rec.Key]; background || p == phaseNotSent && l != nil && l.notSentAt > tick {
+		e = evBeginBackground
+	}
+	next, v := step(p, e)
+	switch v {
+	case vSend, vSendUnsent:
+	case vRefuseNotSent:
+		return false, &notSentError{Key: rec.Key, Err: errLeftUnsent}
+	default:
+		if err := k.notReplacedLocked(rec.Key); err != nil {
+			return false, err
+		}
+		return false, fmt.Errorf("idem: intent %s may not be sent now (%s)", rec.Key, p)
+	}
+	k.lifeLocked(rec.Key).phase = next
+	return v == vSendUnsent, nil
+}
+
+// ended is the end of a call of key without the server's word, at now:
+// evWrote if an attempt of it may have written its request, then evEnded.
+// It returns vNotSent when the call began provably unsent and wrote
+// nothing: the caller makes the not-sent record durable, then calls
+// notSent (or storeFailed if it could not), and only then tells "not
+// sent". Otherwise vUnknown.
+func (k *keys) ended(key string, wrote bool, now reading) verdict {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.last, l.hasLast = now, true
+	if wrote {
+		l.phase, _ = step(l.phase, evWrote)
+	}
+	next, v := step(l.phase, evEnded)
+	if v != vNotSent {
+		l.phase = next
+	}
+	return v
+}
+
+// tookOver is a call of key that took it over from another Client, which
+// may have written its request: the table's evWrote.
+func (k *keys) tookOver(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(l.phase, evWrote)
+}
+
+// noAttempt is the end of a call of key before any attempt began, at now.
+func (k *keys) noAttempt(key string, now reading) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.last, l.hasLast = now, true
+	l.phase, _ = step(l.phase, evNoAttempt)
+}
+
+// notSent commits a durable not-sent record of key.
+func (k *keys) notSent(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	if next, v := step(l.phase, evEnded); v == vNotSent {
+		k.tick++
+		l.phase, l.notSentAt = next, k.tick
+	}
+}
+
+// storeFailed is the table's evStoreFailed: the write the last step asked
+// for failed, or its result is unknown.
+func (k *keys) storeFailed(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(l.phase, evStoreFailed)
+}
+
+// handOut is the table's evHandOut for rec, the stored version about to
+// be handed out: false if it was dropped.
+func (k *keys) handOut(rec *persist.Record) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	next, v := step(k.phaseOfLocked(rec), evHandOut)
+	if v != vHandOut {
+		return false
+	}
+	k.lifeLocked(rec.Key).phase = next
+	return true
+}
+
+// sendEnded is the table's evSendEnded: the app's send of a handed-out
+// request ended at now.
+func (k *keys) sendEnded(key string, now reading) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lifeLocked(key)
+	l.phase, _ = step(phaseHandedOut, evSendEnded)
+	l.last, l.hasLast = now, true
+}
+
+// isUnsent reports whether this Client armed key and has not sent it, or
+// dropped it unsent.
+func (k *keys) isUnsent(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.lives[key]
+	return l != nil && (l.phase == phaseArmed || l.phase == phaseDropped)
+}
+
+// forget forgets what the Client tracks for a key whose outcome is known,
+// or that was deleted. A dropped key stays dropped.
+func (k *keys) forget(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l := k.lives[key]; l != nil && l.phase != phaseDropped {
+		delete(k.lives, key)
+		if len(k.spare) < maxSpareLives {
+			*l = keyLife{}
+			k.spare = append(k.spare, l)
+		}
+	}
+}
+
+// tracked returns how many keys the Client holds an entry for.
+func (k *keys) tracked() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.lives)
+}
+
+// mayStillArrive returns how much longer an attempt of key may still reach
+// the server, as far as the device can know, or zero when none can. rec is
+// the stored record, self this Client's holder id. It must be called while
+// no call of key runs in this process.
+//
+// An attempt may arrive up to the reconcile delay after it was last
+// written. Nothing can still arrive when the store says the intent was
+// not sent, or when this Client armed it, holds it still, and no attempt
+// of it was made (or every attempt provably never reached the server).
+// Otherwise it was last written no later than:
+//
+//   - the end of this Client's last call of key, if it made one and
+//     still holds the record: no other Client claimed it since;
+//   - otherwise, the send deadline of the stored claim
+//     (persist.Clocks.SendWall), and the Client's birth, whichever is
+//     later: a Client claims the record (arms it, takes it over, sends
+//     it again after not sent), with the latest time its call may begin
+//     a send, before it sends it, and an expiry write moves nothing. A
+//     holder's later call of a record it still holds writes no new
+//     claim: its sends after the stored deadline are covered only by the
+//     reconciling Client's birth.
+//
+// The wait is the longest of these. The time since each is the smallest
+// any clock reports (the in-process timeline, which stops while the
+// device sleeps; the wall clock, which the user may set back; the clock
+// that counts sleep): no clock can make the wait shorter.
+func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duration, rec *persist.Record, self string) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if rec.State == persist.StateNotSent {
+		return 0
+	}
+	l := k.lives[key]
+	if l != nil && rec.Holder == self {
+		// This Client holds it: no other Client sent it since its claim,
+		// and this Client knows when its own calls ended.
+		if l.phase == phaseArmed || l.phase == phaseNotSent {
+			return 0
+		}
+		if l.hasLast {
+			return max(delay-leastSince(l.last, now), 0)
+		}
+	}
+	wait := delay - leastSince(birth, now)
+	if since, ok := sinceSendBy(rec.Clocks, now); ok {
+		wait = max(wait, delay-since)
+	}
+	return max(wait, 0)
+}
+
+// currentVersion returns the version of in's record to send from, and
+// whether it is the version this Client saved last.
+func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.Record, known bool, err error) {
+	cur = in.current()
+	// Intent deleted a replaced intent from the store: say so, rather
+	// than that the store has no such intent.
+	if err := c.keys.notReplaced(cur.Key); err != nil {
+		return nil, false, err
+	}
+	// The store is the truth: another Intent value for this key, another
+	// Client on the store, or an earlier process, may have moved an
+	// unresolved intent on. A resolved one never changes, and one that
+	// holds the version this Client saved last is current: neither needs
+	// the read. But a version that reads provably unsent is trusted only
+	// by the call that follows its arming: another Client may have taken
+	// it over and sent it since (not sent: always read).
+	switch cur.State {
+	case persist.StateNew:
+		known = c.keys.saved.took(cur)
+	case persist.StateNotSent:
+		known = false
+	default:
+		known = c.keys.saved.is(cur)
+	}
+	if !in.ephemeral && !cur.State.Resolved() && !known {
+		stored, err := c.store.Get(ctx, cur.Key)
+		if err != nil {
+			return nil, false, unread(cur, err)
+		}
+		in.set(stored)
+		return stored, false, nil
+	}
+	return cur, known, nil
+}
+
+// unread is the error of a call that could not read in's record, cur its
+// version that in holds, and sent nothing: err, the store's (the
+// context's error when it ended), which also matches ErrOutcomeUnknown
+// when cur says an earlier attempt may have reached the server (any
+// unresolved state but StateNotSent: an armed intent may have been sent
+// by a process that died before it recorded the attempt). A record
+// stored not sent does not claim an outcome unknown, nor ErrNotSent: the
+// store, unread, may no longer say so.
+func unread(cur *persist.Record, err error) error {
+	if cur.State == persist.StateNotSent {
+		return fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
+	}
+	return fmt.Errorf("idem: loading intent %s: %w; %w", cur.Key, err, ErrOutcomeUnknown)
+}
+
+// recordExpiry ends a call of an intent too old to send: its outcome is
+// unknown, and it is stored as expired, even if ctx is done: a call whose
+// context ended before it began is still told the intent expired, not that
+// the context ended it, and the app settles it through the lookup.
+func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
+	err := &RetryError{Key: rec.Key, Reason: stopExpired}
+	c.logUnknown(ctx, rec, err)
+	if rec.State != persist.StateExpired {
+		rec.State = persist.StateExpired
+		rec.UpdatedAt = c.clock.Now()
+		if saveErr := c.save(detached(ctx), in, rec, "record expiry"); saveErr != nil {
+			return errors.Join(err, saveErr)
+		}
+	}
+	return err
+}
+
+// sendable refuses, with a *notSentError, a record that no attempt could
+// send (one damaged or edited on the device), before it is marked sent.
+// checked says the record is the version this Client validated and saved
+// last, not as expired (which a clock set back can make sendable again).
+func (c *Client) sendable(rec *persist.Record, checked bool) error {
+	if !checked {
+		if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
+			return &notSentError{Key: rec.Key, Err: err}
+		}
+	}
+	if !spells(rec.KeyHeader, rec.Key) {
+		return &notSentError{Key: rec.Key, Err: fmt.Errorf("idem: the stored Idempotency-Key value %q does not spell the key", rec.KeyHeader)}
+	}
+	return nil
+}
+
+// hold makes this Client the holder of rec before it sends it, when it is
+// sent again after it ended not sent, or resumed by a Client that did not
+// arm it. It returns the version to send, whether it is still provably
+// unsent, or moved: another Client moved the record on since cur was read,
+// and the call goes on from what is stored (in holds it).
+//
+// Sent again, as the app asked: from the first byte on it may reach the
+// server, so the store must stop saying it was not sent before then, or a
+// crash during the send would leave it replaceable. Or resumed by a Client
+// that did not arm it (another Client on the store, a later process): it
+// takes the record over first, so that the Client that armed it can no
+// longer take it for unsent and replace it. Either is one step with the
+// store, only if the record is still the version read (persist.SaveIf):
+// one extra write on resumes only, never on the tap's path. The claim
+// says when its holder's call may begin a send at the latest, for the
+// reconcile delay of any other Client.
+func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, stillUnsent, moved bool, err error) {
+	takeOver := rec.Holder != c.id
+	wasUnsent := unsent
+	if takeOver && rec.State != persist.StateNotSent {
+		// The Client that armed it may be sending it: no trace of
+		// this Client's attempts can tell it unsent.
+		unsent = false
+	}
+	op := "send again"
+	if takeOver {
+		op = "take over"
+	}
+	if rec.State == persist.StateNotSent {
+		rec.State = persist.StateNew
+		// No send of it ever began: the server's retention of its key
+		// starts no sooner than this one, as at the tap.
+		rec.CreatedAt = c.clock.Now()
+		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
+		c.clocks.stampInto(rec, true, new(persist.Clocks))
+	}
+	rec.Holder = c.id
+	rec.UpdatedAt = c.clock.Now()
+	// The claim carries the latest time this call may begin a send.
+	cl := new(persist.Clocks)
+	if rec.Clocks != nil {
+		*cl = *rec.Clocks
+	}
+	c.clocks.stampSendBy(cl, c.policyFor(ctx).MaxElapsed)
+	rec.Clocks = cl
+	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
+		var changed *persist.ConflictError
+		if errors.As(err, &changed) {
+			if changed.Current == nil {
+				// Replaced by another Client for a changed request.
+				c.keys.dropped(rec.Key)
+				return nil, false, false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
+			}
+			in.set(changed.Current)
+			c.keys.saved.drop(rec.Key)
+			return nil, false, true, nil
+		}
+		// Nothing of this call was sent. The write's result is unknown,
+		// and the next call reads what the store holds. It may have
+		// landed: the intent, armed again, may be sent by a later start,
+		// so the error says the outcome is unknown. (A changed cart's
+		// delete is conditional on the version read: it fails if the
+		// write landed.)
+		c.keys.noAttempt(rec.Key, c.clocks.read())
+		var se *SaveError
+		if errors.As(err, &se) {
+			se.mayHaveLanded = true
+		}
+		return nil, false, false, err
+	}
+	if wasUnsent && !unsent {
+		// Taken over from another Client, which may be sending it:
+		// this call can no longer end "not sent".
+		c.keys.tookOver(rec.Key)
+	}
+	again := *rec
+	return &again, unsent, false, nil
+}
+
+// recordNoAnswer records a call that ended without a final answer, and
+// returns its error: a *notSentError when nothing can have reached the
+// server, else retryErr, the outcome unknown.
+//
+// "Not sent" is judged by the transport's trace alone (WroteHeaders),
+// never by the final error: net/http resends a request that carries an
+// Idempotency-Key on a new connection, so a dial error can follow bytes
+// written earlier.
+func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError) error {
+	now := c.clock.Now()
+	// The call made one attempt, which failed for good and never reached
+	// the server.
+	oneNeverReached := retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.unreached
+	if retryErr.Attempts == 0 {
+		c.keys.noAttempt(rec.Key, c.clocks.read())
+	} else if c.keys.ended(rec.Key, !retryErr.noneWritten, c.clocks.read()) == vNotSent {
+		return c.recordNotSent(ctx, in, rec, retryErr, now)
+	}
+	c.logUnknown(ctx, rec, retryErr)
+	if oneNeverReached {
+		// The one attempt never reached the server, but an earlier one
+		// may have: nothing to record.
+		return retryErr
+	}
+	rec.Attempts += retryErr.Attempts
+	rec.Redirected = rec.Redirected || retryErr.afterRedirect
+	rec.UpdatedAt = now
+	if retryErr.Reason == stopExpired {
+		rec.State = persist.StateExpired
+	} else if retryErr.Attempts > 0 {
+		rec.State = persist.StatePending
+	}
+	// The save records what is known; if it fails, the intent stays
+	// unresolved in the store anyway, which is the safe side.
+	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
+		if saveErr := c.save(detached(ctx), in, rec, "record attempts"); saveErr != nil {
+			return errors.Join(retryErr, saveErr)
+		}
+	}
+	return retryErr
+}
+
+// recordNotSent records a call none of whose attempts wrote its request,
+// as the transport's trace shows (the network was down, the host unknown,
+// the connection refused, the certificate refused), of an intent no
+// attempt before it can have sent: the intent stays provably unsent, so
+// Intent may replace it. The store says so too, so that after a restart
+// SettleAll does not send what the app was told was not sent.
+//
+// The app is told "not sent" only once the store says so: a not-sent
+// write that failed, or whose result is unknown, did not make the intent
+// not sent, and the call ends with the outcome unknown (retryErr, with the
+// store's error).
+func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
+	err := &notSentError{Key: rec.Key, Err: retryErr.Err, Attempts: retryErr.Attempts, Reason: retryErr.Reason}
+	if err.Err == nil || errors.Is(err.Err, errStopped) {
+		err.Err = errors.New("idem: no attempt wrote the request")
+	}
+	if rec.State == persist.StateNotSent || in.ephemeral {
+		c.logNotSent(ctx, rec, err)
+		c.keys.notSent(rec.Key)
+		return err
+	}
+	// Only if no other Client took it over since this call began: one
+	// that did may have sent it.
+	prev := in.current()
+	rec.State = persist.StateNotSent
+	rec.UpdatedAt = now
+	if saveErr := c.saveIf(detached(ctx), in, rec, prev, "record not sent"); saveErr != nil {
+		c.logUnknown(ctx, rec, retryErr)
+		c.keys.storeFailed(rec.Key)
+		if errors.As(saveErr, new(*persist.ConflictError)) {
+			return retryErr
+		}
+		return errors.Join(retryErr, saveErr)
+	}
+	c.logNotSent(ctx, rec, err)
+	c.keys.notSent(rec.Key)
+	return err
+}
+
+// recordAnswer records the final answer of a call and returns it, with an
+// *APIError if it is not a success and a *SaveError if it was not saved.
+func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response) (*Response, error) {
+	rec.Attempts += resp.Attempts
+	rec.UpdatedAt = c.clock.Now()
+	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
+	// The caller owns resp; the record keeps its own copy.
+	rec.Response = c.stored(resp)
+	if c.logs(ctx, slog.LevelInfo) { // skip building the line when silent
+		c.logger.LogAttrs(ctx, slog.LevelInfo,
+			fmt.Sprintf("idem: answered %d %s after %d attempt(s)", resp.StatusCode, http.StatusText(resp.StatusCode), resp.Attempts),
+			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.Bool("replayed", resp.Replayed))
+	}
+	// The answer is final whatever happens to the save: the server keeps
+	// it and replays it to the next Do. Save even if ctx is done now, so a
+	// cancel right after the answer does not cost the record.
+	//
+	// The save need not be durable before Do returns, only before the
+	// server forgets the key: until it is, a crash of the process leaves
+	// it written, and a power loss the intent unresolved, which Do
+	// resumes with the same key to the server's replay of this answer.
+	// So a store that can defers its sync (persist.WithDeferredSync),
+	// off the path the user waits on.
+	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
+	})
+	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
+		// Another call stored the server's word first: it stands.
+		return c.adopted(saveErr)
+	}
+	if saveErr == nil {
+		c.keys.forget(rec.Key)
+	} else {
+		// The answer is never reported as "not sent": it is returned,
+		// marked as not recorded.
+		resp.NotRecorded = true
+	}
+	apiErr := c.apiErrorFor(rec, resp)
+	switch {
+	case apiErr != nil && saveErr != nil:
+		return resp, errors.Join(apiErr, saveErr)
+	case apiErr != nil:
+		return resp, apiErr
+	case saveErr != nil:
+		return resp, saveErr
+	}
+	return resp, nil
+}
+
+// logUnknown tells the app's logger (WARN, above INFO) of a call that
+// ended with its outcome unknown, and why.
+func (c *Client) logUnknown(ctx context.Context, rec *persist.Record, err *RetryError) {
+	if c.logs(ctx, slog.LevelWarn) {
+		c.logger.LogAttrs(ctx, slog.LevelWarn, fmt.Sprintf("idem: outcome unknown after %d attempt(s): %s", err.Attempts, err.Reason),
+			slog.String("key", rec.Key), slog.String("name", rec.Name))
+	}
+}
+
+// logNotSent tells the app's logger (INFO) of a call that ended not sent,
+// once the store says so.
+func (c *Client) logNotSent(ctx context.Context, rec *persist.Record, err *notSentError) {
+	if c.logs(ctx, slog.LevelInfo) {
+		c.logger.LogAttrs(ctx, slog.LevelInfo, fmt.Sprintf("idem: not sent after %d attempt(s): %s", err.Attempts, err.Reason),
+			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.String("error", err.Err.Error()))
+	}
+}
+
+// storedOutcome answers Do for a resolved intent without sending.
+func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
+	if rec.Response == nil {
+		// Resolved without an answer: reconciled as never done.
+		return nil, fmt.Errorf("idem: intent %s is %s: the server has no effect for its key; create a new intent to try again", rec.Key, rec.State)
+	}
+	resp := responseFromStored(rec.Response, 0, true)
+	if err := c.apiErrorFor(rec, resp); err != nil {
+		return resp, err
+	}
+	return resp, nil
+}
+
+// save makes rec the intent's current version and stores it, over the
+// version the store holds only as afterConflict allows. rec must not be
+// changed afterwards.
+func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
+	return c.saveWith(ctx, in, rec, op, c.writeOwn)
+}
+
+// writeOwn writes rec, starting from prev, the version this Client holds.
+// The store's write is conditional: when another version is stored now,
+// afterConflict decides. A resolved record is never overwritten: writeOwn
+// returns an *adoptedError holding it. Another Client's record is never
+// overwritten either, but by the server's answer: the store's
+// *ConflictError is returned. Only this Client's own later version, or a
+// record gone from the store (Forget), is written over.
+func (c *Client) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+	for range 8 {
+		err := s.Write(ctx, rec, prev)
+		if err == nil {
+			return nil
+		}
+		var changed *persist.ConflictError
+		if !errors.As(err, &changed) {
+			return err
+		}
+		switch afterConflict(changed.Current, rec, prev, c.id) {
+		case cLanded:
+			return nil
+		case cAdopt:
+			return &adoptedError{rec: changed.Current}
+		case cYield, cRefused:
+			return err
+		}
+		prev = changed.Current
+	}
+	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
+}
+
+// adoptedError is a write refused because the stored record is resolved:
+// the server's word, which the caller adopts and tells.
+type adoptedError struct{ rec *persist.Record }
+
+func (e *adoptedError) Error() string {
+	return fmt.Sprintf("idem: intent %s is already %s", e.rec.Key, e.rec.State)
+}
+
+// adopted answers a call whose record another Client (or call) resolved
+// while it ran: the stored outcome, if err says so; else err.
+func (c *Client) adopted(err error) (*Response, error) {
+	var a *adoptedError
+	if errors.As(err, &a) {
+		c.keys.forget(a.rec.Key)
+		return c.storedOutcome(a.rec)
+	}
+	return nil, err
+}
+
+// saveIf is save only if the stored record is still old's version
+// (persist.SaveIf).
+func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Record, op string) error {
+	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec, _ *persist.Record) error {
+		return persist.SaveIf(ctx, s, rec, old)
+	})
+}
+
+// saveWith is save through store: writeOwn or persist.SaveIf, given
+// prev, the version in held before.
+func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
+	if !in.ephemeral {
+		c.clocks.stamp(rec, false)
+	}
+	rec.Rev = persist.NewRev()
+	prev := in.current()
+	in.set(rec)
+	if in.ephemeral {
+		return nil
+	}
+	// The record is immutable from here on (see Intent.current): the
+	// store may keep it rather than copy it.
+	if err := store(ctx, c.store, rec, prev); err != nil {
+		// The intent is what the store holds: an outcome that was not
+		// saved (a void that Reconcile concluded, say) is not reported
+		// by State, or the app could act on it while the store would
+		// send the intent again.
+		in.set(prev)
+		var a *adoptedError
+		if errors.As(err, &a) {
+			in.set(a.rec)
+		}
+		c.keys.saved.drop(rec.Key)
+		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
+		return &SaveError{Key: rec.Key, Op: op, Err: err}
+	}
+	c.keys.saved.saved(rec)
+	return nil
+}
+
+// left returns how long the intent of rec may still be sent, by the
+// largest age any clock reports.
+func (c *Client) left(rec *persist.Record) time.Duration {
+	l := c.leftOf(rec)
+	return l.left()
+}
+
+// leftOf is the reading of how long the intent of rec may still be sent
+// that a call's budget holds.
+func (c *Client) leftOf(rec *persist.Record) intentLeft {
+	return intentLeft{clocks: c.clocks, clock: c.clock, keys: c.keys, window: c.retention - c.margin, rec: rec}
+}
+
+// detached returns ctx without its cancel, so that a save that records
+// what happened is made even after the caller's context ended: ctx
+// itself when nothing can cancel it (its Done is nil), which saves the
+// wrapper.
+func detached(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }

@@ -151,14 +151,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestNotSentIsProvenByTheTraceAlone$",
 		},
 		{
-			Name: "not-sent-resent-unrecorded", File: "keys.go",
+			Name: "not-sent-resent-unrecorded", File: "life.go",
 			Note:    "an intent stored not sent is sent again before the store says it may have been",
 			Anchor:  `if err := c.saveIf(ctx, in, rec, cur, op); err != nil {`,
 			Replace: `if err := error(nil); err != nil || op == "" && cur == nil {`,
 			Pkg:     root, Run: "^TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves$",
 		},
 		{
-			Name: "settle-all-resends-not-sent", File: "keys.go",
+			Name: "settle-all-resends-not-sent", File: "life.go",
 			Note:    "SettleAll sends an intent the app was told was not sent, read as it sends it",
 			Anchor:  "\tif l := k.lives[rec.Key]; background || ",
 			Replace: "\tif l := k.lives[rec.Key]; false && background || ",
@@ -172,14 +172,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestSettleAll$",
 		},
 		{
-			Name: "not-sent-unsaved-told-not-sent", File: "keys.go",
+			Name: "not-sent-unsaved-told-not-sent", File: "life.go",
 			Note:    "a call whose not-sent write failed tells the app \"not sent\"",
 			Anchor:  "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(retryErr, saveErr)\n",
 			Replace: "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(err, saveErr)\n",
 			Pkg:     root, Run: "^TestNotSent$",
 		},
 		{
-			Name: "not-sent-racing-call-sends", File: "keys.go",
+			Name: "not-sent-racing-call-sends", File: "life.go",
 			Note:    "a Settle the app began before the intent ended not sent sends it",
 			Anchor:  "p == phaseNotSent && l != nil && l.notSentAt > tick",
 			Replace: "p == phaseNotSent && l != nil && false",
@@ -193,7 +193,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAuthorizer$",
 		},
 		{
-			Name: "authorizer-failure-after-a-write-not-sent", File: "keys.go",
+			Name: "authorizer-failure-after-a-write-not-sent", File: "life.go",
 			Note:    "a call that wrote a request and then met the Authorizer's failure ends not sent",
 			Anchor:  "\tif wrote {\n\t\tl.phase, _ = step(l.phase, evWrote)\n\t}\n",
 			Replace: "",
@@ -298,14 +298,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestUnarmedIntent$",
 		},
 		{
-			Name: "stale-armed-version-trusted", File: "keys.go",
+			Name: "stale-armed-version-trusted", File: "life.go",
 			Note:    "a version this Client armed is trusted as current on every call, though another Client may have taken it over and sent it",
 			Anchor:  "\t\tknown = c.keys.saved.took(cur)\n",
 			Replace: "\t\tknown = c.keys.saved.is(cur)\n",
 			Pkg:     root, Run: "^TestTakeOver$",
 		},
 		{
-			Name: "failed-send-again-write-says-nothing-sent", File: "keys.go",
+			Name: "failed-send-again-write-says-nothing-sent", File: "life.go",
 			Note:    "a write that takes an intent out of not sent, whose result is unknown, is reported as nothing sent, though a later start may send it",
 			Anchor:  "\t\t\tse.mayHaveLanded = true\n",
 			Replace: "\t\t\t_ = se\n",
@@ -452,7 +452,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
 		},
 		{
-			Name: "not-sent-over-a-take-over", File: "keys.go",
+			Name: "not-sent-over-a-take-over", File: "life.go",
 			Note:   "a Client records not sent an intent another Client took over and is sending",
 			Anchor: "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
 			// An unconditional write: over whatever version is stored.
@@ -467,14 +467,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAResolvedRecord$",
 		},
 		{
-			Name: "reconcile-delay-from-own-start", File: "keys.go",
+			Name: "reconcile-delay-from-own-start", File: "life.go",
 			Note:    "a Client counts the reconcile delay from its own start, not from the stored claim's send deadline, and voids another Client's request in transit",
 			Anchor:  "\tif since, ok := sinceSendBy(rec.Clocks, now); ok {\n",
 			Replace: "\tif since, ok := sinceSendBy(rec.Clocks, now); ok && false {\n",
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_while_another_Client's_send_may_still_arrive_never_voids$",
 		},
 		{
-			Name: "answer-not-marked-unrecorded", File: "keys.go",
+			Name: "answer-not-marked-unrecorded", File: "life.go",
 			Note:    "an answer whose save failed is returned without saying so",
 			Anchor:  "\t\tresp.NotRecorded = true\n",
 			Replace: "\t\t_ = resp\n",
@@ -537,7 +537,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestServerMaxResponseBytesAtItsLargestKeepsEveryBody$",
 		},
 		{
-			Name: "expiry-unsaved-after-cancel", File: "keys.go",
+			Name: "expiry-unsaved-after-cancel", File: "life.go",
 			Note:    "an intent found expired by a call whose context ended is reported canceled and stays pending",
 			Anchor:  "c.save(detached(ctx), in, rec, \"record expiry\")",
 			Replace: "c.save(ctx, in, rec, \"record expiry\")",
@@ -642,14 +642,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./mobile", Run: "^TestOpenRefusesABadBaseURLWithoutItsCredentials$",
 		},
 		{
-			Name: "unread-store-error-says-nothing", File: "keys.go",
+			Name: "unread-store-error-says-nothing", File: "life.go",
 			Note:    "a Do that cannot read the store (its context ended) returns the store's error alone, for an intent that may have been sent",
 			Anchor:  "\t\t\treturn nil, false, unread(cur, err)\n",
 			Replace: "\t\t\treturn nil, false, fmt.Errorf(\"idem: loading intent %s: %w\", cur.Key, err)\n",
 			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
 		},
 		{
-			Name: "unread-not-sent-claims-unknown", File: "keys.go",
+			Name: "unread-not-sent-claims-unknown", File: "life.go",
 			Note:    "a Do that cannot read the store claims the outcome of an intent stored not sent unknown",
 			Anchor:  "\tif cur.State == persist.StateNotSent {\n\t\treturn fmt.Errorf(",
 			Replace: "\tif false {\n\t\treturn fmt.Errorf(",
@@ -719,14 +719,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestCallLogs$/^each_wait_and_the_answer",
 		},
 		{
-			Name: "answer-line-built-when-quiet", File: "keys.go",
+			Name: "answer-line-built-when-quiet", File: "life.go",
 			Note:    "the answer's log line is built for a logger that does not take INFO: a payment allocates more",
 			Anchor:  "\tif c.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
 			Replace: "\tif c.logger != nil {\n",
 			Pkg:     root, Run: "^TestCallLogsWhenQuiet$",
 		},
 		{
-			Name: "not-sent-untold", File: "keys.go",
+			Name: "not-sent-untold", File: "life.go",
 			Note:    "a call that ended not sent logs nothing",
 			Anchor:  "\tc.logNotSent(ctx, rec, err)\n\tc.keys.notSent(rec.Key)\n\treturn err\n}",
 			Replace: "\tc.keys.notSent(rec.Key)\n\treturn err\n}",

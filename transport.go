@@ -75,12 +75,7 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 	for k, v := range rec.Header {
 		req.Header[k] = append([]string(nil), v...)
 	}
-	spelling := rec.KeyHeader
-	if spelling == "" {
-		// Stored before spellings were: Do sends it as this Client spells.
-		spelling = c.keyHeader(rec.Key)
-	}
-	req.Header.Set("Idempotency-Key", spelling)
+	req.Header.Set("Idempotency-Key", rec.KeyHeader)
 	return req, nil
 }
 

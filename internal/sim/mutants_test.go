@@ -107,7 +107,7 @@ var mutants = []mutant.Mutant{
 	// A device's life.
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "not-sent-unsaved-told-not-sent", File: "keys.go",
+		Name: "not-sent-unsaved-told-not-sent", File: "life.go",
 		Note:    "a call whose not-sent write failed tells the app \"not sent\", and the next start sends it",
 		Anchor:  "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(retryErr, saveErr)\n",
 		Replace: "\t\t\treturn retryErr\n\t\t}\n\t\treturn errors.Join(err, saveErr)\n",
@@ -121,7 +121,7 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
-		Name: "answer-not-marked-unrecorded", File: "keys.go",
+		Name: "answer-not-marked-unrecorded", File: "life.go",
 		Note:    "an answer whose save failed is returned without saying so (device.save-after-answer)",
 		Anchor:  "\t\tresp.NotRecorded = true\n",
 		Replace: "\t\t_ = resp\n",
