@@ -113,15 +113,6 @@ func (st *call) sentNothing() bool {
 	return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0
 }
 
-// mayHaveSentBefore reports whether an attempt other than the one that got
-// the current answer may have reached the server: an earlier call's, an
-// earlier attempt of this one, or a copy net/http wrote on a reused
-// connection before this one. Only then can an earlier request have done
-// the work that a stranger's answer to this one hides.
-func (st *call) mayHaveSentBefore() bool {
-	return !st.unsent || st.b.attempts > 1 || st.wrote.Load() > 1
-}
-
 // noteCut records that the budget cut the attempt whose context is ctx, if
 // it did: its time limit passed while the call's context is alive.
 func (st *call) noteCut(ctx, parent context.Context, reason string) {
@@ -370,9 +361,10 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 }
 
 // unmarked stops the call, its outcome unknown, when a final answer does
-// not show that it is the server's word and could hide the work of an
-// earlier request: see Client.trusted. Otherwise it returns nil, and the
-// answer is final.
+// not show that it is the server's word: see config.trusted. Otherwise it
+// returns nil, and the answer is final. That holds for a 4xx on a first
+// attempt too: a WAF's response rule may swap the server's 201 for its own
+// 403 after the server charged.
 func (st *call) unmarked(resp *http.Response, body []byte) error {
 	if st.stopped != nil || !isFinal(resp.StatusCode, resp.Header, st.key) {
 		// Not a final answer: the budget or the context ended the call
@@ -380,7 +372,7 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 		return nil
 	}
 	st.own = st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key)
-	if st.own || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
+	if st.own {
 		return nil
 	}
 	st.stopped = &stop{reason: stopUnmarked}

@@ -180,13 +180,14 @@ app's own test. No Mark recognises an answer by its status alone.
     [*RetryError] matching [ErrOutcomeUnknown] (its Reason: the answer is
     not marked as the server's; its LastResponse holds the answer), and
     the intent stays unresolved.
-  - An unmarked 4xx is final only on the first attempt of an intent that
-    nothing earlier can have sent (this Client created it, or it was stored
-    not sent, and net/http wrote the request once): whoever refused it,
-    nothing was charged. After an attempt that may have reached the
-    server, an unmarked 4xx ends the call with its outcome unknown like a 2xx:
-    the gateway that refused the retry says nothing about the attempt that
-    charged. Settle it again later; the server then replays its record.
+  - An unmarked 4xx is never the server's word, on a first attempt or
+    any other, whatever the Mark: it ends the call with its outcome
+    unknown like a 2xx. A WAF's response rule may swap the server's 201 for
+    its own 403 after the server charged. A gateway that refused a retry
+    says nothing about the attempt that charged. The call does not send
+    again in a loop: settle the intent later ([Client.Settle],
+    [Client.Reconcile]); the server then replays its record, or its lookup
+    says what became of it.
   - A replayed answer is final whatever its status, but a redirect's (see
     "Redirects").
   - The lookup ([Client.Reconcile]) makes an intent succeeded only on a

@@ -25,6 +25,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRedirectToGETCarriesNoKey$",
 		},
 		{
+			Name: "unmarked-4xx-final-on-a-first-attempt", File: "call.go",
+			Note:    "an unmarked 4xx to the first attempt of an intent nothing sent before is final: a WAF's 403 that replaced the server's 201 settles a charged intent failed",
+			Anchor:  "\tif st.own {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+			Replace: "\tif st.own || !isSuccess(resp.StatusCode) && st.b.attempts == 1 {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+			Pkg:     root, Run: "^TestTheFirstAttemptNeedsTheMark$",
+		},
+		{
 			Name: "redirect-downgrade-followed", File: "redirect.go",
 			Note:    "a 307 or 308 from https to http is followed, and the payment's body leaves TLS",
 			Anchor:  " || via[len(via)-1].URL.Scheme == \"https\" && req.URL.Scheme == \"http\" {",
