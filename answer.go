@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/idemkit/idem/persist"
@@ -98,6 +100,50 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 		return true
 	}
 	return c.ownAnswer != nil && c.ownAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)}, key)
+}
+
+// trustedAnswer reports a send's final answer that is the server's word on
+// key. An answer from another origin than the request the attempt sent
+// (net/http followed a 307 or 308 to another host) is the server's word
+// only by the key's echo. A recognizer reads a body, and a stranger's JSON
+// looks like the server's: a captive portal that redirects the POST to its
+// own API answers {"id": "sess_..."}.
+func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) bool {
+	if fromAnotherOrigin(resp) {
+		return echoes(resp.Header, key)
+	}
+	return c.trusted(resp.StatusCode, resp.Header, body, key)
+}
+
+// fromAnotherOrigin reports an answer to a request that net/http sent to
+// another origin (scheme, host, port) than the first request of its chain
+// of redirects. net/http links each redirected request to the answer that
+// caused it (Request.Response), so the chain leads back to the first.
+func fromAnotherOrigin(resp *http.Response) bool {
+	if resp == nil || resp.Request == nil || resp.Request.URL == nil {
+		return false
+	}
+	first := resp.Request
+	for first.Response != nil && first.Response.Request != nil {
+		first = first.Response.Request
+	}
+	return first.URL == nil || origin(first.URL) != origin(resp.Request.URL)
+}
+
+// origin returns u's scheme, host and port, the port made explicit, in
+// lower case.
+func origin(u *url.URL) string {
+	scheme := strings.ToLower(u.Scheme)
+	port := u.Port()
+	if port == "" {
+		switch scheme {
+		case "http":
+			port = "80"
+		case "https":
+			port = "443"
+		}
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
 }
 
 // problemKeyUnused is the problem type of the lookup's miss: nothing was

@@ -361,7 +361,7 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 }
 
 // unmarked stops the call, its outcome unknown, when a final answer does
-// not show that it is the server's word: see config.trusted. Otherwise it
+// not show that it is the server's word: see config.trustedAnswer. Otherwise it
 // returns nil, and the answer is final. That holds for a 4xx on a first
 // attempt too: a WAF's response rule may swap the server's 201 for its own
 // 403 after the server charged.
@@ -371,7 +371,7 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 		// on it.
 		return nil
 	}
-	st.own = st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key)
+	st.own = st.cfg.trustedAnswer(resp, body, st.key)
 	if st.own {
 		return nil
 	}

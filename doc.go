@@ -248,6 +248,13 @@ CDN's notice) says nothing about the payment, so Do does not follow them;
 the RoundTripper hands them back to the app's http.Client, whose GET then
 passes with no key and no intent.
 
+An answer from another origin (scheme, host, port) than the request's,
+reached by a followed 307 or 308, is the server's word only by the key's
+echo. No Mark's recognizer reads it: a captive portal that redirects the
+POST to its own JSON API answers {"id": "sess_..."}, which MarkJSONID
+would take for a payment. Without the echo, the call ends with the outcome
+unknown.
+
 One redirect is an outcome: a 303 See Other that the server marked as its
 own (the key's echo, or Idempotent-Replayed: true) is its word that the
 work was done, and its Location names the result. The intent succeeds, on

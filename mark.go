@@ -68,11 +68,12 @@ var (
 // nested one with dots ("data.id"). The status alone never recognises an
 // answer, and a 4xx never is: a gateway's 401 or a WAF's 403 may carry
 // JSON too. A captive portal's page, a CDN's fallback index.html and a
-// login page are not JSON, so they never settle an intent. The lookup's
-// 2xx is read the same way, so the server's lookup answers the resource
-// itself, not a list; its miss voids an intent only as the contract's typed
-// miss (docs/CONTRACT.md). New refuses an empty path, and one with an empty
-// segment.
+// login page are not JSON, so they never settle an intent; nor does an
+// answer from another origin, reached by a followed redirect: a portal's
+// JSON API is JSON too. The lookup's 2xx is read the same way, so the
+// server's lookup answers the resource itself, not a list; its miss voids
+// an intent only as the contract's typed miss (docs/CONTRACT.md). New
+// refuses an empty path, and one with an empty segment.
 func MarkJSONID(path string) Mark {
 	m := Mark{name: fmt.Sprintf("idem.MarkJSONID(%q)", path)}
 	segments := strings.Split(path, ".")

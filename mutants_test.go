@@ -32,6 +32,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestTheFirstAttemptNeedsTheMark$",
 		},
 		{
+			Name: "recognizer-trusts-another-origin", File: "answer.go",
+			Note:    "a recognizer settles an answer from another origin: a captive portal's JSON API, reached by a 307, is a payment",
+			Anchor:  "\tif fromAnotherOrigin(resp) {\n\t\treturn echoes(resp.Header, key)\n\t}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestRedirect$/^a_stranger's_JSON_after_a_redirect_to_another_origin_never_settles$",
+		},
+		{
 			Name: "redirect-downgrade-followed", File: "redirect.go",
 			Note:    "a 307 or 308 from https to http is followed, and the payment's body leaves TLS",
 			Anchor:  " || via[len(via)-1].URL.Scheme == \"https\" && req.URL.Scheme == \"http\" {",

@@ -114,4 +114,30 @@ func TestConfigMark(t *testing.T) {
 		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: the server charged")
 		assert.Equal(t, OutcomeUnknown, res.Outcome, "the card was charged: Kind %q Status %d", res.Kind, res.Status)
 	})
+
+	// Path: a captive portal answers the POST with 307 to its own JSON API
+	// on another host; the facade's http.Client follows it with the same
+	// method and body, and the portal's 200 {"id": "sess_..."} would be
+	// taken by the json-id mark for the created payment: a receipt for a
+	// payment the server never saw.
+	t.Run("a portal's JSON after a redirect to another host is not a payment", func(t *testing.T) {
+		t.Parallel()
+		portalAPI := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"sess_8f2c","status":"login_required"}`))
+		}))
+		defer portalAPI.Close()
+		portal := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, portalAPI.URL+"/api/v1/sessions", http.StatusTemporaryRedirect)
+		}))
+		defer portal.Close()
+		cfg := NewConfig(stateDir(t), portal.URL)
+		cfg.Mark = "json-id"
+		c, err := Open(cfg)
+		require.NoError(t, err)
+		defer c.Close()
+		res, err := c.Pay("checkout:cart-2", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeUnknown, res.Outcome, "the portal's answer is no payment: Status %d Body %s", res.Status, res.Body)
+	})
 }
