@@ -26,8 +26,8 @@ import (
 //
 //   - it carries the intent's key back in an Idempotency-Key header field
 //     (bare or as an RFC 8941 sf-string, as the contract's servers and
-//     Stripe echo it), or is marked Idempotent-Replayed: true without an
-//     echo of another key;
+//     Stripe echo it); Idempotent-Replayed: true alone is not the mark, as
+//     a cache may serve another intent's replay;
 //   - or the server's declared Mark (Server.Mark) recognises it: a body
 //     only the server sends (MarkIncrease, MarkJSONID), or the app's own
 //     test (MarkRecognizer).
@@ -81,15 +81,14 @@ func isSuccess(status int) bool { return status >= 200 && status < 300 }
 // 303, which is final only when the server marked it (see seeOther).
 func done(status int) bool { return isSuccess(status) || status == http.StatusSeeOther }
 
-// marked reports an answer the server marked as its own for key: the echo,
-// or the replay header on an answer that echoes no key. A replay that echoes
-// another key is another intent's stored answer (a cache on the path that
-// kept one), never this one's.
+// marked reports an answer the server marked as its own for key: the key's
+// echo. The replay header alone is not the mark. A cache on the path that
+// kept another intent's replay serves it to every POST of the URL, and a
+// replay that echoes no key names no intent. Such a replay is the server's
+// word only when the declared Mark recognises it (MarkIncrease: its body's
+// idempotency_key is the key).
 func marked(h http.Header, key string) bool {
-	if len(h.Values("Idempotency-Key")) > 0 {
-		return echoes(h, key)
-	}
-	return replayed(h)
+	return echoes(h, key)
 }
 
 // trusted reports an answer that is the server's word on key: marked, or

@@ -1086,7 +1086,7 @@ func TestAStrangersAnswerToARetryLeavesTheOutcomeUnknown(t *testing.T) {
 // portal's 200 login page answers the first POST of a phone on hotel
 // Wi-Fi), and an unmarked 4xx is not a refusal (a WAF's response rule may
 // swap the server's 201 for its own 403 after the server charged). A
-// replayed answer is final whatever its status.
+// replay that echoes the key is final whatever its status.
 func TestTheFirstAttemptNeedsTheMark(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -1101,7 +1101,9 @@ func TestTheFirstAttemptNeedsTheMark(t *testing.T) {
 		{"an echoed 403 is final", http.StatusForbidden, map[string]string{"Idempotency-Key": "{key}"}, persist.StateFailed, ""},
 		{"unmarked 200 is not a payment", http.StatusOK, nil, persist.StatePending, idem.StopUnmarked},
 		{"unmarked 201 is not a payment", http.StatusCreated, nil, persist.StatePending, idem.StopUnmarked},
-		{"a replayed 200 is final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, persist.StateSucceeded, ""},
+		// The replay header alone names no intent: a cache that kept
+		// another intent's replay serves it to every POST of the URL.
+		{"a replay that echoes no key is not final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, persist.StatePending, idem.StopUnmarked},
 		{"an echoed 201 is final", http.StatusCreated, map[string]string{"Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
 		{"a quoted echo is final", http.StatusCreated, map[string]string{"Idempotency-Key": `"{key}"`}, persist.StateSucceeded, ""},
 		{"another key's echo is not", http.StatusCreated, map[string]string{"Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},

@@ -97,8 +97,8 @@ every 5xx (a CDN's 520-524 as much as the origin's 500: a 5xx says nothing
 about whether the work was done) and every status outside 100-599, with
 capped exponential backoff and jitter ([RetryPolicy]); when retrying stops
 without a final answer, the outcome is unknown. An answer marked
-Idempotent-Replayed: true is the server's stored record for the key and is
-final whatever its status: it is stored and never retried. A Retry-After on any of them, in delta-seconds or any
+Idempotent-Replayed: true that is the server's word is its stored record
+for the key and is final whatever its status: it is stored and never retried. A Retry-After on any of them, in delta-seconds or any
 HTTP-date form, is honoured: the next attempt is never sooner than the
 server asked, and up to a fifth of the jitter later (10% by default), so
 that clients told the same Retry-After do not return in the same instant;
@@ -159,9 +159,9 @@ proxy's 407, a captive portal's 200 login page. None of them knows what
 became of the payment, so idem never lets such an answer settle an intent.
 An answer is the server's word when it carries the intent's key back in an
 Idempotency-Key header field (bare or as an RFC 8941 sf-string), as the
-contract's servers and Stripe's API echo it, or is marked
-Idempotent-Replayed: true, or when the server's declared [Mark] recognises
-it.
+contract's servers and Stripe's API echo it, or when the server's declared
+[Mark] recognises it. Idempotent-Replayed: true alone is not the mark: a
+cache that kept another intent's replay serves it to every POST of the URL.
 
 The app declares the mark up front, in [Server.Mark]: [New] refuses a
 Config without one, so a server that marks nothing is found at setup, not
@@ -256,7 +256,7 @@ would take for a payment. Without the echo, the call ends with the outcome
 unknown.
 
 One redirect is an outcome: a 303 See Other that the server marked as its
-own (the key's echo, or Idempotent-Replayed: true) is its word that the
+own (the key's echo) is its word that the
 work was done, and its Location names the result. The intent succeeds, on
 the first answer or on the replay a retry gets after a lost one. Every
 other redirect (301, 302, a 307 or 308 that was not followed, an unmarked

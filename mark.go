@@ -17,10 +17,11 @@ import (
 // New refuses a Server without one: pick the preset of the API the app
 // calls, MarkJSONID for a plain server, or MarkRecognizer.
 //
-// Every Mark takes the contract's marks: the request's Idempotency-Key
-// echoed back in the answer's header fields, or Idempotent-Replayed: true
-// without an echo of another key. A Mark for a server that leaves some
-// answers without them adds a test of those answers.
+// Every Mark takes the contract's mark: the request's Idempotency-Key
+// echoed back in the answer's header fields. Idempotent-Replayed: true
+// alone is no mark: a cache may serve another intent's replay. A Mark for
+// a server that leaves some answers without the echo adds a test of those
+// answers.
 type Mark struct {
 	// name is how New's errors and the docs spell the Mark.
 	name string
@@ -51,8 +52,10 @@ var (
 	// (Idempotent-Replayed: true). Its first answer is recognised by its
 	// body: a 2xx JSON object with an id whose idempotency_key field holds
 	// the intent's key, as the objects Increase creates under a key carry
-	// it (an ACH transfer's, say). A first answer without that field stays
-	// unknown, and the next send gets the marked replay. A list whose data
+	// it (an ACH transfer's, say). Its replay is recognised the same way,
+	// never by Idempotent-Replayed alone: a cache that kept intent X's
+	// replay may serve it to intent Y. An answer without that field stays
+	// unknown, and so does a 4xx. A list whose data
 	// holds such an object is recognised too: Increase's list endpoints
 	// filter by idempotency_key, which makes a lookup (Server.LookupQuery
 	// "idempotency_key"). An empty list settles nothing: it is not the

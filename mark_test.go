@@ -1,21 +1,27 @@
 package idem
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -342,6 +348,89 @@ func TestMarkIncrease(t *testing.T) {
 		assert.False(t, resp.Replayed)
 		assert.Equal(t, persist.StateSucceeded, in.State())
 		assert.Len(t, created, 2)
+	})
+
+	// Path: Increase marks only its replays (Idempotent-Replayed: true)
+	// and echoes no key; its objects carry the key in idempotency_key
+	// (emulated here by a proxy in front of fakeserver that drops the echo
+	// and writes the key into the body). A CDN in front caches POST
+	// answers by path (a misconfigured cache rule). Intent X's retry gets
+	// the server's replay, which the cache keeps; intent Y, another
+	// payment to the same URL, gets that replay from the cache. Were the
+	// replay header the mark, Y would be settled succeeded with X's
+	// payment as its answer, and the server never saw Y.
+	t.Run("a cached replay of another intent never settles", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		u, _ := url.Parse(srv.URL)
+		proxy := httputil.NewSingleHostReverseProxy(u)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			resp.Header.Del("Idempotency-Key") // Increase echoes no key
+			var obj map[string]any
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if json.Unmarshal(b, &obj) == nil && obj["id"] != nil {
+				obj["idempotency_key"] = resp.Request.Header.Get("Idempotency-Key")
+				b, _ = json.Marshal(obj)
+			}
+			resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			resp.Header.Set("Content-Length", fmt.Sprint(len(b)))
+			return nil
+		}
+		type cached struct {
+			status int
+			header http.Header
+			body   []byte
+		}
+		var cache atomic.Pointer[cached]
+		cdn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c := cache.Load(); c != nil {
+				for k, v := range c.header {
+					w.Header()[k] = v
+				}
+				w.Header().Set("Age", "3")
+				w.WriteHeader(c.status)
+				_, _ = w.Write(c.body)
+				return
+			}
+			rec := httptest.NewRecorder()
+			proxy.ServeHTTP(rec, r)
+			res := rec.Result()
+			body, _ := io.ReadAll(res.Body)
+			if res.Header.Get("Idempotent-Replayed") == "true" {
+				cache.Store(&cached{res.StatusCode, res.Header.Clone(), body})
+			}
+			for k, v := range res.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(res.StatusCode)
+			_, _ = w.Write(body)
+		}))
+		defer cdn.Close()
+		c, err := New(Config{Store: persist.NewMemory(nil), Server: Server{Mark: MarkIncrease, LookupQuery: "idempotency_key"},
+			RetryPolicy: RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}})
+		require.NoError(t, err)
+		ctx := context.Background()
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		reqX, _ := JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		resp, err := c.Send(ctx, "checkout:cart-x", reqX)
+		require.NoError(t, err, "setup: X's replay carries its key in the body")
+		require.True(t, resp.Replayed, "setup: X was settled by the replay")
+		require.NotNil(t, cache.Load(), "setup: the CDN kept X's replay")
+
+		reqY, _ := JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": 9900, "currency": "AZN", "customer": "cus_2"})
+		in, err := c.NewIntent(ctx, "checkout:cart-y", reqY)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: Y never reached the server")
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr, "Y is told X's answer")
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.False(t, in.State().Resolved(), "Y never reached the server")
 	})
 }
 

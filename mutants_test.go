@@ -630,9 +630,16 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "another-keys-replay-marked", File: "answer.go",
 			Note:    "an answer marked Idempotent-Replayed that echoes another key is taken for this intent's: a cache's kept replay settles it succeeded",
-			Anchor:  "\tif len(h.Values(\"Idempotency-Key\")) > 0 {\n\t\treturn echoes(h, key)\n\t}\n",
-			Replace: "",
-			Pkg:     root, Run: "^TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess$",
+			Anchor:  "func marked(h http.Header, key string) bool {\n\treturn echoes(h, key)\n}",
+			Replace: "func marked(h http.Header, key string) bool {\n\treturn echoes(h, key) || replayed(h)\n}",
+			Pkg:     root, Run: "^TestTheFirstAttemptNeedsTheMark$",
+		},
+		{
+			Name: "replay-header-alone-marked", File: "answer.go",
+			Note:    "a replay that echoes no key is the server's word by its header alone: a CDN's kept replay of intent X settles intent Y succeeded under MarkIncrease",
+			Anchor:  "func marked(h http.Header, key string) bool {\n\treturn echoes(h, key)\n}",
+			Replace: "func marked(h http.Header, key string) bool {\n\treturn echoes(h, key) || len(h.Values(\"Idempotency-Key\")) == 0 && replayed(h)\n}",
+			Pkg:     root, Run: "^TestMarkIncrease$/^a_cached_replay_of_another_intent_never_settles$",
 		},
 	})
 }

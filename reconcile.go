@@ -22,8 +22,8 @@ import (
 // Only the server's word settles the intent (see the package
 // documentation, "Whose word settles an intent"):
 //
-//   - 2xx that echoes the intent's key (Idempotency-Key) or is marked
-//     Idempotent-Replayed, or that Server.Mark recognises: the work
+//   - 2xx that echoes the intent's key (Idempotency-Key), or that
+//     Server.Mark recognises: the work
 //     was done; the intent becomes succeeded, with the lookup's answer
 //     stored as its response.
 //   - 404 whose body is the lookup's typed miss (a problem of type
