@@ -191,7 +191,13 @@ app's own test. No Mark recognises an answer by its status alone.
   - A replayed answer is final whatever its status, but a redirect's (see
     "Redirects").
   - The lookup ([Client.Reconcile]) makes an intent succeeded only on a
-    2xx that is the server's word, and void only on the lookup's typed
+    2xx that is the server's word on its key: the key's echo, or a body
+    that names the key (MarkIncrease), or, for a recognizer that reads no
+    key (MarkJSONID, MarkRecognizer), the echo of the lookup's nonce
+    without an Age field. A cache that ignores the query string serves
+    one key's lookup to another's; only a cache that copies request
+    header fields into a kept answer, and adds no Age, could still fool a
+    recognizer that reads no key. It makes an intent void only on the lookup's typed
     miss, a 404 problem of type
     https://idem.dev/problems/idempotency-key-unused (or a 404 that a
     [MarkRecognizer] recognises), that echoes the fresh nonce the lookup

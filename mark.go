@@ -30,6 +30,10 @@ type Mark struct {
 	// (its body nil when over Server.MaxResponseBytes) and the intent's
 	// key.
 	own func(resp *Response, key string) bool
+	// namesKey says that own recognises an answer only when its body names
+	// the key (MarkIncrease). A lookup's 2xx it recognises is then this
+	// intent's, even when a cache kept it.
+	namesKey bool
 	// invalid says why New refuses the Mark ("" when it does not).
 	invalid string
 }
@@ -60,7 +64,7 @@ var (
 	// filter by idempotency_key, which makes a lookup (Server.LookupQuery
 	// "idempotency_key"). An empty list settles nothing: it is not the
 	// contract's typed miss.
-	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer}
+	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer, namesKey: true}
 )
 
 // MarkJSONID is a plain server that does not echo the key: its answer that
@@ -74,9 +78,12 @@ var (
 // login page are not JSON, so they never settle an intent; nor does an
 // answer from another origin, reached by a followed redirect: a portal's
 // JSON API is JSON too. The lookup's 2xx is read the same way, so the
-// server's lookup answers the resource itself, not a list; its miss voids
-// an intent only as the contract's typed miss (docs/CONTRACT.md). New
-// refuses an empty path, and one with an empty segment.
+// server's lookup answers the resource itself, not a list. The id names
+// no key, so the lookup's 2xx settles only when it echoes the lookup's
+// nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a cache that ignores
+// the query string may serve another key's lookup. Its miss voids an
+// intent only as the contract's typed miss. New refuses an empty path,
+// and one with an empty segment.
 func MarkJSONID(path string) Mark {
 	m := Mark{name: fmt.Sprintf("idem.MarkJSONID(%q)", path)}
 	segments := strings.Split(path, ".")
@@ -98,7 +105,8 @@ func MarkJSONID(path string) Mark {
 // 2xx or a 4xx from a send settles the intent, a lookup's 2xx makes it
 // succeeded and a lookup's 404 makes it void, if it echoes the lookup's
 // nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a 404 a cache kept
-// may be older than the payment. Never recognise an answer by its status
+// may be older than the payment, and a 2xx (without an Age field) may be
+// another key's lookup that a cache kept. Never recognise an answer by its status
 // alone. own must not keep resp; New refuses a nil own.
 func MarkRecognizer(own func(resp *Response) bool) Mark {
 	m := Mark{name: "idem.MarkRecognizer(...)"}

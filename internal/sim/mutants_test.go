@@ -79,7 +79,7 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "lookup-unmarked-2xx-succeeds", File: "reconcile.go",
 		Note:    "a lookup's 2xx without the echo makes the intent succeeded (lookup.fallback-200)",
-		Anchor:  "case isSuccess(resp.StatusCode) && c.trusted(resp.StatusCode, resp.Header, body, key):",
+		Anchor:  "case isSuccess(resp.StatusCode) && c.lookupTrusted(resp.StatusCode, resp.Header, body, key, nonce):",
 		Replace: "case isSuccess(resp.StatusCode):",
 	},
 	{
