@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -34,8 +35,10 @@ import (
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
 // gateway that copies request header fields into its own answers could
-// forge the echo; that is why the lookup's "nothing was done" is believed
-// only from its typed miss (problemKeyUnused), never from the echo alone.
+// forge the echo. Each attempt of a send carries a fresh nonce that no
+// server sends back (attemptNonceHeader): an answer that carries it is
+// such a copy. The lookup's "nothing was done" is believed only from its
+// typed miss (problemKeyUnused), never from the echo alone.
 
 // retryableStatus reports an answer that does not settle the intent: the
 // server may or may not have done the work, or has not done it yet, and the
@@ -108,11 +111,28 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 // looks like the server's: a captive portal that redirects the POST to its
 // own API answers {"id": "sess_..."}.
 func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) bool {
+	if reflected(resp.Header) {
+		return false
+	}
 	if fromAnotherOrigin(resp) {
 		return echoes(resp.Header, key)
 	}
 	return c.trusted(resp.StatusCode, resp.Header, body, key)
 }
+
+// attemptNonceHeader is the request header field in which each attempt of
+// a send carries a fresh nonce. No server sends it back (docs/CONTRACT.md),
+// so an answer that carries it is a reflection: a gateway or a mock that
+// copies the request's header fields into its own answer, the
+// Idempotency-Key among them, forges the key's echo.
+const attemptNonceHeader = "Idempotency-Attempt-Nonce"
+
+// attemptNonce returns a fresh nonce for one attempt.
+func attemptNonce() []string { return []string{rand.Text()} }
+
+// reflected reports an answer that carries the attempt's nonce back: never
+// the server's word, whatever else it carries.
+func reflected(h http.Header) bool { return len(h.Values(attemptNonceHeader)) > 0 }
 
 // fromAnotherOrigin reports an answer to a request that net/http sent to
 // another origin (scheme, host, port) than the first request of its chain

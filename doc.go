@@ -206,9 +206,12 @@ app's own test. No Mark recognises an answer by its status alone.
     a gateway that copies request header fields into its own answers could
     forge it. Any other answer is "cannot tell yet" and changes nothing.
 
-A gateway that reflects the request's Idempotency-Key into its own 4xx
-answers to the POST defeats the mark; the contract asks that nothing on
-the path do so.
+A gateway that copies the request's header fields into its own answer
+would forge the key's echo. So each attempt carries a fresh nonce in
+Idempotency-Attempt-Nonce, which no server sends back: an answer that
+carries it is a reflection, never the server's word. A gateway that
+copies the key alone, and not the nonce, still defeats the mark; the
+contract asks that nothing on the path do so.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
 and the context's deadline; the first to run out ends it, inside an attempt

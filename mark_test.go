@@ -111,9 +111,104 @@ func (l *loseFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// reflectingGateway is an API gateway in front of a fakeserver. It proxies
+// every request, except that it answers the n-th request (from 1) itself
+// when answer says so, with the request's header fields copied into its
+// answer, as some gateways' error templates and mocking layers do.
+func reflectingGateway(t *testing.T, backend string, answer func(n int, w http.ResponseWriter) bool) *httptest.Server {
+	t.Helper()
+	u, _ := url.Parse(backend)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	var n atomic.Int32
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m := int(n.Add(1)); answer != nil {
+			for k, vs := range r.Header {
+				if k == "Content-Length" || k == "Content-Type" || k == "Accept-Encoding" {
+					continue
+				}
+				for _, v := range vs {
+					w.Header().Add(k, v)
+				}
+			}
+			if answer(m, w) {
+				return
+			}
+			for k := range r.Header {
+				w.Header().Del(k)
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(gw.Close)
+	return gw
+}
+
 func TestMark(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+
+	// Path: attempt 1 reaches the server, which charges and commits, but
+	// the answer is lost (FaultDropResponse; the gateway answers 502,
+	// retried). Attempt 2 is answered by the gateway itself, 401 "token
+	// expired", with the request's header fields copied into its answer,
+	// the Idempotency-Key among them. Taken for the server's echo, the 401
+	// would settle the intent failed, though the card was charged: the
+	// app lets the user pay again with a new intent, a second charge.
+	t.Run("a gateway's 401 that copies the request's key never settles as failed", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		gw := reflectingGateway(t, srv.URL, func(n int, w http.ResponseWriter) bool {
+			if n < 2 {
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"message":"Unauthorized"}`))
+			return true
+		})
+		c, err := New(Config{Store: persist.NewMemory(nil), Server: Server{Mark: MarkEcho, LookupQuery: "idempotency_key"},
+			RetryPolicy: RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}})
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		req, _ := JSONRequest(http.MethodPost, gw.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		in, err := c.NewIntent(ctx, "checkout:cart-1", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: charged once")
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.False(t, in.State().Resolved(), "the gateway's 401 carrying a copied Idempotency-Key is not the server's word")
+	})
+
+	// Path: the first attempt is answered by a gateway in maintenance mode
+	// with its own 200 HTML page, the request's header fields copied into
+	// it (Idempotency-Key among them); the server never sees the request.
+	// Taken for the server's echo, the page would settle the intent
+	// succeeded: the app ships the order, and nothing was paid.
+	t.Run("a gateway's 200 page that copies the request's key never settles as paid", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		gw := reflectingGateway(t, srv.URL, func(_ int, w http.ResponseWriter) bool {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte(`<html><body>We'll be back soon</body></html>`))
+			return true
+		})
+		c, err := New(Config{Store: persist.NewMemory(nil), Server: Server{Mark: MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		req, _ := JSONRequest(http.MethodPost, gw.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		in, err := c.NewIntent(ctx, "checkout:cart-2", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Zero(t, srv.Stats().Requests, "setup: the server saw nothing")
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.NotEqual(t, persist.StateSucceeded, in.State(), "the gateway's page is no payment")
+	})
 
 	t.Run("a plain server's 201 carrying the resource's id is paid", func(t *testing.T) {
 		t.Parallel()

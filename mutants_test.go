@@ -67,6 +67,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestReconcileSettlesOnTheServersWord$/^recognised_200_echoing_another_key$",
 		},
 		{
+			Name: "reflected-answer-trusted", File: "answer.go",
+			Note:    "an answer that carries the attempt's nonce back is taken for the server's: a gateway that copies request header fields forges the key's echo, and its 401 settles a charged intent failed",
+			Anchor:  "\tif reflected(resp.Header) {\n\t\treturn false\n\t}\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestMark$/^a_gateway's_(401|200_page)_that_copies_the_request's_key_never_settles_as_(failed|paid)$",
+		},
+		{
+			Name: "attempt-nonce-not-sent", File: "retrier.go",
+			Note:    "an attempt carries no nonce: a gateway's reflected answer cannot be told from the server's echo",
+			Anchor:  "\t\t\treq.Header[attemptNonceHeader] = attemptNonce()\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestMark$/^a_gateway's_(401|200_page)_that_copies_the_request's_key_never_settles_as_(failed|paid)$",
+		},
+		{
 			Name: "redirect-downgrade-followed", File: "redirect.go",
 			Note:    "a 307 or 308 from https to http is followed, and the payment's body leaves TLS",
 			Anchor:  " || via[len(via)-1].URL.Scheme == \"https\" && req.URL.Scheme == \"http\" {",

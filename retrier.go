@@ -49,6 +49,9 @@ func newRetrier(hc *http.Client) *retrier {
 		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
 			st := callOf(req.Context())
 			st.attemptStarted(req.Context())
+			// A fresh nonce per attempt, which no server echoes: an answer
+			// that carries it is a reflection (see reflected).
+			req.Header[attemptNonceHeader] = attemptNonce()
 			st.authorize(req)
 		},
 		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
