@@ -459,12 +459,11 @@ func (st *call) unspendRetry() {
 
 // refundRetry puts back, after a final answer, what the retry that got it
 // took, or firstAnswerRefund when the first attempt got it. Only the
-// server's word does: a gateway's 401 or a CDN's 404 to a first attempt
-// ends the call, but says nothing of whether the server can take retries.
+// server's word does, and only the server's word is final: a gateway's 401
+// or a CDN's 404 to a first attempt ends the call unmarked (see unmarked)
+// without reaching here, and says nothing of whether the server can take
+// retries.
 func (st *call) refundRetry() {
-	if !st.own {
-		return
-	}
 	n := st.retryCost
 	if st.b.attempts <= 1 {
 		n = firstAnswerRefund

@@ -81,6 +81,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestMark$/^a_gateway's_(401|200_page)_that_copies_the_request's_key_never_settles_as_(failed|paid)$",
 		},
 		{
+			Name: "stranger-refunds-retry-budget", File: "call.go",
+			Note:    "a final answer that is not the server's word (a gateway's 401 to a first attempt) ends the call as final and puts tokens back in the retry budget",
+			Anchor:  "\tif st.own {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+			Replace: "\tif st.own || !isSuccess(resp.StatusCode) {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+			Pkg:     root, Run: "^TestRetryBudgetIsNotRefilledByAStrangersAnswers$",
+		},
+		{
 			Name: "redirect-downgrade-followed", File: "redirect.go",
 			Note:    "a 307 or 308 from https to http is followed, and the payment's body leaves TLS",
 			Anchor:  " || via[len(via)-1].URL.Scheme == \"https\" && req.URL.Scheme == \"http\" {",
@@ -654,13 +661,6 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tdefaultBudgetRefill      = time.Second\n",
 			Replace: "\tdefaultBudgetRefill      = time.Second / 5\n",
 			Pkg:     root, Run: "^TestRetryBudgetDefaults$",
-		},
-		{
-			Name: "stranger-refunds-retry-budget", File: "call.go",
-			Note:    "a final answer that is not the server's word (a gateway's 401 to a first attempt) puts tokens back in the retry budget",
-			Anchor:  "\tif !st.own {\n\t\treturn\n\t}\n",
-			Replace: "",
-			Pkg:     root, Run: "^TestRetryBudgetIsNotRefilledByAStrangersAnswers$",
 		},
 		{
 			Name: "oversized-header-answer-unchecked", File: "call.go",

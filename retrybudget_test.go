@@ -547,9 +547,10 @@ func TestRetryBudgetBoundsAPolicyOfNanosecondWaits(t *testing.T) {
 
 // Only the server's word puts tokens back: a gateway's unmarked 401 to
 // the first attempt of fresh intents (it never reached the server) ends
-// those calls, outcome unknown, but says nothing of the server's health, so a fleet whose
-// gateway answers every new call cannot buy back retries against a dead
-// server with it. The server's own final answer still refunds.
+// those calls with the outcome unknown, but says nothing of the server's
+// health, so a fleet whose gateway answers every new call cannot buy back
+// retries against a dead server with it. The server's own final answer
+// still refunds.
 func TestRetryBudgetIsNotRefilledByAStrangersAnswers(t *testing.T) {
 	t.Parallel()
 	const (
