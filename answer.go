@@ -2,13 +2,16 @@ package idem
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/idemkit/idem/persist"
@@ -24,16 +27,18 @@ import (
 //
 //   - it carries the intent's key back in an Idempotency-Key header field
 //     (bare or as an RFC 8941 sf-string, as the contract's servers and
-//     Stripe echo it), or is marked Idempotent-Replayed: true without an
-//     echo of another key;
+//     Stripe echo it); Idempotent-Replayed: true alone is not the mark, as
+//     a cache may serve another intent's replay;
 //   - or the server's declared Mark (Server.Mark) recognises it: a body
 //     only the server sends (MarkIncrease, MarkJSONID), or the app's own
 //     test (MarkRecognizer).
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
 // gateway that copies request header fields into its own answers could
-// forge the echo; that is why the lookup's "nothing was done" is believed
-// only from its typed miss (problemKeyUnused), never from the echo alone.
+// forge the echo. Each attempt of a send carries a fresh nonce that no
+// server sends back (attemptNonceHeader): an answer that carries it is
+// such a copy. The lookup's "nothing was done" is believed only from its
+// typed miss (problemKeyUnused), never from the echo alone.
 
 // retryableStatus reports an answer that does not settle the intent: the
 // server may or may not have done the work, or has not done it yet, and the
@@ -79,15 +84,14 @@ func isSuccess(status int) bool { return status >= 200 && status < 300 }
 // 303, which is final only when the server marked it (see seeOther).
 func done(status int) bool { return isSuccess(status) || status == http.StatusSeeOther }
 
-// marked reports an answer the server marked as its own for key: the echo,
-// or the replay header on an answer that echoes no key. A replay that echoes
-// another key is another intent's stored answer (a cache on the path that
-// kept one), never this one's.
+// marked reports an answer the server marked as its own for key: the key's
+// echo. The replay header alone is not the mark. A cache on the path that
+// kept another intent's replay serves it to every POST of the URL, and a
+// replay that echoes no key names no intent. Such a replay is the server's
+// word only when the declared Mark recognises it (MarkIncrease: its body's
+// idempotency_key is the key).
 func marked(h http.Header, key string) bool {
-	if len(h.Values("Idempotency-Key")) > 0 {
-		return echoes(h, key)
-	}
-	return replayed(h)
+	return echoes(h, key)
 }
 
 // trusted reports an answer that is the server's word on key: marked, or
@@ -98,6 +102,67 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 		return true
 	}
 	return c.ownAnswer != nil && c.ownAnswer(&Response{StatusCode: status, Header: h.Clone(), Body: bytes.Clone(body)}, key)
+}
+
+// trustedAnswer reports a send's final answer that is the server's word on
+// key. An answer from another origin than the request the attempt sent
+// (net/http followed a 307 or 308 to another host) is the server's word
+// only by the key's echo. A recognizer reads a body, and a stranger's JSON
+// looks like the server's: a captive portal that redirects the POST to its
+// own API answers {"id": "sess_..."}.
+func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) bool {
+	if reflected(resp.Header) {
+		return false
+	}
+	if fromAnotherOrigin(resp) {
+		return echoes(resp.Header, key)
+	}
+	return c.trusted(resp.StatusCode, resp.Header, body, key)
+}
+
+// attemptNonceHeader is the request header field in which each attempt of
+// a send carries a fresh nonce. No server sends it back (docs/CONTRACT.md),
+// so an answer that carries it is a reflection: a gateway or a mock that
+// copies the request's header fields into its own answer, the
+// Idempotency-Key among them, forges the key's echo.
+const attemptNonceHeader = "Idempotency-Attempt-Nonce"
+
+// attemptNonce returns a fresh nonce for one attempt.
+func attemptNonce() []string { return []string{rand.Text()} }
+
+// reflected reports an answer that carries the attempt's nonce back: never
+// the server's word, whatever else it carries.
+func reflected(h http.Header) bool { return len(h.Values(attemptNonceHeader)) > 0 }
+
+// fromAnotherOrigin reports an answer to a request that net/http sent to
+// another origin (scheme, host, port) than the first request of its chain
+// of redirects. net/http links each redirected request to the answer that
+// caused it (Request.Response), so the chain leads back to the first.
+func fromAnotherOrigin(resp *http.Response) bool {
+	if resp == nil || resp.Request == nil || resp.Request.URL == nil {
+		return false
+	}
+	first := resp.Request
+	for first.Response != nil && first.Response.Request != nil {
+		first = first.Response.Request
+	}
+	return first.URL == nil || origin(first.URL) != origin(resp.Request.URL)
+}
+
+// origin returns u's scheme, host and port, the port made explicit, in
+// lower case.
+func origin(u *url.URL) string {
+	scheme := strings.ToLower(u.Scheme)
+	port := u.Port()
+	if port == "" {
+		switch scheme {
+		case "http":
+			port = "80"
+		case "https":
+			port = "443"
+		}
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
 }
 
 // problemKeyUnused is the problem type of the lookup's miss: nothing was

@@ -23,7 +23,10 @@ func TestEveryServerErrorIsAnUnknownOutcome(t *testing.T) {
 		redirect := code >= 300 && code < 400
 		assert.Equal(t, !want && !redirect, isFinal(code, http.Header{}, "k"), "status %d", code)
 		// A marked redirect is final only as a 303: the work was done.
-		assert.Equal(t, !redirect || code == http.StatusSeeOther, isFinal(code, http.Header{"Idempotent-Replayed": {"true"}}, "k"), "status %d replayed", code)
+		assert.Equal(t, !redirect || code == http.StatusSeeOther, isFinal(code, http.Header{"Idempotent-Replayed": {"true"}, "Idempotency-Key": {"k"}}, "k"), "status %d replayed", code)
+		// The replay header without the key's echo is no mark: a cache may
+		// serve another intent's replay.
+		assert.Equal(t, !redirect, isFinal(code, http.Header{"Idempotent-Replayed": {"true"}}, "k"), "status %d replayed without the echo", code)
 	}
 
 	// A CDN in front of the server answers its own 5xx (or a status no
@@ -64,6 +67,7 @@ func TestAReplayedAnswerIsFinalWhateverItsStatus(t *testing.T) {
 	var requests atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
+		w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
 		w.Header().Set("Idempotent-Replayed", "true")
 		w.WriteHeader(http.StatusInternalServerError)
 	}))

@@ -255,15 +255,6 @@ func (st *call) sentNothing() bool {
 	return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0
 }
 
-// mayHaveSentBefore reports whether an attempt other than the one that got
-// the current answer may have reached the server: an earlier call's, an
-// earlier attempt of this one, or a copy net/http wrote on a reused
-// connection before this one. Only then can an earlier request have done
-// the work that a stranger's answer to this one hides.
-func (st *call) mayHaveSentBefore() bool {
-	return !st.unsent || st.b.attempts > 1 || st.wrote.Load() > 1
-}
-
 // noteCut records that the budget cut the attempt whose context is ctx, if
 // it did: its time limit passed while the call's context is alive.
 func (st *call) noteCut(ctx, parent context.Context, reason string) {
@@ -356,6 +347,9 @@ func (st *call) withTrace(ctx context.Context) context.Context {
 // credentials.
 func (st *call) attemptBegins(req *http.Request) {
 	st.attemptStarted(req.Context())
+	// A fresh nonce per attempt, which no server echoes: an answer that
+	// carries it is a reflection (see reflected).
+	req.Header[attemptNonceHeader] = attemptNonce()
 	st.authorize(req)
 }
 
@@ -564,17 +558,18 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 }
 
 // unmarked stops the call, its outcome unknown, when a final answer does
-// not show that it is the server's word and could hide the work of an
-// earlier request: see Client.trusted. Otherwise it returns nil, and the
-// answer is final.
+// not show that it is the server's word: see config.trustedAnswer. Otherwise it
+// returns nil, and the answer is final. That holds for a 4xx on a first
+// attempt too: a WAF's response rule may swap the server's 201 for its own
+// 403 after the server charged.
 func (st *call) unmarked(resp *http.Response, body []byte) error {
 	if st.stopped != nil || !isFinal(resp.StatusCode, resp.Header, st.key) {
 		// Not a final answer: the budget or the context ended the call
 		// on it.
 		return nil
 	}
-	st.own = st.cfg.trusted(resp.StatusCode, resp.Header, body, st.key)
-	if st.own || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {
+	st.own = st.cfg.trustedAnswer(resp, body, st.key)
+	if st.own {
 		return nil
 	}
 	st.stopped = &stop{reason: stopUnmarked}
@@ -682,12 +677,11 @@ func (st *call) unspendRetry() {
 
 // refundRetry puts back, after a final answer, what the retry that got it
 // took, or firstAnswerRefund when the first attempt got it. Only the
-// server's word does: a gateway's 401 or a CDN's 404 to a first attempt
-// ends the call, but says nothing of whether the server can take retries.
+// server's word does, and only the server's word is final: a gateway's 401
+// or a CDN's 404 to a first attempt ends the call unmarked (see unmarked)
+// without reaching here, and says nothing of whether the server can take
+// retries.
 func (st *call) refundRetry() {
-	if !st.own {
-		return
-	}
 	n := st.retryCost
 	if st.b.attempts <= 1 {
 		n = firstAnswerRefund

@@ -138,6 +138,9 @@ type config struct {
 	// marks, for the intent with the key it is given (Server.Mark); nil
 	// trusts those marks alone.
 	ownAnswer func(resp *Response, key string) bool
+	// ownNamesKey says that ownAnswer recognises an answer only when it
+	// names the key (Mark.namesKey).
+	ownNamesKey bool
 	// keptHeaders are the canonical names of the answer's header fields
 	// kept on the device.
 	keptHeaders []string
@@ -319,6 +322,7 @@ func (c *config) setServer(s Server) {
 	c.keptHeaders = slices.Clone(s.StoredHeaders)
 	c.keyReusedAnswer = s.KeyReusedAnswer
 	c.ownAnswer = s.Mark.own
+	c.ownNamesKey = s.Mark.namesKey
 }
 
 // validate reports the fields of b out of range: New refuses a field

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -1080,12 +1081,13 @@ func TestAStrangersAnswerToARetryLeavesTheOutcomeUnknown(t *testing.T) {
 	}
 }
 
-// The first attempt of an intent nothing can have sent before: an unmarked
-// 4xx there is final (whoever refused it, nothing was charged), but an
-// unmarked 2xx is not a payment (a captive portal's 200 login page answers
-// the first POST of a phone on hotel Wi-Fi). A replayed answer is final
-// whatever its status.
-func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
+// The first attempt of an intent nothing can have sent before needs the
+// server's mark as any other: an unmarked 2xx is not a payment (a captive
+// portal's 200 login page answers the first POST of a phone on hotel
+// Wi-Fi), and an unmarked 4xx is not a refusal (a WAF's response rule may
+// swap the server's 201 for its own 403 after the server charged). A
+// replay that echoes the key is final whatever its status.
+func TestTheFirstAttemptNeedsTheMark(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name   string
@@ -1094,10 +1096,14 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 		state  persist.State
 		reason idem.StopReason
 	}{
-		{"unmarked 403 is final", http.StatusForbidden, nil, persist.StateFailed, ""},
+		{"unmarked 403 is not a refusal", http.StatusForbidden, nil, persist.StatePending, idem.StopUnmarked},
+		{"unmarked 400 is not a refusal", http.StatusBadRequest, nil, persist.StatePending, idem.StopUnmarked},
+		{"an echoed 403 is final", http.StatusForbidden, map[string]string{"Idempotency-Key": "{key}"}, persist.StateFailed, ""},
 		{"unmarked 200 is not a payment", http.StatusOK, nil, persist.StatePending, idem.StopUnmarked},
 		{"unmarked 201 is not a payment", http.StatusCreated, nil, persist.StatePending, idem.StopUnmarked},
-		{"a replayed 200 is final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, persist.StateSucceeded, ""},
+		// The replay header alone names no intent: a cache that kept
+		// another intent's replay serves it to every POST of the URL.
+		{"a replay that echoes no key is not final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, persist.StatePending, idem.StopUnmarked},
 		{"an echoed 201 is final", http.StatusCreated, map[string]string{"Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
 		{"a quoted echo is final", http.StatusCreated, map[string]string{"Idempotency-Key": `"{key}"`}, persist.StateSucceeded, ""},
 		{"another key's echo is not", http.StatusCreated, map[string]string{"Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
@@ -1127,6 +1133,41 @@ func TestTheFirstAttemptNeedsNoMarkForARefusalButDoesForASuccess(t *testing.T) {
 			assert.Equal(t, tc.state, in.State())
 		})
 	}
+
+	// Path: a WAF with response-phase rules (ModSecurity phase 4, a
+	// data-leak filter) forwards the first attempt, the server charges and
+	// answers 201, and the WAF swaps that answer for its own 403 page,
+	// without the echo. Were an unmarked 4xx final on a first attempt, the
+	// 403 would settle the intent failed: the app is told "failed" for a
+	// payment that was made, and the user pays again with a new intent.
+	t.Run("a WAF's 403 that replaced the server's 201 never settles", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		u, _ := url.Parse(srv.URL)
+		proxy := httputil.NewSingleHostReverseProxy(u)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			// The WAF's response rule fires on the server's answer.
+			resp.Body.Close()
+			body := "<html><body>Request blocked by security policy</body></html>"
+			resp.StatusCode, resp.Status = http.StatusForbidden, "403 Forbidden"
+			resp.Header = http.Header{"Content-Type": {"text/html"}}
+			resp.Body = io.NopCloser(strings.NewReader(body))
+			resp.ContentLength = int64(len(body))
+			return nil
+		}
+		waf := httptest.NewServer(proxy)
+		defer waf.Close()
+		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		req, _ := idem.JSONRequest(http.MethodPost, waf.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		in, err := c.NewIntent(context.Background(), "checkout:cart-3", req)
+		require.NoError(t, err)
+		_, err = c.Do(context.Background(), in)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: the server charged")
+		requireStop(t, err, idem.StopUnmarked)
+		assert.False(t, in.State().Resolved(), "the card was charged: the WAF's 403 is not the server's word")
+	})
 }
 
 // An app whose server cannot mark its answers says how to recognise them;

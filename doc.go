@@ -93,8 +93,8 @@ every 5xx (a CDN's 520-524 as much as the origin's 500: a 5xx says nothing
 about whether the work was done) and every status outside 100-599, with
 capped exponential backoff and jitter ([RetryPolicy]); when retrying stops
 without a final answer, the outcome is unknown. An answer marked
-Idempotent-Replayed: true is the server's stored record for the key and is
-final whatever its status: it is stored and never retried. A Retry-After on any of them, in delta-seconds or any
+Idempotent-Replayed: true that is the server's word is its stored record
+for the key and is final whatever its status: it is stored and never retried. A Retry-After on any of them, in delta-seconds or any
 HTTP-date form, is honoured: the next attempt is never sooner than the
 server asked, and up to a fifth of the jitter later (10% by default), so
 that clients told the same Retry-After do not return in the same instant;
@@ -155,9 +155,9 @@ proxy's 407, a captive portal's 200 login page. None of them knows what
 became of the payment, so idem never lets such an answer settle an intent.
 An answer is the server's word when it carries the intent's key back in an
 Idempotency-Key header field (bare or as an RFC 8941 sf-string), as the
-contract's servers and Stripe's API echo it, or is marked
-Idempotent-Replayed: true, or when the server's declared [Mark] recognises
-it.
+contract's servers and Stripe's API echo it, or when the server's declared
+[Mark] recognises it. Idempotent-Replayed: true alone is not the mark: a
+cache that kept another intent's replay serves it to every POST of the URL.
 
 The app declares the mark up front, in [Server.Mark]: [New] refuses a
 Config without one, so a server that marks nothing is found at setup, not
@@ -176,17 +176,24 @@ app's own test. No Mark recognises an answer by its status alone.
     [*RetryError] matching [ErrOutcomeUnknown] (its Reason: the answer is
     not marked as the server's; its LastResponse holds the answer), and
     the intent stays unresolved.
-  - An unmarked 4xx is final only on the first attempt of an intent that
-    nothing earlier can have sent (this Client created it, or it was stored
-    not sent, and net/http wrote the request once): whoever refused it,
-    nothing was charged. After an attempt that may have reached the
-    server, an unmarked 4xx ends the call with its outcome unknown like a 2xx:
-    the gateway that refused the retry says nothing about the attempt that
-    charged. Settle it again later; the server then replays its record.
+  - An unmarked 4xx is never the server's word, on a first attempt or
+    any other, whatever the Mark: it ends the call with its outcome
+    unknown like a 2xx. A WAF's response rule may swap the server's 201 for
+    its own 403 after the server charged. A gateway that refused a retry
+    says nothing about the attempt that charged. The call does not send
+    again in a loop: settle the intent later ([Client.Settle],
+    [Client.Reconcile]); the server then replays its record, or its lookup
+    says what became of it.
   - A replayed answer is final whatever its status, but a redirect's (see
     "Redirects").
   - The lookup ([Client.Reconcile]) makes an intent succeeded only on a
-    2xx that is the server's word, and void only on the lookup's typed
+    2xx that is the server's word on its key: the key's echo, or a body
+    that names the key (MarkIncrease), or, for a recognizer that reads no
+    key (MarkJSONID, MarkRecognizer), the echo of the lookup's nonce
+    without an Age field. A cache that ignores the query string serves
+    one key's lookup to another's; only a cache that copies request
+    header fields into a kept answer, and adds no Age, could still fool a
+    recognizer that reads no key. It makes an intent void only on the lookup's typed
     miss, a 404 problem of type
     https://idem.dev/problems/idempotency-key-unused (or a 404 that a
     [MarkRecognizer] recognises), that echoes the fresh nonce the lookup
@@ -195,9 +202,12 @@ app's own test. No Mark recognises an answer by its status alone.
     a gateway that copies request header fields into its own answers could
     forge it. Any other answer is "cannot tell yet" and changes nothing.
 
-A gateway that reflects the request's Idempotency-Key into its own 4xx
-answers to the POST defeats the mark; the contract asks that nothing on
-the path do so.
+A gateway that copies the request's header fields into its own answer
+would forge the key's echo. So each attempt carries a fresh nonce in
+Idempotency-Attempt-Nonce, which no server sends back: an answer that
+carries it is a reflection, never the server's word. A gateway that
+copies the key alone, and not the nonce, still defeats the mark; the
+contract asks that nothing on the path do so.
 
 One budget governs a call: [RetryPolicy.MaxAttempts], [RetryPolicy.MaxElapsed]
 and the context's deadline; the first to run out ends it, inside an attempt
@@ -243,8 +253,15 @@ CDN's notice) says nothing about the payment, so Do does not follow them;
 the RoundTripper hands them back to the app's http.Client, whose GET then
 passes with no key and no intent.
 
+An answer from another origin (scheme, host, port) than the request's,
+reached by a followed 307 or 308, is the server's word only by the key's
+echo. No Mark's recognizer reads it: a captive portal that redirects the
+POST to its own JSON API answers {"id": "sess_..."}, which MarkJSONID
+would take for a payment. Without the echo, the call ends with the outcome
+unknown.
+
 One redirect is an outcome: a 303 See Other that the server marked as its
-own (the key's echo, or Idempotent-Replayed: true) is its word that the
+own (the key's echo) is its word that the
 work was done, and its Location names the result. The intent succeeds, on
 the first answer or on the replay a retry gets after a lost one. Every
 other redirect (301, 302, a 307 or 308 that was not followed, an unmarked

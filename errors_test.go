@@ -38,6 +38,8 @@ func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				// The server's own answer: an unmarked 4xx settles nothing.
+				w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
 				w.Header().Set("Content-Type", tc.contentType)
 				w.WriteHeader(tc.status)
 				_, _ = io.WriteString(w, tc.body)

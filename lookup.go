@@ -22,6 +22,31 @@ const lookupNonceHeader = "Idempotency-Lookup-Nonce"
 // base32 from the system's random source, which no cache has seen.
 func lookupNonce() string { return rand.Text() }
 
+// lookupTrusted reports a lookup's 2xx (status) that is the server's word
+// on key, given to this lookup, whose nonce is nonce. A cache on the path
+// may ignore the query string and serve the lookup of another key (a rule
+// "cache everything"). So an answer made for another lookup is refused: it
+// echoes another nonce or another key. An answer that names the key, by
+// its echo or in a body the Mark's recognizer reads (MarkIncrease), is
+// this intent's even if a cache kept it: a payment, once made, stays made.
+// A recognizer that reads no key (MarkJSONID, MarkRecognizer) says nothing
+// of which intent the answer is for: the answer must echo this lookup's
+// nonce, and carry no Age field (RFC 9111: a cache served it, and may have
+// copied the nonce from the request). What remains possible: a cache that
+// reflects request header fields into a kept answer and adds no Age.
+func (c *config) lookupTrusted(status int, h http.Header, body []byte, key, nonce string) bool {
+	if len(h.Values(lookupNonceHeader)) > 0 && !echoesNonce(h, nonce) {
+		return false
+	}
+	if len(h.Values("Idempotency-Key")) > 0 {
+		return echoes(h, key)
+	}
+	if !c.trusted(status, h, body, key) {
+		return false
+	}
+	return c.ownNamesKey || h.Get("Age") == "" && echoesNonce(h, nonce)
+}
+
 // echoesNonce reports an answer that echoes nonce, once, as sent.
 func echoesNonce(h http.Header, nonce string) bool {
 	vs := h.Values(lookupNonceHeader)

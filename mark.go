@@ -17,10 +17,11 @@ import (
 // New refuses a Server without one: pick the preset of the API the app
 // calls, MarkJSONID for a plain server, or MarkRecognizer.
 //
-// Every Mark takes the contract's marks: the request's Idempotency-Key
-// echoed back in the answer's header fields, or Idempotent-Replayed: true
-// without an echo of another key. A Mark for a server that leaves some
-// answers without them adds a test of those answers.
+// Every Mark takes the contract's mark: the request's Idempotency-Key
+// echoed back in the answer's header fields. Idempotent-Replayed: true
+// alone is no mark: a cache may serve another intent's replay. A Mark for
+// a server that leaves some answers without the echo adds a test of those
+// answers.
 type Mark struct {
 	// name is how New's errors and the docs spell the Mark.
 	name string
@@ -29,6 +30,10 @@ type Mark struct {
 	// (its body nil when over Server.MaxResponseBytes) and the intent's
 	// key.
 	own func(resp *Response, key string) bool
+	// namesKey says that own recognises an answer only when its body names
+	// the key (MarkIncrease). A lookup's 2xx it recognises is then this
+	// intent's, even when a cache kept it.
+	namesKey bool
 	// invalid says why New refuses the Mark ("" when it does not).
 	invalid string
 }
@@ -51,13 +56,15 @@ var (
 	// (Idempotent-Replayed: true). Its first answer is recognised by its
 	// body: a 2xx JSON object with an id whose idempotency_key field holds
 	// the intent's key, as the objects Increase creates under a key carry
-	// it (an ACH transfer's, say). A first answer without that field stays
-	// unknown, and the next send gets the marked replay. A list whose data
+	// it (an ACH transfer's, say). Its replay is recognised the same way,
+	// never by Idempotent-Replayed alone: a cache that kept intent X's
+	// replay may serve it to intent Y. An answer without that field stays
+	// unknown, and so does a 4xx. A list whose data
 	// holds such an object is recognised too: Increase's list endpoints
 	// filter by idempotency_key, which makes a lookup (Server.LookupQuery
 	// "idempotency_key"). An empty list settles nothing: it is not the
 	// contract's typed miss.
-	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer}
+	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer, namesKey: true}
 )
 
 // MarkJSONID is a plain server that does not echo the key: its answer that
@@ -68,11 +75,15 @@ var (
 // nested one with dots ("data.id"). The status alone never recognises an
 // answer, and a 4xx never is: a gateway's 401 or a WAF's 403 may carry
 // JSON too. A captive portal's page, a CDN's fallback index.html and a
-// login page are not JSON, so they never settle an intent. The lookup's
-// 2xx is read the same way, so the server's lookup answers the resource
-// itself, not a list; its miss voids an intent only as the contract's typed
-// miss (docs/CONTRACT.md). New refuses an empty path, and one with an empty
-// segment.
+// login page are not JSON, so they never settle an intent; nor does an
+// answer from another origin, reached by a followed redirect: a portal's
+// JSON API is JSON too. The lookup's 2xx is read the same way, so the
+// server's lookup answers the resource itself, not a list. The id names
+// no key, so the lookup's 2xx settles only when it echoes the lookup's
+// nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a cache that ignores
+// the query string may serve another key's lookup. Its miss voids an
+// intent only as the contract's typed miss. New refuses an empty path,
+// and one with an empty segment.
 func MarkJSONID(path string) Mark {
 	m := Mark{name: fmt.Sprintf("idem.MarkJSONID(%q)", path)}
 	segments := strings.Split(path, ".")
@@ -94,7 +105,8 @@ func MarkJSONID(path string) Mark {
 // 2xx or a 4xx from a send settles the intent, a lookup's 2xx makes it
 // succeeded and a lookup's 404 makes it void, if it echoes the lookup's
 // nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a 404 a cache kept
-// may be older than the payment. Never recognise an answer by its status
+// may be older than the payment, and a 2xx (without an Age field) may be
+// another key's lookup that a cache kept. Never recognise an answer by its status
 // alone. own must not keep resp; New refuses a nil own.
 func MarkRecognizer(own func(resp *Response) bool) Mark {
 	m := Mark{name: "idem.MarkRecognizer(...)"}

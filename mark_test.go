@@ -1,21 +1,27 @@
 package idem
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -105,9 +111,104 @@ func (l *loseFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// reflectingGateway is an API gateway in front of a fakeserver. It proxies
+// every request, except that it answers the n-th request (from 1) itself
+// when answer says so, with the request's header fields copied into its
+// answer, as some gateways' error templates and mocking layers do.
+func reflectingGateway(t *testing.T, backend string, answer func(n int, w http.ResponseWriter) bool) *httptest.Server {
+	t.Helper()
+	u, _ := url.Parse(backend)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	var n atomic.Int32
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m := int(n.Add(1)); answer != nil {
+			for k, vs := range r.Header {
+				if k == "Content-Length" || k == "Content-Type" || k == "Accept-Encoding" {
+					continue
+				}
+				for _, v := range vs {
+					w.Header().Add(k, v)
+				}
+			}
+			if answer(m, w) {
+				return
+			}
+			for k := range r.Header {
+				w.Header().Del(k)
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(gw.Close)
+	return gw
+}
+
 func TestMark(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+
+	// Path: attempt 1 reaches the server, which charges and commits, but
+	// the answer is lost (FaultDropResponse; the gateway answers 502,
+	// retried). Attempt 2 is answered by the gateway itself, 401 "token
+	// expired", with the request's header fields copied into its answer,
+	// the Idempotency-Key among them. Taken for the server's echo, the 401
+	// would settle the intent failed, though the card was charged: the
+	// app lets the user pay again with a new intent, a second charge.
+	t.Run("a gateway's 401 that copies the request's key never settles as failed", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		gw := reflectingGateway(t, srv.URL, func(n int, w http.ResponseWriter) bool {
+			if n < 2 {
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"message":"Unauthorized"}`))
+			return true
+		})
+		c, err := New(Config{Store: persist.NewMemory(nil), Server: Server{Mark: MarkEcho, LookupQuery: "idempotency_key"},
+			RetryPolicy: RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}})
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		req, _ := JSONRequest(http.MethodPost, gw.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		in, err := c.NewIntent(ctx, "checkout:cart-1", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: charged once")
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.False(t, in.State().Resolved(), "the gateway's 401 carrying a copied Idempotency-Key is not the server's word")
+	})
+
+	// Path: the first attempt is answered by a gateway in maintenance mode
+	// with its own 200 HTML page, the request's header fields copied into
+	// it (Idempotency-Key among them); the server never sees the request.
+	// Taken for the server's echo, the page would settle the intent
+	// succeeded: the app ships the order, and nothing was paid.
+	t.Run("a gateway's 200 page that copies the request's key never settles as paid", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		gw := reflectingGateway(t, srv.URL, func(_ int, w http.ResponseWriter) bool {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte(`<html><body>We'll be back soon</body></html>`))
+			return true
+		})
+		c, err := New(Config{Store: persist.NewMemory(nil), Server: Server{Mark: MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		req, _ := JSONRequest(http.MethodPost, gw.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		in, err := c.NewIntent(ctx, "checkout:cart-2", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Zero(t, srv.Stats().Requests, "setup: the server saw nothing")
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.NotEqual(t, persist.StateSucceeded, in.State(), "the gateway's page is no payment")
+	})
 
 	t.Run("a plain server's 201 carrying the resource's id is paid", func(t *testing.T) {
 		t.Parallel()
@@ -342,6 +443,89 @@ func TestMarkIncrease(t *testing.T) {
 		assert.False(t, resp.Replayed)
 		assert.Equal(t, persist.StateSucceeded, in.State())
 		assert.Len(t, created, 2)
+	})
+
+	// Path: Increase marks only its replays (Idempotent-Replayed: true)
+	// and echoes no key; its objects carry the key in idempotency_key
+	// (emulated here by a proxy in front of fakeserver that drops the echo
+	// and writes the key into the body). A CDN in front caches POST
+	// answers by path (a misconfigured cache rule). Intent X's retry gets
+	// the server's replay, which the cache keeps; intent Y, another
+	// payment to the same URL, gets that replay from the cache. Were the
+	// replay header the mark, Y would be settled succeeded with X's
+	// payment as its answer, and the server never saw Y.
+	t.Run("a cached replay of another intent never settles", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		u, _ := url.Parse(srv.URL)
+		proxy := httputil.NewSingleHostReverseProxy(u)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			resp.Header.Del("Idempotency-Key") // Increase echoes no key
+			var obj map[string]any
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if json.Unmarshal(b, &obj) == nil && obj["id"] != nil {
+				obj["idempotency_key"] = resp.Request.Header.Get("Idempotency-Key")
+				b, _ = json.Marshal(obj)
+			}
+			resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			resp.Header.Set("Content-Length", fmt.Sprint(len(b)))
+			return nil
+		}
+		type cached struct {
+			status int
+			header http.Header
+			body   []byte
+		}
+		var cache atomic.Pointer[cached]
+		cdn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c := cache.Load(); c != nil {
+				for k, v := range c.header {
+					w.Header()[k] = v
+				}
+				w.Header().Set("Age", "3")
+				w.WriteHeader(c.status)
+				_, _ = w.Write(c.body)
+				return
+			}
+			rec := httptest.NewRecorder()
+			proxy.ServeHTTP(rec, r)
+			res := rec.Result()
+			body, _ := io.ReadAll(res.Body)
+			if res.Header.Get("Idempotent-Replayed") == "true" {
+				cache.Store(&cached{res.StatusCode, res.Header.Clone(), body})
+			}
+			for k, v := range res.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(res.StatusCode)
+			_, _ = w.Write(body)
+		}))
+		defer cdn.Close()
+		c, err := New(Config{Store: persist.NewMemory(nil), Server: Server{Mark: MarkIncrease, LookupQuery: "idempotency_key"},
+			RetryPolicy: RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}})
+		require.NoError(t, err)
+		ctx := context.Background()
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		reqX, _ := JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		resp, err := c.Send(ctx, "checkout:cart-x", reqX)
+		require.NoError(t, err, "setup: X's replay carries its key in the body")
+		require.True(t, resp.Replayed, "setup: X was settled by the replay")
+		require.NotNil(t, cache.Load(), "setup: the CDN kept X's replay")
+
+		reqY, _ := JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": 9900, "currency": "AZN", "customer": "cus_2"})
+		in, err := c.NewIntent(ctx, "checkout:cart-y", reqY)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: Y never reached the server")
+		var retryErr *RetryError
+		require.ErrorAs(t, err, &retryErr, "Y is told X's answer")
+		assert.Equal(t, StopUnmarked, retryErr.Reason)
+		assert.False(t, in.State().Resolved(), "Y never reached the server")
 	})
 }
 

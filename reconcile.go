@@ -30,10 +30,13 @@ import (
 // Only the server's word settles the intent (see the package
 // documentation, "Whose word settles an intent"):
 //
-//   - 2xx that echoes the intent's key (Idempotency-Key) or is marked
-//     Idempotent-Replayed, or that Server.Mark recognises: the work
-//     was done; the intent becomes succeeded, with the lookup's answer
-//     stored as its response.
+//   - 2xx that echoes the intent's key (Idempotency-Key), or that
+//     Server.Mark recognises by the key in its body (MarkIncrease), or
+//     that another recognizer recognises and that echoes this lookup's
+//     nonce without an Age field: the work was done; the intent becomes
+//     succeeded, with the lookup's answer stored as its response. A 2xx
+//     that echoes another key or another lookup's nonce is another
+//     lookup's answer, kept by a cache that ignores the query string.
 //   - 404 whose body is the lookup's typed miss (a problem of type
 //     https://idem.dev/problems/idempotency-key-unused), or that
 //     Server.Mark recognises, that echoes the fresh nonce this
@@ -183,7 +186,7 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	now := c.clock.Now()
 
 	switch {
-	case isSuccess(resp.StatusCode) && c.trusted(resp.StatusCode, resp.Header, body, key):
+	case isSuccess(resp.StatusCode) && c.lookupTrusted(resp.StatusCode, resp.Header, body, key, nonce):
 		rec.State = persist.StateSucceeded
 		// The caller owns out; the record keeps its own copy.
 		rec.Response = c.stored(out)
@@ -216,7 +219,7 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		// Not the server's word on the key: a CDN's or an ingress's own
 		// 404, a single-page app's index.html, a gateway's 401, a 2xx
 		// without the echo. It settles nothing.
-		return out, fmt.Errorf("idem: the lookup's answer for intent %s (%d %s) is not the server's word on its key (no Idempotency-Key echo on a 2xx, no typed miss on a 404); nothing changes, reconcile later: %w: %w",
+		return out, fmt.Errorf("idem: the lookup's answer for intent %s (%d %s) is not the server's word on its key (a 2xx without the Idempotency-Key echo or this lookup's nonce, a 404 without the typed miss); nothing changes, reconcile later: %w: %w",
 			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
 			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	}

@@ -645,8 +645,10 @@ func TestAFallbackPageOnTheLookupIsNeverTakenForThePayment(t *testing.T) {
 }
 
 // The lookup's answers that are the server's word settle the intent: a 2xx
-// that echoes the key or is a replay, a 404 of the typed miss; an app whose
-// server cannot mark them recognises its own with idem.MarkRecognizer.
+// that echoes the key, a 404 of the typed miss; an app whose server cannot
+// mark them recognises its own with idem.MarkRecognizer, and its
+// recognised answers echo the lookup's nonce. An answer made for another
+// lookup (another key's, another nonce's) settles nothing.
 func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 	t.Parallel()
 	recognised := idem.WithServer(idem.Server{Lookup: contractLookup, Mark: idem.MarkRecognizer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })})
@@ -669,10 +671,39 @@ func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
 		}, nil, persist.StateExpired},
 		{"typed miss without the echo", writeKeyUnused, nil, persist.StateVoid},
-		{"recognised 200", func(w http.ResponseWriter, _ *http.Request) {
+		{"recognised 200", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Served-By", "payments")
+			w.Header().Set(idempotency.LookupNonceHeader, r.Header.Get(idempotency.LookupNonceHeader))
 			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
 		}, []idem.Option{recognised}, persist.StateSucceeded},
+		// A recognizer reads no key: without this lookup's nonce, the 200
+		// may be another key's lookup that a cache kept.
+		{"recognised 200 without the lookup's nonce", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("X-Served-By", "payments")
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, []idem.Option{recognised}, persist.StateExpired},
+		{"recognised 200 with the nonce from a cache", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Served-By", "payments")
+			w.Header().Set(idempotency.LookupNonceHeader, r.Header.Get(idempotency.LookupNonceHeader))
+			w.Header().Set("Age", "30")
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, []idem.Option{recognised}, persist.StateExpired},
+		{"200 echoing the key and another lookup's nonce", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
+			w.Header().Set(idempotency.LookupNonceHeader, "ANOTHERLOOKUPSNONCE")
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, nil, persist.StateExpired},
+		{"200 echoing the key from a cache", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Idempotency-Key", r.URL.Query().Get("idempotency_key"))
+			w.Header().Set("Age", "30")
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, nil, persist.StateSucceeded},
+		{"recognised 200 echoing another key", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Served-By", "payments")
+			w.Header().Set("Idempotency-Key", "another-key")
+			w.Header().Set(idempotency.LookupNonceHeader, r.Header.Get(idempotency.LookupNonceHeader))
+			strangerPage(w, http.StatusOK, "application/json", `{"id":"pay_1"}`)
+		}, []idem.Option{recognised}, persist.StateExpired},
 		{"recognised 404", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Served-By", "payments")
 			w.Header().Set(idempotency.LookupNonceHeader, r.Header.Get(idempotency.LookupNonceHeader))
@@ -711,6 +742,87 @@ func TestReconcileSettlesOnTheServersWord(t *testing.T) {
 			assert.Equal(t, tc.state, in.State())
 		})
 	}
+
+	// Path: the lookup's miss is trusted only when it echoes the lookup's
+	// nonce (a cache may have kept it), and so is a 2xx that only a
+	// recognizer that reads no key vouches for: under MarkJSONID any 2xx
+	// JSON with an id would settle the intent succeeded. A CDN with a
+	// "cache everything, ignore the query string" rule (the server is a
+	// plain one: the echo is dropped here to make it so) keeps the
+	// lookup's answer for intent X, GET /payments?idempotency_key=X, and
+	// serves it to the lookup of intent Y, GET
+	// /payments?idempotency_key=Y. Y, which the server never saw (its one
+	// attempt got a proxy's 503), would be settled succeeded, with X's
+	// payment as its receipt.
+	t.Run("a cached lookup of another key never settles", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		u, _ := url.Parse(srv.URL)
+		proxy := httputil.NewSingleHostReverseProxy(u)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			resp.Header.Del("Idempotency-Key") // a plain server: no echo
+			return nil
+		}
+		type cached struct {
+			status int
+			header http.Header
+			body   []byte
+		}
+		var cache sync.Map // path (the query ignored) -> *cached
+		cdn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet {
+				if v, ok := cache.Load(r.URL.Path); ok {
+					c := v.(*cached)
+					for k, v := range c.header {
+						w.Header()[k] = v
+					}
+					w.WriteHeader(c.status)
+					_, _ = w.Write(c.body)
+					return
+				}
+			}
+			rec := httptest.NewRecorder()
+			proxy.ServeHTTP(rec, r)
+			res := rec.Result()
+			body, _ := io.ReadAll(res.Body)
+			if r.Method == http.MethodGet && res.StatusCode == http.StatusOK {
+				cache.Store(r.URL.Path, &cached{res.StatusCode, res.Header.Clone(), body})
+			}
+			for k, v := range res.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(res.StatusCode)
+			_, _ = w.Write(body)
+		}))
+		defer cdn.Close()
+		ctx := context.Background()
+		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkJSONID("id"), LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		// X is paid, and someone (another device, a support tool) looks it
+		// up through the CDN.
+		reqX, _ := idem.JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		inX, err := c.NewIntent(ctx, "checkout:cart-x", reqX)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, inX)
+		require.NoError(t, err, "setup: X")
+		lr, err := http.Get(cdn.URL + "/payments?idempotency_key=" + url.QueryEscape(inX.Key()))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, lr.Body)
+		lr.Body.Close()
+		require.Equal(t, http.StatusOK, lr.StatusCode, "setup: X's lookup is cached")
+		// Y: one attempt, a proxy's 503; the server never sees it.
+		reqY, _ := idem.JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": 9900, "currency": "AZN", "customer": "cus_2"})
+		inY, err := c.NewIntent(ctx, "checkout:cart-y", reqY)
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 503, Path: "/payments"}))
+		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), inY)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "setup: Y")
+		_, err = c.Reconcile(ctx, inY)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: Y never charged")
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.False(t, inY.State().Resolved(), "Y's lookup got X's cached answer")
+	})
 }
 
 // The lookup asks caches on the path to go to the server: a "not found"

@@ -7,9 +7,8 @@ import (
 
 // What a redirect answer to a POST or PATCH means.
 //
-//   - A 303 See Other marked as the server's (its key echoed, or
-//     Idempotent-Replayed) is the server's word that the work was done:
-//     its Location names the result. It is the intent's final answer, a
+//   - A 303 See Other marked as the server's (its key echoed) is the
+//     server's word that the work was done: its Location names the result. It is the intent's final answer, a
 //     success, fresh or replayed; a retry after a lost first answer gets
 //     the replayed 303 and ends paid.
 //   - 307 and 308 are followed, with the intent's stored bytes, by

@@ -130,6 +130,37 @@ func TestARedirectAfterAnAttemptThatChargedLeavesTheOutcomeUnknown(t *testing.T)
 func TestRedirect(t *testing.T) {
 	t.Parallel()
 
+	// Path: a captive portal (or a misrouted ingress) answers the payment's
+	// POST with 307 to its own JSON API on another host; idem's
+	// http.Client follows it (redirectPolicy follows a 307 that keeps the
+	// method, to any host), and the portal's 200 application/json
+	// {"id": "sess_..."} would be read by MarkJSONID as the payment
+	// server's created resource. The server never saw the request.
+	t.Run("a stranger's JSON after a redirect to another origin never settles", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		portalAPI := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"sess_8f2c","status":"login_required","login_url":"http://portal.example/login"}`))
+		}))
+		defer portalAPI.Close()
+		portal := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, portalAPI.URL+"/api/v1/sessions", http.StatusTemporaryRedirect)
+		}))
+		defer portal.Close()
+		for _, mark := range []idem.Mark{idem.MarkJSONID("id"), idem.MarkRecognizer(func(*idem.Response) bool { return true })} {
+			c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: mark, LookupQuery: "idempotency_key"}})
+			require.NoError(t, err)
+			req, _ := idem.JSONRequest(http.MethodPost, portal.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+			in, err := c.NewIntent(context.Background(), "checkout:cart-7", req)
+			require.NoError(t, err)
+			_, err = c.Do(context.Background(), in)
+			requireStop(t, err, idem.StopUnmarked)
+			assert.False(t, in.State().Resolved(), "%v: the portal's JSON answer settled the intent", mark)
+		}
+	})
+
 	t.Run("a replayed 303 after a lost first answer ends paid", func(t *testing.T) {
 		t.Parallel()
 		srv, charges := seeOtherServer(t, 1)

@@ -77,7 +77,9 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 		assert.Equal(t, receipt, string(in.Response().Body))
 	})
 	// The lookup's answer with no header field: the bound of its body is
-	// the whole limit, the one that would wrap around.
+	// the whole limit, the one that would wrap around. Without the echo of
+	// the lookup's nonce, a recognised 2xx settles nothing (a cache may
+	// have kept another key's lookup), but its body is read whole.
 	t.Run("lookup answer without header fields", func(t *testing.T) {
 		t.Parallel()
 		addr := headerless(t, func(req *http.Request) string {
@@ -94,13 +96,10 @@ func TestServerMaxResponseBytesAtItsLargestKeepsEveryBody(t *testing.T) {
 		_, err = c.Do(context.Background(), in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		resp, err := c.Reconcile(context.Background(), in)
-		require.NoError(t, err)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		assert.Empty(t, resp.Header, "no header field")
 		assert.Equal(t, receipt, string(resp.Body), "the lookup's answer is read whole")
-		assert.Equal(t, persist.StateSucceeded, in.State())
-		stored := in.Response()
-		require.NotNil(t, stored)
-		assert.Equal(t, receipt, string(stored.Body), "and kept whole")
+		assert.False(t, in.State().Resolved(), "no echo of the lookup's nonce")
 	})
 }
 

@@ -4,10 +4,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
 )
 
 // A Config names how the server marks its answers: Open refuses one
@@ -75,4 +80,64 @@ func TestConfigMark(t *testing.T) {
 			assert.Equal(t, tc.want, res.Outcome)
 		})
 	}
+
+	// Path: Pay's first attempt passes a WAF with a response-phase rule;
+	// the server charges and answers 201, and the WAF swaps the answer for
+	// its own 403 page, which carries no echo of the key. Were an unmarked
+	// 4xx final on a first attempt, Pay would return OutcomeFailed ("a
+	// declined card; PayAnew starts a new payment"): the app offers
+	// PayAnew and the user is charged twice.
+	t.Run("a WAF's 403 that replaced the server's 201 is unknown", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(nil)
+		defer srv.Close()
+		u, _ := url.Parse(srv.URL)
+		proxy := httputil.NewSingleHostReverseProxy(u)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			resp.Body.Close()
+			body := "<html><body>Request blocked by security policy</body></html>"
+			resp.StatusCode, resp.Status = http.StatusForbidden, "403 Forbidden"
+			resp.Header = http.Header{"Content-Type": {"text/html"}}
+			resp.Body = io.NopCloser(strings.NewReader(body))
+			resp.ContentLength = int64(len(body))
+			return nil
+		}
+		waf := httptest.NewServer(proxy)
+		defer waf.Close()
+		cfg := NewConfig(stateDir(t), waf.URL)
+		cfg.Mark = "echo"
+		c, err := Open(cfg)
+		require.NoError(t, err)
+		defer c.Close()
+		res, err := c.Pay("checkout:cart-1", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: the server charged")
+		assert.Equal(t, OutcomeUnknown, res.Outcome, "the card was charged: Kind %q Status %d", res.Kind, res.Status)
+	})
+
+	// Path: a captive portal answers the POST with 307 to its own JSON API
+	// on another host; the facade's http.Client follows it with the same
+	// method and body, and the portal's 200 {"id": "sess_..."} would be
+	// taken by the json-id mark for the created payment: a receipt for a
+	// payment the server never saw.
+	t.Run("a portal's JSON after a redirect to another host is not a payment", func(t *testing.T) {
+		t.Parallel()
+		portalAPI := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"sess_8f2c","status":"login_required"}`))
+		}))
+		defer portalAPI.Close()
+		portal := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, portalAPI.URL+"/api/v1/sessions", http.StatusTemporaryRedirect)
+		}))
+		defer portal.Close()
+		cfg := NewConfig(stateDir(t), portal.URL)
+		cfg.Mark = "json-id"
+		c, err := Open(cfg)
+		require.NoError(t, err)
+		defer c.Close()
+		res, err := c.Pay("checkout:cart-2", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeUnknown, res.Outcome, "the portal's answer is no payment: Status %d Body %s", res.Status, res.Body)
+	})
 }

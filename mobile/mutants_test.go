@@ -11,6 +11,20 @@ import (
 func TestMutants(t *testing.T) {
 	mutant.Test(t, []mutant.Mutant{
 		{
+			Name: "unmarked-4xx-final-on-a-first-attempt", File: "call.go",
+			Note:    "Pay's first attempt answered by a WAF's 403 that replaced the server's 201 is failed: PayAnew charges twice",
+			Anchor:  "\tif st.own {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+			Replace: "\tif st.own || !isSuccess(resp.StatusCode) && st.b.attempts == 1 {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+			Pkg:     "./mobile", Run: "^TestConfigMark$/^a_WAF's_403_that_replaced_the_server's_201_is_unknown$",
+		},
+		{
+			Name: "recognizer-trusts-another-origin", File: "answer.go",
+			Note:    "json-id settles an answer from another origin: a captive portal's JSON API, reached by a 307, is a payment",
+			Anchor:  "\tif fromAnotherOrigin(resp) {\n\t\treturn echoes(resp.Header, key)\n\t}\n",
+			Replace: "",
+			Pkg:     "./mobile", Run: "^TestConfigMark$/^a_portal's_JSON_after_a_redirect_to_another_host_is_not_a_payment$",
+		},
+		{
 			Name: "already-paid-as-succeeded", File: "mobile/result.go",
 			Note:    "a changed cart of an action paid earlier is answered as its own success",
 			Anchor:  "r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeAlreadyPaid, KindAlreadyPaid, true, resolved.Error()",

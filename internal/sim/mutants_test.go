@@ -79,22 +79,22 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "lookup-unmarked-2xx-succeeds", File: "reconcile.go",
 		Note:    "a lookup's 2xx without the echo makes the intent succeeded (lookup.fallback-200)",
-		Anchor:  "case isSuccess(resp.StatusCode) && c.trusted(resp.StatusCode, resp.Header, body, key):",
+		Anchor:  "case isSuccess(resp.StatusCode) && c.lookupTrusted(resp.StatusCode, resp.Header, body, key, nonce):",
 		Replace: "case isSuccess(resp.StatusCode):",
 	},
 	{
 		Pkg: simPkg, Run: simRun,
 		Name: "unmarked-4xx-final", File: "call.go",
 		Note:    "an unmarked 4xx after an attempt that may have charged is stored as final (proxy.refuse-post)",
-		Anchor:  "!(isSuccess(resp.StatusCode) || st.mayHaveSentBefore())",
-		Replace: "!isSuccess(resp.StatusCode)",
+		Anchor:  "\tif st.own {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+		Replace: "\tif st.own || !isSuccess(resp.StatusCode) {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
 	},
 	{
 		Pkg: simPkg, Run: simRun,
 		Name: "unmarked-2xx-final", File: "call.go",
 		Note:    "an unmarked 2xx answer to a send is the payment (a captive portal's login page, proxy.refuse-post)",
-		Anchor:  "if st.own || !(isSuccess(resp.StatusCode) || st.mayHaveSentBefore()) {",
-		Replace: "if st.own || isSuccess(resp.StatusCode) || !st.mayHaveSentBefore() {",
+		Anchor:  "\tif st.own {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
+		Replace: "\tif st.own || isSuccess(resp.StatusCode) {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
 	},
 	// Not sent means not sent.
 	{
