@@ -2,7 +2,6 @@ package idem
 
 import (
 	"bytes"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -127,9 +126,6 @@ func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) boo
 // Idempotency-Key among them, forges the key's echo.
 const attemptNonceHeader = "Idempotency-Attempt-Nonce"
 
-// attemptNonce returns a fresh nonce for one attempt.
-func attemptNonce() []string { return []string{rand.Text()} }
-
 // reflected reports an answer that carries the attempt's nonce back: never
 // the server's word, whatever else it carries.
 func reflected(h http.Header) bool { return len(h.Values(attemptNonceHeader)) > 0 }
@@ -145,6 +141,10 @@ func fromAnotherOrigin(resp *http.Response) bool {
 	first := resp.Request
 	for first.Response != nil && first.Response.Request != nil {
 		first = first.Response.Request
+	}
+	if first == resp.Request {
+		// No redirect was followed: the request's own origin.
+		return false
 	}
 	return first.URL == nil || origin(first.URL) != origin(resp.Request.URL)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -155,6 +156,9 @@ type call struct {
 	body           []byte
 	header         http.Header
 	keyValue       [1]string // the Idempotency-Key's value in header
+	// nonce is the call's attempt nonce (attemptNonceHeader), drawn at
+	// its first attempt: every attempt of the call carries it.
+	nonce [1]string
 	// answer is the first attempt's answer body (budgetTransport), held
 	// here to save an allocation; answerUsed once it is taken.
 	answer     budgetBody
@@ -347,9 +351,13 @@ func (st *call) withTrace(ctx context.Context) context.Context {
 // credentials.
 func (st *call) attemptBegins(req *http.Request) {
 	st.attemptStarted(req.Context())
-	// A fresh nonce per attempt, which no server echoes: an answer that
-	// carries it is a reflection (see reflected).
-	req.Header[attemptNonceHeader] = attemptNonce()
+	// A nonce no server echoes: an answer that carries it is a
+	// reflection (see reflected). One per call: a gateway reflects each
+	// attempt as it reflects the first.
+	if st.nonce[0] == "" {
+		st.nonce[0] = rand.Text()
+	}
+	req.Header[attemptNonceHeader] = st.nonce[:]
 	st.authorize(req)
 }
 

@@ -76,7 +76,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "attempt-nonce-not-sent", File: "call.go",
 			Note:    "an attempt carries no nonce: a gateway's reflected answer cannot be told from the server's echo",
-			Anchor:  "\treq.Header[attemptNonceHeader] = attemptNonce()\n",
+			Anchor:  "\treq.Header[attemptNonceHeader] = st.nonce[:]\n",
 			Replace: "",
 			Pkg:     root, Run: "^TestMark$/^a_gateway's_(401|200_page)_that_copies_the_request's_key_never_settles_as_(failed|paid)$",
 		},
