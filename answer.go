@@ -34,7 +34,7 @@ import (
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
 // gateway that copies request header fields into its own answers could
-// forge the echo. Each attempt of a send carries a fresh nonce that no
+// forge the echo. The attempts of a send carry a random nonce that no
 // server sends back (attemptNonceHeader): an answer that carries it is
 // such a copy. The lookup's "nothing was done" is believed only from its
 // typed miss (problemKeyUnused), never from the echo alone.
@@ -119,8 +119,8 @@ func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) boo
 	return c.trusted(resp.StatusCode, resp.Header, body, key)
 }
 
-// attemptNonceHeader is the request header field in which each attempt of
-// a send carries a fresh nonce. No server sends it back (docs/CONTRACT.md),
+// attemptNonceHeader is the request header field in which the attempts of
+// a send carry a random nonce, one per call. No server sends it back (docs/CONTRACT.md),
 // so an answer that carries it is a reflection: a gateway or a mock that
 // copies the request's header fields into its own answer, the
 // Idempotency-Key among them, forges the key's echo.

@@ -203,8 +203,8 @@ app's own test. No Mark recognises an answer by its status alone.
     forge it. Any other answer is "cannot tell yet" and changes nothing.
 
 A gateway that copies the request's header fields into its own answer
-would forge the key's echo. So each attempt carries a fresh nonce in
-Idempotency-Attempt-Nonce, which no server sends back: an answer that
+would forge the key's echo. So the attempts of a call carry a random nonce
+in Idempotency-Attempt-Nonce, which no server sends back: an answer that
 carries it is a reflection, never the server's word. A gateway that
 copies the key alone, and not the nonce, still defeats the mark; the
 contract asks that nothing on the path do so.
