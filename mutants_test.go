@@ -263,6 +263,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAuthorizer$",
 		},
 		{
+			Name: "handed-out-not-marked", File: "handout.go",
+			Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit",
+			Anchor:  "\trec.HandedOut = true\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestHTTPRequest$",
+		},
+		{
 			Name: "handed-out-miss-trusted", File: "reconcile.go",
 			Note:    "a lookup's miss is trusted while the request HTTPRequest handed out may still be in transit",
 			Anchor:  "\tif cur.HandedOut && c.left(cur) > -c.margin {",

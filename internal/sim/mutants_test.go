@@ -177,13 +177,9 @@ var mutants = []mutant.Mutant{
 		Anchor:  "return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0",
 		Replace: "return st.authErr != nil || !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0",
 	},
-	{
-		Pkg: simPkg, Run: simRun,
-		Name: "hand-out-not-marked", File: "handout.go",
-		Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit (app.hand-out)",
-		Anchor:  "\trec.HandedOut = true\n",
-		Replace: "",
-	},
+	// hand-out-not-marked is the root package's (handed-out-not-marked):
+	// the simulation's default seeds do not reach a lookup between a
+	// hand-out and the app's late send.
 	{
 		Pkg: simPkg, Run: simRun,
 		Name: "hand-out-past-expiry", File: "handout.go",
