@@ -71,7 +71,7 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "migrate-knows-migrations-by-version-only", File: "idempotency/pgstore/migrate.go",
-			Note:    "Migrate takes a recorded migration for its own when the version matches, whatever its name: an earlier build's 0001 passes",
+			Note:    "Migrate takes a recorded migration for its own when the version matches, whatever its name: another schema's 0001 passes",
 			Anchor:  "if name, ok := known[r.version]; !ok || name != r.name {",
 			Replace: "if _, ok := known[r.version]; !ok {",
 			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateRefusesUnknownMigrations$", Env: pg,
