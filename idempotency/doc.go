@@ -212,11 +212,9 @@
 // rather than url.Values, must read it in a way these rules preserve.
 //
 // Each record stores the version of the algorithm its fingerprint was made
-// with ([Record.FingerprintVersion]); a request is compared with a record
-// by the record's version. Records stored before the query counted are
-// version 1 (method, path and body), so their retries keep
-// matching across the upgrade, as the query never counted for them; new
-// records are version 2.
+// with ([Record.FingerprintVersion]): 1, the algorithm above. A record of
+// another version never matches a request: a key reused with it is 422,
+// whatever the body. A release that changes the algorithm numbers it 2.
 //
 // Two bodies that a handler reads differently must never share a
 // fingerprint, or a key reused for a changed body would replay the first

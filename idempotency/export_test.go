@@ -33,12 +33,10 @@ var (
 
 const DefaultMaxDepth = defaultMaxDepth
 
-// The fingerprint's versions and its type, for the external tests.
+// The fingerprint's type and version, for the external tests.
 type Fingerprint = fingerprint
 
-var NewFingerprintVersion = newFingerprintVersion
-
-const FingerprintV1 = fingerprintV1
+const FingerprintVersion = fingerprintVersion
 
 // The problem types and defaults the external tests check answers against.
 const (

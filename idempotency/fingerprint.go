@@ -27,15 +27,11 @@ import (
 // does not. It is the type of [Record.Fingerprint].
 type fingerprint = [sha256.Size]byte
 
-// Fingerprint versions (see [Record.FingerprintVersion]).
-const (
-	// fingerprintV1 is SHA-256 over the method, the path and the body: the
-	// query string is not part of it.
-	fingerprintV1 = 1
-	// fingerprintV2 adds the query string, canonically (see
-	// newFingerprint). New records are fingerprinted with it.
-	fingerprintV2 = 2
-)
+// fingerprintVersion numbers the algorithm of newFingerprint (see
+// [Record.FingerprintVersion]). It is the only one this code makes or
+// reads: a record of another version never matches a request. A release
+// that changes the algorithm gives it the next number.
+const fingerprintVersion = 1
 
 // defaultMaxDepth is the deepest nesting of objects and arrays a JSON body
 // may have when [Config.MaxDepth] is zero: {} is one level, {"a":[]} two.
@@ -61,8 +57,8 @@ var (
 	errJSONNotUTF8 = errors.New("idempotency: JSON body is not UTF-8")
 )
 
-// newFingerprint fingerprints a request with the current algorithm,
-// [fingerprintV2]: SHA-256 over the method, the path, the query string
+// newFingerprint fingerprints a request with the algorithm of
+// [fingerprintVersion]: SHA-256 over the method, the path, the query string
 // (rawQuery, without the '?') and the body.
 //
 // The query is taken canonically, as a handler reads it through url.Values:
@@ -94,41 +90,25 @@ var (
 // The work and memory are linear in the size of the body, and n log n in
 // the number of query parameters.
 func newFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (fingerprint, error) {
-	return newFingerprintVersion(fingerprintV2, method, path, rawQuery, body, maxDepth)
-}
-
-// newFingerprintVersion fingerprints a request with the algorithm of the
-// given version, so that a record keeps matching its retries after the
-// algorithm changed: [fingerprintV1] (or 0, a record stored before versions
-// existed) ignores rawQuery; [fingerprintV2] is newFingerprint. Another
-// version is an error.
-func newFingerprintVersion(version int, method, path, rawQuery string, body []byte, maxDepth int) (fingerprint, error) {
-	var f fingerprint
-	if version != 0 && version != fingerprintV1 && version != fingerprintV2 {
-		return f, fmt.Errorf("idempotency: unknown fingerprint version %d", version)
-	}
 	c, err := parseJSON(body, maxDepth)
 	if c != nil {
 		defer c.release()
 	}
 	if err != nil {
-		return f, err
+		return fingerprint{}, err
 	}
-	return fingerprintParsed(version, method, path, rawQuery, body, c), nil
+	return fingerprintParsed(method, path, rawQuery, body, c), nil
 }
 
-// fingerprintParsed is newFingerprintVersion for a known version and a
-// body already parsed: c is parseJSON's canon of body, nil when body is
-// not JSON.
-func fingerprintParsed(version int, method, path, rawQuery string, body []byte, c *canon) fingerprint {
+// fingerprintParsed is newFingerprint for a body already parsed: c is
+// parseJSON's canon of body, nil when body is not JSON.
+func fingerprintParsed(method, path, rawQuery string, body []byte, c *canon) fingerprint {
 	var f fingerprint
 	h := newHasher()
 	defer h.release()
 	h.stringField(method)
 	h.stringField(path)
-	if version == fingerprintV2 {
-		writeQuery(h, rawQuery)
-	}
+	writeQuery(h, rawQuery)
 	if c != nil {
 		// The body is the last field, so its end needs no length.
 		h.byte('j')

@@ -17,20 +17,19 @@ import (
 // them when they were written. Records already stored compare against
 // these values, so a change to how the fingerprint is computed must leave
 // every one of them as it is. IDEM_WRITE_GOLDEN=1 rewrites the file; do it
-// only for a new version of the algorithm. JSON bodies that are not
+// only with a new version of the algorithm. JSON bodies that are not
 // UTF-8 were read lossily (as U+FFFD) until JSON had to be UTF-8; they
 // are refused since, as "error not-utf8", and no other line changed.
 const goldenPath = "testdata/fingerprint_golden.txt"
 
 type goldenCase struct {
-	version             int
 	method, path, query string
 	body                []byte
 	maxDepth            int
 }
 
 func (c goldenCase) line() string {
-	fp, err := newFingerprintVersion(c.version, c.method, c.path, c.query, c.body, c.maxDepth)
+	fp, err := newFingerprint(c.method, c.path, c.query, c.body, c.maxDepth)
 	out := hex.EncodeToString(fp[:])
 	if err != nil {
 		// The error's kind, not its text, is what callers rely on.
@@ -45,12 +44,12 @@ func (c goldenCase) line() string {
 			out = "error not-utf8"
 		}
 	}
-	in := sha256.Sum256(fmt.Appendf(nil, "%d\x00%s\x00%s\x00%s\x00%d\x00%s", c.version, c.method, c.path, c.query, c.maxDepth, c.body))
+	in := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%s\x00%d\x00%s", c.method, c.path, c.query, c.maxDepth, c.body))
 	return hex.EncodeToString(in[:8]) + " " + out
 }
 
 // goldenCases are the bodies and queries of the fingerprint's tests and
-// fuzz seeds, each in both versions, then bodies made at random from a
+// fuzz seeds, then bodies made at random from a
 // fixed seed: objects, arrays, escapes, invalid UTF-8, every size from
 // empty to past the hashing buffer, and bodies that are not JSON.
 func goldenCases() []goldenCase {
@@ -78,20 +77,18 @@ func goldenCases() []goldenCase {
 	queries := []string{"", "a=1", "param1=a&param2=b", "b=2&a=1", "a=1&a=2", "a=2&a=1", "a=%zz;b", "x=a+b&name=%7E",
 		"&&=&", "a", "a=", "%20=%2B", "a;b=1&c=2", "q=" + strings.Repeat("w", 40<<10)}
 	var cs []goldenCase
-	for _, v := range []int{0, fingerprintV1, fingerprintV2} {
-		for _, b := range bodies {
-			cs = append(cs, goldenCase{version: v, method: "POST", path: "/payments", body: []byte(b)})
-		}
-		for _, q := range queries {
-			cs = append(cs, goldenCase{version: v, method: "GET", path: "/p", query: q, body: []byte(`{"b":1,"a":2}`)})
-		}
+	for _, b := range bodies {
+		cs = append(cs, goldenCase{method: "POST", path: "/payments", body: []byte(b)})
+	}
+	for _, q := range queries {
+		cs = append(cs, goldenCase{method: "GET", path: "/p", query: q, body: []byte(`{"b":1,"a":2}`)})
 	}
 	cs = append(cs,
-		goldenCase{version: fingerprintV2, method: "POST", path: "/p", body: []byte(`[[[[[[1]]]]]]`), maxDepth: 5},
-		goldenCase{version: fingerprintV2, method: "POST", path: "/p", body: []byte(`[[[[[1]]]]]`), maxDepth: 5},
-		goldenCase{version: fingerprintV2, method: "POST/", path: "ab"},
-		goldenCase{version: fingerprintV2, method: "POST", path: "/ab"},
-		goldenCase{version: fingerprintV2, method: "PATCH", path: strings.Repeat("/p", 20<<10), body: []byte(`{"a":1}`)},
+		goldenCase{method: "POST", path: "/p", body: []byte(`[[[[[[1]]]]]]`), maxDepth: 5},
+		goldenCase{method: "POST", path: "/p", body: []byte(`[[[[[1]]]]]`), maxDepth: 5},
+		goldenCase{method: "POST/", path: "ab"},
+		goldenCase{method: "POST", path: "/ab"},
+		goldenCase{method: "PATCH", path: strings.Repeat("/p", 20<<10), body: []byte(`{"a":1}`)},
 	)
 	r := rand.New(rand.NewPCG(26, 1))
 	for i := range 3000 {
@@ -106,7 +103,7 @@ func goldenCases() []goldenCase {
 		case 1:
 			body = append([]byte(" \n"), append(body, '\t')...)
 		}
-		cs = append(cs, goldenCase{version: fingerprintV2, method: "POST", path: "/payments", body: body, maxDepth: []int{0, 3, 6}[r.IntN(3)]})
+		cs = append(cs, goldenCase{method: "POST", path: "/payments", body: body, maxDepth: []int{0, 3, 6}[r.IntN(3)]})
 	}
 	return cs
 }
@@ -180,7 +177,7 @@ func TestFingerprintGolden(t *testing.T) {
 	check := func(order []int) {
 		for _, i := range order {
 			if got := cs[i].line(); got != want[i] {
-				t.Fatalf("case %d (version %d, %s %s?%.40q, body %.80q): %s, was %s", i, cs[i].version, cs[i].method, cs[i].path, cs[i].query, cs[i].body, got, want[i])
+				t.Fatalf("case %d (%s %s?%.40q, body %.80q): %s, was %s", i, cs[i].method, cs[i].path, cs[i].query, cs[i].body, got, want[i])
 			}
 		}
 	}

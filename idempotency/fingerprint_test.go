@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"encoding/hex"
 	"fmt"
 	"strings"
 	"testing"
@@ -248,25 +247,6 @@ func TestFingerprintTakesTheQueryCanonically(t *testing.T) {
 		})
 	}
 	assert.NotEqual(t, fp("a=1"), fingerprint(t, "POST", "/payments?a=1", body), "the query is not part of the path")
-}
-
-// TestFingerprintVersion1IsTheAlgorithmBeforeTheQuery: records stored
-// before the query counted hold these fingerprints (computed by that
-// code); version 1 must keep producing them, whatever the query.
-func TestFingerprintVersion1IsTheAlgorithmBeforeTheQuery(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct{ path, body, want string }{
-		{"/payments", `{"amount":1500,"currency":"AZN","customer":"cus_1"}`, "908f0081dd8065be9d13dc3da27aef99543f4357ee3c16dd3f54f6723a93ec88"},
-		{"/x", "a=1&b=2", "32d6c515b0d9fa0c3f01459988cb7a235a82616f140e5544a49d50729afcf696"},
-	} {
-		for _, v := range []int{0, idempotency.FingerprintV1} {
-			f, err := idempotency.NewFingerprintVersion(v, "POST", c.path, "ignored=1", []byte(c.body), 0)
-			require.NoError(t, err)
-			assert.Equal(t, c.want, hex.EncodeToString(f[:]), "version %d of %s", v, c.body)
-		}
-	}
-	_, err := idempotency.NewFingerprintVersion(3, "POST", "/x", "", nil, 0)
-	assert.ErrorContains(t, err, "unknown fingerprint version 3")
 }
 
 // FuzzFingerprintQuery: any query string fingerprints without failing, and

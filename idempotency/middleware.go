@@ -287,7 +287,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return
 	}
-	fp := fingerprintParsed(fingerprintV2, r.Method, r.URL.Path, r.URL.RawQuery, body, c)
+	fp := fingerprintParsed(r.Method, r.URL.Path, r.URL.RawQuery, body, c)
 	rb := jsonbody.NewBody(body, c.reading())
 	r.Body = rb
 	var (
@@ -315,7 +315,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &Record{
 		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
 		Fingerprint:        fp,
-		FingerprintVersion: fingerprintV2,
+		FingerprintVersion: fingerprintVersion,
 		Status:             StatusInProgress,
 		StableID:           m.cfg.NewStableID(),
 		Owner:              rand.Text(),
@@ -334,7 +334,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			select {
 			case <-f.decided:
 				if f.existing != nil && f.existing.Status == StatusCompleted {
-					m.answer(w, r, f.existing, rec, body)
+					m.answer(w, r, f.existing, rec)
 					return
 				}
 			case <-ctx.Done():
@@ -368,8 +368,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.run(w, r, rec, false, parsed)
 			return
 		}
-		if !m.sameContent(existing, rec, r, body) || existing.Status == StatusCompleted {
-			m.answer(w, r, existing, rec, body)
+		if !sameContent(existing, rec) || existing.Status == StatusCompleted {
+			m.answer(w, r, existing, rec)
 			return
 		}
 		// The lease is judged on the store's clock, at the moment the
@@ -380,16 +380,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if m.once != nil {
-			// A lease-mode record whose lease ended, which RunOnce did not
-			// take over: its fingerprint is of another version (the same
-			// content, by sameContent), and RunOnce takes over only a
-			// record whose fingerprint is the request's. The request takes
-			// the record's. The work never runs outside RunOnce, where
-			// its transaction is.
-			if existing.FingerprintVersion != rec.FingerprintVersion {
-				rec.Fingerprint, rec.FingerprintVersion = existing.Fingerprint, existing.FingerprintVersion
-				continue
-			}
+			// A lease-mode record whose lease ended, with the request's
+			// content, which RunOnce did not take over: a TxStore takes
+			// such a record over itself, so this one changed meanwhile.
+			// The work never runs outside RunOnce, where its transaction
+			// is: the retry will see how the record ended.
 			m.inProgress(w, r, busy(rec), now)
 			return
 		}
@@ -413,8 +408,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // answer answers a request with the record of its key that another
 // request completed: 422 if the content differs, else its replay.
-func (m *middleware) answer(w http.ResponseWriter, r *http.Request, existing, rec *Record, body []byte) {
-	if !m.sameContent(existing, rec, r, body) {
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, existing, rec *Record) {
+	if !sameContent(existing, rec) {
 		m.report(r, outcomeReused)
 		(&Problem{Type: typeKeyReused, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 			Detail: "this key was already used for a request with a different method, path, query or body; use a new key for a new intent"}).Write(w)
@@ -530,19 +525,11 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 }
 
 // sameContent reports whether the request of rec has the content of the
-// existing record, fingerprinted with the existing record's algorithm: a
-// record stored before the query counted (version 1) is compared
-// without it, so that its retries keep matching across the upgrade. A
-// version this code does not know does not match.
-func (m *middleware) sameContent(existing, rec *Record, r *http.Request, body []byte) bool {
-	if existing.FingerprintVersion == rec.FingerprintVersion {
-		return existing.Fingerprint == rec.Fingerprint
-	}
-	if existing.FingerprintVersion != 0 && existing.FingerprintVersion != fingerprintV1 {
-		return false
-	}
-	old, err := newFingerprintVersion(fingerprintV1, r.Method, r.URL.Path, "", body, m.cfg.MaxDepth)
-	return err == nil && existing.Fingerprint == old
+// existing record. A record fingerprinted by another version of the
+// algorithm (a later release's, or none) never matches: its fingerprint
+// cannot be compared with the request's.
+func sameContent(existing, rec *Record) bool {
+	return existing.FingerprintVersion == rec.FingerprintVersion && existing.Fingerprint == rec.Fingerprint
 }
 
 // run does the work as the record's owner and commits or releases.

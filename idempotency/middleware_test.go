@@ -399,9 +399,7 @@ func serveURL(h http.Handler, target, key, body string) *httptest.ResponseRecord
 
 // TestTheQueryIsPartOfTheContent: a key reused with another query is 422
 // (a handler that reads the query would otherwise get another request's
-// answer); the same parameters in another order replay; a record
-// fingerprinted before the query counted (version 1) still replays for its
-// retry.
+// answer); the same parameters in another order replay.
 func TestTheQueryIsPartOfTheContent(t *testing.T) {
 	t.Parallel()
 	store := &idempotency.MemoryStore{}
@@ -416,21 +414,96 @@ func TestTheQueryIsPartOfTheContent(t *testing.T) {
 	assert.Equal(t, 201, reordered.Code)
 	assert.Equal(t, "true", reordered.Header().Get(idempotency.HeaderReplayed))
 	assert.Equal(t, int32(1), c.runs.Load())
+}
 
-	// A record stored by the version before the query counted.
-	old, err := idempotency.NewFingerprintVersion(idempotency.FingerprintV1, http.MethodPost, "/things", "", []byte("x"), 0)
+// TestFingerprintVersion: a record whose fingerprint was made by another
+// version of the algorithm (a later release's, or none) never matches a
+// request, even when its bytes equal the request's fingerprint: the
+// request is 422, nothing replays and nothing runs or is taken over.
+func TestFingerprintVersion(t *testing.T) {
+	t.Parallel()
+	fp, err := idempotency.NewFingerprint(http.MethodPost, "/things", "a=1", []byte("x"), 0)
 	require.NoError(t, err)
-	id := idempotency.ID{Principal: "", Key: "k-old"}
-	_, inserted, err := store.Insert(context.Background(), &idempotency.Record{ID: id, Fingerprint: old, Status: idempotency.StatusInProgress,
-		StableID: "st", Owner: "w", LockedUntil: t0.Add(time.Minute), CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)})
+	for _, v := range []int{0, idempotency.FingerprintVersion + 1} {
+		for _, status := range []string{idempotency.StatusCompleted, idempotency.StatusInProgress} {
+			t.Run(fmt.Sprintf("a %s record of version %d is 422", status, v), func(t *testing.T) {
+				t.Parallel()
+				store := &idempotency.MemoryStore{}
+				c := &counter{status: 201}
+				m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0)})
+				id := idempotency.ID{Principal: "", Key: "k"}
+				// An IN_PROGRESS record's lease has ended: a record of the
+				// request's version would be taken over and run.
+				_, inserted, err := store.Insert(context.Background(), &idempotency.Record{ID: id, Fingerprint: fp, FingerprintVersion: v,
+					Status: idempotency.StatusInProgress, StableID: "st", Owner: "w", LockedUntil: t0.Add(-time.Second),
+					CreatedAt: t0.Add(-time.Minute), ExpiresAt: t0.Add(time.Hour)})
+				require.NoError(t, err)
+				require.True(t, inserted)
+				if status == idempotency.StatusCompleted {
+					require.NoError(t, store.Complete(context.Background(), id, "w", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil))
+				}
+				w := serveURL(m, "/things?a=1", "k", "x")
+				assert.Equal(t, http.StatusUnprocessableEntity, w.Code, w.Body.String())
+				assert.Contains(t, w.Body.String(), idempotency.TypeKeyReused)
+				assert.Zero(t, c.runs.Load(), "the handler ran")
+			})
+		}
+	}
+	t.Run("a record of this version matches", func(t *testing.T) {
+		t.Parallel()
+		store := &idempotency.MemoryStore{}
+		c := &counter{status: 201}
+		m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store, Clock: clock.NewManual(t0)})
+		require.Equal(t, 201, serveURL(m, "/things?a=1", "k", "x").Code)
+		rec, _, err := store.Insert(context.Background(), &idempotency.Record{ID: idempotency.ID{Key: "k"}, ExpiresAt: t0.Add(time.Hour)})
+		require.NoError(t, err)
+		require.NotNil(t, rec)
+		assert.Equal(t, idempotency.FingerprintVersion, rec.FingerprintVersion)
+		assert.Equal(t, fp, idempotency.Fingerprint(rec.Fingerprint), "the fingerprint stored is NewFingerprint's")
+		assert.Equal(t, "true", serveURL(m, "/things?a=1", "k", "x").Header().Get(idempotency.HeaderReplayed))
+	})
+}
+
+// endedLeaseTxStore is a TxStore whose RunOnce returns the key's record,
+// a lease-mode one whose lease has ended, without taking it over or
+// running the work, as if the record changed under it. Its MemoryStore
+// holds that record, so a TakeOver outside RunOnce would succeed.
+type endedLeaseTxStore struct {
+	*idempotency.MemoryStore
+}
+
+func (s endedLeaseTxStore) Get(ctx context.Context, id idempotency.ID, now time.Time) (*idempotency.Record, bool, error) {
+	rec, _, err := s.Insert(ctx, &idempotency.Record{ID: id, ExpiresAt: now}) // reads the live record
+	return rec, rec != nil, err
+}
+
+func (s endedLeaseTxStore) RunOnce(ctx context.Context, rec *idempotency.Record,
+	_ func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error)) (*idempotency.Record, error) {
+	existing, _, err := s.Insert(ctx, &idempotency.Record{ID: rec.ID, ExpiresAt: rec.CreatedAt})
+	return existing, err
+}
+
+// TestOneTransactionNeverRunsTheWorkOutsideRunOnce: in the
+// single-transaction mode, a lease-mode record of the request's content
+// whose lease has ended, which RunOnce returned rather than took over, is
+// 409: the middleware does not take it over itself, since the handler
+// would run without its transaction.
+func TestOneTransactionNeverRunsTheWorkOutsideRunOnce(t *testing.T) {
+	t.Parallel()
+	mem := &idempotency.MemoryStore{Clock: clock.NewManual(t0)}
+	fp, err := idempotency.NewFingerprint(http.MethodPost, "/things", "", []byte("x"), 0)
+	require.NoError(t, err)
+	_, inserted, err := mem.Insert(context.Background(), &idempotency.Record{ID: idempotency.ID{Key: "k"}, Fingerprint: fp,
+		FingerprintVersion: idempotency.FingerprintVersion, Status: idempotency.StatusInProgress, StableID: "st", Owner: "dead",
+		LockedUntil: t0.Add(-time.Second), CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)})
 	require.NoError(t, err)
 	require.True(t, inserted)
-	require.NoError(t, store.Complete(context.Background(), id, "w", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil))
-	retry := serveURL(m, "/things?param2=b", "k-old", "x")
-	assert.Equal(t, 201, retry.Code)
-	assert.Equal(t, "old", retry.Body.String(), "the version-1 record's retry replays it")
-	assert.Equal(t, http.StatusUnprocessableEntity, serveURL(m, "/things", "k-old", "y").Code, "another body is still another request")
-	assert.Equal(t, int32(1), c.runs.Load())
+	c := &counter{status: 201}
+	m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: endedLeaseTxStore{mem}, Clock: clock.NewManual(t0),
+		OneTransaction: true})
+	w := serveURL(m, "/things", "k", "x")
+	assert.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	assert.Zero(t, c.runs.Load(), "the handler ran outside RunOnce")
 }
 
 // TestEveryAnswerToAKeyedRequestEchoesTheKey: the middleware marks each of

@@ -43,7 +43,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "fingerprint-ignores-query", File: "idempotency/fingerprint.go",
 			Note:    "the query string is not part of the fingerprint",
-			Anchor:  "\t\twriteQuery(h, rawQuery)\n",
+			Anchor:  "\twriteQuery(h, rawQuery)\n",
 			Replace: "\n",
 			Pkg:     "./idempotency", Run: "^TestTheQueryIsPartOfTheContent$",
 		},
@@ -62,11 +62,18 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestFingerprintTakesTheQueryCanonically$",
 		},
 		{
-			Name: "old-records-compared-with-new-fingerprint", File: "idempotency/middleware.go",
-			Note:    "a record fingerprinted before the query counted is compared with the new algorithm",
-			Anchor:  "if existing.FingerprintVersion != 0 && existing.FingerprintVersion != fingerprintV1 {",
-			Replace: "if true {",
-			Pkg:     "./idempotency", Run: "^TestTheQueryIsPartOfTheContent$",
+			Name: "other-fingerprint-version-matches", File: "idempotency/middleware.go",
+			Note:    "a record whose fingerprint another version of the algorithm made matches a request with the same bytes",
+			Anchor:  "return existing.FingerprintVersion == rec.FingerprintVersion && existing.Fingerprint == rec.Fingerprint",
+			Replace: "return existing.Fingerprint == rec.Fingerprint",
+			Pkg:     "./idempotency", Run: "^TestFingerprintVersion$",
+		},
+		{
+			Name: "once-lease-takeover-outside-the-transaction", File: "idempotency/middleware.go",
+			Note:    "in the single-transaction mode, an ended lease that RunOnce returned rather than took over is taken over as in the lease mode: the handler runs without its transaction",
+			Anchor:  "\t\tif m.once != nil {\n\t\t\t// A lease-mode record whose lease ended",
+			Replace: "\t\tif false {\n\t\t\t// A lease-mode record whose lease ended",
+			Pkg:     "./idempotency", Run: "^TestOneTransactionNeverRunsTheWorkOutsideRunOnce$",
 		},
 		{
 			Name: "scope-defaults-to-credential", File: "idempotency/middleware.go",

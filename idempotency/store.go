@@ -101,12 +101,11 @@ type Record struct {
 	// Fingerprint identifies the request's content: SHA-256 over its
 	// method, path, query and body (see "Fingerprint" in the package docs).
 	Fingerprint [sha256.Size]byte
-	// FingerprintVersion is the algorithm Fingerprint was made with: 2
-	// (method, path, query and body) for new records; 1 (method, path and
-	// body) for records stored before the query counted. A record stored
-	// before versions existed reads as 0, which means 1. Stores keep it, so
-	// that a record keeps matching its retries across a change of the
-	// algorithm.
+	// FingerprintVersion is the algorithm Fingerprint was made with: 1
+	// (method, path, query and body), the only one this release makes. A
+	// record of any other version, 0 included, never matches a request.
+	// Stores keep it as they were given it, so that a release that changes
+	// the algorithm can tell its records from this one's.
 	FingerprintVersion int
 	// Status is StatusInProgress or StatusCompleted.
 	Status string

@@ -12,8 +12,8 @@
 // and an index on expires_at for the sweep; idempotency_inbox holds the
 // ids of processed messages. Call Migrate at start-up; several processes
 // may call it at once. Migrate refuses a database that records a
-// migration it does not have, such as one made by a build from before the
-// first release: such a database is not upgraded.
+// migration it does not have, such as one made by a newer version: it
+// changes nothing there.
 //
 // Teams that run their migrations with goose or golang-migrate pass
 // [Migrations] to their tool instead: the same statements, in files those

@@ -2,8 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"os"
 	"testing"
 
@@ -42,18 +40,4 @@ func newPool(t *testing.T, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	return pool
-}
-
-// fingerprintV1 is the version 1 fingerprint (method, path and body: from
-// before the query counted) of a request whose body is JSON in canonical
-// form, as the middleware computes it: SHA-256 over the method and the
-// path, each after its length in 8 big-endian bytes, then 'j' and the
-// body. Records stored by earlier versions hold such fingerprints.
-func fingerprintV1(method, path, canonicalJSON string) [sha256.Size]byte {
-	b := binary.BigEndian.AppendUint64(nil, uint64(len(method)))
-	b = append(b, method...)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(path)))
-	b = append(b, path...)
-	b = append(b, 'j')
-	return sha256.Sum256(append(b, canonicalJSON...))
 }

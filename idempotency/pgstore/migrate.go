@@ -309,7 +309,7 @@ func appliedMigrations(ctx context.Context, tx pgx.Tx, ms []migration) (map[int]
 	for _, r := range recorded {
 		if name, ok := known[r.version]; !ok || name != r.name {
 			return nil, fmt.Errorf("pgstore: migrate: the database records migration %s (version %d), which this "+
-				"version of pgstore does not have: a newer version, or a build from before the first release, "+
+				"version of pgstore does not have: a newer version, or another program, "+
 				"migrated it; nothing was changed (migrate with that version, or start from an empty database)",
 				r.name, r.version)
 		}

@@ -37,12 +37,13 @@ func TestMigrateRefusesUnknownMigrations(t *testing.T) {
 		return names
 	}
 
-	t.Run("a database from a build before the first release", func(t *testing.T) {
+	t.Run("a database whose migrations have other names", func(t *testing.T) {
 		pool, err := pgxpool.New(ctx, pgtest.DSN(t))
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
-		// What the earlier builds recorded: their own 0001, 0002 and 0004,
-		// with the records table of 0001.
+		// Another schema's migrations under the versions of this one's:
+		// a 0001 of another name, a 0002 and a 0004, with a records table
+		// of its own.
 		_, err = pool.Exec(ctx, `CREATE TABLE idempotency_schema_migrations (
 			version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
 		INSERT INTO idempotency_schema_migrations (version, name) VALUES
@@ -231,7 +232,7 @@ func TestMigrateRunsABatchedDataMigrationOutsideATransaction(t *testing.T) {
 // database's statement_timeout at 5 s, as production databases guard
 // themselves. A migration that rewrites every row in one statement is
 // cancelled there (it took about 7 s on the machine this was written on),
-// as a migration of an earlier build was on every start.
+// and fails every start after.
 //
 // The design: the first migration creates the tables, so there is nothing
 // to fill before it. The harness applies it (with no timeout), fills the

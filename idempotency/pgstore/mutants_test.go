@@ -71,7 +71,7 @@ func TestMutants(t *testing.T) {
 		},
 		{
 			Name: "migrate-knows-migrations-by-version-only", File: "idempotency/pgstore/migrate.go",
-			Note:    "Migrate takes a recorded migration for its own when the version matches, whatever its name: an earlier build's 0001 passes",
+			Note:    "Migrate takes a recorded migration for its own when the version matches, whatever its name: another schema's 0001 passes",
 			Anchor:  "if name, ok := known[r.version]; !ok || name != r.name {",
 			Replace: "if _, ok := known[r.version]; !ok {",
 			Pkg:     "./idempotency/pgstore", Run: "^TestMigrateRefusesUnknownMigrations$", Env: pg,
@@ -124,6 +124,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "fingerprint_version = $10, response_status = NULL",
 			Replace: "response_status = NULL",
 			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^ExpiryReplaces$", Env: pg,
+		},
+		{
+			Name: "pg-fingerprint-version-zero-written-as-one", File: "idempotency/pgstore/store.go",
+			Note:    "a record without a fingerprint version is stored as version 1, and then matches requests",
+			Anchor:  "micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion,\n",
+			Replace: "micros(rec.ExpiresAt.Sub(rec.CreatedAt)), max(rec.FingerprintVersion, 1),\n",
+			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^FingerprintVersionKept$", Env: pg,
 		},
 		{
 			Name: "pg-once-lock-not-taken", File: "idempotency/pgstore/once.go",
@@ -225,13 +232,7 @@ func TestMutants(t *testing.T) {
 			Replace: "\t)`",
 			Pkg:     "./idempotency/pgstore", Run: "^TestRunOnceHoldsTheRecordItTakesOver$", Env: pg,
 		},
-		{
-			Name: "once-lease-takeover-outside-the-transaction", File: "idempotency/middleware.go",
-			Note:    "in the single-transaction mode, an ended lease of another fingerprint version is taken over as in the lease mode: the handler runs without its transaction, fails, and the key stays stuck",
-			Anchor:  "\t\tif m.once != nil {\n\t\t\t// A lease-mode record whose lease ended",
-			Replace: "\t\tif false {\n\t\t\t// A lease-mode record whose lease ended",
-			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionMeetsALeaseRecord$", Env: pg,
-		},
+
 		{
 			Name: "pg-effect-tx-usable-after-complete", File: "idempotency/pgstore/store.go",
 			Note:    "the transaction Complete gave the effect still works once the connection is back in the pool: an effect that kept it writes into the next user's transaction",

@@ -309,7 +309,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// statements, which may have lowered it: the answer is sent once the
 	// commit is durable (see onceKeySQL).
 	args := []any{callerDigest, rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec), code, header, body, mark}
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, mark}
 	write := insertOnceSQL
 	if row.status != nil || abandoned != nil {
 		write, args = completeOnceSQL, append(args, from) // a record to replace, or one taken over

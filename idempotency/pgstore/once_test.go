@@ -534,11 +534,9 @@ func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
 		name    string
 		leave   func(w http.ResponseWriter) // the lease-mode handler
 		advance time.Duration               // then the clock moves
-		v1      bool                        // the record's fingerprint is of version 1
 	}{
-		{"a dead worker's lease", func(http.ResponseWriter) { panic(http.ErrAbortHandler) }, 31 * time.Second, false},
-		{"a record given up after a server error", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0, false},
-		{"a record of version 1 given up", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0, true},
+		{"a dead worker's lease", func(http.ResponseWriter) { panic(http.ErrAbortHandler) }, 31 * time.Second},
+		{"a record given up after a server error", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadGateway) }, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := withPayments(t)
@@ -553,11 +551,6 @@ func TestOneTransactionMeetsALeaseRecord(t *testing.T) {
 			var stableID string
 			require.NoError(t, pool.QueryRow(context.Background(),
 				"SELECT stable_id FROM idempotency_records WHERE status = 'IN_PROGRESS'").Scan(&stableID))
-			if tc.v1 {
-				fp := fingerprintV1(http.MethodPost, "/pay", `{"amount":1}`)
-				_, err := pool.Exec(context.Background(), "UPDATE idempotency_records SET fingerprint = $1, fingerprint_version = 1", fp[:])
-				require.NoError(t, err)
-			}
 
 			var runs atomic.Int32
 			once := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -611,7 +604,7 @@ func TestRunOnceHoldsTheRecordItTakesOver(t *testing.T) {
 	id := idempotency.ID{Key: "k"}
 	rec := func(owner string) *idempotency.Record {
 		now := clk.Now()
-		return &idempotency.Record{ID: id, Fingerprint: [sha256.Size]byte{1}, FingerprintVersion: 2,
+		return &idempotency.Record{ID: id, Fingerprint: [sha256.Size]byte{1}, FingerprintVersion: 1,
 			Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
 			LockedUntil: now.Add(time.Second), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	}
@@ -849,7 +842,7 @@ func TestOneTransactionYieldsToALeaseRecord(t *testing.T) {
 	rec := func(key, owner string) *idempotency.Record {
 		now := clk.Now()
 		return &idempotency.Record{ID: idempotency.ID{Principal: "p", Key: key}, Fingerprint: sha256.Sum256([]byte("body")),
-			FingerprintVersion: 2, Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
+			FingerprintVersion: 1, Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
 			LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	}
 	yields := func(t *testing.T, key string) {
@@ -946,7 +939,7 @@ func TestRunOnceMeetsARecordPastItsRetention(t *testing.T) {
 	s := New(pool, &Options{Clock: clk})
 	ctx := context.Background()
 	rec := func(owner string) *idempotency.Record {
-		return &idempotency.Record{ID: idempotency.ID{Key: "k"}, Fingerprint: [sha256.Size]byte{1}, FingerprintVersion: 2,
+		return &idempotency.Record{ID: idempotency.ID{Key: "k"}, Fingerprint: [sha256.Size]byte{1}, FingerprintVersion: 1,
 			Status: idempotency.StatusInProgress, StableID: "stable-" + owner, Owner: owner,
 			LockedUntil: clk.Now().Add(time.Minute), CreatedAt: clk.Now(), ExpiresAt: clk.Now().Add(time.Second)}
 	}

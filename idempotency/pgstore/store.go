@@ -269,7 +269,7 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 		)
 		beforeCommit(conn.Conn().PgConn())
 		err := conn.QueryRow(ctx, insertSQL, caller(rec.ID), rec.ID.Key, rec.Fingerprint[:], string(rec.Status),
-			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), fingerprintVersion(rec),
+			rec.StableID, rec.Owner, leaseMicros(rec), s.now(), micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion,
 		).Scan(append(append([]any{&inserted, &now}, row.dest()...), nil)...)
 		if err != nil {
 			return nil, false, fmt.Errorf("pgstore: insert key %q: %w", rec.ID.Key, unanswered(readOnly(err), s.acquire))
@@ -725,13 +725,3 @@ func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) 
 
 // caller is the caller column of id: its principal's digest.
 func caller(id idempotency.ID) string { return idempotency.PrincipalDigest(id.Principal) }
-
-// fingerprintVersion is the version stored with rec. A record's 0 is
-// written as version 1, the algorithm from before versions: the column
-// always names the algorithm.
-func fingerprintVersion(rec *idempotency.Record) int16 {
-	if rec.FingerprintVersion == 0 {
-		return 1
-	}
-	return int16(rec.FingerprintVersion)
-}

@@ -20,7 +20,7 @@
 // ([idempotency.Record.ReadAt]); the principal is kept as its digest ([idempotency.PrincipalDigest]), never
 // in clear (with [Subject.AtRest]); principals of any length (a 3,000
 // character token, a 100 KB header) work; a record's fingerprint version is
-// kept; a record IN_PROGRESS under a live lease is never expired, even past
+// kept as given, 0 included; a record IN_PROGRESS under a live lease is never expired, even past
 // its retention. A store that is an [idempotency.TxStore] is also checked
 // in the single-transaction mode: RunOnce commits the work and the
 // COMPLETED record once, rolls both back when the work fails or answers
@@ -128,18 +128,15 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 // fingerprint stands for the fingerprint of a request with body s.
 func fingerprint(s string) [sha256.Size]byte { return sha256.Sum256([]byte(s)) }
 
-// The fingerprint versions of [idempotency.Record.FingerprintVersion]: the
-// one before the query counted, and the one new records are made with.
-const (
-	fingerprintV1 = 1
-	fingerprintV2 = 2
-)
+// fingerprintVersion is the [idempotency.Record.FingerprintVersion] the
+// middleware makes records with. A store keeps any other as it is given.
+const fingerprintVersion = 1
 
 // record is an IN_PROGRESS record created at now with a one-minute lease
 // and a one-hour retention.
 func record(id idempotency.ID, owner string, now time.Time) *idempotency.Record {
 	return &idempotency.Record{
-		ID: id, Fingerprint: fingerprint("body"), FingerprintVersion: fingerprintV2, Status: idempotency.StatusInProgress,
+		ID: id, Fingerprint: fingerprint("body"), FingerprintVersion: fingerprintVersion, Status: idempotency.StatusInProgress,
 		StableID: "stable-" + owner, Owner: owner,
 		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
 	}
@@ -466,7 +463,7 @@ func testRelease(t *testing.T, sub Subject) {
 func testExpiryReplaces(t *testing.T, sub Subject) {
 	ctx := context.Background()
 	old := record(key, "w1", t0)
-	old.FingerprintVersion = fingerprintV1 // the replacement's is its own
+	old.FingerprintVersion = fingerprintVersion + 1 // the replacement's is its own
 	mustInsert(t, sub, old)
 	if err := sub.Store.Complete(ctx, key, "w1", &idempotency.Response{StatusCode: 201, Body: []byte("old")}, nil); err != nil {
 		t.Fatal(err)
@@ -722,7 +719,9 @@ func testLongPrincipals(t *testing.T, sub Subject) {
 }
 
 func testFingerprintVersionKept(t *testing.T, sub Subject) {
-	for _, v := range []int{fingerprintV1, fingerprintV2} {
+	// 0 is no version: a store that wrote it as 1 would make a record
+	// that never matches match.
+	for _, v := range []int{0, fingerprintVersion, fingerprintVersion + 1} {
 		id := idempotency.ID{Principal: "caller-a", Key: fmt.Sprintf("key-v%d", v)}
 		rec := record(id, "w1", t0)
 		rec.FingerprintVersion = v

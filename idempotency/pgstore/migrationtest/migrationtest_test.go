@@ -102,7 +102,7 @@ func smoke(t *testing.T, pool *pgxpool.Pool) {
 	now := time.Now()
 	id := idempotency.ID{Principal: "acct_1", Key: "k1"}
 	rec := &idempotency.Record{ID: id, Status: idempotency.StatusInProgress, StableID: "st_1", Owner: "w1",
-		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour), FingerprintVersion: 2}
+		LockedUntil: now.Add(time.Minute), CreatedAt: now, ExpiresAt: now.Add(time.Hour), FingerprintVersion: 1}
 	rec.Fingerprint[0] = 7
 	_, inserted, err := s.Insert(ctx, rec)
 	require.NoError(t, err)
@@ -119,7 +119,7 @@ func smoke(t *testing.T, pool *pgxpool.Pool) {
 	require.NoError(t, err)
 	require.True(t, found)
 	assert.Equal(t, idempotency.StatusCompleted, got.Status)
-	assert.Equal(t, 2, got.FingerprintVersion)
+	assert.Equal(t, 1, got.FingerprintVersion)
 	assert.Equal(t, "paid", string(got.Response.Body))
 
 	in := pgstore.NewInbox(pool)
