@@ -270,7 +270,14 @@ func (a *app) pay(c *cart) {
 	}
 	// Nothing can have sent it yet: if nothing of this call leaves the
 	// device either, the user must be told "not sent", not be blocked.
-	fresh := in.State() == persist.StateNew || in.State() == persist.StateNotSent
+	// That holds for an intent stored not sent, or one this tap makes. An
+	// intent stored armed (new) was armed by an earlier process or the
+	// other Client, which may have sent it before it died: armed means
+	// maybe sent, and idem cannot tell otherwise.
+	// A write of it that failed may have armed it, the same.
+	armed, _ := a.d.mem.Get(ctx, in.Key())
+	fresh := in.State() == persist.StateNotSent || in.State() == persist.StateNew && armed == nil
+	fresh = fresh && !w.intents[in.Key()].storeFailed
 	// A double tap split across the two Clients of the device: the second
 	// tap's intent is made before the first is armed.
 	var other *idem.Client
@@ -317,6 +324,7 @@ func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
 	req, err := cl.HTTPRequest(ctx, in)
 	w.tracef("d%d/%s: HTTPRequest for %s: err %v", a.d.id, a.name, in.Key(), err)
 	if err != nil {
+		w.noteStoreFailure(in.Key(), err)
 		return
 	}
 	w.stats.fault(faultHandOut.Name())
@@ -388,6 +396,7 @@ func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
 	written := a.d.written
 	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
+	a.d.w.noteStoreFailure(in.Key(), err)
 	a.d.w.toldNotSent(in.Key(), err)
 	a.d.w.observe(a, in)
 	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)

@@ -133,6 +133,19 @@ type intentInfo struct {
 	// promisedUnsent: a call told the app "not sent", and the user has
 	// not asked for the intent again since: nothing may charge it.
 	promisedUnsent bool
+	// storeFailed: a write of the intent failed, or its result was
+	// unknown: the store may say it is armed, and another Client may
+	// have taken it over and sent it, so it may never be told "not sent"
+	// again.
+	storeFailed bool
+}
+
+// noteStoreFailure records a call of key whose error says a write of the
+// intent failed.
+func (w *world) noteStoreFailure(key string, err error) {
+	if info := w.intents[key]; info != nil && errors.As(err, new(*idem.SaveError)) {
+		info.storeFailed = true
+	}
 }
 
 // toldNotSent records a call of key that told the app "not sent".
