@@ -263,6 +263,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAuthorizer$",
 		},
 		{
+			Name: "resume-leaves-the-old-send-deadline", File: "life.go",
+			Note:    "a call that ended unknown stores no new send deadline: another Client's lookup counts the reconcile delay from the first send, long past, while the resumed attempt may still arrive",
+			Anchor:  "\t\tc.sentBy(rec)\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestReconcile$/^a_miss_right_after_the_holder_resumed_it",
+		},
+		{
 			Name: "handed-out-not-marked", File: "handout.go",
 			Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit",
 			Anchor:  "\trec.HandedOut = true\n",

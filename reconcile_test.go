@@ -1100,6 +1100,32 @@ func TestReconcile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	// Path (the simulation's seed 49816493): the holder resumes an intent
+	// whose first send was long ago; its attempt is held in transit and
+	// the call ends unknown. The other Client on the device reconciles at
+	// once. The stored send deadline was the first send's, long past, so
+	// the lookup's miss voided the intent; the held request then landed,
+	// and the changed cart paid again.
+	t.Run("a miss right after the holder resumed it, seen by another Client, never voids", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		other := e.newClient(t) // started with the app, long before
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		e.unknownOutcome(t, in, fakeserver.FaultReset)
+		e.clock.Advance(time.Hour) // the first send's reconcile delay is long past
+
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+		_, err = e.client.Do(oneAttempt(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		stored, err := other.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = other.Reconcile(ctx, stored)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the resumed attempt may still arrive")
+		assert.NotEqual(t, persist.StateVoid, stored.State())
+	})
+
 	t.Run("a miss while another Client's send may still arrive never voids", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
