@@ -85,9 +85,12 @@ type Config struct {
 	// of the intent wrote its request (httptrace's WroteHeaders), else
 	// with the outcome unknown. So does a value net/http cannot send (a
 	// control character, such as a trailing newline); the error never
-	// shows it. A redirect (307, 308) to another host
-	// carries no credentials (net/http drops them). Nil means none: the
-	// http.Client's transport may set them instead.
+	// shows it. The lookup (Reconcile, and Settle of an intent too old
+	// to send) asks it too, for the intent's key: the lookup acts for the
+	// intent's caller, and the Authorizer's error ends it with the
+	// outcome unknown. A redirect (307, 308) to another host carries no
+	// credentials (net/http drops them). Nil means none: the http.Client's
+	// transport may set them instead.
 	Authorizer func(ctx context.Context, key string) (string, error)
 
 	// SettleConcurrency is how many intents SettleAll settles at once:
