@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -1416,7 +1417,17 @@ func TestTakeOver(t *testing.T) {
 		e := newEnv(t)
 		st := &cancelAfterClaim{Store: e.store}
 		e.store = st
-		app := e.newClient(t)
+		// The app's network: down makes every dial fail, so nothing of a
+		// request is written.
+		var down atomic.Bool
+		base := e.srv.Client().Transport.(*http.Transport).Clone()
+		base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if down.Load() {
+				return nil, errors.New("network is unreachable")
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}
+		app := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: base}))
 		in, err := app.Intent(ctx, "checkout:stale", e.paymentRequest(t, 100, "cus_1"))
 		require.NoError(t, err)
 		// The tap, whose context ends as it is armed: no attempt.
@@ -1433,14 +1444,15 @@ func TestTakeOver(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, e.srv.Stats().ProviderCharges)
 
-		// The user taps again; a gateway refuses the request with a 400
-		// it does not mark as the server's.
-		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusBadRequest})
-		_, _ = app.Do(ctx, in)
+		// The user taps again, offline: nothing of this tap is written,
+		// but the daemon's send was charged.
+		down.Store(true)
+		_, err = app.Do(ctx, in)
+		assert.NotErrorIs(t, err, idem.ErrNotSent, "told not sent while the daemon's send charged it")
+		assert.Equal(t, persist.StatePending, in.State(), "the app's intent reads as the store has it, sent by the daemon, not as the app armed it")
 		stored, err := e.store.Get(ctx, in.Key())
 		require.NoError(t, err)
-		assert.NotEqual(t, persist.StateFailed, stored.State, "stored failed (not paid) while the daemon's send charged it")
-		assert.NotEqual(t, persist.StateFailed, in.State(), "told failed while the daemon's send charged it")
+		assert.NotEqual(t, persist.StateNotSent, stored.State, "stored not sent while the daemon's send charged it")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one cart, one charge")
 	})
 	t.Run("a Client whose not-sent intent another Client armed and sent never ends it not sent", func(t *testing.T) {

@@ -3,8 +3,10 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -302,11 +304,20 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
+	// down makes every dial fail: nothing of the request is written.
+	var down atomic.Bool
+	base := srv.Client().Transport.(*http.Transport).Clone()
+	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if down.Load() {
+			return nil, errors.New("network is unreachable")
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
 	var hc *http.Client
 	start := func() { // the app starts: a new Client, a new RoundTripper
 		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		require.NoError(t, err)
-		hc = &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		hc = &http.Client{Transport: c.RoundTripper(base)}
 	}
 	post := func() (*http.Response, error) {
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
@@ -320,6 +331,14 @@ func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
 	_, err := post()
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
 	start() // the API client's retry comes after a restart
+	// Offline: no try of this process writes the request, but the first
+	// process's try was charged. A key the caller chose may have been sent
+	// by its own earlier try: this is never "not sent".
+	down.Store(true)
+	_, err = post()
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, idem.ErrNotSent, "the caller's first try was charged")
+	down.Store(false)
 	_, err = post()
 	requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
 	resp, err := post()
