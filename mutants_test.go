@@ -263,6 +263,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAuthorizer$",
 		},
 		{
+			Name: "5xx-final", File: "answer.go",
+			Note:    "a 5xx above 504 (a proxy's 520-524) is a final answer",
+			Anchor:  "case code < 100 || code > 599, code >= 500:",
+			Replace: "case code < 100 || code > 599, code >= 500 && code <= 504:",
+			Pkg:     root, Run: "^TestEveryServerErrorIsAnUnknownOutcome$",
+		},
+		{
 			Name: "resume-leaves-the-old-send-deadline", File: "life.go",
 			Note:    "a call that ended unknown stores no new send deadline: another Client's lookup counts the reconcile delay from the first send, long past, while the resumed attempt may still arrive",
 			Anchor:  "\t\tc.sentBy(rec)\n",
