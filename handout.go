@@ -67,12 +67,9 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	rec.State = persist.StatePending
 	rec.UpdatedAt = c.clock.Now()
 	if cur.State == persist.StateNotSent {
-		// No send of it ever began: its age starts again now, as a send
-		// again's does (hold). The hand-out's protection from a lookup's
-		// miss counts from it, and must not have run out already.
-		rec.CreatedAt = rec.UpdatedAt
-		c.clocks.stampInto(&rec, true, new(persist.Clocks))
-		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
+		// The hand-out's protection from a lookup's miss counts from
+		// now, and must not have run out already.
+		c.bornAgain(&rec)
 	}
 	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
 		// Not handed out: the app gets no request. The write's result is

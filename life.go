@@ -851,6 +851,16 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 	return nil
 }
 
+// bornAgain starts the age of rec, stored not sent, again as it is sent
+// again or handed out: no send of it ever began, so the server's retention
+// of its key starts no sooner than this one, as at the tap. Its age on
+// every clock, and on the in-process timeline, counts from now.
+func (c *Client) bornAgain(rec *persist.Record) {
+	rec.CreatedAt = c.clock.Now()
+	c.keys.reborn(rec.Key, c.clocks.sinceBirth())
+	c.clocks.stampInto(rec, true, new(persist.Clocks))
+}
+
 // hold makes this Client the holder of rec before it sends it, when it is
 // sent again after it ended not sent, or resumed by a Client that did not
 // arm it. It returns the version to send, whether it is still provably
@@ -881,11 +891,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	}
 	if rec.State == persist.StateNotSent {
 		rec.State = persist.StateNew
-		// No send of it ever began: the server's retention of its key
-		// starts no sooner than this one, as at the tap.
-		rec.CreatedAt = c.clock.Now()
-		c.keys.reborn(rec.Key, c.clocks.sinceBirth())
-		c.clocks.stampInto(rec, true, new(persist.Clocks))
+		c.bornAgain(rec)
 	}
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
