@@ -85,10 +85,9 @@ func newRetrier(hc *http.Client) *retrier {
 }
 
 // newCall returns the state of a call that sends rec (with header, the
-// stored one or the live request's) under ctx's retry policy. unsent says
-// that no attempt of the intent can have reached the server before it.
-func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.Header, unsent bool) *call {
-	st := &call{cfg: &c.config, key: rec.Key, unsent: unsent, redirected: rec.Redirected, tokens: c.tokens}
+// stored one or the live request's) under ctx's retry policy.
+func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.Header) *call {
+	st := &call{cfg: &c.config, key: rec.Key, redirected: rec.Redirected, tokens: c.tokens}
 	// The budget reads the intent's age through the call, which holds it:
 	// no allocation of its own.
 	st.left = c.leftOf(rec)
@@ -199,9 +198,6 @@ type call struct {
 	wrote    atomic.Int32
 	traced   atomic.Bool // the current attempt fired GetConn
 	unproven bool
-	// unsent: no attempt of the intent can have reached the server before
-	// this call (see Client.markSent).
-	unsent bool
 	// redirected: an attempt of the intent, in this call or an earlier
 	// one, was redirected to another URL (see otherURL).
 	redirected bool

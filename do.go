@@ -120,7 +120,7 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 		return nil, err
 	}
 	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
-		held, stillUnsent, moved, err := c.hold(ctx, in, rec, cur, unsent)
+		held, moved, err := c.hold(ctx, in, rec, cur, unsent)
 		if moved {
 			c.keys.forget(rec.Key)
 			return nil, errMoved
@@ -128,13 +128,13 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 		if err != nil {
 			return nil, err
 		}
-		rec, unsent = held, stillUnsent
+		rec = held
 	}
 
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.newCall(ctx, rec, header, unsent).run(ctx, r)
+	resp, retryErr := c.newCall(ctx, rec, header).run(ctx, r)
 	if retryErr != nil {
 		return c.adopted(c.recordNoAnswer(ctx, in, rec, retryErr))
 	}

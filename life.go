@@ -863,9 +863,10 @@ func (c *Client) bornAgain(rec *persist.Record) {
 
 // hold makes this Client the holder of rec before it sends it, when it is
 // sent again after it ended not sent, or resumed by a Client that did not
-// arm it. It returns the version to send, whether it is still provably
-// unsent, or moved: another Client moved the record on since cur was read,
-// and the call goes on from what is stored (in holds it).
+// arm it. It returns the version to send, or moved: another Client moved
+// the record on since cur was read, and the call goes on from what is
+// stored (in holds it). unsent says the call began provably unsent; a
+// take-over ends that (keys.tookOver).
 //
 // Sent again, as the app asked: from the first byte on it may reach the
 // server, so the store must stop saying it was not sent before then, or a
@@ -877,7 +878,7 @@ func (c *Client) bornAgain(rec *persist.Record) {
 // one extra write on resumes only, never on the tap's path. The claim
 // says when its holder's call may begin a send at the latest, for the
 // reconcile delay of any other Client.
-func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, stillUnsent, moved bool, err error) {
+func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, moved bool, err error) {
 	takeOver := rec.Holder != c.id
 	wasUnsent := unsent
 	if takeOver && rec.State != persist.StateNotSent {
@@ -908,11 +909,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 			if changed.Current == nil {
 				// Replaced by another Client for a changed request.
 				c.keys.dropped(rec.Key)
-				return nil, false, false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
+				return nil, false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
 			}
 			in.set(changed.Current)
 			c.keys.saved.drop(rec.Key)
-			return nil, false, true, nil
+			return nil, true, nil
 		}
 		// Nothing of this call was sent. The write's result is unknown,
 		// and the next call reads what the store holds. It may have
@@ -925,7 +926,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		if errors.As(err, &se) {
 			se.mayHaveLanded = true
 		}
-		return nil, false, false, err
+		return nil, false, err
 	}
 	if wasUnsent && !unsent {
 		// Taken over from another Client, which may be sending it:
@@ -933,7 +934,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		c.keys.tookOver(rec.Key)
 	}
 	again := *rec
-	return &again, unsent, false, nil
+	return &again, false, nil
 }
 
 // recordNoAnswer records a call that ended without a final answer, and

@@ -602,8 +602,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "redirect-forgotten-by-the-next-call", File: "call.go",
 			Note:    "a redirect to another URL is forgotten once its call ends",
-			Anchor:  "unsent: unsent, redirected: rec.Redirected,",
-			Replace: "unsent: unsent, redirected: false,",
+			Anchor:  "key: rec.Key, redirected: rec.Redirected,",
+			Replace: "key: rec.Key, redirected: false,",
 			Pkg:     root, Run: "^TestARedirectToAnotherURLIsRememberedAcrossARestart$",
 		},
 		{
