@@ -17,12 +17,19 @@ func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec
 // spelled on the wire as this Client spells keys. req has been validated;
 // fp is its fingerprint, seq its place among its name's intents.
 func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now time.Time) (*persist.Record, error) {
+	rec := new(persist.Record)
+	return rec, c.makeRecord(rec, name, req, fp, seq, now)
+}
+
+// makeRecord is newRecord, made in rec: memory allocated with the
+// Intent that holds it.
+func (c *Client) makeRecord(rec *persist.Record, name string, req Request, fp string, seq uint64, now time.Time) error {
 	id, err := uuid.NewRandom()
 	if err != nil {
-		return nil, fmt.Errorf("idem: generating idempotency key: %w", err)
+		return fmt.Errorf("idem: generating idempotency key: %w", err)
 	}
 	key := id.String()
-	return &persist.Record{
+	*rec = persist.Record{
 		Version:     persist.FormatVersion,
 		Key:         key,
 		KeyHeader:   c.keyHeader(key),
@@ -36,7 +43,8 @@ func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now 
 		CreatedAt:   now,
 		UpdatedAt:   now,
 		State:       persist.StateNew,
-	}, nil
+	}
+	return nil
 }
 
 // latestOf returns the intent created last among recs, the intents of one
@@ -174,11 +182,16 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 		}
 	}
-	rec, err := c.newRecord(name, req, fp, seq, c.clock.Now())
-	if err != nil {
+	// The Intent and its first record, made in one allocation.
+	made := new(struct {
+		in  Intent
+		rec persist.Record
+	})
+	if err := c.makeRecord(&made.rec, name, req, fp, seq, c.clock.Now()); err != nil {
 		return nil, err
 	}
-	in := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}
+	in := &made.in
+	in.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)
 	if name != "" {
 		if c.unarmed == nil {
 			c.unarmed = make(map[string]*Intent)
@@ -267,10 +280,10 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	rec.CreatedAt, rec.UpdatedAt = now, now
 	// The arming write carries the clock readings the intent's age is
 	// judged by.
-	c.clocks.stampInto(rec, true, &next.clocks)
+	r := c.stamp(rec, &next.clocks, true)
 	// It is the claim: it carries the latest time this Client's call may
 	// begin a send, from which the reconcile delay counts.
-	c.clocks.stampSendBy(&next.clocks, c.policyFor(ctx).MaxElapsed)
+	sendBy(&next.clocks, r, c.policyFor(ctx).MaxElapsed)
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id

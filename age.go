@@ -123,29 +123,6 @@ func (c *clocks) observe(rec *persist.Record) {
 	}
 }
 
-// stamp stores the clock readings of a write of rec in rec; armed is set
-// for the arming write.
-func (c *clocks) stamp(rec *persist.Record, armed bool) {
-	c.stampInto(rec, armed, new(persist.Clocks))
-}
-
-// stampInto is stamp, writing the readings to cl, which rec holds from
-// then on: memory made with rec, saving an allocation of its own.
-func (c *clocks) stampInto(rec *persist.Record, armed bool, cl *persist.Clocks) {
-	r := c.read()
-	if rec.Clocks != nil {
-		*cl = *rec.Clocks
-	} else {
-		*cl = persist.Clocks{}
-	}
-	cl.WriteBoot, cl.Written = r.bootID, r.boot
-	cl.Mark = c.mark(r.wall)
-	if armed {
-		cl.ArmBoot, cl.Armed, cl.ArmMark = r.bootID, r.boot, cl.Mark
-	}
-	rec.Clocks = cl
-}
-
 // age returns how old the intent of rec is, as far as the device can tell:
 // the largest age any clock reports, the safe reading for stopping before
 // the server forgets the key.
@@ -191,26 +168,4 @@ func (c *clocks) resolvedAge(rec *persist.Record, r reading) time.Duration {
 		age = min(age, r.boot-cl.Written)
 	}
 	return age
-}
-
-// stampSendBy stores in cl the latest time a call that begins now may
-// begin a send: d (its budget) from now, on the wall clock and on the
-// clock that counts sleep.
-func (c *clocks) stampSendBy(cl *persist.Clocks, d time.Duration) {
-	r := c.read()
-	cl.SendWall = r.wall.Add(d)
-	cl.SendBoot, cl.SendBy = r.bootID, r.boot+d
-}
-
-// sinceSendBy returns the smallest time any clock says passed from the
-// send deadline stored in cl to now, and false when cl stores none.
-func sinceSendBy(cl *persist.Clocks, now reading) (time.Duration, bool) {
-	if cl == nil || cl.SendWall.IsZero() {
-		return 0, false
-	}
-	d := now.wall.Sub(cl.SendWall)
-	if cl.SendBoot != "" && cl.SendBoot == now.bootID {
-		d = min(d, now.boot-cl.SendBy)
-	}
-	return d, true
 }

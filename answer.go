@@ -381,13 +381,20 @@ func (e *APIError) Error() string {
 // stored returns what the device keeps of a final answer: its status, the
 // header fields that a replay and the app need, and its body.
 func (c *config) stored(resp *Response) *persist.Response {
-	return &persist.Response{
+	return c.storedIn(new(persist.Response), resp)
+}
+
+// storedIn is stored, made in r: memory allocated with the record's
+// version.
+func (c *config) storedIn(r *persist.Response, resp *Response) *persist.Response {
+	*r = persist.Response{
 		StatusCode: resp.StatusCode,
 		Header:     c.storedHeader(resp.Header),
 		Body:       bytes.Clone(resp.Body),
 		Replayed:   resp.Replayed,
 		Oversized:  resp.Oversized,
 	}
+	return r
 }
 
 // storedHeader returns the header fields of h that are kept on the device:

@@ -95,6 +95,7 @@ func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.H
 	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
 	// The key's value lives in the call: no allocation of its own.
 	st.keyValue[0] = rec.KeyHeader
+	st.nonce[0] = rec.Rev
 	st.method, st.body, st.header = rec.Method, rec.Body, header
 	return st
 }
@@ -155,8 +156,9 @@ type call struct {
 	body           []byte
 	header         http.Header
 	keyValue       [1]string // the Idempotency-Key's value in header
-	// nonce is the call's attempt nonce (attemptNonceHeader), drawn at
-	// its first attempt: every attempt of the call carries it.
+	// nonce is the call's attempt nonce (attemptNonceHeader): the
+	// version of the record it sends, or drawn at its first attempt.
+	// Every attempt of the call carries it.
 	nonce [1]string
 	// answer is the first attempt's answer body (budgetTransport), held
 	// here to save an allocation; answerUsed once it is taken.
@@ -349,7 +351,9 @@ func (st *call) attemptBegins(req *http.Request) {
 	st.attemptStarted(req.Context())
 	// A nonce no server echoes: an answer that carries it is a
 	// reflection (see reflected). One per call: a gateway reflects each
-	// attempt as it reflects the first.
+	// attempt as it reflects the first. The version of the record the
+	// call sends is random already (persist.NewRev); an ephemeral
+	// intent's first call has none, and draws one.
 	if st.nonce[0] == "" {
 		st.nonce[0] = rand.Text()
 	}

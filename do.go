@@ -90,9 +90,10 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	if cur.State.Resolved() {
 		return c.storedOutcome(cur)
 	}
-	// rec is this call's next version of the record.
-	next := *cur
-	rec := &next
+	// rec is this call's next version of the record, made with room for
+	// its answer (recordAnswer).
+	next := &nextVersion{rec: *cur}
+	rec := &next.rec
 	if in.ephemeral {
 		// Used for this one call: nothing to remember about it.
 		defer c.keys.forget(rec.Key)
@@ -138,5 +139,5 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	if retryErr != nil {
 		return c.adopted(c.recordNoAnswer(ctx, in, rec, retryErr))
 	}
-	return c.recordAnswer(ctx, in, rec, resp)
+	return c.recordAnswer(ctx, in, rec, resp, next)
 }

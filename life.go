@@ -355,6 +355,58 @@ func answered(rec *persist.Record) bool {
 	return rec.State.Resolved() && rec.Response != nil
 }
 
+// The clock readings a write stores with a record (persist.Clocks) are
+// part of the step: each step is given one reading of the device's
+// clocks (clocks.read) and the wall clock's high-water mark, and sets
+// them in the record it makes.
+
+// stamped sets in cl the readings r and the high-water mark of a write of
+// rec, over what rec held, and makes rec hold cl. armed is set for the
+// arming write. cl is memory made with rec's version, or new.
+func stamped(rec *persist.Record, cl *persist.Clocks, r reading, mark time.Time, armed bool) {
+	if rec.Clocks != nil {
+		*cl = *rec.Clocks
+	} else {
+		*cl = persist.Clocks{}
+	}
+	cl.WriteBoot, cl.Written = r.bootID, r.boot
+	cl.Mark = mark
+	if armed {
+		cl.ArmBoot, cl.Armed, cl.ArmMark = r.bootID, r.boot, mark
+	}
+	rec.Clocks = cl
+}
+
+// nextVersion is the version of a record a call makes, with room for
+// what its last write adds: the clock readings and the server's answer.
+// One allocation for the three; each room is used by one write only.
+type nextVersion struct {
+	rec    persist.Record
+	clocks persist.Clocks
+	answer persist.Response
+}
+
+// sendBy sets in cl the latest time a call that begins at r may begin a
+// send: d (its budget) later, on the wall clock and on the clock that
+// counts sleep.
+func sendBy(cl *persist.Clocks, r reading, d time.Duration) {
+	cl.SendWall = r.wall.Add(d)
+	cl.SendBoot, cl.SendBy = r.bootID, r.boot+d
+}
+
+// sinceSendBy returns the smallest time any clock says passed from the
+// send deadline stored in cl to now, and false when cl stores none.
+func sinceSendBy(cl *persist.Clocks, now reading) (time.Duration, bool) {
+	if cl == nil || cl.SendWall.IsZero() {
+		return 0, false
+	}
+	d := now.wall.Sub(cl.SendWall)
+	if cl.SendBoot != "" && cl.SendBoot == now.bootID {
+		d = min(d, now.boot-cl.SendBy)
+	}
+	return d, true
+}
+
 // The life of a key in this process: what the process knows of each key
 // beyond what the store says (keys, its phase in the table above),
 // and the steps of a call on the key's record that move both together
@@ -858,7 +910,16 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 func (c *Client) bornAgain(rec *persist.Record) {
 	rec.CreatedAt = c.clock.Now()
 	c.keys.reborn(rec.Key, c.clocks.sinceBirth())
-	c.clocks.stampInto(rec, true, new(persist.Clocks))
+	c.stamp(rec, new(persist.Clocks), true)
+}
+
+// stamp reads the device's clocks once and stores the readings of a write
+// of rec in cl, which rec holds from then on (stamped). It returns the
+// reading.
+func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) reading {
+	r := c.clocks.read()
+	stamped(rec, cl, r, c.clocks.mark(r.wall), armed)
+	return r
 }
 
 // hold makes this Client the holder of rec before it sends it, when it is
@@ -901,7 +962,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
 	}
-	c.clocks.stampSendBy(cl, c.policyFor(ctx).MaxElapsed)
+	sendBy(cl, c.clocks.read(), c.policyFor(ctx).MaxElapsed)
 	rec.Clocks = cl
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError
@@ -992,10 +1053,11 @@ func (c *Client) sentBy(rec *persist.Record) {
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
 	}
-	if since, ok := sinceSendBy(cl, c.clocks.read()); ok && since < 0 {
+	now := c.clocks.read()
+	if since, ok := sinceSendBy(cl, now); ok && since < 0 {
 		return
 	}
-	c.clocks.stampSendBy(cl, 0)
+	sendBy(cl, now, 0)
 	rec.Clocks = cl
 }
 
@@ -1040,12 +1102,12 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 
 // recordAnswer records the final answer of a call and returns it, with an
 // *APIError if it is not a success and a *SaveError if it was not saved.
-func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response) (*Response, error) {
+func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion) (*Response, error) {
 	rec.Attempts += resp.Attempts
 	rec.UpdatedAt = c.clock.Now()
 	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
-	rec.Response = c.stored(resp)
+	rec.Response = c.storedIn(&room.answer, resp)
 	if c.logs(ctx, slog.LevelInfo) { // skip building the line when silent
 		c.logger.LogAttrs(ctx, slog.LevelInfo,
 			fmt.Sprintf("idem: answered %d %s after %d attempt(s)", resp.StatusCode, http.StatusText(resp.StatusCode), resp.Attempts),
@@ -1061,7 +1123,7 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	// resumes with the same key to the server's replay of this answer.
 	// So a store that can defers its sync (persist.WithDeferredSync),
 	// off the path the user waits on.
-	saveErr := c.saveWith(detached(ctx), in, rec, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+	saveErr := c.saveWith(detached(ctx), in, rec, &room.clocks, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
 	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
@@ -1122,7 +1184,7 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 // version the store holds only as afterConflict allows. rec must not be
 // changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
-	return c.saveWith(ctx, in, rec, op, c.writeOwn)
+	return c.saveWith(ctx, in, rec, nil, op, c.writeOwn)
 }
 
 // writeOwn writes rec, starting from prev, the version this Client holds.
@@ -1177,16 +1239,21 @@ func (c *Client) adopted(err error) (*Response, error) {
 // saveIf is save only if the stored record is still old's version
 // (persist.SaveIf).
 func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Record, op string) error {
-	return c.saveWith(ctx, in, rec, op, func(ctx context.Context, s persist.Store, rec, _ *persist.Record) error {
+	return c.saveWith(ctx, in, rec, nil, op, func(ctx context.Context, s persist.Store, rec, _ *persist.Record) error {
 		return persist.SaveIf(ctx, s, rec, old)
 	})
 }
 
 // saveWith is save through store: writeOwn or persist.SaveIf, given
-// prev, the version in held before.
-func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
+// prev, the version in held before. The write's clock readings go to cl,
+// memory made with rec's version that no record holds yet, or to new
+// memory when cl is nil.
+func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl *persist.Clocks, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
 	if !in.ephemeral {
-		c.clocks.stamp(rec, false)
+		if cl == nil {
+			cl = new(persist.Clocks)
+		}
+		c.stamp(rec, cl, false)
 	}
 	rec.Rev = persist.NewRev()
 	prev := in.current()

@@ -328,15 +328,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "handed-out-not-sent-keeps-its-clocks", File: "life.go",
 			Note:    "a not-sent intent sent again or handed out keeps the clocks of its old arming",
-			Anchor:  "\tc.clocks.stampInto(rec, true, new(persist.Clocks))\n}",
+			Anchor:  "\tc.stamp(rec, new(persist.Clocks), true)\n}",
 			Replace: "}",
 			Pkg:     root, Run: "^TestHTTPRequest$/^a_not-sent_intent_handed_out_a_day_later",
 		},
 		{
 			Name: "handed-out-not-sent-not-reborn", File: "life.go",
 			Note:    "a not-sent intent sent again or handed out keeps its old age on the in-process timeline",
-			Anchor:  "\tc.keys.reborn(rec.Key, c.clocks.sinceBirth())\n\tc.clocks.stampInto(rec, true",
-			Replace: "\tc.clocks.stampInto(rec, true",
+			Anchor:  "\tc.keys.reborn(rec.Key, c.clocks.sinceBirth())\n\tc.stamp(rec, new(persist.Clocks), true)",
+			Replace: "\tc.stamp(rec, new(persist.Clocks), true)",
 			Pkg:     root, Run: "^TestHTTPRequest$/^a_not-sent_intent_handed_out_a_day_later",
 		},
 		{
@@ -405,8 +405,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "intent-saved-when-shown", File: "action.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
-			Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n",
-			Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Anchor:  "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
+			Replace: "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 			Pkg:     root, Run: "^TestSettleAllNeverSendsAnIntentNobodyTapped$",
 		},
 		{

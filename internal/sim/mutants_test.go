@@ -42,8 +42,8 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "intent-saved-when-shown", File: "action.go",
 		Note:    "an intent is saved when the Pay screen shows it, so a restart settles a cart nobody tapped",
-		Anchor:  "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n",
-		Replace: "\tin := &Intent{rec: rec, keys: c.keys, unarmed: true, force: forceNew, after: revOf(latest)}\n\trec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+		Anchor:  "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
+		Replace: "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 	},
 	{
 		Pkg: simPkg, Run: simRun,
