@@ -283,7 +283,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	r := c.stamp(rec, &next.clocks, true)
 	// It is the claim: it carries the latest time this Client's call may
 	// begin a send, from which the reconcile delay counts.
-	sendBy(&next.clocks, r, c.policyFor(ctx).MaxElapsed)
+	sendBy(&next.clocks, r, c.policyFor(ctx).MaxElapsed+sendSlack)
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id

@@ -120,7 +120,7 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	if err != nil {
 		return nil, err
 	}
-	if !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {
+	if !in.ephemeral && c.mustHold(ctx, rec) {
 		held, moved, err := c.hold(ctx, in, rec, cur, unsent)
 		if moved {
 			c.keys.forget(rec.Key)

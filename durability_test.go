@@ -78,3 +78,21 @@ func TestDurableWritesPerIntent(t *testing.T) {
 		"an unknown outcome is saved durably")
 	assert.Len(t, store.deferred, 2)
 }
+
+// TestDurableWritesPerIntentOnTheSystemClock: on a clock that moves
+// between the arming write and the call, the tap still writes once. The
+// arming write's send deadline covers the call that follows it.
+func TestDurableWritesPerIntentOnTheSystemClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
+	store := &deferringStore{Store: persist.NewMemory(nil)}
+	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithStore(store))
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, []persist.State{persist.StateNew}, store.durable, "one durable write for the tap: the arming")
+}

@@ -394,6 +394,25 @@ func sendBy(cl *persist.Clocks, r reading, d time.Duration) {
 	cl.SendBoot, cl.SendBy = r.bootID, r.boot+d
 }
 
+// sendSlack is how long after a write of a send deadline its call may
+// begin and still send under it: a call begins at once after the write
+// (the tap's after its arming write), so the tap's path has one durable
+// write.
+const sendSlack = 5 * time.Second
+
+// sendByLeft returns the least time any clock says is left until the send
+// deadline stored in cl, and 0 when cl stores none.
+func sendByLeft(cl *persist.Clocks, now reading) time.Duration {
+	if cl == nil || cl.SendWall.IsZero() {
+		return 0
+	}
+	left := cl.SendWall.Sub(now.wall)
+	if cl.SendBoot != "" && cl.SendBoot == now.bootID {
+		left = min(left, cl.SendBy-now.boot)
+	}
+	return left
+}
+
 // sinceSendBy returns the smallest time any clock says passed from the
 // send deadline stored in cl to now, and false when cl stores none.
 func sinceSendBy(cl *persist.Clocks, now reading) (time.Duration, bool) {
@@ -922,9 +941,18 @@ func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) read
 	return r
 }
 
+// mustHold reports whether a call must hold rec (hold) before it sends
+// it: sent again after it ended not sent, resumed by a Client that does
+// not hold it, or resumed by its holder when the send deadline the store
+// holds ends before this call's budget could.
+func (c *Client) mustHold(ctx context.Context, rec *persist.Record) bool {
+	return rec.State == persist.StateNotSent || rec.Holder != c.id ||
+		sendByLeft(rec.Clocks, c.clocks.read()) < c.policyFor(ctx).MaxElapsed
+}
+
 // hold makes this Client the holder of rec before it sends it, when it is
 // sent again after it ended not sent, or resumed by a Client that did not
-// arm it. It returns the version to send, or moved: another Client moved
+// arm it, or by its holder past the send deadline its last write stored. It returns the version to send, or moved: another Client moved
 // the record on since cur was read, and the call goes on from what is
 // stored (in holds it). unsent says the call began provably unsent; a
 // take-over ends that (keys.tookOver).
@@ -938,7 +966,9 @@ func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) read
 // store, only if the record is still the version read (persist.SaveIf):
 // one extra write on resumes only, never on the tap's path. The claim
 // says when its holder's call may begin a send at the latest, for the
-// reconcile delay of any other Client.
+// reconcile delay of any other Client. So a holder that resumes past that
+// time writes a later one first: if it dies while its request is in
+// transit, another Client's lookup still waits for the request.
 func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, moved bool, err error) {
 	takeOver := rec.Holder != c.id
 	wasUnsent := unsent
@@ -948,8 +978,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		unsent = false
 	}
 	op := "send again"
-	if takeOver {
+	switch {
+	case takeOver:
 		op = "take over"
+	case rec.State != persist.StateNotSent:
+		op = "resume"
 	}
 	if rec.State == persist.StateNotSent {
 		rec.State = persist.StateNew
@@ -962,7 +995,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
 	}
-	sendBy(cl, c.clocks.read(), c.policyFor(ctx).MaxElapsed)
+	sendBy(cl, c.clocks.read(), c.policyFor(ctx).MaxElapsed+sendSlack)
 	rec.Clocks = cl
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError

@@ -319,6 +319,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestHTTPRequest$/^a_hand-out_whose_read_after_the_arming_fails",
 		},
 		{
+			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
+			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
+			Anchor:  "\t\tsendByLeft(rec.Clocks, c.clocks.read()) < c.policyFor(ctx).MaxElapsed\n",
+			Replace: "\t\tfalse\n",
+			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_holder_died_while_resuming",
+		},
+		{
+			Name: "arming-deadline-without-slack", File: "action.go",
+			Note:    "the arming write's send deadline ends as the tap's call could: the call that follows it at once writes again, two durable writes on the tap's path",
+			Anchor:  "c.policyFor(ctx).MaxElapsed+sendSlack)",
+			Replace: "c.policyFor(ctx).MaxElapsed)",
+			Pkg:     root, Run: "^TestDurableWritesPerIntentOnTheSystemClock$",
+		},
+		{
 			Name: "handed-out-not-sent-keeps-its-age", File: "life.go",
 			Note:    "a not-sent intent sent again or handed out keeps its old age: a handed-out one's protection from a lookup's miss has run out while the app holds its request",
 			Anchor:  "\trec.CreatedAt = c.clock.Now()\n\tc.keys.reborn(",
@@ -522,10 +536,10 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent$",
 		},
 		{
-			Name: "resume-without-take-over", File: "do.go",
+			Name: "resume-without-take-over", File: "life.go",
 			Note:    "a Client resumes an armed intent it did not arm without taking it over, so the Client that armed it still takes it for unsent",
-			Anchor:  "\tif !in.ephemeral && (rec.State == persist.StateNotSent || rec.Holder != c.id) {\n",
-			Replace: "\tif !in.ephemeral && rec.State == persist.StateNotSent {\n",
+			Anchor:  "\treturn rec.State == persist.StateNotSent || rec.Holder != c.id ||\n",
+			Replace: "\treturn rec.State == persist.StateNotSent ||\n",
 			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
 		},
 		{

@@ -31,6 +31,8 @@ import (
 type dyingStore struct {
 	persist.Store
 	dead atomic.Bool
+	// dieOnSend: the process dies as its next request goes out (sending).
+	dieOnSend atomic.Bool
 }
 
 func (s *dyingStore) Write(ctx context.Context, r, old *persist.Record) error {
@@ -38,6 +40,18 @@ func (s *dyingStore) Write(ctx context.Context, r, old *persist.Record) error {
 		return errors.New("the process died")
 	}
 	return s.Store.Write(ctx, r, old)
+}
+
+// sending returns rt, through which a request going out kills the process
+// once dieOnSend is set: the request is in transit, and nothing after it
+// is recorded.
+func (s *dyingStore) sending(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Method == http.MethodPost && s.dieOnSend.Load() {
+			s.dead.Store(true)
+		}
+		return rt.RoundTrip(r)
+	})
 }
 
 func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
@@ -53,7 +67,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 		disk := persist.NewMemory(nil)
 		store := &dyingStore{Store: disk}
 		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
-		before, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		before, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: store.sending(net)}), policy)
 		require.NoError(t, err)
 		in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -61,7 +75,7 @@ func TestANotFoundIsTrustedOnlyOnceNoAttemptCanStillArrive(t *testing.T) {
 
 		clk.Advance(10 * time.Minute) // sent ten minutes after it was created, through a slow uplink
 		net.holdNext(1)
-		store.dead.Store(true) // and the process dies before it records anything
+		store.dieOnSend.Store(true) // and the process dies before it records anything
 		_, err = before.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
@@ -1124,6 +1138,53 @@ func TestReconcile(t *testing.T) {
 		_, err = other.Reconcile(ctx, stored)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the resumed attempt may still arrive")
 		assert.NotEqual(t, persist.StateVoid, stored.State())
+	})
+
+	// Path: the holder resumes an intent whose first send was long ago,
+	// and the process dies while the resumed request is in transit, before
+	// it records anything. The other Client on the device started long
+	// before and reconciles at once. The stored send deadline was the
+	// first send's, long past: the miss voided the intent, the held
+	// request landed, and the payment made read void.
+	t.Run("a miss after the holder died while resuming, seen by another Client, never voids", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		disk := persist.NewMemory(nil)
+		store := &dyingStore{Store: disk}
+		net := &heldNetwork{base: srv.Client().Transport}
+		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
+		// b, the second Client on the device, started with the app.
+		b, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
+		require.NoError(t, err)
+		a, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: store.sending(net)}), policy)
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		net.holdNext(1) // the first send is lost in transit for good
+		_, err = a.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		clk.Advance(time.Hour) // the first send's reconcile delay is long past
+
+		net.holdNext(1)             // the resumed request is held in transit
+		store.dieOnSend.Store(true) // and a dies as it goes out
+		_, err = a.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		clk.Advance(time.Second)
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a's resumed request may still be on its way")
+		assert.False(t, loaded.State().Resolved())
+
+		net.deliver(t) // the resumed request arrives: the server charges
+		clk.Advance(2*time.Minute + reconcileDelay)
+		_, err = b.Reconcile(ctx, loaded)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
+		assert.Equal(t, 1, srv.Stats().Payments)
 	})
 
 	t.Run("a miss while another Client's send may still arrive never voids", func(t *testing.T) {
