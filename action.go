@@ -182,16 +182,19 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 		}
 	}
-	// The Intent and its first record, made in one allocation.
+	// The Intent, its first record and room for its armed version, made
+	// in one allocation.
 	made := new(struct {
-		in  Intent
-		rec persist.Record
+		in    Intent
+		rec   persist.Record
+		armed armedVersion
 	})
 	if err := c.makeRecord(&made.rec, name, req, fp, seq, c.clock.Now()); err != nil {
 		return nil, err
 	}
 	in := &made.in
 	in.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)
+	in.armRoom = &made.armed
 	if name != "" {
 		if c.unarmed == nil {
 			c.unarmed = make(map[string]*Intent)
@@ -240,6 +243,13 @@ func (c *Client) replace(ctx context.Context, name string, latest *persist.Recor
 	return &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 }
 
+// armedVersion is an intent's armed version, with room for its clock
+// readings.
+type armedVersion struct {
+	rec    persist.Record
+	clocks persist.Clocks
+}
+
 // arm makes an unarmed intent durable before its first byte is sent: the
 // tap. The arming write is the one durable write before sending, and it
 // claims the action's latest intent in the store (persist.Claim), so that
@@ -268,11 +278,14 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	if replaced {
 		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
 	}
-	// The armed version and its clocks, made in one allocation.
-	next := &struct {
-		rec    persist.Record
-		clocks persist.Clocks
-	}{rec: *cur}
+	// The armed version and its clocks, in the room made with the Intent
+	// (used once), or in one allocation.
+	next := in.armRoom
+	in.armRoom = nil
+	if next == nil {
+		next = new(armedVersion)
+	}
+	next.rec = *cur
 	rec := &next.rec
 	// The server's retention of the key starts no sooner than its first
 	// attempt: the intent's age counts from the tap.

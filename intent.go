@@ -36,6 +36,9 @@ type Intent struct {
 	// tap). Guarded by mu; armMu serialises the arming.
 	unarmed bool
 	armMu   sync.Mutex
+	// armRoom is memory for the armed version, made with the Intent and
+	// used by its arming only (guarded by armMu).
+	armRoom *armedVersion
 	// force is set for an intent of NewIntent: arming it never adopts
 	// another intent of the action with the same request.
 	force bool
