@@ -94,7 +94,8 @@ type Config struct {
 	Authorizer func(ctx context.Context, key string) (string, error)
 
 	// SettleConcurrency is how many intents SettleAll settles at once:
-	// from 1 (one after the other, oldest first) up. Zero means 4: a
+	// from 1 (one after the other, oldest first, in the caller's
+	// goroutine) up. Zero means 4: a
 	// device at app start should not open many connections at once, and
 	// settles wait mostly on the network. New refuses a negative number.
 	SettleConcurrency int

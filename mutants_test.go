@@ -230,8 +230,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "settle-all-trusts-its-list", File: "settle.go",
 			Note:    "SettleAll sends as the app's call would, trusting the list it took",
-			Anchor:  "c.settle(ctx, in, callAsk{background: true})",
-			Replace: "c.settle(ctx, in, callAsk{tick: ^uint64(0)})",
+			Anchor:  "c.settle(ctx, out[i].Intent, callAsk{background: true})",
+			Replace: "c.settle(ctx, out[i].Intent, callAsk{tick: ^uint64(0)})",
 			Pkg:     root, Run: "^TestSettleAll$",
 		},
 		{
@@ -317,6 +317,27 @@ func TestMutants(t *testing.T) {
 			Anchor:  "but the intent is armed, and a later Do or SettleAll may send it: %w: %w\", in.Key(), ErrOutcomeUnknown, err)",
 			Replace: "but the intent is armed, and a later Do or SettleAll may send it: %w\", in.Key(), err)",
 			Pkg:     root, Run: "^TestHTTPRequest$/^a_hand-out_whose_read_after_the_arming_fails",
+		},
+		{
+			Name: "reconciled-answer-not-saved-unmarked", File: "reconcile.go",
+			Note:    "a payment the lookup found but the store could not record is returned without NotRecorded: a storage error alone reads as nothing sent",
+			Anchor:  "\t\t\tout.NotRecorded = true\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestReconcile$/^a_payment_it_finds_but_cannot_record",
+		},
+		{
+			Name: "void-not-saved-not-unknown", File: "reconcile.go",
+			Note:    "a void the store could not record is a bare storage error, not an unknown outcome: the app reads it as nothing sent",
+			Anchor:  "but the store could not record it void; the intent stays unresolved: %w: %w\", key, ErrOutcomeUnknown, err)",
+			Replace: "but the store could not record it void; the intent stays unresolved: %w\", key, err)",
+			Pkg:     root, Run: "^TestAVoidThatWasNotSavedIsNotReported$",
+		},
+		{
+			Name: "settle-all-one-worker-on-a-goroutine", File: "settle.go",
+			Note:    "SettleAll with one worker settles on goroutines of its own, not in the caller's",
+			Anchor:  "\t\tif c.settles.workers == 1 {\n",
+			Replace: "\t\tif false {\n",
+			Pkg:     root, Run: "^TestSettleAll$/^one_at_a_time",
 		},
 		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",

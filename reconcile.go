@@ -230,7 +230,15 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 			// Resolved while the lookup ran: the stored word stands.
 			return c.adopted(err)
 		}
-		return out, err
+		// The store still holds the intent unresolved. The server's
+		// answer is returned, marked as not recorded, as Do returns one.
+		// A void is not the server's answer: the outcome the app can
+		// rely on is unknown.
+		if rec.Response != nil {
+			out.NotRecorded = true
+			return out, err
+		}
+		return out, fmt.Errorf("idem: the server has no effect for intent %s, but the store could not record it void; the intent stays unresolved: %w: %w", key, ErrOutcomeUnknown, err)
 	}
 	c.keys.forget(key)
 	return out, nil

@@ -299,6 +299,7 @@ func TestAVoidThatWasNotSavedIsNotReported(t *testing.T) {
 	_, err = c.Reconcile(ctx, in)
 	var saveErr *idem.SaveError
 	require.ErrorAs(t, err, &saveErr)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a storage error alone reads as nothing sent")
 	assert.NotEqual(t, persist.StateVoid, in.State(),
 		"the store still holds the intent unresolved and would send it again: an app told void could pay twice")
 	assert.False(t, in.State().Resolved())
@@ -1146,6 +1147,25 @@ func TestReconcile(t *testing.T) {
 	// before and reconciles at once. The stored send deadline was the
 	// first send's, long past: the miss voided the intent, the held
 	// request landed, and the payment made read void.
+	t.Run("a payment it finds but cannot record is returned marked not recorded", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		store := &dyingStore{Store: persist.NewMemory(nil)}
+		c := e.newClient(t, idem.WithStore(store), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		store.dead.Store(true)
+		resp, err := c.Reconcile(ctx, in)
+		require.ErrorAs(t, err, new(*idem.SaveError))
+		require.NotNil(t, resp, "the server's answer is shown")
+		assert.True(t, resp.NotRecorded, "a storage error with an answer not marked reads as nothing sent")
+		assert.False(t, in.State().Resolved())
+	})
+
 	t.Run("a miss after the holder died while resuming, seen by another Client, never voids", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)

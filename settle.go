@@ -160,12 +160,25 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	out := make([]Settled, len(ins))
 	sem := make(chan struct{}, c.settles.workers)
 	progress := newSettleProgress(c.settles.progress, len(ins))
+	// settle settles the i-th intent. The check is made again as it is
+	// sent, from the record read then (keys.begin): the list may be
+	// older than a tap that ended not sent meanwhile.
+	settle := func(i int) {
+		resp, err := c.settle(ctx, out[i].Intent, callAsk{background: true})
+		out[i].Response, out[i].Err = resp, forCall(err, callSettleAll)
+		progress.report(out[i])
+	}
 	var wg sync.WaitGroup
 	for i, in := range ins {
 		out[i].Intent = in
 		if err := ctx.Err(); err != nil {
 			out[i].Err = err
 			progress.report(out[i])
+			continue
+		}
+		if c.settles.workers == 1 {
+			// One after the other, in the caller's goroutine.
+			settle(i)
 			continue
 		}
 		select {
@@ -179,12 +192,7 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			// The check is made again as it is sent, from the record
-			// read then (keys.begin): the list may be older than a tap
-			// that ended not sent meanwhile.
-			resp, err := c.settle(ctx, in, callAsk{background: true})
-			out[i].Response, out[i].Err = resp, forCall(err, callSettleAll)
-			progress.report(out[i])
+			settle(i)
 		}()
 	}
 	wg.Wait()

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -551,6 +553,38 @@ func TestSettleAll(t *testing.T) {
 		stored, err := c.Load(ctx, tap.Key())
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateNotSent, stored.State())
+	})
+
+	t.Run("one at a time, it settles in the caller's goroutine", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		// goroutine returns the number of the goroutine that calls it.
+		goroutine := func() string {
+			buf := make([]byte, 64)
+			f := strings.Fields(string(buf[:runtime.Stack(buf, false)]))
+			return f[1]
+		}
+		var (
+			mu    sync.Mutex
+			where []string
+		)
+		c := e.newClient(t, idem.WithSettleConcurrency(1), func(cfg *idem.Config) {
+			cfg.SettleProgress = func(idem.Settled, int, int) {
+				mu.Lock()
+				where = append(where, goroutine())
+				mu.Unlock()
+			}
+		})
+		for _, name := range []string{"a", "b"} {
+			in, err := c.Intent(ctx, name, e.paymentRequest(t, 100, "cus_1"))
+			require.NoError(t, err)
+			require.NoError(t, idem.Arm(c, ctx, in))
+		}
+		out, err := c.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, out, 2)
+		assert.Equal(t, []string{goroutine(), goroutine()}, where)
 	})
 }
 

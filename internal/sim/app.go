@@ -436,6 +436,11 @@ func (d *device) resume() {
 	default:
 		d.prune()
 	}
+	if d.w.faulty && d.w.appRNG.chance(d.w.cfg.Faults.rate(faultSettleAllRace)) {
+		d.w.stats.fault(faultSettleAllRace.Name())
+		d.settleAllRacingTaps()
+		return
+	}
 	ins, _ := d.client.Unresolved(context.Background())
 	for _, in := range ins {
 		a := d.appNamed(in.Name())
@@ -450,6 +455,57 @@ func (d *device) resume() {
 			}
 		}
 		a.settle(d.client, in, false)
+	}
+}
+
+// settleAllRacingTaps is an app that settles its intents at start with
+// SettleAll, while the user taps Pay: between two of SettleAll's settles,
+// from the list it took first, the user may act. A tap that ends "not
+// sent" is a promise SettleAll must keep for the intents it listed.
+func (d *device) settleAllRacingTaps() {
+	w := d.w
+	ins, _ := d.client.Unresolved(context.Background())
+	for _, in := range ins {
+		w.bindIntent(in)
+	}
+	// A crash in the user's action ends SettleAll (its context) and then
+	// the process, as the crash unwinds.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var died any
+	written := d.written
+	d.settled = func(s idem.Settled) {
+		key := s.Intent.Key()
+		a := d.appNamed(s.Intent.Name())
+		w.tracef("d%d/%s SettleAll %s: state %s, err %v", d.id, a.name, key, s.Intent.State(), s.Err)
+		w.noteStoreFailure(key, s.Err)
+		w.toldNotSent(key, s.Err)
+		w.observe(a, s.Intent)
+		w.observeAnswer(a, key, s.Response, s.Err, d.written-written)
+		if died != nil || !w.appRNG.chance(0.5) {
+			written = d.written
+			return
+		}
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					if _, ok := v.(crash); !ok {
+						panic(v)
+					}
+					died = v
+					cancel()
+				}
+			}()
+			u := pick(w.appRNG, d.apps...)
+			w.tracef("d%d/%s: the user acts while SettleAll runs", d.id, u.name)
+			u.step()
+		}()
+		written = d.written
+	}
+	defer func() { d.settled = nil }()
+	_, _ = d.client.SettleAll(ctx)
+	if died != nil {
+		panic(died)
 	}
 }
 

@@ -50,6 +50,9 @@ type device struct {
 	policy     idem.RetryPolicy
 	apps       []*app
 	restarted  bool // the app has not resumed its intents since starting
+	// settled is told of each intent SettleAll is done with, while the
+	// app runs it (settleAllRacingTaps); nil otherwise.
+	settled    func(idem.Settled)
 	redirected bool // the edge redirected the device's last request
 
 	attemptTimeout time.Duration
@@ -135,6 +138,14 @@ func (d *device) start() {
 		Clock:       deviceClock{d},
 		RetryPolicy: d.policy,
 		Authorizer:  d.authorize,
+		// One intent at a time, in the caller's goroutine: the world
+		// runs SettleAll's settles as its own steps.
+		SettleConcurrency: 1,
+		SettleProgress: func(s idem.Settled, _, _ int) {
+			if d.settled != nil {
+				d.settled(s)
+			}
+		},
 		Server: idem.Server{
 			Mark:            idem.MarkEcho,
 			Retention:       d.w.cfg.Retention,

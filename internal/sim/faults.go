@@ -46,6 +46,7 @@ const (
 	faultClockDays
 	faultAuthorizer
 	faultHandOut
+	faultSettleAllRace
 
 	faultServerCrash
 	faultCrashAfterInsert
@@ -126,6 +127,11 @@ var faultTable = [numFaults]faultInfo{
 	// own, which may hold it in transit like any other; the app tells
 	// the Client when its send ended, unless it dies first.
 	faultHandOut: {"app.hand-out", 0.1, true, ""},
+	// Per start: the app settles with SettleAll (one intent at a time),
+	// and the user taps Pay between two of its settles, after SettleAll
+	// listed its intents: a tap that ends "not sent" is never sent by
+	// SettleAll later.
+	faultSettleAllRace: {"app.settle-all-races-tap", 0.3, true, ""},
 
 	faultServerCrash:        {"server.crash", 0.003, true, ""},
 	faultCrashAfterInsert:   {"server.crash-after-insert", 0.03, true, ""},

@@ -47,6 +47,13 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
+		Name: "settle-all-trusts-its-list", File: "settle.go",
+		Note:    "SettleAll sends as the app's call would, trusting the list it took before a tap that ended not sent (app.settle-all-races-tap)",
+		Anchor:  "c.settle(ctx, out[i].Intent, callAsk{background: true})",
+		Replace: "c.settle(ctx, out[i].Intent, callAsk{tick: ^uint64(0)})",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
 		Name: "key-spelling-from-option", File: "call.go",
 		Note:    "the key is spelled as the current Client's option says, not as stored with the intent",
 		Anchor:  "\tst.keyValue[0] = rec.KeyHeader\n",
