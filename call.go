@@ -92,6 +92,7 @@ func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.H
 	// no allocation of its own.
 	st.left = c.leftOf(rec)
 	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
+	st.b.sendBy = (*sendDeadline)(&st.left)
 	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
 	// The key's value lives in the call: no allocation of its own.
 	st.keyValue[0] = rec.KeyHeader
@@ -708,6 +709,22 @@ type intentLeft struct {
 	keys   *keys
 	window time.Duration
 	rec    *persist.Record
+}
+
+// sendDeadline is the budget's reading of how long a call may still begin
+// a send under the deadline its record stores (the claim, written by
+// arm or hold), by the least time any clock says is left: the budget's
+// own clock stops while the device sleeps, and the clock that counts
+// sleep does not. No clock can let a send begin after it, so another
+// Client's lookup may count the reconcile delay from it.
+type sendDeadline intentLeft
+
+func (l *sendDeadline) left() time.Duration {
+	if l.rec.Clocks == nil || l.rec.Clocks.SendWall.IsZero() {
+		// An intent the store never holds (the RoundTripper's own).
+		return math.MaxInt64
+	}
+	return sendByLeft(l.rec.Clocks, l.clocks.read())
 }
 
 func (l *intentLeft) left() time.Duration {

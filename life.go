@@ -1063,9 +1063,6 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	} else if retryErr.Attempts > 0 {
 		rec.State = persist.StatePending
 	}
-	if retryErr.Attempts > 0 {
-		c.sentBy(rec)
-	}
 	// The save records what is known; if it fails, the intent stays
 	// unresolved in the store anyway, which is the safe side.
 	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
@@ -1074,24 +1071,6 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 		}
 	}
 	return retryErr
-}
-
-// sentBy records in rec that its latest send began no later than now,
-// unless the record already names a later time: another Client's lookup
-// counts its reconcile delay from there (see mayStillArrive). A Client
-// that resumes an intent it holds writes no new deadline before it sends;
-// this is written with the call's attempts.
-func (c *Client) sentBy(rec *persist.Record) {
-	cl := new(persist.Clocks)
-	if rec.Clocks != nil {
-		*cl = *rec.Clocks
-	}
-	now := c.clocks.read()
-	if since, ok := sinceSendBy(cl, now); ok && since < 0 {
-		return
-	}
-	sendBy(cl, now, 0)
-	rec.Clocks = cl
 }
 
 // recordNotSent records a call none of whose attempts wrote its request,

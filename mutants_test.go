@@ -270,11 +270,11 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestEveryServerErrorIsAnUnknownOutcome$",
 		},
 		{
-			Name: "resume-leaves-the-old-send-deadline", File: "life.go",
-			Note:    "a call that ended unknown stores no new send deadline: another Client's lookup counts the reconcile delay from the first send, long past, while the resumed attempt may still arrive",
-			Anchor:  "\t\tc.sentBy(rec)\n",
-			Replace: "",
-			Pkg:     root, Run: "^TestReconcile$/^a_miss_right_after_the_holder_resumed_it",
+			Name: "send-past-the-stored-deadline", File: "retry.go",
+			Note:    "a call begins sends after the deadline its record stores, once the device slept with the call's clock stopped: another Client's lookup trusts a miss while they may arrive",
+			Anchor:  "\tcase b.sendBy != nil && at.Sub(b.clock.Now()) >= b.sendBy.left():\n",
+			Replace: "\tcase false:\n",
+			Pkg:     root, Run: "^TestBudgetStopsAtTheStoredSendDeadline$",
 		},
 		{
 			Name: "handed-out-not-marked", File: "handout.go",

@@ -187,7 +187,10 @@ type budget struct {
 	// left says how long the intent may still be sent, read anew from
 	// every clock each time (an instant on the clock's timeline would
 	// not move while the device sleeps); nil: no limit.
-	left     lefter
+	left lefter
+	// sendBy says how long the call may still begin a send under the
+	// deadline its record stores; nil: no bound.
+	sendBy   lefter
 	attempts int
 }
 
@@ -273,6 +276,8 @@ func (b *budget) fits(at time.Time) *stop {
 	switch {
 	case b.left != nil && at.Sub(b.clock.Now()) >= b.left.left():
 		return &stop{reason: stopExpired}
+	case b.sendBy != nil && at.Sub(b.clock.Now()) >= b.sendBy.left():
+		return &stop{reason: stopElapsed}
 	case !b.deadline.IsZero() && at.After(b.deadline):
 		return &stop{reason: stopDeadline}
 	case at.Sub(b.start) > b.policy.MaxElapsed:

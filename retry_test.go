@@ -680,3 +680,56 @@ func TestANotSentIntentSentAgainIsStoredNewBeforeItLeaves(t *testing.T) {
 	_, err = restarted.Intent(ctx, "checkout", changed)
 	require.ErrorAs(t, err, &unresolved, "the first request may have been charged")
 }
+
+// sleepClock is a device whose budget clock (Now, Monotonic) stops while
+// it sleeps, as Go's monotonic reading does, and whose clock that counts
+// sleep (SinceBoot) does not.
+type sleepClock struct {
+	*clock.Manual
+	mu    sync.Mutex
+	slept time.Duration
+}
+
+func (c *sleepClock) SinceBoot() (time.Duration, string, bool) {
+	d, id, ok := c.Manual.SinceBoot()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return d + c.slept, id, ok
+}
+
+func (c *sleepClock) sleep(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.slept += d
+}
+
+// TestBudgetStopsAtTheStoredSendDeadline: a call begins no send after the
+// deadline its record stores, by the clock that counts sleep, though its
+// own clock stopped while the device slept. Another Client's lookup counts
+// the reconcile delay from that deadline.
+func TestBudgetStopsAtTheStoredSendDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := &sleepClock{Manual: clock.NewManual(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))}
+	var sent atomic.Int32
+	rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.Method == http.MethodPost {
+			sent.Add(1)
+			clk.sleep(time.Hour) // the answer is lost, and the device sleeps
+		}
+		return nil, io.ErrUnexpectedEOF
+	})
+	c, err := New(Config{
+		HTTPClient:  &http.Client{Transport: rt},
+		Store:       persist.NewMemory(nil),
+		Clock:       clk,
+		RetryPolicy: RetryPolicy{MaxAttempts: 5, Jitter: -1},
+		Server:      Server{Mark: MarkEcho},
+	})
+	require.NoError(t, err)
+	in, err := c.NewIntent(ctx, "", Request{Method: http.MethodPost, URL: "https://api.example/payments", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, ErrOutcomeUnknown)
+	assert.EqualValues(t, 1, sent.Load(), "a retry after the device slept past the send deadline is not sent")
+}
