@@ -56,7 +56,7 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	if cur.State.Resolved() && cur.State != persist.StateSucceeded {
 		return fmt.Errorf("idem: intent %s is %s: the server may hold no record of its key, so its request, sent, would do the work anew; nothing was handed out; create a new intent (NewIntent) to do the action again", cur.Key, cur.State)
 	}
-	if cur.State.Resolved() || cur.HandedOut {
+	if cur.State.Resolved() {
 		return nil
 	}
 	if !c.keys.handOut(cur) {
@@ -67,10 +67,19 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	rec.State = persist.StatePending
 	rec.UpdatedAt = c.clock.Now()
 	if cur.State == persist.StateNotSent {
-		// The hand-out's protection from a lookup's miss counts from
-		// now, and must not have run out already.
+		// Never sent: its age, and the server's retention of its key,
+		// count from now.
 		c.bornAgain(&rec)
 	}
+	// The app may send the request at any time: the hand-out claims the
+	// record up to the server's retention from now (each hand-out anew),
+	// and another Client's lookup waits for it (mayStillArrive).
+	cl := new(persist.Clocks)
+	if rec.Clocks != nil {
+		*cl = *rec.Clocks
+	}
+	sendBy(cl, c.clocks.read(), c.retention)
+	rec.Clocks = cl
 	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
 		// Not handed out: the app gets no request. The write's result is
 		// unknown; the record may say handed out, which only delays a
@@ -112,8 +121,17 @@ func (c *Client) SendEnded(ctx context.Context, in *Intent) error {
 		rec := *cur
 		rec.HandedOut = false
 		rec.UpdatedAt = c.clock.Now()
+		// The app's send began no later than now: the claim ends here,
+		// for every Client's lookup.
+		now := c.clocks.read()
+		cl := new(persist.Clocks)
+		if rec.Clocks != nil {
+			*cl = *rec.Clocks
+		}
+		sendBy(cl, now, 0)
+		rec.Clocks = cl
 		if err = c.saveIf(detached(ctx), in, &rec, cur, "send ended"); err == nil {
-			c.keys.sendEnded(key, c.clocks.read())
+			c.keys.sendEnded(key, now)
 		}
 	}) {
 		return fmt.Errorf("%w: %s", ErrInFlight, key)

@@ -800,16 +800,18 @@ func (k *keys) tracked() int {
 // of it was made (or every attempt provably never reached the server).
 // Otherwise it was last written no later than:
 //
-//   - the end of this Client's last call of key, if it made one and
-//     still holds the record: no other Client claimed it since;
+//   - the end of this Client's last call of key, if it made one, still
+//     holds the record, and has not handed its request to the app: no
+//     other Client claimed it since;
 //   - otherwise, the send deadline of the stored claim
 //     (persist.Clocks.SendWall), and the Client's birth, whichever is
 //     later: a Client claims the record (arms it, takes it over, sends
-//     it again after not sent), with the latest time its call may begin
-//     a send, before it sends it, and an expiry write moves nothing. A
-//     holder's later call of a record it still holds writes no new
-//     claim: its sends after the stored deadline are covered only by the
-//     reconciling Client's birth.
+//     it again after not sent, resumes it past the stored deadline),
+//     with the latest time its call may begin a send, before it sends
+//     it, and no call begins a send past it (sendDeadline). A hand-out
+//     claims it up to the server's retention from then, as the app may
+//     send its request at any time; SendEnded claims it up to the end of
+//     the app's send.
 //
 // The wait is the longest of these. The time since each is the smallest
 // any clock reports (the in-process timeline, which stops while the
@@ -828,7 +830,7 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 		if l.phase == phaseArmed || l.phase == phaseNotSent {
 			return 0
 		}
-		if l.hasLast {
+		if l.hasLast && l.phase != phaseHandedOut {
 			return max(delay-leastSince(l.last, now), 0)
 		}
 	}

@@ -153,13 +153,10 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	// Whether an attempt may still arrive is decided as the lookup leaves:
 	// its answer tells the server's state from then on, and an attempt
 	// that arrives while the lookup is on its way is not in it.
+	// A request in the app's hands (HTTPRequest) may be sent up to the
+	// send deadline its hand-out stored: the server's retention from
+	// then, or the end the app reported (SendEnded).
 	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
-	if cur.HandedOut && c.left(cur) > -c.margin {
-		// Its request is in the app's hands, which may send it at any
-		// time until it reports that the send ended (SendEnded): only
-		// the server's retention ends the wait.
-		wait = max(wait, c.left(cur)+c.margin)
-	}
 	// Never a key on GET: the lookup is naturally idempotent. A redirect
 	// is not followed: the page it leads to (a login page, say) is not the
 	// lookup's answer, and a 3xx settles nothing.

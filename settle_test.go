@@ -835,6 +835,100 @@ func TestHTTPRequest(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateVoid, in.State())
 	})
+
+	// Path (the simulation's seed 7805563): a proxy's 407 left an intent
+	// unknown; its request, handed out moments before it grew too old to
+	// send, waited in the app's outbox. The intent then expired, and the
+	// lookup's miss was trusted, since the intent was older than the
+	// server's retention: the app's request then charged an intent that
+	// read void.
+	t.Run("a request handed out just before the intent grew too old is waited for from the hand-out", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		var refused atomic.Bool
+		proxy := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodPost && refused.CompareAndSwap(false, true) {
+				// The proxy's own answer: the server never sees the request.
+				return &http.Response{StatusCode: http.StatusProxyAuthRequired, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+			}
+			return e.srv.Client().Transport.RoundTrip(r)
+		})
+		c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: proxy}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		e.clock.Advance(sendWindow - 30*time.Second)
+		req, err := c.HTTPRequest(ctx, in) // the app keeps it in its outbox
+		require.NoError(t, err)
+		e.clock.Advance(2 * time.Hour) // the intent is too old to send, and older than the retention
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the app's request may still be sent")
+		assert.NotEqual(t, persist.StateVoid, in.State())
+
+		resp, err := e.srv.Client().Do(req) // the app sends it
+		require.NoError(t, err)
+		resp.Body.Close()
+		_, err = c.Reconcile(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+
+	// Path (found by a red-team pass): the app sends a handed-out request
+	// an hour later, its client gives up while a proxy holds the request,
+	// and the app calls SendEnded. Only the Client it called knew when the
+	// send ended: another Client on the store counted the reconcile delay
+	// from the arming, an hour past, and voided the intent before the
+	// held request charged it.
+	t.Run("its end, reported with SendEnded, covers another Client's lookup", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		b := e.newClient(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		req, err := e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		e.clock.Advance(time.Hour) // the app sends it an hour later
+		held := &heldNetwork{base: e.srv.Client().Transport}
+		held.holdNext(1) // a proxy holds it, and the app's client gives up
+		_, err = (&http.Client{Transport: held}).Do(req)
+		require.Error(t, err)
+		require.NoError(t, e.client.SendEnded(ctx, in))
+
+		e.clock.Advance(time.Minute)
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the app's request, sent a minute ago, may still be on its way")
+		held.deliver(t)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		assert.NotEqual(t, persist.StateVoid, loaded.State())
+	})
+
+	t.Run("its end, reported with SendEnded, lets another Client trust a miss once the reconcile delay passed", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		b := e.newClient(t)
+		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.HTTPRequest(ctx, in)
+		require.NoError(t, err)
+		e.clock.Advance(time.Hour)
+		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
+		e.clock.Advance(reconcileDelay + time.Second)
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		require.NoError(t, err, "not a wait for the server's retention")
+		assert.Equal(t, persist.StateVoid, loaded.State())
+	})
 }
 
 // failHandOut is a real store that cannot write the hand-out (the disk
