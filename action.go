@@ -296,7 +296,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	r := c.stamp(rec, &next.clocks, true)
 	// It is the claim: it carries the latest time this Client's call may
 	// begin a send, from which the reconcile delay counts.
-	sendBy(&next.clocks, r, c.policyFor(ctx).MaxElapsed+sendSlack)
+	sendBy(&next.clocks, r, next.clocks.Mark, c.policyFor(ctx).MaxElapsed+sendSlack)
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
@@ -370,15 +370,18 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 
 // Unresolved returns the intents whose outcome is not known yet, oldest
 // first, for a "pending" screen; SettleAll settles them all. Expired intents
-// are included.
+// are included. An intent stored not sent is not: its outcome is known,
+// and only the user's tap sends it again (Intent, then Do).
 // If some stored intents cannot be read, the readable ones are returned
 // with an error that names each unreadable one: persist.CorruptErrors lists
 // them all, where errors.As finds only the first.
 func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
-	out := make([]*Intent, len(recs))
-	for i, rec := range recs {
-		out[i] = c.intentOf(rec)
+	out := make([]*Intent, 0, len(recs))
+	for _, rec := range recs {
+		if rec.State != persist.StateNotSent {
+			out = append(out, c.intentOf(rec))
+		}
 	}
 	return out, err
 }

@@ -91,7 +91,9 @@ func (c *clocks) sinceBirth() time.Duration {
 }
 
 // mark returns the wall clock's high-water mark: the latest wall time this
-// Client has read or found in a record. A clock set back cannot lower it.
+// Client has read or found in a record, and never less than the wall time
+// at its birth plus the time since on the in-process timeline. A clock set
+// back cannot lower it.
 func (c *clocks) mark(now time.Time) time.Time {
 	c.seedMark.Do(func() {
 		// The marks stored with the unresolved intents (which a store
@@ -102,6 +104,9 @@ func (c *clocks) mark(now time.Time) time.Time {
 		}
 	})
 	now = now.Round(0)
+	if floor := c.born.Round(0).Add(c.sinceBirth()); floor.After(now) {
+		now = floor
+	}
 	c.markMu.Lock()
 	defer c.markMu.Unlock()
 	if now.After(c.wallMark) {

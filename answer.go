@@ -116,7 +116,20 @@ func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) boo
 	if fromAnotherOrigin(resp) {
 		return echoes(resp.Header, key)
 	}
-	return c.trusted(resp.StatusCode, resp.Header, body, key)
+	if !c.trusted(resp.StatusCode, resp.Header, body, key) {
+		return false
+	}
+	// A recognizer that reads no key cannot tell this intent's answer
+	// from another's that a cache kept (Age above 0) and served to this
+	// POST.
+	return c.ownNamesKey || echoes(resp.Header, key) || !cacheServed(resp.Header)
+}
+
+// cacheServed reports an answer a cache kept before serving it: its Age
+// is above 0. A cache that passes an answer through may say Age: 0.
+func cacheServed(h http.Header) bool {
+	age := h.Get("Age")
+	return age != "" && strings.TrimLeft(age, "0") != ""
 }
 
 // attemptNonceHeader is the request header field in which the attempts of

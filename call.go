@@ -724,7 +724,8 @@ func (l *sendDeadline) left() time.Duration {
 		// An intent the store never holds (the RoundTripper's own).
 		return math.MaxInt64
 	}
-	return sendByLeft(l.rec.Clocks, l.clocks.read())
+	r := l.clocks.read()
+	return sendByLeft(l.rec.Clocks, r, l.clocks.mark(r.wall))
 }
 
 func (l *intentLeft) left() time.Duration {

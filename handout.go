@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -78,7 +79,7 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
 	}
-	sendBy(cl, c.clocks.read(), c.retention)
+	c.claim(cl, c.retention)
 	rec.Clocks = cl
 	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
 		// Not handed out: the app gets no request. The write's result is
@@ -121,14 +122,17 @@ func (c *Client) SendEnded(ctx context.Context, in *Intent) error {
 		rec := *cur
 		rec.HandedOut = false
 		rec.UpdatedAt = c.clock.Now()
-		// The app's send began no later than now: the claim ends here,
-		// for every Client's lookup.
-		now := c.clocks.read()
+		// The app's send began no later than now: the hand-out's claim
+		// ends here, for every Client's lookup. Another Client's claim,
+		// if it took the intent over since, stands.
 		cl := new(persist.Clocks)
 		if rec.Clocks != nil {
 			*cl = *rec.Clocks
 		}
-		sendBy(cl, now, 0)
+		if cur.Holder == c.id {
+			cl.SendWall, cl.SendBoot, cl.SendBy = time.Time{}, "", 0
+		}
+		now := c.claim(cl, 0)
 		rec.Clocks = cl
 		if err = c.saveIf(detached(ctx), in, &rec, cur, "send ended"); err == nil {
 			c.keys.sendEnded(key, now)

@@ -387,11 +387,22 @@ type nextVersion struct {
 }
 
 // sendBy sets in cl the latest time a call that begins at r may begin a
-// send: d (its budget) later, on the wall clock and on the clock that
-// counts sleep.
-func sendBy(cl *persist.Clocks, r reading, d time.Duration) {
-	cl.SendWall = r.wall.Add(d)
-	cl.SendBoot, cl.SendBy = r.bootID, r.boot+d
+// send: d (its budget) later, on the wall clock, read no earlier than
+// mark (the wall clock's high-water mark: a clock set back cannot make the
+// deadline early), and on the clock that counts sleep. It never makes the
+// deadline cl holds earlier: another Client's call may still be sending
+// under it.
+func sendBy(cl *persist.Clocks, r reading, mark time.Time, d time.Duration) {
+	wall := r.wall
+	if mark.After(wall) {
+		wall = mark
+	}
+	if at := wall.Add(d); at.After(cl.SendWall) {
+		cl.SendWall = at
+	}
+	if by := r.boot + d; cl.SendBoot != r.bootID || by > cl.SendBy {
+		cl.SendBoot, cl.SendBy = r.bootID, by
+	}
 }
 
 // sendSlack is how long after a write of a send deadline its call may
@@ -401,12 +412,18 @@ func sendBy(cl *persist.Clocks, r reading, d time.Duration) {
 const sendSlack = 5 * time.Second
 
 // sendByLeft returns the least time any clock says is left until the send
-// deadline stored in cl, and 0 when cl stores none.
-func sendByLeft(cl *persist.Clocks, now reading) time.Duration {
+// deadline stored in cl, and 0 when cl stores none. The wall clock is read
+// no earlier than mark, its high-water mark: a clock set back cannot make
+// the deadline look far.
+func sendByLeft(cl *persist.Clocks, now reading, mark time.Time) time.Duration {
 	if cl == nil || cl.SendWall.IsZero() {
 		return 0
 	}
-	left := cl.SendWall.Sub(now.wall)
+	wall := now.wall
+	if mark.After(wall) {
+		wall = mark
+	}
+	left := cl.SendWall.Sub(wall)
 	if cl.SendBoot != "" && cl.SendBoot == now.bootID {
 		left = min(left, cl.SendBy-now.boot)
 	}
@@ -468,6 +485,9 @@ type keyLife struct {
 	// last is when its last call ended, if hasLast.
 	last    reading
 	hasLast bool
+	// others: this Client took the record over from another Client,
+	// whose call may still be sending it.
+	others bool
 	// notSentAt is the tick of the not-sent record this Client wrote
 	// last for it.
 	notSentAt uint64
@@ -707,6 +727,14 @@ func (k *keys) tookOver(key string) {
 	l.phase, _ = step(l.phase, evWrote)
 }
 
+// claimedFrom records that this Client took key's record over from
+// another Client (see mayStillArrive).
+func (k *keys) claimedFrom(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.lifeLocked(key).others = true
+}
+
 // noAttempt is the end of a call of key before any attempt began, at now.
 func (k *keys) noAttempt(key string, now reading) {
 	k.mu.Lock()
@@ -801,8 +829,8 @@ func (k *keys) tracked() int {
 // Otherwise it was last written no later than:
 //
 //   - the end of this Client's last call of key, if it made one, still
-//     holds the record, and has not handed its request to the app: no
-//     other Client claimed it since;
+//     holds the record, did not take it over from another Client, and has
+//     not handed its request to the app: no other Client claimed it since;
 //   - otherwise, the send deadline of the stored claim
 //     (persist.Clocks.SendWall), and the Client's birth, whichever is
 //     later: a Client claims the record (arms it, takes it over, sends
@@ -830,7 +858,7 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 		if l.phase == phaseArmed || l.phase == phaseNotSent {
 			return 0
 		}
-		if l.hasLast && l.phase != phaseHandedOut {
+		if l.hasLast && l.phase != phaseHandedOut && !l.others {
 			return max(delay-leastSince(l.last, now), 0)
 		}
 	}
@@ -949,7 +977,22 @@ func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) read
 // holds ends before this call's budget could.
 func (c *Client) mustHold(ctx context.Context, rec *persist.Record) bool {
 	return rec.State == persist.StateNotSent || rec.Holder != c.id ||
-		sendByLeft(rec.Clocks, c.clocks.read()) < c.policyFor(ctx).MaxElapsed
+		c.sendLeft(rec) < c.policyFor(ctx).MaxElapsed
+}
+
+// sendLeft returns the least time any clock says is left until the send
+// deadline rec stores (sendByLeft).
+func (c *Client) sendLeft(rec *persist.Record) time.Duration {
+	r := c.clocks.read()
+	return sendByLeft(rec.Clocks, r, c.clocks.mark(r.wall))
+}
+
+// claim sets in cl the latest time a call that begins now may begin a
+// send, d later (sendBy), and returns the reading of now.
+func (c *Client) claim(cl *persist.Clocks, d time.Duration) reading {
+	r := c.clocks.read()
+	sendBy(cl, r, c.clocks.mark(r.wall), d)
+	return r
 }
 
 // hold makes this Client the holder of rec before it sends it, when it is
@@ -997,7 +1040,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
 	}
-	sendBy(cl, c.clocks.read(), c.policyFor(ctx).MaxElapsed+sendSlack)
+	c.claim(cl, c.policyFor(ctx).MaxElapsed+sendSlack)
 	rec.Clocks = cl
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError
@@ -1028,6 +1071,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		// Taken over from another Client, which may be sending it:
 		// this call can no longer end "not sent".
 		c.keys.tookOver(rec.Key)
+	}
+	if takeOver {
+		// The Client it was taken from may still be sending it: this
+		// Client's own calls no longer tell when the last send began.
+		c.keys.claimedFrom(rec.Key)
 	}
 	again := *rec
 	return &again, false, nil

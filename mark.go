@@ -77,7 +77,9 @@ var (
 // JSON too. A captive portal's page, a CDN's fallback index.html and a
 // login page are not JSON, so they never settle an intent; nor does an
 // answer from another origin, reached by a followed redirect: a portal's
-// JSON API is JSON too. The lookup's 2xx is read the same way, so the
+// JSON API is JSON too; nor does an answer a cache served (an Age above
+// 0): a cache that keeps POST answers may serve another intent's. The
+// lookup's 2xx is read the same way, so the
 // server's lookup answers the resource itself, not a list. The id names
 // no key, so the lookup's 2xx settles only when it echoes the lookup's
 // nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a cache that ignores

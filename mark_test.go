@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,7 @@ func reflectingGateway(t *testing.T, backend string, answer func(n int, w http.R
 
 func TestMark(t *testing.T) {
 	t.Parallel()
+	t.Run("MarkJSONID: an answer a cache kept for another intent never settles a send", markJSONIDBehindACachingCDN)
 	ctx := context.Background()
 
 	// Path: attempt 1 reaches the server, which charges and commits, but
@@ -542,4 +544,72 @@ func TestMarkIsRequired(t *testing.T) {
 		_, err := New(Config{Server: Server{Mark: m}})
 		assert.NoError(t, err, m.String())
 	}
+}
+
+// markJSONIDBehindACachingCDN holds a path a red-team pass found, which had
+// charged twice or told the app a false outcome.
+//
+// Path: a cache in front of the API (a "cache everything" rule on the
+// CDN) keeps the 201 that paid cart 1 and serves it, with an Age field as
+// RFC 9111 asks, to the POST that pays cart 2, another intent with another
+// key. MarkJSONID recognises any 2xx JSON with an id: the send path
+// (trustedAnswer) does not look at Age, though the lookup path refuses an
+// answer with an Age to a recognizer that reads no key, for just this
+// reason (lookupTrusted). Cart 2 is stored succeeded
+// with cart 1's payment id; it was never charged.
+func markJSONIDBehindACachingCDN(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var charges atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := charges.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"pay_%d","object":"payment"}`, n)
+	}))
+	t.Cleanup(api.Close)
+	target, err := url.Parse(api.URL)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var kept *httptest.ResponseRecorder
+	cdn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if kept == nil {
+			rec := httptest.NewRecorder()
+			proxy.ServeHTTP(rec, r)
+			kept = rec
+		} else {
+			w.Header().Set("Age", "7")
+		}
+		for k, vs := range kept.Header() {
+			w.Header()[k] = vs
+		}
+		w.WriteHeader(kept.Code)
+		_, _ = w.Write(kept.Body.Bytes())
+	}))
+	t.Cleanup(cdn.Close)
+
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	c, err := New(Config{Store: fs, HTTPClient: cdn.Client(), Server: Server{Mark: MarkJSONID("id")}})
+	require.NoError(t, err)
+	cart := func(amount int) Request {
+		req, err := JSONRequest(http.MethodPost, cdn.URL+"/payments", map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		return req
+	}
+	_, err = c.Send(ctx, "checkout:cart-1", cart(1500))
+	require.NoError(t, err)
+	resp, err := c.Send(ctx, "checkout:cart-2", cart(2500))
+	if resp != nil {
+		t.Logf("cart 2: %d %s (Age %q)", resp.StatusCode, resp.Body, resp.Header.Get("Age"))
+	}
+	assert.ErrorIs(t, err, ErrOutcomeUnknown, "a kept answer to another intent is not the server's word on this one")
+	assert.Equal(t, int32(1), charges.Load(), "cart 2 was never charged")
+	pending, err := c.Unresolved(ctx)
+	require.NoError(t, err)
+	assert.Len(t, pending, 1, "cart 2 reads paid, and is not settled again")
 }

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1147,6 +1148,13 @@ func TestReconcile(t *testing.T) {
 	// before and reconciles at once. The stored send deadline was the
 	// first send's, long past: the miss voided the intent, the held
 	// request landed, and the payment made read void.
+	// Paths found by a red-team pass, each described on its function.
+	t.Run("a resume whose write is slow sends nothing past the deadline it stored", reconcileAfterASlowResumeWrite)
+	t.Run("a holder's resume under a clock set back writes a later deadline", reconcileAfterAResumeUnderAClockSetBack)
+	t.Run("a tap under a clock set back stores its deadline by the clock's high-water mark", reconcileAfterATapUnderAClockSetBack)
+	t.Run("a Client that took an intent over waits for the call it took it from", reconcileAfterATakeOver)
+	t.Run("a take-over never shortens the send deadline of the call it took over", reconcileAfterATakeOverWithAShorterBudget)
+
 	t.Run("a payment it finds but cannot record is returned marked not recorded", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
@@ -1242,4 +1250,412 @@ func TestReconcile(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, loaded.State(), "found, not void")
 		assert.Equal(t, 1, srv.Stats().Payments)
 	})
+}
+
+// slowDisk is a real FileStore on a slow disk: the next write, once
+// slowNext is set, takes that long on the device's clocks (an fsync
+// stalled behind other I/O, as phones' flash does for seconds). After the
+// process dies (dead), no write reaches the disk.
+type slowDisk struct {
+	persist.Store
+	clk      *clock.Manual
+	slowNext atomic.Int64
+	dead     atomic.Bool
+}
+
+func (s *slowDisk) Write(ctx context.Context, r, old *persist.Record) error {
+	if s.dead.Load() {
+		return context.Canceled // the process is gone: nothing reaches the disk
+	}
+	if d := s.slowNext.Swap(0); d > 0 {
+		s.clk.Advance(time.Duration(d))
+	}
+	return s.Store.Write(ctx, r, old)
+}
+
+// killingNetwork is the device's network: the n-th POST from now (holdAt) is held
+// in transit, and the app's process is killed as it goes out (nothing
+// after it is recorded). deliver lets it reach the server later.
+type killingNetwork struct {
+	store *slowDisk
+	mu    sync.Mutex
+	left  int
+	held  *heldNetwork
+}
+
+func (n *killingNetwork) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPost {
+		n.mu.Lock()
+		if n.left > 0 {
+			n.left--
+			if n.left == 0 {
+				if n.store != nil {
+					n.store.dead.Store(true)
+				}
+				n.held.holdNext(1)
+			}
+		}
+		n.mu.Unlock()
+	}
+	return n.held.RoundTrip(r)
+}
+
+func (n *killingNetwork) holdAt(count int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.left = count
+}
+
+// noBootClock is a device whose system has no clock that counts sleep
+// (Windows, the BSDs, a sandbox that hides the boot's identity: what
+// clock.System reports there): the wall clock, which the user or a bad
+// network time may set, and the in-process monotonic clock. It runs on m,
+// the true time the server shares.
+type noBootClock struct {
+	clock.NoBoot
+	m      *clock.Manual
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *noBootClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.Now().Add(c.offset)
+}
+
+func (c *noBootClock) Sleep(ctx context.Context, d time.Duration) error { return c.m.Sleep(ctx, d) }
+
+func (c *noBootClock) Monotonic() time.Duration { return c.m.Monotonic() }
+
+// setWall moves the wall clock alone, as a setting of the time does.
+func (c *noBootClock) setWall(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}
+
+// gatedClock is a device's clocks for one Client whose waits the test
+// paces: Sleep reports the wait, then returns once the test, having moved
+// the true clock on by at least that much, releases it.
+type gatedClock struct {
+	m        *clock.Manual
+	sleeping chan time.Duration
+	release  chan struct{}
+}
+
+func (c *gatedClock) Now() time.Time { return c.m.Now() }
+
+func (c *gatedClock) Monotonic() time.Duration { return c.m.Monotonic() }
+
+func (c *gatedClock) SinceBoot() (time.Duration, string, bool) { return c.m.SinceBoot() }
+
+func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.sleeping <- d
+	select {
+	case <-c.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// reconcileAfterASlowResumeWrite: a holder resumes an intent long past
+// its send deadline and writes a later one first (hold), read from the
+// clocks before a write that stalls 12 s on a slow disk. Its budget starts
+// after the write, and a 503's Retry-After puts its second attempt past
+// the deadline it stored. That attempt is not sent (sendDeadline): had it
+// been, and the app died with it in transit, another Client would trust
+// the lookup's miss while it could still arrive.
+func reconcileAfterASlowResumeWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	disk := &slowDisk{Store: fs, clk: clk}
+	net := &killingNetwork{store: disk, held: &heldNetwork{base: srv.Client().Transport}}
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+
+	// b, the second Client on the device, started with the app.
+	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: clk, Server: server,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	a, err := idem.New(idem.Config{Store: disk, HTTPClient: &http.Client{Transport: net}, Clock: clk, Server: server,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 2, MaxElapsed: 30 * time.Second, Jitter: -1}})
+	require.NoError(t, err)
+
+	in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	// The first send is cut before the server reads it, twice: unknown.
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset, Path: "/payments", Count: 2}))
+	_, err = a.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, 0, srv.Stats().Payments)
+	clk.Advance(time.Hour) // the first send's reconcile delay is long past
+
+	// a resumes: a proxy answers its first attempt 503 with Retry-After,
+	// its second is held in transit, and the app is killed as it leaves.
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: 503, RetryAfter: "28", Path: "/payments", Count: 1}))
+	disk.slowNext.Store(int64(12 * time.Second)) // the resume write stalls 12 s
+	net.holdAt(2)
+	resumedAt := clk.Now()
+	_, err = a.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	sentAt := clk.Now()
+	t.Logf("resume began %s, late attempt written %s after it", resumedAt.Format(time.TimeOnly), sentAt.Sub(resumedAt))
+
+	// The budget stops at the deadline the resume stored: the late
+	// attempt is not sent, and the lookup's miss that voids the intent
+	// once that deadline and the reconcile delay passed is true.
+	clk.Advance(reconcileDelay + time.Minute)
+	loaded, err := b.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = b.Reconcile(ctx, loaded)
+	require.NoError(t, err)
+	net.held.deliver(t)
+	assert.Equal(t, 0, srv.Stats().Payments, "no attempt was sent past the deadline the resume stored")
+	assert.Equal(t, persist.StateVoid, loaded.State())
+}
+
+// reconcileAfterAResumeUnderAClockSetBack holds a path a red-team pass found, which had
+// charged twice or told the app a false outcome.
+//
+// Path: Client a arms and sends an intent; the send is lost. An hour
+// later the wall clock is set back two hours (a bad network time) and a
+// resumes the intent. mustHold asks sendByLeft, which reads the wall
+// clock alone here (no boot clock): the stored deadline looks two hours
+// away, so a writes no later deadline (no "resume" hold), though the
+// Client has seen the wall clock an hour past it (its high-water mark)
+// and its monotonic clock says so too. a's request is held in transit and
+// the app is killed as it goes out. The wall clock is then put right;
+// Client b, started with the app, reconciles a minute later: the stored
+// deadline is an hour past on every clock, so the lookup's miss voids
+// the intent, and the held request then charges the card.
+func reconcileAfterAResumeUnderAClockSetBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	truth := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	device := &noBootClock{m: truth}
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	disk := &slowDisk{Store: fs, clk: truth}
+	net := &killingNetwork{store: disk, held: &heldNetwork{base: srv.Client().Transport}}
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+	policy := idem.RetryPolicy{MaxAttempts: 1}
+
+	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: device, Server: server, RetryPolicy: policy})
+	require.NoError(t, err)
+	a, err := idem.New(idem.Config{Store: disk, HTTPClient: &http.Client{Transport: net}, Clock: device, Server: server, RetryPolicy: policy})
+	require.NoError(t, err)
+
+	in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset, Path: "/payments", Count: 1}))
+	_, err = a.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	truth.Advance(time.Hour)
+	_, err = a.Unresolved(ctx) // a sees the wall clock an hour on
+	require.NoError(t, err)
+
+	device.setWall(-2 * time.Hour) // a bad network time
+	net.holdAt(1)                  // the resumed request is held in transit; the app is killed
+	_, err = a.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	sentAt := truth.Now()
+
+	device.setWall(2 * time.Hour) // the time is put right
+	truth.Advance(time.Minute)
+	loaded, err := b.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = b.Reconcile(ctx, loaded)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a's resumed request, written %s ago, may still be on its way", truth.Now().Sub(sentAt))
+
+	net.held.deliver(t)
+	assert.Equal(t, 1, srv.Stats().Payments)
+	assert.NotEqual(t, persist.StateVoid, loaded.State(), "the intent reads void while its payment was made")
+}
+
+// reconcileAfterATapUnderAClockSetBack holds a path a red-team pass found, which had
+// charged twice or told the app a false outcome.
+//
+// Path: both Clients have seen the right time. The wall clock is then set
+// back two hours (a bad network time) and the user taps Pay on a: the
+// arming write stores its send deadline on the wall clock alone (sendBy:
+// no boot clock), two hours in the past in truth, though a's high-water
+// mark and monotonic clock know better. The request is held in transit
+// and the app is killed. The time is put right; b reconciles a minute
+// later: the stored deadline is two hours past, so the lookup's miss
+// voids the intent, and the held request then charges the card.
+func reconcileAfterATapUnderAClockSetBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	truth := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	device := &noBootClock{m: truth}
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	disk := &slowDisk{Store: fs, clk: truth}
+	net := &killingNetwork{store: disk, held: &heldNetwork{base: srv.Client().Transport}}
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+	policy := idem.RetryPolicy{MaxAttempts: 1}
+	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: device, Server: server, RetryPolicy: policy})
+	require.NoError(t, err)
+	a, err := idem.New(idem.Config{Store: disk, HTTPClient: &http.Client{Transport: net}, Clock: device, Server: server, RetryPolicy: policy})
+	require.NoError(t, err)
+	truth.Advance(time.Hour) // the app has run an hour
+	_, err = a.Unresolved(ctx)
+	require.NoError(t, err)
+
+	device.setWall(-2 * time.Hour) // a bad network time
+	net.holdAt(1)                  // the tap's request is held in transit; the app is killed
+	_, err = a.Send(ctx, "checkout", payment1500(t, srv))
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	sentAt := truth.Now()
+	pending, err := b.Unresolved(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+
+	device.setWall(2 * time.Hour) // the time is put right
+	truth.Advance(time.Minute)
+	loaded := pending[0]
+	_, err = b.Reconcile(ctx, loaded)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a's request, written %s ago, may still be on its way", truth.Now().Sub(sentAt))
+
+	net.held.deliver(t)
+	assert.Equal(t, 1, srv.Stats().Payments)
+	assert.NotEqual(t, persist.StateVoid, loaded.State(), "the intent reads void while its payment was made")
+}
+
+// reconcileAfterATakeOver holds a path a red-team pass found, which had
+// charged twice or told the app a false outcome.
+//
+// Path: Client b (a background settle with a long budget, as SettleAll's
+// docs advise) sends an intent; a gateway answers 503 with Retry-After:
+// 150 and b waits to retry. Meanwhile the user retries on Client a: a
+// takes the intent over (hold, op "take over": holder a, a's own send
+// deadline), gets the same 503, whose Retry-After is over a's cap, and its
+// call ends at once. Two and a half minutes later a reconciles: it holds
+// the record and its own last call ended more than the reconcile delay
+// ago, so mayStillArrive says nothing can still arrive (the self-holder
+// branch counts only a's own calls), and the lookup's miss voids the
+// intent. b's call, which nothing told of the take-over, then retries:
+// the server charges, and b's outcome write adopts the stored void. The
+// card is charged, the intent reads void, and the app may pay again.
+func reconcileAfterATakeOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	truth := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+	bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
+	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: bClock, Server: server,
+		RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
+	require.NoError(t, err)
+	a, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: truth, Server: server})
+	require.NoError(t, err)
+
+	in, err := b.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "150", Count: 2}))
+	type result struct {
+		resp *idem.Response
+		err  error
+	}
+	bDone := make(chan result, 1)
+	go func() {
+		resp, err := b.Do(ctx, in)
+		bDone <- result{resp, err}
+	}()
+	wait := <-bClock.sleeping // b waits 150 s to retry
+	require.Equal(t, 150*time.Second, wait)
+
+	twin, err := a.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = a.Do(ctx, twin) // the user retries on a: a takes it over
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, 0, srv.Stats().Payments)
+
+	truth.Advance(wait + time.Second)
+	_, err = a.Reconcile(ctx, twin)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "b's call of the intent is still running")
+
+	bClock.release <- struct{}{} // b's wait ends: it retries
+	got := <-bDone
+	t.Logf("b's Do: resp=%v err=%v; b's intent reads %s, a's %s", got.resp != nil, got.err, in.State(), twin.State())
+	assert.Equal(t, 1, srv.Stats().Payments)
+	assert.NotEqual(t, persist.StateVoid, twin.State(), "the intent reads void while its payment was made")
+	assert.NotEqual(t, persist.StateVoid, in.State(), "b's app is told void while its payment was made")
+}
+
+// reconcileAfterATakeOverWithAShorterBudget holds a path a red-team pass found, which had
+// charged twice or told the app a false outcome.
+//
+// Path: Client b sends an intent under a long budget (30 min: its arming
+// write stores a send deadline 30 min on). A gateway answers 503 with
+// Retry-After: 250 and b waits to retry. The user retries on Client a,
+// whose budget is the default 2 min: a takes the intent over, and hold
+// copies the stored clocks and then sets the send deadline to its own,
+// now+2 min+5 s, overwriting b's later one. a's call ends at once (the
+// Retry-After is over its cap). Client c reconciles once a's deadline and
+// the reconcile delay have passed: the lookup's miss voids the intent,
+// then b's call retries, well within the deadline it had stored, and the
+// server charges.
+func reconcileAfterATakeOverWithAShorterBudget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	truth := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+	bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
+	c, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: truth, Server: server})
+	require.NoError(t, err)
+	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: bClock, Server: server,
+		RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
+	require.NoError(t, err)
+	a, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: truth, Server: server})
+	require.NoError(t, err)
+
+	in, err := b.Intent(ctx, "checkout", payment1500(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "250", Count: 2}))
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := b.Do(ctx, in)
+		bDone <- err
+	}()
+	wait := <-bClock.sleeping
+	require.Equal(t, 250*time.Second, wait)
+
+	twin, err := a.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = a.Do(ctx, twin) // a takes it over
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+	truth.Advance(wait + time.Second) // past a's deadline and the reconcile delay
+	seen, err := c.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = c.Reconcile(ctx, seen)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "b's call may still send under the deadline it stored")
+
+	bClock.release <- struct{}{}
+	<-bDone
+	assert.Equal(t, 1, srv.Stats().Payments)
+	assert.NotEqual(t, persist.StateVoid, seen.State(), "the intent reads void while its payment was made")
 }

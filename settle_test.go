@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -555,6 +556,8 @@ func TestSettleAll(t *testing.T) {
 		assert.Equal(t, persist.StateNotSent, stored.State())
 	})
 
+	t.Run("the README's loop of Settle over Unresolved never sends a not-sent intent", settleLoopOverUnresolved)
+
 	t.Run("one at a time, it settles in the caller's goroutine", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
@@ -953,4 +956,61 @@ func (s *failGet) Get(ctx context.Context, key string) (*persist.Record, error) 
 		return nil, errors.New("read: input/output error")
 	}
 	return s.Store.Get(ctx, key)
+}
+
+// settleLoopOverUnresolved holds a path a red-team pass found, which had
+// charged twice or told the app a false outcome.
+//
+// Path: a payment's call ends not sent (the server's port refused the
+// connection) and the app tells its user so. At the next start the app
+// settles as README.md says ("client.Settle(ctx, in) for an intent from
+// client.Unresolved(ctx)"): Unresolved, documented as "the intents whose
+// outcome is not known yet", lists the not-sent intent (its outcome is
+// known: not sent), and Settle sends it, though SettleAll would not. The
+// user, told it was not paid, is charged.
+func settleLoopOverUnresolved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
+	// A port nobody listens on: the connection is refused.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	// The app's server is reached through the dead port at first (no
+	// network), then through the right one.
+	var route atomic.Value
+	route.Store(deadURL)
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r = r.Clone(r.Context())
+		u := route.Load().(string)
+		r.URL.Host = u[len("http://"):]
+		r.Host = ""
+		return srv.Client().Transport.RoundTrip(r)
+	})}
+	dir := filepath.Join(t.TempDir(), "idem")
+	fs, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+	c, err := idem.New(idem.Config{Store: fs, HTTPClient: hc, Server: server,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 2, InitialInterval: time.Millisecond}})
+	require.NoError(t, err)
+	_, err = c.Send(ctx, "checkout", payment1500(t, srv))
+	require.ErrorIs(t, err, idem.ErrNotSent, "the app tells its user: not paid")
+	require.NoError(t, fs.Close())
+
+	// The next start, with the network back.
+	route.Store(srv.URL)
+	fs, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	c, err = idem.New(idem.Config{Store: fs, HTTPClient: hc, Server: server})
+	require.NoError(t, err)
+	pending, err := c.Unresolved(ctx)
+	require.NoError(t, err)
+	for _, in := range pending {
+		_, _ = c.Settle(ctx, in) // README: "client.Settle(ctx, in) for an intent from client.Unresolved(ctx)"
+	}
+	assert.Empty(t, pending, "Unresolved lists an intent whose outcome is known: not sent")
+	assert.Equal(t, 0, srv.Stats().Payments, "the user was told the payment was not sent")
 }

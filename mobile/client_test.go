@@ -683,10 +683,7 @@ func TestSettleAll(t *testing.T) {
 		next := w.open(t)
 		left, err := next.SettleAll(nil)
 		require.NoError(t, err)
-		require.EqualValues(t, 1, left.Len())
-		assert.Equal(t, res.Key, left.Get(0).Key)
-		assert.Equal(t, OutcomeNotSent, left.Get(0).Outcome)
-		assert.Equal(t, KindNotSent, left.Get(0).Kind)
+		assert.Zero(t, left.Len(), "a not-sent intent's outcome is known: it is not listed")
 		assert.Zero(t, w.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
 	})
 }
