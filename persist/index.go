@@ -27,7 +27,7 @@ const (
 	// indexMagic starts every index file; the byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 3
+	indexVersion = 4
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -47,10 +47,9 @@ const racyWait = 20 * time.Millisecond
 
 // indexEntry is one entry of the index.
 type indexEntry struct {
-	id     string
-	files  []file
-	stamps []fsys.Stamp // the files' stamps when the index was written
-	rec    *Record      // nil if the entry's record was unreadable or not read
+	id    string
+	e     entry      // its file, and its record: nil if unreadable
+	stamp fsys.Stamp // the file's stamp when the index was written
 }
 
 // indexPath returns the path of the index file.
@@ -77,18 +76,17 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	at, ents, d, err := decodeIndexHead(data)
+	at, known, ents, d, err := decodeIndexHead(data)
 	if err != nil {
 		return err
 	}
+	s.known = known
 	if at != dirSt || idxSt.Change <= at.Change {
 		return fmt.Errorf("%w: the directory changed since it was written", errIndex)
 	}
-	var names []string
-	for _, ie := range ents {
-		for _, f := range ie.files {
-			names = append(names, f.name)
-		}
+	names := make([]string, len(ents))
+	for i, ie := range ents {
+		names[i] = ie.e.name
 	}
 	// The files are stamped while the records are decoded: the system
 	// calls are most of the cost.
@@ -112,23 +110,26 @@ func (s *FileStore) loadIndex() error {
 	if got.err != nil {
 		return got.err
 	}
-	now := got.st
+	return s.useIndex(ents, got.st, idxSt)
+}
+
+// useIndex makes entries those of the index, given the stamps their files
+// have now and the index's own. A file changed in place since is read
+// again.
+func (s *FileStore) useIndex(ents []indexEntry, now []fsys.Stamp, idxSt fsys.Stamp) error {
 	entries := make(map[string]*entry, len(ents))
 	var reread []*entry
-	i := 0
-	for _, ie := range ents {
-		e := &entry{files: ie.files, rec: ie.rec}
-		for j := range ie.files {
-			st := now[i]
-			i++
-			if st == (fsys.Stamp{}) {
-				return fmt.Errorf("%w: %s is missing", errIndex, ie.files[j].name)
-			}
-			if st != ie.stamps[j] || st.Change >= idxSt.Change {
-				e.rec = nil // changed in place since: read the file
-			} else {
-				e.files[j].st = st
-			}
+	for i := range ents {
+		ie := &ents[i]
+		e := &ie.e
+		st := now[i]
+		switch {
+		case st == (fsys.Stamp{}):
+			return fmt.Errorf("%w: %s is missing", errIndex, e.name)
+		case st != ie.stamp || st.Change >= idxSt.Change:
+			e.rec = nil // changed in place since: read the file
+		default:
+			e.st = st
 		}
 		if entries[ie.id] != nil {
 			return fmt.Errorf("%w: %s is listed twice", errIndex, ie.id)
@@ -140,40 +141,37 @@ func (s *FileStore) loadIndex() error {
 	}
 	s.entries = entries
 	for _, e := range reread {
-		s.read(e)
+		s.record(e)
 	}
 	return nil
 }
 
 // checkIndexed returns an error unless every entry of an index is one
-// the store could have written: each file's name parses as the index
-// says and belongs to the entry, the first file (which holds the record)
-// wins over the others, and each record belongs to the file it is filed
-// under (as decodeFile checks a record read from its file). An
-// index damaged in a way its checksum does not catch, stale, or copied
-// from another store must never report a record under another key, or in
+// the store could have written: its file's name parses as the index says
+// and belongs to the entry, and its record is unresolved and belongs to
+// that file (as decodeFile checks a record read from its file). An index
+// damaged in a way its checksum does not catch, stale, or copied from
+// another store must never report a record under another key, or in
 // another state, than its file holds.
 func checkIndexed(ents []indexEntry) error {
 	for _, ie := range ents {
-		for _, f := range ie.files {
-			p, ok := parseName(f.name)
-			id := p.id
-			if id == "" {
-				id = "?" + f.name
-			}
-			if !ok || p != f.p || id != ie.id {
-				return fmt.Errorf("%w: %s is not a file of the entry %s", errIndex, f.name, ie.id)
-			}
+		e := &ie.e
+		p, ok := parseName(e.name)
+		id := p.id
+		if id == "" {
+			id = "?" + e.name
 		}
-		for _, f := range ie.files[1:] {
-			if !winsOver(ie.files[0], f) {
-				return fmt.Errorf("%w: %s is listed after %s, which it wins over", errIndex, f.name, ie.files[0].name)
-			}
+		if !ok || p != e.p || id != ie.id {
+			return fmt.Errorf("%w: %s is not the file of the entry %s", errIndex, e.name, ie.id)
 		}
-		if ie.rec != nil {
-			if err := belongs(ie.files[0].p, ie.rec); err != nil {
-				return fmt.Errorf("%w: %s: %w", errIndex, ie.files[0].name, err)
-			}
+		if e.rec == nil {
+			continue
+		}
+		if e.rec.State.Resolved() {
+			return fmt.Errorf("%w: %s: the record is resolved", errIndex, e.name)
+		}
+		if err := belongs(e.p, e.rec); err != nil {
+			return fmt.Errorf("%w: %s: %w", errIndex, e.name, err)
 		}
 	}
 	return nil
@@ -189,16 +187,11 @@ func checkIndexed(ents []indexEntry) error {
 // in place.
 func (s *FileStore) writeIndex() error {
 	s.mu.Lock()
-	g := s.gen.Load()
-	switch {
-	case s.indexGen == g:
-		s.mu.Unlock()
-		return nil
-	case !s.scanned || s.entries == nil || s.changing.Load() != 0:
-		s.mu.Unlock()
-		return errIndex
-	}
+	done := s.indexGen == s.gen.Load()
 	s.mu.Unlock()
+	if done {
+		return nil
+	}
 	dir := filepath.Join(s.dir, indexDir)
 	if _, err := s.fs.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := s.changeDir(func() error { return s.fs.Mkdir(dir, 0o700) }); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -207,72 +200,101 @@ func (s *FileStore) writeIndex() error {
 	} else if err != nil {
 		return err
 	}
-
-	s.mu.Lock()
-	g = s.gen.Load()
-	if !s.scanned || s.entries == nil || s.changing.Load() != 0 {
-		s.mu.Unlock()
-		return errIndex
-	}
-	var ents []indexEntry
-	var names []string
-	for id, e := range s.entries {
-		if !e.mayHold(Filter{Unresolved: true}, "") {
-			continue
-		}
-		ie := indexEntry{id: id, files: slices.Clone(e.files)}
-		if e.corrupt == nil && e.files[0].st != (fsys.Stamp{}) {
-			// Only with the stamp the file had when its record was
-			// read or written: a change since then must show.
-			ie.rec = e.rec
-		}
-		for _, f := range e.files {
-			names = append(names, f.name)
-		}
-		ents = append(ents, ie)
-	}
-	s.mu.Unlock()
-
-	stamps, err := s.fs.Stamps(s.dir, names)
+	g, known, ents, err := s.indexSnapshot()
 	if err != nil {
 		return err
-	}
-	i := 0
-	for k := range ents {
-		ents[k].stamps = stamps[i : i+len(ents[k].files)]
-		for j, f := range ents[k].files {
-			if f.st != (fsys.Stamp{}) {
-				ents[k].stamps[j] = f.st
-			}
-		}
-		i += len(ents[k].files)
 	}
 	s.indexSyncs.Add(1)
 	if err := s.fs.SyncDir(s.dir); err != nil {
 		return err
 	}
-
 	// Nothing below holds s.mu but the last check and the rename, so
 	// that no save waits for the index's encoding or its sync: a change
 	// of the directory since the snapshot moves gen or changing, and one
 	// after the last check comes after the index's file was written, so
 	// it moves the directory's stamp past the one recorded.
-	unchanged := func() bool { return s.gen.Load() == g && s.changing.Load() == 0 }
 	at, err := s.fs.Stamp(s.dir)
 	if err != nil {
 		return err
 	}
-	if !unchanged() {
+	if !s.unchanged(g) {
 		return errIndex
 	}
-	f, err := s.fs.CreateTemp(dir, tempPrefix+"*")
+	tmp, err := s.writeIndexTemp(dir, at, encodeIndex(at, known, ents))
 	if err != nil {
 		return err
 	}
-	// Synced, so that the next start after a power cut may use it too;
-	// unsynced, a power cut would leave it damaged or old, which the next
-	// OpenDir would find and rebuild.
-	_, err = f.Write(encodeIndex(at, ents))
+	s.mu.Lock()
+	if !s.unchanged(g) {
+		err = errIndex
+	} else if err = s.fs.Rename(tmp, s.indexPath()); err == nil {
+		s.indexGen = g
+	}
+	s.mu.Unlock()
+	if err != nil {
+		_ = s.fs.Remove(tmp)
+		return err
+	}
+	s.indexSyncs.Add(1)
+	_ = s.fs.SyncDir(dir)
+	return nil
+}
+
+// unchanged reports whether the store made no change to the directory
+// since gen was g, and none is under way.
+func (s *FileStore) unchanged(g int64) bool {
+	return s.gen.Load() == g && s.changing.Load() == 0
+}
+
+// indexSnapshot returns the entries the index holds, every one that may
+// hold an unresolved record, each with its file's stamp; how many entries
+// the store knows; and gen when they were taken. It fails if the store
+// does not know every entry, or is changing the directory.
+func (s *FileStore) indexSnapshot() (g int64, known int, ents []indexEntry, err error) {
+	s.mu.Lock()
+	g, known = s.gen.Load(), len(s.entries)
+	if !s.scanned || s.entries == nil || s.changing.Load() != 0 {
+		s.mu.Unlock()
+		return 0, 0, nil, errIndex
+	}
+	var names []string
+	for id, e := range s.entries {
+		if e.resolved {
+			continue
+		}
+		ie := indexEntry{id: id, e: entry{name: e.name, p: e.p, mode: e.mode, st: e.st}}
+		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
+			// Only with the stamp the file had when its record was
+			// read or written: a change since then must show.
+			ie.e.rec = e.rec
+		}
+		names = append(names, e.name)
+		ents = append(ents, ie)
+	}
+	s.mu.Unlock()
+	stamps, err := s.fs.Stamps(s.dir, names)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	for i := range ents {
+		ents[i].stamp = stamps[i]
+		if st := ents[i].e.st; st != (fsys.Stamp{}) {
+			ents[i].stamp = st
+		}
+	}
+	return g, known, ents, nil
+}
+
+// writeIndexTemp writes data, the index for the directory stamped at, to
+// a new temporary file in dir, and syncs it: a power cut then leaves it
+// whole, for the next start. It returns the file's path, or errRacyIndex
+// if the file's stamp does not come after at.
+func (s *FileStore) writeIndexTemp(dir string, at fsys.Stamp, data []byte) (string, error) {
+	f, err := s.fs.CreateTemp(dir, tempPrefix+"*")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(data)
 	if err == nil {
 		s.indexSyncs.Add(1)
 		err = f.Sync()
@@ -287,55 +309,40 @@ func (s *FileStore) writeIndex() error {
 	if err == nil && st.Change <= at.Change {
 		err = errRacyIndex
 	}
-	s.mu.Lock()
-	if err == nil && !unchanged() {
-		err = errIndex
-	}
-	if err == nil {
-		err = s.fs.Rename(f.Name(), s.indexPath())
-	}
-	if err == nil {
-		s.indexGen = g
-	}
-	s.mu.Unlock()
 	if err != nil {
 		_ = s.fs.Remove(f.Name())
-		return err
+		return "", err
 	}
-	s.indexSyncs.Add(1)
-	_ = s.fs.SyncDir(dir)
-	return nil
+	return f.Name(), nil
 }
 
 // encodeIndex returns the content of an index file for the directory
-// stamped at and its entries: the magic and version, a CRC-32C of the
-// rest, the directory's stamp, the entries' files, then their records.
-func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
+// stamped at, of known entries, and the entries it holds: the magic and
+// version, a CRC-32C of the rest, the directory's stamp, known, the
+// entries' files, then their records.
+func encodeIndex(at fsys.Stamp, known int, ents []indexEntry) []byte {
 	e := &encoder{b: make([]byte, 0, 64+len(ents)*600)}
 	e.b = append(e.b, indexMagic...)
 	e.b = append(e.b, indexVersion, 0, 0, 0, 0)
 	body := len(e.b)
 	e.stamp(at)
+	e.uv(uint64(known))
 	e.uv(uint64(len(ents)))
 	for _, ie := range ents {
+		// What parseName says of the name too, which would cost more
+		// to parse again than to read.
 		e.str(ie.id)
-		e.uv(uint64(len(ie.files)))
-		for j, f := range ie.files {
-			// What parseName says of the name too, which would cost more
-			// to parse again than to read.
-			e.str(f.name)
-			e.str(f.p.id)
-			e.str(f.p.key)
-			e.str(f.p.tag)
-			e.bool(f.p.resolved)
-			e.uv(uint64(f.mode))
-			e.stamp(ie.stamps[j])
-		}
-		e.bool(ie.rec != nil)
+		e.str(ie.e.name)
+		e.str(ie.e.p.id)
+		e.str(ie.e.p.key)
+		e.str(ie.e.p.tag)
+		e.uv(uint64(ie.e.mode))
+		e.stamp(ie.stamp)
+		e.bool(ie.e.rec != nil)
 	}
 	for _, ie := range ents {
-		if ie.rec != nil {
-			e.record(ie.rec)
+		if ie.e.rec != nil {
+			e.record(ie.e.rec)
 		}
 	}
 	binary.LittleEndian.PutUint32(e.b[body-4:body], crc32.Checksum(e.b[body:], crcTable))
@@ -344,37 +351,30 @@ func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
 
 // decodeIndexHead parses an index file up to the records, which d then
 // decodes into ents.
-func decodeIndexHead(data []byte) (at fsys.Stamp, ents []indexEntry, d *decoder, err error) {
+func decodeIndexHead(data []byte) (at fsys.Stamp, known int, ents []indexEntry, d *decoder, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	if !ok || len(rest) < 5 {
-		return at, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
+		return at, 0, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
 	}
 	if rest[0] != indexVersion {
-		return at, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+		return at, 0, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
 	}
 	if crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {
-		return at, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+		return at, 0, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
 	d = &decoder{b: rest[5:], s: string(rest[5:]), headers: map[string]http.Header{}}
 	at = d.stamp()
+	known = int(d.uv())
 	n := d.count()
 	ents = make([]indexEntry, 0, n)
 	for range n {
 		ie := indexEntry{id: d.str()}
-		nf := d.count()
-		if nf == 0 && d.err == nil {
-			d.err = errors.New("an entry without files")
-		}
-		ie.files = make([]file, nf)
-		ie.stamps = make([]fsys.Stamp, nf)
-		for j := range nf {
-			name := d.str()
-			p := parsedName{id: d.str(), key: d.str(), tag: d.str(), resolved: d.bool()}
-			ie.files[j] = file{name: name, p: p, mode: fs.FileMode(d.uv())}
-			ie.stamps[j] = d.stamp()
-		}
+		ie.e.name = d.str()
+		ie.e.p = parsedName{id: d.str(), key: d.str(), tag: d.str()}
+		ie.e.mode = fs.FileMode(d.uv())
+		ie.stamp = d.stamp()
 		if d.bool() {
-			ie.rec = &Record{} // decoded by records
+			ie.e.rec = &Record{} // decoded by records
 		}
 		if d.err != nil {
 			break
@@ -382,16 +382,16 @@ func decodeIndexHead(data []byte) (at fsys.Stamp, ents []indexEntry, d *decoder,
 		ents = append(ents, ie)
 	}
 	if d.err != nil {
-		return at, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
+		return at, 0, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
 	}
-	return at, ents, d, nil
+	return at, known, ents, d, nil
 }
 
 // records decodes the records of ents, which decodeIndexHead left.
 func (d *decoder) records(ents []indexEntry) error {
 	for i := range ents {
-		if ents[i].rec != nil {
-			ents[i].rec = d.record()
+		if ents[i].e.rec != nil {
+			ents[i].e.rec = d.record()
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {
