@@ -96,7 +96,7 @@ A store's directory holds:
 	h-<hash>.<tag>.json the same, for a longer key
 	.tmp-*              a save in progress, or left by a crash
 	quarantine/         damaged files moved aside (see Damage)
-	index/unresolved    the unresolved intents, a cache (see The index)
+	index               the unresolved intents, a cache (see The index)
 	LOCK                the lock file (see Locking)
 
 <key> is the lower-case base32hex of the key's bytes, <hash> the hex
@@ -121,62 +121,52 @@ The store keeps the unresolved records in memory, and nothing else: a
 resolved record is read from its file when asked for. Listing a
 directory of 10,000 names and reading 1,000 files takes tens of
 milliseconds, which an app would wait for at start. So [OpenDir] starts,
-when it can, from the index: one file, index/unresolved, holding the
-unresolved records and their files' stamps in a compact binary encoding
-with a CRC-32C, the stamp of the directory it describes, and how many
-entries the directory held. OpenDir then reads that file and stamps the
-unresolved files (one stat each), but neither lists the directory nor
-reads a record file. It lists the directory in the background after it
-returns: a Get of a key the index does not hold, a List not restricted
-to unresolved records, and every change wait for that listing. Every
-file the index does not hold is then a resolved record, unless the
-directory holds more entries than the index counted (a file put there
-while the store was open): then those files are read. A scan without the
-index reads every file, once.
+when it can, from the index: one file, holding the unresolved records
+and their files' stamps in a compact binary encoding with a CRC-32C, and
+how many entries the directory held. OpenDir then reads that file and
+stamps the unresolved files (one stat each), but neither lists the
+directory nor reads a record file. It lists the directory in the
+background after it returns: a Get of a key the index does not hold, a
+List not restricted to unresolved records, and every change wait for
+that listing. Every file the index does not hold is then a resolved
+record, unless the directory holds more entries than the index counted
+(a file put there by hand): then those files are read. A scan without
+the index reads every file, once.
 
 The index is a cache, never the record: the record files stay the only
-truth, and the index is used only when it provably describes them.
+truth, and the index exists only while it describes them.
 
-  - Every change of a record renames or removes an entry of the
-    directory, which moves the directory's change time (ctime). OpenDir
-    uses the index only if the directory's stamp (inode, size,
-    modification and change times) is the one the index was written
-    for; any save, delete or crash leftover since sends it to a full
-    scan, which writes the index again.
-  - Clocks are coarse, so a change within the same tick as the stamp
-    would leave it unchanged. The index is used only if its own file's
-    change time comes after the directory's stamp. The store counts its
-    own changes, and gives up writing the index if one was under way or
-    made while it wrote.
-  - Before writing the index, the store syncs the directory, so that a
-    power cut cannot bring back an earlier state of it that shares the
-    stamp.
+  - It is written when the store is at rest: after a full scan at
+    OpenDir, in the background after the directory sync of deferred
+    saves (when an intent resolves, so that an app killed afterwards
+    starts from it), and at Close. The store syncs the directory first,
+    so every change the index describes is durable before it. A change
+    made while the index is written makes the store give it up.
+  - The first change of a record after that removes the index, before
+    the change. Both are entries of the store's directory, so the
+    directory sync that makes the change durable makes the removal
+    durable too. A crash after a change leaves no index, and the next
+    OpenDir scans. The index costs no durable write on the path of a
+    Write.
   - A file rewritten in place (damage, or a hand edit) changes its own
-    stamp but not the directory's. The index holds a record only with
-    the stamp its file had when the store wrote or read it, so a file
-    whose stamp differs is read again: damage is reported as a
-    [*CorruptError], never hidden by the index. A missing file makes the
-    index unusable.
+    stamp (inode, size, modification and change times). The index holds
+    a record only with the stamp its file had when the store wrote or
+    read it, so a file whose stamp differs is read again: damage is
+    reported as a [*CorruptError], never hidden by the index. Clocks are
+    coarse, so a file whose change time is not before the index's own is
+    read again too. A missing file makes the index unusable.
   - Every record in the index must be unresolved and belong to the file
     it is filed under, as a record read from its file must: an index
-    damaged past its checksum, stale, or copied from another store is
-    not used.
-  - An index that is missing, damaged, of another version or cut short
-    is rebuilt by a full scan; it is never an error of OpenDir.
+    damaged past its checksum, or copied from another store, is not
+    used.
+  - An index that is damaged, of another version or cut short is
+    rebuilt by a full scan; it is never an error of OpenDir.
 
-The index is written after a full scan at OpenDir, in the background
-after the directory sync of deferred saves (when an intent resolves, so
-that an app killed afterwards starts from it) and at Close. It costs no
-durable write on the path of a Write. It is written to a temporary file
-in the index subdirectory and renamed over the index; the temporary file
-a crash leaves there is removed at the next OpenDir.
-
-On file systems whose change times have a granularity of seconds (FAT)
-the index is mostly not trusted and OpenDir scans. On Linux, Android,
-Darwin and the BSDs the stamps hold the change time (ctime), which no
-program can set. On other systems (Windows) the change time is the
-modification time and there is no inode, so a file rewritten in place to
-the same size with its modification time set back is not seen to change.
+On Linux, Android, Darwin and the BSDs the stamps hold the change time
+(ctime), which no program can set. On other systems (Windows) the change
+time is the modification time and there is no inode, so a file rewritten
+in place to the same size with its modification time set back is not
+seen to change.
 
 # Permissions
 

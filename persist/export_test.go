@@ -65,12 +65,12 @@ type IndexEntry struct {
 // index damaged, stale or copied in such that its checksum and stamps
 // still hold. edit may change ids and records.
 func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
-	path := filepath.Join(dir, indexDir, indexFile)
+	path := filepath.Join(dir, indexFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	at, known, ents, d, err := decodeIndexHead(data)
+	known, ents, d, err := decodeIndexHead(data)
 	if err != nil {
 		return err
 	}
@@ -85,7 +85,7 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	for i, v := range view {
 		ents[i].id, ents[i].e.rec = v.ID, v.Rec
 	}
-	return os.WriteFile(path, encodeIndex(at, known, ents), 0o600)
+	return os.WriteFile(path, encodeIndex(known, ents), 0o600)
 }
 
 // Stem is the id of key's entry in the store and the index.

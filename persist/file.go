@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
@@ -34,14 +33,9 @@ type FileStore struct {
 	lock io.Closer
 
 	// syncs counts fsync calls, for the benchmarks; indexSyncs those
-	// made before writing the index, never on the path of a Write.
+	// made to write the index, never on the path of a Write.
 	syncs      atomic.Int64
 	indexSyncs atomic.Int64
-	// gen counts the changes this store made to the directory's entries,
-	// twice each: before and after; changing is how many are under way.
-	// The index is written only while neither moves (see writeIndex).
-	gen      atomic.Int64
-	changing atomic.Int64
 	// dirSync shares syncs of the directory between concurrent saves.
 	dirSync *groupSync
 
@@ -50,11 +44,14 @@ type FileStore struct {
 	entries map[string]*entry // by stem of the key; stray files by "?" + name
 	// scanned is set once entries holds every entry of the directory.
 	// After an OpenDir from the index it holds the unresolved ones until
-	// the listing in the background ends. indexGen is gen when the index
-	// in place was written or read, -1 if there is none.
+	// the listing in the background ends.
 	scanned   bool
-	indexGen  int64
 	fromIndex bool // OpenDir read the index
+	// indexed is set while the index is in place; changes counts the
+	// changes of records, so that writeIndex can tell one was made
+	// while it worked.
+	indexed bool
+	changes int
 	// known is how many entries the store knew when it wrote the index
 	// OpenDir read.
 	known int
@@ -164,41 +161,10 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 		_ = lk.Close()
 		return nil, err
 	}
-	// So that the next OpenDir starts from the index. It may fail, or
-	// give up: that costs the next OpenDir a scan.
-	s.indexGen = -1
+	// So that the next OpenDir starts from the index. It may fail: that
+	// costs the next OpenDir a scan.
 	_ = s.writeIndex()
 	return s, nil
-}
-
-// changeDir runs fn, a change of the directory's entries, counted in gen
-// and changing.
-func (s *FileStore) changeDir(fn func() error) error {
-	s.changing.Add(1)
-	s.gen.Add(1)
-	defer func() {
-		s.gen.Add(1)
-		s.changing.Add(-1)
-	}()
-	return fn()
-}
-
-// rename, removeFile and createTemp change the directory through
-// changeDir.
-func (s *FileStore) rename(oldpath, newpath string) error {
-	return s.changeDir(func() error { return s.fs.Rename(oldpath, newpath) })
-}
-
-func (s *FileStore) removeFile(path string) error {
-	return s.changeDir(func() error { return s.fs.Remove(path) })
-}
-
-func (s *FileStore) createTemp() (f fsys.File, err error) {
-	err = s.changeDir(func() error {
-		f, err = s.fs.CreateTemp(s.dir, tempPrefix+"*")
-		return err
-	})
-	return f, err
 }
 
 // complete makes entries hold every entry of the directory, scanning it
@@ -224,22 +190,14 @@ func (s *FileStore) complete() error {
 }
 
 // listInBackground lists the directory for an OpenDir from the index,
-// unless the store is closed first. It runs before any write of the
+// which also removes the temporary files a crash left. It runs before any write of the
 // store (they wait for it), so what it lists stays true until it has
 // merged it into entries. It is counted in inflight, so that nothing of
 // it touches the directory after Close returns. A failure leaves entries
 // as they are, and the next write lists the directory itself.
 func (s *FileStore) listInBackground() {
 	defer s.inflight.Done()
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	s.removeIndexTemps()
-	var l map[string]*entry
-	var err error
-	if !closed {
-		l, err = s.list()
-	}
+	l, err := s.list()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l != nil && err == nil {
@@ -279,7 +237,6 @@ func mkdirAll(fsy fsys.FS, dir string) error {
 // removes the temporary files a crash left (see list). Run by OpenDir,
 // or under s.mu.
 func (s *FileStore) scan() error {
-	s.removeIndexTemps()
 	l, err := s.list()
 	if err != nil {
 		return err
@@ -303,7 +260,7 @@ func (s *FileStore) list() (map[string]*entry, error) {
 	for _, de := range des {
 		name := de.Name()
 		if strings.HasPrefix(name, tempPrefix) {
-			_ = s.removeFile(filepath.Join(s.dir, name))
+			_ = s.fs.Remove(filepath.Join(s.dir, name))
 			continue
 		}
 		p, ok := parseName(name)
@@ -323,25 +280,6 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		l[id] = e
 	}
 	return l, nil
-}
-
-// removeIndexTemps removes the temporary files of index writes cut
-// short, at every OpenDir (in the background after one from the index):
-// no index is written until entries are complete, after it. Each
-// interrupted write leaves one file and each open removes them all, so
-// they never pile up; a failure costs nothing but the space until the
-// next open.
-func (s *FileStore) removeIndexTemps() {
-	dir := filepath.Join(s.dir, indexDir)
-	des, err := s.fs.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, de := range des {
-		if strings.HasPrefix(de.Name(), tempPrefix) {
-			_ = s.fs.Remove(filepath.Join(dir, de.Name()))
-		}
-	}
 }
 
 // merge makes entries those of l. An entry already known with the same
@@ -540,9 +478,8 @@ func joinCorrupt(cs []*CorruptError) error {
 }
 
 // Close waits for the saves and deletes in progress, writes the index if
-// the store changed since it was last written (waiting once, 20 ms, if the
-// directory changed within the clock's granularity; a failure costs the
-// next OpenDir a scan, not an error), then releases the directory's lock.
+// none is in place (a failure costs the next OpenDir a scan, not an
+// error), then releases the directory's lock.
 // Methods called after Close return an error matching ErrClosed; closing
 // again does nothing.
 func (s *FileStore) Close() error {
@@ -568,12 +505,7 @@ func (s *FileStore) Close() error {
 		}
 	}
 	s.mu.Unlock()
-	if errors.Is(s.writeIndex(), errRacyIndex) {
-		// The directory changed within the clock's granularity: once
-		// more after it.
-		time.Sleep(racyWait)
-		_ = s.writeIndex()
-	}
+	_ = s.writeIndex()
 	s.mu.Lock()
 	s.entries = nil
 	s.mu.Unlock()

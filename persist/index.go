@@ -16,34 +16,24 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
-// The index is a cache of what OpenDir needs at start: the files of every
-// entry that may hold an unresolved record, with their stamps, and the
-// records they held. It lives in the subdirectory indexDir, so that writing
-// it does not change the store directory it describes. See the package
+// The index is a cache of what OpenDir needs at start: the unresolved
+// records, their files and those files' stamps. It exists only while it
+// describes the directory: it is written when the store is at rest, and
+// removed before any change of a record (see change). See the package
 // docs ("The index") for why it can be trusted, and when it is not.
 const (
-	indexDir  = "index"
-	indexFile = "unresolved"
+	indexFile = "index"
 	// indexMagic starts every index file; the byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 4
+	indexVersion = 5
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// errIndex is why an index is not used; it never reaches a caller.
-// errRacyIndex is why writeIndex gave up when its file's stamp did not
-// come after the directory's; racyWait is longer than the coarsest clock
-// granularity of the file systems a phone or a computer uses for change
-// times (a few milliseconds; 2 s on FAT, where the index is simply not
-// used).
-var (
-	errIndex     = errors.New("index not usable")
-	errRacyIndex = errors.New("index written within the clock's granularity of a change")
-)
-
-const racyWait = 20 * time.Millisecond
+// errIndex is why an index is not used or not written; it never reaches
+// a caller.
+var errIndex = errors.New("index not usable")
 
 // indexEntry is one entry of the index.
 type indexEntry struct {
@@ -53,20 +43,14 @@ type indexEntry struct {
 }
 
 // indexPath returns the path of the index file.
-func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexDir, indexFile) }
+func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexFile) }
 
-// loadIndex fills s.entries from the index, if the index describes the
-// directory as it is: the directory's stamp is the one the index was
-// written for, and the index was written after that stamp's time (so no
-// later change of the directory can share it). Every indexed file is
-// stamped again; a file that changed since (rewritten in place) is read
-// again, a file that is missing makes the whole index unusable. It
-// returns nil if it used the index; otherwise s.entries is untouched.
+// loadIndex fills s.entries from the index, if there is one. Every
+// indexed file is stamped again: a file that changed since (rewritten in
+// place) is read again, a file that is missing makes the whole index
+// unusable. It returns nil if it used the index; otherwise s.entries is
+// untouched.
 func (s *FileStore) loadIndex() error {
-	dirSt, err := s.fs.Stamp(s.dir)
-	if err != nil {
-		return err
-	}
 	path := s.indexPath()
 	idxSt, err := s.fs.Stamp(path)
 	if err != nil {
@@ -76,13 +60,9 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	at, known, ents, d, err := decodeIndexHead(data)
+	known, ents, d, err := decodeIndexHead(data)
 	if err != nil {
 		return err
-	}
-	s.known = known
-	if at != dirSt || idxSt.Change <= at.Change {
-		return fmt.Errorf("%w: the directory changed since it was written", errIndex)
 	}
 	names := make([]string, len(ents))
 	for i, ie := range ents {
@@ -110,12 +90,17 @@ func (s *FileStore) loadIndex() error {
 	if got.err != nil {
 		return got.err
 	}
-	return s.useIndex(ents, got.st, idxSt)
+	if err := s.useIndex(ents, got.st, idxSt); err != nil {
+		return err
+	}
+	s.known, s.indexed = known, true
+	return nil
 }
 
 // useIndex makes entries those of the index, given the stamps their files
-// have now and the index's own. A file changed in place since is read
-// again.
+// have now and the index's own. A file whose stamp is not the indexed one,
+// or which changed in the clock tick of the index's write or after it,
+// may have been rewritten in place since: it is read again.
 func (s *FileStore) useIndex(ents []indexEntry, now []fsys.Stamp, idxSt fsys.Stamp) error {
 	entries := make(map[string]*entry, len(ents))
 	var reread []*entry
@@ -150,9 +135,9 @@ func (s *FileStore) useIndex(ents []indexEntry, now []fsys.Stamp, idxSt fsys.Sta
 // the store could have written: its file's name parses as the index says
 // and belongs to the entry, and its record is unresolved and belongs to
 // that file (as decodeFile checks a record read from its file). An index
-// damaged in a way its checksum does not catch, stale, or copied from
-// another store must never report a record under another key, or in
-// another state, than its file holds.
+// damaged in a way its checksum does not catch, or copied from another
+// store, must never report a record under another key, or in another
+// state, than its file holds.
 func checkIndexed(ents []indexEntry) error {
 	for _, ie := range ents {
 		e := &ie.e
@@ -177,31 +162,30 @@ func checkIndexed(ents []indexEntry) error {
 	return nil
 }
 
-// writeIndex writes the index for the store as it is, if the store knows
-// every entry and changed since the index was last written. It first
-// syncs the directory, so that a power cut cannot bring back an earlier
-// state of it stamped at the same time (clocks are coarse), and it gives
-// up if the directory changes while it works or if its own file's stamp
-// does not come after the directory's (errRacyIndex): the index is then
-// written next time. It returns nil if an index describing the store is
-// in place.
-func (s *FileStore) writeIndex() error {
-	s.mu.Lock()
-	done := s.indexGen == s.gen.Load()
-	s.mu.Unlock()
-	if done {
+// change readies the directory for a change of a record: it removes the
+// index, which describes the directory before it, and counts the change.
+// A power cut keeps the removal if it keeps the change: the store's
+// directory sync after the change covers both. s.mu must be held.
+func (s *FileStore) change() error {
+	s.changes++
+	if !s.indexed {
 		return nil
 	}
-	dir := filepath.Join(s.dir, indexDir)
-	if _, err := s.fs.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := s.changeDir(func() error { return s.fs.Mkdir(dir, 0o700) }); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-	} else if err != nil {
-		return err
+	if err := s.fs.Remove(s.indexPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("persist: cannot remove the index %s before a change (nothing was changed): %w", s.indexPath(), err)
 	}
-	g, known, ents, err := s.indexSnapshot()
-	if err != nil {
+	s.indexed = false
+	return nil
+}
+
+// writeIndex writes the index for the store as it is, if the store knows
+// every entry and has none in place. It first syncs the directory, so
+// that every change the index describes is durable before it, and it
+// gives up if a record changes while it works: the index is then written
+// next time.
+func (s *FileStore) writeIndex() error {
+	c, known, ents, err := s.indexSnapshot()
+	if err != nil || ents == nil {
 		return err
 	}
 	s.indexSyncs.Add(1)
@@ -209,54 +193,45 @@ func (s *FileStore) writeIndex() error {
 		return err
 	}
 	// Nothing below holds s.mu but the last check and the rename, so
-	// that no save waits for the index's encoding or its sync: a change
-	// of the directory since the snapshot moves gen or changing, and one
-	// after the last check comes after the index's file was written, so
-	// it moves the directory's stamp past the one recorded.
-	at, err := s.fs.Stamp(s.dir)
-	if err != nil {
-		return err
-	}
-	if !s.unchanged(g) {
-		return errIndex
-	}
-	tmp, err := s.writeIndexTemp(dir, at, encodeIndex(at, known, ents))
+	// that no save waits for the index's encoding or its syncs.
+	tmp, err := s.writeTemp(encodeIndex(known, ents), &s.indexSyncs)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	if !s.unchanged(g) {
+	if s.changes != c {
 		err = errIndex
 	} else if err = s.fs.Rename(tmp, s.indexPath()); err == nil {
-		s.indexGen = g
+		s.indexed = true
 	}
 	s.mu.Unlock()
 	if err != nil {
 		_ = s.fs.Remove(tmp)
 		return err
 	}
+	// So that the next start after a power cut may use it too.
 	s.indexSyncs.Add(1)
-	_ = s.fs.SyncDir(dir)
+	_ = s.fs.SyncDir(s.dir)
 	return nil
-}
-
-// unchanged reports whether the store made no change to the directory
-// since gen was g, and none is under way.
-func (s *FileStore) unchanged(g int64) bool {
-	return s.gen.Load() == g && s.changing.Load() == 0
 }
 
 // indexSnapshot returns the entries the index holds, every one that may
 // hold an unresolved record, each with its file's stamp; how many entries
-// the store knows; and gen when they were taken. It fails if the store
-// does not know every entry, or is changing the directory.
-func (s *FileStore) indexSnapshot() (g int64, known int, ents []indexEntry, err error) {
+// the store knows; and s.changes when they were taken. It returns no
+// entries if the index in place describes the store, and errIndex if the
+// store does not know every entry.
+func (s *FileStore) indexSnapshot() (c, known int, ents []indexEntry, err error) {
 	s.mu.Lock()
-	g, known = s.gen.Load(), len(s.entries)
-	if !s.scanned || s.entries == nil || s.changing.Load() != 0 {
+	switch {
+	case s.indexed:
+		s.mu.Unlock()
+		return 0, 0, nil, nil
+	case !s.scanned || s.entries == nil:
 		s.mu.Unlock()
 		return 0, 0, nil, errIndex
 	}
+	c, known = s.changes, len(s.entries)
+	ents = []indexEntry{}
 	var names []string
 	for id, e := range s.entries {
 		if e.resolved {
@@ -282,50 +257,17 @@ func (s *FileStore) indexSnapshot() (g int64, known int, ents []indexEntry, err 
 			ents[i].stamp = st
 		}
 	}
-	return g, known, ents, nil
+	return c, known, ents, nil
 }
 
-// writeIndexTemp writes data, the index for the directory stamped at, to
-// a new temporary file in dir, and syncs it: a power cut then leaves it
-// whole, for the next start. It returns the file's path, or errRacyIndex
-// if the file's stamp does not come after at.
-func (s *FileStore) writeIndexTemp(dir string, at fsys.Stamp, data []byte) (string, error) {
-	f, err := s.fs.CreateTemp(dir, tempPrefix+"*")
-	if err != nil {
-		return "", err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		s.indexSyncs.Add(1)
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	var st fsys.Stamp
-	if err == nil {
-		st, err = s.fs.Stamp(f.Name())
-	}
-	if err == nil && st.Change <= at.Change {
-		err = errRacyIndex
-	}
-	if err != nil {
-		_ = s.fs.Remove(f.Name())
-		return "", err
-	}
-	return f.Name(), nil
-}
-
-// encodeIndex returns the content of an index file for the directory
-// stamped at, of known entries, and the entries it holds: the magic and
-// version, a CRC-32C of the rest, the directory's stamp, known, the
-// entries' files, then their records.
-func encodeIndex(at fsys.Stamp, known int, ents []indexEntry) []byte {
+// encodeIndex returns the content of an index file of a directory of
+// known entries that holds ents: the magic and version, a CRC-32C of the
+// rest, known, the entries' files, then their records.
+func encodeIndex(known int, ents []indexEntry) []byte {
 	e := &encoder{b: make([]byte, 0, 64+len(ents)*600)}
 	e.b = append(e.b, indexMagic...)
 	e.b = append(e.b, indexVersion, 0, 0, 0, 0)
 	body := len(e.b)
-	e.stamp(at)
 	e.uv(uint64(known))
 	e.uv(uint64(len(ents)))
 	for _, ie := range ents {
@@ -351,19 +293,18 @@ func encodeIndex(at fsys.Stamp, known int, ents []indexEntry) []byte {
 
 // decodeIndexHead parses an index file up to the records, which d then
 // decodes into ents.
-func decodeIndexHead(data []byte) (at fsys.Stamp, known int, ents []indexEntry, d *decoder, err error) {
+func decodeIndexHead(data []byte) (known int, ents []indexEntry, d *decoder, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	if !ok || len(rest) < 5 {
-		return at, 0, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
+		return 0, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
 	}
 	if rest[0] != indexVersion {
-		return at, 0, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+		return 0, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
 	}
 	if crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {
-		return at, 0, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+		return 0, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
 	d = &decoder{b: rest[5:], s: string(rest[5:]), headers: map[string]http.Header{}}
-	at = d.stamp()
 	known = int(d.uv())
 	n := d.count()
 	ents = make([]indexEntry, 0, n)
@@ -382,9 +323,9 @@ func decodeIndexHead(data []byte) (at fsys.Stamp, known int, ents []indexEntry, 
 		ents = append(ents, ie)
 	}
 	if d.err != nil {
-		return at, 0, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
+		return 0, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
 	}
-	return at, known, ents, d, nil
+	return known, ents, d, nil
 }
 
 // records decodes the records of ents, which decodeIndexHead left.

@@ -139,30 +139,34 @@ func TestIndexOpensFromIndex(t *testing.T) {
 	assert.Len(t, all, 5)
 }
 
-// TestIndexStaleIsNotTrusted: a record file that appeared after the index
-// was written (another store saved it, or the index is older than the
-// records after a power cut) is listed: the directory's stamp changed.
-func TestIndexStaleIsNotTrusted(t *testing.T) {
+// TestIndexRemovedBeforeAChange: the first change after the index was
+// written removes it, so that a store killed after the change does not
+// start from an index that misses it.
+func TestIndexRemovedBeforeAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir, _ := indexStore(t)
-
-	// The file of another store's record, copied in behind the store's back.
-	other := newDir(t)
-	o, err := persist.OpenDir(other, nil)
+	mem := strictfs.New()
+	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
-	late := persisttest.NewRecord("late", t0.Add(time.Minute))
-	require.NoError(t, persisttest.Put(ctx, o, late))
-	require.NoError(t, o.Close())
-	data, err := os.ReadFile(filepath.Join(other, persist.FileName("late", late.Name)))
-	require.NoError(t, err)
-	write(t, filepath.Join(dir, persist.FileName("late", late.Name)), data)
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
+	require.NoError(t, s.Close())
 
-	s := openFile(t, dir, nil)
-	assert.False(t, s.FromIndex(), "the directory changed since the index was written")
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	require.True(t, s.FromIndex())
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
+	_, err = mem.Stat(powerDir + "/index")
+	require.ErrorIs(t, err, fs.ErrNotExist, "the index is gone")
+	// Killed, not closed.
+	mem.Restart(rand.New(rand.NewPCG(1, 2)))
+
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.False(t, s.FromIndex())
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"u-1", "u-2", "u-3", "late"}, keys(got))
+	assert.Equal(t, []string{"a", "b"}, keys(got))
 }
 
 // TestIndexFileChangedInPlace: an unresolved record's file rewritten in
@@ -203,7 +207,7 @@ func TestIndexDamagedIsRebuilt(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, unresolved := indexStore(t)
-			path := filepath.Join(dir, "index", "unresolved")
+			path := filepath.Join(dir, "index")
 			data, err := os.ReadFile(path)
 			require.NoError(t, err)
 			write(t, path, damage(data))
@@ -251,40 +255,34 @@ func TestIndexMissing(t *testing.T) {
 }
 
 // TestIndexSameTick: file systems stamp changes with a coarse clock, so a
-// change made within the same tick as the directory's stamp in the index
-// leaves that stamp as it was. An index whose own stamp does not come
-// after the directory's is therefore not trusted.
+// file rewritten in place within the clock tick of the index's write may
+// keep the stamp the index holds for it. A file whose change time is not
+// before the index's own is therefore read again, not taken from the
+// index.
 func TestIndexSameTick(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := strictfs.New()
-	s, err := persist.OpenDirFS(mem, powerDir, nil)
+	dir, _ := indexStore(t)
+	dir, err := filepath.Abs(dir)
 	require.NoError(t, err)
-	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
-	require.NoError(t, s.Close())
-	dirAt, err := mem.Stamp(powerDir)
+	path := filepath.Join(dir, persist.FileName("u-2", recName("u-2")))
+	st, err := fsys.OS{}.Stamp(path)
 	require.NoError(t, err)
-
-	// Another save, made in the same tick as the index: the clock shows
-	// the directory unchanged and the index no later than it.
-	s, err = persist.OpenDirFS(mem, powerDir, nil)
-	require.NoError(t, err)
-	require.True(t, s.FromIndex())
-	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
-	// Killed, not closed: the index still describes the directory before b.
-	mem.Restart(rand.New(rand.NewPCG(1, 2)))
-	coarse := &pinnedFS{FS: mem, pins: map[string]fsys.Stamp{
-		powerDir: dirAt,
-		filepath.Join(powerDir, "index", "unresolved"): dirAt,
+	write(t, path, []byte("{"))
+	coarse := &pinnedFS{FS: fsys.OS{}, pins: map[string]fsys.Stamp{
+		path:                        st,
+		filepath.Join(dir, "index"): {Change: st.Change},
 	}}
 
-	s, err = persist.OpenDirFS(coarse, powerDir, nil)
+	s, err := persist.OpenDirFS(coarse, dir, nil)
 	require.NoError(t, err)
 	defer s.Close()
-	assert.False(t, s.FromIndex())
+	require.True(t, s.FromIndex())
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"a", "b"}, keys(got))
+	assert.Equal(t, []string{"u-1", "u-3"}, keys(got))
+	ces := persist.CorruptErrors(err)
+	require.Len(t, ces, 1, "%v", err)
+	assert.Equal(t, path, ces[0].Path)
 }
 
 // pinnedFS reports the stamps in pins for their paths.
@@ -298,6 +296,16 @@ func (p *pinnedFS) Stamp(path string) (fsys.Stamp, error) {
 		return st, nil
 	}
 	return p.FS.Stamp(path)
+}
+
+func (p *pinnedFS) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
+	out, err := p.FS.Stamps(dir, names)
+	for i, name := range names {
+		if st, ok := p.pins[filepath.Join(dir, name)]; ok && err == nil {
+			out[i] = st
+		}
+	}
+	return out, err
 }
 
 func keys(recs []*persist.Record) []string {
@@ -457,10 +465,10 @@ func TestIndexLeftoverTempRemoved(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, _ := indexStore(t)
-			leftover := filepath.Join(dir, "index", ".tmp-123456")
+			leftover := filepath.Join(dir, ".tmp-123456")
 			write(t, leftover, []byte("idem-persist-index\n half written"))
 			if !fromIndex {
-				write(t, filepath.Join(dir, "index", "unresolved"), nil)
+				write(t, filepath.Join(dir, "index"), nil)
 			}
 			s, err := persist.OpenDir(dir, nil)
 			require.NoError(t, err)
@@ -470,7 +478,7 @@ func TestIndexLeftoverTempRemoved(t *testing.T) {
 			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
 			require.NoError(t, s.Close())
 			assert.NoFileExists(t, leftover)
-			assert.FileExists(t, filepath.Join(dir, "index", "unresolved"))
+			assert.FileExists(t, filepath.Join(dir, "index"))
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 )
 
 // Write writes rec durably if the stored records allow it (see Store): it
@@ -57,7 +58,7 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := s.writeTemp(data)
+	tmp, err := s.writeTemp(data, &s.syncs)
 	if err != nil {
 		return fmt.Errorf("persist: cannot save intent %q in %s (check free space and permissions; the previous version is intact): %w", r.Key, s.dir, err)
 	}
@@ -99,13 +100,17 @@ func (s *FileStore) install(r, old *Record, tmp string) (ne, prev *entry, err er
 	// Checked again, in one step with the rename and the update of the
 	// entries: another write may have won since.
 	if err := s.writableLocked(r, old); err != nil {
-		_ = s.removeFile(tmp)
+		_ = s.fs.Remove(tmp)
+		return nil, nil, err
+	}
+	if err := s.change(); err != nil {
+		_ = s.fs.Remove(tmp)
 		return nil, nil, err
 	}
 	name := fileName(r.Key, r.Name)
 	path := filepath.Join(s.dir, name)
-	if err := s.rename(tmp, path); err != nil {
-		_ = s.removeFile(tmp)
+	if err := s.fs.Rename(tmp, path); err != nil {
+		_ = s.fs.Remove(tmp)
 		return nil, nil, fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
 	ne = &entry{name: name, resolved: r.State.Resolved()}
@@ -134,7 +139,7 @@ func (s *FileStore) retire(ne *entry, key, path string, gone []string) error {
 		if name == ne.name {
 			continue
 		}
-		err := s.removeFile(filepath.Join(s.dir, name))
+		err := s.fs.Remove(filepath.Join(s.dir, name))
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			// Removed in order or not at all: the rest stays too.
 			for _, o := range gone[i:] {
@@ -255,22 +260,23 @@ func (s *FileStore) writableLocked(r, old *Record) error {
 }
 
 // writeTemp writes data to a new temporary file in the directory and syncs
-// it; it returns the file's path. The file is created with mode 0600.
-func (s *FileStore) writeTemp(data []byte) (string, error) {
-	f, err := s.createTemp()
+// it, counted in syncs; it returns the file's path. The file is created
+// with mode 0600.
+func (s *FileStore) writeTemp(data []byte, syncs *atomic.Int64) (string, error) {
+	f, err := s.fs.CreateTemp(s.dir, tempPrefix+"*")
 	if err != nil {
 		return "", err
 	}
 	_, err = f.Write(data)
 	if err == nil {
-		s.syncs.Add(1)
+		syncs.Add(1)
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		_ = s.removeFile(f.Name())
+		_ = s.fs.Remove(f.Name())
 		return "", err
 	}
 	return f.Name(), nil
@@ -317,10 +323,13 @@ func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 	if err := deletable(old, cur); err != nil {
 		return false, &ConflictError{Key: old.Key, Current: cur.Clone()}
 	}
+	if err := s.change(); err != nil {
+		return false, err
+	}
 	// The older versions first: a crash in between leaves the record
 	// or nothing, never an older version.
 	for _, name := range append(e.older, e.name) {
-		if err := s.removeFile(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.fs.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return false, fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", old.Key, err)
 		}
 	}
@@ -366,7 +375,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 		return "", fmt.Errorf("persist: %s is not a damaged record file of the store in %s (List reports those); nothing was moved", path, s.dir)
 	}
 	qdir := filepath.Join(s.dir, quarantineDir)
-	if err := s.changeDir(func() error { return s.fs.Mkdir(qdir, 0o700) }); err == nil {
+	if err := s.fs.Mkdir(qdir, 0o700); err == nil {
 		if err := s.syncDir(); err != nil {
 			return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
 		}
@@ -377,7 +386,10 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	if err != nil {
 		return "", err
 	}
-	if err := s.rename(path, dst); err != nil {
+	if err := s.change(); err != nil {
+		return "", err
+	}
+	if err := s.fs.Rename(path, dst); err != nil {
 		return "", fmt.Errorf("persist: cannot move %s to %s (it is still in place): %w", path, dst, err)
 	}
 	// The new entry first: a power cut in between leaves the file in both
