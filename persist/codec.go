@@ -93,7 +93,7 @@ func parseName(name string) (p parsedName, ok bool) {
 			return parsedName{}, true // stray
 		}
 		p.key = string(b)
-		p.id = stem(p.key)
+		p.id = keyPart // stem(p.key): the spelling was checked
 		return p, true
 	}
 	h := strings.TrimPrefix(keyPart, hashedPrefix)

@@ -151,10 +151,11 @@ func heapPerIntent(before *runtime.MemStats, n int) float64 {
 }
 
 // seed fills dir with n record files without syncing them (a durable save
-// each would take minutes for 100,000). It saves the first record through a
-// FileStore and checks that the file name it computes for it is the one
-// the store chose, so that a change of the store's layout fails here
-// instead of measuring nothing; openList then checks that all n are read.
+// each would take minutes for 100,000), and removes the store's index. It
+// saves the first record through a FileStore and checks that the file
+// name it computes for it is the one the store chose, so that a change of
+// the store's layout fails here instead of measuring nothing; openList
+// then checks that all n are read.
 func seed(ctx context.Context, dir string, n int) error {
 	s, err := persist.OpenDir(dir, nil)
 	if err != nil {
@@ -189,6 +190,12 @@ func seed(ctx context.Context, dir string, n int) error {
 		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.Name)), append(data, '\n'), 0o600); err != nil {
 			return err
 		}
+	}
+	// The store's index, written when it closed, holds the first record
+	// alone: a tool that puts files in the directory removes it, so that
+	// the next OpenDir reads them.
+	if err := os.Remove(filepath.Join(dir, "index")); err != nil {
+		return fmt.Errorf("persist's index moved, cannot seed the store: %w", err)
 	}
 	return nil
 }
