@@ -130,8 +130,11 @@ background after it returns: a Get of a key the index does not hold, a
 List not restricted to unresolved records, and every change wait for
 that listing. Every file the index does not hold is then a resolved
 record, unless the directory holds more entries than the index counted
-(a file put there by hand): then those files are read. A scan without
-the index reads every file, once.
+(a file put there by hand): then those files are read. A List of
+unresolved records made before the listing ends does not see such a
+file; a tool that puts record files in the directory removes the index,
+so that the next OpenDir scans. A scan without the index reads every
+file, once.
 
 The index is a cache, never the record: the record files stay the only
 truth, and the index exists only while it describes them.
