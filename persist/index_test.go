@@ -686,3 +686,51 @@ func TestIndexForeignFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, append(keys(unresolved), "foreign", "u-4", "u-5"), keys(got))
 }
+
+// stampGate holds the stamping of files while hold is set, after closing
+// entered: only the index's write and OpenDir stamp files.
+type stampGate struct {
+	fsys.FS
+	hold, entered chan struct{}
+}
+
+func (g *stampGate) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
+	if g.hold != nil {
+		close(g.entered)
+		<-g.hold
+	}
+	return g.FS.Stamps(dir, names)
+}
+
+// TestIndexWriteGivesUpOnAChange: a record changed while the index is
+// written (here a new intent, while the write after a deferred save
+// stamps the files) makes the store give the index up: it would miss the
+// change, and a store killed afterwards would start from it.
+func TestIndexWriteGivesUpOnAChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := strictfs.New()
+	g := &stampGate{FS: mem}
+	s, err := persist.OpenDirFS(g, powerDir, nil)
+	require.NoError(t, err)
+	a := persisttest.NewRecord("a", t0)
+	require.NoError(t, persisttest.Put(ctx, s, a))
+
+	g.hold, g.entered = make(chan struct{}), make(chan struct{})
+	done := a.Clone()
+	done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
+	require.NoError(t, persist.SaveDeferred(ctx, s, done, a))
+	<-g.entered // the index's write after the deferred save's sync
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
+	close(g.hold)
+	require.True(t, s.WaitDeferred())
+	// Killed, not closed.
+	mem.Restart(rand.New(rand.NewPCG(1, 2)))
+
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"b"}, keys(got))
+}
