@@ -124,6 +124,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./persist", Run: "^TestIndexNewIntentWaitsForTheListing$",
 		},
 		{
+			Name: "quarantine-older-version-forgotten", File: "persist/write.go",
+			Note:    "Quarantine of a damaged file forgets the older file of its key that a change of Name cut short left: the older version is not the record again until the store is reopened",
+			Anchor:  "\tif len(e.older) > 0 {\n\t\t// The older version is the record again.",
+			Replace: "\tif false {\n\t\t// The older version is the record again.",
+			Pkg:     "./persist", Run: "^TestFileDamagedTwin$",
+		},
+		{
 			Name: "write-if-version-unchecked", File: "persist/claim.go",
 			Note:    "a write replaces the stored record whatever its version: a client that took an intent over to send it is overwritten by one that read it before",
 			Anchor:  "\t\tif cur == nil || old.Rev == \"\" || cur.Rev != old.Rev {\n",
