@@ -140,7 +140,7 @@ func fillDir(b *testing.B, dir string, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.Name, r.State.Resolved())), data, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.Name)), data, 0o600); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // File names. A record's file name is derived from its key and its name,
 // so that a key can never name a path outside the store's directory and two
 // keys never share a file, also on case-insensitive file systems (macOS,
-// Windows). It is stem + "." + tag + suffix, where the stem is:
+// Windows). It is stem + "." + tag + ".json", where the stem is:
 //
 //   - for a key of up to maxEncodedKey bytes, "k-" + its bytes in lower-case
 //     base32hex without padding; the name gives the key back even when the
@@ -20,23 +20,19 @@ import (
 //   - for a longer key, "h-" + the hex SHA-256 of the key, so that the name
 //     stays under the usual 255-byte limit;
 //
-// the tag is the first 8 bytes of the SHA-256 of the record's Name, in
-// lower-case base32hex (13 characters), so that a damaged file still tells
-// which action it may belong to; and the suffix tells whether the record is
-// resolved: ".json" for an unresolved record, ".done.json" for a resolved
-// one. OpenDir reads only the unresolved files, and the resolved ones when
-// they are asked for.
+// and the tag is the first 8 bytes of the SHA-256 of the record's Name, in
+// lower-case base32hex (13 characters). A damaged file still tells which
+// action it may belong to, and List for one Name reads only its files.
 //
 // Temporary files start with tempPrefix and are never records.
 const (
-	maxEncodedKey  = 143 // 229 bytes of base32: with prefix, tag and suffix, 250
-	encodedPrefix  = "k-"
-	hashedPrefix   = "h-"
-	tagLen         = 13
-	openSuffix     = ".json"
-	resolvedSuffix = ".done.json"
-	tempPrefix     = ".tmp-"
-	quarantineDir  = "quarantine"
+	maxEncodedKey = 143 // 229 bytes of base32: with prefix, tag and suffix, 250
+	encodedPrefix = "k-"
+	hashedPrefix  = "h-"
+	tagLen        = 13
+	fileSuffix    = ".json"
+	tempPrefix    = ".tmp-"
+	quarantineDir = "quarantine"
 )
 
 var keyEncoding = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
@@ -58,13 +54,9 @@ func nameTag(name string) string {
 }
 
 // fileName returns the name of the file that holds the record for key and
-// name in the given resolution.
-func fileName(key, name string, resolved bool) string {
-	suffix := openSuffix
-	if resolved {
-		suffix = resolvedSuffix
-	}
-	return stem(key) + "." + nameTag(name) + suffix
+// name.
+func fileName(key, name string) string {
+	return stem(key) + "." + nameTag(name) + fileSuffix
 }
 
 // parsedName is what a record file's name says about the record.
@@ -76,8 +68,7 @@ type parsedName struct {
 	// key is the record's key when the name spells it (a "k-" name).
 	key string
 	// tag is the tag of the record's Name, or "" if the name carries none.
-	tag      string
-	resolved bool
+	tag string
 }
 
 // parseName parses a file name of the store's directory; ok is false if
@@ -87,53 +78,33 @@ func parseName(name string) (p parsedName, ok bool) {
 	if !strings.HasPrefix(name, encodedPrefix) && !strings.HasPrefix(name, hashedPrefix) {
 		return p, false
 	}
-	rest, resolved := strings.CutSuffix(name, resolvedSuffix)
-	if !resolved {
-		if rest, ok = strings.CutSuffix(name, openSuffix); !ok {
-			return p, false
-		}
+	rest, ok := strings.CutSuffix(name, fileSuffix)
+	if !ok {
+		return p, false
 	}
-	p.resolved = resolved
 	keyPart, tag, _ := strings.Cut(rest, ".")
 	if b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {
-		return parsedName{resolved: resolved}, true // stray
+		return parsedName{}, true // stray
 	}
 	p.tag = tag
 	if enc, ok := strings.CutPrefix(keyPart, encodedPrefix); ok {
 		b, err := keyEncoding.DecodeString(enc)
 		if err != nil || len(b) == 0 || len(b) > maxEncodedKey || keyEncoding.EncodeToString(b) != enc {
-			return parsedName{resolved: resolved}, true // stray
+			return parsedName{}, true // stray
 		}
 		p.key = string(b)
-		p.id = stem(p.key)
+		p.id = keyPart // stem(p.key): the spelling was checked
 		return p, true
 	}
 	h := strings.TrimPrefix(keyPart, hashedPrefix)
 	if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size || hex.EncodeToString(b) != h {
-		return parsedName{resolved: resolved}, true // stray
+		return parsedName{}, true // stray
 	}
 	p.id = keyPart
 	return p, true
 }
 
-// mayHold reports whether a file named p may hold a record f selects,
-// without reading it; tag is filterTag(f), computed once by the caller.
-func (p parsedName) mayHold(f Filter, tag string) bool {
-	if f.Unresolved && p.resolved {
-		return false
-	}
-	if f.Name != "" {
-		if p.id == "" {
-			return false // a stray file belongs to no key, hence to no action
-		}
-		if p.tag != tag {
-			return false
-		}
-	}
-	return true
-}
-
-// filterTag returns the tag mayHold compares with for f.
+// filterTag returns the tag of f's Name, "" for none.
 func filterTag(f Filter) string {
 	if f.Name == "" {
 		return ""
@@ -185,7 +156,7 @@ func newerVersion(v int) error {
 }
 
 // decodeFile decodes the content of a record file whose name parsed as p,
-// and checks that the key, state and name inside belong to that name.
+// and checks that the key and name inside belong to that name.
 func decodeFile(p parsedName, data []byte) (*Record, error) {
 	r, err := decodeRecord(data)
 	if err != nil {
@@ -197,14 +168,12 @@ func decodeFile(p parsedName, data []byte) (*Record, error) {
 	return r, nil
 }
 
-// belongs returns an error unless r's key, state and name belong to a
-// file whose name parsed as p.
+// belongs returns an error unless r's key and name belong to a file
+// whose name parsed as p.
 func belongs(p parsedName, r *Record) error {
 	switch {
 	case p.key != "" && r.Key != p.key, p.key == "" && stem(r.Key) != p.id:
 		return fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
-	case r.State.Resolved() != p.resolved:
-		return fmt.Errorf("the state inside (%s) does not belong to this file name", r.State)
 	case nameTag(r.Name) != p.tag:
 		return fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)
 	}

@@ -132,9 +132,9 @@ var nameTests = []string{
 }
 
 // FuzzFileName checks that every key and name give one plain file name in
-// the store's directory per resolution, under 255 bytes, that no other key
-// gives, from which a short key can be read back, and whose tag tells the
-// name apart from another.
+// the store's directory, under 255 bytes, that no other key gives, from
+// which a short key can be read back, and whose tag tells the name apart
+// from another.
 func FuzzFileName(f *testing.F) {
 	for _, k := range nameTests {
 		f.Add(k, strings.ToUpper(k), "checkout:"+k, k)
@@ -143,33 +143,26 @@ func FuzzFileName(f *testing.F) {
 		if key == "" {
 			return
 		}
-		for _, resolved := range []bool{false, true} {
-			fn := fileName(key, name, resolved)
-			p, ok := parseName(fn)
-			if len(fn) > 255 || filepath.Base(fn) != fn || strings.ContainsAny(fn, `/\:`) ||
-				!ok || p.resolved != resolved || p.id != stem(key) || p.tag != nameTag(name) ||
-				strings.HasPrefix(fn, tempPrefix) || strings.HasPrefix(fn, quarantineDir) {
-				t.Fatalf("key %q, name %q give file name %q, parsed as %+v", key, name, fn, p)
-			}
-			if fn != strings.ToLower(fn) {
-				t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", fn)
-			}
-			if len(key) <= maxEncodedKey && p.key != key {
-				t.Fatalf("key %q from name %q: got %q", key, fn, p.key)
-			}
-			if other != key && fileName(other, name, resolved) == fn {
-				t.Fatalf("keys %q and %q share name %q", key, other, fn)
-			}
-			if other := (Filter{Name: otherName}); !p.mayHold(Filter{Name: name}, nameTag(name)) ||
-				(otherName != name && otherName != "" && p.mayHold(other, filterTag(other))) {
-				t.Fatalf("file %q of name %q: may hold records of %q", fn, name, otherName)
-			}
-			if p.mayHold(Filter{Unresolved: true}, "") == resolved {
-				t.Fatalf("file %q: may hold unresolved records: %v", fn, !resolved)
-			}
+		fn := fileName(key, name)
+		p, ok := parseName(fn)
+		if len(fn) > 255 || filepath.Base(fn) != fn || strings.ContainsAny(fn, `/\:`) ||
+			!ok || p.id != stem(key) || p.tag != nameTag(name) ||
+			strings.HasPrefix(fn, tempPrefix) || strings.HasPrefix(fn, quarantineDir) {
+			t.Fatalf("key %q, name %q give file name %q, parsed as %+v", key, name, fn, p)
 		}
-		if fileName(key, name, false) == fileName(key, name, true) {
-			t.Fatalf("key %q has one name for both resolutions", key)
+		if fn != strings.ToLower(fn) {
+			t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", fn)
+		}
+		if len(key) <= maxEncodedKey && p.key != key {
+			t.Fatalf("key %q from name %q: got %q", key, fn, p.key)
+		}
+		if other != key && fileName(other, name) == fn {
+			t.Fatalf("keys %q and %q share name %q", key, other, fn)
+		}
+		e := &entry{name: fn, p: p}
+		if other := (Filter{Name: otherName}); !e.mayHold(Filter{Name: name}, nameTag(name)) ||
+			(otherName != name && otherName != "" && e.mayHold(other, filterTag(other))) {
+			t.Fatalf("file %q of name %q: may hold records of %q", fn, name, otherName)
 		}
 	})
 }
@@ -184,18 +177,18 @@ func TestParseName(t *testing.T) {
 		want parsedName
 	}{
 		{k + "." + tag + ".json", true, parsedName{id: k, key: "k", tag: tag}},
-		{k + "." + tag + ".done.json", true, parsedName{id: k, key: "k", tag: tag, resolved: true}},
+		{k + "." + tag + ".done.json", true, parsedName{}},                                                                     // stray: not a tag
 		{stem(strings.Repeat("x", 150)) + "." + tag + ".json", true, parsedName{id: stem(strings.Repeat("x", 150)), tag: tag}}, // hashed
-		{k + ".json", true, parsedName{}},                                                                               // stray: no tag
-		{stem(strings.Repeat("x", 150)) + ".json", true, parsedName{}},                                                  // stray: no tag
-		{"k-" + keyEncoding.EncodeToString([]byte(strings.Repeat("x", 150))) + "." + tag + ".json", true, parsedName{}}, // stray: a key spelled out past maxEncodedKey
-		{"k-!!.json", true, parsedName{}},                                                                               // stray: no key
-		{"k-.json", true, parsedName{}},                                                                                 // stray: empty key
-		{strings.ToUpper(k) + ".json", false, parsedName{}},                                                             // not a record file name
-		{"k-" + strings.ToUpper(k[2:]) + ".json", true, parsedName{}},                                                   // stray: not the store's spelling
-		{"h-abc.done.json", true, parsedName{resolved: true}},                                                           // stray: no hash
-		{k + ".zz.json", true, parsedName{}},                                                                            // stray: no tag
-		{k + "." + tag + ".x.json", true, parsedName{}},                                                                 // stray
+		{k + ".json", true, parsedName{}},                                                                                      // stray: no tag
+		{stem(strings.Repeat("x", 150)) + ".json", true, parsedName{}},                                                         // stray: no tag
+		{"k-" + keyEncoding.EncodeToString([]byte(strings.Repeat("x", 150))) + "." + tag + ".json", true, parsedName{}},        // stray: a key spelled out past maxEncodedKey
+		{"k-!!.json", true, parsedName{}},                                                                                      // stray: no key
+		{"k-.json", true, parsedName{}},                                                                                        // stray: empty key
+		{strings.ToUpper(k) + ".json", false, parsedName{}},                                                                    // not a record file name
+		{"k-" + strings.ToUpper(k[2:]) + ".json", true, parsedName{}},                                                          // stray: not the store's spelling
+		{"h-abc.done.json", true, parsedName{}},                                                                                // stray: no hash
+		{k + ".zz.json", true, parsedName{}},                                                                                   // stray: no tag
+		{k + "." + tag + ".x.json", true, parsedName{}},                                                                        // stray
 		{k + ".txt", false, parsedName{}},
 		{"LOCK", false, parsedName{}},
 		{".tmp-123", false, parsedName{}},

@@ -54,11 +54,7 @@ func TestFileDamageBlocksOnlyItsAction(t *testing.T) {
 			saveNamed(t, s, "b-1", "checkout:b", 1, true)
 			b2 := saveNamed(t, s, "b-2", "checkout:b", 2, false)
 			require.NoError(t, s.Close())
-			fileOf := persist.FileName
-			if resolved {
-				fileOf = persist.ResolvedFileName
-			}
-			path := filepath.Join(dir, fileOf("a-1", "checkout:a"))
+			path := filepath.Join(dir, persist.FileName("a-1", "checkout:a"))
 			write(t, path, []byte(`{"version":1,"key":"a-1"`))
 
 			s = openFile(t, dir, nil)
@@ -79,7 +75,7 @@ func TestFileDamageBlocksOnlyItsAction(t *testing.T) {
 			assert.Equal(t, path, ce.Path)
 			_, err = s.List(ctx, persist.Filter{Unresolved: true})
 			if resolved {
-				assert.NoError(t, err, "a damaged resolved file holds no unresolved intent")
+				assert.NoError(t, err, "the index held every unresolved intent: the damaged file held a resolved one")
 			} else {
 				assert.ErrorAs(t, err, &ce)
 			}
@@ -127,7 +123,7 @@ func TestFileStrayFile(t *testing.T) {
 	require.NoError(t, err, "a stray file belongs to no action")
 	assert.Len(t, recs, 1)
 	_, err = s.List(ctx, persist.Filter{Unresolved: true})
-	assert.Len(t, persist.CorruptErrors(err), 3, "the strays whose names say unresolved")
+	assert.Len(t, persist.CorruptErrors(err), len(strays), "a stray file may hold an unresolved intent")
 
 	for _, ce := range cs {
 		moved, err := s.Quarantine(ctx, ce.Path)
@@ -146,39 +142,42 @@ func TestFileStrayFile(t *testing.T) {
 	require.NoError(t, err, "quarantined files are not read again")
 }
 
-// TestFileDamagedResolvedTwin damages the resolved file of a record whose
-// unresolved file a crash left beside it: the record may be either, so
-// Get and List of unresolved records report the damage instead of hiding
-// the unresolved one; once the damaged file is quarantined, the unresolved
-// version is the record.
-func TestFileDamagedResolvedTwin(t *testing.T) {
+// TestFileDamagedTwin damages the file of a record whose file under its
+// previous Name a crash left beside it: the record may be either, so Get
+// and List of unresolved records report the damage instead of hiding the
+// older one; once the damaged file is quarantined, the older version is
+// the record.
+func TestFileDamagedTwin(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
+	lo, hi := twinNames()
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
-	r := saveNamed(t, s, "k", "checkout:a", 0, false)
-	open, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", r.Name)))
+	r := saveNamed(t, s, "k", lo, 0, false)
+	open, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", lo)))
 	require.NoError(t, err)
-	saveNamed(t, s, "k", "checkout:a", 0, true)
+	moved := r.Clone()
+	moved.Name = hi
+	require.NoError(t, persisttest.Put(ctx, s, moved))
 	require.NoError(t, s.Close())
-	donePath := filepath.Join(dir, persist.ResolvedFileName("k", r.Name))
-	write(t, donePath, []byte(`{"version":1,"key":"k","sta`))
-	write(t, filepath.Join(dir, persist.FileName("k", r.Name)), open)
+	newPath := filepath.Join(dir, persist.FileName("k", hi))
+	write(t, newPath, []byte(`{"version":1,"key":"k","sta`))
+	write(t, filepath.Join(dir, persist.FileName("k", lo)), open)
 
 	s = openFile(t, dir, nil)
 	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
 	var ce *persist.CorruptError
 	require.ErrorAs(t, err, &ce, "the damage is reported, not hidden")
-	assert.Equal(t, donePath, ce.Path)
+	assert.Equal(t, newPath, ce.Path)
 	assert.Empty(t, recs)
 	_, err = s.Get(ctx, "k")
 	require.ErrorAs(t, err, &ce)
 	assert.ErrorAs(t, persisttest.Put(ctx, s, r), &ce, "not replaced")
 
-	moved, err := s.Quarantine(ctx, donePath)
+	quarantined, err := s.Quarantine(ctx, newPath)
 	require.NoError(t, err)
-	assert.FileExists(t, moved)
+	assert.FileExists(t, quarantined)
 	recs, err = s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
 	require.Len(t, recs, 1)

@@ -50,8 +50,9 @@ func names(t *testing.T, dir string) []string {
 }
 
 // TestSaveDeferredResolves: the save that resolves a record returns while
-// the directory sync is held, reads back at once, and leaves only the
-// resolved file once the sync is done (Close waits for it).
+// the directory sync is held, reads back at once, and replaces the
+// record's file in place: there is one file, before and after the sync
+// (Close waits for it).
 func TestSaveDeferredResolves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -71,12 +72,11 @@ func TestSaveDeferredResolves(t *testing.T) {
 	got, err := s.Get(ctx, "k")
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateSucceeded, got.State)
-	assert.Equal(t, []string{persist.ResolvedFileName("k", r.Name), persist.FileName("k", r.Name)}, names(t, dir),
-		"the unresolved file stays until the directory is synced")
+	assert.Equal(t, []string{persist.FileName("k", r.Name)}, names(t, dir), "replaced in place")
 
 	close(g.release)
 	require.NoError(t, s.Close())
-	assert.Equal(t, []string{persist.ResolvedFileName("k", r.Name)}, names(t, dir))
+	assert.Equal(t, []string{persist.FileName("k", r.Name)}, names(t, dir))
 	s2 := openFile(t, dir, nil)
 	got, err = s2.Get(ctx, "k")
 	require.NoError(t, err)
@@ -84,7 +84,8 @@ func TestSaveDeferredResolves(t *testing.T) {
 }
 
 // TestSaveDeferredIsDurableOtherwise: a new record, or one whose file
-// keeps its name, is saved durably: SaveDeferred waits for its sync.
+// changes its name (its Name changed), is saved durably: SaveDeferred
+// waits for its syncs.
 func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -98,19 +99,18 @@ func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
 
 	before := g.dirSyncs.Load()
 	r := saveNamed(t, s, "k", "checkout:a", 0, true) // resolved from the start
-	again := *r
-	again.Attempts++
-	again.Rev = persist.NewRev()
-	require.NoError(t, persist.SaveDeferred(ctx, s, &again, r), "same file name")
+	renamed := *r
+	renamed.Name, renamed.Rev = "checkout:c", persist.NewRev()
+	require.NoError(t, persist.SaveDeferred(ctx, s, &renamed, r), "another file name")
+	assert.Equal(t, []string{persist.FileName("k", renamed.Name)}, names(t, dir), "the old file is gone")
 	fresh := *r
 	fresh.Key, fresh.Name, fresh.Rev = "k2", "checkout:b", persist.NewRev()
 	require.NoError(t, s.Write(persist.WithDeferredSync(ctx), &fresh, nil), "a new record")
-	assert.Equal(t, before+3, g.dirSyncs.Load(), "one directory sync each, before returning")
+	assert.Equal(t, before+4, g.dirSyncs.Load(), "one directory sync for each new record, two for the change of name, before returning")
 }
 
-// TestSaveDeferredSyncFails: when the background sync fails, both files
-// stay (the resolved one wins at the next open), and Close tries again and
-// reports the failure.
+// TestSaveDeferredSyncFails: when the background sync fails, the save
+// stays to be synced, and Close tries again and reports the failure.
 func TestSaveDeferredSyncFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -128,7 +128,7 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 	done.Response = &persist.Response{StatusCode: 402}
 	require.NoError(t, persist.SaveDeferred(ctx, s, &done, r))
 	require.True(t, s.WaitDeferred() == false, "the sync failed; the save is still to be synced")
-	assert.Len(t, names(t, dir), 2)
+	assert.Len(t, names(t, dir), 1)
 	require.Error(t, s.Close(), "Close says the save may not survive a power loss")
 
 	s2 := openFile(t, dir, nil)

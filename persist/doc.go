@@ -37,28 +37,27 @@ file, which OpenDir removes; a crash after it leaves the new version. This is
 the usual scheme (git updates its refs this way): one record per file keeps
 a damaged record from taking others with it, and rename is the one atomic
 replacement every POSIX file system offers. On Darwin Go's File.Sync issues
-F_FULLFSYNC, which also flushes the drive's cache. On Windows the directory cannot be synced through package os,
-so the rename's durability rests on NTFS's metadata journal; this was
-neither tested nor proven here.
+F_FULLFSYNC, which also flushes the drive's cache. On Windows the
+directory cannot be synced through package os, so the rename's durability
+rests on NTFS's metadata journal; this was neither tested nor proven here.
 
-When a record becomes resolved its file gets another name (see File layout):
-the new file is renamed in and the directory synced before the old file is
-removed, so a crash leaves one or both files, never neither, and when both
-are left the resolved one is the record. A Write alone costs two fsyncs in
-every case but two, which idem's client never takes: a record going back from
-resolved to unresolved, or changing its Name, costs three, as the removal
-of the old file must be durable before Write returns.
+A record keeps its file for life, whatever its state: a Write costs two
+fsyncs. Only a change of its Name (which idem's client never makes) gives
+it a file of another name. The new file is synced in before the old one
+is removed, at a third fsync, so a crash leaves one or both, never
+neither. Of two files of one key, the greater name holds the record: a
+crash can leave two only in a Write that did not return, for which
+either version is a valid outcome. The next write of the key removes the
+other.
 
-A Write with [WithDeferredSync] on a FileStore takes the first two steps,
-and the sync of the new file in step 1, before it returns; the directory sync, and the removal of
-the old file after it, run in the background, and Close waits for them. It
-does so only when the new file has a new name and wins over the old one
-(a record becoming resolved): until the sync, a power loss leaves the new
-file, whole, or the old one, never neither and never a damaged file. A
-record written for the first time, or whose file keeps its name, is
-written as without the hint. When OpenDir creates
-the directory it syncs its parent, so the directory outlives a power cut
-too. TestCrash (process death) and TestPowerCut (a file system that forgets
+A Write with [WithDeferredSync] on a FileStore, of a record already
+stored under the same file name, takes the first two steps before it
+returns. The directory sync runs in the background, and Close waits for
+it. Until then a power loss leaves the new file, whole, or the old one:
+never neither and never a damaged file. A record written for the first
+time is written as without the hint. When OpenDir creates the directory
+it syncs its parent, so the directory outlives a power cut too.
+TestCrash (process death) and TestPowerCut (a file system that forgets
 what was not synced) check all of this; their comments say how.
 
 # The outcome's save
@@ -93,14 +92,12 @@ WithDeferredSync, at one more durable write per payment.
 
 A store's directory holds:
 
-	k-<key>.<tag>.json       an unresolved intent whose key is up to 143 bytes
-	k-<key>.<tag>.done.json  the same, resolved
-	h-<hash>.<tag>.json      an unresolved intent with a longer key
-	h-<hash>.<tag>.done.json the same, resolved
-	.tmp-*                   a save in progress, or left by a crash
-	quarantine/              damaged files moved aside (see Damage)
-	index/unresolved         the index of the unresolved intents, a cache (see The index)
-	LOCK                     the lock file (see Locking)
+	k-<key>.<tag>.json  the intent whose key is up to 143 bytes
+	h-<hash>.<tag>.json the same, for a longer key
+	.tmp-*              a save in progress, or left by a crash
+	quarantine/         damaged files moved aside (see Damage)
+	index               the unresolved intents, a cache (see The index)
+	LOCK                the lock file (see Locking)
 
 <key> is the lower-case base32hex of the key's bytes, <hash> the hex
 SHA-256 of a key over 143 bytes (keys may have 255), and <tag> the first 8
@@ -108,102 +105,71 @@ bytes of the SHA-256 of the intent's Name, in lower-case base32hex. So no
 key can name a path outside the directory, names stay under 255 bytes, and
 two keys never share a file, even on case-insensitive file systems. The
 name tells, even when the file is unreadable, the intent's key (when
-spelled out), whether it is resolved, and which action it may belong to.
-A file whose name starts as a record's but spells no key or no tag is a
-stray file, reported as damage (see Damage). Other files in the directory
-are ignored.
+spelled out) and which action it may belong to. A List for one Name reads
+only the files tagged with it. A file whose name starts as a record's but
+spells no key or no tag is a stray file, reported as damage (see Damage).
+Other files in the directory are ignored.
 
 Each file is one JSON object: a Record with its format version. Decoding
-validates the record ([Record.Validate]) and checks that the key, state
-and name inside belong to the file's name; a file that fails gives a
+validates the record ([Record.Validate]) and checks that the key and name
+inside belong to the file's name; a file that fails gives a
 [*CorruptError] naming the file and, as far as it is known, the key.
-
-Splitting resolved from unresolved intents by name lets the store read
-only the files of unresolved intents when it lists the directory: a
-resolved file is read the first time Get, List or Prune needs it, and a
-List for one action's Name reads only the files tagged with it. Every
-record read is kept in memory and never read again.
 
 # The index
 
-Listing a directory of 100,000 names and reading 10,000 files takes
-hundreds of milliseconds on a phone, which an app would wait for at start.
-So [OpenDir] starts, when it can, from the index: one file,
-index/unresolved, holding every entry whose files include an unresolved
-one (its files' names and stamps, and the record, in a compact binary
-encoding with a CRC-32C), and the stamp of the store's directory it
-describes. OpenDir then reads that file and stamps the unresolved files
-(one stat each), but neither lists the directory nor reads a record file.
-It lists the directory in the background after it returns: a Get of a key
-the index does not hold, a List not restricted to unresolved records, and
-every change (Write, Delete, Quarantine) wait for that
-listing, so that no write is made without knowing the key's files, but
-the first save an app makes some moments after start does not pay for it
-(at 100,000 stored intents, a few milliseconds instead of hundreds; see
-BenchmarkFirstSave). Until it ends the unresolved records are served from
-the index. Close waits for the listing, or stops it before it starts, so
-nothing of the store touches the directory after Close returns.
+The store keeps the unresolved records in memory, and nothing else: a
+resolved record is read from its file when asked for. Listing a
+directory of 10,000 names and reading 1,000 files takes tens of
+milliseconds, which an app would wait for at start. So [OpenDir] starts,
+when it can, from the index: one file, holding the unresolved records
+and their files' stamps in a compact binary encoding with a CRC-32C, and
+how many entries the directory held. OpenDir then reads that file and
+stamps the unresolved files (one stat each), but neither lists the
+directory nor reads a record file. It lists the directory in the
+background after it returns: a Get of a key the index does not hold, a
+List not restricted to unresolved records, and every change wait for
+that listing. Every file the index does not hold is then a resolved
+record, unless the directory holds more entries than the index counted
+(a file put there by hand): then those files are read. A List of
+unresolved records made before the listing ends does not see such a
+file; a tool that puts record files in the directory removes the index,
+so that the next OpenDir scans. A scan without the index reads every
+file, once.
 
 The index is a cache, never the record: the record files stay the only
-truth, and the index is used only when it provably describes them.
+truth, and the index exists only while it describes them.
 
-  - The directory's change time (ctime) moves with every creation, rename
-    and removal of an entry, and nothing else in the store changes a
-    record. OpenDir uses the index only if the directory's stamp (inode,
-    size, modification and change times) is the one the index was
-    written for; any save, delete or crash leftover since, by this
-    release or an earlier one, sends it to a full scan, which rebuilds
-    the index.
-  - Clocks are coarse (a few milliseconds), so a change within the same
-    tick as the stamp would leave it unchanged. The index is used only
-    if its own file's change time comes after the directory's stamp: a
-    change after the index was written then moves the stamp. The store
-    counts its own changes of the directory and gives up writing the
-    index if one was under way or made while it wrote.
-  - The index holds a record only with the stamp its file had when the
-    store wrote or read that record, so a file changed in place later,
-    even while the store is open, shows as changed.
-  - Before writing the index, the store syncs the directory, so that a
-    power cut cannot bring back an earlier state of it that shares the
-    stamp. After a power cut the directory is in the state the index
-    describes, or a later one with another stamp.
-  - A file rewritten in place (which the store never does: damage, or a
-    hand edit) changes its own stamp but not the directory's; a file
-    whose stamp differs from the index's is read again, so a damaged
-    record is reported as a [*CorruptError], never served from the
-    index. A file's stamp holds its change time and inode besides its
-    size and modification time, so a file rewritten to the same size
-    with its modification time set back, or replaced by another such
-    file, shows as changed. A file of the index that is missing makes
-    the index unusable.
-  - Every record in the index must belong to the file it is filed under,
-    as a record read from its file must (its key, state and action, see
-    File layout), every file name to its entry, and the file listed
-    first for a key must be the one that holds its record (see
-    Durability): an index damaged in a way its checksum does not catch,
-    stale, or copied from another store is not used, and never reports
-    a record under another key, nor an older version.
-  - An index that is missing, damaged (checksum), of another version or
-    cut short is rebuilt by a full scan; it is never an error of OpenDir.
+  - It is written when the store is at rest: after a full scan at
+    OpenDir, in the background after the directory sync of deferred
+    saves (when an intent resolves, so that an app killed afterwards
+    starts from it), and at Close. The store syncs the directory first,
+    so every change the index describes is durable before it. A change
+    made while the index is written makes the store give it up.
+  - The first change of a record after that removes the index, before
+    the change. Both are entries of the store's directory, so the
+    directory sync that makes the change durable makes the removal
+    durable too. A crash after a change leaves no index, and the next
+    OpenDir scans. The index costs no durable write on the path of a
+    Write.
+  - A file rewritten in place (damage, or a hand edit) changes its own
+    stamp (inode, size, modification and change times). The index holds
+    a record only with the stamp its file had when the store wrote or
+    read it, so a file whose stamp differs is read again: damage is
+    reported as a [*CorruptError], never hidden by the index. Clocks are
+    coarse, so a file whose change time is not before the index's own is
+    read again too. A missing file makes the index unusable.
+  - Every record in the index must be unresolved and belong to the file
+    it is filed under, as a record read from its file must: an index
+    damaged past its checksum, or copied from another store, is not
+    used.
+  - An index that is damaged, of another version or cut short is
+    rebuilt by a full scan; it is never an error of OpenDir.
 
-The index is written after a full scan at OpenDir, in the background after
-the directory sync of deferred saves (when an intent resolves, so that an
-app killed afterwards starts from it) and at Close. It costs no durable
-write on the path of a Write: its syncs (the directory's, the file's and
-its subdirectory's) run only there. It is written to a temporary file in
-the index subdirectory and renamed over the index; the temporary file a
-crash leaves there is removed at the next OpenDir. An app killed between the save of a new
-intent and its outcome starts with a full scan once, which writes the
-index again. A directory without an index is scanned by its first
-OpenDir, which writes the index.
-
-On file systems whose change times have a granularity of seconds (FAT)
-the index is mostly not trusted and OpenDir scans, as before. On Linux,
-Android, Darwin (macOS, iOS) and the BSDs the stamps hold the change time
+On Linux, Android, Darwin and the BSDs the stamps hold the change time
 (ctime), which no program can set. On other systems (Windows) the change
 time is the modification time and there is no inode, so a file rewritten
-in place to the same size with its modification time set back is not seen
-to change; this store never does that.
+in place to the same size with its modification time set back is not
+seen to change.
 
 # Permissions
 
@@ -243,29 +209,23 @@ deleted because of it. [FileStore.Get] returns its *CorruptError and
 [FileStore.Write] refuses to overwrite it, and [FileStore.Delete] to
 delete it: it has no version to compare. [FileStore.List] returns the
 readable records it selects together with a *CorruptError for each damaged
-file that may hold a record it selects, judging by the file's name: with
-[Filter].Name set, the damaged files of other actions are neither read nor
+file that may hold a record it selects. With [Filter].Name set, the
+damaged files of other actions (by their names' tags) are neither read nor
 reported, so one bad file stops only the action it may belong to (in
-idem's client, Client.Intent for that name). A stray file, whose name
-looks like a record's but spells no key or no tag, is reported only when
-Filter.Name is empty.
-[CorruptErrors] returns every *CorruptError of the joined error, where
-errors.As finds only the first.
+idem's client, Client.Intent for that name). A damaged file may hold an
+unresolved record, so a List of unresolved records reports it, unless the
+index showed it held a resolved one. A stray file, whose name looks like
+a record's but spells no key or no tag, is reported only when Filter.Name
+is empty. [CorruptErrors] returns every *CorruptError of the joined
+error, where errors.As finds only the first.
 
 To find every damaged file, List with the zero Filter. [FileStore.Quarantine]
 moves one aside, into the directory's quarantine subdirectory, durably; the
 store then no longer sees it, and the intent it held, if any, is gone from
 the store until the app writes it again. Before that, the app or its
 engineer should look at the file: it may hold a payment whose outcome is
-unknown.
-
-When a save that moved a record between file names was cut short, both
-files may be left; the one that holds the record is chosen by a fixed rule
-(the resolved one, see Durability), and the other, an older version, is
-removed on the next write of the key. If the chosen file is damaged, the
-record is reported as damaged, also by List for unresolved records when
-the other file is unresolved, rather than silently taking the older
-version; quarantining the damaged file makes the older version the record.
+unknown. If a change of Name cut short left an older file of the key, the
+older version is the record again.
 
 A failed write (a full disk, a read-only directory) fails the Write with an
 error naming the intent and the directory, leaves the previous version

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
@@ -12,13 +11,8 @@ import (
 
 // Exported for the tests in package persist_test.
 
-// FileName is the name of the file of an unresolved record for key and
-// name.
-func FileName(key, name string) string { return fileName(key, name, false) }
-
-// ResolvedFileName is the name of the file of a resolved record for key and
-// name.
-func ResolvedFileName(key, name string) string { return fileName(key, name, true) }
+// FileName is the name of the file of the record for key and name.
+func FileName(key, name string) string { return fileName(key, name) }
 
 // Syncs returns how many fsync calls s has made.
 func (s *FileStore) Syncs() int64 { return s.syncs.Load() }
@@ -33,7 +27,7 @@ func OpenDirFS(f fsys.FS, dir string, opts *Options) (*FileStore, error) {
 func (s *FileStore) WaitDeferred() bool {
 	for {
 		s.mu.Lock()
-		flushing, left := s.flushing, len(s.deferred)
+		flushing, left := s.flushing, s.deferred
 		s.mu.Unlock()
 		if !flushing {
 			return left == 0
@@ -58,25 +52,25 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 	return got, d.err
 }
 
-// IndexEntry is an entry of the index, for EditIndex: its id, its files'
-// names in order and its record.
+// IndexEntry is an entry of the index, for EditIndex: its id, its file's
+// name and its record.
 type IndexEntry struct {
-	ID    string
-	Files []string
-	Rec   *Record
+	ID   string
+	File string
+	Rec  *Record
 }
 
 // EditIndex decodes the index of the store in dir, passes its entries to
 // edit, and writes the index back in place, its stamps as they were: an
 // index damaged, stale or copied in such that its checksum and stamps
-// still hold. edit may change records and reorder or drop files.
+// still hold. edit may change ids and records.
 func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
-	path := filepath.Join(dir, indexDir, indexFile)
+	path := filepath.Join(dir, indexFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	at, ents, d, err := decodeIndexHead(data)
+	known, ents, d, err := decodeIndexHead(data)
 	if err != nil {
 		return err
 	}
@@ -85,24 +79,13 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	}
 	var view []*IndexEntry
 	for _, ie := range ents {
-		v := &IndexEntry{ID: ie.id, Rec: ie.rec}
-		for _, f := range ie.files {
-			v.Files = append(v.Files, f.name)
-		}
-		view = append(view, v)
+		view = append(view, &IndexEntry{ID: ie.id, File: ie.e.name, Rec: ie.e.rec})
 	}
 	edit(view)
 	for i, v := range view {
-		ie := &ents[i]
-		var files []file
-		var stamps []fsys.Stamp
-		for _, name := range v.Files {
-			j := slices.IndexFunc(ie.files, func(f file) bool { return f.name == name })
-			files, stamps = append(files, ie.files[j]), append(stamps, ie.stamps[j])
-		}
-		ie.id, ie.rec, ie.files, ie.stamps = v.ID, v.Rec, files, stamps
+		ents[i].id, ents[i].e.rec = v.ID, v.Rec
 	}
-	return os.WriteFile(path, encodeIndex(at, ents), 0o600)
+	return os.WriteFile(path, encodeIndex(known, ents), 0o600)
 }
 
 // Stem is the id of key's entry in the store and the index.

@@ -16,58 +16,41 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
-// The index is a cache of what OpenDir needs at start: the files of every
-// entry that may hold an unresolved record, with their stamps, and the
-// records they held. It lives in the subdirectory indexDir, so that writing
-// it does not change the store directory it describes. See the package
+// The index is a cache of what OpenDir needs at start: the unresolved
+// records, their files and those files' stamps. It exists only while it
+// describes the directory: it is written when the store is at rest, and
+// removed before any change of a record (see change). See the package
 // docs ("The index") for why it can be trusted, and when it is not.
 const (
-	indexDir  = "index"
-	indexFile = "unresolved"
+	indexFile = "index"
 	// indexMagic starts every index file; the byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 3
+	indexVersion = 5
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// errIndex is why an index is not used; it never reaches a caller.
-// errRacyIndex is why writeIndex gave up when its file's stamp did not
-// come after the directory's; racyWait is longer than the coarsest clock
-// granularity of the file systems a phone or a computer uses for change
-// times (a few milliseconds; 2 s on FAT, where the index is simply not
-// used).
-var (
-	errIndex     = errors.New("index not usable")
-	errRacyIndex = errors.New("index written within the clock's granularity of a change")
-)
-
-const racyWait = 20 * time.Millisecond
+// errIndex is why an index is not used or not written; it never reaches
+// a caller.
+var errIndex = errors.New("index not usable")
 
 // indexEntry is one entry of the index.
 type indexEntry struct {
-	id     string
-	files  []file
-	stamps []fsys.Stamp // the files' stamps when the index was written
-	rec    *Record      // nil if the entry's record was unreadable or not read
+	id    string
+	e     entry      // its file, and its record: nil if unreadable
+	stamp fsys.Stamp // the file's stamp when the index was written
 }
 
 // indexPath returns the path of the index file.
-func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexDir, indexFile) }
+func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexFile) }
 
-// loadIndex fills s.entries from the index, if the index describes the
-// directory as it is: the directory's stamp is the one the index was
-// written for, and the index was written after that stamp's time (so no
-// later change of the directory can share it). Every indexed file is
-// stamped again; a file that changed since (rewritten in place) is read
-// again, a file that is missing makes the whole index unusable. It
-// returns nil if it used the index; otherwise s.entries is untouched.
+// loadIndex fills s.entries from the index, if there is one. Every
+// indexed file is stamped again: a file that changed since (rewritten in
+// place) is read again, a file that is missing makes the whole index
+// unusable. It returns nil if it used the index; otherwise s.entries is
+// untouched.
 func (s *FileStore) loadIndex() error {
-	dirSt, err := s.fs.Stamp(s.dir)
-	if err != nil {
-		return err
-	}
 	path := s.indexPath()
 	idxSt, err := s.fs.Stamp(path)
 	if err != nil {
@@ -77,18 +60,13 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	at, ents, d, err := decodeIndexHead(data)
+	known, ents, d, err := decodeIndexHead(data)
 	if err != nil {
 		return err
 	}
-	if at != dirSt || idxSt.Change <= at.Change {
-		return fmt.Errorf("%w: the directory changed since it was written", errIndex)
-	}
-	var names []string
-	for _, ie := range ents {
-		for _, f := range ie.files {
-			names = append(names, f.name)
-		}
+	names := make([]string, len(ents))
+	for i, ie := range ents {
+		names[i] = ie.e.name
 	}
 	// The files are stamped while the records are decoded: the system
 	// calls are most of the cost.
@@ -112,23 +90,31 @@ func (s *FileStore) loadIndex() error {
 	if got.err != nil {
 		return got.err
 	}
-	now := got.st
+	if err := s.useIndex(ents, got.st, idxSt); err != nil {
+		return err
+	}
+	s.known, s.indexed = known, true
+	return nil
+}
+
+// useIndex makes entries those of the index, given the stamps their files
+// have now and the index's own. A file whose stamp is not the indexed one,
+// or which changed in the clock tick of the index's write or after it,
+// may have been rewritten in place since: it is read again.
+func (s *FileStore) useIndex(ents []indexEntry, now []fsys.Stamp, idxSt fsys.Stamp) error {
 	entries := make(map[string]*entry, len(ents))
 	var reread []*entry
-	i := 0
-	for _, ie := range ents {
-		e := &entry{files: ie.files, rec: ie.rec}
-		for j := range ie.files {
-			st := now[i]
-			i++
-			if st == (fsys.Stamp{}) {
-				return fmt.Errorf("%w: %s is missing", errIndex, ie.files[j].name)
-			}
-			if st != ie.stamps[j] || st.Change >= idxSt.Change {
-				e.rec = nil // changed in place since: read the file
-			} else {
-				e.files[j].st = st
-			}
+	for i := range ents {
+		ie := &ents[i]
+		e := &ie.e
+		st := now[i]
+		switch {
+		case st == (fsys.Stamp{}):
+			return fmt.Errorf("%w: %s is missing", errIndex, e.name)
+		case st != ie.stamp || st.Change >= idxSt.Change:
+			e.rec = nil // changed in place since: read the file
+		default:
+			e.st = st
 		}
 		if entries[ie.id] != nil {
 			return fmt.Errorf("%w: %s is listed twice", errIndex, ie.id)
@@ -140,202 +126,165 @@ func (s *FileStore) loadIndex() error {
 	}
 	s.entries = entries
 	for _, e := range reread {
-		s.read(e)
+		s.record(e)
 	}
 	return nil
 }
 
 // checkIndexed returns an error unless every entry of an index is one
-// the store could have written: each file's name parses as the index
-// says and belongs to the entry, the first file (which holds the record)
-// wins over the others, and each record belongs to the file it is filed
-// under (as decodeFile checks a record read from its file). An
-// index damaged in a way its checksum does not catch, stale, or copied
-// from another store must never report a record under another key, or in
-// another state, than its file holds.
+// the store could have written: its file's name parses as the index says
+// and belongs to the entry, and its record is unresolved and belongs to
+// that file (as decodeFile checks a record read from its file). An index
+// damaged in a way its checksum does not catch, or copied from another
+// store, must never report a record under another key, or in another
+// state, than its file holds.
 func checkIndexed(ents []indexEntry) error {
 	for _, ie := range ents {
-		for _, f := range ie.files {
-			p, ok := parseName(f.name)
-			id := p.id
-			if id == "" {
-				id = "?" + f.name
-			}
-			if !ok || p != f.p || id != ie.id {
-				return fmt.Errorf("%w: %s is not a file of the entry %s", errIndex, f.name, ie.id)
-			}
+		e := &ie.e
+		p, ok := parseName(e.name)
+		id := p.id
+		if id == "" {
+			id = "?" + e.name
 		}
-		for _, f := range ie.files[1:] {
-			if !winsOver(ie.files[0], f) {
-				return fmt.Errorf("%w: %s is listed after %s, which it wins over", errIndex, f.name, ie.files[0].name)
-			}
+		if !ok || p != e.p || id != ie.id {
+			return fmt.Errorf("%w: %s is not the file of the entry %s", errIndex, e.name, ie.id)
 		}
-		if ie.rec != nil {
-			if err := belongs(ie.files[0].p, ie.rec); err != nil {
-				return fmt.Errorf("%w: %s: %w", errIndex, ie.files[0].name, err)
-			}
+		if e.rec == nil {
+			continue
+		}
+		if e.rec.State.Resolved() {
+			return fmt.Errorf("%w: %s: the record is resolved", errIndex, e.name)
+		}
+		if err := belongs(e.p, e.rec); err != nil {
+			return fmt.Errorf("%w: %s: %w", errIndex, e.name, err)
 		}
 	}
 	return nil
 }
 
-// writeIndex writes the index for the store as it is, if the store knows
-// every entry and changed since the index was last written. It first
-// syncs the directory, so that a power cut cannot bring back an earlier
-// state of it stamped at the same time (clocks are coarse), and it gives
-// up if the directory changes while it works or if its own file's stamp
-// does not come after the directory's (errRacyIndex): the index is then
-// written next time. It returns nil if an index describing the store is
-// in place.
-func (s *FileStore) writeIndex() error {
-	s.mu.Lock()
-	g := s.gen.Load()
-	switch {
-	case s.indexGen == g:
-		s.mu.Unlock()
+// change readies the directory for a change of a record: it removes the
+// index, which describes the directory before it, and counts the change.
+// A power cut keeps the removal if it keeps the change: the store's
+// directory sync after the change covers both. s.mu must be held.
+func (s *FileStore) change() error {
+	s.changes++
+	if !s.indexed {
 		return nil
-	case !s.scanned || s.entries == nil || s.changing.Load() != 0:
-		s.mu.Unlock()
-		return errIndex
 	}
-	s.mu.Unlock()
-	dir := filepath.Join(s.dir, indexDir)
-	if _, err := s.fs.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := s.changeDir(func() error { return s.fs.Mkdir(dir, 0o700) }); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-	} else if err != nil {
-		return err
+	if err := s.fs.Remove(s.indexPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("persist: cannot remove the index %s before a change (nothing was changed): %w", s.indexPath(), err)
 	}
+	s.indexed = false
+	return nil
+}
 
-	s.mu.Lock()
-	g = s.gen.Load()
-	if !s.scanned || s.entries == nil || s.changing.Load() != 0 {
-		s.mu.Unlock()
-		return errIndex
-	}
-	var ents []indexEntry
-	var names []string
-	for id, e := range s.entries {
-		if !e.mayHold(Filter{Unresolved: true}, "") {
-			continue
-		}
-		ie := indexEntry{id: id, files: slices.Clone(e.files)}
-		if e.corrupt == nil && e.files[0].st != (fsys.Stamp{}) {
-			// Only with the stamp the file had when its record was
-			// read or written: a change since then must show.
-			ie.rec = e.rec
-		}
-		for _, f := range e.files {
-			names = append(names, f.name)
-		}
-		ents = append(ents, ie)
-	}
-	s.mu.Unlock()
-
-	stamps, err := s.fs.Stamps(s.dir, names)
-	if err != nil {
+// writeIndex writes the index for the store as it is, if the store knows
+// every entry and has none in place. It first syncs the directory, so
+// that every change the index describes is durable before it, and it
+// gives up if a record changes while it works: the index is then written
+// next time.
+func (s *FileStore) writeIndex() error {
+	c, known, ents, err := s.indexSnapshot()
+	if err != nil || ents == nil {
 		return err
-	}
-	i := 0
-	for k := range ents {
-		ents[k].stamps = stamps[i : i+len(ents[k].files)]
-		for j, f := range ents[k].files {
-			if f.st != (fsys.Stamp{}) {
-				ents[k].stamps[j] = f.st
-			}
-		}
-		i += len(ents[k].files)
 	}
 	s.indexSyncs.Add(1)
 	if err := s.fs.SyncDir(s.dir); err != nil {
 		return err
 	}
-
 	// Nothing below holds s.mu but the last check and the rename, so
-	// that no save waits for the index's encoding or its sync: a change
-	// of the directory since the snapshot moves gen or changing, and one
-	// after the last check comes after the index's file was written, so
-	// it moves the directory's stamp past the one recorded.
-	unchanged := func() bool { return s.gen.Load() == g && s.changing.Load() == 0 }
-	at, err := s.fs.Stamp(s.dir)
+	// that no save waits for the index's encoding or its syncs.
+	tmp, err := s.writeTemp(encodeIndex(known, ents), &s.indexSyncs)
 	if err != nil {
 		return err
-	}
-	if !unchanged() {
-		return errIndex
-	}
-	f, err := s.fs.CreateTemp(dir, tempPrefix+"*")
-	if err != nil {
-		return err
-	}
-	// Synced, so that the next start after a power cut may use it too;
-	// unsynced, a power cut would leave it damaged or old, which the next
-	// OpenDir would find and rebuild.
-	_, err = f.Write(encodeIndex(at, ents))
-	if err == nil {
-		s.indexSyncs.Add(1)
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	var st fsys.Stamp
-	if err == nil {
-		st, err = s.fs.Stamp(f.Name())
-	}
-	if err == nil && st.Change <= at.Change {
-		err = errRacyIndex
 	}
 	s.mu.Lock()
-	if err == nil && !unchanged() {
+	if s.changes != c {
 		err = errIndex
-	}
-	if err == nil {
-		err = s.fs.Rename(f.Name(), s.indexPath())
-	}
-	if err == nil {
-		s.indexGen = g
+	} else if err = s.fs.Rename(tmp, s.indexPath()); err == nil {
+		s.indexed = true
 	}
 	s.mu.Unlock()
 	if err != nil {
-		_ = s.fs.Remove(f.Name())
+		_ = s.fs.Remove(tmp)
 		return err
 	}
+	// So that the next start after a power cut may use it too.
 	s.indexSyncs.Add(1)
-	_ = s.fs.SyncDir(dir)
+	_ = s.fs.SyncDir(s.dir)
 	return nil
 }
 
-// encodeIndex returns the content of an index file for the directory
-// stamped at and its entries: the magic and version, a CRC-32C of the
-// rest, the directory's stamp, the entries' files, then their records.
-func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
+// indexSnapshot returns the entries the index holds, every one that may
+// hold an unresolved record, each with its file's stamp; how many entries
+// the store knows; and s.changes when they were taken. It returns no
+// entries if the index in place describes the store, and errIndex if the
+// store does not know every entry.
+func (s *FileStore) indexSnapshot() (c, known int, ents []indexEntry, err error) {
+	s.mu.Lock()
+	switch {
+	case s.indexed:
+		s.mu.Unlock()
+		return 0, 0, nil, nil
+	case !s.scanned || s.entries == nil:
+		s.mu.Unlock()
+		return 0, 0, nil, errIndex
+	}
+	c, known = s.changes, len(s.entries)
+	ents = []indexEntry{}
+	var names []string
+	for id, e := range s.entries {
+		if e.resolved {
+			continue
+		}
+		ie := indexEntry{id: id, e: entry{name: e.name, p: e.p, mode: e.mode, st: e.st}}
+		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
+			// Only with the stamp the file had when its record was
+			// read or written: a change since then must show.
+			ie.e.rec = e.rec
+		}
+		names = append(names, e.name)
+		ents = append(ents, ie)
+	}
+	s.mu.Unlock()
+	stamps, err := s.fs.Stamps(s.dir, names)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	for i := range ents {
+		ents[i].stamp = stamps[i]
+		if st := ents[i].e.st; st != (fsys.Stamp{}) {
+			ents[i].stamp = st
+		}
+	}
+	return c, known, ents, nil
+}
+
+// encodeIndex returns the content of an index file of a directory of
+// known entries that holds ents: the magic and version, a CRC-32C of the
+// rest, known, the entries' files, then their records.
+func encodeIndex(known int, ents []indexEntry) []byte {
 	e := &encoder{b: make([]byte, 0, 64+len(ents)*600)}
 	e.b = append(e.b, indexMagic...)
 	e.b = append(e.b, indexVersion, 0, 0, 0, 0)
 	body := len(e.b)
-	e.stamp(at)
+	e.uv(uint64(known))
 	e.uv(uint64(len(ents)))
 	for _, ie := range ents {
+		// What parseName says of the name too, which would cost more
+		// to parse again than to read.
 		e.str(ie.id)
-		e.uv(uint64(len(ie.files)))
-		for j, f := range ie.files {
-			// What parseName says of the name too, which would cost more
-			// to parse again than to read.
-			e.str(f.name)
-			e.str(f.p.id)
-			e.str(f.p.key)
-			e.str(f.p.tag)
-			e.bool(f.p.resolved)
-			e.uv(uint64(f.mode))
-			e.stamp(ie.stamps[j])
-		}
-		e.bool(ie.rec != nil)
+		e.str(ie.e.name)
+		e.str(ie.e.p.id)
+		e.str(ie.e.p.key)
+		e.str(ie.e.p.tag)
+		e.uv(uint64(ie.e.mode))
+		e.stamp(ie.stamp)
+		e.bool(ie.e.rec != nil)
 	}
 	for _, ie := range ents {
-		if ie.rec != nil {
-			e.record(ie.rec)
+		if ie.e.rec != nil {
+			e.record(ie.e.rec)
 		}
 	}
 	binary.LittleEndian.PutUint32(e.b[body-4:body], crc32.Checksum(e.b[body:], crcTable))
@@ -344,37 +293,29 @@ func encodeIndex(at fsys.Stamp, ents []indexEntry) []byte {
 
 // decodeIndexHead parses an index file up to the records, which d then
 // decodes into ents.
-func decodeIndexHead(data []byte) (at fsys.Stamp, ents []indexEntry, d *decoder, err error) {
+func decodeIndexHead(data []byte) (known int, ents []indexEntry, d *decoder, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	if !ok || len(rest) < 5 {
-		return at, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
+		return 0, nil, nil, fmt.Errorf("%w: not an index file", errIndex)
 	}
 	if rest[0] != indexVersion {
-		return at, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+		return 0, nil, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
 	}
 	if crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]) {
-		return at, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+		return 0, nil, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
 	d = &decoder{b: rest[5:], s: string(rest[5:]), headers: map[string]http.Header{}}
-	at = d.stamp()
+	known = int(d.uv())
 	n := d.count()
 	ents = make([]indexEntry, 0, n)
 	for range n {
 		ie := indexEntry{id: d.str()}
-		nf := d.count()
-		if nf == 0 && d.err == nil {
-			d.err = errors.New("an entry without files")
-		}
-		ie.files = make([]file, nf)
-		ie.stamps = make([]fsys.Stamp, nf)
-		for j := range nf {
-			name := d.str()
-			p := parsedName{id: d.str(), key: d.str(), tag: d.str(), resolved: d.bool()}
-			ie.files[j] = file{name: name, p: p, mode: fs.FileMode(d.uv())}
-			ie.stamps[j] = d.stamp()
-		}
+		ie.e.name = d.str()
+		ie.e.p = parsedName{id: d.str(), key: d.str(), tag: d.str()}
+		ie.e.mode = fs.FileMode(d.uv())
+		ie.stamp = d.stamp()
 		if d.bool() {
-			ie.rec = &Record{} // decoded by records
+			ie.e.rec = &Record{} // decoded by records
 		}
 		if d.err != nil {
 			break
@@ -382,16 +323,16 @@ func decodeIndexHead(data []byte) (at fsys.Stamp, ents []indexEntry, d *decoder,
 		ents = append(ents, ie)
 	}
 	if d.err != nil {
-		return at, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
+		return 0, nil, nil, fmt.Errorf("%w: %w", errIndex, d.err)
 	}
-	return at, ents, d, nil
+	return known, ents, d, nil
 }
 
 // records decodes the records of ents, which decodeIndexHead left.
 func (d *decoder) records(ents []indexEntry) error {
 	for i := range ents {
-		if ents[i].rec != nil {
-			ents[i].rec = d.record()
+		if ents[i].e.rec != nil {
+			ents[i].e.rec = d.record()
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {

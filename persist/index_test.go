@@ -139,30 +139,34 @@ func TestIndexOpensFromIndex(t *testing.T) {
 	assert.Len(t, all, 5)
 }
 
-// TestIndexStaleIsNotTrusted: a record file that appeared after the index
-// was written (another store saved it, or the index is older than the
-// records after a power cut) is listed: the directory's stamp changed.
-func TestIndexStaleIsNotTrusted(t *testing.T) {
+// TestIndexRemovedBeforeAChange: the first change after the index was
+// written removes it, so that a store killed after the change does not
+// start from an index that misses it.
+func TestIndexRemovedBeforeAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir, _ := indexStore(t)
-
-	// The file of another store's record, copied in behind the store's back.
-	other := newDir(t)
-	o, err := persist.OpenDir(other, nil)
+	mem := strictfs.New()
+	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
-	late := persisttest.NewRecord("late", t0.Add(time.Minute))
-	require.NoError(t, persisttest.Put(ctx, o, late))
-	require.NoError(t, o.Close())
-	data, err := os.ReadFile(filepath.Join(other, persist.FileName("late", late.Name)))
-	require.NoError(t, err)
-	write(t, filepath.Join(dir, persist.FileName("late", late.Name)), data)
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
+	require.NoError(t, s.Close())
 
-	s := openFile(t, dir, nil)
-	assert.False(t, s.FromIndex(), "the directory changed since the index was written")
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	require.True(t, s.FromIndex())
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
+	_, err = mem.Stat(powerDir + "/index")
+	require.ErrorIs(t, err, fs.ErrNotExist, "the index is gone")
+	// Killed, not closed.
+	mem.Restart(rand.New(rand.NewPCG(1, 2)))
+
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.False(t, s.FromIndex())
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"u-1", "u-2", "u-3", "late"}, keys(got))
+	assert.Equal(t, []string{"a", "b"}, keys(got))
 }
 
 // TestIndexFileChangedInPlace: an unresolved record's file rewritten in
@@ -203,7 +207,7 @@ func TestIndexDamagedIsRebuilt(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, unresolved := indexStore(t)
-			path := filepath.Join(dir, "index", "unresolved")
+			path := filepath.Join(dir, "index")
 			data, err := os.ReadFile(path)
 			require.NoError(t, err)
 			write(t, path, damage(data))
@@ -251,40 +255,34 @@ func TestIndexMissing(t *testing.T) {
 }
 
 // TestIndexSameTick: file systems stamp changes with a coarse clock, so a
-// change made within the same tick as the directory's stamp in the index
-// leaves that stamp as it was. An index whose own stamp does not come
-// after the directory's is therefore not trusted.
+// file rewritten in place within the clock tick of the index's write may
+// keep the stamp the index holds for it. A file whose change time is not
+// before the index's own is therefore read again, not taken from the
+// index.
 func TestIndexSameTick(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := strictfs.New()
-	s, err := persist.OpenDirFS(mem, powerDir, nil)
+	dir, _ := indexStore(t)
+	dir, err := filepath.Abs(dir)
 	require.NoError(t, err)
-	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
-	require.NoError(t, s.Close())
-	dirAt, err := mem.Stamp(powerDir)
+	path := filepath.Join(dir, persist.FileName("u-2", recName("u-2")))
+	st, err := fsys.OS{}.Stamp(path)
 	require.NoError(t, err)
-
-	// Another save, made in the same tick as the index: the clock shows
-	// the directory unchanged and the index no later than it.
-	s, err = persist.OpenDirFS(mem, powerDir, nil)
-	require.NoError(t, err)
-	require.True(t, s.FromIndex())
-	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
-	// Killed, not closed: the index still describes the directory before b.
-	mem.Restart(rand.New(rand.NewPCG(1, 2)))
-	coarse := &pinnedFS{FS: mem, pins: map[string]fsys.Stamp{
-		powerDir: dirAt,
-		filepath.Join(powerDir, "index", "unresolved"): dirAt,
+	write(t, path, []byte("{"))
+	coarse := &pinnedFS{FS: fsys.OS{}, pins: map[string]fsys.Stamp{
+		path:                        st,
+		filepath.Join(dir, "index"): {Change: st.Change},
 	}}
 
-	s, err = persist.OpenDirFS(coarse, powerDir, nil)
+	s, err := persist.OpenDirFS(coarse, dir, nil)
 	require.NoError(t, err)
 	defer s.Close()
-	assert.False(t, s.FromIndex())
+	require.True(t, s.FromIndex())
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"a", "b"}, keys(got))
+	assert.Equal(t, []string{"u-1", "u-3"}, keys(got))
+	ces := persist.CorruptErrors(err)
+	require.Len(t, ces, 1, "%v", err)
+	assert.Equal(t, path, ces[0].Path)
 }
 
 // pinnedFS reports the stamps in pins for their paths.
@@ -298,6 +296,16 @@ func (p *pinnedFS) Stamp(path string) (fsys.Stamp, error) {
 		return st, nil
 	}
 	return p.FS.Stamp(path)
+}
+
+func (p *pinnedFS) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
+	out, err := p.FS.Stamps(dir, names)
+	for i, name := range names {
+		if st, ok := p.pins[filepath.Join(dir, name)]; ok && err == nil {
+			out[i] = st
+		}
+	}
+	return out, err
 }
 
 func keys(recs []*persist.Record) []string {
@@ -457,10 +465,10 @@ func TestIndexLeftoverTempRemoved(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir, _ := indexStore(t)
-			leftover := filepath.Join(dir, "index", ".tmp-123456")
+			leftover := filepath.Join(dir, ".tmp-123456")
 			write(t, leftover, []byte("idem-persist-index\n half written"))
 			if !fromIndex {
-				write(t, filepath.Join(dir, "index", "unresolved"), nil)
+				write(t, filepath.Join(dir, "index"), nil)
 			}
 			s, err := persist.OpenDir(dir, nil)
 			require.NoError(t, err)
@@ -470,7 +478,7 @@ func TestIndexLeftoverTempRemoved(t *testing.T) {
 			assert.Equal(t, []string{"u-1", "u-2", "u-3"}, keys(got))
 			require.NoError(t, s.Close())
 			assert.NoFileExists(t, leftover)
-			assert.FileExists(t, filepath.Join(dir, "index", "unresolved"))
+			assert.FileExists(t, filepath.Join(dir, "index"))
 		})
 	}
 }
@@ -610,55 +618,6 @@ func TestIndexListingEndsBeforeClose(t *testing.T) {
 	})
 }
 
-// TestIndexFilesInTheirOrder: of two files of a key, left by a save cut
-// short, the resolved one holds the record. An index that lists them the
-// other way round, with the older version's record, is not used: the key
-// reports its resolved record, not the older unresolved one.
-func TestIndexFilesInTheirOrder(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	dir, unresolved := indexStore(t)
-
-	// u-1's resolved version, next to its unresolved file, as a save cut
-	// short between its rename and the removal of the old file leaves it.
-	other := newDir(t)
-	o, err := persist.OpenDir(other, nil)
-	require.NoError(t, err)
-	done := unresolved[0].Clone()
-	done.State, done.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201, Body: []byte("{}")}
-	require.NoError(t, persisttest.Put(ctx, o, done))
-	require.NoError(t, o.Close())
-	name := persist.ResolvedFileName("u-1", recName("u-1"))
-	data, err := os.ReadFile(filepath.Join(other, name))
-	require.NoError(t, err)
-	write(t, filepath.Join(dir, name), data)
-	s, err := persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	got, err := s.Get(ctx, "u-1")
-	require.NoError(t, err)
-	require.Equal(t, persist.StateSucceeded, got.State)
-	require.NoError(t, s.Close())
-
-	require.NoError(t, persist.EditIndex(dir, func(ents []*persist.IndexEntry) {
-		for _, ie := range ents {
-			if ie.ID == persist.Stem("u-1") {
-				require.Len(t, ie.Files, 2)
-				slices.Reverse(ie.Files)
-				ie.Rec = unresolved[0].Clone()
-				ie.Rec.Version = persist.FormatVersion
-			}
-		}
-	}))
-	s = openFile(t, dir, nil)
-	assert.False(t, s.FromIndex())
-	got, err = s.Get(ctx, "u-1")
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, got.State, "the resolved file holds the record")
-	list, err := s.List(ctx, persist.Filter{Unresolved: true})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"u-2", "u-3"}, keys(list))
-}
-
 // TestIndexNewIntentWaitsForTheListing: a store opened from its index
 // knows an action's resolved records only once its directory is listed.
 // The write of a new intent waits for that listing, so that it is never
@@ -692,4 +651,86 @@ func TestIndexNewIntentWaitsForTheListing(t *testing.T) {
 		assert.True(t, persist.SameVersion(ce.Current, paid), "the refusal names the paid intent: %+v", ce.Current)
 		require.NoError(t, s.Close())
 	})
+}
+
+// TestIndexForeignFile: a record file put in the directory while the
+// store was open (a hand edit, or a backup restored) is in the directory
+// the index describes when Close writes it, yet the index does not hold
+// it. After the next OpenDir from the index, once the directory is listed
+// (a write waits for that), List of unresolved records returns it: the
+// index told how many entries the store knew, and the listing found one
+// more.
+func TestIndexForeignFile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, unresolved := indexStore(t)
+	other := newDir(t)
+	o, err := persist.OpenDir(other, nil)
+	require.NoError(t, err)
+	foreign := persisttest.NewRecord("foreign", t0.Add(time.Minute))
+	require.NoError(t, persisttest.Put(ctx, o, foreign))
+	require.NoError(t, o.Close())
+	name := persist.FileName("foreign", recName("foreign"))
+	data, err := os.ReadFile(filepath.Join(other, name))
+	require.NoError(t, err)
+
+	s := openFile(t, dir, nil)
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("u-4", t0.Add(time.Hour))))
+	write(t, filepath.Join(dir, name), data)
+	require.NoError(t, s.Close())
+
+	s = openFile(t, dir, nil)
+	require.True(t, s.FromIndex())
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("u-5", t0.Add(2*time.Hour))))
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, append(keys(unresolved), "foreign", "u-4", "u-5"), keys(got))
+}
+
+// stampGate holds the stamping of files while hold is set, after closing
+// entered: only the index's write and OpenDir stamp files.
+type stampGate struct {
+	fsys.FS
+	hold, entered chan struct{}
+}
+
+func (g *stampGate) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
+	if g.hold != nil {
+		close(g.entered)
+		<-g.hold
+	}
+	return g.FS.Stamps(dir, names)
+}
+
+// TestIndexWriteGivesUpOnAChange: a record changed while the index is
+// written (here a new intent, while the write after a deferred save
+// stamps the files) makes the store give the index up: it would miss the
+// change, and a store killed afterwards would start from it.
+func TestIndexWriteGivesUpOnAChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := strictfs.New()
+	g := &stampGate{FS: mem}
+	s, err := persist.OpenDirFS(g, powerDir, nil)
+	require.NoError(t, err)
+	a := persisttest.NewRecord("a", t0)
+	require.NoError(t, persisttest.Put(ctx, s, a))
+
+	g.hold, g.entered = make(chan struct{}), make(chan struct{})
+	done := a.Clone()
+	done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
+	require.NoError(t, persist.SaveDeferred(ctx, s, done, a))
+	<-g.entered // the index's write after the deferred save's sync
+	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
+	close(g.hold)
+	require.True(t, s.WaitDeferred())
+	// Killed, not closed.
+	mem.Restart(rand.New(rand.NewPCG(1, 2)))
+
+	s, err = persist.OpenDirFS(mem, powerDir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"b"}, keys(got))
 }

@@ -218,12 +218,10 @@ func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (strin
 		}
 		// verify opened the store and closed it: no temporary file of
 		// a save or an index write cut short is left.
-		for _, d := range []string{powerDir, powerDir + "/index"} {
-			des, _ := r.mem.ReadDir(d)
-			for _, de := range des {
-				if strings.HasPrefix(de.Name(), ".tmp-") {
-					return "", r.fail(cut, fmt.Errorf("%s/%s was left after a reopen", d, de.Name()))
-				}
+		des, _ := r.mem.ReadDir(powerDir)
+		for _, de := range des {
+			if strings.HasPrefix(de.Name(), ".tmp-") {
+				return "", r.fail(cut, fmt.Errorf("%s/%s was left after a reopen", powerDir, de.Name()))
 			}
 		}
 	}

@@ -131,7 +131,26 @@ func (f *FS) Changes() int {
 func (f *FS) Restart(rng *rand.Rand) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	// Every directory that is or may come back, in a fixed order.
+	dirs := f.dirs()
+	keep := keptPrefixes(dirs, rng)
+	for _, d := range dirs {
+		for _, l := range d.log[:keep[d]] {
+			apply(d.durable, l.c)
+			d.durCtime = l.stamp
+		}
+		d.ctime = d.durCtime
+		d.log = nil
+		d.entries = maps.Clone(d.durable)
+	}
+	f.crashFiles(rng)
+	f.off = false
+	f.cutIn = -1
+	f.locks = map[*inode]*lock{}
+}
+
+// dirs returns every directory that is or may come back, in a fixed
+// order.
+func (f *FS) dirs() []*inode {
 	var dirs []*inode
 	seen := map[*inode]bool{}
 	var collect func(n *inode)
@@ -155,9 +174,13 @@ func (f *FS) Restart(rng *rand.Rand) {
 		}
 	}
 	collect(f.root)
-	// How many of its unsynced changes each directory keeps: none, or a
-	// random prefix; a rename across directories is kept in both or
-	// neither.
+	return dirs
+}
+
+// keptPrefixes draws how many of its unsynced changes each directory
+// keeps: none, or a random prefix; a rename across directories is kept
+// in both or neither.
+func keptPrefixes(dirs []*inode, rng *rand.Rand) map[*inode]int {
 	keep := map[*inode]int{}
 	where := map[*logged]*inode{}
 	index := map[*logged]int{}
@@ -184,16 +207,12 @@ func (f *FS) Restart(rng *rand.Rand) {
 			}
 		}
 	}
-	for _, d := range dirs {
-		for _, l := range d.log[:keep[d]] {
-			apply(d.durable, l.c)
-			d.durCtime = l.stamp
-		}
-		d.ctime = d.durCtime
-		d.log = nil
-		d.entries = maps.Clone(d.durable)
-	}
-	// Every file keeps its durable data, and maybe part of the rest.
+	return keep
+}
+
+// crashFiles makes every file keep its durable data, and maybe part of
+// the rest, drawn from rng.
+func (f *FS) crashFiles(rng *rand.Rand) {
 	done := map[*inode]bool{}
 	var crash func(n *inode)
 	crash = func(n *inode) {
@@ -217,9 +236,6 @@ func (f *FS) Restart(rng *rand.Rand) {
 		}
 	}
 	crash(f.root)
-	f.off = false
-	f.cutIn = -1
-	f.locks = map[*inode]*lock{}
 }
 
 func apply(m map[string]*inode, c change) {

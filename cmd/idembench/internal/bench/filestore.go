@@ -151,10 +151,11 @@ func heapPerIntent(before *runtime.MemStats, n int) float64 {
 }
 
 // seed fills dir with n record files without syncing them (a durable save
-// each would take minutes for 100,000). It saves the first record through a
-// FileStore and checks that the file name it computes for it is the one
-// the store chose, so that a change of the store's layout fails here
-// instead of measuring nothing; openList then checks that all n are read.
+// each would take minutes for 100,000), and removes the store's index. It
+// saves the first record through a FileStore and checks that the file
+// name it computes for it is the one the store chose, so that a change of
+// the store's layout fails here instead of measuring nothing; openList
+// then checks that all n are read.
 func seed(ctx context.Context, dir string, n int) error {
 	s, err := persist.OpenDir(dir, nil)
 	if err != nil {
@@ -168,7 +169,7 @@ func seed(ctx context.Context, dir string, n int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key, first.Name, false))); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, fileName(first.Key, first.Name))); err != nil {
 		return fmt.Errorf("persist's file naming changed, cannot seed the store: %w", err)
 	}
 	now := time.Now()
@@ -186,26 +187,28 @@ func seed(ctx context.Context, dir string, n int) error {
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.Name, r.State.Resolved())), append(data, '\n'), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fileName(r.Key, r.Name)), append(data, '\n'), 0o600); err != nil {
 			return err
 		}
+	}
+	// The store's index, written when it closed, holds the first record
+	// alone: a tool that puts files in the directory removes it, so that
+	// the next OpenDir reads them.
+	if err := os.Remove(filepath.Join(dir, "index")); err != nil {
+		return fmt.Errorf("persist's index moved, cannot seed the store: %w", err)
 	}
 	return nil
 }
 
 // fileName is persist's name for the file of key and name: "k-", the key
 // in lower-case base32hex without padding, ".", the first 8 bytes of the
-// SHA-256 of name in the same encoding, then ".json", or ".done.json" for a
-// resolved record. seed checks the unresolved form against the store, and
-// openList checks that the count of unresolved records read is right.
-func fileName(key, name string, resolved bool) string {
-	suffix := ".json"
-	if resolved {
-		suffix = ".done.json"
-	}
+// SHA-256 of name in the same encoding, then ".json". seed checks it
+// against the store, and openList checks that the count of unresolved
+// records read is right.
+func fileName(key, name string) string {
 	enc := base32.HexEncoding.WithPadding(base32.NoPadding)
 	tag := sha256.Sum256([]byte(name))
-	return "k-" + strings.ToLower(enc.EncodeToString([]byte(key))) + "." + strings.ToLower(enc.EncodeToString(tag[:8])) + suffix
+	return "k-" + strings.ToLower(enc.EncodeToString([]byte(key))) + "." + strings.ToLower(enc.EncodeToString(tag[:8])) + ".json"
 }
 
 // unresolvedOf is how many of n seeded records are unresolved: the first,
