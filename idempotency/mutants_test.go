@@ -71,8 +71,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "once-lease-takeover-outside-the-transaction", File: "idempotency/middleware.go",
 			Note:    "in the single-transaction mode, an ended lease that RunOnce returned rather than took over is taken over as in the lease mode: the handler runs without its transaction",
-			Anchor:  "\t\tif m.once != nil {\n\t\t\t// A lease-mode record whose lease ended",
-			Replace: "\t\tif false {\n\t\t\t// A lease-mode record whose lease ended",
+			Anchor:  "\t// record ended.\n\tm.inProgress(w, r, busy(rec), now)\n",
+			Replace: "\t// record ended.\n\tif !m.takeOver(w, r, rec, existing, parsed, now) {\n\t\tm.inProgress(w, r, busy(rec), now)\n\t}\n",
 			Pkg:     "./idempotency", Run: "^TestOneTransactionNeverRunsTheWorkOutsideRunOnce$",
 		},
 		{

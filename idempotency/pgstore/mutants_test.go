@@ -264,8 +264,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "once-no-flight", File: "idempotency/middleware.go",
 			Note:    "a duplicate in the same process waits for a connection instead of answering 409",
-			Anchor:  "\t\tif !owner {",
-			Replace: "\t\tif !owner && false {",
+			Anchor:  "\tif !owner {",
+			Replace: "\tif !owner && false {",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionDuplicateTakesNoConnection$", Env: pg,
 		},
 		{
