@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
-
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -258,7 +256,7 @@ func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http
 // raw otherwise.
 func requestKey(r *http.Request) string {
 	v := r.Header.Get("Idempotency-Key")
-	if k, err := idemkey.ParseKey(v); err == nil {
+	if k, err := idempotency.ParseKey(v); err == nil {
 		return k
 	}
 	return v

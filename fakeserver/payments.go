@@ -14,7 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idem/internal/idemkey"
 	"github.com/idemkit/idem/internal/jsonbody"
 
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
@@ -395,13 +394,13 @@ func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) 
 func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if q.Has("idempotency_key") {
-		key, err := idemkey.ParseKey(q.Get("idempotency_key"))
+		key, err := idempotency.ParseKey(q.Get("idempotency_key"))
 		if err != nil {
 			(&problem{Type: problemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
 		// The key is looked up in the form the middleware compares it in.
-		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: idemkey.Canonical(key, h.cfg.uuid)})
+		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: idempotency.CanonicalKey(key, h.cfg.uuid)})
 		return
 	}
 	list, err := h.state.Payments(r.Context(), principalOf(r))

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
 	"github.com/idemkit/idem/internal/jsonbody"
 
 	"github.com/idemkit/idem/clock"
@@ -250,8 +249,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // key returns the request's key, in the form keys are compared in. It
 // answers a missing or malformed key with 400 itself, and returns false.
 func (m *middleware) key(w http.ResponseWriter, r *http.Request) (string, bool) {
-	key, err := idemkey.ParseHeader(r.Header, m.cfg.RequireUUID)
-	if errors.Is(err, idemkey.ErrMissing) {
+	key, err := parseKeyHeader(r.Header, m.cfg.RequireUUID)
+	if errors.Is(err, errKeyMissing) {
 		m.report(r, outcomeMissing)
 		(&Problem{Type: typeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
 			Detail: "this endpoint requires an Idempotency-Key header; create one key per intent and reuse it on every retry"}).Write(w)
