@@ -14,8 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idem/internal/jsonbody"
-
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -182,7 +180,7 @@ func accountOf(authorization string) (string, bool) {
 // does; any other body (malformed, unknown or mistyped members, escaped
 // or null values) is left to parsePayment, whose problem is the answer.
 func validatePayment(r *http.Request, body []byte) (any, *problem) {
-	if rd, ok := jsonbody.ReadingOf(r); ok {
+	if rd, ok := idempotency.JSONReadingOf(r); ok {
 		if req, ok := paymentOf(rd); ok {
 			return req, checkPayment(req)
 		}
@@ -195,7 +193,7 @@ func validatePayment(r *http.Request, body []byte) (any, *problem) {
 // it is one that encoding/json decodes into a paymentRequest without error
 // and to the same values: an object whose members are named exactly as
 // the fields, an integer amount and strings without escapes, valid UTF-8.
-func paymentOf(rd jsonbody.Reading) (paymentRequest, bool) {
+func paymentOf(rd idempotency.JSONReading) (paymentRequest, bool) {
 	var req paymentRequest
 	n := rd.Len()
 	if n < 0 {

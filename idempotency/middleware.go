@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/jsonbody"
-
 	"github.com/idemkit/idem/clock"
 )
 
@@ -100,7 +98,9 @@ type Config struct {
 	// so that an invalid body is a 400 even when the key has a record, and
 	// stores nothing. It returns a nil Problem to accept, and may return the
 	// parsed body, which the handler gets as [Info.Validated] instead of
-	// parsing it again. Nil accepts every body.
+	// parsing it again. It may read a JSON body from the fingerprint's
+	// parse ([JSONReadingOf]) instead of parsing it. Nil accepts every
+	// body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
 	// Principal names the caller that owns a key: the account the request
 	// acts for, as the server's authentication found it ("" for one
@@ -306,11 +306,11 @@ func (m *middleware) body(w http.ResponseWriter, r *http.Request) (*http.Request
 func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byte) (fingerprint, any, bool) {
 	// The body is parsed once: the fingerprint's reading of a JSON body
 	// goes to Validate too, through the request's Body (see
-	// internal/jsonbody), and is dropped when Validate returns.
+	// JSONReadingOf), and is dropped when Validate returns.
 	c, err := parseJSON(body, m.cfg.MaxDepth)
 	if p := charsetProblem(r.Header.Get("Content-Type"), c != nil || err != nil); p != nil {
 		if c != nil {
-			c.release()
+			c.Release()
 		}
 		m.report(r, outcomeRejected)
 		p.Write(w)
@@ -325,7 +325,7 @@ func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byt
 		return fingerprint{}, nil, false
 	}
 	fp := fingerprintParsed(r.Method, r.URL.Path, r.URL.RawQuery, body, c)
-	rb := jsonbody.NewBody(body, c.reading())
+	rb := newValidateBody(body, c)
 	r.Body = rb
 	var (
 		parsed any
@@ -339,7 +339,7 @@ func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byt
 	rb.Reset(body)
 	r.Body = rb
 	if c != nil {
-		c.release()
+		c.Release()
 	}
 	if p != nil {
 		m.report(r, outcomeRejected)
