@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // FaultKind names a fault. The names are those of the admin endpoint.
@@ -98,7 +98,7 @@ func (f Fault) validate() (Fault, error) {
 		return f, fmt.Errorf("%w %q (valid faults: %s)", errUnknownFault, f.Kind, validFaultNames())
 	}
 	if f.Key != "" {
-		key, err := idemkey.ParseKey(f.Key)
+		key, err := idempotency.ParseKey(f.Key)
 		if err != nil {
 			return f, fmt.Errorf("%w: key: %v", errInvalidFault, err)
 		}

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
-
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -35,12 +33,17 @@ type Handler struct {
 // NewHandler returns a fake server handler. nil opts means defaults.
 func NewHandler(opts *Options) *Handler { return newHandler(opts, false) }
 
+// NewBareHandler returns the fake server's handler with POST /payments
+// outside the idempotency layer, as a server without the contract runs
+// it: every request does the work and charges, and nothing is replayed.
+// It is a benchmark's baseline (cmd/idembench measures what the layer
+// costs against it), with the same business handler, faults and counters.
+// Never test a client against it: it breaks the contract on purpose.
+// nil opts means defaults.
+func NewBareHandler(opts *Options) *Handler { return newHandler(opts, true) }
+
 // newHandler returns a fake server handler; bare runs POST /payments
-// without the idempotency layer, as a server without the contract would:
-// every request does the work and charges, and nothing is replayed. The
-// bare handler is the baseline that measures what the layer costs
-// (cmd/idembench, through package internal/fakebare); it is never offered
-// to clients.
+// without the idempotency layer (see NewBareHandler).
 func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
 	if h.cfg.storage != nil {
@@ -258,7 +261,7 @@ func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http
 // raw otherwise.
 func requestKey(r *http.Request) string {
 	v := r.Header.Get("Idempotency-Key")
-	if k, err := idemkey.ParseKey(v); err == nil {
+	if k, err := idempotency.ParseKey(v); err == nil {
 		return k
 	}
 	return v

@@ -3,12 +3,10 @@ package fakeserver
 import (
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
-	"github.com/idemkit/idem/internal/fakebare"
 )
 
 // Options configures a fake server: every setting of [NewServer] and
@@ -139,6 +137,4 @@ func init() {
 	// pgfake makes its Storage through this, so that the package's API
 	// names no internal type.
 	fakestate.Public = func(st fakestate.Storage) any { return storage{st} }
-	// cmd/idembench's baseline, kept out of the package's API.
-	fakebare.New = func() http.Handler { return newHandler(nil, true) }
 }

@@ -14,9 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idem/internal/idemkey"
-	"github.com/idemkit/idem/internal/jsonbody"
-
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -183,7 +180,7 @@ func accountOf(authorization string) (string, bool) {
 // does; any other body (malformed, unknown or mistyped members, escaped
 // or null values) is left to parsePayment, whose problem is the answer.
 func validatePayment(r *http.Request, body []byte) (any, *problem) {
-	if rd, ok := jsonbody.ReadingOf(r); ok {
+	if rd, ok := idempotency.JSONReadingOf(r); ok {
 		if req, ok := paymentOf(rd); ok {
 			return req, checkPayment(req)
 		}
@@ -196,7 +193,7 @@ func validatePayment(r *http.Request, body []byte) (any, *problem) {
 // it is one that encoding/json decodes into a paymentRequest without error
 // and to the same values: an object whose members are named exactly as
 // the fields, an integer amount and strings without escapes, valid UTF-8.
-func paymentOf(rd jsonbody.Reading) (paymentRequest, bool) {
+func paymentOf(rd idempotency.JSONReading) (paymentRequest, bool) {
 	var req paymentRequest
 	n := rd.Len()
 	if n < 0 {
@@ -269,19 +266,9 @@ func jsonString(tok []byte) (string, bool) {
 func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	info, idem := idempotency.FromContext(ctx)
-	req, ok := info.Validated.(paymentRequest)
+	req, ok := paymentOfRequest(w, r, info)
 	if !ok {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-		if err != nil {
-			(&problem{Type: problemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
-				Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
-			return
-		}
-		var prob *problem
-		if req, prob = parsePayment(body); prob != nil {
-			prob.Write(w)
-			return
-		}
+		return
 	}
 	f := faultsFrom(ctx)
 	if f.has(FaultCrashAfterInsert) {
@@ -311,46 +298,12 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
 		return
 	}
-
-	// Room for the payment is held before the provider is asked, so that
-	// no charge is made that the ledger cannot record. A 5xx stores
-	// nothing: the record is released and the key stays unused.
-	reserved, err := h.state.Reserve(ctx, id, fakestate.Intent{Record: info.ID, Description: req.Description}, h.cfg.now())
-	if err != nil {
-		idempotency.NothingDone(ctx) // the provider was not asked
-		h.internalError(w, r, err)
+	if !h.reserve(w, r, id, info, req) {
 		return
 	}
-	if !reserved {
-		idempotency.NothingDone(ctx)
-		(&problem{Type: problemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
-			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
+	ch, ok := h.chargeOnce(w, r, id, info, req)
+	if !ok {
 		return
-	}
-
-	// After a dead worker, ask the provider before charging again.
-	ch, charged := charge{}, false
-	if info.Takeover {
-		var err error
-		if ch, charged, err = h.state.LookupCharge(ctx, id); err != nil {
-			h.internalError(w, r, err)
-			return
-		}
-	}
-	if !charged {
-		var err error
-		ch, err = h.state.Charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
-			CreatedAt: h.cfg.now().UTC()})
-		if errors.Is(err, errDeclined) {
-			h.state.Declined(id)
-			(&problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
-				Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
-			return
-		}
-		if err != nil {
-			h.internalError(w, r, err)
-			return
-		}
 	}
 	if f.has(FaultCrashAfterProvider) {
 		panic(http.ErrAbortHandler) // charged, but nothing recorded
@@ -367,6 +320,79 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Location", "/payments/"+id)
 	w.WriteHeader(http.StatusCreated)
 	_, _ = w.Write(append(out, '\n'))
+}
+
+// paymentOfRequest returns the payment r asks for: the one validatePayment
+// read behind the layer, else the body parsed here. A body too large or
+// not a payment is answered here, and paymentOfRequest returns false.
+func paymentOfRequest(w http.ResponseWriter, r *http.Request, info idempotency.Info) (paymentRequest, bool) {
+	if req, ok := info.Validated.(paymentRequest); ok {
+		return req, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		(&problem{Type: problemPayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: "the request body is over 1 MiB or could not be read"}).Write(w)
+		return paymentRequest{}, false
+	}
+	req, prob := parsePayment(body)
+	if prob != nil {
+		prob.Write(w)
+		return paymentRequest{}, false
+	}
+	return req, true
+}
+
+// reserve holds room for payment id before the provider is asked, so
+// that no charge is made that the ledger cannot record. A 5xx stores
+// nothing: the record is released and the key stays unused. It answers
+// a failure or a full ledger itself, and returns false.
+func (h *Handler) reserve(w http.ResponseWriter, r *http.Request, id string, info idempotency.Info, req paymentRequest) bool {
+	ctx := r.Context()
+	reserved, err := h.state.Reserve(ctx, id, fakestate.Intent{Record: info.ID, Description: req.Description}, h.cfg.now())
+	if err != nil {
+		idempotency.NothingDone(ctx) // the provider was not asked
+		h.internalError(w, r, err)
+		return false
+	}
+	if !reserved {
+		idempotency.NothingDone(ctx)
+		(&problem{Type: problemStorageFull, Title: "Storage full", Status: http.StatusServiceUnavailable,
+			Detail: "the server holds as many payments as it may; nothing was charged or stored under this key"}).Write(w)
+		return false
+	}
+	return true
+}
+
+// chargeOnce charges payment id at the provider. After a dead worker
+// (info.Takeover) it asks the provider first, and takes the charge it
+// already made. It answers a decline or a failure itself, and returns
+// false.
+func (h *Handler) chargeOnce(w http.ResponseWriter, r *http.Request, id string, info idempotency.Info, req paymentRequest) (charge, bool) {
+	ctx := r.Context()
+	if info.Takeover {
+		ch, charged, err := h.state.LookupCharge(ctx, id)
+		if err != nil {
+			h.internalError(w, r, err)
+			return charge{}, false
+		}
+		if charged {
+			return ch, true
+		}
+	}
+	ch, err := h.state.Charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
+		CreatedAt: h.cfg.now().UTC()})
+	if errors.Is(err, errDeclined) {
+		h.state.Declined(id)
+		(&problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
+			Detail: "the provider declined the card of customer " + strconv.Quote(*req.Customer)}).Write(w)
+		return charge{}, false
+	}
+	if err != nil {
+		h.internalError(w, r, err)
+		return charge{}, false
+	}
+	return ch, true
 }
 
 // newPaymentID returns an id that sorts by the injected clock's time.
@@ -395,13 +421,13 @@ func (h *Handler) getPayment(w http.ResponseWriter, r *http.Request, id string) 
 func (h *Handler) listPayments(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if q.Has("idempotency_key") {
-		key, err := idemkey.ParseKey(q.Get("idempotency_key"))
+		key, err := idempotency.ParseKey(q.Get("idempotency_key"))
 		if err != nil {
 			(&problem{Type: problemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 			return
 		}
 		// The key is looked up in the form the middleware compares it in.
-		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: idemkey.Canonical(key, h.cfg.uuid)})
+		h.lookup(w, r, idempotency.ID{Principal: principalOf(r), Key: idempotency.CanonicalKey(key, h.cfg.uuid)})
 		return
 	}
 	list, err := h.state.Payments(r.Context(), principalOf(r))

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/jsonbody"
 )
 
 // validatingLayer returns the idempotency layer with check as its
@@ -45,7 +44,7 @@ func TestValidatePaymentReadsTheFingerprintsParse(t *testing.T) {
 		ran := false
 		postTo(validatingLayer(func(r *http.Request, body []byte) {
 			ran = true
-			rd, ok := jsonbody.ReadingOf(r)
+			rd, ok := idempotency.JSONReadingOf(r)
 			if !ok {
 				t.Fatalf("%s: no reading in the validation hook", body)
 			}

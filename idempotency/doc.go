@@ -55,6 +55,9 @@
 // (uuid.Parse(k).String(), lower case): a key in upper case and its
 // lower-cased retry are one key. Without RequireUUID keys are compared
 // byte for byte. Every answer echoes the key as its request sent it.
+// A server that serves its own lookup by key reads the key with
+// [ParseKey] and compares it in [CanonicalKey]'s form, as the middleware
+// does.
 //
 // # Scope
 //

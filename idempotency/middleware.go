@@ -13,9 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
-	"github.com/idemkit/idem/internal/jsonbody"
-
 	"github.com/idemkit/idem/clock"
 )
 
@@ -101,7 +98,9 @@ type Config struct {
 	// so that an invalid body is a 400 even when the key has a record, and
 	// stores nothing. It returns a nil Problem to accept, and may return the
 	// parsed body, which the handler gets as [Info.Validated] instead of
-	// parsing it again. Nil accepts every body.
+	// parsing it again. It may read a JSON body from the fingerprint's
+	// parse ([JSONReadingOf]) instead of parsing it. Nil accepts every
+	// body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
 	// Principal names the caller that owns a key: the account the request
 	// acts for, as the server's authentication found it ("" for one
@@ -222,23 +221,54 @@ func (m *middleware) report(r *http.Request, o string) {
 	}
 }
 
-// ServeHTTP implements http.Handler: the checks of the contract's table, in
-// its order.
+// ServeHTTP implements http.Handler: the checks of the contract's table,
+// in its order, then the protocol of the mode.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = echoKey(w, r)
-	key, err := idemkey.ParseHeader(r.Header, m.cfg.RequireUUID)
-	if errors.Is(err, idemkey.ErrMissing) {
+	key, ok := m.key(w, r)
+	if !ok {
+		return
+	}
+	r, body, ok := m.body(w, r)
+	if !ok {
+		return
+	}
+	fp, parsed, ok := m.validate(w, r, body)
+	if !ok {
+		return
+	}
+	now := m.now()
+	rec := m.newRecord(r, key, fp, now)
+	if m.once != nil {
+		m.serveOnce(w, r, rec, parsed, now)
+		return
+	}
+	m.serveLeased(w, r, rec, parsed, now)
+}
+
+// key returns the request's key, in the form keys are compared in. It
+// answers a missing or malformed key with 400 itself, and returns false.
+func (m *middleware) key(w http.ResponseWriter, r *http.Request) (string, bool) {
+	key, err := parseKeyHeader(r.Header, m.cfg.RequireUUID)
+	if errors.Is(err, errKeyMissing) {
 		m.report(r, outcomeMissing)
 		(&Problem{Type: typeKeyMissing, Title: "Idempotency-Key header missing", Status: http.StatusBadRequest,
 			Detail: "this endpoint requires an Idempotency-Key header; create one key per intent and reuse it on every retry"}).Write(w)
-		return
+		return "", false
 	}
 	if err != nil {
 		m.report(r, outcomeInvalid)
 		(&Problem{Type: typeKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
-		return
+		return "", false
 	}
+	return key, true
+}
 
+// body reads the request's body within Config.MaxBodyBytes, decoded from
+// its Content-Encoding. The request it returns reads as decoded. A body
+// too large, unreadable or in an unknown coding is answered here (413,
+// 400, 415), and body returns false.
+func (m *middleware) body(w http.ResponseWriter, r *http.Request) (*http.Request, []byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -246,11 +276,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.report(r, outcomeTooLarge)
 			(&Problem{Type: typePayloadTooLarge, Title: "Payload too large", Status: http.StatusRequestEntityTooLarge,
 				Detail: fmt.Sprintf("the request body is over the limit of %d bytes", m.cfg.MaxBodyBytes)}).Write(w)
-			return
+			return r, nil, false
 		}
 		m.report(r, outcomeRejected)
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
-		return
+		return r, nil, false
 	}
 	if codings := r.Header.Values("Content-Encoding"); len(codings) > 0 {
 		// The fingerprint is of the body as the handler reads it, not of
@@ -263,21 +293,28 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				m.report(r, outcomeRejected)
 			}
 			p.Write(w)
-			return
+			return r, nil, false
 		}
 		r = decoded(r, len(body))
 	}
+	return r, body, true
+}
+
+// validate fingerprints the request and runs Config.Validate. A body with
+// no single reading, or one Validate refuses, is answered here (400 or
+// 415), and validate returns false. Validate's parse goes to the handler.
+func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byte) (fingerprint, any, bool) {
 	// The body is parsed once: the fingerprint's reading of a JSON body
 	// goes to Validate too, through the request's Body (see
-	// internal/jsonbody), and is dropped when Validate returns.
+	// JSONReadingOf), and is dropped when Validate returns.
 	c, err := parseJSON(body, m.cfg.MaxDepth)
 	if p := charsetProblem(r.Header.Get("Content-Type"), c != nil || err != nil); p != nil {
 		if c != nil {
-			c.release()
+			c.Release()
 		}
 		m.report(r, outcomeRejected)
 		p.Write(w)
-		return
+		return fingerprint{}, nil, false
 	}
 	if err != nil {
 		// Too deep, an object whose member names collide after case
@@ -285,10 +322,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// fingerprint. Nothing is stored.
 		m.report(r, outcomeRejected)
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
-		return
+		return fingerprint{}, nil, false
 	}
 	fp := fingerprintParsed(r.Method, r.URL.Path, r.URL.RawQuery, body, c)
-	rb := jsonbody.NewBody(body, c.reading())
+	rb := newValidateBody(body, c)
 	r.Body = rb
 	var (
 		parsed any
@@ -302,17 +339,20 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rb.Reset(body)
 	r.Body = rb
 	if c != nil {
-		c.release()
+		c.Release()
 	}
 	if p != nil {
 		m.report(r, outcomeRejected)
 		p.Write(w)
-		return
+		return fingerprint{}, nil, false
 	}
+	return fp, parsed, true
+}
 
-	ctx := r.Context()
-	now := m.now()
-	rec := &Record{
+// newRecord is the IN_PROGRESS record a fresh key gets: the caller's
+// scope, a new stable id and owner, its lease and retention from now.
+func (m *middleware) newRecord(r *http.Request, key string, fp fingerprint, now time.Time) *Record {
+	return &Record{
 		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
 		Fingerprint:        fp,
 		FingerprintVersion: fingerprintVersion,
@@ -323,43 +363,17 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		CreatedAt:          now,
 		ExpiresAt:          now.Add(m.cfg.Retention),
 	}
-	if m.once != nil {
-		f, owner := m.enter(rec.ID)
-		if !owner {
-			// This process runs the key already. Until its request has
-			// read the record, wait for what it finds (a replay is
-			// shared); once it works, or found the key busy, 409 at once.
-			// No connection is taken either way.
-			// f.existing may be read only once decided is closed.
-			select {
-			case <-f.decided:
-				if f.existing != nil && f.existing.Status == StatusCompleted {
-					m.answer(w, r, f.existing, rec)
-					return
-				}
-			case <-ctx.Done():
-			}
-			m.inProgress(w, r, busy(rec), now)
-			return
-		}
-		defer m.leave(rec.ID, f)
-	}
+}
+
+// serveLeased is the lease mode. The request inserts its key's record,
+// IN_PROGRESS under a lease, and runs the work as its owner. A key with a
+// record is answered from it, or taken over once its lease has ended.
+func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, now time.Time) {
+	ctx := r.Context()
 	// A lost takeover race means another request now holds the record; a
 	// few rounds settle it, after which the answer is a plain 409.
 	for range 3 {
-		var (
-			existing *Record
-			inserted bool
-			err      error
-		)
-		if m.once != nil {
-			existing, err = m.runOnce(w, r, rec, parsed, m.flight(rec.ID))
-			if err == nil && existing == nil {
-				return // answered
-			}
-		} else {
-			existing, inserted, err = m.cfg.Store.Insert(ctx, rec)
-		}
+		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
 		if err != nil {
 			m.storeError(w, r, err)
 			return
@@ -368,35 +382,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.run(w, r, rec, false, parsed)
 			return
 		}
-		if !sameContent(existing, rec) || existing.Status == StatusCompleted {
-			m.answer(w, r, existing, rec)
+		if m.answered(w, r, existing, rec, now) {
 			return
 		}
-		// The lease is judged on the store's clock, at the moment the
-		// store read the record: never on this host's.
-		at := storeNow(existing, now)
-		if existing.LockedUntil.After(at) {
-			m.inProgress(w, r, existing, at)
-			return
-		}
-		if m.once != nil {
-			// A lease-mode record whose lease ended, with the request's
-			// content, which RunOnce did not take over: a TxStore takes
-			// such a record over itself, so this one changed meanwhile.
-			// The work never runs outside RunOnce, where its transaction
-			// is: the retry will see how the record ended.
-			m.inProgress(w, r, busy(rec), now)
-			return
-		}
-		ok, err := m.cfg.Store.TakeOver(ctx, rec.ID, existing.Owner, rec.Owner, now, now.Add(m.cfg.Lease))
-		if err != nil {
-			m.storeError(w, r, err)
-			return
-		}
-		if ok {
-			rec.StableID = existing.StableID
-			rec.CreatedAt = existing.CreatedAt
-			m.run(w, r, rec, true, parsed)
+		if m.takeOver(w, r, rec, existing, parsed, now) {
 			return
 		}
 		now = m.now()
@@ -404,6 +393,87 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m.report(r, outcomeConflict)
 	writeInProgress(w, 1)
+}
+
+// serveOnce is the single-transaction mode. One request per key runs in
+// this process; a duplicate waits for what it finds. The request runs the
+// work in one transaction of the store, or is answered from its key's
+// record.
+func (m *middleware) serveOnce(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, now time.Time) {
+	f, owner := m.enter(rec.ID)
+	if !owner {
+		m.duplicate(w, r, f, rec, now)
+		return
+	}
+	defer m.leave(rec.ID, f)
+	existing, err := m.runOnce(w, r, rec, parsed, f)
+	if err != nil {
+		m.storeError(w, r, err)
+		return
+	}
+	if existing == nil || m.answered(w, r, existing, rec, now) {
+		return // answered
+	}
+	// A lease-mode record whose lease ended, with the request's content,
+	// which RunOnce did not take over: a TxStore takes such a record over
+	// itself, so this one changed meanwhile. The work never runs outside
+	// RunOnce, where its transaction is: the retry will see how the
+	// record ended.
+	m.inProgress(w, r, busy(rec), now)
+}
+
+// duplicate answers a request whose key this process runs already. Until
+// that request has read the record, it waits for what it finds: a replay
+// is shared. Once it works, or found the key busy, the answer is 409 at
+// once. No connection is taken either way.
+func (m *middleware) duplicate(w http.ResponseWriter, r *http.Request, f *flight, rec *Record, now time.Time) {
+	// f.existing may be read only once decided is closed.
+	select {
+	case <-f.decided:
+		if f.existing != nil && f.existing.Status == StatusCompleted {
+			m.answer(w, r, f.existing, rec)
+			return
+		}
+	case <-r.Context().Done():
+	}
+	m.inProgress(w, r, busy(rec), now)
+}
+
+// answered answers the request from its key's record when the record
+// settles it: a replay or a 422 once completed or for other content, a
+// 409 under a live lease. It returns false, and answers nothing, for a
+// record with the request's content whose lease has ended.
+func (m *middleware) answered(w http.ResponseWriter, r *http.Request, existing, rec *Record, now time.Time) bool {
+	if !sameContent(existing, rec) || existing.Status == StatusCompleted {
+		m.answer(w, r, existing, rec)
+		return true
+	}
+	// The lease is judged on the store's clock, at the moment the store
+	// read the record: never on this host's.
+	at := storeNow(existing, now)
+	if existing.LockedUntil.After(at) {
+		m.inProgress(w, r, existing, at)
+		return true
+	}
+	return false
+}
+
+// takeOver takes existing, whose lease has ended, from its worker, and
+// runs the work under its stable id. It returns false, and answers
+// nothing, when another request took the record first.
+func (m *middleware) takeOver(w http.ResponseWriter, r *http.Request, rec, existing *Record, parsed any, now time.Time) bool {
+	ok, err := m.cfg.Store.TakeOver(r.Context(), rec.ID, existing.Owner, rec.Owner, now, now.Add(m.cfg.Lease))
+	if err != nil {
+		m.storeError(w, r, err)
+		return true
+	}
+	if !ok {
+		return false
+	}
+	rec.StableID = existing.StableID
+	rec.CreatedAt = existing.CreatedAt
+	m.run(w, r, rec, true, parsed)
+	return true
 }
 
 // answer answers a request with the record of its key that another
@@ -455,12 +525,6 @@ func (m *middleware) enter(id ID) (*flight, bool) {
 	f := &flight{decided: make(chan struct{})}
 	m.flights[id] = f
 	return f, true
-}
-
-func (m *middleware) flight(id ID) *flight {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.flights[id]
 }
 
 func (m *middleware) leave(id ID, f *flight) {

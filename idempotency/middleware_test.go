@@ -26,7 +26,6 @@ import (
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/jsonbody"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -897,7 +896,7 @@ func decodeProblem(t *testing.T, w *httptest.ResponseRecorder) idempotency.Probl
 }
 
 // TestValidateGetsTheFingerprintsReading: the validation hook finds the
-// fingerprint's reading of a JSON body on the request (internal/jsonbody),
+// fingerprint's reading of a JSON body on the request (JSONReadingOf),
 // so that it need not parse the body again; the body still reads in full,
 // in the hook and in the handler, which gets no reading.
 func TestValidateGetsTheFingerprintsReading(t *testing.T) {
@@ -917,14 +916,14 @@ func TestValidateGetsTheFingerprintsReading(t *testing.T) {
 	} {
 		var inHook, inHandler bool
 		h := idempotency.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, inHandler = jsonbody.ReadingOf(r)
+			_, inHandler = idempotency.JSONReadingOf(r)
 			b, err := io.ReadAll(r.Body)
 			require.NoError(t, err)
 			assert.Equal(t, tt.body, string(b), "the handler reads the body in full")
 			w.WriteHeader(http.StatusCreated)
 		}), idempotency.Config{Store: &idempotency.MemoryStore{}, Principal: anyone,
 			Validate: func(r *http.Request, body []byte) (any, *idempotency.Problem) {
-				rd, ok := jsonbody.ReadingOf(r)
+				rd, ok := idempotency.JSONReadingOf(r)
 				inHook = ok
 				if ok {
 					var got []member

@@ -13,7 +13,7 @@ func TestMutants(t *testing.T) {
 		{
 			// idem never sends two bodies under one key, so the simulated
 			// world cannot reach the fingerprint's rules on member names.
-			Name: "fingerprint-ignores-member-case", File: "idempotency/fingerprint.go",
+			Name: "fingerprint-ignores-member-case", File: "idempotency/internal/canonjson/canonjson.go",
 			Note:    "member names are compared as spelled, not folded as encoding/json folds them",
 			Anchor:  "c.fold = appendFoldedName(c.fold, c.nameOf(m))",
 			Replace: "c.fold = append(c.fold, c.nameOf(m)...)",
@@ -51,7 +51,7 @@ func TestMutants(t *testing.T) {
 			Name: "query-order-matters", File: "idempotency/fingerprint.go",
 			Note:    "query parameters are hashed in the order they were sent",
 			Anchor:  "slices.SortStableFunc(params, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })",
-			Replace: "",
+			Replace: "slices.SortStableFunc(params, func(a, b queryParam) int { return 0 })",
 			Pkg:     "./idempotency", Run: "^TestFingerprintTakesTheQueryCanonically$",
 		},
 		{
@@ -71,8 +71,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "once-lease-takeover-outside-the-transaction", File: "idempotency/middleware.go",
 			Note:    "in the single-transaction mode, an ended lease that RunOnce returned rather than took over is taken over as in the lease mode: the handler runs without its transaction",
-			Anchor:  "\t\tif m.once != nil {\n\t\t\t// A lease-mode record whose lease ended",
-			Replace: "\t\tif false {\n\t\t\t// A lease-mode record whose lease ended",
+			Anchor:  "\t// record ended.\n\tm.inProgress(w, r, busy(rec), now)\n",
+			Replace: "\t// record ended.\n\tif !m.takeOver(w, r, rec, existing, parsed, now) {\n\t\tm.inProgress(w, r, busy(rec), now)\n\t}\n",
 			Pkg:     "./idempotency", Run: "^TestOneTransactionNeverRunsTheWorkOutsideRunOnce$",
 		},
 		{
@@ -98,16 +98,16 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestMemoryStoreConformance$",
 		},
 		{
-			Name: "uuid-keys-compared-by-case", File: "internal/idemkey/key.go",
+			Name: "uuid-keys-compared-by-case", File: "idempotency/key.go",
 			Note:    "in UUID mode a key in upper case and its lower-cased retry are two keys",
-			Anchor:  "return Canonical(key, requireUUID), nil",
+			Anchor:  "return CanonicalKey(key, requireUUID), nil",
 			Replace: "return key, nil",
 			Pkg:     "./idempotency", Run: "^TestOneKeyOneRecord$",
 		},
 		{
-			Name: "any-key-mode-folds-uuids", File: "internal/idemkey/key.go",
+			Name: "any-key-mode-folds-uuids", File: "idempotency/key.go",
 			Note:    "in any-key mode keys are folded to their UUID form, not compared byte for byte",
-			Anchor:  "if !uuidMode || len(key) != 36 {",
+			Anchor:  "if !requireUUID || len(key) != 36 {",
 			Replace: "if len(key) != 36 {",
 			Pkg:     "./idempotency", Run: "^TestOneKeyOneRecord$",
 		},
@@ -140,14 +140,14 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestTheFingerprintIsOfWhatTheRequestMeans$",
 		},
 		{
-			Name: "lone-surrogates-read-as-fffd", File: "idempotency/fingerprint.go",
+			Name: "lone-surrogates-read-as-fffd", File: "idempotency/internal/canonjson/canonjson.go",
 			Note:    "a surrogate escape without its other half is read as U+FFFD, so \\ud800 and \\udbff share a fingerprint",
 			Anchor:  "if utf16.IsSurrogate(rune(u)) {",
 			Replace: "if false && utf16.IsSurrogate(rune(u)) {",
 			Pkg:     "./idempotency", Run: "^(TestJSONIsUTF8|TestJSONIsReadAsUTF8OrRefused)$",
 		},
 		{
-			Name: "invalid-utf8-read-as-fffd", File: "idempotency/fingerprint.go",
+			Name: "invalid-utf8-read-as-fffd", File: "idempotency/internal/canonjson/canonjson.go",
 			Note:    "bytes that are not UTF-8 in a JSON string are read as U+FFFD, so two such bodies share a fingerprint",
 			Anchor:  "if err == nil && !utf8.Valid(body) {",
 			Replace: "if false {",

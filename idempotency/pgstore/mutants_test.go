@@ -264,8 +264,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "once-no-flight", File: "idempotency/middleware.go",
 			Note:    "a duplicate in the same process waits for a connection instead of answering 409",
-			Anchor:  "\t\tif !owner {",
-			Replace: "\t\tif !owner && false {",
+			Anchor:  "\tif !owner {",
+			Replace: "\tif !owner && false {",
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransactionDuplicateTakesNoConnection$", Env: pg,
 		},
 		{
@@ -278,14 +278,14 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-first-answer-unbounded", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce bounds only the pool's acquire: behind PgBouncer's queue a fresh key waits for a server connection without end",
-			Anchor:  "if err := conn.SendBatch(actx, b).Close(); err != nil {\n\t\treturn nil, fmt.Errorf(\"pgstore: run key %q: begin, lock and read",
-			Replace: "if err := conn.SendBatch(ctx, b).Close(); err != nil {\n\t\treturn nil, fmt.Errorf(\"pgstore: run key %q: begin, lock and read",
+			Anchor:  "if err := run.begin(actx); err != nil {",
+			Replace: "if err := run.begin(ctx); err != nil {",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
 			Name: "pg-once-commit-unbounded", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce's commit waits for its answer without end: the request and its connection hang, and so does closing the pool",
-			Anchor:  "wctx, wcancel := s.commitAnswer(ctx)",
+			Anchor:  "wctx, wcancel := o.s.commitAnswer(ctx)",
 			Replace: "wctx, wcancel := context.WithoutCancel(ctx), func() {}",
 			Pkg:     "./idempotency/pgstore", Run: "^TestACommitWithoutAnswer$/^one_transaction,_exec$", Env: pg,
 		},
@@ -439,8 +439,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-canceled-wait-trusted", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce ignores the mark of a canceled wait on its commit: an operator's pg_cancel_backend gives a 201 for a record a failover loses",
-			Anchor:  "\t\tif err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\t\treturn nil, fmt.Errorf(\"pgstore: run key",
-			Replace: "\t\tif err := afterCommit(conn.Conn().PgConn()); false {\n\t\t\treturn nil, fmt.Errorf(\"pgstore: run key",
+			Anchor:  "\tif err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn fmt.Errorf(\"pgstore: run key",
+			Replace: "\tif err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn fmt.Errorf(\"pgstore: run key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^one_transaction", Env: pg,
 		},
 		{
@@ -453,8 +453,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-complete-canceled-wait-trusted", File: "idempotency/pgstore/store.go",
 			Note:    "Complete ignores the mark of a canceled wait on its commit: a 201 for a COMPLETED record a failover loses",
-			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn fmt.Errorf(\"pgstore: complete key",
-			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn fmt.Errorf(\"pgstore: complete key",
+			Anchor:  "if err := afterCommit(conn.Conn().PgConn()); err != nil {\n\t\treturn true, fmt.Errorf(\"pgstore: complete key",
+			Replace: "if err := afterCommit(conn.Conn().PgConn()); false {\n\t\treturn true, fmt.Errorf(\"pgstore: complete key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestACommitCanceledByAnOperator$/^lease:_a_canceled_wait", Env: pg,
 		},
 		{

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idempotency"
 )
@@ -182,98 +183,21 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 		return nil, fmt.Errorf("pgstore: run key %q: acquire a connection: %w", rec.ID.Key, unanswered(err, s.acquire))
 	}
 	defer conn.Release()
-	// BEGIN, the lock and the look travel together: one round trip. The
-	// look is a statement of its own, after the lock: READ COMMITTED gives
-	// it a snapshot taken after the lock, so a worker that held the lock
-	// and committed is seen.
-	var (
-		locked, recovering bool
-		now                time.Time
-		row                nullableRecord
-	)
-	callerDigest := caller(rec.ID)
-	ended := false
-	defer func() {
-		// A panic in do rolls back here too. A connection that failed
-		// is not given back to the pool: it is closed, and the server
-		// rolls back.
-		if !ended {
-			rctx, cancel := s.commitAnswer(ctx)
-			defer cancel()
-			_, _ = conn.Exec(rctx, "ROLLBACK")
-		}
-	}()
 	// The transaction is marked with a setting of its own, which ends
 	// with it: a handler that ends it and begins another (ROLLBACK;
 	// BEGIN) leaves a transaction without the mark.
-	mark := rand.Text()
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(lockAndMarkSQL, lockKey(rec.ID), mark, s.now()).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&locked, nil, &recovering, &now) })
-	b.Queue(readOnceSQL, callerDigest, rec.ID.Key).QueryRow(func(r pgx.Row) error {
-		if err := r.Scan(row.dest()...); !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		return nil // no record: row stays all NULL
-	})
-	if err := conn.SendBatch(actx, b).Close(); err != nil {
-		return nil, fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", rec.ID.Key, conflicted(unanswered(err, s.acquire)))
+	run := &onceRun{s: s, conn: conn, rec: rec, caller: caller(rec.ID), mark: rand.Text()}
+	defer run.rollback(ctx)
+	if err := run.begin(actx); err != nil {
+		return nil, err
 	}
 	cancel()
-	if recovering {
-		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errRecovering)
-	}
-	// existing is the key's live record, if any, judged on the store's
-	// now as the lock was tried.
-	var existing *idempotency.Record
-	if row.status != nil {
-		if existing, err = row.record(rec.ID); err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
-		}
-		if existing.Expired(now) {
-			existing = nil
-		}
+	answer, abandoned, err := run.claim(ctx)
+	if answer != nil || err != nil {
+		return answer, err
 	}
 	tx := &onceTx{conn: conn.Conn()}
 	defer tx.end() // before the connection goes back to the pool
-	busy := func() (*idempotency.Record, error) {
-		b := *rec
-		b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil
-		return &b, nil
-	}
-	// abandoned is the lease-mode record this transaction takes over, if
-	// any: the record, the effect and the take-over commit together.
-	var abandoned *idempotency.Record
-	switch {
-	case existing != nil:
-		existing.ReadAt = now
-		if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||
-			existing.Fingerprint != rec.Fingerprint || existing.FingerprintVersion != rec.FingerprintVersion {
-			return existing, nil // done, under a live lease, or another request's
-		}
-		if !locked {
-			return busy()
-		}
-		// The lease has ended: its worker died or gave the record up.
-		// The row is locked until the commit, without waiting: a
-		// lease-mode worker that takes it over or completes it meanwhile
-		// waits, then finds it COMPLETED.
-		var taken bool
-		tctx, cancel := s.firstAnswer(ctx)
-		err = conn.QueryRow(tctx, takeOverOnceSQL, callerDigest, rec.ID.Key, existing.Owner, s.now()).Scan(&taken)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, conflicted(unanswered(err, s.acquire)))
-		}
-		if !taken {
-			return busy() // it changed meanwhile: the retry will see how
-		}
-		abandoned = existing
-	case !locked:
-		return busy()
-	}
-
 	resp, err := do(context.WithValue(ctx, txKey{}, tx), abandoned)
 	// A handler that tried to end the transaction fails, whatever it
 	// answered. (One that ended it with COMMIT or ROLLBACK as SQL, its
@@ -288,19 +212,134 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	if resp == nil {
 		return nil, nil // rolled back by the deferred ROLLBACK
 	}
+	return run.commit(ctx, resp, abandoned)
+}
+
+// onceRun is one call of [Store.RunOnce]: its connection, its
+// transaction's mark, and what its first round trip read.
+type onceRun struct {
+	s      *Store
+	conn   *pgxpool.Conn
+	rec    *idempotency.Record
+	caller string // rec's caller, digested
+	mark   string // the transaction's mark (see markSetting)
+
+	// What begin read: whether the key's lock was taken, whether the
+	// server is a standby in recovery, the store's now, the key's row.
+	locked, recovering bool
+	now                time.Time
+	row                nullableRecord
+
+	ended bool // the transaction has ended: nothing to roll back
+}
+
+// rollback ends a transaction that did not commit. A panic in the handler
+// rolls back here too. A connection that failed is not given back to the
+// pool: it is closed, and the server rolls back.
+func (o *onceRun) rollback(ctx context.Context) {
+	if !o.ended {
+		rctx, cancel := o.s.commitAnswer(ctx)
+		defer cancel()
+		_, _ = o.conn.Exec(rctx, "ROLLBACK")
+	}
+}
+
+// begin sends BEGIN, the lock and the look at the key's record together:
+// one round trip. The look is a statement of its own, after the lock:
+// READ COMMITTED gives it a snapshot taken after the lock, so a worker
+// that held the lock and committed is seen.
+func (o *onceRun) begin(actx context.Context) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(lockAndMarkSQL, lockKey(o.rec.ID), o.mark, o.s.now()).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&o.locked, nil, &o.recovering, &o.now) })
+	b.Queue(readOnceSQL, o.caller, o.rec.ID.Key).QueryRow(func(r pgx.Row) error {
+		if err := r.Scan(o.row.dest()...); !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return nil // no record: row stays all NULL
+	})
+	if err := o.conn.SendBatch(actx, b).Close(); err != nil {
+		return fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", o.rec.ID.Key, conflicted(unanswered(err, o.s.acquire)))
+	}
+	return nil
+}
+
+// claim decides, from what begin read, whether the work runs. It returns
+// the record to answer with (done, under a live lease, another request's,
+// or busy), or none and the lease-mode record the transaction took over,
+// if any: the record, the effect and the take-over commit together.
+func (o *onceRun) claim(ctx context.Context) (answer, abandoned *idempotency.Record, err error) {
+	rec, now := o.rec, o.now
+	if o.recovering {
+		return nil, nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errRecovering)
+	}
+	// existing is the key's live record, if any, judged on the store's
+	// now as the lock was tried.
+	var existing *idempotency.Record
+	if o.row.status != nil {
+		if existing, err = o.row.record(rec.ID); err != nil {
+			return nil, nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
+		}
+		if existing.Expired(now) {
+			existing = nil
+		}
+	}
+	switch {
+	case existing != nil:
+		existing.ReadAt = now
+		if existing.Status != idempotency.StatusInProgress || existing.LockedUntil.After(now) ||
+			existing.Fingerprint != rec.Fingerprint || existing.FingerprintVersion != rec.FingerprintVersion {
+			return existing, nil, nil // done, under a live lease, or another request's
+		}
+		if !o.locked {
+			return o.busy(), nil, nil
+		}
+		// The lease has ended: its worker died or gave the record up.
+		// The row is locked until the commit, without waiting: a
+		// lease-mode worker that takes it over or completes it meanwhile
+		// waits, then finds it COMPLETED.
+		var taken bool
+		tctx, cancel := o.s.firstAnswer(ctx)
+		err = o.conn.QueryRow(tctx, takeOverOnceSQL, o.caller, rec.ID.Key, existing.Owner, o.s.now()).Scan(&taken)
+		cancel()
+		if err != nil {
+			return nil, nil, fmt.Errorf("pgstore: run key %q: take over: %w", rec.ID.Key, conflicted(unanswered(err, o.s.acquire)))
+		}
+		if !taken {
+			return o.busy(), nil, nil // it changed meanwhile: the retry will see how
+		}
+		return nil, existing, nil
+	case !o.locked:
+		return o.busy(), nil, nil
+	}
+	return nil, nil, nil
+}
+
+// busy is the record the key reads as while another transaction holds it:
+// rec, IN_PROGRESS, without owner.
+func (o *onceRun) busy() *idempotency.Record {
+	b := *o.rec
+	b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil
+	return &b
+}
+
+// commit writes the COMPLETED record with resp and commits. The work is
+// done: it is recorded even if the client has gone. The record and the
+// COMMIT travel together, one round trip: if the record fails, the server
+// skips the COMMIT and the transaction stays open, failed, for the
+// rollback. A commit with no answer within CommitTimeout may have
+// committed: the error says so, and the connection, closed by pgx on the
+// deadline, is not given back.
+func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abandoned *idempotency.Record) (*idempotency.Record, error) {
+	rec, conn := o.rec, o.conn
 	code, header, body, err := answerColumns(resp)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, err)
 	}
-	// The work is done: it is recorded even if the client has gone. The
-	// record and the COMMIT travel together, one round trip: if the record
-	// fails, the server skips the COMMIT and the transaction stays open,
-	// failed, for the Rollback. A commit with no answer within
-	// CommitTimeout may have committed: the error says so, and the
-	// connection, closed by pgx on the deadline, is not given back.
-	wctx, wcancel := s.commitAnswer(ctx)
+	wctx, wcancel := o.s.commitAnswer(ctx)
 	defer wcancel()
-	b = &pgx.Batch{}
+	b := &pgx.Batch{}
 	stableID, from := rec.StableID, (*string)(nil)
 	if abandoned != nil {
 		stableID, from = abandoned.StableID, &abandoned.Owner
@@ -308,56 +347,69 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// The write raises synchronous_commit, after the handler's
 	// statements, which may have lowered it: the answer is sent once the
 	// commit is durable (see onceKeySQL).
-	args := []any{callerDigest, rec.ID.Key, rec.Fingerprint[:], s.now(), stableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, mark}
+	args := []any{o.caller, rec.ID.Key, rec.Fingerprint[:], o.s.now(), stableID,
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, o.mark}
 	write := insertOnceSQL
-	if row.status != nil || abandoned != nil {
+	if o.row.status != nil || abandoned != nil {
 		write, args = completeOnceSQL, append(args, from) // a record to replace, or one taken over
 	}
 	b.Queue(write, args...)
 	b.Queue("COMMIT")
 	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(wctx, b).Close()
-	if err == nil {
-		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
-			return nil, fmt.Errorf("pgstore: run key %q: commit: the transaction is still open (status %c)", rec.ID.Key, st)
-		}
-		ended = true
-		if err := wctx.Err(); err != nil {
-			// The bound ended while the commit waited. A pool that sends
-			// cancel requests makes PostgreSQL confirm a commit whose wait
-			// for a synchronous standby it cut short: no 201 for it.
-			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, unanswered(errCanceledCommit(err), s.commit))
-		}
-		// An operator's cancel of the wait: only its warning tells.
-		if err := afterCommit(conn.Conn().PgConn()); err != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, err)
-		}
-		return nil, nil
-	}
-	if handlerEnded(err) || appeared(err) {
-		// The handler ended the transaction (and perhaps began one of its
-		// own), or a live record appeared: the work rolls back, and in
-		// the second case the record answers.
-		ended = true
-		if _, rerr := conn.Exec(wctx, "ROLLBACK"); rerr != nil {
-			return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, rerr)
-		}
-		if handlerEnded(err) {
-			return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
-		}
-		existing, found, err := s.get(wctx, conn, rec.ID)
-		if err != nil {
-			return nil, err
-		}
-		if !found {
-			return nil, fmt.Errorf("pgstore: run key %q: a record appeared and went while the work ran", rec.ID.Key)
-		}
-		return existing, nil
+	switch {
+	case err == nil:
+		return nil, o.committed(wctx)
+	case handlerEnded(err) || appeared(err):
+		return o.rolledBack(wctx, err)
 	}
 	// A serialization failure or a deadlock (under repeatable read or
 	// serializable, a duplicate whose snapshot predates the commit of the
 	// key's first request meets its record here) rolled everything back:
 	// the retry finds the record.
-	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, conflicted(unanswered(err, s.commit)))
+	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, conflicted(unanswered(err, o.s.commit)))
+}
+
+// committed checks a COMMIT that the server answered: the transaction has
+// ended, within its bound, and no operator cut its wait for a standby.
+func (o *onceRun) committed(wctx context.Context) error {
+	rec, conn := o.rec, o.conn
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		return fmt.Errorf("pgstore: run key %q: commit: the transaction is still open (status %c)", rec.ID.Key, st)
+	}
+	o.ended = true
+	if err := wctx.Err(); err != nil {
+		// The bound ended while the commit waited. A pool that sends
+		// cancel requests makes PostgreSQL confirm a commit whose wait
+		// for a synchronous standby it cut short: no 201 for it.
+		return fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, unanswered(errCanceledCommit(err), o.s.commit))
+	}
+	// An operator's cancel of the wait: only its warning tells.
+	if err := afterCommit(conn.Conn().PgConn()); err != nil {
+		return fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, err)
+	}
+	return nil
+}
+
+// rolledBack ends a transaction whose record's write failed (err): the
+// handler ended the transaction (and perhaps began one of its own), or a
+// live record appeared. The work rolls back; in the second case the record
+// answers.
+func (o *onceRun) rolledBack(wctx context.Context, err error) (*idempotency.Record, error) {
+	rec := o.rec
+	o.ended = true
+	if _, rerr := o.conn.Exec(wctx, "ROLLBACK"); rerr != nil {
+		return nil, fmt.Errorf("pgstore: run key %q: roll back: %w", rec.ID.Key, rerr)
+	}
+	if handlerEnded(err) {
+		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
+	}
+	existing, found, err := o.s.get(wctx, o.conn, rec.ID)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("pgstore: run key %q: a record appeared and went while the work ran", rec.ID.Key)
+	}
+	return existing, nil
 }

@@ -455,11 +455,20 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 			return fmt.Errorf("pgstore: complete key %q: the effect failed, nothing was stored: %w", id.Key, conflicted(err))
 		}
 	}
+	ended, err = s.markCompleted(ctx, conn, id, owner, mark, code, header, body)
+	return err
+}
+
+// markCompleted marks the record COMPLETED with its answer and commits,
+// in one round trip, after the effect. It reports whether the transaction
+// has ended; if not, Complete's deferred ROLLBACK ends it.
+func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempotency.ID, owner, mark string,
+	code *int32, header *string, body []byte) (ended bool, err error) {
 	var (
 		marked bool
 		one    int
 	)
-	b = &pgx.Batch{}
+	b := &pgx.Batch{}
 	b.Queue(markedSQL, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
 	b.Queue(completeSQL, caller(id), id.Key, owner, code, header, body, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
 	// After the effect, which may have lowered it: the answer is sent
@@ -473,27 +482,26 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		// transaction (or whatever one the effect began since), and the
 		// record stays.
 		if !marked {
-			return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
+			return false, fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
 		}
-		return fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
+		return false, fmt.Errorf("pgstore: complete key %q: the effect changed the record it runs for; nothing was stored", id.Key)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, conflicted(unanswered(err, s.commit)))
+		return false, fmt.Errorf("pgstore: complete key %q: commit: mark completed: %w", id.Key, conflicted(unanswered(err, s.commit)))
 	}
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
-		return fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
+		return false, fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
 	}
-	ended = true
 	if err := ctx.Err(); err != nil {
 		// As in RunOnce: a commit confirmed after its bound ended may
 		// not have reached a synchronous standby.
-		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, unanswered(errCanceledCommit(err), s.commit))
+		return true, fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, unanswered(errCanceledCommit(err), s.commit))
 	}
 	// An operator's cancel of the wait: only its warning tells.
 	if err := afterCommit(conn.Conn().PgConn()); err != nil {
-		return fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
+		return true, fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, err)
 	}
-	return nil
+	return true, nil
 }
 
 // answerColumns is resp as the response_status, response_header and

@@ -15,17 +15,17 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "server-lookup-before-insert", File: "idempotency/middleware.go",
 		Note: `a lookup's "absent" is trusted over Insert's conflict, the race the unique constraint decides`,
-		Anchor: `			existing, inserted, err = m.cfg.Store.Insert(ctx, rec)
+		Anchor: `		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
 `,
-		Replace: `			var absent bool
-			if g, ok := m.cfg.Store.(interface {
-				Get(context.Context, ID, time.Time) (*Record, bool)
-			}); ok {
-				_, found := g.Get(ctx, rec.ID, now)
-				absent = !found
-			}
-			existing, inserted, err = m.cfg.Store.Insert(ctx, rec)
-			inserted = inserted || absent && err == nil
+		Replace: `		var absent bool
+		if g, ok := m.cfg.Store.(interface {
+			Get(context.Context, ID, time.Time) (*Record, bool)
+		}); ok {
+			_, found := g.Get(ctx, rec.ID, now)
+			absent = !found
+		}
+		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
+		inserted = inserted || absent && err == nil
 `,
 	},
 	{

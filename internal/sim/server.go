@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
-
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -252,6 +250,17 @@ func paymentJSON(ch *charge) []byte {
 	return out
 }
 
+// oneKey is the request's key as the middleware reads it: its one
+// Idempotency-Key field, parsed.
+func oneKey(h http.Header) (string, bool) {
+	vals := h.Values("Idempotency-Key")
+	if len(vals) != 1 {
+		return "", false
+	}
+	k, err := idempotency.ParseKey(vals[0])
+	return k, err == nil
+}
+
 // lookup serves GET /payments?idempotency_key=K: the payment, or 409 while
 // a record for the key is in progress, or 404.
 //
@@ -259,7 +268,7 @@ func paymentJSON(ch *charge) []byte {
 // as received, and no-store; the 404 is the typed miss.
 func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 	idempotency.MarkLookup(w, r, r.URL.Query().Get("idempotency_key"))
-	key, err := idemkey.ParseKey(r.URL.Query().Get("idempotency_key"))
+	key, err := idempotency.ParseKey(r.URL.Query().Get("idempotency_key"))
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "")
 		return
@@ -350,7 +359,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		// This server compares raw key values, as some libraries do: "K"
 		// and K are two keys to it.
 		if v := req.Header.Get("Idempotency-Key"); strings.HasPrefix(v, `"`) {
-			if k, err := idemkey.ParseKey(v); err == nil {
+			if k, err := idempotency.ParseKey(v); err == nil {
 				req.Header.Set("Idempotency-Key", k+rawQuotedSuffix)
 			}
 		}
@@ -368,7 +377,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	switch {
 	case req.URL.Path == "/payments" && method == http.MethodPost:
 		if s.w.cfg.Stored5xx {
-			if k, err := idemkey.ParseHeader(req.Header, false); err == nil && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
+			if k, ok := oneKey(req.Header); ok && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
 				s.w.stats.fault(faultStored5xx.Name())
 				rec.header.Set("Idempotent-Replayed", "true")
 				writeProblem(rec, http.StatusInternalServerError, "error", "")
@@ -379,7 +388,7 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 		if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && f.errorBeforeCharge {
 			// It stores the 500 only when nothing was charged under the
 			// key: a stored answer must be true.
-			if k, err := idemkey.ParseHeader(req.Header, false); err == nil && !*tookOver && !s.charged(req.Header.Get("Authorization"), k) {
+			if k, ok := oneKey(req.Header); ok && !*tookOver && !s.charged(req.Header.Get("Authorization"), k) {
 				s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] = true
 			}
 		}

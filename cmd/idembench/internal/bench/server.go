@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/fakebare"
 )
 
 // layerVariants returns the fake server's payment handler called directly
@@ -21,7 +20,7 @@ import (
 // request, and behind it replaying one completed key. Every request carries
 // a key, so the bare handler parses one too.
 func layerVariants() ([]variant, error) {
-	bare := fakebare.New()
+	bare := fakeserver.NewBareHandler(nil)
 	layered := fakeserver.NewHandler(nil)
 	replayKey := uuid.NewString()
 	serve := func(h http.Handler, key string, want int) error {
@@ -52,7 +51,7 @@ func layerVariants() ([]variant, error) {
 // plain net/http client: what a client of the server sees. The caller
 // calls the returned close function.
 func loopbackLayerVariants() ([]variant, func(), error) {
-	bare := httptest.NewServer(fakebare.New())
+	bare := httptest.NewServer(fakeserver.NewBareHandler(nil))
 	layered := httptest.NewServer(fakeserver.NewHandler(nil))
 	closeAll := func() { bare.Close(); layered.Close() }
 	post := func(srv *httptest.Server, key string) func(context.Context) error {

@@ -9,14 +9,13 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/fakebare"
 )
 
 // TestBareHandlerHasNoLayer checks that the baseline of the layer's cost
 // does the work on every request, a repeated key included.
 func TestBareHandlerHasNoLayer(t *testing.T) {
 	t.Parallel()
-	h := fakebare.New().(*fakeserver.Handler)
+	h := fakeserver.NewBareHandler(nil)
 	for range 2 {
 		req := httptest.NewRequest(http.MethodPost, "/payments", bytes.NewReader(paymentBody))
 		req.Header.Set("Idempotency-Key", "same")

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/idemkey"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -62,7 +60,7 @@ func TestRunBrokenServers(t *testing.T) {
 			knobs: labKnobs{wrap: editAnswers(func(_ int, h http.Header) { h.Del("Idempotency-Key") })}},
 		{name: "echoes a refusal's key parsed, not as received", fails: []string{"key-echo"},
 			knobs: labKnobs{wrap: editAnswers(func(status int, h http.Header) {
-				if k, err := idemkey.ParseKey(h.Get("Idempotency-Key")); status >= 400 && err == nil {
+				if k, err := idempotency.ParseKey(h.Get("Idempotency-Key")); status >= 400 && err == nil {
 					h.Set("Idempotency-Key", k)
 				}
 			})}},

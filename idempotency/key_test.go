@@ -1,4 +1,4 @@
-package idemkey_test
+package idempotency
 
 import (
 	"net/http"
@@ -7,8 +7,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemkit/idem/internal/idemkey"
 )
 
 var keyCases = []struct {
@@ -41,9 +39,9 @@ func TestParseKey(t *testing.T) {
 	t.Parallel()
 	for _, tt := range keyCases {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := idemkey.ParseKey(tt.in)
+			got, err := ParseKey(tt.in)
 			if tt.want == "" {
-				assert.ErrorIs(t, err, idemkey.ErrInvalid)
+				assert.ErrorIs(t, err, errKeyInvalid)
 				assert.Empty(t, got)
 				return
 			}
@@ -53,7 +51,7 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-func TestParseHeader(t *testing.T) {
+func TestParseKeyHeader(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name   string
@@ -62,15 +60,15 @@ func TestParseHeader(t *testing.T) {
 		want   string
 		err    error
 	}{
-		{"missing", nil, false, "", idemkey.ErrMissing},
-		{"twice", []string{"a", "a"}, false, "", idemkey.ErrInvalid},
+		{"missing", nil, false, "", errKeyMissing},
+		{"twice", []string{"a", "a"}, false, "", errKeyInvalid},
 		{"one", []string{"a"}, false, "a", nil},
 		{"uuid mode, upper-case uuid compares in canonical form", []string{`"8E03978E-40D5-43E8-BC93-6894A57F9324"`}, true, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
 		{"uuid mode, mixed-case uuid compares in canonical form", []string{"8e03978E-40d5-43E8-bc93-6894a57F9324"}, true, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
 		{"any-key mode, upper-case uuid compares byte for byte", []string{"8E03978E-40D5-43E8-BC93-6894A57F9324"}, false, "8E03978E-40D5-43E8-BC93-6894A57F9324", nil},
-		{"uuid mode, braces", []string{"{8e03978e-40d5-43e8-bc93-6894a57f9324}"}, true, "", idemkey.ErrInvalid},
-		{"uuid mode, urn", []string{"urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"}, true, "", idemkey.ErrInvalid},
-		{"uuid mode, other", []string{"order-1"}, true, "", idemkey.ErrInvalid},
+		{"uuid mode, braces", []string{"{8e03978e-40d5-43e8-bc93-6894a57f9324}"}, true, "", errKeyInvalid},
+		{"uuid mode, urn", []string{"urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"}, true, "", errKeyInvalid},
+		{"uuid mode, other", []string{"order-1"}, true, "", errKeyInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,7 +76,7 @@ func TestParseHeader(t *testing.T) {
 			for _, v := range tt.values {
 				h.Add("Idempotency-Key", v)
 			}
-			got, err := idemkey.ParseHeader(h, tt.uuid)
+			got, err := parseKeyHeader(h, tt.uuid)
 			if tt.err != nil {
 				assert.ErrorIs(t, err, tt.err)
 				return
@@ -94,14 +92,14 @@ func FuzzParseKey(f *testing.F) {
 		f.Add(tt.in)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		key, err := idemkey.ParseKey(in)
+		key, err := ParseKey(in)
 		if err != nil {
 			if key != "" {
 				t.Fatalf("%q: error with a key", in)
 			}
 			return
 		}
-		if len(key) < 1 || len(key) > idemkey.MaxLen {
+		if len(key) < 1 || len(key) > maxKeyLen {
 			t.Fatalf("%q: key of length %d", in, len(key))
 		}
 		for i := 0; i < len(key); i++ {
@@ -115,7 +113,7 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("bare %q parsed as %q", in, key)
 		}
 		if !strings.ContainsAny(key, `"\`) {
-			again, err := idemkey.ParseKey(`"` + key + `"`)
+			again, err := ParseKey(`"` + key + `"`)
 			if err != nil || again != key {
 				t.Fatalf("%q quoted: %q, %v", key, again, err)
 			}

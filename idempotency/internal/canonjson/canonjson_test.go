@@ -1,4 +1,4 @@
-package idempotency
+package canonjson
 
 import (
 	"bytes"
@@ -15,12 +15,13 @@ import (
 // canonicalJSON returns body in canonical form; ok is false if body is not
 // exactly one JSON value.
 func canonicalJSON(body []byte, maxDepth int) (out []byte, ok bool, err error) {
-	c, err := parseJSON(body, maxDepth)
+	c, err := Parse(body, maxDepth)
 	if c == nil || err != nil {
 		return nil, false, err
 	}
+	defer c.Release()
 	var buf bytesWriter
-	c.writeTo(&buf)
+	c.WriteCanonical(&buf)
 	return buf, true, nil
 }
 
@@ -175,18 +176,19 @@ func readings(body []byte) (st reading, stErr bool, generic any) {
 	return st, stErr, generic
 }
 
-// FuzzFingerprintOneReading checks the promise of the fingerprint: two
-// bodies that a handler reads differently never share a fingerprint, and
-// two that it reads the same do. Two JSON bodies share a fingerprint
-// exactly when they share a canonical form, so it checks, for one body:
+// FuzzCanonicalFormHasOneReading checks the promise the fingerprint
+// builds on: two bodies that a handler reads differently never share a
+// canonical form, and two that it reads the same do. Two JSON bodies
+// share a fingerprint exactly when they share a canonical form. It
+// checks, for one body:
 //   - a body is refused exactly when it nests deeper than the limit or an
 //     object has two names that bytes.EqualFold finds equal;
 //   - the canonical form of an accepted body is read exactly as the body is,
 //     into a struct and into any (so no two bodies read differently share a
 //     canonical form), and is canonical itself;
 //   - the body written another way (members reversed, other whitespace and
-//     escapes) has the same fingerprint, or is refused the same way.
-func FuzzFingerprintOneReading(f *testing.F) {
+//     escapes) has the same canonical form, or is refused the same way.
+func FuzzCanonicalFormHasOneReading(f *testing.F) {
 	for _, s := range []string{
 		`{"b":1,"a":[true,null,"x\u0041"]}`, ` [ 1 , 2.50 , -0 ] `, `"\n\"\\"`, `{"a":1,"a":2}`, `{}`, `[]`, `nope`,
 		`{"<":"&"}`, `{"amount":1500,"AMOUNT":2000}`, `{"AMOUNT":2000,"amount":1500}`, `{"customer":"a","cuſtomer":"b"}`,
@@ -199,7 +201,7 @@ func FuzzFingerprintOneReading(f *testing.F) {
 	}
 	const maxDepth = 5
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fp, err := newFingerprint("POST", "/p", "", body, maxDepth)
+		form, _, err := canonicalJSON(body, maxDepth)
 		node, isJSON := parseNode(body)
 		if isJSON != json.Valid(body) {
 			t.Skip("oracle disagrees with json.Valid") // cannot happen: one tokenizer
@@ -215,7 +217,7 @@ func FuzzFingerprintOneReading(f *testing.F) {
 		case deep || dup || notUTF8:
 			// A body refused for more than one reason may be refused for
 			// any of them.
-			if !(deep && errors.Is(err, errJSONTooDeep) || dup && errors.Is(err, errJSONDuplicateName) || notUTF8 && errors.Is(err, errJSONNotUTF8)) {
+			if !(deep && errors.Is(err, ErrTooDeep) || dup && errors.Is(err, ErrDuplicateName) || notUTF8 && errors.Is(err, ErrNotUTF8)) {
 				t.Fatalf("%q: too deep %v, names colliding after case folding %v, not UTF-8 %v; got %v", body, deep, dup, notUTF8, err)
 			}
 			return
@@ -247,9 +249,9 @@ func FuzzFingerprintOneReading(f *testing.F) {
 
 		var b strings.Builder
 		node.reserialise(&b)
-		other, err := newFingerprint("POST", "/p", "", []byte(b.String()), maxDepth)
-		if err != nil || other != fp {
-			t.Fatalf("%q: written as %q, another fingerprint (%v)", body, b.String(), err)
+		other, _, err := canonicalJSON([]byte(b.String()), maxDepth)
+		if err != nil || !bytes.Equal(other, form) {
+			t.Fatalf("%q: written as %q, another canonical form %q (%v)", body, b.String(), other, err)
 		}
 	})
 }
@@ -290,11 +292,11 @@ func loneSurrogate(body []byte) bool {
 	return false
 }
 
-// FuzzParseJSONReadsJSONAsJSONValidDoes: the fingerprint's parse, which
+// FuzzParseReadsJSONAsJSONValidDoes: the fingerprint's parse, which
 // checks the grammar as it goes, takes a body for JSON exactly when
 // json.Valid does (JSON refused for its names or depth counts as JSON), so
 // that no body moves between the canonical and the raw hash.
-func FuzzParseJSONReadsJSONAsJSONValidDoes(f *testing.F) {
+func FuzzParseReadsJSONAsJSONValidDoes(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `[]`, `1`, `-0`, `-01`, `01`, `1.`, `.5`, `1e`, `1e+`, `1E-7`, `-`, `tru`, `true`, `truex`, `nul`, `null `,
 		`"`, `"a`, `"\u00e9"`, `"\u00g9"`, `"\x"`, "\"\x01\"", "\"\xff\"", `"\/"`, `[1,]`, `[,1]`, `{"a":1,}`, `{"a" 1}`,
@@ -309,9 +311,9 @@ func FuzzParseJSONReadsJSONAsJSONValidDoes(f *testing.F) {
 		if len(body) == 0 {
 			return
 		}
-		c, err := parseJSON(body, maxDepth)
+		c, err := Parse(body, maxDepth)
 		if c != nil {
-			c.release()
+			c.Release()
 		}
 		if got, want := c != nil || err != nil, json.Valid(body); got != want {
 			t.Fatalf("%q (max depth %d): taken for JSON %v (error %v), json.Valid %v", body, maxDepth, got, err, want)
