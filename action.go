@@ -136,18 +136,11 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	// latest is the action's latest intent as stored, nil if none.
 	var latest *persist.Record
 	if name != "" {
-		recs, err := c.store.List(ctx, persist.Filter{Name: name})
-		if err != nil {
-			var corrupt *persist.CorruptError
-			if errors.As(err, &corrupt) {
-				// An unreadable record may be this action's unresolved
-				// intent: refuse rather than guess.
-				return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
-			}
-			return nil, &SaveError{Op: "read the action's intents", Err: err}
+		var err error
+		if latest, err = c.latestIntent(ctx, name); err != nil {
+			return nil, err
 		}
-		if len(recs) > 0 {
-			latest = latestOf(recs)
+		if latest != nil {
 			seq = latest.Seq + 1
 		}
 		// This Client's unarmed intent for name, if the store has not
@@ -202,6 +195,24 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 		c.unarmed[name] = in
 	}
 	return in, nil
+}
+
+// latestIntent returns the action's latest intent as stored, nil if none.
+func (c *Client) latestIntent(ctx context.Context, name string) (*persist.Record, error) {
+	recs, err := c.store.List(ctx, persist.Filter{Name: name})
+	if err != nil {
+		var corrupt *persist.CorruptError
+		if errors.As(err, &corrupt) {
+			// An unreadable record may be this action's unresolved
+			// intent: refuse rather than guess.
+			return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
+		}
+		return nil, &SaveError{Op: "read the action's intents", Err: err}
+	}
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	return latestOf(recs), nil
 }
 
 // replace drops latest, the action's latest intent as stored, for a
@@ -300,6 +311,27 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// The arming write names this Client its holder: while the stored
 	// record is this version, no other Client can have sent it.
 	rec.Holder = c.id
+	armed, adopted, err := c.claimAction(ctx, in, rec)
+	if err != nil {
+		return err
+	}
+	c.dropUnarmed(in)
+	in.mu.Lock()
+	in.rec, in.unarmed = armed, false
+	in.mu.Unlock()
+	if !adopted {
+		c.keys.saved.saved(armed)
+		c.keys.armed(armed.Key, c.clocks.sinceBirth())
+	}
+	return nil
+}
+
+// claimAction writes rec, in's armed version, as its action's latest
+// intent (persist.Claim), at the next place in the action when another
+// Client took rec's since in was shown. It returns the record in holds
+// from then on, and adopted when that is the intent another Client armed
+// for the same request first.
+func (c *Client) claimAction(ctx context.Context, in *Intent, rec *persist.Record) (*persist.Record, bool, error) {
 	shownAt := rec.Seq // the action's next intent when this one was shown
 	for {
 		rec.Rev = persist.NewRev()
@@ -313,41 +345,31 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 			// faulty store's: nothing to decide on, nothing sent.)
 			var corrupt *persist.CorruptError
 			if errors.As(err, &corrupt) {
-				return fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)
+				return nil, false, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)
 			}
 			// The write's result is unknown: it may have armed the
 			// intent, which is never provably unsent from now on.
 			c.keys.storeFailed(rec.Key)
-			return &SaveError{Key: rec.Key, Op: "arm", Err: err, mayHaveLanded: true}
+			return nil, false, &SaveError{Key: rec.Key, Op: "arm", Err: err, mayHaveLanded: true}
 		}
 		latest := lost.Current
 		switch {
 		case latest.Key == rec.Key || latest.Fingerprint == rec.Fingerprint && !in.force:
 			// Another Client armed this action's intent for the same
 			// request first: this tap is that intent.
-			c.dropUnarmed(in)
-			in.mu.Lock()
-			in.rec, in.unarmed = latest, false
-			in.mu.Unlock()
-			return nil
+			return latest, true, nil
 		case latest.State == persist.StateSucceeded && (!in.force || latest.Seq >= shownAt):
 			// A NewIntent pays again only over the payment it was shown
 			// after: one made and paid since it was shown paid for it.
-			return &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
+			return nil, false, &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
 		case !latest.State.Resolved():
-			return &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
+			return nil, false, &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
 		}
 		next := *rec
 		next.Seq = latest.Seq + 1
 		rec = &next
 	}
-	c.dropUnarmed(in)
-	in.mu.Lock()
-	in.rec, in.unarmed = rec, false
-	in.mu.Unlock()
-	c.keys.saved.saved(rec)
-	c.keys.armed(rec.Key, c.clocks.sinceBirth())
-	return nil
+	return rec, false, nil
 }
 
 // dropUnarmed forgets in as its action's unarmed intent. c.actionMu must

@@ -450,33 +450,10 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		return false, nil
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		// The attempt is counted: the hook hears of it too, once.
-		if st.b.attempts > 0 && st.canceled != st.b.attempts {
-			st.canceled = st.b.attempts
-			status := 0
-			if err == nil {
-				status = resp.StatusCode
-			}
-			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: cmp.Or(err, ctxErr)})
-		}
-		return false, ctxErr
+		return false, st.canceledBy(ctxErr, resp, err)
 	}
 	if err != nil && st.cut != nil {
-		// The budget ended inside the attempt: it may have reached the
-		// server, so the outcome is unknown.
-		st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut
-		if !st.cutBeforeWire {
-			// The hook hears of the budget's error, as the *RetryError
-			// carries it, not of the context.DeadlineExceeded that the
-			// budget's own timeout gave the attempt: only the caller's
-			// deadline is told as that.
-			hookErr := st.lastErr
-			if st.cut.reason == stopDeadline {
-				hookErr = err
-			}
-			st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})
-		}
-		return false, errStopped
+		return false, st.cutShort(err)
 	}
 	status := 0
 	if err == nil {
@@ -517,6 +494,39 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 		return false, err
 	}
 	return true, nil
+}
+
+// canceledBy ends the call when its context ended (ctxErr) after an
+// attempt that got resp or err. The attempt is counted: the hook hears of
+// it too, once.
+func (st *call) canceledBy(ctxErr error, resp *http.Response, err error) error {
+	if st.b.attempts > 0 && st.canceled != st.b.attempts {
+		st.canceled = st.b.attempts
+		status := 0
+		if err == nil {
+			status = resp.StatusCode
+		}
+		st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, StatusCode: status, Err: cmp.Or(err, ctxErr)})
+	}
+	return ctxErr
+}
+
+// cutShort ends the call whose budget ended inside the attempt that got
+// err: it may have reached the server, so the outcome is unknown.
+func (st *call) cutShort(err error) error {
+	st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut
+	if !st.cutBeforeWire {
+		// The hook hears of the budget's error, as the *RetryError
+		// carries it, not of the context.DeadlineExceeded that the
+		// budget's own timeout gave the attempt: only the caller's
+		// deadline is told as that.
+		hookErr := st.lastErr
+		if st.cut.reason == stopDeadline {
+			hookErr = err
+		}
+		st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})
+	}
+	return errStopped
 }
 
 // readFinal reads a final answer's body. A body cut off mid-way is an

@@ -686,8 +686,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "hook-misses-canceled-attempt", File: "call.go",
 			Note:    "the attempt hook is not told of an attempt the caller's cancel cut short",
-			Anchor:  "\t\tif st.b.attempts > 0 && st.canceled != st.b.attempts {\n",
-			Replace: "\t\tif false {\n",
+			Anchor:  "\tif st.b.attempts > 0 && st.canceled != st.b.attempts {\n",
+			Replace: "\tif false {\n",
 			Pkg:     root, Run: "^TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation$",
 		},
 		{
@@ -840,8 +840,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "hook-hears-budget-cut-as-deadline", File: "call.go",
 			Note:    "the attempt hook hears of an attempt MaxElapsed cut as context.DeadlineExceeded, the caller's deadline",
-			Anchor:  "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})\n",
-			Replace: "\t\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: cmp.Or(err, hookErr)})\n",
+			Anchor:  "\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: hookErr})\n",
+			Replace: "\t\tst.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: cmp.Or(err, hookErr)})\n",
 			Pkg:     root, Run: "^TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError$",
 		},
 		{

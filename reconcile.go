@@ -134,14 +134,39 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		}
 		return err
 	}
+	req, nonce, err := c.lookupRequest(ctx, cur, key, lookupURL, cut)
+	if err != nil {
+		return nil, err
+	}
+	// Whether an attempt may still arrive is decided as the lookup leaves:
+	// its answer tells the server's state from then on, and an attempt
+	// that arrives while the lookup is on its way is not in it.
+	// A request in the app's hands (HTTPRequest) may be sent up to the
+	// send deadline its hand-out stored: the server's retention from
+	// then, or the end the app reported (SendEnded).
+	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
+	out, err := c.lookupAnswer(req, key, cut)
+	if err != nil {
+		return nil, err
+	}
+	if resp, err := c.judgeLookup(rec, out, key, lookupURL, nonce, wait); err != nil {
+		return resp, err
+	}
+	return c.recordLookup(ctx, in, rec, out, key)
+}
+
+// lookupRequest makes the lookup of the intent whose stored record is cur,
+// with the nonce its answer must echo. cut names an error of the lookup's
+// own limit.
+func (c *Client) lookupRequest(ctx context.Context, cur *persist.Record, key, lookupURL string, cut func(error) error) (*http.Request, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {
-		return nil, fmt.Errorf("idem: bad lookup URL: %w", err)
+		return nil, "", fmt.Errorf("idem: bad lookup URL: %w", err)
 	}
 	// The lookup acts for the intent's caller: the server answers a
 	// stranger's lookup with a miss (see lookupHeader).
 	if req.Header, err = c.lookupHeader(ctx, cur.Header, key); err != nil {
-		return nil, fmt.Errorf("idem: reconciling intent %s: nothing was asked, nothing changes: %w: %w", key, ErrOutcomeUnknown, cut(err))
+		return nil, "", fmt.Errorf("idem: reconciling intent %s: nothing was asked, nothing changes: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
 	// A cache on the path must ask the server, not answer from what it
 	// kept: a "not found" kept from before the payment would void it.
@@ -150,13 +175,11 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	// nonce, or none: its miss voids nothing (see lookupNonceHeader).
 	nonce := lookupNonce()
 	req.Header.Set(lookupNonceHeader, nonce)
-	// Whether an attempt may still arrive is decided as the lookup leaves:
-	// its answer tells the server's state from then on, and an attempt
-	// that arrives while the lookup is on its way is not in it.
-	// A request in the app's hands (HTTPRequest) may be sent up to the
-	// send deadline its hand-out stored: the server's retention from
-	// then, or the end the app reported (SendEnded).
-	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
+	return req, nonce, nil
+}
+
+// lookupAnswer sends the lookup and reads its answer.
+func (c *Client) lookupAnswer(req *http.Request, key string, cut func(error) error) (*Response, error) {
 	// Never a key on GET: the lookup is naturally idempotent. A redirect
 	// is not followed: the page it leads to (a login page, say) is not the
 	// lookup's answer, and a 3xx settles nothing.
@@ -179,9 +202,14 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	} else if err != nil {
 		return nil, fmt.Errorf("idem: reconciling intent %s: reading the answer: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
-	out := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Oversized: oversized}
-	now := c.clock.Now()
+	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Oversized: oversized}, nil
+}
 
+// judgeLookup sets in rec what the lookup's answer out says of the intent,
+// or returns why it settles nothing, with what to return. wait is how much
+// longer an attempt may still arrive.
+func (c *Client) judgeLookup(rec *persist.Record, out *Response, key, lookupURL, nonce string, wait time.Duration) (*Response, error) {
+	resp, body := out, out.Body
 	switch {
 	case isSuccess(resp.StatusCode) && c.lookupTrusted(resp.StatusCode, resp.Header, body, key, nonce):
 		rec.State = persist.StateSucceeded
@@ -220,6 +248,12 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
 			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	}
+	return nil, nil
+}
+
+// recordLookup stores what the lookup settled, and returns its answer.
+func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Record, out *Response, key string) (*Response, error) {
+	now := c.clock.Now()
 	rec.UpdatedAt = now
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
 	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
