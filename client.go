@@ -52,13 +52,14 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	id := uuid.NewString()
 	return &Client{
 		config:  c,
 		retry:   newRetrier(c.http),
 		flights: &flights{},
-		keys:    newKeys(),
+		keys:    newKeys(id),
 		clocks:  newClocks(c.clock, c.store),
 		tokens:  newTokenBucket(c.retryBudget),
-		id:      uuid.NewString(),
+		id:      id,
 	}, nil
 }

@@ -1504,6 +1504,75 @@ func TestTakeOver(t *testing.T) {
 		require.NoError(t, err)
 		assert.NotEqual(t, persist.StateNotSent, stored.State)
 	})
+
+	// Path (the simulation's seed 8002373): B's tap ended not sent; A sent
+	// the intent again and the server charged it, but the disk filled
+	// before A recorded the answer. B then took the intent over: its write
+	// landed and reported an error (a failed fsync). B still held its
+	// proof that the intent was never sent, so the call's end made it
+	// "armed", and the user's changed cart replaced the charged intent and
+	// paid again.
+	t.Run("a take-over whose write landed but failed never makes another Client's charged intent replaceable", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		st := &outcomeFailStore{Store: e.store}
+		st.fail.Store(true)
+		onB := &landsButFails{Store: st}
+		var authFails atomic.Bool
+		auth := func(c *idem.Config) {
+			c.Authorizer = func(context.Context, string) (string, error) {
+				if authFails.Load() {
+					return "", errors.New("token refresh failed")
+				}
+				return "", nil
+			}
+		}
+		a := e.newClient(t, idem.WithStore(st), auth)
+		b := e.newClient(t, idem.WithStore(onB), auth)
+		req := e.paymentRequest(t, 100, "cus_1")
+
+		first, err := b.Intent(ctx, "tips", req)
+		require.NoError(t, err)
+		authFails.Store(true)
+		_, err = b.Do(ctx, first)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+		authFails.Store(false)
+
+		again, err := a.Intent(ctx, "tips", req)
+		require.NoError(t, err)
+		_, err = a.Do(ctx, again)
+		require.Error(t, err)
+		require.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+		onB.failing.Store(true)
+		tapped, err := b.Intent(ctx, "tips", req)
+		require.NoError(t, err)
+		_, err = b.Do(ctx, tapped)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		onB.failing.Store(false)
+
+		_, err = b.Intent(ctx, "tips", e.paymentRequest(t, 200, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "the intent was charged: a changed cart never replaces it")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+}
+
+// landsButFails is a store whose writes land and report an error while
+// failing is set: the record reached the disk, and its fsync failed.
+type landsButFails struct {
+	persist.Store
+	failing atomic.Bool
+}
+
+func (s *landsButFails) Write(ctx context.Context, rec, old *persist.Record) error {
+	if err := s.Store.Write(ctx, rec, old); err != nil {
+		return err
+	}
+	if s.failing.Load() {
+		return errors.New("fsync: input/output error")
+	}
+	return nil
 }
 
 // outcomeFailStore fails the writes of resolved records while fail is set:

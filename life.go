@@ -459,6 +459,8 @@ func sinceSendBy(cl *persist.Clocks, now reading) (time.Duration, bool) {
 type keys struct {
 	mu    sync.Mutex
 	lives map[string]*keyLife
+	// self is the Client's holder id (persist.Record.Holder).
+	self string
 	// spare holds entries of forgotten keys for reuse: a payment's entry
 	// lives from its tap to its answer, and the next one takes it over,
 	// which saves an allocation per payment.
@@ -493,8 +495,8 @@ type keyLife struct {
 	notSentAt uint64
 }
 
-func newKeys() *keys {
-	return &keys{lives: make(map[string]*keyLife)}
+func newKeys(self string) *keys {
+	return &keys{lives: make(map[string]*keyLife), self: self}
 }
 
 // lifeLocked returns key's entry, made in phaseStored if there is none.
@@ -592,6 +594,13 @@ func (k *keys) phaseOfLocked(rec *persist.Record) phase {
 	case p == phaseStored && rec.State == persist.StateNotSent:
 		return phaseNotSent
 	case (p == phaseArmed || p == phaseNotSent) && rec.State != persist.StateNew && rec.State != persist.StateNotSent:
+		return phaseMaySent
+	case (p == phaseArmed || p == phaseNotSent || p == phaseSending) && rec.Holder != "" && rec.Holder != k.self:
+		// Another Client holds the record: it may have armed the intent
+		// again and sent it. This Client's proof covers its own calls.
+		if rec.State == persist.StateNotSent {
+			return phaseNotSent
+		}
 		return phaseMaySent
 	}
 	return p

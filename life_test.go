@@ -87,7 +87,7 @@ func TestLifeNeverUnsends(t *testing.T) {
 // cannot tell: when a call was asked for.
 func TestLifeKeys(t *testing.T) {
 	t.Run("a call the app asked for before the intent ended not sent never sends it", func(t *testing.T) {
-		k := newKeys()
+		k := newKeys("self")
 		rec := &persist.Record{Key: "k1", State: persist.StateNew}
 		k.armed(rec.Key, 0)
 		asked := k.callTick() // a Settle begins, racing the tap
