@@ -556,6 +556,53 @@ func TestSettleAll(t *testing.T) {
 		assert.Equal(t, persist.StateNotSent, stored.State())
 	})
 
+	t.Run("a not-sent intent is never sent by another Client's SettleAll that listed it earlier", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		// The first intent's settle holds SettleAll's one worker until
+		// released, at a server that then answers 503.
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-release
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		t.Cleanup(slow.Close)
+		hc, down := switchable()
+		settler := e.newClient(t, idem.WithSettleConcurrency(1))
+		app := e.newClient(t, idem.WithHTTPClient(hc))
+
+		first, err := settler.Intent(ctx, "other", idem.Request{Method: http.MethodPost, URL: slow.URL + "/payments", Body: []byte(`{}`)})
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(settler, ctx, first))
+		e.clock.Advance(time.Second)
+		tap, err := app.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(app, ctx, tap)) // the other part of the app's tap is dialing
+
+		settled := make(chan []idem.Settled, 1)
+		go func() {
+			out, _ := settler.SettleAll(oneAttempt())
+			settled <- out
+		}()
+		<-entered // SettleAll listed both and works on the first
+
+		down.Store(true)
+		_, err = app.Do(ctx, tap)
+		require.ErrorIs(t, err, idem.ErrNotSent, "the user is told it was not sent")
+		down.Store(false)
+
+		close(release)
+		out := <-settled
+		require.Len(t, out, 2)
+		assert.ErrorIs(t, out[1].Err, idem.ErrNotSent)
+		assert.Zero(t, e.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
+	})
+
 	t.Run("the README's loop of Settle over Unresolved never sends a not-sent intent", settleLoopOverUnresolved)
 
 	t.Run("one at a time, it settles in the caller's goroutine", func(t *testing.T) {
