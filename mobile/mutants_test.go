@@ -46,6 +46,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./mobile", Run: "^TestResultKind$",
 		},
 		{
+			Name: "expired-as-unknown", File: "mobile/result.go",
+			Note:    "a payment too old to send again is reported unknown, as if a resend could still settle it",
+			Anchor:  "\t\tr.Outcome = OutcomeExpired\n",
+			Replace: "\t\tr.Outcome = OutcomeUnknown\n",
+			Pkg:     "./mobile", Run: "^TestResultKind$/^a_payment_too_old_to_send_again_is_expired$",
+		},
+		{
 			Name: "maybe-sent-device-failure-is-error", File: "mobile/result.go",
 			Note:    "a device failure on an intent that may have been sent is an error, which says nothing was sent",
 			Anchor:  "if s := in.State(); s == persist.StatePending || s == persist.StateExpired {",

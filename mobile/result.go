@@ -103,32 +103,11 @@ func resultOf(in *idem.Intent, resp *idem.Response, err error) (*Result, error) 
 
 // mapResult is resultOf but for the Authorizer's failures.
 func mapResult(in *idem.Intent, resp *idem.Response, err error) (*Result, error) {
-	r := &Result{}
-	if in != nil {
-		r.Key = in.Key()
-	}
-	if resp != nil {
-		r.Status = int64(resp.StatusCode)
-		r.Body = bytes.Clone(resp.Body)
-		r.Replayed = resp.Replayed
-		r.FromStore = resp.FromStore
-		r.Oversized = resp.Oversized
-		r.Attempts = int64(resp.Attempts)
-	}
+	r := newResult(in, resp)
 	if resp != nil && resp.NotRecorded {
 		// An answer is never reported as a storage error, whose meaning
 		// is "nothing was sent".
-		r.NotRecorded = true
-		r.Outcome, r.Kind = OutcomeSucceeded, KindSucceeded
-		var apiErr *idem.APIError
-		if errors.As(err, &apiErr) {
-			r.ProblemType, r.Detail = apiErr.Problem.Type, apiErr.Problem.Detail
-			r.Outcome, r.Kind = OutcomeFailed, KindFailed
-			if errors.Is(err, idem.ErrKeyReused) || errors.Is(err, idem.ErrKeyRejected) {
-				r.Outcome, r.Kind = OutcomeRejected, rejectedKind(err)
-			}
-		}
-		return r, nil
+		return notRecorded(r, err), nil
 	}
 	var (
 		apiErr   *idem.APIError
@@ -142,18 +121,7 @@ func mapResult(in *idem.Intent, resp *idem.Response, err error) (*Result, error)
 		r.Detail = err.Error()
 		return r, nil
 	case errors.As(err, &resolved):
-		// The action is paid, by an earlier intent with another request:
-		// nothing was sent for this one, which was never made. The
-		// Result is that payment's, so that the app shows the action
-		// paid and never takes it for a receipt of this request.
-		r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeAlreadyPaid, KindAlreadyPaid, true, resolved.Error()
-		if resolved.Previous != nil {
-			r.Key = resolved.Previous.Key()
-			if prev := resolved.Previous.Response(); prev != nil {
-				r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), bytes.Clone(prev.Body), prev.Replayed, prev.Oversized
-			}
-		}
-		return r, nil
+		return alreadyPaid(r, resolved), nil
 	case errors.As(err, &unres):
 		r.Outcome, r.Kind = OutcomeBlocked, KindBlocked
 		if unres.Previous != nil {
@@ -162,17 +130,7 @@ func mapResult(in *idem.Intent, resp *idem.Response, err error) (*Result, error)
 		r.Detail = unres.Error()
 		return r, nil
 	case errors.As(err, &retryErr):
-		r.Attempts = int64(retryErr.Attempts)
-		if retryErr.LastResponse != nil {
-			r.Status = int64(retryErr.LastResponse.StatusCode)
-		}
-		r.Outcome = OutcomeUnknown
-		if in != nil && in.State() == persist.StateExpired {
-			r.Outcome = OutcomeExpired
-		}
-		r.Kind = unknownKind(r.Outcome, err)
-		r.Detail = err.Error()
-		return r, nil
+		return noFinalAnswer(r, in, retryErr, err), nil
 	case errors.As(err, &apiErr):
 		r.ProblemType = apiErr.Problem.Type
 		r.Detail = apiErr.Problem.Detail
@@ -182,17 +140,95 @@ func mapResult(in *idem.Intent, resp *idem.Response, err error) (*Result, error)
 		r.Detail = err.Error()
 		return r, nil
 	case err != nil && in != nil && !in.State().Resolved():
-		if s := in.State(); s == persist.StatePending || s == persist.StateExpired {
-			// The intent may have been sent, by this call or an earlier
-			// one: a failure on the device says nothing of the payment,
-			// and a device error would say that nothing was sent.
-			r.Outcome = outcomeOf(s)
-			r.Kind = ErrorKind(deviceError(err))
-			r.Detail = err.Error()
-			return r, nil
-		}
-		return nil, deviceError(err)
+		return deviceFailure(r, in, err)
 	}
+	return fromState(r, in, err)
+}
+
+// newResult starts a Result with the intent's key and the answer, if one
+// came.
+func newResult(in *idem.Intent, resp *idem.Response) *Result {
+	r := &Result{}
+	if in != nil {
+		r.Key = in.Key()
+	}
+	if resp != nil {
+		r.Status = int64(resp.StatusCode)
+		r.Body = bytes.Clone(resp.Body)
+		r.Replayed = resp.Replayed
+		r.FromStore = resp.FromStore
+		r.Oversized = resp.Oversized
+		r.Attempts = int64(resp.Attempts)
+	}
+	return r
+}
+
+// notRecorded maps a final answer the device could not save. The outcome
+// is the server's: a success, or the failure or refusal that err carries.
+func notRecorded(r *Result, err error) *Result {
+	r.NotRecorded = true
+	r.Outcome, r.Kind = OutcomeSucceeded, KindSucceeded
+	var apiErr *idem.APIError
+	if errors.As(err, &apiErr) {
+		r.ProblemType, r.Detail = apiErr.Problem.Type, apiErr.Problem.Detail
+		r.Outcome, r.Kind = OutcomeFailed, KindFailed
+		if errors.Is(err, idem.ErrKeyReused) || errors.Is(err, idem.ErrKeyRejected) {
+			r.Outcome, r.Kind = OutcomeRejected, rejectedKind(err)
+		}
+	}
+	return r
+}
+
+// alreadyPaid maps an action paid earlier, by an intent with another
+// request. Nothing was sent for this one, which was never made. The
+// Result is that payment's: the app shows the action paid, and never
+// takes it for a receipt of this request.
+func alreadyPaid(r *Result, resolved *idem.ResolvedError) *Result {
+	r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeAlreadyPaid, KindAlreadyPaid, true, resolved.Error()
+	if resolved.Previous != nil {
+		r.Key = resolved.Previous.Key()
+		if prev := resolved.Previous.Response(); prev != nil {
+			r.Status, r.Body, r.Replayed, r.Oversized = int64(prev.StatusCode), bytes.Clone(prev.Body), prev.Replayed, prev.Oversized
+		}
+	}
+	return r
+}
+
+// noFinalAnswer maps retries that ended without a final answer. The
+// outcome is unknown, or expired when the intent is too old to send.
+func noFinalAnswer(r *Result, in *idem.Intent, retryErr *idem.RetryError, err error) *Result {
+	r.Attempts = int64(retryErr.Attempts)
+	if retryErr.LastResponse != nil {
+		r.Status = int64(retryErr.LastResponse.StatusCode)
+	}
+	r.Outcome = OutcomeUnknown
+	if in != nil && in.State() == persist.StateExpired {
+		r.Outcome = OutcomeExpired
+	}
+	r.Kind = unknownKind(r.Outcome, err)
+	r.Detail = err.Error()
+	return r
+}
+
+// deviceFailure maps a failure on the device while the intent is
+// unresolved. It is a Result when the intent may have been sent, and an
+// error of the device when it was not.
+func deviceFailure(r *Result, in *idem.Intent, err error) (*Result, error) {
+	if s := in.State(); s == persist.StatePending || s == persist.StateExpired {
+		// The intent may have been sent, by this call or an earlier
+		// one: a failure on the device says nothing of the payment,
+		// and a device error would say that nothing was sent.
+		r.Outcome = outcomeOf(s)
+		r.Kind = ErrorKind(deviceError(err))
+		r.Detail = err.Error()
+		return r, nil
+	}
+	return nil, deviceError(err)
+}
+
+// fromState maps the intent's state after the call. Without an intent, a
+// call with no error succeeded, and an error is the device's.
+func fromState(r *Result, in *idem.Intent, err error) (*Result, error) {
 	if in != nil {
 		r.Outcome = outcomeOf(in.State())
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -124,6 +125,26 @@ func TestResultKind(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, OutcomeBlocked, blocked.Outcome)
 		assert.Equal(t, KindBlocked, blocked.Kind)
+	})
+
+	t.Run("a payment too old to send again is expired", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		c := w.open(t, func(cfg *Config) {
+			cfg.MaxAttempts = 1
+			cfg.RetentionMillis = 2000 // too old to send two seconds after the tap
+		})
+		w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, Count: 5})
+		first, err := c.Pay("checkout:1", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeUnknown, first.Outcome)
+
+		w.clock.Advance(5 * time.Second)
+		res, err := c.Pay("checkout:1", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeExpired, res.Outcome)
+		assert.Equal(t, KindExpired, res.Kind)
+		assert.Equal(t, first.Key, res.Key, "the intent to settle")
 	})
 
 	t.Run("a changed cart of a paid action is already_paid", func(t *testing.T) {

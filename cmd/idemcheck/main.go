@@ -79,16 +79,66 @@ func main() {
 
 // run is the program; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, code := parseFlags(args, stderr)
+	if o == nil {
+		return code
+	}
+	if err := o.readBodies(); err != nil {
+		return bad(stderr, "%v", err)
+	}
+	requests, records, err := contractcheck.Plan(o.cfg)
+	if err != nil {
+		return bad(stderr, "%v", strings.TrimPrefix(err.Error(), "contractcheck: "))
+	}
+	// The plan goes where a person reads it before anything is sent.
+	planOut := stdout
+	if o.json {
+		planOut = stderr
+	}
+	fmt.Fprintf(planOut, "idemcheck: checking %s %s against the Idempotency-Key contract\n", strings.ToUpper(o.cfg.Method), o.cfg.URL)
+	fmt.Fprintf(planOut, "idemcheck: sending at most %d requests, all keys fresh and random, creating up to %d records\n", requests, records)
+
+	var progress func(contractcheck.Row)
+	if !o.json {
+		progress = func(r contractcheck.Row) { printRow(stdout, r) }
+	}
+	rep, err := contractcheck.Run(ctx, o.cfg, progress)
+	if err != nil {
+		return bad(stderr, "%v", strings.TrimPrefix(err.Error(), "contractcheck: "))
+	}
+	if err := writeReport(stdout, rep, o.json); err != nil {
+		return bad(stderr, "writing the report: %v", err)
+	}
+	if !rep.OK() {
+		return 1
+	}
+	return 0
+}
+
+// options are the program's flags.
+type options struct {
+	cfg contractcheck.Config
+	// body, changed and invalid are the body flags as given: a body, or
+	// @FILE. readBodies puts them in cfg.
+	body, changed, invalid string
+	// json prints the report as JSON.
+	json bool
+}
+
+// parseFlags reads the flags. A nil options means the program ends now,
+// with the exit status: 0 after -h, 2 for bad flags. It explains bad
+// flags on stderr.
+func parseFlags(args []string, stderr io.Writer) (*options, int) {
+	o := &options{}
+	cfg := &o.cfg
 	fs := flag.NewFlagSet("idemcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var cfg contractcheck.Config
-	var body, changed, invalid string
 	fs.StringVar(&cfg.URL, "url", "", "the endpoint to check, such as https://staging.example/payments (required)")
 	fs.StringVar(&cfg.Method, "method", contractcheck.DefaultMethod, "POST or PATCH")
-	fs.StringVar(&body, "body", contractcheck.DefaultBody, "a request body the server accepts with a 2xx; @FILE reads a file")
+	fs.StringVar(&o.body, "body", contractcheck.DefaultBody, "a request body the server accepts with a 2xx; @FILE reads a file")
 	fs.StringVar(&cfg.ContentType, "content-type", contractcheck.DefaultContentType, "the requests' Content-Type")
-	fs.StringVar(&changed, "changed-body", "", "a valid body other than -body, for changed-body; @FILE reads a file\n(default: derived from a JSON -body: its first integer plus one)")
-	fs.StringVar(&invalid, "invalid-body", "", "a body the server refuses before any work, for validation-key-free;\n@FILE reads a file (default: a JSON -body cut short)")
+	fs.StringVar(&o.changed, "changed-body", "", "a valid body other than -body, for changed-body; @FILE reads a file\n(default: derived from a JSON -body: its first integer plus one)")
+	fs.StringVar(&o.invalid, "invalid-body", "", "a body the server refuses before any work, for validation-key-free;\n@FILE reads a file (default: a JSON -body cut short)")
 	fs.StringVar(&cfg.Auth, "auth", os.Getenv("IDEMCHECK_AUTH"), "the Authorization header of the first caller (default $IDEMCHECK_AUTH; none: anonymous)")
 	fs.StringVar(&cfg.Auth2, "auth2", os.Getenv("IDEMCHECK_AUTH2"), "the Authorization header of a second caller, for scoping (default $IDEMCHECK_AUTH2)")
 	fs.StringVar(&cfg.Lookup, "lookup", "", "the lookup by key, {key} where the key goes, such as\nhttps://staging.example/payments?idempotency_key={key}")
@@ -98,83 +148,76 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Concurrency, "concurrency", contractcheck.DefaultConcurrency, fmt.Sprintf("duplicates sent at once by the concurrent row, 2 to %d", contractcheck.MaxConcurrency))
 	fs.DurationVar(&cfg.LeaseWait, "lease-wait", contractcheck.DefaultLeaseWait, "the longest wait for a dead worker's lease to end")
 	fs.DurationVar(&cfg.Timeout, "timeout", contractcheck.DefaultTimeout, "the longest wait for each answer")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	fs.Usage = func() {
-		out := fs.Output()
-		fmt.Fprint(out, usage)
-		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		for _, r := range contractcheck.Rows() {
-			fmt.Fprintf(tw, "  %s\t%s\n", r.ID, r.Title)
-		}
-		_ = tw.Flush()
-		fmt.Fprint(out, "\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
+	fs.Usage = func() { printUsage(fs) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0
 		}
-		return 2
-	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "idemcheck: "+format+"\n", a...)
-		return 2
+		return nil, 2
 	}
 	if fs.NArg() > 0 {
-		return bad("unexpected argument %q; flags only (-h lists them)", fs.Arg(0))
+		return nil, bad(stderr, "unexpected argument %q; flags only (-h lists them)", fs.Arg(0))
 	}
 	if cfg.URL == "" {
-		return bad("-url is required: the endpoint that requires an Idempotency-Key (-h for help)")
+		return nil, bad(stderr, "-url is required: the endpoint that requires an Idempotency-Key (-h for help)")
 	}
+	return o, 0
+}
+
+// printUsage prints the help: what the program does, its rows and its
+// flags.
+func printUsage(fs *flag.FlagSet) {
+	out := fs.Output()
+	fmt.Fprint(out, usage)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, r := range contractcheck.Rows() {
+		fmt.Fprintf(tw, "  %s\t%s\n", r.ID, r.Title)
+	}
+	_ = tw.Flush()
+	fmt.Fprint(out, "\nFlags:\n")
+	fs.PrintDefaults()
+}
+
+// readBodies puts the body flags in the config, reading the files they
+// name. An empty -changed-body or -invalid-body leaves the check's
+// default.
+func (o *options) readBodies() error {
 	var err error
-	if cfg.Body, err = readArg("-body", body); err != nil {
-		return bad("%v", err)
+	if o.cfg.Body, err = readArg("-body", o.body); err != nil {
+		return err
 	}
-	if changed != "" {
-		if cfg.ChangedBody, err = readArg("-changed-body", changed); err != nil {
-			return bad("%v", err)
+	if o.changed != "" {
+		if o.cfg.ChangedBody, err = readArg("-changed-body", o.changed); err != nil {
+			return err
 		}
 	}
-	if invalid != "" {
-		if cfg.InvalidBody, err = readArg("-invalid-body", invalid); err != nil {
-			return bad("%v", err)
+	if o.invalid != "" {
+		if o.cfg.InvalidBody, err = readArg("-invalid-body", o.invalid); err != nil {
+			return err
 		}
 	}
+	return nil
+}
 
-	requests, records, err := contractcheck.Plan(cfg)
-	if err != nil {
-		return bad("%v", strings.TrimPrefix(err.Error(), "contractcheck: "))
-	}
-	// The plan goes where a person reads it before anything is sent.
-	planOut := stdout
-	if *asJSON {
-		planOut = stderr
-	}
-	fmt.Fprintf(planOut, "idemcheck: checking %s %s against the Idempotency-Key contract\n", strings.ToUpper(cfg.Method), cfg.URL)
-	fmt.Fprintf(planOut, "idemcheck: sending at most %d requests, all keys fresh and random, creating up to %d records\n", requests, records)
-
-	var progress func(contractcheck.Row)
-	if !*asJSON {
-		progress = func(r contractcheck.Row) { printRow(stdout, r) }
-	}
-	rep, err := contractcheck.Run(ctx, cfg, progress)
-	if err != nil {
-		return bad("%v", strings.TrimPrefix(err.Error(), "contractcheck: "))
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
+// writeReport prints the report's summary line, or the report as JSON.
+// In text the rows were printed as they came.
+func writeReport(w io.Writer, rep *contractcheck.Report, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return bad("writing the report: %v", err)
-		}
-	} else {
-		fmt.Fprintf(stdout, "%d rows: %d PASS, %d FAIL, %d SKIP; %d requests sent\n",
-			len(rep.Rows), rep.Pass, rep.Fail, rep.Skip, rep.Sent)
+		return enc.Encode(rep)
 	}
-	if !rep.OK() {
-		return 1
-	}
-	return 0
+	fmt.Fprintf(w, "%d rows: %d PASS, %d FAIL, %d SKIP; %d requests sent\n",
+		len(rep.Rows), rep.Pass, rep.Fail, rep.Skip, rep.Sent)
+	return nil
+}
+
+// bad explains on stderr why the check cannot run, and returns its exit
+// status, 2.
+func bad(stderr io.Writer, format string, a ...any) int {
+	fmt.Fprintf(stderr, "idemcheck: "+format+"\n", a...)
+	return 2
 }
 
 // printRow prints one row, and the evidence under a FAIL.
