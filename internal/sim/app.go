@@ -474,7 +474,7 @@ func (d *device) settleAllRacingTaps() {
 	defer cancel()
 	var died any
 	written := d.written
-	d.settled = func(s idem.Settled) {
+	d.settled = func(s idem.Settled, done int) {
 		key := s.Intent.Key()
 		a := d.appNamed(s.Intent.Name())
 		w.tracef("d%d/%s SettleAll %s: state %s, err %v", d.id, a.name, key, s.Intent.State(), s.Err)
@@ -496,8 +496,20 @@ func (d *device) settleAllRacingTaps() {
 					cancel()
 				}
 			}()
+			// Often the user taps Pay on the action SettleAll sends
+			// next, at times while the radio is down: that tap ends
+			// "not sent", a promise SettleAll must keep.
 			u := pick(w.appRNG, d.apps...)
+			if done < len(ins) && w.appRNG.chance(0.5) {
+				u = d.appNamed(ins[done].Name())
+			}
 			w.tracef("d%d/%s: the user acts while SettleAll runs", d.id, u.name)
+			if w.appRNG.chance(0.5) {
+				was := d.offline
+				d.offline = w.clk.now.Add(time.Hour)
+				defer func() { d.offline = was }()
+				w.tracef("d%d: the radio is down during the user's action", d.id)
+			}
 			u.step()
 		}()
 		written = d.written

@@ -52,7 +52,7 @@ type device struct {
 	restarted  bool // the app has not resumed its intents since starting
 	// settled is told of each intent SettleAll is done with, while the
 	// app runs it (settleAllRacingTaps); nil otherwise.
-	settled    func(idem.Settled)
+	settled    func(s idem.Settled, done int)
 	redirected bool // the edge redirected the device's last request
 
 	attemptTimeout time.Duration
@@ -141,9 +141,9 @@ func (d *device) start() {
 		// One intent at a time, in the caller's goroutine: the world
 		// runs SettleAll's settles as its own steps.
 		SettleConcurrency: 1,
-		SettleProgress: func(s idem.Settled, _, _ int) {
+		SettleProgress: func(s idem.Settled, done, _ int) {
 			if d.settled != nil {
-				d.settled(s)
+				d.settled(s, done)
 			}
 		},
 		Server: idem.Server{

@@ -128,9 +128,9 @@ var faultTable = [numFaults]faultInfo{
 	// the Client when its send ended, unless it dies first.
 	faultHandOut: {"app.hand-out", 0.1, true, ""},
 	// Per start: the app settles with SettleAll (one intent at a time),
-	// and the user taps Pay between two of its settles, after SettleAll
-	// listed its intents: a tap that ends "not sent" is never sent by
-	// SettleAll later.
+	// and the user acts between two of its settles, after SettleAll
+	// listed its intents: often on the action SettleAll sends next, at
+	// times while the radio is down.
 	faultSettleAllRace: {"app.settle-all-races-tap", 0.3, true, ""},
 
 	faultServerCrash:        {"server.crash", 0.003, true, ""},
