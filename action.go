@@ -166,7 +166,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 				return nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}
 			case latest.State.Resolved():
 				// Known outcome: a new intent cannot pay twice.
-			case c.mayReplace(latest) && c.keys.replaceable(latest):
+			case c.keys.replaceable(latest):
 				if err := c.replace(ctx, name, latest); err != nil {
 					return nil, err
 				}
@@ -450,15 +450,6 @@ func (c *Client) Forget(ctx context.Context, in *Intent) error {
 		return fmt.Errorf("%w: %s", ErrInFlight, key)
 	}
 	return err
-}
-
-// mayReplace reports whether rec, the action's latest intent as stored, may
-// be one that no other Client can have sent: one stored as not sent (by the
-// one Client that could tell), or one this Client armed and no other took
-// over (see Client.do). An armed intent another Client holds may be on the
-// wire, whatever this Client knows of its own calls.
-func (c *Client) mayReplace(rec *persist.Record) bool {
-	return rec.State == persist.StateNotSent || rec.Holder == c.id
 }
 
 // revOf is rec's version, "" for no record.
