@@ -410,6 +410,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^(TestTakeOver|TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending)$",
 		},
 		{
+			Name: "send-ended-ends-another-clients-claim", File: "handout.go",
+			Note:    "SendEnded ends the send deadline whoever holds the record: the claim of a Client that took the intent over and is still sending ends with it",
+			Anchor:  "\t\tif cur.Holder == c.id {\n",
+			Replace: "\t\tif true {\n",
+			Pkg:     root, Run: "^TestHTTPRequest$/^its_end,_reported_with_SendEnded,_never_ends",
+		},
+		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
 			Anchor:  "\t\tc.sendLeft(rec) < c.policyFor(ctx).MaxElapsed\n",

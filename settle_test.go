@@ -961,6 +961,50 @@ func TestHTTPRequest(t *testing.T) {
 		assert.NotEqual(t, persist.StateVoid, loaded.State())
 	})
 
+	t.Run("its end, reported with SendEnded, never ends the claim of a Client that took the intent over", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: truth, Server: server})
+		require.NoError(t, err)
+		bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
+		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: bClock, Server: server,
+			RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
+		require.NoError(t, err)
+		c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: truth, Server: server})
+		require.NoError(t, err)
+
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		_, err = a.HTTPRequest(ctx, in) // the app holds the request, and never sends it
+		require.NoError(t, err)
+		// b takes the intent over and sends it; a gateway asks it to wait.
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "150", Count: 1}))
+		twin, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		bDone := make(chan error, 1)
+		go func() {
+			_, err := b.Do(ctx, twin)
+			bDone <- err
+		}()
+		wait := <-bClock.sleeping
+		require.NoError(t, a.SendEnded(ctx, in)) // the app's own send ended: it never sent it
+
+		truth.Advance(wait + time.Second)
+		seen, err := c.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = c.Reconcile(ctx, seen)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "b's call may still send under its claim")
+		bClock.release <- struct{}{} // b retries: the server charges
+		require.NoError(t, <-bDone)
+		assert.Equal(t, 1, srv.Stats().Payments)
+		assert.NotEqual(t, persist.StateVoid, seen.State(), "the intent reads void while its payment was made")
+	})
+
 	t.Run("its end, reported with SendEnded, lets another Client trust a miss once the reconcile delay passed", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
