@@ -94,7 +94,7 @@ func (c *clocks) sinceBirth() time.Duration {
 // Client has read or found in a record, and never less than the wall time
 // at its birth plus the time since on the in-process timeline. A clock set
 // back cannot lower it.
-func (c *clocks) mark(now time.Time) time.Time {
+func (c *clocks) mark(r reading) time.Time {
 	c.seedMark.Do(func() {
 		// The marks stored with the unresolved intents (which a store
 		// keeps at hand) say what an earlier process saw.
@@ -103,8 +103,8 @@ func (c *clocks) mark(now time.Time) time.Time {
 			c.observe(rec)
 		}
 	})
-	now = now.Round(0)
-	if floor := c.born.Round(0).Add(c.sinceBirth()); floor.After(now) {
+	now := r.wall
+	if floor := c.born.Round(0).Add(r.in); floor.After(now) {
 		now = floor
 	}
 	c.markMu.Lock()
@@ -151,7 +151,7 @@ func (c *clocks) age(rec *persist.Record, now time.Time, bornAt func(time.Durati
 	if rec.Clocks != nil && !rec.Clocks.ArmMark.IsZero() {
 		armMark = rec.Clocks.ArmMark
 	}
-	age := max(wall, c.mark(r.wall).Sub(armMark))
+	age := max(wall, c.mark(r).Sub(armMark))
 	if cl := rec.Clocks; cl != nil && cl.ArmBoot != "" && cl.ArmBoot == r.bootID {
 		age = max(age, r.boot-cl.Armed)
 	}

@@ -734,8 +734,7 @@ func (l *sendDeadline) left() time.Duration {
 		// An intent the store never holds (the RoundTripper's own).
 		return math.MaxInt64
 	}
-	r := l.clocks.read()
-	return sendByLeft(l.rec.Clocks, r, l.clocks.mark(r.wall))
+	return sendLeftNow(l.clocks, l.rec.Clocks)
 }
 
 func (l *intentLeft) left() time.Duration {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/idemkit/idem/persist"
 )
@@ -75,12 +74,7 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 	// The app may send the request at any time: the hand-out claims the
 	// record up to the server's retention from now (each hand-out anew),
 	// and another Client's lookup waits for it (mayStillArrive).
-	cl := new(persist.Clocks)
-	if rec.Clocks != nil {
-		*cl = *rec.Clocks
-	}
-	c.claim(cl, c.retention)
-	rec.Clocks = cl
+	c.claim(&rec, c.retention, false)
 	if err := c.saveIf(ctx, in, &rec, cur, "hand out"); err != nil {
 		// Not handed out: the app gets no request. The write's result is
 		// unknown; the record may say handed out, which only delays a
@@ -125,15 +119,7 @@ func (c *Client) SendEnded(ctx context.Context, in *Intent) error {
 		// The app's send began no later than now: the hand-out's claim
 		// ends here, for every Client's lookup. Another Client's claim,
 		// if it took the intent over since, stands.
-		cl := new(persist.Clocks)
-		if rec.Clocks != nil {
-			*cl = *rec.Clocks
-		}
-		if cur.Holder == c.id {
-			cl.SendWall, cl.SendBoot, cl.SendBy = time.Time{}, "", 0
-		}
-		now := c.claim(cl, 0)
-		rec.Clocks = cl
+		now := c.claim(&rec, 0, cur.Holder == c.id)
 		if err = c.saveIf(detached(ctx), in, &rec, cur, "send ended"); err == nil {
 			c.keys.sendEnded(key, now)
 		}

@@ -976,7 +976,7 @@ func (c *Client) bornAgain(rec *persist.Record) {
 // reading.
 func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) reading {
 	r := c.clocks.read()
-	stamped(rec, cl, r, c.clocks.mark(r.wall), armed)
+	stamped(rec, cl, r, c.clocks.mark(r), armed)
 	return r
 }
 
@@ -992,15 +992,30 @@ func (c *Client) mustHold(ctx context.Context, rec *persist.Record) bool {
 // sendLeft returns the least time any clock says is left until the send
 // deadline rec stores (sendByLeft).
 func (c *Client) sendLeft(rec *persist.Record) time.Duration {
-	r := c.clocks.read()
-	return sendByLeft(rec.Clocks, r, c.clocks.mark(r.wall))
+	return sendLeftNow(c.clocks, rec.Clocks)
 }
 
-// claim sets in cl the latest time a call that begins now may begin a
-// send, d later (sendBy), and returns the reading of now.
-func (c *Client) claim(cl *persist.Clocks, d time.Duration) reading {
+// sendLeftNow is sendByLeft on one reading of cs, the Client's clocks.
+func sendLeftNow(cs *clocks, cl *persist.Clocks) time.Duration {
+	r := cs.read()
+	return sendByLeft(cl, r, cs.mark(r))
+}
+
+// claim gives rec clocks of its own that say the latest time a call that
+// begins now may begin a send, d later (sendBy), and returns the reading
+// of now. With over set, the deadline rec held is dropped first, so the
+// new one may be earlier.
+func (c *Client) claim(rec *persist.Record, d time.Duration, over bool) reading {
+	cl := new(persist.Clocks)
+	if rec.Clocks != nil {
+		*cl = *rec.Clocks
+	}
+	if over {
+		cl.SendWall, cl.SendBoot, cl.SendBy = time.Time{}, "", 0
+	}
 	r := c.clocks.read()
-	sendBy(cl, r, c.clocks.mark(r.wall), d)
+	sendBy(cl, r, c.clocks.mark(r), d)
+	rec.Clocks = cl
 	return r
 }
 
@@ -1045,12 +1060,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
 	// The claim carries the latest time this call may begin a send.
-	cl := new(persist.Clocks)
-	if rec.Clocks != nil {
-		*cl = *rec.Clocks
-	}
-	c.claim(cl, c.policyFor(ctx).MaxElapsed+sendSlack)
-	rec.Clocks = cl
+	c.claim(rec, c.policyFor(ctx).MaxElapsed+sendSlack, false)
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError
 		if errors.As(err, &changed) {

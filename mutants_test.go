@@ -286,7 +286,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "handed-out-miss-trusted", File: "handout.go",
 			Note:    "a hand-out stores no send deadline of its own: a lookup's miss is trusted from the intent's earlier claim while the app may still send the request",
-			Anchor:  "\tc.claim(cl, c.retention)\n",
+			Anchor:  "\tc.claim(&rec, c.retention, false)\n",
 			Replace: "",
 			Pkg:     root, Run: "^TestHTTPRequest$",
 		},
@@ -300,8 +300,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "send-ended-known-to-one-client", File: "handout.go",
 			Note:    "SendEnded stores no deadline: only its own Client knows that the app's send ended, and another Client waits for the server's retention",
-			Anchor:  "\t\tif cur.Holder == c.id {\n\t\t\tcl.SendWall, cl.SendBoot, cl.SendBy = time.Time{}, \"\", 0\n\t\t}\n",
-			Replace: "\t\tif false {\n\t\t\tcl.SendWall, cl.SendBoot, cl.SendBy = time.Time{}, \"\", 0\n\t\t}\n",
+			Anchor:  "\t\tnow := c.claim(&rec, 0, cur.Holder == c.id)\n",
+			Replace: "\t\tnow := c.claim(&rec, 0, false)\n",
 			Pkg:     root, Run: "^TestHTTPRequest$/^its_end,_reported_with_SendEnded,_lets",
 		},
 		{
@@ -356,7 +356,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "mark-without-the-monotonic-floor", File: "age.go",
 			Note:    "the wall clock's high-water mark ignores the time since the Client's birth: a tap under a clock set back stores a deadline in the past, and another Client voids the intent once the time is put right",
-			Anchor:  "\tif floor := c.born.Round(0).Add(c.sinceBirth()); floor.After(now) {\n\t\tnow = floor\n\t}\n",
+			Anchor:  "\tif floor := c.born.Round(0).Add(r.in); floor.After(now) {\n\t\tnow = floor\n\t}\n",
 			Replace: "",
 			Pkg:     root, Run: "^TestReconcile$/^a_tap_under_a_clock_set_back",
 		},
@@ -412,8 +412,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "send-ended-ends-another-clients-claim", File: "handout.go",
 			Note:    "SendEnded ends the send deadline whoever holds the record: the claim of a Client that took the intent over and is still sending ends with it",
-			Anchor:  "\t\tif cur.Holder == c.id {\n",
-			Replace: "\t\tif true {\n",
+			Anchor:  "\t\tnow := c.claim(&rec, 0, cur.Holder == c.id)\n",
+			Replace: "\t\tnow := c.claim(&rec, 0, true)\n",
 			Pkg:     root, Run: "^TestHTTPRequest$/^its_end,_reported_with_SendEnded,_never_ends",
 		},
 		{
@@ -552,7 +552,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "age-ignores-wall-mark", File: "age.go",
 			Note:    "an intent's age ignores the stored high-water mark of the wall clock",
-			Anchor:  "\tage := max(wall, c.mark(r.wall).Sub(armMark))\n",
+			Anchor:  "\tage := max(wall, c.mark(r).Sub(armMark))\n",
 			Replace: "\tage := wall\n\t_ = armMark\n",
 			Pkg:     root, Run: "^TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger$",
 		},
