@@ -507,100 +507,10 @@ func switchable() (*http.Client, *atomic.Bool) {
 func TestSettleAll(t *testing.T) {
 	t.Parallel()
 	t.Run("a not-sent intent is never sent by a SettleAll that listed it earlier", func(t *testing.T) {
-		t.Parallel()
-		ctx := context.Background()
-		e := newEnv(t)
-		// The first intent's settle holds SettleAll's one worker until
-		// released, at a server that then answers 503.
-		entered, release := make(chan struct{}, 1), make(chan struct{})
-		slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			<-release
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}))
-		t.Cleanup(slow.Close)
-		hc, down := switchable()
-		c := e.newClient(t, idem.WithHTTPClient(hc), idem.WithSettleConcurrency(1))
-
-		first, err := c.Intent(ctx, "other", idem.Request{Method: http.MethodPost, URL: slow.URL + "/payments", Body: []byte(`{}`)})
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(c, ctx, first))
-		e.clock.Advance(time.Second)
-		tap, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(c, ctx, tap)) // the tap is dialing
-
-		settled := make(chan []idem.Settled, 1)
-		go func() {
-			out, _ := c.SettleAll(oneAttempt())
-			settled <- out
-		}()
-		<-entered // SettleAll listed both and works on the first
-
-		down.Store(true) // the server is briefly unreachable
-		_, err = c.Do(ctx, tap)
-		require.ErrorIs(t, err, idem.ErrNotSent, "the user is told it was not sent")
-		down.Store(false)
-
-		close(release)
-		out := <-settled
-		require.Len(t, out, 2)
-		assert.Equal(t, tap.Key(), out[1].Intent.Key())
-		assert.ErrorIs(t, out[1].Err, idem.ErrNotSent)
-		assert.Zero(t, e.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
-		stored, err := c.Load(ctx, tap.Key())
-		require.NoError(t, err)
-		assert.Equal(t, persist.StateNotSent, stored.State())
+		settleAllRacingANotSentTap(t, false)
 	})
-
 	t.Run("a not-sent intent is never sent by another Client's SettleAll that listed it earlier", func(t *testing.T) {
-		t.Parallel()
-		ctx := context.Background()
-		e := newEnv(t)
-		// The first intent's settle holds SettleAll's one worker until
-		// released, at a server that then answers 503.
-		entered, release := make(chan struct{}, 1), make(chan struct{})
-		slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			<-release
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}))
-		t.Cleanup(slow.Close)
-		hc, down := switchable()
-		settler := e.newClient(t, idem.WithSettleConcurrency(1))
-		app := e.newClient(t, idem.WithHTTPClient(hc))
-
-		first, err := settler.Intent(ctx, "other", idem.Request{Method: http.MethodPost, URL: slow.URL + "/payments", Body: []byte(`{}`)})
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(settler, ctx, first))
-		e.clock.Advance(time.Second)
-		tap, err := app.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(app, ctx, tap)) // the other part of the app's tap is dialing
-
-		settled := make(chan []idem.Settled, 1)
-		go func() {
-			out, _ := settler.SettleAll(oneAttempt())
-			settled <- out
-		}()
-		<-entered // SettleAll listed both and works on the first
-
-		down.Store(true)
-		_, err = app.Do(ctx, tap)
-		require.ErrorIs(t, err, idem.ErrNotSent, "the user is told it was not sent")
-		down.Store(false)
-
-		close(release)
-		out := <-settled
-		require.Len(t, out, 2)
-		assert.ErrorIs(t, out[1].Err, idem.ErrNotSent)
-		assert.Zero(t, e.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
+		settleAllRacingANotSentTap(t, true)
 	})
 
 	t.Run("the README's loop of Settle over Unresolved never sends a not-sent intent", settleLoopOverUnresolved)
@@ -1104,4 +1014,64 @@ func settleLoopOverUnresolved(t *testing.T) {
 	}
 	assert.Empty(t, pending, "Unresolved lists an intent whose outcome is known: not sent")
 	assert.Equal(t, 0, srv.Stats().Payments, "the user was told the payment was not sent")
+}
+
+// settleAllRacingANotSentTap: SettleAll, one intent at a time, lists two
+// intents; while it works on the first, the user's tap of the second ends
+// "not sent" (the server is briefly unreachable), on SettleAll's own
+// Client or, with another, on a second Client of the store. SettleAll
+// then reaches the second intent, and must not send it.
+func settleAllRacingANotSentTap(t *testing.T, another bool) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	// The first intent's settle holds SettleAll's one worker until
+	// released, at a server that then answers 503.
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(slow.Close)
+	hc, down := switchable()
+	settler := e.newClient(t, idem.WithHTTPClient(hc), idem.WithSettleConcurrency(1))
+	app := settler
+	if another {
+		settler = e.newClient(t, idem.WithSettleConcurrency(1))
+		app = e.newClient(t, idem.WithHTTPClient(hc))
+	}
+
+	first, err := settler.Intent(ctx, "other", idem.Request{Method: http.MethodPost, URL: slow.URL + "/payments", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(settler, ctx, first))
+	e.clock.Advance(time.Second)
+	tap, err := app.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(app, ctx, tap)) // the tap is dialing
+
+	settled := make(chan []idem.Settled, 1)
+	go func() {
+		out, _ := settler.SettleAll(oneAttempt())
+		settled <- out
+	}()
+	<-entered // SettleAll listed both and works on the first
+
+	down.Store(true) // the server is briefly unreachable
+	_, err = app.Do(ctx, tap)
+	require.ErrorIs(t, err, idem.ErrNotSent, "the user is told it was not sent")
+	down.Store(false)
+
+	close(release)
+	out := <-settled
+	require.Len(t, out, 2)
+	assert.Equal(t, tap.Key(), out[1].Intent.Key())
+	assert.ErrorIs(t, out[1].Err, idem.ErrNotSent)
+	assert.Zero(t, e.srv.Stats().ProviderCharges, "what the user was told was not sent is never charged")
+	stored, err := app.Load(ctx, tap.Key())
+	require.NoError(t, err)
+	assert.Equal(t, persist.StateNotSent, stored.State())
 }
