@@ -1458,49 +1458,15 @@ func TestTakeOver(t *testing.T) {
 	t.Run("a Client whose not-sent intent another Client armed and sent never ends it not sent", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		e := newEnv(t)
-		st := &outcomeFailStore{Store: e.store}
-		st.fail.Store(true)
-		var authFails atomic.Bool
-		auth := func(c *idem.Config) {
-			c.Authorizer = func(context.Context, string) (string, error) {
-				if authFails.Load() {
-					return "", errors.New("token refresh failed")
-				}
-				return "", nil
-			}
-		}
-		a := e.newClient(t, idem.WithStore(st), auth)
-		b := e.newClient(t, idem.WithStore(st), auth)
-		req := e.paymentRequest(t, 100, "cus_1")
-
-		// B's tap ends "not sent": its Authorizer failed.
-		first, err := b.Intent(ctx, "tips", req)
-		require.NoError(t, err)
-		authFails.Store(true)
-		_, err = b.Do(ctx, first)
-		require.ErrorIs(t, err, idem.ErrNotSent)
-		authFails.Store(false)
-
-		// The user taps again; both parts of the app hold the intent. A
-		// sends it and the server charges; the disk fills before A
-		// records the answer.
-		onA, err := a.Intent(ctx, "tips", req)
-		require.NoError(t, err)
-		onB, err := b.Intent(ctx, "tips", req)
-		require.NoError(t, err)
-		require.Equal(t, onA.Key(), onB.Key())
-		_, err = a.Do(ctx, onA)
-		require.Error(t, err)
-		require.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		x := notSentThenCharged(t, func(s persist.Store) persist.Store { return s })
 
 		// B's call sends nothing (its Authorizer fails again), but A's
 		// request was charged: B must not say, nor store, "not sent".
-		authFails.Store(true)
-		_, err = b.Do(ctx, onB)
+		x.authFails.Store(true)
+		_, err := x.b.Do(ctx, x.onB)
 		assert.NotErrorIs(t, err, idem.ErrNotSent)
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		stored, err := st.Get(ctx, onB.Key())
+		stored, err := x.st.Get(ctx, x.onB.Key())
 		require.NoError(t, err)
 		assert.NotEqual(t, persist.StateNotSent, stored.State)
 	})
@@ -1515,47 +1481,71 @@ func TestTakeOver(t *testing.T) {
 	t.Run("a take-over whose write landed but failed never makes another Client's charged intent replaceable", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		e := newEnv(t)
-		st := &outcomeFailStore{Store: e.store}
-		st.fail.Store(true)
-		onB := &landsButFails{Store: st}
-		var authFails atomic.Bool
-		auth := func(c *idem.Config) {
-			c.Authorizer = func(context.Context, string) (string, error) {
-				if authFails.Load() {
-					return "", errors.New("token refresh failed")
-				}
-				return "", nil
-			}
-		}
-		a := e.newClient(t, idem.WithStore(st), auth)
-		b := e.newClient(t, idem.WithStore(onB), auth)
-		req := e.paymentRequest(t, 100, "cus_1")
-
-		first, err := b.Intent(ctx, "tips", req)
-		require.NoError(t, err)
-		authFails.Store(true)
-		_, err = b.Do(ctx, first)
-		require.ErrorIs(t, err, idem.ErrNotSent)
-		authFails.Store(false)
-
-		again, err := a.Intent(ctx, "tips", req)
-		require.NoError(t, err)
-		_, err = a.Do(ctx, again)
-		require.Error(t, err)
-		require.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		var onB *landsButFails
+		x := notSentThenCharged(t, func(s persist.Store) persist.Store {
+			onB = &landsButFails{Store: s}
+			return onB
+		})
 
 		onB.failing.Store(true)
-		tapped, err := b.Intent(ctx, "tips", req)
-		require.NoError(t, err)
-		_, err = b.Do(ctx, tapped)
+		_, err := x.b.Do(ctx, x.onB)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		onB.failing.Store(false)
 
-		_, err = b.Intent(ctx, "tips", e.paymentRequest(t, 200, "cus_1"))
+		_, err = x.b.Intent(ctx, "tips", x.e.paymentRequest(t, 200, "cus_1"))
 		require.ErrorAs(t, err, new(*idem.UnresolvedError), "the intent was charged: a changed cart never replaces it")
-		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		assert.Equal(t, 1, x.e.srv.Stats().ProviderCharges)
 	})
+}
+
+// chargedAfterNotSent is the world notSentThenCharged leaves.
+type chargedAfterNotSent struct {
+	e         *env
+	st        *outcomeFailStore
+	authFails *atomic.Bool
+	b         *idem.Client
+	onB       *idem.Intent // B's view of the intent A's request charged
+}
+
+// notSentThenCharged: two Clients on one store, A and B, whose
+// Authorizer fails while authFails is set; B's store is wrapB's. B's tap
+// ends "not sent" (its Authorizer failed). The user taps again; both
+// parts of the app hold the intent. A sends it and the server charges;
+// the disk fills before A records the answer.
+func notSentThenCharged(t *testing.T, wrapB func(persist.Store) persist.Store) chargedAfterNotSent {
+	t.Helper()
+	ctx := context.Background()
+	x := chargedAfterNotSent{e: newEnv(t), authFails: new(atomic.Bool)}
+	x.st = &outcomeFailStore{Store: x.e.store}
+	x.st.fail.Store(true)
+	auth := func(c *idem.Config) {
+		c.Authorizer = func(context.Context, string) (string, error) {
+			if x.authFails.Load() {
+				return "", errors.New("token refresh failed")
+			}
+			return "", nil
+		}
+	}
+	a := x.e.newClient(t, idem.WithStore(x.st), auth)
+	x.b = x.e.newClient(t, idem.WithStore(wrapB(x.st)), auth)
+	req := x.e.paymentRequest(t, 100, "cus_1")
+
+	first, err := x.b.Intent(ctx, "tips", req)
+	require.NoError(t, err)
+	x.authFails.Store(true)
+	_, err = x.b.Do(ctx, first)
+	require.ErrorIs(t, err, idem.ErrNotSent)
+	x.authFails.Store(false)
+
+	onA, err := a.Intent(ctx, "tips", req)
+	require.NoError(t, err)
+	x.onB, err = x.b.Intent(ctx, "tips", req)
+	require.NoError(t, err)
+	require.Equal(t, onA.Key(), x.onB.Key())
+	_, err = a.Do(ctx, onA)
+	require.Error(t, err)
+	require.Equal(t, 1, x.e.srv.Stats().ProviderCharges)
+	return x
 }
 
 // landsButFails is a store whose writes land and report an error while
