@@ -873,6 +873,12 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 	}
 	wait := delay - leastSince(birth, now)
 	if since, ok := sinceSendBy(rec.Clocks, now); ok {
+		if now.bootID == "" {
+			// No clock counts sleep: what the wall clock moved since this
+			// Client's birth beyond its in-process timeline (a clock set
+			// forward) is not time that passed.
+			since -= max(now.wall.Sub(birth.wall)-(now.in-birth.in), 0)
+		}
 		wait = max(wait, delay-since)
 	}
 	return max(wait, 0)

@@ -78,7 +78,10 @@ var (
 // login page are not JSON, so they never settle an intent; nor does an
 // answer from another origin, reached by a followed redirect: a portal's
 // JSON API is JSON too; nor does an answer a cache served (an Age above
-// 0): a cache that keeps POST answers may serve another intent's. The
+// 0): a cache that keeps POST answers may serve another intent's. A cache
+// that keeps them and says no Age, or Age: 0 within its first second,
+// cannot be told from the server: behind one, use a Mark that reads the
+// key. The
 // lookup's 2xx is read the same way, so the
 // server's lookup answers the resource itself, not a list. The id names
 // no key, so the lookup's 2xx settles only when it echoes the lookup's

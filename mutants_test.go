@@ -417,6 +417,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestHTTPRequest$/^its_end,_reported_with_SendEnded,_never_ends",
 		},
 		{
+			Name: "deadline-trusts-a-wall-clock-set-forward", File: "life.go",
+			Note:    "with no clock that counts sleep, the time since a stored send deadline is read on the wall clock alone: set forward, it voids an intent whose attempt is in transit",
+			Anchor:  "\t\tif now.bootID == \"\" {\n",
+			Replace: "\t\tif false {\n",
+			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_wall_clock_was_set_forward",
+		},
+		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
 			Anchor:  "\t\tc.sendLeft(rec) < c.policyFor(ctx).MaxElapsed\n",

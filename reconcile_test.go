@@ -1155,6 +1155,42 @@ func TestReconcile(t *testing.T) {
 	t.Run("a Client that took an intent over waits for the call it took it from", reconcileAfterATakeOver)
 	t.Run("a take-over never shortens the send deadline of the call it took over", reconcileAfterATakeOverWithAShorterBudget)
 
+	// Path (found by a red-team pass): on a device with no clock that
+	// counts sleep, a Client made at the app's start reconciles the
+	// intent another Client's attempt left in transit, after the user set
+	// the wall clock an hour forward. The stored send deadline, read on
+	// the wall clock alone, seemed an hour past: the miss voided the
+	// intent, and the held attempt then charged it.
+	t.Run("a miss after the wall clock was set forward, with no clock that counts sleep, never voids", func(t *testing.T) {
+		t.Parallel()
+		truth := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		device := &noBootClock{m: truth}
+		net := &heldNetwork{base: srv.Client().Transport}
+		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
+		b, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(device), idem.WithHTTPClient(srv.Client()), policy)
+		require.NoError(t, err)
+		truth.Advance(10 * time.Minute)
+		a, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(device), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		net.holdNext(1)
+		_, err = a.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		device.setWall(time.Hour) // the user sets the clock an hour forward
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a's attempt may still be on its way")
+		net.deliver(t)
+		assert.Equal(t, 1, srv.Stats().Payments)
+		assert.NotEqual(t, persist.StateVoid, loaded.State(), "the intent reads void while its payment was made")
+	})
+
 	t.Run("a payment it finds but cannot record is returned marked not recorded", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
