@@ -26,6 +26,7 @@ func main() {
 	maxFunc := flag.Int("max-func", 0, "fail when a production function is longer than this many lines (0: report only)")
 	maxRatio := flag.Float64("max-ratio", 0, "fail when the comment sentence average is over this many times log/slog's (0: report only)")
 	top := flag.Int("top", 10, "how many of the longest functions to list")
+	byFile := flag.Bool("files", false, "list each production file's comment sentence average, longest first")
 	flag.Parse()
 
 	ours, err := measure(".", production)
@@ -60,6 +61,14 @@ func main() {
 		fmt.Printf("  %4d  %s\n", f.lines, f.name)
 	}
 	ratio := ours.average() / slog.average()
+	if *byFile {
+		sort.Slice(ours.perFile, func(i, j int) bool {
+			return ours.perFile[i].excess(slog.average()) > ours.perFile[j].excess(slog.average())
+		})
+		for _, f := range ours.perFile {
+			fmt.Printf("  %5.1f words  %4d sentences  %s\n", float64(f.words)/float64(max(f.sentences, 1)), f.sentences, f.name)
+		}
+	}
 	fmt.Printf("comment sentences: %.1f words on average (%d sentences); log/slog %.1f (%d); ratio %.2fx\n",
 		ours.average(), ours.sentences, slog.average(), slog.sentences, ratio)
 	fmt.Printf("production lines: %d in %d files\n", ours.lines, ours.files)
@@ -99,8 +108,21 @@ type fn struct {
 	lines int
 }
 
+// fileProse is one file's comment words and sentences.
+type fileProse struct {
+	name             string
+	words, sentences int
+}
+
+// excess is how many words the file has beyond what its sentences would
+// hold at 1.2x the given average.
+func (f fileProse) excess(avg float64) float64 {
+	return float64(f.words) - 1.2*avg*float64(f.sentences)
+}
+
 type figures struct {
 	funcs            []fn
+	perFile          []fileProse
 	words, sentences int
 	lines, files     int
 }
@@ -142,15 +164,19 @@ func measure(root string, keep func(string) bool) (figures, error) {
 			n := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1
 			out.funcs = append(out.funcs, fn{name: rel + ":" + name, lines: n})
 		}
+		prose := fileProse{name: rel}
 		for _, cg := range file.Comments {
 			text := cg.Text()
 			if strings.HasPrefix(text, "go:") || strings.Contains(text, "Code generated") {
 				continue
 			}
 			w, s := sentences(text)
-			out.words += w
-			out.sentences += s
+			prose.words += w
+			prose.sentences += s
 		}
+		out.words += prose.words
+		out.sentences += prose.sentences
+		out.perFile = append(out.perFile, prose)
 		return nil
 	})
 	return out, err
