@@ -124,7 +124,7 @@ type Config struct {
 	//   - "too_large": 413.
 	//   - "failed": a server error, and no answer was stored.
 	//   - "lost": the worker lost its lease, and its effect was dropped.
-	//   - "store_error": the store failed, or did not answer in time (503).
+	//   - "store_error": the store failed (500), or was too slow (503).
 	//   - "full": 503, the store had no room for a new record.
 	//
 	// A body is refused when Validate refuses it, or it does not decode.
@@ -229,7 +229,7 @@ func (m *middleware) report(r *http.Request, o string) {
 	}
 }
 
-// ServeHTTP makes the contract's checks, in its table's order. Then it
+// ServeHTTP runs the contract's checks, in its table's order. Then it
 // runs the protocol of its mode.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = echoKey(w, r)
