@@ -5,18 +5,19 @@ import (
 	"sync"
 )
 
-// Info describes the idempotent request a handler is serving. The middleware
-// puts it in the request context; read it with [FromContext].
+// Info describes the idempotent request a handler is serving. The
+// middleware puts it in the request context. Read it with [FromContext].
 type Info struct {
 	// ID is the record's key: the caller and its Idempotency-Key.
 	ID ID
-	// StableID is the server's own id for the intent, the same on every
-	// attempt, including after a takeover. Give it to external providers as
-	// their idempotency key.
+	// StableID is the server's own id for the intent. It is the same on
+	// every attempt, including after a takeover. Give it to external
+	// providers as their idempotency key.
 	StableID string
 	// Takeover is true when this request took over the record of a worker
-	// whose lease ended. The handler must then find out what the dead worker
-	// did (ask the provider about StableID) before doing anything again.
+	// whose lease ended. The handler must then find out what the dead
+	// worker did. It asks the provider about StableID before doing
+	// anything again.
 	Takeover bool
 	// Validated is what Config.Validate returned for the request's body,
 	// or nil.
@@ -34,8 +35,8 @@ type work struct {
 	nothingDone bool
 }
 
-// FromContext returns the Info of the idempotent request being served, and
-// false when ctx does not come from the middleware.
+// FromContext returns the Info of the idempotent request being served.
+// It returns false when ctx does not come from the middleware.
 func FromContext(ctx context.Context) (Info, bool) {
 	w, ok := ctx.Value(ctxKey{}).(*work)
 	if !ok {
@@ -44,14 +45,15 @@ func FromContext(ctx context.Context) (Info, bool) {
 	return w.info, true
 }
 
-// OnCommit registers effect, the request's change to the business state, to
-// be applied in the same atomic store step that marks the record COMPLETED
-// (see "Commit hook" in the package docs). If the answer is a server error
-// (>= 500), or the record is lost, the effect is discarded. Effects run in
-// registration order and must not call the Store.
+// OnCommit registers effect, the request's change to the business state.
+// The effect is applied in the atomic store step that marks the record
+// COMPLETED. If the answer is a server error (>= 500), the effect is
+// dropped. It is also dropped if the record is lost. Effects run in
+// registration order, and must not call the Store. docs/SERVER.md, "The
+// commit", tells the whole rule.
 //
-// When ctx does not come from the middleware (the handler is mounted bare),
-// OnCommit runs effect at once and returns its error.
+// ctx may not come from the middleware, as when the handler is mounted
+// bare. Then OnCommit runs effect at once and returns its error.
 func OnCommit(ctx context.Context, effect func(context.Context) error) error {
 	w, ok := ctx.Value(ctxKey{}).(*work)
 	if !ok {
@@ -63,7 +65,7 @@ func OnCommit(ctx context.Context, effect func(context.Context) error) error {
 	return nil
 }
 
-// commit applies the registered effects; it is the commit hook handed to
+// commit applies the registered effects. It is the commit hook handed to
 // Store.Complete.
 func (w *work) commit(ctx context.Context) error {
 	w.mu.Lock()
@@ -77,15 +79,17 @@ func (w *work) commit(ctx context.Context) error {
 }
 
 // NothingDone tells the middleware that the request being served has done
-// nothing outside the store (no provider was called under its stable id),
-// so that if the answer is a server error (>= 500), or the commit fails, the
-// record is released and the key is free again. Without it the record is
-// kept, IN_PROGRESS with its lease ended, and the next request with the key
-// takes it over with the same [Info.StableID] ([Info.Takeover] is true) and
-// asks the provider first: a provider call that timed out may have charged.
-// A takeover always keeps the record: the dead worker before it may have
-// called the provider. When ctx does not come from the middleware,
-// NothingDone does nothing.
+// nothing outside the store. No provider was called under its stable id.
+// Then a server error (>= 500), or a failed commit, releases the record.
+// The key is free again.
+//
+// Without NothingDone, the record is kept, IN_PROGRESS with its lease
+// ended. The next request with the key takes it over with the same
+// [Info.StableID], and [Info.Takeover] set. It asks the provider first,
+// since a call that timed out may have charged. A takeover always keeps
+// the record, since its dead worker may have called the provider.
+//
+// When ctx does not come from the middleware, NothingDone does nothing.
 func NothingDone(ctx context.Context) {
 	if w, ok := ctx.Value(ctxKey{}).(*work); ok {
 		w.mu.Lock()

@@ -13,36 +13,38 @@ import (
 	"strings"
 )
 
-// acceptEncoding lists the content codings the middleware decodes, as the
-// Accept-Encoding of a 415 names them (RFC 9110, section 15.5.16).
+// acceptEncoding lists the content codings the middleware decodes. A
+// 415's Accept-Encoding names them (RFC 9110, section 15.5.16).
 const acceptEncoding = "gzip, deflate"
 
-// maxCodings is the most codings a body may carry, identity aside. One is
-// what clients send; each more multiplies the work an outsider can ask
-// for, so a longer list is refused.
+// maxCodings is the most codings a body may carry, identity aside.
+// Clients send one. Each more multiplies the work an outsider can ask
+// for. So a longer list is refused.
 const maxCodings = 2
 
 var (
 	// errUnsupportedEncoding is wrapped by decodeContent's error for a
-	// coding it does not know, or too many of them: a 415.
+	// coding it does not know, or too many of them. It is a 415.
 	errUnsupportedEncoding = errors.New("unsupported Content-Encoding")
 	// errDecodedTooLarge is wrapped by decodeContent's error for a body
-	// that decodes past the limit: a 413.
+	// that decodes past the limit. It is a 413.
 	errDecodedTooLarge = errors.New("decoded body too large")
 	// errBadEncoding is wrapped by decodeContent's error for a body that
-	// is not what its coding says: a 400.
+	// is not what its coding says. It is a 400.
 	errBadEncoding = errors.New("the body does not decode as its Content-Encoding says")
 )
 
-// decodeContent undoes the Content-Encoding codings of a request body, so
-// that the fingerprint is of what the request means, not of how it was
-// compressed: gzip writes the time and the compressor's settings in its
-// output, and a retry compressed again differs byte for byte. Codings
-// (the field values, comma-separated, in the order they were applied) are
-// undone last first; gzip (or x-gzip) and deflate (zlib, RFC 9110 section
-// 8.4.1.2) are known, identity changes nothing, and names are matched in
-// any case. Each decoded stage is bounded by limit bytes, so a small
-// compressed body cannot make the server hold a large one.
+// decodeContent undoes the Content-Encoding codings of a request body.
+// The fingerprint must be of what the request means, not of how it was
+// compressed. gzip writes the time and the compressor's settings in its
+// output. So a retry compressed again differs byte for byte.
+//
+// The field values list codings, comma-separated, in the order they were
+// applied. They are undone last first. gzip (or x-gzip) and deflate
+// (zlib, RFC 9110 section 8.4.1.2) are known. identity changes nothing.
+// Names are matched in any case. Each decoded stage is bounded by limit
+// bytes. So a small compressed body cannot make the server hold a large
+// one.
 func decodeContent(codings []string, body []byte, limit int64) ([]byte, error) {
 	var list []string
 	for _, v := range codings {
@@ -91,12 +93,12 @@ func decodeContent(codings []string, body []byte, limit int64) ([]byte, error) {
 }
 
 // charsetProblem returns the 415 for a JSON body in a charset other than
-// UTF-8, nil for any other. JSON is UTF-8 (RFC 8259, section 8.1). A body
-// declared in another charset would mean other characters than the ones
-// its bytes spell in UTF-8, which the fingerprint reads, so it is refused
-// rather than fingerprinted as something it does not say. A body is JSON
-// when its media type says so (application/json, or a +json suffix) or
-// when it parses as JSON (isJSON).
+// UTF-8, and nil for any other. JSON is UTF-8 (RFC 8259, section 8.1).
+// The fingerprint reads a body's bytes as UTF-8. A body declared in
+// another charset means other characters. So it is refused rather than
+// fingerprinted as something it does not say. A body is JSON when its
+// media type says so (application/json, or a +json suffix). It is also
+// JSON when it parses as JSON (isJSON).
 func charsetProblem(contentType string, isJSON bool) *Problem {
 	if !strings.Contains(contentType, ";") {
 		return nil // no parameters, so no charset
@@ -111,14 +113,14 @@ func charsetProblem(contentType string, isJSON bool) *Problem {
 		return nil
 	}
 	if !isJSON && mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json") {
-		return nil // not JSON: fingerprinted byte for byte, whatever its charset
+		return nil // not JSON: fingerprinted raw, whatever its charset
 	}
 	return &Problem{Type: typeUnsupportedMediaType, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
 		Detail: fmt.Sprintf("a JSON body must be UTF-8 (RFC 8259), and the Content-Type %q declares another charset; send it as UTF-8, with charset=utf-8 or no charset", clip(contentType))}
 }
 
-// clip shortens a request's field value quoted in a problem's detail:
-// the answer to a long header need not carry it back whole.
+// clip shortens a request's field value quoted in a problem's detail.
+// The answer to a long header need not carry it back whole.
 func clip(s string) string {
 	const most = 64
 	if len(s) <= most {
@@ -127,9 +129,9 @@ func clip(s string) string {
 	return s[:most] + "..."
 }
 
-// decoded returns r as its handler sees it once its body is decoded: the
-// same request, with the decoded length and no Content-Encoding. The
-// header is copied, so r itself is left as it came.
+// decoded returns r as its handler sees it once its body is decoded. It
+// is the same request, with the decoded length and no Content-Encoding.
+// The header is copied, so r itself is left as it came.
 func decoded(r *http.Request, n int) *http.Request {
 	d := new(http.Request)
 	*d = *r

@@ -12,24 +12,24 @@ import (
 	"github.com/idemkit/idem/idempotency/internal/canonjson"
 )
 
-// A fingerprint identifies a request's content: SHA-256 over the method,
-// the path, the query and the body (see newFingerprint). Two attempts of
-// one intent have the same fingerprint; a key reused for other content
-// does not. It is the type of [Record.Fingerprint].
+// A fingerprint identifies a request's content. It is SHA-256 over the
+// method, the path, the query and the body (see newFingerprint). Two
+// attempts of one intent have the same fingerprint. A key reused for
+// other content does not. It is the type of [Record.Fingerprint].
 type fingerprint = [sha256.Size]byte
 
-// fingerprintVersion numbers the algorithm of newFingerprint (see
-// [Record.FingerprintVersion]). It is the only one this code makes or
-// reads: a record of another version never matches a request. A release
+// fingerprintVersion numbers the algorithm of newFingerprint
+// ([Record.FingerprintVersion]). It is the only one this code makes or
+// reads. A record of another version never matches a request. A release
 // that changes the algorithm gives it the next number.
 const fingerprintVersion = 1
 
-// defaultMaxDepth is the deepest nesting of objects and arrays a JSON body
-// may have when [Config.MaxDepth] is zero: {} is one level, {"a":[]} two.
+// defaultMaxDepth is the deepest a JSON body's objects and arrays may
+// nest when [Config.MaxDepth] is zero. {} is one level, {"a":[]} two.
 const defaultMaxDepth = 100
 
 // The errors of the fingerprint for a JSON body without a single reading
-// (see package canonjson): a 400 answer shows them.
+// (see package canonjson). A 400 answer shows them.
 var (
 	errJSONTooDeep       = canonjson.ErrTooDeep
 	errJSONDuplicateName = canonjson.ErrDuplicateName
@@ -37,37 +37,42 @@ var (
 )
 
 // newFingerprint fingerprints a request with the algorithm of
-// [fingerprintVersion]: SHA-256 over the method, the path, the query string
-// (rawQuery, without the '?') and the body.
+// [fingerprintVersion]. It is SHA-256 over the method, the path, the
+// query string and the body. The query string is rawQuery, without the
+// '?'.
 //
-// The query is taken canonically, as a handler reads it through url.Values:
-// parameters are split on '&' (empty ones dropped), and each name and
-// value is decoded as url.QueryUnescape decodes it ('+' and %20 are both a
-// space, %7E is '~'; "a" and "a=" are both a with the empty value). The
-// parameters are then ordered by name, keeping the order of the values of
-// a repeated name: ?a=1&b=2 and ?b=2&a=1 are one fingerprint, while
-// ?a=1&a=2 and ?a=2&a=1 are two, since a handler that reads the first
-// value (url.Values.Get) reads them differently. A parameter that does not
-// decode (a bad %-escape, or a ';', which Go's url.ParseQuery refuses) is
-// taken as written.
+// The query is taken canonically, as a handler reads it through
+// url.Values. Parameters are split on '&', and empty ones are dropped.
+// Each name and value is decoded as url.QueryUnescape decodes it. So
+// '+' and %20 are both a space, and %7E is '~'. "a" and "a=" are both a
+// with the empty value. A parameter that does not decode is taken as
+// written. Examples are a bad %-escape, or a ';', which url.ParseQuery
+// refuses.
 //
-// A body that is one JSON value is hashed in canonical form (object members
-// sorted by their case-folded names, insignificant whitespace dropped,
-// strings as encoding/json decodes them, re-escaped; numbers kept as
-// written), so a client that re-serialises the same object gets the same
-// fingerprint. Any other body (or one over 2 GiB) is hashed as raw bytes.
+// The parameters are then ordered by name. The values of a repeated
+// name keep their order. So ?a=1&b=2 and ?b=2&a=1 are one fingerprint.
+// But ?a=1&a=2 and ?a=2&a=1 are two, since url.Values.Get reads the
+// first value.
 //
-// A JSON body must have one reading for the fingerprint to mean anything.
-// newFingerprint returns an error wrapping errJSONDuplicateName for a body
-// with an object whose member names are equal after case folding, at any
-// depth, one wrapping errJSONNotUTF8 for a body that is not UTF-8 or has
-// an unpaired surrogate escape, and one wrapping errJSONTooDeep for a body
-// whose objects and arrays nest deeper than maxDepth (zero or negative
-// means defaultMaxDepth). Bodies nested deeper than 10000 levels are not JSON to
-// encoding/json and are hashed raw.
+// A body that is one JSON value is hashed in canonical form (see package
+// canonjson). So a client that re-serialises the same object gets the
+// same fingerprint. Any other body, or one over 2 GiB, is hashed raw.
 //
-// The work and memory are linear in the size of the body, and n log n in
-// the number of query parameters.
+// A JSON body must have one reading for the fingerprint to mean
+// anything. So newFingerprint refuses three kinds of body, with an
+// error wrapping one of these:
+//
+//   - errJSONDuplicateName: two names of an object are equal folded.
+//   - errJSONNotUTF8: it is not UTF-8, or has a lone surrogate escape.
+//   - errJSONTooDeep: its objects and arrays nest deeper than maxDepth.
+//
+// Names are folded as encoding/json folds them, and checked at any
+// depth. A maxDepth of zero or less means defaultMaxDepth. A body nested
+// deeper than 10000 levels is not JSON to encoding/json. It is hashed
+// raw.
+//
+// The work and memory are linear in the size of the body. They are n
+// log n in the number of query parameters.
 func newFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (fingerprint, error) {
 	c, err := parseJSON(body, maxDepth)
 	if c != nil {
@@ -79,8 +84,9 @@ func newFingerprint(method, path, rawQuery string, body []byte, maxDepth int) (f
 	return fingerprintParsed(method, path, rawQuery, body, c), nil
 }
 
-// parseJSON reads body for the fingerprint (see package canonjson): nil
-// when body is not JSON. A maxDepth of zero or less means defaultMaxDepth.
+// parseJSON reads body for the fingerprint (see package canonjson). It
+// returns nil when body is not JSON. A maxDepth of zero or less means
+// defaultMaxDepth.
 func parseJSON(body []byte, maxDepth int) (*canonjson.Value, error) {
 	if maxDepth <= 0 {
 		maxDepth = defaultMaxDepth
@@ -88,7 +94,7 @@ func parseJSON(body []byte, maxDepth int) (*canonjson.Value, error) {
 	return canonjson.Parse(body, maxDepth)
 }
 
-// fingerprintParsed is newFingerprint for a body already parsed: c is
+// fingerprintParsed is newFingerprint for a body already parsed. c is
 // parseJSON's reading of body, nil when body is not JSON.
 func fingerprintParsed(method, path, rawQuery string, body []byte, c *canonjson.Value) fingerprint {
 	var f fingerprint
@@ -112,10 +118,11 @@ func fingerprintParsed(method, path, rawQuery string, body []byte, c *canonjson.
 // flushAt is the most input a hasher gathers before it streams.
 const flushAt = 32 << 10
 
-// hasher is SHA-256 over what is written to it. Input up to flushAt bytes
-// is gathered and hashed in one call at the end, without the allocations
-// of a streaming hash; longer input streams through one. The digest is
-// the same either way: SHA-256 of everything written, in order.
+// hasher is SHA-256 over what is written to it. Input up to flushAt
+// bytes is gathered and hashed in one call at the end. That avoids the
+// allocations of a streaming hash. Longer input streams through one.
+// The digest is the same either way: SHA-256 of everything written, in
+// order.
 type hasher struct {
 	buf []byte
 	h   hash.Hash // nil until the input outgrows buf
@@ -152,8 +159,8 @@ func (s *hasher) Write(p []byte) (int, error) {
 
 func (s *hasher) byte(b byte) { s.buf = append(s.buf, b) }
 
-// field writes b length-prefixed, so that no two different
-// (method, path, body) triples hash the same input.
+// field writes b length-prefixed. So no two different (method, path,
+// body) triples hash the same input.
 func (s *hasher) field(b []byte) {
 	s.buf = binary.BigEndian.AppendUint64(s.buf, uint64(len(b)))
 	_, _ = s.Write(b)
@@ -178,16 +185,16 @@ func (s *hasher) sum(f *fingerprint) {
 	s.h.Sum(f[:0])
 }
 
-// queryParam is one parameter of a query string, decoded, or raw when it
-// does not decode.
+// queryParam is one parameter of a query string. It is decoded, or raw
+// when it does not decode.
 type queryParam struct {
 	name, value string
 	raw         bool
 }
 
-// writeQuery writes the canonical form of rawQuery (see newFingerprint):
-// a count, then each parameter, ordered by name, the values of one name in
-// their order.
+// writeQuery writes the canonical form of rawQuery (see newFingerprint).
+// That is a count, then each parameter, ordered by name. The values of
+// one name keep their order.
 func writeQuery(h *hasher, rawQuery string) {
 	var params []queryParam
 	for rawQuery != "" {

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// headerKey is the request header that carries the idempotency key; the
+// headerKey is the request header that carries the idempotency key. The
 // middleware echoes it on every answer to a keyed request.
 const headerKey = "Idempotency-Key"
 
@@ -17,10 +17,10 @@ const headerKey = "Idempotency-Key"
 // record. A fresh answer never carries it.
 const headerReplayed = "Idempotent-Replayed"
 
-// headerBodyOmitted is set on a replay whose record kept no body, to say
+// headerBodyOmitted is set on a replay whose record kept no body. It says
 // why: "too-large" (over Config.MaxStoredBodyBytes) or "confidential"
 // (Config.Confidential). The status, Location and Content-Type are the
-// stored ones; the body is empty. A fresh answer never carries it.
+// stored ones. The body is empty. A fresh answer never carries it.
 const headerBodyOmitted = "Idempotent-Body-Omitted"
 
 // maxKeyLen is the longest key accepted, in bytes.
@@ -31,19 +31,19 @@ var (
 	// carries no Idempotency-Key.
 	errKeyMissing = errors.New("idempotency: Idempotency-Key header missing")
 	// errKeyInvalid is wrapped by every error for a key the server cannot
-	// accept; the wrapping error says why.
+	// accept. The wrapping error says why.
 	errKeyInvalid = errors.New("idempotency: invalid Idempotency-Key")
 )
 
 // ParseKey parses one Idempotency-Key field value, as the middleware does.
-// A server that serves its own lookup by key (see [MarkLookup]) reads the
-// key with it, then compares it in [CanonicalKey]'s form.
+// A server may serve its own lookup by key (see [MarkLookup]). It reads
+// the key with ParseKey, then compares it in [CanonicalKey]'s form.
 //
-// It accepts the RFC 8941 sf-string form of the IETF draft ("K") and the
-// bare form deployed APIs use (K), and returns the same key for both.
-// Parameters of an sf-string are ignored, as RFC 8941 asks. A key is 1 to
-// 255 characters of visible ASCII (0x21-0x7E). Errors say what is wrong
-// with the value.
+// It accepts the RFC 8941 sf-string form of the IETF draft ("K"). It
+// also accepts the bare form deployed APIs use (K). It returns the same
+// key for both. Parameters of an sf-string are ignored, as RFC 8941
+// asks. A key is 1 to 255 characters of visible ASCII (0x21-0x7E).
+// Errors say what is wrong with the value.
 func ParseKey(value string) (string, error) {
 	key := value
 	if len(value) > 0 && value[0] == '"' {
@@ -72,11 +72,12 @@ func ParseKey(value string) (string, error) {
 }
 
 // parseKeyHeader returns the request's idempotency key, in the form keys
-// are compared in (see [CanonicalKey]). It fails with errKeyMissing when
+// are compared in ([CanonicalKey]). It fails with errKeyMissing when
 // there is no Idempotency-Key field. It fails with an error wrapping
-// errKeyInvalid when there is more than one, or the one there is not a key
-// (see [ParseKey]). With requireUUID, the key must also be a UUID in its
-// 36-character form (hex digits of either case).
+// errKeyInvalid when there is more than one. It fails the same way when
+// the one there is not a key ([ParseKey]). With requireUUID, the key
+// must also be a UUID in its 36-character form. Its hex digits may be
+// of either case.
 func parseKeyHeader(h http.Header, requireUUID bool) (string, error) {
 	vals := h.Values(headerKey)
 	switch len(vals) {
@@ -96,15 +97,15 @@ func parseKeyHeader(h http.Header, requireUUID bool) (string, error) {
 	return CanonicalKey(key, requireUUID), nil
 }
 
-// CanonicalKey returns the form in which a middleware with
-// [Config.RequireUUID] set as requireUUID compares and stores key, as
-// [ParseKey] returned it. [ID.Key] holds this form.
+// CanonicalKey returns the form in which the middleware compares and
+// stores key, as [ParseKey] returned it. requireUUID is the middleware's
+// [Config.RequireUUID]. [ID.Key] holds this form.
 //
 // With requireUUID, a UUID in its 36-character form is one key whatever
 // the case of its hex digits. An iOS client sends UUID().uuidString in
-// upper case, and a gateway on the way may lower it. So the form is
+// upper case. A gateway on the way may lower it. So the form is
 // uuid.Parse(key).String(), in lower case. Any other key, and every key
-// without requireUUID, is compared byte for byte: it is returned
+// without requireUUID, is compared byte for byte. It is returned
 // unchanged. The answer echoes the key as received, never this form.
 func CanonicalKey(key string, requireUUID bool) string {
 	if !requireUUID || len(key) != 36 {

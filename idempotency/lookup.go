@@ -2,23 +2,25 @@ package idempotency
 
 import "net/http"
 
-// LookupNonceHeader is the header field in which a client's lookup by key
-// (GET /payments?idempotency_key=K on the fake server) carries a fresh
-// nonce, and in which every answer to it echoes the nonce as received. A
-// cache that kept an earlier answer replays that lookup's nonce, or none,
-// so a client trusts a "nothing was done" only from an answer that
-// echoes the nonce it sent (docs/CONTRACT.md, "Reconciling").
+// LookupNonceHeader is the header field of a lookup's nonce. A client's
+// lookup by key carries a fresh nonce in it. On the fake server that is
+// GET /payments?idempotency_key=K. Every answer to the lookup echoes the
+// nonce as received. A cache that kept an earlier answer replays that
+// lookup's nonce, or none. So a client trusts a "nothing was done" only
+// from an answer that echoes its nonce (docs/CONTRACT.md,
+// "Reconciling").
 const LookupNonceHeader = "Idempotency-Lookup-Nonce"
 
-// maxNonce bounds the nonce a lookup's answer echoes: a client's is 26
-// characters; one longer, or not visible ASCII, is not echoed.
+// maxNonce bounds the nonce a lookup's answer echoes. A client's is 26
+// characters. One longer, or not visible ASCII, is not echoed.
 const maxNonce = 128
 
-// MarkLookup marks the answer to r, a lookup by key that a server serves
-// itself, as the server's own, before anything is written to w: key
-// echoed in Idempotency-Key as received, the request's nonce echoed in
-// LookupNonceHeader, and Cache-Control: no-store, so that no cache keeps
-// it. Its miss is still the server's to write: a 404 problem of type
+// MarkLookup marks the answer to r as the server's own. r is a lookup
+// by key that the server serves itself. Call it before anything is
+// written to w. It echoes key in Idempotency-Key as received. It echoes
+// the request's nonce in LookupNonceHeader. It sets Cache-Control:
+// no-store, so that no cache keeps the answer. The server still writes
+// the miss itself. That is a 404 problem of type
 // https://idem.dev/problems/idempotency-key-unused.
 func MarkLookup(w http.ResponseWriter, r *http.Request, key string) {
 	h := w.Header()

@@ -9,7 +9,7 @@ import (
 )
 
 // MemoryStore is a [Store] in memory, for tests and the fake server. One
-// mutex makes every method one atomic step; commit hooks run under it. It
+// mutex makes every method one atomic step. Commit hooks run under it. It
 // keeps records under the [PrincipalDigest] of their principal, as every
 // store does. A MemoryStore is safe for concurrent use by multiple
 // goroutines. The zero MemoryStore is empty and ready to use:
@@ -18,22 +18,23 @@ import (
 //
 // Set its fields before its first use, and do not copy it after.
 type MemoryStore struct {
-	// Clock, when not nil, is the store's own clock: it judges leases and
-	// retention on it, whatever time its callers' clocks tell (see
-	// [Store]). Nil takes its callers' times as they come, which is right
-	// only while they all read one clock: give it the clock.Manual of the
-	// test, or the system clock, when callers' clocks may differ.
+	// Clock, when not nil, is the store's own clock ([Store]). The store
+	// judges leases and retention on it, whatever its callers' clocks
+	// tell. Nil takes its callers' times as they come. That is right only
+	// while they all read one clock. When callers' clocks may differ,
+	// give it the test's clock.Manual, or the system clock.
 	Clock clock.Clock
-	// MaxRecords, when positive, bounds the number of records: once it
-	// holds MaxRecords, Insert deletes the expired records if there are
-	// any, and otherwise refuses a new record with an error matching
-	// [ErrStoreFull] that says when the earliest record expires (the
-	// middleware sends it as Retry-After). Zero or negative means no bound.
+	// MaxRecords, when positive, bounds the number of records. Once the
+	// store holds MaxRecords, Insert deletes the expired records. If there
+	// are none, it refuses a new record with an error matching
+	// [ErrStoreFull]. The error says when the earliest record expires. The
+	// middleware sends that as Retry-After. Zero or negative means no
+	// bound.
 	MaxRecords int
 
 	mu   sync.Mutex
 	recs map[ID]*Record
-	// minExpiry is at or before the earliest liveUntil of the records: a
+	// minExpiry is at or before the earliest liveUntil of the records. So a
 	// full store sweeps only once something may have expired.
 	minExpiry time.Time
 }
@@ -130,9 +131,9 @@ func (s *MemoryStore) Release(_ context.Context, id ID, owner string) error {
 	return nil
 }
 
-// Get returns a copy of the live record id, if there is one, judged at the
-// store's clock (now without one). The reconcile lookup uses it to tell
-// "never done" from "not settled yet".
+// Get returns a copy of the live record id, if there is one. It judges
+// by the store's clock, or by now without one. The reconcile lookup uses
+// it to tell "never done" from "not settled yet".
 func (s *MemoryStore) Get(_ context.Context, id ID, now time.Time) (*Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -168,8 +169,8 @@ func (s *MemoryStore) sweep(now time.Time) int {
 	return n
 }
 
-// Count returns the number of stored records (expired ones included until
-// swept) and how many of them are IN_PROGRESS.
+// Count returns the number of stored records, and how many of them are
+// IN_PROGRESS. Expired records count until they are swept.
 func (s *MemoryStore) Count(context.Context) (records, inProgress int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -189,5 +190,5 @@ func (s *MemoryStore) Clear() {
 	s.minExpiry = time.Time{}
 }
 
-// digested is id as a store keeps it: with its principal's digest.
+// digested is id as a store keeps it, with its principal's digest.
 func digested(id ID) ID { return ID{Principal: PrincipalDigest(id.Principal), Key: id.Key} }

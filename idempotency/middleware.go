@@ -25,9 +25,9 @@ const (
 	outcomeReused     = "reused"      // 422: the key was used for other content
 	outcomeMissing    = "missing"     // 400: no key
 	outcomeInvalid    = "invalid"     // 400: malformed key
-	outcomeRejected   = "rejected"    // 400 or 415: the body failed validation, does not decode, or is JSON without one reading or not in UTF-8
+	outcomeRejected   = "rejected"    // 400 or 415: the body was refused
 	outcomeTooLarge   = "too_large"   // 413: body over the limit
-	outcomeFailed     = "failed"      // >= 500: no answer stored; the key is free, or taken over next (see NothingDone)
+	outcomeFailed     = "failed"      // >= 500: no answer stored (see NothingDone)
 	outcomeLost       = "lost"        // the worker lost its lease; its effect was discarded
 	outcomeStoreError = "store_error" // the store failed
 	outcomeFull       = "full"        // 503: the store had no room for a new record; nothing stored
@@ -48,105 +48,111 @@ const (
 type Config struct {
 	// Store holds the records. Required.
 	Store Store
-	// Clock tells the durations the store is given (a record's lease and
-	// retention, from its CreatedAt), so tests can drive them without
-	// sleeping (a clock.Manual). Leases, retention and the Retry-After
-	// of a 409 are judged on the store's clock (see [Store] and
-	// [Record.ReadAt]), never on this one: hosts whose clocks disagree
-	// answer alike. Nil means the system clock.
+	// Clock gives the durations of a record's lease and retention. A test
+	// drives them with a clock.Manual instead of sleeping. The store's
+	// clock judges leases, retention and a 409's Retry-After ([Store],
+	// [Record.ReadAt]). This one never does, so hosts whose clocks
+	// disagree answer alike. Nil means the system clock.
 	Clock clock.Clock
 	// Retention is how long a record lives, from its CreatedAt. Zero or
 	// negative means 24 hours.
 	Retention time.Duration
-	// Lease is how long a worker holds an IN_PROGRESS record before another
-	// request may take it over. Zero or negative means 30 seconds.
-	// It must exceed the longest time the work takes.
+	// Lease is how long a worker holds an IN_PROGRESS record. After it,
+	// another request may take the record over. It must exceed the longest
+	// time the work takes. Zero or negative means 30 seconds.
 	Lease time.Duration
-	// Expected is how long the work is expected to take; it sets the
-	// Retry-After of a 409. Zero means "any moment now" (Retry-After: 1).
+	// Expected is how long the work is expected to take. It sets a 409's
+	// Retry-After. Zero means "any moment now" (Retry-After: 1).
 	Expected time.Duration
-	// RequireUUID makes keys that are not UUIDs in their 36-character form
-	// invalid, and compares keys by their canonical form (lower case), so
-	// that a key's case cannot make two records. Without it, keys are
-	// compared byte for byte.
+	// RequireUUID accepts only UUIDs in their 36-character form as keys.
+	// They are compared in lower case, so a key's case cannot make two
+	// records. Without it, keys are compared byte for byte.
 	RequireUUID bool
-	// MaxBodyBytes limits request bodies, as received and as decoded from
-	// their Content-Encoding; larger ones get 413. Zero means 1 MiB
-	// (1 << 20 bytes).
+	// MaxBodyBytes limits request bodies, as received and as decoded. A
+	// larger body gets 413. Zero means 1 MiB (1 << 20 bytes).
 	MaxBodyBytes int64
 	// MaxStoredBodyBytes bounds the answer body a record keeps. A larger
-	// answer is still sent whole to its request, and its record is still
-	// COMPLETED, with its status, Location and Content-Type, but without
-	// the body: a replay answers that status with an empty body and
+	// answer is still sent whole to its request. Its record is still
+	// COMPLETED, with its status, Location and Content-Type, but no body.
+	// Its replay has that status, an empty body and
 	// Idempotent-Body-Omitted: too-large. The key is never freed, so the
 	// work never runs twice. Zero or negative means 64 KiB.
 	MaxStoredBodyBytes int64
-	// Confidential, if not nil, reports whether the answer to r must not
-	// be kept at rest in clear: one that shows a secret (a card number, an
-	// API key shown once). Its record keeps the status, Location and
-	// Content-Type, never the body; a replay answers that status with an
-	// empty body and Idempotent-Body-Omitted: confidential. The key is
-	// never freed. Nil keeps every answer within MaxStoredBodyBytes.
+	// Confidential reports whether the answer to r must not be kept at
+	// rest in clear. Such an answer shows a secret, like a card number or
+	// an API key shown once. Its record keeps the status, Location and
+	// Content-Type, never the body. Its replay has that status, an empty
+	// body and Idempotent-Body-Omitted: confidential. The key is never
+	// freed. Nil keeps every answer within MaxStoredBodyBytes.
 	Confidential func(r *http.Request) bool
-	// MaxDepth limits how deep the objects and arrays of a JSON body nest
-	// ({} is one level); deeper bodies get 400 before [Config.Validate]
-	// sees them. Zero or negative means 100. Bodies
-	// nested deeper than 10000 levels are not JSON to encoding/json: they are
-	// fingerprinted raw and left to Validate.
+	// MaxDepth limits how deep the objects and arrays of a JSON body nest.
+	// {} is one level. A deeper body gets 400 before [Config.Validate]
+	// sees it. Zero or negative means 100. A body nested deeper than 10000
+	// levels is not JSON to encoding/json. It is fingerprinted raw and left
+	// to Validate.
 	MaxDepth int
-	// Validate checks the request before its key is looked at in the store,
-	// so that an invalid body is a 400 even when the key has a record, and
-	// stores nothing. It returns a nil Problem to accept, and may return the
-	// parsed body, which the handler gets as [Info.Validated] instead of
-	// parsing it again. It may read a JSON body from the fingerprint's
-	// parse ([JSONReadingOf]) instead of parsing it. Nil accepts every
-	// body.
+	// Validate checks the request before the store is asked about its key.
+	// So an invalid body is a 400 that stores nothing, even when the key
+	// has a record. It returns a nil Problem to accept. It may return the
+	// parsed body, which the handler gets as [Info.Validated]. It may read
+	// a JSON body from the fingerprint's parse ([JSONReadingOf]). Nil
+	// accepts every body.
 	Validate func(r *http.Request, body []byte) (parsed any, p *Problem)
-	// Principal names the caller that owns a key: the account the request
-	// acts for, as the server's authentication found it ("" for one
-	// anonymous caller). Required: [New] panics without it. It must not
-	// return the credential (such as the Authorization header): a
-	// credential that rotates (an OAuth access token, refreshed while an
-	// intent is unresolved, or before it is resumed after a restart) would
-	// make the retry another caller's, with no record for its key, and the
-	// work would run twice. Stores keep a digest of it, never the value
-	// (see "Scope" in the package docs).
+	// Principal names the caller that owns a key. It is the account the
+	// request acts for, as the server's authentication found it. "" is
+	// one anonymous caller. It is required: [New] panics without it.
+	//
+	// It must not return a credential, such as the Authorization header.
+	// An OAuth access token may be refreshed while an intent is
+	// unresolved. The retry would then be another caller's. It would
+	// find no record for its key, and the work would run twice. Stores
+	// keep a digest of the principal, never the value ([PrincipalDigest]).
 	Principal func(r *http.Request) string
-	// NewStableID returns a new id for an intent (see [Record.StableID]).
-	// Nil means 26 random base32 characters.
+	// NewStableID returns a new id for an intent ([Record.StableID]). Nil
+	// means 26 random base32 characters.
 	NewStableID func() string
-	// OnOutcome, if not nil, is told how every request was answered, for
-	// logs and metrics: outcome is one of "created" (the work ran and its
-	// answer was stored), "takeover" (as created, after taking over a dead
-	// worker's record), "replayed", "conflict" (409: another request holds
-	// the key), "reused" (422), "missing" and "invalid" (400: no key, a
-	// malformed key), "rejected" (400 or 415: the body failed validation,
-	// does not decode from its Content-Encoding, or is JSON without one
-	// reading or not in UTF-8), "too_large" (413), "failed" (a server
-	// error: no answer stored), "lost" (the worker lost its lease; its
-	// effect was discarded), "store_error" (the store failed, or did not
-	// answer within its bound: a 503 with Retry-After) and "full" (503:
-	// the store had no room for a new record).
+	// OnOutcome, if not nil, is told how each request was answered, for
+	// logs and metrics. The outcome is one of these:
+	//
+	//   - "created": the work ran and its answer was stored.
+	//   - "takeover": as created, after taking over a dead worker's record.
+	//   - "replayed": the stored answer was sent.
+	//   - "conflict": 409, another request holds the key.
+	//   - "reused": 422, the key was used for other content.
+	//   - "missing" and "invalid": 400, no key or a malformed key.
+	//   - "rejected": 400 or 415, the body was refused.
+	//   - "too_large": 413.
+	//   - "failed": a server error, and no answer was stored.
+	//   - "lost": the worker lost its lease, and its effect was dropped.
+	//   - "store_error": the store failed (500), or was too slow (503).
+	//   - "full": 503, the store had no room for a new record.
+	//
+	// A body is refused when Validate refuses it, or it does not decode.
+	// A JSON body is also refused without one reading, or outside UTF-8.
 	OnOutcome func(r *http.Request, outcome string)
 	// OneTransaction runs each fresh key's request in one transaction of
-	// the store, which must be a [TxStore] (pgstore's is): the record, the
-	// handler's effect and its answer commit once, or not at all. Choose it
-	// when every effect of the handler is written in the store's database,
-	// through the transaction the request's context carries (with
-	// [OnCommit], or directly: see pgstore.Tx); a crash before the commit
-	// then leaves no record and no effect, and the retry does the work.
-	// Leave it off (the lease mode) when the handler calls anything outside
-	// the database, such as a payment provider: only a record committed
-	// before the call keeps its stable id for the retry to ask the
-	// provider about (see "External side effects" in the package docs).
-	// A request whose key another request is running answers 409 at once,
-	// without waiting for a connection: one request per key runs in a
-	// process, and across processes the store's lock on the key is taken
-	// without waiting.
+	// the store, which must be a [TxStore] (pgstore's Store is one). The
+	// record, the handler's effect and its answer commit once, or not at
+	// all.
+	//
+	// Choose it when every effect of the handler is written in the store's
+	// database. The effect uses the transaction the request's context
+	// carries, through [OnCommit] or directly (see pgstore.Tx). A crash
+	// before the commit then leaves no record and no effect. The retry
+	// does the work.
+	//
+	// Leave it off for a handler that calls anything outside the database,
+	// such as a payment provider. That is the lease mode. Only a record
+	// committed before the call keeps its stable id. The retry needs that
+	// id to ask the provider what was done.
+	//
+	// A duplicate of a running request answers 409 at once. It waits for
+	// no connection. One request per key runs in a process. Across
+	// processes, the store's lock on the key is tried without waiting.
 	OneTransaction bool
-	// Logger gets the store's errors, which the client never sees: a 500
-	// answer says only that the server failed, since a database's message
-	// names tables, indexes and settings. Nil means silent.
+	// Logger gets the store's errors, which the client never sees. A
+	// database's message names tables, indexes and settings. So a 500 says
+	// only that the server failed. Nil means silent.
 	Logger *slog.Logger
 }
 
@@ -156,17 +162,19 @@ type middleware struct {
 	cfg  Config
 	next http.Handler
 	// once is the store in the single-transaction mode, nil in the lease
-	// mode; flights holds the keys this process is running in it.
+	// mode. flights holds the keys this process runs in that mode.
 	once    TxStore
 	mu      sync.Mutex
 	flights map[ID]*flight
 }
 
-// New returns next wrapped in the idempotency layer, which makes a handler
-// idempotent under the Idempotency-Key contract and is safe for concurrent
-// use by multiple goroutines. It panics if
-// cfg.Store or cfg.Principal is nil, or if cfg.Retention is not longer
-// than cfg.Lease (a record must not expire under its live worker).
+// New returns next wrapped in the idempotency layer. The wrapped handler
+// keeps the Idempotency-Key contract. It is safe for concurrent use by
+// multiple goroutines.
+//
+// New panics if cfg.Store or cfg.Principal is nil. It also panics if
+// cfg.Retention is not longer than cfg.Lease. A record must not expire
+// under its live worker.
 func New(next http.Handler, cfg Config) http.Handler {
 	if cfg.Store == nil {
 		panic("idempotency: Config.Store is nil")
@@ -178,8 +186,8 @@ func New(next http.Handler, cfg Config) http.Handler {
 		cfg.Lease = defaultLease
 	}
 	if cfg.Retention <= cfg.Lease {
-		// A record would expire under its live worker, and the next request
-		// would replace it with a new stable id and do the work again.
+		// A record would expire under its live worker. The next request would
+		// replace it with a new stable id and do the work again.
 		panic(fmt.Sprintf("idempotency: Config.Retention (%s) must be longer than Config.Lease (%s)", cfg.Retention, cfg.Lease))
 	}
 	if cfg.MaxBodyBytes <= 0 {
@@ -189,8 +197,8 @@ func New(next http.Handler, cfg Config) http.Handler {
 		cfg.MaxStoredBodyBytes = defaultMaxStoredBodyBytes
 	}
 	if cfg.Principal == nil {
-		// No default: the raw Authorization value, the only one there could
-		// be, makes a refreshed token another caller (see Config.Principal).
+		// There is no default. The only one possible, the raw Authorization
+		// value, makes a refreshed token another caller.
 		panic("idempotency: Config.Principal is nil: return the account the request acts for, " +
 			"as the server's authentication found it, not its credential (a refreshed token must be the same caller)")
 	}
@@ -221,8 +229,8 @@ func (m *middleware) report(r *http.Request, o string) {
 	}
 }
 
-// ServeHTTP implements http.Handler: the checks of the contract's table,
-// in its order, then the protocol of the mode.
+// ServeHTTP runs the contract's checks, in its table's order. Then it
+// runs the protocol of its mode.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = echoKey(w, r)
 	key, ok := m.key(w, r)
@@ -247,7 +255,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // key returns the request's key, in the form keys are compared in. It
-// answers a missing or malformed key with 400 itself, and returns false.
+// answers a missing or malformed key with 400, and returns false.
 func (m *middleware) key(w http.ResponseWriter, r *http.Request) (string, bool) {
 	key, err := parseKeyHeader(r.Header, m.cfg.RequireUUID)
 	if errors.Is(err, errKeyMissing) {
@@ -264,10 +272,10 @@ func (m *middleware) key(w http.ResponseWriter, r *http.Request) (string, bool) 
 	return key, true
 }
 
-// body reads the request's body within Config.MaxBodyBytes, decoded from
-// its Content-Encoding. The request it returns reads as decoded. A body
-// too large, unreadable or in an unknown coding is answered here (413,
-// 400, 415), and body returns false.
+// body reads the request's body within Config.MaxBodyBytes, decoded
+// from its Content-Encoding. The request it returns reads as decoded.
+// A body too large, unreadable or in an unknown coding is answered
+// here, with 413, 400 or 415. Then body returns false.
 func (m *middleware) body(w http.ResponseWriter, r *http.Request) (*http.Request, []byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodyBytes))
 	if err != nil {
@@ -283,8 +291,8 @@ func (m *middleware) body(w http.ResponseWriter, r *http.Request) (*http.Request
 		return r, nil, false
 	}
 	if codings := r.Header.Values("Content-Encoding"); len(codings) > 0 {
-		// The fingerprint is of the body as the handler reads it, not of
-		// its compression, which differs on a retry compressed again.
+		// A retry compressed again differs in its bytes. So the fingerprint
+		// is of the body as the handler reads it.
 		if body, err = decodeContent(codings, body, m.cfg.MaxBodyBytes); err != nil {
 			p := encodingProblem(w, err)
 			if p.Status == http.StatusRequestEntityTooLarge {
@@ -300,13 +308,14 @@ func (m *middleware) body(w http.ResponseWriter, r *http.Request) (*http.Request
 	return r, body, true
 }
 
-// validate fingerprints the request and runs Config.Validate. A body with
-// no single reading, or one Validate refuses, is answered here (400 or
-// 415), and validate returns false. Validate's parse goes to the handler.
+// validate fingerprints the request and runs Config.Validate. It
+// answers a body with no single reading, or one Validate refuses, with
+// 400 or 415. Then it returns false. Validate's parse goes to the
+// handler.
 func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byte) (fingerprint, any, bool) {
-	// The body is parsed once: the fingerprint's reading of a JSON body
-	// goes to Validate too, through the request's Body (see
-	// JSONReadingOf), and is dropped when Validate returns.
+	// The body is parsed once. The fingerprint's reading of a JSON body
+	// goes to Validate through the request's Body (see JSONReadingOf). It
+	// is dropped when Validate returns.
 	c, err := parseJSON(body, m.cfg.MaxDepth)
 	if p := charsetProblem(r.Header.Get("Content-Type"), c != nil || err != nil); p != nil {
 		if c != nil {
@@ -317,9 +326,9 @@ func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byt
 		return fingerprint{}, nil, false
 	}
 	if err != nil {
-		// Too deep, an object whose member names collide after case
-		// folding, or text that is not UTF-8: no single reading to
-		// fingerprint. Nothing is stored.
+		// The body has no single reading to fingerprint. It is too deep, not
+		// UTF-8, or has member names that collide after case folding.
+		// Nothing is stored.
 		m.report(r, outcomeRejected)
 		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: err.Error()}).Write(w)
 		return fingerprint{}, nil, false
@@ -334,8 +343,9 @@ func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byt
 	if m.cfg.Validate != nil {
 		parsed, p = m.cfg.Validate(r, body)
 	}
-	// Validate may have read the body, or replaced it: the handler reads
-	// it from its start, without the reading, whose memory is reused.
+	// Validate may have read the body, or replaced it. The handler reads
+	// it from its start. The reading is dropped, since its memory is
+	// reused.
 	rb.Reset(body)
 	r.Body = rb
 	if c != nil {
@@ -349,8 +359,8 @@ func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byt
 	return fp, parsed, true
 }
 
-// newRecord is the IN_PROGRESS record a fresh key gets: the caller's
-// scope, a new stable id and owner, its lease and retention from now.
+// newRecord is the IN_PROGRESS record a fresh key gets. It has a new
+// stable id and owner, and its lease and retention start now.
 func (m *middleware) newRecord(r *http.Request, key string, fp fingerprint, now time.Time) *Record {
 	return &Record{
 		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
@@ -370,8 +380,8 @@ func (m *middleware) newRecord(r *http.Request, key string, fp fingerprint, now 
 // record is answered from it, or taken over once its lease has ended.
 func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, now time.Time) {
 	ctx := r.Context()
-	// A lost takeover race means another request now holds the record; a
-	// few rounds settle it, after which the answer is a plain 409.
+	// A lost take-over race means another request now holds the record.
+	// A few rounds settle it. After them the answer is a plain 409.
 	for range 3 {
 		existing, inserted, err := m.cfg.Store.Insert(ctx, rec)
 		if err != nil {
@@ -396,9 +406,9 @@ func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, rec *Re
 }
 
 // serveOnce is the single-transaction mode. One request per key runs in
-// this process; a duplicate waits for what it finds. The request runs the
-// work in one transaction of the store, or is answered from its key's
-// record.
+// this process, and a duplicate waits for what it finds. The request
+// runs the work in one transaction of the store. Or it is answered
+// from its key's record.
 func (m *middleware) serveOnce(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, now time.Time) {
 	f, owner := m.enter(rec.ID)
 	if !owner {
@@ -414,18 +424,18 @@ func (m *middleware) serveOnce(w http.ResponseWriter, r *http.Request, rec *Reco
 	if existing == nil || m.answered(w, r, existing, rec, now) {
 		return // answered
 	}
-	// A lease-mode record whose lease ended, with the request's content,
-	// which RunOnce did not take over: a TxStore takes such a record over
-	// itself, so this one changed meanwhile. The work never runs outside
-	// RunOnce, where its transaction is: the retry will see how the
+	// RunOnce did not take over this lease-mode record, though its lease
+	// ended and its content is the request's. A TxStore takes such a
+	// record over itself, so the record changed meanwhile. The work never
+	// runs outside RunOnce's transaction. The retry will see how the
 	// record ended.
 	m.inProgress(w, r, busy(rec), now)
 }
 
-// duplicate answers a request whose key this process runs already. Until
-// that request has read the record, it waits for what it finds: a replay
-// is shared. Once it works, or found the key busy, the answer is 409 at
-// once. No connection is taken either way.
+// duplicate answers a request whose key this process runs already.
+// Until that request has read the record, it waits for what it finds.
+// So a replay is shared. Once the work runs, or the key was found
+// busy, the answer is 409 at once. No connection is taken either way.
 func (m *middleware) duplicate(w http.ResponseWriter, r *http.Request, f *flight, rec *Record, now time.Time) {
 	// f.existing may be read only once decided is closed.
 	select {
@@ -439,17 +449,18 @@ func (m *middleware) duplicate(w http.ResponseWriter, r *http.Request, f *flight
 	m.inProgress(w, r, busy(rec), now)
 }
 
-// answered answers the request from its key's record when the record
-// settles it: a replay or a 422 once completed or for other content, a
-// 409 under a live lease. It returns false, and answers nothing, for a
-// record with the request's content whose lease has ended.
+// answered answers the request from its key's record, when the record
+// settles it. A completed record gets a replay or a 422. So does one
+// for other content. A live lease gets 409. A record with the
+// request's content whose lease has ended gets no answer. Then
+// answered returns false.
 func (m *middleware) answered(w http.ResponseWriter, r *http.Request, existing, rec *Record, now time.Time) bool {
 	if !sameContent(existing, rec) || existing.Status == StatusCompleted {
 		m.answer(w, r, existing, rec)
 		return true
 	}
-	// The lease is judged on the store's clock, at the moment the store
-	// read the record: never on this host's.
+	// The lease is judged on the store's clock, when the store read the
+	// record. This host's clock is never used.
 	at := storeNow(existing, now)
 	if existing.LockedUntil.After(at) {
 		m.inProgress(w, r, existing, at)
@@ -458,7 +469,7 @@ func (m *middleware) answered(w http.ResponseWriter, r *http.Request, existing, 
 	return false
 }
 
-// takeOver takes existing, whose lease has ended, from its worker, and
+// takeOver takes existing, whose lease has ended, from its worker. It
 // runs the work under its stable id. It returns false, and answers
 // nothing, when another request took the record first.
 func (m *middleware) takeOver(w http.ResponseWriter, r *http.Request, rec, existing *Record, parsed any, now time.Time) bool {
@@ -476,8 +487,8 @@ func (m *middleware) takeOver(w http.ResponseWriter, r *http.Request, rec, exist
 	return true
 }
 
-// answer answers a request with the record of its key that another
-// request completed: 422 if the content differs, else its replay.
+// answer answers a request from its key's completed record. The answer
+// is 422 if the content differs, else the replay.
 func (m *middleware) answer(w http.ResponseWriter, r *http.Request, existing, rec *Record) {
 	if !sameContent(existing, rec) {
 		m.report(r, outcomeReused)
@@ -489,8 +500,8 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, existing, re
 	replay(w, existing.Response)
 }
 
-// busy is the record a key reads as while another request runs it in one
-// transaction: rec, IN_PROGRESS, its lease just begun.
+// busy is the record a key reads as while another request runs it in
+// one transaction. It is rec, IN_PROGRESS, its lease just begun.
 func busy(rec *Record) *Record {
 	b := *rec
 	b.Status, b.Owner, b.Response = StatusInProgress, "", nil
@@ -498,8 +509,9 @@ func busy(rec *Record) *Record {
 }
 
 // flight is a key run by this process in the single-transaction mode.
-// decided is closed once its request starts the work, or has found the
-// key's record (existing, set before) or the key busy.
+// decided is closed once its request starts the work. It is also
+// closed once the request has found the key busy, or found its record.
+// existing is set before then.
 type flight struct {
 	decided chan struct{}
 	once    sync.Once
@@ -514,8 +526,8 @@ func (f *flight) decide(existing *Record) {
 	})
 }
 
-// enter returns the flight of id, and whether the caller is its owner (it
-// was not running).
+// enter returns the flight of id. It reports whether the caller owns
+// it, which it does when id was not running.
 func (m *middleware) enter(id ID) (*flight, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -534,22 +546,22 @@ func (m *middleware) leave(id ID, f *flight) {
 	m.mu.Unlock()
 }
 
-// runOnce does the work of a fresh key in one transaction of the store. It
-// returns the key's record, without having answered, when the key has one
-// or another request holds it; otherwise it has answered (existing and
-// err nil), or the store failed (err).
+// runOnce does the work of a fresh key in one transaction of the store.
+// The key may have a record, or another request may hold it. Then
+// runOnce returns that record and answers nothing. Otherwise it has
+// answered, or it returns the store's error.
 func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, f *flight) (*Record, error) {
 	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Validated: parsed}}
 	cw := &capture{header: make(http.Header)}
-	// A panic rolls the transaction back: nothing is stored, as when the
-	// process dies, and the key is free.
+	// A panic rolls the transaction back, as a dead process does.
+	// Nothing is stored, and the key is free.
 	takeover, ran := false, false
 	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context, abandoned *Record) (*Response, error) {
 		ran = true
 		f.decide(nil)
 		if abandoned != nil {
-			// A lease-mode worker's record, whose lease ended: the work
-			// goes on under its stable id, as after a lease's take-over.
+			// This is a lease-mode record whose lease ended. The work goes
+			// on under its stable id, as after a lease's take-over.
 			takeover = true
 			wk.info.StableID, wk.info.Takeover = abandoned.StableID, true
 		}
@@ -557,7 +569,7 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		if cw.code() >= 500 {
 			return nil, nil
 		}
-		// The handler has answered: its effect is recorded even if the
+		// The handler has answered. Its effect is recorded even if the
 		// client has gone meanwhile.
 		if err := wk.commit(context.WithoutCancel(ctx)); err != nil {
 			return nil, err
@@ -569,9 +581,9 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 	}
 	switch {
 	case err != nil && !ran && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
-		// No connection or first answer in time: nothing was done, the
-		// key is free. (After the work, a commit with no answer in time
-		// may have committed: storeError answers it.)
+		// No connection or first answer came in time. Nothing was done,
+		// and the key is free. A late commit is another case, which
+		// storeError answers, since it may have committed.
 		m.unavailable(w, r, err, "idempotency: the store is busy",
 			"the server has no database connection free, and nothing was done under this key")
 		return nil, nil
@@ -588,10 +600,9 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 	return nil, nil
 }
 
-// sameContent reports whether the request of rec has the content of the
-// existing record. A record fingerprinted by another version of the
-// algorithm (a later release's, or none) never matches: its fingerprint
-// cannot be compared with the request's.
+// sameContent reports whether rec's request has the existing record's
+// content. A record fingerprinted by another version of the algorithm
+// never matches. Its fingerprint cannot be compared with the request's.
 func sameContent(existing, rec *Record) bool {
 	return existing.FingerprintVersion == rec.FingerprintVersion && existing.Fingerprint == rec.Fingerprint
 }
@@ -600,8 +611,8 @@ func sameContent(existing, rec *Record) bool {
 func (m *middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, takeover bool, parsed any) {
 	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Takeover: takeover, Validated: parsed}}
 	cw := &capture{header: make(http.Header)}
-	// A panic (a crashed worker) leaves the record IN_PROGRESS, exactly as a
-	// dead process would; the lease ends it.
+	// A panic is a crashed worker. It leaves the record IN_PROGRESS, as a
+	// dead process would, and the lease ends it.
 	m.next.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), ctxKey{}, wk)))
 
 	// The client may be gone, but finished work is still recorded.
@@ -635,15 +646,18 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, rec *Record, ta
 	cw.writeTo(w)
 }
 
-// giveUp gives up the record after work that stored no answer (a server
-// error, or a commit that failed). Unless the handler said it did nothing
-// outside the store ([NothingDone]), the record is kept: the worker may
-// have called an external provider under its stable id, and deleting the
-// record would hand the key a new stable id, under which the next request
-// would charge again. The record stays, with its lease ended, and the next
-// request takes it over ([Info.Takeover]) with the same stable id and asks
-// the provider first. (This is TakeOver from this owner to none, which ends
-// the lease at once.)
+// giveUp gives up the record after work that stored no answer. That is
+// a server error, or a commit that failed.
+//
+// The record is kept unless the handler called [NothingDone]. The
+// worker may have called a provider under its stable id. Deleting the
+// record would give the key a new stable id. The next request would
+// charge again under it.
+//
+// So the record stays, with its lease ended. The next request takes it
+// over with the same stable id ([Info.Takeover]). It asks the provider
+// first. This is TakeOver from this owner to none, which ends the lease
+// at once.
 func (m *middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 	if wk.released() {
 		return m.cfg.Store.Release(ctx, rec.ID, rec.Owner)
@@ -653,8 +667,8 @@ func (m *middleware) giveUp(ctx context.Context, rec *Record, wk *work) error {
 	return err
 }
 
-// storeNow is the store's now when it read rec, the time its lease is
-// judged at; now (this host's) for a store that judges on its callers'
+// storeNow is the store's now when it read rec, when its lease is
+// judged. It is now, this host's, for a store that uses its callers'
 // clock.
 func storeNow(rec *Record, now time.Time) time.Time {
 	if rec.ReadAt.IsZero() {
@@ -663,9 +677,10 @@ func storeNow(rec *Record, now time.Time) time.Time {
 	return rec.ReadAt
 }
 
-// inProgress answers 409. Retry-After is the time left until the work is
-// expected to be done (the lease start plus Config.Expected), never past the
-// end of the lease, in whole seconds rounded up, at least 1.
+// inProgress answers 409. Retry-After is the time left until the work
+// is expected to be done: the lease start plus Config.Expected. It is
+// never past the end of the lease. It is whole seconds rounded up, at
+// least 1.
 func (m *middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Record, now time.Time) {
 	started := rec.LockedUntil.Add(-m.cfg.Lease)
 	done := started.Add(m.cfg.Expected)
@@ -676,8 +691,8 @@ func (m *middleware) inProgress(w http.ResponseWriter, r *http.Request, rec *Rec
 	writeInProgress(w, secondsUntil(done, now))
 }
 
-// secondsUntil returns the time from now to t in whole seconds, rounded up,
-// at least 1: a Retry-After value.
+// secondsUntil returns a Retry-After value: the time from now to t. It
+// is in whole seconds, rounded up, at least 1.
 func secondsUntil(t, now time.Time) int64 {
 	secs := int64(1)
 	if left := t.Sub(now); left > time.Second {
@@ -698,10 +713,10 @@ func writeInProgress(w http.ResponseWriter, secs int64) {
 
 func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.DeadlineExceeded) {
-		// The store's bound on its wait for the database, or a commit
-		// with no answer, which may have committed: the retry with the
-		// key finds what did. Never the handler's answer, which may not
-		// have been stored.
+		// The store's wait for the database passed its bound, or a
+		// commit got no answer. That commit may have happened. The
+		// retry with the key finds what did. The handler's answer may
+		// not have been stored, so it is never sent.
 		m.unavailable(w, r, err, "idempotency: the store did not answer in time",
 			"the server's database did not answer in time")
 		return
@@ -720,10 +735,10 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	if errors.Is(err, ErrUnavailable) {
-		// A standby, a database refusing writes, or a transaction rolled
-		// back on a conflict with another (before or after the handler
-		// ran): the store cannot say "nothing was done", nor store the
-		// answer. The retry with the same key finds what was.
+		// The database is a standby, or refuses writes. Or it rolled the
+		// transaction back on a conflict with another. The store can
+		// neither say "nothing was done" nor store the answer. The retry
+		// with the same key finds what was.
 		m.unavailable(w, r, err, "idempotency: the store cannot complete the request now",
 			"the server's database could not complete this request now")
 		return
@@ -737,10 +752,10 @@ func (m *middleware) storeError(w http.ResponseWriter, r *http.Request, err erro
 		Detail: "the server could not read or write its idempotency records; retry with the same key"}).Write(w)
 }
 
-// unavailable answers 503 with Retry-After: 1 for a store that could not
-// settle the request now (busy, without answer, or unable to decide), and
-// logs err, which is never shown. detail says why, in words for the
-// client; the retry with the same key finds what, if anything, was done.
+// unavailable answers 503 with Retry-After: 1. The store could not
+// settle the request now. It was busy, gave no answer, or could not
+// decide. err is logged and never shown. detail says why, in words for
+// the client. The retry with the same key finds what was done.
 func (m *middleware) unavailable(w http.ResponseWriter, r *http.Request, err error, msg, detail string) {
 	m.report(r, outcomeStoreError)
 	if m.cfg.Logger != nil {
@@ -751,14 +766,15 @@ func (m *middleware) unavailable(w http.ResponseWriter, r *http.Request, err err
 		Detail: detail + "; retry with the same key after the Retry-After delay"}).Write(withRetryAfter(w, 1))
 }
 
-// echoKey marks every answer to r as the server's own: it carries the
-// request's Idempotency-Key back, as received (bare or quoted, every field
-// line of it), whatever the answer (fresh, replayed, 409, 422, a 400 about
-// the key, a 5xx). A proxy, CDN or gateway in front of the server does not
-// echo the key, which is how a client tells the server's word from a
-// stranger's. The key is set on w's header fields before the handler runs,
-// and set again on the answer, so a handler cannot drop it or answer under
-// another key.
+// echoKey marks every answer to r as the server's own. A client tells
+// the server's word from a stranger's by this mark. No proxy, CDN or
+// gateway in front of the server echoes the key.
+//
+// Every answer carries the request's Idempotency-Key back, as
+// received. It may be bare or quoted, and every field line is kept.
+// Fresh answers, replays, 409, 422, a 400 about the key and a 5xx all
+// carry it. The key is set before the handler runs, and again on the
+// answer. So a handler cannot drop it or answer under another key.
 func echoKey(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	vals := r.Header.Values(headerKey)
 	if len(vals) == 0 {
@@ -788,12 +804,12 @@ func (e *echoWriter) Write(p []byte) (int, error) {
 // Unwrap gives http.ResponseController the writer underneath.
 func (e *echoWriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
 
-// storedHeaders are the response fields a replay needs; nothing else is
-// kept, but for headerBodyOmitted on a record that kept no body.
+// storedHeaders are the response fields a replay needs. Nothing else is
+// kept, but headerBodyOmitted on a record that kept no body.
 var storedHeaders = []string{"Content-Type", "Location"}
 
 // replay writes a stored response byte for byte, marked as a replay. A
-// record that kept no body says so in headerBodyOmitted, stored with it.
+// record that kept no body says so in headerBodyOmitted.
 func replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -840,9 +856,9 @@ const (
 	omittedConfidential = "confidential" // Config.Confidential said so
 )
 
-// stored is the answer cw captured for r as its record keeps it: the
-// body is left out when it is over the bound or confidential, and the
-// record says so in headerBodyOmitted, which a replay carries.
+// stored is the answer cw captured for r, as its record keeps it. The
+// body is left out when it is over the bound or confidential. Then
+// headerBodyOmitted says so, and a replay carries it.
 func (m *middleware) stored(r *http.Request, cw *capture) *Response {
 	switch {
 	case m.cfg.Confidential != nil && m.cfg.Confidential(r):
@@ -853,8 +869,8 @@ func (m *middleware) stored(r *http.Request, cw *capture) *Response {
 	return cw.response("")
 }
 
-// response is the captured answer as stored: only what a replay needs,
-// without its body when omitted says why.
+// response is the captured answer as stored: only what a replay needs.
+// It has no body when omitted says why.
 func (c *capture) response(omitted string) *Response {
 	resp := &Response{StatusCode: c.code(), Header: make(http.Header, 2), Body: c.body.Bytes()}
 	for _, f := range storedHeaders {

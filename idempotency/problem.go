@@ -10,9 +10,8 @@ import (
 const problemBase = "https://idem.dev/problems/"
 
 // The problem types the middleware answers with, as docs/CONTRACT.md lists
-// them. Clients match on these; a server's own lookup answers its miss
-// with https://idem.dev/problems/idempotency-key-unused (see the package
-// docs).
+// them. Clients match on these. A server's own lookup answers its miss
+// with https://idem.dev/problems/idempotency-key-unused ([MarkLookup]).
 const (
 	typeKeyMissing        = problemBase + "idempotency-key-missing"
 	typeKeyInvalid        = problemBase + "idempotency-key-invalid"
@@ -22,14 +21,14 @@ const (
 	typeBadRequest        = problemBase + "bad-request"
 	typeInternal          = problemBase + "internal-error"
 	typeStorageFull       = problemBase + "storage-full"
-	// typeUnsupportedMediaType is a 415: a Content-Encoding the
-	// middleware does not decode, or a JSON body in a charset other than
-	// UTF-8.
+	// typeUnsupportedMediaType is a 415. It answers a Content-Encoding
+	// the middleware does not decode. It also answers a JSON body in a
+	// charset other than UTF-8.
 	typeUnsupportedMediaType = problemBase + "unsupported-media-type"
 )
 
-// Problem is an RFC 9457 problem details object. A Problem is a value; it is
-// safe for concurrent use once built.
+// Problem is an RFC 9457 problem details object. A Problem is a value. It
+// is safe for concurrent use once built.
 type Problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`

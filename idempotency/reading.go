@@ -8,26 +8,27 @@ import (
 )
 
 // JSONReading is a JSON request body as the fingerprint read it. A
-// [Config.Validate] hook gets it from [JSONReadingOf]: the fingerprint and
-// the validation then parse the body once between them.
+// [Config.Validate] hook gets it from [JSONReadingOf]. The fingerprint
+// and the validation then parse the body once between them.
 type JSONReading interface {
-	// Len returns the number of members of the body's object, or -1 when
-	// the body is not one JSON object.
+	// Len returns the number of members of the body's object. It returns
+	// -1 when the body is not one JSON object.
 	Len() int
 	// Member returns the object's member i (0 <= i < Len()), in the
 	// fingerprint's canonical order. The name is decoded as encoding/json
-	// decodes it. The value is its token as written: a string with its
-	// quotes and escapes, a number, true, false or null; for an object or
-	// an array, its opening bracket only. The names of one object are
-	// distinct even after encoding/json's case folding: the middleware
+	// decodes it. The value is its token as written. That is a string with
+	// its quotes and escapes, a number, true, false or null. For an object
+	// or an array, it is the opening bracket only. The names of one object
+	// are distinct even after encoding/json's case folding. The middleware
 	// refuses other bodies.
 	Member(i int) (name, value []byte)
 }
 
 // JSONReadingOf returns the fingerprint's reading of r's body while r is
-// in [Config.Validate]. It returns false outside Validate, and for a body
-// that is not JSON. The reading's memory is reused once Validate returns:
-// a hook must not keep the reading, or the bytes it returned.
+// in [Config.Validate]. It returns false outside Validate. It also
+// returns false for a body that is not JSON. The reading's memory is
+// reused once Validate returns. So a hook must not keep the reading, or
+// the bytes it returned.
 func JSONReadingOf(r *http.Request) (JSONReading, bool) {
 	b, ok := r.Body.(*validateBody)
 	if !ok || b.reading == nil {
@@ -36,16 +37,16 @@ func JSONReadingOf(r *http.Request) (JSONReading, bool) {
 	return b.reading, true
 }
 
-// validateBody is the request body the middleware hands Config.Validate:
-// the body's bytes and, while the hook runs, the fingerprint's reading of
-// them.
+// validateBody is the request body the middleware hands Config.Validate.
+// It holds the body's bytes. While the hook runs, it also holds the
+// fingerprint's reading of them.
 type validateBody struct {
 	bytes.Reader
 	reading JSONReading
 }
 
-// newValidateBody returns a body reading b, carrying c (nil for a body
-// that is not JSON).
+// newValidateBody returns a body reading b, carrying c. c is nil for a
+// body that is not JSON.
 func newValidateBody(b []byte, c *canonjson.Value) *validateBody {
 	body := &validateBody{}
 	if c != nil {
@@ -55,7 +56,7 @@ func newValidateBody(b []byte, c *canonjson.Value) *validateBody {
 	return body
 }
 
-// Close does nothing: the bytes are in memory.
+// Close does nothing, since the bytes are in memory.
 func (b *validateBody) Close() error { return nil }
 
 // Reset makes b read body from its start again, without the reading.

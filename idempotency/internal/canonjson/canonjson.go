@@ -1,17 +1,20 @@
-// Package canonjson reads a JSON body once and writes its canonical form:
-// object members sorted by their case-folded names, insignificant
-// whitespace dropped, strings as encoding/json decodes them, re-escaped,
-// numbers kept as written. The idempotency middleware fingerprints a JSON
-// body by this form, so a client that serialises the same object again
-// gets the same fingerprint.
+// Package canonjson reads a JSON body once and writes its canonical form.
+// The idempotency middleware fingerprints a JSON body by this form. So a
+// client that serialises the same object again gets the same fingerprint.
+// In the form:
 //
-// The form is frozen with the fingerprint's version: a change to it is a
-// new version of the fingerprint (see idempotency's fingerprintVersion).
-// This package is internal so that the form has one user and one promise.
+//   - Object members are sorted by their case-folded names.
+//   - Insignificant whitespace is dropped.
+//   - Strings are taken as encoding/json decodes them, and re-escaped.
+//   - Numbers are kept as written.
 //
-// A body has one reading, or Parse refuses it: no two names of an object
-// equal after encoding/json's case folding, UTF-8 only, and no deeper
-// than a limit. The work and memory are linear in the size of the body.
+// The form is frozen with the fingerprint's version. A change to it is a
+// new version of the fingerprint (idempotency's fingerprintVersion). The
+// package is internal, so the form has one user and one promise.
+//
+// A body has one reading, or Parse refuses it. It is UTF-8, and no deeper
+// than a limit. No two names of an object are equal after encoding/json's
+// case folding. The work and memory are linear in the size of the body.
 package canonjson
 
 import (
@@ -28,55 +31,58 @@ import (
 	"unicode/utf8"
 )
 
-// The errors of Parse for JSON that has no single reading. Their texts are
-// the middleware's: a 400 answer shows them.
+// The errors of Parse for JSON that has no single reading. A 400 answer
+// shows their texts.
 var (
 	// ErrTooDeep is wrapped by the error for a JSON body nested deeper
 	// than the limit.
 	ErrTooDeep = errors.New("idempotency: JSON body nested too deep")
-	// ErrDuplicateName is wrapped by the error for a JSON body with an
-	// object whose member names are equal after the case folding of
-	// encoding/json ("amount" and "AMOUNT", "customer" and "cuſtomer"
-	// with a long s). A decoder that matches names case-insensitively
-	// keeps the last of them and one that does not keeps both, so such a
-	// body has no single reading.
+	// ErrDuplicateName is wrapped by the error for a JSON body with
+	// colliding member names. Two names of one of its objects are equal
+	// after encoding/json's case folding. Examples are "amount" and
+	// "AMOUNT", or "customer" and "cuſtomer" with a long s. A decoder that
+	// matches names case-insensitively keeps the last of them. One that
+	// does not keeps both. So such a body has no single reading.
 	ErrDuplicateName = errors.New("idempotency: JSON object has member names that are equal after case folding")
 	// ErrNotUTF8 is wrapped by the error for a JSON body that is not
-	// UTF-8 (RFC 8259, section 8.1): a byte sequence that is not UTF-8,
-	// or an escaped surrogate (\ud800) without its other half.
-	// encoding/json reads each as U+FFFD, so "\ud800" and "\udbff" would
-	// be one body to the fingerprint and two to the client: such a body
-	// is refused, never read lossily.
+	// UTF-8 (RFC 8259, section 8.1). It has bytes that are not UTF-8, or
+	// an escaped surrogate (\ud800) without its other half. encoding/json
+	// reads each as U+FFFD. So "\ud800" and "\udbff" would be one body to
+	// the fingerprint, and two to the client. Such a body is refused,
+	// never read lossily.
 	ErrNotUTF8 = errors.New("idempotency: JSON body is not UTF-8")
 )
 
 // Value is a JSON body read by Parse, ready to write in canonical form.
 //
-// It canonicalises valid JSON in two linear passes. The first (Parse)
-// checks the depth and the member names and records, for every object, the
-// order of its members. The second (WriteCanonical) writes the canonical form,
-// visiting each object's members in that order: every byte of the body is
-// read once by each pass, whatever the nesting, where building each object's
-// form from its members' forms would copy a subtree once per level above it.
+// It canonicalises valid JSON in two linear passes. Each pass reads
+// every byte of the body once, whatever the nesting. Building each
+// object's form from its members' forms would instead copy a subtree
+// once per level above it.
 //
-// Members are ordered by their folded names (see appendFoldedName), which
-// are unique in an accepted object: one sort both orders the members and
-// finds colliding names, which end up side by side.
+// The first pass (Parse) checks the depth and the member names. It
+// records the order of each object's members. The second pass
+// (WriteCanonical) writes the canonical form, visiting each object's
+// members in that order.
 //
-// Offsets are 32 bits, to keep the records small: Parse takes a longer
-// body for one that is not JSON.
+// Members are ordered by their folded names (see appendFoldedName).
+// These are unique in an accepted object. So one sort both orders the
+// members and finds colliding names, which end up side by side.
+//
+// Offsets are 32 bits, to keep the records small. So Parse takes a
+// longer body for one that is not JSON.
 type Value struct {
 	in       []byte
 	pos      int
 	maxDepth int
 
-	// objects are the body's objects in document order (by start offset).
+	// objects are the body's objects in document order, by start offset.
 	objects []object
 	// members holds each closed object's members in canonical order, one
-	// object after another; open objects' members wait in pending.
+	// object after another. Open objects' members wait in pending.
 	members, pending []member
-	// names holds member names that had to be decoded (escaped, or not
-	// valid UTF-8); a member refers to its name here or in the body.
+	// names holds member names that had to be decoded, being escaped or
+	// not valid UTF-8. A member refers to its name here or in the body.
 	names []byte
 	// fold and order are scratch space for ordering one object's members.
 	fold  []byte
@@ -102,8 +108,8 @@ type foldedName struct {
 	m      int32 // index into the object's members
 }
 
-// grow returns s with room for one more element, doubling its capacity when
-// full, so that a large body leaves little garbage behind.
+// grow returns s with room for one more element. It doubles a full
+// capacity, so a large body leaves little garbage behind.
 func grow[E any](s []E) []E {
 	if len(s) < cap(s) {
 		return s
@@ -112,16 +118,18 @@ func grow[E any](s []E) []E {
 }
 
 // Parse returns a Value ready to write body's canonical form. It returns
-// nil if body is not one JSON value (or is over 2 GiB). It returns an error
-// if body is JSON without a single reading, or nested deeper than maxDepth
-// (at least 1; {} is one level). Bodies nested deeper than 10000 levels are
-// not JSON to encoding/json: Parse returns nil for them. The caller gives
-// the Value back with Release.
+// nil if body is not one JSON value, or is over 2 GiB. A body nested
+// deeper than 10000 levels is not JSON to encoding/json. Parse returns
+// nil for it too. The caller gives the Value back with Release.
 //
-// The body is read once: the parse checks the JSON grammar as it goes,
-// accepting exactly what json.Valid accepts. A body refused for its names
-// or its depth is refused only if it is JSON to the end, so json.Valid
-// decides those few.
+// Parse returns an error if body is JSON without a single reading. It
+// also does if body nests deeper than maxDepth. maxDepth is at least 1,
+// and {} is one level.
+//
+// The body is read once. The parse checks the JSON grammar as it goes,
+// and accepts exactly what json.Valid accepts. A body refused for its
+// names or its depth is refused only if it is JSON to the end. So
+// json.Valid decides those few.
 func Parse(body []byte, maxDepth int) (*Value, error) {
 	if len(body) == 0 || len(body) > math.MaxInt32 {
 		return nil, nil
@@ -135,8 +143,8 @@ func Parse(body []byte, maxDepth int) (*Value, error) {
 		}
 	}
 	if err == nil && !utf8.Valid(body) {
-		// Outside its strings JSON is ASCII: the bytes that are not UTF-8
-		// are in a string, which encoding/json would read as U+FFFD.
+		// Outside its strings JSON is ASCII. So the bytes that are not
+		// UTF-8 are in a string, which encoding/json would read as U+FFFD.
 		err = fmt.Errorf("%w: the bytes at offset %d are not UTF-8 (RFC 8259 asks for UTF-8); send the text as UTF-8", ErrNotUTF8, firstInvalidUTF8(body))
 	}
 	if err == nil {
@@ -155,12 +163,12 @@ var errNotJSON = errors.New("not JSON")
 // maxNesting is the deepest nesting encoding/json takes for JSON.
 const maxNesting = 10000
 
-// canons keeps Values for reuse, with their scratch space: parsing a
+// canons keeps Values for reuse, with their scratch space. Parsing a
 // small body then allocates nothing.
 var canons = sync.Pool{New: func() any { return new(Value) }}
 
-// Release returns c to the pool, unless a large body grew its scratch
-// space, which is left to the collector.
+// Release returns c to the pool. If a large body grew its scratch
+// space, c is left to the collector.
 func (c *Value) Release() {
 	if cap(c.objects) > 1024 || cap(c.members) > 1024 || cap(c.pending) > 1024 || cap(c.order) > 1024 ||
 		cap(c.names) > flushAt || cap(c.fold) > flushAt || cap(c.out) > 2*flushAt {
@@ -212,8 +220,8 @@ func (c *Value) value(depth int) error {
 	return c.number()
 }
 
-// next skips whitespace and reports whether the byte there is b, taking
-// it if so.
+// next skips whitespace and reports whether the byte there is b. If so,
+// it takes it.
 func (c *Value) next(b byte) bool {
 	c.ws()
 	if c.pos < len(c.in) && c.in[c.pos] == b {
@@ -281,10 +289,11 @@ func (c *Value) object(depth int) error {
 	return nil
 }
 
-// string checks the string at c.pos as encoding/json's scanner does (no
-// raw control characters, only JSON's escapes; any other byte, valid
-// UTF-8 or not) and moves past it. A surrogate escape without its other
-// half is an error wrapping ErrNotUTF8 (Parse checks the bytes).
+// string checks the string at c.pos as encoding/json's scanner does,
+// and moves past it. It refuses raw control characters and escapes
+// JSON lacks. Any other byte passes, valid UTF-8 or not; Parse checks
+// the bytes. A surrogate escape without its other half is an error
+// wrapping ErrNotUTF8.
 func (c *Value) string() error {
 	in := c.in
 	i := c.pos + 1
@@ -313,7 +322,7 @@ func (c *Value) string() error {
 				i += 4
 				if utf16.IsSurrogate(rune(u)) {
 					// A high half must be followed at once by an escaped
-					// low half; a low half must follow a high one.
+					// low half. A low half must follow a high one.
 					low, paired := uint16(0), false
 					if u < 0xdc00 && i+6 < len(in) && in[i+1] == '\\' && in[i+2] == 'u' {
 						low, paired = hex4(in[i+3 : i+7])
@@ -352,8 +361,8 @@ func hex4(h []byte) (uint16, bool) {
 	return v, true
 }
 
-// firstInvalidUTF8 returns the offset of the first byte of b that does not
-// begin a UTF-8 sequence, or len(b).
+// firstInvalidUTF8 returns the offset of the first byte of b that does
+// not begin a UTF-8 sequence, or len(b).
 func firstInvalidUTF8(b []byte) int {
 	for i := 0; i < len(b); {
 		r, n := utf8.DecodeRune(b[i:])
@@ -437,9 +446,9 @@ func (c *Value) nameOf(m member) []byte {
 	return c.in[m.nameLo:m.nameHi]
 }
 
-// closeObject appends ms, the members of the object at start, to c.members
-// in canonical order: by folded name. It returns an error wrapping
-// ErrDuplicateName if two names are equal after folding.
+// closeObject appends ms, the members of the object at start, to
+// c.members. Their order is canonical, by folded name. It returns an
+// error wrapping ErrDuplicateName if two names are equal after folding.
 func (c *Value) closeObject(ms []member, start int32) error {
 	if cap(c.members)-len(c.members) < len(ms) {
 		c.members = slices.Grow(c.members, max(len(ms), cap(c.members)))
@@ -483,8 +492,8 @@ func (c *Value) WriteCanonical(w io.Writer) {
 	c.out = c.out[:0]
 }
 
-// flushAt is the size of the pieces WriteCanonical writes, and of the
-// scratch space a Value keeps for reuse.
+// flushAt is the size of the pieces WriteCanonical writes. It also
+// bounds the scratch space a Value keeps for reuse.
 const flushAt = 32 << 10
 
 // write writes the value at pos and returns the offset just past it.
@@ -558,8 +567,8 @@ func (c *Value) isSpace(pos int) bool {
 	return false
 }
 
-// objectIndex returns the index in c.objects of the object that starts at
-// pos (c.objects is in document order).
+// objectIndex returns the index in c.objects of the object that starts
+// at pos. c.objects is in document order.
 func (c *Value) objectIndex(pos int) int {
 	lo, hi := 0, len(c.objects)
 	for lo < hi {
@@ -586,9 +595,9 @@ func (c *Value) Len() int {
 	return int(c.objects[0].hi - c.objects[0].lo)
 }
 
-// Member returns the body's object's member i (0 <= i < Len()) in
-// canonical order: its name decoded, and its value's token as written (an
-// object's or array's opening bracket only).
+// Member returns the body's object's member i (0 <= i < Len()), in
+// canonical order. The name is decoded. The value is its token as
+// written. For an object or an array, that is its opening bracket.
 func (c *Value) Member(i int) (name, value []byte) {
 	m := c.members[int(c.objects[0].lo)+i]
 	v := int(m.val)
@@ -613,8 +622,8 @@ func stringEnd(in []byte, start int) int {
 	return i + 1
 }
 
-// literalEnd returns the offset just past the number, true, false or null
-// at start.
+// literalEnd returns the offset just past the number, true, false or
+// null at start.
 func literalEnd(in []byte, start int) int {
 	i := start
 	for i < len(in) {
@@ -627,9 +636,10 @@ func literalEnd(in []byte, start int) int {
 	return i
 }
 
-// plainString reports whether the contents of a string token need no
-// decoding: no escapes, valid UTF-8. (Valid JSON has no raw control
-// characters or quotes in a string.)
+// plainString reports whether a string token's contents need no
+// decoding. They need none when they have no escapes and are valid
+// UTF-8. Valid JSON has no raw control characters or quotes in a
+// string.
 func plainString(raw []byte) bool {
 	for _, b := range raw {
 		if b == '\\' {
@@ -639,16 +649,16 @@ func plainString(raw []byte) bool {
 	return utf8.Valid(raw)
 }
 
-// decodeString decodes a string token as encoding/json does: escapes
-// resolved. (It would replace invalid UTF-8 and lone surrogates by U+FFFD,
-// losing them, but Parse refuses a body that has either.)
+// decodeString decodes a string token as encoding/json does, resolving
+// its escapes. It would replace invalid UTF-8 and lone surrogates by
+// U+FFFD. But Parse refuses a body that has either.
 func decodeString(token []byte) []byte {
 	var s string
 	_ = json.Unmarshal(token, &s) // valid: checked by json.Valid
 	return []byte(s)
 }
 
-// appendString appends s quoted, escaping only what JSON requires, so that a
+// appendString appends s quoted, escaping only what JSON requires. So a
 // string written without escapes is kept as it is.
 func appendString(out, s []byte) []byte {
 	const hex = "0123456789abcdef"
@@ -666,11 +676,12 @@ func appendString(out, s []byte) []byte {
 	return append(out, '"')
 }
 
-// appendFoldedName appends name folded as encoding/json folds member names
-// to match struct fields (encoding/json/fold.go, whose foldName(x) ==
-// foldName(y) exactly when bytes.EqualFold(x, y)): ASCII letters to upper
-// case, every other rune to the smallest rune of its Unicode fold set, so
-// that 'ſ' (long s) folds with 's' and 'K' (Kelvin sign) with 'k'.
+// appendFoldedName appends name folded as encoding/json folds member
+// names to match struct fields. ASCII letters go to upper case. Every
+// other rune goes to the smallest rune of its Unicode fold set. So 'ſ'
+// (long s) folds with 's', and 'K' (Kelvin sign) with 'k'. This is
+// encoding/json/fold.go's folding. There foldName(x) == foldName(y)
+// exactly when bytes.EqualFold(x, y).
 func appendFoldedName(out, name []byte) []byte {
 	for i := 0; i < len(name); {
 		if c := name[i]; c < utf8.RuneSelf {
