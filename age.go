@@ -26,7 +26,6 @@ type monotonicClock interface {
 //
 //   - The injectable Clock gives wall time. Where it is a monotonicClock, it
 //     gives the in-process timeline too.
-//
 //   - SinceBoot gives the time since boot, where it counts device sleep.
 //   - The wall clock's high-water mark is kept too.
 type clocks struct {
@@ -60,7 +59,6 @@ func newClocks(clk clock.Clock, store persist.Store) *clocks {
 //
 //   - sinceBirth is the in-process timeline.
 //   - The wall clock is read without Go's monotonic reading.
-//
 //   - The time since boot, sleep included, is read where the clock has
 //     SinceBoot.
 type reading struct {
@@ -142,10 +140,8 @@ func (c *clocks) observe(rec *persist.Record) {
 //
 //   - The wall clock, without Go's monotonic reading, since the creation.
 //     The age is never less than at the record's last write.
-//
 //   - The wall clock's high-water mark since the mark at arming. A clock set
 //     back cannot lower it.
-//
 //   - The clock that counts device sleep since the arming, within one boot.
 //   - The in-process timeline since this Client first saw the intent. (It
 //     created the intent, or sent it after a restart.) The age the intent
