@@ -96,8 +96,8 @@ func latestOf(recs []*persist.Record) *persist.Record {
 // Otherwise the other's Do refuses as Intent would.
 //
 // The error is a *SaveError if the store fails to read the action's intents.
-// So it is if the drop of a replaced armed intent fails. Nothing can be sent
-// then.
+// It is one too if the drop of a replaced armed intent fails. Nothing can be
+// sent then.
 //
 // The store may hold a record it cannot read, a *persist.CorruptError. If
 // that record may be this action's, Intent refuses with that error. It could

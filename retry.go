@@ -45,11 +45,10 @@ type RetryPolicy struct {
 	Multiplier float64
 	// Jitter spreads each backoff wait by ±Jitter of itself. It spreads a
 	// Retry-After wait by up to Jitter/5 past it. So clients that failed
-	// together do not retry together. It is a fraction above 0 and at most
-	// 1. Zero means 0.5. -1 turns jitter off, so every wait is exactly as
-	// computed. (Tests that count waits want that.) Any other value is
-	// refused by New. So it is by the calls made under
-	// ContextWithRetryPolicy.
+	// together do not retry together. It is a fraction above 0, at most 1.
+	// Zero means 0.5. -1 turns jitter off, so every wait is exactly as
+	// computed. (Tests that count waits want that.) New refuses any other
+	// value, and so do calls made under ContextWithRetryPolicy.
 	Jitter float64
 	// MaxRetryAfter is the longest Retry-After the client will honour. A
 	// server asking for more ends the call at once, its outcome unknown. The
@@ -90,10 +89,10 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 
 type policyKey struct{}
 
-// ContextWithRetryPolicy returns a context for calls under p. Calls of the
-// Client under it retry under p rather than the Client's policy. Those calls
+// ContextWithRetryPolicy returns a context whose calls retry under p. Under
+// it, calls of the Client use p rather than the Client's policy. Those calls
 // are Do, Send, Settle, SettleAll and requests through its RoundTripper. So
-// one Client gives a tap in the foreground a short budget. And it gives a
+// one Client can give a tap in the foreground a short budget. It can give a
 // settle in the background a long one. Fields of p left zero keep the
 // Client's values. A field may be out of range (see New). Then each call
 // under ctx fails at once with an error that names it. It fails before

@@ -47,9 +47,10 @@ import (
 // (RetryCost × Refill). So in its first minute a Client makes at most 112
 // retries. Each call adds one first attempt to that. So 100 calls make at
 // most 212 attempts in that minute. Each call's own policy alone would make
-// 700, seven attempts each. The retries up to a moment t are at most 100 +
-// t/5s, however many calls ask. Each call's backoff, jitter and Retry-After
-// spread a fleet of devices. This bucket does not.
+// 700, seven attempts each. The retries up to a moment t are at most
+// 100 + t/5s, however many calls ask. A fleet of devices returning to a
+// recovering server needs spreading too. Each call's backoff, jitter and
+// Retry-After spread it, not this bucket.
 type RetryBudget struct {
 	// Tokens is the bucket's size, and what it holds when the Client is
 	// made. Zero means 500. -1 turns the budget off. Then each call's
