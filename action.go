@@ -13,16 +13,17 @@ import (
 
 func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, keys: c.keys} }
 
-// newRecord makes the record of a new intent, with a fresh UUIDv4 key
-// spelled on the wire as this Client spells keys. req has been validated;
-// fp is its fingerprint, seq its place among its name's intents.
+// newRecord makes the record of a new intent with a fresh UUIDv4 key. The
+// key is spelled on the wire as this Client spells keys. req has been
+// validated, and fp is its fingerprint. seq is the intent's place among its
+// name's intents.
 func (c *Client) newRecord(name string, req Request, fp string, seq uint64, now time.Time) (*persist.Record, error) {
 	rec := new(persist.Record)
 	return rec, c.makeRecord(rec, name, req, fp, seq, now)
 }
 
-// makeRecord is newRecord, made in rec: memory allocated with the
-// Intent that holds it.
+// makeRecord is newRecord, made in rec. That lets the record share the
+// allocation of its Intent.
 func (c *Client) makeRecord(rec *persist.Record, name string, req Request, fp string, seq uint64, now time.Time) error {
 	id, err := uuid.NewRandom()
 	if err != nil {
@@ -47,9 +48,9 @@ func (c *Client) makeRecord(rec *persist.Record, name string, req Request, fp st
 	return nil
 }
 
-// latestOf returns the intent created last among recs, the intents of one
-// name: the highest Seq, which no setting of the device's clock moves.
-// Records without one (0) come first, ordered by creation time.
+// latestOf returns the intent created last among recs, one name's intents.
+// That is the highest Seq, which no setting of the device's clock moves.
+// Records without a Seq (0) come first, ordered by creation time.
 func latestOf(recs []*persist.Record) *persist.Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {
@@ -60,50 +61,50 @@ func latestOf(recs []*persist.Record) *persist.Record {
 	return latest
 }
 
-// Intent returns the intent for the action name with request req, the first
-// half of Send: call it directly to show the key, or to hold the intent
-// between showing the Pay button and sending it with Do.
+// Intent returns the intent for the action name with request req. It is the
+// first half of Send. Call it directly to show the key. Or call it to hold
+// the intent from the Pay button until Do sends it.
 //
-//   - No intent for name yet: a new one is made. It lives in this process's
-//     memory only until the tap: the first Do (or Settle, HTTPRequest, or
-//     a round trip through the RoundTripper) arms it, with the one durable
-//     write before its first byte is sent. An intent never armed is never
-//     sent by anything but a call the app makes for it in this process:
-//     after a restart it is gone, with a key that was never used, and
-//     Unresolved and SettleAll never see it. Intent for the same name and
-//     request returns the same unarmed intent until then.
-//   - The latest intent for name holds the same request: it is returned, in
-//     whatever state it is; Do on it resumes it, or returns its stored
+//   - No intent for name yet: a new one is made. It lives only in this
+//     process's memory until the tap. The first Do arms it, and so do
+//     Settle, HTTPRequest and the RoundTripper. Arming is the one durable
+//     write before the first byte is sent. Only a call the app makes in this
+//     process sends an unarmed intent. After a restart it is gone, and its
+//     key was never used. Unresolved and SettleAll never see it. Until it is
+//     armed, Intent for the same name and request returns it.
+//   - The latest intent for name holds the same request: it is returned. It
+//     may be in any state. Do on it resumes it, or returns its stored
 //     outcome without sending.
-//   - The request changed (the cart changed) and the latest intent failed,
-//     was rejected or is void: a new intent is made.
-//   - The request changed and the latest intent succeeded: *ResolvedError
-//     with the earlier answer, and nothing is made: the action is paid. A
-//     deliberate second payment is NewIntent.
-//   - The request changed and the latest intent was never sent (unarmed,
-//     armed and provably never on the wire, or stored not sent: a call of
-//     it ended with ErrNotSent, in this process or an earlier one): it
-//     is dropped and replaced by a new one; Do on the dropped one returns
-//     ErrIntentReplaced.
-//   - The request changed and the latest intent may have reached the
-//     server with an unknown outcome: *UnresolvedError, and
-//     nothing is made. Starting a second payment silently is the one
-//     thing this call never does.
+//   - The request changed and the latest intent is failed, rejected or void.
+//     A new intent is made.
+//   - The request changed and the latest intent succeeded: nothing is made.
+//     The action is paid. The error is *ResolvedError with the earlier
+//     answer. A deliberate second payment is NewIntent.
+//   - The request changed and the latest intent was never sent. It is
+//     dropped and replaced by a new one. Never sent means unarmed, armed but
+//     provably never on the wire, or stored not sent. Stored not sent means
+//     a call of it ended with ErrNotSent, in any process. Do on the dropped
+//     intent returns ErrIntentReplaced.
+//   - The request changed and the latest intent may have reached the server.
+//     The error is *UnresolvedError, and nothing is made. This call never
+//     starts a second payment silently.
 //
-// The store decides which intent is the action's latest when one is armed
-// (see persist.Claim): of two Clients on one store whose unarmed intents
-// for one action are armed at once, one wins, and the other's Do sends the
-// winner instead if it holds the same request (its Key changes to the
-// winner's), or refuses as Intent would.
+// The store decides which intent is the action's latest when one is armed.
+// (See persist.Claim.) Two Clients on one store may arm intents for one
+// action at once. One of them wins. The other's Do sends the winner instead
+// if it holds the same request. Its Key then changes to the winner's.
+// Otherwise the other's Do refuses as Intent would.
 //
-// If the store fails to read the action's intents, or the drop of a
-// replaced armed intent fails, the error is a *SaveError and nothing can be
-// sent. If the store holds a record it cannot read (a *persist.CorruptError)
-// that may be this action's (the file store tells a record's action from
-// its file's name), Intent refuses with that error rather than guess, for
-// it could be the action's unresolved intent: inspect the file it names,
-// then quarantine or delete it. Damaged records of other actions do not
-// stop it.
+// The error is a *SaveError if the store fails to read the action's intents.
+// It is one too if the drop of a replaced armed intent fails. Nothing can be
+// sent then.
+//
+// The store may hold a record it cannot read, a *persist.CorruptError. If
+// that record may be this action's, Intent refuses with that error. It could
+// be the action's unresolved intent, and Intent does not guess. (The file
+// store tells a record's action by its file's name.) Inspect the file the
+// error names, then quarantine or delete it. Damaged records of other
+// actions do not stop Intent.
 func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent, error) {
 	if name == "" {
 		return nil, errors.New("idem: Intent needs a name for the action; use NewIntent for a one-off")
@@ -111,13 +112,14 @@ func (c *Client) Intent(ctx context.Context, name string, req Request) (*Intent,
 	return c.intent(ctx, name, req, false)
 }
 
-// NewIntent makes a new intent with a new key, even when the latest intent
-// for name holds the same request, as when the user pays again after a
-// declined card, or when the action succeeded and the user means to pay
-// for it a second time. Like Intent's, it is armed, and saved, by its first
-// Do. It still refuses, with *UnresolvedError, while the latest intent for
-// name may have reached the server with an unknown outcome. An empty name
-// makes a one-off intent that belongs to no action and is never refused.
+// NewIntent makes a new intent with a new key. It does so even when the
+// latest intent for name holds the same request. Use it when the user pays
+// again after a declined card. Use it too when the action succeeded and the
+// user means to pay again. Like Intent's, the intent is armed, and saved, by
+// its first Do. NewIntent still refuses, with *UnresolvedError, in one case.
+// That is while the action's latest intent may have reached the server. An
+// empty name makes a one-off intent. A one-off belongs to no action and is
+// never refused.
 func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Intent, error) {
 	return c.intent(ctx, name, req, true)
 }
@@ -126,7 +128,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
-	// One action's intents are decided one at a time, so two goroutines
+	// One action's intents are decided one at a time. So two goroutines
 	// cannot both find "no intent" and make two.
 	c.actionMu.Lock()
 	defer c.actionMu.Unlock()
@@ -143,10 +145,11 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 		if latest != nil {
 			seq = latest.Seq + 1
 		}
-		// This Client's unarmed intent for name, if the store has not
-		// moved on since it was made: the action's latest, never sent.
-		// The Seq alone cannot tell: a record deleted since (a replaced
-		// intent) frees its Seq for another Client's next intent.
+		// This Client's unarmed intent for name is the action's latest,
+		// never sent. That holds only if the store has not moved on since it
+		// was made. The Seq alone cannot tell. A record deleted since, such
+		// as a replaced intent, frees its Seq. Another Client's next intent
+		// may then take that Seq.
 		if u := c.unarmed[name]; u != nil {
 			delete(c.unarmed, name)
 			if u.current().Seq == seq && u.after == revOf(latest) {
@@ -175,8 +178,8 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 			}
 		}
 	}
-	// The Intent, its first record and room for its armed version, made
-	// in one allocation.
+	// The Intent, its first record and room for its armed version share one
+	// allocation.
 	made := new(struct {
 		in    Intent
 		rec   persist.Record
@@ -203,8 +206,8 @@ func (c *Client) latestIntent(ctx context.Context, name string) (*persist.Record
 	if err != nil {
 		var corrupt *persist.CorruptError
 		if errors.As(err, &corrupt) {
-			// An unreadable record may be this action's unresolved
-			// intent: refuse rather than guess.
+			// An unreadable record may be this action's unresolved intent.
+			// Refuse rather than guess.
 			return nil, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", name, err)
 		}
 		return nil, &SaveError{Op: "read the action's intents", Err: err}
@@ -215,11 +218,11 @@ func (c *Client) latestIntent(ctx context.Context, name string) (*persist.Record
 	return latestOf(recs), nil
 }
 
-// replace drops latest, the action's latest intent as stored, for a
-// changed request: the table's evReplace, made while no call of its key
-// runs in this Client, so none can begin sending it meanwhile. The store
-// deletes it only if no other Client took it over to send it since it was
-// read (persist.DeleteIf); only then is it dropped in memory.
+// replace drops latest, the action's stored latest intent, for a changed
+// request. It is the table's evReplace. It runs while no call of its key
+// runs in this Client. So no call can begin sending it meanwhile. The store
+// deletes it only if no other Client took it over since it was read. (See
+// persist.DeleteIf.) Only then is it dropped in memory.
 func (c *Client) replace(ctx context.Context, name string, latest *persist.Record) error {
 	var err error
 	ran := c.flights.exclusive(latest.Key, func() {
@@ -241,7 +244,7 @@ func (c *Client) replace(ctx context.Context, name string, latest *persist.Recor
 	case err == nil:
 		return nil
 	case errors.As(err, &changed):
-		// Another Client took it over: it may be sending it.
+		// Another Client took it over, and it may be sending it.
 		c.keys.forget(latest.Key)
 		prev := latest
 		if changed.Current != nil {
@@ -261,13 +264,13 @@ type armedVersion struct {
 	clocks persist.Clocks
 }
 
-// arm makes an unarmed intent durable before its first byte is sent: the
-// tap. The arming write is the one durable write before sending, and it
-// claims the action's latest intent in the store (persist.Claim), so that
-// two Clients on one store cannot both arm an intent for one action. When
-// the claim loses to an intent another Client armed, in becomes that
-// intent if it holds the same request (and was not made by NewIntent);
-// otherwise arm refuses as Intent would, and nothing is sent.
+// arm makes an unarmed intent durable before its first byte is sent. That is
+// the tap. The arming write is the one durable write before sending. It
+// claims the action's latest intent in the store (persist.Claim). So two
+// Clients on one store cannot both arm an intent for one action. The claim
+// may lose to an intent another Client armed. Then in becomes that intent if
+// it holds the same request. (An intent made by NewIntent never does.)
+// Otherwise arm refuses as Intent would, and nothing is sent.
 func (c *Client) arm(ctx context.Context, in *Intent) error {
 	in.armMu.Lock()
 	defer in.armMu.Unlock()
@@ -289,8 +292,8 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	if replaced {
 		return fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, cur.Key)
 	}
-	// The armed version and its clocks, in the room made with the Intent
-	// (used once), or in one allocation.
+	// The armed version and its clocks go in the room made with the Intent.
+	// That room is used once; after it, they take one allocation.
 	next := in.armRoom
 	in.armRoom = nil
 	if next == nil {
@@ -298,18 +301,18 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	}
 	next.rec = *cur
 	rec := &next.rec
-	// The server's retention of the key starts no sooner than its first
-	// attempt: the intent's age counts from the tap.
+	// The server keeps the key from no sooner than its first attempt. So the
+	// intent's age counts from the tap.
 	now := c.clock.Now()
 	rec.CreatedAt, rec.UpdatedAt = now, now
-	// The arming write carries the clock readings the intent's age is
-	// judged by.
+	// The arming write carries the clock readings that judge the intent's
+	// age.
 	r := c.stamp(rec, &next.clocks, true)
-	// It is the claim: it carries the latest time this Client's call may
-	// begin a send, from which the reconcile delay counts.
+	// It is the claim. It carries the latest time this Client's call may
+	// begin a send. The reconcile delay counts from that time.
 	sendBy(&next.clocks, r, next.clocks.Mark, c.policyFor(ctx).MaxElapsed+sendSlack)
-	// The arming write names this Client its holder: while the stored
-	// record is this version, no other Client can have sent it.
+	// The arming write names this Client its holder. While the stored record
+	// is this version, no other Client can have sent it.
 	rec.Holder = c.id
 	armed, adopted, err := c.claimAction(ctx, in, rec)
 	if err != nil {
@@ -326,13 +329,13 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	return nil
 }
 
-// claimAction writes rec, in's armed version, as its action's latest
-// intent (persist.Claim), at the next place in the action when another
-// Client took rec's since in was shown. It returns the record in holds
-// from then on, and adopted when that is the intent another Client armed
-// for the same request first.
+// claimAction writes rec, in's armed version, as its action's latest intent.
+// (See persist.Claim.) Another Client may have taken rec's place since in
+// was shown. Then rec goes to the next place in the action. claimAction
+// returns the record in holds from then on. adopted reports that this is
+// another Client's intent for the same request. That Client armed it first.
 func (c *Client) claimAction(ctx context.Context, in *Intent, rec *persist.Record) (*persist.Record, bool, error) {
-	shownAt := rec.Seq // the action's next intent when this one was shown
+	shownAt := rec.Seq // the action's next intent when in was shown
 	for {
 		rec.Rev = persist.NewRev()
 		err := persist.Claim(ctx, c.store, rec)
@@ -341,26 +344,27 @@ func (c *Client) claimAction(ctx context.Context, in *Intent, rec *persist.Recor
 		}
 		var lost *persist.ConflictError
 		if !errors.As(err, &lost) || lost.Current == nil {
-			// (A conflict without the action's latest record is a
-			// faulty store's: nothing to decide on, nothing sent.)
+			// A conflict without the action's latest record comes from a
+			// faulty store. There is nothing to decide on, and nothing was
+			// sent.
 			var corrupt *persist.CorruptError
 			if errors.As(err, &corrupt) {
 				return nil, false, fmt.Errorf("idem: cannot tell whether an earlier intent for %q is unresolved: %w", rec.Name, err)
 			}
-			// The write's result is unknown: it may have armed the
-			// intent, which is never provably unsent from now on.
+			// The write's result is unknown, and it may have armed the
+			// intent. From now on the intent is never provably unsent.
 			c.keys.storeFailed(rec.Key)
 			return nil, false, &SaveError{Key: rec.Key, Op: "arm", Err: err, mayHaveLanded: true}
 		}
 		latest := lost.Current
 		switch {
 		case latest.Key == rec.Key || latest.Fingerprint == rec.Fingerprint && !in.force:
-			// Another Client armed this action's intent for the same
-			// request first: this tap is that intent.
+			// Another Client armed this action's intent for the same request
+			// first. This tap is that intent.
 			return latest, true, nil
 		case latest.State == persist.StateSucceeded && (!in.force || latest.Seq >= shownAt):
 			// A NewIntent pays again only over the payment it was shown
-			// after: one made and paid since it was shown paid for it.
+			// after. One made and paid since it was shown paid for it.
 			return nil, false, &ResolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
 		case !latest.State.Resolved():
 			return nil, false, &UnresolvedError{Name: rec.Name, Previous: c.intentOf(latest)}
@@ -372,16 +376,16 @@ func (c *Client) claimAction(ctx context.Context, in *Intent, rec *persist.Recor
 	return rec, false, nil
 }
 
-// dropUnarmed forgets in as its action's unarmed intent. c.actionMu must
-// be held.
+// dropUnarmed forgets in as its action's unarmed intent. c.actionMu must be
+// held.
 func (c *Client) dropUnarmed(in *Intent) {
 	if name := in.current().Name; c.unarmed[name] == in {
 		delete(c.unarmed, name)
 	}
 }
 
-// Load returns the intent stored under key, or an error matching
-// persist.ErrNotFound.
+// Load returns the intent stored under key. If there is none, the error
+// matches persist.ErrNotFound.
 func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 	rec, err := c.store.Get(ctx, key)
 	if err != nil {
@@ -390,13 +394,13 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 	return c.intentOf(rec), nil
 }
 
-// Unresolved returns the intents whose outcome is not known yet, oldest
-// first, for a "pending" screen; SettleAll settles them all. Expired intents
-// are included. An intent stored not sent is not: its outcome is known,
-// and only the user's tap sends it again (Intent, then Do).
-// If some stored intents cannot be read, the readable ones are returned
-// with an error that names each unreadable one: persist.CorruptErrors lists
-// them all, where errors.As finds only the first.
+// Unresolved returns the intents whose outcome is not known yet. They come
+// oldest first, for a "pending" screen. SettleAll settles them all. Expired
+// intents are included. An intent stored not sent is not included, for its
+// outcome is known. Only the user's tap sends it again (Intent, then Do).
+// Some stored intents may be unreadable. Then the readable ones are returned
+// with an error that names each unreadable one. persist.CorruptErrors lists
+// them all; errors.As finds only the first.
 func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	recs, err := c.store.List(ctx, persist.Filter{Unresolved: true})
 	out := make([]*Intent, 0, len(recs))
@@ -408,20 +412,22 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 	return out, err
 }
 
-// Forget deletes an intent from the device; an unarmed one (see Intent) is
-// dropped from memory, and Do on it returns ErrIntentReplaced. It is the
-// deliberate unsafe path: if the intent reached the server, its effect stays (a payment stays
-// made) and nothing on the device remembers it. Prefer Settle.
-// It returns ErrInFlight while a Do or Reconcile for the intent runs in
-// this Client. A call of another Client on the same store is not seen:
-// Forget deletes the record all the same, while that Client's request may
-// be on the wire; that Client saves the outcome again if its answer
-// arrives, and otherwise nothing on the device remembers the key.
+// Forget deletes an intent from the device. An unarmed intent (see Intent)
+// is dropped from memory. Do on it then returns ErrIntentReplaced. Forget is
+// the deliberate unsafe path; prefer Settle. If the intent reached the
+// server, its effect stays. A payment stays made, and nothing on the device
+// remembers it.
+//
+// Forget returns ErrInFlight while a Do or Reconcile of the intent runs in
+// this Client. It does not see a call of another Client on the same store.
+// It deletes the record all the same, while that request may be on the wire.
+// If that call's answer arrives, that Client saves the outcome again.
+// Otherwise nothing on the device remembers the key.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
 	in.mu.Lock()
 	unarmed := in.unarmed
 	if unarmed {
-		// Never sent and never saved: dropping it is all there is.
+		// Never sent and never saved, so dropping it is all there is.
 		in.replaced = true
 	}
 	in.mu.Unlock()

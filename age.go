@@ -9,22 +9,25 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// monotonicClock is what a Clock may also implement to tell elapsed time
-// that no setting of the wall clock moves: the time since an arbitrary
-// fixed instant, such as the start of the process (the system clock and
-// clock.Manual do). idem measures with it how long ago this process last
-// sent an intent and how old the intents it created are. Like Go's
-// monotonic reading, it may stop while the device sleeps; the clock that
-// counts sleep (SinceBoot) is read as well, where the clock has one.
-// Without it, the differences of Now are used.
+// monotonicClock is what a Clock may also implement to tell elapsed time. No
+// setting of the wall clock moves that time. It is the time since an
+// arbitrary fixed instant, such as the process's start. (The system clock
+// and clock.Manual implement it.) idem measures with it how long ago this
+// process last sent an intent. It measures how old the intents it created
+// are too. Like Go's monotonic reading, it may stop while the device sleeps.
+// So the clock that counts sleep (SinceBoot) is read as well, where the
+// clock has one. Without monotonicClock, the differences of Now are used.
 type monotonicClock interface {
 	Monotonic() time.Duration
 }
 
-// clocks are the device's clocks as a Client reads them, to judge how old
-// an intent is: the injectable Clock (wall time, and the in-process
-// timeline where it is a monotonicClock), the time since boot where it
-// counts device sleep (SinceBoot), and the wall clock's high-water mark.
+// clocks are the device's clocks as a Client reads them, to judge an
+// intent's age.
+//
+//   - The injectable Clock gives wall time. Where it is a monotonicClock, it
+//     gives the in-process timeline too.
+//   - SinceBoot gives the time since boot, where it counts device sleep.
+//   - The wall clock's high-water mark is kept too.
 type clocks struct {
 	clock clock.Clock
 	// store holds the marks of earlier processes, read once (seedMark).
@@ -36,8 +39,8 @@ type clocks struct {
 	seedMark sync.Once
 	// birth is every clock's reading when the Client was made.
 	birth reading
-	// born is when the Client was made: on the clock's timeline, and on
-	// its monotonicClock one when it has one.
+	// born is when the Client was made, on the clock's timeline. Where the
+	// clock is a monotonicClock, it is on that timeline too.
 	born     time.Time
 	bornMono time.Duration
 }
@@ -52,10 +55,12 @@ func newClocks(clk clock.Clock, store persist.Store) *clocks {
 	return c
 }
 
-// reading is one reading of every clock the device has: the in-process
-// timeline (sinceBirth), the wall clock without Go's monotonic reading, and,
-// where the clock has one (SinceBoot), the time since boot, sleep
-// included.
+// reading is one reading of every clock the device has.
+//
+//   - sinceBirth is the in-process timeline.
+//   - The wall clock is read without Go's monotonic reading.
+//   - The time since boot, sleep included, is read where the clock has
+//     SinceBoot.
 type reading struct {
 	in     time.Duration
 	wall   time.Time
@@ -71,8 +76,9 @@ func (c *clocks) read() reading {
 	return r
 }
 
-// leastSince returns the smallest time any clock says passed from r0 to r1:
-// the safe reading for trusting that an attempt can no longer arrive.
+// leastSince returns the smallest time any clock says passed from r0 to r1.
+// That is the safe reading for trusting that an attempt can no longer
+// arrive.
 func leastSince(r0, r1 reading) time.Duration {
 	d := min(r1.in-r0.in, r1.wall.Sub(r0.wall))
 	if r0.bootID != "" && r0.bootID == r1.bootID {
@@ -81,7 +87,7 @@ func leastSince(r0, r1 reading) time.Duration {
 	return d
 }
 
-// sinceBirth returns the time elapsed since the Client was made, on a
+// sinceBirth returns the time elapsed since the Client was made. It is on a
 // timeline the wall clock cannot move (see monotonicClock).
 func (c *clocks) sinceBirth() time.Duration {
 	if m, ok := c.clock.(monotonicClock); ok {
@@ -90,14 +96,14 @@ func (c *clocks) sinceBirth() time.Duration {
 	return c.clock.Now().Sub(c.born)
 }
 
-// mark returns the wall clock's high-water mark: the latest wall time this
-// Client has read or found in a record, and never less than the wall time
-// at its birth plus the time since on the in-process timeline. A clock set
-// back cannot lower it.
+// mark returns the wall clock's high-water mark. That is the latest wall
+// time this Client has read or found in a record. It is never less than the
+// wall time at birth plus the in-process time since. A clock set back cannot
+// lower it.
 func (c *clocks) mark(r reading) time.Time {
 	c.seedMark.Do(func() {
-		// The marks stored with the unresolved intents (which a store
-		// keeps at hand) say what an earlier process saw.
+		// A store keeps the unresolved intents at hand. The marks stored
+		// with them say what an earlier process saw.
 		recs, _ := c.store.List(context.Background(), persist.Filter{Unresolved: true})
 		for _, rec := range recs {
 			c.observe(rec)
@@ -128,17 +134,18 @@ func (c *clocks) observe(rec *persist.Record) {
 	}
 }
 
-// age returns how old the intent of rec is, as far as the device can tell:
-// the largest age any clock reports, the safe reading for stopping before
-// the server forgets the key.
+// age returns how old the intent of rec is, as far as the device can tell.
+// It is the largest age any clock reports. That is the safe reading for
+// stopping before the server forgets the key. The clocks are these:
 //
-//   - the wall clock, without Go's monotonic reading, since its creation,
-//     and never less than at the record's last write;
-//   - the wall clock's high-water mark since the mark at arming, which a
-//     clock set back cannot lower;
-//   - the clock that counts device sleep since the arming, within one boot;
-//   - the in-process timeline since this Client first saw the intent
-//     (created it, or sent it after a restart), plus the age it had then.
+//   - The wall clock, without Go's monotonic reading, since the creation.
+//     The age is never less than at the record's last write.
+//   - The wall clock's high-water mark since the mark at arming. A clock set
+//     back cannot lower it.
+//   - The clock that counts device sleep since the arming, within one boot.
+//   - The in-process timeline since this Client first saw the intent. (It
+//     created the intent, or sent it after a restart.) The age the intent
+//     had then is added.
 func (c *clocks) age(rec *persist.Record, now time.Time, bornAt func(time.Duration) time.Duration) time.Duration {
 	c.observe(rec)
 	r := c.read()
@@ -159,10 +166,10 @@ func (c *clocks) age(rec *persist.Record, now time.Time, bornAt func(time.Durati
 	return max(age, r.in-born)
 }
 
-// resolvedAge returns the smallest age any clock reports for the last
-// write of a resolved record, the safe reading for deleting it: the wall
-// clock since its UpdatedAt, and the clock that counts sleep since its
-// last write, within one boot.
+// resolvedAge returns the smallest age any clock reports for a resolved
+// record's last write. That is the safe reading for deleting it. The clocks
+// are the wall clock since UpdatedAt, and the clock that counts sleep. That
+// clock counts since the last write, within one boot.
 func (c *clocks) resolvedAge(rec *persist.Record, r reading) time.Duration {
 	t := rec.UpdatedAt
 	if t.IsZero() {

@@ -19,33 +19,36 @@ import (
 // Whose word an answer is.
 //
 // Anything on the path between the device and the server can answer a
-// request: a CDN's 404 page or single-page-app fallback, an API gateway's
-// 401, a WAF's 403, a proxy's 407, a captive portal's 200 login page. Only
-// the server's record of the key can say what became of the intent, so
-// idem settles an intent only on an answer that shows it is the server's:
+// request. A CDN sends a 404 page or a single-page-app fallback. An API
+// gateway sends a 401, a WAF a 403 and a proxy a 407. A captive portal sends
+// a 200 login page. Only the server's record of the key can say what became
+// of the intent. So idem settles an intent only on an answer that shows it
+// is the server's. Such an answer does one of these:
 //
-//   - it carries the intent's key back in an Idempotency-Key header field
-//     (bare or as an RFC 8941 sf-string, as the contract's servers and
-//     Stripe echo it); Idempotent-Replayed: true alone is not the mark, as
-//     a cache may serve another intent's replay;
-//   - or the server's declared Mark (Server.Mark) recognises it: a body
-//     only the server sends (MarkIncrease, MarkJSONID), or the app's own
-//     test (MarkRecognizer).
+//   - It carries the intent's key back in an Idempotency-Key header field.
+//     The key may be bare or an RFC 8941 sf-string. The contract's servers
+//     and Stripe echo it so.
+//   - The server's declared Mark (Server.Mark) recognises it. That is a body
+//     only the server sends (MarkIncrease, MarkJSONID). Or it is the app's
+//     own test (MarkRecognizer).
+//
+// Idempotent-Replayed: true alone is not the mark. A cache may serve another
+// intent's replay.
 //
 // An answer without the mark is a stranger's as far as idem can tell. A
-// gateway that copies request header fields into its own answers could
-// forge the echo. The attempts of a send carry a random nonce that no
-// server sends back (attemptNonceHeader): an answer that carries it is
-// such a copy. The lookup's "nothing was done" is believed only from its
-// typed miss (problemKeyUnused), never from the echo alone.
+// gateway that copies request header fields into its own answers could forge
+// the echo. So the attempts of a send carry a random nonce
+// (attemptNonceHeader). No server sends it back, so an answer that carries
+// it is such a copy. The lookup's "nothing was done" is believed only from
+// its typed miss (problemKeyUnused). The echo alone never proves it.
 
-// retryableStatus reports an answer that does not settle the intent: the
-// server may or may not have done the work, or has not done it yet, and the
-// same key may be sent again. These are 408, 409 (in progress), 429, every
-// 5xx (a proxy's 520-524 as much as the origin's 500: a 5xx says nothing
-// about whether the work was done) and every status outside 100-599, which
-// no server states a meaning for. An answer the server marked as its stored
-// record is final whatever its status: see replayed.
+// retryableStatus reports an answer that does not settle the intent. The
+// server may or may not have done the work, or not done it yet. The same key
+// may be sent again. These statuses are 408, 409 (in progress), 429 and
+// every 5xx. A proxy's 520-524 counts as much as the origin's 500. A 5xx
+// says nothing about whether the work was done. Every status outside 100-599
+// counts too, for no server states its meaning. An answer the server marked
+// as its stored record is final whatever its status. (See replayed.)
 func retryableStatus(code int) bool {
 	switch {
 	case code < 100 || code > 599, code >= 500:
@@ -58,17 +61,18 @@ func retryableStatus(code int) bool {
 	return false
 }
 
-// replayed reports an answer marked Idempotent-Replayed: true, the
-// server's stored record for the key: final, whatever its status, because
+// replayed reports an answer marked Idempotent-Replayed: true. That is the
+// server's stored record for the key. It is final whatever its status, for
 // sending the key again only replays it.
 func replayed(h http.Header) bool {
 	return strings.EqualFold(strings.TrimSpace(h.Get("Idempotent-Replayed")), "true")
 }
 
-// isFinal reports whether an answer with this status and headers is the
-// final answer of the intent whose key is key. A redirect is final only
-// when it is the server's word that the work was done (seeOther); any
-// other that reaches the client is not: see unfollowedRedirect.
+// isFinal reports whether an answer with this status and headers is final.
+// It judges the answer for the intent whose key is key. A redirect is final
+// only when it is the server's word that the work was done (seeOther). Any
+// other redirect that reaches the client is not final. (See
+// unfollowedRedirect.)
 func isFinal(code int, h http.Header, key string) bool {
 	if unfollowedRedirect(code) {
 		return seeOther(code, h, key)
@@ -79,23 +83,23 @@ func isFinal(code int, h http.Header, key string) bool {
 // isSuccess reports a 2xx status.
 func isSuccess(status int) bool { return status >= 200 && status < 300 }
 
-// done reports a final answer that says the work was done: a 2xx, or a
-// 303, which is final only when the server marked it (see seeOther).
+// done reports a final answer that says the work was done. That is a 2xx, or
+// a 303 the server marked (see seeOther).
 func done(status int) bool { return isSuccess(status) || status == http.StatusSeeOther }
 
-// marked reports an answer the server marked as its own for key: the key's
-// echo. The replay header alone is not the mark. A cache on the path that
-// kept another intent's replay serves it to every POST of the URL, and a
-// replay that echoes no key names no intent. Such a replay is the server's
-// word only when the declared Mark recognises it (MarkIncrease: its body's
-// idempotency_key is the key).
+// marked reports an answer the server marked as its own for key. The mark is
+// the key's echo. The replay header alone is not the mark. A cache on the
+// path may keep another intent's replay. It then serves it to every POST of
+// the URL. And a replay that echoes no key names no intent. Such a replay is
+// the server's word only when the declared Mark recognises it. (For
+// MarkIncrease, its body's idempotency_key is the key.)
 func marked(h http.Header, key string) bool {
 	return echoes(h, key)
 }
 
-// trusted reports an answer that is the server's word on key: marked, or
-// recognised by the server's declared Mark. body is nil when it was not
-// kept (over the limit).
+// trusted reports an answer that is the server's word on key. It is marked,
+// or the server's declared Mark recognises it. body is nil when it was not
+// kept, being over the limit.
 func (c *config) trusted(status int, h http.Header, body []byte, key string) bool {
 	if marked(h, key) {
 		return true
@@ -104,11 +108,11 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 }
 
 // trustedAnswer reports a send's final answer that is the server's word on
-// key. An answer from another origin than the request the attempt sent
-// (net/http followed a 307 or 308 to another host) is the server's word
-// only by the key's echo. A recognizer reads a body, and a stranger's JSON
-// looks like the server's: a captive portal that redirects the POST to its
-// own API answers {"id": "sess_..."}.
+// key. An answer may come from another origin than the attempt's request.
+// (net/http followed a 307 or 308 to another host.) Such an answer is the
+// server's word only by the key's echo. A recognizer reads a body, and a
+// stranger's JSON looks like the server's. Say a captive portal redirects
+// the POST to its own API. That API answers {"id": "sess_..."}.
 func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) bool {
 	if reflected(resp.Header) {
 		return false
@@ -119,34 +123,36 @@ func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) boo
 	if !c.trusted(resp.StatusCode, resp.Header, body, key) {
 		return false
 	}
-	// A recognizer that reads no key cannot tell this intent's answer
-	// from another's that a cache kept (Age above 0) and served to this
-	// POST.
+	// A recognizer that reads no key cannot tell this intent's answer from
+	// another's. A cache may have kept another's answer (Age above 0) and
+	// served it to this POST.
 	return c.ownNamesKey || echoes(resp.Header, key) || !cacheServed(resp.Header)
 }
 
-// cacheServed reports an answer a cache kept before serving it: its Age
-// is above 0. A cache that passes an answer through may say Age: 0.
+// cacheServed reports an answer a cache kept before serving it. Its Age is
+// above 0. A cache that passes an answer through may say Age: 0.
 func cacheServed(h http.Header) bool {
 	age := h.Get("Age")
 	return age != "" && strings.TrimLeft(age, "0") != ""
 }
 
-// attemptNonceHeader is the request header field in which the attempts of
-// a send carry a random nonce, one per call. No server sends it back (docs/CONTRACT.md),
-// so an answer that carries it is a reflection: a gateway or a mock that
-// copies the request's header fields into its own answer, the
-// Idempotency-Key among them, forges the key's echo.
+// attemptNonceHeader is the request header field of a send's nonce. The
+// attempts of a send carry a random nonce in it, one per call. No server
+// sends it back (docs/CONTRACT.md). So an answer that carries it is a
+// reflection. A gateway or a mock copied the request's header fields into
+// its answer. The Idempotency-Key was among them, so the key's echo is
+// forged.
 const attemptNonceHeader = "Idempotency-Attempt-Nonce"
 
-// reflected reports an answer that carries the attempt's nonce back: never
-// the server's word, whatever else it carries.
+// reflected reports an answer that carries the attempt's nonce back. It is
+// never the server's word, whatever else it carries.
 func reflected(h http.Header) bool { return len(h.Values(attemptNonceHeader)) > 0 }
 
-// fromAnotherOrigin reports an answer to a request that net/http sent to
-// another origin (scheme, host, port) than the first request of its chain
-// of redirects. net/http links each redirected request to the answer that
-// caused it (Request.Response), so the chain leads back to the first.
+// fromAnotherOrigin reports an answer from another origin than its chain's
+// start. An origin is a scheme, host and port. The chain's start is the
+// first request of its chain of redirects. net/http links each redirected
+// request to the answer that caused it (Request.Response). So the chain
+// leads back to the first request.
 func fromAnotherOrigin(resp *http.Response) bool {
 	if resp == nil || resp.Request == nil || resp.Request.URL == nil {
 		return false
@@ -156,14 +162,14 @@ func fromAnotherOrigin(resp *http.Response) bool {
 		first = first.Response.Request
 	}
 	if first == resp.Request {
-		// No redirect was followed: the request's own origin.
+		// No redirect was followed, so this is the request's own origin.
 		return false
 	}
 	return first.URL == nil || origin(first.URL) != origin(resp.Request.URL)
 }
 
-// origin returns u's scheme, host and port, the port made explicit, in
-// lower case.
+// origin returns u's scheme, host and port in lower case. The port is made
+// explicit.
 func origin(u *url.URL) string {
 	scheme := strings.ToLower(u.Scheme)
 	port := u.Port()
@@ -178,13 +184,13 @@ func origin(u *url.URL) string {
 	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
 }
 
-// problemKeyUnused is the problem type of the lookup's miss: nothing was
-// done under the key, and nothing under it is in progress. It is the
-// contract's (docs/CONTRACT.md, key-unused), spelled here so
-// that the client does not import the server half.
+// problemKeyUnused is the problem type of the lookup's miss. It says nothing
+// was done under the key, and nothing under it is in progress. It is the
+// contract's (docs/CONTRACT.md, key-unused). It is spelled here so that the
+// client does not import the server half.
 const problemKeyUnused = "https://idem.dev/problems/idempotency-key-unused"
 
-// isKeyUnused reports the lookup's typed miss: a 404 problem of type
+// isKeyUnused reports the lookup's typed miss. That is a 404 problem of type
 // problemKeyUnused.
 func isKeyUnused(status int, h http.Header, body []byte) bool {
 	return status == http.StatusNotFound && parseProblem(h, body).Type == problemKeyUnused
@@ -203,7 +209,7 @@ func (c *config) stateFor(status int, header http.Header, body []byte) persist.S
 }
 
 // keyReused reports a final answer that says the key was used with another
-// request: see ErrKeyReused.
+// request. (See ErrKeyReused.)
 func (c *config) keyReused(status int, header http.Header, body []byte) bool {
 	if done(status) {
 		return false
@@ -215,10 +221,10 @@ func (c *config) keyReused(status int, header http.Header, body []byte) bool {
 }
 
 // isKeyReused reports an answer that says the key was used with another
-// request, by what it says: the contract's problem type on a 422, or
-// Stripe's JSON error of type idempotency_error (which Stripe sends with
-// 400). A 422 without either is an ordinary final answer: many APIs use it
-// for plain validation.
+// request. It judges by what the answer says. The contract says it with its
+// problem type on a 422. Stripe says it with a JSON error of type
+// idempotency_error, sent with 400. A 422 without either is an ordinary
+// final answer. Many APIs use 422 for plain validation.
 func isKeyReused(status int, header http.Header, body []byte) bool {
 	switch status {
 	case http.StatusUnprocessableEntity:
@@ -233,8 +239,8 @@ func isKeyReused(status int, header http.Header, body []byte) bool {
 }
 
 // isKeyProblem reports a 400 about the Idempotency-Key itself. The contract
-// names these problem types; a server that sends no problem type gives no
-// way to tell, and its 400 is treated as an ordinary final answer.
+// names these problem types. A server that sends no problem type gives no
+// way to tell. Its 400 is treated as an ordinary final answer.
 func isKeyProblem(status int, typ string) bool {
 	if status != http.StatusBadRequest {
 		return false
@@ -246,7 +252,7 @@ func isKeyProblem(status int, typ string) bool {
 	return false
 }
 
-// problemName is the last path segment of a problem type URI, the part that
+// problemName is the last path segment of a problem type URI. That segment
 // names the problem ("idempotency-key-reused").
 func problemName(typ string) string {
 	typ = strings.TrimRight(typ, "/")
@@ -256,8 +262,8 @@ func problemName(typ string) string {
 	return typ
 }
 
-// isStripeIdempotencyError reports Stripe's error body
-// {"error": {"type": "idempotency_error", ...}}.
+// isStripeIdempotencyError reports Stripe's error body {"error": {"type":
+// "idempotency_error", ...}}.
 func isStripeIdempotencyError(header http.Header, body []byte) bool {
 	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
 	if ct != "application/json" {
@@ -279,8 +285,8 @@ type problem = struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// parseProblem decodes an RFC 9457 body; anything else yields the zero
-// problem. It never fails: a server that answers nonsense still gets its
+// parseProblem decodes an RFC 9457 body. Anything else yields the zero
+// problem. It never fails, so a server that answers nonsense still gets its
 // status reported.
 func parseProblem(header http.Header, body []byte) problem {
 	ct, _, _ := mime.ParseMediaType(header.Get("Content-Type"))
@@ -310,26 +316,26 @@ func (c *config) apiErrorFor(rec *persist.Record, resp *Response) error {
 }
 
 // retryableError reports whether a transport error may be retried. Every
-// network failure is, including those after the request was written: the
-// key makes the repeat harmless. An oversized answer is not, nor is an
-// error that proves the request never reached the server (neverReached):
-// no retry will fix those. Errors are classified by type, never by message
+// network failure may be, even after the request was written. The key makes
+// the repeat harmless. An oversized answer may not be retried. Nor may an
+// error that proves the request never reached the server (neverReached). No
+// retry will fix those. Errors are classified by type, never by message
 // text.
 func retryableError(err error) bool {
 	return !errors.Is(err, errBodyTooLarge) && !neverReached(err)
 }
 
-// neverReached reports an error that proves the request was never written
-// to a server that does the work:
+// neverReached reports an error that proves the request was never written to
+// a server that does the work. These errors prove it:
 //
-//   - a certificate refused (unknown authority, wrong hostname, invalid):
-//     the TLS handshake failed, and the request is written only after it;
-//   - a plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch);
-//   - a redirect to a scheme net/http cannot send to, or a redirect loop:
-//     only servers that answered 307 or 308 saw the request.
+//   - A certificate refused: unknown authority, wrong hostname, invalid. The
+//     TLS handshake failed, and the request is written only after it.
+//   - A plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch).
+//   - A redirect to a scheme net/http cannot send to, or a redirect loop.
+//     Only servers that answered 307 or 308 saw the request.
 //
-// It speaks of the last try only: net/http may have written the same
-// request on a reused connection first (see call.mayHaveReached).
+// It speaks of the last try only. net/http may have written the same request
+// on a reused connection first. (See call.mayHaveReached.)
 func neverReached(err error) bool {
 	var (
 		unknownAuthority x509.UnknownAuthorityError
@@ -348,19 +354,20 @@ func neverReached(err error) bool {
 	return false
 }
 
-// APIError is a final answer from the server that is not a success: a
-// business outcome such as 402 (card declined), a validation 400, a key
-// error (400, 422). It is returned together with the Response.
+// APIError is a final answer from the server that is not a success. It is a
+// business outcome such as 402 (card declined). Or it is a validation 400,
+// or a key error (400, 422). It is returned together with the Response.
 type APIError struct {
 	Method string
-	// URL is the request's URL as the app gave it; the error's text names
-	// it without credentials (user name, password, and the values of
-	// query parameters named for credentials), as Attempt.URL does.
+	// URL is the request's URL as the app gave it. The error's text names it
+	// without credentials, as Attempt.URL does. Credentials are the user
+	// name, password, and the values of query parameters named for
+	// credentials.
 	URL        string
 	Key        string
 	StatusCode int
 	// Problem holds the RFC 9457 fields when the body was a problem
-	// document (application/problem+json or JSON with those fields).
+	// document. That is application/problem+json, or JSON with those fields.
 	Problem struct {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
@@ -391,14 +398,14 @@ func (e *APIError) Error() string {
 	return b.String()
 }
 
-// stored returns what the device keeps of a final answer: its status, the
-// header fields that a replay and the app need, and its body.
+// stored returns what the device keeps of a final answer. That is its
+// status, the header fields a replay and the app need, and its body.
 func (c *config) stored(resp *Response) *persist.Response {
 	return c.storedIn(new(persist.Response), resp)
 }
 
-// storedIn is stored, made in r: memory allocated with the record's
-// version.
+// storedIn is stored, made in r. That lets it share the allocation of the
+// record's version.
 func (c *config) storedIn(r *persist.Response, resp *Response) *persist.Response {
 	*r = persist.Response{
 		StatusCode: resp.StatusCode,
@@ -410,10 +417,11 @@ func (c *config) storedIn(r *persist.Response, resp *Response) *persist.Response
 	return r
 }
 
-// storedHeader returns the header fields of h that are kept on the device:
-// those of storedHeaders and those the app named (Server.StoredHeaders), in
-// that order, while they fit the Client's limit on an answer. Nothing else
-// (cookies, tokens, tracing) is written to the device.
+// storedHeader returns the header fields of h that are kept on the device.
+// They are those of storedHeaders, then those the app named
+// (Server.StoredHeaders). They are kept while they fit the Client's limit on
+// an answer. Nothing else is written to the device: no cookies, tokens or
+// tracing.
 func (c *config) storedHeader(h http.Header) http.Header {
 	var (
 		out  http.Header
@@ -450,8 +458,8 @@ func (c *config) keptValues(h http.Header) int {
 	return n
 }
 
-// Is makes errors.Is(err, ErrKeyReused) and errors.Is(err, ErrKeyRejected)
-// true for the answers that mean them.
+// Is makes errors.Is(err, ErrKeyReused) true for the answers that mean it.
+// It does the same for ErrKeyRejected.
 func (e *APIError) Is(target error) bool {
 	switch target {
 	case ErrKeyReused:

@@ -6,19 +6,19 @@ import (
 	"github.com/google/uuid"
 )
 
-// Client sends intents. It stores each intent before its first attempt,
+// Client sends intents. It stores each intent before its first attempt. It
 // retries with the same key and bytes, and stores the final answer.
 //
 // A Client is safe for concurrent use by multiple goroutines. Two calls of
-// Do for the same intent never put two requests on the wire at once: the
-// second waits for the first and gets the same outcome, unless its own
-// context ends first (a *RetryError matching ErrOutcomeUnknown) or the first
-// ends for its own caller's context alone (the second then resumes the
-// intent itself, with the same key). Several Clients may share one store:
-// the store decides which intent is an action's latest (see Intent).
+// Do for the same intent never put two requests on the wire at once. The
+// second waits for the first and gets the same outcome. Its own context may
+// end first. It then gets a *RetryError matching ErrOutcomeUnknown. Or the
+// first may end for its own caller's context alone. The second then resumes
+// the intent itself, with the same key. Several Clients may share one store.
+// The store decides which intent is an action's latest (see Intent).
 type Client struct {
-	// config is what New made of its Config, defaults filled in; it
-	// never changes after New.
+	// config is what New made of its Config, defaults filled in. It never
+	// changes after New.
 	config
 	retry *retrier // sends the attempts of calls through config.http
 
@@ -30,23 +30,23 @@ type Client struct {
 	// actionMu serialises the decision "reuse or create" per Client.
 	actionMu sync.Mutex
 	// unarmed holds, by action, the intent this Client made for it and has
-	// not armed: it lives in memory only (see Intent). Guarded by actionMu.
+	// not armed. That intent lives in memory only (see Intent). Guarded by
+	// actionMu.
 	unarmed map[string]*Intent
 
 	// id names this Client in the records it arms or takes over
-	// (persist.Record.Holder): random, so that each Client, in this process
-	// or a later one, is another holder.
+	// (persist.Record.Holder). It is random, so that each Client is another
+	// holder. That holds for Clients in this process or a later one.
 	id string
 }
 
 // New returns a Client configured by cfg (see Config). cfg.Server.Mark is
-// required: it says how the server marks its answers (see Mark). Without
-// a Store, the Client keeps intents in memory only, which is right for
-// tests and wrong on a device: set Config.Store. A Config without a Mark,
-// or with a field out of range (a RetryPolicy with a negative field, a
-// credential header to store, a nil pointer for a store), makes New fail
-// with an error that names every such field and says what to give
-// instead.
+// required. It says how the server marks its answers (see Mark). Without a
+// Store, the Client keeps intents in memory only. That is right for tests
+// and wrong on a device, so set Config.Store. New fails on a Config without
+// a Mark, or with a field out of range. (Say a RetryPolicy with a negative
+// field, a credential header to store, or a nil pointer for a store.) Its
+// error names every such field and says what to give instead.
 func New(cfg Config) (*Client, error) {
 	c, err := newConfig(cfg)
 	if err != nil {

@@ -17,107 +17,116 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Config configures a Client, given to New. Server.Mark is required; each
-// other field left zero takes the default its comment gives, so
-// New(Config{Server: Server{Mark: MarkEcho}}) is a Client of a server
-// that echoes the key, which keeps intents in memory and sends through an
-// http.Client of its own. New
-// checks every field and fails with one error that names each field out of
-// range and says what to give instead. A Client never changes after New.
+// Config configures a Client, given to New. Server.Mark is required. Each
+// other field left zero takes the default its comment gives. So
+// New(Config{Server: Server{Mark: MarkEcho}}) is a Client of a server that
+// echoes the key. That Client keeps intents in memory and sends through its
+// own http.Client. New checks every field. It fails with one error that
+// names each field out of range. The error says what to give instead. A
+// Client never changes after New.
 type Config struct {
-	// Store keeps the intents. Nil means persist.NewMemory(nil), which
-	// does not survive a restart: on a device, pass persist.OpenDir's
-	// store. New refuses a store that is a nil pointer (an OpenDir whose
-	// error was dropped), which would otherwise panic at the first tap.
+	// Store keeps the intents. Nil means persist.NewMemory(nil), which does
+	// not survive a restart. On a device, pass persist.OpenDir's store. New
+	// refuses a store that is a nil pointer, as from an OpenDir whose error
+	// was dropped. That store would panic at the first tap.
 	Store persist.Store
 
-	// HTTPClient sends the attempts, so the app keeps its transport,
-	// proxies, TLS settings, tracing and per-attempt Timeout. Nil means an
-	// http.Client on http.DefaultTransport with a 30s timeout per attempt.
+	// HTTPClient sends the attempts. So the app keeps its transport,
+	// proxies, TLS settings and tracing. It keeps its Timeout per attempt
+	// too. Nil means an http.Client on http.DefaultTransport with a 30s
+	// timeout per attempt.
 	HTTPClient *http.Client
 
-	// Server describes the app's server: how it marks its answers, its
-	// lookup, its retention, how it spells keys (see Server). Its Mark is
-	// required: New refuses a Config without one.
+	// Server describes the app's server (see Server). It says how the server
+	// marks its answers and spells keys. It gives the server's lookup and
+	// retention. Its Mark is required, and New refuses a Config without one.
 	Server Server
 
-	// RetryPolicy says when to retry and how long to wait (see
-	// RetryPolicy; zero fields take its defaults). One call's own policy
-	// comes from its context (ContextWithRetryPolicy).
+	// RetryPolicy says when to retry and how long to wait (see RetryPolicy).
+	// Its zero fields take its defaults. One call's own policy comes from
+	// its context (ContextWithRetryPolicy).
 	RetryPolicy RetryPolicy
 
-	// RetryBudget is the client-wide retry budget shared by every call
-	// (see RetryBudget); the zero value is on, with its defaults.
+	// RetryBudget is the client-wide retry budget that every call shares.
+	// (See RetryBudget.) Its zero value is on, with its defaults.
 	RetryBudget RetryBudget
 
-	// Clock replaces the system clock, for tests of waiting: pass a
+	// Clock replaces the system clock, for tests of waiting. Pass a
 	// clock.Manual, and the same one to the fake server. The clock drives
-	// every wait and time limit of a call: the backoff between attempts,
-	// Retry-After waits, RetryPolicy.MaxElapsed, the context's deadline
-	// (taken as the time it leaves, from the clock's now) and the intent's
-	// age against Server.Retention; it also stamps records (CreatedAt,
-	// UpdatedAt), from which Reconcile counts its delay. Network I/O runs
-	// in real time: an attempt is given what is left of the budget on the
-	// clock as a real-time limit (see RetryPolicy.MaxElapsed). A clock
-	// that also has a method Monotonic() time.Duration (as clock.Manual
-	// does) lets tests set its wall time anywhere while idem measures
-	// elapsed time on its monotonic reading, as it does with the system
-	// clock; one with SinceBoot, as clock.Manual has, stands for the clock
-	// that counts device sleep. Nil means the system clock.
+	// every wait and time limit of a call:
+	//
+	//   - the backoff between attempts and Retry-After waits;
+	//   - RetryPolicy.MaxElapsed;
+	//   - the context's deadline, taken as the time it leaves from the
+	//     clock's now;
+	//   - the intent's age against Server.Retention.
+	//
+	// It also stamps records (CreatedAt, UpdatedAt). Reconcile counts its
+	// delay from those stamps. Network I/O runs in real time. An attempt
+	// gets what is left of the budget on the clock as a real-time limit.
+	// (See RetryPolicy.MaxElapsed.) A clock may also have a method
+	// Monotonic() time.Duration, as clock.Manual does. Then tests can set
+	// its wall time anywhere. idem still measures elapsed time on its
+	// monotonic reading, as with the system clock. A clock with SinceBoot,
+	// as clock.Manual has, stands for the clock that counts device sleep.
+	// Nil means the system clock.
 	Clock clock.Clock
 
 	// Logger receives retries and outcomes. Nil means silence.
 	Logger *slog.Logger
 
-	// OnAttempt is called after every attempt with its outcome and the
-	// wait chosen before the next one. It runs on the goroutine of the
-	// call and must not block; calls made at once (SettleAll settles a few
-	// intents at a time) call it from several goroutines at once. Nil
+	// OnAttempt is called after every attempt. It gets the attempt's outcome
+	// and the wait chosen before the next one. It runs on the call's
+	// goroutine and must not block. Calls made at once call it from several
+	// goroutines at once. (SettleAll settles a few intents at a time.) Nil
 	// means none.
 	OnAttempt func(Attempt)
 
-	// Authorizer returns the credentials of one attempt of the intent
-	// with key: the value of its Authorization header, such as "Bearer "
-	// and a fresh token; "" sends none. The call runs it before each
-	// attempt, so a token that expired between a crash and the resume is
-	// refreshed, and its value is never stored with the intent. An error
-	// ends the call: with ErrNotSent (wrapping the error) if no attempt
-	// of the intent wrote its request (httptrace's WroteHeaders), else
-	// with the outcome unknown. So does a value net/http cannot send (a
-	// control character, such as a trailing newline); the error never
-	// shows it. The lookup (Reconcile, and Settle of an intent too old
-	// to send) asks it too, for the intent's key: the lookup acts for the
-	// intent's caller, and the Authorizer's error ends it with the
-	// outcome unknown. A redirect (307, 308) to another host carries no
-	// credentials (net/http drops them). Nil means none: the http.Client's
-	// transport may set them instead.
+	// Authorizer returns the credentials of one attempt of the intent with
+	// key. That is the value of its Authorization header, such as "Bearer "
+	// and a fresh token. An empty value sends none. The call runs it before
+	// each attempt. So a token that expired between a crash and the resume
+	// is refreshed. Its value is never stored with the intent.
+	//
+	// An error ends the call. If no attempt of the intent wrote its request,
+	// the error wraps ErrNotSent and the Authorizer's error. (httptrace's
+	// WroteHeaders tells whether one did.) Otherwise the outcome is unknown.
+	// A value net/http cannot send ends the call the same way. Such a value
+	// has a control character, such as a trailing newline. The error never
+	// shows the value.
+	//
+	// The lookup asks the Authorizer too, for the intent's key. (Reconcile
+	// uses the lookup, and so does Settle of an intent too old to send.) The
+	// lookup acts for the intent's caller. The Authorizer's error ends it
+	// with the outcome unknown. A redirect (307, 308) to another host
+	// carries no credentials. (net/http drops them.) Nil means none, and the
+	// http.Client's transport may set them instead.
 	Authorizer func(ctx context.Context, key string) (string, error)
 
-	// SettleConcurrency is how many intents SettleAll settles at once:
-	// from 1 (one after the other, oldest first, in the caller's
-	// goroutine) up. Zero means 4: a
-	// device at app start should not open many connections at once, and
-	// settles wait mostly on the network. New refuses a negative number.
+	// SettleConcurrency is how many intents SettleAll settles at once. It is
+	// 1 or more. With 1 they are settled one after the other, oldest first,
+	// in the caller's goroutine. Zero means 4. A device at app start should
+	// not open many connections at once. And settles wait mostly on the
+	// network. New refuses a negative number.
 	SettleConcurrency int
 
-	// SettleProgress is called as SettleAll is done with each intent,
-	// with what became of it (as SettleAll's result will hold it), how
-	// many intents it is done with, this one included, and how many it
-	// will report in all: for a progress bar, or to show each payment's
-	// outcome as it arrives rather than after the slowest. SettleAll makes
-	// the calls one at a time, done counting up from 1 to total, on the
-	// goroutine that settled the intent; it must return promptly, as the
-	// next report waits for it (the settles go on meanwhile). Nil reports
-	// nothing. If it panics, SettleAll calls it no more, finishes its
-	// settles, and then panics with the same value on its caller's
-	// goroutine.
+	// SettleProgress is called as SettleAll is done with each intent. It
+	// gets what became of the intent, as SettleAll's result will hold it. It
+	// gets done, the count of intents done so far with this one. And it gets
+	// total, the count SettleAll will report in all. Use it for a progress
+	// bar. Or use it to show each payment's outcome as it arrives, not after
+	// the slowest. SettleAll makes the calls one at a time, done counting up
+	// from 1 to total. Each call runs on the goroutine that settled the
+	// intent. It must return promptly, as the next report waits for it. (The
+	// settles go on meanwhile.) Nil reports nothing. If it panics, SettleAll
+	// calls it no more and finishes its settles. Then SettleAll panics with
+	// the same value on its caller's goroutine.
 	//
-	// A callback rather than an iterator: SettleAll settles several
-	// intents at once on goroutines of its own, which a callback can
-	// report from as they end, while an iterator would hold each settle
-	// until the app's loop asks for its result; and a callback crosses to
-	// Kotlin and Swift (the mobile facade) as a listener, which an
-	// iterator does not.
+	// It is a callback, not an iterator, for two reasons. SettleAll settles
+	// several intents at once on its own goroutines. A callback reports each
+	// as it ends. An iterator would hold each settle until the app's loop
+	// asks for it. And a callback crosses to Kotlin and Swift as a listener,
+	// through the mobile facade. An iterator does not.
 	SettleProgress func(s Settled, done, total int)
 }
 
@@ -139,21 +148,21 @@ type config struct {
 	// keyReusedAnswer recognises the app's own server's key reuse answers.
 	keyReusedAnswer func(*Response) bool
 	// ownAnswer recognises the server's answers that lack the contract's
-	// marks, for the intent with the key it is given (Server.Mark); nil
-	// trusts those marks alone.
+	// marks. It judges them for the intent with the key it is given
+	// (Server.Mark). Nil trusts the contract's marks alone.
 	ownAnswer func(resp *Response, key string) bool
-	// ownNamesKey says that ownAnswer recognises an answer only when it
-	// names the key (Mark.namesKey).
+	// ownNamesKey says that ownAnswer recognises only an answer that names
+	// the key (Mark.namesKey).
 	ownNamesKey bool
-	// keptHeaders are the canonical names of the answer's header fields
-	// kept on the device.
+	// keptHeaders are the canonical names of the answer's header fields kept
+	// on the device.
 	keptHeaders []string
 	retryBudget RetryBudget  // the client-wide retry budget (Config.RetryBudget)
 	settles     settleConfig // SettleAll's (Config.SettleConcurrency, Config.SettleProgress)
 }
 
-// newConfig refuses every field of cfg out of range, all in one error,
-// then fills in the defaults.
+// newConfig refuses every field of cfg out of range, all in one error. Then
+// it fills in the defaults.
 func newConfig(cfg Config) (config, error) {
 	c := config{
 		http:        cfg.HTTPClient,
@@ -206,22 +215,22 @@ func (c *config) log(ctx context.Context, level slog.Level, msg string, args ...
 
 // Defaults of a Client; each can be changed in its Config.
 const (
-	// defaultRetention is the server's retention of idempotency records
-	// that the client assumes (the contract's default).
+	// defaultRetention is how long the client assumes the server keeps
+	// idempotency records. It is the contract's default.
 	defaultRetention = 24 * time.Hour
-	// defaultSafetyMargin is how long before the server's retention ends
-	// the client stops sending a key.
+	// defaultSafetyMargin is how long before the server's retention ends the
+	// client stops sending a key.
 	defaultSafetyMargin = time.Hour
 	// defaultReconcileDelay is how long after an intent's last attempt a
-	// "not found" from the server's lookup is trusted to mean "never done".
-	// It is the longest time the client assumes a request may take from
-	// the device to the server's record: held in the network or a proxy's
-	// queue, then the server's lease and processing time. A request held
-	// longer than that (a proxy that queues it for an hour) can arrive
-	// after a "not found" was trusted; only a server that refuses stale
-	// requests could close that, and the contract has no such rule.
+	// lookup's "not found" is trusted. Trusted, it means "never done". It is
+	// the longest time the client assumes a request may take to reach the
+	// server's record. That counts the network, a proxy's queue, and the
+	// server's lease and work. A request held longer can arrive after a "not
+	// found" was trusted. (Think of a proxy that queues it for an hour.)
+	// Only a server that refuses stale requests could close that gap. The
+	// contract has no such rule.
 	defaultReconcileDelay = 2 * time.Minute
-	// defaultMaxResponseBytes bounds what is read of one answer: its
+	// defaultMaxResponseBytes bounds what is read of one answer. It counts
 	// header fields and body together.
 	defaultMaxResponseBytes = 10 << 20
 )
@@ -260,13 +269,13 @@ func (c *config) policyFor(ctx context.Context) RetryPolicy {
 	return p.withDefaults()
 }
 
-// check reports, in one error, every field of cfg out of range, before
-// any default replaces a value.
+// check reports every field of cfg out of range, in one error. It runs
+// before any default replaces a value.
 func (cfg Config) check() error {
 	var errs []error
 	refuse := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idem: "+format, args...)) }
-	// A nil pointer in an interface (a store from an OpenDir whose error
-	// was dropped) is not "none": it would panic at the first call.
+	// A nil pointer in an interface is not "none". (It comes from an OpenDir
+	// whose error was dropped.) It would panic at the first call.
 	if cfg.Store != nil && isNil(cfg.Store) {
 		refuse("Config.Store is a nil %T: pass the store persist.OpenDir returned with a nil error, or leave Store nil for a memory store", cfg.Store)
 	}
@@ -312,8 +321,8 @@ func (cfg Config) check() error {
 	return errors.Join(errs...)
 }
 
-// setServer takes what the Client knows of the app's server from s
-// (Config.validate has checked it).
+// setServer takes what the Client knows of the app's server from s.
+// Config.validate has checked it.
 func (c *config) setServer(s Server) {
 	c.lookup = s.Lookup
 	if s.LookupQuery != "" {
@@ -329,8 +338,8 @@ func (c *config) setServer(s Server) {
 	c.ownNamesKey = s.Mark.namesKey
 }
 
-// validate reports the fields of b out of range: New refuses a field
-// below -1, and -1 in the costs.
+// validate reports the fields of b out of range. New refuses a field below
+// -1, and -1 in the costs.
 func (b RetryBudget) validate() error {
 	var errs []error
 	bad := func(field string, v any, want string) {
@@ -355,8 +364,8 @@ func (b RetryBudget) validate() error {
 	return errors.Join(errs...)
 }
 
-// isNil reports a nil interface, or one holding a nil pointer, map, func,
-// chan or slice: a value that a method call or a send would panic on.
+// isNil reports a value that a method call or a send would panic on. That is
+// a nil interface, or one holding a nil pointer, map, func, chan or slice.
 func isNil(v any) bool {
 	if v == nil {
 		return true
@@ -368,8 +377,8 @@ func isNil(v any) bool {
 	return false
 }
 
-// validate reports the fields of p that are out of range; from names
-// where p came from (Config.RetryPolicy or ContextWithRetryPolicy).
+// validate reports the fields of p that are out of range. from names where p
+// came from: Config.RetryPolicy or ContextWithRetryPolicy.
 func (p RetryPolicy) validate(from string) error {
 	var errs []error
 	bad := func(field string, v any, want string) {
@@ -404,9 +413,9 @@ func (p RetryPolicy) validate(from string) error {
 	return errors.Join(errs...)
 }
 
-// checkPolicy reports a policy given by ContextWithRetryPolicy that is out
-// of range: the call it would govern is refused before anything is armed
-// or sent, rather than run under defaults the app did not ask for.
+// checkPolicy reports a policy from ContextWithRetryPolicy that is out of
+// range. The call it would govern is refused before anything is armed or
+// sent. It does not run under defaults the app did not ask for.
 func checkPolicy(ctx interface{ Value(any) any }) error {
 	p, ok := ctx.Value(policyKey{}).(RetryPolicy)
 	if !ok {
@@ -415,8 +424,9 @@ func checkPolicy(ctx interface{ Value(any) any }) error {
 	return p.validate("ContextWithRetryPolicy: RetryPolicy")
 }
 
-// checkStoredHeader refuses a name Server.StoredHeaders may not hold: one
-// that is not a header field name, or one that carries credentials.
+// checkStoredHeader refuses a name Server.StoredHeaders may not hold. That
+// is a name that is not a header field name, or one that carries
+// credentials.
 func checkStoredHeader(name string) error {
 	if !validFieldName(name) {
 		return fmt.Errorf("idem: Config.Server.StoredHeaders holds %q: not a header field name", name)
@@ -428,9 +438,9 @@ func checkStoredHeader(name string) error {
 }
 
 // checkLookupQuery refuses a Server.LookupQuery that is not a query
-// parameter's name: a query written out ("idempotency_key=", "?k"), or a
-// name with a space or a control character in it, which no lookup of the
-// server would find.
+// parameter's name. A query written out ("idempotency_key=", "?k") is
+// refused. So is a name with a space or a control character in it. No lookup
+// of the server would find such a name.
 func checkLookupQuery(name string) error {
 	for _, r := range name {
 		if r <= ' ' || r == 0x7f || strings.ContainsRune("=&?#", r) {

@@ -6,16 +6,17 @@ import (
 	"sync"
 )
 
-// flights lets one Do per key run at a time; later callers for the same key
-// wait and share its outcome. A waiter's result follows its own context:
-// if that ends first, the waiter returns an unknown outcome at once; if the
-// call ends for its own caller's context alone (cancelled, or a deadline too
-// short for the next attempt), a waiter with time left takes it over.
+// flights lets one Do per key run at a time. Later callers for the same key
+// wait and share its outcome. A waiter's result follows its own context. If
+// that ends first, the waiter returns an unknown outcome at once. The call
+// may end for its own caller's context alone. (It was cancelled, or its
+// deadline was too short for the next attempt.) Then a waiter with time left
+// takes the call over.
 type flights struct {
 	mu sync.Mutex
 	m  map[string]*flight
-	// spare is a flight that ended without ever being waited for, to be
-	// used again: no one else can hold it.
+	// spare is a flight that ended without ever being waited for. It is used
+	// again, and no one else can hold it.
 	spare *flight
 }
 
@@ -23,18 +24,18 @@ type flights struct {
 var errUnfinished = errors.New("idem: the concurrent Do for this intent did not finish")
 
 type flight struct {
-	// done is closed when the flight ends; it is made, under flights.mu,
-	// by the first caller that waits for it: most flights have none.
+	// done is closed when the flight ends. The first caller that waits for
+	// it makes it, under flights.mu. Most flights have none.
 	done chan struct{}
-	// exclusive flights (Reconcile, Forget) share no result: a Do waits for
+	// exclusive flights (Reconcile, Forget) share no result. A Do waits for
 	// them and then makes its own call.
 	exclusive bool
 	waiters   int // guarded by flights.mu
 	resp      *Response
 	err       error
-	// callerOnly: the call ended for its caller's context alone (cancelled,
-	// or its deadline too short), with no answer. Its result is not the
-	// waiters': one with time left takes the call over.
+	// callerOnly means the call ended for its caller's context alone, with
+	// no answer. (It was cancelled, or its deadline was too short.) Its
+	// result is not the waiters'. One with time left takes the call over.
 	callerOnly bool
 }
 
@@ -53,8 +54,8 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 		select {
 		case <-done:
 		case <-ctx.Done():
-			// This caller's own context ended while another call had the
-			// key on the wire: its outcome is unknown to this caller.
+			// This caller's own context ended while another call had the key
+			// on the wire. The outcome is unknown to this caller.
 			return nil, waitEnded(key, ctx.Err())
 		}
 		if !cur.exclusive && !cur.callerOnly {
@@ -63,8 +64,8 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 		if err := ctx.Err(); err != nil {
 			return nil, waitEnded(key, err)
 		}
-		// A Reconcile or Forget held the key, or the call ended for its own
-		// caller's context: now make this call's own, which reads what the
+		// A Reconcile or Forget held the key, or the call ended for its
+		// caller's context. Now make this call's own. It reads what the
 		// other left in the store.
 		f.mu.Lock()
 	}
@@ -90,9 +91,9 @@ func (f *flights) do(ctx context.Context, key string, fn func() (*Response, erro
 	return resp, err
 }
 
-// exclusive runs fn holding key, so that no Do for key runs meanwhile (a
-// Do that arrives waits, then runs on its own), and reports true; or, if a
-// call for key is under way, runs nothing and reports false.
+// exclusive runs fn holding key, so that no Do for key runs meanwhile. A Do
+// that arrives waits, then runs on its own. exclusive then reports true. If
+// a call for key is under way, it runs nothing and reports false.
 func (f *flights) exclusive(key string, fn func()) bool {
 	f.mu.Lock()
 	if _, ok := f.m[key]; ok {
@@ -111,7 +112,7 @@ func (f *flights) exclusive(key string, fn func()) bool {
 	return true
 }
 
-// start registers a flight for key; f.mu is held.
+// start registers a flight for key. f.mu is held.
 func (f *flights) start(key string, exclusive bool) *flight {
 	if f.m == nil {
 		f.m = make(map[string]*flight)
@@ -127,8 +128,8 @@ func (f *flights) start(key string, exclusive bool) *flight {
 }
 
 // recycle keeps cur, which has ended and left flights.m, for the next
-// flight if no caller ever waited for it: a waiter makes done as it
-// begins to wait, and holds cur after it ends. f.mu is held.
+// flight. It does so only if no caller ever waited for cur. A waiter makes
+// done as it begins to wait, and holds cur after it ends. f.mu is held.
 func (f *flights) recycle(cur *flight) {
 	if cur.done == nil {
 		*cur = flight{}
@@ -136,8 +137,8 @@ func (f *flights) recycle(cur *flight) {
 	}
 }
 
-// endedForCaller reports a call that ended because of its caller's context:
-// the context is done, or its deadline left no time for the next attempt.
+// endedForCaller reports a call that ended because of its caller's context.
+// The context is done, or its deadline left no time for the next attempt.
 func endedForCaller(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return true
@@ -146,9 +147,9 @@ func endedForCaller(ctx context.Context, err error) bool {
 	return errors.As(err, &retryErr) && (retryErr.Reason == stopDeadline || retryErr.Reason == stopCanceled)
 }
 
-// waitEnded is the outcome of a call whose context ended while it waited
-// for another call of the same intent: unknown, like that of any call that
-// gets no answer.
+// waitEnded is the outcome of a call whose context ended while it waited. It
+// waited for another call of the same intent. The outcome is unknown, like
+// that of any call that gets no answer.
 func waitEnded(key string, err error) error {
 	reason := stopCanceled
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -157,7 +158,7 @@ func waitEnded(key string, err error) error {
 	return &RetryError{Key: key, Reason: reason, Err: err}
 }
 
-// wait returns the channel closed when the flight ends; flights.mu is held.
+// wait returns the channel closed when the flight ends. flights.mu is held.
 func (cur *flight) wait() <-chan struct{} {
 	if cur.done == nil {
 		cur.done = make(chan struct{})
@@ -165,8 +166,8 @@ func (cur *flight) wait() <-chan struct{} {
 	return cur.done
 }
 
-// end wakes the flight's waiters, if any; flights.mu is held, and the
-// flight has left flights.m, so no waiter comes after.
+// end wakes the flight's waiters, if any. flights.mu is held. The flight has
+// left flights.m, so no waiter comes after.
 func (cur *flight) end() {
 	if cur.done != nil {
 		close(cur.done)

@@ -25,15 +25,15 @@ func quoteKey(key string) string {
 }
 
 // spells reports whether v is one of the two spellings of key, bare or
-// quoted: a stored value that names another key is never sent.
+// quoted. A stored value that names another key is never sent.
 func spells(v, key string) bool { return v == key || v == quoteKey(key) }
 
-// echoes reports whether h carries key back in its Idempotency-Key field,
-// bare or quoted. Any one field line that names the key is enough; one
-// that names another key is not the server's answer to this intent. key
-// may itself be spelled quoted (the key an app's own API client put on a
-// request through the RoundTripper): the two are compared as the server
-// reads them.
+// echoes reports whether h carries key back in its Idempotency-Key field.
+// The key may be bare or quoted. Any one field line that names the key is
+// enough. A line that names another key is not the server's answer to this
+// intent. key may itself be spelled quoted. (An app's own API client may put
+// such a key on a request through the RoundTripper.) The two are compared as
+// the server reads them.
 func echoes(h http.Header, key string) bool {
 	want := echoKey(key)
 	if want == "" {
@@ -47,8 +47,9 @@ func echoes(h http.Header, key string) bool {
 	return false
 }
 
-// echoKey reads the key of one echoed value: the sf-string's content when
-// quoted, the value itself otherwise (as the server parses the request's).
+// echoKey reads the key of one echoed value. That is the sf-string's content
+// when quoted. Otherwise it is the value itself, as the server parses the
+// request's.
 func echoKey(v string) string {
 	if len(v) > 0 && v[0] == '"' {
 		item, err := httpsfv.UnmarshalItem([]string{v})

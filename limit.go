@@ -7,31 +7,31 @@ import (
 )
 
 // budgetTransport bounds each attempt of a call by what is left of the
-// call's budget, so that a server that never answers, or trickles its
-// answer, cannot hold Do past RetryPolicy.MaxElapsed whatever the
-// http.Client's Timeout (none, for http.DefaultClient).
+// call's budget. So a server that never answers cannot hold Do past
+// RetryPolicy.MaxElapsed. Nor can one that trickles its answer. That holds
+// whatever the http.Client's Timeout, and http.DefaultClient has none.
 //
-// The budget is counted on the Client's Clock, and an attempt's I/O runs in
-// real time: the attempt is given the budget left at its start, as read on
-// the Clock, as a real-time limit on its context, which covers the body
-// too. With the system clock the two agree. With a manual clock that only
-// moves when waited on, the time spent on the wire does not move it, and
-// each attempt gets at most what the clock says is left.
+// The budget is counted on the Client's Clock. An attempt's I/O runs in real
+// time. So the attempt gets the budget left at its start, read on the Clock.
+// That is a real-time limit on its context, which covers the body too. With
+// the system clock the two agree. A manual clock only moves when waited on.
+// The time spent on the wire does not move it. So each attempt gets at most
+// what the clock says is left.
 type budgetTransport struct{ base http.RoundTripper }
 
 func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st, ok := callIn(req.Context())
 	base := t.baseTransport()
 	if ok && st.authErr != nil {
-		// The Authorizer failed: nothing of this attempt is sent.
+		// The Authorizer failed, so nothing of this attempt is sent.
 		if req.Body != nil {
 			req.Body.Close()
 		}
 		return nil, st.authErr
 	}
 	if !ok || req.Context().Err() != nil {
-		// Without a call's budget, or with its context done (the base
-		// transport then fails at once), there is nothing to bound.
+		// There is nothing to bound without a call's budget. Nor is there
+		// with its context done, for the base transport then fails at once.
 		return base.RoundTrip(req)
 	}
 	limit, reason, err := st.onWire()
@@ -52,15 +52,15 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// CloseIdleConnections closes the base transport's idle connections, as
-// http.Client.CloseIdleConnections would without the wrapper.
+// CloseIdleConnections closes the base transport's idle connections. It does
+// as http.Client.CloseIdleConnections would without the wrapper.
 func (t budgetTransport) CloseIdleConnections() {
 	if c, ok := t.baseTransport().(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }
 
-// baseTransport is the transport the attempts go through: the
+// baseTransport is the transport the attempts go through. That is the
 // http.Client's, or http.DefaultTransport as net/http would use.
 func (t budgetTransport) baseTransport() http.RoundTripper {
 	if t.base == nil {
@@ -69,8 +69,8 @@ func (t budgetTransport) baseTransport() http.RoundTripper {
 	return t.base
 }
 
-// budgetBody is an attempt's answer body; closing it ends the attempt's
-// time limit.
+// budgetBody is an attempt's answer body. Closing it ends the attempt's time
+// limit.
 type budgetBody struct {
 	io.ReadCloser
 	st          *call

@@ -8,32 +8,34 @@ import (
 	"strings"
 )
 
-// lookupNonceHeader is the header field in which each lookup carries a
-// fresh nonce, and in which the server's answers to it echo the nonce
-// (docs/CONTRACT.md, "Reconciling"). A cache on the path that kept an
-// earlier answer replays the nonce of the lookup it was given to, or none:
-// so a miss that does not echo this lookup's nonce may be a kept one, from
-// before the payment, and voids nothing. It is the contract's
-// (idempotency.LookupNonceHeader), spelled here so that the client does
-// not import the server half.
+// lookupNonceHeader is the header field of each lookup's fresh nonce. The
+// server's answers to a lookup echo the nonce in it. (See docs/CONTRACT.md,
+// "Reconciling".) A cache on the path may have kept an earlier answer. It
+// replays the nonce of the lookup it was given to, or none. So a miss that
+// does not echo this lookup's nonce may be a kept one. It may be from before
+// the payment, and it voids nothing. It is the contract's header
+// (idempotency.LookupNonceHeader). It is spelled here so that the client
+// does not import the server half.
 const lookupNonceHeader = "Idempotency-Lookup-Nonce"
 
-// lookupNonce returns a fresh nonce for one lookup: 26 characters of
-// base32 from the system's random source, which no cache has seen.
+// lookupNonce returns a fresh nonce for one lookup. It is 26 characters of
+// base32 from the system's random source. No cache has seen it.
 func lookupNonce() string { return rand.Text() }
 
-// lookupTrusted reports a lookup's 2xx (status) that is the server's word
-// on key, given to this lookup, whose nonce is nonce. A cache on the path
-// may ignore the query string and serve the lookup of another key (a rule
-// "cache everything"). So an answer made for another lookup is refused: it
-// echoes another nonce or another key. An answer that names the key, by
-// its echo or in a body the Mark's recognizer reads (MarkIncrease), is
-// this intent's even if a cache kept it: a payment, once made, stays made.
-// A recognizer that reads no key (MarkJSONID, MarkRecognizer) says nothing
-// of which intent the answer is for: the answer must echo this lookup's
-// nonce, and carry no Age field (RFC 9111: a cache served it, and may have
-// copied the nonce from the request). What remains possible: a cache that
-// reflects request header fields into a kept answer and adds no Age.
+// lookupTrusted reports a lookup's 2xx (status) that is the server's word on
+// key. The answer must be to this lookup, whose nonce is nonce. A cache on
+// the path may ignore the query string. (A rule "cache everything" does.) It
+// may then serve the lookup of another key. So an answer made for another
+// lookup is refused. Such an answer echoes another nonce or another key.
+//
+// An answer that names the key is this intent's even if a cache kept it. It
+// names the key by its echo, or in a body the Mark reads (MarkIncrease). A
+// payment, once made, stays made. A recognizer that reads no key
+// (MarkJSONID, MarkRecognizer) says nothing of the intent. Then the answer
+// must echo this lookup's nonce and carry no Age field. An Age field (RFC
+// 9111) says a cache served it. That cache may have copied the nonce from
+// the request. One gap remains. A cache may reflect request header fields
+// into a kept answer and add no Age.
 func (c *config) lookupTrusted(status int, h http.Header, body []byte, key, nonce string) bool {
 	if len(h.Values(lookupNonceHeader)) > 0 && !echoesNonce(h, nonce) {
 		return false
@@ -54,15 +56,15 @@ func echoesNonce(h http.Header, nonce string) bool {
 }
 
 // lookupHeader returns the header fields of the lookup of the intent with
-// key, whose stored header is stored. The server scopes keys by caller
-// (docs/CONTRACT.md), so the lookup must act for the caller the intent's
-// attempts acted for: an anonymous lookup gets the anonymous caller's
-// typed miss, which would void a paid intent. So it carries the stored
-// fields that may name the caller (an account header, say), and the
-// Authorizer's credentials for key, asked fresh as before each attempt.
-// Fields about the body or the intent's preconditions are left out: the
-// lookup has no body, and reads another resource. A failing Authorizer
-// is returned, and nothing is sent.
+// key. stored is the intent's stored header. The server scopes keys by
+// caller (docs/CONTRACT.md). So the lookup must act for the caller the
+// intent's attempts acted for. An anonymous lookup gets the anonymous
+// caller's typed miss. That miss would void a paid intent. So the lookup
+// carries the stored fields that may name the caller. (An account header is
+// one.) It carries the Authorizer's credentials for key too. They are asked
+// fresh, as before each attempt. Fields about the body or the intent's
+// preconditions are left out. The lookup has no body, and reads another
+// resource. A failing Authorizer's error is returned, and nothing is sent.
 func (c *Client) lookupHeader(ctx context.Context, stored http.Header, key string) (http.Header, error) {
 	h := make(http.Header, len(stored)+3)
 	for name, vs := range stored {
@@ -91,16 +93,17 @@ func lookupCarries(name string) bool {
 	name = http.CanonicalHeaderKey(name)
 	switch {
 	case strings.HasPrefix(name, "Content-"), strings.HasPrefix(name, "If-"):
-		// The body's, and the changed resource's preconditions.
+		// The body's fields, and the changed resource's preconditions.
 		return false
 	}
 	switch name {
 	case "Digest", "Repr-Digest", "Want-Digest", "Idempotency-Key", "Expect", "Transfer-Encoding", "Trailer", "Cache-Control", lookupNonceHeader:
-		// The body's, the attempt's own, or the lookup's own (set after).
+		// The body's fields, the attempt's own, or the lookup's own (set
+		// after).
 		return false
 	case "Accept-Encoding":
-		// Left to net/http, which then decodes the answer: a mark read
-		// from the body (MarkJSONID) needs it decoded.
+		// Left to net/http, which then decodes the answer. A mark read from
+		// the body (MarkJSONID) needs it decoded.
 		return false
 	}
 	return true

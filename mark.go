@@ -9,42 +9,42 @@ import (
 	"strings"
 )
 
-// Mark is how the app's server shows that an answer is its own, so that
-// idem can tell it from the answer of whatever else is on the path: a
-// captive portal's login page, a CDN's fallback page, a gateway's 401.
-// Only an answer with the mark settles an intent (see the package
-// documentation, "Whose word settles an intent"). It is Server.Mark, and
-// New refuses a Server without one: pick the preset of the API the app
-// calls, MarkJSONID for a plain server, or MarkRecognizer.
+// Mark is how the app's server shows that an answer is its own. idem must
+// tell it from answers of whatever else is on the path. That may be a
+// captive portal's login page, a CDN's fallback page, or a gateway's 401.
+// Only an answer with the mark settles an intent. (See the package
+// documentation, "Whose word settles an intent".) It is Server.Mark, and New
+// refuses a Server without one. Pick the preset of the API the app calls. Or
+// pick MarkJSONID for a plain server, or MarkRecognizer.
 //
-// Every Mark takes the contract's mark: the request's Idempotency-Key
-// echoed back in the answer's header fields. Idempotent-Replayed: true
-// alone is no mark: a cache may serve another intent's replay. A Mark for
-// a server that leaves some answers without the echo adds a test of those
-// answers.
+// Every Mark takes the contract's mark. That is the request's
+// Idempotency-Key echoed back in the answer's header fields.
+// Idempotent-Replayed: true alone is no mark. A cache may serve another
+// intent's replay. Some servers leave some answers without the echo. A Mark
+// for such a server adds a test of those answers.
 type Mark struct {
 	// name is how New's errors and the docs spell the Mark.
 	name string
 	// own recognises the server's answers that carry neither of the
-	// contract's marks; nil trusts those marks alone. It sees the answer
-	// (its body nil when over Server.MaxResponseBytes) and the intent's
-	// key.
+	// contract's marks. Nil trusts those marks alone. It sees the answer and
+	// the intent's key. The answer's body is nil when over
+	// Server.MaxResponseBytes.
 	own func(resp *Response, key string) bool
-	// namesKey says that own recognises an answer only when its body names
-	// the key (MarkIncrease). A lookup's 2xx it recognises is then this
+	// namesKey says that own recognises only an answer whose body names the
+	// key (MarkIncrease). A lookup's 2xx it recognises is then this
 	// intent's, even when a cache kept it.
 	namesKey bool
 	// invalid says why New refuses the Mark ("" when it does not).
 	invalid string
 }
 
-// The presets. Each is a Mark for a server that marks its answers as the
-// API its name gives does.
+// The presets. Each is a Mark for a server that marks its answers as its
+// named API does.
 var (
 	// MarkEcho is a server that echoes the request's Idempotency-Key in
-	// every answer, the first one included, as the contract asks
-	// (docs/CONTRACT.md): idem's own middleware (package idempotency) and
-	// fakeserver do.
+	// every answer. The first answer echoes it too, as the contract asks
+	// (docs/CONTRACT.md). idem's own middleware (package idempotency) and
+	// fakeserver do so.
 	MarkEcho = Mark{name: "idem.MarkEcho"}
 	// MarkStripe is Stripe's API, which echoes the Idempotency-Key in its
 	// answers.
@@ -54,41 +54,49 @@ var (
 	MarkAdyen = Mark{name: "idem.MarkAdyen"}
 	// MarkIncrease is Increase's API. It marks only its replays
 	// (Idempotent-Replayed: true). Its first answer is recognised by its
-	// body: a 2xx JSON object with an id whose idempotency_key field holds
-	// the intent's key, as the objects Increase creates under a key carry
-	// it (an ACH transfer's, say). Its replay is recognised the same way,
-	// never by Idempotent-Replayed alone: a cache that kept intent X's
-	// replay may serve it to intent Y. An answer without that field stays
-	// unknown, and so does a 4xx. A list whose data
-	// holds such an object is recognised too: Increase's list endpoints
-	// filter by idempotency_key, which makes a lookup (Server.LookupQuery
-	// "idempotency_key"). An empty list settles nothing: it is not the
-	// contract's typed miss.
+	// body. That body is a 2xx JSON object with an id and an idempotency_key
+	// field. The field must hold the intent's key. The objects Increase
+	// creates under a key carry it, such as an ACH transfer. Its replay is
+	// recognised the same way, never by Idempotent-Replayed alone. A cache
+	// that kept intent X's replay may serve it to intent Y. An answer
+	// without that field stays unknown, and so does a 4xx.
+	//
+	// A list whose data holds such an object is recognised too. Increase's
+	// list endpoints filter by idempotency_key. That makes a lookup:
+	// Server.LookupQuery "idempotency_key". An empty list settles nothing,
+	// for it is not the contract's typed miss.
 	MarkIncrease = Mark{name: "idem.MarkIncrease", own: increaseAnswer, namesKey: true}
 )
 
-// MarkJSONID is a plain server that does not echo the key: its answer that
+// MarkJSONID is a plain server that does not echo the key. Its answer that
 // created a resource is recognised by its body. Such an answer is a 2xx
-// whose Content-Type is JSON (application/json, or a type ending in +json)
-// and whose body is a JSON object with the resource's id at path: a
-// non-empty string or a number. path names a top-level field ("id"), or a
-// nested one with dots ("data.id"). The status alone never recognises an
-// answer, and a 4xx never is: a gateway's 401 or a WAF's 403 may carry
-// JSON too. A captive portal's page, a CDN's fallback index.html and a
-// login page are not JSON, so they never settle an intent; nor does an
-// answer from another origin, reached by a followed redirect: a portal's
-// JSON API is JSON too; nor does an answer a cache served (an Age above
-// 0): a cache that keeps POST answers may serve another intent's. A cache
-// that keeps them and says no Age, or Age: 0 within its first second,
-// cannot be told from the server: behind one, use a Mark that reads the
-// key. The
-// lookup's 2xx is read the same way, so the
-// server's lookup answers the resource itself, not a list. The id names
-// no key, so the lookup's 2xx settles only when it echoes the lookup's
-// nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a cache that ignores
-// the query string may serve another key's lookup. Its miss voids an
-// intent only as the contract's typed miss. New refuses an empty path,
-// and one with an empty segment.
+// whose Content-Type is JSON. (That is application/json, or a type ending in
+// +json.) Its body is a JSON object with the resource's id at path. The id
+// is a non-empty string or a number. path names a top-level field ("id"), or
+// a nested one with dots ("data.id"). New refuses an empty path, and one
+// with an empty segment.
+//
+// These answers never settle an intent:
+//
+//   - An answer recognised by its status alone.
+//   - A 4xx, for a gateway's 401 or a WAF's 403 may carry JSON too.
+//   - A page that is not JSON: a captive portal's page, a CDN's fallback
+//     index.html, a login page.
+//   - An answer from another origin, reached by a followed redirect. A
+//     portal's JSON API is JSON too.
+//   - An answer a cache served (an Age above 0). A cache that keeps POST
+//     answers may serve another intent's.
+//
+// A cache may keep POST answers and say no Age. It may say Age: 0 within its
+// first second. Such a cache cannot be told from the server. Behind one, use
+// a Mark that reads the key.
+//
+// The lookup's 2xx is read the same way. So the server's lookup answers the
+// resource itself, not a list. The id names no key. So the lookup's 2xx
+// settles only when it echoes the lookup's nonce. (That is
+// Idempotency-Lookup-Nonce, docs/CONTRACT.md.) A cache that ignores the
+// query string may serve another key's lookup. The lookup's miss voids an
+// intent only as the contract's typed miss.
 func MarkJSONID(path string) Mark {
 	m := Mark{name: fmt.Sprintf("idem.MarkJSONID(%q)", path)}
 	segments := strings.Split(path, ".")
@@ -102,17 +110,21 @@ func MarkJSONID(path string) Mark {
 	return m
 }
 
-// MarkRecognizer is a server that the app recognises itself: own sees each
-// final answer, and each answer of the lookup, that lacks the contract's
-// marks, body included (nil when over Server.MaxResponseBytes), and
-// reports whether it is the server's own (a header field or a body only
-// the server sends, say). Recognised, an answer is the server's word: a
-// 2xx or a 4xx from a send settles the intent, a lookup's 2xx makes it
-// succeeded and a lookup's 404 makes it void, if it echoes the lookup's
-// nonce (Idempotency-Lookup-Nonce, docs/CONTRACT.md): a 404 a cache kept
-// may be older than the payment, and a 2xx (without an Age field) may be
-// another key's lookup that a cache kept. Never recognise an answer by its status
-// alone. own must not keep resp; New refuses a nil own.
+// MarkRecognizer is a server that the app recognises itself. own sees each
+// answer that lacks the contract's marks, body included. That is each final
+// answer of a send, and each answer of the lookup. The body is nil when over
+// Server.MaxResponseBytes. own reports whether the answer is the server's
+// own. It may check a header field or a body only the server sends. Never
+// recognise an answer by its status alone. own must not keep resp, and New
+// refuses a nil own.
+//
+// A recognised answer is the server's word. A 2xx or a 4xx from a send
+// settles the intent. A lookup's answer counts only if it echoes the
+// lookup's nonce. (That is Idempotency-Lookup-Nonce, docs/CONTRACT.md.) Then
+// a lookup's 2xx makes the intent succeeded, and its 404 makes it void. The
+// nonce matters, for a cache may have kept the answer. A 404 a cache kept
+// may be older than the payment. A 2xx without an Age field may be another
+// key's lookup a cache kept.
 func MarkRecognizer(own func(resp *Response) bool) Mark {
 	m := Mark{name: "idem.MarkRecognizer(...)"}
 	if own == nil {
@@ -137,8 +149,8 @@ const marks = "idem.MarkEcho (the server echoes the Idempotency-Key: idem's midd
 	"idem.MarkJSONID(\"id\") (a plain server whose 2xx answers are JSON carrying the resource's id), " +
 	"or idem.MarkRecognizer(func) (the app's own test of an answer)"
 
-// check reports a Mark New refuses: none declared, or a preset made of
-// bad input.
+// check reports a Mark New refuses. That is none declared, or a preset made
+// of bad input.
 func (m Mark) check() error {
 	switch {
 	case m.name == "":
@@ -150,15 +162,16 @@ func (m Mark) check() error {
 	return nil
 }
 
-// jsonMedia reports a JSON Content-Type: application/json, or a type
-// ending in +json (application/vnd.api+json, application/hal+json).
+// jsonMedia reports a JSON Content-Type. That is application/json, or a type
+// ending in +json. (Examples are application/vnd.api+json and
+// application/hal+json.)
 func jsonMedia(h http.Header) bool {
 	ct, _, err := mime.ParseMediaType(h.Get("Content-Type"))
 	return err == nil && (ct == "application/json" || strings.HasPrefix(ct, "application/") && strings.HasSuffix(ct, "+json"))
 }
 
-// jsonID reports a 2xx JSON answer whose body holds an id at path (see
-// MarkJSONID).
+// jsonID reports a 2xx JSON answer whose body holds an id at path. (See
+// MarkJSONID.)
 func jsonID(resp *Response, path []string) bool {
 	if !isSuccess(resp.StatusCode) || !jsonMedia(resp.Header) {
 		return false
@@ -193,9 +206,9 @@ type increaseObject struct {
 	IdempotencyKey string `json:"idempotency_key"`
 }
 
-// increaseAnswer recognises Increase's first answer to an intent (see
-// MarkIncrease): a 2xx JSON object created under key, or a list holding
-// one.
+// increaseAnswer recognises Increase's first answer to an intent. (See
+// MarkIncrease.) That is a 2xx JSON object created under key, or a list
+// holding one.
 func increaseAnswer(resp *Response, key string) bool {
 	if !isSuccess(resp.StatusCode) || !jsonMedia(resp.Header) || key == "" {
 		return false

@@ -10,41 +10,44 @@ import (
 )
 
 const (
-	// tombstoneLifetime is how long Prune keeps the tombstone of an
-	// action's latest resolved intent, counted from its outcome by the
+	// tombstoneLifetime is how long Prune keeps the tombstone of an action's
+	// latest resolved intent. It counts from the intent's outcome, by the
 	// smallest age any clock reports.
 	tombstoneLifetime = 90 * 24 * time.Hour
-	// maxTombstones bounds the tombstones a store keeps; beyond it Prune
+	// maxTombstones bounds the tombstones a store keeps. Beyond it, Prune
 	// removes the oldest first. A tombstone holds no bodies and no request
-	// headers: a few hundred bytes.
+	// headers, so it takes a few hundred bytes.
 	maxTombstones = 4096
 )
 
 // Prune deletes from the store the resolved intents whose outcome is older
-// than olderThan, and returns how many it deleted. Unresolved intents are
+// than olderThan. It returns how many it deleted. Unresolved intents are
 // never deleted, whatever their age.
 //
-// The age is the smallest any clock reports: the wall clock since the
-// outcome was saved and, within the same boot, the clock that counts
-// device sleep since then (a Clock with SinceBoot, as the system clock has). A payment saved while the
-// device's clock was days behind, and pruned after the clock was put
-// right, is judged by how long ago it really was, so far as the device can
-// tell.
+// The age is the smallest any clock reports. One clock is the wall clock
+// since the outcome was saved. Within the same boot, another is the clock
+// that counts device sleep since then. (That is a Clock with SinceBoot, as
+// the system clock has.) Say a payment was saved while the device's clock
+// was days behind. Pruned after the clock was put right, it is judged by its
+// true age. (That is so far as the device can tell.)
 //
-// Resolved stays resolved: what makes the next tap of a paid action a
-// no-op is not deleted. Of each action's latest resolved intent, whatever
-// its outcome, Prune keeps a tombstone (persist.Record.Tombstone: key,
-// action, request fingerprint, sequence number, outcome status and the
-// stored Location and Content-Type, times; no bodies). So Send or Intent
-// for a paid action still returns its answer (without a body) or a
-// *ResolvedError and pays nothing; the same request of a declined action
-// is still its declined intent (NewIntent pays again), as before Prune;
-// and an action's sequence numbers never go back, so an intent made
-// before Prune, not yet armed, never overtakes the action's intents made
-// after it. A tombstone is deleted once older than 90 days, or,
-// beyond 4096 tombstones, oldest first; after that the action has no
-// history on the device: an intent for it that was made before and is
-// armed after may then be armed as the action's latest.
+// Resolved stays resolved. What makes the next tap of a paid action a no-op
+// is not deleted. Prune keeps a tombstone of each action's latest resolved
+// intent, whatever its outcome. (See persist.Record.Tombstone.) The
+// tombstone holds the key, action, request fingerprint and sequence number.
+// It holds the outcome's status, stored Location and Content-Type, and the
+// times. It holds no bodies.
+//
+// So Send or Intent for a paid action still pays nothing. It returns the
+// answer (without a body), or a *ResolvedError. The same request of a
+// declined action is still its declined intent, as before Prune. (NewIntent
+// pays again.) An action's sequence numbers never go back. So an unarmed
+// intent made before Prune never overtakes intents made after it.
+//
+// A tombstone is deleted once older than 90 days. Beyond 4096 tombstones,
+// the oldest are deleted first. After that the action has no history on the
+// device. An intent for it made before and armed after may then become its
+// latest.
 //
 // Unreadable records are left alone and reported as List reports them.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error) {
@@ -79,9 +82,9 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 		switch {
 		case keep[r.Key]:
 			// The action's latest intent, whatever its outcome, keeps its
-			// Seq in the store, so that an intent made for the action
-			// before this Prune (its Seq above it, unarmed in memory) never
-			// overtakes one made after.
+			// Seq in the store. An intent made for the action before this
+			// Prune may wait unarmed in memory. Its Seq is above the kept
+			// one, so it never overtakes one made after.
 			if r.Tombstone && age >= tombstoneLifetime {
 				drop[r.Key] = r.UpdatedAt
 				continue
@@ -103,7 +106,8 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 		}
 	}
 	if over := len(tombs) - maxTombstones; over > 0 {
-		// The oldest go first: sorted by smallest age, largest first.
+		// The oldest go first, so they are sorted by smallest age, largest
+		// first.
 		ages := make(map[string]time.Duration, len(tombs))
 		for _, t := range tombs {
 			ages[t.Key] = c.clocks.resolvedAge(t, now)

@@ -8,48 +8,48 @@ import (
 // What a redirect answer to a POST or PATCH means.
 //
 //   - A 303 See Other marked as the server's (its key echoed) is the
-//     server's word that the work was done: its Location names the result. It is the intent's final answer, a
-//     success, fresh or replayed; a retry after a lost first answer gets
-//     the replayed 303 and ends paid.
-//   - 307 and 308 are followed, with the intent's stored bytes, by
-//     redirectPolicy. One that reaches the client (from https to http)
-//     is not followed and is no outcome.
-//   - 301, 302, an unmarked 303, and any other 3xx (300, 304, one
-//     without a Location) are no outcome, marked or not: a login page or
-//     a CDN sends them as readily as a server. The call ends at once, the
-//     outcome unknown, and the intent is reconciled through the lookup.
+//     server's word that the work was done. Its Location names the result.
+//     It is the intent's final answer, a success, fresh or replayed. A retry
+//     after a lost first answer gets the replayed 303 and ends paid.
+//   - 307 and 308 are followed by redirectPolicy, with the intent's stored
+//     bytes. One that reaches the client (from https to http) is not
+//     followed. It is no outcome.
+//   - 301, 302, an unmarked 303, and any other 3xx are no outcome, marked or
+//     not. (Other 3xx are 300, 304, and one without a Location.) A login
+//     page or a CDN sends them as readily as a server. The call ends at once
+//     with the outcome unknown. The intent is reconciled through the lookup.
 //
-// No redirect is ever "failed": none says the work was not done.
+// No redirect is ever "failed", for none says the work was not done.
 
-// unfollowedRedirect reports a 3xx that reached the client: one that
-// redirectPolicy did not follow (301, 302, 303 after a POST, a 307 or 308
-// from https to http) or that net/http could not (no Location, 300, 304).
+// unfollowedRedirect reports a 3xx that reached the client. redirectPolicy
+// did not follow it, or net/http could not. redirectPolicy does not follow
+// 301, 302, 303 after a POST, and 307 or 308 from https to http. net/http
+// cannot follow 300, 304, or one without a Location.
 func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
 
-// seeOther reports the one redirect that is an outcome: a 303 the server
-// marked as its word on key (see marked). Asking again would get its
-// replay: the work is done, and Location names the result.
+// seeOther reports the one redirect that is an outcome. That is a 303 the
+// server marked as its word on key (see marked). Asking again would get its
+// replay. The work is done, and Location names the result.
 func seeOther(code int, h http.Header, key string) bool {
 	return code == http.StatusSeeOther && marked(h, key)
 }
 
-// redirectPolicy returns a copy of hc that follows only the redirects that
-// keep the request as it is, so that the answer to a redirect is never
-// taken for the intent's outcome:
+// redirectPolicy returns a copy of hc that follows only some redirects. It
+// follows only those that keep the request as it is. So the answer to a
+// redirect is never taken for the intent's outcome.
 //
-//   - 307 and 308 are followed with the same method, headers (the key
-//     spelled as stored) and body, as net/http does, up to 10 in a row;
-//     a longer chain ends with errRedirectLoop, and a Location whose
-//     scheme is not http or https with an error: neither reached a server
-//     that does the work.
-//   - A 307 or 308 from https to http is not followed either: the
-//     intent's body and headers (its credentials too, where the app's
-//     transport adds them) would leave TLS. The call ends with the outcome
-//     unknown, as for the redirects below.
-//   - 301, 302 and 303 would turn a POST or PATCH into a GET, whose answer
-//     (a login page, say) says nothing about the intent. They are not
-//     followed, and end the call with the outcome unknown (see
-//     unfollowedRedirect).
+//   - 307 and 308 are followed as net/http does, up to 10 in a row. The
+//     method, headers and body stay the same. (The key is spelled as
+//     stored.) A longer chain ends with errRedirectLoop. A Location whose
+//     scheme is not http or https ends with an error. Neither reached a
+//     server that does the work.
+//   - A 307 or 308 from https to http is not followed either. The intent's
+//     body and headers would leave TLS. So would its credentials, where the
+//     app's transport adds them. The call ends with the outcome unknown, as
+//     for the redirects below.
+//   - 301, 302 and 303 would turn a POST or PATCH into a GET. Its answer (a
+//     login page, say) says nothing about the intent. They are not followed.
+//     They end the call with the outcome unknown (see unfollowedRedirect).
 //
 // hc's own CheckRedirect, if any, still decides on the redirects that are
 // followed.
@@ -78,11 +78,12 @@ func redirectPolicy(hc *http.Client) *http.Client {
 	return &cp
 }
 
-// otherURL reports a redirect to a URL whose request the server may take
-// for another request under the same key: its fingerprint covers the path
-// and the query. Spellings are compared as sent, so a path or query spelled
-// another way counts as another URL (the safe side: the outcome is then
-// asked of the lookup rather than taken as "not paid").
+// otherURL reports a redirect to a URL the server may take for another
+// request. The server's fingerprint of a request covers the path and the
+// query. So under the same key, another URL may be another request.
+// Spellings are compared as sent. So a path or query spelled another way
+// counts as another URL. That is the safe side. The outcome is then asked of
+// the lookup, not taken as "not paid".
 func otherURL(to, from *url.URL) bool {
 	return to.EscapedPath() != from.EscapedPath() || to.RawQuery != from.RawQuery
 }

@@ -13,23 +13,23 @@ import (
 
 // Request is what an intent sends, byte for byte, on every attempt.
 type Request struct {
-	// Method is POST or PATCH: the methods that carry an Idempotency-Key.
+	// Method is POST or PATCH, the methods that carry an Idempotency-Key.
 	Method string
 	// URL is absolute.
 	URL string
 	// Header is resent on every attempt and stored with the intent. Keep
-	// credentials out of it (set them in the http.Client's transport):
-	// whatever is here is written to the device. A field net/http cannot
-	// send (a name that is not a token, a value with CR, LF or NUL) is
-	// refused where the intent is made.
+	// credentials out of it, and set them in the http.Client's transport.
+	// Whatever is here is written to the device. A field net/http cannot
+	// send is refused where the intent is made. (Its name is not a token, or
+	// its value holds CR, LF or NUL.)
 	Header http.Header
 	// Body is sent unchanged on every attempt.
 	Body []byte
 }
 
-// JSONRequest returns a Request whose body is v encoded as JSON, with
-// Content-Type application/json. The bytes are fixed here, once: every
-// attempt sends exactly them.
+// JSONRequest returns a Request whose body is v encoded as JSON. Its
+// Content-Type is application/json. The bytes are fixed here, once, and
+// every attempt sends exactly them.
 func JSONRequest(method, url string, v any) (Request, error) {
 	body, err := json.Marshal(v)
 	if err != nil {
@@ -53,16 +53,17 @@ func (r Request) validate() error {
 	}
 	u, err := url.Parse(r.URL)
 	if err != nil {
-		// Why, without the URL: what does not parse cannot be redacted.
+		// Say why, without the URL, for what does not parse cannot be
+		// redacted.
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
 		return fmt.Errorf("idem: bad request URL: %w", err)
 	}
-	// The errors name the URL as the attempt hook does: no credential.
-	// Redacted only for an error: a valid request (every one through the
-	// RoundTripper) is not parsed again.
+	// The errors name the URL as the attempt hook does, with no credential.
+	// It is redacted only for an error. A valid request, as every one
+	// through the RoundTripper is, is not parsed again.
 	shown := func() string { return redactUserinfo(r.URL, true) }
 	if !u.IsAbs() || u.Host == "" {
 		return fmt.Errorf("idem: request URL %q is not absolute", shown())
@@ -83,9 +84,9 @@ func (r Request) validate() error {
 	return checkHeader(r.Header)
 }
 
-// checkHeader refuses a header net/http would refuse before it dials, on
-// every attempt. The error names the field, never its value: that may be
-// a credential.
+// checkHeader refuses a header net/http would refuse before it dials.
+// net/http would refuse it on every attempt. The error names the field,
+// never its value, which may be a credential.
 func checkHeader(h http.Header) error {
 	for name, values := range h {
 		if !validFieldName(name) {
@@ -100,13 +101,12 @@ func checkHeader(h http.Header) error {
 	return nil
 }
 
-// errBadFieldValue is the Authorizer's failure when its value could not
-// be sent. It never shows the value: that is a credential.
+// errBadFieldValue is the Authorizer's failure when its value could not be
+// sent. It never shows the value, for that is a credential.
 var errBadFieldValue = errors.New("its value is not a valid header field value: it has a control character (such as CR, LF or NUL)")
 
-// validFieldValue reports whether v holds no control character but
-// space and tab, as RFC 9110's field-value grammar asks: what net/http
-// sends.
+// validFieldValue reports whether v holds no control character but space and
+// tab. RFC 9110's field-value grammar asks that, and net/http sends that.
 func validFieldValue(v string) bool {
 	for i := 0; i < len(v); i++ {
 		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
@@ -116,7 +116,7 @@ func validFieldValue(v string) bool {
 	return true
 }
 
-// fingerprint identifies a request's method, URL and body: two requests with
+// fingerprint identifies a request's method, URL and body. Two requests with
 // the same fingerprint are the same intent.
 func (r Request) fingerprint() string {
 	h := sha256.New()

@@ -16,26 +16,26 @@ type Response struct {
 	StatusCode int
 	Header     http.Header
 	Body       []byte
-	// Replayed is true when the server answered from its idempotency
-	// record (Idempotent-Replayed: true): the work was done by an earlier
-	// attempt, whose answer had been lost.
+	// Replayed is true when the server answered from its idempotency record.
+	// (The answer says Idempotent-Replayed: true.) An earlier attempt did
+	// the work, and its answer was lost.
 	Replayed bool
-	// Attempts is how many attempts this call put on the wire; 0 when the
-	// answer came from the device's store.
+	// Attempts is how many attempts this call put on the wire. It is 0 when
+	// the answer came from the device's store.
 	Attempts int
-	// FromStore is true when the intent was already resolved and nothing
-	// was sent.
+	// FromStore is true when the intent was already resolved and nothing was
+	// sent.
 	FromStore bool
-	// NotRecorded is true when this answer arrived but the device could
-	// not save it (Do returns it with a *SaveError): the answer is the
-	// server's and final all the same, but the intent stays unresolved on
-	// the device, and the next Do gets the server's replay of it.
+	// NotRecorded is true when this answer arrived but the device could not
+	// save it. (Do returns it with a *SaveError.) The answer is the
+	// server's, and final all the same. But the intent stays unresolved on
+	// the device. The next Do gets the server's replay of it.
 	NotRecorded bool
 	// Oversized is true when the answer was larger than
-	// Server.MaxResponseBytes (header fields and body together). Its status is
-	// known and the intent is resolved from it, but its body was not kept
-	// (Body is nil), and its header fields only those stored, so far as
-	// they fit the limit.
+	// Server.MaxResponseBytes. The limit counts header fields and body
+	// together. The answer's status is known, and the intent is resolved
+	// from it. But its body was not kept, and Body is nil. Its header fields
+	// are only those stored, as far as they fit the limit.
 	Oversized bool
 }
 
@@ -61,13 +61,14 @@ func (r *Response) clone() *Response {
 	return &c
 }
 
-// storedHeaders are the header fields of a final answer that are kept on
-// the device by default: what an app shows (the media type, where the new
-// resource is), the replay marker, and the server's Retry-After.
+// storedHeaders are the header fields of a final answer kept on the device
+// by default. They are what an app shows: the media type, and where the new
+// resource is. They are also the replay marker, and the server's
+// Retry-After.
 var storedHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
 
-// headerBytes is the size of h as header fields on the wire: the size
-// counted against the limit on an answer.
+// headerBytes is the size of h as header fields on the wire. That size
+// counts against the limit on an answer.
 func headerBytes(h http.Header) int64 {
 	var n int64
 	for name, vs := range h {
@@ -87,8 +88,8 @@ func fieldBytes(name string, vs []string) int64 {
 // readBody reads a whole body, at most limit bytes, and closes it.
 func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
 	defer body.Close()
-	// One byte past the limit tells a body over it, unless the limit is
-	// the largest there is: limit+1 would wrap around to a bound of
+	// One byte past the limit tells a body over it. That fails when the
+	// limit is the largest there is. limit+1 would wrap around to a bound of
 	// nothing, and every body would read empty.
 	bound := limit
 	if bound < math.MaxInt64 {
@@ -117,7 +118,7 @@ func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
 
 var (
 	errBodyTooLarge = errors.New("idem: response body too large")
-	// errStopped tells retryablehttp to stop; the reason is in the call's
+	// errStopped tells retryablehttp to stop. The reason is in the call's
 	// state.
 	errStopped = errors.New("idem: retry budget exhausted")
 )

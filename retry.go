@@ -16,24 +16,26 @@ import (
 )
 
 // RetryPolicy says when to retry and how long to wait. A zero RetryPolicy
-// consists entirely of defaults: 10 attempts, 2 minutes per call, backoff
-// from 500ms doubling up to 30s with ±50% jitter, and a Retry-After cap of
-// 60s.
+// consists entirely of defaults:
+//
+//   - 10 attempts and 2 minutes per call;
+//   - backoff from 500ms, doubling up to 30s, with ±50% jitter;
+//   - a Retry-After cap of 60s.
 //
 // One budget governs a call: MaxAttempts, MaxElapsed and the context's
-// deadline. The first to run out ends the call with a *RetryError that
-// says which.
+// deadline. The first to run out ends the call with a *RetryError that says
+// which.
 type RetryPolicy struct {
-	// MaxAttempts is the most attempts one call puts on the wire. Zero
-	// means 10.
+	// MaxAttempts is the most attempts one call puts on the wire. Zero means
+	// 10.
 	MaxAttempts int
-	// MaxElapsed bounds the time of one call, waits and attempts included:
-	// each attempt is given what is left of it (an attempt that runs out
-	// ends the call with an unknown outcome, since it may
-	// have reached the server), whatever the http.Client's Timeout. It is
-	// counted on the Client's Clock (Config.Clock), while an attempt's I/O
-	// runs in real time: an attempt gets the budget left at its start, as
-	// read on the Clock, as a real-time limit. Zero means 2 minutes.
+	// MaxElapsed bounds the time of one call, waits and attempts included.
+	// Each attempt is given what is left of it, whatever the http.Client's
+	// Timeout. An attempt that runs out ends the call with an unknown
+	// outcome. It may have reached the server. MaxElapsed is counted on the
+	// Client's Clock (Config.Clock). An attempt's I/O runs in real time. So
+	// an attempt gets the budget left at its start, read on the Clock, as a
+	// real-time limit. Zero means 2 minutes.
 	MaxElapsed time.Duration
 	// InitialInterval is the first backoff wait. Zero means 500ms.
 	InitialInterval time.Duration
@@ -41,16 +43,16 @@ type RetryPolicy struct {
 	MaxInterval time.Duration
 	// Multiplier grows the backoff each attempt. Zero means 2.
 	Multiplier float64
-	// Jitter spreads each backoff wait by ±Jitter of itself, and a
-	// Retry-After wait by up to Jitter/5 past it, so clients that failed
-	// together do not retry together: a fraction above 0 and at most 1.
-	// Zero means 0.5; -1 turns jitter off (every wait exactly as
-	// computed, for tests that count waits). Any other value is refused
-	// by New and by the calls made under ContextWithRetryPolicy.
+	// Jitter spreads each backoff wait by ±Jitter of itself. It spreads a
+	// Retry-After wait by up to Jitter/5 past it. So clients that failed
+	// together do not retry together. It is a fraction above 0, at most 1.
+	// Zero means 0.5. -1 turns jitter off, so every wait is exactly as
+	// computed. (Tests that count waits want that.) New refuses any other
+	// value, and so do calls made under ContextWithRetryPolicy.
 	Jitter float64
 	// MaxRetryAfter is the longest Retry-After the client will honour. A
-	// server asking for more ends the call at once (its outcome unknown)
-	// rather than blocking the app. Zero means 60s.
+	// server asking for more ends the call at once, its outcome unknown. The
+	// call does not block the app. Zero means 60s.
 	MaxRetryAfter time.Duration
 }
 
@@ -87,13 +89,14 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 
 type policyKey struct{}
 
-// ContextWithRetryPolicy returns a context under which calls of the Client
-// (Do, Send, Settle, SettleAll and requests through its RoundTripper) retry
-// under p rather than the Client's policy: a short budget for a tap in the
-// foreground and a long one for a settle in the background, from one
-// Client. Fields of p left zero keep the Client's values. A field out of
-// range (see New) makes each call under ctx fail at once with an error that
-// names it, before anything is armed or sent.
+// ContextWithRetryPolicy returns a context whose calls retry under p. Under
+// it, calls of the Client use p rather than the Client's policy. Those calls
+// are Do, Send, Settle, SettleAll and requests through its RoundTripper. So
+// one Client can give a tap in the foreground a short budget. It can give a
+// settle in the background a long one. Fields of p left zero keep the
+// Client's values. A field may be out of range (see New). Then each call
+// under ctx fails at once with an error that names it. It fails before
+// anything is armed or sent.
 func ContextWithRetryPolicy(ctx context.Context, p RetryPolicy) context.Context {
 	return context.WithValue(ctx, policyKey{}, p)
 }
@@ -104,27 +107,28 @@ type Attempt struct {
 	Number int // 1 for the first attempt of a call
 	// StatusCode is the answer's status, or 0 when the attempt got none.
 	StatusCode int
-	// Err is the network error, if any; the URL that a *url.Error
-	// names is redacted as URL is, with the user name always.
+	// Err is the network error, if any. The URL a *url.Error names is
+	// redacted as URL is, with the user name always.
 	Err error
 	// Retry says whether another attempt follows, after Wait.
 	Retry bool
 	Wait  time.Duration
-	// Name is the intent's action name ("" for a request of the
-	// RoundTripper without an intent).
+	// Name is the intent's action name. It is "" for a request of the
+	// RoundTripper without an intent.
 	Name string
-	// URL is the intent's URL with no credential in it: a password, a
-	// user name without a password, and the values of query parameters
-	// named for credentials (access_token, api_key) redacted; no fragment.
+	// URL is the intent's URL with no credential in it. A password and a
+	// user name without a password are redacted. So are the values of query
+	// parameters named for credentials (access_token, api_key). The fragment
+	// is dropped.
 	URL string
-	// Duration is how long the attempt took, from its start to its
-	// answer or error, on the Client's clock (Config.Clock).
+	// Duration is how long the attempt took, from its start to its answer or
+	// error. It is on the Client's clock (Config.Clock).
 	Duration time.Duration
-	// Context is the context of the call the attempt belongs to, as the
-	// app passed it to Do, Send, Settle or SettleAll, or as the request
-	// carried it through the RoundTripper: a hook finds the caller's
-	// trace span and log values in it. It may have ended (a canceled
-	// call). It is never nil.
+	// Context is the context of the call the attempt belongs to. It is as
+	// the app passed it to Do, Send, Settle or SettleAll. Or it is as the
+	// request carried it through the RoundTripper. A hook finds the caller's
+	// trace span and log values in it. It may have ended, in a canceled
+	// call. It is never nil.
 	Context context.Context
 }
 
@@ -132,15 +136,15 @@ func (e *redirectSchemeError) Error() string {
 	return fmt.Sprintf("idem: redirected to %s, whose scheme is not http or https", e.location)
 }
 
-// maxRetryAfterSeconds bounds delta-seconds before conversion, so that a
+// maxRetryAfterSeconds bounds delta-seconds before conversion. So a
 // Retry-After of ten years or of 2^80 is a long wait, not an overflow.
 const maxRetryAfterSeconds = math.MaxInt64 / int64(time.Second)
 
-// parseRetryAfter reads a Retry-After value relative to now: delta-seconds
-// ("120") or an HTTP-date in any of the three forms http.ParseTime accepts.
-// A date in the past means no wait. ok is false for an empty or malformed
-// value, which callers treat as absent. Very large values saturate rather
-// than overflow.
+// parseRetryAfter reads a Retry-After value relative to now. The value is
+// delta-seconds ("120") or an HTTP-date. The date may be in any of the three
+// forms http.ParseTime accepts. A date in the past means no wait. ok is
+// false for an empty or malformed value, which callers treat as absent. Very
+// large values saturate rather than overflow.
 func parseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) {
 	v := strings.TrimSpace(value)
 	if v == "" {
@@ -154,7 +158,8 @@ func parseRetryAfter(value string, now time.Time) (wait time.Duration, ok bool) 
 		}
 		secs, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || secs > maxRetryAfterSeconds {
-			// Only digits, so the error is a range error: saturate.
+			// Only digits, so the error is a range error, and the value
+			// saturates.
 			return time.Duration(math.MaxInt64), true
 		}
 		return time.Duration(secs) * time.Second, true
@@ -176,20 +181,20 @@ type stop struct {
 	wait   time.Duration
 }
 
-// budget is the retry state of one call. It is confined to the goroutine
-// of that call, as backoff.ExponentialBackOff requires.
+// budget is the retry state of one call. It is confined to the goroutine of
+// that call, as backoff.ExponentialBackOff requires.
 type budget struct {
 	policy   RetryPolicy
 	clock    clock.Clock
 	backoff  *backoff.ExponentialBackOff // nil until the first retry
 	start    time.Time
 	deadline time.Time // the context's, or zero
-	// left says how long the intent may still be sent, read anew from
-	// every clock each time (an instant on the clock's timeline would
-	// not move while the device sleeps); nil: no limit.
+	// left says how long the intent may still be sent. It is read anew from
+	// every clock each time. An instant on the clock's timeline would not
+	// move while the device sleeps. Nil means no limit.
 	left lefter
-	// sendBy says how long the call may still begin a send under the
-	// deadline its record stores; nil: no bound.
+	// sendBy says how long the call may still begin a send. It follows the
+	// deadline its record stores. Nil means no bound.
 	sendBy   lefter
 	attempts int
 }
@@ -205,25 +210,25 @@ func (f leftFunc) left() time.Duration { return f() }
 func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left lefter) budget {
 	b := budget{policy: p, clock: clk, start: clk.Now(), left: left}
 	if d, ok := ctx.Deadline(); ok {
-		// A context deadline is an instant on the real clock, while every
-		// other time of the budget is on the injected one. Put it on the
-		// budget's timeline as the time it leaves, counted from the
-		// injected clock's now, so that the two never mix.
+		// A context deadline is an instant on the real clock. Every other
+		// time of the budget is on the injected one. So the deadline is put
+		// on the budget's timeline as the time it leaves. That time counts
+		// from the injected clock's now, so the two never mix.
 		b.deadline = b.start.Add(time.Until(d))
 	}
 	return b
 }
 
-// next decides, after attempt b.attempts failed in a retryable way, how long
-// to wait before the next one, or why not to make one. The wait is the
-// jittered backoff, raised to the server's Retry-After when that is longer:
-// never sooner than the server asked.
+// next decides how long to wait before the next attempt, or why not to make
+// one. It runs after attempt b.attempts failed in a retryable way. The wait
+// is the jittered backoff. It is raised to the server's Retry-After when
+// that is longer. So a retry never comes sooner than the server asked.
 func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	if b.attempts >= b.policy.MaxAttempts {
 		return 0, &stop{reason: stopAttempts}
 	}
 	if b.backoff == nil {
-		// Made on the first retry: most calls succeed at once.
+		// It is made on the first retry, for most calls succeed at once.
 		b.backoff = backoff.NewExponentialBackOff(
 			backoff.WithInitialInterval(b.policy.InitialInterval),
 			backoff.WithMaxInterval(b.policy.MaxInterval),
@@ -236,7 +241,7 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	now := b.clock.Now()
 	wait := b.backoff.NextBackOff()
 	if wait > b.policy.MaxInterval || wait < 0 {
-		// At the cap the wait is jittered below it, or about half the
+		// At the cap the wait is jittered below it. Otherwise about half the
 		// waits of clients that failed together would land on the cap
 		// together.
 		wait = time.Duration((1 - rand.Float64()*b.policy.Jitter) * float64(b.policy.MaxInterval))
@@ -250,11 +255,12 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 			if ra >= wait {
 				wait = ra
 				// Clients told the same Retry-After would all come back in
-				// the same instant; spread them over up to a fifth of
-				// Jitter past it (10% by default), never sooner.
+				// the same instant. So the waits are spread over up to a
+				// fifth of Jitter past it. (That is 10% by default.) A wait
+				// is never sooner than the server asked.
 				if b.policy.Jitter > 0 {
-					// Never past math.MaxInt64 in all: wait+spread would
-					// wrap to a negative wait, a retry at once.
+					// The total never passes math.MaxInt64. wait+spread
+					// would wrap to a negative wait, a retry at once.
 					spread = min(time.Duration(rand.Float64()*b.policy.Jitter/5*float64(ra)), math.MaxInt64-wait)
 				}
 			}
@@ -270,8 +276,8 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 	return wait + spread, nil
 }
 
-// fits says why an attempt at the time at would be past the budget, or
-// nil.
+// fits says why an attempt at the time at would be past the budget. It
+// returns nil if the attempt fits.
 func (b *budget) fits(at time.Time) *stop {
 	switch {
 	case b.left != nil && at.Sub(b.clock.Now()) >= b.left.left():
@@ -286,9 +292,9 @@ func (b *budget) fits(at time.Time) *stop {
 	return nil
 }
 
-// attemptLimit returns how long an attempt that starts now may take: what
-// is left of the budget on the clock, and the part of the budget that ends
-// it first.
+// attemptLimit returns how long an attempt that starts now may take. That is
+// what is left of the budget on the clock. It also returns the part of the
+// budget that ends the attempt first.
 func (b *budget) attemptLimit() (time.Duration, string) {
 	now := b.clock.Now()
 	limit, reason := b.start.Add(b.policy.MaxElapsed).Sub(now), stopElapsed

@@ -9,35 +9,35 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// Send is the one call for a Pay button: it sends req once for the action
-// name and returns the final answer, however many attempts, crashes and
-// restarts that takes.
+// Send is the one call for a Pay button. It sends req once for the action
+// name and returns the final answer. It does so however many attempts,
+// crashes and restarts that takes.
 //
-// It takes the intent Client.Intent gives for name and req, and settles it
-// (arming it: its one durable write before the first byte):
+// It takes the intent Client.Intent gives for name and req, and settles it.
+// Settling arms it, its one durable write before the first byte.
 //
 //   - The first time, a new intent is saved and sent.
-//   - The same request again (a second tap, the next run of the app) is the
-//     same intent: while its outcome is unknown it is resumed with its key,
-//     and once resolved its stored answer is returned with FromStore set and
-//     nothing is sent. An intent the server's lookup shows was never done
-//     (void, or found so now because it was too old to send again) is
-//     replaced by a new one, which is sent.
+//   - The same request again is the same intent. (That may be a second tap,
+//     or the next run of the app.) While its outcome is unknown, it is
+//     resumed with its key. Once it is resolved, its stored answer is
+//     returned with FromStore set. Nothing is sent then. The server's lookup
+//     may show the intent was never done. (It is void, or the lookup finds
+//     so now, as it is too old to resend.) Then a new intent replaces it and
+//     is sent.
 //   - A changed request while the previous one's outcome is unknown is
-//     refused with *UnresolvedError, and nothing is sent: Settle the
-//     previous intent first.
-//   - A changed request once the previous one succeeded (another amount,
-//     or the same server spelled localhost instead of 127.0.0.1) is
-//     refused with *ResolvedError, which carries the earlier answer, and
-//     nothing is sent: the action is paid. A deliberate second payment for
-//     the action is NewIntent, then Settle.
+//     refused. The error is *UnresolvedError, and nothing is sent. Settle
+//     the previous intent first.
+//   - A changed request once the previous one succeeded is refused. (It may
+//     be another amount, or the server spelled localhost, not 127.0.0.1.)
+//     The error is *ResolvedError, which carries the earlier answer. Nothing
+//     is sent, for the action is paid. A deliberate second payment for the
+//     action is NewIntent, then Settle.
 //
-// The errors are those of Do and Settle: *APIError with the Response for a
-// final answer that is not a success, and an error matching
-// ErrOutcomeUnknown when no final answer could be had yet; calling Send
-// again later with the same name and request picks the intent up where it
-// stopped. A foreground tap usually wants a short budget: pass a context
-// from ContextWithRetryPolicy.
+// The errors are those of Do and Settle. A final answer that is not a
+// success gives *APIError with the Response. With no final answer yet, the
+// error matches ErrOutcomeUnknown. Call Send again later with the same name
+// and request. It picks the intent up where it stopped. A foreground tap
+// usually wants a short budget. Pass a context from ContextWithRetryPolicy.
 func (c *Client) Send(ctx context.Context, name string, req Request) (*Response, error) {
 	in, err := c.Intent(ctx, name, req)
 	if err != nil {
@@ -47,8 +47,8 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 	if err != nil || in.State() != persist.StateVoid {
 		return resp, forCall(err, callSend)
 	}
-	// The server never did it (it was void, or the lookup just found so):
-	// a new intent cannot do it twice.
+	// The server never did it: it was void, or the lookup just found so. A
+	// new intent cannot do it twice.
 	if in, err = c.NewIntent(ctx, name, req); err != nil {
 		return nil, err
 	}
@@ -56,29 +56,33 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 	return resp, forCall(err, callSend)
 }
 
-// Settle brings an intent to a final state by the safest means available,
-// and returns its answer:
+// Settle brings an intent to a final state by the safest means available. It
+// returns the intent's answer.
 //
 //   - A resolved intent returns its stored answer (FromStore) and sends
 //     nothing.
-//   - While the server still keeps the key (the intent is younger than the
-//     retention less the safety margin, see Server.Retention), it is sent again
-//     with its key and bytes, as Do does: the server does the work at most
-//     once and replays its answer.
-//   - After that, a resend could do the work twice, so the server's lookup
-//     (Server.Lookup) is asked, as Reconcile does. So it is when the resend
-//     was answered "key reused" after a redirect to another URL
-//     (stopRedirectedKeyReused): the redirected request may have done the
-//     work, and only the lookup can tell.
+//   - The server may still keep the key. (The intent is younger than the
+//     retention less the safety margin. See Server.Retention.) Then the
+//     intent is sent again with its key and bytes, as Do does. The server
+//     does the work at most once and replays its answer.
+//   - After that, a resend could do the work twice. So the server's lookup
+//     (Server.Lookup) is asked, as Reconcile does. The lookup is asked too
+//     after a redirect to another URL. That is when the resend was answered
+//     "key reused" there (stopRedirectedKeyReused). The redirected request
+//     may have done the work, and only the lookup can tell.
 //
-// When neither can decide yet, the error matches ErrOutcomeUnknown and says
-// why: the retry budget ran out (Settle again later), the lookup cannot tell
-// yet (an attempt may still be running on the server), or the intent is too
-// old to send and the Client has no lookup. The intent then stays
-// unresolved.
+// When neither can decide yet, the error matches ErrOutcomeUnknown. It says
+// why:
 //
-// An intent the lookup showed was never done ends void: Settle returns a
-// nil Response and a nil error, and in.State() is persist.StateVoid.
+//   - The retry budget ran out. Settle again later.
+//   - The lookup cannot tell yet, as an attempt may still run on the server.
+//   - The intent is too old to send, and the Client has no lookup.
+//
+// The intent then stays unresolved.
+//
+// The lookup may show that the intent was never done. Then the intent ends
+// void. Settle returns a nil Response and a nil error. in.State() is then
+// persist.StateVoid.
 func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Settle with a nil intent")
@@ -92,7 +96,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, ask callAsk) (*Response
 	if err := checkPolicy(ctx); err != nil {
 		return nil, err
 	}
-	// The tap: an unarmed intent is made durable before its first byte.
+	// The tap makes an unarmed intent durable before its first byte.
 	if err := c.arm(ctx, in); err != nil {
 		return nil, err
 	}
@@ -116,16 +120,16 @@ func (c *Client) settle(ctx context.Context, in *Intent, ask callAsk) (*Response
 	return resp, err
 }
 
-// endedExpired reports an error of a call that ended because the intent may no
-// longer be sent.
+// endedExpired reports an error of a call that ended because the intent may
+// no longer be sent.
 func endedExpired(err error) bool {
 	var re *RetryError
 	return errors.As(err, &re) && re.Reason == stopExpired
 }
 
-// endedOnRedirectedReuse reports an error of a call that ended on a "key
-// reused" answer after a redirect to another URL: only the lookup can tell
-// what became of the intent.
+// endedOnRedirectedReuse reports an error of a call that ended on "key
+// reused". That answer came after a redirect to another URL. Only the lookup
+// can tell what became of the intent.
 func endedOnRedirectedReuse(err error) bool {
 	var re *RetryError
 	return errors.As(err, &re) && re.Reason == stopRedirectedKeyReused
@@ -135,23 +139,24 @@ func endedOnRedirectedReuse(err error) bool {
 // sent.
 var errLeftUnsent = errors.New("idem: the intent ended not sent; it is sent again only when the app asks (Send, Settle or Do)")
 
-// SettleAll settles every unresolved intent in the store, oldest first, a
-// few at a time (Config.SettleConcurrency), and reports what became of each,
-// as each ends too (Config.SettleProgress): the call for app start,
-// after a crash or a restart. Intents whose outcome is still unknown stay
-// unresolved for the next SettleAll.
+// SettleAll settles every unresolved intent in the store, oldest first. It
+// settles a few at a time (Config.SettleConcurrency). It reports what became
+// of each, and reports each as it ends too (Config.SettleProgress). It is
+// the call for app start, after a crash or a restart. Intents whose outcome
+// is still unknown stay unresolved for the next SettleAll.
 //
-// An intent whose last call ended not sent (persist.StateNotSent) is not sent:
-// the app told its user so, and sends it again only when asked (Send,
-// Settle or Do); its Settled.Err matches ErrNotSent, saying so.
+// An intent whose last call ended not sent (persist.StateNotSent) is not
+// sent. The app told its user so. The app sends it again only when asked
+// (Send, Settle or Do). Its Settled.Err matches ErrNotSent, saying so.
 //
-// Armed intents stored as new are sent too: the first attempt is not
+// Armed intents stored as new are sent too. The first attempt is not
 // recorded, so after a crash one may have reached the server. Intents the
-// user never tapped were never armed and are not in the store: SettleAll
-// never sends them. The error is that of Unresolved: the
-// stored intents that could not be read; the readable ones are settled
-// anyway. A background settle usually wants a long budget: pass a context
-// from ContextWithRetryPolicy.
+// user never tapped were never armed and are not in the store. SettleAll
+// never sends them.
+//
+// The error is that of Unresolved: it names the stored intents it could not
+// read. The readable ones are settled anyway. A background settle usually
+// wants a long budget. Pass a context from ContextWithRetryPolicy.
 func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	if err := checkPolicy(ctx); err != nil {
 		return nil, err
@@ -160,9 +165,9 @@ func (c *Client) SettleAll(ctx context.Context) ([]Settled, error) {
 	out := make([]Settled, len(ins))
 	sem := make(chan struct{}, c.settles.workers)
 	progress := newSettleProgress(c.settles.progress, len(ins))
-	// settle settles the i-th intent. The check is made again as it is
-	// sent, from the record read then (keys.begin): the list may be
-	// older than a tap that ended not sent meanwhile.
+	// settle settles the i-th intent. The check is made again as it is sent,
+	// from the record read then (keys.begin). A tap may have ended not sent
+	// since the list was read.
 	settle := func(i int) {
 		resp, err := c.settle(ctx, out[i].Intent, callAsk{background: true})
 		out[i].Response, out[i].Err = resp, forCall(err, callSettleAll)

@@ -2,12 +2,12 @@ package idem
 
 import "sync"
 
-// defaultSettleConcurrency is how many intents SettleAll settles at once
-// unless Config.SettleConcurrency says otherwise.
+// defaultSettleConcurrency is how many intents SettleAll settles at once.
+// Config.SettleConcurrency may say otherwise.
 const defaultSettleConcurrency = 4
 
-// settleConfig is how SettleAll runs: how many settles at once, and whom
-// it tells of each one's end.
+// settleConfig is how SettleAll runs. It says how many settles run at once,
+// and whom SettleAll tells of each one's end.
 type settleConfig struct {
 	workers  int
 	progress func(s Settled, done, total int)
@@ -19,7 +19,7 @@ type settleProgress struct {
 	mu    sync.Mutex
 	done  int
 	total int
-	// panicked: f panicked, with panicValue; it is called no more, and
+	// panicked means f panicked, with panicValue. f is called no more.
 	// SettleAll panics with the value once its settles are done.
 	panicked   bool
 	panicValue any
@@ -29,9 +29,8 @@ func newSettleProgress(f func(Settled, int, int), total int) *settleProgress {
 	return &settleProgress{f: f, total: total}
 }
 
-// report tells the app that s is done. A panic of f is kept for rethrow:
-// on a goroutine of SettleAll it would end the process, out of the app's
-// reach.
+// report tells the app that s is done. A panic of f is kept for rethrow. On
+// a goroutine of SettleAll it would end the process, out of the app's reach.
 func (p *settleProgress) report(s Settled) {
 	if p.f == nil {
 		return
@@ -50,8 +49,8 @@ func (p *settleProgress) report(s Settled) {
 	p.f(s, p.done, p.total)
 }
 
-// rethrow panics, on SettleAll's goroutine, with the value the callback
-// panicked with, if it did.
+// rethrow panics on SettleAll's goroutine with the callback's panic value.
+// It does so only if the callback panicked.
 func (p *settleProgress) rethrow() {
 	p.mu.Lock()
 	panicked, v := p.panicked, p.panicValue
@@ -61,8 +60,8 @@ func (p *settleProgress) rethrow() {
 	}
 }
 
-// Settled is what SettleAll made of one intent: Response and Err are those
-// of Settle, and Intent.State() tells where it stands now.
+// Settled is what SettleAll made of one intent. Response and Err are those
+// of Settle. Intent.State() tells where the intent stands now.
 type Settled struct {
 	Intent   *Intent
 	Response *Response

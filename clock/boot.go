@@ -5,17 +5,23 @@ import (
 	"time"
 )
 
-// System returns the device's clocks: Now is time.Now, Monotonic counts
-// from the process's start on Go's monotonic reading (it stops while the
-// device sleeps), and SinceBoot reads a clock that counts device sleep:
-// CLOCK_BOOTTIME on Linux and Android, with /proc/sys/kernel/random/boot_id
-// as the boot's identity; CLOCK_MONOTONIC_RAW on Darwin and iOS, with
-// kern.boottime as the boot's identity. Both are read without cgo. On other
-// systems (Windows, the BSDs, js, wasip1), or where the boot's identity
-// cannot be read (a sandbox that hides /proc), SinceBoot reports ok false:
-// the ages idem judges then rest on the wall clock, the stored high-water
-// mark of the wall clock and the monotonic reading within one process, and
-// device sleep during a process's life is counted only by the wall clock.
+// System returns the device's clocks.
+//
+//   - Now is time.Now.
+//   - Monotonic counts from the process's start on Go's monotonic reading.
+//     It stops while the device sleeps.
+//   - SinceBoot reads a clock that counts device sleep.
+//
+// On Linux and Android, SinceBoot reads CLOCK_BOOTTIME. There
+// /proc/sys/kernel/random/boot_id names the boot. On Darwin and iOS, it
+// reads CLOCK_MONOTONIC_RAW. There kern.boottime names the boot. Both are
+// read without cgo. On other systems, SinceBoot reports ok false. (Those are
+// Windows, the BSDs, js and wasip1.) So it does where the boot's identity
+// cannot be read. (A sandbox that hides /proc is such a place.) The ages
+// idem judges then rest on the other clocks. Those are the wall clock and
+// its stored high-water mark. Within one process, the monotonic reading
+// counts too. Only the wall clock then counts device sleep during a
+// process's life.
 func System() Clock { return systemClock{} }
 
 var processStart = time.Now()

@@ -10,8 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bootID is the boot's time as the kernel keeps it (kern.boottime), which
-// names one boot; read once.
+// bootID is the boot's time as the kernel keeps it (kern.boottime). That
+// time names one boot. It is read once.
 var bootID = sync.OnceValue(func() string {
 	tv, err := unix.SysctlTimeval("kern.boottime")
 	if err != nil {

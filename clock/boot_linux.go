@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bootID is read once: it does not change while the system runs.
+// bootID is read once, as it never changes while the system runs.
 var bootID = sync.OnceValue(func() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {

@@ -4,5 +4,5 @@ package clock
 
 import "time"
 
-// sinceBoot: no clock that counts device sleep is read on this system.
+// sinceBoot reports no reading: idem reads no sleep-counting clock here.
 func sinceBoot() (time.Duration, string, bool) { return 0, "", false }

@@ -1,9 +1,9 @@
-// Package clock is the one notion of time in idem: the [Clock] interface
-// that idem.New (idem.Config.Clock), the fakeserver and the idempotency
-// middleware take, and [Manual], a clock for tests that moves only when
-// told, so that backoff, Retry-After, leases and retention are tested
+// Package clock is the one notion of time in idem. It has the [Clock]
+// interface, and [Manual], a clock for tests. idem.New (idem.Config.Clock),
+// the fakeserver and the idempotency middleware take a Clock. A Manual moves
+// only when told. So backoff, Retry-After, leases and retention are tested
 // without sleeping. Hand the same Manual to the client and to the fake
-// server, and a client that "waits" two seconds makes two seconds pass for
+// server. Then a client that "waits" two seconds makes two seconds pass for
 // the server too.
 package clock
 
@@ -16,38 +16,41 @@ import (
 // Clock tells the time and waits. Everything that takes a Clock uses the
 // system clock when it is nil. The server side only reads Now.
 //
-// A Clock may also have a method the client reads where it exists, as
-// System's and Manual do: Monotonic() time.Duration, elapsed time since a
-// fixed instant that no setting of the wall clock moves.
+// A Clock may also have a method the client reads where it exists. It is
+// Monotonic() time.Duration, as System's and Manual have. It gives elapsed
+// time since a fixed instant. No setting of the wall clock moves it.
 type Clock interface {
 	Now() time.Time
 	// Sleep waits for d, or until ctx is done and then returns ctx.Err().
 	Sleep(ctx context.Context, d time.Duration) error
 	// SinceBoot is the time since the device booted, counting the time it
-	// slept, with an identity of that boot: two readings are compared
-	// only when their boot identities are equal. ok is false where the
-	// clock has no such reading; then the client judges ages by the
-	// other clocks alone, and device sleep within one process counts only
+	// slept. It comes with an identity of that boot. Two readings are
+	// compared only when their boot identities are equal. ok is false where
+	// the clock has no such reading. Then the client judges ages by the
+	// other clocks alone. Device sleep within one process then counts only
 	// on the wall clock. A Clock that has none embeds NoBoot.
 	SinceBoot() (elapsed time.Duration, boot string, ok bool)
 }
 
-// NoBoot is embedded by a Clock that has no reading counting device sleep
-// (a server's clock, say): its SinceBoot says so.
+// NoBoot is embedded by a Clock that has no reading counting device sleep.
+// (A server's clock is one.) Its SinceBoot says so.
 type NoBoot struct{}
 
-// SinceBoot reports ok false: no reading.
+// SinceBoot reports ok false, for there is no reading.
 func (NoBoot) SinceBoot() (time.Duration, string, bool) { return 0, "", false }
 
-// Manual is a Clock that moves only when told: Sleep advances it instead of
+// Manual is a Clock that moves only when told. Sleep advances it instead of
 // waiting. A Manual is safe for concurrent use.
 //
-// It has the system clock's three readings: the wall clock (Now); a
-// monotonic clock (Monotonic) that no setting of the wall clock moves; and
-// a clock that counts device sleep (SinceBoot), under one boot identity.
-// Advance and Sleep move all three; Advance with a negative duration sets
-// the wall clock back, as a user or a bad network time does, and moves
-// nothing else.
+// It has the system clock's three readings:
+//
+//   - the wall clock (Now);
+//   - a monotonic clock (Monotonic) that no setting of the wall clock moves;
+//   - a clock that counts device sleep (SinceBoot), under one boot identity.
+//
+// Advance and Sleep move all three. Advance with a negative duration sets
+// the wall clock back, and moves nothing else. A user or a bad network time
+// may set it back so.
 type Manual struct {
 	mu     sync.Mutex
 	now    time.Time
@@ -59,16 +62,16 @@ type Manual struct {
 // NewManual returns a Manual clock set to start.
 func NewManual(start time.Time) *Manual { return &Manual{now: start, boot: time.Hour} }
 
-// Monotonic is the clock's monotonic reading: what Advance and Sleep
-// moved it forward.
+// Monotonic is the clock's monotonic reading. It is how far Advance and
+// Sleep moved it forward.
 func (c *Manual) Monotonic() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mono
 }
 
-// SinceBoot is the clock's reading of the time since the device booted,
-// one hour at NewManual, under the boot identity "boot-1"; ok is true.
+// SinceBoot is the clock's reading of the time since the device booted. It
+// is one hour at NewManual, under the boot identity "boot-1". ok is true.
 func (c *Manual) SinceBoot() (elapsed time.Duration, boot string, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -82,8 +85,8 @@ func (c *Manual) Now() time.Time {
 	return c.now
 }
 
-// Advance moves the clock forward by d: every one of its readings. A
-// negative d sets the wall clock back and moves nothing else.
+// Advance moves every reading of the clock forward by d. A negative d sets
+// the wall clock back and moves nothing else.
 func (c *Manual) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
