@@ -44,9 +44,10 @@ import (
 //
 // The budget ends a call, not a count, so RetryMax is unbounded. The Logger
 // stays nil. go-retryablehttp's lines speak of its loop, not of the intent.
-// It logs "request failed" at ERROR for an answer idem retries, for one.
-// idem logs from its own hooks, with the caller's context. It logs one line
-// per attempt (DEBUG), and one per wait and per outcome (INFO).
+// It logs "request failed" at ERROR for an answer idem retries. It counts
+// the retries left of RetryMax, which means nothing here. idem logs from its
+// own hooks, with the caller's context. It logs one line per attempt
+// (DEBUG), and one per wait and per outcome (INFO).
 //
 // The call's state is the struct call, and only the methods in this file
 // write it. One retryablehttp.Client serves every call. So its hooks find

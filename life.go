@@ -851,10 +851,10 @@ func (k *keys) tracked() int {
 //     server's retention from then, as the app may send its request at any
 //     time. SendEnded claims it up to the end of the app's send.
 //
-// The wait is the longest of these. The time since each is the smallest
-// any clock reports. The in-process timeline stops while the device
-// sleeps. The user may set the wall clock back. The clock that counts
-// sleep is the third. No clock can make the wait shorter.
+// The wait is the longest of these. The time since each is the smallest that
+// three clocks report. They are the in-process timeline, the wall clock and
+// the clock that counts sleep. The first stops while the device sleeps, and
+// the user may set the second back. So no clock can make the wait shorter.
 func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duration, rec *persist.Record, self string) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
