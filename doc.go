@@ -62,19 +62,20 @@ Client also keeps one [RetryBudget] for all its calls.
 
 # Whose word settles an intent
 
-Anything between the device and the server can answer a request. A
-captive portal's 200 login page is one. Such an answer never settles an
-intent. An answer is the server's word when it echoes the intent's key, or
+Anything between the device and the server can answer a request, such as
+a captive portal's 200 login page. None of them knows what became of the
+payment. So only the server's word settles an intent. An answer is the server's word when it echoes the intent's key, or
 when the server's declared [Mark] recognises it. [New] refuses a Config
 without [Server.Mark]. No Mark recognises an answer by its status alone.
 
 # Clocks
 
 An intent too old for the server's retention is never sent again
-([Server.Retention]). Its age reads every clock the device has: the wall
-clock, a clock that counts sleep, and more. It takes the safe answer. A
-clock set back while the app was not running can still defeat this, where
-no clock counts sleep.
+([Server.Retention]). The user may set the device's clock, and a phone
+sleeps. So an intent's age reads every clock the device has, and takes the
+safe answer. Those are the wall clock and its high-water mark, a clock that
+counts sleep, and the in-process clock. A clock set back while the app was
+not running can still defeat this, where no clock counts sleep.
 
 # Concurrency
 
