@@ -157,8 +157,10 @@ var storedRequestFields = []string{"Content-Type", "Content-Encoding", "Content-
 //
 // A final answer, 4xx included, is returned as the response. A 301, 302
 // or 303 is handed back to the app's http.Client. Its GET carries no key
-// and no intent. That GET is sent only after a 303 the server marked. Any
-// other unknown outcome is an error wrapping *RetryError. Other methods
+// and no intent. That GET is sent only after a 303 the server marked.
+// After any other, the GET fails with the call's error, which wraps
+// *RetryError. So no login page reaches the app as its payment's answer.
+// Any other unknown outcome is an error wrapping *RetryError too. Other methods
 // pass through to base untouched, and never carry a key. base nil means
 // http.DefaultTransport. The RoundTripper is safe for concurrent use.
 //
