@@ -21,47 +21,47 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// One call: the attempts that one Do (Send, Settle, a request through the
-// RoundTripper) makes of one intent, from the first to the final answer or
-// to the reason it stops.
+// One call is the attempts that one Do makes of one intent. Send, Settle
+// and a request through the RoundTripper make calls too. A call runs from
+// the first attempt to the final answer, or to the reason it stops.
 //
-// go-retryablehttp drives the attempt loop; idem decides every step of
-// it. The loop makes each attempt on a body it rewinds, runs the response
-// handler on a final answer inside the loop, and asks CheckRetry after
-// each attempt whether to go on. Every hook it calls is a method of call,
-// in this file, and decides from the call's state alone:
+// go-retryablehttp drives the attempt loop, and idem decides every step of
+// it. The loop makes each attempt on a body it rewinds. It runs the
+// response handler on a final answer inside the loop. After each attempt
+// it asks CheckRetry whether to go on. Every hook it calls is a method of
+// call, in this file. Each decides from the call's state alone:
 //
-//   - RequestLogHook: call.attemptBegins counts the attempt and asks the
-//     Authorizer for its credentials.
-//   - CheckRetry: call.afterAttempt says whether another attempt follows,
-//     after the wait it computes (budget, retry.go, with cenkalti/backoff)
-//     and sleeps on the Client's clock (Config.Clock) within the call's
-//     context: go-retryablehttp's own wait runs on time.NewTimer, so its
+//   - RequestLogHook: call.attemptBegins counts the attempt. It asks the
+//     Authorizer for the attempt's credentials.
+//   - CheckRetry: call.afterAttempt says whether another attempt follows.
+//     It computes the wait (budget, retry.go, with cenkalti/backoff). It
+//     sleeps on the Client's clock (Config.Clock) within the call's
+//     context. go-retryablehttp's own wait runs on time.NewTimer, so its
 //     Backoff returns zero.
 //   - The response handler: call.readFinal reads the final answer's body.
 //   - ErrorHandler: call.keepLast keeps the last answer, which
 //     go-retryablehttp would drop.
 //
-// The budget, not a count, ends a call: RetryMax is unbounded. The
-// Logger stays nil: go-retryablehttp's lines ("request failed" at ERROR
-// for an answer idem retries, its count of remaining retries) speak of its
-// loop, not of the intent. idem logs from its own hooks, with the
-// caller's context: one line per attempt (DEBUG), per wait and per
-// outcome (INFO).
+// The budget ends a call, not a count, so RetryMax is unbounded. The Logger
+// stays nil. go-retryablehttp's lines speak of its loop, not of the intent.
+// It logs "request failed" at ERROR for an answer idem retries. It counts
+// the retries left of RetryMax, which means nothing here. idem logs from its
+// own hooks, with the caller's context. It logs one line per attempt
+// (DEBUG), and one per wait and per outcome (INFO).
 //
 // The call's state is the struct call, and only the methods in this file
-// write it. One retryablehttp.Client serves every call, so its hooks find
-// the call through the request's context (callIn), as the transport
-// (budgetTransport) and the redirect policy do; they read and write it
-// through its methods.
+// write it. One retryablehttp.Client serves every call. So its hooks find
+// the call through the request's context (callIn). The transport
+// (budgetTransport) and the redirect policy find it so too. They read and
+// write it through its methods.
 
 // retrier sends the attempts of calls through one http.Client.
 type retrier struct{ rc *retryablehttp.Client }
 
-// newRetrier returns the retrier that sends through hc, following only
-// the redirects that keep the request (redirectPolicy) and bounding each
-// attempt by the call's budget (budgetTransport). It is made once per
-// http.Client and shared by all calls.
+// newRetrier returns the retrier that sends through hc. It follows only the
+// redirects that keep the request (redirectPolicy). It bounds each attempt by
+// the call's budget (budgetTransport). It is made once per http.Client and
+// shared by all calls.
 func newRetrier(hc *http.Client) *retrier {
 	hc = redirectPolicy(hc)
 	hc.Transport = budgetTransport{base: hc.Transport}
@@ -84,17 +84,17 @@ func newRetrier(hc *http.Client) *retrier {
 	}}
 }
 
-// newCall returns the state of a call that sends rec (with header, the
-// stored one or the live request's) under ctx's retry policy.
+// newCall returns the state of a call that sends rec under ctx's retry policy.
+// header is the stored one, or the live request's.
 func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.Header) *call {
 	st := &call{cfg: &c.config, key: rec.Key, redirected: rec.Redirected, tokens: c.tokens}
-	// The budget reads the intent's age through the call, which holds it:
-	// no allocation of its own.
+	// The budget reads the intent's age through the call, which holds it. So
+	// it needs no allocation of its own.
 	st.left = c.leftOf(rec)
 	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
 	st.b.sendBy = (*sendDeadline)(&st.left)
 	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
-	// The key's value lives in the call: no allocation of its own.
+	// The key's value lives in the call, so it needs no allocation of its own.
 	st.keyValue[0] = rec.KeyHeader
 	st.nonce[0] = rec.Rev
 	st.method, st.body, st.header = rec.Method, rec.Body, header
@@ -116,11 +116,11 @@ func (st *call) run(ctx context.Context, r *retrier) (*Response, *RetryError) {
 	return nil, st.failed(ctx, err)
 }
 
-// attemptHeader puts in h, the request's own empty map, the headers of every
-// attempt: the call's header, and the key spelled as stored. The values'
-// slices are shared with the call's header, which is never changed (a
-// record's, or the RoundTripper's own copy), and capped at their length,
-// so that an append to one of them copies it.
+// attemptHeader puts the headers of every attempt in h, the request's own
+// empty map. They are the call's header, and the key spelled as stored. The
+// values' slices are shared with the call's header, which never changes. That
+// is a record's, or the RoundTripper's own copy. The slices are capped at
+// their length, so an append to one of them copies it.
 func (st *call) attemptHeader(h http.Header) {
 	for k, v := range st.header {
 		h[k] = v[:len(v):len(v)]
@@ -128,14 +128,15 @@ func (st *call) attemptHeader(h http.Header) {
 	h["Idempotency-Key"] = st.keyValue[:]
 }
 
-// bodyReader gives go-retryablehttp a reader of the request's body, rewound
-// for every attempt from a fresh reader over the same bytes. It asks for
-// one reader to learn the length and closes it unread, then one per
-// attempt: the first two are the reader the call holds, read by one at a
-// time, which saves their allocations; each retry gets its own, since
-// net/http may still be closing the last attempt's. A *bytes.Reader,
-// which go-retryablehttp wraps in an io.NopCloser: net/http knows that
-// body to be in memory and writes the request's head and body together.
+// bodyReader gives go-retryablehttp a reader of the request's body. It is
+// rewound for every attempt from a fresh reader over the same bytes.
+// go-retryablehttp asks for one reader to learn the length, and closes it
+// unread. Then it asks for one per attempt. The first two are the reader the
+// call holds, read by one at a time. That saves their allocations. Each retry
+// gets its own, since net/http may still be closing the last attempt's. It is
+// a *bytes.Reader, which go-retryablehttp wraps in an io.NopCloser. net/http
+// knows that body to be in memory. So it writes the request's head and body
+// together.
 func (st *call) bodyReader() (io.Reader, error) {
 	st.bodies++
 	if st.bodies <= 2 {
@@ -145,32 +146,32 @@ func (st *call) bodyReader() (io.Reader, error) {
 	return bytes.NewReader(st.body), nil
 }
 
-// call is the state of one call, reached by the retrier's hooks through
-// the request's context. It is confined to that call's goroutine, but for
+// call is the state of one call. The retrier's hooks reach it through the
+// request's context. It is confined to that call's goroutine. The exception is
 // the counters that the client trace moves (atomic).
 type call struct {
 	cfg *config
 	key string
-	// method, target, body and header are the request each attempt sends,
-	// with the key (attemptHeader).
+	// method, target, body and header are the request each attempt sends, with
+	// the key (attemptHeader).
 	method, target string
 	body           []byte
 	header         http.Header
 	keyValue       [1]string // the Idempotency-Key's value in header
-	// nonce is the call's attempt nonce (attemptNonceHeader): the
-	// version of the record it sends, or drawn at its first attempt.
+	// nonce is the call's attempt nonce (attemptNonceHeader). It is the
+	// version of the record the call sends, or one drawn at its first attempt.
 	// Every attempt of the call carries it.
 	nonce [1]string
-	// answer is the first attempt's answer body (budgetTransport), held
-	// here to save an allocation; answerUsed once it is taken.
+	// answer is the first attempt's answer body (budgetTransport). It is held
+	// here to save an allocation. answerUsed is set once it is taken.
 	answer     budgetBody
 	answerUsed bool
 	b          budget
 	left       intentLeft // what b reads the intent's age through
 	finalBody  []byte     // the body of the last answer read in full
-	oversized  bool       // the final answer was over the limit; no body kept
-	// own: the final answer is the server's word (Client.trusted), not a
-	// stranger's on the path; only the server's word refunds the retry
+	oversized  bool       // the final answer was over the limit, and no body is kept
+	// own is set when the final answer is the server's word (Client.trusted),
+	// not a stranger's on the path. Only the server's word refunds the retry
 	// budget.
 	own     bool
 	stopped *stop     // why the budget ended the call, once it did
@@ -178,37 +179,38 @@ type call struct {
 	lastErr error
 	// wired: the current attempt has reached the transport.
 	wired bool
-	// cut: the budget ran out during an attempt (or before it could
-	// start, then cutBeforeWire).
+	// cut is set when the budget ran out during an attempt. cutBeforeWire is
+	// set when it ran out before the attempt could start.
 	cut           *stop
 	cutBeforeWire bool
-	// canceled is the number of the attempt the call's context ended in,
-	// once the attempt hook was told of it.
+	// canceled is the number of the attempt the call's context ended in, once
+	// the attempt hook was told of it.
 	canceled int
-	// conns counts the connections given to a request of this call, and
-	// answers the answers that began to arrive. net/http sends a request
-	// that carries an Idempotency-Key again on a new connection when a
-	// reused one fails before any answer, and the server may have read the
-	// first copy; so while conns exceeds answers, a request may have
-	// reached the server, whatever error the last try of it ended with.
+	// conns counts the connections given to a request of this call. answers
+	// counts the answers that began to arrive. A reused connection may fail
+	// before any answer. Then net/http sends a request with an Idempotency-Key
+	// again on a new connection. The server may have read the first copy. So
+	// while conns exceeds answers, a request may have reached the server. That
+	// holds whatever error the last try of it ended with.
 	conns, answers atomic.Int32
 	// wrote counts the requests of this call written to a connection
-	// (httptrace's WroteHeaders), net/http's own resends included;
-	// unproven is set once an attempt ended without its transport
-	// reporting that it looked for a connection (GetConn): a transport
-	// that fires no trace never proves that nothing was sent. It is set
-	// too once any attempt got an answer.
+	// (httptrace's WroteHeaders). net/http's own resends count too. unproven
+	// is set once an attempt ended without its transport reporting GetConn,
+	// that it looked for a connection. A transport that fires no trace never
+	// proves that nothing was sent. unproven is set too once any attempt got
+	// an answer.
 	wrote    atomic.Int32
 	traced   atomic.Bool // the current attempt fired GetConn
 	unproven bool
-	// redirected: an attempt of the intent, in this call or an earlier
-	// one, was redirected to another URL (see otherURL).
+	// redirected is set when an attempt of the intent was redirected to
+	// another URL (see otherURL). That attempt may be of this call or an
+	// earlier one.
 	redirected bool
-	// name, url and began describe the current attempt to the attempt
-	// hook (url is the request's URL as sent, which attemptDone redacts
-	// once, when there is a hook or logger to tell); retryCost is what its
-	// retry took of the retry budget, and paidFor the number of the
-	// attempt it paid for.
+	// name, url and began describe the current attempt to the attempt hook.
+	// url is the request's URL as sent. attemptDone redacts it once, when
+	// there is a hook or logger to tell. retryCost is what the attempt's retry
+	// took of the retry budget. paidFor is the number of the attempt it paid
+	// for.
 	name, url          string
 	urlRedacted        bool
 	trace              httptrace.ClientTrace // the call's, held here to save an allocation
@@ -218,15 +220,15 @@ type call struct {
 	began              time.Time
 	retryCost, paidFor int
 	tokens             *tokenBucket // the Client's retry budget
-	// authErr is Config.Authorizer's failure before the current attempt:
-	// the attempt is not sent (budgetTransport) and the call ends.
+	// authErr is Config.Authorizer's failure before the current attempt. The
+	// attempt is not sent (budgetTransport), and the call ends.
 	authErr error
 }
 
-// authorize puts the credentials Config.Authorizer gives on the attempt
-// req is about to send, or keeps its failure for budgetTransport, which
-// then sends nothing. They live in the attempt's header only: the
-// intent's stored header never holds them.
+// authorize puts the credentials Config.Authorizer gives on the attempt req is
+// about to send. Or it keeps the Authorizer's failure for budgetTransport,
+// which then sends nothing. The credentials live in the attempt's header only.
+// The intent's stored header never holds them.
 func (st *call) authorize(req *http.Request) {
 	if st.cfg.authorize == nil || req.Context().Err() != nil {
 		return
@@ -252,23 +254,24 @@ func (e *authorizerError) Error() string { return "idem: the Authorizer failed: 
 func (e *authorizerError) Unwrap() error { return e.err }
 
 // sentNothing reports a call none of whose attempts wrote its request to a
-// connection, as its transport's trace proves: every attempt looked for a
-// connection and none wrote its headers, nor got an answer.
+// connection. The transport's trace must prove it. Every attempt looked for a
+// connection. None wrote its headers, and none got an answer.
 func (st *call) sentNothing() bool {
 	return !st.unproven && st.wrote.Load() == 0 && st.answers.Load() == 0 && st.conns.Load() == 0
 }
 
-// noteCut records that the budget cut the attempt whose context is ctx, if
-// it did: its time limit passed while the call's context is alive.
+// noteCut records that the budget cut the attempt whose context is ctx, if it
+// did. Then its time limit passed while the call's context is alive.
 func (st *call) noteCut(ctx, parent context.Context, reason string) {
 	if st.cut == nil && ctx.Err() != nil && parent.Err() == nil {
 		st.cut = &stop{reason: reason}
 	}
 }
 
-// onWire puts the current attempt on the wire, and returns how long it may
-// take and the part of the budget that ends it first (budget.attemptLimit),
-// or the error that ends it unsent: nothing is left of the budget.
+// onWire puts the current attempt on the wire. It returns how long the attempt
+// may take, and the part of the budget that ends it first
+// (budget.attemptLimit). Or it returns the error that ends the attempt unsent,
+// when nothing is left of the budget.
 func (st *call) onWire() (time.Duration, string, error) {
 	limit, reason := st.b.attemptLimit()
 	if limit <= 0 {
@@ -284,10 +287,9 @@ func (st *call) onWire() (time.Duration, string, error) {
 	return limit, reason, nil
 }
 
-// answerBody returns body, the answer to the current attempt, as it ends
-// the attempt's time limit (cancel) when closed, and tells the call of a
-// read cut short by that limit (ctx, a child of parent). The first
-// attempt's is the call's own.
+// answerBody returns body, the answer to the current attempt. Closing it ends
+// the attempt's time limit (cancel). It tells the call of a read cut short by
+// that limit (ctx, a child of parent). The first attempt's is the call's own.
 func (st *call) answerBody(body io.ReadCloser, ctx, parent context.Context, cancel context.CancelFunc, reason string) io.ReadCloser {
 	b := &st.answer
 	if st.answerUsed {
@@ -311,16 +313,16 @@ type callKey struct{}
 // callOf returns the call that ctx, a request's context, carries.
 func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
 
-// callIn returns the call that ctx carries, if any: a request of the
-// Client's http.Client may be no call's (a lookup's, say).
+// callIn returns the call that ctx carries, if any. A request of the Client's
+// http.Client may be no call's, such as a lookup's.
 func callIn(ctx context.Context) (*call, bool) {
 	st, ok := ctx.Value(callKey{}).(*call)
 	return st, ok
 }
 
-// callContext is a call's context: the caller's, whose Value answers
-// callKey with the call. It lives in the call, so carrying the call costs
-// no allocation of its own, as context.WithValue's would.
+// callContext is a call's context. It is the caller's, and its Value answers
+// callKey with the call. It lives in the call. So carrying the call costs no
+// allocation of its own, as context.WithValue's would.
 type callContext struct {
 	context.Context
 	st *call
@@ -333,8 +335,8 @@ func (c *callContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// withTrace returns ctx carrying the call, for the retrier's hooks, and the
-// client trace by which the call tells what its attempts wrote.
+// withTrace returns ctx carrying the call, for the retrier's hooks. It also
+// returns the client trace by which the call tells what its attempts wrote.
 func (st *call) withTrace(ctx context.Context) context.Context {
 	st.trace = httptrace.ClientTrace{
 		GetConn:              func(string) { st.traced.Store(true) },
@@ -350,11 +352,11 @@ func (st *call) withTrace(ctx context.Context) context.Context {
 // credentials.
 func (st *call) attemptBegins(req *http.Request) {
 	st.attemptStarted(req.Context())
-	// A nonce no server echoes: an answer that carries it is a
-	// reflection (see reflected). One per call: a gateway reflects each
-	// attempt as it reflects the first. The version of the record the
-	// call sends is random already (persist.NewRev); an ephemeral
-	// intent's first call has none, and draws one.
+	// A nonce no server echoes, so an answer that carries it is a reflection
+	// (see reflected). There is one per call, since a gateway reflects each
+	// attempt as it reflects the first. The version of the record the call
+	// sends is random already (persist.NewRev). An ephemeral intent's first
+	// call has none, and draws one.
 	if st.nonce[0] == "" {
 		st.nonce[0] = rand.Text()
 	}
@@ -362,9 +364,9 @@ func (st *call) attemptBegins(req *http.Request) {
 	st.authorize(req)
 }
 
-// attemptStarted counts an attempt as the retrier starts it. After a
-// cancel, the retrier may still start an attempt, which fails at once
-// without reaching the wire: it is not counted.
+// attemptStarted counts an attempt as the retrier starts it. After a cancel,
+// the retrier may still start an attempt. That attempt fails at once without
+// reaching the wire, and it is not counted.
 func (st *call) attemptStarted(ctx context.Context) {
 	if ctx.Err() == nil {
 		st.b.attempts++
@@ -394,8 +396,8 @@ func (st *call) answered(resp *http.Response) *Response {
 	return out
 }
 
-// failed returns why the call ended without a final answer: err is the
-// retrier's, ctx the call's.
+// failed returns why the call ended without a final answer. err is the
+// retrier's, and ctx the call's.
 func (st *call) failed(ctx context.Context, err error) *RetryError {
 	switch {
 	case st.stopped != nil && st.stopped.reason != stopFatal:
@@ -419,34 +421,34 @@ func (st *call) failed(ctx context.Context, err error) *RetryError {
 }
 
 func (st *call) retryError(reason string, err error) *RetryError {
-	// The app logs the error: the URL net/http's error names carries
-	// no credential, as the attempt hook's does not.
+	// The app logs the error. The URL in net/http's error carries no
+	// credential, as the attempt hook's does not.
 	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: redactErr(err),
 		noneWritten: st.sentNothing(), afterRedirect: st.redirected}
 }
 
-// afterAttempt is the retry loop's decision after each attempt: whether to
-// send another (after waiting for it on the Client's clock), or why the
-// call ends. The retrier may ask twice for one attempt (again after
-// readFinal); once the call is stopped it keeps saying so.
+// afterAttempt is the retry loop's decision after each attempt. It says
+// whether to send another, after waiting for it on the Client's clock. Or it
+// says why the call ends. The retrier may ask twice for one attempt, again
+// after readFinal. Once the call is stopped, it keeps saying so.
 func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	if err == nil || st.wired && !st.traced.Load() {
-		// An answer came, or the transport reports nothing (so nothing
-		// it did is proven): the call may have sent its request.
+		// An answer came, or the transport reports nothing and so proves
+		// nothing. Either way the call may have sent its request.
 		st.unproven = true
 	}
 	if st.stopped != nil {
 		return false, errStopped
 	}
 	if st.authErr != nil {
-		// No retry can fix it; the attempt sent nothing.
+		// No retry can fix it, and the attempt sent nothing.
 		st.last, st.lastErr, st.stopped = nil, st.authErr, &stop{reason: stopAuthorizer}
 		st.attemptDone(Attempt{Key: st.key, Number: st.b.attempts, Err: st.authErr})
 		return false, errStopped
 	}
 	if err == nil && isFinal(resp.StatusCode, resp.Header, st.key) {
-		// A final answer is taken even if ctx ended as it arrived: its
-		// body may be read yet, and it saves a resend.
+		// A final answer is taken even if ctx ended as it arrived. Its body
+		// may be read yet, and it saves a resend.
 		return false, nil
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
@@ -496,9 +498,9 @@ func (st *call) afterAttempt(ctx context.Context, resp *http.Response, err error
 	return true, nil
 }
 
-// canceledBy ends the call when its context ended (ctxErr) after an
-// attempt that got resp or err. The attempt is counted: the hook hears of
-// it too, once.
+// canceledBy ends the call when its context ended (ctxErr) after an attempt
+// that got resp or err. The attempt is counted, and the hook hears of it too,
+// once.
 func (st *call) canceledBy(ctxErr error, resp *http.Response, err error) error {
 	if st.b.attempts > 0 && st.canceled != st.b.attempts {
 		st.canceled = st.b.attempts
@@ -511,15 +513,15 @@ func (st *call) canceledBy(ctxErr error, resp *http.Response, err error) error {
 	return ctxErr
 }
 
-// cutShort ends the call whose budget ended inside the attempt that got
-// err: it may have reached the server, so the outcome is unknown.
+// cutShort ends the call whose budget ended inside the attempt that got err.
+// The attempt may have reached the server, so the outcome is unknown.
 func (st *call) cutShort(err error) error {
 	st.last, st.lastErr, st.stopped = nil, &budgetSpent{reason: st.cut.reason, err: redactErr(err)}, st.cut
 	if !st.cutBeforeWire {
-		// The hook hears of the budget's error, as the *RetryError
-		// carries it, not of the context.DeadlineExceeded that the
-		// budget's own timeout gave the attempt: only the caller's
-		// deadline is told as that.
+		// The hook hears of the budget's error, as the *RetryError carries it.
+		// It does not hear of the context.DeadlineExceeded that the budget's
+		// own timeout gave the attempt. Only the caller's deadline is told as
+		// that.
 		hookErr := st.lastErr
 		if st.cut.reason == stopDeadline {
 			hookErr = err
@@ -529,18 +531,18 @@ func (st *call) cutShort(err error) error {
 	return errStopped
 }
 
-// readFinal reads a final answer's body. A body cut off mid-way is an
-// error, so the attempt counts as unanswered and is retried with the same
-// key: an incomplete answer is never taken for a success. An answer larger
-// than the limit, header fields included, is final all the same (asking
-// again would get it again): its body is not kept.
+// readFinal reads a final answer's body. A body cut off mid-way is an error.
+// So the attempt counts as unanswered and is retried with the same key. An
+// incomplete answer is never taken for a success. An answer larger than the
+// limit, header fields included, is final all the same. Asking again would
+// only get it again. Its body is not kept.
 func (st *call) readFinal(resp *http.Response) error {
 	limit := st.cfg.maxBody - headerBytes(resp.Header)
 	if limit < 0 {
 		resp.Body.Close()
 		st.oversized = true
-		// Over the limit by its header fields alone, it is checked for
-		// the server's mark all the same.
+		// An answer over the limit by its header fields alone is still checked
+		// for the server's mark.
 		return st.unmarked(resp, nil)
 	}
 	body, err := readBody(resp.Body, limit)
@@ -558,13 +560,13 @@ func (st *call) readFinal(resp *http.Response) error {
 	return st.redirectedKeyReuse(resp, body)
 }
 
-// redirectedKeyReuse stops the call, its outcome unknown, on the server's
-// "key reused" answer after an attempt of the intent was redirected to
-// another URL: the server fingerprints the path and the query, so the
-// redirected request, which may have done the work, is another request to
-// it, and the answer says nothing of that work (stopRedirectedKeyReused).
-// The call does not follow the redirect's URL itself: the lookup settles
-// the intent on the server's word.
+// redirectedKeyReuse stops the call, its outcome unknown, on the server's "key
+// reused" answer. It applies after an attempt of the intent was redirected to
+// another URL. The server fingerprints the path and the query. So the
+// redirected request is another request to it, and it may have done the work.
+// The answer says nothing of that work (stopRedirectedKeyReused). The call
+// does not follow the redirect's URL itself. The lookup settles the intent on
+// the server's word.
 func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 	if st.stopped != nil || !st.redirected || !isFinal(resp.StatusCode, resp.Header, st.key) ||
 		!st.cfg.keyReused(resp.StatusCode, resp.Header, body) {
@@ -576,15 +578,14 @@ func (st *call) redirectedKeyReuse(resp *http.Response, body []byte) error {
 	return errStopped
 }
 
-// unmarked stops the call, its outcome unknown, when a final answer does
-// not show that it is the server's word: see config.trustedAnswer. Otherwise it
+// unmarked stops the call, its outcome unknown, when a final answer does not
+// show that it is the server's word (see config.trustedAnswer). Otherwise it
 // returns nil, and the answer is final. That holds for a 4xx on a first
-// attempt too: a WAF's response rule may swap the server's 201 for its own
-// 403 after the server charged.
+// attempt too. A WAF's response rule may swap the server's 201 for its own 403
+// after the server charged.
 func (st *call) unmarked(resp *http.Response, body []byte) error {
 	if st.stopped != nil || !isFinal(resp.StatusCode, resp.Header, st.key) {
-		// Not a final answer: the budget or the context ended the call
-		// on it.
+		// Not a final answer: the budget or the context ended the call on it.
 		return nil
 	}
 	st.own = st.cfg.trustedAnswer(resp, body, st.key)
@@ -601,8 +602,8 @@ func (st *call) unmarked(resp *http.Response, body []byte) error {
 }
 
 // keepLast keeps the body of the last retryable answer, for
-// RetryError.LastResponse, when the call ends without a final one, and
-// returns the call's error.
+// RetryError.LastResponse, when the call ends without a final one. It returns
+// the call's error.
 func (st *call) keepLast(resp *http.Response, err error) (*http.Response, error) {
 	if st.last != nil && resp.StatusCode == st.last.StatusCode && (st.stopped == nil || st.stopped.reason != stopUnmarked && st.stopped.reason != stopRedirectedKeyReused) {
 		limit := st.cfg.maxBody - headerBytes(resp.Header)
@@ -622,16 +623,16 @@ func (st *call) keepLast(resp *http.Response, err error) (*http.Response, error)
 	return nil, err
 }
 
-// logs reports whether the app's logger takes records of level under ctx:
-// a line is built only then, so a silent logger costs no allocation.
+// logs reports whether the app's logger takes records of level under ctx. A
+// line is built only then, so a silent logger costs no allocation.
 func (c *config) logs(ctx context.Context, level slog.Level) bool {
 	return c.logger != nil && c.logger.Enabled(ctx, level)
 }
 
-// attemptDone tells the attempt hook (Config.OnAttempt) and the app's
-// logger (DEBUG) of the call's current attempt, adding what the call knows
-// of it: the intent's name and URL, and how long the attempt took on the
-// Client's clock. The logger gets the caller's context.
+// attemptDone tells the attempt hook (Config.OnAttempt) and the app's logger
+// (DEBUG) of the call's current attempt. It adds what the call knows of it:
+// the intent's name and URL. It adds how long the attempt took on the Client's
+// clock. The logger gets the caller's context.
 func (st *call) attemptDone(a Attempt) {
 	debug := st.cfg.logs(st.ctx.Context, slog.LevelDebug)
 	if st.cfg.onAttempt == nil && !debug {
@@ -656,8 +657,8 @@ func (st *call) attemptDone(a Attempt) {
 }
 
 // logWait tells the app's logger (INFO) of the wait before the call's next
-// attempt, and of what the last one got (status, or err), in words a
-// person follows: "retrying in 3s, attempt 2 of 10".
+// attempt. It tells what the last one got, a status or err. It says so in
+// words a person follows: "retrying in 3s, attempt 2 of 10".
 func (st *call) logWait(wait time.Duration, status int, err error) {
 	ctx := st.ctx.Context
 	if !st.cfg.logs(ctx, slog.LevelInfo) {
@@ -673,8 +674,8 @@ func (st *call) logWait(wait time.Duration, status int, err error) {
 }
 
 // spendRetry asks the Client's retry budget for the retry that follows an
-// attempt that failed with err (nil: a retryable answer), and returns why
-// the call must stop instead, or nil.
+// attempt that failed with err. A nil err is a retryable answer. It returns
+// why the call must stop instead, or nil.
 func (st *call) spendRetry(err error) *stop {
 	cost := st.tokens.take(st.cfg.clock.Now(), err)
 	if cost == 0 {
@@ -684,9 +685,9 @@ func (st *call) spendRetry(err error) *stop {
 	return nil
 }
 
-// unspendRetry puts back what the call took for a retry that it never
-// made, its context having ended first (in the wait before it, or as it
-// began): no request went out for those tokens.
+// unspendRetry puts back what the call took for a retry it never made. The
+// call's context ended first, in the wait before it or as it began. No request
+// went out for those tokens.
 func (st *call) unspendRetry() {
 	if st.paidFor > st.b.attempts {
 		st.tokens.give(st.cfg.clock.Now(), st.retryCost)
@@ -695,11 +696,10 @@ func (st *call) unspendRetry() {
 }
 
 // refundRetry puts back, after a final answer, what the retry that got it
-// took, or firstAnswerRefund when the first attempt got it. Only the
-// server's word does, and only the server's word is final: a gateway's 401
-// or a CDN's 404 to a first attempt ends the call unmarked (see unmarked)
-// without reaching here, and says nothing of whether the server can take
-// retries.
+// took. It puts back firstAnswerRefund when the first attempt got it. Only the
+// server's word refunds, and only the server's word is final. A gateway's 401
+// or a CDN's 404 to a first attempt never gets here. It ends the call unmarked
+// (see unmarked). It says nothing of whether the server can take retries.
 func (st *call) refundRetry() {
 	n := st.retryCost
 	if st.b.attempts <= 1 {
@@ -708,11 +708,11 @@ func (st *call) refundRetry() {
 	st.tokens.give(st.cfg.clock.Now(), n)
 }
 
-// intentLeft is the budget's reading of how long a call's intent may
-// still be sent (Client.left), read again before every attempt and wait:
-// the server's retention less the safety margin, less the intent's age by
-// the largest age any clock reports (clocks.age), never less than since
-// this Client first saw it.
+// intentLeft is the budget's reading of how long a call's intent may still be
+// sent (Client.left). It is read again before every attempt and wait. It is
+// the server's retention less the safety margin, less the intent's age. The
+// age is the largest any clock reports (clocks.age). It is never less than
+// since this Client first saw the intent.
 type intentLeft struct {
 	clocks *clocks
 	clock  clock.Clock
@@ -721,11 +721,11 @@ type intentLeft struct {
 	rec    *persist.Record
 }
 
-// sendDeadline is the budget's reading of how long a call may still begin
-// a send under the deadline its record stores (the claim, written by
-// arm or hold), by the least time any clock says is left: the budget's
-// own clock stops while the device sleeps, and the clock that counts
-// sleep does not. No clock can let a send begin after it, so another
+// sendDeadline is the budget's reading of how long a call may still begin a
+// send. The deadline is the one its record stores, in the claim that arm or
+// hold writes. The reading is the least time any clock says is left. The
+// budget's own clock stops while the device sleeps. The clock that counts
+// sleep does not. No clock can let a send begin after the deadline. So another
 // Client's lookup may count the reconcile delay from it.
 type sendDeadline intentLeft
 

@@ -10,44 +10,44 @@ import (
 )
 
 // Intent is one thing the user means to do, such as paying for this cart.
-// It holds one Idempotency-Key for its whole life and the exact request to
-// send with it. Client.Send makes and sends one in one call; get one from
-// Client.Intent, Client.NewIntent, Client.Load or Client.Unresolved, and
-// send it with Client.Settle or Client.Do.
+// It holds one Idempotency-Key for its whole life. It holds the exact
+// request to send with that key. Client.Send makes and sends one in one
+// call. Client.Intent, Client.NewIntent, Client.Load and Client.Unresolved
+// hand one out. Client.Settle and Client.Do send it.
 //
 // An Intent is safe for concurrent use. Its accessors report the state as
 // of the last change made through this process.
 type Intent struct {
 	mu  sync.Mutex
 	rec *persist.Record // guarded by mu; never shared with a store
-	// ephemeral intents live only in memory (the RoundTripper's per-request
-	// keys); they are never saved.
+	// ephemeral intents live only in memory and are never saved. The
+	// RoundTripper's keys made for one request are such.
 	ephemeral bool
-	// callersKey: an ephemeral intent under a key the caller chose, which
-	// the caller may have sent before (its own retry): never provably
-	// unsent.
+	// callersKey marks an ephemeral intent under a key the caller chose.
+	// The caller may have sent it before, in its own retry. So it is never
+	// provably unsent.
 	callersKey bool
 	// keys is what the Client that handed the intent out knows of its
-	// keys: which intents are provably unsent.
+	// keys. It says which intents are provably unsent.
 	keys *keys
 
 	// unarmed is set while the intent lives in this process's memory
-	// only: made by Intent or NewIntent and not yet handed to Do (the
-	// tap). Guarded by mu; armMu serialises the arming.
+	// only. Intent or NewIntent made it, and Do has not had it yet (the
+	// tap). mu guards it, and armMu serialises the arming.
 	unarmed bool
 	armMu   sync.Mutex
-	// armRoom is memory for the armed version, made with the Intent and
-	// used by its arming only (guarded by armMu).
+	// armRoom is memory for the armed version, made with the Intent. Only
+	// its arming uses it, under armMu.
 	armRoom *armedVersion
-	// force is set for an intent of NewIntent: arming it never adopts
+	// force is set for an intent of NewIntent. Arming it never adopts
 	// another intent of the action with the same request.
 	force bool
 	// after is the version of the action's latest stored intent when
-	// this unarmed intent was made ("" if none): Intent hands it out
+	// this unarmed intent was made, or "" if none. Intent hands it out
 	// again only while that is still the latest.
 	after string
 	// replaced is set when Intent replaced this unarmed intent with one
-	// for a changed request: it is never sent.
+	// for a changed request. A replaced intent is never sent.
 	replaced bool
 }
 
@@ -58,10 +58,11 @@ func (in *Intent) Key() string { return in.current().Key }
 func (in *Intent) Name() string { return in.current().Name }
 
 // State returns where the intent stands. An intent stored as new reads
-// new only while this process knows it was never sent: the Client that
-// created it has not sent it (or Intent replaced it unsent). Otherwise,
-// after a restart for instance, it reads pending: the first attempt is not
-// recorded, so it may have reached the server before a crash.
+// new only while this process knows it was never sent. That is while the
+// Client that created it has not sent it, or Intent replaced it unsent.
+// Otherwise it reads pending, after a restart for instance. The first
+// attempt is not recorded, so it may have reached the server before a
+// crash.
 func (in *Intent) State() persist.State {
 	in.mu.Lock()
 	rec, unarmed := in.rec, in.unarmed
@@ -76,20 +77,20 @@ func (in *Intent) State() persist.State {
 }
 
 // Attempts returns how many attempts have been put on the wire for the
-// intent, over all calls and restarts; the first attempt of a call that
-// got no answer before a crash may be missing.
+// intent, over all calls and restarts. It may miss the first attempt of a
+// call that got no answer before a crash.
 func (in *Intent) Attempts() int { return in.current().Attempts }
 
-// UpdatedAt returns when the intent last changed: created, attempted or
+// UpdatedAt returns when the intent was last created, attempted or
 // resolved. An app shows "pending for 3 minutes" from it.
 func (in *Intent) UpdatedAt() time.Time { return in.current().UpdatedAt }
 
-// CreatedAt returns when the intent's age starts. That is the tap that
-// armed it (its first Do or Send), not when Intent or NewIntent made it:
-// the server's retention of its key starts no sooner than its first
-// attempt. Before the tap it is when the intent was made. An intent that
-// ended not sent and is sent again ages from that send, since none began
-// before. Its age decides when it may no longer be sent.
+// CreatedAt returns when the intent's age starts. Its age decides when it
+// may no longer be sent. The age starts at the tap that armed it, its
+// first Do or Send. The server's retention of its key starts no sooner
+// than its first attempt. Before the tap, CreatedAt is when Intent or
+// NewIntent made it. An intent that ended not sent may be sent again. It
+// then ages from that send, since none began before.
 func (in *Intent) CreatedAt() time.Time { return in.current().CreatedAt }
 
 // Request returns a copy of the request the intent sends.
@@ -114,9 +115,10 @@ func (in *Intent) matches(req Request) bool {
 }
 
 // current returns the intent's record. Records held by an Intent are
-// immutable: a change makes a new version (a shallow copy; headers and
-// bodies are never written in place) and set swaps it in. So the pointer
-// may be read without the lock, and must not be written through.
+// immutable. A change makes a new version, and set swaps it in. The new
+// version is a shallow copy, since headers and bodies are never written
+// in place. So the pointer may be read without the lock. It must not be
+// written through.
 func (in *Intent) current() *persist.Record {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -143,10 +145,10 @@ func (in *Intent) replace() {
 }
 
 // UnresolvedError is returned when a new intent is asked for an action
-// whose previous intent has an unknown outcome (match it with errors.As).
-// Starting a second payment then could pay twice. The app decides: settle
-// Previous with Client.Settle (it may still complete, for the old request),
-// or, knowingly, drop it with Client.Forget.
+// whose previous intent has an unknown outcome. Match it with errors.As.
+// Starting a second payment then could pay twice. So the app decides. It
+// may settle Previous with Client.Settle, which may still complete it for
+// the old request. Or it may knowingly drop it with Client.Forget.
 type UnresolvedError struct {
 	Name     string
 	Previous *Intent
@@ -157,11 +159,11 @@ func (e *UnresolvedError) Error() string {
 }
 
 // ResolvedError is returned when an intent is asked for an action whose
-// latest intent succeeded, with a request other than that intent's (a
-// changed amount, or the same server spelled another way): the action is
+// latest intent succeeded, with another request. The amount may have
+// changed, or the same server may be spelled another way. The action is
 // paid, and a new intent could pay it twice. Previous holds the earlier
-// intent, and Previous.Response() its stored answer. A deliberate second
-// payment for the action is Client.NewIntent.
+// intent, and Previous.Response() its stored answer. Client.NewIntent
+// makes a deliberate second payment for the action.
 type ResolvedError struct {
 	Name     string
 	Previous *Intent

@@ -12,50 +12,50 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-// The life of an intent, as this process knows it: one phase per key,
-// moved only by the named events below, by one table. Every entry point
-// asks the table what to do with a key (send it, tell "not sent", hand it
-// out, say the outcome is unknown, refuse), and makes the record the
-// table names durable before it acts on the answer.
+// The life of an intent, as this process knows it. Each key has one phase.
+// Only the named events below move it, by one table. Every entry point asks
+// the table what to do with a key. It may send it, tell "not sent", hand it
+// out, say the outcome is unknown, or refuse. The entry point makes the record
+// the table names durable before it acts on the answer.
 //
 // The store is pessimistic: an armed record may have been sent. Only this
-// process's memory can prove an intent unsent, and only while it holds
-// the intent from the arming write to the end of a call none of whose
-// attempts wrote its request (httptrace's WroteHeaders). So the phases
-// say what the process can prove, and the store's state is read through
+// process's memory can prove an intent unsent. It can do so only while it
+// holds the intent, from the arming write to the end of a call. None of that
+// call's attempts may have written its request (httptrace's WroteHeaders). So
+// the phases say what the process can prove. The store's state is read through
 // them (see phaseOf).
 
 // phase is what the process knows of one key.
 type phase uint8
 
 const (
-	// phaseStored: nothing beyond what the store says. An armed record
-	// read so may have been sent by an earlier process or another Client.
+	// phaseStored: nothing beyond what the store says. An armed record read so
+	// may have been sent by an earlier process or another Client.
 	phaseStored phase = iota
-	// phaseUnarmed: made by Intent or NewIntent, in memory only, never
-	// sent. The tap arms it.
+	// phaseUnarmed: made by Intent or NewIntent, in memory only, never sent.
+	// The tap arms it.
 	phaseUnarmed
-	// phaseArmed: this Client armed it (or holds it again after "not
-	// sent") and no attempt of it can have been written since: provably
-	// unsent, though the store says it may have been sent.
+	// phaseArmed: this Client armed it, or holds it again after "not sent". No
+	// attempt of it can have been written since. So it is provably unsent,
+	// though the store says it may have been sent.
 	phaseArmed
-	// phaseSending: a call of this Client holds it and has not ended;
-	// no attempt before the call can have been written.
+	// phaseSending: a call of this Client holds it and has not ended. No
+	// attempt before the call can have been written.
 	phaseSending
-	// phaseMaySent: an attempt may have reached the server (its headers
-	// were written, or no trace proves otherwise): the outcome is unknown
-	// until the server's word.
+	// phaseMaySent: an attempt may have reached the server. Its headers were
+	// written, or no trace proves otherwise. The outcome is unknown until the
+	// server's word.
 	phaseMaySent
-	// phaseNotSent: stored not sent and told so: nothing sends it until
-	// the app asks for it again.
+	// phaseNotSent: stored not sent, and the app was told so. Nothing sends it
+	// until the app asks for it again.
 	phaseNotSent
-	// phaseHandedOut: HTTPRequest handed its request to the app, which
-	// may send it at any time: never provably unsent again.
+	// phaseHandedOut: HTTPRequest handed its request to the app, which may
+	// send it at any time. It is never provably unsent again.
 	phaseHandedOut
 	// phaseDropped: replaced by a changed request, or forgotten, while
-	// provably unsent: it is never sent.
+	// provably unsent. It is never sent.
 	phaseDropped
-	// phaseResolved: the server's word is stored; it is never sent again.
+	// phaseResolved: the server's word is stored. It is never sent again.
 	phaseResolved
 	nPhases
 )
@@ -75,22 +75,22 @@ type event uint8
 const (
 	// evArm: the tap's arming write succeeded.
 	evArm event = iota
-	// evBegin: a call the app made for this intent (Do, Settle, Send,
-	// the RoundTripper) is about to send it.
+	// evBegin: a call the app made for this intent is about to send it. Do,
+	// Settle, Send and the RoundTripper make such calls.
 	evBegin
 	// evBeginBackground: SettleAll is about to send it. It never sends
 	// what the app was told was not sent.
 	evBeginBackground
-	// evWrote: an attempt wrote its request (httptrace's WroteHeaders),
-	// or ended without a trace that proves it did not.
+	// evWrote: an attempt wrote its request (httptrace's WroteHeaders). Or it
+	// ended without a trace that proves it did not.
 	evWrote
-	// evAnswer: the server's word arrived (a final answer, the lookup's).
+	// evAnswer: the server's word arrived, a final answer or the lookup's.
 	evAnswer
 	// evEnded: a call ended without the server's word, after at least one
 	// attempt began.
 	evEnded
-	// evNoAttempt: a call ended before any attempt began (its context or
-	// budget ended first).
+	// evNoAttempt: a call ended before any attempt began. Its context or
+	// budget ended first.
 	evNoAttempt
 	// evHandOut: HTTPRequest is about to hand the request to the app.
 	evHandOut
@@ -101,8 +101,8 @@ const (
 	evReplace
 	// evForget: Forget, or the one-call life of a RoundTripper key, ends.
 	evForget
-	// evStoreFailed: the write a transition asked for failed, or its
-	// result is unknown.
+	// evStoreFailed: the write a transition asked for failed, or its result is
+	// unknown.
 	evStoreFailed
 	nEvents
 )
@@ -116,32 +116,32 @@ func (e event) String() string {
 	return fmt.Sprintf("event(%d)", e)
 }
 
-// verdict is what the caller is told to do, once the record of the next
-// phase is durable.
+// verdict is what the caller is told to do, once the record of the next phase
+// is durable.
 type verdict uint8
 
 const (
 	// vKeep: nothing to do or tell.
 	vKeep verdict = iota
-	// vSend: send it; the outcome is not known yet.
+	// vSend: send it. The outcome is not known yet.
 	vSend
-	// vSendUnsent: send it; no earlier attempt can have reached the
-	// server, so a call that writes nothing may end "not sent".
+	// vSendUnsent: send it. No earlier attempt can have reached the server. So
+	// a call that writes nothing may end "not sent".
 	vSendUnsent
-	// vNotSent: tell the app "not sent" (ErrNotSent). The record must say
-	// not sent first; if that write fails, evStoreFailed.
+	// vNotSent: tell the app "not sent" (ErrNotSent). The record must say not
+	// sent first. If that write fails, evStoreFailed follows.
 	vNotSent
-	// vRefuseNotSent: send nothing and say it was not sent: the app was
-	// told so and has not asked again.
+	// vRefuseNotSent: send nothing, and say it was not sent. The app was told
+	// so and has not asked again.
 	vRefuseNotSent
 	// vUnknown: the outcome is unknown (ErrOutcomeUnknown).
 	vUnknown
 	// vHandOut: hand the request out, once it is stored as handed out.
 	vHandOut
-	// vDrop: drop it (delete the stored record, conditionally).
+	// vDrop: drop it, by a conditional delete of the stored record.
 	vDrop
-	// vRefuse: refuse: it may have reached the server (UnresolvedError),
-	// or it was replaced (ErrIntentReplaced).
+	// vRefuse: refuse it. It may have reached the server (UnresolvedError). Or
+	// it was replaced (ErrIntentReplaced).
 	vRefuse
 	// vResolved: record the server's word.
 	vResolved
@@ -157,8 +157,8 @@ func (v verdict) String() string {
 	return fmt.Sprintf("verdict(%d)", v)
 }
 
-// rule is one row of the table: in phase from, event on moves the key to
-// phase to, and the caller does what verdict says.
+// rule is one row of the table. In phase from, event on moves the key to phase
+// to. The caller then does what verdict says.
 type rule struct {
 	from phase
 	on   event
@@ -166,24 +166,24 @@ type rule struct {
 	do   verdict
 }
 
-// lifeRules is the table. A pair it does not name is refused and leaves
-// the phase as it is (see step).
+// lifeRules is the table. A pair it does not name is refused. Such a pair
+// leaves the phase as it is (see step).
 var lifeRules = []rule{
 	// The tap.
 	{phaseUnarmed, evArm, phaseArmed, vKeep},
-	// Unarmed intents live in the Intent until then: the key's entry is
-	// made by the arming write. The claim writes only where no record of
-	// the key is stored, so it proves that an earlier arming write whose
-	// result was unknown did not land.
+	// Unarmed intents live in the Intent until then. The arming write makes
+	// the key's entry. The claim writes only where no record of the key is
+	// stored. So it proves that an earlier arming write did not land, when
+	// that write's result was unknown.
 	{phaseStored, evArm, phaseArmed, vKeep},
 	{phaseMaySent, evArm, phaseArmed, vKeep},
 	{phaseDropped, evArm, phaseDropped, vRefuse},
-	// A failed arming write may have armed it: from then on it may be sent
-	// by anyone who reads the store, so it is never provably unsent.
+	// A failed arming write may have armed it. From then on anyone who reads
+	// the store may send it. So it is never provably unsent.
 	{phaseUnarmed, evStoreFailed, phaseMaySent, vUnknown},
 
-	// A call the app made. Only what this process armed and never wrote,
-	// or the store holds as not sent, is sent as provably unsent.
+	// A call the app made. Only what this process armed and never wrote is
+	// sent as provably unsent. So is what the store holds as not sent.
 	{phaseArmed, evBegin, phaseSending, vSendUnsent},
 	{phaseNotSent, evBegin, phaseSending, vSendUnsent},
 	{phaseStored, evBegin, phaseMaySent, vSend},
@@ -193,7 +193,7 @@ var lifeRules = []rule{
 	{phaseUnarmed, evBegin, phaseUnarmed, vRefuse},
 	{phaseResolved, evBegin, phaseResolved, vResolved},
 
-	// SettleAll: as the app's call, but "not sent" is a promise.
+	// SettleAll acts as the app's call, but "not sent" is a promise.
 	{phaseArmed, evBeginBackground, phaseSending, vSendUnsent},
 	{phaseNotSent, evBeginBackground, phaseNotSent, vRefuseNotSent},
 	{phaseStored, evBeginBackground, phaseMaySent, vSend},
@@ -203,12 +203,12 @@ var lifeRules = []rule{
 	{phaseUnarmed, evBeginBackground, phaseUnarmed, vRefuse},
 	{phaseResolved, evBeginBackground, phaseResolved, vResolved},
 
-	// Two calls at once under one key (the RoundTripper's calls that share
-	// a caller's key but not a request): neither is provably unsent.
+	// Two calls at once under one key: neither is provably unsent. The
+	// RoundTripper's calls that share a caller's key but not a request do so.
 	{phaseSending, evBegin, phaseMaySent, vSend},
 	{phaseSending, evBeginBackground, phaseMaySent, vSend},
 
-	// An attempt wrote its request: judged by WroteHeaders alone.
+	// An attempt wrote its request, as judged by WroteHeaders alone.
 	{phaseSending, evWrote, phaseMaySent, vSend},
 	{phaseMaySent, evWrote, phaseMaySent, vSend},
 	{phaseHandedOut, evWrote, phaseHandedOut, vSend},
@@ -218,13 +218,13 @@ var lifeRules = []rule{
 	{phaseSending, evEnded, phaseNotSent, vNotSent},
 	{phaseMaySent, evEnded, phaseMaySent, vUnknown},
 	{phaseHandedOut, evEnded, phaseHandedOut, vUnknown},
-	// No attempt began: nothing changed.
+	// No attempt began, so nothing changed.
 	{phaseSending, evNoAttempt, phaseArmed, vUnknown},
 	{phaseMaySent, evNoAttempt, phaseMaySent, vUnknown},
 	{phaseHandedOut, evNoAttempt, phaseHandedOut, vUnknown},
-	// The not-sent write failed: it did not make the intent not sent, and
-	// the call says the outcome is unknown. No attempt was written all the
-	// same: the next call that writes nothing may still end not sent.
+	// The not-sent write failed, so it did not make the intent not sent. The
+	// call says the outcome is unknown. Still, no attempt was written. So the
+	// next call that writes nothing may still end not sent.
 	{phaseSending, evStoreFailed, phaseArmed, vUnknown},
 	{phaseNotSent, evStoreFailed, phaseMaySent, vUnknown},
 	{phaseMaySent, evStoreFailed, phaseMaySent, vUnknown},
@@ -240,7 +240,8 @@ var lifeRules = []rule{
 	{phaseHandedOut, evAnswer, phaseResolved, vResolved},
 	{phaseResolved, evAnswer, phaseResolved, vResolved},
 
-	// HTTPRequest: from the moment it is handed out the app may send it.
+	// HTTPRequest: the app may send the request from the moment it is handed
+	// out.
 	{phaseArmed, evHandOut, phaseHandedOut, vHandOut},
 	{phaseStored, evHandOut, phaseHandedOut, vHandOut},
 	{phaseMaySent, evHandOut, phaseHandedOut, vHandOut},
@@ -248,8 +249,8 @@ var lifeRules = []rule{
 	{phaseHandedOut, evHandOut, phaseHandedOut, vHandOut},
 	{phaseDropped, evHandOut, phaseDropped, vRefuse},
 	{phaseUnarmed, evHandOut, phaseUnarmed, vRefuse},
-	// The app's send ended: the request may have arrived, but nothing of
-	// it is still on its way after the reconcile delay.
+	// The app's send ended. The request may have arrived. But nothing of it is
+	// still on its way after the reconcile delay.
 	{phaseHandedOut, evSendEnded, phaseMaySent, vKeep},
 
 	// A changed request replaces only what was provably never sent.
@@ -262,7 +263,7 @@ var lifeRules = []rule{
 	{phaseHandedOut, evReplace, phaseHandedOut, vRefuse},
 	{phaseResolved, evReplace, phaseResolved, vKeep},
 
-	// Forget is the deliberate unsafe path: whatever the phase.
+	// Forget is the deliberate unsafe path, whatever the phase.
 	{phaseStored, evForget, phaseDropped, vDrop},
 	{phaseUnarmed, evForget, phaseDropped, vDrop},
 	{phaseArmed, evForget, phaseDropped, vDrop},
@@ -273,7 +274,7 @@ var lifeRules = []rule{
 	{phaseDropped, evForget, phaseDropped, vDrop},
 }
 
-// lifeTable is lifeRules indexed by phase and event; built once.
+// lifeTable is lifeRules indexed by phase and event, built once.
 var lifeTable = func() (t [nPhases][nEvents]struct {
 	to phase
 	do verdict
@@ -288,9 +289,9 @@ var lifeTable = func() (t [nPhases][nEvents]struct {
 	return t
 }()
 
-// step is the one transition: the phase after e in p, and what the
-// caller is told. A pair the table does not name is refused, and the
-// phase stays.
+// step is the one transition. It returns the phase after e in p, and what the
+// caller is told. A pair the table does not name is refused, and the phase
+// stays.
 func step(p phase, e event) (phase, verdict) {
 	if p >= nPhases || e >= nEvents {
 		return p, vRefuse
@@ -307,30 +308,30 @@ func step(p phase, e event) (phase, verdict) {
 type conflictMove uint8
 
 const (
-	// cLanded: the stored record is this write: an earlier try landed and
-	// its result was lost.
+	// cLanded: the stored record is this write. An earlier try landed, and its
+	// result was lost.
 	cLanded conflictMove = iota
-	// cAdopt: the stored record is resolved (another Client, or another
-	// call, got the server's word): it is never overwritten; the caller
-	// takes it for the intent's and tells it.
+	// cAdopt: the stored record is resolved, since another Client or call got
+	// the server's word. It is never overwritten. The caller takes it for the
+	// intent's and tells it.
 	cAdopt
-	// cYield: another Client holds the stored record now (it took the
-	// intent over, may be sending it, or stored it not sent): what this
-	// Client knows short of the server's answer (attempts, expiry, a
-	// void) never overwrites it, and the write fails.
+	// cYield: another Client holds the stored record now. It took the intent
+	// over, may be sending it, or stored it not sent. What this Client knows
+	// short of the server's answer never overwrites it. That covers attempts,
+	// expiry and a void. The write fails.
 	cYield
-	// cOver: the stored record is this Client's own later version, or the
-	// record was forgotten, or the write is the server's answer, which
-	// settles any unresolved record: the write goes on from it.
+	// cOver: the write goes on from the stored record. That record is this
+	// Client's own later version, or it was forgotten. Or the write is the
+	// server's answer, which settles any unresolved record.
 	cOver
-	// cRefused: the store refused for another key (the action has a later
-	// intent), or a first write found a record: the write fails.
+	// cRefused: the write fails. The store refused for another key, since the
+	// action has a later intent. Or a first write found a record.
 	cRefused
 )
 
-// afterConflict decides what follows a conflict: stored is the record the
-// store holds now (nil if none), rec the refused write, prev the version
-// it was written from, self the writing Client's holder id.
+// afterConflict decides what follows a conflict. stored is the record the
+// store holds now, or nil if none. rec is the refused write. prev is the
+// version it was written from. self is the writing Client's holder id.
 func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove {
 	switch {
 	case persist.SameVersion(stored, rec):
@@ -347,22 +348,23 @@ func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove 
 	return cOver
 }
 
-// answered says rec records the server's answer to the intent (the send's
-// final answer, or the lookup's that the work was done): the truth about
-// the key, whoever holds the record. A void is not: it is trusted only
-// while no attempt can still arrive, which another holder may be sending.
+// answered says rec records the server's answer to the intent. That is the
+// send's final answer, or the lookup's word that the work was done. It is the
+// truth about the key, whoever holds the record. A void is not. It is trusted
+// only while no attempt can still arrive, and another holder may be sending
+// one.
 func answered(rec *persist.Record) bool {
 	return rec.State.Resolved() && rec.Response != nil
 }
 
-// The clock readings a write stores with a record (persist.Clocks) are
-// part of the step: each step is given one reading of the device's
-// clocks (clocks.read) and the wall clock's high-water mark, and sets
-// them in the record it makes.
+// The clock readings a write stores with a record (persist.Clocks) are part of
+// the step. Each step is given one reading of the device's clocks
+// (clocks.read) and the wall clock's high-water mark. It sets them in the
+// record it makes.
 
-// stamped sets in cl the readings r and the high-water mark of a write of
-// rec, over what rec held, and makes rec hold cl. armed is set for the
-// arming write. cl is memory made with rec's version, or new.
+// stamped sets in cl the readings r and the high-water mark of a write of rec,
+// over what rec held. It makes rec hold cl. armed is set for the arming write.
+// cl is memory made with rec's version, or new.
 func stamped(rec *persist.Record, cl *persist.Clocks, r reading, mark time.Time, armed bool) {
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
@@ -377,21 +379,21 @@ func stamped(rec *persist.Record, cl *persist.Clocks, r reading, mark time.Time,
 	rec.Clocks = cl
 }
 
-// nextVersion is the version of a record a call makes, with room for
-// what its last write adds: the clock readings and the server's answer.
-// One allocation for the three; each room is used by one write only.
+// nextVersion is the version of a record a call makes. It has room for what
+// its last write adds: the clock readings and the server's answer. One
+// allocation serves the three. Each room is used by one write only.
 type nextVersion struct {
 	rec    persist.Record
 	clocks persist.Clocks
 	answer persist.Response
 }
 
-// sendBy sets in cl the latest time a call that begins at r may begin a
-// send: d (its budget) later, on the wall clock, read no earlier than
-// mark (the wall clock's high-water mark: a clock set back cannot make the
-// deadline early), and on the clock that counts sleep. It never makes the
-// deadline cl holds earlier: another Client's call may still be sending
-// under it.
+// sendBy sets in cl the latest time a call that begins at r may begin a send.
+// That is d, its budget, later. It is set on the wall clock and on the clock
+// that counts sleep. The wall clock is read no earlier than mark, its
+// high-water mark. So a clock set back cannot make the deadline early. sendBy
+// never makes the deadline cl holds earlier. Another Client's call may still
+// be sending under it.
 func sendBy(cl *persist.Clocks, r reading, mark time.Time, d time.Duration) {
 	wall := r.wall
 	if mark.After(wall) {
@@ -405,16 +407,15 @@ func sendBy(cl *persist.Clocks, r reading, mark time.Time, d time.Duration) {
 	}
 }
 
-// sendSlack is how long after a write of a send deadline its call may
-// begin and still send under it: a call begins at once after the write
-// (the tap's after its arming write), so the tap's path has one durable
-// write.
+// sendSlack is how long after a write of a send deadline its call may begin
+// and still send under it. A call begins at once after the write. The tap's
+// call begins after its arming write. So the tap's path has one durable write.
 const sendSlack = 5 * time.Second
 
 // sendByLeft returns the least time any clock says is left until the send
-// deadline stored in cl, and 0 when cl stores none. The wall clock is read
-// no earlier than mark, its high-water mark: a clock set back cannot make
-// the deadline look far.
+// deadline stored in cl. It returns 0 when cl stores none. The wall clock is
+// read no earlier than mark, its high-water mark. So a clock set back cannot
+// make the deadline look far.
 func sendByLeft(cl *persist.Clocks, now reading, mark time.Time) time.Duration {
 	if cl == nil || cl.SendWall.IsZero() {
 		return 0
@@ -443,30 +444,30 @@ func sinceSendBy(cl *persist.Clocks, now reading) (time.Duration, bool) {
 	return d, true
 }
 
-// The life of a key in this process: what the process knows of each key
-// beyond what the store says (keys, its phase in the table above),
-// and the steps of a call on the key's record that move both together
-// (currentVersion, hold, recordNoAnswer, recordNotSent, recordAnswer,
-// recordExpiry), each made durable by the store's conditional write
-// (saveWith) before the call acts on it. Client.doAs (do.go) takes a call
-// through them; call.go makes its attempts.
+// The life of a key in this process. keys holds what the process knows of each
+// key beyond what the store says, such as its phase in the table above. The
+// steps of a call on the key's record move both together. They are
+// currentVersion, hold, recordNoAnswer, recordNotSent, recordAnswer and
+// recordExpiry. The store's conditional write (saveWith) makes each durable
+// before the call acts on it. Client.doAs (do.go) takes a call through them,
+// and call.go makes its attempts.
 
-// keys is what this process knows about each key beyond what the store
-// says: its phase in the table above, when it first saw it and when
-// its last call ended, on the in-process timeline; and the version of
-// each record it saved last. Every change of a phase is a step of that
-// table. Safe for concurrent use.
+// keys is what this process knows about each key beyond what the store says.
+// It holds the key's phase in the table above. It holds when it first saw the
+// key and when its last call ended, on the in-process timeline. It holds the
+// version of each record it saved last. Every change of a phase is a step of
+// that table. keys is safe for concurrent use.
 type keys struct {
 	mu    sync.Mutex
 	lives map[string]*keyLife
 	// self is the Client's holder id (persist.Record.Holder).
 	self string
-	// spare holds entries of forgotten keys for reuse: a payment's entry
-	// lives from its tap to its answer, and the next one takes it over,
-	// which saves an allocation per payment.
+	// spare holds entries of forgotten keys for reuse. A payment's entry lives
+	// from its tap to its answer, and the next one takes it over. That saves
+	// an allocation per payment.
 	spare []*keyLife
-	// tick counts the not-sent records this Client wrote: a call that
-	// began before the one of its key never sends it (see begin).
+	// tick counts the not-sent records this Client wrote. A call that began
+	// before the one of its key never sends it (see begin).
 	tick uint64
 
 	// saved is the version of each unresolved record this Client saved
@@ -487,8 +488,8 @@ type keyLife struct {
 	// last is when its last call ended, if hasLast.
 	last    reading
 	hasLast bool
-	// others: this Client took the record over from another Client,
-	// whose call may still be sending it.
+	// others is set when this Client took the record over from another Client.
+	// That Client's call may still be sending it.
 	others bool
 	// notSentAt is the tick of the not-sent record this Client wrote
 	// last for it.
@@ -513,8 +514,8 @@ func (k *keys) lifeLocked(key string) *keyLife {
 	return l
 }
 
-// bornAt returns when key was first seen on the in-process timeline,
-// recording at as that time if it was not seen yet.
+// bornAt returns when key was first seen on the in-process timeline. If it was
+// not seen yet, it records at as that time.
 func (k *keys) bornAt(key string, at time.Duration) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -525,10 +526,9 @@ func (k *keys) bornAt(key string, at time.Duration) time.Duration {
 	return l.born
 }
 
-// lastSaved remembers the version of each unresolved intent that this
-// Client saved last, so that Do can tell an Intent that holds it from a
-// stale one without reading the store. Resolved intents are dropped: they
-// never change, so it holds only unresolved ones.
+// lastSaved remembers the version of each unresolved intent that this Client
+// saved last. So Do can tell an Intent that holds it from a stale one without
+// reading the store. Resolved intents never change, so it drops them.
 type lastSaved struct {
 	mu sync.Mutex
 	m  map[string]*persist.Record
@@ -559,8 +559,8 @@ func (l *lastSaved) is(rec *persist.Record) bool {
 	return l.m[rec.Key] == rec
 }
 
-// took reports whether rec is the version this Client saved last, and
-// forgets it: the next call reads the store.
+// took reports whether rec is the version this Client saved last, and forgets
+// it. The next call reads the store.
 func (l *lastSaved) took(rec *persist.Record) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -572,12 +572,13 @@ func (l *lastSaved) took(rec *persist.Record) bool {
 }
 
 // phaseOfLocked reads the stored record rec through what this process
-// knows of its key: the store is pessimistic, memory proves what it can.
+// knows of its key. The store is pessimistic, and memory proves what it
+// can:
 //
 //   - A record stored not sent is not-sent, unless a call of this Client
-//     has sent it since (the record read may be older than the call).
+//     has sent it since. The record read may be older than the call.
 //   - What this Client holds as provably unsent stays so only while the
-//     store still holds it new or not sent: a record moved on (pending,
+//     store still holds it new or not sent. A record moved on (pending,
 //     expired, taken over) may have been sent.
 func (k *keys) phaseOfLocked(rec *persist.Record) phase {
 	p := phaseStored
@@ -596,8 +597,8 @@ func (k *keys) phaseOfLocked(rec *persist.Record) phase {
 	case (p == phaseArmed || p == phaseNotSent) && rec.State != persist.StateNew && rec.State != persist.StateNotSent:
 		return phaseMaySent
 	case (p == phaseArmed || p == phaseNotSent || p == phaseSending) && rec.Holder != "" && rec.Holder != k.self:
-		// Another Client holds the record: it may have armed the intent
-		// again and sent it. This Client's proof covers its own calls.
+		// Another Client holds the record. It may have armed the intent again
+		// and sent it. This Client's proof covers only its own calls.
 		if rec.State == persist.StateNotSent {
 			return phaseNotSent
 		}
@@ -606,11 +607,11 @@ func (k *keys) phaseOfLocked(rec *persist.Record) phase {
 	return p
 }
 
-// replaceable reports whether Intent may replace rec, the action's latest
-// intent as stored, for a changed request: only what was provably never
-// sent (the table's evReplace). The caller runs it while no call of the
-// key runs in this Client (flights.exclusive), and commits the drop with
-// dropped once the store's conditional delete succeeded.
+// replaceable reports whether Intent may replace rec for a changed request.
+// rec is the action's latest intent as stored. Only what was provably never
+// sent may be replaced (the table's evReplace). The caller runs it while no
+// call of the key runs in this Client (flights.exclusive). It commits the drop
+// with dropped once the store's conditional delete succeeded.
 func (k *keys) replaceable(rec *persist.Record) bool {
 	if rec.State != persist.StateNew && rec.State != persist.StateNotSent {
 		return false
@@ -621,8 +622,8 @@ func (k *keys) replaceable(rec *persist.Record) bool {
 	return v == vDrop
 }
 
-// reborn records that key's age starts again at now on the in-process
-// timeline: it is sent again after it ended not sent.
+// reborn records that key's age starts again at now, on the in-process
+// timeline. It is sent again after it ended not sent.
 func (k *keys) reborn(key string, now time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -630,8 +631,8 @@ func (k *keys) reborn(key string, now time.Duration) {
 	l.born, l.hasBorn = now, true
 }
 
-// dropped records that key was replaced or forgotten: it is never sent.
-// Kept for the Client's life: an Intent value may still hold the record,
+// dropped records that key was replaced or forgotten, so it is never sent. It
+// is kept for the Client's life. An Intent value may still hold the record,
 // and a Do on it must not send it.
 func (k *keys) dropped(key string) {
 	k.mu.Lock()
@@ -639,10 +640,10 @@ func (k *keys) dropped(key string) {
 	k.lives[key] = &keyLife{phase: phaseDropped}
 }
 
-// armed records that this Client armed key: its claim wrote the record,
-// which proves that no record of the key was stored before (an earlier
-// arming write that failed did not land). Provably unsent until a call of
-// it writes.
+// armed records that this Client armed key. Its claim wrote the record. That
+// proves no record of the key was stored before. So an earlier arming write
+// that failed did not land. The key is provably unsent until a call of it
+// writes.
 func (k *keys) armed(key string, now time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -675,14 +676,14 @@ func (k *keys) callTick() uint64 {
 	return k.tick
 }
 
-// begin is the table's evBegin (evBeginBackground for SettleAll) for rec,
-// the stored version a call of this Client is about to send, under the
-// key's flight. It returns whether no attempt of the intent can have
-// reached the server before (vSendUnsent), or refuses: the key was
-// replaced (ErrIntentReplaced), or the app was told it was not sent and
-// has not asked again (a *notSentError). A call that began before this
-// Client wrote the key's not-sent record (at tick) did not ask again: it
-// is refused as SettleAll is.
+// begin is the table's evBegin for rec, or evBeginBackground for SettleAll.
+// rec is the stored version a call of this Client is about to send, under the
+// key's flight. begin returns whether no attempt of the intent can have
+// reached the server before (vSendUnsent). Or it refuses. The key may have
+// been replaced (ErrIntentReplaced). Or the app was told it was not sent and
+// has not asked again (a *notSentError). A call may have begun before this
+// Client wrote the key's not-sent record (at tick). That call did not ask
+// again, so it is refused as SettleAll is.
 func (k *keys) begin(rec *persist.Record, background bool, tick uint64) (unsent bool, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -706,12 +707,12 @@ func (k *keys) begin(rec *persist.Record, background bool, tick uint64) (unsent 
 	return v == vSendUnsent, nil
 }
 
-// ended is the end of a call of key without the server's word, at now:
-// evWrote if an attempt of it may have written its request, then evEnded.
-// It returns vNotSent when the call began provably unsent and wrote
-// nothing: the caller makes the not-sent record durable, then calls
-// notSent (or storeFailed if it could not), and only then tells "not
-// sent". Otherwise vUnknown.
+// ended is the end of a call of key without the server's word, at now. It is
+// evWrote if an attempt of it may have written its request, then evEnded. It
+// returns vNotSent when the call began provably unsent and wrote nothing. The
+// caller then makes the not-sent record durable. Then it calls notSent, or
+// storeFailed if it could not. Only then does it tell "not sent". Otherwise
+// ended returns vUnknown.
 func (k *keys) ended(key string, wrote bool, now reading) verdict {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -727,8 +728,8 @@ func (k *keys) ended(key string, wrote bool, now reading) verdict {
 	return v
 }
 
-// tookOver is a call of key that took it over from another Client, which
-// may have written its request: the table's evWrote.
+// tookOver is a call of key that took it over from another Client, the table's
+// evWrote. The other Client may have written its request.
 func (k *keys) tookOver(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -764,8 +765,8 @@ func (k *keys) notSent(key string) {
 	}
 }
 
-// storeFailed is the table's evStoreFailed: the write the last step asked
-// for failed, or its result is unknown.
+// storeFailed is the table's evStoreFailed. The write the last step asked for
+// failed, or its result is unknown.
 func (k *keys) storeFailed(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -773,8 +774,8 @@ func (k *keys) storeFailed(key string) {
 	l.phase, _ = step(l.phase, evStoreFailed)
 }
 
-// handOut is the table's evHandOut for rec, the stored version about to
-// be handed out: false if it was dropped.
+// handOut is the table's evHandOut for rec, the stored version about to be
+// handed out. It returns false if rec was dropped.
 func (k *keys) handOut(rec *persist.Record) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -786,8 +787,8 @@ func (k *keys) handOut(rec *persist.Record) bool {
 	return true
 }
 
-// sendEnded is the table's evSendEnded: the app's send of a handed-out
-// request ended at now.
+// sendEnded is the table's evSendEnded. The app's send of a handed-out request
+// ended at now.
 func (k *keys) sendEnded(key string, now reading) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -805,8 +806,8 @@ func (k *keys) isUnsent(key string) bool {
 	return l != nil && (l.phase == phaseArmed || l.phase == phaseDropped)
 }
 
-// forget forgets what the Client tracks for a key whose outcome is known,
-// or that was deleted. A dropped key stays dropped.
+// forget forgets what the Client tracks for a key whose outcome is known, or
+// that was deleted. A dropped key stays dropped.
 func (k *keys) forget(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -827,33 +828,33 @@ func (k *keys) tracked() int {
 }
 
 // mayStillArrive returns how much longer an attempt of key may still reach
-// the server, as far as the device can know, or zero when none can. rec is
-// the stored record, self this Client's holder id. It must be called while
-// no call of key runs in this process.
+// the server, as far as the device can know. It returns zero when none
+// can. rec is the stored record, and self this Client's holder id. It must
+// be called while no call of key runs in this process.
 //
 // An attempt may arrive up to the reconcile delay after it was last
-// written. Nothing can still arrive when the store says the intent was
-// not sent, or when this Client armed it, holds it still, and no attempt
-// of it was made (or every attempt provably never reached the server).
-// Otherwise it was last written no later than:
+// written. Nothing can still arrive when the store says the intent was not
+// sent. Nor can it when this Client armed it, holds it still, and made no
+// attempt of it. Attempts that provably never reached the server count as
+// none. Otherwise the last write was no later than one of these:
 //
-//   - the end of this Client's last call of key, if it made one, still
-//     holds the record, did not take it over from another Client, and has
-//     not handed its request to the app: no other Client claimed it since;
-//   - otherwise, the send deadline of the stored claim
-//     (persist.Clocks.SendWall), and the Client's birth, whichever is
-//     later: a Client claims the record (arms it, takes it over, sends
-//     it again after not sent, resumes it past the stored deadline),
-//     with the latest time its call may begin a send, before it sends
-//     it, and no call begins a send past it (sendDeadline). A hand-out
-//     claims it up to the server's retention from then, as the app may
-//     send its request at any time; SendEnded claims it up to the end of
-//     the app's send.
+//   - The end of this Client's last call of key. That holds if it made
+//     one, still holds the record, did not take it over from another
+//     Client, and has not handed its request to the app. Then no other
+//     Client claimed it since.
+//   - Otherwise, the later of the stored claim's send deadline
+//     (persist.Clocks.SendWall) and the Client's birth. A Client claims
+//     the record before it sends it: it arms it, takes it over, sends it
+//     again after not sent, or resumes it past the stored deadline. The
+//     claim holds the latest time its call may begin a send. No call
+//     begins a send past it (sendDeadline). A hand-out claims it up to the
+//     server's retention from then, as the app may send its request at any
+//     time. SendEnded claims it up to the end of the app's send.
 //
-// The wait is the longest of these. The time since each is the smallest
-// any clock reports (the in-process timeline, which stops while the
-// device sleeps; the wall clock, which the user may set back; the clock
-// that counts sleep): no clock can make the wait shorter.
+// The wait is the longest of these. The time since each is the smallest that
+// three clocks report. They are the in-process timeline, the wall clock and
+// the clock that counts sleep. The first stops while the device sleeps, and
+// the user may set the second back. So no clock can make the wait shorter.
 func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duration, rec *persist.Record, self string) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -862,8 +863,8 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 	}
 	l := k.lives[key]
 	if l != nil && rec.Holder == self {
-		// This Client holds it: no other Client sent it since its claim,
-		// and this Client knows when its own calls ended.
+		// This Client holds it. No other Client sent it since its claim, and
+		// this Client knows when its own calls ended.
 		if l.phase == phaseArmed || l.phase == phaseNotSent {
 			return 0
 		}
@@ -874,9 +875,9 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 	wait := delay - leastSince(birth, now)
 	if since, ok := sinceSendBy(rec.Clocks, now); ok {
 		if now.bootID == "" {
-			// No clock counts sleep: what the wall clock moved since this
-			// Client's birth beyond its in-process timeline (a clock set
-			// forward) is not time that passed.
+			// No clock counts sleep. What the wall clock moved since this
+			// Client's birth beyond its in-process timeline is not time that
+			// passed. A clock set forward moves it so.
 			since -= max(now.wall.Sub(birth.wall)-(now.in-birth.in), 0)
 		}
 		wait = max(wait, delay-since)
@@ -884,22 +885,22 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 	return max(wait, 0)
 }
 
-// currentVersion returns the version of in's record to send from, and
-// whether it is the version this Client saved last.
+// currentVersion returns the version of in's record to send from. It reports
+// whether that is the version this Client saved last.
 func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.Record, known bool, err error) {
 	cur = in.current()
-	// Intent deleted a replaced intent from the store: say so, rather
-	// than that the store has no such intent.
+	// Intent deleted a replaced intent from the store. Say so, rather than
+	// that the store has no such intent.
 	if err := c.keys.notReplaced(cur.Key); err != nil {
 		return nil, false, err
 	}
-	// The store is the truth: another Intent value for this key, another
-	// Client on the store, or an earlier process, may have moved an
-	// unresolved intent on. A resolved one never changes, and one that
-	// holds the version this Client saved last is current: neither needs
-	// the read. But a version that reads provably unsent is trusted only
-	// by the call that follows its arming: another Client may have taken
-	// it over and sent it since (not sent: always read).
+	// The store is the truth. Another Intent value for this key may have moved
+	// an unresolved intent on. So may another Client on the store, or an
+	// earlier process. A resolved intent never changes, so it needs no read.
+	// Nor does one that holds the version this Client saved last, since it is
+	// current. But a version that reads provably unsent is trusted only by the
+	// call that follows its arming. Another Client may have taken it over and
+	// sent it since. An intent stored not sent is always read.
 	switch cur.State {
 	case persist.StateNew:
 		known = c.keys.saved.took(cur)
@@ -919,14 +920,14 @@ func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.R
 	return cur, known, nil
 }
 
-// unread is the error of a call that could not read in's record, cur its
-// version that in holds, and sent nothing: err, the store's (the
-// context's error when it ended), which also matches ErrOutcomeUnknown
-// when cur says an earlier attempt may have reached the server (any
-// unresolved state but StateNotSent: an armed intent may have been sent
-// by a process that died before it recorded the attempt). A record
-// stored not sent does not claim an outcome unknown, nor ErrNotSent: the
-// store, unread, may no longer say so.
+// unread is the error of a call that could not read in's record, and sent
+// nothing. cur is the version that in holds. The error is err, the store's, or
+// the context's error when it ended. It also matches ErrOutcomeUnknown when
+// cur says an earlier attempt may have reached the server. That is any
+// unresolved state but StateNotSent. An armed intent may have been sent by a
+// process that died before it recorded the attempt. A record stored not sent
+// claims neither an unknown outcome nor ErrNotSent. The store, unread, may no
+// longer say so.
 func unread(cur *persist.Record, err error) error {
 	if cur.State == persist.StateNotSent {
 		return fmt.Errorf("idem: loading intent %s: %w", cur.Key, err)
@@ -934,10 +935,10 @@ func unread(cur *persist.Record, err error) error {
 	return fmt.Errorf("idem: loading intent %s: %w; %w", cur.Key, err, ErrOutcomeUnknown)
 }
 
-// recordExpiry ends a call of an intent too old to send: its outcome is
-// unknown, and it is stored as expired, even if ctx is done: a call whose
-// context ended before it began is still told the intent expired, not that
-// the context ended it, and the app settles it through the lookup.
+// recordExpiry ends a call of an intent too old to send. Its outcome is
+// unknown, and it is stored as expired, even if ctx is done. A call whose
+// context ended before it began is still told the intent expired. It is not
+// told that the context ended it. The app settles it through the lookup.
 func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
 	err := &RetryError{Key: rec.Key, Reason: stopExpired}
 	c.logUnknown(ctx, rec, err)
@@ -951,10 +952,11 @@ func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Reco
 	return err
 }
 
-// sendable refuses, with a *notSentError, a record that no attempt could
-// send (one damaged or edited on the device), before it is marked sent.
-// checked says the record is the version this Client validated and saved
-// last, not as expired (which a clock set back can make sendable again).
+// sendable refuses a record that no attempt could send, with a *notSentError.
+// Such a record was damaged or edited on the device. It refuses it before it
+// is marked sent. checked says the record is the version this Client validated
+// and saved last, and not as expired. A clock set back can make an expired
+// version sendable again.
 func (c *Client) sendable(rec *persist.Record, checked bool) error {
 	if !checked {
 		if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
@@ -967,29 +969,28 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 	return nil
 }
 
-// bornAgain starts the age of rec, stored not sent, again as it is sent
-// again or handed out: no send of it ever began, so the server's retention
-// of its key starts no sooner than this one, as at the tap. Its age on
-// every clock, and on the in-process timeline, counts from now.
+// bornAgain starts the age of rec, stored not sent, again as it is sent again
+// or handed out. No send of it ever began. So the server's retention of its
+// key starts no sooner than this one, as at the tap. Its age on every clock,
+// and on the in-process timeline, counts from now.
 func (c *Client) bornAgain(rec *persist.Record) {
 	rec.CreatedAt = c.clock.Now()
 	c.keys.reborn(rec.Key, c.clocks.sinceBirth())
 	c.stamp(rec, new(persist.Clocks), true)
 }
 
-// stamp reads the device's clocks once and stores the readings of a write
-// of rec in cl, which rec holds from then on (stamped). It returns the
-// reading.
+// stamp reads the device's clocks once. It stores the readings of a write of
+// rec in cl, which rec holds from then on (stamped). It returns the reading.
 func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) reading {
 	r := c.clocks.read()
 	stamped(rec, cl, r, c.clocks.mark(r), armed)
 	return r
 }
 
-// mustHold reports whether a call must hold rec (hold) before it sends
-// it: sent again after it ended not sent, resumed by a Client that does
-// not hold it, or resumed by its holder when the send deadline the store
-// holds ends before this call's budget could.
+// mustHold reports whether a call must hold rec (hold) before it sends it. It
+// must when rec is sent again after it ended not sent. It must when a Client
+// that does not hold rec resumes it. And it must when its holder resumes it
+// and the stored send deadline ends before this call's budget could.
 func (c *Client) mustHold(ctx context.Context, rec *persist.Record) bool {
 	return rec.State == persist.StateNotSent || rec.Holder != c.id ||
 		c.sendLeft(rec) < c.policyFor(ctx).MaxElapsed
@@ -1007,10 +1008,10 @@ func sendLeftNow(cs *clocks, cl *persist.Clocks) time.Duration {
 	return sendByLeft(cl, r, cs.mark(r))
 }
 
-// claim gives rec clocks of its own that say the latest time a call that
-// begins now may begin a send, d later (sendBy), and returns the reading
-// of now. With over set, the deadline rec held is dropped first, so the
-// new one may be earlier.
+// claim gives rec clocks of its own. They say the latest time a call that
+// begins now may begin a send, d later (sendBy). claim returns the reading of
+// now. With over set, the deadline rec held is dropped first. So the new one
+// may be earlier.
 func (c *Client) claim(rec *persist.Record, d time.Duration, over bool) reading {
 	cl := new(persist.Clocks)
 	if rec.Clocks != nil {
@@ -1025,31 +1026,32 @@ func (c *Client) claim(rec *persist.Record, d time.Duration, over bool) reading 
 	return r
 }
 
-// hold makes this Client the holder of rec before it sends it, when it is
-// sent again after it ended not sent, or resumed by a Client that did not
-// arm it, or by its holder past the send deadline its last write stored. It returns the version to send, or moved: another Client moved
-// the record on since cur was read, and the call goes on from what is
-// stored (in holds it). unsent says the call began provably unsent; a
-// take-over ends that (keys.tookOver).
+// hold makes this Client the holder of rec before it sends it. It does so when
+// rec is sent again after it ended not sent. It does so when a Client that did
+// not arm rec resumes it. And it does so when its holder resumes it past the
+// send deadline its last write stored. hold returns the version to send. Or it
+// returns moved, when another Client moved the record on since cur was read.
+// The call then goes on from what is stored, which in holds. unsent says the
+// call began provably unsent. A take-over ends that (keys.tookOver).
 //
-// Sent again, as the app asked: from the first byte on it may reach the
-// server, so the store must stop saying it was not sent before then, or a
-// crash during the send would leave it replaceable. Or resumed by a Client
-// that did not arm it (another Client on the store, a later process): it
-// takes the record over first, so that the Client that armed it can no
-// longer take it for unsent and replace it. Either is one step with the
-// store, only if the record is still the version read (persist.SaveIf):
-// one extra write on resumes only, never on the tap's path. The claim
-// says when its holder's call may begin a send at the latest, for the
-// reconcile delay of any other Client. So a holder that resumes past that
-// time writes a later one first: if it dies while its request is in
-// transit, another Client's lookup still waits for the request.
+// A record sent again, as the app asked, may reach the server from the first
+// byte on. So the store must stop saying it was not sent before then. Else a
+// crash during the send would leave it replaceable. A Client that did not arm
+// the record may resume it. That is another Client on the store, or a later
+// process. It takes the record over first. Then the Client that armed it can
+// no longer take it for unsent and replace it. Either is one step with the
+// store, made only if the record is still the version read (persist.SaveIf).
+// That is one extra write on resumes only, never on the tap's path. The claim
+// says the latest time its holder's call may begin a send. Any other Client's
+// reconcile delay counts from it. So a holder that resumes past that time
+// writes a later one first. If it dies while its request is in transit,
+// another Client's lookup still waits for the request.
 func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, moved bool, err error) {
 	takeOver := rec.Holder != c.id
 	wasUnsent := unsent
 	if takeOver && rec.State != persist.StateNotSent {
-		// The Client that armed it may be sending it: no trace of
-		// this Client's attempts can tell it unsent.
+		// The Client that armed it may be sending it. So no trace of this
+		// Client's attempts can tell it unsent.
 		unsent = false
 	}
 	op := "send again"
@@ -1071,7 +1073,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		var changed *persist.ConflictError
 		if errors.As(err, &changed) {
 			if changed.Current == nil {
-				// Replaced by another Client for a changed request.
+				// Another Client replaced it for a changed request.
 				c.keys.dropped(rec.Key)
 				return nil, false, fmt.Errorf("%w; nothing was sent (key %s)", ErrIntentReplaced, rec.Key)
 			}
@@ -1079,12 +1081,11 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 			c.keys.saved.drop(rec.Key)
 			return nil, true, nil
 		}
-		// Nothing of this call was sent. The write's result is unknown,
-		// and the next call reads what the store holds. It may have
-		// landed: the intent, armed again, may be sent by a later start,
-		// so the error says the outcome is unknown. (A changed cart's
-		// delete is conditional on the version read: it fails if the
-		// write landed.)
+		// Nothing of this call was sent. The write's result is unknown, and
+		// the next call reads what the store holds. The write may have landed.
+		// Then the intent is armed again, and a later start may send it. So
+		// the error says the outcome is unknown. A changed cart's delete is
+		// conditional on the version read, so it fails if the write landed.
 		c.keys.noAttempt(rec.Key, c.clocks.read())
 		var se *SaveError
 		if errors.As(err, &se) {
@@ -1093,12 +1094,12 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 		return nil, false, err
 	}
 	if wasUnsent && !unsent {
-		// Taken over from another Client, which may be sending it:
-		// this call can no longer end "not sent".
+		// Taken over from another Client, which may be sending it. So this
+		// call can no longer end "not sent".
 		c.keys.tookOver(rec.Key)
 	}
 	if takeOver {
-		// The Client it was taken from may still be sending it: this
+		// The Client it was taken from may still be sending it. So this
 		// Client's own calls no longer tell when the last send began.
 		c.keys.claimedFrom(rec.Key)
 	}
@@ -1106,14 +1107,13 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	return &again, false, nil
 }
 
-// recordNoAnswer records a call that ended without a final answer, and
-// returns its error: a *notSentError when nothing can have reached the
-// server, else retryErr, the outcome unknown.
+// recordNoAnswer records a call that ended without a final answer, and returns
+// its error. That is a *notSentError when nothing can have reached the server.
+// Else it is retryErr, and the outcome is unknown.
 //
-// "Not sent" is judged by the transport's trace alone (WroteHeaders),
-// never by the final error: net/http resends a request that carries an
-// Idempotency-Key on a new connection, so a dial error can follow bytes
-// written earlier.
+// "Not sent" is judged by the transport's trace alone (WroteHeaders), never by
+// the final error. net/http resends a request that carries an Idempotency-Key
+// on a new connection. So a dial error can follow bytes written earlier.
 func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError) error {
 	now := c.clock.Now()
 	// The call made one attempt, which failed for good and never reached
@@ -1126,8 +1126,8 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	}
 	c.logUnknown(ctx, rec, retryErr)
 	if oneNeverReached {
-		// The one attempt never reached the server, but an earlier one
-		// may have: nothing to record.
+		// The one attempt never reached the server, but an earlier one may
+		// have. There is nothing to record.
 		return retryErr
 	}
 	rec.Attempts += retryErr.Attempts
@@ -1138,8 +1138,8 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	} else if retryErr.Attempts > 0 {
 		rec.State = persist.StatePending
 	}
-	// The save records what is known; if it fails, the intent stays
-	// unresolved in the store anyway, which is the safe side.
+	// The save records what is known. If it fails, the intent stays unresolved
+	// in the store anyway, which is the safe side.
 	if retryErr.Attempts > 0 || retryErr.Reason == stopExpired {
 		if saveErr := c.save(detached(ctx), in, rec, "record attempts"); saveErr != nil {
 			return errors.Join(retryErr, saveErr)
@@ -1148,17 +1148,17 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 	return retryErr
 }
 
-// recordNotSent records a call none of whose attempts wrote its request,
-// as the transport's trace shows (the network was down, the host unknown,
-// the connection refused, the certificate refused), of an intent no
-// attempt before it can have sent: the intent stays provably unsent, so
-// Intent may replace it. The store says so too, so that after a restart
-// SettleAll does not send what the app was told was not sent.
+// recordNotSent records a call none of whose attempts wrote its request, as
+// the transport's trace shows. The network was down, the host unknown, or the
+// connection or the certificate refused. No attempt before the call can have
+// sent the intent. So the intent stays provably unsent, and Intent may replace
+// it. The store says so too. So after a restart SettleAll does not send what
+// the app was told was not sent.
 //
-// The app is told "not sent" only once the store says so: a not-sent
-// write that failed, or whose result is unknown, did not make the intent
-// not sent, and the call ends with the outcome unknown (retryErr, with the
-// store's error).
+// The app is told "not sent" only once the store says so. A not-sent write may
+// fail, or its result may be unknown. Then it did not make the intent not
+// sent. The call ends with the outcome unknown (retryErr, with the store's
+// error).
 func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
 	err := &notSentError{Key: rec.Key, Err: retryErr.Err, Attempts: retryErr.Attempts, Reason: retryErr.Reason}
 	if err.Err == nil || errors.Is(err.Err, errStopped) {
@@ -1169,8 +1169,8 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 		c.keys.notSent(rec.Key)
 		return err
 	}
-	// Only if no other Client took it over since this call began: one
-	// that did may have sent it.
+	// Only if no other Client took it over since this call began. One that did
+	// may have sent it.
 	prev := in.current()
 	rec.State = persist.StateNotSent
 	rec.UpdatedAt = now
@@ -1187,8 +1187,9 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 	return err
 }
 
-// recordAnswer records the final answer of a call and returns it, with an
-// *APIError if it is not a success and a *SaveError if it was not saved.
+// recordAnswer records the final answer of a call and returns it. It adds an
+// *APIError if the answer is not a success. It adds a *SaveError if the answer
+// was not saved.
 func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion) (*Response, error) {
 	rec.Attempts += resp.Attempts
 	rec.UpdatedAt = c.clock.Now()
@@ -1200,28 +1201,28 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 			fmt.Sprintf("idem: answered %d %s after %d attempt(s)", resp.StatusCode, http.StatusText(resp.StatusCode), resp.Attempts),
 			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.Bool("replayed", resp.Replayed))
 	}
-	// The answer is final whatever happens to the save: the server keeps
-	// it and replays it to the next Do. Save even if ctx is done now, so a
+	// The answer is final whatever happens to the save. The server keeps it
+	// and replays it to the next Do. Save even if ctx is done now. Then a
 	// cancel right after the answer does not cost the record.
 	//
-	// The save need not be durable before Do returns, only before the
-	// server forgets the key: until it is, a crash of the process leaves
-	// it written, and a power loss the intent unresolved, which Do
-	// resumes with the same key to the server's replay of this answer.
-	// So a store that can defers its sync (persist.WithDeferredSync),
-	// off the path the user waits on.
+	// The save need not be durable before Do returns. It must be durable
+	// before the server forgets the key. Until then, a crash of the process
+	// leaves it written. A power loss leaves the intent unresolved. Do resumes
+	// it with the same key and gets the server's replay of this answer. So a
+	// store that can defers its sync (persist.WithDeferredSync). That keeps
+	// the sync off the path the user waits on.
 	saveErr := c.saveWith(detached(ctx), in, rec, &room.clocks, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
 	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
-		// Another call stored the server's word first: it stands.
+		// Another call stored the server's word first, and it stands.
 		return c.adopted(saveErr)
 	}
 	if saveErr == nil {
 		c.keys.forget(rec.Key)
 	} else {
-		// The answer is never reported as "not sent": it is returned,
-		// marked as not recorded.
+		// The answer is never reported as "not sent". It is returned, marked
+		// as not recorded.
 		resp.NotRecorded = true
 	}
 	apiErr := c.apiErrorFor(rec, resp)
@@ -1236,8 +1237,8 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 	return resp, nil
 }
 
-// logUnknown tells the app's logger (WARN, above INFO) of a call that
-// ended with its outcome unknown, and why.
+// logUnknown tells the app's logger (WARN, above INFO) of a call that ended
+// with its outcome unknown, and why.
 func (c *Client) logUnknown(ctx context.Context, rec *persist.Record, err *RetryError) {
 	if c.logs(ctx, slog.LevelWarn) {
 		c.logger.LogAttrs(ctx, slog.LevelWarn, fmt.Sprintf("idem: outcome unknown after %d attempt(s): %s", err.Attempts, err.Reason),
@@ -1267,20 +1268,20 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 	return resp, nil
 }
 
-// save makes rec the intent's current version and stores it, over the
-// version the store holds only as afterConflict allows. rec must not be
+// save makes rec the intent's current version and stores it. It writes over
+// the version the store holds only as afterConflict allows. rec must not be
 // changed afterwards.
 func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
 	return c.saveWith(ctx, in, rec, nil, op, c.writeOwn)
 }
 
-// writeOwn writes rec, starting from prev, the version this Client holds.
-// The store's write is conditional: when another version is stored now,
-// afterConflict decides. A resolved record is never overwritten: writeOwn
-// returns an *adoptedError holding it. Another Client's record is never
-// overwritten either, but by the server's answer: the store's
-// *ConflictError is returned. Only this Client's own later version, or a
-// record gone from the store (Forget), is written over.
+// writeOwn writes rec, starting from prev, the version this Client holds. The
+// store's write is conditional. When another version is stored now,
+// afterConflict decides. A resolved record is never overwritten. writeOwn
+// returns an *adoptedError holding it then. Another Client's record is never
+// overwritten either, but by the server's answer. Then the store's
+// *ConflictError is returned. Only this Client's own later version is written
+// over, or a record gone from the store (Forget).
 func (c *Client) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 	for range 8 {
 		err := s.Write(ctx, rec, prev)
@@ -1304,16 +1305,16 @@ func (c *Client) writeOwn(ctx context.Context, s persist.Store, rec, prev *persi
 	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
 }
 
-// adoptedError is a write refused because the stored record is resolved:
-// the server's word, which the caller adopts and tells.
+// adoptedError is a write refused because the stored record is resolved. That
+// record is the server's word, which the caller adopts and tells.
 type adoptedError struct{ rec *persist.Record }
 
 func (e *adoptedError) Error() string {
 	return fmt.Sprintf("idem: intent %s is already %s", e.rec.Key, e.rec.State)
 }
 
-// adopted answers a call whose record another Client (or call) resolved
-// while it ran: the stored outcome, if err says so; else err.
+// adopted answers a call whose record another Client or call resolved while it
+// ran. It returns the stored outcome, if err says so, else err.
 func (c *Client) adopted(err error) (*Response, error) {
 	var a *adoptedError
 	if errors.As(err, &a) {
@@ -1331,10 +1332,10 @@ func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Recor
 	})
 }
 
-// saveWith is save through store: writeOwn or persist.SaveIf, given
-// prev, the version in held before. The write's clock readings go to cl,
-// memory made with rec's version that no record holds yet, or to new
-// memory when cl is nil.
+// saveWith is save through store, by writeOwn or persist.SaveIf. prev is the
+// version in held before. The write's clock readings go to cl. cl is memory
+// made with rec's version that no record holds yet. When cl is nil, they go to
+// new memory.
 func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl *persist.Clocks, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
 	if !in.ephemeral {
 		if cl == nil {
@@ -1348,13 +1349,12 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 	if in.ephemeral {
 		return nil
 	}
-	// The record is immutable from here on (see Intent.current): the
-	// store may keep it rather than copy it.
+	// The record is immutable from here on (see Intent.current). So the store
+	// may keep it rather than copy it.
 	if err := store(ctx, c.store, rec, prev); err != nil {
-		// The intent is what the store holds: an outcome that was not
-		// saved (a void that Reconcile concluded, say) is not reported
-		// by State, or the app could act on it while the store would
-		// send the intent again.
+		// The intent is what the store holds. State does not report an outcome
+		// that was not saved, such as a void that Reconcile concluded. Else
+		// the app could act on it while the store would send the intent again.
 		in.set(prev)
 		var a *adoptedError
 		if errors.As(err, &a) {
@@ -1381,8 +1381,8 @@ func (c *Client) leftOf(rec *persist.Record) intentLeft {
 	return intentLeft{clocks: c.clocks, clock: c.clock, keys: c.keys, window: c.retention - c.margin, rec: rec}
 }
 
-// detached returns ctx without its cancel, so that a save that records
-// what happened is made even after the caller's context ended: ctx
+// detached returns ctx without its cancel. So a save that records what
+// happened is made even after the caller's context ended. It returns ctx
 // itself when nothing can cancel it (its Done is nil), which saves the
 // wrapper.
 func detached(ctx context.Context) context.Context {

@@ -12,71 +12,29 @@ import (
 )
 
 // Reconcile asks the server what became of an intent whose outcome is
-// unknown, without sending it again: a GET of the URL the lookup set with
-// Server.Lookup returns for the intent (for the fake server and APIs like it,
-// GET /payments?idempotency_key=K). It is the way to settle an expired
-// intent, or one the app no longer wants to resume; Settle calls it when
-// sending again is no longer safe. Without a lookup it returns an error
-// and changes nothing.
+// unknown. It never sends the intent again. It asks the lookup that
+// Server.Lookup gives, such as GET /payments?idempotency_key=K. Reconcile
+// settles an expired intent, or one the app no longer wants to resume.
+// Settle calls it when sending again is no longer safe. Without a lookup
+// it returns an error and changes nothing.
 //
-// The lookup acts for the intent's caller, as its attempts did: a server
-// scopes keys by caller, and answers a stranger with a miss. It carries
-// the intent's stored header fields, but those of the body (Content-*,
-// Digest) and the intent's preconditions (If-*). It carries
-// Config.Authorizer's credentials for the key, asked fresh. An Authorizer
-// that fails ends Reconcile with an error matching ErrOutcomeUnknown that
-// wraps the failure: nothing is sent, and nothing changes.
+// The lookup acts for the intent's caller, as its attempts did. It carries
+// the intent's stored header fields, and Config.Authorizer's credentials.
 //
-// Only the server's word settles the intent (see the package
-// documentation, "Whose word settles an intent"):
+// Only the server's word settles the intent. A 2xx with the key's echo or
+// the Mark's recognition makes it succeeded. The typed miss that echoes
+// this lookup's nonce makes it void. That happens only once no attempt can
+// still arrive (Server.ReconcileDelay). Every other answer changes nothing.
+// Then the error matches ErrOutcomeUnknown and says what to do. A
+// redirect is not followed, so give the lookup's final URL.
 //
-//   - 2xx that echoes the intent's key (Idempotency-Key), or that
-//     Server.Mark recognises by the key in its body (MarkIncrease), or
-//     that another recognizer recognises and that echoes this lookup's
-//     nonce without an Age field: the work was done; the intent becomes
-//     succeeded, with the lookup's answer stored as its response. A 2xx
-//     that echoes another key or another lookup's nonce is another
-//     lookup's answer, kept by a cache that ignores the query string.
-//   - 404 whose body is the lookup's typed miss (a problem of type
-//     https://idem.dev/problems/idempotency-key-unused), or that
-//     Server.Mark recognises, that echoes the fresh nonce this
-//     lookup sent (Idempotency-Lookup-Nonce; a miss a cache kept does
-//     not), once no attempt of the intent can still arrive: the work was
-//     never done; the intent becomes void and a new intent for the action
-//     may be created. An attempt may arrive up to the reconcile delay
-//     (Server.ReconcileDelay) after it was last written, which was, at the
-//     latest: never, for an intent this Client armed and never sent; the
-//     end of this Client's last call of it, if it sent it and still holds
-//     it; otherwise the send deadline its holder stored with its claim
-//     (the latest time the claiming call may begin a send), and never
-//     before this Client's creation. An expired intent waits like any other: the
-//     expiry write moves no deadline. The wait is the smallest time any
-//     clock says passed (the in-process timeline, which no setting of the
-//     wall clock moves; the wall clock; the clock that counts sleep).
-//   - 404 sooner than that: an attempt may still be on its way, so
-//     Reconcile returns an error matching ErrOutcomeUnknown that says how
-//     long to wait, and changes nothing. Try again later.
-//   - 409 (the server holds the key in progress), 503 and the other
-//     retryable answers: an error matching ErrOutcomeUnknown, and nothing
-//     changes: resume the intent with Do or reconcile later.
-//   - Anything else is "cannot tell yet": an error matching
-//     ErrOutcomeUnknown that wraps an *APIError with the answer, and
-//     nothing changes. That includes any other 404 (a CDN's page, a
-//     wrong path), a 2xx without the echo (a single-page app's
-//     index.html), a 401, 403 or 407 of a gateway, and a redirect,
-//     which is not followed: a lookup sent to a login page would get
-//     the page's 200. Give the lookup's final URL. The echo alone never
-//     voids an intent: a gateway that copies request header fields into
-//     its answers could forge it.
+// Reconcile returns the lookup's answer, and in.State() tells what was
+// concluded. A resolved intent is returned as it is, and nothing is sent.
+// A Do of the same intent waits while Reconcile runs. Reconcile returns
+// ErrInFlight if a Do for the intent is running. The lookup takes at most
+// RetryPolicy.MaxElapsed, the call's or else the Client's.
 //
-// The lookup's answer is returned; in.State() tells what was concluded.
-// While Reconcile runs, a Do of the same intent waits and then reads what
-// Reconcile concluded; Reconcile itself returns ErrInFlight if a Do for the
-// intent is running.
-// A resolved intent is returned as it is, and nothing is sent. The lookup
-// takes at most RetryPolicy.MaxElapsed, the call's (ContextWithRetryPolicy)
-// or else the Client's; one that gets no answer in time
-// is an error matching ErrOutcomeUnknown, and nothing changes.
+// docs/CLIENT.md, "Reconciling", gives each answer and each wait in full.
 func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 	if in == nil {
 		return nil, errors.New("idem: Reconcile with a nil intent")
@@ -96,16 +54,16 @@ func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
 		resp *Response
 		err  error
 	)
-	// Holding the key keeps a Do from sending while the lookup decides,
-	// and its save from racing this one's.
+	// Holding the key keeps a Do from sending while the lookup decides.
+	// It also keeps the Do's save from racing this one's.
 	if !c.flights.exclusive(key, func() { resp, err = c.askLookup(ctx, in, key, lookupURL) }) {
 		return nil, fmt.Errorf("%w: %s; reconcile it when the Do returns", ErrInFlight, key)
 	}
 	return resp, err
 }
 
-// askLookup is Reconcile's body, run while no call of key runs in this
-// Client: it asks the server's lookup at lookupURL what became of key, and
+// askLookup is Reconcile's body. It runs while no call of key runs in this
+// Client. It asks the server's lookup at lookupURL what became of key. It
 // concludes only on the server's word.
 func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL string) (*Response, error) {
 	cur, err := c.store.Get(ctx, key)
@@ -119,14 +77,14 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	next := *cur
 	rec := &next
 
-	// The lookup is one request: RetryPolicy.MaxElapsed bounds it, in real
+	// The lookup is one request. RetryPolicy.MaxElapsed bounds it in real
 	// time, whatever the http.Client's Timeout.
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.policyFor(ctx).MaxElapsed)
 	defer cancel()
 	// An error of the lookup's own limit is the budget's, not the
-	// caller's deadline; the URL net/http's error names carries no
-	// credential.
+	// caller's deadline. The URL in net/http's error loses its
+	// credentials.
 	cut := func(err error) error {
 		err = redactErr(err)
 		if ctx.Err() != nil && parent.Err() == nil {
@@ -138,12 +96,12 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	if err != nil {
 		return nil, err
 	}
-	// Whether an attempt may still arrive is decided as the lookup leaves:
-	// its answer tells the server's state from then on, and an attempt
-	// that arrives while the lookup is on its way is not in it.
-	// A request in the app's hands (HTTPRequest) may be sent up to the
-	// send deadline its hand-out stored: the server's retention from
-	// then, or the end the app reported (SendEnded).
+	// Whether an attempt may still arrive is decided as the lookup leaves.
+	// Its answer tells the server's state from then on. An attempt that
+	// arrives while the lookup is on its way is not in it.
+	// A request in the app's hands (HTTPRequest) may be sent until the
+	// send deadline its hand-out stored. That is the server's retention
+	// from then, or the end the app reported (SendEnded).
 	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
 	out, err := c.lookupAnswer(req, key, cut)
 	if err != nil {
@@ -155,24 +113,24 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	return c.recordLookup(ctx, in, rec, out, key)
 }
 
-// lookupRequest makes the lookup of the intent whose stored record is cur,
-// with the nonce its answer must echo. cut names an error of the lookup's
-// own limit.
+// lookupRequest makes the lookup of the intent whose stored record is cur.
+// It returns the nonce the answer must echo. cut names an error of the
+// lookup's own limit.
 func (c *Client) lookupRequest(ctx context.Context, cur *persist.Record, key, lookupURL string, cut func(error) error) (*http.Request, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lookupURL, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("idem: bad lookup URL: %w", err)
 	}
-	// The lookup acts for the intent's caller: the server answers a
+	// The lookup acts for the intent's caller. The server answers a
 	// stranger's lookup with a miss (see lookupHeader).
 	if req.Header, err = c.lookupHeader(ctx, cur.Header, key); err != nil {
 		return nil, "", fmt.Errorf("idem: reconciling intent %s: nothing was asked, nothing changes: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
 	// A cache on the path must ask the server, not answer from what it
-	// kept: a "not found" kept from before the payment would void it.
+	// kept. A "not found" kept from before the payment would void it.
 	req.Header.Set("Cache-Control", "no-cache")
 	// A cache that keeps the answer anyway replays another lookup's
-	// nonce, or none: its miss voids nothing (see lookupNonceHeader).
+	// nonce, or none. So its miss voids nothing (see lookupNonceHeader).
 	nonce := lookupNonce()
 	req.Header.Set(lookupNonceHeader, nonce)
 	return req, nonce, nil
@@ -180,18 +138,19 @@ func (c *Client) lookupRequest(ctx context.Context, cur *persist.Record, key, lo
 
 // lookupAnswer sends the lookup and reads its answer.
 func (c *Client) lookupAnswer(req *http.Request, key string, cut func(error) error) (*Response, error) {
-	// Never a key on GET: the lookup is naturally idempotent. A redirect
-	// is not followed: the page it leads to (a login page, say) is not the
-	// lookup's answer, and a 3xx settles nothing.
+	// A GET never carries a key, since the lookup is idempotent. A
+	// redirect is not followed. The page it leads to, such as a login
+	// page, is not the lookup's answer. A 3xx settles nothing.
 	lookup := *c.http
 	lookup.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	resp, err := lookup.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("idem: reconciling intent %s: %w: %w", key, ErrOutcomeUnknown, cut(err))
 	}
-	// An answer over Server.MaxResponseBytes, header fields included, is
-	// the server's word all the same, as a send's final answer is: its
-	// status settles, without its body (asking again would get it again).
+	// An answer over Server.MaxResponseBytes is the server's word all the
+	// same, as a send's final answer is. Its header fields count toward
+	// the limit. Its status settles, without its body. Asking again would
+	// only get it again.
 	var body []byte
 	oversized := false
 	if limit := c.maxBody - headerBytes(resp.Header); limit < 0 {
@@ -205,9 +164,9 @@ func (c *Client) lookupAnswer(req *http.Request, key string, cut func(error) err
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Oversized: oversized}, nil
 }
 
-// judgeLookup sets in rec what the lookup's answer out says of the intent,
-// or returns why it settles nothing, with what to return. wait is how much
-// longer an attempt may still arrive.
+// judgeLookup sets in rec what the lookup's answer out says of the intent.
+// Or it returns why the answer settles nothing, with what to return. wait
+// is how much longer an attempt may still arrive.
 func (c *Client) judgeLookup(rec *persist.Record, out *Response, key, lookupURL, nonce string, wait time.Duration) (*Response, error) {
 	resp, body := out, out.Body
 	switch {
@@ -218,14 +177,14 @@ func (c *Client) judgeLookup(rec *persist.Record, out *Response, key, lookupURL,
 	case isKeyUnused(resp.StatusCode, resp.Header, body) ||
 		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone(), key):
 		if !echoesNonce(resp.Header, nonce) {
-			// A miss kept by a cache (a CDN that caches everything) may
-			// be older than the payment: only a miss made for this
+			// A miss kept by a cache may be older than the payment. A CDN
+			// that caches everything keeps one. Only a miss made for this
 			// lookup is the server's word now.
 			return out, fmt.Errorf("idem: the lookup's miss for intent %s does not echo this lookup's nonce (%s): a cache may have kept it from before the payment; nothing changes, reconcile later: %w",
 				key, lookupNonceHeader, ErrOutcomeUnknown)
 		}
-		// Expired or not: an attempt sent just before expiry may arrive
-		// as late as any other.
+		// An expired intent waits too. An attempt sent just before
+		// expiry may arrive as late as any other.
 		if wait > 0 {
 			return nil, fmt.Errorf("idem: the server has no effect for intent %s yet, but an attempt of it may still be on its way; reconcile again in %s: %w",
 				key, wait.Round(time.Millisecond), ErrOutcomeUnknown)
@@ -233,17 +192,18 @@ func (c *Client) judgeLookup(rec *persist.Record, out *Response, key, lookupURL,
 		rec.State = persist.StateVoid
 		rec.Response = nil
 	case retryableStatus(resp.StatusCode):
-		// 409: the server holds the key in progress (perhaps a dead
-		// worker's, with a provider charge it has yet to record); 503 and
-		// the like: it cannot tell now. Either way, not settled: resume
-		// with Do, which lets the server finish the work, or try later.
+		// A 409 says the server holds the key in progress. It may be a
+		// dead worker's, with a provider charge it has yet to record. A
+		// 503 and the like say it cannot tell now. Neither settles. Do
+		// lets the server finish the work, or a later lookup may tell.
 		return out, fmt.Errorf("idem: the server cannot settle intent %s now (%d %s); resume it with Do or reconcile later: %w: %w",
 			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
 			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	default:
-		// Not the server's word on the key: a CDN's or an ingress's own
-		// 404, a single-page app's index.html, a gateway's 401, a 2xx
-		// without the echo. It settles nothing.
+		// This is not the server's word on the key. It may be a CDN's or
+		// an ingress's own 404, or a single-page app's index.html. It may
+		// be a gateway's 401, or a 2xx without the echo. It settles
+		// nothing.
 		return out, fmt.Errorf("idem: the lookup's answer for intent %s (%d %s) is not the server's word on its key (a 2xx without the Idempotency-Key echo or this lookup's nonce, a 404 without the typed miss); nothing changes, reconcile later: %w: %w",
 			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
 			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
@@ -258,12 +218,13 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
 	if err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation"); err != nil {
 		if errors.As(err, new(*adoptedError)) {
-			// Resolved while the lookup ran: the stored word stands.
+			// Another call resolved it while the lookup ran. The stored
+			// word stands.
 			return c.adopted(err)
 		}
 		// The store still holds the intent unresolved. The server's
 		// answer is returned, marked as not recorded, as Do returns one.
-		// A void is not the server's answer: the outcome the app can
+		// A void is not the server's answer. So the outcome the app can
 		// rely on is unknown.
 		if rec.Response != nil {
 			out.NotRecorded = true

@@ -16,7 +16,7 @@ import (
 type intentKey struct{}
 
 // ContextWithIntent returns a context that carries in. A request sent with
-// it through the Client's RoundTripper uses in's key and stored record, so
+// it through the Client's RoundTripper uses in's key and stored record. So
 // its retries survive restarts like those of Client.Do.
 func ContextWithIntent(ctx context.Context, in *Intent) context.Context {
 	return context.WithValue(ctx, intentKey{}, in)
@@ -29,40 +29,40 @@ func intentFromContext(ctx context.Context) (*Intent, bool) {
 }
 
 // HTTPRequest returns the exact request of an intent, as Do puts it on the
-// wire: its method, URL, stored headers and body bytes, and its
-// Idempotency-Key spelled as every attempt of it spells it, with GetBody
-// set so that it may be sent more than once. It is for sending an intent
-// through an http.Client that idem does not manage. The answer it gets is
-// not recorded: the intent (armed first, as by Do) stays as it is until a Do, Settle or Reconcile
-// through the Client, which the server answers from its record of the key.
-// To have such a client's answers recorded, give it the Client's
-// RoundTripper and a context from ContextWithIntent instead.
+// wire. It has the intent's method, URL, stored headers and body bytes. Its
+// Idempotency-Key is spelled as every attempt of it spells it. GetBody is
+// set, so it may be sent more than once. It serves an http.Client that
+// idem does not manage.
 //
-// A succeeded intent's request is handed out: the server replays its
-// answer. Any other resolved intent (void, failed, rejected) is refused
-// with an error, and nothing changes: the server may hold no record of
-// its key, so its request, sent, would do the work anew. Create a new
-// intent (NewIntent) to do the action again. An intent stored not sent is
-// handed out as a send again arms it: its age, and the server's retention
-// of its key, start again now.
+// HTTPRequest arms the intent first, as Do does. The answer the request
+// gets is not recorded. The intent stays as it is until a Do, Settle or
+// Reconcile through the Client. The server answers those from its record
+// of the key. To have such a client's answers recorded, give it the
+// Client's RoundTripper and a context from ContextWithIntent instead.
 //
-// Send the request while the intent is younger than the server's retention
-// less its margin (Server.Retention less Server.RetentionMargin: 23 hours
-// by default), counted from the tap, or from this hand-out for an intent
-// stored not sent. Do not keep it longer: a request sent after the server
+// A succeeded intent's request is handed out, and the server replays its
+// answer. Any other resolved intent (void, failed, rejected) is refused,
+// and nothing changes. The server may hold no record of its key, so its
+// request would do the work anew. NewIntent makes a new intent to do the
+// action again. An intent stored not sent is handed out as a send again
+// arms it. Its age, and the server's retention of its key, start again.
+//
+// Send the request while the intent is young enough. That is younger than
+// Server.Retention less Server.RetentionMargin, 23 hours by default. The
+// age counts from the tap, or from this hand-out for an intent stored not
+// sent. Do not keep the request longer. A request sent after the server
 // forgot its key is done anew. Ask HTTPRequest again instead. It refuses
-// an intent too old to send; an unresolved one is then stored expired
-// (the error matches ErrOutcomeUnknown), to settle with Settle or
-// Reconcile.
+// an intent too old to send. An unresolved one is then stored expired, and
+// the error matches ErrOutcomeUnknown. Settle or Reconcile settles it.
 //
-// An error after the intent was armed (a store's read or write failed)
-// comes with no request and matches ErrOutcomeUnknown: nothing was handed
-// out, but the intent is armed, and a later Do or SettleAll may send it.
+// A store's read or write may fail after the intent was armed. That error
+// comes with no request and matches ErrOutcomeUnknown. Nothing was handed
+// out, but the intent is armed. A later Do or SettleAll may send it.
 func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
 	if in == nil {
 		return nil, errors.New("idem: HTTPRequest with a nil intent")
 	}
-	// The request leaves the Client's hands: the intent is armed, and
+	// The request leaves the Client's hands. So the intent is armed, and
 	// stored as handed out, first.
 	if err := c.handOut(ctx, in); err != nil {
 		return nil, err
@@ -79,40 +79,42 @@ func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, er
 	return req, nil
 }
 
-// ErrNoIdentity: a POST or PATCH sent through the Client's RoundTripper
-// states no intent. The RoundTripper never guesses one, and never makes a
-// fresh key for such a request: an API client that sends it again (after a
-// lost answer, through a transport that clones it) would pay twice. Name
-// the request's action with ContextWithAction, pass its intent with
-// ContextWithIntent, or set its own Idempotency-Key. Nothing was sent.
+// ErrNoIdentity means a POST or PATCH sent through the Client's
+// RoundTripper states no intent. Nothing was sent. The RoundTripper never
+// guesses an intent, and never makes a fresh key for such a request. An
+// API client may send it again after a lost answer. It may pass through a
+// transport that clones it. A fresh key would then pay twice. Name the
+// request's action with ContextWithAction. Or pass its intent with
+// ContextWithIntent, or set its own Idempotency-Key.
 var ErrNoIdentity = errors.New("idem: a POST or PATCH through the RoundTripper states no intent: name its action (ContextWithAction), pass its intent (ContextWithIntent) or set its Idempotency-Key")
 
-// ErrRequestTooLarge: a request's body through the RoundTripper is over
-// MaxRequestBodyBytes. Nothing was sent.
+// ErrRequestTooLarge means a request's body through the RoundTripper is
+// over MaxRequestBodyBytes. Nothing was sent.
 var ErrRequestTooLarge = errors.New("idem: the request's body is over MaxRequestBodyBytes")
 
 // MaxRequestBodyBytes is the largest body the RoundTripper sends. Every
-// attempt sends the same bytes, so it holds them (and an action's intent
-// stores them on the device): a larger body is refused with
-// ErrRequestTooLarge before anything is sent, and never read whole. One
-// whose ContentLength says so is not read at all; a stream is read to one
-// byte past the limit.
+// attempt sends the same bytes, so the RoundTripper holds them. An
+// action's intent stores them on the device too. A larger body is refused
+// with ErrRequestTooLarge before anything is sent. It is never read whole.
+// One whose ContentLength says so is not read at all. A stream is read to
+// one byte past the limit.
 const MaxRequestBodyBytes = 10 << 20
 
 type actionKey struct{}
 
-// ContextWithAction returns a context that names the action, as
-// Client.Intent takes it, of a POST or PATCH sent with it through the
-// Client's RoundTripper. The RoundTripper takes the action's intent for
-// the request as Intent does, and arms it as Do does: the same request,
-// sent again, cloned (req.Clone keeps the context) or copied, is the same
-// intent with the same key, and its retries survive restarts. A changed
-// request follows Intent's rules: it replaces an intent never sent, and is
-// refused (*UnresolvedError, *ResolvedError) while the action's latest
-// intent may have been sent or was paid. The intent stores the request's
-// method, URL, body and its Content-Type, Content-Encoding,
-// Content-Language and Accept fields; the other fields (credentials
-// among them) go on the wire only.
+// ContextWithAction returns a context that names the action of a POST or
+// PATCH sent with it through the Client's RoundTripper. The name is as
+// Client.Intent takes it. The RoundTripper takes the action's intent for
+// the request as Intent does. It arms it as Do does. So the same request
+// is the same intent with the same key, sent again, cloned or copied.
+// req.Clone keeps the context. Its retries survive restarts.
+//
+// A changed request follows Intent's rules. It replaces an intent never
+// sent. It is refused (*UnresolvedError, *ResolvedError) while the
+// action's latest intent may have been sent or was paid. The intent stores
+// the request's method, URL and body. Of its header fields it stores
+// Content-Type, Content-Encoding, Content-Language and Accept. The other
+// fields, credentials among them, go on the wire only.
 func ContextWithAction(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, actionKey{}, name)
 }
@@ -124,56 +126,46 @@ func actionFromContext(ctx context.Context) (string, bool) {
 }
 
 // storedRequestFields are the header fields an action's intent made by the
-// RoundTripper keeps: what the server needs to read the body again after a
-// restart. Anything else may be a credential, which the device never
+// RoundTripper keeps. The server needs them to read the body again after
+// a restart. Anything else may be a credential, which the device never
 // stores.
 var storedRequestFields = []string{"Content-Type", "Content-Encoding", "Content-Language", "Accept"}
 
 // RoundTripper returns an http.RoundTripper that sends POST and PATCH
-// requests with an Idempotency-Key and retries them under the Client's
-// policy, so any *http.Client (a generated API client, say) gets safe
+// requests with an Idempotency-Key. It retries them under the Client's
+// policy. So any *http.Client, such as a generated API client, gets safe
 // retries:
 //
 //	hc := &http.Client{Transport: client.RoundTripper(http.DefaultTransport)}
 //	ctx := idem.ContextWithAction(ctx, "checkout-"+cartID)
 //
-// A request's identity is what the app states, never which object it is,
-// so a clone (an auth transport's req.Clone) and a request sent again (an
-// API client's own retry) keep it. In this order:
+// A request's identity is what the app states, never which object it is.
+// So a clone keeps it, as does a request sent again. The RoundTripper
+// looks for it in this order:
 //
-//   - an intent in the request's context (ContextWithIntent): the request
-//     must be the intent's, else the round trip fails with
-//     ErrIntentMismatch before anything is sent;
-//   - the request's own Idempotency-Key: a stored intent's key makes the
-//     request that intent (and it must be its request); another key (an
-//     API client that chose it, as Stripe's do) is sent on every attempt,
-//     and kept in memory for this call only;
-//   - an action named in the request's context (ContextWithAction): the
-//     action's intent for this request, stored and armed as by Do.
+//   - an intent in the request's context (ContextWithIntent), which must
+//     be the request's, else ErrIntentMismatch;
+//   - the request's own Idempotency-Key, which may name a stored intent,
+//     or else is kept in memory for this call only;
+//   - an action named in the request's context (ContextWithAction).
 //
-// A POST or PATCH that states none is refused with ErrNoIdentity, and one
-// whose body is over MaxRequestBodyBytes with ErrRequestTooLarge; nothing
-// is sent. The live request's header fields (credentials set by the
-// caller's transports included) go on the wire, with the intent's key.
+// A POST or PATCH that states none is refused with ErrNoIdentity. One
+// whose body is over MaxRequestBodyBytes is refused with
+// ErrRequestTooLarge. Nothing is sent then. The live request's header
+// fields go on the wire with the intent's key. Credentials set by the
+// caller's transports are among them.
 //
-// A final answer, 4xx included, is returned as the response (one larger
-// than Server.MaxResponseBytes with an empty body and only its stored
-// header fields, as Response.Oversized describes). A 301, 302 or 303 is
-// returned too, to the app's http.Client, whose following GET carries no
-// key and no intent. A 303 that the server marked is the intent's
-// success, and its GET is sent. Any other (a 301, a 302, an unmarked 303:
-// a captive portal's, say) leaves the outcome unknown, and the intent is
-// settled later (Settle, Reconcile): its GET is not sent, and ends with
-// the call's error, which wraps *RetryError, so that no login page
-// reaches the app as its payment's answer. A client whose CheckRedirect
-// returns http.ErrUseLastResponse gets that 3xx itself. The GET is known
-// by the 3xx's Body: a transport over the RoundTripper that replaces the
-// Body hides it, and then the GET passes through, and its answer is not
-// the payment's. Any other unknown outcome
-// is returned as an error wrapping *RetryError. Other methods pass through
-// to base untouched and never carry a key (one set by the app on a
-// redirect's GET is taken off). base nil means http.DefaultTransport. The
-// RoundTripper is safe for concurrent use.
+// A final answer, 4xx included, is returned as the response. A 301, 302
+// or 303 is handed back to the app's http.Client. Its GET carries no key
+// and no intent. That GET is sent only after a 303 the server marked.
+// After any other, the GET fails with the call's error, which wraps
+// *RetryError. So no login page reaches the app as its payment's answer.
+// Any other unknown outcome is an error wrapping *RetryError too. Other methods
+// pass through to base untouched, and never carry a key. base nil means
+// http.DefaultTransport. The RoundTripper is safe for concurrent use.
+//
+// docs/CLIENT.md, "Sending through any http.Client", tells each case in
+// full.
 func (c *Client) RoundTripper(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
@@ -186,11 +178,11 @@ type roundTripper struct {
 	base  http.RoundTripper
 	retry *retrier // sends each attempt through base
 
-	// callers holds the in-memory intent of each caller's own key (one
-	// that names no stored intent) until it resolves: the caller's retry
-	// of the same request, however much later, is the same intent, whose
-	// age counts from its first send, so that it is not sent past the
-	// server's retention. A restart forgets them.
+	// callers holds the in-memory intent of each caller's own key, until
+	// it resolves. Such a key names no stored intent. The caller's retry
+	// of the same request, however much later, is the same intent. Its
+	// age counts from its first send. So it is not sent past the server's
+	// retention. A restart forgets them.
 	mu      sync.Mutex
 	callers map[string]*Intent
 }
@@ -226,8 +218,8 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	// The live request's headers go on the wire (credentials set by the
-	// caller's client included), minus the key, which is the intent's.
+	// The live request's headers go on the wire, credentials set by the
+	// caller's client included. Its key gives way to the intent's.
 	header := req.Header.Clone()
 	if header == nil {
 		header = http.Header{}
@@ -243,25 +235,24 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.settled(in)
 	if resp == nil {
 		if last := handedBack(err); last != nil {
-			// A 301, 302 or unmarked 303 is the app's client's to follow:
-			// the intent's outcome stays unknown, and its GET carries no
-			// key.
+			// A 301, 302 or unmarked 303 is the app's client's to follow.
+			// The intent's outcome stays unknown. Its GET carries no key.
 			resp := httpResponse(req, last)
 			resp.Body = &handedBackBody{Reader: bytes.NewReader(last.Body), err: err}
 			return resp, nil
 		}
 		return nil, err
 	}
-	// A response is a final answer: an *APIError only interprets it, and a
-	// *SaveError leaves the intent unresolved on the device, where the next
-	// Do replays the server's stored answer. Either way the answer is
+	// A response is a final answer. An *APIError only interprets it. A
+	// *SaveError leaves the intent unresolved on the device. There the
+	// next Do replays the server's stored answer. Either way the answer is
 	// returned, as a RoundTripper must.
 	return httpResponse(req, resp), nil
 }
 
-// refuse returns why req cannot be sent, before its body is read: it
-// states no identity (ErrNoIdentity), its body is known to be over
-// MaxRequestBodyBytes, or its context carries a bad RetryPolicy.
+// refuse returns why req cannot be sent, before its body is read. It may
+// state no identity (ErrNoIdentity). Its body may be known to be over
+// MaxRequestBodyBytes. Or its context may carry a bad RetryPolicy.
 func (t *roundTripper) refuse(req *http.Request) error {
 	ctx := req.Context()
 	if err := checkPolicy(ctx); err != nil {
@@ -278,8 +269,8 @@ func (t *roundTripper) refuse(req *http.Request) error {
 	return nil
 }
 
-// intentFor returns the intent that req, whose bytes are live, states:
-// see RoundTripper. A stored intent is armed.
+// intentFor returns the intent that req, whose bytes are live, states.
+// RoundTripper tells how. A stored intent is armed.
 func (t *roundTripper) intentFor(ctx context.Context, req *http.Request, live Request) (*Intent, error) {
 	in, ok := intentFromContext(ctx)
 	k := req.Header.Get("Idempotency-Key")
@@ -294,8 +285,8 @@ func (t *roundTripper) intentFor(ctx context.Context, req *http.Request, live Re
 	}
 	if !ok && k == "" {
 		// The action's intent for this request, as Intent finds or makes
-		// it: the same request is the same intent, whatever object
-		// carries it.
+		// it. The same request is the same intent, whatever object carries
+		// it.
 		name, _ := actionFromContext(ctx)
 		kept := Request{Method: live.Method, URL: live.URL, Body: live.Body}
 		for _, f := range storedRequestFields {
@@ -321,8 +312,8 @@ func (t *roundTripper) intentFor(ctx context.Context, req *http.Request, live Re
 		}
 		return in, nil
 	}
-	// The caller's own key, which names no stored intent (an API client
-	// that retries with it after an error): every attempt carries it.
+	// The caller's own key names no stored intent. An API client may
+	// retry with it after an error. Every attempt carries it.
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if in := t.callers[k]; in != nil && in.matches(live) {
@@ -338,8 +329,8 @@ func (t *roundTripper) intentFor(ctx context.Context, req *http.Request, live Re
 	rec.Key, rec.KeyHeader = k, k
 	in = &Intent{rec: rec, ephemeral: true, callersKey: true, keys: t.c.keys}
 	if t.callers[k] == nil {
-		// The first request under the key is the one whose age counts;
-		// another request under it is refused by the server (key reused).
+		// The first request under the key is the one whose age counts.
+		// The server refuses another request under it (key reused).
 		if t.callers == nil {
 			t.callers = make(map[string]*Intent)
 		}
@@ -361,10 +352,10 @@ func (t *roundTripper) settled(in *Intent) {
 }
 
 // handedBack returns the redirect that ended a call, when the app's
-// http.Client is to follow it: a 301, 302 or 303 (one the server did not
-// mark) after which the client's GET fetches what it names. A 307 or 308
-// that reached the client was not followed on purpose (from https to
-// http), and other 3xx name nothing to fetch: those stay errors.
+// http.Client is to follow it. That is a 301, 302 or unmarked 303. The
+// client's GET then fetches what it names. A 307 or 308 that reached the
+// client was not followed on purpose, from https to http. Other 3xx name
+// nothing to fetch. Those stay errors.
 func handedBack(err error) *Response {
 	var re *RetryError
 	if !errors.As(err, &re) || re.Reason != stopRedirect || re.LastResponse == nil {
@@ -387,12 +378,12 @@ type handedBackBody struct {
 
 func (*handedBackBody) Close() error { return nil }
 
-// followsUnknown returns why req, the GET an http.Client makes to follow
-// a redirect this RoundTripper handed back, is not sent: the redirect
-// left the payment's outcome unknown, and the page it names (a captive
-// portal's login page, say) would reach the app as the answer to its
-// payment, with no error. The app's client still sees the redirect
-// itself (CheckRedirect, http.ErrUseLastResponse).
+// followsUnknown returns why req is not sent. req is the GET an
+// http.Client makes to follow a redirect this RoundTripper handed back.
+// The redirect left the payment's outcome unknown. The page it names
+// would reach the app as its payment's answer, with no error. A captive
+// portal's login page is such a page. The app's client still sees the
+// redirect itself (CheckRedirect, http.ErrUseLastResponse).
 func followsUnknown(req *http.Request) error {
 	if req.Response == nil {
 		return nil
@@ -420,8 +411,8 @@ func httpResponse(req *http.Request, resp *Response) *http.Response {
 }
 
 // keyless returns req without an Idempotency-Key when it is the GET (or
-// HEAD) an http.Client makes to follow a redirect: it copies the
-// request's header fields, the app's own key among them, and a GET never
+// HEAD) an http.Client makes to follow a redirect. The client copies the
+// request's header fields, the app's own key among them. A GET never
 // carries a key.
 func keyless(req *http.Request) *http.Request {
 	if req.Response == nil || req.Header.Get("Idempotency-Key") == "" {
@@ -432,8 +423,8 @@ func keyless(req *http.Request) *http.Request {
 	return out
 }
 
-// readRequestBody returns req's body, refusing one over
-// MaxRequestBodyBytes after reading one byte past it at most.
+// readRequestBody returns req's body. It refuses one over
+// MaxRequestBodyBytes, having read one byte past it at most.
 func readRequestBody(req *http.Request) ([]byte, error) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return nil, nil
@@ -441,8 +432,8 @@ func readRequestBody(req *http.Request) ([]byte, error) {
 	defer req.Body.Close()
 	src := req.Body
 	if req.GetBody != nil {
-		// A fresh copy: a request sent again has its bytes even when the
-		// caller did not rewind its Body.
+		// A fresh copy gives a request sent again its bytes. That holds
+		// even when the caller did not rewind its Body.
 		if b, err := req.GetBody(); err == nil {
 			defer b.Close()
 			src = b
@@ -458,10 +449,10 @@ func readRequestBody(req *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// readAtMost reads r to its end, as io.ReadAll does, and fails with
-// ErrRequestTooLarge past limit bytes. size, the length r says it has
-// (ContentLength; 0 or less when unknown), sizes the buffer, so that a
-// body of the length it states is read into one allocation.
+// readAtMost reads r to its end, as io.ReadAll does. It fails with
+// ErrRequestTooLarge past limit bytes. size is the length r says it has,
+// or 0 or less when unknown. It sizes the buffer. So a body of the length
+// it states is read into one allocation.
 func readAtMost(r io.Reader, size, limit int64) ([]byte, error) {
 	n := int64(512)
 	if size > 0 {
@@ -474,7 +465,7 @@ func readAtMost(r io.Reader, size, limit int64) ([]byte, error) {
 		}
 		if len(b) == cap(b) {
 			// Doubled, never past the byte that tells the limit is
-			// passed: at most about twice the limit is allocated in all.
+			// passed. So at most about twice the limit is allocated.
 			grown := make([]byte, len(b), min(2*int64(cap(b)), limit+1))
 			copy(grown, b)
 			b = grown
