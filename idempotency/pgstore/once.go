@@ -62,8 +62,8 @@ var takeOverOnceSQL = nowSQL(4) + ` SELECT EXISTS (SELECT 1 FROM t, idempotency_
 	FOR UPDATE OF r SKIP LOCKED)`
 
 // onceKeySQL is the key column ($2) of the COMPLETED record that RunOnce
-// writes after the handler's statements. That same statement does two
-// more things:
+// writes after the handler's statements. The expression serves two more
+// ends:
 //   - it raises synchronous_commit for the commit that follows
 //     ([syncCommitSQL]), since the handler may have lowered it;
 //   - it is NULL in a transaction without RunOnce's mark $11, where the
@@ -369,8 +369,9 @@ func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abando
 	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, conflicted(unanswered(err, o.s.commit)))
 }
 
-// committed checks a COMMIT that the server answered. The transaction
-// ended within its bound, and no operator cut its wait for a standby.
+// committed checks a COMMIT that the server answered. It checks that the
+// transaction ended within its bound. It checks that no operator cut its
+// wait for a standby.
 func (o *onceRun) committed(wctx context.Context) error {
 	rec, conn := o.rec, o.conn
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {

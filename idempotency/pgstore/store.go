@@ -175,15 +175,15 @@ var (
 
 type txKey struct{}
 
-// Tx returns the transaction that runs the effect given ctx. That is the
-// transaction of [Store.Complete] or of [Store.RunOnce]. Tx returns false
-// when ctx comes from neither. An effect registered with
+// Tx returns the transaction of the call that gave ctx. That call is
+// [Store.Complete], running an effect, or [Store.RunOnce], running a
+// request. Tx returns false when ctx comes from neither. An effect registered with
 // [idempotency.OnCommit] writes its business rows through it. So does the
 // handler in the single-transaction mode. The rows then commit with the
 // COMPLETED record or not at all. The effect must not commit or roll back
-// the transaction. It must not write through another connection. One that
-// ends the transaction anyway fails its request with a server error. Then
-// nothing is stored, in either mode. See the package docs.
+// the transaction. It must not write through another connection. A
+// handler or effect that ends it anyway fails its request with a server
+// error. Nothing is then stored, in either mode. See the package docs.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok
@@ -373,8 +373,8 @@ SELECT 1 / (SELECT count(*) FROM upd)::int`
 // Complete implements [idempotency.Store] in one transaction. It locks
 // the record, only if owner holds it IN_PROGRESS. It runs commit with the
 // transaction in its context (see [Tx]). Then it marks the record
-// COMPLETED and commits. If commit fails, or the connection is lost first,
-// the transaction rolls back. The record then stays IN_PROGRESS, owner's,
+// COMPLETED and commits. If commit fails, or the connection is lost before
+// the commit, the transaction rolls back. The record then stays IN_PROGRESS, owner's,
 // until its lease ends.
 //
 // BEGIN travels with the record's lock, and the record's update with the
@@ -421,9 +421,9 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(holdSQL, caller(id), id.Key, owner, mark).QueryRow(func(r pgx.Row) error { return r.Scan(nil, &held) })
-	// Under repeatable read or serializable, a take-over committed while
-	// the lock was awaited fails with a serialization failure. That is
-	// a conflict.
+	// Under repeatable read or serializable, another worker's take-over
+	// committed while the lock was awaited makes the lock fail. conflicted
+	// reports that serialization failure.
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
 		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, conflicted(unanswered(err, s.acquire)))
 	}
