@@ -26,8 +26,8 @@
 // says what became of the intent; see the Outcome constants. Its Kind says
 // how the call ended, finer where there is more to say.
 //
-// An error is returned only for problems on the device. Then the intent
-// keeps its state. gobind turns a Go error into an exception that carries
+// An error is returned only for problems on the device. [ErrorKind] lists
+// their kinds. gobind turns a Go error into an exception that carries
 // only its message. Pass the exception itself to [ErrorKind] to read its
 // kind. Never parse a kind from a message.
 //
