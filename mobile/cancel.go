@@ -5,12 +5,13 @@ import (
 	"sync"
 )
 
-// Cancel stops a call from another thread. Make one (Cancel() in Kotlin,
-// MobileCancel() in Swift, &Cancel{} in Go: the zero Cancel is ready), pass
-// it to the call, and call Cancel from anywhere: the call returns promptly
-// with an error of kind KindCanceled. A Cancel serves one call at a time;
-// cancelling before the call starts makes it return at once. The call it
-// was passed to spends it: passed to the next call, it is ready again.
+// Cancel stops a call from another thread. Make one: Cancel() in Kotlin,
+// MobileCancel() in Swift, &Cancel{} in Go. The zero Cancel is ready. Pass
+// it to the call, and call Cancel from anywhere. The call then returns
+// promptly with an error of kind KindCanceled. A Cancel serves one call at
+// a time. Cancelling before the call starts makes it return at once. The
+// call it was passed to spends it. Passed to the next call, it is ready
+// again.
 type Cancel struct {
 	mu       sync.Mutex
 	canceled bool
@@ -55,7 +56,7 @@ func (c *Cancel) bind(ctx context.Context) (context.Context, func()) {
 	c.stop = stop
 	return ctx, func() {
 		c.mu.Lock()
-		// The call is over: a Cancel it got is spent, and the next call
+		// The call is over. A Cancel it got is spent, and the next call
 		// this handle is passed to runs.
 		c.stop, c.canceled = nil, false
 		c.mu.Unlock()

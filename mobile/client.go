@@ -15,7 +15,7 @@ import (
 )
 
 // Client pays and settles intents kept in a state directory. Open one per
-// directory for the life of the app; it is safe for use from several
+// directory for the life of the app. It is safe for use from several
 // threads at once.
 type Client struct {
 	cfg    Config
@@ -29,14 +29,14 @@ type Client struct {
 	calls  sync.WaitGroup
 }
 
-// Open opens the state directory (creating it, private to the app) and
-// returns a Client. It fails with an error of kind KindLocked while
-// another Client has the directory open, and of kind KindBadInput for a
-// wrong Config.
+// Open opens the state directory and returns a Client. It creates the
+// directory, private to the app. It fails with an error of kind
+// KindLocked while another Client has the directory open. It fails with
+// kind KindBadInput for a wrong Config.
 func Open(cfg *Config) (*Client, error) { return open(cfg) }
 
-// open is Open with edits of the idem.Config the facade makes, which tests
-// use to share a manual clock and the fake server's http.Client.
+// open is Open with edits of the idem.Config the facade makes. Tests use
+// them to share a manual clock and the fake server's http.Client.
 func open(cfg *Config, edits ...func(*idem.Config)) (*Client, error) {
 	c, base, err := cfg.check()
 	if err != nil {
@@ -102,11 +102,11 @@ func (c *Client) call(cancel *Cancel, budget int64, f func(ctx context.Context) 
 
 	ctx, release := cancel.bind(context.Background())
 	defer release()
-	// The budget bounds the whole call, waits and attempts included, as the
-	// call's retry policy: a short one for a tap, a long one for a settle.
+	// The budget bounds the whole call, waits and attempts included, as
+	// the call's retry policy. A tap gets a short one, a settle a long one.
 	ctx = idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxElapsed: time.Duration(budget) * time.Millisecond})
-	// An Authorizer that fails stops the call: no retry can fix it, and
-	// SettleAll stops there too rather than fail each intent in turn.
+	// An Authorizer that fails stops the call, since no retry can fix it.
+	// SettleAll stops there too, rather than fail each intent in turn.
 	ctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	ctx = context.WithValue(ctx, authFailureKey{}, func(error) { stopAll() })
@@ -134,27 +134,27 @@ func (c *Client) request(path string, body []byte) (idem.Request, error) {
 		Method: http.MethodPost,
 		URL:    u,
 		Header: http.Header{"Content-Type": {"application/json"}},
-		// gobind's []byte points into memory the JVM frees on return,
-		// and the intent keeps these bytes for every attempt.
+		// gobind's []byte points into memory the JVM frees on return.
+		// The intent keeps these bytes for every attempt.
 		Body: bytes.Clone(body),
 	}, nil
 }
 
-// Pay sends the payment for the action name (such as "checkout:cart-42"):
-// a POST of body to path, under the foreground budget. The first Pay for a
-// name creates its intent and saves it before sending; a Pay with the same
-// body reuses it and its key, so a retry after a crash or a lost answer
-// never pays twice. A resolved intent is answered from the device
-// (FromStore) without sending. A changed body while the previous intent is
-// unresolved returns OutcomeBlocked; settle that one first.
+// Pay sends the payment for the action name, such as "checkout:cart-42".
+// It is a POST of body to path, under the foreground budget. The first Pay
+// for a name creates its intent and saves it before sending. A Pay with
+// the same body reuses it and its key. So a retry after a crash or a lost
+// answer never pays twice. A resolved intent is answered from the device
+// (FromStore), without sending. A changed body while the previous intent
+// is unresolved returns OutcomeBlocked. Settle that one first.
 func (c *Client) Pay(name, path string, body []byte, cancel *Cancel) (*Result, error) {
 	return c.pay(name, path, body, cancel, false)
 }
 
 // PayAnew starts a new payment for the action name, as after a declined
-// card: a new intent with a new key, even if the body is the same. It
-// returns OutcomeBlocked while the previous intent for the name is
-// unresolved.
+// card. It makes a new intent with a new key, even if the body is the
+// same. It returns OutcomeBlocked while the previous intent for the name
+// is unresolved.
 func (c *Client) PayAnew(name, path string, body []byte, cancel *Cancel) (*Result, error) {
 	return c.pay(name, path, body, cancel, true)
 }
@@ -182,24 +182,24 @@ func (c *Client) pay(name, path string, body []byte, cancel *Cancel, anew bool) 
 }
 
 // Settle brings the intent with this key to a final state by the safest
-// means, under the background budget: while the server keeps its key, it
-// sends the intent again with its own key and bytes (the way to finish an
-// intent left by an earlier run); once the intent is too old to send, it
-// asks the server's lookup instead, where OutcomeVoid means the server
-// never did it and OutcomeUnknown that it cannot tell yet. A resolved
-// intent is answered from the device.
+// means, under the background budget. While the server keeps its key, it
+// sends the intent again with its own key and bytes. That is the way to
+// finish an intent left by an earlier run. Once the intent is too old to
+// send, it asks the server's lookup instead. There OutcomeVoid means the
+// server never did it. OutcomeUnknown means it cannot tell yet. A
+// resolved intent is answered from the device.
 func (c *Client) Settle(key string, cancel *Cancel) (*Result, error) {
 	return c.withIntent(key, cancel, c.idem.Settle)
 }
 
 // SettleAll settles every unresolved intent on the device, under the
-// background budget, and returns a Result for each, oldest first: the call
-// for app start. An intent whose last call ended not sent is not sent:
-// the user was told so, and it goes out again only when the app asks
-// (Pay, or Settle with its key); its Result is OutcomeNotSent. The check is
-// made as each intent is sent, not when the list is taken, so a Pay that
-// ends not sent while SettleAll runs is kept too. A Result for an intent
-// whose call met a storage failure is OutcomeUnknown: it may have been
+// background budget. It returns a Result for each, oldest first. It is the
+// call for app start. An intent whose last call ended not sent is not
+// sent. The user was told so. It goes out again only when the app asks,
+// with Pay or with Settle and its key. Its Result is OutcomeNotSent. The
+// check is made as each intent is sent, not when the list is taken. So a
+// Pay that ends not sent while SettleAll runs is kept too. An intent whose
+// call met a storage failure is OutcomeUnknown, since it may have been
 // sent. Intents the device cannot read are left out, and Unreadable says
 // so.
 func (c *Client) SettleAll(cancel *Cancel) (*ResultList, error) {
@@ -224,7 +224,7 @@ func (c *Client) SettleAll(cancel *Cancel) (*ResultList, error) {
 		r, err := resultOf(s.Intent, s.Response, s.Err)
 		if err != nil {
 			// A device error on an intent that may have been sent says
-			// nothing of the payment: its outcome is unknown.
+			// nothing of the payment. Its outcome is unknown.
 			r = &Result{Key: s.Intent.Key(), Outcome: OutcomeUnknown, Kind: ErrorKind(err), Detail: err.Error()}
 		}
 		l.items = append(l.items, r)
@@ -245,8 +245,8 @@ func (c *Client) withIntent(key string, cancel *Cancel, op func(context.Context,
 	})
 }
 
-// Unresolved lists the intents whose outcome is unknown: settle each at app
-// start.
+// Unresolved lists the intents whose outcome is unknown. Settle each at
+// app start.
 func (c *Client) Unresolved() (*IntentList, error) {
 	if err := c.checkOpen(); err != nil {
 		return nil, err
@@ -263,8 +263,8 @@ func (c *Client) Unresolved() (*IntentList, error) {
 }
 
 // Forget deletes the intent with this key from the device. It is the
-// unsafe way out: a forgotten unresolved intent may have been paid, and a
-// new payment for the same action could pay twice.
+// unsafe way out. A forgotten unresolved intent may have been paid. A new
+// payment for the same action could then pay twice.
 func (c *Client) Forget(key string) error {
 	if err := c.checkOpen(); err != nil {
 		return err
@@ -281,9 +281,9 @@ func (c *Client) Forget(key string) error {
 }
 
 // Prune deletes resolved intents last changed more than olderThanMillis
-// ago and returns how many it deleted. Unresolved intents are kept, and so
-// is a tombstone of each action's latest payment that succeeded (see
-// idem.Client.Prune): paying for the same action again stays a no-op.
+// ago, and returns how many it deleted. Unresolved intents are kept. So is
+// a tombstone of each action's latest payment that succeeded (see
+// idem.Client.Prune). So paying for the same action again stays a no-op.
 func (c *Client) Prune(olderThanMillis int64) (int64, error) {
 	if err := c.checkOpen(); err != nil {
 		return 0, err

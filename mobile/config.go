@@ -10,28 +10,28 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Config says where a Client keeps its state, whom it talks to, and whom
-// it tells about its attempts and asks for credentials. Make one with
-// NewConfig and change its fields before Open: Open takes a copy, and a
-// change after it changes no Client. Durations are in
-// milliseconds; Open refuses a negative one, and one above about 292 years
-// (what a duration holds).
+// Config says where a Client keeps its state and whom it talks to. It
+// names whom the Client tells about its attempts and asks for credentials.
+// Make one with NewConfig and change its fields before Open. Open takes a
+// copy, so a change after it changes no Client. Durations are in
+// milliseconds. Open refuses a negative one, and one above about 292
+// years, the most a duration holds.
 type Config struct {
-	// StateDir is the directory the intents are kept in: the app's private
-	// files directory (Android: Context.getFilesDir() + "/idem"; iOS:
-	// Application Support + "/idem"), never a cache directory, which the
-	// system may clear while a payment is unresolved.
+	// StateDir is the directory the intents are kept in. Use the app's
+	// private files directory (Android: Context.getFilesDir() + "/idem";
+	// iOS: Application Support + "/idem"). Never use a cache directory,
+	// which the system may clear while a payment is unresolved.
 	StateDir string
 	// BaseURL is the API's root, such as "https://api.example.com". Paths
 	// given to Pay are resolved against it. A path that would leave its
-	// origin (scheme, host, port), such as "//other.example/payments", is
-	// refused with KindBadInput: the Authorizer's credentials go only to
-	// the API.
+	// origin (scheme, host, port) is refused with KindBadInput. One such
+	// path is "//other.example/payments". So the Authorizer's credentials
+	// go only to the API.
 	BaseURL string
-	// Mark says how the server marks its answers as its own, so that a
-	// captive portal's page or a CDN's is never taken for the server's
-	// word. Open refuses a Config without one, with an error of kind
-	// config that lists the choices:
+	// Mark says how the server marks its answers as its own. So a captive
+	// portal's page or a CDN's is never taken for the server's word. Open
+	// refuses a Config without one, with an error of kind config that
+	// lists the choices:
 	//   - "echo": the server echoes the Idempotency-Key in every answer,
 	//     as idem's middleware and the contract's servers do;
 	//   - "stripe", "adyen": those APIs, which echo it;
@@ -41,33 +41,33 @@ type Config struct {
 	//     the resource's id at MarkIDPath.
 	// Any other answer without the mark never settles a payment.
 	Mark string
-	// MarkIDPath is where the "json-id" mark finds the resource's id: a
-	// field name, or a dotted path such as "data.id". Default "id".
+	// MarkIDPath is where the "json-id" mark finds the resource's id. It
+	// is a field name, or a dotted path such as "data.id". Default "id".
 	MarkIDPath string
 	// LookupPath is the server's lookup of a payment by key, with {key}
 	// where the key goes. The default is the contract's
 	// "/payments?idempotency_key={key}". Open refuses one that would
 	// leave BaseURL's origin.
 	LookupPath string
-	// ForegroundBudgetMillis bounds Pay and PayAnew: a tap wants an answer
-	// in seconds. Default 15,000.
+	// ForegroundBudgetMillis bounds Pay and PayAnew, since a tap wants an
+	// answer in seconds. Default 15,000.
 	ForegroundBudgetMillis int64
-	// BackgroundBudgetMillis bounds Settle: a background settle
-	// may wait longer for a server that asks to. Default 120,000.
+	// BackgroundBudgetMillis bounds Settle. A background settle may wait
+	// longer for a server that asks to. Default 120,000.
 	BackgroundBudgetMillis int64
-	// RetentionMillis is how long the server keeps its idempotency records
-	// (what it publishes); the client stops sending a key an hour before.
-	// Default 24 hours.
+	// RetentionMillis is how long the server keeps its idempotency
+	// records, as it publishes. The client stops sending a key an hour
+	// before. Default 24 hours.
 	RetentionMillis int64
 	// MaxAttempts bounds the attempts of one call. Default 10.
 	MaxAttempts int64
 	// Listener, if not nil, receives the attempt events of every call of
-	// the Client, from its first. It is the Client's for its life: to
-	// show them on the screen now open, have it forward to that screen.
+	// the Client, from its first. It is the Client's for its life. To show
+	// them on the screen now open, have it forward to that screen.
 	Listener Listener
 	// Authorizer, if not nil, is asked for the Authorization header of
 	// every attempt, from the Client's first. It is the Client's for its
-	// life: have it read the session at each call, so that a sign-in or a
+	// life. Have it read the session at each call. Then a sign-in or a
 	// refreshed token takes effect on the next attempt.
 	Authorizer Authorizer
 }
@@ -85,8 +85,8 @@ const (
 	maxMillis = math.MaxInt64 / int64(time.Millisecond)
 )
 
-// NewConfig returns a Config with the defaults, keeping intents in
-// stateDir and talking to baseURL.
+// NewConfig returns a Config with the defaults. It keeps intents in
+// stateDir and talks to baseURL.
 func NewConfig(stateDir, baseURL string) *Config {
 	return &Config{
 		StateDir:               stateDir,
@@ -100,7 +100,7 @@ func NewConfig(stateDir, baseURL string) *Config {
 }
 
 // check returns the config with defaults filled in and the base URL
-// parsed, or an error of kind config.
+// parsed. Otherwise it returns an error of kind config.
 func (c *Config) check() (Config, *url.URL, error) {
 	if c == nil {
 		return Config{}, nil, newError(kindConfig, "no config")
@@ -146,7 +146,7 @@ func (c *Config) check() (Config, *url.URL, error) {
 		case *f.v < 0:
 			return cfg, nil, newError(kindConfig, fmt.Sprintf("%s is negative (%d)", f.nm, *f.v))
 		case *f.v > f.max:
-			// In nanoseconds (or an int on a 32-bit device) it would
+			// In nanoseconds, or in an int on a 32-bit device, it would
 			// wrap around to another value.
 			return cfg, nil, newError(kindConfig, fmt.Sprintf("%s is %d, above the largest (%d)", f.nm, *f.v, f.max))
 		}
@@ -155,7 +155,7 @@ func (c *Config) check() (Config, *url.URL, error) {
 }
 
 // marks are the Marks a Config may name, in the order its error lists
-// them; "json-id" is made with MarkIDPath.
+// them. "json-id" is made with MarkIDPath.
 var marks = []struct {
 	name string
 	mark idem.Mark
@@ -167,8 +167,8 @@ var marks = []struct {
 	{"json-id", idem.Mark{}},
 }
 
-// mark returns the idem.Mark the Config names, or an error of kind config
-// that names the choices.
+// mark returns the idem.Mark the Config names. Otherwise it returns an
+// error of kind config that names the choices.
 func (c *Config) mark() (idem.Mark, error) {
 	var names []string
 	for _, m := range marks {
@@ -194,11 +194,10 @@ func (c *Config) mark() (idem.Mark, error) {
 		" (see Config.Mark); an answer without the mark never settles a payment")
 }
 
-// resolve returns the absolute URL of path, relative to the base; what
-// names path in the error. A path
-// that would leave the base's origin (scheme, host, port), such as
-// "//other.example/payments" or an absolute URL, is refused: the request
-// would carry the Authorizer's credentials to another server.
+// resolve returns the absolute URL of path, relative to the base. what
+// names path in the error. A path that would leave the base's origin is
+// refused, such as "//other.example/payments" or an absolute URL. Its
+// request would carry the Authorizer's credentials to another server.
 func resolve(base *url.URL, what, path string) (string, error) {
 	ref, err := url.Parse(path)
 	if err != nil {
@@ -211,12 +210,12 @@ func resolve(base *url.URL, what, path string) (string, error) {
 	return u.String(), nil
 }
 
-// shownURL returns raw quoted as a config error may show it: with no
+// shownURL returns raw quoted as a config error may show it, with no
 // credential in it. It redacts more than the root package's error texts
-// do, which it cannot reach: the user information whole, the value of
-// every query parameter (a bare one whole), not only of those named for a
-// credential, and
-// the fragment. A URL that does not parse is not shown at all.
+// do. It hides the user information whole and the fragment. It hides the
+// value of every query parameter, not only those named for a credential.
+// A bare parameter is hidden whole. A URL that does not parse is not
+// shown at all.
 func shownURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {

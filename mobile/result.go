@@ -13,17 +13,18 @@ const (
 	// OutcomeSucceeded: the server did the work (2xx). Show the receipt.
 	OutcomeSucceeded = "succeeded"
 	// OutcomeAlreadyPaid: the action was paid earlier, by a payment with
-	// another request (the cart changed after it was paid). Nothing was
+	// another request. The cart changed after it was paid. Nothing was
 	// sent for this one. Key, Status and Body are the earlier payment's,
-	// from the device (Body is empty once Prune has kept only its
-	// tombstone). Show that the action is paid, not a receipt for this
-	// request; PayAnew pays again, deliberately.
+	// from the device. Body is empty once Prune has kept only its
+	// tombstone. Show that the action is paid, not a receipt for this
+	// request. PayAnew pays again, deliberately.
 	OutcomeAlreadyPaid = "already_paid"
 	// OutcomeFailed: a final business answer, such as a declined card.
 	// The intent is resolved; PayAnew starts a new payment.
 	OutcomeFailed = "failed"
 	// OutcomeRejected: the server refused the request or its key (422,
-	// or a 400 about the key). A bug to report, not a payment to retry.
+	// or a 400 about the key). It is a bug to report, not a payment to
+	// retry.
 	OutcomeRejected = "rejected"
 	// OutcomeUnknown: no final answer yet; the payment may have been
 	// made. Never pay anew: Settle it later.
@@ -33,14 +34,14 @@ const (
 	OutcomeExpired = "expired"
 	// OutcomeVoid: the server never did it. A new payment is safe.
 	OutcomeVoid = "void"
-	// OutcomeNotSent: the request never left the device (no network, the
-	// host not found, the connection or the certificate refused), so
-	// nothing was paid. Tell the user; Pay again only when they ask. A
-	// changed cart starts a new payment.
+	// OutcomeNotSent: the request never left the device. There was no
+	// network, or the host was not found, or the connection or the
+	// certificate was refused. So nothing was paid. Tell the user. Pay
+	// again only when they ask. A changed cart starts a new payment.
 	OutcomeNotSent = "not_sent"
 	// OutcomeBlocked: an earlier intent for the same action is
-	// unresolved, so a new one could pay twice. Result.Key names it:
-	// settle it first.
+	// unresolved. A new one could pay twice. Result.Key names it: settle
+	// it first.
 	OutcomeBlocked = "blocked"
 )
 
@@ -48,36 +49,35 @@ const (
 type Result struct {
 	// Outcome is one of the Outcome constants: what became of the intent.
 	Outcome string
-	// Kind is one of the Kind constants: how the call ended, finer than
-	// Outcome where there is more to say (KindKeyReused, KindStorage,
-	// KindAuthorizer); otherwise Outcome's word. A device failure that
-	// met an intent that may have been sent is OutcomeUnknown with the
-	// failure's kind (KindStorage, or another of ErrorKind's). Compare
-	// it; never parse Detail.
+	// Kind is one of the Kind constants: how the call ended. It is finer
+	// than Outcome where there is more to say, and Outcome's word
+	// otherwise. A device failure may meet an intent that may have been
+	// sent. That is OutcomeUnknown, with the failure's kind. Compare
+	// Kind. Never parse Detail.
 	Kind string
-	// Key is the intent's Idempotency-Key; for OutcomeBlocked, the key of
-	// the unresolved intent that blocks; for OutcomeAlreadyPaid, the key
-	// of the payment that paid the action.
+	// Key is the intent's Idempotency-Key. For OutcomeBlocked, it is the
+	// key of the unresolved intent that blocks. For OutcomeAlreadyPaid,
+	// it is the key of the payment that paid the action.
 	Key string
-	// Status is the final answer's HTTP status, or the last answer's for
-	// OutcomeUnknown, or 0 when none came.
+	// Status is the final answer's HTTP status. For OutcomeUnknown it is
+	// the last answer's. It is 0 when none came.
 	Status int64
 	// Body is the final answer's body.
 	Body []byte
-	// Replayed: the server answered from its idempotency record: an
+	// Replayed: the server answered from its idempotency record. An
 	// earlier attempt, whose answer was lost, did the work.
 	Replayed bool
 	// FromStore: the intent was already resolved on the device and
 	// nothing was sent.
 	FromStore bool
-	// Oversized: the final answer was larger than the client keeps; its
+	// Oversized: the final answer was larger than the client keeps. Its
 	// status settled the intent, and Body is empty.
 	Oversized bool
-	// NotRecorded: the final answer arrived but the device could not save
-	// it (its storage is full, say). Outcome and Status are the server's
-	// and true; the intent stays unresolved on the device, and Settle
-	// later gets the server's replay of the same answer. The call
-	// returns no error: the payment was sent and answered.
+	// NotRecorded: the final answer arrived, but the device could not
+	// save it. Its storage may be full, say. Outcome and Status are the
+	// server's, and true. The intent stays unresolved on the device.
+	// Settle later gets the server's replay of the same answer. The call
+	// returns no error, since the payment was sent and answered.
 	NotRecorded bool
 	// Attempts is how many attempts this call sent.
 	Attempts int64

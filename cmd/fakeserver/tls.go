@@ -20,14 +20,14 @@ import (
 	"time"
 )
 
-// defaultTLSHosts are the names a device reaches the host's loopback by:
-// localhost and 127.0.0.1 from the host, an iOS simulator, or an Android
-// device after adb reverse; 10.0.2.2 from the Android emulator.
+// defaultTLSHosts are the names a device reaches the host's loopback by.
+// localhost and 127.0.0.1 serve the host, an iOS simulator, and an
+// Android device after adb reverse. 10.0.2.2 serves the Android emulator.
 const defaultTLSHosts = "localhost,127.0.0.1,::1,10.0.2.2"
 
 // certValidity is how long a generated certificate lasts. iOS refuses a
-// TLS server certificate valid for more than 825 days, even from a root
-// the user trusts.
+// TLS server certificate valid for more than 825 days. It does so even
+// for a root the user trusts.
 const certValidity = 365 * 24 * time.Hour
 
 // parseHosts splits a comma-separated list of names and IP addresses.
@@ -50,11 +50,12 @@ func parseHosts(list string) ([]string, error) {
 }
 
 // serverCert returns the certificate to serve. With keyFile set and both
-// files present, it is the one they hold, so that what a device was told
-// to trust still holds after a restart; it must name every host and be
-// valid at now. Otherwise it is a new one for hosts, written to certFile
-// (PEM) and its key to keyFile (mode 0600) when keyFile is set. It
-// reports whether it made a new one.
+// files present, it is the one they hold. So what a device was told to
+// trust still holds after a restart. That certificate must name every
+// host and be valid at now. Otherwise serverCert makes a new one for
+// hosts. When keyFile is set, it writes the certificate to certFile (PEM)
+// and its key to keyFile (mode 0600). It reports whether it made a new
+// one.
 func serverCert(certFile, keyFile string, hosts []string, now time.Time) (tls.Certificate, bool, error) {
 	if keyFile != "" {
 		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
@@ -82,8 +83,8 @@ func serverCert(certFile, keyFile string, hosts []string, now time.Time) (tls.Ce
 	return cert, true, nil
 }
 
-// checkCert refuses a kept certificate that would fail on a device: one
-// expired, or one that does not name a host asked for.
+// checkCert refuses a kept certificate that would fail on a device. That
+// is one expired, or one that does not name a host asked for.
 func checkCert(leaf *x509.Certificate, certFile, keyFile string, hosts []string, now time.Time) error {
 	remake := fmt.Sprintf("delete %s and %s to have new ones made, and have the devices trust the new certificate", certFile, keyFile)
 	if now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
@@ -98,13 +99,12 @@ func checkCert(leaf *x509.Certificate, certFile, keyFile string, hosts []string,
 	return nil
 }
 
-// newCert makes a self-signed certificate for hosts, valid from an hour
-// before now for certValidity, and returns it with its key in PEM. It is
-// its own root, as httptest's is, so that a device that trusts it (an
-// Android trust anchor, an iOS root) trusts the server. It meets Apple's
-// requirements for TLS server certificates: ECDSA P-256 with SHA-256, the
-// hosts in the subject alternative names, the serverAuth extended key
-// usage, at most 825 days.
+// newCert makes a self-signed certificate for hosts, and returns it with
+// its key in PEM. It is valid from an hour before now, for certValidity.
+// It is its own root, as httptest's is. So a device that trusts it trusts
+// the server. It meets Apple's rules for TLS server certificates: ECDSA
+// P-256 with SHA-256, the hosts in the subject alternative names, the
+// serverAuth extended key usage, at most 825 days.
 func newCert(hosts []string, now time.Time) (tls.Certificate, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -1,11 +1,12 @@
-// Command idembench measures what idem costs: a plain net/http POST, the
-// same through go-retryablehttp, idem with the memory store and idem with
-// the file store, side by side against one fake payment server on
-// loopback; the fake server's idempotency layer beside its bare handler;
-// a same-key storm; and the file store's durable saves and open+list.
+// Command idembench measures what idem costs. It sends a plain net/http
+// POST, the same through go-retryablehttp, and idem with the memory and
+// the file store. All run side by side against one fake payment server on
+// loopback. It also measures the fake server's idempotency layer beside
+// its bare handler, a same-key storm, and the file store's saves and
+// open+list.
 //
-// It prints tables, then, as its last line, the p50 ratio of idem with the
-// memory store to plain net/http:
+// It prints tables. Its last line is the p50 ratio of idem with the memory
+// store to plain net/http:
 //
 //	ratio idem(memory)/net-http: 1.08
 //
@@ -13,29 +14,13 @@
 //
 //	go run ./cmd/idembench [-quick] [-n 2000] [-concurrency 1] [-intents 10000,100000]
 //
-// With -postgres it also measures the server side on PostgreSQL: the
-// idempotency middleware over pgstore, in its single-transaction and its
-// lease mode, beside the same handler mounted bare, writing the same
-// payment row in its own transaction, at concurrency 1 and 16, with fresh
-// keys and replays, then a same-key storm over three servers while other
-// keys are sent. It prints the client's report, the server's, and last
-//
-//	ratio pg-fresh-lease/bare: 2.40
-//	ratio pg-replay-1tx/bare: 0.30
-//	ratio pg-fresh-1tx/bare: 1.20
-//	ratio idem(memory)/net-http: 1.08
-//
-// -postgres takes a
-// DSN, or "start" to start a throwaway server (fsync on) from the
-// PostgreSQL binaries on the machine, or "start-nofsync" for one whose
-// commits do not wait for the disk, which shows the cost of round trips
-// apart from the cost of flushes:
+// With -postgres it also measures the middleware over pgstore, beside the
+// same handler mounted bare. -postgres takes a DSN, or "start" for a
+// throwaway server with fsync on. "start-nofsync" starts one whose commits
+// do not wait for the disk. -server-only prints only the PostgreSQL
+// variants. docs/BENCHMARKS.md tells what each run measures:
 //
 //	go run ./cmd/idembench -postgres start [-quick] [-n 3000]
-//
-// With -server-only it prints only the PostgreSQL variants (no storm, no
-// client run); -concurrency then picks the one concurrency to measure:
-//
 //	go run ./cmd/idembench -postgres start -server-only -concurrency 16 -n 1000
 package main
 
@@ -103,7 +88,7 @@ func main() {
 	rep.Print(os.Stdout)
 }
 
-// runPostgres is the -postgres run; it returns the exit code.
+// runPostgres is the -postgres run. It returns the exit code.
 func runPostgres(dsn string, quick bool, n int, concs []int, serverOnly bool) int {
 	cfg := bench.PGDefaults()
 	if quick {
@@ -136,8 +121,8 @@ func runPostgres(dsn string, quick bool, n int, concs []int, serverOnly bool) in
 		rep.Print(os.Stdout)
 		return 0
 	}
-	// Then the client side, so that one run prints every figure, the
-	// client's ratio last.
+	// Then the client side, so that one run prints every figure. The
+	// client's ratio comes last.
 	ccfg := bench.Defaults()
 	if quick {
 		ccfg = bench.Quick()

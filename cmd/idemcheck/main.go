@@ -1,8 +1,8 @@
-// Command idemcheck certifies a server against the Idempotency-Key contract
-// (docs/CONTRACT.md), from its URL: it sends requests it builds itself
-// (plain net/http, not idem's client) and prints one line per rule, PASS,
-// FAIL or SKIP, with what a FAIL costs a client and the requests and
-// answers that show it.
+// Command idemcheck certifies a server against the Idempotency-Key
+// contract (docs/CONTRACT.md), from its URL. It sends requests it builds
+// itself, with plain net/http, not idem's client. It prints one line per
+// rule: PASS, FAIL or SKIP. A FAIL says what it costs a client, and shows
+// the requests and answers.
 //
 //	go run github.com/idemkit/idem/cmd/idemcheck@latest \
 //	    -url https://staging.example/payments \
@@ -11,21 +11,15 @@
 //	    -lookup 'https://staging.example/payments?idempotency_key={key}'
 //
 // Every request carries a fresh random key, so nothing collides with real
-// traffic; each one that succeeds creates a real record, and idemcheck says
-// how many requests it will send before it sends the first. -auth and
-// -auth2 (or $IDEMCHECK_AUTH and $IDEMCHECK_AUTH2) are two callers'
-// Authorization values: without -auth2 the scoping row is SKIP, without
-// -lookup the lookup row. The fault rows (5xx-not-stored, dead-worker) need
-// a fault hook that makes the server fail on purpose: the fake server's
-// admin endpoints, looked for at the URL's origin, or a real server's hook
-// at -admin (docs/IDEMCHECK.md, "The fault hook"); they are SKIP without
-// one.
+// traffic. Each one that succeeds creates a real record. So idemcheck says
+// how many requests it will send before it sends the first. The fault rows
+// need a fault hook that makes the server fail on purpose. Without one
+// they are SKIP.
 //
-// Exit status 0 when no row failed, 1 when one did, 2 when the check could
-// not run (bad flags, or the server refused -body); -json prints the report
-// as one JSON object. Run it with -h for every flag and row. The manual,
-// with a real run, every row and what a FAIL costs a client, is
-// docs/IDEMCHECK.md.
+// The exit status is 0 when no row failed and 1 when one did. It is 2
+// when the check could not run. -json prints the report as one JSON
+// object. Run it with -h for every flag and row. docs/IDEMCHECK.md is the
+// manual, with a real run and every row.
 package main
 
 import (
@@ -126,8 +120,8 @@ type options struct {
 }
 
 // parseFlags reads the flags. A nil options means the program ends now,
-// with the exit status: 0 after -h, 2 for bad flags. It explains bad
-// flags on stderr.
+// with the exit status: 0 after -h, 2 for bad flags. It explains bad flags
+// on stderr.
 func parseFlags(args []string, stderr io.Writer) (*options, int) {
 	o := &options{}
 	cfg := &o.cfg
@@ -213,7 +207,7 @@ func writeReport(w io.Writer, rep *contractcheck.Report, asJSON bool) error {
 	return nil
 }
 
-// bad explains on stderr why the check cannot run, and returns its exit
+// bad explains on stderr why the check cannot run. It returns its exit
 // status, 2.
 func bad(stderr io.Writer, format string, a ...any) int {
 	fmt.Fprintf(stderr, "idemcheck: "+format+"\n", a...)

@@ -1,18 +1,18 @@
-// Package pgfake keeps a fake server's state in PostgreSQL, so that several
-// fake server processes on one database act as one server: the
-// idempotency records (a [pgstore.Store]), payments, the intents to charge,
-// the fake provider's charges, order statuses and the counters. Give
-// [New]'s Storage to the server in fakeserver.Options.Storage, after
-// [Migrate] created the tables:
+// Package pgfake keeps a fake server's state in PostgreSQL. So several
+// fake server processes on one database act as one server. The database
+// holds the idempotency records (a [pgstore.Store]) and the payments. It
+// holds the intents to charge, the fake provider's charges, order statuses
+// and the counters too. Give [New]'s Storage to the server in
+// fakeserver.Options.Storage, after [Migrate] created the tables:
 //
 //	if err := pgfake.Migrate(ctx, pool); err != nil { ... }
 //	srv := fakeserver.NewServer(&fakeserver.Options{Storage: pgfake.New(ctx, pool)})
 //
-// A payment commits in the transaction that marks its record COMPLETED. An
-// intent to charge is a row written before the provider is called, so that
+// A payment commits in the transaction that marks its record COMPLETED.
+// An intent to charge is a row written before the provider is called. So
 // a process that dies after the provider charged leaves its charge to
-// every other process. Payments, intents and orders name their caller by
-// [idempotency.PrincipalDigest], as the records do: no table holds a
+// every other process. Tables name their caller by
+// [idempotency.PrincipalDigest], as the records do. So no table holds a
 // credential.
 package pgfake
 
@@ -36,15 +36,13 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
-// schemaLock is the advisory lock that serialises Migrate across processes
-// ("fake" in ASCII).
+// schemaLock is the advisory lock that serialises Migrate across
+// processes. It is "fake" in ASCII.
 const schemaLock = 0x66616b65
 
 // Migrate creates in pool's database what a fake server on PostgreSQL
-// keeps: the idempotency records (with [pgstore.Migrate]), payments, the
-// intents to charge, the fake provider's charges, order statuses and the
-// counters. It is safe to call on every start, from several processes at
-// once.
+// keeps. That includes the idempotency records, through [pgstore.Migrate].
+// It is safe to call on every start, from several processes at once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		return err
@@ -62,17 +60,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // New returns the Storage for fakeserver.Options.Storage that keeps the
-// state in pool's database; call [Migrate] first. Leases and retention are
-// judged on the database's clock, unless the server's Options.Clock is set
-// (tests), which every server on the database must then share.
+// state in pool's database. Call [Migrate] first. Leases and retention are
+// judged on the database's clock. Tests may set the server's
+// Options.Clock instead. Every server on the database must then share it.
 //
 // ctx bounds the database work of every request and sweep of the servers
-// given the Storage: once it is done, each statement is cancelled, and a
-// request that had not committed its payment commits nothing (its record
-// stays, for a resend to take over). A program cancels it when its drain
-// time is over and it closes its connections anyway, so that a commit
-// waiting on a lock neither keeps it running nor lands after it stopped;
-// then it closes the pool, which waits only for the cancelled statements.
+// given the Storage. Once it is done, each statement is cancelled. A
+// request that had not committed its payment then commits nothing. Its
+// record stays, for a resend to take over. Cancel ctx when the drain time
+// is over. Then a commit waiting on a lock neither keeps the program
+// running nor lands after it stopped. Close the pool after that. It waits
+// only for the cancelled statements.
 func New(ctx context.Context, pool *pgxpool.Pool) fakeserver.Storage {
 	return fakestate.Public(storage{life: ctx, pool: pool}).(fakeserver.Storage)
 }
@@ -86,12 +84,12 @@ func (st storage) Open(clk clock.Clock) fakestate.State {
 	s := &state{pool: st.pool, clock: clk, life: st.life}
 	store := pgstore.New(st.pool, &pgstore.Options{Clock: clk})
 	// The middleware saves a finished request's outcome even when its
-	// client has gone; the end of life still ends that work.
+	// client has gone. The end of life still ends that work.
 	s.records, s.store = abortable{Store: store, life: st.life}, store
 	return s
 }
 
-// state is the fake server's state in PostgreSQL: every process on the
+// state is the fake server's state in PostgreSQL. Every process on the
 // database sees the same records, payments, charges and counters.
 type state struct {
 	pool    *pgxpool.Pool
@@ -151,7 +149,8 @@ func (a abortable) Sweep(ctx context.Context, now time.Time) (int, error) {
 func (s *state) Records() idempotency.Store { return s.records }
 
 // now is the time to judge expiry by in a statement, as
-// coalesce($n::timestamptz, clock_timestamp()): nil for the database's.
+// coalesce($n::timestamptz, clock_timestamp()). It is nil for the
+// database's clock.
 func (s *state) now() *time.Time {
 	if s.clock == nil {
 		return nil
@@ -172,9 +171,9 @@ func scanPayment(row pgx.Row) (*fakestate.Payment, error) {
 	return &p, nil
 }
 
-// addPayment stores p. Inside [pgstore.Store.Complete] (the effect of a
-// request behind the middleware) it writes through Complete's transaction,
-// so the payment commits with the record or not at all.
+// addPayment stores p. Inside [pgstore.Store.Complete] it writes through
+// Complete's transaction. So the payment commits with the record or not
+// at all.
 func (s *state) addPayment(ctx context.Context, p *fakestate.Payment) error {
 	return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.Principal))
 }
@@ -214,9 +213,9 @@ func (s *state) paymentByKey(ctx context.Context, principal, key string) (*fakes
 		ORDER BY seq DESC LIMIT 1`, idempotency.PrincipalDigest(principal), key)
 }
 
-// addIntent records, before the provider is asked to charge payment id,
-// what the request asked and under which key. A takeover, which reuses its
-// dead worker's id, finds the row there already.
+// addIntent records what the request asked and under which key. It runs
+// before the provider is asked to charge payment id. A takeover reuses its
+// dead worker's id, and finds the row there already.
 func (s *state) addIntent(ctx context.Context, id string, r fakestate.Intent, now time.Time) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO fake_intents (id, principal, idem_key, description, created_at)
 		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, id, idempotency.PrincipalDigest(r.Record.Principal), r.Record.Key, r.Description, now)
@@ -226,7 +225,7 @@ func (s *state) addIntent(ctx context.Context, id string, r fakestate.Intent, no
 	return nil
 }
 
-// intent returns the intent to charge payment id; its rec.Principal is the
+// intent returns the intent to charge payment id. Its rec.Principal is the
 // caller's digest, which is all the table keeps.
 func (s *state) intent(ctx context.Context, id string) (fakestate.Intent, bool, error) {
 	var r fakestate.Intent
@@ -241,15 +240,14 @@ func (s *state) intent(ctx context.Context, id string) (fakestate.Intent, bool, 
 	return r, true, nil
 }
 
-// recoverLatest returns the payment of the latest intent under the key id,
-// once no record of it is live: the payment if it was recorded, or, if the
-// provider charged it under a worker that died, that charge, recorded now.
-// The key's expired record, until it is swept, is its latest intent: its
-// stable id is the provider's key whether or not an intent row was written
-// for it (a record from before intents were recorded has none). Without
-// a record, it is the key's latest row of fake_intents, and without an
-// intent either (payments made before intents were recorded), the latest
-// payment under the key.
+// recoverLatest returns the payment of the latest intent under the key id.
+// It does so once no record of the key is live. That is the payment if it
+// was recorded. Or it is the charge the provider made under a dead worker,
+// recorded now. The key's expired record, until swept, is its latest
+// intent. Its stable id is the provider's key, with or without an intent
+// row. Without a record, the latest intent row stands. Without either,
+// the latest payment under the key stands. Older builds wrote no intent
+// rows.
 func (s *state) recoverLatest(ctx context.Context, id idempotency.ID) (*fakestate.Payment, bool, error) {
 	var (
 		pid string
@@ -276,9 +274,9 @@ func (s *state) recoverLatest(ctx context.Context, id idempotency.ID) (*fakestat
 	return s.settle(ctx, pid, r, digest)
 }
 
-// settle returns the payment of intent r under payment id, recording it
-// first if the provider charged it and no worker recorded it; digest is the
-// caller's.
+// settle returns the payment of intent r under payment id. It records the
+// payment first if the provider charged it and no worker recorded it.
+// digest is the caller's.
 func (s *state) settle(ctx context.Context, id string, r fakestate.Intent, digest string) (*fakestate.Payment, bool, error) {
 	if p, ok, err := s.paymentOf(ctx, digest, id); err != nil || ok {
 		return p, ok, err
@@ -293,12 +291,11 @@ func (s *state) settle(ctx context.Context, id string, r fakestate.Intent, diges
 	return s.paymentOf(ctx, digest, id)
 }
 
-// recoverExpired records as payments the charges of the IN_PROGRESS
-// records expired on the store's clock (retention and lease both ended),
-// whose workers died, before the sweep deletes the records. A record's stable id is the provider's key
-// whether or not an intent row was written for it (a record from before
-// intents were recorded has none; its payment's description is then
-// unknown).
+// recoverExpired records the charges of dead workers as payments. It
+// looks at IN_PROGRESS records expired on the store's clock, with
+// retention and lease both ended. It runs before the sweep deletes them. A
+// record's stable id is the provider's key, with or without an intent
+// row. Without an intent row, the payment's description is unknown.
 func (s *state) recoverExpired(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, `SELECT r.stable_id, r.caller, r.key, coalesce(i.description, '')
 		FROM idempotency_records r LEFT JOIN fake_intents i ON i.id = r.stable_id
@@ -364,7 +361,7 @@ func (s *state) payments(ctx context.Context, principal string) ([]*fakestate.Pa
 	return out, nil
 }
 
-// charge is the provider's Charge: one charge per id, in one statement; a
+// charge is the provider's Charge: one charge per id, in one statement. A
 // repeated id returns the first charge.
 func (s *state) charge(ctx context.Context, c fakestate.Charge) (fakestate.Charge, error) {
 	if c.Customer == fakestate.DeclinedCustomer {
@@ -416,7 +413,7 @@ func (s *state) setOrderStatus(ctx context.Context, principal, id, status string
 	return nil
 }
 
-// stats reads every counter in one statement, so the totals are of one
+// stats reads every counter in one statement. So the totals are of one
 // moment.
 func (s *state) stats(ctx context.Context) (fakestate.Stats, error) {
 	var st fakestate.Stats
@@ -442,7 +439,7 @@ func (s *state) reset(ctx context.Context) error {
 	return nil
 }
 
-// The methods of fakestate.State: each statement ends when life is done.
+// The methods of fakestate.State. Each statement ends when life is done.
 
 func (s *state) Record(ctx context.Context, id idempotency.ID, now time.Time) (*idempotency.Record, bool, error) {
 	ctx, cancel := s.bound(ctx)
@@ -457,8 +454,8 @@ func (s *state) Count(ctx context.Context, c fakestate.Counter) error {
 }
 
 // Reserve records the intent to charge, in a row every process on the
-// database finds, so that a charge whose process died is never lost. The
-// database bounds nothing: there is always room.
+// database finds. So a charge whose process died is never lost. The
+// database bounds nothing, so there is always room.
 func (s *state) Reserve(ctx context.Context, id string, in fakestate.Intent, now time.Time) (bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -471,18 +468,18 @@ func (s *state) Intent(ctx context.Context, id string) (fakestate.Intent, bool, 
 	return s.intent(ctx, id)
 }
 
-// Declined keeps the intent: the latest under its key, not charged.
+// Declined keeps the intent as the latest under its key, not charged.
 func (s *state) Declined(string) {}
 
-// AddPayment stores p. Inside [pgstore.Store.Complete] (the effect of a
-// request behind the middleware) it writes through Complete's transaction,
-// so the payment commits with the record or not at all.
+// AddPayment stores p. Inside [pgstore.Store.Complete] it writes through
+// Complete's transaction. So the payment commits with the record or not at
+// all.
 //
-// Complete runs it on a context without the request's cancellation (a
-// payment is recorded even if its client went away), bounded only by the
-// store's CommitTimeout: the end of life must end it too, at once, so
-// that a program that stops does not wait on a lock for that long, and
-// nothing of it commits.
+// Complete runs it without the request's cancellation, since a payment is
+// recorded even if its client went away. Only the store's CommitTimeout
+// bounds it. The end of life must end it too, at once. Then a program
+// that stops does not wait on a lock for that long, and nothing of it
+// commits.
 func (s *state) AddPayment(ctx context.Context, p *fakestate.Payment) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -534,8 +531,8 @@ func (s *state) Stats(ctx context.Context) (fakestate.Stats, error) {
 	return s.stats(ctx)
 }
 
-// Sweep deletes the expired records, but not before the charges of their
-// dead workers are payments.
+// Sweep deletes the expired records. It first makes the charges of their
+// dead workers payments.
 func (s *state) Sweep(ctx context.Context, now time.Time) (int, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()

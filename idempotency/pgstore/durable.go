@@ -15,20 +15,19 @@ import (
 )
 
 // syncCommitSQL raises synchronous_commit to at least on for the rest of
-// the transaction it runs in, and keeps remote_apply. A record the
-// middleware acts on (an IN_PROGRESS record before the handler runs, a
-// COMPLETED record before its answer is sent) must survive a crash of the
-// server, and a failover to a synchronous standby. The setting is local to
-// the transaction (set_config's true): a session SET would outlive it on a
-// connection that a pooler hands to others.
+// the transaction it runs in. It keeps remote_apply. A record the
+// middleware acts on must survive a crash of the server. It must also
+// survive a failover to a synchronous standby. The setting is local to
+// the transaction (set_config's true). A session SET would outlive it,
+// on a connection that a pooler hands to others.
 const syncCommitSQL = `set_config('synchronous_commit',
 	CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)`
 
 // recoveringSQL is true when the statement runs on a standby. A read there
-// may miss a record the primary holds: a read that decides an answer
-// checks it in the read's own transaction (RunOnce with the key's lock,
-// Get with the read), which a pooler keeps on one server connection; it
-// may send statements outside a transaction to different servers.
+// may miss a record the primary holds. So a read that decides an answer
+// checks it in the read's own transaction. A pooler keeps a transaction
+// on one server connection. Statements outside a transaction may go to
+// different servers.
 const recoveringSQL = `pg_is_in_recovery()`
 
 // errRecovering is the error of a read that ran on a standby.
@@ -36,11 +35,10 @@ var errRecovering = fmt.Errorf("the database is a standby in recovery, which may
 	idempotency.ErrUnavailable)
 
 // errCanceledCommit is the error of a commit that reported success after
-// its context ended (err). PostgreSQL ends a commit's wait for a
-// synchronous standby when the query is canceled (a pool that sends a
-// cancel request on a context's end), and reports the commit done with a
-// warning, though the standby may not have it: a failover may lose it. So
-// nothing may depend on it.
+// its context ended (err). A canceled query ends a commit's wait for a
+// synchronous standby. PostgreSQL then reports the commit done, with a
+// warning. But the standby may not have it, and a failover may lose it.
+// So nothing may depend on it.
 func errCanceledCommit(err error) error {
 	return fmt.Errorf("the request ended while the commit was confirmed, which may then not have reached a synchronous standby: %w", err)
 }
@@ -56,36 +54,32 @@ const (
 	configuredMark = "pgstore.configured"
 )
 
-// canceledWaitMessage is the start of PostgreSQL's warning (syncrep.c) when
-// a query cancel (pg_cancel_backend, a statement_timeout, a driver's cancel
-// request) ends a commit's wait for a synchronous standby. The commit has
-// happened on the primary, and COMMIT reports success: this warning is the
-// only sign. It is matched in English: see [ConfigurePool].
+// canceledWaitMessage is the start of PostgreSQL's warning (syncrep.c)
+// when a query cancel ends a commit's wait for a synchronous standby.
+// pg_cancel_backend, a statement_timeout or a driver's cancel request
+// does that. The commit has happened on the primary, and COMMIT reports
+// success. This warning is the only sign. It is matched in English; see
+// [ConfigurePool].
 const canceledWaitMessage = "canceling wait for synchronous replication"
 
 // ConfigurePool prepares cfg, before pgxpool.NewWithConfig, so that the
 // store can see a commit whose wait for a synchronous standby was
-// canceled. PostgreSQL reports such a commit done, with only a warning
-// notice ("canceling wait for synchronous replication due to user
-// request"), though the standby may lack it: a failover then loses a
-// record the middleware acted on (a 201 sent, or a lease's handler run),
-// and the retry runs the work again. An operator's pg_cancel_backend on a
-// commit stuck on a gone standby does this. The context of the store's
-// call has not ended, so only the notice tells.
+// canceled. PostgreSQL reports such a commit done, with only a warning.
+// Yet the standby may lack it, and a failover then loses it. An operator's
+// pg_cancel_backend on a stuck commit does this.
 //
-// ConfigurePool wraps cfg.ConnConfig.OnNotice (the operator's handler, if
-// any, still gets every notice) to mark the connection when that warning
-// arrives, and cfg.AfterConnect to mark each connection as prepared, which
-// [Store.Check] looks for. The store clears the mark before each of its
-// commits and reads it after: a marked commit is answered as one with no
-// answer (an error matching context.DeadlineExceeded; the middleware's
-// 503 with Retry-After, never the handler's answer, and in lease mode the
-// handler does not run). The retry finds what committed.
+// ConfigurePool wraps cfg.ConnConfig.OnNotice to mark the connection that
+// gets the warning. Your own OnNotice still gets every notice. It wraps
+// cfg.AfterConnect too, to mark each connection as prepared. The store
+// answers a marked commit as one with no answer. The error then matches
+// context.DeadlineExceeded, and the middleware answers 503 with
+// Retry-After. The retry finds what committed.
 //
-// The warning is matched by its English text, so the store's role must
-// see server messages in English (lc_messages C, POSIX or en_*, the
-// usual default); [Store.Check] warns otherwise. Call ConfigurePool once
-// per configuration.
+// The warning is matched by its English text. So the store's role must
+// see server messages in English (lc_messages C, POSIX or en_*).
+// [Store.Check] warns otherwise. Call ConfigurePool once per
+// configuration. docs/SERVER.md tells more, under "Durability and
+// replication".
 func ConfigurePool(cfg *pgxpool.Config) {
 	notice := cfg.ConnConfig.OnNotice
 	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
@@ -108,8 +102,8 @@ func ConfigurePool(cfg *pgxpool.Config) {
 
 // errCanceledWait is the error of a commit that PostgreSQL confirmed after
 // its wait for a synchronous standby was canceled (see [ConfigurePool]).
-// It matches context.DeadlineExceeded: the commit is as unconfirmed as one
-// with no answer, and is answered so.
+// It matches context.DeadlineExceeded. Such a commit is as unconfirmed as
+// one with no answer, and is answered so.
 var errCanceledWait = fmt.Errorf("the commit's wait for a synchronous standby was canceled (pg_cancel_backend, or a statement_timeout), and the standby may not have it, so a failover may lose it: %w",
 	context.DeadlineExceeded)
 
@@ -129,8 +123,8 @@ func afterCommit(c *pgconn.PgConn) error {
 }
 
 // readOnly wraps err with [idempotency.ErrUnavailable] when the database
-// refused a write because it is read-only (a standby, or
-// default_transaction_read_only): nothing was written.
+// refused a write because it is read-only. That is a standby, or
+// default_transaction_read_only. Nothing was written.
 func readOnly(err error) error {
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "25006" {
 		return fmt.Errorf("%w: %w", idempotency.ErrUnavailable, err)
@@ -139,12 +133,11 @@ func readOnly(err error) error {
 }
 
 // conflicted wraps err with [idempotency.ErrUnavailable] when the database
-// rolled the transaction back on a serialization failure (40001) or a
-// deadlock (40P01). Under a default_transaction_isolation of repeatable
-// read or serializable, which the store leaves to the application, a
-// transaction that meets another's commit fails so. Nothing was
-// committed (a 40001 at COMMIT is a transaction that did not commit), and
-// a retry with the key starts afresh: the middleware answers 503 with
+// rolled the transaction back. That is a serialization failure (40001) or
+// a deadlock (40P01). They happen under a default_transaction_isolation of
+// repeatable read or serializable, which the store leaves to the
+// application. Nothing was committed, even for a 40001 at COMMIT. A retry
+// with the key starts afresh. So the middleware answers 503 with
 // Retry-After, never a 500.
 func conflicted(err error) error {
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
@@ -154,32 +147,31 @@ func conflicted(err error) error {
 	return err
 }
 
-// Replication declares how the database is replicated ([Options.Replication]).
-// The store sees only the standbys that stream from its server, and sees
-// whether they are synchronous only with the privileges of pg_monitor (or
-// pg_read_all_stats). A cascaded standby, or one fed by WAL archives, is
-// invisible to it. So the operator declares the setup.
+// Replication declares how the database is replicated
+// ([Options.Replication]). The store sees only the standbys that stream
+// from its server. It sees whether they are synchronous only with
+// pg_monitor (or pg_read_all_stats). A cascaded standby, or one fed by WAL
+// archives, is invisible to it. So the operator declares the setup.
 type Replication int
 
 const (
-	// ReplicationDetect (the zero value) looks: [Store.Check] refuses a
-	// server with standbys streaming from it and none synchronous, and
-	// warns when it cannot tell (its role lacks pg_monitor). Use it for a
-	// single server too.
+	// ReplicationDetect (the zero value) looks. [Store.Check] refuses a
+	// server with streaming standbys and none synchronous. It warns when
+	// its role lacks pg_monitor and cannot tell. Use it for a single
+	// server too.
 	ReplicationDetect Replication = iota
 	// ReplicationSynchronous declares that every standby a failover may
-	// promote is synchronous (synchronous_standby_names names it).
-	// [Store.Check] refuses a server whose synchronous_standby_names is
-	// empty.
+	// promote is synchronous. [Store.Check] refuses a server whose
+	// synchronous_standby_names is empty.
 	ReplicationSynchronous
-	// ReplicationAsynchronous accepts the risk of asynchronous standbys:
-	// a failover may lose records the middleware acted on, and a retry
-	// then runs the work again (a provider may charge twice).
-	// [Store.Check] does not look at replication.
+	// ReplicationAsynchronous accepts the risk of asynchronous standbys.
+	// A failover may lose records the middleware acted on. A retry then
+	// runs the work again, and a provider may charge twice. [Store.Check]
+	// does not look at replication.
 	ReplicationAsynchronous
 )
 
-// Open returns a Store on pool, as [New] does, after [Store.Check] has
+// Open returns a Store on pool, as [New] does, once [Store.Check] has
 // found that the database keeps what the store commits. It fails when the
 // check refuses the database, or cannot run.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
@@ -190,9 +182,8 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error
 	return s, nil
 }
 
-// Check looks at the database's settings that the store cannot force, as
-// a program does once at start ([Open] calls it). It refuses, with an
-// error:
+// Check looks at the database's settings that the store cannot force. A
+// program calls it once at start; [Open] does. It refuses, with an error:
 //   - fsync off: a crash of the machine loses commits, and may corrupt
 //     the database;
 //   - a standby in recovery: it takes no writes and may lag the primary;
@@ -200,18 +191,17 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error
 //     none synchronous: a failover to one loses the last commits;
 //   - under [ReplicationSynchronous], an empty synchronous_standby_names.
 //
-// It warns, to [Options.Logger], when pool was not prepared with
-// [ConfigurePool] or the server's messages are not in English (a commit
-// whose wait for a synchronous standby was canceled then goes unseen),
-// when full_page_writes is off (safe only
-// where the storage writes a page atomically) and when, under
-// [ReplicationDetect], standbys stream from the server and its role cannot
-// see whether they are synchronous (grant it pg_monitor, or declare the
-// setup). A logical replication sender is not a standby, and is not
-// counted.
+// It warns to [Options.Logger] when pool was not prepared with
+// [ConfigurePool]. It warns when the server's messages are not in
+// English. A canceled wait for a standby would then go unseen. It warns
+// when full_page_writes is off, which is safe only where storage writes a
+// page atomically. Under [ReplicationDetect], it warns when its role
+// cannot see whether standbys are synchronous. Grant the role pg_monitor,
+// or declare the setup.
 //
-// The store raises synchronous_commit for its own commits itself, so the
-// server's and the role's settings of it are not checked.
+// A logical replication sender is not a standby. The store raises
+// synchronous_commit for its own commits itself. So that setting is not
+// checked.
 func (s *Store) Check(ctx context.Context) error {
 	var (
 		fsync, fullPages, syncNames, messages string
@@ -267,8 +257,8 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // englishMessages reports whether the server's messages in locale
-// lc_messages are in English: C, POSIX, en_*, or empty (the server's
-// environment, C in most installations).
+// lc_messages are in English. That is C, POSIX, en_*, or empty, which
+// means the server's environment.
 func englishMessages(lc string) bool {
 	return lc == "" || lc == "C" || lc == "POSIX" || strings.HasPrefix(lc, "C.") || strings.HasPrefix(lc, "en")
 }

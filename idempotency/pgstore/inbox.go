@@ -10,11 +10,12 @@ import (
 )
 
 // Inbox makes the consumer of an at-least-once message stream do each
-// message's work once: [Inbox.Process] runs the effect and records the
-// message id in one transaction, so a message delivered again (after a
-// consumer crashed before acknowledging it, or to two consumers at once)
-// does nothing. Its table, idempotency_inbox, is created by [Migrate].
-// An Inbox is safe for concurrent use by multiple goroutines and processes.
+// message's work once. [Inbox.Process] runs the effect and records the
+// message id in one transaction. So a message delivered again does
+// nothing. That covers a consumer that crashed before acknowledging it,
+// and two consumers at once. Its table, idempotency_inbox, is created by
+// [Migrate]. An Inbox is safe for concurrent use by multiple goroutines
+// and processes.
 type Inbox struct {
 	pool  *pgxpool.Pool
 	batch int
@@ -23,27 +24,26 @@ type Inbox struct {
 // NewInbox returns an Inbox on pool.
 func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool, batch: defaultSweepBatch} }
 
-// Process runs effect for the message id of consumer unless it was
-// processed before. In one transaction it records (consumer, id) and runs
-// effect with that transaction; the effect writes its changes through tx,
-// so they commit with the record or not at all.
+// Process runs effect for the message id of consumer, unless it was
+// processed before. One transaction records (consumer, id) and runs effect.
+// The effect writes its changes through tx. So they commit with the record
+// or not at all.
 //
-// It returns true when effect ran and committed, false (and a nil error)
-// when the message had been processed already; either way the message may be
-// acknowledged. An error means nothing was recorded (the effect failed, or
-// the database did), or the record may not last (ctx ended while the
-// commit waited for a synchronous standby): the message must not be
-// acknowledged. It will be delivered again, and processed then unless its
-// record lasted. A second delivery that arrives while the first is being
-// processed waits for it, then does nothing if it committed. The commit is durable whatever synchronous_commit the role
-// has, unless the effect lowers it in its transaction.
+// It returns true when effect ran and committed. It returns false, and a
+// nil error, when the message had been processed already. Either way the
+// message may be acknowledged. An error means the message must not be
+// acknowledged. Either nothing was recorded, or the record may not last.
+// The message will be delivered again, and processed then unless its
+// record lasted. A second delivery during the first waits for it. It then
+// does nothing if the first committed. The commit is durable whatever
+// synchronous_commit the role has. The effect must not lower it.
 func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(ctx context.Context, tx pgx.Tx) error) (bool, error) {
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: begin: %w", id, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
-	// The insert raises synchronous_commit for the transaction: the
+	// The insert raises synchronous_commit for the transaction. The
 	// message is acknowledged once Process returns, so its record must
 	// survive a crash (see syncCommitSQL). An effect must not lower it.
 	tag, err := tx.Exec(ctx, `WITH durable AS (SELECT `+syncCommitSQL+`)
@@ -66,7 +66,7 @@ func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(c
 		// Not acknowledged: a redelivery finds the record if it lasted.
 		return false, fmt.Errorf("pgstore: process message %q: %w", id, errCanceledCommit(err))
 	}
-	// An operator's cancel of the wait (see ConfigurePool): not
+	// An operator's cancel of the wait (see ConfigurePool). That is not
 	// acknowledged either.
 	if err := afterCommit(tx.Conn().PgConn()); err != nil {
 		return false, fmt.Errorf("pgstore: process message %q: %w", id, err)
@@ -74,13 +74,12 @@ func (in *Inbox) Process(ctx context.Context, consumer, id string, effect func(c
 	return true, nil
 }
 
-// inboxSweepSQL forgets one batch of messages processed before the
-// statement's now() less $1, at most $3, from the time $2 on (NULL: from
-// the first), and returns how many and the latest time among them. As
-// sweepSQL for the records, it walks the processed_at index in order from
-// the previous batch's last time, and deletes the rows it locked by their
-// ctid, so that a batch costs about the same however many messages the
-// inbox holds.
+// inboxSweepSQL forgets one batch of at most $3 messages. They were
+// processed before the statement's now() less $1. The batch starts from
+// the time $2, or from the first when $2 is NULL. It returns how many it
+// forgot and the latest time among them. It walks the processed_at index
+// as sweepSQL walks expires_at. So a batch costs about the same, however
+// many messages the inbox holds.
 const inboxSweepSQL = `WITH gone AS (
 	DELETE FROM idempotency_inbox
 	WHERE ctid = ANY (ARRAY(
@@ -94,10 +93,10 @@ const inboxSweepSQL = `WITH gone AS (
 )
 SELECT count(*), max(processed_at) FROM gone`
 
-// Sweep forgets the messages processed more than olderThan ago (by the
-// database's clock), in batches, oldest first, and returns how many. Keep
-// olderThan longer than the longest time the broker may redeliver a
-// message.
+// Sweep forgets the messages processed more than olderThan ago, by the
+// database's clock. It works in batches, oldest first, and returns how
+// many it forgot. Keep olderThan longer than the broker may take to
+// redeliver a message.
 func (in *Inbox) Sweep(ctx context.Context, olderThan time.Duration) (int, error) {
 	total := 0
 	var from *time.Time

@@ -23,9 +23,9 @@ type migration struct {
 	version int
 	name    string
 	sql     string
-	// noTx marks a migration annotated "-- +goose NO TRANSACTION", which
-	// runs outside any transaction, one statement at a time: a data
-	// migration that commits between batches.
+	// noTx marks a migration annotated "-- +goose NO TRANSACTION". It is
+	// a data migration that commits between batches. It runs outside any
+	// transaction, one statement at a time.
 	noTx bool
 	// statements are the file's statements as goose splits them.
 	statements []string
@@ -33,7 +33,7 @@ type migration struct {
 
 func loadMigrations() ([]migration, error) { return readMigrations(migrations) }
 
-// gooseUp opens every migration file: goose runs no file without it, and
+// gooseUp opens every migration file. goose runs no file without it, and
 // to PostgreSQL it is a comment.
 const gooseUp = "-- +goose Up\n"
 
@@ -74,13 +74,12 @@ func readMigrations(fsys fs.FS) ([]migration, error) {
 	return out, nil
 }
 
-// gooseStatements splits a migration file into statements as goose does:
-// a statement ends with the line whose last word before any "--" ends with
-// a semicolon, except between the annotations "-- +goose StatementBegin"
-// and "-- +goose StatementEnd", which enclose one statement (a PL/pgSQL
-// body holds semicolons of its own). noTx says whether the file is
-// annotated "-- +goose NO TRANSACTION". Comment lines before a statement
-// are left out.
+// gooseStatements splits a migration file into statements as goose does. A
+// statement ends with the line whose last word before any "--" ends with
+// a semicolon. The annotations "-- +goose StatementBegin" and "-- +goose
+// StatementEnd" enclose one statement, such as a PL/pgSQL body with
+// semicolons of its own. noTx says whether the file is annotated "-- +goose
+// NO TRANSACTION". Comment lines before a statement are left out.
 func gooseStatements(sql string) (stmts []string, noTx bool, err error) {
 	var (
 		buf   strings.Builder
@@ -144,32 +143,28 @@ func endsStatement(line string) bool {
 }
 
 // migrateLock is the advisory lock that serialises Migrate across
-// processes (an arbitrary constant: "idem" in ASCII).
+// processes. It is an arbitrary constant: "idem" in ASCII.
 const migrateLock = 0x6964656d
 
-// Migrate brings the schema up to date: it applies, in order, each embedded
-// migration not yet recorded in the table idempotency_schema_migrations, all
-// in one transaction, so that a failed migration leaves the schema as it
-// was. It is safe to call on every start, from several processes at once:
-// an advisory lock makes them take turns, and a migration already applied
-// is skipped. The transaction is READ COMMITTED whatever the database's
-// default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE its
-// snapshot would be taken before the lock is held, and it would not see the
-// migrations that the process holding the lock before it applied.
+// Migrate brings the schema up to date. It applies each embedded migration
+// not yet recorded in idempotency_schema_migrations, in order. They run in
+// one transaction, so a failed migration leaves the schema as it was. It
+// is safe to call on every start, from several processes at once. An
+// advisory lock makes them take turns, and an applied migration is
+// skipped. The transaction is READ COMMITTED, whatever the database's
+// default. A stricter level would take its snapshot before the lock. It
+// would then miss what the lock's last holder applied.
 //
-// A migration annotated "-- +goose NO TRANSACTION" (a data migration that
-// commits between batches) runs as goose runs it: after the migrations
-// before it have committed, outside any transaction, one statement at a
-// time, on a connection of its own that is closed afterwards, so that the
-// settings it makes (its statement_timeout, its lock_timeout) end with it.
-// It is recorded once it has run. Such a migration is written to be run
-// again (by a process that started it before another recorded it, or after
-// a failure): see "Migrations" in docs/SERVER.md.
+// A migration annotated "-- +goose NO TRANSACTION" runs as goose runs it.
+// It runs after the migrations before it have committed, a statement at a
+// time. It runs on a connection of its own, closed afterwards, so that
+// its settings end with it. It is recorded once it has run. Such a
+// migration is written to be run again; see "Migrations" in
+// docs/SERVER.md.
 //
-// Migrate refuses, changing nothing, a database that records a migration
-// this version does not have (by version and file name): a database
-// migrated by a newer version, or by a build from before the first
-// release, whose schema this version cannot know.
+// Migrate refuses a database that records a migration this version does
+// not have. It changes nothing there. A newer version, or a build from
+// before the first release, may have made such a database.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	ms, err := loadMigrations()
 	if err != nil {
@@ -194,9 +189,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ms []migration) error {
 	}
 }
 
-// migrateInTx applies, in one transaction, the migrations of ms not yet
-// recorded, up to the first that must run outside a transaction, and
-// returns that one (nil when none is left).
+// migrateInTx applies the migrations of ms not yet recorded, in one
+// transaction. It stops at the first that must run outside a transaction,
+// and returns that one. It returns nil when none is left.
 func migrateInTx(ctx context.Context, pool *pgxpool.Pool, ms []migration) (next *migration, err error) {
 	err = pgx.BeginTxFunc(ctx, pool, readCommitted, func(tx pgx.Tx) error {
 		applied, err := lockMigrations(ctx, tx, ms)
@@ -224,7 +219,7 @@ func migrateInTx(ctx context.Context, pool *pgxpool.Pool, ms []migration) (next 
 }
 
 // migrateOutsideTx runs m, one of ms, a statement at a time outside any
-// transaction, then records it unless another process has.
+// transaction. It then records m, unless another process has.
 func migrateOutsideTx(ctx context.Context, pool *pgxpool.Pool, ms []migration, m migration) error {
 	if err := runOutsideTx(ctx, pool, m); err != nil {
 		return err
@@ -245,13 +240,13 @@ func runOutsideTx(ctx context.Context, pool *pgxpool.Pool, m migration) error {
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: apply %s: acquire a connection: %w", m.name, err)
 	}
-	// The pool forgets the connection: it is closed with whatever session
+	// The pool forgets the connection. It is closed with whatever session
 	// settings the migration made.
 	conn := pc.Hijack()
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	for i, stmt := range m.statements {
-		// Without arguments pgx sends the simple protocol: one statement,
-		// outside any transaction block, so a DO block may COMMIT.
+		// Without arguments pgx sends the simple protocol. The statement
+		// runs outside any transaction block, so a DO block may COMMIT.
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("pgstore: migrate: apply %s, outside a transaction (statement %d of %d; what ran before it stays): %w",
 				m.name, i+1, len(m.statements), err)
@@ -260,10 +255,10 @@ func runOutsideTx(ctx context.Context, pool *pgxpool.Pool, m migration) error {
 	return nil
 }
 
-// lockMigrations takes the migration lock for tx's transaction, creates
-// the migrations table if there is none, and returns the versions of ms
-// that the database records, or an error if it records one that ms does
-// not hold.
+// lockMigrations takes the migration lock for tx's transaction. It creates
+// the migrations table if there is none. It returns the versions of ms
+// that the database records. It fails if the database records one that ms
+// does not hold.
 func lockMigrations(ctx context.Context, tx pgx.Tx, ms []migration) (map[int]bool, error) {
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLock); err != nil {
 		return nil, fmt.Errorf("pgstore: migrate: take the migration lock: %w", err)
@@ -286,8 +281,8 @@ func recordMigration(ctx context.Context, tx pgx.Tx, m migration) error {
 	return nil
 }
 
-// appliedMigrations returns the versions of ms that the database records,
-// or an error if it records one that ms does not hold.
+// appliedMigrations returns the versions of ms that the database records.
+// It fails if the database records one that ms does not hold.
 func appliedMigrations(ctx context.Context, tx pgx.Tx, ms []migration) (map[int]bool, error) {
 	known := make(map[int]string, len(ms))
 	for _, m := range ms {

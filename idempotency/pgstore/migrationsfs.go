@@ -9,33 +9,27 @@ import (
 	"time"
 )
 
-// Migrations returns the schema's migrations as a file system, for teams
-// that run their migrations with a tool of their own instead of [Migrate].
-// Its root directory holds one file per migration, in the order they apply:
+// Migrations returns the schema's migrations as a file system. It is for
+// teams that run their migrations with a tool other than [Migrate]. Its
+// root directory holds one file per migration, in the order they apply:
 //
 //	0001_idempotency.up.sql
 //	...
 //
-// The files hold exactly the statements [Migrate] applies, under
-// golang-migrate's names (version_title.up.sql): pass the file system to
-// its iofs source. Each file opens with the "-- +goose Up" annotation and
-// marks any statement that holds semicolons of its own (a PL/pgSQL body)
-// with goose's StatementBegin and StatementEnd, so that goose runs the
-// same files (pass the file system to goose.NewProvider). To PostgreSQL,
-// and so to Migrate and golang-migrate, the annotations are comments. A
-// later data migration that commits between batches will be annotated
-// "-- +goose NO TRANSACTION", which Migrate and goose honour and
-// golang-migrate cannot: see "Migrations" in docs/SERVER.md.
-// There are no down migrations: a rollback of the records table loses
-// every key's record.
+// The files hold exactly the statements [Migrate] applies. They carry
+// golang-migrate's names, so pass the file system to its iofs source.
+// They carry goose's annotations too, so goose.NewProvider runs them.
+// To PostgreSQL the annotations are comments. There are no down
+// migrations, since a rollback of the records table loses every record.
+// docs/SERVER.md tells more under "Migrations".
 //
-// A database is migrated by one tool only: [Migrate] records its versions
-// in idempotency_schema_migrations, the other tools in tables of their
-// own, so a schema applied by one is unknown to the others.
+// Migrate a database with one tool only. Each tool records its versions
+// in a table of its own. So a schema applied by one is unknown to the
+// others.
 func Migrations() fs.FS {
 	ms, err := loadMigrations()
 	if err != nil {
-		// The embedded files are checked by the tests; a bad name cannot ship.
+		// The tests check the embedded files, so a bad name cannot ship.
 		panic(err)
 	}
 	files := make([]migrationFile, len(ms))

@@ -21,9 +21,10 @@ import (
 // same digest. Changing it lets two versions run one key at once.
 const lockDomain = "idem.lock.v1:"
 
-// lockKey is the advisory lock of id: the first 8 bytes of a SHA-256 of its
-// caller's digest and its key. Two keys share a lock with a chance of one
-// in 2^64; they would then only answer 409 to each other for a moment.
+// lockKey is the advisory lock of id. It is the first 8 bytes of a
+// SHA-256 of its caller's digest and its key. Two keys share a lock with
+// a chance of one in 2^64. They would then only answer 409 to each other
+// for a moment.
 func lockKey(id idempotency.ID) int64 {
 	h := sha256.New()
 	h.Write([]byte(lockDomain))
@@ -33,52 +34,51 @@ func lockKey(id idempotency.ID) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
 }
 
-// lockAndMarkSQL tries the key's advisory lock ($1) without waiting,
-// marks the transaction with $2 ([markSetting]), and returns whether the
-// server is a standby in recovery (whose miss would run the work again)
-// and the store's now ($3, else the database's clock_timestamp()). It
-// runs inside RunOnce's transaction, which a pooler keeps on one server
-// connection: the read that follows comes from the server checked here.
-// One statement does all four: each costs the server a portal and the
-// client a result.
+// lockAndMarkSQL tries the key's advisory lock ($1) without waiting. It
+// marks the transaction with $2 ([markSetting]). It returns whether the
+// server is a standby in recovery, whose miss would run the work again.
+// It returns the store's now too: $3, else the database's clock. It runs
+// inside RunOnce's transaction, which a pooler keeps on one server
+// connection. So the read that follows comes from the server checked
+// here. One statement does all four, since each statement costs a portal
+// and a result.
 const lockAndMarkSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('` + markSetting + `', $2, true), ` +
 	recoveringSQL + `, coalesce($3::timestamptz, clock_timestamp())`
 
 // readOnceSQL reads the key's record, if it has one. It is a statement of
-// its own, after lockAndMarkSQL: READ COMMITTED gives it a snapshot taken
-// after the lock was tried, so a worker that held the lock and committed
-// is seen. Whether the record is live is judged by the caller, on the now
-// of lockAndMarkSQL.
+// its own, after lockAndMarkSQL. READ COMMITTED then gives it a snapshot
+// taken after the lock was tried. So a worker that held the lock and
+// committed is seen. The caller judges whether the record is live, on the
+// now of lockAndMarkSQL.
 const readOnceSQL = `SELECT ` + columns + ` FROM idempotency_records WHERE caller = $1 AND key = $2`
 
-// takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction if
-// it is still the IN_PROGRESS record of owner $3 with its lease ended and
-// not expired, and says whether it did. It does not wait for a row that
-// another transaction holds.
+// takeOverOnceSQL locks the record of $1, $2 for RunOnce's transaction. It
+// does so only if the record is still owner $3's IN_PROGRESS record, with
+// its lease ended and not expired. It says whether it did. It does not
+// wait for a row that another transaction holds.
 var takeOverOnceSQL = nowSQL(4) + ` SELECT EXISTS (SELECT 1 FROM t, idempotency_records r
 	WHERE r.caller = $1 AND r.key = $2 AND r.status = 'IN_PROGRESS' AND r.owner = $3
 	AND coalesce(r.locked_until <= t.now, true) AND NOT ` + expiredSQL + `
 	FOR UPDATE OF r SKIP LOCKED)`
 
 // onceKeySQL is the key column ($2) of the COMPLETED record that RunOnce
-// writes after the handler's statements, in the same statement:
+// writes after the handler's statements. The expression serves two more
+// ends:
 //   - it raises synchronous_commit for the commit that follows
 //     ([syncCommitSQL]), since the handler may have lowered it;
-//   - it is NULL in a transaction without RunOnce's mark $11 (the handler
-//     ended RunOnce's transaction, and perhaps began another), so that
-//     the write fails with not_null_violation on the key (see
-//     [handlerEnded]) and the COMMIT that travels with it is skipped.
+//   - it is NULL in a transaction without RunOnce's mark $11, where the
+//     handler ended RunOnce's transaction. The write then fails with
+//     not_null_violation (see [handlerEnded]), and the COMMIT is skipped.
 //
-// The raise comes first, so that it does not depend on the order in
-// which the server evaluates the two conditions: a write that fails
-// commits nothing either way.
+// The raise comes first, so it does not depend on the server's order of
+// evaluation. A write that fails commits nothing either way.
 const onceKeySQL = `CASE WHEN ` + syncCommitSQL + ` IS NOT NULL
 		AND current_setting('` + markSetting + `', true) = $11 THEN $2 END`
 
 // onceColumnsSQL is the columns of the COMPLETED record that RunOnce
-// writes; onceNowSQL is its creation time: the store's now ($4), else the
-// start of the statement on the database's clock, one value for both
-// created_at and expires_at.
+// writes. onceNowSQL is its creation time. That is the store's now ($4),
+// else the statement's start on the database's clock. One value serves
+// both created_at and expires_at.
 const (
 	onceColumnsSQL = `INSERT INTO idempotency_records AS r (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
 		fingerprint_version, response_status, response_header, response_body)`
@@ -89,27 +89,27 @@ const (
 )
 
 // insertOnceSQL is the COMPLETED record of a key that had no record when
-// RunOnce read it, the usual case: a plain INSERT ... VALUES. ON
-// CONFLICT's speculative insertion costs the server about half as much
-// again, and a WITH query around the insert (to count its rows) about a
-// third more. A record that appeared meanwhile makes it fail with
-// unique_violation; a transaction without the mark, with
-// not_null_violation (onceKeySQL).
+// RunOnce read it. That is the usual case, so it is a plain INSERT ...
+// VALUES. ON CONFLICT would cost the server about half as much again. A
+// WITH query around the insert would cost about a third more. A record
+// that appeared meanwhile makes it fail with unique_violation. A
+// transaction without the mark makes it fail with not_null_violation
+// (onceKeySQL).
 const insertOnceSQL = onceColumnsSQL + `
 	VALUES (` + onceValuesSQL + `)`
 
 // onceInsertedSQL fails with division_by_zero unless the record was
-// written, so that the transaction, and the work's effect with it, cannot
+// written. So the transaction, and the work's effect with it, cannot
 // commit.
 const onceInsertedSQL = `
 SELECT 1 / (SELECT count(*) FROM ins)::int`
 
 // completeOnceSQL stores the COMPLETED record in the transaction of the
-// work: a row that replaces an expired record, or the record of owner $12
-// that the transaction took over (and holds locked). A live record that
-// appeared meanwhile (a lease-mode worker does not take the key's lock)
-// makes it fail (onceInsertedSQL); a transaction without RunOnce's mark,
-// as insertOnceSQL.
+// work. The row replaces an expired record, or the record of owner $12
+// that the transaction took over. A live record that appeared meanwhile
+// makes it fail (onceInsertedSQL). That can happen since a lease-mode
+// worker does not take the key's lock. A transaction without the mark
+// fails as in insertOnceSQL.
 var completeOnceSQL = `WITH ins AS (
 	` + onceColumnsSQL + `
 	VALUES (` + onceValuesSQL + `)
@@ -123,10 +123,10 @@ var completeOnceSQL = `WITH ins AS (
 	RETURNING 1
 )` + onceInsertedSQL
 
-// appeared reports whether err, the error of RunOnce's last round trip,
-// says that a live record of the key appeared while the work ran
-// (division_by_zero from completeOnceSQL, unique_violation on the
-// records from insertOnceSQL).
+// appeared reports whether err says that a live record of the key
+// appeared while the work ran. err is the error of RunOnce's last round
+// trip. It is division_by_zero from completeOnceSQL, or unique_violation
+// from insertOnceSQL.
 func appeared(err error) bool {
 	pgErr := (*pgconn.PgError)(nil)
 	if !errors.As(err, &pgErr) {
@@ -135,47 +135,46 @@ func appeared(err error) bool {
 	return pgErr.Code == "22012" || pgErr.Code == "23505" && pgErr.TableName == "idempotency_records"
 }
 
-// handlerEnded reports whether err, the error of RunOnce's last round
-// trip, says that the transaction had lost RunOnce's mark: the record's
-// key was NULL (see onceKeySQL).
+// handlerEnded reports whether err says that the transaction lost
+// RunOnce's mark. err is the error of RunOnce's last round trip. The
+// record's key was then NULL (see onceKeySQL).
 func handlerEnded(err error) bool {
 	pgErr := (*pgconn.PgError)(nil)
 	return errors.As(err, &pgErr) && pgErr.Code == "23502" && pgErr.TableName == "idempotency_records" && pgErr.ColumnName == "key"
 }
 
-// RunOnce implements [idempotency.TxStore]: the whole request of a fresh
-// key in one transaction. It takes a connection from the pool, begins, tries the key's
-// transaction-scoped advisory lock without waiting
-// (pg_try_advisory_xact_lock) and reads the record; when the key is free, it
-// runs do with the transaction in its context ([Tx]), inserts the
-// COMPLETED record and commits: one commit, one flush, made durable
-// whatever synchronous_commit the role or the handler chose (see
-// [syncCommitSQL]). On a standby in recovery nothing runs, and the error
-// matches [idempotency.ErrUnavailable]. The effect must go
-// through that transaction only: a second connection would not see the
-// uncommitted work, and its writes would not roll back with it. When the
-// lock is held, the transaction ends at once and the connection goes back
-// to the pool: a duplicate never waits holding a connection. A crash of
-// the process or of the database before the commit leaves neither the
-// record nor the effect.
+// RunOnce implements [idempotency.TxStore]. It runs the whole request of
+// a fresh key in one transaction. It begins, tries the key's advisory
+// lock without waiting, and reads the record. When the key is free, it
+// runs do with the transaction in its context ([Tx]). It then inserts
+// the COMPLETED record and commits. That is one commit and one flush.
+// The commit is durable whatever synchronous_commit the role or the
+// handler chose (see [syncCommitSQL]).
 //
-// The connection and the first answer (BEGIN, the lock and the read) come
-// within [Options.AcquireTimeout], or RunOnce does nothing and its error
+// On a standby nothing runs, and the error matches
+// [idempotency.ErrUnavailable]. The effect must go through the
+// transaction only. A second connection would not see the uncommitted
+// work, and its writes would not roll back with it. When the lock is
+// held, the transaction ends at once and the connection goes back to
+// the pool. So a duplicate never waits holding a connection. A crash
+// before the commit leaves neither the record nor the effect.
+//
+// The first answer (BEGIN, the lock and the read) comes within
+// [Options.AcquireTimeout]. Otherwise RunOnce does nothing, and its error
 // matches context.DeadlineExceeded. The commit's answer comes within
-// [Options.CommitTimeout], or the error matches context.DeadlineExceeded
-// and the work may have committed.
+// [Options.CommitTimeout]. Otherwise the error matches
+// context.DeadlineExceeded, and the work may have committed.
 //
-// A record of the lease mode whose lease has ended (its worker died, or
-// gave it up after a server error) is taken over in the same transaction,
-// if its fingerprint is rec's: its row is locked until the commit (a
+// RunOnce takes over a lease-mode record whose lease has ended, if its
+// fingerprint is rec's. Its row stays locked until the commit. A
 // lease-mode worker that reaches it meanwhile waits, then finds it
-// COMPLETED), do gets it as abandoned, and the COMPLETED record keeps its
-// stable id. A row that another transaction holds is not waited for: the
-// key reads as busy.
+// COMPLETED. do gets it as abandoned. The COMPLETED record keeps its
+// stable id. A row that another transaction holds is not waited for. The
+// key then reads as busy.
 func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ctx context.Context, abandoned *idempotency.Record) (*idempotency.Response, error)) (*idempotency.Record, error) {
 	// One bound covers the wait for a connection and for the first
-	// answer on it: behind PgBouncer the pool's connection comes at once,
-	// and the wait is in PgBouncer's queue for a server connection.
+	// answer on it. Behind PgBouncer the pool's connection comes at once.
+	// The wait is then in PgBouncer's queue.
 	actx, cancel := s.firstAnswer(ctx)
 	defer cancel()
 	conn, err := s.pool.Acquire(actx)
@@ -184,8 +183,8 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	}
 	defer conn.Release()
 	// The transaction is marked with a setting of its own, which ends
-	// with it: a handler that ends it and begins another (ROLLBACK;
-	// BEGIN) leaves a transaction without the mark.
+	// with it. So a handler that ends it and begins another leaves a
+	// transaction without the mark.
 	run := &onceRun{s: s, conn: conn, rec: rec, caller: caller(rec.ID), mark: rand.Text()}
 	defer run.rollback(ctx)
 	if err := run.begin(actx); err != nil {
@@ -200,9 +199,8 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	defer tx.end() // before the connection goes back to the pool
 	resp, err := do(context.WithValue(ctx, txKey{}, tx), abandoned)
 	// A handler that tried to end the transaction fails, whatever it
-	// answered. (One that ended it with COMMIT or ROLLBACK as SQL, its
-	// effect rolled back or committed on its own, is caught by the mark,
-	// which the record's insert checks.)
+	// answered. The mark catches one that sent COMMIT or ROLLBACK as
+	// SQL, since the record's insert checks it.
 	if tx.endTried {
 		return nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errHandlerEnded)
 	}
@@ -215,8 +213,8 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	return run.commit(ctx, resp, abandoned)
 }
 
-// onceRun is one call of [Store.RunOnce]: its connection, its
-// transaction's mark, and what its first round trip read.
+// onceRun is one call of [Store.RunOnce]. It holds the connection, the
+// transaction's mark, and what the first round trip read.
 type onceRun struct {
 	s      *Store
 	conn   *pgxpool.Conn
@@ -224,8 +222,8 @@ type onceRun struct {
 	caller string // rec's caller, digested
 	mark   string // the transaction's mark (see markSetting)
 
-	// What begin read: whether the key's lock was taken, whether the
-	// server is a standby in recovery, the store's now, the key's row.
+	// What begin read: whether the lock was taken, whether the server is
+	// a standby, the store's now, and the key's row.
 	locked, recovering bool
 	now                time.Time
 	row                nullableRecord
@@ -234,8 +232,8 @@ type onceRun struct {
 }
 
 // rollback ends a transaction that did not commit. A panic in the handler
-// rolls back here too. A connection that failed is not given back to the
-// pool: it is closed, and the server rolls back.
+// rolls back here too. A connection that failed is closed, not given back
+// to the pool. The server then rolls back.
 func (o *onceRun) rollback(ctx context.Context) {
 	if !o.ended {
 		rctx, cancel := o.s.commitAnswer(ctx)
@@ -244,10 +242,10 @@ func (o *onceRun) rollback(ctx context.Context) {
 	}
 }
 
-// begin sends BEGIN, the lock and the look at the key's record together:
-// one round trip. The look is a statement of its own, after the lock:
-// READ COMMITTED gives it a snapshot taken after the lock, so a worker
-// that held the lock and committed is seen.
+// begin sends BEGIN, the lock and the look at the key's record in one
+// round trip. The look is a statement of its own, after the lock. READ
+// COMMITTED gives it a snapshot taken after the lock. So a worker that
+// held the lock and committed is seen.
 func (o *onceRun) begin(actx context.Context) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
@@ -265,17 +263,18 @@ func (o *onceRun) begin(actx context.Context) error {
 	return nil
 }
 
-// claim decides, from what begin read, whether the work runs. It returns
-// the record to answer with (done, under a live lease, another request's,
-// or busy), or none and the lease-mode record the transaction took over,
-// if any: the record, the effect and the take-over commit together.
+// claim decides, from what begin read, whether the work runs. It may
+// return the record to answer with: done, under a live lease, another
+// request's, or busy. Otherwise it returns the lease-mode record the
+// transaction took over, if any. The record, the effect and the take-over
+// then commit together.
 func (o *onceRun) claim(ctx context.Context) (answer, abandoned *idempotency.Record, err error) {
 	rec, now := o.rec, o.now
 	if o.recovering {
 		return nil, nil, fmt.Errorf("pgstore: run key %q: %w", rec.ID.Key, errRecovering)
 	}
-	// existing is the key's live record, if any, judged on the store's
-	// now as the lock was tried.
+	// existing is the key's live record, if any. It is judged on the
+	// store's now as the lock was tried.
 	var existing *idempotency.Record
 	if o.row.status != nil {
 		if existing, err = o.row.record(rec.ID); err != nil {
@@ -296,9 +295,9 @@ func (o *onceRun) claim(ctx context.Context) (answer, abandoned *idempotency.Rec
 			return o.busy(), nil, nil
 		}
 		// The lease has ended: its worker died or gave the record up.
-		// The row is locked until the commit, without waiting: a
-		// lease-mode worker that takes it over or completes it meanwhile
-		// waits, then finds it COMPLETED.
+		// The row is locked until the commit, without waiting. A
+		// lease-mode worker that reaches it meanwhile waits, then finds
+		// it COMPLETED.
 		var taken bool
 		tctx, cancel := o.s.firstAnswer(ctx)
 		err = o.conn.QueryRow(tctx, takeOverOnceSQL, o.caller, rec.ID.Key, existing.Owner, o.s.now()).Scan(&taken)
@@ -316,8 +315,8 @@ func (o *onceRun) claim(ctx context.Context) (answer, abandoned *idempotency.Rec
 	return nil, nil, nil
 }
 
-// busy is the record the key reads as while another transaction holds it:
-// rec, IN_PROGRESS, without owner.
+// busy is the record the key reads as while another transaction holds it.
+// It is rec, IN_PROGRESS, without owner.
 func (o *onceRun) busy() *idempotency.Record {
 	b := *o.rec
 	b.Status, b.Owner, b.Response = idempotency.StatusInProgress, "", nil
@@ -325,12 +324,12 @@ func (o *onceRun) busy() *idempotency.Record {
 }
 
 // commit writes the COMPLETED record with resp and commits. The work is
-// done: it is recorded even if the client has gone. The record and the
-// COMMIT travel together, one round trip: if the record fails, the server
-// skips the COMMIT and the transaction stays open, failed, for the
-// rollback. A commit with no answer within CommitTimeout may have
-// committed: the error says so, and the connection, closed by pgx on the
-// deadline, is not given back.
+// done, so it is recorded even if the client has gone. The record and
+// the COMMIT travel together in one round trip. If the record fails, the
+// server skips the COMMIT. The transaction then stays open, failed, for
+// the rollback. A commit with no answer within CommitTimeout may have
+// committed. The error says so. pgx closes the connection on the
+// deadline, and it is not given back.
 func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abandoned *idempotency.Record) (*idempotency.Record, error) {
 	rec, conn := o.rec, o.conn
 	code, header, body, err := answerColumns(resp)
@@ -344,9 +343,9 @@ func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abando
 	if abandoned != nil {
 		stableID, from = abandoned.StableID, &abandoned.Owner
 	}
-	// The write raises synchronous_commit, after the handler's
-	// statements, which may have lowered it: the answer is sent once the
-	// commit is durable (see onceKeySQL).
+	// The write raises synchronous_commit after the handler's statements,
+	// which may have lowered it. So the answer is sent once the commit is
+	// durable (see onceKeySQL).
 	args := []any{o.caller, rec.ID.Key, rec.Fingerprint[:], o.s.now(), stableID,
 		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, o.mark}
 	write := insertOnceSQL
@@ -363,15 +362,16 @@ func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abando
 	case handlerEnded(err) || appeared(err):
 		return o.rolledBack(wctx, err)
 	}
-	// A serialization failure or a deadlock (under repeatable read or
-	// serializable, a duplicate whose snapshot predates the commit of the
-	// key's first request meets its record here) rolled everything back:
-	// the retry finds the record.
+	// A serialization failure or a deadlock rolled everything back. Under
+	// repeatable read or serializable, a duplicate whose snapshot predates
+	// the first request's commit meets its record here. The retry finds
+	// the record.
 	return nil, fmt.Errorf("pgstore: run key %q: store the record and commit: %w", rec.ID.Key, conflicted(unanswered(err, o.s.commit)))
 }
 
-// committed checks a COMMIT that the server answered: the transaction has
-// ended, within its bound, and no operator cut its wait for a standby.
+// committed checks a COMMIT that the server answered. It checks that the
+// transaction ended within its bound. It checks that no operator cut its
+// wait for a standby.
 func (o *onceRun) committed(wctx context.Context) error {
 	rec, conn := o.rec, o.conn
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
@@ -380,8 +380,8 @@ func (o *onceRun) committed(wctx context.Context) error {
 	o.ended = true
 	if err := wctx.Err(); err != nil {
 		// The bound ended while the commit waited. A pool that sends
-		// cancel requests makes PostgreSQL confirm a commit whose wait
-		// for a synchronous standby it cut short: no 201 for it.
+		// cancel requests makes PostgreSQL confirm such a commit, cut
+		// short before a standby had it. It gets no 201.
 		return fmt.Errorf("pgstore: run key %q: commit: %w", rec.ID.Key, unanswered(errCanceledCommit(err), o.s.commit))
 	}
 	// An operator's cancel of the wait: only its warning tells.
@@ -391,10 +391,9 @@ func (o *onceRun) committed(wctx context.Context) error {
 	return nil
 }
 
-// rolledBack ends a transaction whose record's write failed (err): the
-// handler ended the transaction (and perhaps began one of its own), or a
-// live record appeared. The work rolls back; in the second case the record
-// answers.
+// rolledBack ends a transaction whose record's write failed (err). Either
+// the handler ended the transaction, or a live record appeared. The work
+// rolls back. In the second case the record answers.
 func (o *onceRun) rolledBack(wctx context.Context, err error) (*idempotency.Record, error) {
 	rec := o.rec
 	o.ended = true

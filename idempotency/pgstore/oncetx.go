@@ -12,32 +12,30 @@ import (
 )
 
 // errEndsWithRecord is what Commit and Rollback of the request's
-// transaction return (RunOnce's, or the one Complete gives the effect): it
-// ends with the record, and only the store ends it. A handler or effect
-// that tries anyway fails its request (see [Store.RunOnce] and
-// [Store.Complete]).
+// transaction return. The transaction ends with the record, and only the
+// store ends it. A handler or effect that tries anyway fails its request
+// (see [Store.RunOnce] and [Store.Complete]).
 var errEndsWithRecord = errors.New("pgstore: the request's transaction commits with its record; only the store commits or rolls it back")
 
 // errHandlerEnded is the error of RunOnce and Complete when the handler
-// (or the effect) ended, or tried to end, the transaction it was given:
-// nothing is stored.
+// or the effect ended, or tried to end, its transaction. Nothing is
+// stored.
 var errHandlerEnded = errors.New("the handler ended the request's transaction (Commit, Rollback, or COMMIT or ROLLBACK as SQL), which only the store may end; nothing was stored")
 
-// markSetting is the setting, local to the request's transaction (RunOnce's
-// or Complete's), that holds the transaction's mark: a random text set when
+// markSetting is the setting that holds the transaction's mark. It is
+// local to the request's transaction. The mark is a random text set when
 // the store begins the transaction ([lockAndMarkSQL], and holdSQL in
-// Complete), and checked when the record is written ([onceKeySQL] in
-// RunOnce, completeSQL and [markedSQL] in Complete). A handler that ends the transaction,
-// with COMMIT or ROLLBACK as SQL, ends the mark with it; one that then
-// begins another (ROLLBACK; BEGIN) has a transaction without the mark.
+// Complete). It is checked when the record is written ([onceKeySQL],
+// completeSQL and [markedSQL]). A handler that ends the transaction with
+// SQL ends the mark with it. So a transaction it begins next has no mark.
 const markSetting = "pgstore.request_tx"
 
 // markedSQL says whether the statement runs in the transaction marked $1.
 const markedSQL = `SELECT coalesce(current_setting('` + markSetting + `', true) = $1, false)`
 
 // endGuard is the Commit and Rollback of a transaction that only the store
-// ends: both fail and remember that the handler meant to end it, so that
-// its answer cannot be stored as committed with it.
+// ends. Both fail and remember that the handler meant to end it. So its
+// answer cannot be stored as committed with it.
 type endGuard struct {
 	endTried bool
 }
@@ -46,17 +44,15 @@ func (g *endGuard) Commit(context.Context) error   { g.endTried = true; return e
 func (g *endGuard) Rollback(context.Context) error { g.endTried = true; return errEndsWithRecord }
 
 // onceTx is the transaction of [Store.RunOnce] and [Store.Complete] as the
-// handler or effect sees it ([Tx]). The store begins it in the same round
-// trip as the key's lock (and, in RunOnce, the look at its record), which
-// pgx's own Begin cannot do, and ends it in the same round trip as the
-// record's write; so this is the connection inside a transaction block,
-// with nested transactions as savepoints, as pgx's are.
+// handler or effect sees it ([Tx]). The store begins it in the round trip
+// of the key's lock. It ends it in the round trip of the record's write.
+// pgx's own Begin cannot do that. So this is the connection inside a
+// transaction block. Its nested transactions are savepoints, as pgx's are.
 //
-// Once the store has ended the transaction (end), every method but Conn
-// fails with pgx.ErrTxClosed, as pgx's own transactions do after their
-// end: the connection is back in the pool, and a handler or effect that
-// kept the transaction must not write through it into whatever the
-// connection's next user does.
+// Once the store has ended the transaction, every method but Conn fails
+// with pgx.ErrTxClosed. pgx's own transactions do the same after their
+// end. The connection is then back in the pool. A handler that kept the
+// transaction must not write into the connection's next user's work.
 type onceTx struct {
 	conn       *pgx.Conn
 	savepoints int64
@@ -64,7 +60,7 @@ type onceTx struct {
 	endGuard
 }
 
-// end makes t refuse every further use; the store calls it before the
+// end makes t refuse every further use. The store calls it before the
 // connection goes back to the pool.
 func (t *onceTx) end() { t.ended.Store(true) }
 
@@ -99,9 +95,9 @@ func (t *onceTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	return t.conn.SendBatch(ctx, b)
 }
 
-// LargeObjects is not available inside RunOnce or Complete: pgx builds it only on a
-// transaction of its own. Its methods panic (on a nil transaction), which
-// rolls the request back.
+// LargeObjects is not available inside RunOnce or Complete. pgx builds it
+// only on a transaction of its own. Its methods panic on a nil
+// transaction, which rolls the request back.
 func (t *onceTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
 func (t *onceTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
@@ -168,7 +164,7 @@ func (sp *onceSavepoint) Rollback(ctx context.Context) error {
 }
 
 // endedRows and endedBatch are what an ended onceTx's Query, QueryRow and
-// SendBatch return: results that hold pgx.ErrTxClosed.
+// SendBatch return. Their results hold pgx.ErrTxClosed.
 type endedRows struct{}
 
 func (endedRows) Close()                                       {}

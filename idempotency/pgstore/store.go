@@ -21,11 +21,11 @@ import (
 
 // Defaults for a zero [Options], as its fields document them.
 const (
-	// defaultSweepBatch is how many records (or inbox rows) one sweep
-	// statement deletes at most.
+	// defaultSweepBatch is the most records (or inbox rows) one sweep
+	// statement deletes.
 	defaultSweepBatch = 1000
-	// defaultAcquireTimeout is how long a store call waits for a
-	// connection and the database's first answer.
+	// defaultAcquireTimeout bounds a store call's wait for a connection
+	// and the database's first answer.
 	defaultAcquireTimeout = 2 * time.Second
 	// defaultCommitTimeout is how long a commit waits for its answer.
 	defaultCommitTimeout = 10 * time.Second
@@ -33,16 +33,15 @@ const (
 
 // Store is an [idempotency.Store] over PostgreSQL. Create its table with
 // [Migrate] first. A Store is safe for concurrent use by multiple
-// goroutines, and several processes may share one database: every decision
-// is made by one statement or one transaction.
+// goroutines. Several processes may share one database, since one
+// statement or one transaction makes every decision.
 //
-// Leases and retention are judged on the database's clock,
-// clock_timestamp(), for every process alike (see [idempotency.Store]),
-// unless [Options.Clock] replaces it.
+// Leases and retention are judged on the database's clock, for every
+// process alike. [Options.Clock] may replace it.
 //
 // The caller column holds the [idempotency.PrincipalDigest] of each
-// record's principal, never the principal (often a credential), which also
-// keeps the primary key's entries small whatever the principal's length.
+// record's principal, never the principal. A principal is often a
+// credential. The digest also keeps the primary key's entries small.
 // Error messages name the key and what was being done, never the caller.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -60,34 +59,31 @@ type Options struct {
 	// SweepBatch is how many expired records one statement of Sweep
 	// deletes at most. Zero or negative means 1000.
 	SweepBatch int
-	// AcquireTimeout bounds how long a store call waits for the
-	// database's first answer: a connection from the pool, and the first
-	// round trip on it (behind PgBouncer, the wait in its queue for a
-	// server connection). It bounds Insert, TakeOver, Release and Get
-	// whole (each is one round trip), and the start of RunOnce and
-	// Complete (the connection, BEGIN, the key's lock and the read).
-	// After it, the error matches context.DeadlineExceeded, and the
-	// middleware answers 503 with Retry-After; past it in Insert,
-	// TakeOver or RunOnce's start, the handler has not run. (An Insert or
-	// TakeOver whose answer was lost may have committed: its record then
-	// waits IN_PROGRESS for its lease to end.) Zero or negative means 2
+	// AcquireTimeout bounds a store call's wait for the database's first
+	// answer. That is a connection from the pool and the first round trip
+	// on it. Behind PgBouncer, it includes the wait in PgBouncer's queue.
+	// It bounds Insert, TakeOver, Release and Get whole. It bounds the
+	// start of RunOnce and Complete. Past it, the error matches
+	// context.DeadlineExceeded, and the middleware answers 503 with
+	// Retry-After. The handler has not run then. An Insert or TakeOver
+	// whose answer was lost may still have committed. Its record then
+	// waits IN_PROGRESS for its lease to end. Zero or negative means 2
 	// seconds.
 	AcquireTimeout time.Duration
-	// CommitTimeout bounds how long the commit waits for its answer:
-	// RunOnce's last round trip (the record and COMMIT), and Complete's
-	// effect and commit. A commit that gets no answer in time may have
-	// committed: the error matches context.DeadlineExceeded, the
-	// connection is closed, never given back to the pool, and the
-	// middleware answers 503 with Retry-After, never the handler's
-	// answer; the retry finds what committed. Commits wait while a
-	// synchronous standby is gone, so this bound is what a request waits
-	// then. Zero or negative means 10 seconds.
+	// CommitTimeout bounds the commit's wait for its answer. It covers
+	// RunOnce's last round trip and Complete's effect and commit. A commit
+	// with no answer in time may have committed. The error then matches
+	// context.DeadlineExceeded, and the connection is closed, never given
+	// back to the pool. The middleware answers 503 with Retry-After, never
+	// the handler's answer. The retry finds what committed. Commits wait
+	// while a synchronous standby is gone. So this bound is what a request
+	// waits then. Zero or negative means 10 seconds.
 	CommitTimeout time.Duration
-	// Clock, if not nil, replaces the database's clock for judging leases
-	// and retention: the store sends its time with every statement. It is
-	// for tests, to move time without waiting (a clock.Manual); every store
-	// on the database must then be given the same clock, or hosts whose
-	// clocks disagree will both hold one record. Nil means the database's
+	// Clock, if not nil, replaces the database's clock for leases and
+	// retention. The store then sends its time with every statement. It is
+	// for tests, to move time without waiting (a clock.Manual). Every store
+	// on the database must then share the clock. Otherwise hosts whose
+	// clocks disagree may both hold one record. Nil means the database's
 	// clock_timestamp().
 	Clock clock.Clock
 	// Replication declares the database's replication, which
@@ -121,22 +117,21 @@ func New(pool *pgxpool.Pool, opts *Options) *Store {
 	return s
 }
 
-// firstAnswer is ctx bounded by AcquireTimeout: for the wait for a
+// firstAnswer is ctx bounded by AcquireTimeout. It bounds the wait for a
 // connection and the database's first answer on it.
 func (s *Store) firstAnswer(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.acquire)
 }
 
-// commitAnswer is ctx, without its cancellation, bounded by CommitTimeout:
-// for the work that is recorded even if the client has gone (the commit,
-// Complete's effect, a rollback).
+// commitAnswer is ctx bounded by CommitTimeout, without ctx's
+// cancellation. It is for work that is recorded even if the client has
+// gone: the commit, Complete's effect, a rollback.
 func (s *Store) commitAnswer(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), s.commit)
 }
 
-// unanswered wraps err, the error of a round trip whose answer did not
-// come within bound, to say so. It still matches
-// context.DeadlineExceeded.
+// unanswered says that err's round trip got no answer within bound. It
+// still matches context.DeadlineExceeded.
 func unanswered(err error, bound time.Duration) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("no answer from the database within %s: %w", bound, err)
@@ -144,8 +139,8 @@ func unanswered(err error, bound time.Duration) error {
 	return err
 }
 
-// now is the time statements judge by: NULL for the database's
-// clock_timestamp(), else the Clock's (see nowSQL).
+// now is the time statements judge by. Nil stands for the database's
+// clock_timestamp(); see nowSQL.
 func (s *Store) now() *time.Time {
 	if s.clock == nil {
 		return nil
@@ -160,12 +155,12 @@ func nowSQL(n int) string {
 	return fmt.Sprintf("WITH t AS (SELECT coalesce($%d::timestamptz, clock_timestamp()) AS now)", n)
 }
 
-// micros is d as whole microseconds, the unit of a timestamptz; statements
-// add it to the store's now as $n * interval '1 microsecond'.
+// micros is d as whole microseconds, the unit of a timestamptz.
+// Statements add it to the store's now as $n * interval '1 microsecond'.
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// leaseMicros is rec's lease as microseconds from its creation, or nil when
-// it has none.
+// leaseMicros is rec's lease in microseconds from its creation. It is nil
+// when rec has no lease.
 func leaseMicros(rec *idempotency.Record) *int64 {
 	if rec.LockedUntil.IsZero() {
 		return nil
@@ -180,44 +175,45 @@ var (
 
 type txKey struct{}
 
-// Tx returns the transaction of the [Store.Complete] running the effect
-// that was given ctx, or of the [Store.RunOnce] running the request, and
-// false when ctx comes from neither. An effect registered with
-// [idempotency.OnCommit] (or, in the single-transaction mode, the handler
-// itself, with its request's context) writes its business rows through
-// it, so that they commit with the COMPLETED record or not at all. The
-// effect must not commit or roll back the transaction, and must not write
-// through another connection. A handler or effect that ends the
-// transaction anyway (Commit or Rollback, which then fail, or COMMIT or
-// ROLLBACK as SQL) fails its request with a server error and nothing is
-// stored, in either mode; see "The effect joins the transaction" and "One
-// transaction" in the package docs.
+// Tx returns the transaction of the call that gave ctx. That call is
+// [Store.Complete], running an effect, or [Store.RunOnce], running a
+// request. Tx returns false when ctx comes from neither. An effect registered with
+// [idempotency.OnCommit] writes its business rows through it. So does the
+// handler in the single-transaction mode. The rows then commit with the
+// COMPLETED record or not at all. The effect must not commit or roll back
+// the transaction. It must not write through another connection. A
+// handler or effect that ends it anyway fails its request with a server
+// error. Nothing is then stored, in either mode. See the package docs.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok
 }
 
-// expiredSQL is true for a record r expired at t.now, both on the
-// database's clock (see [idempotency.Record.Expired]): its retention has
-// ended and it is not IN_PROGRESS under a live lease.
+// expiredSQL is true for a record r expired at t.now, on the database's
+// clock. Its retention has ended, and it is not IN_PROGRESS under a live
+// lease. See [idempotency.Record.Expired].
 const expiredSQL = `(r.expires_at <= t.now AND NOT (r.status = 'IN_PROGRESS' AND coalesce(r.locked_until > t.now, false)))`
 
 const columns = `fingerprint, fingerprint_version, status, stable_id, owner, locked_until, created_at, expires_at,
 	response_status, response_header, response_body`
 
-// insertSQL inserts the record, or replaces one that has expired, in one
-// statement; when it does neither, the live record comes back. Its times
-// are the store's now ($8), plus the lease ($7) and the retention ($9) in
-// microseconds; the now comes back too. The statement is its own
-// transaction, whose commit it makes durable ([syncCommitSQL]): the
-// handler runs once it returns. The insert
-// is ON CONFLICT DO NOTHING, which takes no lock on a live record, so that
-// replays of one key do not queue behind each other; the replacement of an
-// expired record is an UPDATE conditional on the expiry, which locks the
-// row and checks the expiry again on its latest version, so two requests
-// cannot both replace it. The main query reads from the statement's
-// snapshot, which may not yet show a row that another transaction committed
-// after the statement began; the row is then all NULLs (or the old,
+// insertSQL inserts the record, or replaces one that has expired. When it
+// does neither, the live record comes back. Its times are the store's now
+// ($8), plus the lease ($7) and the retention ($9) in microseconds. The
+// now comes back too. The statement is its own transaction. It makes its
+// commit durable ([syncCommitSQL]), since the handler runs once it
+// returns.
+//
+// The insert is ON CONFLICT DO NOTHING, which takes no lock on a live
+// record. So replays of one key do not queue behind each other. An
+// expired record is replaced by an UPDATE conditional on the expiry. The
+// UPDATE locks the row and checks the expiry again on its latest version.
+// So two requests cannot both replace it.
+//
+// The main query reads from the statement's snapshot. That snapshot may
+// miss a row another transaction committed after the statement began.
+// The row then comes back all NULLs, or as its old expired version.
+// Insert then runs the statement again.
 // expired version) and Insert runs the statement again.
 var insertSQL = nowSQL(8) + `, ins AS (
 	INSERT INTO idempotency_records (caller, key, fingerprint, status, stable_id, owner, locked_until, created_at, expires_at,
@@ -244,9 +240,9 @@ FROM t
 LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2
 	AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM repl)`
 
-// insertAttempts bounds the re-runs of insertSQL when the conflicting row
-// is not yet visible; each re-run takes a new snapshot, so one is almost
-// always enough.
+// insertAttempts bounds the re-runs of insertSQL while the conflicting
+// row is not yet visible. Each re-run takes a new snapshot, so one is
+// almost always enough.
 const insertAttempts = 10
 
 // Insert implements [idempotency.Store] with one statement: INSERT ... ON
@@ -254,8 +250,8 @@ const insertAttempts = 10
 func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
-	// A connection of its own, whose notices tell a commit confirmed
-	// after its wait for a synchronous standby was canceled.
+	// A connection of its own, since only its notices tell of a commit
+	// confirmed after its wait for a synchronous standby was canceled.
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("pgstore: insert key %q: acquire a connection: %w", rec.ID.Key, unanswered(err, s.acquire))
@@ -301,12 +297,11 @@ func (s *Store) Insert(ctx context.Context, rec *idempotency.Record) (*idempoten
 }
 
 // takeOverSQL gives the IN_PROGRESS record of $1, $2 from owner $3 to
-// owner $4, with a lease of $6 microseconds from the store's now ($5), if
-// its lease has ended (an empty $4 gives it up at once) and it has not
-// expired. The statement is its own transaction, whose commit it makes
-// durable ([syncCommitSQL], in RETURNING: it runs for the row it changes,
-// and nothing else needs a durable commit): the handler runs once it
-// returns.
+// owner $4. The new lease runs $6 microseconds from the store's now ($5).
+// The record must not have expired. Its lease must have ended, unless $4
+// is empty, which gives it up at once. The statement is its own
+// transaction. RETURNING makes its commit durable ([syncCommitSQL]), for
+// the row it changes only. The handler runs once it returns.
 var takeOverSQL = nowSQL(5) + ` UPDATE idempotency_records r
 		SET owner = $4, locked_until = t.now + $6::bigint * interval '1 microsecond'
 		FROM t
@@ -314,14 +309,14 @@ var takeOverSQL = nowSQL(5) + ` UPDATE idempotency_records r
 		AND ($4 = '' OR r.locked_until <= t.now) AND NOT ` + expiredSQL + `
 		RETURNING ` + syncCommitSQL
 
-// TakeOver implements [idempotency.Store] with one conditional UPDATE,
-// whose commit is durable as Insert's is: a take-over a crash or a
-// failover loses would let another worker take the record over again.
+// TakeOver implements [idempotency.Store] with one conditional UPDATE.
+// Its commit is durable, as Insert's is. A lost take-over would let
+// another worker take the record over again.
 func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
-	// Its own connection, as Insert's: only its notices tell a canceled
-	// wait for a synchronous standby.
+	// Its own connection, as Insert's, since only its notices tell of a
+	// canceled wait for a synchronous standby.
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over key %q: acquire a connection: %w", id.Key, unanswered(err, s.acquire))
@@ -345,30 +340,28 @@ func (s *Store) TakeOver(ctx context.Context, id idempotency.ID, from, to string
 	return true, nil
 }
 
-// beginSQL begins Get's transaction, whose read comes after the key's
-// lock was tried and must have a snapshot taken after it. Only READ
-// COMMITTED gives that: under a database's or role's
-// default_transaction_isolation of repeatable read or serializable, the
-// snapshot would be taken at the transaction's first statement, before
-// the lock, and would miss a record that the lock's holder committed
-// meanwhile (a lookup's false miss). So the level is stated, never
-// inherited.
+// beginSQL begins Get's transaction. Its read must have a snapshot taken
+// after the key's lock was tried. Only READ COMMITTED gives that. Under
+// repeatable read or serializable, the snapshot is taken at the first
+// statement, before the lock. It would then miss a record that the lock's
+// holder committed meanwhile: a lookup's false miss. So the level is
+// stated, never inherited from default_transaction_isolation.
 const beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
-// holdSQL marks Complete's transaction with $4 (see [markSetting]) and
-// locks the record of $1, $2 if owner $3 holds it IN_PROGRESS, saying
-// whether it does: the effect runs only for the record's owner, and no
+// holdSQL marks Complete's transaction with $4 (see [markSetting]). It
+// locks the record of $1, $2 if owner $3 holds it IN_PROGRESS, and says
+// whether it does. So the effect runs only for the record's owner. No
 // other worker changes the record until the commit.
 const holdSQL = `SELECT set_config('` + markSetting + `', $4, true), EXISTS (SELECT 1 FROM idempotency_records
 	WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3 FOR UPDATE)`
 
 // completeSQL marks the record COMPLETED with its answer, in the
-// transaction marked $7 only: after the effect, so that an effect that
-// committed the transaction with COMMIT as SQL (or rolled it back, or began
-// another) leaves the record IN_PROGRESS. It travels with the COMMIT; when
-// it changes no row (the mark is gone, or the effect changed the record),
-// it fails with division_by_zero, so that the server skips the COMMIT and
-// the effect cannot commit without its record.
+// transaction marked $7 only. It runs after the effect. So an effect that
+// ended the transaction with SQL leaves the record IN_PROGRESS. That
+// covers COMMIT, ROLLBACK and beginning another transaction. The
+// statement travels with the COMMIT. When it changes no row, it fails
+// with division_by_zero. The server then skips the COMMIT. So the effect
+// cannot commit without its record.
 const completeSQL = `WITH upd AS (UPDATE idempotency_records
 	SET status = 'COMPLETED', owner = '', locked_until = NULL,
 		response_status = $4, response_header = $5, response_body = $6
@@ -377,24 +370,25 @@ const completeSQL = `WITH upd AS (UPDATE idempotency_records
 	RETURNING 1)
 SELECT 1 / (SELECT count(*) FROM upd)::int`
 
-// Complete implements [idempotency.Store]: in one transaction it locks the
-// record (only if owner holds it IN_PROGRESS), runs commit with the
-// transaction in its context (see [Tx]), marks the record COMPLETED and
-// commits. If commit fails, or the connection is lost before the commit,
-// the transaction rolls back and the record stays IN_PROGRESS, owner's,
+// Complete implements [idempotency.Store] in one transaction. It locks
+// the record, only if owner holds it IN_PROGRESS. It runs commit with the
+// transaction in its context (see [Tx]). Then it marks the record
+// COMPLETED and commits. If commit fails, or the connection is lost before
+// the commit, the transaction rolls back. The record then stays IN_PROGRESS, owner's,
 // until its lease ends.
 //
 // BEGIN travels with the record's lock, and the record's update with the
-// COMMIT: two round trips besides the effect's own. So the transaction the
-// effect gets is, as in [Store.RunOnce], the connection inside a
-// transaction block, whose nested transactions are savepoints and whose
-// LargeObjects is not available (pgx builds it only on a transaction of
-// its own).
+// COMMIT. That is two round trips besides the effect's own. So the effect
+// gets the connection inside a transaction block, as in [Store.RunOnce].
+// Its nested transactions are savepoints. Its LargeObjects is not
+// available, since pgx builds that only on a transaction of its own.
 //
-// The effect must not end the transaction: its Commit and Rollback fail,
-// and an effect that calls either, or sends COMMIT or ROLLBACK as SQL
-// (the transaction carries a mark, which the record's update checks),
-// makes Complete fail with nothing stored, whatever the effect returned.
+// The effect must not end the transaction. Its Commit and Rollback fail.
+// An effect that calls either makes Complete fail with nothing stored. So
+// does one that sends COMMIT or ROLLBACK as SQL, which the mark catches.
+// That holds whatever the effect returned. The record then stays
+// IN_PROGRESS, owner's. After a COMMIT sent as SQL, the effect's earlier
+// writes have committed on their own.
 // The record then stays IN_PROGRESS, owner's; after a COMMIT sent as SQL,
 // the effect's writes before it have committed on their own.
 func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
@@ -412,8 +406,8 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	ended := false
 	defer func() {
 		// A panic in the effect rolls back here too. A connection left
-		// in a transaction is not given back to the pool: it is closed,
-		// and the server rolls back.
+		// in a transaction is closed, not given back to the pool. The
+		// server then rolls back.
 		if !ended {
 			rctx, cancel := s.commitAnswer(ctx)
 			defer cancel()
@@ -428,8 +422,8 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	b.Queue("BEGIN")
 	b.Queue(holdSQL, caller(id), id.Key, owner, mark).QueryRow(func(r pgx.Row) error { return r.Scan(nil, &held) })
 	// Under repeatable read or serializable, another worker's take-over
-	// committed while the lock was awaited fails with a serialization
-	// failure: conflicted.
+	// committed while the lock was awaited makes the lock fail. conflicted
+	// reports that serialization failure.
 	if err := conn.SendBatch(actx, b).Close(); err != nil {
 		return fmt.Errorf("pgstore: complete key %q: lock the record: %w", id.Key, conflicted(unanswered(err, s.acquire)))
 	}
@@ -437,7 +431,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 	if !held {
 		return idempotency.ErrNotOwner
 	}
-	// The effect and the commit share one bound: a commit with no answer
+	// The effect and the commit share one bound. A commit with no answer
 	// within it may have committed, and its connection is closed.
 	ctx, ccancel := s.commitAnswer(ctx)
 	defer ccancel()
@@ -446,8 +440,8 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 		defer etx.end() // before the connection goes back to the pool
 		err := commit(context.WithValue(ctx, txKey{}, pgx.Tx(etx)))
 		// An effect that tried to end the transaction fails, whatever it
-		// returned. (One that ended it with COMMIT or ROLLBACK as SQL is
-		// caught by the mark, which the record's update checks.)
+		// returned. The mark catches one that sent COMMIT or ROLLBACK as
+		// SQL.
 		if etx.endTried {
 			return fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
 		}
@@ -461,7 +455,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 
 // markCompleted marks the record COMPLETED with its answer and commits,
 // in one round trip, after the effect. It reports whether the transaction
-// has ended; if not, Complete's deferred ROLLBACK ends it.
+// has ended. If not, Complete's deferred ROLLBACK ends it.
 func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempotency.ID, owner, mark string,
 	code *int32, header *string, body []byte) (ended bool, err error) {
 	var (
@@ -471,16 +465,15 @@ func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempo
 	b := &pgx.Batch{}
 	b.Queue(markedSQL, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&marked) })
 	b.Queue(completeSQL, caller(id), id.Key, owner, code, header, body, mark).QueryRow(func(r pgx.Row) error { return r.Scan(&one) })
-	// After the effect, which may have lowered it: the answer is sent
+	// After the effect, which may have lowered it. The answer is sent
 	// once the commit is durable.
 	b.Queue(`SELECT ` + syncCommitSQL)
 	b.Queue("COMMIT")
 	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(ctx, b).Close()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
-		// The server skipped the COMMIT: the deferred ROLLBACK ends the
-		// transaction (or whatever one the effect began since), and the
-		// record stays.
+		// The server skipped the COMMIT. The deferred ROLLBACK ends the
+		// transaction, or any the effect began since. The record stays.
 		if !marked {
 			return false, fmt.Errorf("pgstore: complete key %q: %w", id.Key, errHandlerEnded)
 		}
@@ -493,8 +486,8 @@ func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempo
 		return false, fmt.Errorf("pgstore: complete key %q: commit: the transaction is still open (status %c)", id.Key, st)
 	}
 	if err := ctx.Err(); err != nil {
-		// As in RunOnce: a commit confirmed after its bound ended may
-		// not have reached a synchronous standby.
+		// As in RunOnce, a commit confirmed after its bound may not have
+		// reached a synchronous standby.
 		return true, fmt.Errorf("pgstore: complete key %q: commit: %w", id.Key, unanswered(errCanceledCommit(err), s.commit))
 	}
 	// An operator's cancel of the wait: only its warning tells.
@@ -507,9 +500,9 @@ func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempo
 // answerColumns is resp as the response_status, response_header and
 // response_body columns.
 //
-// The header goes as text, not bytes: a pool that sends parameters as
-// text (the simple protocol, or a mode without prepared statements, as
-// behind PgBouncer) would send bytes as a bytea literal, which is not JSON.
+// The header goes as text, not bytes. A pool may send parameters as text,
+// as the simple protocol does. Bytes would then go as a bytea literal,
+// which is not JSON.
 func answerColumns(resp *idempotency.Response) (code *int32, header *string, body []byte, err error) {
 	if resp == nil {
 		return nil, nil, nil, nil
@@ -528,16 +521,15 @@ func answerColumns(resp *idempotency.Response) (code *int32, header *string, bod
 }
 
 // releaseSQL deletes the IN_PROGRESS record of $1, $2 if owner $3 holds
-// it, and makes its commit durable ([syncCommitSQL], in RETURNING, as in
-// takeOverSQL).
+// it. It makes its commit durable, in RETURNING, as takeOverSQL does.
 const releaseSQL = `DELETE FROM idempotency_records
 		WHERE caller = $1 AND key = $2 AND status = 'IN_PROGRESS' AND owner = $3
 		RETURNING ` + syncCommitSQL
 
-// Release implements [idempotency.Store] with one DELETE, whose commit is
-// durable as every other of the store's commits is. A release that did
-// not reach a synchronous standby is reported as unconfirmed (an error
-// matching context.DeadlineExceeded): the key may then stay IN_PROGRESS
+// Release implements [idempotency.Store] with one DELETE. Its commit is
+// durable, as every other commit of the store is. A release that did not
+// reach a synchronous standby is reported as unconfirmed. That error
+// matches context.DeadlineExceeded. The key may then stay IN_PROGRESS
 // until its lease ends.
 func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) error {
 	ctx, cancel := s.firstAnswer(ctx)
@@ -564,20 +556,20 @@ func (s *Store) Release(ctx context.Context, id idempotency.ID, owner string) er
 	return nil
 }
 
-// sweepSQL deletes one batch of expired records, at most $3, on the store's
-// now ($1), from expiry $2 on (NULL: from the first), and returns how many
-// it deleted and the latest expiry among them. It walks the expires_at
-// index from $2 in order: the store's now reaches the index as a value
-// computed once (a scalar subquery), so that both ends of the walk are
-// index conditions, and ORDER BY makes the index the cheapest plan
-// whatever the planner estimates. The DELETE then reaches each row by
-// its physical address (ctid; a TID scan): the row is locked from the
-// walk on, so it cannot move, and no join can tempt the planner into
-// reading every expired record. A batch thus reads about its own rows,
-// however many records the table holds. Starting from the previous
-// batch's last expiry spares it the index entries of the rows deleted
-// before it, which stay until vacuum (longer while an old snapshot
-// lives). The expiry is checked again on the row the DELETE finds.
+// sweepSQL deletes one batch of expired records, at most $3, on the
+// store's now ($1). It starts from expiry $2, or from the first when $2
+// is NULL. It returns how many it deleted and the latest expiry among
+// them.
+//
+// It walks the expires_at index from $2 in order. The store's now reaches
+// the index as a scalar subquery, computed once. So both ends of the walk
+// are index conditions. ORDER BY makes the index the cheapest plan,
+// whatever the planner estimates. The DELETE then reaches each row by its
+// address (ctid, a TID scan). The row is locked from the walk on, so it
+// cannot move. And no join can tempt the planner to read every expired
+// record. So a batch reads about its own rows, however large the table.
+// Starting from the last batch's expiry skips the dead index entries
+// behind it. The expiry is checked again on the row the DELETE finds.
 var sweepSQL = nowSQL(1) + `, gone AS (
 	DELETE FROM idempotency_records r
 	WHERE r.ctid = ANY (ARRAY(
@@ -591,17 +583,17 @@ var sweepSQL = nowSQL(1) + `, gone AS (
 )
 SELECT count(*), max(expires_at) FROM gone`
 
-// expiredNowSQL is expiredSQL with the store's now as a scalar subquery of
-// the WITH query t, a value the planner can put in an index condition.
+// expiredNowSQL is expiredSQL with the store's now as a scalar subquery
+// of t. The planner can put such a value in an index condition.
 var expiredNowSQL = strings.ReplaceAll(expiredSQL, "t.now", "(SELECT now FROM t)")
 
-// Sweep implements [idempotency.Store], on the store's clock. It deletes in
-// batches of [Options.SweepBatch] records, oldest expiry first, each batch
-// its own statement, so that no transaction stays open for long however
-// many records have expired, and each batch costs about the same however
-// many live records the table holds (see sweepSQL). Records that another
-// transaction holds locked are left for the next sweep. If ctx ends
-// between batches, Sweep returns what it deleted so far and ctx's error.
+// Sweep implements [idempotency.Store], on the store's clock. It deletes
+// in batches of [Options.SweepBatch] records, oldest expiry first. Each
+// batch is its own statement, so no transaction stays open for long. Each
+// batch costs about the same, however many live records the table holds.
+// Records that another transaction holds locked are left for the next
+// sweep. If ctx ends between batches, Sweep returns what it deleted so
+// far and ctx's error.
 func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	var from *time.Time
@@ -621,15 +613,16 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 }
 
-// Get implements [idempotency.TxStore]: it returns the record id if it is
-// live on the store's clock (now, the caller's, is not used). found is
-// false when there is none. A key whose [Store.RunOnce] holds its lock in
-// another transaction reads as an IN_PROGRESS record with no owner, its
-// lease ending at the store's now: the lock is tried (shared, without
-// waiting, released at once) before the record is read, so a worker that
-// commits between the two is seen by the read. On a standby in recovery,
-// which may lag the primary, Get fails with an error matching
-// [idempotency.ErrUnavailable] rather than answer.
+// Get implements [idempotency.TxStore] on the store's clock. It returns
+// the record id if it is live. The caller's now is not used. found is
+// false when there is none.
+//
+// A key whose [Store.RunOnce] holds its lock reads as IN_PROGRESS with no
+// owner. Its lease ends at the store's now. Get tries the lock before it
+// reads the record. The try is shared, does not wait, and ends at once.
+// So a worker that commits between the two is seen by the read. On a
+// standby, which may lag the primary, Get fails with an error matching
+// [idempotency.ErrUnavailable].
 func (s *Store) Get(ctx context.Context, id idempotency.ID, now time.Time) (rec *idempotency.Record, found bool, err error) {
 	ctx, cancel := s.firstAnswer(ctx)
 	defer cancel()
@@ -651,7 +644,7 @@ func (s *Store) get(ctx context.Context, q interface {
 	)
 	b := &pgx.Batch{}
 	// The lock and the read are statements of their own in a READ
-	// COMMITTED transaction (see beginSQL), so the read's snapshot is
+	// COMMITTED transaction (see beginSQL). So the read's snapshot is
 	// taken after the lock was tried.
 	b.Queue(beginSQL)
 	b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(id)).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
