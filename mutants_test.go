@@ -29,7 +29,7 @@ func TestMutants(t *testing.T) {
 			Note:    "an unmarked 4xx to the first attempt of an intent nothing sent before is final: a WAF's 403 that replaced the server's 201 settles a charged intent failed",
 			Anchor:  "\tif st.own {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
 			Replace: "\tif st.own || !isSuccess(resp.StatusCode) && st.b.attempts == 1 {\n\t\treturn nil\n\t}\n\tst.stopped = &stop{reason: stopUnmarked}",
-			Pkg:     root, Run: "^TestTheFirstAttemptNeedsTheMark$",
+			Pkg:     root, Run: "^TestDoMark$/^the_first_attempt_needs_the_mark_as_any_other$",
 		},
 		{
 			Name: "recognizer-trusts-another-origin", File: "answer.go",
@@ -674,7 +674,7 @@ func TestMutants(t *testing.T) {
 			Note:    "an answer whose save failed is returned without saying so",
 			Anchor:  "\t\tresp.NotRecorded = true\n",
 			Replace: "\t\t_ = resp\n",
-			Pkg:     root, Run: "^TestAnAnswerWhoseSaveFailedIsReturnedAsNotRecorded$",
+			Pkg:     root, Run: "^TestDo$/^an_answer_whose_save_failed_is_returned_as_not_recorded$",
 		},
 		{
 			Name: "pay-reports-answer-as-storage-error", File: "mobile/result.go",
@@ -737,7 +737,7 @@ func TestMutants(t *testing.T) {
 			Note:    "an intent found expired by a call whose context ended is reported canceled and stays pending",
 			Anchor:  "c.save(detached(ctx), in, rec, \"record expiry\")",
 			Replace: "c.save(ctx, in, rec, \"record expiry\")",
-			Pkg:     root, Run: "^TestExpiryIsSavedAfterACancel$",
+			Pkg:     root, Run: "^TestDoCancel$/^the_expiry_is_saved_after_a_cancel$",
 		},
 		{
 			Name: "lookup-query-unchecked", File: "config.go",
@@ -842,14 +842,14 @@ func TestMutants(t *testing.T) {
 			Note:    "a Do that cannot read the store (its context ended) returns the store's error alone, for an intent that may have been sent",
 			Anchor:  "\t\t\treturn nil, false, unread(cur, err)\n",
 			Replace: "\t\t\treturn nil, false, fmt.Errorf(\"idem: loading intent %s: %w\", cur.Key, err)\n",
-			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
+			Pkg:     root, Run: "^TestDoCancel$/^a_call_that_cannot_read_the_store_says_whether_the_outcome_may_be_unknown$",
 		},
 		{
 			Name: "unread-not-sent-claims-unknown", File: "life.go",
 			Note:    "a Do that cannot read the store claims the outcome of an intent stored not sent unknown",
 			Anchor:  "\tif cur.State == persist.StateNotSent {\n\t\treturn fmt.Errorf(",
 			Replace: "\tif false {\n\t\treturn fmt.Errorf(",
-			Pkg:     root, Run: "^TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown$",
+			Pkg:     root, Run: "^TestDoCancel$/^a_call_that_cannot_read_the_store_says_whether_the_outcome_may_be_unknown$",
 		},
 		{
 			Name: "hook-hears-budget-cut-as-deadline", File: "call.go",
@@ -891,7 +891,7 @@ func TestMutants(t *testing.T) {
 			Note:    "an answer marked Idempotent-Replayed that echoes another key is taken for this intent's: a cache's kept replay settles it succeeded",
 			Anchor:  "func marked(h http.Header, key string) bool {\n\treturn echoes(h, key)\n}",
 			Replace: "func marked(h http.Header, key string) bool {\n\treturn echoes(h, key) || replayed(h)\n}",
-			Pkg:     root, Run: "^TestTheFirstAttemptNeedsTheMark$",
+			Pkg:     root, Run: "^TestDoMark$/^the_first_attempt_needs_the_mark_as_any_other$",
 		},
 		{
 			Name: "replay-header-alone-marked", File: "answer.go",
