@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1395,6 +1396,79 @@ func TestTakeOver(t *testing.T) {
 		_, err = x.b.Intent(ctx, "tips", x.e.paymentRequest(t, 200, "cus_1"))
 		require.ErrorAs(t, err, new(*idem.UnresolvedError), "the intent was charged: a changed cart never replaces it")
 		assert.Equal(t, 1, x.e.srv.Stats().ProviderCharges)
+	})
+
+	// One Client armed an intent and has not sent it (its tap's first byte is
+	// still to leave, or its one attempt was refused before a byte left); the
+	// other Client on the store resumes that intent, as SettleAll at app start
+	// does, and its request is on the wire. The first Client's changed cart
+	// must not replace it: that would be a second payment for one action.
+	t.Run("a changed cart never replaces an intent another Client is sending", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+		a := e.newClient(t)
+		b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+
+		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte not sent yet
+
+		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.Equal(t, ina.Key(), inb.Key())
+		done := make(chan error, 1)
+		go func() { _, err := b.Do(ctx, inb); done <- err }()
+		<-hold.entered // b's request has left the device
+
+		changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+		if err == nil {
+			_, err = a.Do(ctx, changed)
+		}
+		close(hold.release)
+		require.NoError(t, <-done)
+		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "the armed intent may be on the wire: a's changed cart is refused")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
+	})
+
+	// A Client whose own attempt of the intent it armed never left the device
+	// does not record the intent not sent when another Client on the store took
+	// it over meanwhile: that Client's request may be on the wire, and a "not
+	// sent" intent is one a changed cart replaces.
+	t.Run("an intent another Client took over is never recorded not sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+		refusing := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		}}
+		a := e.newClient(t,
+			idem.WithHTTPClient(&http.Client{Transport: refuseFirstPOST{refusing: refusing, base: e.srv.Client().Transport, posts: new(atomic.Int32)}}),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+
+		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap
+		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { _, err := b.Do(ctx, inb); done <- err }()
+		<-hold.entered // b's request has left the device
+
+		_, err = a.Do(ctx, ina) // a's own attempt never leaves the device
+		require.Error(t, err)
+		assert.NotErrorAs(t, err, new(*idem.NotSentError), "b may have sent it: its outcome is unknown to a")
+		changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+		if err == nil {
+			_, err = a.Do(ctx, changed)
+		}
+		close(hold.release)
+		require.NoError(t, <-done)
+		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
 	})
 }
 

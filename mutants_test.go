@@ -407,7 +407,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a Client keeps its proof that an intent was never sent after another Client armed it again and sent it: a take-over whose write landed but failed leaves it armed, and a changed cart replaces a charged intent",
 			Anchor:  "\tcase (p == phaseArmed || p == phaseNotSent || p == phaseSending) && rec.Holder != \"\" && rec.Holder != k.self:\n",
 			Replace: "\tcase false:\n",
-			Pkg:     root, Run: "^(TestTakeOver|TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending)$",
+			Pkg:     root, Run: "^TestTakeOver$",
 		},
 		{
 			Name: "send-ended-ends-another-clients-claim", File: "handout.go",
@@ -533,14 +533,14 @@ func TestMutants(t *testing.T) {
 			Note:    "the store's claim of an action's latest intent saves whatever the action holds",
 			Anchor:  "\tif !lost {\n",
 			Replace: "\tif true || !lost {\n",
-			Pkg:     root, Run: "^TestTwoClientsOnOneStoreMakeOneKeyPerAction$",
+			Pkg:     root, Run: "^TestIntent$/^two_Clients_on_one_store_make_one_key_per_action$",
 		},
 		{
 			Name: "latest-by-wall-clock", File: "action.go",
 			Note:    "an action's latest intent is the one created last by the device's clock",
 			Anchor:  "if r.Seq > latest.Seq || r.Seq == latest.Seq && !r.CreatedAt.Before(latest.CreatedAt) {",
 			Replace: "if !r.CreatedAt.Before(latest.CreatedAt) {",
-			Pkg:     root, Run: "^TestTheLatestIntentIsTheLastCreatedWhateverTheClock$",
+			Pkg:     root, Run: "^TestIntent$/^the_latest_intent_is_the_last_created_whatever_the_clock$",
 		},
 		{
 			Name: "age-ignores-sleep", File: "age.go",
@@ -638,14 +638,14 @@ func TestMutants(t *testing.T) {
 			Note:    "Prune deletes an action's latest intent unless it succeeded, so the action's sequence numbers restart",
 			Anchor:  "\t\tcase keep[r.Key]:\n",
 			Replace: "\t\tcase keep[r.Key] && r.State == persist.StateSucceeded:\n",
-			Pkg:     root, Run: "^TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent$",
+			Pkg:     root, Run: "^TestIntent$/^an_intent_shown_before_Prune_never_overtakes_the_action's_later_intent$",
 		},
 		{
 			Name: "resume-without-take-over", File: "life.go",
 			Note:    "a Client resumes an armed intent it did not arm without taking it over, so the Client that armed it still takes it for unsent",
 			Anchor:  "\treturn rec.State == persist.StateNotSent || rec.Holder != c.id ||\n",
 			Replace: "\treturn rec.State == persist.StateNotSent ||\n",
-			Pkg:     root, Run: "^TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending$",
+			Pkg:     root, Run: "^TestTakeOver$/^a_changed_cart_never_replaces_an_intent_another_Client_is_sending$",
 		},
 		{
 			Name: "not-sent-over-a-take-over", File: "life.go",
@@ -653,7 +653,7 @@ func TestMutants(t *testing.T) {
 			Anchor: "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
 			// An unconditional write: over whatever version is stored.
 			Replace: "\t_ = prev\n\tif saveErr := func() error { cur, _ := c.store.Get(detached(ctx), rec.Key); rec.Rev = persist.NewRev(); in.set(rec); return c.store.Write(detached(ctx), rec, cur) }(); saveErr != nil {\n",
-			Pkg:     root, Run: "^TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent$",
+			Pkg:     root, Run: "^TestTakeOver$/^an_intent_another_Client_took_over_is_never_recorded_not_sent$",
 		},
 		{
 			Name: "write-over-a-resolved-record", File: "life.go",
