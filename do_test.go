@@ -13,6 +13,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/persisttest"
 )
@@ -444,6 +446,30 @@ func TestDo(t *testing.T) {
 		assert.NotErrorIs(t, err, idem.ErrNotSent)
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
+
+	// Cuts the first connection of a payment at
+	// each point below HTTP, through a TCP proxy: the cut attempt is an error,
+	// never a success, and the retry with the same key ends with one charge and
+	// the answer the server stored.
+	t.Run("a connection broken below HTTP is retried with the same key and charged once", func(t *testing.T) {
+		t.Parallel()
+		cuts := []faultproxy.Cut{
+			{Point: faultproxy.InRequest, N: 0},
+			{Point: faultproxy.InRequest, N: 40},  // in the request line or headers
+			{Point: faultproxy.InRequest, N: 300}, // in the body, for a request longer than that
+			{Point: faultproxy.AfterHeaders},
+			{Point: faultproxy.InBody, N: 1},
+			{Point: faultproxy.InBody, N: 60},
+		}
+		for _, encoding := range []string{"content-length", "chunked"} {
+			for _, cut := range cuts {
+				t.Run(encoding+"/"+cut.Point.String()+"-"+strconv.Itoa(cut.N), func(t *testing.T) {
+					t.Parallel()
+					testCut(t, cut, encoding == "chunked")
+				})
+			}
+		}
+	})
 }
 
 // refreshingToken puts a new token of one account on every request, as an
@@ -704,6 +730,34 @@ func TestDoStops(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateVoid, in.State())
 		assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+	})
+
+	// The last answer in a RetryError is never a replay: an answer the server
+	// marks as replayed from its record is final, whatever its status, so the
+	// call ends with it instead.
+	t.Run("the last answer in its error is never a replay", func(t *testing.T) {
+		t.Parallel()
+		for _, replayed := range []bool{false, true} {
+			c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+				if replayed {
+					w.Header().Set("Idempotent-Replayed", "true")
+				}
+				w.WriteHeader(http.StatusTooManyRequests)
+			}, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			in, err := c.NewIntent(context.Background(), "", req)
+			require.NoError(t, err)
+			resp, err := c.Do(context.Background(), in)
+			var retryErr *idem.RetryError
+			if !replayed {
+				require.ErrorAs(t, err, &retryErr)
+				require.NotNil(t, retryErr.LastResponse)
+				assert.False(t, retryErr.LastResponse.Replayed)
+				continue
+			}
+			assert.False(t, errors.As(err, &retryErr), "a replay is final")
+			require.NotNil(t, resp)
+			assert.True(t, resp.Replayed)
+		}
 	})
 }
 
@@ -1141,6 +1195,26 @@ func TestDoMark(t *testing.T) {
 				assert.Equal(t, 1, f.origin.Stats().Payments, "paid once")
 			})
 		}
+	})
+
+	// A captive portal's 200 whose header fields alone pass the Client's limit
+	// on an answer (a long Set-Cookie, a content security policy) is as much a
+	// stranger's as any unmarked 200: over the limit or not, it is not a
+	// payment, and the intent stays pending.
+	t.Run("an unmarked success over the limit is not a payment", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header().Set("Set-Cookie", "portal="+strings.Repeat("x", 2048))
+			strangerPage(w, http.StatusOK, "text/html", "<html>log in</html>")
+			return true
+		})
+		c := f.client(t, idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", MaxResponseBytes: 1024}))
+		in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		requireStop(t, err, idem.StopUnmarked)
+		assert.Equal(t, persist.StatePending, in.State())
 	})
 }
 

@@ -41,85 +41,91 @@ func (e *env) unknownOutcome(t *testing.T, in *idem.Intent, kind fakeserver.Faul
 	require.Equal(t, persist.StatePending, in.State())
 }
 
-func TestSendPaysOnceThenReturnsTheStoredAnswer(t *testing.T) {
+// TestSend keeps Client.Send, the one call for a tap: the action's intent,
+// made or resumed, paid once.
+func TestSend(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
-	req := e.paymentRequest(t, 1500, "cus_1")
 
-	first, err := e.client.Send(ctx, "checkout:send", req)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, first.StatusCode)
-	assert.True(t, first.Replayed, "the lost answer was replayed to the retry")
-	assert.Equal(t, 2, first.Attempts)
-
-	again, err := e.client.Send(ctx, "checkout:send", req)
-	require.NoError(t, err)
-	assert.True(t, again.FromStore)
-	assert.Equal(t, first.Body, again.Body)
-	st := e.srv.Stats()
-	assert.Equal(t, 2, st.Requests, "the second tap sent nothing")
-	assert.Equal(t, 1, st.ProviderCharges)
-}
-
-func TestSendResumesTheUnresolvedIntentOfTheSameRequest(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	req := e.paymentRequest(t, 1500, "cus_1")
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
-	_, err := e.client.Send(oneAttempt(), "checkout:resume", req)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-	resp, err := e.newClient(t).Send(context.Background(), "checkout:resume", req)
-	require.NoError(t, err)
-	assert.True(t, resp.Replayed, "the same key, so the server's stored answer")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-func TestSendRefusesAChangedRequestWhileTheLastIsUnresolved(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
-	_, err := e.client.Send(oneAttempt(), "checkout:changed", e.paymentRequest(t, 1500, "cus_1"))
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-	_, err = e.client.Send(context.Background(), "checkout:changed", e.paymentRequest(t, 1800, "cus_1"))
-	var unresolved *idem.UnresolvedError
-	require.ErrorAs(t, err, &unresolved)
-	assert.Equal(t, 1, e.srv.Stats().Requests, "nothing was sent for the changed cart")
-}
-
-// An intent the lookup shows was never done cannot be paid by resending it,
-// and a new intent cannot pay twice: Send makes one and pays, whether the
-// intent was void already or the lookup finds it so during the Send.
-func TestSendReplacesAVoidIntent(t *testing.T) {
-	t.Parallel()
-	for _, settledFirst := range []bool{true, false} {
+	t.Run("it pays once, then returns the stored answer", func(t *testing.T) {
+		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
 		req := e.paymentRequest(t, 1500, "cus_1")
-		in, err := e.client.Intent(ctx, "checkout:void", req)
-		require.NoError(t, err)
-		e.unknownOutcome(t, in, fakeserver.FaultReset) // nothing reached the server
-		e.clock.Advance(pastSendWindow)
-		if settledFirst {
-			resp, err := e.client.Settle(ctx, in)
-			require.NoError(t, err)
-			require.Nil(t, resp)
-			require.Equal(t, persist.StateVoid, in.State())
-		}
 
-		resp, err := e.client.Send(ctx, "checkout:void", req)
-		require.NoError(t, err, "settled first: %t", settledFirst)
-		require.NotNil(t, resp, "settled first: %t", settledFirst)
-		assert.Equal(t, http.StatusCreated, resp.StatusCode)
-		assert.False(t, resp.FromStore)
-		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-		reloaded, err := e.client.Load(ctx, in.Key())
+		first, err := e.client.Send(ctx, "checkout:send", req)
 		require.NoError(t, err)
-		assert.Equal(t, persist.StateVoid, reloaded.State(), "the void intent stays void")
-	}
+		assert.Equal(t, http.StatusCreated, first.StatusCode)
+		assert.True(t, first.Replayed, "the lost answer was replayed to the retry")
+		assert.Equal(t, 2, first.Attempts)
+
+		again, err := e.client.Send(ctx, "checkout:send", req)
+		require.NoError(t, err)
+		assert.True(t, again.FromStore)
+		assert.Equal(t, first.Body, again.Body)
+		st := e.srv.Stats()
+		assert.Equal(t, 2, st.Requests, "the second tap sent nothing")
+		assert.Equal(t, 1, st.ProviderCharges)
+	})
+
+	t.Run("it resumes the unresolved intent of the same request", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		req := e.paymentRequest(t, 1500, "cus_1")
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+		_, err := e.client.Send(oneAttempt(), "checkout:resume", req)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		resp, err := e.newClient(t).Send(context.Background(), "checkout:resume", req)
+		require.NoError(t, err)
+		assert.True(t, resp.Replayed, "the same key, so the server's stored answer")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+
+	t.Run("it refuses a changed request while the last is unresolved", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+		_, err := e.client.Send(oneAttempt(), "checkout:changed", e.paymentRequest(t, 1500, "cus_1"))
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		_, err = e.client.Send(context.Background(), "checkout:changed", e.paymentRequest(t, 1800, "cus_1"))
+		var unresolved *idem.UnresolvedError
+		require.ErrorAs(t, err, &unresolved)
+		assert.Equal(t, 1, e.srv.Stats().Requests, "nothing was sent for the changed cart")
+	})
+
+	// An intent the lookup shows was never done cannot be paid by resending it,
+	// and a new intent cannot pay twice: Send makes one and pays, whether the
+	// intent was void already or the lookup finds it so during the Send.
+	t.Run("it replaces a void intent with one it pays", func(t *testing.T) {
+		t.Parallel()
+		for _, settledFirst := range []bool{true, false} {
+			ctx := context.Background()
+			e := newEnv(t)
+			req := e.paymentRequest(t, 1500, "cus_1")
+			in, err := e.client.Intent(ctx, "checkout:void", req)
+			require.NoError(t, err)
+			e.unknownOutcome(t, in, fakeserver.FaultReset) // nothing reached the server
+			e.clock.Advance(pastSendWindow)
+			if settledFirst {
+				resp, err := e.client.Settle(ctx, in)
+				require.NoError(t, err)
+				require.Nil(t, resp)
+				require.Equal(t, persist.StateVoid, in.State())
+			}
+
+			resp, err := e.client.Send(ctx, "checkout:void", req)
+			require.NoError(t, err, "settled first: %t", settledFirst)
+			require.NotNil(t, resp, "settled first: %t", settledFirst)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.False(t, resp.FromStore)
+			assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+			reloaded, err := e.client.Load(ctx, in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, persist.StateVoid, reloaded.State(), "the void intent stays void")
+		}
+	})
 }
 
 func TestSettle(t *testing.T) {
@@ -285,87 +291,6 @@ func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	return c.base.RoundTrip(req)
 }
 
-func TestSettleAllReportsEachAndBoundsConcurrency(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	const n = 9
-	var ins []*idem.Intent
-	for i := range n {
-		in := e.newIntent(t, "checkout:all-"+string(rune('a'+i)), 100+i)
-		e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
-		ins = append(ins, in)
-		e.clock.Advance(time.Second)
-	}
-	declined, err := e.client.NewIntent(ctx, "checkout:declined", e.paymentRequest(t, 100, "cus_declined"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(e.client, ctx, declined)) // tapped, and the app died before its first byte
-	paid := e.newIntent(t, "checkout:paid", 100)
-	_, err = e.client.Do(ctx, paid)
-	require.NoError(t, err)
-
-	tr := &countingTransport{base: e.srv.Client().Transport, gate: make(chan struct{}), arrived: make(chan struct{})}
-	restarted := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: tr}))
-	go func() {
-		// Each settle sends one request. Every batch is held until all
-		// four of its requests are in flight: the settles overlap however
-		// the goroutines are scheduled (released as they came, the
-		// requests of a loaded machine could each end before the next
-		// began).
-		for left := n + 1; left > 0; {
-			batch := min(4, left)
-			for range batch {
-				<-tr.arrived
-			}
-			for range batch {
-				tr.gate <- struct{}{}
-			}
-			left -= batch
-		}
-	}()
-	settled, err := restarted.SettleAll(ctx)
-	require.NoError(t, err)
-	require.Len(t, settled, n+1, "every unresolved intent, and only those")
-	for i, s := range settled[:n] {
-		require.NoError(t, s.Err)
-		assert.Equal(t, ins[i].Key(), s.Intent.Key(), "oldest first")
-		assert.Equal(t, persist.StateSucceeded, s.Intent.State())
-		assert.True(t, s.Response.Replayed)
-	}
-	last := settled[n]
-	assert.Equal(t, declined.Key(), last.Intent.Key())
-	var apiErr *idem.APIError
-	require.ErrorAs(t, last.Err, &apiErr)
-	assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
-	assert.Equal(t, persist.StateFailed, last.Intent.State())
-	assert.LessOrEqual(t, tr.max.Load(), int32(4), "at most four settles at once")
-	assert.Equal(t, int32(4), tr.max.Load(), "settles overlap")
-	assert.Equal(t, n+1, e.srv.Stats().ProviderCharges, "each paid intent charged once")
-}
-
-func TestSettleAllStopsStartingWhenTheContextEnds(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	const n = 12
-	for i := range n {
-		e.unknownOutcome(t, e.newIntent(t, "checkout:cancel-"+string(rune('a'+i)), 100), fakeserver.FaultDropResponse)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	// The app goes to the background as the first resend goes out.
-	sent := &methodCounter{base: cancelOnRequest{cancel}}
-	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: sent}))
-
-	settled, err := c.SettleAll(ctx)
-	require.NoError(t, err)
-	require.Len(t, settled, n)
-	for _, s := range settled {
-		assert.ErrorIs(t, s.Err, context.Canceled)
-		assert.Equal(t, persist.StatePending, s.Intent.State())
-	}
-	assert.LessOrEqual(t, sent.count(http.MethodPost), 4, "no more than the settles under way when it ended")
-}
-
 // cancelOnRequest cancels a context on every request and fails it, as a
 // request does that is cut short by its context.
 type cancelOnRequest struct{ cancel context.CancelFunc }
@@ -397,51 +322,6 @@ func TestContextWithRetryPolicy(t *testing.T) {
 	assert.Equal(t, 3, resp.Attempts)
 }
 
-func TestHTTPRequestIsTheIntentsRequest(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	for _, quoted := range []bool{false, true} {
-		var opts []idem.Option
-		wantKey := func(k string) string { return k }
-		if quoted {
-			opts = append(opts, idem.WithQuotedKey())
-			wantKey = func(k string) string { return `"` + k + `"` }
-		}
-		c := e.newClient(t, opts...)
-		in, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		want := in.Request()
-
-		req, err := c.HTTPRequest(ctx, in)
-		require.NoError(t, err)
-		assert.Equal(t, want.Method, req.Method)
-		assert.Equal(t, want.URL, req.URL.String())
-		assert.Equal(t, "application/json", req.Header.Get("Content-Type"))
-		assert.Equal(t, wantKey(in.Key()), req.Header.Get("Idempotency-Key"))
-		assert.Equal(t, int64(len(want.Body)), req.ContentLength)
-		for range 2 { // GetBody gives the same bytes every time
-			body, err := req.GetBody()
-			require.NoError(t, err)
-			var b [4096]byte
-			n, _ := body.Read(b[:])
-			assert.Equal(t, want.Body, b[:n])
-		}
-		resp, err := e.srv.Client().Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, http.StatusCreated, resp.StatusCode)
-		// The answer went past the Client: the intent, handed out, may
-		// have been sent, and a Do is answered from the server's record
-		// of the key.
-		assert.Equal(t, persist.StatePending, in.State())
-		got, err := c.Do(ctx, in)
-		require.NoError(t, err)
-		assert.True(t, got.Replayed)
-	}
-	assert.Equal(t, 2, e.srv.Stats().ProviderCharges)
-}
-
 func TestLookupQuery(t *testing.T) {
 	t.Parallel()
 	lookup := idem.LookupQuery("idempotency_key")
@@ -451,41 +331,6 @@ func TestLookupQuery(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, lookup(idem.Request{Method: http.MethodPost, URL: tc.url}, tc.key))
 	}
-}
-
-// The Pay screen made an intent that the user never tapped: after a
-// restart, with another payment in flight when the app died, only the
-// tapped one is unresolved, and SettleAll charges it alone.
-func TestSettleAllNeverSendsAnIntentNobodyTapped(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	shown, err := e.client.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateNew, shown.State())
-	// The user leaves the Pay screen; another payment is tapped, and its
-	// answer is lost as the app dies.
-	tapped, err := e.client.Intent(ctx, "checkout:cart-tapped", e.paymentRequest(t, 300, "cus_1"))
-	require.NoError(t, err)
-	e.unknownOutcome(t, tapped, fakeserver.FaultDropResponse)
-
-	restarted := e.newClient(t)
-	unresolved, err := restarted.Unresolved(ctx)
-	require.NoError(t, err)
-	require.Len(t, unresolved, 1, "only the intent whose sending began")
-	assert.Equal(t, tapped.Key(), unresolved[0].Key())
-	settled, err := restarted.SettleAll(ctx)
-	require.NoError(t, err)
-	require.Len(t, settled, 1)
-	require.NoError(t, settled[0].Err)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "the untapped cart is never charged")
-	assert.Equal(t, 1, e.srv.Stats().Payments, "the untapped cart's key never reached the server")
-
-	// Showing the Pay screen again after the restart makes a new key: the
-	// old one was never used.
-	again, err := restarted.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
-	require.NoError(t, err)
-	assert.NotEqual(t, shown.Key(), again.Key())
 }
 
 // switchable is an http.Client whose connections are refused while down
@@ -545,6 +390,122 @@ func TestSettleAll(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, out, 2)
 		assert.Equal(t, []string{goroutine(), goroutine()}, where)
+	})
+
+	t.Run("it reports each intent and bounds its concurrency", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		const n = 9
+		var ins []*idem.Intent
+		for i := range n {
+			in := e.newIntent(t, "checkout:all-"+string(rune('a'+i)), 100+i)
+			e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+			ins = append(ins, in)
+			e.clock.Advance(time.Second)
+		}
+		declined, err := e.client.NewIntent(ctx, "checkout:declined", e.paymentRequest(t, 100, "cus_declined"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(e.client, ctx, declined)) // tapped, and the app died before its first byte
+		paid := e.newIntent(t, "checkout:paid", 100)
+		_, err = e.client.Do(ctx, paid)
+		require.NoError(t, err)
+
+		tr := &countingTransport{base: e.srv.Client().Transport, gate: make(chan struct{}), arrived: make(chan struct{})}
+		restarted := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: tr}))
+		go func() {
+			// Each settle sends one request. Every batch is held until all
+			// four of its requests are in flight: the settles overlap however
+			// the goroutines are scheduled (released as they came, the
+			// requests of a loaded machine could each end before the next
+			// began).
+			for left := n + 1; left > 0; {
+				batch := min(4, left)
+				for range batch {
+					<-tr.arrived
+				}
+				for range batch {
+					tr.gate <- struct{}{}
+				}
+				left -= batch
+			}
+		}()
+		settled, err := restarted.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, settled, n+1, "every unresolved intent, and only those")
+		for i, s := range settled[:n] {
+			require.NoError(t, s.Err)
+			assert.Equal(t, ins[i].Key(), s.Intent.Key(), "oldest first")
+			assert.Equal(t, persist.StateSucceeded, s.Intent.State())
+			assert.True(t, s.Response.Replayed)
+		}
+		last := settled[n]
+		assert.Equal(t, declined.Key(), last.Intent.Key())
+		var apiErr *idem.APIError
+		require.ErrorAs(t, last.Err, &apiErr)
+		assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
+		assert.Equal(t, persist.StateFailed, last.Intent.State())
+		assert.LessOrEqual(t, tr.max.Load(), int32(4), "at most four settles at once")
+		assert.Equal(t, int32(4), tr.max.Load(), "settles overlap")
+		assert.Equal(t, n+1, e.srv.Stats().ProviderCharges, "each paid intent charged once")
+	})
+
+	t.Run("it starts no settle once the context ends", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		const n = 12
+		for i := range n {
+			e.unknownOutcome(t, e.newIntent(t, "checkout:cancel-"+string(rune('a'+i)), 100), fakeserver.FaultDropResponse)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// The app goes to the background as the first resend goes out.
+		sent := &methodCounter{base: cancelOnRequest{cancel}}
+		c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: sent}))
+
+		settled, err := c.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, settled, n)
+		for _, s := range settled {
+			assert.ErrorIs(t, s.Err, context.Canceled)
+			assert.Equal(t, persist.StatePending, s.Intent.State())
+		}
+		assert.LessOrEqual(t, sent.count(http.MethodPost), 4, "no more than the settles under way when it ended")
+	})
+
+	// The Pay screen made an intent that the user never tapped: after a
+	// restart, with another payment in flight when the app died, only the
+	// tapped one is unresolved, and SettleAll charges it alone.
+	t.Run("it never sends an intent nobody tapped", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		shown, err := e.client.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateNew, shown.State())
+		// The user leaves the Pay screen; another payment is tapped, and its
+		// answer is lost as the app dies.
+		tapped, err := e.client.Intent(ctx, "checkout:cart-tapped", e.paymentRequest(t, 300, "cus_1"))
+		require.NoError(t, err)
+		e.unknownOutcome(t, tapped, fakeserver.FaultDropResponse)
+
+		restarted := e.newClient(t)
+		unresolved, err := restarted.Unresolved(ctx)
+		require.NoError(t, err)
+		require.Len(t, unresolved, 1, "only the intent whose sending began")
+		assert.Equal(t, tapped.Key(), unresolved[0].Key())
+		settled, err := restarted.SettleAll(ctx)
+		require.NoError(t, err)
+		require.Len(t, settled, 1)
+		require.NoError(t, settled[0].Err)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "the untapped cart is never charged")
+		assert.Equal(t, 1, e.srv.Stats().Payments, "the untapped cart's key never reached the server")
+
+		// Showing the Pay screen again after the restart makes a new key: the
+		// old one was never used.
+		again, err := restarted.Intent(ctx, "checkout:cart-shown", e.paymentRequest(t, 700, "cus_1"))
+		require.NoError(t, err)
+		assert.NotEqual(t, shown.Key(), again.Key())
 	})
 }
 
@@ -932,6 +893,51 @@ func TestHTTPRequest(t *testing.T) {
 		_, err = b.Reconcile(ctx, loaded)
 		require.NoError(t, err, "not a wait for the server's retention")
 		assert.Equal(t, persist.StateVoid, loaded.State())
+	})
+
+	t.Run("it is the intent's request", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		for _, quoted := range []bool{false, true} {
+			var opts []idem.Option
+			wantKey := func(k string) string { return k }
+			if quoted {
+				opts = append(opts, idem.WithQuotedKey())
+				wantKey = func(k string) string { return `"` + k + `"` }
+			}
+			c := e.newClient(t, opts...)
+			in, err := c.NewIntent(ctx, "", e.paymentRequest(t, 100, "cus_1"))
+			require.NoError(t, err)
+			want := in.Request()
+
+			req, err := c.HTTPRequest(ctx, in)
+			require.NoError(t, err)
+			assert.Equal(t, want.Method, req.Method)
+			assert.Equal(t, want.URL, req.URL.String())
+			assert.Equal(t, "application/json", req.Header.Get("Content-Type"))
+			assert.Equal(t, wantKey(in.Key()), req.Header.Get("Idempotency-Key"))
+			assert.Equal(t, int64(len(want.Body)), req.ContentLength)
+			for range 2 { // GetBody gives the same bytes every time
+				body, err := req.GetBody()
+				require.NoError(t, err)
+				var b [4096]byte
+				n, _ := body.Read(b[:])
+				assert.Equal(t, want.Body, b[:n])
+			}
+			resp, err := e.srv.Client().Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			// The answer went past the Client: the intent, handed out, may
+			// have been sent, and a Do is answered from the server's record
+			// of the key.
+			assert.Equal(t, persist.StatePending, in.State())
+			got, err := c.Do(ctx, in)
+			require.NoError(t, err)
+			assert.True(t, got.Replayed)
+		}
+		assert.Equal(t, 2, e.srv.Stats().ProviderCharges)
 	})
 }
 
