@@ -470,6 +470,23 @@ func TestDo(t *testing.T) {
 			}
 		}
 	})
+
+	// A call that ends without an answer closes the app's transport's idle
+	// connections, as go-retryablehttp does, through the budget's wrapper.
+	t.Run("a call that ends without an answer closes the transport's idle connections", func(t *testing.T) {
+		t.Parallel()
+		tr := &idleRecorder{}
+		c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+		_, err = c.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Positive(t, tr.closed.Load())
+	})
 }
 
 // refreshingToken puts a new token of one account on every request, as an

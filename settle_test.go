@@ -320,6 +320,60 @@ func TestContextWithRetryPolicy(t *testing.T) {
 	resp, err := e.client.Do(context.Background(), in)
 	require.NoError(t, err, "the Client's own budget of 10 attempts outlasts the fault")
 	assert.Equal(t, 3, resp.Attempts)
+
+	// A policy out of range given for a call fails each call made with it at
+	// once, naming the field, before the intent is armed or anything sent: it
+	// never runs under defaults the app did not ask for.
+	t.Run("a policy out of range fails each call made with it", func(t *testing.T) {
+		t.Parallel()
+		var requests atomic.Int32
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			requests.Add(1)
+			w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+			w.WriteHeader(http.StatusCreated)
+		}))
+		defer srv.Close()
+		store := persist.NewMemory(nil)
+		c, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)),
+			idem.WithLookup(idem.LookupQuery("idempotency_key")))
+		require.NoError(t, err)
+		req := idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)}
+
+		bad := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{Jitter: 5, MaxAttempts: -1})
+		want := func(t *testing.T, err error) {
+			t.Helper()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "ContextWithRetryPolicy: RetryPolicy.Jitter is 5")
+			assert.Contains(t, err.Error(), "MaxAttempts is -1")
+		}
+		_, err = c.Send(bad, "checkout:bad-policy", req)
+		want(t, err)
+		in, err := c.Intent(context.Background(), "checkout:bad-policy", req)
+		require.NoError(t, err)
+		_, err = c.Do(bad, in)
+		want(t, err)
+		_, err = c.Settle(bad, in)
+		want(t, err)
+		_, err = c.SettleAll(bad)
+		want(t, err)
+		_, err = c.Reconcile(bad, in)
+		want(t, err)
+		hr, err := http.NewRequestWithContext(bad, http.MethodPost, srv.URL+"/payments", nil)
+		require.NoError(t, err)
+		_, err = (&http.Client{Transport: c.RoundTripper(nil)}).Do(hr)
+		want(t, err)
+
+		assert.Zero(t, requests.Load(), "nothing was sent")
+		recs, err := store.List(context.Background(), persist.Filter{})
+		require.NoError(t, err)
+		assert.Empty(t, recs, "nothing was armed")
+
+		// The same call under a policy in range goes through.
+		good := idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 2, Jitter: -1})
+		resp, err := c.Do(good, in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	})
 }
 
 func TestLookupQuery(t *testing.T) {
