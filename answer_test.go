@@ -94,9 +94,9 @@ func TestAnswer(t *testing.T) {
 		assert.EqualValues(t, 1, requests.Load(), "a later Do answers from the device")
 	})
 
-	// The header fields kept of an answer
-	// share one array, yet an append to one field's values changes no other
-	// field, and a change to the answer's header does not reach them.
+	// The header fields kept of an answer share one array, yet an append to one
+	// field's values changes no other field, and a change to the answer's header
+	// does not reach them.
 	t.Run("the stored header fields keep their own values", func(t *testing.T) {
 		cfg, err := newConfig(Config{Server: Server{Mark: MarkEcho, StoredHeaders: []string{"X-Request-Id"}}})
 		require.NoError(t, err)

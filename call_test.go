@@ -195,7 +195,7 @@ func TestAttemptHook(t *testing.T) {
 		c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithAttemptHook(func(a idem.Attempt) {
 			mu.Lock()
 			defer mu.Unlock()
-			// TestAttemptCarriesTheCallersContext checks the context.
+			// TestAttemptHook/it gets the caller's context checks the context.
 			a.Err, a.Context = nil, nil
 			attempts = append(attempts, a)
 		}))
@@ -262,9 +262,9 @@ func TestAttemptHook(t *testing.T) {
 		assert.Error(t, heard[0].Err)
 	})
 
-	// The attempt hook gets the context
-	// of the call each attempt belongs to, the caller's values in it (a trace
-	// span, a logger's), whichever way the call was made.
+	// The attempt hook gets the context of the call each attempt belongs to, the
+	// caller's values in it (a trace span, a logger's), whichever way the call was
+	// made.
 	t.Run("it gets the caller's context", func(t *testing.T) {
 		t.Parallel()
 		type callerKey struct{}

@@ -179,9 +179,9 @@ func TestLogger(t *testing.T) {
 		assert.GreaterOrEqual(t, n, 3)
 	})
 
-	// The app's logger gets idem's lines and no
-	// other: none of the retry library's own (its "request failed" at ERROR
-	// level for an answer idem retries, its count of remaining retries).
+	// The app's logger gets idem's lines and no other: none of the retry library's
+	// own (its "request failed" at ERROR level for an answer idem retries, its
+	// count of remaining retries).
 	t.Run("it hears only idem", func(t *testing.T) {
 		t.Parallel()
 		var (

@@ -179,10 +179,9 @@ func TestDo(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 
-	// The first attempt's
-	// answer is lost and the retry carries a refreshed token; the server scopes
-	// by the account the token names, so the retry replays, one charge is
-	// made, and the lookup under yet another token finds the payment.
+	// The first attempt's answer is lost and the retry carries a refreshed token;
+	// the server scopes by the account the token names, so the retry replays, one
+	// charge is made, and the lookup under yet another token finds the payment.
 	t.Run("a token refreshed between attempts is the same caller", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
@@ -447,10 +446,9 @@ func TestDo(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 
-	// Cuts the first connection of a payment at
-	// each point below HTTP, through a TCP proxy: the cut attempt is an error,
-	// never a success, and the retry with the same key ends with one charge and
-	// the answer the server stored.
+	// It cuts the first connection of a payment at each point below HTTP, through
+	// a TCP proxy: the cut attempt is an error, never a success, and the retry
+	// with the same key ends with one charge and the answer the server stored.
 	t.Run("a connection broken below HTTP is retried with the same key and charged once", func(t *testing.T) {
 		t.Parallel()
 		cuts := []faultproxy.Cut{
@@ -1298,10 +1296,10 @@ func TestSendAge(t *testing.T) {
 	})
 }
 
-// TestAResolvedRecord: what one Client records of a call (its attempts,
+// TestResolvedRecord: what one Client records of a call (its attempts,
 // its expiry) never overwrites the answer another Client on the store
 // recorded meanwhile; the call tells that answer instead.
-func TestAResolvedRecord(t *testing.T) {
+func TestResolvedRecord(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string

@@ -38,10 +38,9 @@ func (s *deferringStore) Write(ctx context.Context, rec, old *persist.Record) er
 func TestDurableWrites(t *testing.T) {
 	t.Parallel()
 
-	// The intent is saved durably before its first
-	// attempt, and so is an unknown outcome; a final answer, which the server
-	// replays to a resumed intent, goes through SaveDeferred, off the path the
-	// user waits on.
+	// The intent is saved durably before its first attempt, and so is an unknown
+	// outcome; a final answer, which the server replays to a resumed intent, goes
+	// through SaveDeferred, off the path the user waits on.
 	t.Run("the intent and an unknown outcome are durable before the user waits on them", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
@@ -84,9 +83,9 @@ func TestDurableWrites(t *testing.T) {
 		assert.Len(t, store.deferred, 2)
 	})
 
-	// On a clock that moves
-	// between the arming write and the call, the tap still writes once. The
-	// arming write's send deadline covers the call that follows it.
+	// On a clock that moves between the arming write and the call, the tap still
+	// writes once. The arming write's send deadline covers the call that follows
+	// it.
 	t.Run("a tap writes once on a clock that moves", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()

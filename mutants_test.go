@@ -660,7 +660,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a Client's attempts or expiry are written over the answer another Client stored meanwhile",
 			Anchor:  "\tcase stored.State.Resolved():\n\t\treturn cAdopt\n\tcase stored.Holder != self && !answered(rec):\n\t\treturn cYield\n",
 			Replace: "",
-			Pkg:     root, Run: "^TestAResolvedRecord$",
+			Pkg:     root, Run: "^TestResolvedRecord$",
 		},
 		{
 			Name: "reconcile-delay-from-own-start", File: "life.go",

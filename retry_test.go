@@ -280,10 +280,9 @@ func TestBudget(t *testing.T) {
 		}
 	})
 
-	// A call begins no send after the
-	// deadline its record stores, by the clock that counts sleep, though its
-	// own clock stopped while the device slept. Another Client's lookup counts
-	// the reconcile delay from that deadline.
+	// A call begins no send after the deadline its record stores, by the clock
+	// that counts sleep, though its own clock stopped while the device slept.
+	// Another Client's lookup counts the reconcile delay from that deadline.
 	t.Run("it stops at the stored send deadline though the call's clock slept", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
