@@ -68,8 +68,6 @@ func TestDo(t *testing.T) {
 		assert.Equal(t, 1, stats.Requests)
 	})
 
-	// Each fault of the contract, met on the first attempt, is retried with the
-	// same key, and the card is charged once.
 	t.Run("each fault of the contract on the first attempt is retried with the same key and charged once", func(t *testing.T) {
 		t.Parallel()
 		tests := []struct {
@@ -350,7 +348,7 @@ func TestDo(t *testing.T) {
 		assert.Equal(t, 1, srv.Stats().Requests)
 	})
 
-	// A certificate the client does not trust is not retried: no retry fixes it.
+	// No retry fixes it.
 	t.Run("a certificate the client does not trust is not retried", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(epoch)
@@ -747,9 +745,8 @@ func TestDoStops(t *testing.T) {
 		assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
 	})
 
-	// The last answer in a RetryError is never a replay: an answer the server
-	// marks as replayed from its record is final, whatever its status, so the
-	// call ends with it instead.
+	// An answer the server marks as replayed from its record is final,
+	// whatever its status, so the call ends with it instead.
 	t.Run("the last answer in its error is never a replay", func(t *testing.T) {
 		t.Parallel()
 		for _, replayed := range []bool{false, true} {

@@ -233,7 +233,7 @@ func TestIntent(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 
-	// Request returns a copy: changing it cannot change what the intent sends.
+	// Changing it cannot change what the intent sends.
 	t.Run("Request returns a copy", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)

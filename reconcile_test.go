@@ -1128,11 +1128,10 @@ func TestReconcile(t *testing.T) {
 		assert.Equal(t, 1, st.Payments)
 	})
 
-	// A proxy's 404 on the lookup never voids a payment that happened: the
-	// first tap charged and its answer was lost; a day later the intent is too
-	// old to send again and Send asks the lookup, which an ingress answers with
-	// its own page. Nothing changes, nobody pays twice, and once the server
-	// itself answers the lookup the intent is the payment.
+	// The first tap charged and its answer was lost; a day later the intent is
+	// too old to send again and Send asks the lookup, which an ingress answers
+	// with its own page. Nothing changes, nobody pays twice, and once the
+	// server itself answers the lookup the intent is the payment.
 	t.Run("a proxy's 404 on the lookup never voids a payment that happened", func(t *testing.T) {
 		t.Parallel()
 		for _, stranger := range lookupStrangers {

@@ -296,9 +296,8 @@ func TestRedirect(t *testing.T) {
 		}
 	})
 
-	// A 307 from https to http is not followed: the payment's body and headers
-	// never leave TLS, and the outcome is unknown, as for any redirect not
-	// followed.
+	// Here a 307. The payment's body and headers never leave TLS, and the
+	// outcome is unknown, as for any redirect not followed.
 	t.Run("a redirect from https to http is not followed", func(t *testing.T) {
 		t.Parallel()
 		var plain atomic.Int32
@@ -427,9 +426,8 @@ func TestRedirect(t *testing.T) {
 		assert.Equal(t, int32(3), posts.Load(), "the first POST, the redirected one, and one retry to the intent's own URL")
 	})
 
-	// Without a redirect to another URL, the server's key reuse answer is
-	// final: the request changed under its key, a bug in the caller. A
-	// redirect to the same URL does not change that.
+	// The request changed under its key, a bug in the caller. A redirect to
+	// the same URL does not change that.
 	t.Run("a key reuse answer without a redirect to another URL is final", func(t *testing.T) {
 		t.Parallel()
 		var posts atomic.Int32

@@ -125,8 +125,7 @@ func TestSettleProgress(t *testing.T) {
 		}
 	})
 
-	// Intents SettleAll does not send are reported too: here those the
-	// context ended before their settle began.
+	// Here, those the context ended before their settle began.
 	t.Run("intents SettleAll does not send are reported too", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
