@@ -279,3 +279,26 @@ func (g *goClock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 	return nil
 }
+
+func TestSendAge(t *testing.T) {
+	t.Parallel()
+	t.Run("an offline tap retried a day later is sent, not expired", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		down.Store(true)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
+
+		e.clock.Advance(25 * time.Hour) // the next day, online
+		down.Store(false)
+		_, err = c.Do(ctx, in)
+		require.NoError(t, err, "its age counts from the first moment a send could begin")
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+}

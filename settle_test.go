@@ -376,17 +376,6 @@ func TestContextWithRetryPolicy(t *testing.T) {
 	})
 }
 
-func TestLookupQuery(t *testing.T) {
-	t.Parallel()
-	lookup := idem.LookupQuery("idempotency_key")
-	for _, tc := range []struct{ url, key, want string }{
-		{"https://api.example/payments", "k1", "https://api.example/payments?idempotency_key=k1"},
-		{"https://api.example/payments?idempotency_key=old&v=2#frag", "a b&c", "https://api.example/payments?v=2&idempotency_key=a+b%26c"},
-	} {
-		assert.Equal(t, tc.want, lookup(idem.Request{Method: http.MethodPost, URL: tc.url}, tc.key))
-	}
-}
-
 // switchable is an http.Client whose connections are refused while down
 // is set: the dial fails before any request is written, as when the
 // network is off, and the trace proves it.
