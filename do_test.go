@@ -1615,3 +1615,72 @@ func (s *outcomeFailStore) Write(ctx context.Context, rec, old *persist.Record) 
 	}
 	return s.Store.Write(ctx, rec, old)
 }
+
+func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
+	clk := clock.NewManual(relEpoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var handler http.Handler = h
+	if chunk {
+		handler = chunked{h}
+	}
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	proxy, err := faultproxy.New(strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, proxy.Close()) })
+	proxy.Script(cut)
+
+	// A fresh connection per attempt: the cut meets exactly the first
+	// attempt, and net/http cannot hide it by retrying a reused connection.
+	tr := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	var log attemptLog
+	c, err := idem.NewWith(
+		idem.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}),
+		idem.WithStore(persist.NewMemory(nil)),
+		idem.WithClock(clk),
+		idem.WithAttemptHook(log.hook),
+	)
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, proxy.URL()+"/payments", map[string]any{
+		"amount": 1500, "currency": "AZN", "customer": "cus_1",
+		// Long enough that a cut at 300 bytes falls in the body.
+		"description": strings.Repeat("a long description ", 20),
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	in, err := c.Intent(ctx, "checkout:cut", req)
+	require.NoError(t, err)
+
+	resp, err := c.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, persist.StateSucceeded, in.State())
+	require.Equal(t, faultproxy.Stats{Conns: 2, Cut: 1}, proxy.Stats(), "one cut connection, one whole")
+
+	attempts := log.all()
+	require.Len(t, attempts, 2)
+	first := attempts[0]
+	assert.Error(t, first.Err, "the cut attempt is an error")
+	assert.Zero(t, first.StatusCode, "the cut attempt has no status, whatever headers arrived")
+	assert.True(t, first.Retry, "and it is retried")
+	assert.Equal(t, http.StatusCreated, attempts[1].StatusCode)
+	assert.Equal(t, in.Key(), attempts[1].Key, "with the same key")
+
+	stats := h.Stats()
+	assert.Equal(t, 1, stats.Payments)
+	assert.Equal(t, 1, stats.ProviderCharges)
+	assert.Equal(t, 1, stats.Executions)
+	// A cut before the whole request was read did no work: the retry did it
+	// fresh. A cut in the answer came after the work: the retry is a replay.
+	assert.Equal(t, cut.Point != faultproxy.InRequest, resp.Replayed)
+
+	// What the client reports is the payment the server stored for the key.
+	lookup, err := srv.Client().Get(lookupOf(srv.URL+"/payments", in.Key()))
+	require.NoError(t, err)
+	defer lookup.Body.Close()
+	body, err := io.ReadAll(lookup.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, lookup.StatusCode)
+	assert.JSONEq(t, string(body), string(resp.Body))
+}
