@@ -27,6 +27,7 @@ import (
 // key, saved before anything is sent.
 func TestIntent(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 
 	t.Run("a request that could never be sent is refused at creation", func(t *testing.T) {
 		t.Parallel()
@@ -401,74 +402,6 @@ func TestIntent(t *testing.T) {
 		assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
-}
-
-// rawKeyServer is the fake server behind a front that records the raw
-// Idempotency-Key value of every POST, as servers that compare raw values
-// see it.
-type rawKeyServer struct {
-	*httptest.Server
-	mu   sync.Mutex
-	keys []string
-}
-
-func newRawKeyServer(t *testing.T, clk *clock.Manual) *rawKeyServer {
-	t.Helper()
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	k := &rawKeyServer{}
-	k.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			k.mu.Lock()
-			k.keys = append(k.keys, r.Header.Get("Idempotency-Key"))
-			k.mu.Unlock()
-		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(k.Close)
-	return k
-}
-
-func (k *rawKeyServer) sent() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return append([]string(nil), k.keys...)
-}
-
-// dropFirstAnswer lets the first POST reach the server and loses its
-// answer, as a network that breaks after the server committed.
-type dropFirstAnswer struct {
-	base    http.RoundTripper
-	dropped atomic.Bool
-}
-
-func (d *dropFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := d.base.RoundTrip(req)
-	if err == nil && req.Method == http.MethodPost && d.dropped.CompareAndSwap(false, true) {
-		resp.Body.Close()
-		return nil, errors.New("connection reset after the server answered")
-	}
-	return resp, err
-}
-
-var errStoreDown = errors.New("store down")
-
-// brokenStore fails every operation, as a store whose disk is gone does.
-type brokenStore struct{}
-
-func (brokenStore) Write(context.Context, *persist.Record, *persist.Record) error {
-	return errStoreDown
-}
-func (brokenStore) Get(context.Context, string) (*persist.Record, error) {
-	return nil, errStoreDown
-}
-func (brokenStore) List(context.Context, persist.Filter) ([]*persist.Record, error) {
-	return nil, errStoreDown
-}
-func (brokenStore) Delete(context.Context, *persist.Record) error { return errStoreDown }
-
-func TestIntentForAnAction(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
 
 	t.Run("same request reuses the intent", func(t *testing.T) {
 		t.Parallel()
@@ -617,6 +550,69 @@ func TestIntentForAnAction(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 }
+
+// rawKeyServer is the fake server behind a front that records the raw
+// Idempotency-Key value of every POST, as servers that compare raw values
+// see it.
+type rawKeyServer struct {
+	*httptest.Server
+	mu   sync.Mutex
+	keys []string
+}
+
+func newRawKeyServer(t *testing.T, clk *clock.Manual) *rawKeyServer {
+	t.Helper()
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	k := &rawKeyServer{}
+	k.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			k.mu.Lock()
+			k.keys = append(k.keys, r.Header.Get("Idempotency-Key"))
+			k.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(k.Close)
+	return k
+}
+
+func (k *rawKeyServer) sent() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.keys...)
+}
+
+// dropFirstAnswer lets the first POST reach the server and loses its
+// answer, as a network that breaks after the server committed.
+type dropFirstAnswer struct {
+	base    http.RoundTripper
+	dropped atomic.Bool
+}
+
+func (d *dropFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := d.base.RoundTrip(req)
+	if err == nil && req.Method == http.MethodPost && d.dropped.CompareAndSwap(false, true) {
+		resp.Body.Close()
+		return nil, errors.New("connection reset after the server answered")
+	}
+	return resp, err
+}
+
+var errStoreDown = errors.New("store down")
+
+// brokenStore fails every operation, as a store whose disk is gone does.
+type brokenStore struct{}
+
+func (brokenStore) Write(context.Context, *persist.Record, *persist.Record) error {
+	return errStoreDown
+}
+func (brokenStore) Get(context.Context, string) (*persist.Record, error) {
+	return nil, errStoreDown
+}
+func (brokenStore) List(context.Context, persist.Filter) ([]*persist.Record, error) {
+	return nil, errStoreDown
+}
+func (brokenStore) Delete(context.Context, *persist.Record) error { return errStoreDown }
 
 // failingStore refuses every write, as a full disk would.
 type failingStore struct{ persist.Store }

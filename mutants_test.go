@@ -582,7 +582,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a changed request for an action that succeeded makes a new intent",
 			Anchor:  "\t\t\tcase latest.State == persist.StateSucceeded && !forceNew:\n\t\t\t\treturn nil, &ResolvedError{Name: name, Previous: c.intentOf(latest)}\n",
 			Replace: "",
-			Pkg:     root, Run: "^TestIntentForAnAction$",
+			Pkg:     root, Run: "^TestIntent$/^changed_cart_after_a_success_is_refused,_NewIntent_pays_again$",
 		},
 		{
 			Name: "roundtripper-action-new-intent", File: "transport.go",
@@ -940,14 +940,14 @@ func TestMutants(t *testing.T) {
 			Note:    "a request whose header value net/http refuses (a trailing newline) is stored and armed: every attempt fails before it dials, and the fixed request is blocked behind it",
 			Anchor:  "\treturn checkHeader(r.Header)\n}\n",
 			Replace: "\treturn nil\n}\n",
-			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
+			Pkg:     root, Run: "^TestIntent$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
 		},
 		{
 			Name: "roundtripper-header-unchecked", File: "transport.go",
 			Note:    "the RoundTripper stores a request whose live header net/http refuses, as its stored fields are valid: every attempt fails before it dials",
 			Anchor:  "\tif err := checkHeader(live.Header); err != nil {\n",
 			Replace: "\tif err := error(nil); err != nil {\n",
-			Pkg:     root, Run: "^TestIntentForAnAction$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
+			Pkg:     root, Run: "^TestIntent$/^a_header_field_net/http_cannot_send_is_refused_at_creation,_naming_the_field$",
 		},
 		{
 			Name: "authorizer-value-unchecked", File: "call.go",
