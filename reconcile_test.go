@@ -354,7 +354,7 @@ func TestReconcile(t *testing.T) {
 		assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
 	})
 
-	t.Run("a not found is trusted only once no attempt can still arrive", func(t *testing.T) {
+	t.Run("a miss is trusted only once no attempt can still arrive", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 
@@ -474,7 +474,7 @@ func TestReconcile(t *testing.T) {
 		})
 	})
 
-	t.Run("an early not found is not trusted", func(t *testing.T) {
+	t.Run("an early miss is never trusted", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
 		in := e.newIntent(t, "checkout:early", 1500)

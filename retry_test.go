@@ -94,7 +94,7 @@ func TestRetryAfter(t *testing.T) {
 		assert.Greater(t, len(distinct), 50, "clients told the same Retry-After come back at different times")
 	})
 
-	t.Run("the spread is dropped rather than give up at the deadline", func(t *testing.T) {
+	t.Run("at the deadline the spread is dropped rather than the retry", func(t *testing.T) {
 		t.Parallel()
 		// The deadline leaves room for the Retry-After itself and no more.
 		for range 50 {
@@ -575,7 +575,7 @@ func TestNotSentProof(t *testing.T) {
 	// once, but its request was written: "not sent" is judged by the trace's
 	// WroteHeaders, never by the final error, so the outcome is unknown and a
 	// changed cart does not replace the intent.
-	t.Run("a redirect the call cannot follow is not not sent", func(t *testing.T) {
+	t.Run("a redirect the call cannot follow is never taken for not sent", func(t *testing.T) {
 		t.Parallel()
 		cases := map[string]func(t *testing.T) (url string, hc *http.Client){
 			"redirect loop": func(t *testing.T) (string, *http.Client) {
