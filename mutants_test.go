@@ -246,7 +246,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a Settle the app began before the intent ended not sent sends it",
 			Anchor:  "p == phaseNotSent && l != nil && l.notSentAt > tick",
 			Replace: "p == phaseNotSent && l != nil && false",
-			Pkg:     root, Run: "^TestLifeKeys$",
+			Pkg:     root, Run: "^TestLife$/^a_call_the_app_asked_for_before_the_intent_ended_not_sent_never_sends_it$",
 		},
 		{
 			Name: "authorizer-failure-sent-anyway", File: "limit.go",
