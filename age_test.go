@@ -115,56 +115,122 @@ func (n *heldNetwork) deliver(t testing.TB) {
 	}
 }
 
-func TestAClockJumpForwardDoesNotShortenTheReconcileDelay(t *testing.T) {
+// TestAge keeps an intent's age on every clock the device has: no clock
+// set back or forward, and no sleep, makes a payment resent or voided.
+func TestAge(t *testing.T) {
 	t.Parallel()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	net := &heldNetwork{base: srv.Client().Transport}
-	device := newDeviceClock(truth)
-	c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	ctx := context.Background()
-	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
-	require.NoError(t, err)
-	net.holdNext(1)
-	_, err = c.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
-	_, err = c.Reconcile(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
-	assert.NotEqual(t, persist.StateVoid, in.State())
+	t.Run("a clock jump forward does not shorten the reconcile delay", func(t *testing.T) {
+		t.Parallel()
+		truth := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		net := &heldNetwork{base: srv.Client().Transport}
+		device := newDeviceClock(truth)
+		c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		ctx := context.Background()
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		net.holdNext(1)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-	net.deliver(t) // it arrives: the server charges
-	truth.Advance(reconcileDelay)
-	_, err = c.Reconcile(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, in.State())
-	assert.Equal(t, 1, srv.Stats().Payments)
-}
+		device.Jump(25 * time.Hour) // the clock leaps a day ahead: the intent looks expired, its attempt long over
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt left a moment ago and may still arrive")
+		assert.NotEqual(t, persist.StateVoid, in.State())
 
-func TestAClockSetBackDoesNotMakeAnIntentYounger(t *testing.T) {
-	t.Parallel()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	device := newDeviceClock(truth)
-	c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	ctx := context.Background()
-	in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
-	require.NoError(t, err)
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
-	_, err = c.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		net.deliver(t) // it arrives: the server charges
+		truth.Advance(reconcileDelay)
+		_, err = c.Reconcile(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, srv.Stats().Payments)
+	})
 
-	truth.Advance(sendWindow)
-	device.Jump(-5 * time.Hour) // by the wall clock the intent is 18 hours old
-	requests := srv.Stats().Requests
-	_, err = c.Do(ctx, in)
-	requireStop(t, err, idem.StopExpired, "the intent is as old as the time that passed")
-	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
+	t.Run("a clock set back does not make an intent younger", func(t *testing.T) {
+		t.Parallel()
+		truth := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		device := newDeviceClock(truth)
+		c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		ctx := context.Background()
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		truth.Advance(sendWindow)
+		device.Jump(-5 * time.Hour) // by the wall clock the intent is 18 hours old
+		requests := srv.Stats().Requests
+		_, err = c.Do(ctx, in)
+		requireStop(t, err, idem.StopExpired, "the intent is as old as the time that passed")
+		assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
+	})
+
+	// The wall clock is set back five hours while the app is not running:
+	// the high-water mark stored with the records, which a clock set back
+	// cannot lower, still tells the intent's age after the restart, on a
+	// device with no clock that counts sleep.
+	t.Run("a clock set back before a restart does not make an intent younger", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		device := newDeviceClock(truth)
+		open := func() *idem.Client {
+			c, err := idem.NewWith(idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			require.NoError(t, err)
+			return c
+		}
+		c := open()
+		old, err := c.Intent(ctx, "checkout:old", payment1500(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, old)) // tapped; the app dies before its first byte
+
+		truth.Advance(sendWindow + time.Minute)
+		c = open()
+		later, err := c.NewIntent(ctx, "checkout:later", payment1500(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, later)) // the app saw this wall time
+
+		device.Jump(-5 * time.Hour)
+		c = open()
+		loaded, err := c.Load(ctx, old.Key())
+		require.NoError(t, err)
+		requests := srv.Stats().Requests
+		_, err = c.Do(ctx, loaded)
+		requireStop(t, err, idem.StopExpired, "by the wall clock the intent is 18 hours old; by the mark, past the send window")
+		assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
+	})
+
+	// An intent 22h58m old is resumed, its attempt fails, and the phone sleeps
+	// two hours during the backoff: by Go's monotonic reading no time passed,
+	// but the server's retention did. Nothing is sent after it.
+	t.Run("nothing is resent past retention when the device sleeps during a backoff", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:sleepy", 1500)
+		e.clock.Advance(22*time.Hour + 58*time.Minute)
+
+		device := &goClock{m: e.clock, sleepFor: 2 * time.Hour}
+		resumed := e.newClient(t, idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Second}))
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, Key: in.Key(), Count: 1})
+		loaded, err := resumed.Load(ctx, in.Key())
+		require.NoError(t, err)
+		requests := e.srv.Stats().Requests
+		_, err = resumed.Do(ctx, loaded)
+		requireStop(t, err, idem.StopExpired, "the intent is 24h58m old by the clock that counts sleep")
+		assert.Equal(t, requests+1, e.srv.Stats().Requests, "one attempt, before the sleep")
+		assert.Zero(t, e.srv.Stats().ProviderCharges)
+	})
 }
 
 func payment1500(t testing.TB, srv *fakeserver.Server) idem.Request {
@@ -214,62 +280,25 @@ func (g *goClock) Sleep(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
-// An intent 22h58m old is resumed, its attempt fails, and the phone sleeps
-// two hours during the backoff: by Go's monotonic reading no time passed,
-// but the server's retention did. Nothing is sent after it.
-func TestNoResendPastRetentionWhenTheDeviceSleepsDuringABackoff(t *testing.T) {
+func TestSendAge(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:sleepy", 1500)
-	e.clock.Advance(22*time.Hour + 58*time.Minute)
-
-	device := &goClock{m: e.clock, sleepFor: 2 * time.Hour}
-	resumed := e.newClient(t, idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Second}))
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, Key: in.Key(), Count: 1})
-	loaded, err := resumed.Load(ctx, in.Key())
-	require.NoError(t, err)
-	requests := e.srv.Stats().Requests
-	_, err = resumed.Do(ctx, loaded)
-	requireStop(t, err, idem.StopExpired, "the intent is 24h58m old by the clock that counts sleep")
-	assert.Equal(t, requests+1, e.srv.Stats().Requests, "one attempt, before the sleep")
-	assert.Zero(t, e.srv.Stats().ProviderCharges)
-}
-
-// The wall clock is set back five hours while the app is not running:
-// the high-water mark stored with the records, which a clock set back
-// cannot lower, still tells the intent's age after the restart, on a
-// device with no clock that counts sleep.
-func TestAClockSetBackBeforeARestartDoesNotMakeAnIntentYounger(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	store := persist.NewMemory(nil)
-	device := newDeviceClock(truth)
-	open := func() *idem.Client {
-		c, err := idem.NewWith(idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+	t.Run("an offline tap retried a day later is sent, not expired", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hc, down := switchable()
+		c := e.newClient(t, idem.WithHTTPClient(hc))
+		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
 		require.NoError(t, err)
-		return c
-	}
-	c := open()
-	old, err := c.Intent(ctx, "checkout:old", payment1500(t, srv))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, ctx, old)) // tapped; the app dies before its first byte
+		down.Store(true)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrNotSent)
 
-	truth.Advance(sendWindow + time.Minute)
-	c = open()
-	later, err := c.NewIntent(ctx, "checkout:later", payment1500(t, srv))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, ctx, later)) // the app saw this wall time
-
-	device.Jump(-5 * time.Hour)
-	c = open()
-	loaded, err := c.Load(ctx, old.Key())
-	require.NoError(t, err)
-	requests := srv.Stats().Requests
-	_, err = c.Do(ctx, loaded)
-	requireStop(t, err, idem.StopExpired, "by the wall clock the intent is 18 hours old; by the mark, past the send window")
-	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
+		e.clock.Advance(25 * time.Hour) // the next day, online
+		down.Store(false)
+		_, err = c.Do(ctx, in)
+		require.NoError(t, err, "its age counts from the first moment a send could begin")
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 }

@@ -31,11 +31,9 @@ import (
 	"errors"
 	"io"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 
 	"github.com/idemkit/idem/fakeserver"
-	"github.com/idemkit/idem/internal/faultproxy"
 )
 
 // answering is a test server that answers every request with h, and a
@@ -52,34 +50,6 @@ func answering(t *testing.T, h http.HandlerFunc, opts ...idem.Option) (*idem.Cli
 	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
 	require.NoError(t, err)
 	return c, req
-}
-
-// The last answer in a RetryError is never a replay: an answer the server
-// marks as replayed from its record is final, whatever its status, so the
-// call ends with it instead.
-func TestRetryErrorLastResponseIsNeverAReplay(t *testing.T) {
-	t.Parallel()
-	for _, replayed := range []bool{false, true} {
-		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
-			if replayed {
-				w.Header().Set("Idempotent-Replayed", "true")
-			}
-			w.WriteHeader(http.StatusTooManyRequests)
-		}, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-		in, err := c.NewIntent(context.Background(), "", req)
-		require.NoError(t, err)
-		resp, err := c.Do(context.Background(), in)
-		var retryErr *idem.RetryError
-		if !replayed {
-			require.ErrorAs(t, err, &retryErr)
-			require.NotNil(t, retryErr.LastResponse)
-			assert.False(t, retryErr.LastResponse.Replayed)
-			continue
-		}
-		assert.False(t, errors.As(err, &retryErr), "a replay is final")
-		require.NotNil(t, resp)
-		assert.True(t, resp.Replayed)
-	}
 }
 
 // chunked makes every answer of h chunked: it drops Content-Length and
@@ -129,280 +99,243 @@ func (l *attemptLog) all() []idem.Attempt {
 	return append([]idem.Attempt(nil), l.a...)
 }
 
-// TestBrokenConnectionsBelowHTTP cuts the first connection of a payment at
-// each point below HTTP, through a TCP proxy: the cut attempt is an error,
-// never a success, and the retry with the same key ends with one charge and
-// the answer the server stored.
-func TestBrokenConnectionsBelowHTTP(t *testing.T) {
+// TestAttemptHook keeps what the attempt hook hears of each attempt: all of
+// them, with the caller's context, and no credential.
+func TestAttemptHook(t *testing.T) {
 	t.Parallel()
-	cuts := []faultproxy.Cut{
-		{Point: faultproxy.InRequest, N: 0},
-		{Point: faultproxy.InRequest, N: 40},  // in the request line or headers
-		{Point: faultproxy.InRequest, N: 300}, // in the body, for a request longer than that
-		{Point: faultproxy.AfterHeaders},
-		{Point: faultproxy.InBody, N: 1},
-		{Point: faultproxy.InBody, N: 60},
-	}
-	for _, encoding := range []string{"content-length", "chunked"} {
-		for _, cut := range cuts {
-			t.Run(encoding+"/"+cut.Point.String()+"-"+strconv.Itoa(cut.N), func(t *testing.T) {
-				t.Parallel()
-				testCut(t, cut, encoding == "chunked")
-			})
-		}
-	}
-}
 
-func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
-	clk := clock.NewManual(relEpoch)
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	var handler http.Handler = h
-	if chunk {
-		handler = chunked{h}
-	}
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
-	proxy, err := faultproxy.New(strings.TrimPrefix(srv.URL, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, proxy.Close()) })
-	proxy.Script(cut)
-
-	// A fresh connection per attempt: the cut meets exactly the first
-	// attempt, and net/http cannot hide it by retrying a reused connection.
-	tr := &http.Transport{DisableKeepAlives: true}
-	t.Cleanup(tr.CloseIdleConnections)
-	var log attemptLog
-	c, err := idem.NewWith(
-		idem.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}),
-		idem.WithStore(persist.NewMemory(nil)),
-		idem.WithClock(clk),
-		idem.WithAttemptHook(log.hook),
-	)
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, proxy.URL()+"/payments", map[string]any{
-		"amount": 1500, "currency": "AZN", "customer": "cus_1",
-		// Long enough that a cut at 300 bytes falls in the body.
-		"description": strings.Repeat("a long description ", 20),
-	})
-	require.NoError(t, err)
-	ctx := context.Background()
-	in, err := c.Intent(ctx, "checkout:cut", req)
-	require.NoError(t, err)
-
-	resp, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, persist.StateSucceeded, in.State())
-	require.Equal(t, faultproxy.Stats{Conns: 2, Cut: 1}, proxy.Stats(), "one cut connection, one whole")
-
-	attempts := log.all()
-	require.Len(t, attempts, 2)
-	first := attempts[0]
-	assert.Error(t, first.Err, "the cut attempt is an error")
-	assert.Zero(t, first.StatusCode, "the cut attempt has no status, whatever headers arrived")
-	assert.True(t, first.Retry, "and it is retried")
-	assert.Equal(t, http.StatusCreated, attempts[1].StatusCode)
-	assert.Equal(t, in.Key(), attempts[1].Key, "with the same key")
-
-	stats := h.Stats()
-	assert.Equal(t, 1, stats.Payments)
-	assert.Equal(t, 1, stats.ProviderCharges)
-	assert.Equal(t, 1, stats.Executions)
-	// A cut before the whole request was read did no work: the retry did it
-	// fresh. A cut in the answer came after the work: the retry is a replay.
-	assert.Equal(t, cut.Point != faultproxy.InRequest, resp.Replayed)
-
-	// What the client reports is the payment the server stored for the key.
-	lookup, err := srv.Client().Get(lookupOf(srv.URL+"/payments", in.Key()))
-	require.NoError(t, err)
-	defer lookup.Body.Close()
-	body, err := io.ReadAll(lookup.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, lookup.StatusCode)
-	assert.JSONEq(t, string(body), string(resp.Body))
-}
-
-// An attempt cut short by the caller's cancel is counted, and the attempt
-// hook hears of it like any other.
-func TestTheAttemptHookHearsOfAnAttemptCutShortByCancellation(t *testing.T) {
-	t.Parallel()
-	arrived := make(chan struct{}, 1)
-	stop := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		select {
-		case <-r.Context().Done():
-		case <-stop:
-		}
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { close(stop) })
-	var mu sync.Mutex
-	var heard []idem.Attempt
-	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
-		idem.WithAttemptHook(func(a idem.Attempt) { mu.Lock(); heard = append(heard, a); mu.Unlock() }))
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
-	require.NoError(t, err)
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-arrived; cancel() }()
-	_, err = c.Do(ctx, in)
-	var re *idem.RetryError
-	require.ErrorAs(t, err, &re)
-	assert.Equal(t, 1, re.Attempts)
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, heard, 1, "the counted attempt is reported")
-	assert.Equal(t, 1, heard[0].Number)
-	assert.Error(t, heard[0].Err)
-}
-
-// A captive portal's 200 whose header fields alone pass the Client's limit
-// on an answer (a long Set-Cookie, a content security policy) is as much a
-// stranger's as any unmarked 200: over the limit or not, it is not a
-// payment, and the intent stays pending.
-func TestAnUnmarkedSuccessOverTheLimitIsNotAPayment(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
-		w.Header().Set("Set-Cookie", "portal="+strings.Repeat("x", 2048))
-		strangerPage(w, http.StatusOK, "text/html", "<html>log in</html>")
-		return true
-	})
-	c := f.client(t, idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", MaxResponseBytes: 1024}))
-	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
-	require.NoError(t, err)
-	_, err = c.Do(ctx, in)
-	requireStop(t, err, idem.StopUnmarked)
-	assert.Equal(t, persist.StatePending, in.State())
-}
-
-// The attempt hook hears each attempt's action name, URL (its password
-// redacted) and duration, measured on the Client's clock: a server that
-// takes 250ms on the manual clock makes attempts of exactly 250ms, and the
-// wait after one is not part of it.
-func TestAttemptHookReportsNameURLAndDuration(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	srv := &server{answer: func(n int, req *http.Request) (*http.Response, error) {
-		clk.Advance(250 * time.Millisecond)
-		if n == 1 {
-			return unavailable(n, req)
-		}
-		return created(n, req)
-	}}
-	var (
-		mu       sync.Mutex
-		attempts []idem.Attempt
-	)
-	c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithAttemptHook(func(a idem.Attempt) {
-		mu.Lock()
-		defer mu.Unlock()
-		// TestAttemptCarriesTheCallersContext checks the context.
-		a.Err, a.Context = nil, nil
-		attempts = append(attempts, a)
-	}))
-	req := idem.Request{Method: http.MethodPost, URL: "https://shop:s3cret@api.example/payments?cart=42", Body: []byte(`{}`)}
-	resp, err := c.Send(context.Background(), "checkout:cart-42", req)
-	require.NoError(t, err)
-	require.Equal(t, 2, resp.Attempts)
-	key := attempts[0].Key
-	redacted := "https://shop:xxxxx@api.example/payments?cart=42"
-	assert.Equal(t, []idem.Attempt{
-		{Key: key, Number: 1, StatusCode: 503, Retry: true, Wait: 500 * time.Millisecond, Name: "checkout:cart-42", URL: redacted, Duration: 250 * time.Millisecond},
-		{Key: key, Number: 2, StatusCode: 201, Name: "checkout:cart-42", URL: redacted, Duration: 250 * time.Millisecond},
-	}, attempts)
-
-	// A request of the RoundTripper under its own key has no name.
-	attempts = nil
-	hreq, err := http.NewRequest(http.MethodPost, "https://api.example/refunds", http.NoBody)
-	require.NoError(t, err)
-	hreq.Header.Set("Idempotency-Key", "refund-1")
-	hresp, err := (&http.Client{Transport: c.RoundTripper(srv)}).Do(hreq)
-	require.NoError(t, err)
-	hresp.Body.Close()
-	require.Len(t, attempts, 1)
-	assert.Equal(t, "", attempts[0].Name)
-	assert.Equal(t, "https://api.example/refunds", attempts[0].URL)
-	assert.Equal(t, 250*time.Millisecond, attempts[0].Duration)
-}
-
-// The attempt hook's URL, meant for logs, carries no credential: not a
-// secret key sent as the user name with an empty password (Stripe's
-// "sk_live_...:"), not a token sent as the user name alone, not a query
-// parameter named for a credential (access_token, api_key, an AWS
-// presigned URL's signature and security token), nor a fragment. The
-// other query parameters stay, for the log to be of use.
-func TestAttemptHookURLCarriesNoCredential(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ url, want string }{
-		{"https://sk_live_51Habc:@api.example/v1/charges", "https://xxxxx@api.example/v1/charges"},
-		{"https://ghp_16C7e42F292c6912E7710c83@api.example/repos", "https://xxxxx@api.example/repos"},
-		{"https://shop:s3cret@api.example/payments", "https://shop:xxxxx@api.example/payments"},
-		{"https://api.example/payments?cart=42&access_token=eyJhbGciOi&api_key=AIzaSy",
-			"https://api.example/payments?cart=42&access_token=xxxxx&api_key=xxxxx"},
-		{"https://bucket.example/o?X-Amz-Credential=AKIA%2F20261203&X-Amz-Signature=9f0e&X-Amz-Security-Token=FQoG&X-Amz-Expires=60",
-			"https://bucket.example/o?X-Amz-Credential=xxxxx&X-Amz-Signature=xxxxx&X-Amz-Security-Token=xxxxx&X-Amz-Expires=60"},
-		{"https://api.example/pay?sig=abc&key=AIza&Password=hunter2", "https://api.example/pay?sig=xxxxx&key=xxxxx&Password=xxxxx"},
-		{"https://api.example/pay?cart=42#access_token=eyJhbGciOi", "https://api.example/pay?cart=42"},
-		{"https://api.example/pay?cart=42&pass_word=hunter2", "https://api.example/pay?cart=42&pass_word=xxxxx"},
-	} {
+	// The attempt hook hears each attempt's action name, URL (its password
+	// redacted) and duration, measured on the Client's clock: a server that
+	// takes 250ms on the manual clock makes attempts of exactly 250ms, and the
+	// wait after one is not part of it.
+	t.Run("it hears each attempt's name, URL and duration", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		srv := &server{answer: func(n int, req *http.Request) (*http.Response, error) {
+			clk.Advance(250 * time.Millisecond)
+			if n == 1 {
+				return unavailable(n, req)
+			}
+			return created(n, req)
+		}}
 		var (
-			mu  sync.Mutex
-			got []string
+			mu       sync.Mutex
+			attempts []idem.Attempt
 		)
-		srv := &server{answer: created}
-		c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil), idem.WithAttemptHook(func(a idem.Attempt) {
+		c := budgetClient(t, srv, clk, persist.NewMemory(nil), idem.WithAttemptHook(func(a idem.Attempt) {
 			mu.Lock()
 			defer mu.Unlock()
-			got = append(got, a.URL)
+			// TestAttemptHook/it gets the caller's context checks the context.
+			a.Err, a.Context = nil, nil
+			attempts = append(attempts, a)
 		}))
-		_, err := c.Send(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: tc.url, Body: []byte(`{}`)})
-		require.NoError(t, err, tc.url)
-		assert.Equal(t, []string{tc.want}, got, tc.url)
-	}
-}
+		req := idem.Request{Method: http.MethodPost, URL: "https://shop:s3cret@api.example/payments?cart=42", Body: []byte(`{}`)}
+		resp, err := c.Send(context.Background(), "checkout:cart-42", req)
+		require.NoError(t, err)
+		require.Equal(t, 2, resp.Attempts)
+		key := attempts[0].Key
+		redacted := "https://shop:xxxxx@api.example/payments?cart=42"
+		assert.Equal(t, []idem.Attempt{
+			{Key: key, Number: 1, StatusCode: 503, Retry: true, Wait: 500 * time.Millisecond, Name: "checkout:cart-42", URL: redacted, Duration: 250 * time.Millisecond},
+			{Key: key, Number: 2, StatusCode: 201, Name: "checkout:cart-42", URL: redacted, Duration: 250 * time.Millisecond},
+		}, attempts)
 
-// The attempt's error carries no credential either: net/http's *url.Error
-// names the request's URL, with only a password starred, so the hook's
-// Err would show what its URL hides. It stays the same error to
-// errors.Is and errors.As.
-func TestAttemptHookErrorCarriesNoCredential(t *testing.T) {
-	t.Parallel()
-	for _, raw := range []string{
-		"https://sk_live_51Habc:@api.example/v1/charges?cart=42",
-		"https://ghp_16C7e42F292c6912E7710c83@api.example/repos",
-		"https://api.example/payments?access_token=eyJhbGciOi",
-	} {
+		// A request of the RoundTripper under its own key has no name.
+		attempts = nil
+		hreq, err := http.NewRequest(http.MethodPost, "https://api.example/refunds", http.NoBody)
+		require.NoError(t, err)
+		hreq.Header.Set("Idempotency-Key", "refund-1")
+		hresp, err := (&http.Client{Transport: c.RoundTripper(srv)}).Do(hreq)
+		require.NoError(t, err)
+		hresp.Body.Close()
+		require.Len(t, attempts, 1)
+		assert.Equal(t, "", attempts[0].Name)
+		assert.Equal(t, "https://api.example/refunds", attempts[0].URL)
+		assert.Equal(t, 250*time.Millisecond, attempts[0].Duration)
+	})
+
+	// An attempt cut short by the caller's cancel is counted, and the attempt
+	// hook hears of it like any other.
+	t.Run("it hears of an attempt cut short by cancellation", func(t *testing.T) {
+		t.Parallel()
+		arrived := make(chan struct{}, 1)
+		stop := make(chan struct{})
+		srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			arrived <- struct{}{}
+			select {
+			case <-r.Context().Done():
+			case <-stop:
+			}
+		}))
+		t.Cleanup(srv.Close)
+		t.Cleanup(func() { close(stop) })
+		var mu sync.Mutex
+		var heard []idem.Attempt
+		c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
+			idem.WithAttemptHook(func(a idem.Attempt) { mu.Lock(); heard = append(heard, a); mu.Unlock() }))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-arrived; cancel() }()
+		_, err = c.Do(ctx, in)
+		var re *idem.RetryError
+		require.ErrorAs(t, err, &re)
+		assert.Equal(t, 1, re.Attempts)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, heard, 1, "the counted attempt is reported")
+		assert.Equal(t, 1, heard[0].Number)
+		assert.Error(t, heard[0].Err)
+	})
+
+	// The attempt hook gets the context of the call each attempt belongs to, the
+	// caller's values in it (a trace span, a logger's), whichever way the call was
+	// made.
+	t.Run("it gets the caller's context", func(t *testing.T) {
+		t.Parallel()
+		type callerKey struct{}
 		var (
-			mu   sync.Mutex
-			errs []error
+			mu    sync.Mutex
+			heard []string
 		)
-		srv := &server{answer: refused}
-		c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
-			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2, Jitter: -1}),
-			idem.WithAttemptHook(func(a idem.Attempt) {
+		lost := true
+		rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			mu.Lock()
+			drop := lost
+			mu.Unlock()
+			if drop {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return answer(req, http.StatusCreated), nil
+		})
+		c, err := idem.New(idem.Config{
+			HTTPClient:  &http.Client{Transport: rt},
+			Store:       persist.NewMemory(nil),
+			Clock:       clock.NewManual(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)),
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 2, Jitter: -1},
+			Server:      idem.Server{Mark: idem.MarkEcho},
+			OnAttempt: func(a idem.Attempt) {
+				v, _ := a.Context.Value(callerKey{}).(string)
+				mu.Lock()
+				heard = append(heard, v)
+				mu.Unlock()
+			},
+		})
+		require.NoError(t, err)
+		took := func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			h := heard
+			heard = nil
+			return h
+		}
+		req := idem.Request{Method: http.MethodPost, URL: "https://api.example/payments", Body: []byte(`{"amount":1}`)}
+
+		t.Run("a Send's attempts carry its context", func(t *testing.T) {
+			_, err := c.Send(context.WithValue(context.Background(), callerKey{}, "tap"), "checkout:1", req)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.Equal(t, []string{"tap", "tap"}, took())
+		})
+		t.Run("SettleAll's attempts carry the context SettleAll got", func(t *testing.T) {
+			mu.Lock()
+			lost = false
+			mu.Unlock()
+			settled, err := c.SettleAll(context.WithValue(context.Background(), callerKey{}, "app start"))
+			require.NoError(t, err)
+			require.Len(t, settled, 1)
+			require.NoError(t, settled[0].Err)
+			assert.Equal(t, []string{"app start"}, took())
+		})
+		t.Run("the RoundTripper's attempts carry the request's context", func(t *testing.T) {
+			ctx := idem.ContextWithAction(context.WithValue(context.Background(), callerKey{}, "request"), "refund:1")
+			hr, err := http.NewRequestWithContext(ctx,
+				http.MethodPost, "https://api.example/refunds", strings.NewReader("{}"))
+			require.NoError(t, err)
+			resp, err := (&http.Client{Transport: c.RoundTripper(rt)}).Do(hr)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, []string{"request"}, took())
+		})
+	})
+
+	// The attempt hook's URL, meant for logs, carries no credential: not a
+	// secret key sent as the user name with an empty password (Stripe's
+	// "sk_live_...:"), not a token sent as the user name alone, not a query
+	// parameter named for a credential (access_token, api_key, an AWS
+	// presigned URL's signature and security token), nor a fragment. The
+	// other query parameters stay, for the log to be of use.
+	t.Run("its URL carries no credential", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct{ url, want string }{
+			{"https://sk_live_51Habc:@api.example/v1/charges", "https://xxxxx@api.example/v1/charges"},
+			{"https://ghp_16C7e42F292c6912E7710c83@api.example/repos", "https://xxxxx@api.example/repos"},
+			{"https://shop:s3cret@api.example/payments", "https://shop:xxxxx@api.example/payments"},
+			{"https://api.example/payments?cart=42&access_token=eyJhbGciOi&api_key=AIzaSy",
+				"https://api.example/payments?cart=42&access_token=xxxxx&api_key=xxxxx"},
+			{"https://bucket.example/o?X-Amz-Credential=AKIA%2F20261203&X-Amz-Signature=9f0e&X-Amz-Security-Token=FQoG&X-Amz-Expires=60",
+				"https://bucket.example/o?X-Amz-Credential=xxxxx&X-Amz-Signature=xxxxx&X-Amz-Security-Token=xxxxx&X-Amz-Expires=60"},
+			{"https://api.example/pay?sig=abc&key=AIza&Password=hunter2", "https://api.example/pay?sig=xxxxx&key=xxxxx&Password=xxxxx"},
+			{"https://api.example/pay?cart=42#access_token=eyJhbGciOi", "https://api.example/pay?cart=42"},
+			{"https://api.example/pay?cart=42&pass_word=hunter2", "https://api.example/pay?cart=42&pass_word=xxxxx"},
+		} {
+			var (
+				mu  sync.Mutex
+				got []string
+			)
+			srv := &server{answer: created}
+			c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil), idem.WithAttemptHook(func(a idem.Attempt) {
 				mu.Lock()
 				defer mu.Unlock()
-				errs = append(errs, a.Err)
+				got = append(got, a.URL)
 			}))
-		_, err := c.Send(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: raw, Body: []byte(`{}`)})
-		require.Error(t, err)
-		require.Len(t, errs, 2, raw)
-		for _, e := range errs {
-			require.Error(t, e, raw)
-			for _, secret := range []string{"sk_live_51Habc", "ghp_16C7e42F292c6912E7710c83", "eyJhbGciOi"} {
-				assert.NotContains(t, e.Error(), secret)
-			}
-			assert.Contains(t, e.Error(), "api.example/")
-			assert.ErrorIs(t, e, syscall.ECONNREFUSED)
-			var ue *url.Error
-			assert.ErrorAs(t, e, &ue)
+			_, err := c.Send(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: tc.url, Body: []byte(`{}`)})
+			require.NoError(t, err, tc.url)
+			assert.Equal(t, []string{tc.want}, got, tc.url)
 		}
-	}
+	})
+
+	// The attempt's error carries no credential either: net/http's *url.Error
+	// names the request's URL, with only a password starred, so the hook's
+	// Err would show what its URL hides. It stays the same error to
+	// errors.Is and errors.As.
+	t.Run("its error carries no credential", func(t *testing.T) {
+		t.Parallel()
+		for _, raw := range []string{
+			"https://sk_live_51Habc:@api.example/v1/charges?cart=42",
+			"https://ghp_16C7e42F292c6912E7710c83@api.example/repos",
+			"https://api.example/payments?access_token=eyJhbGciOi",
+		} {
+			var (
+				mu   sync.Mutex
+				errs []error
+			)
+			srv := &server{answer: refused}
+			c := budgetClient(t, srv, clock.NewManual(epoch), persist.NewMemory(nil),
+				idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2, Jitter: -1}),
+				idem.WithAttemptHook(func(a idem.Attempt) {
+					mu.Lock()
+					defer mu.Unlock()
+					errs = append(errs, a.Err)
+				}))
+			_, err := c.Send(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: raw, Body: []byte(`{}`)})
+			require.Error(t, err)
+			require.Len(t, errs, 2, raw)
+			for _, e := range errs {
+				require.Error(t, e, raw)
+				for _, secret := range []string{"sk_live_51Habc", "ghp_16C7e42F292c6912E7710c83", "eyJhbGciOi"} {
+					assert.NotContains(t, e.Error(), secret)
+				}
+				assert.Contains(t, e.Error(), "api.example/")
+				assert.ErrorIs(t, e, syscall.ECONNREFUSED)
+				var ue *url.Error
+				assert.ErrorAs(t, e, &ue)
+			}
+		}
+	})
 }
 
 func TestAuthorizer(t *testing.T) {
@@ -516,76 +449,6 @@ func TestAuthorizer(t *testing.T) {
 		stored, err := store.Get(ctx, in.Key())
 		require.NoError(t, err)
 		assert.Empty(t, stored.Header.Get("Authorization"))
-	})
-}
-
-// TestAttemptCarriesTheCallersContext: the attempt hook gets the context
-// of the call each attempt belongs to, the caller's values in it (a trace
-// span, a logger's), whichever way the call was made.
-func TestAttemptCarriesTheCallersContext(t *testing.T) {
-	t.Parallel()
-	type callerKey struct{}
-	var (
-		mu    sync.Mutex
-		heard []string
-	)
-	lost := true
-	rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		mu.Lock()
-		drop := lost
-		mu.Unlock()
-		if drop {
-			return nil, io.ErrUnexpectedEOF
-		}
-		return answer(req, http.StatusCreated), nil
-	})
-	c, err := idem.New(idem.Config{
-		HTTPClient:  &http.Client{Transport: rt},
-		Store:       persist.NewMemory(nil),
-		Clock:       clock.NewManual(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)),
-		RetryPolicy: idem.RetryPolicy{MaxAttempts: 2, Jitter: -1},
-		Server:      idem.Server{Mark: idem.MarkEcho},
-		OnAttempt: func(a idem.Attempt) {
-			v, _ := a.Context.Value(callerKey{}).(string)
-			mu.Lock()
-			heard = append(heard, v)
-			mu.Unlock()
-		},
-	})
-	require.NoError(t, err)
-	took := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		h := heard
-		heard = nil
-		return h
-	}
-	req := idem.Request{Method: http.MethodPost, URL: "https://api.example/payments", Body: []byte(`{"amount":1}`)}
-
-	t.Run("a Send's attempts carry its context", func(t *testing.T) {
-		_, err := c.Send(context.WithValue(context.Background(), callerKey{}, "tap"), "checkout:1", req)
-		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		assert.Equal(t, []string{"tap", "tap"}, took())
-	})
-	t.Run("SettleAll's attempts carry the context SettleAll got", func(t *testing.T) {
-		mu.Lock()
-		lost = false
-		mu.Unlock()
-		settled, err := c.SettleAll(context.WithValue(context.Background(), callerKey{}, "app start"))
-		require.NoError(t, err)
-		require.Len(t, settled, 1)
-		require.NoError(t, settled[0].Err)
-		assert.Equal(t, []string{"app start"}, took())
-	})
-	t.Run("the RoundTripper's attempts carry the request's context", func(t *testing.T) {
-		ctx := idem.ContextWithAction(context.WithValue(context.Background(), callerKey{}, "request"), "refund:1")
-		hr, err := http.NewRequestWithContext(ctx,
-			http.MethodPost, "https://api.example/refunds", strings.NewReader("{}"))
-		require.NoError(t, err)
-		resp, err := (&http.Client{Transport: c.RoundTripper(rt)}).Do(hr)
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, []string{"request"}, took())
 	})
 }
 

@@ -140,18 +140,6 @@ func (e *env) lookup(t testing.TB, key string) payment {
 	return p
 }
 
-func TestQuotedKeyIsTheSameKey(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithQuotedKey())
-	in := e.newIntent(t, "checkout:quoted", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.True(t, resp.Replayed, "the quoted key found the bare key's record")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-	assert.NotEmpty(t, e.lookup(t, in.Key()).ID, "the server filed the payment under the bare key")
-}
-
 // countingHandler counts slog records.
 type countingHandler struct {
 	mu *sync.Mutex
@@ -171,19 +159,50 @@ func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 
 func (h countingHandler) WithGroup(string) slog.Handler { return h }
 
-func TestLoggerGetsTheRecords(t *testing.T) {
+// TestLogger keeps what the app's logger hears: idem's records, and no
+// other library's.
+func TestLogger(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	n := 0
-	e := newEnv(t, idem.WithLogger(slog.New(countingHandler{&mu, &n})))
-	in := e.newIntent(t, "checkout:log", 100)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
-	_, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	mu.Lock()
-	defer mu.Unlock()
-	// idem's own records: one per attempt, and the outcome.
-	assert.GreaterOrEqual(t, n, 3)
+
+	t.Run("it gets the records", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		n := 0
+		e := newEnv(t, idem.WithLogger(slog.New(countingHandler{&mu, &n})))
+		in := e.newIntent(t, "checkout:log", 100)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+		_, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		// idem's own records: one per attempt, and the outcome.
+		assert.GreaterOrEqual(t, n, 3)
+	})
+
+	// The app's logger gets idem's lines and no other: none of the retry library's
+	// own (its "request failed" at ERROR level for an answer idem retries, its
+	// count of remaining retries).
+	t.Run("it hears only idem", func(t *testing.T) {
+		t.Parallel()
+		var (
+			mu   sync.Mutex
+			recs []string
+		)
+		e := newEnv(t, idem.WithLogger(slog.New(recordingHandler{&mu, &recs})))
+		in := e.newIntent(t, "checkout:log-only-idem", 100)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
+		_, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		require.NotEmpty(t, recs)
+		for _, r := range recs {
+			assert.Contains(t, r, " idem: ", "a line the app did not ask for: %s", r)
+			assert.NotContains(t, r, "remaining", "a line the app did not ask for: %s", r)
+			assert.False(t, strings.HasPrefix(r, "ERROR"), "an error line for an answer idem retried: %s", r)
+		}
+	})
 }
 
 // recordingHandler keeps every slog record's level, message and attributes.
@@ -209,31 +228,6 @@ func (h recordingHandler) Handle(_ context.Context, r slog.Record) error {
 func (h recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 
 func (h recordingHandler) WithGroup(string) slog.Handler { return h }
-
-// TestLoggerHearsOnlyIdem: the app's logger gets idem's lines and no
-// other: none of the retry library's own (its "request failed" at ERROR
-// level for an answer idem retries, its count of remaining retries).
-func TestLoggerHearsOnlyIdem(t *testing.T) {
-	t.Parallel()
-	var (
-		mu   sync.Mutex
-		recs []string
-	)
-	e := newEnv(t, idem.WithLogger(slog.New(recordingHandler{&mu, &recs})))
-	in := e.newIntent(t, "checkout:log-only-idem", 100)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultReset, Key: in.Key()})
-	_, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	mu.Lock()
-	defer mu.Unlock()
-	require.NotEmpty(t, recs)
-	for _, r := range recs {
-		assert.Contains(t, r, " idem: ", "a line the app did not ask for: %s", r)
-		assert.NotContains(t, r, "remaining", "a line the app did not ask for: %s", r)
-		assert.False(t, strings.HasPrefix(r, "ERROR"), "an error line for an answer idem retried: %s", r)
-	}
-}
 
 // gatedServer is the real fake server behind a gate that holds every
 // POST /payments until released, and writes down each one's key as it
@@ -286,35 +280,45 @@ func (g *gatedServer) payment(t *testing.T, amount int) idem.Request {
 	return req
 }
 
-// WithQuotedKey puts the key on the wire as an sf-string.
-func TestQuotedKeyIsQuotedOnTheWire(t *testing.T) {
+// TestQuotedKey keeps WithQuotedKey: the key goes on the wire as an
+// sf-string and stays the same key.
+func TestQuotedKey(t *testing.T) {
 	t.Parallel()
-	g := newGatedServer(t)
-	g.open()
-	for _, quoted := range []bool{false, true} {
-		var opts []idem.Option
-		if quoted {
-			opts = append(opts, idem.WithQuotedKey())
-		}
-		c := g.newClient(t, opts...)
-		in, err := c.NewIntent(context.Background(), "", g.payment(t, 100))
-		require.NoError(t, err)
-		_, err = c.Do(context.Background(), in)
-		require.NoError(t, err)
-		want := in.Key()
-		if quoted {
-			want = `"` + in.Key() + `"`
-		}
-		assert.Equal(t, want, <-g.arrived)
-	}
-}
 
-func TestRetentionMustLeaveTimeToSend(t *testing.T) {
-	t.Parallel()
-	_, err := idem.NewWith(idem.WithRetention(time.Hour, time.Hour))
-	require.Error(t, err)
-	_, err = idem.NewWith(idem.WithRetention(2*time.Hour, time.Hour))
-	require.NoError(t, err)
+	// WithQuotedKey puts the key on the wire as an sf-string.
+	t.Run("it is quoted on the wire", func(t *testing.T) {
+		t.Parallel()
+		g := newGatedServer(t)
+		g.open()
+		for _, quoted := range []bool{false, true} {
+			var opts []idem.Option
+			if quoted {
+				opts = append(opts, idem.WithQuotedKey())
+			}
+			c := g.newClient(t, opts...)
+			in, err := c.NewIntent(context.Background(), "", g.payment(t, 100))
+			require.NoError(t, err)
+			_, err = c.Do(context.Background(), in)
+			require.NoError(t, err)
+			want := in.Key()
+			if quoted {
+				want = `"` + in.Key() + `"`
+			}
+			assert.Equal(t, want, <-g.arrived)
+		}
+	})
+
+	t.Run("it is the same key", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithQuotedKey())
+		in := e.newIntent(t, "checkout:quoted", 1500)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
+		resp, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.True(t, resp.Replayed, "the quoted key found the bare key's record")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		assert.NotEmpty(t, e.lookup(t, in.Key()).ID, "the server filed the payment under the bare key")
+	})
 }
 
 // marking wraps a test server's handler so that it marks its answers as

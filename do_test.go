@@ -6,20 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,26 +27,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/persisttest"
 )
-
-// A Do of a never-sent intent that Client.Intent replaced for a changed
-// request returns ErrIntentReplaced and sends nothing.
-func TestDoOfAReplacedIntentReturnsErrIntentReplaced(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	old, err := e.client.Intent(ctx, "checkout:replaced", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	_, err = e.client.Intent(ctx, "checkout:replaced", e.paymentRequest(t, 200, "cus_1"))
-	require.NoError(t, err)
-
-	_, err = e.client.Do(ctx, old)
-	require.ErrorIs(t, err, idem.ErrIntentReplaced)
-	assert.Equal(t, 0, e.srv.Stats().Requests)
-	assert.Equal(t, persist.StateNew, old.State(), "provably never sent")
-}
 
 // storeDir is a file store in a fresh directory, and the directory.
 func storeDir(t *testing.T, opts *persist.Options) (*persist.FileStore, string) {
@@ -60,262 +42,447 @@ func storeDir(t *testing.T, opts *persist.Options) (*persist.FileStore, string) 
 	return s, dir
 }
 
-// storedBytes is the size of the record files in dir.
-func storedBytes(t *testing.T, dir string) int64 {
-	t.Helper()
-	var n int64
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".json") {
-			info, err := e.Info()
-			require.NoError(t, err)
-			n += info.Size()
-		}
-	}
-	return n
-}
-
-// A final answer larger than WithMaxResponseBytes still resolves the
-// intent from its status, which is known; its body is not kept, and the
-// Response says so. A later Do reads it from the store and sends nothing.
-func TestAnAnswerOverTheLimitResolvesTheIntentWithoutItsBody(t *testing.T) {
+// TestDo keeps what a call of an intent does on the wire: one payment, one
+// key, the same bytes, whatever the network does on the way.
+func TestDo(t *testing.T) {
 	t.Parallel()
-	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", "/payments/pay_1")
-		w.WriteHeader(http.StatusCreated)
-		w.Write([]byte(`{"id":"pay_1","pad":"` + strings.Repeat("x", 4096) + `"}`))
-	}, idem.WithMaxResponseBytes(1024))
-	ctx := context.Background()
-	in, err := c.NewIntent(ctx, "", req)
-	require.NoError(t, err)
 
-	resp, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.True(t, resp.Oversized)
-	assert.Nil(t, resp.Body)
-	assert.Equal(t, "/payments/pay_1", resp.Header.Get("Location"))
-	assert.Equal(t, persist.StateSucceeded, in.State())
+	t.Run("it pays once and answers with the payment", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:1", 1500)
+		assert.Equal(t, persist.StateNew, in.State())
 
-	again, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.True(t, again.FromStore)
-	assert.True(t, again.Oversized)
-	assert.Equal(t, http.StatusCreated, again.StatusCode)
-	assert.Equal(t, 1, resp.Attempts+again.Attempts, "one request in all")
-}
-
-// An answer's header fields count against WithMaxResponseBytes with its
-// body: 10,000 fields of 900 bytes make an oversized answer, of which the
-// device keeps only the stored fields.
-func TestAnswerHeaderFieldsCountAgainstTheLimit(t *testing.T) {
-	t.Parallel()
-	store, dir := storeDir(t, nil)
-	pad := strings.Repeat("p", 900)
-	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
-		for i := range 10000 {
-			w.Header().Set(fmt.Sprintf("X-Pad-%d", i), pad)
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		w.Write([]byte(`{"id":"pay_1"}`))
-	}, idem.WithMaxResponseBytes(1024), idem.WithStore(store))
-	ctx := context.Background()
-	in, err := c.NewIntent(ctx, "", req)
-	require.NoError(t, err)
-
-	resp, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.True(t, resp.Oversized)
-	assert.Equal(t, []string{"Content-Type"}, slices.Sorted(maps.Keys(resp.Header)), "only the stored fields")
-	assert.Equal(t, persist.StateSucceeded, in.State())
-	// Closed first: its background work (the listing after open, the
-	// removal of a key's older files) then no longer changes dir.
-	require.NoError(t, store.Close())
-	n := storedBytes(t, dir)
-	t.Logf("stored for an answer of 10,000 header fields of 900 bytes: %d bytes", n)
-	assert.Less(t, n, int64(4096))
-}
-
-// Of a final answer's header fields, the device keeps only those a replay
-// and the app need, and those the app names; cookies and tokens stay off
-// the disk, with or without bodies.
-func TestOnlyTheNeededAndNamedHeaderFieldsAreStored(t *testing.T) {
-	t.Parallel()
-	store, dir := storeDir(t, &persist.Options{DiscardResponseBodies: true})
-	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", "/payments/pay_1")
-		w.Header().Set("X-Request-Id", "req-7")
-		w.Header().Set("Set-Cookie", "session=secret-cookie")
-		w.Header().Set("X-Auth-Token", "secret-token")
-		w.WriteHeader(http.StatusCreated)
-	}, idem.WithStore(store), idem.WithServer(idem.Server{Mark: idem.MarkEcho, Lookup: contractLookup, StoredHeaders: []string{"x-request-id"}}))
-	ctx := context.Background()
-	in, err := c.NewIntent(ctx, "", req)
-	require.NoError(t, err)
-
-	resp, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, "session=secret-cookie", resp.Header.Get("Set-Cookie"), "the call's own Response has every field")
-
-	rec, err := store.Get(ctx, in.Key())
-	require.NoError(t, err)
-	require.NotNil(t, rec.Response)
-	assert.Equal(t, http.Header{
-		"Content-Type": {"application/json"},
-		"Location":     {"/payments/pay_1"},
-		"X-Request-Id": {"req-7"},
-	}, rec.Response.Header)
-	// Every file of the store, its index included, once the store is
-	// closed: its background work then no longer changes dir, and Close
-	// has written the index.
-	require.NoError(t, store.Close())
-	err = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(path)
+		resp, err := e.client.Do(context.Background(), in)
 		require.NoError(t, err)
-		assert.NotContains(t, string(b), "secret", path)
-		return nil
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.False(t, resp.Replayed)
+		assert.Equal(t, 1, resp.Attempts)
+		p := decodePayment(t, resp.Body)
+		assert.Equal(t, 1500, p.Amount)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+
+		stats := e.srv.Stats()
+		assert.Equal(t, 1, stats.Payments)
+		assert.Equal(t, 1, stats.ProviderCharges)
+		assert.Equal(t, 1, stats.Requests)
 	})
-	require.NoError(t, err)
-}
 
-func TestDoPaysOnce(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:1", 1500)
-	assert.Equal(t, persist.StateNew, in.State())
+	t.Run("each fault of the contract on the first attempt is retried with the same key and charged once", func(t *testing.T) {
+		t.Parallel()
+		tests := []struct {
+			name  string
+			fault fakeserver.Fault // Key is set to the intent's
+			opts  []idem.Option
+			// wantAttempts is the call's attempts; 0 leaves them unchecked.
+			wantAttempts int
+			wantReplayed bool
+			wantSleeps   []time.Duration // nil leaves them unchecked
+			minWaited    time.Duration
+			// seen is a status some attempt must have met; 0 for none.
+			seen int
+		}{
+			{
+				name:  "lost response: the retry is answered from the server's record",
+				fault: fakeserver.Fault{Kind: fakeserver.FaultDropResponse}, wantAttempts: 2, wantReplayed: true,
+			},
+			{
+				// Both dead-worker cases wait out a 30s lease within one Do;
+				// without jitter, the waits and what the client-wide retry
+				// budget refills in them are the same on every run (with
+				// jitter, about one run in fifty draws waits too short for the
+				// budget, and Do ends with the outcome unknown, to be resumed).
+				name:  "crash after the provider charged: recovered, not charged again",
+				fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider},
+				opts:  []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1})},
+			},
+			{
+				name:  "500: never stored, so the retry does the work",
+				fault: fakeserver.Fault{Kind: fakeserver.FaultError}, wantAttempts: 2,
+			},
+			{
+				name:  "connection reset before the request was read",
+				fault: fakeserver.Fault{Kind: fakeserver.FaultReset}, wantAttempts: 2,
+			},
+			{
+				name:         "409 with Retry-After: never sooner than the server asked",
+				fault:        fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusConflict, RetryAfter: "3", Count: 2},
+				opts:         []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, Jitter: -1})},
+				wantAttempts: 3, wantSleeps: []time.Duration{3 * time.Second, 3 * time.Second},
+			},
+			{
+				// The worker dies after inserting IN_PROGRESS: the next attempts
+				// see 409 until the lease runs out, then take over and pay.
+				name:  "worker crashed in progress: taken over after the lease",
+				fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert},
+				opts:  []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1})},
+				seen:  http.StatusConflict, minWaited: 30 * time.Second,
+			},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t)
+				var (
+					mu   sync.Mutex
+					seen []int
+				)
+				c := e.newClient(t, append(tc.opts, idem.WithAttemptHook(func(a idem.Attempt) {
+					mu.Lock()
+					seen = append(seen, a.StatusCode)
+					mu.Unlock()
+				}))...)
+				in := e.newIntent(t, "checkout:fault", 1500)
+				f := tc.fault
+				f.Key = in.Key()
+				e.fault(t, f)
 
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.False(t, resp.Replayed)
-	assert.Equal(t, 1, resp.Attempts)
-	p := decodePayment(t, resp.Body)
-	assert.Equal(t, 1500, p.Amount)
-	assert.Equal(t, persist.StateSucceeded, in.State())
+				resp, err := c.Do(context.Background(), in)
+				require.NoError(t, err)
+				assert.Equal(t, http.StatusCreated, resp.StatusCode)
+				assert.Equal(t, tc.wantReplayed, resp.Replayed)
+				if tc.wantAttempts != 0 {
+					assert.Equal(t, tc.wantAttempts, resp.Attempts)
+				}
+				if tc.wantSleeps != nil {
+					assert.Equal(t, tc.wantSleeps, e.clock.Sleeps())
+				}
+				var waited time.Duration
+				for _, s := range e.clock.Sleeps() {
+					waited += s
+				}
+				assert.GreaterOrEqual(t, waited, tc.minWaited)
+				if tc.seen != 0 {
+					assert.Contains(t, seen, tc.seen)
+				}
+				stats := e.srv.Stats()
+				assert.Equal(t, 1, stats.ProviderCharges)
+				assert.Equal(t, 1, stats.Payments)
+				// The answer is the payment the server holds for the key.
+				assert.Equal(t, e.lookup(t, in.Key()).ID, decodePayment(t, resp.Body).ID)
+			})
+		}
+	})
 
-	stats := e.srv.Stats()
-	assert.Equal(t, 1, stats.Payments)
-	assert.Equal(t, 1, stats.ProviderCharges)
-	assert.Equal(t, 1, stats.Requests)
-}
+	t.Run("every attempt sends the same bytes", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:bytes", 990)
+		// Two lost responses and a 503: four attempts, one key, one body; the
+		// server would answer 422 to any attempt whose body differed.
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 2})
+		resp, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, 3, resp.Attempts)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 
-// Each fault of the contract, met on the first attempt, is retried with the
-// same key, and the card is charged once.
-func TestDoRecoversFromEachFault(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name  string
-		fault fakeserver.Fault // Key is set to the intent's
-		opts  []idem.Option
-		// wantAttempts is the call's attempts; 0 leaves them unchecked.
-		wantAttempts int
-		wantReplayed bool
-		wantSleeps   []time.Duration // nil leaves them unchecked
-		minWaited    time.Duration
-		// seen is a status some attempt must have met; 0 for none.
-		seen int
-	}{
-		{
-			name:  "lost response: the retry is answered from the server's record",
-			fault: fakeserver.Fault{Kind: fakeserver.FaultDropResponse}, wantAttempts: 2, wantReplayed: true,
-		},
-		{
-			// Both dead-worker cases wait out a 30s lease within one Do;
-			// without jitter, the waits and what the client-wide retry
-			// budget refills in them are the same on every run (with
-			// jitter, about one run in fifty draws waits too short for the
-			// budget, and Do ends with the outcome unknown, to be resumed).
-			name:  "crash after the provider charged: recovered, not charged again",
-			fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider},
-			opts:  []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1})},
-		},
-		{
-			name:  "500: never stored, so the retry does the work",
-			fault: fakeserver.Fault{Kind: fakeserver.FaultError}, wantAttempts: 2,
-		},
-		{
-			name:  "connection reset before the request was read",
-			fault: fakeserver.Fault{Kind: fakeserver.FaultReset}, wantAttempts: 2,
-		},
-		{
-			name:         "409 with Retry-After: never sooner than the server asked",
-			fault:        fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusConflict, RetryAfter: "3", Count: 2},
-			opts:         []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{InitialInterval: 100 * time.Millisecond, Jitter: -1})},
-			wantAttempts: 3, wantSleeps: []time.Duration{3 * time.Second, 3 * time.Second},
-		},
-		{
-			// The worker dies after inserting IN_PROGRESS: the next attempts
-			// see 409 until the lease runs out, then take over and pay.
-			name:  "worker crashed in progress: taken over after the lease",
-			fault: fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert},
-			opts:  []idem.Option{idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1})},
-			seen:  http.StatusConflict, minWaited: 30 * time.Second,
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t)
-			var (
-				mu   sync.Mutex
-				seen []int
-			)
-			c := e.newClient(t, append(tc.opts, idem.WithAttemptHook(func(a idem.Attempt) {
-				mu.Lock()
-				seen = append(seen, a.StatusCode)
-				mu.Unlock()
-			}))...)
-			in := e.newIntent(t, "checkout:fault", 1500)
-			f := tc.fault
-			f.Key = in.Key()
-			e.fault(t, f)
+	// The first attempt's answer is lost and the retry carries a refreshed token;
+	// the server scopes by the account the token names, so the retry replays, one
+	// charge is made, and the lookup under yet another token finds the payment.
+	t.Run("a token refreshed between attempts is the same caller", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		tokens := &refreshingToken{base: e.srv.Client().Transport}
+		e.client = e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: tokens}))
+		in := e.newIntent(t, "checkout:refresh", 1500)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
 
-			resp, err := c.Do(context.Background(), in)
-			require.NoError(t, err)
-			assert.Equal(t, http.StatusCreated, resp.StatusCode)
-			assert.Equal(t, tc.wantReplayed, resp.Replayed)
-			if tc.wantAttempts != 0 {
-				assert.Equal(t, tc.wantAttempts, resp.Attempts)
-			}
-			if tc.wantSleeps != nil {
-				assert.Equal(t, tc.wantSleeps, e.clock.Sleeps())
-			}
-			var waited time.Duration
-			for _, s := range e.clock.Sleeps() {
-				waited += s
-			}
-			assert.GreaterOrEqual(t, waited, tc.minWaited)
-			if tc.seen != 0 {
-				assert.Contains(t, seen, tc.seen)
-			}
-			stats := e.srv.Stats()
-			assert.Equal(t, 1, stats.ProviderCharges)
-			assert.Equal(t, 1, stats.Payments)
-			// The answer is the payment the server holds for the key.
-			assert.Equal(t, e.lookup(t, in.Key()).ID, decodePayment(t, resp.Body).ID)
+		resp, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, 2, resp.Attempts)
+		assert.True(t, resp.Replayed, "the refreshed token's retry got the first attempt's answer")
+		assert.Equal(t, int64(2), tokens.n.Load(), "each attempt had its own token")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+		lookup, err := http.NewRequest(http.MethodGet, lookupOf(e.srv.URL+"/payments", in.Key()), nil)
+		require.NoError(t, err)
+		found, err := (&http.Client{Transport: tokens}).Do(lookup)
+		require.NoError(t, err)
+		defer found.Body.Close()
+		assert.Equal(t, http.StatusOK, found.StatusCode, "the lookup under a third token finds the payment")
+	})
+
+	t.Run("a double tap sends one request at a time", func(t *testing.T) {
+		t.Parallel()
+		for _, n := range []int{2, 50} {
+			t.Run(fmt.Sprint(n), func(t *testing.T) {
+				t.Parallel()
+				clk := clock.NewManual(epoch)
+				// The payment takes a while, so that every tap lands while the
+				// first is on the wire.
+				srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
+				t.Cleanup(srv.Close)
+				c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
+				require.NoError(t, err)
+				req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100, "currency": "AZN", "customer": "cus_1"})
+				require.NoError(t, err)
+				in, err := c.Intent(context.Background(), "checkout:tap", req)
+				require.NoError(t, err)
+
+				bodies := make([][]byte, n)
+				errs := make([]error, n)
+				var wg sync.WaitGroup
+				for i := range n {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						resp, err := c.Do(context.Background(), in)
+						errs[i] = err
+						if resp != nil {
+							bodies[i] = resp.Body
+						}
+					}()
+				}
+				wg.Wait()
+				for i := range n {
+					require.NoError(t, errs[i])
+					assert.Equal(t, bodies[0], bodies[i], "every tap gets the same outcome")
+				}
+				stats := srv.Stats()
+				assert.Equal(t, 1, stats.ProviderCharges)
+				assert.Equal(t, 1, stats.Executions)
+				// Taps that arrived during the first Do shared it; taps after it
+				// were answered from the device. None went on the wire twice.
+				assert.Equal(t, 1, stats.Requests)
+			})
+		}
+	})
+
+	// A Do of a never-sent intent that Client.Intent replaced for a changed
+	// request returns ErrIntentReplaced and sends nothing.
+	t.Run("an intent replaced for a changed request returns ErrIntentReplaced and sends nothing", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		old, err := e.client.Intent(ctx, "checkout:replaced", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = e.client.Intent(ctx, "checkout:replaced", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err)
+
+		_, err = e.client.Do(ctx, old)
+		require.ErrorIs(t, err, idem.ErrIntentReplaced)
+		assert.Equal(t, 0, e.srv.Stats().Requests)
+		assert.Equal(t, persist.StateNew, old.State(), "provably never sent")
+	})
+
+	t.Run("a decline is final and stored", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in, err := e.client.Intent(context.Background(), "checkout:declined", e.paymentRequest(t, 1500, "cus_declined"))
+		require.NoError(t, err)
+
+		resp, err := e.client.Do(context.Background(), in)
+		var apiErr *idem.APIError
+		require.ErrorAs(t, err, &apiErr)
+		assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
+		assert.Equal(t, "card-declined", lastSegment(apiErr.Problem.Type))
+		require.NotNil(t, resp)
+		assert.Equal(t, http.StatusPaymentRequired, resp.StatusCode)
+		assert.Equal(t, 1, resp.Attempts, "a business outcome is never retried")
+		assert.Equal(t, persist.StateFailed, in.State())
+		assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+
+		again, err := e.client.Do(context.Background(), in)
+		require.ErrorAs(t, err, &apiErr)
+		assert.True(t, again.FromStore)
+		assert.Equal(t, 1, e.srv.Stats().Requests)
+	})
+
+	t.Run("a key stored with another body is surfaced as key reuse with one request", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:422", 1500)
+		_, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+
+		// A bug elsewhere stores the same key with another body: the server
+		// must refuse it, and the client must not retry the refusal.
+		rec, err := e.store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		rec.Body = []byte(`{"amount":9999,"currency":"AZN","customer":"cus_1"}`)
+		rec.State = persist.StateNew
+		rec.Response = nil
+		require.NoError(t, persisttest.Put(context.Background(), e.store, rec))
+		before := e.srv.Stats().Requests
+		// The next run of the app finds it in the store.
+		in, err = e.newClient(t).Load(context.Background(), in.Key())
+		require.NoError(t, err)
+
+		resp, err := e.client.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrKeyReused)
+		var apiErr *idem.APIError
+		require.ErrorAs(t, err, &apiErr)
+		assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+		assert.Equal(t, persist.StateRejected, in.State())
+		assert.Equal(t, before+1, e.srv.Stats().Requests, "one request on the wire")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+
+	t.Run("a key the server rejects is not retried", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, RequireUUID: true})
+		t.Cleanup(srv.Close)
+		store := persist.NewMemory(nil)
+		c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, context.Background(), in))
+		// A key this server does not accept, as an app may choose its own.
+		rec, err := store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		rec.Key, rec.KeyHeader = "not-a-uuid", "not-a-uuid"
+		require.NoError(t, persisttest.Put(context.Background(), store, rec))
+		old, err := c.Load(context.Background(), "not-a-uuid")
+		require.NoError(t, err)
+
+		_, err = c.Do(context.Background(), old)
+		require.ErrorIs(t, err, idem.ErrKeyRejected)
+		assert.NotErrorIs(t, err, idem.ErrKeyReused)
+		assert.Equal(t, persist.StateRejected, old.State())
+		assert.Equal(t, 1, srv.Stats().Requests)
+	})
+
+	// No retry fixes it.
+	t.Run("a certificate the client does not trust is not retried", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		srv := httptest.NewUnstartedServer(h)
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is the point
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		tr := &http.Transport{} // does not trust the test server's certificate
+		t.Cleanup(tr.CloseIdleConnections)
+		var attempts attemptLog
+		c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clk), idem.WithAttemptHook(attempts.hook))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+
+		_, err = c.Do(context.Background(), in)
+		var notSent *idem.NotSentError
+		require.ErrorAs(t, err, &notSent)
+		assert.Len(t, attempts.all(), 1)
+		assert.Empty(t, clk.Sleeps())
+	})
+
+	t.Run("a stale Intent value reads the store", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:stale", 1500)
+		stale, err := e.client.Load(context.Background(), in.Key())
+		require.NoError(t, err)
+		_, err = e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+
+		// stale's copy of the record still says "new", but it was sent: it
+		// reads pending; the store says succeeded, and wins.
+		assert.Equal(t, persist.StatePending, stale.State())
+		resp, err := e.client.Do(context.Background(), stale)
+		require.NoError(t, err)
+		assert.True(t, resp.FromStore)
+		assert.Equal(t, persist.StateSucceeded, stale.State())
+		assert.Equal(t, 1, e.srv.Stats().Requests)
+	})
+
+	// The record counts the attempts of every call, not only the last one's.
+	t.Run("the record counts the attempts of every call", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		in := e.newIntent(t, "checkout:count", 100)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 2})
+		for range 2 {
+			_, err := e.client.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		}
+		rec, err := e.store.Get(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, 2, rec.Attempts, "two failed calls, one attempt each")
+
+		resp, err := e.client.Do(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, 1, resp.Attempts, "this call's attempts")
+		rec, err = e.store.Get(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, 3, rec.Attempts, "the intent's attempts")
+	})
+
+	t.Run("a nil intent is an error, never a panic", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		assert.NotPanics(t, func() {
+			_, err := e.client.Do(context.Background(), nil)
+			assert.Error(t, err)
 		})
-	}
-}
+	})
 
-func TestEveryAttemptSendsTheSameBytes(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:bytes", 990)
-	// Two lost responses and a 503: four attempts, one key, one body; the
-	// server would answer 422 to any attempt whose body differed.
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 2})
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, 3, resp.Attempts)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	// The answer arrived and its save failed: Do and Send return the answer,
+	// marked as not recorded, with the *SaveError; never "not sent".
+	t.Run("an answer whose save failed is returned as not recorded", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		e.store = outcomeUnsaved{persist.NewMemory(nil)}
+		c := e.newClient(t)
+		resp, err := c.Send(ctx, "checkout:full", e.paymentRequest(t, 100, "cus_1"))
+		require.NotNil(t, resp, "the answer is returned")
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.True(t, resp.NotRecorded)
+		var saveErr *idem.SaveError
+		require.ErrorAs(t, err, &saveErr)
+		assert.Equal(t, "record outcome", saveErr.Op)
+		assert.NotErrorIs(t, err, idem.ErrNotSent)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+
+	// It cuts the first connection of a payment at each point below HTTP, through
+	// a TCP proxy: the cut attempt is an error, never a success, and the retry
+	// with the same key ends with one charge and the answer the server stored.
+	t.Run("a connection broken below HTTP is retried with the same key and charged once", func(t *testing.T) {
+		t.Parallel()
+		cuts := []faultproxy.Cut{
+			{Point: faultproxy.InRequest, N: 0},
+			{Point: faultproxy.InRequest, N: 40},  // in the request line or headers
+			{Point: faultproxy.InRequest, N: 300}, // in the body, for a request longer than that
+			{Point: faultproxy.AfterHeaders},
+			{Point: faultproxy.InBody, N: 1},
+			{Point: faultproxy.InBody, N: 60},
+		}
+		for _, encoding := range []string{"content-length", "chunked"} {
+			for _, cut := range cuts {
+				t.Run(encoding+"/"+cut.Point.String()+"-"+strconv.Itoa(cut.N), func(t *testing.T) {
+					t.Parallel()
+					testCut(t, cut, encoding == "chunked")
+				})
+			}
+		}
+	})
+
+	// A call that ends without an answer closes the app's transport's idle
+	// connections, as go-retryablehttp does, through the budget's wrapper.
+	t.Run("a call that ends without an answer closes the transport's idle connections", func(t *testing.T) {
+		t.Parallel()
+		tr := &idleRecorder{}
+		c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})
+		require.NoError(t, err)
+		in, err := c.NewIntent(context.Background(), "", req)
+		require.NoError(t, err)
+		_, err = c.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Positive(t, tr.closed.Load())
+	})
 }
 
 // refreshingToken puts a new token of one account on every request, as an
@@ -331,139 +498,93 @@ func (rt *refreshingToken) RoundTrip(r *http.Request) (*http.Response, error) {
 	return rt.base.RoundTrip(r)
 }
 
-// TestATokenRefreshedBetweenAttemptsIsTheSameCaller: the first attempt's
-// answer is lost and the retry carries a refreshed token; the server scopes
-// by the account the token names, so the retry replays, one charge is
-// made, and the lookup under yet another token finds the payment.
-func TestATokenRefreshedBetweenAttemptsIsTheSameCaller(t *testing.T) {
+// TestRestart keeps what a new process finds of an intent the last one
+// left unresolved.
+func TestRestart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	tokens := &refreshingToken{base: e.srv.Client().Transport}
-	e.client = e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: tokens}))
-	in := e.newIntent(t, "checkout:refresh", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()})
 
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, 2, resp.Attempts)
-	assert.True(t, resp.Replayed, "the refreshed token's retry got the first attempt's answer")
-	assert.Equal(t, int64(2), tokens.n.Load(), "each attempt had its own token")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	t.Run("a new Client on the store resumes with the same key", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		in := e.newIntent(t, "checkout:restart", 1500)
+		key := in.Key()
+		// The first process sends, the server charges, the answer is lost, and
+		// the process gives up (one attempt allowed): the outcome is unknown.
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key})
+		e.clock.Advance(3 * time.Minute)
+		_, err := e.client.Do(context.Background(), in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Equal(t, persist.StatePending, in.State())
+		assert.Equal(t, "pending", string(in.State()))
+		assert.Equal(t, 1, in.Attempts())
+		assert.Equal(t, epoch, in.CreatedAt())
+		assert.Equal(t, epoch.Add(3*time.Minute), in.UpdatedAt(), "the attempt moved the intent on")
 
-	lookup, err := http.NewRequest(http.MethodGet, lookupOf(e.srv.URL+"/payments", in.Key()), nil)
-	require.NoError(t, err)
-	found, err := (&http.Client{Transport: tokens}).Do(lookup)
-	require.NoError(t, err)
-	defer found.Body.Close()
-	assert.Equal(t, http.StatusOK, found.StatusCode, "the lookup under a third token finds the payment")
-}
+		// A new process: a new Client on the same store.
+		restarted := e.newClient(t)
+		pending, err := restarted.Unresolved(context.Background())
+		require.NoError(t, err)
+		require.Len(t, pending, 1)
+		assert.Equal(t, key, pending[0].Key())
 
-func TestDoubleTapSendsOneRequestAtATime(t *testing.T) {
-	t.Parallel()
-	for _, n := range []int{2, 50} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			t.Parallel()
-			clk := clock.NewManual(epoch)
-			// The payment takes a while, so that every tap lands while the
-			// first is on the wire.
-			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, ProcessingDelay: 20 * time.Millisecond})
-			t.Cleanup(srv.Close)
-			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clk))
+		resp, err := restarted.Do(context.Background(), pending[0])
+		require.NoError(t, err)
+		assert.True(t, resp.Replayed)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+		// Resolved: Do answers from the device and sends nothing.
+		before := e.srv.Stats().Requests
+		again, err := restarted.Do(context.Background(), pending[0])
+		require.NoError(t, err)
+		assert.True(t, again.FromStore)
+		assert.Equal(t, resp.Body, again.Body)
+		assert.Equal(t, before, e.srv.Stats().Requests)
+	})
+
+	t.Run("on the file store the intent, its key and its bytes survive", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		dir := filepath.Join(t.TempDir(), "state") // OpenDir makes it 0700
+		open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {
+			store, err := persist.OpenDir(dir, nil)
 			require.NoError(t, err)
-			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 100, "currency": "AZN", "customer": "cus_1"})
+			c, err := idem.NewWith(append([]idem.Option{idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk)}, opts...)...)
 			require.NoError(t, err)
-			in, err := c.Intent(context.Background(), "checkout:tap", req)
-			require.NoError(t, err)
+			return c, store
+		}
 
-			bodies := make([][]byte, n)
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					resp, err := c.Do(context.Background(), in)
-					errs[i] = err
-					if resp != nil {
-						bodies[i] = resp.Body
-					}
-				}()
-			}
-			wg.Wait()
-			for i := range n {
-				require.NoError(t, errs[i])
-				assert.Equal(t, bodies[0], bodies[i], "every tap gets the same outcome")
-			}
-			stats := srv.Stats()
-			assert.Equal(t, 1, stats.ProviderCharges)
-			assert.Equal(t, 1, stats.Executions)
-			// Taps that arrived during the first Do shared it; taps after it
-			// were answered from the device. None went on the wire twice.
-			assert.Equal(t, 1, stats.Requests)
-		})
-	}
-}
+		first, store := open(idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := first.Intent(ctx, "checkout:file", req)
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = first.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.NoError(t, store.Close())
 
-func TestRestartResumesWithTheSameKey(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	in := e.newIntent(t, "checkout:restart", 1500)
-	key := in.Key()
-	// The first process sends, the server charges, the answer is lost, and
-	// the process gives up (one attempt allowed): the outcome is unknown.
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key})
-	e.clock.Advance(3 * time.Minute)
-	_, err := e.client.Do(context.Background(), in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Equal(t, persist.StatePending, in.State())
-	assert.Equal(t, "pending", string(in.State()))
-	assert.Equal(t, 1, in.Attempts())
-	assert.Equal(t, epoch, in.CreatedAt())
-	assert.Equal(t, epoch.Add(3*time.Minute), in.UpdatedAt(), "the attempt moved the intent on")
+		// The app starts again: the intent, its key and its bytes are on disk.
+		next, store := open()
+		defer store.Close()
+		pending, err := next.Unresolved(ctx)
+		require.NoError(t, err)
+		require.Len(t, pending, 1)
+		assert.Equal(t, in.Key(), pending[0].Key())
+		assert.Equal(t, req.Body, pending[0].Request().Body)
 
-	// A new process: a new Client on the same store.
-	restarted := e.newClient(t)
-	pending, err := restarted.Unresolved(context.Background())
-	require.NoError(t, err)
-	require.Len(t, pending, 1)
-	assert.Equal(t, key, pending[0].Key())
+		resp, err := next.Do(ctx, pending[0])
+		require.NoError(t, err)
+		assert.True(t, resp.Replayed)
+		assert.Equal(t, 1, srv.Stats().ProviderCharges)
 
-	resp, err := restarted.Do(context.Background(), pending[0])
-	require.NoError(t, err)
-	assert.True(t, resp.Replayed)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-
-	// Resolved: Do answers from the device and sends nothing.
-	before := e.srv.Stats().Requests
-	again, err := restarted.Do(context.Background(), pending[0])
-	require.NoError(t, err)
-	assert.True(t, again.FromStore)
-	assert.Equal(t, resp.Body, again.Body)
-	assert.Equal(t, before, e.srv.Stats().Requests)
-}
-
-func TestDeclineIsFinalAndStored(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in, err := e.client.Intent(context.Background(), "checkout:declined", e.paymentRequest(t, 1500, "cus_declined"))
-	require.NoError(t, err)
-
-	resp, err := e.client.Do(context.Background(), in)
-	var apiErr *idem.APIError
-	require.ErrorAs(t, err, &apiErr)
-	assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
-	assert.Equal(t, "card-declined", lastSegment(apiErr.Problem.Type))
-	require.NotNil(t, resp)
-	assert.Equal(t, http.StatusPaymentRequired, resp.StatusCode)
-	assert.Equal(t, 1, resp.Attempts, "a business outcome is never retried")
-	assert.Equal(t, persist.StateFailed, in.State())
-	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
-
-	again, err := e.client.Do(context.Background(), in)
-	require.ErrorAs(t, err, &apiErr)
-	assert.True(t, again.FromStore)
-	assert.Equal(t, 1, e.srv.Stats().Requests)
+		// The same action after the restart finds the resolved intent.
+		same, err := next.Intent(ctx, "checkout:file", req)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, same.State())
+	})
 }
 
 func lastSegment(s string) string {
@@ -480,147 +601,176 @@ func lastSegment(s string) string {
 	return p
 }
 
-func TestKeyReusedIsSurfacedWithOneRequest(t *testing.T) {
+// TestDoStops keeps where a call stops retrying, and what its RetryError
+// says of it.
+func TestDoStops(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:422", 1500)
-	_, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
 
-	// A bug elsewhere stores the same key with another body: the server
-	// must refuse it, and the client must not retry the refusal.
-	rec, err := e.store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	rec.Body = []byte(`{"amount":9999,"currency":"AZN","customer":"cus_1"}`)
-	rec.State = persist.StateNew
-	rec.Response = nil
-	require.NoError(t, persisttest.Put(context.Background(), e.store, rec))
-	before := e.srv.Stats().Requests
-	// The next run of the app finds it in the store.
-	in, err = e.newClient(t).Load(context.Background(), in.Key())
-	require.NoError(t, err)
+	t.Run("MaxAttempts ends the call", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 3}))
+		in := e.newIntent(t, "checkout:attempts", 1500)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusBadGateway, Count: 10})
+		_, err := e.client.Do(context.Background(), in)
+		var retryErr *idem.RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, idem.StopAttempts, retryErr.Reason)
+		assert.Equal(t, 3, retryErr.Attempts)
+		assert.Equal(t, 3, e.srv.Stats().Requests)
+		assert.Len(t, e.clock.Sleeps(), 2)
+		require.NotNil(t, retryErr.LastResponse)
+		assert.Equal(t, http.StatusBadGateway, retryErr.LastResponse.StatusCode)
 
-	resp, err := e.client.Do(context.Background(), in)
-	require.ErrorIs(t, err, idem.ErrKeyReused)
-	var apiErr *idem.APIError
-	require.ErrorAs(t, err, &apiErr)
-	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	assert.Equal(t, persist.StateRejected, in.State())
-	assert.Equal(t, before+1, e.srv.Stats().Requests, "one request on the wire")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
+		rec, err := e.store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, 3, rec.Attempts)
+		assert.Equal(t, persist.StatePending, rec.State)
+	})
 
-func TestKeyRejectedIsNotRetried(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, RequireUUID: true})
-	t.Cleanup(srv.Close)
-	store := persist.NewMemory(nil)
-	c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithStore(store), idem.WithClock(clk))
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
-	require.NoError(t, err)
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, context.Background(), in))
-	// A key this server does not accept, as an app may choose its own.
-	rec, err := store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	rec.Key, rec.KeyHeader = "not-a-uuid", "not-a-uuid"
-	require.NoError(t, persisttest.Put(context.Background(), store, rec))
-	old, err := c.Load(context.Background(), "not-a-uuid")
-	require.NoError(t, err)
+	t.Run("a Retry-After above the cap fails fast", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:cap", 1500)
+		// Ten years.
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusTooManyRequests, RetryAfter: "315360000"})
+		_, err := e.client.Do(context.Background(), in)
+		var retryErr *idem.RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, idem.StopRetryAfterCap, retryErr.Reason)
+		assert.Equal(t, 315360000*time.Second, retryErr.Wait)
+		assert.Empty(t, e.clock.Sleeps())
+	})
 
-	_, err = c.Do(context.Background(), old)
-	require.ErrorIs(t, err, idem.ErrKeyRejected)
-	assert.NotErrorIs(t, err, idem.ErrKeyReused)
-	assert.Equal(t, persist.StateRejected, old.State())
-	assert.Equal(t, 1, srv.Stats().Requests)
-}
+	// The budget compares the injected clock's times with the context's
+	// deadline, which is on the real clock. Whatever the manual clock reads,
+	// years before or after today, a context with 10 s left refuses a 50 s
+	// Retry-After at once and honours a 3 s one.
+	t.Run("the context's deadline is read on the injected clock's timeline", func(t *testing.T) {
+		t.Parallel()
+		starts := map[string]time.Time{
+			"clock 20 years back":   time.Now().AddDate(-20, 0, 0),
+			"clock at the epoch":    epoch,
+			"clock 30 years ahead":  time.Now().AddDate(30, 0, 0),
+			"clock at the zero day": time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Hour),
+		}
+		for name, start := range starts {
+			t.Run(name+"/Retry-After past the deadline fails fast", func(t *testing.T) {
+				t.Parallel()
+				e := newEnvAt(t, start)
+				in := e.newIntent(t, "checkout:deadline", 1500)
+				e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "50"})
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
 
-// The budget compares the injected clock's times with the context's
-// deadline, which is on the real clock. Whatever the manual clock reads,
-// years before or after today, a context with 10 s left refuses a 50 s
-// Retry-After at once and honours a 3 s one.
-func TestContextDeadlineIsOnTheInjectedClocksTimeline(t *testing.T) {
-	t.Parallel()
-	starts := map[string]time.Time{
-		"clock 20 years back":   time.Now().AddDate(-20, 0, 0),
-		"clock at the epoch":    epoch,
-		"clock 30 years ahead":  time.Now().AddDate(30, 0, 0),
-		"clock at the zero day": time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Hour),
-	}
-	for name, start := range starts {
-		t.Run(name+"/Retry-After past the deadline fails fast", func(t *testing.T) {
-			t.Parallel()
-			e := newEnvAt(t, start)
-			in := e.newIntent(t, "checkout:deadline", 1500)
-			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "50"})
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
+				_, err := e.client.Do(ctx, in)
+				var retryErr *idem.RetryError
+				require.ErrorAs(t, err, &retryErr)
+				assert.Equal(t, idem.StopDeadline, retryErr.Reason)
+				assert.Equal(t, 50*time.Second, retryErr.Wait, "the error carries the wait the server asked for")
+				assert.Equal(t, 1, retryErr.Attempts)
+				require.NotNil(t, retryErr.LastResponse)
+				assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
+				assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+				assert.ErrorIs(t, err, context.DeadlineExceeded, "the caller's deadline ended the call, though no attempt ran into it")
+				assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
+				assert.Equal(t, persist.StatePending, in.State())
+			})
+			t.Run(name+"/Retry-After within the deadline is honoured", func(t *testing.T) {
+				t.Parallel()
+				e := newEnvAt(t, start, idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
+				in := e.newIntent(t, "checkout:deadline", 1500)
+				e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "3", Count: 1})
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
 
-			_, err := e.client.Do(ctx, in)
-			var retryErr *idem.RetryError
-			require.ErrorAs(t, err, &retryErr)
-			assert.Equal(t, idem.StopDeadline, retryErr.Reason)
-			assert.Equal(t, 50*time.Second, retryErr.Wait, "the error carries the wait the server asked for")
-			assert.Equal(t, 1, retryErr.Attempts)
-			require.NotNil(t, retryErr.LastResponse)
-			assert.Equal(t, http.StatusServiceUnavailable, retryErr.LastResponse.StatusCode)
-			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-			assert.ErrorIs(t, err, context.DeadlineExceeded, "the caller's deadline ended the call, though no attempt ran into it")
-			assert.Empty(t, e.clock.Sleeps(), "gave up without waiting")
-			assert.Equal(t, persist.StatePending, in.State())
-		})
-		t.Run(name+"/Retry-After within the deadline is honoured", func(t *testing.T) {
-			t.Parallel()
-			e := newEnvAt(t, start, idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
-			in := e.newIntent(t, "checkout:deadline", 1500)
-			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "3", Count: 1})
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
+				resp, err := e.client.Do(ctx, in)
+				require.NoError(t, err)
+				assert.Equal(t, http.StatusCreated, resp.StatusCode)
+				assert.Equal(t, []time.Duration{3 * time.Second}, e.clock.Sleeps())
+			})
+		}
+	})
 
-			resp, err := e.client.Do(ctx, in)
+	// The error of a call that gave up carries the last answer's body.
+	t.Run("the error keeps the last answer's body", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
+		in := e.newIntent(t, "checkout:body", 100)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 2})
+		_, err := e.client.Do(context.Background(), in)
+		var retryErr *idem.RetryError
+		require.ErrorAs(t, err, &retryErr)
+		require.NotNil(t, retryErr.LastResponse)
+		assert.Contains(t, string(retryErr.LastResponse.Body), "the status fault answered this request")
+	})
+
+	// A Retry-After that would land the next attempt past the intent's expiry
+	// ends the call there: the key is never sent after it.
+	t.Run("no attempt leaves after the intent's expiry", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:late", 100)
+		e.clock.Advance(sendWindow - 5*time.Second)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "10"})
+
+		_, err := e.client.Do(context.Background(), in)
+		var retryErr *idem.RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, idem.StopExpired, retryErr.Reason)
+		assert.Equal(t, 1, e.srv.Stats().Requests)
+		assert.Empty(t, e.clock.Sleeps())
+		assert.Equal(t, persist.StateExpired, in.State())
+		rec, err := e.store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateExpired, rec.State)
+	})
+
+	t.Run("an expired intent sends nothing and the lookup voids it", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:old", 1500)
+		e.clock.Advance(sendWindow)
+
+		_, err := e.client.Do(context.Background(), in)
+		requireStop(t, err, idem.StopExpired)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Equal(t, persist.StateExpired, in.State())
+		assert.Equal(t, 0, e.srv.Stats().Requests)
+
+		// Reconcile settles it: the server never saw the key, and the intent
+		// is old, so nothing happened.
+		_, err = e.client.Reconcile(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateVoid, in.State())
+		assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
+	})
+
+	// An answer the server marks as replayed from its record is final,
+	// whatever its status, so the call ends with it instead.
+	t.Run("the last answer in its error is never a replay", func(t *testing.T) {
+		t.Parallel()
+		for _, replayed := range []bool{false, true} {
+			c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+				if replayed {
+					w.Header().Set("Idempotent-Replayed", "true")
+				}
+				w.WriteHeader(http.StatusTooManyRequests)
+			}, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			in, err := c.NewIntent(context.Background(), "", req)
 			require.NoError(t, err)
-			assert.Equal(t, http.StatusCreated, resp.StatusCode)
-			assert.Equal(t, []time.Duration{3 * time.Second}, e.clock.Sleeps())
-		})
-	}
-}
-
-func TestRetryAfterAboveTheCapFailsFast(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:cap", 1500)
-	// Ten years.
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusTooManyRequests, RetryAfter: "315360000"})
-	_, err := e.client.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopRetryAfterCap, retryErr.Reason)
-	assert.Equal(t, 315360000*time.Second, retryErr.Wait)
-	assert.Empty(t, e.clock.Sleeps())
-}
-
-func TestMaxAttemptsEndsTheCall(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 3}))
-	in := e.newIntent(t, "checkout:attempts", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusBadGateway, Count: 10})
-	_, err := e.client.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopAttempts, retryErr.Reason)
-	assert.Equal(t, 3, retryErr.Attempts)
-	assert.Equal(t, 3, e.srv.Stats().Requests)
-	assert.Len(t, e.clock.Sleeps(), 2)
-	require.NotNil(t, retryErr.LastResponse)
-	assert.Equal(t, http.StatusBadGateway, retryErr.LastResponse.StatusCode)
-
-	rec, err := e.store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, 3, rec.Attempts)
-	assert.Equal(t, persist.StatePending, rec.State)
+			resp, err := c.Do(context.Background(), in)
+			var retryErr *idem.RetryError
+			if !replayed {
+				require.ErrorAs(t, err, &retryErr)
+				require.NotNil(t, retryErr.LastResponse)
+				assert.False(t, retryErr.LastResponse.Replayed)
+				continue
+			}
+			assert.False(t, errors.As(err, &retryErr), "a replay is final")
+			require.NotNil(t, resp)
+			assert.True(t, resp.Replayed)
+		}
+	})
 }
 
 // blockingClock waits in Sleep until the context is done, and says when it
@@ -636,305 +786,201 @@ func (c blockingClock) Sleep(ctx context.Context, d time.Duration) error {
 	return ctx.Err()
 }
 
-func TestCancelDuringAWaitReturnsTheContextError(t *testing.T) {
+// TestDoCancel keeps what a call whose context ends leaves behind: what it
+// learned is saved, and it claims no more than its record says.
+func TestDoCancel(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	clk := blockingClock{Manual: e.clock, waiting: make(chan time.Duration, 1)}
-	c := e.newClient(t, idem.WithClock(clk))
-	in := e.newIntent(t, "checkout:cancel", 1500)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "30"})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Do(ctx, in)
-		done <- err
-	}()
-	waited := <-clk.waiting
-	assert.GreaterOrEqual(t, waited, 30*time.Second, "never sooner than Retry-After")
-	assert.LessOrEqual(t, waited, 33*time.Second, "spread by at most 10% past it")
-	cancel()
-	err := <-done
-	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopCanceled, retryErr.Reason)
-	assert.Equal(t, 1, retryErr.Attempts)
-	assert.Equal(t, 1, e.srv.Stats().Requests)
-}
+	t.Run("a cancel during a wait returns the context's error with the outcome unknown", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		clk := blockingClock{Manual: e.clock, waiting: make(chan time.Duration, 1)}
+		c := e.newClient(t, idem.WithClock(clk))
+		in := e.newIntent(t, "checkout:cancel", 1500)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "30"})
 
-func TestExpiredIntentSendsNothing(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:old", 1500)
-	e.clock.Advance(sendWindow)
-
-	_, err := e.client.Do(context.Background(), in)
-	requireStop(t, err, idem.StopExpired)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Equal(t, persist.StateExpired, in.State())
-	assert.Equal(t, 0, e.srv.Stats().Requests)
-
-	// Reconcile settles it: the server never saw the key, and the intent
-	// is old, so nothing happened.
-	_, err = e.client.Reconcile(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateVoid, in.State())
-	assert.Equal(t, 0, e.srv.Stats().ProviderCharges)
-}
-
-func TestRestartOnTheFileStore(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	clk := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-	t.Cleanup(srv.Close)
-	dir := filepath.Join(t.TempDir(), "state") // OpenDir makes it 0700
-	open := func(opts ...idem.Option) (*idem.Client, *persist.FileStore) {
-		store, err := persist.OpenDir(dir, nil)
-		require.NoError(t, err)
-		c, err := idem.NewWith(append([]idem.Option{idem.WithStore(store), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk)}, opts...)...)
-		require.NoError(t, err)
-		return c, store
-	}
-
-	first, store := open(idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 2500, "currency": "AZN", "customer": "cus_1"})
-	require.NoError(t, err)
-	in, err := first.Intent(ctx, "checkout:file", req)
-	require.NoError(t, err)
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
-	_, err = first.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.NoError(t, store.Close())
-
-	// The app starts again: the intent, its key and its bytes are on disk.
-	next, store := open()
-	defer store.Close()
-	pending, err := next.Unresolved(ctx)
-	require.NoError(t, err)
-	require.Len(t, pending, 1)
-	assert.Equal(t, in.Key(), pending[0].Key())
-	assert.Equal(t, req.Body, pending[0].Request().Body)
-
-	resp, err := next.Do(ctx, pending[0])
-	require.NoError(t, err)
-	assert.True(t, resp.Replayed)
-	assert.Equal(t, 1, srv.Stats().ProviderCharges)
-
-	// The same action after the restart finds the resolved intent.
-	same, err := next.Intent(ctx, "checkout:file", req)
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, same.State())
-}
-
-func TestAStaleIntentValueReadsTheStore(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:stale", 1500)
-	stale, err := e.client.Load(context.Background(), in.Key())
-	require.NoError(t, err)
-	_, err = e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-
-	// stale's copy of the record still says "new", but it was sent: it
-	// reads pending; the store says succeeded, and wins.
-	assert.Equal(t, persist.StatePending, stale.State())
-	resp, err := e.client.Do(context.Background(), stale)
-	require.NoError(t, err)
-	assert.True(t, resp.FromStore)
-	assert.Equal(t, persist.StateSucceeded, stale.State())
-	assert.Equal(t, 1, e.srv.Stats().Requests)
-}
-
-func TestAFinalAnswerThatArrivesAsTheCallIsCancelledIsKept(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
-	in, err := c.NewIntent(context.Background(), "checkout:late", e.paymentRequest(t, 1500, "cus_1"))
-	require.NoError(t, err)
-
-	resp, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, persist.StateSucceeded, in.State(), "the answer in hand is recorded, not thrown away")
-	rec, err := e.store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, rec.State)
-}
-
-// The record counts the attempts of every call, not only the last one's.
-func TestAttemptsAccumulateAcrossCalls(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	in := e.newIntent(t, "checkout:count", 100)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 2})
-	for range 2 {
-		_, err := e.client.Do(ctx, in)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Do(ctx, in)
+			done <- err
+		}()
+		waited := <-clk.waiting
+		assert.GreaterOrEqual(t, waited, 30*time.Second, "never sooner than Retry-After")
+		assert.LessOrEqual(t, waited, 33*time.Second, "spread by at most 10% past it")
+		cancel()
+		err := <-done
+		require.ErrorIs(t, err, context.Canceled)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	}
-	rec, err := e.store.Get(ctx, in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, 2, rec.Attempts, "two failed calls, one attempt each")
+		var retryErr *idem.RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, idem.StopCanceled, retryErr.Reason)
+		assert.Equal(t, 1, retryErr.Attempts)
+		assert.Equal(t, 1, e.srv.Stats().Requests)
+	})
 
-	resp, err := e.client.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, 1, resp.Attempts, "this call's attempts")
-	rec, err = e.store.Get(ctx, in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, 3, rec.Attempts, "the intent's attempts")
-}
+	t.Run("a final answer that arrives as the call is cancelled is kept", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		c := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: cancelAfterAnswer{e.srv.Client().Transport, cancel}}))
+		in, err := c.NewIntent(context.Background(), "checkout:late", e.paymentRequest(t, 1500, "cus_1"))
+		require.NoError(t, err)
 
-// A certificate the client does not trust is not retried: no retry fixes it.
-func TestCertificateErrorIsNotRetried(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	srv := httptest.NewUnstartedServer(h)
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is the point
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	tr := &http.Transport{} // does not trust the test server's certificate
-	t.Cleanup(tr.CloseIdleConnections)
-	var attempts attemptLog
-	c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clk), idem.WithAttemptHook(attempts.hook))
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1, "currency": "AZN", "customer": "cus_1"})
-	require.NoError(t, err)
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
+		resp, err := c.Do(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, persist.StateSucceeded, in.State(), "the answer in hand is recorded, not thrown away")
+		rec, err := e.store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, rec.State)
+	})
 
-	_, err = c.Do(context.Background(), in)
-	var notSent *idem.NotSentError
-	require.ErrorAs(t, err, &notSent)
-	assert.Len(t, attempts.all(), 1)
-	assert.Empty(t, clk.Sleeps())
-}
+	// The call's context is cancelled once the server's final answer
+	// is in hand: the outcome must still be saved.
+	t.Run("the outcome is saved after a cancel", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		e := newEnv(t)
+		c := e.newClient(t, idem.WithAttemptHook(func(a idem.Attempt) {
+			if a.StatusCode == http.StatusCreated {
+				cancel()
+			}
+		}))
+		in := e.newIntent(t, "checkout:cancel-late", 100)
+		resp, err := c.Do(ctx, in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		rec, err := e.store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, rec.State)
+	})
 
-// The error of a call that gave up carries the last answer's body.
-func TestRetryErrorKeepsTheLastBody(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
-	in := e.newIntent(t, "checkout:body", 100)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, Count: 2})
-	_, err := e.client.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	require.NotNil(t, retryErr.LastResponse)
-	assert.Contains(t, string(retryErr.LastResponse.Body), "the status fault answered this request")
-}
+	t.Run("the attempts are saved after a cancel", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		e := newEnv(t)
+		c := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}), idem.WithAttemptHook(func(a idem.Attempt) {
+			if !a.Retry {
+				cancel()
+			}
+		}))
+		in := e.newIntent(t, "checkout:cancel-gave-up", 100)
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+		_, err := c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.NotErrorAs(t, err, new(*idem.SaveError))
+		rec, err := e.store.Get(context.Background(), in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StatePending, rec.State)
+		assert.Equal(t, 1, rec.Attempts)
+	})
 
-// A Retry-After that would land the next attempt past the intent's expiry
-// ends the call there: the key is never sent after it.
-func TestNoAttemptAfterExpiry(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:late", 100)
-	e.clock.Advance(sendWindow - 5*time.Second)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable, RetryAfter: "10"})
+	// An intent found too old to send by a call whose context has already
+	// ended is expired all the same: the call says so, not that the context
+	// ended it, and the store records it, so the app settles it through the
+	// lookup rather than calling Do again for ever.
+	t.Run("the expiry is saved after a cancel", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name  string
+			ended func(t *testing.T) context.Context
+		}{
+			{"canceled", func(*testing.T) context.Context {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				return ctx
+			}},
+			{"deadline passed", func(t *testing.T) context.Context {
+				ctx, cancel := context.WithTimeout(context.Background(), -time.Second)
+				t.Cleanup(cancel)
+				return ctx
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+				in := e.newIntent(t, "checkout:expired-"+tc.name, 1500)
+				e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
+				_, err := e.client.Do(context.Background(), in)
+				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+				require.Equal(t, persist.StatePending, in.State())
 
-	_, err := e.client.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopExpired, retryErr.Reason)
-	assert.Equal(t, 1, e.srv.Stats().Requests)
-	assert.Empty(t, e.clock.Sleeps())
-	assert.Equal(t, persist.StateExpired, in.State())
-	rec, err := e.store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateExpired, rec.State)
-}
+				e.clock.Advance(sendWindow)
+				_, err = e.client.Do(tc.ended(t), in)
+				requireStop(t, err, idem.StopExpired)
+				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+				assert.NotErrorIs(t, err, context.Canceled)
+				assert.NotErrorIs(t, err, context.DeadlineExceeded)
+				assert.NotErrorAs(t, err, new(*idem.SaveError))
+				assert.Equal(t, persist.StateExpired, in.State())
+				rec, err := e.store.Get(context.Background(), in.Key())
+				require.NoError(t, err)
+				assert.Equal(t, persist.StateExpired, rec.State)
+				assert.Equal(t, 1, e.srv.Stats().Requests)
+			})
+		}
+	})
 
-// An intent found too old to send by a call whose context has already
-// ended is expired all the same: the call says so, not that the context
-// ended it, and the store records it, so the app settles it through the
-// lookup rather than calling Do again for ever.
-func TestExpiryIsSavedAfterACancel(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name  string
-		ended func(t *testing.T) context.Context
-	}{
-		{"canceled", func(*testing.T) context.Context {
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			return ctx
-		}},
-		{"deadline passed", func(t *testing.T) context.Context {
-			ctx, cancel := context.WithTimeout(context.Background(), -time.Second)
-			t.Cleanup(cancel)
-			return ctx
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	// A call that put nothing on the wire leaves the intent new.
+	t.Run("a call that sent nothing leaves the intent new", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:never", 100)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := e.client.Do(ctx, in)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, persist.StateNew, in.State())
+		assert.Equal(t, 0, e.srv.Stats().Requests)
+	})
+
+	// A Do that cannot read the intent's record, its context ended, says what
+	// the record it holds says: one that may have been sent (armed, sent
+	// since by another value of the intent) ends with its outcome unknown as
+	// well as the context's error; one stored not sent does not claim an
+	// outcome unknown, nor that it was not sent, which the unread store may
+	// no longer say. Nothing is sent.
+	t.Run("a call that cannot read the store says whether the outcome may be unknown", func(t *testing.T) {
+		t.Parallel()
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		t.Run("may have been sent", func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-			in := e.newIntent(t, "checkout:expired-"+tc.name, 1500)
-			e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
-			_, err := e.client.Do(context.Background(), in)
-			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-			require.Equal(t, persist.StatePending, in.State())
-
-			e.clock.Advance(sendWindow)
-			_, err = e.client.Do(tc.ended(t), in)
-			requireStop(t, err, idem.StopExpired)
-			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-			assert.NotErrorIs(t, err, context.Canceled)
-			assert.NotErrorIs(t, err, context.DeadlineExceeded)
-			assert.NotErrorAs(t, err, new(*idem.SaveError))
-			assert.Equal(t, persist.StateExpired, in.State())
-			rec, err := e.store.Get(context.Background(), in.Key())
+			e := newEnv(t)
+			in := e.newIntent(t, "checkout:unread", 1500)
+			stale, err := e.client.Load(context.Background(), in.Key())
 			require.NoError(t, err)
-			assert.Equal(t, persist.StateExpired, rec.State)
+			e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
+			_, err = e.client.Do(ended, stale)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.NotErrorIs(t, err, idem.ErrNotSent)
 			assert.Equal(t, 1, e.srv.Stats().Requests)
 		})
-	}
-}
-
-// The call's context is cancelled once the server's final answer
-// is in hand: the outcome must still be saved.
-func TestOutcomeIsSavedAfterACancel(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e := newEnv(t)
-	c := e.newClient(t, idem.WithAttemptHook(func(a idem.Attempt) {
-		if a.StatusCode == http.StatusCreated {
-			cancel()
-		}
-	}))
-	in := e.newIntent(t, "checkout:cancel-late", 100)
-	resp, err := c.Do(ctx, in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	rec, err := e.store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, persist.StateSucceeded, rec.State)
-}
-
-func TestAttemptsAreSavedAfterACancel(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e := newEnv(t)
-	c := e.newClient(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}), idem.WithAttemptHook(func(a idem.Attempt) {
-		if !a.Retry {
-			cancel()
-		}
-	}))
-	in := e.newIntent(t, "checkout:cancel-gave-up", 100)
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: http.StatusServiceUnavailable})
-	_, err := c.Do(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.NotErrorAs(t, err, new(*idem.SaveError))
-	rec, err := e.store.Get(context.Background(), in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, persist.StatePending, rec.State)
-	assert.Equal(t, 1, rec.Attempts)
+		t.Run("stored not sent", func(t *testing.T) {
+			t.Parallel()
+			refused := httptest.NewServer(http.NotFoundHandler())
+			refused.Close() // nothing listens there now
+			store := persist.NewMemory(nil)
+			c, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			require.NoError(t, err)
+			in, err := c.NewIntent(context.Background(), "checkout:unread", idem.Request{Method: http.MethodPost, URL: refused.URL, Body: []byte(`{}`)})
+			require.NoError(t, err)
+			_, err = c.Do(context.Background(), in)
+			require.ErrorIs(t, err, idem.ErrNotSent)
+			stale, err := c.Load(context.Background(), in.Key())
+			require.NoError(t, err)
+			require.Equal(t, persist.StateNotSent, stale.State())
+			_, err = c.Do(ended, stale)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.NotErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.NotErrorIs(t, err, idem.ErrNotSent)
+		})
+	})
 }
 
 // cancelAfterAnswer reads each answer in full, then cancels the call's
@@ -960,28 +1006,6 @@ func (c cancelAfterAnswer) RoundTrip(req *http.Request) (*http.Response, error) 
 	return resp, nil
 }
 
-func TestDoWithANilIntent(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	assert.NotPanics(t, func() {
-		_, err := e.client.Do(context.Background(), nil)
-		assert.Error(t, err)
-	})
-}
-
-// A call that put nothing on the wire leaves the intent new.
-func TestNoAttemptLeavesTheIntentNew(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:never", 100)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_, err := e.client.Do(ctx, in)
-	require.ErrorIs(t, err, context.Canceled)
-	assert.Equal(t, persist.StateNew, in.State())
-	assert.Equal(t, 0, e.srv.Stats().Requests)
-}
-
 // outcomeUnsaved is a store that saves the tap's write and fails every
 // later one, as a disk that fills up right after a payment.
 type outcomeUnsaved struct{ persist.Store }
@@ -993,253 +1017,216 @@ func (s outcomeUnsaved) Write(ctx context.Context, rec, old *persist.Record) err
 	return s.Store.Write(ctx, rec, old)
 }
 
-// The answer arrived and its save failed: Do and Send return the answer,
-// marked as not recorded, with the *SaveError; never "not sent".
-func TestAnAnswerWhoseSaveFailedIsReturnedAsNotRecorded(t *testing.T) {
+// TestDoMark keeps what a call takes for the server's word: only an answer
+// the server marked settles an intent, on the first attempt as on a retry.
+func TestDoMark(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	e.store = outcomeUnsaved{persist.NewMemory(nil)}
-	c := e.newClient(t)
-	resp, err := c.Send(ctx, "checkout:full", e.paymentRequest(t, 100, "cus_1"))
-	require.NotNil(t, resp, "the answer is returned")
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.True(t, resp.NotRecorded)
-	var saveErr *idem.SaveError
-	require.ErrorAs(t, err, &saveErr)
-	assert.Equal(t, "record outcome", saveErr.Op)
-	assert.NotErrorIs(t, err, idem.ErrNotSent)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
 
-// A gateway's refusal of a retry is not "not paid": the first attempt
-// charged and its answer was lost, the retry got the gateway's own 401,
-// 403 or 407 (or a 200 login page), which does not echo the key. The call
-// ends with the outcome unknown, naming the unmarked answer; Settle later
-// gets the server's replay, and the user pays once.
-func TestAStrangersAnswerToARetryLeavesTheOutcomeUnknown(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name        string
-		status      int
-		contentType string
-		body        string
-	}{
-		{"gateway 401", http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`},
-		{"WAF 403", http.StatusForbidden, "text/html", "<html>Request blocked</html>"},
-		{"proxy 407", http.StatusProxyAuthRequired, "text/html", "<html>Proxy login</html>"},
-		{"login page 200", http.StatusOK, "text/html", "<html>Sign in to the Wi-Fi</html>"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			var posts atomic.Int32
-			var f *front
-			f = newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
-				if r.Method != http.MethodPost {
-					return false
-				}
-				switch posts.Add(1) {
-				case 1:
-					// The origin charges; the answer is lost on the way.
-					require.NoError(t, f.origin.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: r.Header.Get("Idempotency-Key")}))
-					return false
-				case 2:
-					strangerPage(w, tc.status, tc.contentType, tc.body)
+	// The first attempt of an intent nothing can have sent before needs the
+	// server's mark as any other: an unmarked 2xx is not a payment (a captive
+	// portal's 200 login page answers the first POST of a phone on hotel
+	// Wi-Fi), and an unmarked 4xx is not a refusal (a WAF's response rule may
+	// swap the server's 201 for its own 403 after the server charged). A
+	// replay that echoes the key is final whatever its status.
+	t.Run("the first attempt needs the mark as any other", func(t *testing.T) {
+		t.Parallel()
+		cases := []struct {
+			name   string
+			status int
+			header map[string]string
+			state  persist.State
+			reason idem.StopReason
+		}{
+			{"unmarked 403 is not a refusal", http.StatusForbidden, nil, persist.StatePending, idem.StopUnmarked},
+			{"unmarked 400 is not a refusal", http.StatusBadRequest, nil, persist.StatePending, idem.StopUnmarked},
+			{"an echoed 403 is final", http.StatusForbidden, map[string]string{"Idempotency-Key": "{key}"}, persist.StateFailed, ""},
+			{"unmarked 200 is not a payment", http.StatusOK, nil, persist.StatePending, idem.StopUnmarked},
+			{"unmarked 201 is not a payment", http.StatusCreated, nil, persist.StatePending, idem.StopUnmarked},
+			// The replay header alone names no intent: a cache that kept
+			// another intent's replay serves it to every POST of the URL.
+			{"a replay that echoes no key is not final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, persist.StatePending, idem.StopUnmarked},
+			{"an echoed 201 is final", http.StatusCreated, map[string]string{"Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
+			{"a quoted echo is final", http.StatusCreated, map[string]string{"Idempotency-Key": `"{key}"`}, persist.StateSucceeded, ""},
+			{"another key's echo is not", http.StatusCreated, map[string]string{"Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
+			// A cache on the path that kept another intent's replay and serves
+			// it to every POST of the URL.
+			{"another key's replay is not", http.StatusCreated, map[string]string{"Idempotent-Replayed": "true", "Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
+			{"a replay with this key's echo is final", http.StatusCreated, map[string]string{"Idempotent-Replayed": "true", "Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+					for k, v := range tc.header {
+						w.Header().Set(k, strings.ReplaceAll(v, "{key}", r.Header.Get("Idempotency-Key")))
+					}
+					strangerPage(w, tc.status, "text/html", "<html>page</html>")
 					return true
+				})
+				c := f.client(t)
+				in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+				require.NoError(t, err)
+				_, err = c.Do(ctx, in)
+				if tc.reason != "" {
+					requireStop(t, err, tc.reason)
 				}
-				return false
+				assert.Equal(t, tc.state, in.State())
 			})
-			c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, Jitter: -1}))
-			in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
-			require.NoError(t, err)
+		}
 
-			_, err = c.Do(ctx, in)
-			var re *idem.RetryError
-			require.ErrorAs(t, err, &re)
-			assert.Equal(t, idem.StopUnmarked, re.Reason)
-			require.NotNil(t, re.LastResponse)
-			assert.Equal(t, tc.status, re.LastResponse.StatusCode)
-			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-			var apiErr *idem.APIError
-			assert.NotErrorAs(t, err, &apiErr, "a stranger's answer is not the server's final answer")
-			assert.EqualValues(t, 2, posts.Load(), "the call ends at once on the unmarked answer")
-			assert.Equal(t, persist.StatePending, in.State())
-			assert.Equal(t, 1, f.origin.Stats().Payments)
-
-			// The changed cart must wait.
-			_, err = c.Intent(ctx, "checkout", f.payment(t, 2500))
-			var unresolved *idem.UnresolvedError
-			require.ErrorAs(t, err, &unresolved)
-
-			resp, err := c.Settle(ctx, in)
-			require.NoError(t, err)
-			assert.True(t, resp.Replayed)
-			assert.Equal(t, persist.StateSucceeded, in.State())
-			assert.Equal(t, 1, f.origin.Stats().Payments, "paid once")
-		})
-	}
-}
-
-// The first attempt of an intent nothing can have sent before needs the
-// server's mark as any other: an unmarked 2xx is not a payment (a captive
-// portal's 200 login page answers the first POST of a phone on hotel
-// Wi-Fi), and an unmarked 4xx is not a refusal (a WAF's response rule may
-// swap the server's 201 for its own 403 after the server charged). A
-// replay that echoes the key is final whatever its status.
-func TestTheFirstAttemptNeedsTheMark(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name   string
-		status int
-		header map[string]string
-		state  persist.State
-		reason idem.StopReason
-	}{
-		{"unmarked 403 is not a refusal", http.StatusForbidden, nil, persist.StatePending, idem.StopUnmarked},
-		{"unmarked 400 is not a refusal", http.StatusBadRequest, nil, persist.StatePending, idem.StopUnmarked},
-		{"an echoed 403 is final", http.StatusForbidden, map[string]string{"Idempotency-Key": "{key}"}, persist.StateFailed, ""},
-		{"unmarked 200 is not a payment", http.StatusOK, nil, persist.StatePending, idem.StopUnmarked},
-		{"unmarked 201 is not a payment", http.StatusCreated, nil, persist.StatePending, idem.StopUnmarked},
-		// The replay header alone names no intent: a cache that kept
-		// another intent's replay serves it to every POST of the URL.
-		{"a replay that echoes no key is not final", http.StatusOK, map[string]string{"Idempotent-Replayed": "true"}, persist.StatePending, idem.StopUnmarked},
-		{"an echoed 201 is final", http.StatusCreated, map[string]string{"Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
-		{"a quoted echo is final", http.StatusCreated, map[string]string{"Idempotency-Key": `"{key}"`}, persist.StateSucceeded, ""},
-		{"another key's echo is not", http.StatusCreated, map[string]string{"Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
-		// A cache on the path that kept another intent's replay and serves
-		// it to every POST of the URL.
-		{"another key's replay is not", http.StatusCreated, map[string]string{"Idempotent-Replayed": "true", "Idempotency-Key": "someone-else"}, persist.StatePending, idem.StopUnmarked},
-		{"a replay with this key's echo is final", http.StatusCreated, map[string]string{"Idempotent-Replayed": "true", "Idempotency-Key": "{key}"}, persist.StateSucceeded, ""},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
+		// Path: a WAF with response-phase rules (ModSecurity phase 4, a
+		// data-leak filter) forwards the first attempt, the server charges and
+		// answers 201, and the WAF swaps that answer for its own 403 page,
+		// without the echo. Were an unmarked 4xx final on a first attempt, the
+		// 403 would settle the intent failed: the app is told "failed" for a
+		// payment that was made, and the user pays again with a new intent.
+		t.Run("a WAF's 403 that replaced the server's 201 never settles", func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
-				for k, v := range tc.header {
-					w.Header().Set(k, strings.ReplaceAll(v, "{key}", r.Header.Get("Idempotency-Key")))
-				}
-				strangerPage(w, tc.status, "text/html", "<html>page</html>")
-				return true
-			})
-			c := f.client(t)
-			in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
-			require.NoError(t, err)
-			_, err = c.Do(ctx, in)
-			if tc.reason != "" {
-				requireStop(t, err, tc.reason)
+			srv := fakeserver.NewServer(nil)
+			defer srv.Close()
+			u, _ := url.Parse(srv.URL)
+			proxy := httputil.NewSingleHostReverseProxy(u)
+			proxy.ModifyResponse = func(resp *http.Response) error {
+				// The WAF's response rule fires on the server's answer.
+				resp.Body.Close()
+				body := "<html><body>Request blocked by security policy</body></html>"
+				resp.StatusCode, resp.Status = http.StatusForbidden, "403 Forbidden"
+				resp.Header = http.Header{"Content-Type": {"text/html"}}
+				resp.Body = io.NopCloser(strings.NewReader(body))
+				resp.ContentLength = int64(len(body))
+				return nil
 			}
-			assert.Equal(t, tc.state, in.State())
+			waf := httptest.NewServer(proxy)
+			defer waf.Close()
+			c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+			require.NoError(t, err)
+			req, _ := idem.JSONRequest(http.MethodPost, waf.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+			in, err := c.NewIntent(context.Background(), "checkout:cart-3", req)
+			require.NoError(t, err)
+			_, err = c.Do(context.Background(), in)
+			require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: the server charged")
+			requireStop(t, err, idem.StopUnmarked)
+			assert.False(t, in.State().Resolved(), "the card was charged: the WAF's 403 is not the server's word")
 		})
-	}
-
-	// Path: a WAF with response-phase rules (ModSecurity phase 4, a
-	// data-leak filter) forwards the first attempt, the server charges and
-	// answers 201, and the WAF swaps that answer for its own 403 page,
-	// without the echo. Were an unmarked 4xx final on a first attempt, the
-	// 403 would settle the intent failed: the app is told "failed" for a
-	// payment that was made, and the user pays again with a new intent.
-	t.Run("a WAF's 403 that replaced the server's 201 never settles", func(t *testing.T) {
-		t.Parallel()
-		srv := fakeserver.NewServer(nil)
-		defer srv.Close()
-		u, _ := url.Parse(srv.URL)
-		proxy := httputil.NewSingleHostReverseProxy(u)
-		proxy.ModifyResponse = func(resp *http.Response) error {
-			// The WAF's response rule fires on the server's answer.
-			resp.Body.Close()
-			body := "<html><body>Request blocked by security policy</body></html>"
-			resp.StatusCode, resp.Status = http.StatusForbidden, "403 Forbidden"
-			resp.Header = http.Header{"Content-Type": {"text/html"}}
-			resp.Body = io.NopCloser(strings.NewReader(body))
-			resp.ContentLength = int64(len(body))
-			return nil
-		}
-		waf := httptest.NewServer(proxy)
-		defer waf.Close()
-		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
-		req, _ := idem.JSONRequest(http.MethodPost, waf.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		in, err := c.NewIntent(context.Background(), "checkout:cart-3", req)
-		require.NoError(t, err)
-		_, err = c.Do(context.Background(), in)
-		require.Equal(t, 1, srv.Stats().ProviderCharges, "setup: the server charged")
-		requireStop(t, err, idem.StopUnmarked)
-		assert.False(t, in.State().Resolved(), "the card was charged: the WAF's 403 is not the server's word")
 	})
-}
 
-// An app whose server cannot mark its answers says how to recognise them;
-// its recognizer (idem.MarkRecognizer) stands for the echo.
-func TestMarkRecognizerRecognisesAnUnmarkedServer(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	var posts atomic.Int32
-	f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
-		if r.Method != http.MethodPost {
-			return false
-		}
-		if posts.Add(1) == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
+	// An app whose server cannot mark its answers says how to recognise them;
+	// its recognizer (idem.MarkRecognizer) stands for the echo.
+	t.Run("a MarkRecognizer recognises an unmarked server's answers", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		var posts atomic.Int32
+		f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+			if r.Method != http.MethodPost {
+				return false
+			}
+			if posts.Add(1) == 1 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return true
+			}
+			w.Header().Set("X-Served-By", "payments")
+			strangerPage(w, http.StatusPaymentRequired, "application/json", `{"error":"declined"}`)
 			return true
-		}
-		w.Header().Set("X-Served-By", "payments")
-		strangerPage(w, http.StatusPaymentRequired, "application/json", `{"error":"declined"}`)
-		return true
+		})
+		c := f.client(t, idem.WithServer(idem.Server{Lookup: contractLookup, Mark: idem.MarkRecognizer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })}),
+			idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
+		in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		var apiErr *idem.APIError
+		require.ErrorAs(t, err, &apiErr)
+		assert.Equal(t, persist.StateFailed, in.State())
 	})
-	c := f.client(t, idem.WithServer(idem.Server{Lookup: contractLookup, Mark: idem.MarkRecognizer(func(resp *idem.Response) bool { return resp.Header.Get("X-Served-By") == "payments" })}),
-		idem.WithRetryPolicy(idem.RetryPolicy{Jitter: -1}))
-	in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
-	require.NoError(t, err)
-	_, err = c.Do(ctx, in)
-	var apiErr *idem.APIError
-	require.ErrorAs(t, err, &apiErr)
-	assert.Equal(t, persist.StateFailed, in.State())
-}
 
-// A Do that cannot read the intent's record, its context ended, says what
-// the record it holds says: one that may have been sent (armed, sent
-// since by another value of the intent) ends with its outcome unknown as
-// well as the context's error; one stored not sent does not claim an
-// outcome unknown, nor that it was not sent, which the unread store may
-// no longer say. Nothing is sent.
-func TestDoThatCannotReadTheStoreSaysWhetherTheOutcomeMayBeUnknown(t *testing.T) {
-	t.Parallel()
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
-	t.Run("may have been sent", func(t *testing.T) {
+	// A gateway's refusal of a retry is not "not paid": the first attempt
+	// charged and its answer was lost, the retry got the gateway's own 401,
+	// 403 or 407 (or a 200 login page), which does not echo the key. The call
+	// ends with the outcome unknown, naming the unmarked answer; Settle later
+	// gets the server's replay, and the user pays once.
+	t.Run("a stranger's answer to a retry leaves the outcome unknown", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t)
-		in := e.newIntent(t, "checkout:unread", 1500)
-		stale, err := e.client.Load(context.Background(), in.Key())
-		require.NoError(t, err)
-		e.unknownOutcome(t, in, fakeserver.FaultDropResponse)
-		_, err = e.client.Do(ended, stale)
-		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		require.ErrorIs(t, err, context.Canceled)
-		assert.NotErrorIs(t, err, idem.ErrNotSent)
-		assert.Equal(t, 1, e.srv.Stats().Requests)
+		cases := []struct {
+			name        string
+			status      int
+			contentType string
+			body        string
+		}{
+			{"gateway 401", http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`},
+			{"WAF 403", http.StatusForbidden, "text/html", "<html>Request blocked</html>"},
+			{"proxy 407", http.StatusProxyAuthRequired, "text/html", "<html>Proxy login</html>"},
+			{"login page 200", http.StatusOK, "text/html", "<html>Sign in to the Wi-Fi</html>"},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				var posts atomic.Int32
+				var f *front
+				f = newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+					if r.Method != http.MethodPost {
+						return false
+					}
+					switch posts.Add(1) {
+					case 1:
+						// The origin charges; the answer is lost on the way.
+						require.NoError(t, f.origin.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: r.Header.Get("Idempotency-Key")}))
+						return false
+					case 2:
+						strangerPage(w, tc.status, tc.contentType, tc.body)
+						return true
+					}
+					return false
+				})
+				c := f.client(t, idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 5, Jitter: -1}))
+				in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
+				require.NoError(t, err)
+
+				_, err = c.Do(ctx, in)
+				var re *idem.RetryError
+				require.ErrorAs(t, err, &re)
+				assert.Equal(t, idem.StopUnmarked, re.Reason)
+				require.NotNil(t, re.LastResponse)
+				assert.Equal(t, tc.status, re.LastResponse.StatusCode)
+				assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+				var apiErr *idem.APIError
+				assert.NotErrorAs(t, err, &apiErr, "a stranger's answer is not the server's final answer")
+				assert.EqualValues(t, 2, posts.Load(), "the call ends at once on the unmarked answer")
+				assert.Equal(t, persist.StatePending, in.State())
+				assert.Equal(t, 1, f.origin.Stats().Payments)
+
+				// The changed cart must wait.
+				_, err = c.Intent(ctx, "checkout", f.payment(t, 2500))
+				var unresolved *idem.UnresolvedError
+				require.ErrorAs(t, err, &unresolved)
+
+				resp, err := c.Settle(ctx, in)
+				require.NoError(t, err)
+				assert.True(t, resp.Replayed)
+				assert.Equal(t, persist.StateSucceeded, in.State())
+				assert.Equal(t, 1, f.origin.Stats().Payments, "paid once")
+			})
+		}
 	})
-	t.Run("stored not sent", func(t *testing.T) {
+
+	// A captive portal's 200 whose header fields alone pass the Client's limit
+	// on an answer (a long Set-Cookie, a content security policy) is as much a
+	// stranger's as any unmarked 200: over the limit or not, it is not a
+	// payment, and the intent stays pending.
+	t.Run("an unmarked success over the limit is not a payment", func(t *testing.T) {
 		t.Parallel()
-		refused := httptest.NewServer(http.NotFoundHandler())
-		refused.Close() // nothing listens there now
-		store := persist.NewMemory(nil)
-		c, err := idem.NewWith(idem.WithStore(store), idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		ctx := context.Background()
+		f := newFront(t, func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header().Set("Set-Cookie", "portal="+strings.Repeat("x", 2048))
+			strangerPage(w, http.StatusOK, "text/html", "<html>log in</html>")
+			return true
+		})
+		c := f.client(t, idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", MaxResponseBytes: 1024}))
+		in, err := c.Intent(ctx, "checkout", f.payment(t, 1500))
 		require.NoError(t, err)
-		in, err := c.NewIntent(context.Background(), "checkout:unread", idem.Request{Method: http.MethodPost, URL: refused.URL, Body: []byte(`{}`)})
-		require.NoError(t, err)
-		_, err = c.Do(context.Background(), in)
-		require.ErrorIs(t, err, idem.ErrNotSent)
-		stale, err := c.Load(context.Background(), in.Key())
-		require.NoError(t, err)
-		require.Equal(t, persist.StateNotSent, stale.State())
-		_, err = c.Do(ended, stale)
-		require.ErrorIs(t, err, context.Canceled)
-		assert.NotErrorIs(t, err, idem.ErrOutcomeUnknown)
-		assert.NotErrorIs(t, err, idem.ErrNotSent)
+		_, err = c.Do(ctx, in)
+		requireStop(t, err, idem.StopUnmarked)
+		assert.Equal(t, persist.StatePending, in.State())
 	})
 }
 
@@ -1283,33 +1270,10 @@ func TestNotSent(t *testing.T) {
 	})
 }
 
-func TestSendAge(t *testing.T) {
-	t.Parallel()
-	t.Run("an offline tap retried a day later is sent, not expired", func(t *testing.T) {
-		t.Parallel()
-		ctx := context.Background()
-		e := newEnv(t)
-		hc, down := switchable()
-		c := e.newClient(t, idem.WithHTTPClient(hc))
-		in, err := c.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		down.Store(true)
-		_, err = c.Do(ctx, in)
-		require.ErrorIs(t, err, idem.ErrNotSent)
-
-		e.clock.Advance(25 * time.Hour) // the next day, online
-		down.Store(false)
-		_, err = c.Do(ctx, in)
-		require.NoError(t, err, "its age counts from the first moment a send could begin")
-		assert.Equal(t, persist.StateSucceeded, in.State())
-		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-	})
-}
-
-// TestAResolvedRecord: what one Client records of a call (its attempts,
+// TestResolvedRecord: what one Client records of a call (its attempts,
 // its expiry) never overwrites the answer another Client on the store
 // recorded meanwhile; the call tells that answer instead.
-func TestAResolvedRecord(t *testing.T) {
+func TestResolvedRecord(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
@@ -1496,6 +1460,79 @@ func TestTakeOver(t *testing.T) {
 		require.ErrorAs(t, err, new(*idem.UnresolvedError), "the intent was charged: a changed cart never replaces it")
 		assert.Equal(t, 1, x.e.srv.Stats().ProviderCharges)
 	})
+
+	// One Client armed an intent and has not sent it (its tap's first byte is
+	// still to leave, or its one attempt was refused before a byte left); the
+	// other Client on the store resumes that intent, as SettleAll at app start
+	// does, and its request is on the wire. The first Client's changed cart
+	// must not replace it: that would be a second payment for one action.
+	t.Run("a changed cart never replaces an intent another Client is sending", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+		a := e.newClient(t)
+		b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+
+		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte not sent yet
+
+		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.Equal(t, ina.Key(), inb.Key())
+		done := make(chan error, 1)
+		go func() { _, err := b.Do(ctx, inb); done <- err }()
+		<-hold.entered // b's request has left the device
+
+		changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+		if err == nil {
+			_, err = a.Do(ctx, changed)
+		}
+		close(hold.release)
+		require.NoError(t, <-done)
+		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "the armed intent may be on the wire: a's changed cart is refused")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
+	})
+
+	// A Client whose own attempt of the intent it armed never left the device
+	// does not record the intent not sent when another Client on the store took
+	// it over meanwhile: that Client's request may be on the wire, and a "not
+	// sent" intent is one a changed cart replaces.
+	t.Run("an intent another Client took over is never recorded not sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+		refusing := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		}}
+		a := e.newClient(t,
+			idem.WithHTTPClient(&http.Client{Transport: refuseFirstPOST{refusing: refusing, base: e.srv.Client().Transport, posts: new(atomic.Int32)}}),
+			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+
+		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap
+		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { _, err := b.Do(ctx, inb); done <- err }()
+		<-hold.entered // b's request has left the device
+
+		_, err = a.Do(ctx, ina) // a's own attempt never leaves the device
+		require.Error(t, err)
+		assert.NotErrorAs(t, err, new(*idem.NotSentError), "b may have sent it: its outcome is unknown to a")
+		changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+		if err == nil {
+			_, err = a.Do(ctx, changed)
+		}
+		close(hold.release)
+		require.NoError(t, <-done)
+		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
+	})
 }
 
 // chargedAfterNotSent is the world notSentThenCharged leaves.
@@ -1577,4 +1614,73 @@ func (s *outcomeFailStore) Write(ctx context.Context, rec, old *persist.Record) 
 		return errors.New("no space left on device")
 	}
 	return s.Store.Write(ctx, rec, old)
+}
+
+func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
+	clk := clock.NewManual(relEpoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	var handler http.Handler = h
+	if chunk {
+		handler = chunked{h}
+	}
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	proxy, err := faultproxy.New(strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, proxy.Close()) })
+	proxy.Script(cut)
+
+	// A fresh connection per attempt: the cut meets exactly the first
+	// attempt, and net/http cannot hide it by retrying a reused connection.
+	tr := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	var log attemptLog
+	c, err := idem.NewWith(
+		idem.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}),
+		idem.WithStore(persist.NewMemory(nil)),
+		idem.WithClock(clk),
+		idem.WithAttemptHook(log.hook),
+	)
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, proxy.URL()+"/payments", map[string]any{
+		"amount": 1500, "currency": "AZN", "customer": "cus_1",
+		// Long enough that a cut at 300 bytes falls in the body.
+		"description": strings.Repeat("a long description ", 20),
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	in, err := c.Intent(ctx, "checkout:cut", req)
+	require.NoError(t, err)
+
+	resp, err := c.Do(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, persist.StateSucceeded, in.State())
+	require.Equal(t, faultproxy.Stats{Conns: 2, Cut: 1}, proxy.Stats(), "one cut connection, one whole")
+
+	attempts := log.all()
+	require.Len(t, attempts, 2)
+	first := attempts[0]
+	assert.Error(t, first.Err, "the cut attempt is an error")
+	assert.Zero(t, first.StatusCode, "the cut attempt has no status, whatever headers arrived")
+	assert.True(t, first.Retry, "and it is retried")
+	assert.Equal(t, http.StatusCreated, attempts[1].StatusCode)
+	assert.Equal(t, in.Key(), attempts[1].Key, "with the same key")
+
+	stats := h.Stats()
+	assert.Equal(t, 1, stats.Payments)
+	assert.Equal(t, 1, stats.ProviderCharges)
+	assert.Equal(t, 1, stats.Executions)
+	// A cut before the whole request was read did no work: the retry did it
+	// fresh. A cut in the answer came after the work: the retry is a replay.
+	assert.Equal(t, cut.Point != faultproxy.InRequest, resp.Replayed)
+
+	// What the client reports is the payment the server stored for the key.
+	lookup, err := srv.Client().Get(lookupOf(srv.URL+"/payments", in.Key()))
+	require.NoError(t, err)
+	defer lookup.Body.Close()
+	body, err := io.ReadAll(lookup.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, lookup.StatusCode)
+	assert.JSONEq(t, string(body), string(resp.Body))
 }

@@ -2,8 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,161 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
-	"github.com/idemkit/idem/persist"
 )
-
-func TestOnlyAnAnswerThatSaysSoIsKeyReuse(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name        string
-		status      int
-		contentType string
-		body        string
-		reused      bool
-	}{
-		{"contract problem", 422, "application/problem+json", `{"type":"https://idem.dev/problems/idempotency-key-reused","status":422}`, true},
-		{"stripe", 400, "application/json", `{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters"}}`, true},
-		{"app's own server", 422, "application/json", `{"code":"DUPLICATE_KEY"}`, true},
-		{"validation 422", 422, "application/json", `{"errors":{"amount":["must be positive"]}}`, false},
-		{"validation problem", 422, "application/problem+json", `{"type":"https://example.com/problems/validation","status":422}`, false},
-		{"bare 422", 422, "text/plain", `Unprocessable`, false},
-		{"stripe card error", 402, "application/json", `{"error":{"type":"card_error"}}`, false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				// The server's own answer: an unmarked 4xx settles nothing.
-				w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
-				w.Header().Set("Content-Type", tc.contentType)
-				w.WriteHeader(tc.status)
-				_, _ = io.WriteString(w, tc.body)
-			}))
-			t.Cleanup(srv.Close)
-			c, err := idem.NewWith(idem.WithHTTPClient(srv.Client()), idem.WithClock(clock.NewManual(epoch)),
-				idem.WithServer(idem.Server{Mark: idem.MarkEcho, KeyReusedAnswer: func(resp *idem.Response) bool {
-					return strings.Contains(string(resp.Body), "DUPLICATE_KEY")
-				}}))
-			require.NoError(t, err)
-			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1})
-			require.NoError(t, err)
-			in, err := c.NewIntent(context.Background(), "", req)
-			require.NoError(t, err)
-
-			resp, err := c.Do(context.Background(), in)
-			var apiErr *idem.APIError
-			require.ErrorAs(t, err, &apiErr, "a final answer")
-			assert.Equal(t, tc.status, resp.StatusCode)
-			assert.Equal(t, tc.reused, errors.Is(err, idem.ErrKeyReused))
-			if tc.reused {
-				assert.Equal(t, persist.StateRejected, in.State())
-			} else {
-				assert.Equal(t, persist.StateFailed, in.State())
-			}
-			// The stored answer says the same.
-			_, err = c.Do(context.Background(), in)
-			assert.Equal(t, tc.reused, errors.Is(err, idem.ErrKeyReused), "from the store")
-		})
-	}
-}
-
-// The errors a call returns, which apps log, carry no credential of the
-// intent's URL, as the attempt hook's URL does not: not a secret key sent
-// as the user name, not a password, not a query parameter named for a
-// credential. Each stays what it is to errors.Is and errors.As.
-func TestErrorTextsCarryNoCredential(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	// withSecrets puts every kind of credential into the URL of base.
-	withSecrets := func(base string) string {
-		return strings.Replace(base, "http://", "http://sk_live_SECRET1:SECRET2@", 1) + "/payments?cart=42&access_token=SECRET3"
-	}
-	newClient := func(t *testing.T, opts ...idem.Option) *idem.Client {
-		c, err := idem.NewWith(append([]idem.Option{idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
-			idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"})}, opts...)...)
-		require.NoError(t, err)
-		return c
-	}
-	noSecret := func(t *testing.T, err error) {
-		t.Helper()
-		require.Error(t, err)
-		assert.NotContains(t, err.Error(), "SECRET")
-		assert.Contains(t, err.Error(), "cart=42", "the rest of the URL stays, for the log to be of use")
-	}
-
-	t.Run("refused request", func(t *testing.T) {
-		t.Parallel()
-		c := newClient(t)
-		for _, u := range []string{
-			"https://sk_live_SECRET1:SECRET2@api.example:99999/payments?access_token=SECRET3",
-			"ftp://sk_live_SECRET1:SECRET2@api.example/payments?access_token=SECRET3",
-			"https://sk_live_SECRET1:SECRET2@api.example:port/payments?access_token=SECRET3",
-			"//sk_live_SECRET1:SECRET2@api.example/payments?access_token=SECRET3",
-			"https://sk_live_SECRET1:SECRET2@/payments?access_token=SECRET3",
-		} {
-			_, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: u, Body: []byte(`{}`)})
-			require.Error(t, err, u)
-			assert.NotContains(t, err.Error(), "SECRET", u)
-		}
-	})
-	t.Run("not sent", func(t *testing.T) {
-		t.Parallel()
-		refused := httptest.NewServer(http.NotFoundHandler())
-		refused.Close() // nothing listens there now
-		c := newClient(t)
-		_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: withSecrets(refused.URL), Body: []byte(`{}`)})
-		require.ErrorIs(t, err, idem.ErrNotSent)
-		noSecret(t, err)
-	})
-	t.Run("outcome unknown", func(t *testing.T) {
-		t.Parallel()
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			conn, _, err := w.(http.Hijacker).Hijack()
-			if err == nil {
-				conn.Close() // read, never answered
-			}
-		}))
-		t.Cleanup(srv.Close)
-		c := newClient(t)
-		in, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: withSecrets(srv.URL), Body: []byte(`{}`)})
-		require.NoError(t, err)
-		_, err = c.Do(ctx, in)
-		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		require.ErrorAs(t, err, new(*idem.RetryError))
-		noSecret(t, err)
-
-		// The lookup, at the intent's URL, fails alike.
-		_, err = c.Reconcile(ctx, in)
-		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		noSecret(t, err)
-	})
-	t.Run("redirect not followed", func(t *testing.T) {
-		t.Parallel()
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Location", "https://sk_live_SECRET1:SECRET2@login.example/?cart=42&session_token=SECRET3")
-			w.WriteHeader(http.StatusFound)
-		}))
-		t.Cleanup(srv.Close)
-		c := newClient(t)
-		_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)})
-		require.ErrorAs(t, err, new(*idem.RetryError))
-		noSecret(t, err)
-		assert.Contains(t, err.Error(), "login.example", "where it redirects, for the app to fix")
-	})
-	t.Run("final answer", func(t *testing.T) {
-		t.Parallel()
-		srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			w.WriteHeader(http.StatusPaymentRequired)
-		})))
-		t.Cleanup(srv.Close)
-		c := newClient(t)
-		_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: withSecrets(srv.URL), Body: []byte(`{}`)})
-		var apiErr *idem.APIError
-		require.ErrorAs(t, err, &apiErr)
-		assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
-		noSecret(t, err)
-	})
-}
 
 // TestErrorTexts: the text of a call's error names the call the app made
 // as the one to make again, and only calls that exist.
@@ -233,5 +77,103 @@ func TestErrorTexts(t *testing.T) {
 		assert.Contains(t, err.Error(), "Reconcile")
 		assert.Contains(t, err.Error(), "Forget")
 		assert.NotContains(t, strings.ToLower(err.Error()), "resume")
+	})
+
+	// The errors a call returns, which apps log, carry no credential of the
+	// intent's URL, as the attempt hook's URL does not: not a secret key sent
+	// as the user name, not a password, not a query parameter named for a
+	// credential. Each stays what it is to errors.Is and errors.As.
+	t.Run("they carry no credential of the intent's URL", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		// withSecrets puts every kind of credential into the URL of base.
+		withSecrets := func(base string) string {
+			return strings.Replace(base, "http://", "http://sk_live_SECRET1:SECRET2@", 1) + "/payments?cart=42&access_token=SECRET3"
+		}
+		newClient := func(t *testing.T, opts ...idem.Option) *idem.Client {
+			c, err := idem.NewWith(append([]idem.Option{idem.WithClock(clock.NewManual(epoch)), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}),
+				idem.WithServer(idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"})}, opts...)...)
+			require.NoError(t, err)
+			return c
+		}
+		noSecret := func(t *testing.T, err error) {
+			t.Helper()
+			require.Error(t, err)
+			assert.NotContains(t, err.Error(), "SECRET")
+			assert.Contains(t, err.Error(), "cart=42", "the rest of the URL stays, for the log to be of use")
+		}
+
+		t.Run("refused request", func(t *testing.T) {
+			t.Parallel()
+			c := newClient(t)
+			for _, u := range []string{
+				"https://sk_live_SECRET1:SECRET2@api.example:99999/payments?access_token=SECRET3",
+				"ftp://sk_live_SECRET1:SECRET2@api.example/payments?access_token=SECRET3",
+				"https://sk_live_SECRET1:SECRET2@api.example:port/payments?access_token=SECRET3",
+				"//sk_live_SECRET1:SECRET2@api.example/payments?access_token=SECRET3",
+				"https://sk_live_SECRET1:SECRET2@/payments?access_token=SECRET3",
+			} {
+				_, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: u, Body: []byte(`{}`)})
+				require.Error(t, err, u)
+				assert.NotContains(t, err.Error(), "SECRET", u)
+			}
+		})
+		t.Run("not sent", func(t *testing.T) {
+			t.Parallel()
+			refused := httptest.NewServer(http.NotFoundHandler())
+			refused.Close() // nothing listens there now
+			c := newClient(t)
+			_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: withSecrets(refused.URL), Body: []byte(`{}`)})
+			require.ErrorIs(t, err, idem.ErrNotSent)
+			noSecret(t, err)
+		})
+		t.Run("outcome unknown", func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				conn, _, err := w.(http.Hijacker).Hijack()
+				if err == nil {
+					conn.Close() // read, never answered
+				}
+			}))
+			t.Cleanup(srv.Close)
+			c := newClient(t)
+			in, err := c.NewIntent(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: withSecrets(srv.URL), Body: []byte(`{}`)})
+			require.NoError(t, err)
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			require.ErrorAs(t, err, new(*idem.RetryError))
+			noSecret(t, err)
+
+			// The lookup, at the intent's URL, fails alike.
+			_, err = c.Reconcile(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			noSecret(t, err)
+		})
+		t.Run("redirect not followed", func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Location", "https://sk_live_SECRET1:SECRET2@login.example/?cart=42&session_token=SECRET3")
+				w.WriteHeader(http.StatusFound)
+			}))
+			t.Cleanup(srv.Close)
+			c := newClient(t)
+			_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: srv.URL + "/payments", Body: []byte(`{}`)})
+			require.ErrorAs(t, err, new(*idem.RetryError))
+			noSecret(t, err)
+			assert.Contains(t, err.Error(), "login.example", "where it redirects, for the app to fix")
+		})
+		t.Run("final answer", func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(http.StatusPaymentRequired)
+			})))
+			t.Cleanup(srv.Close)
+			c := newClient(t)
+			_, err := c.Send(ctx, "checkout", idem.Request{Method: http.MethodPost, URL: withSecrets(srv.URL), Body: []byte(`{}`)})
+			var apiErr *idem.APIError
+			require.ErrorAs(t, err, &apiErr)
+			assert.Equal(t, http.StatusPaymentRequired, apiErr.StatusCode)
+			noSecret(t, err)
+		})
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,225 +23,385 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-func TestAnIntentThatCouldNeverBeSentIsRefusedAtCreation(t *testing.T) {
+// TestIntent keeps what Client.Intent makes of an action: one intent, one
+// key, saved before anything is sent.
+func TestIntent(t *testing.T) {
 	t.Parallel()
-	store := persist.NewMemory(nil)
-	c, err := idem.NewWith(idem.WithStore(store))
-	require.NoError(t, err)
-	for _, u := range []string{
-		"ftp://pay.example.com/payments",
-		"file:///payments",
-		"https://:443/payments",
-		"https://pay.example.com:99999/payments",
-		"https://pay.example.com:0/payments",
-	} {
-		_, err := c.Intent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: u})
-		assert.Error(t, err, "%s", u)
-	}
-	recs, err := store.List(context.Background(), persist.Filter{})
-	require.NoError(t, err)
-	assert.Empty(t, recs, "nothing was created")
-}
-
-// rawKeyServer is the fake server behind a front that records the raw
-// Idempotency-Key value of every POST, as servers that compare raw values
-// see it.
-type rawKeyServer struct {
-	*httptest.Server
-	mu   sync.Mutex
-	keys []string
-}
-
-func newRawKeyServer(t *testing.T, clk *clock.Manual) *rawKeyServer {
-	t.Helper()
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	k := &rawKeyServer{}
-	k.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			k.mu.Lock()
-			k.keys = append(k.keys, r.Header.Get("Idempotency-Key"))
-			k.mu.Unlock()
-		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(k.Close)
-	return k
-}
-
-func (k *rawKeyServer) sent() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return append([]string(nil), k.keys...)
-}
-
-// dropFirstAnswer lets the first POST reach the server and loses its
-// answer, as a network that breaks after the server committed.
-type dropFirstAnswer struct {
-	base    http.RoundTripper
-	dropped atomic.Bool
-}
-
-func (d *dropFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := d.base.RoundTrip(req)
-	if err == nil && req.Method == http.MethodPost && d.dropped.CompareAndSwap(false, true) {
-		resp.Body.Close()
-		return nil, errors.New("connection reset after the server answered")
-	}
-	return resp, err
-}
-
-func TestEveryAttemptSpellsTheKeyAsWhenTheIntentWasCreated(t *testing.T) {
-	t.Parallel()
-	for _, quotedFirst := range []bool{false, true} {
-		t.Run(fmt.Sprintf("quoted first %v", quotedFirst), func(t *testing.T) {
-			t.Parallel()
-			clk := clock.NewManual(epoch)
-			srv := newRawKeyServer(t, clk)
-			store := persist.NewMemory(nil)
-			client := func(quoted bool, hc *http.Client) *idem.Client {
-				opts := []idem.Option{idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(hc), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})}
-				if quoted {
-					opts = append(opts, idem.WithQuotedKey())
-				}
-				c, err := idem.NewWith(opts...)
-				require.NoError(t, err)
-				return c
-			}
-			ctx := context.Background()
-			before := client(quotedFirst, &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}})
-			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-			require.NoError(t, err)
-			in, err := before.Intent(ctx, "checkout", req)
-			require.NoError(t, err)
-			_, err = before.Do(ctx, in)
-			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-			// The app's update turns the option the other way; the intent
-			// resumes with the spelling it was created with.
-			after := client(!quotedFirst, srv.Client())
-			loaded, err := after.Load(ctx, in.Key())
-			require.NoError(t, err)
-			resp, err := after.Do(ctx, loaded)
-			require.NoError(t, err)
-			assert.True(t, resp.Replayed)
-
-			want := in.Key()
-			if quotedFirst {
-				want = `"` + in.Key() + `"`
-			}
-			assert.Equal(t, []string{want, want}, srv.sent(), "every attempt sends the same bytes")
-		})
-	}
-}
-
-func TestTheLatestIntentIsTheLastCreatedWhateverTheClock(t *testing.T) {
-	t.Parallel()
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clock.NewManual(epoch)})
-	t.Cleanup(srv.Close)
-	device := clock.NewManual(epoch)
-	hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
-	hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives
-	c, err := idem.NewWith(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
 	ctx := context.Background()
-	cart := func(amount int) idem.Request {
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
+
+	t.Run("a request that could never be sent is refused at creation", func(t *testing.T) {
+		t.Parallel()
+		store := persist.NewMemory(nil)
+		c, err := idem.NewWith(idem.WithStore(store))
 		require.NoError(t, err)
-		return req
-	}
+		for _, u := range []string{
+			"ftp://pay.example.com/payments",
+			"file:///payments",
+			"https://:443/payments",
+			"https://pay.example.com:99999/payments",
+			"https://pay.example.com:0/payments",
+		} {
+			_, err := c.Intent(context.Background(), "checkout", idem.Request{Method: http.MethodPost, URL: u})
+			assert.Error(t, err, "%s", u)
+		}
+		recs, err := store.List(context.Background(), persist.Filter{})
+		require.NoError(t, err)
+		assert.Empty(t, recs, "nothing was created")
+	})
 
-	a, err := c.Intent(ctx, "checkout", cart(1000))
-	require.NoError(t, err)
-	_, err = c.Do(ctx, a)
-	require.NoError(t, err, "A is paid")
+	// Whatever step of Client.Intent the store fails, the error is a
+	// *SaveError that wraps the store's, and nothing is created.
+	t.Run("a store that fails at any step makes a SaveError and no intent", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		c := e.newClient(t, idem.WithStore(brokenStore{}))
+		ctx := context.Background()
+		req := e.paymentRequest(t, 100, "cus_1")
+		for _, create := range []func() (*idem.Intent, error){
+			func() (*idem.Intent, error) { return c.Intent(ctx, "checkout:broken", req) }, // reads the action's intents first
+			func() (*idem.Intent, error) { // only arms
+				in, err := c.NewIntent(ctx, "", req)
+				require.NoError(t, err)
+				_, err = c.Do(ctx, in)
+				return nil, err
+			},
+		} {
+			in, err := create()
+			assert.Nil(t, in)
+			var saveErr *idem.SaveError
+			require.ErrorAs(t, err, &saveErr)
+			assert.ErrorIs(t, err, errStoreDown)
+		}
+		assert.Equal(t, 0, e.srv.Stats().Requests)
+	})
 
-	device.Advance(-time.Hour)                         // the user sets the clock back
-	b, err := c.NewIntent(ctx, "checkout", cart(2000)) // paying for it again, deliberately
-	require.NoError(t, err)
-	hc.Transport.(*dropFirstAnswer).dropped.Store(false) // B's answer is lost
-	_, err = c.Do(ctx, b)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.Equal(t, 2, srv.Stats().Payments, "B was charged")
-
-	_, err = c.Intent(ctx, "checkout", cart(3000))
-	require.ErrorAs(t, err, new(*idem.UnresolvedError), "B, created last, is unresolved, though its clock reading is older than A's")
-	assert.Equal(t, 2, srv.Stats().Payments)
-}
-
-var errStoreDown = errors.New("store down")
-
-// brokenStore fails every operation, as a store whose disk is gone does.
-type brokenStore struct{}
-
-func (brokenStore) Write(context.Context, *persist.Record, *persist.Record) error {
-	return errStoreDown
-}
-func (brokenStore) Get(context.Context, string) (*persist.Record, error) {
-	return nil, errStoreDown
-}
-func (brokenStore) List(context.Context, persist.Filter) ([]*persist.Record, error) {
-	return nil, errStoreDown
-}
-func (brokenStore) Delete(context.Context, *persist.Record) error { return errStoreDown }
-
-// Whatever step of Client.Intent the store fails, the error is a
-// *SaveError that wraps the store's, and nothing is created.
-func TestIntentOnAFailingStoreReturnsSaveError(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	c := e.newClient(t, idem.WithStore(brokenStore{}))
-	ctx := context.Background()
-	req := e.paymentRequest(t, 100, "cus_1")
-	for _, create := range []func() (*idem.Intent, error){
-		func() (*idem.Intent, error) { return c.Intent(ctx, "checkout:broken", req) }, // reads the action's intents first
-		func() (*idem.Intent, error) { // only arms
-			in, err := c.NewIntent(ctx, "", req)
-			require.NoError(t, err)
-			_, err = c.Do(ctx, in)
-			return nil, err
-		},
-	} {
-		in, err := create()
-		assert.Nil(t, in)
+	t.Run("nothing is sent when the intent cannot be saved", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		c := e.newClient(t, idem.WithStore(failingStore{persist.NewMemory(nil)}))
+		in, err := c.Intent(context.Background(), "checkout:full", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err, "made in memory: nothing is written before the tap")
+		_, err = c.Do(context.Background(), in)
 		var saveErr *idem.SaveError
 		require.ErrorAs(t, err, &saveErr)
-		assert.ErrorIs(t, err, errStoreDown)
-	}
-	assert.Equal(t, 0, e.srv.Stats().Requests)
-}
+		assert.ErrorIs(t, err, errDiskFull)
+		assert.Equal(t, 0, e.srv.Stats().Requests)
+	})
 
-// After a restart, an intent stored as new reads pending: its first attempt
-// is not recorded, so it may have reached the server before the crash. Only
-// the Client that created it, and has not sent it, reports it new.
-func TestAnIntentFromAnEarlierProcessNeverReadsUnsent(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	req := e.paymentRequest(t, 100, "cus_1")
-	in, err := e.client.Intent(ctx, "checkout:restart", req)
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(e.client, ctx, in))
-	assert.Equal(t, persist.StateNew, in.State(), "armed here and never sent")
-	// The process dies here, perhaps with the first attempt on the wire.
+	t.Run("a tap on a store whose claim names no latest record fails with a SaveError", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		e.store = claimWithoutCurrent{persist.NewMemory(nil)}
+		c := e.newClient(t)
+		in, err := c.Intent(ctx, "checkout:faulty-claim", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		var se *idem.SaveError
+		require.ErrorAs(t, err, &se, "a conflict without the latest record is the store's error, not a panic")
+		assert.Equal(t, "arm", se.Op)
+		assert.Zero(t, e.srv.Stats().ProviderCharges)
+	})
 
-	next := e.newClient(t)
-	loaded, err := next.Load(ctx, in.Key())
-	require.NoError(t, err)
-	assert.Equal(t, persist.StatePending, loaded.State())
-	unresolved, err := next.Unresolved(ctx)
-	require.NoError(t, err)
-	require.Len(t, unresolved, 1)
-	assert.Equal(t, persist.StatePending, unresolved[0].State())
-	again, err := next.Intent(ctx, "checkout:restart", req)
-	require.NoError(t, err)
-	assert.Equal(t, persist.StatePending, again.State())
-	_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
-	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "and it is not replaced as if unsent")
-}
+	t.Run("the latest intent is the last created whatever the clock", func(t *testing.T) {
+		t.Parallel()
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clock.NewManual(epoch)})
+		t.Cleanup(srv.Close)
+		device := clock.NewManual(epoch)
+		hc := &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}}
+		hc.Transport.(*dropFirstAnswer).dropped.Store(true) // A's answer arrives
+		c, err := idem.NewWith(idem.WithHTTPClient(hc), idem.WithClock(device), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		ctx := context.Background()
+		cart := func(amount int) idem.Request {
+			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": amount, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			return req
+		}
 
-func TestIntentForAnAction(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
+		a, err := c.Intent(ctx, "checkout", cart(1000))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, a)
+		require.NoError(t, err, "A is paid")
+
+		device.Advance(-time.Hour)                         // the user sets the clock back
+		b, err := c.NewIntent(ctx, "checkout", cart(2000)) // paying for it again, deliberately
+		require.NoError(t, err)
+		hc.Transport.(*dropFirstAnswer).dropped.Store(false) // B's answer is lost
+		_, err = c.Do(ctx, b)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.Equal(t, 2, srv.Stats().Payments, "B was charged")
+
+		_, err = c.Intent(ctx, "checkout", cart(3000))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "B, created last, is unresolved, though its clock reading is older than A's")
+		assert.Equal(t, 2, srv.Stats().Payments)
+	})
+
+	// The Pay screen shows an intent for an action whose only intent was
+	// declined long ago; Prune then removes that declined intent, and the
+	// action is paid by another intent (the cart changed, or another part of
+	// the app paid it). The tap on the screen's intent must not pay the action
+	// a second time: the action's latest intent is the one that paid.
+	t.Run("an intent shown before Prune never overtakes the action's later intent", func(t *testing.T) {
+		t.Parallel()
+		for _, clients := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%d clients", clients), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				e := newEnv(t)
+				a, b := e.client, e.client
+				if clients == 2 {
+					b = e.newClient(t)
+				}
+				_, err := a.Send(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_declined"))
+				require.Error(t, err, "declined")
+				e.clock.Advance(48 * time.Hour)
+
+				shown, err := a.Intent(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_1")) // the Pay screen
+				require.NoError(t, err)
+				_, err = a.Prune(ctx, 24*time.Hour)
+				require.NoError(t, err)
+				recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:pruned"})
+				require.NoError(t, err)
+				require.Len(t, recs, 1)
+				require.True(t, recs[0].Tombstone, "the declined intent is pruned to its tombstone")
+
+				_, err = b.Send(ctx, "checkout:pruned", e.paymentRequest(t, 200, "cus_1"))
+				require.NoError(t, err, "the action is paid")
+
+				_, err = a.Do(ctx, shown) // the tap on the screen shown before
+				assert.Error(t, err, "the action is paid by a later intent")
+				assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for the action")
+			})
+		}
+	})
+
+	t.Run("an unreadable record stops only its own action", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		dir := filepath.Join(t.TempDir(), "state")
+		store, err := persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { store.Close() })
+		c := e.newClient(t, idem.WithStore(store))
+		good, err := c.Intent(ctx, "checkout:good", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, good))
+		bad, err := c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, bad))
+
+		// Damage the second intent's file on disk.
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		damaged := 0
+		for _, de := range entries {
+			if de.IsDir() || !strings.HasSuffix(de.Name(), ".json") {
+				continue
+			}
+			path := filepath.Join(dir, de.Name())
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			if strings.Contains(string(data), bad.Key()) {
+				require.NoError(t, os.WriteFile(path, data[:len(data)/2], 0o600))
+				damaged++
+			}
+		}
+		require.Equal(t, 1, damaged)
+		require.NoError(t, store.Close())
+		store, err = persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { store.Close() })
+		c = e.newClient(t, idem.WithStore(store))
+
+		// The readable intent still resumes; a new intent for the damaged
+		// record's action is refused, naming the record, because it could be
+		// that action's unresolved intent; other actions go on.
+		pending, err := c.Unresolved(ctx)
+		var corrupt *persist.CorruptError
+		require.ErrorAs(t, err, &corrupt)
+		require.Len(t, pending, 1)
+		assert.Equal(t, good.Key(), pending[0].Key())
+		_, err = c.Do(ctx, pending[0])
+		require.NoError(t, err)
+
+		_, err = c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 300, "cus_1"))
+		require.ErrorAs(t, err, &corrupt)
+		assert.Equal(t, bad.Key(), corrupt.Key)
+		_, err = c.Intent(ctx, "checkout:other", e.paymentRequest(t, 300, "cus_1"))
+		require.NoError(t, err, "a damaged file blocks only the action it may belong to")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
+
+	// Changing it cannot change what the intent sends.
+	t.Run("Request returns a copy", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		in := e.newIntent(t, "checkout:copy", 100)
+		want := e.paymentRequest(t, 100, "cus_1")
+
+		got := in.Request()
+		got.Body[0] = 'X'
+		got.Header.Set("Content-Type", "text/plain")
+		assert.Equal(t, want.Body, in.Request().Body)
+		assert.Equal(t, "application/json", in.Request().Header.Get("Content-Type"))
+		resp, err := e.client.Do(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	})
+
+	t.Run("every attempt spells the key as when the intent was created", func(t *testing.T) {
+		t.Parallel()
+		for _, quotedFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("quoted first %v", quotedFirst), func(t *testing.T) {
+				t.Parallel()
+				clk := clock.NewManual(epoch)
+				srv := newRawKeyServer(t, clk)
+				store := persist.NewMemory(nil)
+				client := func(quoted bool, hc *http.Client) *idem.Client {
+					opts := []idem.Option{idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(hc), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})}
+					if quoted {
+						opts = append(opts, idem.WithQuotedKey())
+					}
+					c, err := idem.NewWith(opts...)
+					require.NoError(t, err)
+					return c
+				}
+				ctx := context.Background()
+				before := client(quotedFirst, &http.Client{Transport: &dropFirstAnswer{base: srv.Client().Transport}})
+				req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+				require.NoError(t, err)
+				in, err := before.Intent(ctx, "checkout", req)
+				require.NoError(t, err)
+				_, err = before.Do(ctx, in)
+				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+				// The app's update turns the option the other way; the intent
+				// resumes with the spelling it was created with.
+				after := client(!quotedFirst, srv.Client())
+				loaded, err := after.Load(ctx, in.Key())
+				require.NoError(t, err)
+				resp, err := after.Do(ctx, loaded)
+				require.NoError(t, err)
+				assert.True(t, resp.Replayed)
+
+				want := in.Key()
+				if quotedFirst {
+					want = `"` + in.Key() + `"`
+				}
+				assert.Equal(t, []string{want, want}, srv.sent(), "every attempt sends the same bytes")
+			})
+		}
+	})
+
+	// After a restart, an intent stored as new reads pending: its first attempt
+	// is not recorded, so it may have reached the server before the crash. Only
+	// the Client that created it, and has not sent it, reports it new.
+	t.Run("an intent from an earlier process never reads unsent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		req := e.paymentRequest(t, 100, "cus_1")
+		in, err := e.client.Intent(ctx, "checkout:restart", req)
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(e.client, ctx, in))
+		assert.Equal(t, persist.StateNew, in.State(), "armed here and never sent")
+		// The process dies here, perhaps with the first attempt on the wire.
+
+		next := e.newClient(t)
+		loaded, err := next.Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StatePending, loaded.State())
+		unresolved, err := next.Unresolved(ctx)
+		require.NoError(t, err)
+		require.Len(t, unresolved, 1)
+		assert.Equal(t, persist.StatePending, unresolved[0].State())
+		again, err := next.Intent(ctx, "checkout:restart", req)
+		require.NoError(t, err)
+		assert.Equal(t, persist.StatePending, again.State())
+		_, err = next.Intent(ctx, "checkout:restart", e.paymentRequest(t, 200, "cus_1"))
+		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "and it is not replaced as if unsent")
+	})
+
+	t.Run("Unresolved leaves out resolved intents", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		done := e.newIntent(t, "checkout:done", 100)
+		_, err := e.client.Do(ctx, done)
+		require.NoError(t, err)
+		open := e.newIntent(t, "checkout:open", 200)
+		pending, err := e.client.Unresolved(ctx)
+		require.NoError(t, err)
+		require.Len(t, pending, 1)
+		assert.Equal(t, open.Key(), pending[0].Key())
+	})
+
+	// Two parts of an app hold a Client each on one store; a double tap reaches
+	// both. The store decides which intent is the action's: one key, one
+	// charge, the same answer for both, on either kind of store.
+	t.Run("two Clients on one store make one key per action", func(t *testing.T) {
+		t.Parallel()
+		for _, kind := range []string{"memory", "file"} {
+			t.Run(kind, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				e := newEnv(t)
+				if kind == "file" {
+					e.store, _ = storeDir(t, nil)
+				}
+				a, b := e.newClient(t), e.newClient(t)
+				req := e.paymentRequest(t, 100, "cus_1")
+				ina, err := a.Intent(ctx, "checkout:shared", req)
+				require.NoError(t, err)
+				inb, err := b.Intent(ctx, "checkout:shared", req)
+				require.NoError(t, err)
+
+				var wg sync.WaitGroup
+				var ra, rb *idem.Response
+				var erra, errb error
+				wg.Go(func() { ra, erra = a.Do(ctx, ina) })
+				wg.Go(func() { rb, errb = b.Do(ctx, inb) })
+				wg.Wait()
+				require.NoError(t, erra)
+				require.NoError(t, errb)
+				assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
+				assert.Equal(t, decodePayment(t, ra.Body).ID, decodePayment(t, rb.Body).ID)
+				assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+				recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:shared"})
+				require.NoError(t, err)
+				assert.Len(t, recs, 1)
+			})
+		}
+	})
+
+	// Two Clients on an app's wrapper of a memory store, which embeds the
+	// persist.Store NewMemory returns: the store's one write method claims in
+	// one step, whatever the wrapper adds, and the two taps make one key and
+	// one charge.
+	t.Run("two Clients on an app's wrapper of a memory store make one key per action", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		e.store = &raceListStore{Store: persist.NewMemory(nil), both: make(chan struct{})}
+		a, b := e.newClient(t), e.newClient(t)
+		req := e.paymentRequest(t, 100, "cus_1")
+		ina, err := a.Intent(ctx, "checkout:shared", req)
+		require.NoError(t, err)
+		inb, err := b.Intent(ctx, "checkout:shared", req)
+		require.NoError(t, err)
+
+		var wg sync.WaitGroup
+		var erra, errb error
+		wg.Go(func() { _, erra = a.Do(ctx, ina) })
+		wg.Go(func() { _, errb = b.Do(ctx, inb) })
+		wg.Wait()
+		require.NoError(t, erra)
+		require.NoError(t, errb)
+		assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 
 	t.Run("same request reuses the intent", func(t *testing.T) {
 		t.Parallel()
@@ -393,6 +551,69 @@ func TestIntentForAnAction(t *testing.T) {
 	})
 }
 
+// rawKeyServer is the fake server behind a front that records the raw
+// Idempotency-Key value of every POST, as servers that compare raw values
+// see it.
+type rawKeyServer struct {
+	*httptest.Server
+	mu   sync.Mutex
+	keys []string
+}
+
+func newRawKeyServer(t *testing.T, clk *clock.Manual) *rawKeyServer {
+	t.Helper()
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+	k := &rawKeyServer{}
+	k.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			k.mu.Lock()
+			k.keys = append(k.keys, r.Header.Get("Idempotency-Key"))
+			k.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(k.Close)
+	return k
+}
+
+func (k *rawKeyServer) sent() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.keys...)
+}
+
+// dropFirstAnswer lets the first POST reach the server and loses its
+// answer, as a network that breaks after the server committed.
+type dropFirstAnswer struct {
+	base    http.RoundTripper
+	dropped atomic.Bool
+}
+
+func (d *dropFirstAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := d.base.RoundTrip(req)
+	if err == nil && req.Method == http.MethodPost && d.dropped.CompareAndSwap(false, true) {
+		resp.Body.Close()
+		return nil, errors.New("connection reset after the server answered")
+	}
+	return resp, err
+}
+
+var errStoreDown = errors.New("store down")
+
+// brokenStore fails every operation, as a store whose disk is gone does.
+type brokenStore struct{}
+
+func (brokenStore) Write(context.Context, *persist.Record, *persist.Record) error {
+	return errStoreDown
+}
+func (brokenStore) Get(context.Context, string) (*persist.Record, error) {
+	return nil, errStoreDown
+}
+func (brokenStore) List(context.Context, persist.Filter) ([]*persist.Record, error) {
+	return nil, errStoreDown
+}
+func (brokenStore) Delete(context.Context, *persist.Record) error { return errStoreDown }
+
 // failingStore refuses every write, as a full disk would.
 type failingStore struct{ persist.Store }
 
@@ -402,136 +623,124 @@ func (failingStore) Write(context.Context, *persist.Record, *persist.Record) err
 	return errDiskFull
 }
 
-func TestNothingIsSentWhenTheIntentCannotBeSaved(t *testing.T) {
+// TestChangedCart keeps when a changed request replaces the action's
+// intent: only when the old one can never have been sent.
+func TestChangedCart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.newClient(t, idem.WithStore(failingStore{persist.NewMemory(nil)}))
-	in, err := c.Intent(context.Background(), "checkout:full", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err, "made in memory: nothing is written before the tap")
-	_, err = c.Do(context.Background(), in)
-	var saveErr *idem.SaveError
-	require.ErrorAs(t, err, &saveErr)
-	assert.ErrorIs(t, err, errDiskFull)
-	assert.Equal(t, 0, e.srv.Stats().Requests)
-}
 
-func TestUnreadableRecordStopsOnlyItsOwnAction(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	dir := filepath.Join(t.TempDir(), "state")
-	store, err := persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	c := e.newClient(t, idem.WithStore(store))
-	good, err := c.Intent(ctx, "checkout:good", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, ctx, good))
-	bad, err := c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 200, "cus_1"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, ctx, bad))
-
-	// Damage the second intent's file on disk.
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	damaged := 0
-	for _, de := range entries {
-		if de.IsDir() || !strings.HasSuffix(de.Name(), ".json") {
-			continue
-		}
-		path := filepath.Join(dir, de.Name())
-		data, err := os.ReadFile(path)
+	// While the first attempt is on the wire the intent counts as sent: a
+	// changed cart is refused, not allowed to replace it and pay twice.
+	t.Run("an intent on the wire is not replaced", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		g := newGatedServer(t)
+		c := g.newClient(t)
+		a, err := c.Intent(ctx, "checkout:wire", g.payment(t, 100))
 		require.NoError(t, err)
-		if strings.Contains(string(data), bad.Key()) {
-			require.NoError(t, os.WriteFile(path, data[:len(data)/2], 0o600))
-			damaged++
+
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Do(ctx, a)
+			done <- err
+		}()
+		require.Equal(t, a.Key(), <-g.arrived)
+
+		_, err = c.Intent(ctx, "checkout:wire", g.payment(t, 200))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
+		// Neither the Reconcile nor the Forget of a busy intent may run.
+		_, err = c.Reconcile(ctx, a)
+		require.ErrorIs(t, err, idem.ErrInFlight)
+		require.ErrorIs(t, c.Forget(ctx, a), idem.ErrInFlight)
+
+		g.open()
+		require.NoError(t, <-done)
+		assert.Equal(t, 1, g.h.Stats().ProviderCharges)
+		assert.Equal(t, persist.StateSucceeded, a.State())
+	})
+
+	// Intent drops an unsent intent for a changed cart; a Do of the old intent
+	// that starts while the drop is under way must not send it, or the old cart
+	// and the new one are both paid.
+	t.Run("a dropped intent is never sent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		store := deleteGate{Store: persist.NewMemory(nil), entered: make(chan struct{}, 1), release: make(chan struct{})}
+		c := e.newClient(t, idem.WithStore(store))
+		old, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, old)) // tapped; its first byte not sent yet
+
+		type result struct {
+			in  *idem.Intent
+			err error
 		}
-	}
-	require.Equal(t, 1, damaged)
-	require.NoError(t, store.Close())
-	store, err = persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	c = e.newClient(t, idem.WithStore(store))
+		replaced := make(chan result, 1)
+		go func() {
+			in, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 200, "cus_1"))
+			replaced <- result{in, err}
+		}()
+		<-store.entered // the old intent is being dropped
+		// A Do meanwhile waits for the drop to be decided, and never sends it.
+		did := make(chan error, 1)
+		go func() {
+			_, err := c.Do(ctx, old)
+			did <- err
+		}()
+		close(store.release)
+		assert.ErrorIs(t, <-did, idem.ErrIntentReplaced, "the dropped intent must not be sent")
+		r := <-replaced
+		require.NoError(t, r.err)
+		_, err = c.Do(ctx, r.in)
+		require.NoError(t, err)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+		_, err = c.Do(ctx, old)
+		assert.Error(t, err, "nor later")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 
-	// The readable intent still resumes; a new intent for the damaged
-	// record's action is refused, naming the record, because it could be
-	// that action's unresolved intent; other actions go on.
-	pending, err := c.Unresolved(ctx)
-	var corrupt *persist.CorruptError
-	require.ErrorAs(t, err, &corrupt)
-	require.Len(t, pending, 1)
-	assert.Equal(t, good.Key(), pending[0].Key())
-	_, err = c.Do(ctx, pending[0])
-	require.NoError(t, err)
+	// One Client's changed cart never replaces an intent the other Client has
+	// armed: it may be on the wire.
+	t.Run("it never replaces another Client's armed intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		a, b := e.newClient(t), e.newClient(t)
+		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+		require.NoError(t, err)
+		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte is leaving
 
-	_, err = c.Intent(ctx, "checkout:bad", e.paymentRequest(t, 300, "cus_1"))
-	require.ErrorAs(t, err, &corrupt)
-	assert.Equal(t, bad.Key(), corrupt.Key)
-	_, err = c.Intent(ctx, "checkout:other", e.paymentRequest(t, 300, "cus_1"))
-	require.NoError(t, err, "a damaged file blocks only the action it may belong to")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
+		_, err = b.Do(ctx, inb)
+		require.ErrorAs(t, err, new(*idem.UnresolvedError), "b's cart would be a second payment")
+		_, err = b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 300, "cus_1"))
+		require.ErrorAs(t, err, new(*idem.UnresolvedError))
+		_, err = e.store.Get(ctx, ina.Key())
+		require.NoError(t, err, "a's intent is still stored")
+		_, err = a.Do(ctx, ina)
+		require.NoError(t, err)
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 
-// Request returns a copy: changing it cannot change what the intent sends.
-func TestRequestIsACopy(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := e.newIntent(t, "checkout:copy", 100)
-	want := e.paymentRequest(t, 100, "cus_1")
-
-	got := in.Request()
-	got.Body[0] = 'X'
-	got.Header.Set("Content-Type", "text/plain")
-	assert.Equal(t, want.Body, in.Request().Body)
-	assert.Equal(t, "application/json", in.Request().Header.Get("Content-Type"))
-	resp, err := e.client.Do(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-}
-
-// While the first attempt is on the wire the intent counts as sent: a
-// changed cart is refused, not allowed to replace it and pay twice.
-func TestAnIntentOnTheWireIsNotReplaced(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	g := newGatedServer(t)
-	c := g.newClient(t)
-	a, err := c.Intent(ctx, "checkout:wire", g.payment(t, 100))
-	require.NoError(t, err)
-
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Do(ctx, a)
-		done <- err
-	}()
-	require.Equal(t, a.Key(), <-g.arrived)
-
-	_, err = c.Intent(ctx, "checkout:wire", g.payment(t, 200))
-	require.ErrorAs(t, err, new(*idem.UnresolvedError))
-	// Neither the Reconcile nor the Forget of a busy intent may run.
-	_, err = c.Reconcile(ctx, a)
-	require.ErrorIs(t, err, idem.ErrInFlight)
-	require.ErrorIs(t, c.Forget(ctx, a), idem.ErrInFlight)
-
-	g.open()
-	require.NoError(t, <-done)
-	assert.Equal(t, 1, g.h.Stats().ProviderCharges)
-	assert.Equal(t, persist.StateSucceeded, a.State())
-}
-
-func TestUnresolvedLeavesOutResolvedIntents(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	done := e.newIntent(t, "checkout:done", 100)
-	_, err := e.client.Do(ctx, done)
-	require.NoError(t, err)
-	open := e.newIntent(t, "checkout:open", 200)
-	pending, err := e.client.Unresolved(ctx)
-	require.NoError(t, err)
-	require.Len(t, pending, 1)
-	assert.Equal(t, open.Key(), pending[0].Key())
+	// A Pay screen whose cart changes again and again replaces its unsent
+	// intent each time: what the Client holds stays one intent's worth.
+	t.Run("replaced unsent intents do not accumulate", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e := newEnv(t)
+		var last *idem.Intent
+		for i := range 2000 {
+			in, err := e.client.Intent(ctx, "checkout:changing", e.paymentRequest(t, 100+i, "cus_1"))
+			require.NoError(t, err)
+			last = in
+		}
+		assert.LessOrEqual(t, idem.Tracked(e.client), 1)
+		_, err := e.client.Do(ctx, last)
+		require.NoError(t, err)
+		assert.Zero(t, idem.Tracked(e.client), "nothing once the outcome is known")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 }
 
 // deleteGate holds Delete until released, and says when one starts.
@@ -545,167 +754,6 @@ func (s deleteGate) Delete(ctx context.Context, old *persist.Record) error {
 	s.entered <- struct{}{}
 	<-s.release
 	return s.Store.Delete(ctx, old)
-}
-
-// Intent drops an unsent intent for a changed cart; a Do of the old intent
-// that starts while the drop is under way must not send it, or the old cart
-// and the new one are both paid.
-func TestDroppedIntentIsNeverSent(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	store := deleteGate{Store: persist.NewMemory(nil), entered: make(chan struct{}, 1), release: make(chan struct{})}
-	c := e.newClient(t, idem.WithStore(store))
-	old, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, ctx, old)) // tapped; its first byte not sent yet
-
-	type result struct {
-		in  *idem.Intent
-		err error
-	}
-	replaced := make(chan result, 1)
-	go func() {
-		in, err := c.Intent(ctx, "checkout:race", e.paymentRequest(t, 200, "cus_1"))
-		replaced <- result{in, err}
-	}()
-	<-store.entered // the old intent is being dropped
-	// A Do meanwhile waits for the drop to be decided, and never sends it.
-	did := make(chan error, 1)
-	go func() {
-		_, err := c.Do(ctx, old)
-		did <- err
-	}()
-	close(store.release)
-	assert.ErrorIs(t, <-did, idem.ErrIntentReplaced, "the dropped intent must not be sent")
-	r := <-replaced
-	require.NoError(t, r.err)
-	_, err = c.Do(ctx, r.in)
-	require.NoError(t, err)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-	_, err = c.Do(ctx, old)
-	assert.Error(t, err, "nor later")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-// Two parts of an app hold a Client each on one store; a double tap reaches
-// both. The store decides which intent is the action's: one key, one
-// charge, the same answer for both, on either kind of store.
-func TestTwoClientsOnOneStoreMakeOneKeyPerAction(t *testing.T) {
-	t.Parallel()
-	for _, kind := range []string{"memory", "file"} {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			e := newEnv(t)
-			if kind == "file" {
-				e.store, _ = storeDir(t, nil)
-			}
-			a, b := e.newClient(t), e.newClient(t)
-			req := e.paymentRequest(t, 100, "cus_1")
-			ina, err := a.Intent(ctx, "checkout:shared", req)
-			require.NoError(t, err)
-			inb, err := b.Intent(ctx, "checkout:shared", req)
-			require.NoError(t, err)
-
-			var wg sync.WaitGroup
-			var ra, rb *idem.Response
-			var erra, errb error
-			wg.Go(func() { ra, erra = a.Do(ctx, ina) })
-			wg.Go(func() { rb, errb = b.Do(ctx, inb) })
-			wg.Wait()
-			require.NoError(t, erra)
-			require.NoError(t, errb)
-			assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
-			assert.Equal(t, decodePayment(t, ra.Body).ID, decodePayment(t, rb.Body).ID)
-			assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-			recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:shared"})
-			require.NoError(t, err)
-			assert.Len(t, recs, 1)
-		})
-	}
-}
-
-// One Client's changed cart never replaces an intent the other Client has
-// armed: it may be on the wire.
-func TestAClientNeverReplacesAnotherClientsArmedIntent(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	a, b := e.newClient(t), e.newClient(t)
-	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte is leaving
-
-	_, err = b.Do(ctx, inb)
-	require.ErrorAs(t, err, new(*idem.UnresolvedError), "b's cart would be a second payment")
-	_, err = b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 300, "cus_1"))
-	require.ErrorAs(t, err, new(*idem.UnresolvedError))
-	_, err = e.store.Get(ctx, ina.Key())
-	require.NoError(t, err, "a's intent is still stored")
-	_, err = a.Do(ctx, ina)
-	require.NoError(t, err)
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-// A Pay screen whose cart changes again and again replaces its unsent
-// intent each time: what the Client holds stays one intent's worth.
-func TestReplacedUnsentIntentsDoNotAccumulate(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	var last *idem.Intent
-	for i := range 2000 {
-		in, err := e.client.Intent(ctx, "checkout:changing", e.paymentRequest(t, 100+i, "cus_1"))
-		require.NoError(t, err)
-		last = in
-	}
-	assert.LessOrEqual(t, idem.Tracked(e.client), 1)
-	_, err := e.client.Do(ctx, last)
-	require.NoError(t, err)
-	assert.Zero(t, idem.Tracked(e.client), "nothing once the outcome is known")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-// The Pay screen shows an intent for an action whose only intent was
-// declined long ago; Prune then removes that declined intent, and the
-// action is paid by another intent (the cart changed, or another part of
-// the app paid it). The tap on the screen's intent must not pay the action
-// a second time: the action's latest intent is the one that paid.
-func TestAnIntentShownBeforePruneNeverOvertakesTheActionsLaterIntent(t *testing.T) {
-	t.Parallel()
-	for _, clients := range []int{1, 2} {
-		t.Run(fmt.Sprintf("%d clients", clients), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			e := newEnv(t)
-			a, b := e.client, e.client
-			if clients == 2 {
-				b = e.newClient(t)
-			}
-			_, err := a.Send(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_declined"))
-			require.Error(t, err, "declined")
-			e.clock.Advance(48 * time.Hour)
-
-			shown, err := a.Intent(ctx, "checkout:pruned", e.paymentRequest(t, 100, "cus_1")) // the Pay screen
-			require.NoError(t, err)
-			_, err = a.Prune(ctx, 24*time.Hour)
-			require.NoError(t, err)
-			recs, err := e.store.List(ctx, persist.Filter{Name: "checkout:pruned"})
-			require.NoError(t, err)
-			require.Len(t, recs, 1)
-			require.True(t, recs[0].Tombstone, "the declined intent is pruned to its tombstone")
-
-			_, err = b.Send(ctx, "checkout:pruned", e.paymentRequest(t, 200, "cus_1"))
-			require.NoError(t, err, "the action is paid")
-
-			_, err = a.Do(ctx, shown) // the tap on the screen shown before
-			assert.Error(t, err, "the action is paid by a later intent")
-			assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for the action")
-		})
-	}
 }
 
 // holdPOSTs holds every POST until release is closed, as a slow network
@@ -724,40 +772,6 @@ func (h holdPOSTs) RoundTrip(req *http.Request) (*http.Response, error) {
 	return h.base.RoundTrip(req)
 }
 
-// One Client armed an intent and has not sent it (its tap's first byte is
-// still to leave, or its one attempt was refused before a byte left); the
-// other Client on the store resumes that intent, as SettleAll at app start
-// does, and its request is on the wire. The first Client's changed cart
-// must not replace it: that would be a second payment for one action.
-func TestAChangedCartNeverReplacesAnIntentAnotherClientIsSending(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	a := e.newClient(t)
-	b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
-
-	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte not sent yet
-
-	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	require.Equal(t, ina.Key(), inb.Key())
-	done := make(chan error, 1)
-	go func() { _, err := b.Do(ctx, inb); done <- err }()
-	<-hold.entered // b's request has left the device
-
-	changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
-	if err == nil {
-		_, err = a.Do(ctx, changed)
-	}
-	close(hold.release)
-	require.NoError(t, <-done)
-	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "the armed intent may be on the wire: a's changed cart is refused")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
-}
-
 // refuseFirstPOST refuses the first POST's connection, as a network that
 // is down does (nothing leaves the device), and sends the rest.
 type refuseFirstPOST struct {
@@ -770,45 +784,6 @@ func (r refuseFirstPOST) RoundTrip(req *http.Request) (*http.Response, error) {
 		return r.refusing.RoundTrip(req)
 	}
 	return r.base.RoundTrip(req)
-}
-
-// A Client whose own attempt of the intent it armed never left the device
-// does not record the intent not sent when another Client on the store took
-// it over meanwhile: that Client's request may be on the wire, and a "not
-// sent" intent is one a changed cart replaces.
-func TestAnIntentAnotherClientTookOverIsNeverRecordedNotSent(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	refusing := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-	}}
-	a := e.newClient(t,
-		idem.WithHTTPClient(&http.Client{Transport: refuseFirstPOST{refusing: refusing, base: e.srv.Client().Transport, posts: new(atomic.Int32)}}),
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
-
-	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap
-	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { _, err := b.Do(ctx, inb); done <- err }()
-	<-hold.entered // b's request has left the device
-
-	_, err = a.Do(ctx, ina) // a's own attempt never leaves the device
-	require.Error(t, err)
-	assert.NotErrorAs(t, err, new(*idem.NotSentError), "b may have sent it: its outcome is unknown to a")
-	changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
-	if err == nil {
-		_, err = a.Do(ctx, changed)
-	}
-	close(hold.release)
-	require.NoError(t, <-done)
-	assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
 }
 
 // raceListStore is an app's wrapper of a memory store that embeds
@@ -840,33 +815,6 @@ func (s *raceListStore) List(ctx context.Context, f persist.Filter) ([]*persist.
 	return recs, err
 }
 
-// Two Clients on an app's wrapper of a memory store, which embeds the
-// persist.Store NewMemory returns: the store's one write method claims in
-// one step, whatever the wrapper adds, and the two taps make one key and
-// one charge.
-func TestTwoClientsOnAWrappedMemoryStoreMakeOneKeyPerAction(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	e.store = &raceListStore{Store: persist.NewMemory(nil), both: make(chan struct{})}
-	a, b := e.newClient(t), e.newClient(t)
-	req := e.paymentRequest(t, 100, "cus_1")
-	ina, err := a.Intent(ctx, "checkout:shared", req)
-	require.NoError(t, err)
-	inb, err := b.Intent(ctx, "checkout:shared", req)
-	require.NoError(t, err)
-
-	var wg sync.WaitGroup
-	var erra, errb error
-	wg.Go(func() { _, erra = a.Do(ctx, ina) })
-	wg.Go(func() { _, errb = b.Do(ctx, inb) })
-	wg.Wait()
-	require.NoError(t, erra)
-	require.NoError(t, errb)
-	assert.Equal(t, ina.Key(), inb.Key(), "one key for the action")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
 // claimWithoutCurrent is a store whose write of a new intent reports a
 // conflict without the action's latest record, as a faulty store might.
 type claimWithoutCurrent struct{ persist.Store }
@@ -876,21 +824,6 @@ func (s claimWithoutCurrent) Write(ctx context.Context, rec, old *persist.Record
 		return &persist.ConflictError{Key: rec.Key}
 	}
 	return s.Store.Write(ctx, rec, old)
-}
-
-func TestATapOnAStoreWhoseClaimNamesNoLatestRecordFailsWithASaveError(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t)
-	e.store = claimWithoutCurrent{persist.NewMemory(nil)}
-	c := e.newClient(t)
-	in, err := c.Intent(ctx, "checkout:faulty-claim", e.paymentRequest(t, 100, "cus_1"))
-	require.NoError(t, err)
-	_, err = c.Do(ctx, in)
-	var se *idem.SaveError
-	require.ErrorAs(t, err, &se, "a conflict without the latest record is the store's error, not a panic")
-	assert.Equal(t, "arm", se.Op)
-	assert.Zero(t, e.srv.Stats().ProviderCharges)
 }
 
 func TestNewIntent(t *testing.T) {

@@ -64,28 +64,26 @@ func TestLife(t *testing.T) {
 			}
 		})
 	}
-}
 
-// TestLifeNeverUnsends checks the table's one invariant over every pair:
-// nothing moves a key that may have been sent back to a phase that claims
-// it was not, except a durable "not sent" from a call that began unsent.
-func TestLifeNeverUnsends(t *testing.T) {
-	unsent := map[phase]bool{phaseUnarmed: true, phaseArmed: true, phaseSending: true, phaseNotSent: true}
-	for p := phase(0); p < nPhases; p++ {
-		for e := event(0); e < nEvents; e++ {
-			to, _ := step(p, e)
-			// The claim of the arming write proves that no record of the
-			// key was stored: the one way back.
-			if !unsent[p] && p != phaseDropped && unsent[to] && e != evArm {
-				t.Errorf("%s on %s moves to %s: what may have been sent becomes provably unsent", p, e, to)
+	// The table's one invariant over every pair: nothing moves a key that may
+	// have been sent back to a phase that claims it was not, except a durable
+	// "not sent" from a call that began unsent.
+	t.Run("nothing moves what may have been sent back to unsent", func(t *testing.T) {
+		unsent := map[phase]bool{phaseUnarmed: true, phaseArmed: true, phaseSending: true, phaseNotSent: true}
+		for p := phase(0); p < nPhases; p++ {
+			for e := event(0); e < nEvents; e++ {
+				to, _ := step(p, e)
+				// The claim of the arming write proves that no record of the
+				// key was stored: the one way back.
+				if !unsent[p] && p != phaseDropped && unsent[to] && e != evArm {
+					t.Errorf("%s on %s moves to %s: what may have been sent becomes provably unsent", p, e, to)
+				}
 			}
 		}
-	}
-}
+	})
 
-// TestLifeKeys checks the keys' use of the table where the table alone
-// cannot tell: when a call was asked for.
-func TestLifeKeys(t *testing.T) {
+	// The keys' use of the table where the table alone cannot tell: when a
+	// call was asked for.
 	t.Run("a call the app asked for before the intent ended not sent never sends it", func(t *testing.T) {
 		k := newKeys("self")
 		rec := &persist.Record{Key: "k1", State: persist.StateNew}

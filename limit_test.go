@@ -97,82 +97,108 @@ func cutByTheBudget(t *testing.T, c *idem.Client, in *idem.Intent) {
 	assert.Equal(t, persist.StatePending, in.State())
 }
 
-// MaxElapsed bounds an attempt that gets no answer at all, though the
-// http.Client has no Timeout. The attempt may have reached the server: the
-// outcome is unknown and the intent pending.
-func TestMaxElapsedBoundsAnAttemptThatGetsNoAnswer(t *testing.T) {
+// TestMaxElapsed keeps RetryPolicy.MaxElapsed a bound on a whole call,
+// whatever the server does and whatever the http.Client's Timeout.
+func TestMaxElapsed(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		c, in := stalling(t, noAnswer)
-		cutByTheBudget(t, c, in)
-	})
-}
 
-// The attempt hook hears of an attempt that MaxElapsed cut with the
-// budget's error, as the *RetryError carries it: not the
-// context.DeadlineExceeded of the caller's own deadline, which an app's
-// metrics count apart.
-func TestMaxElapsedCutsTheAttemptTheHookHearsOfWithTheBudgetsError(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		var heard []idem.Attempt
-		c, in := stalling(t, noAnswer, idem.WithAttemptHook(func(a idem.Attempt) { heard = append(heard, a) }))
-		retryErr, _ := doWithin(t, c, in)
-		require.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-		require.Len(t, heard, 1)
-		require.Error(t, heard[0].Err)
-		assert.NotErrorIs(t, heard[0].Err, context.DeadlineExceeded, "the budget cut the attempt, not the caller's context")
-		assert.Equal(t, retryErr.Err.Error(), heard[0].Err.Error())
-		assert.Contains(t, heard[0].Err.Error(), "max elapsed time reached")
-	})
-}
-
-// MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
-// each in time to keep a read timeout from firing.
-func TestMaxElapsedBoundsAnAttemptWhoseAnswerTrickles(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		c, in := stalling(t, func(req *http.Request) (*http.Response, error) {
-			return &http.Response{
-				StatusCode: http.StatusCreated, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-				Header:        http.Header{"Content-Length": {"1000000"}},
-				ContentLength: 1000000, Body: trickle{req.Context()}, Request: req,
-			}, nil
+	// MaxElapsed bounds an attempt that gets no answer at all, though the
+	// http.Client has no Timeout. The attempt may have reached the server: the
+	// outcome is unknown and the intent pending.
+	t.Run("it bounds an attempt that gets no answer", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			c, in := stalling(t, noAnswer)
+			cutByTheBudget(t, c, in)
 		})
-		cutByTheBudget(t, c, in)
 	})
-}
 
-// An attempt gets what is left of the budget on the Client's clock: after a
-// Retry-After wait of 2s on a manual clock, a second attempt under a
-// MaxElapsed of 2.3s gets 300ms.
-func TestAnAttemptGetsTheBudgetLeftOnTheClock(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		var posts atomic.Int32
-		rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if posts.Add(1) == 1 {
+	// MaxElapsed bounds an attempt whose answer trickles in a byte at a time,
+	// each in time to keep a read timeout from firing.
+	t.Run("it bounds an attempt whose answer trickles", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			c, in := stalling(t, func(req *http.Request) (*http.Response, error) {
 				return &http.Response{
-					StatusCode: http.StatusServiceUnavailable, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-					Header: http.Header{"Retry-After": {"2"}}, Body: http.NoBody, Request: req,
+					StatusCode: http.StatusCreated, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+					Header:        http.Header{"Content-Length": {"1000000"}},
+					ContentLength: 1000000, Body: trickle{req.Context()}, Request: req,
 				}, nil
-			}
-			return noAnswer(req) // the second attempt gets no answer
+			})
+			cutByTheBudget(t, c, in)
 		})
-		clk := clock.NewManual(epoch)
-		c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: rt}), idem.WithClock(clk),
-			idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
-		require.NoError(t, err)
+	})
+
+	// The attempt hook hears of an attempt that MaxElapsed cut with the
+	// budget's error, as the *RetryError carries it: not the
+	// context.DeadlineExceeded of the caller's own deadline, which an app's
+	// metrics count apart.
+	t.Run("the hook hears of an attempt it cut with the budget's error", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			var heard []idem.Attempt
+			c, in := stalling(t, noAnswer, idem.WithAttemptHook(func(a idem.Attempt) { heard = append(heard, a) }))
+			retryErr, _ := doWithin(t, c, in)
+			require.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+			require.Len(t, heard, 1)
+			require.Error(t, heard[0].Err)
+			assert.NotErrorIs(t, heard[0].Err, context.DeadlineExceeded, "the budget cut the attempt, not the caller's context")
+			assert.Equal(t, retryErr.Err.Error(), heard[0].Err.Error())
+			assert.Contains(t, heard[0].Err.Error(), "max elapsed time reached")
+		})
+	})
+
+	// An attempt gets what is left of the budget on the Client's clock: after a
+	// Retry-After wait of 2s on a manual clock, a second attempt under a
+	// MaxElapsed of 2.3s gets 300ms.
+	t.Run("an attempt gets the budget left on the clock", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			var posts atomic.Int32
+			rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if posts.Add(1) == 1 {
+					return &http.Response{
+						StatusCode: http.StatusServiceUnavailable, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+						Header: http.Header{"Retry-After": {"2"}}, Body: http.NoBody, Request: req,
+					}, nil
+				}
+				return noAnswer(req) // the second attempt gets no answer
+			})
+			clk := clock.NewManual(epoch)
+			c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: rt}), idem.WithClock(clk),
+				idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2300 * time.Millisecond, Jitter: -1}))
+			require.NoError(t, err)
+			req, err := idem.JSONRequest(http.MethodPost, "http://api.example/payments", map[string]any{"amount": 100})
+			require.NoError(t, err)
+			in, err := c.NewIntent(context.Background(), "", req)
+			require.NoError(t, err)
+
+			retryErr, took := doWithin(t, c, in)
+			assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
+			assert.Equal(t, 2, retryErr.Attempts)
+			assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
+			assert.Equal(t, 300*time.Millisecond, took, "300ms were left")
+		})
+	})
+
+	// A wait that uses up the budget to the last instant leaves no time for the
+	// attempt after it: nothing more is sent, and the attempt is not counted.
+	t.Run("no attempt starts with no budget left", func(t *testing.T) {
+		t.Parallel()
+		var posts atomic.Int32
+		c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
+			posts.Add(1)
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2 * time.Second, Jitter: -1}))
 		in, err := c.NewIntent(context.Background(), "", req)
 		require.NoError(t, err)
-
-		retryErr, took := doWithin(t, c, in)
-		assert.Equal(t, idem.StopElapsed, retryErr.Reason, "%v", retryErr)
-		assert.Equal(t, 2, retryErr.Attempts)
-		assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps())
-		assert.Equal(t, 300*time.Millisecond, took, "300ms were left")
+		_, err = c.Do(context.Background(), in)
+		var retryErr *idem.RetryError
+		require.ErrorAs(t, err, &retryErr)
+		assert.Equal(t, idem.StopElapsed, retryErr.Reason)
+		assert.Equal(t, 1, retryErr.Attempts)
+		assert.Equal(t, int32(1), posts.Load())
 	})
 }
 
@@ -185,40 +211,3 @@ func (r *idleRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
-
-// A call that ends without an answer closes the app's transport's idle
-// connections, as go-retryablehttp does, through the budget's wrapper.
-func TestAFailedCallClosesTheTransportsIdleConnections(t *testing.T) {
-	t.Parallel()
-	tr := &idleRecorder{}
-	c, err := idem.NewWith(idem.WithHTTPClient(&http.Client{Transport: tr}), idem.WithClock(clock.NewManual(epoch)),
-		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 2}))
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, "http://127.0.0.1:9/payments", map[string]any{"amount": 100})
-	require.NoError(t, err)
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
-	_, err = c.Do(context.Background(), in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Positive(t, tr.closed.Load())
-}
-
-// A wait that uses up the budget to the last instant leaves no time for the
-// attempt after it: nothing more is sent, and the attempt is not counted.
-func TestNoAttemptStartsWithNoBudgetLeft(t *testing.T) {
-	t.Parallel()
-	var posts atomic.Int32
-	c, req := answering(t, func(w http.ResponseWriter, _ *http.Request) {
-		posts.Add(1)
-		w.Header().Set("Retry-After", "2")
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}, idem.WithRetryPolicy(idem.RetryPolicy{MaxElapsed: 2 * time.Second, Jitter: -1}))
-	in, err := c.NewIntent(context.Background(), "", req)
-	require.NoError(t, err)
-	_, err = c.Do(context.Background(), in)
-	var retryErr *idem.RetryError
-	require.ErrorAs(t, err, &retryErr)
-	assert.Equal(t, idem.StopElapsed, retryErr.Reason)
-	assert.Equal(t, 1, retryErr.Attempts)
-	assert.Equal(t, int32(1), posts.Load())
-}

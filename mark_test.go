@@ -317,6 +317,21 @@ func TestMark(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, in.State())
 		assert.Equal(t, int32(1), s.charges.Load())
 	})
+
+	// New refuses a Server without a mark, naming the setting and every
+	// choice; each preset and a recognizer are accepted.
+	t.Run("New refuses a Server without one, naming every choice", func(t *testing.T) {
+		t.Parallel()
+		_, err := New(Config{})
+		require.Error(t, err)
+		for _, w := range []string{"Config.Server.Mark is not set", "idem.MarkEcho", "idem.MarkStripe", "idem.MarkAdyen", "idem.MarkIncrease", `idem.MarkJSONID("id")`, "idem.MarkRecognizer"} {
+			assert.Contains(t, err.Error(), w)
+		}
+		for _, m := range []Mark{MarkEcho, MarkStripe, MarkAdyen, MarkIncrease, MarkJSONID("id"), MarkJSONID("data.id"), MarkRecognizer(func(*Response) bool { return false })} {
+			_, err := New(Config{Server: Server{Mark: m}})
+			assert.NoError(t, err, m.String())
+		}
+	})
 }
 
 func TestMarkJSONID(t *testing.T) {
@@ -529,21 +544,6 @@ func TestMarkIncrease(t *testing.T) {
 		assert.Equal(t, StopUnmarked, retryErr.Reason)
 		assert.False(t, in.State().Resolved(), "Y never reached the server")
 	})
-}
-
-// New refuses a Server without a mark, naming the setting and every
-// choice; each preset and a recognizer are accepted.
-func TestMarkIsRequired(t *testing.T) {
-	t.Parallel()
-	_, err := New(Config{})
-	require.Error(t, err)
-	for _, w := range []string{"Config.Server.Mark is not set", "idem.MarkEcho", "idem.MarkStripe", "idem.MarkAdyen", "idem.MarkIncrease", `idem.MarkJSONID("id")`, "idem.MarkRecognizer"} {
-		assert.Contains(t, err.Error(), w)
-	}
-	for _, m := range []Mark{MarkEcho, MarkStripe, MarkAdyen, MarkIncrease, MarkJSONID("id"), MarkJSONID("data.id"), MarkRecognizer(func(*Response) bool { return false })} {
-		_, err := New(Config{Server: Server{Mark: m}})
-		assert.NoError(t, err, m.String())
-	}
 }
 
 // markJSONIDBehindACachingCDN holds a path a red-team pass found, which had

@@ -130,278 +130,123 @@ func TestRoundTripper(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrIntentMismatch)
 		assert.Len(t, rec.seen("POST /payments"), n)
 	})
-}
 
-// Through the RoundTripper, a final answer larger than the limit is still
-// the answer: its status, with an empty body, and the intent is resolved.
-func TestRoundTripperReturnsAnOversizedAnswerWithoutItsBody(t *testing.T) {
-	t.Parallel()
-	srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		w.Write([]byte(strings.Repeat("x", 4096)))
-	})))
-	t.Cleanup(srv.Close)
-	c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
-	require.NoError(t, err)
-	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
-	req, err := http.NewRequestWithContext(idem.ContextWithAction(context.Background(), "cart"), http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
-	require.NoError(t, err)
-	resp, err := hc.Do(req)
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Empty(t, body)
-	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-}
-
-// An API client that sets its own Idempotency-Key (as Stripe's SDKs do)
-// and retries with it after an error keeps its promise through the
-// RoundTripper: every attempt carries the caller's key, so the server
-// charges once.
-func TestRoundTripperKeepsTheCallersKeyAcrossItsRetries(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	rec := &keyRecorder{next: h, keys: map[string][]string{}}
-	srv := httptest.NewServer(rec)
-	t.Cleanup(srv.Close)
-	c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
-	const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
-	post := func() (*http.Response, error) {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(body))
+	// Through the RoundTripper, a final answer larger than the limit is still
+	// the answer: its status, with an empty body, and the intent is resolved.
+	t.Run("an oversized answer is returned without its body", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(marking(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte(strings.Repeat("x", 4096)))
+		})))
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clock.NewManual(epoch)), idem.WithMaxResponseBytes(1024))
 		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "sdk-key-1")
-		return hc.Do(req)
-	}
+		hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		req, err := http.NewRequestWithContext(idem.ContextWithAction(context.Background(), "cart"), http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
+		require.NoError(t, err)
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Empty(t, body)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	})
 
-	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
-	_, err = post()
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
-	resp, err := post() // the SDK's own retry
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
-	assert.Equal(t, []string{"sdk-key-1", "sdk-key-1"}, rec.seen("POST /payments"))
-	assert.Equal(t, 1, h.Stats().ProviderCharges)
-}
-
-// A request that carries a stored intent's key is that intent, whether it
-// came through Client.Do or through the RoundTripper: an attempt sent
-// either way keeps a "not found" from being trusted until it can no longer
-// arrive.
-func TestRoundTripperTreatsAStoredIntentsKeyAsThatIntent(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	clk := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-	t.Cleanup(srv.Close)
-	net := &heldNetwork{base: srv.Client().Transport}
-	c, err := idem.NewWith(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-	require.NoError(t, err)
-	req := payment1500(t, srv)
-	in, err := c.Intent(ctx, "checkout", req)
-	require.NoError(t, err)
-	require.NoError(t, idem.Arm(c, ctx, in))
-	clk.Advance(10 * time.Minute)
-
-	// The app sends the intent's request itself, with the intent's key.
-	hc := &http.Client{Transport: c.RoundTripper(net)}
-	httpReq, err := http.NewRequest(http.MethodPost, req.URL, bytes.NewReader(req.Body))
-	require.NoError(t, err)
-	httpReq.Header = req.Header.Clone()
-	httpReq.Header.Set("Idempotency-Key", in.Key())
-	net.holdNext(1) // held in the network
-	_, err = hc.Do(httpReq)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-	_, err = c.Reconcile(ctx, in)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt may still arrive")
-	net.deliver(t)
-	assert.Equal(t, 1, srv.Stats().Payments)
-	assert.NotEqual(t, persist.StateVoid, in.State())
-}
-
-// An API client whose own retry loop sends the same *http.Request again,
-// after the RoundTripper's short budget lost the answer, sends the same
-// key: one charge. The caller's request is not changed; a clone of it is
-// the same request too.
-func TestTheRoundTripperGivesTheSameRequestTheSameKey(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	rt := e.client.RoundTripper(e.srv.Client().Transport)
-	hc := &http.Client{Transport: rt}
-	req := e.paymentRequest(t, 1500, "cus_1")
-	tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
-	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
-	require.NoError(t, err)
-	httpReq.Header = req.Header.Clone()
-
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
-	_, err = hc.Do(httpReq)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	assert.Empty(t, httpReq.Header.Get("Idempotency-Key"), "the caller's request is not changed")
-
-	resp, err := hc.Do(httpReq) // the API client's own retry
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-
-	clone := httpReq.Clone(httpReq.Context())
-	clone.Body, _ = httpReq.GetBody()
-	resp, err = hc.Do(clone)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a clone is the same request: the stored answer")
-}
-
-// An API client that puts its own key on the request quoted, as the IETF
-// draft spells it, gets the server's answer: its echo, quoted as received,
-// names the same key.
-func TestRoundTripperTakesTheEchoOfACallersQuotedKey(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	c, err := idem.NewWith(idem.WithClock(clk))
-	require.NoError(t, err)
-	hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
-	req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", `"sdk-key-2"`)
-	resp, err := hc.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	assert.Equal(t, `"sdk-key-2"`, resp.Header.Get("Idempotency-Key"))
-}
-
-// An API client's own retry with its own key, after its first request
-// charged and the answer was lost, may get a gateway's refusal: that is
-// not "not paid", since the key was sent before, through an earlier round
-// trip, of this RoundTripper or of one that no longer runs (the app
-// restarted).
-func TestRoundTripperNeverTakesAStrangersRefusalOfACallersRetry(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(epoch)
-	h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
-	var posts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && posts.Add(1) == 2 {
-			strangerPage(w, http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`)
-			return
+	// An API client's own retry with its own key, after its first request
+	// charged and the answer was lost, may get a gateway's refusal: that is
+	// not "not paid", since the key was sent before, through an earlier round
+	// trip, of this RoundTripper or of one that no longer runs (the app
+	// restarted).
+	t.Run("it never takes a stranger's refusal of a caller's retry", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		var posts atomic.Int32
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && posts.Add(1) == 2 {
+				strangerPage(w, http.StatusUnauthorized, "application/json", `{"message":"Unauthorized"}`)
+				return
+			}
+			h.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		// down makes every dial fail: nothing of the request is written.
+		var down atomic.Bool
+		base := srv.Client().Transport.(*http.Transport).Clone()
+		base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if down.Load() {
+				return nil, errors.New("network is unreachable")
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
 		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	// down makes every dial fail: nothing of the request is written.
-	var down atomic.Bool
-	base := srv.Client().Transport.(*http.Transport).Clone()
-	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if down.Load() {
-			return nil, errors.New("network is unreachable")
+		var hc *http.Client
+		start := func() { // the app starts: a new Client, a new RoundTripper
+			c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+			require.NoError(t, err)
+			hc = &http.Client{Transport: c.RoundTripper(base)}
 		}
-		return (&net.Dialer{}).DialContext(ctx, network, addr)
-	}
-	var hc *http.Client
-	start := func() { // the app starts: a new Client, a new RoundTripper
-		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		post := func() (*http.Response, error) {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "sdk-key-3")
+			return hc.Do(req)
+		}
+		start()
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		_, err := post()
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+		start() // the API client's retry comes after a restart
+		// Offline: no try of this process writes the request, but the first
+		// process's try was charged. A key the caller chose may have been sent
+		// by its own earlier try: this is never "not sent".
+		down.Store(true)
+		_, err = post()
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, idem.ErrNotSent, "the caller's first try was charged")
+		down.Store(false)
+		_, err = post()
+		requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
+		resp, err := post()
 		require.NoError(t, err)
-		hc = &http.Client{Transport: c.RoundTripper(base)}
-	}
-	post := func() (*http.Response, error) {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+		resp.Body.Close()
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, 1, h.Stats().ProviderCharges)
+	})
+
+	// An API client that builds its request from a stream has no GetBody: the
+	// RoundTripper reads the body once. When the API client sends the same
+	// request again after a lost answer, its body is spent; what goes on the
+	// wire, if anything, is the payment's bytes with its key, never an empty
+	// POST whose 4xx would say that a payment the server made failed.
+	t.Run("a request whose body was spent is never resent empty", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		rt := e.client.RoundTripper(e.srv.Client().Transport)
+		hc := &http.Client{Transport: rt}
+		req := e.paymentRequest(t, 1500, "cus_1")
+		tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
+		httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, io.MultiReader(bytes.NewReader(req.Body)))
 		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "sdk-key-3")
-		return hc.Do(req)
-	}
-	start()
-	require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
-	_, err := post()
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
-	start() // the API client's retry comes after a restart
-	// Offline: no try of this process writes the request, but the first
-	// process's try was charged. A key the caller chose may have been sent
-	// by its own earlier try: this is never "not sent".
-	down.Store(true)
-	_, err = post()
-	require.Error(t, err)
-	assert.NotErrorIs(t, err, idem.ErrNotSent, "the caller's first try was charged")
-	down.Store(false)
-	_, err = post()
-	requireStop(t, err, idem.StopUnmarked, "the gateway's 401 says nothing of the charge")
-	resp, err := post()
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
-	assert.Equal(t, 1, h.Stats().ProviderCharges)
-}
+		require.Nil(t, httpReq.GetBody, "a stream: no GetBody")
+		httpReq.Header = req.Header.Clone()
 
-// An API client that builds its request from a stream has no GetBody: the
-// RoundTripper reads the body once. When the API client sends the same
-// request again after a lost answer, its body is spent; what goes on the
-// wire, if anything, is the payment's bytes with its key, never an empty
-// POST whose 4xx would say that a payment the server made failed.
-func TestARequestWhoseBodyWasSpentIsNeverResentEmpty(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	rt := e.client.RoundTripper(e.srv.Client().Transport)
-	hc := &http.Client{Transport: rt}
-	req := e.paymentRequest(t, 1500, "cus_1")
-	tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
-	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, io.MultiReader(bytes.NewReader(req.Body)))
-	require.NoError(t, err)
-	require.Nil(t, httpReq.GetBody, "a stream: no GetBody")
-	httpReq.Header = req.Header.Clone()
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+		_, err = hc.Do(httpReq)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.Equal(t, 1, e.srv.Stats().ProviderCharges, "the server charged")
 
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
-	_, err = hc.Do(httpReq)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.Equal(t, 1, e.srv.Stats().ProviderCharges, "the server charged")
-
-	resp, err := hc.Do(httpReq) // the API client's own retry
-	if err == nil {
-		defer resp.Body.Close()
-		assert.Equal(t, http.StatusCreated, resp.StatusCode, "the payment was made: no answer may say otherwise")
-	}
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
-}
-
-// Most API clients set http.Client.Timeout. Such a client hands the
-// RoundTripper a shallow fork of the caller's request on every Do (net/http
-// forks it to bind the deadline): the same *http.Request, sent again by the
-// API client's own retry, is still the same request and gets the same key.
-func TestTheRoundTripperGivesTheSameRequestTheSameKeyUnderAClientTimeout(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	rt := e.client.RoundTripper(e.srv.Client().Transport)
-	hc := &http.Client{Transport: rt, Timeout: time.Minute}
-	req := e.paymentRequest(t, 1500, "cus_1")
-	tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
-	httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
-	require.NoError(t, err)
-	httpReq.Header = req.Header.Clone()
-
-	e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
-	_, err = hc.Do(httpReq)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-
-	resp, err := hc.Do(httpReq) // the API client's own retry
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
-	assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment")
+		resp, err := hc.Do(httpReq) // the API client's own retry
+		if err == nil {
+			defer resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode, "the payment was made: no answer may say otherwise")
+		}
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+	})
 }
 
 // authTransport is an API client's auth layer on top of the Client's
@@ -508,6 +353,161 @@ func TestRoundTripperIdentity(t *testing.T) {
 		left, err := e.client.Unresolved(context.Background())
 		require.NoError(t, err)
 		assert.Empty(t, left, "no intent was made")
+	})
+
+	// An API client whose own retry loop sends the same *http.Request again,
+	// after the RoundTripper's short budget lost the answer, sends the same
+	// key: one charge. The caller's request is not changed; a clone of it is
+	// the same request too.
+	t.Run("the same request gets the same key", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		rt := e.client.RoundTripper(e.srv.Client().Transport)
+		hc := &http.Client{Transport: rt}
+		req := e.paymentRequest(t, 1500, "cus_1")
+		tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
+		httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
+		require.NoError(t, err)
+		httpReq.Header = req.Header.Clone()
+
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+		_, err = hc.Do(httpReq)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Empty(t, httpReq.Header.Get("Idempotency-Key"), "the caller's request is not changed")
+
+		resp, err := hc.Do(httpReq) // the API client's own retry
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
+
+		clone := httpReq.Clone(httpReq.Context())
+		clone.Body, _ = httpReq.GetBody()
+		resp, err = hc.Do(clone)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a clone is the same request: the stored answer")
+	})
+
+	// Most API clients set http.Client.Timeout. Such a client hands the
+	// RoundTripper a shallow fork of the caller's request on every Do (net/http
+	// forks it to bind the deadline): the same *http.Request, sent again by the
+	// API client's own retry, is still the same request and gets the same key.
+	t.Run("the same request gets the same key under a client timeout", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		rt := e.client.RoundTripper(e.srv.Client().Transport)
+		hc := &http.Client{Transport: rt, Timeout: time.Minute}
+		req := e.paymentRequest(t, 1500, "cus_1")
+		tap := idem.ContextWithAction(idem.ContextWithRetryPolicy(context.Background(), idem.RetryPolicy{MaxAttempts: 1}), "checkout")
+		httpReq, err := http.NewRequestWithContext(tap, http.MethodPost, req.URL, bytes.NewReader(req.Body))
+		require.NoError(t, err)
+		httpReq.Header = req.Header.Clone()
+
+		e.fault(t, fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"})
+		_, err = hc.Do(httpReq)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		resp, err := hc.Do(httpReq) // the API client's own retry
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the same key: the server's replay")
+		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment")
+	})
+
+	// An API client that sets its own Idempotency-Key (as Stripe's SDKs do)
+	// and retries with it after an error keeps its promise through the
+	// RoundTripper: every attempt carries the caller's key, so the server
+	// charges once.
+	t.Run("a caller's key is kept across its retries", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		rec := &keyRecorder{next: h, keys: map[string][]string{}}
+		srv := httptest.NewServer(rec)
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		const body = `{"amount":300,"currency":"AZN","customer":"cus_1"}`
+		post := func() (*http.Response, error) {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(body))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "sdk-key-1")
+			return hc.Do(req)
+		}
+
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		_, err = post()
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer was lost")
+		resp, err := post() // the SDK's own retry
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, []string{"sdk-key-1", "sdk-key-1"}, rec.seen("POST /payments"))
+		assert.Equal(t, 1, h.Stats().ProviderCharges)
+	})
+
+	// An API client that puts its own key on the request quoted, as the IETF
+	// draft spells it, gets the server's answer: its echo, quoted as received,
+	// names the same key.
+	t.Run("the echo of a caller's quoted key is taken", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: clk})
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithClock(clk))
+		require.NoError(t, err)
+		hc := &http.Client{Transport: c.RoundTripper(srv.Client().Transport)}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":300,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", `"sdk-key-2"`)
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, `"sdk-key-2"`, resp.Header.Get("Idempotency-Key"))
+	})
+
+	// A request that carries a stored intent's key is that intent, whether it
+	// came through Client.Do or through the RoundTripper: an attempt sent
+	// either way keeps a "not found" from being trusted until it can no longer
+	// arrive.
+	t.Run("a stored intent's key is that intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		net := &heldNetwork{base: srv.Client().Transport}
+		c, err := idem.NewWith(idem.WithClock(clk), idem.WithLookup(contractLookup), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		req := payment1500(t, srv)
+		in, err := c.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		require.NoError(t, idem.Arm(c, ctx, in))
+		clk.Advance(10 * time.Minute)
+
+		// The app sends the intent's request itself, with the intent's key.
+		hc := &http.Client{Transport: c.RoundTripper(net)}
+		httpReq, err := http.NewRequest(http.MethodPost, req.URL, bytes.NewReader(req.Body))
+		require.NoError(t, err)
+		httpReq.Header = req.Header.Clone()
+		httpReq.Header.Set("Idempotency-Key", in.Key())
+		net.holdNext(1) // held in the network
+		_, err = hc.Do(httpReq)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		_, err = c.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the attempt may still arrive")
+		net.deliver(t)
+		assert.Equal(t, 1, srv.Stats().Payments)
+		assert.NotEqual(t, persist.StateVoid, in.State())
 	})
 }
 
