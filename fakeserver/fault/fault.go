@@ -189,6 +189,24 @@ func (f first) Inject(op Op) Effects {
 	return nil
 }
 
+// All asks every injector in order and keeps the first effect of each
+// kind. Every injector is asked, so each draws as it would alone.
+func All(injs ...Injector) Injector { return all(injs) }
+
+type all []Injector
+
+func (a all) Inject(op Op) Effects {
+	var es Effects
+	for _, inj := range a {
+		for _, e := range inj.Inject(op) {
+			if !es.Has(e.Kind) {
+				es = append(es, e)
+			}
+		}
+	}
+	return es
+}
+
 // ErrFull is List.Add's error when the list holds its Max rules.
 var ErrFull = errors.New("fault: the list is full")
 

@@ -173,6 +173,19 @@ func TestFirst(t *testing.T) {
 	assert.Equal(t, 1, asked)
 }
 
+func TestAll(t *testing.T) {
+	asked := 0
+	counting := &fault.Rule{When: func(fault.Op) bool { asked++; return true }, Effect: fault.Effect{Kind: fault.Reset, Bytes: 2}}
+	inj := fault.All(
+		&fault.Rule{Effect: fault.Effect{Kind: fault.Reset, Bytes: 1}},
+		counting,
+		&fault.Rule{Effect: fault.Effect{Kind: fault.Error}},
+	)
+	es := inj.Inject(fault.Op{})
+	assert.Equal(t, fault.Effects{{Kind: fault.Reset, Bytes: 1}, {Kind: fault.Error}}, es, "the first effect of a kind wins")
+	assert.Equal(t, 1, asked, "every injector is asked")
+}
+
 func TestList(t *testing.T) {
 	post := op("POST", "/payments", "k")
 	t.Run("the earliest rule of a kind wins and the later is not counted", func(t *testing.T) {
