@@ -100,9 +100,7 @@
 // [FaultKind], matched by key and/or path and counted down per matching
 // request. A matching request uses up one count of each matching fault
 // kind, even if it ends before the fault's point (for example as a replay).
-// Admin endpoints are never faulted. [Handler.InjectRule] takes a rule of
-// package [github.com/idemkit/idem/fakeserver/fault]. It picks requests as
-// a Fault cannot: by method, by number, by a seeded chance.
+// Admin endpoints are never faulted.
 //
 // Beware when checking that a Go client sees a dropped or reset connection:
 // net/http's Transport itself retries a POST that carries an Idempotency-Key

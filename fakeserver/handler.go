@@ -88,11 +88,11 @@ func (h *Handler) InjectFault(f Fault) error {
 	return h.addRule(f.rule())
 }
 
-// InjectRule adds a fault made with package fault. Its ops number the
-// handler's requests from 1, admin requests aside, in Op.Attempt. The
-// server applies the seven kinds of [Fault] and ignores the rest. It
-// fails, changing nothing, when the rule's effect is not a valid fault,
-// or 100 faults are pending ([ErrTooManyFaults]).
+// InjectRule adds a fault made with package fault. Op.Attempt numbers
+// the handler's requests from 1, admin requests aside. The server applies
+// the seven kinds of [Fault]. It fails, changing nothing, on an effect
+// that is not a valid fault. It fails too while 100 faults are pending
+// ([ErrTooManyFaults]).
 func (h *Handler) InjectRule(r *fault.Rule) error {
 	if err := checkRule(r); err != nil {
 		return err
@@ -182,9 +182,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}()
 	}
 
-	op := fault.OpOf(r)
-	op.Attempt = int(h.requests.Add(1))
-	if f := h.faults.Inject(op); len(f) > 0 {
+	if f := h.faultsOf(r); len(f) > 0 {
 		switch {
 		case f.Has(FaultReset):
 			entry.set("fault_reset")
@@ -208,6 +206,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.route(w, r)
+}
+
+// faultsOf returns the effects of the faults that strike r. Without a
+// fault it skips parsing r's query.
+func (h *Handler) faultsOf(r *http.Request) fault.Effects {
+	n := int(h.requests.Add(1))
+	if h.faults.Len() == 0 {
+		return nil
+	}
+	op := fault.OpOf(r)
+	op.Attempt = n
+	return h.faults.Inject(op)
 }
 
 // route dispatches the business API.
@@ -262,9 +272,9 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// simpleFaults applies the in-work faults to a read-only endpoint, which has
-// no record and no provider: delay waits, error answers 500, the crashes
-// close the connection.
+// simpleFaults applies the in-work faults to a read-only endpoint. Such an
+// endpoint has no record and no provider. A delay waits, an error answers
+// 500, and the crashes close the connection.
 func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	f := faultsFrom(r.Context())
 	if err := sleep(r.Context(), delayOf(f)); err != nil {
