@@ -21,6 +21,10 @@ const (
 	// storeErrorInsert and storeErrorComplete fail that store step.
 	storeErrorInsert   fault.Kind = "sim.store-error-insert"
 	storeErrorComplete fault.Kind = "sim.store-error-complete"
+	// storePause holds a store step for Effect.Delay.
+	storePause fault.Kind = "sim.store-pause"
+	// seeOther answers a new charge 303 See Other to the payment.
+	seeOther fault.Kind = "sim.see-other"
 )
 
 // call is one request of a device, as the network's rules see it.
@@ -276,6 +280,26 @@ func serverFaultRules(w *world) fault.Injector {
 			&fault.Rule{When: chance(faultStoreErrorComplete), Effect: fault.Effect{Kind: storeErrorComplete}},
 		),
 	)
+}
+
+// storePauses pause a store step now and then, so that requests
+// interleave. They draw from the server's stream, calm or not.
+func storePauses(w *world) fault.Injector {
+	r := w.serverRNG
+	return &fault.Rule{When: fault.Chance(w.cfg.Faults.rate(faultStorePause), r), Draw: func(fault.Op) fault.Effect {
+		w.stats.fault(faultStorePause.Name())
+		return fault.Effect{Kind: storePause, Delay: r.between(0, 2*time.Second)}
+	}}
+}
+
+// seeOtherRule has the server answer a new charge with 303 See Other.
+func seeOtherRule(w *world) fault.Injector {
+	faulty := func(fault.Op) bool { return w.faulty }
+	return &fault.Rule{When: fault.And(faulty, fault.Chance(w.cfg.Faults.rate(faultSeeOther), w.serverRNG)),
+		Draw: func(fault.Op) fault.Effect {
+			w.stats.fault(faultSeeOther.Name())
+			return fault.Effect{Kind: seeOther}
+		}}
 }
 
 // serverFaultsOf turns the server's effects into what its handler reads.
