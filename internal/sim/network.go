@@ -205,7 +205,7 @@ func (w *world) send(fl *flight, transit, answerDelay time.Duration, method, url
 
 // drawServerFaults draws what the server does to one request.
 func (w *world) drawServerFaults(method string) serverFaults {
-	return serverFaultsOf(w.serverFaults.Inject(fault.Op{Method: method}))
+	return serverFaultsOf(w.server.faults.Inject(fault.Op{Method: method}))
 }
 
 // proxyAnswer is an intermediary's own answer.

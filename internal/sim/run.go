@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -101,14 +100,12 @@ type world struct {
 
 	netRNG, devRNG, serverRNG, appRNG, keyRNG rng
 
-	server *server
-	// serverFaults decide what the server does to each request.
-	serverFaults fault.Injector
-	devices      []*device
-	faulty       bool
-	sessions     []*session
-	intents      map[string]*intentInfo // by key
-	carts        map[string]*cart       // by description
+	server   *server
+	devices  []*device
+	faulty   bool
+	sessions []*session
+	intents  map[string]*intentInfo // by key
+	carts    map[string]*cart       // by description
 	// shown are the keys of intents made when a Pay screen was shown and
 	// never tapped; untapped lists the ones a restart found stored.
 	shown    map[string]bool
@@ -239,7 +236,6 @@ func run(cfg config) result {
 	defer uuid.SetRand(nil)
 
 	w.server = newServer(w)
-	w.serverFaults = serverFaultRules(w)
 	for i := range cfg.Devices {
 		w.devices = append(w.devices, newDevice(w, i+1))
 	}

@@ -80,6 +80,8 @@ type server struct {
 	// stored5xx holds the answers of a server that stores its 500s and
 	// replays them, as some servers do (Options.Stored5xx).
 	stored5xx map[idempotency.ID]bool
+	// faults decide what the server does to each POST.
+	faults fault.Injector
 	// seeOther picks the charges answered 303 (server.see-other).
 	seeOther fault.Injector
 }
@@ -90,6 +92,7 @@ func newServer(w *world) *server {
 	s := &server{
 		w:         w,
 		store:     &yieldStore{w: w, mem: &idempotency.MemoryStore{}, pauses: storePauses(w)},
+		faults:    serverFaultRules(w),
 		seeOther:  seeOtherRule(w),
 		byStable:  make(map[string]*charge),
 		byKey:     make(map[idempotency.ID][]*charge),
