@@ -29,24 +29,36 @@ const (
 
 // call is one request of a device, as the network's rules see it.
 type call struct {
-	d        *device
 	req      *http.Request
 	faulty   bool // read once, as the call starts
 	isPost   bool
 	isLookup bool
-	followUp bool // the request follows the edge's 307
+	followUp bool          // the request follows the edge's 307
+	transit  time.Duration // how long the request is held on its way
 }
 
-// rate is the chance of f per opportunity in this call.
-func (c *call) rate(f faultClass) float64 {
-	if !c.faulty {
-		return 0
-	}
-	return c.d.w.cfg.Faults.rate(f)
+// netRules are a device's network faults, made once. They read the
+// device's current call as they are asked. A call asks them all before
+// it waits for its answer.
+type netRules struct {
+	d   *device
+	cur *call
+
+	offline, edge, transit, answer, slow, duplicate, crash fault.Injector
 }
 
-// chance is class f's chance, drawn from the network's stream.
-func (c *call) chance(f faultClass) fault.Predicate { return fault.Chance(c.rate(f), c.d.w.netRNG) }
+func newNetRules(d *device) *netRules {
+	n := &netRules{d: d}
+	n.offline, n.edge, n.transit, n.answer = n.offlineRule(), n.edgeRules(), n.transitRules(), n.answerRules()
+	n.slow, n.duplicate, n.crash = n.slowRule(), n.duplicateRule(), n.crashRule()
+	return n
+}
+
+// chance is class f's chance while the call is faulty. It draws from the
+// network's stream.
+func (n *netRules) chance(f faultClass) fault.Predicate {
+	return fault.And(func(fault.Op) bool { return n.cur.faulty }, fault.Chance(n.d.w.cfg.Faults.rate(f), n.d.w.netRNG))
+}
 
 var (
 	isPost   = fault.Method(http.MethodPost)
@@ -54,9 +66,9 @@ var (
 )
 
 // counted returns a draw that counts class f, then makes e.
-func (c *call) counted(f faultClass, e func() fault.Effect) func(fault.Op) fault.Effect {
+func (n *netRules) counted(f faultClass, e func() fault.Effect) func(fault.Op) fault.Effect {
 	return func(fault.Op) fault.Effect {
-		c.d.w.stats.fault(f.Name())
+		n.d.w.stats.fault(f.Name())
 		return e()
 	}
 }
@@ -67,9 +79,9 @@ func answerOf(a answer) fault.Effect {
 }
 
 // offline takes the device off the network now and then.
-func (c *call) offline() fault.Injector {
-	r := c.d.w.netRNG
-	return &fault.Rule{When: c.chance(faultOffline), Draw: c.counted(faultOffline, func() fault.Effect {
+func (n *netRules) offlineRule() fault.Injector {
+	r := n.d.w.netRNG
+	return &fault.Rule{When: n.chance(faultOffline), Draw: n.counted(faultOffline, func() fault.Effect {
 		away := r.between(time.Minute, 10*time.Minute)
 		if r.chance(0.1) {
 			// A flight, a holiday in airplane mode: the tap is retried a
@@ -82,40 +94,40 @@ func (c *call) offline() fault.Injector {
 
 // edge is what the boxes in front of the server do before they pass the
 // request on: reset it, or answer it themselves.
-func (c *call) edge() fault.Injector {
-	d, w, r, req := c.d, c.d.w, c.d.w.netRNG, c.req
+func (n *netRules) edgeRules() fault.Injector {
+	d, w, r := n.d, n.d.w, n.d.w.netRNG
 	traced := func(format string, a answer) fault.Effect {
-		w.tracef(format, d.id, a.status, req.Method, req.URL)
+		w.tracef(format, d.id, a.status, n.cur.req.Method, n.cur.req.URL)
 		return answerOf(a)
 	}
-	notFollowUp := func(fault.Op) bool { return !c.followUp }
-	cachedHere := func(fault.Op) bool { return w.cdn[req.URL.String()] != nil }
+	notFollowUp := func(fault.Op) bool { return !n.cur.followUp }
+	cachedHere := func(fault.Op) bool { return w.cdn[n.cur.req.URL.String()] != nil }
 	return fault.First(
-		&fault.Rule{When: c.chance(faultReset), Draw: c.counted(faultReset, func() fault.Effect {
-			w.tracef("d%d: connection reset before sending %s %s", d.id, req.Method, req.URL)
+		&fault.Rule{When: n.chance(faultReset), Draw: n.counted(faultReset, func() fault.Effect {
+			w.tracef("d%d: connection reset before sending %s %s", d.id, n.cur.req.Method, n.cur.req.URL)
 			return fault.Effect{Kind: fault.Reset}
 		})},
-		&fault.Rule{When: c.chance(faultProxyStatus), Draw: c.counted(faultProxyStatus, func() fault.Effect {
+		&fault.Rule{When: n.chance(faultProxyStatus), Draw: n.counted(faultProxyStatus, func() fault.Effect {
 			return traced("d%d: the intermediary answers %d to %s %s", proxyAnswer(w, pick(r, 408, 429, 500, 502, 503, 504)))
 		})},
-		&fault.Rule{When: c.chance(faultProxyOther5xx), Draw: c.counted(faultProxyOther5xx, func() fault.Effect {
+		&fault.Rule{When: n.chance(faultProxyOther5xx), Draw: n.counted(faultProxyOther5xx, func() fault.Effect {
 			return traced("d%d: the intermediary answers %d to %s %s", proxyAnswer(w, pick(r, 501, 507, 520, 521, 522, 523, 524)))
 		})},
 		// To the same URL: the server fingerprints the path and the query,
 		// so a redirect elsewhere would make the followed POST another
 		// request to it. The follow-up is not redirected again.
-		&fault.Rule{When: fault.And(isPost, notFollowUp, c.chance(faultRedirect307)), Draw: c.counted(faultRedirect307, func() fault.Effect {
+		&fault.Rule{When: fault.And(isPost, notFollowUp, n.chance(faultRedirect307)), Draw: n.counted(faultRedirect307, func() fault.Effect {
 			d.redirected = true
-			return answerOf(answer{status: http.StatusTemporaryRedirect, header: http.Header{"Location": {req.URL.RequestURI()}}})
+			return answerOf(answer{status: http.StatusTemporaryRedirect, header: http.Header{"Location": {n.cur.req.URL.RequestURI()}}})
 		})},
-		&fault.Rule{When: fault.And(isPost, c.chance(faultRedirectLogin)), Draw: c.counted(faultRedirectLogin, func() fault.Effect {
+		&fault.Rule{When: fault.And(isPost, n.chance(faultRedirectLogin)), Draw: n.counted(faultRedirectLogin, func() fault.Effect {
 			return answerOf(answer{status: http.StatusFound, header: http.Header{"Location": {"/login"}}})
 		})},
 		// A gateway refuses the POST without passing it on (its session
 		// expired, a WAF rule, proxy authentication), or a captive portal
 		// answers it with its login page. An earlier attempt may have
 		// reached the server and been charged.
-		&fault.Rule{When: fault.And(isPost, c.chance(faultRefusePost)), Draw: c.counted(faultRefusePost, func() fault.Effect {
+		&fault.Rule{When: fault.And(isPost, n.chance(faultRefusePost)), Draw: n.counted(faultRefusePost, func() fault.Effect {
 			return traced("d%d: a gateway answers %d to %s %s", pick(r,
 				answer{status: http.StatusUnauthorized, header: http.Header{"Content-Type": {"application/json"}}, body: []byte(`{"message":"Unauthorized"}`)},
 				answer{status: http.StatusForbidden, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Request blocked</html>")},
@@ -125,7 +137,7 @@ func (c *call) edge() fault.Injector {
 		})},
 		// An ingress or CDN in front of the lookup path answers its own
 		// 404 page.
-		&fault.Rule{When: fault.And(isLookup, c.chance(faultLookup404)), Draw: c.counted(faultLookup404, func() fault.Effect {
+		&fault.Rule{When: fault.And(isLookup, n.chance(faultLookup404)), Draw: n.counted(faultLookup404, func() fault.Effect {
 			return answerOf(pick(r,
 				answer{status: http.StatusNotFound, header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html><h1>404 Not Found</h1>nginx</html>")},
 				answer{status: http.StatusNotFound, header: http.Header{"Content-Type": {"application/problem+json"}}, body: []byte(`{"type":"about:blank","title":"Not Found","status":404}`)},
@@ -133,31 +145,31 @@ func (c *call) edge() fault.Injector {
 		})},
 		// A CDN serving a single-page app answers every unknown path
 		// with its index.html.
-		&fault.Rule{When: fault.And(isLookup, c.chance(faultLookupFallback)), Draw: c.counted(faultLookupFallback, func() fault.Effect {
+		&fault.Rule{When: fault.And(isLookup, n.chance(faultLookupFallback)), Draw: n.counted(faultLookupFallback, func() fault.Effect {
 			return answerOf(answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}},
 				body: []byte(`<!doctype html><html><div id="root"></div></html>`)})
 		})},
-		&fault.Rule{When: fault.And(isLookup, c.chance(faultLookupGateway)), Draw: c.counted(faultLookupGateway, func() fault.Effect {
+		&fault.Rule{When: fault.And(isLookup, n.chance(faultLookupGateway)), Draw: n.counted(faultLookupGateway, func() fault.Effect {
 			return answerOf(answer{status: pick(r, http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired),
 				header: http.Header{"Content-Type": {"text/html"}}, body: []byte("<html>Access denied</html>")})
 		})},
 		// The CDN answers from its cache: the server's answer to an
 		// earlier lookup of the key, nonce echo and all.
-		&fault.Rule{When: fault.And(isLookup, cachedHere, c.chance(faultLookupCache)), Draw: c.counted(faultLookupCache, func() fault.Effect {
-			kept := w.cdn[req.URL.String()]
+		&fault.Rule{When: fault.And(isLookup, cachedHere, n.chance(faultLookupCache)), Draw: n.counted(faultLookupCache, func() fault.Effect {
+			kept := w.cdn[n.cur.req.URL.String()]
 			a := kept.ans
 			a.header = a.header.Clone()
 			a.header.Set("Age", strconv.Itoa(int(w.clk.now.Sub(kept.at)/time.Second)))
-			w.tracef("d%d: the CDN answers %s from its cache (%d, age %s)", d.id, req.URL, a.status, w.clk.now.Sub(kept.at))
+			w.tracef("d%d: the CDN answers %s from its cache (%d, age %s)", d.id, n.cur.req.URL, a.status, w.clk.now.Sub(kept.at))
 			return answerOf(a)
 		})},
 		// A debugging gateway reflects the request into its own answer:
 		// its header fields, and its query parameters as header fields.
 		// So its 404 carries the key, as the server's echo would.
-		&fault.Rule{When: fault.And(isLookup, c.chance(faultLookupReflect)), Draw: c.counted(faultLookupReflect, func() fault.Effect {
-			a := answer{status: http.StatusNotFound, header: req.Header.Clone(), body: []byte("<html>No route</html>")}
+		&fault.Rule{When: fault.And(isLookup, n.chance(faultLookupReflect)), Draw: n.counted(faultLookupReflect, func() fault.Effect {
+			a := answer{status: http.StatusNotFound, header: n.cur.req.Header.Clone(), body: []byte("<html>No route</html>")}
 			a.header.Set("Content-Type", "text/html")
-			a.header.Set("Idempotency-Key", req.URL.Query().Get("idempotency_key"))
+			a.header.Set("Idempotency-Key", n.cur.req.URL.Query().Get("idempotency_key"))
 			return answerOf(a)
 		})},
 	)
@@ -165,24 +177,24 @@ func (c *call) edge() fault.Injector {
 
 // transit is what the network does to a request on its way: lose it, or
 // hold it.
-func (c *call) transit() fault.Injector {
-	d, w, r := c.d, c.d.w, c.d.w.netRNG
-	stuck := func(fault.Op) bool { return c.faulty && w.clk.now.Before(d.stuckUntil) }
+func (n *netRules) transitRules() fault.Injector {
+	d, w, r := n.d, n.d.w, n.d.w.netRNG
+	stuck := func(fault.Op) bool { return n.cur.faulty && w.clk.now.Before(d.stuckUntil) }
 	return fault.First(
-		&fault.Rule{When: c.chance(faultLoseRequest), Draw: c.counted(faultLoseRequest, func() fault.Effect {
+		&fault.Rule{When: n.chance(faultLoseRequest), Draw: n.counted(faultLoseRequest, func() fault.Effect {
 			return fault.Effect{Kind: fault.LoseRequest}
 		})},
 		// The POST goes out on the stuck connection too.
-		&fault.Rule{When: fault.And(isPost, stuck), Draw: c.counted(faultHold, func() fault.Effect {
+		&fault.Rule{When: fault.And(isPost, stuck), Draw: n.counted(faultHold, func() fault.Effect {
 			return fault.Effect{Kind: fault.Hold, Delay: r.between(time.Second, w.cfg.MaxTransit)}
 		})},
 		// The request is held in transit. A POST sticks the device's
 		// connection for a while, so that its retries are held too (a
 		// phone whose mobile data stalls). Other requests, such as the
 		// reconcile lookup, may take another path.
-		&fault.Rule{When: c.chance(faultHold), Draw: c.counted(faultHold, func() fault.Effect {
+		&fault.Rule{When: n.chance(faultHold), Draw: n.counted(faultHold, func() fault.Effect {
 			e := fault.Effect{Kind: fault.Hold, Delay: r.between(time.Second, w.cfg.MaxTransit)}
-			if c.isPost {
+			if n.cur.isPost {
 				d.stuckUntil = w.clk.now.Add(r.between(10*time.Second, w.cfg.MaxTransit))
 			}
 			return e
@@ -192,22 +204,22 @@ func (c *call) transit() fault.Injector {
 
 // answer is what the network does to the answer: lose it, cut its body,
 // or have the intermediary replace it after passing the request on.
-func (c *call) answer() fault.Injector {
-	w, r := c.d.w, c.d.w.netRNG
+func (n *netRules) answerRules() fault.Injector {
+	w, r := n.d.w, n.d.w.netRNG
 	replaced := func(f faultClass, statuses ...int) *fault.Rule {
 		// The intermediary passed the request on, and answers on its own
 		// anyway: the work may be done.
-		return &fault.Rule{When: c.chance(f), Draw: func(fault.Op) fault.Effect {
+		return &fault.Rule{When: n.chance(f), Draw: func(fault.Op) fault.Effect {
 			w.stats.fault(f.Name() + " after forwarding")
 			status := pick(r, statuses...)
 			return fault.Effect{Kind: fault.Status, Status: status, RetryAfter: retryAfter(w)}
 		}}
 	}
 	return fault.First(
-		&fault.Rule{When: c.chance(faultLoseAnswer), Draw: c.counted(faultLoseAnswer, func() fault.Effect {
+		&fault.Rule{When: n.chance(faultLoseAnswer), Draw: n.counted(faultLoseAnswer, func() fault.Effect {
 			return fault.Effect{Kind: fault.LoseAnswer}
 		})},
-		&fault.Rule{When: c.chance(faultCutBody), Draw: c.counted(faultCutBody, func() fault.Effect {
+		&fault.Rule{When: n.chance(faultCutBody), Draw: n.counted(faultCutBody, func() fault.Effect {
 			return fault.Effect{Kind: fault.CutAnswer, Bytes: -1}
 		})},
 		replaced(faultProxyStatus, 408, 429, 500, 502, 503, 504),
@@ -217,9 +229,9 @@ func (c *call) answer() fault.Injector {
 
 // slow delays the answer on its way back, at times past the device's
 // timeout.
-func (c *call) slow() fault.Injector {
-	d, r := c.d, c.d.w.netRNG
-	return &fault.Rule{When: c.chance(faultSlowAnswer), Draw: c.counted(faultSlowAnswer, func() fault.Effect {
+func (n *netRules) slowRule() fault.Injector {
+	d, r := n.d, n.d.w.netRNG
+	return &fault.Rule{When: n.chance(faultSlowAnswer), Draw: n.counted(faultSlowAnswer, func() fault.Effect {
 		return fault.Effect{Kind: fault.SlowAnswer, Delay: r.between(time.Second, 3*d.attemptTimeout/2)}
 	})}
 }
@@ -227,9 +239,10 @@ func (c *call) slow() fault.Injector {
 // duplicate has the intermediary send the POST again on its own. The
 // copy leaves at once, racing the first, within a second of it, or up
 // to the longest transit later.
-func (c *call) duplicate(transit time.Duration) fault.Injector {
-	w, r := c.d.w, c.d.w.netRNG
-	return &fault.Rule{When: fault.And(isPost, c.chance(faultDuplicate)), Draw: c.counted(faultDuplicate, func() fault.Effect {
+func (n *netRules) duplicateRule() fault.Injector {
+	w, r := n.d.w, n.d.w.netRNG
+	return &fault.Rule{When: fault.And(isPost, n.chance(faultDuplicate)), Draw: n.counted(faultDuplicate, func() fault.Effect {
+		transit := n.cur.transit
 		var at time.Duration
 		switch r.IntN(3) {
 		case 0:
@@ -246,12 +259,12 @@ func (c *call) duplicate(transit time.Duration) fault.Injector {
 // crashInTransit kills half of the devices whose request is in transit.
 // They come back before the request arrives, as a killed app restarted
 // at once does.
-func (c *call) crashInTransit(transit time.Duration) fault.Injector {
-	w := c.d.w
+func (n *netRules) crashRule() fault.Injector {
+	w := n.d.w
 	inTransit := func(fault.Op) bool {
-		return transit > 0 && w.faulty && w.cfg.Faults[faultHoldAcrossCrash]
+		return n.cur.transit > 0 && w.faulty && w.cfg.Faults[faultHoldAcrossCrash]
 	}
-	return &fault.Rule{When: fault.And(inTransit, fault.Chance(0.5, w.netRNG)), Draw: c.counted(faultCrash, func() fault.Effect {
+	return &fault.Rule{When: fault.And(inTransit, fault.Chance(0.5, w.netRNG)), Draw: n.counted(faultCrash, func() fault.Effect {
 		return fault.Effect{Kind: crashInTransit}
 	})}
 }

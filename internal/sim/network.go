@@ -70,10 +70,14 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	w.stats.Attempts++
 	header := req.Header.Clone()
 	header.Set("Authorization", d.principal)
-	c := &call{d: d, req: req, faulty: w.faulty, followUp: d.redirected}
-	d.redirected = false
 	op := fault.OpOf(req)
-	c.isPost, c.isLookup = isPost(op), isLookup(op)
+	c := &call{req: req, faulty: w.faulty, followUp: d.redirected, isPost: isPost(op), isLookup: isLookup(op)}
+	d.redirected = false
+	if d.net == nil {
+		d.net = newNetRules(d)
+	}
+	n := d.net
+	n.cur = c
 
 	// The device looks for a connection, as net/http's transport does, and
 	// tells the client's trace. While it is offline (in a lift, in
@@ -82,7 +86,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if trace != nil && trace.GetConn != nil {
 		trace.GetConn(simHost + ":80")
 	}
-	if e, ok := c.offline().Inject(op).Get(goOffline); ok {
+	if e, ok := n.offline.Inject(op).Get(goOffline); ok {
 		d.offline = maxTime(d.offline, w.clk.now.Add(e.Delay))
 		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(epoch))
 	}
@@ -103,31 +107,34 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return d.respond(req, answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}},
 			body: []byte("<html><body>Please sign in</body></html>")}, false), nil
 	}
-	edge := c.edge().Inject(op)
+	edge := n.edge.Inject(op)
 	if edge.Has(fault.Reset) {
 		return nil, errReset
 	}
 	if e, ok := edge.Get(fault.Status); ok {
 		return d.respond(req, answer{status: e.Status, header: e.Header, body: e.Body}, false), nil
 	}
-	return c.send(op, header, body)
+	return n.send(op, header, body)
 }
 
 // send sends a request the edge passed on, and waits for its answer.
-func (c *call) send(op fault.Op, header http.Header, body []byte) (*http.Response, error) {
-	d, w, req := c.d, c.d.w, c.req
+// It asks the rules before it waits: a call made meanwhile changes n.cur.
+func (n *netRules) send(op fault.Op, header http.Header, body []byte) (*http.Response, error) {
+	c := n.cur
+	d, w, req := n.d, n.d.w, c.req
 	fl := &flight{d: d, gen: d.gen}
-	way := c.transit().Inject(op)
+	way := n.transit.Inject(op)
 	lost := way.Has(fault.LoseRequest)
 	hold, _ := way.Get(fault.Hold)
 	transit := hold.Delay
-	back := c.answer().Inject(op)
+	c.transit = transit
+	back := n.answer.Inject(op)
 	fl.loseAns = back.Has(fault.LoseAnswer)
 	fl.cut = back.Has(fault.CutAnswer)
 	if e, ok := back.Get(fault.Status); ok {
 		fl.replace, fl.raValue = e.Status, e.RetryAfter
 	}
-	slow, _ := c.slow().Inject(op).Get(fault.SlowAnswer)
+	slow, _ := n.slow.Inject(op).Get(fault.SlowAnswer)
 
 	url := req.URL.String()
 	method := req.Method
@@ -135,12 +142,12 @@ func (c *call) send(op fault.Op, header http.Header, body []byte) (*http.Respons
 		req.Header.Get("Idempotency-Key"), transit, lost, fl.loseAns, fl.cut, fl.replace)
 	if !lost {
 		w.send(fl, transit, slow.Delay, method, url, header, body)
-		if dup, ok := c.duplicate(transit).Inject(op).Get(fault.Duplicate); ok {
+		if dup, ok := n.duplicate.Inject(op).Get(fault.Duplicate); ok {
 			// The copy's answer goes nowhere.
 			w.send(&flight{d: d, gen: d.gen}, transit+dup.Delay, 0, method, url, header, body)
 		}
 	}
-	if c.crashInTransit(transit).Inject(op).Has(crashInTransit) {
+	if n.crash.Inject(op).Has(crashInTransit) {
 		panic(crash{where: "while its request is in transit", quick: true})
 	}
 	d.maybeCrash("after a request was sent")
