@@ -47,6 +47,7 @@ type netRules struct {
 	offline, edge, transit, answer, slow, duplicate, crash fault.Injector
 }
 
+// newNetRules makes d's rules.
 func newNetRules(d *device) *netRules {
 	n := &netRules{d: d}
 	n.offline, n.edge, n.transit, n.answer = n.offlineRule(), n.edgeRules(), n.transitRules(), n.answerRules()
@@ -78,7 +79,7 @@ func answerOf(a answer) fault.Effect {
 	return fault.Effect{Kind: fault.Status, Status: a.status, Header: a.header, Body: a.body}
 }
 
-// offline takes the device off the network now and then.
+// offlineRule takes the device off the network now and then.
 func (n *netRules) offlineRule() fault.Injector {
 	r := n.d.w.netRNG
 	return &fault.Rule{When: n.chance(faultOffline), Draw: n.counted(faultOffline, func() fault.Effect {
@@ -92,8 +93,8 @@ func (n *netRules) offlineRule() fault.Injector {
 	})}
 }
 
-// edge is what the boxes in front of the server do before they pass the
-// request on: reset it, or answer it themselves.
+// edgeRules are what the boxes in front of the server do before they pass
+// the request on. They reset it, or answer it themselves.
 func (n *netRules) edgeRules() fault.Injector {
 	d, w, r := n.d, n.d.w, n.d.w.netRNG
 	traced := func(format string, a answer) fault.Effect {
@@ -175,8 +176,8 @@ func (n *netRules) edgeRules() fault.Injector {
 	)
 }
 
-// transit is what the network does to a request on its way: lose it, or
-// hold it.
+// transitRules are what the network does to a request on its way. It
+// loses the request, or holds it.
 func (n *netRules) transitRules() fault.Injector {
 	d, w, r := n.d, n.d.w, n.d.w.netRNG
 	stuck := func(fault.Op) bool { return n.cur.faulty && w.clk.now.Before(d.stuckUntil) }
@@ -202,8 +203,9 @@ func (n *netRules) transitRules() fault.Injector {
 	)
 }
 
-// answer is what the network does to the answer: lose it, cut its body,
-// or have the intermediary replace it after passing the request on.
+// answerRules are what the network does to the answer. It loses the
+// answer or cuts its body. Or the intermediary replaces it after passing
+// the request on.
 func (n *netRules) answerRules() fault.Injector {
 	w, r := n.d.w, n.d.w.netRNG
 	replaced := func(f faultClass, statuses ...int) *fault.Rule {
@@ -227,7 +229,7 @@ func (n *netRules) answerRules() fault.Injector {
 	)
 }
 
-// slow delays the answer on its way back, at times past the device's
+// slowRule delays the answer on its way back, at times past the device's
 // timeout.
 func (n *netRules) slowRule() fault.Injector {
 	d, r := n.d, n.d.w.netRNG
@@ -236,7 +238,7 @@ func (n *netRules) slowRule() fault.Injector {
 	})}
 }
 
-// duplicate has the intermediary send the POST again on its own. The
+// duplicateRule has the intermediary send the POST again on its own. The
 // copy leaves at once, racing the first, within a second of it, or up
 // to the longest transit later.
 func (n *netRules) duplicateRule() fault.Injector {
@@ -256,7 +258,7 @@ func (n *netRules) duplicateRule() fault.Injector {
 	})}
 }
 
-// crashInTransit kills half of the devices whose request is in transit.
+// crashRule kills half of the devices whose request is in transit.
 // They come back before the request arrives, as a killed app restarted
 // at once does.
 func (n *netRules) crashRule() fault.Injector {
@@ -269,7 +271,7 @@ func (n *netRules) crashRule() fault.Injector {
 	})}
 }
 
-// serverFaultRules are what the server does to a POST: its worker dies or
+// serverFaultRules are what the server does to a POST. Its worker dies or
 // fails, its work is slow, its store fails. They draw from the server's
 // stream.
 func serverFaultRules(w *world) fault.Injector {
