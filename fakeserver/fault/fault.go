@@ -4,13 +4,13 @@
 // request, the effects to apply.
 //
 // The fake server's admin faults run on it, and so do the repository's
-// fault proxy and simulation. To fault a fake server, build a [Rule] and
-// add it to a [List], or post the same fault as JSON to /_fake/faults.
+// fault proxy and simulation. To fault a fake server, give a [Rule] to its
+// Handler.InjectRule, or post a fault as JSON to /_fake/faults.
 // docs/FAKESERVER.md lists the effects a fake server applies.
 //
-// The package decides; it applies nothing. Each site applies the effects
-// it knows, at its own points, and ignores the rest. A site may name
-// effects of its own with a [Kind] of its own.
+// The package only decides. Each site applies the effects it knows, at its
+// own points, and ignores the rest. A site may name effects of its own
+// with a [Kind] of its own. A [List] keeps rules that come and go.
 package fault
 
 import (
