@@ -365,6 +365,18 @@ func TestInjectRule(t *testing.T) {
 		assert.Contains(t, first, http.StatusInternalServerError)
 		assert.Contains(t, first, http.StatusCreated)
 	})
+	t.Run("a status rule answers its own header and body", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		page := []byte("<html><h1>404 Not Found</h1>nginx</html>")
+		require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Query("idempotency_key"), Effect: fault.Effect{
+			Kind: fakeserver.FaultStatus, Status: http.StatusNotFound, Header: http.Header{"Content-Type": {"text/html"}}, Body: page}}))
+		a := send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k1", NoKey: true})
+		assert.Equal(t, http.StatusNotFound, a.Status)
+		assert.Equal(t, "text/html", a.Header.Get("Content-Type"))
+		assert.Equal(t, string(page), string(a.Body))
+		assert.Empty(t, a.Header.Get("Idempotency-Key"), "the box in front echoes nothing")
+	})
 	t.Run("a rule whose effect is not a fault is refused", func(t *testing.T) {
 		t.Parallel()
 		s, _ := newServer(t, nil)

@@ -191,11 +191,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case f.Has(FaultStatus):
 			entry.set("fault_status")
 			st, _ := f.Get(FaultStatus)
-			if st.RetryAfter != "" {
-				w.Header().Set("Retry-After", st.RetryAfter)
-			}
-			(&problem{Type: problemInjectedFault, Title: http.StatusText(st.Status), Status: st.Status,
-				Detail: "the status fault answered this request; nothing was done"}).Write(w)
+			writeStatusFault(w, st)
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), faultCtxKey{}, f))
@@ -206,6 +202,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.route(w, r)
+}
+
+// writeStatusFault answers as a box in front of the server would. A rule's
+// own header and body stand in for the server's problem.
+func writeStatusFault(w http.ResponseWriter, st fault.Effect) {
+	for k, v := range st.Header {
+		w.Header()[k] = append([]string(nil), v...)
+	}
+	if st.RetryAfter != "" {
+		w.Header().Set("Retry-After", st.RetryAfter)
+	}
+	if st.Header != nil || st.Body != nil {
+		w.WriteHeader(st.Status)
+		_, _ = w.Write(st.Body)
+		return
+	}
+	(&problem{Type: problemInjectedFault, Title: http.StatusText(st.Status), Status: st.Status,
+		Detail: "the status fault answered this request; nothing was done"}).Write(w)
 }
 
 // faultsOf returns the effects of the faults that strike r. Without a

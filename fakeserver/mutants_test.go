@@ -149,6 +149,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
 		},
 		{
+			Name: "fake-status-rule-body-dropped", File: "fakeserver/handler.go",
+			Note:    "a status rule's own header and body are replaced by the server's problem",
+			Anchor:  "if st.Header != nil || st.Body != nil {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",

@@ -93,7 +93,8 @@ const (
 )
 
 // Effect is what a fault does to one request. Only the fields its Kind
-// names are read.
+// names are read. Many ops may share one effect: a site copies what it
+// changes.
 type Effect struct {
 	Kind  Kind
 	Delay time.Duration
