@@ -148,7 +148,7 @@ func (f Fault) rule() *fault.Rule {
 }
 
 // checkRule checks a rule given to InjectRule. A rule that draws its
-// effect is checked as it strikes.
+// effect is checked as it strikes (see validEffects).
 func checkRule(r *fault.Rule) error {
 	if r == nil {
 		return fmt.Errorf("%w: the rule is nil", errInvalidFault)
@@ -156,9 +156,25 @@ func checkRule(r *fault.Rule) error {
 	if r.Draw != nil {
 		return nil
 	}
-	e := r.Effect
+	return checkEffect(r.Effect)
+}
+
+// checkEffect checks e as a Fault of its kind.
+func checkEffect(e fault.Effect) error {
 	_, err := Fault{Kind: e.Kind, Delay: e.Delay, Status: e.Status, RetryAfter: e.RetryAfter}.validate()
 	return err
+}
+
+// validEffects drops the effects that are not valid faults. Only a drawn
+// effect can be one, and the server cannot apply it.
+func validEffects(es fault.Effects) fault.Effects {
+	kept := es[:0]
+	for _, e := range es {
+		if checkEffect(e) == nil {
+			kept = append(kept, e)
+		}
+	}
+	return kept
 }
 
 type faultCtxKey struct{}

@@ -385,6 +385,14 @@ func TestInjectRule(t *testing.T) {
 		assert.ErrorIs(t, s.InjectRule(nil), fakeserver.ErrInvalidFault)
 		assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status, "nothing was added")
 	})
+	t.Run("a drawn effect that is not a fault is dropped", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		require.NoError(t, s.InjectRule(&fault.Rule{Draw: func(fault.Op) fault.Effect {
+			return fault.Effect{Kind: fakeserver.FaultStatus} // no status to answer
+		}}))
+		assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	})
 	t.Run("rules and faults share the bound", func(t *testing.T) {
 		t.Parallel()
 		s, _ := newServer(t, nil)

@@ -92,7 +92,8 @@ func (h *Handler) InjectFault(f Fault) error {
 // the handler's requests from 1, admin requests aside. The server applies
 // the seven kinds of [Fault]. It fails, changing nothing, on an effect
 // that is not a valid fault. It fails too while 100 faults are pending
-// ([ErrTooManyFaults]).
+// ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
+// dropped as it strikes.
 func (h *Handler) InjectRule(r *fault.Rule) error {
 	if err := checkRule(r); err != nil {
 		return err
@@ -231,7 +232,7 @@ func (h *Handler) faultsOf(r *http.Request) fault.Effects {
 	}
 	op := fault.OpOf(r)
 	op.Attempt = n
-	return h.faults.Inject(op)
+	return validEffects(h.faults.Inject(op))
 }
 
 // route dispatches the business API.

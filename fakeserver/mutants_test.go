@@ -156,6 +156,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
 		},
 		{
+			Name: "fake-drawn-effect-unchecked", File: "fakeserver/handler.go",
+			Note:    "a drawn effect that is not a valid fault is applied, and a status of 0 kills the request",
+			Anchor:  "return validEffects(h.faults.Inject(op))",
+			Replace: "return h.faults.Inject(op)",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",
