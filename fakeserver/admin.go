@@ -101,7 +101,7 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		validationProblem(strings.TrimPrefix(err.Error(), "fakeserver: ")).Write(w)
 		return
 	}
-	if err := h.faults.add(f); err != nil {
+	if err := h.addRule(f.rule()); err != nil {
 		(&problem{Type: problemStorageFull, Title: "Too many faults", Status: http.StatusServiceUnavailable,
 			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", maxFaults)}).Write(w)
 		return

@@ -134,26 +134,26 @@ func (h *Handler) work(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		f := faultsFrom(ctx)
-		if f.has(FaultCrashAfterInsert) {
+		if f.Has(FaultCrashAfterInsert) {
 			panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 		}
 		if err := h.state.Count(ctx, fakestate.Executions); err != nil {
 			h.internalError(w, r, err)
 			return
 		}
-		if err := sleep(ctx, h.cfg.delay+f.delay); err != nil {
+		if err := sleep(ctx, h.cfg.delay+delayOf(f)); err != nil {
 			idempotency.NothingDone(ctx)
 			(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 				Detail: "the request was cancelled before the work was done; nothing was done"}).Write(w)
 			return
 		}
-		if f.has(FaultError) {
+		if f.Has(FaultError) {
 			idempotency.NothingDone(ctx)
 			(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 				Detail: "the error fault failed this request before the work was done; nothing was done"}).Write(w)
 			return
 		}
-		if f.has(FaultCrashAfterProvider) {
+		if f.Has(FaultCrashAfterProvider) {
 			next.ServeHTTP(&discard{h: make(http.Header)}, r)
 			panic(http.ErrAbortHandler) // done, but nothing recorded
 		}

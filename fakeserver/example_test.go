@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/fault"
 )
 
 func ExampleNewServer() {
@@ -82,4 +83,33 @@ func ExampleEndpoint() {
 	// lost answer
 	// 201 replayed:true {"id":"ord_1"}
 	// orders made: 1 executions: 1
+}
+
+// A rule of package fault picks requests by what a Fault cannot say: here
+// every third POST is answered 503 by a proxy in front.
+func ExampleHandler_InjectRule() {
+	s := fakeserver.NewServer(nil)
+	defer s.Close()
+
+	_ = s.InjectRule(&fault.Rule{
+		When:   fault.And(fault.Method(http.MethodPost), func(op fault.Op) bool { return op.Attempt%3 == 0 }),
+		Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "1"},
+	})
+	for i := range 4 {
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/payments",
+			strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("order-%d", i))
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode)
+	}
+	// Output:
+	// 201
+	// 201
+	// 503
+	// 201
 }

@@ -6,36 +6,37 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/idempotency"
 )
 
 // FaultKind names a fault. The names are those of the admin endpoint.
-type FaultKind string
+// It is package fault's Kind.
+type FaultKind = fault.Kind
 
-// The faults of the contract (section 9).
+// The faults of the contract (section 9). Package fault documents each.
 const (
 	// FaultDropResponse does the work and commits, then closes the
 	// connection without answering: the lost response.
-	FaultDropResponse FaultKind = "drop_response"
+	FaultDropResponse = fault.LoseAnswer
 	// FaultDelay holds the work for Fault.Delay before committing.
-	FaultDelay FaultKind = "delay"
+	FaultDelay = fault.Delay
 	// FaultCrashAfterInsert inserts the IN_PROGRESS record, then closes the
 	// connection and leaves the record behind, as a dead worker would.
-	FaultCrashAfterInsert FaultKind = "crash_after_insert"
+	FaultCrashAfterInsert = fault.CrashAfterInsert
 	// FaultCrashAfterProvider charges the provider, then dies before
 	// recording anything.
-	FaultCrashAfterProvider FaultKind = "crash_after_provider"
+	FaultCrashAfterProvider = fault.CrashAfterProvider
 	// FaultError fails inside the work, after the record is inserted and
 	// before the effect commits: 500, rolled back, the key free again.
-	FaultError FaultKind = "error"
+	FaultError = fault.Error
 	// FaultStatus answers Fault.Status (with Retry-After: Fault.RetryAfter
 	// if set) and touches nothing, as a proxy in front of the server would.
-	FaultStatus FaultKind = "status"
+	FaultStatus = fault.Status
 	// FaultReset closes the connection before reading the request.
-	FaultReset FaultKind = "reset"
+	FaultReset = fault.Reset
 )
 
 // faultKinds lists every fault, in the order of the contract.
@@ -133,96 +134,61 @@ func (f Fault) validate() (Fault, error) {
 	return f, nil
 }
 
-// faultSet holds the injected faults. It is safe for concurrent use.
-type faultSet struct {
-	mu     sync.Mutex
-	faults []*Fault // Count is what is left
-}
-
-// add adds f, or returns ErrTooManyFaults.
-func (s *faultSet) add(f Fault) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.faults) >= maxFaults {
-		return ErrTooManyFaults
+// rule returns the rule of f, a valid Fault.
+func (f Fault) rule() *fault.Rule {
+	var when []fault.Predicate
+	if f.Key != "" {
+		when = append(when, fault.Key(f.Key))
 	}
-	s.faults = append(s.faults, &f)
-	return nil
-}
-
-func (s *faultSet) clear() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.faults = nil
-}
-
-// matched is what the faults matching one request ask for.
-type matched struct {
-	kinds      uint
-	delay      time.Duration
-	status     int
-	retryAfter string
-}
-
-func (m *matched) has(k FaultKind) bool {
-	if m == nil {
-		return false
+	if f.Path != "" {
+		when = append(when, fault.Path(f.Path))
 	}
-	for i, kk := range faultKinds {
-		if kk == k {
-			return m.kinds&(1<<i) != 0
-		}
-	}
-	return false
+	return &fault.Rule{When: fault.And(when...), Times: f.Count, Effect: fault.Effect{Kind: f.Kind, Delay: f.Delay,
+		Status: f.Status, RetryAfter: f.RetryAfter}}
 }
 
-// match counts down every fault matching the request, at most one of each
-// kind (the earliest injected), and returns what they ask for, or nil.
-func (s *faultSet) match(key, path string) *matched {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.faults) == 0 {
+// checkRule checks a rule given to InjectRule. A rule that draws its
+// effect is checked as it strikes (see validEffects).
+func checkRule(r *fault.Rule) error {
+	if r == nil {
+		return fmt.Errorf("%w: the rule is nil", errInvalidFault)
+	}
+	if r.Draw != nil {
 		return nil
 	}
-	var m *matched
-	kept := s.faults[:0]
-	for _, f := range s.faults {
-		if (f.Key == "" || f.Key == key) && (f.Path == "" || f.Path == path) {
-			if m == nil {
-				m = &matched{}
-			}
-			if !m.has(f.Kind) {
-				for i, k := range faultKinds {
-					if k == f.Kind {
-						m.kinds |= 1 << i
-					}
-				}
-				switch f.Kind {
-				case FaultDelay:
-					m.delay = f.Delay
-				case FaultStatus:
-					m.status, m.retryAfter = f.Status, f.RetryAfter
-				}
-				f.Count--
-			}
-		}
-		if f.Count > 0 {
-			kept = append(kept, f)
+	return checkEffect(r.Effect)
+}
+
+// checkEffect checks e as a Fault of its kind.
+func checkEffect(e fault.Effect) error {
+	_, err := Fault{Kind: e.Kind, Delay: e.Delay, Status: e.Status, RetryAfter: e.RetryAfter}.validate()
+	return err
+}
+
+// validEffects drops the effects that are not valid faults. Only a drawn
+// effect can be one, and the server cannot apply it.
+func validEffects(es fault.Effects) fault.Effects {
+	kept := es[:0]
+	for _, e := range es {
+		if checkEffect(e) == nil {
+			kept = append(kept, e)
 		}
 	}
-	clear(s.faults[len(kept):])
-	s.faults = kept
-	return m
+	return kept
 }
 
 type faultCtxKey struct{}
 
-func faultsFrom(ctx context.Context) *matched {
-	m, _ := ctx.Value(faultCtxKey{}).(*matched)
-	if m == nil {
-		return &matched{}
-	}
-	return m
+// faultsFrom returns the effects the request's faults ask of the work.
+func faultsFrom(ctx context.Context) fault.Effects {
+	es, _ := ctx.Value(faultCtxKey{}).(fault.Effects)
+	return es
+}
+
+// delayOf returns how long the delay fault holds the work.
+func delayOf(es fault.Effects) time.Duration {
+	e, _ := es.Get(FaultDelay)
+	return e.Delay
 }
 
 // discard is the ResponseWriter of a request whose response will be dropped:

@@ -3,6 +3,7 @@ package fakeserver_test
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/fault"
 )
 
 // One test per fault of section 9.
@@ -330,4 +332,74 @@ func TestLookupNeverSaysNotFoundForAChargeAfterItsRecordExpired(t *testing.T) {
 		assert.Equal(t, 1, st.Payments, "the charge is a payment")
 		assert.Equal(t, 1, st.ProviderCharges)
 	}
+}
+
+// A rule of package fault picks requests as no Fault can: by method, by
+// the request's number, by a seeded chance.
+func TestInjectRule(t *testing.T) {
+	t.Parallel()
+	t.Run("a rule picks the request by its number", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Attempt(2), Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: 503}}))
+		assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+		assert.Equal(t, http.StatusServiceUnavailable, pay(t, s, "k2", payBody).Status)
+		assert.Equal(t, http.StatusCreated, pay(t, s, "k3", payBody).Status)
+	})
+	t.Run("a seeded chance faults the same requests on every run", func(t *testing.T) {
+		t.Parallel()
+		statuses := func() []int {
+			s, _ := newServer(t, nil)
+			require.NoError(t, s.InjectRule(&fault.Rule{
+				When:   fault.And(fault.Method(http.MethodPost), fault.Chance(0.5, fault.Seeded(3))),
+				Effect: fault.Effect{Kind: fakeserver.FaultError},
+			}))
+			var out []int
+			for i := range 20 {
+				out = append(out, pay(t, s, "k"+strconv.Itoa(i), payBody).Status)
+			}
+			return out
+		}
+		first := statuses()
+		assert.Equal(t, first, statuses())
+		assert.Contains(t, first, http.StatusInternalServerError)
+		assert.Contains(t, first, http.StatusCreated)
+	})
+	t.Run("a status rule answers its own header and body", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		page := []byte("<html><h1>404 Not Found</h1>nginx</html>")
+		require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Query("idempotency_key"), Effect: fault.Effect{
+			Kind: fakeserver.FaultStatus, Status: http.StatusNotFound, Header: http.Header{"Content-Type": {"text/html"}}, Body: page}}))
+		a := send(t, s.Client(), s.URL, req{Method: http.MethodGet, Path: "/payments?idempotency_key=k1", NoKey: true})
+		assert.Equal(t, http.StatusNotFound, a.Status)
+		assert.Equal(t, "text/html", a.Header.Get("Content-Type"))
+		assert.Equal(t, string(page), string(a.Body))
+		assert.Empty(t, a.Header.Get("Idempotency-Key"), "the box in front echoes nothing")
+	})
+	t.Run("a rule whose effect is not a fault is refused", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fault.Hold}}), fakeserver.ErrUnknownFault)
+		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fault.Delay}}), fakeserver.ErrInvalidFault)
+		assert.ErrorIs(t, s.InjectRule(nil), fakeserver.ErrInvalidFault)
+		assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status, "nothing was added")
+	})
+	t.Run("a drawn effect that is not a fault is dropped", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		require.NoError(t, s.InjectRule(&fault.Rule{Draw: func(fault.Op) fault.Effect {
+			return fault.Effect{Kind: fakeserver.FaultStatus} // no status to answer
+		}}))
+		assert.Equal(t, http.StatusCreated, pay(t, s, "k1", payBody).Status)
+	})
+	t.Run("rules and faults share the bound", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, nil)
+		for range fakeserver.MaxFaults {
+			require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Key("other"), Effect: fault.Effect{Kind: fakeserver.FaultReset}}))
+		}
+		assert.ErrorIs(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset}), fakeserver.ErrTooManyFaults)
+		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fakeserver.FaultReset}}), fakeserver.ErrTooManyFaults)
+	})
 }

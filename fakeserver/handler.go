@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 	"github.com/idemkit/idem/idempotency"
 )
@@ -20,7 +21,8 @@ import (
 type Handler struct {
 	cfg      config
 	state    fakestate.State
-	faults   faultSet
+	faults   fault.List
+	requests atomic.Int64 // numbers the requests faults see, from 1
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
 	// endpoints serves Options.Endpoints, the app's own; nil without any.
 	endpoints       *http.ServeMux
@@ -46,6 +48,7 @@ func NewBareHandler(opts *Options) *Handler { return newHandler(opts, true) }
 // without the idempotency layer (see NewBareHandler).
 func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
+	h.faults.Max = maxFaults
 	if h.cfg.storage != nil {
 		// The bounds on memory do not apply: the storage holds the state.
 		h.state = h.cfg.storage.open(h.cfg.clock)
@@ -82,11 +85,31 @@ func (h *Handler) InjectFault(f Fault) error {
 	if err != nil {
 		return err
 	}
-	return h.faults.add(f)
+	return h.addRule(f.rule())
+}
+
+// InjectRule adds a fault made with package fault. Op.Attempt numbers
+// the handler's requests from 1, admin requests aside. The server applies
+// the seven kinds of [Fault]. It fails, changing nothing, on an effect
+// that is not a valid fault. It fails too while 100 faults are pending
+// ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
+// dropped as it strikes.
+func (h *Handler) InjectRule(r *fault.Rule) error {
+	if err := checkRule(r); err != nil {
+		return err
+	}
+	return h.addRule(r)
+}
+
+func (h *Handler) addRule(r *fault.Rule) error {
+	if err := h.faults.Add(r); err != nil {
+		return ErrTooManyFaults
+	}
+	return nil
 }
 
 // ClearFaults removes every injected fault.
-func (h *Handler) ClearFaults() { h.faults.clear() }
+func (h *Handler) ClearFaults() { h.faults.Clear() }
 
 // Sweep deletes the records expired by the Clock and returns how many.
 // A payment whose worker died and was never taken over is settled as its
@@ -115,7 +138,7 @@ func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payme
 // still commit afterwards. On shared storage it empties it for every
 // server on it; faults are forgotten in this process only.
 func (h *Handler) reset(ctx context.Context) error {
-	h.faults.clear()
+	h.faults.Clear()
 	return h.state.Reset(ctx)
 }
 
@@ -160,30 +183,56 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}()
 	}
 
-	f := h.faults.match(requestKey(r), r.URL.Path)
-	if f != nil {
+	if f := h.faultsOf(r); len(f) > 0 {
 		switch {
-		case f.has(FaultReset):
+		case f.Has(FaultReset):
 			entry.set("fault_reset")
 			resetConn(unwrap(w))
 			return
-		case f.has(FaultStatus):
+		case f.Has(FaultStatus):
 			entry.set("fault_status")
-			if f.retryAfter != "" {
-				w.Header().Set("Retry-After", f.retryAfter)
-			}
-			(&problem{Type: problemInjectedFault, Title: http.StatusText(f.status), Status: f.status,
-				Detail: "the status fault answered this request; nothing was done"}).Write(w)
+			st, _ := f.Get(FaultStatus)
+			writeStatusFault(w, st)
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), faultCtxKey{}, f))
-		if f.has(FaultDropResponse) {
+		if f.Has(FaultDropResponse) {
 			h.route(&discard{h: make(http.Header)}, r)
 			entry.set("dropped")
 			panic(http.ErrAbortHandler) // close the connection without answering
 		}
 	}
 	h.route(w, r)
+}
+
+// writeStatusFault answers as a box in front of the server would. A rule's
+// own header and body stand in for the server's problem.
+func writeStatusFault(w http.ResponseWriter, st fault.Effect) {
+	for k, v := range st.Header {
+		w.Header()[k] = append([]string(nil), v...)
+	}
+	if st.RetryAfter != "" {
+		w.Header().Set("Retry-After", st.RetryAfter)
+	}
+	if st.Header != nil || st.Body != nil {
+		w.WriteHeader(st.Status)
+		_, _ = w.Write(st.Body)
+		return
+	}
+	(&problem{Type: problemInjectedFault, Title: http.StatusText(st.Status), Status: st.Status,
+		Detail: "the status fault answered this request; nothing was done"}).Write(w)
+}
+
+// faultsOf returns the effects of the faults that strike r. Without a
+// fault it skips parsing r's query.
+func (h *Handler) faultsOf(r *http.Request) fault.Effects {
+	n := int(h.requests.Add(1))
+	if h.faults.Len() == 0 {
+		return nil
+	}
+	op := fault.OpOf(r)
+	op.Attempt = n
+	return validEffects(h.faults.Inject(op))
 }
 
 // route dispatches the business API.
@@ -238,33 +287,23 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// simpleFaults applies the in-work faults to a read-only endpoint, which has
-// no record and no provider: delay waits, error answers 500, the crashes
-// close the connection.
+// simpleFaults applies the in-work faults to a read-only endpoint. Such an
+// endpoint has no record and no provider. A delay waits, an error answers
+// 500, and the crashes close the connection.
 func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	f := faultsFrom(r.Context())
-	if err := sleep(r.Context(), f.delay); err != nil {
+	if err := sleep(r.Context(), delayOf(f)); err != nil {
 		return
 	}
 	switch {
-	case f.has(FaultCrashAfterInsert), f.has(FaultCrashAfterProvider):
+	case f.Has(FaultCrashAfterInsert), f.Has(FaultCrashAfterProvider):
 		panic(http.ErrAbortHandler)
-	case f.has(FaultError):
+	case f.Has(FaultError):
 		(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request"}).Write(w)
 		return
 	}
 	next(w, r)
-}
-
-// requestKey is the request's key as faults match it: parsed when valid,
-// raw otherwise.
-func requestKey(r *http.Request) string {
-	v := r.Header.Get("Idempotency-Key")
-	if k, err := idempotency.ParseKey(v); err == nil {
-		return k
-	}
-	return v
 }
 
 // logEntry collects what the request's log line reports.

@@ -7,8 +7,8 @@ import (
 )
 
 // TestMutants requires the fake server's tests to kill the mutants of its
-// rules on dead workers' charges, on shutdown, on the app's own endpoints
-// and on TLS.
+// rules on dead workers' charges, on shutdown, on the app's own endpoints,
+// on faults and on TLS.
 func TestMutants(t *testing.T) {
 	pg := []string{"IDEM_REQUIRE_POSTGRES=1"}
 	mutant.Test(t, []mutant.Mutant{
@@ -133,6 +133,34 @@ func TestMutants(t *testing.T) {
 			Anchor:  "case h.endpoints != nil && h.endpointNotAllowed(w, r):",
 			Replace: "case false:",
 			Pkg:     "./fakeserver", Run: "^TestEndpoints$/another_method",
+		},
+		{
+			Name: "fake-fault-key-ignored", File: "fakeserver/faults.go",
+			Note:    "a fault's key is not part of its rule, so it strikes every key",
+			Anchor:  "when = append(when, fault.Key(f.Key))",
+			Replace: "_ = f.Key",
+			Pkg:     "./fakeserver", Run: "^TestFaultMatching$",
+		},
+		{
+			Name: "fake-rule-unnumbered", File: "fakeserver/handler.go",
+			Note:    "a rule's ops carry no request number, so fault.Attempt never matches",
+			Anchor:  "op.Attempt = n",
+			Replace: "_ = n",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
+		},
+		{
+			Name: "fake-status-rule-body-dropped", File: "fakeserver/handler.go",
+			Note:    "a status rule's own header and body are replaced by the server's problem",
+			Anchor:  "if st.Header != nil || st.Body != nil {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
+		},
+		{
+			Name: "fake-drawn-effect-unchecked", File: "fakeserver/handler.go",
+			Note:    "a drawn effect that is not a valid fault is applied, and a status of 0 kills the request",
+			Anchor:  "return validEffects(h.faults.Inject(op))",
+			Replace: "return h.faults.Inject(op)",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
 		},
 		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",

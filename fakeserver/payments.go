@@ -271,7 +271,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := faultsFrom(ctx)
-	if f.has(FaultCrashAfterInsert) {
+	if f.Has(FaultCrashAfterInsert) {
 		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 	}
 	if err := h.state.Count(ctx, fakestate.Executions); err != nil {
@@ -286,13 +286,13 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		principal = principalOf(r)
 	}
 
-	if err := sleep(ctx, h.cfg.delay+f.delay); err != nil {
+	if err := sleep(ctx, h.cfg.delay+delayOf(f)); err != nil {
 		idempotency.NothingDone(ctx)
 		(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
 		return
 	}
-	if f.has(FaultError) {
+	if f.Has(FaultError) {
 		idempotency.NothingDone(ctx)
 		(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request before the effect was committed; nothing was charged"}).Write(w)
@@ -305,7 +305,7 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if f.has(FaultCrashAfterProvider) {
+	if f.Has(FaultCrashAfterProvider) {
 		panic(http.ErrAbortHandler) // charged, but nothing recorded
 	}
 
@@ -476,10 +476,10 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	f := faultsFrom(r.Context())
-	if err := sleep(r.Context(), f.delay); err != nil {
+	if err := sleep(r.Context(), delayOf(f)); err != nil {
 		return
 	}
-	if f.has(FaultError) {
+	if f.Has(FaultError) {
 		(&problem{Type: problemInjectedFault, Title: "Injected error", Status: http.StatusInternalServerError,
 			Detail: "the error fault failed this request; nothing changed"}).Write(w)
 		return

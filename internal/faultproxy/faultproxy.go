@@ -3,6 +3,10 @@
 // response headers, or in the middle of the response body. It exists to
 // prove that a client never takes a cut-off answer for a success.
 //
+// Its faults are rules of package fault. A rule's op is one connection,
+// and its Attempt the connection's number from 1. The proxy applies the
+// cuts (fault.CutRequest, fault.CutAnswer) and fault.Reset.
+//
 // Only loopback targets are meant; the proxy listens on 127.0.0.1.
 package faultproxy
 
@@ -13,6 +17,8 @@ import (
 	"io"
 	"net"
 	"sync"
+
+	"github.com/idemkit/idem/fakeserver/fault"
 )
 
 // Point is where a connection is cut.
@@ -52,6 +58,35 @@ type Cut struct {
 	N     int
 }
 
+// Effect returns the cut as an effect of package fault. None has none.
+func (c Cut) Effect() (fault.Effect, bool) {
+	switch c.Point {
+	case InRequest:
+		return fault.Effect{Kind: fault.CutRequest, Bytes: c.N}, true
+	case AfterHeaders:
+		return fault.Effect{Kind: fault.CutAnswer}, true
+	case InBody:
+		return fault.Effect{Kind: fault.CutAnswer, Bytes: c.N}, true
+	}
+	return fault.Effect{}, false
+}
+
+// cutOf returns the cut the effects ask for. A reset cuts the request
+// before its first byte. An answer cut of negative length keeps none of
+// the body: the proxy does not know its length.
+func cutOf(es fault.Effects) Cut {
+	if _, ok := es.Get(fault.Reset); ok {
+		return Cut{Point: InRequest}
+	}
+	if e, ok := es.Get(fault.CutRequest); ok {
+		return Cut{Point: InRequest, N: max(e.Bytes, 0)}
+	}
+	if e, ok := es.Get(fault.CutAnswer); ok {
+		return Cut{Point: InBody, N: max(e.Bytes, 0)}
+	}
+	return Cut{}
+}
+
 // Proxy forwards TCP connections from its address to a target, applying
 // the scripted cuts to the next connections in order and passing the rest
 // through. A Proxy is safe for concurrent use.
@@ -59,11 +94,13 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
+	faults fault.List
 	mu     sync.Mutex
-	script []Cut
-	conns  map[net.Conn]struct{}
-	stats  Stats
-	closed bool
+	// scripted is the number of the last connection a script cuts.
+	scripted int
+	conns    map[net.Conn]struct{}
+	stats    Stats
+	closed   bool
 
 	wg sync.WaitGroup
 }
@@ -93,12 +130,21 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // URL returns http://host:port of the proxy.
 func (p *Proxy) URL() string { return "http://" + p.Addr() }
 
-// Script queues cuts for the next connections, one per connection.
+// Script queues cuts for the next connections, one per connection. Each
+// cut is a rule for the connection with its number.
 func (p *Proxy) Script(cuts ...Cut) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.script = append(p.script, cuts...)
+	for _, c := range cuts {
+		p.scripted = max(p.scripted, p.stats.Conns) + 1
+		if e, ok := c.Effect(); ok {
+			_ = p.faults.Add(&fault.Rule{When: fault.Attempt(p.scripted), Effect: e, Times: 1})
+		}
+	}
 }
+
+// Inject adds a rule. Each connection asks the rules in the order added.
+func (p *Proxy) Inject(r *fault.Rule) { _ = p.faults.Add(r) }
 
 // Stats returns the counters now.
 func (p *Proxy) Stats() Stats {
@@ -129,11 +175,8 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		cut := Cut{}
-		if len(p.script) > 0 {
-			cut, p.script = p.script[0], p.script[1:]
-		}
 		p.stats.Conns++
+		cut := cutOf(p.faults.Inject(fault.Op{Attempt: p.stats.Conns}))
 		if p.closed {
 			p.mu.Unlock()
 			_ = c.Close()

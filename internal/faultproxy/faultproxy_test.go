@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/internal/faultproxy"
 )
 
@@ -155,3 +156,41 @@ const (
 	testTimeout = 10 * time.Second
 	testTick    = time.Millisecond
 )
+
+// A rule of package fault picks connections by their number.
+func TestInject(t *testing.T) {
+	t.Parallel()
+	t.Run("a rule cuts the connections it picks", func(t *testing.T) {
+		t.Parallel()
+		p, rec, hc := start(t)
+		p.Inject(&fault.Rule{When: fault.Attempt(2), Effect: fault.Effect{Kind: fault.CutAnswer, Bytes: 3}})
+		p.Inject(&fault.Rule{When: fault.Attempt(3), Effect: fault.Effect{Kind: fault.Reset}})
+		_, b, err := post(hc, p.URL())
+		require.NoError(t, err)
+		assert.Equal(t, body, string(b))
+		_, b, err = post(hc, p.URL())
+		assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		assert.Equal(t, body[:3], string(b))
+		resp, _, err := post(hc, p.URL())
+		require.Error(t, err)
+		assert.Nil(t, resp, "a reset connection answers nothing")
+		assert.Equal(t, 2, rec.count(), "the reset request never reached the server")
+		assert.Equal(t, faultproxy.Stats{Conns: 3, Cut: 2}, p.Stats())
+	})
+	t.Run("a script after connections cuts the next one", func(t *testing.T) {
+		t.Parallel()
+		p, _, hc := start(t)
+		_, _, err := post(hc, p.URL())
+		require.NoError(t, err)
+		p.Script(faultproxy.Cut{}, faultproxy.Cut{Point: faultproxy.AfterHeaders})
+		_, _, err = post(hc, p.URL())
+		require.NoError(t, err, "the first scripted connection passes")
+		_, b, err := post(hc, p.URL())
+		assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		assert.Empty(t, b)
+		p.Script(faultproxy.Cut{Point: faultproxy.InRequest})
+		_, _, err = post(hc, p.URL())
+		assert.Error(t, err)
+		assert.Equal(t, faultproxy.Stats{Conns: 4, Cut: 2}, p.Stats())
+	})
+}

@@ -62,6 +62,8 @@ type device struct {
 	// sees as WroteHeaders.
 	offline time.Time
 	written int
+	// net are the device's network faults, made at its first request.
+	net *netRules
 }
 
 // deviceClock is the device's clock: the world's time plus the device's

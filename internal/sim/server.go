@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -79,6 +80,10 @@ type server struct {
 	// stored5xx holds the answers of a server that stores its 500s and
 	// replays them, as some servers do (Options.Stored5xx).
 	stored5xx map[idempotency.ID]bool
+	// faults decide what the server does to each POST.
+	faults fault.Injector
+	// seeOther picks the charges answered 303 (server.see-other).
+	seeOther fault.Injector
 }
 
 var errStoreDown = errors.New("sim: the record store is unavailable")
@@ -86,7 +91,9 @@ var errStoreDown = errors.New("sim: the record store is unavailable")
 func newServer(w *world) *server {
 	s := &server{
 		w:         w,
-		store:     &yieldStore{w: w, mem: &idempotency.MemoryStore{}},
+		store:     &yieldStore{w: w, mem: &idempotency.MemoryStore{}, pauses: storePauses(w)},
+		faults:    serverFaultRules(w),
+		seeOther:  seeOtherRule(w),
 		byStable:  make(map[string]*charge),
 		byKey:     make(map[idempotency.ID][]*charge),
 		ledger:    make(map[idempotency.ID][]byte),
@@ -189,10 +196,7 @@ func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
 		}
 		ch = &charge{stableID: info.StableID, principal: info.ID.Principal, key: info.ID.Key, amount: *req.Amount,
 			customer: *req.Customer, desc: req.Description, at: s.w.clk.now}
-		if s.w.faulty && s.w.serverRNG.chance(s.w.cfg.Faults.rate(faultSeeOther)) {
-			s.w.stats.fault(faultSeeOther.Name())
-			ch.seeOther = true
-		}
+		ch.seeOther = s.seeOther.Inject(fault.Op{}).Has(seeOther)
 		s.byStable[info.StableID] = ch
 		s.charges = append(s.charges, ch)
 		bare := idempotency.ID{Principal: ch.principal, Key: strings.TrimSuffix(ch.key, rawQuotedSuffix)}
@@ -417,8 +421,9 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 // pause before each step (so that the world may run other requests
 // between two steps of one) and the failures the request's faults ask for.
 type yieldStore struct {
-	w   *world
-	mem *idempotency.MemoryStore
+	w      *world
+	mem    *idempotency.MemoryStore
+	pauses fault.Injector
 }
 
 func (s *yieldStore) pause(ctx context.Context) {
@@ -426,13 +431,9 @@ func (s *yieldStore) pause(ctx context.Context) {
 	if p == nil {
 		return
 	}
-	if s.w.serverRNG.chance(s.w.cfg.Faults.rate(faultStorePause)) {
-		s.w.stats.fault(faultStorePause.Name())
-		p.sleep(s.w.serverRNG.between(0, 2*time.Second))
-	} else {
-		// Requests due at this same instant get their turn.
-		p.sleep(0)
-	}
+	// Without a pause, requests due at this same instant get their turn.
+	e, _ := s.pauses.Inject(fault.Op{}).Get(storePause)
+	p.sleep(e.Delay)
 }
 
 func (s *yieldStore) fail(ctx context.Context, op string) bool {
