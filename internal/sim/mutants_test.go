@@ -37,7 +37,7 @@ var mutants = []mutant.Mutant{
 	},
 	// 5xx-final is the root package's: no unmarked answer settles an
 	// intent, so the simulation's proxies' 520-524 end unknown whatever
-	// their status; TestEveryServerErrorIsAnUnknownOutcome holds the rule.
+	// their status; TestAnswer/"every server error is an unknown outcome" holds the rule.
 	{
 		Pkg: simPkg, Run: simRun,
 		Name: "intent-saved-when-shown", File: "action.go",
