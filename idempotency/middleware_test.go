@@ -524,28 +524,6 @@ func TestStoreFailure(t *testing.T) {
 	})
 }
 
-// provider is an external payment provider with its own idempotency on the
-// server's stable id, as the package docs ask handlers to use it.
-type provider struct {
-	mu      sync.Mutex
-	charged map[string]bool
-}
-
-func (p *provider) charge(id string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.charged == nil {
-		p.charged = make(map[string]bool)
-	}
-	p.charged[id] = true
-}
-
-func (p *provider) charges() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charged)
-}
-
 // failingStore fails every Insert with err, as a database does when a
 // statement times out or a table is gone.
 type failingStore struct {
