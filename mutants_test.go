@@ -681,7 +681,7 @@ func TestMutants(t *testing.T) {
 			Note:    "the facade reports an answer whose save failed as a storage error",
 			Anchor:  "\tif resp != nil && resp.NotRecorded {\n",
 			Replace: "\tif false {\n",
-			Pkg:     "./mobile", Run: "^TestPayReturnsAnAnswerWhoseSaveFailedAndSaysSo$",
+			Pkg:     "./mobile", Run: "^TestPay$/^an_answer_whose_save_failed_is_returned_and_says_so$",
 		},
 		{
 			Name: "lookup-takes-client-policy", File: "reconcile.go",
@@ -751,7 +751,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a Config's milliseconds past a time.Duration are taken, and wrap around (a budget of Long.MAX_VALUE, a retention of centuries)",
 			Anchor:  "\t\tcase *f.v > f.max:\n",
 			Replace: "\t\tcase false:\n",
-			Pkg:     "./mobile", Run: "^TestOpenRefusesABadConfig$",
+			Pkg:     "./mobile", Run: "^TestConfig$/^Open_refuses_a_bad_Config$",
 		},
 		{
 			Name: "budget-cut-as-deadline", File: "call.go",
@@ -772,7 +772,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a Cancel that stopped one call stops every later call it is passed to",
 			Anchor:  "c.stop, c.canceled = nil, false",
 			Replace: "c.stop = nil",
-			Pkg:     "./mobile", Run: "^TestACancelIsSpentByTheCallItStopped$",
+			Pkg:     "./mobile", Run: "^TestCancel$/^a_Cancel_is_spent_by_the_call_it_stopped$",
 		},
 		{
 			Name: "oversized-lookup-never-settles", File: "reconcile.go",
@@ -835,7 +835,7 @@ func TestMutants(t *testing.T) {
 			Note:    "the mobile facade's error for a bad BaseURL names it with its user, password and query values",
 			Anchor:  `"BaseURL "+shownURL(cfg.BaseURL)+" is not`,
 			Replace: `"BaseURL "+fmt.Sprintf("%q", cfg.BaseURL)+" is not`,
-			Pkg:     "./mobile", Run: "^TestOpenRefusesABadBaseURLWithoutItsCredentials$",
+			Pkg:     "./mobile", Run: "^TestConfig$/^a_refused_BaseURL_is_named_without_its_credentials$",
 		},
 		{
 			Name: "unread-store-error-says-nothing", File: "life.go",

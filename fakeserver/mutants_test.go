@@ -62,7 +62,7 @@ func TestMutants(t *testing.T) {
 			Note:    "the payment written in Complete's transaction is not bounded by the context given to pgfake.New",
 			Anchor:  "\tctx, cancel := s.bound(ctx)\n\tdefer cancel()\n\treturn s.addPayment(ctx, p)",
 			Replace: "\treturn s.addPayment(ctx, p)",
-			Pkg:     "./fakeserver/pgfake", Run: "^TestNewsContextEndsACommitWaitingOnALock$", Env: pg,
+			Pkg:     "./fakeserver/pgfake", Run: "^TestNew$/^its_context_ends_a_commit_waiting_on_a_lock$", Env: pg,
 		},
 		{
 			Name: "fake-scopes-by-credential", File: "fakeserver/payments.go",
@@ -76,7 +76,7 @@ func TestMutants(t *testing.T) {
 			Note:    "the payments table keeps the caller itself",
 			Anchor:  "return s.insertPayment(ctx, p, idempotency.PrincipalDigest(p.Principal))",
 			Replace: "return s.insertPayment(ctx, p, p.Principal)",
-			Pkg:     "./fakeserver/pgfake", Run: "^TestTablesNeverShowTheCredential$", Env: pg,
+			Pkg:     "./fakeserver/pgfake", Run: "^TestNew$/^the_tables_never_show_the_credential$", Env: pg,
 		},
 		{
 			Name: "fake-internal-error-shown", File: "fakeserver/payments.go",

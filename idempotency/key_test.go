@@ -35,56 +35,60 @@ var keyCases = []struct {
 	{"quoted token is not a string", `"`, ""},
 }
 
-func TestParseKey(t *testing.T) {
-	t.Parallel()
-	for _, tt := range keyCases {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseKey(tt.in)
-			if tt.want == "" {
-				assert.ErrorIs(t, err, errKeyInvalid)
-				assert.Empty(t, got)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tt.want, got)
-		})
-	}
-}
+// TestKey checks how an Idempotency-Key is read: as an sf-string or a
+// token, once per request, in canonical form when it must be a UUID.
+func TestKey(t *testing.T) {
+	t.Run("ParseKey reads an sf-string or a token and refuses the rest", func(t *testing.T) {
+		t.Parallel()
+		for _, tt := range keyCases {
+			t.Run(tt.name, func(t *testing.T) {
+				got, err := ParseKey(tt.in)
+				if tt.want == "" {
+					assert.ErrorIs(t, err, errKeyInvalid)
+					assert.Empty(t, got)
+					return
+				}
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, got)
+			})
+		}
+	})
 
-func TestParseKeyHeader(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name   string
-		values []string
-		uuid   bool
-		want   string
-		err    error
-	}{
-		{"missing", nil, false, "", errKeyMissing},
-		{"twice", []string{"a", "a"}, false, "", errKeyInvalid},
-		{"one", []string{"a"}, false, "a", nil},
-		{"uuid mode, upper-case uuid compares in canonical form", []string{`"8E03978E-40D5-43E8-BC93-6894A57F9324"`}, true, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
-		{"uuid mode, mixed-case uuid compares in canonical form", []string{"8e03978E-40d5-43E8-bc93-6894a57F9324"}, true, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
-		{"any-key mode, upper-case uuid compares byte for byte", []string{"8E03978E-40D5-43E8-BC93-6894A57F9324"}, false, "8E03978E-40D5-43E8-BC93-6894A57F9324", nil},
-		{"uuid mode, braces", []string{"{8e03978e-40d5-43e8-bc93-6894a57f9324}"}, true, "", errKeyInvalid},
-		{"uuid mode, urn", []string{"urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"}, true, "", errKeyInvalid},
-		{"uuid mode, other", []string{"order-1"}, true, "", errKeyInvalid},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			h := http.Header{}
-			for _, v := range tt.values {
-				h.Add("Idempotency-Key", v)
-			}
-			got, err := parseKeyHeader(h, tt.uuid)
-			if tt.err != nil {
-				assert.ErrorIs(t, err, tt.err)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tt.want, got)
-		})
-	}
+	t.Run("the header is read once and a UUID in canonical form", func(t *testing.T) {
+		t.Parallel()
+		tests := []struct {
+			name   string
+			values []string
+			uuid   bool
+			want   string
+			err    error
+		}{
+			{"missing", nil, false, "", errKeyMissing},
+			{"twice", []string{"a", "a"}, false, "", errKeyInvalid},
+			{"one", []string{"a"}, false, "a", nil},
+			{"uuid mode, upper-case uuid compares in canonical form", []string{`"8E03978E-40D5-43E8-BC93-6894A57F9324"`}, true, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
+			{"uuid mode, mixed-case uuid compares in canonical form", []string{"8e03978E-40d5-43E8-bc93-6894a57F9324"}, true, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
+			{"any-key mode, upper-case uuid compares byte for byte", []string{"8E03978E-40D5-43E8-BC93-6894A57F9324"}, false, "8E03978E-40D5-43E8-BC93-6894A57F9324", nil},
+			{"uuid mode, braces", []string{"{8e03978e-40d5-43e8-bc93-6894a57f9324}"}, true, "", errKeyInvalid},
+			{"uuid mode, urn", []string{"urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"}, true, "", errKeyInvalid},
+			{"uuid mode, other", []string{"order-1"}, true, "", errKeyInvalid},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				h := http.Header{}
+				for _, v := range tt.values {
+					h.Add("Idempotency-Key", v)
+				}
+				got, err := parseKeyHeader(h, tt.uuid)
+				if tt.err != nil {
+					assert.ErrorIs(t, err, tt.err)
+					return
+				}
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, got)
+			})
+		}
+	})
 }
 
 func FuzzParseKey(f *testing.F) {

@@ -1,12 +1,15 @@
 package mobile
 
 import (
+	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -139,5 +142,81 @@ func TestConfigMark(t *testing.T) {
 		res, err := c.Pay("checkout:cart-2", "/payments", []byte(cart), nil)
 		require.NoError(t, err)
 		assert.Equal(t, OutcomeUnknown, res.Outcome, "the portal's answer is no payment: Status %d Body %s", res.Status, res.Body)
+	})
+}
+
+// TestConfig checks what Open takes from a Config and what it refuses.
+func TestConfig(t *testing.T) {
+	t.Run("Open refuses a bad Config", func(t *testing.T) {
+		t.Parallel()
+		dir := stateDir(t)
+		for name, cfg := range map[string]*Config{
+			"nil":                    nil,
+			"no state directory":     echoConfig("", "https://api.example.com"),
+			"no scheme":              echoConfig(dir, "api.example.com"),
+			"ftp":                    echoConfig(dir, "ftp://api.example.com"),
+			"negative budget":        {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: -1},
+			"lookup without key":     {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "/payments"},
+			"lookup on another host": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "//lookup.example/payments?idempotency_key={key}"},
+			"lookup on plain http":   {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", LookupPath: "http://api.example.com/payments?idempotency_key={key}"},
+			// Long.MAX_VALUE for "no limit": in nanoseconds it wraps around.
+			"foreground budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", ForegroundBudgetMillis: math.MaxInt64},
+			"background budget past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", BackgroundBudgetMillis: math.MaxInt64},
+			// 2^64 ns and a day: it wraps around to a retention of a day.
+			"retention past a duration": {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", RetentionMillis: 18_446_744_073_709 + 24*60*60*1000},
+			"attempts past an int32":    {StateDir: dir, BaseURL: "https://api.example.com", Mark: "echo", MaxAttempts: math.MaxInt32 + 1},
+			"no mark":                   NewConfig(dir, "https://api.example.com"),
+			"a mark that is no choice":  {StateDir: dir, BaseURL: "https://api.example.com", Mark: "Echo"},
+			"an id path with a hole":    {StateDir: dir, BaseURL: "https://api.example.com", Mark: "json-id", MarkIDPath: "data..id"},
+		} {
+			_, err := Open(cfg)
+			require.Error(t, err, name)
+			assert.Equal(t, KindBadInput, ErrorKind(err), name)
+		}
+	})
+
+	// The error of a refused BaseURL names it without the credentials it may
+	// carry: a user name and password, a query's values, a fragment; one that
+	// does not parse is not named at all.
+	t.Run("a refused BaseURL is named without its credentials", func(t *testing.T) {
+		t.Parallel()
+		dir := stateDir(t)
+		for _, base := range []string{
+			"ftp://user:SECRET1@api.example/?access_token=SECRET2#SECRET3",
+			"https://SECRET1@/payments?cart=SECRET2",
+			"api.example/?access_token=SECRET1&sig=SECRET2",
+			"https://user:SECRET1@api.example/%zz?access_token=SECRET2",
+			"https://sk_live_SECRET1:@api.example:port/",
+			"ftp://api.example/?SECRET1",
+		} {
+			_, err := Open(echoConfig(dir, base))
+			require.Error(t, err, base)
+			assert.Equal(t, KindBadInput, ErrorKind(err), base)
+			assert.Contains(t, err.Error(), "BaseURL", base)
+			assert.NotContains(t, err.Error(), "SECRET", base)
+		}
+	})
+
+	// Open takes a copy of the Config: its Listener and Authorizer are the
+	// Client's for its life, and a change to the Config after Open changes no
+	// Client.
+	t.Run("Open keeps the Config's Listener and Authorizer", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var events, asked atomic.Int64
+		cfg := echoConfig(w.dir, w.srv.URL)
+		cfg.Listener = listenerFunc(func(*AttemptEvent) { events.Add(1) })
+		cfg.Authorizer = authorizerFunc(func(string) (string, error) { asked.Add(1); return "Bearer test_acme_1", nil })
+		c, err := open(cfg, withClock(w.clock))
+		require.NoError(t, err)
+		cfg.Listener = nil
+		cfg.Authorizer = authorizerFunc(func(string) (string, error) { return "", errors.New("not this one") })
+
+		res, err := c.Pay("checkout:cart-copy", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		assert.Equal(t, OutcomeSucceeded, res.Outcome)
+		require.NoError(t, c.Close())
+		assert.Equal(t, int64(1), asked.Load(), "the Authorizer the Config had at Open")
+		assert.Equal(t, int64(1), events.Load(), "the Listener the Config had at Open")
 	})
 }

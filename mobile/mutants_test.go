@@ -29,7 +29,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a changed cart of an action paid earlier is answered as its own success",
 			Anchor:  "r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeAlreadyPaid, KindAlreadyPaid, true, resolved.Error()",
 			Replace: "r.Outcome, r.Kind, r.FromStore, r.Detail = OutcomeSucceeded, KindSucceeded, true, resolved.Error()",
-			Pkg:     "./mobile", Run: "^TestPayAChangedCartOfAPaidActionSaysItIsAlreadyPaid$",
+			Pkg:     "./mobile", Run: "^TestPay$/^a_changed_cart_of_a_paid_action_says_it_is_already_paid$",
 		},
 		{
 			Name: "storage-kind-hidden", File: "mobile/result.go",
@@ -57,14 +57,14 @@ func TestMutants(t *testing.T) {
 			Note:    "a device failure on an intent that may have been sent is an error, which says nothing was sent",
 			Anchor:  "if s := in.State(); s == persist.StatePending || s == persist.StateExpired {",
 			Replace: "if s := in.State(); false {",
-			Pkg:     "./mobile", Run: "^TestADeviceFailureOnAnIntentThatMayHaveBeenSentIsUnknown$",
+			Pkg:     "./mobile", Run: "^TestResultKind$/^a_device_failure_on_an_intent_that_may_have_been_sent_is_unknown$",
 		},
 		{
 			Name: "authorizer-kind-lost", File: "mobile/result.go",
 			Note:    "a call the Authorizer ended does not say so",
 			Anchor:  "\t\t\tr.Kind = KindAuthorizer\n",
 			Replace: "\t\t\t_ = KindAuthorizer\n",
-			Pkg:     "./mobile", Run: "^TestAuthorizerFailureBeforeAnyAttemptIsNotSentOfKindAuthorizer$",
+			Pkg:     "./mobile", Run: "^TestAuthorizer$/^a_failure_before_any_attempt_is_an_unsent_Result_of_kind_authorizer$",
 		},
 		{
 			Name: "error-kind-from-message", File: "mobile/errors.go",
@@ -92,7 +92,7 @@ func TestMutants(t *testing.T) {
 			Note:    "Open takes a LookupPath on another origin, whose answers would settle the user's payments",
 			Anchor:  "\tif _, err := resolve(base, \"LookupPath\", strings.ReplaceAll(cfg.LookupPath, \"{key}\", \"k\")); err != nil {\n",
 			Replace: "\tif err := error(nil); err != nil {\n",
-			Pkg:     "./mobile", Run: "^TestOpenRefusesABadConfig$",
+			Pkg:     "./mobile", Run: "^TestConfig$/^Open_refuses_a_bad_Config$",
 		},
 		{
 			Name: "authorizer-value-unchecked", File: "mobile/authorizer.go",

@@ -192,35 +192,35 @@ func TestResultKind(t *testing.T) {
 		assert.Equal(t, OutcomeUnknown, res.Outcome, "the store still says armed: the next start may send it")
 		assert.Equal(t, KindStorage, res.Kind)
 	})
-}
 
-// A device failure on an intent that may have been sent says nothing of
-// the payment: the Result says the outcome is unknown, with the failure's
-// kind. On an intent provably unsent it is an error of the device.
-func TestADeviceFailureOnAnIntentThatMayHaveBeenSentIsUnknown(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	c := w.open(t, func(cfg *Config) { cfg.MaxAttempts = 1 })
-	w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, Count: 5})
-	first, err := c.Pay("checkout:1", "/payments", []byte(cart), nil)
-	require.NoError(t, err)
-	require.Equal(t, OutcomeUnknown, first.Outcome)
-	in, err := c.idem.Load(context.Background(), first.Key)
-	require.NoError(t, err)
-	require.Equal(t, persist.StatePending, in.State())
+	// A device failure on an intent that may have been sent says nothing of
+	// the payment: the Result says the outcome is unknown, with the failure's
+	// kind. On an intent provably unsent it is an error of the device.
+	t.Run("a device failure on an intent that may have been sent is unknown", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		c := w.open(t, func(cfg *Config) { cfg.MaxAttempts = 1 })
+		w.fault(t, fakeserver.Fault{Kind: fakeserver.FaultStatus, Path: "/payments", Status: http.StatusServiceUnavailable, Count: 5})
+		first, err := c.Pay("checkout:1", "/payments", []byte(cart), nil)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeUnknown, first.Outcome)
+		in, err := c.idem.Load(context.Background(), first.Key)
+		require.NoError(t, err)
+		require.Equal(t, persist.StatePending, in.State())
 
-	// A store failure whose write did not land, say, or any other.
-	failure := &idem.SaveError{Key: first.Key, Op: "record attempts", Err: errors.New("input/output error")}
-	res, err := resultOf(in, nil, failure)
-	require.NoError(t, err, "an error would say that nothing was sent")
-	assert.Equal(t, OutcomeUnknown, res.Outcome)
-	assert.Equal(t, KindStorage, res.Kind)
-	assert.Equal(t, first.Key, res.Key, "the intent to settle")
+		// A store failure whose write did not land, say, or any other.
+		failure := &idem.SaveError{Key: first.Key, Op: "record attempts", Err: errors.New("input/output error")}
+		res, err := resultOf(in, nil, failure)
+		require.NoError(t, err, "an error would say that nothing was sent")
+		assert.Equal(t, OutcomeUnknown, res.Outcome)
+		assert.Equal(t, KindStorage, res.Kind)
+		assert.Equal(t, first.Key, res.Key, "the intent to settle")
 
-	unsent, err := c.idem.Intent(context.Background(), "checkout:2", idem.Request{Method: http.MethodPost, URL: w.srv.URL + "/payments", Body: []byte(cart)})
-	require.NoError(t, err)
-	require.Equal(t, persist.StateNew, unsent.State())
-	res, err = resultOf(unsent, nil, failure)
-	assert.Nil(t, res)
-	assert.Equal(t, KindStorage, ErrorKind(err), "nothing was sent: the device failed")
+		unsent, err := c.idem.Intent(context.Background(), "checkout:2", idem.Request{Method: http.MethodPost, URL: w.srv.URL + "/payments", Body: []byte(cart)})
+		require.NoError(t, err)
+		require.Equal(t, persist.StateNew, unsent.State())
+		res, err = resultOf(unsent, nil, failure)
+		assert.Nil(t, res)
+		assert.Equal(t, KindStorage, ErrorKind(err), "nothing was sent: the device failed")
+	})
 }

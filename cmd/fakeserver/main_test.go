@@ -57,6 +57,8 @@ func newClient(t *testing.T) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
+// TestProgram checks the program as its users run it: its flags, its
+// timeouts, its signals and its limits.
 func TestProgram(t *testing.T) {
 	t.Parallel()
 	client := newClient(t)
@@ -98,46 +100,158 @@ func TestProgram(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no exit after SIGTERM")
 	}
-}
 
-func TestBadFlags(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		args []string
-		code int
-		msg  string
-	}{
-		{[]string{"-key-format", "ulid"}, 2, `-key-format must be "any" or "uuid"`},
-		{[]string{"-lease", "0s"}, 2, "-lease must be positive"},
-		{[]string{"-retention", "10s"}, 2, "-retention (10s) must be longer than -lease (30s)"},
-		{[]string{"-retention", "-1h"}, 2, "-retention must be positive"},
-		{[]string{"-processing-delay", "-1s"}, 2, "must not be negative"},
-		{[]string{"-sweep-every", "soon"}, 2, "invalid value"},
-		{[]string{"-read-timeout", "0s"}, 2, "must be positive"},
-		{[]string{"-idle-timeout", "-1s"}, 2, "must be positive"},
-		{[]string{"-shutdown-timeout", "0s"}, 2, "must be positive"},
-		{[]string{"-max-records", "0"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
-		{[]string{"-max-orders", "0"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
-		{[]string{"-max-payments", "-1"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
-		{[]string{"-write-timeout", "1s", "-processing-delay", "1s"}, 2, "must be longer than -processing-delay"},
-		// A payment slower than its lease is taken over by the client's
-		// resend while it runs: the handler runs twice for one key. (The
-		// address is one that cannot be listened on, so that a run that
-		// accepts the flags ends.)
-		{[]string{"-processing-delay", "30s", "-addr", "256.0.0.1:1"}, 2, "-lease (30s) must be longer than -processing-delay (30s)"},
-		{[]string{"-nope"}, 2, "flag provided but not defined"},
-		{[]string{"extra"}, 2, "unexpected argument"},
-		{[]string{"-h"}, 0, "/_fake/faults"},
-		{[]string{"-h"}, 0, "-shutdown-timeout"},
-		{[]string{"-h"}, 0, "-max-payments"},
-	}
-	for _, tt := range tests {
-		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			var buf bytes.Buffer
-			assert.Equal(t, tt.code, run(tt.args, &buf))
-			assert.Contains(t, buf.String(), tt.msg)
-		})
-	}
+	t.Run("bad flags are refused", func(t *testing.T) {
+		t.Parallel()
+		tests := []struct {
+			args []string
+			code int
+			msg  string
+		}{
+			{[]string{"-key-format", "ulid"}, 2, `-key-format must be "any" or "uuid"`},
+			{[]string{"-lease", "0s"}, 2, "-lease must be positive"},
+			{[]string{"-retention", "10s"}, 2, "-retention (10s) must be longer than -lease (30s)"},
+			{[]string{"-retention", "-1h"}, 2, "-retention must be positive"},
+			{[]string{"-processing-delay", "-1s"}, 2, "must not be negative"},
+			{[]string{"-sweep-every", "soon"}, 2, "invalid value"},
+			{[]string{"-read-timeout", "0s"}, 2, "must be positive"},
+			{[]string{"-idle-timeout", "-1s"}, 2, "must be positive"},
+			{[]string{"-shutdown-timeout", "0s"}, 2, "must be positive"},
+			{[]string{"-max-records", "0"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
+			{[]string{"-max-orders", "0"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
+			{[]string{"-max-payments", "-1"}, 2, "-max-records, -max-payments and -max-orders must be positive"},
+			{[]string{"-write-timeout", "1s", "-processing-delay", "1s"}, 2, "must be longer than -processing-delay"},
+			// A payment slower than its lease is taken over by the client's
+			// resend while it runs: the handler runs twice for one key. (The
+			// address is one that cannot be listened on, so that a run that
+			// accepts the flags ends.)
+			{[]string{"-processing-delay", "30s", "-addr", "256.0.0.1:1"}, 2, "-lease (30s) must be longer than -processing-delay (30s)"},
+			{[]string{"-nope"}, 2, "flag provided but not defined"},
+			{[]string{"extra"}, 2, "unexpected argument"},
+			{[]string{"-h"}, 0, "/_fake/faults"},
+			{[]string{"-h"}, 0, "-shutdown-timeout"},
+			{[]string{"-h"}, 0, "-max-payments"},
+		}
+		for _, tt := range tests {
+			t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+				var buf bytes.Buffer
+				assert.Equal(t, tt.code, run(tt.args, &buf))
+				assert.Contains(t, buf.String(), tt.msg)
+			})
+		}
+	})
+
+	// With a one-second read, write and idle timeout, no slow client keeps
+	// its connection. The limit of the assertion is generous (30 s); the log
+	// reports how long each kind was held.
+	t.Run("slow clients are dropped", func(t *testing.T) {
+		t.Parallel()
+		addr, _, lines := startProgram(t, buildProgram(t),
+			"-read-header-timeout", "1s", "-read-timeout", "1s", "-write-timeout", "2s", "-idle-timeout", "1s")
+		go func() {
+			for lines.Scan() {
+			}
+		}()
+		const perKind = 10
+		opened := time.Now()
+		conns := holdSlowClients(t, addr, perKind)
+		type result struct {
+			closed bool
+			after  time.Duration
+		}
+		results := make(map[string][]result)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for name, cs := range conns {
+			for _, c := range cs {
+				wg.Go(func() {
+					closed, after := closedWithin(c, opened, 30*time.Second)
+					mu.Lock()
+					results[name] = append(results[name], result{closed, after})
+					mu.Unlock()
+				})
+			}
+		}
+		wg.Wait()
+		for _, sc := range slowClients {
+			var held int
+			var longest time.Duration
+			for _, r := range results[sc.name] {
+				if !r.closed {
+					held++
+				}
+				longest = max(longest, r.after)
+			}
+			assert.Zero(t, held, "%s: %d of %d connections still held after 30 s", sc.name, held, perKind)
+			t.Logf("%s: %d of %d held; the last closed %v after opening", sc.name, held, perKind, longest.Round(10*time.Millisecond))
+		}
+	})
+
+	// SIGTERM with slow clients still connected ends the program with status
+	// 0 once the drain time is over, rather than waiting on them.
+	t.Run("SIGTERM ends it with status 0 after the drain time", func(t *testing.T) {
+		t.Parallel()
+		client := newClient(t)
+		addr, cmd, lines := startProgram(t, buildProgram(t), "-read-timeout", "1m", "-shutdown-timeout", "1s")
+		var logged strings.Builder
+		done := make(chan error, 1)
+		go func() {
+			for lines.Scan() {
+				logged.WriteString(lines.Text() + "\n")
+			}
+			done <- cmd.Wait()
+		}()
+		holdSlowClients(t, addr, 5)
+		// Let the server read the slow clients' requests before the signal.
+		resp, err := client.Get("http://" + addr + "/_fake/stats")
+		require.NoError(t, err)
+		resp.Body.Close()
+		client.CloseIdleConnections()
+
+		start := time.Now()
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		select {
+		case err := <-done:
+			assert.NoError(t, err, "exit status 0; log:\n%s", logged.String())
+			assert.Contains(t, logged.String(), "msg=stopped")
+			t.Logf("exited %v after SIGTERM", time.Since(start).Round(10*time.Millisecond))
+		case <-time.After(30 * time.Second):
+			t.Fatal("no exit 30 s after SIGTERM")
+		}
+	})
+
+	// -max-payments reaches the server: past it, a new payment is refused
+	// with 503 storage-full and nothing is charged.
+	t.Run("-max-payments caps the payments", func(t *testing.T) {
+		t.Parallel()
+		client := newClient(t)
+		addr, _, lines := startProgram(t, buildProgram(t), "-max-payments", "1")
+		go func() {
+			for lines.Scan() {
+			}
+		}()
+		post := func(key string) (int, string) {
+			r, err := http.NewRequest(http.MethodPost, "http://"+addr+"/payments",
+				strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+			require.NoError(t, err)
+			r.Header.Set("Idempotency-Key", key)
+			resp, err := client.Do(r)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(body)
+		}
+		code, _ := post("k1")
+		assert.Equal(t, http.StatusCreated, code)
+		code, body := post("k2")
+		assert.Equal(t, http.StatusServiceUnavailable, code)
+		assert.Contains(t, body, "https://idem.dev/problems/storage-full")
+		resp, err := client.Get("http://" + addr + "/_fake/stats")
+		require.NoError(t, err)
+		stats, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.JSONEq(t, `{"payments":1,"provider_charges":1,"executions":2,"records":1,"in_progress":0,"requests":2}`, string(stats))
+	})
 }
 
 // slowClients are connections that never finish what they started, as the
@@ -177,118 +291,4 @@ func closedWithin(c net.Conn, opened time.Time, limit time.Duration) (bool, time
 		return false, time.Since(opened)
 	}
 	return true, time.Since(opened) // EOF (io.Copy's nil) or reset
-}
-
-// TestProgramDropsSlowClients: with a one-second read, write and idle
-// timeout, no slow client keeps its connection. The limit of the
-// assertion is generous (30 s); the log reports how long each kind was
-// held.
-func TestProgramDropsSlowClients(t *testing.T) {
-	t.Parallel()
-	addr, _, lines := startProgram(t, buildProgram(t),
-		"-read-header-timeout", "1s", "-read-timeout", "1s", "-write-timeout", "2s", "-idle-timeout", "1s")
-	go func() {
-		for lines.Scan() {
-		}
-	}()
-	const perKind = 10
-	opened := time.Now()
-	conns := holdSlowClients(t, addr, perKind)
-	type result struct {
-		closed bool
-		after  time.Duration
-	}
-	results := make(map[string][]result)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for name, cs := range conns {
-		for _, c := range cs {
-			wg.Go(func() {
-				closed, after := closedWithin(c, opened, 30*time.Second)
-				mu.Lock()
-				results[name] = append(results[name], result{closed, after})
-				mu.Unlock()
-			})
-		}
-	}
-	wg.Wait()
-	for _, sc := range slowClients {
-		var held int
-		var longest time.Duration
-		for _, r := range results[sc.name] {
-			if !r.closed {
-				held++
-			}
-			longest = max(longest, r.after)
-		}
-		assert.Zero(t, held, "%s: %d of %d connections still held after 30 s", sc.name, held, perKind)
-		t.Logf("%s: %d of %d held; the last closed %v after opening", sc.name, held, perKind, longest.Round(10*time.Millisecond))
-	}
-}
-
-// TestProgramExitsZeroOnSIGTERM: SIGTERM with slow clients still connected
-// ends the program with status 0 once the drain time is over, rather than
-// waiting on them.
-func TestProgramExitsZeroOnSIGTERM(t *testing.T) {
-	t.Parallel()
-	client := newClient(t)
-	addr, cmd, lines := startProgram(t, buildProgram(t), "-read-timeout", "1m", "-shutdown-timeout", "1s")
-	var logged strings.Builder
-	done := make(chan error, 1)
-	go func() {
-		for lines.Scan() {
-			logged.WriteString(lines.Text() + "\n")
-		}
-		done <- cmd.Wait()
-	}()
-	holdSlowClients(t, addr, 5)
-	// Let the server read the slow clients' requests before the signal.
-	resp, err := client.Get("http://" + addr + "/_fake/stats")
-	require.NoError(t, err)
-	resp.Body.Close()
-	client.CloseIdleConnections()
-
-	start := time.Now()
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-done:
-		assert.NoError(t, err, "exit status 0; log:\n%s", logged.String())
-		assert.Contains(t, logged.String(), "msg=stopped")
-		t.Logf("exited %v after SIGTERM", time.Since(start).Round(10*time.Millisecond))
-	case <-time.After(30 * time.Second):
-		t.Fatal("no exit 30 s after SIGTERM")
-	}
-}
-
-// TestProgramCapsPayments: -max-payments reaches the server: past it, a new
-// payment is refused with 503 storage-full and nothing is charged.
-func TestProgramCapsPayments(t *testing.T) {
-	t.Parallel()
-	client := newClient(t)
-	addr, _, lines := startProgram(t, buildProgram(t), "-max-payments", "1")
-	go func() {
-		for lines.Scan() {
-		}
-	}()
-	post := func(key string) (int, string) {
-		r, err := http.NewRequest(http.MethodPost, "http://"+addr+"/payments",
-			strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
-		require.NoError(t, err)
-		r.Header.Set("Idempotency-Key", key)
-		resp, err := client.Do(r)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
-	code, _ := post("k1")
-	assert.Equal(t, http.StatusCreated, code)
-	code, body := post("k2")
-	assert.Equal(t, http.StatusServiceUnavailable, code)
-	assert.Contains(t, body, "https://idem.dev/problems/storage-full")
-	resp, err := client.Get("http://" + addr + "/_fake/stats")
-	require.NoError(t, err)
-	stats, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	assert.JSONEq(t, `{"payments":1,"provider_charges":1,"executions":2,"records":1,"in_progress":0,"requests":2}`, string(stats))
 }

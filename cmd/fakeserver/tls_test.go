@@ -43,6 +43,7 @@ func trusting(t *testing.T, cert *x509.Certificate) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
+// TestProgramTLS checks the program serving TLS, and its TLS flags.
 func TestProgramTLS(t *testing.T) {
 	t.Parallel()
 	t.Run("a client that trusts the written certificate pays over HTTPS, and its retry replays", func(t *testing.T) {
@@ -190,33 +191,33 @@ func TestProgramTLS(t *testing.T) {
 		_, _, err = serverCert(certFile, keyFile, []string{"localhost"}, t0)
 		require.ErrorContains(t, err, "delete both")
 	})
-}
 
-func TestTLSFlags(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	tests := []struct {
-		name string
-		args []string
-		msg  string
-	}{
-		{"a key file without -tls", []string{"-tls-key", filepath.Join(dir, "k")}, "-tls-key and -tls-hosts need -tls FILE"},
-		{"hosts without -tls", []string{"-tls-hosts", "example.test"}, "-tls-key and -tls-hosts need -tls FILE"},
-		{"one file for both", []string{"-tls", filepath.Join(dir, "x"), "-tls-key", filepath.Join(dir, "x")}, "must be two files"},
-		{"no host", []string{"-tls", filepath.Join(dir, "c"), "-tls-hosts", " , "}, "-tls-hosts names no host"},
-		{"a URL for a host", []string{"-tls", filepath.Join(dir, "c"), "-tls-hosts", "https://example.test"}, "neither a host name nor an IP address"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name+" is refused", func(t *testing.T) {
+	t.Run("the TLS flags are checked", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		tests := []struct {
+			name string
+			args []string
+			msg  string
+		}{
+			{"a key file without -tls", []string{"-tls-key", filepath.Join(dir, "k")}, "-tls-key and -tls-hosts need -tls FILE"},
+			{"hosts without -tls", []string{"-tls-hosts", "example.test"}, "-tls-key and -tls-hosts need -tls FILE"},
+			{"one file for both", []string{"-tls", filepath.Join(dir, "x"), "-tls-key", filepath.Join(dir, "x")}, "must be two files"},
+			{"no host", []string{"-tls", filepath.Join(dir, "c"), "-tls-hosts", " , "}, "-tls-hosts names no host"},
+			{"a URL for a host", []string{"-tls", filepath.Join(dir, "c"), "-tls-hosts", "https://example.test"}, "neither a host name nor an IP address"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name+" is refused", func(t *testing.T) {
+				var buf strings.Builder
+				assert.Equal(t, 2, run(tt.args, &buf))
+				assert.Contains(t, buf.String(), tt.msg)
+			})
+		}
+		t.Run("-h describes -tls", func(t *testing.T) {
 			var buf strings.Builder
-			assert.Equal(t, 2, run(tt.args, &buf))
-			assert.Contains(t, buf.String(), tt.msg)
+			assert.Equal(t, 0, run([]string{"-h"}, &buf))
+			assert.Contains(t, buf.String(), "-tls-key")
+			assert.Contains(t, buf.String(), "10.0.2.2")
 		})
-	}
-	t.Run("-h describes -tls", func(t *testing.T) {
-		var buf strings.Builder
-		assert.Equal(t, 0, run([]string{"-h"}, &buf))
-		assert.Contains(t, buf.String(), "-tls-key")
-		assert.Contains(t, buf.String(), "10.0.2.2")
 	})
 }

@@ -15,7 +15,7 @@ func TestMutants(t *testing.T) {
 			Note:    "new intents are kept in the cache directory, which the system may clear",
 			Anchor:  "if dir, err := os.UserConfigDir(); err == nil {",
 			Replace: "if dir, err := os.UserCacheDir(); err == nil {",
-			Pkg:     "./examples/checkout", Run: "^TestDefaultStateIsInTheConfigDirectory$",
+			Pkg:     "./examples/checkout", Run: "^TestState$/^is_kept_in_the_configuration_directory$",
 		},
 	})
 }

@@ -377,24 +377,27 @@ func TestFaultHook(t *testing.T) {
 	})
 }
 
-// TestDocShowsTheProgram: docs/SERVER.md's server program is this file,
-// character for character, so the documented server is the one the
-// tests run and idemcheck certifies.
-func TestDocShowsTheProgram(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "SERVER.md"))
-	require.NoError(t, err)
-	src, err := os.ReadFile("main.go")
-	require.NoError(t, err)
-	found := 0
-	for _, b := range doccheck.Blocks(string(doc)) {
-		if b.Marker == "program server" {
-			found++
-			if line, doc, file := firstDifference(b.Text, string(src)); line > 0 {
-				t.Errorf("docs/SERVER.md's program (line %d of its block) is not examples/server/main.go:\ndoc:  %q\nfile: %q\ncopy the file into the block", line, doc, file)
+// TestDoc checks docs/SERVER.md's copy of the program.
+func TestDoc(t *testing.T) {
+	// Docs/SERVER.md's server program is this file, character for character,
+	// so the documented server is the one the tests run and idemcheck
+	// certifies.
+	t.Run("shows the program", func(t *testing.T) {
+		doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "SERVER.md"))
+		require.NoError(t, err)
+		src, err := os.ReadFile("main.go")
+		require.NoError(t, err)
+		found := 0
+		for _, b := range doccheck.Blocks(string(doc)) {
+			if b.Marker == "program server" {
+				found++
+				if line, doc, file := firstDifference(b.Text, string(src)); line > 0 {
+					t.Errorf("docs/SERVER.md's program (line %d of its block) is not examples/server/main.go:\ndoc:  %q\nfile: %q\ncopy the file into the block", line, doc, file)
+				}
 			}
 		}
-	}
-	assert.Equal(t, 1, found, "docs/SERVER.md has no program block marked <!-- doccheck: program server -->")
+		assert.Equal(t, 1, found, "docs/SERVER.md has no program block marked <!-- doccheck: program server -->")
+	})
 }
 
 // firstDifference returns the first line (from 1) where a and b differ,
@@ -422,9 +425,12 @@ func tokenDigest(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func TestTokensAreKeptAsDigests(t *testing.T) {
-	s := newTestServer(t)
-	assert.Equal(t, 1, s.count(t, "SELECT count(*) FROM api_tokens WHERE digest = $1", tokenDigest(aliceToken)),
-		"the SQL that adds a token and the server's digest differ")
-	assert.Zero(t, s.count(t, "SELECT count(*) FROM api_tokens WHERE digest = $1 OR account = $1", aliceToken))
+// TestTokens checks what the program keeps of a caller's token.
+func TestTokens(t *testing.T) {
+	t.Run("are kept as digests", func(t *testing.T) {
+		s := newTestServer(t)
+		assert.Equal(t, 1, s.count(t, "SELECT count(*) FROM api_tokens WHERE digest = $1", tokenDigest(aliceToken)),
+			"the SQL that adds a token and the server's digest differ")
+		assert.Zero(t, s.count(t, "SELECT count(*) FROM api_tokens WHERE digest = $1 OR account = $1", aliceToken))
+	})
 }

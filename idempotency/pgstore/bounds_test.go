@@ -209,14 +209,14 @@ const hang = 5 * time.Second
 // bounds are the store's bounds in these tests.
 var bounds = &Options{AcquireTimeout: 300 * time.Millisecond, CommitTimeout: 300 * time.Millisecond}
 
-// TestACommitWithoutAnswer: the database stops answering once COMMIT was
-// sent (the COMMIT runs; its answer is lost). The request ends within
-// CommitTimeout with 503 and Retry-After, never the handler's answer; the
-// connection is closed, not given back to the pool; closing the pool
+// TestCommitTimeout: the database stops answering once COMMIT was sent
+// (the COMMIT runs; its answer is lost). The request ends within
+// CommitTimeout with 503 and Retry-After, never the handler's answer;
+// the connection is closed, not given back to the pool; closing the pool
 // does not hang; and the retry with the key finds what committed, with
 // one payment. In the lease mode, an IN_PROGRESS insert whose answer is
 // lost never runs the handler.
-func TestACommitWithoutAnswer(t *testing.T) {
+func TestCommitTimeout(t *testing.T) {
 	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeCacheStatement}
 	for _, lease := range []bool{false, true} {
 		for _, mode := range modes {

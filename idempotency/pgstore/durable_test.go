@@ -89,9 +89,9 @@ func (l *logBuffer) String() string {
 	return l.buf.String()
 }
 
-// TestSyncCommitSQL: the store's commits run with synchronous_commit at
+// TestSyncCommit: the store's commits run with synchronous_commit at
 // least on, whatever the session had, and keep remote_apply.
-func TestSyncCommitSQL(t *testing.T) {
+func TestSyncCommit(t *testing.T) {
 	pool := newPool(t)
 	ctx := context.Background()
 	for _, c := range []struct{ from, want string }{
@@ -133,12 +133,12 @@ func (c *crashable) crash(t *testing.T, wait func()) {
 	require.NoError(t, err)
 }
 
-// TestCommitsSurviveACrash (issue 32, case 2): a server with
-// synchronous_commit off, whose WAL writer flushes nothing on its own for
-// 10 s, crashed (an immediate shutdown) at once. Each record the middleware
-// acted on is still there after crash recovery: the store raises
-// synchronous_commit for its own commits.
-func TestCommitsSurviveACrash(t *testing.T) {
+// TestCrash (issue 32, case 2): a server with synchronous_commit off,
+// whose WAL writer flushes nothing on its own for 10 s, crashed (an
+// immediate shutdown) at once. Each record the middleware acted on is
+// still there after crash recovery: the store raises synchronous_commit
+// for its own commits.
+func TestCrash(t *testing.T) {
 	long.Skip(t, "starts a PostgreSQL server with synchronous_commit off and crashes it four times")
 	srv := startOwnServer(t, pgtest.Options{Durable: true, Settings: []string{"synchronous_commit=off", "wal_writer_delay=10s"}})
 	ctx := context.Background()
@@ -590,14 +590,14 @@ func TestStandby(t *testing.T) {
 	}
 }
 
-// TestAnOperatorEndingACommitsWait: an operator who ends a backend stuck
-// waiting for a paused synchronous standby with pg_terminate_backend, as
+// TestTerminateBackend: an operator who ends a backend stuck waiting for
+// a paused synchronous standby with pg_terminate_backend, as
 // docs/SERVER.md says to, ends its connection: the request is never a
-// 201, and no handler runs under an IN_PROGRESS record the standby lacks.
-// (pg_cancel_backend instead makes PostgreSQL report the commit done,
-// with only a warning, which the store cannot see: docs/SERVER.md warns
-// against it.)
-func TestAnOperatorEndingACommitsWait(t *testing.T) {
+// 201, and no handler runs under an IN_PROGRESS record the standby
+// lacks. (pg_cancel_backend instead makes PostgreSQL report the commit
+// done, with only a warning, which the store cannot see: docs/SERVER.md
+// warns against it.)
+func TestTerminateBackend(t *testing.T) {
 	long.Skip(t, "starts a primary and a synchronous standby and pauses it")
 	pair := startPair(t, pgtest.Options{Durable: true})
 	require.NoError(t, pair.MakeSynchronous())
@@ -647,14 +647,14 @@ func TestAnOperatorEndingACommitsWait(t *testing.T) {
 	})
 }
 
-// TestACommitCanceledByAnOperator: an operator's pg_cancel_backend on a
-// commit that waits for a paused synchronous standby. PostgreSQL reports
-// the commit done, with only a warning notice, though the standby lacks
-// it: a failover would lose it. On a pool prepared by ConfigurePool the
-// store sees the warning on its commit's connection, and answers as for a
-// commit with no answer: never a 201, and in lease mode the handler never
-// runs. Open warns about a pool built without ConfigurePool.
-func TestACommitCanceledByAnOperator(t *testing.T) {
+// TestCancelBackend: an operator's pg_cancel_backend on a commit that
+// waits for a paused synchronous standby. PostgreSQL reports the commit
+// done, with only a warning notice, though the standby lacks it: a
+// failover would lose it. On a pool prepared by ConfigurePool the store
+// sees the warning on its commit's connection, and answers as for a
+// commit with no answer: never a 201, and in lease mode the handler
+// never runs. Open warns about a pool built without ConfigurePool.
+func TestCancelBackend(t *testing.T) {
 	long.Skip(t, "starts a primary and a synchronous standby and pauses it")
 	pair := startPair(t, pgtest.Options{Durable: true})
 	require.NoError(t, pair.MakeSynchronous())

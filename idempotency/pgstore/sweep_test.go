@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -19,40 +20,75 @@ import (
 // index for one batch.
 const sweepTableRows = 50_000
 
-// TestSweepWalksTheExpiresAtIndex: the sweep's batch statement reads the
-// records through the expires_at index, and nowhere reads the whole
-// table, on a table of live records with a few expired among them, after
-// ANALYZE. It holds for the plan made for the batch's values and for the
-// generic plan that a prepared statement may switch to after five runs.
-func TestSweepWalksTheExpiresAtIndex(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		expired int // records in a hundred that have expired
-	}{
-		{"a few expired records among live ones", 1},
-		{"a sweep that fell behind: most records expired", 90},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			pool := newPool(t)
-			ctx := context.Background()
-			// The expired records expired an hour ago, the others live a
-			// day; the two kinds alternate in the table's pages.
-			_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO idempotency_records
+// TestSweep checks that the sweep deletes expired records in bounded
+// batches, through the expires_at index.
+func TestSweep(t *testing.T) {
+	t.Run("deletes in batches", func(t *testing.T) {
+		// The batches are counted between the statements.
+		counts := &sweepCounts{}
+		pool := newPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = counts })
+		counter, err := pgxpool.New(context.Background(), pool.Config().ConnString())
+		require.NoError(t, err)
+		t.Cleanup(counter.Close)
+		counts.pool = counter
+		s := New(pool, &Options{SweepBatch: 7, Clock: clock.NewManual(t0.Add(2 * time.Hour))})
+		ctx := context.Background()
+		// 20 expired at t0+1h, 5 live until t0+3h.
+		if _, err := pool.Exec(ctx, `INSERT INTO idempotency_records
+		(caller, key, fingerprint, fingerprint_version, status, stable_id, created_at, expires_at)
+		SELECT 'c', 'k' || i, decode(repeat('00', 32), 'hex'), 2, 'COMPLETED', 's' || i,
+			$1::timestamptz, $1::timestamptz + CASE WHEN i <= 20 THEN interval '1 hour' ELSE interval '3 hours' END
+		FROM generate_series(1, 25) AS i`, t0); err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.Sweep(ctx, t0.Add(2*time.Hour))
+		if err != nil || n != 20 {
+			t.Fatalf("Sweep = %d, %v; want 20, nil", n, err)
+		}
+		var records int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&records); err != nil || records != 5 {
+			t.Errorf("%d records left, %v; want the 5 live records", records, err)
+		}
+		if batches := counts.batches(records); fmt.Sprint(batches) != "[7 7 6]" {
+			t.Errorf("batches %v, want [7 7 6]", batches)
+		}
+	})
+
+	// The sweep's batch statement reads the records through the expires_at
+	// index, and nowhere reads the whole table, on a table of live records
+	// with a few expired among them, after ANALYZE. It holds for the plan
+	// made for the batch's values and for the generic plan that a prepared
+	// statement may switch to after five runs.
+	t.Run("walks the expires_at index", func(t *testing.T) {
+		for _, tc := range []struct {
+			name    string
+			expired int // records in a hundred that have expired
+		}{
+			{"a few expired records among live ones", 1},
+			{"a sweep that fell behind: most records expired", 90},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				pool := newPool(t)
+				ctx := context.Background()
+				// The expired records expired an hour ago, the others live a
+				// day; the two kinds alternate in the table's pages.
+				_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO idempotency_records
 				(caller, key, fingerprint, fingerprint_version, status, stable_id, created_at, expires_at)
 				SELECT 'c' || (i %% 97), 'k' || i, decode(repeat('00', 32), 'hex'), 2, 'COMPLETED', 's' || i, now() - interval '1 day',
 					now() + CASE WHEN i %% 100 < %d THEN interval '-1 hour' ELSE interval '1 day' END
 				FROM generate_series(1, %d) AS i`, tc.expired, sweepTableRows))
-			require.NoError(t, err)
-			_, err = pool.Exec(ctx, "ANALYZE idempotency_records")
-			require.NoError(t, err)
+				require.NoError(t, err)
+				_, err = pool.Exec(ctx, "ANALYZE idempotency_records")
+				require.NoError(t, err)
 
-			for _, plan := range plansOf(t, pool, sweepSQL, "timestamptz, timestamptz, integer", "NULL, NULL, 1000") {
-				t.Run("the "+plan.mode+" plan walks the index", func(t *testing.T) {
-					plan.readsOnly(t, "idempotency_records", "idempotency_records_expires_at")
-				})
-			}
-		})
-	}
+				for _, plan := range plansOf(t, pool, sweepSQL, "timestamptz, timestamptz, integer", "NULL, NULL, 1000") {
+					t.Run("the "+plan.mode+" plan walks the index", func(t *testing.T) {
+						plan.readsOnly(t, "idempotency_records", "idempotency_records_expires_at")
+					})
+				}
+			})
+		}
+	})
 }
 
 // plan is a statement's plan as EXPLAIN (FORMAT JSON) shows it.

@@ -13,35 +13,38 @@ import (
 // link is a Markdown inline link's target: [text](target).
 var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// TestRelativeLinksResolve: every link of the documents that is not to
-// another site names a file or directory of the repository, and a
-// #fragment names a heading of its document.
-func TestRelativeLinksResolve(t *testing.T) {
-	checked := 0
-	for _, doc := range documents(t) {
-		text := read(t, doc)
-		rel, _ := filepath.Rel(root, doc)
-		for _, m := range link.FindAllStringSubmatch(outsideCode(text), -1) {
-			target := m[1]
-			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
-				continue
-			}
-			checked++
-			path, fragment, _ := strings.Cut(target, "#")
-			file := doc
-			if path != "" {
-				file = filepath.Join(filepath.Dir(doc), filepath.FromSlash(path))
-				if _, err := os.Stat(file); err != nil {
-					t.Errorf("%s: link %q: no such file or directory", rel, target)
+// TestLinks checks the documents' links.
+func TestLinks(t *testing.T) {
+	// Every link of the documents that is not to another site names a file
+	// or directory of the repository, and a #fragment names a heading of its
+	// document.
+	t.Run("relative links resolve", func(t *testing.T) {
+		checked := 0
+		for _, doc := range documents(t) {
+			text := read(t, doc)
+			rel, _ := filepath.Rel(root, doc)
+			for _, m := range link.FindAllStringSubmatch(outsideCode(text), -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 					continue
 				}
-			}
-			if fragment != "" {
-				assert.Contains(t, anchors(read(t, file)), fragment, "%s: link %q: no such heading", rel, target)
+				checked++
+				path, fragment, _ := strings.Cut(target, "#")
+				file := doc
+				if path != "" {
+					file = filepath.Join(filepath.Dir(doc), filepath.FromSlash(path))
+					if _, err := os.Stat(file); err != nil {
+						t.Errorf("%s: link %q: no such file or directory", rel, target)
+						continue
+					}
+				}
+				if fragment != "" {
+					assert.Contains(t, anchors(read(t, file)), fragment, "%s: link %q: no such heading", rel, target)
+				}
 			}
 		}
-	}
-	assert.Positive(t, checked)
+		assert.Positive(t, checked)
+	})
 }
 
 // outsideCode returns text without its fenced code blocks.

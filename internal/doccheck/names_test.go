@@ -44,51 +44,54 @@ var (
 	member = regexp.MustCompile(`(?:^|[^\w.])([A-Z]\w*)\.([A-Z]\w*)`)
 )
 
-// TestGoNamesInDocs: every identifier of idem's packages that the prose of
-// the documents names in a code span exists, as a package-level name
-// (persist.PruneFunc) or as a field or method of a type (Client.Prune,
-// pgstore.Store.Check). The Go blocks are compiled by the tests of
-// snippet_test.go; this is the Go outside them, where a renamed or removed
-// name would otherwise stay.
-func TestGoNamesInDocs(t *testing.T) {
-	api := loadAPI(t)
-	checked := 0
-	for _, doc := range documents(t) {
-		rel, _ := filepath.Rel(root, doc)
-		rel = filepath.ToSlash(rel)
-		var bad []string
-		for _, span := range codeSpan.FindAllStringSubmatch(outsideCode(read(t, doc)), -1) {
-			text := span[1]
-			for _, m := range qualified.FindAllStringSubmatch(text, -1) {
-				pkg, name, sel := m[1], m[2], m[3]
-				if _, ok := apiPackages[pkg]; !ok {
-					continue // another package's (http.Client)
+// TestGoNames checks the Go names the documents' prose gives.
+func TestGoNames(t *testing.T) {
+	// Every identifier of idem's packages that the prose of the documents
+	// names in a code span exists, as a package-level name
+	// (persist.PruneFunc) or as a field or method of a type (Client.Prune,
+	// pgstore.Store.Check). The Go blocks are compiled by the tests of
+	// snippet_test.go; this is the Go outside them, where a renamed or
+	// removed name would otherwise stay.
+	t.Run("names in the docs exist", func(t *testing.T) {
+		api := loadAPI(t)
+		checked := 0
+		for _, doc := range documents(t) {
+			rel, _ := filepath.Rel(root, doc)
+			rel = filepath.ToSlash(rel)
+			var bad []string
+			for _, span := range codeSpan.FindAllStringSubmatch(outsideCode(read(t, doc)), -1) {
+				text := span[1]
+				for _, m := range qualified.FindAllStringSubmatch(text, -1) {
+					pkg, name, sel := m[1], m[2], m[3]
+					if _, ok := apiPackages[pkg]; !ok {
+						continue // another package's (http.Client)
+					}
+					checked++
+					if !api.pkg[pkg][name] {
+						bad = append(bad, pkg+"."+name)
+					} else if sel != "" && api.hasType(name) && !api.member(name, sel) {
+						bad = append(bad, pkg+"."+name+"."+sel)
+					}
 				}
-				checked++
-				if !api.pkg[pkg][name] {
-					bad = append(bad, pkg+"."+name)
-				} else if sel != "" && api.hasType(name) && !api.member(name, sel) {
-					bad = append(bad, pkg+"."+name+"."+sel)
+				for _, m := range member.FindAllStringSubmatch(text, -1) {
+					typ, sel := m[1], m[2]
+					if !api.hasType(typ) {
+						continue // not a type of idem's (Long.MAX_VALUE)
+					}
+					checked++
+					if !api.member(typ, sel) {
+						bad = append(bad, typ+"."+sel)
+					}
 				}
 			}
-			for _, m := range member.FindAllStringSubmatch(text, -1) {
-				typ, sel := m[1], m[2]
-				if !api.hasType(typ) {
-					continue // not a type of idem's (Long.MAX_VALUE)
-				}
-				checked++
-				if !api.member(typ, sel) {
-					bad = append(bad, typ+"."+sel)
-				}
+			if reason, ok := namesPending[rel]; ok {
+				t.Logf("%s: names not checked yet (%s); %d unknown: %v", rel, reason, len(bad), bad)
+				continue
 			}
+			assert.Empty(t, bad, "%s names Go identifiers that idem's packages do not have", rel)
 		}
-		if reason, ok := namesPending[rel]; ok {
-			t.Logf("%s: names not checked yet (%s); %d unknown: %v", rel, reason, len(bad), bad)
-			continue
-		}
-		assert.Empty(t, bad, "%s names Go identifiers that idem's packages do not have", rel)
-	}
-	assert.Positive(t, checked)
+		assert.Positive(t, checked)
+	})
 }
 
 // api is what the exported declarations of apiPackages define.

@@ -16,44 +16,47 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestEveryGoSnippetIsChecked: each Go block of the documents is either the
-// text of a function in a file the tests compile (and, for an Example, run),
-// or a program that TestProgramsBuild builds.
-func TestEveryGoSnippetIsChecked(t *testing.T) {
-	snippets := 0
-	for _, doc := range documents(t) {
-		rel, _ := filepath.Rel(root, doc)
-		for _, b := range Blocks(read(t, doc)) {
-			if b.Lang != "go" {
-				continue
-			}
-			where := rel + ":" + strconv.Itoa(b.Line)
-			kind, args, _ := strings.Cut(b.Marker, " ")
-			switch kind {
-			case "snippet":
-				file, fn, ok := strings.Cut(args, " ")
-				if !assert.True(t, ok, "%s: want <!-- doccheck: snippet FILE FUNC -->", where) {
+// TestSnippets checks that the documents' Go blocks are code the tests
+// compile.
+func TestSnippets(t *testing.T) {
+	// Each Go block of the documents is either the text of a function in a
+	// file the tests compile (and, for an Example, run), or a program that
+	// the next subtest builds.
+	t.Run("every Go block is checked", func(t *testing.T) {
+		snippets := 0
+		for _, doc := range documents(t) {
+			rel, _ := filepath.Rel(root, doc)
+			for _, b := range Blocks(read(t, doc)) {
+				if b.Lang != "go" {
 					continue
 				}
-				assert.True(t, isRunOfLines(b.Text, functionTexts(t, filepath.Join(root, file), fn)),
-					"%s: the snippet is not a run of lines of func %s in %s:\n%s", where, fn, file, b.Text)
-				snippets++
-			case "program":
-				snippets++
-			default:
-				t.Errorf("%s: a Go block without a doccheck marker (snippet FILE FUNC, or program NAME)", where)
+				where := rel + ":" + strconv.Itoa(b.Line)
+				kind, args, _ := strings.Cut(b.Marker, " ")
+				switch kind {
+				case "snippet":
+					file, fn, ok := strings.Cut(args, " ")
+					if !assert.True(t, ok, "%s: want <!-- doccheck: snippet FILE FUNC -->", where) {
+						continue
+					}
+					assert.True(t, isRunOfLines(b.Text, functionTexts(t, filepath.Join(root, file), fn)),
+						"%s: the snippet is not a run of lines of func %s in %s:\n%s", where, fn, file, b.Text)
+					snippets++
+				case "program":
+					snippets++
+				default:
+					t.Errorf("%s: a Go block without a doccheck marker (snippet FILE FUNC, or program NAME)", where)
+				}
 			}
 		}
-	}
-	assert.Positive(t, snippets)
-}
+		assert.Positive(t, snippets)
+	})
 
-// TestProgramsBuild builds every program block, each as its own main
-// package inside this module.
-func TestProgramsBuild(t *testing.T) {
-	for name := range programs(t) {
-		t.Run(name, func(t *testing.T) { buildProgram(t, name) })
-	}
+	// Each is its own main package inside this module.
+	t.Run("the program blocks build", func(t *testing.T) {
+		for name := range programs(t) {
+			t.Run(name, func(t *testing.T) { buildProgram(t, name) })
+		}
+	})
 }
 
 // programs returns the program blocks by name.

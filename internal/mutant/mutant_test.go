@@ -52,34 +52,37 @@ func writeModule(t *testing.T) string {
 	return root
 }
 
-// A row that no longer applies as written is reported with its name and
-// what is wrong, before anything is built.
-func TestCheckReportsEveryRowThatCannotApply(t *testing.T) {
-	root := writeModule(t)
-	ok := Mutant{Name: "sub", File: "tiny.go", Anchor: "a + b", Replace: "a - b", Pkg: ".", Run: "^TestAdd$"}
-	assert.Empty(t, Check(root, []Mutant{ok}))
+// TestCheck checks the rows before anything is built.
+func TestCheck(t *testing.T) {
+	// A row that no longer applies as written is reported with its name and
+	// what is wrong, before anything is built.
+	t.Run("reports every row that cannot apply", func(t *testing.T) {
+		root := writeModule(t)
+		ok := Mutant{Name: "sub", File: "tiny.go", Anchor: "a + b", Replace: "a - b", Pkg: ".", Run: "^TestAdd$"}
+		assert.Empty(t, Check(root, []Mutant{ok}))
 
-	rows := []Mutant{
-		{Name: "gone", File: "tiny.go", Anchor: "a + b + c", Replace: "a", Pkg: ".", Run: "^TestAdd$"},
-		{Name: "twice", File: "tiny.go", Anchor: "return a", Replace: "return 0", Pkg: ".", Run: "^TestAdd$"},
-		{Name: "no-file", File: "missing.go", Anchor: "x", Replace: "y", Pkg: ".", Run: "^TestAdd$"},
-		{Name: "same", File: "tiny.go", Anchor: "a + b", Replace: "a + b", Pkg: ".", Run: "^TestAdd$"},
-		{Name: "no-test", File: "tiny.go", Anchor: "a + b", Replace: "a - b"},
-		{Name: "outside", File: "../tiny.go", Anchor: "a + b", Replace: "a - b", Pkg: ".", Run: "^TestAdd$"},
-		ok, ok,
-	}
-	var msgs []string
-	for _, err := range Check(root, rows) {
-		msgs = append(msgs, err.Error())
-	}
-	require.Len(t, msgs, 7, "%q", msgs)
-	assert.Contains(t, msgs[0], `mutant "gone" (tiny.go): the anchor occurs 0 times in the file, not once`)
-	assert.Contains(t, msgs[1], `mutant "twice" (tiny.go): the anchor occurs 2 times in the file, not once`)
-	assert.Contains(t, msgs[2], `mutant "no-file" (missing.go)`)
-	assert.Contains(t, msgs[3], `mutant "same" (tiny.go): the replacement is the anchor`)
-	assert.Contains(t, msgs[4], `mutant "no-test" (tiny.go): no Pkg or Run`)
-	assert.Contains(t, msgs[5], `mutant "outside" (../tiny.go): File must be relative to the module root`)
-	assert.Contains(t, msgs[6], `mutant "sub" (tiny.go): the name is used by another row`)
+		rows := []Mutant{
+			{Name: "gone", File: "tiny.go", Anchor: "a + b + c", Replace: "a", Pkg: ".", Run: "^TestAdd$"},
+			{Name: "twice", File: "tiny.go", Anchor: "return a", Replace: "return 0", Pkg: ".", Run: "^TestAdd$"},
+			{Name: "no-file", File: "missing.go", Anchor: "x", Replace: "y", Pkg: ".", Run: "^TestAdd$"},
+			{Name: "same", File: "tiny.go", Anchor: "a + b", Replace: "a + b", Pkg: ".", Run: "^TestAdd$"},
+			{Name: "no-test", File: "tiny.go", Anchor: "a + b", Replace: "a - b"},
+			{Name: "outside", File: "../tiny.go", Anchor: "a + b", Replace: "a - b", Pkg: ".", Run: "^TestAdd$"},
+			ok, ok,
+		}
+		var msgs []string
+		for _, err := range Check(root, rows) {
+			msgs = append(msgs, err.Error())
+		}
+		require.Len(t, msgs, 7, "%q", msgs)
+		assert.Contains(t, msgs[0], `mutant "gone" (tiny.go): the anchor occurs 0 times in the file, not once`)
+		assert.Contains(t, msgs[1], `mutant "twice" (tiny.go): the anchor occurs 2 times in the file, not once`)
+		assert.Contains(t, msgs[2], `mutant "no-file" (missing.go)`)
+		assert.Contains(t, msgs[3], `mutant "same" (tiny.go): the replacement is the anchor`)
+		assert.Contains(t, msgs[4], `mutant "no-test" (tiny.go): no Pkg or Run`)
+		assert.Contains(t, msgs[5], `mutant "outside" (../tiny.go): File must be relative to the module root`)
+		assert.Contains(t, msgs[6], `mutant "sub" (tiny.go): the name is used by another row`)
+	})
 }
 
 // The verdicts on a real module: a mutant the test catches is killed, with
@@ -125,12 +128,15 @@ func TestVerdicts(t *testing.T) {
 	assert.EqualValues(t, 1+5, r.builds.Load(), "one unmutated build, one per mutant")
 }
 
-// The runs do not inherit the randomized tests' seeds and budgets: a
-// mutant's verdict is the same whatever IDEM_SIM_SEED is set to.
-func TestRunsDropTheRandomizedTestsSettings(t *testing.T) {
-	t.Setenv("IDEM_SIM_SEED", "5")
-	t.Setenv("IDEM_REQUIRE_POSTGRES", "1")
-	env := environ()
-	assert.NotContains(t, env, "IDEM_SIM_SEED=5")
-	assert.Contains(t, env, "IDEM_REQUIRE_POSTGRES=1")
+// TestEnviron checks the environment of the runs.
+func TestEnviron(t *testing.T) {
+	// The runs do not inherit the randomized tests' seeds and budgets: a
+	// mutant's verdict is the same whatever IDEM_SIM_SEED is set to.
+	t.Run("the runs drop the randomized tests' settings", func(t *testing.T) {
+		t.Setenv("IDEM_SIM_SEED", "5")
+		t.Setenv("IDEM_REQUIRE_POSTGRES", "1")
+		env := environ()
+		assert.NotContains(t, env, "IDEM_SIM_SEED=5")
+		assert.Contains(t, env, "IDEM_REQUIRE_POSTGRES=1")
+	})
 }

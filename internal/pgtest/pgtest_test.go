@@ -17,60 +17,65 @@ func TestMain(m *testing.M) {
 	os.Exit(Main(m))
 }
 
-// envChild marks a run of this test binary by TestWithoutPostgres.
+// envChild marks a run of this test binary by TestDSN's test without
+// PostgreSQL.
 const envChild = "PGTEST_CHILD_WITHOUT_POSTGRES"
 
-// TestWithoutPostgres runs TestDSNGivesEachTestAnEmptyDatabase in a child
-// process that has no DSN and finds no binaries: it skips, saying how to
-// enable it, or fails under IDEM_REQUIRE_POSTGRES=1.
-func TestWithoutPostgres(t *testing.T) {
-	if os.Getenv(envChild) == "1" {
-		t.Skip("the child runs only the database test")
-	}
-	for _, c := range []struct {
-		require string
-		wantErr bool
-		want    string
-	}{
-		{"", false, "--- SKIP: TestDSNGivesEachTestAnEmptyDatabase"},
-		{"1", true, "--- FAIL: TestDSNGivesEachTestAnEmptyDatabase"},
-	} {
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestDSNGivesEachTestAnEmptyDatabase$", "-test.v")
-		cmd.Env = append(os.Environ(), envChild+"=1", EnvDSN+"=", EnvRequire+"="+c.require, "PATH="+t.TempDir())
-		out, err := cmd.CombinedOutput()
-		if (err != nil) != c.wantErr || !strings.Contains(string(out), c.want) {
-			t.Errorf("%s=%q: err %v, output:\n%s", EnvRequire, c.require, err, out)
+// TestDSN checks the databases DSN gives tests, and what a test without
+// PostgreSQL does.
+func TestDSN(t *testing.T) {
+	t.Run("gives each test an empty database", func(t *testing.T) {
+		var names [2]string
+		for i := range names {
+			dsn := DSN(t)
+			conn, err := pgx.Connect(context.Background(), dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			if err := conn.QueryRow(context.Background(), "SELECT current_database()").Scan(&names[i]); err != nil {
+				t.Fatal(err)
+			}
+			var tables int
+			if err := conn.QueryRow(context.Background(),
+				"SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'").Scan(&tables); err != nil {
+				t.Fatal(err)
+			}
+			if tables != 0 {
+				t.Errorf("database %s has %d tables, want 0", names[i], tables)
+			}
 		}
-		if !strings.Contains(string(out), "set "+EnvDSN) {
-			t.Errorf("%s=%q: the output does not say how to enable the tests:\n%s", EnvRequire, c.require, out)
+		if names[0] == names[1] {
+			t.Errorf("two DSN calls gave the same database %s", names[0])
 		}
-	}
-}
+	})
 
-func TestDSNGivesEachTestAnEmptyDatabase(t *testing.T) {
-	var names [2]string
-	for i := range names {
-		dsn := DSN(t)
-		conn, err := pgx.Connect(context.Background(), dsn)
-		if err != nil {
-			t.Fatal(err)
+	// The subtest above, run in a child process that has no DSN and finds
+	// no binaries, skips, saying how to enable it, or fails under
+	// IDEM_REQUIRE_POSTGRES=1.
+	t.Run("without PostgreSQL a test skips or fails as asked", func(t *testing.T) {
+		if os.Getenv(envChild) == "1" {
+			t.Skip("the child runs only the database test")
 		}
-		defer conn.Close(context.Background())
-		if err := conn.QueryRow(context.Background(), "SELECT current_database()").Scan(&names[i]); err != nil {
-			t.Fatal(err)
+		for _, c := range []struct {
+			require string
+			wantErr bool
+			want    string
+		}{
+			{"", false, "--- SKIP: TestDSN/gives_each_test_an_empty_database"},
+			{"1", true, "--- FAIL: TestDSN/gives_each_test_an_empty_database"},
+		} {
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestDSN$/^gives_each_test_an_empty_database$", "-test.v")
+			cmd.Env = append(os.Environ(), envChild+"=1", EnvDSN+"=", EnvRequire+"="+c.require, "PATH="+t.TempDir())
+			out, err := cmd.CombinedOutput()
+			if (err != nil) != c.wantErr || !strings.Contains(string(out), c.want) {
+				t.Errorf("%s=%q: err %v, output:\n%s", EnvRequire, c.require, err, out)
+			}
+			if !strings.Contains(string(out), "set "+EnvDSN) {
+				t.Errorf("%s=%q: the output does not say how to enable the tests:\n%s", EnvRequire, c.require, out)
+			}
 		}
-		var tables int
-		if err := conn.QueryRow(context.Background(),
-			"SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'").Scan(&tables); err != nil {
-			t.Fatal(err)
-		}
-		if tables != 0 {
-			t.Errorf("database %s has %d tables, want 0", names[i], tables)
-		}
-	}
-	if names[0] == names[1] {
-		t.Errorf("two DSN calls gave the same database %s", names[0])
-	}
+	})
 }
 
 func TestWithDatabase(t *testing.T) {

@@ -11,19 +11,21 @@ import (
 	"github.com/idemkit/idem/fakeserver"
 )
 
-// TestBareHandlerHasNoLayer checks that the baseline of the layer's cost
-// does the work on every request, a repeated key included.
-func TestBareHandlerHasNoLayer(t *testing.T) {
-	t.Parallel()
-	h := fakeserver.NewBareHandler(nil)
-	for range 2 {
-		req := httptest.NewRequest(http.MethodPost, "/payments", bytes.NewReader(paymentBody))
-		req.Header.Set("Idempotency-Key", "same")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		assert.Equal(t, http.StatusCreated, rec.Code)
-		assert.Empty(t, rec.Header().Get("Idempotent-Replayed"))
-	}
-	assert.Equal(t, 2, h.Stats().Executions)
-	assert.Equal(t, 2, h.Stats().Payments)
+// TestBareHandler checks the baseline of the layer's cost.
+func TestBareHandler(t *testing.T) {
+	// A repeated key included.
+	t.Run("does the work on every request", func(t *testing.T) {
+		t.Parallel()
+		h := fakeserver.NewBareHandler(nil)
+		for range 2 {
+			req := httptest.NewRequest(http.MethodPost, "/payments", bytes.NewReader(paymentBody))
+			req.Header.Set("Idempotency-Key", "same")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			assert.Equal(t, http.StatusCreated, rec.Code)
+			assert.Empty(t, rec.Header().Get("Idempotent-Replayed"))
+		}
+		assert.Equal(t, 2, h.Stats().Executions)
+		assert.Equal(t, 2, h.Stats().Payments)
+	})
 }

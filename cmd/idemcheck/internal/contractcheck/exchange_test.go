@@ -11,21 +11,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestSendBudget: a request past the planned number is not sent.
-func TestSendBudget(t *testing.T) {
-	var got atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	t.Cleanup(srv.Close)
-	cfg, err := Config{URL: srv.URL}.normalise()
-	require.NoError(t, err)
-	c := &checker{cfg: cfg, client: srv.Client(), budget: 1}
+// TestSend checks the bound on the requests the check sends.
+func TestSend(t *testing.T) {
+	// A request past the planned number is not sent.
+	t.Run("a request past the planned number is not sent", func(t *testing.T) {
+		var got atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		t.Cleanup(srv.Close)
+		cfg, err := Config{URL: srv.URL}.normalise()
+		require.NoError(t, err)
+		c := &checker{cfg: cfg, client: srv.Client(), budget: 1}
 
-	assert.True(t, c.post(context.Background(), cfg.Body, "k1").ok())
-	ex := c.post(context.Background(), cfg.Body, "k2")
-	assert.ErrorIs(t, ex.err, errBudget)
-	assert.Equal(t, int64(1), got.Load())
-	assert.Equal(t, int64(1), c.sent.Load())
+		assert.True(t, c.post(context.Background(), cfg.Body, "k1").ok())
+		ex := c.post(context.Background(), cfg.Body, "k2")
+		assert.ErrorIs(t, ex.err, errBudget)
+		assert.Equal(t, int64(1), got.Load())
+		assert.Equal(t, int64(1), c.sent.Load())
+	})
 }
