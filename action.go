@@ -257,13 +257,6 @@ func (c *Client) replace(ctx context.Context, name string, latest *persist.Recor
 	return &SaveError{Key: latest.Key, Op: "drop unsent", Err: err}
 }
 
-// armedVersion is an intent's armed version, with room for its clock
-// readings.
-type armedVersion struct {
-	rec    persist.Record
-	clocks persist.Clocks
-}
-
 // arm makes an unarmed intent durable before its first byte is sent. That is
 // the tap. The arming write is the one durable write before sending. It
 // claims the action's latest intent in the store (persist.Claim). So two

@@ -2,15 +2,12 @@ package idem
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"mime"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/idemkit/idem/persist"
@@ -97,10 +94,51 @@ func marked(h http.Header, key string) bool {
 	return echoes(h, key)
 }
 
+// unfollowedRedirect reports a 3xx that reached the client. redirectPolicy
+// did not follow it, or net/http could not. redirectPolicy does not follow
+// 301, 302, 303 after a POST, and 307 or 308 from https to http. net/http
+// cannot follow 300, 304, or one without a Location.
+func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
+
+// seeOther reports the one redirect that is an outcome. That is a 303 the
+// server marked as its word on key (see marked). Asking again would get its
+// replay. The work is done, and Location names the result.
+func seeOther(code int, h http.Header, key string) bool {
+	return code == http.StatusSeeOther && marked(h, key)
+}
+
+// answered says rec records the server's answer to the intent. That is the
+// send's final answer, or the lookup's word that the work was done. It is the
+// truth about the key, whoever holds the record. A void is not. It is trusted
+// only while no attempt can still arrive, and another holder may be sending
+// one.
+func answered(rec *persist.Record) bool {
+	return rec.State.Resolved() && rec.Response != nil
+}
+
+// answerRules is how a Client reads its server's answers. It says which
+// answers are the server's word and which say the key was reused. It says
+// what of an answer the device keeps. The config embeds it.
+type answerRules struct {
+	maxBody int64 // bytes read of one answer, header fields included
+	// keyReusedAnswer recognises the app's own server's key reuse answers.
+	keyReusedAnswer func(*Response) bool
+	// ownAnswer recognises the server's answers that lack the contract's
+	// marks. It judges them for the intent with the key it is given
+	// (Server.Mark). Nil trusts the contract's marks alone.
+	ownAnswer func(resp *Response, key string) bool
+	// ownNamesKey says that ownAnswer recognises only an answer that names
+	// the key (Mark.namesKey).
+	ownNamesKey bool
+	// keptHeaders are the canonical names of the answer's header fields kept
+	// on the device.
+	keptHeaders []string
+}
+
 // trusted reports an answer that is the server's word on key. It is marked,
 // or the server's declared Mark recognises it. body is nil when it was not
 // kept, being over the limit.
-func (c *config) trusted(status int, h http.Header, body []byte, key string) bool {
+func (c *answerRules) trusted(status int, h http.Header, body []byte, key string) bool {
 	if marked(h, key) {
 		return true
 	}
@@ -113,7 +151,7 @@ func (c *config) trusted(status int, h http.Header, body []byte, key string) boo
 // server's word only by the key's echo. A recognizer reads a body, and a
 // stranger's JSON looks like the server's. Say a captive portal redirects
 // the POST to its own API. That API answers {"id": "sess_..."}.
-func (c *config) trustedAnswer(resp *http.Response, body []byte, key string) bool {
+func (c *answerRules) trustedAnswer(resp *http.Response, body []byte, key string) bool {
 	if reflected(resp.Header) {
 		return false
 	}
@@ -197,7 +235,7 @@ func isKeyUnused(status int, h http.Header, body []byte) bool {
 }
 
 // stateFor classifies a final answer.
-func (c *config) stateFor(status int, header http.Header, body []byte) persist.State {
+func (c *answerRules) stateFor(status int, header http.Header, body []byte) persist.State {
 	switch {
 	case done(status):
 		return persist.StateSucceeded
@@ -210,7 +248,7 @@ func (c *config) stateFor(status int, header http.Header, body []byte) persist.S
 
 // keyReused reports a final answer that says the key was used with another
 // request. (See ErrKeyReused.)
-func (c *config) keyReused(status int, header http.Header, body []byte) bool {
+func (c *answerRules) keyReused(status int, header http.Header, body []byte) bool {
 	if done(status) {
 		return false
 	}
@@ -300,113 +338,15 @@ func parseProblem(header http.Header, body []byte) problem {
 	return p
 }
 
-func (c *config) apiErrorFor(rec *persist.Record, resp *Response) error {
-	if done(resp.StatusCode) {
-		return nil
-	}
-	return &APIError{
-		Method:     rec.Method,
-		URL:        rec.URL,
-		Key:        rec.Key,
-		StatusCode: resp.StatusCode,
-		Problem:    parseProblem(resp.Header, resp.Body),
-		Response:   resp,
-		keyReused:  c.keyReused(resp.StatusCode, resp.Header, resp.Body),
-	}
-}
-
-// retryableError reports whether a transport error may be retried. Every
-// network failure may be, even after the request was written. The key makes
-// the repeat harmless. An oversized answer may not be retried. Nor may an
-// error that proves the request never reached the server (neverReached). No
-// retry will fix those. Errors are classified by type, never by message
-// text.
-func retryableError(err error) bool {
-	return !errors.Is(err, errBodyTooLarge) && !neverReached(err)
-}
-
-// neverReached reports an error that proves the request was never written to
-// a server that does the work. These errors prove it:
-//
-//   - A certificate refused: unknown authority, wrong hostname, invalid. The
-//     TLS handshake failed, and the request is written only after it.
-//   - A plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch).
-//   - A redirect to a scheme net/http cannot send to, or a redirect loop.
-//     Only servers that answered 307 or 308 saw the request.
-//
-// It speaks of the last try only. net/http may have written the same request
-// on a reused connection first. (See call.mayHaveReached.)
-func neverReached(err error) bool {
-	var (
-		unknownAuthority x509.UnknownAuthorityError
-		hostname         x509.HostnameError
-		invalid          x509.CertificateInvalidError
-		verify           *tls.CertificateVerificationError
-		scheme           *redirectSchemeError
-	)
-	switch {
-	case errors.As(err, &unknownAuthority), errors.As(err, &hostname),
-		errors.As(err, &invalid), errors.As(err, &verify),
-		errors.Is(err, http.ErrSchemeMismatch),
-		errors.As(err, &scheme), errors.Is(err, errRedirectLoop):
-		return true
-	}
-	return false
-}
-
-// APIError is a final answer from the server that is not a success. It is a
-// business outcome such as 402 (card declined). Or it is a validation 400,
-// or a key error (400, 422). It is returned together with the Response.
-type APIError struct {
-	Method string
-	// URL is the request's URL as the app gave it. The error's text names it
-	// without credentials, as Attempt.URL does. Credentials are the user
-	// name, password, and the values of query parameters named for
-	// credentials.
-	URL        string
-	Key        string
-	StatusCode int
-	// Problem holds the RFC 9457 fields when the body was a problem
-	// document. That is application/problem+json, or JSON with those fields.
-	Problem struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail,omitempty"`
-	}
-	// Response is the whole answer, body included.
-	Response *Response
-
-	keyReused bool // the answer says the key was used with another request
-}
-
-func (e *APIError) Error() string {
-	var b strings.Builder
-	// The text, which apps log, names the URL without its credentials.
-	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, redactUserinfo(e.URL, true), e.StatusCode, http.StatusText(e.StatusCode))
-	if t := problemName(e.Problem.Type); t != "" {
-		fmt.Fprintf(&b, " (%s)", t)
-	}
-	if e.Problem.Detail != "" {
-		fmt.Fprintf(&b, ": %s", e.Problem.Detail)
-	} else if e.Problem.Title != "" {
-		fmt.Fprintf(&b, ": %s", e.Problem.Title)
-	}
-	if e.Key != "" {
-		fmt.Fprintf(&b, " [key %s]", e.Key)
-	}
-	return b.String()
-}
-
 // stored returns what the device keeps of a final answer. That is its
 // status, the header fields a replay and the app need, and its body.
-func (c *config) stored(resp *Response) *persist.Response {
+func (c *answerRules) stored(resp *Response) *persist.Response {
 	return c.storedIn(new(persist.Response), resp)
 }
 
 // storedIn is stored, made in r. That lets it share the allocation of the
 // record's version.
-func (c *config) storedIn(r *persist.Response, resp *Response) *persist.Response {
+func (c *answerRules) storedIn(r *persist.Response, resp *Response) *persist.Response {
 	*r = persist.Response{
 		StatusCode: resp.StatusCode,
 		Header:     c.storedHeader(resp.Header),
@@ -422,7 +362,7 @@ func (c *config) storedIn(r *persist.Response, resp *Response) *persist.Response
 // (Server.StoredHeaders). They are kept while they fit the Client's limit on
 // an answer. Nothing else is written to the device: no cookies, tokens or
 // tracing.
-func (c *config) storedHeader(h http.Header) http.Header {
+func (c *answerRules) storedHeader(h http.Header) http.Header {
 	var (
 		out  http.Header
 		size int64
@@ -450,7 +390,7 @@ func (c *config) storedHeader(h http.Header) http.Header {
 }
 
 // keptValues returns how many values of h storedHeader may keep.
-func (c *config) keptValues(h http.Header) int {
+func (c *answerRules) keptValues(h http.Header) int {
 	n := 0
 	for _, name := range c.keptHeaders {
 		n += len(h[name])
@@ -458,14 +398,15 @@ func (c *config) keptValues(h http.Header) int {
 	return n
 }
 
-// Is makes errors.Is(err, ErrKeyReused) true for the answers that mean it.
-// It does the same for ErrKeyRejected.
-func (e *APIError) Is(target error) bool {
-	switch target {
-	case ErrKeyReused:
-		return e.keyReused
-	case ErrKeyRejected:
-		return isKeyProblem(e.StatusCode, e.Problem.Type)
+// keptHeaders returns the defaults and the app's names. They are canonical
+// and without repeats.
+func keptHeaders(names []string) []string {
+	out := append([]string(nil), storedHeaders...)
+	for _, n := range names {
+		n = http.CanonicalHeaderKey(n)
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
 	}
-	return false
+	return out
 }

@@ -58,40 +58,20 @@ import (
 // retrier sends the attempts of calls through one http.Client.
 type retrier struct{ rc *retryablehttp.Client }
 
-// newRetrier returns the retrier that sends through hc. It follows only the
-// redirects that keep the request (redirectPolicy). It bounds each attempt by
-// the call's budget (budgetTransport). It is made once per http.Client and
-// shared by all calls.
-func newRetrier(hc *http.Client) *retrier {
-	hc = redirectPolicy(hc)
-	hc.Transport = budgetTransport{base: hc.Transport}
-	return &retrier{rc: &retryablehttp.Client{
-		HTTPClient: hc,
-		RetryMax:   math.MaxInt32, // the budget decides
-		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
-			callOf(req.Context()).attemptBegins(req)
-		},
-		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
-			return callOf(ctx).afterAttempt(ctx, resp, err)
-		},
-		Backoff: func(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 },
-		ErrorHandler: func(resp *http.Response, err error, _ int) (*http.Response, error) {
-			if resp == nil {
-				return nil, err
-			}
-			return callOf(resp.Request.Context()).keepLast(resp, err)
-		},
-	}}
-}
+// errStopped tells retryablehttp to stop. The reason is in the call's
+// state.
+var errStopped = errors.New("idem: retry budget exhausted")
 
 // newCall returns the state of a call that sends rec under ctx's retry policy.
-// header is the stored one, or the live request's.
-func (c *Client) newCall(ctx context.Context, rec *persist.Record, header http.Header) *call {
-	st := &call{cfg: &c.config, key: rec.Key, redirected: rec.Redirected, tokens: c.tokens}
+// cfg and tokens are the Client's. left reads how long rec's intent may
+// still be sent (Client.leftOf). header is the stored one, or the live
+// request's.
+func newCall(ctx context.Context, cfg *config, tokens *tokenBucket, left intentLeft, rec *persist.Record, header http.Header) *call {
+	st := &call{cfg: cfg, key: rec.Key, redirected: rec.Redirected, tokens: tokens}
 	// The budget reads the intent's age through the call, which holds it. So
 	// it needs no allocation of its own.
-	st.left = c.leftOf(rec)
-	st.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)
+	st.left = left
+	st.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, &st.left)
 	st.b.sendBy = (*sendDeadline)(&st.left)
 	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
 	// The key's value lives in the call, so it needs no allocation of its own.
@@ -298,6 +278,30 @@ func (st *call) answerBody(body io.ReadCloser, ctx, parent context.Context, canc
 	st.answerUsed = true
 	*b = budgetBody{ReadCloser: body, st: st, ctx: ctx, parent: parent, cancel: cancel, reason: reason}
 	return b
+}
+
+// budgetBody is an attempt's answer body. Closing it ends the attempt's time
+// limit.
+type budgetBody struct {
+	io.ReadCloser
+	st          *call
+	ctx, parent context.Context
+	cancel      context.CancelFunc
+	reason      string
+}
+
+func (b *budgetBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.st.noteCut(b.ctx, b.parent, b.reason)
+	}
+	return n, err
+}
+
+func (b *budgetBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // redirectedAway records that an attempt was redirected to another URL

@@ -1,9 +1,14 @@
 package idem
 
 import (
+	"context"
+	"math"
+	"net/http"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/hashicorp/go-retryablehttp"
 )
 
 // Client sends intents. It stores each intent before its first attempt. It
@@ -62,4 +67,30 @@ func New(cfg Config) (*Client, error) {
 		tokens:  newTokenBucket(c.retryBudget),
 		id:      id,
 	}, nil
+}
+
+// newRetrier returns the retrier that sends through hc. It follows only the
+// redirects that keep the request (redirectPolicy). It bounds each attempt by
+// the call's budget (budgetTransport). It is made once per http.Client and
+// shared by all calls.
+func newRetrier(hc *http.Client) *retrier {
+	hc = redirectPolicy(hc)
+	hc.Transport = budgetTransport{base: hc.Transport}
+	return &retrier{rc: &retryablehttp.Client{
+		HTTPClient: hc,
+		RetryMax:   math.MaxInt32, // the budget decides
+		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
+			callOf(req.Context()).attemptBegins(req)
+		},
+		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+			return callOf(ctx).afterAttempt(ctx, resp, err)
+		},
+		Backoff: func(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 },
+		ErrorHandler: func(resp *http.Response, err error, _ int) (*http.Response, error) {
+			if resp == nil {
+				return nil, err
+			}
+			return callOf(resp.Request.Context()).keepLast(resp, err)
+		},
+	}}
 }

@@ -140,23 +140,11 @@ type config struct {
 	retention time.Duration
 	margin    time.Duration
 	reconcile time.Duration
-	maxBody   int64 // bytes read of one answer, header fields included
 	quoted    bool
 	onAttempt func(Attempt)
 	authorize func(context.Context, string) (string, error) // nil: none
 	lookup    func(Request, string) string                  // nil: none configured
-	// keyReusedAnswer recognises the app's own server's key reuse answers.
-	keyReusedAnswer func(*Response) bool
-	// ownAnswer recognises the server's answers that lack the contract's
-	// marks. It judges them for the intent with the key it is given
-	// (Server.Mark). Nil trusts the contract's marks alone.
-	ownAnswer func(resp *Response, key string) bool
-	// ownNamesKey says that ownAnswer recognises only an answer that names
-	// the key (Mark.namesKey).
-	ownNamesKey bool
-	// keptHeaders are the canonical names of the answer's header fields kept
-	// on the device.
-	keptHeaders []string
+	answerRules
 	retryBudget RetryBudget  // the client-wide retry budget (Config.RetryBudget)
 	settles     settleConfig // SettleAll's (Config.SettleConcurrency, Config.SettleProgress)
 }
@@ -211,6 +199,14 @@ func (c *config) log(ctx context.Context, level slog.Level, msg string, args ...
 	if c.logger != nil {
 		c.logger.Log(ctx, level, msg, args...)
 	}
+}
+
+// keyHeader spells key as this Client sends the keys of new intents.
+func (c *config) keyHeader(key string) string {
+	if !c.quoted {
+		return key
+	}
+	return quoteKey(key)
 }
 
 // Defaults of a Client; each can be changed in its Config.
@@ -364,6 +360,19 @@ func (b RetryBudget) validate() error {
 	return errors.Join(errs...)
 }
 
+// check reports a Mark New refuses. That is none declared, or a preset made
+// of bad input.
+func (m Mark) check() error {
+	switch {
+	case m.name == "":
+		return fmt.Errorf("idem: Config.Server.Mark is not set: declare how the server marks its answers as its own, with %s. "+
+			"An answer without the mark never settles an intent: it could be a captive portal's or a CDN's (README, \"How your server marks its answers\")", marks)
+	case m.invalid != "":
+		return fmt.Errorf("idem: Config.Server.Mark is %s: %s", m.name, m.invalid)
+	}
+	return nil
+}
+
 // isNil reports a value that a method call or a send would panic on. That is
 // a nil interface, or one holding a nil pointer, map, func, chan or slice.
 func isNil(v any) bool {
@@ -448,21 +457,4 @@ func checkLookupQuery(name string) error {
 		}
 	}
 	return nil
-}
-
-// validFieldName reports a header field name: a non-empty RFC 9110 token.
-func validFieldName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		b := name[i]
-		switch {
-		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }

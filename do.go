@@ -140,7 +140,7 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	if header == nil {
 		header = rec.Header
 	}
-	resp, retryErr := c.newCall(ctx, rec, header).run(ctx, r)
+	resp, retryErr := newCall(ctx, &c.config, c.tokens, c.leftOf(rec), rec, header).run(ctx, r)
 	if retryErr != nil {
 		return c.adopted(c.recordNoAnswer(ctx, in, rec, retryErr))
 	}

@@ -2,12 +2,16 @@ package idem
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/persist"
 )
 
 // Sentinel errors. Match them with errors.Is. The typed errors below wrap
@@ -64,10 +68,6 @@ var (
 	// with a new one for a changed request. The replaced one is never
 	// sent.
 	ErrIntentReplaced = errors.New("idem: intent was replaced by a new intent for a changed request before it was sent")
-
-	// ErrInFlight means the operation needs the intent to be idle. A Do
-	// for it is running in this process.
-	ErrInFlight = errors.New("idem: a request for this intent is in flight")
 )
 
 // The reasons a call ends with a *RetryError, as RetryError.Reason gives
@@ -309,6 +309,10 @@ func (e *notSentError) Error() string {
 
 func (e *notSentError) Unwrap() []error { return []error{ErrNotSent, e.Err} }
 
+// errLeftUnsent is why SettleAll does not send an intent that ended not
+// sent.
+var errLeftUnsent = errors.New("idem: the intent ended not sent; it is sent again only when the app asks (Send, Settle or Do)")
+
 // SaveError reports that the device store failed a write. Or it failed a
 // read that Client.Intent needs before it writes. From Client.Intent or
 // Client.NewIntent, it means nothing was created or sent. After an answer,
@@ -348,6 +352,10 @@ func (e *SaveError) Unwrap() error { return e.Err }
 // cannot send to.
 type redirectSchemeError struct{ location string }
 
+func (e *redirectSchemeError) Error() string {
+	return fmt.Sprintf("idem: redirected to %s, whose scheme is not http or https", e.location)
+}
+
 // errRedirectLoop ends a chain of redirects that does not end. No server
 // that does the work answered, so the request never reached it.
 var errRedirectLoop = errors.New("idem: stopped after 10 redirects")
@@ -365,4 +373,114 @@ type budgetSpent struct {
 
 func (e *budgetSpent) Error() string {
 	return "idem: the attempt was cut short (" + e.reason + "): " + e.err.Error()
+}
+
+// APIError is a final answer from the server that is not a success. It is a
+// business outcome such as 402 (card declined). Or it is a validation 400,
+// or a key error (400, 422). It is returned together with the Response.
+type APIError struct {
+	Method string
+	// URL is the request's URL as the app gave it. The error's text names it
+	// without credentials, as Attempt.URL does. Credentials are the user
+	// name, password, and the values of query parameters named for
+	// credentials.
+	URL        string
+	Key        string
+	StatusCode int
+	// Problem holds the RFC 9457 fields when the body was a problem
+	// document. That is application/problem+json, or JSON with those fields.
+	Problem struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail,omitempty"`
+	}
+	// Response is the whole answer, body included.
+	Response *Response
+
+	keyReused bool // the answer says the key was used with another request
+}
+
+func (e *APIError) Error() string {
+	var b strings.Builder
+	// The text, which apps log, names the URL without its credentials.
+	fmt.Fprintf(&b, "idem: %s %s answered %d %s", e.Method, redactUserinfo(e.URL, true), e.StatusCode, http.StatusText(e.StatusCode))
+	if t := problemName(e.Problem.Type); t != "" {
+		fmt.Fprintf(&b, " (%s)", t)
+	}
+	if e.Problem.Detail != "" {
+		fmt.Fprintf(&b, ": %s", e.Problem.Detail)
+	} else if e.Problem.Title != "" {
+		fmt.Fprintf(&b, ": %s", e.Problem.Title)
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, " [key %s]", e.Key)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrKeyReused) true for the answers that mean it.
+// It does the same for ErrKeyRejected.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrKeyReused:
+		return e.keyReused
+	case ErrKeyRejected:
+		return isKeyProblem(e.StatusCode, e.Problem.Type)
+	}
+	return false
+}
+
+func (c *answerRules) apiErrorFor(rec *persist.Record, resp *Response) error {
+	if done(resp.StatusCode) {
+		return nil
+	}
+	return &APIError{
+		Method:     rec.Method,
+		URL:        rec.URL,
+		Key:        rec.Key,
+		StatusCode: resp.StatusCode,
+		Problem:    parseProblem(resp.Header, resp.Body),
+		Response:   resp,
+		keyReused:  c.keyReused(resp.StatusCode, resp.Header, resp.Body),
+	}
+}
+
+// retryableError reports whether a transport error may be retried. Every
+// network failure may be, even after the request was written. The key makes
+// the repeat harmless. An oversized answer may not be retried. Nor may an
+// error that proves the request never reached the server (neverReached). No
+// retry will fix those. Errors are classified by type, never by message
+// text.
+func retryableError(err error) bool {
+	return !errors.Is(err, errBodyTooLarge) && !neverReached(err)
+}
+
+// neverReached reports an error that proves the request was never written to
+// a server that does the work. These errors prove it:
+//
+//   - A certificate refused: unknown authority, wrong hostname, invalid. The
+//     TLS handshake failed, and the request is written only after it.
+//   - A plain HTTP answer to the TLS handshake (http.ErrSchemeMismatch).
+//   - A redirect to a scheme net/http cannot send to, or a redirect loop.
+//     Only servers that answered 307 or 308 saw the request.
+//
+// It speaks of the last try only. net/http may have written the same request
+// on a reused connection first. (See call.mayHaveReached.)
+func neverReached(err error) bool {
+	var (
+		unknownAuthority x509.UnknownAuthorityError
+		hostname         x509.HostnameError
+		invalid          x509.CertificateInvalidError
+		verify           *tls.CertificateVerificationError
+		scheme           *redirectSchemeError
+	)
+	switch {
+	case errors.As(err, &unknownAuthority), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &verify),
+		errors.Is(err, http.ErrSchemeMismatch),
+		errors.As(err, &scheme), errors.Is(err, errRedirectLoop):
+		return true
+	}
+	return false
 }

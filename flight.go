@@ -20,6 +20,10 @@ type flights struct {
 	spare *flight
 }
 
+// ErrInFlight means the operation needs the intent to be idle. A Do
+// for it is running in this process.
+var ErrInFlight = errors.New("idem: a request for this intent is in flight")
+
 // errUnfinished is what the waiters of a Do that panicked get.
 var errUnfinished = errors.New("idem: the concurrent Do for this intent did not finish")
 

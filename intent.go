@@ -172,3 +172,10 @@ type ResolvedError struct {
 func (e *ResolvedError) Error() string {
 	return fmt.Sprintf("idem: %q was already paid by intent %s with another request; nothing was sent (use NewIntent for a deliberate second payment)", e.Name, e.Previous.Key())
 }
+
+// armedVersion is an intent's armed version, with room for its clock
+// readings.
+type armedVersion struct {
+	rec    persist.Record
+	clocks persist.Clocks
+}

@@ -6,14 +6,6 @@ import (
 	"github.com/dunglas/httpsfv"
 )
 
-// keyHeader spells key as this Client sends the keys of new intents.
-func (c *config) keyHeader(key string) string {
-	if !c.quoted {
-		return key
-	}
-	return quoteKey(key)
-}
-
 // quoteKey spells key as an RFC 8941 sf-string.
 func quoteKey(key string) string {
 	v, err := httpsfv.Marshal(httpsfv.NewItem(key))

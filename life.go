@@ -348,15 +348,6 @@ func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove 
 	return cOver
 }
 
-// answered says rec records the server's answer to the intent. That is the
-// send's final answer, or the lookup's word that the work was done. It is the
-// truth about the key, whoever holds the record. A void is not. It is trusted
-// only while no attempt can still arrive, and another holder may be sending
-// one.
-func answered(rec *persist.Record) bool {
-	return rec.State.Resolved() && rec.Response != nil
-}
-
 // The clock readings a write stores with a record (persist.Clocks) are part of
 // the step. Each step is given one reading of the device's clocks
 // (clocks.read) and the wall clock's high-water mark. It sets them in the

@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"io"
 	"net/http"
 )
 
@@ -67,28 +66,4 @@ func (t budgetTransport) baseTransport() http.RoundTripper {
 		return http.DefaultTransport
 	}
 	return t.base
-}
-
-// budgetBody is an attempt's answer body. Closing it ends the attempt's time
-// limit.
-type budgetBody struct {
-	io.ReadCloser
-	st          *call
-	ctx, parent context.Context
-	cancel      context.CancelFunc
-	reason      string
-}
-
-func (b *budgetBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
-		b.st.noteCut(b.ctx, b.parent, b.reason)
-	}
-	return n, err
-}
-
-func (b *budgetBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
 }

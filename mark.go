@@ -149,19 +149,6 @@ const marks = "idem.MarkEcho (the server echoes the Idempotency-Key: idem's midd
 	"idem.MarkJSONID(\"id\") (a plain server whose 2xx answers are JSON carrying the resource's id), " +
 	"or idem.MarkRecognizer(func) (the app's own test of an answer)"
 
-// check reports a Mark New refuses. That is none declared, or a preset made
-// of bad input.
-func (m Mark) check() error {
-	switch {
-	case m.name == "":
-		return fmt.Errorf("idem: Config.Server.Mark is not set: declare how the server marks its answers as its own, with %s. "+
-			"An answer without the mark never settles an intent: it could be a captive portal's or a CDN's (README, \"How your server marks its answers\")", marks)
-	case m.invalid != "":
-		return fmt.Errorf("idem: Config.Server.Mark is %s: %s", m.name, m.invalid)
-	}
-	return nil
-}
-
 // jsonMedia reports a JSON Content-Type. That is application/json, or a type
 // ending in +json. (Examples are application/vnd.api+json and
 // application/hal+json.)

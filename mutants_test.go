@@ -95,7 +95,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRedirect$/^a_redirect_from_https_to_http_is_not_followed$",
 		},
 		{
-			Name: "see-other-not-an-outcome", File: "redirect.go",
+			Name: "see-other-not-an-outcome", File: "answer.go",
 			Note:    "a 303 the server marked is taken for a redirect not followed: the replay after a lost answer never ends paid",
 			Anchor:  "\treturn code == http.StatusSeeOther && marked(h, key)\n",
 			Replace: "\treturn false\n",
@@ -109,7 +109,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestRedirect$/^a_301_marked_by_Idempotent-Replayed_is_never_failed$",
 		},
 		{
-			Name: "new-accepts-no-mark", File: "mark.go",
+			Name: "new-accepts-no-mark", File: "config.go",
 			Note:    "New accepts a Server that declares no mark: a plain server's first payment ends outcome unknown with nothing said at setup",
 			Anchor:  "\tcase m.name == \"\":\n",
 			Replace: "\tcase false:\n",
@@ -552,8 +552,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "expiry-as-an-instant", File: "call.go",
 			Note:    "the time left to send is fixed as an instant on the clock's timeline at the call's start",
-			Anchor:  "\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, &st.left)\n",
-			Replace: "\texp := c.clock.Now().Add(c.left(rec))\n\tst.b = newBudget(ctx, c.policyFor(ctx), c.clock, leftFunc(func() time.Duration { return exp.Sub(c.clock.Now()) }))\n",
+			Anchor:  "\tst.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, &st.left)\n",
+			Replace: "\texp := cfg.clock.Now().Add(left.left())\n\tst.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, leftFunc(func() time.Duration { return exp.Sub(cfg.clock.Now()) }))\n",
 			Pkg:     root, Run: "^TestAge$/^nothing_is_resent_past_retention_when_the_device_sleeps_during_a_backoff$",
 		},
 		{
@@ -622,7 +622,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "request-body-read-whole", File: "transport.go",
 			Note:    "a streamed body over MaxRequestBodyBytes is read whole and sent",
-			Anchor:  "\t\tif int64(len(b)) > limit {\n\t\t\treturn nil, ErrRequestTooLarge\n\t\t}\n\t\tif len(b) == cap(b) {\n\t\t\t// Doubled, never past the byte that tells the limit is\n\t\t\t// passed: at most about twice the limit is allocated in all.\n\t\t\tgrown := make([]byte, len(b), min(2*int64(cap(b)), limit+1))",
+			Anchor:  "\t\tif int64(len(b)) > limit {\n\t\t\treturn nil, ErrRequestTooLarge\n\t\t}\n\t\tif len(b) == cap(b) {\n\t\t\t// Doubled, never past the byte that tells the limit is\n\t\t\t// passed. So at most about twice the limit is allocated.\n\t\t\tgrown := make([]byte, len(b), min(2*int64(cap(b)), limit+1))",
 			Replace: "\t\tif len(b) == cap(b) {\n\t\t\tgrown := make([]byte, len(b), 2*cap(b))",
 			Pkg:     root, Run: "^TestRoundTripperBody$/^a_streamed_body_over_the_limit",
 		},
@@ -789,7 +789,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestErrorTexts$/^they_carry_no_credential_of_the_intent's_URL$",
 		},
 		{
-			Name: "api-error-names-credentials", File: "answer.go",
+			Name: "api-error-names-credentials", File: "errors.go",
 			Note:    "an *APIError's text names the intent's URL with its password",
 			Anchor:  "e.Method, redactUserinfo(e.URL, true), e.StatusCode",
 			Replace: "e.Method, e.URL, e.StatusCode",

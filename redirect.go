@@ -21,19 +21,6 @@ import (
 //
 // No redirect is ever "failed", for none says the work was not done.
 
-// unfollowedRedirect reports a 3xx that reached the client. redirectPolicy
-// did not follow it, or net/http could not. redirectPolicy does not follow
-// 301, 302, 303 after a POST, and 307 or 308 from https to http. net/http
-// cannot follow 300, 304, or one without a Location.
-func unfollowedRedirect(code int) bool { return code >= 300 && code < 400 }
-
-// seeOther reports the one redirect that is an outcome. That is a 303 the
-// server marked as its word on key (see marked). Asking again would get its
-// replay. The work is done, and Location names the result.
-func seeOther(code int, h http.Header, key string) bool {
-	return code == http.StatusSeeOther && marked(h, key)
-}
-
 // redirectPolicy returns a copy of hc that follows only some redirects. It
 // follows only those that keep the request as it is. So the answer to a
 // redirect is never taken for the intent's outcome.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 )
 
 // Request is what an intent sends, byte for byte, on every attempt.
@@ -110,6 +111,23 @@ var errBadFieldValue = errors.New("its value is not a valid header field value: 
 func validFieldValue(v string) bool {
 	for i := 0; i < len(v); i++ {
 		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validFieldName reports a header field name: a non-empty RFC 9110 token.
+func validFieldName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		b := name[i]
+		switch {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0:
+		default:
 			return false
 		}
 	}

@@ -118,7 +118,4 @@ func readBody(body io.ReadCloser, limit int64) ([]byte, error) {
 
 var (
 	errBodyTooLarge = errors.New("idem: response body too large")
-	// errStopped tells retryablehttp to stop. The reason is in the call's
-	// state.
-	errStopped = errors.New("idem: retry budget exhausted")
 )

@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -130,10 +129,6 @@ type Attempt struct {
 	// trace span and log values in it. It may have ended, in a canceled
 	// call. It is never nil.
 	Context context.Context
-}
-
-func (e *redirectSchemeError) Error() string {
-	return fmt.Sprintf("idem: redirected to %s, whose scheme is not http or https", e.location)
 }
 
 // maxRetryAfterSeconds bounds delta-seconds before conversion. So a

@@ -1,9 +1,7 @@
 package idem
 
 import (
-	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 )
@@ -149,17 +147,4 @@ func lookupQuery(param string) func(req Request, key string) string {
 		u.RawFragment = ""
 		return u.String()
 	}
-}
-
-// keptHeaders returns the defaults and the app's names. They are canonical
-// and without repeats.
-func keptHeaders(names []string) []string {
-	out := append([]string(nil), storedHeaders...)
-	for _, n := range names {
-		n = http.CanonicalHeaderKey(n)
-		if n != "" && !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
 }

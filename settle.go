@@ -135,10 +135,6 @@ func endedOnRedirectedReuse(err error) bool {
 	return errors.As(err, &re) && re.Reason == stopRedirectedKeyReused
 }
 
-// errLeftUnsent is why SettleAll does not send an intent that ended not
-// sent.
-var errLeftUnsent = errors.New("idem: the intent ended not sent; it is sent again only when the app asks (Send, Settle or Do)")
-
 // SettleAll settles every unresolved intent in the store, oldest first. It
 // settles a few at a time (Config.SettleConcurrency). It reports what became
 // of each, and reports each as it ends too (Config.SettleProgress). It is
