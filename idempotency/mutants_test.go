@@ -221,8 +221,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "store-timeout-answered-500", File: "idempotency/middleware.go",
 			Note:    "a store call past its bound is a 500 without Retry-After, not a 503 to retry",
-			Anchor:  "if errors.Is(err, context.DeadlineExceeded) {\n\t\t// The store's bound",
-			Replace: "if false {\n\t\t// The store's bound",
+			Anchor:  "if errors.Is(err, context.DeadlineExceeded) {\n\t\t// The store's wait",
+			Replace: "if false {\n\t\t// The store's wait",
 			Pkg:     "./idempotency", Run: "^TestStoreFailure$/^a_store_without_an_answer_is_a_503$",
 		},
 		{
