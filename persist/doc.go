@@ -122,7 +122,7 @@ resolved record is read from its file when asked for. Listing a
 directory of 10,000 names and reading 1,000 files takes tens of
 milliseconds, which an app would wait for at start. So [OpenDir] starts,
 when it can, from the index: one file, holding the unresolved records
-and their files' stamps in a compact binary encoding with a CRC-32C, and
+and their files' stamps in gob with a CRC-32C, and
 how many entries the directory held. OpenDir then reads that file and
 stamps the unresolved files (one stat each), but neither lists the
 directory nor reads a record file. It lists the directory in the

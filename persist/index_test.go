@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -41,13 +42,18 @@ func TestIndexRecordFields(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, r, got)
 
-	// nil and empty stay apart, as in the JSON files.
+	// A store keeps a field without values and an empty body as nil,
+	// as the index gives them back.
 	r.Header = http.Header{"Empty": {}, "Nil": nil}
 	r.Body = []byte{}
 	r.Response, r.Clocks = nil, nil
-	got, err = persist.IndexRoundTrip(r)
+	kept := persist.Kept(r)
+	assert.Equal(t, http.Header{"Empty": nil, "Nil": nil}, kept.Header)
+	assert.Nil(t, kept.Body)
+	assert.Equal(t, []string{}, r.Header["Empty"], "the caller's header is not changed")
+	got, err = persist.IndexRoundTrip(kept)
 	require.NoError(t, err)
-	assert.Equal(t, r, got)
+	assert.Equal(t, kept, got)
 }
 
 // fill sets v, and everything it points to, to values other than zero.
@@ -345,28 +351,32 @@ func TestIndexFileChangedWhileOpen(t *testing.T) {
 // key's record, and the store is listed from its files.
 func TestIndexRecordMustMatchItsFile(t *testing.T) {
 	t.Parallel()
+	file := func(key string) string { return persist.FileName(key, recName(key)) }
 	edits := map[string]func(recs map[string]*persist.Record){
 		"swapped": func(recs map[string]*persist.Record) {
-			a, b := persist.Stem("u-1"), persist.Stem("u-2")
+			a, b := file("u-1"), file("u-2")
 			recs[a], recs[b] = recs[b], recs[a]
 		},
 		"resolved inside": func(recs map[string]*persist.Record) {
-			r := recs[persist.Stem("u-1")]
+			r := recs[file("u-1")]
 			r.State, r.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
 		},
 		"another action": func(recs map[string]*persist.Record) {
-			recs[persist.Stem("u-1")].Name = "refund:1"
+			recs[file("u-1")].Name = "refund:1"
 		},
 	}
 	entryEdits := map[string]func(ents []*persist.IndexEntry){
-		// Files and records together under another key's id.
-		"entries swapped": func(ents []*persist.IndexEntry) {
+		// One file twice, with its record.
+		"listed twice": func(ents []*persist.IndexEntry) {
+			var u1 *persist.Record
 			for _, ie := range ents {
-				switch ie.ID {
-				case persist.Stem("u-1"):
-					ie.ID = persist.Stem("u-2")
-				case persist.Stem("u-2"):
-					ie.ID = persist.Stem("u-1")
+				if ie.File == file("u-1") {
+					u1 = ie.Rec
+				}
+			}
+			for _, ie := range ents {
+				if ie.File == file("u-2") {
+					ie.File, ie.Rec = file("u-1"), u1
 				}
 			}
 		},
@@ -375,11 +385,11 @@ func TestIndexRecordMustMatchItsFile(t *testing.T) {
 		entryEdits[name] = func(ents []*persist.IndexEntry) {
 			recs := map[string]*persist.Record{}
 			for _, ie := range ents {
-				recs[ie.ID] = ie.Rec
+				recs[ie.File] = ie.Rec
 			}
 			edit(recs)
 			for _, ie := range ents {
-				ie.Rec = recs[ie.ID]
+				ie.Rec = recs[ie.File]
 			}
 		}
 	}
@@ -687,40 +697,43 @@ func TestIndexForeignFile(t *testing.T) {
 	assert.Equal(t, append(keys(unresolved), "foreign", "u-4", "u-5"), keys(got))
 }
 
-// stampGate holds the stamping of files while hold is set, after closing
-// entered: only the index's write and OpenDir stamp files.
-type stampGate struct {
+// syncGate holds the n-th sync of a directory from when n is set, after
+// closing entered.
+type syncGate struct {
 	fsys.FS
+	n             atomic.Int32
 	hold, entered chan struct{}
 }
 
-func (g *stampGate) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
-	if g.hold != nil {
+func (g *syncGate) SyncDir(dir string) error {
+	if g.n.Add(-1) == 0 {
 		close(g.entered)
 		<-g.hold
 	}
-	return g.FS.Stamps(dir, names)
+	return g.FS.SyncDir(dir)
 }
 
 // TestIndexWriteGivesUpOnAChange: a record changed while the index is
 // written (here a new intent, while the write after a deferred save
-// stamps the files) makes the store give the index up: it would miss the
+// syncs the directory before it) makes the store give the index up: it would miss the
 // change, and a store killed afterwards would start from it.
 func TestIndexWriteGivesUpOnAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mem := strictfs.New()
-	g := &stampGate{FS: mem}
+	g := &syncGate{FS: mem}
 	s, err := persist.OpenDirFS(g, powerDir, nil)
 	require.NoError(t, err)
 	a := persisttest.NewRecord("a", t0)
 	require.NoError(t, persisttest.Put(ctx, s, a))
 
 	g.hold, g.entered = make(chan struct{}), make(chan struct{})
+	// The deferred save's sync, then the index's first.
+	g.n.Store(2)
 	done := a.Clone()
 	done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
 	require.NoError(t, persist.SaveDeferred(ctx, s, done, a))
-	<-g.entered // the index's write after the deferred save's sync
+	<-g.entered // the index's write, its content taken
 	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
 	close(g.hold)
 	require.True(t, s.WaitDeferred())

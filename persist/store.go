@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -119,20 +120,37 @@ func normalize(r *Record) {
 	if cl := r.Clocks; cl != nil {
 		cl.ArmMark, cl.Mark = utc(cl.ArmMark), utc(cl.Mark)
 	}
-	if len(r.Header) == 0 {
-		r.Header = nil
-	}
+	r.Header = normHeader(r.Header)
 	if len(r.Body) == 0 {
 		r.Body = nil
 	}
 	if r.Response != nil {
-		if len(r.Response.Header) == 0 {
-			r.Response.Header = nil
-		}
+		r.Response.Header = normHeader(r.Response.Header)
 		if len(r.Response.Body) == 0 {
 			r.Response.Body = nil
 		}
 	}
+}
+
+// normHeader returns h as a store keeps it: nil if empty, and a field
+// without values as nil, as the index gives it back. It copies h rather
+// than change it: h may be the caller's.
+func normHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	for _, vs := range h {
+		if vs != nil && len(vs) == 0 {
+			h = h.Clone()
+			for k, vs := range h {
+				if len(vs) == 0 {
+					h[k] = nil
+				}
+			}
+			return h
+		}
+	}
+	return h
 }
 
 // utc returns t in UTC without its monotonic reading; the zero time stays
