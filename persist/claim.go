@@ -152,12 +152,17 @@ func checkDelete(old *Record) error {
 // writable returns nil if rec may be written over old, given cur, the
 // record stored with rec.Key (nil if none), and named, the stored records
 // of rec.Name (read only when old is nil and rec has a Name); otherwise a
-// *ConflictError, whose Current the caller must copy before handing it
-// out.
+// *ConflictError holding a copy of the record that refused it, or an
+// error for a record that would change its Name.
 func writable(rec, old, cur *Record, named []*Record) error {
 	if old != nil {
 		if cur == nil || old.Rev == "" || cur.Rev != old.Rev {
-			return &ConflictError{Key: rec.Key, Current: cur}
+			return &ConflictError{Key: rec.Key, Current: cur.Clone()}
+		}
+		if cur.Name != rec.Name {
+			// The file store files a record by its Name: a record
+			// that changed it would need two files.
+			return fmt.Errorf("persist: intent %s cannot move from action %q to %q: a record keeps its Name", rec.Key, cur.Name, rec.Name)
 		}
 		return nil
 	}
@@ -173,7 +178,7 @@ func writable(rec, old, cur *Record, named []*Record) error {
 	if cur != nil && (rec.Name == "" || cur.Name != rec.Name) {
 		named = append(named, cur)
 	}
-	return &ConflictError{Key: rec.Key, Current: latest(named)}
+	return &ConflictError{Key: rec.Key, Current: latest(named).Clone()}
 }
 
 // latest returns the intent created last among recs, the records of one
@@ -192,10 +197,10 @@ func latest(recs []*Record) *Record {
 
 // deletable returns nil if old may be deleted given cur, the record stored
 // with its key (nil if none, which deletes nothing and is no error: the
-// caller checks), otherwise a *ConflictError.
+// caller checks), otherwise a *ConflictError holding a copy of cur.
 func deletable(old, cur *Record) error {
 	if cur != nil && cur.Rev != old.Rev {
-		return &ConflictError{Key: old.Key, Current: cur}
+		return &ConflictError{Key: old.Key, Current: cur.Clone()}
 	}
 	return nil
 }

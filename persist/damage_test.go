@@ -142,47 +142,58 @@ func TestFileStrayFile(t *testing.T) {
 	require.NoError(t, err, "quarantined files are not read again")
 }
 
-// TestFileDamagedTwin damages the file of a record whose file under its
-// previous Name a crash left beside it: the record may be either, so Get
-// and List of unresolved records report the damage instead of hiding the
-// older one; once the damaged file is quarantined, the older version is
-// the record.
-func TestFileDamagedTwin(t *testing.T) {
+// TestFileTwoFilesOfAKey puts a copy of a record's file under another
+// action's tag beside it, which the store never writes: the copy is a
+// stray file, reported by a List of every record and by no other, and
+// the record is its own file's until the copy is quarantined.
+func TestFileTwoFilesOfAKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
-	lo, hi := twinNames()
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
-	r := saveNamed(t, s, "k", lo, 0, false)
-	open, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", lo)))
-	require.NoError(t, err)
-	moved := r.Clone()
-	moved.Name = hi
-	require.NoError(t, persisttest.Put(ctx, s, moved))
+	a, b := "checkout:a", "checkout:b"
+	if persist.FileName("k", a) > persist.FileName("k", b) {
+		a, b = b, a
+	}
+	r := saveNamed(t, s, "k", a, 0, false)
 	require.NoError(t, s.Close())
-	newPath := filepath.Join(dir, persist.FileName("k", hi))
-	write(t, newPath, []byte(`{"version":1,"key":"k","sta`))
-	write(t, filepath.Join(dir, persist.FileName("k", lo)), open)
+	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", a)))
+	require.NoError(t, err)
+	twin := filepath.Join(dir, persist.FileName("k", b))
+	write(t, twin, data)
 
 	s = openFile(t, dir, nil)
-	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
-	var ce *persist.CorruptError
-	require.ErrorAs(t, err, &ce, "the damage is reported, not hidden")
-	assert.Equal(t, newPath, ce.Path)
-	assert.Empty(t, recs)
-	_, err = s.Get(ctx, "k")
-	require.ErrorAs(t, err, &ce)
-	assert.ErrorAs(t, persisttest.Put(ctx, s, r), &ce, "not replaced")
+	for _, f := range []persist.Filter{{}, {Unresolved: true}} {
+		recs, err := s.List(ctx, f)
+		var ce *persist.CorruptError
+		require.ErrorAs(t, err, &ce, "the second file is reported")
+		assert.Equal(t, twin, ce.Path)
+		assert.Empty(t, ce.Key, "Delete cannot name it")
+		require.Len(t, recs, 1)
+		persisttest.AssertRecord(t, r, recs[0])
+	}
+	for _, f := range []persist.Filter{{Name: a}, {Name: b}} {
+		recs, err := s.List(ctx, f)
+		require.NoError(t, err, "a stray file only without a Name: %+v", f)
+		want := 0
+		if f.Name == a {
+			want = 1
+		}
+		assert.Len(t, recs, want)
+	}
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, r, got)
 
-	quarantined, err := s.Quarantine(ctx, newPath)
+	quarantined, err := s.Quarantine(ctx, twin)
 	require.NoError(t, err)
 	assert.FileExists(t, quarantined)
-	recs, err = s.List(ctx, persist.Filter{Unresolved: true})
+	_, err = s.List(ctx, persist.Filter{})
 	require.NoError(t, err)
-	require.Len(t, recs, 1)
-	persisttest.AssertRecord(t, r, recs[0])
-	got, err := s.Get(ctx, "k")
+	require.NoError(t, s.Close())
+	s = openFile(t, dir, nil)
+	got, err = s.Get(ctx, "k")
 	require.NoError(t, err)
 	persisttest.AssertRecord(t, r, got)
 }

@@ -42,13 +42,8 @@ directory cannot be synced through package os, so the rename's durability
 rests on NTFS's metadata journal; this was neither tested nor proven here.
 
 A record keeps its file for life, whatever its state: a Write costs two
-fsyncs. Only a change of its Name (which idem's client never makes) gives
-it a file of another name. The new file is synced in before the old one
-is removed, at a third fsync, so a crash leaves one or both, never
-neither. Of two files of one key, the greater name holds the record: a
-crash can leave two only in a Write that did not return, for which
-either version is a valid outcome. The next write of the key removes the
-other.
+fsyncs. A record keeps its Name too, which its file's name carries: a
+Write that would change it is refused, so a key never has two files.
 
 A Write with [WithDeferredSync] on a FileStore, of a record already
 stored under the same file name, takes the first two steps before it
@@ -107,7 +102,8 @@ two keys never share a file, even on case-insensitive file systems. The
 name tells, even when the file is unreadable, the intent's key (when
 spelled out) and which action it may belong to. A List for one Name reads
 only the files tagged with it. A file whose name starts as a record's but
-spells no key or no tag is a stray file, reported as damage (see Damage).
+spells no key or no tag is a stray file, reported as damage (see Damage),
+and so is a second file of one key.
 Other files in the directory are ignored.
 
 Each file is one JSON object: a Record with its format version. Decoding
@@ -224,8 +220,7 @@ moves one aside, into the directory's quarantine subdirectory, durably; the
 store then no longer sees it, and the intent it held, if any, is gone from
 the store until the app writes it again. Before that, the app or its
 engineer should look at the file: it may hold a payment whose outcome is
-unknown. If a change of Name cut short left an older file of the key, the
-older version is the record again.
+unknown.
 
 A failed write (a full disk, a read-only directory) fails the Write with an
 error naming the intent and the directory, leaves the previous version

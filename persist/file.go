@@ -77,10 +77,9 @@ type entry struct {
 	// Stamp if it did neither: the index holds a record only with the
 	// stamp of the file it came from.
 	st fsys.Stamp
-	// older are the key's other files, greatest first. Only a change of
-	// Name cut short leaves one; the next write or delete of the key
-	// removes them.
-	older []string
+	// twin is set on a second file of a key, which this store never
+	// writes: a stray file.
+	twin bool
 	// rec is the record while it is unresolved. A resolved record is not
 	// kept: resolved says so, and its file is read when asked for.
 	rec      *Record
@@ -267,15 +266,13 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		if !ok {
 			continue
 		}
-		id := p.id
+		e := &entry{name: name, p: p, mode: de.Type()}
+		if p.id != "" && l[p.id] != nil {
+			e.p, e.twin = parsedName{}, true
+		}
+		id := e.p.id
 		if id == "" {
 			id = "?" + name
-		}
-		e := &entry{name: name, p: p, mode: de.Type()}
-		// Names come sorted: the greatest of a key's files wins (see
-		// Durability in the package docs).
-		if prev := l[id]; prev != nil {
-			e.older = append([]string{prev.name}, prev.older...)
 		}
 		l[id] = e
 	}
@@ -295,7 +292,6 @@ func (s *FileStore) merge(l map[string]*entry) {
 		k := s.entries[id]
 		switch {
 		case k != nil && k.name == e.name:
-			k.older = e.older
 			l[id] = k
 		case indexed && e.p.id != "":
 			e.resolved = true
@@ -336,6 +332,8 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 	var st fsys.Stamp
 	path := filepath.Join(s.dir, e.name)
 	switch {
+	case e.twin:
+		err = errors.New("another file holds the same key: this store writes one")
 	case e.p.id == "":
 		err = errors.New("the file name spells no key: it is not a name this store writes")
 	case !e.mode.IsRegular():

@@ -402,7 +402,7 @@ func TestFileRenameFails(t *testing.T) {
 
 // TestFileSyncs checks the durability scheme's cost: two fsyncs per save
 // (the file, the directory), also when the record becomes resolved, as its
-// file keeps its name; three when its Name changes; one per delete.
+// file keeps its name; none for a change of Name, refused; one per delete.
 func TestFileSyncs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -419,81 +419,14 @@ func TestFileSyncs(t *testing.T) {
 	assert.Equal(t, int64(6), s.Syncs(), "after saving it resolved")
 	assert.Equal(t, []string{persist.FileName("k", recName("k"))}, dirNames(t, dir), "one file")
 	r.Name = "refund:k"
-	require.NoError(t, persisttest.Put(ctx, s, r))
-	assert.Equal(t, int64(9), s.Syncs(), "after saving it under another Name")
-	assert.Equal(t, []string{persist.FileName("k", r.Name)}, dirNames(t, dir), "the old name's file is gone")
+	require.ErrorContains(t, persisttest.Put(ctx, s, r), "keeps its Name")
+	assert.Equal(t, int64(6), s.Syncs(), "after refusing it under another Name")
+	assert.Equal(t, []string{persist.FileName("k", recName("k"))}, dirNames(t, dir), "one file still")
 	require.NoError(t, deleteKey(ctx, s, "k"))
-	assert.Equal(t, int64(10), s.Syncs(), "after a delete")
+	assert.Equal(t, int64(7), s.Syncs(), "after a delete")
 	require.NoError(t, deleteKey(ctx, s, "k"))
-	assert.Equal(t, int64(10), s.Syncs(), "deleting an absent key")
+	assert.Equal(t, int64(7), s.Syncs(), "deleting an absent key")
 	assert.Equal(t, []string(nil), dirNames(t, dir))
-}
-
-// TestFileTwin recreates what a crash leaves between the two steps of a
-// change of a record's Name, both files, and checks that the greater name
-// holds the record and that the next write of the key removes the other.
-func TestFileTwin(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	// Of two names, the tag of "b" sorts after that of "a" when
-	// twinNames says so.
-	lo, hi := twinNames()
-	for _, next := range []string{"save", "save under the other name", "delete", "prune"} {
-		t.Run(next, func(t *testing.T) {
-			t.Parallel()
-			dir := newDir(t)
-			s, err := persist.OpenDir(dir, nil)
-			require.NoError(t, err)
-			r := persisttest.NewRecord("k", t0)
-			r.Name = lo
-			require.NoError(t, persisttest.Put(ctx, s, r))
-			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", lo)))
-			require.NoError(t, err)
-			moved := r.Clone()
-			moved.Name, moved.State = hi, persist.StateSucceeded
-			require.NoError(t, persisttest.Put(ctx, s, moved))
-			require.NoError(t, s.Close())
-			write(t, filepath.Join(dir, persist.FileName("k", lo)), old)
-
-			s = openFile(t, dir, nil)
-			got, err := s.Get(ctx, "k")
-			require.NoError(t, err)
-			persisttest.AssertRecord(t, moved, got)
-			all, err := s.List(ctx, persist.Filter{})
-			require.NoError(t, err)
-			assert.Len(t, all, 1)
-			unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
-			require.NoError(t, err)
-			assert.Empty(t, unresolved)
-
-			switch next {
-			case "save":
-				require.NoError(t, persisttest.Put(ctx, s, moved))
-				assert.Equal(t, []string{persist.FileName("k", hi)}, dirNames(t, dir))
-			case "save under the other name":
-				require.NoError(t, persisttest.Put(ctx, s, r))
-				assert.Equal(t, []string{persist.FileName("k", lo)}, dirNames(t, dir))
-			case "delete":
-				require.NoError(t, deleteKey(ctx, s, "k"))
-				assert.Equal(t, []string(nil), dirNames(t, dir))
-			case "prune":
-				n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(time.Hour)))
-				require.NoError(t, err)
-				assert.Equal(t, 1, n)
-				assert.Equal(t, []string(nil), dirNames(t, dir))
-			}
-		})
-	}
-}
-
-// twinNames returns two action names whose files, for one key, sort in
-// this order.
-func twinNames() (lo, hi string) {
-	lo, hi = "checkout:a", "checkout:b"
-	if persist.FileName("k", lo) > persist.FileName("k", hi) {
-		lo, hi = hi, lo
-	}
-	return lo, hi
 }
 
 // TestFileLazyResolved checks that after an open from the index the files

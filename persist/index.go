@@ -45,6 +45,7 @@ type indexed struct {
 	Name  string
 	Mode  fs.FileMode
 	Stamp fsys.Stamp
+	Twin  bool // a second file of a key (see entry)
 	// HasRec is set if the index holds the file's record: one read or
 	// written with this stamp.
 	HasRec bool
@@ -140,6 +141,9 @@ func indexEntries(d *gob.Decoder, head indexHead) ([]*entry, error) {
 			return nil, fmt.Errorf("%w: %s is not a record file's name", errIndex, f.Name)
 		}
 		e := &entry{name: f.Name, p: p, mode: f.Mode}
+		if f.Twin {
+			e.p, e.twin = parsedName{}, true
+		}
 		ents[i] = e
 		if !f.HasRec {
 			continue
@@ -284,7 +288,7 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		if e.resolved {
 			continue
 		}
-		f := indexed{Name: e.name, Mode: e.mode}
+		f := indexed{Name: e.name, Mode: e.mode, Twin: e.twin}
 		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
 			// Only with the stamp the file had when its record was
 			// read or written: a change since then must show.

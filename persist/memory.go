@@ -2,7 +2,6 @@ package persist
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 )
@@ -58,10 +57,6 @@ func (m *memory) Write(ctx context.Context, rec, old *Record) error {
 		named = m.namedLocked(r.Name)
 	}
 	if err := writable(r, old, m.recs[r.Key], named); err != nil {
-		var ce *ConflictError
-		if errors.As(err, &ce) {
-			ce.Current = ce.Current.Clone()
-		}
 		return err
 	}
 	m.setLocked(r)
@@ -83,24 +78,18 @@ func (m *memory) Delete(ctx context.Context, old *Record) error {
 		return nil
 	}
 	if err := deletable(old, cur); err != nil {
-		return &ConflictError{Key: old.Key, Current: cur.Clone()}
+		return err
 	}
 	m.removeLocked(old.Key)
 	return nil
 }
 
-// setLocked stores r in place of any record with its Key, and keeps the
-// index of names in step.
+// setLocked stores r in place of any record with its Key, which has its
+// Name, and keeps the index of names in step.
 func (m *memory) setLocked(r *Record) {
-	old, had := m.recs[r.Key]
+	_, had := m.recs[r.Key]
 	m.recs[r.Key] = r
-	if had && old.Name == r.Name {
-		return
-	}
-	if had {
-		m.unnameLocked(old)
-	}
-	if r.Name != "" {
+	if !had && r.Name != "" {
 		keys := m.names[r.Name]
 		if keys == nil {
 			keys = make(map[string]struct{})

@@ -274,12 +274,13 @@ type Store interface {
 	//     Name, every stored record of that Name has a Seq lower than
 	//     rec.Seq. rec becomes its action's latest intent (see Claim).
 	//   - old != nil: the record stored with rec.Key (old.Key must be
-	//     rec.Key) has old's Rev. rec replaces it.
+	//     rec.Key) has old's Rev. rec replaces it, and must keep its Name.
 	//
 	// Otherwise Write stores nothing and returns a *ConflictError: for
 	// old == nil it holds the action's latest record (the record with
 	// rec.Key if there is one and rec has no Name), for old != nil the
-	// stored record, nil if none is.
+	// stored record, nil if none is. A record whose Name would change
+	// gets another error.
 	//
 	// rec.Rev must be set, and differ from old's: it is how this write is
 	// recognised later. Write rejects a record that fails Validate.

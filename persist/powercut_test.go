@@ -375,7 +375,8 @@ func (r *powerRun) done(err error, keys ...string) error {
 func (r *powerRun) version(key string) (rec, want *persist.Record) {
 	r.op++
 	rec = &persist.Record{
-		Key: key, Name: powerNames[r.rng.IntN(len(powerNames))],
+		// A key keeps its Name: one of two, so that actions differ.
+		Key: key, Name: powerNames[int(key[len(key)-1])%len(powerNames)],
 		Method: "POST", URL: "https://api.example.com/v1/payments",
 		// Sizes that vary, so a torn write shows.
 		Body:        bytes.Repeat([]byte{'a' + byte(r.op%26)}, r.rng.IntN(600)),

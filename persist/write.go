@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync/atomic"
 )
@@ -21,12 +20,8 @@ import (
 // it is the new version, complete, but perhaps not yet safe from power
 // loss, and the error says so.
 //
-// A record whose Name changes (which idem's client never does) gets a file
-// of another name: the new file is synced in before the old one is
-// removed, at a third sync.
-//
-// With a ctx made by WithDeferredSync, when rec replaces a stored version
-// under the same file name, Write returns before the directory is synced:
+// With a ctx made by WithDeferredSync, when rec replaces a stored version,
+// Write returns before the directory is synced:
 // the sync happens in the background, and Close waits for it. Until then
 // a power loss may undo the rename, and the key holds its previous
 // version, whole; the new file is never seen damaged, as it is synced
@@ -64,15 +59,11 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	}
 
 	s.mu.Lock()
-	ne, prev, err := s.install(r, old, tmp)
-	path := filepath.Join(s.dir, fileName(r.Key, r.Name))
+	prev, err := s.install(r, old, tmp)
 	switch {
 	case err != nil:
 		s.mu.Unlock()
 		return err
-	case prev != nil && (prev.name != ne.name || len(prev.older) > 0):
-		defer s.mu.Unlock()
-		return s.retire(ne, r.Key, path, append(prev.older, prev.name))
 	case prev != nil && DeferredSync(ctx):
 		// A power loss before the sync leaves the previous version.
 		s.deferred++
@@ -88,32 +79,32 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	// Any sync of the directory that starts after the rename makes it
 	// durable, so concurrent saves share one.
 	if err := s.dirSync.sync(s.syncDir); err != nil {
-		return syncFailed(r.Key, path, err)
+		return syncFailed(r.Key, filepath.Join(s.dir, fileName(r.Key, r.Name)), err)
 	}
 	return nil
 }
 
 // install renames tmp, which holds r, over r's file if the stored records
-// still allow it, and makes it r's entry. It returns the new entry and
-// the one it replaced, nil if none. s.mu must be held.
-func (s *FileStore) install(r, old *Record, tmp string) (ne, prev *entry, err error) {
+// still allow it, and makes it r's entry. It returns the entry it
+// replaced, nil if none. s.mu must be held.
+func (s *FileStore) install(r, old *Record, tmp string) (prev *entry, err error) {
 	// Checked again, in one step with the rename and the update of the
 	// entries: another write may have won since.
 	if err := s.writableLocked(r, old); err != nil {
 		_ = s.fs.Remove(tmp)
-		return nil, nil, err
+		return nil, err
 	}
 	if err := s.change(); err != nil {
 		_ = s.fs.Remove(tmp)
-		return nil, nil, err
+		return nil, err
 	}
 	name := fileName(r.Key, r.Name)
 	path := filepath.Join(s.dir, name)
 	if err := s.fs.Rename(tmp, path); err != nil {
 		_ = s.fs.Remove(tmp)
-		return nil, nil, fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
+		return nil, fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
-	ne = &entry{name: name, resolved: r.State.Resolved()}
+	ne := &entry{name: name, resolved: r.State.Resolved()}
 	ne.p, _ = parseName(name)
 	if !ne.resolved {
 		ne.rec = r
@@ -122,54 +113,7 @@ func (s *FileStore) install(r, old *Record, tmp string) (ne, prev *entry, err er
 	id := stem(r.Key)
 	prev = s.entries[id]
 	s.entries[id] = ne
-	return ne, prev, nil
-}
-
-// retire syncs in the new file of ne, then removes the key's other files,
-// gone, in their order (its older versions first, its previous file
-// last), and syncs their removal. A crash leaves the new file, or the
-// previous version: never neither, never an older one. A file that cannot
-// be removed stays in ne.older, and is removed at the next write of the
-// key. s.mu must be held.
-func (s *FileStore) retire(ne *entry, key, path string, gone []string) error {
-	if err := s.syncDir(); err != nil {
-		return syncFailed(key, path, err)
-	}
-	for i, name := range gone {
-		if name == ne.name {
-			continue
-		}
-		err := s.fs.Remove(filepath.Join(s.dir, name))
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			// Removed in order or not at all: the rest stays too.
-			for _, o := range gone[i:] {
-				if o != ne.name {
-					ne.older = append(ne.older, o)
-				}
-			}
-			slices.Sort(ne.older)
-			slices.Reverse(ne.older) // greatest first, as list gives them
-			if !wins(ne.name, ne.older) {
-				return fmt.Errorf("persist: intent %q was saved to %s, but its old version %s cannot be removed and would take its place after a restart; remove that file: %w", key, path, name, err)
-			}
-			break
-		}
-	}
-	if err := s.syncDir(); err != nil {
-		return syncFailed(key, path, err)
-	}
-	return nil
-}
-
-// wins reports whether the file name wins over every one of others: of a
-// key's files, the greatest name holds the record.
-func wins(name string, others []string) bool {
-	for _, o := range others {
-		if o > name {
-			return false
-		}
-	}
-	return true
+	return prev, nil
 }
 
 // flush syncs the directory for the deferred saves until none is left;
@@ -251,12 +195,7 @@ func (s *FileStore) writableLocked(r, old *Record) error {
 			return joinCorrupt(corrupt)
 		}
 	}
-	err := writable(r, old, cur, named)
-	var ce *ConflictError
-	if errors.As(err, &ce) {
-		ce.Current = ce.Current.Clone()
-	}
-	return err
+	return writable(r, old, cur, named)
 }
 
 // writeTemp writes data to a new temporary file in the directory and syncs
@@ -321,17 +260,13 @@ func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 		return false, fmt.Errorf("persist: not deleting intent %q: its stored version is unreadable; Quarantine it: %w", old.Key, ce)
 	}
 	if err := deletable(old, cur); err != nil {
-		return false, &ConflictError{Key: old.Key, Current: cur.Clone()}
+		return false, err
 	}
 	if err := s.change(); err != nil {
 		return false, err
 	}
-	// The older versions first: a crash in between leaves the record
-	// or nothing, never an older version.
-	for _, name := range append(e.older, e.name) {
-		if err := s.fs.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", old.Key, err)
-		}
+	if err := s.fs.Remove(filepath.Join(s.dir, e.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", old.Key, err)
 	}
 	delete(s.entries, id)
 	return true, nil
@@ -340,9 +275,7 @@ func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 // Quarantine moves the damaged file at path, the Path of a *CorruptError
 // this store reported, into the subdirectory "quarantine" of the store's
 // directory, and returns its new path there. The store no longer reads it:
-// the intent it held, if any, is gone from the store, or, if the damaged
-// file was a newer version next to an older one, the older version is the
-// record again. Nothing is deleted: inspect the quarantined file, reconcile
+// the intent it held, if any, is gone from the store. Nothing is deleted: inspect the quarantined file, reconcile
 // the payment it may hold by hand, then remove it.
 //
 // Quarantine refuses a path that is not a damaged file the store knows of:
@@ -400,13 +333,6 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 		err = s.syncDir()
 	}
 	delete(s.entries, id)
-	if len(e.older) > 0 {
-		// The older version is the record again.
-		ne := &entry{name: e.older[0], older: e.older[1:]}
-		ne.p, _ = parseName(ne.name)
-		s.entries[id] = ne
-		s.record(ne)
-	}
 	if err != nil {
 		return dst, fmt.Errorf("persist: moved %s to %s, but the move may be undone by a power loss (directory sync failed): %w", path, dst, err)
 	}
