@@ -24,7 +24,6 @@ import (
 
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/internal/fsys"
-	"github.com/idemkit/idem/persist/internal/strictfs"
 	"github.com/idemkit/idem/persist/persisttest"
 )
 
@@ -151,7 +150,7 @@ func TestIndexOpensFromIndex(t *testing.T) {
 func TestIndexRemovedBeforeAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := strictfs.New()
+	mem := newStrictFS()
 	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
 	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
@@ -550,11 +549,11 @@ func (l *listFS) listed() int {
 	return l.lists
 }
 
-// indexedFS returns a strictfs holding a store, closed with its index
+// indexedFS returns a strictFS holding a store, closed with its index
 // written, and the record it holds.
-func indexedFS(t *testing.T) (*strictfs.FS, *persist.Record) {
+func indexedFS(t *testing.T) (*strictFS, *persist.Record) {
 	t.Helper()
-	mem := strictfs.New()
+	mem := newStrictFS()
 	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
 	r := persisttest.NewRecord("a", t0)
@@ -636,7 +635,7 @@ func TestIndexListingEndsBeforeClose(t *testing.T) {
 func TestIndexNewIntentWaitsForTheListing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		mem := strictfs.New()
+		mem := newStrictFS()
 		s, err := persist.OpenDirFS(mem, powerDir, nil)
 		require.NoError(t, err)
 		paid := persisttest.NewRecord("paid", t0)
@@ -720,7 +719,7 @@ func (g *syncGate) SyncDir(dir string) error {
 func TestIndexWriteGivesUpOnAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := strictfs.New()
+	mem := newStrictFS()
 	g := &syncGate{FS: mem}
 	s, err := persist.OpenDirFS(g, powerDir, nil)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package strictfs
+package persist_test
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func mustWrite(t *testing.T, f *FS, dir, data string, sync bool) string {
+func mustWrite(t *testing.T, f *strictFS, dir, data string, sync bool) string {
 	t.Helper()
 	fl, err := f.CreateTemp(dir, "t-*")
 	if err != nil {
@@ -27,7 +27,7 @@ func mustWrite(t *testing.T, f *FS, dir, data string, sync bool) string {
 	return fl.Name()
 }
 
-func read(f *FS, p string) string {
+func read(f *strictFS, p string) string {
 	b, err := f.ReadFile(p)
 	if err != nil {
 		return "<" + err.Error() + ">"
@@ -41,7 +41,7 @@ func read(f *FS, p string) string {
 func TestRestartForgetsUnsynced(t *testing.T) {
 	lostDir, tornFile := 0, 0
 	for seed := range uint64(50) {
-		f := New()
+		f := newStrictFS()
 		if err := f.Mkdir("/d", 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestRestartForgetsUnsynced(t *testing.T) {
 func TestRestartKeepsAPrefix(t *testing.T) {
 	seen := map[string]bool{}
 	for seed := range uint64(200) {
-		f := New()
+		f := newStrictFS()
 		for _, name := range []string{"/1", "/2", "/3"} {
 			if err := f.Mkdir(name, 0o700); err != nil {
 				t.Fatal(err)
@@ -128,7 +128,7 @@ func TestRestartKeepsAPrefix(t *testing.T) {
 // TestCutAfter checks that the cut comes after exactly n changes and stops
 // every call until Restart, which also releases locks.
 func TestCutAfter(t *testing.T) {
-	f := New()
+	f := newStrictFS()
 	f.CutAfter(2)
 	if _, err := f.Lock("/"); err != nil {
 		t.Fatal(err)
@@ -136,10 +136,10 @@ func TestCutAfter(t *testing.T) {
 	if err := f.Mkdir("/a", 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Mkdir("/b", 0o700); !errors.Is(err, ErrPowerCut) {
-		t.Fatalf("third change: %v, want ErrPowerCut", err)
+	if err := f.Mkdir("/b", 0o700); !errors.Is(err, errPowerCut) {
+		t.Fatalf("third change: %v, want errPowerCut", err)
 	}
-	if _, err := f.Stat("/a"); !errors.Is(err, ErrPowerCut) {
+	if _, err := f.Stat("/a"); !errors.Is(err, errPowerCut) {
 		t.Fatalf("a read with the power off: %v", err)
 	}
 	if !f.Off() || f.Changes() != 2 {
@@ -161,7 +161,7 @@ func TestRenameAcrossDirectories(t *testing.T) {
 	for _, syncTarget := range []bool{false, true} {
 		seen := map[string]bool{}
 		for seed := range uint64(100) {
-			f := New()
+			f := newStrictFS()
 			for _, d := range []string{"/a", "/b"} {
 				if err := f.Mkdir(d, 0o700); err != nil {
 					t.Fatal(err)
@@ -216,7 +216,7 @@ func TestRenameAcrossDirectories(t *testing.T) {
 func TestStampFollowsWhatSurvives(t *testing.T) {
 	kept, lost := 0, 0
 	for seed := uint64(1); seed <= 40; seed++ {
-		f := New()
+		f := newStrictFS()
 		a := mustWrite(t, f, "/", "a", true)
 		if err := f.SyncDir("/"); err != nil {
 			t.Fatal(err)
