@@ -13,14 +13,14 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
-// The index is a cache of what OpenDir needs at start: the unresolved
-// records, their files and those files' stamps. It exists only while it
-// describes the directory: it is written when the store is at rest, and
-// removed before any change of a record (see change). See the package
-// docs ("The index") for why it can be trusted, and when it is not.
+// The index is a cache of what OpenDir needs at start. It holds the
+// unresolved records, their files and those files' stamps. It exists only
+// while it describes the directory. The store writes it when at rest, and
+// removes it before any change of a record (see change). The package docs
+// ("The index") say why it can be trusted, and when it is not.
 const (
 	indexFile = "index"
-	// indexMagic starts every index file; the byte after it is
+	// indexMagic starts every index file. The byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
 	indexVersion = 6
@@ -28,37 +28,36 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// errIndex is why an index is not used or not written; it never reaches
+// errIndex is why an index is not used or not written. It never reaches
 // a caller.
 var errIndex = errors.New("index not usable")
 
-// indexHead is the first gob value of the index. The records follow as
-// a second one, so that the files are stamped while they are decoded.
+// indexHead is the first gob value of the index. The records follow as a
+// second one. So the files are stamped while the records are decoded.
 type indexHead struct {
 	Known int // how many entries the directory held
 	Files []indexed
 }
 
-// indexed is a file of the index: one that may hold an unresolved
+// indexed is a file of the index, one that may hold an unresolved
 // record.
 type indexed struct {
 	Name  string
 	Mode  fs.FileMode
 	Stamp fsys.Stamp
 	Twin  bool // a second file of a key (see entry)
-	// HasRec is set if the index holds the file's record: one read or
-	// written with this stamp.
+	// HasRec is set if the index holds the file's record. That record was
+	// read or written with this stamp.
 	HasRec bool
 }
 
 // indexPath returns the path of the index file.
 func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexFile) }
 
-// loadIndex fills s.entries from the index, if there is one. Every
-// indexed file is stamped again: a file that changed since (rewritten in
-// place) is read again, a file that is missing makes the whole index
-// unusable. It returns nil if it used the index; otherwise s.entries is
-// untouched.
+// loadIndex fills s.entries from the index, if there is one. It stamps
+// every indexed file again. A file rewritten in place since is read
+// again. A missing file makes the whole index unusable. loadIndex returns
+// nil if it used the index. Otherwise s.entries is untouched.
 func (s *FileStore) loadIndex() error {
 	path := s.indexPath()
 	idxSt, err := s.fs.Stamp(path)
@@ -77,7 +76,7 @@ func (s *FileStore) loadIndex() error {
 	for i, f := range head.Files {
 		names[i] = f.Name
 	}
-	// The files are stamped while the records are decoded: the system
+	// The files are stamped while the records are decoded. The system
 	// calls are most of the cost.
 	type stamped struct {
 		st  []fsys.Stamp
@@ -103,8 +102,8 @@ func (s *FileStore) loadIndex() error {
 	return nil
 }
 
-// decodeIndexHead checks an index file's version and checksum and
-// decodes its head; the records are left in d.
+// decodeIndexHead checks an index file's version and checksum. It
+// decodes the head, and leaves the records in d.
 func decodeIndexHead(data []byte) (d *gob.Decoder, head indexHead, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	switch {
@@ -122,13 +121,12 @@ func decodeIndexHead(data []byte) (d *gob.Decoder, head indexHead, err error) {
 	return d, head, nil
 }
 
-// indexEntries decodes the records that follow head in d and returns the
-// entries of the index's files, each checked: its name is a record
-// file's, and its record, if any, belongs to it as a record read from
-// the file must, and is unresolved. An index damaged in a way its
-// checksum does not catch, or copied from another store, must never
-// report a record under another key, or in another state, than its file
-// holds.
+// indexEntries decodes the records that follow head in d. It returns the
+// entries of the index's files, each checked. Its name must be a record
+// file's. Its record, if any, must be unresolved. It must belong to the
+// file, as a record read from the file must. An index may be damaged
+// past its checksum, or copied from another store. It must never report
+// a record under another key, or in another state, than its file holds.
 func indexEntries(d *gob.Decoder, head indexHead) ([]*entry, error) {
 	var recs []*Record
 	if err := d.Decode(&recs); err != nil {
@@ -178,10 +176,11 @@ func checkIndexed(e *entry) error {
 	return belongs(e.p, r)
 }
 
-// useIndex makes entries those of the index, given the stamps their files
-// have now and the index's own. A file whose stamp is not the indexed one,
-// or which changed in the clock tick of the index's write or after it,
-// may have been rewritten in place since: it is read again.
+// useIndex makes entries those of the index. now holds the stamps their
+// files have now, and idxSt the index's own. A file may have been
+// rewritten in place since the index was written. Then its stamp is not
+// the indexed one, or it changed in the clock tick of the index's write
+// or after. Such a file is read again.
 func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, idxSt fsys.Stamp) error {
 	entries := make(map[string]*entry, len(ents))
 	var reread []*entry
@@ -212,10 +211,10 @@ func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, i
 	return nil
 }
 
-// change readies the directory for a change of a record: it removes the
-// index, which describes the directory before it, and counts the change.
-// A power cut keeps the removal if it keeps the change: the store's
-// directory sync after the change covers both. s.mu must be held.
+// change readies the directory for a change of a record. It removes the
+// index, which describes the directory before the change. It counts the
+// change too. A power cut keeps the removal if it keeps the change. The
+// store's directory sync after the change covers both. s.mu must be held.
 func (s *FileStore) change() error {
 	s.changes++
 	if !s.indexed {
@@ -228,10 +227,10 @@ func (s *FileStore) change() error {
 	return nil
 }
 
-// writeIndex writes the index for the store as it is, if the store knows
-// every entry and has none in place. It first syncs the directory, so
-// that every change the index describes is durable before it, and it
-// gives up if a record changes while it works: the index is then written
+// writeIndex writes the index for the store as it is. It does so if the
+// store knows every entry and has no index in place. It first syncs the
+// directory. So every change the index describes is durable before it. It
+// gives up if a record changes while it works. The index is then written
 // next time.
 func (s *FileStore) writeIndex() error {
 	c, data, err := s.indexSnapshot()
@@ -242,8 +241,8 @@ func (s *FileStore) writeIndex() error {
 	if err := s.fs.SyncDir(s.dir); err != nil {
 		return err
 	}
-	// Nothing below holds s.mu but the last check and the rename, so
-	// that no save waits for the index's syncs.
+	// Only the last check and the rename hold s.mu. So no save waits for
+	// the index's syncs.
 	tmp, err := s.writeTemp(data, &s.indexSyncs)
 	if err != nil {
 		return err
@@ -267,10 +266,9 @@ func (s *FileStore) writeIndex() error {
 
 // indexSnapshot returns the content of the index for the store as it
 // is, and s.changes when it was taken. The index holds every entry that
-// may hold an unresolved record, and the record with its file's stamp.
-// It returns no
-// content if the index in place describes the store, and errIndex if the
-// store does not know every entry.
+// may hold an unresolved record. It holds the record too, with its file's
+// stamp. indexSnapshot returns no content if the index in place describes
+// the store. It returns errIndex if the store does not know every entry.
 func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 	s.mu.Lock()
 	switch {
@@ -291,7 +289,7 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		f := indexed{Name: e.name, Mode: e.mode, Twin: e.twin}
 		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
 			// Only with the stamp the file had when its record was
-			// read or written: a change since then must show.
+			// read or written. A change since then must show.
 			f.Stamp, f.HasRec = e.st, true
 			recs = append(recs, e.rec)
 		}
@@ -302,8 +300,9 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 	return c, data, err
 }
 
-// encodeIndex returns the content of an index file: the magic and
-// version, a CRC-32C of the rest, then head and recs in gob.
+// encodeIndex returns the content of an index file. It holds the magic
+// and the version, then a CRC-32C of the rest. Then come head and recs,
+// in gob.
 func encodeIndex(head indexHead, recs []*Record) ([]byte, error) {
 	b := bytes.NewBufferString(indexMagic)
 	b.Write([]byte{indexVersion, 0, 0, 0, 0})
