@@ -12,22 +12,23 @@ type memory struct {
 
 	mu   sync.Mutex
 	recs map[string]*Record
-	// names holds the keys of each Name's records, so that an action's
-	// intents are found without reading every record the store keeps.
+	// names holds the keys of each Name's records. So an action's intents
+	// are found without reading every record the store keeps.
 	names map[string]map[string]struct{}
 }
 
-// NewMemory returns an empty Store that keeps records in memory only: they
-// are lost when the process ends. It is meant for tests, and for apps that
-// accept losing their intents on a restart (and with them the protection
-// against a second charge after one). opts may be nil.
+// NewMemory returns an empty Store that keeps records in memory only.
+// They are lost when the process ends. It is meant for tests. It suits
+// apps too that accept losing their intents on a restart. They lose with
+// them the protection against a second charge after one. opts may be
+// nil.
 //
-// The store copies records on the way in and out, and normalizes them as a
-// FileStore does, so that a test against it sees what the file store would
-// return. Each Write and Delete checks and changes under the store's lock,
-// in one step. A Write with WithDeferredSync keeps the caller's headers and
-// bodies rather than copying them. It is safe for concurrent use by
-// multiple goroutines.
+// The store copies records on the way in and out. It normalizes them as
+// a FileStore does. So a test against it sees what the file store would
+// return. Each Write and Delete checks and changes in one step, under the
+// store's lock. A Write with WithDeferredSync keeps the caller's headers
+// and bodies rather than copying them. The store is safe for concurrent
+// use by multiple goroutines.
 func NewMemory(opts *Options) Store {
 	m := &memory{recs: make(map[string]*Record), names: make(map[string]map[string]struct{})}
 	if opts != nil {
@@ -85,7 +86,7 @@ func (m *memory) Delete(ctx context.Context, old *Record) error {
 }
 
 // setLocked stores r in place of any record with its Key, which has its
-// Name, and keeps the index of names in step.
+// Name. It keeps the index of names in step.
 func (m *memory) setLocked(r *Record) {
 	_, had := m.recs[r.Key]
 	m.recs[r.Key] = r
@@ -99,8 +100,8 @@ func (m *memory) setLocked(r *Record) {
 	}
 }
 
-// removeLocked removes the record for key and its entry in the index of
-// names.
+// removeLocked removes the record for key, and its entry in the index
+// of names.
 func (m *memory) removeLocked(key string) {
 	if old, ok := m.recs[key]; ok {
 		delete(m.recs, key)
@@ -108,8 +109,8 @@ func (m *memory) removeLocked(key string) {
 	}
 }
 
-// unnameLocked removes r from its Name's keys, in constant time: pruning
-// many records of one Name costs each of them once.
+// unnameLocked removes r from its Name's keys, in constant time. So
+// pruning many records of one Name costs each of them once.
 func (m *memory) unnameLocked(r *Record) {
 	if r.Name == "" {
 		return
@@ -146,9 +147,9 @@ func (m *memory) Get(ctx context.Context, key string) (*Record, error) {
 	return r.Clone(), nil
 }
 
-// List returns copies of the records selected by f, oldest CreatedAt first
-// and by Key among equals. A memory store never holds unreadable records,
-// so its error is only ever ctx's.
+// List returns copies of the records selected by f. They come oldest
+// CreatedAt first, and by Key among equals. A memory store never holds
+// unreadable records. So its error is only ever ctx's.
 func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
