@@ -14,13 +14,13 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// boltStore is the smallest persist.Store on bbolt that is as safe and as
-// quick to list unresolved intents as the file store: one durable
-// transaction per Write (bbolt syncs the data, then the meta page), with
-// an index bucket of the unresolved keys kept in the same transaction.
-// It is for the comparison only, not a store to use: its Write checks the
-// record of rec.Key but not the Seq of the other records of rec.Name,
-// which the comparison, writing new keys, does not need.
+// boltStore is the smallest persist.Store on bbolt as safe as the file
+// store. It lists unresolved intents as quickly too. Each Write is one
+// durable transaction. bbolt syncs the data, then the meta page. The same
+// transaction keeps an index bucket of the unresolved keys. It is for the
+// comparison only, not a store to use. Its Write checks the record of
+// rec.Key. It does not check the Seq of the other records of rec.Name.
+// The comparison writes new keys, so it does not need that.
 type boltStore struct {
 	db *bolt.DB
 }
@@ -87,7 +87,7 @@ func (s *boltStore) Write(ctx context.Context, rec, old *persist.Record) error {
 }
 
 // writeAll stores new records in one transaction, without the checks of
-// Write: it fills a store for the benchmarks of reading.
+// Write. It fills a store for the benchmarks of reading.
 func (s *boltStore) writeAll(recs []*persist.Record) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for _, r := range recs {
@@ -170,9 +170,9 @@ func (s *boltStore) Delete(ctx context.Context, old *persist.Record) error {
 	})
 }
 
-// decode reads a stored record; nil data (no record) gives nil. bbolt's
-// values live only as long as their transaction: the record is decoded
-// from a copy.
+// decode reads a stored record. nil data (no record) gives nil. bbolt's
+// values live only as long as their transaction. So the record is
+// decoded from a copy.
 func decode(data []byte) (*persist.Record, error) {
 	if data == nil {
 		return nil, nil
