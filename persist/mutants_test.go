@@ -16,8 +16,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "dir-not-synced-after-rename", File: "persist/write.go",
 			Note:    "Save returns before the directory sync that makes its rename durable",
-			Anchor:  "\t// durable, so concurrent saves share one.\n\tif err := s.dirSync.sync(s.syncDir); err != nil {\n",
-			Replace: "\t// durable, so concurrent saves share one.\n\tif err := error(nil); err != nil {\n",
+			Anchor:  "\t// durable. So concurrent saves share one.\n\tif err := s.dirSync.sync(s.syncDir); err != nil {\n",
+			Replace: "\t// durable. So concurrent saves share one.\n\tif err := error(nil); err != nil {\n",
 			Pkg:     "./persist", Run: "^TestPowerCut$",
 			// Seed 1 kills it; a tenth of the default budget keeps the
 			// unmutated run short.
