@@ -38,10 +38,28 @@ func saveNamed(t *testing.T, s persist.Store, key, name string, i int, resolved 
 	return r
 }
 
-// TestFileDamageBlocksOnlyItsAction damages one action's files and checks
+// TestDamage: a file the store cannot read is reported, never repaired,
+// and stops only the action it may belong to.
+func TestDamage(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a damaged file blocks only its action", damageBlocksOnlyItsAction},
+		{"a stray file blocks no action", damageStrayFile},
+		{"a second file of a key is a stray file", damageTwoFilesOfAKey},
+		{"Quarantine refuses what is not damaged and overwrites nothing", damageQuarantine},
+		{"CorruptErrors finds every damaged record", damageCorruptErrors},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// damageBlocksOnlyItsAction damages one action's files and checks
 // that List for another action neither fails nor reads them, while List for
 // that action, and the zero Filter, report each with its path.
-func TestFileDamageBlocksOnlyItsAction(t *testing.T) {
+func damageBlocksOnlyItsAction(t *testing.T) {
 	t.Parallel()
 	for _, resolved := range []bool{false, true} {
 		t.Run(fmt.Sprintf("resolved=%v", resolved), func(t *testing.T) {
@@ -91,11 +109,11 @@ func keysOf(recs []*persist.Record) []string {
 	return keys
 }
 
-// TestFileStrayFile puts files in the store's directory whose names look
+// damageStrayFile puts files in the store's directory whose names look
 // like records' but spell no key: each is reported with its path and an
 // empty key by List without a Name, blocks no action, and is moved aside
 // by Quarantine.
-func TestFileStrayFile(t *testing.T) {
+func damageStrayFile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -142,11 +160,11 @@ func TestFileStrayFile(t *testing.T) {
 	require.NoError(t, err, "quarantined files are not read again")
 }
 
-// TestFileTwoFilesOfAKey puts a copy of a record's file under another
+// damageTwoFilesOfAKey puts a copy of a record's file under another
 // action's tag beside it, which the store never writes: the copy is a
-// stray file, reported by a List of every record and by no other, and
-// the record is its own file's until the copy is quarantined.
-func TestFileTwoFilesOfAKey(t *testing.T) {
+// stray file, reported by a List without a Name, and the record is its
+// own file's until the copy is quarantined.
+func damageTwoFilesOfAKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -198,9 +216,9 @@ func TestFileTwoFilesOfAKey(t *testing.T) {
 	persisttest.AssertRecord(t, r, got)
 }
 
-// TestFileQuarantine checks what Quarantine refuses, and that it never
+// damageQuarantine checks what Quarantine refuses, and that it never
 // overwrites an earlier quarantined file.
-func TestFileQuarantine(t *testing.T) {
+func damageQuarantine(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -244,10 +262,10 @@ func TestFileQuarantine(t *testing.T) {
 	}
 }
 
-// TestCorruptErrors checks that CorruptErrors finds every damaged record
+// damageCorruptErrors checks that CorruptErrors finds every damaged record
 // List joined, where errors.As finds only the first, also when the error
 // is wrapped again.
-func TestCorruptErrors(t *testing.T) {
+func damageCorruptErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)

@@ -170,7 +170,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a file name without its action's tag is read as a record, whose damage then stops every action, where it is a stray file",
 			Anchor:  "\tif b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {\n",
 			Replace: "\tif b, err := keyEncoding.DecodeString(tag); tag != \"\" && (err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag) {\n",
-			Pkg:     "./persist", Run: "^TestFileStrayFile$",
+			Pkg:     "./persist", Run: "^TestDamage$/^a_stray_file_blocks_no_action$",
 		},
 		{
 			Name: "record-changes-name", File: "persist/claim.go",
@@ -184,7 +184,7 @@ func TestMutants(t *testing.T) {
 			Note:    "a second file of a key, which the store never writes, is read as the key's record in place of the first, where it is a stray file",
 			Anchor:  "\t\tif p.id != \"\" && l[p.id] != nil {\n",
 			Replace: "\t\tif false {\n",
-			Pkg:     "./persist", Run: "^TestFileTwoFilesOfAKey$",
+			Pkg:     "./persist", Run: "^TestDamage$/^a_second_file_of_a_key_is_a_stray_file$",
 		},
 	})
 }
