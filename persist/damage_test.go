@@ -46,6 +46,7 @@ func TestDamage(t *testing.T) {
 		name string
 		run  func(*testing.T)
 	}{
+		{"a damaged file is named, kept and stops nothing else", damageAnyWay},
 		{"a damaged file blocks only its action", damageBlocksOnlyItsAction},
 		{"a stray file blocks no action", damageStrayFile},
 		{"a second file of a key is a stray file", damageTwoFilesOfAKey},
@@ -315,4 +316,117 @@ func TestFileLockSurvivesRemovedLockFile(t *testing.T) {
 	s2, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err, "Close releases the lock")
 	require.NoError(t, s2.Close())
+}
+
+// damageAnyWay damages one record file in many ways and checks that the
+// store names the file and the key, still loads the others, and neither
+// deletes nor overwrites the damaged file unless told to.
+func damageAnyWay(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("L", 200) // stored under a hashed name
+	victims := []string{"victim", long}
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, path string, good []byte) // good is the file as saved
+		newer  bool
+	}{
+		{"truncated", func(t *testing.T, path string, good []byte) { write(t, path, good[:len(good)/2]) }, false},
+		{"truncated by one byte", func(t *testing.T, path string, good []byte) { write(t, path, good[:len(good)-2]) }, false},
+		{"empty", func(t *testing.T, path string, _ []byte) { write(t, path, nil) }, false},
+		{"zeros", func(t *testing.T, path string, good []byte) { write(t, path, make([]byte, len(good))) }, false},
+		{"garbage", func(t *testing.T, path string, _ []byte) { write(t, path, []byte("\x00\xffnot json")) }, false},
+		{"invalid record", func(t *testing.T, path string, good []byte) {
+			write(t, path, []byte(strings.Replace(string(good), `"method":"POST"`, `"method":""`, 1)))
+		}, false},
+		{"no version", func(t *testing.T, path string, good []byte) {
+			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":0`, 1)))
+		}, false},
+		{"newer version", func(t *testing.T, path string, good []byte) {
+			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":2`, 1)))
+		}, true},
+		{"newer version, changed types", func(t *testing.T, path string, _ []byte) {
+			write(t, path, []byte(`{"version":7,"key":{"id":1},"state":3}`))
+		}, true},
+		{"key of another file", func(t *testing.T, path string, _ []byte) {
+			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1", recName("good-1"))))
+			require.NoError(t, err)
+			write(t, path, other)
+		}, false},
+		{"directory", func(t *testing.T, path string, _ []byte) {
+			require.NoError(t, os.Remove(path))
+			require.NoError(t, os.Mkdir(path, 0o700))
+		}, false},
+	}
+	for _, tt := range tests {
+		for _, victim := range victims {
+			t.Run(tt.name+"/"+victim[:min(len(victim), 8)], func(t *testing.T) {
+				t.Parallel()
+				testCorrupt(t, victim, tt.damage, tt.newer)
+			})
+		}
+	}
+}
+
+func write(t *testing.T, path string, data []byte) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+}
+
+func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []byte), newer bool) {
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for i, k := range []string{"good-0", victim, "good-1"} {
+		require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))))
+	}
+	require.NoError(t, s.Close())
+	path := filepath.Join(dir, persist.FileName(victim, recName(victim)))
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+	damage(t, path, good)
+	damaged, _ := os.ReadFile(path)
+
+	s = openFile(t, dir, nil)
+	recs, err := s.List(ctx, persist.Filter{})
+	require.Error(t, err)
+	var ce *persist.CorruptError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, path, ce.Path)
+	assert.ErrorContains(t, err, path, "the error names the file")
+	if len(victim) <= 150 {
+		assert.Equal(t, victim, ce.Key, "the key is known from the file name")
+		assert.ErrorContains(t, err, victim, "the error names the intent")
+	}
+	assert.Equal(t, newer, errors.Is(err, persist.ErrNewerVersion), "newer version: %v", err)
+	assert.NotContains(t, err.Error(), "\n", "one line")
+	var keys []string
+	for _, r := range recs {
+		keys = append(keys, r.Key)
+	}
+	assert.Equal(t, []string{"good-0", "good-1"}, keys, "the other records load")
+	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
+	assert.ErrorAs(t, err, &ce, "List reports the damage whatever the filter")
+	assert.Len(t, unresolved, 2)
+
+	_, err = s.Get(ctx, victim)
+	assert.ErrorAs(t, err, &ce, "Get")
+	err = persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0))
+	assert.ErrorAs(t, err, &ce, "Save refuses to replace an unreadable record")
+	n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(1000*time.Hour)))
+	assert.ErrorAs(t, err, &ce, "Prune reports the damage")
+	assert.Zero(t, n)
+	after, _ := os.ReadFile(path)
+	assert.Equal(t, damaged, after, "the damaged file is left as it was")
+
+	assert.ErrorAs(t, s.Delete(ctx, &persist.Record{Key: victim, Rev: "any"}), &ce, "Delete refuses an unreadable record: it has no version to compare")
+	after, _ = os.ReadFile(path)
+	assert.Equal(t, damaged, after, "the damaged file is left as it was")
+	_, err = s.Quarantine(ctx, path)
+	require.NoError(t, err, "Quarantine moves it aside")
+	_, err = os.Lstat(path)
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	_, err = s.List(ctx, persist.Filter{})
+	assert.NoError(t, err)
+	assert.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0)), "and then it can be saved")
 }
