@@ -35,10 +35,27 @@ func read(f *strictFS, p string) string {
 	return string(b)
 }
 
-// TestRestartForgetsUnsynced checks the file system's one promise: what was
+// TestStrictFS: the file system of the power-cut test forgets at a
+// restart what was not synced, and nothing else.
+func TestStrictFS(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a restart keeps what was synced and may lose the rest", restartForgetsUnsynced},
+		{"a restart keeps a prefix of a directory's changes", restartKeepsAPrefix},
+		{"the cut comes after n changes and stops every call", cutAfter},
+		{"a rename across directories survives whole or not at all", renameAcrossDirectories},
+		{"a stamp follows what survives", stampFollowsWhatSurvives},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// restartForgetsUnsynced checks the file system's one promise: what was
 // synced survives a restart, whatever the seed, and what was not is lost
 // with some seeds.
-func TestRestartForgetsUnsynced(t *testing.T) {
+func restartForgetsUnsynced(t *testing.T) {
 	lostDir, tornFile := 0, 0
 	for seed := range uint64(50) {
 		f := newStrictFS()
@@ -93,9 +110,9 @@ func TestRestartForgetsUnsynced(t *testing.T) {
 	}
 }
 
-// TestRestartKeepsAPrefix checks that of a directory's unsynced changes a
+// restartKeepsAPrefix checks that of a directory's unsynced changes a
 // restart keeps a prefix, in order, and across seeds every prefix.
-func TestRestartKeepsAPrefix(t *testing.T) {
+func restartKeepsAPrefix(t *testing.T) {
 	seen := map[string]bool{}
 	for seed := range uint64(200) {
 		f := newStrictFS()
@@ -125,9 +142,9 @@ func TestRestartKeepsAPrefix(t *testing.T) {
 	}
 }
 
-// TestCutAfter checks that the cut comes after exactly n changes and stops
+// cutAfter checks that the cut comes after exactly n changes and stops
 // every call until Restart, which also releases locks.
-func TestCutAfter(t *testing.T) {
+func cutAfter(t *testing.T) {
 	f := newStrictFS()
 	f.CutAfter(2)
 	if _, err := f.Lock("/"); err != nil {
@@ -154,10 +171,10 @@ func TestCutAfter(t *testing.T) {
 	}
 }
 
-// TestRenameAcrossDirectories checks that a power cut keeps a rename across
+// renameAcrossDirectories checks that a power cut keeps a rename across
 // directories whole or not at all, and that once the target directory is
 // synced the file is never lost, though it may be found in both.
-func TestRenameAcrossDirectories(t *testing.T) {
+func renameAcrossDirectories(t *testing.T) {
 	for _, syncTarget := range []bool{false, true} {
 		seen := map[string]bool{}
 		for seed := range uint64(100) {
@@ -209,11 +226,11 @@ func TestRenameAcrossDirectories(t *testing.T) {
 	}
 }
 
-// TestStampFollowsWhatSurvives: a directory's stamp changes with every
+// stampFollowsWhatSurvives: a directory's stamp changes with every
 // change of its entries, and after a restart it is the stamp of the state
 // that survived: the synced one if the later change was lost, the later
 // one if it was kept. A file's stamp changes when it is written.
-func TestStampFollowsWhatSurvives(t *testing.T) {
+func stampFollowsWhatSurvives(t *testing.T) {
 	kept, lost := 0, 0
 	for seed := uint64(1); seed <= 40; seed++ {
 		f := newStrictFS()
