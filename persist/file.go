@@ -440,6 +440,14 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 			return nil, err
 		}
 	}
+	out, err := s.selectLocked(f, s.recordCopy)
+	sortRecords(out)
+	return out, err
+}
+
+// selectLocked returns the records f selects, each got by get, and the
+// error of the damaged files that may hold one. s.mu must be held.
+func (s *FileStore) selectLocked(f Filter, get func(*entry) (*Record, *CorruptError)) ([]*Record, error) {
 	var out []*Record
 	var corrupt []*CorruptError
 	tag := filterTag(f)
@@ -447,7 +455,7 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 		if !e.mayHold(f, tag) {
 			continue
 		}
-		r, ce := s.recordCopy(e)
+		r, ce := get(e)
 		switch {
 		case ce != nil:
 			corrupt = append(corrupt, ce)
@@ -455,7 +463,6 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 			out = append(out, r)
 		}
 	}
-	sortRecords(out)
 	return out, joinCorrupt(corrupt)
 }
 

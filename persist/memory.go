@@ -101,22 +101,16 @@ func (m *memory) setLocked(r *Record) {
 }
 
 // removeLocked removes the record for key, and its entry in the index
-// of names.
+// of names, in constant time. So pruning many records of one Name costs
+// each of them once.
 func (m *memory) removeLocked(key string) {
-	if old, ok := m.recs[key]; ok {
-		delete(m.recs, key)
-		m.unnameLocked(old)
-	}
-}
-
-// unnameLocked removes r from its Name's keys, in constant time. So
-// pruning many records of one Name costs each of them once.
-func (m *memory) unnameLocked(r *Record) {
-	if r.Name == "" {
+	r, ok := m.recs[key]
+	if !ok {
 		return
 	}
+	delete(m.recs, key)
 	keys := m.names[r.Name]
-	delete(keys, r.Key)
+	delete(keys, key)
 	if len(keys) == 0 {
 		delete(m.names, r.Name)
 	}

@@ -175,24 +175,10 @@ func (s *FileStore) writableLocked(r, old *Record) error {
 	}
 	var named []*Record
 	if old == nil && r.Name != "" {
-		f := Filter{Name: r.Name}
-		tag := filterTag(f)
-		var corrupt []*CorruptError
-		for _, e := range s.entries {
-			if !e.mayHold(f, tag) {
-				continue
-			}
-			rec, ce := s.record(e)
-			switch {
-			case ce != nil:
-				corrupt = append(corrupt, ce)
-			case rec.Name == r.Name:
-				named = append(named, rec)
-			}
-		}
-		if len(corrupt) > 0 {
-			// An unreadable record may be the action's latest.
-			return joinCorrupt(corrupt)
+		var err error
+		// An unreadable record may be the action's latest.
+		if named, err = s.selectLocked(Filter{Name: r.Name}, s.record); err != nil {
+			return err
 		}
 	}
 	return writable(r, old, cur, named)
