@@ -205,6 +205,18 @@ func damageTwoFilesOfAKey(t *testing.T) {
 	require.NoError(t, err)
 	persisttest.AssertRecord(t, r, got)
 
+	// A change, so that Close writes the index again, with the copy in
+	// it: the next open keeps the copy a stray file.
+	other := saveNamed(t, s, "k2", a, 1, true)
+	require.NoError(t, s.Close())
+	s = openFile(t, dir, nil)
+	require.True(t, s.FromIndex())
+	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.ErrorContains(t, err, twin)
+	require.Len(t, recs, 1)
+	persisttest.AssertRecord(t, r, recs[0])
+	require.NoError(t, s.Delete(ctx, other))
+
 	quarantined, err := s.Quarantine(ctx, twin)
 	require.NoError(t, err)
 	assert.FileExists(t, quarantined)
