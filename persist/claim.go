@@ -7,7 +7,7 @@ import (
 	"fmt"
 )
 
-// maxRev bounds a record's Rev: it is stored with every record, and a
+// maxRev bounds a record's Rev. It is stored with every record, and a
 // store compares it on every write.
 const maxRev = 64
 
@@ -15,23 +15,23 @@ const maxRev = 64
 // characters. Set it as the record's Rev before each Write.
 func NewRev() string { return rand.Text() }
 
-// SameVersion reports whether a and b are the same version of one record:
-// the same Key and the same Rev, which is set. A writer whose Write ended
-// in an error tells with it whether the write landed: it compares the
-// record read back (or a *ConflictError's Current) with the record it
-// wrote.
+// SameVersion reports whether a and b are the same version of one
+// record. They have the same Key and the same Rev, which is set. A writer
+// whose Write ended in an error tells by it whether the write landed. It
+// compares the record it wrote with the record read back, or with a
+// *ConflictError's Current.
 func SameVersion(a, b *Record) bool {
 	return a != nil && b != nil && a.Rev != "" && a.Key == b.Key && a.Rev == b.Rev
 }
 
 // ConflictError is returned by Write and Delete when the store holds
-// another record than the change expects: nothing is changed.
+// another record than the change expects. Nothing is changed.
 type ConflictError struct {
 	// Key is the key of the refused change.
 	Key string
-	// Current is the stored record that refused it: for a Write of a new
-	// intent (old == nil), the action's latest record; otherwise the
-	// record stored with Key, nil if none is.
+	// Current is the stored record that refused it. For a Write of a new
+	// intent (old == nil), it is the action's latest record. Otherwise it
+	// is the record stored with Key, nil if none is.
 	Current *Record
 }
 
@@ -43,20 +43,21 @@ func (e *ConflictError) Error() string {
 		e.Key, e.Current.Key, e.Current.Seq, e.Current.State)
 }
 
-// Claim writes rec as a new intent and the latest of its Name: s.Write
-// with no old version. It fails with a *ConflictError holding the
-// action's latest record if rec.Key is stored or a record of rec.Name has
-// rec's Seq or a higher one. So two clients sharing the store (two parts
-// of one app, each with its own idem.Client) never both make an intent for
-// one action, nor replace one the other is sending.
+// Claim writes rec as a new intent and the latest of its Name. It is
+// s.Write with no old version. It fails if rec.Key is stored, or if a
+// record of rec.Name has rec's Seq or a higher one. Its *ConflictError
+// then holds the action's latest record. So two clients sharing the store
+// never both make an intent for one action. Nor does one replace an
+// intent the other is sending. They may be two parts of one app, each
+// with its own idem.Client.
 func Claim(ctx context.Context, s Store, rec *Record) error {
 	return s.Write(ctx, rec, nil)
 }
 
-// SaveIf writes rec in s if the record stored with rec.Key is still old's
-// version: s.Write with old, which must be of rec's own key. So a client
-// that takes over an armed intent to send it and the client that armed it
-// (replacing it for a changed cart) cannot both win.
+// SaveIf writes rec in s if the record stored with rec.Key is still
+// old's version. It is s.Write with old, which must be of rec's own key.
+// One client may take over an armed intent to send it. The client that
+// armed it may replace it for a changed cart. They cannot both win.
 func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 	if err := checkOld(rec, old); err != nil {
 		return err
@@ -64,8 +65,8 @@ func SaveIf(ctx context.Context, s Store, rec, old *Record) error {
 	return s.Write(ctx, rec, old)
 }
 
-// DeleteIf deletes old's record from s if it is still old's version:
-// s.Delete. No record stored is not an error.
+// DeleteIf deletes old's record from s if it is still old's version. It
+// is s.Delete. No record stored is not an error.
 func DeleteIf(ctx context.Context, s Store, old *Record) error {
 	if old == nil {
 		return errors.New("persist: DeleteIf needs the version to delete")
@@ -73,10 +74,10 @@ func DeleteIf(ctx context.Context, s Store, old *Record) error {
 	return s.Delete(ctx, old)
 }
 
-// SaveDeferred is SaveIf, except that a store that can makes the write
-// durable in the background (see WithDeferredSync): when it returns nil
-// the record is read back, and survives the process being killed, at
-// once, and a power loss before its sync leaves the key's previous
+// SaveDeferred is SaveIf, except that a store may make the write
+// durable in the background (see WithDeferredSync). When it returns nil,
+// the record reads back at once. It survives the kill of the process at
+// once too. A power loss before its sync leaves the key's previous
 // version, whole. rec must not be changed after the call.
 func SaveDeferred(ctx context.Context, s Store, rec, old *Record) error {
 	if err := checkOld(rec, old); err != nil {
@@ -97,28 +98,28 @@ func checkOld(rec, old *Record) error {
 type deferredKey struct{}
 
 // WithDeferredSync returns ctx marked for writes whose sync may come
-// later. It is a hint about speed only, which a store may ignore: a
-// FileStore then returns from Write once the record is written and read
-// back, and makes it durable in the background (Close waits for that); a
-// power loss before then leaves the key's previous version, whole, never a
-// damaged one. The caller also promises not to change the record after
-// the call, so a memory store keeps it without copying its headers and
-// bodies. A wrapper that overrides Write passes ctx on, and with it the
-// hint.
+// later. It is a hint about speed only, which a store may ignore. A
+// FileStore then returns from Write once the record is written and can be
+// read back. It makes the record durable in the background. Close waits
+// for that. A power loss before then leaves the key's previous version,
+// whole, never a damaged one. The caller also promises not to change the
+// record after the call. So a memory store keeps it without copying its
+// headers and bodies. A wrapper that overrides Write passes ctx on, and
+// the hint with it.
 func WithDeferredSync(ctx context.Context) context.Context {
 	return context.WithValue(ctx, deferredKey{}, true)
 }
 
-// DeferredSync reports whether ctx was made by WithDeferredSync: a Store
-// of an app's own reads it to defer its sync where it can keep the
-// promise WithDeferredSync describes.
+// DeferredSync reports whether ctx was made by WithDeferredSync. A Store
+// of an app's own reads it to defer its sync. It does so where it can
+// keep the promise WithDeferredSync describes.
 func DeferredSync(ctx context.Context) bool {
 	v, _ := ctx.Value(deferredKey{}).(bool)
 	return v
 }
 
-// checkWrite reports why rec cannot be written over old, or nil: an
-// invalid record, an old of another key, or a version that is not new.
+// checkWrite reports why rec cannot be written over old, or nil. rec may
+// be invalid, old of another key, or rec's version not new.
 func checkWrite(rec, old *Record) error {
 	if err := checkSave(rec); err != nil {
 		return err
@@ -149,15 +150,20 @@ func checkDelete(old *Record) error {
 	return nil
 }
 
-// writable returns nil if rec may be written over old, given cur, the
-// record stored with rec.Key (nil if none), and named, the stored records
-// of rec.Name (read only when old is nil and rec has a Name); otherwise a
-// *ConflictError, whose Current the caller must copy before handing it
-// out.
+// writable returns nil if rec may be written over old. cur is the record
+// stored with rec.Key, nil if none. named are the stored records of
+// rec.Name, read only when old is nil and rec has a Name. A conflict
+// returns a *ConflictError holding a copy of the record that refused it.
+// A record that would change its Name gets another error.
 func writable(rec, old, cur *Record, named []*Record) error {
 	if old != nil {
 		if cur == nil || old.Rev == "" || cur.Rev != old.Rev {
-			return &ConflictError{Key: rec.Key, Current: cur}
+			return &ConflictError{Key: rec.Key, Current: cur.Clone()}
+		}
+		if cur.Name != rec.Name {
+			// The file store files a record by its Name. A record
+			// that changed it would need two files.
+			return fmt.Errorf("persist: intent %s cannot move from action %q to %q: a record keeps its Name", rec.Key, cur.Name, rec.Name)
 		}
 		return nil
 	}
@@ -173,13 +179,13 @@ func writable(rec, old, cur *Record, named []*Record) error {
 	if cur != nil && (rec.Name == "" || cur.Name != rec.Name) {
 		named = append(named, cur)
 	}
-	return &ConflictError{Key: rec.Key, Current: latest(named)}
+	return &ConflictError{Key: rec.Key, Current: latest(named).Clone()}
 }
 
 // latest returns the intent created last among recs, the records of one
-// Name: the highest Seq, which no setting of the device's clock moves.
-// Records without one (0) come first, ordered by creation time. recs must
-// not be empty.
+// Name. It has the highest Seq, which no setting of the device's clock
+// moves. Records without one (0) come first, ordered by creation time.
+// recs must not be empty.
 func latest(recs []*Record) *Record {
 	latest := recs[0]
 	for _, r := range recs[1:] {
@@ -190,12 +196,13 @@ func latest(recs []*Record) *Record {
 	return latest
 }
 
-// deletable returns nil if old may be deleted given cur, the record stored
-// with its key (nil if none, which deletes nothing and is no error: the
-// caller checks), otherwise a *ConflictError.
+// deletable returns nil if old may be deleted, given cur, the record
+// stored with its key. cur is nil if none is: that deletes nothing, and
+// is no error. Otherwise deletable returns a *ConflictError holding a
+// copy of cur.
 func deletable(old, cur *Record) error {
 	if cur != nil && cur.Rev != old.Rev {
-		return &ConflictError{Key: old.Key, Current: cur}
+		return &ConflictError{Key: old.Key, Current: cur.Clone()}
 	}
 	return nil
 }

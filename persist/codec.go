@@ -9,20 +9,21 @@ import (
 	"strings"
 )
 
-// File names. A record's file name is derived from its key and its name,
-// so that a key can never name a path outside the store's directory and two
+// File names. A record's file name is derived from its key and its
+// name. So a key can never name a path outside the store's directory. Two
 // keys never share a file, also on case-insensitive file systems (macOS,
-// Windows). It is stem + "." + tag + ".json", where the stem is:
+// Windows). The name is stem + "." + tag + ".json". The stem is one of:
 //
-//   - for a key of up to maxEncodedKey bytes, "k-" + its bytes in lower-case
-//     base32hex without padding; the name gives the key back even when the
-//     file's content is unreadable;
-//   - for a longer key, "h-" + the hex SHA-256 of the key, so that the name
-//     stays under the usual 255-byte limit;
+//   - "k-" + the key's bytes in lower-case base32hex without padding, for
+//     a key of up to maxEncodedKey bytes. The name gives the key back even
+//     when the file's content is unreadable.
+//   - "h-" + the hex SHA-256 of a longer key. The name so stays under the
+//     usual 255-byte limit.
 //
-// and the tag is the first 8 bytes of the SHA-256 of the record's Name, in
-// lower-case base32hex (13 characters). A damaged file still tells which
-// action it may belong to, and List for one Name reads only its files.
+// The tag is the first 8 bytes of the SHA-256 of the record's Name. It is
+// in lower-case base32hex (13 characters). A damaged file still tells
+// which action it may belong to. And List for one Name reads only its
+// files.
 //
 // Temporary files start with tempPrefix and are never records.
 const (
@@ -37,8 +38,8 @@ const (
 
 var keyEncoding = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
 
-// stem returns the part of a record's file name that depends on its key. It
-// is also the key's identity among the store's entries.
+// stem returns the part of a record's file name that depends on its key.
+// It is also the key's identity among the store's entries.
 func stem(key string) string {
 	if len(key) <= maxEncodedKey {
 		return encodedPrefix + keyEncoding.EncodeToString([]byte(key))
@@ -61,9 +62,9 @@ func fileName(key, name string) string {
 
 // parsedName is what a record file's name says about the record.
 type parsedName struct {
-	// id is stem(key) of the record's key, or "" for a stray file: one
-	// whose name looks like a record's but spells no key or no tag, which
-	// no store wrote.
+	// id is stem(key) of the record's key, or "" for a stray file. A
+	// stray file's name looks like a record's but spells no key or no
+	// tag. No store wrote it.
 	id string
 	// key is the record's key when the name spells it (a "k-" name).
 	key string
@@ -71,8 +72,8 @@ type parsedName struct {
 	tag string
 }
 
-// parseName parses a file name of the store's directory; ok is false if
-// the name is not a record file's. Stray files (see parsedName.id) are
+// parseName parses a file name of the store's directory. ok is false if
+// the name is not a record file's. Stray files (see parsedName.id) have
 // record file names.
 func parseName(name string) (p parsedName, ok bool) {
 	if !strings.HasPrefix(name, encodedPrefix) && !strings.HasPrefix(name, hashedPrefix) {
@@ -122,13 +123,14 @@ func encodeRecord(r *Record) ([]byte, error) {
 }
 
 // decodeRecord parses the content of a record file. It returns a record
-// that passes Validate, in the form prepare gives, or an error; records of a
-// newer FormatVersion give an error wrapping ErrNewerVersion and are never
-// read as if they were of this one. This release reads no other version.
+// that passes Validate, in the form prepare gives, or an error. A record
+// of a newer FormatVersion gives an error wrapping ErrNewerVersion. It is
+// never read as one of this version. This release reads no other
+// version.
 func decodeRecord(data []byte) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
-		// A newer release may have changed a field's type; say so rather
+		// A newer release may have changed a field's type. Say so rather
 		// than report it as damage.
 		var v struct {
 			Version int `json:"version"`
@@ -155,8 +157,8 @@ func newerVersion(v int) error {
 	return fmt.Errorf("%w (format version %d; this release reads %d)", ErrNewerVersion, v, FormatVersion)
 }
 
-// decodeFile decodes the content of a record file whose name parsed as p,
-// and checks that the key and name inside belong to that name.
+// decodeFile decodes the content of a record file whose name parsed as
+// p. It checks that the key and name inside belong to that name.
 func decodeFile(p parsedName, data []byte) (*Record, error) {
 	r, err := decodeRecord(data)
 	if err != nil {

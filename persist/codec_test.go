@@ -61,7 +61,24 @@ func mustEncode(r *Record) string {
 	return string(b)
 }
 
-func TestDecodeRecord(t *testing.T) {
+// TestRecordFile: a record's file name and content give the record
+// back, or a clear error.
+func TestRecordFile(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a file's content decodes or says why not", decodeRecordCases},
+		{"a record comes back from its encoding", encodeDecodeRoundTrip},
+		{"a file name tells the key and action or is a stray", parseNameCases},
+		{"a CorruptError names the file and says what to do", corruptErrorMessage},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+func decodeRecordCases(t *testing.T) {
 	t.Parallel()
 	for _, tt := range decodeTests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,7 +99,7 @@ func TestDecodeRecord(t *testing.T) {
 	}
 }
 
-func TestEncodeDecodeRoundTrip(t *testing.T) {
+func encodeDecodeRoundTrip(t *testing.T) {
 	t.Parallel()
 	want := prepare(validRecord(), Options{})
 	data, err := encodeRecord(want)
@@ -167,7 +184,7 @@ func FuzzFileName(f *testing.F) {
 	})
 }
 
-func TestParseName(t *testing.T) {
+func parseNameCases(t *testing.T) {
 	t.Parallel()
 	k := stem("k")
 	tag := nameTag("checkout")
@@ -202,7 +219,7 @@ func TestParseName(t *testing.T) {
 	}
 }
 
-func TestCorruptErrorMessage(t *testing.T) {
+func corruptErrorMessage(t *testing.T) {
 	t.Parallel()
 	e := &CorruptError{Path: "/d/k-x.json", Key: "K1", Err: errors.New("invalid JSON")}
 	assert.Contains(t, e.Error(), "/d/k-x.json")

@@ -38,10 +38,29 @@ func saveNamed(t *testing.T, s persist.Store, key, name string, i int, resolved 
 	return r
 }
 
-// TestFileDamageBlocksOnlyItsAction damages one action's files and checks
+// TestDamage: a file the store cannot read is reported, never repaired,
+// and stops only the action it may belong to.
+func TestDamage(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a damaged file is named, kept and stops nothing else", damageAnyWay},
+		{"a damaged file blocks only its action", damageBlocksOnlyItsAction},
+		{"a stray file blocks no action", damageStrayFile},
+		{"a second file of a key is a stray file", damageTwoFilesOfAKey},
+		{"Quarantine refuses what is not damaged and overwrites nothing", damageQuarantine},
+		{"CorruptErrors finds every damaged record", damageCorruptErrors},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// damageBlocksOnlyItsAction damages one action's files and checks
 // that List for another action neither fails nor reads them, while List for
 // that action, and the zero Filter, report each with its path.
-func TestFileDamageBlocksOnlyItsAction(t *testing.T) {
+func damageBlocksOnlyItsAction(t *testing.T) {
 	t.Parallel()
 	for _, resolved := range []bool{false, true} {
 		t.Run(fmt.Sprintf("resolved=%v", resolved), func(t *testing.T) {
@@ -91,11 +110,11 @@ func keysOf(recs []*persist.Record) []string {
 	return keys
 }
 
-// TestFileStrayFile puts files in the store's directory whose names look
+// damageStrayFile puts files in the store's directory whose names look
 // like records' but spell no key: each is reported with its path and an
 // empty key by List without a Name, blocks no action, and is moved aside
 // by Quarantine.
-func TestFileStrayFile(t *testing.T) {
+func damageStrayFile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -142,54 +161,77 @@ func TestFileStrayFile(t *testing.T) {
 	require.NoError(t, err, "quarantined files are not read again")
 }
 
-// TestFileDamagedTwin damages the file of a record whose file under its
-// previous Name a crash left beside it: the record may be either, so Get
-// and List of unresolved records report the damage instead of hiding the
-// older one; once the damaged file is quarantined, the older version is
-// the record.
-func TestFileDamagedTwin(t *testing.T) {
+// damageTwoFilesOfAKey puts a copy of a record's file under another
+// action's tag beside it, which the store never writes: the copy is a
+// stray file, reported by a List without a Name, and the record is its
+// own file's until the copy is quarantined.
+func damageTwoFilesOfAKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
-	lo, hi := twinNames()
 	s, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err)
-	r := saveNamed(t, s, "k", lo, 0, false)
-	open, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", lo)))
-	require.NoError(t, err)
-	moved := r.Clone()
-	moved.Name = hi
-	require.NoError(t, persisttest.Put(ctx, s, moved))
+	a, b := "checkout:a", "checkout:b"
+	if persist.FileName("k", a) > persist.FileName("k", b) {
+		a, b = b, a
+	}
+	r := saveNamed(t, s, "k", a, 0, false)
 	require.NoError(t, s.Close())
-	newPath := filepath.Join(dir, persist.FileName("k", hi))
-	write(t, newPath, []byte(`{"version":1,"key":"k","sta`))
-	write(t, filepath.Join(dir, persist.FileName("k", lo)), open)
+	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", a)))
+	require.NoError(t, err)
+	twin := filepath.Join(dir, persist.FileName("k", b))
+	write(t, twin, data)
 
 	s = openFile(t, dir, nil)
-	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
-	var ce *persist.CorruptError
-	require.ErrorAs(t, err, &ce, "the damage is reported, not hidden")
-	assert.Equal(t, newPath, ce.Path)
-	assert.Empty(t, recs)
-	_, err = s.Get(ctx, "k")
-	require.ErrorAs(t, err, &ce)
-	assert.ErrorAs(t, persisttest.Put(ctx, s, r), &ce, "not replaced")
+	for _, f := range []persist.Filter{{}, {Unresolved: true}} {
+		recs, err := s.List(ctx, f)
+		var ce *persist.CorruptError
+		require.ErrorAs(t, err, &ce, "the second file is reported")
+		assert.Equal(t, twin, ce.Path)
+		assert.Empty(t, ce.Key, "Delete cannot name it")
+		require.Len(t, recs, 1)
+		persisttest.AssertRecord(t, r, recs[0])
+	}
+	for _, f := range []persist.Filter{{Name: a}, {Name: b}} {
+		recs, err := s.List(ctx, f)
+		require.NoError(t, err, "a stray file only without a Name: %+v", f)
+		want := 0
+		if f.Name == a {
+			want = 1
+		}
+		assert.Len(t, recs, want)
+	}
+	got, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	persisttest.AssertRecord(t, r, got)
 
-	quarantined, err := s.Quarantine(ctx, newPath)
-	require.NoError(t, err)
-	assert.FileExists(t, quarantined)
-	recs, err = s.List(ctx, persist.Filter{Unresolved: true})
-	require.NoError(t, err)
+	// A change, so that Close writes the index again, with the copy in
+	// it: the next open keeps the copy a stray file.
+	other := saveNamed(t, s, "k2", a, 1, true)
+	require.NoError(t, s.Close())
+	s = openFile(t, dir, nil)
+	require.True(t, s.FromIndex())
+	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.ErrorContains(t, err, twin)
 	require.Len(t, recs, 1)
 	persisttest.AssertRecord(t, r, recs[0])
-	got, err := s.Get(ctx, "k")
+	require.NoError(t, s.Delete(ctx, other))
+
+	quarantined, err := s.Quarantine(ctx, twin)
+	require.NoError(t, err)
+	assert.FileExists(t, quarantined)
+	_, err = s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	s = openFile(t, dir, nil)
+	got, err = s.Get(ctx, "k")
 	require.NoError(t, err)
 	persisttest.AssertRecord(t, r, got)
 }
 
-// TestFileQuarantine checks what Quarantine refuses, and that it never
+// damageQuarantine checks what Quarantine refuses, and that it never
 // overwrites an earlier quarantined file.
-func TestFileQuarantine(t *testing.T) {
+func damageQuarantine(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -233,10 +275,10 @@ func TestFileQuarantine(t *testing.T) {
 	}
 }
 
-// TestCorruptErrors checks that CorruptErrors finds every damaged record
+// damageCorruptErrors checks that CorruptErrors finds every damaged record
 // List joined, where errors.As finds only the first, also when the error
 // is wrapped again.
-func TestCorruptErrors(t *testing.T) {
+func damageCorruptErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -286,4 +328,117 @@ func TestFileLockSurvivesRemovedLockFile(t *testing.T) {
 	s2, err := persist.OpenDir(dir, nil)
 	require.NoError(t, err, "Close releases the lock")
 	require.NoError(t, s2.Close())
+}
+
+// damageAnyWay damages one record file in many ways and checks that the
+// store names the file and the key, still loads the others, and neither
+// deletes nor overwrites the damaged file unless told to.
+func damageAnyWay(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("L", 200) // stored under a hashed name
+	victims := []string{"victim", long}
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, path string, good []byte) // good is the file as saved
+		newer  bool
+	}{
+		{"truncated", func(t *testing.T, path string, good []byte) { write(t, path, good[:len(good)/2]) }, false},
+		{"truncated by one byte", func(t *testing.T, path string, good []byte) { write(t, path, good[:len(good)-2]) }, false},
+		{"empty", func(t *testing.T, path string, _ []byte) { write(t, path, nil) }, false},
+		{"zeros", func(t *testing.T, path string, good []byte) { write(t, path, make([]byte, len(good))) }, false},
+		{"garbage", func(t *testing.T, path string, _ []byte) { write(t, path, []byte("\x00\xffnot json")) }, false},
+		{"invalid record", func(t *testing.T, path string, good []byte) {
+			write(t, path, []byte(strings.Replace(string(good), `"method":"POST"`, `"method":""`, 1)))
+		}, false},
+		{"no version", func(t *testing.T, path string, good []byte) {
+			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":0`, 1)))
+		}, false},
+		{"newer version", func(t *testing.T, path string, good []byte) {
+			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":2`, 1)))
+		}, true},
+		{"newer version, changed types", func(t *testing.T, path string, _ []byte) {
+			write(t, path, []byte(`{"version":7,"key":{"id":1},"state":3}`))
+		}, true},
+		{"key of another file", func(t *testing.T, path string, _ []byte) {
+			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1", recName("good-1"))))
+			require.NoError(t, err)
+			write(t, path, other)
+		}, false},
+		{"directory", func(t *testing.T, path string, _ []byte) {
+			require.NoError(t, os.Remove(path))
+			require.NoError(t, os.Mkdir(path, 0o700))
+		}, false},
+	}
+	for _, tt := range tests {
+		for _, victim := range victims {
+			t.Run(tt.name+"/"+victim[:min(len(victim), 8)], func(t *testing.T) {
+				t.Parallel()
+				testCorrupt(t, victim, tt.damage, tt.newer)
+			})
+		}
+	}
+}
+
+func write(t *testing.T, path string, data []byte) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+}
+
+func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []byte), newer bool) {
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for i, k := range []string{"good-0", victim, "good-1"} {
+		require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))))
+	}
+	require.NoError(t, s.Close())
+	path := filepath.Join(dir, persist.FileName(victim, recName(victim)))
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+	damage(t, path, good)
+	damaged, _ := os.ReadFile(path)
+
+	s = openFile(t, dir, nil)
+	recs, err := s.List(ctx, persist.Filter{})
+	require.Error(t, err)
+	var ce *persist.CorruptError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, path, ce.Path)
+	assert.ErrorContains(t, err, path, "the error names the file")
+	if len(victim) <= 150 {
+		assert.Equal(t, victim, ce.Key, "the key is known from the file name")
+		assert.ErrorContains(t, err, victim, "the error names the intent")
+	}
+	assert.Equal(t, newer, errors.Is(err, persist.ErrNewerVersion), "newer version: %v", err)
+	assert.NotContains(t, err.Error(), "\n", "one line")
+	var keys []string
+	for _, r := range recs {
+		keys = append(keys, r.Key)
+	}
+	assert.Equal(t, []string{"good-0", "good-1"}, keys, "the other records load")
+	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
+	assert.ErrorAs(t, err, &ce, "List reports the damage whatever the filter")
+	assert.Len(t, unresolved, 2)
+
+	_, err = s.Get(ctx, victim)
+	assert.ErrorAs(t, err, &ce, "Get")
+	err = persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0))
+	assert.ErrorAs(t, err, &ce, "Save refuses to replace an unreadable record")
+	n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(1000*time.Hour)))
+	assert.ErrorAs(t, err, &ce, "Prune reports the damage")
+	assert.Zero(t, n)
+	after, _ := os.ReadFile(path)
+	assert.Equal(t, damaged, after, "the damaged file is left as it was")
+
+	assert.ErrorAs(t, s.Delete(ctx, &persist.Record{Key: victim, Rev: "any"}), &ce, "Delete refuses an unreadable record: it has no version to compare")
+	after, _ = os.ReadFile(path)
+	assert.Equal(t, damaged, after, "the damaged file is left as it was")
+	_, err = s.Quarantine(ctx, path)
+	require.NoError(t, err, "Quarantine moves it aside")
+	_, err = os.Lstat(path)
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	_, err = s.List(ctx, persist.Filter{})
+	assert.NoError(t, err)
+	assert.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0)), "and then it can be saved")
 }

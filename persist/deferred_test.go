@@ -3,11 +3,14 @@ package persist_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +19,29 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 	"github.com/idemkit/idem/persist/persisttest"
 )
+
+// TestDeferredSync: a write with WithDeferredSync is checked as any
+// other, and a power loss before its sync leaves the previous version,
+// whole. The parent is not parallel: the count of allocations runs
+// alone.
+func TestDeferredSync(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a resolving save returns before its sync", saveDeferredResolves},
+		{"a new record is synced before Write returns", saveDeferredIsDurableOtherwise},
+		{"a failed background sync is tried again at Close", saveDeferredSyncFails},
+		{"a write whose sync failed is recognised by its Rev", fileWriteWhoseSyncFailed},
+		{"the memory store reads it back as any write", deferredWriteMemory},
+		{"the store options apply to the stored record alone", deferredWriteDiscardsBodies},
+		{"it refuses what any write refuses", deferredWriteRefuses},
+		{"a wrapper gets it through its own Write", deferredWriteThroughAWrapper},
+		{"the memory store copies less", deferredWriteCopiesLess},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
 
 // gatedFS holds every directory sync until release is closed, and counts
 // them.
@@ -49,11 +75,11 @@ func names(t *testing.T, dir string) []string {
 	return out
 }
 
-// TestSaveDeferredResolves: the save that resolves a record returns while
+// saveDeferredResolves: the save that resolves a record returns while
 // the directory sync is held, reads back at once, and replaces the
 // record's file in place: there is one file, before and after the sync
 // (Close waits for it).
-func TestSaveDeferredResolves(t *testing.T) {
+func saveDeferredResolves(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, err := filepath.Abs(newDir(t))
@@ -83,10 +109,9 @@ func TestSaveDeferredResolves(t *testing.T) {
 	persisttest.AssertRecord(t, &done, got)
 }
 
-// TestSaveDeferredIsDurableOtherwise: a new record, or one whose file
-// changes its name (its Name changed), is saved durably: SaveDeferred
-// waits for its syncs.
-func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
+// saveDeferredIsDurableOtherwise: a new record is saved durably:
+// SaveDeferred waits for its sync.
+func saveDeferredIsDurableOtherwise(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, err := filepath.Abs(newDir(t))
@@ -99,19 +124,15 @@ func TestSaveDeferredIsDurableOtherwise(t *testing.T) {
 
 	before := g.dirSyncs.Load()
 	r := saveNamed(t, s, "k", "checkout:a", 0, true) // resolved from the start
-	renamed := *r
-	renamed.Name, renamed.Rev = "checkout:c", persist.NewRev()
-	require.NoError(t, persist.SaveDeferred(ctx, s, &renamed, r), "another file name")
-	assert.Equal(t, []string{persist.FileName("k", renamed.Name)}, names(t, dir), "the old file is gone")
 	fresh := *r
 	fresh.Key, fresh.Name, fresh.Rev = "k2", "checkout:b", persist.NewRev()
 	require.NoError(t, s.Write(persist.WithDeferredSync(ctx), &fresh, nil), "a new record")
-	assert.Equal(t, before+4, g.dirSyncs.Load(), "one directory sync for each new record, two for the change of name, before returning")
+	assert.Equal(t, before+2, g.dirSyncs.Load(), "one directory sync for each new record, before returning")
 }
 
-// TestSaveDeferredSyncFails: when the background sync fails, the save
+// saveDeferredSyncFails: when the background sync fails, the save
 // stays to be synced, and Close tries again and reports the failure.
-func TestSaveDeferredSyncFails(t *testing.T) {
+func saveDeferredSyncFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, err := filepath.Abs(newDir(t))
@@ -137,10 +158,10 @@ func TestSaveDeferredSyncFails(t *testing.T) {
 	persisttest.AssertRecord(t, &done, got)
 }
 
-// TestFileWriteWhoseSyncFailed: a write whose directory sync failed
+// fileWriteWhoseSyncFailed: a write whose directory sync failed
 // returns an error, though its record is in place: its writer recognises
 // it by its Rev on re-read, and another writer's version is refused.
-func TestFileWriteWhoseSyncFailed(t *testing.T) {
+func fileWriteWhoseSyncFailed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, err := filepath.Abs(newDir(t))
@@ -166,4 +187,130 @@ func TestFileWriteWhoseSyncFailed(t *testing.T) {
 	var ce *persist.ConflictError
 	require.ErrorAs(t, s.Write(ctx, rival, r), &ce, "a writer of the version before")
 	assert.True(t, persist.SameVersion(ce.Current, next))
+}
+
+func sharedRecord() *persist.Record {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 5, time.FixedZone("AZT", 4*3600))
+	return &persist.Record{
+		Key: "k1", Rev: "rev-1", KeyHeader: "k1", Seq: 3, Method: http.MethodPost, URL: "https://x/pay",
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1}`),
+		CreatedAt: now, UpdatedAt: now, State: persist.StateSucceeded,
+		Clocks:   &persist.Clocks{Mark: now, ArmMark: now},
+		Response: &persist.Response{StatusCode: 201, Header: http.Header{"X": {"y"}}, Body: []byte("ok")},
+	}
+}
+
+// shared writes rec to s as a new intent, with WithDeferredSync: the
+// memory store keeps rec's headers and bodies without copying them.
+func shared(ctx context.Context, s persist.Store, rec *persist.Record) error {
+	return s.Write(persist.WithDeferredSync(ctx), rec, nil)
+}
+
+// deferredWriteMemory: a record written with WithDeferredSync reads
+// back as one written without, the caller's record is left as it was,
+// and Get still hands out copies.
+func deferredWriteMemory(t *testing.T) {
+	ctx := context.Background()
+	viaWrite, viaShared := persist.NewMemory(nil), persist.NewMemory(nil)
+	require.NoError(t, viaWrite.Write(ctx, sharedRecord(), nil))
+	rec := sharedRecord()
+	require.NoError(t, shared(ctx, viaShared, rec))
+	assert.Equal(t, sharedRecord(), rec, "the caller's record is not changed")
+
+	want, err := viaWrite.Get(ctx, "k1")
+	require.NoError(t, err)
+	got, err := viaShared.Get(ctx, "k1")
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	assert.Equal(t, persist.FormatVersion, got.Version)
+	assert.Equal(t, time.UTC, got.CreatedAt.Location())
+
+	got.Header.Set("Content-Type", "text/plain")
+	got.Body[0] = 'X'
+	got.Response.Header.Set("X", "z")
+	again, err := viaShared.Get(ctx, "k1")
+	require.NoError(t, err)
+	assert.Equal(t, want, again, "Get hands out copies")
+	assert.Equal(t, sharedRecord(), rec, "nor do changes to them reach the written record")
+}
+
+// deferredWriteDiscardsBodies: the store's options apply to the stored
+// record, and never to the caller's.
+func deferredWriteDiscardsBodies(t *testing.T) {
+	ctx := context.Background()
+	s := persist.NewMemory(&persist.Options{DiscardResponseBodies: true})
+	rec := sharedRecord()
+	require.NoError(t, shared(ctx, s, rec))
+	got, err := s.Get(ctx, "k1")
+	require.NoError(t, err)
+	assert.Nil(t, got.Response.Body)
+	assert.Equal(t, []byte("ok"), rec.Response.Body)
+}
+
+// deferredWriteRefuses: a deferred write refuses what any write
+// refuses.
+func deferredWriteRefuses(t *testing.T) {
+	ctx := context.Background()
+	s := persist.NewMemory(nil)
+	bad := sharedRecord()
+	bad.State = "done"
+	require.Error(t, shared(ctx, s, bad))
+	far := sharedRecord()
+	far.CreatedAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	require.Error(t, shared(ctx, s, far))
+	require.Error(t, shared(ctx, s, nil))
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, shared(canceled, s, sharedRecord()), context.Canceled)
+	_, err := s.Get(ctx, "k1")
+	require.ErrorIs(t, err, persist.ErrNotFound)
+}
+
+// writingStore is a Store that counts its Writes; it wraps a memory
+// store, as a wrapper might.
+type writingStore struct {
+	persist.Store
+	writes int
+}
+
+func (s *writingStore) Write(ctx context.Context, rec, old *persist.Record) error {
+	s.writes++
+	return s.Store.Write(ctx, rec, old)
+}
+
+// deferredWriteThroughAWrapper: a wrapper gets a deferred write
+// through its own Write.
+func deferredWriteThroughAWrapper(t *testing.T) {
+	ctx := context.Background()
+	s := &writingStore{Store: persist.NewMemory(nil)}
+	first := sharedRecord()
+	require.NoError(t, s.Write(ctx, first, nil))
+	done := sharedRecord()
+	done.Rev = "rev-2"
+	require.NoError(t, persist.SaveDeferred(ctx, s, done, first))
+	assert.Equal(t, 2, s.writes)
+}
+
+// deferredWriteCopiesLess: keeping the headers and bodies is the
+// point.
+func deferredWriteCopiesLess(t *testing.T) {
+	ctx := context.Background()
+	s := persist.NewMemory(nil)
+	recs := make([]*persist.Record, 120)
+	for i := range recs {
+		recs[i] = sharedRecord()
+		recs[i].Rev = fmt.Sprintf("rev-%d", i)
+	}
+	require.NoError(t, s.Write(ctx, recs[0], nil))
+	i := 0
+	write := func(ctx context.Context) {
+		i++
+		if err := s.Write(ctx, recs[i], recs[i-1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := testing.AllocsPerRun(50, func() { write(ctx) })
+	dctx := persist.WithDeferredSync(ctx)
+	deferred := testing.AllocsPerRun(50, func() { write(dctx) })
+	assert.Less(t, deferred, plain/3, "Write %v allocations, deferred %v", plain, deferred)
 }

@@ -1,7 +1,6 @@
 package persist
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"time"
@@ -40,22 +39,29 @@ func (s *FileStore) WaitDeferred() bool {
 // from a scan of the directory.
 func (s *FileStore) FromIndex() bool { return s.fromIndex }
 
+// Kept returns the copy of r a store keeps.
+func Kept(r *Record) *Record { return prepare(r, Options{}) }
+
 // IndexRoundTrip encodes r as the index does and decodes it back.
 func IndexRoundTrip(r *Record) (*Record, error) {
-	e := &encoder{}
-	e.record(r)
-	d := &decoder{b: e.b, s: string(e.b)}
-	got := d.record()
-	if d.err == nil && len(d.b) != 0 {
-		d.err = errors.New("trailing bytes")
+	data, err := encodeIndex(indexHead{Files: []indexed{{HasRec: true}}}, []*Record{r})
+	if err != nil {
+		return nil, err
 	}
-	return got, d.err
+	d, _, err := decodeIndexHead(data)
+	if err != nil {
+		return nil, err
+	}
+	var recs []*Record
+	if err := d.Decode(&recs); err != nil {
+		return nil, err
+	}
+	return recs[0], nil
 }
 
-// IndexEntry is an entry of the index, for EditIndex: its id, its file's
-// name and its record.
+// IndexEntry is a file of the index, for EditIndex: its name and its
+// record, nil if the index holds none.
 type IndexEntry struct {
-	ID   string
 	File string
 	Rec  *Record
 }
@@ -63,29 +69,45 @@ type IndexEntry struct {
 // EditIndex decodes the index of the store in dir, passes its entries to
 // edit, and writes the index back in place, its stamps as they were: an
 // index damaged, stale or copied in such that its checksum and stamps
-// still hold. edit may change ids and records.
+// still hold. edit may change files and records, and the files' order.
 func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	path := filepath.Join(dir, indexFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	known, ents, d, err := decodeIndexHead(data)
+	d, head, err := decodeIndexHead(data)
 	if err != nil {
 		return err
 	}
-	if err := d.records(ents); err != nil {
+	var recs []*Record
+	if err := d.Decode(&recs); err != nil {
 		return err
 	}
 	var view []*IndexEntry
-	for _, ie := range ents {
-		view = append(view, &IndexEntry{ID: ie.id, File: ie.e.name, Rec: ie.e.rec})
+	files := map[string]indexed{}
+	for _, f := range head.Files {
+		ie := &IndexEntry{File: f.Name}
+		if f.HasRec {
+			ie.Rec, recs = recs[0], recs[1:]
+		}
+		files[f.Name] = f
+		view = append(view, ie)
 	}
 	edit(view)
-	for i, v := range view {
-		ents[i].id, ents[i].e.rec = v.ID, v.Rec
+	head.Files, recs = nil, nil
+	for _, v := range view {
+		f := files[v.File]
+		f.Name, f.HasRec = v.File, v.Rec != nil
+		head.Files = append(head.Files, f)
+		if v.Rec != nil {
+			recs = append(recs, v.Rec)
+		}
 	}
-	return os.WriteFile(path, encodeIndex(known, ents), 0o600)
+	if data, err = encodeIndex(head, recs); err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
 }
 
 // Stem is the id of key's entry in the store and the index.

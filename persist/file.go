@@ -16,24 +16,24 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
-// FileStore is the default Store: one file per intent in a directory of its
-// own, each Write made durable before it returns. See the package docs for the
-// layout, the durability scheme, the locking and what happens to damaged
-// files.
+// FileStore is the default Store. It keeps one file per intent, in a
+// directory of its own. Each Write is durable before it returns. The
+// package docs tell the layout, the durability scheme and the locking.
+// They tell too what happens to damaged files.
 //
 // A FileStore holds an exclusive lock on its directory from OpenDir to
-// Close. It keeps the unresolved records in memory: the index holds them,
-// and OpenDir reads them from it (see the package docs). A resolved record
-// is read from its file each time it is asked for. A FileStore is safe for
-// concurrent use by multiple goroutines.
+// Close. It keeps the unresolved records in memory. The index holds them,
+// and OpenDir reads them from it (see the package docs). A resolved
+// record is read from its file each time it is asked for. A FileStore is
+// safe for concurrent use by multiple goroutines.
 type FileStore struct {
 	fs   fsys.FS
 	dir  string
 	opts Options
 	lock io.Closer
 
-	// syncs counts fsync calls, for the benchmarks; indexSyncs those
-	// made to write the index, never on the path of a Write.
+	// syncs counts fsync calls, for the benchmarks. indexSyncs counts
+	// those made to write the index, never on the path of a Write.
 	syncs      atomic.Int64
 	indexSyncs atomic.Int64
 	// dirSync shares syncs of the directory between concurrent saves.
@@ -43,25 +43,24 @@ type FileStore struct {
 	closed  bool
 	entries map[string]*entry // by stem of the key; stray files by "?" + name
 	// scanned is set once entries holds every entry of the directory.
-	// After an OpenDir from the index it holds the unresolved ones until
-	// the listing in the background ends.
+	// After an OpenDir from the index, entries hold the unresolved ones
+	// until the listing in the background ends.
 	scanned   bool
 	fromIndex bool // OpenDir read the index
-	// indexed is set while the index is in place; changes counts the
-	// changes of records, so that writeIndex can tell one was made
-	// while it worked.
+	// indexed is set while the index is in place. changes counts the
+	// changes of records. So writeIndex tells one made while it worked.
 	indexed bool
 	changes int
 	// known is how many entries the store knew when it wrote the index
 	// OpenDir read.
 	known int
-	// listing is closed when the listing that an OpenDir from the index
-	// starts in the background ends; nil when none runs. Every write
-	// waits for it (see complete), and Close too (it is in inflight).
+	// listing is closed when the background listing of an OpenDir from
+	// the index ends. It is nil when none runs. Every write waits for it
+	// (see complete). Close does too, as it is in inflight.
 	listing  chan struct{}
 	inflight sync.WaitGroup // methods that write, waited for by Close
 	// deferred counts the deferred writes (WithDeferredSync) whose
-	// directory sync is to come; flushing is set while a flush runs;
+	// directory sync is to come. flushing is set while a flush runs.
 	// flushErr is why the last one failed.
 	deferred int
 	flushing bool
@@ -73,23 +72,22 @@ type entry struct {
 	name string // the file that holds the record
 	p    parsedName
 	mode fs.FileMode // the type bits from the directory listing
-	// st is the file's stamp when the store wrote or read rec, the zero
-	// Stamp if it did neither: the index holds a record only with the
-	// stamp of the file it came from.
+	// st is the file's stamp when the store wrote or read rec. It is the
+	// zero Stamp if the store did neither. The index holds a record only
+	// with the stamp of the file it came from.
 	st fsys.Stamp
-	// older are the key's other files, greatest first. Only a change of
-	// Name cut short leaves one; the next write or delete of the key
-	// removes them.
-	older []string
+	// twin is set on a second file of a key, a stray file. This store
+	// never writes one.
+	twin bool
 	// rec is the record while it is unresolved. A resolved record is not
-	// kept: resolved says so, and its file is read when asked for.
+	// kept. resolved says so, and its file is read when asked for.
 	rec      *Record
 	resolved bool
 	corrupt  *CorruptError
 }
 
 // mayHold reports whether e may hold a record that f selects, without
-// reading its file; tag is filterTag(f).
+// reading its file. tag is filterTag(f).
 func (e *entry) mayHold(f Filter, tag string) bool {
 	if f.Unresolved && e.resolved {
 		return false
@@ -98,17 +96,17 @@ func (e *entry) mayHold(f Filter, tag string) bool {
 	return f.Name == "" || e.p.id != "" && e.p.tag == tag
 }
 
-// OpenDir opens the store in dir, creating dir with mode 0700 if it does not
-// exist. It reads the unresolved records from the index if it describes
-// the directory, else from their files after listing the directory (and
-// then writes the index). opts may be nil.
+// OpenDir opens the store in dir. It creates dir with mode 0700 if it
+// does not exist. It reads the unresolved records from the index if the
+// index describes the directory. Otherwise it lists the directory, reads
+// them from their files and writes the index. opts may be nil.
 //
-// OpenDir returns an error matching ErrLocked if another store, in this or
-// another process, has dir open; an error that names dir, its mode and the
-// fix if dir exists and its mode gives group or others any access (on Unix
-// systems); and an error if dir cannot be created, locked or read. A
-// record that cannot be read is not an error of OpenDir: List and Get
-// report it.
+// OpenDir returns an error matching ErrLocked if another store has dir
+// open, in this process or another. On Unix systems, dir may exist with a
+// mode that gives group or others some access. OpenDir's error then names
+// dir, its mode and the fix. OpenDir fails too if dir cannot be created,
+// locked or read. A record that cannot be read is not an error of
+// OpenDir. List and Get report it.
 func OpenDir(dir string, opts *Options) (*FileStore, error) {
 	if dir == "" {
 		return nil, errors.New("persist: no store directory given")
@@ -167,12 +165,12 @@ func openDir(fsy fsys.FS, dir string, opts *Options) (*FileStore, error) {
 	return s, nil
 }
 
-// complete makes entries hold every entry of the directory, scanning it
-// if OpenDir read the index instead: it waits for the listing OpenDir
-// started in the background, and lists the directory itself if that
-// failed. s.mu must be held; it is released while complete waits. It
-// returns an error matching ErrClosed if the store was closed meanwhile
-// (only a Get or List can be: Close waits for the writes).
+// complete makes entries hold every entry of the directory. After an
+// OpenDir from the index, it waits for the listing in the background. If
+// that failed, it lists the directory itself. s.mu must be held. It is
+// released while complete waits. complete returns an error matching
+// ErrClosed if the store was closed meanwhile. Only a Get or List can see
+// that, as Close waits for the writes.
 func (s *FileStore) complete() error {
 	for !s.scanned {
 		if s.listing == nil {
@@ -189,12 +187,12 @@ func (s *FileStore) complete() error {
 	return nil
 }
 
-// listInBackground lists the directory for an OpenDir from the index,
-// which also removes the temporary files a crash left. It runs before any write of the
-// store (they wait for it), so what it lists stays true until it has
-// merged it into entries. It is counted in inflight, so that nothing of
-// it touches the directory after Close returns. A failure leaves entries
-// as they are, and the next write lists the directory itself.
+// listInBackground lists the directory for an OpenDir from the index. It
+// also removes the temporary files a crash left. Every write waits for
+// it. So what it lists stays true until it merges it into entries. It is
+// counted in inflight, so nothing of it touches the directory after Close
+// returns. A failure leaves entries as they are. The next write then lists
+// the directory itself.
 func (s *FileStore) listInBackground() {
 	defer s.inflight.Done()
 	l, err := s.list()
@@ -207,8 +205,8 @@ func (s *FileStore) listInBackground() {
 	s.listing = nil
 }
 
-// mkdirAll creates dir and any missing parent with mode 0700, and syncs the
-// parent of each directory it creates, so that a store directory created
+// mkdirAll creates dir and any missing parent with mode 0700. It syncs
+// the parent of each directory it creates. So a store directory created
 // here does not vanish in a power cut with the records saved in it.
 func mkdirAll(fsy fsys.FS, dir string) error {
 	fi, err := fsy.Stat(dir)
@@ -234,8 +232,8 @@ func mkdirAll(fsy fsys.FS, dir string) error {
 }
 
 // scan lists the directory and merges what it finds into entries. It
-// removes the temporary files a crash left (see list). Run by OpenDir,
-// or under s.mu.
+// removes the temporary files a crash left (see list). OpenDir runs it,
+// or a caller holding s.mu.
 func (s *FileStore) scan() error {
 	l, err := s.list()
 	if err != nil {
@@ -245,12 +243,12 @@ func (s *FileStore) scan() error {
 	return nil
 }
 
-// list lists the directory's record files by key, and removes the
-// temporary files a crash left: they were never renamed, so they were
-// never a saved record, and no other store can be writing them while we
-// hold the lock and no write of this one has begun (every write calls
-// complete first, which waits for a listing in the background). It needs
-// no lock: it reads nothing of s that changes.
+// list lists the directory's record files by key. It removes the
+// temporary files a crash left. They were never renamed, so they never
+// held a saved record. No other store can write them while we hold the
+// lock. No write of this store has begun either. Every write calls
+// complete first, which waits for a listing in the background. list
+// needs no lock, as it reads nothing of s that changes.
 func (s *FileStore) list() (map[string]*entry, error) {
 	des, err := s.fs.ReadDir(s.dir)
 	if err != nil {
@@ -267,27 +265,25 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		if !ok {
 			continue
 		}
-		id := p.id
+		e := &entry{name: name, p: p, mode: de.Type()}
+		if p.id != "" && l[p.id] != nil {
+			e.p, e.twin = parsedName{}, true
+		}
+		id := e.p.id
 		if id == "" {
 			id = "?" + name
-		}
-		e := &entry{name: name, p: p, mode: de.Type()}
-		// Names come sorted: the greatest of a key's files wins (see
-		// Durability in the package docs).
-		if prev := l[id]; prev != nil {
-			e.older = append([]string{prev.name}, prev.older...)
 		}
 		l[id] = e
 	}
 	return l, nil
 }
 
-// merge makes entries those of l. An entry already known with the same
-// file (from the index) is kept. After an OpenDir from the index, if the
-// directory holds as many entries as the store knew when it wrote the
-// index, every other entry is resolved, as the index holds every
-// unresolved one. Otherwise the other entries' files are read. Run by
-// OpenDir, or under s.mu.
+// merge makes entries those of l. It keeps an entry already known with
+// the same file, from the index. After an OpenDir from the index, the
+// directory may hold as many entries as the index counted. Then every
+// other entry is resolved, as the index holds every unresolved one.
+// Otherwise merge reads the other entries' files. OpenDir runs it, or a
+// caller holding s.mu.
 func (s *FileStore) merge(l map[string]*entry) {
 	var unread []*entry
 	indexed := s.fromIndex && len(l) == s.known
@@ -295,7 +291,6 @@ func (s *FileStore) merge(l map[string]*entry) {
 		k := s.entries[id]
 		switch {
 		case k != nil && k.name == e.name:
-			k.older = e.older
 			l[id] = k
 		case indexed && e.p.id != "":
 			e.resolved = true
@@ -308,7 +303,7 @@ func (s *FileStore) merge(l map[string]*entry) {
 	s.scanned = true
 }
 
-// readAll reads the records of ents, on a few threads: at a scan the
+// readAll reads the records of ents, on a few threads. At a scan, the
 // reads are most of OpenDir's cost.
 func (s *FileStore) readAll(ents []*entry) {
 	n := min(runtime.GOMAXPROCS(0), 4, len(ents)/64+1)
@@ -324,8 +319,8 @@ func (s *FileStore) readAll(ents []*entry) {
 }
 
 // record returns e's record: the one kept, or read from its file. A
-// record read that is unresolved is kept, with the file's stamp. It
-// touches e alone, so callers may read several entries at once; s.mu
+// record read that is unresolved is kept, with the file's stamp. record
+// touches e alone, so callers may read several entries at once. s.mu
 // must keep others out.
 func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 	if e.rec != nil || e.corrupt != nil {
@@ -336,13 +331,15 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 	var st fsys.Stamp
 	path := filepath.Join(s.dir, e.name)
 	switch {
+	case e.twin:
+		err = errors.New("another file holds the same key: this store writes one")
 	case e.p.id == "":
 		err = errors.New("the file name spells no key: it is not a name this store writes")
 	case !e.mode.IsRegular():
 		err = fmt.Errorf("not a regular file (%v)", e.mode)
 	default:
-		// Stamped before it is read: a change after the stamp shows
-		// as another stamp at the next OpenDir from the index.
+		// Stamped before it is read. A change after the stamp then
+		// shows as another stamp at the next OpenDir from the index.
 		st, _ = s.fs.Stamp(path)
 		data, err = s.fs.ReadFile(path)
 	}
@@ -391,8 +388,8 @@ func (s *FileStore) syncDir() error {
 	return s.fs.SyncDir(s.dir)
 }
 
-// Get returns a copy of the record for key, an error matching ErrNotFound,
-// or the *CorruptError of an unreadable record.
+// Get returns a copy of the record for key, or an error matching
+// ErrNotFound. It returns the *CorruptError of an unreadable record.
 func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -419,15 +416,16 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 	return r, nil
 }
 
-// List returns copies of the records selected by f, oldest CreatedAt first
-// and by Key among equals. The unresolved records are in memory; with
-// f.Name set, it reads only the files whose names carry the Name's tag.
+// List returns copies of the records selected by f. They come oldest
+// CreatedAt first, and by Key among equals. The unresolved records are
+// in memory. With f.Name set, List reads only the files whose names carry
+// the Name's tag.
 //
-// A file that cannot be read is reported if it may hold a selected record:
-// the error joins a *CorruptError for each, in path order (CorruptErrors
-// returns them all). So with f.Name set, a damaged file of another action
-// is not reported and does not fail the call; a stray file, whose name
-// spells no key, is reported only when f.Name is empty.
+// List reports a file that cannot be read if it may hold a selected
+// record. Its error joins a *CorruptError for each, in path order.
+// CorruptErrors returns them all. With f.Name set, a damaged file of
+// another action is not reported, and does not fail the call. A stray
+// file, whose name spells no key, is reported only when f.Name is empty.
 func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -442,6 +440,14 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 			return nil, err
 		}
 	}
+	out, err := s.selectLocked(f, s.recordCopy)
+	sortRecords(out)
+	return out, err
+}
+
+// selectLocked returns the records f selects, each got by get, and the
+// error of the damaged files that may hold one. s.mu must be held.
+func (s *FileStore) selectLocked(f Filter, get func(*entry) (*Record, *CorruptError)) ([]*Record, error) {
 	var out []*Record
 	var corrupt []*CorruptError
 	tag := filterTag(f)
@@ -449,7 +455,7 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 		if !e.mayHold(f, tag) {
 			continue
 		}
-		r, ce := s.recordCopy(e)
+		r, ce := get(e)
 		switch {
 		case ce != nil:
 			corrupt = append(corrupt, ce)
@@ -457,7 +463,6 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 			out = append(out, r)
 		}
 	}
-	sortRecords(out)
 	return out, joinCorrupt(corrupt)
 }
 
@@ -477,11 +482,11 @@ func joinCorrupt(cs []*CorruptError) error {
 	return errors.Join(errs...)
 }
 
-// Close waits for the saves and deletes in progress, writes the index if
-// none is in place (a failure costs the next OpenDir a scan, not an
-// error), then releases the directory's lock.
-// Methods called after Close return an error matching ErrClosed; closing
-// again does nothing.
+// Close waits for the saves and deletes in progress. It writes the index
+// if none is in place. A failure there costs the next OpenDir a scan, and
+// is not an error. Close then releases the directory's lock. Methods
+// called after Close return an error matching ErrClosed. Closing again
+// does nothing.
 func (s *FileStore) Close() error {
 	s.mu.Lock()
 	if s.closed {

@@ -50,7 +50,59 @@ func TestFileConformance(t *testing.T) {
 	persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
 }
 
-func TestFileReopen(t *testing.T) {
+// TestOpenDir: a store opens only a directory of its owner's, one
+// store at a time, and reads what was saved before.
+func TestOpenDir(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a reopened store reads what was saved", fileReopen},
+		{"it makes the directory and its files the owner's alone", filePermissions},
+		{"it refuses a directory others may read", fileInsecureDir},
+		{"it refuses a path that is not a directory", fileNotADirectory},
+		{"a second open is refused until Close", fileLocked},
+		{"other files in the directory are ignored", fileIgnoresOtherFiles},
+		{"resolved records are read when first asked for", fileLazyResolved},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// TestClose: Close ends every use of the store, after the saves in
+// progress.
+func TestClose(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"methods after Close return ErrClosed", fileClosed},
+		{"it waits for the saves in progress", fileCloseWaits},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// TestWrite: a save is durable at two fsyncs, keeps what the options
+// say, and leaves nothing behind when it fails.
+func TestWrite(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a canceled context changes nothing", canceledContext},
+		{"the options drop response bodies", discardResponseBodies},
+		{"a failed rename leaves no temporary file", fileRenameFails},
+		{"a save costs two fsyncs", fileSyncs},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+func fileReopen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -72,7 +124,7 @@ func TestFileReopen(t *testing.T) {
 	}
 }
 
-func TestFilePermissions(t *testing.T) {
+func filePermissions(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("Windows has no Unix permission bits")
 	}
@@ -94,7 +146,7 @@ func TestFilePermissions(t *testing.T) {
 	}
 }
 
-func TestFileInsecureDir(t *testing.T) {
+func fileInsecureDir(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("Windows has no Unix permission bits")
 	}
@@ -110,7 +162,7 @@ func TestFileInsecureDir(t *testing.T) {
 	}
 }
 
-func TestFileNotADirectory(t *testing.T) {
+func fileNotADirectory(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(path, nil, 0o600))
@@ -120,7 +172,7 @@ func TestFileNotADirectory(t *testing.T) {
 	assert.Error(t, err)
 }
 
-func TestFileLocked(t *testing.T) {
+func fileLocked(t *testing.T) {
 	t.Parallel()
 	dir := newDir(t)
 	s, err := persist.OpenDir(dir, nil)
@@ -135,7 +187,7 @@ func TestFileLocked(t *testing.T) {
 	openFile(t, dir, nil) // the lock was released
 }
 
-func TestFileClosed(t *testing.T) {
+func fileClosed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, err := persist.OpenDir(newDir(t), nil)
@@ -151,10 +203,10 @@ func TestFileClosed(t *testing.T) {
 	assert.ErrorIs(t, err, persist.ErrClosed)
 }
 
-// TestFileCloseWaits closes a store while saves run: each save either
+// fileCloseWaits closes a store while saves run: each save either
 // completes before the lock is released, and is there after reopening, or
 // fails with ErrClosed.
-func TestFileCloseWaits(t *testing.T) {
+func fileCloseWaits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -180,7 +232,7 @@ func TestFileCloseWaits(t *testing.T) {
 	}
 }
 
-func TestCanceledContext(t *testing.T) {
+func canceledContext(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -199,7 +251,7 @@ func TestCanceledContext(t *testing.T) {
 	}
 }
 
-func TestDiscardResponseBodies(t *testing.T) {
+func discardResponseBodies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -223,120 +275,7 @@ func TestDiscardResponseBodies(t *testing.T) {
 	assert.NotContains(t, string(data), "c2VjcmV0", "the body is not on disk in base64")
 }
 
-// TestFileCorrupt damages one record file in many ways and checks that the
-// store names the file and the key, still loads the others, and neither
-// deletes nor overwrites the damaged file unless told to.
-func TestFileCorrupt(t *testing.T) {
-	t.Parallel()
-	long := strings.Repeat("L", 200) // stored under a hashed name
-	victims := []string{"victim", long}
-	tests := []struct {
-		name   string
-		damage func(t *testing.T, path string, good []byte) // good is the file as saved
-		newer  bool
-	}{
-		{"truncated", func(t *testing.T, path string, good []byte) { write(t, path, good[:len(good)/2]) }, false},
-		{"truncated by one byte", func(t *testing.T, path string, good []byte) { write(t, path, good[:len(good)-2]) }, false},
-		{"empty", func(t *testing.T, path string, _ []byte) { write(t, path, nil) }, false},
-		{"zeros", func(t *testing.T, path string, good []byte) { write(t, path, make([]byte, len(good))) }, false},
-		{"garbage", func(t *testing.T, path string, _ []byte) { write(t, path, []byte("\x00\xffnot json")) }, false},
-		{"invalid record", func(t *testing.T, path string, good []byte) {
-			write(t, path, []byte(strings.Replace(string(good), `"method":"POST"`, `"method":""`, 1)))
-		}, false},
-		{"no version", func(t *testing.T, path string, good []byte) {
-			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":0`, 1)))
-		}, false},
-		{"newer version", func(t *testing.T, path string, good []byte) {
-			write(t, path, []byte(strings.Replace(string(good), `"version":1`, `"version":2`, 1)))
-		}, true},
-		{"newer version, changed types", func(t *testing.T, path string, _ []byte) {
-			write(t, path, []byte(`{"version":7,"key":{"id":1},"state":3}`))
-		}, true},
-		{"key of another file", func(t *testing.T, path string, _ []byte) {
-			other, err := os.ReadFile(filepath.Join(filepath.Dir(path), persist.FileName("good-1", recName("good-1"))))
-			require.NoError(t, err)
-			write(t, path, other)
-		}, false},
-		{"directory", func(t *testing.T, path string, _ []byte) {
-			require.NoError(t, os.Remove(path))
-			require.NoError(t, os.Mkdir(path, 0o700))
-		}, false},
-	}
-	for _, tt := range tests {
-		for _, victim := range victims {
-			t.Run(tt.name+"/"+victim[:min(len(victim), 8)], func(t *testing.T) {
-				t.Parallel()
-				testCorrupt(t, victim, tt.damage, tt.newer)
-			})
-		}
-	}
-}
-
-func write(t *testing.T, path string, data []byte) {
-	t.Helper()
-	require.NoError(t, os.WriteFile(path, data, 0o600))
-}
-
-func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []byte), newer bool) {
-	ctx := context.Background()
-	dir := newDir(t)
-	s, err := persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	for i, k := range []string{"good-0", victim, "good-1"} {
-		require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(k, t0.Add(time.Duration(i)*time.Second))))
-	}
-	require.NoError(t, s.Close())
-	path := filepath.Join(dir, persist.FileName(victim, recName(victim)))
-	good, err := os.ReadFile(path)
-	require.NoError(t, err)
-	damage(t, path, good)
-	damaged, _ := os.ReadFile(path)
-
-	s = openFile(t, dir, nil)
-	recs, err := s.List(ctx, persist.Filter{})
-	require.Error(t, err)
-	var ce *persist.CorruptError
-	require.ErrorAs(t, err, &ce)
-	assert.Equal(t, path, ce.Path)
-	assert.ErrorContains(t, err, path, "the error names the file")
-	if len(victim) <= 150 {
-		assert.Equal(t, victim, ce.Key, "the key is known from the file name")
-		assert.ErrorContains(t, err, victim, "the error names the intent")
-	}
-	assert.Equal(t, newer, errors.Is(err, persist.ErrNewerVersion), "newer version: %v", err)
-	assert.NotContains(t, err.Error(), "\n", "one line")
-	var keys []string
-	for _, r := range recs {
-		keys = append(keys, r.Key)
-	}
-	assert.Equal(t, []string{"good-0", "good-1"}, keys, "the other records load")
-	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
-	assert.ErrorAs(t, err, &ce, "List reports the damage whatever the filter")
-	assert.Len(t, unresolved, 2)
-
-	_, err = s.Get(ctx, victim)
-	assert.ErrorAs(t, err, &ce, "Get")
-	err = persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0))
-	assert.ErrorAs(t, err, &ce, "Save refuses to replace an unreadable record")
-	n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(1000*time.Hour)))
-	assert.ErrorAs(t, err, &ce, "Prune reports the damage")
-	assert.Zero(t, n)
-	after, _ := os.ReadFile(path)
-	assert.Equal(t, damaged, after, "the damaged file is left as it was")
-
-	assert.ErrorAs(t, s.Delete(ctx, &persist.Record{Key: victim, Rev: "any"}), &ce, "Delete refuses an unreadable record: it has no version to compare")
-	after, _ = os.ReadFile(path)
-	assert.Equal(t, damaged, after, "the damaged file is left as it was")
-	_, err = s.Quarantine(ctx, path)
-	require.NoError(t, err, "Quarantine moves it aside")
-	_, err = os.Lstat(path)
-	assert.ErrorIs(t, err, fs.ErrNotExist)
-	_, err = s.List(ctx, persist.Filter{})
-	assert.NoError(t, err)
-	assert.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0)), "and then it can be saved")
-}
-
-func TestFileIgnoresOtherFiles(t *testing.T) {
+func fileIgnoresOtherFiles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -378,10 +317,10 @@ func dirNames(t *testing.T, dir string) []string {
 	return names
 }
 
-// TestFileRenameFails makes the record's path a non-empty directory, so the
+// fileRenameFails makes the record's path a non-empty directory, so the
 // final rename of a save fails: the save reports it and leaves no temporary
 // file behind.
-func TestFileRenameFails(t *testing.T) {
+func fileRenameFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -400,10 +339,10 @@ func TestFileRenameFails(t *testing.T) {
 	}
 }
 
-// TestFileSyncs checks the durability scheme's cost: two fsyncs per save
+// fileSyncs checks the durability scheme's cost: two fsyncs per save
 // (the file, the directory), also when the record becomes resolved, as its
-// file keeps its name; three when its Name changes; one per delete.
-func TestFileSyncs(t *testing.T) {
+// file keeps its name; none for a change of Name, refused; one per delete.
+func fileSyncs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -419,87 +358,20 @@ func TestFileSyncs(t *testing.T) {
 	assert.Equal(t, int64(6), s.Syncs(), "after saving it resolved")
 	assert.Equal(t, []string{persist.FileName("k", recName("k"))}, dirNames(t, dir), "one file")
 	r.Name = "refund:k"
-	require.NoError(t, persisttest.Put(ctx, s, r))
-	assert.Equal(t, int64(9), s.Syncs(), "after saving it under another Name")
-	assert.Equal(t, []string{persist.FileName("k", r.Name)}, dirNames(t, dir), "the old name's file is gone")
+	require.ErrorContains(t, persisttest.Put(ctx, s, r), "keeps its Name")
+	assert.Equal(t, int64(6), s.Syncs(), "after refusing it under another Name")
+	assert.Equal(t, []string{persist.FileName("k", recName("k"))}, dirNames(t, dir), "one file still")
 	require.NoError(t, deleteKey(ctx, s, "k"))
-	assert.Equal(t, int64(10), s.Syncs(), "after a delete")
+	assert.Equal(t, int64(7), s.Syncs(), "after a delete")
 	require.NoError(t, deleteKey(ctx, s, "k"))
-	assert.Equal(t, int64(10), s.Syncs(), "deleting an absent key")
+	assert.Equal(t, int64(7), s.Syncs(), "deleting an absent key")
 	assert.Equal(t, []string(nil), dirNames(t, dir))
 }
 
-// TestFileTwin recreates what a crash leaves between the two steps of a
-// change of a record's Name, both files, and checks that the greater name
-// holds the record and that the next write of the key removes the other.
-func TestFileTwin(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	// Of two names, the tag of "b" sorts after that of "a" when
-	// twinNames says so.
-	lo, hi := twinNames()
-	for _, next := range []string{"save", "save under the other name", "delete", "prune"} {
-		t.Run(next, func(t *testing.T) {
-			t.Parallel()
-			dir := newDir(t)
-			s, err := persist.OpenDir(dir, nil)
-			require.NoError(t, err)
-			r := persisttest.NewRecord("k", t0)
-			r.Name = lo
-			require.NoError(t, persisttest.Put(ctx, s, r))
-			old, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", lo)))
-			require.NoError(t, err)
-			moved := r.Clone()
-			moved.Name, moved.State = hi, persist.StateSucceeded
-			require.NoError(t, persisttest.Put(ctx, s, moved))
-			require.NoError(t, s.Close())
-			write(t, filepath.Join(dir, persist.FileName("k", lo)), old)
-
-			s = openFile(t, dir, nil)
-			got, err := s.Get(ctx, "k")
-			require.NoError(t, err)
-			persisttest.AssertRecord(t, moved, got)
-			all, err := s.List(ctx, persist.Filter{})
-			require.NoError(t, err)
-			assert.Len(t, all, 1)
-			unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
-			require.NoError(t, err)
-			assert.Empty(t, unresolved)
-
-			switch next {
-			case "save":
-				require.NoError(t, persisttest.Put(ctx, s, moved))
-				assert.Equal(t, []string{persist.FileName("k", hi)}, dirNames(t, dir))
-			case "save under the other name":
-				require.NoError(t, persisttest.Put(ctx, s, r))
-				assert.Equal(t, []string{persist.FileName("k", lo)}, dirNames(t, dir))
-			case "delete":
-				require.NoError(t, deleteKey(ctx, s, "k"))
-				assert.Equal(t, []string(nil), dirNames(t, dir))
-			case "prune":
-				n, err := persist.PruneFunc(ctx, s, updatedBefore(t0.Add(time.Hour)))
-				require.NoError(t, err)
-				assert.Equal(t, 1, n)
-				assert.Equal(t, []string(nil), dirNames(t, dir))
-			}
-		})
-	}
-}
-
-// twinNames returns two action names whose files, for one key, sort in
-// this order.
-func twinNames() (lo, hi string) {
-	lo, hi = "checkout:a", "checkout:b"
-	if persist.FileName("k", lo) > persist.FileName("k", hi) {
-		lo, hi = hi, lo
-	}
-	return lo, hi
-}
-
-// TestFileLazyResolved checks that after an open from the index the files
+// fileLazyResolved checks that after an open from the index the files
 // of resolved records are read when first asked for, and that damage found
 // then is reported as at open.
-func TestFileLazyResolved(t *testing.T) {
+func fileLazyResolved(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)

@@ -2,10 +2,10 @@ package persist
 
 import "sync"
 
-// groupSync lets concurrent callers share one run of a sync: a caller
-// returns once a run that started after it called has finished, and gets
-// that run's error. While a run is in progress, the callers that arrive
-// wait for it to end and then share the next run, so a burst of N callers
+// groupSync lets concurrent callers share one run of a sync. A caller
+// returns once a run that started after its call has finished. It gets
+// that run's error. Callers that arrive while a run is in progress wait
+// for it to end. Then they share the next run. So a burst of N callers
 // costs two runs, not N.
 type groupSync struct {
 	mu        sync.Mutex
@@ -24,7 +24,7 @@ func newGroupSync() *groupSync {
 }
 
 // sync returns once a run of do that started after sync was called has
-// finished, with the error of the last run finished.
+// finished. It returns the error of the last run finished.
 func (g *groupSync) sync(do func() error) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -8,10 +8,24 @@ import (
 	"testing"
 )
 
-// TestGroupSyncWaitsForALaterRun calls sync while a run is in progress:
+// TestGroupSync: concurrent callers share a run of the sync that
+// started after their call.
+func TestGroupSync(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a call waits for a run that started after it", groupSyncWaitsForALaterRun},
+		{"many callers share runs", groupSyncShares},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// groupSyncWaitsForALaterRun calls sync while a run is in progress:
 // the call must not return on that run, which started before it, but only
 // once a run that started after it has finished, and with that run's error.
-func TestGroupSyncWaitsForALaterRun(t *testing.T) {
+func groupSyncWaitsForALaterRun(t *testing.T) {
 	g := newGroupSync()
 	var runs atomic.Int32
 	started := make(chan int32, 2)
@@ -63,9 +77,9 @@ func TestGroupSyncWaitsForALaterRun(t *testing.T) {
 	}
 }
 
-// TestGroupSyncShares runs many callers at once: every call returns, and
+// groupSyncShares runs many callers at once: every call returns, and
 // they share runs.
-func TestGroupSyncShares(t *testing.T) {
+func groupSyncShares(t *testing.T) {
 	g := newGroupSync()
 	var runs atomic.Int32
 	gate := make(chan struct{})

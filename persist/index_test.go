@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -23,15 +24,43 @@ import (
 
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/internal/fsys"
-	"github.com/idemkit/idem/persist/internal/strictfs"
 	"github.com/idemkit/idem/persist/persisttest"
 )
 
-// TestIndexRecordFields sets every field of a Record, its Response and its
+// TestIndex: the index is a cache of the unresolved records, which never
+// hides a change of the directory from the store.
+func TestIndex(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"every field of a record comes back from it", indexRecordFields},
+		{"the next open starts from it", indexOpensFromIndex},
+		{"the first change removes it", indexRemovedBeforeAChange},
+		{"a file rewritten in place is read again", indexFileChangedInPlace},
+		{"a damaged index is rebuilt by a scan", indexDamagedIsRebuilt},
+		{"a store without it opens and writes it", indexMissing},
+		{"a file changed in the tick of its write is read again", indexSameTick},
+		{"a file damaged while the store is open is not hidden", indexFileChangedWhileOpen},
+		{"a record that does not belong to its file is not used", indexRecordMustMatchItsFile},
+		{"a file rewritten to the same size and time is read again", indexFileSameSizeAndTime},
+		{"a leftover temporary file is removed", indexLeftoverTempRemoved},
+		{"the directory is listed in the background", indexListingInBackground},
+		{"the listing ends before Close returns", indexListingEndsBeforeClose},
+		{"a new intent waits for the listing", indexNewIntentWaitsForTheListing},
+		{"a file put in by hand is listed once the directory is", indexForeignFile},
+		{"its write gives up on a change", indexWriteGivesUpOnAChange},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// indexRecordFields sets every field of a Record, its Response and its
 // Clocks to a value other than the zero one and requires the index's
 // encoding to give the record back: a field added to Record and left out
 // of the index fails here.
-func TestIndexRecordFields(t *testing.T) {
+func indexRecordFields(t *testing.T) {
 	t.Parallel()
 	r := &persist.Record{}
 	fill(t, reflect.ValueOf(r).Elem(), "Record")
@@ -41,13 +70,18 @@ func TestIndexRecordFields(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, r, got)
 
-	// nil and empty stay apart, as in the JSON files.
+	// A store keeps a field without values and an empty body as nil,
+	// as the index gives them back.
 	r.Header = http.Header{"Empty": {}, "Nil": nil}
 	r.Body = []byte{}
 	r.Response, r.Clocks = nil, nil
-	got, err = persist.IndexRoundTrip(r)
+	kept := persist.Kept(r)
+	assert.Equal(t, http.Header{"Empty": nil, "Nil": nil}, kept.Header)
+	assert.Nil(t, kept.Body)
+	assert.Equal(t, []string{}, r.Header["Empty"], "the caller's header is not changed")
+	got, err = persist.IndexRoundTrip(kept)
 	require.NoError(t, err)
-	assert.Equal(t, r, got)
+	assert.Equal(t, kept, got)
 }
 
 // fill sets v, and everything it points to, to values other than zero.
@@ -117,9 +151,9 @@ func indexStore(t *testing.T) (dir string, unresolved []*persist.Record) {
 	return dir, unresolved
 }
 
-// TestIndexOpensFromIndex: the next OpenDir starts from the index, lists
+// indexOpensFromIndex: the next OpenDir starts from the index, lists
 // the unresolved records as saved, and finds the resolved ones when asked.
-func TestIndexOpensFromIndex(t *testing.T) {
+func indexOpensFromIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, unresolved := indexStore(t)
@@ -139,13 +173,13 @@ func TestIndexOpensFromIndex(t *testing.T) {
 	assert.Len(t, all, 5)
 }
 
-// TestIndexRemovedBeforeAChange: the first change after the index was
+// indexRemovedBeforeAChange: the first change after the index was
 // written removes it, so that a store killed after the change does not
 // start from an index that misses it.
-func TestIndexRemovedBeforeAChange(t *testing.T) {
+func indexRemovedBeforeAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := strictfs.New()
+	mem := newStrictFS()
 	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
 	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("a", t0)))
@@ -169,10 +203,10 @@ func TestIndexRemovedBeforeAChange(t *testing.T) {
 	assert.Equal(t, []string{"a", "b"}, keys(got))
 }
 
-// TestIndexFileChangedInPlace: an unresolved record's file rewritten in
+// indexFileChangedInPlace: an unresolved record's file rewritten in
 // place, which changes no directory entry, is read again and reported
 // damaged, not taken from the index.
-func TestIndexFileChangedInPlace(t *testing.T) {
+func indexFileChangedInPlace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, _ := indexStore(t)
@@ -187,10 +221,10 @@ func TestIndexFileChangedInPlace(t *testing.T) {
 	assert.Equal(t, path, ces[0].Path)
 }
 
-// TestIndexDamagedIsRebuilt: an index that cannot be read, or is of
+// indexDamagedIsRebuilt: an index that cannot be read, or is of
 // another version, costs a scan of the directory, never the open, and is
 // written again.
-func TestIndexDamagedIsRebuilt(t *testing.T) {
+func indexDamagedIsRebuilt(t *testing.T) {
 	t.Parallel()
 	damages := map[string]func(data []byte) []byte{
 		"empty":     func([]byte) []byte { return nil },
@@ -229,10 +263,10 @@ func TestIndexDamagedIsRebuilt(t *testing.T) {
 	}
 }
 
-// TestIndexMissing: a directory of records without an index (its index
+// indexMissing: a directory of records without an index (its index
 // subdirectory removed) opens; the index is then written, and the next
 // OpenDir lists the same from it.
-func TestIndexMissing(t *testing.T) {
+func indexMissing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := newDir(t)
@@ -254,12 +288,12 @@ func TestIndexMissing(t *testing.T) {
 	assert.Equal(t, want, got)
 }
 
-// TestIndexSameTick: file systems stamp changes with a coarse clock, so a
+// indexSameTick: file systems stamp changes with a coarse clock, so a
 // file rewritten in place within the clock tick of the index's write may
 // keep the stamp the index holds for it. A file whose change time is not
 // before the index's own is therefore read again, not taken from the
 // index.
-func TestIndexSameTick(t *testing.T) {
+func indexSameTick(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, _ := indexStore(t)
@@ -316,10 +350,10 @@ func keys(recs []*persist.Record) []string {
 	return out
 }
 
-// TestIndexFileChangedWhileOpen: a file damaged in place while the store
+// indexFileChangedWhileOpen: a file damaged in place while the store
 // is open, after the store read it, is not hidden by the index written at
 // Close: the index keeps the stamp the file had when it was read.
-func TestIndexFileChangedWhileOpen(t *testing.T) {
+func indexFileChangedWhileOpen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, _ := indexStore(t)
@@ -339,34 +373,38 @@ func TestIndexFileChangedWhileOpen(t *testing.T) {
 	assert.Equal(t, path, ces[0].Path)
 }
 
-// TestIndexRecordMustMatchItsFile: an index whose records are filed under
+// indexRecordMustMatchItsFile: an index whose records are filed under
 // other keys' entries (damaged, stale, or copied from another store) with
 // its checksum and stamps intact is not used: no key reports another
 // key's record, and the store is listed from its files.
-func TestIndexRecordMustMatchItsFile(t *testing.T) {
+func indexRecordMustMatchItsFile(t *testing.T) {
 	t.Parallel()
+	file := func(key string) string { return persist.FileName(key, recName(key)) }
 	edits := map[string]func(recs map[string]*persist.Record){
 		"swapped": func(recs map[string]*persist.Record) {
-			a, b := persist.Stem("u-1"), persist.Stem("u-2")
+			a, b := file("u-1"), file("u-2")
 			recs[a], recs[b] = recs[b], recs[a]
 		},
 		"resolved inside": func(recs map[string]*persist.Record) {
-			r := recs[persist.Stem("u-1")]
+			r := recs[file("u-1")]
 			r.State, r.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
 		},
 		"another action": func(recs map[string]*persist.Record) {
-			recs[persist.Stem("u-1")].Name = "refund:1"
+			recs[file("u-1")].Name = "refund:1"
 		},
 	}
 	entryEdits := map[string]func(ents []*persist.IndexEntry){
-		// Files and records together under another key's id.
-		"entries swapped": func(ents []*persist.IndexEntry) {
+		// One file twice, with its record.
+		"listed twice": func(ents []*persist.IndexEntry) {
+			var u1 *persist.Record
 			for _, ie := range ents {
-				switch ie.ID {
-				case persist.Stem("u-1"):
-					ie.ID = persist.Stem("u-2")
-				case persist.Stem("u-2"):
-					ie.ID = persist.Stem("u-1")
+				if ie.File == file("u-1") {
+					u1 = ie.Rec
+				}
+			}
+			for _, ie := range ents {
+				if ie.File == file("u-2") {
+					ie.File, ie.Rec = file("u-1"), u1
 				}
 			}
 		},
@@ -375,11 +413,11 @@ func TestIndexRecordMustMatchItsFile(t *testing.T) {
 		entryEdits[name] = func(ents []*persist.IndexEntry) {
 			recs := map[string]*persist.Record{}
 			for _, ie := range ents {
-				recs[ie.ID] = ie.Rec
+				recs[ie.File] = ie.Rec
 			}
 			edit(recs)
 			for _, ie := range ents {
-				ie.Rec = recs[ie.ID]
+				ie.Rec = recs[ie.File]
 			}
 		}
 	}
@@ -403,11 +441,11 @@ func TestIndexRecordMustMatchItsFile(t *testing.T) {
 	}
 }
 
-// TestIndexFileSameSizeAndTime: a record file rewritten in place, or
+// indexFileSameSizeAndTime: a record file rewritten in place, or
 // replaced by another file, to the same size with its modification time
 // set back (os.Chtimes) is read again, not taken from the index: its
 // change time and, when replaced, its inode differ from the index's stamp.
-func TestIndexFileSameSizeAndTime(t *testing.T) {
+func indexFileSameSizeAndTime(t *testing.T) {
 	t.Parallel()
 	if runtime.GOOS == "windows" {
 		t.Skip("os.Stat gives no change time on Windows")
@@ -455,10 +493,10 @@ func TestIndexFileSameSizeAndTime(t *testing.T) {
 	}
 }
 
-// TestIndexLeftoverTempRemoved: the temporary file of an index write cut
+// indexLeftoverTempRemoved: the temporary file of an index write cut
 // short by a crash is removed once the store has opened, whether it opens
 // from the index or lists the directory; the index itself stays.
-func TestIndexLeftoverTempRemoved(t *testing.T) {
+func indexLeftoverTempRemoved(t *testing.T) {
 	t.Parallel()
 	for _, fromIndex := range []bool{true, false} {
 		t.Run(fmt.Sprintf("from index %v", fromIndex), func(t *testing.T) {
@@ -540,11 +578,11 @@ func (l *listFS) listed() int {
 	return l.lists
 }
 
-// indexedFS returns a strictfs holding a store, closed with its index
+// indexedFS returns a strictFS holding a store, closed with its index
 // written, and the record it holds.
-func indexedFS(t *testing.T) (*strictfs.FS, *persist.Record) {
+func indexedFS(t *testing.T) (*strictFS, *persist.Record) {
 	t.Helper()
-	mem := strictfs.New()
+	mem := newStrictFS()
 	s, err := persist.OpenDirFS(mem, powerDir, nil)
 	require.NoError(t, err)
 	r := persisttest.NewRecord("a", t0)
@@ -557,11 +595,11 @@ func indexedFS(t *testing.T) (*strictfs.FS, *persist.Record) {
 	return mem, r
 }
 
-// TestIndexListingInBackground: a store opened from its index lists its
+// indexListingInBackground: a store opened from its index lists its
 // directory in the background after OpenDir returns, so that the first
 // save, made later, does not wait for it; until then the unresolved
 // records are served from the index.
-func TestIndexListingInBackground(t *testing.T) {
+func indexListingInBackground(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		mem, r := indexedFS(t)
@@ -587,10 +625,10 @@ func TestIndexListingInBackground(t *testing.T) {
 	})
 }
 
-// TestIndexListingEndsBeforeClose: Close waits for the listing at open,
+// indexListingEndsBeforeClose: Close waits for the listing at open,
 // so that nothing of the store touches the directory after Close returns
 // (another store may have it open by then).
-func TestIndexListingEndsBeforeClose(t *testing.T) {
+func indexListingEndsBeforeClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem, _ := indexedFS(t)
 		gate := make(chan struct{})
@@ -618,15 +656,15 @@ func TestIndexListingEndsBeforeClose(t *testing.T) {
 	})
 }
 
-// TestIndexNewIntentWaitsForTheListing: a store opened from its index
+// indexNewIntentWaitsForTheListing: a store opened from its index
 // knows an action's resolved records only once its directory is listed.
 // The write of a new intent waits for that listing, so that it is never
 // taken for the action's latest over a resolved intent the index does not
 // hold.
-func TestIndexNewIntentWaitsForTheListing(t *testing.T) {
+func indexNewIntentWaitsForTheListing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		mem := strictfs.New()
+		mem := newStrictFS()
 		s, err := persist.OpenDirFS(mem, powerDir, nil)
 		require.NoError(t, err)
 		paid := persisttest.NewRecord("paid", t0)
@@ -653,14 +691,14 @@ func TestIndexNewIntentWaitsForTheListing(t *testing.T) {
 	})
 }
 
-// TestIndexForeignFile: a record file put in the directory while the
+// indexForeignFile: a record file put in the directory while the
 // store was open (a hand edit, or a backup restored) is in the directory
 // the index describes when Close writes it, yet the index does not hold
 // it. After the next OpenDir from the index, once the directory is listed
 // (a write waits for that), List of unresolved records returns it: the
 // index told how many entries the store knew, and the listing found one
 // more.
-func TestIndexForeignFile(t *testing.T) {
+func indexForeignFile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir, unresolved := indexStore(t)
@@ -687,40 +725,43 @@ func TestIndexForeignFile(t *testing.T) {
 	assert.Equal(t, append(keys(unresolved), "foreign", "u-4", "u-5"), keys(got))
 }
 
-// stampGate holds the stamping of files while hold is set, after closing
-// entered: only the index's write and OpenDir stamp files.
-type stampGate struct {
+// syncGate holds the n-th sync of a directory from when n is set, after
+// closing entered.
+type syncGate struct {
 	fsys.FS
+	n             atomic.Int32
 	hold, entered chan struct{}
 }
 
-func (g *stampGate) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
-	if g.hold != nil {
+func (g *syncGate) SyncDir(dir string) error {
+	if g.n.Add(-1) == 0 {
 		close(g.entered)
 		<-g.hold
 	}
-	return g.FS.Stamps(dir, names)
+	return g.FS.SyncDir(dir)
 }
 
-// TestIndexWriteGivesUpOnAChange: a record changed while the index is
+// indexWriteGivesUpOnAChange: a record changed while the index is
 // written (here a new intent, while the write after a deferred save
-// stamps the files) makes the store give the index up: it would miss the
+// syncs the directory before it) makes the store give the index up: it would miss the
 // change, and a store killed afterwards would start from it.
-func TestIndexWriteGivesUpOnAChange(t *testing.T) {
+func indexWriteGivesUpOnAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := strictfs.New()
-	g := &stampGate{FS: mem}
+	mem := newStrictFS()
+	g := &syncGate{FS: mem}
 	s, err := persist.OpenDirFS(g, powerDir, nil)
 	require.NoError(t, err)
 	a := persisttest.NewRecord("a", t0)
 	require.NoError(t, persisttest.Put(ctx, s, a))
 
 	g.hold, g.entered = make(chan struct{}), make(chan struct{})
+	// The deferred save's sync, then the index's first.
+	g.n.Store(2)
 	done := a.Clone()
 	done.State, done.Rev = persist.StateSucceeded, persist.NewRev()
 	require.NoError(t, persist.SaveDeferred(ctx, s, done, a))
-	<-g.entered // the index's write after the deferred save's sync
+	<-g.entered // the index's write, its content taken
 	require.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0.Add(time.Second))))
 	close(g.hold)
 	require.True(t, s.WaitDeferred())

@@ -2,7 +2,6 @@ package persist
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 )
@@ -13,22 +12,23 @@ type memory struct {
 
 	mu   sync.Mutex
 	recs map[string]*Record
-	// names holds the keys of each Name's records, so that an action's
-	// intents are found without reading every record the store keeps.
+	// names holds the keys of each Name's records. So an action's intents
+	// are found without reading every record the store keeps.
 	names map[string]map[string]struct{}
 }
 
-// NewMemory returns an empty Store that keeps records in memory only: they
-// are lost when the process ends. It is meant for tests, and for apps that
-// accept losing their intents on a restart (and with them the protection
-// against a second charge after one). opts may be nil.
+// NewMemory returns an empty Store that keeps records in memory only.
+// They are lost when the process ends. It is meant for tests. It suits
+// apps too that accept losing their intents on a restart. They lose with
+// them the protection against a second charge after one. opts may be
+// nil.
 //
-// The store copies records on the way in and out, and normalizes them as a
-// FileStore does, so that a test against it sees what the file store would
-// return. Each Write and Delete checks and changes under the store's lock,
-// in one step. A Write with WithDeferredSync keeps the caller's headers and
-// bodies rather than copying them. It is safe for concurrent use by
-// multiple goroutines.
+// The store copies records on the way in and out. It normalizes them as
+// a FileStore does. So a test against it sees what the file store would
+// return. Each Write and Delete checks and changes in one step, under the
+// store's lock. A Write with WithDeferredSync keeps the caller's headers
+// and bodies rather than copying them. The store is safe for concurrent
+// use by multiple goroutines.
 func NewMemory(opts *Options) Store {
 	m := &memory{recs: make(map[string]*Record), names: make(map[string]map[string]struct{})}
 	if opts != nil {
@@ -58,10 +58,6 @@ func (m *memory) Write(ctx context.Context, rec, old *Record) error {
 		named = m.namedLocked(r.Name)
 	}
 	if err := writable(r, old, m.recs[r.Key], named); err != nil {
-		var ce *ConflictError
-		if errors.As(err, &ce) {
-			ce.Current = ce.Current.Clone()
-		}
 		return err
 	}
 	m.setLocked(r)
@@ -83,24 +79,18 @@ func (m *memory) Delete(ctx context.Context, old *Record) error {
 		return nil
 	}
 	if err := deletable(old, cur); err != nil {
-		return &ConflictError{Key: old.Key, Current: cur.Clone()}
+		return err
 	}
 	m.removeLocked(old.Key)
 	return nil
 }
 
-// setLocked stores r in place of any record with its Key, and keeps the
-// index of names in step.
+// setLocked stores r in place of any record with its Key, which has its
+// Name. It keeps the index of names in step.
 func (m *memory) setLocked(r *Record) {
-	old, had := m.recs[r.Key]
+	_, had := m.recs[r.Key]
 	m.recs[r.Key] = r
-	if had && old.Name == r.Name {
-		return
-	}
-	if had {
-		m.unnameLocked(old)
-	}
-	if r.Name != "" {
+	if !had && r.Name != "" {
 		keys := m.names[r.Name]
 		if keys == nil {
 			keys = make(map[string]struct{})
@@ -110,23 +100,17 @@ func (m *memory) setLocked(r *Record) {
 	}
 }
 
-// removeLocked removes the record for key and its entry in the index of
-// names.
+// removeLocked removes the record for key, and its entry in the index
+// of names, in constant time. So pruning many records of one Name costs
+// each of them once.
 func (m *memory) removeLocked(key string) {
-	if old, ok := m.recs[key]; ok {
-		delete(m.recs, key)
-		m.unnameLocked(old)
-	}
-}
-
-// unnameLocked removes r from its Name's keys, in constant time: pruning
-// many records of one Name costs each of them once.
-func (m *memory) unnameLocked(r *Record) {
-	if r.Name == "" {
+	r, ok := m.recs[key]
+	if !ok {
 		return
 	}
+	delete(m.recs, key)
 	keys := m.names[r.Name]
-	delete(keys, r.Key)
+	delete(keys, key)
 	if len(keys) == 0 {
 		delete(m.names, r.Name)
 	}
@@ -157,9 +141,9 @@ func (m *memory) Get(ctx context.Context, key string) (*Record, error) {
 	return r.Clone(), nil
 }
 
-// List returns copies of the records selected by f, oldest CreatedAt first
-// and by Key among equals. A memory store never holds unreadable records,
-// so its error is only ever ctx's.
+// List returns copies of the records selected by f. They come oldest
+// CreatedAt first, and by Key among equals. A memory store never holds
+// unreadable records. So its error is only ever ctx's.
 func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

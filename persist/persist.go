@@ -9,45 +9,47 @@ import (
 	"time"
 )
 
-// FormatVersion is the version of the Record encoding written by this
-// release. Stores write it into every record and refuse records from a newer
-// release instead of misreading them.
+// FormatVersion is the version of the Record encoding this release
+// writes. Stores write it into every record. They refuse records from a
+// newer release rather than misread them.
 const FormatVersion = 1
 
 // State is where an intent stands. The zero State is invalid.
 type State string
 
 const (
-	// StateNew: armed (saved at the user's tap, before the first byte), no
-	// attempt is known to have been sent. After a crash a new intent may
-	// still have reached the server (the first attempt is not recorded, to
-	// keep one durable write per send); resuming it is safe because it
-	// reuses its key.
+	// StateNew: armed, with no attempt known to have been sent. The
+	// client saves it at the user's tap, before the first byte. After a
+	// crash, a new intent may still have reached the server. The first
+	// attempt is not recorded, to keep one durable write per send.
+	// Resuming it is safe because it reuses its key.
 	StateNew State = "new"
-	// StatePending: at least one attempt may have reached the server and the
-	// outcome is unknown.
+	// StatePending: at least one attempt may have reached the server.
+	// The outcome is unknown.
 	StatePending State = "pending"
 	// StateSucceeded: the server answered 2xx.
 	StateSucceeded State = "succeeded"
-	// StateFailed: the server gave a final business answer (for example 402).
+	// StateFailed: the server gave a final business answer, such as 402.
 	StateFailed State = "failed"
-	// StateRejected: the server refused the key (422 reused, 400 key error).
+	// StateRejected: the server refused the key (422 reused, 400 key
+	// error).
 	StateRejected State = "rejected"
-	// StateExpired: the outcome is unknown and the intent is too old to be
-	// sent again; only reconciling can settle it.
+	// StateExpired: the outcome is unknown, and the intent is too old to
+	// be sent again. Only reconciling can settle it.
 	StateExpired State = "expired"
-	// StateVoid: reconciling showed that the server has no effect for the
-	// key: nothing happened.
+	// StateVoid: reconciling showed that the server has no effect for
+	// the key. Nothing happened.
 	StateVoid State = "void"
 	// StateNotSent: a call of the intent ended without writing its
-	// request to any connection, and no earlier call can have: nothing
-	// reached the server. It is unresolved, but nothing sends it again
-	// unless the app asks, and a changed request may replace it.
+	// request to any connection. No earlier call can have written it
+	// either. So nothing reached the server. The intent is unresolved.
+	// But nothing sends it again unless the app asks. A changed request
+	// may replace it.
 	StateNotSent State = "not_sent"
 )
 
-// Resolved reports whether the outcome of an intent in state s is known.
-// Resolved intents are never sent again.
+// Resolved reports whether the outcome of an intent in state s is
+// known. Resolved intents are never sent again.
 func (s State) Resolved() bool {
 	switch s {
 	case StateSucceeded, StateFailed, StateRejected, StateVoid:
@@ -65,19 +67,20 @@ func (s State) valid() bool {
 	return false
 }
 
-// Response is the final answer stored with a resolved intent, so that an app
-// can show it after a restart without sending again.
+// Response is the final answer stored with a resolved intent. An app can
+// show it after a restart without sending again.
 type Response struct {
 	StatusCode int         `json:"status_code"`
 	Header     http.Header `json:"header,omitempty"`
 	// Body is nil when the store was told not to keep response bodies.
 	Body []byte `json:"body,omitempty"`
-	// Replayed is true when the server answered from its idempotency record
-	// (Idempotent-Replayed: true) rather than doing the work on this attempt.
+	// Replayed is true when the server answered from its idempotency
+	// record (Idempotent-Replayed: true). It did not do the work on this
+	// attempt.
 	Replayed bool `json:"replayed,omitempty"`
-	// Oversized is true when the answer was larger than the client's limit:
-	// its status is known, its body was not kept and its header fields only
-	// so far as they fitted.
+	// Oversized is true when the answer was larger than the client's
+	// limit. Its status is known. Its body was not kept. Its header fields
+	// were kept only as far as they fitted.
 	Oversized bool `json:"oversized,omitempty"`
 }
 
@@ -85,95 +88,99 @@ type Response struct {
 type Record struct {
 	// Version is the encoding version; stores set it on Write.
 	Version int `json:"version"`
-	// Rev is this version of the record: a unique value its writer
-	// chooses (NewRev) before each Write, so that a write whose result is
-	// unknown is recognised when the record is read back, and so that a
-	// conditional Write or Delete names the version it replaces.
+	// Rev is this version of the record. Its writer chooses a unique
+	// value (NewRev) before each Write. A write whose result is unknown is
+	// recognised by it when the record is read back. A conditional Write
+	// or Delete names by it the version it replaces.
 	Rev string `json:"rev"`
 	// Key is the Idempotency-Key, sent unchanged on every attempt.
 	Key string `json:"key"`
-	// Name groups the intents of one user action ("checkout:cart-42"), so an
-	// app can find the previous intent for it. It may be empty.
+	// Name groups the intents of one user action ("checkout:cart-42"). An
+	// app finds the previous intent for the action by it. It may be
+	// empty. A record keeps its Name for life.
 	Name string `json:"name,omitempty"`
 
 	Method string      `json:"method"`
 	URL    string      `json:"url"`
 	Header http.Header `json:"header,omitempty"`
 	Body   []byte      `json:"body,omitempty"`
-	// Fingerprint is the hex SHA-256 of the request, to tell a changed body.
+	// Fingerprint is the hex SHA-256 of the request. It tells a changed
+	// body.
 	Fingerprint string `json:"fingerprint"`
 	// KeyHeader is the Idempotency-Key header's value exactly as every
-	// attempt sends it (the key bare, or quoted), fixed when the intent is
-	// created.
+	// attempt sends it: the key bare, or quoted. It is fixed when the
+	// intent is created.
 	KeyHeader string `json:"key_header,omitempty"`
-	// Seq orders the intents of one Name: a new intent gets one more than
-	// the latest intent for its name, so that the order does not depend on
-	// the device's clock. A record without one (0) comes before every
-	// record of its Name that has one.
+	// Seq orders the intents of one Name. A new intent gets one more than
+	// the latest intent of its Name. So the order does not depend on the
+	// device's clock. A record without one (0) comes before every record
+	// of its Name that has one.
 	Seq uint64 `json:"seq,omitempty"`
 
-	// CreatedAt is when the intent's age starts: idem's client sets it
-	// when the intent is armed at the user's tap, and again when an
-	// intent that ended not sent is sent again. Lists are ordered by it.
+	// CreatedAt is when the intent's age starts. idem's client sets it
+	// when the intent is armed at the user's tap. It sets it again when
+	// an intent that ended not sent is sent again. Lists are ordered by
+	// it.
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	State     State     `json:"state"`
 	// Attempts counts the attempts put on the wire so far, as last saved.
 	Attempts int       `json:"attempts,omitempty"`
 	Response *Response `json:"response,omitempty"`
-	// Clocks are the device's clock readings stored with the record, so
-	// that its age is judged by every clock the device has. Nil from a
-	// client without such clocks.
+	// Clocks are the device's clock readings stored with the record. The
+	// record's age is judged by every clock the device has. It is nil from
+	// a client without such clocks.
 	Clocks *Clocks `json:"clocks,omitempty"`
 	// Tombstone is set on what pruning keeps of an action's latest
-	// resolved intent: its request and response bodies and headers are
-	// gone, its key, name, fingerprint, outcome status and times are kept,
-	// so that the next tap of the paid action sends nothing.
+	// resolved intent. Its request and response bodies and headers are
+	// gone. Its key, name, fingerprint, outcome status and times are kept.
+	// So the next tap of the paid action sends nothing.
 	Tombstone bool `json:"tombstone,omitempty"`
-	// Holder names the client that armed the intent or last took it over
-	// to send it: a client may tell that an armed intent was never sent
-	// only while the stored record is the version it wrote.
+	// Holder names the client that armed the intent, or last took it over
+	// to send it. A client may tell that an armed intent was never sent.
+	// It may do so only while the stored record is the version it wrote.
 	Holder string `json:"holder,omitempty"`
 	// Redirected is set once an attempt of the intent was redirected (307
-	// or 308) to another URL, whose request the server fingerprints as
-	// another request: from then on its "key reused" answer says nothing
-	// about the work.
+	// or 308) to another URL. The server fingerprints that as another
+	// request. From then on, its "key reused" answer says nothing about
+	// the work.
 	Redirected bool `json:"redirected,omitempty"`
 	// HandedOut is set while the intent's exact request is in the app's
-	// hands (idem's Client.HTTPRequest), which may send it at any time:
-	// no lookup's "not found" is trusted until the app reports that its
-	// send ended.
+	// hands (idem's Client.HTTPRequest). The app may send it at any time.
+	// So no lookup's "not found" is trusted until the app reports that
+	// its send ended.
 	HandedOut bool `json:"handed_out,omitempty"`
 }
 
-// Clocks are a record's clock readings. A reading of the clock that counts
-// device sleep is comparable only with one of the same boot.
+// Clocks are a record's clock readings. A reading of the clock that
+// counts device sleep compares only with one of the same boot.
 type Clocks struct {
-	// ArmBoot and Armed: the boot, and the time since it (device sleep
-	// included), when the intent was armed.
+	// ArmBoot and Armed: the boot, and the time since it, when the
+	// intent was armed. That time includes device sleep.
 	ArmBoot string        `json:"arm_boot,omitempty"`
 	Armed   time.Duration `json:"armed,omitempty"`
 	// WriteBoot and Written: the same at the record's last write.
 	WriteBoot string        `json:"write_boot,omitempty"`
 	Written   time.Duration `json:"written,omitempty"`
-	// ArmMark and Mark: the wall clock's high-water mark (the latest wall
-	// time the client had seen) when the intent was armed, and at the
-	// record's last write. A clock set back cannot lower them.
+	// ArmMark and Mark: the wall clock's high-water mark when the intent
+	// was armed, and at the record's last write. The mark is the latest
+	// wall time the client had seen. A clock set back cannot lower it.
 	ArmMark time.Time `json:"arm_mark,omitzero"`
 	Mark    time.Time `json:"mark,omitzero"`
 	// SendWall, SendBoot and SendBy: the latest time the record's holder
-	// may begin a send of it in the call that claimed it (that call's
-	// budget from the claim), on the wall
-	// clock and on the clock that counts sleep (the boot and the time
-	// since it). Written by the claim (the arming write, a take-over, a
-	// send again), never by a write that sends nothing (an expiry): an
-	// attempt of it may reach the server up to the reconcile delay later.
+	// may begin a send of it, in the call that claimed it. That is the
+	// call's budget from the claim. SendWall is on the wall clock.
+	// SendBoot and SendBy are on the clock that counts sleep: the boot,
+	// and the time since it. The claim writes them: the arming write, a
+	// take-over, a send again. A write that sends nothing (an expiry)
+	// never does. An attempt may reach the server up to the reconcile
+	// delay later.
 	SendWall time.Time     `json:"send_wall,omitzero"`
 	SendBoot string        `json:"send_boot,omitempty"`
 	SendBy   time.Duration `json:"send_by,omitempty"`
 }
 
-// Clone returns a deep copy of r, so a store's copy and a caller's never
+// Clone returns a deep copy of r. A store's copy and a caller's so never
 // share memory.
 func (r *Record) Clone() *Record {
 	if r == nil {
@@ -202,8 +209,8 @@ func cloneBytes(b []byte) []byte {
 	return append([]byte(nil), b...)
 }
 
-// Validate reports what is wrong with r, or nil. Stores call it on Write and
-// after decoding, so a record that makes no sense is never sent.
+// Validate reports what is wrong with r, or nil. Stores call it on Write
+// and after decoding. So a record that makes no sense is never sent.
 func (r *Record) Validate() error {
 	switch {
 	case r.Key == "":
@@ -224,7 +231,7 @@ func (r *Record) Validate() error {
 	return nil
 }
 
-// Filter selects records in List: a record is selected if it meets each
+// Filter selects records in List. A record is selected if it meets each
 // condition that is set. The zero Filter selects every record.
 type Filter struct {
 	// Name, if not empty, selects the records with this Name.
@@ -246,68 +253,72 @@ func (f Filter) match(r *Record) bool {
 
 // Store keeps records durably.
 //
-// Implementations must be safe for concurrent use by multiple goroutines.
-// Records passed in and handed out are copies: a caller may change them
-// freely. Every method honours ctx where it may block.
+// Implementations must be safe for concurrent use by multiple
+// goroutines. Records passed in and handed out are copies, which a caller
+// may change freely. Every method honours ctx where it may block.
 //
-// A record reads back as written, with Version set, except that a store may
-// return times in another location (UTC) without their monotonic reading,
-// and empty headers and bodies as nil. The stores of this package do both;
-// the suite in persisttest checks every store against this contract.
+// A record reads back as written, with Version set. A store may return
+// times in another location (UTC), without their monotonic reading. It
+// may return empty headers and bodies as nil. The stores of this package
+// do both. The suite in persisttest checks every store against this
+// contract.
 //
 // Every change is conditional. Write and Delete check the stored record
-// and change it in one step, so that two writers sharing the store (two
-// Clients of one app, or two processes on one FileStore directory in
-// turn) never both win. There is no unconditional write a wrapper could
-// override alone: a wrapper that embeds a Store and changes records on
-// their way in (one that encrypts them, say) overrides Write, and the
-// package's functions all go through it.
+// and change it in one step. So two writers sharing the store never both
+// win. They may be two Clients of one app, or two processes on one
+// FileStore directory in turn. No unconditional write exists that a
+// wrapper could override alone. A wrapper may embed a Store and change
+// records on their way in, to encrypt them, say. It overrides Write, and
+// the package's functions all go through it.
 //
-// A version is a record's Rev: a unique value its writer chooses (NewRev)
-// for each write. A writer whose Write returned an error, or no answer,
-// tells whether it landed by reading the record back: the stored Rev is
-// its own, or another's (see SameVersion).
+// A version is a record's Rev, a unique value its writer chooses
+// (NewRev) for each write. A Write may return an error, or no answer. Its
+// writer then reads the record back to tell whether it landed. The stored
+// Rev is its own, or another's (see SameVersion).
 type Store interface {
-	// Write stores rec, in one step with a check of what is stored:
+	// Write stores rec, in one step with a check of what is stored.
 	//
-	//   - old == nil: no record with rec.Key is stored, and, if rec has a
+	//   - old == nil: no record with rec.Key is stored. If rec has a
 	//     Name, every stored record of that Name has a Seq lower than
 	//     rec.Seq. rec becomes its action's latest intent (see Claim).
-	//   - old != nil: the record stored with rec.Key (old.Key must be
-	//     rec.Key) has old's Rev. rec replaces it.
+	//   - old != nil: the record stored with rec.Key has old's Rev.
+	//     old.Key must be rec.Key. rec replaces the record, and must keep
+	//     its Name.
 	//
-	// Otherwise Write stores nothing and returns a *ConflictError: for
-	// old == nil it holds the action's latest record (the record with
-	// rec.Key if there is one and rec has no Name), for old != nil the
-	// stored record, nil if none is.
+	// Otherwise Write stores nothing and returns a *ConflictError. For
+	// old == nil, it holds the action's latest record. That is the record
+	// with rec.Key if there is one and rec has no Name. For old != nil, it
+	// holds the stored record, nil if none is. A record whose Name would
+	// change gets another error.
 	//
-	// rec.Rev must be set, and differ from old's: it is how this write is
+	// rec.Rev must be set, and differ from old's. It is how this write is
 	// recognised later. Write rejects a record that fails Validate.
 	//
-	// When Write returns nil the record survives a crash of the process
-	// and, for durable stores, power loss. When it returns an error the
-	// caller must not act on the record as written: either the previous
-	// version is intact or, if the store says so in the error (a sync of
-	// a durable store failed), rec is complete but not yet known to be
-	// durable. A half-written record is never visible. A caller that must
-	// know reads the record back and compares its Rev.
+	// When Write returns nil, the record survives a crash of the process.
+	// In a durable store, it survives power loss too. When Write returns
+	// an error, the caller must not act on the record as written. Either
+	// the previous version is intact, or rec is complete but not yet known
+	// to be durable. The store's error says when it is the latter: a sync
+	// of a durable store failed. A half-written record is never visible. A
+	// caller that must know reads the record back and compares its Rev.
 	Write(ctx context.Context, rec, old *Record) error
 	// Delete removes the record stored with old.Key if it has old's Rev,
-	// in one step with that check; otherwise it deletes nothing and
-	// returns a *ConflictError holding the stored record. No record
-	// stored with old.Key is not an error: a delete retried after one
-	// that landed succeeds.
+	// in one step with that check. Otherwise it deletes nothing and
+	// returns a *ConflictError holding the stored record. No record stored
+	// with old.Key is not an error. So a delete retried after one that
+	// landed succeeds.
 	Delete(ctx context.Context, old *Record) error
-	// Get returns the record for key, or an error matching ErrNotFound, or a
-	// *CorruptError if it cannot be read.
+	// Get returns the record for key, or an error matching ErrNotFound. It
+	// returns a *CorruptError if the record cannot be read.
 	Get(ctx context.Context, key string) (*Record, error)
-	// List returns the records selected by f, oldest CreatedAt first. If
-	// some records that f may select cannot be read, List still returns
-	// all readable ones, together with an error that wraps a *CorruptError
-	// for each unreadable one: errors.As finds the first, CorruptErrors
-	// returns them all. A store may leave out an unreadable record it can
-	// tell f does not select (FileStore can tell a record's resolution and
-	// a hash of its Name from the file's name).
+	// List returns the records selected by f, oldest CreatedAt first.
+	// Some records that f may select may be unreadable. List still
+	// returns all readable ones. With them it returns an error that wraps
+	// a *CorruptError for each unreadable one. errors.As finds the first,
+	// and CorruptErrors returns them all. A store may leave out an
+	// unreadable record it can tell f does not select. FileStore tells the
+	// Name's hash from the file's name, and a resolved record from its
+	// index.
 	List(ctx context.Context, f Filter) ([]*Record, error)
 }
 
@@ -315,13 +326,14 @@ type Store interface {
 var ErrNotFound = errors.New("persist: intent not found")
 
 // CorruptError reports a stored record that cannot be decoded. Nothing is
-// deleted or overwritten because of it: the file stays for inspection, and
-// FileStore.Quarantine moves it aside.
+// deleted or overwritten because of it. The file stays for inspection,
+// and FileStore.Quarantine moves it aside.
 type CorruptError struct {
 	Path string // the file, if the store keeps files
-	// Key is the intent's key, as far as it is known: empty when the file
-	// name holds only a hash of the key, or spells no key at all (a stray
-	// file: quarantine it, Delete cannot name it).
+	// Key is the intent's key, as far as it is known. It is empty when
+	// the file name holds only a hash of the key. It is empty too for a
+	// stray file, which spells no key: quarantine it, as Delete cannot
+	// name it.
 	Key string
 	Err error
 }
@@ -337,7 +349,7 @@ func (e *CorruptError) Error() string {
 func (e *CorruptError) Unwrap() error { return e.Err }
 
 // CorruptErrors returns every *CorruptError in err's tree, in the order
-// errors.Is would visit them: all those List or Prune joined, where
+// errors.Is would visit them. Those are all that List or Prune joined.
 // errors.As finds only the first.
 func CorruptErrors(err error) []*CorruptError {
 	var out []*CorruptError

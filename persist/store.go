@@ -4,34 +4,36 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
 )
 
-// Options configures a store. A nil *Options and the zero Options both mean
-// the defaults, which keep everything a Record holds.
+// Options configures a store. A nil *Options and the zero Options both
+// mean the defaults, which keep everything a Record holds.
 type Options struct {
-	// DiscardResponseBodies makes the store drop Response.Body on Write: the
-	// stored Response keeps its status code, headers and Replayed flag. Set
-	// it in apps that must not keep response bodies at rest. The zero value
-	// keeps bodies.
+	// DiscardResponseBodies makes the store drop Response.Body on Write.
+	// The stored Response keeps its status code, headers and Replayed
+	// flag. Set it in apps that must not keep response bodies at rest. The
+	// zero value keeps bodies.
 	DiscardResponseBodies bool
 }
 
 // PruneFunc deletes from s the resolved records for which drop returns
-// true, and returns how many it deleted. Unresolved records are never
-// deleted, nor passed to drop, whatever their age: their outcome is
-// unknown and only the app can settle them. drop gets a copy it may keep.
-// idem's Client.Prune judges the ages through it by every clock the device
-// has.
+// true. It returns how many it deleted. Unresolved records are never
+// deleted, nor passed to drop, whatever their age. Their outcome is
+// unknown, and only the app can settle them. drop gets a copy it may
+// keep. Through it, idem's Client.Prune judges the ages by every clock
+// the device has.
 //
-// Each record is deleted only if it is still the version listed (Delete):
-// one written again while pruning runs is never deleted by mistake.
+// Each record is deleted only if it is still the version listed
+// (Delete). So one written again while pruning runs is never deleted by
+// mistake.
 //
-// Records that cannot be read are left alone; PruneFunc deletes the
-// readable ones and returns the *CorruptError for each unreadable one, as
-// List does.
+// Records that cannot be read are left alone. PruneFunc deletes the
+// readable ones. It returns the *CorruptError for each unreadable one,
+// as List does.
 func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, error) {
 	recs, listErr := s.List(ctx, Filter{})
 	var corrupt *CorruptError
@@ -57,10 +59,11 @@ func PruneFunc(ctx context.Context, s Store, drop func(*Record) bool) (int, erro
 	return n, errors.Join(append(errs, listErr)...)
 }
 
-// prepare returns the copy of rec, a valid record (see checkWrite), that
-// a store keeps: the format version set, times in UTC, empty headers and
-// bodies as nil, and the response body dropped if opts say so. Both stores
-// keep exactly this, so a record reads back the same from either.
+// prepare returns the copy a store keeps of rec, a valid record (see
+// checkWrite). The copy has the format version set, and times in UTC. Its
+// empty headers and bodies are nil. Its response body is dropped if opts
+// say so. Both stores keep exactly this. So a record reads back the same
+// from either.
 func prepare(rec *Record, opts Options) *Record {
 	return normalized(rec.Clone(), opts)
 }
@@ -74,8 +77,8 @@ func checkSave(rec *Record) error {
 		return err
 	}
 	for _, t := range [2]time.Time{rec.CreatedAt, rec.UpdatedAt} {
-		// Outside these years a time has no RFC 3339 form, so a file store
-		// could not write it; every store refuses it alike.
+		// Outside these years a time has no RFC 3339 form. So a file
+		// store could not write it, and every store refuses it alike.
 		if y := t.Year(); !t.IsZero() && (y < 0 || y > 9999) {
 			return fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
 		}
@@ -84,9 +87,9 @@ func checkSave(rec *Record) error {
 }
 
 // prepareShared is prepare for a record whose headers and bodies the
-// caller never changes (WithDeferredSync): the copy it returns shares them
-// with rec. normalize and opts only replace fields of the copy, never
-// write through them.
+// caller never changes (WithDeferredSync). The copy it returns shares
+// them with rec. normalize and opts only replace fields of the copy. They
+// never write through them.
 func prepareShared(rec *Record, opts Options) *Record {
 	r := *rec
 	if rec.Clocks != nil {
@@ -111,32 +114,49 @@ func normalized(r *Record, opts Options) *Record {
 }
 
 // normalize puts r in the one form that survives encoding unchanged. It
-// changes r's Clocks and Response in place: r owns them (a clone, or a
-// copy made by prepareShared).
+// changes r's Clocks and Response in place. r owns them: they are a
+// clone, or a copy made by prepareShared.
 func normalize(r *Record) {
 	r.CreatedAt = utc(r.CreatedAt)
 	r.UpdatedAt = utc(r.UpdatedAt)
 	if cl := r.Clocks; cl != nil {
 		cl.ArmMark, cl.Mark = utc(cl.ArmMark), utc(cl.Mark)
 	}
-	if len(r.Header) == 0 {
-		r.Header = nil
-	}
+	r.Header = normHeader(r.Header)
 	if len(r.Body) == 0 {
 		r.Body = nil
 	}
 	if r.Response != nil {
-		if len(r.Response.Header) == 0 {
-			r.Response.Header = nil
-		}
+		r.Response.Header = normHeader(r.Response.Header)
 		if len(r.Response.Body) == 0 {
 			r.Response.Body = nil
 		}
 	}
 }
 
-// utc returns t in UTC without its monotonic reading; the zero time stays
-// the zero time.
+// normHeader returns h as a store keeps it. An empty h is nil. So is a
+// field without values, as the index gives it back. normHeader copies h
+// rather than change it, as h may be the caller's.
+func normHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	for _, vs := range h {
+		if vs != nil && len(vs) == 0 {
+			h = h.Clone()
+			for k, vs := range h {
+				if len(vs) == 0 {
+					h[k] = nil
+				}
+			}
+			return h
+		}
+	}
+	return h
+}
+
+// utc returns t in UTC without its monotonic reading. The zero time
+// stays the zero time.
 func utc(t time.Time) time.Time {
 	if t.IsZero() {
 		return time.Time{}
@@ -144,8 +164,8 @@ func utc(t time.Time) time.Time {
 	return t.UTC()
 }
 
-// sortRecords orders recs as List returns them: oldest CreatedAt first, and
-// by Key among records created at the same instant.
+// sortRecords orders recs as List returns them. The oldest CreatedAt
+// comes first. Records created at the same instant go by Key.
 func sortRecords(recs []*Record) {
 	slices.SortFunc(recs, func(a, b *Record) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {

@@ -6,34 +6,29 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync/atomic"
 )
 
-// Write writes rec durably if the stored records allow it (see Store): it
-// writes a temporary file, syncs it, renames it over the record's file and
-// syncs the directory. The check is made before the temporary file is
-// written, and again, in one step with the rename, after: of two writes
-// racing for one version, or for one action's next Seq, one wins. When
-// Write returns an error, the record's file is the previous version (or
-// absent), except when only the final sync of the directory failed: then
-// it is the new version, complete, but perhaps not yet safe from power
-// loss, and the error says so.
+// Write writes rec durably if the stored records allow it (see Store).
+// It writes a temporary file and syncs it. It renames it over the
+// record's file, and syncs the directory. The check is made before the
+// temporary file is written. It is made again after, in one step with
+// the rename. So of two writes racing for one version, one wins. So does
+// one of two racing for one action's next Seq. When Write returns an
+// error, the record's file is the previous version, or absent. The one
+// exception is a failure of the final sync of the directory. Then the
+// file is the new version, complete, but perhaps not yet safe from power
+// loss. The error says so.
 //
-// A record whose Name changes (which idem's client never does) gets a file
-// of another name: the new file is synced in before the old one is
-// removed, at a third sync.
-//
-// With a ctx made by WithDeferredSync, when rec replaces a stored version
-// under the same file name, Write returns before the directory is synced:
-// the sync happens in the background, and Close waits for it. Until then
-// a power loss may undo the rename, and the key holds its previous
-// version, whole; the new file is never seen damaged, as it is synced
-// before the rename.
+// ctx may be made by WithDeferredSync, and rec replace a stored version.
+// Then Write returns before the directory is synced. The sync happens in
+// the background, and Close waits for it. Until then, a power loss may
+// undo the rename. The key then holds its previous version, whole. The
+// new file is never seen damaged, as it is synced before the rename.
 //
 // Write refuses to replace a record that cannot be read (see
-// CorruptError): Quarantine it first.
+// CorruptError). Quarantine it first.
 func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	if err := checkWrite(rec, old); err != nil {
 		return err
@@ -64,15 +59,11 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	}
 
 	s.mu.Lock()
-	ne, prev, err := s.install(r, old, tmp)
-	path := filepath.Join(s.dir, fileName(r.Key, r.Name))
+	prev, err := s.install(r, old, tmp)
 	switch {
 	case err != nil:
 		s.mu.Unlock()
 		return err
-	case prev != nil && (prev.name != ne.name || len(prev.older) > 0):
-		defer s.mu.Unlock()
-		return s.retire(ne, r.Key, path, append(prev.older, prev.name))
 	case prev != nil && DeferredSync(ctx):
 		// A power loss before the sync leaves the previous version.
 		s.deferred++
@@ -86,34 +77,34 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	}
 	s.mu.Unlock()
 	// Any sync of the directory that starts after the rename makes it
-	// durable, so concurrent saves share one.
+	// durable. So concurrent saves share one.
 	if err := s.dirSync.sync(s.syncDir); err != nil {
-		return syncFailed(r.Key, path, err)
+		return syncFailed(r.Key, filepath.Join(s.dir, fileName(r.Key, r.Name)), err)
 	}
 	return nil
 }
 
-// install renames tmp, which holds r, over r's file if the stored records
-// still allow it, and makes it r's entry. It returns the new entry and
-// the one it replaced, nil if none. s.mu must be held.
-func (s *FileStore) install(r, old *Record, tmp string) (ne, prev *entry, err error) {
+// install renames tmp, which holds r, over r's file if the stored
+// records still allow it. It makes the file r's entry. It returns the
+// entry it replaced, nil if none. s.mu must be held.
+func (s *FileStore) install(r, old *Record, tmp string) (prev *entry, err error) {
 	// Checked again, in one step with the rename and the update of the
-	// entries: another write may have won since.
+	// entries. Another write may have won since.
 	if err := s.writableLocked(r, old); err != nil {
 		_ = s.fs.Remove(tmp)
-		return nil, nil, err
+		return nil, err
 	}
 	if err := s.change(); err != nil {
 		_ = s.fs.Remove(tmp)
-		return nil, nil, err
+		return nil, err
 	}
 	name := fileName(r.Key, r.Name)
 	path := filepath.Join(s.dir, name)
 	if err := s.fs.Rename(tmp, path); err != nil {
 		_ = s.fs.Remove(tmp)
-		return nil, nil, fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
+		return nil, fmt.Errorf("persist: cannot save intent %q to %s (the previous version is intact): %w", r.Key, path, err)
 	}
-	ne = &entry{name: name, resolved: r.State.Resolved()}
+	ne := &entry{name: name, resolved: r.State.Resolved()}
 	ne.p, _ = parseName(name)
 	if !ne.resolved {
 		ne.rec = r
@@ -122,61 +113,14 @@ func (s *FileStore) install(r, old *Record, tmp string) (ne, prev *entry, err er
 	id := stem(r.Key)
 	prev = s.entries[id]
 	s.entries[id] = ne
-	return ne, prev, nil
+	return prev, nil
 }
 
-// retire syncs in the new file of ne, then removes the key's other files,
-// gone, in their order (its older versions first, its previous file
-// last), and syncs their removal. A crash leaves the new file, or the
-// previous version: never neither, never an older one. A file that cannot
-// be removed stays in ne.older, and is removed at the next write of the
-// key. s.mu must be held.
-func (s *FileStore) retire(ne *entry, key, path string, gone []string) error {
-	if err := s.syncDir(); err != nil {
-		return syncFailed(key, path, err)
-	}
-	for i, name := range gone {
-		if name == ne.name {
-			continue
-		}
-		err := s.fs.Remove(filepath.Join(s.dir, name))
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			// Removed in order or not at all: the rest stays too.
-			for _, o := range gone[i:] {
-				if o != ne.name {
-					ne.older = append(ne.older, o)
-				}
-			}
-			slices.Sort(ne.older)
-			slices.Reverse(ne.older) // greatest first, as list gives them
-			if !wins(ne.name, ne.older) {
-				return fmt.Errorf("persist: intent %q was saved to %s, but its old version %s cannot be removed and would take its place after a restart; remove that file: %w", key, path, name, err)
-			}
-			break
-		}
-	}
-	if err := s.syncDir(); err != nil {
-		return syncFailed(key, path, err)
-	}
-	return nil
-}
-
-// wins reports whether the file name wins over every one of others: of a
-// key's files, the greatest name holds the record.
-func wins(name string, others []string) bool {
-	for _, o := range others {
-		if o > name {
-			return false
-		}
-	}
-	return true
-}
-
-// flush syncs the directory for the deferred saves until none is left;
-// then it writes the index, so that an app killed after an intent
-// resolved opens from it. It runs in its own goroutine, counted in
-// s.inflight. If the sync fails, the saves stay deferred: the next
-// deferred write or Close tries again.
+// flush syncs the directory for the deferred saves until none is left.
+// Then it writes the index. So an app killed after an intent resolved
+// opens from it. flush runs in its own goroutine, counted in s.inflight.
+// If the sync fails, the saves stay deferred. The next deferred write or
+// Close tries again.
 func (s *FileStore) flush() {
 	defer s.inflight.Done()
 	indexed := false
@@ -215,11 +159,11 @@ func syncFailed(key, path string, err error) error {
 	return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", key, path, err)
 }
 
-// writableLocked returns nil if r may be written over old (see writable),
-// judging by the stored records: the one stored with r.Key, and for a new
-// intent of a Name, every record of that Name. A record it needs that
-// cannot be read refuses the write with its *CorruptError. s.mu must be
-// held, and entries complete.
+// writableLocked returns nil if r may be written over old (see
+// writable). It judges by the record stored with r.Key. For a new intent
+// of a Name, it judges by every record of that Name too. A record it
+// needs may be unreadable. Its *CorruptError then refuses the write. s.mu
+// must be held, and entries complete.
 func (s *FileStore) writableLocked(r, old *Record) error {
 	var cur *Record
 	if e := s.entries[stem(r.Key)]; e != nil {
@@ -231,37 +175,18 @@ func (s *FileStore) writableLocked(r, old *Record) error {
 	}
 	var named []*Record
 	if old == nil && r.Name != "" {
-		f := Filter{Name: r.Name}
-		tag := filterTag(f)
-		var corrupt []*CorruptError
-		for _, e := range s.entries {
-			if !e.mayHold(f, tag) {
-				continue
-			}
-			rec, ce := s.record(e)
-			switch {
-			case ce != nil:
-				corrupt = append(corrupt, ce)
-			case rec.Name == r.Name:
-				named = append(named, rec)
-			}
-		}
-		if len(corrupt) > 0 {
-			// An unreadable record may be the action's latest.
-			return joinCorrupt(corrupt)
+		var err error
+		// An unreadable record may be the action's latest.
+		if named, err = s.selectLocked(Filter{Name: r.Name}, s.record); err != nil {
+			return err
 		}
 	}
-	err := writable(r, old, cur, named)
-	var ce *ConflictError
-	if errors.As(err, &ce) {
-		ce.Current = ce.Current.Clone()
-	}
-	return err
+	return writable(r, old, cur, named)
 }
 
-// writeTemp writes data to a new temporary file in the directory and syncs
-// it, counted in syncs; it returns the file's path. The file is created
-// with mode 0600.
+// writeTemp writes data to a new temporary file in the directory. It
+// syncs the file, counted in syncs, and returns its path. The file is
+// created with mode 0600.
 func (s *FileStore) writeTemp(data []byte, syncs *atomic.Int64) (string, error) {
 	f, err := s.fs.CreateTemp(s.dir, tempPrefix+"*")
 	if err != nil {
@@ -282,9 +207,9 @@ func (s *FileStore) writeTemp(data []byte, syncs *atomic.Int64) (string, error) 
 	return f.Name(), nil
 }
 
-// Delete removes the record stored with old.Key if it is old's version,
-// and syncs the directory. No record stored is not an error. A record
-// that cannot be read is not deleted: Quarantine moves it aside.
+// Delete removes the record stored with old.Key if it is old's version.
+// Then it syncs the directory. No record stored is not an error. A record
+// that cannot be read is not deleted. Quarantine moves it aside.
 func (s *FileStore) Delete(ctx context.Context, old *Record) error {
 	if err := checkDelete(old); err != nil {
 		return err
@@ -305,7 +230,7 @@ func (s *FileStore) Delete(ctx context.Context, old *Record) error {
 	return nil
 }
 
-// deleteLocked removes old's record if it is still that version, and
+// deleteLocked removes old's record if it is still that version. It
 // reports whether it removed a file. s.mu must be held.
 func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 	if err := s.complete(); err != nil {
@@ -321,32 +246,27 @@ func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 		return false, fmt.Errorf("persist: not deleting intent %q: its stored version is unreadable; Quarantine it: %w", old.Key, ce)
 	}
 	if err := deletable(old, cur); err != nil {
-		return false, &ConflictError{Key: old.Key, Current: cur.Clone()}
+		return false, err
 	}
 	if err := s.change(); err != nil {
 		return false, err
 	}
-	// The older versions first: a crash in between leaves the record
-	// or nothing, never an older version.
-	for _, name := range append(e.older, e.name) {
-		if err := s.fs.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", old.Key, err)
-		}
+	if err := s.fs.Remove(filepath.Join(s.dir, e.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("persist: cannot delete intent %q (it is still stored): %w", old.Key, err)
 	}
 	delete(s.entries, id)
 	return true, nil
 }
 
-// Quarantine moves the damaged file at path, the Path of a *CorruptError
-// this store reported, into the subdirectory "quarantine" of the store's
-// directory, and returns its new path there. The store no longer reads it:
-// the intent it held, if any, is gone from the store, or, if the damaged
-// file was a newer version next to an older one, the older version is the
-// record again. Nothing is deleted: inspect the quarantined file, reconcile
-// the payment it may hold by hand, then remove it.
+// Quarantine moves the damaged file at path aside. path is the Path of a
+// *CorruptError this store reported. The file goes into the subdirectory
+// "quarantine" of the store's directory. Quarantine returns its new path
+// there. The store no longer reads it. The intent it held, if any, is
+// gone from the store. Nothing is deleted. Inspect the quarantined file,
+// and reconcile by hand the payment it may hold. Then remove it.
 //
-// Quarantine refuses a path that is not a damaged file the store knows of:
-// a readable record is never moved aside. The move is durable when
+// Quarantine refuses a path that is not a damaged file the store knows
+// of. A readable record is never moved aside. The move is durable when
 // Quarantine returns. To quarantine every damaged file:
 //
 //	_, err := s.List(ctx, persist.Filter{})
@@ -392,7 +312,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	if err := s.fs.Rename(path, dst); err != nil {
 		return "", fmt.Errorf("persist: cannot move %s to %s (it is still in place): %w", path, dst, err)
 	}
-	// The new entry first: a power cut in between leaves the file in both
+	// The new entry first. A power cut in between leaves the file in both
 	// places, never in neither.
 	s.syncs.Add(1)
 	err = s.fs.SyncDir(qdir)
@@ -400,21 +320,14 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 		err = s.syncDir()
 	}
 	delete(s.entries, id)
-	if len(e.older) > 0 {
-		// The older version is the record again.
-		ne := &entry{name: e.older[0], older: e.older[1:]}
-		ne.p, _ = parseName(ne.name)
-		s.entries[id] = ne
-		s.record(ne)
-	}
 	if err != nil {
 		return dst, fmt.Errorf("persist: moved %s to %s, but the move may be undone by a power loss (directory sync failed): %w", path, dst, err)
 	}
 	return dst, nil
 }
 
-// freeName returns a path in dir for name that no file has: name, or name
-// with a number appended.
+// freeName returns a path in dir for name that no file has. That is
+// name, or name with a number appended.
 func (s *FileStore) freeName(dir, name string) (string, error) {
 	for i := 0; i < 1000; i++ {
 		p := filepath.Join(dir, name)

@@ -14,13 +14,13 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// boltStore is the smallest persist.Store on bbolt that is as safe as the
-// file store. It lists unresolved intents as quickly, too. Each Write is
-// one durable transaction. bbolt syncs the data, then the meta page. The
-// same transaction keeps an index bucket of the unresolved keys. It is for
-// the comparison only, not a store to use. Its Write checks the record of
-// rec.Key, but not the Seq of the other records of rec.Name. The
-// comparison writes new keys, so it does not need that check.
+// boltStore is the smallest persist.Store on bbolt as safe as the file
+// store. It lists unresolved intents as quickly too. Each Write is one
+// durable transaction. bbolt syncs the data, then the meta page. The same
+// transaction keeps an index bucket of the unresolved keys. It is for the
+// comparison only, not a store to use. Its Write checks the record of
+// rec.Key. It does not check the Seq of the other records of rec.Name.
+// The comparison writes new keys, so it does not need that.
 type boltStore struct {
 	db *bolt.DB
 }
@@ -170,8 +170,8 @@ func (s *boltStore) Delete(ctx context.Context, old *persist.Record) error {
 	})
 }
 
-// decode reads a stored record. Nil data, meaning no record, gives nil.
-// bbolt's values live only as long as their transaction. So the record is
+// decode reads a stored record. nil data (no record) gives nil. bbolt's
+// values live only as long as their transaction. So the record is
 // decoded from a copy.
 func decode(data []byte) (*persist.Record, error) {
 	if data == nil {

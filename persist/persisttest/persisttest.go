@@ -64,7 +64,7 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 // Put writes rec over whatever s holds with rec.Key, with a new Rev that
 // it sets on rec: it reads the stored version and writes against it (or
 // against none). It is for setting up tests, not how a client writes: it
-// checks nothing of what it replaces. A key not stored yet is a new
+// checks nothing of what it replaces, but rec must keep its Name. A key not stored yet is a new
 // intent (see persist.Store's Write): rec's Seq must be above every
 // stored record of its Name.
 func Put(ctx context.Context, s persist.Store, rec *persist.Record) error {
@@ -432,7 +432,7 @@ func testListFilters(t *testing.T, s persist.Store) {
 }
 
 // testListByNameFollowsChanges: a Name's list follows the records as they
-// are renamed, replaced, deleted and pruned.
+// are replaced, deleted and pruned; a record never changes its Name.
 func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	seq := uint64(0)
@@ -453,13 +453,20 @@ func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	put(t, s, named("k3", "a", persist.StateSucceeded, 2*time.Second))
 	list("a", "k1", "k2", "k3")
 
-	// Written again under another Name, or under none.
-	put(t, s, named("k1", "b", persist.StatePending, 0))
-	put(t, s, named("k3", "", persist.StateSucceeded, 2*time.Second))
-	list("a", "k2")
-	list("b", "k1")
+	// Written again under another Name, or under none: refused.
+	for _, name := range []string{"b", ""} {
+		cur := stored(t, s, "k1")
+		w := cur.Clone()
+		w.Name, w.Rev = name, persist.NewRev()
+		if err := s.Write(ctx, w, cur); err == nil || errors.As(err, new(*persist.ConflictError)) {
+			t.Errorf("k1 written under Name %q: error %v, want the refusal of a change of Name", name, err)
+		}
+	}
+	list("a", "k1", "k2", "k3")
+	list("b")
 	// A new intent of a needs a Seq above a's records only, not above
-	// those that left it.
+	// those deleted.
+	must(t, s.Delete(ctx, stored(t, s, "k3")))
 	k6 := NewRecord("k6", base.Add(5*time.Second))
 	k6.Name, k6.Seq, k6.Rev = "a", 3, persist.NewRev()
 	must(t, s.Write(ctx, k6, nil), "a new intent above the records left in a")
@@ -468,7 +475,6 @@ func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	// Changed, then deleted.
 	put(t, s, named("k1", "a", persist.StateSucceeded, 0))
 	list("a", "k1", "k2")
-	list("b")
 	must(t, s.Delete(ctx, stored(t, s, "k2")))
 	list("a", "k1")
 	must(t, s.Delete(ctx, stored(t, s, "k1")))

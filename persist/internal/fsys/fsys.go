@@ -1,7 +1,7 @@
 // Package fsys is the file system a persist.FileStore works through: the
 // operating system's in production, and in tests a file system that
-// forgets, at a power cut, every write that was not synced (package
-// strictfs), so that the store's ordering of fsync, rename and directory
+// forgets, at a power cut, every write that was not synced (strictFS,
+// in persist's tests), so that the store's ordering of fsync, rename and directory
 // sync is tested rather than assumed.
 package fsys
 

@@ -1,21 +1,4 @@
-// Package strictfs is an in-memory file system that loses, at a simulated
-// power cut, everything that was not synced, as Pebble's strict MemFS
-// does: the data written to a file since its last Sync, and the entries
-// created, renamed or removed in a directory since the directory's last
-// sync. It is stricter still in two ways a real disk may be: the
-// unsynced tail of a file may survive in part (a torn write), and a
-// prefix of a directory's unsynced changes may survive, in the order they
-// were made. A rename across directories survives in both or neither, as
-// on a journaling file system, until one of them is synced; then the other
-// half stands alone (the file may be found in both).
-//
-// A test sets a cut with CutAfter: the file system then applies that many
-// more changes (creates, writes, syncs, renames, removals, locks) and
-// fails the next one and every call after it with ErrPowerCut, as if the
-// power had gone. Restart then brings back what survived and clears the
-// locks, as a reboot does. Everything is deterministic given the seed of
-// the random source Restart is handed.
-package strictfs
+package persist_test
 
 import (
 	"errors"
@@ -35,12 +18,29 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
-// ErrPowerCut is returned by every call after a power cut, until Restart.
-var ErrPowerCut = errors.New("strictfs: the power is off")
+// errPowerCut is returned by every call after a power cut, until Restart.
+var errPowerCut = errors.New("strictfs: the power is off")
 
-// FS is a strict in-memory file system; the zero value is not usable,
-// call New.
-type FS struct {
+// strictFS is an in-memory file system that loses, at a simulated
+// power cut, everything that was not synced, as Pebble's strict MemFS
+// does: the data written to a file since its last Sync, and the entries
+// created, renamed or removed in a directory since the directory's last
+// sync. It is stricter still in two ways a real disk may be: the
+// unsynced tail of a file may survive in part (a torn write), and a
+// prefix of a directory's unsynced changes may survive, in the order they
+// were made. A rename across directories survives in both or neither, as
+// on a journaling file system, until one of them is synced; then the other
+// half stands alone (the file may be found in both).
+//
+// A test sets a cut with CutAfter: the file system then applies that many
+// more changes (creates, writes, syncs, renames, removals, locks) and
+// fails the next one and every call after it with errPowerCut, as if the
+// power had gone. Restart then brings back what survived and clears the
+// locks, as a reboot does. Everything is deterministic given the seed of
+// the random source Restart is handed.
+//
+// The zero value is not usable: call newStrictFS.
+type strictFS struct {
 	mu      sync.Mutex
 	root    *inode
 	cutIn   int  // changes left before the cut; <0: no cut set
@@ -52,8 +52,8 @@ type FS struct {
 }
 
 // New returns an empty file system with a root directory "/".
-func New() *FS {
-	f := &FS{cutIn: -1, locks: map[*inode]*lock{}}
+func newStrictFS() *strictFS {
+	f := &strictFS{cutIn: -1, locks: map[*inode]*lock{}}
 	f.root = f.newDir()
 	return f
 }
@@ -90,12 +90,12 @@ type logged struct {
 	stamp int64 // the number of the change
 }
 
-func (f *FS) newDir() *inode {
+func (f *strictFS) newDir() *inode {
 	return f.stamped(&inode{dir: true, entries: map[string]*inode{}, durable: map[string]*inode{}})
 }
 
 // stamped gives n a number and the current change as its change time.
-func (f *FS) stamped(n *inode) *inode {
+func (f *strictFS) stamped(n *inode) *inode {
 	f.inos++
 	n.ino = f.inos
 	n.ctime, n.durCtime = int64(f.changes), int64(f.changes)
@@ -104,21 +104,21 @@ func (f *FS) stamped(n *inode) *inode {
 
 // CutAfter sets a power cut after n more changes: the n+1st fails, and
 // every call after it, until Restart.
-func (f *FS) CutAfter(n int) {
+func (f *strictFS) CutAfter(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.cutIn = n
 }
 
 // Off reports whether the power is off.
-func (f *FS) Off() bool {
+func (f *strictFS) Off() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.off
 }
 
 // Changes returns how many changes the file system has applied since New.
-func (f *FS) Changes() int {
+func (f *strictFS) Changes() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.changes
@@ -128,7 +128,7 @@ func (f *FS) Changes() int {
 // directory keeps its durable entries and, drawn from rng, a prefix of its
 // later changes; every file keeps its durable data and, drawn from rng,
 // maybe part of the rest. Locks are released.
-func (f *FS) Restart(rng *rand.Rand) {
+func (f *strictFS) Restart(rng *rand.Rand) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	dirs := f.dirs()
@@ -150,7 +150,7 @@ func (f *FS) Restart(rng *rand.Rand) {
 
 // dirs returns every directory that is or may come back, in a fixed
 // order.
-func (f *FS) dirs() []*inode {
+func (f *strictFS) dirs() []*inode {
 	var dirs []*inode
 	seen := map[*inode]bool{}
 	var collect func(n *inode)
@@ -212,7 +212,7 @@ func keptPrefixes(dirs []*inode, rng *rand.Rand) map[*inode]int {
 
 // crashFiles makes every file keep its durable data, and maybe part of
 // the rest, drawn from rng.
-func (f *FS) crashFiles(rng *rand.Rand) {
+func (f *strictFS) crashFiles(rng *rand.Rand) {
 	done := map[*inode]bool{}
 	var crash func(n *inode)
 	crash = func(n *inode) {
@@ -248,15 +248,15 @@ func apply(m map[string]*inode, c change) {
 	}
 }
 
-// change counts one change and reports ErrPowerCut if the power is off or
+// change counts one change and reports errPowerCut if the power is off or
 // goes now. f.mu must be held.
-func (f *FS) change() error {
+func (f *strictFS) change() error {
 	if f.off {
-		return ErrPowerCut
+		return errPowerCut
 	}
 	if f.cutIn == 0 {
 		f.off = true
-		return ErrPowerCut
+		return errPowerCut
 	}
 	if f.cutIn > 0 {
 		f.cutIn--
@@ -265,17 +265,17 @@ func (f *FS) change() error {
 	return nil
 }
 
-// read reports ErrPowerCut if the power is off. f.mu must be held.
-func (f *FS) read() error {
+// read reports errPowerCut if the power is off. f.mu must be held.
+func (f *strictFS) read() error {
 	if f.off {
-		return ErrPowerCut
+		return errPowerCut
 	}
 	return nil
 }
 
 // lookup returns the inode at p, an absolute path (with either separator,
 // so that paths made with package filepath work on Windows too).
-func (f *FS) lookup(op, p string) (*inode, error) {
+func (f *strictFS) lookup(op, p string) (*inode, error) {
 	p = filepath.ToSlash(p)
 	if !path.IsAbs(p) {
 		return nil, &fs.PathError{Op: op, Path: p, Err: errors.New("strictfs: path is not absolute")}
@@ -298,7 +298,7 @@ func (f *FS) lookup(op, p string) (*inode, error) {
 }
 
 // parent returns the directory that holds p, and p's name in it.
-func (f *FS) parent(op, p string) (*inode, string, error) {
+func (f *strictFS) parent(op, p string) (*inode, string, error) {
 	p = path.Clean(filepath.ToSlash(p))
 	d, err := f.lookup(op, path.Dir(p))
 	if err != nil {
@@ -312,7 +312,7 @@ func (f *FS) parent(op, p string) (*inode, string, error) {
 
 // set changes entries of directory d, and logs the change for a crash.
 // f.mu must be held, and f.change have counted the change.
-func (f *FS) set(d *inode, c change) *logged {
+func (f *strictFS) set(d *inode, c change) *logged {
 	apply(d.entries, c)
 	d.ctime = int64(f.changes)
 	l := &logged{c: c, stamp: d.ctime}
@@ -320,9 +320,9 @@ func (f *FS) set(d *inode, c change) *logged {
 	return l
 }
 
-var _ fsys.FS = (*FS)(nil)
+var _ fsys.FS = (*strictFS)(nil)
 
-func (f *FS) Mkdir(p string, perm fs.FileMode) error {
+func (f *strictFS) Mkdir(p string, perm fs.FileMode) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -342,7 +342,7 @@ func (f *FS) Mkdir(p string, perm fs.FileMode) error {
 	return nil
 }
 
-func (f *FS) Stat(p string) (fs.FileInfo, error) {
+func (f *strictFS) Stat(p string) (fs.FileInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -355,7 +355,7 @@ func (f *FS) Stat(p string) (fs.FileInfo, error) {
 	return info{path.Base(p), n.dir, int64(len(n.data))}, nil
 }
 
-func (f *FS) ReadDir(p string) ([]fs.DirEntry, error) {
+func (f *strictFS) ReadDir(p string) ([]fs.DirEntry, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -376,7 +376,7 @@ func (f *FS) ReadDir(p string) ([]fs.DirEntry, error) {
 	return out, nil
 }
 
-func (f *FS) ReadFile(p string) ([]byte, error) {
+func (f *strictFS) ReadFile(p string) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -392,7 +392,7 @@ func (f *FS) ReadFile(p string) ([]byte, error) {
 	return slices.Clone(n.data), nil
 }
 
-func (f *FS) CreateTemp(dir, pattern string) (fsys.File, error) {
+func (f *strictFS) CreateTemp(dir, pattern string) (fsys.File, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -419,7 +419,7 @@ func (f *FS) CreateTemp(dir, pattern string) (fsys.File, error) {
 	return &file{fs: f, n: n, name: path.Join(dir, name)}, nil
 }
 
-func (f *FS) Rename(oldpath, newpath string) error {
+func (f *strictFS) Rename(oldpath, newpath string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -458,7 +458,7 @@ func (f *FS) Rename(oldpath, newpath string) error {
 	return nil
 }
 
-func (f *FS) Remove(p string) error {
+func (f *strictFS) Remove(p string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -482,7 +482,7 @@ func (f *FS) Remove(p string) error {
 	return nil
 }
 
-func (f *FS) SyncDir(p string) error {
+func (f *strictFS) SyncDir(p string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -511,7 +511,7 @@ func (f *FS) SyncDir(p string) error {
 
 // Stamp gives the number of the change that last changed p as its change
 // and modification times: unlike a real clock's, no two changes share one.
-func (f *FS) Stamp(p string) (fsys.Stamp, error) {
+func (f *strictFS) Stamp(p string) (fsys.Stamp, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -524,7 +524,7 @@ func (f *FS) Stamp(p string) (fsys.Stamp, error) {
 	return n.stamp(), nil
 }
 
-func (f *FS) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
+func (f *strictFS) Stamps(dir string, names []string) ([]fsys.Stamp, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -550,7 +550,7 @@ func (n *inode) stamp() fsys.Stamp {
 	return fsys.Stamp{Ino: n.ino, Size: int64(len(n.data)), Mod: n.ctime, Change: n.ctime}
 }
 
-func (f *FS) Lock(p string) (io.Closer, error) {
+func (f *strictFS) Lock(p string) (io.Closer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -572,7 +572,7 @@ func (f *FS) Lock(p string) (io.Closer, error) {
 }
 
 type lock struct {
-	fs *FS
+	fs *strictFS
 	n  *inode
 }
 
@@ -588,7 +588,7 @@ func (l *lock) Close() error {
 
 // file is a file created by CreateTemp.
 type file struct {
-	fs     *FS
+	fs     *strictFS
 	n      *inode
 	name   string
 	closed bool
@@ -659,7 +659,7 @@ func (i info) IsDir() bool        { return i.dir }
 func (i info) Sys() any           { return nil }
 
 // String describes the file system's current tree, for failure messages.
-func (f *FS) String() string {
+func (f *strictFS) String() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var b strings.Builder

@@ -1,4 +1,4 @@
-package strictfs
+package persist_test
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func mustWrite(t *testing.T, f *FS, dir, data string, sync bool) string {
+func mustWrite(t *testing.T, f *strictFS, dir, data string, sync bool) string {
 	t.Helper()
 	fl, err := f.CreateTemp(dir, "t-*")
 	if err != nil {
@@ -27,7 +27,7 @@ func mustWrite(t *testing.T, f *FS, dir, data string, sync bool) string {
 	return fl.Name()
 }
 
-func read(f *FS, p string) string {
+func read(f *strictFS, p string) string {
 	b, err := f.ReadFile(p)
 	if err != nil {
 		return "<" + err.Error() + ">"
@@ -35,13 +35,30 @@ func read(f *FS, p string) string {
 	return string(b)
 }
 
-// TestRestartForgetsUnsynced checks the file system's one promise: what was
+// TestStrictFS: the file system of the power-cut test forgets at a
+// restart what was not synced, and nothing else.
+func TestStrictFS(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"a restart keeps what was synced and may lose the rest", restartForgetsUnsynced},
+		{"a restart keeps a prefix of a directory's changes", restartKeepsAPrefix},
+		{"the cut comes after n changes and stops every call", cutAfter},
+		{"a rename across directories survives whole or not at all", renameAcrossDirectories},
+		{"a stamp follows what survives", stampFollowsWhatSurvives},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
+// restartForgetsUnsynced checks the file system's one promise: what was
 // synced survives a restart, whatever the seed, and what was not is lost
 // with some seeds.
-func TestRestartForgetsUnsynced(t *testing.T) {
+func restartForgetsUnsynced(t *testing.T) {
 	lostDir, tornFile := 0, 0
 	for seed := range uint64(50) {
-		f := New()
+		f := newStrictFS()
 		if err := f.Mkdir("/d", 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -93,12 +110,12 @@ func TestRestartForgetsUnsynced(t *testing.T) {
 	}
 }
 
-// TestRestartKeepsAPrefix checks that of a directory's unsynced changes a
+// restartKeepsAPrefix checks that of a directory's unsynced changes a
 // restart keeps a prefix, in order, and across seeds every prefix.
-func TestRestartKeepsAPrefix(t *testing.T) {
+func restartKeepsAPrefix(t *testing.T) {
 	seen := map[string]bool{}
 	for seed := range uint64(200) {
-		f := New()
+		f := newStrictFS()
 		for _, name := range []string{"/1", "/2", "/3"} {
 			if err := f.Mkdir(name, 0o700); err != nil {
 				t.Fatal(err)
@@ -125,10 +142,10 @@ func TestRestartKeepsAPrefix(t *testing.T) {
 	}
 }
 
-// TestCutAfter checks that the cut comes after exactly n changes and stops
+// cutAfter checks that the cut comes after exactly n changes and stops
 // every call until Restart, which also releases locks.
-func TestCutAfter(t *testing.T) {
-	f := New()
+func cutAfter(t *testing.T) {
+	f := newStrictFS()
 	f.CutAfter(2)
 	if _, err := f.Lock("/"); err != nil {
 		t.Fatal(err)
@@ -136,10 +153,10 @@ func TestCutAfter(t *testing.T) {
 	if err := f.Mkdir("/a", 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Mkdir("/b", 0o700); !errors.Is(err, ErrPowerCut) {
-		t.Fatalf("third change: %v, want ErrPowerCut", err)
+	if err := f.Mkdir("/b", 0o700); !errors.Is(err, errPowerCut) {
+		t.Fatalf("third change: %v, want errPowerCut", err)
 	}
-	if _, err := f.Stat("/a"); !errors.Is(err, ErrPowerCut) {
+	if _, err := f.Stat("/a"); !errors.Is(err, errPowerCut) {
 		t.Fatalf("a read with the power off: %v", err)
 	}
 	if !f.Off() || f.Changes() != 2 {
@@ -154,14 +171,14 @@ func TestCutAfter(t *testing.T) {
 	}
 }
 
-// TestRenameAcrossDirectories checks that a power cut keeps a rename across
+// renameAcrossDirectories checks that a power cut keeps a rename across
 // directories whole or not at all, and that once the target directory is
 // synced the file is never lost, though it may be found in both.
-func TestRenameAcrossDirectories(t *testing.T) {
+func renameAcrossDirectories(t *testing.T) {
 	for _, syncTarget := range []bool{false, true} {
 		seen := map[string]bool{}
 		for seed := range uint64(100) {
-			f := New()
+			f := newStrictFS()
 			for _, d := range []string{"/a", "/b"} {
 				if err := f.Mkdir(d, 0o700); err != nil {
 					t.Fatal(err)
@@ -209,14 +226,14 @@ func TestRenameAcrossDirectories(t *testing.T) {
 	}
 }
 
-// TestStampFollowsWhatSurvives: a directory's stamp changes with every
+// stampFollowsWhatSurvives: a directory's stamp changes with every
 // change of its entries, and after a restart it is the stamp of the state
 // that survived: the synced one if the later change was lost, the later
 // one if it was kept. A file's stamp changes when it is written.
-func TestStampFollowsWhatSurvives(t *testing.T) {
+func stampFollowsWhatSurvives(t *testing.T) {
 	kept, lost := 0, 0
 	for seed := uint64(1); seed <= 40; seed++ {
-		f := New()
+		f := newStrictFS()
 		a := mustWrite(t, f, "/", "a", true)
 		if err := f.SyncDir("/"); err != nil {
 			t.Fatal(err)
