@@ -80,7 +80,7 @@ func TestResponse(t *testing.T) {
 		assert.Equal(t, []string{"Content-Type"}, slices.Sorted(maps.Keys(resp.Header)), "only the stored fields")
 		assert.Equal(t, persist.StateSucceeded, in.State())
 		// Closed first: its background work (the listing after open, the
-		// removal of a key's older files) then no longer changes dir.
+		// index written at rest) then no longer changes dir.
 		require.NoError(t, store.Close())
 		n := storedBytes(t, dir)
 		t.Logf("stored for an answer of 10,000 header fields of 900 bytes: %d bytes", n)
