@@ -320,15 +320,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-insert-unbounded", File: "idempotency/pgstore/store.go",
 			Note:    "Insert waits for the database without end: an IN_PROGRESS insert whose answer is lost hangs the request",
-			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\t// A connection of its own, whose notices",
-			Replace: "\t// A connection of its own, whose notices",
+			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\t// A connection of its own, since only its notices",
+			Replace: "\t// A connection of its own, since only its notices",
 			Pkg:     "./idempotency/pgstore", Run: "^TestCommitTimeout$/^lease_mode's_IN_PROGRESS_insert", Env: pg,
 		},
 		{
 			Name: "pg-takeover-unbounded", File: "idempotency/pgstore/store.go",
 			Note:    "TakeOver waits for the database without end",
-			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\t// Its own connection, as Insert's: only its notices tell a canceled\n\t// wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
-			Replace: "\t// Its own connection, as Insert's: only its notices tell a canceled\n\t// wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Anchor:  "\tctx, cancel := s.firstAnswer(ctx)\n\tdefer cancel()\n\t// Its own connection, as Insert's, since only its notices tell of a\n\t// canceled wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
+			Replace: "\t// Its own connection, as Insert's, since only its notices tell of a\n\t// canceled wait for a synchronous standby.\n\tconn, err := s.pool.Acquire(ctx)\n\tif err != nil {\n\t\treturn false, fmt.Errorf(\"pgstore: take over key",
 			Pkg:     "./idempotency/pgstore", Run: "^TestBehindPgBouncer$/^exec$", Env: pg,
 		},
 		{
