@@ -140,10 +140,17 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^RunOnceHoldsTheKey$", Env: pg,
 		},
 		{
+			Name: "pg-lock-key-changed", File: "idempotency/pgstore/once.go",
+			Note:    "the key's advisory lock changes: two versions of the store run one key at once",
+			Anchor:  "c...), 0), key...)",
+			Replace: "c...), 1), key...)",
+			Pkg:     "./idempotency/pgstore", Run: "^TestLockKey$",
+		},
+		{
 			Name: "pg-lookup-ignores-lock", File: "idempotency/pgstore/store.go",
 			Note:    "Get ignores the key's lock: a lookup finds nothing done while the work runs",
-			Anchor:  "b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(id))",
-			Replace: "b.Queue(`SELECT $1::bigint IS NOT NULL`, lockKey(id))",
+			Anchor:  "b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(c, id.Key))",
+			Replace: "b.Queue(`SELECT $1::bigint IS NOT NULL`, lockKey(c, id.Key))",
 			Pkg:     "./idempotency/pgstore", Run: "^TestStoreConformance$/^default$/^RunOnceHoldsTheKey$", Env: pg,
 		},
 		{

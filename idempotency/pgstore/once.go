@@ -21,17 +21,17 @@ import (
 // same digest. Changing it lets two versions run one key at once.
 const lockDomain = "idem.lock.v1:"
 
-// lockKey is the advisory lock of id. It is the first 8 bytes of a
-// SHA-256 of its caller's digest and its key. Two keys share a lock with
-// a chance of one in 2^64. They would then only answer 409 to each other
-// for a moment.
-func lockKey(id idempotency.ID) int64 {
-	h := sha256.New()
-	h.Write([]byte(lockDomain))
-	h.Write([]byte(caller(id)))
-	h.Write([]byte{0})
-	h.Write([]byte(id.Key))
-	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+// lockKey is the advisory lock of a key of the caller digested as c.
+// It is the first 8 bytes of a SHA-256 of c and the key. Two keys share
+// a lock with a chance of one in 2^64. They would then only answer 409
+// to each other for a moment. The caller passes c, already digested for
+// its statements.
+func lockKey(c, key string) int64 {
+	// The input is built on the stack when it fits.
+	var buf [256]byte
+	in := append(append(append(append(buf[:0], lockDomain...), c...), 0), key...)
+	sum := sha256.Sum256(in)
+	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
 // lockAndMarkSQL tries the key's advisory lock ($1) without waiting. It
@@ -249,7 +249,7 @@ func (o *onceRun) rollback(ctx context.Context) {
 func (o *onceRun) begin(actx context.Context) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockAndMarkSQL, lockKey(o.rec.ID), o.mark, o.s.now()).
+	b.Queue(lockAndMarkSQL, lockKey(o.caller, o.rec.ID.Key), o.mark, o.s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&o.locked, nil, &o.recovering, &o.now) })
 	b.Queue(readOnceSQL, o.caller, o.rec.ID.Key).QueryRow(func(r pgx.Row) error {
 		if err := r.Scan(o.row.dest()...); !errors.Is(err, pgx.ErrNoRows) {

@@ -967,3 +967,18 @@ func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	return ctx
 }
 func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// TestLockKey pins the advisory lock of a key. Two versions of the store
+// that disagree on it would run one key twice at once.
+func TestLockKey(t *testing.T) {
+	c := caller(idempotency.ID{Principal: "acct_42"})
+	t.Run("a key's lock is the same in every version", func(t *testing.T) {
+		assert.Equal(t, int64(-8323046179165117858), lockKey(c, "4f1c2a9e-0b7d-4c3e-9a51-6d2e8f0b1c7a"))
+	})
+	t.Run("a key longer than the stack buffer gets the same lock", func(t *testing.T) {
+		assert.Equal(t, int64(4081109726884768776), lockKey(c, strings.Repeat("k", 255)))
+	})
+	t.Run("the caller and the key are separated", func(t *testing.T) {
+		assert.NotEqual(t, lockKey(c, "ab"), lockKey(c+"a", "b"))
+	})
+}

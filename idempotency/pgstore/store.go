@@ -642,14 +642,15 @@ func (s *Store) get(ctx context.Context, q interface {
 		dbNow            time.Time
 		row              nullableRecord
 	)
+	c := caller(id)
 	b := &pgx.Batch{}
 	// The lock and the read are statements of their own in a READ
 	// COMMITTED transaction (see beginSQL). So the read's snapshot is
 	// taken after the lock was tried.
 	b.Queue(beginSQL)
-	b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(id)).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
+	b.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(c, id.Key)).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
 	b.Queue(nowSQL(3)+` SELECT `+recoveringSQL+`, t.now, `+columns+` FROM t
-		LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, caller(id), id.Key, s.now()).
+		LEFT JOIN idempotency_records r ON r.caller = $1 AND r.key = $2 AND NOT `+expiredSQL, c, id.Key, s.now()).
 		QueryRow(func(r pgx.Row) error { return r.Scan(append([]any{&recovering, &dbNow}, row.dest()...)...) })
 	b.Queue("COMMIT")
 	if err = q.SendBatch(ctx, b).Close(); err != nil {
