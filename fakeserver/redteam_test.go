@@ -1,0 +1,192 @@
+package fakeserver_test
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/fault"
+	"github.com/idemkit/idem/idempotency"
+)
+
+// rtPost posts body to url with key and returns status, header and body, or
+// the transport error.
+func rtPost(c *http.Client, url, key, body string) (int, http.Header, string, error) {
+	r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("Authorization", "Bearer test_acme_1")
+	resp, err := c.Do(r)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b), err
+}
+
+// TestDelayFaultNeverRunsTheWorkTwice: the fake refuses a ProcessingDelay
+// that is not shorter than the lease ("a payment still running would be
+// taken over by its resend and run twice"), but the delay fault, from
+// InjectFault or POST /_fake/faults (delay_ms up to 24h), is checked
+// against nothing. Path: Options{Lease: 1s}; InjectFault(delay 1.5s) on
+// the app's endpoint POST /orders; the client's POST hangs in the delay,
+// its lease ends, the client's retry (same key, same bytes) takes the
+// record over and runs the handler (Takeover true); then the first worker
+// wakes and runs the handler again with Takeover false. A production
+// handler that trusts Takeover to tell it a second run cannot know: the
+// order is made twice under one key, and Stats.Executions is 2.
+func TestDelayFaultNeverRunsTheWorkTwice(t *testing.T) {
+	var runs atomic.Int32
+	var mu sync.Mutex
+	var takeovers []bool
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, _ := idempotency.FromContext(r.Context())
+		runs.Add(1)
+		mu.Lock()
+		takeovers = append(takeovers, info.Takeover)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"id":"`+info.StableID+`"}`)
+	})
+	s := fakeserver.NewServer(&fakeserver.Options{
+		Lease:     time.Second,
+		Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
+	})
+	t.Cleanup(s.Close)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/orders", Delay: 1500 * time.Millisecond}))
+
+	const key = "order-once-1"
+	first := make(chan int, 1)
+	go func() {
+		st, _, _, _ := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+		first <- st
+	}()
+	time.Sleep(1200 * time.Millisecond) // past the lease, inside the delay
+	st, _, body, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+	require.NoError(t, err)
+	t.Logf("retry: %d %s", st, body)
+	t.Logf("first: %d", <-first)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, int32(1), runs.Load(), "one key ran the app's handler %d times, takeover flags in order %v", runs.Load(), takeovers)
+	require.Equal(t, 1, s.Stats().Executions)
+}
+
+// TestDelayFaultNeverRunsThePaymentTwice is the same path on POST
+// /payments: the fake's own counters say the payment ran twice under one
+// key, so a client test asserting Executions == 1 fails for the fake's
+// fault, not the client's.
+func TestDelayFaultNeverRunsThePaymentTwice(t *testing.T) {
+	s := fakeserver.NewServer(&fakeserver.Options{Lease: time.Second})
+	t.Cleanup(s.Close)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/payments", Delay: 1500 * time.Millisecond}))
+	const key = "pay-once-1"
+	first := make(chan string, 1)
+	go func() {
+		st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+		first <- strings.Join([]string{http.StatusText(st), h.Get("Idempotent-Replayed"), body, errString(err)}, " | ")
+	}()
+	time.Sleep(1200 * time.Millisecond)
+	st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+	require.NoError(t, err)
+	t.Logf("retry: %d replayed=%q %s", st, h.Get("Idempotent-Replayed"), body)
+	t.Logf("first: %s", <-first)
+	t.Logf("stats: %+v", s.Stats())
+	require.Equal(t, 1, s.Stats().Executions, "one key, %+v", s.Stats())
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// TestInjectRuleRefusesANegativeTimes: InjectFault refuses a negative
+// Count ("count -1 is negative") and InjectRule promises to fail "on an
+// effect that is not a valid fault", yet a Rule{Times: -1} is taken
+// silently. Path: InjectRule(&fault.Rule{Times: -1, Effect: drop_response}):
+// no error; Times < 0 is read as "no limit", so every payment from then
+// on does its work and loses its answer, and the rule never leaves the
+// list. Bad input gets no error and the fault outlives its count.
+func TestInjectRuleRefusesANegativeTimes(t *testing.T) {
+	s := fakeserver.NewServer(nil)
+	t.Cleanup(s.Close)
+	err := s.InjectRule(&fault.Rule{Times: -1, Effect: fault.Effect{Kind: fakeserver.FaultDropResponse}})
+	if err == nil {
+		lost := 0
+		for i := range 3 {
+			if _, _, _, err := rtPost(s.Client(), s.URL+"/payments", "neg-times-"+strconv.Itoa(i), payBody); err != nil {
+				lost++
+			}
+		}
+		t.Logf("answers lost: %d of 3, payments made: %d", lost, s.Stats().Payments)
+	}
+	require.Error(t, err, "a rule of -1 times was taken")
+}
+
+// TestAttemptCountsFromOneAfterReset: InjectRule says "Op.Attempt numbers
+// the handler's requests from 1", and POST /_fake/reset "forgets
+// everything: records, payments, charges, faults, counts" (Stats.Requests
+// is 0 after it). Path: two requests, POST /_fake/reset, then a rule
+// fault.Attempt(1) answering 503: the next request is Stats' request 1,
+// but the handler's own counter was not reset, so it is Attempt 3 and the
+// rule never strikes. A suite that resets the server between tests (as
+// the docs show with curl) has its Attempt rules silently miss.
+func TestAttemptCountsFromOneAfterReset(t *testing.T) {
+	s := fakeserver.NewServer(nil)
+	t.Cleanup(s.Close)
+	for i := range 2 {
+		_, _, _, err := rtPost(s.Client(), s.URL+"/payments", "before-reset-"+strconv.Itoa(i), payBody)
+		require.NoError(t, err)
+	}
+	resp, err := s.Client().Post(s.URL+"/_fake/reset", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 0, s.Stats().Requests)
+
+	require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Attempt(1), Times: 1,
+		Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable}}))
+	st, _, _, err := rtPost(s.Client(), s.URL+"/payments", "after-reset-1", payBody)
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Stats().Requests)
+	require.Equal(t, http.StatusServiceUnavailable, st, "request 1 after the reset was not struck by Attempt(1)")
+}
+
+// TestEveryFaultStrikesItsRequest: "a fault applies to the next Count
+// requests that match Key and Path". Path: POST /_fake/faults
+// {"fault":"drop_response","key":K} then {"fault":"status","status":503}.
+// K's first attempt matches both: the status fault answers 503 ("touches
+// nothing, as a proxy would": the request never reached the server), and
+// the drop_response fault is spent on it too, having dropped nothing. K's
+// retry is then answered normally: the lost answer the test asked for
+// never happens, and nothing says so.
+func TestEveryFaultStrikesItsRequest(t *testing.T) {
+	s := fakeserver.NewServer(nil)
+	t.Cleanup(s.Close)
+	const key = "drop-me-1"
+	for _, f := range []string{`{"fault":"drop_response","key":"` + key + `"}`, `{"fault":"status","status":503}`} {
+		resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json", strings.NewReader(f))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	st, _, _, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, st)
+	require.Equal(t, 0, s.Stats().Payments)
+
+	_, _, _, err = rtPost(s.Client(), s.URL+"/payments", key, payBody)
+	require.Error(t, err, "the drop_response fault for %s never dropped an answer: it was spent on the 503 the status fault gave", key)
+}
