@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/fakeserver"
@@ -247,4 +248,49 @@ func TestLookupNeverSaysUnusedForAKeyThatDidWork(t *testing.T) {
 		resp.Header.Get("Idempotency-Lookup-Nonce"), body)
 	require.NotContains(t, string(body), "idempotency-key-unused",
 		"the lookup says nothing was done under %s, where an order was made", key)
+}
+
+// TestFaultThatCanNeverStrikeIsRefused: bad input gets a clear error.
+// A Fault's Path "matches requests with exactly this URL path", and admin
+// endpoints are never faulted. Path: POST /_fake/faults with a path no
+// request can have: the lookup's URL with its query
+// ("/payments?idempotency_key=K", as a tester faulting the lookup writes
+// it), a percent-encoded path (requests are matched on the decoded path),
+// or an admin path: each is taken (201), pending, and never strikes. The
+// test that relies on it sees a clean run and concludes its client
+// survived a fault it never met.
+func TestFaultThatCanNeverStrikeIsRefused(t *testing.T) {
+	s := fakeserver.NewServer(nil)
+	t.Cleanup(s.Close)
+	for _, path := range []string{"/payments?idempotency_key=k-1", "/pay%6Dents", "/_fake/stats"} {
+		resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json",
+			strings.NewReader(`{"fault":"error","path":"`+path+`"}`))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "path %q, which no faulted request can have, was taken: %s", path, body)
+	}
+}
+
+// TestCrashFaultOnPutClosesTheConnection: docs/FAKESERVER.md's faults
+// table says crash_after_insert and crash_after_provider close the
+// connection, and read-only endpoints do (simpleFaults). Path:
+// InjectFault(crash_after_provider, Path: "/orders/o1/status"); PUT
+// /orders/o1/status: putOrderStatus applies only delay and error, so the
+// status is set and answered 200 as if no fault were pending, and the
+// fault is spent. A client's test of a crash on its PUT passes without
+// the crash happening.
+func TestCrashFaultOnPutClosesTheConnection(t *testing.T) {
+	s := fakeserver.NewServer(nil)
+	t.Cleanup(s.Close)
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Path: "/orders/o1/status"}))
+	r, _ := http.NewRequest(http.MethodPut, s.URL+"/orders/o1/status", strings.NewReader(`{"status":"SHIPPED"}`))
+	r.Header.Set("Content-Type", "application/json")
+	resp, err := s.Client().Do(r)
+	if err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("answer: %d %s", resp.StatusCode, body)
+	}
+	require.Error(t, err, "the crash fault on PUT answered instead of closing the connection")
 }
