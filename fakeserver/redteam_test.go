@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/idempotency"
@@ -36,15 +37,18 @@ func rtPost(c *http.Client, url, key, body string) (int, http.Header, string, er
 
 // TestDelayFaultNeverRunsTheWorkTwice: the fake refuses a ProcessingDelay
 // that is not shorter than the lease ("a payment still running would be
-// taken over by its resend and run twice"), but the delay fault, from
-// InjectFault or POST /_fake/faults (delay_ms up to 24h), is checked
-// against nothing. Path: Options{Lease: 1s}; InjectFault(delay 1.5s) on
-// the app's endpoint POST /orders; the client's POST hangs in the delay,
-// its lease ends, the client's retry (same key, same bytes) takes the
-// record over and runs the handler (Takeover true); then the first worker
-// wakes and runs the handler again with Takeover false. A production
-// handler that trusts Takeover to tell it a second run cannot know: the
-// order is made twice under one key, and Stats.Executions is 2.
+// taken over by its resend and run twice"), but the delay fault (from
+// InjectFault, InjectRule or POST /_fake/faults, delay_ms up to 24h) is
+// measured against no lease, and its delay is real time while the lease
+// runs on Options.Clock. Path: InjectFault(delay 2s) on the app's endpoint
+// POST /orders; the client's POST waits in the delay while its 30s lease
+// ends (a shared clock.Manual advanced 31s, as the docs advise for
+// backoff; or, in real time, any delay_ms over the lease); the client's
+// retry, same key and bytes, takes the record over and runs the handler
+// (Takeover true); then the first worker wakes and runs the handler again
+// with Takeover false. The handler a production server runs cannot tell
+// that second run from a first: the order is made twice under one key,
+// and Stats.Executions is 2.
 func TestDelayFaultNeverRunsTheWorkTwice(t *testing.T) {
 	var runs atomic.Int32
 	var mu sync.Mutex
@@ -59,12 +63,13 @@ func TestDelayFaultNeverRunsTheWorkTwice(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, `{"id":"`+info.StableID+`"}`)
 	})
+	clk := clock.NewManual(epoch)
 	s := fakeserver.NewServer(&fakeserver.Options{
-		Lease:     time.Second,
+		Clock:     clk,
 		Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
 	})
 	t.Cleanup(s.Close)
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/orders", Delay: 1500 * time.Millisecond}))
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/orders", Delay: 2 * time.Second}))
 
 	const key = "order-once-1"
 	first := make(chan int, 1)
@@ -72,7 +77,8 @@ func TestDelayFaultNeverRunsTheWorkTwice(t *testing.T) {
 		st, _, _, _ := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
 		first <- st
 	}()
-	time.Sleep(1200 * time.Millisecond) // past the lease, inside the delay
+	waitInProgress(t, s)
+	clk.Advance(31 * time.Second) // past the 30s lease, inside the delay
 	st, _, body, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
 	require.NoError(t, err)
 	t.Logf("retry: %d %s", st, body)
@@ -89,22 +95,31 @@ func TestDelayFaultNeverRunsTheWorkTwice(t *testing.T) {
 // key, so a client test asserting Executions == 1 fails for the fake's
 // fault, not the client's.
 func TestDelayFaultNeverRunsThePaymentTwice(t *testing.T) {
-	s := fakeserver.NewServer(&fakeserver.Options{Lease: time.Second})
+	clk := clock.NewManual(epoch)
+	s := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
 	t.Cleanup(s.Close)
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/payments", Delay: 1500 * time.Millisecond}))
+	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/payments", Delay: 2 * time.Second}))
 	const key = "pay-once-1"
 	first := make(chan string, 1)
 	go func() {
 		st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
 		first <- strings.Join([]string{http.StatusText(st), h.Get("Idempotent-Replayed"), body, errString(err)}, " | ")
 	}()
-	time.Sleep(1200 * time.Millisecond)
+	waitInProgress(t, s)
+	clk.Advance(31 * time.Second)
 	st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
 	require.NoError(t, err)
 	t.Logf("retry: %d replayed=%q %s", st, h.Get("Idempotent-Replayed"), body)
 	t.Logf("first: %s", <-first)
 	t.Logf("stats: %+v", s.Stats())
 	require.Equal(t, 1, s.Stats().Executions, "one key, %+v", s.Stats())
+}
+
+// waitInProgress waits until s holds a record in progress: the first
+// request is inside its delay.
+func waitInProgress(t *testing.T, s *fakeserver.Server) {
+	t.Helper()
+	require.Eventually(t, func() bool { return s.Stats().InProgress == 1 }, 5*time.Second, 10*time.Millisecond)
 }
 
 func errString(err error) string {
