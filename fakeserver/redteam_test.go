@@ -375,3 +375,26 @@ func TestKeyFaultStrikesOnlyItsCallersKey(t *testing.T) {
 	t.Logf("globex: %v; acme: %v", globexErr, acmeErr)
 	require.NoError(t, globexErr, "acme's fault struck globex's intent")
 }
+
+// TestAdminFaultEchoIsWhatTheFaultDoes: POST /_fake/faults refuses
+// "status" on any fault but status ("status is only for the status
+// fault"), yet takes "delay_ms" on every fault and echoes it back. Path:
+// {"fault":"drop_response","delay_ms":3000}: 201 with "delay_ms":3000 in
+// the echo, as if the answer were dropped after 3s; the server drops it at
+// once, since only the delay fault reads a delay. Bad input gets no error,
+// and the echo describes a fault the server does not run.
+func TestAdminFaultEchoIsWhatTheFaultDoes(t *testing.T) {
+	s := fakeserver.NewServer(nil)
+	t.Cleanup(s.Close)
+	resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json",
+		strings.NewReader(`{"fault":"drop_response","delay_ms":3000}`))
+	require.NoError(t, err)
+	echo, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	start := time.Now()
+	_, _, _, err = rtPost(s.Client(), s.URL+"/payments", "echo-1", payBody)
+	took := time.Since(start)
+	t.Logf("admin: %d %s; the payment's answer was lost after %v (%v)", resp.StatusCode, echo, took.Round(time.Millisecond), err)
+	require.False(t, resp.StatusCode == http.StatusCreated && strings.Contains(string(echo), `"delay_ms":3000`) && took < 3*time.Second,
+		"the fault was taken and echoed with delay_ms 3000, and ran without any delay")
+}
