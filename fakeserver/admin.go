@@ -97,7 +97,10 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		validationProblem(err.Error()).Write(w)
 		return
 	}
-	if f, err = f.validate(); err != nil {
+	if f, err = f.validate(); err == nil {
+		err = h.checkDelay(f.rule().Effect)
+	}
+	if err != nil {
 		validationProblem(strings.TrimPrefix(err.Error(), "fakeserver: ")).Write(w)
 		return
 	}

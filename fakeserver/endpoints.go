@@ -137,14 +137,14 @@ func (h *Handler) work(next http.Handler) http.Handler {
 		if f.Has(FaultCrashAfterInsert) {
 			panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 		}
-		if err := h.state.Count(ctx, fakestate.Executions); err != nil {
-			h.internalError(w, r, err)
-			return
-		}
-		if err := sleep(ctx, h.cfg.delay+delayOf(f)); err != nil {
+		if err := h.holdWork(ctx, h.cfg.delay+delayOf(f)); err != nil {
 			idempotency.NothingDone(ctx)
 			(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 				Detail: "the request was cancelled before the work was done; nothing was done"}).Write(w)
+			return
+		}
+		if err := h.state.Count(ctx, fakestate.Executions); err != nil {
+			h.internalError(w, r, err)
 			return
 		}
 		if f.Has(FaultError) {

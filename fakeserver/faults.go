@@ -165,12 +165,12 @@ func checkEffect(e fault.Effect) error {
 	return err
 }
 
-// validEffects drops the effects that are not valid faults. Only a drawn
-// effect can be one, and the server cannot apply it.
-func validEffects(es fault.Effects) fault.Effects {
+// validEffects drops the effects that are not valid faults here. Only a
+// drawn effect can be one, and the server cannot apply it.
+func (h *Handler) validEffects(es fault.Effects) fault.Effects {
 	kept := es[:0]
 	for _, e := range es {
-		if checkEffect(e) == nil {
+		if checkEffect(e) == nil && h.checkDelay(e) == nil {
 			kept = append(kept, e)
 		}
 	}
@@ -183,6 +183,55 @@ type faultCtxKey struct{}
 func faultsFrom(ctx context.Context) fault.Effects {
 	es, _ := ctx.Value(faultCtxKey{}).(fault.Effects)
 	return es
+}
+
+// checkDelay refuses a delay fault that outlasts the lease, with
+// ProcessingDelay. A worker still waiting would be taken over by its
+// resend. The work would then run twice under one key.
+func (h *Handler) checkDelay(e fault.Effect) error {
+	if e.Kind == FaultDelay && h.cfg.delay+e.Delay >= h.cfg.lease {
+		return fmt.Errorf("%w: the delay (%v) plus ProcessingDelay (%v) must be shorter than the lease (%v); "+
+			"a longer wait lets the resend take the work over and run it twice", errInvalidFault, e.Delay, h.cfg.delay, h.cfg.lease)
+	}
+	return nil
+}
+
+// holdWork holds the work for d. A worker whose lease ended meanwhile
+// dies before the work, as a dead worker would. Its record may be a
+// takeover's now, so its work would run twice.
+func (h *Handler) holdWork(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	info, keyed := idempotency.FromContext(ctx)
+	var held *idempotency.Record
+	if keyed {
+		rec, live, err := h.state.Record(ctx, info.ID, h.cfg.now())
+		if err == nil && live {
+			held = rec
+		}
+	}
+	if err := sleep(ctx, d); err != nil {
+		return err
+	}
+	if held != nil && !h.stillLeased(ctx, held) {
+		panic(http.ErrAbortHandler) // the lease ended; the record stays for the takeover
+	}
+	return nil
+}
+
+// stillLeased reports whether held's lease is alive and untaken. A lease
+// ended, taken over or unreadable is lost.
+func (h *Handler) stillLeased(ctx context.Context, held *idempotency.Record) bool {
+	rec, live, err := h.state.Record(ctx, held.ID, h.cfg.now())
+	if err != nil || !live || rec.Status != idempotency.StatusInProgress || !rec.LockedUntil.Equal(held.LockedUntil) {
+		return false
+	}
+	at := h.cfg.now()
+	if !rec.ReadAt.IsZero() {
+		at = rec.ReadAt // the store's clock judges its leases
+	}
+	return at.Before(rec.LockedUntil)
 }
 
 // delayOf returns how long the delay fault holds the work.

@@ -2,18 +2,22 @@ package fakeserver_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/fault"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // One test per fault of section 9.
@@ -401,5 +405,83 @@ func TestInjectRule(t *testing.T) {
 		}
 		assert.ErrorIs(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset}), fakeserver.ErrTooManyFaults)
 		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fakeserver.FaultReset}}), fakeserver.ErrTooManyFaults)
+	})
+}
+
+func TestFaults(t *testing.T) {
+	t.Parallel()
+	t.Run("a delay at or over the lease is refused", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, &fakeserver.Options{Lease: 10 * time.Second, ProcessingDelay: time.Second})
+		over := fakeserver.Fault{Kind: fakeserver.FaultDelay, Delay: 9 * time.Second}
+		assert.ErrorIs(t, s.InjectFault(over), fakeserver.ErrInvalidFault)
+		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fakeserver.FaultDelay, Delay: time.Hour}}),
+			fakeserver.ErrInvalidFault)
+		a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true, Body: `{"fault":"delay","delay_ms":9000}`})
+		assert.Equal(t, http.StatusBadRequest, a.Status)
+		assert.Contains(t, string(a.Body), "shorter than the lease")
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Delay: 8 * time.Second, Key: "other"}))
+	})
+	t.Run("a delay fault never runs the work twice", func(t *testing.T) {
+		t.Parallel()
+		// The delay is real time; the lease ends on the shared clock.
+		var runs atomic.Int32
+		var mu sync.Mutex
+		var takeovers []bool
+		createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			info, _ := idempotency.FromContext(r.Context())
+			runs.Add(1)
+			mu.Lock()
+			takeovers = append(takeovers, info.Takeover)
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"id":"`+info.StableID+`"}`)
+		})
+		clk := clock.NewManual(epoch)
+		s := fakeserver.NewServer(&fakeserver.Options{
+			Clock:     clk,
+			Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
+		})
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/orders", Delay: 2 * time.Second}))
+
+		const key = "order-once-1"
+		first := make(chan int, 1)
+		go func() {
+			st, _, _, _ := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+			first <- st
+		}()
+		waitInProgress(t, s)
+		clk.Advance(31 * time.Second) // past the 30s lease, inside the delay
+		st, _, body, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+		require.NoError(t, err)
+		t.Logf("retry: %d %s", st, body)
+		t.Logf("first: %d", <-first)
+
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, int32(1), runs.Load(), "one key ran the app's handler %d times, takeover flags in order %v", runs.Load(), takeovers)
+		require.Equal(t, 1, s.Stats().Executions)
+	})
+	t.Run("a delay fault never runs a payment twice", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		s := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/payments", Delay: 2 * time.Second}))
+		const key = "pay-once-1"
+		first := make(chan string, 1)
+		go func() {
+			st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+			first <- strings.Join([]string{http.StatusText(st), h.Get("Idempotent-Replayed"), body, errString(err)}, " | ")
+		}()
+		waitInProgress(t, s)
+		clk.Advance(31 * time.Second)
+		st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+		require.NoError(t, err)
+		t.Logf("retry: %d replayed=%q %s", st, h.Get("Idempotent-Replayed"), body)
+		t.Logf("first: %s", <-first)
+		require.Equal(t, 1, s.Stats().Executions, "one key, %+v", s.Stats())
 	})
 }

@@ -85,6 +85,9 @@ func (h *Handler) InjectFault(f Fault) error {
 	if err != nil {
 		return err
 	}
+	if err := h.checkDelay(f.rule().Effect); err != nil {
+		return err
+	}
 	return h.addRule(f.rule())
 }
 
@@ -96,6 +99,9 @@ func (h *Handler) InjectFault(f Fault) error {
 // dropped as it strikes.
 func (h *Handler) InjectRule(r *fault.Rule) error {
 	if err := checkRule(r); err != nil {
+		return err
+	}
+	if err := h.checkDelay(r.Effect); err != nil && r.Draw == nil {
 		return err
 	}
 	return h.addRule(r)
@@ -232,7 +238,7 @@ func (h *Handler) faultsOf(r *http.Request) fault.Effects {
 	}
 	op := fault.OpOf(r)
 	op.Attempt = n
-	return validEffects(h.faults.Inject(op))
+	return h.validEffects(h.faults.Inject(op))
 }
 
 // route dispatches the business API.

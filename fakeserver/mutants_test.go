@@ -158,9 +158,23 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "fake-drawn-effect-unchecked", File: "fakeserver/handler.go",
 			Note:    "a drawn effect that is not a valid fault is applied, and a status of 0 kills the request",
-			Anchor:  "return validEffects(h.faults.Inject(op))",
+			Anchor:  "return h.validEffects(h.faults.Inject(op))",
 			Replace: "return h.faults.Inject(op)",
 			Pkg:     "./fakeserver", Run: "^TestInjectRule$",
+		},
+		{
+			Name: "fake-delay-past-lease-taken", File: "fakeserver/faults.go",
+			Note:    "a delay fault at or over the lease is taken, so the resend takes the work over",
+			Anchor:  "if e.Kind == FaultDelay && h.cfg.delay+e.Delay >= h.cfg.lease {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_delay_at_or_over_the_lease_is_refused$",
+		},
+		{
+			Name: "fake-delay-outlives-lease", File: "fakeserver/faults.go",
+			Note:    "a worker whose lease ended in its delay does the work, beside the takeover's",
+			Anchor:  "if held != nil && !h.stillLeased(ctx, held) {",
+			Replace: "if held != nil && false {",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_delay_fault_never_runs_a_payment_twice$",
 		},
 		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",

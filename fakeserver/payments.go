@@ -274,11 +274,6 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if f.Has(FaultCrashAfterInsert) {
 		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 	}
-	if err := h.state.Count(ctx, fakestate.Executions); err != nil {
-		h.internalError(w, r, err)
-		return
-	}
-
 	id := info.StableID
 	principal := info.ID.Principal
 	if !idem {
@@ -286,10 +281,16 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		principal = principalOf(r)
 	}
 
-	if err := sleep(ctx, h.cfg.delay+delayOf(f)); err != nil {
+	if err := h.holdWork(ctx, h.cfg.delay+delayOf(f)); err != nil {
 		idempotency.NothingDone(ctx)
 		(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
+		return
+	}
+	// Counted once the worker still holds its lease: a worker that lost
+	// it does no work.
+	if err := h.state.Count(ctx, fakestate.Executions); err != nil {
+		h.internalError(w, r, err)
 		return
 	}
 	if f.Has(FaultError) {

