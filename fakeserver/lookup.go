@@ -15,7 +15,8 @@ import (
 
 // lookup answers GET /payments?idempotency_key=K for the record id: the
 // payment made under the key's latest intent, 409 while that intent is
-// unsettled, or 404 when nothing was charged for it.
+// unsettled, or 404 when nothing was charged for it. Other work under
+// the key, an app's order say, answers its stored answer.
 //
 // The key's live record decides first, because a key used again after its
 // retention is a new intent whatever the key paid before: a COMPLETED
@@ -43,6 +44,10 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		switch {
 		case live && rec.Status == idempotency.StatusCompleted:
 			p, paid, err = h.state.Payment(ctx, id.Principal, rec.StableID)
+			if err == nil && !paid && didOtherWork(rec.Response) {
+				writeStored(w, rec.Response)
+				return
+			}
 		case live:
 			// The store's clock decides whether the lease has ended: the
 			// takeover in recoverRecord is refused while it is alive.
@@ -81,6 +86,30 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		return
 	}
 	inProgress(w, 1)
+}
+
+// didOtherWork reports whether a completed record without a payment
+// answers other work: an app's order, say. Only a declined payment did
+// nothing. The key is used, so the lookup never calls it unused.
+func didOtherWork(resp *idempotency.Response) bool {
+	if resp == nil {
+		return false
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	_ = json.Unmarshal(resp.Body, &p)
+	return resp.StatusCode != http.StatusPaymentRequired || p.Type != ProblemCardDeclined
+}
+
+// writeStored answers the record's stored answer. It is the server's
+// word on what the key did.
+func writeStored(w http.ResponseWriter, resp *idempotency.Response) {
+	for k, v := range resp.Header {
+		w.Header()[k] = append([]string(nil), v...)
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(resp.Body)
 }
 
 // lookupError answers a lookup whose store failed. A store that reached a

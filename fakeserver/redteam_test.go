@@ -142,45 +142,6 @@ func TestKeyFaultStrikesTheKeyTheServerCompares(t *testing.T) {
 	require.Error(t, err, "the drop_response fault for the key's canonical form let its upper-case spelling through (status %d)", st)
 }
 
-// TestLookupNeverSaysUnusedForAKeyThatDidWork: the lookup's 404
-// idempotency-key-unused is the server's word that "nothing was done
-// under this key for this caller" (docs/CONTRACT.md); a client voids its
-// intent on it. The docs say the lookup "answers for payments only", and
-// "one key is one intent across paths". Path: the app's endpoint POST
-// /orders makes an order under key K (201, its record COMPLETED); GET
-// /payments?idempotency_key=K finds K's completed record, finds no payment
-// for its stable id, and answers the typed miss, echoed, no-store: the
-// server says nothing was done under K, while an order was. An app whose
-// Server.Lookup asks this one lookup for every intent is told its order
-// was never made.
-func TestLookupNeverSaysUnusedForAKeyThatDidWork(t *testing.T) {
-	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"id":"ord_1"}`)
-	})
-	s := fakeserver.NewServer(&fakeserver.Options{
-		Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
-	})
-	t.Cleanup(s.Close)
-	const key = "order-looked-up-1"
-	st, _, _, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, st)
-
-	r, _ := http.NewRequest(http.MethodGet, s.URL+"/payments?idempotency_key="+key, nil)
-	r.Header.Set("Authorization", "Bearer test_acme_1")
-	r.Header.Set("Idempotency-Lookup-Nonce", "n-1")
-	resp, err := s.Client().Do(r)
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	t.Logf("lookup: %d key=%q nonce=%q %s", resp.StatusCode, resp.Header.Get("Idempotency-Key"),
-		resp.Header.Get("Idempotency-Lookup-Nonce"), body)
-	require.NotContains(t, string(body), "idempotency-key-unused",
-		"the lookup says nothing was done under %s, where an order was made", key)
-}
-
 // TestFaultThatCanNeverStrikeIsRefused: bad input gets a clear error.
 // A Fault's Path "matches requests with exactly this URL path", and admin
 // endpoints are never faulted. Path: POST /_fake/faults with a path no
