@@ -484,4 +484,26 @@ func TestFaults(t *testing.T) {
 		t.Logf("first: %s", <-first)
 		require.Equal(t, 1, s.Stats().Executions, "one key, %+v", s.Stats())
 	})
+	// A status fault answers first; the drop waits for the retry.
+	t.Run("a fault is never spent on a request another fault answered", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		const key = "drop-me-1"
+		for _, f := range []string{`{"fault":"drop_response","key":"` + key + `"}`, `{"fault":"status","status":503}`} {
+			resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json", strings.NewReader(f))
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+		}
+		st, _, _, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, st)
+		require.Equal(t, 0, s.Stats().Payments)
+
+		// A fresh connection: Go's Transport resends a keyed request on a
+		// reused connection that closed.
+		_, _, _, err = rtPost(freshClient(t), s.URL+"/payments", key, payBody)
+		require.Error(t, err, "the drop_response fault for %s never dropped an answer: it was spent on the 503 the status fault gave", key)
+	})
 }

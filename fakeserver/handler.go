@@ -49,6 +49,7 @@ func NewBareHandler(opts *Options) *Handler { return newHandler(opts, true) }
 func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
 	h.faults.Max = maxFaults
+	h.faults.Final = []fault.Kind{FaultReset, FaultStatus} // the request goes no further
 	if h.cfg.storage != nil {
 		// The bounds on memory do not apply: the storage holds the state.
 		h.state = h.cfg.storage.open(h.cfg.clock)

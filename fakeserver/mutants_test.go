@@ -184,6 +184,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestLookup$/^a_key_that_did_other_work_is_never_called_unused$",
 		},
 		{
+			Name: "fake-final-faults-unordered", File: "fakeserver/handler.go",
+			Note:    "the reset and status faults are asked with the others, so a fault is spent on a request another answered",
+			Anchor:  "h.faults.Final = []fault.Kind{FaultReset, FaultStatus}",
+			Replace: "h.faults.Final = nil",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_fault_is_never_spent_on_a_request_another_fault_answered$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",

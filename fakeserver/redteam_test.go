@@ -96,33 +96,6 @@ func TestAttemptCountsFromOneAfterReset(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, st, "request 1 after the reset was not struck by Attempt(1)")
 }
 
-// TestEveryFaultStrikesItsRequest: "a fault applies to the next Count
-// requests that match Key and Path". Path: POST /_fake/faults
-// {"fault":"drop_response","key":K} then {"fault":"status","status":503}.
-// K's first attempt matches both: the status fault answers 503 ("touches
-// nothing, as a proxy would": the request never reached the server), and
-// the drop_response fault is spent on it too, having dropped nothing. K's
-// retry is then answered normally: the lost answer the test asked for
-// never happens, and nothing says so.
-func TestEveryFaultStrikesItsRequest(t *testing.T) {
-	s := fakeserver.NewServer(nil)
-	t.Cleanup(s.Close)
-	const key = "drop-me-1"
-	for _, f := range []string{`{"fault":"drop_response","key":"` + key + `"}`, `{"fault":"status","status":503}`} {
-		resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json", strings.NewReader(f))
-		require.NoError(t, err)
-		resp.Body.Close()
-		require.Equal(t, http.StatusCreated, resp.StatusCode)
-	}
-	st, _, _, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusServiceUnavailable, st)
-	require.Equal(t, 0, s.Stats().Payments)
-
-	_, _, _, err = rtPost(s.Client(), s.URL+"/payments", key, payBody)
-	require.Error(t, err, "the drop_response fault for %s never dropped an answer: it was spent on the 503 the status fault gave", key)
-}
-
 // TestKeyFaultStrikesTheKeyTheServerCompares: under RequireUUID the
 // server "compares a key by its canonical form (lower case), so
 // 8E03978E-... (as iOS's UUID().uuidString writes it) and its lower-cased

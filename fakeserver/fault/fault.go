@@ -17,6 +17,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -219,6 +220,11 @@ var ErrFull = errors.New("fault: the list is full")
 type List struct {
 	// Max bounds the rules held. Zero means no bound.
 	Max int
+	// Final lists the kinds that end an op, as a proxy's answer does.
+	// Their rules are asked first, and the first that strikes ends the
+	// asking. So no other rule spends a strike on an op it never reaches.
+	// A rule that draws its effect is asked with the others.
+	Final []Kind
 
 	mu    sync.Mutex
 	rules []*Rule
@@ -253,9 +259,19 @@ func (l *List) Len() int {
 func (l *List) Inject(op Op) Effects {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var es Effects
-	kept := l.rules[:0]
 	for _, r := range l.rules {
+		if r.Draw == nil && slices.Contains(l.Final, r.Effect.Kind) {
+			if es := r.Inject(op); len(es) > 0 {
+				l.dropSpent()
+				return es
+			}
+		}
+	}
+	var es Effects
+	for _, r := range l.rules {
+		if r.Draw == nil && slices.Contains(l.Final, r.Effect.Kind) {
+			continue // asked above
+		}
 		if r.Draw != nil || !es.Has(r.Effect.Kind) {
 			for _, e := range r.Inject(op) {
 				if !es.Has(e.Kind) {
@@ -263,11 +279,19 @@ func (l *List) Inject(op Op) Effects {
 				}
 			}
 		}
+	}
+	l.dropSpent()
+	return es
+}
+
+// dropSpent removes the spent rules. l.mu is held.
+func (l *List) dropSpent() {
+	kept := l.rules[:0]
+	for _, r := range l.rules {
 		if !r.Spent() {
 			kept = append(kept, r)
 		}
 	}
 	clear(l.rules[len(kept):])
 	l.rules = kept
-	return es
 }

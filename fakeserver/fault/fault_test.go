@@ -212,6 +212,16 @@ func TestList(t *testing.T) {
 		require.NoError(t, l.Add(&fault.Rule{Draw: func(fault.Op) fault.Effect { return fault.Effect{Kind: fault.Error, Status: 1} }}))
 		assert.Equal(t, fault.Effects{{Kind: fault.Error}}, l.Inject(post))
 	})
+	t.Run("a final kind that strikes ends the asking", func(t *testing.T) {
+		l := fault.List{Final: []fault.Kind{fault.Status}}
+		lose := &fault.Rule{When: fault.Key("k"), Effect: fault.Effect{Kind: fault.LoseAnswer}, Times: 1}
+		require.NoError(t, l.Add(lose))
+		require.NoError(t, l.Add(&fault.Rule{Effect: fault.Effect{Kind: fault.Status, Status: 503}, Times: 1}))
+		assert.Equal(t, fault.Effects{{Kind: fault.Status, Status: 503}}, l.Inject(post))
+		assert.Equal(t, 1, lose.Left(), "the op never reached the rule after the answer")
+		assert.Equal(t, fault.Effects{{Kind: fault.LoseAnswer}}, l.Inject(post))
+		assert.Equal(t, 0, l.Len())
+	})
 	t.Run("it holds at most Max rules", func(t *testing.T) {
 		l := fault.List{Max: 2}
 		require.NoError(t, l.Add(&fault.Rule{}))

@@ -19,6 +19,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     pkg, Run: "^TestList$",
 		},
 		{
+			Name: "fault-list-final-not-first", File: "fakeserver/fault/fault.go",
+			Note:    "a List asks the rules of final kinds with the others, and a rule spends a strike on an op a final rule ended",
+			Anchor:  "\t\t\tif es := r.Inject(op); len(es) > 0 {\n\t\t\t\tl.dropSpent()\n\t\t\t\treturn es\n\t\t\t}\n",
+			Replace: "\t\t\t_ = op\n",
+			Pkg:     pkg, Run: "^TestList$/^a_final_kind_that_strikes_ends_the_asking$",
+		},
+		{
 			Name: "fault-rule-strikes-uncounted", File: "fakeserver/fault/fault.go",
 			Note:    "a Rule does not count its strikes, and strikes past its Times",
 			Anchor:  "if r.Times > 0 && r.struck.Add(1) > int64(r.Times) {",
