@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/fakeserver/fault"
@@ -175,6 +177,30 @@ func (h *Handler) validEffects(es fault.Effects) fault.Effects {
 		}
 	}
 	return kept
+}
+
+// attempts numbers the requests of each method from 1: Op.Attempt.
+// So GETs between POSTs never shift the POSTs' numbers. Methods beyond
+// the standard ones share one count, which bounds the map.
+type attempts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+var countedMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions}
+
+func (a *attempts) next(method string) int {
+	if !slices.Contains(countedMethods, method) {
+		method = "" // any other method
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == nil {
+		a.n = make(map[string]int)
+	}
+	a.n[method]++
+	return a.n[method]
 }
 
 type faultCtxKey struct{}

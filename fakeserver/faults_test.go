@@ -406,6 +406,34 @@ func TestInjectRule(t *testing.T) {
 		assert.ErrorIs(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset}), fakeserver.ErrTooManyFaults)
 		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fakeserver.FaultReset}}), fakeserver.ErrTooManyFaults)
 	})
+	// A client checks each payment with two GETs.
+	t.Run("the documented every third POST rule counts POSTs only", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectRule(&fault.Rule{
+			When:   fault.And(fault.Method(http.MethodPost), func(op fault.Op) bool { return op.Attempt%3 == 0 }),
+			Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "1"},
+		}))
+		refused := 0
+		for i := range 6 {
+			st, h, _, err := rtPost(s.Client(), s.URL+"/payments", "every-third-"+strconv.Itoa(i), payBody)
+			require.NoError(t, err)
+			if st == http.StatusServiceUnavailable {
+				refused++
+				continue
+			}
+			require.Equal(t, http.StatusCreated, st)
+			for _, path := range []string{h.Get("Location"), "/payments"} {
+				r, _ := http.NewRequest(http.MethodGet, s.URL+path, nil)
+				r.Header.Set("Authorization", "Bearer test_acme_1")
+				resp, err := s.Client().Do(r)
+				require.NoError(t, err)
+				resp.Body.Close()
+			}
+		}
+		require.Equal(t, 2, refused, "of 6 POSTs, %d were answered 503 by the 'every third POST' rule", refused)
+	})
 }
 
 func TestFaults(t *testing.T) {

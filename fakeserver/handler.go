@@ -22,7 +22,7 @@ type Handler struct {
 	cfg      config
 	state    fakestate.State
 	faults   fault.List
-	requests atomic.Int64 // numbers the requests faults see, from 1
+	requests attempts     // numbers the requests faults see
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
 	// endpoints serves Options.Endpoints, the app's own; nil without any.
 	endpoints       *http.ServeMux
@@ -93,7 +93,7 @@ func (h *Handler) InjectFault(f Fault) error {
 }
 
 // InjectRule adds a fault made with package fault. Op.Attempt numbers
-// the handler's requests from 1, admin requests aside. The server applies
+// the handler's requests of the op's method from 1, admin requests aside. The server applies
 // the seven kinds of [Fault]. It fails, changing nothing, on an effect
 // that is not a valid fault. It fails too while 100 faults are pending
 // ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
@@ -233,7 +233,7 @@ func writeStatusFault(w http.ResponseWriter, st fault.Effect) {
 // faultsOf returns the effects of the faults that strike r. Without a
 // fault it skips parsing r's query.
 func (h *Handler) faultsOf(r *http.Request) fault.Effects {
-	n := int(h.requests.Add(1))
+	n := h.requests.next(r.Method)
 	if h.faults.Len() == 0 {
 		return nil
 	}

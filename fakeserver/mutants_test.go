@@ -191,6 +191,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_fault_is_never_spent_on_a_request_another_fault_answered$",
 		},
 		{
+			Name: "fake-attempt-counts-every-method", File: "fakeserver/faults.go",
+			Note:    "Op.Attempt numbers requests of every method together, so the GETs between POSTs shift the documented every-third-POST rule",
+			Anchor:  "a.n[method]++\n\treturn a.n[method]",
+			Replace: "a.n[\"\"]++\n\treturn a.n[\"\"]",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$/^the_documented_every_third_POST_rule_counts_POSTs_only$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",

@@ -160,41 +160,6 @@ func TestCrashFaultOnPutClosesTheConnection(t *testing.T) {
 	require.Error(t, err, "the crash fault on PUT answered instead of closing the connection")
 }
 
-// TestDocumentedEveryThirdPostRule: docs/FAKESERVER.md "Faults" shows
-// this rule as "every third POST is answered 503, as by a proxy in
-// front". Op.Attempt numbers every request the handler gets, GETs
-// included, so the rule strikes a POST whose number among all requests is
-// a multiple of 3. Path: a client that checks each payment with two GETs
-// (GET /payments/{id}, GET /payments) sends POST, GET, GET: its POSTs are
-// requests 1, 4, 7, 10, 13, 16, and not one of the six is answered 503.
-// The documented rule tests nothing for the client it is shown for.
-func TestDocumentedEveryThirdPostRule(t *testing.T) {
-	s := fakeserver.NewServer(nil)
-	t.Cleanup(s.Close)
-	require.NoError(t, s.InjectRule(&fault.Rule{
-		When:   fault.And(fault.Method(http.MethodPost), func(op fault.Op) bool { return op.Attempt%3 == 0 }),
-		Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "1"},
-	}))
-	refused := 0
-	for i := range 6 {
-		st, h, _, err := rtPost(s.Client(), s.URL+"/payments", "every-third-"+strconv.Itoa(i), payBody)
-		require.NoError(t, err)
-		if st == http.StatusServiceUnavailable {
-			refused++
-			continue
-		}
-		require.Equal(t, http.StatusCreated, st)
-		for _, path := range []string{h.Get("Location"), "/payments"} {
-			r, _ := http.NewRequest(http.MethodGet, s.URL+path, nil)
-			r.Header.Set("Authorization", "Bearer test_acme_1")
-			resp, err := s.Client().Do(r)
-			require.NoError(t, err)
-			resp.Body.Close()
-		}
-	}
-	require.Equal(t, 2, refused, "of 6 POSTs, %d were answered 503 by the 'every third POST' rule", refused)
-}
-
 // TestKeyFaultStrikesOnlyItsCallersKey: "Keys are scoped to the caller"
 // (docs/FAKESERVER.md): acme's K and globex's K are two intents, and the
 // server never lets one touch the other. A Fault's Key cannot name a
