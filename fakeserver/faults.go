@@ -203,6 +203,13 @@ func (a *attempts) next(method string) int {
 	return a.n[method]
 }
 
+// reset numbers from 1 again, as POST /_fake/reset forgets the counts.
+func (a *attempts) reset() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	clear(a.n)
+}
+
 type faultCtxKey struct{}
 
 // faultsFrom returns the effects the request's faults ask of the work.

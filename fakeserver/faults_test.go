@@ -434,6 +434,26 @@ func TestInjectRule(t *testing.T) {
 		}
 		require.Equal(t, 2, refused, "of 6 POSTs, %d were answered 503 by the 'every third POST' rule", refused)
 	})
+	t.Run("after a reset the requests are numbered from 1 again", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		for i := range 2 {
+			_, _, _, err := rtPost(s.Client(), s.URL+"/payments", "before-reset-"+strconv.Itoa(i), payBody)
+			require.NoError(t, err)
+		}
+		resp, err := s.Client().Post(s.URL+"/_fake/reset", "", nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 0, s.Stats().Requests)
+
+		require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Attempt(1), Times: 1,
+			Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable}}))
+		st, _, _, err := rtPost(s.Client(), s.URL+"/payments", "after-reset-1", payBody)
+		require.NoError(t, err)
+		require.Equal(t, 1, s.Stats().Requests)
+		require.Equal(t, http.StatusServiceUnavailable, st, "request 1 after the reset was not struck by Attempt(1)")
+	})
 }
 
 func TestFaults(t *testing.T) {

@@ -146,6 +146,7 @@ func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payme
 // server on it; faults are forgotten in this process only.
 func (h *Handler) reset(ctx context.Context) error {
 	h.faults.Clear()
+	h.requests.reset()
 	return h.state.Reset(ctx)
 }
 

@@ -198,6 +198,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestInjectRule$/^the_documented_every_third_POST_rule_counts_POSTs_only$",
 		},
 		{
+			Name: "fake-attempt-survives-reset", File: "fakeserver/handler.go",
+			Note:    "POST /_fake/reset leaves the request numbers, so an Attempt rule after it never strikes",
+			Anchor:  "\th.requests.reset()\n",
+			Replace: "",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$/^after_a_reset_the_requests_are_numbered_from_1_again$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",
