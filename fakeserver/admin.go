@@ -97,10 +97,7 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		validationProblem(err.Error()).Write(w)
 		return
 	}
-	if f, err = f.validate(); err == nil {
-		err = h.checkDelay(f.rule().Effect)
-	}
-	if err != nil {
+	if f, err = h.prepare(f); err != nil {
 		validationProblem(strings.TrimPrefix(err.Error(), "fakeserver: ")).Write(w)
 		return
 	}

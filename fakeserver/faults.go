@@ -218,6 +218,17 @@ func faultsFrom(ctx context.Context) fault.Effects {
 	return es
 }
 
+// prepare checks f for this server and returns it normalised. Under
+// RequireUUID its key takes the canonical form the server compares.
+func (h *Handler) prepare(f Fault) (Fault, error) {
+	f, err := f.validate()
+	if err != nil {
+		return f, err
+	}
+	f.Key = idempotency.CanonicalKey(f.Key, h.cfg.uuid)
+	return f, h.checkDelay(f.rule().Effect)
+}
+
 // checkDelay refuses a delay fault that outlasts the lease, with
 // ProcessingDelay. A worker still waiting would be taken over by its
 // resend. The work would then run twice under one key.

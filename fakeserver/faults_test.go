@@ -554,4 +554,18 @@ func TestFaults(t *testing.T) {
 		_, _, _, err = rtPost(freshClient(t), s.URL+"/payments", key, payBody)
 		require.Error(t, err, "the drop_response fault for %s never dropped an answer: it was spent on the 503 the status fault gave", key)
 	})
+	// Under RequireUUID an upper-case UUID is its lower-case form.
+	t.Run("a key fault strikes the key in the form the server compares", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(&fakeserver.Options{RequireUUID: true})
+		t.Cleanup(s.Close)
+		const upper = "8E03978E-40D5-43E8-BC93-6894A57F9324"
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: strings.ToLower(upper)}))
+		st, _, _, err := rtPost(s.Client(), s.URL+"/payments", upper, payBody)
+		require.Error(t, err, "the drop_response fault for the key's canonical form let its upper-case spelling through (status %d)", st)
+		lower := "1e03978e-40d5-43e8-bc93-6894a57f9324"
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: strings.ToUpper(lower)}))
+		_, _, _, err = rtPost(freshClient(t), s.URL+"/payments", lower, payBody)
+		require.Error(t, err, "the fault given in upper case let the lower-case key through")
+	})
 }

@@ -82,18 +82,16 @@ func newHandler(opts *Options, bare bool) *Handler {
 // fault (the error lists the valid ones), a field is out of range, or
 // 100 faults are pending ([ErrTooManyFaults]).
 func (h *Handler) InjectFault(f Fault) error {
-	f, err := f.validate()
+	f, err := h.prepare(f)
 	if err != nil {
-		return err
-	}
-	if err := h.checkDelay(f.rule().Effect); err != nil {
 		return err
 	}
 	return h.addRule(f.rule())
 }
 
 // InjectRule adds a fault made with package fault. Op.Attempt numbers
-// the handler's requests of the op's method from 1, admin requests aside. The server applies
+// the handler's requests of the op's method from 1, admin requests aside.
+// Under RequireUUID, Op.Key is the key's canonical form, in lower case. The server applies
 // the seven kinds of [Fault]. It fails, changing nothing, on an effect
 // that is not a valid fault. It fails too while 100 faults are pending
 // ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
@@ -240,6 +238,7 @@ func (h *Handler) faultsOf(r *http.Request) fault.Effects {
 	}
 	op := fault.OpOf(r)
 	op.Attempt = n
+	op.Key = idempotency.CanonicalKey(op.Key, h.cfg.uuid) // as the server compares it
 	return h.validEffects(h.faults.Inject(op))
 }
 

@@ -205,6 +205,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestInjectRule$/^after_a_reset_the_requests_are_numbered_from_1_again$",
 		},
 		{
+			Name: "fake-fault-op-key-raw", File: "fakeserver/handler.go",
+			Note:    "under RequireUUID a fault compares the request's key as sent, not as the server compares it, and misses an upper-case UUID",
+			Anchor:  "\top.Key = idempotency.CanonicalKey(op.Key, h.cfg.uuid) // as the server compares it\n",
+			Replace: "",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_key_fault_strikes_the_key_in_the_form_the_server_compares$",
+		},
+		{
+			Name: "fake-fault-key-raw", File: "fakeserver/faults.go",
+			Note:    "under RequireUUID a fault keeps its key as given, and an upper-case key misses its lower-case request",
+			Anchor:  "\tf.Key = idempotency.CanonicalKey(f.Key, h.cfg.uuid)\n",
+			Replace: "",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_key_fault_strikes_the_key_in_the_form_the_server_compares$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",

