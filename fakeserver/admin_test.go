@@ -99,3 +99,22 @@ func TestAdminSweepAndReset(t *testing.T) {
 	wrong := send(t, c, s.URL, req{Method: http.MethodGet, Path: "/_fake/reset", NoKey: true})
 	assert.Equal(t, http.StatusMethodNotAllowed, wrong.Status)
 }
+
+func TestAdminFaultCaller(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	t.Run("a fault names its caller, and the echo shows a test token's account only", func(t *testing.T) {
+		a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true,
+			Body: `{"fault":"reset","key":"k1","caller":"Bearer test_acme_7"}`})
+		require.Equal(t, http.StatusCreated, a.Status, "%s", a.Body)
+		assert.Contains(t, string(a.Body), `"caller":"Bearer test_acme"`)
+		a = send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true,
+			Body: `{"fault":"reset","key":"k2","caller":"Bearer sk_live_secret"}`})
+		require.Equal(t, http.StatusCreated, a.Status, "%s", a.Body)
+		assert.NotContains(t, string(a.Body), "sk_live_secret")
+		_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Auth: "Bearer test_globex_1", Body: payBody})
+		require.NoError(t, err, "acme's fault struck globex")
+		_, err = trySend(freshClient(t), s.URL, req{Key: "k1", Auth: "Bearer test_acme_1", Body: payBody})
+		require.Error(t, err, "acme's fault missed acme")
+	})
+}

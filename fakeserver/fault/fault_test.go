@@ -38,6 +38,10 @@ func TestPredicates(t *testing.T) {
 		assert.True(t, fault.Query("idempotency_key")(lookup))
 		assert.False(t, fault.Query("idempotency_key")(post))
 	})
+	t.Run("caller matches the site's caller", func(t *testing.T) {
+		assert.True(t, fault.Caller("acme")(fault.Op{Caller: "acme"}))
+		assert.False(t, fault.Caller("acme")(fault.Op{Caller: "globex"}))
+	})
 	t.Run("attempt matches the site's count", func(t *testing.T) {
 		assert.True(t, fault.Attempt(2)(fault.Op{Attempt: 2}))
 		assert.False(t, fault.Attempt(2)(fault.Op{Attempt: 3}))
