@@ -593,4 +593,23 @@ func TestFaults(t *testing.T) {
 		require.NoError(t, globexErr, "acme's fault struck globex's intent")
 		require.Error(t, acmeErr, "acme's fault missed acme's intent")
 	})
+	t.Run("a crash fault on PUT closes the connection", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Path: "/orders/o1/status"}))
+		r, _ := http.NewRequest(http.MethodPut, s.URL+"/orders/o1/status", strings.NewReader(`{"status":"SHIPPED"}`))
+		r.Header.Set("Content-Type", "application/json")
+		resp, err := s.Client().Do(r)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Logf("answer: %d %s", resp.StatusCode, body)
+		}
+		require.Error(t, err, "the crash fault on PUT answered instead of closing the connection")
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Path: "/orders/o1/status"}))
+		_, err = trySend(freshClient(t), s.URL, req{Method: http.MethodPut, Path: "/orders/o1/status", NoKey: true,
+			Body: `{"status":"DELIVERED"}`})
+		require.Error(t, err, "crash_after_insert on PUT answered")
+	})
 }

