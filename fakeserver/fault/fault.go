@@ -147,7 +147,7 @@ type Rule struct {
 	// Draw, if set, makes the effect per op instead.
 	// It runs right after When matched, so draws keep their order.
 	Draw func(Op) Effect
-	// Times is how many ops the rule strikes. Zero means no limit.
+	// Times is how many ops the rule strikes. Zero or less means no limit.
 	Times int
 
 	struck atomic.Int64
@@ -173,8 +173,8 @@ func (r *Rule) Spent() bool { return r.Times > 0 && r.struck.Load() >= int64(r.T
 
 // Left returns how many more ops the rule strikes, or -1 without limit.
 func (r *Rule) Left() int {
-	if r.Times == 0 {
-		return -1
+	if r.Times <= 0 {
+		return -1 // no limit, as Inject and Spent read it
 	}
 	return max(r.Times-int(r.struck.Load()), 0)
 }

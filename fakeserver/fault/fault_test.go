@@ -161,6 +161,18 @@ func TestRule(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, time.Second, e.Delay)
 	})
+	t.Run("a negative Times strikes without limit, and Left says so", func(t *testing.T) {
+		r := &fault.Rule{Times: -1, Effect: fault.Effect{Kind: fault.LoseAnswer}}
+		struck := 0
+		for range 5 {
+			if len(r.Inject(fault.Op{Method: "POST", Path: "/payments"})) > 0 {
+				struck++
+			}
+		}
+		require.Equal(t, 5, struck) // it strikes without limit
+		require.True(t, r.Left() != 0 || struck == 0,
+			"Left() = %d (no more strikes) on a rule that struck %d ops and strikes on", r.Left(), struck)
+	})
 }
 
 func TestFirst(t *testing.T) {

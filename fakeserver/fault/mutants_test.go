@@ -33,6 +33,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     pkg, Run: "^TestRule$",
 		},
 		{
+			Name: "fault-left-zero-when-negative", File: "fakeserver/fault/fault.go",
+			Note:    "Left says 0 for a rule of negative Times, which strikes without limit",
+			Anchor:  "if r.Times <= 0 {\n\t\treturn -1",
+			Replace: "if r.Times == 0 {\n\t\treturn -1",
+			Pkg:     pkg, Run: "^TestRule$/^a_negative_Times_strikes_without_limit,_and_Left_says_so$",
+		},
+		{
 			Name: "fault-first-asks-all", File: "fakeserver/fault/fault.go",
 			Note:    "First asks the injectors after the one that answered, so their chances draw",
 			Anchor:  "\tfor _, inj := range f {\n\t\tif es := inj.Inject(op); len(es) > 0 {\n\t\t\treturn es\n",
