@@ -172,6 +172,9 @@ func checkRule(r *fault.Rule) error {
 	if r == nil {
 		return fmt.Errorf("%w: the rule is nil", errInvalidFault)
 	}
+	if r.Times < 0 {
+		return fmt.Errorf("%w: times %d is negative; give a count, or 0 for no limit", errInvalidFault, r.Times)
+	}
 	if r.Draw != nil {
 		return nil
 	}

@@ -454,6 +454,22 @@ func TestInjectRule(t *testing.T) {
 		require.Equal(t, 1, s.Stats().Requests)
 		require.Equal(t, http.StatusServiceUnavailable, st, "request 1 after the reset was not struck by Attempt(1)")
 	})
+	t.Run("a rule of negative times is refused", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		err := s.InjectRule(&fault.Rule{Times: -1, Effect: fault.Effect{Kind: fakeserver.FaultDropResponse}})
+		if err == nil {
+			lost := 0
+			for i := range 3 {
+				if _, _, _, err := rtPost(s.Client(), s.URL+"/payments", "neg-times-"+strconv.Itoa(i), payBody); err != nil {
+					lost++
+				}
+			}
+			t.Logf("answers lost: %d of 3, payments made: %d", lost, s.Stats().Payments)
+		}
+		require.Error(t, err, "a rule of -1 times was taken")
+	})
 }
 
 func TestFaults(t *testing.T) {

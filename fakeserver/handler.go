@@ -93,9 +93,9 @@ func (h *Handler) InjectFault(f Fault) error {
 // the handler's requests of the op's method from 1, admin requests aside.
 // Under RequireUUID, Op.Key is the key's canonical form, in lower case.
 // Op.Caller is "Bearer test_<account>" for a test token, else the
-// Authorization value. The server applies
-// the seven kinds of [Fault]. It fails, changing nothing, on an effect
-// that is not a valid fault. It fails too while 100 faults are pending
+// Authorization value. The server applies the seven kinds of [Fault].
+// It fails, changing nothing, on an effect that is not a valid fault,
+// or a negative Times. It fails too while 100 faults are pending
 // ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
 // dropped as it strikes.
 func (h *Handler) InjectRule(r *fault.Rule) error {

@@ -240,6 +240,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./fakeserver", Run: "^TestFaults$/^a_crash_fault_on_PUT_closes_the_connection$",
 		},
 		{
+			Name: "fake-rule-negative-times-taken", File: "fakeserver/faults.go",
+			Note:    "InjectRule takes a rule of negative Times, which strikes every request from then on",
+			Anchor:  "if r.Times < 0 {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestInjectRule$/^a_rule_of_negative_times_is_refused$",
+		},
+		{
 			Name: "tls-server-speaks-http", File: "fakeserver/server.go",
 			Note:    "NewTLSServer serves cleartext HTTP",
 			Anchor:  "s.startTLS()",
