@@ -119,6 +119,13 @@ func (f Fault) validate() (Fault, error) {
 		return f, fmt.Errorf("%w: path %q must start with /", errInvalidFault, f.Path)
 	case len(f.Path) > maxFaultPath:
 		return f, fmt.Errorf("%w: path is longer than %d bytes", errInvalidFault, maxFaultPath)
+	case strings.ContainsAny(f.Path, "?#"):
+		return f, fmt.Errorf("%w: path %q has a query or fragment; give the path alone, such as /payments "+
+			"(a rule's fault.Query matches a query)", errInvalidFault, f.Path)
+	case strings.Contains(f.Path, "%"):
+		return f, fmt.Errorf("%w: path %q is escaped; requests match on the decoded path, so write it decoded", errInvalidFault, f.Path)
+	case f.Path == strings.TrimSuffix(adminPrefix, "/") || strings.HasPrefix(f.Path, adminPrefix):
+		return f, fmt.Errorf("%w: path %q is an admin endpoint, which is never faulted", errInvalidFault, f.Path)
 	case f.Count < 0:
 		return f, fmt.Errorf("%w: count %d is negative", errInvalidFault, f.Count)
 	case f.Delay < 0:
@@ -129,6 +136,10 @@ func (f Fault) validate() (Fault, error) {
 		return f, fmt.Errorf("%w: the status fault needs a status from 200 to 599, not %d", errInvalidFault, f.Status)
 	case f.Kind != FaultStatus && f.Status != 0:
 		return f, fmt.Errorf("%w: status is only for the status fault", errInvalidFault)
+	case f.Kind != FaultDelay && f.Delay != 0:
+		return f, fmt.Errorf("%w: the delay (delay_ms) is only for the delay fault; the %s fault never waits", errInvalidFault, f.Kind)
+	case f.Kind != FaultStatus && f.RetryAfter != "":
+		return f, fmt.Errorf("%w: retry_after is only for the status fault", errInvalidFault)
 	case len(f.Caller) > maxFaultCaller:
 		return f, fmt.Errorf("%w: caller is longer than %d bytes", errInvalidFault, maxFaultCaller)
 	case len(f.RetryAfter) > 64:
