@@ -685,9 +685,9 @@ func TestReconcile(t *testing.T) {
 	t.Run("an order whose answer was lost is never voided", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-		orders := 0
+		var orders atomic.Int32
 		createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			orders++
+			orders.Add(1)
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
 			_, _ = io.WriteString(w, `{"id":"ord_1"}`)
@@ -714,7 +714,7 @@ func TestReconcile(t *testing.T) {
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
 		_, err = client.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		require.Equal(t, 1, orders)
+		require.Equal(t, int32(1), orders.Load())
 
 		clk.Advance(10 * time.Minute) // past the reconcile delay and the lease
 		resp, err := client.Reconcile(ctx, in)
