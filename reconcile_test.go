@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -678,6 +680,91 @@ func TestReconcile(t *testing.T) {
 		assert.NotEqual(t, persist.StateVoid, in.State(),
 			"the store still holds the intent unresolved and would send it again: an app told void could pay twice")
 		assert.False(t, in.State().Resolved())
+	})
+	// The fake lookup asked of every intent answers the order made.
+	t.Run("an order whose answer was lost is never voided", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+		var orders atomic.Int32
+		createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			orders.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"id":"ord_1"}`)
+		})
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk,
+			Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}}})
+		t.Cleanup(srv.Close)
+
+		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "intents"), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = store.Close() })
+		client, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: clk,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
+			Server: idem.Server{Mark: idem.MarkEcho, Lookup: func(_ idem.Request, key string) string {
+				return srv.URL + "/payments?idempotency_key=" + key
+			}}})
+		require.NoError(t, err)
+
+		ctx := context.Background()
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/orders", map[string]any{"sku": "tea"})
+		require.NoError(t, err)
+		in, err := client.Intent(ctx, "order:cart-7", req)
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = client.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.Equal(t, int32(1), orders.Load())
+
+		clk.Advance(10 * time.Minute) // past the reconcile delay and the lease
+		resp, err := client.Reconcile(ctx, in)
+		if resp != nil {
+			t.Logf("lookup answered %d %s", resp.StatusCode, resp.Body)
+		}
+		t.Logf("Reconcile: state %s, err %v", in.State(), err)
+		require.NotEqual(t, persist.StateVoid, in.State(),
+			"the order was made under %s, and the client was told nothing was", in.Key())
+	})
+	// A box in front echoes neither the key nor the nonce.
+	t.Run("a status rule's server-like answers never settle the intent", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "intents"), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = store.Close() })
+		client, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: clk,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
+			Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+		require.NoError(t, err)
+		ctx := context.Background()
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
+			map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := client.Intent(ctx, "checkout:cart-9", req)
+		require.NoError(t, err)
+
+		require.NoError(t, srv.InjectRule(&fault.Rule{When: fault.Method(http.MethodPost), Times: 1, Effect: fault.Effect{
+			Kind: fakeserver.FaultStatus, Status: http.StatusCreated,
+			Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/pay_forged"}},
+			Body:   []byte(`{"id":"pay_forged","amount":1500,"currency":"AZN","customer":"cus_1","status":"succeeded"}`)}}))
+		_, err = client.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		require.NoError(t, srv.InjectRule(&fault.Rule{When: fault.Query("idempotency_key"), Times: 1, Effect: fault.Effect{
+			Kind: fakeserver.FaultStatus, Status: http.StatusNotFound,
+			Header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
+			Body:   []byte(`{"type":"https://idem.dev/problems/idempotency-key-unused","title":"Idempotency-Key unused","status":404}`)}}))
+		clk.Advance(10 * time.Minute)
+		_, err = client.Reconcile(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.False(t, in.State().Resolved(), "state %s", in.State())
+
+		resp, err := client.Do(ctx, in)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
 }
 

@@ -20,6 +20,7 @@ const adminPrefix = "/_fake/"
 type faultRequest struct {
 	Fault      *string         `json:"fault"`
 	Key        string          `json:"key"`
+	Caller     string          `json:"caller"`
 	Path       string          `json:"path"`
 	Count      int             `json:"count"`
 	DelayMS    int64           `json:"delay_ms"`
@@ -31,6 +32,7 @@ type faultRequest struct {
 type faultJSON struct {
 	Fault      FaultKind `json:"fault"`
 	Key        string    `json:"key,omitempty"`
+	Caller     string    `json:"caller,omitempty"`
 	Path       string    `json:"path,omitempty"`
 	Count      int       `json:"count"`
 	DelayMS    int64     `json:"delay_ms,omitempty"`
@@ -97,7 +99,7 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 		validationProblem(err.Error()).Write(w)
 		return
 	}
-	if f, err = f.validate(); err != nil {
+	if f, err = h.prepare(f); err != nil {
 		validationProblem(strings.TrimPrefix(err.Error(), "fakeserver: ")).Write(w)
 		return
 	}
@@ -106,8 +108,20 @@ func (h *Handler) postFault(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("%d faults are pending; DELETE /_fake/faults clears them", maxFaults)}).Write(w)
 		return
 	}
-	writeJSON(w, http.StatusCreated, faultJSON{Fault: f.Kind, Key: f.Key, Path: f.Path, Count: f.Count,
+	writeJSON(w, http.StatusCreated, faultJSON{Fault: f.Kind, Key: f.Key, Caller: shownCaller(f.Caller), Path: f.Path, Count: f.Count,
 		DelayMS: f.Delay.Milliseconds(), Status: f.Status, RetryAfter: f.RetryAfter})
+}
+
+// shownCaller is how the echo names a fault's caller. A test token's
+// account is shown. Any other value may be a credential, and is not.
+func shownCaller(caller string) string {
+	if caller == "" {
+		return ""
+	}
+	if _, ok := accountOf(caller); ok {
+		return callerOf(caller)
+	}
+	return "(an Authorization value, not shown)"
 }
 
 // decodeFault reads a POST /_fake/faults body into a Fault.
@@ -117,7 +131,7 @@ func decodeFault(body []byte) (Fault, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		return Fault{}, errors.New("body is not a valid fault: " + jsonError(err) +
-			`; send {"fault": NAME, "key": K?, "path": P?, "count": N?, "delay_ms": D?, "status": S?, "retry_after": R?}`)
+			`; send {"fault": NAME, "key": K?, "caller": AUTHORIZATION?, "path": P?, "count": N?, "delay_ms": D?, "status": S?, "retry_after": R?}`)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Fault{}, errors.New("body has data after the JSON object")
@@ -128,7 +142,7 @@ func decodeFault(body []byte) (Fault, error) {
 	if req.DelayMS < 0 || req.DelayMS > maxDelayMS {
 		return Fault{}, errors.New(`"delay_ms" must be from 0 to 86400000`)
 	}
-	f := Fault{Kind: FaultKind(*req.Fault), Key: req.Key, Path: req.Path, Count: req.Count,
+	f := Fault{Kind: FaultKind(*req.Fault), Key: req.Key, Caller: req.Caller, Path: req.Path, Count: req.Count,
 		Delay: time.Duration(req.DelayMS) * time.Millisecond, Status: req.Status}
 	if ra := bytes.TrimSpace(req.RetryAfter); len(ra) > 0 && string(ra) != "null" {
 		switch ra[0] {

@@ -2,8 +2,11 @@ package fakeserver_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,6 +38,7 @@ func TestAdminFaults(t *testing.T) {
 		{"delay", `{"fault":"delay","delay_ms":250}`, 201, `{"fault":"delay","count":1,"delay_ms":250}`},
 		{"unknown fault", `{"fault":"explode"}`, 400, "valid faults: drop_response, delay, crash_after_insert, crash_after_provider, error, status, reset"},
 		{"fault missing", `{}`, 400, `"fault" is required`},
+		{"retry_after on another fault", `{"fault":"error","retry_after":2}`, 400, "retry_after is only for the status fault"},
 		{"wrong type", `{"fault":"error","count":"two"}`, 400, `"count" must be an integer`},
 		{"malformed JSON", `{"fault":`, 400, "cut short"},
 		{"unknown field", `{"fault":"error","when":"now"}`, 400, `unknown field "when"`},
@@ -59,6 +63,38 @@ func TestAdminFaults(t *testing.T) {
 			assert.Contains(t, p.Detail, tt.echo)
 		})
 	}
+	// A query, an escaped path or an admin path never matches a request.
+	t.Run("a fault that can never strike is refused", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		for _, path := range []string{"/payments?idempotency_key=k-1", "/pay%6Dents", "/_fake/stats"} {
+			resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json",
+				strings.NewReader(`{"fault":"error","path":"`+path+`"}`))
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "path %q, which no faulted request can have, was taken: %s", path, body)
+			assert.Contains(t, string(body), "path", "the problem says what to give instead")
+		}
+	})
+	// A delay on a fault that never waits is refused.
+	t.Run("the echo is what the fault does", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json",
+			strings.NewReader(`{"fault":"drop_response","delay_ms":3000}`))
+		require.NoError(t, err)
+		echo, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		start := time.Now()
+		_, _, _, err = rtPost(s.Client(), s.URL+"/payments", "echo-1", payBody)
+		took := time.Since(start)
+		t.Logf("admin: %d %s; the payment's answer was lost after %v (%v)", resp.StatusCode, echo, took.Round(time.Millisecond), err)
+		require.False(t, resp.StatusCode == http.StatusCreated && strings.Contains(string(echo), `"delay_ms":3000`) && took < 3*time.Second,
+			"the fault was taken and echoed with delay_ms 3000, and ran without any delay")
+	})
 }
 
 func TestAdminFaultApplies(t *testing.T) {
@@ -98,4 +134,23 @@ func TestAdminSweepAndReset(t *testing.T) {
 
 	wrong := send(t, c, s.URL, req{Method: http.MethodGet, Path: "/_fake/reset", NoKey: true})
 	assert.Equal(t, http.StatusMethodNotAllowed, wrong.Status)
+}
+
+func TestAdminFaultCaller(t *testing.T) {
+	t.Parallel()
+	s, _ := newServer(t, nil)
+	t.Run("a fault names its caller, and the echo shows a test token's account only", func(t *testing.T) {
+		a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true,
+			Body: `{"fault":"reset","key":"k1","caller":"Bearer test_acme_7"}`})
+		require.Equal(t, http.StatusCreated, a.Status, "%s", a.Body)
+		assert.Contains(t, string(a.Body), `"caller":"Bearer test_acme"`)
+		a = send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true,
+			Body: `{"fault":"reset","key":"k2","caller":"Bearer sk_live_secret"}`})
+		require.Equal(t, http.StatusCreated, a.Status, "%s", a.Body)
+		assert.NotContains(t, string(a.Body), "sk_live_secret")
+		_, err := trySend(freshClient(t), s.URL, req{Key: "k1", Auth: "Bearer test_globex_1", Body: payBody})
+		require.NoError(t, err, "acme's fault struck globex")
+		_, err = trySend(freshClient(t), s.URL, req{Key: "k1", Auth: "Bearer test_acme_1", Body: payBody})
+		require.Error(t, err, "acme's fault missed acme")
+	})
 }

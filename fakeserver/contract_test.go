@@ -800,7 +800,9 @@ func TestRowRetentionNeverEndsUnderALiveLease(t *testing.T) {
 			require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Key: "k1", Delay: time.Second}))
 			done := make(chan answer, 1)
 			go func() { done <- pay(t, s, "k1", payBody) }()
-			require.Eventually(t, func() bool { return s.Stats().Executions >= 1 }, 10*time.Second, 5*time.Millisecond)
+			// The takeover holds a new lease once it has the record.
+			require.Eventually(t, func() bool { return fakeserver.LeaseUntil(s.Handler, "k1").After(clk.Now()) },
+				10*time.Second, 5*time.Millisecond)
 			clk.Advance(2 * time.Second)
 			resend := pay(t, s, "k1", payBody)
 			assert.Equal(t, http.StatusConflict, resend.Status, "the resend under the live lease: %s", resend.Body)

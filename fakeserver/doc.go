@@ -97,10 +97,12 @@
 // # Faults
 //
 // [Handler.InjectFault] and POST /_fake/faults inject the faults of
-// [FaultKind], matched by key and/or path and counted down per matching
-// request. A matching request uses up one count of each matching fault
-// kind, even if it ends before the fault's point (for example as a replay).
-// Admin endpoints are never faulted.
+// [FaultKind]. They match by key, caller and path, and count down per
+// matching request. A status or reset fault answers first, and the other
+// faults wait for a later request. Otherwise a matching request uses up
+// one count of each matching fault kind. It does so even if it ends
+// before the fault's point, as a replay does. A fault that could never
+// strike is refused. Admin endpoints are never faulted.
 //
 // Beware when checking that a Go client sees a dropped or reset connection:
 // net/http's Transport itself retries a POST that carries an Idempotency-Key
@@ -112,7 +114,7 @@
 // No key, no scoping, not counted:
 //
 //   - GET /_fake/stats: the [Stats] counters as JSON.
-//   - POST /_fake/faults: {"fault", "key", "path", "count", "delay_ms",
+//   - POST /_fake/faults: {"fault", "key", "caller", "path", "count", "delay_ms",
 //     "status", "retry_after"}; retry_after is a string or a number of
 //     seconds. Answers 201 with the fault, or 400 naming what is wrong
 //     (for an unknown fault, the valid names), or 503 storage-full

@@ -11,30 +11,31 @@ import (
 )
 
 // Endpoint is an endpoint of the app's own API that the fake server serves
-// beside its payments: the handler the app's server runs, or a fake of it,
-// behind the same idempotency layer, faults, counters, log and admin
-// endpoints as POST /payments. A test of the app's client then sees the
-// contract's answers, and the faults it injects, on the app's own paths.
+// beside its payments. It is the handler the app's server runs, or a fake
+// of it. It sits behind the same idempotency layer as POST /payments. It
+// has the same faults, counters, log and admin endpoints. A test of the
+// app's client then sees the contract's answers on the app's own paths.
+// It sees the faults it injects there too.
 type Endpoint struct {
 	// Pattern is a net/http.ServeMux pattern with a method, such as
-	// "POST /orders" or "POST /orders/{id}/refunds"; the handler reads
+	// "POST /orders" or "POST /orders/{id}/refunds". The handler reads
 	// the wildcards with r.PathValue. A POST or PATCH endpoint requires
-	// an Idempotency-Key and runs behind the idempotency layer, as
-	// /payments does; one of any other method is served as it is, with
-	// the faults. The paths of the fake's own API (/payments and below,
-	// /_fake/ and below) are refused.
+	// an Idempotency-Key. It runs behind the idempotency layer, as
+	// /payments does. One of any other method is served as it is, with
+	// the faults. The paths of the fake's own API are refused: /payments
+	// and /_fake/, and below them.
 	Pattern string
-	// Handler does the work. Behind the layer it runs once per intent:
-	// a retry of a completed request gets the stored answer, byte for
-	// byte, without running it. It may read idempotency.FromContext for
-	// the intent's stable id, and must check Info.Takeover, as a
-	// production handler must: after a worker died (the
-	// crash_after_insert and crash_after_provider faults), the request
-	// that takes its record over runs Handler again with the same stable
-	// id. An answer of 500 or more stores nothing, and frees the key.
+	// Handler does the work. Behind the layer it runs once per intent. A
+	// retry of a completed request gets the stored answer, byte for byte,
+	// without running it. It may read idempotency.FromContext for the
+	// intent's stable id. It must check Info.Takeover, as a production
+	// handler must. A worker may die, as the crash faults make it. The
+	// request that takes its record over runs Handler again, with the same
+	// stable id. An answer of 500 or more stores nothing, and frees the
+	// key.
 	Handler http.Handler
 	// Validate, if not nil, checks a POST or PATCH request's body before
-	// its key is looked at, as idempotency.Config.Validate does: a
+	// its key is looked at, as idempotency.Config.Validate does. A
 	// non-nil Problem is the answer, and nothing is stored. Pass the
 	// production server's own.
 	Validate func(r *http.Request, body []byte) (parsed any, p *idempotency.Problem)
@@ -44,7 +45,7 @@ type Endpoint struct {
 func keyed(method string) bool { return method == http.MethodPost || method == http.MethodPatch }
 
 // mountEndpoints builds the mux of the app's endpoints. It panics on a
-// pattern it cannot serve, naming it, as the constructors panic on other
+// pattern it cannot serve, naming it. The constructors panic so on other
 // settings that cannot work.
 func (h *Handler) mountEndpoints(eps []Endpoint) {
 	if len(eps) == 0 {
@@ -106,9 +107,9 @@ func (h *Handler) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// endpointNotAllowed answers 405, with the methods its endpoints have,
-// a request on an endpoint's path in another method, and reports false
-// when no endpoint has its path.
+// endpointNotAllowed answers 405 to a request on an endpoint's path in
+// another method. The answer names the methods the path has. It reports
+// false when no endpoint has the path.
 func (h *Handler) endpointNotAllowed(w http.ResponseWriter, r *http.Request) bool {
 	var allow []string
 	for _, m := range h.endpointMethods {
@@ -126,10 +127,10 @@ func (h *Handler) endpointNotAllowed(w http.ResponseWriter, r *http.Request) boo
 }
 
 // work runs an endpoint's handler behind the layer with the in-work
-// faults, at the points they have for a payment: crash_after_insert dies
-// before the work, delay holds it, error fails it with nothing done, and
-// crash_after_provider does the work and dies before its answer is
-// recorded.
+// faults. They strike at the points they have for a payment.
+// crash_after_insert dies before the work. delay holds it. error fails
+// it with nothing done. crash_after_provider does the work and dies
+// before its answer is recorded.
 func (h *Handler) work(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
@@ -137,14 +138,14 @@ func (h *Handler) work(next http.Handler) http.Handler {
 		if f.Has(FaultCrashAfterInsert) {
 			panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 		}
-		if err := h.state.Count(ctx, fakestate.Executions); err != nil {
-			h.internalError(w, r, err)
-			return
-		}
-		if err := sleep(ctx, h.cfg.delay+delayOf(f)); err != nil {
+		if err := h.holdWork(ctx, h.cfg.delay+delayOf(f)); err != nil {
 			idempotency.NothingDone(ctx)
 			(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 				Detail: "the request was cancelled before the work was done; nothing was done"}).Write(w)
+			return
+		}
+		if err := h.state.Count(ctx, fakestate.Executions); err != nil {
+			h.internalError(w, r, err)
 			return
 		}
 		if f.Has(FaultError) {

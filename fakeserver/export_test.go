@@ -1,6 +1,11 @@
 package fakeserver
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/idemkit/idem/idempotency"
+)
 
 // The names the tests use that are not part of the package's API.
 var (
@@ -29,3 +34,13 @@ const (
 
 // Reset is what POST /_fake/reset does.
 func Reset(h *Handler) { _ = h.reset(context.Background()) }
+
+// LeaseUntil returns the end of the lease on the record of key, sent
+// without credentials, or the zero time without a live record.
+func LeaseUntil(h *Handler, key string) time.Time {
+	rec, live, err := h.state.Record(context.Background(), idempotency.ID{Key: key}, h.cfg.now())
+	if err != nil || !live {
+		return time.Time{}
+	}
+	return rec.LockedUntil
+}

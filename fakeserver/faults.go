@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/fakeserver/fault"
@@ -69,6 +71,9 @@ const maxFaults = 100
 // maxFaultPath bounds Fault.Path.
 const maxFaultPath = 2048
 
+// maxFaultCaller bounds Fault.Caller.
+const maxFaultCaller = 4096
+
 // Fault is a fault to inject. It applies to the next Count requests that
 // match Key and Path; a zero Key or Path matches any. Admin endpoints
 // (/_fake/...) are never faulted. A Fault is a value.
@@ -76,6 +81,10 @@ type Fault struct {
 	Kind FaultKind
 	// Key matches requests with this Idempotency-Key, bare or quoted alike.
 	Key string
+	// Caller matches the requests of one caller: give its Authorization
+	// value. A test token stands for its account's every token. A key is
+	// its caller's, so name the caller with the key. Empty matches all.
+	Caller string
 	// Path matches requests with exactly this URL path, such as "/payments".
 	Path string
 	// Count is how many matching requests the fault applies to. Zero means 1.
@@ -110,6 +119,13 @@ func (f Fault) validate() (Fault, error) {
 		return f, fmt.Errorf("%w: path %q must start with /", errInvalidFault, f.Path)
 	case len(f.Path) > maxFaultPath:
 		return f, fmt.Errorf("%w: path is longer than %d bytes", errInvalidFault, maxFaultPath)
+	case strings.ContainsAny(f.Path, "?#"):
+		return f, fmt.Errorf("%w: path %q has a query or fragment; give the path alone, such as /payments "+
+			"(a rule's fault.Query matches a query)", errInvalidFault, f.Path)
+	case strings.Contains(f.Path, "%"):
+		return f, fmt.Errorf("%w: path %q is escaped; requests match on the decoded path, so write it decoded", errInvalidFault, f.Path)
+	case f.Path == strings.TrimSuffix(adminPrefix, "/") || strings.HasPrefix(f.Path, adminPrefix):
+		return f, fmt.Errorf("%w: path %q is an admin endpoint, which is never faulted", errInvalidFault, f.Path)
 	case f.Count < 0:
 		return f, fmt.Errorf("%w: count %d is negative", errInvalidFault, f.Count)
 	case f.Delay < 0:
@@ -120,8 +136,19 @@ func (f Fault) validate() (Fault, error) {
 		return f, fmt.Errorf("%w: the status fault needs a status from 200 to 599, not %d", errInvalidFault, f.Status)
 	case f.Kind != FaultStatus && f.Status != 0:
 		return f, fmt.Errorf("%w: status is only for the status fault", errInvalidFault)
+	case f.Kind != FaultDelay && f.Delay != 0:
+		return f, fmt.Errorf("%w: the delay (delay_ms) is only for the delay fault; the %s fault never waits", errInvalidFault, f.Kind)
+	case f.Kind != FaultStatus && f.RetryAfter != "":
+		return f, fmt.Errorf("%w: retry_after is only for the status fault", errInvalidFault)
+	case len(f.Caller) > maxFaultCaller:
+		return f, fmt.Errorf("%w: caller is longer than %d bytes", errInvalidFault, maxFaultCaller)
 	case len(f.RetryAfter) > 64:
 		return f, fmt.Errorf("%w: retry_after is longer than 64 characters", errInvalidFault)
+	}
+	for i := 0; i < len(f.Caller); i++ {
+		if c := f.Caller[i]; c < 0x20 || c > 0x7e {
+			return f, fmt.Errorf("%w: caller may hold only printable ASCII, as an Authorization value", errInvalidFault)
+		}
 	}
 	for i := 0; i < len(f.RetryAfter); i++ {
 		if c := f.RetryAfter[i]; c < 0x20 || c > 0x7e {
@@ -140,6 +167,9 @@ func (f Fault) rule() *fault.Rule {
 	if f.Key != "" {
 		when = append(when, fault.Key(f.Key))
 	}
+	if f.Caller != "" {
+		when = append(when, fault.Caller(callerOf(f.Caller)))
+	}
 	if f.Path != "" {
 		when = append(when, fault.Path(f.Path))
 	}
@@ -153,6 +183,9 @@ func checkRule(r *fault.Rule) error {
 	if r == nil {
 		return fmt.Errorf("%w: the rule is nil", errInvalidFault)
 	}
+	if r.Times < 0 {
+		return fmt.Errorf("%w: times %d is negative; give a count, or 0 for no limit", errInvalidFault, r.Times)
+	}
 	if r.Draw != nil {
 		return nil
 	}
@@ -165,16 +198,47 @@ func checkEffect(e fault.Effect) error {
 	return err
 }
 
-// validEffects drops the effects that are not valid faults. Only a drawn
-// effect can be one, and the server cannot apply it.
-func validEffects(es fault.Effects) fault.Effects {
+// validEffects drops the effects that are not valid faults here. Only a
+// drawn effect can be one, and the server cannot apply it.
+func (h *Handler) validEffects(es fault.Effects) fault.Effects {
 	kept := es[:0]
 	for _, e := range es {
-		if checkEffect(e) == nil {
+		if checkEffect(e) == nil && h.checkDelay(e) == nil {
 			kept = append(kept, e)
 		}
 	}
 	return kept
+}
+
+// attempts numbers the requests of each method from 1: Op.Attempt.
+// So GETs between POSTs never shift the POSTs' numbers. Methods beyond
+// the standard ones share one count, which bounds the map.
+type attempts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+var countedMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions}
+
+func (a *attempts) next(method string) int {
+	if !slices.Contains(countedMethods, method) {
+		method = "" // any other method
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == nil {
+		a.n = make(map[string]int)
+	}
+	a.n[method]++
+	return a.n[method]
+}
+
+// reset numbers from 1 again, as POST /_fake/reset forgets the counts.
+func (a *attempts) reset() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	clear(a.n)
 }
 
 type faultCtxKey struct{}
@@ -183,6 +247,66 @@ type faultCtxKey struct{}
 func faultsFrom(ctx context.Context) fault.Effects {
 	es, _ := ctx.Value(faultCtxKey{}).(fault.Effects)
 	return es
+}
+
+// prepare checks f for this server and returns it normalised. Under
+// RequireUUID its key takes the canonical form the server compares.
+func (h *Handler) prepare(f Fault) (Fault, error) {
+	f, err := f.validate()
+	if err != nil {
+		return f, err
+	}
+	f.Key = idempotency.CanonicalKey(f.Key, h.cfg.uuid)
+	return f, h.checkDelay(f.rule().Effect)
+}
+
+// checkDelay refuses a delay fault that outlasts the lease, with
+// ProcessingDelay. A worker still waiting would be taken over by its
+// resend. The work would then run twice under one key.
+func (h *Handler) checkDelay(e fault.Effect) error {
+	if e.Kind == FaultDelay && h.cfg.delay+e.Delay >= h.cfg.lease {
+		return fmt.Errorf("%w: the delay (%v) plus ProcessingDelay (%v) must be shorter than the lease (%v); "+
+			"a longer wait lets the resend take the work over and run it twice", errInvalidFault, e.Delay, h.cfg.delay, h.cfg.lease)
+	}
+	return nil
+}
+
+// holdWork holds the work for d. A worker whose lease ended meanwhile
+// dies before the work, as a dead worker would. Its record may be a
+// takeover's now, so its work would run twice.
+func (h *Handler) holdWork(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	info, keyed := idempotency.FromContext(ctx)
+	var held *idempotency.Record
+	if keyed {
+		rec, live, err := h.state.Record(ctx, info.ID, h.cfg.now())
+		if err == nil && live {
+			held = rec
+		}
+	}
+	if err := sleep(ctx, d); err != nil {
+		return err
+	}
+	if held != nil && !h.stillLeased(ctx, held) {
+		panic(http.ErrAbortHandler) // the lease ended; the record stays for the takeover
+	}
+	return nil
+}
+
+// stillLeased reports whether held's lease is alive and untaken. A lease
+// ended, taken over or unreadable is lost.
+func (h *Handler) stillLeased(ctx context.Context, held *idempotency.Record) bool {
+	rec, live, err := h.state.Record(ctx, held.ID, h.cfg.now())
+	if err != nil || !live || rec.Status != idempotency.StatusInProgress || !rec.LockedUntil.Equal(held.LockedUntil) {
+		return false
+	}
+	at := h.cfg.now()
+	if !rec.ReadAt.IsZero() {
+		at = rec.ReadAt // the store's clock judges its leases
+	}
+	return at.Before(rec.LockedUntil)
 }
 
 // delayOf returns how long the delay fault holds the work.

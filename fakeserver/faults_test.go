@@ -2,18 +2,22 @@ package fakeserver_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/fault"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // One test per fault of section 9.
@@ -401,5 +405,227 @@ func TestInjectRule(t *testing.T) {
 		}
 		assert.ErrorIs(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultReset}), fakeserver.ErrTooManyFaults)
 		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fakeserver.FaultReset}}), fakeserver.ErrTooManyFaults)
+	})
+	// A client checks each payment with two GETs.
+	t.Run("the documented every third POST rule counts POSTs only", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectRule(&fault.Rule{
+			When:   fault.And(fault.Method(http.MethodPost), func(op fault.Op) bool { return op.Attempt%3 == 0 }),
+			Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "1"},
+		}))
+		refused := 0
+		for i := range 6 {
+			st, h, _, err := rtPost(s.Client(), s.URL+"/payments", "every-third-"+strconv.Itoa(i), payBody)
+			require.NoError(t, err)
+			if st == http.StatusServiceUnavailable {
+				refused++
+				continue
+			}
+			require.Equal(t, http.StatusCreated, st)
+			for _, path := range []string{h.Get("Location"), "/payments"} {
+				r, _ := http.NewRequest(http.MethodGet, s.URL+path, nil)
+				r.Header.Set("Authorization", "Bearer test_acme_1")
+				resp, err := s.Client().Do(r)
+				require.NoError(t, err)
+				resp.Body.Close()
+			}
+		}
+		require.Equal(t, 2, refused, "of 6 POSTs, %d were answered 503 by the 'every third POST' rule", refused)
+	})
+	t.Run("after a reset the requests are numbered from 1 again", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		for i := range 2 {
+			_, _, _, err := rtPost(s.Client(), s.URL+"/payments", "before-reset-"+strconv.Itoa(i), payBody)
+			require.NoError(t, err)
+		}
+		resp, err := s.Client().Post(s.URL+"/_fake/reset", "", nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 0, s.Stats().Requests)
+
+		require.NoError(t, s.InjectRule(&fault.Rule{When: fault.Attempt(1), Times: 1,
+			Effect: fault.Effect{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable}}))
+		st, _, _, err := rtPost(s.Client(), s.URL+"/payments", "after-reset-1", payBody)
+		require.NoError(t, err)
+		require.Equal(t, 1, s.Stats().Requests)
+		require.Equal(t, http.StatusServiceUnavailable, st, "request 1 after the reset was not struck by Attempt(1)")
+	})
+	t.Run("a rule of negative times is refused", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		err := s.InjectRule(&fault.Rule{Times: -1, Effect: fault.Effect{Kind: fakeserver.FaultDropResponse}})
+		if err == nil {
+			lost := 0
+			for i := range 3 {
+				if _, _, _, err := rtPost(s.Client(), s.URL+"/payments", "neg-times-"+strconv.Itoa(i), payBody); err != nil {
+					lost++
+				}
+			}
+			t.Logf("answers lost: %d of 3, payments made: %d", lost, s.Stats().Payments)
+		}
+		require.Error(t, err, "a rule of -1 times was taken")
+	})
+}
+
+func TestFaults(t *testing.T) {
+	t.Parallel()
+	t.Run("a delay at or over the lease is refused", func(t *testing.T) {
+		t.Parallel()
+		s, _ := newServer(t, &fakeserver.Options{Lease: 10 * time.Second, ProcessingDelay: time.Second})
+		over := fakeserver.Fault{Kind: fakeserver.FaultDelay, Delay: 9 * time.Second}
+		assert.ErrorIs(t, s.InjectFault(over), fakeserver.ErrInvalidFault)
+		assert.ErrorIs(t, s.InjectRule(&fault.Rule{Effect: fault.Effect{Kind: fakeserver.FaultDelay, Delay: time.Hour}}),
+			fakeserver.ErrInvalidFault)
+		a := send(t, s.Client(), s.URL, req{Path: "/_fake/faults", NoKey: true, Body: `{"fault":"delay","delay_ms":9000}`})
+		assert.Equal(t, http.StatusBadRequest, a.Status)
+		assert.Contains(t, string(a.Body), "shorter than the lease")
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Delay: 8 * time.Second, Key: "other"}))
+	})
+	t.Run("a delay fault never runs the work twice", func(t *testing.T) {
+		t.Parallel()
+		// The delay is real time; the lease ends on the shared clock.
+		var runs atomic.Int32
+		var mu sync.Mutex
+		var takeovers []bool
+		createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			info, _ := idempotency.FromContext(r.Context())
+			runs.Add(1)
+			mu.Lock()
+			takeovers = append(takeovers, info.Takeover)
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"id":"`+info.StableID+`"}`)
+		})
+		clk := clock.NewManual(epoch)
+		s := fakeserver.NewServer(&fakeserver.Options{
+			Clock:     clk,
+			Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
+		})
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/orders", Delay: 2 * time.Second}))
+
+		const key = "order-once-1"
+		first := make(chan int, 1)
+		go func() {
+			st, _, _, _ := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+			first <- st
+		}()
+		waitInProgress(t, s)
+		clk.Advance(31 * time.Second) // past the 30s lease, inside the delay
+		st, _, body, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+		require.NoError(t, err)
+		t.Logf("retry: %d %s", st, body)
+		t.Logf("first: %d", <-first)
+
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, int32(1), runs.Load(), "one key ran the app's handler %d times, takeover flags in order %v", runs.Load(), takeovers)
+		require.Equal(t, 1, s.Stats().Executions)
+	})
+	t.Run("a delay fault never runs a payment twice", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		s := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDelay, Path: "/payments", Delay: 2 * time.Second}))
+		const key = "pay-once-1"
+		first := make(chan string, 1)
+		go func() {
+			st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+			first <- strings.Join([]string{http.StatusText(st), h.Get("Idempotent-Replayed"), body, errString(err)}, " | ")
+		}()
+		waitInProgress(t, s)
+		clk.Advance(31 * time.Second)
+		st, h, body, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+		require.NoError(t, err)
+		t.Logf("retry: %d replayed=%q %s", st, h.Get("Idempotent-Replayed"), body)
+		t.Logf("first: %s", <-first)
+		require.Equal(t, 1, s.Stats().Executions, "one key, %+v", s.Stats())
+	})
+	// A status fault answers first; the drop waits for the retry.
+	t.Run("a fault is never spent on a request another fault answered", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		const key = "drop-me-1"
+		for _, f := range []string{`{"fault":"drop_response","key":"` + key + `"}`, `{"fault":"status","status":503}`} {
+			resp, err := s.Client().Post(s.URL+"/_fake/faults", "application/json", strings.NewReader(f))
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+		}
+		st, _, _, err := rtPost(s.Client(), s.URL+"/payments", key, payBody)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, st)
+		require.Equal(t, 0, s.Stats().Payments)
+
+		// A fresh connection: Go's Transport resends a keyed request on a
+		// reused connection that closed.
+		_, _, _, err = rtPost(freshClient(t), s.URL+"/payments", key, payBody)
+		require.Error(t, err, "the drop_response fault for %s never dropped an answer: it was spent on the 503 the status fault gave", key)
+	})
+	// Under RequireUUID an upper-case UUID is its lower-case form.
+	t.Run("a key fault strikes the key in the form the server compares", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(&fakeserver.Options{RequireUUID: true})
+		t.Cleanup(s.Close)
+		const upper = "8E03978E-40D5-43E8-BC93-6894A57F9324"
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: strings.ToLower(upper)}))
+		st, _, _, err := rtPost(s.Client(), s.URL+"/payments", upper, payBody)
+		require.Error(t, err, "the drop_response fault for the key's canonical form let its upper-case spelling through (status %d)", st)
+		lower := "1e03978e-40d5-43e8-bc93-6894a57f9324"
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: strings.ToUpper(lower)}))
+		_, _, _, err = rtPost(freshClient(t), s.URL+"/payments", lower, payBody)
+		require.Error(t, err, "the fault given in upper case let the lower-case key through")
+	})
+	// Acme's key and globex's same key are two intents.
+	t.Run("a key fault strikes only its caller's key", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		const key = "shared-key-1"
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: key, Caller: "Bearer test_acme_2"}))
+		post := func(auth string) error {
+			r, _ := http.NewRequest(http.MethodPost, s.URL+"/payments", strings.NewReader(payBody))
+			r.Header.Set("Idempotency-Key", key)
+			r.Header.Set("Authorization", auth)
+			tr := &http.Transport{} // a connection of its own: no silent retry on a reused one
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr}).Do(r)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		globexErr := post("Bearer test_globex_1")
+		acmeErr := post("Bearer test_acme_1")
+		t.Logf("globex: %v; acme: %v", globexErr, acmeErr)
+		require.NoError(t, globexErr, "acme's fault struck globex's intent")
+		require.Error(t, acmeErr, "acme's fault missed acme's intent")
+	})
+	t.Run("a crash fault on PUT closes the connection", func(t *testing.T) {
+		t.Parallel()
+		s := fakeserver.NewServer(nil)
+		t.Cleanup(s.Close)
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Path: "/orders/o1/status"}))
+		r, _ := http.NewRequest(http.MethodPut, s.URL+"/orders/o1/status", strings.NewReader(`{"status":"SHIPPED"}`))
+		r.Header.Set("Content-Type", "application/json")
+		resp, err := s.Client().Do(r)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Logf("answer: %d %s", resp.StatusCode, body)
+		}
+		require.Error(t, err, "the crash fault on PUT answered instead of closing the connection")
+		require.NoError(t, s.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterInsert, Path: "/orders/o1/status"}))
+		_, err = trySend(freshClient(t), s.URL, req{Method: http.MethodPut, Path: "/orders/o1/status", NoKey: true,
+			Body: `{"status":"DELIVERED"}`})
+		require.Error(t, err, "crash_after_insert on PUT answered")
 	})
 }

@@ -22,7 +22,7 @@ type Handler struct {
 	cfg      config
 	state    fakestate.State
 	faults   fault.List
-	requests atomic.Int64 // numbers the requests faults see, from 1
+	requests attempts     // numbers the requests faults see
 	payments http.Handler // POST /payments: the business handler behind the idempotency layer
 	// endpoints serves Options.Endpoints, the app's own; nil without any.
 	endpoints       *http.ServeMux
@@ -49,6 +49,7 @@ func NewBareHandler(opts *Options) *Handler { return newHandler(opts, true) }
 func newHandler(opts *Options, bare bool) *Handler {
 	h := &Handler{cfg: opts.config()}
 	h.faults.Max = maxFaults
+	h.faults.Final = []fault.Kind{FaultReset, FaultStatus} // the request goes no further
 	if h.cfg.storage != nil {
 		// The bounds on memory do not apply: the storage holds the state.
 		h.state = h.cfg.storage.open(h.cfg.clock)
@@ -81,7 +82,7 @@ func newHandler(opts *Options, bare bool) *Handler {
 // fault (the error lists the valid ones), a field is out of range, or
 // 100 faults are pending ([ErrTooManyFaults]).
 func (h *Handler) InjectFault(f Fault) error {
-	f, err := f.validate()
+	f, err := h.prepare(f)
 	if err != nil {
 		return err
 	}
@@ -89,13 +90,19 @@ func (h *Handler) InjectFault(f Fault) error {
 }
 
 // InjectRule adds a fault made with package fault. Op.Attempt numbers
-// the handler's requests from 1, admin requests aside. The server applies
-// the seven kinds of [Fault]. It fails, changing nothing, on an effect
-// that is not a valid fault. It fails too while 100 faults are pending
+// the handler's requests of the op's method from 1, admin requests aside.
+// Under RequireUUID, Op.Key is the key's canonical form, in lower case.
+// Op.Caller is "Bearer test_<account>" for a test token, else the
+// Authorization value. The server applies the seven kinds of [Fault].
+// It fails, changing nothing, on an effect that is not a valid fault,
+// or a negative Times. It fails too while 100 faults are pending
 // ([ErrTooManyFaults]). A drawn effect that is not a valid fault is
 // dropped as it strikes.
 func (h *Handler) InjectRule(r *fault.Rule) error {
 	if err := checkRule(r); err != nil {
+		return err
+	}
+	if err := h.checkDelay(r.Effect); err != nil && r.Draw == nil {
 		return err
 	}
 	return h.addRule(r)
@@ -139,6 +146,7 @@ func (h *Handler) recoverCharged(ctx context.Context, id idempotency.ID) (*payme
 // server on it; faults are forgotten in this process only.
 func (h *Handler) reset(ctx context.Context) error {
 	h.faults.Clear()
+	h.requests.reset()
 	return h.state.Reset(ctx)
 }
 
@@ -226,13 +234,15 @@ func writeStatusFault(w http.ResponseWriter, st fault.Effect) {
 // faultsOf returns the effects of the faults that strike r. Without a
 // fault it skips parsing r's query.
 func (h *Handler) faultsOf(r *http.Request) fault.Effects {
-	n := int(h.requests.Add(1))
+	n := h.requests.next(r.Method)
 	if h.faults.Len() == 0 {
 		return nil
 	}
 	op := fault.OpOf(r)
 	op.Attempt = n
-	return validEffects(h.faults.Inject(op))
+	op.Key = idempotency.CanonicalKey(op.Key, h.cfg.uuid) // as the server compares it
+	op.Caller = principalOf(r)
+	return h.validEffects(h.faults.Inject(op))
 }
 
 // route dispatches the business API.

@@ -153,3 +153,33 @@ func start(tb testing.TB, opts *fakeserver.Options) *fakeserver.Server {
 	tb.Cleanup(s.Close)
 	return s
 }
+
+// rtPost posts body to url with key and returns status, header and body, or
+// the transport error.
+func rtPost(c *http.Client, url, key, body string) (int, http.Header, string, error) {
+	r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("Authorization", "Bearer test_acme_1")
+	resp, err := c.Do(r)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b), err
+}
+
+// waitInProgress waits until s holds a record in progress: the first
+// request is inside its delay.
+func waitInProgress(t *testing.T, s *fakeserver.Server) {
+	t.Helper()
+	require.Eventually(t, func() bool { return s.Stats().InProgress == 1 }, 5*time.Second, 10*time.Millisecond)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -13,22 +13,24 @@ import (
 	"github.com/idemkit/idem/idempotency"
 )
 
-// lookup answers GET /payments?idempotency_key=K for the record id: the
-// payment made under the key's latest intent, 409 while that intent is
-// unsettled, or 404 when nothing was charged for it.
+// lookup answers GET /payments?idempotency_key=K for the record id. It
+// answers the payment made under the key's latest intent. It answers 409
+// while that intent is unsettled. It answers 404 when nothing was
+// charged for it. Other work under the key, an app's order say, answers
+// its stored answer.
 //
-// The key's live record decides first, because a key used again after its
-// retention is a new intent whatever the key paid before: a COMPLETED
-// record answers its own payment (none, after a decline); an IN_PROGRESS
-// one answers 409 while its lease is alive, and once it has ended is
-// recovered as a takeover would: the provider is asked for the record's
-// stable id, and what it charged is recorded and answered. Without a live
-// record, the key's latest intent to charge is asked about (see
-// recoverCharged).
+// The key's live record decides first. A key used again after its
+// retention is a new intent, whatever the key paid before. A COMPLETED
+// record answers its own payment, or none after a decline. An IN_PROGRESS
+// one answers 409 while its lease is alive. Once the lease has ended, it
+// is recovered as a takeover would. The provider is asked for the
+// record's stable id, and what it charged is recorded and answered.
+// Without a live record, the key's latest intent to charge is asked
+// about (see recoverCharged).
 func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.ID) {
 	ctx := r.Context()
 	// A second round only if a record appeared while the first found
-	// none: a request under the key began meanwhile.
+	// none. A request under the key began meanwhile.
 	for range 2 {
 		now := h.cfg.now()
 		rec, live, err := h.state.Record(ctx, id, now)
@@ -43,16 +45,20 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 		switch {
 		case live && rec.Status == idempotency.StatusCompleted:
 			p, paid, err = h.state.Payment(ctx, id.Principal, rec.StableID)
+			if err == nil && !paid && didOtherWork(rec.Response) {
+				writeStored(w, rec.Response)
+				return
+			}
 		case live:
-			// The store's clock decides whether the lease has ended: the
+			// The store's clock decides whether the lease has ended. The
 			// takeover in recoverRecord is refused while it is alive.
 			var settled bool
 			p, settled, err = h.recoverRecord(ctx, rec, now)
 			if err == nil && !settled {
 				// The worker's lease is alive, another request holds the
-				// record, or the provider has no charge for it yet: a
-				// resend with the key settles it.
-				// The time left is counted on the store's clock.
+				// record, or the provider has no charge for it yet. A
+				// resend with the key settles it. The time left is
+				// counted on the store's clock.
 				at := now
 				if !rec.ReadAt.IsZero() {
 					at = rec.ReadAt
@@ -83,11 +89,35 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id idempotency.
 	inProgress(w, 1)
 }
 
-// lookupError answers a lookup whose store failed. A store that reached a
-// standby (idempotency.ErrUnavailable) or got no answer in time
-// (context.DeadlineExceeded) cannot say what was done: 503 with
-// Retry-After, as the middleware answers a POST then, so the client asks
-// again. Any other failure is a 500.
+// didOtherWork reports whether a completed record without a payment
+// answers other work: an app's order, say. Only a declined payment did
+// nothing. The key is used, so the lookup never calls it unused.
+func didOtherWork(resp *idempotency.Response) bool {
+	if resp == nil {
+		return false
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	_ = json.Unmarshal(resp.Body, &p)
+	return resp.StatusCode != http.StatusPaymentRequired || p.Type != ProblemCardDeclined
+}
+
+// writeStored answers the record's stored answer. It is the server's
+// word on what the key did.
+func writeStored(w http.ResponseWriter, resp *idempotency.Response) {
+	for k, v := range resp.Header {
+		w.Header()[k] = append([]string(nil), v...)
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(resp.Body)
+}
+
+// lookupError answers a lookup whose store failed. The store may have
+// reached a standby (idempotency.ErrUnavailable). It may have got no
+// answer in time (context.DeadlineExceeded). Then it cannot say what was
+// done. The answer is 503 with Retry-After, as for a POST then. So the
+// client asks again. Any other failure is a 500.
 func (h *Handler) lookupError(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 		h.internalError(w, r, err)
@@ -117,14 +147,14 @@ func secondsUntil(t, now time.Time) int64 {
 	return secs
 }
 
-// recoverRecord settles the IN_PROGRESS record rec, whose worker's lease
-// has ended at now, as a takeover does: it takes the record over, asks the
-// provider for its stable id, and if the provider charged it, records the
-// payment and completes the record with the answer the worker would have
-// stored, so that a resend replays it. settled is false, and the record is
-// left as it was found (lease ended), when another request took the record
-// over first or when the provider has no charge for it: only a resend,
-// which may charge, settles that.
+// recoverRecord settles the IN_PROGRESS record rec as a takeover does.
+// Its worker's lease has ended at now. It takes the record over and asks
+// the provider for its stable id. If the provider charged it, it records
+// the payment. It completes the record with the worker's answer, so that
+// a resend replays it. settled is false when another request took the
+// record over first. It is false too when the provider has no charge for
+// it. The record is then left as it was found, its lease ended. Only a
+// resend, which may charge, settles that.
 func (h *Handler) recoverRecord(ctx context.Context, rec *idempotency.Record, now time.Time) (p *payment, settled bool, err error) {
 	store := h.state.Records()
 	owner := rand.Text()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -348,5 +349,38 @@ func TestLookupOfAStoreThatCannotDecide(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	})
+}
+
+func TestLookup(t *testing.T) {
+	t.Parallel()
+	// An app order under the key is work done.
+	t.Run("a key that did other work is never called unused", func(t *testing.T) {
+		t.Parallel()
+		createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"id":"ord_1"}`)
+		})
+		s := fakeserver.NewServer(&fakeserver.Options{
+			Endpoints: []fakeserver.Endpoint{{Pattern: "POST /orders", Handler: createOrder}},
+		})
+		t.Cleanup(s.Close)
+		const key = "order-looked-up-1"
+		st, _, _, err := rtPost(s.Client(), s.URL+"/orders", key, `{"sku":"tea"}`)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, st)
+
+		r, _ := http.NewRequest(http.MethodGet, s.URL+"/payments?idempotency_key="+key, nil)
+		r.Header.Set("Authorization", "Bearer test_acme_1")
+		r.Header.Set("Idempotency-Lookup-Nonce", "n-1")
+		resp, err := s.Client().Do(r)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("lookup: %d key=%q nonce=%q %s", resp.StatusCode, resp.Header.Get("Idempotency-Key"),
+			resp.Header.Get("Idempotency-Lookup-Nonce"), body)
+		require.NotContains(t, string(body), "idempotency-key-unused",
+			"the lookup says nothing was done under %s, where an order was made", key)
 	})
 }

@@ -29,8 +29,8 @@ type paymentRequest struct {
 	Description string  `json:"description"`
 }
 
-// Limits on the strings of a payment, so that what one payment holds in
-// memory is bounded (see [Options.MaxPayments]).
+// Limits on the strings of a payment. They bound what one payment holds
+// in memory (see [Options.MaxPayments]).
 const (
 	maxCustomerLen    = 255
 	maxDescriptionLen = 1000
@@ -125,17 +125,19 @@ func jsonType(goType string) string {
 }
 
 // principalOf is the account a request acts for (see "Callers" in the
-// package docs): a test token names its account, and its canonical form
-// "Bearer test_<account>" stands for every token of the account; any other
-// Authorization value is an account of its own; none is the anonymous
-// caller "". No value that is not a test token has the canonical form of
-// one, so the two kinds never meet.
-func principalOf(r *http.Request) string {
-	v := r.Header.Get("Authorization")
-	if account, ok := accountOf(v); ok {
+// package docs). A test token names its account. Its canonical form
+// "Bearer test_<account>" stands for every token of the account. Any
+// other Authorization value is an account of its own. None is the
+// anonymous caller "". No other value has the canonical form of a test
+// token. So the two kinds never meet.
+func principalOf(r *http.Request) string { return callerOf(r.Header.Get("Authorization")) }
+
+// callerOf is the account an Authorization value acts for.
+func callerOf(authorization string) string {
+	if account, ok := accountOf(authorization); ok {
 		return "Bearer " + testTokenPrefix + account
 	}
-	return v
+	return authorization
 }
 
 const testTokenPrefix = "test_"
@@ -145,11 +147,12 @@ const maxAccountLen = 64
 
 // accountOf returns the account a test token names, and false when
 // authorization is not one. A test token is the Authorization value
-// "Bearer test_<account>" or "Bearer test_<account>_<anything>": the scheme
-// in any case, the account 1 to [maxAccountLen] letters, digits, '-' or
-// '.', and anything after the second underscore (a token's serial number or
-// expiry) ignored. Every token that names one account is the same caller,
-// so a retry after a token refresh replays instead of paying again.
+// "Bearer test_<account>" or "Bearer test_<account>_<anything>". The
+// scheme may be in any case. The account is 1 to [maxAccountLen]
+// letters, digits, '-' or '.'. Anything after the second underscore is
+// ignored: a token's serial number or expiry, say. Every token that names
+// one account is the same caller. So a retry after a token refresh
+// replays instead of paying again.
 func accountOf(authorization string) (string, bool) {
 	scheme, token, ok := strings.Cut(authorization, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -173,12 +176,13 @@ func accountOf(authorization string) (string, bool) {
 	return account, true
 }
 
-// validatePayment is the middleware's validation hook: a bad body is a 400
-// before the key is looked at, and stores nothing. It reads the body from
-// the middleware's reading of it, the fingerprint's parse, when that holds
-// a payment as parsePayment would decode it, and checks it as parsePayment
-// does; any other body (malformed, unknown or mistyped members, escaped
-// or null values) is left to parsePayment, whose problem is the answer.
+// validatePayment is the middleware's validation hook. A bad body is a
+// 400 before the key is looked at, and stores nothing. It reads the body
+// from the middleware's reading of it, the fingerprint's parse. That
+// holds when the reading is a payment as parsePayment would decode it.
+// It then checks it as parsePayment does. Any other body is left to
+// parsePayment, whose problem is the answer. Such a body is malformed,
+// or has unknown or mistyped members, or escaped or null values.
 func validatePayment(r *http.Request, body []byte) (any, *problem) {
 	if rd, ok := idempotency.JSONReadingOf(r); ok {
 		if req, ok := paymentOf(rd); ok {
@@ -189,10 +193,11 @@ func validatePayment(r *http.Request, body []byte) (any, *problem) {
 	return req, p
 }
 
-// paymentOf returns the payment a body's reading holds, and false unless
-// it is one that encoding/json decodes into a paymentRequest without error
-// and to the same values: an object whose members are named exactly as
-// the fields, an integer amount and strings without escapes, valid UTF-8.
+// paymentOf returns the payment a body's reading holds. It returns false
+// unless encoding/json decodes it into a paymentRequest without error,
+// to the same values. That is an object whose members are named exactly
+// as the fields. Its amount is an integer. Its strings are valid UTF-8
+// without escapes.
 func paymentOf(rd idempotency.JSONReading) (paymentRequest, bool) {
 	var req paymentRequest
 	n := rd.Len()
@@ -261,8 +266,8 @@ func jsonString(tok []byte) (string, bool) {
 }
 
 // createPayment is the business handler of POST /payments. Behind the
-// idempotency middleware it runs once per intent; mounted bare (for the
-// benchmark) it validates and commits on its own.
+// idempotency middleware it runs once per intent. Mounted bare, for the
+// benchmark, it validates and commits on its own.
 func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	info, idem := idempotency.FromContext(ctx)
@@ -274,11 +279,6 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	if f.Has(FaultCrashAfterInsert) {
 		panic(http.ErrAbortHandler) // the worker dies; the IN_PROGRESS record stays
 	}
-	if err := h.state.Count(ctx, fakestate.Executions); err != nil {
-		h.internalError(w, r, err)
-		return
-	}
-
 	id := info.StableID
 	principal := info.ID.Principal
 	if !idem {
@@ -286,10 +286,16 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 		principal = principalOf(r)
 	}
 
-	if err := sleep(ctx, h.cfg.delay+delayOf(f)); err != nil {
+	if err := h.holdWork(ctx, h.cfg.delay+delayOf(f)); err != nil {
 		idempotency.NothingDone(ctx)
 		(&problem{Type: problemUnavailable, Title: "Client went away", Status: http.StatusServiceUnavailable,
 			Detail: "the request was cancelled before the payment was made; nothing was charged"}).Write(w)
+		return
+	}
+	// Counted once the worker still holds its lease: a worker that lost
+	// it does no work.
+	if err := h.state.Count(ctx, fakestate.Executions); err != nil {
+		h.internalError(w, r, err)
 		return
 	}
 	if f.Has(FaultError) {
@@ -322,9 +328,9 @@ func (h *Handler) createPayment(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(append(out, '\n'))
 }
 
-// paymentOfRequest returns the payment r asks for: the one validatePayment
-// read behind the layer, else the body parsed here. A body too large or
-// not a payment is answered here, and paymentOfRequest returns false.
+// paymentOfRequest returns the payment r asks for. Behind the layer it is
+// the one validatePayment read, else the body parsed here. A body too
+// large or not a payment is answered here, and it returns false.
 func paymentOfRequest(w http.ResponseWriter, r *http.Request, info idempotency.Info) (paymentRequest, bool) {
 	if req, ok := info.Validated.(paymentRequest); ok {
 		return req, true
@@ -343,10 +349,10 @@ func paymentOfRequest(w http.ResponseWriter, r *http.Request, info idempotency.I
 	return req, true
 }
 
-// reserve holds room for payment id before the provider is asked, so
-// that no charge is made that the ledger cannot record. A 5xx stores
-// nothing: the record is released and the key stays unused. It answers
-// a failure or a full ledger itself, and returns false.
+// reserve holds room for payment id before the provider is asked. So no
+// charge is made that the ledger cannot record. A 5xx stores nothing.
+// The record is released and the key stays unused. It answers a failure
+// or a full ledger itself, and returns false.
 func (h *Handler) reserve(w http.ResponseWriter, r *http.Request, id string, info idempotency.Info, req paymentRequest) bool {
 	ctx := r.Context()
 	reserved, err := h.state.Reserve(ctx, id, fakestate.Intent{Record: info.ID, Description: req.Description}, h.cfg.now())
@@ -476,6 +482,9 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	f := faultsFrom(r.Context())
+	if f.Has(FaultCrashAfterInsert) {
+		panic(http.ErrAbortHandler) // the worker dies before the change
+	}
 	if err := sleep(r.Context(), delayOf(f)); err != nil {
 		return
 	}
@@ -485,6 +494,9 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 		return
 	}
 	stored, err := h.state.SetOrderStatus(r.Context(), principalOf(r), id, *req.Status)
+	if err == nil && stored && f.Has(FaultCrashAfterProvider) {
+		panic(http.ErrAbortHandler) // the change is made, and the worker dies before answering
+	}
 	if err != nil {
 		h.internalError(w, r, err)
 		return
@@ -498,8 +510,8 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 }
 
 // internalError answers 500 for a failure of the server's own state. The
-// error goes to Options.Logger; the answer says nothing internal (a
-// database's message names tables, indexes and settings).
+// error goes to Options.Logger. The answer says nothing internal. A
+// database's message names tables, indexes and settings.
 func (h *Handler) internalError(w http.ResponseWriter, r *http.Request, err error) {
 	if h.cfg.logger != nil {
 		h.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "internal error",

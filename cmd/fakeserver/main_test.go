@@ -100,6 +100,28 @@ func TestProgram(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no exit after SIGTERM")
 	}
+	t.Run("a delay fault holds the work past -read-timeout and commits", func(t *testing.T) {
+		t.Parallel()
+		client := newClient(t)
+		addr, _, _ := startProgram(t, buildProgram(t), "-read-timeout", "2s", "-write-timeout", "20s")
+		base := "http://" + addr
+
+		resp, err := client.Post(base+"/_fake/faults", "application/json", strings.NewReader(`{"fault":"delay","delay_ms":3000}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+		r, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		r.Header.Set("Idempotency-Key", "slow-1")
+		start := time.Now()
+		resp, err = client.Do(r)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("after %v: %d %s", time.Since(start).Round(time.Millisecond), resp.StatusCode, body)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "a 3s delay fault, under -write-timeout 20s, did not hold the work and commit")
+	})
 
 	t.Run("bad flags are refused", func(t *testing.T) {
 		t.Parallel()

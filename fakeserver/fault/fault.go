@@ -17,6 +17,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,9 @@ type Op struct {
 	Query  url.Values
 	// Key is the Idempotency-Key, unquoted when it parses.
 	Key string
+	// Caller is whom the site scopes keys to. Each site says how it names
+	// one. OpOf leaves it empty.
+	Caller string
 	// Attempt counts ops at the site, from 1. Each site says what it counts.
 	Attempt int
 }
@@ -143,7 +147,7 @@ type Rule struct {
 	// Draw, if set, makes the effect per op instead.
 	// It runs right after When matched, so draws keep their order.
 	Draw func(Op) Effect
-	// Times is how many ops the rule strikes. Zero means no limit.
+	// Times is how many ops the rule strikes. Zero or less means no limit.
 	Times int
 
 	struck atomic.Int64
@@ -169,8 +173,8 @@ func (r *Rule) Spent() bool { return r.Times > 0 && r.struck.Load() >= int64(r.T
 
 // Left returns how many more ops the rule strikes, or -1 without limit.
 func (r *Rule) Left() int {
-	if r.Times == 0 {
-		return -1
+	if r.Times <= 0 {
+		return -1 // no limit, as Inject and Spent read it
 	}
 	return max(r.Times-int(r.struck.Load()), 0)
 }
@@ -219,6 +223,11 @@ var ErrFull = errors.New("fault: the list is full")
 type List struct {
 	// Max bounds the rules held. Zero means no bound.
 	Max int
+	// Final lists the kinds that end an op, as a proxy's answer does.
+	// Their rules are asked first, and the first that strikes ends the
+	// asking. So no other rule spends a strike on an op it never reaches.
+	// A rule that draws its effect is asked with the others.
+	Final []Kind
 
 	mu    sync.Mutex
 	rules []*Rule
@@ -253,9 +262,19 @@ func (l *List) Len() int {
 func (l *List) Inject(op Op) Effects {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var es Effects
-	kept := l.rules[:0]
 	for _, r := range l.rules {
+		if r.Draw == nil && slices.Contains(l.Final, r.Effect.Kind) {
+			if es := r.Inject(op); len(es) > 0 {
+				l.dropSpent()
+				return es
+			}
+		}
+	}
+	var es Effects
+	for _, r := range l.rules {
+		if r.Draw == nil && slices.Contains(l.Final, r.Effect.Kind) {
+			continue // asked above
+		}
 		if r.Draw != nil || !es.Has(r.Effect.Kind) {
 			for _, e := range r.Inject(op) {
 				if !es.Has(e.Kind) {
@@ -263,11 +282,19 @@ func (l *List) Inject(op Op) Effects {
 				}
 			}
 		}
+	}
+	l.dropSpent()
+	return es
+}
+
+// dropSpent removes the spent rules. l.mu is held.
+func (l *List) dropSpent() {
+	kept := l.rules[:0]
+	for _, r := range l.rules {
 		if !r.Spent() {
 			kept = append(kept, r)
 		}
 	}
 	clear(l.rules[len(kept):])
 	l.rules = kept
-	return es
 }

@@ -38,6 +38,10 @@ func TestPredicates(t *testing.T) {
 		assert.True(t, fault.Query("idempotency_key")(lookup))
 		assert.False(t, fault.Query("idempotency_key")(post))
 	})
+	t.Run("caller matches the site's caller", func(t *testing.T) {
+		assert.True(t, fault.Caller("acme")(fault.Op{Caller: "acme"}))
+		assert.False(t, fault.Caller("acme")(fault.Op{Caller: "globex"}))
+	})
 	t.Run("attempt matches the site's count", func(t *testing.T) {
 		assert.True(t, fault.Attempt(2)(fault.Op{Attempt: 2}))
 		assert.False(t, fault.Attempt(2)(fault.Op{Attempt: 3}))
@@ -157,6 +161,18 @@ func TestRule(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, time.Second, e.Delay)
 	})
+	t.Run("a negative Times strikes without limit, and Left says so", func(t *testing.T) {
+		r := &fault.Rule{Times: -1, Effect: fault.Effect{Kind: fault.LoseAnswer}}
+		struck := 0
+		for range 5 {
+			if len(r.Inject(fault.Op{Method: "POST", Path: "/payments"})) > 0 {
+				struck++
+			}
+		}
+		require.Equal(t, 5, struck) // it strikes without limit
+		require.True(t, r.Left() != 0 || struck == 0,
+			"Left() = %d (no more strikes) on a rule that struck %d ops and strikes on", r.Left(), struck)
+	})
 }
 
 func TestFirst(t *testing.T) {
@@ -211,6 +227,16 @@ func TestList(t *testing.T) {
 		require.NoError(t, l.Add(&fault.Rule{Effect: fault.Effect{Kind: fault.Error}}))
 		require.NoError(t, l.Add(&fault.Rule{Draw: func(fault.Op) fault.Effect { return fault.Effect{Kind: fault.Error, Status: 1} }}))
 		assert.Equal(t, fault.Effects{{Kind: fault.Error}}, l.Inject(post))
+	})
+	t.Run("a final kind that strikes ends the asking", func(t *testing.T) {
+		l := fault.List{Final: []fault.Kind{fault.Status}}
+		lose := &fault.Rule{When: fault.Key("k"), Effect: fault.Effect{Kind: fault.LoseAnswer}, Times: 1}
+		require.NoError(t, l.Add(lose))
+		require.NoError(t, l.Add(&fault.Rule{Effect: fault.Effect{Kind: fault.Status, Status: 503}, Times: 1}))
+		assert.Equal(t, fault.Effects{{Kind: fault.Status, Status: 503}}, l.Inject(post))
+		assert.Equal(t, 1, lose.Left(), "the op never reached the rule after the answer")
+		assert.Equal(t, fault.Effects{{Kind: fault.LoseAnswer}}, l.Inject(post))
+		assert.Equal(t, 0, l.Len())
 	})
 	t.Run("it holds at most Max rules", func(t *testing.T) {
 		l := fault.List{Max: 2}

@@ -19,11 +19,25 @@ func TestMutants(t *testing.T) {
 			Pkg:     pkg, Run: "^TestList$",
 		},
 		{
+			Name: "fault-list-final-not-first", File: "fakeserver/fault/fault.go",
+			Note:    "a List asks the rules of final kinds with the others, and a rule spends a strike on an op a final rule ended",
+			Anchor:  "\t\t\tif es := r.Inject(op); len(es) > 0 {\n\t\t\t\tl.dropSpent()\n\t\t\t\treturn es\n\t\t\t}\n",
+			Replace: "\t\t\t_ = op\n",
+			Pkg:     pkg, Run: "^TestList$/^a_final_kind_that_strikes_ends_the_asking$",
+		},
+		{
 			Name: "fault-rule-strikes-uncounted", File: "fakeserver/fault/fault.go",
 			Note:    "a Rule does not count its strikes, and strikes past its Times",
 			Anchor:  "if r.Times > 0 && r.struck.Add(1) > int64(r.Times) {",
 			Replace: "if r.Times > 0 && r.struck.Load() > int64(r.Times) {",
 			Pkg:     pkg, Run: "^TestRule$",
+		},
+		{
+			Name: "fault-left-zero-when-negative", File: "fakeserver/fault/fault.go",
+			Note:    "Left says 0 for a rule of negative Times, which strikes without limit",
+			Anchor:  "if r.Times <= 0 {\n\t\treturn -1",
+			Replace: "if r.Times == 0 {\n\t\treturn -1",
+			Pkg:     pkg, Run: "^TestRule$/^a_negative_Times_strikes_without_limit,_and_Left_says_so$",
 		},
 		{
 			Name: "fault-first-asks-all", File: "fakeserver/fault/fault.go",

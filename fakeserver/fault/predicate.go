@@ -19,6 +19,9 @@ func Key(k string) Predicate {
 	return func(op Op) bool { return op.Key == k }
 }
 
+// Caller matches ops of caller c, as the site names its callers.
+func Caller(c string) Predicate { return func(op Op) bool { return op.Caller == c } }
+
 // Path matches ops on exactly this URL path, such as "/payments".
 func Path(p string) Predicate { return func(op Op) bool { return op.Path == p } }
 
