@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -1152,7 +1153,7 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 // error).
 func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
 	err := &notSentError{Key: rec.Key, Err: retryErr.Err, Attempts: retryErr.Attempts, Reason: retryErr.Reason}
-	if err.Err == nil || errors.Is(err.Err, errStopped) {
+	if err.Err == nil || retryErr.stopped {
 		err.Err = errors.New("idem: no attempt wrote the request")
 	}
 	if rec.State == persist.StateNotSent || in.ephemeral {
@@ -1370,6 +1371,23 @@ func (c *Client) left(rec *persist.Record) time.Duration {
 // that a call's budget holds.
 func (c *Client) leftOf(rec *persist.Record) intentLeft {
 	return intentLeft{clocks: c.clocks, clock: c.clock, keys: c.keys, window: c.retention - c.margin, rec: rec}
+}
+
+// intentLeft is the budget's reading of how long a call's intent may still be
+// sent (Client.left). It is read again before every attempt and wait. It is
+// the server's retention less the safety margin, less the intent's age. The
+// age is the largest any clock reports (clocks.age). It is never less than
+// since this Client first saw the intent.
+type intentLeft struct {
+	clocks *clocks
+	clock  clock.Clock
+	keys   *keys
+	window time.Duration
+	rec    *persist.Record
+}
+
+func (l *intentLeft) left() time.Duration {
+	return l.window - l.clocks.age(l.rec, l.clock.Now(), func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
 }
 
 // detached returns ctx without its cancel. So a save that records what
