@@ -524,8 +524,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "intent-saved-when-shown", File: "action.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
-			Anchor:  "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
-			Replace: "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Anchor:  "\tin.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
+			Replace: "\tin.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 			Pkg:     root, Run: "^TestSettleAll$/^it_never_sends_an_intent_nobody_tapped$",
 		},
 		{
