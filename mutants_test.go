@@ -426,7 +426,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
-			Anchor:  "\t\tc.sendLeft(rec) < c.policyFor(ctx).MaxElapsed\n",
+			Anchor:  "\t\tc.sendLeft(rec) < c.maxElapsed(ctx)\n",
 			Replace: "\t\tfalse\n",
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_holder_died_while_resuming",
 		},
