@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idem/persist"
 )
 
-func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, keys: c.keys} }
+func (c *Client) intentOf(rec *persist.Record) *Intent { return &Intent{rec: rec, unsent: c.keys} }
 
 // newRecord makes the record of a new intent with a fresh UUIDv4 key. The
 // key is spelled on the wire as this Client spells keys. req has been
@@ -189,7 +189,7 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 		return nil, err
 	}
 	in := &made.in
-	in.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)
+	in.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)
 	in.armRoom = &made.armed
 	if name != "" {
 		if c.unarmed == nil {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 
-	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -428,7 +427,7 @@ func (st *call) retryError(reason string, err error) *RetryError {
 	// The app logs the error. The URL in net/http's error carries no
 	// credential, as the attempt hook's does not.
 	return &RetryError{Key: st.key, Reason: reason, Attempts: st.b.attempts, Elapsed: st.b.elapsed(), Err: redactErr(err),
-		noneWritten: st.sentNothing(), afterRedirect: st.redirected}
+		noneWritten: st.sentNothing(), afterRedirect: st.redirected, stopped: errors.Is(err, errStopped)}
 }
 
 // afterAttempt is the retry loop's decision after each attempt. It says
@@ -712,19 +711,6 @@ func (st *call) refundRetry() {
 	st.tokens.give(st.cfg.clock.Now(), n)
 }
 
-// intentLeft is the budget's reading of how long a call's intent may still be
-// sent (Client.left). It is read again before every attempt and wait. It is
-// the server's retention less the safety margin, less the intent's age. The
-// age is the largest any clock reports (clocks.age). It is never less than
-// since this Client first saw the intent.
-type intentLeft struct {
-	clocks *clocks
-	clock  clock.Clock
-	keys   *keys
-	window time.Duration
-	rec    *persist.Record
-}
-
 // sendDeadline is the budget's reading of how long a call may still begin a
 // send. The deadline is the one its record stores, in the claim that arm or
 // hold writes. The reading is the least time any clock says is left. The
@@ -739,8 +725,4 @@ func (l *sendDeadline) left() time.Duration {
 		return math.MaxInt64
 	}
 	return sendLeftNow(l.clocks, l.rec.Clocks)
-}
-
-func (l *intentLeft) left() time.Duration {
-	return l.window - l.clocks.age(l.rec, l.clock.Now(), func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
 }

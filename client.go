@@ -27,9 +27,10 @@ type Client struct {
 	config
 	retry *retrier // sends the attempts of calls through config.http
 
+	// life holds what the durable steps of an intent's life need.
+	life
+
 	flights *flights     // one call per key at a time
-	keys    *keys        // what this process knows about each key
-	clocks  *clocks      // the device's clocks, to judge an intent's age
 	tokens  *tokenBucket // the client-wide retry budget (Config.RetryBudget)
 
 	// actionMu serialises the decision "reuse or create" per Client.
@@ -38,11 +39,6 @@ type Client struct {
 	// not armed. That intent lives in memory only (see Intent). Guarded by
 	// actionMu.
 	unarmed map[string]*Intent
-
-	// id names this Client in the records it arms or takes over
-	// (persist.Record.Holder). It is random, so that each Client is another
-	// holder. That holds for Clients in this process or a later one.
-	id string
 }
 
 // New returns a Client configured by cfg (see Config). cfg.Server.Mark is
@@ -59,13 +55,21 @@ func New(cfg Config) (*Client, error) {
 	}
 	id := uuid.NewString()
 	return &Client{
-		config:  c,
-		retry:   newRetrier(c.http),
+		config: c,
+		retry:  newRetrier(c.http),
+		life: life{
+			keys:   newKeys(id),
+			clocks: newClocks(c.clock, c.store),
+			id:     id,
+			lifeConfig: lifeConfig{
+				store: c.store, logger: c.logger, clock: c.clock,
+				retention: c.retention, margin: c.margin,
+				maxElapsed:  func(ctx context.Context) time.Duration { return c.policyFor(ctx).MaxElapsed },
+				answerRules: c.answerRules,
+			},
+		},
 		flights: &flights{},
-		keys:    newKeys(id),
-		clocks:  newClocks(c.clock, c.store),
 		tokens:  newTokenBucket(c.retryBudget),
-		id:      id,
 	}, nil
 }
 

@@ -162,6 +162,9 @@ type RetryError struct {
 	// noneWritten: the transport's trace proves that no attempt of the
 	// call wrote its request to a connection.
 	noneWritten bool
+	// stopped: Err is only the call's signal to stop (errStopped). It is
+	// no attempt's error.
+	stopped bool
 	// afterRedirect: an attempt of the intent was redirected to another URL.
 	afterRedirect bool
 	// by is the call the app made, which the text names (forCall). It is

@@ -27,9 +27,9 @@ type Intent struct {
 	// The caller may have sent it before, in its own retry. So it is never
 	// provably unsent.
 	callersKey bool
-	// keys is what the Client that handed the intent out knows of its
+	// unsent is what the Client that handed the intent out knows of its
 	// keys. It says which intents are provably unsent.
-	keys *keys
+	unsent unsentKeys
 
 	// unarmed is set while the intent lives in this process's memory
 	// only. Intent or NewIntent made it, and Do has not had it yet (the
@@ -57,6 +57,10 @@ func (in *Intent) Key() string { return in.current().Key }
 // Name returns the action the intent belongs to, as given to Client.Intent.
 func (in *Intent) Name() string { return in.current().Name }
 
+// unsentKeys tells the keys that are provably unsent (keys.isUnsent). Nil
+// knows none.
+type unsentKeys interface{ isUnsent(key string) bool }
+
 // State returns where the intent stands. An intent stored as new reads
 // new only while this process knows it was never sent. That is while the
 // Client that created it has not sent it, or Intent replaced it unsent.
@@ -70,7 +74,7 @@ func (in *Intent) State() persist.State {
 	if unarmed {
 		return persist.StateNew
 	}
-	if rec.State == persist.StateNew && (in.keys == nil || !in.keys.isUnsent(rec.Key)) {
+	if rec.State == persist.StateNew && (in.unsent == nil || !in.unsent.isUnsent(rec.Key)) {
 		return persist.StatePending
 	}
 	return rec.State

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/persist"
 )
 
@@ -876,9 +877,52 @@ func (k *keys) mayStillArrive(key string, now, birth reading, delay time.Duratio
 	return max(wait, 0)
 }
 
+// life is what the durable steps of an intent's life need. It holds what
+// this process knows of its keys, the device's clocks, and the holder id.
+// It holds the settings the steps read, too. The Client embeds it, so the
+// steps are the Client's own methods.
+type life struct {
+	keys   *keys   // what this process knows about each key
+	clocks *clocks // the device's clocks, to judge an intent's age
+
+	// id names this Client in the records it arms or takes over
+	// (persist.Record.Holder). It is random, so that each Client is another
+	// holder. That holds for Clients in this process or a later one.
+	id string
+
+	lifeConfig
+}
+
+// lifeConfig is the part of a Client's settings that the steps read. New
+// copies it from the config, which never changes after New. The config's
+// own fields stand nearer the Client, so the Client reads those.
+type lifeConfig struct {
+	store     persist.Store
+	logger    *slog.Logger // nil: silent
+	clock     clock.Clock
+	retention time.Duration
+	margin    time.Duration
+	// maxElapsed is the MaxElapsed of the policy of a call made with a
+	// context.
+	maxElapsed func(context.Context) time.Duration
+	answerRules
+}
+
+// logs reports whether the app's logger takes records of level under ctx.
+func (c *lifeConfig) logs(ctx context.Context, level slog.Level) bool {
+	return c.logger != nil && c.logger.Enabled(ctx, level)
+}
+
+// log logs to the app's logger, if it gave one.
+func (c *lifeConfig) log(ctx context.Context, level slog.Level, msg string, args ...any) {
+	if c.logger != nil {
+		c.logger.Log(ctx, level, msg, args...)
+	}
+}
+
 // currentVersion returns the version of in's record to send from. It reports
 // whether that is the version this Client saved last.
-func (c *Client) currentVersion(ctx context.Context, in *Intent) (cur *persist.Record, known bool, err error) {
+func (c *life) currentVersion(ctx context.Context, in *Intent) (cur *persist.Record, known bool, err error) {
 	cur = in.current()
 	// Intent deleted a replaced intent from the store. Say so, rather than
 	// that the store has no such intent.
@@ -930,7 +974,7 @@ func unread(cur *persist.Record, err error) error {
 // unknown, and it is stored as expired, even if ctx is done. A call whose
 // context ended before it began is still told the intent expired. It is not
 // told that the context ended it. The app settles it through the lookup.
-func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
+func (c *life) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record) error {
 	err := &RetryError{Key: rec.Key, Reason: stopExpired}
 	c.logUnknown(ctx, rec, err)
 	if rec.State != persist.StateExpired {
@@ -948,7 +992,7 @@ func (c *Client) recordExpiry(ctx context.Context, in *Intent, rec *persist.Reco
 // is marked sent. checked says the record is the version this Client validated
 // and saved last, and not as expired. A clock set back can make an expired
 // version sendable again.
-func (c *Client) sendable(rec *persist.Record, checked bool) error {
+func (c *life) sendable(rec *persist.Record, checked bool) error {
 	if !checked {
 		if err := (Request{Method: rec.Method, URL: rec.URL}).validate(); err != nil {
 			return &notSentError{Key: rec.Key, Err: err}
@@ -964,7 +1008,7 @@ func (c *Client) sendable(rec *persist.Record, checked bool) error {
 // or handed out. No send of it ever began. So the server's retention of its
 // key starts no sooner than this one, as at the tap. Its age on every clock,
 // and on the in-process timeline, counts from now.
-func (c *Client) bornAgain(rec *persist.Record) {
+func (c *life) bornAgain(rec *persist.Record) {
 	rec.CreatedAt = c.clock.Now()
 	c.keys.reborn(rec.Key, c.clocks.sinceBirth())
 	c.stamp(rec, new(persist.Clocks), true)
@@ -972,7 +1016,7 @@ func (c *Client) bornAgain(rec *persist.Record) {
 
 // stamp reads the device's clocks once. It stores the readings of a write of
 // rec in cl, which rec holds from then on (stamped). It returns the reading.
-func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) reading {
+func (c *life) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) reading {
 	r := c.clocks.read()
 	stamped(rec, cl, r, c.clocks.mark(r), armed)
 	return r
@@ -982,14 +1026,14 @@ func (c *Client) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) read
 // must when rec is sent again after it ended not sent. It must when a Client
 // that does not hold rec resumes it. And it must when its holder resumes it
 // and the stored send deadline ends before this call's budget could.
-func (c *Client) mustHold(ctx context.Context, rec *persist.Record) bool {
+func (c *life) mustHold(ctx context.Context, rec *persist.Record) bool {
 	return rec.State == persist.StateNotSent || rec.Holder != c.id ||
-		c.sendLeft(rec) < c.policyFor(ctx).MaxElapsed
+		c.sendLeft(rec) < c.maxElapsed(ctx)
 }
 
 // sendLeft returns the least time any clock says is left until the send
 // deadline rec stores (sendByLeft).
-func (c *Client) sendLeft(rec *persist.Record) time.Duration {
+func (c *life) sendLeft(rec *persist.Record) time.Duration {
 	return sendLeftNow(c.clocks, rec.Clocks)
 }
 
@@ -1003,7 +1047,7 @@ func sendLeftNow(cs *clocks, cl *persist.Clocks) time.Duration {
 // begins now may begin a send, d later (sendBy). claim returns the reading of
 // now. With over set, the deadline rec held is dropped first. So the new one
 // may be earlier.
-func (c *Client) claim(rec *persist.Record, d time.Duration, over bool) reading {
+func (c *life) claim(rec *persist.Record, d time.Duration, over bool) reading {
 	cl := new(persist.Clocks)
 	if rec.Clocks != nil {
 		*cl = *rec.Clocks
@@ -1037,7 +1081,7 @@ func (c *Client) claim(rec *persist.Record, d time.Duration, over bool) reading 
 // reconcile delay counts from it. So a holder that resumes past that time
 // writes a later one first. If it dies while its request is in transit,
 // another Client's lookup still waits for the request.
-func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, moved bool, err error) {
+func (c *life) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, unsent bool) (held *persist.Record, moved bool, err error) {
 	takeOver := rec.Holder != c.id
 	wasUnsent := unsent
 	if takeOver && rec.State != persist.StateNotSent {
@@ -1059,7 +1103,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 	rec.Holder = c.id
 	rec.UpdatedAt = c.clock.Now()
 	// The claim carries the latest time this call may begin a send.
-	c.claim(rec, c.policyFor(ctx).MaxElapsed+sendSlack, false)
+	c.claim(rec, c.maxElapsed(ctx)+sendSlack, false)
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError
 		if errors.As(err, &changed) {
@@ -1105,7 +1149,7 @@ func (c *Client) hold(ctx context.Context, in *Intent, rec, cur *persist.Record,
 // "Not sent" is judged by the transport's trace alone (WroteHeaders), never by
 // the final error. net/http resends a request that carries an Idempotency-Key
 // on a new connection. So a dial error can follow bytes written earlier.
-func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError) error {
+func (c *life) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError) error {
 	now := c.clock.Now()
 	// The call made one attempt, which failed for good and never reached
 	// the server.
@@ -1150,9 +1194,9 @@ func (c *Client) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Re
 // fail, or its result may be unknown. Then it did not make the intent not
 // sent. The call ends with the outcome unknown (retryErr, with the store's
 // error).
-func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
+func (c *life) recordNotSent(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError, now time.Time) error {
 	err := &notSentError{Key: rec.Key, Err: retryErr.Err, Attempts: retryErr.Attempts, Reason: retryErr.Reason}
-	if err.Err == nil || errors.Is(err.Err, errStopped) {
+	if err.Err == nil || retryErr.stopped {
 		err.Err = errors.New("idem: no attempt wrote the request")
 	}
 	if rec.State == persist.StateNotSent || in.ephemeral {
@@ -1181,7 +1225,7 @@ func (c *Client) recordNotSent(ctx context.Context, in *Intent, rec *persist.Rec
 // recordAnswer records the final answer of a call and returns it. It adds an
 // *APIError if the answer is not a success. It adds a *SaveError if the answer
 // was not saved.
-func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion) (*Response, error) {
+func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion) (*Response, error) {
 	rec.Attempts += resp.Attempts
 	rec.UpdatedAt = c.clock.Now()
 	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
@@ -1230,7 +1274,7 @@ func (c *Client) recordAnswer(ctx context.Context, in *Intent, rec *persist.Reco
 
 // logUnknown tells the app's logger (WARN, above INFO) of a call that ended
 // with its outcome unknown, and why.
-func (c *Client) logUnknown(ctx context.Context, rec *persist.Record, err *RetryError) {
+func (c *life) logUnknown(ctx context.Context, rec *persist.Record, err *RetryError) {
 	if c.logs(ctx, slog.LevelWarn) {
 		c.logger.LogAttrs(ctx, slog.LevelWarn, fmt.Sprintf("idem: outcome unknown after %d attempt(s): %s", err.Attempts, err.Reason),
 			slog.String("key", rec.Key), slog.String("name", rec.Name))
@@ -1239,7 +1283,7 @@ func (c *Client) logUnknown(ctx context.Context, rec *persist.Record, err *Retry
 
 // logNotSent tells the app's logger (INFO) of a call that ended not sent,
 // once the store says so.
-func (c *Client) logNotSent(ctx context.Context, rec *persist.Record, err *notSentError) {
+func (c *life) logNotSent(ctx context.Context, rec *persist.Record, err *notSentError) {
 	if c.logs(ctx, slog.LevelInfo) {
 		c.logger.LogAttrs(ctx, slog.LevelInfo, fmt.Sprintf("idem: not sent after %d attempt(s): %s", err.Attempts, err.Reason),
 			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.String("error", err.Err.Error()))
@@ -1247,7 +1291,7 @@ func (c *Client) logNotSent(ctx context.Context, rec *persist.Record, err *notSe
 }
 
 // storedOutcome answers Do for a resolved intent without sending.
-func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
+func (c *life) storedOutcome(rec *persist.Record) (*Response, error) {
 	if rec.Response == nil {
 		// Resolved without an answer: reconciled as never done.
 		return nil, fmt.Errorf("idem: intent %s is %s: the server has no effect for its key; create a new intent to try again", rec.Key, rec.State)
@@ -1262,7 +1306,7 @@ func (c *Client) storedOutcome(rec *persist.Record) (*Response, error) {
 // save makes rec the intent's current version and stores it. It writes over
 // the version the store holds only as afterConflict allows. rec must not be
 // changed afterwards.
-func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
+func (c *life) save(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
 	return c.saveWith(ctx, in, rec, nil, op, c.writeOwn)
 }
 
@@ -1273,7 +1317,7 @@ func (c *Client) save(ctx context.Context, in *Intent, rec *persist.Record, op s
 // overwritten either, but by the server's answer. Then the store's
 // *ConflictError is returned. Only this Client's own later version is written
 // over, or a record gone from the store (Forget).
-func (c *Client) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
+func (c *life) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 	for range 8 {
 		err := s.Write(ctx, rec, prev)
 		if err == nil {
@@ -1306,7 +1350,7 @@ func (e *adoptedError) Error() string {
 
 // adopted answers a call whose record another Client or call resolved while it
 // ran. It returns the stored outcome, if err says so, else err.
-func (c *Client) adopted(err error) (*Response, error) {
+func (c *life) adopted(err error) (*Response, error) {
 	var a *adoptedError
 	if errors.As(err, &a) {
 		c.keys.forget(a.rec.Key)
@@ -1317,7 +1361,7 @@ func (c *Client) adopted(err error) (*Response, error) {
 
 // saveIf is save only if the stored record is still old's version
 // (persist.SaveIf).
-func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Record, op string) error {
+func (c *life) saveIf(ctx context.Context, in *Intent, rec, old *persist.Record, op string) error {
 	return c.saveWith(ctx, in, rec, nil, op, func(ctx context.Context, s persist.Store, rec, _ *persist.Record) error {
 		return persist.SaveIf(ctx, s, rec, old)
 	})
@@ -1327,7 +1371,7 @@ func (c *Client) saveIf(ctx context.Context, in *Intent, rec, old *persist.Recor
 // version in held before. The write's clock readings go to cl. cl is memory
 // made with rec's version that no record holds yet. When cl is nil, they go to
 // new memory.
-func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl *persist.Clocks, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
+func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl *persist.Clocks, op string, store func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error) error {
 	if !in.ephemeral {
 		if cl == nil {
 			cl = new(persist.Clocks)
@@ -1361,15 +1405,32 @@ func (c *Client) saveWith(ctx context.Context, in *Intent, rec *persist.Record, 
 
 // left returns how long the intent of rec may still be sent, by the
 // largest age any clock reports.
-func (c *Client) left(rec *persist.Record) time.Duration {
+func (c *life) left(rec *persist.Record) time.Duration {
 	l := c.leftOf(rec)
 	return l.left()
 }
 
 // leftOf is the reading of how long the intent of rec may still be sent
 // that a call's budget holds.
-func (c *Client) leftOf(rec *persist.Record) intentLeft {
+func (c *life) leftOf(rec *persist.Record) intentLeft {
 	return intentLeft{clocks: c.clocks, clock: c.clock, keys: c.keys, window: c.retention - c.margin, rec: rec}
+}
+
+// intentLeft is the budget's reading of how long a call's intent may still be
+// sent (Client.left). It is read again before every attempt and wait. It is
+// the server's retention less the safety margin, less the intent's age. The
+// age is the largest any clock reports (clocks.age). It is never less than
+// since this Client first saw the intent.
+type intentLeft struct {
+	clocks *clocks
+	clock  clock.Clock
+	keys   *keys
+	window time.Duration
+	rec    *persist.Record
+}
+
+func (l *intentLeft) left() time.Duration {
+	return l.window - l.clocks.age(l.rec, l.clock.Now(), func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
 }
 
 // detached returns ctx without its cancel. So a save that records what

@@ -426,7 +426,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
-			Anchor:  "\t\tc.sendLeft(rec) < c.policyFor(ctx).MaxElapsed\n",
+			Anchor:  "\t\tc.sendLeft(rec) < c.maxElapsed(ctx)\n",
 			Replace: "\t\tfalse\n",
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_holder_died_while_resuming",
 		},
@@ -524,8 +524,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "intent-saved-when-shown", File: "action.go",
 			Note:    "an intent is saved when Intent makes it, before the user taps",
-			Anchor:  "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
-			Replace: "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+			Anchor:  "\tin.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
+			Replace: "\tin.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 			Pkg:     root, Run: "^TestSettleAll$/^it_never_sends_an_intent_nobody_tapped$",
 		},
 		{

@@ -327,7 +327,7 @@ func (t *roundTripper) intentFor(ctx context.Context, req *http.Request, live Re
 		return nil, err
 	}
 	rec.Key, rec.KeyHeader = k, k
-	in = &Intent{rec: rec, ephemeral: true, callersKey: true, keys: t.c.keys}
+	in = &Intent{rec: rec, ephemeral: true, callersKey: true, unsent: t.c.keys}
 	if t.callers[k] == nil {
 		// The first request under the key is the one whose age counts.
 		// The server refuses another request under it (key reused).
