@@ -71,6 +71,7 @@ type server struct {
 	store   *yieldStore
 	handler *fakeserver.Handler
 	stable  int
+	traced  int // charges traced so far
 	// cur holds the faults of the request entering the handler. The
 	// handler's rules read it as the request starts.
 	cur serverFaults
@@ -305,9 +306,26 @@ func (s *server) serve(p *proc, method, target string, header http.Header, body 
 func (s *server) run(req *http.Request, f serverFaults) *recorder {
 	rec := &recorder{header: make(http.Header)}
 	s.cur = f
-	defer func() { s.cur = serverFaults{} }()
+	defer func() {
+		s.cur = serverFaults{}
+		s.traceCharges()
+	}()
 	s.handler.ServeHTTP(rec, req)
 	return rec
+}
+
+// traceCharges traces the charges made since it was last called. It is
+// called as each store step starts and as each request ends: a charge
+// is made between two steps.
+func (s *server) traceCharges() {
+	if s.w.cfg.Trace == nil {
+		return
+	}
+	chs := s.charges()
+	for _, ch := range chs[s.traced:] {
+		s.w.tracef("server charges %s key %s for %s", ch.stableID, ch.key, ch.desc)
+	}
+	s.traced = len(chs)
 }
 
 // pay serves a POST /payments, with the 5xx a server stores and the 303
@@ -386,6 +404,7 @@ type yieldStore struct {
 }
 
 func (y *yieldStore) pause(ctx context.Context) {
+	y.s.traceCharges()
 	p := procOf(ctx)
 	if p == nil {
 		return
