@@ -150,7 +150,9 @@
 // Retention, leases, created_at, payment ids and Retry-After use
 // [Options.Clock]; give it the clock.Manual given to the client
 // (idem.Config.Clock), so tests drive both without sleeping. ProcessingDelay and
-// the delay fault are real time: they exist to make requests overlap.
+// the delay fault wait in real time: they exist to make requests overlap.
+// [Options.Sleep] replaces that wait, as a simulation's virtual clock does.
+// [Options.NewID] makes the payment ids instead.
 // Retry-After on a 409 is the processing delay still to go, capped at the
 // lease, in whole seconds, at least 1.
 //

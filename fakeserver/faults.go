@@ -286,7 +286,7 @@ func (h *Handler) holdWork(ctx context.Context, d time.Duration) error {
 			held = rec
 		}
 	}
-	if err := sleep(ctx, d); err != nil {
+	if err := h.wait(ctx, d); err != nil {
 		return err
 	}
 	if held != nil && !h.stillLeased(ctx, held) {

@@ -60,8 +60,12 @@ func newHandler(opts *Options, bare bool) *Handler {
 	h.mountEndpoints(h.cfg.endpoints)
 	h.payments = http.HandlerFunc(h.createPayment)
 	if !bare {
+		records := h.state.Records()
+		if h.cfg.wrapRecords != nil {
+			records = h.cfg.wrapRecords(records)
+		}
 		h.payments = idempotency.New(h.payments, idempotency.Config{
-			Store:        h.state.Records(),
+			Store:        records,
 			Clock:        h.cfg.clock,
 			Retention:    h.cfg.retention,
 			Lease:        h.cfg.lease,
@@ -302,7 +306,7 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 // 500, and the crashes close the connection.
 func (h *Handler) simpleFaults(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	f := faultsFrom(r.Context())
-	if err := sleep(r.Context(), delayOf(f)); err != nil {
+	if err := h.wait(r.Context(), delayOf(f)); err != nil {
 		return
 	}
 	switch {

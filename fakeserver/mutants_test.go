@@ -309,5 +309,33 @@ func TestMutants(t *testing.T) {
 			Replace: "return ln, nil\n\treturn tls.NewListener(ln, ",
 			Pkg:     "./cmd/fakeserver", Run: "^TestProgramTLS$",
 		},
+		{
+			Name: "options-sleep-ignored", File: "fakeserver/options.go",
+			Note:    "the delays wait in real time whatever Options.Sleep says",
+			Anchor:  "if c.sleep == nil {",
+			Replace: "if true {",
+			Pkg:     "./fakeserver", Run: "^TestOptions$/^Sleep",
+		},
+		{
+			Name: "options-new-id-ignored", File: "fakeserver/payments.go",
+			Note:    "payment ids ignore Options.NewID",
+			Anchor:  "if h.cfg.newID != nil {",
+			Replace: "if false {",
+			Pkg:     "./fakeserver", Run: "^TestOptions$/^NewID",
+		},
+		{
+			Name: "options-wrap-records-ignored", File: "fakeserver/handler.go",
+			Note:    "the idempotency layer uses the bare store whatever Options.WrapRecords says",
+			Anchor:  "records = h.cfg.wrapRecords(records)",
+			Replace: "_ = h.cfg.wrapRecords(records)",
+			Pkg:     "./fakeserver", Run: "^TestOptions$/^WrapRecords",
+		},
+		{
+			Name: "charges-without-request", File: "fakeserver/payments.go",
+			Note:    "the provider's charges do not name the request that made them",
+			Anchor:  "Record: info.ID, Description: req.Description})",
+			Replace: "})",
+			Pkg:     "./fakeserver", Run: "^TestCharges$",
+		},
 	})
 }

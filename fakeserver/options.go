@@ -1,12 +1,14 @@
 package fakeserver
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
+	"github.com/idemkit/idem/idempotency"
 )
 
 // Options configures a fake server: every setting of [NewServer] and
@@ -23,9 +25,24 @@ type Options struct {
 	// longer than ProcessingDelay (a payment still running would be taken
 	// over by its resend and run twice): the constructors panic otherwise.
 	Lease time.Duration
-	// ProcessingDelay is the time each payment takes, in real time (not the
-	// Clock); the wait ends early if the client goes away. Zero means none.
+	// ProcessingDelay is the time each payment takes. It is waited out with
+	// Sleep. The wait ends early if the client goes away. Zero means none.
 	ProcessingDelay time.Duration
+	// Sleep waits out ProcessingDelay and the delay faults. It returns
+	// ctx's error if ctx ends first. Nil means real time. It is apart
+	// from Clock: a Manual's Sleep moves it at once. Tests of concurrent
+	// requests need the work held in real time. A simulation passes its
+	// virtual clock's wait.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// NewID makes the stable id of each payment. It must never repeat.
+	// The provider takes it as its idempotency key. Nil means ids that
+	// sort by the Clock's time. A simulation draws them from its seed.
+	NewID func() string
+	// WrapRecords wraps the record store of the idempotency layer. The
+	// layer then uses what it returns. The server's own reads (lookup,
+	// stats, sweep) still go to the store it wraps. A simulation's wrapper
+	// pauses between steps and fails on demand. Nil means no wrapper.
+	WrapRecords func(idempotency.Store) idempotency.Store
 	// RequireUUID accepts only UUIDs in their 36-character form as keys,
 	// compared in any case (an upper-case key and its lower-cased retry
 	// are one key); false accepts any key of 1-255 visible ASCII
@@ -91,6 +108,9 @@ type config struct {
 	logger                              *slog.Logger
 	storage                             Storage
 	endpoints                           []Endpoint
+	sleep                               func(context.Context, time.Duration) error
+	newID                               func() string
+	wrapRecords                         func(idempotency.Store) idempotency.Store
 }
 
 func (o *Options) config() config {
@@ -98,7 +118,8 @@ func (o *Options) config() config {
 	if o != nil {
 		c = config{retention: o.Retention, lease: o.Lease, delay: o.ProcessingDelay, sweepEvery: o.SweepEvery,
 			clock: o.Clock, logger: o.Logger, maxRecords: max(o.MaxRecords, 0), maxPayments: max(o.MaxPayments, 0),
-			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, endpoints: o.Endpoints}
+			maxOrders: max(o.MaxOrders, 0), storage: o.Storage, uuid: o.RequireUUID, endpoints: o.Endpoints,
+			sleep: o.Sleep, newID: o.NewID, wrapRecords: o.WrapRecords}
 	}
 	if c.retention <= 0 {
 		c.retention = 24 * time.Hour
@@ -111,6 +132,9 @@ func (o *Options) config() config {
 	}
 	if c.delay > 0 && c.lease <= c.delay {
 		panic(fmt.Sprintf("fakeserver: Lease (%v) must be longer than ProcessingDelay (%v): a payment still running would be taken over by its resend and run twice", c.lease, c.delay))
+	}
+	if c.sleep == nil {
+		c.sleep = sleep
 	}
 	c.now = time.Now
 	if c.clock != nil {

@@ -387,7 +387,7 @@ func (h *Handler) chargeOnce(w http.ResponseWriter, r *http.Request, id string, 
 		}
 	}
 	ch, err := h.state.Charge(ctx, charge{ID: id, Amount: *req.Amount, Currency: *req.Currency, Customer: *req.Customer,
-		CreatedAt: h.cfg.now().UTC()})
+		CreatedAt: h.cfg.now().UTC(), Record: info.ID, Description: req.Description})
 	if errors.Is(err, errDeclined) {
 		h.state.Declined(id)
 		(&problem{Type: ProblemCardDeclined, Title: "Card declined", Status: http.StatusPaymentRequired,
@@ -401,8 +401,12 @@ func (h *Handler) chargeOnce(w http.ResponseWriter, r *http.Request, id string, 
 	return ch, true
 }
 
-// newPaymentID returns an id that sorts by the injected clock's time.
+// newPaymentID returns Options.NewID's id, else one that sorts by the
+// injected clock's time.
 func (h *Handler) newPaymentID() string {
+	if h.cfg.newID != nil {
+		return h.cfg.newID()
+	}
 	if h.instance != "" {
 		return fmt.Sprintf("pay_%d_%d_%s", h.cfg.now().Unix(), h.seq.Add(1), h.instance)
 	}
@@ -485,7 +489,7 @@ func (h *Handler) putOrderStatus(w http.ResponseWriter, r *http.Request, id stri
 	if f.Has(FaultCrashAfterInsert) {
 		panic(http.ErrAbortHandler) // the worker dies before the change
 	}
-	if err := sleep(r.Context(), delayOf(f)); err != nil {
+	if err := h.wait(r.Context(), delayOf(f)); err != nil {
 		return
 	}
 	if f.Has(FaultError) {
@@ -530,6 +534,14 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = w.Write(append(out, '\n'))
+}
+
+// wait waits d with Options.Sleep, or until ctx is done.
+func (h *Handler) wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	return h.cfg.sleep(ctx, d)
 }
 
 // sleep waits d in real time, or until ctx is done.

@@ -1,10 +1,32 @@
 package fakeserver
 
 import (
+	"errors"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idem/fakeserver/internal/fakestate"
 )
+
+// Charge is one charge the fake provider made, as [Handler.Charges]
+// reports it. A charge whose worker died is one too. Its payment may never
+// have been recorded.
+type Charge struct {
+	// ID is the payment's stable id, the provider's idempotency key.
+	ID        string
+	Amount    int64
+	Currency  string
+	Customer  string
+	CreatedAt time.Time
+	// Principal and Key name the record the charge was made under.
+	Principal, Key string
+	// Description is the payment's description, as the request gave it.
+	Description string
+}
+
+// ErrChargesNotKept is returned by [Handler.Charges] on [Options.Storage].
+// Only the server's memory keeps the charges' requests.
+var ErrChargesNotKept = errors.New("fakeserver: the provider's charges are listed only in memory")
 
 // errDeclined is the provider's answer for the declined test customer.
 var errDeclined = fakestate.ErrDeclined
@@ -22,6 +44,7 @@ type provider struct {
 	mu      sync.Mutex
 	charges map[string]charge
 	made    int // charges made; counted apart from the map so a duplicate would show
+	order   []string
 }
 
 func newProvider() *provider { return &provider{charges: make(map[string]charge)} }
@@ -38,6 +61,7 @@ func (p *provider) Charge(c charge) (charge, error) {
 	}
 	p.charges[c.ID] = c
 	p.made++
+	p.order = append(p.order, c.ID)
 	return c, nil
 }
 
@@ -61,4 +85,30 @@ func (p *provider) reset() {
 	defer p.mu.Unlock()
 	clear(p.charges)
 	p.made = 0
+	p.order = nil
+}
+
+// list returns the charges in the order they were made.
+func (p *provider) list() []Charge {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Charge, 0, len(p.order))
+	for _, id := range p.order {
+		c := p.charges[id]
+		out = append(out, Charge{ID: c.ID, Amount: c.Amount, Currency: c.Currency, Customer: c.Customer,
+			CreatedAt: c.CreatedAt, Principal: c.Record.Principal, Key: c.Record.Key, Description: c.Description})
+	}
+	return out
+}
+
+// Charges returns every charge the fake provider made, in the order made.
+// Dead workers' charges are among them. A test checks with it that no
+// request was charged twice. It fails with [ErrChargesNotKept] on
+// [Options.Storage].
+func (h *Handler) Charges() ([]Charge, error) {
+	m, ok := h.state.(*memory)
+	if !ok {
+		return nil, ErrChargesNotKept
+	}
+	return m.provider.list(), nil
 }

@@ -160,6 +160,13 @@ var mutants = []mutant.Mutant{
 	},
 	{
 		Pkg: simPkg, Run: simRun,
+		Name: "fake-provider-charges-twice", File: "fakeserver/provider.go",
+		Note:    "the fake server's provider charges a stable id again, so a slow worker and its takeover pay twice",
+		Anchor:  "if old, ok := p.charges[c.ID]; ok {",
+		Replace: "if old, ok := p.charges[c.ID]; ok && false {",
+	},
+	{
+		Pkg: simPkg, Run: simRun,
 		Name: "see-other-failed", File: "answer.go",
 		Note:    "the server's 303 See Other to the payment it made is stored as failed (server.see-other)",
 		Anchor:  "\tcase done(status):\n",

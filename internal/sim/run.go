@@ -245,7 +245,7 @@ func run(cfg config) result {
 	w.play()
 	violations := w.calm()
 	w.killAll()
-	w.stats.Charges = len(w.server.charges)
+	w.stats.Charges = len(w.server.charges())
 	w.stats.Sessions = len(w.sessions)
 	w.stats.Intents = len(w.intents)
 	return result{Stats: w.stats, Violations: violations}
@@ -253,7 +253,7 @@ func run(cfg config) result {
 
 func (w *world) scheduleSweep() {
 	w.clk.after(w.serverRNG.between(time.Minute, w.cfg.Retention/2), func() {
-		n, _ := w.server.store.Sweep(context.Background(), w.clk.now)
+		n := w.server.handler.Sweep()
 		for range n {
 			w.stats.fault(faultSweep.Name() + " (records)")
 		}
@@ -467,9 +467,9 @@ func (w *world) check() []string {
 	var vs []string
 	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
 
-	byKey := make(map[string][]*charge)
-	bySession := make(map[*session][]*charge)
-	for _, ch := range w.server.charges {
+	byKey := make(map[string][]charge)
+	bySession := make(map[*session][]charge)
+	for _, ch := range w.server.charges() {
 		key := strings.TrimSuffix(ch.key, rawQuotedSuffix)
 		byKey[key] = append(byKey[key], ch)
 		info := w.intents[key]

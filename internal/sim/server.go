@@ -3,35 +3,36 @@ package sim
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/fakeserver/fault"
 	"github.com/idemkit/idem/idempotency"
 )
 
-// The server of the world: idem's idempotency middleware in front of a
-// payments handler shaped like the fake server's, a payment provider with
-// its own idempotency on the server's stable id, and a record store that
-// can pause (so that requests interleave), fail, and lose its workers.
+// The server of the world is the fake server's own handler. The seed
+// gives it its clock, its waits and its payment ids. Its record store
+// pauses between steps, so that requests interleave, and fails on
+// demand. Its workers die when the world says so. Three behaviours of
+// other servers are modelled around it: stored 5xx answers, keys
+// compared raw, and 303 See Other to a new charge.
+
+// declinedCustomer is the customer whose card the provider declines.
+const declinedCustomer = "cus_declined"
 
 // charge is one charge the provider made.
 type charge struct {
 	stableID  string
 	principal string
 	key       string // the Idempotency-Key of the request that made it
-	amount    int64
-	customer  string
 	desc      string // names the cart: "d3/shop/s5/c2"
 	at        time.Time
-	// seeOther: the server answers the payment with 303 See Other to
-	// it, not 201 (server.see-other).
-	seeOther bool
 }
 
 // serverFaults are what the world does to one request inside the server.
@@ -43,40 +44,37 @@ type serverFaults struct {
 	storeError         string        // the store op that fails: "insert", "complete", or ""
 }
 
-type faultsKey struct{}
-type takeoverKey struct{}
+// reqState is what the world notes about one request in the server.
+type reqState struct {
+	p         *proc
+	f         serverFaults
+	tookOver  bool // the request took over a dead worker's record
+	stored5xx bool // a 500 stored for its key answered it
+}
 
-// takeoverOf is where the handler notes that it took over a record.
-func takeoverOf(ctx context.Context) *bool {
-	if b, ok := ctx.Value(takeoverKey{}).(*bool); ok {
-		return b
+type reqKey struct{}
+
+func stateOf(ctx context.Context) *reqState {
+	if s, ok := ctx.Value(reqKey{}).(*reqState); ok {
+		return s
 	}
-	return new(bool)
+	return &reqState{}
 }
 
-type procKey struct{}
+func procOf(ctx context.Context) *proc { return stateOf(ctx).p }
 
-func procOf(ctx context.Context) *proc {
-	p, _ := ctx.Value(procKey{}).(*proc)
-	return p
-}
-
-func faultsOf(ctx context.Context) serverFaults {
-	f, _ := ctx.Value(faultsKey{}).(serverFaults)
-	return f
-}
+func faultsOf(ctx context.Context) serverFaults { return stateOf(ctx).f }
 
 // server is the world's payments server.
 type server struct {
-	w        *world
-	store    *yieldStore
-	handler  http.Handler
-	charges  []*charge
-	byStable map[string]*charge
-	// byKey holds the charges by principal and key in either spelling.
-	byKey  map[idempotency.ID][]*charge
-	ledger map[idempotency.ID][]byte // the payment's JSON, by key
-	stable int
+	w       *world
+	store   *yieldStore
+	handler *fakeserver.Handler
+	stable  int
+	traced  int // charges traced so far
+	// cur holds the faults of the request entering the handler. The
+	// handler's rules read it as the request starts.
+	cur serverFaults
 	// stored5xx holds the answers of a server that stores its 500s and
 	// replays them, as some servers do (Options.Stored5xx).
 	stored5xx map[idempotency.ID]bool
@@ -84,37 +82,83 @@ type server struct {
 	faults fault.Injector
 	// seeOther picks the charges answered 303 (server.see-other).
 	seeOther fault.Injector
+	// seeOthers holds, by stable id, whether a charge is answered 303.
+	seeOthers map[string]bool
 }
 
-var errStoreDown = errors.New("sim: the record store is unavailable")
+var (
+	errStoreDown = errors.New("sim: the record store is unavailable")
+	errStored5xx = errors.New("sim: a 500 is stored for the key")
+)
 
 func newServer(w *world) *server {
 	s := &server{
 		w:         w,
-		store:     &yieldStore{w: w, mem: &idempotency.MemoryStore{}, pauses: storePauses(w)},
 		faults:    serverFaultRules(w),
 		seeOther:  seeOtherRule(w),
-		byStable:  make(map[string]*charge),
-		byKey:     make(map[idempotency.ID][]*charge),
-		ledger:    make(map[idempotency.ID][]byte),
 		stored5xx: make(map[idempotency.ID]bool),
+		seeOthers: make(map[string]bool),
 	}
-	s.handler = idempotency.New(http.HandlerFunc(s.createPayment), idempotency.Config{
-		Store: s.store,
-		// The simulated device names itself in Authorization and never
-		// refreshes it: the credential is the account.
-		Principal: func(r *http.Request) string { return r.Header.Get("Authorization") },
+	s.handler = fakeserver.NewHandler(&fakeserver.Options{
 		Clock:     worldClock{w},
 		Retention: w.cfg.Retention,
 		Lease:     w.cfg.Lease,
-		Validate:  validatePayment,
-		OnOutcome: func(_ *http.Request, o string) { w.stats.count(&w.stats.Outcomes, o) },
-		NewStableID: func() string {
+		Sleep: func(ctx context.Context, d time.Duration) error {
+			procOf(ctx).sleep(d)
+			return ctx.Err()
+		},
+		NewID: func() string {
 			s.stable++
 			return "st_" + strconv.Itoa(s.stable)
 		},
+		WrapRecords: func(st idempotency.Store) idempotency.Store {
+			s.store = &yieldStore{s: s, Store: st, pauses: storePauses(w)}
+			return s.store
+		},
+		Logger: slog.New(outcomes{w}),
 	})
+	for _, r := range s.handlerRules() {
+		if err := s.handler.InjectRule(r); err != nil {
+			panic(err)
+		}
+	}
 	return s
+}
+
+// handlerRules strike as the request's drawn faults say.
+func (s *server) handlerRules() []*fault.Rule {
+	rule := func(has func(serverFaults) bool, k fault.Kind, c faultClass) *fault.Rule {
+		return &fault.Rule{When: func(fault.Op) bool { return has(s.cur) }, Draw: func(fault.Op) fault.Effect {
+			s.w.stats.fault(c.Name())
+			return fault.Effect{Kind: k}
+		}}
+	}
+	return []*fault.Rule{
+		rule(func(f serverFaults) bool { return f.crashAfterInsert }, fault.CrashAfterInsert, faultCrashAfterInsert),
+		rule(func(f serverFaults) bool { return f.crashAfterProvider }, fault.CrashAfterProvider, faultCrashAfterCharge),
+		rule(func(f serverFaults) bool { return f.errorBeforeCharge }, fault.Error, faultError500),
+		{When: func(fault.Op) bool { return s.cur.slow > 0 }, Draw: func(fault.Op) fault.Effect {
+			return fault.Effect{Kind: fault.Delay, Delay: s.cur.slow}
+		}},
+	}
+}
+
+// outcomes counts the handler's answers by outcome, from its log.
+type outcomes struct{ w *world }
+
+func (outcomes) Enabled(context.Context, slog.Level) bool { return true }
+func (o outcomes) WithAttrs([]slog.Attr) slog.Handler     { return o }
+func (o outcomes) WithGroup(string) slog.Handler          { return o }
+
+func (o outcomes) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "outcome" {
+			o.w.stats.count(&o.w.stats.Outcomes, a.Value.String())
+			return false
+		}
+		return true
+	})
+	return nil
 }
 
 // worldClock is the server's clock: the world's true time.
@@ -125,7 +169,7 @@ func (worldClock) SinceBoot() (time.Duration, string, bool) { return 0, "", fals
 
 func (c worldClock) Now() time.Time { return c.w.clk.now }
 
-// Sleep lets the world run for d; the server's middleware never calls it.
+// Sleep lets the world run for d; the server never calls it.
 func (c worldClock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -134,124 +178,28 @@ func (c worldClock) Sleep(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
-// paymentRequest is the body of POST /payments. encoding/json matches
-// member names without regard to case, as the fake server's handler does.
-type paymentRequest struct {
-	Amount      *int64  `json:"amount"`
-	Currency    *string `json:"currency"`
-	Customer    *string `json:"customer"`
-	Description string  `json:"description"`
-}
-
-func validatePayment(_ *http.Request, body []byte) (any, *idempotency.Problem) {
-	var req paymentRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || req.Amount == nil || *req.Amount <= 0 || req.Currency == nil || req.Customer == nil {
-		return nil, &idempotency.Problem{Type: "https://sim.invalid/problems/validation", Title: "Invalid payment", Status: http.StatusBadRequest}
+// charges returns the provider's charges, dead workers' included.
+func (s *server) charges() []charge {
+	chs, err := s.handler.Charges()
+	if err != nil {
+		panic(err) // the world's server keeps its state in memory
 	}
-	return req, nil
-}
-
-const declinedCustomer = "cus_declined"
-
-// createPayment is the business handler behind the middleware.
-func (s *server) createPayment(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	p := procOf(ctx)
-	info, _ := idempotency.FromContext(ctx)
-	req := info.Validated.(paymentRequest)
-	f := faultsOf(ctx)
-	if f.crashAfterInsert {
-		s.w.stats.fault(faultCrashAfterInsert.Name())
-		panic(http.ErrAbortHandler)
+	out := make([]charge, len(chs))
+	for i, c := range chs {
+		out[i] = charge{stableID: c.ID, principal: c.Principal, key: c.Key, desc: c.Description, at: c.CreatedAt}
 	}
-	if f.slow > 0 {
-		p.sleep(f.slow)
-	}
-	if f.errorBeforeCharge {
-		if info.Takeover {
-			// Another worker of this key may still charge: a server that
-			// stores its 500s must not store this one.
-			*takeoverOf(ctx) = true
-		}
-		s.w.stats.fault(faultError500.Name())
-		writeProblem(w, http.StatusInternalServerError, "error", "")
-		return
-	}
-	if s.w.cfg.Stored5xx && s.stored5xx[info.ID] {
-		// A 500 stored for the key while this request waited is its
-		// answer too.
-		writeProblem(w, http.StatusInternalServerError, "error", "")
-		return
-	}
-	// The provider is idempotent on the stable id: a second charge call
-	// with it returns the first charge. After a takeover the handler asks
-	// first, as the fake server does.
-	ch, charged := s.byStable[info.StableID]
-	if !charged {
-		if *req.Customer == declinedCustomer {
-			writeProblem(w, http.StatusPaymentRequired, "card-declined", "")
-			return
-		}
-		ch = &charge{stableID: info.StableID, principal: info.ID.Principal, key: info.ID.Key, amount: *req.Amount,
-			customer: *req.Customer, desc: req.Description, at: s.w.clk.now}
-		ch.seeOther = s.seeOther.Inject(fault.Op{}).Has(seeOther)
-		s.byStable[info.StableID] = ch
-		s.charges = append(s.charges, ch)
-		bare := idempotency.ID{Principal: ch.principal, Key: strings.TrimSuffix(ch.key, rawQuotedSuffix)}
-		s.byKey[bare] = append(s.byKey[bare], ch)
-		s.w.tracef("server charges %s key %s for %s", ch.stableID, ch.key, ch.desc)
-	}
-	if f.crashAfterProvider {
-		s.w.stats.fault(faultCrashAfterCharge.Name())
-		panic(http.ErrAbortHandler)
-	}
-	out := paymentJSON(ch)
-	id := info.ID
-	_ = idempotency.OnCommit(ctx, func(context.Context) error {
-		s.ledger[id] = out
-		return nil
-	})
-	w.Header().Set("Location", "/payments/"+ch.stableID)
-	if ch.seeOther {
-		// The work is done; its result is at Location. The middleware
-		// stores and replays this answer like any other.
-		w.WriteHeader(http.StatusSeeOther)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	_, _ = w.Write(out)
-}
-
-// payment serves GET /payments/{id}, where a 303 sends the app's own
-// http.Client.
-func (s *server) payment(w http.ResponseWriter, id string) {
-	ch, ok := s.byStable[id]
-	if !ok {
-		writeProblem(w, http.StatusNotFound, "not-found", "")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(paymentJSON(ch))
+	return out
 }
 
 // charged reports a charge under key, as the request spelled it, for
 // principal.
 func (s *server) charged(principal, key string) bool {
-	for _, ch := range s.byKey[idempotency.ID{Principal: principal, Key: strings.TrimSuffix(key, rawQuotedSuffix)}] {
-		if ch.key == key {
+	for _, ch := range s.charges() {
+		if ch.principal == principal && ch.key == key {
 			return true
 		}
 	}
 	return false
-}
-
-func paymentJSON(ch *charge) []byte {
-	out, _ := json.Marshal(map[string]any{"id": ch.stableID, "amount": ch.amount, "customer": ch.customer,
-		"description": ch.desc, "status": "succeeded"})
-	return out
 }
 
 // oneKey is the request's key as the middleware reads it: its one
@@ -263,51 +211,6 @@ func oneKey(h http.Header) (string, bool) {
 	}
 	k, err := idempotency.ParseKey(vals[0])
 	return k, err == nil
-}
-
-// lookup serves GET /payments?idempotency_key=K: the payment, or 409 while
-// a record for the key is in progress, or 404.
-//
-// Every answer is marked as the contract asks: the key of the query echoed
-// as received, and no-store; the 404 is the typed miss.
-func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
-	idempotency.MarkLookup(w, r, r.URL.Query().Get("idempotency_key"))
-	key, err := idempotency.ParseKey(r.URL.Query().Get("idempotency_key"))
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "")
-		return
-	}
-	id := idempotency.ID{Principal: r.Header.Get("Authorization"), Key: key}
-	out, ok := s.ledger[id]
-	if !ok && s.w.cfg.Faults[faultKeySpelling] {
-		// The lookup finds a payment made under the key in either
-		// spelling: the app asks with the key as Intent.Key returns it.
-		out, ok = s.ledger[idempotency.ID{Principal: id.Principal, Key: key + rawQuotedSuffix}]
-	}
-	if !ok {
-		// A worker that died after the provider call left a charge that
-		// no record holds as completed: the provider knows it, and so
-		// does this lookup, even after the record expired. (The fake
-		// server's lookup asks only its ledger and its live records.)
-		if chs := s.byKey[id]; len(chs) > 0 {
-			out, ok = paymentJSON(chs[0]), true
-		}
-	}
-	if ok {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(out)
-		return
-	}
-	for _, k := range []string{key, key + rawQuotedSuffix} {
-		if rec, ok := s.store.mem.Get(r.Context(), idempotency.ID{Principal: id.Principal, Key: k}, s.w.clk.now); ok && rec.Status == idempotency.StatusInProgress {
-			writeProblem(w, http.StatusConflict, "request-in-progress", "1")
-			return
-		}
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(http.StatusNotFound)
-	fmt.Fprintf(w, `{"type":%q,"title":"Idempotency-Key unused","status":404}`, "https://idem.dev/problems/idempotency-key-unused")
 }
 
 func writeProblem(w http.ResponseWriter, status int, typ, retryAfter string) {
@@ -349,10 +252,10 @@ func (r *recorder) Write(p []byte) (int, error) {
 }
 
 // serve handles one request on worker p and returns its answer.
-func (s *server) serve(p *proc, method, url string, header http.Header, body []byte, f serverFaults) (a answer) {
-	tookOver := new(bool)
-	ctx := context.WithValue(context.WithValue(context.WithValue(context.Background(), procKey{}, p), faultsKey{}, f), takeoverKey{}, tookOver)
-	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+func (s *server) serve(p *proc, method, target string, header http.Header, body []byte, f serverFaults) (a answer) {
+	st := &reqState{p: p, f: f}
+	ctx := context.WithValue(context.Background(), reqKey{}, st)
+	req, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(body))
 	if err != nil {
 		return answer{status: http.StatusBadRequest, header: http.Header{}}
 	}
@@ -368,7 +271,6 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 			}
 		}
 	}
-	rec := &recorder{header: make(http.Header)}
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value
@@ -378,32 +280,14 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 			panic(v)
 		}
 	}()
+	var rec *recorder
 	switch {
 	case req.URL.Path == "/payments" && method == http.MethodPost:
-		if s.w.cfg.Stored5xx {
-			if k, ok := oneKey(req.Header); ok && s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] {
-				s.w.stats.fault(faultStored5xx.Name())
-				rec.header.Set("Idempotent-Replayed", "true")
-				writeProblem(rec, http.StatusInternalServerError, "error", "")
-				break
-			}
-		}
-		s.handler.ServeHTTP(rec, req)
-		if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && f.errorBeforeCharge {
-			// It stores the 500 only when nothing was charged under the
-			// key: a stored answer must be true.
-			if k, ok := oneKey(req.Header); ok && !*tookOver && !s.charged(req.Header.Get("Authorization"), k) {
-				s.stored5xx[idempotency.ID{Principal: req.Header.Get("Authorization"), Key: k}] = true
-			}
-		}
-	case req.URL.Path == "/payments" && method == http.MethodGet:
-		s.lookup(rec, req)
-	case strings.HasPrefix(req.URL.Path, "/payments/") && method == http.MethodGet:
-		s.payment(rec, strings.TrimPrefix(req.URL.Path, "/payments/"))
-	case strings.HasPrefix(req.URL.Path, "/payments"):
-		writeProblem(rec, http.StatusMethodNotAllowed, "method", "")
+		rec = s.pay(req, st)
+	case req.URL.Path == "/payments" && method == http.MethodGet && s.w.cfg.Faults[faultKeySpelling]:
+		rec = s.lookupEitherSpelling(req)
 	default:
-		writeProblem(rec, http.StatusNotFound, "not-found", "")
+		rec = s.run(req, serverFaults{})
 	}
 	status := rec.status
 	if status == 0 {
@@ -417,70 +301,204 @@ func (s *server) serve(p *proc, method, url string, header http.Header, body []b
 	return answer{status: status, header: rec.header, body: rec.body.Bytes()}
 }
 
-// yieldStore is the server's record store: idempotency.MemoryStore, with a
-// pause before each step (so that the world may run other requests
-// between two steps of one) and the failures the request's faults ask for.
+// run serves req through the handler, whose rules strike as f says. The
+// rules read s.cur as the request starts, before it can park.
+func (s *server) run(req *http.Request, f serverFaults) *recorder {
+	rec := &recorder{header: make(http.Header)}
+	s.cur = f
+	defer func() {
+		s.cur = serverFaults{}
+		s.traceCharges()
+	}()
+	s.handler.ServeHTTP(rec, req)
+	return rec
+}
+
+// traceCharges traces the charges made since it was last called. It is
+// called as each store step starts and as each request ends: a charge
+// is made between two steps.
+func (s *server) traceCharges() {
+	if s.w.cfg.Trace == nil {
+		return
+	}
+	chs := s.charges()
+	for _, ch := range chs[s.traced:] {
+		s.w.tracef("server charges %s key %s for %s", ch.stableID, ch.key, ch.desc)
+	}
+	s.traced = len(chs)
+}
+
+// pay serves a POST /payments, with the 5xx a server stores and the 303
+// it answers for a new charge.
+func (s *server) pay(req *http.Request, st *reqState) *recorder {
+	principal := req.Header.Get("Authorization")
+	k, keyOK := oneKey(req.Header)
+	if s.w.cfg.Stored5xx && keyOK && s.stored5xx[idempotency.ID{Principal: principal, Key: k}] {
+		return s.replay500()
+	}
+	rec := s.run(req, st.f)
+	if st.stored5xx {
+		// A 500 stored for the key while this request waited is its
+		// answer too.
+		return s.replay500()
+	}
+	if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && st.f.errorBeforeCharge && keyOK {
+		// It stores the 500 only when nothing was charged under the key:
+		// a stored answer must be true.
+		if !st.tookOver && !s.charged(principal, k) {
+			s.stored5xx[idempotency.ID{Principal: principal, Key: k}] = true
+		}
+	}
+	if rec.status == http.StatusCreated && s.seeOthers[strings.TrimPrefix(rec.header.Get("Location"), "/payments/")] {
+		// The work is done; its result is at Location. The stored answer
+		// is the 303 too (see yieldStore.Complete).
+		loc := rec.header.Get("Location")
+		rec = &recorder{header: http.Header{"Location": {loc}}, status: http.StatusSeeOther}
+	}
+	return rec
+}
+
+func (s *server) replay500() *recorder {
+	s.w.stats.fault(faultStored5xx.Name())
+	rec := &recorder{header: make(http.Header)}
+	rec.header.Set("Idempotent-Replayed", "true")
+	writeProblem(rec, http.StatusInternalServerError, "error", "")
+	return rec
+}
+
+// lookupEitherSpelling asks the lookup for the key in either spelling: a
+// server that compares raw keys finds a payment made under either. The
+// app asks with the key as Intent.Key returns it.
+func (s *server) lookupEitherSpelling(req *http.Request) *recorder {
+	first := s.run(req, serverFaults{})
+	if first.status == http.StatusOK {
+		return first
+	}
+	q := req.URL.Query()
+	q.Set("idempotency_key", q.Get("idempotency_key")+rawQuotedSuffix)
+	u := *req.URL
+	u.RawQuery = q.Encode()
+	req2 := req.Clone(req.Context())
+	req2.URL = &u
+	second := s.run(req2, serverFaults{})
+	pick := first
+	if second.status == http.StatusOK || second.status == http.StatusConflict && first.status != http.StatusConflict {
+		pick = second
+	}
+	// The answer is marked as the lookup asked.
+	for _, h := range []string{"Idempotency-Key", idempotency.LookupNonceHeader, "Cache-Control"} {
+		if v, ok := first.header[h]; ok {
+			pick.header[h] = v
+		}
+	}
+	return pick
+}
+
+// yieldStore is the handler's record store, with a pause before each
+// step (so that the world may run other requests between two steps of
+// one) and the failures the request's faults ask for.
 type yieldStore struct {
-	w      *world
-	mem    *idempotency.MemoryStore
+	idempotency.Store
+	s      *server
 	pauses fault.Injector
 }
 
-func (s *yieldStore) pause(ctx context.Context) {
+func (y *yieldStore) pause(ctx context.Context) {
+	y.s.traceCharges()
 	p := procOf(ctx)
 	if p == nil {
 		return
 	}
 	// Without a pause, requests due at this same instant get their turn.
-	e, _ := s.pauses.Inject(fault.Op{}).Get(storePause)
+	e, _ := y.pauses.Inject(fault.Op{}).Get(storePause)
 	p.sleep(e.Delay)
 }
 
-func (s *yieldStore) fail(ctx context.Context, op string) bool {
+func (y *yieldStore) fail(ctx context.Context, op string) bool {
 	if faultsOf(ctx).storeError == op {
 		if op == "insert" {
-			s.w.stats.fault(faultStoreErrorInsert.Name())
+			y.s.w.stats.fault(faultStoreErrorInsert.Name())
 		} else {
-			s.w.stats.fault(faultStoreErrorComplete.Name())
+			y.s.w.stats.fault(faultStoreErrorComplete.Name())
 		}
 		return true
 	}
 	return false
 }
 
-func (s *yieldStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
-	s.pause(ctx)
-	if s.fail(ctx, "insert") {
+// stored reports a 500 stored for id, and notes that it answers ctx's
+// request: the work must not start.
+func (y *yieldStore) stored(ctx context.Context, id idempotency.ID) bool {
+	if !y.s.w.cfg.Stored5xx {
+		return false
+	}
+	if y.s.stored5xx[id] {
+		stateOf(ctx).stored5xx = true
+		return true
+	}
+	return false
+}
+
+func (y *yieldStore) Insert(ctx context.Context, rec *idempotency.Record) (*idempotency.Record, bool, error) {
+	y.pause(ctx)
+	if y.fail(ctx, "insert") {
 		return nil, false, errStoreDown
 	}
-	return s.mem.Insert(ctx, rec)
+	if y.stored(ctx, rec.ID) {
+		return nil, false, errStored5xx
+	}
+	return y.Store.Insert(ctx, rec)
 }
 
-func (s *yieldStore) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
-	s.pause(ctx)
-	return s.mem.TakeOver(ctx, id, from, to, now, until)
+func (y *yieldStore) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {
+	y.pause(ctx)
+	if y.stored(ctx, id) {
+		return false, errStored5xx
+	}
+	ok, err := y.Store.TakeOver(ctx, id, from, to, now, until)
+	if ok && err == nil {
+		// Another worker of this key may still charge: a server that
+		// stores its 500s must not store this one's.
+		stateOf(ctx).tookOver = true
+	}
+	return ok, err
 }
 
-func (s *yieldStore) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
-	s.pause(ctx)
-	if s.fail(ctx, "complete") {
+// Complete stores a new charge's answer as the 303 the server sends.
+func (y *yieldStore) Complete(ctx context.Context, id idempotency.ID, owner string, resp *idempotency.Response, commit func(context.Context) error) error {
+	y.pause(ctx)
+	if y.fail(ctx, "complete") {
 		return errStoreDown
 	}
-	return s.mem.Complete(ctx, id, owner, resp, commit)
+	if resp != nil && resp.StatusCode == http.StatusCreated {
+		loc := resp.Header.Get("Location")
+		stable := strings.TrimPrefix(loc, "/payments/")
+		see, drawn := y.s.seeOthers[stable]
+		if !drawn {
+			see = y.s.seeOther.Inject(fault.Op{}).Has(seeOther)
+			y.s.seeOthers[stable] = see
+		}
+		if see {
+			resp = &idempotency.Response{StatusCode: http.StatusSeeOther, Header: http.Header{"Location": {loc}}}
+		}
+	}
+	return y.Store.Complete(ctx, id, owner, resp, commit)
 }
 
-func (s *yieldStore) Release(ctx context.Context, id idempotency.ID, owner string) error {
-	s.pause(ctx)
-	return s.mem.Release(ctx, id, owner)
-}
-
-func (s *yieldStore) Sweep(ctx context.Context, now time.Time) (int, error) {
-	return s.mem.Sweep(ctx, now)
+func (y *yieldStore) Release(ctx context.Context, id idempotency.ID, owner string) error {
+	y.pause(ctx)
+	return y.Store.Release(ctx, id, owner)
 }
 
 // Get is the lookup a middleware that looks a key up before inserting it
 // would make; it pauses like every other step.
-func (s *yieldStore) Get(ctx context.Context, id idempotency.ID, now time.Time) (*idempotency.Record, bool) {
-	s.pause(ctx)
-	return s.mem.Get(ctx, id, now)
+func (y *yieldStore) Get(ctx context.Context, id idempotency.ID, now time.Time) (*idempotency.Record, bool) {
+	y.pause(ctx)
+	g, ok := y.Store.(interface {
+		Get(context.Context, idempotency.ID, time.Time) (*idempotency.Record, bool)
+	})
+	if !ok {
+		return nil, false
+	}
+	return g.Get(ctx, id, now)
 }

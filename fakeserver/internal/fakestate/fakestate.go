@@ -122,6 +122,10 @@ type Charge struct {
 	Currency  string
 	Customer  string
 	CreatedAt time.Time
+	// Record and Description are what the request asked, under which
+	// record. Memory keeps them for Handler.Charges; PostgreSQL does not.
+	Record      idempotency.ID
+	Description string
 }
 
 // Intent is a payment the provider may have charged and nobody has
