@@ -42,8 +42,8 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "intent-saved-when-shown", File: "action.go",
 		Note:    "an intent is saved when the Pay screen shows it, so a restart settles a cart nobody tapped",
-		Anchor:  "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
-		Replace: "\tin.rec, in.keys, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
+		Anchor:  "\tin.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n",
+		Replace: "\tin.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)\n\tmade.rec.Rev = persist.NewRev()\n\tif err := persist.Claim(ctx, c.store, &made.rec); err != nil {\n\t\treturn nil, err\n\t}\n",
 	},
 	// settle-all-trusts-its-list is the root package's: in the simulated
 	// world, which runs one step at a time, every intent SettleAll lists
