@@ -251,3 +251,76 @@ func TestIndexNeverHidesAnUnresolvedIntent_FileRestoredInPlace(t *testing.T) {
 		"the intent restored in place, whose outcome is unknown, is missing from the unresolved list: the index counted the same entries, so its file was taken as resolved unread")
 	require.ElementsMatch(t, []string{"u-1", "r-1"}, again, "and stays missing after the next OpenDir")
 }
+
+// rtFileNameFor returns the name of the file a FileStore gives rec, by
+// saving it in a store of its own in a fresh directory, and that file's
+// content.
+func rtFileNameFor(t *testing.T, rec *persist.Record) (string, []byte) {
+	t.Helper()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, persisttest.Put(context.Background(), s, rec.Clone()))
+	require.NoError(t, s.Close())
+	path := rtFileOf(t, dir, rec.Key)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return filepath.Base(path), data
+}
+
+// TestDamageStopsTheActionItMayBelongTo_SecondFileOfAKey: "one bad file
+// stops only the action it may belong to" - and so it must stop that
+// action: a List for an action must return its records or report the
+// damaged files tagged with its name. Otherwise the action looks never
+// paid and a new intent of it is claimed.
+//
+// Path to the failure: key K is action B's latest intent, paid
+// (k-K.<tagB>.json). A second file of K appears whose name sorts first
+// (k-K.<tagA>.json: copied or restored in, or left by the previous
+// build's cut-short change of Name, whose rule was that the greater name
+// holds the record). list() gives K's id to the first file in name order
+// and makes B's own file a "twin" with an empty parsed name, so
+// mayHold(Filter{Name: B}) is false for it: List{Name: B} returns no
+// record and no *CorruptError, and Claim of a new intent of B, checked by
+// the same selectLocked, succeeds.
+func TestDamageStopsTheActionItMayBelongTo_SecondFileOfAKey(t *testing.T) {
+	ctx := context.Background()
+	const key = "k-paid-1"
+	paid := persisttest.NewRecord(key, t0)
+	paid.Name, paid.Seq = "checkout:B", 1
+	paid.State, paid.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, persisttest.Put(ctx, s, paid))
+	require.NoError(t, s.Close())
+	own := filepath.Base(rtFileOf(t, dir, key))
+
+	// The same key under another action's name, sorting before B's file.
+	var name string
+	var data []byte
+	for i := 0; ; i++ {
+		older := persisttest.NewRecord(key, t0)
+		older.Name, older.Seq = "checkout:A-"+string(rune('a'+i%26))+string(rune('a'+i/26)), 1
+		name, data = rtFileNameFor(t, older)
+		if name < own {
+			break
+		}
+		require.Less(t, i, 200)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+
+	s, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	got, lerr := s.List(ctx, persist.Filter{Name: "checkout:B"})
+	if len(got) == 0 && lerr == nil {
+		t.Errorf("List{Name: B} returns no record and no error: B's paid intent (%s) is taken for a stray second file of %s, which only an unfiltered List reports", own, name)
+	}
+	next := persisttest.NewRecord("k-new-2", t0.Add(time.Minute))
+	next.Name, next.Seq = "checkout:B", 1
+	next.Rev = persist.NewRev()
+	if err := persist.Claim(ctx, s, next); err == nil {
+		t.Errorf("Claim of a new intent of B (Seq 1, over B's paid intent of Seq 1) succeeded: the app pays B again")
+	}
+}
