@@ -324,3 +324,49 @@ func TestDamageStopsTheActionItMayBelongTo_SecondFileOfAKey(t *testing.T) {
 		t.Errorf("Claim of a new intent of B (Seq 1, over B's paid intent of Seq 1) succeeded: the app pays B again")
 	}
 }
+
+// TestBadInputLosesNothing_NotUTF8: bad input gets a clear error and
+// loses nothing; a record reads back as written (persist.Store's
+// contract).
+//
+// Path to the failure: Record.Validate checks neither Name nor header
+// values for UTF-8, so Write accepts a Name "checkout:caf\xe9" (Latin-1
+// input) and a header value "caf\xe9" (obs-text, which HTTP allows and
+// net/http sends), and returns nil. encodeRecord's json.Marshal replaces
+// the invalid byte with U+FFFD, so the file holds another Name and other
+// header bytes than the record written: a resolved record, read from its
+// file, is at once a *CorruptError ("the name inside does not belong to
+// this file name"), and an unresolved one is so after any OpenDir that
+// scans (a kill after its arming write removed the index). The index,
+// in gob, keeps the bytes, so the store answers differently by whether
+// the index survived.
+func TestBadInputLosesNothing_NotUTF8(t *testing.T) {
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+
+	paid := persisttest.NewRecord("paid-1", t0)
+	paid.Name = "checkout:caf\xe9"
+	paid.State, paid.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+	werr := persisttest.Put(ctx, s, paid)
+	pending := persisttest.NewRecord("pending-1", t0)
+	pending.Header["X-Note"] = []string{"caf\xe9"}
+	require.NoError(t, persisttest.Put(ctx, s, pending))
+	_, gerr := s.Get(ctx, "paid-1")
+	require.NoError(t, s.Close())
+	if werr == nil && gerr != nil {
+		t.Errorf("Write of a record whose Name is not UTF-8 returned nil, and the record is unreadable at once: %v", gerr)
+	}
+
+	// As after a kill: the index is gone, OpenDir scans.
+	require.NoError(t, os.Remove(filepath.Join(dir, "index")))
+	s, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	got, err := s.Get(ctx, "pending-1")
+	require.NoError(t, err)
+	if g := got.Header["X-Note"]; len(g) != 1 || g[0] != "caf\xe9" {
+		t.Errorf("the intent's header value reads back as %q, not the %q it was written (and sent) with: every resend after the restart sends other bytes", g, "caf\xe9")
+	}
+}
