@@ -97,9 +97,13 @@ bytes. Two keys never share a file, even on case-insensitive file
 systems. Even when the file is unreadable, its name tells the key (when
 spelled out). It also tells which action the intent may belong to. A
 List for one Name reads only the files tagged with it. A file whose name
-starts as a record's but spells no key or no tag is a stray file. So is
-a second file of one key. Both are reported as damage (see Damage). The
-store ignores other files in the directory.
+starts as a record's but spells no key or no tag is a stray file. It is
+reported as damage (see Damage). The store writes one file per key. A
+second one may come from a backup or a copy. Then neither file is
+trusted. Each is damage of the action its name tags. So neither action
+takes a new intent. Quarantine the file that is not the intent. The
+other is then the key's record. The store ignores other files in the
+directory.
 
 Each file is one JSON object: a Record with its format version. Decoding
 validates the record ([Record.Validate]). It also checks that the key and

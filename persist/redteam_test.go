@@ -4,7 +4,6 @@ package persist_test
 // is named for the promise it breaks and fails while the finding stands.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -18,23 +17,6 @@ import (
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/persisttest"
 )
-
-// rtFileOf returns the path of the one record file of key in dir.
-func rtFileOf(t *testing.T, dir, key string) string {
-	t.Helper()
-	for _, n := range dirNames(t, dir) {
-		if filepath.Ext(n) != ".json" {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, n))
-		require.NoError(t, err)
-		if bytes.Contains(data, []byte(`"key":"`+key+`"`)) {
-			return filepath.Join(dir, n)
-		}
-	}
-	t.Fatalf("no file for key %q in %s", key, dir)
-	return ""
-}
 
 // rtOpenWithin runs OpenDir(dir) and waits up to d for it. It returns the
 // store and error, or ok false if OpenDir was still running; then unblock
@@ -140,7 +122,7 @@ func TestOpenDirBoundedOnHostileDirectory_IndexedFileReplaced(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.FileExists(t, filepath.Join(dir, "index"))
 
-	victim := rtFileOf(t, dir, "pending-1")
+	victim := fileOfKey(t, dir, "pending-1")
 	require.NoError(t, os.Remove(victim))
 	require.NoError(t, syscall.Mkfifo(victim, 0o600))
 
@@ -201,7 +183,7 @@ func TestIndexNeverHidesAnUnresolvedIntent_FileRestoredInPlace(t *testing.T) {
 	require.NoError(t, persisttest.Put(ctx, s, u))
 	r := persisttest.NewRecord("r-1", t0.Add(time.Second))
 	require.NoError(t, persisttest.Put(ctx, s, r))
-	path := rtFileOf(t, dir, "r-1")
+	path := fileOfKey(t, dir, "r-1")
 	backup, err := os.ReadFile(path)
 	require.NoError(t, err)
 	done := r.Clone()
@@ -250,79 +232,6 @@ func TestIndexNeverHidesAnUnresolvedIntent_FileRestoredInPlace(t *testing.T) {
 	require.ElementsMatch(t, []string{"u-1", "r-1"}, got,
 		"the intent restored in place, whose outcome is unknown, is missing from the unresolved list: the index counted the same entries, so its file was taken as resolved unread")
 	require.ElementsMatch(t, []string{"u-1", "r-1"}, again, "and stays missing after the next OpenDir")
-}
-
-// rtFileNameFor returns the name of the file a FileStore gives rec, by
-// saving it in a store of its own in a fresh directory, and that file's
-// content.
-func rtFileNameFor(t *testing.T, rec *persist.Record) (string, []byte) {
-	t.Helper()
-	dir := newDir(t)
-	s, err := persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	require.NoError(t, persisttest.Put(context.Background(), s, rec.Clone()))
-	require.NoError(t, s.Close())
-	path := rtFileOf(t, dir, rec.Key)
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	return filepath.Base(path), data
-}
-
-// TestDamageStopsTheActionItMayBelongTo_SecondFileOfAKey: "one bad file
-// stops only the action it may belong to" - and so it must stop that
-// action: a List for an action must return its records or report the
-// damaged files tagged with its name. Otherwise the action looks never
-// paid and a new intent of it is claimed.
-//
-// Path to the failure: key K is action B's latest intent, paid
-// (k-K.<tagB>.json). A second file of K appears whose name sorts first
-// (k-K.<tagA>.json: copied or restored in, or left by the previous
-// build's cut-short change of Name, whose rule was that the greater name
-// holds the record). list() gives K's id to the first file in name order
-// and makes B's own file a "twin" with an empty parsed name, so
-// mayHold(Filter{Name: B}) is false for it: List{Name: B} returns no
-// record and no *CorruptError, and Claim of a new intent of B, checked by
-// the same selectLocked, succeeds.
-func TestDamageStopsTheActionItMayBelongTo_SecondFileOfAKey(t *testing.T) {
-	ctx := context.Background()
-	const key = "k-paid-1"
-	paid := persisttest.NewRecord(key, t0)
-	paid.Name, paid.Seq = "checkout:B", 1
-	paid.State, paid.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
-	dir := newDir(t)
-	s, err := persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	require.NoError(t, persisttest.Put(ctx, s, paid))
-	require.NoError(t, s.Close())
-	own := filepath.Base(rtFileOf(t, dir, key))
-
-	// The same key under another action's name, sorting before B's file.
-	var name string
-	var data []byte
-	for i := 0; ; i++ {
-		older := persisttest.NewRecord(key, t0)
-		older.Name, older.Seq = "checkout:A-"+string(rune('a'+i%26))+string(rune('a'+i/26)), 1
-		name, data = rtFileNameFor(t, older)
-		if name < own {
-			break
-		}
-		require.Less(t, i, 200)
-	}
-	require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
-
-	s, err = persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	defer s.Close()
-	got, lerr := s.List(ctx, persist.Filter{Name: "checkout:B"})
-	if len(got) == 0 && lerr == nil {
-		t.Errorf("List{Name: B} returns no record and no error: B's paid intent (%s) is taken for a stray second file of %s, which only an unfiltered List reports", own, name)
-	}
-	next := persisttest.NewRecord("k-new-2", t0.Add(time.Minute))
-	next.Name, next.Seq = "checkout:B", 1
-	next.Rev = persist.NewRev()
-	if err := persist.Claim(ctx, s, next); err == nil {
-		t.Errorf("Claim of a new intent of B (Seq 1, over B's paid intent of Seq 1) succeeded: the app pays B again")
-	}
 }
 
 // TestBadInputLosesNothing_NotUTF8: bad input gets a clear error and
