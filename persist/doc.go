@@ -107,8 +107,11 @@ directory.
 
 Each file is one JSON object: a Record with its format version. Decoding
 validates the record ([Record.Validate]). It also checks that the key and
-name inside belong to the file's name. A file that fails gives a
-[*CorruptError]. The error names the file and, as far as it is known,
+name inside belong to the file's name. The store reads only regular
+files, never through a link. The read stops at the file's size when
+opened. A FIFO or a device in a record's place is damage, found at once.
+One in the index's place makes OpenDir list the directory. A file that
+fails gives a [*CorruptError]. The error names the file and, as far as it is known,
 the key.
 
 # The index

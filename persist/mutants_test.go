@@ -208,6 +208,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./persist", Run: "^TestDamage$/^two_files_of_a_key_are_damage_of_both_actions$",
 		},
 		{
+			Name: "read-blocks-on-a-fifo", File: "persist/internal/fsys/readfile_unix.go",
+			Note:    "a file is opened for reading without O_NONBLOCK: a FIFO in the index's or a record's place blocks OpenDir for ever",
+			Anchor:  "unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC",
+			Replace: "unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC",
+			Pkg:     "./persist", Run: "^TestOpenDir$/^an_index_that_is_not_a_regular_file_is_rebuilt_at_once$",
+		},
+		{
+			Name: "read-type-unchecked", File: "persist/internal/fsys/readfile_unix.go",
+			Note:    "an open file's type is not checked: a FIFO put in an indexed record's place is read, not reported as not a regular file",
+			Anchor:  "\tif !fi.Mode().IsRegular() {\n",
+			Replace: "\tif false {\n",
+			Pkg:     "./persist", Run: "^TestOpenDir$/^an_indexed_file_replaced_by_a_FIFO_is_damage,_found_at_once$",
+		},
+		{
 			Name: "header-field-without-values-kept", File: "persist/store.go",
 			Note:    "a store keeps a header field without values as an empty list, which the index gives back as nil: a record reads back differently from its file and from the index",
 			Anchor:  "\t\tif vs != nil && len(vs) == 0 {\n",
