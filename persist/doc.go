@@ -105,8 +105,10 @@ takes a new intent. Quarantine the file that is not the intent. The
 other is then the key's record. The store ignores other files in the
 directory.
 
-Each file is one JSON object: a Record with its format version. Decoding
-validates the record ([Record.Validate]). It also checks that the key and
+Each file is one JSON object: a Record with its format version. JSON
+would change bytes that are not UTF-8. So Write refuses a Key, a Name or
+a request header that is not UTF-8, and stores nothing. Its error says
+which. Decoding validates the record ([Record.Validate]). It also checks that the key and
 name inside belong to the file's name. The store reads only regular
 files, never through a link. The read stops at the file's size when
 opened. A FIFO or a device in a record's place is damage, found at once.
