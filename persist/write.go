@@ -268,7 +268,9 @@ func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 //
 // Quarantine refuses a path that is not a damaged file the store knows
 // of. A readable record is never moved aside. The move is durable when
-// Quarantine returns. To quarantine every damaged file:
+// Quarantine returns. Two files of one key are both damage. Quarantine
+// the one that is not the intent: read both first. The other is then the
+// key's record, no longer damage. To quarantine every damaged file:
 //
 //	_, err := s.List(ctx, persist.Filter{})
 //	for _, ce := range persist.CorruptErrors(err) {
