@@ -99,8 +99,19 @@ func fileIndexNotRegular(t *testing.T) {
 		t.Fatalf("OpenDir of a directory whose index is a FIFO did not return in 3s: it blocks in os.ReadFile of the index forever")
 	}
 	require.NoError(t, err)
-	defer s.Close()
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.NoError(t, s.Close())
+
+	// A link to a device that reads without end is not followed.
+	require.NoError(t, os.Remove(idx))
+	require.NoError(t, os.Symlink("/dev/zero", idx))
+	s, err, ok = openWithin(t, dir, 3*time.Second, func() {})
+	require.True(t, ok, "OpenDir of a directory whose index links to /dev/zero did not return in 3s")
+	require.NoError(t, err)
+	defer s.Close()
+	got, err = s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 }
