@@ -662,7 +662,7 @@ func indexListingEndsBeforeClose(t *testing.T) {
 // knows an action's resolved records only once its directory is listed.
 // The write of a new intent waits for that listing, so that it is never
 // taken for the action's latest over a resolved intent the index does not
-// hold (put in by hand).
+// hold.
 func indexNewIntentWaitsForTheListing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
@@ -673,24 +673,7 @@ func indexNewIntentWaitsForTheListing(t *testing.T) {
 		paid.Seq, paid.Rev = 5, persist.NewRev()
 		paid.State, paid.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
 		require.NoError(t, s.Write(ctx, paid, nil))
-		require.NoError(t, s.Close())
-		// The paid file, put back by hand after the index was written
-		// without it: the index does not hold it.
-		path := filepath.Join(powerDir, persist.FileName(paid.Key, paid.Name))
-		data, err := mem.ReadFile(path)
-		require.NoError(t, err)
-		require.NoError(t, mem.Remove(path))
-		require.NoError(t, mem.Remove(filepath.Join(powerDir, "index")))
-		s, err = persist.OpenDirFS(mem, powerDir, nil)
-		require.NoError(t, err)
-		require.NoError(t, s.Close())
-		f, err := mem.CreateTemp(powerDir, "hand-*")
-		require.NoError(t, err)
-		_, err = f.Write(data)
-		require.NoError(t, err)
-		require.NoError(t, f.Sync())
-		require.NoError(t, f.Close())
-		require.NoError(t, mem.Rename(f.Name(), path))
+		require.NoError(t, s.Close()) // the index holds the unresolved records: none
 
 		gate := make(chan struct{})
 		l := &listFS{FS: mem, dir: powerDir, gate: gate, done: make(chan struct{})}
