@@ -51,6 +51,9 @@ type FileStore struct {
 	// changes of records. So writeIndex tells one made while it worked.
 	indexed bool
 	changes int
+	// known is how many entries the store knew when it wrote the index
+	// OpenDir read.
+	known int
 	// listing is closed when the background listing of an OpenDir from
 	// the index ends. It is nil when none runs. Every write waits for it
 	// (see complete). Close does too, as it is in inflight.
@@ -69,9 +72,9 @@ type entry struct {
 	name string // the file that holds the record
 	p    parsedName
 	mode fs.FileMode // the type bits from the directory listing
-	// st is the file's stamp when the store wrote or read it. It is the
-	// zero Stamp if the store did neither. The index holds a file only
-	// with the stamp it had when its record was read or written.
+	// st is the file's stamp when the store wrote or read rec. It is the
+	// zero Stamp if the store did neither. The index holds a record only
+	// with the stamp of the file it came from.
 	st fsys.Stamp
 	// twin is set on each file of a key that has two. This store never
 	// writes a second one. Neither is trusted while both exist. Each is
@@ -280,16 +283,21 @@ func (s *FileStore) list() (map[string]*entry, error) {
 }
 
 // merge makes entries those of l. It keeps an entry already known with
-// the same file, from the index. It reads the other entries' files. A
-// file the index does not hold may be unresolved, whatever its count
-// says. OpenDir runs merge, or a caller holding s.mu.
+// the same file, from the index. After an OpenDir from the index, the
+// directory may hold as many entries as the index counted. Then every
+// other entry is resolved, as the index holds every unresolved one.
+// Otherwise merge reads the other entries' files. OpenDir runs it, or a
+// caller holding s.mu.
 func (s *FileStore) merge(l map[string]*entry) {
 	var unread []*entry
+	indexed := s.fromIndex && len(l) == s.known
 	for id, e := range l {
 		k := s.entries[id]
 		switch {
 		case k != nil && k.name == e.name && k.twin == e.twin:
 			l[id] = k
+		case indexed && e.p.id != "" && !e.twin:
+			e.resolved = true
 		default:
 			unread = append(unread, e)
 		}
@@ -347,9 +355,9 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 		e.corrupt = &CorruptError{Path: path, Key: e.p.key, Err: err}
 		return nil, e.corrupt
 	}
-	e.resolved, e.st = r.State.Resolved(), st
+	e.resolved = r.State.Resolved()
 	if !e.resolved {
-		e.rec = r
+		e.rec, e.st = r, st
 	}
 	return r, nil
 }

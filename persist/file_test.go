@@ -376,8 +376,8 @@ func fileSyncs(t *testing.T) {
 }
 
 // fileLazyResolved checks that after an open from the index the files
-// of resolved records are read when first asked for. A file changed since
-// the index is read at open, and its damage reported in every List.
+// of resolved records are read when first asked for, and that damage found
+// then is reported as at open.
 func fileLazyResolved(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -398,13 +398,12 @@ func fileLazyResolved(t *testing.T) {
 	s = openFile(t, dir, nil)
 	require.True(t, s.FromIndex())
 	unresolved, err := s.List(ctx, persist.Filter{Unresolved: true})
-	var ce *persist.CorruptError
-	require.ErrorAs(t, err, &ce, "changed since the index: it may hold an unresolved intent now")
-	assert.Equal(t, path, ce.Path)
+	require.NoError(t, err, "the damaged resolved file is not read for this")
 	assert.Len(t, unresolved, 1)
 	_, err = s.Get(ctx, "c")
 	require.NoError(t, err)
 	all, err := s.List(ctx, persist.Filter{})
+	var ce *persist.CorruptError
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, path, ce.Path)
 	assert.Equal(t, "b", ce.Key)
@@ -413,7 +412,7 @@ func fileLazyResolved(t *testing.T) {
 	assert.ErrorAs(t, err, &ce)
 	assert.ErrorAs(t, persisttest.Put(ctx, s, persisttest.NewRecord("b", t0)), &ce, "not replaced")
 	unresolved, err = s.List(ctx, persist.Filter{Unresolved: true})
-	assert.ErrorAs(t, err, &ce, "still reported: it may hold an unresolved intent")
+	assert.NoError(t, err, "the index held every unresolved record: the damaged file held a resolved one")
 	assert.Len(t, unresolved, 1)
 }
 

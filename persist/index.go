@@ -13,8 +13,8 @@ import (
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
 
-// The index is a cache of what OpenDir needs at start. It holds every
-// record file's name and stamp, and the unresolved records. It exists only
+// The index is a cache of what OpenDir needs at start. It holds the
+// unresolved records, their files and those files' stamps. It exists only
 // while it describes the directory. The store writes it when at rest, and
 // removes it before any change of a record (see change). The package docs
 // ("The index") say why it can be trusted, and when it is not.
@@ -23,7 +23,7 @@ const (
 	// indexMagic starts every index file. The byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 7
+	indexVersion = 6
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -35,10 +35,12 @@ var errIndex = errors.New("index not usable")
 // indexHead is the first gob value of the index. The records follow as a
 // second one. So the files are stamped while the records are decoded.
 type indexHead struct {
+	Known int // how many entries the directory held
 	Files []indexed
 }
 
-// indexed is a file of the index.
+// indexed is a file of the index, one that may hold an unresolved
+// record.
 type indexed struct {
 	Name  string
 	Mode  fs.FileMode
@@ -47,9 +49,6 @@ type indexed struct {
 	// HasRec is set if the index holds the file's record. That record was
 	// read or written with this stamp.
 	HasRec bool
-	// Resolved is set if the file held a resolved record at this stamp.
-	// A file restored in place since shows by its stamp.
-	Resolved bool
 }
 
 // indexPath returns the path of the index file.
@@ -99,7 +98,7 @@ func (s *FileStore) loadIndex() error {
 	if err := s.useIndex(head.Files, ents, got.st, idxSt); err != nil {
 		return err
 	}
-	s.indexed = true
+	s.known, s.indexed = head.Known, true
 	return nil
 }
 
@@ -141,9 +140,6 @@ func indexEntries(d *gob.Decoder, head indexHead) ([]*entry, error) {
 		}
 		e := &entry{name: f.Name, p: p, mode: f.Mode, twin: f.Twin}
 		ents[i] = e
-		if f.Resolved && !f.HasRec && !f.Twin {
-			e.resolved, e.st = true, f.Stamp
-		}
 		if !f.HasRec {
 			continue
 		}
@@ -187,13 +183,11 @@ func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, i
 	var reread []*entry
 	for i, e := range ents {
 		st := now[i]
-		if st == (fsys.Stamp{}) {
+		switch {
+		case st == (fsys.Stamp{}):
 			return fmt.Errorf("%w: %s is missing", errIndex, e.name)
-		}
-		changed := st != files[i].Stamp || st.Change >= idxSt.Change
-		if changed {
-			// Changed in place since, or restored: read the file.
-			e.rec, e.st, e.resolved = nil, fsys.Stamp{}, false
+		case st != files[i].Stamp || st.Change >= idxSt.Change:
+			e.rec, e.st = nil, fsys.Stamp{} // changed in place since: read the file
 		}
 		id := e.p.id
 		if id == "" || e.twin && entries[id] != nil {
@@ -203,7 +197,7 @@ func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, i
 			return fmt.Errorf("%w: %s is listed twice", errIndex, id)
 		}
 		entries[id] = e
-		if e.rec == nil && !e.resolved {
+		if e.rec == nil {
 			reread = append(reread, e)
 		}
 	}
@@ -270,8 +264,7 @@ func (s *FileStore) writeIndex() error {
 // indexSnapshot returns the content of the index for the store as it
 // is, and s.changes when it was taken. The index holds every entry that
 // may hold an unresolved record. It holds the record too, with its file's
-// stamp. It holds a resolved record's file with the stamp it was read or
-// written with. indexSnapshot returns no content if the index in place describes
+// stamp. indexSnapshot returns no content if the index in place describes
 // the store. It returns errIndex if the store does not know every entry.
 func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 	s.mu.Lock()
@@ -284,17 +277,14 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		return 0, nil, errIndex
 	}
 	c = s.changes
-	head := indexHead{Files: []indexed{}}
+	head := indexHead{Known: len(s.entries), Files: []indexed{}}
 	recs := []*Record{}
 	for _, e := range s.entries {
-		f := indexed{Name: e.name, Mode: e.mode, Twin: e.twin}
-		switch {
-		case e.resolved && e.st == (fsys.Stamp{}):
-			// Not known at which stamp: the next open reads it.
+		if e.resolved {
 			continue
-		case e.resolved:
-			f.Stamp, f.Resolved = e.st, true
-		case e.corrupt == nil && e.st != (fsys.Stamp{}):
+		}
+		f := indexed{Name: e.name, Mode: e.mode, Twin: e.twin}
+		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
 			// Only with the stamp the file had when its record was
 			// read or written. A change since then must show.
 			f.Stamp, f.HasRec = e.st, true

@@ -42,15 +42,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "index-same-tick-trusted", File: "persist/index.go",
 			Note:    "OpenDir takes a record from the index though its file changed in the clock tick of the index's write, which may leave the file's stamp as the index holds it",
-			Anchor:  "\t\tchanged := st != files[i].Stamp || st.Change >= idxSt.Change\n",
-			Replace: "\t\tchanged := st != files[i].Stamp\n",
+			Anchor:  "\t\tcase st != files[i].Stamp || st.Change >= idxSt.Change:\n",
+			Replace: "\t\tcase st != files[i].Stamp:\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^a_file_changed_in_the_tick_of_its_write_is_read_again$",
 		},
 		{
 			Name: "index-file-change-ignored", File: "persist/index.go",
 			Note:    "OpenDir takes a record from the index though its file was rewritten in place (damaged) since",
-			Anchor:  "\t\tchanged := st != files[i].Stamp || st.Change >= idxSt.Change\n",
-			Replace: "\t\tchanged := false && st.Change >= idxSt.Change\n",
+			Anchor:  "\t\tcase st != files[i].Stamp || st.Change >= idxSt.Change:\n",
+			Replace: "\t\tcase false:\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^a_file_rewritten_in_place_is_read_again$",
 		},
 		{
@@ -77,16 +77,9 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "index-foreign-file-taken-for-resolved", File: "persist/file.go",
 			Note:    "after an OpenDir from the index, a file the store did not know when it wrote the index (put there while it was open) is taken for a resolved record and never read",
-			Anchor:  "\t\tdefault:\n\t\t\tunread = append(unread, e)\n",
-			Replace: "\t\tdefault:\n\t\t\te.resolved = s.fromIndex\n",
+			Anchor:  "\tindexed := s.fromIndex && len(l) == s.known\n",
+			Replace: "\tindexed := s.fromIndex\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^a_file_put_in_by_hand_is_listed_once_the_directory_is$",
-		},
-		{
-			Name: "index-resolved-file-change-ignored", File: "persist/index.go",
-			Note:    "OpenDir takes a file the index holds as resolved for resolved though its stamp changed: an intent restored in place from a backup, unresolved there, is hidden from the unresolved list",
-			Anchor:  "\t\tif changed {\n",
-			Replace: "\t\tif changed && !e.resolved {\n",
-			Pkg:     "./persist", Run: "^TestIndex$/^a_resolved_file_restored_in_place_is_listed_unresolved$",
 		},
 		{
 			Name: "stamp-without-ctime", File: "persist/internal/fsys/stamp_unix.go",

@@ -106,10 +106,9 @@ func (s *FileStore) install(r, old *Record, tmp string) (prev *entry, err error)
 	}
 	ne := &entry{name: name, resolved: r.State.Resolved()}
 	ne.p, _ = parseName(name)
-	// For the index, resolved or not. Zero if it fails.
-	ne.st, _ = s.fs.Stamp(path)
 	if !ne.resolved {
 		ne.rec = r
+		ne.st, _ = s.fs.Stamp(path) // for the index; zero if it fails
 	}
 	id := stem(r.Key)
 	prev = s.entries[id]
