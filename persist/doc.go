@@ -135,7 +135,10 @@ than the index counted. Then someone put files there by hand, and the
 store reads those files. A List of unresolved records made before the
 listing ends does not see such a file. A tool that puts record files in
 the directory should remove the index. The next OpenDir then scans. A
-scan reads every file, once.
+scan reads every file, once. A resolved file rewritten in place, as a
+restore from a backup does, is not read again: the index does not stamp
+resolved files, so that OpenDir stays one stat per unresolved file. Keep
+the directory out of backups, or remove the index after a restore.
 
 The index is a cache, never the record. The record files stay the only
 truth. The index exists only while it describes them.
