@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/idemkit/idem/persist"
@@ -127,6 +128,10 @@ func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Inte
 func (c *Client) intent(ctx context.Context, name string, req Request, forceNew bool) (*Intent, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
+	}
+	// The store keeps text as JSON, which would change other bytes.
+	if !utf8.ValidString(name) {
+		return nil, fmt.Errorf("idem: action name %q is not valid UTF-8; give it in UTF-8 (convert Latin-1 input, or percent-encode its bytes)", name)
 	}
 	// One action's intents are decided one at a time. So two goroutines
 	// cannot both find "no intent" and make two.

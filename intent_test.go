@@ -549,6 +549,42 @@ func TestIntent(t *testing.T) {
 		require.NoError(t, err, "the corrected request goes through")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
+
+	// The store keeps text as JSON, which changes bytes that are not
+	// UTF-8. Such a header would be resent as other bytes after a
+	// restart. Such an action name would make its paid record unreadable,
+	// and the next Send would lose the answer. So both are refused at
+	// creation, before anything is stored or sent.
+	t.Run("a header value or action name that is not UTF-8 is refused at creation", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		header := e.paymentRequest(t, 100, "cus_1")
+		header.Header["X-Note"] = []string{"caf\xe9"}
+		plain := e.paymentRequest(t, 100, "cus_1")
+		for _, c := range []struct {
+			name, action string
+			req          idem.Request
+		}{
+			{`"X-Note"`, "checkout:u", header},
+			{"action name", "checkout:caf\xe9", plain},
+		} {
+			for what, create := range map[string]func() error{
+				"Intent":    func() error { _, err := e.client.Intent(ctx, c.action, c.req); return err },
+				"NewIntent": func() error { _, err := e.client.NewIntent(ctx, c.action, c.req); return err },
+				"Send":      func() error { _, err := e.client.Send(ctx, c.action, c.req); return err },
+			} {
+				err := create()
+				require.Error(t, err, "%s %s", what, c.name)
+				assert.Contains(t, err.Error(), c.name, "%s: the error names what", what)
+				assert.Contains(t, err.Error(), "not valid UTF-8", "%s: and why", what)
+				assert.Contains(t, err.Error(), "give it in UTF-8", "%s: and what to give", what)
+			}
+		}
+		recs, err := e.store.List(ctx, persist.Filter{})
+		require.NoError(t, err)
+		assert.Empty(t, recs, "nothing was stored")
+		assert.Zero(t, e.srv.Stats().Requests, "nothing was sent")
+	})
 }
 
 // rawKeyServer is the fake server behind a front that records the raw

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Request is what an intent sends, byte for byte, on every attempt.
@@ -82,7 +83,24 @@ func (r Request) validate() error {
 			return fmt.Errorf("idem: request URL %q: port %q is not 1-65535", shown(), p)
 		}
 	}
-	return checkHeader(r.Header)
+	if err := checkHeader(r.Header); err != nil {
+		return err
+	}
+	return checkUTF8(r.Header)
+}
+
+// checkUTF8 refuses a header value that is not UTF-8. The store keeps
+// the request as JSON, which would change those bytes. A resend would
+// then differ from the first send. The error names the field only.
+func checkUTF8(h http.Header) error {
+	for name, values := range h {
+		for _, v := range values {
+			if !utf8.ValidString(v) {
+				return fmt.Errorf("idem: request header field %q has a value that is not valid UTF-8, which the device store cannot keep as sent; give it in UTF-8 or percent-encode its bytes", name)
+			}
+		}
+	}
+	return nil
 }
 
 // checkHeader refuses a header net/http would refuse before it dials.

@@ -1,13 +1,16 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +24,7 @@ import (
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/persisttest"
 )
 
 // pastSendWindow moves the clock past the time an intent created now may be
@@ -125,6 +129,92 @@ func TestSend(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, persist.StateVoid, reloaded.State(), "the void intent stays void")
 		}
+	})
+
+	// A second file of a paid intent's key, whose name sorts first (a
+	// copy under the action's earlier name, from a backup), must not
+	// hide the paid intent. Neither file is trusted, so no new intent.
+	t.Run("a second file of the paid key stops the action, never pays again", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		srv := fakeserver.NewServer(nil)
+		t.Cleanup(srv.Close)
+		dir := filepath.Join(t.TempDir(), "idem")
+		const action = "checkout:cart-42"
+
+		send := func() (*idem.Response, error) {
+			store, err := persist.OpenDir(dir, nil)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, store.Close()) }()
+			c, err := idem.New(idem.Config{Store: store, Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+			require.NoError(t, err)
+			req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
+				map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			return c.Send(ctx, action, req)
+		}
+		resp, err := send()
+		require.NoError(t, err)
+		require.Equal(t, 201, resp.StatusCode)
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
+
+		// The key of the paid intent, and its file.
+		store, err := persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		recs, err := store.List(ctx, persist.Filter{Name: action})
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		paid := recs[0]
+		require.NoError(t, store.Close())
+		own, _ := recordFile(t, dir, paid.Key)
+
+		// The same intent under an earlier name of the action, whose file
+		// sorts before the action's own.
+		for i := 0; ; i++ {
+			require.Less(t, i, 500)
+			older := paid.Clone()
+			older.Name = "cart:42:v" + strconv.Itoa(i)
+			older.Rev = ""
+			odir := filepath.Join(t.TempDir(), "older")
+			ostore, err := persist.OpenDir(odir, nil)
+			require.NoError(t, err)
+			require.NoError(t, persisttest.Put(ctx, ostore, older))
+			require.NoError(t, ostore.Close())
+			name, data := recordFile(t, odir, paid.Key)
+			if name < own {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+				break
+			}
+		}
+
+		resp, err = send()
+		charges := srv.Stats().ProviderCharges
+		if charges != 1 {
+			t.Fatalf("the paid action was charged %d times: the second Send (err %v, status %v) found no intent for %q, for its file %s became a stray second file of the key, and paid again with a new key", charges, err, statusOf(resp), action, own)
+		}
+		// Neither file is trusted: the Send is refused as damage.
+		var ce *persist.CorruptError
+		require.ErrorAs(t, err, &ce)
+		require.Nil(t, resp)
+
+		// Quarantine of the copy leaves the action's own file its record.
+		store, err = persist.OpenDir(dir, nil)
+		require.NoError(t, err)
+		_, err = store.List(ctx, persist.Filter{})
+		var copyPath string
+		for _, c := range persist.CorruptErrors(err) {
+			if filepath.Base(c.Path) != own {
+				copyPath = c.Path
+			}
+		}
+		require.NotEmpty(t, copyPath, "both files are reported")
+		_, err = store.Quarantine(ctx, copyPath)
+		require.NoError(t, err)
+		require.NoError(t, store.Close())
+		resp, err = send()
+		require.NoError(t, err)
+		require.True(t, resp.FromStore, "the stored answer, nothing sent")
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
 }
 
@@ -667,4 +757,31 @@ func settleAllRacingANotSentTap(t *testing.T, another bool) {
 	stored, err := app.Load(ctx, tap.Key())
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateNotSent, stored.State())
+}
+
+func statusOf(r *idem.Response) any {
+	if r == nil {
+		return nil
+	}
+	return r.StatusCode
+}
+
+// recordFile returns the name of the file in dir holding key, and its
+// content.
+func recordFile(t *testing.T, dir, key string) (string, []byte) {
+	t.Helper()
+	des, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, de := range des {
+		if filepath.Ext(de.Name()) != ".json" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, de.Name()))
+		require.NoError(t, err)
+		if bytes.Contains(data, []byte(`"key":"`+key+`"`)) {
+			return de.Name(), data
+		}
+	}
+	t.Fatalf("no file of key %q in %s", key, dir)
+	return "", nil
 }

@@ -1,6 +1,7 @@
 package persist_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -49,7 +50,8 @@ func TestDamage(t *testing.T) {
 		{"a damaged file is named, kept and stops nothing else", damageAnyWay},
 		{"a damaged file blocks only its action", damageBlocksOnlyItsAction},
 		{"a stray file blocks no action", damageStrayFile},
-		{"a second file of a key is a stray file", damageTwoFilesOfAKey},
+		{"two files of a key are damage of both actions", damageTwoFilesOfAKey},
+		{"a second file of a key sorting first stops the paid action", damageSecondFileSortsFirst},
 		{"Quarantine refuses what is not damaged and overwrites nothing", damageQuarantine},
 		{"CorruptErrors finds every damaged record", damageCorruptErrors},
 	} {
@@ -162,9 +164,9 @@ func damageStrayFile(t *testing.T) {
 }
 
 // damageTwoFilesOfAKey puts a copy of a record's file under another
-// action's tag beside it, which the store never writes: the copy is a
-// stray file, reported by a List without a Name, and the record is its
-// own file's until the copy is quarantined.
+// action's tag beside it, which the store never writes. Neither file is
+// trusted: each is damage of its own action, by either filter. Quarantine
+// of one leaves the other as the key's record.
 func damageTwoFilesOfAKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -177,56 +179,64 @@ func damageTwoFilesOfAKey(t *testing.T) {
 	}
 	r := saveNamed(t, s, "k", a, 0, false)
 	require.NoError(t, s.Close())
-	data, err := os.ReadFile(filepath.Join(dir, persist.FileName("k", a)))
+	own := filepath.Join(dir, persist.FileName("k", a))
+	data, err := os.ReadFile(own)
 	require.NoError(t, err)
 	twin := filepath.Join(dir, persist.FileName("k", b))
 	write(t, twin, data)
 
-	s = openFile(t, dir, nil)
-	for _, f := range []persist.Filter{{}, {Unresolved: true}} {
-		recs, err := s.List(ctx, f)
-		var ce *persist.CorruptError
-		require.ErrorAs(t, err, &ce, "the second file is reported")
-		assert.Equal(t, twin, ce.Path)
-		assert.Empty(t, ce.Key, "Delete cannot name it")
-		require.Len(t, recs, 1)
-		persisttest.AssertRecord(t, r, recs[0])
-	}
-	for _, f := range []persist.Filter{{Name: a}, {Name: b}} {
-		recs, err := s.List(ctx, f)
-		require.NoError(t, err, "a stray file only without a Name: %+v", f)
-		want := 0
-		if f.Name == a {
-			want = 1
+	check := func(s *persist.FileStore) {
+		t.Helper()
+		for _, f := range []persist.Filter{{}, {Unresolved: true}} {
+			recs, err := s.List(ctx, f)
+			assert.NotContains(t, keysOf(recs), "k", "neither file is taken for the key")
+			assert.ElementsMatch(t, []string{own, twin}, corruptPaths(err))
 		}
-		assert.Len(t, recs, want)
+		for name, path := range map[string]string{a: own, b: twin} {
+			recs, err := s.List(ctx, persist.Filter{Name: name})
+			assert.Empty(t, recs)
+			assert.Equal(t, []string{path}, corruptPaths(err), "each file stops its action")
+		}
+		_, err := s.Get(ctx, "k")
+		var ce *persist.CorruptError
+		require.ErrorAs(t, err, &ce)
+		next := persisttest.NewRecord("k-new", t0.Add(time.Hour))
+		next.Name, next.Seq, next.Rev = b, namedSeq.Add(1), persist.NewRev()
+		require.Error(t, persist.Claim(ctx, s, next), "no new intent over a file that may be the action's")
 	}
-	got, err := s.Get(ctx, "k")
-	require.NoError(t, err)
-	persisttest.AssertRecord(t, r, got)
-
-	// A change, so that Close writes the index again, with the copy in
-	// it: the next open keeps the copy a stray file.
-	other := saveNamed(t, s, "k2", a, 1, true)
+	s = openFile(t, dir, nil)
+	check(s)
+	// A change, so that Close writes the index again, with both files.
+	other := saveNamed(t, s, "k2", "checkout:c", 1, true)
 	require.NoError(t, s.Close())
 	s = openFile(t, dir, nil)
 	require.True(t, s.FromIndex())
-	recs, err := s.List(ctx, persist.Filter{Unresolved: true})
-	require.ErrorContains(t, err, twin)
-	require.Len(t, recs, 1)
-	persisttest.AssertRecord(t, r, recs[0])
+	check(s)
 	require.NoError(t, s.Delete(ctx, other))
 
 	quarantined, err := s.Quarantine(ctx, twin)
 	require.NoError(t, err)
 	assert.FileExists(t, quarantined)
-	_, err = s.List(ctx, persist.Filter{})
+	_, err = s.Quarantine(ctx, own)
+	require.Error(t, err, "the file left is the key's record, not damage")
+	recs, err := s.List(ctx, persist.Filter{Name: a})
 	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	persisttest.AssertRecord(t, r, recs[0])
 	require.NoError(t, s.Close())
 	s = openFile(t, dir, nil)
-	got, err = s.Get(ctx, "k")
+	got, err := s.Get(ctx, "k")
 	require.NoError(t, err)
 	persisttest.AssertRecord(t, r, got)
+}
+
+// corruptPaths returns the Paths of err's *CorruptErrors.
+func corruptPaths(err error) []string {
+	var out []string
+	for _, ce := range persist.CorruptErrors(err) {
+		out = append(out, ce.Path)
+	}
+	return out
 }
 
 // damageQuarantine checks what Quarantine refuses, and that it never
@@ -441,4 +451,95 @@ func testCorrupt(t *testing.T, victim string, damage func(*testing.T, string, []
 	_, err = s.List(ctx, persist.Filter{})
 	assert.NoError(t, err)
 	assert.NoError(t, persisttest.Put(ctx, s, persisttest.NewRecord(victim, t0)), "and then it can be saved")
+}
+
+// damageSecondFileSortsFirst: "one bad file
+// stops only the action it may belong to" - and so it must stop that
+// action: a List for an action must return its records or report the
+// damaged files tagged with its name. Otherwise the action looks never
+// paid and a new intent of it is claimed.
+//
+// The path that failed: key K is action B's latest intent, paid
+// (k-K.<tagB>.json). A second file of K appears whose name sorts first
+// (k-K.<tagA>.json: copied or restored in, or left by the previous
+// build's cut-short change of Name, whose rule was that the greater name
+// holds the record). list() gives K's id to the first file in name order
+// and makes B's own file a "twin" with an empty parsed name, so
+// mayHold(Filter{Name: B}) is false for it: List{Name: B} returns no
+// record and no *CorruptError, and Claim of a new intent of B, checked by
+// the same selectLocked, succeeds.
+func damageSecondFileSortsFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const key = "k-paid-1"
+	paid := persisttest.NewRecord(key, t0)
+	paid.Name, paid.Seq = "checkout:B", 1
+	paid.State, paid.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, persisttest.Put(ctx, s, paid))
+	require.NoError(t, s.Close())
+	own := filepath.Base(fileOfKey(t, dir, key))
+
+	// The same key under another action's name, sorting before B's file.
+	var name string
+	var data []byte
+	for i := 0; ; i++ {
+		older := persisttest.NewRecord(key, t0)
+		older.Name, older.Seq = "checkout:A-"+string(rune('a'+i%26))+string(rune('a'+i/26)), 1
+		name, data = fileNameFor(t, older)
+		if name < own {
+			break
+		}
+		require.Less(t, i, 200)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+
+	s, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	got, lerr := s.List(ctx, persist.Filter{Name: "checkout:B"})
+	if len(got) == 0 && lerr == nil {
+		t.Errorf("List{Name: B} returns no record and no error: B's paid intent (%s) is taken for a stray second file of %s, which only an unfiltered List reports", own, name)
+	}
+	next := persisttest.NewRecord("k-new-2", t0.Add(time.Minute))
+	next.Name, next.Seq = "checkout:B", 1
+	next.Rev = persist.NewRev()
+	if err := persist.Claim(ctx, s, next); err == nil {
+		t.Errorf("Claim of a new intent of B (Seq 1, over B's paid intent of Seq 1) succeeded: the app pays B again")
+	}
+}
+
+// fileOfKey returns the path of the one record file of key in dir.
+func fileOfKey(t *testing.T, dir, key string) string {
+	t.Helper()
+	for _, n := range dirNames(t, dir) {
+		if filepath.Ext(n) != ".json" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, n))
+		require.NoError(t, err)
+		if bytes.Contains(data, []byte(`"key":"`+key+`"`)) {
+			return filepath.Join(dir, n)
+		}
+	}
+	t.Fatalf("no file for key %q in %s", key, dir)
+	return ""
+}
+
+// fileNameFor returns the name of the file a FileStore gives rec, by
+// saving it in a store of its own in a fresh directory, and that file's
+// content.
+func fileNameFor(t *testing.T, rec *persist.Record) (string, []byte) {
+	t.Helper()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, persisttest.Put(context.Background(), s, rec.Clone()))
+	require.NoError(t, s.Close())
+	path := fileOfKey(t, dir, rec.Key)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return filepath.Base(path), data
 }

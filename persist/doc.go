@@ -97,14 +97,23 @@ bytes. Two keys never share a file, even on case-insensitive file
 systems. Even when the file is unreadable, its name tells the key (when
 spelled out). It also tells which action the intent may belong to. A
 List for one Name reads only the files tagged with it. A file whose name
-starts as a record's but spells no key or no tag is a stray file. So is
-a second file of one key. Both are reported as damage (see Damage). The
-store ignores other files in the directory.
+starts as a record's but spells no key or no tag is a stray file. It is
+reported as damage (see Damage). The store writes one file per key. A
+second one may come from a backup or a copy. Then neither file is
+trusted. Each is damage of the action its name tags. So neither action
+takes a new intent. Quarantine the file that is not the intent. The
+other is then the key's record. The store ignores other files in the
+directory.
 
-Each file is one JSON object: a Record with its format version. Decoding
-validates the record ([Record.Validate]). It also checks that the key and
-name inside belong to the file's name. A file that fails gives a
-[*CorruptError]. The error names the file and, as far as it is known,
+Each file is one JSON object: a Record with its format version. JSON
+would change bytes that are not UTF-8. So Write refuses a Key, a Name or
+a request header that is not UTF-8, and stores nothing. Its error says
+which. Decoding validates the record ([Record.Validate]). It also checks that the key and
+name inside belong to the file's name. The store reads only regular
+files, never through a link. The read stops at the file's size when
+opened. A FIFO or a device in a record's place is damage, found at once.
+One in the index's place makes OpenDir list the directory. A file that
+fails gives a [*CorruptError]. The error names the file and, as far as it is known,
 the key.
 
 # The index
@@ -126,7 +135,10 @@ than the index counted. Then someone put files there by hand, and the
 store reads those files. A List of unresolved records made before the
 listing ends does not see such a file. A tool that puts record files in
 the directory should remove the index. The next OpenDir then scans. A
-scan reads every file, once.
+scan reads every file, once. A resolved file rewritten in place, as a
+restore from a backup does, is not read again: the index does not stamp
+resolved files, so that OpenDir stays one stat per unresolved file. Keep
+the directory out of backups, or remove the index after a restore.
 
 The index is a cache, never the record. The record files stay the only
 truth. The index exists only while it describes them.

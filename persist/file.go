@@ -76,8 +76,10 @@ type entry struct {
 	// zero Stamp if the store did neither. The index holds a record only
 	// with the stamp of the file it came from.
 	st fsys.Stamp
-	// twin is set on a second file of a key, a stray file. This store
-	// never writes one.
+	// twin is set on each file of a key that has two. This store never
+	// writes a second one. Neither is trusted while both exist. Each is
+	// damage of the action its name tags. The first in name order is
+	// the key's entry, the others are filed by "?" + name.
 	twin bool
 	// rec is the record while it is unresolved. A resolved record is not
 	// kept. resolved says so, and its file is read when asked for.
@@ -92,7 +94,8 @@ func (e *entry) mayHold(f Filter, tag string) bool {
 	if f.Unresolved && e.resolved {
 		return false
 	}
-	// A stray file belongs to no key, hence to no action.
+	// A stray file belongs to no key, hence to no action. A file of a
+	// key with two files keeps its key and tag: it may be that action's.
 	return f.Name == "" || e.p.id != "" && e.p.tag == tag
 }
 
@@ -266,11 +269,12 @@ func (s *FileStore) list() (map[string]*entry, error) {
 			continue
 		}
 		e := &entry{name: name, p: p, mode: de.Type()}
-		if p.id != "" && l[p.id] != nil {
-			e.p, e.twin = parsedName{}, true
+		id := p.id
+		if first := l[id]; id != "" && first != nil {
+			// Two files of one key: neither may be taken for it.
+			first.twin, e.twin = true, true
 		}
-		id := e.p.id
-		if id == "" {
+		if id == "" || e.twin {
 			id = "?" + name
 		}
 		l[id] = e
@@ -290,9 +294,9 @@ func (s *FileStore) merge(l map[string]*entry) {
 	for id, e := range l {
 		k := s.entries[id]
 		switch {
-		case k != nil && k.name == e.name:
+		case k != nil && k.name == e.name && k.twin == e.twin:
 			l[id] = k
-		case indexed && e.p.id != "":
+		case indexed && e.p.id != "" && !e.twin:
 			e.resolved = true
 		default:
 			unread = append(unread, e)
@@ -332,7 +336,7 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 	path := filepath.Join(s.dir, e.name)
 	switch {
 	case e.twin:
-		err = errors.New("another file holds the same key: this store writes one")
+		err = errors.New("another file holds the same key (this store writes one): neither is trusted; Quarantine the one that is not the intent")
 	case e.p.id == "":
 		err = errors.New("the file name spells no key: it is not a name this store writes")
 	case !e.mode.IsRegular():

@@ -50,14 +50,20 @@ func TestFileConformance(t *testing.T) {
 	persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
 }
 
+// openDirCase is a subtest of TestOpenDir.
+type openDirCase struct {
+	name string
+	run  func(*testing.T)
+}
+
+// openDirUnix holds the subtests that need Unix file types.
+var openDirUnix []openDirCase
+
 // TestOpenDir: a store opens only a directory of its owner's, one
 // store at a time, and reads what was saved before.
 func TestOpenDir(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name string
-		run  func(*testing.T)
-	}{
+	for _, c := range append([]openDirCase{
 		{"a reopened store reads what was saved", fileReopen},
 		{"it makes the directory and its files the owner's alone", filePermissions},
 		{"it refuses a directory others may read", fileInsecureDir},
@@ -65,7 +71,7 @@ func TestOpenDir(t *testing.T) {
 		{"a second open is refused until Close", fileLocked},
 		{"other files in the directory are ignored", fileIgnoresOtherFiles},
 		{"resolved records are read when first asked for", fileLazyResolved},
-	} {
+	}, openDirUnix...) {
 		t.Run(c.name, c.run)
 	}
 }
@@ -97,6 +103,7 @@ func TestWrite(t *testing.T) {
 		{"the options drop response bodies", discardResponseBodies},
 		{"a failed rename leaves no temporary file", fileRenameFails},
 		{"a save costs two fsyncs", fileSyncs},
+		{"it refuses text that is not UTF-8 and stores nothing", fileNotUTF8},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -407,4 +414,42 @@ func fileLazyResolved(t *testing.T) {
 	unresolved, err = s.List(ctx, persist.Filter{Unresolved: true})
 	assert.NoError(t, err, "the index held every unresolved record: the damaged file held a resolved one")
 	assert.Len(t, unresolved, 1)
+}
+
+// fileNotUTF8: JSON would change bytes that are not UTF-8, and gob keeps
+// them. So a Name, a Key or a request header that is not UTF-8 is
+// refused, with an error that says which. Nothing is stored.
+func fileNotUTF8(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		field string
+		spoil func(r *persist.Record)
+	}{
+		{"Name", func(r *persist.Record) { r.Name = "checkout:caf\xe9" }},
+		{"key", func(r *persist.Record) { r.Key = "caf\xe9" }},
+		{"header field name", func(r *persist.Record) { r.Header["X-Caf\xe9"] = []string{"1"} }},
+		{"value of header X-Note", func(r *persist.Record) { r.Header["X-Note"] = []string{"caf\xe9"} }},
+	} {
+		for _, resolved := range []bool{false, true} {
+			r := persisttest.NewRecord("k-"+c.field, t0)
+			if resolved {
+				r.State, r.Response = persist.StateSucceeded, &persist.Response{StatusCode: 201}
+			}
+			c.spoil(r)
+			err := persisttest.Put(ctx, s, r)
+			require.ErrorContains(t, err, c.field, "the error names the field")
+			require.ErrorContains(t, err, "not valid UTF-8")
+			_, err = s.Get(ctx, r.Key)
+			require.ErrorIs(t, err, persist.ErrNotFound, "nothing stored")
+		}
+	}
+	recs, err := s.List(ctx, persist.Filter{})
+	require.NoError(t, err)
+	require.Empty(t, recs)
+	require.NoError(t, s.Close())
+	assert.Empty(t, dirNames(t, dir), "no record file written")
 }

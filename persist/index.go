@@ -45,7 +45,7 @@ type indexed struct {
 	Name  string
 	Mode  fs.FileMode
 	Stamp fsys.Stamp
-	Twin  bool // a second file of a key (see entry)
+	Twin  bool // a file of a key that has two (see entry)
 	// HasRec is set if the index holds the file's record. That record was
 	// read or written with this stamp.
 	HasRec bool
@@ -138,10 +138,7 @@ func indexEntries(d *gob.Decoder, head indexHead) ([]*entry, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: %s is not a record file's name", errIndex, f.Name)
 		}
-		e := &entry{name: f.Name, p: p, mode: f.Mode}
-		if f.Twin {
-			e.p, e.twin = parsedName{}, true
-		}
+		e := &entry{name: f.Name, p: p, mode: f.Mode, twin: f.Twin}
 		ents[i] = e
 		if !f.HasRec {
 			continue
@@ -193,7 +190,7 @@ func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, i
 			e.rec, e.st = nil, fsys.Stamp{} // changed in place since: read the file
 		}
 		id := e.p.id
-		if id == "" {
+		if id == "" || e.twin && entries[id] != nil {
 			id = "?" + e.name
 		}
 		if entries[id] != nil {

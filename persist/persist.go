@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // FormatVersion is the version of the Record encoding this release
@@ -227,6 +228,30 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("persist: record %s has a key header value that is not printable ASCII", r.Key)
 	case len(r.Rev) > maxRev || strings.IndexFunc(r.Rev, func(c rune) bool { return c <= 0x20 || c > 0x7e }) >= 0:
 		return fmt.Errorf("persist: record %s has a version (Rev) that is not up to %d printable ASCII characters without spaces", r.Key, maxRev)
+	}
+	return r.validUTF8()
+}
+
+// validUTF8 refuses a Key, a Name or a request header that is not valid
+// UTF-8. A file keeps its text in JSON, which would change such bytes.
+// The record would then read back unlike the one written.
+func (r *Record) validUTF8() error {
+	const fix = "not valid UTF-8, which the store cannot keep as is; give UTF-8 (percent-encode other bytes)"
+	switch {
+	case !utf8.ValidString(r.Key):
+		return fmt.Errorf("persist: record key %q is %s", r.Key, fix)
+	case !utf8.ValidString(r.Name):
+		return fmt.Errorf("persist: record %s has a Name %q that is %s", r.Key, r.Name, fix)
+	}
+	for k, vs := range r.Header {
+		if !utf8.ValidString(k) {
+			return fmt.Errorf("persist: record %s has a header field name %q that is %s", r.Key, k, fix)
+		}
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				return fmt.Errorf("persist: record %s has a value of header %s that is %s", r.Key, k, fix)
+			}
+		}
 	}
 	return nil
 }

@@ -267,7 +267,9 @@ func (s *FileStore) deleteLocked(old *Record) (bool, error) {
 //
 // Quarantine refuses a path that is not a damaged file the store knows
 // of. A readable record is never moved aside. The move is durable when
-// Quarantine returns. To quarantine every damaged file:
+// Quarantine returns. Two files of one key are both damage. Quarantine
+// the one that is not the intent: read both first. The other is then the
+// key's record, no longer damage. To quarantine every damaged file:
 //
 //	_, err := s.List(ctx, persist.Filter{})
 //	for _, ce := range persist.CorruptErrors(err) {
@@ -286,10 +288,14 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 	var id string
 	var e *entry
 	for i, c := range s.entries {
-		if c.corrupt != nil && c.corrupt.Path == path {
-			id, e = i, c
-			break
+		if filepath.Join(s.dir, c.name) != path {
+			continue
 		}
+		// A file of a key with two is damage even before it is read.
+		if _, ce := s.record(c); ce != nil {
+			id, e = i, c
+		}
+		break
 	}
 	if e == nil {
 		return "", fmt.Errorf("persist: %s is not a damaged record file of the store in %s (List reports those); nothing was moved", path, s.dir)
@@ -320,10 +326,33 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 		err = s.syncDir()
 	}
 	delete(s.entries, id)
+	if e.twin {
+		s.untwin(e.p.id)
+	}
 	if err != nil {
 		return dst, fmt.Errorf("persist: moved %s to %s, but the move may be undone by a power loss (directory sync failed): %w", path, dst, err)
 	}
 	return dst, nil
+}
+
+// untwin makes the last file left of key id, once a second file is
+// gone, the key's entry. It is read again as any file is. s.mu must be
+// held.
+func (s *FileStore) untwin(id string) {
+	var left []string
+	for i, c := range s.entries {
+		if c.twin && c.p.id == id {
+			left = append(left, i)
+		}
+	}
+	if len(left) != 1 {
+		return
+	}
+	c := s.entries[left[0]]
+	delete(s.entries, left[0])
+	e := &entry{name: c.name, p: c.p, mode: c.mode}
+	s.entries[id] = e
+	s.record(e)
 }
 
 // freeName returns a path in dir for name that no file has. That is

@@ -16,6 +16,10 @@ import (
 // locked.
 var ErrLocked = errors.New("directory is locked by another holder")
 
+// ErrNotRegular is returned by FS.ReadFile for a path that is not a
+// regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
 // FS is the part of a file system a FileStore uses. Paths are absolute.
 type FS interface {
 	// Mkdir creates the directory path; its entry in the parent is durable
@@ -24,6 +28,8 @@ type FS interface {
 	Stat(path string) (fs.FileInfo, error)
 	// ReadDir returns the entries of dir sorted by name.
 	ReadDir(dir string) ([]fs.DirEntry, error)
+	// ReadFile reads a regular file, not through a link. Any other
+	// type gives an error matching ErrNotRegular, at once.
 	ReadFile(path string) ([]byte, error)
 	// CreateTemp creates a new file in dir, with mode 0600, whose name is
 	// pattern with its last "*" replaced by a random string.
@@ -77,7 +83,6 @@ type OS struct{}
 func (OS) Mkdir(path string, perm fs.FileMode) error { return os.Mkdir(path, perm) }
 func (OS) Stat(path string) (fs.FileInfo, error)     { return os.Stat(path) }
 func (OS) ReadDir(dir string) ([]fs.DirEntry, error) { return os.ReadDir(dir) }
-func (OS) ReadFile(path string) ([]byte, error)      { return os.ReadFile(path) }
 func (OS) Rename(oldpath, newpath string) error      { return os.Rename(oldpath, newpath) }
 func (OS) Remove(path string) error                  { return os.Remove(path) }
 func (OS) SyncDir(dir string) error                  { return syncDir(dir) }
