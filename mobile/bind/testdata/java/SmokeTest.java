@@ -103,7 +103,7 @@ public class SmokeTest {
         });
 
         check("cancel from another thread returns promptly", () -> {
-            admin("POST", "/_fake/faults", "{\"fault\":\"delay\",\"path\":\"/payments\",\"delay_ms\":60000}");
+            admin("POST", "/_fake/faults", "{\"fault\":\"delay\",\"path\":\"/payments\",\"delay_ms\":20000}");
             Client c = Mobile.open(config(5));
             Cancel cancel = new Cancel();
             Thread t = new Thread(() -> {
