@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -128,6 +129,13 @@ func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Inte
 func (c *Client) intent(ctx context.Context, name string, req Request, forceNew bool) (*Intent, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
+	}
+	// Each attempt carries the intent's own key. A key field of the app's
+	// would be sent beside it, and a server might read that one.
+	for field := range req.Header {
+		if strings.EqualFold(field, "Idempotency-Key") {
+			return nil, fmt.Errorf("idem: the request's header has an Idempotency-Key field (%q); idem sends each intent's own key, so give the request without it (Intent.Key is the key)", field)
+		}
 	}
 	// The store keeps text as JSON, which would change other bytes.
 	if !utf8.ValidString(name) {
@@ -422,6 +430,9 @@ func (c *Client) Unresolved(ctx context.Context) ([]*Intent, error) {
 // If that call's answer arrives, that Client saves the outcome again.
 // Otherwise nothing on the device remembers the key.
 func (c *Client) Forget(ctx context.Context, in *Intent) error {
+	if !in.made() {
+		return errors.New("idem: Forget with a nil or zero intent: " + madeBy)
+	}
 	in.mu.Lock()
 	unarmed := in.unarmed
 	if unarmed {

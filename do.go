@@ -33,8 +33,8 @@ import (
 // earlier attempt may have reached the server. It does not when the intent
 // was stored not sent.
 func (c *Client) Do(ctx context.Context, in *Intent) (*Response, error) {
-	if in == nil {
-		return nil, errors.New("idem: Do with a nil intent")
+	if !in.made() {
+		return nil, errors.New("idem: Do with a nil or zero intent: " + madeBy)
 	}
 	if err := checkPolicy(ctx); err != nil {
 		return nil, err

@@ -100,8 +100,8 @@ func (c *Client) markHandedOut(ctx context.Context, in *Intent) error {
 // the intent is reconciled as if its request were in transit. That lasts up
 // to the server's retention. An intent never handed out is left as it is.
 func (c *Client) SendEnded(ctx context.Context, in *Intent) error {
-	if in == nil {
-		return errors.New("idem: SendEnded with a nil intent")
+	if !in.made() {
+		return errors.New("idem: SendEnded with a nil or zero intent: " + madeBy)
 	}
 	key := in.Key()
 	var err error

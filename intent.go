@@ -74,6 +74,9 @@ func (in *Intent) State() persist.State {
 	if unarmed {
 		return persist.StateNew
 	}
+	if rec == nil {
+		return "" // a zero Intent, made by no Client
+	}
 	if rec.State == persist.StateNew && (in.unsent == nil || !in.unsent.isUnsent(rec.Key)) {
 		return persist.StatePending
 	}
@@ -126,7 +129,28 @@ func (in *Intent) matches(req Request) bool {
 func (in *Intent) current() *persist.Record {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if in.rec == nil {
+		return &noRecord
+	}
 	return in.rec
+}
+
+// madeBy says where an Intent comes from, for the calls' refusals.
+const madeBy = "get one from Client.Intent, Client.NewIntent or Client.Load"
+
+// noRecord is what a zero Intent's accessors read. The calls refuse a
+// zero Intent (made is false). Its accessors give zero values.
+var noRecord persist.Record
+
+// made reports an Intent that a Client made or loaded. A nil or zero
+// Intent was made by no Client, so the calls refuse it.
+func (in *Intent) made() bool {
+	if in == nil {
+		return false
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.rec != nil
 }
 
 func (in *Intent) set(rec *persist.Record) {

@@ -29,6 +29,46 @@ func TestIntent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	t.Run("a zero Intent is refused by every call, never a panic", func(t *testing.T) {
+		t.Parallel()
+		c, err := idem.NewWith(idem.WithStore(persist.NewMemory(nil)))
+		require.NoError(t, err)
+		for _, in := range []*idem.Intent{nil, new(idem.Intent)} {
+			_, err := c.Do(ctx, in)
+			assert.ErrorContains(t, err, "nil or zero intent")
+			_, err = c.Settle(ctx, in)
+			assert.ErrorContains(t, err, "nil or zero intent")
+			_, err = c.Reconcile(ctx, in)
+			assert.ErrorContains(t, err, "nil or zero intent")
+			_, err = c.HTTPRequest(ctx, in)
+			assert.ErrorContains(t, err, "nil or zero intent")
+			assert.ErrorContains(t, c.SendEnded(ctx, in), "nil or zero intent")
+			assert.ErrorContains(t, c.Forget(ctx, in), "nil or zero intent")
+		}
+		zero := new(idem.Intent)
+		assert.Empty(t, zero.Key())
+		assert.Empty(t, zero.State())
+		assert.Zero(t, zero.Attempts())
+	})
+
+	// Each attempt carries the intent's own key. An app's key field, in
+	// any spelling, would go beside it, and a server might read that one.
+	t.Run("a request with its own Idempotency-Key field is refused at creation", func(t *testing.T) {
+		t.Parallel()
+		store := persist.NewMemory(nil)
+		c, err := idem.NewWith(idem.WithStore(store))
+		require.NoError(t, err)
+		for _, field := range []string{"Idempotency-Key", "idempotency-key"} {
+			req := idem.Request{Method: http.MethodPost, URL: "https://pay.example.com/payments",
+				Header: http.Header{field: {"app-key-1"}}, Body: []byte(`{}`)}
+			_, err := c.Intent(ctx, "checkout", req)
+			assert.ErrorContains(t, err, "Idempotency-Key", field)
+		}
+		recs, err := store.List(ctx, persist.Filter{})
+		require.NoError(t, err)
+		assert.Empty(t, recs, "nothing was created")
+	})
+
 	t.Run("a request that could never be sent is refused at creation", func(t *testing.T) {
 		t.Parallel()
 		store := persist.NewMemory(nil)

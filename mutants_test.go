@@ -22,6 +22,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestIntent$/^a_header_value_or_action_name_that_is_not_UTF-8_is_refused_at_creation$",
 		},
 		{
+			Name: "zero-intent-taken", File: "do.go",
+			Note:    "Do takes a zero Intent, made by no Client, and panics on its missing record",
+			Anchor:  "\tif !in.made() {\n\t\treturn nil, errors.New(\"idem: Do with",
+			Replace: "\tif in == nil {\n\t\treturn nil, errors.New(\"idem: Do with",
+			Pkg:     root, Run: "^TestIntent$/^a_zero_Intent_is_refused_by_every_call,_never_a_panic$",
+		},
+		{
+			Name: "own-key-field-taken", File: "action.go",
+			Note:    "a request with its own Idempotency-Key field is taken, and every attempt carries two keys",
+			Anchor:  "\t\tif strings.EqualFold(field, \"Idempotency-Key\") {\n",
+			Replace: "\t\tif false && strings.EqualFold(field, \"Idempotency-Key\") {\n",
+			Pkg:     root, Run: "^TestIntent$/^a_request_with_its_own_Idempotency-Key_field_is_refused_at_creation$",
+		},
+		{
 			Name: "action-name-not-utf8-taken", File: "action.go",
 			Note:    "an action name that is not UTF-8 is taken: its paid record is unreadable at once, and the next Send loses the answer",
 			Anchor:  "\tif !utf8.ValidString(name) {\n",

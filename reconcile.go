@@ -36,8 +36,8 @@ import (
 //
 // docs/CLIENT.md, "Reconciling", gives each answer and each wait in full.
 func (c *Client) Reconcile(ctx context.Context, in *Intent) (*Response, error) {
-	if in == nil {
-		return nil, errors.New("idem: Reconcile with a nil intent")
+	if !in.made() {
+		return nil, errors.New("idem: Reconcile with a nil or zero intent: " + madeBy)
 	}
 	if err := checkPolicy(ctx); err != nil {
 		return nil, err

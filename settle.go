@@ -84,8 +84,8 @@ func (c *Client) Send(ctx context.Context, name string, req Request) (*Response,
 // void. Settle returns a nil Response and a nil error. in.State() is then
 // persist.StateVoid.
 func (c *Client) Settle(ctx context.Context, in *Intent) (*Response, error) {
-	if in == nil {
-		return nil, errors.New("idem: Settle with a nil intent")
+	if !in.made() {
+		return nil, errors.New("idem: Settle with a nil or zero intent: " + madeBy)
 	}
 	resp, err := c.settle(ctx, in, callAsk{tick: c.keys.callTick()})
 	return resp, forCall(err, callSettle)

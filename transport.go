@@ -59,8 +59,8 @@ func intentFromContext(ctx context.Context) (*Intent, bool) {
 // comes with no request and matches ErrOutcomeUnknown. Nothing was handed
 // out, but the intent is armed. A later Do or SettleAll may send it.
 func (c *Client) HTTPRequest(ctx context.Context, in *Intent) (*http.Request, error) {
-	if in == nil {
-		return nil, errors.New("idem: HTTPRequest with a nil intent")
+	if !in.made() {
+		return nil, errors.New("idem: HTTPRequest with a nil or zero intent: " + madeBy)
 	}
 	// The request leaves the Client's hands. So the intent is armed, and
 	// stored as handed out, first.
