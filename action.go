@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -126,20 +125,26 @@ func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Inte
 	return c.intent(ctx, name, req, true)
 }
 
-func (c *Client) intent(ctx context.Context, name string, req Request, forceNew bool) (*Intent, error) {
+// checkNewIntent refuses what an intent may not be made of: a request
+// that could never be sent, a key field of the app's, or an action name
+// the store would change.
+func checkNewIntent(name string, req Request) error {
 	if err := req.validate(); err != nil {
-		return nil, err
+		return err
 	}
-	// Each attempt carries the intent's own key. A key field of the app's
-	// would be sent beside it, and a server might read that one.
-	for field := range req.Header {
-		if strings.EqualFold(field, "Idempotency-Key") {
-			return nil, fmt.Errorf("idem: the request's header has an Idempotency-Key field (%q); idem sends each intent's own key, so give the request without it (Intent.Key is the key)", field)
-		}
+	if err := checkOwnKey(req.Header); err != nil {
+		return err
 	}
 	// The store keeps text as JSON, which would change other bytes.
 	if !utf8.ValidString(name) {
-		return nil, fmt.Errorf("idem: action name %q is not valid UTF-8; give it in UTF-8 (convert Latin-1 input, or percent-encode its bytes)", name)
+		return fmt.Errorf("idem: action name %q is not valid UTF-8; give it in UTF-8 (convert Latin-1 input, or percent-encode its bytes)", name)
+	}
+	return nil
+}
+
+func (c *Client) intent(ctx context.Context, name string, req Request, forceNew bool) (*Intent, error) {
+	if err := checkNewIntent(name, req); err != nil {
+		return nil, err
 	}
 	// One action's intents are decided one at a time. So two goroutines
 	// cannot both find "no intent" and make two.

@@ -29,7 +29,7 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestIntent$/^a_zero_Intent_is_refused_by_every_call,_never_a_panic$",
 		},
 		{
-			Name: "own-key-field-taken", File: "action.go",
+			Name: "own-key-field-taken", File: "request.go",
 			Note:    "a request with its own Idempotency-Key field is taken, and every attempt carries two keys",
 			Anchor:  "\t\tif strings.EqualFold(field, \"Idempotency-Key\") {\n",
 			Replace: "\t\tif false && strings.EqualFold(field, \"Idempotency-Key\") {\n",

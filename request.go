@@ -89,6 +89,19 @@ func (r Request) validate() error {
 	return checkUTF8(r.Header)
 }
 
+// checkOwnKey refuses a key field of the app's, in any spelling. Each
+// attempt carries the intent's own key. The app's would go beside it, and
+// a server might read that one. The RoundTripper takes a caller's key by
+// another path.
+func checkOwnKey(h http.Header) error {
+	for field := range h {
+		if strings.EqualFold(field, "Idempotency-Key") {
+			return fmt.Errorf("idem: the request's header has an Idempotency-Key field (%q); idem sends each intent's own key, so give the request without it (Intent.Key is the key)", field)
+		}
+	}
+	return nil
+}
+
 // checkUTF8 refuses a header value that is not UTF-8. The store keeps
 // the request as JSON, which would change those bytes. A resend would
 // then differ from the first send. The error names the field only.
