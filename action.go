@@ -125,6 +125,9 @@ func (c *Client) NewIntent(ctx context.Context, name string, req Request) (*Inte
 	return c.intent(ctx, name, req, true)
 }
 
+// madeBy says where an Intent comes from, for the calls' refusals.
+const madeBy = "get one from Client.Intent, Client.NewIntent or Client.Load"
+
 // checkNewIntent refuses what an intent may not be made of: a request
 // that could never be sent, a key field of the app's, or an action name
 // the store would change.

@@ -135,15 +135,12 @@ func (in *Intent) current() *persist.Record {
 	return in.rec
 }
 
-// madeBy says where an Intent comes from, for the calls' refusals.
-const madeBy = "get one from Client.Intent, Client.NewIntent or Client.Load"
-
-// noRecord is what a zero Intent's accessors read. The calls refuse a
-// zero Intent (made is false). Its accessors give zero values.
+// noRecord is what a zero Intent's accessors read. They give zero
+// values, and the calls refuse such an Intent.
 var noRecord persist.Record
 
-// made reports an Intent that a Client made or loaded. A nil or zero
-// Intent was made by no Client, so the calls refuse it.
+// made reports an Intent that idem made or loaded. A nil or zero one is
+// refused.
 func (in *Intent) made() bool {
 	if in == nil {
 		return false

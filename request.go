@@ -90,13 +90,12 @@ func (r Request) validate() error {
 }
 
 // checkOwnKey refuses a key field of the app's, in any spelling. Each
-// attempt carries the intent's own key. The app's would go beside it, and
-// a server might read that one. The RoundTripper takes a caller's key by
-// another path.
+// attempt carries its own key. The app's would go beside it, and a server
+// might read that one.
 func checkOwnKey(h http.Header) error {
 	for field := range h {
 		if strings.EqualFold(field, "Idempotency-Key") {
-			return fmt.Errorf("idem: the request's header has an Idempotency-Key field (%q); idem sends each intent's own key, so give the request without it (Intent.Key is the key)", field)
+			return fmt.Errorf("idem: the request's header has an Idempotency-Key field (%q); idem sends its own key with each attempt, so give the request without it", field)
 		}
 	}
 	return nil
