@@ -115,7 +115,7 @@ func newServer(w *world) *server {
 			s.store = &yieldStore{s: s, Store: st, pauses: storePauses(w)}
 			return s.store
 		},
-		Logger: slog.New(outcomes{w}),
+		Logger: slog.New(outcomes{func(o string) { w.stats.count(&w.stats.Outcomes, o) }}),
 	})
 	for _, r := range s.handlerRules() {
 		if err := s.handler.InjectRule(r); err != nil {
@@ -144,7 +144,7 @@ func (s *server) handlerRules() []*fault.Rule {
 }
 
 // outcomes counts the handler's answers by outcome, from its log.
-type outcomes struct{ w *world }
+type outcomes struct{ add func(outcome string) }
 
 func (outcomes) Enabled(context.Context, slog.Level) bool { return true }
 func (o outcomes) WithAttrs([]slog.Attr) slog.Handler     { return o }
@@ -153,7 +153,7 @@ func (o outcomes) WithGroup(string) slog.Handler          { return o }
 func (o outcomes) Handle(_ context.Context, r slog.Record) error {
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Key == "outcome" {
-			o.w.stats.count(&o.w.stats.Outcomes, a.Value.String())
+			o.add(a.Value.String())
 			return false
 		}
 		return true
@@ -179,10 +179,13 @@ func (c worldClock) Sleep(ctx context.Context, d time.Duration) error {
 }
 
 // charges returns the provider's charges, dead workers' included.
-func (s *server) charges() []charge {
-	chs, err := s.handler.Charges()
+func (s *server) charges() []charge { return chargesOf(s.handler) }
+
+// chargesOf returns h's provider's charges.
+func chargesOf(h *fakeserver.Handler) []charge {
+	chs, err := h.Charges()
 	if err != nil {
-		panic(err) // the world's server keeps its state in memory
+		panic(err) // the fake server keeps its state in memory
 	}
 	out := make([]charge, len(chs))
 	for i, c := range chs {
