@@ -230,7 +230,7 @@ type rIntent struct {
 	budgetOut bool
 }
 
-// runReal runs cfg over the real parts in dir and checks the invariants.
+// runReal runs cfg over the real parts and checks the invariants.
 func runReal(cfg config) result {
 	if cfg.Actions == 0 {
 		cfg.Actions = 200
@@ -238,34 +238,8 @@ func runReal(cfg config) result {
 	if cfg.Workers == 0 {
 		cfg.Workers = 8
 	}
-	seed := cfg.Seed
-	rng := rand.New(rand.NewPCG(seed, 0x1de3))
-	run := &realRun{cfg: cfg, clock: idemclock.NewManual(realEpoch)}
-	run.device = &wallClock{true: run.clock, start: realEpoch}
-	// A long retention on both sides: the manual clock moves by every
-	// goroutine's waits, and expiry is the virtual mode's to explore.
-	const retention = 90 * 24 * time.Hour
-	run.handler = fakeserver.NewHandler(&fakeserver.Options{
-		Clock: run.clock, Lease: 5 * time.Second, Retention: retention,
-		Logger: slog.New(outcomes{func(o string) {
-			run.statsMu.Lock()
-			defer run.statsMu.Unlock()
-			run.stats.count(&run.stats.Outcomes, o)
-		}}),
-	})
-	run.srv = httptest.NewServer(run.handler)
+	run := newRealRun(cfg)
 	defer run.srv.Close()
-	run.policy = idem.RetryPolicy{
-		MaxAttempts:     6,
-		MaxElapsed:      24 * time.Hour, // the shared clock races: attempts are the budget
-		InitialInterval: 100 * time.Millisecond,
-		MaxInterval:     2 * time.Second,
-		MaxRetryAfter:   8 * time.Second,
-	}
-	if cfg.Dir == "" {
-		run.mem = persist.NewMemory(nil)
-	}
-	run.wire = newWire(run)
 	defer run.wire.close()
 	if err := run.restart(nil); err != nil {
 		return result{Violations: []string{err.Error()}}
@@ -279,8 +253,51 @@ func runReal(cfg config) result {
 			_ = run.disk.Close()
 		}
 	}()
+	run.play()
+	run.stats.Actions = cfg.Actions
+	if len(run.violations) == 0 {
+		run.check()
+	}
+	run.stats.Intents = len(run.intents)
+	run.stats.Charges = len(chargesOf(run.handler))
+	return result{Stats: run.stats, Violations: run.violations}
+}
 
-	actions := make([]*rAction, cfg.Actions)
+// newRealRun starts the fake server of a run on loopback.
+func newRealRun(cfg config) *realRun {
+	run := &realRun{cfg: cfg, clock: idemclock.NewManual(realEpoch)}
+	run.device = &wallClock{true: run.clock, start: realEpoch}
+	// A long retention on both sides: the manual clock moves by every
+	// goroutine's waits. Expiry is the virtual mode's to explore.
+	const retention = 90 * 24 * time.Hour
+	run.handler = fakeserver.NewHandler(&fakeserver.Options{
+		Clock: run.clock, Lease: 5 * time.Second, Retention: retention,
+		Logger: slog.New(outcomes{func(o string) {
+			run.statsMu.Lock()
+			defer run.statsMu.Unlock()
+			run.stats.count(&run.stats.Outcomes, o)
+		}}),
+	})
+	run.srv = httptest.NewServer(run.handler)
+	run.policy = idem.RetryPolicy{
+		MaxAttempts:     6,
+		MaxElapsed:      24 * time.Hour, // the shared clock races: attempts are the budget
+		InitialInterval: 100 * time.Millisecond,
+		MaxInterval:     2 * time.Second,
+		MaxRetryAfter:   8 * time.Second,
+	}
+	if cfg.Dir == "" {
+		run.mem = persist.NewMemory(nil)
+	}
+	run.wire = newWire(run)
+	return run
+}
+
+// play makes the run's actions on its workers while the app is killed
+// at random moments.
+func (run *realRun) play() {
+	rng := rand.New(rand.NewPCG(run.cfg.Seed, 0x1de3))
+	actions := make([]*rAction, run.cfg.Actions)
 	for i := range actions {
 		actions[i] = &rAction{i: i, name: fmt.Sprintf("checkout:%d", i), declined: rng.IntN(10) == 0, amount: 100 + rng.IntN(100000)}
 	}
@@ -289,16 +306,15 @@ func runReal(cfg config) result {
 	for i := range seeds {
 		seeds[i] = rng.Uint64()
 	}
-
 	stop := make(chan struct{})
 	restarterDone := make(chan struct{})
 	go func() {
 		defer close(restarterDone)
-		run.restartAtRandom(rand.New(rand.NewPCG(seed, 0x5eed)), stop)
+		run.restartAtRandom(rand.New(rand.NewPCG(run.cfg.Seed, 0x5eed)), stop)
 	}()
 	jobs := make(chan *rAction)
 	var wg sync.WaitGroup
-	for range cfg.Workers {
+	for range run.cfg.Workers {
 		wg.Go(func() {
 			for a := range jobs {
 				run.action(a, rand.New(rand.NewPCG(seeds[a.i], uint64(a.i))))
@@ -312,13 +328,6 @@ func runReal(cfg config) result {
 	wg.Wait()
 	close(stop)
 	<-restarterDone
-	run.stats.Actions = cfg.Actions
-	if len(run.violations) == 0 {
-		run.check()
-	}
-	run.stats.Intents = len(run.intents)
-	run.stats.Charges = len(chargesOf(run.handler))
-	return result{Stats: run.stats, Violations: run.violations}
 }
 
 // restartAtRandom kills the app at random moments until stop, so kills
