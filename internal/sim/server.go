@@ -49,6 +49,7 @@ type reqState struct {
 	p         *proc
 	f         serverFaults
 	tookOver  bool // the request took over a dead worker's record
+	inserted  bool // the request inserted its key's record
 	stored5xx bool // a 500 stored for its key answered it
 }
 
@@ -347,8 +348,10 @@ func (s *server) pay(req *http.Request, st *reqState) *recorder {
 	}
 	if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && st.f.errorBeforeCharge && keyOK {
 		// It stores the 500 only when nothing was charged under the key:
-		// a stored answer must be true.
-		if !st.tookOver && !s.charged(principal, k) {
+		// a stored answer must be true. And only when the request held the
+		// key's record: a request whose insert failed, or that found
+		// another worker's, has no say on what the key did.
+		if st.inserted && !st.tookOver && !s.charged(principal, k) {
 			s.stored5xx[idempotency.ID{Principal: principal, Key: k}] = true
 		}
 	}
@@ -450,7 +453,9 @@ func (y *yieldStore) Insert(ctx context.Context, rec *idempotency.Record) (*idem
 	if y.stored(ctx, rec.ID) {
 		return nil, false, errStored5xx
 	}
-	return y.Store.Insert(ctx, rec)
+	existing, inserted, err := y.Store.Insert(ctx, rec)
+	stateOf(ctx).inserted = inserted && err == nil
+	return existing, inserted, err
 }
 
 func (y *yieldStore) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {

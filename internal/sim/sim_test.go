@@ -16,7 +16,7 @@ import (
 //
 //	IDEM_SIM_SEED=n     run only seed n (the replay of a failure)
 //	IDEM_SIM_SEEDS=n    run n seeds, from IDEM_SIM_FIRST_SEED (default 1); by default
-//	                    80 virtual, 2 real (20 with IDEM_LONG=1)
+//	                    80 virtual, 2 real (12 with IDEM_LONG=1, 3 of them under -race)
 //	IDEM_SIM_ACTIONS=n  user actions per seed (default 300 virtual, 200 real)
 //	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
 //	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
@@ -79,9 +79,13 @@ func TestSimulation(t *testing.T) {
 		})
 	})
 	t.Run("real parts", func(t *testing.T) {
+		// CI runs it with and without the race detector: about 45s in all.
 		seeds := uint64(2)
-		if long.Enabled() {
-			seeds = 20
+		switch {
+		case long.Enabled() && raceEnabled:
+			seeds = 3
+		case long.Enabled():
+			seeds = 12
 		}
 		workers := int(envUint(t, "IDEM_SIM_WORKERS", 8))
 		store := os.Getenv("IDEM_SIM_STORE")
