@@ -79,7 +79,7 @@ func TestSimulation(t *testing.T) {
 		})
 	})
 	t.Run("real parts", func(t *testing.T) {
-		// CI runs it with and without the race detector: about 45s in all.
+		// CI runs it with and without the race detector: under a minute in all.
 		seeds := uint64(2)
 		switch {
 		case long.Enabled() && raceEnabled:
