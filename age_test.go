@@ -47,12 +47,6 @@ func (d *deviceClock) Sleep(ctx context.Context, dur time.Duration) error {
 
 func (d *deviceClock) Monotonic() time.Duration { return d.true.Now().Sub(d.start) }
 
-func (d *deviceClock) skewed() time.Duration {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.skew
-}
-
 // Jump sets the wall clock by by, forward or back.
 func (d *deviceClock) Jump(by time.Duration) {
 	d.mu.Lock()

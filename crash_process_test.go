@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -392,4 +393,62 @@ func getURL(t *testing.T, u string) (int, []byte) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, body
+}
+
+// relEpoch is where the manual clocks of the crash and cut tests start.
+var relEpoch = time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+
+func envInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, "%s=%q", name, v)
+	return n
+}
+
+func envSeed(t testing.TB, name string, def uint64) uint64 {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	require.NoError(t, err, "%s=%q", name, v)
+	return n
+}
+
+// pickSeeds returns the seeds of a randomized test: IDEM_SIM_SEED alone,
+// or IDEM_SIM_SEEDS of them (def by default) from IDEM_SIM_FIRST_SEED, as
+// internal/sim takes them.
+func pickSeeds(t testing.TB, def uint64) []uint64 {
+	t.Helper()
+	if os.Getenv("IDEM_SIM_SEED") != "" {
+		return []uint64{envSeed(t, "IDEM_SIM_SEED", 0)}
+	}
+	first := envSeed(t, "IDEM_SIM_FIRST_SEED", 1)
+	var seeds []uint64
+	for i := range envSeed(t, "IDEM_SIM_SEEDS", def) {
+		seeds = append(seeds, first+i)
+	}
+	require.NotEmpty(t, seeds, "IDEM_SIM_SEEDS")
+	return seeds
+}
+
+func isAPIError(err error) bool {
+	var apiErr *idem.APIError
+	return errors.As(err, &apiErr)
+}
+
+// paymentID returns the id of a payment body.
+func paymentID(t testing.TB, body []byte) string {
+	t.Helper()
+	var p struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal(body, &p), "body %s", body)
+	require.NotEmpty(t, p.ID, "body %s", body)
+	return p.ID
 }

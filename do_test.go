@@ -1712,3 +1712,53 @@ func testCut(t *testing.T, cut faultproxy.Cut, chunk bool) {
 	require.Equal(t, http.StatusOK, lookup.StatusCode)
 	assert.JSONEq(t, string(body), string(resp.Body))
 }
+
+// TestServerTakeOver: a worker charged the provider and died; another
+// request takes its record over.
+func TestServerTakeOver(t *testing.T) {
+	t.Parallel()
+	// The take-over fails (a 500) before recording anything. The record
+	// keeps its stable id, so the next request asks the provider again
+	// instead of charging under a new id.
+	t.Run("a take-over that fails keeps the provider's charge", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk, Lease: 5 * time.Second})
+		t.Cleanup(srv.Close)
+		tr := &http.Transport{DisableKeepAlives: true} // no transport-level retry
+		t.Cleanup(tr.CloseIdleConnections)
+		hc := &http.Client{Transport: tr}
+		const key = "takeover-then-error"
+		post := func() (int, error) {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", key)
+			resp, err := hc.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, resp.Body)
+			return resp.StatusCode, nil
+		}
+
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: key}))
+		_, err := post()
+		require.Error(t, err, "the worker died after charging")
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
+
+		clk.Advance(6 * time.Second) // the dead worker's lease is over
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultError, Key: key}))
+		status, err := post()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusInternalServerError, status, "the take-over failed")
+
+		status, err = post()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, status)
+		stats := srv.Stats()
+		assert.Equal(t, 1, stats.Payments)
+		assert.Equal(t, 1, stats.ProviderCharges, "one payment, charged twice at the provider")
+	})
+}

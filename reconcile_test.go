@@ -1175,3 +1175,48 @@ func reconcileAfterATakeOverWithAShorterBudget(t *testing.T) {
 	assert.Equal(t, 1, srv.Stats().Payments)
 	assert.NotEqual(t, persist.StateVoid, seen.State(), "the intent reads void while its payment was made")
 }
+
+// TestReconcileAfterServerCrash: the server's worker charged the provider
+// and died before recording anything.
+func TestReconcileAfterServerCrash(t *testing.T) {
+	t.Parallel()
+	// The client's budget ran out before any attempt took the record
+	// over. A void would make the app pay again under a new key; resuming
+	// settles the intent with its one charge.
+	t.Run("the provider's charge is found, never voided", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewManual(epoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+		t.Cleanup(srv.Close)
+		c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithHTTPClient(srv.Client()), idem.WithClock(clk), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		ctx := context.Background()
+		in, err := c.Intent(ctx, "checkout:orphan", req)
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultCrashAfterProvider, Key: in.Key()}))
+
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "the provider charged")
+
+		clk.Advance(reconcileDelay + time.Minute) // past the lease and the reconcile delay
+		_, err = c.Reconcile(ctx, in)
+		if err == nil {
+			require.NotEqual(t, persist.StateVoid, in.State(), "the provider holds a charge for this intent, so it is not void")
+		} else {
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "unsettled, not void")
+			assert.False(t, in.State().Resolved())
+			// Resuming with the same key makes the server recover the
+			// dead worker's record: it finds the charge.
+			resp, err := c.Do(ctx, in)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		}
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		stats := srv.Stats()
+		assert.Equal(t, 1, stats.Payments)
+		assert.Equal(t, 1, stats.ProviderCharges, "one user action, one charge")
+	})
+}

@@ -19,6 +19,8 @@ import (
 // config is one run of the world. Zero durations are drawn from the seed.
 type config struct {
 	Seed uint64
+	// Mode chooses the parts: virtual (the default) or real.
+	Mode mode
 	// Actions is how many user actions the run makes before the world turns
 	// calm. Zero means 300.
 	Actions int
@@ -38,6 +40,12 @@ type config struct {
 	Stored5xx bool
 	// Trace, if not nil, receives a line for each thing that happens.
 	Trace func(string)
+
+	// The real mode's parts. Workers is how many goroutines make the
+	// actions (zero means 8). Dir holds the device's FileStore; empty
+	// keeps it in memory.
+	Workers int
+	Dir     string
 }
 
 // stats are a run's figures.
@@ -217,6 +225,9 @@ func (k keyReader) Read(p []byte) (int, error) {
 // run runs the world of cfg and checks its invariants. It sets the UUID
 // generator's source for its duration, so runs must not overlap.
 func run(cfg config) result {
+	if cfg.Mode == real {
+		return runReal(cfg)
+	}
 	cfg = cfg.withDefaults()
 	w := &world{
 		cfg:       cfg,
@@ -464,15 +475,36 @@ func (w *world) observeAnswer(a *app, key string, resp *idem.Response, err error
 
 // check verifies the invariants once the world is calm.
 func (w *world) check() []string {
+	stored := make(map[string]persist.State)
+	var vs []string
+	for _, d := range w.devices {
+		recs, err := d.mem.List(context.Background(), persist.Filter{})
+		if err != nil {
+			vs = append(vs, fmt.Sprintf("device %d: listing intents: %v", d.id, err))
+		}
+		for _, rec := range recs {
+			stored[rec.Key] = rec.State
+		}
+	}
+	vs = append(vs, checkLedger(w.server.charges(), w.intents, w.sessions, stored)...)
+	for _, key := range w.untapped {
+		vs = append(vs, fmt.Sprintf("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key))
+	}
+	return append(append(vs, w.blocked...), w.falseNotSent...)
+}
+
+// checkLedger holds the provider's charges against the intents: what
+// each app was told and each device stores. Both modes check it.
+func checkLedger(charges []charge, intents map[string]*intentInfo, sessions []*session, stored map[string]persist.State) []string {
 	var vs []string
 	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
 
 	byKey := make(map[string][]charge)
 	bySession := make(map[*session][]charge)
-	for _, ch := range w.server.charges() {
+	for _, ch := range charges {
 		key := strings.TrimSuffix(ch.key, rawQuotedSuffix)
 		byKey[key] = append(byKey[key], ch)
-		info := w.intents[key]
+		info := intents[key]
 		if info == nil {
 			bad("charge %s under key %s belongs to no intent the apps made", ch.stableID, ch.key)
 			continue
@@ -482,7 +514,7 @@ func (w *world) check() []string {
 		}
 		bySession[info.cart.sess] = append(bySession[info.cart.sess], ch)
 	}
-	for _, s := range w.sessions {
+	for _, s := range sessions {
 		if chs := bySession[s]; len(chs) > 1 {
 			var descs []string
 			for _, ch := range chs {
@@ -493,18 +525,8 @@ func (w *world) check() []string {
 	}
 	// What each device stores, and what each app was told, against the
 	// provider's charges.
-	stored := make(map[string]persist.State)
-	for _, d := range w.devices {
-		recs, err := d.mem.List(context.Background(), persist.Filter{})
-		if err != nil {
-			bad("device %d: listing intents: %v", d.id, err)
-		}
-		for _, rec := range recs {
-			stored[rec.Key] = rec.State
-		}
-	}
-	for _, key := range slices.Sorted(maps.Keys(w.intents)) {
-		info := w.intents[key]
+	for _, key := range slices.Sorted(maps.Keys(intents)) {
+		info := intents[key]
 		for _, st := range []struct {
 			how   string
 			state persist.State
@@ -533,10 +555,7 @@ func (w *world) check() []string {
 			bad("intent %s: the app was told %s, the device stores %s", key, info.reported, stored[key])
 		}
 	}
-	for _, key := range w.untapped {
-		bad("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key)
-	}
-	return append(append(vs, w.blocked...), w.falseNotSent...)
+	return vs
 }
 
 // rawQuotedSuffix marks, in a server that compares raw key values, a key

@@ -49,6 +49,7 @@ type reqState struct {
 	p         *proc
 	f         serverFaults
 	tookOver  bool // the request took over a dead worker's record
+	inserted  bool // the request inserted its key's record
 	stored5xx bool // a 500 stored for its key answered it
 }
 
@@ -115,7 +116,7 @@ func newServer(w *world) *server {
 			s.store = &yieldStore{s: s, Store: st, pauses: storePauses(w)}
 			return s.store
 		},
-		Logger: slog.New(outcomes{w}),
+		Logger: slog.New(outcomes{func(o string) { w.stats.count(&w.stats.Outcomes, o) }}),
 	})
 	for _, r := range s.handlerRules() {
 		if err := s.handler.InjectRule(r); err != nil {
@@ -144,7 +145,7 @@ func (s *server) handlerRules() []*fault.Rule {
 }
 
 // outcomes counts the handler's answers by outcome, from its log.
-type outcomes struct{ w *world }
+type outcomes struct{ add func(outcome string) }
 
 func (outcomes) Enabled(context.Context, slog.Level) bool { return true }
 func (o outcomes) WithAttrs([]slog.Attr) slog.Handler     { return o }
@@ -153,7 +154,7 @@ func (o outcomes) WithGroup(string) slog.Handler          { return o }
 func (o outcomes) Handle(_ context.Context, r slog.Record) error {
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Key == "outcome" {
-			o.w.stats.count(&o.w.stats.Outcomes, a.Value.String())
+			o.add(a.Value.String())
 			return false
 		}
 		return true
@@ -179,10 +180,13 @@ func (c worldClock) Sleep(ctx context.Context, d time.Duration) error {
 }
 
 // charges returns the provider's charges, dead workers' included.
-func (s *server) charges() []charge {
-	chs, err := s.handler.Charges()
+func (s *server) charges() []charge { return chargesOf(s.handler) }
+
+// chargesOf returns h's provider's charges.
+func chargesOf(h *fakeserver.Handler) []charge {
+	chs, err := h.Charges()
 	if err != nil {
-		panic(err) // the world's server keeps its state in memory
+		panic(err) // the fake server keeps its state in memory
 	}
 	out := make([]charge, len(chs))
 	for i, c := range chs {
@@ -344,8 +348,10 @@ func (s *server) pay(req *http.Request, st *reqState) *recorder {
 	}
 	if s.w.cfg.Stored5xx && rec.status == http.StatusInternalServerError && st.f.errorBeforeCharge && keyOK {
 		// It stores the 500 only when nothing was charged under the key:
-		// a stored answer must be true.
-		if !st.tookOver && !s.charged(principal, k) {
+		// a stored answer must be true. And only when the request held the
+		// key's record: a request whose insert failed, or that found
+		// another worker's, has no say on what the key did.
+		if st.inserted && !st.tookOver && !s.charged(principal, k) {
 			s.stored5xx[idempotency.ID{Principal: principal, Key: k}] = true
 		}
 	}
@@ -447,7 +453,9 @@ func (y *yieldStore) Insert(ctx context.Context, rec *idempotency.Record) (*idem
 	if y.stored(ctx, rec.ID) {
 		return nil, false, errStored5xx
 	}
-	return y.Store.Insert(ctx, rec)
+	existing, inserted, err := y.Store.Insert(ctx, rec)
+	stateOf(ctx).inserted = inserted && err == nil
+	return existing, inserted, err
 }
 
 func (y *yieldStore) TakeOver(ctx context.Context, id idempotency.ID, from, to string, now, until time.Time) (bool, error) {

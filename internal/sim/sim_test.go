@@ -7,18 +7,24 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/long"
 )
 
-// The simulation's budgets and replay, all from the environment:
+// The simulation's budgets and replay, all from the environment. Both
+// modes read them.
 //
 //	IDEM_SIM_SEED=n     run only seed n (the replay of a failure)
-//	IDEM_SIM_SEEDS=n    run n seeds (default 80), from IDEM_SIM_FIRST_SEED (default 1)
-//	IDEM_SIM_ACTIONS=n  user actions per seed (default 300)
+//	IDEM_SIM_SEEDS=n    run n seeds, from IDEM_SIM_FIRST_SEED (default 1); by default
+//	                    80 virtual, 2 real (12 with IDEM_LONG=1, 3 of them under -race)
+//	IDEM_SIM_ACTIONS=n  user actions per seed (default 300 virtual, 200 real)
 //	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
 //	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
 //	IDEM_SIM_VERBOSE=1  log every seed's figures
 //	IDEM_SIM_KEEP_GOING=1 run every seed even after one broke the invariants, and count them
-//	IDEM_SIM_TRACE=1    log everything that happens (use with IDEM_SIM_SEED)
+//	IDEM_SIM_TRACE=1    log everything that happens (virtual; use with IDEM_SIM_SEED)
+//	IDEM_SIM_WORKERS=n  goroutines making the actions (real; default 8)
+//	IDEM_SIM_STORE=file|memory the device store (real; default file)
 func envUint(t *testing.T, name string, def uint64) uint64 {
 	t.Helper()
 	v := os.Getenv(name)
@@ -42,30 +48,76 @@ func simFaults(t *testing.T) faultSet {
 	return fs
 }
 
-// replayCommand is the one line that reruns seed.
-func replayCommand(seed uint64, actions int) string {
+// replayCommand is the one line that reruns seed in the subtest sub.
+func replayCommand(sub string, seed uint64, actions int) string {
 	var env []string
 	env = append(env, fmt.Sprintf("IDEM_SIM_SEED=%d", seed), fmt.Sprintf("IDEM_SIM_ACTIONS=%d", actions))
-	if f := os.Getenv("IDEM_SIM_FAULTS"); f != "" {
-		env = append(env, fmt.Sprintf("IDEM_SIM_FAULTS=%q", f))
+	for _, name := range []string{"IDEM_SIM_FAULTS", "IDEM_SIM_WORKERS", "IDEM_SIM_STORE"} {
+		if v := os.Getenv(name); v != "" {
+			env = append(env, fmt.Sprintf("%s=%q", name, v))
+		}
 	}
-	return strings.Join(env, " ") + " go test ./internal/sim -run 'TestSimulation$' -count=1 -v"
+	return strings.Join(env, " ") + fmt.Sprintf(" go test ./internal/sim -run 'TestSimulation$/^%s$' -count=1 -v", sub)
 }
 
-// TestSimulation runs the world for a bounded number of seeds and fails
-// with the seed and the command that replays it at the first seed whose
-// run breaks an invariant.
+// TestSimulation runs the world for a bounded number of seeds, in each
+// mode, and fails with the seed and the command that replays it at the
+// first seed whose run breaks an invariant. The virtual mode replays a
+// seed exactly. The real parts redraw a seed's faults for the same
+// intents, under the Go scheduler's interleaving.
 func TestSimulation(t *testing.T) {
+	t.Run("virtual", func(t *testing.T) {
+		var every []faultClass
+		for f := range numFaults {
+			every = append(every, f)
+		}
+		simulate(t, "virtual", 80, 300, every, func(cfg *config) {
+			cfg.Mode = virtual
+			if os.Getenv("IDEM_SIM_TRACE") != "" {
+				cfg.Trace = func(line string) { t.Log(line) }
+			}
+		})
+	})
+	t.Run("real parts", func(t *testing.T) {
+		// CI runs it with and without the race detector: under a minute in all.
+		seeds := uint64(2)
+		switch {
+		case long.Enabled() && raceEnabled:
+			seeds = 3
+		case long.Enabled():
+			seeds = 12
+		}
+		workers := int(envUint(t, "IDEM_SIM_WORKERS", 8))
+		store := os.Getenv("IDEM_SIM_STORE")
+		if store != "" && store != "file" && store != "memory" {
+			t.Fatalf("IDEM_SIM_STORE=%q: want file or memory", store)
+		}
+		simulate(t, "real parts", seeds, 200, realClasses, func(cfg *config) {
+			cfg.Mode, cfg.Workers = real, workers
+			if store != "memory" {
+				cfg.Dir = t.TempDir()
+			}
+		})
+	})
+}
+
+// simulate runs the seeds the environment names, by default seeds of
+// them with actions each, setting each run's config with set. It checks
+// that every class of classes that is on was injected.
+func simulate(t *testing.T, sub string, defSeeds uint64, defActions int, classes []faultClass, set func(*config)) {
 	faults := simFaults(t)
-	actions := int(envUint(t, "IDEM_SIM_ACTIONS", 300))
+	actions := int(envUint(t, "IDEM_SIM_ACTIONS", uint64(defActions)))
 	var seeds []uint64
 	if v := os.Getenv("IDEM_SIM_SEED"); v != "" {
 		seeds = []uint64{envUint(t, "IDEM_SIM_SEED", 0)}
 	} else {
 		first := envUint(t, "IDEM_SIM_FIRST_SEED", 1)
-		for i := range envUint(t, "IDEM_SIM_SEEDS", 80) {
+		for i := range envUint(t, "IDEM_SIM_SEEDS", defSeeds) {
 			seeds = append(seeds, first+i)
 		}
+	}
+	if len(seeds) == 0 {
+		t.Fatal("IDEM_SIM_SEEDS=0: no seed to run")
 	}
 	var until time.Time
 	if v := os.Getenv("IDEM_SIM_DURATION"); v != "" {
@@ -79,7 +131,6 @@ func TestSimulation(t *testing.T) {
 	keepGoing := os.Getenv("IDEM_SIM_KEEP_GOING") != ""
 	var failed []uint64
 	violations := 0
-	trace := os.Getenv("IDEM_SIM_TRACE") != ""
 	t.Logf("fault classes on: %s", faults)
 
 	var total stats
@@ -87,9 +138,7 @@ func TestSimulation(t *testing.T) {
 	start := time.Now()
 	run := func(seed uint64) bool {
 		cfg := config{Seed: seed, Actions: actions, Faults: faults}
-		if trace {
-			cfg.Trace = func(line string) { t.Log(line) }
-		}
+		set(&cfg)
 		res := run(cfg)
 		total.Add(res.Stats)
 		n++
@@ -100,7 +149,7 @@ func TestSimulation(t *testing.T) {
 			for _, v := range res.Violations {
 				t.Errorf("seed %d: %s", seed, v)
 			}
-			t.Errorf("seed %d broke the invariants; replay it with:\n\t%s", seed, replayCommand(seed, actions))
+			t.Errorf("seed %d broke the invariants; replay it with:\n\t%s", seed, replayCommand(sub, seed, actions))
 			failed = append(failed, seed)
 			violations += len(res.Violations)
 			return keepGoing
@@ -119,7 +168,7 @@ func TestSimulation(t *testing.T) {
 	if (len(seeds) > 1 || !until.IsZero()) && len(failed) == 0 {
 		// Every class that is on was injected: a world that silently lost
 		// one would pass for the wrong reason.
-		for f := range numFaults {
+		for _, f := range classes {
 			if !faults[f] {
 				continue
 			}

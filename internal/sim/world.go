@@ -1,24 +1,30 @@
-// Package sim is a deterministic simulation of apps on devices paying
-// through idem, a network between them and a payments server, driven by
-// one seed. It exists for its tests: a run draws user actions, network
-// faults, device crashes, clock jumps and server faults from the seed,
-// then checks that no user action was charged twice, that what the app was
-// told matches what the server's payment provider did, and that every
-// intent settles once the world turns calm.
+// Package sim is a simulation of apps on devices paying through idem, a
+// network between them and a payments server, driven by one seed. It
+// exists for its tests. A run draws user actions, network faults, device
+// crashes, clock jumps and server faults from the seed. Then it checks
+// that no checkout was charged twice. It checks that what the app was
+// told matches what the provider did. And it checks that every intent
+// settles once the world turns calm.
 //
-// Everything runs on one virtual clock. The devices' apps run on the
-// goroutine of Run, one action at a time; each server request runs on a
-// goroutine of its own, but only one goroutine ever runs at a time: the
-// others wait on channels until the world hands them the turn. So a seed
-// replays the same run, whatever the Go scheduler does.
+// A run has two modes, chosen by config.Mode. Both share the fault
+// classes (faults.go), their rules in package fault, the seeds and the
+// provider's ledger check (checkLedger).
 //
-// Its job is to find the schedules that break the promise, each replayable
-// from its seed. The root package's TestRandomizedEndToEnd has the other
-// job: to check that the promise holds through the real parts this world
-// models (the fake server over net/http, a FileStore on disk, goroutines
-// under the Go scheduler). Both take their seeds from IDEM_SIM_SEED,
-// IDEM_SIM_SEEDS and IDEM_SIM_FIRST_SEED; docs/RELIABILITY.md describes
-// them.
+// The virtual mode finds the schedules that break the promise. Everything
+// runs on one virtual clock. The devices' apps run on the goroutine of
+// Run, one action at a time. Each server request runs on a goroutine of
+// its own, but only one goroutine ever runs at a time. The others wait on
+// channels until the world hands them the turn. So a seed replays the
+// same run, whatever the Go scheduler does.
+//
+// The real mode checks that the promise holds through the real parts
+// (real.go). The fake server's handler serves on loopback TCP. The device
+// keeps a persist.FileStore on disk. Workers race under the Go scheduler.
+// The network's faults strike on the wire, in a RoundTripper. A seed
+// redraws the same faults for the same intents, not the same schedule.
+//
+// Both take their seeds from IDEM_SIM_SEED, IDEM_SIM_SEEDS and
+// IDEM_SIM_FIRST_SEED; docs/RELIABILITY.md describes them.
 package sim
 
 import (
