@@ -487,18 +487,9 @@ func TestDo(t *testing.T) {
 		t.Parallel()
 		for _, code := range []int{400, 401, 403, 404, 410, 413, 422} {
 			t.Run(http.StatusText(code), func(t *testing.T) {
-				clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-				srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-				t.Cleanup(srv.Close)
-				client, err := idem.New(idem.Config{Store: persist.NewMemory(nil), HTTPClient: srv.Client(), Clock: clk,
-					RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
-					Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-				require.NoError(t, err)
+				_, srv, client := echoClient(t, persist.NewMemory(nil))
 				ctx := context.Background()
-				req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
-					map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-				require.NoError(t, err)
-				in, err := client.Intent(ctx, "checkout:gw", req)
+				in, err := client.Intent(ctx, "checkout:gw", payment1500(t, srv))
 				require.NoError(t, err)
 				require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: code}))
 				_, err = client.Do(ctx, in)

@@ -17,20 +17,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// handOut makes an intent on e's Client to pay 100, and hands its request
+// out to the app.
+func handOut(t *testing.T, e *env) (*idem.Intent, *http.Request) {
+	t.Helper()
+	ctx := context.Background()
+	in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	req, err := e.client.HTTPRequest(ctx, in)
+	require.NoError(t, err)
+	return in, req
+}
+
 func TestHTTPRequest(t *testing.T) {
 	t.Parallel()
 	t.Run("a request in the app's hands is never replaced by a changed cart nor voided by a lookup miss", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		req, err := e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, req := handOut(t, e)
 		assert.Equal(t, persist.StatePending, in.State(), "handed out, it may be sent")
 
 		// The app's send is in transit; the user changes the cart.
-		_, err = e.client.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
+		_, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
 		require.ErrorAs(t, err, new(*idem.UnresolvedError), "a changed cart never replaces it")
 		// A restart, long past the reconcile delay: the lookup finds
 		// nothing yet, and that is not trusted.
@@ -254,13 +263,10 @@ func TestHTTPRequest(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		_, err = e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, _ := handOut(t, e)
 		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
 		e.clock.Advance(3 * time.Minute)
-		_, err = e.client.Reconcile(ctx, in)
+		_, err := e.client.Reconcile(ctx, in)
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateVoid, in.State())
 	})
@@ -319,14 +325,11 @@ func TestHTTPRequest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t)
 		b := e.newClient(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		req, err := e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, req := handOut(t, e)
 		e.clock.Advance(time.Hour) // the app sends it an hour later
 		held := &heldNetwork{base: e.srv.Client().Transport}
 		held.holdNext(1) // a proxy holds it, and the app's client gives up
-		_, err = (&http.Client{Transport: held}).Do(req)
+		_, err := (&http.Client{Transport: held}).Do(req)
 		require.Error(t, err)
 		require.NoError(t, e.client.SendEnded(ctx, in))
 
@@ -343,19 +346,11 @@ func TestHTTPRequest(t *testing.T) {
 	t.Run("its end, reported with SendEnded, never ends the claim of a Client that took the intent over", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
-		store := persist.NewMemory(nil)
-		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
-		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: truth, Server: server})
-		require.NoError(t, err)
-		bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
-		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: bClock, Server: server,
-			RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
-		require.NoError(t, err)
-		c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: truth, Server: server})
-		require.NoError(t, err)
+		d := newSharedDevice(t)
+		truth, srv := d.truth, d.srv
+		a := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
+		b, bClock := d.patient(t)
+		c := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
 
 		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -389,10 +384,7 @@ func TestHTTPRequest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t)
 		b := e.newClient(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		_, err = e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, _ := handOut(t, e)
 		e.clock.Advance(time.Hour)
 		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
 		e.clock.Advance(reconcileDelay + time.Second)

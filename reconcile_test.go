@@ -168,6 +168,21 @@ func oneAttemptClient(t *testing.T, clk clock.Clock, hc *http.Client, opts ...id
 	return c
 }
 
+// echoClient returns a fake server on a manual clock, and a Client of it
+// on store: one attempt a call, the server's echo and the contract's
+// lookup.
+func echoClient(t *testing.T, store persist.Store) (*clock.Manual, *fakeserver.Server, *idem.Client) {
+	t.Helper()
+	clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
+	client, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: clk,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
+		Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+	require.NoError(t, err)
+	return clk, srv, client
+}
+
 // TestReconcile: a lookup's miss settles an intent only when no attempt
 // of it can still arrive, whichever Client sent it.
 func TestReconcile(t *testing.T) {
@@ -717,21 +732,10 @@ func TestReconcile(t *testing.T) {
 	// A box in front echoes neither the key nor the nonce.
 	t.Run("a status rule's server-like answers never settle the intent", func(t *testing.T) {
 		t.Parallel()
-		clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
-		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "intents"), nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = store.Close() })
-		client, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: clk,
-			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
-			Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
+		store, _ := storeDir(t, nil)
+		clk, srv, client := echoClient(t, store)
 		ctx := context.Background()
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
-			map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := client.Intent(ctx, "checkout:cart-9", req)
+		in, err := client.Intent(ctx, "checkout:cart-9", payment1500(t, srv))
 		require.NoError(t, err)
 
 		require.NoError(t, srv.InjectRule(&fault.Rule{When: fault.Method(http.MethodPost), Times: 1, Effect: fault.Effect{
