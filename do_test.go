@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -1102,11 +1101,7 @@ func TestDoMark(t *testing.T) {
 		// payment that was made, and the user pays again with a new intent.
 		t.Run("a WAF's 403 that replaced the server's 201 never settles", func(t *testing.T) {
 			t.Parallel()
-			srv := fakeserver.NewServer(nil)
-			defer srv.Close()
-			u, _ := url.Parse(srv.URL)
-			proxy := httputil.NewSingleHostReverseProxy(u)
-			proxy.ModifyResponse = func(resp *http.Response) error {
+			srv, proxy := rewritingProxy(t, func(resp *http.Response) error {
 				// The WAF's response rule fires on the server's answer.
 				resp.Body.Close()
 				body := "<html><body>Request blocked by security policy</body></html>"
@@ -1115,7 +1110,7 @@ func TestDoMark(t *testing.T) {
 				resp.Body = io.NopCloser(strings.NewReader(body))
 				resp.ContentLength = int64(len(body))
 				return nil
-			}
+			})
 			waf := httptest.NewServer(proxy)
 			defer waf.Close()
 			c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})

@@ -24,6 +24,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// rewritingProxy returns a fake server and a reverse proxy to it that
+// passes each answer through modify, as a box in front of a server does.
+func rewritingProxy(t *testing.T, modify func(*http.Response) error) (*fakeserver.Server, *httputil.ReverseProxy) {
+	t.Helper()
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.ModifyResponse = modify
+	return srv, proxy
+}
+
 func newCachingProxy(t *testing.T, origin string) *httptest.Server {
 	t.Helper()
 	u, err := url.Parse(origin)
@@ -312,14 +325,10 @@ func TestLookup(t *testing.T) {
 		// payment as its receipt.
 		t.Run("a cached lookup of another key never settles", func(t *testing.T) {
 			t.Parallel()
-			srv := fakeserver.NewServer(nil)
-			defer srv.Close()
-			u, _ := url.Parse(srv.URL)
-			proxy := httputil.NewSingleHostReverseProxy(u)
-			proxy.ModifyResponse = func(resp *http.Response) error {
+			srv, proxy := rewritingProxy(t, func(resp *http.Response) error {
 				resp.Header.Del("Idempotency-Key") // a plain server: no echo
 				return nil
-			}
+			})
 			type cached struct {
 				status int
 				header http.Header
