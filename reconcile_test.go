@@ -916,6 +916,20 @@ func (d *sharedDevice) patient(t *testing.T) (*idem.Client, *gatedClock) {
 	return d.client(t, d.fs, d.srv.Client(), clk, policy), clk
 }
 
+// waitingOn starts the patient Client b's call of in, which a gateway
+// answers 503 with Retry-After: retryAfter, twice. It returns once b
+// waits to retry: how long b waits, and where b's call will end.
+func (d *sharedDevice) waitingOn(t *testing.T, b *idem.Client, bClock *gatedClock, in *idem.Intent, retryAfter string) (time.Duration, <-chan error) {
+	t.Helper()
+	require.NoError(t, d.srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: retryAfter, Count: 2}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Do(context.Background(), in)
+		done <- err
+	}()
+	return <-bClock.sleeping, done
+}
+
 // reconcileAfterASlowResumeWrite: a holder resumes an intent long past
 // its send deadline and writes a later one first (hold), read from the
 // clocks before a write that stalls 12 s on a slow disk. Its budget starts
@@ -1091,18 +1105,8 @@ func reconcileAfterATakeOver(t *testing.T) {
 
 	in, err := b.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "150", Count: 2}))
-	type result struct {
-		resp *idem.Response
-		err  error
-	}
-	bDone := make(chan result, 1)
-	go func() {
-		resp, err := b.Do(ctx, in)
-		bDone <- result{resp, err}
-	}()
-	wait := <-bClock.sleeping // b waits 150 s to retry
-	require.Equal(t, 150*time.Second, wait)
+	wait, bDone := d.waitingOn(t, b, bClock, in, "150")
+	require.Equal(t, 150*time.Second, wait, "b waits 150 s to retry")
 
 	twin, err := a.Load(ctx, in.Key())
 	require.NoError(t, err)
@@ -1115,8 +1119,7 @@ func reconcileAfterATakeOver(t *testing.T) {
 	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "b's call of the intent is still running")
 
 	bClock.release <- struct{}{} // b's wait ends: it retries
-	got := <-bDone
-	t.Logf("b's Do: resp=%v err=%v; b's intent reads %s, a's %s", got.resp != nil, got.err, in.State(), twin.State())
+	t.Logf("b's Do: err=%v; b's intent reads %s, a's %s", <-bDone, in.State(), twin.State())
 	assert.Equal(t, 1, srv.Stats().Payments)
 	assert.NotEqual(t, persist.StateVoid, twin.State(), "the intent reads void while its payment was made")
 	assert.NotEqual(t, persist.StateVoid, in.State(), "b's app is told void while its payment was made")
@@ -1146,13 +1149,7 @@ func reconcileAfterATakeOverWithAShorterBudget(t *testing.T) {
 
 	in, err := b.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "250", Count: 2}))
-	bDone := make(chan error, 1)
-	go func() {
-		_, err := b.Do(ctx, in)
-		bDone <- err
-	}()
-	wait := <-bClock.sleeping
+	wait, bDone := d.waitingOn(t, b, bClock, in, "250")
 	require.Equal(t, 250*time.Second, wait)
 
 	twin, err := a.Load(ctx, in.Key())
