@@ -916,6 +916,19 @@ func (d *sharedDevice) patient(t *testing.T) (*idem.Client, *gatedClock) {
 	return d.client(t, d.fs, d.srv.Client(), clk, policy), clk
 }
 
+// noBootPair returns the two Clients of the clock-set-back paths, on a
+// device with no clock that counts sleep: b on the shared store, and a on
+// the dying disk and network. Each makes one attempt a call.
+func (d *sharedDevice) noBootPair(t *testing.T) (device *noBootClock, a, b *idem.Client, net *killingNetwork) {
+	t.Helper()
+	device = &noBootClock{m: d.truth}
+	disk, net := d.dying()
+	policy := idem.RetryPolicy{MaxAttempts: 1}
+	b = d.client(t, d.fs, d.srv.Client(), device, policy)
+	a = d.client(t, disk, &http.Client{Transport: net}, device, policy)
+	return device, a, b, net
+}
+
 // waitingOn starts the patient Client b's call of in, which a gateway
 // answers 503 with Retry-After: retryAfter, twice. It returns once b
 // waits to retry: how long b waits, and where b's call will end.
@@ -1001,12 +1014,7 @@ func reconcileAfterAResumeUnderAClockSetBack(t *testing.T) {
 	ctx := context.Background()
 	d := newSharedDevice(t)
 	truth, srv := d.truth, d.srv
-	device := &noBootClock{m: truth}
-	disk, net := d.dying()
-	policy := idem.RetryPolicy{MaxAttempts: 1}
-
-	b := d.client(t, d.fs, srv.Client(), device, policy)
-	a := d.client(t, disk, &http.Client{Transport: net}, device, policy)
+	device, a, b, net := d.noBootPair(t)
 
 	in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
@@ -1051,11 +1059,7 @@ func reconcileAfterATapUnderAClockSetBack(t *testing.T) {
 	ctx := context.Background()
 	d := newSharedDevice(t)
 	truth, srv := d.truth, d.srv
-	device := &noBootClock{m: truth}
-	disk, net := d.dying()
-	policy := idem.RetryPolicy{MaxAttempts: 1}
-	b := d.client(t, d.fs, srv.Client(), device, policy)
-	a := d.client(t, disk, &http.Client{Transport: net}, device, policy)
+	device, a, b, net := d.noBootPair(t)
 	truth.Advance(time.Hour) // the app has run an hour
 	_, err := a.Unresolved(ctx)
 	require.NoError(t, err)
