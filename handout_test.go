@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 	"github.com/stretchr/testify/assert"
@@ -164,9 +163,8 @@ func TestHTTPRequest(t *testing.T) {
 	t.Run("a not-sent intent handed out a day later is never voided while held", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		clk := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
+		e := newEnv(t)
+		clk, srv := e.clock, e.srv
 		var offline atomic.Bool
 		dialer := &net.Dialer{}
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -175,13 +173,8 @@ func TestHTTPRequest(t *testing.T) {
 			}
 			return dialer.DialContext(ctx, network, addr)
 		}}}
-		store := persist.NewMemory(nil)
-		c, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := c.NewIntent(ctx, "checkout:cart-8", req)
+		c := e.newClient(t, idem.WithHTTPClient(hc))
+		in, err := c.NewIntent(ctx, "checkout:cart-8", payment1500(t, srv))
 		require.NoError(t, err)
 		offline.Store(true)
 		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
@@ -197,9 +190,7 @@ func TestHTTPRequest(t *testing.T) {
 		assert.Equal(t, persist.StatePending, in.State())
 
 		// A later Client (the next start) protects it too.
-		next, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
+		next := e.newClient(t, idem.WithHTTPClient(hc))
 		clk.Advance(5 * time.Minute)
 		stored, err := next.Load(ctx, in.Key())
 		require.NoError(t, err)
@@ -225,10 +216,7 @@ func TestHTTPRequest(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		cfg := idem.Config{Store: failHandOut{e.store}, Clock: e.clock, HTTPClient: e.srv.Client(),
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}}
-		c, err := idem.New(cfg)
-		require.NoError(t, err)
+		c := e.newClient(t, idem.WithStore(failHandOut{e.store}))
 		in, err := c.NewIntent(ctx, "checkout:cart-15", e.paymentRequest(t, 1500, "cus_1"))
 		require.NoError(t, err)
 		req, err := c.HTTPRequest(ctx, in)
@@ -237,8 +225,7 @@ func TestHTTPRequest(t *testing.T) {
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the armed intent may be sent later")
 		assert.NotErrorIs(t, err, idem.ErrNotSent)
 
-		next, err := idem.New(cfg)
-		require.NoError(t, err)
+		next := e.newClient(t, idem.WithStore(failHandOut{e.store}))
 		next.SettleAll(ctx)
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a later SettleAll sends it, as the error said")
 	})
@@ -247,9 +234,7 @@ func TestHTTPRequest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t)
 		store := &failGet{Store: e.store}
-		c, err := idem.New(idem.Config{Store: store, Clock: e.clock, HTTPClient: e.srv.Client(),
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
+		c := e.newClient(t, idem.WithStore(store))
 		in, err := c.NewIntent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_1"))
 		require.NoError(t, err)
 		store.failing.Store(true)
