@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -487,18 +486,9 @@ func TestDo(t *testing.T) {
 		t.Parallel()
 		for _, code := range []int{400, 401, 403, 404, 410, 413, 422} {
 			t.Run(http.StatusText(code), func(t *testing.T) {
-				clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-				srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-				t.Cleanup(srv.Close)
-				client, err := idem.New(idem.Config{Store: persist.NewMemory(nil), HTTPClient: srv.Client(), Clock: clk,
-					RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
-					Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-				require.NoError(t, err)
+				_, srv, client := echoClient(t, persist.NewMemory(nil))
 				ctx := context.Background()
-				req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
-					map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-				require.NoError(t, err)
-				in, err := client.Intent(ctx, "checkout:gw", req)
+				in, err := client.Intent(ctx, "checkout:gw", payment1500(t, srv))
 				require.NoError(t, err)
 				require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: code}))
 				_, err = client.Do(ctx, in)
@@ -1111,11 +1101,7 @@ func TestDoMark(t *testing.T) {
 		// payment that was made, and the user pays again with a new intent.
 		t.Run("a WAF's 403 that replaced the server's 201 never settles", func(t *testing.T) {
 			t.Parallel()
-			srv := fakeserver.NewServer(nil)
-			defer srv.Close()
-			u, _ := url.Parse(srv.URL)
-			proxy := httputil.NewSingleHostReverseProxy(u)
-			proxy.ModifyResponse = func(resp *http.Response) error {
+			srv, proxy := rewritingProxy(t, func(resp *http.Response) error {
 				// The WAF's response rule fires on the server's answer.
 				resp.Body.Close()
 				body := "<html><body>Request blocked by security policy</body></html>"
@@ -1124,7 +1110,7 @@ func TestDoMark(t *testing.T) {
 				resp.Body = io.NopCloser(strings.NewReader(body))
 				resp.ContentLength = int64(len(body))
 				return nil
-			}
+			})
 			waf := httptest.NewServer(proxy)
 			defer waf.Close()
 			c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
@@ -1401,6 +1387,27 @@ func (s *cancelAfterClaim) Write(ctx context.Context, rec, old *persist.Record) 
 	return err
 }
 
+// anotherSending arms on a the intent "checkout:shared" to pay 100: a's
+// tap, its first byte not sent yet. Another Client on e's store, b, then
+// resumes the intent, and its request leaves the device and is held. It
+// returns a's and b's values of the intent, release, which lets b's
+// request on, and where b's call will end.
+func anotherSending(t *testing.T, e *env, a *idem.Client) (*idem.Intent, *idem.Intent, func(), <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+	ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	require.NoError(t, idem.Arm(a, ctx, ina))
+	inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, inb); done <- err }()
+	<-hold.entered
+	return ina, inb, func() { close(hold.release) }, done
+}
+
 func TestTakeOver(t *testing.T) {
 	t.Parallel()
 	t.Run("a Client never takes for unsent an intent another Client took over and sent", func(t *testing.T) {
@@ -1498,26 +1505,15 @@ func TestTakeOver(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
 		a := e.newClient(t)
-		b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
-
-		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap; its first byte not sent yet
-
-		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
+		ina, inb, release, done := anotherSending(t, e, a)
 		require.Equal(t, ina.Key(), inb.Key())
-		done := make(chan error, 1)
-		go func() { _, err := b.Do(ctx, inb); done <- err }()
-		<-hold.entered // b's request has left the device
 
 		changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
 		if err == nil {
 			_, err = a.Do(ctx, changed)
 		}
-		close(hold.release)
+		release()
 		require.NoError(t, <-done)
 		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "the armed intent may be on the wire: a's changed cart is refused")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
@@ -1531,32 +1527,22 @@ func TestTakeOver(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		hold := holdPOSTs{base: e.srv.Client().Transport, entered: make(chan struct{}, 1), release: make(chan struct{})}
 		refusing := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 		}}
 		a := e.newClient(t,
 			idem.WithHTTPClient(&http.Client{Transport: refuseFirstPOST{refusing: refusing, base: e.srv.Client().Transport, posts: new(atomic.Int32)}}),
 			idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-		b := e.newClient(t, idem.WithHTTPClient(&http.Client{Transport: hold}))
+		ina, _, release, done := anotherSending(t, e, a)
 
-		ina, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		require.NoError(t, idem.Arm(a, ctx, ina)) // a's tap
-		inb, err := b.Intent(ctx, "checkout:shared", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { _, err := b.Do(ctx, inb); done <- err }()
-		<-hold.entered // b's request has left the device
-
-		_, err = a.Do(ctx, ina) // a's own attempt never leaves the device
+		_, err := a.Do(ctx, ina) // a's own attempt never leaves the device
 		require.Error(t, err)
 		assert.NotErrorAs(t, err, new(*idem.NotSentError), "b may have sent it: its outcome is unknown to a")
 		changed, err := a.Intent(ctx, "checkout:shared", e.paymentRequest(t, 200, "cus_1"))
 		if err == nil {
 			_, err = a.Do(ctx, changed)
 		}
-		close(hold.release)
+		release()
 		require.NoError(t, <-done)
 		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")

@@ -10,12 +10,23 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// handOut makes an intent on e's Client to pay 100, and hands its request
+// out to the app.
+func handOut(t *testing.T, e *env) (*idem.Intent, *http.Request) {
+	t.Helper()
+	ctx := context.Background()
+	in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
+	require.NoError(t, err)
+	req, err := e.client.HTTPRequest(ctx, in)
+	require.NoError(t, err)
+	return in, req
+}
 
 func TestHTTPRequest(t *testing.T) {
 	t.Parallel()
@@ -23,14 +34,11 @@ func TestHTTPRequest(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		req, err := e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, req := handOut(t, e)
 		assert.Equal(t, persist.StatePending, in.State(), "handed out, it may be sent")
 
 		// The app's send is in transit; the user changes the cart.
-		_, err = e.client.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
+		_, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 200, "cus_1"))
 		require.ErrorAs(t, err, new(*idem.UnresolvedError), "a changed cart never replaces it")
 		// A restart, long past the reconcile delay: the lookup finds
 		// nothing yet, and that is not trusted.
@@ -155,9 +163,8 @@ func TestHTTPRequest(t *testing.T) {
 	t.Run("a not-sent intent handed out a day later is never voided while held", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		clk := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
+		e := newEnv(t)
+		clk, srv := e.clock, e.srv
 		var offline atomic.Bool
 		dialer := &net.Dialer{}
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -166,13 +173,8 @@ func TestHTTPRequest(t *testing.T) {
 			}
 			return dialer.DialContext(ctx, network, addr)
 		}}}
-		store := persist.NewMemory(nil)
-		c, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := c.NewIntent(ctx, "checkout:cart-8", req)
+		c := e.newClient(t, idem.WithHTTPClient(hc))
+		in, err := c.NewIntent(ctx, "checkout:cart-8", payment1500(t, srv))
 		require.NoError(t, err)
 		offline.Store(true)
 		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
@@ -188,9 +190,7 @@ func TestHTTPRequest(t *testing.T) {
 		assert.Equal(t, persist.StatePending, in.State())
 
 		// A later Client (the next start) protects it too.
-		next, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk,
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
+		next := e.newClient(t, idem.WithHTTPClient(hc))
 		clk.Advance(5 * time.Minute)
 		stored, err := next.Load(ctx, in.Key())
 		require.NoError(t, err)
@@ -216,10 +216,7 @@ func TestHTTPRequest(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		cfg := idem.Config{Store: failHandOut{e.store}, Clock: e.clock, HTTPClient: e.srv.Client(),
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}}
-		c, err := idem.New(cfg)
-		require.NoError(t, err)
+		c := e.newClient(t, idem.WithStore(failHandOut{e.store}))
 		in, err := c.NewIntent(ctx, "checkout:cart-15", e.paymentRequest(t, 1500, "cus_1"))
 		require.NoError(t, err)
 		req, err := c.HTTPRequest(ctx, in)
@@ -228,8 +225,7 @@ func TestHTTPRequest(t *testing.T) {
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the armed intent may be sent later")
 		assert.NotErrorIs(t, err, idem.ErrNotSent)
 
-		next, err := idem.New(cfg)
-		require.NoError(t, err)
+		next := e.newClient(t, idem.WithStore(failHandOut{e.store}))
 		next.SettleAll(ctx)
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "a later SettleAll sends it, as the error said")
 	})
@@ -238,9 +234,7 @@ func TestHTTPRequest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t)
 		store := &failGet{Store: e.store}
-		c, err := idem.New(idem.Config{Store: store, Clock: e.clock, HTTPClient: e.srv.Client(),
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
+		c := e.newClient(t, idem.WithStore(store))
 		in, err := c.NewIntent(ctx, "checkout", e.paymentRequest(t, 1500, "cus_1"))
 		require.NoError(t, err)
 		store.failing.Store(true)
@@ -254,13 +248,10 @@ func TestHTTPRequest(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := newEnv(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		_, err = e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, _ := handOut(t, e)
 		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
 		e.clock.Advance(3 * time.Minute)
-		_, err = e.client.Reconcile(ctx, in)
+		_, err := e.client.Reconcile(ctx, in)
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateVoid, in.State())
 	})
@@ -319,14 +310,11 @@ func TestHTTPRequest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t)
 		b := e.newClient(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		req, err := e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, req := handOut(t, e)
 		e.clock.Advance(time.Hour) // the app sends it an hour later
 		held := &heldNetwork{base: e.srv.Client().Transport}
 		held.holdNext(1) // a proxy holds it, and the app's client gives up
-		_, err = (&http.Client{Transport: held}).Do(req)
+		_, err := (&http.Client{Transport: held}).Do(req)
 		require.Error(t, err)
 		require.NoError(t, e.client.SendEnded(ctx, in))
 
@@ -343,19 +331,11 @@ func TestHTTPRequest(t *testing.T) {
 	t.Run("its end, reported with SendEnded, never ends the claim of a Client that took the intent over", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
-		store := persist.NewMemory(nil)
-		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
-		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: truth, Server: server})
-		require.NoError(t, err)
-		bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
-		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: bClock, Server: server,
-			RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
-		require.NoError(t, err)
-		c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: truth, Server: server})
-		require.NoError(t, err)
+		d := newSharedDevice(t)
+		truth, srv := d.truth, d.srv
+		a := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
+		b, bClock := d.patient(t)
+		c := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
 
 		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
@@ -389,10 +369,7 @@ func TestHTTPRequest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t)
 		b := e.newClient(t)
-		in, err := e.client.Intent(ctx, "checkout", e.paymentRequest(t, 100, "cus_1"))
-		require.NoError(t, err)
-		_, err = e.client.HTTPRequest(ctx, in)
-		require.NoError(t, err)
+		in, _ := handOut(t, e)
 		e.clock.Advance(time.Hour)
 		require.NoError(t, e.client.SendEnded(ctx, in)) // the app never sent it after all
 		e.clock.Advance(reconcileDelay + time.Second)

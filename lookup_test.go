@@ -24,6 +24,32 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// rewritingProxy returns a fake server and a reverse proxy to it that
+// passes each answer through modify, as a box in front of a server does.
+func rewritingProxy(t *testing.T, modify func(*http.Response) error) (*fakeserver.Server, *httputil.ReverseProxy) {
+	t.Helper()
+	srv := fakeserver.NewServer(nil)
+	t.Cleanup(srv.Close)
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.ModifyResponse = modify
+	return srv, proxy
+}
+
+// watchedLookups is an env whose Client has the Authorizer auth, and
+// shows seen each lookup (a GET) it sends.
+func watchedLookups(t *testing.T, auth func(context.Context, string) (string, error), seen func(*http.Request)) *env {
+	t.Helper()
+	return newEnv(t, func(c *idem.Config) { c.Authorizer = auth },
+		idem.WithHTTPClient(&http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodGet {
+				seen(r)
+			}
+			return http.DefaultTransport.RoundTrip(r)
+		})}))
+}
+
 func newCachingProxy(t *testing.T, origin string) *httptest.Server {
 	t.Helper()
 	u, err := url.Parse(origin)
@@ -86,30 +112,18 @@ func TestLookup(t *testing.T) {
 	t.Run("it acts for the intent's caller, so a stranger's miss never voids a paid intent", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		clk := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
 		var lookupAuth atomic.Value
-		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Clock: clk,
-			Server:     idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
-			Authorizer: func(context.Context, string) (string, error) { return "Bearer test_alice_1", nil },
-			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				if r.Method == http.MethodGet {
-					lookupAuth.Store(r.Header.Get("Authorization"))
-				}
-				return http.DefaultTransport.RoundTrip(r)
-			})}})
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := c.NewIntent(ctx, "checkout:cart-14", req)
+		e := watchedLookups(t, func(context.Context, string) (string, error) { return "Bearer test_alice_1", nil },
+			func(r *http.Request) { lookupAuth.Store(r.Header.Get("Authorization")) })
+		c, srv := e.client, e.srv
+		in, err := c.NewIntent(ctx, "checkout:cart-14", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
 		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		require.Equal(t, 1, srv.Stats().ProviderCharges)
 
-		clk.Advance(10 * time.Minute) // past the reconcile delay
+		e.clock.Advance(10 * time.Minute) // past the reconcile delay
 		_, err = c.Reconcile(ctx, in)
 		require.NoError(t, err)
 		assert.Equal(t, "Bearer test_alice_1", lookupAuth.Load(), "the lookup carries the Authorizer's credentials")
@@ -157,36 +171,23 @@ func TestLookup(t *testing.T) {
 	t.Run("an Authorizer that fails ends it unknown, with nothing sent or changed", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		clk := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
 		var lookups atomic.Int32
 		var fail atomic.Bool
 		refresh := errors.New("token refresh failed")
-		c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), Clock: clk,
-			Server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"},
-			Authorizer: func(context.Context, string) (string, error) {
-				if fail.Load() {
-					return "", refresh
-				}
-				return "Bearer test_alice_1", nil
-			},
-			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				if r.Method == http.MethodGet {
-					lookups.Add(1)
-				}
-				return http.DefaultTransport.RoundTrip(r)
-			})}})
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := c.NewIntent(ctx, "checkout", req)
+		e := watchedLookups(t, func(context.Context, string) (string, error) {
+			if fail.Load() {
+				return "", refresh
+			}
+			return "Bearer test_alice_1", nil
+		}, func(*http.Request) { lookups.Add(1) })
+		c, srv := e.client, e.srv
+		in, err := c.NewIntent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
 		_, err = c.Do(idem.ContextWithRetryPolicy(ctx, idem.RetryPolicy{MaxAttempts: 1}), in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-		clk.Advance(10 * time.Minute)
+		e.clock.Advance(10 * time.Minute)
 		fail.Store(true)
 		_, err = c.Reconcile(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
@@ -312,14 +313,10 @@ func TestLookup(t *testing.T) {
 		// payment as its receipt.
 		t.Run("a cached lookup of another key never settles", func(t *testing.T) {
 			t.Parallel()
-			srv := fakeserver.NewServer(nil)
-			defer srv.Close()
-			u, _ := url.Parse(srv.URL)
-			proxy := httputil.NewSingleHostReverseProxy(u)
-			proxy.ModifyResponse = func(resp *http.Response) error {
+			srv, proxy := rewritingProxy(t, func(resp *http.Response) error {
 				resp.Header.Del("Idempotency-Key") // a plain server: no echo
 				return nil
-			}
+			})
 			type cached struct {
 				status int
 				header http.Header

@@ -147,6 +147,42 @@ func isLookup(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.URL.Query().Has("idempotency_key")
 }
 
+// heldWorld returns a fake server on a manual clock, and a network in
+// front of it that can hold a request in transit and deliver it later.
+func heldWorld(t *testing.T) (*clock.Manual, *fakeserver.Server, *heldNetwork) {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
+	return clk, srv, &heldNetwork{base: srv.Client().Transport}
+}
+
+// oneAttemptClient is a Client with the contract's lookup and one attempt a
+// call, on clk and hc; opts add the rest (a store the test keeps, say).
+func oneAttemptClient(t *testing.T, clk clock.Clock, hc *http.Client, opts ...idem.Option) *idem.Client {
+	t.Helper()
+	base := []idem.Option{idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(hc),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})}
+	c, err := idem.NewWith(append(base, opts...)...)
+	require.NoError(t, err)
+	return c
+}
+
+// echoClient returns a fake server on a manual clock, and a Client of it
+// on store: one attempt a call, the server's echo and the contract's
+// lookup.
+func echoClient(t *testing.T, store persist.Store) (*clock.Manual, *fakeserver.Server, *idem.Client) {
+	t.Helper()
+	clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
+	t.Cleanup(srv.Close)
+	client, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: clk,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
+		Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
+	require.NoError(t, err)
+	return clk, srv, client
+}
+
 // TestReconcile: a lookup's miss settles an intent only when no attempt
 // of it can still arrive, whichever Client sent it.
 func TestReconcile(t *testing.T) {
@@ -200,18 +236,12 @@ func TestReconcile(t *testing.T) {
 	// intent, and the held attempt then charged it.
 	t.Run("a miss after the wall clock was set forward, with no clock that counts sleep, never voids", func(t *testing.T) {
 		t.Parallel()
-		truth := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv, net := heldWorld(t)
 		store := persist.NewMemory(nil)
 		device := &noBootClock{m: truth}
-		net := &heldNetwork{base: srv.Client().Transport}
-		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
-		b, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(device), idem.WithHTTPClient(srv.Client()), policy)
-		require.NoError(t, err)
+		b := oneAttemptClient(t, device, srv.Client(), idem.WithStore(store))
 		truth.Advance(10 * time.Minute)
-		a, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(device), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
-		require.NoError(t, err)
+		a := oneAttemptClient(t, device, &http.Client{Transport: net}, idem.WithStore(store))
 		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		net.holdNext(1)
@@ -249,18 +279,12 @@ func TestReconcile(t *testing.T) {
 
 	t.Run("a miss after the holder died while resuming, seen by another Client, never voids", func(t *testing.T) {
 		t.Parallel()
-		clk := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
+		clk, srv, net := heldWorld(t)
 		disk := persist.NewMemory(nil)
 		store := &dyingStore{Store: disk}
-		net := &heldNetwork{base: srv.Client().Transport}
-		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
 		// b, the second Client on the device, started with the app.
-		b, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
-		require.NoError(t, err)
-		a, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: store.sending(net)}), policy)
-		require.NoError(t, err)
+		b := oneAttemptClient(t, clk, srv.Client(), idem.WithStore(disk))
+		a := oneAttemptClient(t, clk, &http.Client{Transport: store.sending(net)}, idem.WithStore(store))
 		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		net.holdNext(1) // the first send is lost in transit for good
@@ -290,19 +314,13 @@ func TestReconcile(t *testing.T) {
 
 	t.Run("a miss while another Client's send may still arrive never voids", func(t *testing.T) {
 		t.Parallel()
-		clk := clock.NewManual(epoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
+		clk, srv, net := heldWorld(t)
 		store := persist.NewMemory(nil)
-		net := &heldNetwork{base: srv.Client().Transport}
-		policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
 		// b, the second Client on the device, started long before a sends.
-		b, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
-		require.NoError(t, err)
+		b := oneAttemptClient(t, clk, srv.Client(), idem.WithStore(store))
 		clk.Advance(reconcileDelay + time.Minute)
 
-		a, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), policy)
-		require.NoError(t, err)
+		a := oneAttemptClient(t, clk, &http.Client{Transport: net}, idem.WithStore(store))
 		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		net.holdNext(1) // a's request is held in transit
@@ -362,15 +380,10 @@ func TestReconcile(t *testing.T) {
 
 		t.Run("first attempt never recorded, then a restart", func(t *testing.T) {
 			t.Parallel()
-			clk := clock.NewManual(epoch)
-			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-			t.Cleanup(srv.Close)
-			net := &heldNetwork{base: srv.Client().Transport}
+			clk, srv, net := heldWorld(t)
 			disk := persist.NewMemory(nil)
 			store := &dyingStore{Store: disk}
-			policy := idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1})
-			before, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(store), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: store.sending(net)}), policy)
-			require.NoError(t, err)
+			before := oneAttemptClient(t, clk, &http.Client{Transport: store.sending(net)}, idem.WithStore(store))
 			in, err := before.Intent(ctx, "checkout", payment1500(t, srv))
 			require.NoError(t, err)
 			require.NoError(t, idem.Arm(before, ctx, in))
@@ -381,8 +394,7 @@ func TestReconcile(t *testing.T) {
 			_, err = before.Do(ctx, in)
 			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 
-			after, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithStore(disk), idem.WithClock(clk), idem.WithHTTPClient(srv.Client()), policy)
-			require.NoError(t, err)
+			after := oneAttemptClient(t, clk, srv.Client(), idem.WithStore(disk))
 			loaded, err := after.Load(ctx, in.Key())
 			require.NoError(t, err)
 			stored, err := disk.Get(ctx, in.Key())
@@ -403,12 +415,8 @@ func TestReconcile(t *testing.T) {
 
 		t.Run("attempt just before expiry", func(t *testing.T) {
 			t.Parallel()
-			clk := clock.NewManual(epoch)
-			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-			t.Cleanup(srv.Close)
-			net := &heldNetwork{base: srv.Client().Transport}
-			c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: net}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-			require.NoError(t, err)
+			clk, srv, net := heldWorld(t)
+			c := oneAttemptClient(t, clk, &http.Client{Transport: net})
 			in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 			require.NoError(t, err)
 			require.NoError(t, idem.Arm(c, ctx, in))
@@ -435,13 +443,9 @@ func TestReconcile(t *testing.T) {
 
 		t.Run("an attempt that arrives while the lookup is on its way", func(t *testing.T) {
 			t.Parallel()
-			clk := clock.NewManual(epoch)
-			srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-			t.Cleanup(srv.Close)
-			net := &heldNetwork{base: srv.Client().Transport}
+			clk, srv, net := heldWorld(t)
 			slow := &slowLookup{base: net, clock: clk, net: net, t: t}
-			c, err := idem.NewWith(idem.WithLookup(contractLookup), idem.WithClock(clk), idem.WithHTTPClient(&http.Client{Transport: slow}), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 1}))
-			require.NoError(t, err)
+			c := oneAttemptClient(t, clk, &http.Client{Transport: slow})
 			in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 			require.NoError(t, err)
 			net.holdNext(1)
@@ -728,21 +732,10 @@ func TestReconcile(t *testing.T) {
 	// A box in front echoes neither the key nor the nonce.
 	t.Run("a status rule's server-like answers never settle the intent", func(t *testing.T) {
 		t.Parallel()
-		clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-		t.Cleanup(srv.Close)
-		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "intents"), nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = store.Close() })
-		client, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Clock: clk,
-			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
-			Server:      idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}})
-		require.NoError(t, err)
+		store, _ := storeDir(t, nil)
+		clk, srv, client := echoClient(t, store)
 		ctx := context.Background()
-		req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments",
-			map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := client.Intent(ctx, "checkout:cart-9", req)
+		in, err := client.Intent(ctx, "checkout:cart-9", payment1500(t, srv))
 		require.NoError(t, err)
 
 		require.NoError(t, srv.InjectRule(&fault.Rule{When: fault.Method(http.MethodPost), Times: 1, Effect: fault.Effect{
@@ -876,6 +869,80 @@ func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// sharedDevice is the world of the red-team paths below. The server keeps
+// the true time. The device's Clients share one file store, and the
+// server's lookup and reconcile delay.
+type sharedDevice struct {
+	truth  *clock.Manual
+	srv    *fakeserver.Server
+	fs     *persist.FileStore
+	server idem.Server
+}
+
+func newSharedDevice(t *testing.T) *sharedDevice {
+	t.Helper()
+	truth := clock.NewManual(epoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { fs.Close() })
+	return &sharedDevice{truth: truth, srv: srv, fs: fs,
+		server: idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}}
+}
+
+// client is a Client of the device on store and hc, with clk and policy.
+func (d *sharedDevice) client(t *testing.T, store persist.Store, hc *http.Client, clk clock.Clock, policy idem.RetryPolicy) *idem.Client {
+	t.Helper()
+	c, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Clock: clk, Server: d.server, RetryPolicy: policy})
+	require.NoError(t, err)
+	return c
+}
+
+// dying returns the disk and the network of a Client whose process dies
+// as a held request goes out: a slow disk on the shared store, and a
+// network that holds that request and stops the disk.
+func (d *sharedDevice) dying() (*slowDisk, *killingNetwork) {
+	disk := &slowDisk{Store: d.fs, clk: d.truth}
+	return disk, &killingNetwork{store: disk, held: &heldNetwork{base: d.srv.Client().Transport}}
+}
+
+// patient returns Client b of the take-over paths, and its clock: a
+// background settle with a 30-minute budget, whose waits the test paces.
+func (d *sharedDevice) patient(t *testing.T) (*idem.Client, *gatedClock) {
+	t.Helper()
+	clk := &gatedClock{m: d.truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
+	policy := idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}
+	return d.client(t, d.fs, d.srv.Client(), clk, policy), clk
+}
+
+// noBootPair returns the two Clients of the clock-set-back paths, on a
+// device with no clock that counts sleep: b on the shared store, and a on
+// the dying disk and network. Each makes one attempt a call.
+func (d *sharedDevice) noBootPair(t *testing.T) (device *noBootClock, a, b *idem.Client, net *killingNetwork) {
+	t.Helper()
+	device = &noBootClock{m: d.truth}
+	disk, net := d.dying()
+	policy := idem.RetryPolicy{MaxAttempts: 1}
+	b = d.client(t, d.fs, d.srv.Client(), device, policy)
+	a = d.client(t, disk, &http.Client{Transport: net}, device, policy)
+	return device, a, b, net
+}
+
+// waitingOn starts the patient Client b's call of in, which a gateway
+// answers 503 with Retry-After: retryAfter, twice. It returns once b
+// waits to retry: how long b waits, and where b's call will end.
+func (d *sharedDevice) waitingOn(t *testing.T, b *idem.Client, bClock *gatedClock, in *idem.Intent, retryAfter string) (time.Duration, <-chan error) {
+	t.Helper()
+	require.NoError(t, d.srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: retryAfter, Count: 2}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Do(context.Background(), in)
+		done <- err
+	}()
+	return <-bClock.sleeping, done
+}
+
 // reconcileAfterASlowResumeWrite: a holder resumes an intent long past
 // its send deadline and writes a later one first (hold), read from the
 // clocks before a write that stalls 12 s on a slow disk. Its budget starts
@@ -886,23 +953,14 @@ func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
 func reconcileAfterASlowResumeWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clk := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: clk})
-	t.Cleanup(srv.Close)
-	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { fs.Close() })
-	disk := &slowDisk{Store: fs, clk: clk}
-	net := &killingNetwork{store: disk, held: &heldNetwork{base: srv.Client().Transport}}
-	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
+	d := newSharedDevice(t)
+	clk, srv := d.truth, d.srv
+	disk, net := d.dying()
 
 	// b, the second Client on the device, started with the app.
-	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: clk, Server: server,
-		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
-	require.NoError(t, err)
-	a, err := idem.New(idem.Config{Store: disk, HTTPClient: &http.Client{Transport: net}, Clock: clk, Server: server,
-		RetryPolicy: idem.RetryPolicy{MaxAttempts: 2, MaxElapsed: 30 * time.Second, Jitter: -1}})
-	require.NoError(t, err)
+	b := d.client(t, d.fs, srv.Client(), clk, idem.RetryPolicy{MaxAttempts: 1})
+	a := d.client(t, disk, &http.Client{Transport: net}, clk,
+		idem.RetryPolicy{MaxAttempts: 2, MaxElapsed: 30 * time.Second, Jitter: -1})
 
 	in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
@@ -954,22 +1012,9 @@ func reconcileAfterASlowResumeWrite(t *testing.T) {
 func reconcileAfterAResumeUnderAClockSetBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	device := &noBootClock{m: truth}
-	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { fs.Close() })
-	disk := &slowDisk{Store: fs, clk: truth}
-	net := &killingNetwork{store: disk, held: &heldNetwork{base: srv.Client().Transport}}
-	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
-	policy := idem.RetryPolicy{MaxAttempts: 1}
-
-	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: device, Server: server, RetryPolicy: policy})
-	require.NoError(t, err)
-	a, err := idem.New(idem.Config{Store: disk, HTTPClient: &http.Client{Transport: net}, Clock: device, Server: server, RetryPolicy: policy})
-	require.NoError(t, err)
+	d := newSharedDevice(t)
+	truth, srv := d.truth, d.srv
+	device, a, b, net := d.noBootPair(t)
 
 	in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
@@ -1012,23 +1057,11 @@ func reconcileAfterAResumeUnderAClockSetBack(t *testing.T) {
 func reconcileAfterATapUnderAClockSetBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	device := &noBootClock{m: truth}
-	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { fs.Close() })
-	disk := &slowDisk{Store: fs, clk: truth}
-	net := &killingNetwork{store: disk, held: &heldNetwork{base: srv.Client().Transport}}
-	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
-	policy := idem.RetryPolicy{MaxAttempts: 1}
-	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: device, Server: server, RetryPolicy: policy})
-	require.NoError(t, err)
-	a, err := idem.New(idem.Config{Store: disk, HTTPClient: &http.Client{Transport: net}, Clock: device, Server: server, RetryPolicy: policy})
-	require.NoError(t, err)
+	d := newSharedDevice(t)
+	truth, srv := d.truth, d.srv
+	device, a, b, net := d.noBootPair(t)
 	truth.Advance(time.Hour) // the app has run an hour
-	_, err = a.Unresolved(ctx)
+	_, err := a.Unresolved(ctx)
 	require.NoError(t, err)
 
 	device.setWall(-2 * time.Hour) // a bad network time
@@ -1069,34 +1102,15 @@ func reconcileAfterATapUnderAClockSetBack(t *testing.T) {
 func reconcileAfterATakeOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { fs.Close() })
-	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
-	bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
-	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: bClock, Server: server,
-		RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
-	require.NoError(t, err)
-	a, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: truth, Server: server})
-	require.NoError(t, err)
+	d := newSharedDevice(t)
+	truth, srv := d.truth, d.srv
+	b, bClock := d.patient(t)
+	a := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
 
 	in, err := b.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "150", Count: 2}))
-	type result struct {
-		resp *idem.Response
-		err  error
-	}
-	bDone := make(chan result, 1)
-	go func() {
-		resp, err := b.Do(ctx, in)
-		bDone <- result{resp, err}
-	}()
-	wait := <-bClock.sleeping // b waits 150 s to retry
-	require.Equal(t, 150*time.Second, wait)
+	wait, bDone := d.waitingOn(t, b, bClock, in, "150")
+	require.Equal(t, 150*time.Second, wait, "b waits 150 s to retry")
 
 	twin, err := a.Load(ctx, in.Key())
 	require.NoError(t, err)
@@ -1109,8 +1123,7 @@ func reconcileAfterATakeOver(t *testing.T) {
 	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "b's call of the intent is still running")
 
 	bClock.release <- struct{}{} // b's wait ends: it retries
-	got := <-bDone
-	t.Logf("b's Do: resp=%v err=%v; b's intent reads %s, a's %s", got.resp != nil, got.err, in.State(), twin.State())
+	t.Logf("b's Do: err=%v; b's intent reads %s, a's %s", <-bDone, in.State(), twin.State())
 	assert.Equal(t, 1, srv.Stats().Payments)
 	assert.NotEqual(t, persist.StateVoid, twin.State(), "the intent reads void while its payment was made")
 	assert.NotEqual(t, persist.StateVoid, in.State(), "b's app is told void while its payment was made")
@@ -1132,31 +1145,15 @@ func reconcileAfterATakeOver(t *testing.T) {
 func reconcileAfterATakeOverWithAShorterBudget(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	truth := clock.NewManual(epoch)
-	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-	t.Cleanup(srv.Close)
-	fs, err := persist.OpenDir(filepath.Join(t.TempDir(), "idem"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { fs.Close() })
-	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key", ReconcileDelay: reconcileDelay}
-	bClock := &gatedClock{m: truth, sleeping: make(chan time.Duration), release: make(chan struct{})}
-	c, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: truth, Server: server})
-	require.NoError(t, err)
-	b, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: bClock, Server: server,
-		RetryPolicy: idem.RetryPolicy{MaxElapsed: 30 * time.Minute, MaxRetryAfter: 5 * time.Minute, Jitter: -1}})
-	require.NoError(t, err)
-	a, err := idem.New(idem.Config{Store: fs, HTTPClient: srv.Client(), Clock: truth, Server: server})
-	require.NoError(t, err)
+	d := newSharedDevice(t)
+	truth, srv := d.truth, d.srv
+	c := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
+	b, bClock := d.patient(t)
+	a := d.client(t, d.fs, srv.Client(), truth, idem.RetryPolicy{})
 
 	in, err := b.Intent(ctx, "checkout", payment1500(t, srv))
 	require.NoError(t, err)
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Key: in.Key(), Status: 503, RetryAfter: "250", Count: 2}))
-	bDone := make(chan error, 1)
-	go func() {
-		_, err := b.Do(ctx, in)
-		bDone <- err
-	}()
-	wait := <-bClock.sleeping
+	wait, bDone := d.waitingOn(t, b, bClock, in, "250")
 	require.Equal(t, 250*time.Second, wait)
 
 	twin, err := a.Load(ctx, in.Key())

@@ -31,67 +31,71 @@ func newClient(t *testing.T) (*billing.Client, *fakeserver.Server) {
 	return c, srv
 }
 
-// Whatever goes wrong on the way, the customer is charged exactly once.
-func TestPayChargesOnce(t *testing.T) {
+// TestPay checks the app's payment client against the fake server: each
+// subtest is a rule a customer relies on.
+func TestPay(t *testing.T) {
 	t.Parallel()
-	faults := map[string]fakeserver.Fault{
-		"the answer is lost":              {Kind: fakeserver.FaultDropResponse},
-		"the connection resets":           {Kind: fakeserver.FaultReset},
-		"the server fails and rolls back": {Kind: fakeserver.FaultError},
-		"a proxy answers 503":             {Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "2"},
-		"two answers are lost":            {Kind: fakeserver.FaultDropResponse, Count: 2},
-	}
-	for name, f := range faults {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			c, srv := newClient(t)
-			f.Path = "/payments"
-			require.NoError(t, srv.InjectFault(f))
 
-			p, err := c.Pay(context.Background(), "cart-1", "cus_1", 1500, "AZN")
-			require.NoError(t, err)
-			assert.Equal(t, "succeeded", p.Status)
-			assert.Equal(t, int64(1500), p.Amount)
+	t.Run("whatever goes wrong on the way, the customer is charged once", func(t *testing.T) {
+		t.Parallel()
+		faults := map[string]fakeserver.Fault{
+			"the answer is lost":              {Kind: fakeserver.FaultDropResponse},
+			"the connection resets":           {Kind: fakeserver.FaultReset},
+			"the server fails and rolls back": {Kind: fakeserver.FaultError},
+			"a proxy answers 503":             {Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, RetryAfter: "2"},
+			"two answers are lost":            {Kind: fakeserver.FaultDropResponse, Count: 2},
+		}
+		for name, f := range faults {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				c, srv := newClient(t)
+				f.Path = "/payments"
+				require.NoError(t, srv.InjectFault(f))
 
-			st := srv.Stats()
-			assert.Equal(t, 1, st.ProviderCharges, "charged once")
-			assert.Equal(t, 1, st.Payments)
-		})
-	}
-}
+				p, err := c.Pay(context.Background(), "cart-1", "cus_1", 1500, "AZN")
+				require.NoError(t, err)
+				assert.Equal(t, "succeeded", p.Status)
+				assert.Equal(t, int64(1500), p.Amount)
 
-// A declined card is a final answer: not retried, not charged, and paying
-// the same cart again returns it from the device without sending.
-func TestPayDeclined(t *testing.T) {
-	t.Parallel()
-	c, srv := newClient(t)
-	ctx := context.Background()
+				st := srv.Stats()
+				assert.Equal(t, 1, st.ProviderCharges, "charged once")
+				assert.Equal(t, 1, st.Payments)
+			})
+		}
+	})
 
-	_, err := c.Pay(ctx, "cart-1", "cus_declined", 1500, "AZN")
-	require.ErrorIs(t, err, billing.ErrDeclined)
-	assert.Equal(t, 1, srv.Stats().Requests, "not retried")
+	// A final answer is not retried and not charged. Paying the same cart
+	// again returns it from the device without sending.
+	t.Run("a declined card is a final answer", func(t *testing.T) {
+		t.Parallel()
+		c, srv := newClient(t)
+		ctx := context.Background()
 
-	_, err = c.Pay(ctx, "cart-1", "cus_declined", 1500, "AZN")
-	require.ErrorIs(t, err, billing.ErrDeclined)
-	st := srv.Stats()
-	assert.Equal(t, 1, st.Requests, "the second Pay sent nothing")
-	assert.Zero(t, st.ProviderCharges)
-}
+		_, err := c.Pay(ctx, "cart-1", "cus_declined", 1500, "AZN")
+		require.ErrorIs(t, err, billing.ErrDeclined)
+		assert.Equal(t, 1, srv.Stats().Requests, "not retried")
 
-// Paying the same cart twice (a double tap after a lost answer) is one
-// payment.
-func TestPayTwiceIsOnePayment(t *testing.T) {
-	t.Parallel()
-	c, srv := newClient(t)
-	ctx := context.Background()
-	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+		_, err = c.Pay(ctx, "cart-1", "cus_declined", 1500, "AZN")
+		require.ErrorIs(t, err, billing.ErrDeclined)
+		st := srv.Stats()
+		assert.Equal(t, 1, st.Requests, "the second Pay sent nothing")
+		assert.Zero(t, st.ProviderCharges)
+	})
 
-	first, err := c.Pay(ctx, "cart-1", "cus_1", 1500, "AZN")
-	require.NoError(t, err)
-	again, err := c.Pay(ctx, "cart-1", "cus_1", 1500, "AZN")
-	require.NoError(t, err)
-	assert.Equal(t, first.ID, again.ID)
-	assert.Equal(t, 1, srv.Stats().ProviderCharges)
+	// A double tap after a lost answer pays the same cart twice.
+	t.Run("paying the same cart twice is one payment", func(t *testing.T) {
+		t.Parallel()
+		c, srv := newClient(t)
+		ctx := context.Background()
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Path: "/payments"}))
+
+		first, err := c.Pay(ctx, "cart-1", "cus_1", 1500, "AZN")
+		require.NoError(t, err)
+		again, err := c.Pay(ctx, "cart-1", "cus_1", 1500, "AZN")
+		require.NoError(t, err)
+		assert.Equal(t, first.ID, again.ID)
+		assert.Equal(t, 1, srv.Stats().ProviderCharges)
+	})
 }
 
 // TestImports checks what the example's production code links: an app's

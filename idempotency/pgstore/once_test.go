@@ -81,8 +81,11 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	return n
 }
 
-func withPayments(t *testing.T) *pgxpool.Pool {
-	pool := newPool(t)
+// withPayments returns newPool's pool with the payments table the handlers
+// write. Each of configure, if any, changes the pool's configuration first.
+func withPayments(t *testing.T, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	pool := newPool(t, configure...)
 	_, err := pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
 	require.NoError(t, err)
 	return pool
@@ -155,15 +158,7 @@ func TestOneTransaction(t *testing.T) {
 	// With every connection of the pool taken, a request answers 503 with
 	// Retry-After once AcquireTimeout has passed, and stores nothing.
 	t.Run("a wait for a connection is bounded", func(t *testing.T) {
-		cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-		require.NoError(t, err)
-		cfg.MaxConns = 1
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		require.NoError(t, err)
-		defer pool.Close()
-		require.NoError(t, Migrate(context.Background(), pool))
-		_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
-		require.NoError(t, err)
+		pool := withPayments(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 		h := newOnceServer(pool, payDirect(nil), &Options{AcquireTimeout: time.Millisecond})
 
 		conn, err := pool.Acquire(context.Background())
@@ -184,15 +179,7 @@ func TestOneTransaction(t *testing.T) {
 	// in the same process answers 409 at once instead of waiting for a
 	// connection.
 	t.Run("a duplicate takes no connection", func(t *testing.T) {
-		cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-		require.NoError(t, err)
-		cfg.MaxConns = 1
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		require.NoError(t, err)
-		defer pool.Close()
-		require.NoError(t, Migrate(context.Background(), pool))
-		_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
-		require.NoError(t, err)
+		pool := withPayments(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 		working, finish := make(chan struct{}), make(chan struct{})
 		h := newOnceServer(pool, payDirect(func() { close(working); <-finish }), &Options{AcquireTimeout: 2 * time.Second})
 		done := make(chan int)
@@ -212,23 +199,17 @@ func TestOneTransaction(t *testing.T) {
 	// read what the first finds while the first writes it (a data race,
 	// which -race reports).
 	t.Run("a duplicate gone while the first reads answers at once", func(t *testing.T) {
-		cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-		require.NoError(t, err)
 		var armed atomic.Bool
 		acquiring, proceed := make(chan struct{}), make(chan struct{})
-		cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
-			if armed.CompareAndSwap(true, false) {
-				close(acquiring)
-				<-proceed
+		pool := withPayments(t, func(cfg *pgxpool.Config) {
+			cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+				if armed.CompareAndSwap(true, false) {
+					close(acquiring)
+					<-proceed
+				}
+				return true, nil
 			}
-			return true, nil
-		}
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		require.NoError(t, err)
-		defer pool.Close()
-		require.NoError(t, Migrate(context.Background(), pool))
-		_, err = pool.Exec(context.Background(), "CREATE TABLE payments (id text PRIMARY KEY)")
-		require.NoError(t, err)
+		})
 		h := newOnceServer(pool, payDirect(nil), &Options{AcquireTimeout: time.Minute})
 		require.Equal(t, http.StatusCreated, post(h, "k", `{}`, false).Code)
 
@@ -746,10 +727,8 @@ func TestOneTransaction(t *testing.T) {
 	// transaction of whichever request holds it next.
 	t.Run("the transaction is refused once RunOnce returned", func(t *testing.T) {
 		// One connection: the next user gets the one the handler had.
-		pool := newPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+		pool := withPayments(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 		ctx := context.Background()
-		_, err := pool.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY)")
-		require.NoError(t, err)
 		rec := inProgress("k", "w1", t0)
 		var kept, keptSavepoint pgx.Tx
 		existing, err := New(pool, nil).RunOnce(ctx, rec, func(ctx context.Context, _ *idempotency.Record) (*idempotency.Response, error) {
