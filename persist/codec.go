@@ -84,13 +84,16 @@ func parseName(name string) (p parsedName, ok bool) {
 		return p, false
 	}
 	keyPart, tag, _ := strings.Cut(rest, ".")
-	if b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {
+	if len(tag) != tagLen || !canonical(tag) {
 		return parsedName{}, true // stray
 	}
 	p.tag = tag
 	if enc, ok := strings.CutPrefix(keyPart, encodedPrefix); ok {
+		if !canonical(enc) {
+			return parsedName{}, true // stray
+		}
 		b, err := keyEncoding.DecodeString(enc)
-		if err != nil || len(b) == 0 || len(b) > maxEncodedKey || keyEncoding.EncodeToString(b) != enc {
+		if err != nil || len(b) == 0 || len(b) > maxEncodedKey {
 			return parsedName{}, true // stray
 		}
 		p.key = string(b)
@@ -103,6 +106,31 @@ func parseName(name string) (p parsedName, ok bool) {
 	}
 	p.id = keyPart
 	return p, true
+}
+
+// canonical reports whether s is base32 as keyEncoding writes it: its
+// letters, a length an encoding can have, and zero bits past the last
+// byte. Each encoding then has one spelling, so one file name per key.
+// It spares a listing the encoding of each name back.
+func canonical(s string) bool {
+	n := len(s)
+	switch n % 8 {
+	case 1, 3, 6:
+		return false
+	}
+	v := 0
+	for i := range n {
+		switch c := s[i]; {
+		case '0' <= c && c <= '9':
+			v = int(c - '0')
+		case 'a' <= c && c <= 'v':
+			v = int(c-'a') + 10
+		default:
+			return false
+		}
+	}
+	spare := n * 5 % 8 // bits of the last letter past the last byte
+	return n == 0 || v&(1<<spare-1) == 0
 }
 
 // filterTag returns the tag of f's Name, "" for none.

@@ -73,8 +73,32 @@ func TestRecordFile(t *testing.T) {
 		{"a record comes back from its encoding", encodeDecodeRoundTrip},
 		{"a file name tells the key and action or is a stray", parseNameCases},
 		{"a CorruptError names the file and says what to do", corruptErrorMessage},
+		{"a key's name has one spelling", canonicalSpelling},
 	} {
 		t.Run(c.name, c.run)
+	}
+}
+
+// canonicalSpelling checks canonical against the encoding itself, for
+// every string of up to three letters of the alphabet and a few others.
+func canonicalSpelling(t *testing.T) {
+	t.Parallel()
+	letters := "0123456789abcdefghijklmnopqrstuvwxyzA="
+	words := []string{""}
+	for range 3 {
+		for _, w := range words {
+			for _, c := range letters {
+				words = append(words, w+string(c))
+			}
+		}
+	}
+	words = append(words, keyEncoding.EncodeToString([]byte("6f1c2a4e-9b7d-4e3a")), "0000000000001", "0000000000002")
+	for _, w := range words {
+		b, err := keyEncoding.DecodeString(w)
+		want := err == nil && keyEncoding.EncodeToString(b) == w
+		if canonical(w) != want {
+			t.Errorf("canonical(%q) = %v, want %v", w, !want, want)
+		}
 	}
 }
 

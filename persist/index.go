@@ -3,12 +3,15 @@ package persist
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"maps"
+	"net/http"
 	"path/filepath"
+	"slices"
+	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
@@ -23,7 +26,7 @@ const (
 	// indexMagic starts every index file. The byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 6
+	indexVersion = 7
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -32,13 +35,6 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // a caller.
 var errIndex = errors.New("index not usable")
 
-// indexHead is the first gob value of the index. The records follow as a
-// second one. So the files are stamped while the records are decoded.
-type indexHead struct {
-	Known int // how many entries the directory held
-	Files []indexed
-}
-
 // indexed is a file of the index, one that may hold an unresolved
 // record.
 type indexed struct {
@@ -46,9 +42,9 @@ type indexed struct {
 	Mode  fs.FileMode
 	Stamp fsys.Stamp
 	Twin  bool // a file of a key that has two (see entry)
-	// HasRec is set if the index holds the file's record. That record was
-	// read or written with this stamp.
-	HasRec bool
+	// Rec is the file's record, if the index holds it. It was read or
+	// written with Stamp.
+	Rec *Record
 }
 
 // indexPath returns the path of the index file.
@@ -68,12 +64,12 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	d, head, err := decodeIndexHead(data)
+	d, known, files, err := decodeIndexFiles(data)
 	if err != nil {
 		return err
 	}
-	names := make([]string, len(head.Files))
-	for i, f := range head.Files {
+	names := make([]string, len(files))
+	for i, f := range files {
 		names[i] = f.Name
 	}
 	// The files are stamped while the records are decoded. The system
@@ -87,7 +83,7 @@ func (s *FileStore) loadIndex() error {
 		st, err := s.fs.Stamps(s.dir, names)
 		ch <- stamped{st, err}
 	}()
-	ents, err := indexEntries(d, head)
+	ents, err := indexEntries(d, files)
 	got := <-ch
 	if err != nil {
 		return err
@@ -95,64 +91,44 @@ func (s *FileStore) loadIndex() error {
 	if got.err != nil {
 		return got.err
 	}
-	if err := s.useIndex(head.Files, ents, got.st, idxSt); err != nil {
+	if err := s.useIndex(files, ents, got.st, idxSt); err != nil {
 		return err
 	}
-	s.known, s.indexed = head.Known, true
+	s.known, s.indexed = known, true
 	return nil
 }
 
-// decodeIndexHead checks an index file's version and checksum. It
-// decodes the head, and leaves the records in d.
-func decodeIndexHead(data []byte) (d *gob.Decoder, head indexHead, err error) {
-	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
-	switch {
-	case !ok || len(rest) < 5:
-		return nil, head, fmt.Errorf("%w: not an index file", errIndex)
-	case rest[0] != indexVersion:
-		return nil, head, fmt.Errorf("%w: index version %d", errIndex, rest[0])
-	case crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]):
-		return nil, head, fmt.Errorf("%w: checksum mismatch", errIndex)
-	}
-	d = gob.NewDecoder(bytes.NewReader(rest[5:]))
-	if err := d.Decode(&head); err != nil {
-		return nil, head, fmt.Errorf("%w: %w", errIndex, err)
-	}
-	return d, head, nil
-}
-
-// indexEntries decodes the records that follow head in d. It returns the
-// entries of the index's files, each checked. Its name must be a record
-// file's. Its record, if any, must be unresolved. It must belong to the
-// file, as a record read from the file must. An index may be damaged
-// past its checksum, or copied from another store. It must never report
-// a record under another key, or in another state, than its file holds.
-func indexEntries(d *gob.Decoder, head indexHead) ([]*entry, error) {
-	var recs []*Record
-	if err := d.Decode(&recs); err != nil {
-		return nil, fmt.Errorf("%w: %w", errIndex, err)
-	}
-	ents := make([]*entry, len(head.Files))
-	for i, f := range head.Files {
+// indexEntries decodes the records that follow files in d. It returns
+// the entries of the index's files, each checked. Its name must be a
+// record file's. Its record, if any, must be unresolved. It must belong
+// to the file, as a record read from the file must. An index may be
+// damaged past its checksum, or copied from another store. It must never
+// report a record under another key, or in another state, than its file
+// holds.
+func indexEntries(d *decoder, files []indexed) ([]*entry, error) {
+	ents := make([]*entry, len(files))
+	for i := range files {
+		f := &files[i]
 		p, ok := parseName(f.Name)
 		if !ok {
 			return nil, fmt.Errorf("%w: %s is not a record file's name", errIndex, f.Name)
 		}
 		e := &entry{name: f.Name, p: p, mode: f.Mode, twin: f.Twin}
 		ents[i] = e
-		if !f.HasRec {
+		if f.Rec == nil {
 			continue
 		}
-		if len(recs) == 0 {
-			return nil, fmt.Errorf("%w: records missing", errIndex)
+		f.Rec = d.record()
+		e.rec, e.st = f.Rec, f.Stamp
+		if d.err != nil {
+			return nil, d.err
 		}
-		e.rec, e.st, recs = recs[0], f.Stamp, recs[1:]
 		if err := checkIndexed(e); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", errIndex, f.Name, err)
 		}
 	}
-	if len(recs) != 0 {
-		return nil, fmt.Errorf("%w: records in excess", errIndex)
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("%w: bytes in excess", errIndex)
 	}
 	return ents, nil
 }
@@ -277,8 +253,8 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		return 0, nil, errIndex
 	}
 	c = s.changes
-	head := indexHead{Known: len(s.entries), Files: []indexed{}}
-	recs := []*Record{}
+	known := len(s.entries)
+	var files []indexed
 	for _, e := range s.entries {
 		if e.resolved {
 			continue
@@ -287,31 +263,282 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
 			// Only with the stamp the file had when its record was
 			// read or written. A change since then must show.
-			f.Stamp, f.HasRec = e.st, true
-			recs = append(recs, e.rec)
+			f.Stamp, f.Rec = e.st, e.rec
 		}
-		head.Files = append(head.Files, f)
+		files = append(files, f)
 	}
 	s.mu.Unlock()
-	data, err = encodeIndex(head, recs)
-	return c, data, err
+	return c, encodeIndex(known, files), nil
 }
 
-// encodeIndex returns the content of an index file. It holds the magic
-// and the version, then a CRC-32C of the rest. Then come head and recs,
-// in gob.
-func encodeIndex(head indexHead, recs []*Record) ([]byte, error) {
-	b := bytes.NewBufferString(indexMagic)
-	b.Write([]byte{indexVersion, 0, 0, 0, 0})
-	enc := gob.NewEncoder(b)
-	if err := enc.Encode(head); err != nil {
-		return nil, err
+// The index's encoding is flat: varints, and strings and byte slices
+// after their length. The decoding was most of an open's time in gob.
+// It has no field names. So TestIndex checks that a record with every
+// field set comes back whole.
+
+// encodeIndex returns the content of an index file: the magic, the
+// version and a CRC-32C of the rest. Then come known and the files, and
+// last the files' records.
+func encodeIndex(known int, files []indexed) []byte {
+	b := append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)
+	b = binary.AppendUvarint(b, uint64(known))
+	b = binary.AppendUvarint(b, uint64(len(files)))
+	for _, f := range files {
+		b = appendString(b, f.Name)
+		b = binary.AppendUvarint(b, uint64(f.Mode))
+		b = binary.AppendUvarint(b, f.Stamp.Ino)
+		b = binary.AppendVarint(b, f.Stamp.Size)
+		b = binary.AppendVarint(b, f.Stamp.Mod)
+		b = binary.AppendVarint(b, f.Stamp.Change)
+		b = appendBool(b, f.Twin)
+		b = appendBool(b, f.Rec != nil)
 	}
-	if err := enc.Encode(recs); err != nil {
-		return nil, err
+	for _, f := range files {
+		if f.Rec != nil {
+			b = appendRecord(b, f.Rec)
+		}
 	}
-	data := b.Bytes()
 	n := len(indexMagic) + 1
-	binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crcTable))
-	return data, nil
+	binary.LittleEndian.PutUint32(b[n:n+4], crc32.Checksum(b[n+4:], crcTable))
+	return b
+}
+
+func appendRecord(b []byte, r *Record) []byte {
+	b = binary.AppendVarint(b, int64(r.Version))
+	b = appendString(b, r.Rev, r.Key, r.Name, r.Method, r.URL)
+	b = appendHeader(b, r.Header)
+	b = appendBytes(b, r.Body)
+	b = appendString(b, r.Fingerprint, r.KeyHeader)
+	b = binary.AppendUvarint(b, r.Seq)
+	b = appendTime(b, r.CreatedAt, r.UpdatedAt)
+	b = appendString(b, string(r.State))
+	b = binary.AppendVarint(b, int64(r.Attempts))
+	b = appendBool(b, r.Response != nil)
+	if p := r.Response; p != nil {
+		b = binary.AppendVarint(b, int64(p.StatusCode))
+		b = appendHeader(b, p.Header)
+		b = appendBytes(b, p.Body)
+		b = appendBool(b, p.Replayed, p.Oversized)
+	}
+	b = appendBool(b, r.Clocks != nil)
+	if c := r.Clocks; c != nil {
+		b = appendString(b, c.ArmBoot, c.WriteBoot, c.SendBoot)
+		b = binary.AppendVarint(b, int64(c.Armed))
+		b = binary.AppendVarint(b, int64(c.Written))
+		b = binary.AppendVarint(b, int64(c.SendBy))
+		b = appendTime(b, c.ArmMark, c.Mark, c.SendWall)
+	}
+	b = appendBool(b, r.Tombstone, r.Redirected, r.HandedOut)
+	return appendString(b, r.Holder)
+}
+
+func appendString(b []byte, ss ...string) []byte {
+	for _, s := range ss {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	return b
+}
+
+func appendBytes(b, v []byte) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(v))), v...)
+}
+
+func appendBool(b []byte, vs ...bool) []byte {
+	for _, v := range vs {
+		if v {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
+	}
+	return b
+}
+
+// appendHeader appends h's fields in name order, each with its values.
+// So the index's bytes depend on its content alone. A field without
+// values comes back nil, as normHeader keeps it.
+func appendHeader(b []byte, h http.Header) []byte {
+	b = binary.AppendUvarint(b, uint64(len(h)))
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		b = appendString(b, k)
+		b = binary.AppendUvarint(b, uint64(len(h[k])))
+		b = appendString(b, h[k]...)
+	}
+	return b
+}
+
+// appendTime appends each time as time.Time's binary form, which keeps
+// its instant and its zone's offset.
+func appendTime(b []byte, ts ...time.Time) []byte {
+	for _, t := range ts {
+		m, _ := t.MarshalBinary() // fails only for a zone offset out of range
+		b = appendString(b, string(m))
+	}
+	return b
+}
+
+// decodeIndexFiles checks an index file's version and checksum. It
+// decodes known and the files, and leaves the records in d.
+func decodeIndexFiles(data []byte) (d *decoder, known int, files []indexed, err error) {
+	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
+	switch {
+	case !ok || len(rest) < 5:
+		return nil, 0, nil, fmt.Errorf("%w: not an index file", errIndex)
+	case rest[0] != indexVersion:
+		return nil, 0, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+	case crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]):
+		return nil, 0, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+	}
+	// One string for the whole index: the records' strings share it.
+	d = &decoder{b: string(rest[5:])}
+	known = d.int()
+	n := d.int()
+	d.failIf(n > len(d.b))
+	for i := 0; i < n && d.err == nil; i++ {
+		f := indexed{Name: d.str(), Mode: fs.FileMode(d.uint())}
+		f.Stamp = fsys.Stamp{Ino: d.uint(), Size: d.sint(), Mod: d.sint(), Change: d.sint()}
+		f.Twin = d.bool()
+		if d.bool() {
+			f.Rec = &Record{} // read by indexEntries, after the files
+		}
+		files = append(files, f)
+	}
+	return d, known, files, d.err
+}
+
+// decoder reads what encodeIndex wrote. Its first failure sticks in err,
+// and every read after it gives zero values.
+type decoder struct {
+	b   string
+	err error
+}
+
+func (d *decoder) failIf(bad bool) {
+	if bad {
+		d.fail()
+	}
+}
+
+func (d *decoder) fail() {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: truncated or malformed", errIndex)
+	}
+	d.b = ""
+}
+
+func (d *decoder) uint() uint64 {
+	var v uint64
+	for i := 0; i < len(d.b) && i < binary.MaxVarintLen64; i++ {
+		c := d.b[i]
+		v |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			d.b = d.b[i+1:]
+			return v
+		}
+	}
+	d.fail()
+	return 0
+}
+
+func (d *decoder) sint() int64 {
+	u := d.uint()
+	return int64(u>>1) ^ -int64(u&1) // as binary.AppendVarint zig-zags it
+}
+
+// int reads a length or a count. Its caller checks it against what is
+// left, where it counts bytes or items.
+func (d *decoder) int() int {
+	u := d.uint()
+	if u > 1<<31 {
+		d.fail()
+		return 0
+	}
+	return int(u)
+}
+
+func (d *decoder) str() string {
+	n := d.int()
+	if n > len(d.b) {
+		d.fail()
+		return ""
+	}
+	s := d.b[:n]
+	d.b = d.b[n:]
+	return s
+}
+
+// bytes reads a byte slice, nil if empty, as normalize keeps it.
+func (d *decoder) bytes() []byte {
+	if s := d.str(); s != "" {
+		return []byte(s)
+	}
+	return nil
+}
+
+func (d *decoder) bool() bool {
+	if d.b == "" {
+		d.fail()
+		return false
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	if v > 1 {
+		d.fail()
+	}
+	return v == 1
+}
+
+func (d *decoder) header() http.Header {
+	n := d.int()
+	if n == 0 || n > len(d.b) {
+		d.failIf(n != 0)
+		return nil
+	}
+	h := make(http.Header, n)
+	for range n {
+		k := d.str()
+		var vs []string
+		if m := d.int(); m > 0 && m <= len(d.b) {
+			vs = make([]string, m)
+			for i := range vs {
+				vs[i] = d.str()
+			}
+		} else {
+			d.failIf(m != 0)
+		}
+		h[k] = vs
+	}
+	return h
+}
+
+func (d *decoder) time() time.Time {
+	var t time.Time
+	if err := t.UnmarshalBinary([]byte(d.str())); err != nil {
+		d.fail()
+	}
+	return t
+}
+
+// record reads what appendRecord wrote.
+func (d *decoder) record() *Record {
+	r := &Record{Version: int(d.sint()), Rev: d.str(), Key: d.str(), Name: d.str(), Method: d.str(), URL: d.str()}
+	r.Header = d.header()
+	r.Body, r.Fingerprint, r.KeyHeader = d.bytes(), d.str(), d.str()
+	r.Seq = d.uint()
+	r.CreatedAt, r.UpdatedAt = d.time(), d.time()
+	r.State, r.Attempts = State(d.str()), int(d.sint())
+	if d.bool() {
+		r.Response = &Response{StatusCode: int(d.sint()), Header: d.header(), Body: d.bytes()}
+		r.Response.Replayed, r.Response.Oversized = d.bool(), d.bool()
+	}
+	if d.bool() {
+		c := &Clocks{ArmBoot: d.str(), WriteBoot: d.str(), SendBoot: d.str()}
+		c.Armed, c.Written, c.SendBy = time.Duration(d.sint()), time.Duration(d.sint()), time.Duration(d.sint())
+		c.ArmMark, c.Mark, c.SendWall = d.time(), d.time(), d.time()
+		r.Clocks = c
+	}
+	r.Tombstone, r.Redirected, r.HandedOut = d.bool(), d.bool(), d.bool()
+	r.Holder = d.str()
+	return r
 }
