@@ -45,11 +45,6 @@ func openFile(t testing.TB, dir string, opts *persist.Options) *persist.FileStor
 	return s
 }
 
-func TestFileConformance(t *testing.T) {
-	t.Parallel()
-	persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
-}
-
 // openDirCase is a subtest of TestOpenDir.
 type openDirCase struct {
 	name string
