@@ -66,10 +66,19 @@ type parsedName struct {
 	// stray file's name looks like a record's but spells no key or no
 	// tag. No store wrote it.
 	id string
-	// key is the record's key when the name spells it (a "k-" name).
-	key string
 	// tag is the tag of the record's Name, or "" if the name carries none.
 	tag string
+}
+
+// key returns the record's key when the name spells it (a "k-" name),
+// else "". A listing never needs it. So it is decoded only here.
+func (p parsedName) key() string {
+	enc, ok := strings.CutPrefix(p.id, encodedPrefix)
+	if !ok {
+		return ""
+	}
+	b, _ := keyEncoding.DecodeString(enc) // parseName checked the spelling
+	return string(b)
 }
 
 // parseName parses a file name of the store's directory. ok is false if
@@ -89,15 +98,12 @@ func parseName(name string) (p parsedName, ok bool) {
 	}
 	p.tag = tag
 	if enc, ok := strings.CutPrefix(keyPart, encodedPrefix); ok {
-		if !canonical(enc) {
+		// 1 to maxEncodedKey bytes, in the encoding's one spelling. The
+		// key is decoded only when asked for (see key).
+		if n := len(enc) * 5 / 8; n == 0 || n > maxEncodedKey || !canonical(enc) {
 			return parsedName{}, true // stray
 		}
-		b, err := keyEncoding.DecodeString(enc)
-		if err != nil || len(b) == 0 || len(b) > maxEncodedKey {
-			return parsedName{}, true // stray
-		}
-		p.key = string(b)
-		p.id = keyPart // stem(p.key): the spelling was checked
+		p.id = keyPart
 		return p, true
 	}
 	h := strings.TrimPrefix(keyPart, hashedPrefix)
@@ -202,7 +208,7 @@ func decodeFile(p parsedName, data []byte) (*Record, error) {
 // whose name parsed as p.
 func belongs(p parsedName, r *Record) error {
 	switch {
-	case p.key != "" && r.Key != p.key, p.key == "" && stem(r.Key) != p.id:
+	case stem(r.Key) != p.id:
 		return fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
 	case nameTag(r.Name) != p.tag:
 		return fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)

@@ -194,8 +194,8 @@ func FuzzFileName(f *testing.F) {
 		if fn != strings.ToLower(fn) {
 			t.Fatalf("name %q is not lower case, so two keys may share it on a case-insensitive file system", fn)
 		}
-		if len(key) <= maxEncodedKey && p.key != key {
-			t.Fatalf("key %q from name %q: got %q", key, fn, p.key)
+		if len(key) <= maxEncodedKey && p.key() != key {
+			t.Fatalf("key %q from name %q: got %q", key, fn, p.key())
 		}
 		if other != key && fileName(other, name) == fn {
 			t.Fatalf("keys %q and %q share name %q", key, other, fn)
@@ -217,7 +217,7 @@ func parseNameCases(t *testing.T) {
 		ok   bool
 		want parsedName
 	}{
-		{k + "." + tag + ".json", true, parsedName{id: k, key: "k", tag: tag}},
+		{k + "." + tag + ".json", true, parsedName{id: k, tag: tag}},
 		{k + "." + tag + ".done.json", true, parsedName{}},                                                                     // stray: not a tag
 		{stem(strings.Repeat("x", 150)) + "." + tag + ".json", true, parsedName{id: stem(strings.Repeat("x", 150)), tag: tag}}, // hashed
 		{k + ".json", true, parsedName{}},                                                                                      // stray: no tag

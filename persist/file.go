@@ -356,7 +356,7 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 		r, err = decodeFile(e.p, data)
 	}
 	if err != nil {
-		e.corrupt = &CorruptError{Path: path, Key: e.p.key, Err: err}
+		e.corrupt = &CorruptError{Path: path, Key: e.p.key(), Err: err}
 		return nil, e.corrupt
 	}
 	e.resolved = r.State.Resolved()
