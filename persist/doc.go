@@ -122,8 +122,8 @@ The store keeps the unresolved records in memory, and nothing else. It
 reads a resolved record from its file when asked for it. Listing 10,000
 names and reading 1,000 files would take tens of milliseconds at start.
 So [OpenDir] starts from the index when it can. The index is one file.
-It holds the unresolved records and their files' stamps, in gob, with a
-CRC-32C. It holds how many entries the directory had, too. OpenDir reads
+It holds the unresolved records and their files' stamps, in a flat
+binary encoding, with a CRC-32C. It holds how many entries the directory had, too. OpenDir reads
 it and stamps the unresolved files, one stat each. It neither lists the
 directory nor reads a record file.
 

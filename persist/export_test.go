@@ -49,8 +49,8 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	got := d.record()
-	if d.err == nil && d.b != "" {
+	got := &Record{}
+	if d.record(got); d.err == nil && d.s != "" {
 		return nil, errors.New("bytes in excess")
 	}
 	return got, d.err
@@ -81,7 +81,7 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	byName := map[string]indexed{}
 	for _, f := range files {
 		if f.Rec != nil {
-			f.Rec = d.record()
+			d.record(f.Rec)
 		}
 		byName[f.Name] = f
 		view = append(view, &IndexEntry{File: f.Name, Rec: f.Rec})

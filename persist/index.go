@@ -26,7 +26,7 @@ const (
 	// indexMagic starts every index file. The byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 7
+	indexVersion = 8
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -105,7 +105,7 @@ func (s *FileStore) loadIndex() error {
 // damaged past its checksum, or copied from another store. It must never
 // report a record under another key, or in another state, than its file
 // holds.
-func indexEntries(d *decoder, files []indexed) ([]*entry, error) {
+func indexEntries(d *codec, files []indexed) ([]*entry, error) {
 	ents := make([]*entry, len(files))
 	for i := range files {
 		f := &files[i]
@@ -118,7 +118,7 @@ func indexEntries(d *decoder, files []indexed) ([]*entry, error) {
 		if f.Rec == nil {
 			continue
 		}
-		f.Rec = d.record()
+		d.record(f.Rec)
 		e.rec, e.st = f.Rec, f.Stamp
 		if d.err != nil {
 			return nil, d.err
@@ -127,7 +127,7 @@ func indexEntries(d *decoder, files []indexed) ([]*entry, error) {
 			return nil, fmt.Errorf("%w: %s: %w", errIndex, f.Name, err)
 		}
 	}
-	if len(d.b) != 0 {
+	if d.s != "" {
 		return nil, fmt.Errorf("%w: bytes in excess", errIndex)
 	}
 	return ents, nil
@@ -271,116 +271,35 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 	return c, encodeIndex(known, files), nil
 }
 
-// The index's encoding is flat: varints, and strings and byte slices
-// after their length. The decoding was most of an open's time in gob.
-// It has no field names. So TestIndex checks that a record with every
-// field set comes back whole.
+// The index's encoding is flat: varints, and strings after their length.
+// Decoding it was most of an open's time in gob. One list of a record's
+// fields serves both ways (see codec). It has no field names. So TestIndex
+// checks that a record with every field set comes back whole.
 
 // encodeIndex returns the content of an index file: the magic, the
 // version and a CRC-32C of the rest. Then come known and the files, and
 // last the files' records.
 func encodeIndex(known int, files []indexed) []byte {
-	b := append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)
-	b = binary.AppendUvarint(b, uint64(known))
-	b = binary.AppendUvarint(b, uint64(len(files)))
-	for _, f := range files {
-		b = appendString(b, f.Name)
-		b = binary.AppendUvarint(b, uint64(f.Mode))
-		b = binary.AppendUvarint(b, f.Stamp.Ino)
-		b = binary.AppendVarint(b, f.Stamp.Size)
-		b = binary.AppendVarint(b, f.Stamp.Mod)
-		b = binary.AppendVarint(b, f.Stamp.Change)
-		b = appendBool(b, f.Twin)
-		b = appendBool(b, f.Rec != nil)
+	c := &codec{b: append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)}
+	num(c, &known)
+	n := len(files)
+	num(c, &n)
+	for i := range files {
+		c.file(&files[i])
 	}
 	for _, f := range files {
 		if f.Rec != nil {
-			b = appendRecord(b, f.Rec)
+			c.record(f.Rec)
 		}
 	}
-	n := len(indexMagic) + 1
-	binary.LittleEndian.PutUint32(b[n:n+4], crc32.Checksum(b[n+4:], crcTable))
-	return b
-}
-
-func appendRecord(b []byte, r *Record) []byte {
-	b = binary.AppendVarint(b, int64(r.Version))
-	b = appendString(b, r.Rev, r.Key, r.Name, r.Method, r.URL)
-	b = appendHeader(b, r.Header)
-	b = appendBytes(b, r.Body)
-	b = appendString(b, r.Fingerprint, r.KeyHeader)
-	b = binary.AppendUvarint(b, r.Seq)
-	b = appendTime(b, r.CreatedAt, r.UpdatedAt)
-	b = appendString(b, string(r.State))
-	b = binary.AppendVarint(b, int64(r.Attempts))
-	b = appendBool(b, r.Response != nil)
-	if p := r.Response; p != nil {
-		b = binary.AppendVarint(b, int64(p.StatusCode))
-		b = appendHeader(b, p.Header)
-		b = appendBytes(b, p.Body)
-		b = appendBool(b, p.Replayed, p.Oversized)
-	}
-	b = appendBool(b, r.Clocks != nil)
-	if c := r.Clocks; c != nil {
-		b = appendString(b, c.ArmBoot, c.WriteBoot, c.SendBoot)
-		b = binary.AppendVarint(b, int64(c.Armed))
-		b = binary.AppendVarint(b, int64(c.Written))
-		b = binary.AppendVarint(b, int64(c.SendBy))
-		b = appendTime(b, c.ArmMark, c.Mark, c.SendWall)
-	}
-	b = appendBool(b, r.Tombstone, r.Redirected, r.HandedOut)
-	return appendString(b, r.Holder)
-}
-
-func appendString(b []byte, ss ...string) []byte {
-	for _, s := range ss {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
-	return b
-}
-
-func appendBytes(b, v []byte) []byte {
-	return append(binary.AppendUvarint(b, uint64(len(v))), v...)
-}
-
-func appendBool(b []byte, vs ...bool) []byte {
-	for _, v := range vs {
-		if v {
-			b = append(b, 1)
-		} else {
-			b = append(b, 0)
-		}
-	}
-	return b
-}
-
-// appendHeader appends h's fields in name order, each with its values.
-// So the index's bytes depend on its content alone. A field without
-// values comes back nil, as normHeader keeps it.
-func appendHeader(b []byte, h http.Header) []byte {
-	b = binary.AppendUvarint(b, uint64(len(h)))
-	for _, k := range slices.Sorted(maps.Keys(h)) {
-		b = appendString(b, k)
-		b = binary.AppendUvarint(b, uint64(len(h[k])))
-		b = appendString(b, h[k]...)
-	}
-	return b
-}
-
-// appendTime appends each time as time.Time's binary form, which keeps
-// its instant and its zone's offset.
-func appendTime(b []byte, ts ...time.Time) []byte {
-	for _, t := range ts {
-		m, _ := t.MarshalBinary() // fails only for a zone offset out of range
-		b = appendString(b, string(m))
-	}
-	return b
+	i := len(indexMagic) + 1
+	binary.LittleEndian.PutUint32(c.b[i:i+4], crc32.Checksum(c.b[i+4:], crcTable))
+	return c.b
 }
 
 // decodeIndexFiles checks an index file's version and checksum. It
-// decodes known and the files, and leaves the records in d.
-func decodeIndexFiles(data []byte) (d *decoder, known int, files []indexed, err error) {
+// decodes known and the files, and leaves their records in c.
+func decodeIndexFiles(data []byte) (c *codec, known int, files []indexed, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	switch {
 	case !ok || len(rest) < 5:
@@ -391,154 +310,207 @@ func decodeIndexFiles(data []byte) (d *decoder, known int, files []indexed, err 
 		return nil, 0, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
 	// One string for the whole index: the records' strings share it.
-	d = &decoder{b: string(rest[5:])}
-	known = d.int()
-	n := d.int()
-	d.failIf(n > len(d.b))
-	for i := 0; i < n && d.err == nil; i++ {
-		f := indexed{Name: d.str(), Mode: fs.FileMode(d.uint())}
-		f.Stamp = fsys.Stamp{Ino: d.uint(), Size: d.sint(), Mod: d.sint(), Change: d.sint()}
-		f.Twin = d.bool()
-		if d.bool() {
-			f.Rec = &Record{} // read by indexEntries, after the files
-		}
-		files = append(files, f)
+	c = &codec{s: string(rest[5:]), read: true}
+	var n int
+	num(c, &known)
+	num(c, &n)
+	if n > len(c.s) {
+		c.fail()
 	}
-	return d, known, files, d.err
-}
-
-// decoder reads what encodeIndex wrote. Its first failure sticks in err,
-// and every read after it gives zero values.
-type decoder struct {
-	b   string
-	err error
-}
-
-func (d *decoder) failIf(bad bool) {
-	if bad {
-		d.fail()
+	files = make([]indexed, n)
+	for i := 0; i < n && c.err == nil; i++ {
+		c.file(&files[i])
 	}
+	return c, known, files, c.err
 }
 
-func (d *decoder) fail() {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: truncated or malformed", errIndex)
+// codec writes the index's values to b, or reads them from s. Each of its
+// methods does one or the other, so one list of fields serves both ways.
+// Writing never stores to what it is given: the records are shared. The
+// first failure to read sticks in err. Every read after it gives zeros.
+type codec struct {
+	b    []byte
+	s    string
+	read bool
+	err  error
+}
+
+func (c *codec) fail() {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: truncated or malformed", errIndex)
 	}
-	d.b = ""
+	c.s = ""
 }
 
-func (d *decoder) uint() uint64 {
-	var v uint64
-	for i := 0; i < len(d.b) && i < binary.MaxVarintLen64; i++ {
-		c := d.b[i]
-		v |= uint64(c&0x7f) << (7 * i)
-		if c < 0x80 {
-			d.b = d.b[i+1:]
-			return v
+func (c *codec) uint(p *uint64) {
+	if !c.read {
+		c.b = binary.AppendUvarint(c.b, *p)
+		return
+	}
+	for i, v := 0, uint64(0); i < len(c.s) && i < binary.MaxVarintLen64; i++ {
+		v |= uint64(c.s[i]&0x7f) << (7 * i)
+		if c.s[i] < 0x80 {
+			*p, c.s = v, c.s[i+1:]
+			return
 		}
 	}
-	d.fail()
-	return 0
+	c.fail()
+	*p = 0
 }
 
-func (d *decoder) sint() int64 {
-	u := d.uint()
-	return int64(u>>1) ^ -int64(u&1) // as binary.AppendVarint zig-zags it
+// num writes or reads a signed number, zig-zagged as binary.AppendVarint
+// does.
+func num[T ~int | ~int64](c *codec, p *T) {
+	v := int64(*p)
+	u := uint64(v<<1) ^ uint64(v>>63)
+	c.uint(&u)
+	if c.read {
+		*p = T(int64(u>>1) ^ -int64(u&1))
+	}
 }
 
-// int reads a length or a count. Its caller checks it against what is
-// left, where it counts bytes or items.
-func (d *decoder) int() int {
-	u := d.uint()
-	if u > 1<<31 {
-		d.fail()
-		return 0
+// str writes or reads a string after its length.
+func str[T ~string](c *codec, p *T) {
+	n := uint64(len(*p))
+	c.uint(&n)
+	switch {
+	case !c.read:
+		c.b = append(c.b, *p...)
+	case n > uint64(len(c.s)):
+		c.fail()
+	default:
+		*p, c.s = T(c.s[:n]), c.s[n:]
 	}
-	return int(u)
 }
 
-func (d *decoder) str() string {
-	n := d.int()
-	if n > len(d.b) {
-		d.fail()
-		return ""
+func (c *codec) bool(p *bool) {
+	var u uint64
+	if *p {
+		u = 1
 	}
-	s := d.b[:n]
-	d.b = d.b[n:]
-	return s
+	c.uint(&u)
+	if c.read {
+		*p = u == 1
+		if u > 1 {
+			c.fail()
+		}
+	}
 }
 
-// bytes reads a byte slice, nil if empty, as normalize keeps it.
-func (d *decoder) bytes() []byte {
-	if s := d.str(); s != "" {
-		return []byte(s)
+// bytes writes or reads a byte slice. An empty one reads back nil, as
+// normalize keeps it.
+func (c *codec) bytes(p *[]byte) {
+	s := string(*p)
+	str(c, &s)
+	if c.read && s != "" {
+		*p = []byte(s)
 	}
-	return nil
 }
 
-func (d *decoder) bool() bool {
-	if d.b == "" {
-		d.fail()
-		return false
+// time writes or reads t in time.Time's binary form, which keeps its
+// instant and its zone's offset.
+func (c *codec) time(p *time.Time) {
+	m, _ := p.MarshalBinary() // fails only for an offset out of range
+	s := string(m)
+	str(c, &s)
+	if c.read && p.UnmarshalBinary([]byte(s)) != nil {
+		c.fail()
 	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	if v > 1 {
-		d.fail()
-	}
-	return v == 1
 }
 
-func (d *decoder) header() http.Header {
-	n := d.int()
-	if n == 0 || n > len(d.b) {
-		d.failIf(n != 0)
-		return nil
+// header writes h's fields in name order, so the index's bytes depend on
+// its content alone. A field without values reads back nil, as
+// normHeader keeps it.
+func (c *codec) header(h *http.Header) {
+	keys := slices.Sorted(maps.Keys(*h))
+	n := len(keys)
+	num(c, &n)
+	if c.read && n > 0 && n <= len(c.s) {
+		keys, *h = make([]string, n), make(http.Header, n)
+	} else if c.read && n > 0 {
+		c.fail()
 	}
-	h := make(http.Header, n)
-	for range n {
-		k := d.str()
-		var vs []string
-		if m := d.int(); m > 0 && m <= len(d.b) {
+	for _, k := range keys {
+		vs := (*h)[k]
+		str(c, &k)
+		m := len(vs)
+		num(c, &m)
+		if c.read && m > 0 && m <= len(c.s) {
 			vs = make([]string, m)
-			for i := range vs {
-				vs[i] = d.str()
-			}
-		} else {
-			d.failIf(m != 0)
+		} else if c.read && m > 0 {
+			c.fail()
 		}
-		h[k] = vs
+		for i := range vs {
+			str(c, &vs[i])
+		}
+		if c.read {
+			(*h)[k] = vs
+		}
 	}
-	return h
 }
 
-func (d *decoder) time() time.Time {
-	var t time.Time
-	if err := t.UnmarshalBinary([]byte(d.str())); err != nil {
-		d.fail()
+// file writes or reads a file of the index. Its record comes later.
+func (c *codec) file(f *indexed) {
+	str(c, &f.Name)
+	mode := uint64(f.Mode)
+	c.uint(&mode)
+	c.uint(&f.Stamp.Ino)
+	num(c, &f.Stamp.Size)
+	num(c, &f.Stamp.Mod)
+	num(c, &f.Stamp.Change)
+	c.bool(&f.Twin)
+	has := f.Rec != nil
+	c.bool(&has)
+	if c.read {
+		f.Mode = fs.FileMode(mode)
+		if has {
+			f.Rec = &Record{} // filled by record
+		}
 	}
-	return t
 }
 
-// record reads what appendRecord wrote.
-func (d *decoder) record() *Record {
-	r := &Record{Version: int(d.sint()), Rev: d.str(), Key: d.str(), Name: d.str(), Method: d.str(), URL: d.str()}
-	r.Header = d.header()
-	r.Body, r.Fingerprint, r.KeyHeader = d.bytes(), d.str(), d.str()
-	r.Seq = d.uint()
-	r.CreatedAt, r.UpdatedAt = d.time(), d.time()
-	r.State, r.Attempts = State(d.str()), int(d.sint())
-	if d.bool() {
-		r.Response = &Response{StatusCode: int(d.sint()), Header: d.header(), Body: d.bytes()}
-		r.Response.Replayed, r.Response.Oversized = d.bool(), d.bool()
+// record writes or reads every field of r.
+func (c *codec) record(r *Record) {
+	num(c, &r.Version)
+	for _, p := range []*string{&r.Rev, &r.Key, &r.Name, &r.Method, &r.URL, &r.Fingerprint, &r.KeyHeader, &r.Holder} {
+		str(c, p)
 	}
-	if d.bool() {
-		c := &Clocks{ArmBoot: d.str(), WriteBoot: d.str(), SendBoot: d.str()}
-		c.Armed, c.Written, c.SendBy = time.Duration(d.sint()), time.Duration(d.sint()), time.Duration(d.sint())
-		c.ArmMark, c.Mark, c.SendWall = d.time(), d.time(), d.time()
-		r.Clocks = c
+	c.header(&r.Header)
+	c.bytes(&r.Body)
+	c.uint(&r.Seq)
+	c.time(&r.CreatedAt)
+	c.time(&r.UpdatedAt)
+	str(c, &r.State)
+	num(c, &r.Attempts)
+	for _, p := range []*bool{&r.Tombstone, &r.Redirected, &r.HandedOut} {
+		c.bool(p)
 	}
-	r.Tombstone, r.Redirected, r.HandedOut = d.bool(), d.bool(), d.bool()
-	r.Holder = d.str()
-	return r
+	has := r.Response != nil
+	if c.bool(&has); has {
+		if c.read {
+			r.Response = &Response{}
+		}
+		p := r.Response
+		num(c, &p.StatusCode)
+		c.header(&p.Header)
+		c.bytes(&p.Body)
+		c.bool(&p.Replayed)
+		c.bool(&p.Oversized)
+	}
+	has = r.Clocks != nil
+	if c.bool(&has); has {
+		if c.read {
+			r.Clocks = &Clocks{}
+		}
+		k := r.Clocks
+		for _, p := range []*string{&k.ArmBoot, &k.WriteBoot, &k.SendBoot} {
+			str(c, p)
+		}
+		for _, p := range []*time.Duration{&k.Armed, &k.Written, &k.SendBy} {
+			num(c, p)
+		}
+		for _, p := range []*time.Time{&k.ArmMark, &k.Mark, &k.SendWall} {
+			c.time(p)
+		}
+	}
 }
