@@ -9,22 +9,10 @@ import (
 	"strings"
 )
 
-// File names. A record's file name is derived from its key and its
-// name. So a key can never name a path outside the store's directory. Two
-// keys never share a file, also on case-insensitive file systems (macOS,
-// Windows). The name is stem + "." + tag + ".json". The stem is one of:
-//
-//   - "k-" + the key's bytes in lower-case base32hex without padding, for
-//     a key of up to maxEncodedKey bytes. The name gives the key back even
-//     when the file's content is unreadable.
-//   - "h-" + the hex SHA-256 of a longer key. The name so stays under the
-//     usual 255-byte limit.
-//
-// The tag is the first 8 bytes of the SHA-256 of the record's Name. It is
-// in lower-case base32hex (13 characters). A damaged file still tells
-// which action it may belong to. And List for one Name reads only its
-// files.
-//
+// File names: stem + "." + tag + ".json", as the package docs' "File
+// layout" tells. The stem spells the key ("k-", base32hex) or, for a key
+// over maxEncodedKey bytes, hashes it ("h-", hex SHA-256). The tag is the
+// first 8 bytes of the SHA-256 of the record's Name, in base32hex.
 // Temporary files start with tempPrefix and are never records.
 const (
 	maxEncodedKey = 143 // 229 bytes of base32: with prefix, tag and suffix, 250
