@@ -1,7 +1,9 @@
 package persist
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -252,4 +254,25 @@ func corruptErrorMessage(t *testing.T) {
 	newer := &CorruptError{Path: "/d/k-x.json", Key: "K1", Err: newerVersion(2)}
 	assert.Contains(t, newer.Error(), "upgrade")
 	assert.NotContains(t, newer.Error(), "remove", "a newer record must not be removed")
+}
+
+// FuzzIndexDecode: an index whose checksum holds may still be any bytes
+// (copied from another build, or damaged before its checksum was taken).
+// Decoding it gives an error or entries, never a panic.
+func FuzzIndexDecode(f *testing.F) {
+	r := prepare(validRecord(), Options{})
+	good := encodeIndex(3, []indexed{{Name: fileName(r.Key, r.Name), Rec: r}, {Name: "k-x.json"}})
+	f.Add(good[len(indexMagic)+5:])
+	f.Add([]byte{0, 0xff, 0xff, 0xff, 0xff, 0x0f}) // a count past the index's end
+	f.Add([]byte{1, 0x7f})                         // a known count below zero
+	f.Fuzz(func(t *testing.T, body []byte) {
+		data := append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)
+		data = append(data, body...)
+		n := len(indexMagic) + 1
+		binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crcTable))
+		c, _, files, err := decodeIndexFiles(data)
+		if err == nil {
+			_, _ = indexEntries(c, files)
+		}
+	})
 }

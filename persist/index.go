@@ -282,8 +282,7 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 func encodeIndex(known int, files []indexed) []byte {
 	c := &codec{b: append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)}
 	num(c, &known)
-	n := len(files)
-	num(c, &n)
+	c.count(len(files))
 	for i := range files {
 		c.file(&files[i])
 	}
@@ -311,14 +310,11 @@ func decodeIndexFiles(data []byte) (c *codec, known int, files []indexed, err er
 	}
 	// One string for the whole index: the records' strings share it.
 	c = &codec{s: string(rest[5:]), read: true}
-	var n int
-	num(c, &known)
-	num(c, &n)
-	if n > len(c.s) {
+	if num(c, &known); known < 0 {
 		c.fail()
 	}
-	files = make([]indexed, n)
-	for i := 0; i < n && c.err == nil; i++ {
+	files = make([]indexed, c.count(0))
+	for i := 0; i < len(files) && c.err == nil; i++ {
 		c.file(&files[i])
 	}
 	return c, known, files, c.err
@@ -356,6 +352,17 @@ func (c *codec) uint(p *uint64) {
 	}
 	c.fail()
 	*p = 0
+}
+
+// count writes or reads n, a count of the items that follow. Each takes
+// a byte at least. So a count past what is left is damage.
+func (c *codec) count(n int) int {
+	u := uint64(n)
+	if c.uint(&u); c.read && u > uint64(len(c.s)) {
+		c.fail()
+		return 0
+	}
+	return int(u)
 }
 
 // num writes or reads a signed number, zig-zagged as binary.AppendVarint
@@ -423,22 +430,14 @@ func (c *codec) time(p *time.Time) {
 // normHeader keeps it.
 func (c *codec) header(h *http.Header) {
 	keys := slices.Sorted(maps.Keys(*h))
-	n := len(keys)
-	num(c, &n)
-	if c.read && n > 0 && n <= len(c.s) {
+	if n := c.count(len(keys)); c.read && n > 0 {
 		keys, *h = make([]string, n), make(http.Header, n)
-	} else if c.read && n > 0 {
-		c.fail()
 	}
 	for _, k := range keys {
 		vs := (*h)[k]
 		str(c, &k)
-		m := len(vs)
-		num(c, &m)
-		if c.read && m > 0 && m <= len(c.s) {
+		if m := c.count(len(vs)); c.read && m > 0 {
 			vs = make([]string, m)
-		} else if c.read && m > 0 {
-			c.fail()
 		}
 		for i := range vs {
 			str(c, &vs[i])
