@@ -1,7 +1,9 @@
 package persist
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"time"
@@ -54,6 +56,20 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 		return nil, errors.New("bytes in excess")
 	}
 	return got, d.err
+}
+
+// DecodeIndexBody decodes an index whose content after its checksum is
+// body, the checksum made to hold.
+func DecodeIndexBody(body []byte) error {
+	data := append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)
+	data = append(data, body...)
+	n := len(indexMagic) + 1
+	binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crcTable))
+	c, _, files, err := decodeIndexFiles(data)
+	if err == nil {
+		_, err = indexEntries(c, files)
+	}
+	return err
 }
 
 // IndexEntry is a file of the index, for EditIndex: its name and its

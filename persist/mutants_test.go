@@ -236,5 +236,12 @@ func TestMutants(t *testing.T) {
 			Replace: "\t\tif _ = vs; false {\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^every_field_of_a_record_comes_back_from_it$",
 		},
+		{
+			Name: "index-count-unchecked", File: "persist/index.go",
+			Note:    "an index's count of files or header fields is not checked against the bytes left: an index whose checksum holds but whose count runs past its end makes OpenDir allocate for it, or panic",
+			Anchor:  "\tif c.uint(&u); c.read && u > uint64(len(c.s)) {\n",
+			Replace: "\tif c.uint(&u); false {\n",
+			Pkg:     "./persist", Run: "^TestIndex$/^a_count_past_its_end_is_refused,_not_allocated$",
+		},
 	})
 }
