@@ -232,7 +232,8 @@ racing writers one wins.
 # Format version and migration
 
 Every record carries the [FormatVersion] that wrote it. This release
-writes and reads version 1. A later release that changes the encoding
+writes and reads version 1. Format 1 is frozen: a change to it needs a
+new FormatVersion (testdata/format1 holds its golden files). A later release that changes the encoding
 will raise FormatVersion. It will read the versions before it, and write
 its own on the next write. So records migrate one at a time. A crash
 mid-migration leaves each record in one version or the other. A record
