@@ -9,22 +9,10 @@ import (
 	"strings"
 )
 
-// File names. A record's file name is derived from its key and its
-// name. So a key can never name a path outside the store's directory. Two
-// keys never share a file, also on case-insensitive file systems (macOS,
-// Windows). The name is stem + "." + tag + ".json". The stem is one of:
-//
-//   - "k-" + the key's bytes in lower-case base32hex without padding, for
-//     a key of up to maxEncodedKey bytes. The name gives the key back even
-//     when the file's content is unreadable.
-//   - "h-" + the hex SHA-256 of a longer key. The name so stays under the
-//     usual 255-byte limit.
-//
-// The tag is the first 8 bytes of the SHA-256 of the record's Name. It is
-// in lower-case base32hex (13 characters). A damaged file still tells
-// which action it may belong to. And List for one Name reads only its
-// files.
-//
+// File names: stem + "." + tag + ".json", as the package docs' "File
+// layout" tells. The stem spells the key ("k-", base32hex) or, for a key
+// over maxEncodedKey bytes, hashes it ("h-", hex SHA-256). The tag is the
+// first 8 bytes of the SHA-256 of the record's Name, in base32hex.
 // Temporary files start with tempPrefix and are never records.
 const (
 	maxEncodedKey = 143 // 229 bytes of base32: with prefix, tag and suffix, 250
@@ -66,10 +54,19 @@ type parsedName struct {
 	// stray file's name looks like a record's but spells no key or no
 	// tag. No store wrote it.
 	id string
-	// key is the record's key when the name spells it (a "k-" name).
-	key string
 	// tag is the tag of the record's Name, or "" if the name carries none.
 	tag string
+}
+
+// key returns the record's key when the name spells it (a "k-" name),
+// else "". A listing never needs it. So it is decoded only here.
+func (p parsedName) key() string {
+	enc, ok := strings.CutPrefix(p.id, encodedPrefix)
+	if !ok {
+		return ""
+	}
+	b, _ := keyEncoding.DecodeString(enc) // parseName checked the spelling
+	return string(b)
 }
 
 // parseName parses a file name of the store's directory. ok is false if
@@ -84,17 +81,17 @@ func parseName(name string) (p parsedName, ok bool) {
 		return p, false
 	}
 	keyPart, tag, _ := strings.Cut(rest, ".")
-	if b, err := keyEncoding.DecodeString(tag); err != nil || len(tag) != tagLen || keyEncoding.EncodeToString(b) != tag {
+	if len(tag) != tagLen || !canonical(tag) {
 		return parsedName{}, true // stray
 	}
 	p.tag = tag
 	if enc, ok := strings.CutPrefix(keyPart, encodedPrefix); ok {
-		b, err := keyEncoding.DecodeString(enc)
-		if err != nil || len(b) == 0 || len(b) > maxEncodedKey || keyEncoding.EncodeToString(b) != enc {
+		// 1 to maxEncodedKey bytes, in the encoding's one spelling. The
+		// key is decoded only when asked for (see key).
+		if n := len(enc) * 5 / 8; n == 0 || n > maxEncodedKey || !canonical(enc) {
 			return parsedName{}, true // stray
 		}
-		p.key = string(b)
-		p.id = keyPart // stem(p.key): the spelling was checked
+		p.id = keyPart
 		return p, true
 	}
 	h := strings.TrimPrefix(keyPart, hashedPrefix)
@@ -103,6 +100,31 @@ func parseName(name string) (p parsedName, ok bool) {
 	}
 	p.id = keyPart
 	return p, true
+}
+
+// canonical reports whether s is base32 as keyEncoding writes it: its
+// letters, a length an encoding can have, and zero bits past the last
+// byte. Each encoding then has one spelling, so one file name per key.
+// It spares a listing the encoding of each name back.
+func canonical(s string) bool {
+	n := len(s)
+	switch n % 8 {
+	case 1, 3, 6:
+		return false
+	}
+	v := 0
+	for i := range n {
+		switch c := s[i]; {
+		case '0' <= c && c <= '9':
+			v = int(c - '0')
+		case 'a' <= c && c <= 'v':
+			v = int(c-'a') + 10
+		default:
+			return false
+		}
+	}
+	spare := n * 5 % 8 // bits of the last letter past the last byte
+	return n == 0 || v&(1<<spare-1) == 0
 }
 
 // filterTag returns the tag of f's Name, "" for none.
@@ -174,7 +196,7 @@ func decodeFile(p parsedName, data []byte) (*Record, error) {
 // whose name parsed as p.
 func belongs(p parsedName, r *Record) error {
 	switch {
-	case p.key != "" && r.Key != p.key, p.key == "" && stem(r.Key) != p.id:
+	case stem(r.Key) != p.id:
 		return fmt.Errorf("the key inside (%q) does not belong to this file name", r.Key)
 	case nameTag(r.Name) != p.tag:
 		return fmt.Errorf("the name inside (%q) does not belong to this file name", r.Name)

@@ -122,8 +122,8 @@ The store keeps the unresolved records in memory, and nothing else. It
 reads a resolved record from its file when asked for it. Listing 10,000
 names and reading 1,000 files would take tens of milliseconds at start.
 So [OpenDir] starts from the index when it can. The index is one file.
-It holds the unresolved records and their files' stamps, in gob, with a
-CRC-32C. It holds how many entries the directory had, too. OpenDir reads
+It holds the unresolved records and their files' stamps, in a flat
+binary encoding, with a CRC-32C. It holds how many entries the directory had, too. OpenDir reads
 it and stamps the unresolved files, one stat each. It neither lists the
 directory nor reads a record file.
 
@@ -177,22 +177,18 @@ not seen to change.
 
 # Permissions
 
-OpenDir creates the directory with mode 0700 and every file with 0600.
-Stored bodies may hold card tokens or personal data. An existing
-directory may give group or others some access. Then OpenDir refuses
-with an error that names the directory and its mode. It does not change
-the mode of a directory it did not create. Run chmod 0700 on it, or pass
-a new directory, such as a subdirectory of the app's data directory.
-Apps that must not keep response bodies at rest set
+OpenDir creates the directory with mode 0700 and every file with 0600:
+bodies may hold card tokens or personal data. It refuses a directory that
+gives group or others some access, and never changes its mode (see
+[OpenDir]). Apps that must not keep response bodies at rest set
 [Options].DiscardResponseBodies.
 
 # Locking
 
 A FileStore holds an exclusive lock on its directory from OpenDir to
-Close. A second OpenDir of the directory fails at once, from this process
-or another. Its error matches [ErrLocked] and names the directory. Two
-writers could interleave versions of an intent. And a store that keeps
-what it read in memory must be the only writer.
+Close. A second OpenDir fails at once with [ErrLocked]. Two writers
+could interleave versions of an intent, and a store that keeps what it
+read in memory must be the only writer.
 
 On Linux, Android, Darwin (macOS, iOS) and the BSDs, the lock is flock(2)
 on the directory itself. No one can remove that from under the holder.
@@ -209,27 +205,15 @@ Within a process, a FileStore is safe for concurrent use.
 
 # Damage
 
-The store reports a record that cannot be read. It never repairs it, and
-deletes nothing because of it. [FileStore.Get] returns its *CorruptError.
-[FileStore.Write] refuses to overwrite it, and [FileStore.Delete] to
-delete it, as it has no version to compare. [FileStore.List] returns the
-readable records it selects. With them it returns a *CorruptError for
-each damaged file that may hold a selected record. With [Filter].Name
-set, List neither reads nor reports the damaged files of other actions,
-told by their names' tags. So one bad file stops only the action it may
-belong to. In idem's client, that is Client.Intent for that name. A
-damaged file may hold an unresolved record. So a List of unresolved
-records reports it, unless the index showed it held a resolved one. A
-List reports a stray file only when Filter.Name is empty.
-[CorruptErrors] returns every *CorruptError of the joined error.
-errors.As finds only the first.
-
-To find every damaged file, List with the zero Filter.
-[FileStore.Quarantine] moves one aside, durably, into the directory's
-quarantine subdirectory. The store then no longer sees it. The intent it
-held, if any, is gone from the store until the app writes it again.
-Before that, the app or its engineer should look at the file. It may
-hold a payment whose outcome is unknown.
+The store reports a record that cannot be read as a [*CorruptError]. It
+never repairs it, and deletes nothing because of it. Write and Delete
+refuse it, as it has no version to compare. [FileStore.List] says which
+damaged files it reports. With [Filter].Name set, it leaves out the
+damaged files of other actions, told by their names' tags. So one bad
+file stops only the action it may belong to. To find every damaged
+file, List with the zero Filter. [FileStore.Quarantine] moves one aside,
+durably, into the directory's quarantine subdirectory. Look at the file
+first: it may hold a payment whose outcome is unknown.
 
 A failed write (a full disk, a read-only directory) fails the Write. Its
 error names the intent and the directory. The previous version stays
@@ -238,27 +222,18 @@ nothing.
 
 # One writer per action
 
-Every change is conditional, and the Store interface carries it. It has
-one write method and one delete. No unconditional save exists that a
-wrapper could override alone. Write with no old version writes a new
-intent, the latest of its action. No record may have its key, and every
-record of its Name must have a lower Seq ([Claim]). Write with an old
-version, and Delete, change a record only while it is that version
-([SaveIf], [DeleteIf]). Check and change are one step. So two clients
-sharing the store cannot both make an intent for one action. Nor can a
-client that takes over an armed intent and the client that armed it both
-win. The loser gets a [*ConflictError] holding the stored record.
-
-A version is a record's Rev. Its writer sets it to a new value
-([NewRev]) before each write. A writer that lost the answer of its write
-reads the record back. By the Rev, it knows whether the write landed
-([SameVersion]). persisttest checks each of these rules. It checks too
-that of two racing writers one wins.
+Every change is conditional, and the Store interface carries it (see
+[Store]): [Claim] writes an action's new intent, [SaveIf] and [DeleteIf]
+change a record only while it is the version read. So two clients
+sharing the store cannot both win. The loser gets a [*ConflictError]
+holding the stored record. persisttest checks each rule, and that of two
+racing writers one wins.
 
 # Format version and migration
 
 Every record carries the [FormatVersion] that wrote it. This release
-writes and reads version 1. A later release that changes the encoding
+writes and reads version 1. Format 1 is frozen: a change to it needs a
+new FormatVersion (testdata/format1 holds its golden files). A later release that changes the encoding
 will raise FormatVersion. It will read the versions before it, and write
 its own on the next write. So records migrate one at a time. A crash
 mid-migration leaves each record in one version or the other. A record

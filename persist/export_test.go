@@ -1,6 +1,9 @@
 package persist
 
 import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"time"
@@ -44,19 +47,29 @@ func Kept(r *Record) *Record { return prepare(r, Options{}) }
 
 // IndexRoundTrip encodes r as the index does and decodes it back.
 func IndexRoundTrip(r *Record) (*Record, error) {
-	data, err := encodeIndex(indexHead{Files: []indexed{{HasRec: true}}}, []*Record{r})
+	d, _, _, err := decodeIndexFiles(encodeIndex(0, []indexed{{Rec: r}}))
 	if err != nil {
 		return nil, err
 	}
-	d, _, err := decodeIndexHead(data)
-	if err != nil {
-		return nil, err
+	got := &Record{}
+	if d.record(got); d.err == nil && d.s != "" {
+		return nil, errors.New("bytes in excess")
 	}
-	var recs []*Record
-	if err := d.Decode(&recs); err != nil {
-		return nil, err
+	return got, d.err
+}
+
+// DecodeIndexBody decodes an index whose content after its checksum is
+// body, the checksum made to hold.
+func DecodeIndexBody(body []byte) error {
+	data := append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)
+	data = append(data, body...)
+	n := len(indexMagic) + 1
+	binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crcTable))
+	c, _, files, err := decodeIndexFiles(data)
+	if err == nil {
+		_, err = indexEntries(c, files)
 	}
-	return recs[0], nil
+	return err
 }
 
 // IndexEntry is a file of the index, for EditIndex: its name and its
@@ -76,38 +89,30 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	if err != nil {
 		return err
 	}
-	d, head, err := decodeIndexHead(data)
+	d, known, files, err := decodeIndexFiles(data)
 	if err != nil {
 		return err
 	}
-	var recs []*Record
-	if err := d.Decode(&recs); err != nil {
-		return err
-	}
 	var view []*IndexEntry
-	files := map[string]indexed{}
-	for _, f := range head.Files {
-		ie := &IndexEntry{File: f.Name}
-		if f.HasRec {
-			ie.Rec, recs = recs[0], recs[1:]
+	byName := map[string]indexed{}
+	for _, f := range files {
+		if f.Rec != nil {
+			d.record(f.Rec)
 		}
-		files[f.Name] = f
-		view = append(view, ie)
+		byName[f.Name] = f
+		view = append(view, &IndexEntry{File: f.Name, Rec: f.Rec})
+	}
+	if d.err != nil {
+		return d.err
 	}
 	edit(view)
-	head.Files, recs = nil, nil
+	files = nil
 	for _, v := range view {
-		f := files[v.File]
-		f.Name, f.HasRec = v.File, v.Rec != nil
-		head.Files = append(head.Files, f)
-		if v.Rec != nil {
-			recs = append(recs, v.Rec)
-		}
+		f := byName[v.File]
+		f.Name, f.Rec = v.File, v.Rec
+		files = append(files, f)
 	}
-	if data, err = encodeIndex(head, recs); err != nil {
-		return err
-	}
-	return os.WriteFile(path, data, 0o600)
+	return os.WriteFile(path, encodeIndex(known, files), 0o600)
 }
 
 // Stem is the id of key's entry in the store and the index.

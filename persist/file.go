@@ -271,11 +271,15 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		e := &entry{name: name, p: p, mode: de.Type()}
 		id := p.id
 		if first := l[id]; id != "" && first != nil {
-			// Two files of one key: neither may be taken for it.
+			// Two files of one key: neither may be taken for it. The
+			// first in name order keeps the key's place.
 			first.twin, e.twin = true, true
+			if name < first.name {
+				l[id], e = e, first
+			}
 		}
 		if id == "" || e.twin {
-			id = "?" + name
+			id = "?" + e.name
 		}
 		l[id] = e
 	}
@@ -352,7 +356,7 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 		r, err = decodeFile(e.p, data)
 	}
 	if err != nil {
-		e.corrupt = &CorruptError{Path: path, Key: e.p.key, Err: err}
+		e.corrupt = &CorruptError{Path: path, Key: e.p.key(), Err: err}
 		return nil, e.corrupt
 	}
 	e.resolved = r.State.Resolved()

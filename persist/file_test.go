@@ -45,11 +45,6 @@ func openFile(t testing.TB, dir string, opts *persist.Options) *persist.FileStor
 	return s
 }
 
-func TestFileConformance(t *testing.T) {
-	t.Parallel()
-	persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
-}
-
 // openDirCase is a subtest of TestOpenDir.
 type openDirCase struct {
 	name string
@@ -416,8 +411,8 @@ func fileLazyResolved(t *testing.T) {
 	assert.Len(t, unresolved, 1)
 }
 
-// fileNotUTF8: JSON would change bytes that are not UTF-8, and gob keeps
-// them. So a Name, a Key or a request header that is not UTF-8 is
+// fileNotUTF8: JSON would change bytes that are not UTF-8, and the index
+// keeps them. So a Name, a Key or a request header that is not UTF-8 is
 // refused, with an error that says which. Nothing is stored.
 func fileNotUTF8(t *testing.T) {
 	t.Parallel()

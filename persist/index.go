@@ -3,12 +3,15 @@ package persist
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"maps"
+	"net/http"
 	"path/filepath"
+	"slices"
+	"time"
 
 	"github.com/idemkit/idem/persist/internal/fsys"
 )
@@ -23,7 +26,7 @@ const (
 	// indexMagic starts every index file. The byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 6
+	indexVersion = 8
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -32,13 +35,6 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // a caller.
 var errIndex = errors.New("index not usable")
 
-// indexHead is the first gob value of the index. The records follow as a
-// second one. So the files are stamped while the records are decoded.
-type indexHead struct {
-	Known int // how many entries the directory held
-	Files []indexed
-}
-
 // indexed is a file of the index, one that may hold an unresolved
 // record.
 type indexed struct {
@@ -46,9 +42,9 @@ type indexed struct {
 	Mode  fs.FileMode
 	Stamp fsys.Stamp
 	Twin  bool // a file of a key that has two (see entry)
-	// HasRec is set if the index holds the file's record. That record was
-	// read or written with this stamp.
-	HasRec bool
+	// Rec is the file's record, if the index holds it. It was read or
+	// written with Stamp.
+	Rec *Record
 }
 
 // indexPath returns the path of the index file.
@@ -68,12 +64,12 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	d, head, err := decodeIndexHead(data)
+	d, known, files, err := decodeIndexFiles(data)
 	if err != nil {
 		return err
 	}
-	names := make([]string, len(head.Files))
-	for i, f := range head.Files {
+	names := make([]string, len(files))
+	for i, f := range files {
 		names[i] = f.Name
 	}
 	// The files are stamped while the records are decoded. The system
@@ -87,7 +83,7 @@ func (s *FileStore) loadIndex() error {
 		st, err := s.fs.Stamps(s.dir, names)
 		ch <- stamped{st, err}
 	}()
-	ents, err := indexEntries(d, head)
+	ents, err := indexEntries(d, files)
 	got := <-ch
 	if err != nil {
 		return err
@@ -95,64 +91,44 @@ func (s *FileStore) loadIndex() error {
 	if got.err != nil {
 		return got.err
 	}
-	if err := s.useIndex(head.Files, ents, got.st, idxSt); err != nil {
+	if err := s.useIndex(files, ents, got.st, idxSt); err != nil {
 		return err
 	}
-	s.known, s.indexed = head.Known, true
+	s.known, s.indexed = known, true
 	return nil
 }
 
-// decodeIndexHead checks an index file's version and checksum. It
-// decodes the head, and leaves the records in d.
-func decodeIndexHead(data []byte) (d *gob.Decoder, head indexHead, err error) {
-	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
-	switch {
-	case !ok || len(rest) < 5:
-		return nil, head, fmt.Errorf("%w: not an index file", errIndex)
-	case rest[0] != indexVersion:
-		return nil, head, fmt.Errorf("%w: index version %d", errIndex, rest[0])
-	case crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]):
-		return nil, head, fmt.Errorf("%w: checksum mismatch", errIndex)
-	}
-	d = gob.NewDecoder(bytes.NewReader(rest[5:]))
-	if err := d.Decode(&head); err != nil {
-		return nil, head, fmt.Errorf("%w: %w", errIndex, err)
-	}
-	return d, head, nil
-}
-
-// indexEntries decodes the records that follow head in d. It returns the
-// entries of the index's files, each checked. Its name must be a record
-// file's. Its record, if any, must be unresolved. It must belong to the
-// file, as a record read from the file must. An index may be damaged
-// past its checksum, or copied from another store. It must never report
-// a record under another key, or in another state, than its file holds.
-func indexEntries(d *gob.Decoder, head indexHead) ([]*entry, error) {
-	var recs []*Record
-	if err := d.Decode(&recs); err != nil {
-		return nil, fmt.Errorf("%w: %w", errIndex, err)
-	}
-	ents := make([]*entry, len(head.Files))
-	for i, f := range head.Files {
+// indexEntries decodes the records that follow files in d. It returns
+// the entries of the index's files, each checked. Its name must be a
+// record file's. Its record, if any, must be unresolved. It must belong
+// to the file, as a record read from the file must. An index may be
+// damaged past its checksum, or copied from another store. It must never
+// report a record under another key, or in another state, than its file
+// holds.
+func indexEntries(d *codec, files []indexed) ([]*entry, error) {
+	ents := make([]*entry, len(files))
+	for i := range files {
+		f := &files[i]
 		p, ok := parseName(f.Name)
 		if !ok {
 			return nil, fmt.Errorf("%w: %s is not a record file's name", errIndex, f.Name)
 		}
 		e := &entry{name: f.Name, p: p, mode: f.Mode, twin: f.Twin}
 		ents[i] = e
-		if !f.HasRec {
+		if f.Rec == nil {
 			continue
 		}
-		if len(recs) == 0 {
-			return nil, fmt.Errorf("%w: records missing", errIndex)
+		d.record(f.Rec)
+		e.rec, e.st = f.Rec, f.Stamp
+		if d.err != nil {
+			return nil, d.err
 		}
-		e.rec, e.st, recs = recs[0], f.Stamp, recs[1:]
 		if err := checkIndexed(e); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", errIndex, f.Name, err)
 		}
 	}
-	if len(recs) != 0 {
-		return nil, fmt.Errorf("%w: records in excess", errIndex)
+	if d.s != "" {
+		return nil, fmt.Errorf("%w: bytes in excess", errIndex)
 	}
 	return ents, nil
 }
@@ -277,8 +253,8 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		return 0, nil, errIndex
 	}
 	c = s.changes
-	head := indexHead{Known: len(s.entries), Files: []indexed{}}
-	recs := []*Record{}
+	known := len(s.entries)
+	var files []indexed
 	for _, e := range s.entries {
 		if e.resolved {
 			continue
@@ -287,31 +263,253 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
 			// Only with the stamp the file had when its record was
 			// read or written. A change since then must show.
-			f.Stamp, f.HasRec = e.st, true
-			recs = append(recs, e.rec)
+			f.Stamp, f.Rec = e.st, e.rec
 		}
-		head.Files = append(head.Files, f)
+		files = append(files, f)
 	}
 	s.mu.Unlock()
-	data, err = encodeIndex(head, recs)
-	return c, data, err
+	return c, encodeIndex(known, files), nil
 }
 
-// encodeIndex returns the content of an index file. It holds the magic
-// and the version, then a CRC-32C of the rest. Then come head and recs,
-// in gob.
-func encodeIndex(head indexHead, recs []*Record) ([]byte, error) {
-	b := bytes.NewBufferString(indexMagic)
-	b.Write([]byte{indexVersion, 0, 0, 0, 0})
-	enc := gob.NewEncoder(b)
-	if err := enc.Encode(head); err != nil {
-		return nil, err
+// The index's encoding is flat: varints, and strings after their length.
+// Decoding it was most of an open's time in gob. One list of a record's
+// fields serves both ways (see codec). It has no field names. So TestIndex
+// checks that a record with every field set comes back whole.
+
+// encodeIndex returns the content of an index file: the magic, the
+// version and a CRC-32C of the rest. Then come known and the files, and
+// last the files' records.
+func encodeIndex(known int, files []indexed) []byte {
+	c := &codec{b: append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)}
+	num(c, &known)
+	c.count(len(files))
+	for i := range files {
+		c.file(&files[i])
 	}
-	if err := enc.Encode(recs); err != nil {
-		return nil, err
+	for _, f := range files {
+		if f.Rec != nil {
+			c.record(f.Rec)
+		}
 	}
-	data := b.Bytes()
-	n := len(indexMagic) + 1
-	binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crcTable))
-	return data, nil
+	i := len(indexMagic) + 1
+	binary.LittleEndian.PutUint32(c.b[i:i+4], crc32.Checksum(c.b[i+4:], crcTable))
+	return c.b
+}
+
+// decodeIndexFiles checks an index file's version and checksum. It
+// decodes known and the files, and leaves their records in c.
+func decodeIndexFiles(data []byte) (c *codec, known int, files []indexed, err error) {
+	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
+	switch {
+	case !ok || len(rest) < 5:
+		return nil, 0, nil, fmt.Errorf("%w: not an index file", errIndex)
+	case rest[0] != indexVersion:
+		return nil, 0, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+	case crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]):
+		return nil, 0, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+	}
+	// One string for the whole index: the records' strings share it.
+	c = &codec{s: string(rest[5:]), read: true}
+	if num(c, &known); known < 0 {
+		c.fail()
+	}
+	files = make([]indexed, c.count(0))
+	for i := 0; i < len(files) && c.err == nil; i++ {
+		c.file(&files[i])
+	}
+	return c, known, files, c.err
+}
+
+// codec writes the index's values to b, or reads them from s. Each of its
+// methods does one or the other, so one list of fields serves both ways.
+// Writing never stores to what it is given: the records are shared. The
+// first failure to read sticks in err. Every read after it gives zeros.
+type codec struct {
+	b    []byte
+	s    string
+	read bool
+	err  error
+}
+
+func (c *codec) fail() {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: truncated or malformed", errIndex)
+	}
+	c.s = ""
+}
+
+func (c *codec) uint(p *uint64) {
+	if !c.read {
+		c.b = binary.AppendUvarint(c.b, *p)
+		return
+	}
+	for i, v := 0, uint64(0); i < len(c.s) && i < binary.MaxVarintLen64; i++ {
+		v |= uint64(c.s[i]&0x7f) << (7 * i)
+		if c.s[i] < 0x80 {
+			*p, c.s = v, c.s[i+1:]
+			return
+		}
+	}
+	c.fail()
+	*p = 0
+}
+
+// count writes or reads n, a count of the items that follow. Each takes
+// a byte at least. So a count past what is left is damage.
+func (c *codec) count(n int) int {
+	u := uint64(n)
+	if c.uint(&u); c.read && u > uint64(len(c.s)) {
+		c.fail()
+		return 0
+	}
+	return int(u)
+}
+
+// num writes or reads a signed number, zig-zagged as binary.AppendVarint
+// does.
+func num[T ~int | ~int64](c *codec, p *T) {
+	v := int64(*p)
+	u := uint64(v<<1) ^ uint64(v>>63)
+	c.uint(&u)
+	if c.read {
+		*p = T(int64(u>>1) ^ -int64(u&1))
+	}
+}
+
+// str writes or reads a string after its length.
+func str[T ~string](c *codec, p *T) {
+	n := uint64(len(*p))
+	c.uint(&n)
+	switch {
+	case !c.read:
+		c.b = append(c.b, *p...)
+	case n > uint64(len(c.s)):
+		c.fail()
+	default:
+		*p, c.s = T(c.s[:n]), c.s[n:]
+	}
+}
+
+func (c *codec) bool(p *bool) {
+	var u uint64
+	if *p {
+		u = 1
+	}
+	c.uint(&u)
+	if c.read {
+		*p = u == 1
+		if u > 1 {
+			c.fail()
+		}
+	}
+}
+
+// bytes writes or reads a byte slice. An empty one reads back nil, as
+// normalize keeps it.
+func (c *codec) bytes(p *[]byte) {
+	s := string(*p)
+	str(c, &s)
+	if c.read && s != "" {
+		*p = []byte(s)
+	}
+}
+
+// time writes or reads t in time.Time's binary form, which keeps its
+// instant and its zone's offset.
+func (c *codec) time(p *time.Time) {
+	m, _ := p.MarshalBinary() // fails only for an offset out of range
+	s := string(m)
+	str(c, &s)
+	if c.read && p.UnmarshalBinary([]byte(s)) != nil {
+		c.fail()
+	}
+}
+
+// header writes h's fields in name order, so the index's bytes depend on
+// its content alone. A field without values reads back nil, as
+// normHeader keeps it.
+func (c *codec) header(h *http.Header) {
+	keys := slices.Sorted(maps.Keys(*h))
+	if n := c.count(len(keys)); c.read && n > 0 {
+		keys, *h = make([]string, n), make(http.Header, n)
+	}
+	for _, k := range keys {
+		vs := (*h)[k]
+		str(c, &k)
+		if m := c.count(len(vs)); c.read && m > 0 {
+			vs = make([]string, m)
+		}
+		for i := range vs {
+			str(c, &vs[i])
+		}
+		if c.read {
+			(*h)[k] = vs
+		}
+	}
+}
+
+// file writes or reads a file of the index. Its record comes later.
+func (c *codec) file(f *indexed) {
+	str(c, &f.Name)
+	mode := uint64(f.Mode)
+	c.uint(&mode)
+	c.uint(&f.Stamp.Ino)
+	num(c, &f.Stamp.Size)
+	num(c, &f.Stamp.Mod)
+	num(c, &f.Stamp.Change)
+	c.bool(&f.Twin)
+	has := f.Rec != nil
+	c.bool(&has)
+	if c.read {
+		f.Mode = fs.FileMode(mode)
+		if has {
+			f.Rec = &Record{} // filled by record
+		}
+	}
+}
+
+// record writes or reads every field of r.
+func (c *codec) record(r *Record) {
+	num(c, &r.Version)
+	for _, p := range []*string{&r.Rev, &r.Key, &r.Name, &r.Method, &r.URL, &r.Fingerprint, &r.KeyHeader, &r.Holder} {
+		str(c, p)
+	}
+	c.header(&r.Header)
+	c.bytes(&r.Body)
+	c.uint(&r.Seq)
+	c.time(&r.CreatedAt)
+	c.time(&r.UpdatedAt)
+	str(c, &r.State)
+	num(c, &r.Attempts)
+	for _, p := range []*bool{&r.Tombstone, &r.Redirected, &r.HandedOut} {
+		c.bool(p)
+	}
+	has := r.Response != nil
+	if c.bool(&has); has {
+		if c.read {
+			r.Response = &Response{}
+		}
+		p := r.Response
+		num(c, &p.StatusCode)
+		c.header(&p.Header)
+		c.bytes(&p.Body)
+		c.bool(&p.Replayed)
+		c.bool(&p.Oversized)
+	}
+	has = r.Clocks != nil
+	if c.bool(&has); has {
+		if c.read {
+			r.Clocks = &Clocks{}
+		}
+		k := r.Clocks
+		for _, p := range []*string{&k.ArmBoot, &k.WriteBoot, &k.SendBoot} {
+			str(c, p)
+		}
+		for _, p := range []*time.Duration{&k.Armed, &k.Written, &k.SendBy} {
+			num(c, p)
+		}
+		for _, p := range []*time.Time{&k.ArmMark, &k.Mark, &k.SendWall} {
+			c.time(p)
+		}
+	}
 }

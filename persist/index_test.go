@@ -3,6 +3,7 @@ package persist_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
@@ -51,9 +52,25 @@ func TestIndex(t *testing.T) {
 		{"a new intent waits for the listing", indexNewIntentWaitsForTheListing},
 		{"a file put in by hand is listed once the directory is", indexForeignFile},
 		{"its write gives up on a change", indexWriteGivesUpOnAChange},
+		{"a count past its end is refused, not allocated", indexCountPastItsEnd},
 	} {
 		t.Run(c.name, c.run)
 	}
+}
+
+// indexCountPastItsEnd decodes an index of a few bytes whose checksum
+// holds and whose count of files runs far past its end. The count must
+// be refused before anything is allocated for it: an index is read at
+// every open, and may come from a copy or another build.
+func indexCountPastItsEnd(t *testing.T) {
+	const files = 4_000_000 // about 300 MB of entries if allocated
+	body := binary.AppendUvarint([]byte{0}, files)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := persist.DecodeIndexBody(body)
+	runtime.ReadMemStats(&after)
+	require.Error(t, err)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "bytes allocated")
 }
 
 // indexRecordFields sets every field of a Record, its Response and its

@@ -49,7 +49,20 @@ var (
 		persist.StateSucceeded, persist.StateFailed, persist.StateRejected, persist.StateVoid}
 )
 
+// TestPowerCut: a power cut at any point of the store's work loses no
+// saved record and changes none. A file system that forgets what was not
+// synced (strictFS) cuts the power.
 func TestPowerCut(t *testing.T) {
+	t.Parallel()
+	t.Run("no saved record is lost or changed", powerCuts)
+	t.Run("each dropped step of the durability scheme is caught", powerCutCatchesMutants)
+	t.Run("a seed replays the same cuts", powerCutIsDeterministic)
+	t.Run("a cut in a Quarantine loses no file", powerCutQuarantine)
+}
+
+// powerCuts runs the seeds of the power-cut test, or the one seed named
+// by powerCutSeedEnv.
+func powerCuts(t *testing.T) {
 	t.Parallel()
 	if s := os.Getenv(powerCutSeedEnv); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
@@ -79,7 +92,7 @@ func TestPowerCut(t *testing.T) {
 	seeds := uint64((cuts + powerCutsPerSeed - 1) / powerCutsPerSeed)
 	for seed := uint64(1); seed <= seeds; seed++ {
 		if err := runPowerCuts(seed, powerCutsPerSeed, nil); err != nil {
-			t.Fatalf("seed %d: %v\nrerun: %s=%d go test ./persist -run 'TestPowerCut$' -count=1 -v",
+			t.Fatalf("seed %d: %v\nrerun: %s=%d go test ./persist -run 'TestPowerCut/^no_saved_record_is_lost_or_changed$' -count=1 -v",
 				seed, err, powerCutSeedEnv, seed)
 		}
 	}
@@ -94,10 +107,10 @@ func TestPowerCut(t *testing.T) {
 // store's index: the reopens after a power cut, and the other opens.
 var indexOpens, indexEpochs atomic.Int64
 
-// TestPowerCutCatchesMutants runs the power-cut test on a file system that
+// powerCutCatchesMutants runs the power-cut test on a file system that
 // drops one step of the durability scheme, and fails if the test does not
 // notice within the default budget.
-func TestPowerCutCatchesMutants(t *testing.T) {
+func powerCutCatchesMutants(t *testing.T) {
 	t.Parallel()
 	mutants := []struct {
 		name string
@@ -191,7 +204,7 @@ func runPowerCuts(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) error {
 }
 
 // runPowerCutsState runs the seed and returns the log of its last
-// operations and the file system it left, for TestPowerCutIsDeterministic.
+// operations and the file system it left, for powerCutIsDeterministic.
 func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (string, error) {
 	r := &powerRun{
 		rng:     rand.New(rand.NewPCG(seed, 0x1de3)),
@@ -227,10 +240,10 @@ func runPowerCutsState(seed uint64, cuts int, wrap func(fsys.FS) fsys.FS) (strin
 	return strings.Join(r.log, "\n") + "\n" + r.mem.String(), nil
 }
 
-// TestPowerCutIsDeterministic runs seeds twice: the operations, the cuts
+// powerCutIsDeterministic runs seeds twice: the operations, the cuts
 // and what the file system kept must be the same, so that a seed printed
 // by a failure replays it.
-func TestPowerCutIsDeterministic(t *testing.T) {
+func powerCutIsDeterministic(t *testing.T) {
 	t.Parallel()
 	seeds := uint64(50)
 	if testing.Short() || raceEnabled {
@@ -504,11 +517,11 @@ func describeAll(rs []*persist.Record) string {
 	return "[" + strings.Join(out, ", ") + "]"
 }
 
-// TestPowerCutQuarantine cuts the power at every point of a Quarantine: the
+// powerCutQuarantine cuts the power at every point of a Quarantine: the
 // damaged file is afterwards in the store's directory or in quarantine (or
 // in both), never lost; once Quarantine has returned nil it is in
 // quarantine alone.
-func TestPowerCutQuarantine(t *testing.T) {
+func powerCutQuarantine(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	damaged := []byte(`{"version":1,"key":"bad"`)

