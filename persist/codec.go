@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// File names: stem + "." + tag + ".json", as the package docs' "File
+// File names: stem + "." + tag + ".json", as docs/PERSIST.md's "File
 // layout" tells. The stem spells the key ("k-", base32hex) or, for a key
 // over maxEncodedKey bytes, hashes it ("h-", hex SHA-256). The tag is the
 // first 8 bytes of the SHA-256 of the record's Name, in base32hex.

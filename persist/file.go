@@ -17,13 +17,13 @@ import (
 )
 
 // FileStore is the default Store. It keeps one file per intent, in a
-// directory of its own. Each Write is durable before it returns. The
-// package docs tell the layout, the durability scheme and the locking.
-// They tell too what happens to damaged files.
+// directory of its own. Each Write is durable before it returns.
+// docs/PERSIST.md tells the layout, the durability scheme and the locking.
+// It tells too what happens to damaged files.
 //
 // A FileStore holds an exclusive lock on its directory from OpenDir to
 // Close. It keeps the unresolved records in memory. The index holds them,
-// and OpenDir reads them from it (see the package docs). A resolved
+// and OpenDir reads them from it (see docs/PERSIST.md). A resolved
 // record is read from its file each time it is asked for. A FileStore is
 // safe for concurrent use by multiple goroutines.
 type FileStore struct {

@@ -19,8 +19,8 @@ import (
 // The index is a cache of what OpenDir needs at start. It holds the
 // unresolved records, their files and those files' stamps. It exists only
 // while it describes the directory. The store writes it when at rest, and
-// removes it before any change of a record (see change). The package docs
-// ("The index") say why it can be trusted, and when it is not.
+// removes it before any change of a record (see change). docs/PERSIST.md
+// ("The index") says why it can be trusted, and when it is not.
 const (
 	indexFile = "index"
 	// indexMagic starts every index file. The byte after it is
