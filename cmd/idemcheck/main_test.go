@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -125,6 +126,30 @@ func TestRun(t *testing.T) {
 			assert.Contains(t, errOut, tt.want, "%v", tt.args)
 		}
 		assert.Equal(t, 0, srv.Stats().Payments, "a refused body creates nothing")
+	})
+
+	// -changed-body @FILE sends the file's bytes, not a body derived from
+	// -body. A server that tells bodies apart passes the row with them.
+	t.Run("-changed-body @FILE sends the file's bytes as the other body", func(t *testing.T) {
+		changed := []byte(`{"amount": 777, "currency": "AZN", "customer": "cus_file"}`)
+		file := filepath.Join(t.TempDir(), "changed.json")
+		require.NoError(t, os.WriteFile(file, changed, 0o600))
+		fake := fakeserver.NewHandler(nil)
+		var seen atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, err := io.ReadAll(r.Body)
+			require.NoError(t, err)
+			if bytes.Equal(b, changed) {
+				seen.Add(1)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			fake.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		code, out, errOut := runArgs(t, "-url", srv.URL+"/payments", "-admin", "off", "-changed-body", "@"+file)
+		require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+		assert.Regexp(t, `(?m)^PASS changed-body\s`, out)
+		assert.Equal(t, int64(1), seen.Load(), "the row sends the file's bytes once")
 	})
 
 	// A check interrupted (Ctrl-C) stops with status 2 and says so, instead
