@@ -238,8 +238,12 @@ type onceRun struct {
 	// pgx's Batch.Queue would allocate each statement and grow its list.
 	queued  [3]pgx.QueuedQuery
 	batch   [3]*pgx.QueuedQuery
+	b       pgx.Batch
 	args    [12]any
 	readArg [2]any
+	dest    [11]any // where the key's row is scanned
+	// The caller, the key and the mark, boxed once for both round trips.
+	callerArg, keyArg, markArg any
 }
 
 // newBatch is a pgx batch of qs, held by o. Each element of qs gives the
@@ -249,7 +253,8 @@ func (o *onceRun) newBatch(qs ...pgx.QueuedQuery) *pgx.Batch {
 	for i := range n {
 		o.batch[i] = &o.queued[i]
 	}
-	return &pgx.Batch{QueuedQueries: o.batch[:n]}
+	o.b = pgx.Batch{QueuedQueries: o.batch[:n]}
+	return &o.b
 }
 
 // rollback ends a transaction that did not commit. A panic in the handler
@@ -268,8 +273,9 @@ func (o *onceRun) rollback(ctx context.Context) {
 // COMMITTED gives it a snapshot taken after the lock. So a worker that
 // held the lock and committed is seen.
 func (o *onceRun) begin(actx context.Context) error {
-	o.args[0], o.args[1], o.args[2] = lockKey(o.caller, o.rec.ID.Key), o.mark, o.s.now()
-	o.readArg[0], o.readArg[1] = o.caller, o.rec.ID.Key
+	o.callerArg, o.keyArg, o.markArg = o.caller, o.rec.ID.Key, o.mark
+	o.args[0], o.args[1], o.args[2] = lockKey(o.caller, o.rec.ID.Key), o.markArg, o.s.now()
+	o.readArg[0], o.readArg[1] = o.callerArg, o.keyArg
 	b := o.newBatch(pgx.QueuedQuery{SQL: "BEGIN"},
 		pgx.QueuedQuery{SQL: lockAndMarkSQL, Arguments: o.args[:3]},
 		pgx.QueuedQuery{SQL: readOnceSQL, Arguments: o.readArg[:]})
@@ -280,7 +286,7 @@ func (o *onceRun) begin(actx context.Context) error {
 		err = br.QueryRow().Scan(&o.locked, nil, &o.recovering, &o.now)
 	}
 	if err == nil {
-		if err = br.QueryRow().Scan(o.row.dest()...); errors.Is(err, pgx.ErrNoRows) {
+		if err = br.QueryRow().Scan(o.row.destInto(&o.dest)...); errors.Is(err, pgx.ErrNoRows) {
 			err = nil // no record: row stays all NULL
 		}
 	}
@@ -375,8 +381,8 @@ func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abando
 	// The write raises synchronous_commit after the handler's statements,
 	// which may have lowered it. So the answer is sent once the commit is
 	// durable (see onceKeySQL).
-	o.args = [12]any{o.caller, rec.ID.Key, rec.Fingerprint[:], o.s.now(), stableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, o.mark}
+	o.args = [12]any{o.callerArg, o.keyArg, rec.Fingerprint[:], o.s.now(), stableID,
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, o.markArg}
 	write, args := insertOnceSQL, o.args[:11]
 	if o.row.status != nil || abandoned != nil {
 		o.args[11] = from

@@ -750,8 +750,14 @@ type nullableRecord struct {
 }
 
 func (n *nullableRecord) dest() []any {
-	return []any{&n.fingerprint, &n.fpVersion, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
+	return n.destInto(new([11]any))
+}
+
+// destInto is dest in buf, which a caller may hold already.
+func (n *nullableRecord) destInto(buf *[11]any) []any {
+	*buf = [11]any{&n.fingerprint, &n.fpVersion, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
 		&n.responseCode, &n.header, &n.body}
+	return buf[:]
 }
 
 func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) {
