@@ -65,6 +65,13 @@ func OnCommit(ctx context.Context, effect func(context.Context) error) error {
 	return nil
 }
 
+// pending reports whether the handler registered an effect.
+func (w *work) pending() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.effects) > 0
+}
+
 // commit applies the registered effects. It is the commit hook handed to
 // Store.Complete.
 func (w *work) commit(ctx context.Context) error {

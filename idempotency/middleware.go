@@ -360,19 +360,24 @@ func (m *middleware) validate(w http.ResponseWriter, r *http.Request, body []byt
 }
 
 // newRecord is the IN_PROGRESS record a fresh key gets. It has a new
-// stable id and owner, and its lease and retention start now.
+// stable id, and its lease and retention start now. In the lease mode it
+// has a new owner too. The single-transaction mode holds the key's lock
+// instead, and its records have no owner.
 func (m *middleware) newRecord(r *http.Request, key string, fp fingerprint, now time.Time) *Record {
-	return &Record{
+	rec := &Record{
 		ID:                 ID{Principal: m.cfg.Principal(r), Key: key},
 		Fingerprint:        fp,
 		FingerprintVersion: fingerprintVersion,
 		Status:             StatusInProgress,
 		StableID:           m.cfg.NewStableID(),
-		Owner:              rand.Text(),
 		LockedUntil:        now.Add(m.cfg.Lease),
 		CreatedAt:          now,
 		ExpiresAt:          now.Add(m.cfg.Retention),
 	}
+	if m.once == nil {
+		rec.Owner = rand.Text()
+	}
+	return rec
 }
 
 // serveLeased is the lease mode. The request inserts its key's record,
@@ -551,18 +556,19 @@ func (m *middleware) leave(id ID, f *flight) {
 // runOnce returns that record and answers nothing. Otherwise it has
 // answered, or it returns the store's error.
 func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record, parsed any, f *flight) (*Record, error) {
-	wk := &work{info: Info{ID: rec.ID, StableID: rec.StableID, Validated: parsed}}
-	cw := &capture{header: make(http.Header)}
+	// The request's state is one allocation.
+	st := &onceRequest{wk: work{info: Info{ID: rec.ID, StableID: rec.StableID, Validated: parsed}},
+		cw: capture{header: make(http.Header)}}
+	wk, cw := &st.wk, &st.cw
 	// A panic rolls the transaction back, as a dead process does.
 	// Nothing is stored, and the key is free.
-	takeover, ran := false, false
 	existing, err := m.once.RunOnce(r.Context(), rec, func(ctx context.Context, abandoned *Record) (*Response, error) {
-		ran = true
+		st.ran = true
 		f.decide(nil)
 		if abandoned != nil {
 			// This is a lease-mode record whose lease ended. The work goes
 			// on under its stable id, as after a lease's take-over.
-			takeover = true
+			st.takeover = true
 			wk.info.StableID, wk.info.Takeover = abandoned.StableID, true
 		}
 		m.next.ServeHTTP(cw, r.WithContext(context.WithValue(ctx, ctxKey{}, wk)))
@@ -571,11 +577,14 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 		}
 		// The handler has answered. Its effect is recorded even if the
 		// client has gone meanwhile.
-		if err := wk.commit(context.WithoutCancel(ctx)); err != nil {
-			return nil, err
+		if wk.pending() {
+			if err := wk.commit(context.WithoutCancel(ctx)); err != nil {
+				return nil, err
+			}
 		}
 		return m.stored(r, cw), nil
 	})
+	takeover, ran := st.takeover, st.ran
 	if err == nil {
 		f.decide(existing)
 	}
@@ -598,6 +607,14 @@ func (m *middleware) runOnce(w http.ResponseWriter, r *http.Request, rec *Record
 	}
 	cw.writeTo(w)
 	return nil, nil
+}
+
+// onceRequest is what runOnce keeps for its request: the handler's work
+// and answer, and whether the work ran, and as a take-over.
+type onceRequest struct {
+	wk            work
+	cw            capture
+	ran, takeover bool
 }
 
 // sameContent reports whether rec's request has the existing record's

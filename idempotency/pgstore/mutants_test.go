@@ -193,15 +193,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "pg-once-effect-autocommitted", File: "idempotency/pgstore/once.go",
 			Note:    "RunOnce opens no transaction: the effect commits on its own, before the record",
-			Anchor:  `b.Queue("BEGIN")`,
-			Replace: `b.Queue("SELECT 1")`,
+			Anchor:  `pgx.QueuedQuery{SQL: "BEGIN"}`,
+			Replace: `pgx.QueuedQuery{SQL: "SELECT 1"}`,
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransaction$/^an_app_killed_mid-transaction_leaves_nothing$", Env: pg,
 		},
 		{
 			Name: "pg-once-effect-autocommitted-storm", File: "idempotency/pgstore/once.go",
 			Note:    "as pg-once-effect-autocommitted, under a same-key storm over three processes",
-			Anchor:  `b.Queue("BEGIN")`,
-			Replace: `b.Queue("SELECT 1")`,
+			Anchor:  `pgx.QueuedQuery{SQL: "BEGIN"}`,
+			Replace: `pgx.QueuedQuery{SQL: "SELECT 1"}`,
 			Pkg:     "./idempotency/pgstore", Run: "^TestOneTransaction$/^a_storm_over_processes_writes_the_effect_once$", Env: pg,
 		},
 		{

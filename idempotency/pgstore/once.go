@@ -186,6 +186,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	// with it. So a handler that ends it and begins another leaves a
 	// transaction without the mark.
 	run := &onceRun{s: s, conn: conn, rec: rec, caller: caller(rec.ID), mark: rand.Text()}
+	run.tx.conn = conn.Conn()
 	defer run.rollback(ctx)
 	if err := run.begin(actx); err != nil {
 		return nil, err
@@ -195,7 +196,7 @@ func (s *Store) RunOnce(ctx context.Context, rec *idempotency.Record, do func(ct
 	if answer != nil || err != nil {
 		return answer, err
 	}
-	tx := &onceTx{conn: conn.Conn()}
+	tx := &run.tx
 	defer tx.end() // before the connection goes back to the pool
 	resp, err := do(context.WithValue(ctx, txKey{}, tx), abandoned)
 	// A handler that tried to end the transaction fails, whatever it
@@ -229,6 +230,31 @@ type onceRun struct {
 	row                nullableRecord
 
 	ended bool // the transaction has ended: nothing to roll back
+
+	// tx is the transaction as the handler sees it.
+	tx onceTx
+
+	// The round trips' statements and arguments live here, with the run.
+	// pgx's Batch.Queue would allocate each statement and grow its list.
+	queued  [3]pgx.QueuedQuery
+	batch   [3]*pgx.QueuedQuery
+	b       pgx.Batch
+	args    [12]any
+	readArg [2]any
+	dest    [11]any // where the key's row is scanned
+	// The caller, the key and the mark, boxed once for both round trips.
+	callerArg, keyArg, markArg any
+}
+
+// newBatch is a pgx batch of qs, held by o. Each element of qs gives the
+// SQL and the arguments of one statement.
+func (o *onceRun) newBatch(qs ...pgx.QueuedQuery) *pgx.Batch {
+	n := copy(o.queued[:], qs)
+	for i := range n {
+		o.batch[i] = &o.queued[i]
+	}
+	o.b = pgx.Batch{QueuedQueries: o.batch[:n]}
+	return &o.b
 }
 
 // rollback ends a transaction that did not commit. A panic in the handler
@@ -247,17 +273,27 @@ func (o *onceRun) rollback(ctx context.Context) {
 // COMMITTED gives it a snapshot taken after the lock. So a worker that
 // held the lock and committed is seen.
 func (o *onceRun) begin(actx context.Context) error {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(lockAndMarkSQL, lockKey(o.caller, o.rec.ID.Key), o.mark, o.s.now()).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&o.locked, nil, &o.recovering, &o.now) })
-	b.Queue(readOnceSQL, o.caller, o.rec.ID.Key).QueryRow(func(r pgx.Row) error {
-		if err := r.Scan(o.row.dest()...); !errors.Is(err, pgx.ErrNoRows) {
-			return err
+	o.callerArg, o.keyArg, o.markArg = o.caller, o.rec.ID.Key, o.mark
+	o.args[0], o.args[1], o.args[2] = lockKey(o.caller, o.rec.ID.Key), o.markArg, o.s.now()
+	o.readArg[0], o.readArg[1] = o.callerArg, o.keyArg
+	b := o.newBatch(pgx.QueuedQuery{SQL: "BEGIN"},
+		pgx.QueuedQuery{SQL: lockAndMarkSQL, Arguments: o.args[:3]},
+		pgx.QueuedQuery{SQL: readOnceSQL, Arguments: o.readArg[:]})
+	// The results are read in order, without a callback each.
+	br := o.conn.SendBatch(actx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&o.locked, nil, &o.recovering, &o.now)
+	}
+	if err == nil {
+		if err = br.QueryRow().Scan(o.row.destInto(&o.dest)...); errors.Is(err, pgx.ErrNoRows) {
+			err = nil // no record: row stays all NULL
 		}
-		return nil // no record: row stays all NULL
-	})
-	if err := o.conn.SendBatch(actx, b).Close(); err != nil {
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("pgstore: run key %q: begin, lock and read: %w", o.rec.ID.Key, conflicted(unanswered(err, o.s.acquire)))
 	}
 	return nil
@@ -338,7 +374,6 @@ func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abando
 	}
 	wctx, wcancel := o.s.commitAnswer(ctx)
 	defer wcancel()
-	b := &pgx.Batch{}
 	stableID, from := rec.StableID, (*string)(nil)
 	if abandoned != nil {
 		stableID, from = abandoned.StableID, &abandoned.Owner
@@ -346,14 +381,14 @@ func (o *onceRun) commit(ctx context.Context, resp *idempotency.Response, abando
 	// The write raises synchronous_commit after the handler's statements,
 	// which may have lowered it. So the answer is sent once the commit is
 	// durable (see onceKeySQL).
-	args := []any{o.caller, rec.ID.Key, rec.Fingerprint[:], o.s.now(), stableID,
-		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, o.mark}
-	write := insertOnceSQL
+	o.args = [12]any{o.callerArg, o.keyArg, rec.Fingerprint[:], o.s.now(), stableID,
+		micros(rec.ExpiresAt.Sub(rec.CreatedAt)), rec.FingerprintVersion, code, header, body, o.markArg}
+	write, args := insertOnceSQL, o.args[:11]
 	if o.row.status != nil || abandoned != nil {
-		write, args = completeOnceSQL, append(args, from) // a record to replace, or one taken over
+		o.args[11] = from
+		write, args = completeOnceSQL, o.args[:] // a record to replace, or one taken over
 	}
-	b.Queue(write, args...)
-	b.Queue("COMMIT")
+	b := o.newBatch(pgx.QueuedQuery{SQL: write, Arguments: args}, pgx.QueuedQuery{SQL: "COMMIT"})
 	beforeCommit(conn.Conn().PgConn())
 	err = conn.SendBatch(wctx, b).Close()
 	switch {

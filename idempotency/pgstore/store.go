@@ -457,7 +457,7 @@ func (s *Store) Complete(ctx context.Context, id idempotency.ID, owner string, r
 // in one round trip, after the effect. It reports whether the transaction
 // has ended. If not, Complete's deferred ROLLBACK ends it.
 func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempotency.ID, owner, mark string,
-	code *int32, header *string, body []byte) (ended bool, err error) {
+	code, header any, body []byte) (ended bool, err error) {
 	var (
 		marked bool
 		one    int
@@ -498,26 +498,87 @@ func (s *Store) markCompleted(ctx context.Context, conn *pgxpool.Conn, id idempo
 }
 
 // answerColumns is resp as the response_status, response_header and
-// response_body columns.
+// response_body columns. code is an int32 and header a string, or both
+// nil for no answer. pgx encodes plain values without reflection.
 //
 // The header goes as text, not bytes. A pool may send parameters as text,
 // as the simple protocol does. Bytes would then go as a bytea literal,
 // which is not JSON.
-func answerColumns(resp *idempotency.Response) (code *int32, header *string, body []byte, err error) {
+func answerColumns(resp *idempotency.Response) (code, header any, body []byte, err error) {
 	if resp == nil {
 		return nil, nil, nil, nil
 	}
-	c := int32(resp.StatusCode)
-	code, body = &c, resp.Body
+	body = resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	h, err := json.Marshal(resp.Header)
+	h, err := headerJSON(resp.Header)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("encode the answer's header: %w", err)
 	}
-	hs := string(h)
-	return code, &hs, body, nil
+	return int32(resp.StatusCode), h, body, nil
+}
+
+// headerJSON is h as json.Marshal writes it. A stored header has a field
+// or two of plain ASCII. Those are written here, with keys sorted as
+// json.Marshal sorts them, and no reflection. Anything else goes to
+// json.Marshal.
+func headerJSON(h http.Header) (string, error) {
+	var keys [4]string
+	n := 0
+	for k, v := range h {
+		if n == len(keys) || v == nil || !plainJSON(k) {
+			return marshalHeader(h)
+		}
+		for _, s := range v {
+			if !plainJSON(s) {
+				return marshalHeader(h)
+			}
+		}
+		// Insertion sort: a handful of keys.
+		i := n
+		for ; i > 0 && keys[i-1] > k; i-- {
+			keys[i] = keys[i-1]
+		}
+		keys[i] = k
+		n++
+	}
+	if h == nil {
+		return "null", nil
+	}
+	var buf [256]byte
+	out := append(buf[:0], '{')
+	for i, k := range keys[:n] {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(append(append(out, '"'), k...), `":[`...)
+		for j, s := range h[k] {
+			if j > 0 {
+				out = append(out, ',')
+			}
+			out = append(append(append(out, '"'), s...), '"')
+		}
+		out = append(out, ']')
+	}
+	return string(append(out, '}')), nil
+}
+
+// plainJSON reports whether s is written in JSON as itself in quotes:
+// printable ASCII that json.Marshal does not escape.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+func marshalHeader(h http.Header) (string, error) {
+	b, err := json.Marshal(h)
+	return string(b), err
 }
 
 // releaseSQL deletes the IN_PROGRESS record of $1, $2 if owner $3 holds
@@ -689,8 +750,14 @@ type nullableRecord struct {
 }
 
 func (n *nullableRecord) dest() []any {
-	return []any{&n.fingerprint, &n.fpVersion, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
+	return n.destInto(new([11]any))
+}
+
+// destInto is dest in buf, which a caller may hold already.
+func (n *nullableRecord) destInto(buf *[11]any) []any {
+	*buf = [11]any{&n.fingerprint, &n.fpVersion, &n.status, &n.stableID, &n.owner, &n.lockedUntil, &n.createdAt, &n.expiresAt,
 		&n.responseCode, &n.header, &n.body}
+	return buf[:]
 }
 
 func (n *nullableRecord) record(id idempotency.ID) (*idempotency.Record, error) {
