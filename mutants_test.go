@@ -454,7 +454,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
-			Anchor:  "\t\tc.sendLeft(rec) < c.maxElapsed(ctx)\n",
+			Anchor:  "\t\tc.sendLeft(rec) < c.set.maxElapsed(ctx)\n",
 			Replace: "\t\tfalse\n",
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_holder_died_while_resuming",
 		},
@@ -468,7 +468,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "sent-again-not-sent-keeps-its-age", File: "life.go",
 			Note:    "a not-sent intent sent again keeps its old age: an offline tap retried a day later is taken for expired",
-			Anchor:  "\trec.CreatedAt = c.clock.Now()\n\tc.keys.reborn(",
+			Anchor:  "\trec.CreatedAt = c.set.clock.Now()\n\tc.keys.reborn(",
 			Replace: "\tc.keys.reborn(",
 			Pkg:     root, Run: "^TestSendAge$/^an_offline_tap_retried_a_day_later",
 		},
@@ -945,8 +945,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "answer-line-built-when-quiet", File: "life.go",
 			Note:    "the answer's log line is built for a logger that does not take INFO: a payment allocates more",
-			Anchor:  "\tif c.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
-			Replace: "\tif c.logger != nil {\n",
+			Anchor:  "\tif c.set.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
+			Replace: "\tif c.set.logger != nil {\n",
 			Pkg:     root, Run: "^TestCallLogsWhenQuiet$",
 		},
 		{
