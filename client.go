@@ -61,6 +61,7 @@ func New(cfg Config) (*Client, error) {
 			keys:   newKeys(id),
 			clocks: newClocks(c.clock, c.store),
 			id:     id,
+			revs:   newRevs(),
 		},
 		flights: &flights{},
 		tokens:  newTokenBucket(c.retryBudget),

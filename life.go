@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/clock"
@@ -889,10 +891,30 @@ type life struct {
 	// (persist.Record.Holder). It is random, so that each Client is another
 	// holder. That holds for Clients in this process or a later one.
 	id string
+	// revs makes the versions this Client writes.
+	revs *revs
 
 	// set is the part of the Client's settings that the steps read. It
 	// points to their one home, in the Client's settings.
 	set *lifeConfig
+}
+
+// revs makes the versions a Client writes (persist.Record.Rev). Each is a
+// prefix drawn at random once per Client, and a count. So each is unique, as
+// a random version per write (persist.NewRev) is. But a write draws nothing
+// from the system's random source. That cost a payment about a microsecond
+// for its two writes.
+type revs struct {
+	prefix string
+	n      atomic.Uint64
+}
+
+func newRevs() *revs { return &revs{prefix: persist.NewRev() + "."} }
+
+// next returns a version no writer has used.
+func (r *revs) next() string {
+	var b [16]byte
+	return r.prefix + string(strconv.AppendUint(b[:0], r.n.Add(1), 36))
 }
 
 // currentVersion returns the version of in's record to send from. It reports
@@ -1000,16 +1022,17 @@ func (c *life) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) readin
 // mustHold reports whether a call must hold rec (hold) before it sends it. It
 // must when rec is sent again after it ended not sent. It must when a Client
 // that does not hold rec resumes it. And it must when its holder resumes it
-// and the stored send deadline ends before this call's budget could.
-func (c *life) mustHold(ctx context.Context, rec *persist.Record) bool {
+// and the stored send deadline ends before this call's budget could. now is
+// a reading of the clocks taken now.
+func (c *life) mustHold(ctx context.Context, rec *persist.Record, now reading) bool {
 	return rec.State == persist.StateNotSent || rec.Holder != c.id ||
-		c.sendLeft(rec) < c.set.maxElapsed(ctx)
+		c.sendLeft(rec, now) < c.set.maxElapsed(ctx)
 }
 
 // sendLeft returns the least time any clock says is left until the send
-// deadline rec stores (sendByLeft).
-func (c *life) sendLeft(rec *persist.Record) time.Duration {
-	return sendLeftNow(c.clocks, rec.Clocks)
+// deadline rec stores (sendByLeft), on the reading now.
+func (c *life) sendLeft(rec *persist.Record, now reading) time.Duration {
+	return sendByLeft(rec.Clocks, now, c.clocks.mark(now))
 }
 
 // sendLeftNow is sendByLeft on one reading of cs, the Client's clocks.
@@ -1353,7 +1376,7 @@ func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl
 		}
 		c.stamp(rec, cl, false)
 	}
-	rec.Rev = persist.NewRev()
+	rec.Rev = c.revs.next()
 	prev := in.current()
 	in.set(rec)
 	if in.ephemeral {
@@ -1381,8 +1404,13 @@ func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl
 // left returns how long the intent of rec may still be sent, by the
 // largest age any clock reports.
 func (c *life) left(rec *persist.Record) time.Duration {
+	return c.leftAt(rec, c.clocks.read())
+}
+
+// leftAt is left on r, a reading of the clocks taken now.
+func (c *life) leftAt(rec *persist.Record, r reading) time.Duration {
 	l := c.leftOf(rec)
-	return l.left()
+	return l.leftAt(r)
 }
 
 // leftOf is the reading of how long the intent of rec may still be sent
@@ -1404,8 +1432,11 @@ type intentLeft struct {
 	rec    *persist.Record
 }
 
-func (l *intentLeft) left() time.Duration {
-	return l.window - l.clocks.age(l.rec, l.clock.Now(), func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
+func (l *intentLeft) left() time.Duration { return l.leftAt(l.clocks.read()) }
+
+// leftAt is left on r, a reading of the clocks taken now.
+func (l *intentLeft) leftAt(r reading) time.Duration {
+	return l.window - l.clocks.age(l.rec, r, func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
 }
 
 // detached returns ctx without its cancel. So a save that records what

@@ -454,7 +454,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
-			Anchor:  "\t\tc.sendLeft(rec) < c.set.maxElapsed(ctx)\n",
+			Anchor:  "\t\tc.sendLeft(rec, now) < c.set.maxElapsed(ctx)\n",
 			Replace: "\t\tfalse\n",
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_holder_died_while_resuming",
 		},
@@ -496,8 +496,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-ages-from-the-tap", File: "do.go",
 			Note:    "an offline tap retried a day later is refused as expired: its age counts from the tap, not from the first send",
-			Anchor:  "if rec.State != persist.StateNotSent && c.left(rec) <= 0 {",
-			Replace: "if c.left(rec) <= 0 {",
+			Anchor:  "if rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {",
+			Replace: "if c.leftAt(rec, now) <= 0 {",
 			Pkg:     root, Run: "^TestSendAge$",
 		},
 		{
