@@ -680,7 +680,7 @@ func TestMutants(t *testing.T) {
 			Note:   "a Client records not sent an intent another Client took over and is sending",
 			Anchor: "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
 			// An unconditional write: over whatever version is stored.
-			Replace: "\t_ = prev\n\tif saveErr := func() error { cur, _ := c.store.Get(detached(ctx), rec.Key); rec.Rev = persist.NewRev(); in.set(rec); return c.store.Write(detached(ctx), rec, cur) }(); saveErr != nil {\n",
+			Replace: "\t_ = prev\n\tif saveErr := func() error { cur, _ := c.set.store.Get(detached(ctx), rec.Key); rec.Rev = persist.NewRev(); in.set(rec); return c.set.store.Write(detached(ctx), rec, cur) }(); saveErr != nil {\n",
 			Pkg:     root, Run: "^TestTakeOver$/^an_intent_another_Client_took_over_is_never_recorded_not_sent$",
 		},
 		{
