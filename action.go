@@ -351,7 +351,7 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 func (c *Client) claimAction(ctx context.Context, in *Intent, rec *persist.Record) (*persist.Record, bool, error) {
 	shownAt := rec.Seq // the action's next intent when in was shown
 	for {
-		rec.Rev = persist.NewRev()
+		rec.Rev = c.revs.next()
 		err := persist.Claim(ctx, c.store, rec)
 		if err == nil {
 			break

@@ -146,10 +146,11 @@ func (c *clocks) observe(rec *persist.Record) {
 //   - The in-process timeline since this Client first saw the intent. (It
 //     created the intent, or sent it after a restart.) The age the intent
 //     had then is added.
-func (c *clocks) age(rec *persist.Record, now time.Time, bornAt func(time.Duration) time.Duration) time.Duration {
+//
+// r is a reading of the clocks taken now (read). Its wall time is now.
+func (c *clocks) age(rec *persist.Record, r reading, bornAt func(time.Duration) time.Duration) time.Duration {
 	c.observe(rec)
-	r := c.read()
-	at := now.Round(0)
+	at := r.wall
 	if rec.UpdatedAt.After(at) {
 		at = rec.UpdatedAt
 	}

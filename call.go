@@ -357,9 +357,9 @@ func (st *call) attemptBegins(req *http.Request) {
 	st.attemptStarted(req.Context())
 	// A nonce no server echoes, so an answer that carries it is a reflection
 	// (see reflected). There is one per call, since a gateway reflects each
-	// attempt as it reflects the first. The version of the record the call
-	// sends is random already (persist.NewRev). An ephemeral intent's first
-	// call has none, and draws one.
+	// attempt as it reflects the first. Its value is the version of the
+	// record the call sends, unique already (revs). An ephemeral intent's
+	// first call has none, and draws one.
 	if st.nonce[0] == "" {
 		st.nonce[0] = rand.Text()
 	}

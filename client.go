@@ -54,23 +54,21 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	id := uuid.NewString()
-	return &Client{
+	cl := &Client{
 		config: c,
 		retry:  newRetrier(c.http),
 		life: life{
 			keys:   newKeys(id),
 			clocks: newClocks(c.clock, c.store),
 			id:     id,
-			lifeConfig: lifeConfig{
-				store: c.store, logger: c.logger, clock: c.clock,
-				retention: c.retention, margin: c.margin,
-				maxElapsed:  func(ctx context.Context) time.Duration { return c.policyFor(ctx).MaxElapsed },
-				answerRules: c.answerRules,
-			},
+			revs:   newRevs(),
 		},
 		flights: &flights{},
 		tokens:  newTokenBucket(c.retryBudget),
-	}, nil
+	}
+	cl.maxElapsed = func(ctx context.Context) time.Duration { return cl.policyFor(ctx).MaxElapsed }
+	cl.life.set = &cl.config.lifeConfig
+	return cl, nil
 }
 
 // newRetrier returns the retrier that sends through hc. It follows only the

@@ -132,31 +132,27 @@ type Config struct {
 
 // config is a Client's settings, as New made them of its Config.
 type config struct {
-	http      *http.Client
-	store     persist.Store
-	logger    *slog.Logger // nil: silent
-	clock     clock.Clock
-	policy    RetryPolicy
-	retention time.Duration
-	margin    time.Duration
-	reconcile time.Duration
-	quoted    bool
-	onAttempt func(Attempt)
-	authorize func(context.Context, string) (string, error) // nil: none
-	lookup    func(Request, string) string                  // nil: none configured
-	answerRules
-	retryBudget RetryBudget  // the client-wide retry budget (Config.RetryBudget)
-	settles     settleConfig // SettleAll's (Config.SettleConcurrency, Config.SettleProgress)
+	// lifeConfig holds the settings the steps of an intent's life read:
+	// store, logger, clock, retention, margin and answer rules. Their one
+	// home is here; life points to it.
+	lifeConfig
+	http        *http.Client
+	policy      RetryPolicy
+	reconcile   time.Duration
+	quoted      bool
+	onAttempt   func(Attempt)
+	authorize   func(context.Context, string) (string, error) // nil: none
+	lookup      func(Request, string) string                  // nil: none configured
+	retryBudget RetryBudget                                   // the client-wide retry budget (Config.RetryBudget)
+	settles     settleConfig                                  // SettleAll's (Config.SettleConcurrency, Config.SettleProgress)
 }
 
 // newConfig refuses every field of cfg out of range, all in one error. Then
 // it fills in the defaults.
 func newConfig(cfg Config) (config, error) {
 	c := config{
+		lifeConfig:  lifeConfig{store: cfg.Store, logger: cfg.Logger, clock: cfg.Clock},
 		http:        cfg.HTTPClient,
-		store:       cfg.Store,
-		logger:      cfg.Logger,
-		clock:       cfg.Clock,
 		policy:      cfg.RetryPolicy,
 		onAttempt:   cfg.OnAttempt,
 		authorize:   cfg.Authorizer,
@@ -192,13 +188,6 @@ func newConfig(cfg Config) (config, error) {
 	c.keptHeaders = keptHeaders(c.keptHeaders)
 	c.settles.workers = cmp.Or(c.settles.workers, defaultSettleConcurrency)
 	return c, nil
-}
-
-// log logs to the app's logger, if it gave one.
-func (c *config) log(ctx context.Context, level slog.Level, msg string, args ...any) {
-	if c.logger != nil {
-		c.logger.Log(ctx, level, msg, args...)
-	}
 }
 
 // keyHeader spells key as this Client sends the keys of new intents.

@@ -107,7 +107,12 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	// (intentLeft). The age counts from the first moment a send could have
 	// begun. An intent stored not sent was never on the wire. Its age starts
 	// again when it is sent again (see hold).
-	if rec.State != persist.StateNotSent && c.left(rec) <= 0 {
+	//
+	// One reading of the clocks serves this check and mustHold's below.
+	// Nothing between the two waits or writes, so a second reading would
+	// tell nothing more.
+	now := c.clocks.read()
+	if rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {
 		return c.adopted(c.recordExpiry(ctx, in, rec))
 	}
 	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {
@@ -125,7 +130,7 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	if err != nil {
 		return nil, err
 	}
-	if !in.ephemeral && c.mustHold(ctx, rec) {
+	if !in.ephemeral && c.mustHold(ctx, rec, now) {
 		held, moved, err := c.hold(ctx, in, rec, cur, unsent)
 		if moved {
 			c.keys.forget(rec.Key)

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/clock"
@@ -889,35 +891,30 @@ type life struct {
 	// (persist.Record.Holder). It is random, so that each Client is another
 	// holder. That holds for Clients in this process or a later one.
 	id string
+	// revs makes the versions this Client writes.
+	revs *revs
 
-	lifeConfig
+	// set is the part of the Client's settings that the steps read. It
+	// points to their one home, in the Client's settings.
+	set *lifeConfig
 }
 
-// lifeConfig is the part of a Client's settings that the steps read. New
-// copies it from the config, which never changes after New. The config's
-// own fields stand nearer the Client, so the Client reads those.
-type lifeConfig struct {
-	store     persist.Store
-	logger    *slog.Logger // nil: silent
-	clock     clock.Clock
-	retention time.Duration
-	margin    time.Duration
-	// maxElapsed is the MaxElapsed of the policy of a call made with a
-	// context.
-	maxElapsed func(context.Context) time.Duration
-	answerRules
+// revs makes the versions a Client writes (persist.Record.Rev). Each is a
+// prefix drawn at random once per Client, and a count. So each is unique, as
+// a random version per write (persist.NewRev) is. But a write draws nothing
+// from the system's random source. That cost a payment about a microsecond
+// for its two writes.
+type revs struct {
+	prefix string
+	n      atomic.Uint64
 }
 
-// logs reports whether the app's logger takes records of level under ctx.
-func (c *lifeConfig) logs(ctx context.Context, level slog.Level) bool {
-	return c.logger != nil && c.logger.Enabled(ctx, level)
-}
+func newRevs() *revs { return &revs{prefix: persist.NewRev() + "."} }
 
-// log logs to the app's logger, if it gave one.
-func (c *lifeConfig) log(ctx context.Context, level slog.Level, msg string, args ...any) {
-	if c.logger != nil {
-		c.logger.Log(ctx, level, msg, args...)
-	}
+// next returns a version no writer has used.
+func (r *revs) next() string {
+	var b [16]byte
+	return r.prefix + string(strconv.AppendUint(b[:0], r.n.Add(1), 36))
 }
 
 // currentVersion returns the version of in's record to send from. It reports
@@ -945,7 +942,7 @@ func (c *life) currentVersion(ctx context.Context, in *Intent) (cur *persist.Rec
 		known = c.keys.saved.is(cur)
 	}
 	if !in.ephemeral && !cur.State.Resolved() && !known {
-		stored, err := c.store.Get(ctx, cur.Key)
+		stored, err := c.set.store.Get(ctx, cur.Key)
 		if err != nil {
 			return nil, false, unread(cur, err)
 		}
@@ -979,7 +976,7 @@ func (c *life) recordExpiry(ctx context.Context, in *Intent, rec *persist.Record
 	c.logUnknown(ctx, rec, err)
 	if rec.State != persist.StateExpired {
 		rec.State = persist.StateExpired
-		rec.UpdatedAt = c.clock.Now()
+		rec.UpdatedAt = c.set.clock.Now()
 		if saveErr := c.save(detached(ctx), in, rec, "record expiry"); saveErr != nil {
 			return errors.Join(err, saveErr)
 		}
@@ -1009,7 +1006,7 @@ func (c *life) sendable(rec *persist.Record, checked bool) error {
 // key starts no sooner than this one, as at the tap. Its age on every clock,
 // and on the in-process timeline, counts from now.
 func (c *life) bornAgain(rec *persist.Record) {
-	rec.CreatedAt = c.clock.Now()
+	rec.CreatedAt = c.set.clock.Now()
 	c.keys.reborn(rec.Key, c.clocks.sinceBirth())
 	c.stamp(rec, new(persist.Clocks), true)
 }
@@ -1025,16 +1022,17 @@ func (c *life) stamp(rec *persist.Record, cl *persist.Clocks, armed bool) readin
 // mustHold reports whether a call must hold rec (hold) before it sends it. It
 // must when rec is sent again after it ended not sent. It must when a Client
 // that does not hold rec resumes it. And it must when its holder resumes it
-// and the stored send deadline ends before this call's budget could.
-func (c *life) mustHold(ctx context.Context, rec *persist.Record) bool {
+// and the stored send deadline ends before this call's budget could. now is
+// a reading of the clocks taken now.
+func (c *life) mustHold(ctx context.Context, rec *persist.Record, now reading) bool {
 	return rec.State == persist.StateNotSent || rec.Holder != c.id ||
-		c.sendLeft(rec) < c.maxElapsed(ctx)
+		c.sendLeft(rec, now) < c.set.maxElapsed(ctx)
 }
 
 // sendLeft returns the least time any clock says is left until the send
-// deadline rec stores (sendByLeft).
-func (c *life) sendLeft(rec *persist.Record) time.Duration {
-	return sendLeftNow(c.clocks, rec.Clocks)
+// deadline rec stores (sendByLeft), on the reading now.
+func (c *life) sendLeft(rec *persist.Record, now reading) time.Duration {
+	return sendByLeft(rec.Clocks, now, c.clocks.mark(now))
 }
 
 // sendLeftNow is sendByLeft on one reading of cs, the Client's clocks.
@@ -1101,9 +1099,9 @@ func (c *life) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, u
 		c.bornAgain(rec)
 	}
 	rec.Holder = c.id
-	rec.UpdatedAt = c.clock.Now()
+	rec.UpdatedAt = c.set.clock.Now()
 	// The claim carries the latest time this call may begin a send.
-	c.claim(rec, c.maxElapsed(ctx)+sendSlack, false)
+	c.claim(rec, c.set.maxElapsed(ctx)+sendSlack, false)
 	if err := c.saveIf(ctx, in, rec, cur, op); err != nil {
 		var changed *persist.ConflictError
 		if errors.As(err, &changed) {
@@ -1150,7 +1148,7 @@ func (c *life) hold(ctx context.Context, in *Intent, rec, cur *persist.Record, u
 // the final error. net/http resends a request that carries an Idempotency-Key
 // on a new connection. So a dial error can follow bytes written earlier.
 func (c *life) recordNoAnswer(ctx context.Context, in *Intent, rec *persist.Record, retryErr *RetryError) error {
-	now := c.clock.Now()
+	now := c.set.clock.Now()
 	// The call made one attempt, which failed for good and never reached
 	// the server.
 	oneNeverReached := retryErr.Reason == stopFatal && retryErr.Attempts == 1 && retryErr.unreached
@@ -1227,12 +1225,12 @@ func (c *life) recordNotSent(ctx context.Context, in *Intent, rec *persist.Recor
 // was not saved.
 func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion) (*Response, error) {
 	rec.Attempts += resp.Attempts
-	rec.UpdatedAt = c.clock.Now()
-	rec.State = c.stateFor(resp.StatusCode, resp.Header, resp.Body)
+	rec.UpdatedAt = c.set.clock.Now()
+	rec.State = c.set.stateFor(resp.StatusCode, resp.Header, resp.Body)
 	// The caller owns resp; the record keeps its own copy.
-	rec.Response = c.storedIn(&room.answer, resp)
-	if c.logs(ctx, slog.LevelInfo) { // skip building the line when silent
-		c.logger.LogAttrs(ctx, slog.LevelInfo,
+	rec.Response = c.set.storedIn(&room.answer, resp)
+	if c.set.logs(ctx, slog.LevelInfo) { // skip building the line when silent
+		c.set.logger.LogAttrs(ctx, slog.LevelInfo,
 			fmt.Sprintf("idem: answered %d %s after %d attempt(s)", resp.StatusCode, http.StatusText(resp.StatusCode), resp.Attempts),
 			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.Bool("replayed", resp.Replayed))
 	}
@@ -1260,7 +1258,7 @@ func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record
 		// as not recorded.
 		resp.NotRecorded = true
 	}
-	apiErr := c.apiErrorFor(rec, resp)
+	apiErr := c.set.apiErrorFor(rec, resp)
 	switch {
 	case apiErr != nil && saveErr != nil:
 		return resp, errors.Join(apiErr, saveErr)
@@ -1275,8 +1273,8 @@ func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record
 // logUnknown tells the app's logger (WARN, above INFO) of a call that ended
 // with its outcome unknown, and why.
 func (c *life) logUnknown(ctx context.Context, rec *persist.Record, err *RetryError) {
-	if c.logs(ctx, slog.LevelWarn) {
-		c.logger.LogAttrs(ctx, slog.LevelWarn, fmt.Sprintf("idem: outcome unknown after %d attempt(s): %s", err.Attempts, err.Reason),
+	if c.set.logs(ctx, slog.LevelWarn) {
+		c.set.logger.LogAttrs(ctx, slog.LevelWarn, fmt.Sprintf("idem: outcome unknown after %d attempt(s): %s", err.Attempts, err.Reason),
 			slog.String("key", rec.Key), slog.String("name", rec.Name))
 	}
 }
@@ -1284,8 +1282,8 @@ func (c *life) logUnknown(ctx context.Context, rec *persist.Record, err *RetryEr
 // logNotSent tells the app's logger (INFO) of a call that ended not sent,
 // once the store says so.
 func (c *life) logNotSent(ctx context.Context, rec *persist.Record, err *notSentError) {
-	if c.logs(ctx, slog.LevelInfo) {
-		c.logger.LogAttrs(ctx, slog.LevelInfo, fmt.Sprintf("idem: not sent after %d attempt(s): %s", err.Attempts, err.Reason),
+	if c.set.logs(ctx, slog.LevelInfo) {
+		c.set.logger.LogAttrs(ctx, slog.LevelInfo, fmt.Sprintf("idem: not sent after %d attempt(s): %s", err.Attempts, err.Reason),
 			slog.String("key", rec.Key), slog.String("name", rec.Name), slog.String("error", err.Err.Error()))
 	}
 }
@@ -1297,7 +1295,7 @@ func (c *life) storedOutcome(rec *persist.Record) (*Response, error) {
 		return nil, fmt.Errorf("idem: intent %s is %s: the server has no effect for its key; create a new intent to try again", rec.Key, rec.State)
 	}
 	resp := responseFromStored(rec.Response, 0, true)
-	if err := c.apiErrorFor(rec, resp); err != nil {
+	if err := c.set.apiErrorFor(rec, resp); err != nil {
 		return resp, err
 	}
 	return resp, nil
@@ -1378,7 +1376,7 @@ func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl
 		}
 		c.stamp(rec, cl, false)
 	}
-	rec.Rev = persist.NewRev()
+	rec.Rev = c.revs.next()
 	prev := in.current()
 	in.set(rec)
 	if in.ephemeral {
@@ -1386,7 +1384,7 @@ func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl
 	}
 	// The record is immutable from here on (see Intent.current). So the store
 	// may keep it rather than copy it.
-	if err := store(ctx, c.store, rec, prev); err != nil {
+	if err := store(ctx, c.set.store, rec, prev); err != nil {
 		// The intent is what the store holds. State does not report an outcome
 		// that was not saved, such as a void that Reconcile concluded. Else
 		// the app could act on it while the store would send the intent again.
@@ -1396,7 +1394,7 @@ func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl
 			in.set(a.rec)
 		}
 		c.keys.saved.drop(rec.Key)
-		c.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
+		c.set.log(ctx, slog.LevelError, "idem: save failed", "key", rec.Key, "op", op, "error", err)
 		return &SaveError{Key: rec.Key, Op: op, Err: err}
 	}
 	c.keys.saved.saved(rec)
@@ -1406,14 +1404,19 @@ func (c *life) saveWith(ctx context.Context, in *Intent, rec *persist.Record, cl
 // left returns how long the intent of rec may still be sent, by the
 // largest age any clock reports.
 func (c *life) left(rec *persist.Record) time.Duration {
+	return c.leftAt(rec, c.clocks.read())
+}
+
+// leftAt is left on r, a reading of the clocks taken now.
+func (c *life) leftAt(rec *persist.Record, r reading) time.Duration {
 	l := c.leftOf(rec)
-	return l.left()
+	return l.leftAt(r)
 }
 
 // leftOf is the reading of how long the intent of rec may still be sent
 // that a call's budget holds.
 func (c *life) leftOf(rec *persist.Record) intentLeft {
-	return intentLeft{clocks: c.clocks, clock: c.clock, keys: c.keys, window: c.retention - c.margin, rec: rec}
+	return intentLeft{clocks: c.clocks, clock: c.set.clock, keys: c.keys, window: c.set.retention - c.set.margin, rec: rec}
 }
 
 // intentLeft is the budget's reading of how long a call's intent may still be
@@ -1429,8 +1432,11 @@ type intentLeft struct {
 	rec    *persist.Record
 }
 
-func (l *intentLeft) left() time.Duration {
-	return l.window - l.clocks.age(l.rec, l.clock.Now(), func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
+func (l *intentLeft) left() time.Duration { return l.leftAt(l.clocks.read()) }
+
+// leftAt is left on r, a reading of the clocks taken now.
+func (l *intentLeft) leftAt(r reading) time.Duration {
+	return l.window - l.clocks.age(l.rec, r, func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
 }
 
 // detached returns ctx without its cancel. So a save that records what

@@ -454,7 +454,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "holder-resumes-under-a-past-deadline", File: "life.go",
 			Note:    "the holder resumes an intent without writing a later send deadline first: if it dies with the request in transit, another Client's lookup trusts a miss and voids a payment that lands",
-			Anchor:  "\t\tc.sendLeft(rec) < c.maxElapsed(ctx)\n",
+			Anchor:  "\t\tc.sendLeft(rec, now) < c.set.maxElapsed(ctx)\n",
 			Replace: "\t\tfalse\n",
 			Pkg:     root, Run: "^TestReconcile$/^a_miss_after_the_holder_died_while_resuming",
 		},
@@ -468,7 +468,7 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "sent-again-not-sent-keeps-its-age", File: "life.go",
 			Note:    "a not-sent intent sent again keeps its old age: an offline tap retried a day later is taken for expired",
-			Anchor:  "\trec.CreatedAt = c.clock.Now()\n\tc.keys.reborn(",
+			Anchor:  "\trec.CreatedAt = c.set.clock.Now()\n\tc.keys.reborn(",
 			Replace: "\tc.keys.reborn(",
 			Pkg:     root, Run: "^TestSendAge$/^an_offline_tap_retried_a_day_later",
 		},
@@ -496,8 +496,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-ages-from-the-tap", File: "do.go",
 			Note:    "an offline tap retried a day later is refused as expired: its age counts from the tap, not from the first send",
-			Anchor:  "if rec.State != persist.StateNotSent && c.left(rec) <= 0 {",
-			Replace: "if c.left(rec) <= 0 {",
+			Anchor:  "if rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {",
+			Replace: "if c.leftAt(rec, now) <= 0 {",
 			Pkg:     root, Run: "^TestSendAge$",
 		},
 		{
@@ -680,7 +680,7 @@ func TestMutants(t *testing.T) {
 			Note:   "a Client records not sent an intent another Client took over and is sending",
 			Anchor: "\tif saveErr := c.saveIf(detached(ctx), in, rec, prev, \"record not sent\"); saveErr != nil {\n",
 			// An unconditional write: over whatever version is stored.
-			Replace: "\t_ = prev\n\tif saveErr := func() error { cur, _ := c.store.Get(detached(ctx), rec.Key); rec.Rev = persist.NewRev(); in.set(rec); return c.store.Write(detached(ctx), rec, cur) }(); saveErr != nil {\n",
+			Replace: "\t_ = prev\n\tif saveErr := func() error { cur, _ := c.set.store.Get(detached(ctx), rec.Key); rec.Rev = persist.NewRev(); in.set(rec); return c.set.store.Write(detached(ctx), rec, cur) }(); saveErr != nil {\n",
 			Pkg:     root, Run: "^TestTakeOver$/^an_intent_another_Client_took_over_is_never_recorded_not_sent$",
 		},
 		{
@@ -945,8 +945,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "answer-line-built-when-quiet", File: "life.go",
 			Note:    "the answer's log line is built for a logger that does not take INFO: a payment allocates more",
-			Anchor:  "\tif c.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
-			Replace: "\tif c.logger != nil {\n",
+			Anchor:  "\tif c.set.logs(ctx, slog.LevelInfo) { // skip building the line when silent\n",
+			Replace: "\tif c.set.logger != nil {\n",
 			Pkg:     root, Run: "^TestCallLogsWhenQuiet$",
 		},
 		{

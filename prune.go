@@ -91,7 +91,7 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int, error
 			}
 			if !r.Tombstone && age >= olderThan {
 				t := tombstone(r)
-				t.Rev = persist.NewRev()
+				t.Rev = c.revs.next()
 				if err := persist.SaveIf(ctx, c.store, t, r); err != nil {
 					errs = append(errs, &SaveError{Key: r.Key, Op: "keep tombstone", Err: err})
 					continue
