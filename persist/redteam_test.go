@@ -1,0 +1,349 @@
+package persist_test
+
+// Red-team findings against the device store. Each test fails while the
+// weakness it names is in the code. Every attack goes through the public
+// API of package persist and a real directory in t.TempDir().
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/persist"
+	"github.com/idemkit/idem/persist/persisttest"
+)
+
+var rtT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// rtDir returns a new store directory, mode 0700, that does not exist yet.
+func rtDir(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(t.TempDir(), "store")
+}
+
+// rtResolved returns key's record as a succeeded intent.
+func rtResolved(key string, at time.Time) *persist.Record {
+	r := persisttest.NewRecord(key, at)
+	r.State = persist.StateSucceeded
+	r.Attempts = 1
+	r.Response = &persist.Response{StatusCode: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_` + key + `"}`)}
+	return r
+}
+
+// rtFill opens a store in dir, puts recs, and closes it, which leaves an
+// index in place.
+func rtFill(t *testing.T, dir string, recs ...*persist.Record) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for _, r := range recs {
+		require.NoError(t, persisttest.Put(ctx, s, r))
+	}
+	require.NoError(t, s.Close())
+	_, err = os.Stat(filepath.Join(dir, "index"))
+	require.NoError(t, err, "Close leaves an index")
+}
+
+// TestIndexCopiedFromAnotherStoreIsNotUsed breaks the promise of the
+// package docs ("The index"): "The store does not use an index ... copied
+// from another store", and "The index exists only while it describes
+// them [the record files]".
+//
+// Path to the failure: store A holds three resolved intents and no
+// unresolved one, so its index lists no file at all, only the count
+// known=3. Store B holds two resolved intents and one pending payment. A's
+// index is copied into B (an operator's or a migration's copy, a backup
+// tool restoring the wrong file). OpenDir(B) finds nothing in the index to
+// stamp, so nothing ties it to A; the background listing finds 3 record
+// files, the count the index says, and merge marks every file the index
+// does not hold "resolved" without reading it. The pending payment is no
+// longer unresolved: List(Filter{Unresolved: true}) (what Client.Unresolved
+// and SettleAll use at app start) does not return it, and Close keeps the
+// copied index in place, so every later start hides it too.
+func TestIndexCopiedFromAnotherStoreIsNotUsed(t *testing.T) {
+	ctx := context.Background()
+	a, b := rtDir(t), rtDir(t)
+	rtFill(t, a, rtResolved("a-1", rtT0), rtResolved("a-2", rtT0), rtResolved("a-3", rtT0))
+	pending := persisttest.NewRecord("b-pending", rtT0.Add(time.Hour))
+	pending.State, pending.Attempts = persist.StatePending, 1
+	rtFill(t, b, rtResolved("b-1", rtT0), rtResolved("b-2", rtT0), pending)
+
+	idx, err := os.ReadFile(filepath.Join(a, "index"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(b, "index"), idx, 0o600))
+
+	var hidden []int
+	for run := range 2 { // the copied index outlives a restart
+		s, err := persist.OpenDir(b, nil)
+		require.NoError(t, err)
+		// A Get of a key not in the index waits for the listing.
+		_, err = s.Get(ctx, "no-such-key")
+		require.ErrorIs(t, err, persist.ErrNotFound)
+		got, err := s.List(ctx, persist.Filter{Unresolved: true})
+		require.NoError(t, err)
+		var ks []string
+		for _, r := range got {
+			ks = append(ks, r.Key)
+		}
+		// The file is there and pending: Get reads it.
+		r, err := s.Get(ctx, "b-pending")
+		require.NoError(t, err)
+		require.Equal(t, persist.StatePending, r.State)
+		require.NoError(t, s.Close())
+		if len(ks) != 1 || ks[0] != "b-pending" {
+			t.Errorf("start %d: List(Unresolved) = %q; the pending payment b-pending is hidden by an index copied from another store", run+1, ks)
+			hidden = append(hidden, run+1)
+		}
+	}
+	_ = hidden
+}
+
+// TestIndexWithoutUnresolvedFilesMissesPendingIntentOfSameCount is the same
+// hole reached by the store's own history, not a copy: an index is only
+// tied to the directory by the files it lists. An index that lists none
+// (every intent resolved when it was written) is trusted for any directory
+// holding as many record files as it counted.
+//
+// Path to the failure: the store closes with three resolved intents
+// (index: no files, known=3). While it is closed, one resolved record is
+// removed and a pending intent's file is put in (an older build of the app
+// that knows nothing of the index, pruning and arming one payment; or an
+// operator restoring one intent's file after clearing an old one). The
+// count is 3 again, so OpenDir marks the pending file resolved unread and
+// List(Unresolved) never returns it. The docs only promise that a
+// directory with MORE entries than counted is read.
+func TestIndexWithoutUnresolvedFilesMissesPendingIntentOfSameCount(t *testing.T) {
+	ctx := context.Background()
+	dir := rtDir(t)
+	rtFill(t, dir, rtResolved("r-1", rtT0), rtResolved("r-2", rtT0), rtResolved("r-3", rtT0))
+
+	// The pending intent's file, as a store writes it, from a scratch store.
+	scratch := rtDir(t)
+	pending := persisttest.NewRecord("p-1", rtT0.Add(time.Hour))
+	pending.State, pending.Attempts = persist.StatePending, 1
+	rtFill(t, scratch, pending)
+	name := persist.FileName("p-1", pending.Name)
+	data, err := os.ReadFile(filepath.Join(scratch, name))
+	require.NoError(t, err)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, persist.FileName("r-1", "checkout:r-1"))))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Get(ctx, "no-such-key") // waits for the listing
+	require.ErrorIs(t, err, persist.ErrNotFound)
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	if len(got) != 1 {
+		t.Fatalf("List(Unresolved) returned %d records; the pending intent p-1 on disk is hidden (treated as resolved unread)", len(got))
+	}
+}
+
+// TestWriteReadsBackAsWrittenResponseHeaderNotUTF8 breaks the Store
+// contract ("A record reads back as written") and the file-layout promise
+// that bytes JSON would change are refused with an error ("So Write
+// refuses a Key, a Name or a request header that is not UTF-8").
+//
+// Path to the failure: Validate checks only the request's header for
+// UTF-8, not the stored Response's header. A server's answer may carry
+// obs-text bytes (a Latin-1 filename, a bank's reference) that net/http
+// accepts. Write of the resolved intent succeeds, but json.Marshal turns
+// each byte that is not UTF-8 into U+FFFD. Get returns another header
+// than the server sent and than the memory store returns, silently.
+func TestWriteReadsBackAsWrittenResponseHeaderNotUTF8(t *testing.T) {
+	ctx := context.Background()
+	s, err := persist.OpenDir(rtDir(t), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	r := rtResolved("k-latin1", rtT0)
+	r.Response.Header.Set("X-Payment-Ref", "caf\xe9-42")
+	err = persisttest.Put(ctx, s, r)
+	if err != nil {
+		return // refused with an error: the promise holds
+	}
+	got, err := s.Get(ctx, "k-latin1")
+	require.NoError(t, err)
+	if g := got.Response.Header.Get("X-Payment-Ref"); g != "caf\xe9-42" {
+		t.Fatalf("the stored answer's header reads back as %q, written as %q, and Write returned nil", g, "caf\xe9-42")
+	}
+}
+
+// rtChildEnv names the directory a child test process opens.
+const rtChildEnv = "IDEM_REDTEAM_HUGE_DIR"
+
+// TestOpenDirSurvivesHugeSparseFile breaks "bad input gets a clear error"
+// and the Damage promise: a file that cannot be read "gives a
+// *CorruptError", and a damaged index "is rebuilt by a full scan. It is
+// never an error of OpenDir."
+//
+// Path to the failure: the store reads a record file, and the index, with
+// one allocation of the size the file has (fsys.ReadFile: "The read stops
+// at the size the open file had"), with no limit on that size. A damaged
+// file system, or a hostile file, gives a record file or the index a size
+// of a terabyte, which costs no disk space as a sparse file. OpenDir (for
+// the index) or its scan (for a record) then asks the Go runtime for a
+// terabyte, and the process dies with "fatal error: out of memory": no
+// CorruptError, no recover. The app dies at every start, so no intent of
+// the store can be settled until someone finds the file by hand.
+func TestOpenDirSurvivesHugeSparseFile(t *testing.T) {
+	if dir := os.Getenv(rtChildEnv); dir != "" {
+		// The child: open and list as an app does at start.
+		s, err := persist.OpenDir(dir, nil)
+		if err != nil {
+			fmt.Println("OPEN-ERROR:", err)
+			return
+		}
+		_, err = s.List(context.Background(), persist.Filter{})
+		fmt.Printf("LISTED: corrupt=%d\n", len(persist.CorruptErrors(err)))
+		_ = s.Close()
+		return
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("sparse files and overcommit as on Linux")
+	}
+	const huge = 1 << 40 // 1 TB, sparse: no disk space
+	for _, which := range []string{"record", "index"} {
+		t.Run(which, func(t *testing.T) {
+			dir := rtDir(t)
+			rtFill(t, dir, rtResolved("ok-1", rtT0))
+			var path string
+			if which == "record" {
+				require.NoError(t, os.Remove(filepath.Join(dir, "index"))) // so OpenDir scans
+				path = filepath.Join(dir, persist.FileName("big", "checkout:big"))
+				require.NoError(t, os.WriteFile(path, []byte(`{"version":1}`), 0o600))
+			} else {
+				path = filepath.Join(dir, "index")
+			}
+			require.NoError(t, os.Truncate(path, huge))
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestOpenDirSurvivesHugeSparseFile$", "-test.count=1")
+			cmd.Env = append(os.Environ(), rtChildEnv+"="+dir)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("LISTED:")) {
+				first := out
+				if i := bytes.IndexByte(first, '\n'); i >= 0 && i < 300 {
+					first = first[:i]
+				} else if len(first) > 300 {
+					first = first[:300]
+				}
+				var ee *exec.ExitError
+				errors.As(err, &ee)
+				t.Fatalf("the %s file made 1 TB (sparse) in the store killed the process opening it (%v): %s", which, err, first)
+			}
+		})
+	}
+}
+
+// TestIndexKeepsAFileTypeThatChanged breaks "The index is a cache, never
+// the record. The record files stay the only truth", "A file whose stamp
+// differs is read again", and Quarantine's "A readable record is never
+// moved aside".
+//
+// Path to the failure: a pending intent's file is found as a symbolic
+// link (a restore or sync tool put it there), which the store rightly
+// reports as damage. The scan's index keeps the entry with the listing's
+// file type (symlink). The operator does what the damage report asks:
+// looks at the file and puts the real, readable record in the link's
+// place. At the next OpenDir the file's stamp differs, so it is "read
+// again", but with the file type from the index, not from the file: it is
+// refused as "not a regular file" without being opened, and the listing's
+// merge keeps that entry as it has the same name. The good record stays
+// damage at every start (nothing changes, so the index stays), its action
+// takes no new intent and Client.Unresolved reports it unreadable; and
+// Quarantine, the only way out, moves the readable pending payment out of
+// the store.
+func TestIndexKeepsAFileTypeThatChanged(t *testing.T) {
+	ctx := context.Background()
+	dir := rtDir(t)
+	pending := persisttest.NewRecord("p-link", rtT0)
+	pending.State, pending.Attempts = persist.StatePending, 1
+	rtFill(t, dir, pending, rtResolved("r-1", rtT0))
+	name := persist.FileName("p-link", pending.Name)
+	path := filepath.Join(dir, name)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	// The file becomes a link to a copy outside: damage, and reported.
+	outside := filepath.Join(t.TempDir(), "copy.json")
+	require.NoError(t, os.WriteFile(outside, data, 0o600))
+	require.NoError(t, os.Remove(filepath.Join(dir, "index")))
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.Symlink(outside, path))
+	s, err := persist.OpenDir(dir, nil) // scans, writes the index
+	require.NoError(t, err)
+	_, err = s.Get(ctx, "p-link")
+	var ce *persist.CorruptError
+	require.ErrorAs(t, err, &ce, "a link in a record's place is damage")
+	require.NoError(t, s.Close())
+
+	// The operator puts the real file back in the link's place.
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+
+	s, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	_, _ = s.Get(ctx, "no-such-key") // the listing has ended
+	got, err := s.Get(ctx, "p-link")
+	if err != nil {
+		t.Fatalf("the readable record put back in place of a link is still reported as damage: %v", err)
+	}
+	require.Equal(t, persist.StatePending, got.State)
+}
+
+// TestIndexCountWithinItsBytesIsNotAllocatedAhead breaks what the index's
+// decoder is meant to keep (commit 27b76fd: "a count past its end is
+// refused, not allocated: a 4-million-file count ... allocates under 64
+// MB"): a write or open must not spend unbounded memory on a damaged or
+// hostile directory.
+//
+// Path to the failure: the decoder checks a count of files only against
+// the bytes left, one byte per file, and then makes a slice of that many
+// files of about 72 bytes each before decoding one. A file needs 8 bytes
+// at least, and a real one far more. An index of 4 MB of zeros, its
+// checksum made to hold (a sparse file costs no disk), with a count of 4
+// million makes OpenDir allocate about 300 MB before it gives the index
+// up: 72 times the index's size, where the same count in a short index is
+// refused.
+func TestIndexCountWithinItsBytesIsNotAllocatedAhead(t *testing.T) {
+	dir := rtDir(t)
+	rtFill(t, dir, rtResolved("ok-1", rtT0))
+	const files = 4_000_000
+	body := []byte{0x00}                        // known = 0 (zig-zag)
+	body = binary.AppendUvarint(body, files)    // the count of files
+	body = append(body, make([]byte, files)...) // one byte per file: within its end
+	data := append([]byte("idem-persist-index\n"), 8, 0, 0, 0, 0)
+	data = append(data, body...)
+	n := len("idem-persist-index\n") + 1
+	binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crc32.MakeTable(crc32.Castagnoli)))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "index"), data, 0o600))
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s, err := persist.OpenDir(dir, nil)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	spent := after.TotalAlloc - before.TotalAlloc
+	if spent > 64<<20 {
+		t.Fatalf("OpenDir allocated %d MB for an index of %d bytes that holds no file", spent>>20, len(data))
+	}
+}
