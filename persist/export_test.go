@@ -47,7 +47,7 @@ func Kept(r *Record) *Record { return prepare(r, Options{}) }
 
 // IndexRoundTrip encodes r as the index does and decodes it back.
 func IndexRoundTrip(r *Record) (*Record, error) {
-	d, _, _, err := decodeIndexFiles(encodeIndex(0, []indexed{{Rec: r}}))
+	d, _, _, err := decodeIndexFiles(encodeIndex(nameSet{}, []indexed{{Rec: r}}))
 	if err != nil {
 		return nil, err
 	}

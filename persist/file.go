@@ -51,9 +51,9 @@ type FileStore struct {
 	// changes of records. So writeIndex tells one made while it worked.
 	indexed bool
 	changes int
-	// known is how many entries the store knew when it wrote the index
-	// OpenDir read.
-	known int
+	// known is the set of entries the store knew when it wrote the
+	// index OpenDir read: their count and their names' digest.
+	known nameSet
 	// listing is closed when the background listing of an OpenDir from
 	// the index ends. It is nil when none runs. Every write waits for it
 	// (see complete). Close does too, as it is in inflight.
@@ -288,13 +288,14 @@ func (s *FileStore) list() (map[string]*entry, error) {
 
 // merge makes entries those of l. It keeps an entry already known with
 // the same file, from the index. After an OpenDir from the index, the
-// directory may hold as many entries as the index counted. Then every
-// other entry is resolved, as the index holds every unresolved one.
-// Otherwise merge reads the other entries' files. OpenDir runs it, or a
-// caller holding s.mu.
+// directory may hold the very files the index was built from: as many,
+// with the same names' digest. Then every other entry is resolved, as the
+// index holds every unresolved one. Otherwise the index describes another
+// directory, and merge reads the other entries' files. OpenDir runs it,
+// or a caller holding s.mu.
 func (s *FileStore) merge(l map[string]*entry) {
 	var unread []*entry
-	indexed := s.fromIndex && len(l) == s.known
+	indexed := s.fromIndex && listed(l) == s.known
 	for id, e := range l {
 		k := s.entries[id]
 		switch {
@@ -309,6 +310,15 @@ func (s *FileStore) merge(l map[string]*entry) {
 	s.readAll(unread)
 	s.entries = l
 	s.scanned = true
+}
+
+// listed returns the set of l's file names.
+func listed(l map[string]*entry) nameSet {
+	var d nameSet
+	for _, e := range l {
+		d.add(e.name)
+	}
+	return d
 }
 
 // readAll reads the records of ents, on a few threads. At a scan, the

@@ -26,7 +26,7 @@ const (
 	// indexMagic starts every index file. The byte after it is
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
-	indexVersion = 8
+	indexVersion = 9
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -96,6 +96,29 @@ func (s *FileStore) loadIndex() error {
 	}
 	s.known, s.indexed = known, true
 	return nil
+}
+
+// nameSet is an order-independent digest of a set of file names: the sum,
+// mod 2^64, of each name's 64-bit FNV-1a hash. The listing is not sorted,
+// so the digest must not depend on order. It costs no stat and no read.
+// The index keeps the digest of the names it was built from. A directory
+// whose names give another digest is not the one the index describes,
+// even with as many files. Another store's index, or a file removed and
+// another put in, then shows.
+type nameSet struct {
+	n   int
+	sum uint64
+}
+
+// add adds name to the set.
+func (d *nameSet) add(name string) {
+	h := uint64(14695981039346656037) // FNV-1a's offset basis
+	for i := 0; i < len(name); i++ {
+		h ^= uint64(name[i])
+		h *= 1099511628211 // FNV-1a's prime
+	}
+	d.n++
+	d.sum += h
 }
 
 // indexEntries decodes the records that follow files in d. It returns
@@ -253,9 +276,10 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		return 0, nil, errIndex
 	}
 	c = s.changes
-	known := len(s.entries)
+	var known nameSet
 	var files []indexed
 	for _, e := range s.entries {
+		known.add(e.name)
 		if e.resolved {
 			continue
 		}
@@ -277,11 +301,12 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 // checks that a record with every field set comes back whole.
 
 // encodeIndex returns the content of an index file: the magic, the
-// version and a CRC-32C of the rest. Then come known and the files, and
-// last the files' records.
-func encodeIndex(known int, files []indexed) []byte {
+// version and a CRC-32C of the rest. Then come known, the set of the
+// directory's record files, and the files, and last the files' records.
+func encodeIndex(known nameSet, files []indexed) []byte {
 	c := &codec{b: append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)}
-	num(c, &known)
+	num(c, &known.n)
+	c.uint(&known.sum)
 	c.count(len(files))
 	for i := range files {
 		c.file(&files[i])
@@ -298,21 +323,22 @@ func encodeIndex(known int, files []indexed) []byte {
 
 // decodeIndexFiles checks an index file's version and checksum. It
 // decodes known and the files, and leaves their records in c.
-func decodeIndexFiles(data []byte) (c *codec, known int, files []indexed, err error) {
+func decodeIndexFiles(data []byte) (c *codec, known nameSet, files []indexed, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	switch {
 	case !ok || len(rest) < 5:
-		return nil, 0, nil, fmt.Errorf("%w: not an index file", errIndex)
+		return nil, known, nil, fmt.Errorf("%w: not an index file", errIndex)
 	case rest[0] != indexVersion:
-		return nil, 0, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
+		return nil, known, nil, fmt.Errorf("%w: index version %d", errIndex, rest[0])
 	case crc32.Checksum(rest[5:], crcTable) != binary.LittleEndian.Uint32(rest[1:5]):
-		return nil, 0, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
+		return nil, known, nil, fmt.Errorf("%w: checksum mismatch", errIndex)
 	}
 	// One string for the whole index: the records' strings share it.
 	c = &codec{s: string(rest[5:]), read: true}
-	if num(c, &known); known < 0 {
+	if num(c, &known.n); known.n < 0 {
 		c.fail()
 	}
+	c.uint(&known.sum)
 	files = make([]indexed, c.count(0))
 	for i := 0; i < len(files) && c.err == nil; i++ {
 		c.file(&files[i])

@@ -53,6 +53,8 @@ func TestIndex(t *testing.T) {
 		{"a file put in by hand is listed once the directory is", indexForeignFile},
 		{"its write gives up on a change", indexWriteGivesUpOnAChange},
 		{"a count past its end is refused, not allocated", indexCountPastItsEnd},
+		{"an index copied from another store is not used", indexCopiedFromAnotherStore},
+		{"a file swapped for another at the same count is read", indexSameCountOtherFiles},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -64,7 +66,7 @@ func TestIndex(t *testing.T) {
 // every open, and may come from a copy or another build.
 func indexCountPastItsEnd(t *testing.T) {
 	const files = 4_000_000 // about 300 MB of entries if allocated
-	body := binary.AppendUvarint([]byte{0}, files)
+	body := binary.AppendUvarint([]byte{0, 0}, files) // known: no file, digest 0
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	err := persist.DecodeIndexBody(body)
@@ -801,4 +803,134 @@ func indexWriteGivesUpOnAChange(t *testing.T) {
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"b"}, keys(got))
+}
+
+// The helpers below build stores on a real directory through the public
+// API, for the tests of damage an outsider can make.
+
+var rtT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// rtDir returns a new store directory, mode 0700, that does not exist yet.
+func rtDir(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(t.TempDir(), "store")
+}
+
+// rtResolved returns key's record as a succeeded intent.
+func rtResolved(key string, at time.Time) *persist.Record {
+	r := persisttest.NewRecord(key, at)
+	r.State = persist.StateSucceeded
+	r.Attempts = 1
+	r.Response = &persist.Response{StatusCode: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_` + key + `"}`)}
+	return r
+}
+
+// rtFill opens a store in dir, puts recs, and closes it, which leaves an
+// index in place.
+func rtFill(t *testing.T, dir string, recs ...*persist.Record) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	for _, r := range recs {
+		require.NoError(t, persisttest.Put(ctx, s, r))
+	}
+	require.NoError(t, s.Close())
+	_, err = os.Stat(filepath.Join(dir, "index"))
+	require.NoError(t, err, "Close leaves an index")
+}
+
+// indexCopiedFromAnotherStore keeps the promise of the package docs ("The
+// index"): "The store does not use an index ... copied from another
+// store", and "The index exists only while it describes them [the record
+// files]".
+//
+// The path to the failure it guards: store A holds three resolved intents
+// and no unresolved one, so its index lists no file at all, only the
+// count known=3. Store B holds two resolved intents and one pending
+// payment. A's index is copied into B (an operator's or a migration's
+// copy, a backup tool restoring the wrong file). OpenDir(B) finds nothing
+// in the index to stamp, so nothing ties it to A but the names' digest.
+// The background listing finds 3 record files, the count the index says.
+// Were the count all merge checked, it would mark every file the index
+// does not hold "resolved" without reading it. The pending payment would
+// no longer be unresolved: List(Filter{Unresolved: true}) (what
+// Client.Unresolved and SettleAll use at app start) would not return it.
+// Close keeps the copied index in place, so every later start must find
+// it too.
+func indexCopiedFromAnotherStore(t *testing.T) {
+	ctx := context.Background()
+	a, b := rtDir(t), rtDir(t)
+	rtFill(t, a, rtResolved("a-1", rtT0), rtResolved("a-2", rtT0), rtResolved("a-3", rtT0))
+	pending := persisttest.NewRecord("b-pending", rtT0.Add(time.Hour))
+	pending.State, pending.Attempts = persist.StatePending, 1
+	rtFill(t, b, rtResolved("b-1", rtT0), rtResolved("b-2", rtT0), pending)
+
+	idx, err := os.ReadFile(filepath.Join(a, "index"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(b, "index"), idx, 0o600))
+
+	for run := range 2 { // the copied index outlives a restart
+		s, err := persist.OpenDir(b, nil)
+		require.NoError(t, err)
+		// A Get of a key not in the index waits for the listing.
+		_, err = s.Get(ctx, "no-such-key")
+		require.ErrorIs(t, err, persist.ErrNotFound)
+		got, err := s.List(ctx, persist.Filter{Unresolved: true})
+		require.NoError(t, err)
+		var ks []string
+		for _, r := range got {
+			ks = append(ks, r.Key)
+		}
+		// The file is there and pending: Get reads it.
+		r, err := s.Get(ctx, "b-pending")
+		require.NoError(t, err)
+		require.Equal(t, persist.StatePending, r.State)
+		require.NoError(t, s.Close())
+		if len(ks) != 1 || ks[0] != "b-pending" {
+			t.Errorf("start %d: List(Unresolved) = %q; the pending payment b-pending is hidden by an index copied from another store", run+1, ks)
+		}
+	}
+}
+
+// indexSameCountOtherFiles guards the same hole reached by the store's
+// own history, not a copy. An index that lists no file (every intent
+// resolved when it was written) is tied to the directory by its count of
+// record files and their names' digest alone.
+//
+// The path to the failure it guards: the store closes with three resolved intents
+// (index: no files, known=3). While it is closed, one resolved record is
+// removed and a pending intent's file is put in (an older build of the app
+// that knows nothing of the index, pruning and arming one payment; or an
+// operator restoring one intent's file after clearing an old one). The
+// count is 3 again. Were the count all OpenDir checked, it would mark the
+// pending file resolved unread, and List(Unresolved) would never return
+// it. The names' digest differs, so the file is read.
+func indexSameCountOtherFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := rtDir(t)
+	rtFill(t, dir, rtResolved("r-1", rtT0), rtResolved("r-2", rtT0), rtResolved("r-3", rtT0))
+
+	// The pending intent's file, as a store writes it, from a scratch store.
+	scratch := rtDir(t)
+	pending := persisttest.NewRecord("p-1", rtT0.Add(time.Hour))
+	pending.State, pending.Attempts = persist.StatePending, 1
+	rtFill(t, scratch, pending)
+	name := persist.FileName("p-1", pending.Name)
+	data, err := os.ReadFile(filepath.Join(scratch, name))
+	require.NoError(t, err)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, persist.FileName("r-1", "checkout:r-1"))))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Get(ctx, "no-such-key") // waits for the listing
+	require.ErrorIs(t, err, persist.ErrNotFound)
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	if len(got) != 1 {
+		t.Fatalf("List(Unresolved) returned %d records; the pending intent p-1 on disk is hidden (treated as resolved unread)", len(got))
+	}
 }
