@@ -186,7 +186,10 @@ func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, i
 		case st == (fsys.Stamp{}):
 			return fmt.Errorf("%w: %s is missing", errIndex, e.name)
 		case st != files[i].Stamp || st.Change >= idxSt.Change:
-			e.rec, e.st = nil, fsys.Stamp{} // changed in place since: read the file
+			// Changed since: read the file. Its type may have changed
+			// too, a link replaced by a regular file. So the index's
+			// type is not used: ReadFile checks the open file's own.
+			e.rec, e.st, e.mode = nil, fsys.Stamp{}, 0
 		}
 		id := e.p.id
 		if id == "" || e.twin && entries[id] != nil {

@@ -55,6 +55,7 @@ func TestIndex(t *testing.T) {
 		{"a count past its end is refused, not allocated", indexCountPastItsEnd},
 		{"an index copied from another store is not used", indexCopiedFromAnotherStore},
 		{"a file swapped for another at the same count is read", indexSameCountOtherFiles},
+		{"a file whose type changed is read with its type now", indexFileTypeChanged},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -66,7 +67,8 @@ func TestIndex(t *testing.T) {
 // every open, and may come from a copy or another build.
 func indexCountPastItsEnd(t *testing.T) {
 	const files = 4_000_000 // about 300 MB of entries if allocated
-	body := binary.AppendUvarint([]byte{0, 0}, files) // known: no file, digest 0
+	// known: no file, digest 0; then the count.
+	body := binary.AppendUvarint([]byte{0, 0}, files)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	err := persist.DecodeIndexBody(body)
@@ -933,4 +935,61 @@ func indexSameCountOtherFiles(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("List(Unresolved) returned %d records; the pending intent p-1 on disk is hidden (treated as resolved unread)", len(got))
 	}
+}
+
+// indexFileTypeChanged keeps "The index is a cache, never
+// the record. The record files stay the only truth", "A file whose stamp
+// differs is read again", and Quarantine's "A readable record is never
+// moved aside".
+//
+// The path to the failure it guards: a pending intent's file is found as a symbolic
+// link (a restore or sync tool put it there), which the store rightly
+// reports as damage. The scan's index keeps the entry with the listing's
+// file type (symlink). The operator does what the damage report asks:
+// looks at the file and puts the real, readable record in the link's
+// place. At the next OpenDir the file's stamp differs, so it is "read
+// again". Were it read with the file type from the index, not from the
+// file, it would be refused as "not a regular file" without being opened,
+// and the listing's merge would keep that entry as it has the same name.
+// The good record would stay damage at every start (nothing changes, so
+// the index stays), its action would take no new intent and
+// Client.Unresolved would report it unreadable; and Quarantine, the only
+// way out, would move the readable pending payment out of the store.
+func indexFileTypeChanged(t *testing.T) {
+	ctx := context.Background()
+	dir := rtDir(t)
+	pending := persisttest.NewRecord("p-link", rtT0)
+	pending.State, pending.Attempts = persist.StatePending, 1
+	rtFill(t, dir, pending, rtResolved("r-1", rtT0))
+	name := persist.FileName("p-link", pending.Name)
+	path := filepath.Join(dir, name)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	// The file becomes a link to a copy outside: damage, and reported.
+	outside := filepath.Join(t.TempDir(), "copy.json")
+	require.NoError(t, os.WriteFile(outside, data, 0o600))
+	require.NoError(t, os.Remove(filepath.Join(dir, "index")))
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.Symlink(outside, path))
+	s, err := persist.OpenDir(dir, nil) // scans, writes the index
+	require.NoError(t, err)
+	_, err = s.Get(ctx, "p-link")
+	var ce *persist.CorruptError
+	require.ErrorAs(t, err, &ce, "a link in a record's place is damage")
+	require.NoError(t, s.Close())
+
+	// The operator puts the real file back in the link's place.
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+
+	s, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	_, _ = s.Get(ctx, "no-such-key") // the listing has ended
+	got, err := s.Get(ctx, "p-link")
+	if err != nil {
+		t.Fatalf("the readable record put back in place of a link is still reported as damage: %v", err)
+	}
+	require.Equal(t, persist.StatePending, got.State)
 }

@@ -90,6 +90,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./persist", Run: "^TestIndex$/^(an_index_copied_from_another_store_is_not_used|a_file_swapped_for_another_at_the_same_count_is_read)$",
 		},
 		{
+			Name: "index-type-kept-on-reread", File: "persist/index.go",
+			Note:    "a file read again at OpenDir as its stamp changed keeps the type the index holds: a link replaced by the readable record stays damage",
+			Anchor:  "\t\t\te.rec, e.st, e.mode = nil, fsys.Stamp{}, 0\n",
+			Replace: "\t\t\te.rec, e.st = nil, fsys.Stamp{}\n",
+			Pkg:     "./persist", Run: "^TestIndex$/^a_file_whose_type_changed_is_read_with_its_type_now$",
+		},
+		{
 			Name: "stamp-without-ctime", File: "persist/internal/fsys/stamp_unix.go",
 			Note:    "a file's stamp takes its change time from its modification time, which a program sets back (os.Chtimes)",
 			Anchor:  "Mod: st.Mtim.Nano(), Change: st.Ctim.Nano()}",

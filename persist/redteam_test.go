@@ -121,63 +121,6 @@ func TestOpenDirSurvivesHugeSparseFile(t *testing.T) {
 	}
 }
 
-// TestIndexKeepsAFileTypeThatChanged breaks "The index is a cache, never
-// the record. The record files stay the only truth", "A file whose stamp
-// differs is read again", and Quarantine's "A readable record is never
-// moved aside".
-//
-// Path to the failure: a pending intent's file is found as a symbolic
-// link (a restore or sync tool put it there), which the store rightly
-// reports as damage. The scan's index keeps the entry with the listing's
-// file type (symlink). The operator does what the damage report asks:
-// looks at the file and puts the real, readable record in the link's
-// place. At the next OpenDir the file's stamp differs, so it is "read
-// again", but with the file type from the index, not from the file: it is
-// refused as "not a regular file" without being opened, and the listing's
-// merge keeps that entry as it has the same name. The good record stays
-// damage at every start (nothing changes, so the index stays), its action
-// takes no new intent and Client.Unresolved reports it unreadable; and
-// Quarantine, the only way out, moves the readable pending payment out of
-// the store.
-func TestIndexKeepsAFileTypeThatChanged(t *testing.T) {
-	ctx := context.Background()
-	dir := rtDir(t)
-	pending := persisttest.NewRecord("p-link", rtT0)
-	pending.State, pending.Attempts = persist.StatePending, 1
-	rtFill(t, dir, pending, rtResolved("r-1", rtT0))
-	name := persist.FileName("p-link", pending.Name)
-	path := filepath.Join(dir, name)
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-
-	// The file becomes a link to a copy outside: damage, and reported.
-	outside := filepath.Join(t.TempDir(), "copy.json")
-	require.NoError(t, os.WriteFile(outside, data, 0o600))
-	require.NoError(t, os.Remove(filepath.Join(dir, "index")))
-	require.NoError(t, os.Remove(path))
-	require.NoError(t, os.Symlink(outside, path))
-	s, err := persist.OpenDir(dir, nil) // scans, writes the index
-	require.NoError(t, err)
-	_, err = s.Get(ctx, "p-link")
-	var ce *persist.CorruptError
-	require.ErrorAs(t, err, &ce, "a link in a record's place is damage")
-	require.NoError(t, s.Close())
-
-	// The operator puts the real file back in the link's place.
-	require.NoError(t, os.Remove(path))
-	require.NoError(t, os.WriteFile(path, data, 0o600))
-
-	s, err = persist.OpenDir(dir, nil)
-	require.NoError(t, err)
-	defer s.Close()
-	_, _ = s.Get(ctx, "no-such-key") // the listing has ended
-	got, err := s.Get(ctx, "p-link")
-	if err != nil {
-		t.Fatalf("the readable record put back in place of a link is still reported as damage: %v", err)
-	}
-	require.Equal(t, persist.StatePending, got.State)
-}
-
 // TestIndexCountWithinItsBytesIsNotAllocatedAhead breaks what the index's
 // decoder is meant to keep (commit 27b76fd: "a count past its end is
 // refused, not allocated: a 4-million-file count ... allocates under 64
