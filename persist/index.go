@@ -310,7 +310,7 @@ func encodeIndex(known nameSet, files []indexed) []byte {
 	c := &codec{b: append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)}
 	num(c, &known.n)
 	c.uint(&known.sum)
-	c.count(len(files))
+	c.count(len(files), fileLeast)
 	for i := range files {
 		c.file(&files[i])
 	}
@@ -342,7 +342,7 @@ func decodeIndexFiles(data []byte) (c *codec, known nameSet, files []indexed, er
 		c.fail()
 	}
 	c.uint(&known.sum)
-	files = make([]indexed, c.count(0))
+	files = make([]indexed, c.count(0, fileLeast))
 	for i := 0; i < len(files) && c.err == nil; i++ {
 		c.file(&files[i])
 	}
@@ -384,10 +384,12 @@ func (c *codec) uint(p *uint64) {
 }
 
 // count writes or reads n, a count of the items that follow. Each takes
-// a byte at least. So a count past what is left is damage.
-func (c *codec) count(n int) int {
+// least bytes at least. So a count of more than what is left holds is
+// damage. It is refused before anything is allocated for it: an item
+// decoded takes many times the bytes it is encoded in.
+func (c *codec) count(n, least int) int {
 	u := uint64(n)
-	if c.uint(&u); c.read && u > uint64(len(c.s)) {
+	if c.uint(&u); c.read && u > uint64(len(c.s)/least) {
 		c.fail()
 		return 0
 	}
@@ -459,13 +461,14 @@ func (c *codec) time(p *time.Time) {
 // normHeader keeps it.
 func (c *codec) header(h *http.Header) {
 	keys := slices.Sorted(maps.Keys(*h))
-	if n := c.count(len(keys)); c.read && n > 0 {
+	// A field takes its name's length and its count of values at least.
+	if n := c.count(len(keys), 2); c.read && n > 0 {
 		keys, *h = make([]string, n), make(http.Header, n)
 	}
 	for _, k := range keys {
 		vs := (*h)[k]
 		str(c, &k)
-		if m := c.count(len(vs)); c.read && m > 0 {
+		if m := c.count(len(vs), 1); c.read && m > 0 {
 			vs = make([]string, m)
 		}
 		for i := range vs {
@@ -476,6 +479,10 @@ func (c *codec) header(h *http.Header) {
 		}
 	}
 }
+
+// fileLeast is the fewest bytes a file of the index takes: one for each
+// of the eight values file writes, an empty name's length included.
+const fileLeast = 8
 
 // file writes or reads a file of the index. Its record comes later.
 func (c *codec) file(f *indexed) {

@@ -56,6 +56,7 @@ func TestIndex(t *testing.T) {
 		{"an index copied from another store is not used", indexCopiedFromAnotherStore},
 		{"a file swapped for another at the same count is read", indexSameCountOtherFiles},
 		{"a file whose type changed is read with its type now", indexFileTypeChanged},
+		{"a count within its bytes is not allocated ahead", indexCountWithinItsBytes},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -992,4 +993,41 @@ func indexFileTypeChanged(t *testing.T) {
 		t.Fatalf("the readable record put back in place of a link is still reported as damage: %v", err)
 	}
 	require.Equal(t, persist.StatePending, got.State)
+}
+
+// indexCountWithinItsBytes keeps what the index's decoder is meant to
+// keep (commit 27b76fd: "a count past its end is
+// refused, not allocated: a 4-million-file count ... allocates under 64
+// MB"): a write or open must not spend unbounded memory on a damaged or
+// hostile directory.
+//
+// The path to the failure it guards: were a count of files checked only
+// against the bytes left, one byte per file, the decoder would make a
+// slice of that many files of about 72 bytes each before decoding one. A
+// file needs 8 bytes at least, and a real one far more. An index of 4 MB
+// of zeros, its checksum made to hold (a sparse file costs no disk), with
+// a count of 4 million would make OpenDir allocate about 300 MB before it
+// gives the index up: 72 times the index's size, where the same count in
+// a short index is refused.
+func indexCountWithinItsBytes(t *testing.T) {
+	dir := rtDir(t)
+	rtFill(t, dir, rtResolved("ok-1", rtT0))
+	const files = 4_000_000
+	body := []byte{0x00, 0x00}                  // known = 0 (zig-zag), names' digest 0
+	body = binary.AppendUvarint(body, files)    // the count of files
+	body = append(body, make([]byte, files)...) // one byte per file: within its end
+	data := persist.IndexOfBody(body)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "index"), data, 0o600))
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s, err := persist.OpenDir(dir, nil)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	spent := after.TotalAlloc - before.TotalAlloc
+	if spent > 64<<20 {
+		t.Fatalf("OpenDir allocated %d MB for an index of %d bytes that holds no file", spent>>20, len(data))
+	}
 }
