@@ -359,7 +359,7 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 		// Stamped before it is read. A change after the stamp then
 		// shows as another stamp at the next OpenDir from the index.
 		st, _ = s.fs.Stamp(path)
-		data, err = s.fs.ReadFile(path)
+		data, err = s.fs.ReadFile(path, maxRecordFile)
 	}
 	var r *Record
 	if err == nil {

@@ -27,6 +27,12 @@ const (
 	// indexVersion. An index of another version is rebuilt, never read.
 	indexMagic   = "idem-persist-index\n"
 	indexVersion = 9
+	// maxIndexFile bounds the index's size. A larger index is not used:
+	// OpenDir scans, and the store writes none that large. The index
+	// holds the unresolved records, a handful on a device. So 64 MiB is
+	// far above any real one. A damaged or hostile index, a sparse file
+	// of any size, then costs no allocation of its size.
+	maxIndexFile = 64 << 20
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -60,7 +66,7 @@ func (s *FileStore) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	data, err := s.fs.ReadFile(path)
+	data, err := s.fs.ReadFile(path, maxIndexFile)
 	if err != nil {
 		return err
 	}
@@ -295,7 +301,10 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 		files = append(files, f)
 	}
 	s.mu.Unlock()
-	return c, encodeIndex(known, files), nil
+	if data = encodeIndex(known, files); len(data) > maxIndexFile {
+		return 0, nil, fmt.Errorf("%w: %d bytes, over the limit of %d", errIndex, len(data), maxIndexFile)
+	}
+	return c, data, nil
 }
 
 // The index's encoding is flat: varints, and strings after their length.

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/long"
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/internal/fsys"
 	"github.com/idemkit/idem/persist/persisttest"
@@ -57,6 +58,7 @@ func TestIndex(t *testing.T) {
 		{"a file swapped for another at the same count is read", indexSameCountOtherFiles},
 		{"a file whose type changed is read with its type now", indexFileTypeChanged},
 		{"a count within its bytes is not allocated ahead", indexCountWithinItsBytes},
+		{"one over its size limit is not written, and the next open scans", indexOverLimit},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -806,6 +808,31 @@ func indexWriteGivesUpOnAChange(t *testing.T) {
 	got, err := s.List(ctx, persist.Filter{Unresolved: true})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"b"}, keys(got))
+}
+
+// indexOverLimit keeps an unresolved record larger than an index may be.
+// An index that large would never be read. So none is written, and the
+// next OpenDir scans and finds the record.
+func indexOverLimit(t *testing.T) {
+	long.Skip(t, "writes an unresolved record of 65 MB")
+	ctx := context.Background()
+	dir := rtDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	r := persisttest.NewRecord("big", rtT0)
+	r.Body = make([]byte, 65<<20) // the index holds it raw: over 64 MiB
+	require.NoError(t, persisttest.Put(ctx, s, r))
+	require.NoError(t, s.Close())
+	require.NoFileExists(t, filepath.Join(dir, "index"), "no index over its limit")
+
+	s, err = persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	require.False(t, s.FromIndex())
+	got, err := s.List(ctx, persist.Filter{Unresolved: true})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Len(t, got[0].Body, len(r.Body))
 }
 
 // The helpers below build stores on a real directory through the public
