@@ -104,6 +104,7 @@ func TestWrite(t *testing.T) {
 		{"a save costs two fsyncs", fileSyncs},
 		{"it refuses text that is not UTF-8 and stores nothing", fileNotUTF8},
 		{"it refuses a record over a file's limit and stores nothing", fileOverLimit},
+		{"an answer's header that is not UTF-8 reads back as written", fileResponseHeaderNotUTF8},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -556,5 +557,38 @@ func fileHugeSparse(t *testing.T) {
 				require.Contains(t, string(out), "LISTED: corrupt=0")
 			}
 		})
+	}
+}
+
+// fileResponseHeaderNotUTF8 is a known limit of the Store contract ("A record reads back as written") and the file-layout promise
+// that bytes JSON would change are refused with an error ("So Write
+// refuses a Key, a Name or a request header that is not UTF-8").
+//
+// The path to the failure: Validate checks only the request's header for
+// UTF-8, not the stored Response's header. A server's answer may carry
+// obs-text bytes (a Latin-1 filename, a bank's reference) that net/http
+// accepts. Write of the resolved intent succeeds, but json.Marshal turns
+// each byte that is not UTF-8 into U+FFFD. Get returns another header
+// than the server sent and than the memory store returns, silently.
+//
+// It is skipped as a known limit. Refusing the Write would fail the save
+// of an intent the server answered, which costs more than a header's
+// bytes. Keeping the bytes needs a new record format.
+func fileResponseHeaderNotUTF8(t *testing.T) {
+	t.Skip("known limit: a stored answer's header value that is not UTF-8 reads back with U+FFFD for each byte that is not; refusing the Write would fail the save of an answered intent, and keeping the bytes needs a new record format")
+	ctx := context.Background()
+	s, err := persist.OpenDir(rtDir(t), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	r := rtResolved("k-latin1", rtT0)
+	r.Response.Header.Set("X-Payment-Ref", "caf\xe9-42")
+	err = persisttest.Put(ctx, s, r)
+	if err != nil {
+		return // refused with an error: the promise holds
+	}
+	got, err := s.Get(ctx, "k-latin1")
+	require.NoError(t, err)
+	if g := got.Response.Header.Get("X-Payment-Ref"); g != "caf\xe9-42" {
+		t.Fatalf("the stored answer's header reads back as %q, written as %q, and Write returned nil", g, "caf\xe9-42")
 	}
 }
