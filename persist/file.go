@@ -198,11 +198,11 @@ func (s *FileStore) complete() error {
 // the directory itself.
 func (s *FileStore) listInBackground() {
 	defer s.inflight.Done()
-	l, err := s.list()
+	l, names, err := s.list()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l != nil && err == nil {
-		s.merge(l)
+		s.merge(l, names)
 	}
 	close(s.listing)
 	s.listing = nil
@@ -238,24 +238,26 @@ func mkdirAll(fsy fsys.FS, dir string) error {
 // removes the temporary files a crash left (see list). OpenDir runs it,
 // or a caller holding s.mu.
 func (s *FileStore) scan() error {
-	l, err := s.list()
+	l, names, err := s.list()
 	if err != nil {
 		return err
 	}
-	s.merge(l)
+	s.merge(l, names)
 	return nil
 }
 
-// list lists the directory's record files by key. It removes the
+// list lists the directory's record files by key, and returns the set
+// of their names too. It removes the
 // temporary files a crash left. They were never renamed, so they never
 // held a saved record. No other store can write them while we hold the
 // lock. No write of this store has begun either. Every write calls
 // complete first, which waits for a listing in the background. list
 // needs no lock, as it reads nothing of s that changes.
-func (s *FileStore) list() (map[string]*entry, error) {
+func (s *FileStore) list() (map[string]*entry, nameSet, error) {
+	var names nameSet
 	des, err := s.fs.ReadDir(s.dir)
 	if err != nil {
-		return nil, fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
+		return nil, names, fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
 	}
 	l := make(map[string]*entry, len(des))
 	for _, de := range des {
@@ -268,6 +270,7 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		if !ok {
 			continue
 		}
+		names.add(name)
 		e := &entry{name: name, p: p, mode: de.Type()}
 		id := p.id
 		if first := l[id]; id != "" && first != nil {
@@ -283,19 +286,19 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		}
 		l[id] = e
 	}
-	return l, nil
+	return l, names, nil
 }
 
-// merge makes entries those of l. It keeps an entry already known with
-// the same file, from the index. After an OpenDir from the index, the
-// directory may hold the very files the index was built from: as many,
-// with the same names' digest. Then every other entry is resolved, as the
+// merge makes entries those of l, whose set of names is names. It keeps
+// an entry already known with the same file, from the index. After an
+// OpenDir from the index, the directory may hold the very files the index
+// was built from: as many, with the same names' digest. Then every other entry is resolved, as the
 // index holds every unresolved one. Otherwise the index describes another
 // directory, and merge reads the other entries' files. OpenDir runs it,
 // or a caller holding s.mu.
-func (s *FileStore) merge(l map[string]*entry) {
+func (s *FileStore) merge(l map[string]*entry, names nameSet) {
 	var unread []*entry
-	indexed := s.fromIndex && listed(l) == s.known
+	indexed := s.fromIndex && names == s.known
 	for id, e := range l {
 		k := s.entries[id]
 		switch {
@@ -310,15 +313,6 @@ func (s *FileStore) merge(l map[string]*entry) {
 	s.readAll(unread)
 	s.entries = l
 	s.scanned = true
-}
-
-// listed returns the set of l's file names.
-func listed(l map[string]*entry) nameSet {
-	var d nameSet
-	for _, e := range l {
-		d.add(e.name)
-	}
-	return d
 }
 
 // readAll reads the records of ents, on a few threads. At a scan, the

