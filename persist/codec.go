@@ -135,11 +135,24 @@ func filterTag(f Filter) string {
 	return nameTag(f.Name)
 }
 
+// maxRecordFile bounds a record file's size. A file larger is damage: it
+// is never read, so a damaged or hostile file (a sparse one costs no disk)
+// cannot make the store allocate its size. A record holds one request's
+// body and one answer's, which the app holds in memory too, base64 in
+// JSON. 256 MiB is far above what an app on a device sends or keeps
+// (Server.MaxResponseBytes bounds an answer), and below what ends an
+// app's process. Write refuses a record that would not fit, so no record
+// it writes is ever damage.
+const maxRecordFile = 256 << 20
+
 // encodeRecord returns the file content for r, which prepare returned.
 func encodeRecord(r *Record) ([]byte, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, fmt.Errorf("persist: cannot encode record %s: %w", r.Key, err)
+	}
+	if len(b)+1 > maxRecordFile {
+		return nil, fmt.Errorf("persist: record %s takes %d bytes encoded, over the limit of %d for a record file; nothing was stored", r.Key, len(b)+1, maxRecordFile)
 	}
 	return append(b, '\n'), nil
 }

@@ -47,7 +47,7 @@ func Kept(r *Record) *Record { return prepare(r, Options{}) }
 
 // IndexRoundTrip encodes r as the index does and decodes it back.
 func IndexRoundTrip(r *Record) (*Record, error) {
-	d, _, _, err := decodeIndexFiles(encodeIndex(0, []indexed{{Rec: r}}))
+	d, _, _, err := decodeIndexFiles(encodeIndex(nameSet{}, []indexed{{Rec: r}}))
 	if err != nil {
 		return nil, err
 	}
@@ -58,14 +58,20 @@ func IndexRoundTrip(r *Record) (*Record, error) {
 	return got, d.err
 }
 
-// DecodeIndexBody decodes an index whose content after its checksum is
-// body, the checksum made to hold.
-func DecodeIndexBody(body []byte) error {
+// IndexOfBody returns an index file of this version whose content after
+// its checksum is body, the checksum made to hold.
+func IndexOfBody(body []byte) []byte {
 	data := append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)
 	data = append(data, body...)
 	n := len(indexMagic) + 1
 	binary.LittleEndian.PutUint32(data[n:n+4], crc32.Checksum(data[n+4:], crcTable))
-	c, _, files, err := decodeIndexFiles(data)
+	return data
+}
+
+// DecodeIndexBody decodes an index whose content after its checksum is
+// body, the checksum made to hold.
+func DecodeIndexBody(body []byte) error {
+	c, _, files, err := decodeIndexFiles(IndexOfBody(body))
 	if err == nil {
 		_, err = indexEntries(c, files)
 	}

@@ -51,9 +51,9 @@ type FileStore struct {
 	// changes of records. So writeIndex tells one made while it worked.
 	indexed bool
 	changes int
-	// known is how many entries the store knew when it wrote the index
-	// OpenDir read.
-	known int
+	// known is the set of entries the store knew when it wrote the
+	// index OpenDir read: their count and their names' digest.
+	known nameSet
 	// listing is closed when the background listing of an OpenDir from
 	// the index ends. It is nil when none runs. Every write waits for it
 	// (see complete). Close does too, as it is in inflight.
@@ -198,11 +198,11 @@ func (s *FileStore) complete() error {
 // the directory itself.
 func (s *FileStore) listInBackground() {
 	defer s.inflight.Done()
-	l, err := s.list()
+	l, names, err := s.list()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l != nil && err == nil {
-		s.merge(l)
+		s.merge(l, names)
 	}
 	close(s.listing)
 	s.listing = nil
@@ -238,24 +238,26 @@ func mkdirAll(fsy fsys.FS, dir string) error {
 // removes the temporary files a crash left (see list). OpenDir runs it,
 // or a caller holding s.mu.
 func (s *FileStore) scan() error {
-	l, err := s.list()
+	l, names, err := s.list()
 	if err != nil {
 		return err
 	}
-	s.merge(l)
+	s.merge(l, names)
 	return nil
 }
 
-// list lists the directory's record files by key. It removes the
+// list lists the directory's record files by key, and returns the set
+// of their names too. It removes the
 // temporary files a crash left. They were never renamed, so they never
 // held a saved record. No other store can write them while we hold the
 // lock. No write of this store has begun either. Every write calls
 // complete first, which waits for a listing in the background. list
 // needs no lock, as it reads nothing of s that changes.
-func (s *FileStore) list() (map[string]*entry, error) {
+func (s *FileStore) list() (map[string]*entry, nameSet, error) {
+	var names nameSet
 	des, err := s.fs.ReadDir(s.dir)
 	if err != nil {
-		return nil, fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
+		return nil, names, fmt.Errorf("persist: cannot read store directory %s: %w", s.dir, err)
 	}
 	l := make(map[string]*entry, len(des))
 	for _, de := range des {
@@ -268,6 +270,7 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		if !ok {
 			continue
 		}
+		names.add(name)
 		e := &entry{name: name, p: p, mode: de.Type()}
 		id := p.id
 		if first := l[id]; id != "" && first != nil {
@@ -283,18 +286,19 @@ func (s *FileStore) list() (map[string]*entry, error) {
 		}
 		l[id] = e
 	}
-	return l, nil
+	return l, names, nil
 }
 
-// merge makes entries those of l. It keeps an entry already known with
-// the same file, from the index. After an OpenDir from the index, the
-// directory may hold as many entries as the index counted. Then every
-// other entry is resolved, as the index holds every unresolved one.
-// Otherwise merge reads the other entries' files. OpenDir runs it, or a
-// caller holding s.mu.
-func (s *FileStore) merge(l map[string]*entry) {
+// merge makes entries those of l, whose set of names is names. It keeps
+// an entry already known with the same file, from the index. After an
+// OpenDir from the index, the directory may hold the very files the index
+// was built from: as many, with the same names' digest. Then every other entry is resolved, as the
+// index holds every unresolved one. Otherwise the index describes another
+// directory, and merge reads the other entries' files. OpenDir runs it,
+// or a caller holding s.mu.
+func (s *FileStore) merge(l map[string]*entry, names nameSet) {
 	var unread []*entry
-	indexed := s.fromIndex && len(l) == s.known
+	indexed := s.fromIndex && names == s.known
 	for id, e := range l {
 		k := s.entries[id]
 		switch {
@@ -349,7 +353,7 @@ func (s *FileStore) record(e *entry) (*Record, *CorruptError) {
 		// Stamped before it is read. A change after the stamp then
 		// shows as another stamp at the next OpenDir from the index.
 		st, _ = s.fs.Stamp(path)
-		data, err = s.fs.ReadFile(path)
+		data, err = s.fs.ReadFile(path, maxRecordFile)
 	}
 	var r *Record
 	if err == nil {

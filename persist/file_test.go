@@ -1,11 +1,13 @@
 package persist_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/long"
 	"github.com/idemkit/idem/persist"
 	"github.com/idemkit/idem/persist/persisttest"
 )
@@ -66,6 +69,7 @@ func TestOpenDir(t *testing.T) {
 		{"a second open is refused until Close", fileLocked},
 		{"other files in the directory are ignored", fileIgnoresOtherFiles},
 		{"resolved records are read when first asked for", fileLazyResolved},
+		{hugeSparseName, fileHugeSparse},
 	}, openDirUnix...) {
 		t.Run(c.name, c.run)
 	}
@@ -99,6 +103,8 @@ func TestWrite(t *testing.T) {
 		{"a failed rename leaves no temporary file", fileRenameFails},
 		{"a save costs two fsyncs", fileSyncs},
 		{"it refuses text that is not UTF-8 and stores nothing", fileNotUTF8},
+		{"it refuses a record over a file's limit and stores nothing", fileOverLimit},
+		{"an answer's header that is not UTF-8 reads back as written", fileResponseHeaderNotUTF8},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -447,4 +453,142 @@ func fileNotUTF8(t *testing.T) {
 	require.Empty(t, recs)
 	require.NoError(t, s.Close())
 	assert.Empty(t, dirNames(t, dir), "no record file written")
+}
+
+// fileOverLimit writes a record whose file would be larger than a record
+// file may be. Were it written, every read would report it as damage.
+func fileOverLimit(t *testing.T) {
+	long.Skip(t, "writes a record of 200 MB")
+	t.Parallel()
+	ctx := context.Background()
+	dir := newDir(t)
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	r := persisttest.NewRecord("big", t0)
+	r.Body = make([]byte, 200<<20) // base64 in JSON: over 256 MiB
+	err = persisttest.Put(ctx, s, r)
+	require.ErrorContains(t, err, "over the limit")
+	require.ErrorContains(t, err, "nothing was stored")
+	_, err = s.Get(ctx, r.Key)
+	require.ErrorIs(t, err, persist.ErrNotFound, "nothing stored")
+	require.NoError(t, s.Close())
+	assert.NotContains(t, dirNames(t, dir), persist.FileName(r.Key, r.Name), "no record file written")
+}
+
+// rtChildEnv names the directory a child test process opens.
+const rtChildEnv = "IDEM_TEST_HUGE_DIR"
+
+// hugeSparseName is fileHugeSparse's subtest name, which its child runs.
+const hugeSparseName = "a huge sparse file is damage or not used, never allocated"
+
+// fileHugeSparse keeps "bad input gets a clear error" and the Damage
+// promise: a file that cannot be read "gives a
+// *CorruptError", and a damaged index "is rebuilt by a full scan. It is
+// never an error of OpenDir."
+//
+// The path to the failure it guards: the store reads a record file, and
+// the index, with one allocation of the size the file has (fsys.ReadFile:
+// "The read stops at the size the open file had"). Were that size not
+// bounded, a damaged file system, or a hostile file, would give a record
+// file or the index a size of a terabyte, which costs no disk space as a
+// sparse file. OpenDir (for the index) or its scan (for a record) would
+// then ask the Go runtime for a terabyte, and the process would die with
+// "fatal error: out of memory": no CorruptError, no recover. The app would
+// die at every start, so no intent of the store could be settled until
+// someone finds the file by hand. The record file is damage, named with
+// its size; the index is not used, and OpenDir scans.
+func fileHugeSparse(t *testing.T) {
+	t.Parallel()
+	if dir := os.Getenv(rtChildEnv); dir != "" {
+		// The child: open and list as an app does at start.
+		s, err := persist.OpenDir(dir, nil)
+		if err != nil {
+			fmt.Println("OPEN-ERROR:", err)
+			return
+		}
+		_, err = s.List(context.Background(), persist.Filter{})
+		fmt.Printf("FROM-INDEX: %v\n", s.FromIndex())
+		for _, ce := range persist.CorruptErrors(err) {
+			fmt.Printf("CORRUPT: %v\n", ce)
+		}
+		fmt.Printf("LISTED: corrupt=%d\n", len(persist.CorruptErrors(err)))
+		_ = s.Close()
+		return
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("sparse files and overcommit as on Linux")
+	}
+	const huge = 1 << 40 // 1 TB, sparse: no disk space
+	for _, which := range []string{"record", "index"} {
+		t.Run(which, func(t *testing.T) {
+			dir := rtDir(t)
+			rtFill(t, dir, rtResolved("ok-1", rtT0))
+			var path string
+			if which == "record" {
+				require.NoError(t, os.Remove(filepath.Join(dir, "index"))) // so OpenDir scans
+				path = filepath.Join(dir, persist.FileName("big", "checkout:big"))
+				require.NoError(t, os.WriteFile(path, []byte(`{"version":1}`), 0o600))
+			} else {
+				path = filepath.Join(dir, "index")
+			}
+			require.NoError(t, os.Truncate(path, huge))
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestOpenDir$/^"+strings.ReplaceAll(hugeSparseName, " ", "_")+"$", "-test.count=1")
+			cmd.Env = append(os.Environ(), rtChildEnv+"="+dir)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("LISTED:")) {
+				first := out
+				if i := bytes.IndexByte(first, '\n'); i >= 0 && i < 300 {
+					first = first[:i]
+				} else if len(first) > 300 {
+					first = first[:300]
+				}
+				var ee *exec.ExitError
+				errors.As(err, &ee)
+				t.Fatalf("the %s file made 1 TB (sparse) in the store killed the process opening it (%v): %s", which, err, first)
+			}
+			if which == "record" {
+				require.Contains(t, string(out), "LISTED: corrupt=1", "the huge record file is damage")
+				require.Contains(t, string(out), fmt.Sprintf("%d bytes", int64(huge)), "its CorruptError names its size")
+			} else {
+				require.Contains(t, string(out), "FROM-INDEX: false", "the huge index is not used")
+				require.Contains(t, string(out), "LISTED: corrupt=0")
+			}
+		})
+	}
+}
+
+// fileResponseHeaderNotUTF8 is a known limit of the Store contract ("A record reads back as written") and the file-layout promise
+// that bytes JSON would change are refused with an error ("So Write
+// refuses a Key, a Name or a request header that is not UTF-8").
+//
+// The path to the failure: Validate checks only the request's header for
+// UTF-8, not the stored Response's header. A server's answer may carry
+// obs-text bytes (a Latin-1 filename, a bank's reference) that net/http
+// accepts. Write of the resolved intent succeeds, but json.Marshal turns
+// each byte that is not UTF-8 into U+FFFD. Get returns another header
+// than the server sent and than the memory store returns, silently.
+//
+// It is skipped as a known limit. Refusing the Write would fail the save
+// of an intent the server answered, which costs more than a header's
+// bytes. Keeping the bytes needs a new record format.
+func fileResponseHeaderNotUTF8(t *testing.T) {
+	t.Skip("known limit: a stored answer's header value that is not UTF-8 reads back with U+FFFD for each byte that is not; refusing the Write would fail the save of an answered intent, and keeping the bytes needs a new record format")
+	ctx := context.Background()
+	s, err := persist.OpenDir(rtDir(t), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	r := rtResolved("k-latin1", rtT0)
+	r.Response.Header.Set("X-Payment-Ref", "caf\xe9-42")
+	err = persisttest.Put(ctx, s, r)
+	if err != nil {
+		return // refused with an error: the promise holds
+	}
+	got, err := s.Get(ctx, "k-latin1")
+	require.NoError(t, err)
+	if g := got.Response.Header.Get("X-Payment-Ref"); g != "caf\xe9-42" {
+		t.Fatalf("the stored answer's header reads back as %q, written as %q, and Write returned nil", g, "caf\xe9-42")
+	}
 }

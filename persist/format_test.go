@@ -87,6 +87,16 @@ func formatIndex(recs map[string]*Record) []indexed {
 	return files
 }
 
+// formatKnown returns the set of record files the golden index was built
+// from: one file per golden record.
+func formatKnown(recs map[string]*Record) nameSet {
+	var known nameSet
+	for _, r := range recs {
+		known.add(fileName(r.Key, r.Name))
+	}
+	return known
+}
+
 // TestFormat: record format 1 is frozen. Its golden files read as the
 // records they hold, and those records write back to the same bytes.
 func TestFormat(t *testing.T) {
@@ -119,9 +129,9 @@ func TestFormat(t *testing.T) {
 		}
 		require.NoError(t, c.err)
 		assert.Empty(t, c.s, "bytes left over")
-		assert.Equal(t, len(recs), known)
+		assert.Equal(t, formatKnown(recs), known)
 		assert.Equal(t, want, files)
-		assert.Equal(t, data, encodeIndex(len(recs), want), "writing the index gives other bytes")
+		assert.Equal(t, data, encodeIndex(formatKnown(recs), want), "writing the index gives other bytes")
 	})
 	t.Run("a record of a newer format version is refused", func(t *testing.T) {
 		t.Parallel()

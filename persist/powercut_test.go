@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"reflect"
@@ -593,6 +594,6 @@ func powerCutQuarantine(t *testing.T) {
 }
 
 func readIs(f *strictFS, path string, want []byte) bool {
-	got, err := f.ReadFile(path)
+	got, err := f.ReadFile(path, math.MaxInt64)
 	return err == nil && bytes.Equal(got, want)
 }

@@ -3,6 +3,7 @@ package persist_test
 import (
 	"errors"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -28,7 +29,7 @@ func mustWrite(t *testing.T, f *strictFS, dir, data string, sync bool) string {
 }
 
 func read(f *strictFS, p string) string {
-	b, err := f.ReadFile(p)
+	b, err := f.ReadFile(p, math.MaxInt64)
 	if err != nil {
 		return "<" + err.Error() + ">"
 	}

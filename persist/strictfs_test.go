@@ -376,7 +376,7 @@ func (f *strictFS) ReadDir(p string) ([]fs.DirEntry, error) {
 	return out, nil
 }
 
-func (f *strictFS) ReadFile(p string) ([]byte, error) {
+func (f *strictFS) ReadFile(p string, limit int64) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.read(); err != nil {
@@ -388,6 +388,9 @@ func (f *strictFS) ReadFile(p string) ([]byte, error) {
 	}
 	if n.dir {
 		return nil, &fs.PathError{Op: "read", Path: p, Err: errors.New("is a directory")}
+	}
+	if int64(len(n.data)) > limit {
+		return nil, fmt.Errorf("%w: %d bytes, over the limit of %d", fsys.ErrTooLarge, len(n.data), limit)
 	}
 	return slices.Clone(n.data), nil
 }

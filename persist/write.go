@@ -28,7 +28,9 @@ import (
 // new file is never seen damaged, as it is synced before the rename.
 //
 // Write refuses to replace a record that cannot be read (see
-// CorruptError). Quarantine it first.
+// CorruptError). Quarantine it first. It refuses a record whose file
+// would be over 256 MiB, the most a record file may hold, and stores
+// nothing.
 func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	if err := checkWrite(rec, old); err != nil {
 		return err

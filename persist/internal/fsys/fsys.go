@@ -7,6 +7,7 @@ package fsys
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -20,6 +21,18 @@ var ErrLocked = errors.New("directory is locked by another holder")
 // regular file.
 var ErrNotRegular = errors.New("not a regular file")
 
+// ErrTooLarge is matched by the error of FS.ReadFile for a file larger
+// than its limit. A damaged or hostile file may report any size, a sparse
+// one with no disk spent. So its size is checked before anything is
+// allocated for it.
+var ErrTooLarge = errors.New("file too large")
+
+// tooLarge returns the error of ReadFile for a file of size bytes, over
+// limit.
+func tooLarge(size, limit int64) error {
+	return fmt.Errorf("%w: %d bytes, over the limit of %d", ErrTooLarge, size, limit)
+}
+
 // FS is the part of a file system a FileStore uses. Paths are absolute.
 type FS interface {
 	// Mkdir creates the directory path; its entry in the parent is durable
@@ -30,8 +43,10 @@ type FS interface {
 	// names cost an open from the index a tenth of its time.
 	ReadDir(dir string) ([]fs.DirEntry, error)
 	// ReadFile reads a regular file, not through a link. Any other
-	// type gives an error matching ErrNotRegular, at once.
-	ReadFile(path string) ([]byte, error)
+	// type gives an error matching ErrNotRegular, at once. A file of
+	// more than limit bytes gives an error matching ErrTooLarge, which
+	// names its size, before anything is allocated for it.
+	ReadFile(path string, limit int64) ([]byte, error)
 	// CreateTemp creates a new file in dir, with mode 0600, whose name is
 	// pattern with its last "*" replaced by a random string.
 	CreateTemp(dir, pattern string) (File, error)
