@@ -1,0 +1,130 @@
+package idem_test
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
+	"github.com/idemkit/idem/persist"
+)
+
+// rtEpoch is the red team's start of time.
+var rtEpoch = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+
+// rtPhone is the system clock of a phone as Go reads it (clock.System): the
+// wall clock, the monotonic reading and the budget's elapsed time stop while
+// the phone sleeps; CLOCK_BOOTTIME (SinceBoot) keeps counting. Its Sleep
+// waits out a backoff on the true clock; the first Sleep also lets the phone
+// fall asleep for `nap` and runs `whileAsleep` (what the rest of the world
+// does meanwhile).
+type rtPhone struct {
+	m           *clock.Manual
+	mu          sync.Mutex
+	slept       time.Duration
+	nap         time.Duration
+	whileAsleep func()
+}
+
+func (p *rtPhone) Now() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m.Now().Add(-p.slept)
+}
+
+func (p *rtPhone) Monotonic() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m.Monotonic() - p.slept
+}
+
+func (p *rtPhone) SinceBoot() (time.Duration, string, bool) { return p.m.SinceBoot() }
+
+func (p *rtPhone) Sleep(ctx context.Context, d time.Duration) error {
+	if err := p.m.Sleep(ctx, d); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	nap, hook := p.nap, p.whileAsleep
+	p.nap, p.whileAsleep = 0, nil
+	if nap > 0 {
+		p.m.Advance(nap) // true time and the clock that counts sleep
+		p.slept += nap
+	}
+	p.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return nil
+}
+
+func rtPayment(t *testing.T, srv *fakeserver.Server) idem.Request {
+	t.Helper()
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "USD", "customer": "cus_1"})
+	require.NoError(t, err)
+	return req
+}
+
+// TestRedTeam_NeverTwice_SleepDuringBackoffPassesTheSendDeadline breaks
+// "never twice" and "what the app is told is true" for two Clients on one
+// store (the sendDeadline's promise "No clock can let a send begin after
+// the deadline. So another Client's lookup may count the reconcile delay
+// from it").
+//
+// Path: Client A arms the intent (its claim says it begins no send past
+// arm+MaxElapsed+5s), its first attempt gets a 503, and the phone sleeps
+// during the backoff. Go's monotonic clock (the budget's) stops, so on
+// waking budget.attemptLimit lets the retry go: it checks MaxElapsed on the
+// stopped clock and the retention window, but never the stored send
+// deadline (budget.fits checks it only before the wait, in next). Meanwhile
+// Client B on the same store saw the deadline plus ReconcileDelay pass on
+// every clock, its lookup got the typed miss, and it voided the intent. A's
+// retry then charges the card: the app was told "void" for a payment that
+// was made, and the user pays again.
+func TestRedTeam_NeverTwice_SleepDuringBackoffPassesTheSendDeadline(t *testing.T) {
+	ctx := context.Background()
+	truth := clock.NewManual(rtEpoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+
+	phone := &rtPhone{m: truth}
+	a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 3, MaxElapsed: 30 * time.Second, InitialInterval: time.Second}})
+	require.NoError(t, err)
+	b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+	require.NoError(t, err)
+
+	in, err := a.Intent(ctx, "checkout", rtPayment(t, srv))
+	require.NoError(t, err)
+	require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, Key: in.Key()}))
+
+	var voided bool
+	phone.nap = 10 * time.Minute
+	phone.whileAsleep = func() {
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		t.Logf("B's reconcile while A's phone sleeps: state %s, err %v", loaded.State(), err)
+		voided = loaded.State() == persist.StateVoid
+	}
+	resp, err := a.Do(ctx, in)
+	t.Logf("A's Do after waking: resp %v, err %v, state %s", resp != nil, err, in.State())
+
+	charged := srv.Stats().ProviderCharges
+	if voided {
+		assert.Zero(t, charged, "B told the app the intent is void (nothing charged, nothing will be), but A's retry, begun past its stored send deadline, charged the card")
+	}
+	assert.NotEqual(t, persist.StateVoid, in.State(), "A adopted void for a payment the server made (%d charge(s))", charged)
+}
