@@ -128,3 +128,69 @@ func TestRedTeam_NeverTwice_SleepDuringBackoffPassesTheSendDeadline(t *testing.T
 	}
 	assert.NotEqual(t, persist.StateVoid, in.State(), "A adopted void for a payment the server made (%d charge(s))", charged)
 }
+
+// nap lets the phone fall asleep now for d: true time and the clock that
+// counts sleep move, Go's clocks do not.
+func (p *rtPhone) napNow(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.m.Advance(d)
+	p.slept += d
+}
+
+// TestRedTeam_NeverTwice_SleepBetweenTheCheckAndTheFirstSend breaks "never
+// twice" on the tap's own first attempt, the focus's "a phone asleep between
+// the check and the send".
+//
+// Path: Do arms the intent (claim: no send begins past arm+MaxElapsed+5s)
+// and reads the clocks once for the expiry check and mustHold; the first
+// attempt then asks Config.Authorizer for a token, and the phone sleeps
+// while it refreshes. budget.attemptLimit, the only check before the first
+// byte, reads MaxElapsed on Go's stopped clock and never the stored send
+// deadline, so the request goes out ten minutes past it; Client B on the
+// same store voided the intent in between (the deadline plus ReconcileDelay
+// passed on every clock), and the card is charged.
+func TestRedTeam_NeverTwice_SleepBetweenTheCheckAndTheFirstSend(t *testing.T) {
+	ctx := context.Background()
+	truth := clock.NewManual(rtEpoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+
+	b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth,
+		Authorizer: func(context.Context, string) (string, error) { return "Bearer test_acme_1", nil }})
+	require.NoError(t, err)
+	phone := &rtPhone{m: truth}
+	var key string
+	var voided, once bool
+	authorize := func(ctx context.Context, _ string) (string, error) {
+		if !once {
+			once = true
+			phone.napNow(10 * time.Minute) // the token refresh waits on the network; the phone sleeps
+			loaded, err := b.Load(ctx, key)
+			require.NoError(t, err)
+			_, err = b.Reconcile(ctx, loaded)
+			t.Logf("B's reconcile while A's phone sleeps: state %s, err %v", loaded.State(), err)
+			voided = loaded.State() == persist.StateVoid
+		}
+		return "Bearer test_acme_2", nil
+	}
+	a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone, Authorizer: authorize,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1, MaxElapsed: 30 * time.Second}})
+	require.NoError(t, err)
+
+	in, err := a.Intent(ctx, "checkout", rtPayment(t, srv))
+	require.NoError(t, err)
+	key = in.Key()
+	resp, err := a.Do(ctx, in)
+	t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+
+	charged := srv.Stats().ProviderCharges
+	if voided {
+		assert.Zero(t, charged, "B told the app the intent is void, but A's first attempt, begun past its stored send deadline, charged the card")
+	}
+	assert.NotEqual(t, persist.StateVoid, in.State(), "A reports void for a payment the server made (%d charge(s))", charged)
+}
