@@ -3,8 +3,12 @@ package idem_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,6 +105,7 @@ func TestRedTeam_NeverTwice_SleepDuringBackoffPassesTheSendDeadline(t *testing.T
 
 	phone := &rtPhone{m: truth}
 	a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone,
+		OnAttempt:   func(at idem.Attempt) { t.Logf("A's attempt %d: %d", at.Number, at.StatusCode) },
 		RetryPolicy: idem.RetryPolicy{MaxAttempts: 3, MaxElapsed: 30 * time.Second, InitialInterval: time.Second}})
 	require.NoError(t, err)
 	b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
@@ -193,4 +198,67 @@ func TestRedTeam_NeverTwice_SleepBetweenTheCheckAndTheFirstSend(t *testing.T) {
 		assert.Zero(t, charged, "B told the app the intent is void, but A's first attempt, begun past its stored send deadline, charged the card")
 	}
 	assert.NotEqual(t, persist.StateVoid, in.State(), "A reports void for a payment the server made (%d charge(s))", charged)
+}
+
+// TestRedTeam_TrueOutcome_TheServersAnswerInHandLosesToAStoredVoid breaks
+// "what the app is told is true" for the Client that holds the server's
+// own word.
+//
+// Path: Client A's attempt begins in time but a proxy queues it past
+// ReconcileDelay (the limit Server.ReconcileDelay documents); Client B on
+// the same store meanwhile voids the intent from the lookup's typed miss.
+// The request then reaches the server, which charges and answers A 201 with
+// the key's echo; A's save of that answer conflicts with the stored void,
+// afterConflict adopts any resolved record before it looks at whether the
+// write is the server's answer (cAdopt before cOver), and Do tells the app
+// "void: the server has no effect for its key; create a new intent to try
+// again" with the 201 in hand, so the app charges the user again.
+func TestRedTeam_TrueOutcome_TheServersAnswerInHandLosesToAStoredVoid(t *testing.T) {
+	ctx := context.Background()
+	truth := clock.NewManual(rtEpoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+	b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+	require.NoError(t, err)
+
+	target, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = srv.Client().Transport
+	var voided atomic.Bool
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			// The proxy's queue holds the request ten minutes; meanwhile B
+			// settles the intent through the lookup, straight to the server.
+			truth.Advance(10 * time.Minute)
+			loaded, err := b.Load(ctx, r.Header.Get("Idempotency-Key"))
+			if err == nil {
+				_, err = b.Reconcile(ctx, loaded)
+				voided.Store(loaded.State() == persist.StateVoid)
+			}
+			t.Logf("B's reconcile while the proxy holds A's request: err %v", err)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+
+	a, err := idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: server, Clock: truth,
+		OnAttempt:   func(at idem.Attempt) { t.Logf("A's attempt %d: %d", at.Number, at.StatusCode) },
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	req := rtPayment(t, srv)
+	req.URL = front.URL + "/payments"
+	in, err := a.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+	resp, err := a.Do(ctx, in)
+	t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+	require.True(t, voided.Load(), "the setup: B voided the intent while the request was queued")
+	require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the queued request charged")
+
+	assert.NotEqual(t, persist.StateVoid, in.State(), "A holds the server's 201 yet reports void")
+	assert.NoError(t, err, "A holds the server's 201 for its key")
 }
