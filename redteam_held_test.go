@@ -194,3 +194,81 @@ func TestRedTeamHeld_AHandOutSeesTheClientsRetention(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "an intent past Retention-RetentionMargin is not handed out")
 	assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
 }
+
+// Two Clients on one store each make an unarmed intent for one action (two
+// keys), then both tap, one after the other and at once: the store's claim
+// (persist.Claim, versions from each Client's own count) lets one win, and
+// the other sends the winner: one charge. (At once, the loser may see the
+// winner's 409 and report the outcome unknown; a later Do settles it.)
+func TestRedTeamHeld_TwoClientsArmingOneActionChargeOnce(t *testing.T) {
+	for _, together := range []bool{false, true} {
+		ctx := context.Background()
+		truth := clock.NewManual(rtEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth, ProcessingDelay: 20 * time.Millisecond})
+		t.Cleanup(srv.Close)
+		store := rtStore(t, filepath.Join(t.TempDir(), "s"))
+		t.Cleanup(func() { store.Close() })
+		mk := func() *idem.Client {
+			c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: rtServer, Clock: truth})
+			require.NoError(t, err)
+			return c
+		}
+		a, b := mk(), mk()
+		ina, err := a.Intent(ctx, "checkout", rtPayment(t, srv))
+		require.NoError(t, err)
+		inb, err := b.Intent(ctx, "checkout", rtPayment(t, srv))
+		require.NoError(t, err)
+		require.NotEqual(t, ina.Key(), inb.Key())
+		if together {
+			done := make(chan error, 2)
+			go func() { _, err := a.Do(ctx, ina); done <- err }()
+			go func() { _, err := b.Do(ctx, inb); done <- err }()
+			for range 2 {
+				if err := <-done; err != nil {
+					require.ErrorIs(t, err, idem.ErrOutcomeUnknown) // the other's request was in progress (409)
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // the server's work ends
+			_, err = a.Do(ctx, ina)
+			require.NoError(t, err)
+			_, err = b.Do(ctx, inb)
+			require.NoError(t, err)
+		} else {
+			_, err = b.Do(ctx, inb)
+			require.NoError(t, err)
+			_, err = a.Do(ctx, ina)
+			require.NoError(t, err)
+		}
+		assert.Equal(t, 1, srv.Stats().ProviderCharges, "together %v", together)
+		assert.Equal(t, ina.Key(), inb.Key())
+	}
+}
+
+// The phone sleeps two hours inside the Authorizer, between the one clock
+// reading of the expiry check and the first byte; the intent's window is
+// one hour. The attempt's own limit reads the clock that counts sleep, and
+// nothing is sent.
+func TestRedTeamHeld_ASleepBeforeTheFirstByteDoesNotSendAnExpiredIntent(t *testing.T) {
+	ctx := context.Background()
+	truth := clock.NewManual(rtEpoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	server := rtServer
+	server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
+	phone := &rtPhone{m: truth}
+	var napped bool
+	c, err := idem.New(idem.Config{HTTPClient: srv.Client(), Server: server, Clock: phone, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
+		Authorizer: func(context.Context, string) (string, error) {
+			if !napped {
+				napped = true
+				phone.napNow(2 * time.Hour)
+			}
+			return "Bearer test_acme_1", nil
+		}})
+	require.NoError(t, err)
+	in, err := c.Intent(ctx, "checkout", rtPayment(t, srv))
+	require.NoError(t, err)
+	_, err = c.Do(ctx, in)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Zero(t, srv.Stats().Requests, "nothing is sent past the window")
+}
