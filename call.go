@@ -719,10 +719,13 @@ func (st *call) refundRetry() {
 // Client's lookup may count the reconcile delay from it.
 type sendDeadline intentLeft
 
-func (l *sendDeadline) left() time.Duration {
+func (l *sendDeadline) left() time.Duration { return l.leftAt(l.clocks.read()) }
+
+// leftAt is left on r, a reading of the clocks taken now.
+func (l *sendDeadline) leftAt(r reading) time.Duration {
 	if l.rec.Clocks == nil || l.rec.Clocks.SendWall.IsZero() {
 		// An intent the store never holds (the RoundTripper's own).
 		return math.MaxInt64
 	}
-	return sendLeftNow(l.clocks, l.rec.Clocks)
+	return sendByLeft(l.rec.Clocks, r, l.clocks.mark(r))
 }

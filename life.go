@@ -1035,12 +1035,6 @@ func (c *life) sendLeft(rec *persist.Record, now reading) time.Duration {
 	return sendByLeft(rec.Clocks, now, c.clocks.mark(now))
 }
 
-// sendLeftNow is sendByLeft on one reading of cs, the Client's clocks.
-func sendLeftNow(cs *clocks, cl *persist.Clocks) time.Duration {
-	r := cs.read()
-	return sendByLeft(cl, r, cs.mark(r))
-}
-
 // claim gives rec clocks of its own. They say the latest time a call that
 // begins now may begin a send, d later (sendBy). claim returns the reading of
 // now. With over set, the deadline rec held is dropped first. So the new one
@@ -1433,6 +1427,13 @@ type intentLeft struct {
 }
 
 func (l *intentLeft) left() time.Duration { return l.leftAt(l.clocks.read()) }
+
+// lefts returns left and how long the call may still begin a send
+// (sendDeadline), both on one reading of the clocks.
+func (l *intentLeft) lefts() (window, send time.Duration) {
+	r := l.clocks.read()
+	return l.leftAt(r), (*sendDeadline)(l).leftAt(r)
+}
 
 // leftAt is left on r, a reading of the clocks taken now.
 func (l *intentLeft) leftAt(r reading) time.Duration {

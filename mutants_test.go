@@ -305,6 +305,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestBudget$/^it_stops_at_the_stored_send_deadline_though_the_call's_clock_slept$",
 		},
 		{
+			Name: "attempt-past-the-stored-deadline", File: "retry.go",
+			Note:    "the check just before an attempt goes on the wire ignores the stored send deadline: a phone asleep in a backoff or an Authorizer's refresh sends past it, while another Client's void counts from it",
+			Anchor:  "\t\tif send < limit {\n",
+			Replace: "\t\tif false {\n",
+			Pkg:     root, Run: "^TestRedTeam_NeverTwice",
+		},
+		{
 			Name: "handed-out-not-marked", File: "handout.go",
 			Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit",
 			Anchor:  "\trec.HandedOut = true\n",
