@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -125,10 +126,12 @@ func TestAfterConflict(t *testing.T) {
 		{"a forgotten record is written again", nil, mine, cOver},
 		{"another key refuses", &persist.Record{Key: "k2", Rev: "r3", State: persist.StatePending, Holder: self}, mine, cRefused},
 		{"a first write that finds a record refuses", nil, nil, cRefused},
+		{"the server's answer is written over another Client's void", &persist.Record{Key: "k", Rev: "r3", State: persist.StateVoid, Holder: other}, mine, cOverVoid},
+		{"the server's answer adopts another Client's stored answer", &persist.Record{Key: "k", Rev: "r3", State: persist.StateFailed, Holder: other, Response: &persist.Response{StatusCode: 402}}, mine, cAdopt},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := write
-			if tc.name == "the server's answer settles another Client's record" {
+			if strings.HasPrefix(tc.name, "the server's answer") {
 				w = &persist.Record{Key: "k", Rev: "r2", State: persist.StateSucceeded, Holder: self, Response: &persist.Response{StatusCode: 201}}
 			}
 			assert.Equal(t, tc.want, afterConflict(tc.stored, w, tc.prev, self))

@@ -698,6 +698,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestResolvedRecord$",
 		},
 		{
+			Name: "void-wins-over-the-answer-in-hand", File: "life.go",
+			Note:    "a Client that holds the server's final answer adopts another Client's stored void: the app is told void for work the server did",
+			Anchor:  "\tcase stored.State == persist.StateVoid && answered(rec):\n\t\treturn cOverVoid\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestRedTeam_TrueOutcome",
+		},
+		{
 			Name: "reconcile-delay-from-own-start", File: "life.go",
 			Note:    "a Client counts the reconcile delay from its own start, not from the stored claim's send deadline, and voids another Client's request in transit",
 			Anchor:  "\tif since, ok := sinceSendBy(rec.Clocks, now); ok {\n",
