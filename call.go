@@ -711,6 +711,13 @@ func (st *call) refundRetry() {
 	st.tokens.give(st.cfg.clock.Now(), n)
 }
 
+// lefts returns how long the intent may still be sent and how long the call
+// may still begin a send (sendDeadline), both on one reading of the clocks.
+func (l *intentLeft) lefts() (window, send time.Duration) {
+	r := l.clocks.read()
+	return l.leftAt(r), (*sendDeadline)(l).leftAt(r)
+}
+
 // sendDeadline is the budget's reading of how long a call may still begin a
 // send. The deadline is the one its record stores, in the claim that arm or
 // hold writes. The reading is the least time any clock says is left. The

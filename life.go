@@ -1452,13 +1452,6 @@ type intentLeft struct {
 
 func (l *intentLeft) left() time.Duration { return l.leftAt(l.clocks.read()) }
 
-// lefts returns left and how long the call may still begin a send
-// (sendDeadline), both on one reading of the clocks.
-func (l *intentLeft) lefts() (window, send time.Duration) {
-	r := l.clocks.read()
-	return l.leftAt(r), (*sendDeadline)(l).leftAt(r)
-}
-
 // leftAt is left on r, a reading of the clocks taken now.
 func (l *intentLeft) leftAt(r reading) time.Duration {
 	return l.window - l.clocks.age(l.rec, r, func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })
