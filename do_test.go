@@ -1473,7 +1473,12 @@ func TestResolvedRecord(t *testing.T) {
 		require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the queued request charged")
 
 		assert.NotEqual(t, persist.StateVoid, in.State(), "A holds the server's 201 yet reports void")
-		assert.NoError(t, err, "A holds the server's 201 for its key")
+		require.NoError(t, err, "A holds the server's 201 for its key")
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.False(t, resp.NotRecorded, "the answer is written over the void")
+		stored, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, stored.State(), "the store holds the server's answer, not the void")
 	})
 }
 
