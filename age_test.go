@@ -225,6 +225,63 @@ func TestAge(t *testing.T) {
 		assert.Equal(t, requests+1, e.srv.Stats().Requests, "one attempt, before the sleep")
 		assert.Zero(t, e.srv.Stats().ProviderCharges)
 	})
+
+	// A phone sleeps two hours and its wall clock is set back two hours while
+	// it sleeps; the intent's window is one hour. The one reading shared by the
+	// expiry check and mustHold still sees it expired: nothing is sent.
+	t.Run("a clock set back during sleep does not revive an expired intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		server := echoLookupServer
+		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
+		c, err := idem.New(idem.Config{HTTPClient: srv.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		truth.Advance(2 * time.Hour)
+		truth.Advance(-2 * time.Hour)
+		requests := srv.Stats().Requests
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
+		assert.Equal(t, persist.StateExpired, in.State())
+	})
+
+	// The phone sleeps two hours inside the Authorizer, between the one clock
+	// reading of the expiry check and the first byte; the intent's window is
+	// one hour. The attempt's own limit reads the clock that counts sleep, and
+	// nothing is sent.
+	t.Run("a sleep before the first byte does not send an expired intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		server := echoLookupServer
+		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
+		phone := &sleepyPhone{m: truth}
+		var napped bool
+		c, err := idem.New(idem.Config{HTTPClient: srv.Client(), Server: server, Clock: phone, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
+			Authorizer: func(context.Context, string) (string, error) {
+				if !napped {
+					napped = true
+					phone.napNow(2 * time.Hour)
+				}
+				return "Bearer test_acme_1", nil
+			}})
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Zero(t, srv.Stats().Requests, "nothing is sent past the window")
+	})
 }
 
 func payment1500(t testing.TB, srv *fakeserver.Server) idem.Request {
@@ -296,3 +353,80 @@ func TestSendAge(t *testing.T) {
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges)
 	})
 }
+
+// phoneEpoch is the start of time of the tests with a sleepyPhone.
+var phoneEpoch = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+
+// sleepyPhone is the system clock of a phone as Go reads it (clock.System): the
+// wall clock, the monotonic reading and the budget's elapsed time stop while
+// the phone sleeps; CLOCK_BOOTTIME (SinceBoot) keeps counting. Its Sleep
+// waits out a backoff on the true clock; the first Sleep also lets the phone
+// fall asleep for `nap` and runs `whileAsleep` (what the rest of the world
+// does meanwhile).
+type sleepyPhone struct {
+	m           *clock.Manual
+	mu          sync.Mutex
+	slept       time.Duration
+	nap         time.Duration
+	whileAsleep func()
+}
+
+func (p *sleepyPhone) Now() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m.Now().Add(-p.slept)
+}
+
+func (p *sleepyPhone) Monotonic() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m.Monotonic() - p.slept
+}
+
+func (p *sleepyPhone) SinceBoot() (time.Duration, string, bool) { return p.m.SinceBoot() }
+
+func (p *sleepyPhone) Sleep(ctx context.Context, d time.Duration) error {
+	if err := p.m.Sleep(ctx, d); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	nap, hook := p.nap, p.whileAsleep
+	p.nap, p.whileAsleep = 0, nil
+	if nap > 0 {
+		p.m.Advance(nap) // true time and the clock that counts sleep
+		p.slept += nap
+	}
+	p.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return nil
+}
+
+// cardPayment is a payment to srv.
+func cardPayment(t *testing.T, srv *fakeserver.Server) idem.Request {
+	t.Helper()
+	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "USD", "customer": "cus_1"})
+	require.NoError(t, err)
+	return req
+}
+
+// napNow lets the phone fall asleep now for d: true time and the clock that
+// counts sleep move, Go's clocks do not.
+func (p *sleepyPhone) napNow(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.m.Advance(d)
+	p.slept += d
+}
+
+// dirStore opens a file store in dir.
+func dirStore(t *testing.T, dir string) *persist.FileStore {
+	t.Helper()
+	s, err := persist.OpenDir(dir, nil)
+	require.NoError(t, err)
+	return s
+}
+
+// echoLookupServer is a server that echoes the key and answers lookups.
+var echoLookupServer = idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}

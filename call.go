@@ -711,6 +711,13 @@ func (st *call) refundRetry() {
 	st.tokens.give(st.cfg.clock.Now(), n)
 }
 
+// lefts returns how long the intent may still be sent and how long the call
+// may still begin a send (sendDeadline), both on one reading of the clocks.
+func (l *intentLeft) lefts() (window, send time.Duration) {
+	r := l.clocks.read()
+	return l.leftAt(r), (*sendDeadline)(l).leftAt(r)
+}
+
 // sendDeadline is the budget's reading of how long a call may still begin a
 // send. The deadline is the one its record stores, in the claim that arm or
 // hold writes. The reading is the least time any clock says is left. The
@@ -719,10 +726,13 @@ func (st *call) refundRetry() {
 // Client's lookup may count the reconcile delay from it.
 type sendDeadline intentLeft
 
-func (l *sendDeadline) left() time.Duration {
+func (l *sendDeadline) left() time.Duration { return l.leftAt(l.clocks.read()) }
+
+// leftAt is left on r, a reading of the clocks taken now.
+func (l *sendDeadline) leftAt(r reading) time.Duration {
 	if l.rec.Clocks == nil || l.rec.Clocks.SendWall.IsZero() {
 		// An intent the store never holds (the RoundTripper's own).
 		return math.MaxInt64
 	}
-	return sendLeftNow(l.clocks, l.rec.Clocks)
+	return sendByLeft(l.rec.Clocks, r, l.clocks.mark(r))
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -602,6 +603,45 @@ func TestRestart(t *testing.T) {
 		same, err := next.Intent(ctx, "checkout:file", req)
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateSucceeded, same.State())
+	})
+
+	// A restart: the store is closed and opened again, and a new Client (its
+	// count starting again at 1 under a new prefix) resumes the intent.
+	t.Run("a Client remade after a restart resumes the intent once", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		dir := filepath.Join(t.TempDir(), "s")
+		open := func(s *persist.FileStore) *idem.Client {
+			c, err := idem.New(idem.Config{Store: s, HTTPClient: srv.Client(), Server: echoLookupServer, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+			require.NoError(t, err)
+			return c
+		}
+		s1 := dirStore(t, dir)
+		c := open(s1)
+		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.NoError(t, s1.Close())
+
+		for range 2 {
+			s := dirStore(t, dir)
+			c = open(s)
+			settled, err := c.SettleAll(ctx)
+			require.NoError(t, err)
+			t.Logf("settled %d", len(settled))
+			require.NoError(t, s.Close())
+		}
+		s := dirStore(t, dir)
+		t.Cleanup(func() { s.Close() })
+		loaded, err := open(s).Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, loaded.State())
+		assert.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
 }
 
@@ -1242,6 +1282,45 @@ func TestDoMark(t *testing.T) {
 		requireStop(t, err, idem.StopUnmarked)
 		assert.Equal(t, persist.StatePending, in.State())
 	})
+
+	// A gateway copies every request header, the attempt's nonce (the record's
+	// version) and the key among them, into its own 200 page; a cache then
+	// serves that page to the next attempt, with the earlier attempt's nonce.
+	// Neither settles the intent.
+	t.Run("a reflection with an earlier attempt's nonce settles nothing", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		var kept atomic.Pointer[http.Header]
+		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := r.Header.Clone()
+			if k := kept.Load(); k != nil {
+				h = *k // the cached page, with the first attempt's headers
+			} else {
+				kept.Store(&h)
+			}
+			for k, v := range h {
+				w.Header()[k] = v
+			}
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte("<html>Sign in to the Wi-Fi</html>"))
+		}))
+		t.Cleanup(gw.Close)
+		c, err := idem.New(idem.Config{HTTPClient: gw.Client(), Server: echoLookupServer, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Second}})
+		require.NoError(t, err)
+		req := cardPayment(t, srv)
+		req.URL = gw.URL + "/payments"
+		in, err := c.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		for range 2 {
+			_, err = c.Do(ctx, in)
+			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.False(t, in.State().Resolved(), "state %s", in.State())
+		}
+	})
 }
 
 // notSentFails is a store whose writes of a not-sent record fail, as a
@@ -1338,6 +1417,69 @@ func TestResolvedRecord(t *testing.T) {
 			assert.Equal(t, 1, e.srv.Stats().Payments)
 		})
 	}
+
+	// Client A's attempt begins in time, but a proxy queues it past
+	// ReconcileDelay (the limit Server.ReconcileDelay documents). Client B on
+	// the same store voids the intent meanwhile from the lookup's typed miss.
+	// The request then reaches the server, which charges and answers A 201
+	// with the key's echo. A's save of that answer conflicts with the stored
+	// void. The answer in hand is the truth: A records it over the void and
+	// returns it. Told void, the app would charge the user again.
+	t.Run("the server's answer in hand wins over another Client's stored void", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { store.Close() })
+		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+		require.NoError(t, err)
+
+		target, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.Transport = srv.Client().Transport
+		var voided atomic.Bool
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				// The proxy's queue holds the request ten minutes; meanwhile B
+				// settles the intent through the lookup, straight to the server.
+				truth.Advance(10 * time.Minute)
+				loaded, err := b.Load(ctx, r.Header.Get("Idempotency-Key"))
+				if err == nil {
+					_, err = b.Reconcile(ctx, loaded)
+					voided.Store(loaded.State() == persist.StateVoid)
+				}
+				t.Logf("B's reconcile while the proxy holds A's request: err %v", err)
+			}
+			proxy.ServeHTTP(w, r)
+		}))
+		t.Cleanup(front.Close)
+
+		a, err := idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: server, Clock: truth,
+			OnAttempt:   func(at idem.Attempt) { t.Logf("A's attempt %d: %d", at.Number, at.StatusCode) },
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		req := cardPayment(t, srv)
+		req.URL = front.URL + "/payments"
+		in, err := a.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		resp, err := a.Do(ctx, in)
+		t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+		require.True(t, voided.Load(), "the setup: B voided the intent while the request was queued")
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the queued request charged")
+
+		assert.NotEqual(t, persist.StateVoid, in.State(), "A holds the server's 201 yet reports void")
+		require.NoError(t, err, "A holds the server's 201 for its key")
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.False(t, resp.NotRecorded, "the answer is written over the void")
+		stored, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateSucceeded, stored.State(), "the store holds the server's answer, not the void")
+	})
 }
 
 func TestSendAgain(t *testing.T) {
@@ -1546,6 +1688,40 @@ func TestTakeOver(t *testing.T) {
 		require.NoError(t, <-done)
 		assert.ErrorAs(t, err, new(*idem.UnresolvedError), "a's changed cart is refused")
 		assert.Equal(t, 1, e.srv.Stats().ProviderCharges, "one payment for one action")
+	})
+
+	// Two Clients on one store, one after the other made, each counting its
+	// versions from 1: the second takes over the first's intent whose answer was
+	// lost, and the first then reads the second's outcome; one charge.
+	t.Run("two Clients on one store never share a version", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store := dirStore(t, filepath.Join(t.TempDir(), "s"))
+		t.Cleanup(func() { store.Close() })
+		mk := func() *idem.Client {
+			c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: echoLookupServer, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+			require.NoError(t, err)
+			return c
+		}
+		a, b := mk(), mk()
+		in, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = a.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = b.Do(ctx, loaded) // takes over, resends, gets the replay
+		require.NoError(t, err)
+		resp, err := a.Do(ctx, in)
+		require.NoError(t, err)
+		assert.True(t, resp.FromStore || resp.Replayed)
+		assert.Equal(t, persist.StateSucceeded, in.State())
+		assert.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
 }
 

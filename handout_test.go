@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 	"github.com/stretchr/testify/assert"
@@ -423,6 +425,35 @@ func TestHTTPRequest(t *testing.T) {
 			assert.True(t, got.Replayed)
 		}
 		assert.Equal(t, 2, e.srv.Stats().ProviderCharges)
+	})
+
+	// The settings' one home: a Client's retention, clock, store and logger are
+	// seen by a hand-out as by Do.
+	t.Run("a hand-out sees the Client's retention", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		server := echoLookupServer
+		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
+		store := dirStore(t, filepath.Join(t.TempDir(), "s"))
+		t.Cleanup(func() { store.Close() })
+		c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
+		_, err = c.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		truth.Advance(time.Hour + time.Minute)
+
+		// A hand-out (HTTPRequest, for the app's own http.Client and the
+		// RoundTripper) reads the same retention.
+		requests := srv.Stats().Requests
+		_, err = c.HTTPRequest(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "an intent past Retention-RetentionMargin is not handed out")
+		assert.Equal(t, requests, srv.Stats().Requests, "nothing is sent")
 	})
 }
 

@@ -625,6 +625,56 @@ func TestIntent(t *testing.T) {
 		assert.Empty(t, recs, "nothing was stored")
 		assert.Zero(t, e.srv.Stats().Requests, "nothing was sent")
 	})
+
+	// Two Clients on one store each make an unarmed intent for one action (two
+	// keys), then both tap, one after the other and at once: the store's claim
+	// (persist.Claim, versions from each Client's own count) lets one win, and
+	// the other sends the winner: one charge. (At once, the loser may see the
+	// winner's 409 and report the outcome unknown; a later Do settles it.)
+	t.Run("two Clients arming one action charge once", func(t *testing.T) {
+		t.Parallel()
+		for _, together := range []bool{false, true} {
+			ctx := context.Background()
+			truth := clock.NewManual(phoneEpoch)
+			srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth, ProcessingDelay: 20 * time.Millisecond})
+			t.Cleanup(srv.Close)
+			store := dirStore(t, filepath.Join(t.TempDir(), "s"))
+			t.Cleanup(func() { store.Close() })
+			mk := func() *idem.Client {
+				c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: echoLookupServer, Clock: truth})
+				require.NoError(t, err)
+				return c
+			}
+			a, b := mk(), mk()
+			ina, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+			require.NoError(t, err)
+			inb, err := b.Intent(ctx, "checkout", cardPayment(t, srv))
+			require.NoError(t, err)
+			require.NotEqual(t, ina.Key(), inb.Key())
+			if together {
+				done := make(chan error, 2)
+				go func() { _, err := a.Do(ctx, ina); done <- err }()
+				go func() { _, err := b.Do(ctx, inb); done <- err }()
+				for range 2 {
+					if err := <-done; err != nil {
+						require.ErrorIs(t, err, idem.ErrOutcomeUnknown) // the other's request was in progress (409)
+					}
+				}
+				time.Sleep(50 * time.Millisecond) // the server's work ends
+				_, err = a.Do(ctx, ina)
+				require.NoError(t, err)
+				_, err = b.Do(ctx, inb)
+				require.NoError(t, err)
+			} else {
+				_, err = b.Do(ctx, inb)
+				require.NoError(t, err)
+				_, err = a.Do(ctx, ina)
+				require.NoError(t, err)
+			}
+			assert.Equal(t, 1, srv.Stats().ProviderCharges, "together %v", together)
+			assert.Equal(t, ina.Key(), inb.Key())
+		}
+	})
 }
 
 // rawKeyServer is the fake server behind a front that records the raw

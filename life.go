@@ -330,11 +330,19 @@ const (
 	// cRefused: the write fails. The store refused for another key, since the
 	// action has a later intent. Or a first write found a record.
 	cRefused
+	// cOverVoid: the write is the server's final answer and the stored record
+	// a void. The answer is the truth: the void was concluded from a miss
+	// while the request was still on its way. It is written once over the
+	// void's version. If that write fails too, the outcome is unknown.
+	cOverVoid
 )
 
 // afterConflict decides what follows a conflict. stored is the record the
 // store holds now, or nil if none. rec is the refused write. prev is the
 // version it was written from. self is the writing Client's holder id.
+// The server's final answer in hand wins over a stored void. A stored
+// answer (succeeded or failed) wins over it, for that is the server's word
+// too.
 func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove {
 	switch {
 	case persist.SameVersion(stored, rec):
@@ -343,6 +351,8 @@ func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove 
 		return cRefused
 	case stored == nil:
 		return cOver
+	case stored.State == persist.StateVoid && answered(rec):
+		return cOverVoid
 	case stored.State.Resolved():
 		return cAdopt
 	case stored.Holder != self && !answered(rec):
@@ -1035,12 +1045,6 @@ func (c *life) sendLeft(rec *persist.Record, now reading) time.Duration {
 	return sendByLeft(rec.Clocks, now, c.clocks.mark(now))
 }
 
-// sendLeftNow is sendByLeft on one reading of cs, the Client's clocks.
-func sendLeftNow(cs *clocks, cl *persist.Clocks) time.Duration {
-	r := cs.read()
-	return sendByLeft(cl, r, cs.mark(r))
-}
-
 // claim gives rec clocks of its own. They say the latest time a call that
 // begins now may begin a send, d later (sendBy). claim returns the reading of
 // now. With over set, the deadline rec held is dropped first. So the new one
@@ -1310,8 +1314,9 @@ func (c *life) save(ctx context.Context, in *Intent, rec *persist.Record, op str
 
 // writeOwn writes rec, starting from prev, the version this Client holds. The
 // store's write is conditional. When another version is stored now,
-// afterConflict decides. A resolved record is never overwritten. writeOwn
-// returns an *adoptedError holding it then. Another Client's record is never
+// afterConflict decides. A resolved record is never overwritten, but a void
+// by the server's final answer (overVoid). writeOwn returns an
+// *adoptedError holding it then. Another Client's record is never
 // overwritten either, but by the server's answer. Then the store's
 // *ConflictError is returned. Only this Client's own later version is written
 // over, or a record gone from the store (Forget).
@@ -1332,10 +1337,23 @@ func (c *life) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist
 			return &adoptedError{rec: changed.Current}
 		case cYield, cRefused:
 			return err
+		case cOverVoid:
+			return overVoid(ctx, s, rec, changed.Current)
 		}
 		prev = changed.Current
 	}
 	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
+}
+
+// overVoid writes rec, the server's final answer, over void, another
+// Client's void of its intent, once. The write is conditional on the void's
+// version. When it fails the stored record is unknown, so is the outcome.
+// It is never told void.
+func overVoid(ctx context.Context, s persist.Store, rec, void *persist.Record) error {
+	if err := s.Write(ctx, rec, void); err != nil {
+		return fmt.Errorf("%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w", ErrOutcomeUnknown, err)
+	}
+	return nil
 }
 
 // adoptedError is a write refused because the stored record is resolved. That

@@ -1,7 +1,11 @@
 package idem
 
 import (
+	"context"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -125,13 +129,65 @@ func TestAfterConflict(t *testing.T) {
 		{"a forgotten record is written again", nil, mine, cOver},
 		{"another key refuses", &persist.Record{Key: "k2", Rev: "r3", State: persist.StatePending, Holder: self}, mine, cRefused},
 		{"a first write that finds a record refuses", nil, nil, cRefused},
+		{"the server's answer is written over another Client's void", &persist.Record{Key: "k", Rev: "r3", State: persist.StateVoid, Holder: other}, mine, cOverVoid},
+		{"the server's answer adopts another Client's stored answer", &persist.Record{Key: "k", Rev: "r3", State: persist.StateFailed, Holder: other, Response: &persist.Response{StatusCode: 402}}, mine, cAdopt},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := write
-			if tc.name == "the server's answer settles another Client's record" {
+			if strings.HasPrefix(tc.name, "the server's answer") {
 				w = &persist.Record{Key: "k", Rev: "r2", State: persist.StateSucceeded, Holder: self, Response: &persist.Response{StatusCode: 201}}
 			}
 			assert.Equal(t, tc.want, afterConflict(tc.stored, w, tc.prev, self))
 		})
 	}
+
+	// The answer is written over the void once, conditional on the void's
+	// version. When the record changed again, what it holds is unknown to
+	// the writer: the outcome is unknown, never the void adopted.
+	t.Run("an answer that cannot be written over a void is an unknown outcome, never void", func(t *testing.T) {
+		ctx := context.Background()
+		base := persist.Record{Key: "k", Method: http.MethodPost, URL: "https://api.example/payments", CreatedAt: time.Unix(1, 0)}
+		rec := func(rev string, state persist.State, holder string) *persist.Record {
+			r := base
+			r.Rev, r.State, r.Holder = rev, state, holder
+			return &r
+		}
+		mine := rec("r1", persist.StatePending, self)
+		answer := rec("r2", persist.StateSucceeded, self)
+		answer.Response = &persist.Response{StatusCode: 201}
+		void := rec("r3", persist.StateVoid, other)
+		store := &changingStore{Store: persist.NewMemory(nil)}
+		require.NoError(t, store.Write(ctx, mine, nil))
+		require.NoError(t, store.Write(ctx, void, mine))
+		store.then = rec("r4", persist.StateVoid, other) // the void is written again before the answer lands
+
+		err := (&life{id: self}).writeOwn(ctx, store, answer, mine)
+		require.ErrorIs(t, err, ErrOutcomeUnknown)
+		require.NotErrorAs(t, err, new(*adoptedError), "the stored void is never adopted with the answer in hand")
+		got, err := store.Get(ctx, "k")
+		require.NoError(t, err)
+		assert.Equal(t, "r4", got.Rev)
+	})
+}
+
+// changingStore writes then over the stored record just before its fourth
+// Write, as another Client would. In the test that is the answer's write
+// over the void.
+type changingStore struct {
+	persist.Store
+	then   *persist.Record
+	writes int
+}
+
+func (s *changingStore) Write(ctx context.Context, rec, prev *persist.Record) error {
+	if s.writes++; s.writes == 4 && s.then != nil {
+		cur, err := s.Store.Get(ctx, rec.Key)
+		if err != nil {
+			return err
+		}
+		if err := s.Store.Write(ctx, s.then, cur); err != nil {
+			return err
+		}
+	}
+	return s.Store.Write(ctx, rec, prev)
 }

@@ -305,6 +305,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestBudget$/^it_stops_at_the_stored_send_deadline_though_the_call's_clock_slept$",
 		},
 		{
+			Name: "attempt-past-the-stored-deadline", File: "retry.go",
+			Note:    "the check just before an attempt goes on the wire ignores the stored send deadline: a phone asleep in a backoff or an Authorizer's refresh sends past it, while another Client's void counts from it",
+			Anchor:  "\t\tif send < limit {\n",
+			Replace: "\t\tif false {\n",
+			Pkg:     root, Run: "^TestReconcile$/^a_void_stays_true_when_the_sender's_phone_sleeps_in_",
+		},
+		{
 			Name: "handed-out-not-marked", File: "handout.go",
 			Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit",
 			Anchor:  "\trec.HandedOut = true\n",
@@ -689,6 +696,20 @@ func TestMutants(t *testing.T) {
 			Anchor:  "\tcase stored.State.Resolved():\n\t\treturn cAdopt\n\tcase stored.Holder != self && !answered(rec):\n\t\treturn cYield\n",
 			Replace: "",
 			Pkg:     root, Run: "^TestResolvedRecord$",
+		},
+		{
+			Name: "void-wins-over-the-answer-in-hand", File: "life.go",
+			Note:    "a Client that holds the server's final answer adopts another Client's stored void: the app is told void for work the server did",
+			Anchor:  "\tcase stored.State == persist.StateVoid && answered(rec):\n\t\treturn cOverVoid\n",
+			Replace: "",
+			Pkg:     root, Run: "^(TestResolvedRecord|TestAfterConflict)$/^the_server's_answer_(in_hand_wins|is_written_over)",
+		},
+		{
+			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",
+			Note:    "a Client whose answer could not be written over a stored void, since the record changed again, tells the app void with the server's answer in hand",
+			Anchor:  "\t\treturn fmt.Errorf(\"%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w\", ErrOutcomeUnknown, err)\n",
+			Replace: "\t\t_ = err\n\t\treturn &adoptedError{rec: void}\n",
+			Pkg:     root, Run: "^TestAfterConflict$/^an_answer_that_cannot_be_written_over_a_void",
 		},
 		{
 			Name: "reconcile-delay-from-own-start", File: "life.go",

@@ -759,6 +759,111 @@ func TestReconcile(t *testing.T) {
 		require.Equal(t, http.StatusCreated, resp.StatusCode)
 		require.Equal(t, 1, srv.Stats().ProviderCharges)
 	})
+
+	// Client A arms the intent (its claim: no send begins past
+	// arm+MaxElapsed+5s), its first attempt gets a 503, and the phone sleeps
+	// during the backoff. Go's monotonic clock, the budget's, stops. Meanwhile
+	// Client B on the same store sees the send deadline plus ReconcileDelay
+	// pass on every clock, gets the lookup's typed miss and voids the
+	// intent. On waking, A's retry must not begin: the check just before the
+	// wire reads the stored send deadline on the clock that counts sleep. So
+	// the void stays true: nothing is charged.
+	t.Run("a void stays true when the sender's phone sleeps in a backoff past its send deadline", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { store.Close() })
+		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+
+		phone := &sleepyPhone{m: truth}
+		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone,
+			OnAttempt:   func(at idem.Attempt) { t.Logf("A's attempt %d: %d", at.Number, at.StatusCode) },
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 3, MaxElapsed: 30 * time.Second, InitialInterval: time.Second}})
+		require.NoError(t, err)
+		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+		require.NoError(t, err)
+
+		in, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, Key: in.Key()}))
+
+		var voided bool
+		phone.nap = 10 * time.Minute
+		phone.whileAsleep = func() {
+			loaded, err := b.Load(ctx, in.Key())
+			require.NoError(t, err)
+			_, err = b.Reconcile(ctx, loaded)
+			t.Logf("B's reconcile while A's phone sleeps: state %s, err %v", loaded.State(), err)
+			voided = loaded.State() == persist.StateVoid
+		}
+		resp, err := a.Do(ctx, in)
+		t.Logf("A's Do after waking: resp %v, err %v, state %s", resp != nil, err, in.State())
+
+		charged := srv.Stats().ProviderCharges
+		require.True(t, voided, "the setup: B voided the intent while A's phone slept")
+		assert.Zero(t, charged, "B told the app the intent is void (nothing charged, nothing will be), but A's retry, begun past its stored send deadline, charged the card")
+		// A sent nothing past the deadline, so B's void is the truth, and A
+		// adopts it from the store.
+		assert.Error(t, err)
+		assert.Equal(t, persist.StateVoid, in.State(), "A tells the stored void, which is true: nothing was charged")
+	})
+
+	// Do arms the intent and reads the clocks once for the expiry check and
+	// mustHold. The first attempt then asks Config.Authorizer for a token,
+	// and the phone sleeps while it refreshes. Client B on the same store
+	// voids the intent meanwhile (the send deadline plus ReconcileDelay
+	// passed on every clock). The first attempt must not begin past the
+	// stored send deadline, so the void stays true: nothing is charged.
+	t.Run("a void stays true when the sender's phone sleeps in its Authorizer past its send deadline", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+		t.Cleanup(srv.Close)
+		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { store.Close() })
+		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+
+		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth,
+			Authorizer: func(context.Context, string) (string, error) { return "Bearer test_acme_1", nil }})
+		require.NoError(t, err)
+		phone := &sleepyPhone{m: truth}
+		var key string
+		var voided, once bool
+		authorize := func(ctx context.Context, _ string) (string, error) {
+			if !once {
+				once = true
+				phone.napNow(10 * time.Minute) // the token refresh waits on the network; the phone sleeps
+				loaded, err := b.Load(ctx, key)
+				require.NoError(t, err)
+				_, err = b.Reconcile(ctx, loaded)
+				t.Logf("B's reconcile while A's phone sleeps: state %s, err %v", loaded.State(), err)
+				voided = loaded.State() == persist.StateVoid
+			}
+			return "Bearer test_acme_2", nil
+		}
+		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone, Authorizer: authorize,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1, MaxElapsed: 30 * time.Second}})
+		require.NoError(t, err)
+
+		in, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+		require.NoError(t, err)
+		key = in.Key()
+		resp, err := a.Do(ctx, in)
+		t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+
+		charged := srv.Stats().ProviderCharges
+		require.True(t, voided, "the setup: B voided the intent while A's phone slept")
+		assert.Zero(t, charged, "B told the app the intent is void, but A's first attempt, begun past its stored send deadline, charged the card")
+		// The cut attempt writes nothing. A tells no more than it knows: the
+		// outcome is unknown until a later Do or Settle reads the store.
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	})
 }
 
 // slowDisk is a real FileStore on a slow disk: the next write, once

@@ -187,7 +187,7 @@ type budget struct {
 	// left says how long the intent may still be sent. It is read anew from
 	// every clock each time. An instant on the clock's timeline would not
 	// move while the device sleeps. Nil means no limit.
-	left lefter
+	left windowLefter
 	// sendBy says how long the call may still begin a send. It follows the
 	// deadline its record stores. Nil means no bound.
 	sendBy   lefter
@@ -197,12 +197,22 @@ type budget struct {
 // lefter says how long an intent may still be sent.
 type lefter interface{ left() time.Duration }
 
-// leftFunc is a lefter made of a function.
+// windowLefter is a lefter that can also say, on the same reading of the
+// clocks, how long a call may still begin a send. An attempt checks both
+// just before it goes on the wire. One reading serves both.
+type windowLefter interface {
+	lefter
+	lefts() (window, send time.Duration)
+}
+
+// leftFunc is a lefter made of a function. It bounds no send.
 type leftFunc func() time.Duration
 
 func (f leftFunc) left() time.Duration { return f() }
 
-func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left lefter) budget {
+func (f leftFunc) lefts() (time.Duration, time.Duration) { return f(), math.MaxInt64 }
+
+func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left windowLefter) budget {
 	b := budget{policy: p, clock: clk, start: clk.Now(), left: left}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock. Every other
@@ -289,13 +299,20 @@ func (b *budget) fits(at time.Time) *stop {
 
 // attemptLimit returns how long an attempt that starts now may take. That is
 // what is left of the budget on the clock. It also returns the part of the
-// budget that ends the attempt first.
+// budget that ends the attempt first. The stored send deadline bounds it
+// too, on a reading taken now. The budget's clock stops while the device
+// sleeps, and a sleep may come after the last check (in a backoff wait or
+// an Authorizer's refresh). So no attempt begins past the deadline.
 func (b *budget) attemptLimit() (time.Duration, string) {
 	now := b.clock.Now()
 	limit, reason := b.start.Add(b.policy.MaxElapsed).Sub(now), stopElapsed
 	if b.left != nil {
-		if l := b.left.left(); l < limit {
+		l, send := b.left.lefts()
+		if l < limit {
 			limit, reason = l, stopExpired
+		}
+		if send < limit {
+			limit, reason = send, stopElapsed
 		}
 	}
 	if !b.deadline.IsZero() && b.deadline.Sub(now) < limit {

@@ -164,7 +164,7 @@ func newPayment(t *testing.T, c *Client, base string) *Intent {
 func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clock.Manual) {
 	t.Helper()
 	clk := clock.NewManual(retryAfterNow)
-	var left lefter
+	var left windowLefter
 	if !expiry.IsZero() {
 		left = leftFunc(func() time.Duration { return expiry.Sub(clk.Now()) })
 	}
@@ -308,6 +308,7 @@ func TestBudget(t *testing.T) {
 		_, err = c.Do(ctx, in)
 		require.ErrorIs(t, err, ErrOutcomeUnknown)
 		assert.EqualValues(t, 1, sent.Load(), "a retry after the device slept past the send deadline is not sent")
+		assert.Empty(t, clk.Sleeps(), "the call gives up before a backoff wait no retry could follow")
 	})
 }
 
