@@ -174,7 +174,7 @@ func (a *app) payThroughRoundTripper(c *cart) {
 	// client: whatever becomes of the call, crash included, Pay is not
 	// pressed for this cart again, as the intent has no action of idem's.
 	a.sess = nil
-	var rt http.RoundTripper = a.d.pickClient().RoundTripper(transport{a.d})
+	var rt http.RoundTripper = a.d.pickClient().RoundTripper(w.parts.network(a.d))
 	if r.chance(0.5) {
 		// An auth layer on top, that sets its token on a clone of each
 		// request: the clone is the same request.
@@ -297,13 +297,13 @@ func (a *app) pay(c *cart) {
 		a.handOut(cl, in)
 		return
 	}
-	written := a.d.written
+	written := w.parts.written(a.d)
 	err = a.settle(cl, in, true)
 	var re *idem.RetryError
 	// A not-sent write that failed did not make the intent not sent: the
 	// call says the outcome is unknown, with the store's error, and that
 	// is the rule, not a block.
-	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 && !errors.As(err, new(*idem.SaveError)) {
+	if fresh && w.parts.written(a.d) == written && errors.As(err, &re) && re.Attempts > 0 && !errors.As(err, new(*idem.SaveError)) {
 		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
 	}
 	if in2 != nil {
@@ -328,7 +328,7 @@ func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
 		return
 	}
 	w.stats.fault(faultHandOut.Name())
-	h := handedOut{cl: cl, in: in, req: req, at: w.clk.now}
+	h := handedOut{cl: cl, in: in, req: req, at: w.parts.now()}
 	if w.appRNG.chance(0.5) {
 		// The app queues it in an outbox of its own, and sends it at
 		// its next action.
@@ -346,7 +346,7 @@ func (a *app) sendHandedOut(h handedOut) {
 	w := a.d.w
 	ctx := context.Background()
 	cl, in, req := h.cl, h.in, h.req
-	hc := &http.Client{Transport: transport{a.d}}
+	hc := &http.Client{Transport: w.parts.network(a.d)}
 	resp, err := hc.Do(req)
 	if err == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -368,7 +368,7 @@ func (a *app) flushOutbox() {
 	out := a.outbox
 	a.outbox = nil
 	for _, h := range out {
-		if w.clk.now.Sub(h.at) > outboxLife {
+		if w.parts.now().Sub(h.at) > outboxLife {
 			w.tracef("d%d/%s: the app drops the stale request of %s from its outbox", a.d.id, a.name, h.in.Key())
 			_ = h.cl.SendEnded(context.Background(), h.in)
 			continue
@@ -393,13 +393,14 @@ func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
 	if asks {
 		a.d.w.userAsks(in.Key())
 	}
-	written := a.d.written
+	w := a.d.w
+	written := w.parts.written(a.d)
 	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.noteStoreFailure(in.Key(), err)
 	a.d.w.toldNotSent(in.Key(), err)
 	a.d.w.observe(a, in)
-	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
+	a.d.w.observeAnswer(a, in.Key(), resp, err, w.parts.written(a.d)-written)
 	if in.State() == persist.StateExpired {
 		a.reconcile(cl, in)
 	}
@@ -473,7 +474,7 @@ func (d *device) settleAllRacingTaps() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var died any
-	written := d.written
+	written := w.parts.written(d)
 	d.settled = func(s idem.Settled, done int) {
 		key := s.Intent.Key()
 		a := d.appNamed(s.Intent.Name())
@@ -481,9 +482,9 @@ func (d *device) settleAllRacingTaps() {
 		w.noteStoreFailure(key, s.Err)
 		w.toldNotSent(key, s.Err)
 		w.observe(a, s.Intent)
-		w.observeAnswer(a, key, s.Response, s.Err, d.written-written)
+		w.observeAnswer(a, key, s.Response, s.Err, w.parts.written(d)-written)
 		if died != nil || !w.appRNG.chance(0.5) {
-			written = d.written
+			written = w.parts.written(d)
 			return
 		}
 		func() {
@@ -505,14 +506,12 @@ func (d *device) settleAllRacingTaps() {
 			}
 			w.tracef("d%d/%s: the user acts while SettleAll runs", d.id, u.name)
 			if w.appRNG.chance(0.5) {
-				was := d.offline
-				d.offline = w.clk.now.Add(time.Hour)
-				defer func() { d.offline = was }()
+				defer w.parts.radioDown(d, time.Hour)()
 				w.tracef("d%d: the radio is down during the user's action", d.id)
 			}
 			u.step()
 		}()
-		written = d.written
+		written = w.parts.written(d)
 	}
 	defer func() { d.settled = nil }()
 	_, _ = d.client.SettleAll(ctx)
@@ -528,7 +527,7 @@ func (d *device) settleAllRacingTaps() {
 func (d *device) prune() {
 	ctx := context.Background()
 	recs, _ := d.store.List(ctx, persist.Filter{})
-	before := deviceClock{d}.Now().Add(-24 * time.Hour)
+	before := d.w.parts.clock(d).Now().Add(-24 * time.Hour)
 	for _, rec := range recs {
 		info := d.w.intents[rec.Key]
 		if rec.State.Resolved() && rec.UpdatedAt.Before(before) && info != nil && info.reported != "" {

@@ -135,9 +135,9 @@ func (d *device) start() {
 	d.bootAt = d.w.clk.now
 	d.slept = 0
 	cfg := idem.Config{
-		HTTPClient:  &http.Client{Transport: transport{d}},
+		HTTPClient:  &http.Client{Transport: d.w.parts.network(d)},
 		Store:       d.store,
-		Clock:       deviceClock{d},
+		Clock:       d.w.parts.clock(d),
 		RetryPolicy: d.policy,
 		Authorizer:  d.authorize,
 		// One intent at a time, in the caller's goroutine: the world

@@ -105,6 +105,8 @@ type world struct {
 	cfg   config
 	clk   clock
 	procs []*proc
+	// parts are the network and clocks the devices reach through.
+	parts parts
 
 	netRNG, devRNG, serverRNG, appRNG, keyRNG rng
 
@@ -243,6 +245,7 @@ func run(cfg config) result {
 		cdn:       make(map[string]*cached),
 		faulty:    true,
 	}
+	w.parts = virtualParts{w}
 	uuid.SetRand(keyReader{w.keyRNG})
 	defer uuid.SetRand(nil)
 
