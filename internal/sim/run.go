@@ -259,7 +259,7 @@ func run(cfg config) result {
 	w.play()
 	violations := w.calm()
 	w.killAll()
-	w.stats.Charges = len(w.server.charges())
+	w.stats.Charges = len(w.parts.charges())
 	w.stats.Sessions = len(w.sessions)
 	w.stats.Intents = len(w.intents)
 	return result{Stats: w.stats, Violations: violations}
@@ -329,11 +329,11 @@ func (w *world) calm() []string {
 			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
 		}
 		if !d.up {
-			w.clk.advanceTo(maxTime(w.clk.now, d.upAt))
+			w.parts.advanceTo(maxTime(w.parts.now(), d.upAt))
 			d.start()
 		}
 	}
-	start := w.clk.now
+	start := w.parts.now()
 	// A clock that was days ahead when an attempt left makes the client
 	// wait that much longer before it trusts a lookup's "not found": the
 	// safe direction.
@@ -354,8 +354,8 @@ func (w *world) calm() []string {
 		if open == 0 {
 			break
 		}
-		if w.clk.now.Sub(start) > bound {
-			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.clk.now.Sub(start)))
+		if w.parts.now().Sub(start) > bound {
+			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.parts.now().Sub(start)))
 			break
 		}
 		step := w.cfg.ReconcileDelay
@@ -365,11 +365,11 @@ func (w *world) calm() []string {
 		case round > 30:
 			step = time.Hour
 		}
-		w.clk.advanceTo(w.clk.now.Add(step))
+		w.parts.advanceTo(w.parts.now().Add(step))
 	}
-	w.stats.Settle = w.clk.now.Sub(start)
+	w.stats.Settle = w.parts.now().Sub(start)
 	// Requests still in the network, and workers still running, arrive.
-	w.clk.advanceTo(w.clk.now.Add(w.cfg.MaxTransit + 4*w.cfg.Lease + time.Hour))
+	w.parts.advanceTo(w.parts.now().Add(w.cfg.MaxTransit + 4*w.cfg.Lease + time.Hour))
 	return append(vs, w.check()...)
 }
 
@@ -383,7 +383,7 @@ func maxTime(a, b time.Time) time.Time {
 // tracef writes a line to the trace, if there is one.
 func (w *world) tracef(format string, args ...any) {
 	if w.cfg.Trace != nil {
-		w.cfg.Trace(fmt.Sprintf("%-14s ", w.clk.now.Sub(epoch).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
+		w.cfg.Trace(fmt.Sprintf("%-14s ", w.parts.now().Sub(w.parts.epoch()).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
 	}
 }
 
@@ -489,7 +489,7 @@ func (w *world) check() []string {
 			stored[rec.Key] = rec.State
 		}
 	}
-	vs = append(vs, checkLedger(w.server.charges(), w.intents, w.sessions, stored)...)
+	vs = append(vs, checkLedger(w.parts.charges(), w.intents, w.sessions, stored)...)
 	for _, key := range w.untapped {
 		vs = append(vs, fmt.Sprintf("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key))
 	}
