@@ -323,7 +323,7 @@ func (s *deviceStore) Write(ctx context.Context, rec, old *persist.Record) error
 	// A write checks the stored records first: the device may die there.
 	s.d.maybeCrash("before a store read")
 	return s.write("save", func() error {
-		if err := s.unlocked(func() error { return s.Store.Write(ctx, rec, old) }); err != nil {
+		if err := s.Store.Write(ctx, rec, old); err != nil {
 			return err
 		}
 		if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultWriteLands)) {
@@ -339,27 +339,15 @@ var errSyncFailed = errors.New("sim: fsync: input/output error")
 
 func (s *deviceStore) Delete(ctx context.Context, old *persist.Record) error {
 	s.d.maybeCrash("before a store read")
-	return s.write("delete", func() error { return s.unlocked(func() error { return s.Store.Delete(ctx, old) }) })
+	return s.write("delete", func() error { return s.Store.Delete(ctx, old) })
 }
 
 func (s *deviceStore) Get(ctx context.Context, key string) (*persist.Record, error) {
 	s.d.maybeCrash("before a store read")
-	var rec *persist.Record
-	err := s.unlocked(func() (err error) { rec, err = s.Store.Get(ctx, key); return err })
-	return rec, err
+	return s.Store.Get(ctx, key)
 }
 
 func (s *deviceStore) List(ctx context.Context, f persist.Filter) ([]*persist.Record, error) {
 	s.d.maybeCrash("before a store read")
-	var recs []*persist.Record
-	err := s.unlocked(func() (err error) { recs, err = s.Store.List(ctx, f); return err })
-	return recs, err
-}
-
-// unlocked runs a call of the store on disk without the world's lock,
-// where a mode has one: the call touches only the device's own files.
-func (s *deviceStore) unlocked(do func() error) error {
-	var err error
-	s.d.w.parts.unlocked(func() { err = do() })
-	return err
+	return s.Store.List(ctx, f)
 }

@@ -35,9 +35,6 @@ type parts interface {
 	newStore(id int) persist.Store
 	// died tells the parts that d's process ended.
 	died(d *device)
-	// unlocked runs fn, which touches only one device's own files,
-	// without the world's lock where a mode has one.
-	unlocked(fn func())
 	// charges are the provider's charges, dead workers' included.
 	charges() []charge
 }
@@ -58,13 +55,13 @@ func (virtualParts) clock(d *device) idemclock.Clock { return deviceClock{d} }
 
 func (virtualParts) written(d *device) int { return d.written }
 
-func (p virtualParts) radioDown(d *device, dur time.Duration) func() { return radioDown(d, p.w.clk.now, dur) }
+func (p virtualParts) radioDown(d *device, dur time.Duration) func() {
+	return radioDown(d, p.w.clk.now, dur)
+}
 
 func (virtualParts) newStore(int) persist.Store { return persist.NewMemory(nil) }
 
 func (virtualParts) died(*device) {}
-
-func (virtualParts) unlocked(fn func()) { fn() }
 
 func (p virtualParts) charges() []charge { return p.w.server.charges() }
 

@@ -41,11 +41,9 @@ type config struct {
 	// Trace, if not nil, receives a line for each thing that happens.
 	Trace func(string)
 
-	// The real mode's parts. Workers is how many goroutines make the
-	// actions (zero means 8). Dir holds the device's FileStore; empty
-	// keeps it in memory.
-	Workers int
-	Dir     string
+	// Dir holds the devices' FileStores in the real mode; empty keeps
+	// them in memory.
+	Dir string
 }
 
 // stats are a run's figures.
@@ -227,9 +225,6 @@ func (k keyReader) Read(p []byte) (int, error) {
 // run runs the world of cfg and checks its invariants. It sets the UUID
 // generator's source for its duration, so runs must not overlap.
 func run(cfg config) result {
-	if cfg.Mode == real {
-		return runReal(cfg)
-	}
 	cfg = cfg.withDefaults()
 	w := &world{
 		cfg:       cfg,
@@ -244,6 +239,9 @@ func run(cfg config) result {
 		carts:     make(map[string]*cart),
 		cdn:       make(map[string]*cached),
 		faulty:    true,
+	}
+	if cfg.Mode == real {
+		return w.runReal()
 	}
 	w.parts = virtualParts{w}
 	uuid.SetRand(keyReader{w.keyRNG})
@@ -489,7 +487,7 @@ func (w *world) check() []string {
 			stored[rec.Key] = rec.State
 		}
 	}
-	vs = append(vs, checkLedger(w.parts.charges(), w.intents, w.sessions, stored)...)
+	vs = append(vs, checkLedger(w.parts.charges(), w.intents, w.sessions, stored, w.parts.epoch())...)
 	for _, key := range w.untapped {
 		vs = append(vs, fmt.Sprintf("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key))
 	}
@@ -498,7 +496,7 @@ func (w *world) check() []string {
 
 // checkLedger holds the provider's charges against the intents: what
 // each app was told and each device stores. Both modes check it.
-func checkLedger(charges []charge, intents map[string]*intentInfo, sessions []*session, stored map[string]persist.State) []string {
+func checkLedger(charges []charge, intents map[string]*intentInfo, sessions []*session, stored map[string]persist.State, epoch time.Time) []string {
 	var vs []string
 	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
 
