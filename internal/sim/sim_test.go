@@ -16,7 +16,7 @@ import (
 //
 //	IDEM_SIM_SEED=n     run only seed n (the replay of a failure)
 //	IDEM_SIM_SEEDS=n    run n seeds, from IDEM_SIM_FIRST_SEED (default 1); by default
-//	                    80 virtual, 8 real (20 with IDEM_LONG=1, 8 under -race)
+//	                    80 virtual, 8 real (12 with IDEM_LONG=1, 8 under -race)
 //	IDEM_SIM_ACTIONS=n  user actions per seed (default 300 virtual, 200 real)
 //	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
 //	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
@@ -83,7 +83,7 @@ func TestSimulation(t *testing.T) {
 		// about five times.
 		seeds := uint64(8)
 		if long.Enabled() && !raceEnabled {
-			seeds = 20
+			seeds = 12
 		}
 		store := os.Getenv("IDEM_SIM_STORE")
 		if store != "" && store != "file" && store != "memory" {
