@@ -186,7 +186,7 @@ func (p *realParts) deliver(h *heldCopy) {
 	}
 }
 
-// hold keeps a copy in transit for d.
+// hold puts a copy in transit, after the copies due no later.
 func (p *realParts) hold(h *heldCopy) {
 	i, _ := slices.BinarySearchFunc(p.held, h.due, func(x *heldCopy, t time.Time) int {
 		if x.due.After(t) {
@@ -394,8 +394,8 @@ func (t realTransport) send(n *netRules, op fault.Op, header http.Header, body [
 	if crashes {
 		panic(crash{where: "while its request is in transit", quick: true})
 	}
-	d.maybeCrash("after a request was sent")
 	if timedOut {
+		d.maybeCrash("after a request was sent")
 		p.advanceTo(p.now().Add(d.attemptTimeout))
 		return nil, errTimeout
 	}
@@ -409,6 +409,8 @@ func (t realTransport) send(n *netRules, op fault.Op, header http.Header, body [
 	}
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	// Sent: the server has it, whatever becomes of the device now.
+	d.maybeCrash("after a request was sent")
 	if err != nil {
 		return nil, errReset
 	}
