@@ -195,7 +195,7 @@ func (a *app) payThroughRoundTripper(c *cart) {
 	// The API client states the request's identity as Stripe's SDKs do:
 	// its own key, made once for the checkout and sent on each of its
 	// tries. The RoundTripper refuses a POST that states none.
-	req.Header.Set("Idempotency-Key", fmt.Sprintf("api-%d-%s-%d", a.d.id, a.name, r.Int64N(1<<62)))
+	req.Header.Set("Idempotency-Key", fmt.Sprintf(apiKeyPrefix+"%d-%s-%d", a.d.id, a.name, r.Int64N(1<<62)))
 	if hc.Timeout > 0 {
 		// The goroutine net/http starts for the Timeout ends when the call
 		// does, or here if the device dies in the middle of it.
@@ -215,6 +215,9 @@ func (a *app) payThroughRoundTripper(c *cart) {
 		break
 	}
 }
+
+// apiKeyPrefix begins the keys the app's own API client makes.
+const apiKeyPrefix = "api-"
 
 // pay is the Pay button for c.
 func (a *app) pay(c *cart) {

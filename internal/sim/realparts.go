@@ -507,8 +507,9 @@ func (w *world) deviceTurn(d *device) {
 
 // checkServer holds what each device stores against the server: a
 // succeeded intent's lookup finds the payment the device keeps; a failed
-// or void intent's lookup finds nothing. (A replay of the request would
-// be a new payment: the run ends far past the server's retention.)
+// or void intent's lookup finds nothing. Each charge has its payment.
+// (A replay of the request would be a new payment: the run ends far past
+// the server's retention.)
 func (w *world) checkServer(p *realParts) []string {
 	var vs []string
 	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
@@ -533,6 +534,34 @@ func (w *world) checkServer(p *realParts) []string {
 			return nil, nil
 		}
 		return resp, b
+	}
+	// First, before a lookup recovers a dead worker's charge: each charge
+	// has its payment on the server.
+	paid := make(map[string]bool) // by cart
+	for _, d := range w.devices {
+		resp, b := ask(d, http.MethodGet, baseURL+"/payments", nil, nil)
+		var list struct {
+			Data []struct{ Description string } `json:"data"`
+		}
+		if resp == nil {
+			continue
+		}
+		if err := json.Unmarshal(b, &list); err != nil || resp.StatusCode != http.StatusOK {
+			bad("device %d: listing its payments: %d %v", d.id, resp.StatusCode, err)
+			continue
+		}
+		for _, x := range list.Data {
+			paid[x.Description] = true
+		}
+	}
+	for _, ch := range p.charges() {
+		// The app's own API client states its key. The RoundTripper keeps
+		// such an intent in memory, for its call alone (its doc). When
+		// the API client gives up on an unknown outcome, nothing settles
+		// it. Its charge may then stay without a payment.
+		if !paid[ch.desc] && !strings.HasPrefix(strings.Trim(ch.key, `"`), apiKeyPrefix) {
+			bad("charge %s under key %s for cart %s has no payment on the server", ch.stableID, ch.key, ch.desc)
+		}
 	}
 	for _, d := range w.devices {
 		recs, err := d.mem.List(context.Background(), persist.Filter{})
