@@ -16,7 +16,7 @@ import (
 //
 //	IDEM_SIM_SEED=n     run only seed n (the replay of a failure)
 //	IDEM_SIM_SEEDS=n    run n seeds, from IDEM_SIM_FIRST_SEED (default 1); by default
-//	                    80 virtual, 8 real (12 with IDEM_LONG=1, 8 under -race)
+//	                    80 virtual, 2 real (12 with IDEM_LONG=1, 8 with it under -race)
 //	IDEM_SIM_ACTIONS=n  user actions per seed (default 300 virtual, 200 real)
 //	IDEM_SIM_DURATION=d keep running seeds for d (a Go duration), after the seeds above
 //	IDEM_SIM_FAULTS=... fault classes to turn on or off, as in ParseFaults ("all", "-net.hold", ...)
@@ -80,16 +80,20 @@ func TestSimulation(t *testing.T) {
 	t.Run("real parts", func(t *testing.T) {
 		// CI runs it with and without the race detector: under a minute in all.
 		// Eight seeds inject every class the real mode has, the rarest
-		// about five times.
-		seeds := uint64(8)
-		if long.Enabled() && !raceEnabled {
-			seeds = 12
+		// about five times; the long runs check that they do. Two keep
+		// a plain go test short, and are too few for that check.
+		seeds, classes := uint64(2), []faultClass(nil)
+		switch {
+		case long.Enabled() && raceEnabled:
+			seeds, classes = 8, realClasses
+		case long.Enabled():
+			seeds, classes = 12, realClasses
 		}
 		store := os.Getenv("IDEM_SIM_STORE")
 		if store != "" && store != "file" && store != "memory" {
 			t.Fatalf("IDEM_SIM_STORE=%q: want file or memory", store)
 		}
-		simulate(t, "real parts", seeds, 200, realClasses, func(cfg *config) {
+		simulate(t, "real parts", seeds, 200, classes, func(cfg *config) {
 			cfg.Mode = real
 			if store != "memory" {
 				cfg.Dir = t.TempDir()
