@@ -165,8 +165,10 @@ func (a *app) userAction() {
 // sends its requests through Client.RoundTripper and retries on its own:
 // after an error it sends the same *http.Request again, a few times. Half
 // of such API clients set an http.Client Timeout, under which net/http
-// sends a copy of the request. The checkout then moves on; the intent the
-// RoundTripper made is settled, if need be, by the app's next start.
+// sends a copy of the request. The checkout then moves on. The intent the
+// RoundTripper made under the API client's key lives in memory, for the
+// call alone: nothing settles it after. (The real mode's totals check
+// leaves its charge out.)
 func (a *app) payThroughRoundTripper(c *cart) {
 	w := a.d.w
 	r := w.appRNG
