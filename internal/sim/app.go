@@ -165,8 +165,10 @@ func (a *app) userAction() {
 // sends its requests through Client.RoundTripper and retries on its own:
 // after an error it sends the same *http.Request again, a few times. Half
 // of such API clients set an http.Client Timeout, under which net/http
-// sends a copy of the request. The checkout then moves on; the intent the
-// RoundTripper made is settled, if need be, by the app's next start.
+// sends a copy of the request. The checkout then moves on. The intent the
+// RoundTripper made under the API client's key lives in memory, for the
+// call alone: nothing settles it after. (The real mode's totals check
+// leaves its charge out.)
 func (a *app) payThroughRoundTripper(c *cart) {
 	w := a.d.w
 	r := w.appRNG
@@ -174,7 +176,7 @@ func (a *app) payThroughRoundTripper(c *cart) {
 	// client: whatever becomes of the call, crash included, Pay is not
 	// pressed for this cart again, as the intent has no action of idem's.
 	a.sess = nil
-	var rt http.RoundTripper = a.d.pickClient().RoundTripper(transport{a.d})
+	var rt http.RoundTripper = a.d.pickClient().RoundTripper(w.parts.network(a.d))
 	if r.chance(0.5) {
 		// An auth layer on top, that sets its token on a clone of each
 		// request: the clone is the same request.
@@ -195,7 +197,7 @@ func (a *app) payThroughRoundTripper(c *cart) {
 	// The API client states the request's identity as Stripe's SDKs do:
 	// its own key, made once for the checkout and sent on each of its
 	// tries. The RoundTripper refuses a POST that states none.
-	req.Header.Set("Idempotency-Key", fmt.Sprintf("api-%d-%s-%d", a.d.id, a.name, r.Int64N(1<<62)))
+	req.Header.Set("Idempotency-Key", fmt.Sprintf(apiKeyPrefix+"%d-%s-%d", a.d.id, a.name, r.Int64N(1<<62)))
 	if hc.Timeout > 0 {
 		// The goroutine net/http starts for the Timeout ends when the call
 		// does, or here if the device dies in the middle of it.
@@ -215,6 +217,9 @@ func (a *app) payThroughRoundTripper(c *cart) {
 		break
 	}
 }
+
+// apiKeyPrefix begins the keys the app's own API client makes.
+const apiKeyPrefix = "api-"
 
 // pay is the Pay button for c.
 func (a *app) pay(c *cart) {
@@ -297,13 +302,13 @@ func (a *app) pay(c *cart) {
 		a.handOut(cl, in)
 		return
 	}
-	written := a.d.written
+	written := w.parts.written(a.d)
 	err = a.settle(cl, in, true)
 	var re *idem.RetryError
 	// A not-sent write that failed did not make the intent not sent: the
 	// call says the outcome is unknown, with the store's error, and that
 	// is the rule, not a block.
-	if fresh && a.d.written == written && errors.As(err, &re) && re.Attempts > 0 && !errors.As(err, new(*idem.SaveError)) {
+	if fresh && w.parts.written(a.d) == written && errors.As(err, &re) && re.Attempts > 0 && !errors.As(err, new(*idem.SaveError)) {
 		w.blocked = append(w.blocked, fmt.Sprintf("intent %s for cart %s: no request of it left the device, yet its outcome is unknown (%s): a changed cart is refused", in.Key(), c.desc, re.Reason))
 	}
 	if in2 != nil {
@@ -328,7 +333,7 @@ func (a *app) handOut(cl *idem.Client, in *idem.Intent) {
 		return
 	}
 	w.stats.fault(faultHandOut.Name())
-	h := handedOut{cl: cl, in: in, req: req, at: w.clk.now}
+	h := handedOut{cl: cl, in: in, req: req, at: w.parts.now()}
 	if w.appRNG.chance(0.5) {
 		// The app queues it in an outbox of its own, and sends it at
 		// its next action.
@@ -346,7 +351,7 @@ func (a *app) sendHandedOut(h handedOut) {
 	w := a.d.w
 	ctx := context.Background()
 	cl, in, req := h.cl, h.in, h.req
-	hc := &http.Client{Transport: transport{a.d}}
+	hc := &http.Client{Transport: w.parts.network(a.d)}
 	resp, err := hc.Do(req)
 	if err == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -368,7 +373,7 @@ func (a *app) flushOutbox() {
 	out := a.outbox
 	a.outbox = nil
 	for _, h := range out {
-		if w.clk.now.Sub(h.at) > outboxLife {
+		if w.parts.now().Sub(h.at) > outboxLife {
 			w.tracef("d%d/%s: the app drops the stale request of %s from its outbox", a.d.id, a.name, h.in.Key())
 			_ = h.cl.SendEnded(context.Background(), h.in)
 			continue
@@ -393,13 +398,14 @@ func (a *app) settle(cl *idem.Client, in *idem.Intent, asks bool) error {
 	if asks {
 		a.d.w.userAsks(in.Key())
 	}
-	written := a.d.written
+	w := a.d.w
+	written := w.parts.written(a.d)
 	resp, err := cl.Do(context.Background(), in)
 	a.d.w.tracef("d%d/%s Do %s: state %s, err %v", a.d.id, a.name, in.Key(), in.State(), err)
 	a.d.w.noteStoreFailure(in.Key(), err)
 	a.d.w.toldNotSent(in.Key(), err)
 	a.d.w.observe(a, in)
-	a.d.w.observeAnswer(a, in.Key(), resp, err, a.d.written-written)
+	a.d.w.observeAnswer(a, in.Key(), resp, err, w.parts.written(a.d)-written)
 	if in.State() == persist.StateExpired {
 		a.reconcile(cl, in)
 	}
@@ -473,7 +479,7 @@ func (d *device) settleAllRacingTaps() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var died any
-	written := d.written
+	written := w.parts.written(d)
 	d.settled = func(s idem.Settled, done int) {
 		key := s.Intent.Key()
 		a := d.appNamed(s.Intent.Name())
@@ -481,9 +487,9 @@ func (d *device) settleAllRacingTaps() {
 		w.noteStoreFailure(key, s.Err)
 		w.toldNotSent(key, s.Err)
 		w.observe(a, s.Intent)
-		w.observeAnswer(a, key, s.Response, s.Err, d.written-written)
+		w.observeAnswer(a, key, s.Response, s.Err, w.parts.written(d)-written)
 		if died != nil || !w.appRNG.chance(0.5) {
-			written = d.written
+			written = w.parts.written(d)
 			return
 		}
 		func() {
@@ -505,14 +511,12 @@ func (d *device) settleAllRacingTaps() {
 			}
 			w.tracef("d%d/%s: the user acts while SettleAll runs", d.id, u.name)
 			if w.appRNG.chance(0.5) {
-				was := d.offline
-				d.offline = w.clk.now.Add(time.Hour)
-				defer func() { d.offline = was }()
+				defer w.parts.radioDown(d, time.Hour)()
 				w.tracef("d%d: the radio is down during the user's action", d.id)
 			}
 			u.step()
 		}()
-		written = d.written
+		written = w.parts.written(d)
 	}
 	defer func() { d.settled = nil }()
 	_, _ = d.client.SettleAll(ctx)
@@ -528,7 +532,7 @@ func (d *device) settleAllRacingTaps() {
 func (d *device) prune() {
 	ctx := context.Background()
 	recs, _ := d.store.List(ctx, persist.Filter{})
-	before := deviceClock{d}.Now().Add(-24 * time.Hour)
+	before := d.w.parts.clock(d).Now().Add(-24 * time.Hour)
 	for _, rec := range recs {
 		info := d.w.intents[rec.Key]
 		if rec.State.Resolved() && rec.UpdatedAt.Before(before) && info != nil && info.reported != "" {

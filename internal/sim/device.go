@@ -70,17 +70,17 @@ type device struct {
 // offset. Sleeping lets the world run.
 type deviceClock struct{ d *device }
 
-func (c deviceClock) Now() time.Time { return c.d.w.clk.now.Add(c.d.offset) }
+func (c deviceClock) Now() time.Time { return c.d.w.parts.now().Add(c.d.offset) }
 
 // Monotonic is the device's monotonic clock: the time since its process
 // started, which no setting of the wall clock moves. (A Clock may offer it
 // to idem; see idem.Monotonic where it exists.)
-func (c deviceClock) Monotonic() time.Duration { return c.d.w.clk.now.Sub(c.d.bootAt) - c.d.slept }
+func (c deviceClock) Monotonic() time.Duration { return c.d.w.parts.now().Sub(c.d.bootAt) - c.d.slept }
 
 // SinceBoot is the device's clock that counts sleep: the device booted at
 // the world's start and never reboots.
 func (c deviceClock) SinceBoot() (time.Duration, string, bool) {
-	return c.d.w.clk.now.Sub(epoch) + time.Hour, fmt.Sprintf("boot-d%d", c.d.id), true
+	return c.d.w.parts.now().Sub(c.d.w.parts.epoch()) + time.Hour, fmt.Sprintf("boot-d%d", c.d.id), true
 }
 
 func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
@@ -96,7 +96,7 @@ func (c deviceClock) Sleep(ctx context.Context, d time.Duration) error {
 		c.d.w.tracef("d%d sleeps %s during a wait", c.d.id, extra)
 		d += extra
 	}
-	c.d.w.clk.advanceTo(c.d.w.clk.now.Add(d))
+	c.d.w.parts.advanceTo(c.d.w.parts.now().Add(d))
 	return nil
 }
 
@@ -106,7 +106,7 @@ func newDevice(w *world, id int) *device {
 		w:         w,
 		id:        id,
 		principal: fmt.Sprintf("Bearer user-%d", id),
-		mem:       persist.NewMemory(nil),
+		mem:       w.parts.newStore(id),
 		policy: idem.RetryPolicy{
 			MaxAttempts:     pick(r, 3, 5, 10),
 			MaxElapsed:      pick(r, 30*time.Second, 2*time.Minute, 5*time.Minute),
@@ -132,12 +132,12 @@ func (d *device) start() {
 		d.w.stats.fault(faultKeySpelling.Name())
 		d.quoted = !d.quoted
 	}
-	d.bootAt = d.w.clk.now
+	d.bootAt = d.w.parts.now()
 	d.slept = 0
 	cfg := idem.Config{
-		HTTPClient:  &http.Client{Transport: transport{d}},
+		HTTPClient:  &http.Client{Transport: d.w.parts.network(d)},
 		Store:       d.store,
-		Clock:       deviceClock{d},
+		Clock:       d.w.parts.clock(d),
 		RetryPolicy: d.policy,
 		Authorizer:  d.authorize,
 		// One intent at a time, in the caller's goroutine: the world
@@ -210,7 +210,8 @@ func (d *device) die(quick bool) {
 	if quick {
 		down = pick(d.w.devRNG, time.Second, 5*time.Second, 20*time.Second)
 	}
-	d.upAt = d.w.clk.now.Add(down)
+	d.upAt = d.w.parts.now().Add(down)
+	d.w.parts.died(d)
 }
 
 // act runs one user action on the device, catching a crash.
@@ -236,7 +237,7 @@ func (d *device) jumpClock() {
 	}
 	r := w.devRNG
 	if d.skewed {
-		if !w.clk.now.Before(d.correctAt) {
+		if !w.parts.now().Before(d.correctAt) {
 			// The network time corrects the clock.
 			d.skewed = false
 			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
@@ -249,7 +250,7 @@ func (d *device) jumpClock() {
 		w.stats.fault(faultClockDays.Name())
 		d.skewed = true
 		d.preSkew = [2]time.Duration{d.offset, d.maxOffset}
-		d.correctAt = w.clk.now.Add(r.between(time.Minute, 6*time.Hour))
+		d.correctAt = w.parts.now().Add(r.between(time.Minute, 6*time.Hour))
 		skew := time.Duration(1+r.IntN(3)) * 24 * time.Hour
 		if r.chance(0.5) {
 			skew = -skew
@@ -284,12 +285,12 @@ type deviceStore struct {
 func (s *deviceStore) write(op string, do func() error) error {
 	d := s.d
 	w := d.w
-	if w.faulty && d.w.clk.now.Before(d.diskFull) {
+	if w.faulty && w.parts.now().Before(d.diskFull) {
 		w.stats.fault(faultDiskFull.Name())
 		return errDiskFull
 	}
 	if w.faulty && w.devRNG.chance(w.cfg.Faults.rate(faultDiskFull)) {
-		d.diskFull = w.clk.now.Add(pick(w.devRNG, time.Second, time.Minute, 10*time.Minute))
+		d.diskFull = w.parts.now().Add(pick(w.devRNG, time.Second, time.Minute, 10*time.Minute))
 		w.stats.fault(faultDiskFull.Name())
 		return errDiskFull
 	}

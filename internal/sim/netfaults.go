@@ -160,8 +160,8 @@ func (n *netRules) edgeRules() fault.Injector {
 			kept := w.cdn[n.cur.req.URL.String()]
 			a := kept.ans
 			a.header = a.header.Clone()
-			a.header.Set("Age", strconv.Itoa(int(w.clk.now.Sub(kept.at)/time.Second)))
-			w.tracef("d%d: the CDN answers %s from its cache (%d, age %s)", d.id, n.cur.req.URL, a.status, w.clk.now.Sub(kept.at))
+			a.header.Set("Age", strconv.Itoa(int(w.parts.now().Sub(kept.at)/time.Second)))
+			w.tracef("d%d: the CDN answers %s from its cache (%d, age %s)", d.id, n.cur.req.URL, a.status, w.parts.now().Sub(kept.at))
 			return answerOf(a)
 		})},
 		// A debugging gateway reflects the request into its own answer:
@@ -180,7 +180,7 @@ func (n *netRules) edgeRules() fault.Injector {
 // loses the request, or holds it.
 func (n *netRules) transitRules() fault.Injector {
 	d, w, r := n.d, n.d.w, n.d.w.netRNG
-	stuck := func(fault.Op) bool { return n.cur.faulty && w.clk.now.Before(d.stuckUntil) }
+	stuck := func(fault.Op) bool { return n.cur.faulty && w.parts.now().Before(d.stuckUntil) }
 	return fault.First(
 		&fault.Rule{When: n.chance(faultLoseRequest), Draw: n.counted(faultLoseRequest, func() fault.Effect {
 			return fault.Effect{Kind: fault.LoseRequest}
@@ -196,7 +196,7 @@ func (n *netRules) transitRules() fault.Injector {
 		&fault.Rule{When: n.chance(faultHold), Draw: n.counted(faultHold, func() fault.Effect {
 			e := fault.Effect{Kind: fault.Hold, Delay: r.between(time.Second, w.cfg.MaxTransit)}
 			if n.cur.isPost {
-				d.stuckUntil = w.clk.now.Add(r.between(10*time.Second, w.cfg.MaxTransit))
+				d.stuckUntil = w.parts.now().Add(r.between(10*time.Second, w.cfg.MaxTransit))
 			}
 			return e
 		})},

@@ -87,10 +87,10 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		trace.GetConn(simHost + ":80")
 	}
 	if e, ok := n.offline.Inject(op).Get(goOffline); ok {
-		d.offline = maxTime(d.offline, w.clk.now.Add(e.Delay))
+		d.offline = maxTime(d.offline, w.parts.now().Add(e.Delay))
 		w.tracef("d%d goes offline until %s", d.id, d.offline.Sub(epoch))
 	}
-	if c.faulty && w.clk.now.Before(d.offline) {
+	if c.faulty && w.parts.now().Before(d.offline) {
 		w.tracef("d%d: offline, %s %s is not sent", d.id, req.Method, req.URL)
 		return nil, dialError(w.netRNG)
 	}

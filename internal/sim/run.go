@@ -41,11 +41,9 @@ type config struct {
 	// Trace, if not nil, receives a line for each thing that happens.
 	Trace func(string)
 
-	// The real mode's parts. Workers is how many goroutines make the
-	// actions (zero means 8). Dir holds the device's FileStore; empty
-	// keeps it in memory.
-	Workers int
-	Dir     string
+	// Dir holds the devices' FileStores in the real mode; empty keeps
+	// them in memory.
+	Dir string
 }
 
 // stats are a run's figures.
@@ -105,6 +103,8 @@ type world struct {
 	cfg   config
 	clk   clock
 	procs []*proc
+	// parts are the network and clocks the devices reach through.
+	parts parts
 
 	netRNG, devRNG, serverRNG, appRNG, keyRNG rng
 
@@ -225,9 +225,6 @@ func (k keyReader) Read(p []byte) (int, error) {
 // run runs the world of cfg and checks its invariants. It sets the UUID
 // generator's source for its duration, so runs must not overlap.
 func run(cfg config) result {
-	if cfg.Mode == real {
-		return runReal(cfg)
-	}
 	cfg = cfg.withDefaults()
 	w := &world{
 		cfg:       cfg,
@@ -243,6 +240,10 @@ func run(cfg config) result {
 		cdn:       make(map[string]*cached),
 		faulty:    true,
 	}
+	if cfg.Mode == real {
+		return w.runReal()
+	}
+	w.parts = virtualParts{w}
 	uuid.SetRand(keyReader{w.keyRNG})
 	defer uuid.SetRand(nil)
 
@@ -256,7 +257,7 @@ func run(cfg config) result {
 	w.play()
 	violations := w.calm()
 	w.killAll()
-	w.stats.Charges = len(w.server.charges())
+	w.stats.Charges = len(w.parts.charges())
 	w.stats.Sessions = len(w.sessions)
 	w.stats.Intents = len(w.intents)
 	return result{Stats: w.stats, Violations: violations}
@@ -326,11 +327,11 @@ func (w *world) calm() []string {
 			d.offset, d.maxOffset = d.preSkew[0], d.preSkew[1]
 		}
 		if !d.up {
-			w.clk.advanceTo(maxTime(w.clk.now, d.upAt))
+			w.parts.advanceTo(maxTime(w.parts.now(), d.upAt))
 			d.start()
 		}
 	}
-	start := w.clk.now
+	start := w.parts.now()
 	// A clock that was days ahead when an attempt left makes the client
 	// wait that much longer before it trusts a lookup's "not found": the
 	// safe direction.
@@ -351,8 +352,8 @@ func (w *world) calm() []string {
 		if open == 0 {
 			break
 		}
-		if w.clk.now.Sub(start) > bound {
-			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.clk.now.Sub(start)))
+		if w.parts.now().Sub(start) > bound {
+			vs = append(vs, fmt.Sprintf("%d intent(s) still unresolved %s after the world turned calm", open, w.parts.now().Sub(start)))
 			break
 		}
 		step := w.cfg.ReconcileDelay
@@ -362,11 +363,11 @@ func (w *world) calm() []string {
 		case round > 30:
 			step = time.Hour
 		}
-		w.clk.advanceTo(w.clk.now.Add(step))
+		w.parts.advanceTo(w.parts.now().Add(step))
 	}
-	w.stats.Settle = w.clk.now.Sub(start)
+	w.stats.Settle = w.parts.now().Sub(start)
 	// Requests still in the network, and workers still running, arrive.
-	w.clk.advanceTo(w.clk.now.Add(w.cfg.MaxTransit + 4*w.cfg.Lease + time.Hour))
+	w.parts.advanceTo(w.parts.now().Add(w.cfg.MaxTransit + 4*w.cfg.Lease + time.Hour))
 	return append(vs, w.check()...)
 }
 
@@ -380,7 +381,7 @@ func maxTime(a, b time.Time) time.Time {
 // tracef writes a line to the trace, if there is one.
 func (w *world) tracef(format string, args ...any) {
 	if w.cfg.Trace != nil {
-		w.cfg.Trace(fmt.Sprintf("%-14s ", w.clk.now.Sub(epoch).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
+		w.cfg.Trace(fmt.Sprintf("%-14s ", w.parts.now().Sub(w.parts.epoch()).Round(time.Millisecond)) + fmt.Sprintf(format, args...))
 	}
 }
 
@@ -486,7 +487,7 @@ func (w *world) check() []string {
 			stored[rec.Key] = rec.State
 		}
 	}
-	vs = append(vs, checkLedger(w.server.charges(), w.intents, w.sessions, stored)...)
+	vs = append(vs, checkLedger(w.parts.charges(), w.intents, w.sessions, stored, w.parts.epoch())...)
 	for _, key := range w.untapped {
 		vs = append(vs, fmt.Sprintf("intent %s was made when a Pay screen was shown, never tapped, and found unresolved after a restart", key))
 	}
@@ -495,7 +496,7 @@ func (w *world) check() []string {
 
 // checkLedger holds the provider's charges against the intents: what
 // each app was told and each device stores. Both modes check it.
-func checkLedger(charges []charge, intents map[string]*intentInfo, sessions []*session, stored map[string]persist.State) []string {
+func checkLedger(charges []charge, intents map[string]*intentInfo, sessions []*session, stored map[string]persist.State, epoch time.Time) []string {
 	var vs []string
 	bad := func(format string, args ...any) { vs = append(vs, fmt.Sprintf(format, args...)) }
 

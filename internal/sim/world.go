@@ -6,9 +6,10 @@
 // told matches what the provider did. And it checks that every intent
 // settles once the world turns calm.
 //
-// A run has two modes, chosen by config.Mode. Both share the fault
-// classes (faults.go), their rules in package fault, the seeds and the
-// provider's ledger check (checkLedger).
+// A run has two modes, chosen by config.Mode. Both run the same devices
+// and apps (device.go, app.go) over parts of their own (parts.go). Both
+// share the fault classes (faults.go), their rules in package fault, the
+// seeds and the provider's ledger check (checkLedger).
 //
 // The virtual mode finds the schedules that break the promise. Everything
 // runs on one virtual clock. The devices' apps run on the goroutine of
@@ -18,10 +19,10 @@
 // same run, whatever the Go scheduler does.
 //
 // The real mode checks that the promise holds through the real parts
-// (real.go). The fake server's handler serves on loopback TCP. The device
-// keeps a persist.FileStore on disk. Workers race under the Go scheduler.
-// The network's faults strike on the wire, in a RoundTripper. A seed
-// redraws the same faults for the same intents, not the same schedule.
+// (realparts.go). The fake server's handler serves on loopback TCP. Each
+// device keeps a persist.FileStore on disk and runs on a goroutine of its
+// own. The network's faults strike on the wire, in a RoundTripper. A seed
+// draws the same kinds of actions and faults, not the same schedule.
 //
 // Both take their seeds from IDEM_SIM_SEED, IDEM_SIM_SEEDS and
 // IDEM_SIM_FIRST_SEED; docs/RELIABILITY.md describes them.
