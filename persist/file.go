@@ -379,18 +379,27 @@ func (s *FileStore) recordCopy(e *entry) (*Record, *CorruptError) {
 	return r, ce
 }
 
-// begin registers a method that writes, so that Close waits for it. The
-// caller must call s.inflight.Done when begin returns nil.
-func (s *FileStore) begin(ctx context.Context) error {
+// lockOpen locks s.mu unless ctx is done or the store is closed.
+func (s *FileStore) lockOpen(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrClosed, s.dir)
 	}
+	return nil
+}
+
+// begin registers a method that writes, so that Close waits for it. The
+// caller must call s.inflight.Done when begin returns nil.
+func (s *FileStore) begin(ctx context.Context) error {
+	if err := s.lockOpen(ctx); err != nil {
+		return err
+	}
 	s.inflight.Add(1)
+	s.mu.Unlock()
 	return nil
 }
 
@@ -403,14 +412,10 @@ func (s *FileStore) syncDir() error {
 // Get returns a copy of the record for key, or an error matching
 // ErrNotFound. It returns the *CorruptError of an unreadable record.
 func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.lockOpen(ctx); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
-	}
 	e := s.entries[stem(key)]
 	if e == nil && !s.scanned {
 		if err := s.complete(); err != nil {
@@ -439,14 +444,10 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 // another action is not reported, and does not fail the call. A stray
 // file, whose name spells no key, is reported only when f.Name is empty.
 func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.lockOpen(ctx); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
-	}
 	if !f.Unresolved {
 		if err := s.complete(); err != nil {
 			return nil, err

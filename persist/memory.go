@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 )
 
@@ -150,17 +151,13 @@ func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	}
 	m.mu.Lock()
 	var out []*Record
+	keys := maps.Keys(m.recs)
 	if f.Name != "" {
-		for k := range m.names[f.Name] {
-			if r := m.recs[k]; f.match(r) {
-				out = append(out, r.Clone())
-			}
-		}
-	} else {
-		for _, r := range m.recs {
-			if f.match(r) {
-				out = append(out, r.Clone())
-			}
+		keys = maps.Keys(m.names[f.Name])
+	}
+	for k := range keys {
+		if r := m.recs[k]; f.match(r) {
+			out = append(out, r.Clone())
 		}
 	}
 	m.mu.Unlock()

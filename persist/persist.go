@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -189,7 +190,7 @@ func (r *Record) Clone() *Record {
 	}
 	c := *r
 	c.Header = r.Header.Clone()
-	c.Body = cloneBytes(r.Body)
+	c.Body = slices.Clone(r.Body)
 	if r.Clocks != nil {
 		cl := *r.Clocks
 		c.Clocks = &cl
@@ -197,17 +198,10 @@ func (r *Record) Clone() *Record {
 	if r.Response != nil {
 		resp := *r.Response
 		resp.Header = r.Response.Header.Clone()
-		resp.Body = cloneBytes(r.Response.Body)
+		resp.Body = slices.Clone(r.Response.Body)
 		c.Response = &resp
 	}
 	return &c
-}
-
-func cloneBytes(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte(nil), b...)
 }
 
 // Validate reports what is wrong with r, or nil. Stores call it on Write

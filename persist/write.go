@@ -81,7 +81,7 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	// Any sync of the directory that starts after the rename makes it
 	// durable. So concurrent saves share one.
 	if err := s.dirSync.sync(s.syncDir); err != nil {
-		return syncFailed(r.Key, filepath.Join(s.dir, fileName(r.Key, r.Name)), err)
+		return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", r.Key, filepath.Join(s.dir, fileName(r.Key, r.Name)), err)
 	}
 	return nil
 }
@@ -155,10 +155,6 @@ func (s *FileStore) flush() {
 		s.flushErr = nil
 		s.mu.Unlock()
 	}
-}
-
-func syncFailed(key, path string, err error) error {
-	return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", key, path, err)
 }
 
 // writableLocked returns nil if r may be written over old (see
