@@ -89,7 +89,7 @@ type entry struct {
 }
 
 // mayHold reports whether e may hold a record that f selects, without
-// reading its file. tag is filterTag(f).
+// reading its file. tag is nameTag(f.Name).
 func (e *entry) mayHold(f Filter, tag string) bool {
 	if f.Unresolved && e.resolved {
 		return false
@@ -416,13 +416,14 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	e := s.entries[stem(key)]
-	if e == nil && !s.scanned {
+	// Not known yet: perhaps not listed yet.
+	id := stem(key)
+	if s.entries[id] == nil {
 		if err := s.complete(); err != nil {
 			return nil, err
 		}
-		e = s.entries[stem(key)]
 	}
+	e := s.entries[id]
 	if e == nil {
 		return nil, fmt.Errorf("%w: key %q in %s", ErrNotFound, key, s.dir)
 	}
@@ -463,7 +464,7 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 func (s *FileStore) selectLocked(f Filter, get func(*entry) (*Record, *CorruptError)) ([]*Record, error) {
 	var out []*Record
 	var corrupt []*CorruptError
-	tag := filterTag(f)
+	tag := nameTag(f.Name)
 	for _, e := range s.entries {
 		if !e.mayHold(f, tag) {
 			continue
