@@ -80,24 +80,19 @@ func (s *FileStore) loadIndex() error {
 	}
 	// The files are stamped while the records are decoded. The system
 	// calls are most of the cost.
-	type stamped struct {
-		st  []fsys.Stamp
-		err error
-	}
-	ch := make(chan stamped, 1)
-	go func() {
-		st, err := s.fs.Stamps(s.dir, names)
-		ch <- stamped{st, err}
-	}()
+	var now []fsys.Stamp
+	var stampErr error
+	done := make(chan struct{})
+	go func() { defer close(done); now, stampErr = s.fs.Stamps(s.dir, names) }()
 	ents, err := indexEntries(d, files)
-	got := <-ch
+	<-done
 	if err != nil {
 		return err
 	}
-	if got.err != nil {
-		return got.err
+	if stampErr != nil {
+		return stampErr
 	}
-	if err := s.useIndex(files, ents, got.st, idxSt); err != nil {
+	if err := s.useIndex(files, ents, now, idxSt); err != nil {
 		return err
 	}
 	s.known, s.indexed = known, true

@@ -9,11 +9,9 @@ package persisttest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -176,20 +174,7 @@ func AssertRecord(t testing.TB, want, got *persist.Record) bool {
 	if w.Rev == "" {
 		w.Rev = got.Rev
 	}
-	if g := canonical(got); !reflect.DeepEqual(w, g) {
-		t.Errorf("record %s:\n got  %s\n want %s", want.Key, show(g), show(w))
-		return false
-	}
-	return true
-}
-
-// show returns r as JSON, for failure messages.
-func show(r *persist.Record) string {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Sprintf("%+v", *r)
-	}
-	return string(b)
+	return assert.Equal(t, w, canonical(got), "record %s", want.Key)
 }
 
 // selects reports whether f selects r, as List must: it meets each
@@ -454,9 +439,7 @@ func testNotFound(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	got, err := s.Get(ctx, "absent")
 	assert.ErrorIs(t, err, persist.ErrNotFound)
-	if got != nil {
-		t.Errorf("Get of an absent key returned a record: %s", show(got))
-	}
+	assert.Nil(t, got, "Get of an absent key returned a record")
 }
 
 // testDelete: Delete removes the version named, leaves the others, and
