@@ -142,10 +142,10 @@ func NewRecord(key string, created time.Time) *persist.Record {
 	}
 }
 
-// resolve returns r moved to StateSucceeded with a response, updated at
-// updated.
+// resolve returns r's next version (see next), moved to StateSucceeded
+// with a response, updated at updated.
 func resolve(r *persist.Record, updated time.Time) *persist.Record {
-	r = r.Clone()
+	r = next(r)
 	r.State = persist.StateSucceeded
 	r.Attempts = 2
 	r.UpdatedAt = updated
@@ -277,11 +277,9 @@ func testReplace(t *testing.T, s persist.Store) {
 	v1 := NewRecord("k1", base)
 	put(t, s, v1)
 	v2 := resolve(v1, base.Add(time.Second))
-	v2.Rev = persist.NewRev()
 	require.NoError(t, s.Write(ctx, v2, v1))
 	AssertRecord(t, v2, stored(t, s, "k1"))
-	all := listed(t, s, persist.Filter{})
-	wantKeys(t, all, []string{"k1"}, "one record per key")
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"k1"}, "one record per key")
 }
 
 func testCopiesNotShared(t *testing.T, s persist.Store) {
@@ -314,8 +312,7 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 }
 
 func testListOrder(t *testing.T, s persist.Store) {
-	empty := listed(t, s, persist.Filter{})
-	wantLen(t, empty, 0, "a new store lists nothing")
+	wantLen(t, listed(t, s, persist.Filter{}), 0, "a new store lists nothing")
 
 	// Saved out of order; b and c share a creation time and sort by key.
 	saves := []struct {
@@ -325,8 +322,7 @@ func testListOrder(t *testing.T, s persist.Store) {
 	for _, sv := range saves {
 		put(t, s, NewRecord(sv.key, base.Add(sv.at)))
 	}
-	got := listed(t, s, persist.Filter{})
-	wantKeys(t, got, []string{"e", "a", "b", "c", "d"})
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"e", "a", "b", "c", "d"})
 }
 
 func testListFilters(t *testing.T, s persist.Store) {
@@ -385,8 +381,7 @@ func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	}
 	list := func(name string, want ...string) {
 		t.Helper()
-		got := listed(t, s, persist.Filter{Name: name})
-		wantKeys(t, got, want)
+		wantKeys(t, listed(t, s, persist.Filter{Name: name}), want)
 	}
 	put(t, s, named("k1", "a", persist.StatePending, 0))
 	put(t, s, named("k2", "a", persist.StateSucceeded, time.Second))
@@ -461,8 +456,7 @@ func testDelete(t *testing.T, s persist.Store) {
 	noRev := k2.Clone()
 	noRev.Rev = ""
 	assert.Error(t, s.Delete(ctx, noRev), "a delete of a record without a Rev")
-	all := listed(t, s, persist.Filter{})
-	wantKeys(t, all, []string{"k2"}, "the other record stays")
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"k2"}, "the other record stays")
 
 	put(t, s, k1, "a deleted key can be written again")
 	stored(t, s, "k1")
@@ -492,8 +486,7 @@ func testKeys(t *testing.T, s persist.Store) {
 	for _, r := range all {
 		require.NoError(t, s.Delete(ctx, r), "delete %q", r.Key)
 	}
-	all = listed(t, s, persist.Filter{})
-	wantLen(t, all, 0)
+	wantLen(t, listed(t, s, persist.Filter{}), 0)
 }
 
 func testRejectsInvalid(t *testing.T, s persist.Store) {
@@ -523,8 +516,7 @@ func testRejectsInvalid(t *testing.T, s persist.Store) {
 	}
 	assert.Error(t, s.Write(ctx, nil, good), "nil record")
 	AssertRecord(t, good, stored(t, s, "k1"))
-	all := listed(t, s, persist.Filter{})
-	wantKeys(t, all, []string{"k1"}, "no invalid record was stored")
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"k1"}, "no invalid record was stored")
 }
 
 // testConcurrent writes, reads and lists from many goroutines at once; run
@@ -548,7 +540,6 @@ func testConcurrent(t *testing.T, s persist.Store) {
 				}
 				if i%2 == 0 {
 					res := resolve(r, r.CreatedAt.Add(time.Second))
-					res.Rev = persist.NewRev()
 					if err := s.Write(ctx, res, r); err != nil {
 						errs <- err
 					}
@@ -700,8 +691,7 @@ func testNewIntentOneWinner(t *testing.T, s persist.Store) {
 		if won != 1 {
 			t.Errorf("%d writers of %s's next intent won, want 1", won, name)
 		}
-		recs := listed(t, s, persist.Filter{Name: name})
-		wantLen(t, recs, 1)
+		wantLen(t, listed(t, s, persist.Filter{Name: name}), 1)
 	}
 }
 
@@ -873,10 +863,8 @@ func testDeferredWriteChecksAlike(t *testing.T, s persist.Store) {
 	require.NoError(t, s.Write(ctx, v1, nil))
 	wantConflict(t, s.Write(ctx, claimRecord("d2", "act", 1), nil), "a rival new intent")
 	v2 := resolve(v1, base.Add(time.Minute))
-	v2.Rev = persist.NewRev()
 	require.NoError(t, s.Write(ctx, v2, v1))
 	stale := resolve(v1, base.Add(2*time.Minute))
-	stale.Rev = persist.NewRev()
 	wantConflict(t, s.Write(ctx, stale, v1), "a stale version's change")
 	AssertRecord(t, v2, stored(t, s, "d1"))
 }
