@@ -121,15 +121,13 @@ func normHeader(h http.Header) http.Header {
 	if len(h) == 0 {
 		return nil
 	}
-	for _, vs := range h {
+	cloned := false
+	for k, vs := range h {
 		if vs != nil && len(vs) == 0 {
-			h = h.Clone()
-			for k, vs := range h {
-				if len(vs) == 0 {
-					h[k] = nil
-				}
+			if !cloned {
+				h, cloned = h.Clone(), true
 			}
-			return h
+			h[k] = nil
 		}
 	}
 	return h

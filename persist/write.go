@@ -299,11 +299,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 		return "", fmt.Errorf("persist: %s is not a damaged record file of the store in %s (List reports those); nothing was moved", path, s.dir)
 	}
 	qdir := filepath.Join(s.dir, quarantineDir)
-	if err := s.fs.Mkdir(qdir, 0o700); err == nil {
-		if err := s.syncDir(); err != nil {
-			return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
-		}
-	} else if !errors.Is(err, fs.ErrExist) {
+	if err := mkdirAll(s.fs, qdir); err != nil {
 		return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
 	}
 	dst, err := s.freeName(qdir, e.name)
