@@ -263,9 +263,7 @@ func testRoundTrip(t *testing.T, s persist.Store) {
 		got, err := s.Get(ctx, r.Key)
 		require.NoError(t, err, "get %s", r.Key)
 		AssertRecord(t, r, got)
-		if got.Rev != r.Rev {
-			t.Errorf("Rev of %s: %q, want the written %q", r.Key, got.Rev, r.Rev)
-		}
+		assert.Equal(t, r.Rev, got.Rev, "Rev of %s: want the written one", r.Key)
 		if !got.CreatedAt.Equal(r.CreatedAt) {
 			t.Errorf("CreatedAt of %s: %v, want %v", r.Key, got.CreatedAt, r.CreatedAt)
 		}
@@ -612,9 +610,7 @@ func testPrune(t *testing.T, s persist.Store) {
 	}
 	n, err := persist.PruneFunc(ctx, s, aged)
 	require.NoError(t, err)
-	if n != 5 {
-		t.Errorf("pruned %d, want 5", n)
-	}
+	assert.Equal(t, 5, n, "pruned")
 	left := listed(t, s, persist.Filter{})
 	slices.Sort(wantLeft)
 	if got := slices.Sorted(slices.Values(keys(left))); !slices.Equal(got, wantLeft) {
@@ -623,9 +619,7 @@ func testPrune(t *testing.T, s persist.Store) {
 
 	n, err = persist.PruneFunc(ctx, s, aged)
 	require.NoError(t, err)
-	if n != 0 {
-		t.Errorf("pruning again pruned %d", n)
-	}
+	assert.Zero(t, n, "pruning again pruned")
 }
 
 // claimRecord returns a record of action name with seq, unique by key, with
@@ -659,9 +653,7 @@ func testNewIntent(t *testing.T, s persist.Store) {
 		t.Errorf("lost write names %+v, want the stored n1", ce.Current)
 	}
 	require.NoError(t, s.Write(ctx, claimRecord("a2", "act", 2), nil), "the next seq")
-	if got := stored(t, s, "a2"); got.Seq != 2 {
-		t.Errorf("written record has seq %d, want 2", got.Seq)
-	}
+	assert.Equal(t, uint64(2), stored(t, s, "a2").Seq, "the written record's seq")
 }
 
 // testNewIntentOneWinner: two writers racing to make an action's next
@@ -688,9 +680,7 @@ func testNewIntentOneWinner(t *testing.T, s persist.Store) {
 			})
 		}
 		wg.Wait()
-		if won != 1 {
-			t.Errorf("%d writers of %s's next intent won, want 1", won, name)
-		}
+		assert.Equal(t, 1, won, "writers of %s's next intent that won", name)
 		wantLen(t, listed(t, s, persist.Filter{Name: name}), 1)
 	}
 }
@@ -719,9 +709,7 @@ func testWriteIfVersion(t *testing.T, s persist.Store) {
 	lookalike.Rev = read.Rev
 	wantConflict(t, s.Write(ctx, next(lookalike), lookalike), "a version equal but for its Rev")
 	got := stored(t, s, "h1")
-	if got.Holder != "client-b" {
-		t.Errorf("holder %q after refused changes, want client-b", got.Holder)
-	}
+	assert.Equal(t, "client-b", got.Holder, "holder after refused changes")
 	if ce := wantConflict(t, s.Delete(ctx, read)); ce != nil && !persist.SameVersion(ce.Current, taken) {
 		t.Errorf("refusal names %+v as the stored record, want client-b's", ce.Current)
 	}
@@ -826,9 +814,7 @@ func testUnknownResultRecognised(t *testing.T, s persist.Store) {
 	v2 := next(v1)
 	v2.State = persist.StatePending
 	_ = s.Write(ctx, v2, v1) // the answer is lost
-	if !persist.SameVersion(stored(t, s, "u1"), v2) {
-		t.Errorf("the landed write is not recognised on re-read")
-	}
+	assert.True(t, persist.SameVersion(stored(t, s, "u1"), v2), "the landed write is not recognised on re-read")
 	ce := wantConflict(t, s.Write(ctx, v2, v1), "the write made again")
 	if ce != nil && !persist.SameVersion(ce.Current, v2) {
 		t.Errorf("the refusal holds %+v, want the writer's own version", ce.Current)
@@ -838,16 +824,12 @@ func testUnknownResultRecognised(t *testing.T, s persist.Store) {
 	v3 := next(stored(t, s, "u1"))
 	v3.Holder = "other"
 	require.NoError(t, s.Write(ctx, v3, v2))
-	if persist.SameVersion(stored(t, s, "u1"), v2) {
-		t.Errorf("another writer's version is taken for this writer's")
-	}
+	assert.False(t, persist.SameVersion(stored(t, s, "u1"), v2), "another writer's version is taken for this writer's")
 
 	// A new intent whose write's answer was lost.
 	n := claimRecord("u2", "act", 2)
 	_ = s.Write(ctx, n, nil)
-	if !persist.SameVersion(stored(t, s, "u2"), n) {
-		t.Errorf("the landed new intent is not recognised on re-read")
-	}
+	assert.True(t, persist.SameVersion(stored(t, s, "u2"), n), "the landed new intent is not recognised on re-read")
 	ce = wantConflict(t, s.Write(ctx, n, nil), "the new intent made again")
 	if ce != nil && !persist.SameVersion(ce.Current, n) {
 		t.Errorf("the refusal holds %+v, want the writer's own intent", ce.Current)
