@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // maxRev bounds a record's Rev. It is stored with every record, and a
@@ -121,8 +122,18 @@ func DeferredSync(ctx context.Context) bool {
 // checkWrite reports why rec cannot be written over old, or nil. rec may
 // be invalid, old of another key, or rec's version not new.
 func checkWrite(rec, old *Record) error {
-	if err := checkSave(rec); err != nil {
+	if rec == nil {
+		return errors.New("persist: cannot save a nil record")
+	}
+	if err := rec.Validate(); err != nil {
 		return err
+	}
+	for _, t := range [2]time.Time{rec.CreatedAt, rec.UpdatedAt} {
+		// Outside these years a time has no RFC 3339 form. So a file
+		// store could not write it, and every store refuses it alike.
+		if y := t.Year(); !t.IsZero() && (y < 0 || y > 9999) {
+			return fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
+		}
 	}
 	if rec.Rev == "" {
 		return fmt.Errorf("persist: record %s has no version (Rev): set it to NewRev() before each write", rec.Key)

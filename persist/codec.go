@@ -127,14 +127,6 @@ func canonical(s string) bool {
 	return n == 0 || v&(1<<spare-1) == 0
 }
 
-// filterTag returns the tag of f's Name, "" for none.
-func filterTag(f Filter) string {
-	if f.Name == "" {
-		return ""
-	}
-	return nameTag(f.Name)
-}
-
 // maxRecordFile bounds a record file's size. A file larger is damage: it
 // is never read, so a damaged or hostile file (a sparse one costs no disk)
 // cannot make the store allocate its size. A record holds one request's

@@ -202,7 +202,7 @@ func FuzzFileName(f *testing.F) {
 		}
 		e := &entry{name: fn, p: p}
 		if other := (Filter{Name: otherName}); !e.mayHold(Filter{Name: name}, nameTag(name)) ||
-			(otherName != name && otherName != "" && e.mayHold(other, filterTag(other))) {
+			(otherName != name && otherName != "" && e.mayHold(other, nameTag(other.Name))) {
 			t.Fatalf("file %q of name %q: may hold records of %q", fn, name, otherName)
 		}
 	})
@@ -259,7 +259,7 @@ func corruptErrorMessage(t *testing.T) {
 // Decoding it gives an error or entries, never a panic.
 func FuzzIndexDecode(f *testing.F) {
 	r := prepare(validRecord(), Options{})
-	good := encodeIndex(nameSet{n: 3}, []indexed{{Name: fileName(r.Key, r.Name), Rec: r}, {Name: "k-x.json"}})
+	good := encodeIndex(nameSet{n: 3}, []entry{{name: fileName(r.Key, r.Name), rec: r}, {name: "k-x.json"}})
 	f.Add(good[len(indexMagic)+5:])
 	f.Add([]byte{0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}) // a count past the index's end
 	f.Add([]byte{1, 0x7f})                            // a known count below zero

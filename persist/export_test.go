@@ -47,7 +47,7 @@ func Kept(r *Record) *Record { return prepare(r, Options{}) }
 
 // IndexRoundTrip encodes r as the index does and decodes it back.
 func IndexRoundTrip(r *Record) (*Record, error) {
-	d, _, _, err := decodeIndexFiles(encodeIndex(nameSet{}, []indexed{{Rec: r}}))
+	d, _, _, err := decodeIndexFiles(encodeIndex(nameSet{}, []entry{{rec: r}}))
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +73,7 @@ func IndexOfBody(body []byte) []byte {
 func DecodeIndexBody(body []byte) error {
 	c, _, files, err := decodeIndexFiles(IndexOfBody(body))
 	if err == nil {
-		_, err = indexEntries(c, files)
+		err = indexEntries(c, files)
 	}
 	return err
 }
@@ -100,13 +100,13 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 		return err
 	}
 	var view []*IndexEntry
-	byName := map[string]indexed{}
+	byName := map[string]entry{}
 	for _, f := range files {
-		if f.Rec != nil {
-			d.record(f.Rec)
+		if f.rec != nil {
+			d.record(f.rec)
 		}
-		byName[f.Name] = f
-		view = append(view, &IndexEntry{File: f.Name, Rec: f.Rec})
+		byName[f.name] = f
+		view = append(view, &IndexEntry{File: f.name, Rec: f.rec})
 	}
 	if d.err != nil {
 		return d.err
@@ -115,7 +115,7 @@ func EditIndex(dir string, edit func(ents []*IndexEntry)) error {
 	files = nil
 	for _, v := range view {
 		f := byName[v.File]
-		f.Name, f.Rec = v.File, v.Rec
+		f.name, f.rec = v.File, v.Rec
 		files = append(files, f)
 	}
 	return os.WriteFile(path, encodeIndex(known, files), 0o600)

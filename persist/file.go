@@ -89,7 +89,7 @@ type entry struct {
 }
 
 // mayHold reports whether e may hold a record that f selects, without
-// reading its file. tag is filterTag(f).
+// reading its file. tag is nameTag(f.Name).
 func (e *entry) mayHold(f Filter, tag string) bool {
 	if f.Unresolved && e.resolved {
 		return false
@@ -379,18 +379,27 @@ func (s *FileStore) recordCopy(e *entry) (*Record, *CorruptError) {
 	return r, ce
 }
 
-// begin registers a method that writes, so that Close waits for it. The
-// caller must call s.inflight.Done when begin returns nil.
-func (s *FileStore) begin(ctx context.Context) error {
+// lockOpen locks s.mu unless ctx is done or the store is closed.
+func (s *FileStore) lockOpen(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrClosed, s.dir)
 	}
+	return nil
+}
+
+// begin registers a method that writes, so that Close waits for it. The
+// caller must call s.inflight.Done when begin returns nil.
+func (s *FileStore) begin(ctx context.Context) error {
+	if err := s.lockOpen(ctx); err != nil {
+		return err
+	}
 	s.inflight.Add(1)
+	s.mu.Unlock()
 	return nil
 }
 
@@ -403,21 +412,18 @@ func (s *FileStore) syncDir() error {
 // Get returns a copy of the record for key, or an error matching
 // ErrNotFound. It returns the *CorruptError of an unreadable record.
 func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.lockOpen(ctx); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
-	}
-	e := s.entries[stem(key)]
-	if e == nil && !s.scanned {
+	// Not known yet: perhaps not listed yet.
+	id := stem(key)
+	if s.entries[id] == nil {
 		if err := s.complete(); err != nil {
 			return nil, err
 		}
-		e = s.entries[stem(key)]
 	}
+	e := s.entries[id]
 	if e == nil {
 		return nil, fmt.Errorf("%w: key %q in %s", ErrNotFound, key, s.dir)
 	}
@@ -439,14 +445,10 @@ func (s *FileStore) Get(ctx context.Context, key string) (*Record, error) {
 // another action is not reported, and does not fail the call. A stray
 // file, whose name spells no key, is reported only when f.Name is empty.
 func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.lockOpen(ctx); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("%w: %s", ErrClosed, s.dir)
-	}
 	if !f.Unresolved {
 		if err := s.complete(); err != nil {
 			return nil, err
@@ -462,7 +464,7 @@ func (s *FileStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 func (s *FileStore) selectLocked(f Filter, get func(*entry) (*Record, *CorruptError)) ([]*Record, error) {
 	var out []*Record
 	var corrupt []*CorruptError
-	tag := filterTag(f)
+	tag := nameTag(f.Name)
 	for _, e := range s.entries {
 		if !e.mayHold(f, tag) {
 			continue

@@ -71,19 +71,19 @@ func formatRecords() map[string]*Record {
 
 // formatIndex returns the files of the golden index: the unresolved
 // golden records, with made-up stamps, in name order.
-func formatIndex(recs map[string]*Record) []indexed {
-	var files []indexed
+func formatIndex(recs map[string]*Record) []entry {
+	var files []entry
 	for _, r := range recs {
 		if !r.State.Resolved() {
-			files = append(files, indexed{Name: fileName(r.Key, r.Name), Rec: r})
+			files = append(files, entry{name: fileName(r.Key, r.Name), rec: r})
 		}
 	}
-	slices.SortFunc(files, func(a, b indexed) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(files, func(a, b entry) int { return strings.Compare(a.name, b.name) })
 	for i := range files {
-		files[i].Stamp = fsys.Stamp{Ino: uint64(1000 + i), Size: 900, Mod: 1772366400_000_000_000, Change: 1772366401_000_000_000}
+		files[i].st = fsys.Stamp{Ino: uint64(1000 + i), Size: 900, Mod: 1772366400_000_000_000, Change: 1772366401_000_000_000}
 	}
 	// A damaged file the index lists without a record.
-	files = append(files, indexed{Name: fileName("damaged", "checkout:cart-42"), Mode: fs.ModeNamedPipe})
+	files = append(files, entry{name: fileName("damaged", "checkout:cart-42"), mode: fs.ModeNamedPipe})
 	return files
 }
 
@@ -123,8 +123,8 @@ func TestFormat(t *testing.T) {
 		c, known, files, err := decodeIndexFiles(data)
 		require.NoError(t, err)
 		for _, f := range files {
-			if f.Rec != nil {
-				c.record(f.Rec)
+			if f.rec != nil {
+				c.record(f.rec)
 			}
 		}
 		require.NoError(t, c.err)

@@ -41,18 +41,6 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // a caller.
 var errIndex = errors.New("index not usable")
 
-// indexed is a file of the index, one that may hold an unresolved
-// record.
-type indexed struct {
-	Name  string
-	Mode  fs.FileMode
-	Stamp fsys.Stamp
-	Twin  bool // a file of a key that has two (see entry)
-	// Rec is the file's record, if the index holds it. It was read or
-	// written with Stamp.
-	Rec *Record
-}
-
 // indexPath returns the path of the index file.
 func (s *FileStore) indexPath() string { return filepath.Join(s.dir, indexFile) }
 
@@ -76,28 +64,23 @@ func (s *FileStore) loadIndex() error {
 	}
 	names := make([]string, len(files))
 	for i, f := range files {
-		names[i] = f.Name
+		names[i] = f.name
 	}
 	// The files are stamped while the records are decoded. The system
 	// calls are most of the cost.
-	type stamped struct {
-		st  []fsys.Stamp
-		err error
-	}
-	ch := make(chan stamped, 1)
-	go func() {
-		st, err := s.fs.Stamps(s.dir, names)
-		ch <- stamped{st, err}
-	}()
-	ents, err := indexEntries(d, files)
-	got := <-ch
+	var now []fsys.Stamp
+	var stampErr error
+	done := make(chan struct{})
+	go func() { defer close(done); now, stampErr = s.fs.Stamps(s.dir, names) }()
+	err = indexEntries(d, files)
+	<-done
 	if err != nil {
 		return err
 	}
-	if got.err != nil {
-		return got.err
+	if stampErr != nil {
+		return stampErr
 	}
-	if err := s.useIndex(files, ents, got.st, idxSt); err != nil {
+	if err := s.useIndex(files, now, idxSt); err != nil {
 		return err
 	}
 	s.known, s.indexed = known, true
@@ -146,39 +129,35 @@ func nameHash(name string) uint64 {
 	return h
 }
 
-// indexEntries decodes the records that follow files in d. It returns
-// the entries of the index's files, each checked. Its name must be a
-// record file's. Its record, if any, must be unresolved. It must belong
-// to the file, as a record read from the file must. An index may be
-// damaged past its checksum, or copied from another store. It must never
-// report a record under another key, or in another state, than its file
-// holds.
-func indexEntries(d *codec, files []indexed) ([]*entry, error) {
-	ents := make([]*entry, len(files))
+// indexEntries decodes the records that follow files in d, and checks
+// each entry. Its name must be a record file's. Its record, if any, must
+// be unresolved. It must belong to the file, as a record read from the
+// file must. An index may be damaged past its checksum, or copied from
+// another store. It must never report a record under another key, or in
+// another state, than its file holds.
+func indexEntries(d *codec, files []entry) error {
 	for i := range files {
-		f := &files[i]
-		p, ok := parseName(f.Name)
+		e := &files[i]
+		p, ok := parseName(e.name)
 		if !ok {
-			return nil, fmt.Errorf("%w: %s is not a record file's name", errIndex, f.Name)
+			return fmt.Errorf("%w: %s is not a record file's name", errIndex, e.name)
 		}
-		e := &entry{name: f.Name, p: p, mode: f.Mode, twin: f.Twin}
-		ents[i] = e
-		if f.Rec == nil {
+		e.p = p
+		if e.rec == nil {
+			e.st = fsys.Stamp{} // a stamp is trusted only with its record
 			continue
 		}
-		d.record(f.Rec)
-		e.rec, e.st = f.Rec, f.Stamp
-		if d.err != nil {
-			return nil, d.err
+		if d.record(e.rec); d.err != nil {
+			return d.err
 		}
 		if err := checkIndexed(e); err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", errIndex, f.Name, err)
+			return fmt.Errorf("%w: %s: %w", errIndex, e.name, err)
 		}
 	}
 	if d.s != "" {
-		return nil, fmt.Errorf("%w: bytes in excess", errIndex)
+		return fmt.Errorf("%w: bytes in excess", errIndex)
 	}
-	return ents, nil
+	return nil
 }
 
 // checkIndexed returns an error unless e's record is one the store could
@@ -202,15 +181,15 @@ func checkIndexed(e *entry) error {
 // rewritten in place since the index was written. Then its stamp is not
 // the indexed one, or it changed in the clock tick of the index's write
 // or after. Such a file is read again.
-func (s *FileStore) useIndex(files []indexed, ents []*entry, now []fsys.Stamp, idxSt fsys.Stamp) error {
-	entries := make(map[string]*entry, len(ents))
+func (s *FileStore) useIndex(files []entry, now []fsys.Stamp, idxSt fsys.Stamp) error {
+	entries := make(map[string]*entry, len(files))
 	var reread []*entry
-	for i, e := range ents {
-		st := now[i]
+	for i := range files {
+		e, st := &files[i], now[i]
 		switch {
 		case st == (fsys.Stamp{}):
 			return fmt.Errorf("%w: %s is missing", errIndex, e.name)
-		case st != files[i].Stamp || st.Change >= idxSt.Change:
+		case st != e.st || st.Change >= idxSt.Change:
 			// Changed since: read the file. Its type may have changed
 			// too, a link replaced by a regular file. So the index's
 			// type is not used: ReadFile checks the open file's own.
@@ -305,17 +284,17 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 	}
 	c = s.changes
 	var known nameSet
-	var files []indexed
+	var files []entry
 	for _, e := range s.entries {
 		known.add(e.name)
 		if e.resolved {
 			continue
 		}
-		f := indexed{Name: e.name, Mode: e.mode, Twin: e.twin}
+		f := entry{name: e.name, mode: e.mode, twin: e.twin}
 		if e.corrupt == nil && e.st != (fsys.Stamp{}) {
 			// Only with the stamp the file had when its record was
 			// read or written. A change since then must show.
-			f.Stamp, f.Rec = e.st, e.rec
+			f.st, f.rec = e.st, e.rec
 		}
 		files = append(files, f)
 	}
@@ -334,7 +313,7 @@ func (s *FileStore) indexSnapshot() (c int, data []byte, err error) {
 // encodeIndex returns the content of an index file: the magic, the
 // version and a CRC-32C of the rest. Then come known, the set of the
 // directory's record files, and the files, and last the files' records.
-func encodeIndex(known nameSet, files []indexed) []byte {
+func encodeIndex(known nameSet, files []entry) []byte {
 	c := &codec{b: append([]byte(indexMagic), indexVersion, 0, 0, 0, 0)}
 	num(c, &known.n)
 	c.uint(&known.sum)
@@ -343,8 +322,8 @@ func encodeIndex(known nameSet, files []indexed) []byte {
 		c.file(&files[i])
 	}
 	for _, f := range files {
-		if f.Rec != nil {
-			c.record(f.Rec)
+		if f.rec != nil {
+			c.record(f.rec)
 		}
 	}
 	i := len(indexMagic) + 1
@@ -354,7 +333,7 @@ func encodeIndex(known nameSet, files []indexed) []byte {
 
 // decodeIndexFiles checks an index file's version and checksum. It
 // decodes known and the files, and leaves their records in c.
-func decodeIndexFiles(data []byte) (c *codec, known nameSet, files []indexed, err error) {
+func decodeIndexFiles(data []byte) (c *codec, known nameSet, files []entry, err error) {
 	rest, ok := bytes.CutPrefix(data, []byte(indexMagic))
 	switch {
 	case !ok || len(rest) < 5:
@@ -370,7 +349,7 @@ func decodeIndexFiles(data []byte) (c *codec, known nameSet, files []indexed, er
 		c.fail()
 	}
 	c.uint(&known.sum)
-	files = make([]indexed, c.count(0, fileLeast))
+	files = make([]entry, c.count(0, fileLeast))
 	for i := 0; i < len(files) && c.err == nil; i++ {
 		c.file(&files[i])
 	}
@@ -513,21 +492,21 @@ func (c *codec) header(h *http.Header) {
 const fileLeast = 8
 
 // file writes or reads a file of the index. Its record comes later.
-func (c *codec) file(f *indexed) {
-	str(c, &f.Name)
-	mode := uint64(f.Mode)
+func (c *codec) file(e *entry) {
+	str(c, &e.name)
+	mode := uint64(e.mode)
 	c.uint(&mode)
-	c.uint(&f.Stamp.Ino)
-	num(c, &f.Stamp.Size)
-	num(c, &f.Stamp.Mod)
-	num(c, &f.Stamp.Change)
-	c.bool(&f.Twin)
-	has := f.Rec != nil
+	c.uint(&e.st.Ino)
+	num(c, &e.st.Size)
+	num(c, &e.st.Mod)
+	num(c, &e.st.Change)
+	c.bool(&e.twin)
+	has := e.rec != nil
 	c.bool(&has)
 	if c.read {
-		f.Mode = fs.FileMode(mode)
+		e.mode = fs.FileMode(mode)
 		if has {
-			f.Rec = &Record{} // filled by record
+			e.rec = &Record{} // filled by record
 		}
 	}
 }

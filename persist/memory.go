@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 )
 
@@ -55,12 +56,23 @@ func (m *memory) Write(ctx context.Context, rec, old *Record) error {
 	defer m.mu.Unlock()
 	var named []*Record
 	if old == nil && r.Name != "" {
-		named = m.namedLocked(r.Name)
+		for k := range m.names[r.Name] {
+			named = append(named, m.recs[k])
+		}
 	}
-	if err := writable(r, old, m.recs[r.Key], named); err != nil {
+	cur := m.recs[r.Key]
+	if err := writable(r, old, cur, named); err != nil {
 		return err
 	}
-	m.setLocked(r)
+	m.recs[r.Key] = r
+	// The index of names: a record keeps its Name, so only a new key adds
+	// to it.
+	if cur == nil && r.Name != "" {
+		if m.names[r.Name] == nil {
+			m.names[r.Name] = make(map[string]struct{})
+		}
+		m.names[r.Name][r.Key] = struct{}{}
+	}
 	return nil
 }
 
@@ -81,49 +93,14 @@ func (m *memory) Delete(ctx context.Context, old *Record) error {
 	if err := deletable(old, cur); err != nil {
 		return err
 	}
-	m.removeLocked(old.Key)
+	delete(m.recs, old.Key)
+	// Its entry in the index of names goes in constant time. So pruning
+	// many records of one Name costs each of them once.
+	delete(m.names[cur.Name], old.Key)
+	if len(m.names[cur.Name]) == 0 {
+		delete(m.names, cur.Name)
+	}
 	return nil
-}
-
-// setLocked stores r in place of any record with its Key, which has its
-// Name. It keeps the index of names in step.
-func (m *memory) setLocked(r *Record) {
-	_, had := m.recs[r.Key]
-	m.recs[r.Key] = r
-	if !had && r.Name != "" {
-		keys := m.names[r.Name]
-		if keys == nil {
-			keys = make(map[string]struct{})
-			m.names[r.Name] = keys
-		}
-		keys[r.Key] = struct{}{}
-	}
-}
-
-// removeLocked removes the record for key, and its entry in the index
-// of names, in constant time. So pruning many records of one Name costs
-// each of them once.
-func (m *memory) removeLocked(key string) {
-	r, ok := m.recs[key]
-	if !ok {
-		return
-	}
-	delete(m.recs, key)
-	keys := m.names[r.Name]
-	delete(keys, key)
-	if len(keys) == 0 {
-		delete(m.names, r.Name)
-	}
-}
-
-// namedLocked returns the records named name.
-func (m *memory) namedLocked(name string) []*Record {
-	keys := m.names[name]
-	out := make([]*Record, 0, len(keys))
-	for k := range keys {
-		out = append(out, m.recs[k])
-	}
-	return out
 }
 
 // Get returns a copy of the record for key, or an error matching
@@ -150,17 +127,13 @@ func (m *memory) List(ctx context.Context, f Filter) ([]*Record, error) {
 	}
 	m.mu.Lock()
 	var out []*Record
+	keys := maps.Keys(m.recs)
 	if f.Name != "" {
-		for k := range m.names[f.Name] {
-			if r := m.recs[k]; f.match(r) {
-				out = append(out, r.Clone())
-			}
-		}
-	} else {
-		for _, r := range m.recs {
-			if f.match(r) {
-				out = append(out, r.Clone())
-			}
+		keys = maps.Keys(m.names[f.Name])
+	}
+	for k := range keys {
+		if r := m.recs[k]; f.match(r) {
+			out = append(out, r.Clone())
 		}
 	}
 	m.mu.Unlock()

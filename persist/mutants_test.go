@@ -43,14 +43,14 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "index-same-tick-trusted", File: "persist/index.go",
 			Note:    "OpenDir takes a record from the index though its file changed in the clock tick of the index's write, which may leave the file's stamp as the index holds it",
-			Anchor:  "\t\tcase st != files[i].Stamp || st.Change >= idxSt.Change:\n",
-			Replace: "\t\tcase st != files[i].Stamp:\n",
+			Anchor:  "\t\tcase st != e.st || st.Change >= idxSt.Change:\n",
+			Replace: "\t\tcase st != e.st:\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^a_file_changed_in_the_tick_of_its_write_is_read_again$",
 		},
 		{
 			Name: "index-file-change-ignored", File: "persist/index.go",
 			Note:    "OpenDir takes a record from the index though its file was rewritten in place (damaged) since",
-			Anchor:  "\t\tcase st != files[i].Stamp || st.Change >= idxSt.Change:\n",
+			Anchor:  "\t\tcase st != e.st || st.Change >= idxSt.Change:\n",
 			Replace: "\t\tcase false:\n",
 			Pkg:     "./persist", Run: "^TestIndex$/^a_file_rewritten_in_place_is_read_again$",
 		},
@@ -260,8 +260,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "twin-indexed-as-record", File: "persist/index.go",
 			Note:    "the index does not say which of its files is a second file of a key: the next open takes the copy for the key's entry and gives the index up",
-			Anchor:  "\t\tf := indexed{Name: e.name, Mode: e.mode, Twin: e.twin}\n",
-			Replace: "\t\tf := indexed{Name: e.name, Mode: e.mode}\n",
+			Anchor:  "\t\tf := entry{name: e.name, mode: e.mode, twin: e.twin}\n",
+			Replace: "\t\tf := entry{name: e.name, mode: e.mode}\n",
 			Pkg:     "./persist", Run: "^TestDamage$/^two_files_of_a_key_are_damage_of_both_actions$",
 		},
 		{

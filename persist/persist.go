@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -189,7 +190,7 @@ func (r *Record) Clone() *Record {
 	}
 	c := *r
 	c.Header = r.Header.Clone()
-	c.Body = cloneBytes(r.Body)
+	c.Body = slices.Clone(r.Body)
 	if r.Clocks != nil {
 		cl := *r.Clocks
 		c.Clocks = &cl
@@ -197,17 +198,10 @@ func (r *Record) Clone() *Record {
 	if r.Response != nil {
 		resp := *r.Response
 		resp.Header = r.Response.Header.Clone()
-		resp.Body = cloneBytes(r.Response.Body)
+		resp.Body = slices.Clone(r.Response.Body)
 		c.Response = &resp
 	}
 	return &c
-}
-
-func cloneBytes(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte(nil), b...)
 }
 
 // Validate reports what is wrong with r, or nil. Stores call it on Write
@@ -267,13 +261,7 @@ type Filter struct {
 
 // match reports whether r is selected by f.
 func (f Filter) match(r *Record) bool {
-	if f.Name != "" && r.Name != f.Name {
-		return false
-	}
-	if f.Unresolved && r.State.Resolved() {
-		return false
-	}
-	return true
+	return (f.Name == "" || r.Name == f.Name) && !(f.Unresolved && r.State.Resolved())
 }
 
 // Store keeps records durably.
@@ -377,21 +365,17 @@ func (e *CorruptError) Unwrap() error { return e.Err }
 // errors.Is would visit them. Those are all that List or Prune joined.
 // errors.As finds only the first.
 func CorruptErrors(err error) []*CorruptError {
-	var out []*CorruptError
-	var walk func(error)
-	walk = func(err error) {
-		switch e := err.(type) {
-		case nil:
-		case *CorruptError:
-			out = append(out, e)
-		case interface{ Unwrap() []error }:
-			for _, err := range e.Unwrap() {
-				walk(err)
-			}
-		case interface{ Unwrap() error }:
-			walk(e.Unwrap())
+	switch e := err.(type) {
+	case *CorruptError:
+		return []*CorruptError{e}
+	case interface{ Unwrap() []error }:
+		var out []*CorruptError
+		for _, err := range e.Unwrap() {
+			out = append(out, CorruptErrors(err)...)
 		}
+		return out
+	case interface{ Unwrap() error }:
+		return CorruptErrors(e.Unwrap())
 	}
-	walk(err)
-	return out
+	return nil
 }

@@ -3,11 +3,9 @@ package persist
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"strings"
-	"time"
 )
 
 // Options configures a store. A nil *Options and the zero Options both
@@ -68,24 +66,6 @@ func prepare(rec *Record, opts Options) *Record {
 	return normalized(rec.Clone(), opts)
 }
 
-// checkSave reports why rec cannot be stored, or nil.
-func checkSave(rec *Record) error {
-	if rec == nil {
-		return errors.New("persist: cannot save a nil record")
-	}
-	if err := rec.Validate(); err != nil {
-		return err
-	}
-	for _, t := range [2]time.Time{rec.CreatedAt, rec.UpdatedAt} {
-		// Outside these years a time has no RFC 3339 form. So a file
-		// store could not write it, and every store refuses it alike.
-		if y := t.Year(); !t.IsZero() && (y < 0 || y > 9999) {
-			return fmt.Errorf("persist: record %s has a time outside years 0-9999: %v", rec.Key, t)
-		}
-	}
-	return nil
-}
-
 // prepareShared is prepare for a record whose headers and bodies the
 // caller never changes (WithDeferredSync). The copy it returns shares
 // them with rec. normalize and opts only replace fields of the copy. They
@@ -117,10 +97,10 @@ func normalized(r *Record, opts Options) *Record {
 // changes r's Clocks and Response in place. r owns them: they are a
 // clone, or a copy made by prepareShared.
 func normalize(r *Record) {
-	r.CreatedAt = utc(r.CreatedAt)
-	r.UpdatedAt = utc(r.UpdatedAt)
+	r.CreatedAt = r.CreatedAt.UTC()
+	r.UpdatedAt = r.UpdatedAt.UTC()
 	if cl := r.Clocks; cl != nil {
-		cl.ArmMark, cl.Mark = utc(cl.ArmMark), utc(cl.Mark)
+		cl.ArmMark, cl.Mark = cl.ArmMark.UTC(), cl.Mark.UTC()
 	}
 	r.Header = normHeader(r.Header)
 	if len(r.Body) == 0 {
@@ -141,27 +121,16 @@ func normHeader(h http.Header) http.Header {
 	if len(h) == 0 {
 		return nil
 	}
-	for _, vs := range h {
+	cloned := false
+	for k, vs := range h {
 		if vs != nil && len(vs) == 0 {
-			h = h.Clone()
-			for k, vs := range h {
-				if len(vs) == 0 {
-					h[k] = nil
-				}
+			if !cloned {
+				h, cloned = h.Clone(), true
 			}
-			return h
+			h[k] = nil
 		}
 	}
 	return h
-}
-
-// utc returns t in UTC without its monotonic reading. The zero time
-// stays the zero time.
-func utc(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
-	}
-	return t.UTC()
 }
 
 // sortRecords orders recs as List returns them. The oldest CreatedAt

@@ -81,7 +81,7 @@ func (s *FileStore) Write(ctx context.Context, rec, old *Record) error {
 	// Any sync of the directory that starts after the rename makes it
 	// durable. So concurrent saves share one.
 	if err := s.dirSync.sync(s.syncDir); err != nil {
-		return syncFailed(r.Key, filepath.Join(s.dir, fileName(r.Key, r.Name)), err)
+		return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", r.Key, filepath.Join(s.dir, fileName(r.Key, r.Name)), err)
 	}
 	return nil
 }
@@ -155,10 +155,6 @@ func (s *FileStore) flush() {
 		s.flushErr = nil
 		s.mu.Unlock()
 	}
-}
-
-func syncFailed(key, path string, err error) error {
-	return fmt.Errorf("persist: intent %q was written to %s but may not survive a power loss (directory sync failed; do not send it yet, save again): %w", key, path, err)
 }
 
 // writableLocked returns nil if r may be written over old (see
@@ -303,11 +299,7 @@ func (s *FileStore) Quarantine(ctx context.Context, path string) (string, error)
 		return "", fmt.Errorf("persist: %s is not a damaged record file of the store in %s (List reports those); nothing was moved", path, s.dir)
 	}
 	qdir := filepath.Join(s.dir, quarantineDir)
-	if err := s.fs.Mkdir(qdir, 0o700); err == nil {
-		if err := s.syncDir(); err != nil {
-			return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
-		}
-	} else if !errors.Is(err, fs.ErrExist) {
+	if err := mkdirAll(s.fs, qdir); err != nil {
 		return "", fmt.Errorf("persist: cannot create %s: %w", qdir, err)
 	}
 	dst, err := s.freeName(qdir, e.name)

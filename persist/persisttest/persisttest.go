@@ -9,11 +9,9 @@ package persisttest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +19,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/persist"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Run runs the conformance suite against the stores newStore returns. It
@@ -91,14 +91,14 @@ func Put(ctx context.Context, s persist.Store, rec *persist.Record) error {
 // put is Put, failing the test on an error.
 func put(t testing.TB, s persist.Store, rec *persist.Record, m ...any) {
 	t.Helper()
-	must(t, Put(context.Background(), s, rec), m...)
+	require.NoError(t, Put(context.Background(), s, rec), m...)
 }
 
 // stored returns the record s holds for key, failing the test if none.
 func stored(t testing.TB, s persist.Store, key string) *persist.Record {
 	t.Helper()
 	r, err := s.Get(context.Background(), key)
-	must(t, err, "get %s", key)
+	require.NoError(t, err, "get %s", key)
 	return r
 }
 
@@ -142,10 +142,10 @@ func NewRecord(key string, created time.Time) *persist.Record {
 	}
 }
 
-// resolve returns r moved to StateSucceeded with a response, updated at
-// updated.
+// resolve returns r's next version (see next), moved to StateSucceeded
+// with a response, updated at updated.
 func resolve(r *persist.Record, updated time.Time) *persist.Record {
-	r = r.Clone()
+	r = next(r)
 	r.State = persist.StateSucceeded
 	r.Attempts = 2
 	r.UpdatedAt = updated
@@ -174,61 +174,7 @@ func AssertRecord(t testing.TB, want, got *persist.Record) bool {
 	if w.Rev == "" {
 		w.Rev = got.Rev
 	}
-	if g := canonical(got); !reflect.DeepEqual(w, g) {
-		t.Errorf("record %s:\n got  %s\n want %s", want.Key, show(g), show(w))
-		return false
-	}
-	return true
-}
-
-// show returns r as JSON, for failure messages.
-func show(r *persist.Record) string {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Sprintf("%+v", *r)
-	}
-	return string(b)
-}
-
-// msg formats the optional message of a check: a format and its
-// arguments.
-func msg(m []any) string {
-	if len(m) == 0 {
-		return "unexpected result"
-	}
-	if f, ok := m[0].(string); ok {
-		return fmt.Sprintf(f, m[1:]...)
-	}
-	return fmt.Sprint(m...)
-}
-
-// must stops the test if err is not nil.
-func must(t testing.TB, err error, m ...any) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("%s: %v", msg(m), err)
-	}
-}
-
-// check reports an error if err is not nil.
-func check(t testing.TB, err error, m ...any) bool {
-	t.Helper()
-	if err != nil {
-		t.Errorf("%s: %v", msg(m), err)
-		return false
-	}
-	return true
-}
-
-// wantErr reports an error if err does not match target (or, with a nil
-// target, if err is nil).
-func wantErr(t testing.TB, err, target error, m ...any) {
-	t.Helper()
-	if target == nil && err == nil {
-		t.Errorf("%s: no error", msg(m))
-	} else if target != nil && !errors.Is(err, target) {
-		t.Errorf("%s: error %v, want one matching %v", msg(m), err, target)
-	}
+	return assert.Equal(t, w, canonical(got), "record %s", want.Key)
 }
 
 // selects reports whether f selects r, as List must: it meets each
@@ -239,29 +185,32 @@ func selects(f persist.Filter, r *persist.Record) bool {
 
 // wantConflict reports an error unless err is a *persist.ConflictError,
 // which it returns.
-func wantConflict(t testing.TB, err error, m ...any) *persist.ConflictError {
+func wantConflict(t testing.TB, err error, m ...any) (ce *persist.ConflictError) {
 	t.Helper()
-	var ce *persist.ConflictError
-	if !errors.As(err, &ce) {
-		t.Errorf("%s: error %v, want a *persist.ConflictError", msg(m), err)
-	}
+	assert.ErrorAs(t, err, &ce, m...)
 	return ce
 }
 
 // wantKeys reports an error if got does not hold the keys want, in order.
 func wantKeys(t testing.TB, got []*persist.Record, want []string, m ...any) {
 	t.Helper()
-	if k := keys(got); !slices.Equal(k, want) && (len(k) > 0 || len(want) > 0) {
-		t.Errorf("%s: keys %q, want %q", msg(m), k, want)
+	if k := keys(got); !slices.Equal(k, want) {
+		assert.Equal(t, want, k, m...)
 	}
 }
 
 // wantLen stops the test if got does not hold n records.
 func wantLen(t testing.TB, got []*persist.Record, n int, m ...any) {
 	t.Helper()
-	if len(got) != n {
-		t.Fatalf("%s: %d records %q, want %d", msg(m), len(got), keys(got), n)
-	}
+	require.Len(t, keys(got), n, m...)
+}
+
+// listed returns the records s lists for f, failing the test on an error.
+func listed(t testing.TB, s persist.Store, f persist.Filter) []*persist.Record {
+	t.Helper()
+	recs, err := s.List(context.Background(), f)
+	require.NoError(t, err, "list %+v", f)
+	return recs
 }
 
 // canonical returns a copy of r in the form the suite compares.
@@ -312,11 +261,9 @@ func testRoundTrip(t *testing.T, s persist.Store) {
 	}
 	for _, r := range recs {
 		got, err := s.Get(ctx, r.Key)
-		must(t, err, "get %s", r.Key)
+		require.NoError(t, err, "get %s", r.Key)
 		AssertRecord(t, r, got)
-		if got.Rev != r.Rev {
-			t.Errorf("Rev of %s: %q, want the written %q", r.Key, got.Rev, r.Rev)
-		}
+		assert.Equal(t, r.Rev, got.Rev, "Rev of %s: want the written one", r.Key)
 		if !got.CreatedAt.Equal(r.CreatedAt) {
 			t.Errorf("CreatedAt of %s: %v, want %v", r.Key, got.CreatedAt, r.CreatedAt)
 		}
@@ -328,16 +275,12 @@ func testReplace(t *testing.T, s persist.Store) {
 	v1 := NewRecord("k1", base)
 	put(t, s, v1)
 	v2 := resolve(v1, base.Add(time.Second))
-	v2.Rev = persist.NewRev()
-	must(t, s.Write(ctx, v2, v1))
+	require.NoError(t, s.Write(ctx, v2, v1))
 	AssertRecord(t, v2, stored(t, s, "k1"))
-	all, err := s.List(ctx, persist.Filter{})
-	must(t, err)
-	wantKeys(t, all, []string{"k1"}, "one record per key")
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"k1"}, "one record per key")
 }
 
 func testCopiesNotShared(t *testing.T, s persist.Store) {
-	ctx := context.Background()
 	in := resolve(NewRecord("k1", base), base)
 	put(t, s, in)
 	want := in.Clone()
@@ -357,8 +300,7 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 	got.Body[0] = 'X'
 	got.Response.Body[0] = 'X'
 	got.Response.Header["X-New"] = []string{"1"}
-	listed, err := s.List(ctx, persist.Filter{})
-	must(t, err)
+	listed := listed(t, s, persist.Filter{})
 	wantLen(t, listed, 1)
 	AssertRecord(t, want, listed[0])
 	listed[0].Header.Set("Content-Type", "changed")
@@ -368,10 +310,7 @@ func testCopiesNotShared(t *testing.T, s persist.Store) {
 }
 
 func testListOrder(t *testing.T, s persist.Store) {
-	ctx := context.Background()
-	empty, err := s.List(ctx, persist.Filter{})
-	must(t, err)
-	wantLen(t, empty, 0, "a new store lists nothing")
+	wantLen(t, listed(t, s, persist.Filter{}), 0, "a new store lists nothing")
 
 	// Saved out of order; b and c share a creation time and sort by key.
 	saves := []struct {
@@ -381,13 +320,10 @@ func testListOrder(t *testing.T, s persist.Store) {
 	for _, sv := range saves {
 		put(t, s, NewRecord(sv.key, base.Add(sv.at)))
 	}
-	got, err := s.List(ctx, persist.Filter{})
-	must(t, err)
-	wantKeys(t, got, []string{"e", "a", "b", "c", "d"})
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"e", "a", "b", "c", "d"})
 }
 
 func testListFilters(t *testing.T, s persist.Store) {
-	ctx := context.Background()
 	states := []persist.State{
 		persist.StateNew, persist.StatePending, persist.StateSucceeded, persist.StateFailed,
 		persist.StateRejected, persist.StateExpired, persist.StateVoid,
@@ -415,8 +351,7 @@ func testListFilters(t *testing.T, s persist.Store) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := s.List(ctx, tt.filter)
-			must(t, err)
+			got := listed(t, s, tt.filter)
 			if tt.want == nil {
 				wantLen(t, got, 3*len(states))
 				return
@@ -444,9 +379,7 @@ func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	}
 	list := func(name string, want ...string) {
 		t.Helper()
-		got, err := s.List(ctx, persist.Filter{Name: name})
-		must(t, err)
-		wantKeys(t, got, want)
+		wantKeys(t, listed(t, s, persist.Filter{Name: name}), want)
 	}
 	put(t, s, named("k1", "a", persist.StatePending, 0))
 	put(t, s, named("k2", "a", persist.StateSucceeded, time.Second))
@@ -466,42 +399,40 @@ func testListByNameFollowsChanges(t *testing.T, s persist.Store) {
 	list("b")
 	// A new intent of a needs a Seq above a's records only, not above
 	// those deleted.
-	must(t, s.Delete(ctx, stored(t, s, "k3")))
+	require.NoError(t, s.Delete(ctx, stored(t, s, "k3")))
 	k6 := NewRecord("k6", base.Add(5*time.Second))
 	k6.Name, k6.Seq, k6.Rev = "a", 3, persist.NewRev()
-	must(t, s.Write(ctx, k6, nil), "a new intent above the records left in a")
-	must(t, s.Delete(ctx, k6))
+	require.NoError(t, s.Write(ctx, k6, nil), "a new intent above the records left in a")
+	require.NoError(t, s.Delete(ctx, k6))
 
 	// Changed, then deleted.
 	put(t, s, named("k1", "a", persist.StateSucceeded, 0))
 	list("a", "k1", "k2")
-	must(t, s.Delete(ctx, stored(t, s, "k2")))
+	require.NoError(t, s.Delete(ctx, stored(t, s, "k2")))
 	list("a", "k1")
-	must(t, s.Delete(ctx, stored(t, s, "k1")))
+	require.NoError(t, s.Delete(ctx, stored(t, s, "k1")))
 	list("a")
 
 	// A new intent, then pruned.
 	k4 := named("k4", "c", persist.StateNew, 3*time.Second)
 	k4.Rev = persist.NewRev()
-	must(t, s.Write(ctx, k4, nil))
+	require.NoError(t, s.Write(ctx, k4, nil))
 	list("c", "k4")
 	put(t, s, named("k4", "c", persist.StateSucceeded, 3*time.Second))
 	_, err := persist.PruneFunc(ctx, s, func(r *persist.Record) bool { return r.Key == "k4" })
-	must(t, err)
+	require.NoError(t, err)
 	list("c")
 	k5 := named("k5", "c", persist.StateNew, 4*time.Second)
 	k5.Rev = persist.NewRev()
-	must(t, s.Write(ctx, k5, nil))
+	require.NoError(t, s.Write(ctx, k5, nil))
 	list("c", "k5")
 }
 
 func testNotFound(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	got, err := s.Get(ctx, "absent")
-	wantErr(t, err, persist.ErrNotFound)
-	if got != nil {
-		t.Errorf("Get of an absent key returned a record: %s", show(got))
-	}
+	assert.ErrorIs(t, err, persist.ErrNotFound)
+	assert.Nil(t, got, "Get of an absent key returned a record")
 }
 
 // testDelete: Delete removes the version named, leaves the others, and
@@ -512,20 +443,18 @@ func testDelete(t *testing.T, s persist.Store) {
 	k1, k2 := NewRecord("k1", base), NewRecord("k2", base)
 	put(t, s, k1)
 	put(t, s, k2)
-	must(t, s.Delete(ctx, k1))
+	require.NoError(t, s.Delete(ctx, k1))
 	_, err := s.Get(ctx, "k1")
-	wantErr(t, err, persist.ErrNotFound, "deleted")
-	check(t, s.Delete(ctx, k1), "deleting again")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "deleted")
+	assert.NoError(t, s.Delete(ctx, k1), "deleting again")
 	never := NewRecord("never-saved", base)
 	never.Rev = persist.NewRev()
-	check(t, s.Delete(ctx, never), "deleting an absent key")
-	wantErr(t, s.Delete(ctx, nil), nil, "a delete without a version")
+	assert.NoError(t, s.Delete(ctx, never), "deleting an absent key")
+	assert.Error(t, s.Delete(ctx, nil), "a delete without a version")
 	noRev := k2.Clone()
 	noRev.Rev = ""
-	wantErr(t, s.Delete(ctx, noRev), nil, "a delete of a record without a Rev")
-	all, err := s.List(ctx, persist.Filter{})
-	must(t, err)
-	wantKeys(t, all, []string{"k2"}, "the other record stays")
+	assert.Error(t, s.Delete(ctx, noRev), "a delete of a record without a Rev")
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"k2"}, "the other record stays")
 
 	put(t, s, k1, "a deleted key can be written again")
 	stored(t, s, "k1")
@@ -546,19 +475,16 @@ func testKeys(t *testing.T, s persist.Store) {
 	}
 	for i, k := range ks {
 		got, err := s.Get(ctx, k)
-		if check(t, err, "get %q", k) {
+		if assert.NoError(t, err, "get %q", k) {
 			AssertRecord(t, NewRecord(k, base.Add(time.Duration(i)*time.Second)), got)
 		}
 	}
-	all, err := s.List(ctx, persist.Filter{})
-	must(t, err)
+	all := listed(t, s, persist.Filter{})
 	wantKeys(t, all, ks, "every key is its own record")
 	for _, r := range all {
-		must(t, s.Delete(ctx, r), "delete %q", r.Key)
+		require.NoError(t, s.Delete(ctx, r), "delete %q", r.Key)
 	}
-	all, err = s.List(ctx, persist.Filter{})
-	must(t, err)
-	wantLen(t, all, 0)
+	wantLen(t, listed(t, s, persist.Filter{}), 0)
 }
 
 func testRejectsInvalid(t *testing.T, s persist.Store) {
@@ -582,15 +508,13 @@ func testRejectsInvalid(t *testing.T, s persist.Store) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := next(good)
 			tt.change(r)
-			wantErr(t, r.Validate(), nil, "precondition: the record is invalid")
-			wantErr(t, s.Write(ctx, r, good), nil)
+			assert.Error(t, r.Validate(), "precondition: the record is invalid")
+			assert.Error(t, s.Write(ctx, r, good))
 		})
 	}
-	wantErr(t, s.Write(ctx, nil, good), nil, "nil record")
+	assert.Error(t, s.Write(ctx, nil, good), "nil record")
 	AssertRecord(t, good, stored(t, s, "k1"))
-	all, err := s.List(ctx, persist.Filter{})
-	must(t, err)
-	wantKeys(t, all, []string{"k1"}, "no invalid record was stored")
+	wantKeys(t, listed(t, s, persist.Filter{}), []string{"k1"}, "no invalid record was stored")
 }
 
 // testConcurrent writes, reads and lists from many goroutines at once; run
@@ -614,7 +538,6 @@ func testConcurrent(t *testing.T, s persist.Store) {
 				}
 				if i%2 == 0 {
 					res := resolve(r, r.CreatedAt.Add(time.Second))
-					res.Rev = persist.NewRev()
 					if err := s.Write(ctx, res, r); err != nil {
 						errs <- err
 					}
@@ -628,15 +551,14 @@ func testConcurrent(t *testing.T, s persist.Store) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		check(t, err)
+		assert.NoError(t, err)
 	}
-	all, err := s.List(ctx, persist.Filter{})
-	must(t, err)
+	all := listed(t, s, persist.Filter{})
 	wantLen(t, all, workers*perWorker)
 	for _, r := range all {
 		var w, i int
 		_, err := fmt.Sscanf(r.Key, "w%d-%d", &w, &i)
-		must(t, err)
+		require.NoError(t, err)
 		if r.State.Resolved() != (i%2 == 0) {
 			t.Errorf("state of %s: %s", r.Key, r.State)
 		}
@@ -687,22 +609,17 @@ func testPrune(t *testing.T, s persist.Store) {
 		return at.Before(cutoff)
 	}
 	n, err := persist.PruneFunc(ctx, s, aged)
-	must(t, err)
-	if n != 5 {
-		t.Errorf("pruned %d, want 5", n)
-	}
-	left, err := s.List(ctx, persist.Filter{})
-	must(t, err)
+	require.NoError(t, err)
+	assert.Equal(t, 5, n, "pruned")
+	left := listed(t, s, persist.Filter{})
 	slices.Sort(wantLeft)
 	if got := slices.Sorted(slices.Values(keys(left))); !slices.Equal(got, wantLeft) {
 		t.Errorf("left after pruning: %q, want %q", got, wantLeft)
 	}
 
 	n, err = persist.PruneFunc(ctx, s, aged)
-	must(t, err)
-	if n != 0 {
-		t.Errorf("pruning again pruned %d", n)
-	}
+	require.NoError(t, err)
+	assert.Zero(t, n, "pruning again pruned")
 }
 
 // claimRecord returns a record of action name with seq, unique by key, with
@@ -718,27 +635,25 @@ func claimRecord(key, name string, seq uint64) *persist.Record {
 // which record is the latest and writes nothing.
 func testNewIntent(t *testing.T, s persist.Store) {
 	ctx := context.Background()
-	must(t, s.Write(ctx, claimRecord("a1", "act", 1), nil), "first intent")
-	must(t, s.Write(ctx, claimRecord("b1", "other", 1), nil), "another action's intent")
+	require.NoError(t, s.Write(ctx, claimRecord("a1", "act", 1), nil), "first intent")
+	require.NoError(t, s.Write(ctx, claimRecord("b1", "other", 1), nil), "another action's intent")
 
 	err := s.Write(ctx, claimRecord("a1-rival", "act", 1), nil)
 	if ce := wantConflict(t, err, "a second intent of the same seq"); ce != nil && (ce.Current == nil || ce.Current.Key != "a1") {
 		t.Errorf("lost write names %+v as latest, want a1", ce.Current)
 	}
 	_, err = s.Get(ctx, "a1-rival")
-	wantErr(t, err, persist.ErrNotFound, "a lost write writes nothing")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "a lost write writes nothing")
 	wantConflict(t, s.Write(ctx, claimRecord("a0", "act", 0), nil), "an intent below the latest")
 
 	wantConflict(t, s.Write(ctx, claimRecord("a1", "act", 5), nil), "a new intent of a stored key")
 	anon := claimRecord("n1", "", 0)
-	must(t, s.Write(ctx, anon, nil), "an intent of no action")
+	require.NoError(t, s.Write(ctx, anon, nil), "an intent of no action")
 	if ce := wantConflict(t, s.Write(ctx, claimRecord("n1", "", 0), nil), "a new intent of a stored key of no action"); ce != nil && !persist.SameVersion(ce.Current, anon) {
 		t.Errorf("lost write names %+v, want the stored n1", ce.Current)
 	}
-	must(t, s.Write(ctx, claimRecord("a2", "act", 2), nil), "the next seq")
-	if got := stored(t, s, "a2"); got.Seq != 2 {
-		t.Errorf("written record has seq %d, want 2", got.Seq)
-	}
+	require.NoError(t, s.Write(ctx, claimRecord("a2", "act", 2), nil), "the next seq")
+	assert.Equal(t, uint64(2), stored(t, s, "a2").Seq, "the written record's seq")
 }
 
 // testNewIntentOneWinner: two writers racing to make an action's next
@@ -765,12 +680,8 @@ func testNewIntentOneWinner(t *testing.T, s persist.Store) {
 			})
 		}
 		wg.Wait()
-		if won != 1 {
-			t.Errorf("%d writers of %s's next intent won, want 1", won, name)
-		}
-		recs, err := s.List(ctx, persist.Filter{Name: name})
-		must(t, err)
-		wantLen(t, recs, 1)
+		assert.Equal(t, 1, won, "writers of %s's next intent that won", name)
+		wantLen(t, listed(t, s, persist.Filter{Name: name}), 1)
 	}
 }
 
@@ -781,12 +692,12 @@ func testWriteIfVersion(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	armed := claimRecord("h1", "act", 1)
 	armed.Holder = "client-a"
-	must(t, s.Write(ctx, armed, nil), "arm")
+	require.NoError(t, s.Write(ctx, armed, nil), "arm")
 	read := stored(t, s, "h1")
 
 	taken := next(read)
 	taken.Holder, taken.UpdatedAt = "client-b", read.UpdatedAt.Add(time.Second)
-	must(t, s.Write(ctx, taken, read), "take over the version read")
+	require.NoError(t, s.Write(ctx, taken, read), "take over the version read")
 
 	again := next(read)
 	again.Holder = "client-c"
@@ -798,22 +709,20 @@ func testWriteIfVersion(t *testing.T, s persist.Store) {
 	lookalike.Rev = read.Rev
 	wantConflict(t, s.Write(ctx, next(lookalike), lookalike), "a version equal but for its Rev")
 	got := stored(t, s, "h1")
-	if got.Holder != "client-b" {
-		t.Errorf("holder %q after refused changes, want client-b", got.Holder)
-	}
+	assert.Equal(t, "client-b", got.Holder, "holder after refused changes")
 	if ce := wantConflict(t, s.Delete(ctx, read)); ce != nil && !persist.SameVersion(ce.Current, taken) {
 		t.Errorf("refusal names %+v as the stored record, want client-b's", ce.Current)
 	}
 
-	must(t, s.Delete(ctx, got), "delete the stored version")
+	require.NoError(t, s.Delete(ctx, got), "delete the stored version")
 	_, err := s.Get(ctx, "h1")
-	wantErr(t, err, persist.ErrNotFound, "deleted")
-	must(t, s.Delete(ctx, got), "deleting what is gone")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "deleted")
+	require.NoError(t, s.Delete(ctx, got), "deleting what is gone")
 	if ce := wantConflict(t, s.Write(ctx, next(taken), got), "changing what is gone"); ce != nil && ce.Current != nil {
 		t.Errorf("refusal names %+v as the stored record, want none", ce.Current)
 	}
 	_, err = s.Get(ctx, "h1")
-	wantErr(t, err, persist.ErrNotFound, "a refused change of a gone record writes nothing")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "a refused change of a gone record writes nothing")
 }
 
 // testWriteIfVersionOneWinner: of two changes, or a change and a delete,
@@ -823,7 +732,7 @@ func testWriteIfVersionOneWinner(t *testing.T, s persist.Store) {
 	for i := range 20 {
 		rec := claimRecord(fmt.Sprintf("w%d", i), "act", uint64(i+1))
 		rec.Holder = "client-a"
-		must(t, s.Write(ctx, rec, nil))
+		require.NoError(t, s.Write(ctx, rec, nil))
 		read := stored(t, s, rec.Key)
 		taken := next(read)
 		taken.Holder = "client-b"
@@ -849,14 +758,14 @@ func testWriteIfVersionOneWinner(t *testing.T, s persist.Store) {
 		got, err := s.Get(ctx, rec.Key)
 		switch {
 		case errA == nil:
-			must(t, err, "taken over: still stored")
+			require.NoError(t, err, "taken over: still stored")
 			if !persist.SameVersion(got, taken) {
 				t.Errorf("round %d: stored %+v, want the winner's version", i, got)
 			}
 		case i%2 == 0:
-			wantErr(t, err, persist.ErrNotFound, "deleted: gone")
+			assert.ErrorIs(t, err, persist.ErrNotFound, "deleted: gone")
 		default:
-			must(t, err)
+			require.NoError(t, err)
 			if !persist.SameVersion(got, other) {
 				t.Errorf("round %d: stored %+v, want the winner's version", i, got)
 			}
@@ -871,25 +780,25 @@ func testVersionIsNew(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	first := claimRecord("v1", "act", 1)
 	first.Rev = ""
-	wantErr(t, s.Write(ctx, first, nil), nil, "a new intent without a Rev")
+	assert.Error(t, s.Write(ctx, first, nil), "a new intent without a Rev")
 	_, err := s.Get(ctx, "v1")
-	wantErr(t, err, persist.ErrNotFound, "nothing written")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "nothing written")
 
 	first.Rev = persist.NewRev()
-	must(t, s.Write(ctx, first, nil))
+	require.NoError(t, s.Write(ctx, first, nil))
 	same := first.Clone()
 	same.State = persist.StatePending
-	wantErr(t, s.Write(ctx, same, first), nil, "a change that keeps the Rev it replaces")
+	assert.Error(t, s.Write(ctx, same, first), "a change that keeps the Rev it replaces")
 	none := same.Clone()
 	none.Rev = ""
-	wantErr(t, s.Write(ctx, none, first), nil, "a change without a Rev")
+	assert.Error(t, s.Write(ctx, none, first), "a change without a Rev")
 	if got := stored(t, s, "v1"); !persist.SameVersion(got, first) || got.State != persist.StateNew {
 		t.Errorf("refused changes wrote %+v", got)
 	}
 	other := claimRecord("v2", "act2", 1)
-	wantErr(t, s.Write(ctx, other, first), nil, "a change written over another key's version")
+	assert.Error(t, s.Write(ctx, other, first), "a change written over another key's version")
 	_, err = s.Get(ctx, "v2")
-	wantErr(t, err, persist.ErrNotFound, "nothing written")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "nothing written")
 }
 
 // testUnknownResultRecognised: a writer that lost the answer of its
@@ -900,14 +809,12 @@ func testVersionIsNew(t *testing.T, s persist.Store) {
 func testUnknownResultRecognised(t *testing.T, s persist.Store) {
 	ctx := context.Background()
 	v1 := claimRecord("u1", "act", 1)
-	must(t, s.Write(ctx, v1, nil))
+	require.NoError(t, s.Write(ctx, v1, nil))
 
 	v2 := next(v1)
 	v2.State = persist.StatePending
 	_ = s.Write(ctx, v2, v1) // the answer is lost
-	if !persist.SameVersion(stored(t, s, "u1"), v2) {
-		t.Errorf("the landed write is not recognised on re-read")
-	}
+	assert.True(t, persist.SameVersion(stored(t, s, "u1"), v2), "the landed write is not recognised on re-read")
 	ce := wantConflict(t, s.Write(ctx, v2, v1), "the write made again")
 	if ce != nil && !persist.SameVersion(ce.Current, v2) {
 		t.Errorf("the refusal holds %+v, want the writer's own version", ce.Current)
@@ -916,17 +823,13 @@ func testUnknownResultRecognised(t *testing.T, s persist.Store) {
 	// Another writer moved it on: not this writer's version.
 	v3 := next(stored(t, s, "u1"))
 	v3.Holder = "other"
-	must(t, s.Write(ctx, v3, v2))
-	if persist.SameVersion(stored(t, s, "u1"), v2) {
-		t.Errorf("another writer's version is taken for this writer's")
-	}
+	require.NoError(t, s.Write(ctx, v3, v2))
+	assert.False(t, persist.SameVersion(stored(t, s, "u1"), v2), "another writer's version is taken for this writer's")
 
 	// A new intent whose write's answer was lost.
 	n := claimRecord("u2", "act", 2)
 	_ = s.Write(ctx, n, nil)
-	if !persist.SameVersion(stored(t, s, "u2"), n) {
-		t.Errorf("the landed new intent is not recognised on re-read")
-	}
+	assert.True(t, persist.SameVersion(stored(t, s, "u2"), n), "the landed new intent is not recognised on re-read")
 	ce = wantConflict(t, s.Write(ctx, n, nil), "the new intent made again")
 	if ce != nil && !persist.SameVersion(ce.Current, n) {
 		t.Errorf("the refusal holds %+v, want the writer's own intent", ce.Current)
@@ -939,13 +842,11 @@ func testUnknownResultRecognised(t *testing.T, s persist.Store) {
 func testDeferredWriteChecksAlike(t *testing.T, s persist.Store) {
 	ctx := persist.WithDeferredSync(context.Background())
 	v1 := claimRecord("d1", "act", 1)
-	must(t, s.Write(ctx, v1, nil))
+	require.NoError(t, s.Write(ctx, v1, nil))
 	wantConflict(t, s.Write(ctx, claimRecord("d2", "act", 1), nil), "a rival new intent")
 	v2 := resolve(v1, base.Add(time.Minute))
-	v2.Rev = persist.NewRev()
-	must(t, s.Write(ctx, v2, v1))
+	require.NoError(t, s.Write(ctx, v2, v1))
 	stale := resolve(v1, base.Add(2*time.Minute))
-	stale.Rev = persist.NewRev()
 	wantConflict(t, s.Write(ctx, stale, v1), "a stale version's change")
 	AssertRecord(t, v2, stored(t, s, "d1"))
 }
