@@ -34,7 +34,13 @@ var (
 
 // transport is a device's http.RoundTripper: the network as the device
 // sees it.
-type transport struct{ d *device }
+type transport struct {
+	d *device
+	// wire sends a request the edge passed on and waits for its answer.
+	// Nil is the modelled network (netRules.send); the real mode sends it
+	// on loopback.
+	wire func(n *netRules, op fault.Op, header http.Header, body []byte) (*http.Response, error)
+}
 
 // flight is one copy of a request on its way to the server, and its
 // answer on its way back.
@@ -84,7 +90,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// airplane mode) the dial fails, and nothing is written.
 	trace := httptrace.ContextClientTrace(req.Context())
 	if trace != nil && trace.GetConn != nil {
-		trace.GetConn(simHost + ":80")
+		trace.GetConn(req.URL.Host)
 	}
 	if e, ok := n.offline.Inject(op).Get(goOffline); ok {
 		d.offline = maxTime(d.offline, w.parts.now().Add(e.Delay))
@@ -113,6 +119,9 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if e, ok := edge.Get(fault.Status); ok {
 		return d.respond(req, answer{status: e.Status, header: e.Header, body: e.Body}, false), nil
+	}
+	if t.wire != nil {
+		return t.wire(n, op, header, body)
 	}
 	return n.send(op, header, body)
 }

@@ -49,7 +49,7 @@ func (virtualParts) epoch() time.Time { return epoch }
 
 func (p virtualParts) advanceTo(t time.Time) { p.w.clk.advanceTo(t) }
 
-func (virtualParts) network(d *device) http.RoundTripper { return transport{d} }
+func (virtualParts) network(d *device) http.RoundTripper { return transport{d: d} }
 
 func (virtualParts) clock(d *device) idemclock.Clock { return deviceClock{d} }
 

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -259,7 +258,9 @@ func (p *realParts) injectServerFaults(key string, f serverFaults) {
 	}
 }
 
-func (p *realParts) network(d *device) http.RoundTripper { return realTransport{p: p, d: d} }
+func (p *realParts) network(d *device) http.RoundTripper {
+	return transport{d: d, wire: realTransport{p: p, d: d}.send}
+}
 
 func (*realParts) clock(d *device) idemclock.Clock { return deviceClock{d} }
 
@@ -297,73 +298,12 @@ func (p *realParts) died(d *device) {
 
 func (p *realParts) charges() []charge { return chargesOf(p.handler) }
 
-// realTransport is a device's connection to the server on loopback, with
-// the world's network rules on the wire. It runs under the world's lock,
-// and gives it up while a request is on the wire.
+// realTransport sends a device's requests to the server on loopback,
+// once the world's network rules passed them on the wire. It runs under
+// the world's lock, and gives it up while a request is on the wire.
 type realTransport struct {
 	p *realParts
 	d *device
-}
-
-func (t realTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	d, w, p := t.d, t.d.w, t.p
-	var body []byte
-	if req.Body != nil {
-		b, err := io.ReadAll(req.Body)
-		req.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-		body = b
-	}
-	if k := strings.Trim(req.Header.Get("Idempotency-Key"), `"`); req.Method == http.MethodPost && k != "" && w.intents[k] == nil {
-		// An intent the RoundTripper made: the app is not told its key.
-		w.bindBody(k, body)
-	}
-	d.maybeCrash("before a request is sent")
-	w.stats.Attempts++
-	header := req.Header.Clone()
-	header.Set("Authorization", d.principal)
-	op := fault.OpOf(req)
-	c := &call{req: req, faulty: w.faulty, followUp: d.redirected, isPost: isPost(op), isLookup: isLookup(op)}
-	d.redirected = false
-	if d.net == nil {
-		d.net = newNetRules(d)
-	}
-	n := d.net
-	n.cur = c
-
-	// The trace is the client's proof of what was written. The copy that
-	// goes on the wire carries none, so it is told here, once.
-	trace := httptrace.ContextClientTrace(req.Context())
-	if trace != nil && trace.GetConn != nil {
-		trace.GetConn(req.URL.Host)
-	}
-	if e, ok := n.offline.Inject(op).Get(goOffline); ok {
-		d.offline = maxTime(d.offline, p.now().Add(e.Delay))
-	}
-	if c.faulty && p.now().Before(d.offline) {
-		return nil, dialError(w.netRNG)
-	}
-	if trace != nil && trace.GotConn != nil {
-		trace.GotConn(httptrace.GotConnInfo{})
-	}
-	d.written++
-	if trace != nil && trace.WroteHeaders != nil {
-		trace.WroteHeaders()
-	}
-	if req.URL.Path == "/login" {
-		return d.respond(req, answer{status: http.StatusOK, header: http.Header{"Content-Type": {"text/html"}},
-			body: []byte("<html><body>Please sign in</body></html>")}, false), nil
-	}
-	edge := n.edge.Inject(op)
-	if edge.Has(fault.Reset) {
-		return nil, errReset
-	}
-	if e, ok := edge.Get(fault.Status); ok {
-		return d.respond(req, answer{status: e.Status, header: e.Header, body: e.Body}, false), nil
-	}
-	return t.send(n, op, header, body)
 }
 
 // send sends a request the edge passed on, and waits for its answer.
