@@ -239,7 +239,7 @@ func TestAge(t *testing.T) {
 		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
 		c, err := idem.New(idem.Config{HTTPClient: srv.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
 		require.NoError(t, err)
-		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
 		_, err = c.Do(ctx, in)
@@ -265,7 +265,7 @@ func TestAge(t *testing.T) {
 		t.Cleanup(srv.Close)
 		server := echoLookupServer
 		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
-		phone := &sleepyPhone{m: truth}
+		phone := &goClock{m: truth}
 		var napped bool
 		c, err := idem.New(idem.Config{HTTPClient: srv.Client(), Server: server, Clock: phone, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1},
 			Authorizer: func(context.Context, string) (string, error) {
@@ -276,7 +276,7 @@ func TestAge(t *testing.T) {
 				return "Bearer test_acme_1", nil
 			}})
 		require.NoError(t, err)
-		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		_, err = c.Do(ctx, in)
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
@@ -295,12 +295,14 @@ func payment1500(t testing.TB, srv *fakeserver.Server) idem.Request {
 // every difference of two of its readings, stops while the device sleeps,
 // as the monotonic reading of time.Now does on Linux, Android and Darwin;
 // SinceBoot counts the sleep. sleepFor is how long the device sleeps
-// during the next wait.
+// during the next wait; whileAsleep, if set, runs once after that sleep
+// (what the rest of the world does meanwhile).
 type goClock struct {
-	m        *clock.Manual
-	mu       sync.Mutex
-	slept    time.Duration
-	sleepFor time.Duration
+	m           *clock.Manual
+	mu          sync.Mutex
+	slept       time.Duration
+	sleepFor    time.Duration
+	whileAsleep func()
 }
 
 func (g *goClock) Now() time.Time {
@@ -322,11 +324,16 @@ func (g *goClock) Sleep(ctx context.Context, d time.Duration) error {
 		return err
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.sleepFor > 0 {
 		g.m.Advance(g.sleepFor) // the true time, and the clock that counts sleep
 		g.slept += g.sleepFor
 		g.sleepFor = 0
+	}
+	hook := g.whileAsleep
+	g.whileAsleep = nil
+	g.mu.Unlock()
+	if hook != nil {
+		hook()
 	}
 	return nil
 }
@@ -354,70 +361,16 @@ func TestSendAge(t *testing.T) {
 	})
 }
 
-// phoneEpoch is the start of time of the tests with a sleepyPhone.
+// phoneEpoch is the start of time of the tests of a phone that sleeps.
 var phoneEpoch = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
-
-// sleepyPhone is the system clock of a phone as Go reads it (clock.System): the
-// wall clock, the monotonic reading and the budget's elapsed time stop while
-// the phone sleeps; CLOCK_BOOTTIME (SinceBoot) keeps counting. Its Sleep
-// waits out a backoff on the true clock; the first Sleep also lets the phone
-// fall asleep for `nap` and runs `whileAsleep` (what the rest of the world
-// does meanwhile).
-type sleepyPhone struct {
-	m           *clock.Manual
-	mu          sync.Mutex
-	slept       time.Duration
-	nap         time.Duration
-	whileAsleep func()
-}
-
-func (p *sleepyPhone) Now() time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.m.Now().Add(-p.slept)
-}
-
-func (p *sleepyPhone) Monotonic() time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.m.Monotonic() - p.slept
-}
-
-func (p *sleepyPhone) SinceBoot() (time.Duration, string, bool) { return p.m.SinceBoot() }
-
-func (p *sleepyPhone) Sleep(ctx context.Context, d time.Duration) error {
-	if err := p.m.Sleep(ctx, d); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	nap, hook := p.nap, p.whileAsleep
-	p.nap, p.whileAsleep = 0, nil
-	if nap > 0 {
-		p.m.Advance(nap) // true time and the clock that counts sleep
-		p.slept += nap
-	}
-	p.mu.Unlock()
-	if hook != nil {
-		hook()
-	}
-	return nil
-}
-
-// cardPayment is a payment to srv.
-func cardPayment(t *testing.T, srv *fakeserver.Server) idem.Request {
-	t.Helper()
-	req, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1500, "currency": "USD", "customer": "cus_1"})
-	require.NoError(t, err)
-	return req
-}
 
 // napNow lets the phone fall asleep now for d: true time and the clock that
 // counts sleep move, Go's clocks do not.
-func (p *sleepyPhone) napNow(d time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.m.Advance(d)
-	p.slept += d
+func (g *goClock) napNow(d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.m.Advance(d)
+	g.slept += d
 }
 
 // dirStore opens a file store in dir.

@@ -621,7 +621,7 @@ func TestRestart(t *testing.T) {
 		}
 		s1 := dirStore(t, dir)
 		c := open(s1)
-		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
 		_, err = c.Do(ctx, in)
@@ -1311,7 +1311,7 @@ func TestDoMark(t *testing.T) {
 		t.Cleanup(gw.Close)
 		c, err := idem.New(idem.Config{HTTPClient: gw.Client(), Server: echoLookupServer, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Second}})
 		require.NoError(t, err)
-		req := cardPayment(t, srv)
+		req := payment1500(t, srv)
 		req.URL = gw.URL + "/payments"
 		in, err := c.Intent(ctx, "checkout", req)
 		require.NoError(t, err)
@@ -1463,7 +1463,7 @@ func TestResolvedRecord(t *testing.T) {
 			OnAttempt:   func(at idem.Attempt) { t.Logf("A's attempt %d: %d", at.Number, at.StatusCode) },
 			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
 		require.NoError(t, err)
-		req := cardPayment(t, srv)
+		req := payment1500(t, srv)
 		req.URL = front.URL + "/payments"
 		in, err := a.Intent(ctx, "checkout", req)
 		require.NoError(t, err)
@@ -1707,7 +1707,7 @@ func TestTakeOver(t *testing.T) {
 			return c
 		}
 		a, b := mk(), mk()
-		in, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
 		_, err = a.Do(ctx, in)

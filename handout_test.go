@@ -441,7 +441,7 @@ func TestHTTPRequest(t *testing.T) {
 		t.Cleanup(func() { store.Close() })
 		c, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
 		require.NoError(t, err)
-		in, err := c.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := c.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key()}))
 		_, err = c.Do(ctx, in)

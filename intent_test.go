@@ -646,9 +646,9 @@ func TestIntent(t *testing.T) {
 				return c
 			}
 			a, b := mk(), mk()
-			ina, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+			ina, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 			require.NoError(t, err)
-			inb, err := b.Intent(ctx, "checkout", cardPayment(t, srv))
+			inb, err := b.Intent(ctx, "checkout", payment1500(t, srv))
 			require.NoError(t, err)
 			require.NotEqual(t, ina.Key(), inb.Key())
 			if together {

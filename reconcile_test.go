@@ -779,7 +779,7 @@ func TestReconcile(t *testing.T) {
 		t.Cleanup(func() { store.Close() })
 		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
 
-		phone := &sleepyPhone{m: truth}
+		phone := &goClock{m: truth}
 		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone,
 			OnAttempt:   func(at idem.Attempt) { t.Logf("A's attempt %d: %d", at.Number, at.StatusCode) },
 			RetryPolicy: idem.RetryPolicy{MaxAttempts: 3, MaxElapsed: 30 * time.Second, InitialInterval: time.Second}})
@@ -787,12 +787,12 @@ func TestReconcile(t *testing.T) {
 		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
 		require.NoError(t, err)
 
-		in, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		require.NoError(t, srv.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultStatus, Status: http.StatusServiceUnavailable, Key: in.Key()}))
 
 		var voided bool
-		phone.nap = 10 * time.Minute
+		phone.sleepFor = 10 * time.Minute
 		phone.whileAsleep = func() {
 			loaded, err := b.Load(ctx, in.Key())
 			require.NoError(t, err)
@@ -832,7 +832,7 @@ func TestReconcile(t *testing.T) {
 		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth,
 			Authorizer: func(context.Context, string) (string, error) { return "Bearer test_acme_1", nil }})
 		require.NoError(t, err)
-		phone := &sleepyPhone{m: truth}
+		phone := &goClock{m: truth}
 		var key string
 		var voided, once bool
 		authorize := func(ctx context.Context, _ string) (string, error) {
@@ -851,7 +851,7 @@ func TestReconcile(t *testing.T) {
 			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1, MaxElapsed: 30 * time.Second}})
 		require.NoError(t, err)
 
-		in, err := a.Intent(ctx, "checkout", cardPayment(t, srv))
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
 		key = in.Key()
 		resp, err := a.Do(ctx, in)
