@@ -232,9 +232,7 @@ func TestAge(t *testing.T) {
 	t.Run("a clock set back during sleep does not revive an expired intent", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv := phoneWorld(t)
 		server := echoLookupServer
 		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
 		c, err := idem.New(idem.Config{HTTPClient: srv.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
@@ -260,9 +258,7 @@ func TestAge(t *testing.T) {
 	t.Run("a sleep before the first byte does not send an expired intent", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv := phoneWorld(t)
 		server := echoLookupServer
 		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
 		phone := &goClock{m: truth}
@@ -363,6 +359,16 @@ func TestSendAge(t *testing.T) {
 
 // phoneEpoch is the start of time of the tests of a phone that sleeps.
 var phoneEpoch = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+
+// phoneWorld is the true time of a phone's test, from phoneEpoch, and a
+// fake server that runs on it.
+func phoneWorld(t *testing.T) (*clock.Manual, *fakeserver.Server) {
+	t.Helper()
+	truth := clock.NewManual(phoneEpoch)
+	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
+	t.Cleanup(srv.Close)
+	return truth, srv
+}
 
 // napNow lets the phone fall asleep now for d: true time and the clock that
 // counts sleep move, Go's clocks do not.

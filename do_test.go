@@ -610,9 +610,7 @@ func TestRestart(t *testing.T) {
 	t.Run("a Client remade after a restart resumes the intent once", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv := phoneWorld(t)
 		dir := filepath.Join(t.TempDir(), "s")
 		open := func(s *persist.FileStore) *idem.Client {
 			c, err := idem.New(idem.Config{Store: s, HTTPClient: srv.Client(), Server: echoLookupServer, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
@@ -1290,9 +1288,7 @@ func TestDoMark(t *testing.T) {
 	t.Run("a reflection with an earlier attempt's nonce settles nothing", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv := phoneWorld(t)
 		var kept atomic.Pointer[http.Header]
 		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			h := r.Header.Clone()
@@ -1428,13 +1424,10 @@ func TestResolvedRecord(t *testing.T) {
 	t.Run("the server's answer in hand wins over another Client's stored void", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
-		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
-		require.NoError(t, err)
+		truth, srv := phoneWorld(t)
+		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
 		t.Cleanup(func() { store.Close() })
-		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+		server := echoLookupServer
 		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
 		require.NoError(t, err)
 
@@ -1696,9 +1689,7 @@ func TestTakeOver(t *testing.T) {
 	t.Run("two Clients on one store never share a version", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv := phoneWorld(t)
 		store := dirStore(t, filepath.Join(t.TempDir(), "s"))
 		t.Cleanup(func() { store.Close() })
 		mk := func() *idem.Client {

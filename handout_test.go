@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 	"github.com/stretchr/testify/assert"
@@ -432,9 +431,7 @@ func TestHTTPRequest(t *testing.T) {
 	t.Run("a hand-out sees the Client's retention", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
+		truth, srv := phoneWorld(t)
 		server := echoLookupServer
 		server.Retention, server.RetentionMargin = 2*time.Hour, time.Hour
 		store := dirStore(t, filepath.Join(t.TempDir(), "s"))

@@ -771,13 +771,10 @@ func TestReconcile(t *testing.T) {
 	t.Run("a void stays true when the sender's phone sleeps in a backoff past its send deadline", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
-		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
-		require.NoError(t, err)
+		truth, srv := phoneWorld(t)
+		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
 		t.Cleanup(func() { store.Close() })
-		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+		server := echoLookupServer
 
 		phone := &goClock{m: truth}
 		a, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: phone,
@@ -821,13 +818,10 @@ func TestReconcile(t *testing.T) {
 	t.Run("a void stays true when the sender's phone sleeps in its Authorizer past its send deadline", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth := clock.NewManual(phoneEpoch)
-		srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
-		t.Cleanup(srv.Close)
-		store, err := persist.OpenDir(filepath.Join(t.TempDir(), "store"), nil)
-		require.NoError(t, err)
+		truth, srv := phoneWorld(t)
+		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
 		t.Cleanup(func() { store.Close() })
-		server := idem.Server{Mark: idem.MarkEcho, LookupQuery: "idempotency_key"}
+		server := echoLookupServer
 
 		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth,
 			Authorizer: func(context.Context, string) (string, error) { return "Bearer test_acme_1", nil }})
