@@ -427,22 +427,7 @@ func (w *world) deviceTurn(d *device) {
 		gap = r.between(10*time.Minute, w.cfg.Retention/2)
 	}
 	w.parts.advanceTo(w.parts.now().Add(gap))
-	if !d.up {
-		if w.parts.now().Before(d.upAt) {
-			return
-		}
-		d.start()
-	}
-	d.jumpClock()
-	w.stats.Actions++
-	d.act(func() {
-		if d.restarted {
-			d.restarted = false
-			d.resume()
-			return
-		}
-		pick(r, d.apps...).step()
-	})
+	w.userActs(d)
 }
 
 // checkServer holds what each device stores against the server: a

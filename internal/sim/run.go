@@ -273,6 +273,28 @@ func (w *world) scheduleSweep() {
 	})
 }
 
+// userActs makes d's user act: on a device that is up, or due to start
+// again, a clock jump and one action (the app's resume after a restart).
+// Both modes take their turns through it.
+func (w *world) userActs(d *device) {
+	if !d.up {
+		if w.parts.now().Before(d.upAt) {
+			return
+		}
+		d.start()
+	}
+	d.jumpClock()
+	w.stats.Actions++
+	d.act(func() {
+		if d.restarted {
+			d.restarted = false
+			d.resume()
+			return
+		}
+		pick(w.appRNG, d.apps...).step()
+	})
+}
+
 // play makes the user actions of the faulty part of the run.
 func (w *world) play() {
 	r := w.appRNG
@@ -295,22 +317,7 @@ func (w *world) play() {
 			d = pick(r, w.devices...)
 		}
 		last = d
-		if !d.up {
-			if w.clk.now.Before(d.upAt) {
-				continue
-			}
-			d.start()
-		}
-		d.jumpClock()
-		w.stats.Actions++
-		d.act(func() {
-			if d.restarted {
-				d.restarted = false
-				d.resume()
-				return
-			}
-			pick(r, d.apps...).step()
-		})
+		w.userActs(d)
 	}
 }
 
