@@ -71,7 +71,6 @@ func newCall(ctx context.Context, cfg *config, tokens *tokenBucket, left intentL
 	// it needs no allocation of its own.
 	st.left = left
 	st.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, &st.left)
-	st.b.sendBy = (*sendDeadline)(&st.left)
 	st.name, st.url, st.target = rec.Name, rec.URL, rec.URL
 	// The key's value lives in the call, so it needs no allocation of its own.
 	st.keyValue[0] = rec.KeyHeader
@@ -725,8 +724,6 @@ func (l *intentLeft) lefts() (window, send time.Duration) {
 // sleep does not. No clock can let a send begin after the deadline. So another
 // Client's lookup may count the reconcile delay from it.
 type sendDeadline intentLeft
-
-func (l *sendDeadline) left() time.Duration { return l.leftAt(l.clocks.read()) }
 
 // leftAt is left on r, a reading of the clocks taken now.
 func (l *sendDeadline) leftAt(r reading) time.Duration {

@@ -1450,8 +1450,6 @@ type intentLeft struct {
 	rec    *persist.Record
 }
 
-func (l *intentLeft) left() time.Duration { return l.leftAt(l.clocks.read()) }
-
 // leftAt is left on r, a reading of the clocks taken now.
 func (l *intentLeft) leftAt(r reading) time.Duration {
 	return l.window - l.clocks.age(l.rec, r, func(at time.Duration) time.Duration { return l.keys.bornAt(l.rec.Key, at) })

@@ -300,8 +300,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "send-past-the-stored-deadline", File: "retry.go",
 			Note:    "a call begins sends after the deadline its record stores, once the device slept with the call's clock stopped: another Client's lookup trusts a miss while they may arrive",
-			Anchor:  "\tcase b.sendBy != nil && at.Sub(b.clock.Now()) >= b.sendBy.left():\n",
-			Replace: "\tcase false:\n",
+			Anchor:  "\t\tcase wait >= send:\n",
+			Replace: "\t\tcase false && wait >= send:\n",
 			Pkg:     root, Run: "^TestBudget$/^it_stops_at_the_stored_send_deadline_though_the_call's_clock_slept$",
 		},
 		{
@@ -588,7 +588,7 @@ func TestMutants(t *testing.T) {
 			Name: "expiry-as-an-instant", File: "call.go",
 			Note:    "the time left to send is fixed as an instant on the clock's timeline at the call's start",
 			Anchor:  "\tst.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, &st.left)\n",
-			Replace: "\texp := cfg.clock.Now().Add(left.left())\n\tst.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, leftFunc(func() time.Duration { return exp.Sub(cfg.clock.Now()) }))\n",
+			Replace: "\twindow, _ := left.lefts()\n\texp := cfg.clock.Now().Add(window)\n\tst.b = newBudget(ctx, cfg.policyFor(ctx), cfg.clock, leftFunc(func() time.Duration { return exp.Sub(cfg.clock.Now()) }))\n",
 			Pkg:     root, Run: "^TestAge$/^nothing_is_resent_past_retention_when_the_device_sleeps_during_a_backoff$",
 		},
 		{

@@ -187,32 +187,25 @@ type budget struct {
 	// left says how long the intent may still be sent. It is read anew from
 	// every clock each time. An instant on the clock's timeline would not
 	// move while the device sleeps. Nil means no limit.
-	left windowLefter
-	// sendBy says how long the call may still begin a send. It follows the
-	// deadline its record stores. Nil means no bound.
-	sendBy   lefter
+	// It also says how long the call may still begin a send, from the
+	// deadline its record stores, on the same reading.
+	left     lefter
 	attempts int
 }
 
-// lefter says how long an intent may still be sent.
-type lefter interface{ left() time.Duration }
-
-// windowLefter is a lefter that can also say, on the same reading of the
-// clocks, how long a call may still begin a send. An attempt checks both
-// just before it goes on the wire. One reading serves both.
-type windowLefter interface {
-	lefter
+// lefter says how long an intent may still be sent (window) and how long
+// a call may still begin a send (send), on one reading of the clocks. A
+// wait and an attempt check both. One reading serves both.
+type lefter interface {
 	lefts() (window, send time.Duration)
 }
 
 // leftFunc is a lefter made of a function. It bounds no send.
 type leftFunc func() time.Duration
 
-func (f leftFunc) left() time.Duration { return f() }
-
 func (f leftFunc) lefts() (time.Duration, time.Duration) { return f(), math.MaxInt64 }
 
-func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left windowLefter) budget {
+func newBudget(ctx context.Context, p RetryPolicy, clk clock.Clock, left lefter) budget {
 	b := budget{policy: p, clock: clk, start: clk.Now(), left: left}
 	if d, ok := ctx.Deadline(); ok {
 		// A context deadline is an instant on the real clock. Every other
@@ -284,11 +277,16 @@ func (b *budget) next(resp *http.Response) (time.Duration, *stop) {
 // fits says why an attempt at the time at would be past the budget. It
 // returns nil if the attempt fits.
 func (b *budget) fits(at time.Time) *stop {
+	if b.left != nil {
+		window, send := b.left.lefts()
+		switch wait := at.Sub(b.clock.Now()); {
+		case wait >= window:
+			return &stop{reason: stopExpired}
+		case wait >= send:
+			return &stop{reason: stopElapsed}
+		}
+	}
 	switch {
-	case b.left != nil && at.Sub(b.clock.Now()) >= b.left.left():
-		return &stop{reason: stopExpired}
-	case b.sendBy != nil && at.Sub(b.clock.Now()) >= b.sendBy.left():
-		return &stop{reason: stopElapsed}
 	case !b.deadline.IsZero() && at.After(b.deadline):
 		return &stop{reason: stopDeadline}
 	case at.Sub(b.start) > b.policy.MaxElapsed:

@@ -164,7 +164,7 @@ func newPayment(t *testing.T, c *Client, base string) *Intent {
 func newTestBudget(t *testing.T, p RetryPolicy, deadlineIn time.Duration, expiry time.Time) (*budget, *clock.Manual) {
 	t.Helper()
 	clk := clock.NewManual(retryAfterNow)
-	var left windowLefter
+	var left lefter
 	if !expiry.IsZero() {
 		left = leftFunc(func() time.Duration { return expiry.Sub(clk.Now()) })
 	}
