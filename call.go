@@ -114,14 +114,32 @@ func (st *call) attemptHeader(h http.Header) {
 // gets its own, since net/http may still be closing the last attempt's. It is
 // a *bytes.Reader, which go-retryablehttp wraps in an io.NopCloser. net/http
 // knows that body to be in memory. So it writes the request's head and body
-// together.
+// together. The reader is the current attempt's (sendGate).
 func (st *call) bodyReader() (io.Reader, error) {
 	st.bodies++
-	if st.bodies <= 2 {
-		st.firstBody.Reset(st.body)
-		return &st.firstBody, nil
+	r := &st.firstBody
+	if st.bodies > 2 {
+		r = new(bytes.Reader)
 	}
-	return bytes.NewReader(st.body), nil
+	r.Reset(st.body)
+	st.current = r
+	return r, nil
+}
+
+// sendGate runs as the current attempt gets its connection. It checks the
+// stored send deadline on a fresh reading of the clocks. That is the last
+// moment before the request leaves. A device may sleep while the
+// connection is dialing. Go's timers, and so the attempt's context, stop
+// while it sleeps. The clock that counts sleep does not. Another Client may
+// have trusted a lookup's miss since. Past the deadline, the attempt's body
+// is emptied. net/http then refuses to write it: its length is not the one
+// it declared. Over HTTP/1 nothing leaves, as net/http writes the head with
+// the body. Over HTTP/2 the head leaves alone, and the stream is reset. A
+// request is never written whole. A request with no body is not gated.
+func (st *call) sendGate() {
+	if window, send := st.left.lefts(); (window <= 0 || send <= 0) && st.current != nil {
+		st.current.Reset(nil)
+	}
 }
 
 // call is the state of one call. The retrier's hooks reach it through the
@@ -194,6 +212,7 @@ type call struct {
 	trace              httptrace.ClientTrace // the call's, held here to save an allocation
 	ctx                callContext           // the caller's context carrying the call, likewise
 	firstBody          bytes.Reader          // the request's body as the first attempt reads it, likewise
+	current            *bytes.Reader         // the reader of the current attempt's body (bodyReader)
 	bodies             int                   // how many readers of the body the retrier asked for
 	began              time.Time
 	retryCost, paidFor int
@@ -342,7 +361,7 @@ func (c *callContext) Value(key any) any {
 func (st *call) withTrace(ctx context.Context) context.Context {
 	st.trace = httptrace.ClientTrace{
 		GetConn:              func(string) { st.traced.Store(true) },
-		GotConn:              func(httptrace.GotConnInfo) { st.conns.Add(1) },
+		GotConn:              func(httptrace.GotConnInfo) { st.conns.Add(1); st.sendGate() },
 		WroteHeaders:         func() { st.wrote.Add(1) },
 		GotFirstResponseByte: func() { st.answers.Add(1) },
 	}

@@ -149,5 +149,5 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	if retryErr != nil {
 		return c.adopted(c.recordNoAnswer(ctx, in, rec, retryErr))
 	}
-	return c.recordAnswer(ctx, in, rec, resp, next)
+	return c.recordAnswer(ctx, in, rec, resp, next, c.arbitrate)
 }

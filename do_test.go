@@ -1473,6 +1473,79 @@ func TestResolvedRecord(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, persist.StateSucceeded, stored.State(), "the store holds the server's answer, not the void")
 	})
+
+	// A's POST never reaches the server: a gateway holds it, and B voids
+	// the intent from the server's typed miss (true: nothing charged). The
+	// gateway then answers A with its own 201, copying only the request's
+	// Idempotency-Key. Under MarkEcho that looks like the server's word.
+	// The server's lookup settles the dispute: it has no record of the key,
+	// so the void stays and A tells it.
+	for _, tc := range []struct {
+		name   string
+		lookup bool // the lookup reaches the server
+	}{
+		{"a front's copy of the key never overwrites the server's void", true},
+		{"a front's copy of the key is an unknown outcome when the lookup settles nothing", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			truth, srv := phoneWorld(t)
+			store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+			t.Cleanup(func() { store.Close() })
+			server := echoLookupServer
+			b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+			require.NoError(t, err)
+			target, err := url.Parse(srv.URL)
+			require.NoError(t, err)
+			proxy := httputil.NewSingleHostReverseProxy(target)
+			proxy.Transport = srv.Client().Transport
+			var voided atomic.Bool
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPost {
+					if !tc.lookup && voided.Load() {
+						http.Error(w, "bad gateway", http.StatusBadGateway)
+						return
+					}
+					proxy.ServeHTTP(w, r)
+					return
+				}
+				truth.Advance(10 * time.Minute)
+				loaded, err := b.Load(ctx, r.Header.Get("Idempotency-Key"))
+				if err == nil {
+					_, err = b.Reconcile(ctx, loaded)
+					voided.Store(loaded.State() == persist.StateVoid)
+				}
+				t.Logf("B's reconcile while the gateway holds A's request: err %v", err)
+				w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprint(w, `{"id":"pay_gateway","status":"succeeded"}`)
+			}))
+			t.Cleanup(front.Close)
+			a, err := idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: server, Clock: truth,
+				RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+			require.NoError(t, err)
+			req := payment1500(t, srv)
+			req.URL = front.URL + "/payments"
+			in, err := a.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+			resp, err := a.Do(ctx, in)
+			t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+			require.True(t, voided.Load(), "the setup: B voided the intent from the server's typed miss")
+			require.Equal(t, 0, srv.Stats().ProviderCharges, "the setup: nothing charged")
+
+			require.Error(t, err, "A is never told paid for an intent the server never charged")
+			assert.Nil(t, resp, "the gateway's answer is not told")
+			if !tc.lookup {
+				assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			}
+			stored, err := b.Load(ctx, in.Key())
+			require.NoError(t, err)
+			assert.Equal(t, persist.StateVoid, stored.State(), "the server's void stays")
+			assert.Equal(t, persist.StateVoid, in.State())
+		})
+	}
 }
 
 func TestSendAgain(t *testing.T) {

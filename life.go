@@ -330,11 +330,12 @@ const (
 	// cRefused: the write fails. The store refused for another key, since the
 	// action has a later intent. Or a first write found a record.
 	cRefused
-	// cOverVoid: the write is the server's final answer and the stored record
-	// a void. The answer is the truth: the void was concluded from a miss
-	// while the request was still on its way. It is written once over the
-	// void's version. If that write fails too, the outcome is unknown.
-	cOverVoid
+	// cDisputed: the write is an answer the Client took for the server's,
+	// and the stored record another Client's void. One of the two is wrong.
+	// A front may have copied the key into its own answer. Or the request
+	// was held on its way past the reconcile delay, and the void came from
+	// a miss before it landed. The server's lookup decides (arbitrate).
+	cDisputed
 )
 
 // afterConflict decides what follows a conflict. stored is the record the
@@ -352,7 +353,7 @@ func afterConflict(stored, rec, prev *persist.Record, self string) conflictMove 
 	case stored == nil:
 		return cOver
 	case stored.State == persist.StateVoid && answered(rec):
-		return cOverVoid
+		return cDisputed
 	case stored.State.Resolved():
 		return cAdopt
 	case stored.Holder != self && !answered(rec):
@@ -1227,7 +1228,7 @@ func (c *life) recordNotSent(ctx context.Context, in *Intent, rec *persist.Recor
 // recordAnswer records the final answer of a call and returns it. It adds an
 // *APIError if the answer is not a success. It adds a *SaveError if the answer
 // was not saved.
-func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion) (*Response, error) {
+func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record, resp *Response, room *nextVersion, arbitrate func(context.Context, *Intent, *disputedError) error) (*Response, error) {
 	rec.Attempts += resp.Attempts
 	rec.UpdatedAt = c.set.clock.Now()
 	rec.State = c.set.stateFor(resp.StatusCode, resp.Header, resp.Body)
@@ -1251,6 +1252,13 @@ func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record
 	saveErr := c.saveWith(detached(ctx), in, rec, &room.clocks, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
+	if d := new(*disputedError); saveErr != nil && errors.As(saveErr, d) {
+		// The answer is not told while the server's lookup may say it
+		// was not the server's.
+		if saveErr = arbitrate(ctx, in, *d); saveErr != nil && !errors.As(saveErr, new(*adoptedError)) {
+			return nil, saveErr
+		}
+	}
 	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
 		// Another call stored the server's word first, and it stands.
 		return c.adopted(saveErr)
@@ -1314,9 +1322,9 @@ func (c *life) save(ctx context.Context, in *Intent, rec *persist.Record, op str
 
 // writeOwn writes rec, starting from prev, the version this Client holds. The
 // store's write is conditional. When another version is stored now,
-// afterConflict decides. A resolved record is never overwritten, but a void
-// by the server's final answer (overVoid). writeOwn returns an
-// *adoptedError holding it then. Another Client's record is never
+// afterConflict decides. A resolved record is never overwritten. writeOwn
+// returns an *adoptedError holding it then, or a *disputedError for a void
+// that the answer in hand disputes. Another Client's record is never
 // overwritten either, but by the server's answer. Then the store's
 // *ConflictError is returned. Only this Client's own later version is written
 // over, or a record gone from the store (Forget).
@@ -1337,23 +1345,31 @@ func (c *life) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist
 			return &adoptedError{rec: changed.Current}
 		case cYield, cRefused:
 			return err
-		case cOverVoid:
-			return overVoid(ctx, s, rec, changed.Current)
+		case cDisputed:
+			return &disputedError{void: changed.Current, answer: rec}
 		}
 		prev = changed.Current
 	}
 	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
 }
 
-// overVoid writes rec, the server's final answer, over void, another
-// Client's void of its intent, once. The write is conditional on the void's
-// version. When it fails the stored record is unknown, so is the outcome.
-// It is never told void.
+// overVoid writes rec, the answer the server's lookup confirmed, over void,
+// another Client's void of its intent, once. The write is conditional on
+// the void's version. When it fails the stored record is unknown, so is the
+// outcome. It is never told void.
 func overVoid(ctx context.Context, s persist.Store, rec, void *persist.Record) error {
 	if err := s.Write(ctx, rec, void); err != nil {
 		return fmt.Errorf("%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w", ErrOutcomeUnknown, err)
 	}
 	return nil
+}
+
+// disputedError is a write of an answer refused because another Client
+// stored the intent void meanwhile (cDisputed).
+type disputedError struct{ void, answer *persist.Record }
+
+func (e *disputedError) Error() string {
+	return fmt.Sprintf("idem: intent %s got an answer, but another Client stored it void meanwhile", e.void.Key)
 }
 
 // adoptedError is a write refused because the stored record is resolved. That

@@ -129,7 +129,7 @@ func TestAfterConflict(t *testing.T) {
 		{"a forgotten record is written again", nil, mine, cOver},
 		{"another key refuses", &persist.Record{Key: "k2", Rev: "r3", State: persist.StatePending, Holder: self}, mine, cRefused},
 		{"a first write that finds a record refuses", nil, nil, cRefused},
-		{"the server's answer is written over another Client's void", &persist.Record{Key: "k", Rev: "r3", State: persist.StateVoid, Holder: other}, mine, cOverVoid},
+		{"the server's answer disputes another Client's void", &persist.Record{Key: "k", Rev: "r3", State: persist.StateVoid, Holder: other}, mine, cDisputed},
 		{"the server's answer adopts another Client's stored answer", &persist.Record{Key: "k", Rev: "r3", State: persist.StateFailed, Holder: other, Response: &persist.Response{StatusCode: 402}}, mine, cAdopt},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,9 +141,10 @@ func TestAfterConflict(t *testing.T) {
 		})
 	}
 
-	// The answer is written over the void once, conditional on the void's
-	// version. When the record changed again, what it holds is unknown to
-	// the writer: the outcome is unknown, never the void adopted.
+	// The answer the lookup confirmed is written over the void once,
+	// conditional on the void's version. When the record changed again,
+	// what it holds is unknown to the writer: the outcome is unknown, never
+	// the void adopted.
 	t.Run("an answer that cannot be written over a void is an unknown outcome, never void", func(t *testing.T) {
 		ctx := context.Background()
 		base := persist.Record{Key: "k", Method: http.MethodPost, URL: "https://api.example/payments", CreatedAt: time.Unix(1, 0)}
@@ -156,38 +157,18 @@ func TestAfterConflict(t *testing.T) {
 		answer := rec("r2", persist.StateSucceeded, self)
 		answer.Response = &persist.Response{StatusCode: 201}
 		void := rec("r3", persist.StateVoid, other)
-		store := &changingStore{Store: persist.NewMemory(nil)}
+		store := persist.NewMemory(nil)
 		require.NoError(t, store.Write(ctx, mine, nil))
 		require.NoError(t, store.Write(ctx, void, mine))
-		store.then = rec("r4", persist.StateVoid, other) // the void is written again before the answer lands
+		var d *disputedError
+		require.ErrorAs(t, (&life{id: self}).writeOwn(ctx, store, answer, mine), &d, "the answer disputes the void")
+		require.NoError(t, store.Write(ctx, rec("r4", persist.StateVoid, other), void)) // the void is written again before the answer lands
 
-		err := (&life{id: self}).writeOwn(ctx, store, answer, mine)
+		err := overVoid(ctx, store, answer, d.void)
 		require.ErrorIs(t, err, ErrOutcomeUnknown)
 		require.NotErrorAs(t, err, new(*adoptedError), "the stored void is never adopted with the answer in hand")
 		got, err := store.Get(ctx, "k")
 		require.NoError(t, err)
 		assert.Equal(t, "r4", got.Rev)
 	})
-}
-
-// changingStore writes then over the stored record just before its fourth
-// Write, as another Client would. In the test that is the answer's write
-// over the void.
-type changingStore struct {
-	persist.Store
-	then   *persist.Record
-	writes int
-}
-
-func (s *changingStore) Write(ctx context.Context, rec, prev *persist.Record) error {
-	if s.writes++; s.writes == 4 && s.then != nil {
-		cur, err := s.Store.Get(ctx, rec.Key)
-		if err != nil {
-			return err
-		}
-		if err := s.Store.Write(ctx, s.then, cur); err != nil {
-			return err
-		}
-	}
-	return s.Store.Write(ctx, rec, prev)
 }

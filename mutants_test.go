@@ -312,6 +312,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestReconcile$/^a_void_stays_true_when_the_sender's_phone_sleeps_in_",
 		},
 		{
+			Name: "written-past-the-send-deadline", File: "call.go",
+			Note:    "a request whose connection came after the send deadline is written: a phone that slept while dialing sends after another Client's void",
+			Anchor:  "\t\tst.current.Reset(nil)\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestReconcile$/^a_void_stays_true_when_the_sender's_phone_sleeps_mid-dial_",
+		},
+		{
 			Name: "handed-out-not-marked", File: "handout.go",
 			Note:    "an intent handed out is stored without the mark, so a lookup's miss is trusted while the app's request is in transit",
 			Anchor:  "\trec.HandedOut = true\n",
@@ -700,9 +707,16 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "void-wins-over-the-answer-in-hand", File: "life.go",
 			Note:    "a Client that holds the server's final answer adopts another Client's stored void: the app is told void for work the server did",
-			Anchor:  "\tcase stored.State == persist.StateVoid && answered(rec):\n\t\treturn cOverVoid\n",
+			Anchor:  "\tcase stored.State == persist.StateVoid && answered(rec):\n\t\treturn cDisputed\n",
 			Replace: "",
-			Pkg:     root, Run: "^(TestResolvedRecord|TestAfterConflict)$/^the_server's_answer_(in_hand_wins|is_written_over)",
+			Pkg:     root, Run: "^(TestResolvedRecord|TestAfterConflict)$/^the_server's_answer_(in_hand_wins|disputes)",
+		},
+		{
+			Name: "dispute-settled-without-the-server", File: "reconcile.go",
+			Note:    "an answer that disputes another Client's void is written over it though the server's lookup has no record of the key: a gateway's copy of the key tells the app paid for nothing",
+			Anchor:  "\tcase rec.State == persist.StateVoid:\n\t\t// The answer was not the server's",
+			Replace: "\tcase rec == nil:\n\t\t// The answer was not the server's",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_front's_copy_of_the_key_never_overwrites",
 		},
 		{
 			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",

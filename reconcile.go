@@ -74,9 +74,28 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	if cur.State.Resolved() {
 		return c.storedOutcome(cur)
 	}
-	next := *cur
-	rec := &next
+	// Whether an attempt may still arrive is decided as the lookup leaves.
+	// Its answer tells the server's state from then on. An attempt that
+	// arrives while the lookup is on its way is not in it.
+	// A request in the app's hands (HTTPRequest) may be sent until the
+	// send deadline its hand-out stored. That is the server's retention
+	// from then, or the end the app reported (SendEnded).
+	wait := func() time.Duration {
+		return c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
+	}
+	rec, out, err := c.lookupOnce(ctx, cur, key, lookupURL, wait)
+	if rec == nil {
+		return out, err
+	}
+	return c.recordLookup(ctx, in, rec, out, key)
+}
 
+// lookupOnce asks the lookup at lookupURL what became of key, whose stored
+// record is cur. It returns the record the server's word makes of cur, with
+// the lookup's answer. Or it returns no record, and why the answer settles
+// nothing. wait says, as the lookup leaves, how much longer an attempt may
+// still arrive.
+func (c *Client) lookupOnce(ctx context.Context, cur *persist.Record, key, lookupURL string, wait func() time.Duration) (*persist.Record, *Response, error) {
 	// The lookup is one request. RetryPolicy.MaxElapsed bounds it in real
 	// time, whatever the http.Client's Timeout.
 	parent := ctx
@@ -94,23 +113,46 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 	}
 	req, nonce, err := c.lookupRequest(ctx, cur, key, lookupURL, cut)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	// Whether an attempt may still arrive is decided as the lookup leaves.
-	// Its answer tells the server's state from then on. An attempt that
-	// arrives while the lookup is on its way is not in it.
-	// A request in the app's hands (HTTPRequest) may be sent until the
-	// send deadline its hand-out stored. That is the server's retention
-	// from then, or the end the app reported (SendEnded).
-	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)
+	w := wait()
 	out, err := c.lookupAnswer(req, key, cut)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if resp, err := c.judgeLookup(rec, out, key, lookupURL, nonce, wait); err != nil {
-		return resp, err
+	next := *cur
+	if resp, err := c.judgeLookup(&next, out, key, lookupURL, nonce, w); err != nil {
+		return nil, resp, err
 	}
-	return c.recordLookup(ctx, in, rec, out, key)
+	return &next, out, nil
+}
+
+// arbitrate settles a dispute between the answer a call holds and another
+// Client's void of the same intent (disputedError). The server's lookup
+// decides, with a fresh nonce. The answer is told only if the server holds
+// the key. Then it is written over the void, once. The server's typed miss
+// keeps the void, and the caller tells it (an *adoptedError). Any other
+// answer leaves the void stored and the outcome unknown. No attempt of the
+// intent is on its way. The call's got its answer, and the void was
+// concluded past every other's. So nothing is waited for.
+func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) error {
+	key := d.void.Key
+	in.set(d.void)
+	if c.lookup == nil {
+		return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile; with no lookup (Server.Lookup) nothing tells which is true: %w", key, ErrOutcomeUnknown)
+	}
+	rec, _, err := c.lookupOnce(detached(ctx), d.void, key, c.lookup(in.Request(), key), func() time.Duration { return 0 })
+	switch {
+	case err != nil:
+		return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile, and the lookup settled nothing: %w", key, err)
+	case rec.State == persist.StateVoid:
+		// The answer was not the server's: a front on the path made it.
+		c.log(ctx, slog.LevelWarn, "idem: an answer in the server's name was not the server's: its lookup has no record of the key", "key", key)
+		return &adoptedError{rec: d.void}
+	}
+	answer := *d.answer
+	answer.UpdatedAt = c.clock.Now()
+	return c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid)
 }
 
 // lookupRequest makes the lookup of the intent whose stored record is cur.

@@ -858,6 +858,66 @@ func TestReconcile(t *testing.T) {
 		// outcome is unknown until a later Do or Settle reads the store.
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	})
+
+	// A's first attempt begins in time, and the phone sleeps an hour while
+	// its connection is dialing. The attempt's context is a Go timer, which
+	// stops while the phone sleeps. On waking, B voids the intent (the send
+	// deadline plus ReconcileDelay passed on the clock that counts sleep),
+	// and the app pays the changed cart under a new intent. A's dial then
+	// completes. Its request must not be written: the body's first read
+	// checks the send deadline on a fresh reading (sendGate).
+	t.Run("a void stays true when the sender's phone sleeps mid-dial past its send deadline", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth, srv := phoneWorld(t)
+		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+		t.Cleanup(func() { store.Close() })
+		server := echoLookupServer
+		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+		require.NoError(t, err)
+		truth.Advance(time.Hour) // B is the app's long-lived Client
+
+		phone := &goClock{m: truth}
+		var key string
+		var voided, dialed bool
+		var again error
+		dialing := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method == http.MethodPost && !dialed {
+				dialed = true
+				phone.napNow(time.Hour)
+				loaded, err := b.Load(ctx, key)
+				require.NoError(t, err)
+				_, err = b.Reconcile(ctx, loaded)
+				t.Logf("B's reconcile on waking: state %s, err %v", loaded.State(), err)
+				if voided = loaded.State() == persist.StateVoid; voided {
+					changed, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+					require.NoError(t, err)
+					in2, err := b.Intent(ctx, "checkout", changed)
+					if err == nil {
+						_, err = b.Do(ctx, in2)
+					}
+					again = err
+				}
+			}
+			return srv.Client().Transport.RoundTrip(req)
+		})
+		a, err := idem.New(idem.Config{Store: store, HTTPClient: &http.Client{Transport: dialing}, Server: server, Clock: phone,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
+		require.NoError(t, err)
+		key = in.Key()
+		resp, err := a.Do(ctx, in)
+		t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+		require.True(t, voided, "the setup: B voided the intent on waking")
+		require.NoError(t, again, "the setup: told void, the app paid the changed cart")
+
+		assert.Equal(t, 1, srv.Stats().ProviderCharges, "A's request went out an hour past its send deadline, after B's void: two charges for one checkout")
+		// A's request was never written whole, so B's void is the truth.
+		// A adopts it from the store.
+		assert.Error(t, err)
+		assert.Equal(t, persist.StateVoid, in.State())
+	})
 }
 
 // slowDisk is a real FileStore on a slow disk: the next write, once
