@@ -9,6 +9,7 @@ import (
 	"go/types"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -740,4 +741,247 @@ func checkPackage(t *testing.T) (*token.FileSet, []*ast.File, *types.Info, *type
 	pkg, err := conf.Check("github.com/idemkit/idem", fset, files, info)
 	require.NoError(t, err)
 	return fset, files, info, pkg
+}
+
+// TestSendGate checks the gate each attempt passes as its connection
+// arrives (sendGate). The phone sleeps while an attempt dials: Go's clocks
+// stop, the clock that counts sleep goes on (goClock). Meanwhile the app's
+// long-lived Client B voids the intent, and the app pays again. The
+// sleeping attempt must never reach the server whole. The subtest in
+// TestReconcile ("... sleeps mid-dial ...") is the plain HTTP/1 case.
+func TestSendGate(t *testing.T) {
+	t.Parallel()
+	t.Run("over HTTP/2 only the head leaves", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		w, h, hs := newSleepWorldH2(t)
+		base := hs.Client().Transport.(*http.Transport).Clone()
+		t.Cleanup(base.CloseIdleConnections)
+		dialing := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method == http.MethodPost {
+				w.sleep(t)
+			}
+			resp, err := base.RoundTrip(req)
+			if resp != nil {
+				t.Logf("A's attempt: %s %s proto %s", req.Method, req.URL.Path, resp.Proto)
+			} else {
+				t.Logf("A's attempt: %s %s err %v", req.Method, req.URL.Path, err)
+			}
+			return resp, err
+		})
+		a := w.clientA(t, &http.Client{Transport: dialing}, echoLookupServer)
+		req, err := idem.JSONRequest(http.MethodPost, hs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		w.key = in.Key()
+		resp, err := a.Do(ctx, in)
+		t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+		require.True(t, w.voided, "the setup: B voided the intent while A slept")
+		require.NoError(t, w.paid, "the setup: told void, the app paid the changed cart")
+		st := h.Stats()
+		t.Logf("server: %+v", st)
+		assert.Equal(t, 1, st.ProviderCharges, "two charges for one checkout")
+		if err == nil {
+			assert.NotEqual(t, persist.StateSucceeded, in.State(), "A is told paid for the voided intent")
+		}
+	})
+	t.Run("through the RoundTripper", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		w := newSleepWorld(t, echoLookupServer, nil)
+		dialing := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method == http.MethodPost {
+				w.sleep(t)
+			}
+			return w.srv.Client().Transport.RoundTrip(req)
+		})
+		a := w.clientA(t, &http.Client{}, echoLookupServer)
+		hc := &http.Client{Transport: a.RoundTripper(dialing)}
+		req, err := http.NewRequestWithContext(idem.ContextWithAction(ctx, "checkout"), http.MethodPost, w.srv.URL+"/payments",
+			strings.NewReader(`{"amount":1500,"currency":"AZN","customer":"cus_1"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		// The key is known once the RoundTripper arms the intent: B finds it in the store.
+		w.key = ""
+		findKey := func() {
+			ins, err := w.b.Unresolved(ctx)
+			if err == nil && len(ins) == 1 {
+				w.key = ins[0].Key()
+			}
+		}
+		dialing2 := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodPost && w.key == "" {
+				findKey()
+			}
+			return dialing(r)
+		})
+		hc.Transport = a.RoundTripper(dialing2)
+		resp, err := hc.Do(req)
+		if resp != nil {
+			resp.Body.Close()
+		}
+		t.Logf("A's RoundTrip: resp %v, err %v", resp != nil, err)
+		require.True(t, w.voided, "the setup: B voided the intent while A slept")
+		require.NoError(t, w.paid, "the setup: told void, the app paid the changed cart")
+		assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "two charges for one checkout")
+	})
+	t.Run("net/http's own resend on a new connection is gated too", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		w := newSleepWorld(t, echoLookupServer, nil)
+		var dials atomic.Int32
+		var armed atomic.Bool
+		// The keep-alive connection's first Write (the app's own GET) passes,
+		// its second (the POST) fails with nothing written; net/http resends
+		// on a new connection, whose dial spans the suspend.
+		tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			n := dials.Add(1)
+			if armed.Load() {
+				w.sleep(t)
+			}
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			if n == 1 {
+				return &failSecondWrite{Conn: c}, nil
+			}
+			return c, nil
+		}}
+		t.Cleanup(tr.CloseIdleConnections)
+		warm := &http.Client{Transport: tr}
+		g, err := warm.Get(w.srv.URL + "/payments")
+		require.NoError(t, err)
+		io.Copy(io.Discard, g.Body)
+		g.Body.Close()
+		armed.Store(true)
+		a := w.clientA(t, &http.Client{Transport: tr}, echoLookupServer)
+		in, err := a.Intent(ctx, "checkout", payment1500(t, w.srv))
+		require.NoError(t, err)
+		w.key = in.Key()
+		resp, err := a.Do(ctx, in)
+		t.Logf("A's Do: resp %v, err %v, state %s, dials %d", resp != nil, err, in.State(), dials.Load())
+		require.True(t, w.voided, "the setup: B voided the intent while A slept")
+		require.NoError(t, w.paid, "the setup: told void, the app paid the changed cart")
+		assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "two charges for one checkout")
+	})
+}
+
+// sleepWorld is the world of the sleeping phone: a true clock, the fake
+// server, a real file store shared by B (the app's long-lived Client, an
+// hour old) and A (the phone's Client on goClock, made by the test).
+type sleepWorld struct {
+	truth *clock.Manual
+	srv   *fakeserver.Server
+	store *persist.FileStore
+	b     *idem.Client
+	phone *goClock
+	key   string
+
+	once    sync.Once
+	voided  bool
+	paid    error
+	payment func() (idem.Request, error) // the changed cart the app pays once told void
+	name    string
+	napFor  time.Duration // how long the phone sleeps; zero means an hour
+}
+
+func newSleepWorld(t *testing.T, server idem.Server, opts *fakeserver.Options) *sleepWorld {
+	t.Helper()
+	truth := clock.NewManual(phoneEpoch)
+	if opts == nil {
+		opts = &fakeserver.Options{}
+	}
+	opts.Clock = truth
+	srv := fakeserver.NewServer(opts)
+	t.Cleanup(srv.Close)
+	store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { store.Close() })
+	b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
+	require.NoError(t, err)
+	truth.Advance(time.Hour) // B is the app's long-lived Client
+	w := &sleepWorld{truth: truth, srv: srv, store: store, b: b, phone: &goClock{m: truth}, name: "checkout"}
+	w.payment = func() (idem.Request, error) {
+		return idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+	}
+	return w
+}
+
+// sleep is the phone falling asleep for an hour, once, at the moment the
+// test chooses. While it sleeps, B reconciles the intent on waking (as the
+// reconcile_test.go model does); told void, the app pays the changed cart.
+func (w *sleepWorld) sleep(t *testing.T) {
+	w.once.Do(func() {
+		ctx := context.Background()
+		nap := w.napFor
+		if nap == 0 {
+			nap = time.Hour
+		}
+		w.phone.napNow(nap)
+		loaded, err := w.b.Load(ctx, w.key)
+		if err != nil {
+			t.Errorf("B's load: %v", err)
+			return
+		}
+		_, err = w.b.Reconcile(ctx, loaded)
+		t.Logf("B's reconcile while A sleeps: state %s, err %v", loaded.State(), err)
+		if w.voided = loaded.State() == persist.StateVoid; w.voided {
+			req, err := w.payment()
+			if err != nil {
+				w.paid = err
+				return
+			}
+			in2, err := w.b.NewIntent(ctx, w.name, req)
+			if err == nil {
+				_, err = w.b.Do(ctx, in2)
+			}
+			w.paid = err
+		}
+	})
+}
+
+// clientA is the phone's Client, through hc, one attempt per call.
+func (w *sleepWorld) clientA(t *testing.T, hc *http.Client, server idem.Server) *idem.Client {
+	t.Helper()
+	a, err := idem.New(idem.Config{Store: w.store, HTTPClient: hc, Server: server, Clock: w.phone,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	return a
+}
+
+// rtTLSWorld is newSleepWorld over HTTPS with HTTP/2 enabled: the fake
+// server's handler behind httptest's TLS server.
+func newSleepWorldH2(t *testing.T) (*sleepWorld, *fakeserver.Handler, *httptest.Server) {
+	t.Helper()
+	truth := clock.NewManual(phoneEpoch)
+	h := fakeserver.NewHandler(&fakeserver.Options{Clock: truth})
+	hs := httptest.NewUnstartedServer(h)
+	hs.EnableHTTP2 = true
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+	store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { store.Close() })
+	b, err := idem.New(idem.Config{Store: store, HTTPClient: hs.Client(), Server: echoLookupServer, Clock: truth})
+	require.NoError(t, err)
+	truth.Advance(time.Hour)
+	w := &sleepWorld{truth: truth, store: store, b: b, phone: &goClock{m: truth}, name: "checkout"}
+	w.payment = func() (idem.Request, error) {
+		return idem.JSONRequest(http.MethodPost, hs.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+	}
+	return w, h, hs
+}
+
+// failSecondWrite fails its second Write with nothing written.
+type failSecondWrite struct {
+	net.Conn
+	n atomic.Int32
+}
+
+func (c *failSecondWrite) Write(p []byte) (int, error) {
+	if c.n.Add(1) == 2 {
+		c.Conn.Close()
+		return 0, syscall.EPIPE
+	}
+	return c.Conn.Write(p)
 }

@@ -111,8 +111,11 @@ func (c *Client) callOnce(ctx context.Context, in *Intent, r *retrier, header ht
 	// One reading of the clocks serves this check and mustHold's below.
 	// Nothing between the two waits or writes, so a second reading would
 	// tell nothing more.
+	// A record stored expired is never sent again, however young it reads.
+	// A clock set back can make it so. So can a dispute over a void (see
+	// arbitrate). Only the lookup settles it.
 	now := c.clocks.read()
-	if rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {
+	if rec.State == persist.StateExpired || rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {
 		return c.adopted(c.recordExpiry(ctx, in, rec))
 	}
 	if err := c.sendable(rec, known && cur.State != persist.StateExpired); err != nil {

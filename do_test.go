@@ -1474,6 +1474,24 @@ func TestResolvedRecord(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, stored.State(), "the store holds the server's answer, not the void")
 	})
 
+	// A front holds A's POST past every bound, and B voids the intent. The
+	// server then charges and answers 201. A's arbitration cannot settle
+	// the dispute: the front answers the lookup with its own 503, or the
+	// write over the void fails once (a full disk). A is told the outcome
+	// is unknown. The intent must not stay void: the later Settle asks the
+	// server, which has the payment.
+	t.Run("a dispute the lookup cannot settle is never told void later", func(t *testing.T) {
+		t.Parallel()
+		disputeUnsettled(t, func(front *holdingFront, _ *flakyWrites) { front.failLookups.Store(1) })
+	})
+	t.Run("a dispute whose answer cannot be written over the void is never told void later", func(t *testing.T) {
+		t.Parallel()
+		disputeUnsettled(t, func(_ *holdingFront, store *flakyWrites) {
+			store.failAt = 2 // the first write meets the void; the second is overVoid's
+			store.armed.Store(true)
+		})
+	})
+
 	// A's POST never reaches the server: a gateway holds it, and B voids
 	// the intent from the server's typed miss (true: nothing charged). The
 	// gateway then answers A with its own 201, copying only the request's
@@ -1500,10 +1518,15 @@ func TestResolvedRecord(t *testing.T) {
 			require.NoError(t, err)
 			proxy := httputil.NewSingleHostReverseProxy(target)
 			proxy.Transport = srv.Client().Transport
-			var voided atomic.Bool
+			var voided, blocked atomic.Bool
+			var posts atomic.Int32
 			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Method != http.MethodPost {
-					if !tc.lookup && voided.Load() {
+				if r.Method != http.MethodPost || posts.Add(1) > 1 { // a later POST reaches the server
+					if r.Method == http.MethodPost {
+						proxy.ServeHTTP(w, r)
+						return
+					}
+					if blocked.Load() {
 						http.Error(w, "bad gateway", http.StatusBadGateway)
 						return
 					}
@@ -1517,6 +1540,7 @@ func TestResolvedRecord(t *testing.T) {
 					voided.Store(loaded.State() == persist.StateVoid)
 				}
 				t.Logf("B's reconcile while the gateway holds A's request: err %v", err)
+				blocked.Store(!tc.lookup)
 				w.Header().Set("Idempotency-Key", r.Header.Get("Idempotency-Key"))
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusCreated)
@@ -1530,22 +1554,128 @@ func TestResolvedRecord(t *testing.T) {
 			req.URL = front.URL + "/payments"
 			in, err := a.Intent(ctx, "checkout", req)
 			require.NoError(t, err)
-			resp, err := a.Do(ctx, in)
-			t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+			resp, doErr := a.Do(ctx, in)
+			t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, doErr, in.State())
 			require.True(t, voided.Load(), "the setup: B voided the intent from the server's typed miss")
 			require.Equal(t, 0, srv.Stats().ProviderCharges, "the setup: nothing charged")
 
-			require.Error(t, err, "A is never told paid for an intent the server never charged")
+			require.Error(t, doErr, "A is never told paid for an intent the server never charged")
 			assert.Nil(t, resp, "the gateway's answer is not told")
-			if !tc.lookup {
-				assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-			}
 			stored, err := b.Load(ctx, in.Key())
 			require.NoError(t, err)
-			assert.Equal(t, persist.StateVoid, stored.State(), "the server's void stays")
-			assert.Equal(t, persist.StateVoid, in.State())
+			if !tc.lookup {
+				// The dispute stands: the intent is stored expired, never
+				// sent again, and the next lookup settles it.
+				assert.ErrorIs(t, doErr, idem.ErrOutcomeUnknown)
+				assert.Equal(t, persist.StateExpired, stored.State(), "a dispute the lookup could not settle is an unknown outcome, never void")
+				assert.Equal(t, persist.StateExpired, in.State())
+				blocked.Store(false)
+				_, err = b.Settle(ctx, stored)
+				require.NoError(t, err)
+				assert.Equal(t, 0, srv.Stats().ProviderCharges, "Settle asks the lookup; it never sends the intent again")
+			}
+			assert.Equal(t, persist.StateVoid, stored.State(), "the server's void stays, or the lookup finds it again")
 		})
 	}
+}
+
+// disputeUnsettled runs the dispute of TestResolvedRecord that A cannot
+// settle; arm breaks the lookup or the store as A's answer arrives.
+func disputeUnsettled(t *testing.T, arm func(*holdingFront, *flakyWrites)) {
+	ctx := context.Background()
+	truth, srv := phoneWorld(t)
+	target, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	front := &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
+	fs := httptest.NewServer(front)
+	t.Cleanup(fs.Close)
+	disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { disk.Close() })
+	store := &flakyWrites{Store: disk}
+	b, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth})
+	require.NoError(t, err)
+	a, err := idem.New(idem.Config{Store: store, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth,
+		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	req, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	require.NoError(t, err)
+	in, err := a.Intent(ctx, "checkout", req)
+	require.NoError(t, err)
+
+	front.hold.Store(true)
+	type result struct {
+		resp *idem.Response
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := a.Do(ctx, in)
+		done <- result{resp, err}
+	}()
+	<-front.held
+	truth.Advance(time.Hour) // the POST is held past every bound
+	loaded, err := b.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = b.Reconcile(ctx, loaded)
+	t.Logf("B's reconcile: state %s, err %v", loaded.State(), err)
+	require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B trusted the miss")
+
+	arm(front, store)
+	close(front.release)
+	r := <-done
+	t.Logf("A's Do: resp %v, err %v, state %s", r.resp != nil, r.err, in.State())
+	require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the held POST was charged")
+	require.ErrorIs(t, r.err, idem.ErrOutcomeUnknown, "A is told unknown: true so far")
+
+	// Later, as ErrOutcomeUnknown asks, the app settles the intent.
+	later, err := a.Load(ctx, in.Key())
+	require.NoError(t, err)
+	_, err = a.Settle(ctx, later)
+	t.Logf("A's Settle: err %v, state %s", err, later.State())
+	assert.NotEqual(t, persist.StateVoid, later.State(),
+		"Settle tells void (a new payment is safe) for an intent the server charged, whose 201 A held")
+	assert.Equal(t, persist.StateSucceeded, later.State(), "the lookup finds the payment")
+	assert.Equal(t, 1, srv.Stats().ProviderCharges, "Settle asks the lookup; it never sends the intent again")
+}
+
+// holdingFront is a reverse proxy in front of the server. While hold is
+// set it holds the next POST until release is closed (a request held on
+// its way past every bound). While failLookups > 0 it answers that many
+// lookups (GET with idempotency_key) with its own 503.
+type holdingFront struct {
+	proxy       *httputil.ReverseProxy
+	hold        atomic.Bool
+	held        chan struct{}
+	release     chan struct{}
+	failLookups atomic.Int32
+}
+
+func (f *holdingFront) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && f.hold.CompareAndSwap(true, false) {
+		close(f.held)
+		<-f.release
+	}
+	if r.Method == http.MethodGet && r.URL.Query().Has("idempotency_key") && f.failLookups.Add(-1) >= 0 {
+		http.Error(rw, "upstream connect error", http.StatusServiceUnavailable)
+		return
+	}
+	f.proxy.ServeHTTP(rw, r)
+}
+
+// flakyWrites is a real FileStore whose n-th write from when it is armed
+// fails, as a full disk's would, with nothing written.
+type flakyWrites struct {
+	persist.Store
+	armed  atomic.Bool
+	writes atomic.Int32
+	failAt int32
+}
+
+func (s *flakyWrites) Write(ctx context.Context, r, old *persist.Record) error {
+	if s.armed.Load() && s.writes.Add(1) == s.failAt {
+		return fmt.Errorf("write %s: %w", r.Key, syscall.ENOSPC)
+	}
+	return s.Store.Write(ctx, r, old)
 }
 
 func TestSendAgain(t *testing.T) {

@@ -41,12 +41,17 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), limit)
-	resp, err := base.RoundTrip(req.WithContext(ctx))
+	sent := req.WithContext(ctx)
+	resp, err := base.RoundTrip(sent)
 	if err != nil {
 		st.noteCut(ctx, req.Context(), reason)
 		cancel()
 		return nil, err
 	}
+	// The answer is this attempt's, whatever request the base transport
+	// says it answers. One may send a copy on another context, or name
+	// none. The call reads its answer through the request (call.run).
+	resp.Request = sent
 	resp.Body = st.answerBody(resp.Body, ctx, req.Context(), cancel, reason)
 	return resp, nil
 }

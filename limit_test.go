@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
+	"github.com/idemkit/idem/fakeserver"
 	"github.com/idemkit/idem/persist"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -211,3 +212,51 @@ func (r *idleRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (r *idleRecorder) CloseIdleConnections() { r.closed.Add(1) }
+
+// TestBudgetTransport checks the transport that bounds each attempt.
+func TestBudgetTransport(t *testing.T) {
+	t.Parallel()
+	// The base transport's answer names another request (a copy on
+	// another context), or none. The answer is still this attempt's: Do
+	// records it, and never panics.
+	ctx := context.Background()
+	srv := fakeserver.NewServer(&fakeserver.Options{})
+	t.Cleanup(srv.Close)
+	base := srv.Client().Transport
+	for _, tc := range []struct {
+		name string
+		rt   roundTripFunc
+	}{
+		{"an answer that names a copy on another context is this attempt's", func(req *http.Request) (*http.Response, error) {
+			return base.RoundTrip(req.WithContext(context.Background()))
+		}},
+		{"an answer that names no request is this attempt's", func(req *http.Request) (*http.Response, error) {
+			resp, err := base.RoundTrip(req)
+			if resp != nil {
+				resp.Request = nil
+			}
+			return resp, err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := idem.New(idem.Config{HTTPClient: &http.Client{Transport: tc.rt}, Server: echoLookupServer})
+			require.NoError(t, err)
+			in, err := c.Intent(ctx, "checkout-"+tc.name, payment1500(t, srv))
+			require.NoError(t, err)
+			resp, panicked, err := doRecovering(ctx, c, in)
+			t.Logf("Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+			require.Nil(t, panicked, "Do panics: the app crashes after the server charged")
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, persist.StateSucceeded, in.State())
+		})
+	}
+}
+
+// doRecovering is a.Do(ctx, in), with a panic of Do returned rather than
+// crashing the test binary.
+func doRecovering(ctx context.Context, a *idem.Client, in *idem.Intent) (resp *idem.Response, panicked any, err error) {
+	defer func() { panicked = recover() }()
+	resp, err = a.Do(ctx, in)
+	return resp, nil, err
+}

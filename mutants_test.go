@@ -510,8 +510,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "not-sent-ages-from-the-tap", File: "do.go",
 			Note:    "an offline tap retried a day later is refused as expired: its age counts from the tap, not from the first send",
-			Anchor:  "if rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {",
-			Replace: "if c.leftAt(rec, now) <= 0 {",
+			Anchor:  "|| rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {",
+			Replace: "|| c.leftAt(rec, now) <= 0 {",
 			Pkg:     root, Run: "^TestSendAge$",
 		},
 		{
@@ -714,9 +714,30 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "dispute-settled-without-the-server", File: "reconcile.go",
 			Note:    "an answer that disputes another Client's void is written over it though the server's lookup has no record of the key: a gateway's copy of the key tells the app paid for nothing",
-			Anchor:  "\tcase rec.State == persist.StateVoid:\n\t\t// The answer was not the server's",
-			Replace: "\tcase rec == nil:\n\t\t// The answer was not the server's",
+			Anchor:  "\t\tcase rec.State == persist.StateVoid:\n\t\t\t// The answer was not the server's",
+			Replace: "\t\tcase rec == nil:\n\t\t\t// The answer was not the server's",
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_front's_copy_of_the_key_never_overwrites",
+		},
+		{
+			Name: "dispute-left-void", File: "reconcile.go",
+			Note:    "a dispute the lookup could not settle leaves the void stored: a later Settle tells void for a payment the server made, and the app pays again",
+			Anchor:  "\tif err := c.saveWith(detached(ctx), in, &unsettled, nil, \"record dispute\", overVoid); err != nil {\n",
+			Replace: "\tif err := error(nil); err != nil {\n",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_dispute_",
+		},
+		{
+			Name: "expired-sent-again", File: "do.go",
+			Note:    "a record stored expired that reads young is sent again: after an unsettled dispute over a void, Settle sends what the server may never have had, after the app was told void",
+			Anchor:  "\tif rec.State == persist.StateExpired || rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {\n",
+			Replace: "\tif rec.State != persist.StateNotSent && c.leftAt(rec, now) <= 0 {\n",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_front's_copy_of_the_key_is_an_unknown_outcome",
+		},
+		{
+			Name: "answer-of-another-request", File: "limit.go",
+			Note:    "an answer whose base transport names another request, or none, is read through that request: Do panics after the server charged",
+			Anchor:  "\tresp.Request = sent\n",
+			Replace: "",
+			Pkg:     root, Run: "^TestBudgetTransport$",
 		},
 		{
 			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",

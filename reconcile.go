@@ -131,28 +131,43 @@ func (c *Client) lookupOnce(ctx context.Context, cur *persist.Record, key, looku
 // Client's void of the same intent (disputedError). The server's lookup
 // decides, with a fresh nonce. The answer is told only if the server holds
 // the key. Then it is written over the void, once. The server's typed miss
-// keeps the void, and the caller tells it (an *adoptedError). Any other
-// answer leaves the void stored and the outcome unknown. No attempt of the
-// intent is on its way. The call's got its answer, and the void was
+// keeps the void, and the caller tells it (an *adoptedError). No attempt of
+// the intent is on its way. The call got its answer, and the void was
 // concluded past every other's. So nothing is waited for.
+//
+// Any other answer leaves the dispute standing. The intent is then stored
+// expired over the void. Its outcome is unknown, it is never sent again,
+// and a later Settle or Reconcile asks the server. If even that write
+// fails, the void stays stored.
 func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) error {
 	key := d.void.Key
 	in.set(d.void)
+	var why error
 	if c.lookup == nil {
-		return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile; with no lookup (Server.Lookup) nothing tells which is true: %w", key, ErrOutcomeUnknown)
+		why = errors.New("with no lookup (Server.Lookup) nothing tells which is true")
+	} else {
+		rec, _, err := c.lookupOnce(detached(ctx), d.void, key, c.lookup(in.Request(), key), func() time.Duration { return 0 })
+		switch {
+		case err != nil:
+			why = fmt.Errorf("the lookup settled nothing: %w", err)
+		case rec.State == persist.StateVoid:
+			// The answer was not the server's: a front on the path made it.
+			c.log(ctx, slog.LevelWarn, "idem: an answer in the server's name was not the server's: its lookup has no record of the key", "key", key)
+			return &adoptedError{rec: d.void}
+		default:
+			answer := *d.answer
+			answer.UpdatedAt = c.clock.Now()
+			if why = c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid); why == nil {
+				return nil
+			}
+		}
 	}
-	rec, _, err := c.lookupOnce(detached(ctx), d.void, key, c.lookup(in.Request(), key), func() time.Duration { return 0 })
-	switch {
-	case err != nil:
-		return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile, and the lookup settled nothing: %w", key, err)
-	case rec.State == persist.StateVoid:
-		// The answer was not the server's: a front on the path made it.
-		c.log(ctx, slog.LevelWarn, "idem: an answer in the server's name was not the server's: its lookup has no record of the key", "key", key)
-		return &adoptedError{rec: d.void}
+	unsettled := *d.answer
+	unsettled.State, unsettled.Response, unsettled.UpdatedAt = persist.StateExpired, nil, c.clock.Now()
+	if err := c.saveWith(detached(ctx), in, &unsettled, nil, "record dispute", overVoid); err != nil {
+		why = errors.Join(why, err)
 	}
-	answer := *d.answer
-	answer.UpdatedAt = c.clock.Now()
-	return c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid)
+	return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile; settle it later (Settle or Reconcile): %w: %w", key, ErrOutcomeUnknown, why)
 }
 
 // lookupRequest makes the lookup of the intent whose stored record is cur.
