@@ -1252,11 +1252,13 @@ func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record
 	saveErr := c.saveWith(detached(ctx), in, rec, &room.clocks, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
-	if d := new(*disputedError); saveErr != nil && errors.As(saveErr, d) {
-		// The answer is not told while the server's lookup may say it
-		// was not the server's.
-		if saveErr = arbitrate(ctx, in, *d); saveErr != nil && !errors.As(saveErr, new(*adoptedError)) {
-			return nil, saveErr
+	if saveErr != nil {
+		if d := new(*disputedError); errors.As(saveErr, d) {
+			// The answer is not told while the server's lookup may say it
+			// was not the server's.
+			if saveErr = arbitrate(ctx, in, *d); saveErr != nil && !errors.As(saveErr, new(*adoptedError)) {
+				return nil, saveErr
+			}
 		}
 	}
 	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
