@@ -376,6 +376,9 @@ func stamped(rec *persist.Record, cl *persist.Clocks, r reading, mark time.Time,
 	} else {
 		*cl = persist.Clocks{}
 	}
+	// The marks are kept in UTC, the form a store keeps. So a store need
+	// not copy the readings to convert them (persist's prepareShared).
+	mark = mark.UTC()
 	cl.WriteBoot, cl.Written = r.bootID, r.boot
 	cl.Mark = mark
 	if armed {

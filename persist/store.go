@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Options configures a store. A nil *Options and the zero Options both
@@ -70,24 +71,53 @@ func prepare(rec *Record, opts Options) *Record {
 // caller never changes (WithDeferredSync). The copy it returns shares
 // them with rec. normalize and opts only replace fields of the copy. They
 // never write through them.
+//
+// Clocks and Response already in normal form are shared too. normalize
+// leaves them as they are. Only one it must change is copied first.
 func prepareShared(rec *Record, opts Options) *Record {
 	r := *rec
-	if rec.Clocks != nil {
+	if rec.Clocks != nil && !normalClocks(rec.Clocks) {
 		cl := *rec.Clocks
 		r.Clocks = &cl
 	}
-	if rec.Response != nil {
-		resp := *rec.Response
-		r.Response = &resp
+	if resp := rec.Response; resp != nil && (!normalResponse(resp) || opts.DiscardResponseBodies && resp.Body != nil) {
+		c := *resp
+		r.Response = &c
 	}
 	return normalized(&r, opts)
+}
+
+// normalClocks reports whether normalize leaves cl as it is.
+func normalClocks(cl *Clocks) bool {
+	return cl.ArmMark.Location() == time.UTC && cl.Mark.Location() == time.UTC
+}
+
+// normalResponse reports whether normalize leaves resp as it is.
+func normalResponse(resp *Response) bool {
+	return normalHeader(resp.Header) && (resp.Body == nil || len(resp.Body) > 0)
+}
+
+// normalHeader reports whether normHeader returns h itself.
+func normalHeader(h http.Header) bool {
+	if h == nil {
+		return true
+	}
+	if len(h) == 0 {
+		return false
+	}
+	for _, vs := range h {
+		if vs != nil && len(vs) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // normalized sets r's format version, normalizes it and applies opts.
 func normalized(r *Record, opts Options) *Record {
 	r.Version = FormatVersion
 	normalize(r)
-	if opts.DiscardResponseBodies && r.Response != nil {
+	if opts.DiscardResponseBodies && r.Response != nil && r.Response.Body != nil {
 		r.Response.Body = nil
 	}
 	return r
@@ -99,14 +129,14 @@ func normalized(r *Record, opts Options) *Record {
 func normalize(r *Record) {
 	r.CreatedAt = r.CreatedAt.UTC()
 	r.UpdatedAt = r.UpdatedAt.UTC()
-	if cl := r.Clocks; cl != nil {
+	if cl := r.Clocks; cl != nil && !normalClocks(cl) {
 		cl.ArmMark, cl.Mark = cl.ArmMark.UTC(), cl.Mark.UTC()
 	}
 	r.Header = normHeader(r.Header)
 	if len(r.Body) == 0 {
 		r.Body = nil
 	}
-	if r.Response != nil {
+	if r.Response != nil && !normalResponse(r.Response) {
 		r.Response.Header = normHeader(r.Response.Header)
 		if len(r.Response.Body) == 0 {
 			r.Response.Body = nil
