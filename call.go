@@ -132,15 +132,25 @@ func (st *call) bodyReader() (io.Reader, error) {
 // connection is dialing. Go's timers, and so the attempt's context, stop
 // while it sleeps. The clock that counts sleep does not. Another Client may
 // have trusted a lookup's miss since. Past the deadline, the attempt's body
-// is emptied. net/http then refuses to write it: its length is not the one
-// it declared. Over HTTP/1 nothing leaves, as net/http writes the head with
-// the body. Over HTTP/2 the head leaves alone, and the stream is reset. A
-// request is never written whole. A request with no body is not gated.
+// is emptied. Over HTTP/1 net/http then refuses to write it: its length
+// is not the one it declared, and the head waits for the body. Nothing
+// leaves. Over HTTP/2 the head leaves, declaring the whole length, and
+// then an empty end of stream. A server may answer that head. The answer
+// is discarded (gated). A request is never written whole. A request with
+// no body is not gated.
 func (st *call) sendGate() {
 	if window, send := st.left.lefts(); (window <= 0 || send <= 0) && st.current != nil {
 		st.current.Reset(nil)
+		st.gated.Store(true)
 	}
 }
+
+// cutAtGate reports whether the gate cut an attempt's body (sendGate).
+func (st *call) cutAtGate() bool { return st.gated.Load() }
+
+// errPastSendDeadline ends an attempt that the gate cut (sendGate). Over
+// HTTP/2 the server may answer the head it got. That answer is discarded.
+var errPastSendDeadline = errors.New("idem: the send deadline passed as the attempt's connection arrived; its request was not written whole")
 
 // call is the state of one call. The retrier's hooks reach it through the
 // request's context. It is confined to that call's goroutine. The exception is
@@ -213,6 +223,7 @@ type call struct {
 	ctx                callContext           // the caller's context carrying the call, likewise
 	firstBody          bytes.Reader          // the request's body as the first attempt reads it, likewise
 	current            *bytes.Reader         // the reader of the current attempt's body (bodyReader)
+	gated              atomic.Bool           // the gate cut an attempt's body (sendGate)
 	bodies             int                   // how many readers of the body the retrier asked for
 	began              time.Time
 	retryCost, paidFor int

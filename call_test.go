@@ -786,6 +786,73 @@ func TestSendGate(t *testing.T) {
 			assert.NotEqual(t, persist.StateSucceeded, in.State(), "A is told paid for the voided intent")
 		}
 	})
+	// The first attempt charges and its answer is lost. The app resumes the
+	// intent over HTTP/2, and the phone sleeps while dialing, past the send
+	// deadline. The head leaves with an empty body. The server's middleware
+	// answers that head with a 400 with the key's echo. That answer is about
+	// a request idem cut on purpose: it is discarded, never stored as the
+	// intent's failure. A later Settle gets the server's replay.
+	t.Run("over HTTP/2 an answer to the cut head is discarded", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth := clock.NewManual(phoneEpoch)
+		h := fakeserver.NewHandler(&fakeserver.Options{Clock: truth})
+		hs := httptest.NewUnstartedServer(h)
+		hs.EnableHTTP2 = true
+		hs.StartTLS()
+		t.Cleanup(hs.Close)
+		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+		t.Cleanup(func() { store.Close() })
+		phone := &goClock{m: truth}
+
+		base := hs.Client().Transport.(*http.Transport).Clone()
+		t.Cleanup(base.CloseIdleConnections)
+		var nap atomic.Bool
+		base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if nap.CompareAndSwap(true, false) {
+				phone.napNow(time.Hour) // the phone sleeps while the connection is dialed
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}
+		var protos []string
+		hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := base.RoundTrip(r)
+			if resp != nil {
+				protos = append(protos, r.Method+" "+resp.Proto+" "+resp.Status)
+			}
+			return resp, err
+		})}
+		a, err := idem.New(idem.Config{Store: store, HTTPClient: hc, Server: echoLookupServer, Clock: phone,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, hs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+
+		require.NoError(t, h.InjectFault(fakeserver.Fault{Kind: fakeserver.FaultDropResponse, Key: in.Key(), Count: 1}))
+		_, err = a.Do(ctx, in)
+		t.Logf("first Do: err %v, state %s", err, in.State())
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the setup: charged, answer lost")
+		require.Equal(t, 1, h.Stats().ProviderCharges, "the setup: the first attempt charged")
+
+		base.CloseIdleConnections()
+		nap.Store(true)
+		resp, err := a.Do(ctx, in)
+		t.Logf("answers: %v", protos)
+		t.Logf("resumed Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+		require.Equal(t, 1, h.Stats().ProviderCharges)
+		assert.NotEqual(t, persist.StateFailed, in.State(), "an intent the server charged is stored failed")
+		if err != nil {
+			// Not sent whole, the outcome stays unknown; or the server's replay.
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the outcome of the charged intent is told as a final failure")
+		}
+		later, err := a.Load(ctx, in.Key())
+		require.NoError(t, err)
+		resp, err = a.Settle(ctx, later)
+		t.Logf("Settle: resp %v, err %v, state %s", resp != nil, err, later.State())
+		assert.Equal(t, persist.StateSucceeded, later.State(), "Settle tells failed for a payment the server made")
+	})
 	t.Run("through the RoundTripper", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()

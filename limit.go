@@ -48,10 +48,22 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel()
 		return nil, err
 	}
-	// The answer is this attempt's, whatever request the base transport
-	// says it answers. One may send a copy on another context, or name
-	// none. The call reads its answer through the request (call.run).
-	resp.Request = sent
+	if st.cutAtGate() {
+		// The gate cut this attempt's body (sendGate). An answer to it is
+		// about a request idem broke on purpose, never the intent's.
+		resp.Body.Close()
+		cancel()
+		return nil, errPastSendDeadline
+	}
+	// The call reads its answer through the request the answer names
+	// (call.run). A base transport may name a copy on another context, or
+	// none. The answer is still this attempt's. A copy keeps its URL and
+	// the redirects that led to it (fromAnotherOrigin reads them).
+	if r := resp.Request; r == nil {
+		resp.Request = sent
+	} else if got, ok := callIn(r.Context()); r != sent && (!ok || got != st) {
+		resp.Request = r.WithContext(ctx)
+	}
 	resp.Body = st.answerBody(resp.Body, ctx, req.Context(), cancel, reason)
 	return resp, nil
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/hashicorp/go-retryablehttp"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/clock"
 	"github.com/idemkit/idem/fakeserver"
@@ -251,6 +253,49 @@ func TestBudgetTransport(t *testing.T) {
 			assert.Equal(t, persist.StateSucceeded, in.State())
 		})
 	}
+
+	// The app's transport follows redirects itself (go-retryablehttp's own
+	// RoundTripper). A captive portal answers the POST with a 307 to its
+	// JSON API on another origin. The answer names the redirected request,
+	// whose chain leads back to the portal. That chain is kept, so the
+	// portal's JSON never settles the intent (fromAnotherOrigin).
+	t.Run("an answer reached by the base transport's own redirects keeps them", func(t *testing.T) {
+		t.Parallel()
+		portalAPI := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"sess_8f2c","status":"login_required"}`))
+		}))
+		t.Cleanup(portalAPI.Close)
+		portal := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, portalAPI.URL+"/api/v1/sessions", http.StatusTemporaryRedirect)
+		}))
+		t.Cleanup(portal.Close)
+
+		inner := retryablehttp.NewClient()
+		inner.RetryMax = 0
+		inner.Logger = nil
+		follows := &retryablehttp.RoundTripper{Client: inner}
+		for _, rt := range []http.RoundTripper{
+			follows,
+			// The same on a context of its own, so the answer names a copy.
+			roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				return follows.RoundTrip(r.WithContext(context.Background()))
+			}),
+		} {
+			c, err := idem.New(idem.Config{Store: persist.NewMemory(nil), HTTPClient: &http.Client{Transport: rt},
+				Server:      idem.Server{Mark: idem.MarkJSONID("id"), LookupQuery: "idempotency_key"},
+				RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+			require.NoError(t, err)
+			req, err := idem.JSONRequest(http.MethodPost, portal.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+			require.NoError(t, err)
+			in, err := c.NewIntent(context.Background(), "checkout:cart-7", req)
+			require.NoError(t, err)
+			resp, err := c.Do(context.Background(), in)
+			t.Logf("Do: resp %v, err %v, state %s", resp != nil, err, in.State())
+			assert.Error(t, err, "the portal's JSON is told as the payment's answer")
+			assert.False(t, in.State().Resolved(), "the portal's JSON answer settled the intent (%s)", in.State())
+		}
+	})
 }
 
 // doRecovering is a.Do(ctx, in), with a panic of Do returned rather than

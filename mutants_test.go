@@ -740,6 +740,27 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestBudgetTransport$",
 		},
 		{
+			Name: "base-transports-redirects-dropped", File: "limit.go",
+			Note:    "an answer the base transport reached by its own redirects is read as the attempt's own request: a captive portal's JSON on another origin settles the intent",
+			Anchor:  "\t\tresp.Request = r.WithContext(ctx)\n",
+			Replace: "\t\tresp.Request = sent\n\t\t_ = r\n",
+			Pkg:     root, Run: "^TestBudgetTransport$/^an_answer_reached_by_the_base_transport's_own_redirects",
+		},
+		{
+			Name: "gated-answer-kept", File: "limit.go",
+			Note:    "an answer to a head the gate cut (HTTP/2) is read as the server's word: a charged intent is stored failed",
+			Anchor:  "\tif st.cutAtGate() {\n",
+			Replace: "\tif st.cutAtGate() && false {\n",
+			Pkg:     root, Run: "^TestSendGate$/^over_HTTP/2_an_answer_to_the_cut_head",
+		},
+		{
+			Name: "lookup-adopts-a-newer-void", File: "reconcile.go",
+			Note:    "a lookup's 2xx that meets a void stored while it was on its way is not written: a later Settle tells void for a payment, and the action is paid twice",
+			Anchor:  "\tif d := new(*disputedError); err != nil && errors.As(err, d) {\n",
+			Replace: "\tif d := new(*disputedError); false && err != nil && errors.As(err, d) {\n",
+			Pkg:     root, Run: "^TestReconcile$/^a_lookup's_answer_wins_over_a_void",
+		},
+		{
 			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",
 			Note:    "a Client whose answer could not be written over a stored void, since the record changed again, tells the app void with the server's answer in hand",
 			Anchor:  "\t\treturn fmt.Errorf(\"%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w\", ErrOutcomeUnknown, err)\n",

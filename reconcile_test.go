@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -857,6 +859,117 @@ func TestReconcile(t *testing.T) {
 		// The cut attempt writes nothing. A tells no more than it knows: the
 		// outcome is unknown until a later Do or Settle reads the store.
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	})
+
+	// A's POST is held past every bound. Client C starts Reconcile. While
+	// C's lookup is on its way, B voids the intent from the server's typed
+	// miss, then the held POST lands and the server charges. C's lookup
+	// gets the server's word that it was paid. That is newer than the void,
+	// and is written over it: a later Settle never tells void, and the
+	// action is never paid twice.
+	t.Run("a lookup's answer wins over a void stored while it was on its way", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth, srv := phoneWorld(t)
+		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+		t.Cleanup(func() { store.Close() })
+		target, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.Transport = srv.Client().Transport
+
+		var (
+			b                      *idem.Client
+			held, release, charged = make(chan struct{}), make(chan struct{}), make(chan struct{})
+			lookupOnce             sync.Once
+			first                  atomic.Bool
+			bState                 persist.State
+			bErr                   error
+		)
+		first.Store(true)
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.Method == http.MethodPost && first.CompareAndSwap(true, false):
+				close(held)
+				<-release
+				// The held POST lands; the server charges; A's answer is lost.
+				proxy.ServeHTTP(httptest.NewRecorder(), r)
+				close(charged)
+				panic(http.ErrAbortHandler)
+			case r.Header.Get("X-Rt-Who") == "C":
+				lookupOnce.Do(func() {
+					// While C's lookup is on its way: B voids from the
+					// server's typed miss, then the held POST lands.
+					loaded, err := b.Load(ctx, r.URL.Query().Get("idempotency_key"))
+					if err == nil {
+						_, bErr = b.Reconcile(ctx, loaded)
+						bState = loaded.State()
+					} else {
+						bErr = err
+					}
+					close(release)
+					<-charged
+				})
+				proxy.ServeHTTP(w, r)
+			default:
+				proxy.ServeHTTP(w, r)
+			}
+		}))
+		t.Cleanup(front.Close)
+
+		b, err = idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: echoLookupServer, Clock: truth})
+		require.NoError(t, err)
+		cTransport := front.Client().Transport
+		cc, err := idem.New(idem.Config{Store: store, Server: echoLookupServer, Clock: truth,
+			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				r = r.Clone(r.Context())
+				r.Header.Set("X-Rt-Who", "C")
+				return cTransport.RoundTrip(r)
+			})}})
+		require.NoError(t, err)
+		a, err := idem.New(idem.Config{Store: store, Server: echoLookupServer, Clock: truth,
+			HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+
+		req := payment1500(t, srv)
+		req.URL = front.URL + "/payments"
+		in, err := a.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Do(ctx, in)
+			done <- err
+		}()
+		<-held
+		truth.Advance(time.Hour) // the POST is held past every bound
+
+		cin, err := cc.Load(ctx, in.Key())
+		require.NoError(t, err)
+		resp, recErr := cc.Reconcile(ctx, cin)
+		aErr := <-done
+		t.Logf("B's reconcile: state %s, err %v", bState, bErr)
+		t.Logf("A's Do: err %v", aErr)
+		t.Logf("C's Reconcile: resp %v, err %v, state %s", resp != nil, recErr, cin.State())
+		require.Equal(t, persist.StateVoid, bState, "the setup: B trusted the server's typed miss")
+		require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the held POST was charged")
+		require.NotNil(t, resp, "the setup: C's lookup got the server's answer")
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+
+		stored, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.NotEqual(t, persist.StateVoid, stored.State(), "C held the server's word that it was paid, yet the void stays stored")
+
+		// Later, C settles the intent: told void, though C held the server's
+		// 2xx for its key. The app's Send trusts it and pays again.
+		later, err := cc.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, err = cc.Settle(ctx, later)
+		t.Logf("C's Settle: err %v, state %s", err, later.State())
+		assert.NotEqual(t, persist.StateVoid, later.State(), "Settle tells void for a payment whose 2xx C held")
+		_, err = cc.Send(ctx, "checkout", req)
+		t.Logf("C's Send: err %v", err)
+		assert.Equal(t, 1, srv.Stats().ProviderCharges, "the user's one action is charged twice")
 	})
 
 	// A's first attempt begins in time, and the phone sleeps an hour while
