@@ -1482,12 +1482,22 @@ func TestResolvedRecord(t *testing.T) {
 	// server, which has the payment.
 	t.Run("a dispute the lookup cannot settle is never told void later", func(t *testing.T) {
 		t.Parallel()
-		disputeUnsettled(t, func(front *holdingFront, _ *flakyWrites) { front.failLookups.Store(1) })
+		disputeUnsettled(t, false, func(front *holdingFront, _ *flakyWrites) { front.failLookups.Store(1) })
 	})
 	t.Run("a dispute whose answer cannot be written over the void is never told void later", func(t *testing.T) {
 		t.Parallel()
-		disputeUnsettled(t, func(_ *holdingFront, store *flakyWrites) {
+		disputeUnsettled(t, false, func(_ *holdingFront, store *flakyWrites) {
 			store.failAt = 2 // the first write meets the void; the second is overVoid's
+			store.armed.Store(true)
+		})
+	})
+	// Settle meets the same dispute, and neither the answer nor the expired
+	// record can be written over the void. The void stays stored, but
+	// Settle never tells it: the outcome is unknown.
+	t.Run("a Settle whose dispute cannot be written is never told void", func(t *testing.T) {
+		t.Parallel()
+		disputeUnsettled(t, true, func(_ *holdingFront, store *flakyWrites) {
+			store.failAt, store.failAlso = 2, 3 // overVoid's writes: the answer's, then the expired record's
 			store.armed.Store(true)
 		})
 	})
@@ -1581,7 +1591,7 @@ func TestResolvedRecord(t *testing.T) {
 
 // disputeUnsettled runs the dispute of TestResolvedRecord that A cannot
 // settle; arm breaks the lookup or the store as A's answer arrives.
-func disputeUnsettled(t *testing.T, arm func(*holdingFront, *flakyWrites)) {
+func disputeUnsettled(t *testing.T, settle bool, arm func(*holdingFront, *flakyWrites)) {
 	ctx := context.Background()
 	truth, srv := phoneWorld(t)
 	target, err := url.Parse(srv.URL)
@@ -1609,7 +1619,11 @@ func disputeUnsettled(t *testing.T, arm func(*holdingFront, *flakyWrites)) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := a.Do(ctx, in)
+		call := a.Do
+		if settle {
+			call = a.Settle
+		}
+		resp, err := call(ctx, in)
 		done <- result{resp, err}
 	}()
 	<-front.held
@@ -1626,6 +1640,9 @@ func disputeUnsettled(t *testing.T, arm func(*holdingFront, *flakyWrites)) {
 	t.Logf("A's Do: resp %v, err %v, state %s", r.resp != nil, r.err, in.State())
 	require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the held POST was charged")
 	require.ErrorIs(t, r.err, idem.ErrOutcomeUnknown, "A is told unknown: true so far")
+	if settle {
+		return // the store kept the void; what it tells later is the stored void
+	}
 
 	// Later, as ErrOutcomeUnknown asks, the app settles the intent.
 	later, err := a.Load(ctx, in.Key())
@@ -1666,13 +1683,17 @@ func (f *holdingFront) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 // fails, as a full disk's would, with nothing written.
 type flakyWrites struct {
 	persist.Store
-	armed  atomic.Bool
-	writes atomic.Int32
-	failAt int32
+	armed    atomic.Bool
+	writes   atomic.Int32
+	failAt   int32
+	failAlso int32 // a second write that fails, or 0
 }
 
 func (s *flakyWrites) Write(ctx context.Context, r, old *persist.Record) error {
-	if s.armed.Load() && s.writes.Add(1) == s.failAt {
+	if !s.armed.Load() {
+		return s.Store.Write(ctx, r, old)
+	}
+	if n := s.writes.Add(1); n == s.failAt || n == s.failAlso {
 		return fmt.Errorf("write %s: %w", r.Key, syscall.ENOSPC)
 	}
 	return s.Store.Write(ctx, r, old)

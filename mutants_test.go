@@ -761,6 +761,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestReconcile$/^a_lookup's_answer_wins_over_a_void",
 		},
 		{
+			Name: "settle-tells-a-disputed-void", File: "settle.go",
+			Note:    "Settle tells void for a call that ended unknown with the void still stored (a dispute it could not write): the app pays again for a payment the server may have made",
+			Anchor:  "\tcase in.State() == persist.StateVoid && !errors.Is(err, ErrOutcomeUnknown):\n",
+			Replace: "\tcase in.State() == persist.StateVoid:\n",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_Settle_whose_dispute_cannot_be_written",
+		},
+		{
 			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",
 			Note:    "a Client whose answer could not be written over a stored void, since the record changed again, tells the app void with the server's answer in hand",
 			Anchor:  "\t\treturn fmt.Errorf(\"%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w\", ErrOutcomeUnknown, err)\n",

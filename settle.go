@@ -104,7 +104,9 @@ func (c *Client) settle(ctx context.Context, in *Intent, ask callAsk) (*Response
 	switch {
 	case err == nil:
 		return resp, nil
-	case in.State() == persist.StateVoid:
+	case in.State() == persist.StateVoid && !errors.Is(err, ErrOutcomeUnknown):
+		// A void stored while the call disputed it is no answer (see
+		// arbitrate). The outcome is unknown.
 		return nil, nil
 	case !endedExpired(err) && !endedOnRedirectedReuse(err):
 		return resp, err
