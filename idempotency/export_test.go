@@ -40,10 +40,11 @@ const FingerprintVersion = fingerprintVersion
 
 // The problem types and defaults the external tests check answers against.
 const (
-	TypeBadRequest  = typeBadRequest
-	TypeStorageFull = typeStorageFull
-	TypeInternal    = typeInternal
-	TypeKeyReused   = typeKeyReused
+	TypeBadRequest        = typeBadRequest
+	TypeRequestIncomplete = typeRequestIncomplete
+	TypeStorageFull       = typeStorageFull
+	TypeInternal          = typeInternal
+	TypeKeyReused         = typeKeyReused
 
 	TypeUnsupportedMediaType = typeUnsupportedMediaType
 	TypePayloadTooLarge      = typePayloadTooLarge

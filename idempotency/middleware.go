@@ -286,8 +286,12 @@ func (m *middleware) body(w http.ResponseWriter, r *http.Request) (*http.Request
 				Detail: fmt.Sprintf("the request body is over the limit of %d bytes", m.cfg.MaxBodyBytes)}).Write(w)
 			return r, nil, false
 		}
+		// The request never arrived whole. That says nothing of the key:
+		// it may hold a record that a whole retry replays. So the answer
+		// is 408, which asks for the request again, never a final 400.
 		m.report(r, outcomeRejected)
-		(&Problem{Type: typeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the request body could not be read"}).Write(w)
+		(&Problem{Type: typeRequestIncomplete, Title: "Request incomplete", Status: http.StatusRequestTimeout,
+			Detail: "the request body ended before its declared length, or its connection broke; nothing was done; send it again"}).Write(w)
 		return r, nil, false
 	}
 	if codings := r.Header.Values("Content-Encoding"); len(codings) > 0 {

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -219,6 +220,31 @@ func TestContent(t *testing.T) {
 		records, _, _ := store.Count(context.Background())
 		assert.Equal(t, 1, records)
 		assert.Equal(t, 201, serve(m, "fresh", `{"a":[[1]]}`).Code, "the key stays free; three levels are allowed")
+	})
+
+	// A body that ends before its declared length never arrived whole. Over
+	// HTTP/2 a client may send the head and an early end of stream. The
+	// answer is 408, which asks for it again, never a final 400: the key
+	// may hold a record that a whole retry replays.
+	t.Run("a body that ends early asks for the request again", func(t *testing.T) {
+		t.Parallel()
+		store := &idempotency.MemoryStore{}
+		c := &counter{status: 201}
+		m := idempotency.New(c, idempotency.Config{Principal: anyone, Store: store})
+		require.Equal(t, 201, serve(m, "used", `{"amount":1500}`).Code)
+		for _, key := range []string{"used", "fresh"} {
+			r := httptest.NewRequest(http.MethodPost, "/things", io.MultiReader(strings.NewReader(`{"amo`), iotest.ErrReader(io.ErrUnexpectedEOF)))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Idempotency-Key", key)
+			w := httptest.NewRecorder()
+			m.ServeHTTP(w, r)
+			assert.Equal(t, http.StatusRequestTimeout, w.Code, key)
+			assert.Equal(t, idempotency.TypeRequestIncomplete, decodeProblem(t, w).Type)
+		}
+		assert.Equal(t, int32(1), c.runs.Load())
+		assert.Equal(t, 201, serve(m, "fresh", `{"amount":1500}`).Code, "the key stays free")
+		replay := serve(m, "used", `{"amount":1500}`)
+		assert.Equal(t, "true", replay.Header().Get(idempotency.HeaderReplayed), "a whole retry replays")
 	})
 
 	// A key reused with another query is 422 (a handler that reads the query

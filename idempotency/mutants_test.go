@@ -20,6 +20,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     "./idempotency", Run: "^TestFingerprint$/^bodies_read_differently_never_share_it$",
 		},
 		{
+			Name: "incomplete-body-final", File: "idempotency/middleware.go",
+			Note:    "a body that ends before its declared length is a final 400: a client stores a charged intent failed, and pays anew",
+			Anchor:  "Status: http.StatusRequestTimeout,\n",
+			Replace: "Status: http.StatusBadRequest,\n",
+			Pkg:     "./idempotency", Run: "^TestContent$/^a_body_that_ends_early",
+		},
+		{
 			Name: "memory-lease-on-callers-clock", File: "idempotency/memory.go",
 			Note:    "the memory store judges a takeover on its caller's clock, not its own",
 			Anchor:  "lease := until.Sub(now)\n\tnow = s.now(now)\n",

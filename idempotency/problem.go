@@ -19,6 +19,9 @@ const (
 	typeRequestInProgress = problemBase + "request-in-progress"
 	typePayloadTooLarge   = problemBase + "payload-too-large"
 	typeBadRequest        = problemBase + "bad-request"
+	// typeRequestIncomplete is a 408. The body ended before its declared
+	// length, or its connection broke while it was read.
+	typeRequestIncomplete = problemBase + "request-incomplete"
 	typeInternal          = problemBase + "internal-error"
 	typeStorageFull       = problemBase + "storage-full"
 	// typeUnsupportedMediaType is a 415. It answers a Content-Encoding
