@@ -113,7 +113,7 @@ func (c *Client) settle(ctx context.Context, in *Intent, ask callAsk) (*Response
 	case c.lookup == nil && !endedExpired(err):
 		return resp, fmt.Errorf("idem: intent %s may have been done under a URL it was redirected to, and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
 	case c.lookup == nil:
-		return nil, fmt.Errorf("idem: intent %s is too old to send again and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
+		return nil, fmt.Errorf("idem: intent %s may not be sent again (too old, or stored expired after a dispute over a void) and the Client has no lookup to ask the server (Server.Lookup): %w", in.Key(), err)
 	}
 	resp, err = c.Reconcile(ctx, in)
 	if err == nil && in.State() == persist.StateVoid {
