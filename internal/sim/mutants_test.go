@@ -32,8 +32,8 @@ var mutants = []mutant.Mutant{
 		Pkg: simPkg, Run: simRun,
 		Name: "reconcile-delay-from-creation", File: "reconcile.go",
 		Note:    "a 404 is trusted once the intent is older than the reconcile delay, whenever its last attempt left",
-		Anchor:  "	wait := c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)\n",
-		Replace: "	wait := max(c.reconcile-c.clock.Now().Sub(cur.CreatedAt), 0)\n",
+		Anchor:  "		return c.keys.mayStillArrive(key, c.clocks.read(), c.clocks.birth, c.reconcile, cur, c.id)\n",
+		Replace: "		return max(c.reconcile-c.clock.Now().Sub(cur.CreatedAt), 0)\n",
 	},
 	// 5xx-final is the root package's: no unmarked answer settles an
 	// intent, so the simulation's proxies' 520-524 end unknown whatever
