@@ -139,7 +139,10 @@ func (st *call) bodyReader() (io.Reader, error) {
 // is discarded (gated). A request is never written whole. A request with
 // no body is not gated.
 func (st *call) sendGate() {
-	if window, send := st.left.lefts(); (window <= 0 || send <= 0) && st.current != nil {
+	if st.current == nil {
+		return // no body: nothing to cut
+	}
+	if window, send := st.left.lefts(); window <= 0 || send <= 0 {
 		st.current.Reset(nil)
 		st.gated.Store(true)
 	}

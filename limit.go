@@ -61,8 +61,10 @@ func (t budgetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// the redirects that led to it (fromAnotherOrigin reads them).
 	if r := resp.Request; r == nil {
 		resp.Request = sent
-	} else if got, ok := callIn(r.Context()); r != sent && (!ok || got != st) {
-		resp.Request = r.WithContext(ctx)
+	} else if r != sent {
+		if got, ok := callIn(r.Context()); !ok || got != st {
+			resp.Request = r.WithContext(ctx)
+		}
 	}
 	resp.Body = st.answerBody(resp.Body, ctx, req.Context(), cancel, reason)
 	return resp, nil

@@ -274,13 +274,14 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 	rec.UpdatedAt = now
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
 	err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation")
-	if d := new(*disputedError); err != nil && errors.As(err, d) {
+	var d *disputedError
+	if errors.As(err, &d) {
 		// Another Client voided the intent while the lookup was on its
 		// way. This lookup's answer is newer, and the server's word: an
 		// attempt landed after the void's miss. It is written over the
 		// void, once.
 		over := *rec
-		in.set((*d).void)
+		in.set(d.void)
 		err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid)
 	}
 	if err != nil {
