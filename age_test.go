@@ -6,6 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -368,6 +371,26 @@ func phoneWorld(t *testing.T) (*clock.Manual, *fakeserver.Server) {
 	srv := fakeserver.NewServer(&fakeserver.Options{Clock: truth})
 	t.Cleanup(srv.Close)
 	return truth, srv
+}
+
+// phoneStore is phoneWorld with a file store that the test's Clients
+// share.
+func phoneStore(t *testing.T) (*clock.Manual, *fakeserver.Server, *persist.FileStore) {
+	t.Helper()
+	truth, srv := phoneWorld(t)
+	store := dirStore(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { store.Close() })
+	return truth, srv, store
+}
+
+// proxyTo is a reverse proxy to srv: a front on the path to the server.
+func proxyTo(t *testing.T, srv *fakeserver.Server) *httputil.ReverseProxy {
+	t.Helper()
+	target, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = srv.Client().Transport
+	return proxy
 }
 
 // napNow lets the phone fall asleep now for d: true time and the clock that

@@ -1424,17 +1424,12 @@ func TestResolvedRecord(t *testing.T) {
 	t.Run("the server's answer in hand wins over another Client's stored void", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { store.Close() })
+		truth, srv, store := phoneStore(t)
 		server := echoLookupServer
 		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
 		require.NoError(t, err)
 
-		target, err := url.Parse(srv.URL)
-		require.NoError(t, err)
-		proxy := httputil.NewSingleHostReverseProxy(target)
-		proxy.Transport = srv.Client().Transport
+		proxy := proxyTo(t, srv)
 		var voided atomic.Bool
 		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost {
@@ -1518,16 +1513,11 @@ func TestResolvedRecord(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			truth, srv := phoneWorld(t)
-			store := dirStore(t, filepath.Join(t.TempDir(), "store"))
-			t.Cleanup(func() { store.Close() })
+			truth, srv, store := phoneStore(t)
 			server := echoLookupServer
 			b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
 			require.NoError(t, err)
-			target, err := url.Parse(srv.URL)
-			require.NoError(t, err)
-			proxy := httputil.NewSingleHostReverseProxy(target)
-			proxy.Transport = srv.Client().Transport
+			proxy := proxyTo(t, srv)
 			var voided, blocked atomic.Bool
 			var posts atomic.Int32
 			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

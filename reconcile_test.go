@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -773,9 +771,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("a void stays true when the sender's phone sleeps in a backoff past its send deadline", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { store.Close() })
+		truth, srv, store := phoneStore(t)
 		server := echoLookupServer
 
 		phone := &goClock{m: truth}
@@ -820,9 +816,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("a void stays true when the sender's phone sleeps in its Authorizer past its send deadline", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { store.Close() })
+		truth, srv, store := phoneStore(t)
 		server := echoLookupServer
 
 		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth,
@@ -870,13 +864,8 @@ func TestReconcile(t *testing.T) {
 	t.Run("a lookup's answer wins over a void stored while it was on its way", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { store.Close() })
-		target, err := url.Parse(srv.URL)
-		require.NoError(t, err)
-		proxy := httputil.NewSingleHostReverseProxy(target)
-		proxy.Transport = srv.Client().Transport
+		truth, srv, store := phoneStore(t)
+		proxy := proxyTo(t, srv)
 
 		var (
 			b                      *idem.Client
@@ -917,6 +906,7 @@ func TestReconcile(t *testing.T) {
 		}))
 		t.Cleanup(front.Close)
 
+		var err error
 		b, err = idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: echoLookupServer, Clock: truth})
 		require.NoError(t, err)
 		cTransport := front.Client().Transport
@@ -982,48 +972,22 @@ func TestReconcile(t *testing.T) {
 	t.Run("a void stays true when the sender's phone sleeps mid-dial past its send deadline", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		store := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { store.Close() })
-		server := echoLookupServer
-		b, err := idem.New(idem.Config{Store: store, HTTPClient: srv.Client(), Server: server, Clock: truth})
-		require.NoError(t, err)
-		truth.Advance(time.Hour) // B is the app's long-lived Client
-
-		phone := &goClock{m: truth}
-		var key string
-		var voided, dialed bool
-		var again error
+		w := newSleepWorld(t, echoLookupServer, nil)
+		srv := w.srv
 		dialing := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if req.Method == http.MethodPost && !dialed {
-				dialed = true
-				phone.napNow(time.Hour)
-				loaded, err := b.Load(ctx, key)
-				require.NoError(t, err)
-				_, err = b.Reconcile(ctx, loaded)
-				t.Logf("B's reconcile on waking: state %s, err %v", loaded.State(), err)
-				if voided = loaded.State() == persist.StateVoid; voided {
-					changed, err := idem.JSONRequest(http.MethodPost, srv.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
-					require.NoError(t, err)
-					in2, err := b.Intent(ctx, "checkout", changed)
-					if err == nil {
-						_, err = b.Do(ctx, in2)
-					}
-					again = err
-				}
+			if req.Method == http.MethodPost {
+				w.sleep(t) // once: the first POST's dial spans the sleep
 			}
 			return srv.Client().Transport.RoundTrip(req)
 		})
-		a, err := idem.New(idem.Config{Store: store, HTTPClient: &http.Client{Transport: dialing}, Server: server, Clock: phone,
-			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
-		require.NoError(t, err)
+		a := w.clientA(t, &http.Client{Transport: dialing}, echoLookupServer)
 		in, err := a.Intent(ctx, "checkout", payment1500(t, srv))
 		require.NoError(t, err)
-		key = in.Key()
+		w.key = in.Key()
 		resp, err := a.Do(ctx, in)
 		t.Logf("A's Do: resp %v, err %v, state %s", resp != nil, err, in.State())
-		require.True(t, voided, "the setup: B voided the intent on waking")
-		require.NoError(t, again, "the setup: told void, the app paid the changed cart")
+		require.True(t, w.voided, "the setup: B voided the intent on waking")
+		require.NoError(t, w.paid, "the setup: told void, the app paid the changed cart")
 
 		assert.Equal(t, 1, srv.Stats().ProviderCharges, "A's request went out an hour past its send deadline, after B's void: two charges for one checkout")
 		// A's request was never written whole, so B's void is the truth.
