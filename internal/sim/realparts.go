@@ -106,16 +106,7 @@ func newRealParts(w *world) *realParts {
 		// The server's slow work takes a thousandth of its world time in
 		// real time: it must not move the clock, on which requests in
 		// transit are due.
-		Sleep: func(ctx context.Context, d time.Duration) error {
-			t := time.NewTimer(d / 1000)
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.C:
-				return nil
-			}
-		},
+		Sleep: func(ctx context.Context, d time.Duration) error { return idemclock.System().Sleep(ctx, d/1000) },
 		Logger: slog.New(outcomes{func(o string) {
 			p.sideMu.Lock()
 			defer p.sideMu.Unlock()
