@@ -1255,13 +1255,11 @@ func (c *life) recordAnswer(ctx context.Context, in *Intent, rec *persist.Record
 	saveErr := c.saveWith(detached(ctx), in, rec, &room.clocks, "record outcome", func(ctx context.Context, s persist.Store, rec, prev *persist.Record) error {
 		return c.writeOwn(persist.WithDeferredSync(ctx), s, rec, prev)
 	})
-	if saveErr != nil {
-		if d := new(*disputedError); errors.As(saveErr, d) {
-			// The answer is not told while the server's lookup may say it
-			// was not the server's.
-			if saveErr = arbitrate(ctx, in, *d); saveErr != nil && !errors.As(saveErr, new(*adoptedError)) {
-				return nil, saveErr
-			}
+	if d := disputed(saveErr); d != nil {
+		// The answer is not told while the server's lookup may say it was
+		// not the server's.
+		if saveErr = arbitrate(ctx, in, d); saveErr != nil && !errors.As(saveErr, new(*adoptedError)) {
+			return nil, saveErr
 		}
 	}
 	if saveErr != nil && errors.As(saveErr, new(*adoptedError)) {
@@ -1372,6 +1370,19 @@ func overVoid(ctx context.Context, s persist.Store, rec, void *persist.Record) e
 // disputedError is a write of an answer refused because another Client
 // stored the intent void meanwhile (cDisputed).
 type disputedError struct{ void, answer *persist.Record }
+
+// disputed returns the dispute that err, a save's error, holds, or nil.
+// A save that succeeded costs nothing to ask.
+func disputed(err error) *disputedError {
+	if err == nil {
+		return nil
+	}
+	var d *disputedError
+	if errors.As(err, &d) {
+		return d
+	}
+	return nil
+}
 
 func (e *disputedError) Error() string {
 	return fmt.Sprintf("idem: intent %s got an answer, but another Client stored it void meanwhile", e.void.Key)

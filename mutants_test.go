@@ -756,8 +756,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "lookup-adopts-a-newer-void", File: "reconcile.go",
 			Note:    "a lookup's 2xx that meets a void stored while it was on its way is not written: a later Settle tells void for a payment, and the action is paid twice",
-			Anchor:  "\tif errors.As(err, &d) {\n\t\t// Another Client voided the intent while the lookup",
-			Replace: "\tif false && errors.As(err, &d) {\n\t\t// Another Client voided the intent while the lookup",
+			Anchor:  "\tif d := disputed(err); d != nil {\n\t\t// Another Client voided the intent while the lookup",
+			Replace: "\tif d := disputed(err); false && d != nil {\n\t\t// Another Client voided the intent while the lookup",
 			Pkg:     root, Run: "^TestReconcile$/^a_lookup's_answer_wins_over_a_void",
 		},
 		{

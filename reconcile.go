@@ -274,8 +274,7 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 	rec.UpdatedAt = now
 	c.log(ctx, slog.LevelInfo, "idem: reconciled", "key", key, "state", string(rec.State))
 	err := c.save(context.WithoutCancel(ctx), in, rec, "record reconciliation")
-	var d *disputedError
-	if errors.As(err, &d) {
+	if d := disputed(err); d != nil {
 		// Another Client voided the intent while the lookup was on its
 		// way. This lookup's answer is newer, and the server's word: an
 		// attempt landed after the void's miss. It is written over the

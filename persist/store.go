@@ -151,12 +151,12 @@ func normHeader(h http.Header) http.Header {
 	if len(h) == 0 {
 		return nil
 	}
-	cloned := false
+	if normalHeader(h) {
+		return h
+	}
+	h = h.Clone()
 	for k, vs := range h {
 		if vs != nil && len(vs) == 0 {
-			if !cloned {
-				h, cloned = h.Clone(), true
-			}
 			h[k] = nil
 		}
 	}
