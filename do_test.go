@@ -1469,6 +1469,51 @@ func TestResolvedRecord(t *testing.T) {
 		assert.Equal(t, persist.StateSucceeded, stored.State(), "the store holds the server's answer, not the void")
 	})
 
+	// B voids the intent while A's POST is held; the POST is charged, and A's
+	// dispute writes the 201 over the void. B's app still holds its void
+	// Intent. Its Settle reads the store, which says succeeded, and never
+	// tells void.
+	t.Run("a void written over is never told from a stale Intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth, srv := phoneWorld(t)
+		target, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		front := &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
+		fs := httptest.NewServer(front)
+		t.Cleanup(fs.Close)
+		disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
+		t.Cleanup(func() { disk.Close() })
+		b, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth})
+		require.NoError(t, err)
+		a, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		front.hold.Store(true)
+		done := make(chan error, 1)
+		go func() { _, err := a.Do(ctx, in); done <- err }()
+		<-front.held
+		truth.Advance(time.Hour)
+		loaded, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		_, _ = b.Reconcile(ctx, loaded)
+		require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B trusted the miss")
+		close(front.release)
+		t.Logf("A's Do: err %v, state %s", <-done, in.State())
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
+		stored, err := a.Load(ctx, in.Key())
+		require.NoError(t, err)
+		t.Logf("stored: %s", stored.State())
+
+		resp, err := b.Settle(ctx, loaded)
+		t.Logf("B's Settle: resp %v, err %v, state %s", resp != nil, err, loaded.State())
+		assert.False(t, err == nil && loaded.State() == persist.StateVoid, "Settle tells void; the store says %s and the server charged", stored.State())
+	})
+
 	// A front holds A's POST past every bound, and B voids the intent. The
 	// server then charges and answers 201. A's arbitration cannot settle
 	// the dispute: the front answers the lookup with its own 503, or the

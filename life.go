@@ -943,7 +943,9 @@ func (c *life) currentVersion(ctx context.Context, in *Intent) (cur *persist.Rec
 	// The store is the truth. Another Intent value for this key may have moved
 	// an unresolved intent on. So may another Client on the store, or an
 	// earlier process. A resolved intent never changes, so it needs no read.
-	// Nor does one that holds the version this Client saved last, since it is
+	// A void is the exception: the server's word that it was done is written
+	// over it (arbitrate, recordLookup). Nor does an intent need a read that
+	// holds the version this Client saved last, since it is
 	// current. But a version that reads provably unsent is trusted only by the
 	// call that follows its arming. Another Client may have taken it over and
 	// sent it since. An intent stored not sent is always read.
@@ -955,7 +957,7 @@ func (c *life) currentVersion(ctx context.Context, in *Intent) (cur *persist.Rec
 	default:
 		known = c.keys.saved.is(cur)
 	}
-	if !in.ephemeral && !cur.State.Resolved() && !known {
+	if !in.ephemeral && (!cur.State.Resolved() || cur.State == persist.StateVoid) && !known {
 		stored, err := c.set.store.Get(ctx, cur.Key)
 		if err != nil {
 			return nil, false, unread(cur, err)

@@ -34,9 +34,13 @@ func lookupNonce() string { return rand.Text() }
 // (MarkJSONID, MarkRecognizer) says nothing of the intent. Then the answer
 // must echo this lookup's nonce and carry no Age field. An Age field (RFC
 // 9111) says a cache served it. That cache may have copied the nonce from
-// the request. One gap remains. A cache may reflect request header fields
-// into a kept answer and add no Age.
+// the request. A front that copies request header fields into its answer
+// copies the lookup's attempt nonce too, which no server sends back. Such
+// an answer is never trusted (reflected).
 func (c *config) lookupTrusted(status int, h http.Header, body []byte, key, nonce string) bool {
+	if reflected(h) {
+		return false // a front copied the lookup's header fields (lookupRequest)
+	}
 	if len(h.Values(lookupNonceHeader)) > 0 && !echoesNonce(h, nonce) {
 		return false
 	}

@@ -768,6 +768,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_Settle_whose_dispute_cannot_be_written",
 		},
 		{
+			Name: "reflected-lookup-trusted", File: "lookup.go",
+			Note:    "a lookup's 200 from a front that copies the request's header fields is trusted: a key-blind Mark stores succeeded for a payment never made, over a true void too",
+			Anchor:  "\tif reflected(h) {\n\t\treturn false // a front copied",
+			Replace: "\tif false {\n\t\treturn false // a front copied",
+			Pkg:     root, Run: "^TestReconcile$/^(an_echoing_gateway's_200_never_settles|a_true_void_is_never_written_over)",
+		},
+		{
+			Name: "void-never-read-again", File: "life.go",
+			Note:    "a void Intent is trusted without reading the store, though another Client's answer may have been written over it: Settle tells void for a payment",
+			Anchor:  "(!cur.State.Resolved() || cur.State == persist.StateVoid) && !known {",
+			Replace: "!cur.State.Resolved() && !known {",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_void_written_over_is_never_told_from_a_stale_Intent",
+		},
+		{
 			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",
 			Note:    "a Client whose answer could not be written over a stored void, since the record changed again, tells the app void with the server's answer in hand",
 			Anchor:  "\t\treturn fmt.Errorf(\"%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w\", ErrOutcomeUnknown, err)\n",

@@ -190,6 +190,10 @@ func (c *Client) lookupRequest(ctx context.Context, cur *persist.Record, key, lo
 	// nonce, or none. So its miss voids nothing (see lookupNonceHeader).
 	nonce := lookupNonce()
 	req.Header.Set(lookupNonceHeader, nonce)
+	// A second nonce that no server sends back, as a send's attempts carry.
+	// An answer that carries it copied the request's header fields: the
+	// lookup nonce's echo in it is forged (reflected).
+	req.Header.Set(attemptNonceHeader, lookupNonce())
 	return req, nonce, nil
 }
 
@@ -231,8 +235,8 @@ func (c *Client) judgeLookup(rec *persist.Record, out *Response, key, lookupURL,
 		rec.State = persist.StateSucceeded
 		// The caller owns out; the record keeps its own copy.
 		rec.Response = c.stored(out)
-	case isKeyUnused(resp.StatusCode, resp.Header, body) ||
-		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone(), key):
+	case !reflected(resp.Header) && (isKeyUnused(resp.StatusCode, resp.Header, body) ||
+		resp.StatusCode == http.StatusNotFound && c.ownAnswer != nil && c.ownAnswer(out.clone(), key)):
 		if !echoesNonce(resp.Header, nonce) {
 			// A miss kept by a cache may be older than the payment. A CDN
 			// that caches everything keeps one. Only a miss made for this

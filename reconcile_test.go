@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -861,6 +863,115 @@ func TestReconcile(t *testing.T) {
 	// gets the server's word that it was paid. That is newer than the void,
 	// and is written over it: a later Settle never tells void, and the
 	// action is never paid twice.
+	// A gateway copies the request's header fields into its own 200 JSON,
+	// the lookup's nonce among them. The lookup carries a second nonce that
+	// no server sends back (Idempotency-Attempt-Nonce), so the copy is seen
+	// for what it is, and settles nothing.
+	t.Run("an echoing gateway's 200 never settles an intent", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth, srv := phoneWorld(t)
+		front := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				// The connection breaks before the server is reached.
+				conn, _, err := rw.(http.Hijacker).Hijack()
+				if err == nil {
+					conn.Close()
+				}
+				return
+			}
+			// An echoing gateway: it reflects the request's header fields.
+			for name, vs := range r.Header {
+				rw.Header()[name] = vs
+			}
+			rw.Header().Set("Content-Type", "application/json")
+			rw.WriteHeader(http.StatusOK)
+			_, _ = rw.Write([]byte(`{"id":"gw_echo_1","path":"` + r.URL.Path + `"}`))
+		}))
+		t.Cleanup(front.Close)
+		c, err := idem.New(idem.Config{Store: dirStore(t, filepath.Join(t.TempDir(), "store")), HTTPClient: front.Client(),
+			Server: idem.Server{Mark: idem.MarkJSONID("id"), LookupQuery: "idempotency_key"}, Clock: truth,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, front.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := c.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = c.Do(ctx, in)
+		t.Logf("Do: err %v, state %s", err, in.State())
+		require.Error(t, err)
+		truth.Advance(time.Hour)
+		_, err = c.Reconcile(ctx, in)
+		t.Logf("Reconcile: err %v, state %s", err, in.State())
+		require.Equal(t, 0, srv.Stats().ProviderCharges, "the setup: nothing reached the server")
+		assert.NotEqual(t, persist.StateSucceeded, in.State(), "an echoing gateway's 200 settled the intent succeeded; the server has no payment")
+	})
+
+	// B's lookup is held by an echoing gateway while A's lookup gets the
+	// server's typed miss and stores a true void. The gateway's copy then
+	// reaches B. It is no server's word, so it never writes over the void.
+	t.Run("a true void is never written over by an echoing gateway's 200", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth, srv := phoneWorld(t)
+		target, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		var gets atomic.Int32
+		held, release := make(chan struct{}), make(chan struct{})
+		front := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				if conn, _, err := rw.(http.Hijacker).Hijack(); err == nil {
+					conn.Close()
+				}
+				return
+			}
+			if gets.Add(1) != 1 {
+				proxy.ServeHTTP(rw, r)
+				return
+			}
+			close(held)
+			<-release
+			for name, vs := range r.Header {
+				rw.Header()[name] = vs
+			}
+			rw.Header().Set("Content-Type", "application/json")
+			rw.WriteHeader(http.StatusOK)
+			_, _ = rw.Write([]byte(`{"id":"gw_echo_1"}`))
+		}))
+		t.Cleanup(front.Close)
+		disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
+		t.Cleanup(func() { disk.Close() })
+		server := idem.Server{Mark: idem.MarkJSONID("id"), LookupQuery: "idempotency_key"}
+		a, err := idem.New(idem.Config{Store: disk, HTTPClient: front.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		b, err := idem.New(idem.Config{Store: disk, HTTPClient: front.Client(), Server: server, Clock: truth, RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+		req, err := idem.JSONRequest(http.MethodPost, front.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		in, err := a.Intent(ctx, "checkout", req)
+		require.NoError(t, err)
+		_, err = a.Do(ctx, in)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the setup: the POST died on its way")
+		truth.Advance(time.Hour)
+
+		bIn, err := b.Load(ctx, in.Key())
+		require.NoError(t, err)
+		bDone := make(chan error, 1)
+		go func() { _, err := b.Reconcile(ctx, bIn); bDone <- err }()
+		<-held
+		_, err = a.Reconcile(ctx, in)
+		t.Logf("A's Reconcile: err %v, state %s", err, in.State())
+		require.Equal(t, persist.StateVoid, in.State(), "the setup: A trusted the server's typed miss (true)")
+		close(release)
+		err = <-bDone
+		t.Logf("B's Reconcile: err %v, state %s", err, bIn.State())
+		require.Equal(t, 0, srv.Stats().ProviderCharges, "nothing was charged")
+		later, err := a.Load(ctx, in.Key())
+		require.NoError(t, err)
+		assert.Equal(t, persist.StateVoid, later.State(), "a true void was written over by a gateway's 200")
+	})
+
 	t.Run("a lookup's answer wins over a void stored while it was on its way", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
