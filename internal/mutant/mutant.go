@@ -233,14 +233,18 @@ func (r *runner) verdict(ctx context.Context, m Mutant) (string, error) {
 		return "", fmt.Errorf("mutant %q: the anchor occurs %d times in %s, not once", m.Name, n, m.File)
 	}
 	mutated := strings.Replace(string(src), m.Anchor, m.Replace, 1)
+	built := time.Now()
 	bin, out, err := r.build(ctx, m.Name, m.Pkg, map[string]string{m.File: mutated})
+	building := time.Since(built)
 	if err != nil {
 		return "", fmt.Errorf("mutant %q does not build (rewrite its replacement): %w\n%s", m.Name, err, out)
 	}
 	if err := r.control(ctx, m); err != nil {
 		return "", err
 	}
+	ran := time.Now()
 	res, passed, err := r.run(ctx, bin, m, m.Name)
+	running := time.Since(ran)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("mutant %q: %w\n%s", m.Name, err, tail(res))
@@ -249,7 +253,8 @@ func (r *runner) verdict(ctx context.Context, m Mutant) (string, error) {
 	case !strings.Contains(res, "--- FAIL: "):
 		return "", fmt.Errorf("mutant %q: the run failed, but no test did:\n%s", m.Name, tail(res))
 	}
-	return evidence(res), nil
+	// The times include the wait for a turn (two builds or runs at once).
+	return fmt.Sprintf("%s (build %s, run %s)", evidence(res), building.Round(100*time.Millisecond), running.Round(100*time.Millisecond)), nil
 }
 
 // control runs m's test without any mutant, once for all the rows that
@@ -345,7 +350,12 @@ func (r *runner) run(ctx context.Context, bin string, m Mutant, name string) (ou
 	r.runs.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, RunTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-test.run", m.Run, "-test.count=1", "-test.v", "-test.timeout", RunTimeout.String())
+	args := []string{"-test.run", m.Run, "-test.count=1", "-test.v", "-test.timeout", RunTimeout.String()}
+	if name != "" {
+		// One failure kills the mutant. The tests after it need not run.
+		args = append(args, "-test.failfast")
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = filepath.Join(r.root, filepath.FromSlash(m.Pkg))
 	cmd.Env = append(environ(), childEnv+"="+name)
 	cmd.Env = append(cmd.Env, m.Env...)
