@@ -399,13 +399,19 @@ func (c *Client) dropUnarmed(in *Intent) {
 }
 
 // Load returns the intent stored under key. If there is none, the error
-// matches persist.ErrNotFound.
+// matches persist.ErrNotFound. A void this Client knows the server
+// overruled is written over first (see Reconcile). If the store refuses,
+// the error matches ErrOutcomeUnknown, and no void is returned.
 func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 	rec, err := c.store.Get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	return c.intentOf(rec), nil
+	in := c.intentOf(rec)
+	if _, err := c.overruledVoid(ctx, in, rec); err != nil {
+		return nil, err
+	}
+	return in, nil
 }
 
 // Unresolved returns the intents whose outcome is not known yet. They come

@@ -481,7 +481,18 @@ type keys struct {
 	// saved is the version of each unresolved record this Client saved
 	// last.
 	saved lastSaved
+
+	// overruled holds, by key, what the server's word made of an intent
+	// that the store still holds void. The write over the void failed
+	// (arbitrate, recordLookup). This Client never tells that void. The
+	// next read of the intent writes the record over it (overruledVoid).
+	// A restart forgets it. It holds at most maxOverruled keys.
+	overruled map[string]*persist.Record
 }
+
+// maxOverruled bounds the voids a Client remembers as overruled. Each needs
+// a failed write after a dispute, so few ever exist.
+const maxOverruled = 1024
 
 // maxSpareLives bounds the entries kept for reuse.
 const maxSpareLives = 64
@@ -828,6 +839,34 @@ func (k *keys) forget(key string) {
 	}
 }
 
+// overrule remembers rec, the server's word on an intent, when the store
+// could not write it over a void (see keys.overruled).
+func (k *keys) overrule(rec *persist.Record) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.overruled == nil {
+		k.overruled = make(map[string]*persist.Record)
+	}
+	if _, ok := k.overruled[rec.Key]; ok || len(k.overruled) < maxOverruled {
+		k.overruled[rec.Key] = rec
+	}
+}
+
+// overruling returns what overrules key's stored void, or nil.
+func (k *keys) overruling(key string) *persist.Record {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.overruled[key]
+}
+
+// upheld forgets key's overruled void, once the store holds the word that
+// overruled it.
+func (k *keys) upheld(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.overruled, key)
+}
+
 // tracked returns how many keys the Client holds an entry for.
 func (k *keys) tracked() int {
 	k.mu.Lock()
@@ -963,9 +1002,34 @@ func (c *life) currentVersion(ctx context.Context, in *Intent) (cur *persist.Rec
 			return nil, false, unread(cur, err)
 		}
 		in.set(stored)
+		if stored, err = c.overruledVoid(ctx, in, stored); err != nil {
+			return nil, false, err
+		}
 		return stored, false, nil
 	}
 	return cur, known, nil
+}
+
+// overruledVoid checks stored, a record just read into in, against what this
+// Client knows. The server's word may have overruled a stored void while
+// the store refused to write it (keys.overruled). That word is written over
+// the void now, and returned. When the store refuses again, the void is not
+// told: the error matches ErrOutcomeUnknown.
+func (c *life) overruledVoid(ctx context.Context, in *Intent, stored *persist.Record) (*persist.Record, error) {
+	if stored.State != persist.StateVoid {
+		return stored, nil
+	}
+	over := c.keys.overruling(stored.Key)
+	if over == nil {
+		return stored, nil
+	}
+	rec := *over
+	rec.UpdatedAt = c.set.clock.Now()
+	if err := c.saveWith(detached(ctx), in, &rec, nil, "record overruled void", overVoid); err != nil {
+		return nil, err
+	}
+	c.keys.upheld(stored.Key)
+	return &rec, nil
 }
 
 // unread is the error of a call that could not read in's record, and sent

@@ -782,6 +782,20 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_void_written_over_is_never_told_from_a_stale_Intent",
 		},
 		{
+			Name: "overruled-void-told", File: "life.go",
+			Note:    "a Client whose write of the server's word over a void failed tells that void later, when the disk has room again: the app pays a second time",
+			Anchor:  "over := c.keys.overruling(stored.Key)",
+			Replace: "var over *persist.Record",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_Settle_whose_dispute_cannot_be_written_is_never_told_void$",
+		},
+		{
+			Name: "overruling-lookup-forgotten", File: "reconcile.go",
+			Note:    "a lookup's 2xx that could not be written over a void stored meanwhile is forgotten: the Client's next Settle tells void, and Send pays again",
+			Anchor:  "c.keys.overrule(&over)",
+			Replace: "_ = over",
+			Pkg:     root, Run: "^TestReconcile$/^a_lookup's_answer_that_cannot_be_written_over_a_void_stored_meanwhile_is_never_told_void$",
+		},
+		{
 			Name: "void-adopted-when-the-answer-cannot-be-written-over-it", File: "life.go",
 			Note:    "a Client whose answer could not be written over a stored void, since the record changed again, tells the app void with the server's answer in hand",
 			Anchor:  "\t\treturn fmt.Errorf(\"%w: the server answered, but the intent was stored void meanwhile and could not be written over: %w\", ErrOutcomeUnknown, err)\n",

@@ -71,6 +71,9 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		return nil, fmt.Errorf("idem: loading intent %s: %w", key, err)
 	}
 	in.set(cur)
+	if cur, err = c.overruledVoid(ctx, in, cur); err != nil {
+		return nil, err
+	}
 	if cur.State.Resolved() {
 		return c.storedOutcome(cur)
 	}
@@ -138,11 +141,16 @@ func (c *Client) lookupOnce(ctx context.Context, cur *persist.Record, key, looku
 // Any other answer leaves the dispute standing. The intent is then stored
 // expired over the void. Its outcome is unknown, it is never sent again,
 // and a later Settle or Reconcile asks the server. If even that write
-// fails, the void stays stored.
+// fails, the void stays stored. This Client then never tells it: it
+// remembers what overrules it, and writes that at the next read
+// (overruledVoid). A restart forgets it.
 func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) error {
 	key := d.void.Key
 	in.set(d.void)
-	var why error
+	var (
+		why       error
+		confirmed *persist.Record // the answer, once the server's lookup holds the key
+	)
 	if c.lookup == nil {
 		why = errors.New("with no lookup (Server.Lookup) nothing tells which is true")
 	} else {
@@ -160,12 +168,17 @@ func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) er
 			if why = c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid); why == nil {
 				return nil
 			}
+			confirmed = &answer
 		}
 	}
 	unsettled := *d.answer
 	unsettled.State, unsettled.Response, unsettled.UpdatedAt = persist.StateExpired, nil, c.clock.Now()
 	if err := c.saveWith(detached(ctx), in, &unsettled, nil, "record dispute", overVoid); err != nil {
 		why = errors.Join(why, err)
+		if confirmed == nil {
+			confirmed = &unsettled
+		}
+		c.keys.overrule(confirmed)
 	}
 	return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile; settle it later (Settle or Reconcile): %w: %w", key, ErrOutcomeUnknown, why)
 }
@@ -285,7 +298,10 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 		// void, once.
 		over := *rec
 		in.set(d.void)
-		err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid)
+		if err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid); err != nil {
+			// The void stays stored. This Client never tells it.
+			c.keys.overrule(&over)
+		}
 	}
 	if err != nil {
 		if errors.As(err, new(*adoptedError)) {

@@ -972,106 +972,126 @@ func TestReconcile(t *testing.T) {
 		assert.Equal(t, persist.StateVoid, later.State(), "a true void was written over by a gateway's 200")
 	})
 
-	t.Run("a lookup's answer wins over a void stored while it was on its way", func(t *testing.T) {
-		t.Parallel()
-		ctx := context.Background()
-		truth, srv, store := phoneStore(t)
-		proxy := proxyTo(t, srv)
+	// The same, on a full disk: C cannot write the server's word over the
+	// void. C then never tells the void. Its next Load writes the word over
+	// it, once the disk has room again.
+	for _, tc := range []struct {
+		name     string
+		diskFull bool
+	}{
+		{"a lookup's answer wins over a void stored while it was on its way", false},
+		{"a lookup's answer that cannot be written over a void stored meanwhile is never told void", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			truth, srv, store := phoneStore(t)
+			proxy := proxyTo(t, srv)
+			cStore := &flakyWrites{Store: store}
 
-		var (
-			b                      *idem.Client
-			held, release, charged = make(chan struct{}), make(chan struct{}), make(chan struct{})
-			lookupOnce             sync.Once
-			first                  atomic.Bool
-			bState                 persist.State
-			bErr                   error
-		)
-		first.Store(true)
-		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			switch {
-			case r.Method == http.MethodPost && first.CompareAndSwap(true, false):
-				close(held)
-				<-release
-				// The held POST lands; the server charges; A's answer is lost.
-				proxy.ServeHTTP(httptest.NewRecorder(), r)
-				close(charged)
-				panic(http.ErrAbortHandler)
-			case r.Header.Get("X-Rt-Who") == "C":
-				lookupOnce.Do(func() {
-					// While C's lookup is on its way: B voids from the
-					// server's typed miss, then the held POST lands.
-					loaded, err := b.Load(ctx, r.URL.Query().Get("idempotency_key"))
-					if err == nil {
-						_, bErr = b.Reconcile(ctx, loaded)
-						bState = loaded.State()
-					} else {
-						bErr = err
-					}
-					close(release)
-					<-charged
-				})
-				proxy.ServeHTTP(w, r)
-			default:
-				proxy.ServeHTTP(w, r)
+			var (
+				b                      *idem.Client
+				held, release, charged = make(chan struct{}), make(chan struct{}), make(chan struct{})
+				lookupOnce             sync.Once
+				first                  atomic.Bool
+				bState                 persist.State
+				bErr                   error
+			)
+			first.Store(true)
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch {
+				case r.Method == http.MethodPost && first.CompareAndSwap(true, false):
+					close(held)
+					<-release
+					// The held POST lands; the server charges; A's answer is lost.
+					proxy.ServeHTTP(httptest.NewRecorder(), r)
+					close(charged)
+					panic(http.ErrAbortHandler)
+				case r.Header.Get("X-Rt-Who") == "C":
+					lookupOnce.Do(func() {
+						// While C's lookup is on its way: B voids from the
+						// server's typed miss, then the held POST lands.
+						loaded, err := b.Load(ctx, r.URL.Query().Get("idempotency_key"))
+						if err == nil {
+							_, bErr = b.Reconcile(ctx, loaded)
+							bState = loaded.State()
+						} else {
+							bErr = err
+						}
+						close(release)
+						<-charged
+						if tc.diskFull {
+							cStore.failAt = 2 // the first write meets the void; the second is overVoid's
+							cStore.armed.Store(true)
+						}
+					})
+					proxy.ServeHTTP(w, r)
+				default:
+					proxy.ServeHTTP(w, r)
+				}
+			}))
+			t.Cleanup(front.Close)
+
+			var err error
+			b, err = idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: echoLookupServer, Clock: truth})
+			require.NoError(t, err)
+			cTransport := front.Client().Transport
+			cc, err := idem.New(idem.Config{Store: cStore, Server: echoLookupServer, Clock: truth,
+				HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					r = r.Clone(r.Context())
+					r.Header.Set("X-Rt-Who", "C")
+					return cTransport.RoundTrip(r)
+				})}})
+			require.NoError(t, err)
+			a, err := idem.New(idem.Config{Store: store, Server: echoLookupServer, Clock: truth,
+				HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+				RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+			require.NoError(t, err)
+
+			req := payment1500(t, srv)
+			req.URL = front.URL + "/payments"
+			in, err := a.Intent(ctx, "checkout", req)
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				_, err := a.Do(ctx, in)
+				done <- err
+			}()
+			<-held
+			truth.Advance(time.Hour) // the POST is held past every bound
+
+			cin, err := cc.Load(ctx, in.Key())
+			require.NoError(t, err)
+			resp, recErr := cc.Reconcile(ctx, cin)
+			aErr := <-done
+			t.Logf("B's reconcile: state %s, err %v", bState, bErr)
+			t.Logf("A's Do: err %v", aErr)
+			t.Logf("C's Reconcile: resp %v, err %v, state %s", resp != nil, recErr, cin.State())
+			require.Equal(t, persist.StateVoid, bState, "the setup: B trusted the server's typed miss")
+			require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the held POST was charged")
+			require.NotNil(t, resp, "the setup: C's lookup got the server's answer")
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+
+			if !tc.diskFull {
+				stored, err := b.Load(ctx, in.Key())
+				require.NoError(t, err)
+				assert.NotEqual(t, persist.StateVoid, stored.State(), "C held the server's word that it was paid, yet the void stays stored")
+			} else {
+				require.ErrorIs(t, recErr, idem.ErrOutcomeUnknown, "the setup: C could not write the server's word over the void")
 			}
-		}))
-		t.Cleanup(front.Close)
 
-		var err error
-		b, err = idem.New(idem.Config{Store: store, HTTPClient: front.Client(), Server: echoLookupServer, Clock: truth})
-		require.NoError(t, err)
-		cTransport := front.Client().Transport
-		cc, err := idem.New(idem.Config{Store: store, Server: echoLookupServer, Clock: truth,
-			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				r = r.Clone(r.Context())
-				r.Header.Set("X-Rt-Who", "C")
-				return cTransport.RoundTrip(r)
-			})}})
-		require.NoError(t, err)
-		a, err := idem.New(idem.Config{Store: store, Server: echoLookupServer, Clock: truth,
-			HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
-			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
-		require.NoError(t, err)
-
-		req := payment1500(t, srv)
-		req.URL = front.URL + "/payments"
-		in, err := a.Intent(ctx, "checkout", req)
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() {
-			_, err := a.Do(ctx, in)
-			done <- err
-		}()
-		<-held
-		truth.Advance(time.Hour) // the POST is held past every bound
-
-		cin, err := cc.Load(ctx, in.Key())
-		require.NoError(t, err)
-		resp, recErr := cc.Reconcile(ctx, cin)
-		aErr := <-done
-		t.Logf("B's reconcile: state %s, err %v", bState, bErr)
-		t.Logf("A's Do: err %v", aErr)
-		t.Logf("C's Reconcile: resp %v, err %v, state %s", resp != nil, recErr, cin.State())
-		require.Equal(t, persist.StateVoid, bState, "the setup: B trusted the server's typed miss")
-		require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the held POST was charged")
-		require.NotNil(t, resp, "the setup: C's lookup got the server's answer")
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-
-		stored, err := b.Load(ctx, in.Key())
-		require.NoError(t, err)
-		assert.NotEqual(t, persist.StateVoid, stored.State(), "C held the server's word that it was paid, yet the void stays stored")
-
-		// Later, C settles the intent: told void, though C held the server's
-		// 2xx for its key. The app's Send trusts it and pays again.
-		later, err := cc.Load(ctx, in.Key())
-		require.NoError(t, err)
-		_, err = cc.Settle(ctx, later)
-		t.Logf("C's Settle: err %v, state %s", err, later.State())
-		assert.NotEqual(t, persist.StateVoid, later.State(), "Settle tells void for a payment whose 2xx C held")
-		_, err = cc.Send(ctx, "checkout", req)
-		t.Logf("C's Send: err %v", err)
-		assert.Equal(t, 1, srv.Stats().ProviderCharges, "the user's one action is charged twice")
-	})
+			// Later, C settles the intent: told void, though C held the server's
+			// 2xx for its key. The app's Send trusts it and pays again.
+			later, err := cc.Load(ctx, in.Key())
+			require.NoError(t, err)
+			_, err = cc.Settle(ctx, later)
+			t.Logf("C's Settle: err %v, state %s", err, later.State())
+			assert.NotEqual(t, persist.StateVoid, later.State(), "Settle tells void for a payment whose 2xx C held")
+			_, err = cc.Send(ctx, "checkout", req)
+			t.Logf("C's Send: err %v", err)
+			assert.Equal(t, 1, srv.Stats().ProviderCharges, "the user's one action is charged twice")
+		})
+	}
 
 	// A's first attempt begins in time, and the phone sleeps an hour while
 	// its connection is dialing. The attempt's context is a Go timer, which
