@@ -407,11 +407,7 @@ func (c *Client) Load(ctx context.Context, key string) (*Intent, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := c.intentOf(rec)
-	if _, err := c.overruledVoid(ctx, in, rec); err != nil {
-		return nil, err
-	}
-	return in, nil
+	return c.intentOf(rec), nil
 }
 
 // Unresolved returns the intents whose outcome is not known yet. They come

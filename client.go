@@ -66,6 +66,8 @@ func New(cfg Config) (*Client, error) {
 		flights: &flights{},
 		tokens:  newTokenBucket(c.retryBudget),
 	}
+	// Every read of the Client passes its view of the store.
+	cl.config.store = &overrulingStore{Store: c.store, keys: cl.life.keys, rev: cl.life.revs.next, now: c.clock.Now}
 	cl.maxElapsed = func(ctx context.Context) time.Duration { return cl.policyFor(ctx).MaxElapsed }
 	cl.life.set = &cl.config.lifeConfig
 	return cl, nil

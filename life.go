@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -484,10 +486,12 @@ type keys struct {
 
 	// overruled holds, by key, what the server's word made of an intent
 	// that the store still holds void. The write over the void failed
-	// (arbitrate, recordLookup). This Client never tells that void. The
-	// next read of the intent writes the record over it (overruledVoid).
-	// A restart forgets it. It holds at most maxOverruled keys.
-	overruled map[string]*persist.Record
+	// (arbitrate, recordLookup). This Client never reads that void: its
+	// store's view writes the record over it (overrulingStore). A restart
+	// forgets it. It holds at most maxOverruled keys. nOverruled counts
+	// them, so a read need not lock to learn there are none.
+	overruled  map[string]*persist.Record
+	nOverruled atomic.Int32
 }
 
 // maxOverruled bounds the voids a Client remembers as overruled. Each needs
@@ -849,7 +853,18 @@ func (k *keys) overrule(rec *persist.Record) {
 	}
 	if _, ok := k.overruled[rec.Key]; ok || len(k.overruled) < maxOverruled {
 		k.overruled[rec.Key] = rec
+		k.nOverruled.Store(int32(len(k.overruled)))
 	}
+}
+
+// anyOverruled reports whether the Client holds any overruled void.
+func (k *keys) anyOverruled() bool { return k.nOverruled.Load() > 0 }
+
+// overruledKeys returns the keys of the overruled voids.
+func (k *keys) overruledKeys() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Collect(maps.Keys(k.overruled))
 }
 
 // overruling returns what overrules key's stored void, or nil.
@@ -865,6 +880,7 @@ func (k *keys) upheld(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.overruled, key)
+	k.nOverruled.Store(int32(len(k.overruled)))
 }
 
 // tracked returns how many keys the Client holds an entry for.
@@ -996,40 +1012,17 @@ func (c *life) currentVersion(ctx context.Context, in *Intent) (cur *persist.Rec
 	default:
 		known = c.keys.saved.is(cur)
 	}
-	if !in.ephemeral && (!cur.State.Resolved() || cur.State == persist.StateVoid) && !known {
+	// So is an intent whose void this Client knows the server overruled
+	// (overrulingStore): the read writes the server's word over the void.
+	if !in.ephemeral && (!cur.State.Resolved() || cur.State == persist.StateVoid || c.keys.anyOverruled()) && !known {
 		stored, err := c.set.store.Get(ctx, cur.Key)
 		if err != nil {
 			return nil, false, unread(cur, err)
 		}
 		in.set(stored)
-		if stored, err = c.overruledVoid(ctx, in, stored); err != nil {
-			return nil, false, err
-		}
 		return stored, false, nil
 	}
 	return cur, known, nil
-}
-
-// overruledVoid checks stored, a record just read into in, against what this
-// Client knows. The server's word may have overruled a stored void while
-// the store refused to write it (keys.overruled). That word is written over
-// the void now, and returned. When the store refuses again, the void is not
-// told: the error matches ErrOutcomeUnknown.
-func (c *life) overruledVoid(ctx context.Context, in *Intent, stored *persist.Record) (*persist.Record, error) {
-	if stored.State != persist.StateVoid {
-		return stored, nil
-	}
-	over := c.keys.overruling(stored.Key)
-	if over == nil {
-		return stored, nil
-	}
-	rec := *over
-	rec.UpdatedAt = c.set.clock.Now()
-	if err := c.saveWith(detached(ctx), in, &rec, nil, "record overruled void", overVoid); err != nil {
-		return nil, err
-	}
-	c.keys.upheld(stored.Key)
-	return &rec, nil
 }
 
 // unread is the error of a call that could not read in's record, and sent

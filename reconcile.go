@@ -71,9 +71,6 @@ func (c *Client) askLookup(ctx context.Context, in *Intent, key, lookupURL strin
 		return nil, fmt.Errorf("idem: loading intent %s: %w", key, err)
 	}
 	in.set(cur)
-	if cur, err = c.overruledVoid(ctx, in, cur); err != nil {
-		return nil, err
-	}
 	if cur.State.Resolved() {
 		return c.storedOutcome(cur)
 	}
@@ -141,9 +138,9 @@ func (c *Client) lookupOnce(ctx context.Context, cur *persist.Record, key, looku
 // Any other answer leaves the dispute standing. The intent is then stored
 // expired over the void. Its outcome is unknown, it is never sent again,
 // and a later Settle or Reconcile asks the server. If even that write
-// fails, the void stays stored. This Client then never tells it: it
+// fails, the void stays stored. This Client then never reads it: it
 // remembers what overrules it, and writes that at the next read
-// (overruledVoid). A restart forgets it.
+// (overrulingStore). A restart forgets it.
 func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) error {
 	key := d.void.Key
 	in.set(d.void)
@@ -179,6 +176,8 @@ func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) er
 			confirmed = &unsettled
 		}
 		c.keys.overrule(confirmed)
+		// The intent tells the word the Client holds, never the void.
+		in.set(confirmed)
 	}
 	return fmt.Errorf("idem: intent %s got an answer, but another Client stored it void meanwhile; settle it later (Settle or Reconcile): %w: %w", key, ErrOutcomeUnknown, why)
 }
@@ -299,8 +298,10 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 		over := *rec
 		in.set(d.void)
 		if err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid); err != nil {
-			// The void stays stored. This Client never tells it.
+			// The void stays stored. This Client never reads it, and the
+			// intent tells the server's word.
 			c.keys.overrule(&over)
+			in.set(&over)
 		}
 	}
 	if err != nil {
