@@ -269,7 +269,7 @@ func (c *Client) judgeLookup(rec *persist.Record, out *Response, key, lookupURL,
 		// dead worker's, with a provider charge it has yet to record. A
 		// 503 and the like say it cannot tell now. Neither settles. Do
 		// lets the server finish the work, or a later lookup may tell.
-		return out, fmt.Errorf("idem: the server cannot settle intent %s now (%d %s); resume it with Do or reconcile later: %w: %w",
+		return out, fmt.Errorf("idem: the server cannot settle intent %s now (%d %s); settle it later (Settle sends it again while it may be sent, else asks the lookup): %w: %w",
 			key, resp.StatusCode, http.StatusText(resp.StatusCode), ErrOutcomeUnknown,
 			&APIError{Method: http.MethodGet, URL: lookupURL, Key: key, StatusCode: resp.StatusCode, Problem: parseProblem(resp.Header, body), Response: out})
 	default:

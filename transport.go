@@ -160,7 +160,9 @@ var storedRequestFields = []string{"Content-Type", "Content-Encoding", "Content-
 // and no intent. That GET is sent only after a 303 the server marked.
 // After any other, the GET fails with the call's error, which wraps
 // *RetryError. So no login page reaches the app as its payment's answer.
-// Any other unknown outcome is an error wrapping *RetryError too. Other methods
+// Any other unknown outcome is an error that matches ErrOutcomeUnknown.
+// When the attempts left it unknown, the error wraps *RetryError too. A
+// failed store or a dispute over a void says so instead. Other methods
 // pass through to base untouched, and never carry a key. base nil means
 // http.DefaultTransport. The RoundTripper is safe for concurrent use.
 //
