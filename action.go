@@ -211,6 +211,9 @@ func (c *Client) intent(ctx context.Context, name string, req Request, forceNew 
 	}
 	in := &made.in
 	in.rec, in.unsent, in.unarmed, in.force, in.after = &made.rec, c.keys, true, forceNew, revOf(latest)
+	if latest != nil && latest.State == persist.StateVoid {
+		in.overVoid = latest.Key
+	}
 	in.armRoom = &made.armed
 	if name != "" {
 		if c.unarmed == nil {
@@ -328,6 +331,9 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	// The arming write names this Client its holder. While the stored record
 	// is this version, no other Client can have sent it.
 	rec.Holder = c.id
+	if err := c.stillVoid(ctx, in.overVoid, rec.Name); err != nil {
+		return err
+	}
 	armed, adopted, err := c.claimAction(ctx, in, rec)
 	if err != nil {
 		return err
@@ -339,6 +345,29 @@ func (c *Client) arm(ctx context.Context, in *Intent) error {
 	if !adopted {
 		c.keys.saved.saved(armed)
 		c.keys.armed(armed.Key, c.clocks.sinceBirth())
+	}
+	return nil
+}
+
+// stillVoid refuses to arm an intent made over the void stored with key,
+// once that void was written over. A void is the one resolved record that
+// may change: the server's word that the work was done may be written over
+// it (arbitrate, recordLookup). The action is then paid, or its outcome is
+// unknown. Nothing is sent, and the error says which. key "" checks nothing.
+func (c *Client) stillVoid(ctx context.Context, key, name string) error {
+	if key == "" {
+		return nil
+	}
+	stored, err := c.store.Get(ctx, key)
+	switch {
+	case errors.Is(err, persist.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("idem: cannot tell whether the earlier intent for %q is still void; nothing was sent: %w", name, err)
+	case stored.State == persist.StateSucceeded:
+		return &ResolvedError{Name: name, Previous: c.intentOf(stored)}
+	case !stored.State.Resolved():
+		return &UnresolvedError{Name: name, Previous: c.intentOf(stored)}
 	}
 	return nil
 }

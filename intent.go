@@ -46,6 +46,10 @@ type Intent struct {
 	// this unarmed intent was made, or "" if none. Intent hands it out
 	// again only while that is still the latest.
 	after string
+	// overVoid is the key of that latest intent if it was void, else "".
+	// A void may later be written over by the server's word that the
+	// work was done. Arming reads it again (see Client.arm).
+	overVoid string
 	// replaced is set when Intent replaced this unarmed intent with one
 	// for a changed request. A replaced intent is never sent.
 	replaced bool

@@ -1063,4 +1063,36 @@ func TestUnarmedIntent(t *testing.T) {
 		_, _ = a.Do(ctx, tap)
 		assert.Equal(t, 2, e.srv.Stats().ProviderCharges, "one cart, one charge")
 	})
+
+	// A's POST is held, and B voids the intent from the server's miss. The
+	// user changes the cart: the action's latest is void, so A makes a new
+	// intent for it, unarmed. Then the held POST is charged, and A gets the
+	// server's word that it was paid. The word is written over the void,
+	// or, on a full disk, A holds it. The user taps Pay on the changed
+	// cart. The action is paid, so the tap sends nothing.
+	for _, tc := range []struct {
+		name string
+		full bool
+	}{
+		{"made over a void is never armed once a payment is written over the void", false},
+		{"made over a void is never armed while its Client holds a payment's word over the void", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var changed *idem.Intent
+			w := overruledWorldWith(t, tc.full, func(w *overruledWorld) {
+				req, err := idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+				require.NoError(t, err)
+				changed, err = w.a.Intent(ctx, "checkout", req)
+				require.NoError(t, err, "the setup: the action's latest is void, so a changed cart is a new intent")
+			})
+			w.roomAgain()
+			_, err := w.a.Do(ctx, changed)
+			t.Logf("A's Do of the changed cart: err %v; charges %d", err, w.srv.Stats().ProviderCharges)
+			var resolved *idem.ResolvedError
+			assert.ErrorAs(t, err, &resolved, "the action is paid")
+			assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "a changed cart was charged for an action already paid")
+		})
+	}
 }

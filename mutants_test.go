@@ -789,6 +789,13 @@ func TestMutants(t *testing.T) {
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_Settle_whose_dispute_cannot_be_written_is_never_told_void$",
 		},
 		{
+			Name: "armed-over-a-written-void", File: "action.go",
+			Note:    "an intent made over a void is armed though a payment was written over that void since: a changed cart is charged for an action already paid",
+			Anchor:  "c.stillVoid(ctx, in.overVoid, rec.Name)",
+			Replace: "c.stillVoid(ctx, \"\", rec.Name)",
+			Pkg:     root, Run: "^TestUnarmedIntent$/^made_over_a_void_is_never_armed",
+		},
+		{
 			Name: "overruling-view-skipped", File: "client.go",
 			Note:    "the Client reads its store directly, not through the view that writes an overruled void over: Send pays a changed cart for a paid action",
 			Anchor:  "cl.config.store = &overrulingStore{",

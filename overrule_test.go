@@ -333,6 +333,14 @@ type overruledWorld struct {
 
 func newOverruledWorld(t *testing.T) *overruledWorld {
 	t.Helper()
+	return overruledWorldWith(t, true, nil)
+}
+
+// overruledWorldWith is newOverruledWorld with a choice. full says whether
+// the disk refuses arbitrate's two writes over the void. meanwhile, if not
+// nil, runs after B's void and before A's held POST is released.
+func overruledWorldWith(t *testing.T, full bool, meanwhile func(w *overruledWorld)) *overruledWorld {
+	t.Helper()
 	ctx := context.Background()
 	w := &overruledWorld{}
 	w.truth, w.srv = phoneWorld(t)
@@ -367,6 +375,16 @@ func newOverruledWorld(t *testing.T) *overruledWorld {
 	_, err = w.b.Reconcile(ctx, loaded)
 	require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B trusted the miss (%v)", err)
 
+	if meanwhile != nil {
+		meanwhile(w)
+	}
+	if !full {
+		close(w.front.release)
+		w.doErr = <-done
+		require.Equal(t, 1, w.srv.Stats().ProviderCharges, "the setup: the held POST was charged")
+		require.NoError(t, w.doErr, "the setup: A's answer, confirmed by the lookup, is written over the void")
+		return w
+	}
 	w.store.failAt, w.store.failAlso = 2, 3 // arbitrate's writes over the void: the answer's, then the expired record's
 	w.store.armed.Store(true)
 	close(w.front.release)
