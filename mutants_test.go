@@ -765,7 +765,7 @@ func TestMutants(t *testing.T) {
 			Note:    "Settle tells void for a call that ended unknown with the void still stored (a dispute it could not write): the app pays again for a payment the server may have made",
 			Anchor:  "\tcase in.State() == persist.StateVoid && !errors.Is(err, ErrOutcomeUnknown):\n",
 			Replace: "\tcase in.State() == persist.StateVoid:\n",
-			Pkg:     root, Run: "^TestResolvedRecord$/^a_Settle_whose_dispute_cannot_be_written",
+			Pkg:     root, Run: "^TestOverrulingStore$/^a_stale_void_Intent's_Settle_on_a_full_disk_is_unknown,_never_void$",
 		},
 		{
 			Name: "reflected-lookup-trusted", File: "lookup.go",

@@ -62,6 +62,27 @@ func TestOverrulingStore(t *testing.T) {
 		assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "A paid the action a second time, though it holds the server's word that the first payment was made")
 	})
 
+	// The app loaded the intent while B's void stood, and settles that
+	// Intent while the disk still refuses A's word. Settle cannot read the
+	// intent through the view, so it says the outcome is unknown. It never
+	// tells the void its Intent still holds.
+	t.Run("a stale void Intent's Settle on a full disk is unknown, never void", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		var stale *idem.Intent
+		w := overruledWorldWith(t, true, func(w *overruledWorld) {
+			var err error
+			stale, err = w.a.Load(ctx, w.in.Key())
+			require.NoError(t, err)
+			require.Equal(t, persist.StateVoid, stale.State(), "the setup: loaded while the void stood")
+		})
+		w.store.writes.Store(0)
+		w.store.failAt, w.store.failAlso = 1, 2
+		resp, err := w.a.Settle(ctx, stale)
+		t.Logf("Settle: resp %v, err %v", resp != nil, err)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "Settle told void for a payment A holds the server's word for")
+	})
+
 	// The app's pending screen lists the unresolved. The list writes A's
 	// word over the void, so the app's next start reads the payment.
 	t.Run("Unresolved writes the word over the void, and the next start reads it", func(t *testing.T) {
