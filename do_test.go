@@ -1624,6 +1624,107 @@ func TestResolvedRecord(t *testing.T) {
 			assert.Equal(t, persist.StateVoid, stored.State(), "the server's void stays, or the lookup finds it again")
 		})
 	}
+
+	// A's POST is held, and B voids it from the server's miss. The user
+	// changes the cart, and the changed cart is declined. Then the held
+	// POST lands and is charged, and its payment is written over the void.
+	// It is written at the action's end, so the next tap finds the action
+	// paid, and sends nothing.
+	t.Run("a payment written over a void behind a decline is the action's latest", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		w := overruledWorldWith(t, false, func(w *overruledWorld) {
+			req, err := idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_declined"})
+			require.NoError(t, err)
+			declined, err := w.a.Intent(ctx, "checkout", req)
+			require.NoError(t, err, "the setup: the action's latest is void, so a changed cart is a new intent")
+			_, err = w.a.Do(ctx, declined)
+			t.Logf("the declined cart: %v", err)
+			require.Equal(t, persist.StateFailed, declined.State(), "the setup: the second cart was declined")
+		})
+		first, err := w.a.Load(ctx, w.in.Key())
+		require.NoError(t, err)
+		require.Equal(t, persist.StateSucceeded, first.State(), "the setup: the first intent is paid")
+
+		req, err := idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		again, err := w.a.Intent(ctx, "checkout", req)
+		if err == nil {
+			_, err = w.a.Do(ctx, again)
+		}
+		t.Logf("the third tap: err %v; charges %d", err, w.srv.Stats().ProviderCharges)
+		var resolved *idem.ResolvedError
+		assert.ErrorAs(t, err, &resolved, "the action is paid")
+		assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "an action already paid was charged again")
+	})
+
+	// The same with a chain of voids: the changed cart is held and voided
+	// too. A third cart, made before or after the payment is written over
+	// the first void, sends nothing.
+	t.Run("a payment written over a void behind another void is the action's latest", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name       string
+			madeBefore bool // the third cart made before the first POST lands (unarmed over the void), else after
+		}{
+			{"third cart made while both voids stood", true},
+			{"third cart made after the payment was written over the first void", false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				var third *idem.Intent
+				var front2 *holdingFront
+				var done2 chan error
+				w := overruledWorldWith(t, false, func(w *overruledWorld) {
+					target, err := url.Parse(w.srv.URL)
+					require.NoError(t, err)
+					front2 = &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
+					fs2 := httptest.NewServer(front2)
+					t.Cleanup(fs2.Close)
+					req, err := idem.JSONRequest(http.MethodPost, fs2.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+					require.NoError(t, err)
+					second, err := w.a.Intent(ctx, "checkout", req)
+					require.NoError(t, err, "the setup: the action's latest is void, so a changed cart is a new intent")
+					front2.hold.Store(true)
+					done2 = make(chan error, 1)
+					go func() { _, err := w.a.Do(ctx, second); done2 <- err }()
+					<-front2.held
+					w.truth.Advance(time.Hour)
+					loaded, err := w.b.Load(ctx, second.Key())
+					require.NoError(t, err)
+					_, err = w.b.Reconcile(ctx, loaded)
+					require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B voided the second intent too (%v)", err)
+					if tc.madeBefore {
+						req3, err := idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1700, "currency": "AZN", "customer": "cus_1"})
+						require.NoError(t, err)
+						third, err = w.a.Intent(ctx, "checkout", req3)
+						require.NoError(t, err, "the setup: the latest is void, so a third cart is a new intent")
+					}
+				})
+				defer func() { close(front2.release); <-done2 }()
+				first, err := w.a.Load(ctx, w.in.Key())
+				require.NoError(t, err)
+				require.Equal(t, persist.StateSucceeded, first.State(), "the setup: the first intent is paid")
+				if !tc.madeBefore {
+					req3, err := idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1700, "currency": "AZN", "customer": "cus_1"})
+					require.NoError(t, err)
+					third, err = w.a.Intent(ctx, "checkout", req3)
+					if err != nil {
+						t.Logf("Intent of the third cart: %v", err)
+						var resolved *idem.ResolvedError
+						assert.ErrorAs(t, err, &resolved, "the action is paid")
+						return
+					}
+				}
+				_, err = w.a.Do(ctx, third)
+				t.Logf("A's Do of the third cart: err %v; charges %d", err, w.srv.Stats().ProviderCharges)
+				var resolved *idem.ResolvedError
+				assert.ErrorAs(t, err, &resolved, "the action is paid")
+				assert.Equal(t, 1, w.srv.Stats().ProviderCharges, "a third cart was charged for an action already paid")
+			})
+		}
+	})
 }
 
 // disputeUnsettled runs the dispute of TestResolvedRecord that A cannot

@@ -1415,6 +1415,30 @@ func (c *life) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist
 	return fmt.Errorf("idem: intent %s changed under every write", rec.Key)
 }
 
+// atActionEnd moves rec, a record about to be written over a void, to its
+// action's end. A void is the one resolved record that may change. The
+// action may have moved on since it was stored void: a changed cart was
+// declined, or voided too. Written over the void, the server's word must
+// decide the action's next intent, as its latest. So rec takes the Seq
+// after every stored record of its action. A record of no action keeps
+// its Seq. A Client that claims the same Seq at the same moment may still
+// come first (docs/CLIENT.md, "What cannot be protected").
+func atActionEnd(ctx context.Context, s persist.Store, rec *persist.Record) error {
+	if rec.Name == "" {
+		return nil
+	}
+	recs, err := s.List(ctx, persist.Filter{Name: rec.Name})
+	if err != nil {
+		return fmt.Errorf("idem: reading the intents of action %q: %w: %w", rec.Name, ErrOutcomeUnknown, err)
+	}
+	for _, r := range recs {
+		if r.Key != rec.Key && r.Seq >= rec.Seq {
+			rec.Seq = r.Seq + 1
+		}
+	}
+	return nil
+}
+
 // overVoid writes rec, the answer the server's lookup confirmed, over void,
 // another Client's void of its intent, once. The write is conditional on
 // the void's version. When it fails the stored record is unknown, so is the

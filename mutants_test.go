@@ -721,8 +721,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "dispute-left-void", File: "reconcile.go",
 			Note:    "a dispute the lookup could not settle leaves the void stored: a later Settle tells void for a payment the server made, and the app pays again",
-			Anchor:  "\tif err := c.saveWith(detached(ctx), in, &unsettled, nil, \"record dispute\", overVoid); err != nil {\n",
-			Replace: "\tif err := error(nil); err != nil {\n",
+			Anchor:  "\terr := atActionEnd(detached(ctx), c.store, &unsettled)\n\tif err == nil {\n\t\terr = c.saveWith(detached(ctx), in, &unsettled, nil, \"record dispute\", overVoid)\n\t}\n",
+			Replace: "\tvar err error\n",
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_dispute_",
 		},
 		{
@@ -794,6 +794,13 @@ func TestMutants(t *testing.T) {
 			Anchor:  "c.stillVoid(ctx, in.overVoid, rec.Name)",
 			Replace: "c.stillVoid(ctx, \"\", rec.Name)",
 			Pkg:     root, Run: "^TestUnarmedIntent$/^made_over_a_void_is_never_armed",
+		},
+		{
+			Name: "void-written-over-in-place", File: "life.go",
+			Note:    "a payment written over a void keeps the void's place in its action: behind a later decline or void it never decides the next tap, which pays again",
+			Anchor:  "	if rec.Name == \"\" {\n		return nil\n	}\n	recs, err := s.List(ctx, persist.Filter{Name: rec.Name})",
+			Replace: "	if true {\n		return nil\n	}\n	recs, err := s.List(ctx, persist.Filter{Name: rec.Name})",
+			Pkg:     root, Run: "^TestResolvedRecord$/^a_payment_written_over_a_void_behind",
 		},
 		{
 			Name: "overruling-view-skipped", File: "client.go",

@@ -89,7 +89,10 @@ func (s *overrulingStore) overrule(ctx context.Context, void *persist.Record) (*
 	}
 	rec := *word
 	rec.Rev, rec.UpdatedAt = s.rev(), s.now()
-	err := s.Store.Write(detached(ctx), &rec, void)
+	err := atActionEnd(detached(ctx), s.Store, &rec)
+	if err == nil {
+		err = s.Store.Write(detached(ctx), &rec, void)
+	}
 	var changed *persist.ConflictError
 	switch {
 	case err == nil:

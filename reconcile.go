@@ -162,15 +162,21 @@ func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) er
 		default:
 			answer := *d.answer
 			answer.UpdatedAt = c.clock.Now()
-			if why = c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid); why == nil {
-				return nil
+			if why = atActionEnd(detached(ctx), c.store, &answer); why == nil {
+				if why = c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid); why == nil {
+					return nil
+				}
 			}
 			confirmed = &answer
 		}
 	}
 	unsettled := *d.answer
 	unsettled.State, unsettled.Response, unsettled.UpdatedAt = persist.StateExpired, nil, c.clock.Now()
-	if err := c.saveWith(detached(ctx), in, &unsettled, nil, "record dispute", overVoid); err != nil {
+	err := atActionEnd(detached(ctx), c.store, &unsettled)
+	if err == nil {
+		err = c.saveWith(detached(ctx), in, &unsettled, nil, "record dispute", overVoid)
+	}
+	if err != nil {
 		why = errors.Join(why, err)
 		if confirmed == nil {
 			confirmed = &unsettled
@@ -297,7 +303,10 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 		// void, once.
 		over := *rec
 		in.set(d.void)
-		if err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid); err != nil {
+		if err = atActionEnd(context.WithoutCancel(ctx), c.store, &over); err == nil {
+			err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid)
+		}
+		if err != nil {
 			// The void stays stored. This Client never reads it, and the
 			// intent tells the server's word.
 			c.keys.overrule(&over)
