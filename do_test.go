@@ -1725,6 +1725,77 @@ func TestResolvedRecord(t *testing.T) {
 			})
 		}
 	})
+
+	// A's first cart is held past every bound, and B voids it: true, as
+	// nothing is charged. The user's changed cart is paid. The held POST
+	// lands and is declined, and the dispute's lookup fails, so the first
+	// cart is stored unknown over the void. A later SettleAll proves it
+	// void. It kept its place, so the paid cart is still the action's
+	// latest, and its re-tap sends nothing.
+	t.Run("an unknown outcome written over a true void never moves past a paid cart", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		truth, srv := phoneWorld(t)
+		target, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		front := &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
+		fs := httptest.NewServer(front)
+		t.Cleanup(fs.Close)
+		disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
+		t.Cleanup(func() { disk.Close() })
+		b, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth})
+		require.NoError(t, err)
+		a, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth,
+			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
+		require.NoError(t, err)
+
+		req1, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_declined"})
+		require.NoError(t, err)
+		first, err := a.Intent(ctx, "checkout", req1)
+		require.NoError(t, err)
+		front.hold.Store(true)
+		done := make(chan error, 1)
+		go func() { _, err := a.Do(ctx, first); done <- err }()
+		<-front.held
+		truth.Advance(time.Hour)
+		loaded, err := b.Load(ctx, first.Key())
+		require.NoError(t, err)
+		_, err = b.Reconcile(ctx, loaded)
+		require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B voided the first cart (%v)", err)
+
+		// The user changes the cart; the latest is void, so it is a new
+		// intent, and it is paid.
+		req2, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1600, "currency": "AZN", "customer": "cus_1"})
+		require.NoError(t, err)
+		resp, err := a.Send(ctx, "checkout", req2)
+		require.NoError(t, err, "the setup: the changed cart is paid")
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		require.Equal(t, 1, srv.Stats().ProviderCharges)
+
+		// The held first POST lands and is declined; arbitrate's lookup fails.
+		front.failLookups.Store(1)
+		close(front.release)
+		err = <-done
+		t.Logf("A's Do of the held first cart: err %v, state %s", err, first.State())
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the setup: the dispute stands")
+		stored, err := disk.Get(ctx, first.Key())
+		require.NoError(t, err)
+		t.Logf("the first cart stored: %s, seq %d", stored.State, stored.Seq)
+
+		// Later, as ErrOutcomeUnknown asks, the app settles everything.
+		truth.Advance(time.Hour)
+		settled, err := a.SettleAll(ctx)
+		t.Logf("SettleAll: %d settled, err %v", len(settled), err)
+		stored, err = disk.Get(ctx, first.Key())
+		require.NoError(t, err)
+		t.Logf("the first cart stored: %s, seq %d", stored.State, stored.Seq)
+		require.Equal(t, persist.StateVoid, stored.State, "the setup: the declined cart is settled void (true: nothing charged)")
+
+		// The user taps pay again on the paid cart.
+		resp, err = a.Send(ctx, "checkout", req2)
+		t.Logf("the re-tap of the paid cart: err %v, resp %v, charges %d", err, resp != nil, srv.Stats().ProviderCharges)
+		assert.Equal(t, 1, srv.Stats().ProviderCharges, "the paid cart was charged a second time for one action")
+	})
 }
 
 // disputeUnsettled runs the dispute of TestResolvedRecord that A cannot

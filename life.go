@@ -1416,15 +1416,17 @@ func (c *life) writeOwn(ctx context.Context, s persist.Store, rec, prev *persist
 }
 
 // atActionEnd moves rec, a record about to be written over a void, to its
-// action's end. A void is the one resolved record that may change. The
-// action may have moved on since it was stored void: a changed cart was
-// declined, or voided too. Written over the void, the server's word must
-// decide the action's next intent, as its latest. So rec takes the Seq
-// after every stored record of its action. A record of no action keeps
-// its Seq. A Client that claims the same Seq at the same moment may still
-// come first (docs/CLIENT.md, "What cannot be protected").
+// action's end, if it is a payment. A void is the one resolved record that
+// may change. The action may have moved on since it was stored void: a
+// changed cart was declined, or voided too, or paid. Written over the void,
+// the payment must decide the action's next intent, as its latest. So rec
+// takes the Seq after every stored record of its action. Any other record
+// keeps its place: an unknown outcome may yet prove void, and must not
+// stand before a later payment. A record of no action keeps its Seq too. A
+// Client that claims the same Seq at the same moment may still come first
+// (docs/CLIENT.md, "What cannot be protected").
 func atActionEnd(ctx context.Context, s persist.Store, rec *persist.Record) error {
-	if rec.Name == "" {
+	if rec.Name == "" || rec.State != persist.StateSucceeded {
 		return nil
 	}
 	recs, err := s.List(ctx, persist.Filter{Name: rec.Name})

@@ -798,9 +798,16 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "void-written-over-in-place", File: "life.go",
 			Note:    "a payment written over a void keeps the void's place in its action: behind a later decline or void it never decides the next tap, which pays again",
-			Anchor:  "	if rec.Name == \"\" {\n		return nil\n	}\n	recs, err := s.List(ctx, persist.Filter{Name: rec.Name})",
-			Replace: "	if true {\n		return nil\n	}\n	recs, err := s.List(ctx, persist.Filter{Name: rec.Name})",
+			Anchor:  "	if rec.Name == \"\" || rec.State != persist.StateSucceeded {\n",
+			Replace: "	if true {\n",
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_payment_written_over_a_void_behind",
+		},
+		{
+			Name: "unknown-moved-past-a-payment", File: "life.go",
+			Note:    "an unknown outcome written over a void moves to the action's end: once it proves void, it stands before the cart paid since, and the re-tap of that cart pays again",
+			Anchor:  "	if rec.Name == \"\" || rec.State != persist.StateSucceeded {\n",
+			Replace: "	if rec.Name == \"\" {\n",
+			Pkg:     root, Run: "^TestResolvedRecord$/^an_unknown_outcome_written_over_a_true_void_never_moves_past_a_paid_cart$",
 		},
 		{
 			Name: "overruling-view-skipped", File: "client.go",
