@@ -1441,6 +1441,15 @@ func atActionEnd(ctx context.Context, s persist.Store, rec *persist.Record) erro
 	return nil
 }
 
+// saveOverVoid saves rec over the void that in holds, by overVoid. A payment
+// first moves to its action's end (atActionEnd).
+func (c *life) saveOverVoid(ctx context.Context, in *Intent, rec *persist.Record, op string) error {
+	if err := atActionEnd(ctx, c.set.store, rec); err != nil {
+		return err
+	}
+	return c.saveWith(ctx, in, rec, nil, op, overVoid)
+}
+
 // overVoid writes rec, the answer the server's lookup confirmed, over void,
 // another Client's void of its intent, once. The write is conditional on
 // the void's version. When it fails the stored record is unknown, so is the

@@ -721,8 +721,8 @@ func TestMutants(t *testing.T) {
 		{
 			Name: "dispute-left-void", File: "reconcile.go",
 			Note:    "a dispute the lookup could not settle leaves the void stored: a later Settle tells void for a payment the server made, and the app pays again",
-			Anchor:  "\terr := atActionEnd(detached(ctx), c.store, &unsettled)\n\tif err == nil {\n\t\terr = c.saveWith(detached(ctx), in, &unsettled, nil, \"record dispute\", overVoid)\n\t}\n",
-			Replace: "\tvar err error\n",
+			Anchor:  "\tif err := c.saveOverVoid(detached(ctx), in, &unsettled, \"record dispute\"); err != nil {\n",
+			Replace: "\tif err := error(nil); err != nil {\n",
 			Pkg:     root, Run: "^TestResolvedRecord$/^a_dispute_",
 		},
 		{

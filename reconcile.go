@@ -162,21 +162,15 @@ func (c *Client) arbitrate(ctx context.Context, in *Intent, d *disputedError) er
 		default:
 			answer := *d.answer
 			answer.UpdatedAt = c.clock.Now()
-			if why = atActionEnd(detached(ctx), c.store, &answer); why == nil {
-				if why = c.saveWith(detached(ctx), in, &answer, nil, "record arbitration", overVoid); why == nil {
-					return nil
-				}
+			if why = c.saveOverVoid(detached(ctx), in, &answer, "record arbitration"); why == nil {
+				return nil
 			}
 			confirmed = &answer
 		}
 	}
 	unsettled := *d.answer
 	unsettled.State, unsettled.Response, unsettled.UpdatedAt = persist.StateExpired, nil, c.clock.Now()
-	err := atActionEnd(detached(ctx), c.store, &unsettled)
-	if err == nil {
-		err = c.saveWith(detached(ctx), in, &unsettled, nil, "record dispute", overVoid)
-	}
-	if err != nil {
+	if err := c.saveOverVoid(detached(ctx), in, &unsettled, "record dispute"); err != nil {
 		why = errors.Join(why, err)
 		if confirmed == nil {
 			confirmed = &unsettled
@@ -303,10 +297,7 @@ func (c *Client) recordLookup(ctx context.Context, in *Intent, rec *persist.Reco
 		// void, once.
 		over := *rec
 		in.set(d.void)
-		if err = atActionEnd(context.WithoutCancel(ctx), c.store, &over); err == nil {
-			err = c.saveWith(context.WithoutCancel(ctx), in, &over, nil, "record reconciliation", overVoid)
-		}
-		if err != nil {
+		if err = c.saveOverVoid(context.WithoutCancel(ctx), in, &over, "record reconciliation"); err != nil {
 			// The void stays stored. This Client never reads it, and the
 			// intent tells the server's word.
 			c.keys.overrule(&over)
