@@ -1476,34 +1476,12 @@ func TestResolvedRecord(t *testing.T) {
 	t.Run("a void written over is never told from a stale Intent", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		target, err := url.Parse(srv.URL)
-		require.NoError(t, err)
-		front := &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
-		fs := httptest.NewServer(front)
-		t.Cleanup(fs.Close)
-		disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { disk.Close() })
-		b, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth})
-		require.NoError(t, err)
-		a, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth,
-			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
-		require.NoError(t, err)
-		req, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-		require.NoError(t, err)
-		in, err := a.Intent(ctx, "checkout", req)
-		require.NoError(t, err)
-		front.hold.Store(true)
-		done := make(chan error, 1)
-		go func() { _, err := a.Do(ctx, in); done <- err }()
-		<-front.held
-		truth.Advance(time.Hour)
+		w := newHeldWorld(t, "cus_1", false)
+		a, b, srv, in := w.a, w.b, w.srv, w.in
 		loaded, err := b.Load(ctx, in.Key())
 		require.NoError(t, err)
-		_, _ = b.Reconcile(ctx, loaded)
-		require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B trusted the miss")
-		close(front.release)
-		t.Logf("A's Do: err %v, state %s", <-done, in.State())
+		require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B's app holds the void")
+		t.Logf("A's Do: err %v, state %s", w.release(), in.State())
 		require.Equal(t, 1, srv.Stats().ProviderCharges)
 		stored, err := a.Load(ctx, in.Key())
 		require.NoError(t, err)
@@ -1735,33 +1713,8 @@ func TestResolvedRecord(t *testing.T) {
 	t.Run("an unknown outcome written over a true void never moves past a paid cart", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		truth, srv := phoneWorld(t)
-		target, err := url.Parse(srv.URL)
-		require.NoError(t, err)
-		front := &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
-		fs := httptest.NewServer(front)
-		t.Cleanup(fs.Close)
-		disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
-		t.Cleanup(func() { disk.Close() })
-		b, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth})
-		require.NoError(t, err)
-		a, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth,
-			RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
-		require.NoError(t, err)
-
-		req1, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_declined"})
-		require.NoError(t, err)
-		first, err := a.Intent(ctx, "checkout", req1)
-		require.NoError(t, err)
-		front.hold.Store(true)
-		done := make(chan error, 1)
-		go func() { _, err := a.Do(ctx, first); done <- err }()
-		<-front.held
-		truth.Advance(time.Hour)
-		loaded, err := b.Load(ctx, first.Key())
-		require.NoError(t, err)
-		_, err = b.Reconcile(ctx, loaded)
-		require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B voided the first cart (%v)", err)
+		w := newHeldWorld(t, "cus_declined", false)
+		a, srv, fs, disk, first := w.a, w.srv, w.fs, w.disk, w.in
 
 		// The user changes the cart; the latest is void, so it is a new
 		// intent, and it is paid.
@@ -1773,9 +1726,8 @@ func TestResolvedRecord(t *testing.T) {
 		require.Equal(t, 1, srv.Stats().ProviderCharges)
 
 		// The held first POST lands and is declined; arbitrate's lookup fails.
-		front.failLookups.Store(1)
-		close(front.release)
-		err = <-done
+		w.front.failLookups.Store(1)
+		err = w.release()
 		t.Logf("A's Do of the held first cart: err %v, state %s", err, first.State())
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the setup: the dispute stands")
 		stored, err := disk.Get(ctx, first.Key())
@@ -1783,7 +1735,7 @@ func TestResolvedRecord(t *testing.T) {
 		t.Logf("the first cart stored: %s, seq %d", stored.State, stored.Seq)
 
 		// Later, as ErrOutcomeUnknown asks, the app settles everything.
-		truth.Advance(time.Hour)
+		w.truth.Advance(time.Hour)
 		settled, err := a.SettleAll(ctx)
 		t.Logf("SettleAll: %d settled, err %v", len(settled), err)
 		stored, err = disk.Get(ctx, first.Key())
@@ -1802,53 +1754,13 @@ func TestResolvedRecord(t *testing.T) {
 // settle; arm breaks the lookup or the store as A's answer arrives.
 func disputeUnsettled(t *testing.T, settle bool, arm func(*holdingFront, *flakyWrites)) {
 	ctx := context.Background()
-	truth, srv := phoneWorld(t)
-	target, err := url.Parse(srv.URL)
-	require.NoError(t, err)
-	front := &holdingFront{proxy: httputil.NewSingleHostReverseProxy(target), held: make(chan struct{}), release: make(chan struct{})}
-	fs := httptest.NewServer(front)
-	t.Cleanup(fs.Close)
-	disk := dirStore(t, filepath.Join(t.TempDir(), "store"))
-	t.Cleanup(func() { disk.Close() })
-	store := &flakyWrites{Store: disk}
-	b, err := idem.New(idem.Config{Store: disk, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth})
-	require.NoError(t, err)
-	a, err := idem.New(idem.Config{Store: store, HTTPClient: fs.Client(), Server: echoLookupServer, Clock: truth,
-		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
-	require.NoError(t, err)
-	req, err := idem.JSONRequest(http.MethodPost, fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
-	require.NoError(t, err)
-	in, err := a.Intent(ctx, "checkout", req)
-	require.NoError(t, err)
-
-	front.hold.Store(true)
-	type result struct {
-		resp *idem.Response
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		call := a.Do
-		if settle {
-			call = a.Settle
-		}
-		resp, err := call(ctx, in)
-		done <- result{resp, err}
-	}()
-	<-front.held
-	truth.Advance(time.Hour) // the POST is held past every bound
-	loaded, err := b.Load(ctx, in.Key())
-	require.NoError(t, err)
-	_, err = b.Reconcile(ctx, loaded)
-	t.Logf("B's reconcile: state %s, err %v", loaded.State(), err)
-	require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B trusted the miss")
-
-	arm(front, store)
-	close(front.release)
-	r := <-done
-	t.Logf("A's Do: resp %v, err %v, state %s", r.resp != nil, r.err, in.State())
+	w := newHeldWorld(t, "cus_1", settle)
+	a, srv, in := w.a, w.srv, w.in
+	arm(w.front, w.store)
+	err := w.release()
+	t.Logf("A's call: err %v, state %s", err, in.State())
 	require.Equal(t, 1, srv.Stats().ProviderCharges, "the setup: the held POST was charged")
-	require.ErrorIs(t, r.err, idem.ErrOutcomeUnknown, "A is told unknown: true so far")
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "A is told unknown: true so far")
 
 	// Later, as ErrOutcomeUnknown asks, the app settles the intent.
 	later, err := a.Load(ctx, in.Key())

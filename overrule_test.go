@@ -331,10 +331,11 @@ func TestOverrulingStore(t *testing.T) {
 	})
 }
 
-// overruledWorld is the setup of disputeUnsettled (do_test.go), stopped
-// where the void is overruled: A's POST is held by a front past every
-// bound, B reconciles the intent void from the server's miss, the POST is
-// then released and charged, and A's answer meets B's void. A's lookup
+// overruledWorld is a phone world where A's first POST is held by a front
+// past every bound, and B has reconciled the intent void from the server's
+// miss (newHeldWorld). A's call runs on until release lets the POST go.
+// A's store is flakyWrites, so a test can fill its disk. newOverruledWorld
+// goes on: the POST is charged, and A's answer meets B's void. A's lookup
 // confirms the answer (the server has the key), but the full disk refuses
 // both of arbitrate's writes over the void (failAt 2 and failAlso 3). So A
 // remembers the server's word (keys.overruled) and the store holds the
@@ -349,21 +350,16 @@ type overruledWorld struct {
 	a, b  *idem.Client
 	req   idem.Request
 	in    *idem.Intent
+	done  chan error // A's held call's error
 	doErr error
 }
 
-func newOverruledWorld(t *testing.T) *overruledWorld {
-	t.Helper()
-	return overruledWorldWith(t, true, nil)
-}
-
-// overruledWorldWith is newOverruledWorld with a choice. full says whether
-// the disk refuses arbitrate's two writes over the void. meanwhile, if not
-// nil, runs after B's void and before A's held POST is released.
-func overruledWorldWith(t *testing.T, full bool, meanwhile func(w *overruledWorld)) *overruledWorld {
+// newHeldWorld makes the world up to B's void. The first cart is customer's.
+// A's held call is Settle if settle is set, else Do.
+func newHeldWorld(t *testing.T, customer string, settle bool) *overruledWorld {
 	t.Helper()
 	ctx := context.Background()
-	w := &overruledWorld{}
+	w := &overruledWorld{done: make(chan error, 1)}
 	w.truth, w.srv = phoneWorld(t)
 	target, err := url.Parse(w.srv.URL)
 	require.NoError(t, err)
@@ -378,16 +374,19 @@ func overruledWorldWith(t *testing.T, full bool, meanwhile func(w *overruledWorl
 	w.a, err = idem.New(idem.Config{Store: w.store, HTTPClient: w.fs.Client(), Server: echoLookupServer, Clock: w.truth,
 		RetryPolicy: idem.RetryPolicy{MaxAttempts: 1}})
 	require.NoError(t, err)
-	w.req, err = idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": "cus_1"})
+	w.req, err = idem.JSONRequest(http.MethodPost, w.fs.URL+"/payments", map[string]any{"amount": 1500, "currency": "AZN", "customer": customer})
 	require.NoError(t, err)
 	w.in, err = w.a.Intent(ctx, "checkout", w.req)
 	require.NoError(t, err)
 
 	w.front.hold.Store(true)
-	done := make(chan error, 1)
+	call := w.a.Do
+	if settle {
+		call = w.a.Settle
+	}
 	go func() {
-		_, err := w.a.Do(ctx, w.in)
-		done <- err
+		_, err := call(ctx, w.in)
+		w.done <- err
 	}()
 	<-w.front.held
 	w.truth.Advance(time.Hour) // the POST is held past every bound
@@ -395,24 +394,42 @@ func overruledWorldWith(t *testing.T, full bool, meanwhile func(w *overruledWorl
 	require.NoError(t, err)
 	_, err = w.b.Reconcile(ctx, loaded)
 	require.Equal(t, persist.StateVoid, loaded.State(), "the setup: B trusted the miss (%v)", err)
+	return w
+}
 
+// release lets A's held POST go, and returns A's call's error.
+func (w *overruledWorld) release() error {
+	close(w.front.release)
+	w.doErr = <-w.done
+	return w.doErr
+}
+
+func newOverruledWorld(t *testing.T) *overruledWorld {
+	t.Helper()
+	return overruledWorldWith(t, true, nil)
+}
+
+// overruledWorldWith is newOverruledWorld with a choice. full says whether
+// the disk refuses arbitrate's two writes over the void. meanwhile, if not
+// nil, runs after B's void and before A's held POST is released.
+func overruledWorldWith(t *testing.T, full bool, meanwhile func(w *overruledWorld)) *overruledWorld {
+	t.Helper()
+	w := newHeldWorld(t, "cus_1", false)
 	if meanwhile != nil {
 		meanwhile(w)
 	}
 	if !full {
-		close(w.front.release)
-		w.doErr = <-done
+		w.release()
 		require.Equal(t, 1, w.srv.Stats().ProviderCharges, "the setup: the held POST was charged")
 		require.NoError(t, w.doErr, "the setup: A's answer, confirmed by the lookup, is written over the void")
 		return w
 	}
 	w.store.failAt, w.store.failAlso = 2, 3 // arbitrate's writes over the void: the answer's, then the expired record's
 	w.store.armed.Store(true)
-	close(w.front.release)
-	w.doErr = <-done
+	w.release()
 	require.Equal(t, 1, w.srv.Stats().ProviderCharges, "the setup: the held POST was charged")
 	require.ErrorIs(t, w.doErr, idem.ErrOutcomeUnknown, "the setup: A is told unknown")
-	stored, err := w.disk.Get(ctx, w.in.Key())
+	stored, err := w.disk.Get(context.Background(), w.in.Key())
 	require.NoError(t, err)
 	require.Equal(t, persist.StateVoid, stored.State, "the setup: the store still holds B's void")
 	return w
